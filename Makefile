@@ -1,0 +1,381 @@
+# Makefile — dtensor (GNU make >= 4.2: uses $(file <...)).
+#
+#   make              library, examples, bench and (if cmocka is found) tests
+#   make test         build and run the cmocka suites (tests/run_tests.sh)
+#   make run          build and run build/examples/striped_attention
+#   make install      headers, libraries and dtensor.pc under $(DESTDIR)$(PREFIX)
+#   make help         targets and variables
+#
+# Dependencies are found by try-compile probes only (never by asking a
+# package manager); scripts/deps.sh installs cmocka and OpenBLAS first when
+# they are missing. In this file always use $(shell ...): $(cmd ...) is not a
+# make function and silently expands to nothing.
+
+# ---------------------------------------------------------------------------
+# Options (override on the command line: make CUDA=0 DEBUG=1 ...)
+# ---------------------------------------------------------------------------
+CC            ?= cc
+CUDA_HOME     ?= /usr/local/cuda
+NCCL_HOME     ?=
+CMOCKA_ROOT   ?=
+OPENBLAS_ROOT ?=
+MPI_HOME      ?=
+PREFIX        ?= /usr/local
+DESTDIR       ?=
+CUDA          ?= auto
+MPI           ?= auto
+SANITIZE      ?=
+DEBUG         ?=
+DEPS          ?= auto
+NVCC_ARCH     ?= sm_90
+VERSION       ?= 0.1.0
+# Extra user flags, appended after ours (so CFLAGS=-O3 wins over -O2).
+CFLAGS        ?=
+CPPFLAGS      ?=
+LDFLAGS       ?=
+LDLIBS        ?=
+
+# SANITIZE=1 is short for the usual pair; 0 or empty means off.
+ifeq ($(SANITIZE),1)
+override SANITIZE := address,undefined
+endif
+ifeq ($(SANITIZE),0)
+override SANITIZE :=
+endif
+DEBUG_ON := $(filter 1 yes,$(DEBUG))
+
+# Each variant gets its own tree so objects built with different flags never
+# mix: build/, build-debug/, build-san/, build-debug-san/.
+BUILD := build$(if $(DEBUG_ON),-debug)$(if $(SANITIZE),-san)
+
+# ---------------------------------------------------------------------------
+# Sources
+# ---------------------------------------------------------------------------
+LIB_SRCS     := $(sort $(wildcard dtensor/*.c collectives/*.c attention/*.c))
+EXAMPLE_SRCS := $(sort $(wildcard examples/*.c))
+BENCH_SRCS   := $(sort $(wildcard bench/*.c))
+TEST_SRCS    := $(sort $(wildcard tests/test_*.c))
+# tests/*.c that are not tests (harness.c, ...) are linked into every test.
+TEST_HELPER_SRCS := $(filter-out $(TEST_SRCS),$(sort $(wildcard tests/*.c)))
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+LIB_OBJS         := $(call obj,$(LIB_SRCS))
+EXAMPLE_OBJS     := $(call obj,$(EXAMPLE_SRCS))
+BENCH_OBJS       := $(call obj,$(BENCH_SRCS))
+TEST_OBJS        := $(call obj,$(TEST_SRCS))
+TEST_HELPER_OBJS := $(call obj,$(TEST_HELPER_SRCS))
+
+LIB_A := $(BUILD)/lib/libdtensor.a
+LIB_SO := $(BUILD)/lib/libdtensor.so
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
+BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+
+# Headers that `make install` leaves out: the ones named here, and any whose
+# first comment line says PRIVATE. Recursive (=) so the greps run only for
+# install.
+ALL_HEADERS := $(sort $(wildcard dtensor/*.h collectives/*.h attention/*.h))
+PRIVATE_HEADERS = dtensor/backend.h dtensor/context_internal.h \
+    collectives/transport.h collectives/transport_local.h \
+    $(shell for f in $(ALL_HEADERS); do \
+        grep -m1 -E '^[[:space:]]*(/\*|//)' $$f | grep -q PRIVATE && echo $$f; \
+    done)
+PUBLIC_HEADERS = $(filter-out $(PRIVATE_HEADERS),$(ALL_HEADERS))
+
+# ---------------------------------------------------------------------------
+# Dependencies and probes. Skipped for goals that build nothing.
+# ---------------------------------------------------------------------------
+NOPROBE_GOALS := clean help
+PROBE := $(if $(MAKECMDGOALS),$(if $(filter-out $(NOPROBE_GOALS),$(MAKECMDGOALS)),1),1)
+
+# Literal # and , for use inside function calls.
+H := \#
+, := ,
+MULTIARCH := $(or $(shell $(CC) -print-multiarch 2>/dev/null),x86_64-linux-gnu)
+
+# Existing directories among $(1).
+dirs_that_exist = $(patsubst %/.,%,$(wildcard $(addsuffix /.,$(1))))
+# -I/-L/-rpath flags for a prefix ROOT ($(1)) such as unpacked .debs in
+# /x/usr: include/, lib/ and lib/<multiarch>/, plus subdirectories $(2) of
+# each (Debian keeps the real OpenBLAS files in .../openblas-pthread/).
+root_flags = $(addprefix -I,$(call dirs_that_exist,$(1)/include $(1)/include/$(MULTIARCH) \
+        $(foreach s,$(2),$(1)/include/$(s) $(1)/include/$(MULTIARCH)/$(s)))) \
+    $(foreach d,$(call dirs_that_exist,$(1)/lib $(1)/lib/$(MULTIARCH) \
+        $(foreach s,$(2),$(1)/lib/$(s) $(1)/lib/$(MULTIARCH)/$(s))),-L$(d) -Wl,-rpath,$(d))
+
+# $(call probe,SOURCE,LIBS,CANDIDATES,HEADER,LIBNAME): write SOURCE (\n for
+# newlines, $(H) for #, no single quotes) to a temporary file and compile and
+# link it with each candidate flag set in turn (CANDIDATES: shell words, one
+# quoted string per set; pass it as a variable since flags contain commas).
+# Prints "ok HEADER-PATH LIB-PATH FLAGS..." for the first that works (paths
+# are "-" when unknown), nothing if none does. Implicit declarations are
+# errors so a cblas.h from another BLAS cannot pass for OpenBLAS's.
+PROBE_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -Werror=implicit-function-declaration
+probe = $(shell d=$$(mktemp -d) || exit 0; printf '%b\n' '$(1)' >$$d/p.c; \
+    for f in $(3); do \
+        if $(CC) $(PROBE_CFLAGS) $$f $$d/p.c -o $$d/p $(2) >/dev/null 2>&1; then \
+            h=$$($(CC) $(PROBE_CFLAGS) $$f -M $$d/p.c 2>/dev/null | tr ' \\' '\n\n' | grep -m1 '/$(4)$$'); \
+            l=$$(ldd $$d/p 2>/dev/null | awk '/$(5)/ { print $$3; exit }'); \
+            echo "ok $${h:--} $${l:--} $$f"; break; \
+        fi; \
+    done; rm -rf $$d)
+probe_ok     = $(filter ok,$(firstword $(1)))
+probe_header = $(word 2,$(1))
+probe_lib    = $(word 3,$(1))
+probe_flags  = $(wordlist 4,999,$(1))
+
+SRC_CMOCKA := $(H)include <stdarg.h>\n$(H)include <stddef.h>\n$(H)include <stdint.h>\n$(H)include <setjmp.h>\n$(H)include <cmocka.h>\nstatic void t(void **s) { (void)s; }\nint main(void) { const struct CMUnitTest ts[] = { cmocka_unit_test(t) }; return cmocka_run_group_tests(ts, NULL, NULL); }
+SRC_OPENBLAS := $(H)include <cblas.h>\nint main(void) { float a = 1, b = 2, c = 0; openblas_set_num_threads(1); cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1); return c != 2.0f; }
+SRC_CUBLAS := $(H)include <cuda_runtime_api.h>\n$(H)include <cublas_v2.h>\nint main(void) { cublasHandle_t h; int n = 0; if (cudaGetDeviceCount(&n) == cudaSuccess && n < 0) cublasCreate(&h); return 0; }
+SRC_NCCL := $(H)include <nccl.h>\nint main(void) { int v = 0; return ncclGetVersion(&v) != ncclSuccess; }
+SRC_MPI := $(H)include <mpi.h>\nint main(int argc, char **argv) { MPI_Init(&argc, &argv); return MPI_Finalize(); }
+
+ifeq ($(PROBE),1)
+
+# 1. Install what is missing (stderr passes through; stdout is discarded).
+ifneq ($(DEPS),0)
+DEPS_STATUS := $(shell CC='$(CC)' CMOCKA_ROOT='$(CMOCKA_ROOT)' OPENBLAS_ROOT='$(OPENBLAS_ROOT)' \
+    $(SHELL) scripts/deps.sh $(if $(filter 1,$(MPI)),--with-mpi) >&2; echo $$?)
+endif
+
+# 2. Required: OpenBLAS. Plain search path first, then Debian's and Fedora's
+# private directories; OPENBLAS_ROOT, when given, before all of them.
+OB_CANDIDATES := $(if $(OPENBLAS_ROOT),"$(call root_flags,$(OPENBLAS_ROOT),openblas-pthread openblas)") \
+    "" "-I/usr/include/$(MULTIARCH)/openblas-pthread -L/usr/lib/$(MULTIARCH)/openblas-pthread" \
+    "-I/usr/include/openblas"
+OPENBLAS_PROBE := $(call probe,$(SRC_OPENBLAS),-lopenblas,$(OB_CANDIDATES),cblas.h,libopenblas)
+ifeq ($(call probe_ok,$(OPENBLAS_PROBE)),)
+$(error OpenBLAS not found (cblas.h + -lopenblas): apt-get install libopenblas-dev, or make OPENBLAS_ROOT=<prefix>)
+endif
+
+# 3. cmocka: tests only. CMOCKA_ROOT adds to the default search path.
+CM_CANDIDATES := "$(if $(CMOCKA_ROOT),$(call root_flags,$(CMOCKA_ROOT)))"
+CMOCKA_PROBE := $(call probe,$(SRC_CMOCKA),-lcmocka,$(CM_CANDIDATES),cmocka.h,libcmocka)
+HAVE_CMOCKA := $(call probe_ok,$(CMOCKA_PROBE))
+
+# 4. CUDA toolkit, cuBLAS, NCCL: detected and reported (no .cu files yet).
+CUDA_LIBDIR := $(firstword $(call dirs_that_exist,$(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
+CUDA_FLAGS := -I$(CUDA_HOME)/include $(if $(CUDA_LIBDIR),-L$(CUDA_LIBDIR) -Wl$(,)-rpath$(,)$(CUDA_LIBDIR))
+ifneq ($(CUDA),0)
+NVCC := $(CUDA_HOME)/bin/nvcc
+NVCC_VERSION := $(shell $(NVCC) --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+HAVE_CUDA := $(if $(NVCC_VERSION),ok)
+CUBLAS_PROBE := $(if $(HAVE_CUDA),$(call probe,$(SRC_CUBLAS),-lcublas -lcudart,"$(CUDA_FLAGS)",cublas_v2.h,libcublas))
+NCCL_CANDIDATES := $(if $(NCCL_HOME),"$(call root_flags,$(NCCL_HOME)) $(CUDA_FLAGS)") "$(CUDA_FLAGS)"
+NCCL_PROBE := $(if $(HAVE_CUDA),$(call probe,$(SRC_NCCL),-lnccl -lcudart,$(NCCL_CANDIDATES),nccl.h,libnccl))
+ifeq ($(CUDA)$(HAVE_CUDA),1)
+$(error CUDA=1 but no working nvcc at $(NVCC) (set CUDA_HOME))
+endif
+endif
+
+# 5. MPI: mpicc from MPI_HOME/bin or PATH.
+ifneq ($(MPI),0)
+MPICC := $(if $(MPI_HOME),$(MPI_HOME)/bin/mpicc,$(shell command -v mpicc 2>/dev/null))
+HAVE_MPI := $(if $(MPICC),$(shell d=$$(mktemp -d) || exit 0; printf '%b\n' '$(SRC_MPI)' >$$d/p.c; \
+    $(MPICC) $$d/p.c -o $$d/p >/dev/null 2>&1 && echo ok; rm -rf $$d))
+ifeq ($(MPI)$(HAVE_MPI),1)
+$(error MPI=1 but no working mpicc ($(or $(MPICC),none in PATH); set MPI_HOME, or scripts/deps.sh --with-mpi))
+endif
+endif
+
+endif # PROBE
+
+# ---------------------------------------------------------------------------
+# Flags
+# ---------------------------------------------------------------------------
+OPENBLAS_FLAGS := $(call probe_flags,$(OPENBLAS_PROBE))
+CMOCKA_FLAGS   := $(call probe_flags,$(CMOCKA_PROBE))
+# A *_ROOT prefix may lack the libraries its libraries need (libgfortran
+# for OpenBLAS); old-style DT_RPATH, unlike RUNPATH, also serves those.
+ROOT_LDFLAGS := $(if $(CMOCKA_ROOT)$(OPENBLAS_ROOT),-Wl$(,)--disable-new-dtags)
+
+OPT_CFLAGS := $(if $(DEBUG_ON),-O0 -g3,-O2 -g)
+WARN_CFLAGS := -Wall -Wextra -Werror -Wshadow
+SAN_FLAGS := $(if $(SANITIZE),-fsanitize=$(SANITIZE) -fno-sanitize-recover=all -fno-omit-frame-pointer)
+
+DT_CPPFLAGS := -I. -D_POSIX_C_SOURCE=200809L $(if $(DEBUG_ON),-DDT_DEBUG) \
+    $(filter -I%,$(OPENBLAS_FLAGS)) $(CPPFLAGS)
+DT_CFLAGS := -std=c11 $(OPT_CFLAGS) $(WARN_CFLAGS) -pthread -fPIC $(SAN_FLAGS) $(CFLAGS)
+DT_LDFLAGS := -pthread $(SAN_FLAGS) $(filter-out -I%,$(OPENBLAS_FLAGS)) $(ROOT_LDFLAGS) $(LDFLAGS)
+DT_LDLIBS := -lopenblas -lm -pthread $(LDLIBS)
+TEST_CPPFLAGS := $(filter -I%,$(CMOCKA_FLAGS))
+TEST_LDFLAGS := $(filter-out -I%,$(CMOCKA_FLAGS))
+
+# --- CUDA hook --------------------------------------------------------------
+# When CUDA is enabled and found and .cu files exist beside the C sources,
+# they are compiled with nvcc into the library and DT_HAVE_CUDA is defined
+# for all C code. There are no .cu files yet, so today this adds nothing.
+# (NCCL/MPI transports will hook in the same way: DT_HAVE_NCCL, DT_HAVE_MPI.)
+CU_SRCS := $(if $(HAVE_CUDA),$(sort $(wildcard dtensor/*.cu collectives/*.cu attention/*.cu)))
+ifneq ($(CU_SRCS),)
+CU_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
+LIB_OBJS += $(CU_OBJS)
+DT_CPPFLAGS += -DDT_HAVE_CUDA -I$(CUDA_HOME)/include
+DT_LDFLAGS += $(filter-out -I%,$(CUDA_FLAGS))
+DT_LDLIBS += -lcublas -lcudart
+NVCC_FLAGS := -arch=$(NVCC_ARCH) -std=c++17 $(if $(DEBUG_ON),-O0 -g -G,-O2 -g) \
+    -Xcompiler -fPIC -I. -DDT_HAVE_CUDA $(if $(DEBUG_ON),-DDT_DEBUG)
+endif
+
+# Every object depends on this file, rewritten only when the compiler or the
+# flags change, so `make CC=clang` or CUDA=0 after a build recompiles instead
+# of linking stale objects.
+STAMP := $(BUILD)/.flags
+FLAGS_SIG := $(CC) | $(DT_CPPFLAGS) | $(DT_CFLAGS) | $(DT_LDFLAGS) | $(DT_LDLIBS) | \
+    $(TEST_CPPFLAGS) $(TEST_LDFLAGS) | $(CU_SRCS) $(NVCC_FLAGS)
+ifeq ($(PROBE),1)
+ifneq ($(FLAGS_SIG),$(file <$(STAMP)))
+$(shell mkdir -p $(BUILD))
+$(file >$(STAMP),$(FLAGS_SIG))
+endif
+endif
+
+# ---------------------------------------------------------------------------
+# Summary, printed once per make invocation (at parse time)
+# ---------------------------------------------------------------------------
+found = $(if $(1),found    ,not found)
+names = $(if $(1),$(notdir $(1)),none)
+ifeq ($(PROBE),1)
+_ :=
+CC_VERSION := $(shell $(CC) -dumpfullversion -dumpversion 2>/dev/null | head -n1)
+$(info dtensor $(VERSION): configuration (make help lists the options))
+$(info $(_)  compiler  $(CC) $(CC_VERSION), $(OPT_CFLAGS)$(if $(SANITIZE), -fsanitize=$(SANITIZE))$(if $(DEBUG_ON), -DDT_DEBUG); output in $(BUILD)/)
+$(info $(_)  OpenBLAS  $(call found,ok) $(call probe_header,$(OPENBLAS_PROBE)) ($(call probe_lib,$(OPENBLAS_PROBE))))
+$(info $(_)  cmocka    $(call found,$(HAVE_CMOCKA)) $(if $(HAVE_CMOCKA),$(call probe_header,$(CMOCKA_PROBE)) ($(call probe_lib,$(CMOCKA_PROBE))),apt-get install libcmocka-dev (or CMOCKA_ROOT=<prefix>)))
+ifeq ($(CUDA),0)
+$(info $(_)  CUDA      disabled (CUDA=0); cuBLAS and NCCL not probed)
+else
+$(info $(_)  CUDA      $(call found,$(HAVE_CUDA)) $(if $(HAVE_CUDA),$(CUDA_HOME) (nvcc $(NVCC_VERSION))$(if $(CU_SRCS),; building $(words $(CU_SRCS)) .cu file(s) for $(NVCC_ARCH),; no .cu sources yet: detection only),no nvcc at $(NVCC) (CUDA_HOME)))
+$(info $(_)  cuBLAS    $(call found,$(call probe_ok,$(CUBLAS_PROBE))) $(if $(call probe_ok,$(CUBLAS_PROBE)),$(call probe_header,$(CUBLAS_PROBE)) ($(call probe_lib,$(CUBLAS_PROBE))),$(if $(HAVE_CUDA),no cublas_v2.h + -lcublas under $(CUDA_HOME),not probed without CUDA)))
+$(info $(_)  NCCL      $(call found,$(call probe_ok,$(NCCL_PROBE))) $(if $(call probe_ok,$(NCCL_PROBE)),$(call probe_header,$(NCCL_PROBE)) ($(call probe_lib,$(NCCL_PROBE))),$(if $(HAVE_CUDA),no nccl.h + -lnccl in NCCL_HOME/CUDA_HOME/system,not probed without CUDA)))
+endif
+ifeq ($(MPI),0)
+$(info $(_)  MPI       disabled (MPI=0))
+else
+$(info $(_)  MPI       $(call found,$(HAVE_MPI)) $(if $(HAVE_MPI),$(MPICC),$(if $(MPICC),$(MPICC) cannot build an MPI program,no mpicc in PATH or MPI_HOME/bin (scripts/deps.sh --with-mpi))))
+endif
+$(info $(_)  library   $(if $(LIB_SRCS),$(LIB_A) $(LIB_SO) from $(words $(LIB_SRCS)) C file(s),NO SOURCES YET (dtensor/*.c collectives/*.c attention/*.c)))
+$(info $(_)  examples  $(call names,$(EXAMPLES)))
+$(info $(_)  bench     $(call names,$(BENCHES)))
+$(info $(_)  tests     $(if $(HAVE_CMOCKA),$(call names,$(TESTS)),SKIPPED: cmocka not found (apt-get install libcmocka-dev)))
+$(if $(filter-out 0,$(DEPS_STATUS)),$(info $(_)  note      scripts/deps.sh could not install everything; see its messages above))
+$(info )
+endif
+
+# ---------------------------------------------------------------------------
+# Targets
+# ---------------------------------------------------------------------------
+.PHONY: all lib examples bench tests test run install clean help
+.DEFAULT_GOAL := all
+
+all: lib examples bench $(if $(HAVE_CMOCKA),tests)
+lib: $(LIB_A) $(LIB_SO)
+examples: $(EXAMPLES)
+bench: $(BENCHES)
+
+ifeq ($(HAVE_CMOCKA),)
+test tests:
+	@echo "error: cmocka not found, cannot build the tests." >&2
+	@echo "  install it:  apt-get install libcmocka-dev   (sudo apt-get install libcmocka-dev)" >&2
+	@echo "  or point at an unpacked prefix:  make test CMOCKA_ROOT=/path/to/usr" >&2
+	@exit 1
+else
+tests: $(TESTS)
+# run_tests.sh runs every DIR/test_*: first drop binaries whose source is gone.
+STALE_TESTS = $(filter-out $(TESTS),$(wildcard $(BUILD)/tests/test_*))
+test: $(TESTS)
+	@mkdir -p $(BUILD)/tests
+	$(if $(STALE_TESTS),rm -f $(STALE_TESTS))
+	bash tests/run_tests.sh $(BUILD)/tests
+endif
+
+run: $(BUILD)/examples/striped_attention
+	$(BUILD)/examples/striped_attention $(ARGS)
+
+# Written at parse time; this rule only covers it going missing mid-run.
+$(STAMP): ;
+
+# One pattern rule for all C objects; -MMD -MP writes build/obj/x.d beside x.o.
+$(BUILD)/obj/%.o: %.c $(STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(DT_CPPFLAGS) $(DT_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/tests/%.o: DT_CPPFLAGS += $(TEST_CPPFLAGS)
+
+$(BUILD)/obj/%.cu.o: %.cu $(STAMP)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+
+$(LIB_A): $(LIB_OBJS)
+	$(if $(LIB_OBJS),,@echo "error: no library sources (dtensor/*.c collectives/*.c attention/*.c)" >&2; exit 1)
+	@mkdir -p $(@D)
+	rm -f $@
+	$(AR) rcs $@ $^
+
+$(LIB_SO): $(LIB_OBJS)
+	$(if $(LIB_OBJS),,@echo "error: no library sources (dtensor/*.c collectives/*.c attention/*.c)" >&2; exit 1)
+	@mkdir -p $(@D)
+	$(CC) -shared -Wl,-soname,libdtensor.so -o $@ $^ $(DT_LDFLAGS) $(DT_LDLIBS)
+
+# Objects reached only through pattern rules count as intermediate and make
+# would delete them after linking; keep them so rebuilds stay incremental.
+.SECONDARY: $(EXAMPLE_OBJS) $(BENCH_OBJS) $(TEST_OBJS) $(TEST_HELPER_OBJS)
+
+# Programs link the static library: they run from the tree with no rpath.
+$(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(DT_LDFLAGS) $(DT_LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(DT_LDFLAGS) $(DT_LDLIBS)
+
+$(BUILD)/tests/test_%: $(BUILD)/obj/tests/test_%.o $(TEST_HELPER_OBJS) $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(TEST_LDFLAGS) -lcmocka $(DT_LDFLAGS) $(DT_LDLIBS)
+
+# Headers keep their subdirectory (public headers include each other as
+# "../collectives/comm.h"): $(PREFIX)/include/dtensor/{dtensor,collectives,attention}/.
+# Each installed header is then compiled alone, as a user would include it.
+INC_DIR = $(DESTDIR)$(PREFIX)/include/dtensor
+LIB_DIR = $(DESTDIR)$(PREFIX)/lib
+install: $(LIB_A) $(LIB_SO)
+	install -d $(LIB_DIR)/pkgconfig
+	install -m 644 $(LIB_A) $(LIB_DIR)/
+	install -m 755 $(LIB_SO) $(LIB_DIR)/
+	@for h in $(PUBLIC_HEADERS); do \
+	    echo "install -D -m 644 $$h $(INC_DIR)/$$h"; \
+	    install -D -m 644 $$h $(INC_DIR)/$$h || exit 1; \
+	done
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' dtensor.pc.in \
+	    >$(LIB_DIR)/pkgconfig/dtensor.pc
+	@for h in $(PUBLIC_HEADERS); do \
+	    printf '$(H)include "%s"\nint dt_header_check;\n' $$h | \
+	    $(CC) -std=c11 -Wall -Wextra -Werror -fsyntax-only -I$(INC_DIR) -x c - || \
+	    { echo "error: installed header $$h does not compile on its own" >&2; exit 1; }; \
+	done
+	@echo "installed $(words $(PUBLIC_HEADERS)) headers, libdtensor.{a,so}, dtensor.pc under $(DESTDIR)$(PREFIX)"
+
+clean:
+	rm -rf build build-*
+
+help:
+	@echo "targets:"
+	@echo "  all (default)  library, examples, bench, and tests when cmocka is found"
+	@echo "  lib examples bench tests   build just that part"
+	@echo "  test           build and run the cmocka suites (DT_TEST_TIMEOUT=s per binary, DT_TIMEOUT_MS passed on)"
+	@echo "  run            build and run build/examples/striped_attention (ARGS=... passed on)"
+	@echo "  install        public headers, libdtensor.{a,so}, dtensor.pc into DESTDIR/PREFIX"
+	@echo "  clean          remove build/ and build-*/"
+	@echo "variables (current value):"
+	@echo "  CC=$(CC)  CFLAGS/CPPFLAGS/LDFLAGS/LDLIBS (appended to ours)"
+	@echo "  CUDA=$(CUDA) (auto|0|1)  CUDA_HOME=$(CUDA_HOME)  NCCL_HOME=$(NCCL_HOME)  NVCC_ARCH=$(NVCC_ARCH)"
+	@echo "  MPI=$(MPI) (auto|0|1)  MPI_HOME=$(MPI_HOME)"
+	@echo "  CMOCKA_ROOT=$(CMOCKA_ROOT)  OPENBLAS_ROOT=$(OPENBLAS_ROOT)  (prefix with include/ and lib/[<multiarch>/])"
+	@echo "  SANITIZE=$(SANITIZE) (e.g. address,undefined or 1; builds in build-san/)"
+	@echo "  DEBUG=$(DEBUG) (1: -O0 -g3 -DDT_DEBUG; builds in build-debug/)"
+	@echo "  DEPS=$(DEPS) (auto: scripts/deps.sh installs missing cmocka/OpenBLAS; 0: probe only)"
+	@echo "  PREFIX=$(PREFIX)  DESTDIR=$(DESTDIR)"
+
+-include $(LIB_OBJS:.o=.d) $(EXAMPLE_OBJS:.o=.d) $(BENCH_OBJS:.o=.d) \
+    $(TEST_OBJS:.o=.d) $(TEST_HELPER_OBJS:.o=.d)

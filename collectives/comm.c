@@ -1,0 +1,222 @@
+/* collectives/comm.c — the public communicator API: argument checks that do
+ * not depend on the transport, then dispatch through the transport table.
+ * Arguments are checked before anything is posted, so a rejected call has
+ * touched no buffer and left the communicator as it was. */
+#include "transport.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+const char *dt_reduce_op_name(dt_reduce_op op) {
+    switch (op) {
+    case DT_REDUCE_SUM: return "sum";
+    case DT_REDUCE_MAX: return "max";
+    default: return "unknown";
+    }
+}
+
+const char *dt_coll_kind_name(dt_coll_kind kind) {
+    static const char *const names[DT_COLL_KIND_COUNT] = {
+        "all_reduce", "all_gather", "reduce_scatter", "broadcast",
+        "scatter",    "gather",     "barrier",        "split",
+    };
+    if ((int)kind < 0 || kind >= DT_COLL_KIND_COUNT) return "unknown";
+    return names[kind];
+}
+
+int dt_comm_rank(const dt_comm *comm) { return comm ? comm->rank : -1; }
+int dt_comm_size(const dt_comm *comm) { return comm ? comm->size : 0; }
+int dt_comm_world_rank(const dt_comm *comm) { return comm ? comm->world_rank : -1; }
+long dt_comm_timeout_ms(const dt_comm *comm) { return comm ? comm->timeout_ms : 0; }
+
+/* "rank R: op: <message>" */
+static dt_status comm_error(const dt_comm *comm, dt_status st, const char *op, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+static dt_status comm_error(const dt_comm *comm, dt_status st, const char *op, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (comm) return dt_error(st, "rank %d: %s: %s", comm->world_rank, op, msg);
+    return dt_error(st, "%s: %s", op, msg);
+}
+
+/* Checks shared by every collective; `total` is the number of elements the
+ * largest buffer holds (count, or size*count). */
+static dt_status check_buffer(const dt_comm *comm, const char *op, const char *name,
+                              const void *buf, size_t count, dt_dtype dtype, size_t factor) {
+    size_t es = dt_dtype_size(dtype);
+    if (!dt_dtype_valid(dtype))
+        return comm_error(comm, DT_ERR_INVALID_ARGUMENT, op, "unknown dtype %d", (int)dtype);
+    if (count > SIZE_MAX / es / factor)
+        return comm_error(comm, DT_ERR_INVALID_ARGUMENT, op,
+                          "%zu x %zu elements of %s overflow the address space", factor, count,
+                          dt_dtype_name(dtype));
+    if (count > 0 && buf == NULL)
+        return comm_error(comm, DT_ERR_INVALID_ARGUMENT, op, "%s buffer is NULL for %zu elements",
+                          name, count * factor);
+    return DT_SUCCESS;
+}
+
+static dt_status check_comm(const dt_comm *comm, const char *op) {
+    if (!comm) return comm_error(NULL, DT_ERR_INVALID_ARGUMENT, op, "comm is NULL");
+    if (comm->p2p_pending)
+        return comm_error(comm, DT_ERR_INVALID_ARGUMENT, op,
+                          "a send/recv group is still outstanding: call dt_comm_p2p_wait first");
+    return DT_SUCCESS;
+}
+
+static dt_status check_root(const dt_comm *comm, const char *op, int root) {
+    if (root < 0 || root >= comm->size)
+        return comm_error(comm, DT_ERR_INVALID_ARGUMENT, op, "root %d is out of range [0, %d)",
+                          root, comm->size);
+    return DT_SUCCESS;
+}
+
+static dt_status check_op(const dt_comm *comm, const char *op, dt_reduce_op rop) {
+    if ((int)rop < 0 || rop >= DT_REDUCE_OP_COUNT)
+        return comm_error(comm, DT_ERR_INVALID_ARGUMENT, op, "unknown reduce op %d", (int)rop);
+    return DT_SUCCESS;
+}
+
+static dt_status run(dt_comm *comm, dt_coll_args *args) {
+    return comm->ops->collective(comm, args, NULL);
+}
+
+dt_status dt_comm_all_reduce(dt_comm *comm, const void *send, void *recv, size_t count,
+                             dt_dtype dtype, dt_reduce_op op) {
+    const char *name = "all_reduce";
+    DT_TRY(check_comm(comm, name));
+    DT_TRY(check_op(comm, name, op));
+    DT_TRY(check_buffer(comm, name, "send", send, count, dtype, 1));
+    DT_TRY(check_buffer(comm, name, "recv", recv, count, dtype, 1));
+    dt_coll_args a = {.kind = DT_COLL_ALL_REDUCE, .send = send, .recv = recv, .count = count,
+                      .dtype = dtype, .op = op};
+    return run(comm, &a);
+}
+
+dt_status dt_comm_all_gather(dt_comm *comm, const void *send, void *recv, size_t count,
+                             dt_dtype dtype) {
+    const char *name = "all_gather";
+    DT_TRY(check_comm(comm, name));
+    DT_TRY(check_buffer(comm, name, "send", send, count, dtype, 1));
+    DT_TRY(check_buffer(comm, name, "recv", recv, count, dtype, (size_t)comm->size));
+    dt_coll_args a = {.kind = DT_COLL_ALL_GATHER, .send = send, .recv = recv, .count = count,
+                      .dtype = dtype};
+    return run(comm, &a);
+}
+
+dt_status dt_comm_reduce_scatter(dt_comm *comm, const void *send, void *recv, size_t count,
+                                 dt_dtype dtype, dt_reduce_op op) {
+    const char *name = "reduce_scatter";
+    DT_TRY(check_comm(comm, name));
+    DT_TRY(check_op(comm, name, op));
+    DT_TRY(check_buffer(comm, name, "send", send, count, dtype, (size_t)comm->size));
+    DT_TRY(check_buffer(comm, name, "recv", recv, count, dtype, 1));
+    dt_coll_args a = {.kind = DT_COLL_REDUCE_SCATTER, .send = send, .recv = recv,
+                      .count = count, .dtype = dtype, .op = op};
+    return run(comm, &a);
+}
+
+dt_status dt_comm_broadcast(dt_comm *comm, void *buf, size_t count, dt_dtype dtype, int root) {
+    const char *name = "broadcast";
+    DT_TRY(check_comm(comm, name));
+    DT_TRY(check_root(comm, name, root));
+    DT_TRY(check_buffer(comm, name, "buf", buf, count, dtype, 1));
+    dt_coll_args a = {.kind = DT_COLL_BROADCAST, .send = buf, .recv = buf, .count = count,
+                      .dtype = dtype, .root = root};
+    return run(comm, &a);
+}
+
+dt_status dt_comm_scatter(dt_comm *comm, const void *send, void *recv, size_t count,
+                          dt_dtype dtype, int root) {
+    const char *name = "scatter";
+    DT_TRY(check_comm(comm, name));
+    DT_TRY(check_root(comm, name, root));
+    DT_TRY(check_buffer(comm, name, "send", comm->rank == root ? send : recv, count, dtype,
+                        (size_t)comm->size));
+    DT_TRY(check_buffer(comm, name, "recv", recv, count, dtype, 1));
+    dt_coll_args a = {.kind = DT_COLL_SCATTER, .send = send, .recv = recv, .count = count,
+                      .dtype = dtype, .root = root};
+    return run(comm, &a);
+}
+
+dt_status dt_comm_gather(dt_comm *comm, const void *send, void *recv, size_t count,
+                         dt_dtype dtype, int root) {
+    const char *name = "gather";
+    DT_TRY(check_comm(comm, name));
+    DT_TRY(check_root(comm, name, root));
+    DT_TRY(check_buffer(comm, name, "send", send, count, dtype, 1));
+    DT_TRY(check_buffer(comm, name, "recv", comm->rank == root ? recv : send, count, dtype,
+                        (size_t)comm->size));
+    dt_coll_args a = {.kind = DT_COLL_GATHER, .send = send, .recv = recv, .count = count,
+                      .dtype = dtype, .root = root};
+    return run(comm, &a);
+}
+
+dt_status dt_comm_barrier(dt_comm *comm) {
+    DT_TRY(check_comm(comm, "barrier"));
+    dt_coll_args a = {.kind = DT_COLL_BARRIER};
+    return run(comm, &a);
+}
+
+dt_status dt_comm_split(dt_comm *comm, int color, int key, dt_comm **out) {
+    const char *name = "split";
+    if (!out) return comm_error(comm, DT_ERR_INVALID_ARGUMENT, name, "out is NULL");
+    *out = NULL;
+    DT_TRY(check_comm(comm, name));
+    dt_coll_args a = {.kind = DT_COLL_SPLIT, .color = color, .key = key};
+    return comm->ops->collective(comm, &a, out);
+}
+
+void dt_comm_destroy(dt_comm *comm) {
+    if (comm) comm->ops->destroy(comm);
+}
+
+dt_status dt_comm_p2p_start(dt_comm *comm, const dt_p2p_op *ops, int n_ops) {
+    const char *name = "p2p_start";
+    DT_TRY(check_comm(comm, name));
+    if (n_ops < 0 || (n_ops > 0 && !ops))
+        return comm_error(comm, DT_ERR_INVALID_ARGUMENT, name, "%d operations at %p", n_ops,
+                          (const void *)ops);
+    for (int i = 0; i < n_ops; i++) {
+        const dt_p2p_op *o = &ops[i];
+        if (o->kind != DT_P2P_SEND && o->kind != DT_P2P_RECV)
+            return comm_error(comm, DT_ERR_INVALID_ARGUMENT, name,
+                              "operation %d has unknown kind %d", i, (int)o->kind);
+        if (o->peer < 0 || o->peer >= comm->size)
+            return comm_error(comm, DT_ERR_INVALID_ARGUMENT, name,
+                              "operation %d: peer %d is out of range [0, %d)", i, o->peer,
+                              comm->size);
+        DT_TRY(check_buffer(comm, name, o->kind == DT_P2P_SEND ? "send" : "recv", o->buf,
+                            o->count, o->dtype, 1));
+    }
+    DT_TRY(comm->ops->p2p_start(comm, ops, n_ops));
+    comm->p2p_pending = 1;
+    return DT_SUCCESS;
+}
+
+dt_status dt_comm_p2p_wait(dt_comm *comm) {
+    if (!comm) return comm_error(NULL, DT_ERR_INVALID_ARGUMENT, "p2p_wait", "comm is NULL");
+    if (!comm->p2p_pending)
+        return comm_error(comm, DT_ERR_INVALID_ARGUMENT, "p2p_wait",
+                          "no send/recv group was started");
+    comm->p2p_pending = 0;
+    return comm->ops->p2p_wait(comm);
+}
+
+dt_status dt_comm_sendrecv(dt_comm *comm, const dt_p2p_op *ops, int n_ops) {
+    DT_TRY(dt_comm_p2p_start(comm, ops, n_ops));
+    return dt_comm_p2p_wait(comm);
+}
+
+void dt_comm_abort(dt_comm *comm, dt_status status, const char *reason) {
+    if (comm) comm->ops->abort(comm, status, reason ? reason : "aborted by the application");
+}
+
+int dt_comm_aborted(const dt_comm *comm) { return comm ? comm->ops->aborted(comm) : 0; }

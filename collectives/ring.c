@@ -1,0 +1,137 @@
+/* collectives/ring.c — the ring rotator: two buffers, one grouped send/recv
+ * per step, buffers swapped when the step completes.
+ *
+ * Invariant: buf[cur] holds the block of rank source(step); buf[1-cur] is the
+ * landing buffer of the step in flight (if any). Both are allocated at
+ * creation; a step allocates nothing.
+ *
+ * Test: tests/test_ring.c (make test).
+ */
+#include "ring.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct dt_ring {
+    dt_comm *comm;
+    size_t bytes;
+    dt_ring_direction direction;
+    void *buf[2];
+    int cur;
+    long step;
+    int in_flight;
+    dt_p2p_op ops[2];
+};
+
+const char *dt_ring_direction_name(dt_ring_direction direction) {
+    switch (direction) {
+    case DT_RING_FORWARD: return "forward";
+    case DT_RING_BACKWARD: return "backward";
+    default: return "unknown";
+    }
+}
+
+/* Every rank must create the ring with the same size and direction, or the
+ * first step would hang (NCCL) or fail late: check it up front. */
+static dt_status check_agreement(dt_comm *comm, size_t bytes, dt_ring_direction direction) {
+    int p = dt_comm_size(comm);
+    uint64_t mine[2] = {(uint64_t)bytes, (uint64_t)direction};
+    uint64_t *all = malloc((size_t)p * sizeof mine);
+    if (!all) return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: dt_ring_create: out of memory",
+                              dt_comm_world_rank(comm));
+    dt_status st = dt_comm_all_gather(comm, mine, all, sizeof mine, DT_U8);
+    for (int r = 0; st == DT_SUCCESS && r < p; r++) {
+        if (all[2 * r] != mine[0] || all[2 * r + 1] != mine[1])
+            st = dt_error(DT_ERR_MISMATCH,
+                          "rank %d: dt_ring_create: ranks disagree: comm rank %d passes %llu "
+                          "bytes %s, comm rank %d passes %llu bytes %s",
+                          dt_comm_world_rank(comm), dt_comm_rank(comm),
+                          (unsigned long long)mine[0], dt_ring_direction_name(direction), r,
+                          (unsigned long long)all[2 * r],
+                          dt_ring_direction_name((dt_ring_direction)all[2 * r + 1]));
+    }
+    free(all);
+    return st;
+}
+
+dt_status dt_ring_create(dt_comm *comm, size_t bytes, dt_ring_direction direction,
+                         dt_ring **out) {
+    if (!out) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_create: out is NULL");
+    *out = NULL;
+    if (!comm) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_create: comm is NULL");
+    if ((int)direction < 0 || direction >= DT_RING_DIRECTION_COUNT)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: dt_ring_create: unknown direction %d",
+                        dt_comm_world_rank(comm), (int)direction);
+    DT_TRY(check_agreement(comm, bytes, direction));
+    /* TODO(cuda): device buffers come from the communicator's backend. */
+    dt_ring *r = calloc(1, sizeof *r);
+    if (r) {
+        r->buf[0] = calloc(1, bytes ? bytes : 1);
+        r->buf[1] = calloc(1, bytes ? bytes : 1);
+    }
+    if (!r || !r->buf[0] || !r->buf[1]) {
+        dt_ring_destroy(r);
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: dt_ring_create: out of memory for 2 x %zu "
+                        "bytes", dt_comm_world_rank(comm), bytes);
+    }
+    r->comm = comm;
+    r->bytes = bytes;
+    r->direction = direction;
+    *out = r;
+    return DT_SUCCESS;
+}
+
+void dt_ring_destroy(dt_ring *ring) {
+    if (!ring) return;
+    free(ring->buf[0]);
+    free(ring->buf[1]);
+    free(ring);
+}
+
+void *dt_ring_current(dt_ring *ring) { return ring ? ring->buf[ring->cur] : NULL; }
+size_t dt_ring_bytes(const dt_ring *ring) { return ring ? ring->bytes : 0; }
+long dt_ring_step_index(const dt_ring *ring) { return ring ? ring->step : -1; }
+
+int dt_ring_source(const dt_ring *ring) {
+    if (!ring) return -1;
+    long p = dt_comm_size(ring->comm), j = dt_comm_rank(ring->comm);
+    long t = ring->step % p;
+    long src = ring->direction == DT_RING_FORWARD ? j - t : j + t;
+    return (int)(((src % p) + p) % p);
+}
+
+dt_status dt_ring_start(dt_ring *ring) {
+    if (!ring) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_start: ring is NULL");
+    if (ring->in_flight)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: dt_ring_start: step %ld is already in "
+                        "flight; call dt_ring_wait first", dt_comm_world_rank(ring->comm),
+                        ring->step);
+    int p = dt_comm_size(ring->comm), j = dt_comm_rank(ring->comm);
+    int next = (j + 1) % p, prev = (j + p - 1) % p;
+    int to = ring->direction == DT_RING_FORWARD ? next : prev;
+    int from = ring->direction == DT_RING_FORWARD ? prev : next;
+    ring->ops[0] = (dt_p2p_op){DT_P2P_SEND, to, ring->buf[ring->cur], ring->bytes, DT_U8};
+    ring->ops[1] = (dt_p2p_op){DT_P2P_RECV, from, ring->buf[1 - ring->cur], ring->bytes,
+                               DT_U8};
+    DT_TRY(dt_comm_p2p_start(ring->comm, ring->ops, 2));
+    ring->in_flight = 1;
+    return DT_SUCCESS;
+}
+
+dt_status dt_ring_wait(dt_ring *ring) {
+    if (!ring) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_wait: ring is NULL");
+    if (!ring->in_flight)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: dt_ring_wait: no step was started",
+                        dt_comm_world_rank(ring->comm));
+    ring->in_flight = 0;
+    DT_TRY(dt_comm_p2p_wait(ring->comm));
+    ring->cur = 1 - ring->cur;
+    ring->step++;
+    return DT_SUCCESS;
+}
+
+dt_status dt_ring_step(dt_ring *ring) {
+    DT_TRY(dt_ring_start(ring));
+    return dt_ring_wait(ring);
+}

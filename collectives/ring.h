@@ -1,0 +1,68 @@
+/* collectives/ring.h — the ring rotator.
+ *
+ * A dt_ring owns two buffers of `bytes` bytes each, allocated once at
+ * creation. The "current" buffer holds the block the caller computes on. A
+ * step posts, in one group, a send of the current buffer to the next rank and
+ * a receive of the next block into the other buffer; dt_ring_wait completes
+ * the step and swaps the buffers. Between dt_ring_start and dt_ring_wait the
+ * caller may read the current buffer (compute overlaps the transfer) but must
+ * not write it. Nothing is allocated per step.
+ *
+ * Direction DT_RING_FORWARD sends to rank+1 and receives from rank-1, so at
+ * step t (t = 0 before any transfer) rank j holds the block that rank
+ * (j - t) mod P filled in at step 0; DT_RING_BACKWARD sends to rank-1, and
+ * rank j holds the block of rank (j + t) mod P. After P-1 steps every rank
+ * has seen every block exactly once; one more step brings each block home.
+ *
+ * Buffers live where the communicator's backend keeps data (host memory on
+ * the CPU backend).
+ *
+ * Test: tests/test_ring.c (make test).
+ */
+#ifndef DT_RING_H
+#define DT_RING_H
+
+#include <stddef.h>
+#include "comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_ring dt_ring;
+
+typedef enum dt_ring_direction {
+    DT_RING_FORWARD = 0,   /* send to rank+1, receive from rank-1 */
+    DT_RING_BACKWARD,      /* send to rank-1, receive from rank+1 */
+    DT_RING_DIRECTION_COUNT
+} dt_ring_direction;
+
+const char *dt_ring_direction_name(dt_ring_direction direction);
+
+/* COLLECTIVE over comm: every rank passes the same bytes and direction
+ * (checked). The ring borrows comm (it must outlive the ring). */
+dt_status dt_ring_create(dt_comm *comm, size_t bytes, dt_ring_direction direction,
+                         dt_ring **out);
+/* Accepts NULL. */
+void dt_ring_destroy(dt_ring *ring);
+
+/* The current block (bytes long); owned by the ring. Valid until the next
+ * dt_ring_wait, which swaps buffers. */
+void *dt_ring_current(dt_ring *ring);
+size_t dt_ring_bytes(const dt_ring *ring);
+/* Number of completed steps since creation. */
+long dt_ring_step_index(const dt_ring *ring);
+/* The rank (in comm) whose step-0 block is current. */
+int dt_ring_source(const dt_ring *ring);
+
+/* COLLECTIVE. Post the transfer of the current block (non-blocking). */
+dt_status dt_ring_start(dt_ring *ring);
+/* Complete the posted transfer (bounded by the timeout) and swap buffers. */
+dt_status dt_ring_wait(dt_ring *ring);
+/* dt_ring_start then dt_ring_wait. */
+dt_status dt_ring_step(dt_ring *ring);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_RING_H */

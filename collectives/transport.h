@@ -1,0 +1,60 @@
+/* collectives/transport.h — PRIVATE. The transport function table behind
+ * dt_comm. comm.c validates arguments that do not depend on the transport and
+ * dispatches here; a transport (local, nccl, mpi) implements the table. */
+#ifndef DT_TRANSPORT_H
+#define DT_TRANSPORT_H
+
+#include "comm.h"
+#include "../dtensor/log.h"
+
+typedef enum dt_coll_kind {
+    DT_COLL_ALL_REDUCE = 0,
+    DT_COLL_ALL_GATHER,
+    DT_COLL_REDUCE_SCATTER,
+    DT_COLL_BROADCAST,
+    DT_COLL_SCATTER,
+    DT_COLL_GATHER,
+    DT_COLL_BARRIER,
+    DT_COLL_SPLIT,
+    DT_COLL_KIND_COUNT
+} dt_coll_kind;
+
+const char *dt_coll_kind_name(dt_coll_kind kind);
+
+/* Arguments of one collective, validated by comm.c. */
+typedef struct dt_coll_args {
+    dt_coll_kind kind;
+    const void *send;
+    void *recv;
+    size_t count;      /* per rank for all_gather / reduce_scatter / scatter / gather */
+    dt_dtype dtype;
+    dt_reduce_op op;   /* reductions only */
+    int root;          /* rooted collectives only */
+    int color, key;    /* split only */
+} dt_coll_args;
+
+typedef struct dt_transport_ops {
+    const char *name;
+    /* Runs one collective; for DT_COLL_SPLIT stores the new comm in *split_out. */
+    dt_status (*collective)(dt_comm *comm, const dt_coll_args *args, dt_comm **split_out);
+    dt_status (*p2p_start)(dt_comm *comm, const dt_p2p_op *ops, int n_ops);
+    dt_status (*p2p_wait)(dt_comm *comm);
+    void (*abort)(dt_comm *comm, dt_status status, const char *reason);
+    int (*aborted)(const dt_comm *comm);
+    void (*destroy)(dt_comm *comm);
+} dt_transport_ops;
+
+/* One rank's handle. Transports allocate it (with their own state in impl). */
+struct dt_comm {
+    const dt_transport_ops *ops;
+    void *impl;
+    int rank, size, world_rank;
+    long timeout_ms;
+    dt_log_level log_level;
+    int p2p_pending;          /* a group was started and not yet waited for */
+};
+
+#define DT_COMM_LOG(comm, level, ...) \
+    dt_log_write((comm)->log_level, (comm)->world_rank, (level), __VA_ARGS__)
+
+#endif /* DT_TRANSPORT_H */

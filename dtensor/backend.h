@@ -1,0 +1,70 @@
+/* dtensor/backend.h — PRIVATE. The compute backend function table.
+ *
+ * A backend keeps tensor data where its device wants it and runs the local
+ * kernels. Ops and primitives are written once against this table; backends
+ * hold no model logic. backend_cpu.c implements it for host memory.
+ */
+#ifndef DT_BACKEND_H
+#define DT_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "dtype.h"
+#include "ops.h"
+#include "status.h"
+
+/* One table-driven copy, the mechanism behind every pack, unpack, slice and
+ * permutation: for o < outer and i < n, copy (or add) one run of
+ * run_elems elements from
+ *     src + o*src_outer + src_off[i]   to   dst + o*dst_outer + dst_off[i]
+ * (strides and offsets in elements). A NULL offset table means i*run_elems.
+ * Offset tables are host arrays of n entries; src and dst are backend
+ * memory and must not overlap. The destination runs must not overlap each
+ * other (every ADD lands on its own elements). COPY moves bytes of any
+ * dtype; ADD needs fp32 or bf16 (bf16: computed in fp32, rounded once). */
+typedef enum dt_runs_op { DT_RUNS_COPY = 0, DT_RUNS_ADD } dt_runs_op;
+
+typedef struct dt_runs {
+    dt_dtype dtype;
+    dt_runs_op op;
+    void *dst;              /* backend memory */
+    const void *src;        /* backend memory */
+    int64_t outer, n, run_elems;
+    int64_t dst_outer, src_outer;
+    const int64_t *dst_off, *src_off;
+} dt_runs;
+
+typedef struct dt_backend dt_backend;
+
+typedef struct dt_backend_ops {
+    const char *name;
+    void (*destroy)(dt_backend *b);
+    /* Zeroed memory of `bytes` (bytes may be 0: then a valid unique pointer). */
+    dt_status (*alloc)(dt_backend *b, size_t bytes, void **out);
+    void (*free)(dt_backend *b, void *p);
+    dt_status (*upload)(dt_backend *b, void *dst, const void *host, size_t bytes);
+    dt_status (*download)(dt_backend *b, void *host, const void *src, size_t bytes);
+    dt_status (*copy)(dt_backend *b, void *dst, const void *src, size_t bytes);
+    dt_status (*zero)(dt_backend *b, void *p, size_t bytes);
+    dt_status (*copy_runs)(dt_backend *b, const dt_runs *runs);
+    /* C[M,N] = A[M,K] @ B[K,N], all row-major, contiguous. */
+    dt_status (*gemm)(dt_backend *b, dt_dtype dtype, int64_t m, int64_t n, int64_t k,
+                      const void *a, const void *bm, void *c);
+    dt_status (*add)(dt_backend *b, dt_dtype dtype, int64_t n, const void *x,
+                     const void *y, void *out);
+    dt_status (*gelu)(dt_backend *b, dt_dtype dtype, int64_t n, const void *x,
+                      void *out, dt_gelu_approx approx);
+    /* Wait for all work of this rank on the device. */
+    dt_status (*sync)(dt_backend *b);
+} dt_backend_ops;
+
+struct dt_backend {
+    const dt_backend_ops *ops;
+    void *impl;
+    int rank;
+};
+
+/* The CPU backend (host memory, OpenBLAS). */
+dt_status dt_backend_cpu_create(int rank, dt_backend **out);
+
+#endif /* DT_BACKEND_H */

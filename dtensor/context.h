@@ -1,0 +1,96 @@
+/* dtensor/context.h — ranks, their contexts, and launching N ranks.
+ *
+ * Execution is SPMD: every rank runs the same function on its own shard.
+ * dt_launch runs `fn` on N threads of this process, one per rank, each with
+ * its own dt_context (rank, world size, compute backend, world communicator,
+ * last status). The contexts are created before and destroyed after `fn`;
+ * fn must not keep them.
+ *
+ * Environment (read by dt_launch; explicit options win over it):
+ *   DT_TIMEOUT_MS   bound on every wait, default 600000 (10 minutes)
+ *   DT_LOG          error | warn | info | debug (default warn)
+ *   DT_BACKEND      cpu | cuda            (used when options say AUTO)
+ *   DT_TRANSPORT    local | nccl | mpi    (used when options say AUTO)
+ *
+ * When ranks are threads (world size > 1), dt_launch sets OpenBLAS to one
+ * thread per call, so N ranks use N cores rather than N x cores.
+ *
+ * Test: tests/test_context.c (make test).
+ */
+#ifndef DT_CONTEXT_H
+#define DT_CONTEXT_H
+
+#include "log.h"
+#include "status.h"
+#include "../collectives/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest world size dt_launch accepts. */
+#define DT_MAX_WORLD_SIZE 1024
+/* Default bound on every wait, in milliseconds. */
+#define DT_DEFAULT_TIMEOUT_MS 600000L
+
+typedef struct dt_context dt_context;
+
+typedef enum dt_backend_kind {
+    DT_BACKEND_AUTO = 0,
+    DT_BACKEND_CPU,
+    DT_BACKEND_CUDA,
+    DT_BACKEND_KIND_COUNT
+} dt_backend_kind;
+
+typedef enum dt_transport_kind {
+    DT_TRANSPORT_AUTO = 0,
+    DT_TRANSPORT_LOCAL,
+    DT_TRANSPORT_NCCL,
+    DT_TRANSPORT_MPI,
+    DT_TRANSPORT_KIND_COUNT
+} dt_transport_kind;
+
+const char *dt_backend_kind_name(dt_backend_kind kind);
+const char *dt_transport_kind_name(dt_transport_kind kind);
+
+typedef struct dt_launch_options {
+    dt_backend_kind backend;      /* AUTO: DT_BACKEND, else the best available */
+    dt_transport_kind transport;  /* AUTO: DT_TRANSPORT, else the best available */
+    long timeout_ms;              /* 0: DT_TIMEOUT_MS, else DT_DEFAULT_TIMEOUT_MS */
+} dt_launch_options;
+
+#define DT_LAUNCH_OPTIONS_INIT { DT_BACKEND_AUTO, DT_TRANSPORT_AUTO, 0 }
+
+/* The per-rank function. Return DT_SUCCESS, or a failure (with dt_error) to
+ * abort the launch: peers blocked in collectives then return
+ * DT_ERR_PEER_FAILED instead of waiting. */
+typedef dt_status (*dt_rank_fn)(dt_context *ctx, void *arg);
+
+/* Run fn on world_size ranks (threads of this process) and wait for all of
+ * them. Blocks the calling thread. Returns DT_SUCCESS if every rank did, else
+ * the status of the first rank that failed, whose message (prefixed with its
+ * rank) becomes this thread's dt_last_error(). opts may be NULL (defaults). */
+dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg,
+                    const dt_launch_options *opts);
+
+int dt_context_rank(const dt_context *ctx);
+int dt_context_world_size(const dt_context *ctx);
+dt_backend_kind dt_context_backend(const dt_context *ctx);
+dt_transport_kind dt_context_transport(const dt_context *ctx);
+long dt_context_timeout_ms(const dt_context *ctx);
+/* The world communicator; owned by the context. */
+dt_comm *dt_context_comm(dt_context *ctx);
+/* The status of the last failing library call made with this context. */
+dt_status dt_context_last_status(const dt_context *ctx);
+
+/* Log one line, prefixed with the rank, if `level` passes DT_LOG. */
+void dt_context_log(const dt_context *ctx, dt_log_level level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_CONTEXT_H */

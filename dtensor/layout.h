@@ -1,0 +1,118 @@
+/* dtensor/layout.h — placements, orders and Layouts: pure metadata.
+ *
+ * A Layout says, for each dim of a mesh, how a tensor is placed on it:
+ *   Shard(d, order)  tensor dim d is split across that mesh dim;
+ *   Replicate        every rank of that mesh dim holds the same data;
+ *   Partial          every rank holds a summand; the value is their sum.
+ * The order of a sharded dim of length n over P ranks says which global
+ * indices rank j holds (c = n / P):
+ *   contiguous  j*c .. j*c + c-1
+ *   striped     j, j+P, j+2P, ...            (einops "(n d) -> (d n)")
+ *   zigzag      chunks j and 2P-1-j of 2P chunks of n/(2P)
+ * A tensor dim may be sharded by at most one mesh dim. n must be divisible by
+ * P (by 2P for zigzag).
+ *
+ * Everything here is a pure function of its arguments.
+ * Test: tests/test_layout.c (make test).
+ */
+#ifndef DT_LAYOUT_H
+#define DT_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT_MAX_MESH_DIMS 3
+#define DT_MAX_DIMS 8
+
+typedef enum dt_placement_kind {
+    DT_REPLICATE = 0,
+    DT_SHARD,
+    DT_PARTIAL,          /* Partial(sum) */
+    DT_PLACEMENT_KIND_COUNT
+} dt_placement_kind;
+
+typedef enum dt_order {
+    DT_ORDER_CONTIGUOUS = 0,
+    DT_ORDER_STRIPED,
+    DT_ORDER_ZIGZAG,
+    DT_ORDER_COUNT
+} dt_order;
+
+const char *dt_placement_kind_name(dt_placement_kind kind);
+const char *dt_order_name(dt_order order);
+
+typedef struct dt_placement {
+    dt_placement_kind kind;
+    int dim;             /* DT_SHARD: the tensor dim; ignored otherwise */
+    dt_order order;      /* DT_SHARD: which indices a rank holds; ignored otherwise */
+} dt_placement;
+
+/* placements[m] is the placement on mesh dim m, m < ndim. */
+typedef struct dt_layout {
+    int ndim;
+    dt_placement placements[DT_MAX_MESH_DIMS];
+} dt_layout;
+
+static inline dt_placement dt_shard(int dim, dt_order order) {
+    dt_placement p = { DT_SHARD, dim, order };
+    return p;
+}
+static inline dt_placement dt_replicate(void) {
+    dt_placement p = { DT_REPLICATE, 0, DT_ORDER_CONTIGUOUS };
+    return p;
+}
+static inline dt_placement dt_partial(void) {
+    dt_placement p = { DT_PARTIAL, 0, DT_ORDER_CONTIGUOUS };
+    return p;
+}
+static inline dt_layout dt_layout_1d(dt_placement a) {
+    dt_layout l = { 1, { a, dt_replicate(), dt_replicate() } };
+    return l;
+}
+static inline dt_layout dt_layout_2d(dt_placement a, dt_placement b) {
+    dt_layout l = { 2, { a, b, dt_replicate() } };
+    return l;
+}
+static inline dt_layout dt_layout_3d(dt_placement a, dt_placement b, dt_placement c) {
+    dt_layout l = { 3, { a, b, c } };
+    return l;
+}
+/* Every mesh dim Replicate. */
+dt_layout dt_layout_replicated(int mesh_ndim);
+
+/* 1 if equal (fields ignored by a placement's kind are not compared). */
+int dt_placement_equal(dt_placement a, dt_placement b);
+int dt_layout_equal(const dt_layout *a, const dt_layout *b);
+
+/* Writes e.g. "[Shard(1, striped), Replicate]" (always NUL-terminated). */
+void dt_layout_format(const dt_layout *layout, char *buf, size_t size);
+
+/* Check a Layout against a tensor shape and the mesh sizes: placement kinds,
+ * orders and dims in range, no tensor dim sharded twice, every sharded length
+ * divisible. On failure returns DT_ERR_INVALID_ARGUMENT with a message such
+ * as "seq len 1000 is not divisible by mesh dim 0 of size 3 on dim 1". */
+dt_status dt_layout_check(const dt_layout *layout, int ndim, const int64_t *shape,
+                          const int *mesh_sizes);
+
+/* Local shape of the rank at any coordinate (the same on every rank). */
+dt_status dt_layout_local_shape(const dt_layout *layout, int ndim, const int64_t *shape,
+                                const int *mesh_sizes, int64_t *local_shape);
+
+/* Index maps of one sharded dim of length n over `parts` ranks (n divisible
+ * as above; no checks: call dt_layout_check first).
+ *   owner:  rank holding global index g
+ *   local:  index of g within its owner's shard
+ *   global: global index of local index x on rank j */
+int64_t dt_order_owner(dt_order order, int64_t n, int parts, int64_t g);
+int64_t dt_order_local(dt_order order, int64_t n, int parts, int64_t g);
+int64_t dt_order_global(dt_order order, int64_t n, int parts, int rank, int64_t x);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_LAYOUT_H */

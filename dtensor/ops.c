@@ -1,0 +1,289 @@
+/* dtensor/ops.c — matmul, add and gelu on DTensors.
+ *
+ * None of these communicates: each reads its inputs' Layouts, derives the
+ * output Layout mesh dim by mesh dim, and runs one local kernel on the local
+ * buffers. A combination with no local meaning is rejected with
+ * DT_ERR_NOT_SUPPORTED naming both Layouts and a redistribution that works.
+ *
+ * matmul: x [..., K] @ w [K, N]. Locally x is [M, K_local] with M the
+ * product of x's local leading dims (row-major, so they flatten for free)
+ * and w is [K_local, N_local]. The rules in ops.h keep every local product
+ * meaningful: K is either whole on both sides or split the same way (same
+ * mesh dim, same order), which makes the local results summands (Partial).
+ *
+ * Test: tests/test_ops.c (make test).
+ */
+#include "ops.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "context_internal.h"
+
+const char *dt_gelu_approx_name(dt_gelu_approx approx) {
+    switch (approx) {
+    case DT_GELU_ERF: return "erf";
+    case DT_GELU_TANH: return "tanh";
+    default: return "unknown";
+    }
+}
+
+static dt_status dt_check_op_dtype(const char *op, dt_dtype dtype) {
+    if (dtype == DT_F32 || dtype == DT_BF16) return DT_SUCCESS;
+    return dt_error(DT_ERR_NOT_SUPPORTED, "%s: dtype %s is not supported (fp32, bf16 are)", op,
+                    dt_dtype_name(dtype));
+}
+
+/* Checks that two tensors live on the same context and mesh. */
+static dt_status dt_check_same_place(const char *op, const char *an, const dt_tensor *a,
+                                     const char *bn, const dt_tensor *b) {
+    DT_REQUIRE(dt_tensor_context(a) == dt_tensor_context(b),
+               "%s: %s and %s belong to different contexts", op, an, bn);
+    DT_REQUIRE(dt_tensor_mesh(a) == dt_tensor_mesh(b),
+               "%s: %s and %s are on different meshes (or one is local)", op, an, bn);
+    DT_REQUIRE(dt_tensor_dtype(a) == dt_tensor_dtype(b), "%s: %s is %s but %s is %s", op, an,
+               dt_dtype_name(dt_tensor_dtype(a)), bn, dt_dtype_name(dt_tensor_dtype(b)));
+    return DT_SUCCESS;
+}
+
+static void dt_shape_format(int ndim, const int64_t *shape, char *buf, size_t size) {
+    size_t pos = 0;
+    buf[0] = '\0';
+    for (int d = 0; d < ndim && pos < size; d++) {
+        int w = snprintf(buf + pos, size - pos, "%s%" PRId64, d ? ", " : "[", shape[d]);
+        if (w < 0) return;
+        pos += (size_t)w;
+    }
+    if (pos < size) snprintf(buf + pos, size - pos, "]");
+}
+
+/* `l` with mesh dim m set to p, formatted, if that Layout is valid for the
+ * shape; otherwise returns 0. */
+static int dt_suggest(const dt_layout *l, int m, dt_placement p, int ndim, const int64_t *shape,
+                      const dt_mesh *mesh, char *buf, size_t size) {
+    dt_layout s = *l;
+    s.placements[m] = p;
+    char saved[1024];
+    dt_error_save_(saved, sizeof saved);
+    dt_status st = dt_layout_check(&s, ndim, shape, dt_mesh_sizes(mesh));
+    dt_error_restore_(saved);
+    if (st != DT_SUCCESS) return 0;
+    dt_layout_format(&s, buf, size);
+    return 1;
+}
+
+/* The output placement of one mesh dim, or -1 (kind) if unsupported. */
+static dt_placement dt_matmul_rule(dt_placement a, dt_placement b, int xlast) {
+    dt_placement bad = { (dt_placement_kind)-1, 0, DT_ORDER_CONTIGUOUS };
+    if (a.kind == DT_REPLICATE && b.kind == DT_REPLICATE) return dt_replicate();
+    if (a.kind == DT_REPLICATE && b.kind == DT_SHARD && b.dim == 1) return dt_shard(xlast, b.order);
+    if (a.kind == DT_SHARD && a.dim == xlast && b.kind == DT_SHARD && b.dim == 0 &&
+        a.order == b.order)
+        return dt_partial();
+    if (a.kind == DT_SHARD && a.dim < xlast && b.kind == DT_REPLICATE) return a;
+    if ((a.kind == DT_PARTIAL && b.kind == DT_REPLICATE) ||
+        (a.kind == DT_REPLICATE && b.kind == DT_PARTIAL))
+        return dt_partial();
+    return bad;
+}
+
+static dt_status dt_matmul_unsupported(const dt_tensor *x, const dt_tensor *w, int m) {
+    const dt_mesh *mesh = dt_tensor_mesh(x);
+    const dt_layout *xl = dt_tensor_layout(x), *wl = dt_tensor_layout(w);
+    dt_placement a = xl->placements[m], b = wl->placements[m];
+    int xn = dt_tensor_ndim(x), xlast = xn - 1;
+    char xs[128], ws[128], sug[160], sug2[160];
+    dt_layout_format(xl, xs, sizeof xs);
+    dt_layout_format(wl, ws, sizeof ws);
+
+    const char *what = NULL; /* which tensor to redistribute */
+    int ok = 0;
+    if (a.kind == DT_SHARD && a.dim == xlast && (b.kind == DT_REPLICATE || b.kind == DT_SHARD)) {
+        /* row-parallel: w must split K the same way */
+        what = "w";
+        ok = dt_suggest(wl, m, dt_shard(0, a.order), 2, dt_tensor_shape(w), mesh, sug, sizeof sug);
+    } else if (a.kind == DT_REPLICATE && b.kind == DT_SHARD && b.dim == 0) {
+        what = "x";
+        ok = dt_suggest(xl, m, dt_shard(xlast, b.order), xn, dt_tensor_shape(x), mesh, sug,
+                        sizeof sug);
+    } else if (b.kind == DT_PARTIAL || (a.kind == DT_SHARD && b.kind == DT_SHARD)) {
+        what = "w";
+        ok = dt_suggest(wl, m, dt_replicate(), 2, dt_tensor_shape(w), mesh, sug, sizeof sug);
+    } else if (a.kind == DT_PARTIAL) {
+        what = "x";
+        ok = dt_suggest(xl, m, dt_replicate(), xn, dt_tensor_shape(x), mesh, sug, sizeof sug);
+    }
+    if (ok)
+        return dt_error(DT_ERR_NOT_SUPPORTED,
+                        "dt_matmul: x %s @ w %s is not supported on mesh dim %d; redistribute %s "
+                        "to %s", xs, ws, m, what, sug);
+    dt_suggest(xl, m, dt_replicate(), xn, dt_tensor_shape(x), mesh, sug, sizeof sug);
+    dt_suggest(wl, m, dt_replicate(), 2, dt_tensor_shape(w), mesh, sug2, sizeof sug2);
+    return dt_error(DT_ERR_NOT_SUPPORTED,
+                    "dt_matmul: x %s @ w %s is not supported on mesh dim %d; redistribute x to %s "
+                    "and w to %s", xs, ws, m, sug, sug2);
+}
+
+static dt_status dt_matmul_impl(const dt_tensor *x, const dt_tensor *w, dt_tensor **out) {
+    const char *op = "dt_matmul";
+    DT_REQUIRE(x != NULL, "%s: x is NULL", op);
+    DT_REQUIRE(w != NULL, "%s: w is NULL", op);
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    DT_TRY(dt_check_same_place(op, "x", x, "w", w));
+    DT_TRY(dt_check_op_dtype(op, dt_tensor_dtype(x)));
+    int xn = dt_tensor_ndim(x);
+    const int64_t *xs = dt_tensor_shape(x), *ws = dt_tensor_shape(w);
+    char xbuf[160], wbuf[160];
+    dt_shape_format(xn, xs, xbuf, sizeof xbuf);
+    dt_shape_format(dt_tensor_ndim(w), ws, wbuf, sizeof wbuf);
+    DT_REQUIRE(dt_tensor_ndim(w) == 2, "%s: w must be 2-dim [K, N], got shape %s", op, wbuf);
+    DT_REQUIRE(xs[xn - 1] == ws[0], "%s: x %s and w %s disagree on K (%" PRId64 " vs %" PRId64 ")",
+               op, xbuf, wbuf, xs[xn - 1], ws[0]);
+
+    const dt_mesh *mesh = dt_tensor_mesh(x);
+    dt_layout ol = dt_layout_replicated(0);
+    int64_t oshape[DT_MAX_DIMS];
+    for (int d = 0; d < xn; d++) oshape[d] = xs[d];
+    oshape[xn - 1] = ws[1];
+    if (mesh != NULL) {
+        const dt_layout *xl = dt_tensor_layout(x), *wl = dt_tensor_layout(w);
+        ol.ndim = xl->ndim;
+        for (int m = 0; m < xl->ndim; m++) {
+            dt_placement p = dt_matmul_rule(xl->placements[m], wl->placements[m], xn - 1);
+            if ((int)p.kind < 0) return dt_matmul_unsupported(x, w, m);
+            ol.placements[m] = p;
+        }
+        /* e.g. x [Shard(0), Replicate] @ w [Replicate, Shard(1)] is fine, but
+         * the rules could in principle shard an output dim twice. */
+        dt_status st = dt_layout_check(&ol, xn, oshape, dt_mesh_sizes(mesh));
+        if (st != DT_SUCCESS) {
+            char msg[768];
+            snprintf(msg, sizeof msg, "%s", dt_last_error());
+            return dt_error(DT_ERR_NOT_SUPPORTED, "%s: the output Layout is invalid: %s", op, msg);
+        }
+    }
+
+    dt_context *ctx = dt_tensor_context(x);
+    const int64_t *xL = dt_tensor_local_shape(x), *wL = dt_tensor_local_shape(w);
+    if (xL[xn - 1] != wL[0])
+        return dt_error(DT_ERR_INTERNAL, "%s: local K differs (%" PRId64 " vs %" PRId64 ")", op,
+                        xL[xn - 1], wL[0]);
+    int64_t M = 1;
+    for (int d = 0; d < xn - 1; d++) M *= xL[d];
+
+    dt_tensor *o = NULL;
+    DT_TRY(dt_tensor_create(ctx, mesh, dt_tensor_dtype(x), xn, oshape, mesh ? &ol : NULL, &o));
+    dt_backend *be = ctx->backend;
+    dt_status st = be->ops->gemm(be, dt_tensor_dtype(x), M, wL[1], wL[0], dt_tensor_data_const(x),
+                                 dt_tensor_data_const(w), dt_tensor_data(o));
+    if (st != DT_SUCCESS) {
+        dt_tensor_destroy(o);
+        return st;
+    }
+    *out = o;
+    return DT_SUCCESS;
+}
+
+dt_status dt_matmul(const dt_tensor *x, const dt_tensor *w, dt_tensor **out) {
+    return dt_context_note(dt_tensor_context(x), dt_matmul_impl(x, w, out));
+}
+
+static int dt_layout_has_partial(const dt_layout *l) {
+    for (int m = 0; m < l->ndim; m++)
+        if (l->placements[m].kind == DT_PARTIAL) return 1;
+    return 0;
+}
+
+static dt_status dt_add_impl(const dt_tensor *a, const dt_tensor *b, dt_tensor **out) {
+    const char *op = "dt_add";
+    DT_REQUIRE(a != NULL, "%s: a is NULL", op);
+    DT_REQUIRE(b != NULL, "%s: b is NULL", op);
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    DT_TRY(dt_check_same_place(op, "a", a, "b", b));
+    DT_TRY(dt_check_op_dtype(op, dt_tensor_dtype(a)));
+    int nd = dt_tensor_ndim(a);
+    int same = dt_tensor_ndim(b) == nd;
+    for (int d = 0; same && d < nd; d++) same = dt_tensor_shape(a)[d] == dt_tensor_shape(b)[d];
+    if (!same) {
+        char as[160], bs[160];
+        dt_shape_format(nd, dt_tensor_shape(a), as, sizeof as);
+        dt_shape_format(dt_tensor_ndim(b), dt_tensor_shape(b), bs, sizeof bs);
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "%s: shapes differ: a %s, b %s", op, as, bs);
+    }
+    const dt_layout *al = dt_tensor_layout(a), *bl = dt_tensor_layout(b);
+    if (!dt_layout_equal(al, bl)) {
+        char as[128], bs[128];
+        dt_layout_format(al, as, sizeof as);
+        dt_layout_format(bl, bs, sizeof bs);
+        if (dt_layout_has_partial(al) || dt_layout_has_partial(bl)) {
+            dt_layout r = dt_layout_replicated(al->ndim);
+            char rs[128];
+            dt_layout_format(&r, rs, sizeof rs);
+            return dt_error(DT_ERR_NOT_SUPPORTED,
+                            "%s: a %s + b %s mixes Partial with another placement; redistribute "
+                            "both to %s (or b to %s)", op, as, bs, rs, as);
+        }
+        return dt_error(DT_ERR_NOT_SUPPORTED,
+                        "%s: a %s + b %s have different Layouts; redistribute b to %s", op, as, bs,
+                        as);
+    }
+    dt_context *ctx = dt_tensor_context(a);
+    const dt_mesh *mesh = dt_tensor_mesh(a);
+    dt_tensor *o = NULL;
+    DT_TRY(dt_tensor_create(ctx, mesh, dt_tensor_dtype(a), nd, dt_tensor_shape(a),
+                            mesh ? al : NULL, &o));
+    dt_backend *be = ctx->backend;
+    dt_status st = be->ops->add(be, dt_tensor_dtype(a), dt_tensor_local_numel(a),
+                                dt_tensor_data_const(a), dt_tensor_data_const(b),
+                                dt_tensor_data(o));
+    if (st != DT_SUCCESS) {
+        dt_tensor_destroy(o);
+        return st;
+    }
+    *out = o;
+    return DT_SUCCESS;
+}
+
+dt_status dt_add(const dt_tensor *a, const dt_tensor *b, dt_tensor **out) {
+    return dt_context_note(dt_tensor_context(a), dt_add_impl(a, b, out));
+}
+
+static dt_status dt_gelu_impl(const dt_tensor *x, dt_gelu_approx approx, dt_tensor **out) {
+    const char *op = "dt_gelu";
+    DT_REQUIRE(x != NULL, "%s: x is NULL", op);
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    DT_REQUIRE((int)approx >= 0 && approx < DT_GELU_APPROX_COUNT,
+               "%s: unknown approximation %d", op, (int)approx);
+    DT_TRY(dt_check_op_dtype(op, dt_tensor_dtype(x)));
+    const dt_layout *xl = dt_tensor_layout(x);
+    if (dt_layout_has_partial(xl)) {
+        dt_layout r = *xl;
+        for (int m = 0; m < r.ndim; m++)
+            if (r.placements[m].kind == DT_PARTIAL) r.placements[m] = dt_replicate();
+        char xs[128], rs[128];
+        dt_layout_format(xl, xs, sizeof xs);
+        dt_layout_format(&r, rs, sizeof rs);
+        return dt_error(DT_ERR_NOT_SUPPORTED,
+                        "%s: x %s is Partial and GELU is not linear; redistribute x to %s first",
+                        op, xs, rs);
+    }
+    dt_context *ctx = dt_tensor_context(x);
+    const dt_mesh *mesh = dt_tensor_mesh(x);
+    dt_tensor *o = NULL;
+    DT_TRY(dt_tensor_create(ctx, mesh, dt_tensor_dtype(x), dt_tensor_ndim(x), dt_tensor_shape(x),
+                            mesh ? xl : NULL, &o));
+    dt_backend *be = ctx->backend;
+    dt_status st = be->ops->gelu(be, dt_tensor_dtype(x), dt_tensor_local_numel(x),
+                                 dt_tensor_data_const(x), dt_tensor_data(o), approx);
+    if (st != DT_SUCCESS) {
+        dt_tensor_destroy(o);
+        return st;
+    }
+    *out = o;
+    return DT_SUCCESS;
+}
+
+dt_status dt_gelu(const dt_tensor *x, dt_gelu_approx approx, dt_tensor **out) {
+    return dt_context_note(dt_tensor_context(x), dt_gelu_impl(x, approx, out));
+}

@@ -1,0 +1,812 @@
+/* dtensor/primitives.c — shard, gather, redistribute, replicate, permute.
+ *
+ * One data-movement mechanism: every pack, unpack, slice and permutation is
+ * a dt_select (below): a copy of src[idx_0[x_0], idx_1[x_1], ...] to
+ * dst[idx'_0[x_0], ...] where each per-dim index table comes from the Layout
+ * index maps (dt_order_global etc.) and a NULL table means the identity. A
+ * dt_select becomes ONE dt_runs (backend copy_runs): trailing untouched dims
+ * form the contiguous run, leading untouched dims the outer loop, and the
+ * dims in between are flattened into host offset tables.
+ *
+ * Redistribution changes one mesh dim at a time, on that dim's communicator:
+ *   Partial -> Replicate        all-reduce
+ *   Partial -> Shard(d, o)      pack (rank r's chunk contiguous), reduce-scatter
+ *   Shard(d, o) -> Replicate    all-gather, unpack chunk r by the order map
+ *   Replicate -> Shard(d, o)    local slice
+ *   Shard(d, o) -> Partial      zero padding (own indices kept)
+ *   Replicate -> Partial        coordinate 0 keeps the data, others zero
+ *   Shard(i, o1) -> Shard(j, o2) all-to-all: pack per destination along the
+ *                               new dim (or, for i == j, by new owner),
+ *                               grouped send/recv, unpack per source
+ * Invariant kept between steps: no tensor dim is sharded by two mesh dims, so
+ * each tensor dim has a single index map. The planner applies a direct step
+ * whenever its result keeps that invariant; otherwise it first turns a
+ * differing Shard/Partial mesh dim into Replicate. This always terminates:
+ * direct steps only ever fix mesh dims, and once every differing mesh dim is
+ * Replicate a direct step is always legal (the target Layout is legal).
+ *
+ * Every public function validates all arguments before it allocates or
+ * communicates (the arguments of a collective call agree on every rank, so
+ * all ranks reject together), returns a new tensor and never modifies its
+ * input.
+ *
+ * Test: tests/test_tensor.c (make test).
+ */
+#include "primitives.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "context_internal.h"
+
+/* ---------------------------------------------------------------------- */
+/* The one copy mechanism                                                  */
+/* ---------------------------------------------------------------------- */
+
+typedef struct dt_select {
+    int ndim;
+    int64_t ext[DT_MAX_DIMS];             /* iteration extent per dim */
+    int64_t src_shape[DT_MAX_DIMS];       /* row-major shapes of the buffers */
+    int64_t dst_shape[DT_MAX_DIMS];
+    const int64_t *src_idx[DT_MAX_DIMS];  /* NULL: identity */
+    const int64_t *dst_idx[DT_MAX_DIMS];
+} dt_select;
+
+/* A selection over `ndim` dims that copies src (src_shape) to dst
+ * (dst_shape), extents from `ext`; callers then set index tables. */
+static void dt_select_init(dt_select *s, int ndim, const int64_t *src_shape,
+                           const int64_t *dst_shape, const int64_t *ext) {
+    memset(s, 0, sizeof *s);
+    s->ndim = ndim;
+    for (int d = 0; d < ndim; d++) {
+        s->src_shape[d] = src_shape[d];
+        s->dst_shape[d] = dst_shape[d];
+        s->ext[d] = ext[d];
+    }
+}
+
+static int dt_select_plain(const dt_select *s, int d) {
+    return s->src_idx[d] == NULL && s->dst_idx[d] == NULL && s->ext[d] == s->src_shape[d] &&
+           s->ext[d] == s->dst_shape[d];
+}
+
+static dt_status dt_select_copy(dt_backend *be, dt_dtype dtype, dt_runs_op op, void *dst,
+                                const void *src, const dt_select *s) {
+    int nd = s->ndim;
+    int64_t sstride[DT_MAX_DIMS], dstride[DT_MAX_DIMS];
+    int64_t a = 1, b = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        sstride[d] = a;
+        dstride[d] = b;
+        a *= s->src_shape[d];
+        b *= s->dst_shape[d];
+    }
+    for (int d = 0; d < nd; d++)
+        if (s->ext[d] == 0) return DT_SUCCESS;
+
+    int hi = nd;
+    int64_t run = 1;
+    while (hi > 0 && dt_select_plain(s, hi - 1)) run *= s->ext[--hi];
+    int lo = 0;
+    int64_t outer = 1;
+    while (lo < hi && dt_select_plain(s, lo)) outer *= s->ext[lo++];
+    int64_t n = 1;
+    for (int d = lo; d < hi; d++) n *= s->ext[d];
+
+    int64_t *soff = malloc((size_t)n * sizeof *soff);
+    int64_t *doff = malloc((size_t)n * sizeof *doff);
+    dt_status st = DT_SUCCESS;
+    if (soff == NULL || doff == NULL) {
+        st = dt_error(DT_ERR_OUT_OF_MEMORY, "copy tables: out of host memory for %" PRId64
+                      " offsets", n);
+        goto out;
+    }
+    int64_t x[DT_MAX_DIMS] = { 0 };
+    for (int64_t i = 0; i < n; i++) {
+        int64_t so = 0, dof = 0;
+        for (int d = lo; d < hi; d++) {
+            so += (s->src_idx[d] ? s->src_idx[d][x[d]] : x[d]) * sstride[d];
+            dof += (s->dst_idx[d] ? s->dst_idx[d][x[d]] : x[d]) * dstride[d];
+        }
+        soff[i] = so;
+        doff[i] = dof;
+        for (int d = hi - 1; d >= lo; d--) { /* odometer, last dim fastest */
+            if (++x[d] < s->ext[d]) break;
+            x[d] = 0;
+        }
+    }
+    dt_runs r = {
+        .dtype = dtype, .op = op, .dst = dst, .src = src,
+        .outer = outer, .n = n, .run_elems = run,
+        .dst_outer = lo > 0 ? dstride[lo - 1] : 0,
+        .src_outer = lo > 0 ? sstride[lo - 1] : 0,
+        .dst_off = doff, .src_off = soff,
+    };
+    st = be->ops->copy_runs(be, &r);
+out:
+    free(soff);
+    free(doff);
+    return st;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Small helpers                                                           */
+/* ---------------------------------------------------------------------- */
+
+static int64_t dt_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    return n;
+}
+
+static void *dt_byte_offset(void *p, int64_t elems, size_t es) {
+    return (char *)p + (size_t)elems * es;
+}
+
+static dt_status dt_host_alloc(const char *op, size_t bytes, void **out) {
+    *out = malloc(bytes > 0 ? bytes : 1);
+    if (*out == NULL)
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu bytes", op, bytes);
+    return DT_SUCCESS;
+}
+
+static dt_status dt_dev_alloc(dt_backend *be, size_t bytes, void **out) {
+    return be->ops->alloc(be, bytes, out);
+}
+
+static void dt_dev_free(dt_backend *be, void *p) {
+    if (p != NULL) be->ops->free(be, p);
+}
+
+/* Index lists of every rank for one order: flat[r*cnt + x] = global index of
+ * local x on rank r; offs[r] = r*cnt (offs has parts+1 entries). */
+static dt_status dt_order_lists(const char *op, dt_order order, int64_t n, int parts,
+                                int64_t **flat, int64_t **offs) {
+    int64_t cnt = n / parts;
+    *flat = NULL;
+    *offs = NULL;
+    dt_status st = dt_host_alloc(op, (size_t)n * sizeof(int64_t), (void **)flat);
+    if (st == DT_SUCCESS)
+        st = dt_host_alloc(op, (size_t)(parts + 1) * sizeof(int64_t), (void **)offs);
+    if (st != DT_SUCCESS) {
+        free(*flat);
+        *flat = NULL;
+        return st;
+    }
+    for (int r = 0; r <= parts; r++) (*offs)[r] = r * cnt;
+    for (int r = 0; r < parts; r++)
+        for (int64_t x = 0; x < cnt; x++) (*flat)[r * cnt + x] = dt_order_global(order, n, parts, r, x);
+    return DT_SUCCESS;
+}
+
+/* Pack: chunk s (shape L with [dim] = offs[s+1]-offs[s]) of buf, laid out one
+ * after the other, takes src[..., flat[offs[s] + k], ...] along dim. */
+static dt_status dt_pack_chunks(dt_backend *be, dt_dtype dtype, int ndim, const void *src,
+                                const int64_t *L, int dim, const int64_t *flat,
+                                const int64_t *offs, int parts, void *buf) {
+    size_t es = dt_dtype_size(dtype);
+    int64_t base = 0;
+    for (int s = 0; s < parts; s++) {
+        int64_t chunk[DT_MAX_DIMS];
+        for (int d = 0; d < ndim; d++) chunk[d] = L[d];
+        chunk[dim] = offs[s + 1] - offs[s];
+        dt_select sel;
+        dt_select_init(&sel, ndim, L, chunk, chunk);
+        sel.src_idx[dim] = flat + offs[s];
+        DT_TRY(dt_select_copy(be, dtype, DT_RUNS_COPY, dt_byte_offset(buf, base, es), src, &sel));
+        base += dt_numel(ndim, chunk);
+    }
+    return DT_SUCCESS;
+}
+
+/* Unpack, the inverse: chunk r of buf (shape L2 with [dim] = offs[r+1]-offs[r])
+ * goes to dst[..., flat[offs[r] + k], ...] along dim. */
+static dt_status dt_unpack_chunks(dt_backend *be, dt_dtype dtype, int ndim, const void *buf,
+                                  void *dst, const int64_t *L2, int dim, const int64_t *flat,
+                                  const int64_t *offs, int parts) {
+    size_t es = dt_dtype_size(dtype);
+    int64_t base = 0;
+    for (int r = 0; r < parts; r++) {
+        int64_t chunk[DT_MAX_DIMS];
+        for (int d = 0; d < ndim; d++) chunk[d] = L2[d];
+        chunk[dim] = offs[r + 1] - offs[r];
+        dt_select sel;
+        dt_select_init(&sel, ndim, chunk, L2, chunk);
+        sel.dst_idx[dim] = flat + offs[r];
+        DT_TRY(dt_select_copy(be, dtype, DT_RUNS_COPY, dst,
+                              dt_byte_offset((void *)(uintptr_t)buf, base, es), &sel));
+        base += dt_numel(ndim, chunk);
+    }
+    return DT_SUCCESS;
+}
+
+/* Coordinates of world rank w on the mesh (row-major, last mesh dim fastest). */
+static void dt_mesh_coords_of(const dt_mesh *mesh, int w, int *coords) {
+    int nd = dt_mesh_ndim(mesh);
+    const int *sizes = dt_mesh_sizes(mesh);
+    for (int m = nd - 1; m >= 0; m--) {
+        coords[m] = w % sizes[m];
+        w /= sizes[m];
+    }
+}
+
+/* 1 if no tensor dim is sharded by two mesh dims. */
+static int dt_layout_legal(const dt_layout *l) {
+    for (int a = 0; a < l->ndim; a++)
+        for (int b = a + 1; b < l->ndim; b++)
+            if (l->placements[a].kind == DT_SHARD && l->placements[b].kind == DT_SHARD &&
+                l->placements[a].dim == l->placements[b].dim)
+                return 0;
+    return 1;
+}
+
+static dt_status dt_check_tensor_dtype(const char *op, const dt_tensor *t) {
+    dt_dtype dt = dt_tensor_dtype(t);
+    if (dt != DT_F32 && dt != DT_BF16)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "%s: dtype %s is not supported (fp32, bf16 are)", op,
+                        dt_dtype_name(dt));
+    return DT_SUCCESS;
+}
+
+/* Validates a Layout for tensor t's shape on `mesh`, naming the op. */
+static dt_status dt_check_layout_for(const char *op, const dt_mesh *mesh, const dt_layout *layout,
+                                     int ndim, const int64_t *shape) {
+    DT_REQUIRE(layout != NULL, "%s: layout is NULL", op);
+    DT_REQUIRE(layout->ndim == dt_mesh_ndim(mesh),
+               "%s: layout has %d mesh dims but the mesh has %d", op, layout->ndim,
+               dt_mesh_ndim(mesh));
+    dt_status st = dt_layout_check(layout, ndim, shape, dt_mesh_sizes(mesh));
+    if (st != DT_SUCCESS) {
+        char msg[768];
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        return dt_error(st, "%s: %s", op, msg);
+    }
+    return DT_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------- */
+/* One redistribution step on mesh dim m                                   */
+/* ---------------------------------------------------------------------- */
+
+/* The all-to-all Shard(i, o1) -> Shard(j, o2) on mesh dim m. */
+static dt_status dt_step_shard_to_shard(const dt_tensor *in, dt_tensor *out, int m) {
+    dt_context *ctx = dt_tensor_context(in);
+    dt_backend *be = ctx->backend;
+    const dt_mesh *mesh = dt_tensor_mesh(in);
+    dt_comm *comm = dt_mesh_comm(mesh, m);
+    int P = dt_mesh_size(mesh, m), c = dt_mesh_coord(mesh, m);
+    dt_placement from = dt_tensor_layout(in)->placements[m];
+    dt_placement to = dt_tensor_layout(out)->placements[m];
+    int nd = dt_tensor_ndim(in);
+    const int64_t *shape = dt_tensor_shape(in);
+    const int64_t *L = dt_tensor_local_shape(in), *L2 = dt_tensor_local_shape(out);
+    dt_dtype dtype = dt_tensor_dtype(in);
+    size_t es = dt_dtype_size(dtype);
+    const char *op = "dt_tensor_redistribute";
+
+    dt_status st = DT_SUCCESS;
+    int64_t *sflat = NULL, *soffs = NULL, *rflat = NULL, *roffs = NULL;
+    void *sendbuf = NULL, *recvbuf = NULL;
+    dt_p2p_op *ops = NULL;
+
+    if (from.dim != to.dim) {
+        /* Send to s the indices of the new dim j that s will own; receive from
+         * r the indices of the old dim i that r owned. */
+        DT_TRY_GOTO(st, dt_order_lists(op, to.order, shape[to.dim], P, &sflat, &soffs), out);
+        DT_TRY_GOTO(st, dt_order_lists(op, from.order, shape[from.dim], P, &rflat, &roffs), out);
+    } else {
+        /* Same dim, new order: element x goes to the new owner of its global
+         * index, in increasing x; the receiver places it at its new local
+         * index. Counts differ per pair, and both sides derive them. */
+        int d = from.dim;
+        int64_t n = shape[d], cnt = L[d];
+        DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(cnt > 0 ? cnt : 1) * sizeof(int64_t),
+                                      (void **)&sflat), out);
+        DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(P + 1) * sizeof(int64_t), (void **)&soffs), out);
+        DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(cnt > 0 ? cnt : 1) * sizeof(int64_t),
+                                      (void **)&rflat), out);
+        DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(P + 1) * sizeof(int64_t), (void **)&roffs), out);
+        for (int s = 0; s <= P; s++) soffs[s] = 0;
+        for (int64_t x = 0; x < cnt; x++) {
+            int64_t g = dt_order_global(from.order, n, P, c, x);
+            soffs[dt_order_owner(to.order, n, P, g) + 1]++;
+        }
+        for (int s = 0; s < P; s++) soffs[s + 1] += soffs[s];
+        int64_t fill[DT_MAX_WORLD_SIZE];
+        for (int s = 0; s < P; s++) fill[s] = soffs[s];
+        for (int64_t x = 0; x < cnt; x++) {
+            int64_t g = dt_order_global(from.order, n, P, c, x);
+            sflat[fill[dt_order_owner(to.order, n, P, g)]++] = x;
+        }
+        int64_t k = 0;
+        for (int r = 0; r < P; r++) {
+            roffs[r] = k;
+            for (int64_t x = 0; x < cnt; x++) {
+                int64_t g = dt_order_global(from.order, n, P, r, x);
+                if (dt_order_owner(to.order, n, P, g) == c) rflat[k++] = dt_order_local(to.order, n, P, g);
+            }
+        }
+        roffs[P] = k;
+    }
+
+    DT_TRY_GOTO(st, dt_dev_alloc(be, dt_tensor_local_bytes(in), &sendbuf), out);
+    DT_TRY_GOTO(st, dt_dev_alloc(be, dt_tensor_local_bytes(out), &recvbuf), out);
+    DT_TRY_GOTO(st, dt_pack_chunks(be, dtype, nd, dt_tensor_data_const(in), L, to.dim, sflat, soffs,
+                                   P, sendbuf), out);
+
+    DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(2 * P) * sizeof *ops, (void **)&ops), out);
+    int nops = 0;
+    int64_t sbase = 0, rbase = 0;
+    for (int s = 0; s < P; s++) {
+        int64_t chunk[DT_MAX_DIMS];
+        for (int d = 0; d < nd; d++) chunk[d] = L[d];
+        chunk[to.dim] = soffs[s + 1] - soffs[s];
+        int64_t cn = dt_numel(nd, chunk);
+        if (cn > 0)
+            ops[nops++] = (dt_p2p_op){ DT_P2P_SEND, s, dt_byte_offset(sendbuf, sbase, es),
+                                       (size_t)cn, dtype };
+        sbase += cn;
+    }
+    for (int r = 0; r < P; r++) {
+        int64_t chunk[DT_MAX_DIMS];
+        for (int d = 0; d < nd; d++) chunk[d] = L2[d];
+        chunk[from.dim] = roffs[r + 1] - roffs[r];
+        int64_t cn = dt_numel(nd, chunk);
+        if (cn > 0)
+            ops[nops++] = (dt_p2p_op){ DT_P2P_RECV, r, dt_byte_offset(recvbuf, rbase, es),
+                                       (size_t)cn, dtype };
+        rbase += cn;
+    }
+    if (nops > 0) DT_TRY_GOTO(st, dt_comm_sendrecv(comm, ops, nops), out);
+    DT_TRY_GOTO(st, dt_unpack_chunks(be, dtype, nd, recvbuf, dt_tensor_data(out), L2, from.dim,
+                                     rflat, roffs, P), out);
+out:
+    free(ops);
+    dt_dev_free(be, sendbuf);
+    dt_dev_free(be, recvbuf);
+    free(sflat);
+    free(soffs);
+    free(rflat);
+    free(roffs);
+    return st;
+}
+
+/* Applies the step that changes mesh dim m of in's Layout to `to`. */
+static dt_status dt_redistribute_step(const dt_tensor *in, int m, dt_placement to,
+                                      dt_tensor **out) {
+    dt_context *ctx = dt_tensor_context(in);
+    dt_backend *be = ctx->backend;
+    const dt_mesh *mesh = dt_tensor_mesh(in);
+    dt_comm *comm = dt_mesh_comm(mesh, m);
+    int P = dt_mesh_size(mesh, m), c = dt_mesh_coord(mesh, m);
+    dt_layout lay = *dt_tensor_layout(in);
+    dt_placement from = lay.placements[m];
+    lay.placements[m] = to;
+    int nd = dt_tensor_ndim(in);
+    const int64_t *shape = dt_tensor_shape(in);
+    dt_dtype dtype = dt_tensor_dtype(in);
+    size_t es = dt_dtype_size(dtype);
+    const char *op = "dt_tensor_redistribute";
+
+    dt_tensor *o = NULL;
+    void *tmp = NULL;
+    int64_t *flat = NULL, *offs = NULL;
+    dt_status st = DT_SUCCESS;
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dtype, nd, shape, &lay, &o), fail);
+    const int64_t *L = dt_tensor_local_shape(in), *L2 = dt_tensor_local_shape(o);
+    const void *src = dt_tensor_data_const(in);
+    void *dst = dt_tensor_data(o);
+    int64_t numel = dt_tensor_local_numel(in), numel2 = dt_tensor_local_numel(o);
+
+    if (from.kind == DT_PARTIAL && to.kind == DT_REPLICATE) {
+        DT_TRY_GOTO(st, dt_comm_all_reduce(comm, src, dst, (size_t)numel, dtype, DT_REDUCE_SUM),
+                    fail);
+    } else if (from.kind == DT_PARTIAL && to.kind == DT_SHARD) {
+        DT_TRY_GOTO(st, dt_order_lists(op, to.order, shape[to.dim], P, &flat, &offs), fail);
+        DT_TRY_GOTO(st, dt_dev_alloc(be, (size_t)numel * es, &tmp), fail);
+        DT_TRY_GOTO(st, dt_pack_chunks(be, dtype, nd, src, L, to.dim, flat, offs, P, tmp), fail);
+        DT_TRY_GOTO(st, dt_comm_reduce_scatter(comm, tmp, dst, (size_t)numel2, dtype,
+                                               DT_REDUCE_SUM), fail);
+    } else if (from.kind == DT_SHARD && to.kind == DT_REPLICATE) {
+        DT_TRY_GOTO(st, dt_order_lists(op, from.order, shape[from.dim], P, &flat, &offs), fail);
+        DT_TRY_GOTO(st, dt_dev_alloc(be, (size_t)numel2 * es, &tmp), fail);
+        DT_TRY_GOTO(st, dt_comm_all_gather(comm, src, tmp, (size_t)numel, dtype), fail);
+        DT_TRY_GOTO(st, dt_unpack_chunks(be, dtype, nd, tmp, dst, L2, from.dim, flat, offs, P),
+                    fail);
+    } else if (from.kind == DT_REPLICATE && to.kind == DT_SHARD) {
+        DT_TRY_GOTO(st, dt_order_lists(op, to.order, shape[to.dim], P, &flat, &offs), fail);
+        dt_select sel;
+        dt_select_init(&sel, nd, L, L2, L2);
+        sel.src_idx[to.dim] = flat + offs[c];
+        DT_TRY_GOTO(st, dt_select_copy(be, dtype, DT_RUNS_COPY, dst, src, &sel), fail);
+    } else if (from.kind == DT_SHARD && to.kind == DT_PARTIAL) {
+        DT_TRY_GOTO(st, dt_order_lists(op, from.order, shape[from.dim], P, &flat, &offs), fail);
+        dt_select sel;
+        dt_select_init(&sel, nd, L, L2, L);
+        sel.dst_idx[from.dim] = flat + offs[c];
+        DT_TRY_GOTO(st, dt_select_copy(be, dtype, DT_RUNS_COPY, dst, src, &sel), fail);
+    } else if (from.kind == DT_REPLICATE && to.kind == DT_PARTIAL) {
+        if (c == 0) DT_TRY_GOTO(st, be->ops->copy(be, dst, src, dt_tensor_local_bytes(in)), fail);
+    } else if (from.kind == DT_SHARD && to.kind == DT_SHARD) {
+        DT_TRY_GOTO(st, dt_step_shard_to_shard(in, o, m), fail);
+    } else {
+        /* Same placement: nothing moves. */
+        DT_TRY_GOTO(st, be->ops->copy(be, dst, src, dt_tensor_local_bytes(in)), fail);
+    }
+    goto out;
+fail:
+    dt_tensor_destroy(o);
+    o = NULL;
+out:
+    dt_dev_free(be, tmp);
+    free(flat);
+    free(offs);
+    if (st == DT_SUCCESS) *out = o;
+    return st;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Public primitives                                                       */
+/* ---------------------------------------------------------------------- */
+
+static dt_status dt_check_distributed(const char *op, const dt_tensor *t) {
+    DT_REQUIRE(t != NULL, "%s: tensor is NULL", op);
+    DT_REQUIRE(dt_tensor_mesh(t) != NULL,
+               "%s: the tensor is local (no mesh); use dt_tensor_shard to place it on a mesh", op);
+    return DT_SUCCESS;
+}
+
+static dt_status dt_redistribute_impl(const dt_tensor *t, const dt_layout *layout,
+                                      dt_tensor **out) {
+    const char *op = "dt_tensor_redistribute";
+    DT_TRY(dt_check_distributed(op, t));
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    const dt_mesh *mesh = dt_tensor_mesh(t);
+    DT_TRY(dt_check_layout_for(op, mesh, layout, dt_tensor_ndim(t), dt_tensor_shape(t)));
+    DT_TRY(dt_check_tensor_dtype(op, t));
+
+    dt_layout target = *layout;
+    for (int m = 0; m < target.ndim; m++)
+        if (target.placements[m].kind != DT_SHARD) target.placements[m] = (dt_placement){
+                target.placements[m].kind, 0, DT_ORDER_CONTIGUOUS };
+
+    dt_status st = DT_SUCCESS;
+    dt_tensor *owned = NULL;
+    const dt_tensor *cur = t;
+    int nd = target.ndim;
+    /* Each direct step fixes a mesh dim for good; at most nd detours to
+     * Replicate come between two of them. */
+    for (int iter = 0; iter <= nd * (nd + 2); iter++) {
+        dt_layout cl = *dt_tensor_layout(cur);
+        if (dt_layout_equal(&cl, &target)) break;
+        int pick = -1;
+        dt_placement to = dt_replicate();
+        for (int m = 0; m < nd && pick < 0; m++) {
+            if (dt_placement_equal(cl.placements[m], target.placements[m])) continue;
+            dt_layout cand = cl;
+            cand.placements[m] = target.placements[m];
+            if (dt_layout_legal(&cand)) {
+                pick = m;
+                to = target.placements[m];
+            }
+        }
+        for (int m = 0; m < nd && pick < 0; m++)
+            if (!dt_placement_equal(cl.placements[m], target.placements[m]) &&
+                cl.placements[m].kind != DT_REPLICATE)
+                pick = m; /* to stays Replicate */
+        if (pick < 0) {
+            st = dt_error(DT_ERR_INTERNAL, "%s: no step found (please report)", op);
+            goto fail;
+        }
+        dt_tensor *next = NULL;
+        DT_TRY_GOTO(st, dt_redistribute_step(cur, pick, to, &next), fail);
+        dt_tensor_destroy(owned);
+        owned = next;
+        cur = next;
+    }
+    if (!dt_layout_equal(dt_tensor_layout(cur), &target)) {
+        st = dt_error(DT_ERR_INTERNAL, "%s: the plan did not converge (please report)", op);
+        goto fail;
+    }
+    if (owned == NULL) { /* already in the target Layout: return a copy */
+        dt_context *ctx = dt_tensor_context(t);
+        DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dt_tensor_dtype(t), dt_tensor_ndim(t),
+                                         dt_tensor_shape(t), &target, &owned), fail);
+        DT_TRY_GOTO(st, ctx->backend->ops->copy(ctx->backend, dt_tensor_data(owned),
+                                                dt_tensor_data_const(t), dt_tensor_local_bytes(t)),
+                    fail);
+    }
+    *out = owned;
+    return DT_SUCCESS;
+fail:
+    dt_tensor_destroy(owned);
+    return st;
+}
+
+dt_status dt_tensor_redistribute(const dt_tensor *t, const dt_layout *layout, dt_tensor **out) {
+    return dt_context_note(dt_tensor_context(t), dt_redistribute_impl(t, layout, out));
+}
+
+dt_status dt_tensor_replicate(const dt_tensor *t, dt_tensor **out) {
+    dt_status st = dt_check_distributed("dt_tensor_replicate", t);
+    if (st != DT_SUCCESS) return dt_context_note(dt_tensor_context(t), st);
+    dt_layout rep = dt_layout_replicated(dt_mesh_ndim(dt_tensor_mesh(t)));
+    return dt_tensor_redistribute(t, &rep, out);
+}
+
+/* Root's header for dt_tensor_shard: ok flag, dtype, ndim, shape as lo/hi
+ * 32-bit halves. Sent as fp32 elements: broadcast moves bits, no arithmetic. */
+enum { DT_SHARD_HDR = 3 + 2 * DT_MAX_DIMS };
+
+static dt_status dt_shard_impl(const dt_mesh *mesh, int root, const dt_tensor *full,
+                               const dt_layout *layout, dt_tensor **out) {
+    const char *op = "dt_tensor_shard";
+    DT_REQUIRE(mesh != NULL, "%s: mesh is NULL", op);
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    DT_REQUIRE(layout != NULL, "%s: layout is NULL", op);
+    dt_context *ctx = dt_mesh_context(mesh);
+    dt_comm *world = dt_context_comm(ctx);
+    int wsize = dt_context_world_size(ctx), rank = dt_context_rank(ctx);
+    DT_REQUIRE(root >= 0 && root < wsize, "%s: root %d is out of range [0, %d)", op, root, wsize);
+    DT_REQUIRE(layout->ndim == dt_mesh_ndim(mesh),
+               "%s: layout has %d mesh dims but the mesh has %d", op, layout->ndim,
+               dt_mesh_ndim(mesh));
+    dt_backend *be = ctx->backend;
+
+    /* Root states whether `full` is usable, so that every rank fails together
+     * instead of leaving the others waiting in the broadcast. */
+    int32_t hdr[DT_SHARD_HDR];
+    memset(hdr, 0, sizeof hdr);
+    char why[512] = "";
+    if (rank == root) {
+        if (full == NULL)
+            snprintf(why, sizeof why, "full tensor is NULL on root %d", root);
+        else if (dt_tensor_mesh(full) != NULL)
+            snprintf(why, sizeof why, "full tensor on root %d must be local (mesh NULL)", root);
+        else if (dt_tensor_context(full) != ctx)
+            snprintf(why, sizeof why, "full tensor on root %d belongs to another context", root);
+        else if (dt_tensor_dtype(full) != DT_F32 && dt_tensor_dtype(full) != DT_BF16)
+            snprintf(why, sizeof why, "dtype %s is not supported (fp32, bf16 are)",
+                     dt_dtype_name(dt_tensor_dtype(full)));
+        if (why[0] == '\0') {
+            hdr[0] = 1;
+            hdr[1] = (int32_t)dt_tensor_dtype(full);
+            hdr[2] = dt_tensor_ndim(full);
+            for (int d = 0; d < dt_tensor_ndim(full); d++) {
+                uint64_t v = (uint64_t)dt_tensor_shape(full)[d];
+                hdr[3 + 2 * d] = (int32_t)(uint32_t)(v & 0xffffffffu);
+                hdr[4 + 2 * d] = (int32_t)(uint32_t)(v >> 32);
+            }
+        }
+    }
+    dt_status st = DT_SUCCESS;
+    void *dhdr = NULL, *sendbuf = NULL;
+    int64_t *tables = NULL;
+    dt_p2p_op *ops = NULL;
+    dt_tensor *o = NULL;
+    DT_TRY_GOTO(st, dt_dev_alloc(be, sizeof hdr, &dhdr), out);
+    DT_TRY_GOTO(st, be->ops->upload(be, dhdr, hdr, sizeof hdr), out);
+    DT_TRY_GOTO(st, dt_comm_broadcast(world, dhdr, DT_SHARD_HDR, DT_F32, root), out);
+    DT_TRY_GOTO(st, be->ops->download(be, hdr, dhdr, sizeof hdr), out);
+    if (hdr[0] != 1) {
+        if (rank == root)
+            st = dt_error(DT_ERR_INVALID_ARGUMENT, "%s: %s", op, why);
+        else
+            st = dt_error(DT_ERR_INVALID_ARGUMENT, "%s: root %d rejected its full tensor", op, root);
+        goto out;
+    }
+    dt_dtype dtype = (dt_dtype)hdr[1];
+    int nd = hdr[2];
+    int64_t shape[DT_MAX_DIMS];
+    for (int d = 0; d < nd; d++)
+        shape[d] = (int64_t)((uint64_t)(uint32_t)hdr[3 + 2 * d] |
+                             ((uint64_t)(uint32_t)hdr[4 + 2 * d] << 32));
+    DT_TRY_GOTO(st, dt_check_layout_for(op, mesh, layout, nd, shape), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dtype, nd, shape, layout, &o), out);
+
+    size_t es = dt_dtype_size(dtype);
+    int64_t numel = dt_tensor_local_numel(o);
+    const int64_t *L = dt_tensor_local_shape(o);
+    const dt_layout *lay = dt_tensor_layout(o);
+    if (numel > 0) {
+        int nops = 0;
+        DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(wsize + 1) * sizeof *ops, (void **)&ops), out);
+        if (rank == root) {
+            int64_t tl = 0;
+            for (int d = 0; d < nd; d++) tl += L[d];
+            DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(tl > 0 ? tl : 1) * sizeof(int64_t),
+                                          (void **)&tables), out);
+            DT_TRY_GOTO(st, dt_dev_alloc(be, (size_t)wsize * (size_t)numel * es, &sendbuf), out);
+            for (int w = 0; w < wsize; w++) {
+                int coords[DT_MAX_MESH_DIMS];
+                dt_mesh_coords_of(mesh, w, coords);
+                void *chunk = dt_byte_offset(sendbuf, (int64_t)w * numel, es);
+                int zero = 0;
+                dt_select sel;
+                dt_select_init(&sel, nd, shape, L, L);
+                int64_t *tp = tables;
+                for (int m = 0; m < lay->ndim; m++) {
+                    dt_placement p = lay->placements[m];
+                    if (p.kind == DT_PARTIAL && coords[m] != 0) zero = 1;
+                    if (p.kind != DT_SHARD) continue;
+                    int parts = dt_mesh_size(mesh, m);
+                    for (int64_t x = 0; x < L[p.dim]; x++)
+                        tp[x] = dt_order_global(p.order, shape[p.dim], parts, coords[m], x);
+                    sel.src_idx[p.dim] = tp;
+                    tp += L[p.dim];
+                }
+                if (!zero) /* a Partial summand away from coordinate 0 stays zero */
+                    DT_TRY_GOTO(st, dt_select_copy(be, dtype, DT_RUNS_COPY, chunk,
+                                                   dt_tensor_data_const(full), &sel), out);
+                ops[nops++] = (dt_p2p_op){ DT_P2P_SEND, w, chunk, (size_t)numel, dtype };
+            }
+        }
+        ops[nops++] = (dt_p2p_op){ DT_P2P_RECV, root, dt_tensor_data(o), (size_t)numel, dtype };
+        DT_TRY_GOTO(st, dt_comm_sendrecv(world, ops, nops), out);
+    }
+out:
+    dt_dev_free(be, dhdr);
+    dt_dev_free(be, sendbuf);
+    free(tables);
+    free(ops);
+    if (st == DT_SUCCESS)
+        *out = o;
+    else
+        dt_tensor_destroy(o);
+    return st;
+}
+
+dt_status dt_tensor_shard(const dt_mesh *mesh, int root, const dt_tensor *full,
+                          const dt_layout *layout, dt_tensor **out) {
+    return dt_context_note(dt_mesh_context(mesh), dt_shard_impl(mesh, root, full, layout, out));
+}
+
+static dt_status dt_gather_impl(const dt_tensor *t, int root, dt_tensor **out) {
+    const char *op = "dt_tensor_gather";
+    DT_TRY(dt_check_distributed(op, t));
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    dt_context *ctx = dt_tensor_context(t);
+    int wsize = dt_context_world_size(ctx), rank = dt_context_rank(ctx);
+    DT_REQUIRE(root >= 0 && root < wsize, "%s: root %d is out of range [0, %d)", op, root, wsize);
+    DT_TRY(dt_check_tensor_dtype(op, t));
+    const dt_mesh *mesh = dt_tensor_mesh(t);
+    dt_comm *world = dt_context_comm(ctx);
+    dt_backend *be = ctx->backend;
+    const dt_layout *lay = dt_tensor_layout(t);
+    int nd = dt_tensor_ndim(t);
+    const int64_t *shape = dt_tensor_shape(t), *L = dt_tensor_local_shape(t);
+    dt_dtype dtype = dt_tensor_dtype(t);
+    size_t es = dt_dtype_size(dtype);
+    int64_t numel = dt_tensor_local_numel(t);
+
+    dt_status st = DT_SUCCESS;
+    dt_tensor *o = NULL;
+    void *recvbuf = NULL;
+    int64_t *tables = NULL;
+    dt_p2p_op *ops = NULL;
+    if (rank == root) DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, dtype, nd, shape, NULL, &o), out);
+    if (numel == 0) goto out;
+
+    int partial = 0;
+    for (int m = 0; m < lay->ndim; m++)
+        if (lay->placements[m].kind == DT_PARTIAL) partial = 1;
+    DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(wsize + 1) * sizeof *ops, (void **)&ops), out);
+    int nops = 0;
+    ops[nops++] = (dt_p2p_op){ DT_P2P_SEND, root, (void *)(uintptr_t)dt_tensor_data_const(t),
+                               (size_t)numel, dtype };
+    if (rank == root) {
+        DT_TRY_GOTO(st, dt_dev_alloc(be, (size_t)wsize * (size_t)numel * es, &recvbuf), out);
+        for (int w = 0; w < wsize; w++)
+            ops[nops++] = (dt_p2p_op){ DT_P2P_RECV, w, dt_byte_offset(recvbuf, (int64_t)w * numel, es),
+                                       (size_t)numel, dtype };
+    }
+    DT_TRY_GOTO(st, dt_comm_sendrecv(world, ops, nops), out);
+    if (rank != root) goto out;
+
+    int64_t tl = 0;
+    for (int d = 0; d < nd; d++) tl += L[d];
+    DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(tl > 0 ? tl : 1) * sizeof(int64_t), (void **)&tables),
+                out);
+    for (int w = 0; w < wsize; w++) {
+        int coords[DT_MAX_MESH_DIMS];
+        dt_mesh_coords_of(mesh, w, coords);
+        int skip = 0;
+        dt_select sel;
+        dt_select_init(&sel, nd, L, shape, L);
+        int64_t *tp = tables;
+        for (int m = 0; m < lay->ndim; m++) {
+            dt_placement p = lay->placements[m];
+            /* Replicated copies are equal: take the one at coordinate 0. */
+            if (p.kind == DT_REPLICATE && coords[m] != 0) skip = 1;
+            if (p.kind != DT_SHARD) continue;
+            int parts = dt_mesh_size(mesh, m);
+            for (int64_t x = 0; x < L[p.dim]; x++)
+                tp[x] = dt_order_global(p.order, shape[p.dim], parts, coords[m], x);
+            sel.dst_idx[p.dim] = tp;
+            tp += L[p.dim];
+        }
+        if (skip) continue;
+        /* Summands of Partial mesh dims add up in the zeroed output. */
+        DT_TRY_GOTO(st, dt_select_copy(be, dtype, partial ? DT_RUNS_ADD : DT_RUNS_COPY,
+                                       dt_tensor_data(o),
+                                       dt_byte_offset(recvbuf, (int64_t)w * numel, es), &sel),
+                    out);
+    }
+out:
+    dt_dev_free(be, recvbuf);
+    free(tables);
+    free(ops);
+    if (st == DT_SUCCESS) {
+        *out = o;
+    } else {
+        dt_tensor_destroy(o);
+    }
+    return st;
+}
+
+dt_status dt_tensor_gather(const dt_tensor *t, int root, dt_tensor **out) {
+    return dt_context_note(dt_tensor_context(t), dt_gather_impl(t, root, out));
+}
+
+static dt_status dt_permute_impl(const char *op, const dt_tensor *t, int dim, int parts,
+                                 int inverse, dt_tensor **out) {
+    DT_REQUIRE(t != NULL, "%s: tensor is NULL", op);
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    int nd = dt_tensor_ndim(t);
+    DT_REQUIRE(dim >= 0 && dim < nd, "%s: dim %d is out of range for a %d-dim tensor", op, dim, nd);
+    DT_REQUIRE(parts >= 1, "%s: parts %d must be >= 1", op, parts);
+    const int64_t *shape = dt_tensor_shape(t);
+    DT_REQUIRE(shape[dim] % parts == 0, "%s: dim %d of length %" PRId64 " is not divisible by %d",
+               op, dim, shape[dim], parts);
+    const dt_mesh *mesh = dt_tensor_mesh(t);
+    const dt_layout *lay = dt_tensor_layout(t);
+    for (int m = 0; m < lay->ndim; m++) {
+        dt_placement p = lay->placements[m];
+        if (p.kind == DT_SHARD && p.dim == dim) {
+            char buf[128];
+            dt_layout_format(lay, buf, sizeof buf);
+            return dt_error(DT_ERR_INVALID_ARGUMENT,
+                            "%s: dim %d is sharded by mesh dim %d (Layout %s); replicate it first",
+                            op, dim, m, buf);
+        }
+    }
+    DT_TRY(dt_check_tensor_dtype(op, t));
+
+    dt_context *ctx = dt_tensor_context(t);
+    dt_backend *be = ctx->backend;
+    dt_status st = DT_SUCCESS;
+    dt_tensor *o = NULL;
+    int64_t *idx = NULL;
+    int64_t len = shape[dim], n = len / parts;
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dt_tensor_dtype(t), nd, shape, mesh ? lay : NULL,
+                                     &o), fail);
+    DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(len > 0 ? len : 1) * sizeof *idx, (void **)&idx),
+                fail);
+    for (int64_t i = 0; i < len; i++)
+        idx[i] = inverse ? (i % parts) * n + i / parts : (i % n) * parts + i / n;
+    const int64_t *L = dt_tensor_local_shape(t);
+    dt_select sel;
+    dt_select_init(&sel, nd, L, L, L);
+    sel.src_idx[dim] = idx;
+    DT_TRY_GOTO(st, dt_select_copy(be, dt_tensor_dtype(t), DT_RUNS_COPY, dt_tensor_data(o),
+                                   dt_tensor_data_const(t), &sel), fail);
+    free(idx);
+    *out = o;
+    return DT_SUCCESS;
+fail:
+    free(idx);
+    dt_tensor_destroy(o);
+    return st;
+}
+
+dt_status dt_tensor_permute_striped(const dt_tensor *t, int dim, int parts, dt_tensor **out) {
+    return dt_context_note(dt_tensor_context(t),
+                           dt_permute_impl("dt_tensor_permute_striped", t, dim, parts, 0, out));
+}
+
+dt_status dt_tensor_unpermute_striped(const dt_tensor *t, int dim, int parts, dt_tensor **out) {
+    return dt_context_note(dt_tensor_context(t),
+                           dt_permute_impl("dt_tensor_unpermute_striped", t, dim, parts, 1, out));
+}

@@ -1,0 +1,57 @@
+/* dtensor/primitives.h — the primitives that move data and update Layouts.
+ *
+ * Each returns a new tensor (the caller owns it) and leaves its input as it
+ * was, so a rejected call changes nothing. All are COLLECTIVE over the mesh
+ * of their input (or the given mesh): every rank calls them in the same order.
+ *
+ * | primitive                         | communication                      |
+ * | shard: full on root -> Layout     | scatter (grouped send/recv)        |
+ * | gather: Layout -> full on root    | gather (grouped send/recv)         |
+ * | Shard -> Replicate                | all-gather                         |
+ * | Partial -> Replicate / Shard      | all-reduce / reduce-scatter        |
+ * | Replicate -> Shard, Shard->Partial| none (local slice / zero padding)  |
+ * | Shard(i) -> Shard(j), any orders  | all-to-all (grouped send/recv)     |
+ * | permute_striped / unpermute       | none (local gather along one dim)  |
+ *
+ * Test: tests/test_tensor.c (make test).
+ */
+#ifndef DT_PRIMITIVES_H
+#define DT_PRIMITIVES_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* COLLECTIVE over mesh. `full` is a local tensor (mesh NULL) on world rank
+ * `root` and is ignored elsewhere (may be NULL); its dtype and shape reach the
+ * other ranks from root. Every rank gets its part of `full` under `layout`. */
+dt_status dt_tensor_shard(const dt_mesh *mesh, int root, const dt_tensor *full,
+                          const dt_layout *layout, dt_tensor **out);
+
+/* COLLECTIVE. The whole global tensor as a local tensor on world rank root
+ * (Partial dims summed); *out = NULL on the other ranks. */
+dt_status dt_tensor_gather(const dt_tensor *t, int root, dt_tensor **out);
+
+/* COLLECTIVE. The same global tensor under another Layout on the same mesh. */
+dt_status dt_tensor_redistribute(const dt_tensor *t, const dt_layout *layout,
+                                 dt_tensor **out);
+
+/* COLLECTIVE. dt_tensor_redistribute to every mesh dim Replicate. */
+dt_status dt_tensor_replicate(const dt_tensor *t, dt_tensor **out);
+
+/* Not collective. On a dim that is not sharded, with n = len / parts:
+ *   permute:   out[i] = in[(i % n) * parts + i / n]
+ *   unpermute: out[i] = in[(i % parts) * n + i / parts]
+ * so contiguous sharding of the permuted tensor over `parts` ranks holds what
+ * striped sharding of the original does. Every other dim is carried intact. */
+dt_status dt_tensor_permute_striped(const dt_tensor *t, int dim, int parts,
+                                    dt_tensor **out);
+dt_status dt_tensor_unpermute_striped(const dt_tensor *t, int dim, int parts,
+                                      dt_tensor **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_PRIMITIVES_H */

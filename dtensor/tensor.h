@@ -1,0 +1,71 @@
+/* dtensor/tensor.h — the DTensor: (context, dtype, global shape, Layout,
+ * local buffer) on a mesh, or a plain local tensor when mesh is NULL.
+ *
+ * Shapes are row-major, last dim fastest; the local shape follows from the
+ * global shape and the Layout (dt_layout_local_shape). The local buffer lives
+ * where the context's backend keeps data (host memory on the CPU backend) and
+ * is owned by the tensor.
+ *
+ * Nothing here communicates: setting local data under a sharded Layout
+ * trusts the caller. The primitives (primitives.h) move data.
+ *
+ * Test: tests/test_tensor.c (make test).
+ */
+#ifndef DT_TENSOR_H
+#define DT_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "context.h"
+#include "dtype.h"
+#include "layout.h"
+#include "mesh.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_tensor dt_tensor;
+
+/* A tensor of global `shape` (ndim entries, 1..DT_MAX_DIMS) placed by
+ * `layout` on `mesh`, local buffer zeroed. mesh NULL makes a local tensor
+ * (layout must then be NULL). The tensor borrows ctx and mesh. */
+dt_status dt_tensor_create(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype,
+                           int ndim, const int64_t *shape, const dt_layout *layout,
+                           dt_tensor **out);
+/* Accepts NULL. */
+void dt_tensor_destroy(dt_tensor *t);
+
+dt_context *dt_tensor_context(const dt_tensor *t);
+const dt_mesh *dt_tensor_mesh(const dt_tensor *t);   /* NULL for local tensors */
+dt_dtype dt_tensor_dtype(const dt_tensor *t);
+int dt_tensor_ndim(const dt_tensor *t);
+/* Global and local shapes (ndim entries, owned by the tensor). */
+const int64_t *dt_tensor_shape(const dt_tensor *t);
+const int64_t *dt_tensor_local_shape(const dt_tensor *t);
+/* The Layout (ndim 0 for local tensors; owned by the tensor). */
+const dt_layout *dt_tensor_layout(const dt_tensor *t);
+int64_t dt_tensor_local_numel(const dt_tensor *t);
+size_t dt_tensor_local_bytes(const dt_tensor *t);
+/* The local buffer (backend memory; owned by the tensor). */
+void *dt_tensor_data(dt_tensor *t);
+const void *dt_tensor_data_const(const dt_tensor *t);
+
+/* Copy `bytes` (must equal dt_tensor_local_bytes) from host memory into the
+ * local buffer, or out of it. Not collective; no communication. */
+dt_status dt_tensor_set_local(dt_tensor *t, const void *host, size_t bytes);
+dt_status dt_tensor_get_local(const dt_tensor *t, void *host, size_t bytes);
+
+/* Fill every element with a value in [-1, 1) that depends only on (seed,
+ * global linear index): every rank writes its own part of the same global
+ * tensor, whatever the Layout. On a Partial mesh dim the rank at coordinate
+ * 0 holds the value and the others zero. Not collective. */
+dt_status dt_tensor_fill_random(dt_tensor *t, uint64_t seed);
+
+/* The value dt_tensor_fill_random writes at global linear index i. */
+float dt_random_value(uint64_t seed, uint64_t i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_TENSOR_H */

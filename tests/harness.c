@@ -1,0 +1,149 @@
+/* tests/harness.c — see harness.h. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+dt_status h_launch(int world, dt_rank_fn fn, void *arg) {
+    dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+    o.backend = DT_BACKEND_CPU;
+    o.transport = DT_TRANSPORT_LOCAL;
+    /* An explicit DT_TIMEOUT_MS wins; otherwise a hang costs 30 s, not 10 min. */
+    o.timeout_ms = getenv("DT_TIMEOUT_MS") ? 0 : 30000;
+    return dt_launch(world, fn, arg, &o);
+}
+
+long h_compare(const char *what, const float *got, const double *ref, size_t n, double atol,
+               double rtol, double *max_err) {
+    long bad = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i], r = ref[i];
+        int ok;
+        if (!isfinite(r) || !isfinite(g)) {
+            ok = (isnan(r) && isnan(g)) || (isinf(r) && isinf(g) && (r > 0) == (g > 0));
+            if (!ok) worst = INFINITY;
+        } else {
+            double e = fabs(g - r);
+            if (e > worst) worst = e;
+            ok = e <= atol + rtol * fabs(r);
+        }
+        if (!ok) {
+            if (bad < 5)
+                fprintf(stderr, "  %s: [%zu] got %.9g, expected %.9g (atol %g, rtol %g)\n", what,
+                        i, g, r, atol, rtol);
+            bad++;
+        }
+    }
+    if (bad > 0)
+        fprintf(stderr, "  %s: %ld of %zu mismatches, max error %.3g\n", what, bad, n, worst);
+    if (max_err) *max_err = worst;
+    return bad;
+}
+
+void h_order_indices(dt_order order, int64_t n, int parts, int j, int64_t *out) {
+    int64_t k = 0;
+    if (order == DT_ORDER_CONTIGUOUS) {
+        int64_t block = n / parts;
+        for (int64_t g = j * block; g < (j + 1) * block; g++) out[k++] = g;
+    } else if (order == DT_ORDER_STRIPED) {
+        for (int64_t g = j; g < n; g += parts) out[k++] = g;
+    } else {
+        int64_t chunk = n / (2 * parts);
+        int second = 2 * parts - 1 - j;
+        for (int64_t g = j * chunk; g < (j + 1) * chunk; g++) out[k++] = g;
+        for (int64_t g = second * chunk; g < (second + 1) * chunk; g++) out[k++] = g;
+    }
+}
+
+void h_coords(int rank, int mesh_ndim, const int *mesh_sizes, int *coords) {
+    for (int m = mesh_ndim - 1; m >= 0; m--) {
+        coords[m] = rank % mesh_sizes[m];
+        rank /= mesh_sizes[m];
+    }
+}
+
+int64_t h_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    return n;
+}
+
+/* Per-dim index tables of the part at coords; returns local numel. */
+static int64_t h_tables(int ndim, const int64_t *shape, const dt_layout *layout,
+                        const int *mesh_sizes, const int *coords, int64_t **idx, int64_t *lshape) {
+    for (int d = 0; d < ndim; d++) {
+        lshape[d] = shape[d];
+        idx[d] = NULL;
+    }
+    for (int m = 0; layout && m < layout->ndim; m++) {
+        dt_placement p = layout->placements[m];
+        if (p.kind != DT_SHARD) continue;
+        lshape[p.dim] = shape[p.dim] / mesh_sizes[m];
+        idx[p.dim] = malloc((size_t)(lshape[p.dim] + 1) * sizeof(int64_t));
+        h_order_indices(p.order, shape[p.dim], mesh_sizes[m], coords[m], idx[p.dim]);
+    }
+    return h_numel(ndim, lshape);
+}
+
+static void h_local_generic(const void *full, size_t es, int ndim, const int64_t *shape,
+                            const dt_layout *layout, const int *mesh_sizes, const int *coords,
+                            void *out, int64_t *local_shape) {
+    int64_t *idx[DT_MAX_DIMS];
+    int64_t ls[DT_MAX_DIMS];
+    int64_t n = h_tables(ndim, shape, layout, mesh_sizes, coords, idx, ls);
+    int64_t x[DT_MAX_DIMS] = { 0 };
+    for (int64_t i = 0; i < n; i++) {
+        int64_t g = 0;
+        for (int d = 0; d < ndim; d++) g = g * shape[d] + (idx[d] ? idx[d][x[d]] : x[d]);
+        memcpy((char *)out + (size_t)i * es, (const char *)full + (size_t)g * es, es);
+        for (int d = ndim - 1; d >= 0; d--) {
+            if (++x[d] < ls[d]) break;
+            x[d] = 0;
+        }
+    }
+    for (int d = 0; d < ndim; d++) {
+        free(idx[d]);
+        if (local_shape) local_shape[d] = ls[d];
+    }
+}
+
+void h_local_of(const float *full, int ndim, const int64_t *shape, const dt_layout *layout,
+                const int *mesh_sizes, const int *coords, float *out, int64_t *local_shape) {
+    h_local_generic(full, sizeof(float), ndim, shape, layout, mesh_sizes, coords, out, local_shape);
+}
+
+void h_local_of_u16(const uint16_t *full, int ndim, const int64_t *shape, const dt_layout *layout,
+                    const int *mesh_sizes, const int *coords, uint16_t *out) {
+    h_local_generic(full, sizeof(uint16_t), ndim, shape, layout, mesh_sizes, coords, out, NULL);
+}
+
+int h_run_cases(const char *group, const struct CMUnitTest *tests, size_t n) {
+    return _cmocka_run_group_tests(group, tests, n, NULL, NULL);
+}
+
+void h_layout_short(const dt_layout *l, char *buf, size_t size) {
+    size_t pos = 0;
+    buf[0] = '\0';
+    for (int m = 0; m < l->ndim && pos < size; m++) {
+        dt_placement p = l->placements[m];
+        int w;
+        const char *sep = m ? "," : "";
+        if (p.kind == DT_REPLICATE)
+            w = snprintf(buf + pos, size - pos, "%sR", sep);
+        else if (p.kind == DT_PARTIAL)
+            w = snprintf(buf + pos, size - pos, "%sP", sep);
+        else
+            w = snprintf(buf + pos, size - pos, "%sS(%d,%s)", sep, p.dim, dt_order_name(p.order));
+        if (w < 0) return;
+        pos += (size_t)w;
+    }
+}

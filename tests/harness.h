@@ -1,0 +1,68 @@
+/* tests/harness.h — helpers shared by the cmocka suites.
+ *
+ * - h_launch: dt_launch on the CPU backend and the local transport with a
+ *   short timeout (30 s unless DT_TIMEOUT_MS is set), so a broken collective
+ *   fails a test instead of hanging the suite.
+ * - h_compare: the stated tolerance |got - ref| <= atol + rtol*|ref|, with
+ *   NaN/Inf checked explicitly; prints the first mismatches and the max error.
+ * - Test-local index maps (h_order_indices) written from the definitions in
+ *   DESIGN.md by enumeration, independent of dtensor/layout.c, so that the
+ *   expected data of a test never comes from the code under test.
+ * - Case tables: tests build arrays of struct CMUnitTest whose names carry
+ *   their parameters ("redistribute/P=3,...") and run them with h_run_cases.
+ *
+ * cmocka assertions must run on the main thread: rank functions only record
+ * results; the test asserts after h_launch returns.
+ */
+#ifndef DT_TEST_HARNESS_H
+#define DT_TEST_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtensor/context.h"
+#include "dtensor/layout.h"
+
+#define H_MAX_RANKS 8
+
+/* dt_launch(world, fn, arg) on cpu + local with the test timeout. */
+dt_status h_launch(int world, dt_rank_fn fn, void *arg);
+
+/* Number of i with |got[i] - ref[i]| > atol + rtol*|ref[i]| or got[i] not
+ * finite while ref[i] is (or the other way round). Prints up to 5 of them,
+ * prefixed with `what`, and the max error; *max_err (may be NULL) receives
+ * the largest |got - ref|. */
+long h_compare(const char *what, const float *got, const double *ref, size_t n, double atol,
+               double rtol, double *max_err);
+
+/* Global indices rank j of `parts` holds along a dim of length n, in local
+ * order (out must hold n/parts entries):
+ *   contiguous: the j-th of parts consecutive blocks;
+ *   striped:    j, j+parts, j+2*parts, ...;
+ *   zigzag:     of 2*parts equal chunks, chunk j and then chunk 2*parts-1-j. */
+void h_order_indices(dt_order order, int64_t n, int parts, int j, int64_t *out);
+
+/* Row-major coordinates of `rank` on a mesh (last mesh dim fastest). */
+void h_coords(int rank, int mesh_ndim, const int *mesh_sizes, int *coords);
+
+int64_t h_numel(int ndim, const int64_t *shape);
+
+/* The part of a full row-major tensor (float) held at `coords` under
+ * `layout` (Shard dims only; Partial/Replicate mesh dims keep everything):
+ * writes local_shape (may be NULL) and the local tensor into out. */
+void h_local_of(const float *full, int ndim, const int64_t *shape, const dt_layout *layout,
+                const int *mesh_sizes, const int *coords, float *out, int64_t *local_shape);
+
+/* Same for 16-bit elements (bf16 raw bits). */
+void h_local_of_u16(const uint16_t *full, int ndim, const int64_t *shape, const dt_layout *layout,
+                    const int *mesh_sizes, const int *coords, uint16_t *out);
+
+/* Runs a table of n tests as one cmocka group; returns the number failed. */
+struct CMUnitTest;
+int h_run_cases(const char *group, const struct CMUnitTest *tests, size_t n);
+
+/* Formats a Layout for test names: "R", "P", "S(1,striped)" per mesh dim,
+ * joined by ','. */
+void h_layout_short(const dt_layout *l, char *buf, size_t size);
+
+#endif /* DT_TEST_HARNESS_H */

@@ -1,0 +1,610 @@
+/* tests/test_collectives.c — collectives and grouped send/recv on the local
+ * transport, world sizes 1..8, against references computed here from
+ * (seed, rank, index). Rank threads only record; the main thread asserts
+ * (a failed cmocka assert in a rank thread would kill the binary silently). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "collectives/comm.h"
+#include "dtensor/context.h"
+
+#define MAXP 8
+#define N 37 /* not a multiple of anything convenient */
+
+/* Data of rank r at index i: exact in fp32 and bf16 (small multiples of 1/4),
+ * signed, and different for every (seed, rank, index). */
+static float value(uint64_t seed, int r, size_t i) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + (uint64_t)r * 0xBF58476D1CE4E5B9ull + i * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    x *= 0xD6E8FEB86659FD93ull;
+    x ^= x >> 29;
+    return (float)((int)(x % 257) - 128) / 4.0f;
+}
+
+typedef struct coll_case {
+    int p;
+    dt_dtype dtype;
+    uint64_t seed;
+    int in_place;
+    /* results, per rank */
+    dt_status st[MAXP];
+    int bad[MAXP];      /* elements that differ from the reference */
+    char msg[MAXP][256];
+} coll_case;
+
+static void put(void *buf, dt_dtype dt, size_t i, float v) {
+    if (dt == DT_F32) ((float *)buf)[i] = v;
+    else ((dt_bf16 *)buf)[i] = dt_f32_to_bf16(v);
+}
+static float get(const void *buf, dt_dtype dt, size_t i) {
+    return dt == DT_F32 ? ((const float *)buf)[i] : dt_bf16_to_f32(((const dt_bf16 *)buf)[i]);
+}
+
+/* v as the dtype stores it. */
+static float rounded(dt_dtype dt, double v) {
+    return dt == DT_F32 ? (float)v : dt_bf16_to_f32(dt_f32_to_bf16((float)v));
+}
+
+static void record(coll_case *c, int r, dt_status st) {
+    c->st[r] = st;
+    if (st != DT_SUCCESS) snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
+}
+
+static void assert_all_ok(const coll_case *c) {
+    for (int r = 0; r < c->p; r++) {
+        if (c->st[r] != DT_SUCCESS) print_error("rank %d: %s: %s\n", r, dt_status_name(c->st[r]), c->msg[r]);
+        assert_int_equal(c->st[r], DT_SUCCESS);
+        if (c->bad[r]) print_error("rank %d: %d elements differ from the reference\n", r, c->bad[r]);
+        assert_int_equal(c->bad[r], 0);
+    }
+}
+
+static dt_status launch(coll_case *c, dt_rank_fn fn, long timeout_ms) {
+    dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+    o.timeout_ms = timeout_ms;
+    return dt_launch(c->p, fn, c, &o);
+}
+
+/* ---------------------------------------------------------------- all_reduce */
+
+static dt_status rank_all_reduce(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx), p = c->p;
+    size_t es = dt_dtype_size(c->dtype);
+    char *send = malloc(N * es), *recv = malloc(N * es);
+    for (size_t i = 0; i < N; i++) put(send, c->dtype, i, value(c->seed, r, i));
+    for (int op = 0; op < DT_REDUCE_OP_COUNT; op++) {
+        char *out = c->in_place ? send : recv;
+        if (c->in_place)
+            for (size_t i = 0; i < N; i++) put(send, c->dtype, i, value(c->seed, r, i));
+        dt_status st = dt_comm_all_reduce(dt_context_comm(ctx), send, out, N, c->dtype, (dt_reduce_op)op);
+        record(c, r, st);
+        if (st != DT_SUCCESS) break;
+        for (size_t i = 0; i < N; i++) {
+            double ref = value(c->seed, 0, i);
+            for (int q = 1; q < p; q++) {
+                double v = value(c->seed, q, i);
+                ref = op == DT_REDUCE_SUM ? ref + v : fmax(ref, v);
+            }
+            /* Partial sums are exact in fp32 (multiples of 1/4 below 2^11), and
+             * bf16 is rounded once at the end: the result is exactly known. */
+            if (get(out, c->dtype, i) != rounded(c->dtype, ref)) c->bad[r]++;
+        }
+    }
+    free(send);
+    free(recv);
+    return DT_SUCCESS;
+}
+
+static void test_all_reduce(void **state) {
+    (void)state;
+    for (int p = 1; p <= MAXP; p++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int ip = 0; ip < 2; ip++)
+                for (uint64_t seed = 1; seed <= 2; seed++) {
+                    coll_case c = {.p = p, .dtype = dt ? DT_BF16 : DT_F32, .seed = seed, .in_place = ip};
+                    assert_int_equal(launch(&c, rank_all_reduce, 10000), DT_SUCCESS);
+                    assert_all_ok(&c);
+                }
+}
+
+/* Arbitrary fp32 data: every rank must get the same bits (rank-order sum). */
+static dt_status rank_all_reduce_bits(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx);
+    float send[N], recv[N];
+    for (size_t i = 0; i < N; i++) send[i] = value(c->seed, r, i) * 0.3333333f + 1e-3f * (float)r;
+    dt_status st = dt_comm_all_reduce(dt_context_comm(ctx), send, recv, N, DT_F32, DT_REDUCE_SUM);
+    record(c, r, st);
+    float ref[N];
+    for (size_t i = 0; i < N; i++) {
+        float acc = 0;
+        for (int q = 0; q < c->p; q++) acc = q ? acc + (value(c->seed, q, i) * 0.3333333f + 1e-3f * (float)q)
+                                                : value(c->seed, q, i) * 0.3333333f;
+        ref[i] = acc;
+    }
+    if (memcmp(ref, recv, sizeof ref) != 0) c->bad[r]++;
+    return DT_SUCCESS;
+}
+
+static void test_all_reduce_same_bits_on_every_rank(void **state) {
+    (void)state;
+    for (int p = 1; p <= MAXP; p++) {
+        coll_case c = {.p = p, .dtype = DT_F32, .seed = 7};
+        assert_int_equal(launch(&c, rank_all_reduce_bits, 10000), DT_SUCCESS);
+        assert_all_ok(&c);
+    }
+}
+
+/* ------------------------------------------- all_gather / reduce_scatter */
+
+static dt_status rank_gather_scatter(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx), p = c->p;
+    dt_comm *comm = dt_context_comm(ctx);
+    size_t es = dt_dtype_size(c->dtype);
+    char *big = malloc((size_t)p * N * es), *small = malloc(N * es);
+    dt_status st;
+
+    /* all_gather: big[q*N + i] = value(q, i); in place uses big + r*N as send. */
+    for (size_t i = 0; i < N; i++) put(c->in_place ? big + (size_t)r * N * es : small, c->dtype, i, value(c->seed, r, i));
+    st = dt_comm_all_gather(comm, c->in_place ? big + (size_t)r * N * es : small, big, N, c->dtype);
+    record(c, r, st);
+    if (st != DT_SUCCESS) goto out;
+    for (int q = 0; q < p; q++)
+        for (size_t i = 0; i < N; i++)
+            if (get(big, c->dtype, (size_t)q * N + i) != rounded(c->dtype, value(c->seed, q, i)))
+                c->bad[r]++;
+
+    /* reduce_scatter: rank r gets sum over q of value(q, r*N + i). */
+    for (size_t i = 0; i < (size_t)p * N; i++) put(big, c->dtype, i, value(c->seed + 1, r, i));
+    void *out = c->in_place ? big + (size_t)r * N * es : small;
+    st = dt_comm_reduce_scatter(comm, big, out, N, c->dtype, DT_REDUCE_SUM);
+    record(c, r, st);
+    if (st != DT_SUCCESS) goto out;
+    for (size_t i = 0; i < N; i++) {
+        double ref = 0;
+        for (int q = 0; q < p; q++) ref += value(c->seed + 1, q, (size_t)r * N + i);
+        if (get(out, c->dtype, i) != rounded(c->dtype, ref)) c->bad[r]++;
+    }
+out:
+    free(big);
+    free(small);
+    return DT_SUCCESS;
+}
+
+static void test_all_gather_reduce_scatter(void **state) {
+    (void)state;
+    for (int p = 1; p <= MAXP; p++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int ip = 0; ip < 2; ip++) {
+                coll_case c = {.p = p, .dtype = dt ? DT_BF16 : DT_F32, .seed = 3, .in_place = ip};
+                assert_int_equal(launch(&c, rank_gather_scatter, 10000), DT_SUCCESS);
+                assert_all_ok(&c);
+            }
+}
+
+/* ------------------------------------------ broadcast / scatter / gather */
+
+static dt_status rank_rooted(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx), p = c->p;
+    dt_comm *comm = dt_context_comm(ctx);
+    float *big = malloc((size_t)p * N * sizeof(float)), buf[N];
+    for (int root = 0; root < p; root++) {
+        /* broadcast */
+        for (size_t i = 0; i < N; i++) buf[i] = value(c->seed, r, i);
+        dt_status st = dt_comm_broadcast(comm, buf, N, DT_F32, root);
+        record(c, r, st);
+        if (st != DT_SUCCESS) break;
+        for (size_t i = 0; i < N; i++) if (buf[i] != value(c->seed, root, i)) c->bad[r]++;
+        /* scatter: root's big[q*N + i] = value(root, q*N + i) goes to rank q */
+        for (size_t i = 0; i < (size_t)p * N; i++) big[i] = value(c->seed, r, i);
+        st = dt_comm_scatter(comm, r == root ? big : NULL, buf, N, DT_F32, root);
+        record(c, r, st);
+        if (st != DT_SUCCESS) break;
+        for (size_t i = 0; i < N; i++) if (buf[i] != value(c->seed, root, (size_t)r * N + i)) c->bad[r]++;
+        /* gather: rank q's buf lands at root's big[q*N..] */
+        for (size_t i = 0; i < N; i++) buf[i] = value(c->seed + 9, r, i);
+        memset(big, 0, (size_t)p * N * sizeof(float));
+        st = dt_comm_gather(comm, buf, r == root ? big : NULL, N, DT_F32, root);
+        record(c, r, st);
+        if (st != DT_SUCCESS) break;
+        if (r == root)
+            for (int q = 0; q < p; q++)
+                for (size_t i = 0; i < N; i++)
+                    if (big[(size_t)q * N + i] != value(c->seed + 9, q, i)) c->bad[r]++;
+    }
+    free(big);
+    return DT_SUCCESS;
+}
+
+static void test_broadcast_scatter_gather_every_root(void **state) {
+    (void)state;
+    for (int p = 1; p <= MAXP; p++) {
+        coll_case c = {.p = p, .dtype = DT_F32, .seed = 5};
+        assert_int_equal(launch(&c, rank_rooted, 10000), DT_SUCCESS);
+        assert_all_ok(&c);
+    }
+}
+
+/* ------------------------------------------------------------------ barrier */
+
+typedef struct barrier_case {
+    coll_case c;
+    int arrived;      /* guarded by the barrier itself: read only after it */
+    int seen[MAXP];
+} barrier_case;
+
+static dt_status rank_barrier(dt_context *ctx, void *arg) {
+    barrier_case *b = arg;
+    int r = dt_context_rank(ctx);
+    for (int round = 0; round < 20; round++) {
+        /* Rank r sleeps a little so late ranks would be missed without a barrier. */
+        struct timespec ts = {0, 200000L * r};
+        nanosleep(&ts, NULL);
+        __atomic_add_fetch(&b->arrived, 1, __ATOMIC_SEQ_CST);
+        dt_status st = dt_comm_barrier(dt_context_comm(ctx));
+        record(&b->c, r, st);
+        if (st != DT_SUCCESS) return st;
+        if (__atomic_load_n(&b->arrived, __ATOMIC_SEQ_CST) < (round + 1) * b->c.p) b->c.bad[r]++;
+        /* Second barrier: nobody starts the next round's increment early. */
+        st = dt_comm_barrier(dt_context_comm(ctx));
+        record(&b->c, r, st);
+        if (st != DT_SUCCESS) return st;
+    }
+    return DT_SUCCESS;
+}
+
+static void test_barrier(void **state) {
+    (void)state;
+    for (int p = 1; p <= MAXP; p++) {
+        barrier_case b = {.c = {.p = p}};
+        assert_int_equal(launch(&b.c, rank_barrier, 10000), DT_SUCCESS);
+        assert_all_ok(&b.c);
+        assert_int_equal(b.arrived, 20 * p);
+    }
+}
+
+/* ---------------------------------------------------------------- sub-groups */
+
+/* Split the world into groups by rank % k; all_reduce the world rank within
+ * each group; also split a 2-D mesh's rows and columns. */
+static dt_status rank_split(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx), p = c->p;
+    for (int k = 1; k <= 3 && k <= p; k++) {
+        dt_comm *sub = NULL;
+        dt_status st = dt_comm_split(dt_context_comm(ctx), r % k, -r /* reversed order */, &sub);
+        record(c, r, st);
+        if (st != DT_SUCCESS) return st;
+        int members = 0, pos = 0;
+        float sum_ref = 0;
+        for (int q = 0; q < p; q++)
+            if (q % k == r % k) {
+                members++;
+                sum_ref += (float)q;
+                if (q > r) pos++;   /* key -q orders the group by descending rank */
+            }
+        if (dt_comm_size(sub) != members || dt_comm_rank(sub) != pos) c->bad[r]++;
+        float x = (float)r, sum = 0;
+        st = dt_comm_all_reduce(sub, &x, &sum, 1, DT_F32, DT_REDUCE_SUM);
+        record(c, r, st);
+        if (sum != sum_ref) c->bad[r]++;
+        dt_comm_destroy(sub);
+        if (st != DT_SUCCESS) return st;
+    }
+    /* Opting out with a negative color. */
+    dt_comm *none = (dt_comm *)1;
+    dt_status st = dt_comm_split(dt_context_comm(ctx), r == 0 ? -1 : 0, 0, &none);
+    record(c, r, st);
+    if ((r == 0) != (none == NULL)) c->bad[r]++;
+    if (none) {
+        st = dt_comm_barrier(none);
+        record(c, r, st);
+        if (dt_comm_size(none) != p - 1) c->bad[r]++;
+    }
+    dt_comm_destroy(none);
+    return st;
+}
+
+static void test_split(void **state) {
+    (void)state;
+    for (int p = 1; p <= MAXP; p++) {
+        coll_case c = {.p = p};
+        assert_int_equal(launch(&c, rank_split, 10000), DT_SUCCESS);
+        assert_all_ok(&c);
+    }
+}
+
+/* ------------------------------------------------------------ send / recv */
+
+/* All-to-all with a different size for every pair: rank r sends r + q + 1
+ * values to q, all in one group, receives posted before sends on odd ranks. */
+static dt_status rank_alltoall(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx), p = c->p;
+    float *out[MAXP], *in[MAXP];
+    dt_p2p_op ops[2 * MAXP];
+    int n = 0;
+    for (int q = 0; q < p; q++) {
+        size_t cnt = (size_t)(r + q + 1);
+        out[q] = malloc(cnt * sizeof(float));
+        in[q] = calloc(cnt, sizeof(float));
+        for (size_t i = 0; i < cnt; i++) out[q][i] = value(c->seed, r, (size_t)q * 100 + i);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int q = 0; q < p; q++) {
+            int send = (k == 0) == (r % 2 == 0);
+            ops[n++] = (dt_p2p_op){send ? DT_P2P_SEND : DT_P2P_RECV, q, send ? out[q] : in[q],
+                                   (size_t)(r + q + 1), DT_F32};
+        }
+    dt_status st = dt_comm_sendrecv(dt_context_comm(ctx), ops, n);
+    record(c, r, st);
+    for (int q = 0; q < p; q++) {
+        for (size_t i = 0; st == DT_SUCCESS && i < (size_t)(r + q + 1); i++)
+            if (in[q][i] != value(c->seed, q, (size_t)r * 100 + i)) c->bad[r]++;
+        free(out[q]);
+        free(in[q]);
+    }
+    return st;
+}
+
+static void test_sendrecv_alltoall(void **state) {
+    (void)state;
+    for (int p = 1; p <= MAXP; p++) {
+        coll_case c = {.p = p, .seed = 11};
+        assert_int_equal(launch(&c, rank_alltoall, 10000), DT_SUCCESS);
+        assert_all_ok(&c);
+    }
+}
+
+/* Several messages between one pair, in order, across groups. */
+static dt_status rank_ordered(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx);
+    float a[3] = {1, 2, 3}, b[5] = {4, 5, 6, 7, 8}, x[3] = {0}, y[5] = {0};
+    dt_status st = DT_SUCCESS;
+    if (r == 0) {
+        dt_p2p_op ops[2] = {{DT_P2P_SEND, 1, a, 3, DT_F32}, {DT_P2P_SEND, 1, b, 5, DT_F32}};
+        st = dt_comm_sendrecv(dt_context_comm(ctx), ops, 2);
+    } else if (r == 1) {
+        dt_p2p_op o1 = {DT_P2P_RECV, 0, x, 3, DT_F32}, o2 = {DT_P2P_RECV, 0, y, 5, DT_F32};
+        st = dt_comm_sendrecv(dt_context_comm(ctx), &o1, 1);
+        if (st == DT_SUCCESS) st = dt_comm_sendrecv(dt_context_comm(ctx), &o2, 1);
+        if (memcmp(x, a, sizeof a) || memcmp(y, b, sizeof b)) c->bad[r]++;
+    }
+    record(c, r, st);
+    return st;
+}
+
+static void test_sendrecv_ordered_across_groups(void **state) {
+    (void)state;
+    coll_case c = {.p = 3};
+    assert_int_equal(launch(&c, rank_ordered, 10000), DT_SUCCESS);
+    assert_all_ok(&c);
+}
+
+/* ------------------------------------------------------------- strictness */
+
+/* Rank 1 calls all_gather where the others call all_reduce: every rank gets
+ * DT_ERR_MISMATCH naming ranks 0 and 1, and nothing hangs. */
+static dt_status rank_wrong_collective(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx);
+    float x[4] = {1, 2, 3, 4}, y[4 * MAXP];
+    dt_status st = r == 1 ? dt_comm_all_gather(dt_context_comm(ctx), x, y, 4, DT_F32)
+                          : dt_comm_all_reduce(dt_context_comm(ctx), x, y, 4, DT_F32, DT_REDUCE_SUM);
+    record(c, r, st);
+    return st;
+}
+
+static void assert_every_rank(const coll_case *c, dt_status want, const char *needle1, const char *needle2) {
+    for (int r = 0; r < c->p; r++) {
+        if (c->st[r] != want) print_error("rank %d: got %s (%s)\n", r, dt_status_name(c->st[r]), c->msg[r]);
+        assert_int_equal(c->st[r], want);
+        if (needle1) assert_non_null(strstr(c->msg[r], needle1));
+        if (needle2) assert_non_null(strstr(c->msg[r], needle2));
+    }
+}
+
+static void test_mismatched_collectives(void **state) {
+    (void)state;
+    for (int p = 2; p <= 4; p++) {
+        coll_case c = {.p = p};
+        assert_int_equal(launch(&c, rank_wrong_collective, 5000), DT_ERR_MISMATCH);
+        assert_every_rank(&c, DT_ERR_MISMATCH, "rank 1 calls all_gather", "rank 0 calls all_reduce");
+    }
+}
+
+/* Rank 1 posts 5 fp32 where rank 0 sends 4: both fail naming each other. */
+static dt_status rank_wrong_size(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx);
+    float buf[8] = {0};
+    dt_p2p_op op = r == 0 ? (dt_p2p_op){DT_P2P_SEND, 1, buf, 4, DT_F32}
+                          : (dt_p2p_op){DT_P2P_RECV, 0, buf, 5, DT_F32};
+    dt_status st = dt_comm_sendrecv(dt_context_comm(ctx), &op, 1);
+    record(c, r, st);
+    return st;
+}
+
+static void test_mismatched_send_recv(void **state) {
+    (void)state;
+    coll_case c = {.p = 2};
+    assert_int_equal(launch(&c, rank_wrong_size, 5000), DT_ERR_MISMATCH);
+    assert_every_rank(&c, DT_ERR_MISMATCH, "rank 1 receives 5 fp32 from rank 0",
+                      "rank 0 sends 4 fp32 to rank 1");
+}
+
+/* ------------------------------------------------------------- failures */
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* mode 0: the failing rank returns an error before the collective;
+ * mode 1: it returns success without ever calling it (peers must time out);
+ * mode 2: it aborts mid-way through a series of collectives;
+ * mode 3: it is slow, but within the timeout (everyone must succeed). */
+typedef struct fail_case {
+    coll_case c;
+    int mode, victim;
+    double elapsed_ms[MAXP];
+} fail_case;
+
+static dt_status rank_fail(dt_context *ctx, void *arg) {
+    fail_case *f = arg;
+    int r = dt_context_rank(ctx);
+    double t0 = now_ms();
+    float x[16] = {0}, y[16];
+    dt_status st = DT_SUCCESS;
+    for (int round = 0; round < 5 && st == DT_SUCCESS; round++) {
+        if (r == f->victim) {
+            if (f->mode == 0 && round == 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "injected failure");
+            if (f->mode == 1 && round == 0) return DT_SUCCESS;
+            if (f->mode == 2 && round == 3) {
+                dt_comm_abort(dt_context_comm(ctx), DT_ERR_BACKEND, "injected abort");
+                return DT_ERR_BACKEND;
+            }
+            if (f->mode == 3) {
+                struct timespec ts = {0, 30 * 1000000L};
+                nanosleep(&ts, NULL);
+            }
+        }
+        st = dt_comm_all_reduce(dt_context_comm(ctx), x, y, 16, DT_F32, DT_REDUCE_SUM);
+    }
+    f->elapsed_ms[r] = now_ms() - t0;
+    record(&f->c, r, st);
+    return st;
+}
+
+static void test_failures_do_not_hang(void **state) {
+    (void)state;
+    const long timeout = 300;
+    for (int mode = 0; mode < 4; mode++)
+        for (int p = 2; p <= MAXP; p += 3) {
+            fail_case f = {.c = {.p = p}, .mode = mode, .victim = p - 1};
+            double t0 = now_ms();
+            dt_status st = launch(&f.c, rank_fail, timeout);
+            double total = now_ms() - t0;
+            if (mode == 3) {
+                assert_int_equal(st, DT_SUCCESS);
+                assert_all_ok(&f.c);
+                continue;
+            }
+            assert_int_not_equal(st, DT_SUCCESS);
+            /* Failing peers are noticed at once; a missing peer after the timeout. */
+            assert_true(total < (mode == 1 ? timeout + 1000 : timeout));
+            for (int r = 0; r < p; r++) {
+                if (r == f.victim) continue;
+                dt_status want = mode == 1 ? DT_ERR_TIMEOUT : DT_ERR_PEER_FAILED;
+                if (mode == 1 && f.c.st[r] == DT_ERR_PEER_FAILED) want = DT_ERR_PEER_FAILED;
+                assert_int_equal(f.c.st[r], want);
+                assert_true(f.elapsed_ms[r] < timeout + 1000);
+            }
+            if (mode == 1) assert_int_equal(st, DT_ERR_TIMEOUT);
+            if (mode == 0) {
+                assert_int_equal(st, DT_ERR_INVALID_ARGUMENT);
+                assert_non_null(strstr(dt_last_error(), "injected failure"));
+            }
+            if (mode == 2) assert_non_null(strstr(f.c.msg[0], "injected abort"));
+        }
+}
+
+/* ---------------------------------------------------------- bad arguments */
+
+static dt_status rank_bad_args(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx), i = 0;
+    dt_comm *comm = dt_context_comm(ctx);
+    float x[4] = {1, 2, 3, 4}, y[4] = {5, 6, 7, 8};
+#define EXPECT(call, want)                                                              \
+    do {                                                                                \
+        dt_status got_ = (call);                                                        \
+        i++;                                                                            \
+        if (got_ != (want)) {                                                           \
+            c->bad[r]++;                                                                \
+            snprintf(c->msg[r], sizeof c->msg[r], "case %d: got %s: %s", i,             \
+                     dt_status_name(got_), dt_last_error());                            \
+        }                                                                               \
+    } while (0)
+    EXPECT(dt_comm_all_reduce(NULL, x, y, 4, DT_F32, DT_REDUCE_SUM), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_all_reduce(comm, x, y, 4, (dt_dtype)99, DT_REDUCE_SUM), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_all_reduce(comm, x, y, 4, DT_F32, (dt_reduce_op)7), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_all_reduce(comm, NULL, y, 4, DT_F32, DT_REDUCE_SUM), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_all_reduce(comm, x, y, SIZE_MAX / 2, DT_F32, DT_REDUCE_SUM), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_all_reduce(comm, x, y, 4, DT_U8, DT_REDUCE_SUM), DT_ERR_NOT_SUPPORTED);
+    EXPECT(dt_comm_all_gather(comm, x, NULL, 1, DT_F32), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_broadcast(comm, x, 4, DT_F32, c->p), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_broadcast(comm, x, 4, DT_F32, -1), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_gather(comm, x, NULL, 1, DT_F32, 0), r == 0 ? DT_ERR_INVALID_ARGUMENT : DT_SUCCESS);
+    /* The gather above blocked ranks > 0 until rank 0 makes a valid one. */
+    if (r == 0) EXPECT(dt_comm_gather(comm, x, y, 1, DT_F32, 0), DT_SUCCESS);
+    EXPECT(dt_comm_sendrecv(comm, &(dt_p2p_op){DT_P2P_SEND, c->p, x, 1, DT_F32}, 1), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_sendrecv(comm, &(dt_p2p_op){(dt_p2p_kind)5, 0, x, 1, DT_F32}, 1), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_sendrecv(comm, NULL, 2), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_p2p_wait(comm), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_split(comm, 0, 0, NULL), DT_ERR_INVALID_ARGUMENT);
+    /* A collective while a send/recv group is outstanding (the group's ops
+     * must outlive it, hence a variable rather than a compound literal). */
+    dt_p2p_op self_send = {DT_P2P_SEND, r, x, 4, DT_F32};
+    EXPECT(dt_comm_p2p_start(comm, &self_send, 1), DT_SUCCESS);
+    EXPECT(dt_comm_barrier(comm), DT_ERR_INVALID_ARGUMENT);
+    float z[4] = {0};
+    EXPECT(dt_comm_sendrecv(comm, &(dt_p2p_op){DT_P2P_RECV, r, z, 4, DT_F32}, 1), DT_ERR_INVALID_ARGUMENT);
+    /* Nobody receives the self-send: the first rank to time out aborts the
+     * world, the others then stop with DT_ERR_PEER_FAILED. */
+    dt_status waited = dt_comm_p2p_wait(comm);
+    EXPECT(waited == DT_ERR_PEER_FAILED ? DT_ERR_TIMEOUT : waited, DT_ERR_TIMEOUT);
+#undef EXPECT
+    /* Rejected calls wrote nothing: x is intact, and y only holds what the
+     * valid gather put on rank 0 (x[0] of every rank). */
+    float y_ref[4] = {5, 6, 7, 8};
+    if (r == 0)
+        for (int q = 0; q < c->p; q++) y_ref[q] = 1;
+    if (x[0] != 1 || x[3] != 4 || memcmp(y, y_ref, sizeof y) != 0) c->bad[r]++;
+    c->st[r] = DT_SUCCESS;
+    return DT_SUCCESS;
+}
+
+static void test_bad_arguments(void **state) {
+    (void)state;
+    for (int p = 1; p <= 3; p++) {
+        coll_case c = {.p = p};
+        /* The last case times out on purpose, which aborts the world. */
+        dt_status st = launch(&c, rank_bad_args, 200);
+        assert_int_equal(st, DT_ERR_TIMEOUT);
+        for (int r = 0; r < p; r++) if (c.bad[r]) print_error("rank %d: %s\n", r, c.msg[r]);
+        assert_all_ok(&c);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_all_reduce),
+        cmocka_unit_test(test_all_reduce_same_bits_on_every_rank),
+        cmocka_unit_test(test_all_gather_reduce_scatter),
+        cmocka_unit_test(test_broadcast_scatter_gather_every_root),
+        cmocka_unit_test(test_barrier),
+        cmocka_unit_test(test_split),
+        cmocka_unit_test(test_sendrecv_alltoall),
+        cmocka_unit_test(test_sendrecv_ordered_across_groups),
+        cmocka_unit_test(test_mismatched_collectives),
+        cmocka_unit_test(test_mismatched_send_recv),
+        cmocka_unit_test(test_failures_do_not_hang),
+        cmocka_unit_test(test_bad_arguments),
+    };
+    return cmocka_run_group_tests_name("collectives (cpu+local, P=1..8)", tests, NULL, NULL);
+}

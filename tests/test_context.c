@@ -1,0 +1,196 @@
+/* tests/test_context.c — dt_launch and contexts: world sizes 1..64, the
+ * first failing status and its message, environment (DT_TIMEOUT_MS, DT_LOG,
+ * DT_BACKEND, DT_TRANSPORT), bad arguments, and the status/dtype basics. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dtensor/context.h"
+
+#define MAXR 64
+
+typedef struct ctx_case {
+    int ranks_seen[MAXR];
+    int sizes_seen[MAXR];
+    float sum[MAXR];
+    long timeout[MAXR];
+} ctx_case;
+
+static dt_status rank_identity(dt_context *ctx, void *arg) {
+    ctx_case *c = arg;
+    int r = dt_context_rank(ctx);
+    c->ranks_seen[r]++;
+    c->sizes_seen[r] = dt_context_world_size(ctx);
+    c->timeout[r] = dt_context_timeout_ms(ctx);
+    float x = (float)r;
+    return dt_comm_all_reduce(dt_context_comm(ctx), &x, &c->sum[r], 1, DT_F32, DT_REDUCE_SUM);
+}
+
+static void test_launch_world_sizes(void **state) {
+    (void)state;
+    int sizes[] = {1, 2, 3, 5, 7, 8, 16, 33, 64};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        int n = sizes[k];
+        ctx_case c = {0};
+        assert_int_equal(dt_launch(n, rank_identity, &c, NULL), DT_SUCCESS);
+        for (int r = 0; r < n; r++) {
+            assert_int_equal(c.ranks_seen[r], 1);
+            assert_int_equal(c.sizes_seen[r], n);
+            assert_float_equal(c.sum[r], (float)(n * (n - 1) / 2), 0);
+        }
+    }
+}
+
+static dt_status rank_noop(dt_context *ctx, void *arg) {
+    (void)ctx;
+    (void)arg;
+    return DT_SUCCESS;
+}
+
+static void test_launch_bad_arguments(void **state) {
+    (void)state;
+    assert_int_equal(dt_launch(0, rank_noop, NULL, NULL), DT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dt_last_error(), "world size 0"));
+    assert_int_equal(dt_launch(DT_MAX_WORLD_SIZE + 1, rank_noop, NULL, NULL), DT_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dt_launch(-3, rank_noop, NULL, NULL), DT_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dt_launch(2, NULL, NULL, NULL), DT_ERR_INVALID_ARGUMENT);
+    dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+    o.backend = (dt_backend_kind)42;
+    assert_int_equal(dt_launch(2, rank_noop, NULL, &o), DT_ERR_INVALID_ARGUMENT);
+    o = (dt_launch_options)DT_LAUNCH_OPTIONS_INIT;
+    o.transport = (dt_transport_kind)-1;
+    assert_int_equal(dt_launch(2, rank_noop, NULL, &o), DT_ERR_INVALID_ARGUMENT);
+    o = (dt_launch_options)DT_LAUNCH_OPTIONS_INIT;
+    o.timeout_ms = -5;
+    assert_int_equal(dt_launch(2, rank_noop, NULL, &o), DT_ERR_INVALID_ARGUMENT);
+}
+
+/* Rank 2 fails; launch returns its status and message, prefixed once. */
+static dt_status rank_two_fails(dt_context *ctx, void *arg) {
+    (void)arg;
+    if (dt_context_rank(ctx) == 2) return dt_error(DT_ERR_NOT_SUPPORTED, "rank 2 cannot do that");
+    return dt_comm_barrier(dt_context_comm(ctx));
+}
+
+static void test_launch_returns_first_failure(void **state) {
+    (void)state;
+    assert_int_equal(dt_launch(4, rank_two_fails, NULL, NULL), DT_ERR_NOT_SUPPORTED);
+    assert_string_equal(dt_last_error(), "rank 2 cannot do that");
+}
+
+static void test_environment(void **state) {
+    (void)state;
+    ctx_case c = {0};
+    setenv("DT_TIMEOUT_MS", "1234", 1);
+    assert_int_equal(dt_launch(2, rank_identity, &c, NULL), DT_SUCCESS);
+    assert_int_equal(c.timeout[1], 1234);
+    dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+    o.timeout_ms = 77; /* explicit options win */
+    assert_int_equal(dt_launch(2, rank_identity, &c, &o), DT_SUCCESS);
+    assert_int_equal(c.timeout[0], 77);
+    setenv("DT_TIMEOUT_MS", "soon", 1);
+    assert_int_equal(dt_launch(2, rank_identity, &c, NULL), DT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dt_last_error(), "DT_TIMEOUT_MS=soon"));
+    unsetenv("DT_TIMEOUT_MS");
+    assert_int_equal(dt_launch(1, rank_identity, &c, NULL), DT_SUCCESS);
+    assert_int_equal(c.timeout[0], DT_DEFAULT_TIMEOUT_MS);
+
+    setenv("DT_BACKEND", "tpu", 1);
+    assert_int_equal(dt_launch(2, rank_noop, NULL, NULL), DT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dt_last_error(), "DT_BACKEND=tpu"));
+    setenv("DT_BACKEND", "cpu", 1);
+    assert_int_equal(dt_launch(2, rank_noop, NULL, NULL), DT_SUCCESS);
+    unsetenv("DT_BACKEND");
+    setenv("DT_TRANSPORT", "local", 1);
+    assert_int_equal(dt_launch(2, rank_noop, NULL, NULL), DT_SUCCESS);
+    unsetenv("DT_TRANSPORT");
+}
+
+static dt_status rank_logs(dt_context *ctx, void *arg) {
+    (void)arg;
+    dt_context_log(ctx, DT_LOG_INFO, "hello from %d", dt_context_rank(ctx));
+    dt_context_log(ctx, DT_LOG_DEBUG, "debug detail");
+    return DT_SUCCESS;
+}
+
+/* Runs a 3-rank launch of rank_logs with DT_LOG=level and returns stderr. */
+static void capture_log(const char *level, char *out, size_t size) {
+    char path[] = "/tmp/dt_test_log_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    dup2(fd, STDERR_FILENO);
+    setenv("DT_LOG", level, 1);
+    dt_status st = dt_launch(3, rank_logs, NULL, NULL);
+    unsetenv("DT_LOG");
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    assert_int_equal(st, DT_SUCCESS);
+    FILE *f = fdopen(fd, "r");
+    rewind(f);
+    size_t n = fread(out, 1, size - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    unlink(path);
+}
+
+static void test_log_levels_and_rank_prefix(void **state) {
+    (void)state;
+    char buf[4096];
+    capture_log("info", buf, sizeof buf);
+    for (int r = 0; r < 3; r++) {
+        char line[64];
+        snprintf(line, sizeof line, "[dtensor rank %d] info: hello from %d\n", r, r);
+        assert_non_null(strstr(buf, line));
+    }
+    assert_null(strstr(buf, "debug detail"));
+    capture_log("debug", buf, sizeof buf);
+    assert_non_null(strstr(buf, "[dtensor rank 1] debug: debug detail"));
+    capture_log("warn", buf, sizeof buf);
+    assert_null(strstr(buf, "hello"));
+}
+
+static void test_status_and_dtype_names(void **state) {
+    (void)state;
+    assert_string_equal(dt_status_name(DT_SUCCESS), "DT_SUCCESS");
+    assert_string_equal(dt_status_name(DT_ERR_TIMEOUT), "DT_ERR_TIMEOUT");
+    assert_string_equal(dt_status_name((dt_status)999), "DT_STATUS_UNKNOWN");
+    assert_string_equal(dt_dtype_name(DT_BF16), "bf16");
+    assert_int_equal(dt_dtype_size(DT_F32), 4);
+    assert_int_equal(dt_dtype_size((dt_dtype)77), 0);
+    assert_string_equal(dt_backend_kind_name(DT_BACKEND_CUDA), "cuda");
+    assert_string_equal(dt_transport_kind_name(DT_TRANSPORT_NCCL), "nccl");
+    /* bf16 rounding: nearest even, NaN stays NaN, exact values round-trip. */
+    assert_int_equal(dt_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(dt_f32_to_bf16(1.00390625f), 0x3f80);   /* tie -> even */
+    assert_int_equal(dt_f32_to_bf16(1.01171875f), 0x3f82);   /* tie -> even (up) */
+    assert_true(dt_bf16_to_f32(dt_f32_to_bf16(0.0f / 0.0f)) != dt_bf16_to_f32(dt_f32_to_bf16(0.0f / 0.0f)));
+    assert_float_equal(dt_bf16_to_f32(dt_f32_to_bf16(-3.5f)), -3.5f, 0);
+    /* The first failure is kept through teardown. */
+    dt_status st = DT_SUCCESS;
+    DT_KEEP_FIRST(st, dt_error(DT_ERR_TIMEOUT, "first"));
+    DT_KEEP_FIRST(st, dt_error(DT_ERR_BACKEND, "second"));
+    assert_int_equal(st, DT_ERR_TIMEOUT);
+    assert_string_equal(dt_last_error(), "first");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_launch_world_sizes),
+        cmocka_unit_test(test_launch_bad_arguments),
+        cmocka_unit_test(test_launch_returns_first_failure),
+        cmocka_unit_test(test_environment),
+        cmocka_unit_test(test_log_levels_and_rank_prefix),
+        cmocka_unit_test(test_status_and_dtype_names),
+    };
+    return cmocka_run_group_tests_name("context and launch", tests, NULL, NULL);
+}

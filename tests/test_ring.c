@@ -1,0 +1,183 @@
+/* tests/test_ring.c — the ring rotator on the local transport, P = 1..8,
+ * both directions: at step t rank j holds the block rank (j -/+ t) mod P
+ * filled in, every block is seen exactly once in P steps, the two buffers
+ * are the only ones ever handed out, and misuse is rejected. Rank threads
+ * only record; the main thread asserts. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "collectives/ring.h"
+#include "dtensor/context.h"
+
+#define MAXP 8
+#define BYTES 1001 /* odd: the ring moves bytes, not elements */
+
+typedef struct ring_case {
+    int p;
+    dt_ring_direction dir;
+    dt_status st[MAXP];
+    char msg[MAXP][256];
+    int wrong_block[MAXP];    /* steps whose block was not the expected one */
+    int wrong_source[MAXP];   /* steps where dt_ring_source disagreed */
+    int seen[MAXP][MAXP];     /* seen[j][k]: times rank j saw rank k's block in P steps */
+    int buffers[MAXP];        /* distinct buffer addresses handed out */
+    int alternates[MAXP];     /* 1 if the current buffer alternated every step */
+} ring_case;
+
+static unsigned char pattern(int owner, size_t i) { return (unsigned char)(owner * 37 + i * 11 + 5); }
+
+/* Which rank's block does `buf` hold? -1 if none exactly. */
+static int owner_of(const unsigned char *buf, int p) {
+    for (int k = 0; k < p; k++) {
+        size_t i = 0;
+        while (i < BYTES && buf[i] == pattern(k, i)) i++;
+        if (i == BYTES) return k;
+    }
+    return -1;
+}
+
+static dt_status rank_ring(dt_context *ctx, void *arg) {
+    ring_case *c = arg;
+    int j = dt_context_rank(ctx), p = c->p;
+    dt_ring *ring = NULL;
+    dt_status st = dt_ring_create(dt_context_comm(ctx), BYTES, c->dir, &ring);
+    if (st != DT_SUCCESS) goto out;
+    unsigned char *b = dt_ring_current(ring);
+    for (size_t i = 0; i < BYTES; i++) b[i] = pattern(j, i);
+    void *addr[2] = {dt_ring_current(ring), NULL};
+    c->alternates[j] = 1;
+    /* Steps 0..P: P blocks seen, then the own block back home. */
+    for (int t = 0; t <= p; t++) {
+        int want = c->dir == DT_RING_FORWARD ? ((j - t) % p + p) % p : (j + t) % p;
+        const unsigned char *cur = dt_ring_current(ring);
+        int got = owner_of(cur, p);
+        if (got != want) c->wrong_block[j]++;
+        if (dt_ring_source(ring) != want || dt_ring_step_index(ring) != t) c->wrong_source[j]++;
+        if (t < p && got >= 0) c->seen[j][got]++;
+        void *expect_addr = addr[t % 2];
+        if (t == 1) addr[1] = (void *)cur;
+        else if (t > 0 && cur != expect_addr) c->alternates[j] = 0;
+        if (t == p) break;
+        st = dt_ring_start(ring);
+        if (st != DT_SUCCESS) goto out;
+        /* Compute overlaps the transfer: the current block stays readable. */
+        if (owner_of(dt_ring_current(ring), p) != want) c->wrong_block[j]++;
+        st = dt_ring_wait(ring);
+        if (st != DT_SUCCESS) goto out;
+    }
+    c->buffers[j] = p == 1 || addr[1] == addr[0] ? 1 : 2;
+    if (p > 1 && addr[1] == addr[0]) c->alternates[j] = 0;
+out:
+    c->st[j] = st;
+    if (st != DT_SUCCESS) snprintf(c->msg[j], sizeof c->msg[j], "%s", dt_last_error());
+    dt_ring_destroy(ring);
+    return st;
+}
+
+static void test_ring_delivers_every_block_once(void **state) {
+    (void)state;
+    for (int dir = 0; dir < DT_RING_DIRECTION_COUNT; dir++)
+        for (int p = 1; p <= MAXP; p++) {
+            ring_case c = {.p = p, .dir = (dt_ring_direction)dir};
+            dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+            o.timeout_ms = 10000;
+            dt_status st = dt_launch(p, rank_ring, &c, &o);
+            if (st != DT_SUCCESS) print_error("ring/%s/P=%d: %s\n", dt_ring_direction_name(c.dir), p, dt_last_error());
+            assert_int_equal(st, DT_SUCCESS);
+            for (int j = 0; j < p; j++) {
+                assert_int_equal(c.st[j], DT_SUCCESS);
+                assert_int_equal(c.wrong_block[j], 0);
+                assert_int_equal(c.wrong_source[j], 0);
+                for (int k = 0; k < p; k++) assert_int_equal(c.seen[j][k], 1);
+                assert_int_equal(c.alternates[j], 1);
+                assert_int_equal(c.buffers[j], p == 1 ? 1 : 2);
+            }
+        }
+}
+
+/* 10,000 steps on 3 ranks: the rotation stays exact. */
+static dt_status rank_many_steps(dt_context *ctx, void *arg) {
+    ring_case *c = arg;
+    int j = dt_context_rank(ctx), p = c->p;
+    dt_ring *ring = NULL;
+    dt_status st = dt_ring_create(dt_context_comm(ctx), BYTES, DT_RING_FORWARD, &ring);
+    if (st == DT_SUCCESS) {
+        unsigned char *b = dt_ring_current(ring);
+        for (size_t i = 0; i < BYTES; i++) b[i] = pattern(j, i);
+    }
+    for (int t = 1; st == DT_SUCCESS && t <= 10000; t++) {
+        st = dt_ring_step(ring);
+        if (st == DT_SUCCESS && owner_of(dt_ring_current(ring), p) != ((j - t) % p + p) % p)
+            c->wrong_block[j]++;
+    }
+    c->st[j] = st;
+    dt_ring_destroy(ring);
+    return st;
+}
+
+static void test_ring_10000_steps(void **state) {
+    (void)state;
+    ring_case c = {.p = 3};
+    assert_int_equal(dt_launch(3, rank_many_steps, &c, NULL), DT_SUCCESS);
+    for (int j = 0; j < 3; j++) {
+        assert_int_equal(c.st[j], DT_SUCCESS);
+        assert_int_equal(c.wrong_block[j], 0);
+    }
+}
+
+/* Misuse: NULL arguments, wait before start, start twice, unknown direction,
+ * ranks disagreeing on the size. */
+static dt_status rank_misuse(dt_context *ctx, void *arg) {
+    ring_case *c = arg;
+    int j = dt_context_rank(ctx);
+    dt_comm *comm = dt_context_comm(ctx);
+    dt_ring *ring = NULL, *bad = (dt_ring *)1;
+    int fails = 0;
+    fails += dt_ring_create(NULL, 8, DT_RING_FORWARD, &ring) != DT_ERR_INVALID_ARGUMENT;
+    fails += dt_ring_create(comm, 8, DT_RING_FORWARD, NULL) != DT_ERR_INVALID_ARGUMENT;
+    fails += dt_ring_create(comm, 8, (dt_ring_direction)9, &bad) != DT_ERR_INVALID_ARGUMENT;
+    fails += bad != NULL;
+    fails += dt_ring_start(NULL) != DT_ERR_INVALID_ARGUMENT;
+    dt_status st = dt_ring_create(comm, 64, DT_RING_BACKWARD, &ring);
+    if (st == DT_SUCCESS) {
+        fails += dt_ring_wait(ring) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_start(ring) != DT_SUCCESS;
+        fails += dt_ring_start(ring) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_wait(ring) != DT_SUCCESS;
+        fails += dt_ring_step_index(ring) != 1;
+    }
+    dt_ring_destroy(ring);
+    ring = NULL;
+    /* Rank 0 asks for a different size: every rank learns it at creation. */
+    st = dt_ring_create(comm, j == 0 ? 32 : 64, DT_RING_FORWARD, &ring);
+    fails += (c->p > 1 ? st != DT_ERR_MISMATCH : st != DT_SUCCESS) || (st != DT_SUCCESS && ring);
+    if (st == DT_ERR_MISMATCH && !strstr(dt_last_error(), "disagree")) fails++;
+    dt_ring_destroy(ring);
+    c->wrong_block[j] = fails;
+    c->st[j] = DT_SUCCESS;
+    return DT_SUCCESS;
+}
+
+static void test_ring_misuse(void **state) {
+    (void)state;
+    for (int p = 1; p <= 4; p++) {
+        ring_case c = {.p = p};
+        assert_int_equal(dt_launch(p, rank_misuse, &c, NULL), DT_SUCCESS);
+        for (int j = 0; j < p; j++) assert_int_equal(c.wrong_block[j], 0);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ring_delivers_every_block_once),
+        cmocka_unit_test(test_ring_10000_steps),
+        cmocka_unit_test(test_ring_misuse),
+    };
+    return cmocka_run_group_tests_name("ring rotator (cpu+local, P=1..8)", tests, NULL, NULL);
+}
