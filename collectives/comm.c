@@ -4,9 +4,11 @@
  * touched no buffer and left the communicator as it was. */
 #include "transport.h"
 
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 const char *dt_reduce_op_name(dt_reduce_op op) {
     switch (op) {
@@ -220,3 +222,28 @@ void dt_comm_abort(dt_comm *comm, dt_status status, const char *reason) {
 }
 
 int dt_comm_aborted(const dt_comm *comm) { return comm ? comm->ops->aborted(comm) : 0; }
+
+dt_status dt_comm_check_agreement(dt_comm *comm, const char *op, const int64_t *values,
+                                  const char *const *names, int n) {
+    const char *name = op ? op : "check_agreement";
+    DT_TRY(check_comm(comm, name));
+    if (n < 0 || (n > 0 && (!values || !names)))
+        return comm_error(comm, DT_ERR_INVALID_ARGUMENT, name, "%d values at %p", n,
+                          (const void *)values);
+    size_t row = (size_t)n * sizeof(int64_t);
+    int64_t *all = malloc(row * (size_t)comm->size + 1);
+    if (!all) return comm_error(comm, DT_ERR_OUT_OF_MEMORY, name, "out of memory");
+    dt_status st = dt_comm_all_gather(comm, values, all, row, DT_U8);
+    /* Every rank sees the same table, so every rank reaches the same verdict. */
+    for (int r = 1; st == DT_SUCCESS && r < comm->size; r++)
+        for (int i = 0; i < n; i++) {
+            int64_t mine = all[(size_t)r * (size_t)n + (size_t)i], ref = all[i];
+            if (mine == ref) continue;
+            st = comm_error(comm, DT_ERR_MISMATCH, name,
+                            "ranks disagree: comm rank %d has %s = %" PRId64
+                            " but comm rank 0 has %" PRId64, r, names[i], mine, ref);
+            break;
+        }
+    free(all);
+    return st;
+}

@@ -27,6 +27,7 @@
 #define DT_COMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "../dtensor/dtype.h"
 #include "../dtensor/status.h"
 
@@ -121,6 +122,15 @@ dt_status dt_comm_p2p_wait(dt_comm *comm);
 
 /* dt_comm_p2p_start followed by dt_comm_p2p_wait. */
 dt_status dt_comm_sendrecv(dt_comm *comm, const dt_p2p_op *ops, int n_ops);
+
+/* COLLECTIVE. Check that every rank passes the same n values (named by
+ * names[i], for the message) before an operation that would hang or corrupt
+ * data if they did not. Returns DT_SUCCESS, or DT_ERR_MISMATCH on every rank
+ * with a message naming the op, the first rank and value that differ from
+ * rank 0, and both values ("attention_forward: rank 2 has q.shape[1] = 96
+ * but rank 0 has 64"). Costs one all_gather of n int64. */
+dt_status dt_comm_check_agreement(dt_comm *comm, const char *op, const int64_t *values,
+                                  const char *const *names, int n);
 
 /* Abort the world this communicator belongs to: every rank's pending and
  * future calls return DT_ERR_PEER_FAILED with `reason`. Safe to call from any

@@ -11,7 +11,6 @@
 
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 struct dt_ring {
     dt_comm *comm;
@@ -21,6 +20,7 @@ struct dt_ring {
     int cur;
     long step;
     int in_flight;
+    int owns_buffers;
     dt_p2p_op ops[2];
 };
 
@@ -32,41 +32,25 @@ const char *dt_ring_direction_name(dt_ring_direction direction) {
     }
 }
 
-/* Every rank must create the ring with the same size and direction, or the
- * first step would hang (NCCL) or fail late: check it up front. */
-static dt_status check_agreement(dt_comm *comm, size_t bytes, dt_ring_direction direction) {
-    int p = dt_comm_size(comm);
-    uint64_t mine[2] = {(uint64_t)bytes, (uint64_t)direction};
-    uint64_t *all = malloc((size_t)p * sizeof mine);
-    if (!all) return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: dt_ring_create: out of memory",
-                              dt_comm_world_rank(comm));
-    dt_status st = dt_comm_all_gather(comm, mine, all, sizeof mine, DT_U8);
-    for (int r = 0; st == DT_SUCCESS && r < p; r++) {
-        if (all[2 * r] != mine[0] || all[2 * r + 1] != mine[1])
-            st = dt_error(DT_ERR_MISMATCH,
-                          "rank %d: dt_ring_create: ranks disagree: comm rank %d passes %llu "
-                          "bytes %s, comm rank %d passes %llu bytes %s",
-                          dt_comm_world_rank(comm), dt_comm_rank(comm),
-                          (unsigned long long)mine[0], dt_ring_direction_name(direction), r,
-                          (unsigned long long)all[2 * r],
-                          dt_ring_direction_name((dt_ring_direction)all[2 * r + 1]));
-    }
-    free(all);
-    return st;
-}
-
-dt_status dt_ring_create(dt_comm *comm, size_t bytes, dt_ring_direction direction,
-                         dt_ring **out) {
+static dt_status ring_create(dt_comm *comm, size_t bytes, dt_ring_direction direction,
+                             void *buffers, dt_ring **out) {
     if (!out) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_create: out is NULL");
     *out = NULL;
     if (!comm) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_create: comm is NULL");
     if ((int)direction < 0 || direction >= DT_RING_DIRECTION_COUNT)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: dt_ring_create: unknown direction %d",
                         dt_comm_world_rank(comm), (int)direction);
-    DT_TRY(check_agreement(comm, bytes, direction));
-    /* TODO(cuda): device buffers come from the communicator's backend. */
+    /* Ranks that disagree would hang (NCCL) or fail late: check up front. */
+    int64_t mine[2] = {(int64_t)bytes, (int64_t)direction};
+    static const char *const names[2] = {"bytes", "direction"};
+    DT_TRY(dt_comm_check_agreement(comm, "dt_ring_create", mine, names, 2));
+    /* TODO(cuda): owned device buffers come from the communicator's backend. */
     dt_ring *r = calloc(1, sizeof *r);
-    if (r) {
+    if (r && buffers) {
+        r->buf[0] = buffers;
+        r->buf[1] = (char *)buffers + bytes;
+    } else if (r) {
+        r->owns_buffers = 1;
         r->buf[0] = calloc(1, bytes ? bytes : 1);
         r->buf[1] = calloc(1, bytes ? bytes : 1);
     }
@@ -82,10 +66,24 @@ dt_status dt_ring_create(dt_comm *comm, size_t bytes, dt_ring_direction directio
     return DT_SUCCESS;
 }
 
+dt_status dt_ring_create(dt_comm *comm, size_t bytes, dt_ring_direction direction,
+                         dt_ring **out) {
+    return ring_create(comm, bytes, direction, NULL, out);
+}
+
+dt_status dt_ring_create_in(dt_comm *comm, size_t bytes, dt_ring_direction direction,
+                            void *buffers, dt_ring **out) {
+    if (!buffers && bytes)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_create_in: buffers is NULL");
+    return ring_create(comm, bytes, direction, buffers, out);
+}
+
 void dt_ring_destroy(dt_ring *ring) {
     if (!ring) return;
-    free(ring->buf[0]);
-    free(ring->buf[1]);
+    if (ring->owns_buffers) {
+        free(ring->buf[0]);
+        free(ring->buf[1]);
+    }
     free(ring);
 }
 

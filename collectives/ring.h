@@ -43,6 +43,11 @@ const char *dt_ring_direction_name(dt_ring_direction direction);
  * (checked). The ring borrows comm (it must outlive the ring). */
 dt_status dt_ring_create(dt_comm *comm, size_t bytes, dt_ring_direction direction,
                          dt_ring **out);
+/* COLLECTIVE. The same over caller-owned memory: `buffers` holds 2*bytes
+ * (where the backend keeps data) and must outlive the ring. For callers that
+ * preallocate a workspace once and run many calls. */
+dt_status dt_ring_create_in(dt_comm *comm, size_t bytes, dt_ring_direction direction,
+                            void *buffers, dt_ring **out);
 /* Accepts NULL. */
 void dt_ring_destroy(dt_ring *ring);
 

@@ -126,6 +126,34 @@ void h_local_of_u16(const uint16_t *full, int ndim, const int64_t *shape, const 
     h_local_generic(full, sizeof(uint16_t), ndim, shape, layout, mesh_sizes, coords, out, NULL);
 }
 
+void h_local_of_f64(const double *full, int ndim, const int64_t *shape, const dt_layout *layout,
+                    const int *mesh_sizes, const int *coords, double *out) {
+    h_local_generic(full, sizeof(double), ndim, shape, layout, mesh_sizes, coords, out, NULL);
+}
+
+long h_compare_tol(const char *what, const float *got, const double *ref, const double *tol,
+                   size_t n, double *max_err) {
+    long bad = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i], r = ref[i];
+        double e = fabs(g - r);
+        int ok = isfinite(g) && isfinite(r) && e <= tol[i];
+        if (!isfinite(g) || !isfinite(r)) e = INFINITY;
+        if (e > worst) worst = e;
+        if (!ok) {
+            if (bad < 5)
+                fprintf(stderr, "  %s: [%zu] got %.9g, expected %.9g, error %.3g > bound %.3g\n",
+                        what, i, g, r, e, tol[i]);
+            bad++;
+        }
+    }
+    if (bad > 0)
+        fprintf(stderr, "  %s: %ld of %zu mismatches, max error %.3g\n", what, bad, n, worst);
+    if (max_err) *max_err = worst;
+    return bad;
+}
+
 int h_run_cases(const char *group, const struct CMUnitTest *tests, size_t n) {
     return _cmocka_run_group_tests(group, tests, n, NULL, NULL);
 }

@@ -57,6 +57,14 @@ void h_local_of(const float *full, int ndim, const int64_t *shape, const dt_layo
 void h_local_of_u16(const uint16_t *full, int ndim, const int64_t *shape, const dt_layout *layout,
                     const int *mesh_sizes, const int *coords, uint16_t *out);
 
+/* Same for double (references). */
+void h_local_of_f64(const double *full, int ndim, const int64_t *shape, const dt_layout *layout,
+                    const int *mesh_sizes, const int *coords, double *out);
+
+/* Like h_compare with a per-element bound: |got[i] - ref[i]| <= tol[i]. */
+long h_compare_tol(const char *what, const float *got, const double *ref, const double *tol,
+                   size_t n, double *max_err);
+
 /* Runs a table of n tests as one cmocka group; returns the number failed. */
 struct CMUnitTest;
 int h_run_cases(const char *group, const struct CMUnitTest *tests, size_t n);

@@ -1,0 +1,67 @@
+/* attention/attention.h — Ring, Striped and Zigzag attention over a
+ * sequence-sharded DTensor.
+ *
+ * q is [B, S, H, D]; k and v are [B, S, H_kv, D] with H_kv dividing H
+ * (GQA / MQA: query head h reads key/value head h / (H / H_kv)). All three
+ * share one Layout on one mesh: S (dim 1) sharded over the sequence-parallel
+ * mesh dim, whose order picks the algorithm
+ *     contiguous -> Ring Attention, striped -> Striped Attention,
+ *     zigzag     -> dual-chunk balancing,
+ * and optionally heads (dim 2) sharded contiguous over a tensor-parallel mesh
+ * dim (H_kv divisible by its size) and batch (dim 0) over another; D is never
+ * sharded and nothing is Partial. Local tensors (mesh NULL) run single-device
+ * attention.
+ *
+ * The mask is one rule on global token positions (mask.h): a query attends to
+ * a key iff pos(q) >= pos(k) (DT_ATTN_CAUSAL), or always (DT_ATTN_FULL).
+ * K and V travel the ring packed in one buffer, with H_kv heads (never
+ * expanded), the next block in flight while the current one is computed.
+ *
+ * dtypes: fp32 and bf16 (computed in fp32); head dims: multiples of 8 up to
+ * 256. Anything else returns DT_ERR_NOT_SUPPORTED with the reason.
+ *
+ * Test: tests/test_attention.c (make test).
+ */
+#ifndef DT_ATTENTION_H
+#define DT_ATTENTION_H
+
+#include <stddef.h>
+#include "../dtensor/tensor.h"
+#include "mask.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT_ATTN_MAX_HEAD_DIM 256
+
+typedef struct dt_attention_options {
+    dt_attn_mask mask;        /* DT_ATTN_CAUSAL (default) or DT_ATTN_FULL */
+    float scale;              /* softmax scale; 0 means 1/sqrt(D) */
+    void *workspace;          /* optional: dt_attention_workspace_size bytes of
+                                 backend memory reused across calls; NULL to
+                                 let each call allocate its own */
+    size_t workspace_bytes;
+} dt_attention_options;
+
+#define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0 }
+
+/* Bytes of workspace a forward call on these inputs needs (not collective). */
+dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
+                                      const dt_attention_options *opts, size_t *bytes);
+
+/* COLLECTIVE over the mesh of q. Checks first that all ranks agree on
+ * shapes, dtype, Layout and options (DT_ERR_MISMATCH naming what differs),
+ * then runs P ring steps. Returns new tensors owned by the caller:
+ *   *o    [B, S, H, D], q's dtype and Layout;
+ *   *lse  [B, H, S] fp32 log-sum-exp of each query row (-inf for a row that
+ *         may attend to no key, whose output is 0), sharded like q with the
+ *         dims moved: q's Shard(1) becomes Shard(2), Shard(2) becomes Shard(1).
+ * lse may be NULL if not wanted. opts may be NULL (defaults). */
+dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
+                               const dt_attention_options *opts, dt_tensor **o, dt_tensor **lse);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_ATTENTION_H */

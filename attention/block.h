@@ -1,0 +1,51 @@
+/* attention/block.h — PRIVATE. The attention block kernels: one query
+ * segment against one key/value segment, accumulated into fp32 running
+ * max m, running sum l and unnormalised output acc (online softmax), with
+ * the position-based mask of mask.h.
+ *
+ * Layouts (strides in elements):
+ *   q[b][x][h][d]   at q + b*q_batch_stride + (x*heads + h)*dim + d
+ *   k, v[b][y][g][d] at k + b*kv_batch_stride + (y*kv_heads + g)*dim + d
+ *   m, l[b][h][x]   at m + b*ml_batch_stride + h*ml_head_stride + x
+ *   acc[b][x][h][d] at acc + b*acc_batch_stride + (x*heads + h)*dim + d
+ * Query head h reads key/value head h / (heads / kv_heads) (GQA / MQA).
+ * Before the first block: m = -inf, l = 0, acc = 0.
+ */
+#ifndef DT_ATTN_BLOCK_H
+#define DT_ATTN_BLOCK_H
+
+#include <stddef.h>
+#include "../dtensor/dtype.h"
+#include "../dtensor/status.h"
+#include "mask.h"
+
+typedef struct dt_attn_block_args {
+    dt_dtype dtype;                 /* of q, k, v */
+    int64_t batch, heads, kv_heads, dim;
+    const void *q;
+    int64_t q_batch_stride;
+    const void *k, *v;
+    int64_t kv_batch_stride;
+    dt_attn_segment qseg, kseg;     /* rows and positions */
+    dt_attn_mask mask;
+    float scale;
+    float *m, *l;
+    int64_t ml_batch_stride, ml_head_stride;
+    float *acc;
+    int64_t acc_batch_stride;
+} dt_attn_block_args;
+
+/* Bytes of scratch the CPU kernel needs for blocks of head dim `dim`. */
+size_t dt_attn_block_cpu_scratch(int64_t dim);
+
+/* The CPU kernel: tiles of 64 queries x 128 keys, empty tiles skipped,
+ * partial tiles masked, products on OpenBLAS in fp32. */
+dt_status dt_attn_block_cpu(const dt_attn_block_args *a, void *scratch);
+
+/* o[b][x][h][d] = acc / l (0 where l = 0), lse[b][h][x] = m + log l (-inf
+ * where l = 0), for rows x < rows; o has the dtype `dtype`, lse is fp32 and
+ * laid out like m. */
+void dt_attn_finalize_cpu(dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
+                          const float *acc, const float *m, const float *l, void *o, float *lse);
+
+#endif /* DT_ATTN_BLOCK_H */

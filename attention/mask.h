@@ -1,0 +1,71 @@
+/* attention/mask.h — the one causal mask rule, from global token positions.
+ *
+ * A shard of a sequence is one or two "segments": runs of rows whose global
+ * positions are start, start + stride, start + 2*stride, ... Query x of a
+ * segment and key y of another may attend iff pos(q) >= pos(k) (causal) or
+ * always (full). For P ranks and a sequence of S tokens, rank j holds
+ *   contiguous: one segment (j*c, 1, c)             with c = S / P
+ *   striped:    one segment (j, P, c)               (token i on rank i mod P)
+ *   zigzag:     two segments (j*h, 1, h) and ((2P-1-j)*h, 1, h), h = S / (2P)
+ * Single-device causal attention is (0, 1, S). A tile of rows [x0, x1) x
+ * [y0, y1) is empty, partial or full from its first and last positions alone;
+ * kernels skip empty tiles and mask only partial ones.
+ *
+ * Pure functions. Test: tests/test_attention.c (make test).
+ */
+#ifndef DT_ATTN_MASK_H
+#define DT_ATTN_MASK_H
+
+#include <stdint.h>
+#include "../dtensor/layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dt_attn_mask {
+    DT_ATTN_CAUSAL = 0,   /* pos(q) >= pos(k) */
+    DT_ATTN_FULL,         /* no mask */
+    DT_ATTN_MASK_COUNT
+} dt_attn_mask;
+
+const char *dt_attn_mask_name(dt_attn_mask mask);
+
+typedef struct dt_attn_segment {
+    int64_t start;    /* global position of row 0 */
+    int64_t stride;   /* >= 1 */
+    int64_t len;      /* rows */
+} dt_attn_segment;
+
+/* Position of row x of a segment. */
+static inline int64_t dt_attn_pos(dt_attn_segment s, int64_t x) { return s.start + x * s.stride; }
+
+/* Segments of rank j of P for a sequence of seq tokens sharded with `order`
+ * (seq divisible by P, by 2P for zigzag). Returns the count (1 or 2) and
+ * writes segs[0..count-1], in local row order. */
+int dt_attn_segments(dt_order order, int64_t seq, int parts, int rank, dt_attn_segment segs[2]);
+
+typedef enum dt_attn_tile {
+    DT_TILE_EMPTY = 0,   /* no pair may attend: skipped */
+    DT_TILE_PARTIAL,     /* some may: masked per element */
+    DT_TILE_FULL         /* all may: no mask */
+} dt_attn_tile;
+
+/* Class of the tile of rows [x0, x1) of q and [y0, y1) of k (non-empty ranges). */
+static inline dt_attn_tile dt_attn_tile_class(dt_attn_mask mask, dt_attn_segment q, int64_t x0,
+                                              int64_t x1, dt_attn_segment k, int64_t y0,
+                                              int64_t y1) {
+    if (mask == DT_ATTN_FULL) return DT_TILE_FULL;
+    if (dt_attn_pos(q, x0) >= dt_attn_pos(k, y1 - 1)) return DT_TILE_FULL;
+    if (dt_attn_pos(q, x1 - 1) < dt_attn_pos(k, y0)) return DT_TILE_EMPTY;
+    return DT_TILE_PARTIAL;
+}
+
+/* Number of (query, key) pairs that may attend between two segments: the
+ * work of a block, in closed form per query row. */
+int64_t dt_attn_pairs(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_ATTN_MASK_H */

@@ -1,0 +1,1322 @@
+/* tests/test_tensor.c — meshes, tensors and the primitives (shard, gather,
+ * redistribute, replicate, permute) on world sizes 1..8 and 2-D/3-D meshes,
+ * fp32 and bf16.
+ *
+ * Expected data never comes from the code under test: every rank builds the
+ * global tensor from (seed, global index) with dt_random_value and cuts its
+ * own part with the test-local index maps of tests/harness.c. Partial data is
+ * a set of rank-dependent summands quantised to multiples of 1/16, so their
+ * sums are exact in fp32 and bf16 and every check below is exact (pure data
+ * movement is bit-exact; sums of such summands are too).
+ *
+ * Rank functions only record (mismatch counts, statuses); the main thread
+ * asserts after the launch returns.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtensor/context.h"
+#include "dtensor/dtype.h"
+#include "dtensor/mesh.h"
+#include "dtensor/primitives.h"
+#include "dtensor/tensor.h"
+#include "harness.h"
+
+#define MAXW H_MAX_RANKS
+#define MAX_DST 64
+
+/* ------------------------------------------------------------------ */
+/* Data helpers                                                        */
+/* ------------------------------------------------------------------ */
+
+/* A summand in [-1, 1), a multiple of 1/16: sums of up to 16 are exact in bf16. */
+static float summand(uint64_t seed, int64_t g, int pc) {
+    float v = dt_random_value(seed * 131 + 7 + (uint64_t)pc, (uint64_t)g);
+    return floorf(v * 16.0f) / 16.0f;
+}
+
+/* Index of the summand a rank holds: its coordinates on the Partial mesh
+ * dims, linearised; 0 when there are none. */
+static int partial_index(const dt_layout *l, const int *mesh, const int *coords) {
+    int k = 0;
+    for (int m = 0; m < l->ndim; m++)
+        if (l->placements[m].kind == DT_PARTIAL) k = k * mesh[m] + coords[m];
+    return k;
+}
+
+static int partial_count(const dt_layout *l, const int *mesh) {
+    int k = 1;
+    for (int m = 0; m < l->ndim; m++)
+        if (l->placements[m].kind == DT_PARTIAL) k *= mesh[m];
+    return k;
+}
+
+static float round_to(dt_dtype dtype, float v) {
+    return dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(v)) : v;
+}
+
+/* The global tensor of summand pc under a source Layout: plain values
+ * (rounded to dtype) without Partial dims, quantised summands with. */
+static void source_full(const dt_layout *src, const int *mesh, dt_dtype dtype, uint64_t seed,
+                        int pc, int64_t numel, float *full) {
+    (void)mesh;
+    int partial = 0;
+    for (int m = 0; m < src->ndim; m++)
+        if (src->placements[m].kind == DT_PARTIAL) partial = 1;
+    for (int64_t g = 0; g < numel; g++)
+        full[g] = partial ? summand(seed, g, pc) : round_to(dtype, dt_random_value(seed, (uint64_t)g));
+}
+
+/* The true global value under the source Layout (sum of its summands). */
+static void reference_full(const dt_layout *src, const int *mesh, dt_dtype dtype, uint64_t seed,
+                           int64_t numel, float *ref) {
+    int np = partial_count(src, mesh);
+    int partial = 0;
+    for (int m = 0; m < src->ndim; m++)
+        if (src->placements[m].kind == DT_PARTIAL) partial = 1;
+    if (!partial) {
+        source_full(src, mesh, dtype, seed, 0, numel, ref);
+        return;
+    }
+    for (int64_t g = 0; g < numel; g++) {
+        double s = 0;
+        for (int pc = 0; pc < np; pc++) s += summand(seed, g, pc);
+        ref[g] = (float)s;
+    }
+}
+
+static void to_dtype(dt_dtype dtype, const float *src, int64_t n, void *dst) {
+    if (dtype == DT_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else {
+        for (int64_t i = 0; i < n; i++) ((dt_bf16 *)dst)[i] = dt_f32_to_bf16(src[i]);
+    }
+}
+
+static void from_dtype(dt_dtype dtype, const void *src, int64_t n, float *dst) {
+    if (dtype == DT_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else {
+        for (int64_t i = 0; i < n; i++) dst[i] = dt_bf16_to_f32(((const dt_bf16 *)src)[i]);
+    }
+}
+
+/* Downloads t's local data as floats (caller frees). */
+static float *local_floats(const dt_tensor *t) {
+    int64_t n = dt_tensor_local_numel(t);
+    void *raw = malloc(dt_tensor_local_bytes(t) + 1);
+    float *f = malloc((size_t)(n + 1) * sizeof *f);
+    if (raw == NULL || f == NULL || dt_tensor_get_local(t, raw, dt_tensor_local_bytes(t)) != DT_SUCCESS) {
+        free(raw);
+        free(f);
+        return NULL;
+    }
+    from_dtype(dt_tensor_dtype(t), raw, n, f);
+    free(raw);
+    return f;
+}
+
+/* Mismatches between t's local data and the part of `full` it should hold
+ * at `coords` under its Layout (Partial dims: the whole `full`). Exact. */
+static long check_local_part(const char *what, const dt_tensor *t, const float *full,
+                             const int *mesh, const int *coords) {
+    int64_t n = dt_tensor_local_numel(t);
+    float *exp = malloc((size_t)(n + 1) * sizeof *exp);
+    double *ref = malloc((size_t)(n + 1) * sizeof *ref);
+    float *got = local_floats(t);
+    if (exp == NULL || ref == NULL || got == NULL) {
+        free(exp);
+        free(ref);
+        free(got);
+        return -1;
+    }
+    h_local_of(full, dt_tensor_ndim(t), dt_tensor_shape(t), dt_tensor_layout(t), mesh, coords, exp,
+               NULL);
+    for (int64_t i = 0; i < n; i++) ref[i] = exp[i];
+    long bad = h_compare(what, got, ref, (size_t)n, 0.0, 0.0, NULL);
+    free(exp);
+    free(ref);
+    free(got);
+    return bad;
+}
+
+/* Creates t on mesh under `src` holding this rank's summand of the data
+ * described by (src, dtype, seed). */
+static dt_status make_source(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,
+                             const int64_t *shape, const dt_layout *src, uint64_t seed,
+                             dt_tensor **out) {
+    const int *ms = dt_mesh_sizes(mesh);
+    int coords[3];
+    h_coords(dt_context_rank(ctx), dt_mesh_ndim(mesh), ms, coords);
+    int64_t numel = h_numel(ndim, shape);
+    float *full = malloc((size_t)(numel + 1) * sizeof *full);
+    float *loc = malloc((size_t)(numel + 1) * sizeof *loc);
+    void *raw = malloc((size_t)(numel + 1) * sizeof(float));
+    dt_tensor *t = NULL;
+    dt_status st = DT_ERR_OUT_OF_MEMORY;
+    if (full == NULL || loc == NULL || raw == NULL) goto out;
+    source_full(src, ms, dtype, seed, partial_index(src, ms, coords), numel, full);
+    h_local_of(full, ndim, shape, src, ms, coords, loc, NULL);
+    st = dt_tensor_create(ctx, mesh, dtype, ndim, shape, src, &t);
+    if (st != DT_SUCCESS) goto out;
+    to_dtype(dtype, loc, dt_tensor_local_numel(t), raw);
+    st = dt_tensor_set_local(t, raw, dt_tensor_local_bytes(t));
+out:
+    free(full);
+    free(loc);
+    free(raw);
+    if (st == DT_SUCCESS)
+        *out = t;
+    else
+        dt_tensor_destroy(t);
+    return st;
+}
+
+/* Local bytes of t compared with a saved copy: 0 if unchanged. */
+static long changed_since(const dt_tensor *t, const void *saved) {
+    size_t b = dt_tensor_local_bytes(t);
+    void *now = malloc(b + 1);
+    if (now == NULL || dt_tensor_get_local(t, now, b) != DT_SUCCESS) {
+        free(now);
+        return -1;
+    }
+    long diff = memcmp(now, saved, b) != 0;
+    free(now);
+    return diff;
+}
+
+static void *save_local(const dt_tensor *t) {
+    size_t b = dt_tensor_local_bytes(t);
+    void *p = malloc(b + 1);
+    if (p && dt_tensor_get_local(t, p, b) != DT_SUCCESS) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+static const char *mesh_name(int nd, const int *m, char *buf, size_t size) {
+    if (nd == 1) snprintf(buf, size, "%d", m[0]);
+    else if (nd == 2) snprintf(buf, size, "%dx%d", m[0], m[1]);
+    else snprintf(buf, size, "%dx%dx%d", m[0], m[1], m[2]);
+    return buf;
+}
+
+/* ------------------------------------------------------------------ */
+/* Meshes                                                              */
+/* ------------------------------------------------------------------ */
+
+typedef struct mesh_case {
+    int ndim, sizes[3], world;
+    int coords[MAXW][3], comm_rank[MAXW][3], comm_size[MAXW][3], rank_at[MAXW];
+    float group_sum[MAXW][3];
+    char name0[MAXW][32];
+} mesh_case;
+
+static dt_status rank_mesh(dt_context *ctx, void *arg) {
+    mesh_case *c = arg;
+    int r = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    const char *names[3] = { "tp", NULL, "pp" };
+    DT_TRY(dt_mesh_create(ctx, c->ndim, c->sizes, names, &mesh));
+    dt_status st = DT_SUCCESS;
+    for (int m = 0; m < c->ndim; m++) {
+        c->coords[r][m] = dt_mesh_coord(mesh, m);
+        c->comm_rank[r][m] = dt_comm_rank(dt_mesh_comm(mesh, m));
+        c->comm_size[r][m] = dt_comm_size(dt_mesh_comm(mesh, m));
+        float x = (float)r;
+        /* the group of mesh dim m: the world ranks that differ only in m */
+        DT_TRY_GOTO(st, dt_comm_all_reduce(dt_mesh_comm(mesh, m), &x, &c->group_sum[r][m], 1,
+                                           DT_F32, DT_REDUCE_SUM), out);
+    }
+    c->rank_at[r] = dt_mesh_rank_at(mesh, c->coords[r]);
+    snprintf(c->name0[r], sizeof c->name0[r], "%s/%s", dt_mesh_dim_name(mesh, 0),
+             c->ndim > 1 ? dt_mesh_dim_name(mesh, 1) : "-");
+out:
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_mesh(void **state) {
+    mesh_case *c = *state;
+    assert_int_equal(h_launch(c->world, rank_mesh, c), DT_SUCCESS);
+    for (int r = 0; r < c->world; r++) {
+        int exp[3];
+        h_coords(r, c->ndim, c->sizes, exp);
+        for (int m = 0; m < c->ndim; m++) {
+            assert_int_equal(c->coords[r][m], exp[m]);
+            assert_int_equal(c->comm_rank[r][m], exp[m]);
+            assert_int_equal(c->comm_size[r][m], c->sizes[m]);
+            /* sum of world ranks over the ranks sharing every other coordinate */
+            double s = 0;
+            for (int q = 0; q < c->world; q++) {
+                int qc[3], same = 1;
+                h_coords(q, c->ndim, c->sizes, qc);
+                for (int k = 0; k < c->ndim; k++)
+                    if (k != m && qc[k] != exp[k]) same = 0;
+                if (same) s += q;
+            }
+            assert_float_equal(c->group_sum[r][m], s, 0);
+        }
+        assert_int_equal(c->rank_at[r], r);
+        assert_string_equal(c->name0[r], c->ndim > 1 ? "tp/d1" : "tp/-");
+    }
+}
+
+typedef struct mesh_err_case {
+    dt_status st[16][MAXW];
+    char msg[MAXW][256];
+    int null_out[MAXW];
+} mesh_err_case;
+
+static dt_status rank_mesh_errors(dt_context *ctx, void *arg) {
+    mesh_err_case *c = arg;
+    int r = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    int k = 0;
+    int s23[] = { 2, 3 }, s0[] = { 0, 4 }, s4[] = { 4, 1, 1, 1 };
+    c->st[k++][r] = dt_mesh_create(ctx, 2, s23, NULL, &mesh);
+    snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
+    c->st[k++][r] = dt_mesh_create(ctx, 0, s4, NULL, &mesh);
+    c->st[k++][r] = dt_mesh_create(ctx, 4, s4, NULL, &mesh);
+    c->st[k++][r] = dt_mesh_create(ctx, 2, s0, NULL, &mesh);
+    c->st[k++][r] = dt_mesh_create(ctx, 1, NULL, NULL, &mesh);
+    c->st[k++][r] = dt_mesh_create(ctx, 1, s4, NULL, NULL);
+    c->st[k++][r] = dt_context_last_status(ctx);
+    c->null_out[r] = mesh == NULL;
+    return DT_SUCCESS;
+}
+
+static void test_mesh_errors(void **state) {
+    (void)state;
+    mesh_err_case c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(h_launch(4, rank_mesh_errors, &c), DT_SUCCESS);
+    for (int r = 0; r < 4; r++) {
+        for (int k = 0; k < 7; k++) assert_int_equal(c.st[k][r], DT_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(c.msg[r], "2 x 3 has 6 ranks but the world size is 4"));
+        assert_true(c.null_out[r]);
+    }
+    dt_mesh *mesh = NULL;
+    int s1[] = { 1 };
+    assert_int_equal(dt_mesh_create(NULL, 1, s1, NULL, &mesh), DT_ERR_INVALID_ARGUMENT);
+    assert_null(mesh);
+    /* accessors tolerate NULL and out-of-range dims */
+    assert_int_equal(dt_mesh_ndim(NULL), 0);
+    assert_int_equal(dt_mesh_coord(NULL, 0), -1);
+    assert_null(dt_mesh_comm(NULL, 0));
+    dt_mesh_destroy(NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* Tensors: create, accessors, set/get, fill_random                    */
+/* ------------------------------------------------------------------ */
+
+typedef struct basics_case {
+    dt_status st[24];
+    long bad[8];
+    int64_t local_shape[2];
+    size_t bytes;
+} basics_case;
+
+static dt_status rank_basics(dt_context *ctx, void *arg) {
+    basics_case *c = arg;
+    int k = 0, b = 0;
+    int64_t shape[] = { 6, 8 };
+    dt_tensor *t = NULL, *u = NULL;
+    dt_mesh *mesh = NULL;
+    int ms[] = { 2 };
+    /* local tensor: accessors, set/get round trip */
+    c->st[k++] = dt_tensor_create(ctx, NULL, DT_F32, 2, shape, NULL, &t);
+    if (t == NULL) return DT_ERR_INTERNAL;
+    float in[48], outb[48];
+    for (int i = 0; i < 48; i++) in[i] = (float)i * 0.5f - 3.0f;
+    c->st[k++] = dt_tensor_set_local(t, in, sizeof in);
+    c->st[k++] = dt_tensor_get_local(t, outb, sizeof outb);
+    c->bad[b++] = memcmp(in, outb, sizeof in) != 0;
+    c->st[k++] = dt_tensor_set_local(t, in, sizeof in - 4);     /* wrong size */
+    c->st[k++] = dt_tensor_get_local(t, outb, sizeof outb + 4); /* wrong size */
+    c->st[k++] = dt_tensor_set_local(t, NULL, sizeof in);
+    c->bad[b++] = dt_tensor_mesh(t) != NULL || dt_tensor_layout(t)->ndim != 0 ||
+                  dt_tensor_ndim(t) != 2 || dt_tensor_local_numel(t) != 48 ||
+                  dt_tensor_local_bytes(t) != 192 || dt_tensor_context(t) != ctx ||
+                  dt_tensor_dtype(t) != DT_F32;
+    /* fill_random on a local tensor: element i = dt_random_value(seed, i) */
+    c->st[k++] = dt_tensor_fill_random(t, 99);
+    c->st[k++] = dt_tensor_get_local(t, outb, sizeof outb);
+    long bad = 0;
+    for (int i = 0; i < 48; i++) bad += outb[i] != dt_random_value(99, (uint64_t)i);
+    c->bad[b++] = bad;
+    dt_tensor_destroy(t);
+    t = NULL;
+
+    /* creation errors */
+    int64_t odd[] = { 5, 8 }, neg[] = { 4, -2 };
+    dt_layout l1 = dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS));
+    dt_layout l2 = dt_layout_2d(dt_replicate(), dt_replicate());
+    c->st[k++] = dt_mesh_create(ctx, 1, ms, NULL, &mesh);
+    if (mesh == NULL) return DT_ERR_INTERNAL;
+    c->st[k++] = dt_tensor_create(ctx, mesh, DT_F32, 2, odd, &l1, &u);  /* 5 % 2 */
+    c->st[k++] = dt_tensor_create(ctx, mesh, DT_F32, 2, shape, NULL, &u);
+    c->st[k++] = dt_tensor_create(ctx, NULL, DT_F32, 2, shape, &l1, &u);
+    c->st[k++] = dt_tensor_create(ctx, mesh, DT_F32, 2, shape, &l2, &u); /* 2 mesh dims */
+    c->st[k++] = dt_tensor_create(ctx, mesh, DT_F32, 0, shape, &l1, &u);
+    c->st[k++] = dt_tensor_create(ctx, mesh, DT_F32, DT_MAX_DIMS + 1, shape, &l1, &u);
+    c->st[k++] = dt_tensor_create(ctx, mesh, (dt_dtype)17, 2, shape, &l1, &u);
+    c->st[k++] = dt_tensor_create(ctx, mesh, DT_F32, 2, neg, &l1, &u);
+    c->st[k++] = dt_tensor_create(NULL, mesh, DT_F32, 2, shape, &l1, &u);
+    c->st[k++] = dt_tensor_create(ctx, mesh, DT_F32, 2, shape, &l1, NULL);
+    c->bad[b++] = u != NULL;
+    /* a sharded tensor */
+    c->st[k++] = dt_tensor_create(ctx, mesh, DT_BF16, 2, shape, &l1, &u);
+    if (u == NULL) return DT_ERR_INTERNAL;
+    c->local_shape[0] = dt_tensor_local_shape(u)[0];
+    c->local_shape[1] = dt_tensor_local_shape(u)[1];
+    c->bytes = dt_tensor_local_bytes(u);
+    dt_tensor_destroy(u);
+    /* a zero-length tensor is valid */
+    int64_t empty[] = { 0, 8 };
+    c->st[k++] = dt_tensor_create(ctx, mesh, DT_F32, 2, empty, &l1, &u);
+    c->bad[b++] = u == NULL || dt_tensor_local_numel(u) != 0 || dt_tensor_data(u) == NULL;
+    if (u) c->st[k++] = dt_tensor_fill_random(u, 5);
+    dt_tensor_destroy(u);
+    dt_tensor_destroy(NULL);
+    dt_mesh_destroy(mesh);
+    return DT_SUCCESS;
+}
+
+static void test_tensor_basics(void **state) {
+    (void)state;
+    basics_case c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(h_launch(2, rank_basics, &c), DT_SUCCESS);
+    const dt_status expect[] = {
+        DT_SUCCESS, DT_SUCCESS, DT_SUCCESS, DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT,
+        DT_ERR_INVALID_ARGUMENT, DT_SUCCESS, DT_SUCCESS, DT_SUCCESS,
+        DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT,
+        DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT,
+        DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT,
+        DT_ERR_INVALID_ARGUMENT, DT_SUCCESS, DT_SUCCESS, DT_SUCCESS,
+    };
+    for (size_t k = 0; k < sizeof expect / sizeof expect[0]; k++) {
+        if (c.st[k] != expect[k]) fprintf(stderr, "  step %zu: %s\n", k, dt_status_name(c.st[k]));
+        assert_int_equal(c.st[k], expect[k]);
+    }
+    for (int b = 0; b < 5; b++) assert_int_equal(c.bad[b], 0);
+    assert_int_equal(c.local_shape[0], 3);
+    assert_int_equal(c.local_shape[1], 8);
+    assert_int_equal(c.bytes, 3 * 8 * 2);
+}
+
+static void test_random_value(void **state) {
+    (void)state;
+    double sum = 0, lo = 1, hi = -1;
+    long repeats = 0;
+    for (uint64_t i = 0; i < 100000; i++) {
+        float v = dt_random_value(7, i);
+        assert_true(v >= -1.0f && v < 1.0f);
+        sum += v;
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+        if (i > 0 && v == dt_random_value(7, i - 1)) repeats++;
+    }
+    assert_true(fabs(sum / 100000) < 0.02); /* roughly centred */
+    assert_true(lo < -0.99 && hi > 0.99);
+    assert_true(repeats < 10);
+    assert_true(dt_random_value(7, 3) == dt_random_value(7, 3));
+    assert_true(dt_random_value(7, 3) != dt_random_value(8, 3));
+}
+
+typedef struct fill_case {
+    int ndim_mesh, mesh[3], world;
+    dt_layout layout;
+    dt_dtype dtype;
+    long bad[MAXW];
+} fill_case;
+
+static dt_status rank_fill(dt_context *ctx, void *arg) {
+    fill_case *c = arg;
+    int r = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    dt_tensor *t = NULL;
+    int64_t shape[] = { 4 * c->world, 3, 2 * c->world };
+    int64_t numel = h_numel(3, shape);
+    float *full = malloc((size_t)numel * sizeof *full);
+    dt_status st = DT_SUCCESS;
+    if (full == NULL) return DT_ERR_OUT_OF_MEMORY;
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, c->ndim_mesh, c->mesh, NULL, &mesh), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 3, shape, &c->layout, &t), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(t, 1234), out);
+    int coords[3];
+    h_coords(r, c->ndim_mesh, c->mesh, coords);
+    int zero = 0;
+    for (int m = 0; m < c->ndim_mesh; m++)
+        if (c->layout.placements[m].kind == DT_PARTIAL && coords[m] != 0) zero = 1;
+    for (int64_t g = 0; g < numel; g++)
+        full[g] = zero ? 0.0f : round_to(c->dtype, dt_random_value(1234, (uint64_t)g));
+    c->bad[r] = check_local_part("fill_random", t, full, c->mesh, coords);
+out:
+    free(full);
+    dt_tensor_destroy(t);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_fill(void **state) {
+    fill_case *c = *state;
+    assert_int_equal(h_launch(c->world, rank_fill, c), DT_SUCCESS);
+    for (int r = 0; r < c->world; r++) assert_int_equal(c->bad[r], 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* shard then gather                                                   */
+/* ------------------------------------------------------------------ */
+
+typedef struct sg_case {
+    int ndim_mesh, mesh[3], world, root;
+    dt_layout layout;
+    dt_dtype dtype;
+    long bad_shard[MAXW], bad_gather[MAXW];
+    int got_null[MAXW];
+} sg_case;
+
+static dt_status rank_shard_gather(dt_context *ctx, void *arg) {
+    sg_case *c = arg;
+    int r = dt_context_rank(ctx);
+    int64_t shape[] = { 2 * c->world, 3, 4 * c->world };
+    int64_t numel = h_numel(3, shape);
+    dt_mesh *mesh = NULL;
+    dt_tensor *full = NULL, *t = NULL, *back = NULL;
+    float *ref = malloc((size_t)numel * sizeof *ref);
+    dt_status st = DT_SUCCESS;
+    if (ref == NULL) return DT_ERR_OUT_OF_MEMORY;
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, c->ndim_mesh, c->mesh, NULL, &mesh), out);
+    if (r == c->root) {
+        DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, c->dtype, 3, shape, NULL, &full), out);
+        DT_TRY_GOTO(st, dt_tensor_fill_random(full, 42 + (uint64_t)c->world), out);
+    }
+    DT_TRY_GOTO(st, dt_tensor_shard(mesh, c->root, full, &c->layout, &t), out);
+    int coords[3];
+    h_coords(r, c->ndim_mesh, c->mesh, coords);
+    int zero = 0;
+    for (int m = 0; m < c->ndim_mesh; m++)
+        if (c->layout.placements[m].kind == DT_PARTIAL && coords[m] != 0) zero = 1;
+    for (int64_t g = 0; g < numel; g++)
+        ref[g] = zero ? 0.0f : round_to(c->dtype, dt_random_value(42 + (uint64_t)c->world, (uint64_t)g));
+    c->bad_shard[r] = check_local_part("shard", t, ref, c->mesh, coords);
+    DT_TRY_GOTO(st, dt_tensor_gather(t, c->root, &back), out);
+    if (r == c->root) {
+        for (int64_t g = 0; g < numel; g++)
+            ref[g] = round_to(c->dtype, dt_random_value(42 + (uint64_t)c->world, (uint64_t)g));
+        c->bad_gather[r] = back ? check_local_part("gather", back, ref, c->mesh, coords) : -1;
+    } else {
+        c->got_null[r] = back == NULL;
+    }
+out:
+    free(ref);
+    dt_tensor_destroy(back);
+    dt_tensor_destroy(t);
+    dt_tensor_destroy(full);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_shard_gather(void **state) {
+    sg_case *c = *state;
+    assert_int_equal(h_launch(c->world, rank_shard_gather, c), DT_SUCCESS);
+    for (int r = 0; r < c->world; r++) {
+        assert_int_equal(c->bad_shard[r], 0);
+        assert_int_equal(c->bad_gather[r], 0);
+        if (r != c->root) assert_true(c->got_null[r]);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* redistribute: every pair of Layouts                                 */
+/* ------------------------------------------------------------------ */
+
+typedef struct rd_case {
+    int ndim_mesh, mesh[3], world;
+    dt_dtype dtype;
+    int ndim;
+    int64_t shape[DT_MAX_DIMS];
+    dt_layout src;
+    int n_dst;
+    dt_layout dst[MAX_DST];
+    long bad[MAX_DST][MAXW];      /* target data wrong */
+    long bad_sum[MAX_DST][MAXW];  /* Partial target: replicated sum wrong */
+    long changed[MAX_DST][MAXW];  /* input modified */
+} rd_case;
+
+static dt_status rank_redistribute(dt_context *ctx, void *arg) {
+    rd_case *c = arg;
+    int r = dt_context_rank(ctx);
+    uint64_t seed = 1000 + (uint64_t)c->world;
+    int64_t numel = h_numel(c->ndim, c->shape);
+    dt_mesh *mesh = NULL;
+    dt_tensor *src = NULL;
+    void *saved = NULL;
+    float *ref = malloc((size_t)numel * sizeof *ref);
+    dt_status st = DT_SUCCESS;
+    if (ref == NULL) return DT_ERR_OUT_OF_MEMORY;
+    int coords[3];
+    h_coords(r, c->ndim_mesh, c->mesh, coords);
+    reference_full(&c->src, c->mesh, c->dtype, seed, numel, ref);
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, c->ndim_mesh, c->mesh, NULL, &mesh), out);
+    DT_TRY_GOTO(st, make_source(ctx, mesh, c->dtype, c->ndim, c->shape, &c->src, seed, &src), out);
+    saved = save_local(src);
+    if (saved == NULL) {
+        st = DT_ERR_OUT_OF_MEMORY;
+        goto out;
+    }
+    for (int k = 0; k < c->n_dst; k++) {
+        dt_tensor *o = NULL, *rep = NULL;
+        DT_TRY_GOTO(st, dt_tensor_redistribute(src, &c->dst[k], &o), out);
+        c->changed[k][r] = changed_since(src, saved);
+        int partial = 0;
+        for (int m = 0; m < c->ndim_mesh; m++)
+            if (c->dst[k].placements[m].kind == DT_PARTIAL) partial = 1;
+        if (!dt_layout_equal(dt_tensor_layout(o), &c->dst[k])) c->bad[k][r] = -2;
+        if (!partial) {
+            c->bad[k][r] = check_local_part("redistribute", o, ref, c->mesh, coords);
+        } else {
+            /* The summands must add up to the value: replicate and compare. */
+            st = dt_tensor_replicate(o, &rep);
+            if (st == DT_SUCCESS)
+                c->bad_sum[k][r] = check_local_part("redistribute+replicate", rep, ref, c->mesh,
+                                                    coords);
+        }
+        dt_tensor_destroy(rep);
+        dt_tensor_destroy(o);
+        if (st != DT_SUCCESS) goto out;
+    }
+out:
+    free(ref);
+    free(saved);
+    dt_tensor_destroy(src);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_redistribute(void **state) {
+    rd_case *c = *state;
+    dt_status st = h_launch(c->world, rank_redistribute, c);
+    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    assert_int_equal(st, DT_SUCCESS);
+    long total = 0;
+    for (int k = 0; k < c->n_dst; k++) {
+        long bad = 0;
+        for (int r = 0; r < c->world; r++) bad += c->bad[k][r] + c->bad_sum[k][r] + c->changed[k][r];
+        if (bad) {
+            char s[64], d[64];
+            h_layout_short(&c->src, s, sizeof s);
+            h_layout_short(&c->dst[k], d, sizeof d);
+            fprintf(stderr, "  %s -> %s: %ld bad\n", s, d, bad);
+        }
+        total += bad;
+    }
+    assert_int_equal(total, 0);
+    assert_true(c->n_dst > 0);
+}
+
+/* contiguous -> striped -> zigzag -> contiguous on [B, S, H], S sharded */
+typedef struct rt_case {
+    int world;
+    dt_dtype dtype;
+    long bad[4][MAXW];
+} rt_case;
+
+static dt_status rank_round_trip(dt_context *ctx, void *arg) {
+    rt_case *c = arg;
+    int r = dt_context_rank(ctx);
+    int P = c->world;
+    int64_t shape[] = { 2, 4 * P, 5 };
+    int64_t numel = h_numel(3, shape);
+    dt_mesh *mesh = NULL;
+    dt_tensor *t[4] = { 0 };
+    float *ref = malloc((size_t)numel * sizeof *ref);
+    dt_status st = DT_SUCCESS;
+    if (ref == NULL) return DT_ERR_OUT_OF_MEMORY;
+    for (int64_t g = 0; g < numel; g++) ref[g] = round_to(c->dtype, dt_random_value(77, (uint64_t)g));
+    const dt_order orders[4] = { DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG,
+                                 DT_ORDER_CONTIGUOUS };
+    int coords[1] = { r };
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, &P, NULL, &mesh), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 3, shape,
+                                     &(dt_layout){ 1, { dt_shard(1, orders[0]) } }, &t[0]), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(t[0], 77), out);
+    c->bad[0][r] = check_local_part("start", t[0], ref, &P, coords);
+    for (int k = 1; k < 4; k++) {
+        dt_layout l = dt_layout_1d(dt_shard(1, orders[k]));
+        DT_TRY_GOTO(st, dt_tensor_redistribute(t[k - 1], &l, &t[k]), out);
+        c->bad[k][r] = check_local_part("round trip", t[k], ref, &P, coords);
+    }
+    /* back where it started: bit-identical */
+    void *a = save_local(t[0]);
+    c->bad[3][r] += a ? changed_since(t[3], a) : 1;
+    free(a);
+out:
+    free(ref);
+    for (int k = 0; k < 4; k++) dt_tensor_destroy(t[k]);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_round_trip(void **state) {
+    rt_case *c = *state;
+    assert_int_equal(h_launch(c->world, rank_round_trip, c), DT_SUCCESS);
+    for (int k = 0; k < 4; k++)
+        for (int r = 0; r < c->world; r++) assert_int_equal(c->bad[k][r], 0);
+}
+
+/* replicate() from Shard, Partial and mixed 2-D Layouts */
+typedef struct rep_case {
+    int ndim_mesh, mesh[3], world;
+    dt_layout src;
+    dt_dtype dtype;
+    long bad[MAXW];
+    int layout_ok[MAXW];
+} rep_case;
+
+static dt_status rank_replicate(dt_context *ctx, void *arg) {
+    rep_case *c = arg;
+    int r = dt_context_rank(ctx);
+    int64_t shape[] = { 4 * c->world, 2 * c->world };
+    int64_t numel = h_numel(2, shape);
+    dt_mesh *mesh = NULL;
+    dt_tensor *src = NULL, *rep = NULL;
+    float *ref = malloc((size_t)numel * sizeof *ref);
+    dt_status st = DT_SUCCESS;
+    if (ref == NULL) return DT_ERR_OUT_OF_MEMORY;
+    reference_full(&c->src, c->mesh, c->dtype, 555, numel, ref);
+    int coords[3];
+    h_coords(r, c->ndim_mesh, c->mesh, coords);
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, c->ndim_mesh, c->mesh, NULL, &mesh), out);
+    DT_TRY_GOTO(st, make_source(ctx, mesh, c->dtype, 2, shape, &c->src, 555, &src), out);
+    DT_TRY_GOTO(st, dt_tensor_replicate(src, &rep), out);
+    dt_layout all = dt_layout_replicated(c->ndim_mesh);
+    c->layout_ok[r] = dt_layout_equal(dt_tensor_layout(rep), &all);
+    c->bad[r] = check_local_part("replicate", rep, ref, c->mesh, coords);
+out:
+    free(ref);
+    dt_tensor_destroy(rep);
+    dt_tensor_destroy(src);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_replicate(void **state) {
+    rep_case *c = *state;
+    assert_int_equal(h_launch(c->world, rank_replicate, c), DT_SUCCESS);
+    for (int r = 0; r < c->world; r++) {
+        assert_true(c->layout_ok[r]);
+        assert_int_equal(c->bad[r], 0);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* permute_striped / unpermute_striped                                 */
+/* ------------------------------------------------------------------ */
+
+typedef struct perm_case {
+    int parts;        /* also the world size of the sharding check */
+    int64_t S;
+    dt_dtype dtype;
+    long bad_perm[MAXW], bad_round[MAXW], bad_shard[MAXW], bad_other[MAXW];
+} perm_case;
+
+/* The [B, S, H] property: out[b, i, h] = in[b, (i % n)*d + i/n, h], n = S/d,
+ * d = parts; then unpermute restores the input bit for bit; and a contiguous
+ * shard of the permuted tensor equals the striped shard of the original. */
+static dt_status rank_permute(dt_context *ctx, void *arg) {
+    perm_case *c = arg;
+    int r = dt_context_rank(ctx);
+    const int64_t B = 2, H = 3, S = c->S;
+    int d = c->parts;
+    int64_t n = S / d;
+    int64_t shape[] = { B, S, H };
+    dt_tensor *x = NULL, *p = NULL, *u = NULL, *xs = NULL, *ps = NULL, *xd = NULL, *pd = NULL;
+    dt_mesh *mesh = NULL;
+    float *in = NULL, *out = NULL, *a = NULL, *b = NULL;
+    dt_status st = DT_SUCCESS;
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, c->dtype, 3, shape, NULL, &x), done);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(x, 31), done);
+    DT_TRY_GOTO(st, dt_tensor_permute_striped(x, 1, d, &p), done);
+    in = local_floats(x);
+    out = local_floats(p);
+    if (in == NULL || out == NULL) {
+        st = DT_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    long bad = 0;
+    for (int64_t bb = 0; bb < B; bb++)
+        for (int64_t i = 0; i < S; i++)
+            for (int64_t h = 0; h < H; h++) {
+                int64_t src_i = (i % n) * d + i / n;
+                bad += out[(bb * S + i) * H + h] != in[(bb * S + src_i) * H + h];
+            }
+    c->bad_perm[r] = bad;
+    DT_TRY_GOTO(st, dt_tensor_unpermute_striped(p, 1, d, &u), done);
+    void *sx = save_local(x);
+    c->bad_round[r] = sx ? changed_since(u, sx) : 1;
+    free(sx);
+
+    /* permuted + contiguous == original + striped, on a world of `parts` ranks */
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, &d, NULL, &mesh), done);
+    dt_layout rep = dt_layout_1d(dt_replicate());
+    dt_layout contig = dt_layout_1d(dt_shard(1, DT_ORDER_CONTIGUOUS));
+    dt_layout striped = dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED));
+    DT_TRY_GOTO(st, dt_tensor_shard(mesh, 0, r == 0 ? x : NULL, &rep, &xd), done);
+    DT_TRY_GOTO(st, dt_tensor_permute_striped(xd, 1, d, &pd), done); /* on a Replicate DTensor */
+    DT_TRY_GOTO(st, dt_tensor_redistribute(pd, &contig, &ps), done);
+    DT_TRY_GOTO(st, dt_tensor_redistribute(xd, &striped, &xs), done);
+    a = local_floats(ps);
+    b = local_floats(xs);
+    c->bad_shard[r] = (a && b) ? memcmp(a, b, (size_t)dt_tensor_local_numel(xs) * sizeof *a) != 0
+                               : 1;
+    /* a distributed tensor sharded on another dim permutes locally too */
+    dt_tensor *t0 = NULL, *t1 = NULL, *t2 = NULL;
+    dt_layout on_b = dt_layout_1d(dt_shard(2, DT_ORDER_STRIPED));
+    int64_t shape2[] = { B, S, 2 * (int64_t)d };
+    st = dt_tensor_create(ctx, mesh, c->dtype, 3, shape2, &on_b, &t0);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_random(t0, 8);
+    if (st == DT_SUCCESS) st = dt_tensor_permute_striped(t0, 1, d, &t1);
+    if (st == DT_SUCCESS) st = dt_tensor_unpermute_striped(t1, 1, d, &t2);
+    if (st == DT_SUCCESS) {
+        void *s0 = save_local(t0);
+        c->bad_other[r] = (s0 ? changed_since(t2, s0) : 1) +
+                          !dt_layout_equal(dt_tensor_layout(t1), &on_b);
+        free(s0);
+    }
+    dt_tensor_destroy(t0);
+    dt_tensor_destroy(t1);
+    dt_tensor_destroy(t2);
+done:
+    free(in);
+    free(out);
+    free(a);
+    free(b);
+    dt_tensor_destroy(x);
+    dt_tensor_destroy(p);
+    dt_tensor_destroy(u);
+    dt_tensor_destroy(xs);
+    dt_tensor_destroy(ps);
+    dt_tensor_destroy(xd);
+    dt_tensor_destroy(pd);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_permute(void **state) {
+    perm_case *c = *state;
+    dt_status st = h_launch(c->parts, rank_permute, c);
+    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    assert_int_equal(st, DT_SUCCESS);
+    for (int r = 0; r < c->parts; r++) {
+        assert_int_equal(c->bad_perm[r], 0);
+        assert_int_equal(c->bad_round[r], 0);
+        assert_int_equal(c->bad_shard[r], 0);
+        assert_int_equal(c->bad_other[r], 0);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Bad inputs: rejected, nothing changed, nothing leaked               */
+/* ------------------------------------------------------------------ */
+
+#define N_BAD 40
+
+typedef struct bad_case {
+    dt_status st[N_BAD][MAXW];
+    char msg[N_BAD][MAXW][200];
+    int out_untouched[MAXW];
+    long changed[MAXW];
+    dt_status last[MAXW];
+    int n;
+} bad_case;
+
+static dt_status rank_bad_inputs(dt_context *ctx, void *arg) {
+    bad_case *c = arg;
+    int r = dt_context_rank(ctx);
+    int W = dt_context_world_size(ctx); /* 4 */
+    int m4[] = { 4 }, m22[] = { 2, 2 };
+    dt_mesh *mesh = NULL, *mesh2 = NULL;
+    dt_tensor *t = NULL, *t2 = NULL, *loc = NULL, *full = NULL;
+    void *saved = NULL;
+    dt_status st = DT_SUCCESS;
+    int64_t shape[] = { 8, 6, 4 };
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, m4, NULL, &mesh), out);
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, m22, NULL, &mesh2), out);
+    dt_layout s0 = dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS));
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, DT_F32, 3, shape, &s0, &t), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(t, 3), out);
+    dt_layout s2x = dt_layout_2d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_replicate());
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh2, DT_F32, 3, shape, &s2x, &t2), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, DT_F32, 3, shape, NULL, &loc), out);
+    saved = save_local(t);
+
+    dt_tensor *sentinel = (dt_tensor *)(uintptr_t)0x1;
+    dt_tensor *o = sentinel;
+    int k = 0;
+#define BAD(expr)                                                              \
+    do {                                                                       \
+        c->st[k][r] = (expr);                                                  \
+        snprintf(c->msg[k][r], sizeof c->msg[k][r], "%s", dt_last_error());    \
+        k++;                                                                   \
+    } while (0)
+    dt_layout l;
+    /* redistribute */
+    l = dt_layout_1d(dt_shard(1, DT_ORDER_CONTIGUOUS));       /* 6 % 4 != 0 */
+    BAD(dt_tensor_redistribute(t, &l, &o));                    /* 0 */
+    l = dt_layout_1d(dt_shard(3, DT_ORDER_CONTIGUOUS));       /* dim out of range */
+    BAD(dt_tensor_redistribute(t, &l, &o));                    /* 1 */
+    l = dt_layout_1d(dt_replicate());
+    l.placements[0].kind = (dt_placement_kind)7;               /* unknown kind */
+    BAD(dt_tensor_redistribute(t, &l, &o));                    /* 2 */
+    l = dt_layout_1d(dt_shard(0, (dt_order)9));                /* unknown order */
+    BAD(dt_tensor_redistribute(t, &l, &o));                    /* 3 */
+    l = dt_layout_2d(dt_replicate(), dt_replicate());          /* 2 mesh dims on a 1-D mesh */
+    BAD(dt_tensor_redistribute(t, &l, &o));                    /* 4 */
+    l = dt_layout_1d(dt_replicate());
+    BAD(dt_tensor_redistribute(NULL, &l, &o));                 /* 5 */
+    BAD(dt_tensor_redistribute(t, NULL, &o));                  /* 6 */
+    BAD(dt_tensor_redistribute(t, &l, NULL));                  /* 7 */
+    BAD(dt_tensor_redistribute(loc, &l, &o));                  /* 8: local tensor */
+    l = dt_layout_2d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_shard(0, DT_ORDER_STRIPED));
+    BAD(dt_tensor_redistribute(t2, &l, &o));                   /* 9: dim 0 sharded twice */
+    l = dt_layout_1d(dt_shard(2, DT_ORDER_ZIGZAG));            /* 4 % 8 != 0 */
+    BAD(dt_tensor_redistribute(t, &l, &o));                    /* 10 */
+    BAD(dt_tensor_replicate(NULL, &o));                        /* 11 */
+    BAD(dt_tensor_replicate(loc, &o));                         /* 12 */
+    /* shard */
+    l = dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS));
+    BAD(dt_tensor_shard(mesh, -1, loc, &l, &o));               /* 13 */
+    BAD(dt_tensor_shard(mesh, W, loc, &l, &o));                /* 14 */
+    BAD(dt_tensor_shard(NULL, 0, loc, &l, &o));                /* 15 */
+    BAD(dt_tensor_shard(mesh, 0, loc, NULL, &o));              /* 16 */
+    l = dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED));           /* root's shape: 6 % 4 */
+    BAD(dt_tensor_shard(mesh, 1, loc, &l, &o));                /* 17: all ranks reject */
+    l = dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS));
+    BAD(dt_tensor_shard(mesh, 2, NULL, &l, &o));               /* 18: root has no tensor */
+    BAD(dt_tensor_shard(mesh, 3, t, &l, &o));                  /* 19: root's is distributed */
+    /* gather */
+    BAD(dt_tensor_gather(t, -1, &o));                          /* 20 */
+    BAD(dt_tensor_gather(t, W, &o));                           /* 21 */
+    BAD(dt_tensor_gather(NULL, 0, &o));                        /* 22 */
+    BAD(dt_tensor_gather(t, 0, NULL));                         /* 23 */
+    BAD(dt_tensor_gather(loc, 0, &o));                         /* 24 */
+    /* permute */
+    BAD(dt_tensor_permute_striped(t, 0, 2, &o));               /* 25: dim 0 is sharded */
+    BAD(dt_tensor_permute_striped(t, 3, 2, &o));               /* 26 */
+    BAD(dt_tensor_permute_striped(t, -1, 2, &o));              /* 27 */
+    BAD(dt_tensor_permute_striped(t, 1, 0, &o));               /* 28 */
+    BAD(dt_tensor_permute_striped(t, 1, 4, &o));               /* 29: 6 % 4 */
+    BAD(dt_tensor_unpermute_striped(NULL, 1, 2, &o));          /* 30 */
+    BAD(dt_tensor_unpermute_striped(t, 1, 2, NULL));           /* 31 */
+    c->last[r] = dt_context_last_status(ctx);
+#undef BAD
+    c->n = k;
+    c->out_untouched[r] = o == sentinel;
+    c->changed[r] = saved ? changed_since(t, saved) : 1;
+    (void)full;
+out:
+    free(saved);
+    dt_tensor_destroy(t);
+    dt_tensor_destroy(t2);
+    dt_tensor_destroy(loc);
+    dt_mesh_destroy(mesh);
+    dt_mesh_destroy(mesh2);
+    return st;
+}
+
+static void test_bad_inputs(void **state) {
+    (void)state;
+    bad_case *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    dt_status st = h_launch(4, rank_bad_inputs, c);
+    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    assert_int_equal(st, DT_SUCCESS);
+    assert_int_equal(c->n, 32);
+    /* messages that must name the values */
+    const struct { int k; const char *text; } msgs[] = {
+        { 0, "tensor dim 1 of length 6 is not divisible by 4" },
+        { 1, "tensor dim 3" },
+        { 2, "kind 7" },
+        { 3, "order 9" },
+        { 4, "layout has 2 mesh dims but the mesh has 1" },
+        { 8, "local" },
+        { 9, "sharded by mesh dims 0 and 1" },
+        { 10, "not divisible by 8 = 2 x 4" },
+        { 13, "root -1 is out of range" },
+        { 14, "root 4 is out of range" },
+        { 17, "tensor dim 1 of length 6" },
+        { 20, "root -1" },
+        { 25, "dim 0 is sharded" },
+        { 29, "length 6 is not divisible by 4" },
+    };
+    for (int r = 0; r < 4; r++) {
+        for (int k = 0; k < c->n; k++) {
+            if (c->st[k][r] != DT_ERR_INVALID_ARGUMENT)
+                fprintf(stderr, "  case %d rank %d: %s (%s)\n", k, r, dt_status_name(c->st[k][r]),
+                        c->msg[k][r]);
+            assert_int_equal(c->st[k][r], DT_ERR_INVALID_ARGUMENT);
+        }
+        for (size_t i = 0; i < sizeof msgs / sizeof msgs[0]; i++) {
+            if (!strstr(c->msg[msgs[i].k][r], msgs[i].text))
+                fprintf(stderr, "  case %d: '%s' lacks '%s'\n", msgs[i].k, c->msg[msgs[i].k][r],
+                        msgs[i].text);
+            assert_non_null(strstr(c->msg[msgs[i].k][r], msgs[i].text));
+        }
+        assert_true(c->out_untouched[r]);
+        assert_int_equal(c->changed[r], 0);
+        assert_int_equal(c->last[r], DT_ERR_INVALID_ARGUMENT);
+    }
+    /* root's reasons reach every rank */
+    assert_non_null(strstr(c->msg[18][2], "NULL"));
+    assert_non_null(strstr(c->msg[18][0], "root 2 rejected"));
+    assert_non_null(strstr(c->msg[19][3], "local"));
+    free(c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Case tables                                                         */
+/* ------------------------------------------------------------------ */
+
+static const dt_placement *placements_1d(int *n) {
+    static const dt_placement p[] = {
+        { DT_REPLICATE, 0, DT_ORDER_CONTIGUOUS }, { DT_PARTIAL, 0, DT_ORDER_CONTIGUOUS },
+        { DT_SHARD, 0, DT_ORDER_CONTIGUOUS },     { DT_SHARD, 0, DT_ORDER_STRIPED },
+        { DT_SHARD, 0, DT_ORDER_ZIGZAG },         { DT_SHARD, 1, DT_ORDER_CONTIGUOUS },
+        { DT_SHARD, 1, DT_ORDER_STRIPED },        { DT_SHARD, 1, DT_ORDER_ZIGZAG },
+    };
+    *n = (int)(sizeof p / sizeof p[0]);
+    return p;
+}
+
+static const dt_placement *placements_2d(int *n) {
+    static const dt_placement p[] = {
+        { DT_REPLICATE, 0, DT_ORDER_CONTIGUOUS }, { DT_PARTIAL, 0, DT_ORDER_CONTIGUOUS },
+        { DT_SHARD, 0, DT_ORDER_CONTIGUOUS },     { DT_SHARD, 0, DT_ORDER_ZIGZAG },
+        { DT_SHARD, 1, DT_ORDER_STRIPED },        { DT_SHARD, 1, DT_ORDER_CONTIGUOUS },
+    };
+    *n = (int)(sizeof p / sizeof p[0]);
+    return p;
+}
+
+typedef struct table {
+    struct CMUnitTest *tests;
+    char (*names)[200];
+    size_t n, cap;
+} table;
+
+static void add_test(table *t, const char *name, CMUnitTestFunction fn, void *state) {
+    if (t->n >= t->cap) {
+        fprintf(stderr, "test table full\n");
+        return;
+    }
+    snprintf(t->names[t->n], sizeof t->names[t->n], "%s", name);
+    t->tests[t->n] = (struct CMUnitTest){ t->names[t->n], fn, NULL, NULL, state };
+    t->n++;
+}
+
+int main(void) {
+    table tb;
+    tb.cap = 4096;
+    tb.n = 0;
+    tb.tests = calloc(tb.cap, sizeof *tb.tests);
+    tb.names = calloc(tb.cap, sizeof *tb.names);
+    /* Every case struct lives until the end of main; freed there. */
+    void **owned = calloc(tb.cap, sizeof *owned);
+    size_t n_owned = 0;
+    if (!tb.tests || !tb.names || !owned) return 1;
+    char name[200], ms[16], a[64], b[64];
+#define NEW(type) ((type *)(owned[n_owned++] = calloc(1, sizeof(type))))
+
+    /* meshes */
+    for (int w = 1; w <= MAXW; w++) {
+        mesh_case *c = NEW(mesh_case);
+        c->ndim = 1;
+        c->sizes[0] = w;
+        c->world = w;
+        snprintf(name, sizeof name, "mesh/%d", w);
+        add_test(&tb, name, test_mesh, c);
+    }
+    const int meshes[][4] = { { 2, 2, 2, 0 }, { 2, 2, 3, 0 }, { 2, 3, 2, 0 }, { 2, 1, 4, 0 },
+                              { 2, 4, 1, 0 }, { 3, 2, 2, 2 }, { 3, 1, 3, 2 } };
+    for (size_t i = 0; i < sizeof meshes / sizeof meshes[0]; i++) {
+        mesh_case *c = NEW(mesh_case);
+        c->ndim = meshes[i][0];
+        c->world = 1;
+        for (int m = 0; m < c->ndim; m++) {
+            c->sizes[m] = meshes[i][1 + m];
+            c->world *= c->sizes[m];
+        }
+        snprintf(name, sizeof name, "mesh/%s", mesh_name(c->ndim, c->sizes, ms, sizeof ms));
+        add_test(&tb, name, test_mesh, c);
+    }
+    add_test(&tb, "mesh_errors", test_mesh_errors, NULL);
+    add_test(&tb, "tensor_basics", test_tensor_basics, NULL);
+    add_test(&tb, "random_value", test_random_value, NULL);
+
+    /* fill_random under many Layouts */
+    {
+        const dt_layout l1[] = {
+            dt_layout_1d(dt_replicate()), dt_layout_1d(dt_partial()),
+            dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS)), dt_layout_1d(dt_shard(0, DT_ORDER_ZIGZAG)),
+            dt_layout_1d(dt_shard(2, DT_ORDER_STRIPED)), dt_layout_1d(dt_shard(2, DT_ORDER_ZIGZAG)),
+        };
+        for (int w = 1; w <= MAXW; w++)
+            for (size_t i = 0; i < sizeof l1 / sizeof l1[0]; i++)
+                for (int dt = 0; dt < 2; dt++) {
+                    fill_case *c = NEW(fill_case);
+                    c->ndim_mesh = 1;
+                    c->mesh[0] = w;
+                    c->world = w;
+                    c->layout = l1[i];
+                    c->dtype = dt ? DT_BF16 : DT_F32;
+                    h_layout_short(&c->layout, a, sizeof a);
+                    snprintf(name, sizeof name, "fill_random/P=%d,%s,%s", w, a, dt_dtype_name(c->dtype));
+                    add_test(&tb, name, test_fill, c);
+                }
+        const int m2[][2] = { { 2, 2 }, { 2, 3 }, { 3, 2 } };
+        const dt_layout l2[] = {
+            dt_layout_2d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_shard(2, DT_ORDER_STRIPED)),
+            dt_layout_2d(dt_shard(2, DT_ORDER_ZIGZAG), dt_partial()),
+            dt_layout_2d(dt_partial(), dt_shard(0, DT_ORDER_STRIPED)),
+        };
+        for (size_t i = 0; i < 3; i++)
+            for (size_t j = 0; j < 3; j++) {
+                fill_case *c = NEW(fill_case);
+                c->ndim_mesh = 2;
+                c->mesh[0] = m2[i][0];
+                c->mesh[1] = m2[i][1];
+                c->world = m2[i][0] * m2[i][1];
+                c->layout = l2[j];
+                c->dtype = DT_F32;
+                h_layout_short(&c->layout, a, sizeof a);
+                snprintf(name, sizeof name, "fill_random/mesh=%dx%d,%s", m2[i][0], m2[i][1], a);
+                add_test(&tb, name, test_fill, c);
+            }
+    }
+
+    /* shard then gather */
+    {
+        const dt_layout l1[] = {
+            dt_layout_1d(dt_replicate()), dt_layout_1d(dt_partial()),
+            dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS)), dt_layout_1d(dt_shard(0, DT_ORDER_STRIPED)),
+            dt_layout_1d(dt_shard(2, DT_ORDER_ZIGZAG)), dt_layout_1d(dt_shard(2, DT_ORDER_CONTIGUOUS)),
+        };
+        for (int w = 1; w <= MAXW; w++)
+            for (size_t i = 0; i < sizeof l1 / sizeof l1[0]; i++)
+                for (int dt = 0; dt < 2; dt++) {
+                    sg_case *c = NEW(sg_case);
+                    c->ndim_mesh = 1;
+                    c->mesh[0] = w;
+                    c->world = w;
+                    c->root = w - 1;
+                    c->layout = l1[i];
+                    c->dtype = dt ? DT_BF16 : DT_F32;
+                    h_layout_short(&c->layout, a, sizeof a);
+                    snprintf(name, sizeof name, "shard_gather/P=%d,root=%d,%s,%s", w, c->root, a,
+                             dt_dtype_name(c->dtype));
+                    add_test(&tb, name, test_shard_gather, c);
+                }
+        const int m[][3] = { { 2, 2, 0 }, { 2, 3, 0 }, { 3, 2, 0 }, { 2, 2, 2 } };
+        const dt_layout l2[] = {
+            dt_layout_2d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_shard(2, DT_ORDER_STRIPED)),
+            dt_layout_2d(dt_replicate(), dt_shard(2, DT_ORDER_ZIGZAG)),
+            dt_layout_2d(dt_partial(), dt_shard(0, DT_ORDER_STRIPED)),
+            dt_layout_2d(dt_shard(2, DT_ORDER_CONTIGUOUS), dt_partial()),
+            dt_layout_2d(dt_partial(), dt_replicate()),
+        };
+        const dt_layout l3[] = {
+            dt_layout_3d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_partial(), dt_shard(2, DT_ORDER_ZIGZAG)),
+            dt_layout_3d(dt_replicate(), dt_shard(2, DT_ORDER_STRIPED), dt_partial()),
+        };
+        for (size_t i = 0; i < 4; i++) {
+            int nd = m[i][2] ? 3 : 2;
+            const dt_layout *ls = nd == 3 ? l3 : l2;
+            size_t nl = nd == 3 ? 2 : 5;
+            for (size_t j = 0; j < nl; j++)
+                for (int root = 0; root < 2; root++) {
+                    sg_case *c = NEW(sg_case);
+                    c->ndim_mesh = nd;
+                    c->world = 1;
+                    for (int k = 0; k < nd; k++) {
+                        c->mesh[k] = m[i][k];
+                        c->world *= m[i][k];
+                    }
+                    c->root = root ? 1 : 0;
+                    c->layout = ls[j];
+                    c->dtype = (j % 2) ? DT_BF16 : DT_F32;
+                    h_layout_short(&c->layout, a, sizeof a);
+                    snprintf(name, sizeof name, "shard_gather/mesh=%s,root=%d,%s,%s",
+                             mesh_name(nd, c->mesh, ms, sizeof ms), c->root, a,
+                             dt_dtype_name(c->dtype));
+                    add_test(&tb, name, test_shard_gather, c);
+                }
+        }
+    }
+
+    /* redistribute: every pair of 1-D Layouts, P = 1..8, fp32 and bf16 */
+    {
+        int np;
+        const dt_placement *p = placements_1d(&np);
+        for (int dt = 0; dt < 2; dt++)
+            for (int w = 1; w <= MAXW; w++)
+                for (int i = 0; i < np; i++)
+                    for (int j = 0; j < np; j++) {
+                        rd_case *c = NEW(rd_case);
+                        c->ndim_mesh = 1;
+                        c->mesh[0] = w;
+                        c->world = w;
+                        c->dtype = dt ? DT_BF16 : DT_F32;
+                        c->ndim = 3;
+                        c->shape[0] = 4 * w;
+                        c->shape[1] = 2 * w;
+                        c->shape[2] = 3;
+                        c->src = dt_layout_1d(p[i]);
+                        c->n_dst = 1;
+                        c->dst[0] = dt_layout_1d(p[j]);
+                        h_layout_short(&c->src, a, sizeof a);
+                        h_layout_short(&c->dst[0], b, sizeof b);
+                        snprintf(name, sizeof name, "redistribute/P=%d,%s->%s,%s", w, a, b,
+                                 dt_dtype_name(c->dtype));
+                        add_test(&tb, name, test_redistribute, c);
+                    }
+    }
+    /* redistribute on 2-D meshes: every legal source, all legal targets per test */
+    {
+        int np;
+        const dt_placement *p = placements_2d(&np);
+        const int m2[][2] = { { 2, 2 }, { 2, 3 }, { 3, 2 } };
+        for (size_t mi = 0; mi < 3; mi++) {
+            dt_layout legal[64];
+            int nl = 0;
+            for (int i = 0; i < np; i++)
+                for (int j = 0; j < np; j++) {
+                    if (p[i].kind == DT_SHARD && p[j].kind == DT_SHARD && p[i].dim == p[j].dim)
+                        continue;
+                    legal[nl++] = dt_layout_2d(p[i], p[j]);
+                }
+            for (int s = 0; s < nl; s++) {
+                rd_case *c = NEW(rd_case);
+                c->ndim_mesh = 2;
+                c->mesh[0] = m2[mi][0];
+                c->mesh[1] = m2[mi][1];
+                c->world = m2[mi][0] * m2[mi][1];
+                c->dtype = (s % 3 == 0) ? DT_BF16 : DT_F32;
+                c->ndim = 3;
+                c->shape[0] = 2 * c->world;
+                c->shape[1] = 2 * c->world;
+                c->shape[2] = 2;
+                c->src = legal[s];
+                c->n_dst = nl;
+                for (int d = 0; d < nl; d++) c->dst[d] = legal[d];
+                h_layout_short(&c->src, a, sizeof a);
+                snprintf(name, sizeof name, "redistribute/mesh=%dx%d,[%s]->all,%s", m2[mi][0],
+                         m2[mi][1], a, dt_dtype_name(c->dtype));
+                add_test(&tb, name, test_redistribute, c);
+            }
+        }
+        /* a 2x2x2 mesh: a handful of 3-D Layouts, all pairs */
+        const dt_layout l3[] = {
+            dt_layout_replicated(3),
+            dt_layout_3d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_shard(1, DT_ORDER_STRIPED), dt_partial()),
+            dt_layout_3d(dt_partial(), dt_shard(0, DT_ORDER_ZIGZAG), dt_shard(1, DT_ORDER_CONTIGUOUS)),
+            dt_layout_3d(dt_shard(1, DT_ORDER_ZIGZAG), dt_partial(), dt_partial()),
+            dt_layout_3d(dt_shard(2, DT_ORDER_STRIPED), dt_shard(1, DT_ORDER_CONTIGUOUS),
+                         dt_shard(0, DT_ORDER_STRIPED)),
+            dt_layout_3d(dt_shard(0, DT_ORDER_STRIPED), dt_shard(2, DT_ORDER_CONTIGUOUS),
+                         dt_shard(1, DT_ORDER_ZIGZAG)),
+        };
+        for (int s = 0; s < 6; s++) {
+            rd_case *c = NEW(rd_case);
+            c->ndim_mesh = 3;
+            c->mesh[0] = c->mesh[1] = c->mesh[2] = 2;
+            c->world = 8;
+            c->dtype = DT_F32;
+            c->ndim = 3;
+            c->shape[0] = 8;
+            c->shape[1] = 4;
+            c->shape[2] = 4;
+            c->src = l3[s];
+            c->n_dst = 6;
+            for (int d = 0; d < 6; d++) c->dst[d] = l3[d];
+            h_layout_short(&c->src, a, sizeof a);
+            snprintf(name, sizeof name, "redistribute/mesh=2x2x2,[%s]->all,fp32", a);
+            add_test(&tb, name, test_redistribute, c);
+        }
+    }
+    for (int dt = 0; dt < 2; dt++)
+        for (int w = 1; w <= MAXW; w++) {
+            rt_case *c = NEW(rt_case);
+            c->world = w;
+            c->dtype = dt ? DT_BF16 : DT_F32;
+            snprintf(name, sizeof name, "round_trip/P=%d,contiguous->striped->zigzag->contiguous,%s",
+                     w, dt_dtype_name(c->dtype));
+            add_test(&tb, name, test_round_trip, c);
+        }
+    {
+        const dt_layout l1[] = { dt_layout_1d(dt_shard(1, DT_ORDER_ZIGZAG)), dt_layout_1d(dt_partial()),
+                                 dt_layout_1d(dt_shard(0, DT_ORDER_STRIPED)) };
+        for (int w = 1; w <= MAXW; w++)
+            for (int i = 0; i < 3; i++) {
+                rep_case *c = NEW(rep_case);
+                c->ndim_mesh = 1;
+                c->mesh[0] = w;
+                c->world = w;
+                c->src = l1[i];
+                c->dtype = (w % 2) ? DT_F32 : DT_BF16;
+                h_layout_short(&c->src, a, sizeof a);
+                snprintf(name, sizeof name, "replicate/P=%d,%s,%s", w, a, dt_dtype_name(c->dtype));
+                add_test(&tb, name, test_replicate, c);
+            }
+        const dt_layout l2[] = {
+            dt_layout_2d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_partial()),
+            dt_layout_2d(dt_partial(), dt_partial()),
+            dt_layout_2d(dt_shard(1, DT_ORDER_STRIPED), dt_shard(0, DT_ORDER_ZIGZAG)),
+        };
+        for (int i = 0; i < 3; i++) {
+            rep_case *c = NEW(rep_case);
+            c->ndim_mesh = 2;
+            c->mesh[0] = 2;
+            c->mesh[1] = 3;
+            c->world = 6;
+            c->src = l2[i];
+            c->dtype = DT_F32;
+            h_layout_short(&c->src, a, sizeof a);
+            snprintf(name, sizeof name, "replicate/mesh=2x3,%s", a);
+            add_test(&tb, name, test_replicate, c);
+        }
+    }
+    {
+        for (int parts = 1; parts <= MAXW; parts++)
+            for (int dt = 0; dt < 2; dt++) {
+                perm_case *c = NEW(perm_case);
+                c->parts = parts;
+                c->S = 3 * parts;
+                c->dtype = dt ? DT_BF16 : DT_F32;
+                snprintf(name, sizeof name, "permute/B=2,S=%lld,H=3,parts=%d,%s", (long long)c->S,
+                         parts, dt_dtype_name(c->dtype));
+                add_test(&tb, name, test_permute, c);
+            }
+    }
+    add_test(&tb, "bad_inputs/P=4", test_bad_inputs, NULL);
+#undef NEW
+
+    int failed = h_run_cases("tensor", tb.tests, tb.n);
+    for (size_t i = 0; i < n_owned; i++) free(owned[i]);
+    free(owned);
+    free(tb.tests);
+    free(tb.names);
+    return failed;
+}
