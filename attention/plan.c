@@ -1,0 +1,154 @@
+/* attention/plan.c — validation and geometry shared by the attention
+ * forward and backward passes (see plan.h). */
+#include "plan.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../dtensor/context.h"
+
+static dt_status attn_error(const attn_plan *p, dt_status st, const char *op, const char *msg) {
+    return dt_error(st, "rank %d: %s: %s", p->ctx ? dt_context_rank(p->ctx) : -1, op, msg);
+}
+
+/* Validate and derive the plan. Touches nothing. */
+dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
+                                const dt_tensor *v, const dt_attention_options *opts,
+                                attn_plan *p) {
+    char msg[512];
+    memset(p, 0, sizeof *p);
+    DT_REQUIRE(q && k && v, "%s: q, k and v must not be NULL (got %p, %p, %p)", op, (const void *)q,
+               (const void *)k, (const void *)v);
+    p->ctx = dt_tensor_context(q);
+    p->mesh = dt_tensor_mesh(q);
+#define FAIL(st, ...)                                 \
+    do {                                              \
+        snprintf(msg, sizeof msg, __VA_ARGS__);       \
+        return attn_error(p, (st), op, msg);          \
+    } while (0)
+    if (dt_tensor_context(k) != p->ctx || dt_tensor_context(v) != p->ctx ||
+        dt_tensor_mesh(k) != p->mesh || dt_tensor_mesh(v) != p->mesh)
+        FAIL(DT_ERR_INVALID_ARGUMENT, "q, k and v must share one context and one mesh");
+    p->dtype = dt_tensor_dtype(q);
+    if (dt_tensor_dtype(k) != p->dtype || dt_tensor_dtype(v) != p->dtype)
+        FAIL(DT_ERR_INVALID_ARGUMENT, "dtypes differ: q %s, k %s, v %s", dt_dtype_name(p->dtype),
+             dt_dtype_name(dt_tensor_dtype(k)), dt_dtype_name(dt_tensor_dtype(v)));
+    if (dt_tensor_ndim(q) != 4 || dt_tensor_ndim(k) != 4 || dt_tensor_ndim(v) != 4)
+        FAIL(DT_ERR_INVALID_ARGUMENT, "q, k and v must be [B, S, H, D] (ndim %d, %d, %d)",
+             dt_tensor_ndim(q), dt_tensor_ndim(k), dt_tensor_ndim(v));
+    const int64_t *qs = dt_tensor_shape(q), *ks = dt_tensor_shape(k), *vs = dt_tensor_shape(v);
+    p->B = qs[0], p->S = qs[1], p->H = qs[2], p->D = qs[3], p->Hkv = ks[2];
+    for (int d = 0; d < 4; d++)
+        if (ks[d] != vs[d])
+            FAIL(DT_ERR_INVALID_ARGUMENT, "k and v shapes differ on dim %d: %lld vs %lld", d,
+                 (long long)ks[d], (long long)vs[d]);
+    if (ks[0] != p->B || ks[1] != p->S || ks[3] != p->D)
+        FAIL(DT_ERR_INVALID_ARGUMENT, "q [%lld, %lld, %lld, %lld] and k [%lld, %lld, %lld, %lld] "
+             "must agree on B, S and D", (long long)qs[0], (long long)qs[1], (long long)qs[2],
+             (long long)qs[3], (long long)ks[0], (long long)ks[1], (long long)ks[2],
+             (long long)ks[3]);
+    if (p->Hkv < 1 || p->H % p->Hkv)
+        FAIL(DT_ERR_INVALID_ARGUMENT, "kv heads %lld do not divide query heads %lld",
+             (long long)p->Hkv, (long long)p->H);
+    if (p->D < 8 || p->D > DT_ATTN_MAX_HEAD_DIM || p->D % 8)
+        FAIL(DT_ERR_NOT_SUPPORTED, "head dim %lld is not supported (multiples of 8 up to %d)",
+             (long long)p->D, DT_ATTN_MAX_HEAD_DIM);
+    if (p->dtype != DT_F32 && p->dtype != DT_BF16)
+        FAIL(DT_ERR_NOT_SUPPORTED, "dtype %s is not supported on the %s backend (fp32, bf16)",
+             dt_dtype_name(p->dtype), dt_backend_kind_name(dt_context_backend(p->ctx)));
+    if (dt_context_backend(p->ctx) != DT_BACKEND_CPU)
+        FAIL(DT_ERR_NOT_SUPPORTED, "no attention kernel for the %s backend in this build",
+             dt_backend_kind_name(dt_context_backend(p->ctx)));
+
+    dt_attention_options def = DT_ATTENTION_OPTIONS_INIT;
+    if (!opts) opts = &def;
+    if ((int)opts->mask < 0 || opts->mask >= DT_ATTN_MASK_COUNT)
+        FAIL(DT_ERR_INVALID_ARGUMENT, "unknown mask %d", (int)opts->mask);
+    if (!(opts->scale >= 0.0f) || isinf(opts->scale))
+        FAIL(DT_ERR_INVALID_ARGUMENT, "scale %g must be finite and >= 0 (0: 1/sqrt(D))",
+             (double)opts->scale);
+    p->mask = opts->mask;
+    p->scale = opts->scale > 0.0f ? opts->scale : 1.0f / sqrtf((float)p->D);
+
+    /* Layouts: one for all three; S over at most one mesh dim; heads only
+     * contiguous and divisible in kv heads; D never; nothing Partial. */
+    p->sp_dim = -1;
+    p->parts = 1;
+    p->order = DT_ORDER_CONTIGUOUS;
+    p->b = p->B, p->c = p->S, p->h = p->H, p->hkv = p->Hkv;
+    if (p->mesh) {
+        const dt_layout *lq = dt_tensor_layout(q);
+        char fq[128], fk[128], fv[128];
+        dt_layout_format(lq, fq, sizeof fq);
+        dt_layout_format(dt_tensor_layout(k), fk, sizeof fk);
+        dt_layout_format(dt_tensor_layout(v), fv, sizeof fv);
+        if (!dt_layout_equal(lq, dt_tensor_layout(k)) || !dt_layout_equal(lq, dt_tensor_layout(v)))
+            FAIL(DT_ERR_INVALID_ARGUMENT, "q, k and v must share one Layout: q %s, k %s, v %s", fq,
+                 fk, fv);
+        p->lse_layout = *lq;
+        for (int m = 0; m < lq->ndim; m++) {
+            dt_placement pl = lq->placements[m];
+            int size = dt_mesh_size(p->mesh, m);
+            if (pl.kind == DT_PARTIAL)
+                FAIL(DT_ERR_INVALID_ARGUMENT, "Layout %s has a Partial mesh dim %d: reduce first",
+                     fq, m);
+            if (pl.kind != DT_SHARD) continue;
+            if (pl.dim == 1) {
+                p->sp_dim = m;
+                p->parts = size;
+                p->rank = dt_mesh_coord(p->mesh, m);
+                p->order = pl.order;
+                p->c = p->S / size;
+                p->lse_layout.placements[m].dim = 2;
+            } else if (pl.dim == 2) {
+                if (pl.order != DT_ORDER_CONTIGUOUS || p->Hkv % size)
+                    FAIL(DT_ERR_NOT_SUPPORTED, "heads sharded %s over %d ranks: need contiguous "
+                         "order and kv heads (%lld) divisible by %d", dt_order_name(pl.order),
+                         size, (long long)p->Hkv, size);
+                p->h = p->H / size;
+                p->hkv = p->Hkv / size;
+                p->lse_layout.placements[m].dim = 1;
+            } else if (pl.dim == 3) {
+                FAIL(DT_ERR_INVALID_ARGUMENT, "Layout %s shards the head dim D", fq);
+            } else {
+                p->b = p->B / size;   /* batch: independent rows */
+            }
+        }
+        if (p->sp_dim >= 0 && p->order == DT_ORDER_ZIGZAG && p->S % (2 * p->parts))
+            FAIL(DT_ERR_INVALID_ARGUMENT, "zigzag needs S (%lld) divisible by 2P (%d)",
+                 (long long)p->S, 2 * p->parts);
+    }
+#undef FAIL
+    p->kv_bytes = (size_t)(p->b * p->c * p->hkv * p->D) * dt_dtype_size(p->dtype);
+    return DT_SUCCESS;
+}
+
+/* All ranks must run the same call: compare everything the plan depends on. */
+dt_status attn_plan_check_agreement(const attn_plan *p, const char *op) {
+    static const char *const names[] = {
+        "dtype", "B", "S", "H", "H_kv", "D", "mask", "scale (bits)", "mesh dims",
+        "placement[0]", "placement[1]", "placement[2]",
+    };
+    int32_t scale_bits;
+    memcpy(&scale_bits, &p->scale, sizeof scale_bits);
+    const dt_layout *l = &p->lse_layout;
+    int64_t v[12] = {p->dtype, p->B, p->S, p->H, p->Hkv, p->D, p->mask, scale_bits, l->ndim,
+                     0, 0, 0};
+    for (int m = 0; m < l->ndim; m++)
+        v[9 + m] = l->placements[m].kind * 10000 + l->placements[m].dim * 100 +
+                   l->placements[m].order;
+    return dt_comm_check_agreement(dt_context_comm(p->ctx), op, v, names, 12);
+}
+
+
+void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment qs[2], int *nq,
+                        dt_attn_segment ks[2], int *nk) {
+    if (p->sp_dim >= 0) {
+        *nq = dt_attn_segments(p->order, p->S, p->parts, p->rank, qs);
+        *nk = dt_attn_segments(p->order, p->S, p->parts, src, ks);
+    } else {
+        qs[0] = ks[0] = (dt_attn_segment){0, 1, p->S};
+        *nq = *nk = 1;
+    }
+}

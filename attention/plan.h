@@ -1,0 +1,44 @@
+/* attention/plan.h — PRIVATE. What an attention call needs, derived from
+ * its arguments without communicating: validated shapes, the sequence mesh
+ * dim and order, local sizes; and the cross-rank agreement check. Shared by
+ * the forward and backward passes. */
+#ifndef DT_ATTN_PLAN_H
+#define DT_ATTN_PLAN_H
+
+#include "attention.h"
+#include "../collectives/comm.h"
+
+typedef struct attn_plan {
+    dt_context *ctx;
+    const dt_mesh *mesh;
+    dt_dtype dtype;
+    int64_t B, S, H, Hkv, D;          /* global */
+    int64_t b, c, h, hkv;             /* local: batch, rows, heads, kv heads */
+    int sp_dim;                       /* mesh dim sharding S; -1 if none */
+    int parts, rank;                  /* its size and this rank's coordinate */
+    dt_order order;
+    dt_attn_mask mask;
+    float scale;
+    dt_layout lse_layout;             /* of the [B, H, S] log-sum-exp */
+    size_t kv_bytes;                  /* one local K (or V) block in its dtype */
+} attn_plan;
+
+/* Validate q, k, v and opts (NULL: defaults) and fill p. Touches nothing. */
+dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
+                         const dt_tensor *v, const dt_attention_options *opts, attn_plan *p);
+
+/* COLLECTIVE over the world: all ranks must make the same call. */
+dt_status attn_plan_check_agreement(const attn_plan *p, const char *op);
+
+/* Segments of this rank's query rows and of rank src's key rows (one or two
+ * each); returns the counts in *nq, *nk. */
+void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment qs[2], int *nq,
+                        dt_attn_segment ks[2], int *nk);
+
+/* Rows of the local [b, h, c] per-row arrays (m, l, lse). */
+static inline size_t attn_plan_rows(const attn_plan *p) { return (size_t)(p->b * p->h * p->c); }
+
+/* Round a workspace part up to 64 bytes. */
+static inline size_t attn_align(size_t n) { return (n + 63) & ~(size_t)63; }
+
+#endif /* DT_ATTN_PLAN_H */
