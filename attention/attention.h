@@ -61,6 +61,22 @@ dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, co
 dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                const dt_attention_options *opts, dt_tensor **o, dt_tensor **lse);
 
+/* Bytes of workspace a backward call on these inputs needs (not collective). */
+dt_status dt_attention_backward_workspace_size(const dt_tensor *q, const dt_tensor *k,
+                                               const dt_tensor *v,
+                                               const dt_attention_options *opts, size_t *bytes);
+
+/* COLLECTIVE over the mesh of q. The gradients of dt_attention_forward:
+ * from its inputs q, k, v, its outputs o and lse, and dout (the gradient of
+ * o: q's shape, dtype and Layout), returns new tensors owned by the caller:
+ * *dq with q's Layout, *dk and *dv with k's. opts must be the forward's.
+ * dQ stays home; dK and dV accumulate in fp32 and travel the ring with K and
+ * V, arriving home after P steps; they are rounded to the dtype once. */
+dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
+                                const dt_tensor *o, const dt_tensor *lse, const dt_tensor *dout,
+                                const dt_attention_options *opts, dt_tensor **dq, dt_tensor **dk,
+                                dt_tensor **dv);
+
 #ifdef __cplusplus
 }
 #endif

@@ -48,4 +48,36 @@ dt_status dt_attn_block_cpu(const dt_attn_block_args *a, void *scratch);
 void dt_attn_finalize_cpu(dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
                           const float *acc, const float *m, const float *l, void *o, float *lse);
 
+/* Backward of one block, from the forward's log-sum-exp (FlashAttention-2):
+ *   P  = exp(scale q.k - lse)        (0 where masked, and on rows with lse = -inf)
+ *   dV += P^T dO      dP = dO V^T      dS = P (dP - delta)
+ *   dQ += scale dS K  dK += scale dS^T Q
+ * with delta = rowsum(dO * O). dout has q's layout and dtype; lse and delta
+ * are [b][h][x] fp32 with the ml strides; dq has acc's layout; dk and dv are
+ * fp32 with k's layout (kv_batch_stride). GQA: dk, dv of kv head g sum over
+ * the query heads of its group. */
+typedef struct dt_attn_block_bwd_args {
+    dt_dtype dtype;
+    int64_t batch, heads, kv_heads, dim;
+    const void *q, *dout;
+    int64_t q_batch_stride;
+    const void *k, *v;
+    int64_t kv_batch_stride;
+    dt_attn_segment qseg, kseg;
+    dt_attn_mask mask;
+    float scale;
+    const float *lse, *delta;
+    int64_t ml_batch_stride, ml_head_stride;
+    float *dq;
+    int64_t dq_batch_stride;
+    float *dk, *dv;
+} dt_attn_block_bwd_args;
+
+size_t dt_attn_block_bwd_cpu_scratch(int64_t dim);
+dt_status dt_attn_block_bwd_cpu(const dt_attn_block_bwd_args *a, void *scratch);
+
+/* delta[b][h][x] = sum_d dout * o over the rows x < rows (fp32). */
+void dt_attn_delta_cpu(dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
+                       const void *o, const void *dout, float *delta);
+
 #endif /* DT_ATTN_BLOCK_H */

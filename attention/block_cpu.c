@@ -122,3 +122,112 @@ void dt_attn_finalize_cpu(dt_dtype dtype, int64_t batch, int64_t rows, int64_t h
                 }
             }
 }
+
+/* ------------------------------------------------------------- backward */
+
+size_t dt_attn_block_bwd_cpu_scratch(int64_t dim) {
+    /* q, dO tiles [TQ, D]; k, v tiles [TK, D]; P and dS [TQ, TK]; dK, dV tiles [TK, D] */
+    return (size_t)(2 * TQ * dim + 4 * TK * dim + 2 * TQ * TK) * sizeof(float);
+}
+
+void dt_attn_delta_cpu(dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
+                       const void *o, const void *dout, float *delta) {
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t x = 0; x < rows; x++)
+            for (int64_t h = 0; h < heads; h++) {
+                const int64_t base = ((b * rows + x) * heads + h) * dim;
+                float sum = 0.0f;
+                for (int64_t d = 0; d < dim; d++) {
+                    float ov, gv;
+                    if (dtype == DT_F32) {
+                        ov = ((const float *)o)[base + d];
+                        gv = ((const float *)dout)[base + d];
+                    } else {
+                        ov = dt_bf16_to_f32(((const dt_bf16 *)o)[base + d]);
+                        gv = dt_bf16_to_f32(((const dt_bf16 *)dout)[base + d]);
+                    }
+                    sum += ov * gv;
+                }
+                delta[(b * heads + h) * rows + x] = sum;
+            }
+}
+
+/* dst rows (stride row_stride) += src [n, dim] */
+static void add_rows(float *dst, int64_t row_stride, const float *src, int64_t n, int64_t dim) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t d = 0; d < dim; d++) dst[i * row_stride + d] += src[i * dim + d];
+}
+
+dt_status dt_attn_block_bwd_cpu(const dt_attn_block_bwd_args *a, void *scratch) {
+    const int64_t H = a->heads, G = a->kv_heads, D = a->dim, group = H / G;
+    const int64_t nq = a->qseg.len, nk = a->kseg.len;
+    const size_t es = dt_dtype_size(a->dtype);
+    float *qt = scratch, *dot = qt + TQ * D, *kt = dot + TQ * D, *vt = kt + TK * D;
+    float *dkt = vt + TK * D, *dvt = dkt + TK * D, *p = dvt + TK * D, *ds = p + TQ * TK;
+
+    for (int64_t b = 0; b < a->batch; b++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t g = h / group;
+            const size_t qoff = (size_t)(b * a->q_batch_stride + h * D) * es;
+            const size_t koff = (size_t)(b * a->kv_batch_stride + g * D) * es;
+            const char *qb = (const char *)a->q + qoff, *gb = (const char *)a->dout + qoff;
+            const char *kb = (const char *)a->k + koff, *vb = (const char *)a->v + koff;
+            const float *lse = a->lse + b * a->ml_batch_stride + h * a->ml_head_stride;
+            const float *delta = a->delta + b * a->ml_batch_stride + h * a->ml_head_stride;
+            float *dq = a->dq + b * a->dq_batch_stride + h * D;
+            float *dk = a->dk + b * a->kv_batch_stride + g * D;
+            float *dv = a->dv + b * a->kv_batch_stride + g * D;
+            /* Key tiles outer: dK and dV of a tile accumulate over all query tiles. */
+            for (int64_t y0 = 0; y0 < nk; y0 += TK) {
+                const int64_t tk = nk - y0 < TK ? nk - y0 : TK;
+                int packed_k = 0;
+                for (int64_t x0 = 0; x0 < nq; x0 += TQ) {
+                    const int64_t tq = nq - x0 < TQ ? nq - x0 : TQ;
+                    dt_attn_tile cls = dt_attn_tile_class(a->mask, a->qseg, x0, x0 + tq, a->kseg,
+                                                          y0, y0 + tk);
+                    if (cls == DT_TILE_EMPTY) continue;
+                    if (!packed_k) {
+                        pack_rows(kt, kb, a->dtype, G * D, y0, tk, D);
+                        pack_rows(vt, vb, a->dtype, G * D, y0, tk, D);
+                        memset(dkt, 0, (size_t)(2 * TK * D) * sizeof(float));
+                        packed_k = 1;
+                    }
+                    pack_rows(qt, qb, a->dtype, H * D, x0, tq, D);
+                    pack_rows(dot, gb, a->dtype, H * D, x0, tq, D);
+                    /* P = exp(scale Q K^T - lse), masked */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tq, (int)tk, (int)D,
+                                a->scale, qt, (int)D, kt, (int)D, 0.0f, p, (int)tk);
+                    for (int64_t i = 0; i < tq; i++) {
+                        float *row = p + i * tk;
+                        const float li = lse[x0 + i];
+                        const int64_t pq = dt_attn_pos(a->qseg, x0 + i);
+                        for (int64_t j = 0; j < tk; j++) {
+                            int masked = cls == DT_TILE_PARTIAL && pq < dt_attn_pos(a->kseg, y0 + j);
+                            row[j] = masked || li == -INFINITY ? 0.0f : expf(row[j] - li);
+                        }
+                    }
+                    /* dP = dO V^T, then dS = P (dP - delta) */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tq, (int)tk, (int)D,
+                                1.0f, dot, (int)D, vt, (int)D, 0.0f, ds, (int)tk);
+                    for (int64_t i = 0; i < tq; i++) {
+                        const float di = delta[x0 + i];
+                        for (int64_t j = 0; j < tk; j++)
+                            ds[i * tk + j] = p[i * tk + j] * (ds[i * tk + j] - di);
+                    }
+                    /* dV += P^T dO ; dK += scale dS^T Q ; dQ += scale dS K */
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)tk, (int)D, (int)tq,
+                                1.0f, p, (int)tk, dot, (int)D, 1.0f, dvt, (int)D);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)tk, (int)D, (int)tq,
+                                a->scale, ds, (int)tk, qt, (int)D, 1.0f, dkt, (int)D);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)tq, (int)D, (int)tk,
+                                a->scale, ds, (int)tk, kt, (int)D, 1.0f, dq + x0 * H * D,
+                                (int)(H * D));
+                }
+                if (packed_k) {
+                    add_rows(dk + y0 * G * D, G * D, dkt, tk, D);
+                    add_rows(dv + y0 * G * D, G * D, dvt, tk, D);
+                }
+            }
+        }
+    return DT_SUCCESS;
+}

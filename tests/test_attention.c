@@ -20,57 +20,10 @@
 #include "attention/attention.h"
 #include "attention/block.h"
 #include "dtensor/dtensor.h"
+#include "attn_ref.h"
 #include "harness.h"
 
 #define MAXP 8
-
-/* ------------------------------------------------------------ reference */
-
-typedef struct attn_shape {
-    int64_t B, S, H, Hkv, D;
-} attn_shape;
-
-/* Full inputs as the dtype stores them, widened to double. */
-static double *full_input(uint64_t seed, int64_t n, dt_dtype dt) {
-    double *x = malloc((size_t)n * sizeof *x);
-    for (int64_t i = 0; i < n; i++) {
-        float f = dt_random_value(seed, (uint64_t)i);
-        x[i] = dt == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(f)) : f;
-    }
-    return x;
-}
-
-/* o [B, S, H, D] and lse [B, H, S] in double. */
-static void reference(const attn_shape *s, const double *q, const double *k, const double *v,
-                      int causal, double scale, double *o, double *lse) {
-    int64_t group = s->H / s->Hkv;
-    double *w = malloc((size_t)s->S * sizeof *w);
-    for (int64_t b = 0; b < s->B; b++)
-        for (int64_t h = 0; h < s->H; h++)
-            for (int64_t i = 0; i < s->S; i++) {
-                int64_t g = h / group, n = causal ? i + 1 : s->S;
-                const double *qi = q + ((b * s->S + i) * s->H + h) * s->D;
-                double mx = -INFINITY;
-                for (int64_t j = 0; j < n; j++) {
-                    const double *kj = k + ((b * s->S + j) * s->Hkv + g) * s->D;
-                    double dot = 0;
-                    for (int64_t d = 0; d < s->D; d++) dot += qi[d] * kj[d];
-                    w[j] = scale * dot;
-                    if (w[j] > mx) mx = w[j];
-                }
-                double sum = 0;
-                for (int64_t j = 0; j < n; j++) sum += (w[j] = exp(w[j] - mx));
-                double *oi = o + ((b * s->S + i) * s->H + h) * s->D;
-                for (int64_t d = 0; d < s->D; d++) {
-                    double acc = 0;
-                    for (int64_t j = 0; j < n; j++)
-                        acc += w[j] * v[((b * s->S + j) * s->Hkv + g) * s->D + d];
-                    oi[d] = acc / sum;
-                }
-                lse[(b * s->H + h) * s->S + i] = mx + log(sum);
-            }
-    free(w);
-}
 
 /* ------------------------------------------------------- forward cases */
 
@@ -117,31 +70,14 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     /* Expected rows of this rank: heads [t*h, t*h+h), sequence indices of its shard. */
     int t = dt_mesh_coord(mesh, 0), j = dt_mesh_coord(mesh, 1);
     int64_t c_rows = s->S / c->P, h = s->H / c->tp;
-    int64_t *idx = malloc((size_t)c_rows * sizeof *idx);
-    h_order_indices(c->order, s->S, c->P, j, idx);
     size_t n = (size_t)(s->B * c_rows * h * s->D), nl = (size_t)(s->B * h * c_rows);
     got = malloc(n * sizeof *got);
     got_lse = malloc(nl * sizeof *got_lse);
     ref = malloc(n * sizeof *ref);
     ref_lse = malloc(nl * sizeof *ref_lse);
-    for (int64_t b = 0; b < s->B; b++)
-        for (int64_t x = 0; x < c_rows; x++)
-            for (int64_t hh = 0; hh < h; hh++) {
-                for (int64_t d = 0; d < s->D; d++)
-                    ref[((b * c_rows + x) * h + hh) * s->D + d] =
-                        c->o_ref[((b * s->S + idx[x]) * s->H + t * h + hh) * s->D + d];
-                ref_lse[(b * h + hh) * c_rows + x] = c->lse_ref[(b * s->H + t * h + hh) * s->S + idx[x]];
-            }
-    free(idx);
-    if (c->dtype == DT_F32) {
-        DT_TRY_GOTO(st, dt_tensor_get_local(o, got, n * sizeof *got), out);
-    } else {
-        dt_bf16 *tmp = malloc(n * sizeof *tmp);
-        st = dt_tensor_get_local(o, tmp, n * sizeof *tmp);
-        for (size_t i = 0; i < n; i++) got[i] = dt_bf16_to_f32(tmp[i]);
-        free(tmp);
-        if (st != DT_SUCCESS) goto out;
-    }
+    ref_local_rows(c->o_ref, s->B, s->S, s->H, s->D, c->order, c->P, j, t, h, ref);
+    ref_local_lse(c->lse_ref, s->B, s->S, s->H, c->order, c->P, j, t, h, ref_lse);
+    DT_TRY_GOTO(st, ref_get_f32(o, got), out);
     DT_TRY_GOTO(st, dt_tensor_get_local(lse, got_lse, nl * sizeof *got_lse), out);
     double tol = c->dtype == DT_F32 ? 1e-5 : 2e-2;
     c->bad[r] = h_compare(c->name, got, ref, n, tol, tol, &c->max_err[r]);
@@ -166,12 +102,12 @@ static void run_forward_case(void **state) {
     fwd_case *c = *state;
     const attn_shape *s = &c->s;
     int64_t nq = s->B * s->S * s->H * s->D, nk = s->B * s->S * s->Hkv * s->D;
-    c->q = full_input(c->seed, nq, c->dtype);
-    c->k = full_input(c->seed + 1, nk, c->dtype);
-    c->v = full_input(c->seed + 2, nk, c->dtype);
+    c->q = ref_input(c->seed, nq, c->dtype);
+    c->k = ref_input(c->seed + 1, nk, c->dtype);
+    c->v = ref_input(c->seed + 2, nk, c->dtype);
     c->o_ref = malloc((size_t)nq * sizeof(double));
     c->lse_ref = malloc((size_t)(s->B * s->H * s->S) * sizeof(double));
-    reference(s, c->q, c->k, c->v, c->mask == DT_ATTN_CAUSAL, 1.0 / sqrt((double)s->D), c->o_ref,
+    ref_attention_forward(s, c->q, c->k, c->v, c->mask == DT_ATTN_CAUSAL, 1.0 / sqrt((double)s->D), c->o_ref,
               c->lse_ref);
     dt_status st = h_launch(c->P * c->tp, rank_forward, c);
     free(c->q);
@@ -298,7 +234,7 @@ static void test_huge_logits(void **state) {
     assert_int_equal(dt_attn_block_cpu(&a, scratch), DT_SUCCESS);
     dt_attn_finalize_cpu(DT_F32, 1, S, 1, D, acc, m, l, o, lse);
     attn_shape s = {1, S, 1, 1, D};
-    reference(&s, qd, kd, vd, 1, 1.0, o_ref, lse_ref);
+    ref_attention_forward(&s, qd, kd, vd, 1, 1.0, o_ref, lse_ref);
     double big = 0;
     for (int i = 0; i < S; i++) big = fmax(big, fabs(lse_ref[i]));
     assert_true(big >= 1e4);

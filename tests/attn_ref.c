@@ -1,0 +1,130 @@
+/* tests/attn_ref.c — see attn_ref.h. O(B H S^2 D) in double; for tests. */
+#include "attn_ref.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtensor/tensor.h"
+#include "harness.h"
+
+double *ref_input(uint64_t seed, int64_t n, dt_dtype dtype) {
+    double *x = malloc((size_t)n * sizeof *x);
+    for (int64_t i = 0; i < n; i++) {
+        float f = dt_random_value(seed, (uint64_t)i);
+        x[i] = dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(f)) : f;
+    }
+    return x;
+}
+
+/* Probabilities p[j] of query row i of head h (n keys allowed); returns lse. */
+static double row_probs(const attn_shape *s, const double *q, const double *k, int64_t b,
+                        int64_t h, int64_t i, int64_t n, double scale, double *p) {
+    int64_t g = h / (s->H / s->Hkv);
+    const double *qi = q + ((b * s->S + i) * s->H + h) * s->D;
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        const double *kj = k + ((b * s->S + j) * s->Hkv + g) * s->D;
+        double dot = 0;
+        for (int64_t d = 0; d < s->D; d++) dot += qi[d] * kj[d];
+        p[j] = scale * dot;
+        if (p[j] > mx) mx = p[j];
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < n; j++) sum += (p[j] = exp(p[j] - mx));
+    for (int64_t j = 0; j < n; j++) p[j] /= sum;
+    return mx + log(sum);
+}
+
+void ref_attention_forward(const attn_shape *s, const double *q, const double *k,
+                           const double *v, int causal, double scale, double *o, double *lse) {
+    double *p = malloc((size_t)s->S * sizeof *p);
+    for (int64_t b = 0; b < s->B; b++)
+        for (int64_t h = 0; h < s->H; h++)
+            for (int64_t i = 0; i < s->S; i++) {
+                int64_t g = h / (s->H / s->Hkv), n = causal ? i + 1 : s->S;
+                lse[(b * s->H + h) * s->S + i] = row_probs(s, q, k, b, h, i, n, scale, p);
+                double *oi = o + ((b * s->S + i) * s->H + h) * s->D;
+                for (int64_t d = 0; d < s->D; d++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < n; j++)
+                        acc += p[j] * v[((b * s->S + j) * s->Hkv + g) * s->D + d];
+                    oi[d] = acc;
+                }
+            }
+    free(p);
+}
+
+void ref_attention_backward(const attn_shape *s, const double *q, const double *k,
+                            const double *v, const double *dout, int causal, double scale,
+                            double *dq, double *dk, double *dv) {
+    int64_t D = s->D;
+    memset(dq, 0, (size_t)(s->B * s->S * s->H * D) * sizeof *dq);
+    memset(dk, 0, (size_t)(s->B * s->S * s->Hkv * D) * sizeof *dk);
+    memset(dv, 0, (size_t)(s->B * s->S * s->Hkv * D) * sizeof *dv);
+    double *p = malloc((size_t)s->S * sizeof *p), *o = malloc((size_t)D * sizeof *o);
+    for (int64_t b = 0; b < s->B; b++)
+        for (int64_t h = 0; h < s->H; h++)
+            for (int64_t i = 0; i < s->S; i++) {
+                int64_t g = h / (s->H / s->Hkv), n = causal ? i + 1 : s->S;
+                row_probs(s, q, k, b, h, i, n, scale, p);
+                const double *doi = dout + ((b * s->S + i) * s->H + h) * D;
+                const double *qi = q + ((b * s->S + i) * s->H + h) * D;
+                double *dqi = dq + ((b * s->S + i) * s->H + h) * D;
+                memset(o, 0, (size_t)D * sizeof *o);
+                for (int64_t j = 0; j < n; j++)
+                    for (int64_t d = 0; d < D; d++) o[d] += p[j] * v[((b * s->S + j) * s->Hkv + g) * D + d];
+                double delta = 0;
+                for (int64_t d = 0; d < D; d++) delta += doi[d] * o[d];
+                for (int64_t j = 0; j < n; j++) {
+                    const double *vj = v + ((b * s->S + j) * s->Hkv + g) * D;
+                    const double *kj = k + ((b * s->S + j) * s->Hkv + g) * D;
+                    double *dkj = dk + ((b * s->S + j) * s->Hkv + g) * D;
+                    double *dvj = dv + ((b * s->S + j) * s->Hkv + g) * D;
+                    double dp = 0;
+                    for (int64_t d = 0; d < D; d++) dp += doi[d] * vj[d];
+                    double ds = p[j] * (dp - delta);
+                    for (int64_t d = 0; d < D; d++) {
+                        dvj[d] += p[j] * doi[d];
+                        dqi[d] += scale * ds * kj[d];
+                        dkj[d] += scale * ds * qi[d];
+                    }
+                }
+            }
+    free(p);
+    free(o);
+}
+
+void ref_local_rows(const double *full, int64_t B, int64_t S, int64_t heads, int64_t D,
+                    dt_order order, int P, int j, int t, int64_t heads_local, double *out) {
+    int64_t c = S / P, *idx = malloc((size_t)c * sizeof *idx);
+    h_order_indices(order, S, P, j, idx);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t x = 0; x < c; x++)
+            for (int64_t h = 0; h < heads_local; h++)
+                memcpy(out + ((b * c + x) * heads_local + h) * D,
+                       full + ((b * S + idx[x]) * heads + t * heads_local + h) * D,
+                       (size_t)D * sizeof *out);
+    free(idx);
+}
+
+void ref_local_lse(const double *full, int64_t B, int64_t S, int64_t heads, dt_order order,
+                   int P, int j, int t, int64_t heads_local, double *out) {
+    int64_t c = S / P, *idx = malloc((size_t)c * sizeof *idx);
+    h_order_indices(order, S, P, j, idx);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < heads_local; h++)
+            for (int64_t x = 0; x < c; x++)
+                out[(b * heads_local + h) * c + x] = full[(b * heads + t * heads_local + h) * S + idx[x]];
+    free(idx);
+}
+
+dt_status ref_get_f32(const dt_tensor *t, float *out) {
+    size_t n = (size_t)dt_tensor_local_numel(t);
+    if (dt_tensor_dtype(t) == DT_F32) return dt_tensor_get_local(t, out, n * sizeof *out);
+    dt_bf16 *tmp = malloc(n * sizeof *tmp + 1);
+    dt_status st = dt_tensor_get_local(t, tmp, n * sizeof *tmp);
+    for (size_t i = 0; st == DT_SUCCESS && i < n; i++) out[i] = dt_bf16_to_f32(tmp[i]);
+    free(tmp);
+    return st;
+}

@@ -1,0 +1,312 @@
+/* tests/test_attention_backward.c — the attention backward pass (Ring,
+ * Striped, Zigzag) against double-precision reference gradients on the
+ * gathered sequence (attn_ref.c), a finite-difference check of the CPU
+ * kernel through the public API, and the error across world sizes on the
+ * same data. Rank threads record; the main thread asserts. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/attention.h"
+#include "attn_ref.h"
+#include "dtensor/dtensor.h"
+#include "harness.h"
+
+#define MAXR 8
+
+typedef struct bwd_case {
+    char name[128];
+    attn_shape s;
+    int P, tp;
+    dt_order order;
+    dt_attn_mask mask;
+    dt_dtype dtype;
+    uint64_t seed;
+    double *dq_ref, *dk_ref, *dv_ref;
+    dt_status st[MAXR];
+    long bad[MAXR];
+    double max_err[MAXR];
+    char msg[MAXR][256];
+} bwd_case;
+
+static double tolerance(dt_dtype dt) { return dt == DT_F32 ? 1e-4 : 3e-2; }
+
+/* Compare one local gradient with its reference rows. */
+static long check_grad(const bwd_case *c, const char *what, const dt_tensor *g, const double *full,
+                       int64_t heads, int j, int t, double *max_err) {
+    const attn_shape *s = &c->s;
+    int64_t hl = heads / c->tp;
+    size_t n = (size_t)(s->B * (s->S / c->P) * hl * s->D);
+    float *got = malloc(n * sizeof *got);
+    double *ref = malloc(n * sizeof *ref), err = 0;
+    long bad = 1;
+    if (ref_get_f32(g, got) == DT_SUCCESS) {
+        ref_local_rows(full, s->B, s->S, heads, s->D, c->order, c->P, j, t, hl, ref);
+        char label[192];
+        snprintf(label, sizeof label, "%s %s", c->name, what);
+        bad = h_compare(label, got, ref, n, tolerance(c->dtype), tolerance(c->dtype), &err);
+    }
+    if (err > *max_err) *max_err = err;
+    free(got);
+    free(ref);
+    return bad;
+}
+
+static dt_status rank_backward(dt_context *ctx, void *arg) {
+    bwd_case *c = arg;
+    int r = dt_context_rank(ctx);
+    const attn_shape *s = &c->s;
+    dt_mesh *mesh = NULL;
+    dt_tensor *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL, *dout = NULL;
+    dt_tensor *dq = NULL, *dk = NULL, *dv = NULL;
+    dt_status st;
+    int sizes[2] = {c->tp, c->P};
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, sizes, NULL, &mesh), out);
+    dt_layout lay = dt_layout_2d(c->tp > 1 ? dt_shard(2, DT_ORDER_CONTIGUOUS) : dt_replicate(),
+                                 dt_shard(1, c->order));
+    int64_t qs[4] = {s->B, s->S, s->H, s->D}, ks[4] = {s->B, s->S, s->Hkv, s->D};
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, qs, &lay, &q), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, ks, &lay, &k), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, ks, &lay, &v), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, qs, &lay, &dout), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(q, c->seed), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(k, c->seed + 1), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(v, c->seed + 2), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(dout, c->seed + 3), out);
+    dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
+    opts.mask = c->mask;
+    DT_TRY_GOTO(st, dt_attention_forward(q, k, v, &opts, &o, &lse), out);
+    DT_TRY_GOTO(st, dt_attention_backward(q, k, v, o, lse, dout, &opts, &dq, &dk, &dv), out);
+    int t = dt_mesh_coord(mesh, 0), j = dt_mesh_coord(mesh, 1);
+    c->bad[r] = check_grad(c, "dq", dq, c->dq_ref, s->H, j, t, &c->max_err[r]) +
+                check_grad(c, "dk", dk, c->dk_ref, s->Hkv, j, t, &c->max_err[r]) +
+                check_grad(c, "dv", dv, c->dv_ref, s->Hkv, j, t, &c->max_err[r]);
+out:
+    c->st[r] = st;
+    if (st != DT_SUCCESS) snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
+    dt_tensor *all[] = {q, k, v, o, lse, dout, dq, dk, dv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_destroy(all[i]);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+/* Runs one case; returns the largest error over ranks (for the P sweep). */
+static double run_case(bwd_case *c) {
+    const attn_shape *s = &c->s;
+    int64_t nq = s->B * s->S * s->H * s->D, nk = s->B * s->S * s->Hkv * s->D;
+    double *q = ref_input(c->seed, nq, c->dtype), *k = ref_input(c->seed + 1, nk, c->dtype);
+    double *v = ref_input(c->seed + 2, nk, c->dtype), *g = ref_input(c->seed + 3, nq, c->dtype);
+    c->dq_ref = malloc((size_t)nq * sizeof(double));
+    c->dk_ref = malloc((size_t)nk * sizeof(double));
+    c->dv_ref = malloc((size_t)nk * sizeof(double));
+    ref_attention_backward(s, q, k, v, g, c->mask == DT_ATTN_CAUSAL, 1.0 / sqrt((double)s->D),
+                           c->dq_ref, c->dk_ref, c->dv_ref);
+    dt_status st = h_launch(c->P * c->tp, rank_backward, c);
+    free(q), free(k), free(v), free(g);
+    free(c->dq_ref), free(c->dk_ref), free(c->dv_ref);
+    if (st != DT_SUCCESS) print_error("%s: %s\n", c->name, dt_last_error());
+    assert_int_equal(st, DT_SUCCESS);
+    double worst = 0;
+    for (int r = 0; r < c->P * c->tp; r++) {
+        assert_int_equal(c->st[r], DT_SUCCESS);
+        assert_int_equal(c->bad[r], 0);
+        worst = fmax(worst, c->max_err[r]);
+    }
+    return worst;
+}
+
+static void run_backward_case(void **state) { run_case(*state); }
+
+/* The same data at P = 1, 2, 4, 8: the error must not grow with P. */
+static void test_error_does_not_grow_with_world_size(void **state) {
+    (void)state;
+    for (int o = 0; o < DT_ORDER_COUNT; o++) {
+        double err[4];
+        for (int i = 0; i < 4; i++) {
+            bwd_case c = {.s = {1, 128, 4, 2, 32}, .P = 1 << i, .tp = 1, .order = (dt_order)o,
+                          .mask = DT_ATTN_CAUSAL, .dtype = DT_F32, .seed = 77};
+            snprintf(c.name, sizeof c.name, "backward/%s/P=%d", dt_order_name(c.order), c.P);
+            err[i] = run_case(&c);
+        }
+        print_message("backward/%s: max |error| at P=1,2,4,8: %.3g %.3g %.3g %.3g\n",
+                      dt_order_name((dt_order)o), err[0], err[1], err[2], err[3]);
+        for (int i = 1; i < 4; i++) assert_true(err[i] <= 2.0 * err[0] + 1e-7);
+    }
+}
+
+/* ----------------------------------------------------- finite differences */
+
+typedef struct fd_case {
+    attn_shape s;
+    int causal;
+    dt_status st;
+    long bad;
+    double worst;
+} fd_case;
+
+/* L = sum(o * w) with a fixed random w; returns L for the given inputs. */
+static dt_status loss(dt_context *ctx, const attn_shape *s, const float *q, const float *k,
+                      const float *v, const float *w, const dt_attention_options *opts, double *out,
+                      dt_tensor **keep_q, dt_tensor **keep_k, dt_tensor **keep_v, dt_tensor **keep_o,
+                      dt_tensor **keep_lse) {
+    int64_t qs[4] = {s->B, s->S, s->H, s->D}, ks[4] = {s->B, s->S, s->Hkv, s->D};
+    dt_tensor *tq = NULL, *tk = NULL, *tv = NULL, *o = NULL, *lse = NULL;
+    size_t nq = (size_t)(s->B * s->S * s->H * s->D), nk = (size_t)(s->B * s->S * s->Hkv * s->D);
+    dt_status st;
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, DT_F32, 4, qs, NULL, &tq), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, DT_F32, 4, ks, NULL, &tk), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, DT_F32, 4, ks, NULL, &tv), out);
+    DT_TRY_GOTO(st, dt_tensor_set_local(tq, q, nq * sizeof *q), out);
+    DT_TRY_GOTO(st, dt_tensor_set_local(tk, k, nk * sizeof *k), out);
+    DT_TRY_GOTO(st, dt_tensor_set_local(tv, v, nk * sizeof *v), out);
+    DT_TRY_GOTO(st, dt_attention_forward(tq, tk, tv, opts, &o, &lse), out);
+    const float *od = dt_tensor_data_const(o);
+    double l = 0;
+    for (size_t i = 0; i < nq; i++) l += (double)od[i] * w[i];
+    *out = l;
+out:
+    if (keep_q && st == DT_SUCCESS) {
+        *keep_q = tq, *keep_k = tk, *keep_v = tv, *keep_o = o, *keep_lse = lse;
+    } else {
+        dt_tensor_destroy(tq), dt_tensor_destroy(tk), dt_tensor_destroy(tv);
+        dt_tensor_destroy(o), dt_tensor_destroy(lse);
+    }
+    return st;
+}
+
+static dt_status rank_finite_differences(dt_context *ctx, void *arg) {
+    fd_case *c = arg;
+    const attn_shape *s = &c->s;
+    size_t nq = (size_t)(s->B * s->S * s->H * s->D), nk = (size_t)(s->B * s->S * s->Hkv * s->D);
+    float *x[3], *w = malloc(nq * sizeof *w);
+    size_t n[3] = {nq, nk, nk};
+    for (int a = 0; a < 3; a++) {
+        x[a] = malloc(n[a] * sizeof(float));
+        for (size_t i = 0; i < n[a]; i++) x[a][i] = dt_random_value(40 + (uint64_t)a, i);
+    }
+    for (size_t i = 0; i < nq; i++) w[i] = dt_random_value(50, i);
+    dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
+    opts.mask = c->causal ? DT_ATTN_CAUSAL : DT_ATTN_FULL;
+    dt_tensor *tq = NULL, *tk = NULL, *tv = NULL, *o = NULL, *lse = NULL, *dout = NULL;
+    dt_tensor *g[3] = {NULL, NULL, NULL};
+    double l0;
+    int64_t qs[4] = {s->B, s->S, s->H, s->D};
+    dt_status st = loss(ctx, s, x[0], x[1], x[2], w, &opts, &l0, &tq, &tk, &tv, &o, &lse);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, NULL, DT_F32, 4, qs, NULL, &dout);
+    if (st == DT_SUCCESS) st = dt_tensor_set_local(dout, w, nq * sizeof *w);
+    if (st == DT_SUCCESS) st = dt_attention_backward(tq, tk, tv, o, lse, dout, &opts, &g[0], &g[1], &g[2]);
+    /* Central differences in fp32 with h = 1e-2: truncation O(h^2), rounding
+     * about 1e-7 / h; the bound below is far above both and far below the
+     * gradients' size (about 0.1 to 1). */
+    const float h = 1e-2f;
+    for (int a = 0; st == DT_SUCCESS && a < 3; a++) {
+        const float *grad = dt_tensor_data_const(g[a]);
+        for (size_t i = 0; st == DT_SUCCESS && i < n[a]; i++) {
+            float keep = x[a][i];
+            double lp, lm;
+            x[a][i] = keep + h;
+            st = loss(ctx, s, x[0], x[1], x[2], w, &opts, &lp, NULL, NULL, NULL, NULL, NULL);
+            x[a][i] = keep - h;
+            if (st == DT_SUCCESS) st = loss(ctx, s, x[0], x[1], x[2], w, &opts, &lm, NULL, NULL, NULL, NULL, NULL);
+            x[a][i] = keep;
+            double fd = (lp - lm) / (2.0 * h), err = fabs(fd - grad[i]);
+            c->worst = fmax(c->worst, err);
+            if (err > 2e-3 + 2e-3 * fabs(fd)) c->bad++;
+        }
+    }
+    c->st = st;
+    for (int a = 0; a < 3; a++) free(x[a]), dt_tensor_destroy(g[a]);
+    free(w);
+    dt_tensor *all[] = {tq, tk, tv, o, lse, dout};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_destroy(all[i]);
+    return st;
+}
+
+static void test_finite_differences(void **state) {
+    (void)state;
+    for (int causal = 0; causal < 2; causal++) {
+        fd_case c = {.s = {1, 5, 2, 1, 8}, .causal = causal};
+        assert_int_equal(h_launch(1, rank_finite_differences, &c), DT_SUCCESS);
+        assert_int_equal(c.st, DT_SUCCESS);
+        print_message("finite differences (%s): max |fd - grad| = %.3g\n", causal ? "causal" : "full", c.worst);
+        assert_int_equal(c.bad, 0);
+    }
+}
+
+/* ------------------------------------------------------------ bad input */
+
+static dt_status rank_bad(dt_context *ctx, void *arg) {
+    long *bad = arg;
+    int64_t qs[4] = {1, 16, 2, 8};
+    dt_tensor *q = NULL, *o = NULL, *lse = NULL, *dq = (dt_tensor *)1, *dk = NULL, *dv = NULL;
+    dt_tensor *wrong = NULL;
+    int64_t ws[4] = {1, 16, 2, 16};
+    dt_status st = dt_tensor_create(ctx, NULL, DT_F32, 4, qs, NULL, &q);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, NULL, DT_F32, 4, ws, NULL, &wrong);
+    if (st == DT_SUCCESS) st = dt_attention_forward(q, q, q, NULL, &o, &lse);
+    if (st != DT_SUCCESS) return st;
+    *bad += dt_attention_backward(q, q, q, o, lse, NULL, NULL, &dq, &dk, &dv) != DT_ERR_INVALID_ARGUMENT;
+    *bad += dq != NULL;
+    *bad += dt_attention_backward(q, q, q, o, lse, wrong, NULL, &dq, &dk, &dv) != DT_ERR_INVALID_ARGUMENT;
+    *bad += strstr(dt_last_error(), "dout must have") == NULL;
+    *bad += dt_attention_backward(q, q, q, o, o, o, NULL, &dq, &dk, &dv) != DT_ERR_INVALID_ARGUMENT;
+    *bad += strstr(dt_last_error(), "lse must be") == NULL;
+    *bad += dt_attention_backward(q, q, q, o, lse, o, NULL, NULL, &dk, &dv) != DT_ERR_INVALID_ARGUMENT;
+    dt_tensor_destroy(q), dt_tensor_destroy(o), dt_tensor_destroy(lse), dt_tensor_destroy(wrong);
+    return DT_SUCCESS;
+}
+
+static void test_bad_inputs(void **state) {
+    (void)state;
+    long bad = 0;
+    assert_int_equal(h_launch(1, rank_bad, &bad), DT_SUCCESS);
+    assert_int_equal(bad, 0);
+}
+
+int main(void) {
+    enum { MAXC = 64 };
+    static bwd_case cases[MAXC];
+    static struct CMUnitTest tests[MAXC + 4];
+    int n = 0, nc = 0;
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_finite_differences);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_error_does_not_grow_with_world_size);
+    for (int o = 0; o < DT_ORDER_COUNT; o++)
+        for (int p = 1; p <= 8; p++) {
+            bwd_case *c = &cases[nc++];
+            int64_t local = p % 2 ? 6 : 70;
+            int64_t hkv = (int64_t[]){4, 2, 1}[(p + o) % 3];
+            c->s = (attn_shape){1 + (p % 2), local * p, 4, hkv, 16};
+            c->P = p;
+            c->tp = 1;
+            c->order = (dt_order)o;
+            c->mask = (p + o) % 2 ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
+            c->dtype = p % 3 == 0 ? DT_BF16 : DT_F32;
+            c->seed = 300 + (uint64_t)nc;
+            snprintf(c->name, sizeof c->name, "backward/%s/P=%d,B=%lld,S=%lld,H=4,HKV=%lld,D=16,%s,%s",
+                     dt_order_name(c->order), p, (long long)c->s.B, (long long)c->s.S,
+                     (long long)hkv, dt_attn_mask_name(c->mask), dt_dtype_name(c->dtype));
+        }
+    /* bf16 and causal on every order at P = 4, and a tp x sp mesh. */
+    for (int o = 0; o < DT_ORDER_COUNT; o++) {
+        bwd_case *c = &cases[nc++];
+        *c = (bwd_case){.s = {1, 96, 4, 2, 32}, .P = 4, .tp = 1, .order = (dt_order)o,
+                        .mask = DT_ATTN_CAUSAL, .dtype = DT_BF16, .seed = 900 + (uint64_t)o};
+        snprintf(c->name, sizeof c->name, "backward/%s/P=4,S=96,H=4,HKV=2,D=32,causal,bf16",
+                 dt_order_name(c->order));
+    }
+    bwd_case *c = &cases[nc++];
+    *c = (bwd_case){.s = {1, 48, 8, 4, 16}, .P = 3, .tp = 2, .order = DT_ORDER_STRIPED,
+                    .mask = DT_ATTN_CAUSAL, .dtype = DT_F32, .seed = 5};
+    snprintf(c->name, sizeof c->name, "backward/striped/tp=2,sp=3,S=48,H=8,HKV=4,D=16,causal,fp32");
+    for (int i = 0; i < nc; i++)
+        tests[n++] = (struct CMUnitTest){cases[i].name, run_backward_case, NULL, NULL, &cases[i]};
+    return h_run_cases("attention backward (cpu)", tests, (size_t)n);
+}
