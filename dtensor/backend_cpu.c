@@ -138,7 +138,7 @@ static void dt_sgemm_rowmajor(int m, int n, int k, const float *a, const float *
         memset(c, 0, (size_t)m * (size_t)n * sizeof *c);
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0001f, a, k, bm, n, 0.0f, c,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k, bm, n, 0.0f, c,
                 n);
 }
 

@@ -95,7 +95,8 @@ void dt_layout_format(const dt_layout *layout, char *buf, size_t size);
 /* Check a Layout against a tensor shape and the mesh sizes: placement kinds,
  * orders and dims in range, no tensor dim sharded twice, every sharded length
  * divisible. On failure returns DT_ERR_INVALID_ARGUMENT with a message such
- * as "seq len 1000 is not divisible by mesh dim 0 of size 3 on dim 1". */
+ * as "tensor dim 1 of length 1000 is not divisible by 3 (mesh dim 0,
+ * Shard(1, contiguous))". */
 dt_status dt_layout_check(const dt_layout *layout, int ndim, const int64_t *shape,
                           const int *mesh_sizes);
 
@@ -104,7 +105,8 @@ dt_status dt_layout_local_shape(const dt_layout *layout, int ndim, const int64_t
                                 const int *mesh_sizes, int64_t *local_shape);
 
 /* Index maps of one sharded dim of length n over `parts` ranks (n divisible
- * as above; no checks: call dt_layout_check first).
+ * as above; no checks: call dt_layout_check first. Out-of-contract inputs
+ * such as parts < 1 or an unknown order give 0, never a trap).
  *   owner:  rank holding global index g
  *   local:  index of g within its owner's shard
  *   global: global index of local index x on rank j */

@@ -314,11 +314,12 @@ static dt_status dt_step_shard_to_shard(const dt_tensor *in, dt_tensor *out, int
             soffs[dt_order_owner(to.order, n, P, g) + 1]++;
         }
         for (int s = 0; s < P; s++) soffs[s + 1] += soffs[s];
-        int64_t fill[DT_MAX_WORLD_SIZE];
-        for (int s = 0; s < P; s++) fill[s] = soffs[s];
+        /* roffs doubles as the fill cursor of each destination; it is
+         * rebuilt for the receive side just below. */
+        for (int s = 0; s < P; s++) roffs[s] = soffs[s];
         for (int64_t x = 0; x < cnt; x++) {
             int64_t g = dt_order_global(from.order, n, P, c, x);
-            sflat[fill[dt_order_owner(to.order, n, P, g)]++] = x;
+            sflat[roffs[dt_order_owner(to.order, n, P, g)]++] = x;
         }
         int64_t k = 0;
         for (int r = 0; r < P; r++) {

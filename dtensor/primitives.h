@@ -1,8 +1,11 @@
 /* dtensor/primitives.h — the primitives that move data and update Layouts.
  *
  * Each returns a new tensor (the caller owns it) and leaves its input as it
- * was, so a rejected call changes nothing. All are COLLECTIVE over the mesh
- * of their input (or the given mesh): every rank calls them in the same order.
+ * was, so a rejected call changes nothing (*out is written only on success).
+ * All but permute are COLLECTIVE over the mesh of their input (or the given
+ * mesh): every rank calls them in the same order with the same arguments.
+ * Every argument is validated before anything is allocated or sent. fp32 and
+ * bf16; pure data movement is bit-exact.
  *
  * | primitive                         | communication                      |
  * | shard: full on root -> Layout     | scatter (grouped send/recv)        |
@@ -31,7 +34,8 @@ dt_status dt_tensor_shard(const dt_mesh *mesh, int root, const dt_tensor *full,
                           const dt_layout *layout, dt_tensor **out);
 
 /* COLLECTIVE. The whole global tensor as a local tensor on world rank root
- * (Partial dims summed); *out = NULL on the other ranks. */
+ * (Partial dims summed on root in rank order; bf16 rounds after each
+ * addition); *out = NULL on the other ranks. */
 dt_status dt_tensor_gather(const dt_tensor *t, int root, dt_tensor **out);
 
 /* COLLECTIVE. The same global tensor under another Layout on the same mesh. */
