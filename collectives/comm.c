@@ -86,8 +86,43 @@ static dt_status check_op(const dt_comm *comm, const char *op, dt_reduce_op rop)
     return DT_SUCCESS;
 }
 
-static dt_status run(dt_comm *comm, dt_coll_args *args) {
-    return comm->ops->collective(comm, args, NULL);
+/* Renders one rank's row of an agreement table for a message. */
+typedef void (*row_format)(const int64_t *row, char *buf, size_t size);
+
+static dt_status agree(dt_comm *comm, const char *op, const int64_t *values,
+                       const char *const *names, int n, row_format fmt);
+
+static void format_call(const int64_t *v, char *buf, size_t size) {
+    dt_coll_kind kind = (dt_coll_kind)v[0];
+    int n = snprintf(buf, size, "%s", dt_coll_kind_name(kind));
+    if (n >= 0 && (size_t)n < size && v[1])
+        n += snprintf(buf + n, size - (size_t)n, " of %" PRId64 " %s", v[1],
+                      dt_dtype_name((dt_dtype)v[2]));
+    if (n >= 0 && (size_t)n < size && (kind == DT_COLL_ALL_REDUCE || kind == DT_COLL_REDUCE_SCATTER))
+        n += snprintf(buf + n, size - (size_t)n, " (%s)", dt_reduce_op_name((dt_reduce_op)v[3]));
+    if (n >= 0 && (size_t)n < size &&
+        (kind == DT_COLL_BROADCAST || kind == DT_COLL_SCATTER || kind == DT_COLL_GATHER))
+        n += snprintf(buf + n, size - (size_t)n, " from root %" PRId64, v[4]);
+    if (n >= 0 && (size_t)n < size) snprintf(buf + n, size - (size_t)n, " as call #%" PRId64, v[5]);
+}
+
+/* With checks on (DT_CHECK=1), every rank first shows the others what it is
+ * about to call: a disagreement fails all of them with a message, where the
+ * transport might hang (NCCL) or mix up data. */
+static dt_status run(dt_comm *comm, dt_coll_args *a) {
+    if (comm->check) {
+        static const char *const names[] = {"collective", "count", "dtype", "op", "root",
+                                            "call number"};
+        int64_t v[6] = {a->kind, (int64_t)a->count, a->dtype,
+                        a->kind == DT_COLL_ALL_REDUCE || a->kind == DT_COLL_REDUCE_SCATTER ? a->op : 0,
+                        a->kind == DT_COLL_BROADCAST || a->kind == DT_COLL_SCATTER ||
+                                a->kind == DT_COLL_GATHER ? a->root : 0,
+                        (int64_t)comm->calls};
+        if (a->kind == DT_COLL_BARRIER || a->kind == DT_COLL_SPLIT) v[1] = v[2] = 0;
+        DT_TRY(agree(comm, dt_coll_kind_name(a->kind), v, names, 6, format_call));
+    }
+    comm->calls++;
+    return comm->ops->collective(comm, a, NULL);
 }
 
 dt_status dt_comm_all_reduce(dt_comm *comm, const void *send, void *recv, size_t count,
@@ -173,6 +208,7 @@ dt_status dt_comm_split(dt_comm *comm, int color, int key, dt_comm **out) {
     *out = NULL;
     DT_TRY(check_comm(comm, name));
     dt_coll_args a = {.kind = DT_COLL_SPLIT, .color = color, .key = key};
+    comm->calls++;
     return comm->ops->collective(comm, &a, out);
 }
 
@@ -230,18 +266,35 @@ dt_status dt_comm_check_agreement(dt_comm *comm, const char *op, const int64_t *
     if (n < 0 || (n > 0 && (!values || !names)))
         return comm_error(comm, DT_ERR_INVALID_ARGUMENT, name, "%d values at %p", n,
                           (const void *)values);
-    size_t row = (size_t)n * sizeof(int64_t);
-    int64_t *all = malloc(row * (size_t)comm->size + 1);
-    if (!all) return comm_error(comm, DT_ERR_OUT_OF_MEMORY, name, "out of memory");
-    dt_status st = dt_comm_all_gather(comm, values, all, row, DT_U8);
+    return agree(comm, name, values, names, n, NULL);
+}
+
+/* The exchange itself goes straight to the transport: it must not be checked
+ * in turn. */
+static dt_status agree(dt_comm *comm, const char *op, const int64_t *values,
+                       const char *const *names, int n, row_format fmt) {
+    size_t row_bytes = (size_t)n * sizeof(int64_t);
+    int64_t *all = malloc(row_bytes * (size_t)comm->size + 1);
+    if (!all) return comm_error(comm, DT_ERR_OUT_OF_MEMORY, op, "out of memory");
+    dt_coll_args a = {.kind = DT_COLL_ALL_GATHER, .send = values, .recv = all,
+                      .count = row_bytes, .dtype = DT_U8};
+    dt_status st = comm->ops->collective(comm, &a, NULL);
     /* Every rank sees the same table, so every rank reaches the same verdict. */
     for (int r = 1; st == DT_SUCCESS && r < comm->size; r++)
         for (int i = 0; i < n; i++) {
-            int64_t mine = all[(size_t)r * (size_t)n + (size_t)i], ref = all[i];
-            if (mine == ref) continue;
-            st = comm_error(comm, DT_ERR_MISMATCH, name,
-                            "ranks disagree: comm rank %d has %s = %" PRId64
-                            " but comm rank 0 has %" PRId64, r, names[i], mine, ref);
+            const int64_t *row = all + (size_t)r * (size_t)n;
+            if (row[i] == all[i]) continue;
+            if (fmt) {
+                char theirs[160], ref[160];
+                fmt(row, theirs, sizeof theirs);
+                fmt(all, ref, sizeof ref);
+                st = comm_error(comm, DT_ERR_MISMATCH, op, "ranks disagree on %s: comm rank %d "
+                                "calls %s but comm rank 0 calls %s", names[i], r, theirs, ref);
+            } else {
+                st = comm_error(comm, DT_ERR_MISMATCH, op,
+                                "ranks disagree: comm rank %d has %s = %" PRId64
+                                " but comm rank 0 has %" PRId64, r, names[i], row[i], all[i]);
+            }
             break;
         }
     free(all);

@@ -44,6 +44,13 @@ typedef struct dt_transport_ops {
     void (*destroy)(dt_comm *comm);
 } dt_transport_ops;
 
+/* What every communicator of a world shares, fixed at its creation. */
+typedef struct dt_comm_config {
+    long timeout_ms;          /* bound on every wait */
+    dt_log_level log_level;   /* DT_LOG */
+    int check;                /* DT_CHECK: verify cross-rank agreement before each call */
+} dt_comm_config;
+
 /* One rank's handle. Transports allocate it (with their own state in impl). */
 struct dt_comm {
     const dt_transport_ops *ops;
@@ -51,6 +58,8 @@ struct dt_comm {
     int rank, size, world_rank;
     long timeout_ms;
     dt_log_level log_level;
+    int check;                /* see dt_comm_config */
+    unsigned long calls;      /* collective calls made, for agreement checks */
     int p2p_pending;          /* a group was started and not yet waited for */
 };
 

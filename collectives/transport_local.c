@@ -81,8 +81,7 @@ struct dt_local_world {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int size;
-    long timeout_ms;
-    dt_log_level log_level;
+    dt_comm_config cfg;
     int aborted;
     dt_status abort_status;
     int abort_rank;
@@ -154,26 +153,26 @@ static dt_status comm_new(dt_local_group *g, int rank, dt_comm **out) {
     c->rank = rank;
     c->size = g->size;
     c->world_rank = g->world_ranks[rank];
-    c->timeout_ms = g->world->timeout_ms;
-    c->log_level = g->world->log_level;
+    c->timeout_ms = g->world->cfg.timeout_ms;
+    c->log_level = g->world->cfg.log_level;
+    c->check = g->world->cfg.check;
     *out = c;
     return DT_SUCCESS;
 }
 
 /* ----------------------------------------------------------------- world */
 
-dt_status dt_local_world_create(int size, long timeout_ms, dt_log_level log_level,
-                                dt_local_world **out) {
-    if (!out) return dt_error(DT_ERR_INVALID_ARGUMENT, "local world: out is NULL");
+dt_status dt_local_world_create(int size, const dt_comm_config *cfg, dt_local_world **out) {
+    if (!out || !cfg) return dt_error(DT_ERR_INVALID_ARGUMENT, "local world: out or cfg is NULL");
     *out = NULL;
     if (size < 1) return dt_error(DT_ERR_INVALID_ARGUMENT, "local world: size %d < 1", size);
-    if (timeout_ms <= 0)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "local world: timeout %ld ms <= 0", timeout_ms);
+    if (cfg->timeout_ms <= 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "local world: timeout %ld ms <= 0",
+                        cfg->timeout_ms);
     dt_local_world *w = calloc(1, sizeof *w);
     if (!w) return dt_error(DT_ERR_OUT_OF_MEMORY, "local world: out of memory");
     w->size = size;
-    w->timeout_ms = timeout_ms;
-    w->log_level = log_level;
+    w->cfg = *cfg;
     pthread_condattr_t ca;
     int ok_mu = pthread_mutex_init(&w->mu, NULL) == 0;
     int ok_cv = pthread_condattr_init(&ca) == 0 &&
@@ -218,7 +217,7 @@ static void world_abort_locked(dt_local_world *w, int rank, dt_status status, co
         w->abort_status = status;
         w->abort_rank = rank;
         snprintf(w->abort_msg, sizeof w->abort_msg, "%s", msg);
-        dt_log_write(w->log_level, rank, DT_LOG_WARN, "aborting the world: %s", msg);
+        dt_log_write(w->cfg.log_level, rank, DT_LOG_WARN, "aborting the world: %s", msg);
     }
     pthread_cond_broadcast(&w->cv);
 }

@@ -7,9 +7,8 @@
 
 typedef struct dt_local_world dt_local_world;
 
-/* A world of `size` ranks; waits are bounded by timeout_ms. */
-dt_status dt_local_world_create(int size, long timeout_ms, dt_log_level log_level,
-                                dt_local_world **out);
+/* A world of `size` ranks, its communicators configured by cfg. */
+dt_status dt_local_world_create(int size, const dt_comm_config *cfg, dt_local_world **out);
 /* The world communicator handle of `rank` (caller owns it: dt_comm_destroy). */
 dt_status dt_local_world_comm(dt_local_world *world, int rank, dt_comm **out);
 /* Abort from outside a communicator (a rank whose function failed). */

@@ -51,6 +51,7 @@ dt_transport_kind dt_context_transport(const dt_context *ctx) {
     return ctx ? ctx->transport_kind : DT_TRANSPORT_AUTO;
 }
 long dt_context_timeout_ms(const dt_context *ctx) { return ctx ? ctx->timeout_ms : 0; }
+int dt_context_checks(const dt_context *ctx) { return ctx ? ctx->check : 0; }
 dt_comm *dt_context_comm(dt_context *ctx) { return ctx ? ctx->comm : NULL; }
 dt_status dt_context_last_status(const dt_context *ctx) {
     return ctx ? ctx->last_status : DT_ERR_INVALID_ARGUMENT;
@@ -89,8 +90,7 @@ static dt_status env_choice(const char *var, const char *const *names, int count
 typedef struct launch_config {
     dt_backend_kind backend;
     dt_transport_kind transport;
-    long timeout_ms;
-    dt_log_level log_level;
+    dt_comm_config comm;
 } launch_config;
 
 static dt_status resolve_config(const dt_launch_options *opts, launch_config *cfg) {
@@ -104,11 +104,27 @@ static dt_status resolve_config(const dt_launch_options *opts, launch_config *cf
     if (opts->timeout_ms < 0)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: timeout_ms %ld < 0", opts->timeout_ms);
 
-    cfg->log_level = dt_log_level_from_env();
-    cfg->timeout_ms = opts->timeout_ms;
-    if (cfg->timeout_ms == 0) {
+    cfg->comm.log_level = dt_log_level_from_env();
+#ifdef DT_DEBUG
+    cfg->comm.check = 1;
+#else
+    cfg->comm.check = 0;
+#endif
+    if ((int)opts->checks < 0 || opts->checks >= DT_CHECK_MODE_COUNT)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: unknown check mode %d",
+                        (int)opts->checks);
+    const char *chk = getenv("DT_CHECK");
+    if (opts->checks != DT_CHECK_AUTO) {
+        cfg->comm.check = opts->checks == DT_CHECK_ON;
+    } else if (chk && *chk) {
+        if (strcmp(chk, "0") != 0 && strcmp(chk, "1") != 0)
+            return dt_error(DT_ERR_INVALID_ARGUMENT, "DT_CHECK=%s is not 0 or 1", chk);
+        cfg->comm.check = chk[0] == '1';
+    }
+    cfg->comm.timeout_ms = opts->timeout_ms;
+    if (cfg->comm.timeout_ms == 0) {
         const char *v = getenv("DT_TIMEOUT_MS");
-        cfg->timeout_ms = DT_DEFAULT_TIMEOUT_MS;
+        cfg->comm.timeout_ms = DT_DEFAULT_TIMEOUT_MS;
         if (v && *v) {
             char *end = NULL;
             errno = 0;
@@ -116,7 +132,7 @@ static dt_status resolve_config(const dt_launch_options *opts, launch_config *cf
             if (errno || end == v || *end || ms <= 0)
                 return dt_error(DT_ERR_INVALID_ARGUMENT,
                                 "DT_TIMEOUT_MS=%s is not a positive number of milliseconds", v);
-            cfg->timeout_ms = ms;
+            cfg->comm.timeout_ms = ms;
         }
     }
 
@@ -165,8 +181,9 @@ static dt_status context_create(const rank_job *job, dt_context **out) {
     ctx->world_size = job->world_size;
     ctx->backend_kind = job->cfg->backend;
     ctx->transport_kind = job->cfg->transport;
-    ctx->timeout_ms = job->cfg->timeout_ms;
-    ctx->log_level = job->cfg->log_level;
+    ctx->timeout_ms = job->cfg->comm.timeout_ms;
+    ctx->log_level = job->cfg->comm.log_level;
+    ctx->check = job->cfg->comm.check;
     dt_status st;
     DT_TRY_GOTO(st, dt_local_world_comm(job->world, job->rank, &ctx->comm), fail);
     DT_TRY_GOTO(st, dt_backend_cpu_create(job->rank, &ctx->backend), fail);
@@ -185,9 +202,10 @@ static void *rank_main(void *p) {
     if (st == DT_SUCCESS) {
         if (job->rank == 0)
             dt_context_log(ctx, DT_LOG_INFO, "launch: %d ranks, backend %s, transport %s, "
-                           "timeout %ld ms", job->world_size,
+                           "timeout %ld ms, checks %s", job->world_size,
                            dt_backend_kind_name(ctx->backend_kind),
-                           dt_transport_kind_name(ctx->transport_kind), ctx->timeout_ms);
+                           dt_transport_kind_name(ctx->transport_kind), ctx->timeout_ms,
+                           ctx->check ? "on" : "off");
         st = job->fn(ctx, job->arg);
     }
     if (st != DT_SUCCESS) {
@@ -216,7 +234,7 @@ dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg, const dt_launch_op
     DT_TRY(resolve_config(opts, &cfg));
 
     dt_local_world *world = NULL;
-    DT_TRY(dt_local_world_create(world_size, cfg.timeout_ms, cfg.log_level, &world));
+    DT_TRY(dt_local_world_create(world_size, &cfg.comm, &world));
     rank_job *jobs = calloc((size_t)world_size, sizeof *jobs);
     pthread_t *threads = calloc((size_t)world_size, sizeof *threads);
     if (!jobs || !threads) {

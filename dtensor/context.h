@@ -11,6 +11,9 @@
  *   DT_LOG          error | warn | info | debug (default warn)
  *   DT_BACKEND      cpu | cuda            (used when options say AUTO)
  *   DT_TRANSPORT    local | nccl | mpi    (used when options say AUTO)
+ *   DT_CHECK        0 | 1: before every collective call, check that all ranks
+ *                   agree on op, dtype, shape, Layout and call number (one
+ *                   small all_gather per call; default 1 in DEBUG builds)
  *
  * When ranks are threads (world size > 1), dt_launch sets OpenBLAS to one
  * thread per call, so N ranks use N cores rather than N x cores.
@@ -53,13 +56,21 @@ typedef enum dt_transport_kind {
 const char *dt_backend_kind_name(dt_backend_kind kind);
 const char *dt_transport_kind_name(dt_transport_kind kind);
 
+typedef enum dt_check_mode {
+    DT_CHECK_AUTO = 0,   /* DT_CHECK from the environment, else on in DEBUG builds */
+    DT_CHECK_OFF,
+    DT_CHECK_ON,         /* every collective call first checks cross-rank agreement */
+    DT_CHECK_MODE_COUNT
+} dt_check_mode;
+
 typedef struct dt_launch_options {
     dt_backend_kind backend;      /* AUTO: DT_BACKEND, else the best available */
     dt_transport_kind transport;  /* AUTO: DT_TRANSPORT, else the best available */
     long timeout_ms;              /* 0: DT_TIMEOUT_MS, else DT_DEFAULT_TIMEOUT_MS */
+    dt_check_mode checks;         /* AUTO: DT_CHECK, else on in DEBUG builds */
 } dt_launch_options;
 
-#define DT_LAUNCH_OPTIONS_INIT { DT_BACKEND_AUTO, DT_TRANSPORT_AUTO, 0 }
+#define DT_LAUNCH_OPTIONS_INIT { DT_BACKEND_AUTO, DT_TRANSPORT_AUTO, 0, DT_CHECK_AUTO }
 
 /* The per-rank function. Return DT_SUCCESS, or a failure (with dt_error) to
  * abort the launch: peers blocked in collectives then return
@@ -78,6 +89,9 @@ int dt_context_world_size(const dt_context *ctx);
 dt_backend_kind dt_context_backend(const dt_context *ctx);
 dt_transport_kind dt_context_transport(const dt_context *ctx);
 long dt_context_timeout_ms(const dt_context *ctx);
+/* 1 if collective calls first check that all ranks agree (DT_CHECK=1, and
+ * by default in DEBUG builds). */
+int dt_context_checks(const dt_context *ctx);
 /* The world communicator; owned by the context. */
 dt_comm *dt_context_comm(dt_context *ctx);
 /* The status of the last failing library call made with this context. */

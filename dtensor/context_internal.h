@@ -12,6 +12,7 @@ struct dt_context {
     dt_transport_kind transport_kind;
     long timeout_ms;
     dt_log_level log_level;
+    int check;              /* DT_CHECK: cross-rank agreement checks before collective calls */
     dt_comm *comm;          /* world communicator, owned */
     dt_backend *backend;    /* owned */
     dt_status last_status;
