@@ -139,15 +139,15 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     DT_REQUIRE(dq && dk && dv, "%s: dq, dk and dv must not be NULL", op);
     *dq = *dk = *dv = NULL;
     attn_plan p;
-    DT_TRY(attn_plan_make(op, q, k, v, opts, &p));
-    DT_TRY(check_outputs(&p, op, q, o, lse, dout));
+    dt_status local = attn_plan_make(op, q, k, v, opts, &p);
+    if (local == DT_SUCCESS) local = check_outputs(&p, op, q, o, lse, dout);
     bwd_workspace w = bwd_workspace_of(&p);
-    if (opts && opts->workspace && opts->workspace_bytes < w.total)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: %s: workspace of %zu bytes is smaller "
-                        "than the %zu needed (dt_attention_backward_workspace_size)",
-                        dt_context_rank(p.ctx), op, opts->workspace_bytes, w.total);
+    if (local == DT_SUCCESS && opts && opts->workspace && opts->workspace_bytes < w.total)
+        local = dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: %s: workspace of %zu bytes is smaller "
+                         "than the %zu needed (dt_attention_backward_workspace_size)",
+                         dt_context_rank(p.ctx), op, opts->workspace_bytes, w.total);
+    DT_TRY(attn_plan_check_agreement(&p, op, local));
     dt_comm *comm = p.sp_dim >= 0 && p.parts > 1 ? dt_mesh_comm(p.mesh, p.sp_dim) : NULL;
-    if (p.mesh) DT_TRY(attn_plan_check_agreement(&p, op));
 
     dt_backend *be = p.ctx->backend;
     dt_tensor *gq = NULL, *gk = NULL, *gv = NULL;

@@ -93,14 +93,14 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     *o = NULL;
     if (lse) *lse = NULL;
     attn_plan p;
-    DT_TRY(attn_plan_make(op, q, k, v, opts, &p));
+    dt_status local = attn_plan_make(op, q, k, v, opts, &p);
     fwd_workspace w = fwd_workspace_of(&p);
-    if (opts && opts->workspace && opts->workspace_bytes < w.total)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: %s: workspace of %zu bytes is smaller "
-                        "than the %zu needed (dt_attention_workspace_size)",
-                        dt_context_rank(p.ctx), op, opts->workspace_bytes, w.total);
+    if (local == DT_SUCCESS && opts && opts->workspace && opts->workspace_bytes < w.total)
+        local = dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: %s: workspace of %zu bytes is smaller "
+                         "than the %zu needed (dt_attention_workspace_size)",
+                         dt_context_rank(p.ctx), op, opts->workspace_bytes, w.total);
+    DT_TRY(attn_plan_check_agreement(&p, op, local));
     dt_comm *comm = p.sp_dim >= 0 ? dt_mesh_comm(p.mesh, p.sp_dim) : NULL;
-    if (p.mesh) DT_TRY(attn_plan_check_agreement(&p, op));
 
     dt_backend *be = p.ctx->backend;
     dt_tensor *out = NULL, *out_lse = NULL;

@@ -125,7 +125,8 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
 }
 
 /* All ranks must run the same call: compare everything the plan depends on. */
-dt_status attn_plan_check_agreement(const attn_plan *p, const char *op) {
+dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_status local) {
+    if (!p->mesh) return local;
     static const char *const names[] = {
         "dtype", "B", "S", "H", "H_kv", "D", "mask", "scale (bits)", "mesh dims",
         "placement[0]", "placement[1]", "placement[2]",
@@ -138,7 +139,7 @@ dt_status attn_plan_check_agreement(const attn_plan *p, const char *op) {
     for (int m = 0; m < l->ndim; m++)
         v[9 + m] = l->placements[m].kind * 10000 + l->placements[m].dim * 100 +
                    l->placements[m].order;
-    return dt_comm_check_agreement(dt_context_comm(p->ctx), op, v, names, 12);
+    return dt_context_check_call(p->ctx, op, local, v, names, 12, DT_CHECK_ON);
 }
 
 

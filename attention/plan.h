@@ -27,8 +27,12 @@ typedef struct attn_plan {
 dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
                          const dt_tensor *v, const dt_attention_options *opts, attn_plan *p);
 
-/* COLLECTIVE over the world: all ranks must make the same call. */
-dt_status attn_plan_check_agreement(const attn_plan *p, const char *op);
+/* COLLECTIVE over the world when q is on a mesh: every rank shares whether
+ * its arguments passed its own checks (`local`) and the call's shapes,
+ * dtype, mask, scale and Layout, so that a call that is bad or different on
+ * one rank fails on all of them before any block moves. Returns `local` on a
+ * rank whose own checks failed. */
+dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_status local);
 
 /* Segments of this rank's query rows and of rank src's key rows (one or two
  * each); returns the counts in *nq, *nk. */

@@ -23,6 +23,8 @@
 #ifndef DT_CONTEXT_H
 #define DT_CONTEXT_H
 
+#include <stdint.h>
+
 #include "log.h"
 #include "status.h"
 #include "../collectives/comm.h"
@@ -96,6 +98,22 @@ int dt_context_checks(const dt_context *ctx);
 dt_comm *dt_context_comm(dt_context *ctx);
 /* The status of the last failing library call made with this context. */
 dt_status dt_context_last_status(const dt_context *ctx);
+
+/* The entry check of a collective op, for the library's primitives and for
+ * users' own sharded ops. `local` is the result of this rank's own argument
+ * checks; `values` (n of them, named for messages) describe the call (dtype,
+ * shapes, Layouts, root...).
+ *   mode DT_CHECK_AUTO: check only if the context's checks are on
+ *   (DT_CHECK); DT_CHECK_ON: always; DT_CHECK_OFF: never.
+ * Without a check it returns `local`. With one it is COLLECTIVE over the
+ * world: every rank shares whether its arguments were valid and its values,
+ * so a call that is bad on one rank, or that differs between ranks, fails on
+ * every rank at once (DT_ERR_MISMATCH naming the first rank and value that
+ * differ) instead of leaving the others waiting. A rank whose own checks
+ * failed returns `local` with its own message. */
+dt_status dt_context_check_call(dt_context *ctx, const char *op, dt_status local,
+                                const int64_t *values, const char *const *names, int n,
+                                dt_check_mode mode);
 
 /* Log one line, prefixed with the rank, if `level` passes DT_LOG. */
 void dt_context_log(const dt_context *ctx, dt_log_level level, const char *fmt, ...)

@@ -459,14 +459,61 @@ static dt_status dt_check_distributed(const char *op, const dt_tensor *t) {
     return DT_SUCCESS;
 }
 
-static dt_status dt_redistribute_impl(const dt_tensor *t, const dt_layout *layout,
-                                      dt_tensor **out) {
+/* The values every rank shows the others at the entry check of a collective
+ * primitive (dt_context_check_call): the tensor's dtype, shape and Layout,
+ * the target Layout (if any) and the root (if any). */
+enum { DT_CALL_VALUES = 3 + DT_MAX_DIMS + 2 * DT_MAX_MESH_DIMS };
+
+static const char *const dt_call_names[DT_CALL_VALUES] = {
+    "dtype", "ndim", "root", "shape[0]", "shape[1]", "shape[2]", "shape[3]", "shape[4]",
+    "shape[5]", "shape[6]", "shape[7]", "Layout mesh dim 0", "Layout mesh dim 1",
+    "Layout mesh dim 2", "target Layout mesh dim 0", "target Layout mesh dim 1",
+    "target Layout mesh dim 2",
+};
+
+static int64_t dt_placement_code(dt_placement p) {
+    return p.kind == DT_SHARD ? 1000 + 100 * p.dim + p.order : p.kind;
+}
+
+/* Only read when the call's arguments passed this rank's checks. */
+static void dt_call_values(const dt_tensor *t, const dt_layout *target, int root, int64_t *v) {
+    memset(v, 0, DT_CALL_VALUES * sizeof *v);
+    v[2] = root;
+    if (t) {
+        v[0] = dt_tensor_dtype(t);
+        v[1] = dt_tensor_ndim(t);
+        for (int d = 0; d < dt_tensor_ndim(t); d++) v[3 + d] = dt_tensor_shape(t)[d];
+        const dt_layout *l = dt_tensor_layout(t);
+        for (int m = 0; m < l->ndim; m++) v[3 + DT_MAX_DIMS + m] = dt_placement_code(l->placements[m]);
+    }
+    if (target)
+        for (int m = 0; m < target->ndim; m++)
+            v[3 + DT_MAX_DIMS + DT_MAX_MESH_DIMS + m] = dt_placement_code(target->placements[m]);
+}
+
+/* Local checks, then (with DT_CHECK) the cross-rank entry check. */
+static dt_status dt_call_entry(dt_context *ctx, const char *op, dt_status local,
+                               const dt_tensor *t, const dt_layout *target, int root) {
+    int64_t v[DT_CALL_VALUES];
+    dt_call_values(local == DT_SUCCESS ? t : NULL, local == DT_SUCCESS ? target : NULL, root, v);
+    return dt_context_check_call(ctx, op, local, v, dt_call_names, DT_CALL_VALUES, DT_CHECK_AUTO);
+}
+
+static dt_status dt_redistribute_check(const dt_tensor *t, const dt_layout *layout,
+                                       dt_tensor **out) {
     const char *op = "dt_tensor_redistribute";
     DT_TRY(dt_check_distributed(op, t));
     DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    DT_TRY(dt_check_layout_for(op, dt_tensor_mesh(t), layout, dt_tensor_ndim(t),
+                               dt_tensor_shape(t)));
+    return dt_check_tensor_dtype(op, t);
+}
+
+/* Arguments checked by dt_redistribute_check. */
+static dt_status dt_redistribute_impl(const dt_tensor *t, const dt_layout *layout,
+                                      dt_tensor **out) {
+    const char *op = "dt_tensor_redistribute";
     const dt_mesh *mesh = dt_tensor_mesh(t);
-    DT_TRY(dt_check_layout_for(op, mesh, layout, dt_tensor_ndim(t), dt_tensor_shape(t)));
-    DT_TRY(dt_check_tensor_dtype(op, t));
 
     dt_layout target = *layout;
     for (int m = 0; m < target.ndim; m++)
@@ -527,7 +574,11 @@ fail:
 }
 
 dt_status dt_tensor_redistribute(const dt_tensor *t, const dt_layout *layout, dt_tensor **out) {
-    return dt_context_note(dt_tensor_context(t), dt_redistribute_impl(t, layout, out));
+    dt_context *ctx = dt_tensor_context(t);
+    dt_status st = dt_call_entry(ctx, "dt_tensor_redistribute", dt_redistribute_check(t, layout, out),
+                                 t, layout, 0);
+    if (st == DT_SUCCESS) st = dt_redistribute_impl(t, layout, out);
+    return dt_context_note(ctx, st);
 }
 
 dt_status dt_tensor_replicate(const dt_tensor *t, dt_tensor **out) {
@@ -541,19 +592,29 @@ dt_status dt_tensor_replicate(const dt_tensor *t, dt_tensor **out) {
  * 32-bit halves. Sent as fp32 elements: broadcast moves bits, no arithmetic. */
 enum { DT_SHARD_HDR = 3 + 2 * DT_MAX_DIMS };
 
-static dt_status dt_shard_impl(const dt_mesh *mesh, int root, const dt_tensor *full,
-                               const dt_layout *layout, dt_tensor **out) {
+/* What every rank can check alone; root's `full` is checked by root, which
+ * tells the others (below). */
+static dt_status dt_shard_check(const dt_mesh *mesh, int root, const dt_layout *layout,
+                                dt_tensor **out) {
     const char *op = "dt_tensor_shard";
     DT_REQUIRE(mesh != NULL, "%s: mesh is NULL", op);
     DT_REQUIRE(out != NULL, "%s: out is NULL", op);
     DT_REQUIRE(layout != NULL, "%s: layout is NULL", op);
-    dt_context *ctx = dt_mesh_context(mesh);
-    dt_comm *world = dt_context_comm(ctx);
-    int wsize = dt_context_world_size(ctx), rank = dt_context_rank(ctx);
+    int wsize = dt_context_world_size(dt_mesh_context(mesh));
     DT_REQUIRE(root >= 0 && root < wsize, "%s: root %d is out of range [0, %d)", op, root, wsize);
     DT_REQUIRE(layout->ndim == dt_mesh_ndim(mesh),
                "%s: layout has %d mesh dims but the mesh has %d", op, layout->ndim,
                dt_mesh_ndim(mesh));
+    return DT_SUCCESS;
+}
+
+/* Arguments checked by dt_shard_check. */
+static dt_status dt_shard_impl(const dt_mesh *mesh, int root, const dt_tensor *full,
+                               const dt_layout *layout, dt_tensor **out) {
+    const char *op = "dt_tensor_shard";
+    dt_context *ctx = dt_mesh_context(mesh);
+    dt_comm *world = dt_context_comm(ctx);
+    int wsize = dt_context_world_size(ctx), rank = dt_context_rank(ctx);
     dt_backend *be = ctx->backend;
 
     /* Root states whether `full` is usable, so that every rank fails together
@@ -661,17 +722,27 @@ out:
 
 dt_status dt_tensor_shard(const dt_mesh *mesh, int root, const dt_tensor *full,
                           const dt_layout *layout, dt_tensor **out) {
-    return dt_context_note(dt_mesh_context(mesh), dt_shard_impl(mesh, root, full, layout, out));
+    dt_context *ctx = dt_mesh_context(mesh);
+    dt_status st = dt_call_entry(ctx, "dt_tensor_shard", dt_shard_check(mesh, root, layout, out),
+                                 NULL, layout, root);
+    if (st == DT_SUCCESS) st = dt_shard_impl(mesh, root, full, layout, out);
+    return dt_context_note(ctx, st);
 }
 
-static dt_status dt_gather_impl(const dt_tensor *t, int root, dt_tensor **out) {
+static dt_status dt_gather_check(const dt_tensor *t, int root, dt_tensor **out) {
     const char *op = "dt_tensor_gather";
     DT_TRY(dt_check_distributed(op, t));
     DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    int wsize = dt_context_world_size(dt_tensor_context(t));
+    DT_REQUIRE(root >= 0 && root < wsize, "%s: root %d is out of range [0, %d)", op, root, wsize);
+    return dt_check_tensor_dtype(op, t);
+}
+
+/* Arguments checked by dt_gather_check. */
+static dt_status dt_gather_impl(const dt_tensor *t, int root, dt_tensor **out) {
+    const char *op = "dt_tensor_gather";
     dt_context *ctx = dt_tensor_context(t);
     int wsize = dt_context_world_size(ctx), rank = dt_context_rank(ctx);
-    DT_REQUIRE(root >= 0 && root < wsize, "%s: root %d is out of range [0, %d)", op, root, wsize);
-    DT_TRY(dt_check_tensor_dtype(op, t));
     const dt_mesh *mesh = dt_tensor_mesh(t);
     dt_comm *world = dt_context_comm(ctx);
     dt_backend *be = ctx->backend;
@@ -748,7 +819,11 @@ out:
 }
 
 dt_status dt_tensor_gather(const dt_tensor *t, int root, dt_tensor **out) {
-    return dt_context_note(dt_tensor_context(t), dt_gather_impl(t, root, out));
+    dt_context *ctx = dt_tensor_context(t);
+    dt_status st = dt_call_entry(ctx, "dt_tensor_gather", dt_gather_check(t, root, out), t, NULL,
+                                 root);
+    if (st == DT_SUCCESS) st = dt_gather_impl(t, root, out);
+    return dt_context_note(ctx, st);
 }
 
 static dt_status dt_permute_impl(const char *op, const dt_tensor *t, int dim, int parts,
