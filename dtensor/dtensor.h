@@ -11,6 +11,7 @@
  *   tensor.h      the DTensor
  *   primitives.h  shard, gather, redistribute, replicate, permute_striped
  *   ops.h         matmul, add, gelu reading Layouts
+ *   ops_nn.h      reshape, RMSNorm, rotary embedding (positions from the Layout)
  */
 #ifndef DT_DTENSOR_H
 #define DT_DTENSOR_H
@@ -26,5 +27,6 @@
 #include "tensor.h"
 #include "primitives.h"
 #include "ops.h"
+#include "ops_nn.h"
 
 #endif /* DT_DTENSOR_H */

@@ -187,6 +187,7 @@ static void test_entry_checks_fail_every_rank_at_once(void **state) {
         check_case c = {.p = p};
         /* A long timeout: with checks on nobody may wait for it. */
         assert_int_not_equal(launch(p, rank_one_bad, &c, 20000, DT_CHECK_ON), DT_SUCCESS);
+        if (p == 2) print_message("rank 0: %s\nrank 1: %s\n", c.msg[0], c.msg[1]);
         for (int r = 0; r < p; r++) {
             assert_true(c.ms[r] < 2000);
             if (r == 1) {

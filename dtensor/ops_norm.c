@@ -1,0 +1,458 @@
+/* dtensor/ops_norm.c — reshape, RMSNorm and rotary embedding (ops_nn.h).
+ *
+ * These ops are written the way a user adds a sharded op, on the public API
+ * only (no backend table, no private header): read the Layouts, decide what
+ * the op needs (here: no communication, because each rule keeps every
+ * element's inputs local), derive the output Layout, then compute on the
+ * local buffer. docs/TUTORIAL.md walks through dt_rmsnorm and dt_rotary.
+ *
+ *   reshape  Groups of dims with equal products map onto each other; a Shard
+ *            of the outer dim of a group, in a block order (contiguous,
+ *            zigzag), is the same block of the flattened group, so the local
+ *            buffer is already the new local tensor: one copy, no traffic.
+ *   rmsnorm  Reduces over the last dim: legal iff that dim is whole on every
+ *            rank (not sharded, not Partial).
+ *   rotary   Needs each token's global position: local row x of dim 1 is
+ *            global token dt_order_global(order, S, P, coord, x) when a mesh
+ *            dim shards dim 1, which makes the op correct under contiguous,
+ *            striped and zigzag sharding alike. Linear, so Partial passes.
+ *
+ * Kernels: the CPU backend keeps tensor data in host memory, so the kernels
+ * are plain loops over dt_tensor_data(); other backends get
+ * DT_ERR_NOT_SUPPORTED until they have a kernel. reshape moves bytes with
+ * dt_tensor_get_local / dt_tensor_set_local and so runs anywhere.
+ *
+ * Test: tests/test_transformer.c (make test).
+ */
+#include "ops_nn.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mesh.h"
+
+const char *dt_rotary_style_name(dt_rotary_style style) {
+    switch (style) {
+    case DT_ROTARY_HALF: return "half";
+    case DT_ROTARY_INTERLEAVED: return "interleaved";
+    default: return "unknown";
+    }
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static dt_status nn_check_dtype(const char *op, const dt_tensor *t) {
+    dt_dtype dt = dt_tensor_dtype(t);
+    if (dt == DT_F32 || dt == DT_BF16) return DT_SUCCESS;
+    return dt_error(DT_ERR_NOT_SUPPORTED, "%s: dtype %s is not supported (fp32, bf16 are)", op,
+                    dt_dtype_name(dt));
+}
+
+static dt_status nn_check_backend(const char *op, const dt_tensor *t) {
+    dt_backend_kind k = dt_context_backend(dt_tensor_context(t));
+    if (k == DT_BACKEND_CPU) return DT_SUCCESS;
+    return dt_error(DT_ERR_NOT_SUPPORTED,
+                    "%s: no kernel for the %s backend yet (this op runs on the cpu backend)", op,
+                    dt_backend_kind_name(k));
+}
+
+static void nn_shape_format(int ndim, const int64_t *shape, char *buf, size_t size) {
+    size_t pos = 0;
+    buf[0] = '\0';
+    for (int d = 0; d < ndim && pos < size; d++) {
+        int w = snprintf(buf + pos, size - pos, "%s%" PRId64, d ? ", " : "[", shape[d]);
+        if (w < 0) return;
+        pos += (size_t)w;
+    }
+    if (pos < size) snprintf(buf + pos, size - pos, "%s", ndim > 0 ? "]" : "[]");
+}
+
+/* `l` with every Partial and every Shard of dim `last` replaced by
+ * Replicate, formatted: the redistribution an error message suggests. */
+static void nn_suggest(const dt_layout *l, int last, char *buf, size_t size) {
+    dt_layout s = *l;
+    for (int m = 0; m < s.ndim; m++) {
+        dt_placement p = s.placements[m];
+        if (p.kind == DT_PARTIAL || (p.kind == DT_SHARD && p.dim == last))
+            s.placements[m] = dt_replicate();
+    }
+    dt_layout_format(&s, buf, size);
+}
+
+static float nn_load(dt_dtype dt, const void *p, int64_t i) {
+    return dt == DT_F32 ? ((const float *)p)[i] : dt_bf16_to_f32(((const dt_bf16 *)p)[i]);
+}
+
+static void nn_store(dt_dtype dt, void *p, int64_t i, float v) {
+    if (dt == DT_F32)
+        ((float *)p)[i] = v;
+    else
+        ((dt_bf16 *)p)[i] = dt_f32_to_bf16(v);
+}
+
+/* A new tensor with x's context, mesh, dtype, shape and Layout. */
+static dt_status nn_like(const dt_tensor *x, dt_tensor **out) {
+    const dt_mesh *mesh = dt_tensor_mesh(x);
+    return dt_tensor_create(dt_tensor_context(x), mesh, dt_tensor_dtype(x), dt_tensor_ndim(x),
+                            dt_tensor_shape(x), mesh ? dt_tensor_layout(x) : NULL, out);
+}
+
+/* ------------------------------------------------------------------ reshape */
+
+typedef struct nn_group {
+    int o0, on;   /* old dims o0 .. o0+on-1 */
+    int n0, nn;   /* new dims n0 .. n0+nn-1 */
+} nn_group;
+
+/* Cuts both shapes into the smallest groups of consecutive dims with equal
+ * products; a group starts with one dim on each side, so dims of length 1
+ * join the group that follows them (old [S, 1, E] -> new [S, 1, H, D] gives
+ * {S}->{S}, {1}->{1}, {E}->{H, D}; [E] -> [1, E] gives {E}->{1, E}). Only
+ * trailing dims of length 1 on one side form groups with nothing on the
+ * other. Returns the number of groups, or -1 if the products differ. */
+static int nn_groups(int on, const int64_t *os, int nn, const int64_t *ns, nn_group *g) {
+    int i = 0, j = 0, k = 0;
+    while (i < on || j < nn) {
+        if (i < on && j < nn) {
+            nn_group x = { i, 1, j, 1 };
+            int64_t po = os[i++], pn = ns[j++];
+            while (po != pn) {
+                if (po < pn) {
+                    if (i >= on) return -1;
+                    po *= os[i++];
+                    x.on++;
+                } else {
+                    if (j >= nn) return -1;
+                    pn *= ns[j++];
+                    x.nn++;
+                }
+            }
+            g[k++] = x;
+        } else if (i < on) {
+            if (os[i] != 1) return -1;
+            g[k++] = (nn_group){ i++, 1, j, 0 };
+        } else {
+            if (ns[j] != 1) return -1;
+            g[k++] = (nn_group){ i, 0, j++, 1 };
+        }
+    }
+    return k;
+}
+
+static dt_status nn_reshape_impl(const dt_tensor *t, int ndim, const int64_t *shape,
+                                 dt_tensor **out) {
+    const char *op = "dt_tensor_reshape";
+    DT_REQUIRE(t != NULL, "%s: t is NULL", op);
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    DT_REQUIRE(shape != NULL, "%s: shape is NULL", op);
+    DT_REQUIRE(ndim >= 1 && ndim <= DT_MAX_DIMS, "%s: ndim %d is out of range 1..%d", op, ndim,
+               DT_MAX_DIMS);
+    int on = dt_tensor_ndim(t);
+    const int64_t *os = dt_tensor_shape(t);
+    char obuf[160], nbuf[160];
+    nn_shape_format(on, os, obuf, sizeof obuf);
+    nn_shape_format(ndim, shape, nbuf, sizeof nbuf);
+    int64_t n_old = 1, n_new = 1;
+    for (int d = 0; d < on; d++) {
+        DT_REQUIRE(os[d] >= 1, "%s: t %s has an empty dim %d", op, obuf, d);
+        n_old *= os[d];
+    }
+    for (int d = 0; d < ndim; d++) {
+        DT_REQUIRE(shape[d] >= 1, "%s: new shape %s: dim %d has length %" PRId64 " (must be >= 1)",
+                   op, nbuf, d, shape[d]);
+        DT_REQUIRE(shape[d] <= n_old / n_new, "%s: new shape %s has more elements than t %s (%"
+                   PRId64 ")", op, nbuf, obuf, n_old);
+        n_new *= shape[d];
+    }
+    DT_REQUIRE(n_new == n_old, "%s: t %s has %" PRId64 " elements but the new shape %s has %" PRId64,
+               op, obuf, n_old, nbuf, n_new);
+
+    nn_group g[2 * DT_MAX_DIMS];
+    int ng = nn_groups(on, os, ndim, shape, g);
+    if (ng < 0) return dt_error(DT_ERR_INTERNAL, "%s: cannot group %s and %s", op, obuf, nbuf);
+
+    const dt_mesh *mesh = dt_tensor_mesh(t);
+    dt_layout nl = dt_layout_replicated(0);
+    if (mesh != NULL) {
+        const dt_layout *l = dt_tensor_layout(t);
+        char ls[128];
+        dt_layout_format(l, ls, sizeof ls);
+        nl = *l;
+        for (int m = 0; m < l->ndim; m++) {
+            dt_placement p = l->placements[m];
+            if (p.kind != DT_SHARD) continue;
+            const nn_group *G = NULL;
+            for (int k = 0; k < ng; k++)
+                if (p.dim >= g[k].o0 && p.dim < g[k].o0 + g[k].on) G = &g[k];
+            int parts = dt_mesh_size(mesh, m);
+            const char *why = NULL;
+            int n = -1; /* the new sharded dim */
+            if (G == NULL || G->nn == 0) {
+                why = "it disappears from the new shape";
+            } else {
+                for (int e = G->o0; e < p.dim && why == NULL; e++)
+                    if (os[e] != 1)
+                        why = "it is an inner dim of the dims it merges or splits with (only the "
+                              "outer dim of such a group may be sharded)";
+                /* The outer new dim of the group, skipping dims of length 1
+                 * that the shard cannot divide. */
+                const int64_t div = (int64_t)parts * (p.order == DT_ORDER_ZIGZAG ? 2 : 1);
+                n = G->n0;
+                while (n + 1 < G->n0 + G->nn && shape[n] == 1 && shape[n] % div != 0) n++;
+                if (why == NULL && p.order == DT_ORDER_STRIPED && os[p.dim] != shape[n])
+                    why = "it is striped, and a striped dim cannot be split or merged in place";
+            }
+            if (why == NULL) {
+                nl.placements[m] = dt_shard(n, p.order);
+            } else if (parts == 1) {
+                nl.placements[m] = dt_replicate(); /* one rank holds everything anyway */
+            } else {
+                return dt_error(DT_ERR_NOT_SUPPORTED,
+                                "%s: t %s %s -> %s: tensor dim %d is sharded on mesh dim %d and %s;"
+                                " redistribute t to Replicate on mesh dim %d first", op, obuf, ls,
+                                nbuf, p.dim, m, why, m);
+            }
+        }
+        if (dt_layout_check(&nl, ndim, shape, dt_mesh_sizes(mesh)) != DT_SUCCESS) {
+            char msg[768], ns[128];
+            snprintf(msg, sizeof msg, "%s", dt_last_error());
+            dt_layout_format(&nl, ns, sizeof ns);
+            return dt_error(DT_ERR_NOT_SUPPORTED,
+                            "%s: t %s %s -> %s would need the Layout %s, which is invalid (%s); "
+                            "redistribute t first", op, obuf, ls, nbuf, ns, msg);
+        }
+    }
+
+    dt_tensor *o = NULL;
+    DT_TRY(dt_tensor_create(dt_tensor_context(t), mesh, dt_tensor_dtype(t), ndim, shape,
+                            mesh ? &nl : NULL, &o));
+    size_t bytes = dt_tensor_local_bytes(t);
+    dt_status st;
+    if (dt_tensor_local_bytes(o) != bytes) {
+        st = dt_error(DT_ERR_INTERNAL, "%s: local sizes differ (%zu vs %zu bytes)", op, bytes,
+                      dt_tensor_local_bytes(o));
+    } else if (dt_context_backend(dt_tensor_context(t)) == DT_BACKEND_CPU) {
+        st = dt_tensor_get_local(t, dt_tensor_data(o), bytes); /* host memory: one copy */
+    } else {
+        void *host = malloc(bytes ? bytes : 1);
+        st = host ? dt_tensor_get_local(t, host, bytes)
+                  : dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory (%zu bytes)", op, bytes);
+        if (st == DT_SUCCESS) st = dt_tensor_set_local(o, host, bytes);
+        free(host);
+    }
+    if (st != DT_SUCCESS) {
+        dt_tensor_destroy(o);
+        return st;
+    }
+    *out = o;
+    return DT_SUCCESS;
+}
+
+dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape, dt_tensor **out) {
+    return nn_reshape_impl(t, ndim, shape, out);
+}
+
+/* ------------------------------------------------------------------ rmsnorm */
+
+dt_status dt_rmsnorm(const dt_tensor *x, const dt_tensor *weight, float eps, dt_tensor **out) {
+    const char *op = "dt_rmsnorm";
+    DT_REQUIRE(x != NULL, "%s: x is NULL", op);
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    DT_REQUIRE(isfinite(eps) && eps >= 0.0f, "%s: eps %g must be finite and >= 0", op, (double)eps);
+    DT_TRY(nn_check_dtype(op, x));
+    const int nd = dt_tensor_ndim(x), last = nd - 1;
+    const int64_t E = dt_tensor_shape(x)[last];
+    const dt_mesh *mesh = dt_tensor_mesh(x);
+    char xs[128], sug[128];
+
+    /* 1. What the op reads from x's Layout: the reduced dim must be whole. */
+    if (mesh != NULL) {
+        const dt_layout *l = dt_tensor_layout(x);
+        for (int m = 0; m < l->ndim; m++) {
+            dt_placement p = l->placements[m];
+            if (p.kind == DT_PARTIAL || (p.kind == DT_SHARD && p.dim == last)) {
+                dt_layout_format(l, xs, sizeof xs);
+                nn_suggest(l, last, sug, sizeof sug);
+                if (p.kind == DT_PARTIAL)
+                    return dt_error(DT_ERR_NOT_SUPPORTED,
+                                    "%s: x %s is Partial on mesh dim %d, and RMSNorm is not linear "
+                                    "(it needs the summed values); redistribute x to %s first", op,
+                                    xs, m, sug);
+                return dt_error(DT_ERR_NOT_SUPPORTED,
+                                "%s: x %s shards the last dim (%d, length %" PRId64 ") on mesh dim "
+                                "%d, but each row's mean of squares needs the whole row; "
+                                "redistribute x to %s first", op, xs, last, E, m, sug);
+            }
+        }
+    }
+    /* 2. The weight: [E], x's dtype, on x's mesh and Replicate everywhere. */
+    if (weight != NULL) {
+        DT_REQUIRE(dt_tensor_context(weight) == dt_tensor_context(x),
+                   "%s: weight and x belong to different contexts", op);
+        DT_REQUIRE(dt_tensor_mesh(weight) == mesh,
+                   "%s: weight and x are on different meshes (or one is local)", op);
+        DT_REQUIRE(dt_tensor_dtype(weight) == dt_tensor_dtype(x), "%s: x is %s but weight is %s",
+                   op, dt_dtype_name(dt_tensor_dtype(x)), dt_dtype_name(dt_tensor_dtype(weight)));
+        char ws[160];
+        nn_shape_format(dt_tensor_ndim(weight), dt_tensor_shape(weight), ws, sizeof ws);
+        DT_REQUIRE(dt_tensor_ndim(weight) == 1 && dt_tensor_shape(weight)[0] == E,
+                   "%s: weight must be [%" PRId64 "] (the last dim of x), got %s", op, E, ws);
+        if (mesh != NULL) {
+            const dt_layout *wl = dt_tensor_layout(weight);
+            dt_layout r = dt_layout_replicated(wl->ndim);
+            if (!dt_layout_equal(wl, &r)) {
+                char a[128], b[128];
+                dt_layout_format(wl, a, sizeof a);
+                dt_layout_format(&r, b, sizeof b);
+                return dt_error(DT_ERR_NOT_SUPPORTED,
+                                "%s: weight %s must be whole on every rank; redistribute it to %s",
+                                op, a, b);
+            }
+        }
+    }
+    DT_TRY(nn_check_backend(op, x));
+
+    /* 3. The output has x's Layout; 4. the local kernel (host memory). */
+    dt_tensor *o = NULL;
+    DT_TRY(nn_like(x, &o));
+    const dt_dtype dt = dt_tensor_dtype(x);
+    const void *xd = dt_tensor_data_const(x);
+    const void *wd = weight ? dt_tensor_data_const(weight) : NULL;
+    void *od = dt_tensor_data(o);
+    const int64_t rows = E > 0 ? dt_tensor_local_numel(x) / E : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double ss = 0.0;
+        for (int64_t i = 0; i < E; i++) {
+            double v = nn_load(dt, xd, r * E + i);
+            ss += v * v;
+        }
+        const float inv = (float)(1.0 / sqrt(ss / (double)E + (double)eps));
+        for (int64_t i = 0; i < E; i++) {
+            float v = nn_load(dt, xd, r * E + i) * inv;
+            if (wd) v *= nn_load(dt, wd, i);
+            nn_store(dt, od, r * E + i, v);
+        }
+    }
+    *out = o;
+    return DT_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ rotary */
+
+dt_status dt_rotary(const dt_tensor *x, const dt_rotary_options *opts, dt_tensor **out) {
+    const char *op = "dt_rotary";
+    dt_rotary_options def = DT_ROTARY_OPTIONS_INIT;
+    if (opts == NULL) opts = &def;
+    DT_REQUIRE(x != NULL, "%s: x is NULL", op);
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    DT_TRY(nn_check_dtype(op, x));
+    const int nd = dt_tensor_ndim(x), last = nd - 1;
+    const int64_t *shape = dt_tensor_shape(x);
+    char xs[160];
+    nn_shape_format(nd, shape, xs, sizeof xs);
+    DT_REQUIRE(nd >= 3, "%s: x must be [B, S, ..., D] (ndim >= 3), got %s", op, xs);
+    const int64_t S = shape[1], D = shape[last];
+    DT_REQUIRE(D % 2 == 0, "%s: x %s: the rotated dim D = %" PRId64 " must be even", op, xs, D);
+    DT_REQUIRE(isfinite(opts->base) && opts->base >= 0.0f,
+               "%s: base %g must be finite and >= 0 (0: 10000)", op, (double)opts->base);
+    DT_REQUIRE((int)opts->style >= 0 && opts->style < DT_ROTARY_STYLE_COUNT,
+               "%s: unknown style %d", op, (int)opts->style);
+    if (opts->positions == NULL) {
+        DT_REQUIRE(opts->n_positions == 0,
+                   "%s: n_positions is %" PRId64 " but positions is NULL (give both or neither)",
+                   op, opts->n_positions);
+    } else {
+        DT_REQUIRE(opts->n_positions == S,
+                   "%s: %" PRId64 " positions given for a sequence of S = %" PRId64 " tokens", op,
+                   opts->n_positions, S);
+        for (int64_t g = 0; g < S; g++)
+            DT_REQUIRE(opts->positions[g] >= 0, "%s: positions[%" PRId64 "] = %" PRId64
+                       " is negative", op, g, opts->positions[g]);
+    }
+
+    /* What the op reads from the Layout: which mesh dim (if any) shards the
+     * sequence, and how; the rotated dim must be whole. */
+    const dt_mesh *mesh = dt_tensor_mesh(x);
+    dt_order seq_order = DT_ORDER_CONTIGUOUS;
+    int seq_parts = 1, seq_coord = 0;
+    if (mesh != NULL) {
+        const dt_layout *l = dt_tensor_layout(x);
+        for (int m = 0; m < l->ndim; m++) {
+            dt_placement p = l->placements[m];
+            if (p.kind != DT_SHARD) continue;
+            if (p.dim == last) {
+                char ls[128], sug[128];
+                dt_layout_format(l, ls, sizeof ls);
+                dt_layout s = *l;
+                s.placements[m] = dt_replicate();
+                dt_layout_format(&s, sug, sizeof sug);
+                return dt_error(DT_ERR_NOT_SUPPORTED,
+                                "%s: x %s shards the rotated dim D (%d) on mesh dim %d, but each "
+                                "rotated pair must be local; redistribute x to %s first", op, ls,
+                                last, m, sug);
+            }
+            if (p.dim == 1) {
+                seq_order = p.order;
+                seq_parts = dt_mesh_size(mesh, m);
+                seq_coord = dt_mesh_coord(mesh, m);
+            }
+        }
+    }
+    DT_TRY(nn_check_backend(op, x));
+
+    const int64_t *ls = dt_tensor_local_shape(x);
+    const int64_t half = D / 2, s_loc = ls[1];
+    int64_t inner = 1; /* elements between two local rows of dim 1, per D-vector */
+    for (int d = 2; d < last; d++) inner *= ls[d];
+    const int64_t outer = ls[0];
+    double *theta = malloc((size_t)(half > 0 ? half : 1) * sizeof *theta);
+    float *cs = malloc((size_t)(half > 0 ? half : 1) * 2 * sizeof *cs);
+    if (!theta || !cs) {
+        free(theta);
+        free(cs);
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    }
+    const double base = opts->base > 0.0f ? (double)opts->base : 10000.0;
+    for (int64_t i = 0; i < half; i++) theta[i] = pow(base, -2.0 * (double)i / (double)D);
+
+    dt_tensor *o = NULL;
+    dt_status st = nn_like(x, &o);
+    if (st != DT_SUCCESS) {
+        free(theta);
+        free(cs);
+        return st;
+    }
+    const dt_dtype dt = dt_tensor_dtype(x);
+    const void *xd = dt_tensor_data_const(x);
+    void *od = dt_tensor_data(o);
+    const int interleaved = opts->style == DT_ROTARY_INTERLEAVED;
+    for (int64_t s = 0; s < s_loc; s++) {
+        /* The global token of local row s, from the Layout's index map. */
+        const int64_t g = seq_parts > 1 ? dt_order_global(seq_order, S, seq_parts, seq_coord, s) : s;
+        const double pos = (double)(opts->positions ? opts->positions[g] : g);
+        for (int64_t i = 0; i < half; i++) {
+            const double a = pos * theta[i];
+            cs[2 * i] = (float)cos(a);
+            cs[2 * i + 1] = (float)sin(a);
+        }
+        for (int64_t b = 0; b < outer; b++)
+            for (int64_t h = 0; h < inner; h++) {
+                const int64_t row = ((b * s_loc + s) * inner + h) * D;
+                for (int64_t i = 0; i < half; i++) {
+                    const int64_t ia = row + (interleaved ? 2 * i : i);
+                    const int64_t ib = row + (interleaved ? 2 * i + 1 : i + half);
+                    const float c = cs[2 * i], sn = cs[2 * i + 1];
+                    const float va = nn_load(dt, xd, ia), vb = nn_load(dt, xd, ib);
+                    nn_store(dt, od, ia, va * c - vb * sn);
+                    nn_store(dt, od, ib, va * sn + vb * c);
+                }
+            }
+    }
+    free(theta);
+    free(cs);
+    *out = o;
+    return DT_SUCCESS;
+}

@@ -1,0 +1,352 @@
+/* tests/test_mlp.c — the Megatron tensor-parallel MLP, Y = GELU(X W1) W2,
+ * built from the library's primitives and ops on P = 1..8 ranks:
+ *   tp: X [Replicate]; W1 Shard(1) and W2 Shard(0) by dt_tensor_shard from
+ *       rank 0; Y Partial -> all-reduce -> Replicate;
+ *   sp: X [Shard(1)] -> all-gather -> the same -> reduce-scatter -> Shard(1);
+ * in fp32 and bf16, against a double-precision MLP computed here with plain
+ * loops from (seed, global index). Each rank compares its own part of Y
+ * (h_local_of_f64 of the reference under Y's Layout) and records; the main
+ * thread asserts. The Layout of every stage is checked too.
+ *
+ * The example program examples/tensor_parallel_mlp is run as a user would:
+ * PASS and exit 0 for good flags, exit 2 and a message for bad ones
+ * (skipped when it is not built).
+ *
+ * Tolerances |got - ref| <= atol + rtol*|ref| (Y has rms ~0.5 here):
+ *   fp32  atol 1e-5, rtol 1e-4   fp32 accumulation order only
+ *   bf16  atol 2e-2, rtol 2e-2   H, GELU(H), the summands of Y and Y are each
+ *                                rounded to bf16 (2^-9 relative); the inputs
+ *                                are the same bf16 values in both
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dtensor/dtensor.h"
+#include "harness.h"
+
+#define MAXW H_MAX_RANKS
+
+static float stored(dt_dtype dtype, float v) {
+    return dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(v)) : v;
+}
+
+/* Power-of-two weight scale near sqrt(3 / fan_in): exact in any dtype. */
+static float weight_scale(int64_t fan_in) {
+    return ldexpf(1.0f, -(int)lround(0.5 * log2((double)fan_in / 3.0)));
+}
+
+/* Element i of an input: X (scale 1) or a weight (scale weight_scale). */
+static float input_value(dt_dtype dtype, uint64_t seed, int64_t i, float scale) {
+    return stored(dtype, stored(dtype, dt_random_value(seed, (uint64_t)i)) * scale);
+}
+
+typedef struct mlp_case {
+    int P, sp;
+    dt_dtype dtype;
+    int64_t B, S, E, F;
+    uint64_t seed;
+    double *ref;  /* [B, S, E], made by the main thread */
+    /* recorded by the ranks */
+    long bad[MAXW];
+    double max_err[MAXW];
+    int layouts_ok[MAXW];
+    int shape_ok[MAXW];
+} mlp_case;
+
+/* A tensor of `shape` under `l` (NULL: local) holding input_value(seed, i)
+ * at global index i: every rank sets its own part, no communication. */
+static dt_status make_tensor(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,
+                             const int64_t *shape, const dt_layout *l, uint64_t seed, float scale,
+                             dt_tensor **out) {
+    int64_t n = h_numel(ndim, shape);
+    float *full = malloc((size_t)n * sizeof *full), *loc = malloc((size_t)n * sizeof *loc);
+    dt_bf16 *h = malloc((size_t)n * sizeof *h);
+    dt_tensor *t = NULL;
+    dt_status st = DT_ERR_OUT_OF_MEMORY;
+    if (!full || !loc || !h) goto out;
+    for (int64_t i = 0; i < n; i++) full[i] = input_value(dtype, seed, i, scale);
+    int coords[3] = {0, 0, 0};
+    if (mesh) {
+        h_coords(dt_context_rank(ctx), dt_mesh_ndim(mesh), dt_mesh_sizes(mesh), coords);
+        h_local_of(full, ndim, shape, l, dt_mesh_sizes(mesh), coords, loc, NULL);
+    } else {
+        memcpy(loc, full, (size_t)n * sizeof *loc);
+    }
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dtype, ndim, shape, l, &t), out);
+    int64_t ln = dt_tensor_local_numel(t);
+    if (dtype == DT_F32) {
+        st = dt_tensor_set_local(t, loc, dt_tensor_local_bytes(t));
+    } else {
+        for (int64_t i = 0; i < ln; i++) h[i] = dt_f32_to_bf16(loc[i]);
+        st = dt_tensor_set_local(t, h, dt_tensor_local_bytes(t));
+    }
+out:
+    free(full);
+    free(loc);
+    free(h);
+    if (st == DT_SUCCESS)
+        *out = t;
+    else
+        dt_tensor_destroy(t);
+    return st;
+}
+
+static float *local_floats(const dt_tensor *t) {
+    int64_t n = dt_tensor_local_numel(t);
+    size_t b = dt_tensor_local_bytes(t);
+    void *raw = malloc(b + 1);
+    float *f = malloc((size_t)(n + 1) * sizeof *f);
+    if (!raw || !f || dt_tensor_get_local(t, raw, b) != DT_SUCCESS) {
+        free(raw);
+        free(f);
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++)
+        f[i] = dt_tensor_dtype(t) == DT_F32 ? ((float *)raw)[i]
+                                            : dt_bf16_to_f32(((dt_bf16 *)raw)[i]);
+    free(raw);
+    return f;
+}
+
+static int layout_is(const dt_tensor *t, dt_layout want) {
+    return dt_layout_equal(dt_tensor_layout(t), &want);
+}
+
+static dt_status rank_mlp(dt_context *ctx, void *arg) {
+    mlp_case *c = arg;
+    const int r = dt_context_rank(ctx);
+    const int64_t xs[3] = {c->B, c->S, c->E}, w1s[2] = {c->E, c->F}, w2s[2] = {c->F, c->E};
+    const dt_layout rep = dt_layout_1d(dt_replicate());
+    const dt_layout seq = dt_layout_1d(dt_shard(1, DT_ORDER_CONTIGUOUS));
+    const dt_layout col = dt_layout_1d(dt_shard(1, DT_ORDER_CONTIGUOUS));
+    const dt_layout row = dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS));
+    const dt_layout hid = dt_layout_1d(dt_shard(2, DT_ORDER_CONTIGUOUS));
+    dt_mesh *mesh = NULL;
+    dt_tensor *x = NULL, *w1f = NULL, *w2f = NULL, *w1 = NULL, *w2 = NULL;
+    dt_tensor *xr = NULL, *h = NULL, *g = NULL, *yp = NULL, *y = NULL;
+    double *lref = NULL;
+    float *got = NULL;
+    dt_status st;
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, &c->P, NULL, &mesh), out);
+    DT_TRY_GOTO(st, make_tensor(ctx, mesh, c->dtype, 3, xs, c->sp ? &seq : &rep, c->seed, 1.0f, &x),
+                out);
+    if (r == 0) {
+        DT_TRY_GOTO(st, make_tensor(ctx, NULL, c->dtype, 2, w1s, NULL, c->seed + 1,
+                                    weight_scale(c->E), &w1f), out);
+        DT_TRY_GOTO(st, make_tensor(ctx, NULL, c->dtype, 2, w2s, NULL, c->seed + 2,
+                                    weight_scale(c->F), &w2f), out);
+    }
+    DT_TRY_GOTO(st, dt_tensor_shard(mesh, 0, w1f, &col, &w1), out);
+    DT_TRY_GOTO(st, dt_tensor_shard(mesh, 0, w2f, &row, &w2), out);
+
+    if (c->sp) DT_TRY_GOTO(st, dt_tensor_redistribute(x, &rep, &xr), out); /* all-gather */
+    DT_TRY_GOTO(st, dt_matmul(c->sp ? xr : x, w1, &h), out);
+    DT_TRY_GOTO(st, dt_gelu(h, DT_GELU_ERF, &g), out);
+    DT_TRY_GOTO(st, dt_matmul(g, w2, &yp), out);
+    DT_TRY_GOTO(st, dt_tensor_redistribute(yp, c->sp ? &seq : &rep, &y), out);
+
+    c->layouts_ok[r] = layout_is(w1, col) && layout_is(w2, row) && (!c->sp || layout_is(xr, rep)) &&
+                       layout_is(h, hid) && layout_is(g, hid) &&
+                       layout_is(yp, dt_layout_1d(dt_partial())) &&
+                       layout_is(y, c->sp ? seq : rep);
+    const int64_t *ls = dt_tensor_local_shape(y);
+    c->shape_ok[r] = ls[0] == c->B && ls[1] == (c->sp ? c->S / c->P : c->S) && ls[2] == c->E &&
+                     dt_tensor_local_shape(h)[2] == c->F / c->P;
+
+    int64_t n = dt_tensor_local_numel(y);
+    lref = malloc((size_t)(c->B * c->S * c->E) * sizeof *lref);
+    got = local_floats(y);
+    if (!lref || !got) {
+        st = dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory");
+        goto out;
+    }
+    int coords[1] = {r};
+    h_local_of_f64(c->ref, 3, xs, c->sp ? &seq : &rep, &c->P, coords, lref);
+    const double atol = c->dtype == DT_F32 ? 1e-5 : 2e-2, rtol = c->dtype == DT_F32 ? 1e-4 : 2e-2;
+    c->bad[r] = h_compare("mlp Y", got, lref, (size_t)n, atol, rtol, &c->max_err[r]);
+out:
+    free(lref);
+    free(got);
+    dt_tensor_destroy(y);
+    dt_tensor_destroy(yp);
+    dt_tensor_destroy(g);
+    dt_tensor_destroy(h);
+    dt_tensor_destroy(xr);
+    dt_tensor_destroy(w2);
+    dt_tensor_destroy(w1);
+    dt_tensor_destroy(w2f);
+    dt_tensor_destroy(w1f);
+    dt_tensor_destroy(x);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+/* The MLP in double from the same values: an independent reference. */
+static double *mlp_reference(const mlp_case *c) {
+    const int64_t M = c->B * c->S, E = c->E, F = c->F;
+    double *y = calloc((size_t)(M * E), sizeof *y), *hrow = malloc((size_t)F * sizeof *hrow);
+    double *w1 = malloc((size_t)(E * F) * sizeof *w1), *w2 = malloc((size_t)(F * E) * sizeof *w2);
+    if (!y || !hrow || !w1 || !w2) {
+        free(y);
+        y = NULL;
+        goto out;
+    }
+    for (int64_t i = 0; i < E * F; i++) {
+        w1[i] = input_value(c->dtype, c->seed + 1, i, weight_scale(E));
+        w2[i] = input_value(c->dtype, c->seed + 2, i, weight_scale(F));
+    }
+    for (int64_t m = 0; m < M; m++) {
+        for (int64_t f = 0; f < F; f++) {
+            double s = 0;
+            for (int64_t e = 0; e < E; e++)
+                s += (double)input_value(c->dtype, c->seed, m * E + e, 1.0f) * w1[e * F + f];
+            hrow[f] = 0.5 * s * (1.0 + erf(s / sqrt(2.0)));
+        }
+        for (int64_t e = 0; e < E; e++) {
+            double s = 0;
+            for (int64_t f = 0; f < F; f++) s += hrow[f] * w2[f * E + e];
+            y[m * E + e] = s;
+        }
+    }
+out:
+    free(hrow);
+    free(w1);
+    free(w2);
+    return y;
+}
+
+static void test_mlp(void **state) {
+    mlp_case *c = *state;
+    c->ref = mlp_reference(c);
+    assert_non_null(c->ref);
+    dt_status st = h_launch(c->P, rank_mlp, c);
+    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    free(c->ref);
+    c->ref = NULL;
+    assert_int_equal(st, DT_SUCCESS);
+    for (int r = 0; r < c->P; r++) {
+        assert_true(c->layouts_ok[r]);
+        assert_true(c->shape_ok[r]);
+        assert_int_equal(c->bad[r], 0);
+        assert_true(isfinite(c->max_err[r]));
+    }
+}
+
+/* ------------------------------------------------- the example program */
+
+static char g_example[4096] = "build/examples/tensor_parallel_mlp";
+
+typedef struct example_case {
+    const char *args;
+    int want_status;
+    const char *want_text; /* must appear in the output */
+} example_case;
+
+static int run_example(const char *args, char **out) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", g_example, args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -2;
+    size_t cap = 1 << 16, len = 0, n;
+    char *buf = malloc(cap);
+    if (!buf) {
+        pclose(p);
+        return -2;
+    }
+    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += n;
+        if (cap - len < 4096) {
+            char *b = realloc(buf, cap * 2);
+            if (!b) break;
+            buf = b;
+            cap *= 2;
+        }
+    }
+    buf[len] = '\0';
+    int status = pclose(p);
+    *out = buf;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_example(void **state) {
+    const example_case *c = *state;
+    if (access(g_example, X_OK) != 0) {
+        print_message("skipped: %s is not built (run `make` first)\n", g_example);
+        skip();
+    }
+    char *out = NULL;
+    int status = run_example(c->args, &out);
+    assert_non_null(out);
+    int ok = status == c->want_status && strstr(out, c->want_text) != NULL;
+    if (!ok)
+        print_error("tensor_parallel_mlp %s: exit %d (want %d), output lacks '%s'?\n%s\n", c->args,
+                    status, c->want_status, c->want_text, out);
+    free(out);
+    assert_int_equal(status, c->want_status);
+    assert_true(ok);
+}
+
+/* ------------------------------------------------------------ the table */
+
+int main(int argc, char **argv) {
+    (void)argc;
+    /* build[-variant]/tests/test_mlp -> build[-variant]/examples/tensor_parallel_mlp */
+    const char *slash = argv[0] ? strrchr(argv[0], '/') : NULL;
+    if (slash && slash - argv[0] < 4000) {
+        snprintf(g_example, sizeof g_example, "%.*s/../examples/tensor_parallel_mlp",
+                 (int)(slash - argv[0]), argv[0]);
+        if (access(g_example, X_OK) != 0)
+            snprintf(g_example, sizeof g_example, "build/examples/tensor_parallel_mlp");
+    }
+
+    static mlp_case cases[2 * 2 * MAXW];
+    static char names[2 * 2 * MAXW + 16][160];
+    static const example_case examples[] = {
+        {"", 0, "result: PASS"},
+        {"--sp --ranks 3 --batch 1 --seq 48 --embed 48 --dtype bf16 --iters 3", 0, "result: PASS"},
+        {"--ranks 5 --seq 10 --embed 40 --seed 9 --iters 2", 0, "result: PASS"},
+        {"--ranks 0", 2, "--ranks takes an integer"},
+        {"--dtype fp64", 2, "--dtype takes one of fp32, bf16"},
+        {"--frobnicate", 2, "unknown flag '--frobnicate'"},
+        {"--sp --ranks 3 --seq 10 --embed 48", 2, "--seq 10 is not divisible by --ranks 3"},
+        {"--ranks 3 --embed 10", 2, "4E = 40 is not divisible by --ranks 3"},
+        {"--iters", 2, "--iters takes an integer"},
+    };
+    struct CMUnitTest tests[2 * 2 * MAXW + 16];
+    size_t n = 0;
+    for (int sp = 0; sp < 2; sp++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int P = 1; P <= MAXW; P++) {
+                mlp_case *c = &cases[n];
+                c->P = P;
+                c->sp = sp;
+                c->dtype = dt ? DT_BF16 : DT_F32;
+                c->B = 2;
+                c->S = 3 * P;
+                c->E = 8 * P;
+                c->F = 4 * c->E;
+                c->seed = 100 + 10 * (uint64_t)P + (uint64_t)dt;
+                snprintf(names[n], sizeof names[n], "mlp/%s,P=%d,B=%lld,S=%lld,E=%lld,F=%lld,%s",
+                         sp ? "sp" : "tp", P, (long long)c->B, (long long)c->S, (long long)c->E,
+                         (long long)c->F, dt_dtype_name(c->dtype));
+                tests[n] = (struct CMUnitTest){names[n], test_mlp, NULL, NULL, c};
+                n++;
+            }
+    for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) {
+        snprintf(names[n], sizeof names[n], "example/tensor_parallel_mlp %s%s-> exit %d",
+                 examples[i].args, *examples[i].args ? " " : "", examples[i].want_status);
+        tests[n] = (struct CMUnitTest){names[n], test_example, NULL, NULL, (void *)&examples[i]};
+        n++;
+    }
+    return h_run_cases("mlp", tests, n);
+}
