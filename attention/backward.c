@@ -43,7 +43,7 @@ static bwd_workspace bwd_workspace_of(const attn_plan *p) {
     w.off_dq = attn_align(2 * w.block_bytes);
     w.off_delta = w.off_dq + attn_align(rows * (size_t)p->D * sizeof(float));
     w.off_scratch = w.off_delta + attn_align(rows * sizeof(float));
-    w.total = w.off_scratch + attn_align(dt_attn_block_bwd_cpu_scratch(p->D));
+    w.total = w.off_scratch + attn_align(p->kern ? p->kern->bwd_scratch(p->D) : 0);
     return w;
 }
 
@@ -112,23 +112,12 @@ static dt_status run_blocks(const attn_plan *p, const bwd_workspace *w, const dt
                 .dq = dq + qo, .dq_batch_stride = p->c * p->h * p->D,
                 .dk = dk + ko, .dv = dv + ko,
             };
-            DT_TRY(dt_attn_block_bwd_cpu(&a, scratch));
+            DT_TRY(p->kern->bwd(p->ctx->backend, &a, scratch));
             koff += ks[j].len;
         }
         qoff += qs[i].len;
     }
     return DT_SUCCESS;
-}
-
-/* fp32 values into a tensor of dtype `dtype` (rounded once). */
-static void store(dt_tensor *t, const float *src) {
-    size_t n = (size_t)dt_tensor_local_numel(t);
-    if (dt_tensor_dtype(t) == DT_F32) {
-        memcpy(dt_tensor_data(t), src, n * sizeof(float));
-    } else {
-        dt_bf16 *dst = dt_tensor_data(t);
-        for (size_t i = 0; i < n; i++) dst[i] = dt_f32_to_bf16(src[i]);
-    }
 }
 
 dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
@@ -162,15 +151,17 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     DT_TRY_GOTO(st, dt_tensor_create(p.ctx, p.mesh, p.dtype, 4, dt_tensor_shape(v), lq, &gv), fail);
 
     float *dqa = (float *)(ws + w.off_dq), *delta = (float *)(ws + w.off_delta);
-    memset(dqa, 0, attn_plan_rows(&p) * (size_t)p.D * sizeof(float));
-    dt_attn_delta_cpu(p.dtype, p.b, p.c, p.h, p.D, dt_tensor_data_const(o),
-                      dt_tensor_data_const(dout), delta);
+    DT_TRY_GOTO(st, be->ops->zero(be, dqa, attn_plan_rows(&p) * (size_t)p.D * sizeof(float)),
+                fail);
+    DT_TRY_GOTO(st, p.kern->delta(be, p.dtype, p.b, p.c, p.h, p.D, dt_tensor_data_const(o),
+                                  dt_tensor_data_const(dout), delta), fail);
     if (comm)
         DT_TRY_GOTO(st, dt_ring_create_in(comm, w.block_bytes, DT_RING_FORWARD, ws, &ring), fail);
     char *block = ring ? dt_ring_current(ring) : ws;
-    memcpy(block, dt_tensor_data_const(k), p.kv_bytes);
-    memcpy(block + p.kv_bytes, dt_tensor_data_const(v), p.kv_bytes);
-    memset(block + 2 * p.kv_bytes, 0, 2 * w.grad_bytes);
+    DT_TRY_GOTO(st, be->ops->copy(be, block, dt_tensor_data_const(k), p.kv_bytes), fail);
+    DT_TRY_GOTO(st, be->ops->copy(be, block + p.kv_bytes, dt_tensor_data_const(v), p.kv_bytes),
+                fail);
+    DT_TRY_GOTO(st, be->ops->zero(be, block + 2 * p.kv_bytes, 2 * w.grad_bytes), fail);
 
     for (int t = 0; t < p.parts; t++) {
         int src = ring ? dt_ring_source(ring) : 0;
@@ -181,9 +172,13 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
         if (ring) DT_TRY_GOTO(st, dt_ring_step(ring), fail);
     }
     block = ring ? dt_ring_current(ring) : block;
-    store(gq, dqa);
-    store(gk, (const float *)(block + 2 * p.kv_bytes));
-    store(gv, (const float *)(block + 2 * p.kv_bytes + w.grad_bytes));
+    size_t nq = (size_t)dt_tensor_local_numel(gq), nk = (size_t)dt_tensor_local_numel(gk);
+    DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nq, dqa, dt_tensor_data(gq)), fail);
+    DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nk, (const float *)(block + 2 * p.kv_bytes),
+                                  dt_tensor_data(gk)), fail);
+    DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nk,
+                                  (const float *)(block + 2 * p.kv_bytes + w.grad_bytes),
+                                  dt_tensor_data(gv)), fail);
     dt_ring_destroy(ring);
     if (own_ws) be->ops->free(be, ws);
     *dq = gq;

@@ -35,19 +35,6 @@ typedef struct dt_attn_block_args {
     int64_t acc_batch_stride;
 } dt_attn_block_args;
 
-/* Bytes of scratch the CPU kernel needs for blocks of head dim `dim`. */
-size_t dt_attn_block_cpu_scratch(int64_t dim);
-
-/* The CPU kernel: tiles of 64 queries x 128 keys, empty tiles skipped,
- * partial tiles masked, products on OpenBLAS in fp32. */
-dt_status dt_attn_block_cpu(const dt_attn_block_args *a, void *scratch);
-
-/* o[b][x][h][d] = acc / l (0 where l = 0), lse[b][h][x] = m + log l (-inf
- * where l = 0), for rows x < rows; o has the dtype `dtype`, lse is fp32 and
- * laid out like m. */
-void dt_attn_finalize_cpu(dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
-                          const float *acc, const float *m, const float *l, void *o, float *lse);
-
 /* Backward of one block, from the forward's log-sum-exp (FlashAttention-2):
  *   P  = exp(scale q.k - lse)        (0 where masked, and on rows with lse = -inf)
  *   dV += P^T dO      dP = dO V^T      dS = P (dP - delta)
@@ -73,11 +60,32 @@ typedef struct dt_attn_block_bwd_args {
     float *dk, *dv;
 } dt_attn_block_bwd_args;
 
-size_t dt_attn_block_bwd_cpu_scratch(int64_t dim);
-dt_status dt_attn_block_bwd_cpu(const dt_attn_block_bwd_args *a, void *scratch);
+struct dt_backend;
 
-/* delta[b][h][x] = sum_d dout * o over the rows x < rows (fp32). */
-void dt_attn_delta_cpu(dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
-                       const void *o, const void *dout, float *delta);
+/* One backend's attention kernels. All run on the backend's compute stream;
+ * pointers are backend memory. Per-row arrays (m, l, lse, delta) are
+ * [b][h][x] with `rows` rows; acc and dq are [b][x][h][d] fp32. */
+typedef struct dt_attn_kernels {
+    const char *name;
+    /* Scratch bytes the block kernels need for head dim `dim`. */
+    size_t (*fwd_scratch)(int64_t dim);
+    size_t (*bwd_scratch)(int64_t dim);
+    /* m = -inf, l = 0, acc = 0 for `rows` rows of `dim`. */
+    dt_status (*init)(struct dt_backend *be, size_t rows, int64_t dim, float *acc, float *m,
+                      float *l);
+    dt_status (*fwd)(struct dt_backend *be, const dt_attn_block_args *a, void *scratch);
+    /* o = acc / l (0 where l = 0) in `dtype`; lse = m + log l (-inf where l = 0). */
+    dt_status (*finalize)(struct dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows,
+                          int64_t heads, int64_t dim, const float *acc, const float *m,
+                          const float *l, void *o, float *lse);
+    /* delta = rowsum(dout * o), fp32. */
+    dt_status (*delta)(struct dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows,
+                       int64_t heads, int64_t dim, const void *o, const void *dout, float *delta);
+    dt_status (*bwd)(struct dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch);
+    /* dst[i] = src[i] rounded to `dtype`, i < n. */
+    dt_status (*store)(struct dt_backend *be, dt_dtype dtype, size_t n, const float *src, void *dst);
+} dt_attn_kernels;
+
+extern const dt_attn_kernels dt_attn_kernels_cpu;
 
 #endif /* DT_ATTN_BLOCK_H */

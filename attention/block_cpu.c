@@ -21,7 +21,7 @@
 #define TQ 64
 #define TK 128
 
-size_t dt_attn_block_cpu_scratch(int64_t dim) {
+static size_t fwd_scratch(int64_t dim) {
     return (size_t)(TQ * dim + 2 * TK * dim + TQ * TK) * sizeof(float);
 }
 
@@ -39,7 +39,8 @@ static void pack_rows(float *dst, const void *base, dt_dtype dtype, int64_t row_
     }
 }
 
-dt_status dt_attn_block_cpu(const dt_attn_block_args *a, void *scratch) {
+static dt_status fwd(struct dt_backend *be, const dt_attn_block_args *a, void *scratch) {
+    (void)be;
     const int64_t H = a->heads, G = a->kv_heads, D = a->dim, group = H / G;
     const int64_t nq = a->qseg.len, nk = a->kseg.len;
     const size_t es = dt_dtype_size(a->dtype);
@@ -106,8 +107,19 @@ dt_status dt_attn_block_cpu(const dt_attn_block_args *a, void *scratch) {
     return DT_SUCCESS;
 }
 
-void dt_attn_finalize_cpu(dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
-                          const float *acc, const float *m, const float *l, void *o, float *lse) {
+static dt_status init(struct dt_backend *be, size_t rows, int64_t dim, float *acc, float *m,
+                      float *l) {
+    (void)be;
+    memset(acc, 0, rows * (size_t)dim * sizeof(float));
+    memset(l, 0, rows * sizeof(float));
+    for (size_t i = 0; i < rows; i++) m[i] = -INFINITY;
+    return DT_SUCCESS;
+}
+
+static dt_status finalize(struct dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows,
+                          int64_t heads, int64_t dim, const float *acc, const float *m,
+                          const float *l, void *o, float *lse) {
+    (void)be;
     for (int64_t b = 0; b < batch; b++)
         for (int64_t h = 0; h < heads; h++)
             for (int64_t x = 0; x < rows; x++) {
@@ -121,17 +133,20 @@ void dt_attn_finalize_cpu(dt_dtype dtype, int64_t batch, int64_t rows, int64_t h
                     else ((dt_bf16 *)o)[base + d] = dt_f32_to_bf16(v);
                 }
             }
+    return DT_SUCCESS;
 }
 
 /* ------------------------------------------------------------- backward */
 
-size_t dt_attn_block_bwd_cpu_scratch(int64_t dim) {
+static size_t bwd_scratch(int64_t dim) {
     /* q, dO tiles [TQ, D]; k, v tiles [TK, D]; P and dS [TQ, TK]; dK, dV tiles [TK, D] */
     return (size_t)(2 * TQ * dim + 4 * TK * dim + 2 * TQ * TK) * sizeof(float);
 }
 
-void dt_attn_delta_cpu(dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
-                       const void *o, const void *dout, float *delta) {
+static dt_status delta_rows(struct dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows,
+                           int64_t heads, int64_t dim, const void *o, const void *dout,
+                           float *delta) {
+    (void)be;
     for (int64_t b = 0; b < batch; b++)
         for (int64_t x = 0; x < rows; x++)
             for (int64_t h = 0; h < heads; h++) {
@@ -150,6 +165,7 @@ void dt_attn_delta_cpu(dt_dtype dtype, int64_t batch, int64_t rows, int64_t head
                 }
                 delta[(b * heads + h) * rows + x] = sum;
             }
+    return DT_SUCCESS;
 }
 
 /* dst rows (stride row_stride) += src [n, dim] */
@@ -158,7 +174,8 @@ static void add_rows(float *dst, int64_t row_stride, const float *src, int64_t n
         for (int64_t d = 0; d < dim; d++) dst[i * row_stride + d] += src[i * dim + d];
 }
 
-dt_status dt_attn_block_bwd_cpu(const dt_attn_block_bwd_args *a, void *scratch) {
+static dt_status bwd(struct dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
+    (void)be;
     const int64_t H = a->heads, G = a->kv_heads, D = a->dim, group = H / G;
     const int64_t nq = a->qseg.len, nk = a->kseg.len;
     const size_t es = dt_dtype_size(a->dtype);
@@ -231,3 +248,27 @@ dt_status dt_attn_block_bwd_cpu(const dt_attn_block_bwd_args *a, void *scratch) 
         }
     return DT_SUCCESS;
 }
+
+static dt_status store(struct dt_backend *be, dt_dtype dtype, size_t n, const float *src,
+                       void *dst) {
+    (void)be;
+    if (dtype == DT_F32) {
+        memcpy(dst, src, n * sizeof(float));
+    } else {
+        dt_bf16 *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = dt_f32_to_bf16(src[i]);
+    }
+    return DT_SUCCESS;
+}
+
+const dt_attn_kernels dt_attn_kernels_cpu = {
+    .name = "cpu",
+    .fwd_scratch = fwd_scratch,
+    .bwd_scratch = bwd_scratch,
+    .init = init,
+    .fwd = fwd,
+    .finalize = finalize,
+    .delta = delta_rows,
+    .bwd = bwd,
+    .store = store,
+};

@@ -41,7 +41,7 @@ static fwd_workspace fwd_workspace_of(const attn_plan *p) {
     w.off_m = w.off_acc + attn_align(rows * (size_t)p->D * sizeof(float));
     w.off_l = w.off_m + attn_align(rows * sizeof(float));
     w.off_scratch = w.off_l + attn_align(rows * sizeof(float));
-    w.total = w.off_scratch + attn_align(dt_attn_block_cpu_scratch(p->D));
+    w.total = w.off_scratch + attn_align(p->kern ? p->kern->fwd_scratch(p->D) : 0);
     return w;
 }
 
@@ -78,7 +78,7 @@ static dt_status run_blocks(const attn_plan *p, const void *q, const void *kv, i
                 .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
                 .acc = acc + qoff * p->h * p->D, .acc_batch_stride = p->c * p->h * p->D,
             };
-            DT_TRY(dt_attn_block_cpu(&a, scratch));
+            DT_TRY(p->kern->fwd(p->ctx->backend, &a, scratch));
             koff += ks[j].len;
         }
         qoff += qs[i].len;
@@ -118,18 +118,15 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
 
     float *acc = (float *)(ws + w.off_acc), *m = (float *)(ws + w.off_m);
     float *l = (float *)(ws + w.off_l);
-    size_t rows = attn_plan_rows(&p);
-    memset(acc, 0, rows * (size_t)p.D * sizeof(float));
-    memset(l, 0, rows * sizeof(float));
-    for (size_t i = 0; i < rows; i++) m[i] = -INFINITY;
+    DT_TRY_GOTO(st, p.kern->init(be, attn_plan_rows(&p), p.D, acc, m, l), fail);
 
     /* Pack this rank's K and V into the ring's first buffer. */
     if (comm) {
         DT_TRY_GOTO(st, dt_ring_create_in(comm, 2 * p.kv_bytes, DT_RING_FORWARD, ws, &ring), fail);
     }
     char *kv = ring ? dt_ring_current(ring) : ws;
-    memcpy(kv, dt_tensor_data_const(k), p.kv_bytes);
-    memcpy(kv + p.kv_bytes, dt_tensor_data_const(v), p.kv_bytes);
+    DT_TRY_GOTO(st, be->ops->copy(be, kv, dt_tensor_data_const(k), p.kv_bytes), fail);
+    DT_TRY_GOTO(st, be->ops->copy(be, kv + p.kv_bytes, dt_tensor_data_const(v), p.kv_bytes), fail);
 
     for (int t = 0; t < p.parts; t++) {
         int more = t + 1 < p.parts;
@@ -139,8 +136,8 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
                                    src, acc, m, l, ws + w.off_scratch), fail);
         if (more) DT_TRY_GOTO(st, dt_ring_wait(ring), fail);
     }
-    dt_attn_finalize_cpu(p.dtype, p.b, p.c, p.h, p.D, acc, m, l, dt_tensor_data(out),
-                         dt_tensor_data(out_lse));
+    DT_TRY_GOTO(st, p.kern->finalize(be, p.dtype, p.b, p.c, p.h, p.D, acc, m, l,
+                                     dt_tensor_data(out), dt_tensor_data(out_lse)), fail);
     dt_ring_destroy(ring);
     if (own_ws) be->ops->free(be, ws);
     *o = out;

@@ -57,7 +57,9 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     if (p->dtype != DT_F32 && p->dtype != DT_BF16)
         FAIL(DT_ERR_NOT_SUPPORTED, "dtype %s is not supported on the %s backend (fp32, bf16)",
              dt_dtype_name(p->dtype), dt_backend_kind_name(dt_context_backend(p->ctx)));
-    if (dt_context_backend(p->ctx) != DT_BACKEND_CPU)
+    /* The one place that picks a backend's kernels. */
+    p->kern = dt_context_backend(p->ctx) == DT_BACKEND_CPU ? &dt_attn_kernels_cpu : NULL;
+    if (!p->kern)
         FAIL(DT_ERR_NOT_SUPPORTED, "no attention kernel for the %s backend in this build",
              dt_backend_kind_name(dt_context_backend(p->ctx)));
 

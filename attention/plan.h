@@ -6,6 +6,7 @@
 #define DT_ATTN_PLAN_H
 
 #include "attention.h"
+#include "block.h"
 #include "../collectives/comm.h"
 
 typedef struct attn_plan {
@@ -21,6 +22,7 @@ typedef struct attn_plan {
     float scale;
     dt_layout lse_layout;             /* of the [B, H, S] log-sum-exp */
     size_t kv_bytes;                  /* one local K (or V) block in its dtype */
+    const dt_attn_kernels *kern;      /* the context's backend's kernels */
 } attn_plan;
 
 /* Validate q, k, v and opts (NULL: defaults) and fill p. Touches nothing. */

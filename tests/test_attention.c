@@ -196,14 +196,14 @@ static void test_fully_masked_block(void **state) {
     for (int i = 0; i < N; i++) m[i] = -INFINITY, l[i] = 0;
     memset(acc, 0, sizeof acc);
     char scratch[1 << 16];
-    assert_true(dt_attn_block_cpu_scratch(D) <= sizeof scratch);
+    assert_true(dt_attn_kernels_cpu.fwd_scratch(D) <= sizeof scratch);
     dt_attn_block_args a = {.dtype = DT_F32, .batch = 1, .heads = 1, .kv_heads = 1, .dim = D,
                             .q = q, .q_batch_stride = N * D, .k = k, .v = v, .kv_batch_stride = N * D,
                             .qseg = {0, 2, N}, .kseg = {1000, 2, N}, .mask = DT_ATTN_CAUSAL,
                             .scale = 1.0f, .m = m, .l = l, .ml_batch_stride = N, .ml_head_stride = N,
                             .acc = acc, .acc_batch_stride = N * D};
-    assert_int_equal(dt_attn_block_cpu(&a, scratch), DT_SUCCESS);
-    dt_attn_finalize_cpu(DT_F32, 1, N, 1, D, acc, m, l, o, lse);
+    assert_int_equal(dt_attn_kernels_cpu.fwd(NULL, &a, scratch), DT_SUCCESS);
+    assert_int_equal(dt_attn_kernels_cpu.finalize(NULL, DT_F32, 1, N, 1, D, acc, m, l, o, lse), DT_SUCCESS);
     for (int i = 0; i < N; i++) {
         assert_true(isinf(lse[i]) && lse[i] < 0);
         for (int d = 0; d < D; d++) assert_true(o[i * D + d] == 0.0f);
@@ -231,8 +231,8 @@ static void test_huge_logits(void **state) {
                             .qseg = {0, 1, S}, .kseg = {0, 1, S}, .mask = DT_ATTN_CAUSAL,
                             .scale = 1.0f, .m = m, .l = l, .ml_batch_stride = S, .ml_head_stride = S,
                             .acc = acc, .acc_batch_stride = S * D};
-    assert_int_equal(dt_attn_block_cpu(&a, scratch), DT_SUCCESS);
-    dt_attn_finalize_cpu(DT_F32, 1, S, 1, D, acc, m, l, o, lse);
+    assert_int_equal(dt_attn_kernels_cpu.fwd(NULL, &a, scratch), DT_SUCCESS);
+    assert_int_equal(dt_attn_kernels_cpu.finalize(NULL, DT_F32, 1, S, 1, D, acc, m, l, o, lse), DT_SUCCESS);
     attn_shape s = {1, S, 1, 1, D};
     ref_attention_forward(&s, qd, kd, vd, 1, 1.0, o_ref, lse_ref);
     double big = 0;
