@@ -153,7 +153,8 @@ CM_CANDIDATES := "$(if $(CMOCKA_ROOT),$(call root_flags,$(CMOCKA_ROOT)))"
 CMOCKA_PROBE := $(call probe,$(SRC_CMOCKA),-lcmocka,$(CM_CANDIDATES),cmocka.h,libcmocka)
 HAVE_CMOCKA := $(call probe_ok,$(CMOCKA_PROBE))
 
-# 4. CUDA toolkit, cuBLAS, NCCL: detected and reported (no .cu files yet).
+# 4. CUDA toolkit, cuBLAS, NCCL. The CUDA backend needs nvcc and cuBLAS; the
+# NCCL transport needs NCCL as well.
 CUDA_LIBDIR := $(firstword $(call dirs_that_exist,$(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
 CUDA_FLAGS := -I$(CUDA_HOME)/include $(if $(CUDA_LIBDIR),-L$(CUDA_LIBDIR) -Wl$(,)-rpath$(,)$(CUDA_LIBDIR))
 ifneq ($(CUDA),0)
@@ -163,8 +164,13 @@ HAVE_CUDA := $(if $(NVCC_VERSION),ok)
 CUBLAS_PROBE := $(if $(HAVE_CUDA),$(call probe,$(SRC_CUBLAS),-lcublas -lcudart,"$(CUDA_FLAGS)",cublas_v2.h,libcublas))
 NCCL_CANDIDATES := $(if $(NCCL_HOME),"$(call root_flags,$(NCCL_HOME)) $(CUDA_FLAGS)") "$(CUDA_FLAGS)"
 NCCL_PROBE := $(if $(HAVE_CUDA),$(call probe,$(SRC_NCCL),-lnccl -lcudart,$(NCCL_CANDIDATES),nccl.h,libnccl))
+HAVE_CUBLAS := $(call probe_ok,$(CUBLAS_PROBE))
+HAVE_NCCL := $(call probe_ok,$(NCCL_PROBE))
 ifeq ($(CUDA)$(HAVE_CUDA),1)
 $(error CUDA=1 but no working nvcc at $(NVCC) (set CUDA_HOME))
+endif
+ifeq ($(CUDA)$(HAVE_CUBLAS),1)
+$(error CUDA=1 but cuBLAS (cublas_v2.h + -lcublas) is not usable under $(CUDA_HOME))
 endif
 endif
 
@@ -202,19 +208,36 @@ TEST_CPPFLAGS := $(filter -I%,$(CMOCKA_FLAGS))
 TEST_LDFLAGS := $(filter-out -I%,$(CMOCKA_FLAGS))
 
 # --- CUDA hook --------------------------------------------------------------
-# When CUDA is enabled and found and .cu files exist beside the C sources,
-# they are compiled with nvcc into the library and DT_HAVE_CUDA is defined
-# for all C code. There are no .cu files yet, so today this adds nothing.
-# (NCCL/MPI transports will hook in the same way: DT_HAVE_NCCL, DT_HAVE_MPI.)
-CU_SRCS := $(if $(HAVE_CUDA),$(sort $(wildcard dtensor/*.cu collectives/*.cu attention/*.cu)))
+# With CUDA enabled and nvcc + cuBLAS found, the .cu files beside the C
+# sources are compiled with nvcc into the library and DT_HAVE_CUDA is defined
+# for all C code; the CUDA runtime directory goes into every binary's rpath.
+# With NCCL found as well, collectives/transport_nccl.c is built and
+# DT_HAVE_NCCL defined; otherwise that file is left out. One GPU
+# architecture (NVCC_ARCH, sm_90 by default; sm_80 for A100) keeps nvcc fast.
+NCCL_SRCS := collectives/transport_nccl.c
+CU_SRCS := $(if $(and $(HAVE_CUDA),$(HAVE_CUBLAS)),$(sort $(wildcard dtensor/*.cu collectives/*.cu attention/*.cu)))
+BUILD_NCCL := $(if $(CU_SRCS),$(HAVE_NCCL))
+ifeq ($(BUILD_NCCL),)
+LIB_OBJS := $(filter-out $(call obj,$(NCCL_SRCS)),$(LIB_OBJS))
+endif
 ifneq ($(CU_SRCS),)
 CU_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
 LIB_OBJS += $(CU_OBJS)
 DT_CPPFLAGS += -DDT_HAVE_CUDA -I$(CUDA_HOME)/include
 DT_LDFLAGS += $(filter-out -I%,$(CUDA_FLAGS))
 DT_LDLIBS += -lcublas -lcudart
+# No exceptions, RTTI or thread-safe statics: the objects need no C++ runtime,
+# so C programs link the library with cc alone.
 NVCC_FLAGS := -arch=$(NVCC_ARCH) -std=c++17 $(if $(DEBUG_ON),-O0 -g -G,-O2 -g) \
-    -Xcompiler -fPIC -I. -DDT_HAVE_CUDA $(if $(DEBUG_ON),-DDT_DEBUG)
+    -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-fno-exceptions,-fno-rtti,-fno-threadsafe-statics \
+    -Werror all-warnings -I. -DDT_HAVE_CUDA \
+    $(if $(BUILD_NCCL),-DDT_HAVE_NCCL) $(if $(DEBUG_ON),-DDT_DEBUG)
+ifneq ($(BUILD_NCCL),)
+NCCL_FLAGS := $(call probe_flags,$(NCCL_PROBE))
+DT_CPPFLAGS += -DDT_HAVE_NCCL $(filter-out -I$(CUDA_HOME)/include,$(filter -I%,$(NCCL_FLAGS)))
+DT_LDFLAGS += $(filter-out $(CUDA_FLAGS),$(filter-out -I%,$(NCCL_FLAGS)))
+DT_LDLIBS := -lnccl $(DT_LDLIBS)
+endif
 endif
 
 # Every object depends on this file, rewritten only when the compiler or the
@@ -245,9 +268,9 @@ $(info $(_)  cmocka    $(call found,$(HAVE_CMOCKA)) $(if $(HAVE_CMOCKA),$(call p
 ifeq ($(CUDA),0)
 $(info $(_)  CUDA      disabled (CUDA=0); cuBLAS and NCCL not probed)
 else
-$(info $(_)  CUDA      $(call found,$(HAVE_CUDA)) $(if $(HAVE_CUDA),$(CUDA_HOME) (nvcc $(NVCC_VERSION))$(if $(CU_SRCS),; building $(words $(CU_SRCS)) .cu file(s) for $(NVCC_ARCH),; no .cu sources yet: detection only),no nvcc at $(NVCC) (CUDA_HOME)))
+$(info $(_)  CUDA      $(call found,$(HAVE_CUDA)) $(if $(HAVE_CUDA),$(CUDA_HOME) (nvcc $(NVCC_VERSION))$(if $(CU_SRCS),; CUDA backend: $(words $(CU_SRCS)) .cu file(s) for $(NVCC_ARCH),; CUDA backend not built (needs cuBLAS)),no nvcc at $(NVCC) (CUDA_HOME)))
 $(info $(_)  cuBLAS    $(call found,$(call probe_ok,$(CUBLAS_PROBE))) $(if $(call probe_ok,$(CUBLAS_PROBE)),$(call probe_header,$(CUBLAS_PROBE)) ($(call probe_lib,$(CUBLAS_PROBE))),$(if $(HAVE_CUDA),no cublas_v2.h + -lcublas under $(CUDA_HOME),not probed without CUDA)))
-$(info $(_)  NCCL      $(call found,$(call probe_ok,$(NCCL_PROBE))) $(if $(call probe_ok,$(NCCL_PROBE)),$(call probe_header,$(NCCL_PROBE)) ($(call probe_lib,$(NCCL_PROBE))),$(if $(HAVE_CUDA),no nccl.h + -lnccl in NCCL_HOME/CUDA_HOME/system,not probed without CUDA)))
+$(info $(_)  NCCL      $(call found,$(call probe_ok,$(NCCL_PROBE))) $(if $(call probe_ok,$(NCCL_PROBE)),$(call probe_header,$(NCCL_PROBE)) ($(call probe_lib,$(NCCL_PROBE)))$(if $(BUILD_NCCL),; NCCL transport built),$(if $(HAVE_CUDA),no nccl.h + -lnccl in NCCL_HOME/CUDA_HOME/system,not probed without CUDA)))
 endif
 ifeq ($(MPI),0)
 $(info $(_)  MPI       disabled (MPI=0))

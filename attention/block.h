@@ -87,5 +87,8 @@ typedef struct dt_attn_kernels {
 } dt_attn_kernels;
 
 extern const dt_attn_kernels dt_attn_kernels_cpu;
+#ifdef DT_HAVE_CUDA
+extern const dt_attn_kernels dt_attn_kernels_cuda;   /* block_cuda.cu */
+#endif
 
 #endif /* DT_ATTN_BLOCK_H */

@@ -54,11 +54,17 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     if (p->D < 8 || p->D > DT_ATTN_MAX_HEAD_DIM || p->D % 8)
         FAIL(DT_ERR_NOT_SUPPORTED, "head dim %lld is not supported (multiples of 8 up to %d)",
              (long long)p->D, DT_ATTN_MAX_HEAD_DIM);
-    if (p->dtype != DT_F32 && p->dtype != DT_BF16)
-        FAIL(DT_ERR_NOT_SUPPORTED, "dtype %s is not supported on the %s backend (fp32, bf16)",
-             dt_dtype_name(p->dtype), dt_backend_kind_name(dt_context_backend(p->ctx)));
+    int cuda = dt_context_backend(p->ctx) == DT_BACKEND_CUDA;
+    if (p->dtype != DT_F32 && p->dtype != DT_BF16 && !(cuda && p->dtype == DT_F16))
+        FAIL(DT_ERR_NOT_SUPPORTED, "dtype %s is not supported on the %s backend (fp32, bf16%s)",
+             dt_dtype_name(p->dtype), dt_backend_kind_name(dt_context_backend(p->ctx)),
+             cuda ? ", fp16" : "");
     /* The one place that picks a backend's kernels. */
-    p->kern = dt_context_backend(p->ctx) == DT_BACKEND_CPU ? &dt_attn_kernels_cpu : NULL;
+    p->kern = NULL;
+    if (dt_context_backend(p->ctx) == DT_BACKEND_CPU) p->kern = &dt_attn_kernels_cpu;
+#ifdef DT_HAVE_CUDA
+    if (dt_context_backend(p->ctx) == DT_BACKEND_CUDA) p->kern = &dt_attn_kernels_cuda;
+#endif
     if (!p->kern)
         FAIL(DT_ERR_NOT_SUPPORTED, "no attention kernel for the %s backend in this build",
              dt_backend_kind_name(dt_context_backend(p->ctx)));

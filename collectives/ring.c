@@ -8,8 +8,10 @@
  * Test: tests/test_ring.c (make test).
  */
 #include "ring.h"
+#include "transport.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 struct dt_ring {
@@ -44,22 +46,26 @@ static dt_status ring_create(dt_comm *comm, size_t bytes, dt_ring_direction dire
     int64_t mine[2] = {(int64_t)bytes, (int64_t)direction};
     static const char *const names[2] = {"bytes", "direction"};
     DT_TRY(dt_comm_check_agreement(comm, "dt_ring_create", mine, names, 2));
-    /* TODO(cuda): owned device buffers come from the communicator's backend. */
+    /* Owned buffers come from the communicator's memory (device memory for
+     * CUDA ranks), zeroed. */
     dt_ring *r = calloc(1, sizeof *r);
+    dt_status st = r ? DT_SUCCESS : DT_ERR_OUT_OF_MEMORY;
+    if (r) r->comm = comm;
     if (r && buffers) {
         r->buf[0] = buffers;
         r->buf[1] = (char *)buffers + bytes;
     } else if (r) {
         r->owns_buffers = 1;
-        r->buf[0] = calloc(1, bytes ? bytes : 1);
-        r->buf[1] = calloc(1, bytes ? bytes : 1);
+        st = comm->mem.ops->alloc(comm->mem.arg, bytes, &r->buf[0]);
+        if (st == DT_SUCCESS) st = comm->mem.ops->alloc(comm->mem.arg, bytes, &r->buf[1]);
     }
-    if (!r || !r->buf[0] || !r->buf[1]) {
+    if (st != DT_SUCCESS) {
+        char why[512];
+        snprintf(why, sizeof why, "%s%s", r ? ": " : "", r ? dt_last_error() : "");
         dt_ring_destroy(r);
-        return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: dt_ring_create: out of memory for 2 x %zu "
-                        "bytes", dt_comm_world_rank(comm), bytes);
+        return dt_error(st, "rank %d: dt_ring_create: cannot allocate 2 x %zu bytes%s",
+                        dt_comm_world_rank(comm), bytes, why);
     }
-    r->comm = comm;
     r->bytes = bytes;
     r->direction = direction;
     *out = r;
@@ -81,8 +87,9 @@ dt_status dt_ring_create_in(dt_comm *comm, size_t bytes, dt_ring_direction direc
 void dt_ring_destroy(dt_ring *ring) {
     if (!ring) return;
     if (ring->owns_buffers) {
-        free(ring->buf[0]);
-        free(ring->buf[1]);
+        const dt_mem *mem = &ring->comm->mem;
+        if (ring->buf[0]) mem->ops->free(mem->arg, ring->buf[0]);
+        if (ring->buf[1]) mem->ops->free(mem->arg, ring->buf[1]);
     }
     free(ring);
 }

@@ -7,6 +7,10 @@
 #include "comm.h"
 #include "../dtensor/log.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum dt_coll_kind {
     DT_COLL_ALL_REDUCE = 0,
     DT_COLL_ALL_GATHER,
@@ -51,6 +55,37 @@ typedef struct dt_comm_config {
     int check;                /* DT_CHECK: verify cross-rank agreement before each call */
 } dt_comm_config;
 
+/* Where a rank's communication buffers live and how a transport moves and
+ * reduces them: host memory for the CPU backend (dt_mem_host), device memory
+ * for CUDA (backend_cuda.cu). Chosen when the world is created; a split
+ * communicator inherits its parent's. Every call is made by the owning
+ * rank's thread with its own `arg`, and has completed when it returns. */
+typedef struct dt_mem_ops {
+    const char *name;
+    /* Zeroed memory of `bytes` (0: a valid unique pointer). */
+    dt_status (*alloc)(void *arg, size_t bytes, void **out);
+    void (*free)(void *arg, void *p);
+    /* dst := src, bytes; either may be host or device memory. */
+    dt_status (*copy)(void *arg, void *dst, const void *src, size_t bytes);
+    /* Make the caller's earlier writes to its buffers readable by other
+     * ranks' threads (cuda: wait for the compute stream). */
+    dt_status (*publish)(void *arg);
+    /* acc[i] := x[i] (first) or op(acc[i], x[i]) for i < n, in fp32; acc is
+     * this memory's fp32 scratch, x (fp32 or bf16) may live anywhere. */
+    dt_status (*reduce)(void *arg, float *acc, const void *x, size_t n, dt_dtype dtype,
+                        dt_reduce_op op, int first);
+    /* Round acc (n fp32 values) to dtype in place (bf16: packed at the start). */
+    dt_status (*finish)(void *arg, void *acc, size_t n, dt_dtype dtype);
+} dt_mem_ops;
+
+typedef struct dt_mem {
+    const dt_mem_ops *ops;
+    void *arg;
+} dt_mem;
+
+/* Host memory: calloc/free/memcpy, reductions in C (transport_local.c). */
+extern const dt_mem dt_mem_host;
+
 /* One rank's handle. Transports allocate it (with their own state in impl). */
 struct dt_comm {
     const dt_transport_ops *ops;
@@ -61,9 +96,13 @@ struct dt_comm {
     int check;                /* see dt_comm_config */
     unsigned long calls;      /* collective calls made, for agreement checks */
     int p2p_pending;          /* a group was started and not yet waited for */
+    dt_mem mem;               /* where this rank's buffers live (ring buffers, scratch) */
 };
 
 #define DT_COMM_LOG(comm, level, ...) \
     dt_log_write((comm)->log_level, (comm)->world_rank, (level), __VA_ARGS__)
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* DT_TRANSPORT_H */

@@ -30,6 +30,13 @@
  * world, and an aborted world wakes every waiter, which then returns an
  * error. Nothing here knows of tensors.
  *
+ * Memory: every byte is moved, reduced and allocated through the rank's
+ * dt_mem hooks (comm->mem, chosen when the world's communicators are made):
+ * plain memcpy and C loops on host memory, cudaMemcpy and device kernels for
+ * CUDA ranks sharing GPUs. A rank publishes (cuda: waits for its compute
+ * stream) before peers may read its buffers, and each hook call has
+ * completed when it returns, so the algorithm above is the same for both.
+ *
  * Test: tests/test_collectives.c, tests/test_ring.c (make test).
  */
 #include "transport_local.h"
@@ -54,6 +61,7 @@ typedef struct local_slot {
     int split_rank;
     void *scratch;              /* reduction results, private to the member */
     size_t scratch_bytes;
+    const dt_mem_ops *scratch_ops; /* the member's memory the scratch came from */
     /* point-to-point */
     const dt_p2p_op *p2p_ops;   /* published group, NULL when none */
     int p2p_n, p2p_cap;
@@ -92,6 +100,83 @@ struct dt_local_world {
 
 static const dt_transport_ops local_ops;
 
+/* ---------------------------------------------------------- host memory */
+
+static dt_status host_alloc(void *arg, size_t bytes, void **out) {
+    (void)arg;
+    /* calloc(0) may return NULL; one byte keeps every pointer valid and unique. */
+    void *p = calloc(bytes > 0 ? bytes : 1, 1);
+    if (!p) return dt_error(DT_ERR_OUT_OF_MEMORY, "out of host memory for %zu bytes", bytes);
+    *out = p;
+    return DT_SUCCESS;
+}
+
+static void host_free(void *arg, void *p) {
+    (void)arg;
+    free(p);
+}
+
+static dt_status host_copy(void *arg, void *dst, const void *src, size_t bytes) {
+    (void)arg;
+    if (bytes) memcpy(dst, src, bytes);
+    return DT_SUCCESS;
+}
+
+static dt_status host_publish(void *arg) {
+    (void)arg;
+    return DT_SUCCESS;
+}
+
+static void reduce_f32(float *acc, const float *x, size_t n, dt_reduce_op op) {
+    if (op == DT_REDUCE_SUM) {
+        for (size_t i = 0; i < n; i++) acc[i] += x[i];
+    } else {
+        for (size_t i = 0; i < n; i++)
+            if (x[i] > acc[i] || isnan(x[i])) acc[i] = x[i];
+    }
+}
+
+static dt_status host_reduce(void *arg, float *acc, const void *src, size_t n, dt_dtype dtype,
+                             dt_reduce_op op, int first) {
+    (void)arg;
+    if (dtype == DT_F32) {
+        if (first) memcpy(acc, src, n * sizeof(float));
+        else reduce_f32(acc, (const float *)src, n, op);
+    } else {
+        const dt_bf16 *h = (const dt_bf16 *)src;
+        for (size_t i = 0; i < n; i++) {
+            float x = dt_bf16_to_f32(h[i]);
+            if (first) acc[i] = x;
+            else if (op == DT_REDUCE_SUM) acc[i] += x;
+            else if (x > acc[i] || isnan(x)) acc[i] = x;
+        }
+    }
+    return DT_SUCCESS;
+}
+
+static dt_status host_finish(void *arg, void *acc, size_t n, dt_dtype dtype) {
+    (void)arg;
+    if (dtype == DT_BF16) {
+        /* In place, ascending: element i's 2 bytes never pass element i's 4. */
+        const float *f = acc;
+        dt_bf16 *out = acc;
+        for (size_t i = 0; i < n; i++) out[i] = dt_f32_to_bf16(f[i]);
+    }
+    return DT_SUCCESS;
+}
+
+static const dt_mem_ops host_mem_ops = {
+    .name = "host",
+    .alloc = host_alloc,
+    .free = host_free,
+    .copy = host_copy,
+    .publish = host_publish,
+    .reduce = host_reduce,
+    .finish = host_finish,
+};
+
+const dt_mem dt_mem_host = {&host_mem_ops, NULL};
+
 /* ---------------------------------------------------------------- groups */
 
 static void group_free(dt_local_group *g) {
@@ -99,7 +184,9 @@ static void group_free(dt_local_group *g) {
     if (g->slots) {
         for (int m = 0; m < g->size; m++) {
             local_slot *s = &g->slots[m];
-            free(s->scratch);
+            /* Normally freed by its member (local_destroy); device memory
+             * left here belongs to a backend that may be gone. */
+            if (s->scratch_ops == &host_mem_ops) free(s->scratch);
             free(s->op_seq);
             free(s->op_consumed);
             free(s->sent);
@@ -144,7 +231,7 @@ static void group_unlink(dt_local_world *w, dt_local_group *g) {
     }
 }
 
-static dt_status comm_new(dt_local_group *g, int rank, dt_comm **out) {
+static dt_status comm_new(dt_local_group *g, int rank, const dt_mem *mem, dt_comm **out) {
     dt_comm *c = calloc(1, sizeof *c);
     if (!c) return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: out of memory for a communicator",
                             g->world_ranks[rank]);
@@ -156,6 +243,7 @@ static dt_status comm_new(dt_local_group *g, int rank, dt_comm **out) {
     c->timeout_ms = g->world->cfg.timeout_ms;
     c->log_level = g->world->cfg.log_level;
     c->check = g->world->cfg.check;
+    c->mem = *mem;
     *out = c;
     return DT_SUCCESS;
 }
@@ -199,12 +287,12 @@ oom:
     return dt_error(DT_ERR_OUT_OF_MEMORY, "local world of %d ranks: out of memory", size);
 }
 
-dt_status dt_local_world_comm(dt_local_world *w, int rank, dt_comm **out) {
+dt_status dt_local_world_comm(dt_local_world *w, int rank, const dt_mem *mem, dt_comm **out) {
     if (!w || !out || rank < 0 || rank >= w->size)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "local world: bad comm request for rank %d", rank);
     pthread_mutex_lock(&w->mu);
     dt_local_group *g = w->world_group;
-    dt_status st = comm_new(g, rank, out);
+    dt_status st = comm_new(g, rank, mem ? mem : &dt_mem_host, out);
     if (st == DT_SUCCESS) g->refs++;
     pthread_mutex_unlock(&w->mu);
     return st;
@@ -402,15 +490,6 @@ static dt_status check_agreement(dt_comm *c, unsigned long seq) {
     return DT_SUCCESS;
 }
 
-static void reduce_f32(float *acc, const float *x, size_t n, dt_reduce_op op) {
-    if (op == DT_REDUCE_SUM) {
-        for (size_t i = 0; i < n; i++) acc[i] += x[i];
-    } else {
-        for (size_t i = 0; i < n; i++)
-            if (x[i] > acc[i] || isnan(x[i])) acc[i] = x[i];
-    }
-}
-
 /* scratch := op over members of (their send + offset elements), count
  * elements, accumulated in fp32 in rank order and rounded once. */
 static dt_status reduce_into_scratch(dt_comm *c, size_t offset, const dt_coll_args *a) {
@@ -418,35 +497,28 @@ static dt_status reduce_into_scratch(dt_comm *c, size_t offset, const dt_coll_ar
     local_slot *me = &g->slots[c->rank];
     size_t need = a->count * sizeof(float);
     if (need > me->scratch_bytes) {
-        void *p = realloc(me->scratch, need);
-        if (!p) return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: %s: out of memory for %zu bytes",
-                                c->world_rank, dt_coll_kind_name(a->kind), need);
+        void *p = NULL;
+        if (me->scratch) c->mem.ops->free(c->mem.arg, me->scratch);
+        me->scratch = NULL;
+        me->scratch_bytes = 0;
+        dt_status st = c->mem.ops->alloc(c->mem.arg, need, &p);
+        if (st != DT_SUCCESS) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", dt_last_error());
+            return dt_error(st, "rank %d: %s: scratch of %zu bytes: %s", c->world_rank,
+                            dt_coll_kind_name(a->kind), need, why);
+        }
         me->scratch = p;
         me->scratch_bytes = need;
+        me->scratch_ops = c->mem.ops;
     }
     float *acc = me->scratch;
     size_t es = dt_dtype_size(a->dtype);
     for (int m = 0; m < g->size; m++) {
         const char *src = (const char *)g->slots[m].args.send + offset * es;
-        if (a->dtype == DT_F32) {
-            if (m == 0) memcpy(acc, src, a->count * es);
-            else reduce_f32(acc, (const float *)src, a->count, a->op);
-        } else {
-            const dt_bf16 *h = (const dt_bf16 *)src;
-            for (size_t i = 0; i < a->count; i++) {
-                float x = dt_bf16_to_f32(h[i]);
-                if (m == 0) acc[i] = x;
-                else if (a->op == DT_REDUCE_SUM) acc[i] += x;
-                else if (x > acc[i] || isnan(x)) acc[i] = x;
-            }
-        }
+        DT_TRY(c->mem.ops->reduce(c->mem.arg, acc, src, a->count, a->dtype, a->op, m == 0));
     }
-    if (a->dtype == DT_BF16) {
-        /* In place, ascending: element i's 2 bytes never pass element i's 4. */
-        dt_bf16 *out = me->scratch;
-        for (size_t i = 0; i < a->count; i++) out[i] = dt_f32_to_bf16(acc[i]);
-    }
-    return DT_SUCCESS;
+    return c->mem.ops->finish(c->mem.arg, acc, a->count, a->dtype);
 }
 
 /* Reads the peers' buffers of a collective that every member has joined. */
@@ -455,28 +527,31 @@ static dt_status move_data(dt_comm *c, const dt_coll_args *a) {
     const local_slot *s = g->slots;
     size_t bytes = a->count * dt_dtype_size(a->dtype);
     int r = c->rank;
+    const dt_mem *mem = &c->mem;
     switch (a->kind) {
     case DT_COLL_ALL_REDUCE: return reduce_into_scratch(c, 0, a);
     case DT_COLL_REDUCE_SCATTER: return reduce_into_scratch(c, (size_t)r * a->count, a);
     case DT_COLL_ALL_GATHER:
         for (int m = 0; m < g->size; m++) {
             char *dst = (char *)a->recv + (size_t)m * bytes;
-            if (dst != s[m].args.send) memcpy(dst, s[m].args.send, bytes);
+            if (bytes && dst != s[m].args.send)
+                DT_TRY(mem->ops->copy(mem->arg, dst, s[m].args.send, bytes));
         }
         return DT_SUCCESS;
     case DT_COLL_BROADCAST:
-        if (r != a->root && bytes) memcpy(a->recv, s[a->root].args.recv, bytes);
+        if (r != a->root && bytes) return mem->ops->copy(mem->arg, a->recv, s[a->root].args.recv, bytes);
         return DT_SUCCESS;
     case DT_COLL_SCATTER: {
         const char *src = (const char *)s[a->root].args.send + (size_t)r * bytes;
-        if (bytes && src != a->recv) memcpy(a->recv, src, bytes);
+        if (bytes && src != a->recv) return mem->ops->copy(mem->arg, a->recv, src, bytes);
         return DT_SUCCESS;
     }
     case DT_COLL_GATHER:
         if (r == a->root)
             for (int m = 0; m < g->size; m++) {
                 char *dst = (char *)a->recv + (size_t)m * bytes;
-                if (bytes && dst != s[m].args.send) memcpy(dst, s[m].args.send, bytes);
+                if (bytes && dst != s[m].args.send)
+                    DT_TRY(mem->ops->copy(mem->arg, dst, s[m].args.send, bytes));
             }
         return DT_SUCCESS;
     default: return DT_SUCCESS;
@@ -547,6 +622,10 @@ static dt_status local_collective(dt_comm *c, const dt_coll_args *a, dt_comm **s
     if (is_reduction(a->kind) && a->dtype != DT_F32 && a->dtype != DT_BF16)
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: %s: the local transport reduces fp32 "
                         "and bf16, not %s", c->world_rank, name, dt_dtype_name(a->dtype));
+    if ((st = c->mem.ops->publish(c->mem.arg)) != DT_SUCCESS) {
+        dt_local_world_abort(w, c->world_rank, st, dt_last_error());
+        return st;
+    }
     pthread_mutex_lock(&w->mu);
     if (w->aborted) {
         st = aborted_error(c, name);
@@ -562,7 +641,7 @@ static dt_status local_collective(dt_comm *c, const dt_coll_args *a, dt_comm **s
     if (a->kind == DT_COLL_SPLIT) {
         DT_TRY_GOTO(st, split_groups(c, seq), unlock);
         if (me->split_group) {
-            st = comm_new(me->split_group, me->split_rank, split_out);
+            st = comm_new(me->split_group, me->split_rank, &c->mem, split_out);
             if (st != DT_SUCCESS) goto unlock;
         }
     }
@@ -581,8 +660,8 @@ static dt_status local_collective(dt_comm *c, const dt_coll_args *a, dt_comm **s
 unlock:
     me->state = NULL;
     pthread_mutex_unlock(&w->mu);
-    if (st == DT_SUCCESS && is_reduction(a->kind))
-        memcpy(a->recv, me->scratch, a->count * dt_dtype_size(a->dtype));
+    if (st == DT_SUCCESS && is_reduction(a->kind) && a->count)
+        st = c->mem.ops->copy(c->mem.arg, a->recv, me->scratch, a->count * dt_dtype_size(a->dtype));
     if (st != DT_SUCCESS && split_out && *split_out) {
         dt_comm_destroy(*split_out);
         *split_out = NULL;
@@ -596,7 +675,11 @@ static dt_status local_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n) {
     dt_local_group *g = c->impl;
     dt_local_world *w = g->world;
     local_slot *me = &g->slots[c->rank];
-    dt_status st = DT_SUCCESS;
+    dt_status st = c->mem.ops->publish(c->mem.arg);
+    if (st != DT_SUCCESS) {
+        dt_local_world_abort(w, c->world_rank, st, dt_last_error());
+        return st;
+    }
     pthread_mutex_lock(&w->mu);
     if (w->aborted) {
         st = aborted_error(c, "sendrecv");
@@ -704,12 +787,18 @@ static dt_status local_p2p_wait(dt_comm *c) {
         peer->readers++;
         pthread_mutex_unlock(&w->mu);
         size_t bytes = op->count * dt_dtype_size(op->dtype);
-        if (bytes && op->buf != src->buf) memcpy(op->buf, src->buf, bytes);
+        dt_status copied = DT_SUCCESS;
+        if (bytes && op->buf != src->buf) copied = c->mem.ops->copy(c->mem.arg, op->buf, src->buf, bytes);
         pthread_mutex_lock(&w->mu);
         peer->readers--;
         peer->op_consumed[j] = 1;
         peer->sends_outstanding--;
         pthread_cond_broadcast(&w->cv);
+        if (copied != DT_SUCCESS) {
+            st = copied;
+            world_abort_locked(w, c->world_rank, st, dt_last_error());
+            goto unlock;
+        }
     }
     int rc = wait_for(w, &deadline, sends_consumed, me, 0);
     if (rc != WAIT_OK) {
@@ -751,6 +840,12 @@ static int local_aborted(const dt_comm *c) {
 static void local_destroy(dt_comm *c) {
     dt_local_group *g = c->impl;
     dt_local_world *w = g->world;
+    local_slot *me = &g->slots[c->rank];
+    /* The scratch is private to this member: free it with its own memory
+     * while its backend is alive. */
+    if (me->scratch) c->mem.ops->free(c->mem.arg, me->scratch);
+    me->scratch = NULL;
+    me->scratch_bytes = 0;
     pthread_mutex_lock(&w->mu);
     if (--g->refs == 0) {
         group_unlink(w, g);

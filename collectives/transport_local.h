@@ -9,8 +9,11 @@ typedef struct dt_local_world dt_local_world;
 
 /* A world of `size` ranks, its communicators configured by cfg. */
 dt_status dt_local_world_create(int size, const dt_comm_config *cfg, dt_local_world **out);
-/* The world communicator handle of `rank` (caller owns it: dt_comm_destroy). */
-dt_status dt_local_world_comm(dt_local_world *world, int rank, dt_comm **out);
+/* The world communicator handle of `rank` (caller owns it: dt_comm_destroy).
+ * `mem` says where the rank's buffers live (copied; NULL: dt_mem_host); its
+ * arg (a CUDA backend) must outlive the handle and every split of it. */
+dt_status dt_local_world_comm(dt_local_world *world, int rank, const dt_mem *mem,
+                              dt_comm **out);
 /* Abort from outside a communicator (a rank whose function failed). */
 void dt_local_world_abort(dt_local_world *world, int rank, dt_status status,
                           const char *reason);

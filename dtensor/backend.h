@@ -2,7 +2,13 @@
  *
  * A backend keeps tensor data where its device wants it and runs the local
  * kernels. Ops and primitives are written once against this table; backends
- * hold no model logic. backend_cpu.c implements it for host memory.
+ * hold no model logic. backend_cpu.c implements it for host memory,
+ * backend_cuda.cu (see backend_cuda.h) for device memory.
+ *
+ * Streams: on CUDA every call is enqueued on the rank's compute stream, in
+ * call order; upload and download return when the host buffer may be reused
+ * (download: holds the data). Other calls may return before the device is
+ * done; sync waits (bounded by the rank's timeout) for all of the rank's work.
  */
 #ifndef DT_BACKEND_H
 #define DT_BACKEND_H
@@ -13,6 +19,10 @@
 #include "ops.h"
 #include "status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* One table-driven copy, the mechanism behind every pack, unpack, slice and
  * permutation: for o < outer and i < n, copy (or add) one run of
  * run_elems elements from
@@ -21,7 +31,8 @@
  * Offset tables are host arrays of n entries; src and dst are backend
  * memory and must not overlap. The destination runs must not overlap each
  * other (every ADD lands on its own elements). COPY moves bytes of any
- * dtype; ADD needs fp32 or bf16 (bf16: computed in fp32, rounded once). */
+ * dtype; ADD needs fp32 or bf16 (bf16: computed in fp32, rounded once; the
+ * CUDA backend also adds fp16). */
 typedef enum dt_runs_op { DT_RUNS_COPY = 0, DT_RUNS_ADD } dt_runs_op;
 
 typedef struct dt_runs {
@@ -67,4 +78,7 @@ struct dt_backend {
 /* The CPU backend (host memory, OpenBLAS). */
 dt_status dt_backend_cpu_create(int rank, dt_backend **out);
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* DT_BACKEND_H */

@@ -1,5 +1,15 @@
 /* dtensor/context.c — contexts, backend/transport selection, and dt_launch
- * (N ranks as threads of this process over the local transport).
+ * (N ranks as threads of this process, over the local or the NCCL transport).
+ *
+ * Selection (once per launch): explicit options, then DT_BACKEND /
+ * DT_TRANSPORT, then automatic: cuda+nccl when there are at least as many
+ * GPUs as ranks (one GPU per rank), cuda+local when there are fewer but at
+ * least one (ranks share GPUs: rank r uses device r mod GPUs), cpu+local
+ * when there is none. A request that cannot be met (cuda without a GPU,
+ * nccl with more ranks than GPUs, a backend or transport not built in)
+ * fails with DT_ERR_NOT_SUPPORTED and the reason. The choice and its reason
+ * are logged at info level by rank 0. DT_HAVE_CUDA / DT_HAVE_NCCL appear
+ * only here and in the backend/transport files.
  *
  * Failure handling: a rank whose function fails aborts the world, so peers
  * blocked in (or later entering) a collective return DT_ERR_PEER_FAILED at
@@ -19,6 +29,12 @@
 #include <strings.h>
 
 #include "../collectives/transport_local.h"
+#ifdef DT_HAVE_CUDA
+#include "backend_cuda.h"
+#endif
+#ifdef DT_HAVE_NCCL
+#include "../collectives/transport_nccl.h"
+#endif
 
 /* OpenBLAS's own call: with N ranks as threads, one BLAS thread each. */
 void openblas_set_num_threads(int num_threads);
@@ -91,11 +107,91 @@ typedef struct launch_config {
     dt_backend_kind backend;
     dt_transport_kind transport;
     dt_comm_config comm;
+    int gpus;               /* visible CUDA devices (0 without CUDA or a driver) */
+    int tf32;               /* DT_TF32=1: fp32 gemm may use TF32 on CUDA */
+    char why[320];          /* how the pair was chosen, for the log */
 } launch_config;
 
-static dt_status resolve_config(const dt_launch_options *opts, launch_config *cfg) {
+/* What this build and machine offer: GPUs (and why none), NCCL. */
+static int count_gpus(char *reason, size_t size) {
+#ifdef DT_HAVE_CUDA
+    return dt_cuda_device_count(reason, size);
+#else
+    snprintf(reason, size, "built without CUDA: CUDA=0, or no nvcc + cuBLAS at build time");
+    return 0;
+#endif
+}
+
+static int have_cuda(void) {
+#ifdef DT_HAVE_CUDA
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static int have_nccl(void) {
+#ifdef DT_HAVE_NCCL
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Picks (backend, transport) for `world` ranks; b and t are AUTO or asked for. */
+static dt_status choose_pair(int world, int b, int t, launch_config *cfg) {
+    char gpu_why[200] = "not probed (backend cpu asked for)";
+    /* Asking the driver costs its initialisation: only when a GPU could be used. */
+    int gpus = b == DT_BACKEND_CPU && t != DT_TRANSPORT_NCCL ? 0 : count_gpus(gpu_why, sizeof gpu_why);
+    cfg->gpus = gpus;
+    const char *nccl_why = have_nccl() ? "" : "this library was built without NCCL";
+    int asked_b = b != DT_BACKEND_AUTO, asked_t = t != DT_TRANSPORT_AUTO;
+
+    if (t == DT_TRANSPORT_MPI)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport mpi is not built into this "
+                        "library (available: local%s)", have_nccl() ? ", nccl" : "");
+    if (t == DT_TRANSPORT_NCCL && !have_nccl())
+        return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport nccl is not available: %s",
+                        nccl_why);
+    if (b == DT_BACKEND_AUTO) {
+        if (t == DT_TRANSPORT_NCCL) b = DT_BACKEND_CUDA;
+        else b = gpus > 0 ? DT_BACKEND_CUDA : DT_BACKEND_CPU;
+    }
+    if (t == DT_TRANSPORT_AUTO) {
+        if (b == DT_BACKEND_CUDA && have_nccl() && gpus >= world) t = DT_TRANSPORT_NCCL;
+        else t = DT_TRANSPORT_LOCAL;
+    }
+    if (b == DT_BACKEND_CUDA && !have_cuda())
+        return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: backend cuda is not built into this "
+                        "library (%s; available: cpu)", gpu_why);
+    if (b == DT_BACKEND_CUDA && gpus == 0)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: backend cuda%s needs a CUDA device, and "
+                        "there is none: %s", t == DT_TRANSPORT_NCCL ? " (for transport nccl)" : "",
+                        gpu_why);
+    if (t == DT_TRANSPORT_NCCL) {
+        if (b != DT_BACKEND_CUDA)
+            return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport nccl moves device memory; "
+                            "it needs backend cuda, not %s", dt_backend_kind_name((dt_backend_kind)b));
+        if (world > gpus)
+            return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport nccl needs one GPU per rank: "
+                            "%d ranks, %d GPU(s) visible (ranks can share GPUs over transport "
+                            "local)", world, gpus);
+    }
+    cfg->backend = (dt_backend_kind)b;
+    cfg->transport = (dt_transport_kind)t;
+    const char *how = asked_b && asked_t ? "as asked" : asked_b || asked_t ? "partly automatic" : "automatic";
+    if (gpus > 0)
+        snprintf(cfg->why, sizeof cfg->why, "%s; %d GPU(s) for %d rank(s)%s%s", how, gpus, world,
+                 have_nccl() ? "" : ", ", nccl_why);
+    else
+        snprintf(cfg->why, sizeof cfg->why, "%s; no GPU: %s", how, gpu_why);
+    return DT_SUCCESS;
+}
+
+static dt_status resolve_config(int world, const dt_launch_options *opts, launch_config *cfg) {
     dt_launch_options def = DT_LAUNCH_OPTIONS_INIT;
     if (!opts) opts = &def;
+    memset(cfg, 0, sizeof *cfg);
     if ((int)opts->backend < 0 || opts->backend >= DT_BACKEND_KIND_COUNT)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: unknown backend %d", (int)opts->backend);
     if ((int)opts->transport < 0 || opts->transport >= DT_TRANSPORT_KIND_COUNT)
@@ -135,30 +231,67 @@ static dt_status resolve_config(const dt_launch_options *opts, launch_config *cf
             cfg->comm.timeout_ms = ms;
         }
     }
+    const char *tf32 = getenv("DT_TF32");
+    if (tf32 && *tf32) {
+        if (strcmp(tf32, "0") != 0 && strcmp(tf32, "1") != 0)
+            return dt_error(DT_ERR_INVALID_ARGUMENT, "DT_TF32=%s is not 0 or 1", tf32);
+        cfg->tf32 = tf32[0] == '1';
+    }
 
     static const char *const backends[] = {"auto", "cpu", "cuda"};
     static const char *const transports[] = {"auto", "local", "nccl", "mpi"};
     int b = opts->backend, t = opts->transport;
     if (b == DT_BACKEND_AUTO) DT_TRY(env_choice("DT_BACKEND", backends, 3, &b));
     if (t == DT_TRANSPORT_AUTO) DT_TRY(env_choice("DT_TRANSPORT", transports, 4, &t));
-    /* This build has the CPU backend and the local transport. */
-    if (b == DT_BACKEND_AUTO) b = DT_BACKEND_CPU;
-    if (t == DT_TRANSPORT_AUTO) t = DT_TRANSPORT_LOCAL;
-    if (b != DT_BACKEND_CPU)
-        return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: backend %s is not built into this "
-                        "library (available: cpu)", dt_backend_kind_name((dt_backend_kind)b));
-    if (t != DT_TRANSPORT_LOCAL)
-        return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport %s is not built into this "
-                        "library (available: local)", dt_transport_kind_name((dt_transport_kind)t));
-    cfg->backend = (dt_backend_kind)b;
-    cfg->transport = (dt_transport_kind)t;
-    return DT_SUCCESS;
+    return choose_pair(world, b, t, cfg);
+}
+
+/* The world the ranks share: the local transport's or NCCL's. */
+typedef struct launch_world {
+    dt_transport_kind kind;
+    dt_local_world *local;
+#ifdef DT_HAVE_NCCL
+    dt_nccl_world *nccl;
+#endif
+} launch_world;
+
+static dt_status world_create(launch_world *w, int size, const launch_config *cfg) {
+    memset(w, 0, sizeof *w);
+    w->kind = cfg->transport;
+#ifdef DT_HAVE_NCCL
+    if (w->kind == DT_TRANSPORT_NCCL) return dt_nccl_world_create(size, &cfg->comm, &w->nccl);
+#endif
+    return dt_local_world_create(size, &cfg->comm, &w->local);
+}
+
+static void world_abort(launch_world *w, int rank, dt_status st, const char *msg) {
+#ifdef DT_HAVE_NCCL
+    if (w->kind == DT_TRANSPORT_NCCL) {
+        dt_nccl_world_abort(w->nccl, rank, st, msg);
+        return;
+    }
+#endif
+    dt_local_world_abort(w->local, rank, st, msg);
+}
+
+static dt_status world_first_failure(launch_world *w, int *rank, char *msg, size_t size) {
+#ifdef DT_HAVE_NCCL
+    if (w->kind == DT_TRANSPORT_NCCL) return dt_nccl_world_first_failure(w->nccl, rank, msg, size);
+#endif
+    return dt_local_world_first_failure(w->local, rank, msg, size);
+}
+
+static void world_destroy(launch_world *w) {
+#ifdef DT_HAVE_NCCL
+    dt_nccl_world_destroy(w->nccl);
+#endif
+    dt_local_world_destroy(w->local);
 }
 
 /* ------------------------------------------------------------- launch */
 
 typedef struct rank_job {
-    dt_local_world *world;
+    launch_world *world;
     const launch_config *cfg;
     int rank, world_size;
     dt_rank_fn fn;
@@ -184,9 +317,36 @@ static dt_status context_create(const rank_job *job, dt_context **out) {
     ctx->timeout_ms = job->cfg->comm.timeout_ms;
     ctx->log_level = job->cfg->comm.log_level;
     ctx->check = job->cfg->comm.check;
-    dt_status st;
-    DT_TRY_GOTO(st, dt_local_world_comm(job->world, job->rank, &ctx->comm), fail);
-    DT_TRY_GOTO(st, dt_backend_cpu_create(job->rank, &ctx->backend), fail);
+    dt_status st = DT_SUCCESS;
+    /* The backend first: the communicator keeps its memory hooks (and, for
+     * NCCL, its device and streams). Destroyed in the reverse order. */
+    const dt_mem *mem = NULL;
+#ifdef DT_HAVE_CUDA
+    dt_mem cuda_mem;
+    if (ctx->backend_kind == DT_BACKEND_CUDA) {
+        dt_cuda_options o = {job->rank % job->cfg->gpus, ctx->timeout_ms, job->cfg->tf32};
+        DT_TRY_GOTO(st, dt_backend_cuda_create(job->rank, &o, &ctx->backend), fail);
+        cuda_mem = dt_backend_cuda_mem(ctx->backend);
+        mem = &cuda_mem;
+    }
+#endif
+    if (ctx->backend_kind == DT_BACKEND_CPU)
+        DT_TRY_GOTO(st, dt_backend_cpu_create(job->rank, &ctx->backend), fail);
+    if (!ctx->backend) {
+        st = dt_error(DT_ERR_INTERNAL, "rank %d: backend %s is not built in", job->rank,
+                      dt_backend_kind_name(ctx->backend_kind));
+        goto fail;
+    }
+#ifdef DT_HAVE_NCCL
+    if (ctx->transport_kind == DT_TRANSPORT_NCCL) {
+        dt_nccl_rank r = {dt_backend_cuda_device(ctx->backend),
+                          dt_backend_cuda_compute_stream(ctx->backend),
+                          dt_backend_cuda_comm_stream(ctx->backend), *mem};
+        DT_TRY_GOTO(st, dt_nccl_world_comm(job->world->nccl, job->rank, &r, &ctx->comm), fail);
+    }
+#endif
+    if (ctx->transport_kind == DT_TRANSPORT_LOCAL)
+        DT_TRY_GOTO(st, dt_local_world_comm(job->world->local, job->rank, mem, &ctx->comm), fail);
     *out = ctx;
     return DT_SUCCESS;
 fail:
@@ -201,11 +361,12 @@ static void *rank_main(void *p) {
     dt_status st = context_create(job, &ctx);
     if (st == DT_SUCCESS) {
         if (job->rank == 0)
-            dt_context_log(ctx, DT_LOG_INFO, "launch: %d ranks, backend %s, transport %s, "
-                           "timeout %ld ms, checks %s", job->world_size,
+            dt_context_log(ctx, DT_LOG_INFO, "launch: %d ranks, backend %s, transport %s (%s), "
+                           "timeout %ld ms, checks %s%s", job->world_size,
                            dt_backend_kind_name(ctx->backend_kind),
-                           dt_transport_kind_name(ctx->transport_kind), ctx->timeout_ms,
-                           ctx->check ? "on" : "off");
+                           dt_transport_kind_name(ctx->transport_kind), job->cfg->why,
+                           ctx->timeout_ms, ctx->check ? "on" : "off",
+                           ctx->backend_kind == DT_BACKEND_CUDA && job->cfg->tf32 ? ", TF32 on" : "");
         st = job->fn(ctx, job->arg);
     }
     if (st != DT_SUCCESS) {
@@ -218,7 +379,7 @@ static void *rank_main(void *p) {
             snprintf(msg, sizeof msg, "%s", e);
         else
             snprintf(msg, sizeof msg, "%s: %s", prefix, *e ? e : dt_status_name(st));
-        dt_local_world_abort(job->world, job->rank, st, msg);
+        world_abort(job->world, job->rank, st, msg);
     }
     context_destroy(ctx);
     job->status = st;
@@ -231,16 +392,16 @@ dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg, const dt_launch_op
                         world_size, DT_MAX_WORLD_SIZE);
     if (!fn) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: rank function is NULL");
     launch_config cfg;
-    DT_TRY(resolve_config(opts, &cfg));
+    DT_TRY(resolve_config(world_size, opts, &cfg));
 
-    dt_local_world *world = NULL;
-    DT_TRY(dt_local_world_create(world_size, &cfg.comm, &world));
+    launch_world wstore, *world = &wstore;
+    DT_TRY(world_create(world, world_size, &cfg));
     rank_job *jobs = calloc((size_t)world_size, sizeof *jobs);
     pthread_t *threads = calloc((size_t)world_size, sizeof *threads);
     if (!jobs || !threads) {
         free(jobs);
         free(threads);
-        dt_local_world_destroy(world);
+        world_destroy(world);
         return dt_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: out of memory for %d ranks", world_size);
     }
     if (world_size > 1) openblas_set_num_threads(1);
@@ -254,7 +415,7 @@ dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg, const dt_launch_op
             char msg[256];
             snprintf(msg, sizeof msg, "dt_launch: cannot start the thread of rank %d of %d: %s",
                      started, world_size, strerror(rc));
-            dt_local_world_abort(world, started, DT_ERR_SYSTEM, msg);
+            world_abort(world, started, DT_ERR_SYSTEM, msg);
             break;
         }
     }
@@ -262,10 +423,10 @@ dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg, const dt_launch_op
 
     int rank = -1;
     char msg[1024];
-    st = dt_local_world_first_failure(world, &rank, msg, sizeof msg);
+    st = world_first_failure(world, &rank, msg, sizeof msg);
     if (st != DT_SUCCESS) dt_error(st, "%s", msg);
     free(jobs);
     free(threads);
-    dt_local_world_destroy(world);
+    world_destroy(world);
     return st;
 }

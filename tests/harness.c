@@ -13,12 +13,31 @@
 #include <string.h>
 
 dt_status h_launch(int world, dt_rank_fn fn, void *arg) {
+    return h_launch_on(world, DT_BACKEND_CPU, DT_TRANSPORT_LOCAL, fn, arg);
+}
+
+dt_status h_launch_on(int world, dt_backend_kind backend, dt_transport_kind transport,
+                      dt_rank_fn fn, void *arg) {
     dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
-    o.backend = DT_BACKEND_CPU;
-    o.transport = DT_TRANSPORT_LOCAL;
+    o.backend = backend;
+    o.transport = transport;
     /* An explicit DT_TIMEOUT_MS wins; otherwise a hang costs 30 s, not 10 min. */
     o.timeout_ms = getenv("DT_TIMEOUT_MS") ? 0 : 30000;
     return dt_launch(world, fn, arg, &o);
+}
+
+static dt_status h_noop(dt_context *ctx, void *arg) {
+    (void)ctx;
+    (void)arg;
+    return DT_SUCCESS;
+}
+
+int h_pair_available(int world, dt_backend_kind backend, dt_transport_kind transport, char *why,
+                     size_t why_size) {
+    dt_status st = h_launch_on(world, backend, transport, h_noop, NULL);
+    if (st == DT_SUCCESS) return 1;
+    if (why && why_size) snprintf(why, why_size, "%s: %s", dt_status_name(st), dt_last_error());
+    return 0;
 }
 
 long h_compare(const char *what, const float *got, const double *ref, size_t n, double atol,

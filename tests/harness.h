@@ -28,6 +28,17 @@
 /* dt_launch(world, fn, arg) on cpu + local with the test timeout. */
 dt_status h_launch(int world, dt_rank_fn fn, void *arg);
 
+/* The same on a chosen (backend, transport) pair (AUTO picks as dt_launch
+ * does). A pair this build or machine cannot run returns
+ * DT_ERR_NOT_SUPPORTED with the reason in dt_last_error(). */
+dt_status h_launch_on(int world, dt_backend_kind backend, dt_transport_kind transport,
+                      dt_rank_fn fn, void *arg);
+
+/* 1 if `world` ranks can run on (backend, transport) here; otherwise 0 and
+ * the reason (dt_launch's message) in why. */
+int h_pair_available(int world, dt_backend_kind backend, dt_transport_kind transport, char *why,
+                     size_t why_size);
+
 /* Number of i with |got[i] - ref[i]| > atol + rtol*|ref[i]| or got[i] not
  * finite while ref[i] is (or the other way round). Prints up to 5 of them,
  * prefixed with `what`, and the max error; *max_err (may be NULL) receives

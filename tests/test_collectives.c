@@ -69,7 +69,10 @@ static void assert_all_ok(const coll_case *c) {
 }
 
 static dt_status launch(coll_case *c, dt_rank_fn fn, long timeout_ms) {
+    /* cpu + local, whatever the machine has: this suite checks host buffers. */
     dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+    o.backend = DT_BACKEND_CPU;
+    o.transport = DT_TRANSPORT_LOCAL;
     o.timeout_ms = timeout_ms;
     return dt_launch(c->p, fn, c, &o);
 }

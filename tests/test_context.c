@@ -16,6 +16,12 @@
 
 #define MAXR 64
 
+/* cpu + local unless a test is about the selection itself. */
+static const dt_launch_options *cpu(void) {
+    static const dt_launch_options o = {DT_BACKEND_CPU, DT_TRANSPORT_LOCAL, 0, DT_CHECK_AUTO};
+    return &o;
+}
+
 typedef struct ctx_case {
     int ranks_seen[MAXR];
     int sizes_seen[MAXR];
@@ -39,7 +45,7 @@ static void test_launch_world_sizes(void **state) {
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         int n = sizes[k];
         ctx_case c = {0};
-        assert_int_equal(dt_launch(n, rank_identity, &c, NULL), DT_SUCCESS);
+        assert_int_equal(dt_launch(n, rank_identity, &c, cpu()), DT_SUCCESS);
         for (int r = 0; r < n; r++) {
             assert_int_equal(c.ranks_seen[r], 1);
             assert_int_equal(c.sizes_seen[r], n);
@@ -81,7 +87,7 @@ static dt_status rank_two_fails(dt_context *ctx, void *arg) {
 
 static void test_launch_returns_first_failure(void **state) {
     (void)state;
-    assert_int_equal(dt_launch(4, rank_two_fails, NULL, NULL), DT_ERR_NOT_SUPPORTED);
+    assert_int_equal(dt_launch(4, rank_two_fails, NULL, cpu()), DT_ERR_NOT_SUPPORTED);
     assert_string_equal(dt_last_error(), "rank 2 cannot do that");
 }
 
@@ -89,9 +95,10 @@ static void test_environment(void **state) {
     (void)state;
     ctx_case c = {0};
     setenv("DT_TIMEOUT_MS", "1234", 1);
-    assert_int_equal(dt_launch(2, rank_identity, &c, NULL), DT_SUCCESS);
+    assert_int_equal(dt_launch(2, rank_identity, &c, cpu()), DT_SUCCESS);
     assert_int_equal(c.timeout[1], 1234);
     dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+    o.backend = DT_BACKEND_CPU;
     o.timeout_ms = 77; /* explicit options win */
     assert_int_equal(dt_launch(2, rank_identity, &c, &o), DT_SUCCESS);
     assert_int_equal(c.timeout[0], 77);
@@ -99,7 +106,7 @@ static void test_environment(void **state) {
     assert_int_equal(dt_launch(2, rank_identity, &c, NULL), DT_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(dt_last_error(), "DT_TIMEOUT_MS=soon"));
     unsetenv("DT_TIMEOUT_MS");
-    assert_int_equal(dt_launch(1, rank_identity, &c, NULL), DT_SUCCESS);
+    assert_int_equal(dt_launch(1, rank_identity, &c, cpu()), DT_SUCCESS);
     assert_int_equal(c.timeout[0], DT_DEFAULT_TIMEOUT_MS);
 
     setenv("DT_BACKEND", "tpu", 1);
@@ -129,7 +136,7 @@ static void capture_log(const char *level, char *out, size_t size) {
     int saved = dup(STDERR_FILENO);
     dup2(fd, STDERR_FILENO);
     setenv("DT_LOG", level, 1);
-    dt_status st = dt_launch(3, rank_logs, NULL, NULL);
+    dt_status st = dt_launch(3, rank_logs, NULL, cpu());
     unsetenv("DT_LOG");
     fflush(stderr);
     dup2(saved, STDERR_FILENO);

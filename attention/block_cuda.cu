@@ -1,0 +1,301 @@
+/* attention/block_cuda.cu — the CUDA attention kernels (a correct first
+ * version; the fast tensor-core kernel is issue 8's work).
+ *
+ * Same contract and mask rule as block_cpu.c (block.h). Forward: one thread
+ * per query row of one (batch, head), blocks of 64 rows; key tiles of 64
+ * whose class (mask.h) is computed once per thread block: empty tiles are
+ * skipped, full tiles are not masked. Each thread keeps its row's running
+ * max and sum in registers and its unnormalised output in the fp32 acc
+ * array, which it alone writes. K and V tiles are staged in shared memory as
+ * fp32 (bf16 / fp16 are widened on load).
+ *
+ * Backward (FlashAttention-2 math, no atomics): one kernel in which each
+ * thread owns a query row and accumulates dQ over the keys; one in which each
+ * thread owns a key row of a kv head and accumulates dK, dV over the queries
+ * of every head in its group. Both recompute P from the forward's lse.
+ *
+ * Everything runs on the backend's compute stream; errors of a launch are
+ * read with cudaGetLastError and returned as DT_ERR_BACKEND.
+ *
+ * Test: tests/test_attention.c, tests/test_attention_backward.c on a GPU
+ * (make test), against the CPU backend's results and the double reference.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+extern "C" {
+#include "block.h"
+#include "../dtensor/backend_cuda.h"
+}
+
+#define TQ 64
+#define TK 64
+
+namespace {
+
+__device__ __forceinline__ float load(const void *p, dt_dtype dt, int64_t i) {
+    if (dt == DT_F32) return static_cast<const float *>(p)[i];
+    if (dt == DT_BF16) return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
+    return __half2float(static_cast<const __half *>(p)[i]);
+}
+
+__device__ __forceinline__ void store_val(void *p, dt_dtype dt, int64_t i, float v) {
+    if (dt == DT_F32) static_cast<float *>(p)[i] = v;
+    else if (dt == DT_BF16) static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v);
+    else static_cast<__half *>(p)[i] = __float2half_rn(v);
+}
+
+__device__ __forceinline__ int64_t pos(dt_attn_segment s, int64_t x) { return s.start + x * s.stride; }
+
+/* Class of the tile [x0, x1) x [y0, y1) (same rule as dt_attn_tile_class). */
+__device__ __forceinline__ dt_attn_tile tile_class(const dt_attn_block_args &a, int64_t x0,
+                                                   int64_t x1, int64_t y0, int64_t y1) {
+    if (a.mask == DT_ATTN_FULL) return DT_TILE_FULL;
+    if (pos(a.qseg, x0) >= pos(a.kseg, y1 - 1)) return DT_TILE_FULL;
+    if (pos(a.qseg, x1 - 1) < pos(a.kseg, y0)) return DT_TILE_EMPTY;
+    return DT_TILE_PARTIAL;
+}
+
+/* grid: (ceil(nq / TQ), heads, batch); block: TQ threads; shared: 2 * TK * D floats. */
+__global__ void fwd_kernel(dt_attn_block_args a) {
+    extern __shared__ float smem[];
+    const int64_t D = a.dim, H = a.heads, G = a.kv_heads;
+    const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (H / G);
+    const int64_t x0 = (int64_t)blockIdx.x * TQ, x = x0 + threadIdx.x;
+    const int64_t nq = a.qseg.len, nk = a.kseg.len;
+    const int64_t x1 = x0 + TQ < nq ? x0 + TQ : nq;
+    const bool active = x < nq;
+    float *ks = smem, *vs = smem + TK * D;
+    const int64_t qoff = b * a.q_batch_stride + (x * H + h) * D;
+    const int64_t kvb = b * a.kv_batch_stride + g * D;
+    float *m = a.m + b * a.ml_batch_stride + h * a.ml_head_stride;
+    float *l = a.l + b * a.ml_batch_stride + h * a.ml_head_stride;
+    float *acc = a.acc + b * a.acc_batch_stride + (x * H + h) * D;
+    float mi = active ? m[x] : -INFINITY, li = active ? l[x] : 0.0f;
+    const int64_t pq = active ? pos(a.qseg, x) : 0;
+    float s[TK];
+    for (int64_t y0 = 0; y0 < nk; y0 += TK) {
+        const int64_t y1 = y0 + TK < nk ? y0 + TK : nk, tk = y1 - y0;
+        const dt_attn_tile cls = tile_class(a, x0, x1, y0, y1);
+        if (cls == DT_TILE_EMPTY) continue;   /* uniform across the block */
+        __syncthreads();
+        for (int64_t e = threadIdx.x; e < tk * D; e += blockDim.x) {
+            const int64_t j = e / D, d = e % D, off = kvb + (y0 + j) * G * D + d;
+            ks[e] = load(a.k, a.dtype, off);
+            vs[e] = load(a.v, a.dtype, off);
+        }
+        __syncthreads();
+        if (!active) continue;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < tk; j++) {
+            float dot = 0.0f;
+            for (int64_t d = 0; d < D; d++) dot += load(a.q, a.dtype, qoff + d) * ks[j * D + d];
+            dot *= a.scale;
+            if (cls == DT_TILE_PARTIAL && pq < pos(a.kseg, y0 + j)) dot = -INFINITY;
+            s[j] = dot;
+            mx = fmaxf(mx, dot);
+        }
+        const float m_new = fmaxf(mi, mx);
+        if (m_new == -INFINITY) continue;
+        const float alpha = mi == -INFINITY ? 0.0f : __expf(mi - m_new);
+        float sum = 0.0f;
+        for (int64_t j = 0; j < tk; j++) {
+            s[j] = __expf(s[j] - m_new);
+            sum += s[j];
+        }
+        li = li * alpha + sum;
+        mi = m_new;
+        for (int64_t d = 0; d < D; d++) {
+            float o = acc[d] * alpha;
+            for (int64_t j = 0; j < tk; j++) o += s[j] * vs[j * D + d];
+            acc[d] = o;
+        }
+    }
+    if (active) {
+        m[x] = mi;
+        l[x] = li;
+    }
+}
+
+__global__ void init_kernel(size_t rows, int64_t dim, float *acc, float *m, float *l) {
+    const size_t n = rows * (size_t)dim;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        acc[i] = 0.0f;
+        if (i < rows) {
+            m[i] = -INFINITY;
+            l[i] = 0.0f;
+        }
+    }
+}
+
+__global__ void finalize_kernel(dt_dtype dt, int64_t batch, int64_t rows, int64_t heads,
+                                int64_t dim, const float *acc, const float *m, const float *l,
+                                void *o, float *lse) {
+    const int64_t n = batch * rows * heads;
+    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < n;
+         r += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t h = r % heads, x = (r / heads) % rows, b = r / (heads * rows);
+        const int64_t ml = (b * heads + h) * rows + x;
+        const float inv = l[ml] > 0.0f ? 1.0f / l[ml] : 0.0f;
+        lse[ml] = l[ml] > 0.0f ? m[ml] + logf(l[ml]) : -INFINITY;
+        for (int64_t d = 0; d < dim; d++) store_val(o, dt, r * dim + d, acc[r * dim + d] * inv);
+    }
+}
+
+__global__ void delta_kernel(dt_dtype dt, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
+                             const void *o, const void *dout, float *delta) {
+    const int64_t n = batch * rows * heads;
+    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < n;
+         r += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t h = r % heads, x = (r / heads) % rows, b = r / (heads * rows);
+        float sum = 0.0f;
+        for (int64_t d = 0; d < dim; d++) sum += load(o, dt, r * dim + d) * load(dout, dt, r * dim + d);
+        delta[(b * heads + h) * rows + x] = sum;
+    }
+}
+
+__global__ void store_kernel(dt_dtype dt, size_t n, const float *src, void *dst) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        store_val(dst, dt, (int64_t)i, src[i]);
+}
+
+/* P and dS of one (query x of head h, key y) pair; returns 0 for masked pairs. */
+__device__ __forceinline__ void pair_grad(const dt_attn_block_bwd_args &a, int64_t b, int64_t h,
+                                          int64_t g, int64_t x, int64_t y, float lse, float delta,
+                                          float *p_out, float *ds_out) {
+    const int64_t D = a.dim, H = a.heads, G = a.kv_heads;
+    *p_out = *ds_out = 0.0f;
+    if (lse == -INFINITY) return;
+    if (a.mask == DT_ATTN_CAUSAL && pos(a.qseg, x) < pos(a.kseg, y)) return;
+    const int64_t qo = b * a.q_batch_stride + (x * H + h) * D;
+    const int64_t ko = b * a.kv_batch_stride + (y * G + g) * D;
+    float dot = 0.0f, dp = 0.0f;
+    for (int64_t d = 0; d < D; d++) {
+        dot += load(a.q, a.dtype, qo + d) * load(a.k, a.dtype, ko + d);
+        dp += load(a.dout, a.dtype, qo + d) * load(a.v, a.dtype, ko + d);
+    }
+    const float p = __expf(a.scale * dot - lse);
+    *p_out = p;
+    *ds_out = p * (dp - delta);
+}
+
+/* grid: (ceil(nq / 128), heads, batch): each thread owns dQ of one query row. */
+__global__ void bwd_dq_kernel(dt_attn_block_bwd_args a) {
+    const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (a.heads / a.kv_heads);
+    const int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (x >= a.qseg.len) return;
+    const int64_t D = a.dim, G = a.kv_heads;
+    const float lse = a.lse[b * a.ml_batch_stride + h * a.ml_head_stride + x];
+    const float delta = a.delta[b * a.ml_batch_stride + h * a.ml_head_stride + x];
+    float *dq = a.dq + b * a.dq_batch_stride + (x * a.heads + h) * D;
+    for (int64_t y = 0; y < a.kseg.len; y++) {
+        /* Skip keys after the query's position (causal) without touching memory. */
+        if (a.mask == DT_ATTN_CAUSAL && pos(a.qseg, x) < pos(a.kseg, y)) continue;
+        float p, ds;
+        pair_grad(a, b, h, g, x, y, lse, delta, &p, &ds);
+        if (ds == 0.0f) continue;
+        const int64_t ko = b * a.kv_batch_stride + (y * G + g) * D;
+        for (int64_t d = 0; d < D; d++) dq[d] += a.scale * ds * load(a.k, a.dtype, ko + d);
+    }
+}
+
+/* grid: (ceil(nk / 128), kv_heads, batch): each thread owns dK, dV of one key row. */
+__global__ void bwd_dkv_kernel(dt_attn_block_bwd_args a) {
+    const int64_t b = blockIdx.z, g = blockIdx.y, group = a.heads / a.kv_heads;
+    const int64_t y = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (y >= a.kseg.len) return;
+    const int64_t D = a.dim, H = a.heads;
+    float *dk = a.dk + b * a.kv_batch_stride + (y * a.kv_heads + g) * D;
+    float *dv = a.dv + b * a.kv_batch_stride + (y * a.kv_heads + g) * D;
+    for (int64_t h = g * group; h < (g + 1) * group; h++)
+        for (int64_t x = 0; x < a.qseg.len; x++) {
+            if (a.mask == DT_ATTN_CAUSAL && pos(a.qseg, x) < pos(a.kseg, y)) continue;
+            const int64_t r = b * a.ml_batch_stride + h * a.ml_head_stride + x;
+            float p, ds;
+            pair_grad(a, b, h, g, x, y, a.lse[r], a.delta[r], &p, &ds);
+            const int64_t qo = b * a.q_batch_stride + (x * H + h) * D;
+            for (int64_t d = 0; d < D; d++) {
+                dv[d] += p * load(a.dout, a.dtype, qo + d);
+                dk[d] += a.scale * ds * load(a.q, a.dtype, qo + d);
+            }
+        }
+}
+
+dt_status launched(const char *what) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return DT_SUCCESS;
+    return dt_error(DT_ERR_BACKEND, "attention (cuda): %s: %s", what, cudaGetErrorString(e));
+}
+
+cudaStream_t stream_of(dt_backend *be) {
+    return static_cast<cudaStream_t>(dt_backend_cuda_compute_stream(be));
+}
+
+unsigned blocks_for(size_t n, unsigned threads) {
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 65535 ? (b ? b : 1) : 65535);
+}
+
+size_t fwd_scratch(int64_t dim) { (void)dim; return 0; }
+size_t bwd_scratch(int64_t dim) { (void)dim; return 0; }
+
+dt_status init(dt_backend *be, size_t rows, int64_t dim, float *acc, float *m, float *l) {
+    size_t n = rows * (size_t)dim > rows ? rows * (size_t)dim : rows;
+    init_kernel<<<blocks_for(n, 256), 256, 0, stream_of(be)>>>(rows, dim, acc, m, l);
+    return launched("init");
+}
+
+dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
+    (void)scratch;
+    if (a->qseg.len == 0 || a->kseg.len == 0) return DT_SUCCESS;
+    dim3 grid((unsigned)((a->qseg.len + TQ - 1) / TQ), (unsigned)a->heads, (unsigned)a->batch);
+    size_t smem = 2 * TK * (size_t)a->dim * sizeof(float);   /* up to 128 KiB at D = 256 */
+    if (cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+        cudaSuccess)
+        return launched("forward block: shared memory size");
+    fwd_kernel<<<grid, TQ, smem, stream_of(be)>>>(*a);
+    return launched("forward block");
+}
+
+dt_status finalize(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads,
+                   int64_t dim, const float *acc, const float *m, const float *l, void *o,
+                   float *lse) {
+    size_t n = (size_t)(batch * rows * heads);
+    finalize_kernel<<<blocks_for(n, 256), 256, 0, stream_of(be)>>>(dtype, batch, rows, heads, dim,
+                                                                   acc, m, l, o, lse);
+    return launched("finalize");
+}
+
+dt_status delta_rows(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads,
+                     int64_t dim, const void *o, const void *dout, float *delta) {
+    size_t n = (size_t)(batch * rows * heads);
+    delta_kernel<<<blocks_for(n, 256), 256, 0, stream_of(be)>>>(dtype, batch, rows, heads, dim, o,
+                                                                dout, delta);
+    return launched("delta");
+}
+
+dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
+    (void)scratch;
+    if (a->qseg.len == 0 || a->kseg.len == 0) return DT_SUCCESS;
+    dim3 gq((unsigned)((a->qseg.len + 127) / 128), (unsigned)a->heads, (unsigned)a->batch);
+    bwd_dq_kernel<<<gq, 128, 0, stream_of(be)>>>(*a);
+    DT_TRY(launched("backward dq"));
+    dim3 gk((unsigned)((a->kseg.len + 127) / 128), (unsigned)a->kv_heads, (unsigned)a->batch);
+    bwd_dkv_kernel<<<gk, 128, 0, stream_of(be)>>>(*a);
+    return launched("backward dk dv");
+}
+
+dt_status store(dt_backend *be, dt_dtype dtype, size_t n, const float *src, void *dst) {
+    store_kernel<<<blocks_for(n, 256), 256, 0, stream_of(be)>>>(dtype, n, src, dst);
+    return launched("store");
+}
+
+}  // namespace
+
+extern "C" const dt_attn_kernels dt_attn_kernels_cuda = {
+    "cuda", fwd_scratch, bwd_scratch, init, fwd, finalize, delta_rows, bwd, store,
+};

@@ -1,0 +1,778 @@
+/* collectives/transport_nccl.c — the NCCL transport: one GPU per rank.
+ *
+ * Algorithm. Every communicator is non-blocking (ncclConfig_t.blocking = 0):
+ * no NCCL call blocks the host, and a call that returns ncclInProgress is
+ * settled by polling ncclCommGetAsyncError. Each rank has a compute stream
+ * and a communication stream (its CUDA backend's). A collective or a
+ * send/recv group is ordered after the compute stream's queued work (event
+ * `ready`), enqueued on the communication stream, and the compute stream
+ * then waits on event `done`: the result is in stream order for the next
+ * kernel, and the host does not wait. Mapping:
+ *
+ *   all_reduce, all_gather, reduce_scatter, broadcast -> the NCCL collective
+ *   scatter, gather -> one group of ncclSend/ncclRecv (the root's own part by
+ *                      cudaMemcpyAsync); all-to-all is a p2p group from above
+ *   barrier         -> a one-element ncclAllReduce, waited for on the host
+ *   split           -> ncclCommSplit (non-blocking, polled)
+ *   p2p_start       -> one ncclGroupStart/End with the sends and receives,
+ *                      then `done` recorded; p2p_wait makes the compute
+ *                      stream wait on it
+ *
+ * Host buffers (agreement checks, DT_CHECK, a user's host arrays) are staged
+ * through a pinned host buffer and a device buffer that only grow; a call
+ * that touched host memory waits for completion before it returns (the host
+ * holds the data only then).
+ *
+ * Invariants. No wait is unbounded: every wait polls the communicator's
+ * async error, the event, and the world's abort flag, and gives up after the
+ * timeout. On an NCCL or CUDA error, on timeout, or when another rank has
+ * aborted the world, the rank calls ncclCommAbort on the communicator (which
+ * also ends kernels stuck waiting for a peer), records the first failure in
+ * the world, and returns an error; an aborted communicator is never used
+ * again. The world's abort flag is what stops peers promptly in-process;
+ * across processes the timeout does.
+ *
+ * Test: tests/test_cuda.c (NCCL cases run with one GPU per rank; they skip
+ * without GPUs).
+ */
+#include "transport_nccl.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* NVTX ranges for profilers (header-only nvtx3, shipped with CUDA). */
+#if defined(__has_include)
+#if __has_include(<nvtx3/nvToolsExt.h>)
+#include <nvtx3/nvToolsExt.h>
+#define DT_NVTX 1
+#endif
+#endif
+#ifdef DT_NVTX
+#define NVTX_PUSH(name) nvtxRangePushA(name)
+#define NVTX_POP() nvtxRangePop()
+#else
+#define NVTX_PUSH(name) ((void)(name))
+#define NVTX_POP() ((void)0)
+#endif
+
+struct dt_nccl_world {
+    pthread_mutex_t mu;
+    int size;
+    dt_comm_config cfg;
+    ncclUniqueId id;
+    int aborted;
+    dt_status abort_status;
+    int abort_rank;
+    char abort_msg[1024];
+};
+
+typedef struct host_back {
+    void *host;     /* the caller's buffer */
+    size_t off;     /* in the staging buffers */
+    size_t bytes;
+} host_back;
+
+typedef struct nccl_impl {
+    dt_nccl_world *world;
+    ncclComm_t nc;             /* NULL once aborted or destroyed */
+    int aborted;
+    int device;
+    cudaStream_t compute, stream;
+    cudaEvent_t ready, done;   /* compute -> communication, communication -> compute */
+    /* staging of host buffers */
+    char *dstage;
+    size_t dstage_bytes;
+    char *hstage;
+    size_t hstage_bytes;
+    /* the outstanding p2p group */
+    void **dptr;               /* per op: the pointer NCCL sees */
+    int dptr_cap;
+    host_back *backs;          /* host receives to copy out in p2p_wait */
+    int n_backs, backs_cap;
+    int p2p_host;              /* the group touched host memory */
+} nccl_impl;
+
+static const dt_transport_ops nccl_ops;
+
+#define STAGE_ALIGN 256
+
+static size_t align_up(size_t x) { return (x + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN; }
+
+/* ----------------------------------------------------------------- world */
+
+static void world_abort(dt_nccl_world *w, int rank, dt_status st, const char *msg) {
+    pthread_mutex_lock(&w->mu);
+    if (!w->aborted) {
+        w->aborted = 1;
+        w->abort_status = st;
+        w->abort_rank = rank;
+        snprintf(w->abort_msg, sizeof w->abort_msg, "%s", msg);
+        dt_log_write(w->cfg.log_level, rank, DT_LOG_WARN, "aborting the world: %s", msg);
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int world_aborted(dt_nccl_world *w) {
+    pthread_mutex_lock(&w->mu);
+    int a = w->aborted;
+    pthread_mutex_unlock(&w->mu);
+    return a;
+}
+
+dt_status dt_nccl_world_create(int size, const dt_comm_config *cfg, dt_nccl_world **out) {
+    if (!out || !cfg) return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: out or cfg is NULL");
+    *out = NULL;
+    if (size < 1) return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: size %d < 1", size);
+    if (cfg->timeout_ms <= 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: timeout %ld ms <= 0", cfg->timeout_ms);
+    dt_nccl_world *w = calloc(1, sizeof *w);
+    if (!w) return dt_error(DT_ERR_OUT_OF_MEMORY, "nccl world: out of memory");
+    if (pthread_mutex_init(&w->mu, NULL) != 0) {
+        free(w);
+        return dt_error(DT_ERR_SYSTEM, "nccl world: cannot create a mutex");
+    }
+    w->size = size;
+    w->cfg = *cfg;
+    ncclResult_t r = ncclGetUniqueId(&w->id);
+    if (r != ncclSuccess) {
+        const char *last = ncclGetLastError(NULL);
+        dt_nccl_world_destroy(w);
+        return dt_error(DT_ERR_BACKEND, "nccl world of %d ranks: ncclGetUniqueId failed: %s%s%s",
+                        size, ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+    }
+    *out = w;
+    return DT_SUCCESS;
+}
+
+void dt_nccl_world_abort(dt_nccl_world *w, int rank, dt_status status, const char *reason) {
+    if (w) world_abort(w, rank, status, reason ? reason : "aborted");
+}
+
+dt_status dt_nccl_world_first_failure(dt_nccl_world *w, int *rank, char *msg, size_t size) {
+    if (!w) return DT_SUCCESS;
+    pthread_mutex_lock(&w->mu);
+    dt_status st = w->aborted ? w->abort_status : DT_SUCCESS;
+    if (rank) *rank = w->aborted ? w->abort_rank : -1;
+    if (msg && size) snprintf(msg, size, "%s", w->aborted ? w->abort_msg : "");
+    pthread_mutex_unlock(&w->mu);
+    return st;
+}
+
+void dt_nccl_world_destroy(dt_nccl_world *w) {
+    if (!w) return;
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+static void abort_handle(nccl_impl *im) {
+    if (im->nc) (void)ncclCommAbort(im->nc);
+    im->nc = NULL;
+    im->aborted = 1;
+}
+
+/* The current message becomes the world's first failure (if it is the
+ * first), the communicator is aborted, and st is returned with the message. */
+static dt_status fail_and_abort(dt_comm *c, dt_status st) {
+    nccl_impl *im = c->impl;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
+    world_abort(im->world, c->world_rank, st, msg);
+    abort_handle(im);
+    return dt_error(st, "%s", msg);
+}
+
+static int call_len(const char *call) { return (int)strcspn(call, "("); }
+
+static dt_status nccl_fail(dt_comm *c, const char *what, const char *call, ncclResult_t r) {
+    nccl_impl *im = c->impl;
+    const char *last = ncclGetLastError(im->nc);
+    dt_error(DT_ERR_BACKEND, "rank %d: nccl %s: %.*s failed on device %d: %s%s%s", c->world_rank,
+             what, call_len(call), call, im->device, ncclGetErrorString(r),
+             last && *last ? ": " : "", last ? last : "");
+    return fail_and_abort(c, DT_ERR_BACKEND);
+}
+
+static dt_status cuda_fail(dt_comm *c, const char *what, const char *call, cudaError_t e) {
+    nccl_impl *im = c->impl;
+    (void)cudaGetLastError();
+    dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_OUT_OF_MEMORY : DT_ERR_BACKEND,
+             "rank %d: nccl %s: %.*s failed on device %d: %s (%s)", c->world_rank, what,
+             call_len(call), call, im->device, cudaGetErrorString(e), cudaGetErrorName(e));
+    return fail_and_abort(c, e == cudaErrorMemoryAllocation ? DT_ERR_OUT_OF_MEMORY : DT_ERR_BACKEND);
+}
+
+/* Another rank aborted the world: abort this communicator too and say who. */
+static dt_status peer_failed(dt_comm *c, const char *what) {
+    nccl_impl *im = c->impl;
+    dt_nccl_world *w = im->world;
+    abort_handle(im);
+    pthread_mutex_lock(&w->mu);
+    dt_status ast = w->abort_status;
+    int arank = w->abort_rank;
+    char amsg[1024];
+    snprintf(amsg, sizeof amsg, "%s", w->abort_msg);
+    pthread_mutex_unlock(&w->mu);
+    if (arank == c->world_rank) return dt_error(ast, "%s", amsg);
+    return dt_error(ast == DT_ERR_MISMATCH ? DT_ERR_MISMATCH : DT_ERR_PEER_FAILED,
+                    "rank %d: %s stopped: rank %d failed: %s", c->world_rank, what, arank, amsg);
+}
+
+#define CU_TRY(c, what, call)                                                 \
+    do {                                                                      \
+        cudaError_t e_ = (call);                                              \
+        if (e_ != cudaSuccess) return cuda_fail((c), (what), #call, e_);      \
+    } while (0)
+
+/* ----------------------------------------------------------------- waits */
+
+static long elapsed_ms(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)(t.tv_sec - t0->tv_sec) * 1000L + (t.tv_nsec - t0->tv_nsec) / 1000000L;
+}
+
+static void backoff(unsigned spin) {
+    if (spin < 200) {
+        sched_yield();
+    } else {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Polls until `nc` has settled (no ncclInProgress) and, if ev is given, ev
+ * has completed. Every pass checks the async error and the world's abort
+ * flag; the timeout bounds it. Aborts the communicator on any failure. */
+static dt_status nccl_wait(dt_comm *c, ncclComm_t nc, cudaEvent_t ev, const char *what) {
+    nccl_impl *im = c->impl;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned spin = 0;; spin++) {
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(nc, &state);
+        if (r != ncclSuccess) return nccl_fail(c, what, "ncclCommGetAsyncError", r);
+        if (state != ncclSuccess && state != ncclInProgress)
+            return nccl_fail(c, what, "an asynchronous NCCL operation", state);
+        if (state == ncclSuccess) {
+            if (!ev) return DT_SUCCESS;
+            cudaError_t e = cudaEventQuery(ev);
+            if (e == cudaSuccess) return DT_SUCCESS;
+            if (e != cudaErrorNotReady) return cuda_fail(c, what, "cudaEventQuery", e);
+        }
+        if (world_aborted(im->world)) return peer_failed(c, what);
+        if (elapsed_ms(&t0) > c->timeout_ms) {
+            dt_error(DT_ERR_TIMEOUT, "rank %d: nccl %s timed out after %ld ms (DT_TIMEOUT_MS) on "
+                     "device %d: %s", c->world_rank, what, c->timeout_ms, im->device,
+                     state == ncclInProgress ? "NCCL still in progress"
+                                             : "the operation did not complete (a peer may not "
+                                               "have joined)");
+            return fail_and_abort(c, DT_ERR_TIMEOUT);
+        }
+        backoff(spin);
+    }
+}
+
+/* One NCCL call; ncclInProgress is settled by polling. */
+#define NC_TRY(c, what, call)                                                 \
+    do {                                                                      \
+        ncclResult_t r_ = (call);                                             \
+        if (r_ == ncclInProgress) {                                           \
+            DT_TRY(nccl_wait((c), ((nccl_impl *)(c)->impl)->nc, NULL, (what))); \
+        } else if (r_ != ncclSuccess) {                                       \
+            return nccl_fail((c), (what), #call, r_);                         \
+        }                                                                     \
+    } while (0)
+
+/* Usable? A world abort by a peer aborts this communicator now. */
+static dt_status check_alive(dt_comm *c, const char *what) {
+    nccl_impl *im = c->impl;
+    if (world_aborted(im->world)) return peer_failed(c, what);
+    if (im->aborted || !im->nc)
+        return dt_error(DT_ERR_PEER_FAILED, "rank %d: nccl %s: this communicator was aborted",
+                        c->world_rank, what);
+    return DT_SUCCESS;
+}
+
+static dt_status enter(dt_comm *c, const char *what) {
+    nccl_impl *im = c->impl;
+    int cur = -1;
+    CU_TRY(c, what, cudaGetDevice(&cur));
+    if (cur != im->device) CU_TRY(c, what, cudaSetDevice(im->device));
+    return DT_SUCCESS;
+}
+
+/* 1 if p is device memory of this rank's device (NCCL can use it). */
+static int on_device(const nccl_impl *im, const void *p) {
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) &&
+           a.device == im->device;
+}
+
+/* Orders the communication stream after the compute stream's queued work. */
+static dt_status order_after_compute(dt_comm *c, const char *what) {
+    nccl_impl *im = c->impl;
+    CU_TRY(c, what, cudaEventRecord(im->ready, im->compute));
+    CU_TRY(c, what, cudaStreamWaitEvent(im->stream, im->ready, 0));
+    return DT_SUCCESS;
+}
+
+/* Records `done` and makes the compute stream wait for it. */
+static dt_status hand_back(dt_comm *c, const char *what) {
+    nccl_impl *im = c->impl;
+    CU_TRY(c, what, cudaEventRecord(im->done, im->stream));
+    CU_TRY(c, what, cudaStreamWaitEvent(im->compute, im->done, 0));
+    return DT_SUCCESS;
+}
+
+/* Makes both staging buffers hold `need` bytes. Queued work may still use
+ * the old ones: the communication stream is drained first. */
+static dt_status stage_reserve(dt_comm *c, size_t need, const char *what) {
+    nccl_impl *im = c->impl;
+    if (need <= im->dstage_bytes && need <= im->hstage_bytes) return DT_SUCCESS;
+    size_t want = need < 4096 ? 4096 : need;
+    CU_TRY(c, what, cudaEventRecord(im->done, im->stream));
+    DT_TRY(nccl_wait(c, im->nc, im->done, what));
+    if (im->dstage) CU_TRY(c, what, cudaFree(im->dstage));
+    if (im->hstage) CU_TRY(c, what, cudaFreeHost(im->hstage));
+    im->dstage = im->hstage = NULL;
+    im->dstage_bytes = im->hstage_bytes = 0;
+    CU_TRY(c, what, cudaMalloc((void **)&im->dstage, want));
+    im->dstage_bytes = want;
+    CU_TRY(c, what, cudaHostAlloc((void **)&im->hstage, want, cudaHostAllocDefault));
+    im->hstage_bytes = want;
+    return DT_SUCCESS;
+}
+
+/* ----------------------------------------------------------- collectives */
+
+static ncclDataType_t nccl_type(dt_dtype t) {
+    switch (t) {
+    case DT_F32: return ncclFloat32;
+    case DT_BF16: return ncclBfloat16;
+    case DT_F16: return ncclFloat16;
+    default: return ncclUint8;
+    }
+}
+
+static ncclRedOp_t nccl_op(dt_reduce_op op) { return op == DT_REDUCE_MAX ? ncclMax : ncclSum; }
+
+/* The NCCL part of one collective on device pointers (stream order). */
+static dt_status enqueue(dt_comm *c, const dt_coll_args *a, const char *send, char *recv,
+                         const char *what) {
+    nccl_impl *im = c->impl;
+    size_t bytes = a->count * dt_dtype_size(a->dtype);
+    ncclDataType_t t = nccl_type(a->dtype);
+    int me = c->rank, P = c->size;
+    switch (a->kind) {
+    case DT_COLL_ALL_REDUCE:
+        NC_TRY(c, what, ncclAllReduce(send, recv, a->count, t, nccl_op(a->op), im->nc, im->stream));
+        return DT_SUCCESS;
+    case DT_COLL_ALL_GATHER:
+        NC_TRY(c, what, ncclAllGather(send, recv, a->count, t, im->nc, im->stream));
+        return DT_SUCCESS;
+    case DT_COLL_REDUCE_SCATTER:
+        NC_TRY(c, what, ncclReduceScatter(send, recv, a->count, t, nccl_op(a->op), im->nc,
+                                          im->stream));
+        return DT_SUCCESS;
+    case DT_COLL_BROADCAST:
+        NC_TRY(c, what, ncclBroadcast(send, recv, a->count, t, a->root, im->nc, im->stream));
+        return DT_SUCCESS;
+    case DT_COLL_BARRIER:
+        NC_TRY(c, what, ncclAllReduce(recv, recv, 1, ncclFloat32, ncclSum, im->nc, im->stream));
+        return DT_SUCCESS;
+    case DT_COLL_SCATTER:
+    case DT_COLL_GATHER: {
+        int scatter = a->kind == DT_COLL_SCATTER;
+        /* The root's own part is a local copy. */
+        if (me == a->root) {
+            const char *src = scatter ? send + (size_t)me * bytes : send;
+            char *dst = scatter ? recv : recv + (size_t)me * bytes;
+            if (src != dst)
+                CU_TRY(c, what, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                                im->stream));
+        }
+        if (P == 1) return DT_SUCCESS;
+        ncclResult_t r = ncclGroupStart();
+        if (r != ncclSuccess) return nccl_fail(c, what, "ncclGroupStart", r);
+        for (int p = 0; r == ncclSuccess && p < P; p++) {
+            if (me == a->root && p != me)
+                r = scatter ? ncclSend(send + (size_t)p * bytes, a->count, t, p, im->nc, im->stream)
+                            : ncclRecv(recv + (size_t)p * bytes, a->count, t, p, im->nc, im->stream);
+            else if (me != a->root && p == a->root)
+                r = scatter ? ncclRecv(recv, a->count, t, p, im->nc, im->stream)
+                            : ncclSend(send, a->count, t, p, im->nc, im->stream);
+        }
+        ncclResult_t e = ncclGroupEnd(); /* always closes the group */
+        if (r != ncclSuccess && r != ncclInProgress)
+            return nccl_fail(c, what, scatter ? "ncclSend/ncclRecv (scatter)" : "ncclSend/ncclRecv (gather)", r);
+        if (e == ncclInProgress) DT_TRY(nccl_wait(c, im->nc, NULL, what));
+        else if (e != ncclSuccess) return nccl_fail(c, what, "ncclGroupEnd", e);
+        return DT_SUCCESS;
+    }
+    default:
+        return dt_error(DT_ERR_INTERNAL, "rank %d: nccl: unexpected collective %s", c->world_rank,
+                        what);
+    }
+}
+
+/* Bytes of the send and receive buffers a collective touches on this rank. */
+static void coll_bytes(const dt_comm *c, const dt_coll_args *a, size_t *sbytes, size_t *rbytes) {
+    size_t bytes = a->count * dt_dtype_size(a->dtype), P = (size_t)c->size;
+    int root = c->rank == a->root;
+    *sbytes = *rbytes = 0;
+    switch (a->kind) {
+    case DT_COLL_ALL_REDUCE: *sbytes = bytes, *rbytes = bytes; break;
+    case DT_COLL_ALL_GATHER: *sbytes = bytes, *rbytes = P * bytes; break;
+    case DT_COLL_REDUCE_SCATTER: *sbytes = P * bytes, *rbytes = bytes; break;
+    case DT_COLL_BROADCAST: *sbytes = bytes, *rbytes = bytes; break;
+    case DT_COLL_SCATTER: *sbytes = root ? P * bytes : 0, *rbytes = bytes; break;
+    case DT_COLL_GATHER: *sbytes = bytes, *rbytes = root ? P * bytes : 0; break;
+    default: break;
+    }
+}
+
+static dt_status run_collective(dt_comm *c, const dt_coll_args *a, const char *what) {
+    nccl_impl *im = c->impl;
+    size_t sbytes, rbytes;
+    coll_bytes(c, a, &sbytes, &rbytes);
+    if (a->kind != DT_COLL_BARRIER && sbytes == 0 && rbytes == 0) return DT_SUCCESS;
+    DT_TRY(enter(c, what));
+    const char *send = a->send;
+    char *recv = a->recv;
+    /* Broadcast is in place (send == recv): one staged region serves both. */
+    int in_place = a->kind == DT_COLL_BROADCAST;
+    int host_send = sbytes && !on_device(im, send);
+    int host_recv = in_place ? host_send : rbytes && !on_device(im, recv);
+    size_t roff = host_send && !in_place ? align_up(sbytes) : 0;
+    size_t need = in_place ? (host_send ? sbytes : 0) : roff + (host_recv ? rbytes : 0);
+    if (a->kind == DT_COLL_BARRIER) need = sizeof(float);
+    if (need) DT_TRY(stage_reserve(c, need, what));
+    DT_TRY(order_after_compute(c, what));
+    if (host_send) {
+        memcpy(im->hstage, send, sbytes);
+        CU_TRY(c, what, cudaMemcpyAsync(im->dstage, im->hstage, sbytes, cudaMemcpyHostToDevice,
+                                        im->stream));
+        send = im->dstage;
+    }
+    if (host_recv) recv = im->dstage + roff;
+    if (a->kind == DT_COLL_BARRIER) recv = im->dstage;
+    DT_TRY(enqueue(c, a, send, recv, what));
+    if (host_recv)
+        CU_TRY(c, what, cudaMemcpyAsync(im->hstage + roff, recv, rbytes, cudaMemcpyDeviceToHost,
+                                        im->stream));
+    DT_TRY(hand_back(c, what));
+    if (!host_send && !host_recv && a->kind != DT_COLL_BARRIER) return DT_SUCCESS;
+    /* The host needs the data (or, for a barrier, the completion). */
+    DT_TRY(nccl_wait(c, im->nc, im->done, what));
+    if (host_recv) memcpy(a->recv, im->hstage + roff, rbytes);
+    return DT_SUCCESS;
+}
+
+static dt_status comm_make(dt_nccl_world *w, ncclComm_t nc, const dt_nccl_rank *r,
+                           int world_rank, dt_comm **out);
+
+static dt_status nccl_split(dt_comm *c, const dt_coll_args *a, dt_comm **out) {
+    nccl_impl *im = c->impl;
+    const char *what = "split";
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t child = NULL;
+    DT_TRY(enter(c, what));
+    ncclResult_t r = ncclCommSplit(im->nc, a->color >= 0 ? a->color : NCCL_SPLIT_NOCOLOR, a->key,
+                                   &child, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        if (child) (void)ncclCommAbort(child);
+        return nccl_fail(c, what, "ncclCommSplit", r);
+    }
+    dt_status st = nccl_wait(c, im->nc, NULL, what);
+    if (st == DT_SUCCESS && child) st = nccl_wait(c, child, NULL, what);
+    if (st != DT_SUCCESS) {
+        if (child) (void)ncclCommAbort(child);
+        return st;
+    }
+    if (!child) return DT_SUCCESS; /* opted out: *out stays NULL */
+    dt_nccl_rank rk = {im->device, im->compute, im->stream, c->mem};
+    st = comm_make(im->world, child, &rk, c->world_rank, out);
+    if (st != DT_SUCCESS) {
+        (void)ncclCommAbort(child);
+        return fail_and_abort(c, st);
+    }
+    return DT_SUCCESS;
+}
+
+static dt_status nccl_collective(dt_comm *c, const dt_coll_args *a, dt_comm **split_out) {
+    const char *what = dt_coll_kind_name(a->kind);
+    DT_TRY(check_alive(c, what));
+    if ((a->kind == DT_COLL_ALL_REDUCE || a->kind == DT_COLL_REDUCE_SCATTER) &&
+        a->dtype != DT_F32 && a->dtype != DT_BF16 && a->dtype != DT_F16)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: %s: the nccl transport reduces fp32, "
+                        "bf16 and fp16, not %s", c->world_rank, what, dt_dtype_name(a->dtype));
+    NVTX_PUSH(what);
+    dt_status st = a->kind == DT_COLL_SPLIT ? nccl_split(c, a, split_out)
+                                            : run_collective(c, a, what);
+    NVTX_POP();
+    return st;
+}
+
+/* -------------------------------------------------------- point-to-point */
+
+static dt_status p2p_post(dt_comm *c, const dt_p2p_op *ops, int n) {
+    nccl_impl *im = c->impl;
+    const char *what = "sendrecv";
+    DT_TRY(enter(c, what));
+    if (n > im->dptr_cap || n > im->backs_cap) {
+        /* Steady-state callers (the ring) reuse the capacity: no allocation. */
+        void **d = realloc(im->dptr, (size_t)n * sizeof *d);
+        if (d) im->dptr = d;
+        host_back *hb = realloc(im->backs, (size_t)n * sizeof *hb);
+        if (hb) im->backs = hb;
+        if (!d || !hb)
+            return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: sendrecv: out of memory for %d ops",
+                            c->world_rank, n);
+        im->dptr_cap = im->backs_cap = n;
+    }
+    /* Host buffers are staged; where each goes. */
+    size_t need = 0;
+    for (int k = 0; k < n; k++) {
+        size_t bytes = ops[k].count * dt_dtype_size(ops[k].dtype);
+        im->dptr[k] = ops[k].buf;
+        if (bytes && !on_device(im, ops[k].buf)) {
+            im->dptr[k] = NULL; /* placed below */
+            need += align_up(bytes);
+        }
+    }
+    if (need) DT_TRY(stage_reserve(c, need, what));
+    DT_TRY(order_after_compute(c, what));
+    im->n_backs = 0;
+    size_t off = 0;
+    for (int k = 0; k < n; k++) {
+        size_t bytes = ops[k].count * dt_dtype_size(ops[k].dtype);
+        if (im->dptr[k] != NULL || bytes == 0) continue;
+        im->dptr[k] = im->dstage + off;
+        if (ops[k].kind == DT_P2P_SEND) {
+            memcpy(im->hstage + off, ops[k].buf, bytes);
+            CU_TRY(c, what, cudaMemcpyAsync(im->dstage + off, im->hstage + off, bytes,
+                                            cudaMemcpyHostToDevice, im->stream));
+        } else {
+            im->backs[im->n_backs++] = (host_back){ops[k].buf, off, bytes};
+        }
+        off += align_up(bytes);
+    }
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return nccl_fail(c, what, "ncclGroupStart", r);
+    for (int k = 0; r == ncclSuccess && k < n; k++) {
+        if (ops[k].count == 0) continue;
+        ncclDataType_t t = nccl_type(ops[k].dtype);
+        r = ops[k].kind == DT_P2P_SEND
+                ? ncclSend(im->dptr[k], ops[k].count, t, ops[k].peer, im->nc, im->stream)
+                : ncclRecv(im->dptr[k], ops[k].count, t, ops[k].peer, im->nc, im->stream);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(c, what, "ncclSend/ncclRecv", r);
+    if (e == ncclInProgress) DT_TRY(nccl_wait(c, im->nc, NULL, what));
+    else if (e != ncclSuccess) return nccl_fail(c, what, "ncclGroupEnd", e);
+    for (int k = 0; k < im->n_backs; k++)
+        CU_TRY(c, what, cudaMemcpyAsync(im->hstage + im->backs[k].off, im->dstage + im->backs[k].off,
+                                        im->backs[k].bytes, cudaMemcpyDeviceToHost, im->stream));
+    CU_TRY(c, what, cudaEventRecord(im->done, im->stream));
+    im->p2p_host = need > 0;
+    return DT_SUCCESS;
+}
+
+static dt_status nccl_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n) {
+    DT_TRY(check_alive(c, "sendrecv"));
+    NVTX_PUSH("dt p2p_start");
+    dt_status st = p2p_post(c, ops, n);
+    NVTX_POP();
+    return st;
+}
+
+static dt_status nccl_p2p_wait(dt_comm *c) {
+    nccl_impl *im = c->impl;
+    const char *what = "sendrecv";
+    DT_TRY(check_alive(c, what));
+    NVTX_PUSH("dt p2p_wait");
+    dt_status st = enter(c, what);
+    /* A cheap look at the async error: a failed group is reported here. */
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = st == DT_SUCCESS ? ncclCommGetAsyncError(im->nc, &state) : ncclSuccess;
+    if (st == DT_SUCCESS && r != ncclSuccess) st = nccl_fail(c, what, "ncclCommGetAsyncError", r);
+    else if (st == DT_SUCCESS && state != ncclSuccess && state != ncclInProgress)
+        st = nccl_fail(c, what, "an asynchronous NCCL operation", state);
+    if (st == DT_SUCCESS) {
+        cudaError_t e = cudaStreamWaitEvent(im->compute, im->done, 0);
+        if (e != cudaSuccess) st = cuda_fail(c, what, "cudaStreamWaitEvent", e);
+    }
+    /* Host receives: the host needs the data now. */
+    if (st == DT_SUCCESS && im->p2p_host) st = nccl_wait(c, im->nc, im->done, what);
+    for (int k = 0; st == DT_SUCCESS && k < im->n_backs; k++)
+        memcpy(im->backs[k].host, im->hstage + im->backs[k].off, im->backs[k].bytes);
+    im->n_backs = 0;
+    im->p2p_host = 0;
+    NVTX_POP();
+    return st;
+}
+
+/* ----------------------------------------------------------- lifecycle */
+
+static void nccl_abort(dt_comm *c, dt_status status, const char *reason) {
+    nccl_impl *im = c->impl;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "rank %d aborted (%s): %s", c->world_rank, dt_status_name(status),
+             reason);
+    world_abort(im->world, c->world_rank, status, msg);
+    abort_handle(im);
+}
+
+static int nccl_aborted(const dt_comm *c) {
+    nccl_impl *im = c->impl;
+    return im->aborted || world_aborted(im->world);
+}
+
+static void nccl_destroy(dt_comm *c) {
+    nccl_impl *im = c->impl;
+    char saved[1024];
+    dt_error_save_(saved, sizeof saved);
+    int dev_ok = enter(c, "destroy") == DT_SUCCESS;
+    if (im->nc) {
+        if (im->aborted || world_aborted(im->world)) {
+            abort_handle(im);
+        } else {
+            /* Finalize flushes and waits (polled, bounded) for the peers to
+             * quiesce; a failure or timeout there aborts instead. */
+            ncclResult_t r = ncclCommFinalize(im->nc);
+            if (r == ncclSuccess || r == ncclInProgress) {
+                if (nccl_wait(c, im->nc, NULL, "destroy") == DT_SUCCESS) {
+                    (void)ncclCommDestroy(im->nc);
+                    im->nc = NULL;
+                }
+            } else {
+                abort_handle(im);
+            }
+        }
+    }
+    /* Staging is freed only when nothing can still be using it. */
+    int idle = dev_ok && !im->aborted && cudaStreamQuery(im->stream) == cudaSuccess;
+    if (idle) {
+        if (im->dstage) (void)cudaFree(im->dstage);
+        if (im->hstage) (void)cudaFreeHost(im->hstage);
+    }
+    if (im->ready) (void)cudaEventDestroy(im->ready);
+    if (im->done) (void)cudaEventDestroy(im->done);
+    (void)cudaGetLastError();
+    dt_error_restore_(saved);
+    free(im->dptr);
+    free(im->backs);
+    free(im);
+    free(c);
+}
+
+static const dt_transport_ops nccl_ops = {
+    .name = "nccl",
+    .collective = nccl_collective,
+    .p2p_start = nccl_p2p_start,
+    .p2p_wait = nccl_p2p_wait,
+    .abort = nccl_abort,
+    .aborted = nccl_aborted,
+    .destroy = nccl_destroy,
+};
+
+/* A handle on a ready (or still initialising) NCCL communicator. Rank and
+ * size are read once it is ready (comm_ready). */
+static dt_status comm_make(dt_nccl_world *w, ncclComm_t nc, const dt_nccl_rank *r,
+                           int world_rank, dt_comm **out) {
+    dt_comm *c = calloc(1, sizeof *c);
+    nccl_impl *im = calloc(1, sizeof *im);
+    if (!c || !im) {
+        free(c);
+        free(im);
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: out of memory for a communicator",
+                        world_rank);
+    }
+    c->ops = &nccl_ops;
+    c->impl = im;
+    c->world_rank = world_rank;
+    c->timeout_ms = w->cfg.timeout_ms;
+    c->log_level = w->cfg.log_level;
+    c->check = w->cfg.check;
+    c->mem = r->mem;
+    im->world = w;
+    im->nc = nc;
+    im->device = r->device;
+    im->compute = (cudaStream_t)r->compute_stream;
+    im->stream = (cudaStream_t)r->comm_stream;
+    cudaError_t e = cudaEventCreateWithFlags(&im->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&im->done, cudaEventDisableTiming);
+    if (e == cudaSuccess && nc) {
+        int rank = -1, size = 0;
+        ncclResult_t nr = ncclCommUserRank(nc, &rank);
+        if (nr == ncclSuccess) nr = ncclCommCount(nc, &size);
+        if (nr != ncclSuccess) {
+            im->nc = NULL; /* the caller owns nc on failure */
+            nccl_destroy(c);
+            return dt_error(DT_ERR_BACKEND, "rank %d: nccl: ncclCommUserRank/ncclCommCount failed: %s",
+                            world_rank, ncclGetErrorString(nr));
+        }
+        c->rank = rank;
+        c->size = size;
+    }
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        im->nc = NULL;
+        nccl_destroy(c);
+        return dt_error(DT_ERR_BACKEND, "rank %d: nccl: cudaEventCreateWithFlags failed: %s",
+                        world_rank, cudaGetErrorString(e));
+    }
+    *out = c;
+    return DT_SUCCESS;
+}
+
+dt_status dt_nccl_world_comm(dt_nccl_world *w, int rank, const dt_nccl_rank *r, dt_comm **out) {
+    if (!w || !r || !out || rank < 0 || rank >= w->size)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: bad comm request for rank %d", rank);
+    *out = NULL;
+    cudaError_t e = cudaSetDevice(r->device);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return dt_error(DT_ERR_BACKEND, "rank %d: nccl: cudaSetDevice(%d) failed: %s", rank,
+                        r->device, cudaGetErrorString(e));
+    }
+    /* The shell first: the wait below needs a dt_comm for its messages. */
+    dt_comm *c = NULL;
+    DT_TRY(comm_make(w, NULL, r, rank, &c));
+    c->rank = rank;
+    c->size = w->size;
+    nccl_impl *im = c->impl;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclResult_t nr = ncclCommInitRankConfig(&im->nc, w->size, w->id, rank, &cfg);
+    dt_status st = DT_SUCCESS;
+    if (nr != ncclSuccess && nr != ncclInProgress) {
+        st = nccl_fail(c, "init", "ncclCommInitRankConfig", nr);
+    } else {
+        NVTX_PUSH("dt nccl init");
+        st = nccl_wait(c, im->nc, NULL, "init (ncclCommInitRankConfig)");
+        NVTX_POP();
+    }
+    if (st != DT_SUCCESS) {
+        nccl_destroy(c);
+        return st;
+    }
+    DT_COMM_LOG(c, DT_LOG_DEBUG, "nccl communicator ready: rank %d of %d on device %d", rank,
+                w->size, r->device);
+    *out = c;
+    return DT_SUCCESS;
+}

@@ -1,0 +1,889 @@
+/* dtensor/backend_cuda.cu — the CUDA compute backend: device memory, cuBLAS,
+ * CUDA C kernels; and the device-memory hooks (dt_mem) the transports use.
+ *
+ * Every call is enqueued on the rank's compute stream in call order, so the
+ * stream order is the program order and most calls never wait. The host
+ * waits only where it needs the data or must know the device is done with a
+ * buffer: upload/download (the host buffer), free (cudaFree synchronises the
+ * device, so the rank's streams are drained first), sync, and the transport
+ * hooks (peers read this rank's buffers from other threads). Each wait polls
+ * cudaStreamQuery under the rank's timeout; a wait that runs out, or a
+ * sticky device error, marks the backend failed, after which waits fail at
+ * once and frees leak instead of blocking.
+ *
+ * copy_runs (every pack, unpack, slice and permutation): the host offset
+ * tables go through a pinned staging buffer into a device scratch that only
+ * grows (an event guards the staging buffer's reuse). COPY moves the widest
+ * unit (16, 8, 4, 2 or 1 bytes) that divides every address, stride, offset
+ * and run length; long runs get one thread block each, short runs one
+ * thread per unit. ADD computes in fp32 and rounds once, like the CPU
+ * backend, so fp32 and bf16 results are bit-identical to it.
+ *
+ * gemm: row-major C = A B is column-major C^T = B^T A^T, one cublasGemmEx.
+ * fp32 uses CUBLAS_COMPUTE_32F (no TF32) unless TF32 is on; bf16 and fp16
+ * accumulate in fp32.
+ *
+ * Test: tests/test_cuda.c (make test; skipped without a GPU).
+ */
+#include "backend_cuda.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+namespace {
+
+struct cuda_impl {
+    int device;
+    long timeout_ms;
+    int tf32;
+    int sms;                    /* multiprocessors, for grid sizes */
+    int failed;                 /* a wait ran out or the device failed: never wait again */
+    char failure[512];
+    cudaStream_t compute, comm;
+    cublasHandle_t blas;
+    /* copy_runs offset tables: pinned host staging -> device scratch */
+    void *tab_host;
+    size_t tab_host_bytes;
+    void *tab_dev;
+    size_t tab_dev_bytes;
+    cudaEvent_t tab_ev;         /* recorded after the last upload from tab_host */
+    int tab_ev_pending;
+    /* transport staging: reduce inputs from elsewhere, bf16 rounding, overlapping copies */
+    void *stage;
+    size_t stage_bytes;
+};
+
+inline cuda_impl *impl_of(const dt_backend *b) { return static_cast<cuda_impl *>(b->impl); }
+
+/* ------------------------------------------------------------------ errors */
+
+int is_sticky(cudaError_t e) {
+    switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorLaunchTimeout:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+void mark_failed(cuda_impl *im) {
+    if (im->failed) return;
+    im->failed = 1;
+    snprintf(im->failure, sizeof im->failure, "%s", dt_last_error());
+}
+
+/* "rank R: cuda OP: CALL failed on device D: <CUDA's message> (<name>)".
+ * `call` may be a whole expression; only the function name is kept. */
+dt_status cuda_error(const dt_backend *b, const char *op, const char *call, cudaError_t e) {
+    cuda_impl *im = impl_of(b);
+    (void)cudaGetLastError(); /* clear a non-sticky error so later launch checks are clean */
+    dt_status st = e == cudaErrorMemoryAllocation ? DT_ERR_OUT_OF_MEMORY : DT_ERR_BACKEND;
+    dt_error(st, "rank %d: cuda %s: %.*s failed on device %d: %s (%s)", b->rank, op,
+             (int)strcspn(call, "("), call, im ? im->device : -1, cudaGetErrorString(e),
+             cudaGetErrorName(e));
+    if (im && is_sticky(e)) mark_failed(im);
+    return st;
+}
+
+dt_status cublas_error(const dt_backend *b, const char *op, const char *call, cublasStatus_t s) {
+    return dt_error(s == CUBLAS_STATUS_ALLOC_FAILED ? DT_ERR_OUT_OF_MEMORY : DT_ERR_BACKEND,
+                    "rank %d: cuda %s: %.*s failed on device %d: %s (%s)", b->rank, op,
+                    (int)strcspn(call, "("), call, impl_of(b)->device, cublasGetStatusString(s),
+                    cublasGetStatusName(s));
+}
+
+#define CU_TRY(b, op, call)                                                   \
+    do {                                                                      \
+        cudaError_t e_ = (call);                                              \
+        if (e_ != cudaSuccess) return cuda_error((b), (op), #call, e_);       \
+    } while (0)
+
+/* After every kernel launch. */
+#define CU_LAUNCHED(b, op, kernel)                                            \
+    do {                                                                      \
+        cudaError_t e_ = cudaGetLastError();                                  \
+        if (e_ != cudaSuccess) return cuda_error((b), (op), kernel, e_);      \
+    } while (0)
+
+#define BLAS_TRY(b, op, call)                                                 \
+    do {                                                                      \
+        cublasStatus_t s_ = (call);                                           \
+        if (s_ != CUBLAS_STATUS_SUCCESS) return cublas_error((b), (op), #call, s_); \
+    } while (0)
+
+/* ------------------------------------------------------------------- waits */
+
+long elapsed_ms(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)(t.tv_sec - t0->tv_sec) * 1000L + (t.tv_nsec - t0->tv_nsec) / 1000000L;
+}
+
+/* Polls until the stream is idle; bounded by the timeout. Short waits spin
+ * (yielding), long ones sleep 20 us per poll. */
+dt_status wait_stream(const dt_backend *b, cudaStream_t s, const char *op) {
+    cuda_impl *im = impl_of(b);
+    if (im->failed)
+        return dt_error(DT_ERR_BACKEND, "rank %d: cuda %s: device %d failed earlier: %s", b->rank,
+                        op, im->device, im->failure);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned spin = 0;; spin++) {
+        cudaError_t e = cudaStreamQuery(s);
+        if (e == cudaSuccess) return DT_SUCCESS;
+        if (e != cudaErrorNotReady) {
+            dt_status st = cuda_error(b, op, "cudaStreamQuery", e);
+            mark_failed(im);
+            return st;
+        }
+        if (elapsed_ms(&t0) > im->timeout_ms) {
+            dt_status st = dt_error(DT_ERR_TIMEOUT,
+                                    "rank %d: cuda %s: work queued on device %d did not finish "
+                                    "within %ld ms (DT_TIMEOUT_MS)", b->rank, op, im->device,
+                                    im->timeout_ms);
+            mark_failed(im);
+            return st;
+        }
+        if (spin < 200) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+dt_status wait_all(const dt_backend *b, const char *op) {
+    DT_TRY(wait_stream(b, impl_of(b)->compute, op));
+    return wait_stream(b, impl_of(b)->comm, op);
+}
+
+/* Makes the backend's device current for the calling thread. */
+dt_status enter(const dt_backend *b, const char *op) {
+    int cur = -1;
+    CU_TRY(b, op, cudaGetDevice(&cur));
+    if (cur != impl_of(b)->device) CU_TRY(b, op, cudaSetDevice(impl_of(b)->device));
+    return DT_SUCCESS;
+}
+
+/* Device of a pointer, or -1 for host memory (pageable or pinned). */
+int device_of(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
+}
+
+/* Grows a device scratch to `need` bytes (contents not kept). The old one
+ * may still be read by queued work: drain first. */
+dt_status grow_device(const dt_backend *b, void **p, size_t *bytes, size_t need, const char *op) {
+    if (need <= *bytes) return DT_SUCCESS;
+    if (*p) {
+        DT_TRY(wait_all(b, op));
+        CU_TRY(b, op, cudaFree(*p));
+        *p = NULL;
+        *bytes = 0;
+    }
+    size_t want = need < 4096 ? 4096 : need;
+    CU_TRY(b, op, cudaMalloc(p, want));
+    *bytes = want;
+    return DT_SUCCESS;
+}
+
+/* ------------------------------------------------------------ conversions */
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+
+/* --------------------------------------------------------------- copy_runs */
+
+struct runs_args {
+    char *dst;
+    const char *src;
+    int64_t outer, n;
+    int64_t run_units;          /* units of T per run */
+    int64_t run_bytes;
+    int64_t dst_outer, src_outer; /* bytes */
+    const int64_t *doff, *soff; /* element offsets, or NULL: i * run */
+    int es_shift;               /* log2 element size */
+};
+
+enum { RUNS_COPY = 0, RUNS_ADD = 1 };
+
+template <typename T, int OP>
+__device__ __forceinline__ void runs_apply(T *d, const T *s) {
+    if constexpr (OP == RUNS_COPY) *d = *s;
+    else *d = from_f<T>(to_f(*d) + to_f(*s));
+}
+
+template <typename T>
+__device__ __forceinline__ void runs_bases(const runs_args &a, int64_t r, T **d, const T **s) {
+    int64_t o = r / a.n, i = r - o * a.n;
+    *d = reinterpret_cast<T *>(a.dst + o * a.dst_outer +
+                               (a.doff ? (a.doff[i] << a.es_shift) : i * a.run_bytes));
+    *s = reinterpret_cast<const T *>(a.src + o * a.src_outer +
+                                     (a.soff ? (a.soff[i] << a.es_shift) : i * a.run_bytes));
+}
+
+/* One block per run: long runs, coalesced. */
+template <typename T, int OP>
+__global__ void runs_block_kernel(runs_args a) {
+    int64_t runs = a.outer * a.n;
+    for (int64_t r = blockIdx.x; r < runs; r += gridDim.x) {
+        T *d;
+        const T *s;
+        runs_bases(a, r, &d, &s);
+        for (int64_t t = threadIdx.x; t < a.run_units; t += blockDim.x) runs_apply<T, OP>(d + t, s + t);
+    }
+}
+
+/* One thread per unit: short runs (single elements of a permutation). */
+template <typename T, int OP>
+__global__ void runs_flat_kernel(runs_args a) {
+    int64_t total = a.outer * a.n * a.run_units;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+        int64_t r = idx / a.run_units, t = idx - r * a.run_units;
+        T *d;
+        const T *s;
+        runs_bases(a, r, &d, &s);
+        runs_apply<T, OP>(d + t, s + t);
+    }
+}
+
+template <typename T, int OP>
+dt_status runs_launch(const dt_backend *b, runs_args a) {
+    cuda_impl *im = impl_of(b);
+    const int threads = 256;
+    int64_t cap = (int64_t)im->sms * 32;
+    if (a.run_units >= 128) {
+        int64_t runs = a.outer * a.n;
+        unsigned grid = (unsigned)(runs < cap ? runs : cap);
+        runs_block_kernel<T, OP><<<grid, threads, 0, im->compute>>>(a);
+        CU_LAUNCHED(b, "copy_runs", "runs_block_kernel");
+    } else {
+        int64_t total = a.outer * a.n * a.run_units;
+        int64_t blocks = (total + threads - 1) / threads;
+        unsigned grid = (unsigned)(blocks < cap ? blocks : cap);
+        runs_flat_kernel<T, OP><<<grid, threads, 0, im->compute>>>(a);
+        CU_LAUNCHED(b, "copy_runs", "runs_flat_kernel");
+    }
+    return DT_SUCCESS;
+}
+
+/* ------------------------------------------------------------ elementwise */
+
+template <typename T>
+__global__ void add_kernel(const T *x, const T *y, T *out, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = from_f<T>(to_f(x[i]) + to_f(y[i]));
+}
+
+__device__ __forceinline__ float gelu_f32(float x, int tanh_form) {
+    const float inv_sqrt2 = 0.70710678118654752440f;
+    const float sqrt_2_over_pi = 0.79788456080286535588f;
+    if (!tanh_form) return 0.5f * x * (1.0f + erff(x * inv_sqrt2));
+    float u = sqrt_2_over_pi * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+
+template <typename T>
+__global__ void gelu_kernel(const T *x, T *out, int64_t n, int tanh_form) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = from_f<T>(gelu_f32(to_f(x[i]), tanh_form));
+}
+
+/* Transport reductions: acc := x (first) or acc op x, in fp32, like the
+ * host hooks (sum in rank order; max lets NaN win). */
+template <typename T>
+__global__ void reduce_kernel(float *acc, const T *x, int64_t n, int is_max, int first) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float v = to_f(x[i]);
+        if (first) acc[i] = v;
+        else if (!is_max) acc[i] += v;
+        else if (v > acc[i] || isnan(v)) acc[i] = v;
+    }
+}
+
+__global__ void f32_to_bf16_kernel(const float *in, __nv_bfloat16 *out, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = __float2bfloat16_rn(in[i]);
+}
+
+unsigned grid_for(const cuda_impl *im, int64_t n, int threads) {
+    int64_t blocks = (n + threads - 1) / threads;
+    int64_t cap = (int64_t)im->sms * 32;
+    return (unsigned)(blocks < cap ? blocks : (cap > 0 ? cap : 1));
+}
+
+/* --------------------------------------------------------------- the table */
+
+void cuda_destroy(dt_backend *b) {
+    if (!b) return;
+    cuda_impl *im = impl_of(b);
+    if (im) {
+        char saved[1024];
+        dt_error_save_(saved, sizeof saved);
+        int idle = !im->failed && enter(b, "destroy") == DT_SUCCESS &&
+                   (!im->compute || wait_stream(b, im->compute, "destroy") == DT_SUCCESS) &&
+                   (!im->comm || wait_stream(b, im->comm, "destroy") == DT_SUCCESS);
+        /* A device that hung or failed is left as it is: these calls could block. */
+        if (idle) {
+            if (im->tab_dev) (void)cudaFree(im->tab_dev);
+            if (im->stage) (void)cudaFree(im->stage);
+            if (im->tab_host) (void)cudaFreeHost(im->tab_host);
+            if (im->tab_ev) (void)cudaEventDestroy(im->tab_ev);
+            if (im->blas) (void)cublasDestroy(im->blas);
+            if (im->compute) (void)cudaStreamDestroy(im->compute);
+            if (im->comm) (void)cudaStreamDestroy(im->comm);
+        }
+        (void)cudaGetLastError();
+        dt_error_restore_(saved);
+        free(im);
+    }
+    free(b);
+}
+
+dt_status cuda_alloc(dt_backend *b, size_t bytes, void **out) {
+    if (!out) return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda alloc: out is NULL", b->rank);
+    DT_TRY(enter(b, "alloc"));
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes > 0 ? bytes : 1);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_OUT_OF_MEMORY : DT_ERR_BACKEND,
+                        "rank %d: cuda alloc: cudaMalloc of %zu bytes on device %d failed: %s (%s)",
+                        b->rank, bytes, impl_of(b)->device, cudaGetErrorString(e),
+                        cudaGetErrorName(e));
+    }
+    if (bytes > 0) {
+        e = cudaMemsetAsync(p, 0, bytes, impl_of(b)->compute);
+        if (e != cudaSuccess) {
+            dt_status st = cuda_error(b, "alloc", "cudaMemsetAsync", e);
+            (void)cudaFree(p);
+            return st;
+        }
+    }
+    *out = p;
+    return DT_SUCCESS;
+}
+
+void cuda_free(dt_backend *b, void *p) {
+    if (!p) return;
+    cuda_impl *im = impl_of(b);
+    if (im->failed) return; /* leak: cudaFree could wait forever on a hung device */
+    char saved[1024];
+    dt_error_save_(saved, sizeof saved);
+    if (enter(b, "free") == DT_SUCCESS && wait_all(b, "free") == DT_SUCCESS) {
+        if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
+    }
+    dt_error_restore_(saved);
+}
+
+dt_status check_buffers(const dt_backend *b, const char *op, const void *x, const void *y,
+                        size_t bytes) {
+    if (bytes > 0 && (x == NULL || y == NULL))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda %s: NULL buffer for %zu bytes",
+                        b->rank, op, bytes);
+    return DT_SUCCESS;
+}
+
+/* Host <-> device, waited for on both sides: before, so a pageable copy can
+ * never block behind unbounded queued work; after, so the host buffer is
+ * free (upload) or filled (download). */
+dt_status host_transfer(dt_backend *b, const char *op, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return DT_SUCCESS;
+    DT_TRY(check_buffers(b, op, dst, src, bytes));
+    DT_TRY(enter(b, op));
+    cuda_impl *im = impl_of(b);
+    DT_TRY(wait_stream(b, im->compute, op));
+    CU_TRY(b, op, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, im->compute));
+    return wait_stream(b, im->compute, op);
+}
+
+dt_status cuda_upload(dt_backend *b, void *dst, const void *host, size_t bytes) {
+    return host_transfer(b, "upload", dst, host, bytes);
+}
+
+dt_status cuda_download(dt_backend *b, void *host, const void *src, size_t bytes) {
+    return host_transfer(b, "download", host, src, bytes);
+}
+
+dt_status cuda_copy(dt_backend *b, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0 || dst == src) return DT_SUCCESS;
+    DT_TRY(check_buffers(b, "copy", dst, src, bytes));
+    DT_TRY(enter(b, "copy"));
+    cuda_impl *im = impl_of(b);
+    const char *d = static_cast<const char *>(dst), *s = static_cast<const char *>(src);
+    if (d < s + bytes && s < d + bytes) {
+        /* Overlapping (memmove semantics, as on the CPU): through the stage. */
+        DT_TRY(grow_device(b, &im->stage, &im->stage_bytes, bytes, "copy"));
+        CU_TRY(b, "copy", cudaMemcpyAsync(im->stage, src, bytes, cudaMemcpyDefault, im->compute));
+        src = im->stage;
+    }
+    CU_TRY(b, "copy", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, im->compute));
+    return DT_SUCCESS;
+}
+
+dt_status cuda_zero(dt_backend *b, void *p, size_t bytes) {
+    if (bytes == 0) return DT_SUCCESS;
+    if (!p) return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda zero: NULL buffer", b->rank);
+    DT_TRY(enter(b, "zero"));
+    CU_TRY(b, "zero", cudaMemsetAsync(p, 0, bytes, impl_of(b)->compute));
+    return DT_SUCCESS;
+}
+
+/* Uploads the offset tables (either may be NULL) into the device scratch:
+ * [dst_off n][src_off n]. */
+dt_status upload_tables(dt_backend *b, const dt_runs *r, const int64_t **doff,
+                        const int64_t **soff) {
+    cuda_impl *im = impl_of(b);
+    *doff = *soff = NULL;
+    size_t tab = (size_t)r->n * sizeof(int64_t);
+    size_t need = (r->dst_off ? tab : 0) + (r->src_off ? tab : 0);
+    if (need == 0) return DT_SUCCESS;
+    /* The pinned buffer may still feed the previous upload. */
+    if (im->tab_ev_pending) {
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (unsigned spin = 0;; spin++) {
+            cudaError_t e = cudaEventQuery(im->tab_ev);
+            if (e == cudaSuccess) break;
+            if (e != cudaErrorNotReady) {
+                dt_status st = cuda_error(b, "copy_runs", "cudaEventQuery", e);
+                mark_failed(im);
+                return st;
+            }
+            if (elapsed_ms(&t0) > im->timeout_ms) {
+                dt_status st = dt_error(DT_ERR_TIMEOUT, "rank %d: cuda copy_runs: the previous "
+                                        "table upload on device %d did not finish within %ld ms",
+                                        b->rank, im->device, im->timeout_ms);
+                mark_failed(im);
+                return st;
+            }
+            if (spin < 200) sched_yield();
+            else {
+                struct timespec ts = {0, 20000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        im->tab_ev_pending = 0;
+    }
+    if (need > im->tab_host_bytes) {
+        if (im->tab_host) CU_TRY(b, "copy_runs", cudaFreeHost(im->tab_host));
+        im->tab_host = NULL;
+        im->tab_host_bytes = 0;
+        size_t want = need < 4096 ? 4096 : need;
+        CU_TRY(b, "copy_runs", cudaHostAlloc(&im->tab_host, want, cudaHostAllocDefault));
+        im->tab_host_bytes = want;
+    }
+    DT_TRY(grow_device(b, &im->tab_dev, &im->tab_dev_bytes, need, "copy_runs"));
+    char *h = static_cast<char *>(im->tab_host);
+    size_t at = 0;
+    if (r->dst_off) {
+        memcpy(h, r->dst_off, tab);
+        *doff = reinterpret_cast<const int64_t *>(static_cast<char *>(im->tab_dev));
+        at += tab;
+    }
+    if (r->src_off) {
+        memcpy(h + at, r->src_off, tab);
+        *soff = reinterpret_cast<const int64_t *>(static_cast<char *>(im->tab_dev) + at);
+    }
+    CU_TRY(b, "copy_runs", cudaMemcpyAsync(im->tab_dev, im->tab_host, need,
+                                           cudaMemcpyHostToDevice, im->compute));
+    CU_TRY(b, "copy_runs", cudaEventRecord(im->tab_ev, im->compute));
+    im->tab_ev_pending = 1;
+    return DT_SUCCESS;
+}
+
+int log2_exact(size_t x) {
+    int s = 0;
+    while ((size_t)1 << s < x) s++;
+    return s;
+}
+
+dt_status cuda_copy_runs(dt_backend *b, const dt_runs *r) {
+    if (r == NULL) return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda copy_runs: runs is NULL", b->rank);
+    size_t es = dt_dtype_size(r->dtype);
+    if (es == 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda copy_runs: unknown dtype %d",
+                        b->rank, (int)r->dtype);
+    if (r->op != DT_RUNS_COPY && r->op != DT_RUNS_ADD)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda copy_runs: unknown op %d", b->rank,
+                        (int)r->op);
+    if (r->op == DT_RUNS_ADD && r->dtype != DT_F32 && r->dtype != DT_BF16 && r->dtype != DT_F16)
+        return dt_error(DT_ERR_NOT_SUPPORTED,
+                        "rank %d: cuda copy_runs: add is not supported for %s (fp32, bf16, fp16 are)",
+                        b->rank, dt_dtype_name(r->dtype));
+    if (r->outer < 0 || r->n < 0 || r->run_elems < 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "rank %d: cuda copy_runs: negative extent (outer %" PRId64 ", n %" PRId64
+                        ", run %" PRId64 ")", b->rank, r->outer, r->n, r->run_elems);
+    if (r->outer == 0 || r->n == 0 || r->run_elems == 0) return DT_SUCCESS;
+    if (r->dst == NULL || r->src == NULL)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda copy_runs: NULL buffer", b->rank);
+    DT_TRY(enter(b, "copy_runs"));
+
+    runs_args a;
+    a.dst = static_cast<char *>(r->dst);
+    a.src = static_cast<const char *>(r->src);
+    a.outer = r->outer;
+    a.n = r->n;
+    a.run_bytes = r->run_elems * (int64_t)es;
+    a.dst_outer = r->dst_outer * (int64_t)es;
+    a.src_outer = r->src_outer * (int64_t)es;
+    a.es_shift = log2_exact(es);
+    DT_TRY(upload_tables(b, r, &a.doff, &a.soff));
+
+    if (r->op == DT_RUNS_ADD) {
+        a.run_units = r->run_elems;
+        if (r->dtype == DT_F32) return runs_launch<float, RUNS_ADD>(b, a);
+        if (r->dtype == DT_BF16) return runs_launch<__nv_bfloat16, RUNS_ADD>(b, a);
+        return runs_launch<__half, RUNS_ADD>(b, a);
+    }
+    /* COPY: the widest unit dividing every byte address, stride and offset. */
+    uint64_t bits = (uint64_t)(uintptr_t)r->dst | (uint64_t)(uintptr_t)r->src |
+                    (uint64_t)a.run_bytes | (uint64_t)a.dst_outer | (uint64_t)a.src_outer;
+    uint64_t offs = 0;
+    for (int64_t i = 0; r->dst_off && i < r->n; i++) offs |= (uint64_t)r->dst_off[i];
+    for (int64_t i = 0; r->src_off && i < r->n; i++) offs |= (uint64_t)r->src_off[i];
+    bits |= offs << a.es_shift;
+    int64_t w = 16;
+    while (w > 1 && (bits & (uint64_t)(w - 1))) w >>= 1;
+    a.run_units = a.run_bytes / w;
+    switch (w) {
+    case 16: return runs_launch<uint4, RUNS_COPY>(b, a);
+    case 8: return runs_launch<uint2, RUNS_COPY>(b, a);
+    case 4: return runs_launch<unsigned int, RUNS_COPY>(b, a);
+    case 2: return runs_launch<unsigned short, RUNS_COPY>(b, a);
+    default: return runs_launch<unsigned char, RUNS_COPY>(b, a);
+    }
+}
+
+dt_status check_float(const dt_backend *b, const char *op, dt_dtype dtype) {
+    if (dtype == DT_F32 || dtype == DT_BF16 || dtype == DT_F16) return DT_SUCCESS;
+    return dt_error(DT_ERR_NOT_SUPPORTED,
+                    "rank %d: cuda %s: dtype %s is not supported (fp32, bf16, fp16 are)", b->rank,
+                    op, dt_dtype_name(dtype));
+}
+
+dt_status cuda_gemm(dt_backend *b, dt_dtype dtype, int64_t m, int64_t n, int64_t k,
+                    const void *a, const void *bm, void *c) {
+    DT_TRY(check_float(b, "gemm", dtype));
+    if (m < 0 || n < 0 || k < 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "rank %d: cuda gemm: negative size m %" PRId64 " n %" PRId64 " k %" PRId64,
+                        b->rank, m, n, k);
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
+        return dt_error(DT_ERR_NOT_SUPPORTED,
+                        "rank %d: cuda gemm: m %" PRId64 " n %" PRId64 " k %" PRId64
+                        " exceeds cuBLAS's int range", b->rank, m, n, k);
+    if (m == 0 || n == 0) return DT_SUCCESS;
+    if (a == NULL || bm == NULL || c == NULL)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda gemm: NULL buffer", b->rank);
+    DT_TRY(enter(b, "gemm"));
+    cuda_impl *im = impl_of(b);
+    if (k == 0)
+        return cuda_zero(b, c, (size_t)m * (size_t)n * dt_dtype_size(dtype));
+    cudaDataType_t t = dtype == DT_F32 ? CUDA_R_32F : dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    cublasComputeType_t ct = dtype == DT_F32 && im->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                          : CUBLAS_COMPUTE_32F;
+    const float alpha = 1.0f, beta = 0.0f;
+    /* Row-major C[m,n] = A[m,k] B[k,n] is column-major C^T[n,m] = B^T[n,k] A^T[k,m]. */
+    BLAS_TRY(b, "gemm", cublasGemmEx(im->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)n, (int)m, (int)k,
+                                     &alpha, bm, t, (int)n, a, t, (int)k, &beta, c, t, (int)n, ct,
+                                     CUBLAS_GEMM_DEFAULT));
+    CU_LAUNCHED(b, "gemm", "cublasGemmEx");
+    return DT_SUCCESS;
+}
+
+dt_status cuda_add(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, const void *y,
+                   void *out) {
+    DT_TRY(check_float(b, "add", dtype));
+    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda add: negative count %" PRId64, b->rank, n);
+    if (n == 0) return DT_SUCCESS;
+    if (x == NULL || y == NULL || out == NULL)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda add: NULL buffer", b->rank);
+    DT_TRY(enter(b, "add"));
+    cuda_impl *im = impl_of(b);
+    unsigned grid = grid_for(im, n, 256);
+    if (dtype == DT_F32)
+        add_kernel<float><<<grid, 256, 0, im->compute>>>(static_cast<const float *>(x),
+                                                          static_cast<const float *>(y),
+                                                          static_cast<float *>(out), n);
+    else if (dtype == DT_BF16)
+        add_kernel<__nv_bfloat16><<<grid, 256, 0, im->compute>>>(
+            static_cast<const __nv_bfloat16 *>(x), static_cast<const __nv_bfloat16 *>(y),
+            static_cast<__nv_bfloat16 *>(out), n);
+    else
+        add_kernel<__half><<<grid, 256, 0, im->compute>>>(static_cast<const __half *>(x),
+                                                           static_cast<const __half *>(y),
+                                                           static_cast<__half *>(out), n);
+    CU_LAUNCHED(b, "add", "add_kernel");
+    return DT_SUCCESS;
+}
+
+dt_status cuda_gelu(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, void *out,
+                    dt_gelu_approx approx) {
+    DT_TRY(check_float(b, "gelu", dtype));
+    if ((int)approx < 0 || approx >= DT_GELU_APPROX_COUNT)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda gelu: unknown approximation %d",
+                        b->rank, (int)approx);
+    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda gelu: negative count %" PRId64, b->rank, n);
+    if (n == 0) return DT_SUCCESS;
+    if (x == NULL || out == NULL)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda gelu: NULL buffer", b->rank);
+    DT_TRY(enter(b, "gelu"));
+    cuda_impl *im = impl_of(b);
+    unsigned grid = grid_for(im, n, 256);
+    int tanh_form = approx == DT_GELU_TANH;
+    if (dtype == DT_F32)
+        gelu_kernel<float><<<grid, 256, 0, im->compute>>>(static_cast<const float *>(x),
+                                                           static_cast<float *>(out), n, tanh_form);
+    else if (dtype == DT_BF16)
+        gelu_kernel<__nv_bfloat16><<<grid, 256, 0, im->compute>>>(
+            static_cast<const __nv_bfloat16 *>(x), static_cast<__nv_bfloat16 *>(out), n, tanh_form);
+    else
+        gelu_kernel<__half><<<grid, 256, 0, im->compute>>>(static_cast<const __half *>(x),
+                                                            static_cast<__half *>(out), n, tanh_form);
+    CU_LAUNCHED(b, "gelu", "gelu_kernel");
+    return DT_SUCCESS;
+}
+
+dt_status cuda_sync(dt_backend *b) {
+    DT_TRY(enter(b, "sync"));
+    return wait_all(b, "sync");
+}
+
+/* Positional: C++17 has no designated initialisers. Keep in the order of
+ * dt_backend_ops. */
+const dt_backend_ops cuda_ops = {
+    "cuda",          cuda_destroy, cuda_alloc, cuda_free,  cuda_upload, cuda_download,
+    cuda_copy,       cuda_zero,    cuda_copy_runs, cuda_gemm, cuda_add, cuda_gelu,
+    cuda_sync,
+};
+
+/* ------------------------------------------------------ transport memory */
+
+dt_backend *backend_of(void *arg) { return static_cast<dt_backend *>(arg); }
+
+dt_status mem_alloc(void *arg, size_t bytes, void **out) { return cuda_alloc(backend_of(arg), bytes, out); }
+
+void mem_free(void *arg, void *p) { cuda_free(backend_of(arg), p); }
+
+dt_status mem_copy(void *arg, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0 || dst == src) return DT_SUCCESS;
+    if (device_of(dst) < 0 && device_of(src) < 0) {
+        memmove(dst, src, bytes); /* host to host: agreement tables, user host buffers */
+        return DT_SUCCESS;
+    }
+    return host_transfer(backend_of(arg), "transport copy", dst, src, bytes);
+}
+
+dt_status mem_publish(void *arg) {
+    dt_backend *b = backend_of(arg);
+    DT_TRY(enter(b, "transport publish"));
+    return wait_stream(b, impl_of(b)->compute, "transport publish");
+}
+
+dt_status mem_reduce(void *arg, float *acc, const void *x, size_t n, dt_dtype dtype,
+                     dt_reduce_op op, int first) {
+    dt_backend *b = backend_of(arg);
+    cuda_impl *im = impl_of(b);
+    if (n == 0) return DT_SUCCESS;
+    if (dtype != DT_F32 && dtype != DT_BF16 && dtype != DT_F16)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: cuda reduce: dtype %s", b->rank,
+                        dt_dtype_name(dtype));
+    DT_TRY(enter(b, "transport reduce"));
+    size_t bytes = n * dt_dtype_size(dtype);
+    if (device_of(x) != im->device) {
+        /* Host memory or another device: bring it here first. */
+        DT_TRY(grow_device(b, &im->stage, &im->stage_bytes, bytes, "transport reduce"));
+        DT_TRY(wait_stream(b, im->compute, "transport reduce"));
+        CU_TRY(b, "transport reduce", cudaMemcpyAsync(im->stage, x, bytes, cudaMemcpyDefault,
+                                                      im->compute));
+        x = im->stage;
+    }
+    unsigned grid = grid_for(im, (int64_t)n, 256);
+    int is_max = op == DT_REDUCE_MAX;
+    if (dtype == DT_F32)
+        reduce_kernel<float><<<grid, 256, 0, im->compute>>>(acc, static_cast<const float *>(x),
+                                                             (int64_t)n, is_max, first);
+    else if (dtype == DT_BF16)
+        reduce_kernel<__nv_bfloat16><<<grid, 256, 0, im->compute>>>(
+            acc, static_cast<const __nv_bfloat16 *>(x), (int64_t)n, is_max, first);
+    else
+        reduce_kernel<__half><<<grid, 256, 0, im->compute>>>(acc, static_cast<const __half *>(x),
+                                                              (int64_t)n, is_max, first);
+    CU_LAUNCHED(b, "transport reduce", "reduce_kernel");
+    /* The peer may reuse x as soon as this rank reports its reads done. */
+    return wait_stream(b, im->compute, "transport reduce");
+}
+
+dt_status mem_finish(void *arg, void *acc, size_t n, dt_dtype dtype) {
+    dt_backend *b = backend_of(arg);
+    cuda_impl *im = impl_of(b);
+    if (n == 0 || dtype == DT_F32) return DT_SUCCESS;
+    DT_TRY(enter(b, "transport reduce"));
+    size_t bytes = n * dt_dtype_size(dtype);
+    DT_TRY(grow_device(b, &im->stage, &im->stage_bytes, bytes, "transport reduce"));
+    unsigned grid = grid_for(im, (int64_t)n, 256);
+    /* Out of place (threads would overwrite each other's fp32 inputs), then back. */
+    if (dtype == DT_BF16) {
+        f32_to_bf16_kernel<<<grid, 256, 0, im->compute>>>(static_cast<const float *>(acc),
+                                                          static_cast<__nv_bfloat16 *>(im->stage),
+                                                          (int64_t)n);
+        CU_LAUNCHED(b, "transport reduce", "f32_to_bf16_kernel");
+    } else {
+        return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: cuda reduce: dtype %s", b->rank,
+                        dt_dtype_name(dtype));
+    }
+    CU_TRY(b, "transport reduce", cudaMemcpyAsync(acc, im->stage, bytes, cudaMemcpyDeviceToDevice,
+                                                  im->compute));
+    return wait_stream(b, im->compute, "transport reduce");
+}
+
+const dt_mem_ops cuda_mem_ops = {
+    "cuda", mem_alloc, mem_free, mem_copy, mem_publish, mem_reduce, mem_finish,
+};
+
+} /* namespace */
+
+/* ---------------------------------------------------------------- public */
+
+extern "C" int dt_cuda_device_count(char *reason, size_t reason_size) {
+    int n = 0; /* cudaGetDeviceCount leaves it untouched when it fails */
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        if (reason && reason_size)
+            snprintf(reason, reason_size, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (n <= 0 && reason && reason_size)
+        snprintf(reason, reason_size, "cudaGetDeviceCount: no CUDA device");
+    return n > 0 ? n : 0;
+}
+
+extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, dt_backend **out) {
+    if (!out || !o)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_backend_cuda_create: out or options is NULL");
+    *out = NULL;
+    if (o->device < 0 || o->timeout_ms <= 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "dt_backend_cuda_create: device %d, timeout %ld ms (rank %d)", o->device,
+                        o->timeout_ms, rank);
+    dt_backend *b = static_cast<dt_backend *>(calloc(1, sizeof *b));
+    cuda_impl *im = static_cast<cuda_impl *>(calloc(1, sizeof *im));
+    if (!b || !im) {
+        free(b);
+        free(im);
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: cuda backend: out of host memory", rank);
+    }
+    b->ops = &cuda_ops;
+    b->impl = im;
+    b->rank = rank;
+    im->device = o->device;
+    im->timeout_ms = o->timeout_ms;
+    im->tf32 = o->tf32 != 0;
+    dt_status st = DT_SUCCESS;
+    cudaError_t e = cudaSetDevice(o->device);
+    cublasStatus_t s;
+    if (e != cudaSuccess) {
+        st = cuda_error(b, "create", "cudaSetDevice", e);
+        goto fail;
+    }
+#define CREATE_TRY(call)                                                      \
+    do {                                                                      \
+        e = (call);                                                           \
+        if (e != cudaSuccess) {                                               \
+            st = cuda_error(b, "create", #call, e);                           \
+            goto fail;                                                        \
+        }                                                                     \
+    } while (0)
+    CREATE_TRY(cudaDeviceGetAttribute(&im->sms, cudaDevAttrMultiProcessorCount, o->device));
+    /* Non-blocking: no implicit ordering with the legacy default stream. */
+    CREATE_TRY(cudaStreamCreateWithFlags(&im->compute, cudaStreamNonBlocking));
+    CREATE_TRY(cudaStreamCreateWithFlags(&im->comm, cudaStreamNonBlocking));
+    CREATE_TRY(cudaEventCreateWithFlags(&im->tab_ev, cudaEventDisableTiming));
+#undef CREATE_TRY
+    s = cublasCreate(&im->blas);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(im->blas, im->compute);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasSetMathMode(im->blas, im->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        st = cublas_error(b, "create", "cublasCreate", s);
+        goto fail;
+    }
+    *out = b;
+    return DT_SUCCESS;
+fail:
+    cuda_destroy(b);
+    return st;
+}
+
+extern "C" int dt_backend_is_cuda(const dt_backend *b) { return b && b->ops == &cuda_ops; }
+
+extern "C" int dt_backend_cuda_device(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? impl_of(b)->device : -1;
+}
+
+extern "C" void *dt_backend_cuda_compute_stream(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? static_cast<void *>(impl_of(b)->compute) : NULL;
+}
+
+extern "C" void *dt_backend_cuda_comm_stream(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? static_cast<void *>(impl_of(b)->comm) : NULL;
+}
+
+extern "C" void dt_backend_cuda_set_tf32(dt_backend *b, int on) {
+    if (!dt_backend_is_cuda(b)) return;
+    cuda_impl *im = impl_of(b);
+    im->tf32 = on != 0;
+    if (im->blas)
+        (void)cublasSetMathMode(im->blas, im->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+}
+
+extern "C" int dt_backend_cuda_tf32(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? impl_of(b)->tf32 : 0;
+}
+
+extern "C" dt_mem dt_backend_cuda_mem(dt_backend *b) {
+    dt_mem m = {&cuda_mem_ops, b};
+    return m;
+}

@@ -1,0 +1,66 @@
+/* dtensor/backend_cuda.h — PRIVATE. The CUDA compute backend (backend_cuda.cu),
+ * for the backend selection in context.c, the transports and the tests.
+ *
+ * Plain C: CUDA handles cross this header as void * (cudaStream_t is a
+ * pointer), so C files that include it need no CUDA headers. Built only
+ * when the Makefile finds nvcc and cuBLAS (it then defines DT_HAVE_CUDA).
+ *
+ * A CUDA backend belongs to one rank and one device. It owns a compute
+ * stream (every backend call is enqueued there, in call order), a
+ * communication stream (for the NCCL transport), a cuBLAS handle bound to
+ * the compute stream, and device scratch that only grows. Every host wait is
+ * a poll bounded by timeout_ms; a wait that runs out, or a sticky CUDA
+ * error, marks the backend failed: later waits fail at once and frees leak
+ * rather than block (cudaFree synchronises the device).
+ *
+ * TF32: fp32 gemm computes in full fp32 by default. DT_TF32=1 in the
+ * environment (read by dt_launch) or dt_backend_cuda_set_tf32 lets cuBLAS
+ * use TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation).
+ *
+ * Test: tests/test_cuda.c (make test; every case skips without a GPU).
+ */
+#ifndef DT_BACKEND_CUDA_H
+#define DT_BACKEND_CUDA_H
+
+#include <stddef.h>
+#include "backend.h"
+#include "../collectives/transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_cuda_options {
+    int device;        /* CUDA device index (after CUDA_VISIBLE_DEVICES) */
+    long timeout_ms;   /* bound on every host wait (> 0) */
+    int tf32;          /* 1: fp32 gemm may use TF32 */
+} dt_cuda_options;
+
+/* Number of visible CUDA devices. Without a driver (or without a device)
+ * cudaGetDeviceCount fails and leaves its count untouched: that is 0 here,
+ * and `reason` (may be NULL) receives "cudaGetDeviceCount: <CUDA's message>". */
+int dt_cuda_device_count(char *reason, size_t reason_size);
+
+/* Sets the calling thread's device, creates the streams and the cuBLAS
+ * handle. The backend is used from the thread that created it. */
+dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *opts, dt_backend **out);
+
+/* Accessors (b must be a CUDA backend). Streams are cudaStream_t. */
+int dt_backend_cuda_device(const dt_backend *b);
+void *dt_backend_cuda_compute_stream(const dt_backend *b);
+void *dt_backend_cuda_comm_stream(const dt_backend *b);
+void dt_backend_cuda_set_tf32(dt_backend *b, int on);
+int dt_backend_cuda_tf32(const dt_backend *b);
+/* 1 if b is a CUDA backend. */
+int dt_backend_is_cuda(const dt_backend *b);
+
+/* The transport memory hooks of this rank (device memory, copies on the
+ * compute stream waited for, reductions by kernels): for the local
+ * transport (ranks sharing GPUs) and ring buffers. b must outlive every
+ * communicator that holds them. */
+dt_mem dt_backend_cuda_mem(dt_backend *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_BACKEND_CUDA_H */

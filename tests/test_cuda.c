@@ -1,0 +1,1066 @@
+/* tests/test_cuda.c — the CUDA backend against the CPU backend, and the GPU
+ * transports (cuda+local: ranks sharing GPUs; cuda+nccl: one GPU per rank).
+ *
+ * - backend ops: every entry of dt_backend_ops on the CUDA backend, on the
+ *   same inputs as the CPU backend (or a double-precision reference where
+ *   the CPU backend has no such dtype), with the tolerances stated at each
+ *   case: copy_runs COPY/ADD bit-exact, add bit-exact, gemm fp32 (TF32 off)
+ *   atol=rtol=1e-4, TF32 1e-2, bf16 1e-2 + 8e-3|ref|, fp16 2e-3 + 2e-3|ref|,
+ *   gelu fp32 1e-6 + 1e-5|ref| (bf16/fp16: one output ulp);
+ * - collectives, send/recv groups, split, host-buffer staging and agreement
+ *   checks on cuda+local (P = 1..4) and on NCCL (P = 1, and P = every GPU);
+ * - the ring rotator over device buffers on both;
+ * - backend/transport selection (runs everywhere: it checks what a machine
+ *   without a GPU must choose and refuse).
+ *
+ * Without a GPU (or a CUDA build) every GPU case prints the reason and
+ * skips. Rank threads only record; the main thread asserts.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "collectives/comm.h"
+#include "collectives/ring.h"
+#include "dtensor/backend.h"
+#include "dtensor/context_internal.h"
+#include "dtensor/tensor.h"
+
+#define MAXP 8
+
+/* --------------------------------------------------------------- helpers */
+
+/* 1 if `world` ranks can run on (b, t); otherwise prints why and skips. */
+#define REQUIRE_PAIR(world, b, t)                                             \
+    do {                                                                      \
+        char why_[768];                                                       \
+        if (!h_pair_available((world), (b), (t), why_, sizeof why_)) {        \
+            print_message("skipped: %s\n", why_);                             \
+            skip();                                                           \
+            return;                                                           \
+        }                                                                     \
+    } while (0)
+
+/* fp16 <-> fp32 on the host, round to nearest even (the test's own, so the
+ * expected values do not come from the code under test). */
+static float h16_to_f32(uint16_t h) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    float v;
+    if (e == 0) v = ldexpf((float)m, -24);
+    else if (e == 31) v = m ? NAN : INFINITY;
+    else v = ldexpf((float)(m | 1024), e - 25);
+    return s ? -v : v;
+}
+
+static uint16_t f32_to_h16(float f) {
+    uint16_t s = signbit(f) ? 0x8000 : 0;
+    float a = fabsf(f);
+    if (isnan(f)) return 0x7e00;
+    if (a >= 65520.0f) return s | 0x7c00; /* rounds to inf */
+    if (a < ldexpf(1.0f, -25)) return s;  /* below half the smallest subnormal */
+    int e;
+    frexpf(a, &e); /* a = f * 2^e, f in [0.5, 1) */
+    int exp = e - 1; /* a in [2^exp, 2^(exp+1)) */
+    int q = exp < -14 ? -24 : exp - 10; /* quantum */
+    double scaled = ldexp((double)a, -q);
+    double r = nearbyint(scaled); /* default rounding: nearest even */
+    uint32_t mant = (uint32_t)r;
+    if (exp < -14) return s | (uint16_t)mant; /* subnormal (may round up to normal: still right) */
+    if (mant == 2048) { mant = 1024; exp++; }
+    if (exp > 15) return s | 0x7c00;
+    return s | (uint16_t)((exp + 15) << 10) | (uint16_t)(mant & 1023);
+}
+
+static void put_val(void *buf, dt_dtype dt, size_t i, float v) {
+    if (dt == DT_F32) ((float *)buf)[i] = v;
+    else if (dt == DT_BF16) ((dt_bf16 *)buf)[i] = dt_f32_to_bf16(v);
+    else if (dt == DT_F16) ((uint16_t *)buf)[i] = f32_to_h16(v);
+    else ((uint8_t *)buf)[i] = (uint8_t)(int)v;
+}
+
+static float get_val(const void *buf, dt_dtype dt, size_t i) {
+    if (dt == DT_F32) return ((const float *)buf)[i];
+    if (dt == DT_BF16) return dt_bf16_to_f32(((const dt_bf16 *)buf)[i]);
+    if (dt == DT_F16) return h16_to_f32(((const uint16_t *)buf)[i]);
+    return (float)((const uint8_t *)buf)[i];
+}
+
+/* Per-rank results, asserted on the main thread. */
+typedef struct results {
+    dt_status st[MAXP];
+    long bad[MAXP];
+    char msg[MAXP][512];
+} results;
+
+static void note_bad(results *r, int rank, const char *fmt, ...) {
+    if (r->bad[rank]++ == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(r->msg[rank], sizeof r->msg[rank], fmt, ap);
+        va_end(ap);
+    }
+}
+
+static void record_status(results *r, int rank, dt_status st) {
+    r->st[rank] = st;
+    if (st != DT_SUCCESS) snprintf(r->msg[rank], sizeof r->msg[rank], "%s", dt_last_error());
+}
+
+static void assert_results(const results *r, int p, dt_status launched) {
+    if (launched != DT_SUCCESS) print_error("launch: %s: %s\n", dt_status_name(launched), dt_last_error());
+    for (int j = 0; j < p; j++) {
+        if (r->st[j] != DT_SUCCESS)
+            print_error("rank %d: %s: %s\n", j, dt_status_name(r->st[j]), r->msg[j]);
+        else if (r->bad[j])
+            print_error("rank %d: %ld check(s) failed; first: %s\n", j, r->bad[j], r->msg[j]);
+    }
+    assert_int_equal(launched, DT_SUCCESS);
+    for (int j = 0; j < p; j++) {
+        assert_int_equal(r->st[j], DT_SUCCESS);
+        assert_int_equal(r->bad[j], 0);
+    }
+}
+
+/* Device buffer from host data (alloc + upload). */
+static dt_status to_dev(dt_backend *be, const void *host, size_t bytes, void **out) {
+    DT_TRY(be->ops->alloc(be, bytes, out));
+    dt_status st = be->ops->upload(be, *out, host, bytes);
+    if (st != DT_SUCCESS) {
+        be->ops->free(be, *out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/* ============================================================ backend ops */
+
+/* Memory entries: zeroed alloc, unique zero-byte allocations, upload,
+ * download, copy (also overlapping, memmove semantics), zero, sync. */
+static dt_status rank_memory(dt_context *ctx, void *arg) {
+    results *r = arg;
+    dt_backend *be = ctx->backend;
+    enum { N = 4099 };
+    unsigned char host[N], back[N], ref[N];
+    void *a = NULL, *b = NULL, *z0 = NULL, *z1 = NULL;
+    dt_status st;
+    if (strcmp(be->ops->name, "cuda") != 0) note_bad(r, 0, "backend is %s, not cuda", be->ops->name);
+    DT_TRY_GOTO(st, be->ops->alloc(be, N, &a), out);
+    DT_TRY_GOTO(st, be->ops->alloc(be, N, &b), out);
+    DT_TRY_GOTO(st, be->ops->alloc(be, 0, &z0), out);
+    DT_TRY_GOTO(st, be->ops->alloc(be, 0, &z1), out);
+    if (!z0 || !z1 || z0 == z1) note_bad(r, 0, "alloc(0) gave %p and %p", z0, z1);
+    DT_TRY_GOTO(st, be->ops->download(be, back, a, N), out);
+    for (int i = 0; i < N; i++)
+        if (back[i]) { note_bad(r, 0, "alloc: byte %d is %d, not 0", i, back[i]); break; }
+    for (int i = 0; i < N; i++) host[i] = (unsigned char)(i * 7 + 3);
+    DT_TRY_GOTO(st, be->ops->upload(be, a, host, N), out);
+    DT_TRY_GOTO(st, be->ops->copy(be, b, a, N), out);
+    DT_TRY_GOTO(st, be->ops->download(be, back, b, N), out);
+    if (memcmp(back, host, N)) note_bad(r, 0, "upload/copy/download round trip differs");
+    /* overlapping copy, forwards and backwards */
+    DT_TRY_GOTO(st, be->ops->copy(be, (char *)b + 5, b, 1000), out);
+    memcpy(ref, host, N);
+    memmove(ref + 5, ref, 1000);
+    DT_TRY_GOTO(st, be->ops->copy(be, b, (char *)b + 17, 2000), out);
+    memmove(ref, ref + 17, 2000);
+    DT_TRY_GOTO(st, be->ops->download(be, back, b, N), out);
+    if (memcmp(back, ref, N)) note_bad(r, 0, "overlapping copy differs from memmove");
+    DT_TRY_GOTO(st, be->ops->zero(be, (char *)a + 100, 1000), out);
+    DT_TRY_GOTO(st, be->ops->download(be, back, a, N), out);
+    memcpy(ref, host, N);
+    memset(ref + 100, 0, 1000);
+    if (memcmp(back, ref, N)) note_bad(r, 0, "zero touched the wrong bytes");
+    DT_TRY_GOTO(st, be->ops->sync(be), out);
+out:
+    be->ops->free(be, a);
+    be->ops->free(be, b);
+    be->ops->free(be, z0);
+    be->ops->free(be, z1);
+    record_status(r, 0, st);
+    return st;
+}
+
+static void test_memory(void **state) {
+    (void)state;
+    REQUIRE_PAIR(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
+    results r = {0};
+    dt_status st = h_launch_on(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_memory, &r);
+    assert_results(&r, 1, st);
+}
+
+/* --------------------------------------------------------------- copy_runs */
+
+typedef enum { TAB_NONE, TAB_SRC, TAB_DST, TAB_BOTH } tab_kind;
+
+typedef struct runs_case {
+    dt_runs_op op;
+    dt_dtype dtype;
+    int64_t outer, n, run, dpad, spad;
+    tab_kind tabs;
+    results r;
+} runs_case;
+
+/* Shuffled run starts (a permutation of i*run). */
+static void shuffled_offsets(int64_t n, int64_t run, uint64_t seed, int64_t *off) {
+    for (int64_t i = 0; i < n; i++) off[i] = i * run;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(dt_random_value(seed, (uint64_t)i) * 0.5f * (float)(i + 1) +
+                              0.5f * (float)(i + 1));
+        if (j > i) j = i;
+        if (j < 0) j = 0;
+        int64_t t = off[i];
+        off[i] = off[j];
+        off[j] = t;
+    }
+}
+
+static dt_status rank_runs(dt_context *ctx, void *arg) {
+    runs_case *c = arg;
+    dt_backend *gpu = ctx->backend, *cpu = NULL;
+    size_t es = dt_dtype_size(c->dtype);
+    int64_t dst_outer = c->n * c->run + c->dpad, src_outer = c->n * c->run + c->spad;
+    size_t dn = (size_t)(c->outer * dst_outer), sn = (size_t)(c->outer * src_outer);
+    int64_t *doff = malloc((size_t)c->n * sizeof *doff), *soff = malloc((size_t)c->n * sizeof *soff);
+    unsigned char *src = malloc(sn * es), *dst = malloc(dn * es), *want = malloc(dn * es),
+                  *got = malloc(dn * es);
+    void *dsrc = NULL, *ddst = NULL;
+    dt_status st = DT_SUCCESS;
+    if (!doff || !soff || !src || !dst || !want || !got) {
+        st = dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
+        goto out;
+    }
+    shuffled_offsets(c->n, c->run, 11, doff);
+    shuffled_offsets(c->n, c->run, 12, soff);
+    /* Destination starts non-zero everywhere: gaps must survive untouched. */
+    for (size_t i = 0; i < sn; i++)
+        if (c->dtype == DT_U8) src[i] = (unsigned char)(i * 13 + 1);
+        else put_val(src, c->dtype, i, dt_random_value(1, i));
+    for (size_t i = 0; i < dn; i++)
+        if (c->dtype == DT_U8) dst[i] = (unsigned char)(i * 5 + 2);
+        else put_val(dst, c->dtype, i, dt_random_value(2, i));
+    dt_runs runs = {c->dtype, c->op, NULL, NULL, c->outer, c->n, c->run, dst_outer, src_outer,
+                    c->tabs == TAB_DST || c->tabs == TAB_BOTH ? doff : NULL,
+                    c->tabs == TAB_SRC || c->tabs == TAB_BOTH ? soff : NULL};
+    /* Reference: the CPU backend, or (fp16 add, which it lacks) the same
+     * fp32 add rounded once, computed here. */
+    memcpy(want, dst, dn * es);
+    if (c->op == DT_RUNS_ADD && c->dtype == DT_F16) {
+        for (int64_t o = 0; o < c->outer; o++)
+            for (int64_t i = 0; i < c->n; i++)
+                for (int64_t t = 0; t < c->run; t++) {
+                    size_t d = (size_t)(o * dst_outer + (runs.dst_off ? doff[i] : i * c->run) + t);
+                    size_t s = (size_t)(o * src_outer + (runs.src_off ? soff[i] : i * c->run) + t);
+                    put_val(want, DT_F16, d, get_val(want, DT_F16, d) + get_val(src, DT_F16, s));
+                }
+    } else {
+        DT_TRY_GOTO(st, dt_backend_cpu_create(0, &cpu), out);
+        dt_runs hr = runs;
+        hr.dst = want;
+        hr.src = src;
+        DT_TRY_GOTO(st, cpu->ops->copy_runs(cpu, &hr), out);
+    }
+    DT_TRY_GOTO(st, to_dev(gpu, src, sn * es, &dsrc), out);
+    DT_TRY_GOTO(st, to_dev(gpu, dst, dn * es, &ddst), out);
+    runs.dst = ddst;
+    runs.src = dsrc;
+    DT_TRY_GOTO(st, gpu->ops->copy_runs(gpu, &runs), out);
+    /* Twice more: the table scratch and staging are reused. */
+    DT_TRY_GOTO(st, gpu->ops->upload(gpu, ddst, dst, dn * es), out);
+    DT_TRY_GOTO(st, gpu->ops->copy_runs(gpu, &runs), out);
+    DT_TRY_GOTO(st, gpu->ops->download(gpu, got, ddst, dn * es), out);
+    for (size_t i = 0; i < dn * es; i++)
+        if (got[i] != want[i]) {
+            note_bad(&c->r, 0, "byte %zu of %zu: got 0x%02x, expected 0x%02x (not bit-exact)", i,
+                     dn * es, got[i], want[i]);
+            break;
+        }
+out:
+    if (cpu) cpu->ops->destroy(cpu);
+    gpu->ops->free(gpu, dsrc);
+    gpu->ops->free(gpu, ddst);
+    free(doff);
+    free(soff);
+    free(src);
+    free(dst);
+    free(want);
+    free(got);
+    record_status(&c->r, 0, st);
+    return st;
+}
+
+static void test_runs(void **state) {
+    runs_case *c = *state;
+    REQUIRE_PAIR(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
+    dt_status st = h_launch_on(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_runs, c);
+    assert_results(&c->r, 1, st);
+}
+
+/* -------------------------------------------------------------------- gemm */
+
+typedef struct gemm_case {
+    dt_dtype dtype;
+    int64_t m, n, k;
+    int tf32;
+    double atol, rtol;
+    results r;
+} gemm_case;
+
+static dt_status rank_gemm(dt_context *ctx, void *arg) {
+    gemm_case *c = arg;
+    dt_backend *gpu = ctx->backend;
+    size_t es = dt_dtype_size(c->dtype);
+    size_t na = (size_t)(c->m * c->k), nb = (size_t)(c->k * c->n), nc = (size_t)(c->m * c->n);
+    void *ha = malloc(na * es + 1), *hb = malloc(nb * es + 1), *hc = malloc(nc * es + 1);
+    float *gotf = malloc(nc * sizeof(float) + 1);
+    double *ref = malloc(nc * sizeof(double) + 1);
+    void *da = NULL, *db = NULL, *dc = NULL;
+    dt_status st = DT_SUCCESS;
+    if (!ha || !hb || !hc || !gotf || !ref) {
+        st = dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < na; i++) put_val(ha, c->dtype, i, dt_random_value(21, i));
+    for (size_t i = 0; i < nb; i++) put_val(hb, c->dtype, i, dt_random_value(22, i));
+    /* Reference in double from the inputs as stored. */
+    for (int64_t i = 0; i < c->m; i++)
+        for (int64_t j = 0; j < c->n; j++) {
+            double s = 0;
+            for (int64_t p = 0; p < c->k; p++)
+                s += (double)get_val(ha, c->dtype, (size_t)(i * c->k + p)) *
+                     (double)get_val(hb, c->dtype, (size_t)(p * c->n + j));
+            ref[i * c->n + j] = s;
+        }
+    DT_TRY_GOTO(st, to_dev(gpu, ha, na * es, &da), out);
+    DT_TRY_GOTO(st, to_dev(gpu, hb, nb * es, &db), out);
+    DT_TRY_GOTO(st, gpu->ops->alloc(gpu, nc * es, &dc), out);
+    /* C starts as garbage: gemm must overwrite it (k = 0 included). */
+    memset(hc, 0x7b, nc * es);
+    DT_TRY_GOTO(st, gpu->ops->upload(gpu, dc, hc, nc * es), out);
+    DT_TRY_GOTO(st, gpu->ops->gemm(gpu, c->dtype, c->m, c->n, c->k, da, db, dc), out);
+    DT_TRY_GOTO(st, gpu->ops->download(gpu, hc, dc, nc * es), out);
+    for (size_t i = 0; i < nc; i++) gotf[i] = get_val(hc, c->dtype, i);
+    double maxe = 0;
+    long bad = h_compare("gemm", gotf, ref, nc, c->atol, c->rtol, &maxe);
+    if (bad) note_bad(&c->r, 0, "%ld of %zu outside atol %g + rtol %g, max error %.3g", bad, nc,
+                      c->atol, c->rtol, maxe);
+    else if (nc) print_message("  gemm %s%s m=%lld n=%lld k=%lld: max |error| %.3g\n",
+                               dt_dtype_name(c->dtype), c->tf32 ? " (TF32)" : "", (long long)c->m,
+                               (long long)c->n, (long long)c->k, maxe);
+out:
+    gpu->ops->free(gpu, da);
+    gpu->ops->free(gpu, db);
+    gpu->ops->free(gpu, dc);
+    free(ha);
+    free(hb);
+    free(hc);
+    free(gotf);
+    free(ref);
+    record_status(&c->r, 0, st);
+    return st;
+}
+
+static void test_gemm(void **state) {
+    gemm_case *c = *state;
+    REQUIRE_PAIR(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
+    /* TF32 is a launch-wide choice: DT_TF32 (read by dt_launch). */
+    const char *old = getenv("DT_TF32");
+    char saved[16] = "";
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    setenv("DT_TF32", c->tf32 ? "1" : "0", 1);
+    dt_status st = h_launch_on(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_gemm, c);
+    if (old) setenv("DT_TF32", saved, 1);
+    else unsetenv("DT_TF32");
+    assert_results(&c->r, 1, st);
+}
+
+/* ---------------------------------------------------------- add and gelu */
+
+typedef struct ew_case {
+    int gelu;                /* 0: add */
+    dt_gelu_approx approx;
+    dt_dtype dtype;
+    int64_t n;
+    results r;
+} ew_case;
+
+static double gelu_ref(double x, dt_gelu_approx approx) {
+    if (approx == DT_GELU_ERF) return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    double u = 0.79788456080286535588 * (x + 0.044715 * x * x * x); /* sqrt(2/pi) */
+    return 0.5 * x * (1.0 + tanh(u));
+}
+
+static dt_status rank_elementwise(dt_context *ctx, void *arg) {
+    ew_case *c = arg;
+    dt_backend *gpu = ctx->backend, *cpu = NULL;
+    size_t es = dt_dtype_size(c->dtype), n = (size_t)c->n;
+    void *hx = malloc(n * es + 1), *hy = malloc(n * es + 1), *hwant = malloc(n * es + 1),
+         *hgot = malloc(n * es + 1);
+    float *gotf = malloc(n * sizeof(float) + 1);
+    double *ref = malloc(n * sizeof(double) + 1);
+    void *dx = NULL, *dy = NULL, *dout = NULL;
+    dt_status st = DT_SUCCESS;
+    if (!hx || !hy || !hwant || !hgot || !gotf || !ref) {
+        st = dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
+        goto out;
+    }
+    /* gelu: x in [-4, 4) reaches both tails; add: [-1, 1). */
+    for (size_t i = 0; i < n; i++) {
+        put_val(hx, c->dtype, i, (c->gelu ? 4.0f : 1.0f) * dt_random_value(31, i));
+        put_val(hy, c->dtype, i, dt_random_value(32, i));
+    }
+    DT_TRY_GOTO(st, to_dev(gpu, hx, n * es, &dx), out);
+    DT_TRY_GOTO(st, to_dev(gpu, hy, n * es, &dy), out);
+    DT_TRY_GOTO(st, gpu->ops->alloc(gpu, n * es, &dout), out);
+    if (c->gelu) DT_TRY_GOTO(st, gpu->ops->gelu(gpu, c->dtype, c->n, dx, dout, c->approx), out);
+    else DT_TRY_GOTO(st, gpu->ops->add(gpu, c->dtype, c->n, dx, dy, dout), out);
+    DT_TRY_GOTO(st, gpu->ops->download(gpu, hgot, dout, n * es), out);
+
+    if (c->dtype != DT_F16) {
+        DT_TRY_GOTO(st, dt_backend_cpu_create(0, &cpu), out);
+        if (c->gelu) DT_TRY_GOTO(st, cpu->ops->gelu(cpu, c->dtype, c->n, hx, hwant, c->approx), out);
+        else DT_TRY_GOTO(st, cpu->ops->add(cpu, c->dtype, c->n, hx, hy, hwant), out);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float x = get_val(hx, DT_F16, i), y = get_val(hy, DT_F16, i);
+            put_val(hwant, DT_F16, i, c->gelu ? (float)gelu_ref(x, c->approx) : x + y);
+        }
+    }
+    if (!c->gelu) {
+        /* add: one fp32 add rounded once on both sides: bit-exact. */
+        if (memcmp(hgot, hwant, n * es)) {
+            for (size_t i = 0; i < n; i++)
+                if (memcmp((char *)hgot + i * es, (char *)hwant + i * es, es)) {
+                    note_bad(&c->r, 0, "add: [%zu] got %.9g, expected %.9g (not bit-exact)", i,
+                             get_val(hgot, c->dtype, i), get_val(hwant, c->dtype, i));
+                    break;
+                }
+        }
+    } else {
+        /* gelu: erff/tanhf differ by ulps between libm and CUDA; a narrow
+         * dtype may then round to the neighbouring value: one ulp of it. */
+        double atol = c->dtype == DT_F32 ? 1e-6 : 1e-5;
+        double rtol = c->dtype == DT_F32 ? 1e-5 : c->dtype == DT_BF16 ? 8e-3 : 2e-3;
+        for (size_t i = 0; i < n; i++) {
+            gotf[i] = get_val(hgot, c->dtype, i);
+            ref[i] = get_val(hwant, c->dtype, i);
+        }
+        double maxe = 0;
+        long bad = h_compare("gelu", gotf, ref, n, atol, rtol, &maxe);
+        if (bad) note_bad(&c->r, 0, "gelu: %ld of %zu outside atol %g + rtol %g, max error %.3g",
+                          bad, n, atol, rtol, maxe);
+    }
+    /* In place (out == x) gives the same result. */
+    if (c->gelu) DT_TRY_GOTO(st, gpu->ops->gelu(gpu, c->dtype, c->n, dx, dx, c->approx), out);
+    else DT_TRY_GOTO(st, gpu->ops->add(gpu, c->dtype, c->n, dx, dy, dx), out);
+    DT_TRY_GOTO(st, gpu->ops->download(gpu, hwant, dx, n * es), out);
+    if (memcmp(hwant, hgot, n * es)) note_bad(&c->r, 0, "in-place result differs");
+out:
+    if (cpu) cpu->ops->destroy(cpu);
+    gpu->ops->free(gpu, dx);
+    gpu->ops->free(gpu, dy);
+    gpu->ops->free(gpu, dout);
+    free(hx);
+    free(hy);
+    free(hwant);
+    free(hgot);
+    free(gotf);
+    free(ref);
+    record_status(&c->r, 0, st);
+    return st;
+}
+
+static void test_elementwise(void **state) {
+    ew_case *c = *state;
+    REQUIRE_PAIR(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
+    dt_status st = h_launch_on(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_elementwise, c);
+    assert_results(&c->r, 1, st);
+}
+
+/* Rejections: the same statuses as the CPU backend, nothing launched. */
+static dt_status rank_backend_errors(dt_context *ctx, void *arg) {
+    results *r = arg;
+    dt_backend *be = ctx->backend;
+    void *p = NULL;
+    dt_status st = be->ops->alloc(be, 64, &p);
+    if (st != DT_SUCCESS) goto out;
+    struct { dt_status got, want; const char *what; } e[] = {
+        {be->ops->gemm(be, DT_U8, 2, 2, 2, p, p, p), DT_ERR_NOT_SUPPORTED, "gemm u8"},
+        {be->ops->gemm(be, DT_F32, -1, 2, 2, p, p, p), DT_ERR_INVALID_ARGUMENT, "gemm m=-1"},
+        {be->ops->add(be, DT_U8, 4, p, p, p), DT_ERR_NOT_SUPPORTED, "add u8"},
+        {be->ops->gelu(be, DT_F32, 4, p, p, (dt_gelu_approx)7), DT_ERR_INVALID_ARGUMENT, "gelu approx 7"},
+        {be->ops->copy_runs(be, &(dt_runs){DT_U8, DT_RUNS_ADD, p, p, 1, 1, 4, 0, 0, NULL, NULL}),
+         DT_ERR_NOT_SUPPORTED, "copy_runs add u8"},
+        {be->ops->copy_runs(be, &(dt_runs){DT_F32, DT_RUNS_COPY, p, p, 1, -1, 4, 0, 0, NULL, NULL}),
+         DT_ERR_INVALID_ARGUMENT, "copy_runs n=-1"},
+        {be->ops->copy_runs(be, NULL), DT_ERR_INVALID_ARGUMENT, "copy_runs NULL"},
+        {be->ops->upload(be, NULL, p, 4), DT_ERR_INVALID_ARGUMENT, "upload to NULL"},
+    };
+    for (size_t i = 0; i < sizeof e / sizeof e[0]; i++)
+        if (e[i].got != e[i].want)
+            note_bad(r, 0, "%s: got %s, expected %s", e[i].what, dt_status_name(e[i].got),
+                     dt_status_name(e[i].want));
+    st = be->ops->sync(be);
+out:
+    be->ops->free(be, p);
+    record_status(r, 0, st);
+    return st;
+}
+
+static void test_backend_errors(void **state) {
+    (void)state;
+    REQUIRE_PAIR(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
+    results r = {0};
+    dt_status st = h_launch_on(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_backend_errors, &r);
+    assert_results(&r, 1, st);
+}
+
+/* ============================================================ collectives */
+
+typedef struct coll_case {
+    dt_transport_kind transport;
+    int p;              /* 0: as many ranks as NCCL can take (2..8), found at run time */
+    int checks;
+    results r;
+} coll_case;
+
+/* Small integers: every sum of up to 8 ranks is exact in fp32 and bf16, on
+ * any transport and in any reduction order. */
+static float ival(uint64_t seed, int rank, size_t i) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + (uint64_t)rank * 0xBF58476D1CE4E5B9ull +
+                 i * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    x *= 0xD6E8FEB86659FD93ull;
+    x ^= x >> 29;
+    return (float)((int)(x % 17) - 8);
+}
+
+typedef struct rank_ctx {
+    dt_context *ctx;
+    dt_backend *be;
+    results *r;
+    int rank, p;
+} rank_ctx;
+
+/* Uploads n values of dtype from f(seed, rank, i) into a new device buffer. */
+static dt_status dev_fill(rank_ctx *k, dt_dtype dt, size_t n, uint64_t seed, int owner, void **out) {
+    size_t es = dt_dtype_size(dt);
+    void *h = malloc(n * es + 1);
+    if (!h) return dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
+    for (size_t i = 0; i < n; i++) put_val(h, dt, i, ival(seed, owner, i));
+    dt_status st = to_dev(k->be, h, n * es, out);
+    free(h);
+    return st;
+}
+
+/* Downloads n values and compares with want(i) exactly. */
+typedef float (*want_fn)(const rank_ctx *k, size_t i, const void *arg);
+
+static dt_status dev_check(rank_ctx *k, const char *what, const void *dev, dt_dtype dt, size_t n,
+                           want_fn want, const void *arg) {
+    size_t es = dt_dtype_size(dt);
+    void *h = malloc(n * es + 1);
+    if (!h) return dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
+    dt_status st = k->be->ops->download(k->be, h, dev, n * es);
+    for (size_t i = 0; st == DT_SUCCESS && i < n; i++) {
+        float w = want(k, i, arg), g = get_val(h, dt, i);
+        if (g != w) {
+            note_bad(k->r, k->rank, "%s: [%zu] got %g, expected %g", what, i, g, w);
+            break;
+        }
+    }
+    free(h);
+    return st;
+}
+
+typedef struct want_args { uint64_t seed; size_t count; int op; int root; int peer; } want_args;
+
+static float want_reduce(const rank_ctx *k, size_t i, const void *arg) {
+    const want_args *a = arg;
+    float v = ival(a->seed, 0, i);
+    for (int j = 1; j < k->p; j++) {
+        float x = ival(a->seed, j, i);
+        v = a->op == DT_REDUCE_SUM ? v + x : (x > v ? x : v);
+    }
+    return v;
+}
+static float want_reduce_scatter(const rank_ctx *k, size_t i, const void *arg) {
+    return want_reduce(k, (size_t)k->rank * ((const want_args *)arg)->count + i, arg);
+}
+static float want_gather(const rank_ctx *k, size_t i, const void *arg) {
+    const want_args *a = arg;
+    (void)k;
+    return ival(a->seed, (int)(i / a->count), i % a->count);
+}
+static float want_root(const rank_ctx *k, size_t i, const void *arg) {
+    const want_args *a = arg;
+    (void)k;
+    return ival(a->seed, a->root, i);
+}
+static float want_scatter(const rank_ctx *k, size_t i, const void *arg) {
+    const want_args *a = arg;
+    return ival(a->seed, a->root, (size_t)k->rank * a->count + i);
+}
+static float want_peer(const rank_ctx *k, size_t i, const void *arg) {
+    (void)k;
+    return ival(((const want_args *)arg)->seed, ((const want_args *)arg)->peer, i);
+}
+
+static dt_status rank_collectives(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    rank_ctx k = {ctx, ctx->backend, &c->r, dt_context_rank(ctx), dt_context_world_size(ctx)};
+    dt_comm *comm = dt_context_comm(ctx), *sub = NULL;
+    const size_t N = 1037; /* odd, > 1 KiB: not a multiple of anything */
+    int P = k.p, j = k.rank;
+    void *a = NULL, *b = NULL, *big = NULL, *r2 = NULL;
+    dt_status st = DT_SUCCESS;
+    if (strcmp(k.be->ops->name, "cuda") != 0) note_bad(k.r, j, "backend is %s", k.be->ops->name);
+
+    for (int dti = 0; dti < 2; dti++) {
+        dt_dtype dt = dti ? DT_BF16 : DT_F32;
+        size_t es = dt_dtype_size(dt);
+        /* all_reduce: sum out of place, max in place */
+        want_args w = {100 + dti, N, DT_REDUCE_SUM, 0, 0};
+        DT_TRY_GOTO(st, dev_fill(&k, dt, N, w.seed, j, &a), out);
+        DT_TRY_GOTO(st, k.be->ops->alloc(k.be, N * es, &b), out);
+        DT_TRY_GOTO(st, dt_comm_all_reduce(comm, a, b, N, dt, DT_REDUCE_SUM), out);
+        DT_TRY_GOTO(st, dev_check(&k, "all_reduce sum", b, dt, N, want_reduce, &w), out);
+        w.op = DT_REDUCE_MAX;
+        DT_TRY_GOTO(st, dt_comm_all_reduce(comm, a, a, N, dt, DT_REDUCE_MAX), out);
+        DT_TRY_GOTO(st, dev_check(&k, "all_reduce max in place", a, dt, N, want_reduce, &w), out);
+        k.be->ops->free(k.be, a);
+        k.be->ops->free(k.be, b);
+        a = b = NULL;
+
+        /* reduce_scatter */
+        w = (want_args){200 + dti, N, DT_REDUCE_SUM, 0, 0};
+        DT_TRY_GOTO(st, dev_fill(&k, dt, N * (size_t)P, w.seed, j, &big), out);
+        DT_TRY_GOTO(st, k.be->ops->alloc(k.be, N * es, &b), out);
+        DT_TRY_GOTO(st, dt_comm_reduce_scatter(comm, big, b, N, dt, DT_REDUCE_SUM), out);
+        DT_TRY_GOTO(st, dev_check(&k, "reduce_scatter", b, dt, N, want_reduce_scatter, &w), out);
+        k.be->ops->free(k.be, big);
+        k.be->ops->free(k.be, b);
+        big = b = NULL;
+    }
+
+    /* all_gather, broadcast (root P-1), scatter (root 0), gather (root P-1) */
+    {
+        want_args w = {300, N, 0, 0, 0};
+        DT_TRY_GOTO(st, dev_fill(&k, DT_F32, N, w.seed, j, &a), out);
+        DT_TRY_GOTO(st, k.be->ops->alloc(k.be, N * 4 * (size_t)P, &big), out);
+        DT_TRY_GOTO(st, dt_comm_all_gather(comm, a, big, N, DT_F32), out);
+        DT_TRY_GOTO(st, dev_check(&k, "all_gather", big, DT_F32, N * (size_t)P, want_gather, &w), out);
+        k.be->ops->free(k.be, a);
+        a = NULL;
+
+        w = (want_args){301, N, 0, P - 1, 0};
+        DT_TRY_GOTO(st, dev_fill(&k, DT_F32, N, w.seed, j, &a), out);
+        DT_TRY_GOTO(st, dt_comm_broadcast(comm, a, N, DT_F32, P - 1), out);
+        DT_TRY_GOTO(st, dev_check(&k, "broadcast", a, DT_F32, N, want_root, &w), out);
+        k.be->ops->free(k.be, a);
+        k.be->ops->free(k.be, big);
+        a = big = NULL;
+
+        w = (want_args){302, N, 0, 0, 0};
+        DT_TRY_GOTO(st, dev_fill(&k, DT_F32, N * (size_t)P, w.seed, j, &big), out);
+        DT_TRY_GOTO(st, k.be->ops->alloc(k.be, N * 4, &b), out);
+        DT_TRY_GOTO(st, dt_comm_scatter(comm, big, b, N, DT_F32, 0), out);
+        DT_TRY_GOTO(st, dev_check(&k, "scatter", b, DT_F32, N, want_scatter, &w), out);
+        k.be->ops->free(k.be, big);
+        k.be->ops->free(k.be, b);
+        big = b = NULL;
+
+        w = (want_args){303, N, 0, P - 1, 0};
+        DT_TRY_GOTO(st, dev_fill(&k, DT_F32, N, w.seed, j, &a), out);
+        DT_TRY_GOTO(st, k.be->ops->alloc(k.be, N * 4 * (size_t)P, &big), out);
+        DT_TRY_GOTO(st, dt_comm_gather(comm, a, big, N, DT_F32, P - 1), out);
+        if (j == P - 1)
+            DT_TRY_GOTO(st, dev_check(&k, "gather", big, DT_F32, N * (size_t)P, want_gather, &w), out);
+        k.be->ops->free(k.be, a);
+        k.be->ops->free(k.be, big);
+        a = big = NULL;
+    }
+
+    DT_TRY_GOTO(st, dt_comm_barrier(comm), out);
+
+    /* A send/recv group: to rank+1, from rank-1, and to/from itself. */
+    {
+        want_args w = {400, N, 0, 0, (j + P - 1) % P};
+        want_args self = {400, N, 0, 0, j};
+        DT_TRY_GOTO(st, dev_fill(&k, DT_BF16, N, w.seed, j, &a), out);
+        DT_TRY_GOTO(st, k.be->ops->alloc(k.be, N * 2, &b), out);
+        DT_TRY_GOTO(st, k.be->ops->alloc(k.be, N * 2, &r2), out);
+        dt_p2p_op ops[4] = {
+            {DT_P2P_SEND, (j + 1) % P, a, N, DT_BF16},
+            {DT_P2P_RECV, (j + P - 1) % P, b, N, DT_BF16},
+            {DT_P2P_SEND, j, a, N, DT_BF16},
+            {DT_P2P_RECV, j, r2, N, DT_BF16},
+        };
+        DT_TRY_GOTO(st, dt_comm_sendrecv(comm, ops, 4), out);
+        DT_TRY_GOTO(st, dev_check(&k, "sendrecv from rank-1", b, DT_BF16, N, want_peer, &w), out);
+        DT_TRY_GOTO(st, dev_check(&k, "sendrecv to self", r2, DT_BF16, N, want_peer, &self), out);
+        k.be->ops->free(k.be, a);
+        k.be->ops->free(k.be, b);
+        k.be->ops->free(k.be, r2);
+        a = b = r2 = NULL;
+    }
+
+    /* Host buffers: staged on NCCL, copied by the hooks on cuda+local. */
+    {
+        float hs[5], hr[5], hall[5 * MAXP];
+        for (int i = 0; i < 5; i++) hs[i] = ival(500, j, (size_t)i);
+        DT_TRY_GOTO(st, dt_comm_all_reduce(comm, hs, hr, 5, DT_F32, DT_REDUCE_SUM), out);
+        want_args w = {500, 5, DT_REDUCE_SUM, 0, 0};
+        for (int i = 0; i < 5; i++)
+            if (hr[i] != want_reduce(&k, (size_t)i, &w))
+                note_bad(k.r, j, "host all_reduce: [%d] got %g", i, hr[i]);
+        DT_TRY_GOTO(st, dt_comm_all_gather(comm, hs, hall, 5, DT_F32), out);
+        for (int i = 0; i < 5 * P; i++)
+            if (hall[i] != ival(500, i / 5, (size_t)(i % 5)))
+                note_bad(k.r, j, "host all_gather: [%d] got %g", i, hall[i]);
+        int64_t mine[2] = {42, 7};
+        static const char *const names[2] = {"answer", "seven"};
+        DT_TRY_GOTO(st, dt_comm_check_agreement(comm, "test", mine, names, 2), out);
+    }
+
+    /* split: even and odd ranks, reversed order, one all_reduce each */
+    DT_TRY_GOTO(st, dt_comm_split(comm, j % 2, -j, &sub), out);
+    if (!sub) {
+        note_bad(k.r, j, "split gave no communicator");
+    } else {
+        int q = dt_comm_size(sub);
+        int expect_q = (P - j % 2 + 1) / 2;
+        if (q != expect_q) note_bad(k.r, j, "split: size %d, expected %d", q, expect_q);
+        float x = (float)j, s = 0;
+        void *dx = NULL;
+        DT_TRY_GOTO(st, to_dev(k.be, &x, sizeof x, &dx), out);
+        st = dt_comm_all_reduce(sub, dx, dx, 1, DT_F32, DT_REDUCE_SUM);
+        if (st == DT_SUCCESS) st = k.be->ops->download(k.be, &s, dx, sizeof s);
+        k.be->ops->free(k.be, dx);
+        if (st != DT_SUCCESS) goto out;
+        float want = 0;
+        for (int m = j % 2; m < P; m += 2) want += (float)m;
+        if (s != want) note_bad(k.r, j, "split all_reduce: got %g, expected %g", s, want);
+        /* ranks ordered by key -rank: the highest rank of the color is 0 */
+        int hi = (P - 1) - ((P - 1 - j % 2) % 2);
+        if (dt_comm_rank(sub) != (hi - j) / 2)
+            note_bad(k.r, j, "split: rank %d, expected %d", dt_comm_rank(sub), (hi - j) / 2);
+    }
+    st = k.be->ops->sync(k.be);
+out:
+    dt_comm_destroy(sub);
+    k.be->ops->free(k.be, a);
+    k.be->ops->free(k.be, b);
+    k.be->ops->free(k.be, r2);
+    k.be->ops->free(k.be, big);
+    record_status(k.r, j, st);
+    return st;
+}
+
+/* NCCL with every GPU: the largest P in 2..8 this machine can run. */
+static int nccl_all_gpus(char *why, size_t size) {
+    for (int p = MAXP; p >= 2; p--) {
+        if (h_pair_available(p, DT_BACKEND_CUDA, DT_TRANSPORT_NCCL, why, size)) return p;
+        if (!strstr(why, "needs one GPU per rank")) return 0; /* no NCCL or no GPU at all */
+    }
+    snprintf(why, size, "fewer than 2 GPUs for NCCL");
+    return 0;
+}
+
+static void test_collectives(void **state) {
+    coll_case *c = *state;
+    int p = c->p;
+    if (p == 0) {
+        char why[768];
+        p = nccl_all_gpus(why, sizeof why);
+        if (p == 0) {
+            print_message("skipped: %s\n", why);
+            skip();
+            return;
+        }
+        print_message("  NCCL over %d GPUs\n", p);
+    } else {
+        REQUIRE_PAIR(p, DT_BACKEND_CUDA, c->transport);
+    }
+    memset(&c->r, 0, sizeof c->r);
+    dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+    o.backend = DT_BACKEND_CUDA;
+    o.transport = c->transport;
+    o.checks = c->checks ? DT_CHECK_ON : DT_CHECK_OFF;
+    o.timeout_ms = getenv("DT_TIMEOUT_MS") ? 0 : 60000;
+    dt_status st = dt_launch(p, rank_collectives, c, &o);
+    assert_results(&c->r, p, st);
+}
+
+/* ================================================================ the ring */
+
+#define RING_BYTES 1001 /* odd: the ring moves bytes */
+
+typedef struct ring_case {
+    dt_transport_kind transport;
+    int p;
+    dt_ring_direction dir;
+    results r;
+} ring_case;
+
+static unsigned char pattern(int owner, size_t i) { return (unsigned char)(owner * 37 + i * 11 + 5); }
+
+static dt_status rank_ring(dt_context *ctx, void *arg) {
+    ring_case *c = arg;
+    dt_backend *be = ctx->backend;
+    int j = dt_context_rank(ctx), p = dt_context_world_size(ctx);
+    dt_ring *ring = NULL;
+    unsigned char host[RING_BYTES];
+    dt_status st = dt_ring_create(dt_context_comm(ctx), RING_BYTES, c->dir, &ring);
+    if (st != DT_SUCCESS) goto out;
+    for (size_t i = 0; i < RING_BYTES; i++) host[i] = pattern(j, i);
+    /* The ring's buffers are device memory: filled by upload. */
+    DT_TRY_GOTO(st, be->ops->upload(be, dt_ring_current(ring), host, RING_BYTES), out);
+    for (int t = 0; t <= p; t++) {
+        int want = c->dir == DT_RING_FORWARD ? ((j - t) % p + p) % p : (j + t) % p;
+        DT_TRY_GOTO(st, be->ops->download(be, host, dt_ring_current(ring), RING_BYTES), out);
+        for (size_t i = 0; i < RING_BYTES; i++)
+            if (host[i] != pattern(want, i)) {
+                note_bad(&c->r, j, "step %d: byte %zu is %d, expected rank %d's %d", t, i, host[i],
+                         want, pattern(want, i));
+                break;
+            }
+        if (dt_ring_source(ring) != want) note_bad(&c->r, j, "step %d: source %d", t, dt_ring_source(ring));
+        if (t == p) break;
+        DT_TRY_GOTO(st, dt_ring_start(ring), out);
+        DT_TRY_GOTO(st, dt_ring_wait(ring), out);
+    }
+out:
+    dt_ring_destroy(ring);
+    record_status(&c->r, j, st);
+    return st;
+}
+
+static void test_ring(void **state) {
+    ring_case *c = *state;
+    int p = c->p;
+    if (p == 0) {
+        char why[768];
+        p = nccl_all_gpus(why, sizeof why);
+        if (p == 0) {
+            print_message("skipped: %s\n", why);
+            skip();
+            return;
+        }
+    } else {
+        REQUIRE_PAIR(p, DT_BACKEND_CUDA, c->transport);
+    }
+    memset(&c->r, 0, sizeof c->r);
+    dt_status st = h_launch_on(p, DT_BACKEND_CUDA, c->transport, rank_ring, c);
+    assert_results(&c->r, p, st);
+}
+
+/* =============================================================== selection */
+
+typedef struct kinds { dt_backend_kind b; dt_transport_kind t; } kinds;
+
+static dt_status rank_kinds(dt_context *ctx, void *arg) {
+    kinds *k = arg;
+    if (dt_context_rank(ctx) == 0) {
+        k->b = dt_context_backend(ctx);
+        k->t = dt_context_transport(ctx);
+    }
+    return DT_SUCCESS;
+}
+
+/* What auto picks and what is refused, on this machine. Runs everywhere. */
+static void test_selection(void **state) {
+    (void)state;
+    static const char *const vars[] = {"DT_BACKEND", "DT_TRANSPORT"};
+    char saved[2][32];
+    int had[2];
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(vars[i]);
+        had[i] = v != NULL;
+        if (v) snprintf(saved[i], sizeof saved[i], "%s", v);
+        unsetenv(vars[i]);
+    }
+    char why[768];
+    int cuda = h_pair_available(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, why, sizeof why);
+    if (!cuda) {
+        /* No GPU: the refusal names the reason. */
+        assert_non_null(strstr(why, "DT_ERR_NOT_SUPPORTED"));
+        assert_true(strstr(why, "cudaGetDeviceCount") || strstr(why, "without CUDA"));
+        print_message("  no GPU here: %s\n", why);
+    }
+    int nccl1 = h_pair_available(1, DT_BACKEND_CUDA, DT_TRANSPORT_NCCL, why, sizeof why);
+    if (!nccl1) assert_non_null(strstr(why, "DT_ERR_NOT_SUPPORTED"));
+
+    kinds k = {DT_BACKEND_AUTO, DT_TRANSPORT_AUTO};
+    assert_int_equal(dt_launch(1, rank_kinds, &k, NULL), DT_SUCCESS);
+    assert_int_equal(k.b, cuda ? DT_BACKEND_CUDA : DT_BACKEND_CPU);
+    assert_int_equal(k.t, nccl1 ? DT_TRANSPORT_NCCL : DT_TRANSPORT_LOCAL);
+    /* More ranks than any machine here has GPUs: shared GPUs, or the CPU. */
+    assert_int_equal(dt_launch(9, rank_kinds, &k, NULL), DT_SUCCESS);
+    assert_int_equal(k.b, cuda ? DT_BACKEND_CUDA : DT_BACKEND_CPU);
+    assert_int_equal(k.t, DT_TRANSPORT_LOCAL);
+    /* NCCL cannot put two ranks on one GPU, nor move host memory. */
+    dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+    o.transport = DT_TRANSPORT_NCCL;
+    assert_int_equal(dt_launch(9, rank_kinds, &k, &o), DT_ERR_NOT_SUPPORTED);
+    o.backend = DT_BACKEND_CPU;
+    assert_int_equal(dt_launch(1, rank_kinds, &k, &o), DT_ERR_NOT_SUPPORTED);
+    /* The environment steers AUTO; explicit options win over it. */
+    setenv("DT_BACKEND", "cpu", 1);
+    assert_int_equal(dt_launch(2, rank_kinds, &k, NULL), DT_SUCCESS);
+    assert_int_equal(k.b, DT_BACKEND_CPU);
+    assert_int_equal(k.t, DT_TRANSPORT_LOCAL);
+    setenv("DT_BACKEND", "cuda", 1);
+    assert_int_equal(dt_launch(2, rank_kinds, &k, NULL), cuda ? DT_SUCCESS : DT_ERR_NOT_SUPPORTED);
+    o = (dt_launch_options)DT_LAUNCH_OPTIONS_INIT;
+    o.backend = DT_BACKEND_CPU;
+    assert_int_equal(dt_launch(2, rank_kinds, &k, &o), DT_SUCCESS);
+    assert_int_equal(k.b, DT_BACKEND_CPU);
+    setenv("DT_TF32", "yes", 1);
+    assert_int_equal(dt_launch(1, rank_kinds, &k, NULL), DT_ERR_INVALID_ARGUMENT);
+    unsetenv("DT_TF32");
+    for (int i = 0; i < 2; i++) {
+        if (had[i]) setenv(vars[i], saved[i], 1);
+        else unsetenv(vars[i]);
+    }
+}
+
+/* ==================================================================== main */
+
+typedef struct table {
+    struct CMUnitTest *tests;
+    char (*names)[160];
+    size_t n, cap;
+} table;
+
+static void add(table *t, CMUnitTestFunction fn, void *state, const char *fmt, ...) {
+    if (t->n == t->cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->names[t->n], sizeof t->names[t->n], fmt, ap);
+    va_end(ap);
+    t->tests[t->n] = (struct CMUnitTest){t->names[t->n], fn, NULL, NULL, state};
+    t->n++;
+}
+
+static const char *tab_name(tab_kind k) {
+    static const char *const n[] = {"no tables", "src table", "dst table", "both tables"};
+    return n[k];
+}
+
+int main(void) {
+    enum { CAP = 128 };
+    table tb = {calloc(CAP, sizeof(struct CMUnitTest)), calloc(CAP, 160), 0, CAP};
+    if (!tb.tests || !tb.names) return 1;
+
+    add(&tb, test_selection, NULL, "selection/auto,env,refusals");
+    add(&tb, test_memory, NULL, "backend/memory: alloc,upload,download,copy,zero,sync");
+    add(&tb, test_backend_errors, NULL, "backend/errors");
+
+    static runs_case runs[] = {
+        {.op = DT_RUNS_COPY, .dtype = DT_F32, .outer = 1, .n = 37, .run = 1, .dpad = 0, .spad = 0, .tabs = TAB_BOTH},
+        {.op = DT_RUNS_COPY, .dtype = DT_F32, .outer = 3, .n = 16, .run = 256, .dpad = 4, .spad = 8, .tabs = TAB_SRC},
+        {.op = DT_RUNS_COPY, .dtype = DT_BF16, .outer = 2, .n = 33, .run = 5, .dpad = 3, .spad = 1, .tabs = TAB_DST},
+        {.op = DT_RUNS_COPY, .dtype = DT_F16, .outer = 1, .n = 64, .run = 130, .dpad = 0, .spad = 0, .tabs = TAB_NONE},
+        {.op = DT_RUNS_COPY, .dtype = DT_U8, .outer = 4, .n = 17, .run = 3, .dpad = 5, .spad = 2, .tabs = TAB_BOTH},
+        {.op = DT_RUNS_COPY, .dtype = DT_U8, .outer = 1, .n = 1000, .run = 1, .dpad = 0, .spad = 0, .tabs = TAB_BOTH},
+        {.op = DT_RUNS_COPY, .dtype = DT_F32, .outer = 2, .n = 5, .run = 1024, .dpad = 0, .spad = 4, .tabs = TAB_NONE},
+        {.op = DT_RUNS_ADD, .dtype = DT_F32, .outer = 2, .n = 40, .run = 7, .dpad = 1, .spad = 2, .tabs = TAB_BOTH},
+        {.op = DT_RUNS_ADD, .dtype = DT_F32, .outer = 1, .n = 8, .run = 300, .dpad = 0, .spad = 0, .tabs = TAB_SRC},
+        {.op = DT_RUNS_ADD, .dtype = DT_BF16, .outer = 3, .n = 25, .run = 2, .dpad = 2, .spad = 0, .tabs = TAB_BOTH},
+        {.op = DT_RUNS_ADD, .dtype = DT_BF16, .outer = 1, .n = 4, .run = 513, .dpad = 0, .spad = 0, .tabs = TAB_DST},
+        {.op = DT_RUNS_ADD, .dtype = DT_F16, .outer = 2, .n = 20, .run = 9, .dpad = 1, .spad = 1, .tabs = TAB_BOTH},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        runs_case *c = &runs[i];
+        add(&tb, test_runs, c, "copy_runs/%s,%s,outer=%lld,n=%lld,run=%lld,%s: bit-exact vs %s",
+            c->op == DT_RUNS_COPY ? "copy" : "add", dt_dtype_name(c->dtype), (long long)c->outer,
+            (long long)c->n, (long long)c->run, tab_name(c->tabs),
+            c->op == DT_RUNS_ADD && c->dtype == DT_F16 ? "fp32 add rounded once" : "cpu");
+    }
+
+    /* gemm tolerances, |got - ref| <= atol + rtol |ref| against double, for
+     * inputs in [-1, 1) and k <= 256 (outputs of size ~sqrt(k)/3 <= 5.3):
+     * fp32 1e-4/1e-4 (TF32 would miss it: that is the TF32-off check);
+     * TF32 1e-2/1e-2 (10-bit inputs); bf16 1e-2/8e-3 and fp16 2e-3/2e-3,
+     * one output ulp relative plus one ulp at the outputs' scale in case
+     * cuBLAS splits k and rounds partial sums. */
+    static gemm_case gemms[] = {
+        {.dtype = DT_F32, .m = 1, .n = 1, .k = 1, .tf32 = 0, .atol = 1e-4, .rtol = 1e-4},
+        {.dtype = DT_F32, .m = 17, .n = 33, .k = 65, .tf32 = 0, .atol = 1e-4, .rtol = 1e-4},
+        {.dtype = DT_F32, .m = 64, .n = 128, .k = 256, .tf32 = 0, .atol = 1e-4, .rtol = 1e-4},
+        {.dtype = DT_F32, .m = 5, .n = 7, .k = 0, .tf32 = 0, .atol = 0, .rtol = 0},
+        {.dtype = DT_F32, .m = 64, .n = 128, .k = 256, .tf32 = 1, .atol = 1e-2, .rtol = 1e-2},
+        {.dtype = DT_BF16, .m = 17, .n = 33, .k = 65, .tf32 = 0, .atol = 1e-2, .rtol = 8e-3},
+        {.dtype = DT_BF16, .m = 64, .n = 128, .k = 256, .tf32 = 0, .atol = 1e-2, .rtol = 8e-3},
+        {.dtype = DT_F16, .m = 17, .n = 33, .k = 65, .tf32 = 0, .atol = 2e-3, .rtol = 2e-3},
+        {.dtype = DT_F16, .m = 64, .n = 128, .k = 256, .tf32 = 0, .atol = 2e-3, .rtol = 2e-3},
+    };
+    for (size_t i = 0; i < sizeof gemms / sizeof gemms[0]; i++) {
+        gemm_case *c = &gemms[i];
+        add(&tb, test_gemm, c, "gemm/%s%s,m=%lld,n=%lld,k=%lld: atol %g rtol %g",
+            dt_dtype_name(c->dtype), c->tf32 ? ",TF32" : "", (long long)c->m, (long long)c->n,
+            (long long)c->k, c->atol, c->rtol);
+    }
+
+    static ew_case ews[] = {
+        {.gelu = 0, .approx = DT_GELU_ERF, .dtype = DT_F32, .n = 1},      {.gelu = 0, .approx = DT_GELU_ERF, .dtype = DT_F32, .n = 100003},
+        {.gelu = 0, .approx = DT_GELU_ERF, .dtype = DT_BF16, .n = 4097},  {.gelu = 0, .approx = DT_GELU_ERF, .dtype = DT_F16, .n = 4097},
+        {.gelu = 1, .approx = DT_GELU_ERF, .dtype = DT_F32, .n = 100003}, {.gelu = 1, .approx = DT_GELU_TANH, .dtype = DT_F32, .n = 100003},
+        {.gelu = 1, .approx = DT_GELU_ERF, .dtype = DT_BF16, .n = 4097},  {.gelu = 1, .approx = DT_GELU_TANH, .dtype = DT_BF16, .n = 4097},
+        {.gelu = 1, .approx = DT_GELU_ERF, .dtype = DT_F16, .n = 4097},   {.gelu = 1, .approx = DT_GELU_TANH, .dtype = DT_F16, .n = 4097},
+    };
+    for (size_t i = 0; i < sizeof ews / sizeof ews[0]; i++) {
+        ew_case *c = &ews[i];
+        if (c->gelu)
+            add(&tb, test_elementwise, c, "gelu/%s,%s,n=%lld: %s", dt_gelu_approx_name(c->approx),
+                dt_dtype_name(c->dtype), (long long)c->n,
+                c->dtype == DT_F32 ? "atol 1e-6 rtol 1e-5 vs cpu"
+                : c->dtype == DT_BF16 ? "one bf16 ulp vs cpu" : "one fp16 ulp vs double");
+        else
+            add(&tb, test_elementwise, c, "add/%s,n=%lld: bit-exact vs %s", dt_dtype_name(c->dtype),
+                (long long)c->n, c->dtype == DT_F16 ? "fp32 add rounded once" : "cpu");
+    }
+
+    static coll_case colls[] = {
+        {.transport = DT_TRANSPORT_LOCAL, .p = 1, .checks = 0}, {.transport = DT_TRANSPORT_LOCAL, .p = 2, .checks = 0},
+        {.transport = DT_TRANSPORT_LOCAL, .p = 3, .checks = 0}, {.transport = DT_TRANSPORT_LOCAL, .p = 4, .checks = 0},
+        {.transport = DT_TRANSPORT_LOCAL, .p = 3, .checks = 1}, {.transport = DT_TRANSPORT_NCCL, .p = 1, .checks = 0},
+        {.transport = DT_TRANSPORT_NCCL, .p = 1, .checks = 1},  {.transport = DT_TRANSPORT_NCCL, .p = 0, .checks = 0},
+    };
+    for (size_t i = 0; i < sizeof colls / sizeof colls[0]; i++) {
+        coll_case *c = &colls[i];
+        char p[32];
+        if (c->p) snprintf(p, sizeof p, "%d", c->p);
+        else snprintf(p, sizeof p, "all GPUs");
+        add(&tb, test_collectives, c, "collectives/cuda+%s,P=%s%s",
+            c->transport == DT_TRANSPORT_NCCL ? "nccl" : "local", p, c->checks ? ",DT_CHECK" : "");
+    }
+
+    static ring_case rings[] = {
+        {.transport = DT_TRANSPORT_LOCAL, .p = 1, .dir = DT_RING_FORWARD}, {.transport = DT_TRANSPORT_LOCAL, .p = 2, .dir = DT_RING_FORWARD},
+        {.transport = DT_TRANSPORT_LOCAL, .p = 3, .dir = DT_RING_FORWARD}, {.transport = DT_TRANSPORT_LOCAL, .p = 4, .dir = DT_RING_FORWARD},
+        {.transport = DT_TRANSPORT_LOCAL, .p = 3, .dir = DT_RING_BACKWARD}, {.transport = DT_TRANSPORT_NCCL, .p = 1, .dir = DT_RING_FORWARD},
+        {.transport = DT_TRANSPORT_NCCL, .p = 0, .dir = DT_RING_FORWARD},  {.transport = DT_TRANSPORT_NCCL, .p = 0, .dir = DT_RING_BACKWARD},
+    };
+    for (size_t i = 0; i < sizeof rings / sizeof rings[0]; i++) {
+        ring_case *c = &rings[i];
+        char p[32];
+        if (c->p) snprintf(p, sizeof p, "%d", c->p);
+        else snprintf(p, sizeof p, "all GPUs");
+        add(&tb, test_ring, c, "ring/cuda+%s,%s,P=%s",
+            c->transport == DT_TRANSPORT_NCCL ? "nccl" : "local", dt_ring_direction_name(c->dir), p);
+    }
+
+    int failed = h_run_cases("cuda", tb.tests, tb.n);
+    free(tb.tests);
+    free(tb.names);
+    return failed;
+}
