@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 dt_status h_launch(int world, dt_rank_fn fn, void *arg) {
     return h_launch_on(world, DT_BACKEND_CPU, DT_TRANSPORT_LOCAL, fn, arg);
@@ -193,4 +194,33 @@ void h_layout_short(const dt_layout *l, char *buf, size_t size) {
         if (w < 0) return;
         pos += (size_t)w;
     }
+}
+
+int h_run_program(const char *program, const char *args, char **out) {
+    char cmd[8192];
+    const char *backend = getenv("DT_EXAMPLE_BACKEND");
+    snprintf(cmd, sizeof cmd, "DT_BACKEND='%s' '%s' %s 2>&1", backend ? backend : "cpu", program,
+             args);
+    *out = NULL;
+    FILE *p = popen(cmd, "r");
+    if (!p) return -2;
+    size_t cap = 1 << 16, len = 0, n;
+    char *buf = malloc(cap);
+    if (!buf) {
+        pclose(p);
+        return -2;
+    }
+    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += n;
+        if (cap - len < 4096) {
+            char *b = realloc(buf, cap * 2);
+            if (!b) break;
+            buf = b;
+            cap *= 2;
+        }
+    }
+    buf[len] = '\0';
+    int status = pclose(p);
+    *out = buf;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }

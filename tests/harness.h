@@ -84,4 +84,11 @@ int h_run_cases(const char *group, const struct CMUnitTest *tests, size_t n);
  * joined by ','. */
 void h_layout_short(const dt_layout *l, char *buf, size_t size);
 
+/* Runs `program args` with its stderr merged into *out (malloc'd, NUL
+ * terminated; the caller frees it). The program's backend is
+ * $DT_EXAMPLE_BACKEND, cpu by default, so a suite gives the same results on
+ * machines with and without a GPU. Returns the exit status, -1 if the program
+ * did not exit normally, -2 if it could not be run. */
+int h_run_program(const char *program, const char *args, char **out);
+
 #endif /* DT_TEST_HARNESS_H */

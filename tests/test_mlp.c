@@ -252,31 +252,6 @@ typedef struct example_case {
     const char *want_text; /* must appear in the output */
 } example_case;
 
-static int run_example(const char *args, char **out) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", g_example, args);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -2;
-    size_t cap = 1 << 16, len = 0, n;
-    char *buf = malloc(cap);
-    if (!buf) {
-        pclose(p);
-        return -2;
-    }
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 4096) {
-            char *b = realloc(buf, cap * 2);
-            if (!b) break;
-            buf = b;
-            cap *= 2;
-        }
-    }
-    buf[len] = '\0';
-    int status = pclose(p);
-    *out = buf;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 static void test_example(void **state) {
     const example_case *c = *state;
@@ -285,7 +260,7 @@ static void test_example(void **state) {
         skip();
     }
     char *out = NULL;
-    int status = run_example(c->args, &out);
+    int status = h_run_program(g_example, c->args, &out);
     assert_non_null(out);
     int ok = status == c->want_status && strstr(out, c->want_text) != NULL;
     if (!ok)
