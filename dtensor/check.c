@@ -1,9 +1,12 @@
-/* dtensor/check.c — the entry check of collective ops (context.h):
- * every rank shows the others whether its arguments are valid and what it is
- * about to call, before any data moves. */
+/* dtensor/check.c — the entry check of collective ops (context.h): every
+ * rank shows the others whether its arguments are valid and what it is about
+ * to call, before any data moves; and the bookkeeping of failures at the
+ * public boundary (context_internal.h). */
 #include "context_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define DT_CHECK_MAX_VALUES 64
 
@@ -33,4 +36,18 @@ dt_status dt_context_check_call(dt_context *ctx, const char *op, dt_status local
         return local;
     }
     return dt_comm_check_agreement(ctx->comm, op, v, nm, n + 1);
+}
+
+dt_status dt_context_note_failure(dt_context *ctx, dt_status st) {
+    ctx->last_status = st;
+    const char *msg = dt_last_error();
+    char prefix[32];
+    int n = snprintf(prefix, sizeof prefix, "rank %d", ctx->rank);
+    /* Messages from lower layers may already name the rank. */
+    if (strncmp(msg, prefix, (size_t)n) != 0 && strncmp(msg, "rank ", 5) != 0) {
+        char keep[1024];
+        snprintf(keep, sizeof keep, "%s", msg);
+        dt_error(st, "%s: %s", prefix, keep);
+    }
+    return st;
 }

@@ -18,10 +18,12 @@ struct dt_context {
     dt_status last_status;
 };
 
-/* Record `st` as the context's last status (if it is a failure); returns st. */
+/* Record `st` as the context's last status (if it is a failure) and make
+ * sure the message names the rank ("rank 3: ..."); returns st. Public
+ * functions of the dtensor layer end with it. */
+dt_status dt_context_note_failure(dt_context *ctx, dt_status st);
 static inline dt_status dt_context_note(dt_context *ctx, dt_status st) {
-    if (st != DT_SUCCESS && ctx) ctx->last_status = st;
-    return st;
+    return st == DT_SUCCESS || !ctx ? st : dt_context_note_failure(ctx, st);
 }
 
 #endif /* DT_CONTEXT_INTERNAL_H */
