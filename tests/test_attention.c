@@ -35,6 +35,7 @@ typedef struct fwd_case {
     dt_attn_mask mask;
     dt_dtype dtype;
     uint64_t seed;
+    dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
     /* filled by the test */
     double *q, *k, *v, *o_ref, *lse_ref;
     dt_status st[MAXP * 2];
@@ -101,6 +102,12 @@ out:
 static void run_forward_case(void **state) {
     fwd_case *c = *state;
     const attn_shape *s = &c->s;
+    dt_backend_kind backend = c->backend ? c->backend : DT_BACKEND_CPU;
+    char why[512];
+    if (!h_pair_available(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
     int64_t nq = s->B * s->S * s->H * s->D, nk = s->B * s->S * s->Hkv * s->D;
     c->q = ref_input(c->seed, nq, c->dtype);
     c->k = ref_input(c->seed + 1, nk, c->dtype);
@@ -109,7 +116,7 @@ static void run_forward_case(void **state) {
     c->lse_ref = malloc((size_t)(s->B * s->H * s->S) * sizeof(double));
     ref_attention_forward(s, c->q, c->k, c->v, c->mask == DT_ATTN_CAUSAL, 1.0 / sqrt((double)s->D), c->o_ref,
               c->lse_ref);
-    dt_status st = h_launch(c->P * c->tp, rank_forward, c);
+    dt_status st = h_launch_on(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, rank_forward, c);
     free(c->q);
     free(c->k);
     free(c->v);
@@ -458,6 +465,23 @@ int main(void) {
         snprintf(c->name, sizeof c->name, "forward/%s/tp=%d,sp=%d,S=%lld,H=8,HKV=4,D=16,causal,fp32",
                  dt_order_name(c->order), c->tp, c->P, (long long)c->s.S);
     }
+    /* The same on the CUDA backend (ranks sharing one GPU): skipped without a GPU. */
+    for (int o = 0; o < DT_ORDER_COUNT; o++)
+        for (int p = 1; p <= 4; p *= 2)
+            for (int v = 0; v < 2; v++) {
+                fwd_case *c = &cases[nc++];
+                c->P = p;
+                c->tp = 1;
+                c->order = (dt_order)o;
+                c->mask = v ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
+                c->dtype = v ? DT_BF16 : DT_F32;
+                c->s = (attn_shape){2, (v ? 66 : 70) * p, 4, 2, v ? 128 : 64};
+                c->seed = 500 + (uint64_t)nc;
+                c->backend = DT_BACKEND_CUDA;
+                snprintf(c->name, sizeof c->name, "forward/cuda/%s/P=%d,B=2,S=%lld,H=4,HKV=2,D=%lld,%s,%s",
+                         dt_order_name(c->order), p, (long long)c->s.S, (long long)c->s.D,
+                         dt_attn_mask_name(c->mask), dt_dtype_name(c->dtype));
+            }
     for (int i = 0; i < nc; i++) {
         tests[n] = (struct CMUnitTest){cases[i].name, run_forward_case, NULL, NULL, &cases[i]};
         n++;

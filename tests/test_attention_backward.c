@@ -29,6 +29,7 @@ typedef struct bwd_case {
     dt_attn_mask mask;
     dt_dtype dtype;
     uint64_t seed;
+    dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
     double *dq_ref, *dk_ref, *dv_ref;
     dt_status st[MAXR];
     long bad[MAXR];
@@ -100,6 +101,12 @@ out:
 /* Runs one case; returns the largest error over ranks (for the P sweep). */
 static double run_case(bwd_case *c) {
     const attn_shape *s = &c->s;
+    dt_backend_kind backend = c->backend ? c->backend : DT_BACKEND_CPU;
+    char why[512];
+    if (!h_pair_available(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
     int64_t nq = s->B * s->S * s->H * s->D, nk = s->B * s->S * s->Hkv * s->D;
     double *q = ref_input(c->seed, nq, c->dtype), *k = ref_input(c->seed + 1, nk, c->dtype);
     double *v = ref_input(c->seed + 2, nk, c->dtype), *g = ref_input(c->seed + 3, nq, c->dtype);
@@ -108,7 +115,7 @@ static double run_case(bwd_case *c) {
     c->dv_ref = malloc((size_t)nk * sizeof(double));
     ref_attention_backward(s, q, k, v, g, c->mask == DT_ATTN_CAUSAL, 1.0 / sqrt((double)s->D),
                            c->dq_ref, c->dk_ref, c->dv_ref);
-    dt_status st = h_launch(c->P * c->tp, rank_backward, c);
+    dt_status st = h_launch_on(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, rank_backward, c);
     free(q), free(k), free(v), free(g);
     free(c->dq_ref), free(c->dk_ref), free(c->dv_ref);
     if (st != DT_SUCCESS) print_error("%s: %s\n", c->name, dt_last_error());
@@ -306,6 +313,18 @@ int main(void) {
     *c = (bwd_case){.s = {1, 48, 8, 4, 16}, .P = 3, .tp = 2, .order = DT_ORDER_STRIPED,
                     .mask = DT_ATTN_CAUSAL, .dtype = DT_F32, .seed = 5};
     snprintf(c->name, sizeof c->name, "backward/striped/tp=2,sp=3,S=48,H=8,HKV=4,D=16,causal,fp32");
+    /* The same on the CUDA backend (ranks sharing one GPU): skipped without a GPU. */
+    for (int o = 0; o < DT_ORDER_COUNT; o++)
+        for (int p = 1; p <= 4; p *= 2) {
+            bwd_case *cc = &cases[nc++];
+            *cc = (bwd_case){.s = {1, 40 * p, 4, 2, 64}, .P = p, .tp = 1, .order = (dt_order)o,
+                             .mask = p == 2 ? DT_ATTN_FULL : DT_ATTN_CAUSAL,
+                             .dtype = p == 4 ? DT_BF16 : DT_F32, .seed = 700 + (uint64_t)nc,
+                             .backend = DT_BACKEND_CUDA};
+            snprintf(cc->name, sizeof cc->name, "backward/cuda/%s/P=%d,S=%lld,H=4,HKV=2,D=64,%s,%s",
+                     dt_order_name(cc->order), p, (long long)cc->s.S, dt_attn_mask_name(cc->mask),
+                     dt_dtype_name(cc->dtype));
+        }
     for (int i = 0; i < nc; i++)
         tests[n++] = (struct CMUnitTest){cases[i].name, run_backward_case, NULL, NULL, &cases[i]};
     return h_run_cases("attention backward (cpu)", tests, (size_t)n);
