@@ -7,8 +7,8 @@
 #   make help         targets and variables
 #
 # Dependencies are found by try-compile probes only (never by asking a
-# package manager); scripts/deps.sh installs cmocka and OpenBLAS first when
-# they are missing. In this file always use $(shell ...): $(cmd ...) is not a
+# package manager); scripts/deps.sh installs cmocka, OpenBLAS and (unless
+# MPI=0) Open MPI first when they are missing. In this file always use $(shell ...): $(cmd ...) is not a
 # make function and silently expands to nothing.
 
 # ---------------------------------------------------------------------------
@@ -133,9 +133,10 @@ SRC_MPI := $(H)include <mpi.h>\nint main(int argc, char **argv) { MPI_Init(&argc
 ifeq ($(PROBE),1)
 
 # 1. Install what is missing (stderr passes through; stdout is discarded).
+# MPI comes through the same path unless MPI=0 (then it is never installed).
 ifneq ($(DEPS),0)
 DEPS_STATUS := $(shell CC='$(CC)' CMOCKA_ROOT='$(CMOCKA_ROOT)' OPENBLAS_ROOT='$(OPENBLAS_ROOT)' \
-    $(SHELL) scripts/deps.sh $(if $(filter 1,$(MPI)),--with-mpi) >&2; echo $$?)
+    MPI_HOME='$(MPI_HOME)' $(SHELL) scripts/deps.sh $(if $(filter 0,$(MPI)),--without-mpi) >&2; echo $$?)
 endif
 
 # 2. Required: OpenBLAS. Plain search path first, then Debian's and Fedora's
@@ -174,13 +175,24 @@ $(error CUDA=1 but cuBLAS (cublas_v2.h + -lcublas) is not usable under $(CUDA_HO
 endif
 endif
 
-# 5. MPI: mpicc from MPI_HOME/bin or PATH.
+# 5. MPI: mpicc from MPI_HOME/bin or PATH. Our sources are compiled with
+# $(CC), not mpicc: the wrapper says which flags it adds (Open MPI:
+# --showme:compile / --showme:link; MPICH: -show), and a try-compile with
+# $(CC) and those flags decides.
 ifneq ($(MPI),0)
 MPICC := $(if $(MPI_HOME),$(MPI_HOME)/bin/mpicc,$(shell command -v mpicc 2>/dev/null))
-HAVE_MPI := $(if $(MPICC),$(shell d=$$(mktemp -d) || exit 0; printf '%b\n' '$(SRC_MPI)' >$$d/p.c; \
-    $(MPICC) $$d/p.c -o $$d/p >/dev/null 2>&1 && echo ok; rm -rf $$d))
+MPI_SHOW_COMPILE := $(if $(MPICC),$(shell $(MPICC) --showme:compile 2>/dev/null))
+MPI_SHOW_LINK := $(if $(MPICC),$(shell $(MPICC) --showme:link 2>/dev/null))
+MPI_SHOW := $(if $(MPICC),$(if $(MPI_SHOW_COMPILE)$(MPI_SHOW_LINK),,$(shell $(MPICC) -show 2>/dev/null)))
+MPI_CPPFLAGS := $(filter -I% -D%,$(MPI_SHOW_COMPILE) $(MPI_SHOW))
+MPI_LIBDIRS := $(patsubst -L%,%,$(filter -L%,$(MPI_SHOW_LINK) $(MPI_SHOW)))
+MPI_LIBS := $(filter -L% -l% -Wl%,$(MPI_SHOW_LINK) $(MPI_SHOW)) \
+    $(foreach d,$(MPI_LIBDIRS),-Wl$(,)-rpath$(,)$(d))
+MPI_PROBE := $(if $(MPICC),$(call probe,$(SRC_MPI),$(MPI_LIBS),"$(MPI_CPPFLAGS)",mpi.h,libmpi))
+HAVE_MPI := $(call probe_ok,$(MPI_PROBE))
+MPIRUN := $(if $(MPI_HOME),$(MPI_HOME)/bin/mpirun,$(shell command -v mpirun 2>/dev/null))
 ifeq ($(MPI)$(HAVE_MPI),1)
-$(error MPI=1 but no working mpicc ($(or $(MPICC),none in PATH); set MPI_HOME, or scripts/deps.sh --with-mpi))
+$(error MPI=1 but no working mpicc ($(or $(MPICC),none in PATH); set MPI_HOME, or scripts/deps.sh))
 endif
 endif
 
@@ -240,12 +252,25 @@ DT_LDLIBS := -lnccl $(DT_LDLIBS)
 endif
 endif
 
+# --- MPI hook ---------------------------------------------------------------
+# With MPI found, collectives/transport_mpi.c is built (the only file that
+# includes mpi.h, so only it gets MPI's include flags), DT_HAVE_MPI is
+# defined, and MPI's libraries are linked into the library and programs.
+MPI_SRCS := collectives/transport_mpi.c
+ifeq ($(HAVE_MPI),)
+LIB_OBJS := $(filter-out $(call obj,$(MPI_SRCS)),$(LIB_OBJS))
+else
+DT_CPPFLAGS += -DDT_HAVE_MPI
+DT_LDLIBS := $(MPI_LIBS) $(DT_LDLIBS)
+$(call obj,$(MPI_SRCS)): DT_CPPFLAGS += $(MPI_CPPFLAGS)
+endif
+
 # Every object depends on this file, rewritten only when the compiler or the
 # flags change, so `make CC=clang` or CUDA=0 after a build recompiles instead
 # of linking stale objects.
 STAMP := $(BUILD)/.flags
 FLAGS_SIG := $(CC) | $(DT_CPPFLAGS) | $(DT_CFLAGS) | $(DT_LDFLAGS) | $(DT_LDLIBS) | \
-    $(TEST_CPPFLAGS) $(TEST_LDFLAGS) | $(CU_SRCS) $(NVCC_FLAGS)
+    $(TEST_CPPFLAGS) $(TEST_LDFLAGS) | $(CU_SRCS) $(NVCC_FLAGS) | $(MPI_CPPFLAGS)
 ifeq ($(PROBE),1)
 ifneq ($(FLAGS_SIG),$(file <$(STAMP)))
 $(shell mkdir -p $(BUILD))
@@ -275,7 +300,7 @@ endif
 ifeq ($(MPI),0)
 $(info $(_)  MPI       disabled (MPI=0))
 else
-$(info $(_)  MPI       $(call found,$(HAVE_MPI)) $(if $(HAVE_MPI),$(MPICC),$(if $(MPICC),$(MPICC) cannot build an MPI program,no mpicc in PATH or MPI_HOME/bin (scripts/deps.sh --with-mpi))))
+$(info $(_)  MPI       $(call found,$(HAVE_MPI)) $(if $(HAVE_MPI),$(call probe_header,$(MPI_PROBE)) ($(call probe_lib,$(MPI_PROBE))) via $(MPICC); MPI transport built; mpirun: $(or $(MPIRUN),none (test_mpi will be skipped)),$(if $(MPICC),$(CC) cannot build an MPI program with the flags of $(MPICC),no mpicc in PATH or MPI_HOME/bin (scripts/deps.sh installs Open MPI))))
 endif
 $(info $(_)  library   $(if $(LIB_SRCS),$(LIB_A) $(LIB_SO) from $(words $(LIB_SRCS)) C file(s),NO SOURCES YET (dtensor/*.c collectives/*.c attention/*.c)))
 $(info $(_)  examples  $(call names,$(EXAMPLES)))
@@ -309,7 +334,7 @@ STALE_TESTS = $(filter-out $(TESTS),$(wildcard $(BUILD)/tests/test_*))
 test: $(TESTS)
 	@mkdir -p $(BUILD)/tests
 	$(if $(STALE_TESTS),rm -f $(STALE_TESTS))
-	bash tests/run_tests.sh $(BUILD)/tests
+	MPIRUN='$(MPIRUN)' bash tests/run_tests.sh $(BUILD)/tests
 endif
 
 run: $(BUILD)/examples/striped_attention
@@ -397,7 +422,7 @@ help:
 	@echo "  CMOCKA_ROOT=$(CMOCKA_ROOT)  OPENBLAS_ROOT=$(OPENBLAS_ROOT)  (prefix with include/ and lib/[<multiarch>/])"
 	@echo "  SANITIZE=$(SANITIZE) (e.g. address,undefined or 1; builds in build-san/)"
 	@echo "  DEBUG=$(DEBUG) (1: -O0 -g3 -DDT_DEBUG; builds in build-debug/)"
-	@echo "  DEPS=$(DEPS) (auto: scripts/deps.sh installs missing cmocka/OpenBLAS; 0: probe only)"
+	@echo "  DEPS=$(DEPS) (auto: scripts/deps.sh installs missing cmocka/OpenBLAS/Open MPI; 0: probe only)"
 	@echo "  PREFIX=$(PREFIX)  DESTDIR=$(DESTDIR)"
 
 -include $(LIB_OBJS:.o=.d) $(EXAMPLE_OBJS:.o=.d) $(BENCH_OBJS:.o=.d) \

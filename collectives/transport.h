@@ -86,6 +86,17 @@ typedef struct dt_mem {
 /* Host memory: calloc/free/memcpy, reductions in C (transport_local.c). */
 extern const dt_mem dt_mem_host;
 
+/* How a rank learns of, and reports, failures of ranks in other processes
+ * (transport_mpi.c provides one; the NCCL transport in process mode polls it
+ * in its waits). Both calls are non-blocking and made by the rank's thread. */
+typedef struct dt_peer_channel {
+    void *arg;
+    /* 1 if a peer has reported a failure: its status, rank and message. */
+    int (*poll)(void *arg, dt_status *status, int *rank, char *msg, size_t msg_size);
+    /* Tell every peer that this rank failed (once; later calls do nothing). */
+    void (*notify)(void *arg, dt_status status, const char *msg);
+} dt_peer_channel;
+
 /* One rank's handle. Transports allocate it (with their own state in impl). */
 struct dt_comm {
     const dt_transport_ops *ops;

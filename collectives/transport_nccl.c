@@ -30,7 +30,9 @@
  * also ends kernels stuck waiting for a peer), records the first failure in
  * the world, and returns an error; an aborted communicator is never used
  * again. The world's abort flag is what stops peers promptly in-process;
- * across processes the timeout does.
+ * across processes (one rank per process, dt_nccl_world_create_process) the
+ * world polls a peer channel -- the MPI world's failure notices when mpirun
+ * started the processes -- and otherwise the timeout does.
  *
  * Test: tests/test_cuda.c (NCCL cases run with one GPU per rank; they skip
  * without GPUs).
@@ -67,6 +69,8 @@ struct dt_nccl_world {
     int size;
     dt_comm_config cfg;
     ncclUniqueId id;
+    int processes;          /* ranks are processes: one rank lives here */
+    dt_peer_channel channel;/* process mode: failures of ranks elsewhere (may be empty) */
     int aborted;
     dt_status abort_status;
     int abort_rank;
@@ -107,9 +111,12 @@ static size_t align_up(size_t x) { return (x + STAGE_ALIGN - 1) / STAGE_ALIGN * 
 
 /* ----------------------------------------------------------------- world */
 
-static void world_abort(dt_nccl_world *w, int rank, dt_status st, const char *msg) {
+/* Records the first failure. notify: it happened here, so ranks in other
+ * processes are told through the channel (process mode). */
+static void world_abort_ex(dt_nccl_world *w, int rank, dt_status st, const char *msg, int notify) {
     pthread_mutex_lock(&w->mu);
-    if (!w->aborted) {
+    int first = !w->aborted;
+    if (first) {
         w->aborted = 1;
         w->abort_status = st;
         w->abort_rank = rank;
@@ -117,12 +124,28 @@ static void world_abort(dt_nccl_world *w, int rank, dt_status st, const char *ms
         dt_log_write(w->cfg.log_level, rank, DT_LOG_WARN, "aborting the world: %s", msg);
     }
     pthread_mutex_unlock(&w->mu);
+    /* Only the rank's own thread lives in this process: no lock needed. */
+    if (first && notify && w->channel.notify) w->channel.notify(w->channel.arg, st, msg);
+}
+
+static void world_abort(dt_nccl_world *w, int rank, dt_status st, const char *msg) {
+    world_abort_ex(w, rank, st, msg, 1);
 }
 
 static int world_aborted(dt_nccl_world *w) {
     pthread_mutex_lock(&w->mu);
     int a = w->aborted;
     pthread_mutex_unlock(&w->mu);
+    if (!a && w->channel.poll) {
+        /* A rank in another process reported a failure (polled, non-blocking). */
+        dt_status st = DT_SUCCESS;
+        int rank = -1;
+        char msg[1024];
+        if (w->channel.poll(w->channel.arg, &st, &rank, msg, sizeof msg)) {
+            world_abort_ex(w, rank, st, msg, 0);
+            a = 1;
+        }
+    }
     return a;
 }
 
@@ -163,6 +186,50 @@ dt_status dt_nccl_world_first_failure(dt_nccl_world *w, int *rank, char *msg, si
     if (msg && size) snprintf(msg, size, "%s", w->aborted ? w->abort_msg : "");
     pthread_mutex_unlock(&w->mu);
     return st;
+}
+
+dt_status dt_nccl_unique_id(void *id, size_t bytes) {
+    if (!id || bytes != sizeof(ncclUniqueId))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl: unique id buffer of %zu bytes (need %zu)",
+                        bytes, sizeof(ncclUniqueId));
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess) {
+        const char *last = ncclGetLastError(NULL);
+        return dt_error(DT_ERR_BACKEND, "nccl: ncclGetUniqueId failed: %s%s%s",
+                        ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+    }
+    memcpy(id, &u, sizeof u);
+    return DT_SUCCESS;
+}
+
+dt_status dt_nccl_world_create_process(int size, const void *id, const dt_comm_config *cfg,
+                                       const dt_peer_channel *channel, dt_nccl_world **out) {
+    if (!out || !cfg) return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: out or cfg is NULL");
+    *out = NULL;
+    if (size < 1) return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: size %d < 1", size);
+    if (cfg->timeout_ms <= 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: timeout %ld ms <= 0", cfg->timeout_ms);
+    dt_nccl_world *w = calloc(1, sizeof *w);
+    if (!w) return dt_error(DT_ERR_OUT_OF_MEMORY, "nccl world: out of memory");
+    if (pthread_mutex_init(&w->mu, NULL) != 0) {
+        free(w);
+        return dt_error(DT_ERR_SYSTEM, "nccl world: cannot create a mutex");
+    }
+    w->size = size;
+    w->cfg = *cfg;
+    w->processes = 1;
+    if (channel) w->channel = *channel;
+    /* Without an id, every process makes its own: with NCCL_COMM_ID set they
+     * all encode the same address, and rank 0's init listens there. */
+    dt_status st = id ? (memcpy(&w->id, id, sizeof w->id), DT_SUCCESS)
+                      : dt_nccl_unique_id(&w->id, sizeof w->id);
+    if (st != DT_SUCCESS) {
+        dt_nccl_world_destroy(w);
+        return st;
+    }
+    *out = w;
+    return DT_SUCCESS;
 }
 
 void dt_nccl_world_destroy(dt_nccl_world *w) {

@@ -1,6 +1,7 @@
 /* collectives/transport_nccl.h — PRIVATE. The NCCL transport: one GPU per
  * rank, ranks are threads of this process (dt_launch) sharing a "world"
- * that holds the ncclUniqueId and the first failure. Built only when the
+ * that holds the ncclUniqueId and the first failure, or processes started
+ * by a launcher (mpirun, torchrun), one rank each. Built only when the
  * Makefile finds NCCL (it then defines DT_HAVE_NCCL).
  *
  * Streams: collectives and send/recv groups run on the rank's communication
@@ -36,6 +37,23 @@ typedef struct dt_nccl_rank {
 
 /* A world of `size` ranks: takes the ncclUniqueId (once, here). */
 dt_status dt_nccl_world_create(int size, const dt_comm_config *cfg, dt_nccl_world **out);
+
+/* Bytes of an ncclUniqueId. */
+#define DT_NCCL_ID_BYTES 128
+
+/* ncclGetUniqueId into id (bytes must be DT_NCCL_ID_BYTES). With
+ * NCCL_COMM_ID=host:port set, every process gets the same id (that address)
+ * and rank 0's communicator init listens there. */
+dt_status dt_nccl_unique_id(void *id, size_t bytes);
+
+/* Process mode: a world of `size` ranks of which only one lives in this
+ * process (dt_nccl_world_comm is then called once, with that rank). id is
+ * the world's ncclUniqueId (DT_NCCL_ID_BYTES, broadcast by the launcher;
+ * NULL: dt_nccl_unique_id here, for NCCL_COMM_ID bootstrap). channel (may
+ * be NULL) carries failures between processes: waits poll it, and a failure
+ * here is reported through it. */
+dt_status dt_nccl_world_create_process(int size, const void *id, const dt_comm_config *cfg,
+                                       const dt_peer_channel *channel, dt_nccl_world **out);
 /* COLLECTIVE over the world's threads: the world communicator of `rank`
  * (caller owns it: dt_comm_destroy). Creation is non-blocking underneath
  * (ncclCommInitRankConfig with blocking = 0) and polled under the timeout;

@@ -1,22 +1,30 @@
-/* dtensor/context.c — contexts, backend/transport selection, and dt_launch
- * (N ranks as threads of this process, over the local or the NCCL transport).
+/* dtensor/context.c — contexts, backend/transport selection, and dt_launch:
+ * N ranks as threads of this process (local or NCCL transport), or one rank
+ * per process when a launcher started the program (MPI transport, or NCCL
+ * with one GPU per process).
  *
  * Selection (once per launch): explicit options, then DT_BACKEND /
- * DT_TRANSPORT, then automatic: cuda+nccl when there are at least as many
- * GPUs as ranks (one GPU per rank), cuda+local when there are fewer but at
- * least one (ranks share GPUs: rank r uses device r mod GPUs), cpu+local
- * when there is none. A request that cannot be met (cuda without a GPU,
- * nccl with more ranks than GPUs, a backend or transport not built in)
- * fails with DT_ERR_NOT_SUPPORTED and the reason. The choice and its reason
- * are logged at info level by rank 0. DT_HAVE_CUDA / DT_HAVE_NCCL appear
- * only here and in the backend/transport files.
+ * DT_TRANSPORT, then automatic. Threads: cuda+nccl when there are at least
+ * as many GPUs as ranks (one GPU per rank), cuda+local when there are fewer
+ * but at least one (ranks share GPUs: rank r uses device r mod GPUs),
+ * cpu+local when there is none. Processes (the launcher's variables are set,
+ * see launch_env.h, and world size is 0 or the launcher's; or transport mpi
+ * asked for): cuda+nccl when NCCL is built in and the node has a GPU per
+ * local rank, else cpu+mpi when mpirun started the process and MPI is built
+ * in. A request that cannot be met fails with DT_ERR_NOT_SUPPORTED and the
+ * reason. The choice and its reason are logged at info level by rank 0.
+ * DT_HAVE_CUDA / DT_HAVE_NCCL / DT_HAVE_MPI appear only here and in the
+ * backend/transport files.
  *
  * Failure handling: a rank whose function fails aborts the world, so peers
  * blocked in (or later entering) a collective return DT_ERR_PEER_FAILED at
- * once instead of waiting for the timeout. The world keeps the first failure;
- * dt_launch returns it with its message.
+ * once instead of waiting for the timeout (across processes: a notice over
+ * MPI). The world keeps the first failure; dt_launch returns it with its
+ * message (as processes, after an exit exchange in which every rank learns
+ * every other's outcome, so all return the same).
  *
- * Test: tests/test_context.c (make test).
+ * Test: tests/test_context.c, tests/test_launch_env.c, tests/test_mpi.c
+ * (make test).
  */
 #include "context_internal.h"
 
@@ -28,7 +36,13 @@
 #include <string.h>
 #include <strings.h>
 
+#include <unistd.h>
+
+#include "launch_env.h"
 #include "../collectives/transport_local.h"
+#ifdef DT_HAVE_MPI
+#include "../collectives/transport_mpi.h"
+#endif
 #ifdef DT_HAVE_CUDA
 #include "backend_cuda.h"
 #endif
@@ -109,10 +123,13 @@ typedef struct launch_config {
     dt_comm_config comm;
     int gpus;               /* visible CUDA devices (0 without CUDA or a driver) */
     int tf32;               /* DT_TF32=1: fp32 gemm may use TF32 on CUDA */
-    char why[320];          /* how the pair was chosen, for the log */
+    int process;            /* ranks are processes started by a launcher: one rank here */
+    int device;             /* process mode with nccl: this process's GPU */
+    dt_launch_env env;      /* what started this process */
+    char why[400];          /* how the pair was chosen, for the log */
 } launch_config;
 
-/* What this build and machine offer: GPUs (and why none), NCCL. */
+/* What this build and machine offer: GPUs (and why none), NCCL, MPI. */
 static int count_gpus(char *reason, size_t size) {
 #ifdef DT_HAVE_CUDA
     return dt_cuda_device_count(reason, size);
@@ -138,8 +155,135 @@ static int have_nccl(void) {
 #endif
 }
 
+static int have_mpi(void) {
+#ifdef DT_HAVE_MPI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static const char *const no_mpi_why = "this library was built without MPI (MPI=0, or no mpicc at "
+                                      "build time)";
+
+/* CUDA_VISIBLE_DEVICES names exactly one device: the launcher gave this
+ * process its own GPU. */
+static int visible_restricted(void) {
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    return v && *v && !strchr(v, ',');
+}
+
+/* "rank 1 of 4 (OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE)" */
+static void describe_launcher(const dt_launch_env *e, char *buf, size_t size) {
+    if (e->size >= 0)
+        snprintf(buf, size, "rank %d of %d (%s)", e->rank, e->size, e->source);
+    else
+        snprintf(buf, size, "rank %d (%s)", e->rank, e->source);
+}
+
+/* Ranks are processes: one here, the others started by the launcher.
+ * t is MPI, NCCL or AUTO; fills cfg or explains why not. */
+static dt_status choose_process_pair(int world, int b, int t, launch_config *cfg) {
+    const dt_launch_env *e = &cfg->env;
+    char who[160], gpu_why[200] = "not probed (backend cpu asked for)";
+    describe_launcher(e, who, sizeof who);
+    int asked_b = b != DT_BACKEND_AUTO, asked_t = t != DT_TRANSPORT_AUTO;
+    if (world != 0 && e->size >= 0 && world != e->size)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: this process was started as %s, but "
+                        "dt_launch asks for %d ranks: pass 0 (or %d) to run one rank per process, "
+                        "or set DT_TRANSPORT=local to run %d ranks as threads in every process",
+                        who, world, e->size, world);
+    if (b == DT_BACKEND_CUDA && t == DT_TRANSPORT_MPI)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport mpi moves host memory; with "
+                        "backend cuda use transport nccl");
+    if (b == DT_BACKEND_CPU && t == DT_TRANSPORT_NCCL)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport nccl moves device memory; it "
+                        "needs backend cuda, not cpu");
+    int gpus = b == DT_BACKEND_CPU || t == DT_TRANSPORT_MPI ? 0 : count_gpus(gpu_why, sizeof gpu_why);
+    cfg->gpus = gpus;
+
+    /* NCCL: one GPU per process, picked from the local rank. */
+    char nccl_why[400] = "";
+    int device = -1;
+    if (!have_nccl()) {
+        snprintf(nccl_why, sizeof nccl_why, "this library was built without NCCL");
+    } else if (!have_cuda()) {
+        snprintf(nccl_why, sizeof nccl_why, "this library was built without CUDA");
+    } else if (gpus == 0) {
+        snprintf(nccl_why, sizeof nccl_why, "no GPU: %s", gpu_why);
+    } else if (dt_launch_env_device(e, gpus, visible_restricted(), &device) != DT_SUCCESS) {
+        snprintf(nccl_why, sizeof nccl_why, "%s", dt_last_error());
+    }
+    /* MPI: a launcher that speaks MPI, and MPI built in. */
+    const char *mpi_why = !have_mpi() ? no_mpi_why
+                          : e->launcher != DT_LAUNCHER_MPI
+                              ? "the process was not started by mpirun (no OMPI_COMM_WORLD_SIZE, "
+                                "PMI_SIZE or PMIX_RANK)"
+                              : "";
+    if (t == DT_TRANSPORT_AUTO) {
+        if (!nccl_why[0] && b != DT_BACKEND_CPU) t = DT_TRANSPORT_NCCL;
+        else if (!mpi_why[0] && b != DT_BACKEND_CUDA) t = DT_TRANSPORT_MPI;
+        else
+            return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: this process was started as %s, but "
+                            "no transport here connects processes: nccl: %s; mpi: %s (or set "
+                            "DT_TRANSPORT=local to run ranks as threads in every process)", who,
+                            b == DT_BACKEND_CPU ? "backend cpu asked for" : nccl_why,
+                            b == DT_BACKEND_CUDA ? "backend cuda asked for" : mpi_why);
+    }
+    if (t == DT_TRANSPORT_NCCL) {
+        if (nccl_why[0])
+            return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport nccl across processes (%s): "
+                            "%s", who, nccl_why);
+        if (e->launcher != DT_LAUNCHER_MPI || !have_mpi()) {
+            /* Bootstrap from MASTER_ADDR:MASTER_PORT: checked now, used at launch. */
+            char id[300];
+            DT_TRY(dt_launch_env_nccl_comm_id(e, id, sizeof id));
+            if (e->size < 0)
+                return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport nccl across processes "
+                                "(%s) needs the world size: set WORLD_SIZE", who);
+        }
+        cfg->backend = DT_BACKEND_CUDA;
+        cfg->device = device;
+    } else {
+        if (mpi_why[0])
+            return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport mpi is not available: %s",
+                            mpi_why);
+        cfg->backend = DT_BACKEND_CPU;
+    }
+    cfg->transport = (dt_transport_kind)t;
+    cfg->process = 1;
+    const char *how = asked_b && asked_t ? "as asked" : asked_b || asked_t ? "partly automatic" : "automatic";
+    if (t == DT_TRANSPORT_NCCL)
+        snprintf(cfg->why, sizeof cfg->why, "%s; one rank per process, %s; GPU %d of %d", how, who,
+                 device, gpus);
+    else
+        snprintf(cfg->why, sizeof cfg->why, "%s; one rank per process, %s", how, who);
+    return DT_SUCCESS;
+}
+
 /* Picks (backend, transport) for `world` ranks; b and t are AUTO or asked for. */
 static dt_status choose_pair(int world, int b, int t, launch_config *cfg) {
+    /* Processes: transport mpi, or nccl/auto in a process a launcher started
+     * (with world 0 or the launcher's size). */
+    int launched = cfg->env.launcher != DT_LAUNCHER_NONE;
+    if (t == DT_TRANSPORT_MPI) {
+        if (!have_mpi())
+            return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport mpi is not available: %s "
+                            "(available: local%s)", no_mpi_why, have_nccl() ? ", nccl" : "");
+        return choose_process_pair(world, b, t, cfg);
+    }
+    if (launched && (t == DT_TRANSPORT_AUTO ||
+                     (t == DT_TRANSPORT_NCCL && (world == 0 || world == cfg->env.size))))
+        return choose_process_pair(world, b, t, cfg);
+    if (world == 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: world size 0 means \"as many ranks "
+                        "as the launcher started processes\", but %s (give a world size to run "
+                        "ranks as threads)", t == DT_TRANSPORT_LOCAL
+                            ? "transport local runs ranks as threads of this process"
+                            : "this process was not started by a launcher (mpirun, srun, "
+                              "torchrun: no OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK or "
+                              "RANK/WORLD_SIZE in the environment)");
+
     char gpu_why[200] = "not probed (backend cpu asked for)";
     /* Asking the driver costs its initialisation: only when a GPU could be used. */
     int gpus = b == DT_BACKEND_CPU && t != DT_TRANSPORT_NCCL ? 0 : count_gpus(gpu_why, sizeof gpu_why);
@@ -147,9 +291,6 @@ static dt_status choose_pair(int world, int b, int t, launch_config *cfg) {
     const char *nccl_why = have_nccl() ? "" : "this library was built without NCCL";
     int asked_b = b != DT_BACKEND_AUTO, asked_t = t != DT_TRANSPORT_AUTO;
 
-    if (t == DT_TRANSPORT_MPI)
-        return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport mpi is not built into this "
-                        "library (available: local%s)", have_nccl() ? ", nccl" : "");
     if (t == DT_TRANSPORT_NCCL && !have_nccl())
         return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport nccl is not available: %s",
                         nccl_why);
@@ -243,15 +384,22 @@ static dt_status resolve_config(int world, const dt_launch_options *opts, launch
     int b = opts->backend, t = opts->transport;
     if (b == DT_BACKEND_AUTO) DT_TRY(env_choice("DT_BACKEND", backends, 3, &b));
     if (t == DT_TRANSPORT_AUTO) DT_TRY(env_choice("DT_TRANSPORT", transports, 4, &t));
+    /* Threads asked for: the launcher's variables do not matter. */
+    if (t != DT_TRANSPORT_LOCAL) DT_TRY(dt_launch_env_read(NULL, NULL, &cfg->env));
     return choose_pair(world, b, t, cfg);
 }
 
-/* The world the ranks share: the local transport's or NCCL's. */
+/* The world the ranks share: the local transport's, NCCL's or MPI's (in
+ * process mode with NCCL under mpirun, both: MPI bootstraps NCCL, carries
+ * failure notices and the exit exchange). */
 typedef struct launch_world {
     dt_transport_kind kind;
     dt_local_world *local;
 #ifdef DT_HAVE_NCCL
     dt_nccl_world *nccl;
+#endif
+#ifdef DT_HAVE_MPI
+    dt_mpi_world *mpi;
 #endif
 } launch_world;
 
@@ -266,8 +414,15 @@ static dt_status world_create(launch_world *w, int size, const launch_config *cf
 
 static void world_abort(launch_world *w, int rank, dt_status st, const char *msg) {
 #ifdef DT_HAVE_NCCL
-    if (w->kind == DT_TRANSPORT_NCCL) {
+    if (w->nccl) {
+        /* In process mode under mpirun it also notifies through MPI. */
         dt_nccl_world_abort(w->nccl, rank, st, msg);
+        return;
+    }
+#endif
+#ifdef DT_HAVE_MPI
+    if (w->mpi) {
+        dt_mpi_world_abort(w->mpi, st, msg);
         return;
     }
 #endif
@@ -285,6 +440,9 @@ static void world_destroy(launch_world *w) {
 #ifdef DT_HAVE_NCCL
     dt_nccl_world_destroy(w->nccl);
 #endif
+#ifdef DT_HAVE_MPI
+    dt_mpi_world_destroy(w->mpi);
+#endif
     dt_local_world_destroy(w->local);
 }
 
@@ -294,9 +452,11 @@ typedef struct rank_job {
     launch_world *world;
     const launch_config *cfg;
     int rank, world_size;
+    int device;             /* cuda: the rank's GPU */
     dt_rank_fn fn;
     void *arg;
     dt_status status;
+    char msg[1200];         /* the failure, prefixed with the rank */
 } rank_job;
 
 static void context_destroy(dt_context *ctx) {
@@ -324,7 +484,7 @@ static dt_status context_create(const rank_job *job, dt_context **out) {
 #ifdef DT_HAVE_CUDA
     dt_mem cuda_mem;
     if (ctx->backend_kind == DT_BACKEND_CUDA) {
-        dt_cuda_options o = {job->rank % job->cfg->gpus, ctx->timeout_ms, job->cfg->tf32};
+        dt_cuda_options o = {job->device, ctx->timeout_ms, job->cfg->tf32};
         DT_TRY_GOTO(st, dt_backend_cuda_create(job->rank, &o, &ctx->backend), fail);
         cuda_mem = dt_backend_cuda_mem(ctx->backend);
         mem = &cuda_mem;
@@ -345,8 +505,17 @@ static dt_status context_create(const rank_job *job, dt_context **out) {
         DT_TRY_GOTO(st, dt_nccl_world_comm(job->world->nccl, job->rank, &r, &ctx->comm), fail);
     }
 #endif
+#ifdef DT_HAVE_MPI
+    if (ctx->transport_kind == DT_TRANSPORT_MPI)
+        DT_TRY_GOTO(st, dt_mpi_world_comm(job->world->mpi, mem, &ctx->comm), fail);
+#endif
     if (ctx->transport_kind == DT_TRANSPORT_LOCAL)
         DT_TRY_GOTO(st, dt_local_world_comm(job->world->local, job->rank, mem, &ctx->comm), fail);
+    if (!ctx->comm) {
+        st = dt_error(DT_ERR_INTERNAL, "rank %d: transport %s is not built in", job->rank,
+                      dt_transport_kind_name(ctx->transport_kind));
+        goto fail;
+    }
     *out = ctx;
     return DT_SUCCESS;
 fail:
@@ -354,8 +523,20 @@ fail:
     return st;
 }
 
-static void *rank_main(void *p) {
-    rank_job *job = p;
+/* job->msg := the current message, prefixed with the rank once. */
+static void note_failure(rank_job *job, dt_status st) {
+    const char *e = dt_last_error();
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "rank %d", job->rank);
+    /* Library messages already start with the rank; user ones may not. */
+    if (strncmp(e, prefix, strlen(prefix)) == 0)
+        snprintf(job->msg, sizeof job->msg, "%s", e);
+    else
+        snprintf(job->msg, sizeof job->msg, "%s: %s", prefix, *e ? e : dt_status_name(st));
+}
+
+/* One rank: its context, its function, and on failure the world's abort. */
+static dt_status run_rank(rank_job *job) {
     dt_context *ctx = NULL;
     dt_clear_error();
     dt_status st = context_create(job, &ctx);
@@ -370,29 +551,124 @@ static void *rank_main(void *p) {
         st = job->fn(ctx, job->arg);
     }
     if (st != DT_SUCCESS) {
-        char msg[1200];
-        const char *e = dt_last_error();
-        char prefix[32];
-        snprintf(prefix, sizeof prefix, "rank %d", job->rank);
-        /* Library messages already start with the rank; user ones may not. */
-        if (strncmp(e, prefix, strlen(prefix)) == 0)
-            snprintf(msg, sizeof msg, "%s", e);
-        else
-            snprintf(msg, sizeof msg, "%s: %s", prefix, *e ? e : dt_status_name(st));
-        world_abort(job->world, job->rank, st, msg);
+        note_failure(job, st);
+        world_abort(job->world, job->rank, st, job->msg);
     }
     context_destroy(ctx);
     job->status = st;
+    return st;
+}
+
+static void *rank_main(void *p) {
+    run_rank(p);
     return NULL;
 }
 
+/* OpenBLAS threads for one rank per process: the cores of the node shared
+ * by its processes. */
+static void share_blas_threads(const dt_launch_env *e) {
+    if (e->local_size <= 1) return;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long n = cores > 0 ? cores / e->local_size : 1;
+    openblas_set_num_threads(n > 0 ? (int)n : 1);
+}
+
+/* Ranks are processes: this one runs fn once for its own rank. */
+static dt_status launch_process(int world_size, dt_rank_fn fn, void *arg, const launch_config *cfg) {
+    launch_world wstore, *world = &wstore;
+    memset(world, 0, sizeof *world);
+    world->kind = cfg->transport;
+    int rank = cfg->env.rank, size = cfg->env.size;
+    dt_status st = DT_SUCCESS;
+    char msg[1200] = "";
+#ifdef DT_HAVE_MPI
+    int use_mpi = cfg->transport == DT_TRANSPORT_MPI || cfg->env.launcher == DT_LAUNCHER_MPI;
+    if (use_mpi) {
+        DT_TRY(dt_mpi_init(&rank, &size));
+        /* Every process sees the same size: all fail alike, nobody waits. */
+        if (world_size != 0 && world_size != size)
+            return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: world size %d, but MPI_COMM_WORLD "
+                            "has %d processes: pass 0 (or %d) to run one rank per process, or set "
+                            "DT_TRANSPORT=local to run %d ranks as threads in every process",
+                            world_size, size, size, world_size);
+        if (cfg->env.rank >= 0 && cfg->env.rank != rank)
+            return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: the launcher says rank %d (%s) "
+                            "but MPI says rank %d", cfg->env.rank, cfg->env.source, rank);
+        DT_TRY(dt_mpi_world_create(&cfg->comm, &world->mpi));
+    }
+#endif
+    if (size < 1 || rank < 0 || rank >= size)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: the launcher gave no usable rank and "
+                        "size (rank %d of %d, %s)", rank, size, cfg->env.source);
+    if (world_size != 0 && world_size != size)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: world size %d, but the launcher "
+                        "started %d processes (%s)", world_size, size, cfg->env.source);
+#ifdef DT_HAVE_NCCL
+    if (cfg->transport == DT_TRANSPORT_NCCL) {
+        const void *idp = NULL;
+        dt_peer_channel ch = {NULL, NULL, NULL};
+#ifdef DT_HAVE_MPI
+        unsigned char id[DT_NCCL_ID_BYTES];
+        if (world->mpi) {
+            /* Rank 0 takes the id and MPI broadcasts it; a failure on rank 0
+             * reaches the others as a notice. */
+            memset(id, 0, sizeof id);
+            if (rank == 0) st = dt_nccl_unique_id(id, sizeof id);
+            if (st != DT_SUCCESS) dt_mpi_world_abort(world->mpi, st, dt_last_error());
+            if (st == DT_SUCCESS) st = dt_mpi_world_bcast(world->mpi, id, sizeof id, 0);
+            idp = id;
+            ch = dt_mpi_world_channel(world->mpi);
+        }
+#endif
+        if (st == DT_SUCCESS && !idp && !getenv("NCCL_COMM_ID")) {
+            /* NCCL bootstraps from NCCL_COMM_ID: rank 0 listens there. */
+            char addr[300];
+            st = dt_launch_env_nccl_comm_id(&cfg->env, addr, sizeof addr);
+            if (st == DT_SUCCESS && setenv("NCCL_COMM_ID", addr, 1) != 0)
+                st = dt_error(DT_ERR_SYSTEM, "dt_launch: cannot set NCCL_COMM_ID=%s", addr);
+        }
+        if (st == DT_SUCCESS)
+            st = dt_nccl_world_create_process(size, idp, &cfg->comm, ch.poll ? &ch : NULL,
+                                              &world->nccl);
+        if (st != DT_SUCCESS) {
+            snprintf(msg, sizeof msg, "rank %d: %s", rank, dt_last_error());
+#ifdef DT_HAVE_MPI
+            if (world->mpi) dt_mpi_world_abort(world->mpi, st, msg);
+#endif
+        }
+    }
+#endif
+    if (st == DT_SUCCESS) {
+        share_blas_threads(&cfg->env);
+        rank_job job = {world, cfg, rank, size, cfg->device, fn, arg, DT_SUCCESS, ""};
+        st = run_rank(&job);
+        if (st != DT_SUCCESS) snprintf(msg, sizeof msg, "%s", job.msg);
+    }
+#ifdef DT_HAVE_MPI
+    if (world->mpi) {
+        /* Every rank learns how the launch went, so all return the same. */
+        char verdict[1200];
+        dt_status fin = dt_mpi_world_finish(world->mpi, st, msg, verdict, sizeof verdict);
+        world_destroy(world);
+        if (fin != DT_SUCCESS) return dt_error(fin, "%s", verdict);
+        return DT_SUCCESS;
+    }
+#endif
+    /* Without MPI (NCCL from MASTER_ADDR): this process's own outcome. */
+    world_destroy(world);
+    if (st != DT_SUCCESS) return dt_error(st, "%s", msg);
+    return DT_SUCCESS;
+}
+
 dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg, const dt_launch_options *opts) {
-    if (world_size < 1 || world_size > DT_MAX_WORLD_SIZE)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: world size %d is outside [1, %d]",
-                        world_size, DT_MAX_WORLD_SIZE);
+    if (world_size < 0 || world_size > DT_MAX_WORLD_SIZE)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: world size %d is outside [0, %d] "
+                        "(0: one rank per process a launcher started)", world_size,
+                        DT_MAX_WORLD_SIZE);
     if (!fn) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: rank function is NULL");
     launch_config cfg;
     DT_TRY(resolve_config(world_size, opts, &cfg));
+    if (cfg.process) return launch_process(world_size, fn, arg, &cfg);
 
     launch_world wstore, *world = &wstore;
     DT_TRY(world_create(world, world_size, &cfg));
@@ -409,7 +685,8 @@ dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg, const dt_launch_op
     int started = 0;
     dt_status st = DT_SUCCESS;
     for (; started < world_size; started++) {
-        jobs[started] = (rank_job){world, &cfg, started, world_size, fn, arg, DT_SUCCESS};
+        jobs[started] = (rank_job){world, &cfg, started, world_size,
+                                   cfg.gpus > 0 ? started % cfg.gpus : 0, fn, arg, DT_SUCCESS, ""};
         int rc = pthread_create(&threads[started], NULL, rank_main, &jobs[started]);
         if (rc != 0) {
             char msg[256];
@@ -429,4 +706,12 @@ dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg, const dt_launch_op
     free(threads);
     world_destroy(world);
     return st;
+}
+
+dt_status dt_finalize(void) {
+#ifdef DT_HAVE_MPI
+    return dt_mpi_finalize();
+#else
+    return DT_SUCCESS;
+#endif
 }

@@ -1,10 +1,21 @@
-/* dtensor/context.h — ranks, their contexts, and launching N ranks.
+/* dtensor/context.h — ranks, their contexts, and launching them.
  *
- * Execution is SPMD: every rank runs the same function on its own shard.
- * dt_launch runs `fn` on N threads of this process, one per rank, each with
- * its own dt_context (rank, world size, compute backend, world communicator,
- * last status). The contexts are created before and destroyed after `fn`;
- * fn must not keep them.
+ * Execution is SPMD: every rank runs the same function on its own shard,
+ * with its own dt_context (rank, world size, compute backend, world
+ * communicator, last status). The contexts are created before and destroyed
+ * after `fn`; fn must not keep them. Ranks are either
+ *
+ *   threads of this process: dt_launch(N, ...) runs fn on N threads (the
+ *   local transport, or NCCL with one GPU per thread); or
+ *
+ *   processes started by a launcher: under `mpirun -np N prog` (or srun,
+ *   torchrun) every process calls dt_launch(0, ...) -- or dt_launch(N, ...)
+ *   with the launcher's N -- and it runs fn once, for this process's own
+ *   rank (transport mpi on the CPU backend; nccl on CUDA, one GPU per
+ *   process, picked from the local rank). dt_launch initialises MPI when
+ *   nobody has (MPI_Init_thread, MPI_THREAD_SERIALIZED); call dt_finalize()
+ *   once at the end of main, which finalizes MPI if dt_launch initialised it.
+ *   A program that initialised MPI itself finalizes it itself.
  *
  * Environment (read by dt_launch; explicit options win over it):
  *   DT_TIMEOUT_MS   bound on every wait, default 600000 (10 minutes)
@@ -14,11 +25,22 @@
  *   DT_CHECK        0 | 1: before every collective call, check that all ranks
  *                   agree on op, dtype, shape, Layout and call number (one
  *                   small all_gather per call; default 1 in DEBUG builds)
+ * and the launcher's (see dtensor/launch_env.h): OMPI_COMM_WORLD_RANK/SIZE
+ * (Open MPI), PMI_RANK/PMI_SIZE (MPICH), PMIX_RANK, or torchrun's RANK,
+ * WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. With
+ * transport AUTO, a process started by a launcher runs one rank per process:
+ * cuda+nccl when NCCL is built in and this node has a GPU per local rank,
+ * else cpu+mpi when mpirun started it and MPI is built in, else an error
+ * that says why (DT_TRANSPORT=local runs threads in each process instead).
+ * NCCL bootstraps over MPI under mpirun (rank 0's ncclUniqueId is
+ * broadcast), else from NCCL_COMM_ID, set to MASTER_ADDR:MASTER_PORT.
  *
  * When ranks are threads (world size > 1), dt_launch sets OpenBLAS to one
- * thread per call, so N ranks use N cores rather than N x cores.
+ * thread per call, so N ranks use N cores rather than N x cores; when they
+ * are processes, to the node's cores divided by its processes.
  *
- * Test: tests/test_context.c (make test).
+ * Test: tests/test_context.c, tests/test_launch_env.c, tests/test_mpi.c
+ * (make test; the last runs under mpirun -np 1..4).
  */
 #ifndef DT_CONTEXT_H
 #define DT_CONTEXT_H
@@ -33,7 +55,7 @@
 extern "C" {
 #endif
 
-/* Largest world size dt_launch accepts. */
+/* Largest world size dt_launch accepts (threads or processes). */
 #define DT_MAX_WORLD_SIZE 1024
 /* Default bound on every wait, in milliseconds. */
 #define DT_DEFAULT_TIMEOUT_MS 600000L
@@ -79,12 +101,34 @@ typedef struct dt_launch_options {
  * DT_ERR_PEER_FAILED instead of waiting. */
 typedef dt_status (*dt_rank_fn)(dt_context *ctx, void *arg);
 
-/* Run fn on world_size ranks (threads of this process) and wait for all of
- * them. Blocks the calling thread. Returns DT_SUCCESS if every rank did, else
- * the status of the first rank that failed, whose message (prefixed with its
- * rank) becomes this thread's dt_last_error(). opts may be NULL (defaults). */
+/* Run fn on world_size ranks and wait for all of them. Blocks the calling
+ * thread. Returns DT_SUCCESS if every rank did, else the status of the first
+ * rank that failed, whose message (prefixed with its rank) becomes this
+ * thread's dt_last_error(). opts may be NULL (defaults).
+ *
+ * world_size: 1..DT_MAX_WORLD_SIZE ranks as threads of this process; or,
+ * in a process a launcher started (mpirun, srun, torchrun), 0 or the
+ * launcher's size: one rank here, the others in the other processes (see
+ * the top of this file). 0 anywhere else is DT_ERR_INVALID_ARGUMENT.
+ *
+ * As processes, dt_launch is COLLECTIVE over all of them: each process
+ * calls it the same number of times. It ends with an exchange (bounded by
+ * the timeout) in which every rank learns how every other did, so every
+ * process returns the same status and message; "first" is then the lowest
+ * rank whose failure was its own (not DT_ERR_PEER_FAILED). A rank that fails
+ * tells the others at once (a message), so they stop with
+ * DT_ERR_PEER_FAILED instead of waiting for the timeout; a process that
+ * dies or hangs outside the library is noticed only by the timeout. The
+ * library never calls MPI_Abort or exit(): after a failure, return non-zero
+ * from main (mpirun then stops the other processes) or call MPI_Abort. */
 dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg,
                     const dt_launch_options *opts);
+
+/* Call once at the end of main, after the last dt_launch, in a program that
+ * may run under mpirun: finalizes MPI if dt_launch initialised it (MPI_Finalize
+ * waits for every process to call it); otherwise does nothing. No dt_launch
+ * over MPI may follow. Not needed, and harmless, without MPI. */
+dt_status dt_finalize(void);
 
 int dt_context_rank(const dt_context *ctx);
 int dt_context_world_size(const dt_context *ctx);

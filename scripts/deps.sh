@@ -1,13 +1,17 @@
 #!/bin/sh
 # scripts/deps.sh — make sure the build dependencies of dtensor are present.
 #
-#   scripts/deps.sh              probe cmocka and OpenBLAS; install what is missing
-#   scripts/deps.sh --with-mpi   also install Open MPI (openmpi-bin libopenmpi-dev)
-#   scripts/deps.sh --check      probe only, never install (exit 1 if missing)
+#   scripts/deps.sh                 probe cmocka, OpenBLAS and Open MPI; install what is missing
+#   scripts/deps.sh --without-mpi   leave MPI out (make MPI=0 passes this)
+#   scripts/deps.sh --check         probe only, never install (exit 1 if missing)
+#   (--with-mpi is accepted for older callers: MPI is in by default)
 #
 # Detection is by try-compile, the same way the Makefile does it, honouring
 # CC, CMOCKA_ROOT and OPENBLAS_ROOT (a prefix such as /opt/x/usr holding
-# include/ and lib/ or lib/<multiarch>/, e.g. unpacked .debs). Silent and
+# include/ and lib/ or lib/<multiarch>/, e.g. unpacked .debs) and MPI_HOME
+# (an MPI installation with bin/mpicc and bin/mpirun; when given, it is
+# probed and never installed over). Open MPI's packages are openmpi-bin
+# (mpirun) and libopenmpi-dev (mpicc, mpi.h). Silent and
 # fast when everything is present. Otherwise, as root (or with passwordless
 # sudo) it runs `apt-get update` once and `apt-get install` for the missing
 # packages only; without either it prints what to install and exits 1.
@@ -21,15 +25,17 @@ set -u
 CC=${CC:-cc}
 CMOCKA_ROOT=${CMOCKA_ROOT:-}
 OPENBLAS_ROOT=${OPENBLAS_ROOT:-}
-with_mpi=0
+MPI_HOME=${MPI_HOME:-}
+with_mpi=1
 check_only=0
 
 for arg in "$@"; do
     case $arg in
     --with-mpi) with_mpi=1 ;;
+    --without-mpi) with_mpi=0 ;;
     --check) check_only=1 ;;
     -h | --help)
-        sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+        sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
         exit 0
         ;;
     *)
@@ -118,22 +124,34 @@ have_openblas() {
     return 1
 }
 
+# mpicc that builds a program, and mpirun beside it (the tests need both).
 have_mpi() {
-    command -v mpicc >/dev/null 2>&1 &&
-        mpicc "$tmp/mpi.c" -o "$tmp/mpi" >"$tmp/mpi.log" 2>&1
+    if [ -n "$MPI_HOME" ]; then
+        mpicc=$MPI_HOME/bin/mpicc mpirun=$MPI_HOME/bin/mpirun
+    else
+        mpicc=$(command -v mpicc 2>/dev/null) mpirun=$(command -v mpirun 2>/dev/null)
+    fi
+    [ -n "$mpicc" ] && [ -x "$mpicc" ] && [ -n "$mpirun" ] && [ -x "$mpirun" ] &&
+        "$mpicc" "$tmp/mpi.c" -o "$tmp/mpi" >"$tmp/mpi.log" 2>&1
 }
 
 probe() {
     missing=
     have_cmocka || missing="$missing libcmocka-dev"
     have_openblas || missing="$missing libopenblas-dev"
-    if [ "$with_mpi" = 1 ]; then
-        have_mpi || missing="$missing openmpi-bin libopenmpi-dev"
+    mpi_missing=0
+    if [ "$with_mpi" = 1 ] && ! have_mpi; then
+        mpi_missing=1
+        # A given MPI_HOME is the user's: say so rather than install another.
+        [ -z "$MPI_HOME" ] && missing="$missing openmpi-bin libopenmpi-dev"
     fi
     missing=${missing# }
 }
 
 probe
+if [ "$mpi_missing" = 1 ] && [ -n "$MPI_HOME" ]; then
+    say "MPI_HOME=$MPI_HOME has no working bin/mpicc and bin/mpirun; the MPI transport will not be built"
+fi
 [ -z "$missing" ] && exit 0
 
 how_else() {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # tests/run_tests.sh DIR — run every executable DIR/test_* and total the results.
 #
+# DIR/test_mpi runs under mpirun for 1..4 processes (see run_mpi_suite; MPIRUN
+# names the mpirun to use, the Makefile passes the one it found).
 # Each binary runs under `timeout` (DT_TEST_TIMEOUT seconds, default 300); a
 # binary that hangs is killed and counted as one failure. DT_TIMEOUT_MS, if
 # set, reaches the tests unchanged (they use it for their own waits). Output
@@ -56,22 +58,23 @@ sum() { # sum REGEX: sum of the first number on matching lines in $log
 total_pass=0 total_fail=0 total_skip=0 nbin=0
 failures=()
 
-shopt -s nullglob
-for bin in "$dir"/test_*; do
-    if [ ! -f "$bin" ] || [ ! -x "$bin" ]; then continue; fi
-    name=${bin##*/}
+# run_one NAME CMD...: run one test program, count its results into the totals.
+run_one() {
+    local name=$1
+    shift
     nbin=$((nbin + 1))
     echo "=== $name"
 
     # The group's 2>/dev/null only hides bash's own "Aborted ..." job report;
     # the test's stderr is already merged into the pipe.
-    { timeout -k 10 "$limit" "${buf[@]}" "$bin" 2>&1 | tee "$log"; } 2>/dev/null
-    rc=${PIPESTATUS[0]}
+    { timeout -k 10 "$limit" "${buf[@]}" "$@" 2>&1 | tee "$log"; } 2>/dev/null
+    local rc=${PIPESTATUS[0]}
 
-    hdr_fail='^\[  FAILED  \] [0-9]+ test\(s\), listed below:'
-    hdr_skip='^\[  SKIPPED \] [0-9]+ test\(s\), listed below:'
+    local hdr_fail='^\[  FAILED  \] [0-9]+ test\(s\), listed below:'
+    local hdr_skip='^\[  SKIPPED \] [0-9]+ test\(s\), listed below:'
     # "[  FAILED  ] GROUP SETUP" comes with an "[  ERROR   ] group" line.
-    grp='^\[  FAILED  \] GROUP (SETUP|TEARDOWN)$'
+    local grp='^\[  FAILED  \] GROUP (SETUP|TEARDOWN)$'
+    local pass fail skip
     pass=$(count '^\[       OK \] ')
     fail=$(( $(count '^\[  FAILED  \] ') - $(count "$grp") - $(count "$hdr_fail") - $(sum "$hdr_fail") ))
     skip=$(( $(count '^\[  SKIPPED \] ') - $(count "$hdr_skip") - $(sum "$hdr_skip") ))
@@ -90,8 +93,8 @@ for bin in "$dir"/test_*; do
 
     # The test that was running when the binary died or hung, if any: the
     # last per-test line is a RUN line.
+    local last during=
     last=$(grep -E '^\[ RUN      \] |^\[ {2}( {5}OK |FAILED  |SKIPPED |ERROR   )\] [^-0-9]' "$log" | tail -n1)
-    during=
     case $last in "[ RUN      ] "*) during=" during ${last#\[ RUN      \] }" ;; esac
 
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
@@ -99,6 +102,7 @@ for bin in "$dir"/test_*; do
         fail=$((fail + 1))
         failures+=("$name: hung$during, killed after ${limit}s")
     elif [ "$rc" -ne 0 ] && [ "$fail" -eq 0 ]; then
+        local why
         if [ "$rc" -gt 128 ]; then
             why="killed by signal $((rc - 128)) ($(kill -l $((rc - 128)) 2>/dev/null || echo '?'))"
         else
@@ -113,6 +117,69 @@ for bin in "$dir"/test_*; do
     total_pass=$((total_pass + pass))
     total_fail=$((total_fail + fail))
     total_skip=$((total_skip + skip))
+}
+
+# The MPI suite runs under mpirun, once per process count
+# (DT_TEST_MPI_NP, default "1 2 3 4"). Only its rank 0 prints cmocka output
+# (the others' stdout goes to /dev/null; every rank asserts on all ranks'
+# results, and a rank that still fails makes mpirun exit non-zero, which is
+# counted). When the binary has no MPI, or mpirun is missing or cannot start
+# processes here, it runs once on its own and reports itself skipped with
+# the reason. Open MPI gets what a container needs: --oversubscribe (more
+# ranks than cores), shared memory only (no network), --allow-run-as-root
+# when root.
+run_mpi_suite() {
+    local bin=$1 name=${1##*/}
+    if ! "$bin" --built-with-mpi >/dev/null 2>&1; then
+        run_one "$name" "$bin"
+        return
+    fi
+    local mpirun=${MPIRUN:-$(command -v mpirun 2>/dev/null)}
+    if [ -z "$mpirun" ] || [ ! -x "$mpirun" ]; then
+        DT_TEST_MPI_SKIP="no mpirun in PATH (apt-get install openmpi-bin, or make MPI_HOME=<prefix>)" \
+            run_one "$name" "$bin"
+        return
+    fi
+    local args=()
+    local ver
+    ver=$("$mpirun" --version 2>&1 | head -n1)
+    if [[ $ver == *"Open MPI"* ]]; then
+        local major
+        major=$(sed -E 's/.*[^0-9]([0-9]+)\.[0-9]+.*/\1/' <<<"$ver")
+        args=(--oversubscribe --bind-to none)
+        if [ "${major:-4}" -ge 5 ] 2>/dev/null; then
+            args+=(--mca btl self,sm)
+        else
+            args+=(--mca btl self,vader --mca btl_vader_single_copy_mechanism none)
+        fi
+        [ "$(id -u)" = 0 ] && args+=(--allow-run-as-root)
+    fi
+    local out
+    if ! out=$(timeout -k 5 60 "$mpirun" "${args[@]}" -np 1 true 2>&1); then
+        out=$(printf '%s\n' "$out" | grep -v '^[-[:space:]]*$' | head -n 3 | tr '\n' ' ')
+        DT_TEST_MPI_SKIP="mpirun cannot start processes here: ${out:-no output}" \
+            run_one "$name" "$bin"
+        return
+    fi
+    # Sanitizer builds: no leak report for these processes. Open MPI keeps
+    # allocations until exit in components it has unloaded by then, which
+    # LeakSanitizer can neither attribute nor suppress (and may crash
+    # reporting); address and UB checks stay on. The thread suites check
+    # the library's own leaks.
+    local np
+    for np in ${DT_TEST_MPI_NP:-1 2 3 4}; do
+        ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+            run_one "$name -np $np" "$mpirun" "${args[@]}" -np "$np" "$bin"
+    done
+}
+
+shopt -s nullglob
+for bin in "$dir"/test_*; do
+    if [ ! -f "$bin" ] || [ ! -x "$bin" ]; then continue; fi
+    case ${bin##*/} in
+    test_mpi) run_mpi_suite "$bin" ;;
+    *) run_one "${bin##*/}" "$bin" ;;
+    esac
 done
 
 if [ "$nbin" -eq 0 ]; then

@@ -1,0 +1,1150 @@
+/* collectives/transport_mpi.c — the MPI transport: ranks are processes
+ * started by mpirun, buffers are host memory.
+ *
+ * Algorithm. A world (one dt_launch) holds two duplicates of
+ * MPI_COMM_WORLD made with MPI_Comm_idup: `data` for the world
+ * communicator's collectives and point-to-point traffic, `ctrl` for failure
+ * notices, the exit exchange and bootstrap broadcasts. Every communicator
+ * has MPI_ERRORS_RETURN. Only non-blocking MPI calls are waited for, each by
+ * an MPI_Testall loop that also polls the control communicator for a
+ * peer's failure notice (MPI_Improbe on a dedicated tag) and gives up after
+ * the communicator's timeout, sleeping briefly between polls.
+ *
+ * Collectives. Every collective first exchanges a small header (kind,
+ * count, dtype, op, root, color, key) with MPI_Iallgather: a disagreement
+ * fails every member with DT_ERR_MISMATCH naming both ranks, where MPI
+ * would hang, truncate or mix up data, and a barrier is that exchange alone.
+ * Then:
+ *   all_reduce      MPI_Ialltoallv (each rank gets one segment from all),
+ *                   reduce that segment in fp32 in rank order and round once
+ *                   (the dt_mem hooks, as the local transport), then
+ *                   MPI_Iallgatherv of the reduced segments: every rank gets
+ *                   the same bits as from the local transport, with the
+ *                   traffic of a ring all-reduce
+ *   reduce_scatter  MPI_Ialltoall, then the same rank-order reduction
+ *   all_gather, broadcast, scatter, gather -> MPI_Iallgather, MPI_Ibcast,
+ *                   MPI_Iscatter, MPI_Igather
+ *   split           MPI_Comm_split, entered only after the header exchange
+ *                   has shown that every member is there (MPI-3 has no
+ *                   non-blocking split; this is the one blocking call)
+ * Collectives receive into the communicator's scratch and copy out on
+ * success, so an abandoned request (timeout, peer failure) can never write
+ * into a caller's buffer later; that scratch is then never freed (see the
+ * graveyard below).
+ *
+ * Point-to-point. p2p_start posts every send (MPI_Isend, tag = base +
+ * dtype). p2p_wait matches receives in order per peer with MPI_Improbe,
+ * checks the message's dtype (its tag) and size (MPI_Get_count) -- a
+ * disagreement fails with DT_ERR_MISMATCH naming both ranks instead of
+ * truncating -- and receives it with MPI_Imrecv. Zero-length messages are
+ * sent too, so numbering and checks match the local transport. A sender may
+ * return before its message is received (MPI buffers small messages); a
+ * mismatch found by the receiver reaches the sender as a failure notice.
+ *
+ * Failures. A rank that times out, hits an MPI error or a mismatch, or whose
+ * function fails marks the world failed and sends every other rank one
+ * notice (MPI_Isend on the control communicator); their next poll returns
+ * DT_ERR_PEER_FAILED (DT_ERR_MISMATCH for a mismatch) with the failing rank's
+ * message. Covered: failures this library sees in a live process. Not
+ * covered: a process that dies or hangs outside the library sends nothing;
+ * its peers return DT_ERR_TIMEOUT after the timeout. The library never calls
+ * MPI_Abort: after a failure the application decides (return non-zero from
+ * main, which makes mpirun stop the others, or call MPI_Abort).
+ *
+ * Process-wide state, because MPI is process-wide: whether this library
+ * initialised MPI (dt_finalize then finalizes it), whether MPI_COMM_WORLD is
+ * still usable (a world whose creation timed out leaves a pending
+ * MPI_Comm_idup on it), and a "graveyard" of memory that abandoned requests
+ * may still touch, freed after MPI_Finalize.
+ *
+ * Test: tests/test_mpi.c, run by `make test` under mpirun -np 1..4.
+ */
+#include "transport_mpi.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum {
+    TAG_NOTICE = 7,     /* control communicator: a rank's failure notice */
+    TAG_P2P = 100,      /* data communicators: TAG_P2P + dtype */
+};
+
+#define NOTICE_MSG 1000  /* bytes of message text in a notice */
+#define FINISH_MSG 500   /* bytes of message text in an exit record */
+#define HDR_N 8          /* int64 per collective header */
+
+/* ------------------------------------------------------ process state */
+
+typedef struct grave {
+    struct grave *next;
+    void *p;
+} grave;
+
+static struct {
+    pthread_mutex_t mu;
+    int we_initialised;     /* dt_mpi_init called MPI_Init_thread */
+    int finalized;          /* dt_mpi_finalize called MPI_Finalize */
+    char unusable[512];     /* why MPI_COMM_WORLD cannot make worlds any more ("" if it can) */
+    grave *graves;
+} g_mpi = {PTHREAD_MUTEX_INITIALIZER, 0, 0, "", NULL};
+
+/* Keeps p alive (reachable) until dt_mpi_finalize: an abandoned MPI request
+ * may still write to it. */
+static void bury(void *p) {
+    if (!p) return;
+    grave *gr = malloc(sizeof *gr);
+    pthread_mutex_lock(&g_mpi.mu);
+    if (gr) {
+        gr->p = p;
+        gr->next = g_mpi.graves;
+        g_mpi.graves = gr;
+    }
+    /* Out of memory: p stays unreachable; leaking it is still safe. */
+    pthread_mutex_unlock(&g_mpi.mu);
+}
+
+/* dst := src, cut to fit (messages are shortened, never overflowed). */
+static void copy_str(char *dst, size_t size, const char *src) {
+    size_t n = strnlen(src, size - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static void mpi_string(int rc, char *buf, size_t size) {
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "MPI error %d", rc);
+    snprintf(buf, size, "%s", s);
+}
+
+static const char *thread_level_name(int level) {
+    switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "an unknown thread level";
+    }
+}
+
+dt_status dt_mpi_init(int *rank, int *size) {
+    int inited = 0, fin = 0;
+    dt_status st = DT_SUCCESS;
+    char why[MPI_MAX_ERROR_STRING];
+    pthread_mutex_lock(&g_mpi.mu);
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (fin) {
+        st = dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: MPI was already finalized (dt_finalize or "
+                      "MPI_Finalize): no launch over MPI can follow");
+        goto out;
+    }
+    if (g_mpi.unusable[0]) {
+        st = dt_error(DT_ERR_PEER_FAILED, "dt_launch: MPI cannot start another world in this "
+                      "process: %s", g_mpi.unusable);
+        goto out;
+    }
+    if (!inited) {
+        int provided = 0;
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+        if (rc != MPI_SUCCESS) {
+            mpi_string(rc, why, sizeof why);
+            st = dt_error(DT_ERR_BACKEND, "dt_launch: MPI_Init_thread failed: %s", why);
+            goto out;
+        }
+        g_mpi.we_initialised = 1;
+    }
+    int level = MPI_THREAD_SINGLE, is_main = 0;
+    MPI_Query_thread(&level);
+    MPI_Is_thread_main(&is_main);
+    if (level < MPI_THREAD_SERIALIZED && !is_main) {
+        st = dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: MPI runs at %s, which allows MPI calls "
+                      "from the thread that initialised it only, and dt_launch is called from "
+                      "another thread (initialise MPI with MPI_THREAD_SERIALIZED, or call "
+                      "dt_launch from that thread)", thread_level_name(level));
+        goto out;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    MPI_Comm_size(MPI_COMM_WORLD, size);
+out:
+    pthread_mutex_unlock(&g_mpi.mu);
+    return st;
+}
+
+dt_status dt_mpi_finalize(void) {
+    dt_status st = DT_SUCCESS;
+    pthread_mutex_lock(&g_mpi.mu);
+    if (g_mpi.we_initialised && !g_mpi.finalized) {
+        int fin = 0;
+        MPI_Finalized(&fin);
+        if (!fin) {
+            int rc = MPI_Finalize();
+            if (rc != MPI_SUCCESS) {
+                char why[MPI_MAX_ERROR_STRING];
+                mpi_string(rc, why, sizeof why);
+                st = dt_error(DT_ERR_BACKEND, "dt_finalize: MPI_Finalize failed: %s", why);
+            }
+        }
+        g_mpi.finalized = 1;
+        /* No request can run any more: what they might have touched is free. */
+        while (g_mpi.graves) {
+            grave *gr = g_mpi.graves;
+            g_mpi.graves = gr->next;
+            free(gr->p);
+            free(gr);
+        }
+    }
+    pthread_mutex_unlock(&g_mpi.mu);
+    return st;
+}
+
+/* ------------------------------------------------------------- world */
+
+struct dt_mpi_world {
+    MPI_Comm data, ctrl;
+    int rank, size;
+    dt_comm_config cfg;
+    int aborted;
+    dt_status abort_status;
+    int abort_rank;
+    char abort_msg[NOTICE_MSG + 64];
+    int notified;            /* this rank has sent its notice */
+    char *notice;            /* the notice sent (must live until the sends complete) */
+    MPI_Request *notice_reqs;
+    int n_notice;
+    int leak;                /* requests may be pending on data/ctrl: never free them */
+    int comms;               /* live communicator handles */
+};
+
+typedef struct notice_head {
+    int32_t status, rank;
+} notice_head;
+
+static void world_record(dt_mpi_world *w, int rank, dt_status st, const char *msg) {
+    if (w->aborted) return;
+    w->aborted = 1;
+    w->abort_status = st;
+    w->abort_rank = rank;
+    copy_str(w->abort_msg, sizeof w->abort_msg, msg);
+}
+
+/* Reads every notice that has arrived; 1 if the world has failed. Never
+ * blocks: a notice is small and already here when MPI_Improbe finds it. */
+static int world_poll(dt_mpi_world *w) {
+    while (w->ctrl != MPI_COMM_NULL) {
+        int flag = 0;
+        MPI_Message m;
+        MPI_Status s;
+        if (MPI_Improbe(MPI_ANY_SOURCE, TAG_NOTICE, w->ctrl, &flag, &m, &s) != MPI_SUCCESS || !flag)
+            break;
+        int n = 0;
+        MPI_Get_count(&s, MPI_BYTE, &n);
+        char buf[sizeof(notice_head) + NOTICE_MSG + 1];
+        memset(buf, 0, sizeof buf);
+        if (n < 0 || (size_t)n > sizeof buf - 1) n = (int)sizeof buf - 1;
+        MPI_Request r = MPI_REQUEST_NULL;
+        if (MPI_Imrecv(buf, n, MPI_BYTE, &m, &r) != MPI_SUCCESS) break;
+        int done = 0;
+        for (int spin = 0; !done && spin < 100000; spin++) {
+            if (MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+            if (!done) sched_yield();
+        }
+        if (!done) {
+            /* Cannot happen for a small message; never leave a request on the stack. */
+            char *keep = malloc(1);
+            bury(keep);
+            w->leak = 1;
+            world_record(w, s.MPI_SOURCE, DT_ERR_PEER_FAILED, "a failure notice could not be read");
+            break;
+        }
+        notice_head h;
+        memcpy(&h, buf, sizeof h);
+        buf[sizeof buf - 1] = '\0';
+        dt_status st = h.status > 0 && h.status < DT_STATUS_COUNT ? (dt_status)h.status
+                                                                   : DT_ERR_PEER_FAILED;
+        world_record(w, h.rank, st, buf + sizeof h);
+    }
+    return w->aborted;
+}
+
+void dt_mpi_world_abort(dt_mpi_world *w, dt_status status, const char *reason) {
+    if (!w) return;
+    world_poll(w);
+    if (!w->aborted) {
+        world_record(w, w->rank, status, reason ? reason : "aborted");
+        dt_log_write(w->cfg.log_level, w->rank, DT_LOG_WARN, "aborting the world: %s",
+                     w->abort_msg);
+    }
+    if (w->notified || w->abort_rank != w->rank || w->size == 1 || w->ctrl == MPI_COMM_NULL)
+        return;
+    /* Tell the peers once. Small messages: MPI sends them eagerly. */
+    w->notified = 1;
+    size_t len = strnlen(w->abort_msg, NOTICE_MSG - 1);
+    w->notice = calloc(1, sizeof(notice_head) + len + 1);
+    w->notice_reqs = malloc((size_t)w->size * sizeof *w->notice_reqs);
+    if (!w->notice || !w->notice_reqs) return;
+    notice_head h = {(int32_t)w->abort_status, (int32_t)w->rank};
+    memcpy(w->notice, &h, sizeof h);
+    memcpy(w->notice + sizeof h, w->abort_msg, len);
+    for (int q = 0; q < w->size; q++) {
+        if (q == w->rank) continue;
+        MPI_Request r = MPI_REQUEST_NULL;
+        if (MPI_Isend(w->notice, (int)(sizeof h + len + 1), MPI_BYTE, q, TAG_NOTICE, w->ctrl, &r) ==
+            MPI_SUCCESS)
+            w->notice_reqs[w->n_notice++] = r;
+    }
+}
+
+int dt_mpi_world_aborted(dt_mpi_world *w) { return w ? world_poll(w) : 0; }
+int dt_mpi_world_rank(const dt_mpi_world *w) { return w ? w->rank : -1; }
+int dt_mpi_world_size(const dt_mpi_world *w) { return w ? w->size : 0; }
+
+/* ----------------------------------------------------------------- waits */
+
+enum { W_OK = 0, W_ABORTED, W_TIMEOUT, W_ERROR };
+
+static long elapsed_ms(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)(t.tv_sec - t0->tv_sec) * 1000L + (t.tv_nsec - t0->tv_nsec) / 1000000L;
+}
+
+/* Polling keeps MPI progressing; after a few rounds, sleep a little so
+ * processes sharing cores (mpirun --oversubscribe) let each other run. */
+static void backoff(unsigned spin) {
+    if (spin < 64) {
+        sched_yield();
+    } else {
+        struct timespec ts = {0, spin < 1000 ? 20000L : 200000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Waits for n requests. watch: stop when the world fails (a notice). */
+static int wait_reqs(dt_mpi_world *w, int n, MPI_Request *reqs, long timeout_ms, int watch,
+                     int *mpi_rc) {
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned spin = 0;; spin++) {
+        int flag = 0;
+        int rc = MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            *mpi_rc = rc;
+            return W_ERROR;
+        }
+        if (flag) return W_OK;
+        if (watch && world_poll(w)) return W_ABORTED;
+        if (elapsed_ms(&t0) > timeout_ms) return W_TIMEOUT;
+        backoff(spin);
+    }
+}
+
+/* ------------------------------------------------------- world lifecycle */
+
+dt_status dt_mpi_world_create(const dt_comm_config *cfg, dt_mpi_world **out) {
+    if (!cfg || !out) return dt_error(DT_ERR_INVALID_ARGUMENT, "mpi world: cfg or out is NULL");
+    *out = NULL;
+    if (cfg->timeout_ms <= 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "mpi world: timeout %ld ms <= 0", cfg->timeout_ms);
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) return dt_error(DT_ERR_INTERNAL, "mpi world: MPI is not initialised");
+    pthread_mutex_lock(&g_mpi.mu);
+    int bad = g_mpi.unusable[0] != '\0';
+    char why[sizeof g_mpi.unusable];
+    snprintf(why, sizeof why, "%s", g_mpi.unusable);
+    pthread_mutex_unlock(&g_mpi.mu);
+    if (bad)
+        return dt_error(DT_ERR_PEER_FAILED, "dt_launch: MPI cannot start another world in this "
+                        "process: %s", why);
+    dt_mpi_world *w = calloc(1, sizeof *w);
+    if (!w) return dt_error(DT_ERR_OUT_OF_MEMORY, "mpi world: out of memory");
+    w->cfg = *cfg;
+    w->data = w->ctrl = MPI_COMM_NULL;
+    MPI_Comm_rank(MPI_COMM_WORLD, &w->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &w->size);
+    MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int rc = MPI_Comm_idup(MPI_COMM_WORLD, &w->data, &r[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_idup(MPI_COMM_WORLD, &w->ctrl, &r[1]);
+    int wr = rc == MPI_SUCCESS ? wait_reqs(w, 2, r, cfg->timeout_ms, 0, &rc) : W_ERROR;
+    if (wr != W_OK) {
+        char msg[512];
+        if (wr == W_TIMEOUT)
+            snprintf(msg, sizeof msg, "rank %d of %d: creating the world timed out after %ld ms "
+                     "(DT_TIMEOUT_MS): not every process called dt_launch (every process that "
+                     "mpirun started must call it, the same number of times)", w->rank, w->size,
+                     cfg->timeout_ms);
+        else {
+            char e[MPI_MAX_ERROR_STRING];
+            mpi_string(rc, e, sizeof e);
+            snprintf(msg, sizeof msg, "rank %d of %d: MPI_Comm_idup failed: %s", w->rank, w->size, e);
+        }
+        /* The pending idups are on MPI_COMM_WORLD: no later world can match them. */
+        pthread_mutex_lock(&g_mpi.mu);
+        snprintf(g_mpi.unusable, sizeof g_mpi.unusable, "%s", msg);
+        pthread_mutex_unlock(&g_mpi.mu);
+        bury(w); /* the idups write into w->data and w->ctrl */
+        return dt_error(wr == W_TIMEOUT ? DT_ERR_TIMEOUT : DT_ERR_BACKEND, "%s", msg);
+    }
+    MPI_Comm_set_errhandler(w->data, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(w->ctrl, MPI_ERRORS_RETURN);
+    *out = w;
+    return DT_SUCCESS;
+}
+
+void dt_mpi_world_destroy(dt_mpi_world *w) {
+    if (!w) return;
+    if (w->n_notice) {
+        int done = 0;
+        MPI_Testall(w->n_notice, w->notice_reqs, &done, MPI_STATUSES_IGNORE);
+        if (!done) {
+            /* A peer that stopped listening: let MPI finish or drop them. */
+            for (int i = 0; i < w->n_notice; i++)
+                if (w->notice_reqs[i] != MPI_REQUEST_NULL) MPI_Request_free(&w->notice_reqs[i]);
+            bury(w->notice);
+            w->notice = NULL;
+        }
+    }
+    free(w->notice);
+    free(w->notice_reqs);
+    if (!w->leak && !w->aborted) {
+        if (w->data != MPI_COMM_NULL) MPI_Comm_free(&w->data);
+        if (w->ctrl != MPI_COMM_NULL) MPI_Comm_free(&w->ctrl);
+    }
+    /* A failed world's communicators stay allocated inside MPI: requests
+     * abandoned on them may still be pending. */
+    free(w);
+}
+
+static dt_status world_wait_fail(dt_mpi_world *w, int wr, int rc, const char *what) {
+    if (wr == W_ABORTED) {
+        if (w->abort_rank == w->rank) return dt_error(w->abort_status, "%s", w->abort_msg);
+        return dt_error(w->abort_status == DT_ERR_MISMATCH ? DT_ERR_MISMATCH : DT_ERR_PEER_FAILED,
+                        "rank %d: %s stopped: rank %d failed: %s", w->rank, what, w->abort_rank,
+                        w->abort_msg);
+    }
+    char msg[700];
+    if (wr == W_TIMEOUT) {
+        snprintf(msg, sizeof msg, "rank %d: %s timed out after %ld ms (DT_TIMEOUT_MS) waiting for "
+                 "the other ranks", w->rank, what, w->cfg.timeout_ms);
+    } else {
+        char e[MPI_MAX_ERROR_STRING];
+        mpi_string(rc, e, sizeof e);
+        snprintf(msg, sizeof msg, "rank %d: %s: MPI failed: %s", w->rank, what, e);
+    }
+    dt_status st = wr == W_TIMEOUT ? DT_ERR_TIMEOUT : DT_ERR_BACKEND;
+    dt_mpi_world_abort(w, st, msg);
+    return dt_error(st, "%s", msg);
+}
+
+dt_status dt_mpi_world_bcast(dt_mpi_world *w, void *buf, size_t bytes, int root) {
+    if (!w || (!buf && bytes) || bytes > INT_MAX || root < 0 || root >= w->size)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "mpi world: bad broadcast of %zu bytes from %d",
+                        bytes, root);
+    if (world_poll(w)) return world_wait_fail(w, W_ABORTED, 0, "bootstrap broadcast");
+    char *tmp = malloc(bytes ? bytes : 1);
+    if (!tmp) return dt_error(DT_ERR_OUT_OF_MEMORY, "mpi world: out of memory");
+    if (w->rank == root && bytes) memcpy(tmp, buf, bytes);
+    MPI_Request r = MPI_REQUEST_NULL;
+    int rc = MPI_Ibcast(tmp, (int)bytes, MPI_BYTE, root, w->ctrl, &r);
+    int wr = rc == MPI_SUCCESS ? wait_reqs(w, 1, &r, w->cfg.timeout_ms, 1, &rc) : W_ERROR;
+    if (wr != W_OK) {
+        w->leak = 1;
+        bury(tmp);
+        return world_wait_fail(w, wr, rc, "bootstrap broadcast");
+    }
+    if (bytes) memcpy(buf, tmp, bytes);
+    free(tmp);
+    return DT_SUCCESS;
+}
+
+typedef struct finish_rec {
+    int32_t status;
+    int32_t origin;     /* the rank the failure started on, as this rank knows it */
+    char msg[FINISH_MSG];
+} finish_rec;
+
+dt_status dt_mpi_world_finish(dt_mpi_world *w, dt_status mine, const char *my_msg, char *msg,
+                              size_t msg_size) {
+    if (!w) return dt_error(DT_ERR_INVALID_ARGUMENT, "mpi world: NULL");
+    world_poll(w);
+    finish_rec me;
+    memset(&me, 0, sizeof me);
+    /* An abort made here (dt_comm_abort) counts even if the function then
+     * returned success, as in the local transport. */
+    if (mine == DT_SUCCESS && w->aborted && w->abort_rank == w->rank) {
+        mine = w->abort_status;
+        my_msg = w->abort_msg;
+    }
+    me.status = (int32_t)mine;
+    me.origin = mine == DT_SUCCESS ? -1 : w->aborted ? w->abort_rank : w->rank;
+    copy_str(me.msg, sizeof me.msg, mine != DT_SUCCESS && my_msg ? my_msg : "");
+    finish_rec *all = calloc((size_t)w->size, sizeof *all);
+    if (!all) return dt_error(DT_ERR_OUT_OF_MEMORY, "mpi world: out of memory for the exit exchange");
+    MPI_Request r = MPI_REQUEST_NULL;
+    int rc = MPI_Iallgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, w->ctrl,
+                            &r);
+    /* Not stopped by notices: every rank comes here, failed or not. Twice
+     * the timeout: a peer still inside a library wait gives up within one
+     * timeout and then comes here to report. */
+    long bound = w->cfg.timeout_ms > LONG_MAX / 2 ? LONG_MAX : 2 * w->cfg.timeout_ms;
+    int wr = rc == MPI_SUCCESS ? wait_reqs(w, 1, &r, bound, 0, &rc) : W_ERROR;
+    if (wr != W_OK) {
+        w->leak = 1;
+        bury(all);
+        dt_status st;
+        if (wr == W_TIMEOUT) {
+            char m[300];
+            snprintf(m, sizeof m, "rank %d: dt_launch: its function returned %s, and not every "
+                     "rank finished within %ld ms (twice DT_TIMEOUT_MS) after it: a rank hangs, "
+                     "died, or computes for longer", w->rank, dt_status_name(mine), bound);
+            st = DT_ERR_TIMEOUT;
+            dt_mpi_world_abort(w, st, m);
+            dt_error(st, "%s", m);
+        } else {
+            st = world_wait_fail(w, wr, rc, "dt_launch (the exit exchange)");
+        }
+        if (msg && msg_size) snprintf(msg, msg_size, "%s", dt_last_error());
+        return st;
+    }
+    int pick = -1;
+    /* The lowest rank whose failure was its own; else the lowest failure. */
+    for (int q = 0; q < w->size && pick < 0; q++)
+        if (all[q].status != DT_SUCCESS && all[q].origin == q) pick = q;
+    for (int q = 0; q < w->size && pick < 0; q++)
+        if (all[q].status != DT_SUCCESS && all[q].status != DT_ERR_PEER_FAILED) pick = q;
+    for (int q = 0; q < w->size && pick < 0; q++)
+        if (all[q].status != DT_SUCCESS) pick = q;
+    dt_status st = DT_SUCCESS;
+    if (pick >= 0) {
+        /* Failure notices may still be on their way to this rank: keep the
+         * communicators allocated rather than free them under a message. */
+        w->leak = 1;
+        st = all[pick].status > 0 && all[pick].status < DT_STATUS_COUNT ? (dt_status)all[pick].status
+                                                                        : DT_ERR_INTERNAL;
+        all[pick].msg[FINISH_MSG - 1] = '\0';
+        if (msg && msg_size) snprintf(msg, msg_size, "%s", all[pick].msg);
+    } else if (msg && msg_size) {
+        msg[0] = '\0';
+    }
+    free(all);
+    return st;
+}
+
+static int channel_poll(void *arg, dt_status *status, int *rank, char *msg, size_t size) {
+    dt_mpi_world *w = arg;
+    if (!world_poll(w) || w->abort_rank == w->rank) return 0;
+    *status = w->abort_status;
+    *rank = w->abort_rank;
+    snprintf(msg, size, "%s", w->abort_msg);
+    return 1;
+}
+
+static void channel_notify(void *arg, dt_status status, const char *msg) {
+    dt_mpi_world_abort(arg, status, msg);
+}
+
+dt_peer_channel dt_mpi_world_channel(dt_mpi_world *w) {
+    dt_peer_channel ch = {w, channel_poll, channel_notify};
+    return ch;
+}
+
+/* ------------------------------------------------------- communicators */
+
+typedef struct mpi_impl {
+    dt_mpi_world *world;
+    MPI_Comm mc;
+    int owns_mc;            /* a split's; the world communicator's belongs to the world */
+    int *world_ranks;       /* comm rank -> world rank */
+    unsigned long seq;      /* collectives entered */
+    char *scratch;          /* header tables, received data, fp32 accumulators */
+    size_t scratch_bytes;
+    int *v;                 /* 4 * size ints: counts and displacements */
+    int failed;             /* an abandoned request may still use scratch */
+    /* the outstanding p2p group */
+    const dt_p2p_op *ops;
+    int n, cap;
+    MPI_Request *reqs;
+    unsigned char *matched;
+    uint64_t *op_seq;
+    uint64_t *sent, *received; /* [size] messages posted to / from each peer */
+    unsigned char *blocked;    /* [size] scratch for p2p_wait */
+} mpi_impl;
+
+static const dt_transport_ops mpi_ops;
+
+static dt_status comm_make(dt_mpi_world *w, MPI_Comm mc, int owns, const dt_mem *mem,
+                           dt_comm **out) {
+    dt_comm *c = calloc(1, sizeof *c);
+    mpi_impl *im = calloc(1, sizeof *im);
+    int rank = 0, size = 1;
+    MPI_Comm_rank(mc, &rank);
+    MPI_Comm_size(mc, &size);
+    if (im) {
+        im->world_ranks = malloc((size_t)size * sizeof(int));
+        im->v = malloc(4 * (size_t)size * sizeof(int));
+        im->sent = calloc((size_t)size, sizeof(uint64_t));
+        im->received = calloc((size_t)size, sizeof(uint64_t));
+        im->blocked = calloc((size_t)size, 1);
+    }
+    if (!c || !im || !im->world_ranks || !im->v || !im->sent || !im->received || !im->blocked) {
+        if (im) {
+            free(im->world_ranks);
+            free(im->v);
+            free(im->sent);
+            free(im->received);
+            free(im->blocked);
+        }
+        free(im);
+        free(c);
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: out of memory for a communicator", w->rank);
+    }
+    /* World ranks of the members, for messages and for dt_comm_world_rank. */
+    MPI_Group gc, gw;
+    MPI_Comm_group(mc, &gc);
+    MPI_Comm_group(w->data, &gw);
+    int *mine = malloc((size_t)size * sizeof(int));
+    if (mine) {
+        for (int i = 0; i < size; i++) mine[i] = i;
+        MPI_Group_translate_ranks(gc, size, mine, gw, im->world_ranks);
+        free(mine);
+    } else {
+        for (int i = 0; i < size; i++) im->world_ranks[i] = i;
+    }
+    MPI_Group_free(&gc);
+    MPI_Group_free(&gw);
+    im->world = w;
+    im->mc = mc;
+    im->owns_mc = owns;
+    c->ops = &mpi_ops;
+    c->impl = im;
+    c->rank = rank;
+    c->size = size;
+    c->world_rank = w->rank;
+    c->timeout_ms = w->cfg.timeout_ms;
+    c->log_level = w->cfg.log_level;
+    c->check = w->cfg.check;
+    c->mem = mem ? *mem : dt_mem_host;
+    w->comms++;
+    *out = c;
+    return DT_SUCCESS;
+}
+
+dt_status dt_mpi_world_comm(dt_mpi_world *w, const dt_mem *mem, dt_comm **out) {
+    if (!w || !out) return dt_error(DT_ERR_INVALID_ARGUMENT, "mpi world: bad comm request");
+    if (mem && mem->ops != dt_mem_host.ops)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: the mpi transport moves host memory, not "
+                        "%s memory", w->rank, mem->ops->name);
+    return comm_make(w, w->data, 0, mem, out);
+}
+
+/* Another rank failed (or this one did, earlier): say who and why. */
+static dt_status peer_failed(dt_comm *c, const char *what) {
+    return world_wait_fail(((mpi_impl *)c->impl)->world, W_ABORTED, 0, what);
+}
+
+/* A wait that did not end well: the matching error, the world failed. */
+static dt_status wait_fail(dt_comm *c, int wr, int rc, const char *what, const char *waiting_for) {
+    mpi_impl *im = c->impl;
+    dt_mpi_world *w = im->world;
+    if (wr == W_ABORTED) return peer_failed(c, what);
+    char msg[1024];
+    dt_status st;
+    if (wr == W_TIMEOUT) {
+        st = DT_ERR_TIMEOUT;
+        snprintf(msg, sizeof msg, "rank %d: %s timed out after %ld ms (DT_TIMEOUT_MS) waiting for "
+                 "%s", c->world_rank, what, c->timeout_ms, waiting_for);
+    } else {
+        char e[MPI_MAX_ERROR_STRING];
+        mpi_string(rc, e, sizeof e);
+        st = DT_ERR_BACKEND;
+        snprintf(msg, sizeof msg, "rank %d: %s: MPI failed: %s", c->world_rank, what, e);
+    }
+    dt_mpi_world_abort(w, st, msg);
+    return dt_error(st, "%s", msg);
+}
+
+static dt_status call_fail(dt_comm *c, const char *what, const char *call, int rc) {
+    char e[MPI_MAX_ERROR_STRING], msg[1024];
+    mpi_string(rc, e, sizeof e);
+    snprintf(msg, sizeof msg, "rank %d: %s: %s failed: %s", c->world_rank, what, call, e);
+    dt_mpi_world_abort(((mpi_impl *)c->impl)->world, DT_ERR_BACKEND, msg);
+    return dt_error(DT_ERR_BACKEND, "%s", msg);
+}
+
+static dt_status check_alive(dt_comm *c, const char *what) {
+    mpi_impl *im = c->impl;
+    if (world_poll(im->world)) return peer_failed(c, what);
+    return DT_SUCCESS;
+}
+
+static dt_status scratch_reserve(dt_comm *c, size_t bytes, const char *what) {
+    mpi_impl *im = c->impl;
+    if (bytes <= im->scratch_bytes) return DT_SUCCESS;
+    /* Only a healthy communicator gets here: no request uses the old one. */
+    free(im->scratch);
+    im->scratch = malloc(bytes);
+    im->scratch_bytes = im->scratch ? bytes : 0;
+    if (!im->scratch)
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: %s: out of memory for %zu bytes of "
+                        "scratch", c->world_rank, what, bytes);
+    return DT_SUCCESS;
+}
+
+/* Waits for one collective request; on failure the scratch is abandoned. */
+static dt_status coll_wait(dt_comm *c, MPI_Request *r, const char *what) {
+    mpi_impl *im = c->impl;
+    int rc = MPI_SUCCESS;
+    int wr = wait_reqs(im->world, 1, r, c->timeout_ms, 1, &rc);
+    if (wr == W_OK) return DT_SUCCESS;
+    im->failed = 1;
+    im->world->leak = 1;
+    char who[160];
+    snprintf(who, sizeof who, "the other %d rank(s) of this communicator (one has not called it, "
+             "or is in another call)", c->size - 1);
+    return wait_fail(c, wr, rc, what, who);
+}
+
+static MPI_Datatype unit_type(dt_dtype t) {
+    switch (dt_dtype_size(t)) {
+    case 4: return MPI_UINT32_T;
+    case 2: return MPI_UINT16_T;
+    case 8: return MPI_UINT64_T;
+    default: return MPI_BYTE;
+    }
+}
+
+static int is_rooted(dt_coll_kind k) {
+    return k == DT_COLL_BROADCAST || k == DT_COLL_SCATTER || k == DT_COLL_GATHER;
+}
+static int is_reduction(dt_coll_kind k) {
+    return k == DT_COLL_ALL_REDUCE || k == DT_COLL_REDUCE_SCATTER;
+}
+static int has_data(dt_coll_kind k) { return k != DT_COLL_BARRIER && k != DT_COLL_SPLIT; }
+
+static void format_hdr(const int64_t *h, char *buf, size_t size) {
+    dt_coll_kind k = (dt_coll_kind)h[0];
+    int n = snprintf(buf, size, "%s", dt_coll_kind_name(k));
+    if (n >= 0 && (size_t)n < size && has_data(k))
+        n += snprintf(buf + n, size - (size_t)n, " of %lld %s", (long long)h[1],
+                      dt_dtype_name((dt_dtype)h[2]));
+    if (n >= 0 && (size_t)n < size && is_reduction(k))
+        n += snprintf(buf + n, size - (size_t)n, " (%s)", dt_reduce_op_name((dt_reduce_op)h[3]));
+    if (n >= 0 && (size_t)n < size && is_rooted(k))
+        snprintf(buf + n, size - (size_t)n, " from root %lld", (long long)h[4]);
+}
+
+static int hdr_agree(const int64_t *a, const int64_t *b) {
+    dt_coll_kind k = (dt_coll_kind)a[0];
+    if (a[0] != b[0]) return 0;
+    if (has_data(k) && (a[1] != b[1] || a[2] != b[2])) return 0;
+    if (is_reduction(k) && a[3] != b[3]) return 0;
+    if (is_rooted(k) && a[4] != b[4]) return 0;
+    return 1;
+}
+
+/* The header exchange: every member shows the others its call. On return
+ * the scratch holds the size x HDR_N table. */
+static dt_status exchange_header(dt_comm *c, const dt_coll_args *a, const char *what) {
+    mpi_impl *im = c->impl;
+    int64_t h[HDR_N] = {a->kind, (int64_t)a->count, a->dtype, a->op, a->root, a->color, a->key, 0};
+    if (!has_data(a->kind)) h[1] = h[2] = 0;
+    DT_TRY(scratch_reserve(c, (size_t)c->size * sizeof h, what));
+    int64_t *all = (int64_t *)im->scratch;
+    MPI_Request r = MPI_REQUEST_NULL;
+    int rc = MPI_Iallgather(h, HDR_N, MPI_INT64_T, all, HDR_N, MPI_INT64_T, im->mc, &r);
+    if (rc != MPI_SUCCESS) return call_fail(c, what, "MPI_Iallgather", rc);
+    DT_TRY(coll_wait(c, &r, what));
+    for (int m = 1; m < c->size; m++) {
+        if (hdr_agree(all, all + (size_t)m * HDR_N)) continue;
+        char a0[160], am[160], msg[1024];
+        format_hdr(all, a0, sizeof a0);
+        format_hdr(all + (size_t)m * HDR_N, am, sizeof am);
+        snprintf(msg, sizeof msg, "collective #%lu on a communicator of %d ranks: rank %d calls %s "
+                 "but rank %d calls %s", im->seq, c->size, im->world_ranks[m], am,
+                 im->world_ranks[0], a0);
+        /* Every member sees the same table and fails the same way. */
+        dt_mpi_world_abort(im->world, DT_ERR_MISMATCH, msg);
+        return dt_error(DT_ERR_MISMATCH, "rank %d: %s", c->world_rank, msg);
+    }
+    return DT_SUCCESS;
+}
+
+/* acc (fp32, n) := op over the size blocks of `blocks` (n elements each, in
+ * rank order), rounded once to dtype at the start of acc. */
+static dt_status reduce_blocks(dt_comm *c, float *acc, const char *blocks, size_t n,
+                               const dt_coll_args *a) {
+    size_t es = dt_dtype_size(a->dtype);
+    for (int q = 0; q < c->size; q++)
+        DT_TRY(c->mem.ops->reduce(c->mem.arg, acc, blocks + (size_t)q * n * es, n, a->dtype, a->op,
+                                  q == 0));
+    return c->mem.ops->finish(c->mem.arg, acc, n, a->dtype);
+}
+
+static size_t align16(size_t x) { return (x + 15) / 16 * 16; }
+
+static dt_status all_reduce(dt_comm *c, const dt_coll_args *a, const char *what) {
+    mpi_impl *im = c->impl;
+    size_t P = (size_t)c->size, me = (size_t)c->rank, n = a->count, es = dt_dtype_size(a->dtype);
+    size_t off_me = n * me / P, len_me = n * (me + 1) / P - off_me;
+    size_t b_bytes = align16(P * len_me * es), acc_bytes = align16(len_me * sizeof(float));
+    DT_TRY(scratch_reserve(c, b_bytes + acc_bytes + n * es, what));
+    char *blocks = im->scratch, *out = im->scratch + b_bytes + acc_bytes;
+    float *acc = (float *)(im->scratch + b_bytes);
+    int *sc = im->v, *sd = im->v + P, *rcn = im->v + 2 * P, *rd = im->v + 3 * P;
+    for (size_t q = 0; q < P; q++) {
+        size_t off = n * q / P;
+        sc[q] = (int)(n * (q + 1) / P - off);
+        sd[q] = (int)off;
+        rcn[q] = (int)len_me;
+        rd[q] = (int)(q * len_me);
+    }
+    MPI_Datatype t = unit_type(a->dtype);
+    MPI_Request r = MPI_REQUEST_NULL;
+    int rc = MPI_Ialltoallv(a->send, sc, sd, t, blocks, rcn, rd, t, im->mc, &r);
+    if (rc != MPI_SUCCESS) return call_fail(c, what, "MPI_Ialltoallv", rc);
+    DT_TRY(coll_wait(c, &r, what));
+    DT_TRY(reduce_blocks(c, acc, blocks, len_me, a));
+    /* The reduced segments, each computed once, go to everyone: sc/sd are
+     * every segment's length and offset. */
+    rc = MPI_Iallgatherv(acc, (int)len_me, t, out, sc, sd, t, im->mc, &r);
+    if (rc != MPI_SUCCESS) return call_fail(c, what, "MPI_Iallgatherv", rc);
+    DT_TRY(coll_wait(c, &r, what));
+    (void)off_me;
+    memcpy(a->recv, out, n * es);
+    return DT_SUCCESS;
+}
+
+static dt_status reduce_scatter(dt_comm *c, const dt_coll_args *a, const char *what) {
+    mpi_impl *im = c->impl;
+    size_t P = (size_t)c->size, n = a->count, es = dt_dtype_size(a->dtype);
+    size_t b_bytes = align16(P * n * es);
+    DT_TRY(scratch_reserve(c, b_bytes + n * sizeof(float), what));
+    char *blocks = im->scratch;
+    float *acc = (float *)(im->scratch + b_bytes);
+    MPI_Datatype t = unit_type(a->dtype);
+    MPI_Request r = MPI_REQUEST_NULL;
+    int rc = MPI_Ialltoall(a->send, (int)n, t, blocks, (int)n, t, im->mc, &r);
+    if (rc != MPI_SUCCESS) return call_fail(c, what, "MPI_Ialltoall", rc);
+    DT_TRY(coll_wait(c, &r, what));
+    DT_TRY(reduce_blocks(c, acc, blocks, n, a));
+    memcpy(a->recv, acc, n * es);
+    return DT_SUCCESS;
+}
+
+static dt_status move_data(dt_comm *c, const dt_coll_args *a, const char *what) {
+    mpi_impl *im = c->impl;
+    size_t P = (size_t)c->size, n = a->count, es = dt_dtype_size(a->dtype), bytes = n * es;
+    int root = c->rank == a->root;
+    MPI_Datatype t = unit_type(a->dtype);
+    MPI_Request r = MPI_REQUEST_NULL;
+    int rc;
+    const char *call;
+    switch (a->kind) {
+    case DT_COLL_ALL_REDUCE: return all_reduce(c, a, what);
+    case DT_COLL_REDUCE_SCATTER: return reduce_scatter(c, a, what);
+    case DT_COLL_ALL_GATHER:
+        DT_TRY(scratch_reserve(c, P * bytes, what));
+        call = "MPI_Iallgather";
+        rc = MPI_Iallgather(a->send, (int)n, t, im->scratch, (int)n, t, im->mc, &r);
+        break;
+    case DT_COLL_BROADCAST:
+        DT_TRY(scratch_reserve(c, bytes, what));
+        call = "MPI_Ibcast";
+        /* The root only reads its buffer; the others receive into scratch. */
+        rc = MPI_Ibcast(root ? a->recv : im->scratch, (int)n, t, a->root, im->mc, &r);
+        break;
+    case DT_COLL_SCATTER:
+        DT_TRY(scratch_reserve(c, bytes, what));
+        call = "MPI_Iscatter";
+        rc = MPI_Iscatter(root ? a->send : NULL, (int)n, t, im->scratch, (int)n, t, a->root, im->mc, &r);
+        break;
+    case DT_COLL_GATHER:
+        DT_TRY(scratch_reserve(c, root ? P * bytes : 1, what));
+        call = "MPI_Igather";
+        rc = MPI_Igather(a->send, (int)n, t, root ? im->scratch : NULL, (int)n, t, a->root, im->mc, &r);
+        break;
+    default:
+        return dt_error(DT_ERR_INTERNAL, "rank %d: mpi: unexpected collective %s", c->world_rank, what);
+    }
+    if (rc != MPI_SUCCESS) return call_fail(c, what, call, rc);
+    DT_TRY(coll_wait(c, &r, what));
+    switch (a->kind) {
+    case DT_COLL_ALL_GATHER: memcpy(a->recv, im->scratch, P * bytes); break;
+    case DT_COLL_BROADCAST: if (!root) memcpy(a->recv, im->scratch, bytes); break;
+    case DT_COLL_SCATTER: memmove(a->recv, im->scratch, bytes); break;
+    case DT_COLL_GATHER: if (root) memcpy(a->recv, im->scratch, P * bytes); break;
+    default: break;
+    }
+    return DT_SUCCESS;
+}
+
+static dt_status split(dt_comm *c, const dt_coll_args *a, dt_comm **out) {
+    mpi_impl *im = c->impl;
+    MPI_Comm nc = MPI_COMM_NULL;
+    /* Every member has passed the header exchange, so every member is
+     * entering this call now: it ends without waiting on an absent rank. */
+    int rc = MPI_Comm_split(im->mc, a->color >= 0 ? a->color : MPI_UNDEFINED, a->key, &nc);
+    if (rc != MPI_SUCCESS) return call_fail(c, "split", "MPI_Comm_split", rc);
+    if (nc == MPI_COMM_NULL) return DT_SUCCESS;
+    MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
+    dt_status st = comm_make(im->world, nc, 1, &c->mem, out);
+    if (st != DT_SUCCESS) {
+        MPI_Comm_free(&nc);
+        dt_mpi_world_abort(im->world, st, dt_last_error());
+    }
+    return st;
+}
+
+static dt_status mpi_collective(dt_comm *c, const dt_coll_args *a, dt_comm **split_out) {
+    mpi_impl *im = c->impl;
+    const char *name = dt_coll_kind_name(a->kind);
+    if (is_reduction(a->kind) && a->dtype != DT_F32 && a->dtype != DT_BF16)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: %s: the mpi transport reduces fp32 and "
+                        "bf16, not %s", c->world_rank, name, dt_dtype_name(a->dtype));
+    if (has_data(a->kind) && a->count > INT_MAX)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: %s: %zu elements; the mpi transport moves "
+                        "at most %d per rank and call", c->world_rank, name, a->count, INT_MAX);
+    DT_TRY(check_alive(c, name));
+    char what[96];
+    snprintf(what, sizeof what, "%s (collective #%lu)", name, ++im->seq);
+    DT_TRY(exchange_header(c, a, what));
+    if (a->kind == DT_COLL_BARRIER) return DT_SUCCESS; /* the exchange was one */
+    if (a->kind == DT_COLL_SPLIT) return split(c, a, split_out);
+    if (a->count == 0) return DT_SUCCESS;
+    return move_data(c, a, what);
+}
+
+/* -------------------------------------------------------- point-to-point */
+
+/* Cancels what can be, waits briefly for the rest, frees what remains:
+ * after a failure nothing of this group is waited for again. */
+static void p2p_drop(dt_comm *c) {
+    mpi_impl *im = c->impl;
+    int any = 0;
+    for (int k = 0; k < im->n; k++)
+        if (im->reqs[k] != MPI_REQUEST_NULL) {
+            MPI_Cancel(&im->reqs[k]);
+            any = 1;
+        }
+    if (any) {
+        int rc = 0;
+        long drain = c->timeout_ms < 1000 ? c->timeout_ms : 1000;
+        if (wait_reqs(im->world, im->n, im->reqs, drain, 0, &rc) != W_OK) {
+            for (int k = 0; k < im->n; k++)
+                if (im->reqs[k] != MPI_REQUEST_NULL) MPI_Request_free(&im->reqs[k]);
+            im->world->leak = 1;
+        }
+    }
+    im->ops = NULL;
+    im->n = 0;
+}
+
+static dt_status mpi_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n) {
+    mpi_impl *im = c->impl;
+    const char *what = "sendrecv";
+    for (int k = 0; k < n; k++)
+        if (ops[k].count > INT_MAX)
+            return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: sendrecv: operation %d has %zu "
+                            "elements; the mpi transport moves at most %d per message",
+                            c->world_rank, k, ops[k].count, INT_MAX);
+    DT_TRY(check_alive(c, what));
+    if (n > im->cap) {
+        /* Steady-state callers (the ring) reuse the capacity: no allocation. */
+        MPI_Request *r = realloc(im->reqs, (size_t)n * sizeof *r);
+        if (r) im->reqs = r;
+        unsigned char *m = realloc(im->matched, (size_t)n);
+        if (m) im->matched = m;
+        uint64_t *s = realloc(im->op_seq, (size_t)n * sizeof *s);
+        if (s) im->op_seq = s;
+        if (!r || !m || !s)
+            return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: sendrecv: out of memory for %d ops",
+                            c->world_rank, n);
+        im->cap = n;
+    }
+    im->ops = ops;
+    im->n = n;
+    for (int k = 0; k < n; k++) {
+        im->reqs[k] = MPI_REQUEST_NULL;
+        im->matched[k] = 0;
+    }
+    for (int k = 0; k < n; k++) {
+        const dt_p2p_op *o = &ops[k];
+        if (o->kind == DT_P2P_RECV) {
+            im->op_seq[k] = im->received[o->peer]++;
+            continue;
+        }
+        im->op_seq[k] = im->sent[o->peer]++;
+        int rc = MPI_Isend(o->buf, (int)o->count, unit_type(o->dtype), o->peer, TAG_P2P + o->dtype,
+                           im->mc, &im->reqs[k]);
+        if (rc != MPI_SUCCESS) {
+            dt_status st = call_fail(c, what, "MPI_Isend", rc);
+            p2p_drop(c);
+            return st;
+        }
+    }
+    return DT_SUCCESS;
+}
+
+/* "message #3 from rank 1 (not yet sent), its send to rank 2 (not yet received)" */
+static void describe_pending(dt_comm *c, char *buf, size_t size) {
+    mpi_impl *im = c->impl;
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < im->n && len + 1 < size; k++) {
+        const dt_p2p_op *o = &im->ops[k];
+        int done = 0;
+        if (o->kind == DT_P2P_RECV && im->matched[k] && im->reqs[k] == MPI_REQUEST_NULL) done = 1;
+        if (o->kind == DT_P2P_SEND && im->reqs[k] == MPI_REQUEST_NULL) done = 1;
+        if (done) continue;
+        int n = o->kind == DT_P2P_RECV
+                    ? snprintf(buf + len, size - len, "%smessage #%llu from rank %d (%s)",
+                               len ? ", " : "", (unsigned long long)im->op_seq[k],
+                               im->world_ranks[o->peer],
+                               im->matched[k] ? "arriving" : "not sent yet")
+                    : snprintf(buf + len, size - len, "%sits message #%llu to rank %d (not "
+                               "received yet)", len ? ", " : "",
+                               (unsigned long long)im->op_seq[k], im->world_ranks[o->peer]);
+        if (n < 0) break;
+        len += (size_t)n;
+        if (len >= size) len = size - 1;
+    }
+}
+
+static dt_status mpi_p2p_wait(dt_comm *c) {
+    mpi_impl *im = c->impl;
+    const char *what = "sendrecv";
+    dt_status st = check_alive(c, what);
+    if (st != DT_SUCCESS) {
+        p2p_drop(c);
+        return st;
+    }
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned spin = 0;; spin++) {
+        /* Match receives in order per peer: a peer whose earlier receive
+         * found nothing this pass is not probed again, or a later receive
+         * could take a message meant for the earlier one. */
+        int all_matched = 1;
+        memset(im->blocked, 0, (size_t)c->size);
+        for (int k = 0; k < im->n; k++) {
+            const dt_p2p_op *o = &im->ops[k];
+            if (o->kind != DT_P2P_RECV || im->matched[k]) continue;
+            if (im->blocked[o->peer]) {
+                all_matched = 0;
+                continue;
+            }
+            int flag = 0;
+            MPI_Message m;
+            MPI_Status s;
+            int rc = MPI_Improbe(o->peer, MPI_ANY_TAG, im->mc, &flag, &m, &s);
+            if (rc != MPI_SUCCESS) {
+                st = call_fail(c, what, "MPI_Improbe", rc);
+                goto fail;
+            }
+            if (!flag) {
+                im->blocked[o->peer] = 1;
+                all_matched = 0;
+                continue;
+            }
+            int bytes = 0;
+            MPI_Get_count(&s, MPI_BYTE, &bytes);
+            int sdt = s.MPI_TAG - TAG_P2P;
+            size_t ses = sdt >= 0 && sdt < DT_DTYPE_COUNT ? dt_dtype_size((dt_dtype)sdt) : 1;
+            if (sdt != (int)o->dtype || (size_t)bytes != o->count * dt_dtype_size(o->dtype)) {
+                char msg[512];
+                snprintf(msg, sizeof msg,
+                         "send/recv mismatch: rank %d receives %zu %s from rank %d, but rank %d "
+                         "sends %zu %s to rank %d (message #%llu between them)",
+                         c->world_rank, o->count, dt_dtype_name(o->dtype), im->world_ranks[o->peer],
+                         im->world_ranks[o->peer], (size_t)bytes / ses,
+                         sdt >= 0 && sdt < DT_DTYPE_COUNT ? dt_dtype_name((dt_dtype)sdt) : "bytes",
+                         c->world_rank, (unsigned long long)im->op_seq[k]);
+                /* The matched message is left unreceived: the world is over. */
+                dt_mpi_world_abort(im->world, DT_ERR_MISMATCH, msg);
+                st = dt_error(DT_ERR_MISMATCH, "rank %d: %s", c->world_rank, msg);
+                goto fail;
+            }
+            rc = MPI_Imrecv(o->buf, (int)o->count, unit_type(o->dtype), &m, &im->reqs[k]);
+            if (rc != MPI_SUCCESS) {
+                st = call_fail(c, what, "MPI_Imrecv", rc);
+                goto fail;
+            }
+            im->matched[k] = 1;
+        }
+        int flag = 0;
+        int rc = MPI_Testall(im->n, im->reqs, &flag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            st = wait_fail(c, W_ERROR, rc, what, "");
+            goto fail;
+        }
+        if (flag && all_matched) break;
+        if (world_poll(im->world)) {
+            st = peer_failed(c, what);
+            goto fail;
+        }
+        if (elapsed_ms(&t0) > c->timeout_ms) {
+            char who[768];
+            describe_pending(c, who, sizeof who);
+            st = wait_fail(c, W_TIMEOUT, 0, what, who);
+            goto fail;
+        }
+        backoff(spin);
+    }
+    im->ops = NULL;
+    im->n = 0;
+    return DT_SUCCESS;
+fail:
+    p2p_drop(c);
+    return st;
+}
+
+/* ----------------------------------------------------------- lifecycle */
+
+static void mpi_abort(dt_comm *c, dt_status status, const char *reason) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "rank %d aborted (%s): %s", c->world_rank, dt_status_name(status),
+             reason);
+    dt_mpi_world_abort(((mpi_impl *)c->impl)->world, status, msg);
+}
+
+static int mpi_aborted(const dt_comm *c) {
+    return world_poll(((const mpi_impl *)c->impl)->world);
+}
+
+static void mpi_destroy(dt_comm *c) {
+    mpi_impl *im = c->impl;
+    dt_mpi_world *w = im->world;
+    if (im->n) p2p_drop(c); /* a group started and never waited for */
+    if (im->failed) bury(im->scratch);
+    else free(im->scratch);
+    if (im->owns_mc && im->mc != MPI_COMM_NULL && !w->leak && !w->aborted) MPI_Comm_free(&im->mc);
+    w->comms--;
+    free(im->world_ranks);
+    free(im->v);
+    free(im->reqs);
+    free(im->matched);
+    free(im->op_seq);
+    free(im->sent);
+    free(im->received);
+    free(im->blocked);
+    free(im);
+    free(c);
+}
+
+static const dt_transport_ops mpi_ops = {
+    .name = "mpi",
+    .collective = mpi_collective,
+    .p2p_start = mpi_p2p_start,
+    .p2p_wait = mpi_p2p_wait,
+    .abort = mpi_abort,
+    .aborted = mpi_aborted,
+    .destroy = mpi_destroy,
+};

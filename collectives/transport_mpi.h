@@ -1,0 +1,73 @@
+/* collectives/transport_mpi.h — PRIVATE. The MPI transport: ranks are
+ * processes started by mpirun, buffers are host memory. Built only when the
+ * Makefile finds a working mpicc (it then defines DT_HAVE_MPI); this header
+ * has no MPI types, so dtensor/context.c includes it without mpi.h.
+ *
+ * A "world" is one dt_launch in this process: two duplicates of
+ * MPI_COMM_WORLD, one for the world communicator's traffic and one for
+ * control (failure notices, the exit exchange, bootstrap broadcasts). Every
+ * wait is an MPI_Test loop bounded by the timeout; nothing here calls a
+ * blocking MPI wait, MPI_Abort or exit.
+ *
+ * Process-wide state (MPI itself is process-wide): whether this library
+ * initialised MPI, whether MPI_COMM_WORLD is still usable, and memory that
+ * an abandoned MPI request may still touch (freed by dt_mpi_finalize).
+ */
+#ifndef DT_TRANSPORT_MPI_H
+#define DT_TRANSPORT_MPI_H
+
+#include "transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_mpi_world dt_mpi_world;
+
+/* Initialises MPI if nobody has (MPI_Init_thread, MPI_THREAD_SERIALIZED)
+ * and returns this process's rank and the size of MPI_COMM_WORLD. Fails if
+ * MPI was finalized, if a previous world left MPI_COMM_WORLD unusable, or if
+ * the thread level MPI gives does not allow calls from this thread. */
+dt_status dt_mpi_init(int *rank, int *size);
+
+/* MPI_Finalize if dt_mpi_init initialised MPI (else nothing), then frees
+ * what abandoned requests held. MPI_Finalize is collective over every
+ * process. */
+dt_status dt_mpi_finalize(void);
+
+/* COLLECTIVE over MPI_COMM_WORLD (every process, in the same order): a new
+ * world (MPI_Comm_idup twice, polled under cfg->timeout_ms). */
+dt_status dt_mpi_world_create(const dt_comm_config *cfg, dt_mpi_world **out);
+int dt_mpi_world_rank(const dt_mpi_world *world);
+int dt_mpi_world_size(const dt_mpi_world *world);
+/* The world communicator of this process's rank (caller owns it:
+ * dt_comm_destroy). `mem` must be host memory (NULL: dt_mem_host). */
+dt_status dt_mpi_world_comm(dt_mpi_world *world, const dt_mem *mem, dt_comm **out);
+/* Marks the world failed (first failure kept) and, once, tells every other
+ * rank (a non-blocking message on the control communicator), so their next
+ * poll returns DT_ERR_PEER_FAILED. */
+void dt_mpi_world_abort(dt_mpi_world *world, dt_status status, const char *reason);
+/* 1 if the world failed here or a peer's notice has arrived (polls). */
+int dt_mpi_world_aborted(dt_mpi_world *world);
+/* COLLECTIVE over the world: `bytes` of buf on `root` reach every rank
+ * (control communicator; bounded; polls failure notices). */
+dt_status dt_mpi_world_bcast(dt_mpi_world *world, void *buf, size_t bytes, int root);
+/* COLLECTIVE over the world, once, at the end of a launch: every rank
+ * shares the status its function returned (`mine`, with its message) and
+ * every rank gets the same verdict: DT_SUCCESS, or the status and message of
+ * the lowest rank whose failure was its own (not DT_ERR_PEER_FAILED). Bounded
+ * by the timeout (DT_ERR_TIMEOUT if a rank never gets there). */
+dt_status dt_mpi_world_finish(dt_mpi_world *world, dt_status mine, const char *my_msg,
+                              char *msg, size_t msg_size);
+/* A channel other transports (NCCL in process mode) use for failures that
+ * cross processes: poll for a peer's notice, notify the peers. */
+dt_peer_channel dt_mpi_world_channel(dt_mpi_world *world);
+/* Every communicator of the world must be destroyed. Accepts NULL. A
+ * failed world's MPI communicators are not freed (requests may be pending
+ * on them). */
+void dt_mpi_world_destroy(dt_mpi_world *world);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_TRANSPORT_MPI_H */
