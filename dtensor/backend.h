@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include "dtype.h"
 #include "ops.h"
+#include "ops_nn.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -65,6 +66,27 @@ typedef struct dt_backend_ops {
                      const void *y, void *out);
     dt_status (*gelu)(dt_backend *b, dt_dtype dtype, int64_t n, const void *x,
                       void *out, dt_gelu_approx approx);
+    /* RMSNorm of each row of x [rows, n]:
+     *     out[r, i] = x[r, i] * inv_r * w[i],  inv_r = 1 / sqrt(mean_i(x[r, i]^2) + eps)
+     * w [n] may be NULL (no scaling); x, w, out are backend memory, out [rows, n].
+     * Computed in fp32 (bf16/fp16: loaded, computed in fp32, rounded once);
+     * the sum of squares is accumulated in double on the CPU, in fp32 on
+     * CUDA (per-thread partial sums, then a tree); inv_r is formed in double. */
+    dt_status (*rmsnorm)(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n, const void *x,
+                         const void *w, float eps, void *out);
+    /* Rotary embedding of x [outer, rows, inner, d] (d even) into out, same
+     * shape: the pair (a, b) of local row s (dim 1), index i < d/2 (half:
+     * elements i and i + d/2; interleaved: 2i and 2i + 1) is rotated by the
+     * angle positions[s] * theta_i, theta_i = base^(-2i/d):
+     *     a' = a cos - b sin,   b' = a sin + b cos.
+     * positions: a HOST array of `rows` entries (>= 0), borrowed for the call
+     * (the CUDA backend stages it into device scratch). base > 0. Angles,
+     * cos and sin in double, rounded to fp32; the rotation in fp32, each
+     * product rounded (no fused multiply-add), so fp32 results agree across
+     * backends up to the last bit of cos/sin. */
+    dt_status (*rotary)(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows, int64_t inner,
+                        int64_t d, const int64_t *positions, double base, dt_rotary_style style,
+                        const void *x, void *out);
     /* Wait for all work of this rank on the device. */
     dt_status (*sync)(dt_backend *b);
 } dt_backend_ops;

@@ -325,6 +325,72 @@ __global__ void gelu_kernel(const T *x, T *out, int64_t n, int tanh_form) {
         out[i] = from_f<T>(gelu_f32(to_f(x[i]), tanh_form));
 }
 
+/* ---------------------------------------------------------- rmsnorm, rotary */
+
+/* RMSNorm, one block per row (grid-stride over rows): each thread sums the
+ * squares of its strided elements in fp32, the warps reduce by shuffles and
+ * meet in shared memory, warp 0 reduces the warp sums; 1/sqrt(mean + eps) is
+ * formed in double as on the CPU. blockDim.x is a multiple of 32, <= 1024. */
+template <typename T>
+__global__ void rmsnorm_kernel(const T *x, const T *w, T *out, int64_t rows, int64_t n, float eps) {
+    __shared__ float warp_sum[32];
+    __shared__ float row_inv;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T *xr = x + r * n;
+        T *orow = out + r * n;
+        float ss = 0.0f;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = to_f(xr[i]);
+            ss = fmaf(v, v, ss);
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) warp_sum[warp] = ss;
+        __syncthreads();
+        if (warp == 0) {
+            ss = lane < warps ? warp_sum[lane] : 0.0f;
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0) row_inv = (float)(1.0 / sqrt((double)ss / (double)n + (double)eps));
+        }
+        __syncthreads();
+        const float inv = row_inv;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            float v = __fmul_rn(to_f(xr[i]), inv);
+            if (w) v = __fmul_rn(v, to_f(w[i]));
+            orow[i] = from_f<T>(v);
+        }
+        __syncthreads(); /* warp_sum and row_inv are reused by the next row */
+    }
+}
+
+/* Rotary: one thread per (local row s, pair i), grid-stride over the
+ * rows * d/2 pairs in x; blockIdx.y strides over the outer * inner
+ * d-vectors that share the row, so cos/sin (double, from the staged
+ * positions and angles) are computed once per thread and reused. The
+ * products are rounded separately (__fmul_rn: no contraction into an FMA),
+ * as on the CPU. */
+template <typename T>
+__global__ void rotary_kernel(const T *x, T *out, const int64_t *pos, const double *theta,
+                              int64_t outer, int64_t rows, int64_t inner, int64_t d,
+                              int interleaved) {
+    const int64_t half = d / 2, pairs = rows * half, vecs = outer * inner;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += stride) {
+        const int64_t s = p / half, i = p - s * half;
+        double sd, cd;
+        sincos((double)pos[s] * theta[i], &sd, &cd);
+        const float c = (float)cd, sn = (float)sd;
+        const int64_t oa = interleaved ? 2 * i : i, ob = interleaved ? 2 * i + 1 : i + half;
+        for (int64_t v = blockIdx.y; v < vecs; v += gridDim.y) {
+            const int64_t o = v / inner, h = v - o * inner;
+            const int64_t row = ((o * rows + s) * inner + h) * d;
+            const float va = to_f(x[row + oa]), vb = to_f(x[row + ob]);
+            out[row + oa] = from_f<T>(__fsub_rn(__fmul_rn(va, c), __fmul_rn(vb, sn)));
+            out[row + ob] = from_f<T>(__fadd_rn(__fmul_rn(va, sn), __fmul_rn(vb, c)));
+        }
+    }
+}
+
 /* Transport reductions: acc := x (first) or acc op x, in fp32, like the
  * host hooks (sum in rank order; max lets NaN win). */
 template <typename T>
@@ -467,16 +533,27 @@ dt_status cuda_zero(dt_backend *b, void *p, size_t bytes) {
     return DT_SUCCESS;
 }
 
-/* Uploads the offset tables (either may be NULL) into the device scratch:
- * [dst_off n][src_off n]. */
-dt_status upload_tables(dt_backend *b, const dt_runs *r, const int64_t **doff,
-                        const int64_t **soff) {
+/* One host table to stage into device scratch (see stage_tables). */
+struct table_part {
+    const void *host;   /* NULL or bytes == 0: nothing, *dev = NULL */
+    size_t bytes;
+    const void **dev;   /* receives the device address */
+};
+
+/* Stages host tables (offsets, positions, angles) through the pinned buffer
+ * into the device scratch tab_dev that only grows, as one copy on the
+ * compute stream; part k lands at *parts[k].dev, each 16-byte aligned. The
+ * kernels that read them are enqueued after the copy, and the next staging
+ * (enqueued after those kernels) cannot overwrite them early; the pinned
+ * buffer may still feed the previous copy, which its event guards. */
+dt_status stage_tables(dt_backend *b, const char *op, const table_part *parts, int n) {
     cuda_impl *im = impl_of(b);
-    *doff = *soff = NULL;
-    size_t tab = (size_t)r->n * sizeof(int64_t);
-    size_t need = (r->dst_off ? tab : 0) + (r->src_off ? tab : 0);
+    size_t need = 0;
+    for (int k = 0; k < n; k++) {
+        *parts[k].dev = NULL;
+        if (parts[k].host && parts[k].bytes) need += (parts[k].bytes + 15) & ~(size_t)15;
+    }
     if (need == 0) return DT_SUCCESS;
-    /* The pinned buffer may still feed the previous upload. */
     if (im->tab_ev_pending) {
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -484,14 +561,14 @@ dt_status upload_tables(dt_backend *b, const dt_runs *r, const int64_t **doff,
             cudaError_t e = cudaEventQuery(im->tab_ev);
             if (e == cudaSuccess) break;
             if (e != cudaErrorNotReady) {
-                dt_status st = cuda_error(b, "copy_runs", "cudaEventQuery", e);
+                dt_status st = cuda_error(b, op, "cudaEventQuery", e);
                 mark_failed(im);
                 return st;
             }
             if (elapsed_ms(&t0) > im->timeout_ms) {
-                dt_status st = dt_error(DT_ERR_TIMEOUT, "rank %d: cuda copy_runs: the previous "
+                dt_status st = dt_error(DT_ERR_TIMEOUT, "rank %d: cuda %s: the previous "
                                         "table upload on device %d did not finish within %ld ms",
-                                        b->rank, im->device, im->timeout_ms);
+                                        b->rank, op, im->device, im->timeout_ms);
                 mark_failed(im);
                 return st;
             }
@@ -504,29 +581,39 @@ dt_status upload_tables(dt_backend *b, const dt_runs *r, const int64_t **doff,
         im->tab_ev_pending = 0;
     }
     if (need > im->tab_host_bytes) {
-        if (im->tab_host) CU_TRY(b, "copy_runs", cudaFreeHost(im->tab_host));
+        if (im->tab_host) CU_TRY(b, op, cudaFreeHost(im->tab_host));
         im->tab_host = NULL;
         im->tab_host_bytes = 0;
         size_t want = need < 4096 ? 4096 : need;
-        CU_TRY(b, "copy_runs", cudaHostAlloc(&im->tab_host, want, cudaHostAllocDefault));
+        CU_TRY(b, op, cudaHostAlloc(&im->tab_host, want, cudaHostAllocDefault));
         im->tab_host_bytes = want;
     }
-    DT_TRY(grow_device(b, &im->tab_dev, &im->tab_dev_bytes, need, "copy_runs"));
+    DT_TRY(grow_device(b, &im->tab_dev, &im->tab_dev_bytes, need, op));
     char *h = static_cast<char *>(im->tab_host);
+    char *dev = static_cast<char *>(im->tab_dev);
     size_t at = 0;
-    if (r->dst_off) {
-        memcpy(h, r->dst_off, tab);
-        *doff = reinterpret_cast<const int64_t *>(static_cast<char *>(im->tab_dev));
-        at += tab;
+    for (int k = 0; k < n; k++) {
+        if (!parts[k].host || !parts[k].bytes) continue;
+        memcpy(h + at, parts[k].host, parts[k].bytes);
+        *parts[k].dev = dev + at;
+        at += (parts[k].bytes + 15) & ~(size_t)15;
     }
-    if (r->src_off) {
-        memcpy(h + at, r->src_off, tab);
-        *soff = reinterpret_cast<const int64_t *>(static_cast<char *>(im->tab_dev) + at);
-    }
-    CU_TRY(b, "copy_runs", cudaMemcpyAsync(im->tab_dev, im->tab_host, need,
-                                           cudaMemcpyHostToDevice, im->compute));
-    CU_TRY(b, "copy_runs", cudaEventRecord(im->tab_ev, im->compute));
+    CU_TRY(b, op, cudaMemcpyAsync(im->tab_dev, im->tab_host, need, cudaMemcpyHostToDevice,
+                                  im->compute));
+    CU_TRY(b, op, cudaEventRecord(im->tab_ev, im->compute));
     im->tab_ev_pending = 1;
+    return DT_SUCCESS;
+}
+
+/* Uploads the offset tables (either may be NULL) into the device scratch. */
+dt_status upload_tables(dt_backend *b, const dt_runs *r, const int64_t **doff,
+                        const int64_t **soff) {
+    size_t tab = (size_t)r->n * sizeof(int64_t);
+    const void *d = NULL, *s = NULL;
+    table_part parts[2] = {{r->dst_off, tab, &d}, {r->src_off, tab, &s}};
+    DT_TRY(stage_tables(b, "copy_runs", parts, 2));
+    *doff = static_cast<const int64_t *>(d);
+    *soff = static_cast<const int64_t *>(s);
     return DT_SUCCESS;
 }
 
@@ -684,6 +771,105 @@ dt_status cuda_gelu(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, voi
     return DT_SUCCESS;
 }
 
+dt_status cuda_rmsnorm(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n, const void *x,
+                       const void *w, float eps, void *out) {
+    DT_TRY(check_float(b, "rmsnorm", dtype));
+    if (rows < 0 || n < 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "rank %d: cuda rmsnorm: negative size rows %" PRId64 " n %" PRId64,
+                        b->rank, rows, n);
+    if (!isfinite(eps) || eps < 0.0f)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "rank %d: cuda rmsnorm: eps %g must be finite and >= 0", b->rank,
+                        (double)eps);
+    if (rows == 0 || n == 0) return DT_SUCCESS;
+    if (x == NULL || out == NULL)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda rmsnorm: NULL buffer", b->rank);
+    DT_TRY(enter(b, "rmsnorm"));
+    cuda_impl *im = impl_of(b);
+    /* Enough warps that each thread sums a handful of elements, at most 512. */
+    int threads = n >= 512 ? 512 : (int)((n + 31) / 32) * 32;
+    int64_t cap = (int64_t)im->sms * 32;
+    unsigned grid = (unsigned)(rows < cap ? rows : (cap > 0 ? cap : 1));
+    if (dtype == DT_F32)
+        rmsnorm_kernel<float><<<grid, threads, 0, im->compute>>>(
+            static_cast<const float *>(x), static_cast<const float *>(w),
+            static_cast<float *>(out), rows, n, eps);
+    else if (dtype == DT_BF16)
+        rmsnorm_kernel<__nv_bfloat16><<<grid, threads, 0, im->compute>>>(
+            static_cast<const __nv_bfloat16 *>(x), static_cast<const __nv_bfloat16 *>(w),
+            static_cast<__nv_bfloat16 *>(out), rows, n, eps);
+    else
+        rmsnorm_kernel<__half><<<grid, threads, 0, im->compute>>>(
+            static_cast<const __half *>(x), static_cast<const __half *>(w),
+            static_cast<__half *>(out), rows, n, eps);
+    CU_LAUNCHED(b, "rmsnorm", "rmsnorm_kernel");
+    return DT_SUCCESS;
+}
+
+dt_status cuda_rotary(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows, int64_t inner,
+                      int64_t d, const int64_t *positions, double base, dt_rotary_style style,
+                      const void *x, void *out) {
+    DT_TRY(check_float(b, "rotary", dtype));
+    if (outer < 0 || rows < 0 || inner < 0 || d < 0 || d % 2 != 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "rank %d: cuda rotary: bad size outer %" PRId64 " rows %" PRId64
+                        " inner %" PRId64 " d %" PRId64 " (d must be even)", b->rank, outer, rows,
+                        inner, d);
+    if (!isfinite(base) || base <= 0.0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "rank %d: cuda rotary: base %g must be finite and > 0", b->rank, base);
+    if ((int)style < 0 || style >= DT_ROTARY_STYLE_COUNT)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda rotary: unknown style %d",
+                        b->rank, (int)style);
+    if (outer == 0 || rows == 0 || inner == 0 || d == 0) return DT_SUCCESS;
+    if (x == NULL || out == NULL || positions == NULL)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "rank %d: cuda rotary: NULL buffer or positions", b->rank);
+    DT_TRY(enter(b, "rotary"));
+    cuda_impl *im = impl_of(b);
+    const int64_t half = d / 2;
+    /* The angles theta_i = base^(-2i/d) are made here with the host's pow,
+     * bit for bit the CPU backend's; they travel with the positions. */
+    double *theta = static_cast<double *>(malloc((size_t)half * sizeof(double)));
+    if (!theta)
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: cuda rotary: out of host memory (d %"
+                        PRId64 ")", b->rank, d);
+    for (int64_t i = 0; i < half; i++) theta[i] = pow(base, -2.0 * (double)i / (double)d);
+    const void *dpos = NULL, *dtheta = NULL;
+    table_part parts[2] = {{positions, (size_t)rows * sizeof(int64_t), &dpos},
+                           {theta, (size_t)half * sizeof(double), &dtheta}};
+    dt_status st = stage_tables(b, "rotary", parts, 2);
+    free(theta); /* copied into the pinned buffer */
+    DT_TRY(st);
+    const int threads = 256;
+    const int64_t pairs = rows * half, vecs = outer * inner;
+    const unsigned gx = grid_for(im, pairs, threads);
+    /* Enough blocks in y to fill the device when there are few pairs. */
+    int64_t want = ((int64_t)im->sms * 8 + gx - 1) / gx;
+    if (want > vecs) want = vecs;
+    if (want > 65535) want = 65535;
+    if (want < 1) want = 1;
+    const dim3 grid(gx, (unsigned)want);
+    const int64_t *p = static_cast<const int64_t *>(dpos);
+    const double *th = static_cast<const double *>(dtheta);
+    const int il = style == DT_ROTARY_INTERLEAVED;
+    if (dtype == DT_F32)
+        rotary_kernel<float><<<grid, threads, 0, im->compute>>>(
+            static_cast<const float *>(x), static_cast<float *>(out), p, th, outer, rows, inner,
+            d, il);
+    else if (dtype == DT_BF16)
+        rotary_kernel<__nv_bfloat16><<<grid, threads, 0, im->compute>>>(
+            static_cast<const __nv_bfloat16 *>(x), static_cast<__nv_bfloat16 *>(out), p, th,
+            outer, rows, inner, d, il);
+    else
+        rotary_kernel<__half><<<grid, threads, 0, im->compute>>>(
+            static_cast<const __half *>(x), static_cast<__half *>(out), p, th, outer, rows,
+            inner, d, il);
+    CU_LAUNCHED(b, "rotary", "rotary_kernel");
+    return DT_SUCCESS;
+}
+
 dt_status cuda_sync(dt_backend *b) {
     DT_TRY(enter(b, "sync"));
     return wait_all(b, "sync");
@@ -694,7 +880,7 @@ dt_status cuda_sync(dt_backend *b) {
 const dt_backend_ops cuda_ops = {
     "cuda",          cuda_destroy, cuda_alloc, cuda_free,  cuda_upload, cuda_download,
     cuda_copy,       cuda_zero,    cuda_copy_runs, cuda_gemm, cuda_add, cuda_gelu,
-    cuda_sync,
+    cuda_rmsnorm,    cuda_rotary,  cuda_sync,
 };
 
 /* ------------------------------------------------------ transport memory */

@@ -1,5 +1,6 @@
-/* dtensor/ops_nn.h — ops for transformer layers, written on the public API
- * only (dtensor/ops_norm.c is the worked example of docs/TUTORIAL.md):
+/* dtensor/ops_nn.h — ops for transformer layers: Layout rules in
+ * dtensor/ops_norm.c (the worked example of docs/TUTORIAL.md), kernels in
+ * the compute backends (dtensor/backend.h):
  *
  *   dt_tensor_reshape  split / merge dims, carrying the Layout across
  *   dt_rmsnorm         RMSNorm over the last dim (optional weight)
@@ -14,9 +15,10 @@
  * (dt_tensor_destroy); inputs are never modified.
  *
  * dtypes: fp32 and bf16 (bf16 is computed in fp32 and rounded once).
- * Backends: dt_rmsnorm and dt_rotary run on the CPU backend; on another
- * backend they return DT_ERR_NOT_SUPPORTED (no kernel yet).
- * dt_tensor_reshape moves bytes only and works on any backend.
+ * Backends: every backend (the kernels are entries of the backend table).
+ * On CUDA each op enqueues its kernel (or, for dt_tensor_reshape, one
+ * device-to-device copy) on the rank's compute stream and returns without
+ * waiting for it; the data never passes through host memory.
  *
  * Test: tests/test_transformer.c (make test).
  */
@@ -66,7 +68,9 @@ dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape,
  * norm is not linear). Every other Shard and Replicate passes through: out
  * has x's Layout. weight must be on x's mesh (or local when x is) with every
  * mesh dim Replicate, shape [E], x's dtype.
- * eps: finite and >= 0. Sums of squares are accumulated in double. */
+ * eps: finite and >= 0. Sums of squares are accumulated in double on the
+ * CPU backend, in fp32 on CUDA (per-thread partial sums reduced as a tree);
+ * 1/sqrt(mean + eps) is formed in double on both. */
 dt_status dt_rmsnorm(const dt_tensor *x, const dt_tensor *weight, float eps, dt_tensor **out);
 
 typedef enum dt_rotary_style {
@@ -102,8 +106,10 @@ typedef struct dt_rotary_options {
  * The last dim D must not be sharded (a pair must be local):
  * DT_ERR_NOT_SUPPORTED. Partial is allowed (the rotation is linear) and,
  * like every other placement, passes through: out has x's Layout.
- * Angles are formed in double (large positions keep their precision), the
- * rotation in fp32. opts may be NULL (defaults). Errors: D odd, ndim < 3,
+ * Angles, cos and sin are formed in double (large positions keep their
+ * precision) and rounded to fp32; the rotation is in fp32 (no fused
+ * multiply-add, so the CPU and CUDA backends agree to the last bit of
+ * cos/sin). opts may be NULL (defaults). Errors: D odd, ndim < 3,
  * base not finite or < 0, unknown style, positions given with n_positions
  * != S, n_positions != 0 without positions, a negative position:
  * DT_ERR_INVALID_ARGUMENT naming the value. */

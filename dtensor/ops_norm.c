@@ -1,26 +1,30 @@
 /* dtensor/ops_norm.c — reshape, RMSNorm and rotary embedding (ops_nn.h).
  *
- * These ops are written the way a user adds a sharded op, on the public API
- * only (no backend table, no private header): read the Layouts, decide what
- * the op needs (here: no communication, because each rule keeps every
- * element's inputs local), derive the output Layout, then compute on the
- * local buffer. docs/TUTORIAL.md walks through dt_rmsnorm and dt_rotary.
+ * These ops are written the way a sharded op is added (docs/TUTORIAL.md
+ * walks through dt_rmsnorm and dt_rotary): read the Layouts, decide what the
+ * op needs (here: no communication, because each rule keeps every element's
+ * inputs local), derive the output Layout, then run one local kernel through
+ * the compute backend table (backend.h), so the same op runs on every
+ * backend.
  *
  *   reshape  Groups of dims with equal products map onto each other; a Shard
  *            of the outer dim of a group, in a block order (contiguous,
  *            zigzag), is the same block of the flattened group, so the local
- *            buffer is already the new local tensor: one copy, no traffic.
+ *            buffer is already the new local tensor: one backend copy (device
+ *            to device on CUDA), no traffic.
  *   rmsnorm  Reduces over the last dim: legal iff that dim is whole on every
- *            rank (not sharded, not Partial).
+ *            rank (not sharded, not Partial). Kernel: backend rmsnorm on the
+ *            local [rows, E].
  *   rotary   Needs each token's global position: local row x of dim 1 is
  *            global token dt_order_global(order, S, P, coord, x) when a mesh
  *            dim shards dim 1, which makes the op correct under contiguous,
  *            striped and zigzag sharding alike. Linear, so Partial passes.
+ *            The table of the local rows' positions is built here on the host
+ *            from the Layout and handed to the backend's rotary kernel (the
+ *            CUDA backend stages it into device scratch).
  *
- * Kernels: the CPU backend keeps tensor data in host memory, so the kernels
- * are plain loops over dt_tensor_data(); other backends get
- * DT_ERR_NOT_SUPPORTED until they have a kernel. reshape moves bytes with
- * dt_tensor_get_local / dt_tensor_set_local and so runs anywhere.
+ * No loop here touches tensor data: every byte is read and written by the
+ * backend.
  *
  * Test: tests/test_transformer.c (make test).
  */
@@ -32,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "context_internal.h"
 #include "mesh.h"
 
 const char *dt_rotary_style_name(dt_rotary_style style) {
@@ -49,14 +54,6 @@ static dt_status nn_check_dtype(const char *op, const dt_tensor *t) {
     if (dt == DT_F32 || dt == DT_BF16) return DT_SUCCESS;
     return dt_error(DT_ERR_NOT_SUPPORTED, "%s: dtype %s is not supported (fp32, bf16 are)", op,
                     dt_dtype_name(dt));
-}
-
-static dt_status nn_check_backend(const char *op, const dt_tensor *t) {
-    dt_backend_kind k = dt_context_backend(dt_tensor_context(t));
-    if (k == DT_BACKEND_CPU) return DT_SUCCESS;
-    return dt_error(DT_ERR_NOT_SUPPORTED,
-                    "%s: no kernel for the %s backend yet (this op runs on the cpu backend)", op,
-                    dt_backend_kind_name(k));
 }
 
 static void nn_shape_format(int ndim, const int64_t *shape, char *buf, size_t size) {
@@ -80,17 +77,6 @@ static void nn_suggest(const dt_layout *l, int last, char *buf, size_t size) {
             s.placements[m] = dt_replicate();
     }
     dt_layout_format(&s, buf, size);
-}
-
-static float nn_load(dt_dtype dt, const void *p, int64_t i) {
-    return dt == DT_F32 ? ((const float *)p)[i] : dt_bf16_to_f32(((const dt_bf16 *)p)[i]);
-}
-
-static void nn_store(dt_dtype dt, void *p, int64_t i, float v) {
-    if (dt == DT_F32)
-        ((float *)p)[i] = v;
-    else
-        ((dt_bf16 *)p)[i] = dt_f32_to_bf16(v);
 }
 
 /* A new tensor with x's context, mesh, dtype, shape and Layout. */
@@ -234,14 +220,10 @@ static dt_status nn_reshape_impl(const dt_tensor *t, int ndim, const int64_t *sh
     if (dt_tensor_local_bytes(o) != bytes) {
         st = dt_error(DT_ERR_INTERNAL, "%s: local sizes differ (%zu vs %zu bytes)", op, bytes,
                       dt_tensor_local_bytes(o));
-    } else if (dt_context_backend(dt_tensor_context(t)) == DT_BACKEND_CPU) {
-        st = dt_tensor_get_local(t, dt_tensor_data(o), bytes); /* host memory: one copy */
     } else {
-        void *host = malloc(bytes ? bytes : 1);
-        st = host ? dt_tensor_get_local(t, host, bytes)
-                  : dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory (%zu bytes)", op, bytes);
-        if (st == DT_SUCCESS) st = dt_tensor_set_local(o, host, bytes);
-        free(host);
+        /* Backend memory to backend memory (device to device on CUDA). */
+        dt_backend *be = dt_tensor_context(t)->backend;
+        st = be->ops->copy(be, dt_tensor_data(o), dt_tensor_data_const(t), bytes);
     }
     if (st != DT_SUCCESS) {
         dt_tensor_destroy(o);
@@ -252,12 +234,13 @@ static dt_status nn_reshape_impl(const dt_tensor *t, int ndim, const int64_t *sh
 }
 
 dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape, dt_tensor **out) {
-    return nn_reshape_impl(t, ndim, shape, out);
+    return dt_context_note(dt_tensor_context(t), nn_reshape_impl(t, ndim, shape, out));
 }
 
 /* ------------------------------------------------------------------ rmsnorm */
 
-dt_status dt_rmsnorm(const dt_tensor *x, const dt_tensor *weight, float eps, dt_tensor **out) {
+static dt_status nn_rmsnorm_impl(const dt_tensor *x, const dt_tensor *weight, float eps,
+                                 dt_tensor **out) {
     const char *op = "dt_rmsnorm";
     DT_REQUIRE(x != NULL, "%s: x is NULL", op);
     DT_REQUIRE(out != NULL, "%s: out is NULL", op);
@@ -313,36 +296,31 @@ dt_status dt_rmsnorm(const dt_tensor *x, const dt_tensor *weight, float eps, dt_
             }
         }
     }
-    DT_TRY(nn_check_backend(op, x));
-
-    /* 3. The output has x's Layout; 4. the local kernel (host memory). */
+    /* 3. The output has x's Layout; 4. the local kernel on the local [rows, E]
+     * (the last dim is whole, so local rows are whole rows). */
     dt_tensor *o = NULL;
     DT_TRY(nn_like(x, &o));
-    const dt_dtype dt = dt_tensor_dtype(x);
-    const void *xd = dt_tensor_data_const(x);
-    const void *wd = weight ? dt_tensor_data_const(weight) : NULL;
-    void *od = dt_tensor_data(o);
     const int64_t rows = E > 0 ? dt_tensor_local_numel(x) / E : 0;
-    for (int64_t r = 0; r < rows; r++) {
-        double ss = 0.0;
-        for (int64_t i = 0; i < E; i++) {
-            double v = nn_load(dt, xd, r * E + i);
-            ss += v * v;
-        }
-        const float inv = (float)(1.0 / sqrt(ss / (double)E + (double)eps));
-        for (int64_t i = 0; i < E; i++) {
-            float v = nn_load(dt, xd, r * E + i) * inv;
-            if (wd) v *= nn_load(dt, wd, i);
-            nn_store(dt, od, r * E + i, v);
-        }
+    dt_backend *be = dt_tensor_context(x)->backend;
+    dt_status st = be->ops->rmsnorm(be, dt_tensor_dtype(x), rows, E, dt_tensor_data_const(x),
+                                    weight ? dt_tensor_data_const(weight) : NULL, eps,
+                                    dt_tensor_data(o));
+    if (st != DT_SUCCESS) {
+        dt_tensor_destroy(o);
+        return st;
     }
     *out = o;
     return DT_SUCCESS;
 }
 
+dt_status dt_rmsnorm(const dt_tensor *x, const dt_tensor *weight, float eps, dt_tensor **out) {
+    return dt_context_note(dt_tensor_context(x), nn_rmsnorm_impl(x, weight, eps, out));
+}
+
 /* ------------------------------------------------------------------ rotary */
 
-dt_status dt_rotary(const dt_tensor *x, const dt_rotary_options *opts, dt_tensor **out) {
+static dt_status nn_rotary_impl(const dt_tensor *x, const dt_rotary_options *opts,
+                                dt_tensor **out) {
     const char *op = "dt_rotary";
     dt_rotary_options def = DT_ROTARY_OPTIONS_INIT;
     if (opts == NULL) opts = &def;
@@ -401,58 +379,40 @@ dt_status dt_rotary(const dt_tensor *x, const dt_rotary_options *opts, dt_tensor
             }
         }
     }
-    DT_TRY(nn_check_backend(op, x));
 
+    /* The local buffer is [outer, s_loc, inner, D]; the position of each
+     * local row of dim 1, from the Layout's index map. */
     const int64_t *ls = dt_tensor_local_shape(x);
-    const int64_t half = D / 2, s_loc = ls[1];
-    int64_t inner = 1; /* elements between two local rows of dim 1, per D-vector */
+    const int64_t s_loc = ls[1], outer = ls[0];
+    int64_t inner = 1; /* D-vectors between two local rows of dim 1 */
     for (int d = 2; d < last; d++) inner *= ls[d];
-    const int64_t outer = ls[0];
-    double *theta = malloc((size_t)(half > 0 ? half : 1) * sizeof *theta);
-    float *cs = malloc((size_t)(half > 0 ? half : 1) * 2 * sizeof *cs);
-    if (!theta || !cs) {
-        free(theta);
-        free(cs);
-        return dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    int64_t *pos = malloc((size_t)(s_loc > 0 ? s_loc : 1) * sizeof *pos);
+    if (pos == NULL)
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory for %" PRId64 " positions",
+                        op, s_loc);
+    for (int64_t s = 0; s < s_loc; s++) {
+        const int64_t g =
+            seq_parts > 1 ? dt_order_global(seq_order, S, seq_parts, seq_coord, s) : s;
+        pos[s] = opts->positions ? opts->positions[g] : g;
     }
     const double base = opts->base > 0.0f ? (double)opts->base : 10000.0;
-    for (int64_t i = 0; i < half; i++) theta[i] = pow(base, -2.0 * (double)i / (double)D);
 
     dt_tensor *o = NULL;
     dt_status st = nn_like(x, &o);
+    if (st == DT_SUCCESS) {
+        dt_backend *be = dt_tensor_context(x)->backend;
+        st = be->ops->rotary(be, dt_tensor_dtype(x), outer, s_loc, inner, D, pos, base,
+                             opts->style, dt_tensor_data_const(x), dt_tensor_data(o));
+    }
+    free(pos);
     if (st != DT_SUCCESS) {
-        free(theta);
-        free(cs);
+        dt_tensor_destroy(o);
         return st;
     }
-    const dt_dtype dt = dt_tensor_dtype(x);
-    const void *xd = dt_tensor_data_const(x);
-    void *od = dt_tensor_data(o);
-    const int interleaved = opts->style == DT_ROTARY_INTERLEAVED;
-    for (int64_t s = 0; s < s_loc; s++) {
-        /* The global token of local row s, from the Layout's index map. */
-        const int64_t g = seq_parts > 1 ? dt_order_global(seq_order, S, seq_parts, seq_coord, s) : s;
-        const double pos = (double)(opts->positions ? opts->positions[g] : g);
-        for (int64_t i = 0; i < half; i++) {
-            const double a = pos * theta[i];
-            cs[2 * i] = (float)cos(a);
-            cs[2 * i + 1] = (float)sin(a);
-        }
-        for (int64_t b = 0; b < outer; b++)
-            for (int64_t h = 0; h < inner; h++) {
-                const int64_t row = ((b * s_loc + s) * inner + h) * D;
-                for (int64_t i = 0; i < half; i++) {
-                    const int64_t ia = row + (interleaved ? 2 * i : i);
-                    const int64_t ib = row + (interleaved ? 2 * i + 1 : i + half);
-                    const float c = cs[2 * i], sn = cs[2 * i + 1];
-                    const float va = nn_load(dt, xd, ia), vb = nn_load(dt, xd, ib);
-                    nn_store(dt, od, ia, va * c - vb * sn);
-                    nn_store(dt, od, ib, va * sn + vb * c);
-                }
-            }
-    }
-    free(theta);
-    free(cs);
     *out = o;
     return DT_SUCCESS;
+}
+
+dt_status dt_rotary(const dt_tensor *x, const dt_rotary_options *opts, dt_tensor **out) {
+    return dt_context_note(dt_tensor_context(x), nn_rotary_impl(x, opts, out));
 }

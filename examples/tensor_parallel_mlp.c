@@ -27,8 +27,13 @@
  * what each mode does; the time per step is the median over --iters steps
  * (barrier, step, barrier on every rank).
  *
+ * --backend cuda runs every op on the GPU (cuda+local when ranks share GPUs,
+ * cuda+nccl with one GPU per rank): the program touches tensor data only
+ * through dt_tensor_set_local / dt_tensor_get_local, so it runs unchanged on
+ * any backend.
+ *
  * Exit status: 0 PASS, 1 FAIL or a library error, 2 bad flags or shapes,
- * 3 not supported by this build (--backend cuda today).
+ * 3 not supported here (--backend cuda without a CUDA build or a GPU).
  *
  * Run: build/examples/tensor_parallel_mlp [--ranks 4] [--sp] [--dtype bf16]
  * Test: tests/test_mlp.c (make test).
@@ -299,7 +304,7 @@ static void usage(FILE *f) {
             "  --iters N          timed steps (the median is printed), 1..%d, default 10\n"
             "  --help             this text\n"
             "exit status: 0 PASS, 1 FAIL or a library error, 2 bad flags or shapes,\n"
-            "3 not supported by this build\n",
+            "3 not supported here (--backend cuda without a CUDA build or a GPU)\n",
             MAX_RANKS, MAX_ITERS);
 }
 

@@ -22,8 +22,13 @@
  * precision with plain loops: PASS or FAIL. --sweep runs the meshes 1x1,
  * 1x4, 2x2, 4x1 and 2x3 with every order and prints a table.
  *
+ * --backend cuda runs every op on the GPU (cuda+local when ranks share GPUs,
+ * cuda+nccl with one GPU per rank): the program touches tensor data only
+ * through dt_tensor_set_local / dt_tensor_get_local, so it runs unchanged on
+ * any backend.
+ *
  * Exit status: 0 PASS, 1 FAIL or a library error, 2 bad flags or shapes,
- * 3 not supported by this build (--backend cuda today).
+ * 3 not supported here (--backend cuda without a CUDA build or a GPU).
  *
  * Run: build/examples/transformer_block [--tp 2 --sp 2 --order striped] [--sweep]
  * Test: tests/test_transformer.c (make test).
@@ -459,7 +464,7 @@ static void usage(FILE *f) {
             "  --sweep            run the meshes 1x1, 1x4, 2x2, 4x1, 2x3 with every order\n"
             "  --help             this text\n"
             "exit status: 0 PASS, 1 FAIL or a library error, 2 bad flags or shapes,\n"
-            "3 not supported by this build\n",
+            "3 not supported here (--backend cuda without a CUDA build or a GPU)\n",
             MAX_RANKS, DT_ATTN_MAX_HEAD_DIM);
 }
 

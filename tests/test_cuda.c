@@ -6,7 +6,10 @@
  *   the CPU backend has no such dtype), with the tolerances stated at each
  *   case: copy_runs COPY/ADD bit-exact, add bit-exact, gemm fp32 (TF32 off)
  *   atol=rtol=1e-4, TF32 1e-2, bf16 1e-2 + 8e-3|ref|, fp16 2e-3 + 2e-3|ref|,
- *   gelu fp32 1e-6 + 1e-5|ref| (bf16/fp16: one output ulp);
+ *   gelu fp32 1e-6 + 1e-5|ref| (bf16/fp16: one output ulp); rmsnorm fp32
+ *   1e-6 + 1e-6|ref| (CUDA sums squares in fp32, the CPU in double), rotary
+ *   fp32 2e-7 + 2e-7|ref| (the same double cos/sin rounded to fp32, no FMA),
+ *   bf16 one bf16 ulp against the CPU, fp16 one fp16 ulp against double;
  * - collectives, send/recv groups, split, host-buffer staging and agreement
  *   checks on cuda+local (P = 1..4) and on NCCL (P = 1, and P = every GPU);
  * - the ring rotator over device buffers on both;
@@ -484,11 +487,165 @@ static void test_elementwise(void **state) {
     assert_results(&c->r, 1, st);
 }
 
+/* ------------------------------------------------------ rmsnorm and rotary */
+
+typedef struct nn_case {
+    int rotary;                 /* 0: rmsnorm */
+    dt_dtype dtype;
+    int64_t outer, rows, inner, n; /* rmsnorm x [rows, n]; rotary x [outer, rows, inner, n] */
+    int weighted;               /* rmsnorm */
+    dt_rotary_style style;      /* rotary */
+    double base;                /* rotary */
+    results r;
+} nn_case;
+
+/* Position of local row s in the first (k = 0) and second call: large ones,
+ * where angles formed in fp32 would be far off. */
+static int64_t nn_pos(int k, int64_t s) {
+    return k ? 1000000 + (s * 7919 % 1000) * 997 : 3 * s + 5;
+}
+
+/* The op in double from the inputs as stored (fp16 has no CPU kernel). */
+static void nn_reference(const nn_case *c, const void *hx, const void *hw, const int64_t *pos,
+                         double *ref) {
+    if (!c->rotary) {
+        for (int64_t r = 0; r < c->rows; r++) {
+            double ss = 0;
+            for (int64_t i = 0; i < c->n; i++) {
+                double v = get_val(hx, c->dtype, (size_t)(r * c->n + i));
+                ss += v * v;
+            }
+            double inv = 1.0 / sqrt(ss / (double)c->n + 1e-5);
+            for (int64_t i = 0; i < c->n; i++)
+                ref[r * c->n + i] = get_val(hx, c->dtype, (size_t)(r * c->n + i)) * inv *
+                                    (hw ? get_val(hw, c->dtype, (size_t)i) : 1.0);
+        }
+        return;
+    }
+    const int64_t half = c->n / 2;
+    for (int64_t o = 0; o < c->outer; o++)
+        for (int64_t s = 0; s < c->rows; s++)
+            for (int64_t h = 0; h < c->inner; h++) {
+                const int64_t row = ((o * c->rows + s) * c->inner + h) * c->n;
+                for (int64_t i = 0; i < half; i++) {
+                    const int il = c->style == DT_ROTARY_INTERLEAVED;
+                    const int64_t ia = row + (il ? 2 * i : i), ib = row + (il ? 2 * i + 1 : i + half);
+                    const double a = (double)pos[s] * pow(c->base, -2.0 * (double)i / (double)c->n);
+                    const double va = get_val(hx, c->dtype, (size_t)ia);
+                    const double vb = get_val(hx, c->dtype, (size_t)ib);
+                    ref[ia] = va * cos(a) - vb * sin(a);
+                    ref[ib] = va * sin(a) + vb * cos(a);
+                }
+            }
+}
+
+static dt_status rank_nn(dt_context *ctx, void *arg) {
+    nn_case *c = arg;
+    dt_backend *gpu = ctx->backend, *cpu = NULL;
+    const size_t es = dt_dtype_size(c->dtype);
+    const size_t n = (size_t)(c->rotary ? c->outer * c->rows * c->inner * c->n : c->rows * c->n);
+    const size_t nw = c->weighted ? (size_t)c->n : 0;
+    void *hx = malloc(n * es + 1), *hw = malloc(nw * es + 1), *hgot[2] = {malloc(n * es + 1), malloc(n * es + 1)};
+    void *hwant = malloc(n * es + 1);
+    float *gotf = malloc(n * sizeof(float) + 1);
+    double *ref = malloc(n * sizeof(double) + 1);
+    int64_t *pos[2] = {malloc((size_t)c->rows * sizeof(int64_t) + 8),
+                       malloc((size_t)c->rows * sizeof(int64_t) + 8)};
+    void *dx = NULL, *dw = NULL, *dout[2] = {NULL, NULL};
+    dt_status st = DT_SUCCESS;
+    if (!hx || !hw || !hgot[0] || !hgot[1] || !hwant || !gotf || !ref || !pos[0] || !pos[1]) {
+        st = dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) put_val(hx, c->dtype, i, 3.0f * dt_random_value(41, i));
+    for (size_t i = 0; i < nw; i++) put_val(hw, c->dtype, i, 1.0f + 0.5f * dt_random_value(42, i));
+    for (int k = 0; k < 2; k++)
+        for (int64_t s = 0; s < c->rows; s++) pos[k][s] = nn_pos(k, s);
+    DT_TRY_GOTO(st, to_dev(gpu, hx, n * es, &dx), out);
+    if (nw) DT_TRY_GOTO(st, to_dev(gpu, hw, nw * es, &dw), out);
+    for (int k = 0; k < 2; k++) DT_TRY_GOTO(st, gpu->ops->alloc(gpu, n * es, &dout[k]), out);
+    /* Two calls back to back, no wait between: the second rotary call's
+     * tables must not overwrite the first's before its kernel has run. */
+    for (int k = 0; k < 2; k++) {
+        if (c->rotary)
+            DT_TRY_GOTO(st, gpu->ops->rotary(gpu, c->dtype, c->outer, c->rows, c->inner, c->n,
+                                             pos[k], c->base, c->style, dx, dout[k]), out);
+        else
+            DT_TRY_GOTO(st, gpu->ops->rmsnorm(gpu, c->dtype, c->rows, c->n, dx, dw, 1e-5f,
+                                              dout[k]), out);
+        if (!c->rotary) break;
+    }
+    for (int k = 0; k < (c->rotary ? 2 : 1); k++)
+        DT_TRY_GOTO(st, gpu->ops->download(gpu, hgot[k], dout[k], n * es), out);
+
+    for (int k = 0; k < (c->rotary ? 2 : 1); k++) {
+        double atol, rtol;
+        if (c->dtype == DT_F16) {
+            nn_reference(c, hx, nw ? hw : NULL, pos[k], ref);
+            atol = 1e-5;
+            rtol = ldexp(1.0, -10);
+        } else {
+            if (!cpu) DT_TRY_GOTO(st, dt_backend_cpu_create(0, &cpu), out);
+            if (c->rotary)
+                DT_TRY_GOTO(st, cpu->ops->rotary(cpu, c->dtype, c->outer, c->rows, c->inner, c->n,
+                                                 pos[k], c->base, c->style, hx, hwant), out);
+            else
+                DT_TRY_GOTO(st, cpu->ops->rmsnorm(cpu, c->dtype, c->rows, c->n, hx,
+                                                  nw ? hw : NULL, 1e-5f, hwant), out);
+            for (size_t i = 0; i < n; i++) ref[i] = get_val(hwant, c->dtype, i);
+            atol = c->dtype == DT_BF16 ? 1e-6 : c->rotary ? 2e-7 : 1e-6;
+            rtol = c->dtype == DT_BF16 ? ldexp(1.0, -7) : c->rotary ? 2e-7 : 1e-6;
+        }
+        for (size_t i = 0; i < n; i++) gotf[i] = get_val(hgot[k], c->dtype, i);
+        double maxe = 0;
+        long bad = h_compare(c->rotary ? "rotary" : "rmsnorm", gotf, ref, n, atol, rtol, &maxe);
+        if (bad)
+            note_bad(&c->r, 0, "%s call %d: %ld of %zu outside atol %g + rtol %g, max error %.3g",
+                     c->rotary ? "rotary" : "rmsnorm", k + 1, bad, n, atol, rtol, maxe);
+        else
+            print_message("  %s call %d: max |cuda - %s| %.3g\n", c->rotary ? "rotary" : "rmsnorm",
+                          k + 1, c->dtype == DT_F16 ? "double" : "cpu", maxe);
+    }
+    /* In place (out == x) gives the same result. */
+    if (c->rotary)
+        DT_TRY_GOTO(st, gpu->ops->rotary(gpu, c->dtype, c->outer, c->rows, c->inner, c->n, pos[0],
+                                         c->base, c->style, dx, dx), out);
+    else
+        DT_TRY_GOTO(st, gpu->ops->rmsnorm(gpu, c->dtype, c->rows, c->n, dx, dw, 1e-5f, dx), out);
+    DT_TRY_GOTO(st, gpu->ops->download(gpu, hwant, dx, n * es), out);
+    if (memcmp(hwant, hgot[0], n * es)) note_bad(&c->r, 0, "in-place result differs");
+out:
+    if (cpu) cpu->ops->destroy(cpu);
+    gpu->ops->free(gpu, dx);
+    gpu->ops->free(gpu, dw);
+    gpu->ops->free(gpu, dout[0]);
+    gpu->ops->free(gpu, dout[1]);
+    free(hx);
+    free(hw);
+    free(hgot[0]);
+    free(hgot[1]);
+    free(hwant);
+    free(gotf);
+    free(ref);
+    free(pos[0]);
+    free(pos[1]);
+    record_status(&c->r, 0, st);
+    return st;
+}
+
+static void test_nn(void **state) {
+    nn_case *c = *state;
+    REQUIRE_PAIR(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
+    dt_status st = h_launch_on(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_nn, c);
+    assert_results(&c->r, 1, st);
+}
+
 /* Rejections: the same statuses as the CPU backend, nothing launched. */
 static dt_status rank_backend_errors(dt_context *ctx, void *arg) {
     results *r = arg;
     dt_backend *be = ctx->backend;
     void *p = NULL;
+    const int64_t pos[1] = {3};
     dt_status st = be->ops->alloc(be, 64, &p);
     if (st != DT_SUCCESS) goto out;
     struct { dt_status got, want; const char *what; } e[] = {
@@ -496,6 +653,21 @@ static dt_status rank_backend_errors(dt_context *ctx, void *arg) {
         {be->ops->gemm(be, DT_F32, -1, 2, 2, p, p, p), DT_ERR_INVALID_ARGUMENT, "gemm m=-1"},
         {be->ops->add(be, DT_U8, 4, p, p, p), DT_ERR_NOT_SUPPORTED, "add u8"},
         {be->ops->gelu(be, DT_F32, 4, p, p, (dt_gelu_approx)7), DT_ERR_INVALID_ARGUMENT, "gelu approx 7"},
+        {be->ops->rmsnorm(be, DT_U8, 2, 2, p, NULL, 1e-5f, p), DT_ERR_NOT_SUPPORTED, "rmsnorm u8"},
+        {be->ops->rmsnorm(be, DT_F32, 2, 2, p, NULL, -1.0f, p), DT_ERR_INVALID_ARGUMENT,
+         "rmsnorm eps -1"},
+        {be->ops->rmsnorm(be, DT_F32, -1, 2, p, NULL, 1e-5f, p), DT_ERR_INVALID_ARGUMENT,
+         "rmsnorm rows -1"},
+        {be->ops->rotary(be, DT_F32, 1, 1, 1, 3, pos, 1e4, DT_ROTARY_HALF, p, p),
+         DT_ERR_INVALID_ARGUMENT, "rotary d=3"},
+        {be->ops->rotary(be, DT_F32, 1, 1, 1, 4, pos, 1e4, (dt_rotary_style)7, p, p),
+         DT_ERR_INVALID_ARGUMENT, "rotary style 7"},
+        {be->ops->rotary(be, DT_F32, 1, 1, 1, 4, NULL, 1e4, DT_ROTARY_HALF, p, p),
+         DT_ERR_INVALID_ARGUMENT, "rotary positions NULL"},
+        {be->ops->rotary(be, DT_F32, 1, 1, 1, 4, pos, 0.0, DT_ROTARY_HALF, p, p),
+         DT_ERR_INVALID_ARGUMENT, "rotary base 0"},
+        {be->ops->rotary(be, DT_U8, 1, 1, 1, 4, pos, 1e4, DT_ROTARY_HALF, p, p),
+         DT_ERR_NOT_SUPPORTED, "rotary u8"},
         {be->ops->copy_runs(be, &(dt_runs){DT_U8, DT_RUNS_ADD, p, p, 1, 1, 4, 0, 0, NULL, NULL}),
          DT_ERR_NOT_SUPPORTED, "copy_runs add u8"},
         {be->ops->copy_runs(be, &(dt_runs){DT_F32, DT_RUNS_COPY, p, p, 1, -1, 4, 0, 0, NULL, NULL}),
@@ -1027,6 +1199,36 @@ int main(void) {
         else
             add(&tb, test_elementwise, c, "add/%s,n=%lld: bit-exact vs %s", dt_dtype_name(c->dtype),
                 (long long)c->n, c->dtype == DT_F16 ? "fp32 add rounded once" : "cpu");
+    }
+
+    /* rmsnorm: one row and many (more than the grid's blocks: rows loop),
+     * short rows (one warp) and long ones (threads loop, not a multiple of
+     * 32); rotary: d = 2 up to 128, few pairs with many heads (blockIdx.y
+     * loops), both styles. Two rotary calls per case, different tables. */
+    static nn_case nns[] = {
+        {.rotary = 0, .dtype = DT_F32, .rows = 1, .n = 1, .weighted = 1},
+        {.rotary = 0, .dtype = DT_F32, .rows = 37, .n = 4097, .weighted = 1},
+        {.rotary = 0, .dtype = DT_F32, .rows = 9000, .n = 20, .weighted = 0},
+        {.rotary = 0, .dtype = DT_BF16, .rows = 64, .n = 768, .weighted = 1},
+        {.rotary = 0, .dtype = DT_F16, .rows = 64, .n = 100, .weighted = 1},
+        {.rotary = 1, .dtype = DT_F32, .outer = 2, .rows = 48, .inner = 3, .n = 64, .style = DT_ROTARY_HALF, .base = 10000.0},
+        {.rotary = 1, .dtype = DT_F32, .outer = 3, .rows = 5, .inner = 40, .n = 128, .style = DT_ROTARY_INTERLEAVED, .base = 500.0},
+        {.rotary = 1, .dtype = DT_F32, .outer = 1, .rows = 7, .inner = 1, .n = 2, .style = DT_ROTARY_HALF, .base = 10000.0},
+        {.rotary = 1, .dtype = DT_BF16, .outer = 2, .rows = 24, .inner = 4, .n = 32, .style = DT_ROTARY_INTERLEAVED, .base = 10000.0},
+        {.rotary = 1, .dtype = DT_F16, .outer = 2, .rows = 24, .inner = 4, .n = 32, .style = DT_ROTARY_HALF, .base = 10000.0},
+    };
+    for (size_t i = 0; i < sizeof nns / sizeof nns[0]; i++) {
+        nn_case *c = &nns[i];
+        const char *vs = c->dtype == DT_F16 ? "one fp16 ulp vs double"
+                         : c->dtype == DT_BF16 ? "one bf16 ulp vs cpu"
+                         : c->rotary ? "2e-7 + 2e-7|ref| vs cpu" : "1e-6 + 1e-6|ref| vs cpu";
+        if (c->rotary)
+            add(&tb, test_nn, c, "rotary/%s,x=[%lld,%lld,%lld,%lld],%s,base=%g: %s",
+                dt_dtype_name(c->dtype), (long long)c->outer, (long long)c->rows,
+                (long long)c->inner, (long long)c->n, dt_rotary_style_name(c->style), c->base, vs);
+        else
+            add(&tb, test_nn, c, "rmsnorm/%s,x=[%lld,%lld],%s: %s", dt_dtype_name(c->dtype),
+                (long long)c->rows, (long long)c->n, c->weighted ? "weight" : "no weight", vs);
     }
 
     static coll_case colls[] = {

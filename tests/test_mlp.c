@@ -8,9 +8,15 @@
  * (h_local_of_f64 of the reference under Y's Layout) and records; the main
  * thread asserts. The Layout of every stage is checked too.
  *
+ * Every case runs on the CPU backend and again on CUDA ("mlp/cuda/...":
+ * cuda+local, the ranks sharing one GPU; cuBLAS with TF32 off, so the same
+ * tolerances hold), which skips with the reason where cuda+local cannot run
+ * (no GPU, or no CUDA build).
+ *
  * The example program examples/tensor_parallel_mlp is run as a user would:
  * PASS and exit 0 for good flags, exit 2 and a message for bad ones
- * (skipped when it is not built).
+ * (skipped when it is not built), on the CPU backend (DT_EXAMPLE_BACKEND
+ * picks another).
  *
  * Tolerances |got - ref| <= atol + rtol*|ref| (Y has rms ~0.5 here):
  *   fp32  atol 1e-5, rtol 1e-4   fp32 accumulation order only
@@ -53,6 +59,7 @@ static float input_value(dt_dtype dtype, uint64_t seed, int64_t i, float scale) 
 typedef struct mlp_case {
     int P, sp;
     dt_dtype dtype;
+    dt_backend_kind backend;  /* cpu or cuda */
     int64_t B, S, E, F;
     uint64_t seed;
     double *ref;  /* [B, S, E], made by the main thread */
@@ -225,11 +232,31 @@ out:
     return y;
 }
 
+/* Whether `world` ranks can run on (backend, local) here, asked once per
+ * (backend, world); *why gets the reason when not. */
+static int backend_usable(dt_backend_kind backend, int world, const char **why) {
+    static int known[DT_BACKEND_KIND_COUNT][MAXW + 1];
+    static char reason[DT_BACKEND_KIND_COUNT][MAXW + 1][640];
+    if (world < 1 || world > MAXW) world = 1;
+    if (!known[backend][world])
+        known[backend][world] = h_pair_available(world, backend, DT_TRANSPORT_LOCAL,
+                                                 reason[backend][world],
+                                                 sizeof reason[backend][world]) ? 1 : -1;
+    *why = reason[backend][world];
+    return known[backend][world] > 0;
+}
+
 static void test_mlp(void **state) {
     mlp_case *c = *state;
+    const char *why = NULL;
+    if (!backend_usable(c->backend, c->P, &why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+        return;
+    }
     c->ref = mlp_reference(c);
     assert_non_null(c->ref);
-    dt_status st = h_launch(c->P, rank_mlp, c);
+    dt_status st = h_launch_on(c->P, c->backend, DT_TRANSPORT_LOCAL, rank_mlp, c);
     if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
     free(c->ref);
     c->ref = NULL;
@@ -284,8 +311,9 @@ int main(int argc, char **argv) {
             snprintf(g_example, sizeof g_example, "build/examples/tensor_parallel_mlp");
     }
 
-    static mlp_case cases[2 * 2 * MAXW];
-    static char names[2 * 2 * MAXW + 16][160];
+    enum { N_CASES = 2 * 2 * 2 * MAXW };
+    static mlp_case cases[N_CASES];
+    static char names[N_CASES + 16][160];
     static const example_case examples[] = {
         {"", 0, "result: PASS"},
         {"--sp --ranks 3 --batch 1 --seq 48 --embed 48 --dtype bf16 --iters 3", 0, "result: PASS"},
@@ -297,26 +325,29 @@ int main(int argc, char **argv) {
         {"--ranks 3 --embed 10", 2, "4E = 40 is not divisible by --ranks 3"},
         {"--iters", 2, "--iters takes an integer"},
     };
-    struct CMUnitTest tests[2 * 2 * MAXW + 16];
+    struct CMUnitTest tests[N_CASES + 16];
     size_t n = 0;
-    for (int sp = 0; sp < 2; sp++)
-        for (int dt = 0; dt < 2; dt++)
-            for (int P = 1; P <= MAXW; P++) {
-                mlp_case *c = &cases[n];
-                c->P = P;
-                c->sp = sp;
-                c->dtype = dt ? DT_BF16 : DT_F32;
-                c->B = 2;
-                c->S = 3 * P;
-                c->E = 8 * P;
-                c->F = 4 * c->E;
-                c->seed = 100 + 10 * (uint64_t)P + (uint64_t)dt;
-                snprintf(names[n], sizeof names[n], "mlp/%s,P=%d,B=%lld,S=%lld,E=%lld,F=%lld,%s",
-                         sp ? "sp" : "tp", P, (long long)c->B, (long long)c->S, (long long)c->E,
-                         (long long)c->F, dt_dtype_name(c->dtype));
-                tests[n] = (struct CMUnitTest){names[n], test_mlp, NULL, NULL, c};
-                n++;
-            }
+    for (int bk = 0; bk < 2; bk++)
+        for (int sp = 0; sp < 2; sp++)
+            for (int dt = 0; dt < 2; dt++)
+                for (int P = 1; P <= MAXW; P++) {
+                    mlp_case *c = &cases[n];
+                    c->P = P;
+                    c->sp = sp;
+                    c->dtype = dt ? DT_BF16 : DT_F32;
+                    c->backend = bk ? DT_BACKEND_CUDA : DT_BACKEND_CPU;
+                    c->B = 2;
+                    c->S = 3 * P;
+                    c->E = 8 * P;
+                    c->F = 4 * c->E;
+                    c->seed = 100 + 10 * (uint64_t)P + (uint64_t)dt;
+                    snprintf(names[n], sizeof names[n],
+                             "mlp/%s%s,P=%d,B=%lld,S=%lld,E=%lld,F=%lld,%s", bk ? "cuda/" : "",
+                             sp ? "sp" : "tp", P, (long long)c->B, (long long)c->S,
+                             (long long)c->E, (long long)c->F, dt_dtype_name(c->dtype));
+                    tests[n] = (struct CMUnitTest){names[n], test_mlp, NULL, NULL, c};
+                    n++;
+                }
     for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) {
         snprintf(names[n], sizeof names[n], "example/tensor_parallel_mlp %s%s-> exit %d",
                  examples[i].args, *examples[i].args ? " " : "", examples[i].want_status);

@@ -13,6 +13,10 @@
  *                 Partial inputs are multiples of 1/16 so their sums are exact.
  *   gelu fp32:    1e-6 + 1e-6 |ref| against erf / tanh in double
  *   gelu bf16:    1e-6 + 2^-8 |ref| (computed in fp32, rounded once)
+ *   gelu sweep:   the same bounds on 2^18 + 1 points of [-12, 12] on one
+ *                 rank, and 1e-5 |ref| relative on x in [-9, -3] (the left
+ *                 tail, where 1 + erf(x / sqrt 2) would cancel); +inf, NaN,
+ *                 -0 and -1e30 map to inf, NaN, -0 and -0.
  *
  * Rank functions only record; the main thread asserts.
  */
@@ -470,6 +474,89 @@ static void test_gelu(void **state) {
     }
 }
 
+/* Dense sweep of one local tensor (the CPU kernel works in blocks: the
+ * length is not a multiple of the block), left tail and special values. */
+typedef struct sweep_case {
+    dt_dtype dtype;
+    dt_gelu_approx approx;
+    long bad, tail_bad, special_bad;
+    double max_err;
+} sweep_case;
+
+enum { SWEEP_N = (1 << 18) + 1, SWEEP_SPECIALS = 4 };
+
+static dt_status rank_gelu_sweep(dt_context *ctx, void *arg) {
+    sweep_case *c = arg;
+    const int64_t n = SWEEP_N + SWEEP_SPECIALS;
+    const float specials[SWEEP_SPECIALS] = {INFINITY, NAN, -0.0f, -1e30f};
+    float *x = malloc((size_t)n * sizeof *x), *got = NULL;
+    double *ref = malloc((size_t)n * sizeof *ref), *tol = malloc((size_t)n * sizeof *tol);
+    dt_bf16 *h = malloc((size_t)n * sizeof *h);
+    dt_tensor *t = NULL, *o = NULL;
+    dt_status st = DT_SUCCESS;
+    if (!x || !ref || !tol || !h) {
+        st = DT_ERR_OUT_OF_MEMORY;
+        goto out;
+    }
+    for (int64_t i = 0; i < SWEEP_N; i++) x[i] = round_to(c->dtype, -12.0f + 24.0f * (float)i / (SWEEP_N - 1));
+    for (int k = 0; k < SWEEP_SPECIALS; k++) x[SWEEP_N + k] = specials[k];
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, c->dtype, 1, &n, NULL, &t), out);
+    if (c->dtype == DT_F32) {
+        DT_TRY_GOTO(st, dt_tensor_set_local(t, x, dt_tensor_local_bytes(t)), out);
+    } else {
+        for (int64_t i = 0; i < n; i++) h[i] = dt_f32_to_bf16(x[i]);
+        DT_TRY_GOTO(st, dt_tensor_set_local(t, h, dt_tensor_local_bytes(t)), out);
+    }
+    DT_TRY_GOTO(st, dt_gelu(t, c->approx, &o), out);
+    got = local_floats(o);
+    if (!got) {
+        st = DT_ERR_OUT_OF_MEMORY;
+        goto out;
+    }
+    for (int64_t i = 0; i < SWEEP_N; i++) {
+        /* The same functions written without 1 + erf or 1 + tanh, which
+         * cancel in double too for x < -6 or so. */
+        const double xd = x[i], k = sqrt(2.0 / 3.14159265358979323846);
+        ref[i] = c->approx == DT_GELU_ERF ? 0.5 * xd * erfc(-xd / sqrt(2.0))
+                                          : xd / (1.0 + exp(-2.0 * k * (xd + 0.044715 * xd * xd * xd)));
+        tol[i] = 1e-6 + (c->dtype == DT_BF16 ? ldexp(1.0, -8) : 1e-6) * fabs(ref[i]);
+    }
+    c->bad = h_compare_tol("gelu sweep", got, ref, tol, SWEEP_N, &c->max_err);
+    for (int64_t i = 0; i < SWEEP_N; i++) {
+        const double rt = c->dtype == DT_BF16 ? ldexp(1.0, -8) : 1e-5;
+        if (x[i] >= -9.0f && x[i] <= -3.0f && !(fabs(got[i] - ref[i]) <= rt * fabs(ref[i]))) {
+            if (c->tail_bad++ < 3)
+                fprintf(stderr, "  gelu tail: x %.9g got %.9g, expected %.9g (relative %g)\n",
+                        (double)x[i], (double)got[i], ref[i], rt);
+        }
+    }
+    const float *sp = got + SWEEP_N;
+    c->special_bad = !(isinf(sp[0]) && sp[0] > 0) + !isnan(sp[1]) + !(sp[2] == 0.0f && signbit(sp[2])) +
+                     !(sp[3] == 0.0f);
+    if (c->special_bad)
+        fprintf(stderr, "  gelu(+inf, NaN, -0, -1e30) = %g, %g, %g, %g\n", (double)sp[0],
+                (double)sp[1], (double)sp[2], (double)sp[3]);
+out:
+    free(x);
+    free(got);
+    free(ref);
+    free(tol);
+    free(h);
+    dt_tensor_destroy(o);
+    dt_tensor_destroy(t);
+    return st;
+}
+
+static void test_gelu_sweep(void **state) {
+    sweep_case *c = *state;
+    dt_status st = h_launch(1, rank_gelu_sweep, c);
+    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    assert_int_equal(st, DT_SUCCESS);
+    assert_int_equal(c->bad, 0);
+    assert_int_equal(c->tail_bad, 0);
+    assert_int_equal(c->special_bad, 0);
+}
+
 /* ------------------------------------------------------------------ */
 /* Rejected combinations                                               */
 /* ------------------------------------------------------------------ */
@@ -798,6 +885,15 @@ int main(void) {
                 add_test(&tb, name, test_gelu, c);
             }
     }
+    for (int ap = 0; ap < 2; ap++)
+        for (int dt = 0; dt < 2; dt++) {
+            sweep_case *c = NEW(sweep_case);
+            c->dtype = dt ? DT_BF16 : DT_F32;
+            c->approx = ap ? DT_GELU_TANH : DT_GELU_ERF;
+            snprintf(name, sizeof name, "gelu/sweep,x=[-12,12] and inf,nan,-0,-1e30,%s,%s",
+                     dt_gelu_approx_name(c->approx), dt_dtype_name(c->dtype));
+            add_test(&tb, name, test_gelu_sweep, c);
+        }
     add_test(&tb, "errors/P=2", test_errors, NULL);
 #undef NEW
     int failed = h_run_cases("ops", tb.tests, tb.n);

@@ -23,8 +23,18 @@
  *                 1x1, 1x4, 2x2, 4x1, 2x3 with every order, fp32 and bf16,
  *                 against the same block in double on one rank.
  *   example/...   examples/transformer_block run as a user would (skipped
- *                 when not built).
- *   backend/...   the ops on a CUDA context (skipped: no CUDA backend here).
+ *                 when not built), on the CPU backend (DT_EXAMPLE_BACKEND
+ *                 picks another).
+ *   <op>/cuda/... the reshape, rmsnorm, rotary, errors and block cases again
+ *                 on the CUDA backend over the local transport (ranks share
+ *                 one GPU), against the same double references and
+ *                 tolerances; each skips with the reason where cuda+local
+ *                 cannot run (no GPU, or no CUDA build).
+ *   backend/cuda-vs-cpu/...  the same inputs through both backends: reshape
+ *                 bit-exact; rotary fp32 within 2e-7 + 2e-7|cpu| (cos and sin
+ *                 are rounded from double on both sides, the rotation has no
+ *                 FMA); rmsnorm fp32 1e-6 + 1e-6|cpu| (the CPU sums squares
+ *                 in double, CUDA in fp32); bf16 one bf16 ulp (2^-7 |cpu|).
  *
  * Tolerances |got - ref| <= atol + rtol*|ref|:
  *   reshape            exact (bytes move)
@@ -157,6 +167,48 @@ static void layout_name(const dt_layout *l, char *buf, size_t size) {
         h_layout_short(l, buf, size);
 }
 
+/* DT_BACKEND_AUTO (0, a zeroed case) means cpu. */
+static dt_backend_kind backend_of(dt_backend_kind k) {
+    return k == DT_BACKEND_AUTO ? DT_BACKEND_CPU : k;
+}
+
+/* Whether `world` ranks can run on (backend, local) here, asked once per
+ * world size (a CUDA launch costs streams and cuBLAS handles); *why gets
+ * the reason when not. */
+static int backend_usable(dt_backend_kind backend, int world, const char **why) {
+    static int known[DT_BACKEND_KIND_COUNT][MAXW + 1];
+    static char reason[DT_BACKEND_KIND_COUNT][MAXW + 1][640];
+    backend = backend_of(backend);
+    if (world < 1 || world > MAXW) world = 1;
+    if (!known[backend][world])
+        known[backend][world] = h_pair_available(world, backend, DT_TRANSPORT_LOCAL,
+                                                 reason[backend][world],
+                                                 sizeof reason[backend][world]) ? 1 : -1;
+    *why = reason[backend][world];
+    return known[backend][world] > 0;
+}
+
+/* Skips the calling test (with the reason) when its pair cannot run here. */
+#define REQUIRE_BACKEND(backend, world)                                       \
+    do {                                                                      \
+        const char *why_ = NULL;                                              \
+        if (!backend_usable((backend), (world), &why_)) {                     \
+            print_message("skipped: %s\n", why_);                             \
+            skip();                                                           \
+            return;                                                           \
+        }                                                                     \
+    } while (0)
+
+/* h_launch on the case's backend (cpu or cuda) and the local transport. */
+static dt_status launch_on(dt_backend_kind backend, int world, dt_rank_fn fn, void *arg) {
+    return h_launch_on(world, backend_of(backend), DT_TRANSPORT_LOCAL, fn, arg);
+}
+
+/* "" or "cuda/": the name part that marks a CUDA case. */
+static const char *backend_tag(dt_backend_kind backend) {
+    return backend_of(backend) == DT_BACKEND_CUDA ? "cuda/" : "";
+}
+
 /* ------------------------------------------------------------------ reshape */
 
 typedef struct reshape_case {
@@ -165,6 +217,7 @@ typedef struct reshape_case {
     int64_t in_shape[4], out_shape[4];
     dt_layout in_l, want_l; /* ndim 0: local tensors */
     dt_dtype dtype;
+    dt_backend_kind backend;
     long bad[MAXW];
     int layout_ok[MAXW];
 } reshape_case;
@@ -216,7 +269,8 @@ out:
 
 static void test_reshape(void **state) {
     reshape_case *c = *state;
-    dt_status st = h_launch(c->world, rank_reshape, c);
+    REQUIRE_BACKEND(c->backend, c->world);
+    dt_status st = launch_on(c->backend, c->world, rank_reshape, c);
     if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
     assert_int_equal(st, DT_SUCCESS);
     for (int r = 0; r < c->world; r++) {
@@ -232,6 +286,7 @@ typedef struct norm_case {
     dt_layout l;
     int weighted;
     dt_dtype dtype;
+    dt_backend_kind backend;
     int64_t shape[3];
     long bad[MAXW];
     int layout_ok[MAXW];
@@ -287,7 +342,8 @@ out:
 static void test_norm(void **state) {
     norm_case *c = *state;
     int world = c->world ? c->world : 1;
-    dt_status st = h_launch(world, rank_norm, c);
+    REQUIRE_BACKEND(c->backend, world);
+    dt_status st = launch_on(c->backend, world, rank_norm, c);
     if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
     assert_int_equal(st, DT_SUCCESS);
     for (int r = 0; r < world; r++) {
@@ -311,6 +367,7 @@ typedef struct rot_case {
     pos_kind pos;
     float base;
     dt_dtype dtype;
+    dt_backend_kind backend;
     long bad[MAXW];
     int layout_ok[MAXW];
     double max_err[MAXW];
@@ -404,7 +461,8 @@ out:
 static void test_rotary(void **state) {
     rot_case *c = *state;
     int world = c->world ? c->world : 1;
-    dt_status st = h_launch(world, rank_rotary, c);
+    REQUIRE_BACKEND(c->backend, world);
+    dt_status st = launch_on(c->backend, world, rank_rotary, c);
     if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
     assert_int_equal(st, DT_SUCCESS);
     for (int r = 0; r < world; r++) {
@@ -564,11 +622,14 @@ out:
     return st;
 }
 
+/* state: NULL or a dt_backend_kind * (the backend must not change what is
+ * rejected, nor how). */
 static void test_errors(void **state) {
-    (void)state;
+    const dt_backend_kind backend = *state ? *(const dt_backend_kind *)*state : DT_BACKEND_CPU;
+    REQUIRE_BACKEND(backend, 2);
     err_case *c = calloc(1, sizeof *c);
     assert_non_null(c);
-    dt_status st = h_launch(2, rank_errors, c);
+    dt_status st = launch_on(backend, 2, rank_errors, c);
     if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
     assert_int_equal(st, DT_SUCCESS);
     const dt_status I = DT_ERR_INVALID_ARGUMENT, N = DT_ERR_NOT_SUPPORTED;
@@ -632,6 +693,7 @@ typedef struct block_case {
     int tp, sp;
     dt_order order;
     dt_dtype dtype;
+    dt_backend_kind backend;
     int64_t B, S, E, H, G;
     uint64_t seed;
     double *ref;  /* [B, S, E], made by the main thread */
@@ -834,9 +896,10 @@ static double *block_reference(const block_case *c) {
 
 static void test_block(void **state) {
     block_case *c = *state;
+    REQUIRE_BACKEND(c->backend, c->tp * c->sp);
     c->ref = block_reference(c);
     assert_non_null(c->ref);
-    dt_status st = h_launch(c->tp * c->sp, rank_block, c);
+    dt_status st = launch_on(c->backend, c->tp * c->sp, rank_block, c);
     if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
     free(c->ref);
     c->ref = NULL;
@@ -850,62 +913,104 @@ static void test_block(void **state) {
 
 /* ------------------------------------------------------------------ backend */
 
-typedef struct backend_case {
-    int ran; /* the rank function started: the backend exists */
-    dt_status reshape_st, norm_st, rot_st;
-    int reshape_same;
-    char norm_msg[512], rot_msg[512];
-} backend_case;
+/* The same inputs through one backend (one rank, local tensors); the main
+ * thread compares the CPU and CUDA results. */
+enum { XB_RESHAPE, XB_NORM_F32, XB_NORM_BF16, XB_ROT_HALF, XB_ROT_INTER, XB_ROT_BF16, XB_COUNT };
+static const char *const xb_names[XB_COUNT] = {
+    "reshape [2,6,3,16]->[2,6,48] fp32", "rmsnorm [2,6,48] weight fp32",
+    "rmsnorm [2,6,48] no weight bf16", "rotary half pos=large fp32",
+    "rotary interleaved pos=1000+3g base=500 fp32", "rotary half bf16",
+};
 
-static dt_status rank_cuda(dt_context *ctx, void *arg) {
-    backend_case *c = arg;
-    const int64_t s4[4] = {2, 4, 2, 8}, s3[3] = {2, 4, 16};
-    dt_tensor *x = NULL, *o = NULL, *n = NULL, *rr = NULL;
+typedef struct xb_result {
+    float *out[XB_COUNT];
+    int64_t n[XB_COUNT];
+} xb_result;
+
+static dt_status rank_xb(dt_context *ctx, void *arg) {
+    xb_result *res = arg;
+    const int64_t s4[4] = {2, 6, 3, 16}, s3[3] = {2, 6, 48}, E = 48;
+    int64_t pos[6];
+    dt_tensor *x = NULL, *xb = NULL, *w = NULL, *x3 = NULL, *x3b = NULL;
+    dt_tensor *o[XB_COUNT] = {NULL};
     dt_status st;
-    c->ran = 1;
+    for (int64_t g = 0; g < 6; g++) pos[g] = position_of(POS_LARGE, g);
     DT_TRY_GOTO(st, make_tensor(ctx, NULL, DT_F32, 4, s4, NULL, 3, 0, 1, &x), out);
-    c->reshape_st = dt_tensor_reshape(x, 3, s3, &o);
-    if (c->reshape_st == DT_SUCCESS) {
-        float *a = local_floats(x), *b = local_floats(o);
-        c->reshape_same = a && b && !memcmp(a, b, dt_tensor_local_bytes(x));
-        free(a);
-        free(b);
+    DT_TRY_GOTO(st, make_tensor(ctx, NULL, DT_BF16, 4, s4, NULL, 4, 0, 1, &xb), out);
+    DT_TRY_GOTO(st, make_tensor(ctx, NULL, DT_F32, 3, s3, NULL, 5, 0, 3, &x3), out);
+    DT_TRY_GOTO(st, make_tensor(ctx, NULL, DT_BF16, 3, s3, NULL, 6, 0, 3, &x3b), out);
+    DT_TRY_GOTO(st, make_tensor(ctx, NULL, DT_F32, 1, &E, NULL, 7, 1, 0.5f, &w), out);
+    DT_TRY_GOTO(st, dt_tensor_reshape(x, 3, s3, &o[XB_RESHAPE]), out);
+    DT_TRY_GOTO(st, dt_rmsnorm(x3, w, EPS, &o[XB_NORM_F32]), out);
+    DT_TRY_GOTO(st, dt_rmsnorm(x3b, NULL, EPS, &o[XB_NORM_BF16]), out);
+    dt_rotary_options ro = DT_ROTARY_OPTIONS_INIT;
+    ro.positions = pos;
+    ro.n_positions = 6;
+    DT_TRY_GOTO(st, dt_rotary(x, &ro, &o[XB_ROT_HALF]), out);
+    for (int64_t g = 0; g < 6; g++) pos[g] = position_of(POS_OFFSET, g);
+    ro.style = DT_ROTARY_INTERLEAVED;
+    ro.base = 500.0f;
+    DT_TRY_GOTO(st, dt_rotary(x, &ro, &o[XB_ROT_INTER]), out);
+    DT_TRY_GOTO(st, dt_rotary(xb, NULL, &o[XB_ROT_BF16]), out);
+    for (int k = 0; k < XB_COUNT; k++) {
+        res->n[k] = dt_tensor_local_numel(o[k]);
+        res->out[k] = local_floats(o[k]);
+        if (!res->out[k]) {
+            st = dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory");
+            goto out;
+        }
     }
-    c->norm_st = dt_rmsnorm(x, NULL, EPS, &n);
-    snprintf(c->norm_msg, sizeof c->norm_msg, "%s", dt_last_error());
-    c->rot_st = dt_rotary(x, NULL, &rr);
-    snprintf(c->rot_msg, sizeof c->rot_msg, "%s", dt_last_error());
 out:
-    dt_tensor_destroy(rr);
-    dt_tensor_destroy(n);
-    dt_tensor_destroy(o);
+    for (int k = 0; k < XB_COUNT; k++) dt_tensor_destroy(o[k]);
+    dt_tensor_destroy(w);
+    dt_tensor_destroy(x3b);
+    dt_tensor_destroy(x3);
+    dt_tensor_destroy(xb);
     dt_tensor_destroy(x);
     return st;
 }
 
-static void test_cuda_backend(void **state) {
+static void xb_free(xb_result *r) {
+    for (int k = 0; k < XB_COUNT; k++) free(r->out[k]);
+}
+
+static void test_cuda_vs_cpu(void **state) {
     (void)state;
-    backend_case c;
-    memset(&c, 0, sizeof c);
-    dt_launch_options lo = DT_LAUNCH_OPTIONS_INIT;
-    lo.backend = DT_BACKEND_CUDA;
-    lo.transport = DT_TRANSPORT_LOCAL;
-    dt_status st = dt_launch(1, rank_cuda, &c, &lo);
-    if (st != DT_SUCCESS && !c.ran) {
-        /* not built in, or no device: dt_launch refused before any rank ran */
-        print_message("skipped: no usable CUDA backend here (%s: %s)\n", dt_status_name(st),
-                      dt_last_error());
-        skip();
+    REQUIRE_BACKEND(DT_BACKEND_CUDA, 1);
+    xb_result cpu, gpu;
+    memset(&cpu, 0, sizeof cpu);
+    memset(&gpu, 0, sizeof gpu);
+    dt_status st = launch_on(DT_BACKEND_CPU, 1, rank_xb, &cpu);
+    if (st != DT_SUCCESS) print_error("cpu: %s\n", dt_last_error());
+    dt_status sg = launch_on(DT_BACKEND_CUDA, 1, rank_xb, &gpu);
+    if (sg != DT_SUCCESS) print_error("cuda: %s\n", dt_last_error());
+    long bad = 0;
+    if (st == DT_SUCCESS && sg == DT_SUCCESS) {
+        for (int k = 0; k < XB_COUNT; k++) {
+            const int bf16 = k == XB_NORM_BF16 || k == XB_ROT_BF16;
+            const int norm = k == XB_NORM_F32 || k == XB_NORM_BF16;
+            const double atol = k == XB_RESHAPE ? 0 : norm ? 1e-6 : 2e-7;
+            const double rtol = k == XB_RESHAPE ? 0 : bf16 ? ldexp(1.0, -7) : norm ? 1e-6 : 2e-7;
+            double *ref = malloc((size_t)cpu.n[k] * sizeof *ref);
+            assert_non_null(ref);
+            long same = 0;
+            for (int64_t i = 0; i < cpu.n[k]; i++) {
+                ref[i] = cpu.out[k][i];
+                same += memcmp(&cpu.out[k][i], &gpu.out[k][i], sizeof(float)) == 0;
+            }
+            assert_int_equal(gpu.n[k], cpu.n[k]);
+            double maxe = 0;
+            bad += h_compare(xb_names[k], gpu.out[k], ref, (size_t)cpu.n[k], atol, rtol, &maxe);
+            print_message("  %-46s %ld of %lld bit-identical, max |cuda - cpu| %.3g\n",
+                          xb_names[k], same, (long long)cpu.n[k], maxe);
+            free(ref);
+        }
     }
-    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    xb_free(&cpu);
+    xb_free(&gpu);
     assert_int_equal(st, DT_SUCCESS);
-    /* reshape moves bytes on any backend; the kernels are CPU-only so far */
-    assert_int_equal(c.reshape_st, DT_SUCCESS);
-    assert_true(c.reshape_same);
-    assert_int_equal(c.norm_st, DT_ERR_NOT_SUPPORTED);
-    assert_non_null(strstr(c.norm_msg, "cuda backend"));
-    assert_int_equal(c.rot_st, DT_ERR_NOT_SUPPORTED);
-    assert_non_null(strstr(c.rot_msg, "cuda backend"));
+    assert_int_equal(sg, DT_SUCCESS);
+    assert_int_equal(bad, 0);
 }
 
 /* ------------------------------------------------------------------ example */
@@ -939,7 +1044,7 @@ static void test_example(void **state) {
 
 /* ------------------------------------------------------------------ table */
 
-#define MAX_TESTS 512
+#define MAX_TESTS 1024
 
 typedef struct table {
     struct CMUnitTest tests[MAX_TESTS];
@@ -956,11 +1061,12 @@ static void add(table *t, const char *name, CMUnitTestFunction fn, void *state, 
     if (owned) t->owned[t->n_owned++] = state;
 }
 
-static void add_reshape(table *tb, int mesh_ndim, int m0, int m1, int in_ndim, const int64_t *in,
-                        int out_ndim, const int64_t *outs, dt_layout in_l, dt_layout want_l,
-                        dt_dtype dtype) {
+static void add_reshape(table *tb, dt_backend_kind backend, int mesh_ndim, int m0, int m1,
+                        int in_ndim, const int64_t *in, int out_ndim, const int64_t *outs,
+                        dt_layout in_l, dt_layout want_l, dt_dtype dtype) {
     reshape_case *c = calloc(1, sizeof *c);
     if (!c) return;
+    c->backend = backend;
     c->mesh_ndim = mesh_ndim;
     c->mesh[0] = m0;
     c->mesh[1] = m1;
@@ -980,24 +1086,18 @@ static void add_reshape(table *tb, int mesh_ndim, int m0, int m1, int in_ndim, c
     for (int d = 0; d < out_ndim; d++)
         snprintf(sb + strlen(sb), sizeof sb - strlen(sb), "%s%lld", d ? "x" : "", (long long)outs[d]);
     if (mesh_ndim == 2)
-        snprintf(name, sizeof name, "reshape/mesh=%dx%d,%s[%s]->%s[%s],%s", m0, m1, sa, a, sb, b,
-                 dt_dtype_name(dtype));
+        snprintf(name, sizeof name, "reshape/%smesh=%dx%d,%s[%s]->%s[%s],%s",
+                 backend_tag(backend), m0, m1, sa, a, sb, b, dt_dtype_name(dtype));
     else
-        snprintf(name, sizeof name, "reshape/P=%d,%s[%s]->%s[%s],%s", c->world, sa, a, sb, b,
-                 dt_dtype_name(dtype));
+        snprintf(name, sizeof name, "reshape/%sP=%d,%s[%s]->%s[%s],%s", backend_tag(backend),
+                 c->world, sa, a, sb, b, dt_dtype_name(dtype));
     add(tb, name, test_reshape, c, 1);
 }
 
-int main(int argc, char **argv) {
-    (void)argc;
-    const char *slash = argv[0] ? strrchr(argv[0], '/') : NULL;
-    if (slash && slash - argv[0] < 4000) {
-        snprintf(g_example, sizeof g_example, "%.*s/../examples/transformer_block",
-                 (int)(slash - argv[0]), argv[0]);
-        if (access(g_example, X_OK) != 0)
-            snprintf(g_example, sizeof g_example, "build/examples/transformer_block");
-    }
-    static table tb;
+/* The reshape, rmsnorm, rotary, errors and block cases on one backend. */
+static int add_op_cases(table *tb, dt_backend_kind be) {
+    static const dt_backend_kind cuda_kind = DT_BACKEND_CUDA;
+    const char *tag = backend_tag(be);
     char name[200], ln[64];
 
     /* reshape */
@@ -1008,38 +1108,38 @@ int main(int argc, char **argv) {
             for (int o = 0; o < 3; o += 2) {
                 if (k_orders[o] == DT_ORDER_ZIGZAG && 12 % (2 * P)) continue;
                 dt_layout l = dt_layout_1d(dt_shard(2, k_orders[o]));
-                add_reshape(&tb, 1, P, 1, 4, bshd, 3, bse, l, l, DT_F32);  /* merge heads */
-                add_reshape(&tb, 1, P, 1, 3, bse, 4, bshd, l, l, DT_BF16); /* split E */
+                add_reshape(tb, be, 1, P, 1, 4, bshd, 3, bse, l, l, DT_F32);  /* merge heads */
+                add_reshape(tb, be, 1, P, 1, 3, bse, 4, bshd, l, l, DT_BF16); /* split E */
             }
             dt_layout s1 = dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED));
-            add_reshape(&tb, 1, P, 1, 4, bshd, 3, bse, s1, s1, DT_F32);    /* tokens: any order */
+            add_reshape(tb, be, 1, P, 1, 4, bshd, 3, bse, s1, s1, DT_F32);    /* tokens: any order */
             /* a new dim of length 1: the shard stays on the group's outer dim
              * when it can (P = 1: the head dim of MQA's single kv head),
              * else moves past it */
-            add_reshape(&tb, 1, P, 1, 3, bse, 4, bs1e, dt_layout_1d(dt_shard(2, DT_ORDER_CONTIGUOUS)),
+            add_reshape(tb, be, 1, P, 1, 3, bse, 4, bs1e, dt_layout_1d(dt_shard(2, DT_ORDER_CONTIGUOUS)),
                         dt_layout_1d(dt_shard(P == 1 ? 2 : 3, DT_ORDER_CONTIGUOUS)), DT_F32);
             /* an old dim of length 1 before the sharded one */
-            add_reshape(&tb, 1, P, 1, 4, bs1e, 3, bse, dt_layout_1d(dt_shard(3, DT_ORDER_ZIGZAG)),
+            add_reshape(tb, be, 1, P, 1, 4, bs1e, 3, bse, dt_layout_1d(dt_shard(3, DT_ORDER_ZIGZAG)),
                         dt_layout_1d(dt_shard(2, DT_ORDER_ZIGZAG)), DT_BF16);
-            add_reshape(&tb, 1, P, 1, 4, bs1e, 3, bse, dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED)),
+            add_reshape(tb, be, 1, P, 1, 4, bs1e, 3, bse, dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED)),
                         dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED)), DT_F32);
         }
         for (int P = 1; P <= 4; P *= 2) /* merge [B, S] */
-            add_reshape(&tb, 1, P, 1, 3, bse3, 2, me, dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS)),
+            add_reshape(tb, be, 1, P, 1, 3, bse3, 2, me, dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS)),
                         dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS)), DT_F32);
-        add_reshape(&tb, 1, 3, 1, 4, bshd, 3, bse, dt_layout_1d(dt_partial()),
+        add_reshape(tb, be, 1, 3, 1, 4, bshd, 3, bse, dt_layout_1d(dt_partial()),
                     dt_layout_1d(dt_partial()), DT_F32);
-        add_reshape(&tb, 1, 3, 1, 4, bshd, 3, bse, dt_layout_1d(dt_replicate()),
+        add_reshape(tb, be, 1, 3, 1, 4, bshd, 3, bse, dt_layout_1d(dt_replicate()),
                     dt_layout_1d(dt_replicate()), DT_BF16);
         /* striped heads on a mesh dim of size 1: the same data as Replicate */
-        add_reshape(&tb, 1, 1, 1, 4, bshd, 3, bse, dt_layout_1d(dt_shard(2, DT_ORDER_STRIPED)),
+        add_reshape(tb, be, 1, 1, 1, 4, bshd, 3, bse, dt_layout_1d(dt_shard(2, DT_ORDER_STRIPED)),
                     dt_layout_1d(dt_replicate()), DT_F32);
         for (int o = 0; o < 3; o++) {
             dt_layout l = dt_layout_2d(dt_shard(2, DT_ORDER_CONTIGUOUS), dt_shard(1, k_orders[o]));
-            add_reshape(&tb, 2, 2, 3, 4, bshd, 3, bse, l, l, DT_F32);
-            add_reshape(&tb, 2, 3, 2, 3, bse, 4, bshd, l, l, DT_F32);
+            add_reshape(tb, be, 2, 2, 3, 4, bshd, 3, bse, l, l, DT_F32);
+            add_reshape(tb, be, 2, 3, 2, 3, bse, 4, bshd, l, l, DT_F32);
         }
-        add_reshape(&tb, 1, 1, 1, 4, bshd, 3, bse, dt_layout_replicated(0), dt_layout_replicated(0),
+        add_reshape(tb, be, 1, 1, 1, 4, bshd, 3, bse, dt_layout_replicated(0), dt_layout_replicated(0),
                     DT_F32);
     }
 
@@ -1061,11 +1161,12 @@ int main(int argc, char **argv) {
                 c->l = l;
                 c->weighted = (li + dt) % 2 == 0;
                 c->dtype = dt ? DT_BF16 : DT_F32;
+                c->backend = be;
                 c->shape[0] = 4, c->shape[1] = 24, c->shape[2] = 20;
                 h_layout_short(&l, ln, sizeof ln);
-                snprintf(name, sizeof name, "rmsnorm/P=%d,x=[4,24,20],%s,%s,%s", P, ln,
+                snprintf(name, sizeof name, "rmsnorm/%sP=%d,x=[4,24,20],%s,%s,%s", tag, P, ln,
                          c->weighted ? "weight" : "no weight", dt_dtype_name(c->dtype));
-                add(&tb, name, test_norm, c, 1);
+                add(tb, name, test_norm, c, 1);
             }
     for (int i = 0; i < 2; i++) {
         norm_case *c = calloc(1, sizeof *c);
@@ -1074,15 +1175,16 @@ int main(int argc, char **argv) {
             c->mesh_ndim = 2, c->mesh[0] = 2, c->mesh[1] = 2, c->world = 4;
             c->l = dt_layout_2d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_shard(1, DT_ORDER_STRIPED));
             h_layout_short(&c->l, ln, sizeof ln);
-            snprintf(name, sizeof name, "rmsnorm/mesh=2x2,x=[4,24,20],%s,weight,fp32", ln);
+            snprintf(name, sizeof name, "rmsnorm/%smesh=2x2,x=[4,24,20],%s,weight,fp32", tag, ln);
         } else {
             c->world = 0;
-            snprintf(name, sizeof name, "rmsnorm/local,x=[4,24,20],weight,fp32");
+            snprintf(name, sizeof name, "rmsnorm/%slocal,x=[4,24,20],weight,fp32", tag);
         }
+        c->backend = be;
         c->weighted = 1;
         c->dtype = DT_F32;
         c->shape[0] = 4, c->shape[1] = 24, c->shape[2] = 20;
-        add(&tb, name, test_norm, c, 1);
+        add(tb, name, test_norm, c, 1);
     }
 
     /* rotary */
@@ -1101,11 +1203,12 @@ int main(int argc, char **argv) {
                 c->pos = (P + o) % 3 == 0 ? POS_OFFSET : POS_INDEX;
                 c->base = 0.0f;
                 c->dtype = (P + o + sty) % 4 == 0 ? DT_BF16 : DT_F32;
+                c->backend = be;
                 h_layout_short(&c->l, ln, sizeof ln);
-                snprintf(name, sizeof name, "rotary/P=%d,x=[2,%lld,3,8],%s,%s,pos=%s,%s", P,
+                snprintf(name, sizeof name, "rotary/%sP=%d,x=[2,%lld,3,8],%s,%s,pos=%s,%s", tag, P,
                          (long long)c->shape[1], ln, dt_rotary_style_name(c->style),
                          pos_names[c->pos], dt_dtype_name(c->dtype));
-                add(&tb, name, test_rotary, c, 1);
+                add(tb, name, test_rotary, c, 1);
             }
     {
         /* heads on tp, tokens striped on sp; large positions; base 500;
@@ -1139,20 +1242,22 @@ int main(int argc, char **argv) {
                 c->pos = extra[i].pos;
                 c->base = extra[i].base;
                 c->dtype = DT_F32;
+                c->backend = be;
                 char sh[64] = "";
                 for (int d = 0; d < c->ndim; d++)
                     snprintf(sh + strlen(sh), sizeof sh - strlen(sh), "%s%lld", d ? "," : "",
                              (long long)c->shape[d]);
                 layout_name(&c->l, ln, sizeof ln);
-                snprintf(name, sizeof name, "rotary/%s,world=%d,x=[%s],%s,%s,pos=%s,base=%g,fp32",
-                         extra[i].what, c->world ? c->world : 1, sh, ln,
+                snprintf(name, sizeof name, "rotary/%s%s,world=%d,x=[%s],%s,%s,pos=%s,base=%g,fp32",
+                         tag, extra[i].what, c->world ? c->world : 1, sh, ln,
                          dt_rotary_style_name(c->style), pos_names[c->pos],
                          (double)(c->base > 0 ? c->base : 10000.0f));
-                add(&tb, name, test_rotary, c, 1);
+                add(tb, name, test_rotary, c, 1);
             }
     }
 
-    add(&tb, "errors/P=2,reshape+rmsnorm+rotary", test_errors, NULL, 0);
+    snprintf(name, sizeof name, "errors/%sP=2,reshape+rmsnorm+rotary", tag);
+    add(tb, name, test_errors, be == DT_BACKEND_CUDA ? (void *)&cuda_kind : NULL, 0);
 
     /* the block */
     {
@@ -1167,12 +1272,13 @@ int main(int argc, char **argv) {
                     c->sp = meshes[m][1];
                     c->order = k_orders[o];
                     c->dtype = dt ? DT_BF16 : DT_F32;
+                    c->backend = be;
                     c->B = 1, c->S = 24, c->E = 64, c->H = 8, c->G = 4;
                     c->seed = 1000 + 17 * m + (uint64_t)o;
                     snprintf(name, sizeof name,
-                             "block/tp=%d,sp=%d,%s,B=1,S=24,E=64,H=8,Hkv=4,D=8,%s", c->tp, c->sp,
+                             "block/%stp=%d,sp=%d,%s,B=1,S=24,E=64,H=8,Hkv=4,D=8,%s", tag, c->tp, c->sp,
                              dt_order_name(c->order), dt_dtype_name(c->dtype));
-                    add(&tb, name, test_block, c, 1);
+                    add(tb, name, test_block, c, 1);
                 }
         /* MQA (one kv head: k is [B, S, 1, D]) and wider heads */
         static const struct { int tp, sp; int64_t B, S, E, H, G; dt_order o; } more[] = {
@@ -1185,17 +1291,37 @@ int main(int argc, char **argv) {
             block_case *c = calloc(1, sizeof *c);
             if (!c) return 1;
             c->tp = more[i].tp, c->sp = more[i].sp, c->order = more[i].o, c->dtype = DT_F32;
+            c->backend = be;
             c->B = more[i].B, c->S = more[i].S, c->E = more[i].E, c->H = more[i].H, c->G = more[i].G;
             c->seed = 2000 + i;
-            snprintf(name, sizeof name, "block/tp=%d,sp=%d,%s,B=%lld,S=%lld,E=%lld,H=%lld,Hkv=%lld,"
-                     "D=%lld,fp32", c->tp, c->sp, dt_order_name(c->order), (long long)c->B,
+            snprintf(name, sizeof name, "block/%stp=%d,sp=%d,%s,B=%lld,S=%lld,E=%lld,H=%lld,Hkv=%lld,"
+                     "D=%lld,fp32", tag, c->tp, c->sp, dt_order_name(c->order), (long long)c->B,
                      (long long)c->S, (long long)c->E, (long long)c->H, (long long)c->G,
                      (long long)(c->E / c->H));
-            add(&tb, name, test_block, c, 1);
+            add(tb, name, test_block, c, 1);
         }
     }
 
-    add(&tb, "backend/cuda,reshape+rmsnorm+rotary", test_cuda_backend, NULL, 0);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    const char *slash = argv[0] ? strrchr(argv[0], '/') : NULL;
+    if (slash && slash - argv[0] < 4000) {
+        snprintf(g_example, sizeof g_example, "%.*s/../examples/transformer_block",
+                 (int)(slash - argv[0]), argv[0]);
+        if (access(g_example, X_OK) != 0)
+            snprintf(g_example, sizeof g_example, "build/examples/transformer_block");
+    }
+    static table tb;
+    char name[200];
+
+    /* Every op case on the CPU backend, then again on CUDA (cuda+local,
+     * ranks sharing one GPU; skipped with the reason where it cannot run). */
+    if (add_op_cases(&tb, DT_BACKEND_CPU) || add_op_cases(&tb, DT_BACKEND_CUDA)) return 1;
+
+    add(&tb, "backend/cuda-vs-cpu/reshape+rmsnorm+rotary,fp32+bf16", test_cuda_vs_cpu, NULL, 0);
 
     static const example_case examples[] = {
         {"", 0, "result: PASS"},
