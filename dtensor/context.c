@@ -52,6 +52,7 @@
 
 /* OpenBLAS's own call: with N ranks as threads, one BLAS thread each. */
 void openblas_set_num_threads(int num_threads);
+int openblas_get_num_threads(void);
 
 const char *dt_backend_kind_name(dt_backend_kind kind) {
     switch (kind) {
@@ -680,6 +681,8 @@ dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg, const dt_launch_op
         world_destroy(world);
         return dt_error(DT_ERR_OUT_OF_MEMORY, "dt_launch: out of memory for %d ranks", world_size);
     }
+    /* N ranks as threads: one BLAS thread each, for this launch only. */
+    int blas_threads = openblas_get_num_threads();
     if (world_size > 1) openblas_set_num_threads(1);
 
     int started = 0;
@@ -697,6 +700,7 @@ dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg, const dt_launch_op
         }
     }
     for (int r = 0; r < started; r++) pthread_join(threads[r], NULL);
+    if (world_size > 1) openblas_set_num_threads(blas_threads);
 
     int rank = -1;
     char msg[1024];

@@ -36,8 +36,9 @@
  * broadcast), else from NCCL_COMM_ID, set to MASTER_ADDR:MASTER_PORT.
  *
  * When ranks are threads (world size > 1), dt_launch sets OpenBLAS to one
- * thread per call, so N ranks use N cores rather than N x cores; when they
- * are processes, to the node's cores divided by its processes.
+ * thread per call for the launch (N ranks use N cores rather than N x cores)
+ * and restores the previous setting when it returns; when ranks are
+ * processes, to the node's cores divided by its processes.
  *
  * Test: tests/test_context.c, tests/test_launch_env.c, tests/test_mpi.c
  * (make test; the last runs under mpirun -np 1..4).

@@ -67,7 +67,11 @@ run_one() {
 
     # The group's 2>/dev/null only hides bash's own "Aborted ..." job report;
     # the test's stderr is already merged into the pipe.
-    { timeout -k 10 "$limit" "${buf[@]}" "$@" 2>&1 | tee "$log"; } 2>/dev/null
+    # DT_TEST_WRAPPER (e.g. valgrind ...) runs each test under a tool; not
+    # the MPI suite, whose command is mpirun itself (no_wrap).
+    local wrap=()
+    if [ -n "${DT_TEST_WRAPPER:-}" ] && [ -z "${no_wrap:-}" ]; then read -ra wrap <<<"$DT_TEST_WRAPPER"; fi
+    { timeout -k 10 "$limit" "${buf[@]}" "${wrap[@]}" "$@" 2>&1 | tee "$log"; } 2>/dev/null
     local rc=${PIPESTATUS[0]}
 
     local hdr_fail='^\[  FAILED  \] [0-9]+ test\(s\), listed below:'
@@ -168,7 +172,7 @@ run_mpi_suite() {
     # the library's own leaks.
     local np
     for np in ${DT_TEST_MPI_NP:-1 2 3 4}; do
-        ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+        ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" no_wrap=1 \
             run_one "$name -np $np" "$mpirun" "${args[@]}" -np "$np" "$bin"
     done
 }
