@@ -26,13 +26,11 @@
  *      [--embed E] [--ranks 1,2,4] [--backend auto|cpu|cuda]
  */
 #include <cblas.h>
-#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "dtensor/dtensor.h"
@@ -40,6 +38,8 @@
 #define MAX_ITERS 1000
 #define MAX_P 16
 #define NAME "bench/mlp"
+
+#include "examples/example_util.h" /* ex_now_s, ex_median, ex_parse_int */
 
 typedef struct opts {
     int quick, iters, n_ranks, ranks[MAX_P];
@@ -57,22 +57,6 @@ typedef struct result {
     double comm_s[MAX_P][MAX_ITERS];         /* each rank's redistributes */
     dt_backend_kind backend;
 } result;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static dt_status rank_bench(dt_context *ctx, void *arg) {
     result *r = arg;
@@ -103,20 +87,20 @@ static dt_status rank_bench(dt_context *ctx, void *arg) {
     for (int it = -1; it < o->iters; it++) {
         dt_tensor *xr = NULL, *h = NULL, *g = NULL, *yp = NULL, *y = NULL;
         DT_TRY_GOTO(st, dt_comm_barrier(world), step_out);
-        const double t0 = now_s();
+        const double t0 = ex_now_s();
         if (r->sp) DT_TRY_GOTO(st, dt_tensor_redistribute(x, &rep, &xr), step_out);
-        const double m0 = now_s();
+        const double m0 = ex_now_s();
         DT_TRY_GOTO(st, dt_matmul(r->sp ? xr : x, w1, &h), step_out);
-        const double m1 = now_s();
+        const double m1 = ex_now_s();
         DT_TRY_GOTO(st, dt_gelu(h, DT_GELU_ERF, &g), step_out);
-        const double m2 = now_s();
+        const double m2 = ex_now_s();
         DT_TRY_GOTO(st, dt_matmul(g, w2, &yp), step_out);
-        const double m3 = now_s();
+        const double m3 = ex_now_s();
         DT_TRY_GOTO(st, dt_tensor_redistribute(yp, r->sp ? &seq : &rep, &y), step_out);
-        const double m4 = now_s();
+        const double m4 = ex_now_s();
         DT_TRY_GOTO(st, dt_comm_barrier(world), step_out);
         if (it >= 0) {
-            if (rank == 0) r->step_s[it] = now_s() - t0;
+            if (rank == 0) r->step_s[it] = ex_now_s() - t0;
             r->mm_s[rank][it] = (m1 - m0) + (m3 - m2);
             r->gelu_s[rank][it] = m2 - m1;
             r->comm_s[rank][it] = (m0 - t0) + (m4 - m3);
@@ -156,14 +140,14 @@ static double sgemm_baseline(const opts *o, int threads) {
         }
         openblas_set_num_threads(threads);
         for (int it = -1; it < o->iters; it++) {
-            const double t0 = now_s();
+            const double t0 = ex_now_s();
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, F, E, 1.0f, x, E, w1, F,
                         0.0f, h, F);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, E, F, 1.0f, h, F, w2, E,
                         0.0f, y, E);
-            if (it >= 0) t[it] = now_s() - t0;
+            if (it >= 0) t[it] = ex_now_s() - t0;
         }
-        med = median(t, o->iters);
+        med = ex_median(t, o->iters);
     }
     free(x);
     free(w1);
@@ -183,19 +167,6 @@ static void usage(FILE *f) {
             "  --backend K       auto | cpu | cuda, default auto\n");
 }
 
-static int parse_long(const char *flag, const char *v, long lo, long hi, long *out) {
-    char *end = NULL;
-    errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || errno || x < lo || x > hi) {
-        fprintf(stderr, NAME ": %s takes an integer in [%ld, %ld], got '%s'\n", flag, lo, hi,
-                v ? v : "(nothing)");
-        return 0;
-    }
-    *out = x;
-    return 1;
-}
-
 static int parse(int argc, char **argv, opts *o) {
     int iters_set = 0, ranks_set = 0, shape_set = 0;
     for (int i = 1; i < argc; i++) {
@@ -208,16 +179,16 @@ static int parse(int argc, char **argv, opts *o) {
             o->quick = 1;
             continue;
         } else if (!strcmp(a, "--iters")) {
-            if (!parse_long(a, v, 1, MAX_ITERS, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, MAX_ITERS, &x)) return 2;
             o->iters = (int)x, iters_set = 1;
         } else if (!strcmp(a, "--batch")) {
-            if (!parse_long(a, v, 1, 1 << 16, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 1 << 16, &x)) return 2;
             o->batch = x, shape_set = 1;
         } else if (!strcmp(a, "--seq")) {
-            if (!parse_long(a, v, 1, 1 << 20, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 1 << 20, &x)) return 2;
             o->seq = x, shape_set = 1;
         } else if (!strcmp(a, "--embed")) {
-            if (!parse_long(a, v, 1, 1 << 15, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 1 << 15, &x)) return 2;
             o->embed = x, shape_set = 1;
         } else if (!strcmp(a, "--backend")) {
             if (v && !strcmp(v, "auto")) o->backend = DT_BACKEND_AUTO;
@@ -233,7 +204,7 @@ static int parse(int argc, char **argv, opts *o) {
             char buf[256];
             snprintf(buf, sizeof buf, "%s", v ? v : "");
             for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-                if (o->n_ranks == MAX_P || !parse_long(a, tok, 1, MAX_P, &x)) return 2;
+                if (o->n_ranks == MAX_P || !ex_parse_int(a, tok, 1, MAX_P, &x)) return 2;
                 o->ranks[o->n_ranks++] = (int)x;
             }
             if (o->n_ranks == 0) {
@@ -325,8 +296,8 @@ int main(int argc, char **argv) {
                     cm[it] = fmax(cm[it], r->comm_s[k][it]);
                 }
             }
-            const double step = median(r->step_s, o.iters), mmed = median(mm, o.iters);
-            const double gmed = median(ge, o.iters), cmed = median(cm, o.iters);
+            const double step = ex_median(r->step_s, o.iters), mmed = ex_median(mm, o.iters);
+            const double gmed = ex_median(ge, o.iters), cmed = ex_median(cm, o.iters);
             const double sent = r->P > 1 ? 2.0 * (r->P - 1) / r->P * act : 0.0;
             char what[64], sent_s[32];
             snprintf(what, sizeof what, "dt MLP %s%s", sp ? "sp (AG+RS)" : "tp (AR)",

@@ -38,19 +38,19 @@
  * Run: build/examples/tensor_parallel_mlp [--ranks 4] [--sp] [--dtype bf16]
  * Test: tests/test_mlp.c (make test).
  */
-#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "dtensor/dtensor.h"
 
 #define MAX_RANKS 64
 #define MAX_ITERS 1000
 #define NAME "tensor_parallel_mlp"
+
+#include "examples/example_util.h"
 
 typedef struct config {
     int ranks, sp, iters;
@@ -72,50 +72,6 @@ typedef struct run {
     dt_backend_kind backend;
 } run;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Weights are scaled by 2^-k with 2^k near sqrt(fan_in / 3): the inputs are
- * uniform in [-1, 1) (variance 1/3), so each matmul keeps the variance of
- * its input, and a power of two scales exactly in fp32 and bf16. */
-static float weight_scale(int64_t fan_in) {
-    return ldexpf(1.0f, -(int)lround(0.5 * log2((double)fan_in / 3.0)));
-}
-
-/* x *= scale on the local buffer, through host memory (any backend). */
-static dt_status scale_local(dt_tensor *t, float scale) {
-    size_t n = (size_t)dt_tensor_local_numel(t), bytes = dt_tensor_local_bytes(t);
-    void *h = malloc(bytes ? bytes : 1);
-    if (!h) return dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory for %zu bytes", bytes);
-    dt_status st = dt_tensor_get_local(t, h, bytes);
-    for (size_t i = 0; st == DT_SUCCESS && i < n; i++) {
-        if (dt_tensor_dtype(t) == DT_F32)
-            ((float *)h)[i] *= scale;
-        else
-            ((dt_bf16 *)h)[i] = dt_f32_to_bf16(dt_bf16_to_f32(((dt_bf16 *)h)[i]) * scale);
-    }
-    if (st == DT_SUCCESS) st = dt_tensor_set_local(t, h, bytes);
-    free(h);
-    return st;
-}
-
-/* A full [rows, cols] weight as a local tensor (call on rank 0 only). */
-static dt_status full_weight(dt_context *ctx, dt_dtype dtype, int64_t rows, int64_t cols,
-                             uint64_t seed, dt_tensor **out) {
-    int64_t shape[2] = {rows, cols};
-    DT_TRY(dt_tensor_create(ctx, NULL, dtype, 2, shape, NULL, out));
-    dt_status st = dt_tensor_fill_random(*out, seed);
-    if (st == DT_SUCCESS) st = scale_local(*out, weight_scale(rows));
-    if (st != DT_SUCCESS) {
-        dt_tensor_destroy(*out);
-        *out = NULL;
-    }
-    return st;
-}
-
 static void note_layout(char *buf, const dt_tensor *t) {
     if (buf) dt_layout_format(dt_tensor_layout(t), buf, 128);
 }
@@ -125,51 +81,25 @@ static void note_layout(char *buf, const dt_tensor *t) {
  * every stage. Collective over the mesh. */
 static dt_status mlp_step(const dt_tensor *x, const dt_tensor *w1, const dt_tensor *w2, int sp,
                           dt_tensor **y, char (*lay)[128]) {
-    dt_tensor *xfull = NULL, *h = NULL, *g = NULL, *yp = NULL;
+    dt_tensor *xfull = NULL;
     dt_status st;
     const dt_layout rep = dt_layout_1d(dt_replicate());
     const dt_layout seq = dt_layout_1d(dt_shard(1, DT_ORDER_CONTIGUOUS));
     if (sp) /* sequence parallel: all-gather the tokens before the first matmul */
         DT_TRY_GOTO(st, dt_tensor_redistribute(x, &rep, &xfull), out);
     const dt_tensor *xin = sp ? xfull : x;
-    DT_TRY_GOTO(st, dt_matmul(xin, w1, &h), out);        /* [R] @ [S(1)] -> [S(2)] */
-    DT_TRY_GOTO(st, dt_gelu(h, DT_GELU_ERF, &g), out);   /* local */
-    DT_TRY_GOTO(st, dt_matmul(g, w2, &yp), out);         /* [S(2)] @ [S(0)] -> [Partial] */
-    /* all-reduce (tp) or reduce-scatter over the sequence (sp) */
-    DT_TRY_GOTO(st, dt_tensor_redistribute(yp, sp ? &seq : &rep, y), out);
+    /* H = X @ W1, G = GELU(H), Y = G @ W2 [Partial], then the all-reduce (tp)
+     * or reduce-scatter over the sequence (sp) */
+    DT_TRY_GOTO(st, ex_mlp_forward(xin, w1, w2, sp ? &seq : &rep, y, lay ? lay[L_H] : NULL,
+                                   lay ? lay[L_G] : NULL, lay ? lay[L_Y] : NULL), out);
     if (lay) {
         note_layout(lay[L_X], x);
         note_layout(lay[L_XFULL], xin);
-        note_layout(lay[L_H], h);
-        note_layout(lay[L_G], g);
-        note_layout(lay[L_Y], yp);
         note_layout(lay[L_OUT], *y);
     }
 out:
-    dt_tensor_destroy(yp);
-    dt_tensor_destroy(g);
-    dt_tensor_destroy(h);
     dt_tensor_destroy(xfull);
     return st;
-}
-
-/* A local (gathered) tensor as a new fp32 host array; bf16 is widened. */
-static dt_status to_host_f32(const dt_tensor *t, float **out) {
-    size_t n = (size_t)dt_tensor_local_numel(t);
-    float *f = malloc((n ? n : 1) * sizeof *f);
-    void *raw = malloc(dt_tensor_local_bytes(t) + 1);
-    dt_status st = f && raw ? dt_tensor_get_local(t, raw, dt_tensor_local_bytes(t))
-                            : dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory for %zu floats", n);
-    for (size_t i = 0; st == DT_SUCCESS && i < n; i++)
-        f[i] = dt_tensor_dtype(t) == DT_F32 ? ((float *)raw)[i]
-                                             : dt_bf16_to_f32(((dt_bf16 *)raw)[i]);
-    free(raw);
-    if (st != DT_SUCCESS) {
-        free(f);
-        return st;
-    }
-    *out = f;
-    return DT_SUCCESS;
 }
 
 static dt_status rank_mlp(dt_context *ctx, void *arg) {
@@ -178,8 +108,7 @@ static dt_status rank_mlp(dt_context *ctx, void *arg) {
     const int rank = dt_context_rank(ctx);
     const int64_t E = c->embed, F = 4 * c->embed;
     dt_mesh *mesh = NULL;
-    dt_tensor *x = NULL, *w1full = NULL, *w2full = NULL, *w1 = NULL, *w2 = NULL, *y = NULL,
-              *yg = NULL;
+    dt_tensor *x = NULL, *w1 = NULL, *w2 = NULL, *y = NULL, *yg = NULL;
     dt_status st;
     const int sizes[1] = {c->ranks};
     const char *names[1] = {"tp"};
@@ -193,14 +122,10 @@ static dt_status rank_mlp(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, dt_tensor_fill_random(x, c->seed), out);
 
     /* The weights: whole on rank 0, then scattered. */
-    if (rank == 0) {
-        DT_TRY_GOTO(st, full_weight(ctx, c->dtype, E, F, c->seed + 1, &w1full), out);
-        DT_TRY_GOTO(st, full_weight(ctx, c->dtype, F, E, c->seed + 2, &w2full), out);
-    }
     const dt_layout col = dt_layout_1d(dt_shard(1, DT_ORDER_CONTIGUOUS));
     const dt_layout row = dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS));
-    DT_TRY_GOTO(st, dt_tensor_shard(mesh, 0, w1full, &col, &w1), out);
-    DT_TRY_GOTO(st, dt_tensor_shard(mesh, 0, w2full, &row, &w2), out);
+    DT_TRY_GOTO(st, ex_make_weight(ctx, mesh, c->dtype, E, F, c->seed + 1, &col, &w1), out);
+    DT_TRY_GOTO(st, ex_make_weight(ctx, mesh, c->dtype, F, E, c->seed + 2, &row, &w2), out);
     if (rank == 0) {
         note_layout(r->layout[L_W1], w1);
         note_layout(r->layout[L_W2], w2);
@@ -212,15 +137,15 @@ static dt_status rank_mlp(dt_context *ctx, void *arg) {
         dt_tensor_destroy(y);
         y = NULL;
         DT_TRY_GOTO(st, dt_comm_barrier(world), out);
-        const double t0 = now_s();
+        const double t0 = ex_now_s();
         DT_TRY_GOTO(st, mlp_step(x, w1, w2, c->sp, &y, rank == 0 ? r->layout : NULL), out);
         DT_TRY_GOTO(st, dt_comm_barrier(world), out);
-        if (rank == 0 && it >= 0) r->step_s[it] = now_s() - t0;
+        if (rank == 0 && it >= 0) r->step_s[it] = ex_now_s() - t0;
     }
 
     DT_TRY_GOTO(st, dt_tensor_gather(y, 0, &yg), out);
     if (rank == 0) {
-        DT_TRY_GOTO(st, to_host_f32(yg, &r->y), out);
+        DT_TRY_GOTO(st, ex_to_host_f32(yg, &r->y), out);
         r->backend = dt_context_backend(ctx);
     }
 out:
@@ -228,8 +153,6 @@ out:
     dt_tensor_destroy(y);
     dt_tensor_destroy(w2);
     dt_tensor_destroy(w1);
-    dt_tensor_destroy(w2full);
-    dt_tensor_destroy(w1full);
     dt_tensor_destroy(x);
     dt_mesh_destroy(mesh);
     return st;
@@ -246,7 +169,7 @@ static double stored(dt_dtype dtype, float v) {
 /* Y = GELU(X W1) W2 in double. Returns NULL when out of memory. */
 static double *reference(const config *c) {
     const int64_t M = c->batch * c->seq, E = c->embed, F = 4 * c->embed;
-    const double s1 = weight_scale(E), s2 = weight_scale(F);
+    const double s1 = ex_weight_scale(E), s2 = ex_weight_scale(F);
     double *x = malloc((size_t)(M * E) * sizeof *x), *w1 = malloc((size_t)(E * F) * sizeof *w1);
     double *w2 = malloc((size_t)(F * E) * sizeof *w2), *g = malloc((size_t)F * sizeof *g);
     double *y = malloc((size_t)(M * E) * sizeof *y);
@@ -260,21 +183,10 @@ static double *reference(const config *c) {
         w1[i] = s1 * stored(c->dtype, dt_random_value(c->seed + 1, (uint64_t)i));
         w2[i] = s2 * stored(c->dtype, dt_random_value(c->seed + 2, (uint64_t)i));
     }
-    for (int64_t m = 0; m < M; m++) {
-        for (int64_t f = 0; f < F; f++) g[f] = 0;
-        for (int64_t e = 0; e < E; e++) {
-            const double xv = x[m * E + e];
-            const double *wr = w1 + e * F;
-            for (int64_t f = 0; f < F; f++) g[f] += xv * wr[f];
-        }
-        for (int64_t f = 0; f < F; f++) g[f] = 0.5 * g[f] * (1.0 + erf(g[f] / sqrt(2.0)));
-        double *ym = y + m * E;
-        for (int64_t e = 0; e < E; e++) ym[e] = 0;
-        for (int64_t f = 0; f < F; f++) {
-            const double gv = g[f];
-            const double *wr = w2 + f * E;
-            for (int64_t e = 0; e < E; e++) ym[e] += gv * wr[e];
-        }
+    for (int64_t m = 0; m < M; m++) { /* a row at a time: g holds one row of G */
+        ex_ref_matmul(x + m * E, w1, 1, E, F, g);
+        ex_ref_gelu(g, F);
+        ex_ref_matmul(g, w2, 1, F, E, y + m * E);
     }
 out:
     free(x);
@@ -308,38 +220,11 @@ static void usage(FILE *f) {
             MAX_RANKS, MAX_ITERS);
 }
 
-static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
-    char *end = NULL;
-    errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || errno || x < lo || x > hi) {
-        fprintf(stderr, NAME ": %s takes an integer in [%ld, %ld], got '%s'\n", flag, lo, hi,
-                v ? v : "(nothing)");
-        return 0;
-    }
-    *out = x;
-    return 1;
-}
-
-static int parse_choice(const char *flag, const char *v, const char *const *names, int n) {
-    for (int i = 0; v && i < n; i++)
-        if (!strcmp(v, names[i])) return i;
-    fprintf(stderr, NAME ": %s takes one of", flag);
-    for (int i = 0; i < n; i++) fprintf(stderr, "%s %s", i ? "," : "", names[i]);
-    fprintf(stderr, "; got '%s'\n", v ? v : "(nothing)");
-    return -1;
-}
-
 /* Parses argv into c; returns -1 to go on, else the exit status. */
 static int parse_flags(int argc, char **argv, config *c) {
-    static const char *const dtype_names[] = {"fp32", "bf16"};
-    static const dt_dtype dtypes[] = {DT_F32, DT_BF16};
-    static const char *const backend_names[] = {"auto", "cpu", "cuda"};
-    static const dt_backend_kind backends[] = {DT_BACKEND_AUTO, DT_BACKEND_CPU, DT_BACKEND_CUDA};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long x = 0;
-        int k;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -347,36 +232,26 @@ static int parse_flags(int argc, char **argv, config *c) {
             c->sp = 1;
             continue;
         } else if (!strcmp(a, "--ranks")) {
-            if (!parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
             c->ranks = (int)x;
         } else if (!strcmp(a, "--batch")) {
-            if (!parse_int(a, v, 1, 1 << 16, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 1 << 16, &x)) return 2;
             c->batch = x;
         } else if (!strcmp(a, "--seq")) {
-            if (!parse_int(a, v, 1, 1 << 20, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 1 << 20, &x)) return 2;
             c->seq = x;
         } else if (!strcmp(a, "--embed")) {
-            if (!parse_int(a, v, 1, 1 << 16, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 1 << 16, &x)) return 2;
             c->embed = x;
         } else if (!strcmp(a, "--iters")) {
-            if (!parse_int(a, v, 1, MAX_ITERS, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, MAX_ITERS, &x)) return 2;
             c->iters = (int)x;
         } else if (!strcmp(a, "--dtype")) {
-            if ((k = parse_choice(a, v, dtype_names, 2)) < 0) return 2;
-            c->dtype = dtypes[k];
+            if (!ex_parse_dtype(a, v, &c->dtype)) return 2;
         } else if (!strcmp(a, "--backend")) {
-            if ((k = parse_choice(a, v, backend_names, 3)) < 0) return 2;
-            c->backend = backends[k];
+            if (!ex_parse_backend(a, v, &c->backend)) return 2;
         } else if (!strcmp(a, "--seed")) {
-            char *end = NULL;
-            errno = 0;
-            unsigned long long s = v ? strtoull(v, &end, 10) : 0;
-            if (!v || !*v || *end || errno || v[0] == '-') {
-                fprintf(stderr, NAME ": --seed takes a non-negative integer, got '%s'\n",
-                        v ? v : "(nothing)");
-                return 2;
-            }
-            c->seed = s;
+            if (!ex_parse_seed(v, &c->seed)) return 2;
         } else {
             fprintf(stderr, NAME ": unknown flag '%s' (--help lists them)\n", a);
             return 2;
@@ -401,11 +276,6 @@ static int parse_flags(int argc, char **argv, config *c) {
         return 2;
     }
     return -1;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static void print_bytes(const char *label, double bytes) {
@@ -489,9 +359,7 @@ int main(int argc, char **argv) {
 
     double sorted[MAX_ITERS];
     memcpy(sorted, r->step_s, (size_t)c.iters * sizeof *sorted);
-    qsort(sorted, (size_t)c.iters, sizeof *sorted, cmp_double);
-    const double med = c.iters % 2 ? sorted[c.iters / 2]
-                                   : 0.5 * (sorted[c.iters / 2 - 1] + sorted[c.iters / 2]);
+    const double med = ex_median(sorted, c.iters); /* sorts: [0] min, [iters - 1] max */
     const double flops = 4.0 * (double)M * (double)E * (double)F;
     printf("\ntime per step on the %s backend: median %.3f ms of %d (min %.3f, max %.3f);"
            " matmuls %.2f GFLOP/s\n", dt_backend_kind_name(r->backend), 1e3 * med, c.iters,
@@ -508,22 +376,14 @@ int main(int argc, char **argv) {
      * in both, but H, G and each summand of Y are rounded to bf16 (2^-9
      * relative) on the way. */
     const double atol = c.dtype == DT_F32 ? 1e-5 : 2e-2, rtol = c.dtype == DT_F32 ? 1e-4 : 2e-2;
-    double err = 0, worst = 0, ss = 0;
-    long bad = 0;
-    for (int64_t i = 0; i < M * E; i++) {
-        const double g = r->y[i], e = fabs(g - ref[i]);
-        ss += ref[i] * ref[i];
-        if (e / (atol + rtol * fabs(ref[i])) > worst) worst = e / (atol + rtol * fabs(ref[i]));
-        if (!isfinite(g) || !(e <= atol + rtol * fabs(ref[i]))) bad++;
-        if (!isfinite(g)) err = INFINITY;
-        else if (e > err) err = e;
-    }
+    const ex_check chk = ex_check_result(r->y, ref, M * E, atol, rtol);
     printf("max |Y - Y_ref| = %.3g against a one-rank MLP in double precision (rms of Y_ref %.3g)\n"
-           "  tolerance %g + %g*|ref|: %ld of %lld outside, worst error/tolerance %.3f\n", err,
-           sqrt(ss / (double)(M * E)), atol, rtol, bad, (long long)(M * E), worst);
-    printf("result: %s\n", bad ? "FAIL" : "PASS");
+           "  tolerance %g + %g*|ref|: %ld of %lld outside, worst error/tolerance %.3f\n",
+           chk.max_err, sqrt(chk.ref_ss / (double)(M * E)), atol, rtol, chk.bad,
+           (long long)(M * E), chk.worst);
+    printf("result: %s\n", chk.bad ? "FAIL" : "PASS");
     free(ref);
     free(r->y);
     free(r);
-    return bad ? 1 : 0;
+    return chk.bad ? 1 : 0;
 }

@@ -33,13 +33,11 @@
  * Run: build/examples/transformer_block [--tp 2 --sp 2 --order striped] [--sweep]
  * Test: tests/test_transformer.c (make test).
  */
-#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "attention/attention.h"
 #include "dtensor/dtensor.h"
@@ -48,6 +46,8 @@
 #define MAX_RANKS 64
 #define SHOW_TOKENS 8
 #define EPS 1e-5f
+
+#include "examples/example_util.h"
 
 typedef struct config {
     int tp, sp, sweep;
@@ -79,19 +79,9 @@ typedef struct run {
     dt_backend_kind backend;
 } run;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Parameters: w = offset + scale * r, r the stored random value, computed in
  * fp32 and stored in the dtype. Matrices: offset 0, scale 2^-k with 2^k near
  * sqrt(fan_in / 3) (exact). Norm weights: 1 + r/2, in [0.5, 1.5). */
-static float weight_scale(int64_t fan_in) {
-    return ldexpf(1.0f, -(int)lround(0.5 * log2((double)fan_in / 3.0)));
-}
-
 static float stored(dt_dtype dtype, float v) {
     return dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(v)) : v;
 }
@@ -101,51 +91,13 @@ static float param_value(dt_dtype dtype, uint64_t seed, uint64_t i, float offset
     return stored(dtype, offset + scale * r);
 }
 
-/* t = offset + scale * t on the local buffer, through host memory. */
-static dt_status transform_local(dt_tensor *t, float offset, float scale) {
-    size_t n = (size_t)dt_tensor_local_numel(t), bytes = dt_tensor_local_bytes(t);
-    void *h = malloc(bytes ? bytes : 1);
-    if (!h) return dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory for %zu bytes", bytes);
-    dt_status st = dt_tensor_get_local(t, h, bytes);
-    for (size_t i = 0; st == DT_SUCCESS && i < n; i++) {
-        if (dt_tensor_dtype(t) == DT_F32)
-            ((float *)h)[i] = offset + scale * ((float *)h)[i];
-        else
-            ((dt_bf16 *)h)[i] =
-                dt_f32_to_bf16(offset + scale * dt_bf16_to_f32(((dt_bf16 *)h)[i]));
-    }
-    if (st == DT_SUCCESS) st = dt_tensor_set_local(t, h, bytes);
-    free(h);
-    return st;
-}
-
-/* A weight [rows, cols] made whole on rank 0 and scattered under `l`.
- * Collective over the mesh. */
-static dt_status make_weight(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int64_t rows,
-                             int64_t cols, uint64_t seed, const dt_layout *l, dt_tensor **out) {
-    dt_tensor *full = NULL;
-    dt_status st = DT_SUCCESS;
-    if (dt_context_rank(ctx) == 0) {
-        const int64_t shape[2] = {rows, cols};
-        DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, dtype, 2, shape, NULL, &full), out);
-        DT_TRY_GOTO(st, dt_tensor_fill_random(full, seed), out);
-        DT_TRY_GOTO(st, transform_local(full, 0.0f, weight_scale(rows)), out);
-    }
-    /* Every rank must make the collective call, also when rank 0 failed
-     * above: the launch is aborted then and the others return at once. */
-out:
-    if (st == DT_SUCCESS) st = dt_tensor_shard(mesh, 0, full, l, out);
-    dt_tensor_destroy(full);
-    return st;
-}
-
 /* A norm weight [E], Replicate: every rank fills its (whole) copy. */
 static dt_status make_norm_weight(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int64_t E,
                                   uint64_t seed, dt_tensor **out) {
     const dt_layout rep = dt_layout_replicated(dt_mesh_ndim(mesh));
     DT_TRY(dt_tensor_create(ctx, mesh, dtype, 1, &E, &rep, out));
     dt_status st = dt_tensor_fill_random(*out, seed);
-    if (st == DT_SUCCESS) st = transform_local(*out, 1.0f, 0.5f);
+    if (st == DT_SUCCESS) st = ex_transform_local(*out, 1.0f, 0.5f);
     return st;
 }
 
@@ -176,7 +128,7 @@ static dt_status block_forward(const config *c, const dt_tensor *x, const block_
     const int64_t D = E / H;
     dt_tensor *h = NULL, *q2 = NULL, *k2 = NULL, *v2 = NULL, *q = NULL, *k = NULL, *v = NULL;
     dt_tensor *qr = NULL, *kr = NULL, *a = NULL, *a2 = NULL, *op = NULL, *o = NULL, *x1 = NULL;
-    dt_tensor *h2 = NULL, *u = NULL, *gl = NULL, *yp = NULL, *y = NULL;
+    dt_tensor *h2 = NULL, *y = NULL;
     dt_status st;
     const dt_layout *xl = dt_tensor_layout(x); /* [Replicate, Shard(1, order)] */
     note(lay, L_X, x);
@@ -206,19 +158,13 @@ static dt_status block_forward(const config *c, const dt_tensor *x, const block_
 
     /* MLP half. */
     DT_TRY_GOTO(st, dt_rmsnorm(x1, w->g2, EPS, &h2), out);
-    DT_TRY_GOTO(st, dt_matmul(h2, w->w1, &u), out);    /* column-parallel */
-    DT_TRY_GOTO(st, dt_gelu(u, DT_GELU_ERF, &gl), out);
-    note(lay, L_U, gl);
-    DT_TRY_GOTO(st, dt_matmul(gl, w->w2, &yp), out);   /* row-parallel: Partial on tp */
-    note(lay, L_Y, yp);
-    DT_TRY_GOTO(st, dt_tensor_redistribute(yp, xl, &y), out);
+    /* W1 column-parallel, W2 row-parallel: Partial on tp, all-reduced to xl */
+    DT_TRY_GOTO(st, ex_mlp_forward(h2, w->w1, w->w2, xl, &y, NULL, lay ? lay[L_U] : NULL,
+                                   lay ? lay[L_Y] : NULL), out);
     DT_TRY_GOTO(st, dt_add(x1, y, out), out);
     note(lay, L_OUT, *out);
 out:
     dt_tensor_destroy(y);
-    dt_tensor_destroy(yp);
-    dt_tensor_destroy(gl);
-    dt_tensor_destroy(u);
     dt_tensor_destroy(h2);
     dt_tensor_destroy(x1);
     dt_tensor_destroy(o);
@@ -235,24 +181,6 @@ out:
     dt_tensor_destroy(q2);
     dt_tensor_destroy(h);
     return st;
-}
-
-static dt_status to_host_f32(const dt_tensor *t, float **out) {
-    size_t n = (size_t)dt_tensor_local_numel(t);
-    float *f = malloc((n ? n : 1) * sizeof *f);
-    void *raw = malloc(dt_tensor_local_bytes(t) + 1);
-    dt_status st = f && raw ? dt_tensor_get_local(t, raw, dt_tensor_local_bytes(t))
-                            : dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory for %zu floats", n);
-    for (size_t i = 0; st == DT_SUCCESS && i < n; i++)
-        f[i] = dt_tensor_dtype(t) == DT_F32 ? ((float *)raw)[i]
-                                             : dt_bf16_to_f32(((dt_bf16 *)raw)[i]);
-    free(raw);
-    if (st != DT_SUCCESS) {
-        free(f);
-        return st;
-    }
-    *out = f;
-    return DT_SUCCESS;
 }
 
 static dt_status rank_block(dt_context *ctx, void *arg) {
@@ -279,13 +207,13 @@ static dt_status rank_block(dt_context *ctx, void *arg) {
     const dt_layout row = dt_layout_2d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_replicate());
     const uint64_t s = c->seed;
     DT_TRY_GOTO(st, make_norm_weight(ctx, mesh, c->dtype, E, s + S_G1, &w.g1), out);
-    DT_TRY_GOTO(st, make_weight(ctx, mesh, c->dtype, E, H * D, s + S_WQ, &col, &w.wq), out);
-    DT_TRY_GOTO(st, make_weight(ctx, mesh, c->dtype, E, G * D, s + S_WK, &col, &w.wk), out);
-    DT_TRY_GOTO(st, make_weight(ctx, mesh, c->dtype, E, G * D, s + S_WV, &col, &w.wv), out);
-    DT_TRY_GOTO(st, make_weight(ctx, mesh, c->dtype, H * D, E, s + S_WO, &row, &w.wo), out);
+    DT_TRY_GOTO(st, ex_make_weight(ctx, mesh, c->dtype, E, H * D, s + S_WQ, &col, &w.wq), out);
+    DT_TRY_GOTO(st, ex_make_weight(ctx, mesh, c->dtype, E, G * D, s + S_WK, &col, &w.wk), out);
+    DT_TRY_GOTO(st, ex_make_weight(ctx, mesh, c->dtype, E, G * D, s + S_WV, &col, &w.wv), out);
+    DT_TRY_GOTO(st, ex_make_weight(ctx, mesh, c->dtype, H * D, E, s + S_WO, &row, &w.wo), out);
     DT_TRY_GOTO(st, make_norm_weight(ctx, mesh, c->dtype, E, s + S_G2, &w.g2), out);
-    DT_TRY_GOTO(st, make_weight(ctx, mesh, c->dtype, E, F, s + S_W1, &col, &w.w1), out);
-    DT_TRY_GOTO(st, make_weight(ctx, mesh, c->dtype, F, E, s + S_W2, &row, &w.w2), out);
+    DT_TRY_GOTO(st, ex_make_weight(ctx, mesh, c->dtype, E, F, s + S_W1, &col, &w.w1), out);
+    DT_TRY_GOTO(st, ex_make_weight(ctx, mesh, c->dtype, F, E, s + S_W2, &row, &w.w2), out);
 
     /* The tokens this rank holds: the positions the rotary embedding uses. */
     const int sp_coord = dt_mesh_coord(mesh, 1);
@@ -298,14 +226,14 @@ static dt_status rank_block(dt_context *ctx, void *arg) {
 
     dt_comm *world = dt_context_comm(ctx);
     DT_TRY_GOTO(st, dt_comm_barrier(world), out);
-    const double t0 = now_s();
+    const double t0 = ex_now_s();
     DT_TRY_GOTO(st, block_forward(c, x, &w, &out, rank == 0 ? r->layout : NULL), out);
     DT_TRY_GOTO(st, dt_comm_barrier(world), out);
-    if (rank == 0) r->seconds = now_s() - t0;
+    if (rank == 0) r->seconds = ex_now_s() - t0;
 
     DT_TRY_GOTO(st, dt_tensor_gather(out, 0, &gathered), out);
     if (rank == 0) {
-        DT_TRY_GOTO(st, to_host_f32(gathered, &r->out), out);
+        DT_TRY_GOTO(st, ex_to_host_f32(gathered, &r->out), out);
         r->backend = dt_context_backend(ctx);
     }
 out:
@@ -325,19 +253,6 @@ static void param_array(const config *c, uint64_t seed, int64_t n, float offset,
                         double *out) {
     for (int64_t i = 0; i < n; i++)
         out[i] = param_value(c->dtype, c->seed + seed, (uint64_t)i, offset, scale);
-}
-
-/* y[M, N] = x[M, K] @ w[K, N] */
-static void ref_matmul(const double *x, const double *w, int64_t M, int64_t K, int64_t N, double *y) {
-    for (int64_t m = 0; m < M; m++) {
-        double *ym = y + m * N;
-        for (int64_t n = 0; n < N; n++) ym[n] = 0;
-        for (int64_t k = 0; k < K; k++) {
-            const double xv = x[m * K + k];
-            const double *wr = w + k * N;
-            for (int64_t n = 0; n < N; n++) ym[n] += xv * wr[n];
-        }
-    }
 }
 
 static void ref_rmsnorm(const double *x, const double *g, int64_t M, int64_t E, double *y) {
@@ -413,26 +328,26 @@ static double *reference(const config *c) {
     for (int64_t i = 0; i < M * E; i++) x[i] = stored(c->dtype, dt_random_value(c->seed + S_X, (uint64_t)i));
     param_array(c, S_G1, E, 1.0f, 0.5f, g1);
     param_array(c, S_G2, E, 1.0f, 0.5f, g2);
-    param_array(c, S_WQ, E * H * D, 0.0f, weight_scale(E), wq);
-    param_array(c, S_WK, E * G * D, 0.0f, weight_scale(E), wk);
-    param_array(c, S_WV, E * G * D, 0.0f, weight_scale(E), wv);
-    param_array(c, S_WO, H * D * E, 0.0f, weight_scale(H * D), wo);
-    param_array(c, S_W1, E * F, 0.0f, weight_scale(E), w1);
-    param_array(c, S_W2, F * E, 0.0f, weight_scale(F), w2);
+    param_array(c, S_WQ, E * H * D, 0.0f, ex_weight_scale(E), wq);
+    param_array(c, S_WK, E * G * D, 0.0f, ex_weight_scale(E), wk);
+    param_array(c, S_WV, E * G * D, 0.0f, ex_weight_scale(E), wv);
+    param_array(c, S_WO, H * D * E, 0.0f, ex_weight_scale(H * D), wo);
+    param_array(c, S_W1, E * F, 0.0f, ex_weight_scale(E), w1);
+    param_array(c, S_W2, F * E, 0.0f, ex_weight_scale(F), w2);
 
     ref_rmsnorm(x, g1, M, E, h);
-    ref_matmul(h, wq, M, E, H * D, q);
-    ref_matmul(h, wk, M, E, G * D, k);
-    ref_matmul(h, wv, M, E, G * D, v);
+    ex_ref_matmul(h, wq, M, E, H * D, q);
+    ex_ref_matmul(h, wk, M, E, G * D, k);
+    ex_ref_matmul(h, wv, M, E, G * D, v);
     ref_rotary(q, B, S, H, D);
     ref_rotary(k, B, S, G, D);
     ref_attention(q, k, v, B, S, H, G, D, a, sc);
-    ref_matmul(a, wo, M, H * D, E, y);
+    ex_ref_matmul(a, wo, M, H * D, E, y);
     for (int64_t i = 0; i < M * E; i++) x[i] += y[i]; /* x is now X1 */
     ref_rmsnorm(x, g2, M, E, h);
-    ref_matmul(h, w1, M, E, F, t);
-    for (int64_t i = 0; i < M * F; i++) t[i] = 0.5 * t[i] * (1.0 + erf(t[i] / sqrt(2.0)));
-    ref_matmul(t, w2, M, F, E, y);
+    ex_ref_matmul(h, w1, M, E, F, t);
+    ex_ref_gelu(t, M * F);
+    ex_ref_matmul(t, w2, M, F, E, y);
     for (int64_t i = 0; i < M * E; i++) y[i] += x[i];
     res = y;
     y = NULL;
@@ -468,28 +383,6 @@ static void usage(FILE *f) {
             MAX_RANKS, DT_ATTN_MAX_HEAD_DIM);
 }
 
-static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
-    char *end = NULL;
-    errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || errno || x < lo || x > hi) {
-        fprintf(stderr, NAME ": %s takes an integer in [%ld, %ld], got '%s'\n", flag, lo, hi,
-                v ? v : "(nothing)");
-        return 0;
-    }
-    *out = x;
-    return 1;
-}
-
-static int parse_choice(const char *flag, const char *v, const char *const *names, int n) {
-    for (int i = 0; v && i < n; i++)
-        if (!strcmp(v, names[i])) return i;
-    fprintf(stderr, NAME ": %s takes one of", flag);
-    for (int i = 0; i < n; i++) fprintf(stderr, "%s %s", i ? "," : "", names[i]);
-    fprintf(stderr, "; got '%s'\n", v ? v : "(nothing)");
-    return -1;
-}
-
 /* Why this mesh and order cannot run these shapes, or NULL if they can. */
 static const char *shape_problem(const config *c, char *buf, size_t size) {
     const int64_t E = c->embed, H = c->heads, G = c->kv_heads;
@@ -521,10 +414,6 @@ static const char *shape_problem(const config *c, char *buf, size_t size) {
 static int parse_flags(int argc, char **argv, config *c) {
     static const char *const order_names[] = {"contiguous", "striped", "zigzag"};
     static const dt_order orders[] = {DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG};
-    static const char *const dtype_names[] = {"fp32", "bf16"};
-    static const dt_dtype dtypes[] = {DT_F32, DT_BF16};
-    static const char *const backend_names[] = {"auto", "cpu", "cuda"};
-    static const dt_backend_kind backends[] = {DT_BACKEND_AUTO, DT_BACKEND_CPU, DT_BACKEND_CUDA};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long x = 0;
@@ -536,45 +425,35 @@ static int parse_flags(int argc, char **argv, config *c) {
             c->sweep = 1;
             continue;
         } else if (!strcmp(a, "--tp")) {
-            if (!parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
             c->tp = (int)x;
         } else if (!strcmp(a, "--sp")) {
-            if (!parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
             c->sp = (int)x;
         } else if (!strcmp(a, "--batch")) {
-            if (!parse_int(a, v, 1, 4096, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 4096, &x)) return 2;
             c->batch = x;
         } else if (!strcmp(a, "--seq")) {
-            if (!parse_int(a, v, 1, 1 << 16, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 1 << 16, &x)) return 2;
             c->seq = x;
         } else if (!strcmp(a, "--embed")) {
-            if (!parse_int(a, v, 1, 1 << 14, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 1 << 14, &x)) return 2;
             c->embed = x;
         } else if (!strcmp(a, "--heads")) {
-            if (!parse_int(a, v, 1, 4096, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 4096, &x)) return 2;
             c->heads = x;
         } else if (!strcmp(a, "--kv-heads")) {
-            if (!parse_int(a, v, 1, 4096, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 4096, &x)) return 2;
             c->kv_heads = x;
         } else if (!strcmp(a, "--order")) {
-            if ((k = parse_choice(a, v, order_names, 3)) < 0) return 2;
+            if ((k = ex_parse_choice(a, v, order_names, 3)) < 0) return 2;
             c->order = orders[k];
         } else if (!strcmp(a, "--dtype")) {
-            if ((k = parse_choice(a, v, dtype_names, 2)) < 0) return 2;
-            c->dtype = dtypes[k];
+            if (!ex_parse_dtype(a, v, &c->dtype)) return 2;
         } else if (!strcmp(a, "--backend")) {
-            if ((k = parse_choice(a, v, backend_names, 3)) < 0) return 2;
-            c->backend = backends[k];
+            if (!ex_parse_backend(a, v, &c->backend)) return 2;
         } else if (!strcmp(a, "--seed")) {
-            char *end = NULL;
-            errno = 0;
-            unsigned long long s = v ? strtoull(v, &end, 10) : 0;
-            if (!v || !*v || *end || errno || v[0] == '-') {
-                fprintf(stderr, NAME ": --seed takes a non-negative integer, got '%s'\n",
-                        v ? v : "(nothing)");
-                return 2;
-            }
-            c->seed = s;
+            if (!ex_parse_seed(v, &c->seed)) return 2;
         } else {
             fprintf(stderr, NAME ": unknown flag '%s' (--help lists them)\n", a);
             return 2;
@@ -632,24 +511,16 @@ static int run_one(const config *c, const double *ref, int quiet, double *max_er
     /* fp32: summation order and fp32 kernels. bf16: every op's output is
      * rounded to bf16 (2^-9 relative) and the residual stream is bf16. */
     const double atol = c->dtype == DT_F32 ? 1e-4 : 8e-2, rtol = c->dtype == DT_F32 ? 1e-4 : 4e-2;
-    double err = 0, worst = 0;
-    long bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const double g = r->out[i], e = fabs(g - ref[i]), tol = atol + rtol * fabs(ref[i]);
-        if (!isfinite(g) || !(e <= tol)) bad++;
-        if (!isfinite(g)) err = INFINITY;
-        else if (e > err) err = e;
-        if (e / tol > worst) worst = e / tol;
-    }
+    const ex_check chk = ex_check_result(r->out, ref, n, atol, rtol);
     if (!quiet)
         printf("max |out - ref| = %.3g against the block in double precision on one rank\n"
                "  tolerance %g + %g*|ref|: %ld of %lld outside, worst error/tolerance %.3f\n",
-               err, atol, rtol, bad, (long long)n, worst);
-    *max_err = err;
+               chk.max_err, atol, rtol, chk.bad, (long long)n, chk.worst);
+    *max_err = chk.max_err;
     *ms = 1e3 * r->seconds;
     free(r->out);
     free(r);
-    return bad ? 1 : 0;
+    return chk.bad ? 1 : 0;
 }
 
 int main(int argc, char **argv) {

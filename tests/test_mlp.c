@@ -39,22 +39,9 @@
 
 #include "dtensor/dtensor.h"
 #include "harness.h"
+#include "ref.h"
 
 #define MAXW H_MAX_RANKS
-
-static float stored(dt_dtype dtype, float v) {
-    return dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(v)) : v;
-}
-
-/* Power-of-two weight scale near sqrt(3 / fan_in): exact in any dtype. */
-static float weight_scale(int64_t fan_in) {
-    return ldexpf(1.0f, -(int)lround(0.5 * log2((double)fan_in / 3.0)));
-}
-
-/* Element i of an input: X (scale 1) or a weight (scale weight_scale). */
-static float input_value(dt_dtype dtype, uint64_t seed, int64_t i, float scale) {
-    return stored(dtype, stored(dtype, dt_random_value(seed, (uint64_t)i)) * scale);
-}
 
 typedef struct mlp_case {
     int P, sp;
@@ -69,61 +56,6 @@ typedef struct mlp_case {
     int layouts_ok[MAXW];
     int shape_ok[MAXW];
 } mlp_case;
-
-/* A tensor of `shape` under `l` (NULL: local) holding input_value(seed, i)
- * at global index i: every rank sets its own part, no communication. */
-static dt_status make_tensor(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,
-                             const int64_t *shape, const dt_layout *l, uint64_t seed, float scale,
-                             dt_tensor **out) {
-    int64_t n = h_numel(ndim, shape);
-    float *full = malloc((size_t)n * sizeof *full), *loc = malloc((size_t)n * sizeof *loc);
-    dt_bf16 *h = malloc((size_t)n * sizeof *h);
-    dt_tensor *t = NULL;
-    dt_status st = DT_ERR_OUT_OF_MEMORY;
-    if (!full || !loc || !h) goto out;
-    for (int64_t i = 0; i < n; i++) full[i] = input_value(dtype, seed, i, scale);
-    int coords[3] = {0, 0, 0};
-    if (mesh) {
-        h_coords(dt_context_rank(ctx), dt_mesh_ndim(mesh), dt_mesh_sizes(mesh), coords);
-        h_local_of(full, ndim, shape, l, dt_mesh_sizes(mesh), coords, loc, NULL);
-    } else {
-        memcpy(loc, full, (size_t)n * sizeof *loc);
-    }
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dtype, ndim, shape, l, &t), out);
-    int64_t ln = dt_tensor_local_numel(t);
-    if (dtype == DT_F32) {
-        st = dt_tensor_set_local(t, loc, dt_tensor_local_bytes(t));
-    } else {
-        for (int64_t i = 0; i < ln; i++) h[i] = dt_f32_to_bf16(loc[i]);
-        st = dt_tensor_set_local(t, h, dt_tensor_local_bytes(t));
-    }
-out:
-    free(full);
-    free(loc);
-    free(h);
-    if (st == DT_SUCCESS)
-        *out = t;
-    else
-        dt_tensor_destroy(t);
-    return st;
-}
-
-static float *local_floats(const dt_tensor *t) {
-    int64_t n = dt_tensor_local_numel(t);
-    size_t b = dt_tensor_local_bytes(t);
-    void *raw = malloc(b + 1);
-    float *f = malloc((size_t)(n + 1) * sizeof *f);
-    if (!raw || !f || dt_tensor_get_local(t, raw, b) != DT_SUCCESS) {
-        free(raw);
-        free(f);
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i++)
-        f[i] = dt_tensor_dtype(t) == DT_F32 ? ((float *)raw)[i]
-                                            : dt_bf16_to_f32(((dt_bf16 *)raw)[i]);
-    free(raw);
-    return f;
-}
 
 static int layout_is(const dt_tensor *t, dt_layout want) {
     return dt_layout_equal(dt_tensor_layout(t), &want);
@@ -145,13 +77,13 @@ static dt_status rank_mlp(dt_context *ctx, void *arg) {
     float *got = NULL;
     dt_status st;
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, &c->P, NULL, &mesh), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, c->dtype, 3, xs, c->sp ? &seq : &rep, c->seed, 1.0f, &x),
-                out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, c->dtype, 3, xs, c->sp ? &seq : &rep, c->seed, 0.0f,
+                                  1.0f, &x), out);
     if (r == 0) {
-        DT_TRY_GOTO(st, make_tensor(ctx, NULL, c->dtype, 2, w1s, NULL, c->seed + 1,
-                                    weight_scale(c->E), &w1f), out);
-        DT_TRY_GOTO(st, make_tensor(ctx, NULL, c->dtype, 2, w2s, NULL, c->seed + 2,
-                                    weight_scale(c->F), &w2f), out);
+        DT_TRY_GOTO(st, h_make_tensor(ctx, NULL, c->dtype, 2, w1s, NULL, c->seed + 1, 0.0f,
+                                      h_weight_scale(c->E), &w1f), out);
+        DT_TRY_GOTO(st, h_make_tensor(ctx, NULL, c->dtype, 2, w2s, NULL, c->seed + 2, 0.0f,
+                                      h_weight_scale(c->F), &w2f), out);
     }
     DT_TRY_GOTO(st, dt_tensor_shard(mesh, 0, w1f, &col, &w1), out);
     DT_TRY_GOTO(st, dt_tensor_shard(mesh, 0, w2f, &row, &w2), out);
@@ -172,7 +104,7 @@ static dt_status rank_mlp(dt_context *ctx, void *arg) {
 
     int64_t n = dt_tensor_local_numel(y);
     lref = malloc((size_t)(c->B * c->S * c->E) * sizeof *lref);
-    got = local_floats(y);
+    got = h_local_floats(y);
     if (!lref || !got) {
         st = dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory");
         goto out;
@@ -209,14 +141,15 @@ static double *mlp_reference(const mlp_case *c) {
         goto out;
     }
     for (int64_t i = 0; i < E * F; i++) {
-        w1[i] = input_value(c->dtype, c->seed + 1, i, weight_scale(E));
-        w2[i] = input_value(c->dtype, c->seed + 2, i, weight_scale(F));
+        w1[i] = h_input_value(c->dtype, c->seed + 1, i, 0.0f, h_weight_scale(E));
+        w2[i] = h_input_value(c->dtype, c->seed + 2, i, 0.0f, h_weight_scale(F));
     }
     for (int64_t m = 0; m < M; m++) {
         for (int64_t f = 0; f < F; f++) {
             double s = 0;
             for (int64_t e = 0; e < E; e++)
-                s += (double)input_value(c->dtype, c->seed, m * E + e, 1.0f) * w1[e * F + f];
+                s += (double)h_input_value(c->dtype, c->seed, m * E + e, 0.0f, 1.0f) *
+                     w1[e * F + f];
             hrow[f] = 0.5 * s * (1.0 + erf(s / sqrt(2.0)));
         }
         for (int64_t e = 0; e < E; e++) {

@@ -38,26 +38,9 @@
 #include "dtensor/primitives.h"
 #include "dtensor/tensor.h"
 #include "harness.h"
+#include "ref.h"
 
 #define MAXW H_MAX_RANKS
-
-static float round_to(dt_dtype dtype, float v) {
-    return dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(v)) : v;
-}
-
-static int partial_index(const dt_layout *l, const int *mesh, const int *coords) {
-    int k = 0;
-    for (int m = 0; m < l->ndim; m++)
-        if (l->placements[m].kind == DT_PARTIAL) k = k * mesh[m] + coords[m];
-    return k;
-}
-
-static int partial_count(const dt_layout *l, const int *mesh) {
-    int k = 1;
-    for (int m = 0; m < l->ndim; m++)
-        if (l->placements[m].kind == DT_PARTIAL) k *= mesh[m];
-    return k;
-}
 
 static int has_partial(const dt_layout *l) {
     for (int m = 0; m < l->ndim; m++)
@@ -70,7 +53,7 @@ static int has_partial(const dt_layout *l) {
 static float summand(uint64_t seed, int pc, int64_t g, dt_dtype dtype, int quantise, float scale) {
     float v = dt_random_value(seed + 7919u * (uint64_t)pc, (uint64_t)g) * scale;
     if (quantise) v = floorf(v * 16.0f) / 16.0f;
-    return round_to(dtype, v);
+    return h_stored(dtype, v);
 }
 
 /* Creates a tensor holding this rank's summand under `l`: summand index from
@@ -81,7 +64,7 @@ static dt_status make_input(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype
     int coords[3] = { 0, 0, 0 };
     const int *ms = mesh ? dt_mesh_sizes(mesh) : NULL;
     if (mesh) h_coords(dt_context_rank(ctx), dt_mesh_ndim(mesh), ms, coords);
-    int pc = l ? partial_index(l, ms, coords) : 0;
+    int pc = l ? h_partial_index(l, ms, coords) : 0;
     int64_t n = h_numel(ndim, shape);
     float *full = malloc((size_t)(n + 1) * sizeof *full);
     float *loc = malloc((size_t)(n + 1) * sizeof *loc);
@@ -114,7 +97,7 @@ out:
 /* The true global value (sum of summands) and sum of |summands|, in double. */
 static void true_global(uint64_t seed, const dt_layout *l, const int *ms, int64_t n,
                         dt_dtype dtype, int quantise, float scale, double *val, double *absval) {
-    int np = l ? partial_count(l, ms) : 1;
+    int np = l ? h_partial_count(l, ms) : 1;
     for (int64_t g = 0; g < n; g++) {
         double s = 0, a = 0;
         for (int pc = 0; pc < np; pc++) {
@@ -125,23 +108,6 @@ static void true_global(uint64_t seed, const dt_layout *l, const int *ms, int64_
         val[g] = s;
         if (absval) absval[g] = a;
     }
-}
-
-static float *local_floats(const dt_tensor *t) {
-    int64_t n = dt_tensor_local_numel(t);
-    size_t b = dt_tensor_local_bytes(t);
-    void *raw = malloc(b + 1);
-    float *f = malloc((size_t)(n + 1) * sizeof *f);
-    if (!raw || !f || dt_tensor_get_local(t, raw, b) != DT_SUCCESS) {
-        free(raw);
-        free(f);
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i++)
-        f[i] = dt_tensor_dtype(t) == DT_F32 ? ((float *)raw)[i]
-                                            : dt_bf16_to_f32(((dt_bf16 *)raw)[i]);
-    free(raw);
-    return f;
 }
 
 static const char *order_letter(dt_order o) {
@@ -208,7 +174,7 @@ static dt_status rank_matmul(dt_context *ctx, void *arg) {
     if (out_partial) {
         /* the summands must add up: replicate, compare with the whole result */
         DT_TRY_GOTO(st, dt_tensor_replicate(o, &rep), out);
-        got = local_floats(rep);
+        got = h_local_floats(rep);
         if (got == NULL) {
             st = DT_ERR_OUT_OF_MEMORY;
             goto out;
@@ -217,7 +183,7 @@ static dt_status rank_matmul(dt_context *ctx, void *arg) {
     } else {
         h_local_of_f64(ref, 3, os, &c->ol, c->mesh, coords, lref);
         h_local_of_f64(tol, 3, os, &c->ol, c->mesh, coords, ltol);
-        got = local_floats(o);
+        got = h_local_floats(o);
         if (got == NULL) {
             st = DT_ERR_OUT_OF_MEMORY;
             goto out;
@@ -276,7 +242,7 @@ static dt_status rank_matmul_local(dt_context *ctx, void *arg) {
     int64_t rows[2] = { 1, 6 };
     uint64_t seeds[2] = { 5, 6 };
     for (int t = 0; t < 2; t++) {
-        float *got = local_floats(outs[t]);
+        float *got = h_local_floats(outs[t]);
         double ref[6 * 5], tol[6 * 5];
         for (int64_t i = 0; i < rows[t]; i++)
             for (int64_t j = 0; j < N; j++) {
@@ -346,16 +312,16 @@ static dt_status rank_add(dt_context *ctx, void *arg) {
     c->layout_ok[r] = dt_layout_equal(dt_tensor_layout(o), &c->l);
     if (!partial) {
         /* elementwise on the local parts: the same fp32 sum, rounded once */
-        ga = local_floats(a);
-        gb = local_floats(b);
-        go = local_floats(o);
+        ga = h_local_floats(a);
+        gb = h_local_floats(b);
+        go = h_local_floats(o);
         if (!ga || !gb || !go) {
             st = DT_ERR_OUT_OF_MEMORY;
             goto out;
         }
         long bad = 0;
         for (int64_t i = 0; i < dt_tensor_local_numel(o); i++)
-            bad += go[i] != round_to(c->dtype, ga[i] + gb[i]);
+            bad += go[i] != h_stored(c->dtype, ga[i] + gb[i]);
         c->bad[r] = bad;
     } else {
         ref = malloc((size_t)n * sizeof *ref);
@@ -368,7 +334,7 @@ static dt_status rank_add(dt_context *ctx, void *arg) {
         true_global(4, &c->l, &c->world, n, c->dtype, 1, 1.0f, bv, NULL);
         for (int64_t g = 0; g < n; g++) ref[g] += bv[g];
         DT_TRY_GOTO(st, dt_tensor_replicate(o, &rep), out);
-        go = local_floats(rep);
+        go = h_local_floats(rep);
         if (!go) {
             st = DT_ERR_OUT_OF_MEMORY;
             goto out;
@@ -414,12 +380,6 @@ typedef struct gelu_case {
     int layout_ok[MAXW];
 } gelu_case;
 
-static double gelu_ref(double x, dt_gelu_approx approx) {
-    if (approx == DT_GELU_ERF) return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
-    const double k = sqrt(2.0 / 3.14159265358979323846);
-    return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
-}
-
 static dt_status rank_gelu(dt_context *ctx, void *arg) {
     gelu_case *c = arg;
     int r = dt_context_rank(ctx);
@@ -438,8 +398,8 @@ static dt_status rank_gelu(dt_context *ctx, void *arg) {
     c->layout_ok[r] = mesh ? dt_layout_equal(dt_tensor_layout(o), &c->l)
                            : dt_tensor_layout(o)->ndim == 0;
     int64_t n = dt_tensor_local_numel(o);
-    gx = local_floats(x);
-    go = local_floats(o);
+    gx = h_local_floats(x);
+    go = h_local_floats(o);
     ref = malloc((size_t)(n + 1) * sizeof *ref);
     tol = malloc((size_t)(n + 1) * sizeof *tol);
     if (!gx || !go || !ref || !tol) {
@@ -447,7 +407,7 @@ static dt_status rank_gelu(dt_context *ctx, void *arg) {
         goto out;
     }
     for (int64_t i = 0; i < n; i++) {
-        ref[i] = gelu_ref(gx[i], c->approx);
+        ref[i] = h_gelu_ref(gx[i], c->approx);
         tol[i] = 1e-6 + (c->dtype == DT_BF16 ? ldexp(1.0, -8) : 1e-6) * fabs(ref[i]);
     }
     c->bad[r] = h_compare_tol("gelu", go, ref, tol, (size_t)n, &c->max_err[r]);
@@ -498,7 +458,7 @@ static dt_status rank_gelu_sweep(dt_context *ctx, void *arg) {
         st = DT_ERR_OUT_OF_MEMORY;
         goto out;
     }
-    for (int64_t i = 0; i < SWEEP_N; i++) x[i] = round_to(c->dtype, -12.0f + 24.0f * (float)i / (SWEEP_N - 1));
+    for (int64_t i = 0; i < SWEEP_N; i++) x[i] = h_stored(c->dtype, -12.0f + 24.0f * (float)i / (SWEEP_N - 1));
     for (int k = 0; k < SWEEP_SPECIALS; k++) x[SWEEP_N + k] = specials[k];
     DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, c->dtype, 1, &n, NULL, &t), out);
     if (c->dtype == DT_F32) {
@@ -508,7 +468,7 @@ static dt_status rank_gelu_sweep(dt_context *ctx, void *arg) {
         DT_TRY_GOTO(st, dt_tensor_set_local(t, h, dt_tensor_local_bytes(t)), out);
     }
     DT_TRY_GOTO(st, dt_gelu(t, c->approx, &o), out);
-    got = local_floats(o);
+    got = h_local_floats(o);
     if (!got) {
         st = DT_ERR_OUT_OF_MEMORY;
         goto out;
@@ -603,7 +563,7 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, make_input(ctx, mesh, DT_F32, 2, wks, &R, 2, 0, 1.0f, &wk), out);
     DT_TRY_GOTO(st, make_input(ctx, mesh_b, DT_F32, 2, ws, &R, 2, 0, 1.0f, &other), out);
     DT_TRY_GOTO(st, make_input(ctx, NULL, DT_F32, 2, ws, NULL, 2, 0, 1.0f, &loc), out);
-    float *before = local_floats(x);
+    float *before = h_local_floats(x);
 
     dt_tensor *sentinel = (dt_tensor *)(uintptr_t)0x1, *o = sentinel;
     int k = 0;
@@ -641,7 +601,7 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     REJ(dt_gelu(xr, DT_GELU_TANH, NULL));                  /* 21 */
 #undef REJ
     if (r == 0) c->n = k;
-    float *after = local_floats(x);
+    float *after = h_local_floats(x);
     if (r == 0) {
         c->out_untouched = o == sentinel;
         c->changed = (before && after)

@@ -29,6 +29,7 @@
 #include "dtensor/primitives.h"
 #include "dtensor/tensor.h"
 #include "harness.h"
+#include "ref.h"
 
 #define MAXW H_MAX_RANKS
 #define MAX_DST 64
@@ -43,26 +44,6 @@ static float summand(uint64_t seed, int64_t g, int pc) {
     return floorf(v * 16.0f) / 16.0f;
 }
 
-/* Index of the summand a rank holds: its coordinates on the Partial mesh
- * dims, linearised; 0 when there are none. */
-static int partial_index(const dt_layout *l, const int *mesh, const int *coords) {
-    int k = 0;
-    for (int m = 0; m < l->ndim; m++)
-        if (l->placements[m].kind == DT_PARTIAL) k = k * mesh[m] + coords[m];
-    return k;
-}
-
-static int partial_count(const dt_layout *l, const int *mesh) {
-    int k = 1;
-    for (int m = 0; m < l->ndim; m++)
-        if (l->placements[m].kind == DT_PARTIAL) k *= mesh[m];
-    return k;
-}
-
-static float round_to(dt_dtype dtype, float v) {
-    return dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(v)) : v;
-}
-
 /* The global tensor of summand pc under a source Layout: plain values
  * (rounded to dtype) without Partial dims, quantised summands with. */
 static void source_full(const dt_layout *src, const int *mesh, dt_dtype dtype, uint64_t seed,
@@ -72,13 +53,13 @@ static void source_full(const dt_layout *src, const int *mesh, dt_dtype dtype, u
     for (int m = 0; m < src->ndim; m++)
         if (src->placements[m].kind == DT_PARTIAL) partial = 1;
     for (int64_t g = 0; g < numel; g++)
-        full[g] = partial ? summand(seed, g, pc) : round_to(dtype, dt_random_value(seed, (uint64_t)g));
+        full[g] = partial ? summand(seed, g, pc) : h_stored(dtype, dt_random_value(seed, (uint64_t)g));
 }
 
 /* The true global value under the source Layout (sum of its summands). */
 static void reference_full(const dt_layout *src, const int *mesh, dt_dtype dtype, uint64_t seed,
                            int64_t numel, float *ref) {
-    int np = partial_count(src, mesh);
+    int np = h_partial_count(src, mesh);
     int partial = 0;
     for (int m = 0; m < src->ndim; m++)
         if (src->placements[m].kind == DT_PARTIAL) partial = 1;
@@ -163,7 +144,7 @@ static dt_status make_source(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtyp
     dt_tensor *t = NULL;
     dt_status st = DT_ERR_OUT_OF_MEMORY;
     if (full == NULL || loc == NULL || raw == NULL) goto out;
-    source_full(src, ms, dtype, seed, partial_index(src, ms, coords), numel, full);
+    source_full(src, ms, dtype, seed, h_partial_index(src, ms, coords), numel, full);
     h_local_of(full, ndim, shape, src, ms, coords, loc, NULL);
     st = dt_tensor_create(ctx, mesh, dtype, ndim, shape, src, &t);
     if (st != DT_SUCCESS) goto out;
@@ -472,7 +453,7 @@ static dt_status rank_fill(dt_context *ctx, void *arg) {
     for (int m = 0; m < c->ndim_mesh; m++)
         if (c->layout.placements[m].kind == DT_PARTIAL && coords[m] != 0) zero = 1;
     for (int64_t g = 0; g < numel; g++)
-        full[g] = zero ? 0.0f : round_to(c->dtype, dt_random_value(1234, (uint64_t)g));
+        full[g] = zero ? 0.0f : h_stored(c->dtype, dt_random_value(1234, (uint64_t)g));
     c->bad[r] = check_local_part("fill_random", t, full, c->mesh, coords);
 out:
     free(full);
@@ -521,12 +502,12 @@ static dt_status rank_shard_gather(dt_context *ctx, void *arg) {
     for (int m = 0; m < c->ndim_mesh; m++)
         if (c->layout.placements[m].kind == DT_PARTIAL && coords[m] != 0) zero = 1;
     for (int64_t g = 0; g < numel; g++)
-        ref[g] = zero ? 0.0f : round_to(c->dtype, dt_random_value(42 + (uint64_t)c->world, (uint64_t)g));
+        ref[g] = zero ? 0.0f : h_stored(c->dtype, dt_random_value(42 + (uint64_t)c->world, (uint64_t)g));
     c->bad_shard[r] = check_local_part("shard", t, ref, c->mesh, coords);
     DT_TRY_GOTO(st, dt_tensor_gather(t, c->root, &back), out);
     if (r == c->root) {
         for (int64_t g = 0; g < numel; g++)
-            ref[g] = round_to(c->dtype, dt_random_value(42 + (uint64_t)c->world, (uint64_t)g));
+            ref[g] = h_stored(c->dtype, dt_random_value(42 + (uint64_t)c->world, (uint64_t)g));
         c->bad_gather[r] = back ? check_local_part("gather", back, ref, c->mesh, coords) : -1;
     } else {
         c->got_null[r] = back == NULL;
@@ -656,7 +637,7 @@ static dt_status rank_round_trip(dt_context *ctx, void *arg) {
     float *ref = malloc((size_t)numel * sizeof *ref);
     dt_status st = DT_SUCCESS;
     if (ref == NULL) return DT_ERR_OUT_OF_MEMORY;
-    for (int64_t g = 0; g < numel; g++) ref[g] = round_to(c->dtype, dt_random_value(77, (uint64_t)g));
+    for (int64_t g = 0; g < numel; g++) ref[g] = h_stored(c->dtype, dt_random_value(77, (uint64_t)g));
     const dt_order orders[4] = { DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG,
                                  DT_ORDER_CONTIGUOUS };
     int coords[1] = { r };

@@ -63,6 +63,7 @@
 #include "attention/attention.h"
 #include "dtensor/dtensor.h"
 #include "harness.h"
+#include "ref.h"
 
 #define MAXW H_MAX_RANKS
 #define EPS 1e-5f
@@ -70,74 +71,6 @@
 static const dt_order k_orders[3] = {DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG};
 
 /* ------------------------------------------------------------------ data */
-
-static float stored(dt_dtype dtype, float v) {
-    return dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(v)) : v;
-}
-
-/* offset + scale * r for the stored random value r, computed in fp32 and
- * stored in the dtype. */
-static float input_value(dt_dtype dtype, uint64_t seed, int64_t i, float offset, float scale) {
-    return stored(dtype, offset + scale * stored(dtype, dt_random_value(seed, (uint64_t)i)));
-}
-
-static float weight_scale(int64_t fan_in) {
-    return ldexpf(1.0f, -(int)lround(0.5 * log2((double)fan_in / 3.0)));
-}
-
-/* A tensor of `shape` under `l` (mesh NULL: local) holding input_value at
- * each global index: every rank sets its own part (h_local_of). */
-static dt_status make_tensor(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,
-                             const int64_t *shape, const dt_layout *l, uint64_t seed, float offset,
-                             float scale, dt_tensor **out) {
-    int64_t n = h_numel(ndim, shape);
-    float *full = malloc((size_t)(n + 1) * sizeof *full), *loc = malloc((size_t)(n + 1) * sizeof *loc);
-    dt_bf16 *h = malloc((size_t)(n + 1) * sizeof *h);
-    dt_tensor *t = NULL;
-    dt_status st = DT_ERR_OUT_OF_MEMORY;
-    if (!full || !loc || !h) goto out;
-    for (int64_t i = 0; i < n; i++) full[i] = input_value(dtype, seed, i, offset, scale);
-    int coords[3] = {0, 0, 0};
-    if (mesh) {
-        h_coords(dt_context_rank(ctx), dt_mesh_ndim(mesh), dt_mesh_sizes(mesh), coords);
-        h_local_of(full, ndim, shape, l, dt_mesh_sizes(mesh), coords, loc, NULL);
-    } else {
-        memcpy(loc, full, (size_t)n * sizeof *loc);
-    }
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dtype, ndim, shape, l, &t), out);
-    if (dtype == DT_F32) {
-        st = dt_tensor_set_local(t, loc, dt_tensor_local_bytes(t));
-    } else {
-        for (int64_t i = 0; i < dt_tensor_local_numel(t); i++) h[i] = dt_f32_to_bf16(loc[i]);
-        st = dt_tensor_set_local(t, h, dt_tensor_local_bytes(t));
-    }
-out:
-    free(full);
-    free(loc);
-    free(h);
-    if (st == DT_SUCCESS)
-        *out = t;
-    else
-        dt_tensor_destroy(t);
-    return st;
-}
-
-static float *local_floats(const dt_tensor *t) {
-    int64_t n = dt_tensor_local_numel(t);
-    size_t b = dt_tensor_local_bytes(t);
-    void *raw = malloc(b + 1);
-    float *f = malloc((size_t)(n + 1) * sizeof *f);
-    if (!raw || !f || dt_tensor_get_local(t, raw, b) != DT_SUCCESS) {
-        free(raw);
-        free(f);
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i++)
-        f[i] = dt_tensor_dtype(t) == DT_F32 ? ((float *)raw)[i]
-                                            : dt_bf16_to_f32(((dt_bf16 *)raw)[i]);
-    free(raw);
-    return f;
-}
 
 /* Compares this rank's part of a global double reference under t's Layout. */
 static long compare_local(const char *what, const dt_tensor *t, const double *ref_full,
@@ -148,7 +81,7 @@ static long compare_local(const char *what, const dt_tensor *t, const double *re
     if (mesh) h_coords(rank, dt_mesh_ndim(mesh), mesh_sizes, coords);
     int64_t n = dt_tensor_local_numel(t);
     double *lref = malloc((size_t)(h_numel(dt_tensor_ndim(t), dt_tensor_shape(t)) + 1) * sizeof *lref);
-    float *got = local_floats(t);
+    float *got = h_local_floats(t);
     long bad = -1;
     if (lref && got) {
         h_local_of_f64(ref_full, dt_tensor_ndim(t), dt_tensor_shape(t),
@@ -231,7 +164,7 @@ static dt_status rank_reshape(dt_context *ctx, void *arg) {
     dt_status st;
     const int local = c->in_l.ndim == 0;
     if (!local) DT_TRY_GOTO(st, dt_mesh_create(ctx, c->mesh_ndim, c->mesh, NULL, &mesh), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, c->dtype, c->in_ndim, c->in_shape, local ? NULL : &c->in_l,
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, c->dtype, c->in_ndim, c->in_shape, local ? NULL : &c->in_l,
                                 7, 0.0f, 1.0f, &t), out);
     DT_TRY_GOTO(st, dt_tensor_reshape(t, c->out_ndim, c->out_shape, &o), out);
     c->layout_ok[r] = dt_layout_equal(dt_tensor_layout(o), &c->want_l) &&
@@ -243,12 +176,12 @@ static dt_status rank_reshape(dt_context *ctx, void *arg) {
     int64_t n = h_numel(c->out_ndim, c->out_shape);
     full = malloc((size_t)n * sizeof *full);
     want = malloc((size_t)n * sizeof *want);
-    got = local_floats(o);
+    got = h_local_floats(o);
     if (!full || !want || !got) {
         st = dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory");
         goto out;
     }
-    for (int64_t i = 0; i < n; i++) full[i] = input_value(c->dtype, 7, i, 0.0f, 1.0f);
+    for (int64_t i = 0; i < n; i++) full[i] = h_input_value(c->dtype, 7, i, 0.0f, 1.0f);
     int coords[3] = {0, 0, 0};
     int64_t ls[4];
     if (!local) h_coords(r, c->mesh_ndim, c->mesh, coords);
@@ -305,10 +238,10 @@ static dt_status rank_norm(dt_context *ctx, void *arg) {
     const dt_layout rep = dt_layout_replicated(c->mesh_ndim);
     if (!local) DT_TRY_GOTO(st, dt_mesh_create(ctx, c->mesh_ndim, c->mesh, NULL, &mesh), out);
     /* x scaled by 3: RMSNorm is scale-invariant, the reference sees it. */
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, c->dtype, 3, c->shape, local ? NULL : &c->l, 11, 0.0f,
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, c->dtype, 3, c->shape, local ? NULL : &c->l, 11, 0.0f,
                                 3.0f, &x), out);
     if (c->weighted)
-        DT_TRY_GOTO(st, make_tensor(ctx, mesh, c->dtype, 1, &E, local ? NULL : &rep, 12, 1.0f, 0.5f,
+        DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, c->dtype, 1, &E, local ? NULL : &rep, 12, 1.0f, 0.5f,
                                     &w), out);
     DT_TRY_GOTO(st, dt_rmsnorm(x, w, EPS, &o), out);
     c->layout_ok[r] = dt_layout_equal(dt_tensor_layout(o), dt_tensor_layout(x));
@@ -320,13 +253,13 @@ static dt_status rank_norm(dt_context *ctx, void *arg) {
     for (int64_t m = 0; m < M; m++) {
         double ss = 0;
         for (int64_t e = 0; e < E; e++) {
-            double v = input_value(c->dtype, 11, m * E + e, 0.0f, 3.0f);
+            double v = h_input_value(c->dtype, 11, m * E + e, 0.0f, 3.0f);
             ss += v * v;
         }
         double inv = 1.0 / sqrt(ss / (double)E + (double)EPS);
         for (int64_t e = 0; e < E; e++)
-            ref[m * E + e] = input_value(c->dtype, 11, m * E + e, 0.0f, 3.0f) * inv *
-                             (c->weighted ? input_value(c->dtype, 12, e, 1.0f, 0.5f) : 1.0);
+            ref[m * E + e] = h_input_value(c->dtype, 11, m * E + e, 0.0f, 3.0f) * inv *
+                             (c->weighted ? h_input_value(c->dtype, 12, e, 1.0f, 0.5f) : 1.0);
     }
     c->bad[r] = compare_local("rmsnorm", o, ref, c->mesh, r, 1e-6,
                               c->dtype == DT_F32 ? 1e-5 : ldexp(1.0, -8), &c->max_err[r]);
@@ -403,7 +336,7 @@ static dt_status rank_rotary(dt_context *ctx, void *arg) {
     if (!local) DT_TRY_GOTO(st, dt_mesh_create(ctx, c->mesh_ndim, c->mesh, NULL, &mesh), out);
     /* Under Partial, every rank holds the whole input as its summand: the
      * true input is world * x, and so is the true output. */
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, c->dtype, nd, c->shape, local ? NULL : &c->l, 21, 0.0f,
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, c->dtype, nd, c->shape, local ? NULL : &c->l, 21, 0.0f,
                                 1.0f, &x), out);
     pos = malloc((size_t)S * sizeof *pos);
     ref = malloc((size_t)n * sizeof *ref);
@@ -433,8 +366,8 @@ static dt_status rank_rotary(dt_context *ctx, void *arg) {
                     const int64_t ia = row + (c->style == DT_ROTARY_INTERLEAVED ? 2 * i : i);
                     const int64_t ib = row + (c->style == DT_ROTARY_INTERLEAVED ? 2 * i + 1 : i + D / 2);
                     const double ang = (double)pos[s] * pow(base, -2.0 * (double)i / (double)D);
-                    const double va = mult * input_value(c->dtype, 21, ia, 0.0f, 1.0f);
-                    const double vb = mult * input_value(c->dtype, 21, ib, 0.0f, 1.0f);
+                    const double va = mult * h_input_value(c->dtype, 21, ia, 0.0f, 1.0f);
+                    const double vb = mult * h_input_value(c->dtype, 21, ib, 0.0f, 1.0f);
                     ref[ia] = va * cos(ang) - vb * sin(ang);
                     ref[ib] = va * sin(ang) + vb * cos(ang);
                 }
@@ -506,25 +439,25 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     const dt_layout hid_z = dt_layout_1d(dt_shard(2, DT_ORDER_ZIGZAG));
     const dt_layout Pa = dt_layout_1d(dt_partial());
     const dt_layout W0 = dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS));
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 4, s4, &heads_c, 1, 0, 1, &q), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 4, s4, &heads_s, 1, 0, 1, &qs), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 4, s4, &dshard, 1, 0, 1, &qd), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 4, s4, &Pa, 1, 0, 1, &qp), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 3, s3, &hid_c, 1, 0, 1, &flat), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 3, s3, &hid_z, 1, 0, 1, &flatz), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 4, s4odd, &R, 1, 0, 1, &odd), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 2, s2, &R, 1, 0, 1, &x2), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 3, s3, &R, 1, 0, 1, &xe), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 3, s3, &Pa, 1, 0, 1, &xp), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 1, &E, &R, 2, 1, 0.5f, &w), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 1, &E, &W0, 2, 1, 0.5f, &ws), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, NULL, DT_F32, 1, &E, NULL, 2, 1, 0.5f, &wl), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_BF16, 1, &E, &R, 2, 1, 0.5f, &wb), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, DT_F32, 1, &E1, &R, 2, 1, 0.5f, &wlong), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh_b, DT_F32, 1, &E, &R, 2, 1, 0.5f, &wother), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 4, s4, &heads_c, 1, 0, 1, &q), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 4, s4, &heads_s, 1, 0, 1, &qs), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 4, s4, &dshard, 1, 0, 1, &qd), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 4, s4, &Pa, 1, 0, 1, &qp), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 3, s3, &hid_c, 1, 0, 1, &flat), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 3, s3, &hid_z, 1, 0, 1, &flatz), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 4, s4odd, &R, 1, 0, 1, &odd), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 2, s2, &R, 1, 0, 1, &x2), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 3, s3, &R, 1, 0, 1, &xe), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 3, s3, &Pa, 1, 0, 1, &xp), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 1, &E, &R, 2, 1, 0.5f, &w), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 1, &E, &W0, 2, 1, 0.5f, &ws), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, NULL, DT_F32, 1, &E, NULL, 2, 1, 0.5f, &wl), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_BF16, 1, &E, &R, 2, 1, 0.5f, &wb), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 1, &E1, &R, 2, 1, 0.5f, &wlong), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh_b, DT_F32, 1, &E, &R, 2, 1, 0.5f, &wother), out);
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, DT_F16, 3, s3, &R, &xh), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, NULL, DT_F32, 3, s3, NULL, 1, 0, 1, &loc), out);
-    before = local_floats(flat);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, NULL, DT_F32, 3, s3, NULL, 1, 0, 1, &loc), out);
+    before = h_local_floats(flat);
 
     dt_tensor *sentinel = (dt_tensor *)(uintptr_t)0x1, *o = sentinel;
     const int64_t to_flat[3] = {2, 8, 32}, to_heads3[4] = {2, 8, 3, 16}, to_heads2[4] = {2, 8, 2, 24};
@@ -602,7 +535,7 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     c->partial_ok = dt_tensor_reshape(qp, 3, to_flat, &po) == DT_SUCCESS &&
                     dt_layout_equal(dt_tensor_layout(po), &pl);
     dt_tensor_destroy(po);
-    after = local_floats(flat);
+    after = h_local_floats(flat);
     if (r == 0) {
         c->out_untouched = o == sentinel;
         c->changed = (before && after)
@@ -711,7 +644,7 @@ static dt_status make_weight(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtyp
     dt_status st = DT_SUCCESS;
     const int64_t shape[2] = {rows, cols};
     if (dt_context_rank(ctx) == 0)
-        st = make_tensor(ctx, NULL, dtype, 2, shape, NULL, seed, 0.0f, weight_scale(rows), &full);
+        st = h_make_tensor(ctx, NULL, dtype, 2, shape, NULL, seed, 0.0f, h_weight_scale(rows), &full);
     if (st == DT_SUCCESS) st = dt_tensor_shard(mesh, 0, full, l, out);
     dt_tensor_destroy(full);
     return st;
@@ -738,9 +671,9 @@ static dt_status rank_block(dt_context *ctx, void *arg) {
     dt_status st;
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, sizes, NULL, &mesh), out);
     const int64_t xs[3] = {B, S, E};
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, c->dtype, 3, xs, &xl, s + S_X, 0, 1, &x), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, c->dtype, 1, &E, &rep, s + S_G1, 1, 0.5f, &g1), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, mesh, c->dtype, 1, &E, &rep, s + S_G2, 1, 0.5f, &g2), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, c->dtype, 3, xs, &xl, s + S_X, 0, 1, &x), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, c->dtype, 1, &E, &rep, s + S_G1, 1, 0.5f, &g1), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, c->dtype, 1, &E, &rep, s + S_G2, 1, 0.5f, &g2), out);
     DT_TRY_GOTO(st, make_weight(ctx, mesh, c->dtype, E, H * D, s + S_WQ, &col, &wq), out);
     DT_TRY_GOTO(st, make_weight(ctx, mesh, c->dtype, E, G * D, s + S_WK, &col, &wk), out);
     DT_TRY_GOTO(st, make_weight(ctx, mesh, c->dtype, E, G * D, s + S_WV, &col, &wv), out);
@@ -824,7 +757,7 @@ static void ref_rotary(double *t, int64_t B, int64_t S, int64_t NH, int64_t D) {
 }
 
 static void fill(double *out, int64_t n, dt_dtype dtype, uint64_t seed, float offset, float scale) {
-    for (int64_t i = 0; i < n; i++) out[i] = input_value(dtype, seed, i, offset, scale);
+    for (int64_t i = 0; i < n; i++) out[i] = h_input_value(dtype, seed, i, offset, scale);
 }
 
 static double *block_reference(const block_case *c) {
@@ -846,12 +779,12 @@ static double *block_reference(const block_case *c) {
     fill(x, M * E, c->dtype, s + S_X, 0, 1);
     fill(g1, E, c->dtype, s + S_G1, 1, 0.5f);
     fill(g2, E, c->dtype, s + S_G2, 1, 0.5f);
-    fill(wq, E * H * D, c->dtype, s + S_WQ, 0, weight_scale(E));
-    fill(wk, E * G * D, c->dtype, s + S_WK, 0, weight_scale(E));
-    fill(wv, E * G * D, c->dtype, s + S_WV, 0, weight_scale(E));
-    fill(wo, H * D * E, c->dtype, s + S_WO, 0, weight_scale(H * D));
-    fill(w1, E * F, c->dtype, s + S_W1, 0, weight_scale(E));
-    fill(w2, F * E, c->dtype, s + S_W2, 0, weight_scale(F));
+    fill(wq, E * H * D, c->dtype, s + S_WQ, 0, h_weight_scale(E));
+    fill(wk, E * G * D, c->dtype, s + S_WK, 0, h_weight_scale(E));
+    fill(wv, E * G * D, c->dtype, s + S_WV, 0, h_weight_scale(E));
+    fill(wo, H * D * E, c->dtype, s + S_WO, 0, h_weight_scale(H * D));
+    fill(w1, E * F, c->dtype, s + S_W1, 0, h_weight_scale(E));
+    fill(w2, F * E, c->dtype, s + S_W2, 0, h_weight_scale(F));
 
     ref_rmsnorm(x, g1, M, E, h);
     ref_matmul(h, wq, M, E, H * D, q);
@@ -935,11 +868,11 @@ static dt_status rank_xb(dt_context *ctx, void *arg) {
     dt_tensor *o[XB_COUNT] = {NULL};
     dt_status st;
     for (int64_t g = 0; g < 6; g++) pos[g] = position_of(POS_LARGE, g);
-    DT_TRY_GOTO(st, make_tensor(ctx, NULL, DT_F32, 4, s4, NULL, 3, 0, 1, &x), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, NULL, DT_BF16, 4, s4, NULL, 4, 0, 1, &xb), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, NULL, DT_F32, 3, s3, NULL, 5, 0, 3, &x3), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, NULL, DT_BF16, 3, s3, NULL, 6, 0, 3, &x3b), out);
-    DT_TRY_GOTO(st, make_tensor(ctx, NULL, DT_F32, 1, &E, NULL, 7, 1, 0.5f, &w), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, NULL, DT_F32, 4, s4, NULL, 3, 0, 1, &x), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, NULL, DT_BF16, 4, s4, NULL, 4, 0, 1, &xb), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, NULL, DT_F32, 3, s3, NULL, 5, 0, 3, &x3), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, NULL, DT_BF16, 3, s3, NULL, 6, 0, 3, &x3b), out);
+    DT_TRY_GOTO(st, h_make_tensor(ctx, NULL, DT_F32, 1, &E, NULL, 7, 1, 0.5f, &w), out);
     DT_TRY_GOTO(st, dt_tensor_reshape(x, 3, s3, &o[XB_RESHAPE]), out);
     DT_TRY_GOTO(st, dt_rmsnorm(x3, w, EPS, &o[XB_NORM_F32]), out);
     DT_TRY_GOTO(st, dt_rmsnorm(x3b, NULL, EPS, &o[XB_NORM_BF16]), out);
@@ -954,7 +887,7 @@ static dt_status rank_xb(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, dt_rotary(xb, NULL, &o[XB_ROT_BF16]), out);
     for (int k = 0; k < XB_COUNT; k++) {
         res->n[k] = dt_tensor_local_numel(o[k]);
-        res->out[k] = local_floats(o[k]);
+        res->out[k] = h_local_floats(o[k]);
         if (!res->out[k]) {
             st = dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory");
             goto out;
