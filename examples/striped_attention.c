@@ -1,8 +1,9 @@
-/* examples/striped_attention.c — Striped Attention, step 1: the permutation.
+/* examples/striped_attention.c — Striped Attention: the permutation, then the
+ * attention itself over a ring of P ranks.
  *
  * With P ranks, striping puts token i on rank i mod P, so that under a causal
  * mask every rank does about the same work on every ring step. This example
- * shows the permutation that does it and checks it, on P ranks of this
+ * shows the permutation that does it, then runs it, on P ranks of this
  * process:
  *   1. the token order after permute_striped, which tokens each rank holds
  *      under Shard(0, striped), and the round trip back;
@@ -10,19 +11,40 @@
  *      hidden vector travels intact with its token;
  *   3. striped sharding by the library (dt_tensor_shard with the striped
  *      order) gives every rank the same tokens as contiguous sharding of the
- *      permuted tensor.
- * The attention itself (forward and backward over the ring) comes next.
+ *      permuted tensor;
+ *   4. distributed attention (dt_attention_forward) on q [B, S, H, D] and
+ *      k, v [B, S, H_kv, D] sharded Shard(1, order) over the ring, o and lse
+ *      gathered to rank 0 and checked against a double-precision reference
+ *      on the full sequence: PASS or FAIL;
+ *   5. the work of every rank on every ring step (query-key pairs that the
+ *      mask allows, from dt_attn_pairs) for contiguous, striped and zigzag
+ *      sharding, and the critical path of each: why striping is faster.
+ * Optionally an SVG heat map of (5) (--svg) and a dump of q, k, v, o in
+ * global token order for checking elsewhere (--dump).
  *
- * Run: make run   or   build/examples/striped_attention --ranks 4 --seq 16
+ * Exit status: 0 PASS, 1 FAIL or a library error, 2 bad flags or shapes,
+ * 3 the library returned DT_ERR_NOT_SUPPORTED (--backend cuda without a GPU
+ * or a CUDA build; --dtype fp16, which the CPU backend does not take and
+ * dt_tensor_fill_random does not fill).
+ *
+ * Run: make run   or   build/examples/striped_attention --ranks 4 --seq 256 --order striped
+ * Test: tests/test_examples.c (make test).
  */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 
+#include "attention/attention.h"
 #include "dtensor/dtensor.h"
 
 #define HIDDEN 4
 #define MAX_SEQ 4096
+#define MAX_RANKS 64
 
 typedef struct demo {
     int ranks, seq;
@@ -31,25 +53,12 @@ typedef struct demo {
     int local_len;
 } demo;
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: striped_attention [--ranks P] [--seq S]\n"
-               "  --ranks P  ranks (threads of this process), 1..64, default 4\n"
-               "  --seq S    tokens, a multiple of P, at most %d, default 16\n", MAX_SEQ);
-}
-
-static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
-    char *end = NULL;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || *end || x < lo || x > hi) {
-        fprintf(stderr, "striped_attention: %s takes an integer in [%d, %d], got '%s'\n", flag, lo,
-                hi, v ? v : "(nothing)");
-        return 0;
-    }
-    *out = (int)x;
-    return 1;
-}
-
 static void fail(const char *what, dt_status st) {
+    if (st == DT_ERR_NOT_SUPPORTED) {
+        fprintf(stderr, "striped_attention: not supported here (DT_ERR_NOT_SUPPORTED): %s: %s\n",
+                what, dt_last_error());
+        exit(3);
+    }
     fprintf(stderr, "striped_attention: %s failed: %s: %s\n", what, dt_status_name(st),
             dt_last_error());
     exit(1);
@@ -160,37 +169,672 @@ out:
     return st;
 }
 
-int main(int argc, char **argv) {
-    static demo d;
-    d.ranks = 4;
-    d.seq = 16;
-    for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--ranks")) {
-            if (!parse_int("--ranks", v, 1, 64, &d.ranks)) return 2;
-            i++;
-        } else if (!strcmp(argv[i], "--seq")) {
-            if (!parse_int("--seq", v, 1, MAX_SEQ, &d.seq)) return 2;
-            i++;
+/* ------------------------------------------------------------------------
+ * 4. Distributed attention, checked against a double-precision reference.
+ * ---------------------------------------------------------------------- */
+
+typedef struct config {
+    int ranks;
+    int64_t batch, seq, heads, kv_heads, dim;
+    dt_order order;
+    dt_attn_mask mask;
+    dt_dtype dtype;
+    dt_backend_kind backend;
+    uint64_t seed;
+    float scale;               /* the softmax scale passed to the library: 1/sqrt(D) */
+    const char *svg, *dump;
+} config;
+
+typedef struct attn_run {
+    const config *cfg;
+    /* Written by rank 0, read by the main thread after dt_launch returns. */
+    float *o;                  /* [B, S, H, D] gathered, global token order, widened to fp32 */
+    float *lse;                /* [B, H, S] gathered */
+    float *q, *k, *v;          /* with --dump: the gathered inputs, widened to fp32 */
+    dt_backend_kind backend;   /* the backend the ranks ran on */
+    double seconds[MAX_RANKS]; /* wall time of dt_attention_forward on each rank */
+} attn_run;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A local (gathered) tensor as a new fp32 host array; bf16 is widened. */
+static dt_status to_host_f32(const dt_tensor *t, float **out) {
+    size_t n = (size_t)dt_tensor_local_numel(t);
+    if (dt_tensor_dtype(t) != DT_F32 && dt_tensor_dtype(t) != DT_BF16)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "reading %s values back: dtype.h converts only "
+                        "fp32 and bf16", dt_dtype_name(dt_tensor_dtype(t)));
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    if (!f) return dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory for %zu floats", n);
+    dt_status st;
+    if (dt_tensor_dtype(t) == DT_BF16) {
+        dt_bf16 *h = malloc((n ? n : 1) * sizeof *h);
+        st = h ? dt_tensor_get_local(t, h, dt_tensor_local_bytes(t))
+               : dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 values", n);
+        if (st == DT_SUCCESS)
+            for (size_t i = 0; i < n; i++) f[i] = dt_bf16_to_f32(h[i]);
+        free(h);
+    } else {
+        st = dt_tensor_get_local(t, f, dt_tensor_local_bytes(t));
+    }
+    if (st != DT_SUCCESS) {
+        free(f);
+        return st;
+    }
+    *out = f;
+    return DT_SUCCESS;
+}
+
+/* Gather t to rank 0 and, there, widen it into *host. Collective. */
+static dt_status gather_to_host(const dt_tensor *t, float **host) {
+    dt_tensor *g = NULL;
+    DT_TRY(dt_tensor_gather(t, 0, &g));
+    dt_status st = g ? to_host_f32(g, host) : DT_SUCCESS;
+    dt_tensor_destroy(g);
+    return st;
+}
+
+/* Every rank: its shards of q, k, v from the seeds, the ring forward, and
+ * o, lse (and with --dump q, k, v) gathered to rank 0. */
+static dt_status rank_attention(dt_context *ctx, void *arg) {
+    attn_run *r = arg;
+    const config *c = r->cfg;
+    int rank = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    dt_tensor *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL;
+    dt_status st;
+    int sizes[1] = {c->ranks};
+    const char *names[1] = {"sp"};
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, sizes, names, &mesh), out);
+    dt_layout lay = dt_layout_1d(dt_shard(1, c->order));
+    int64_t qshape[4] = {c->batch, c->seq, c->heads, c->dim};
+    int64_t kshape[4] = {c->batch, c->seq, c->kv_heads, c->dim};
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, qshape, &lay, &q), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, kshape, &lay, &k), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, kshape, &lay, &v), out);
+    dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
+    opts.mask = c->mask;
+    opts.scale = c->scale;
+    /* Validates the call (dtype, backend, head dim) without touching
+     * anything, so an unsupported configuration is named by the attention
+     * code itself rather than by the first op that happens to refuse it. */
+    size_t ws = 0;
+    DT_TRY_GOTO(st, dt_attention_workspace_size(q, k, v, &opts, &ws), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(q, c->seed), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(k, c->seed + 1), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(v, c->seed + 2), out);
+    double t0 = now_s();
+    DT_TRY_GOTO(st, dt_attention_forward(q, k, v, &opts, &o, &lse), out);
+    r->seconds[rank] = now_s() - t0;
+    DT_TRY_GOTO(st, gather_to_host(o, &r->o), out);
+    DT_TRY_GOTO(st, gather_to_host(lse, &r->lse), out);
+    if (c->dump) {
+        DT_TRY_GOTO(st, gather_to_host(q, &r->q), out);
+        DT_TRY_GOTO(st, gather_to_host(k, &r->k), out);
+        DT_TRY_GOTO(st, gather_to_host(v, &r->v), out);
+    }
+    if (rank == 0) r->backend = dt_context_backend(ctx);
+out:
+    dt_tensor_destroy(lse);
+    dt_tensor_destroy(o);
+    dt_tensor_destroy(v);
+    dt_tensor_destroy(k);
+    dt_tensor_destroy(q);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+/* The full input as the dtype stores it, widened to double. */
+static double *full_input(uint64_t seed, int64_t n, dt_dtype dtype) {
+    double *x = malloc((size_t)n * sizeof *x);
+    if (!x) return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        float f = dt_random_value(seed, (uint64_t)i);
+        x[i] = dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(f)) : f;
+    }
+    return x;
+}
+
+/* o [B, S, H, D] and lse [B, H, S] in double, from the definition:
+ * o[b,i,h] = sum_j softmax_j(scale q[b,i,h].k[b,j,g]) v[b,j,g], g = h / (H / HKV),
+ * over keys j <= i (causal) or all j. Returns 0 when out of memory. */
+static int reference(const config *c, const double *q, const double *k, const double *v,
+                     double *o, double *lse) {
+    const int64_t B = c->batch, S = c->seq, H = c->heads, G = c->kv_heads, D = c->dim;
+    const int64_t group = H / G;
+    const double scale = c->scale;
+    double *w = malloc((size_t)S * sizeof *w), *acc = malloc((size_t)D * sizeof *acc);
+    if (!w || !acc) {
+        free(w);
+        free(acc);
+        return 0;
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < S; i++) {
+                const int64_t g = h / group, n = c->mask == DT_ATTN_CAUSAL ? i + 1 : S;
+                const double *qi = q + ((b * S + i) * H + h) * D;
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < n; j++) {
+                    const double *kj = k + ((b * S + j) * G + g) * D;
+                    double dot = 0;
+                    for (int64_t d = 0; d < D; d++) dot += qi[d] * kj[d];
+                    w[j] = scale * dot;
+                    if (w[j] > mx) mx = w[j];
+                }
+                double sum = 0;
+                for (int64_t d = 0; d < D; d++) acc[d] = 0;
+                for (int64_t j = 0; j < n; j++) {
+                    const double p = exp(w[j] - mx);
+                    const double *vj = v + ((b * S + j) * G + g) * D;
+                    sum += p;
+                    for (int64_t d = 0; d < D; d++) acc[d] += p * vj[d];
+                }
+                double *oi = o + ((b * S + i) * H + h) * D;
+                for (int64_t d = 0; d < D; d++) oi[d] = acc[d] / sum;
+                lse[(b * H + h) * S + i] = mx + log(sum);
+            }
+    free(w);
+    free(acc);
+    return 1;
+}
+
+/* Elements outside |got - ref| <= tol + tol*|ref| (non-finite values must
+ * match exactly); *max_err gets the largest |got - ref| (inf if any value is
+ * non-finite where the reference is not). */
+static long compare(const float *got, const double *ref, size_t n, double tol, double *max_err) {
+    long bad = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double g = got[i], r = ref[i];
+        int ok;
+        if (!isfinite(g) || !isfinite(r)) {
+            ok = isinf(g) && isinf(r) && (g > 0) == (r > 0);
+            if (!ok) worst = INFINITY;
         } else {
-            fprintf(stderr, "striped_attention: unknown flag '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
+            const double e = fabs(g - r);
+            if (e > worst) worst = e;
+            ok = e <= tol + tol * fabs(r);
+        }
+        bad += !ok;
+    }
+    *max_err = worst;
+    return bad;
+}
+
+/* ------------------------------------------------------------------------
+ * 5. Work per rank and per ring step, from the mask rule alone.
+ * ---------------------------------------------------------------------- */
+
+static const dt_order orders[3] = {DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG};
+
+static const char *mask_phrase(dt_attn_mask mask) {
+    return mask == DT_ATTN_CAUSAL ? "causal mask" : "no mask";
+}
+
+/* Pairs rank j computes when it holds the K/V block of rank src, per
+ * (batch, head): every (q segment, k segment) pair of the two shards. */
+static int64_t block_pairs(dt_order order, dt_attn_mask mask, int64_t seq, int parts, int j,
+                           int src) {
+    dt_attn_segment qs[2], ks[2];
+    int nq = dt_attn_segments(order, seq, parts, j, qs);
+    int nk = dt_attn_segments(order, seq, parts, src, ks);
+    int64_t n = 0;
+    for (int a = 0; a < nq; a++)
+        for (int b = 0; b < nk; b++) n += dt_attn_pairs(mask, qs[a], ks[b]);
+    return n;
+}
+
+typedef struct work_table {
+    int have;                  /* 0: this order cannot shard S over P (zigzag needs 2P | S) */
+    int64_t *pairs;            /* [P ranks][P steps]: pairs[j * P + t] */
+    int64_t *step_max;         /* [P]: the busiest rank of each step */
+    int64_t critical;          /* sum over steps of step_max */
+} work_table;
+
+static int work_tables(const config *c, work_table w[3]) {
+    const int P = c->ranks;
+    for (int o = 0; o < 3; o++) {
+        w[o].have = c->seq % (orders[o] == DT_ORDER_ZIGZAG ? 2 * P : P) == 0;
+        w[o].pairs = calloc((size_t)P * P, sizeof *w[o].pairs);
+        w[o].step_max = calloc((size_t)P, sizeof *w[o].step_max);
+        w[o].critical = 0;
+        if (!w[o].pairs || !w[o].step_max) return 0;
+        if (!w[o].have) continue;
+        for (int t = 0; t < P; t++) {
+            for (int j = 0; j < P; j++) {
+                int src = ((j - t) % P + P) % P;
+                int64_t n = block_pairs(orders[o], c->mask, c->seq, P, j, src);
+                w[o].pairs[j * P + t] = n;
+                if (n > w[o].step_max[t]) w[o].step_max[t] = n;
+            }
+            w[o].critical += w[o].step_max[t];
         }
     }
-    if (d.seq % d.ranks) {
-        fprintf(stderr, "striped_attention: --seq %d is not divisible by --ranks %d\n", d.seq,
-                d.ranks);
-        return 2;
+    return 1;
+}
+
+static void work_tables_free(work_table w[3]) {
+    for (int o = 0; o < 3; o++) {
+        free(w[o].pairs);
+        free(w[o].step_max);
+    }
+}
+
+static int digits(int64_t x) {
+    int n = 1;
+    while (x >= 10) x /= 10, n++;
+    return n;
+}
+
+static void print_work(const config *c, const work_table w[3]) {
+    const int P = c->ranks;
+    const int64_t cc = c->seq / P;
+    int width = digits(cc * cc) + 2;
+    if (width < 8) width = 8;
+    printf("\n5. work per ring step: query-key pairs each rank computes, per (batch, head), %s\n",
+           mask_phrase(c->mask));
+    printf("   c = S/P = %lld tokens per rank, a full block is c*c = %lld pairs; at step t rank j\n"
+           "   holds the K/V block of rank (j - t) mod P. Counted from dt_attn_pairs, not timed.\n",
+           (long long)cc, (long long)(cc * cc));
+    if (P <= 8) {
+        for (int o = 0; o < 3; o++) {
+            printf("\n   %-11s", dt_order_name(orders[o]));
+            if (!w[o].have) {
+                printf(" n/a: S = %lld is not divisible by 2P = %d\n", (long long)c->seq, 2 * P);
+                continue;
+            }
+            for (int t = 0; t < P; t++) printf("%*s%d", width - digits(t), "step ", t);
+            printf("\n");
+            for (int j = 0; j < P; j++) {
+                printf("     rank %-4d", j);
+                for (int t = 0; t < P; t++) printf("%*lld", width, (long long)w[o].pairs[j * P + t]);
+                printf("\n");
+            }
+            printf("     max      ");
+            for (int t = 0; t < P; t++) printf("%*lld", width, (long long)w[o].step_max[t]);
+            printf("   critical path %lld\n", (long long)w[o].critical);
+        }
+    } else {
+        /* Large P: the busiest rank of each step only, and only the first
+         * and last steps when there are many. */
+        printf("\n   step   %*s %*s %*s   (max over ranks)\n", width, "contiguous", width,
+               "striped", width, "zigzag");
+        for (int t = 0; t < P; t++) {
+            if (P > 16 && t == 8) printf("   ...\n");
+            if (P > 16 && t >= 8 && t < P - 2) continue;
+            printf("   %-6d", t);
+            for (int o = 0; o < 3; o++) {
+                if (w[o].have) printf(" %*lld", width, (long long)w[o].step_max[t]);
+                else printf(" %*s", width, "n/a");
+            }
+            printf("\n");
+        }
+    }
+    printf("\n   critical path (sum over steps of the busiest rank):");
+    for (int o = 0; o < 3; o++) {
+        if (w[o].have) printf(" %s %lld", dt_order_name(orders[o]), (long long)w[o].critical);
+        else printf(" %s n/a", dt_order_name(orders[o]));
+        printf(o < 2 ? "," : "\n");
+    }
+    printf("   speedup of the critical path:");
+    for (int o = 1; o < 3; o++) {
+        if (w[o].have && w[o].critical > 0)
+            printf(" contiguous/%s %.3f%s", dt_order_name(orders[o]),
+                   (double)w[0].critical / (double)w[o].critical, o == 1 ? "," : "");
+        else
+            printf(" contiguous/%s n/a%s", dt_order_name(orders[o]), o == 1 ? "," : "");
+    }
+    printf("\n   theory for causal striping, 2(1 - 1/(2P)) = %.3f at P = %d (approached as c grows)\n",
+           2.0 * (1.0 - 1.0 / (2.0 * P)), P);
+    if (c->mask == DT_ATTN_FULL)
+        printf("   (no mask: every block is full, so every order does the same work)\n");
+}
+
+/* ------------------------------------------------------------------------
+ * --svg: three heat maps, x = ring step, y = rank, colour = pairs / (c*c).
+ * ---------------------------------------------------------------------- */
+
+/* White -> mid blue -> dark blue, linear between the three stops (the
+ * legend's gradient uses the same stops). */
+static void colour(double f, int rgb[3]) {
+    static const int stops[3][3] = {{247, 251, 255}, {107, 174, 214}, {8, 48, 107}};
+    if (!(f > 0)) f = 0;
+    if (f > 1) f = 1;
+    int s = f < 0.5 ? 0 : 1;
+    double u = f < 0.5 ? f / 0.5 : (f - 0.5) / 0.5;
+    for (int i = 0; i < 3; i++)
+        rgb[i] = (int)lround(stops[s][i] + u * (stops[s + 1][i] - stops[s][i]));
+}
+
+static int write_svg(const char *path, const config *c, const work_table w[3]) {
+    const int P = c->ranks;
+    const double full = (double)(c->seq / P) * (double)(c->seq / P);
+    int cell = 260 / P;
+    if (cell > 48) cell = 48;
+    if (cell < 3) cell = 3;
+    const int map = cell * P, left = 56, top = 78, gap = 56, legend_w = 110;
+    const int width = left + 3 * map + 2 * gap + 30 + legend_w, height = top + map + 64;
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "striped_attention: cannot write %s: %s\n", path, strerror(errno));
+        return 0;
+    }
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+               "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n",
+            width, height, width, height);
+    fprintf(f, "<title>Work per ring step: attention with %s, P = %d, S = %lld</title>\n",
+            mask_phrase(c->mask), P, (long long)c->seq);
+    fprintf(f, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"white\"/>\n", width, height);
+    fprintf(f, "<text x=\"%d\" y=\"22\" font-size=\"15\" font-weight=\"bold\">Query-key pairs per "
+               "rank and ring step (%s, P = %d, S = %lld, c = %lld)</text>\n",
+            left, mask_phrase(c->mask), P, (long long)c->seq, (long long)(c->seq / P));
+    fprintf(f, "<text x=\"%d\" y=\"40\" fill=\"#444\">colour = pairs / (c*c); at step t rank j holds "
+               "the K/V block of rank (j - t) mod P; each step waits for its busiest rank</text>\n",
+            left);
+    int tick = P <= 16 ? 1 : P / 8;
+    for (int o = 0; o < 3; o++) {
+        const int x0 = left + o * (map + gap);
+        fprintf(f, "<g>\n<title>%s</title>\n", dt_order_name(orders[o]));
+        fprintf(f, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">%s</text>\n", x0, top - 10,
+                dt_order_name(orders[o]));
+        if (!w[o].have) {
+            fprintf(f, "<text x=\"%d\" y=\"%d\">n/a: S not divisible by 2P</text>\n</g>\n", x0,
+                    top + 20);
+            continue;
+        }
+        for (int j = 0; j < P; j++)
+            for (int t = 0; t < P; t++) {
+                int64_t n = w[o].pairs[j * P + t];
+                int rgb[3];
+                colour(full > 0 ? (double)n / full : 0, rgb);
+                fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" "
+                           "fill=\"rgb(%d,%d,%d)\"><title>rank %d, step %d: %lld pairs "
+                           "(%.3f of c*c)</title></rect>\n",
+                        x0 + t * cell, top + j * cell, cell, cell, rgb[0], rgb[1], rgb[2], j, t,
+                        (long long)n, full > 0 ? (double)n / full : 0.0);
+            }
+        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
+                   "stroke=\"#333\"/>\n", x0, top, map, map);
+        for (int t = 0; t < P; t += tick)
+            fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"10\" text-anchor=\"middle\">%d</text>\n",
+                    x0 + t * cell + cell / 2, top + map + 13, t);
+        if (o == 0)
+            for (int j = 0; j < P; j += tick)
+                fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"10\" text-anchor=\"end\">%d</text>\n",
+                        x0 - 4, top + j * cell + cell / 2 + 4, j);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">ring step t</text>\n",
+                x0 + map / 2, top + map + 28);
+        fprintf(f, "<text x=\"%d\" y=\"%d\">critical path %lld pairs (%.2f c*c)</text>\n", x0,
+                top + map + 46, (long long)w[o].critical, full > 0 ? (double)w[o].critical / full : 0);
+        fprintf(f, "</g>\n");
+    }
+    fprintf(f, "<text x=\"14\" y=\"%d\" text-anchor=\"middle\" transform=\"rotate(-90 14 %d)\">"
+               "rank j</text>\n", top + map / 2, top + map / 2);
+    /* Legend: a vertical bar, 1 at the top. */
+    const int lx = left + 3 * map + 2 * gap + 10, lh = map < 120 ? 120 : map;
+    fprintf(f, "<g>\n<title>legend</title>\n<defs><linearGradient id=\"scale\" x1=\"0\" y1=\"1\" "
+               "x2=\"0\" y2=\"0\"><stop offset=\"0\" stop-color=\"rgb(247,251,255)\"/>"
+               "<stop offset=\"0.5\" stop-color=\"rgb(107,174,214)\"/>"
+               "<stop offset=\"1\" stop-color=\"rgb(8,48,107)\"/></linearGradient></defs>\n");
+    fprintf(f, "<text x=\"%d\" y=\"%d\">pairs / (c*c)</text>\n", lx, top - 10);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"16\" height=\"%d\" fill=\"url(#scale)\" "
+               "stroke=\"#333\"/>\n", lx, top, lh);
+    fprintf(f, "<text x=\"%d\" y=\"%d\">1 (full block)</text>\n", lx + 22, top + 4);
+    fprintf(f, "<text x=\"%d\" y=\"%d\">0.5</text>\n", lx + 22, top + lh / 2 + 4);
+    fprintf(f, "<text x=\"%d\" y=\"%d\">0 (empty)</text>\n", lx + 22, top + lh + 4);
+    fprintf(f, "</g>\n</svg>\n");
+    int ok = !ferror(f);
+    ok &= fclose(f) == 0;
+    if (!ok) fprintf(stderr, "striped_attention: error writing %s\n", path);
+    return ok;
+}
+
+/* ------------------------------------------------------------------------
+ * --dump DIR: meta.txt and raw little-endian fp32 arrays, global token order.
+ * ---------------------------------------------------------------------- */
+
+/* mkdir -p */
+static int make_dirs(const char *dir) {
+    char path[4096];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof path) return 0;
+    memcpy(path, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] != '/' && path[i] != '\0') continue;
+        char keep = path[i];
+        path[i] = '\0';
+        if (mkdir(path, 0777) != 0 && errno != EEXIST) return 0;
+        path[i] = keep;
+    }
+    struct stat sb;
+    return stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int write_f32_le(const char *dir, const char *name, const float *x, size_t n) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "striped_attention: cannot write %s: %s\n", path, strerror(errno));
+        return 0;
+    }
+    unsigned char buf[4096];
+    size_t fill = 0;
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        for (int b = 0; b < 4; b++) buf[fill++] = (unsigned char)(u >> (8 * b));
+        if (fill == sizeof buf || i + 1 == n) {
+            ok = fwrite(buf, 1, fill, f) == fill;
+            fill = 0;
+        }
+    }
+    ok &= fclose(f) == 0;
+    if (!ok) fprintf(stderr, "striped_attention: error writing %s\n", path);
+    return ok;
+}
+
+static int write_dump(const config *c, const attn_run *r) {
+    if (!make_dirs(c->dump)) {
+        fprintf(stderr, "striped_attention: cannot create directory %s: %s\n", c->dump,
+                strerror(errno));
+        return 0;
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/meta.txt", c->dump);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "striped_attention: cannot write %s: %s\n", path, strerror(errno));
+        return 0;
+    }
+    fprintf(f, "%lld %lld %lld %lld %lld %d %.9g\n", (long long)c->batch, (long long)c->seq,
+            (long long)c->heads, (long long)c->kv_heads, (long long)c->dim,
+            c->mask == DT_ATTN_CAUSAL, (double)c->scale);
+    if (fclose(f) != 0) return 0;
+    const size_t nq = (size_t)(c->batch * c->seq * c->heads * c->dim);
+    const size_t nk = (size_t)(c->batch * c->seq * c->kv_heads * c->dim);
+    return write_f32_le(c->dump, "q.bin", r->q, nq) && write_f32_le(c->dump, "k.bin", r->k, nk) &&
+           write_f32_le(c->dump, "v.bin", r->v, nk) && write_f32_le(c->dump, "o.bin", r->o, nq);
+}
+
+/* ------------------------------------------------------------------------
+ * Flags.
+ * ---------------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: striped_attention [flags]\n"
+            "  --ranks P          ranks (threads of this process), 1..%d, default 4\n"
+            "  --batch B          batch, default 1\n"
+            "  --seq S            tokens, a multiple of P (of 2P for zigzag), default 256\n"
+            "  --heads H          query heads, default 4\n"
+            "  --kv-heads HKV     key/value heads, dividing H (GQA/MQA), default 2\n"
+            "  --dim D            head dim, a multiple of 8 up to %d, default 64\n"
+            "  --order O          contiguous (Ring Attention) | striped | zigzag, default striped\n"
+            "  --causal           causal mask (default)\n"
+            "  --no-causal        no mask\n"
+            "  --dtype T          fp32 | bf16 | fp16, default fp32 (fp16: CUDA backend only)\n"
+            "  --backend K        auto | cpu | cuda, default auto (DT_BACKEND, else the best built)\n"
+            "  --seed N           q, k, v from seeds N, N+1, N+2, default 1\n"
+            "  --svg FILE         write the work-per-step heat maps (section 5) as SVG\n"
+            "  --dump DIR         write DIR/meta.txt (B S H HKV D causal scale) and q.bin k.bin\n"
+            "                     v.bin o.bin: little-endian fp32, global token order\n"
+            "  --help             this text\n"
+            "exit status: 0 PASS, 1 FAIL or a library error, 2 bad flags or shapes,\n"
+            "3 not supported here (the library returned DT_ERR_NOT_SUPPORTED)\n",
+            MAX_RANKS, DT_ATTN_MAX_HEAD_DIM);
+}
+
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
+    char *end = NULL;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || x < lo || x > hi) {
+        fprintf(stderr, "striped_attention: %s takes an integer in [%d, %d], got '%s'\n", flag, lo,
+                hi, v ? v : "(nothing)");
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+/* Index of v in names[0..n-1], or -1 with a message. */
+static int parse_choice(const char *flag, const char *v, const char *const *names, int n) {
+    for (int i = 0; v && i < n; i++)
+        if (!strcmp(v, names[i])) return i;
+    fprintf(stderr, "striped_attention: %s takes one of", flag);
+    for (int i = 0; i < n; i++) fprintf(stderr, "%s %s", i ? "," : "", names[i]);
+    fprintf(stderr, "; got '%s'\n", v ? v : "(nothing)");
+    return -1;
+}
+
+/* Parses argv into c; returns -1 to go on, else the exit status. */
+static int parse_flags(int argc, char **argv, config *c) {
+    static const char *const order_names[] = {"contiguous", "striped", "zigzag"};
+    static const char *const dtype_names[] = {"fp32", "bf16", "fp16"};
+    static const dt_dtype dtypes[] = {DT_F32, DT_BF16, DT_F16};
+    static const char *const backend_names[] = {"auto", "cpu", "cuda"};
+    static const dt_backend_kind backends[] = {DT_BACKEND_AUTO, DT_BACKEND_CPU, DT_BACKEND_CUDA};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int x = 0;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--causal")) {
+            c->mask = DT_ATTN_CAUSAL;
+            continue;
+        } else if (!strcmp(a, "--no-causal")) {
+            c->mask = DT_ATTN_FULL;
+            continue;
+        } else if (!strcmp(a, "--ranks")) {
+            if (!parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
+            c->ranks = x;
+        } else if (!strcmp(a, "--batch")) {
+            if (!parse_int(a, v, 1, 4096, &x)) return 2;
+            c->batch = x;
+        } else if (!strcmp(a, "--seq")) {
+            if (!parse_int(a, v, 1, 1 << 20, &x)) return 2;
+            c->seq = x;
+        } else if (!strcmp(a, "--heads")) {
+            if (!parse_int(a, v, 1, 4096, &x)) return 2;
+            c->heads = x;
+        } else if (!strcmp(a, "--kv-heads")) {
+            if (!parse_int(a, v, 1, 4096, &x)) return 2;
+            c->kv_heads = x;
+        } else if (!strcmp(a, "--dim")) {
+            if (!parse_int(a, v, 1, 1 << 16, &x)) return 2;
+            c->dim = x;
+        } else if (!strcmp(a, "--order")) {
+            if ((x = parse_choice(a, v, order_names, 3)) < 0) return 2;
+            c->order = orders[x];
+        } else if (!strcmp(a, "--dtype")) {
+            if ((x = parse_choice(a, v, dtype_names, 3)) < 0) return 2;
+            c->dtype = dtypes[x];
+        } else if (!strcmp(a, "--backend")) {
+            if ((x = parse_choice(a, v, backend_names, 3)) < 0) return 2;
+            c->backend = backends[x];
+        } else if (!strcmp(a, "--seed")) {
+            char *end = NULL;
+            errno = 0;
+            unsigned long long s = v ? strtoull(v, &end, 10) : 0;
+            if (!v || !*v || *end || errno || v[0] == '-') {
+                fprintf(stderr, "striped_attention: --seed takes a non-negative integer, got '%s'\n",
+                        v ? v : "(nothing)");
+                return 2;
+            }
+            c->seed = s;
+        } else if (!strcmp(a, "--svg") || !strcmp(a, "--dump")) {
+            if (!v || !*v) {
+                fprintf(stderr, "striped_attention: %s needs a %s\n", a,
+                        a[2] == 's' ? "file name" : "directory");
+                return 2;
+            }
+            if (a[2] == 's') c->svg = v;
+            else c->dump = v;
+        } else {
+            fprintf(stderr, "striped_attention: unknown flag '%s' (--help lists them)\n", a);
+            return 2;
+        }
+        i++; /* the flag's value */
     }
 
-    dt_status st = dt_launch(1, show_permutation, &d, NULL);
+    /* Shapes, before anything is launched. */
+    if (c->seq % c->ranks) {
+        fprintf(stderr, "striped_attention: --seq %lld is not divisible by --ranks %d\n",
+                (long long)c->seq, c->ranks);
+        return 2;
+    }
+    if (c->order == DT_ORDER_ZIGZAG && c->seq % (2 * c->ranks)) {
+        fprintf(stderr, "striped_attention: zigzag cuts the sequence into 2P = %d chunks: --seq %lld "
+                "is not divisible by %d\n", 2 * c->ranks, (long long)c->seq, 2 * c->ranks);
+        return 2;
+    }
+    if (c->heads % c->kv_heads) {
+        fprintf(stderr, "striped_attention: --kv-heads %lld does not divide --heads %lld\n",
+                (long long)c->kv_heads, (long long)c->heads);
+        return 2;
+    }
+    if (c->dim % 8 || c->dim > DT_ATTN_MAX_HEAD_DIM) {
+        fprintf(stderr, "striped_attention: --dim %lld: the attention kernels take head dims that "
+                "are multiples of 8 up to %d\n", (long long)c->dim, DT_ATTN_MAX_HEAD_DIM);
+        return 2;
+    }
+    /* The example keeps the full q, k, v, o and a double reference in memory. */
+    double numel = (double)c->batch * (double)c->seq * (double)c->heads * (double)c->dim;
+    if (numel > (double)(1 << 26)) {
+        fprintf(stderr, "striped_attention: B*S*H*D = %.0f is more than this example keeps in "
+                "memory (%d); use bench/attention for large shapes\n", numel, 1 << 26);
+        return 2;
+    }
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    config c = {
+        .ranks = 4, .batch = 1, .seq = 256, .heads = 4, .kv_heads = 2, .dim = 64,
+        .order = DT_ORDER_STRIPED, .mask = DT_ATTN_CAUSAL, .dtype = DT_F32,
+        .backend = DT_BACKEND_AUTO, .seed = 1, .scale = 0, .svg = NULL, .dump = NULL,
+    };
+    int rc = parse_flags(argc, argv, &c);
+    if (rc >= 0) return rc;
+    c.scale = 1.0f / sqrtf((float)c.dim);
+    dt_launch_options lo = DT_LAUNCH_OPTIONS_INIT;
+    lo.backend = c.backend;
+
+    /* 1-3: the permutation, on a short sequence so that it fits a line. */
+    static demo d;
+    d.ranks = c.ranks;
+    d.seq = (int)(c.seq < 4 * c.ranks ? c.seq : 4 * c.ranks);
+    dt_status st = dt_launch(1, show_permutation, &d, &lo);
     if (st != DT_SUCCESS) fail("the permutation", st);
 
-    st = dt_launch(d.ranks, rank_demo, &d, NULL);
+    st = dt_launch(d.ranks, rank_demo, &d, &lo);
     if (st != DT_SUCCESS) fail("sharding", st);
     printf("\n3. Shard(0, striped) over %d ranks, and Shard(0, contiguous) of the permuted tokens:\n",
            d.ranks);
@@ -205,5 +849,77 @@ int main(int argc, char **argv) {
     }
     printf("   both shardings agree, token i on rank i mod %d: %s\n", d.ranks, same ? "yes" : "NO");
     if (!same) return 1;
-    return 0;
+
+    /* 4: the attention. */
+    const int64_t B = c.batch, S = c.seq, H = c.heads, G = c.kv_heads, D = c.dim;
+    printf("\n4. attention: q [%lld, %lld, %lld, %lld], k and v [%lld, %lld, %lld, %lld], %s, %s,\n"
+           "   Shard(1, %s) over %d ranks, seeds %llu/%llu/%llu, scale %.9g\n",
+           (long long)B, (long long)S, (long long)H, (long long)D, (long long)B, (long long)S,
+           (long long)G, (long long)D, dt_dtype_name(c.dtype), mask_phrase(c.mask),
+           dt_order_name(c.order), c.ranks, (unsigned long long)c.seed,
+           (unsigned long long)c.seed + 1, (unsigned long long)c.seed + 2, (double)c.scale);
+    fflush(stdout);
+    attn_run *run = calloc(1, sizeof *run);
+    if (!run) {
+        fprintf(stderr, "striped_attention: out of memory\n");
+        return 1;
+    }
+    run->cfg = &c;
+    st = dt_launch(c.ranks, rank_attention, run, &lo);
+    if (st != DT_SUCCESS) fail("dt_attention_forward", st);
+    double slowest = 0;
+    for (int r = 0; r < c.ranks; r++) slowest = run->seconds[r] > slowest ? run->seconds[r] : slowest;
+    printf("   dt_attention_forward on the %s backend: %.2f ms on the slowest rank (%d ranks as threads)\n",
+           dt_backend_kind_name(run->backend), 1e3 * slowest, c.ranks);
+
+    const int64_t nq = B * S * H * D, nk = B * S * G * D, nl = B * H * S;
+    double *q = full_input(c.seed, nq, c.dtype), *k = full_input(c.seed + 1, nk, c.dtype);
+    double *v = full_input(c.seed + 2, nk, c.dtype);
+    double *o_ref = malloc((size_t)nq * sizeof *o_ref), *lse_ref = malloc((size_t)nl * sizeof *lse_ref);
+    if (!q || !k || !v || !o_ref || !lse_ref || !reference(&c, q, k, v, o_ref, lse_ref)) {
+        fprintf(stderr, "striped_attention: out of memory for the reference\n");
+        return 1;
+    }
+    const double tol = c.dtype == DT_F32 ? 1e-5 : 2e-2;
+    double err_o = 0, err_lse = 0;
+    long bad = compare(run->o, o_ref, (size_t)nq, tol, &err_o);
+    bad += compare(run->lse, lse_ref, (size_t)nl, tol, &err_lse);
+    printf("   vs a double-precision reference on the full sequence (tolerance %g + %g*|ref|):\n"
+           "   max abs error: o %.3g, lse %.3g; %ld of %lld values outside the tolerance\n",
+           tol, tol, err_o, err_lse, bad, (long long)(nq + nl));
+    printf("   result: %s\n", bad ? "FAIL" : "PASS");
+    free(q);
+    free(k);
+    free(v);
+    free(o_ref);
+    free(lse_ref);
+
+    /* 5: work per rank and step, and the SVG. */
+    work_table w[3];
+    int ok = work_tables(&c, w);
+    if (ok) print_work(&c, w);
+    else fprintf(stderr, "striped_attention: out of memory for the work tables\n");
+    int files_ok = 1;
+    if (ok && c.svg) {
+        files_ok &= write_svg(c.svg, &c, w);
+        if (files_ok) printf("\n   wrote %s (the heat maps above as SVG)\n", c.svg);
+    }
+    work_tables_free(w);
+    if (c.dump) {
+        int dump_ok = write_dump(&c, run);
+        files_ok &= dump_ok;
+        if (dump_ok)
+            printf("   wrote %s/{meta.txt,q.bin,k.bin,v.bin,o.bin}: fp32 little-endian, global token "
+                   "order\n", c.dump);
+    }
+    free(run->o);
+    free(run->lse);
+    free(run->q);
+    free(run->k);
+    free(run->v);
+    free(run);
+
+    printf("\nnext: build/examples/tensor_parallel_mlp\n");
+    printf("next: build/examples/transformer_block\n");
+    return bad || !ok || !files_ok ? 1 : 0;
 }

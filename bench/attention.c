@@ -1,0 +1,638 @@
+/* bench/attention.c — attention benchmarks for docs/PERFORMANCE.md.
+ *
+ * Three sections, all through the public API (dtensor/dtensor.h,
+ * attention/attention.h):
+ *   (a) block kernel throughput: one single-device dt_attention_forward
+ *       (local tensors, mesh NULL) per shape, dtype and mask; TFLOPS counts
+ *       4*B*H*S*S*D flops, halved for causal. On the CPU backend the issue's
+ *       shapes (B=1, H=16, S=4096 and 16384, D=128; B=1, H=32, S=8192, D=64)
+ *       would take minutes, so scaled-down shapes run instead and the table
+ *       says so; --shapes full forces the issue's shapes.
+ *   (b) ring balance: for P = 2, 4, 8 ranks and C tokens per rank, the causal
+ *       distributed forward with contiguous, striped and zigzag sharding.
+ *       MEASURED per order: the wall time of the whole forward (slowest rank,
+ *       starts aligned by a barrier) and, on the CPU backend, each rank's
+ *       thread CPU time of its forward call; the largest of those is the
+ *       critical path the ring would have if every rank had its own core
+ *       (for these three orders one rank is the busiest on every step).
+ *       COMPUTED from the mask rule (dt_attn_pairs): the critical path in
+ *       query-key pairs, sum over steps of the busiest rank, and its ratio.
+ *       Per-(rank, step) block times are not measurable through the public
+ *       API (no hook inside the ring loop).
+ *   (c) ring cost: the distributed forward's work summed over ranks (thread
+ *       CPU time on the CPU backend) against one single-device causal call on
+ *       the whole sequence.
+ * Timing: CLOCK_MONOTONIC (and CLOCK_THREAD_CPUTIME_ID), one warmup, then
+ * --iters iterations; the median is reported. Each timed call ends with a
+ * read-back of its lse (wait_done), the only public way to wait for a
+ * device.
+ *
+ * Ranks are threads of this process (dt_launch). On a machine with fewer
+ * cores than ranks they contend for the cores, and the output says so.
+ * OpenBLAS runs one thread per call in every section: dt_launch sets that
+ * for the duration of a multi-rank launch (context.h), so the single-device
+ * calls of (a) and (c) run on rank 0 of a two-rank launch whose rank 1 does
+ * nothing; their CPU numbers are then per core and comparable with the ring's
+ * per-rank thread CPU times.
+ *
+ * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
+ *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "attention/attention.h"
+#include "dtensor/dtensor.h"
+
+#define MAX_ITERS 100
+#define MAX_P 8
+
+/* ------------------------------------------------------------------ options */
+
+typedef struct bench_opts {
+    dt_backend_kind backend;
+    int json, quick, iters, tokens_per_rank;
+    int shapes;                /* 0 auto, 1 scaled, 2 full */
+    int sections[3];           /* a, b, c */
+} bench_opts;
+
+static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double cpu_s(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return NAN;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(const double *x, int n) {
+    double tmp[MAX_ITERS];
+    memcpy(tmp, x, (size_t)n * sizeof *x);
+    qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
+    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+}
+
+static void die(const char *what, dt_status st) {
+    fprintf(stderr, "bench/attention: %s: %s: %s\n", what, dt_status_name(st), dt_last_error());
+    exit(st == DT_ERR_NOT_SUPPORTED ? 3 : 1);
+}
+
+static dt_status launch(int ranks, dt_rank_fn fn, void *arg, const bench_opts *o) {
+    dt_launch_options lo = DT_LAUNCH_OPTIONS_INIT;
+    lo.backend = o->backend;
+    return dt_launch(ranks, fn, arg, &lo);
+}
+
+static dt_status noop_rank(dt_context *ctx, void *arg) {
+    (void)arg;
+    if (dt_context_rank(ctx) == 0) g_backend_used = dt_context_backend(ctx);
+    return DT_SUCCESS;
+}
+
+/* A buffer of backend memory for the attention workspace: a local fp32
+ * tensor is the public way to get one. */
+static dt_status make_workspace(dt_context *ctx, size_t bytes, dt_tensor **t) {
+    int64_t n = (int64_t)((bytes + 3) / 4);
+    return dt_tensor_create(ctx, NULL, DT_F32, 1, &n, NULL, t);
+}
+
+/* The public API has no device synchronise: on CUDA a call may return
+ * before its kernels finish. Reading the small lse back waits for all the
+ * rank's work before it (stream order); on the CPU it is a short memcpy.
+ * The host buffer is allocated on the first (warmup) call only. */
+static dt_status wait_done(const dt_tensor *lse, void **host, size_t *bytes) {
+    size_t n = dt_tensor_local_bytes(lse);
+    if (n > *bytes) {
+        free(*host);
+        *host = malloc(n);
+        *bytes = *host ? n : 0;
+        if (!*host) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of memory");
+    }
+    return dt_tensor_get_local(lse, *host, n);
+}
+
+/* ------------------------------------------------------- (a) kernel throughput */
+
+typedef struct shape {
+    int64_t B, H, S, D;
+} shape;
+
+typedef struct kernel_case {
+    shape s, from;             /* from: the issue's shape this one stands for */
+    int scaled;
+    dt_dtype dtype;
+    dt_attn_mask mask;
+    int iters;
+    double t[MAX_ITERS];
+    double median_s, tflops;
+} kernel_case;
+
+static double attn_flops(shape s, dt_attn_mask mask) {
+    double f = 4.0 * (double)s.B * (double)s.H * (double)s.S * (double)s.S * (double)s.D;
+    return mask == DT_ATTN_CAUSAL ? f / 2 : f;
+}
+
+/* Rank 0 of a two-rank launch (see the note on OpenBLAS above); rank 1 idles. */
+static dt_status rank_kernel(dt_context *ctx, void *arg) {
+    kernel_case *k = arg;
+    if (dt_context_rank(ctx) != 0) return DT_SUCCESS;
+    int64_t shp[4] = {k->s.B, k->s.S, k->s.H, k->s.D};
+    dt_tensor *q = NULL, *kk = NULL, *v = NULL, *ws = NULL, *o = NULL, *lse = NULL;
+    void *host = NULL;
+    size_t host_bytes = 0;
+    dt_status st;
+    dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
+    opts.mask = k->mask;
+    size_t bytes = 0;
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, k->dtype, 4, shp, NULL, &q), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, k->dtype, 4, shp, NULL, &kk), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, k->dtype, 4, shp, NULL, &v), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(q, 1), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(kk, 2), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(v, 3), out);
+    DT_TRY_GOTO(st, dt_attention_workspace_size(q, kk, v, &opts, &bytes), out);
+    DT_TRY_GOTO(st, make_workspace(ctx, bytes, &ws), out);
+    opts.workspace = dt_tensor_data(ws);
+    opts.workspace_bytes = dt_tensor_local_bytes(ws);
+    for (int i = -1; i < k->iters; i++) {  /* i = -1: warmup */
+        double t0 = mono_s();
+        DT_TRY_GOTO(st, dt_attention_forward(q, kk, v, &opts, &o, &lse), out);
+        DT_TRY_GOTO(st, wait_done(lse, &host, &host_bytes), out);
+        double t1 = mono_s();
+        if (i >= 0) k->t[i] = t1 - t0;
+        dt_tensor_destroy(o);
+        dt_tensor_destroy(lse);
+        o = lse = NULL;
+    }
+out:
+    free(host);
+    dt_tensor_destroy(o);
+    dt_tensor_destroy(lse);
+    dt_tensor_destroy(ws);
+    dt_tensor_destroy(v);
+    dt_tensor_destroy(kk);
+    dt_tensor_destroy(q);
+    return st;
+}
+
+/* ----------------------------------------------------------- (b) ring balance */
+
+static const dt_order orders[3] = {DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG};
+
+typedef struct ring_case {
+    int P;
+    int64_t B, H, D, C;        /* S = P * C */
+    dt_order order;
+    dt_dtype dtype;
+    int iters;
+    double wall[MAX_ITERS][MAX_P], cpu[MAX_ITERS][MAX_P];
+    /* results */
+    double wall_s, cpu_max_s, cpu_sum_s;
+    int64_t crit_pairs, total_pairs;
+} ring_case;
+
+static dt_status rank_ring(dt_context *ctx, void *arg) {
+    ring_case *r = arg;
+    const int rank = dt_context_rank(ctx);
+    const int64_t S = r->P * r->C;
+    dt_mesh *mesh = NULL;
+    dt_tensor *q = NULL, *k = NULL, *v = NULL, *ws = NULL, *o = NULL, *lse = NULL;
+    void *host = NULL;
+    size_t host_bytes = 0;
+    dt_status st;
+    int sizes[1] = {r->P};
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, sizes, NULL, &mesh), out);
+    dt_layout lay = dt_layout_1d(dt_shard(1, r->order));
+    int64_t shp[4] = {r->B, S, r->H, r->D};
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, r->dtype, 4, shp, &lay, &q), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, r->dtype, 4, shp, &lay, &k), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, r->dtype, 4, shp, &lay, &v), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(q, 1), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(k, 2), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(v, 3), out);
+    dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
+    size_t bytes = 0;
+    DT_TRY_GOTO(st, dt_attention_workspace_size(q, k, v, &opts, &bytes), out);
+    DT_TRY_GOTO(st, make_workspace(ctx, bytes, &ws), out);
+    opts.workspace = dt_tensor_data(ws);
+    opts.workspace_bytes = dt_tensor_local_bytes(ws);
+    for (int i = -1; i < r->iters; i++) {
+        DT_TRY_GOTO(st, dt_comm_barrier(dt_context_comm(ctx)), out);
+        double w0 = mono_s(), c0 = cpu_s();
+        DT_TRY_GOTO(st, dt_attention_forward(q, k, v, &opts, &o, &lse), out);
+        DT_TRY_GOTO(st, wait_done(lse, &host, &host_bytes), out);
+        double w1 = mono_s(), c1 = cpu_s();
+        if (i >= 0) {
+            r->wall[i][rank] = w1 - w0;
+            r->cpu[i][rank] = c1 - c0;
+        }
+        dt_tensor_destroy(o);
+        dt_tensor_destroy(lse);
+        o = lse = NULL;
+    }
+out:
+    free(host);
+    dt_tensor_destroy(o);
+    dt_tensor_destroy(lse);
+    dt_tensor_destroy(ws);
+    dt_tensor_destroy(v);
+    dt_tensor_destroy(k);
+    dt_tensor_destroy(q);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+/* Critical path (sum over steps of the busiest rank) and total of the
+ * causal query-key pairs, per (batch, head), from the mask rule. */
+static void ring_pairs(dt_order order, int64_t S, int P, int64_t *crit, int64_t *total) {
+    *crit = *total = 0;
+    for (int t = 0; t < P; t++) {
+        int64_t mx = 0;
+        for (int j = 0; j < P; j++) {
+            int src = ((j - t) % P + P) % P;
+            dt_attn_segment qs[2], ks[2];
+            int nq = dt_attn_segments(order, S, P, j, qs), nk = dt_attn_segments(order, S, P, src, ks);
+            int64_t n = 0;
+            for (int a = 0; a < nq; a++)
+                for (int b = 0; b < nk; b++) n += dt_attn_pairs(DT_ATTN_CAUSAL, qs[a], ks[b]);
+            if (n > mx) mx = n;
+            *total += n;
+        }
+        *crit += mx;
+    }
+}
+
+static void ring_summarise(ring_case *r) {
+    double w[MAX_ITERS], cm[MAX_ITERS], cs[MAX_ITERS];
+    for (int i = 0; i < r->iters; i++) {
+        w[i] = cm[i] = cs[i] = 0;
+        for (int j = 0; j < r->P; j++) {
+            if (r->wall[i][j] > w[i]) w[i] = r->wall[i][j];
+            if (r->cpu[i][j] > cm[i]) cm[i] = r->cpu[i][j];
+            cs[i] += r->cpu[i][j];
+        }
+    }
+    r->wall_s = median(w, r->iters);
+    r->cpu_max_s = median(cm, r->iters);
+    r->cpu_sum_s = median(cs, r->iters);
+    ring_pairs(r->order, r->P * r->C, r->P, &r->crit_pairs, &r->total_pairs);
+}
+
+/* ------------------------------------------------------------ machine info */
+
+static void cpu_model(char *buf, size_t size) {
+    snprintf(buf, size, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c++;
+                while (*c == ' ' || *c == '\t') c++;
+                c[strcspn(c, "\n")] = '\0';
+                snprintf(buf, size, "%s", c);
+                for (char *x = buf; *x; x++)
+                    if (*x == '"' || *x == '\\') *x = '\'';   /* safe inside JSON */
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+/* --------------------------------------------------------------------- main */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: bench/attention [flags]\n"
+            "  --backend K          auto | cpu | cuda (default auto)\n"
+            "  --json               print one JSON object instead of tables\n"
+            "  --iters N            timed iterations after one warmup, median reported\n"
+            "                       (default 5; 2 with --quick)\n"
+            "  --quick              tiny sizes, a smoke test of a few seconds\n"
+            "  --tokens-per-rank C  (b), (c): tokens per rank (default 4096 on a GPU, 512 on the CPU)\n"
+            "  --shapes W           (a): auto (the issue's shapes on a GPU, scaled-down on the CPU),\n"
+            "                       scaled, or full (the issue's shapes anywhere)\n"
+            "  --section LIST       which sections to run, e.g. a,b (default a,b,c)\n"
+            "  --help\n");
+}
+
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
+    char *end = NULL;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || x < lo || x > hi) {
+        fprintf(stderr, "bench/attention: %s takes an integer in [%d, %d], got '%s'\n", flag, lo, hi,
+                v ? v : "(nothing)");
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+static int parse(int argc, char **argv, bench_opts *o) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            o->json = 1;
+        } else if (!strcmp(a, "--quick")) {
+            o->quick = 1;
+        } else if (!strcmp(a, "--iters")) {
+            if (!parse_int(a, v, 1, MAX_ITERS, &o->iters)) return 2;
+            i++;
+        } else if (!strcmp(a, "--tokens-per-rank")) {
+            if (!parse_int(a, v, 16, 1 << 20, &o->tokens_per_rank)) return 2;
+            if (o->tokens_per_rank % 2) {
+                fprintf(stderr, "bench/attention: --tokens-per-rank must be even (zigzag)\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--backend")) {
+            if (v && !strcmp(v, "auto")) o->backend = DT_BACKEND_AUTO;
+            else if (v && !strcmp(v, "cpu")) o->backend = DT_BACKEND_CPU;
+            else if (v && !strcmp(v, "cuda")) o->backend = DT_BACKEND_CUDA;
+            else {
+                fprintf(stderr, "bench/attention: --backend takes auto, cpu or cuda; got '%s'\n",
+                        v ? v : "(nothing)");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--shapes")) {
+            if (v && !strcmp(v, "auto")) o->shapes = 0;
+            else if (v && !strcmp(v, "scaled")) o->shapes = 1;
+            else if (v && !strcmp(v, "full")) o->shapes = 2;
+            else {
+                fprintf(stderr, "bench/attention: --shapes takes auto, scaled or full; got '%s'\n",
+                        v ? v : "(nothing)");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--section")) {
+            if (!v || !*v || strspn(v, "abc,") != strlen(v)) {
+                fprintf(stderr, "bench/attention: --section takes letters a, b, c (e.g. a,c)\n");
+                return 2;
+            }
+            for (int s = 0; s < 3; s++) o->sections[s] = strchr(v, 'a' + s) != NULL;
+            i++;
+        } else {
+            fprintf(stderr, "bench/attention: unknown flag '%s' (--help lists them)\n", a);
+            return 2;
+        }
+    }
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}};
+    int rc = parse(argc, argv, &o);
+    if (rc >= 0) return rc;
+    if (o.iters == 0) o.iters = o.quick ? 2 : 5;
+
+    /* A launch first: it names the backend and fails early if it is not
+     * available here. */
+    dt_status st = launch(2, noop_rank, NULL, &o);
+    if (st != DT_SUCCESS) die("dt_launch", st);
+    const int gpu = g_backend_used == DT_BACKEND_CUDA;
+    const char *be = dt_backend_kind_name(g_backend_used);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char model[256], date[32];
+    cpu_model(model, sizeof model);
+    time_t now = time(NULL);
+    struct tm tmv;
+    gmtime_r(&now, &tmv);
+    strftime(date, sizeof date, "%Y-%m-%d", &tmv);
+    FILE *out = stdout;
+
+    if (o.json)
+        fprintf(out, "{\n  \"bench\": \"attention\", \"date\": \"%s\", \"backend\": \"%s\", "
+                     "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s,\n",
+                date, be, cores, model, o.iters, o.quick ? "true" : "false");
+    if (o.json)
+        fprintf(out, "  \"notes\": [\"ranks are threads of one process; with fewer cores than "
+                     "ranks they contend for the cores\", \"OpenBLAS runs one thread per call\", "
+                     "\"cpu_max_ms and cpu_sum_ms are per-rank thread CPU times of the forward "
+                     "call\", \"critical_pairs and total_pairs are computed from dt_attn_pairs, "
+                     "not measured\"],\n");
+    else
+        fprintf(out, "bench/attention  %s  backend %s  %ld cores (%s)\n"
+                     "timing: CLOCK_MONOTONIC, 1 warmup + %d iterations, median; OpenBLAS 1 thread "
+                     "per call\n",
+                date, be, cores, model, o.iters);
+
+    /* ---------------------------------------------------------------- (a) */
+    if (o.sections[0]) {
+        static const shape issue[3] = {{1, 16, 4096, 128}, {1, 16, 16384, 128}, {1, 32, 8192, 64}};
+        static const shape cpu_scaled[3] = {{1, 2, 1024, 128}, {1, 2, 2048, 128}, {1, 4, 1024, 64}};
+        static const shape quick[1] = {{1, 2, 256, 64}};
+        const shape *shapes = issue;
+        int nshapes = 3, scaled = 0;
+        if (o.quick) shapes = quick, nshapes = 1, scaled = 1;
+        else if (o.shapes == 1 || (o.shapes == 0 && !gpu)) shapes = cpu_scaled, scaled = 1;
+        static const dt_dtype dtypes[2] = {DT_BF16, DT_F32};
+        static const dt_attn_mask masks[2] = {DT_ATTN_CAUSAL, DT_ATTN_FULL};
+        if (o.json) fprintf(out, "  \"kernel\": [\n");
+        else {
+            fprintf(out, "\n(a) attention kernel throughput: one single-device dt_attention_forward "
+                         "(mesh NULL), H_kv = H\n"
+                         "    MEASURED: median wall time per call; TFLOPS = 4*B*H*S*S*D (halved "
+                         "for causal) / time\n");
+            if (scaled)
+                fprintf(out, "    NOTE: %s shapes, not the issue's (B=1,H=16,S=4096|16384,D=128; "
+                             "B=1,H=32,S=8192,D=64):\n    on the %s backend those are too slow for a "
+                             "routine run; --shapes full runs them\n",
+                        o.quick ? "--quick" : "scaled-down", be);
+            fprintf(out, "\n    %-22s %-22s %-5s %-7s %10s %9s\n", "shape (B,H,S,D)",
+                    "stands for", "dtype", "mask", "ms", "TFLOPS");
+        }
+        int first = 1;
+        for (int s = 0; s < nshapes; s++)
+            for (int m = 0; m < 2; m++)
+                for (int d = 0; d < 2; d++) {
+                    kernel_case *k = calloc(1, sizeof *k);
+                    if (!k) die("calloc", DT_ERR_OUT_OF_MEMORY);
+                    k->s = shapes[s];
+                    k->from = o.quick ? shapes[s] : issue[s];
+                    k->scaled = scaled;
+                    k->dtype = dtypes[d];
+                    k->mask = masks[m];
+                    k->iters = o.iters;
+                    st = launch(2, rank_kernel, k, &o);
+                    if (st != DT_SUCCESS) die("(a) dt_attention_forward", st);
+                    k->median_s = median(k->t, k->iters);
+                    k->tflops = attn_flops(k->s, k->mask) / k->median_s / 1e12;
+                    char sh[64], fr[64];
+                    snprintf(sh, sizeof sh, "%lld,%lld,%lld,%lld", (long long)k->s.B,
+                             (long long)k->s.H, (long long)k->s.S, (long long)k->s.D);
+                    snprintf(fr, sizeof fr, "%lld,%lld,%lld,%lld", (long long)k->from.B,
+                             (long long)k->from.H, (long long)k->from.S, (long long)k->from.D);
+                    if (o.json)
+                        fprintf(out, "%s    {\"B\": %lld, \"H\": %lld, \"S\": %lld, \"D\": %lld, "
+                                     "\"stands_for\": [%s], \"scaled\": %s, \"dtype\": \"%s\", "
+                                     "\"causal\": %s, \"median_ms\": %.4f, \"tflops\": %.6f}",
+                                first ? "" : ",\n", (long long)k->s.B, (long long)k->s.H,
+                                (long long)k->s.S, (long long)k->s.D, fr,
+                                k->scaled ? "true" : "false", dt_dtype_name(k->dtype),
+                                k->mask == DT_ATTN_CAUSAL ? "true" : "false", 1e3 * k->median_s,
+                                k->tflops);
+                    else
+                        fprintf(out, "    %-22s %-22s %-5s %-7s %10.2f %9.4f\n", sh,
+                                k->scaled ? fr : "(itself)", dt_dtype_name(k->dtype),
+                                k->mask == DT_ATTN_CAUSAL ? "causal" : "none", 1e3 * k->median_s,
+                                k->tflops);
+                    fflush(out);
+                    first = 0;
+                    free(k);
+                }
+        if (o.json) fprintf(out, "\n  ],\n");
+    }
+
+    /* ------------------------------------------------------------ (b), (c) */
+    static const int Ps[3] = {2, 4, 8};
+    const int C = o.tokens_per_rank ? o.tokens_per_rank : o.quick ? 64 : gpu ? 4096 : 512;
+    const int64_t RB = 1, RH = o.quick ? 2 : gpu ? 16 : 4, RD = o.quick ? 64 : 128;
+    const dt_dtype rdt = gpu ? DT_BF16 : DT_F32;
+    ring_case *rings[3][3] = {{NULL}};
+    if (o.sections[1] || o.sections[2]) {
+        for (int p = 0; p < 3; p++)
+            for (int r = 0; r < 3; r++) {
+                ring_case *c = calloc(1, sizeof *c);
+                if (!c) die("calloc", DT_ERR_OUT_OF_MEMORY);
+                *c = (ring_case){.P = Ps[p], .B = RB, .H = RH, .D = RD, .C = C, .order = orders[r],
+                                 .dtype = rdt, .iters = o.iters};
+                st = launch(Ps[p], rank_ring, c, &o);
+                if (st != DT_SUCCESS) die("(b) distributed dt_attention_forward", st);
+                ring_summarise(c);
+                rings[p][r] = c;
+            }
+    }
+    if (o.sections[1]) {
+        if (o.json) fprintf(out, "  \"ring\": [\n");
+        else {
+            fprintf(out, "\n(b) ring balance: causal distributed forward, B=%lld H=%lld D=%lld %s, "
+                         "C = %d tokens per rank, S = P*C\n",
+                    (long long)RB, (long long)RH, (long long)RD, dt_dtype_name(rdt), C);
+            fprintf(out, "    MEASURED wall: slowest rank's wall time of the forward (starts "
+                         "aligned by a barrier)\n"
+                         "    MEASURED cpu-max: the largest per-rank thread CPU time of its "
+                         "forward = the ring's critical\n"
+                         "      path if every rank had its own core%s\n"
+                         "    COMPUTED pairs: critical path in causal query-key pairs per "
+                         "(batch, head) from dt_attn_pairs,\n"
+                         "      sum over steps of the busiest rank (the kernel works in tiles, "
+                         "so it computes a little more)\n"
+                         "    Per-(rank, step) block times are not measurable through the "
+                         "public API: the ring loop has no hook.\n",
+                    gpu ? " (not meaningful on a GPU: kernels run asynchronously)" : "");
+            if (!gpu && cores < 8)
+                fprintf(out, "    NOTE: ranks are threads; this machine has %ld cores, so at P > %ld "
+                             "the ranks contend for them and\n      wall time tracks total work, "
+                             "not the critical path; cpu-max is the balance measure there.\n",
+                        cores, cores);
+            fprintf(out, "\n    %-3s %-10s %9s %9s %12s | %9s %9s %9s | %7s\n", "P", "order",
+                    "wall ms", "cpu-max", "pairs", "wall", "cpu-max", "pairs", "theory");
+            fprintf(out, "    %-3s %-10s %9s %9s %12s | %29s | %7s\n", "", "", "", "ms", "(crit)",
+                    "ratio contiguous / this order", "2(1-1/2P)");
+        }
+        int first = 1;
+        for (int p = 0; p < 3; p++)
+            for (int r = 0; r < 3; r++) {
+                const ring_case *c = rings[p][r], *c0 = rings[p][0];
+                double theory = 2.0 * (1.0 - 1.0 / (2.0 * c->P));
+                double rw = c0->wall_s / c->wall_s, rcpu = c0->cpu_max_s / c->cpu_max_s;
+                double rp = (double)c0->crit_pairs / (double)c->crit_pairs;
+                if (o.json)
+                    fprintf(out, "%s    {\"P\": %d, \"order\": \"%s\", \"C\": %d, \"B\": %lld, "
+                                 "\"H\": %lld, \"D\": %lld, \"dtype\": \"%s\", "
+                                 "\"wall_ms\": %.4f, \"cpu_max_ms\": %.4f, \"cpu_sum_ms\": %.4f, "
+                                 "\"critical_pairs\": %lld, \"total_pairs\": %lld, "
+                                 "\"ratio_wall\": %.4f, \"ratio_cpu_max\": %.4f, "
+                                 "\"ratio_pairs\": %.4f, \"theory\": %.4f}",
+                            first ? "" : ",\n", c->P, dt_order_name(c->order), C, (long long)RB,
+                            (long long)RH, (long long)RD, dt_dtype_name(rdt), 1e3 * c->wall_s,
+                            1e3 * c->cpu_max_s, 1e3 * c->cpu_sum_s, (long long)c->crit_pairs,
+                            (long long)c->total_pairs, rw, rcpu, rp, theory);
+                else
+                    fprintf(out, "    %-3d %-10s %9.2f %9.2f %12lld | %9.3f %9.3f %9.3f | %7.3f\n",
+                            c->P, dt_order_name(c->order), 1e3 * c->wall_s, 1e3 * c->cpu_max_s,
+                            (long long)c->crit_pairs, rw, rcpu, rp, theory);
+                first = 0;
+            }
+        if (o.json) fprintf(out, "\n  ]%s\n", o.sections[2] ? "," : "");
+    }
+    if (o.sections[2]) {
+        if (!o.json) {
+            fprintf(out, "\n(c) ring cost: the distributed causal forward's work summed over ranks "
+                         "vs one single-device call\n"
+                         "    on the whole sequence (local tensors, mesh NULL), same B, H, D, dtype\n"
+                         "    MEASURED single: median wall time of the single-device call (one "
+                         "thread)\n"
+                         "    MEASURED sum: sum over ranks of each rank's thread CPU time of its "
+                         "forward (median over iterations)\n"
+                         "    overhead = sum / single - 1: ring transfers, per-step setup, "
+                         "smaller blocks\n\n");
+            fprintf(out, "    %-3s %-6s %-10s %11s %11s %9s\n", "P", "S", "order", "single ms",
+                    "sum ms", "overhead");
+        } else {
+            fprintf(out, "  \"ring_cost\": [\n");
+        }
+        int first = 1;
+        for (int p = 0; p < 3; p++) {
+            kernel_case *k = calloc(1, sizeof *k);
+            if (!k) die("calloc", DT_ERR_OUT_OF_MEMORY);
+            k->s = (shape){RB, RH, (int64_t)Ps[p] * C, RD};
+            k->dtype = rdt;
+            k->mask = DT_ATTN_CAUSAL;
+            k->iters = o.iters;
+            st = launch(2, rank_kernel, k, &o);
+            if (st != DT_SUCCESS) die("(c) single-device dt_attention_forward", st);
+            k->median_s = median(k->t, k->iters);
+            for (int r = 0; r < 3; r++) {
+                const ring_case *c = rings[p][r];
+                double over = c->cpu_sum_s / k->median_s - 1.0;
+                if (o.json)
+                    fprintf(out, "%s    {\"P\": %d, \"S\": %lld, \"order\": \"%s\", "
+                                 "\"single_ms\": %.4f, \"sum_over_ranks_ms\": %.4f, "
+                                 "\"overhead\": %.4f}",
+                            first ? "" : ",\n", c->P, (long long)k->s.S, dt_order_name(c->order),
+                            1e3 * k->median_s, 1e3 * c->cpu_sum_s, over);
+                else
+                    fprintf(out, "    %-3d %-6lld %-10s %11.2f %11.2f %8.1f%%\n", c->P,
+                            (long long)k->s.S, dt_order_name(c->order), 1e3 * k->median_s,
+                            1e3 * c->cpu_sum_s, 100 * over);
+                first = 0;
+            }
+            free(k);
+        }
+        if (o.json) fprintf(out, "\n  ]\n");
+        else if (gpu)
+            fprintf(out, "    (on a GPU the CPU-time sum is not the work: use per-rank events)\n");
+    }
+    if (o.json) {
+        /* Close the object whatever sections ran (a trailing member keeps
+         * the commas simple). */
+        fprintf(out, "%s  \"complete\": true\n}\n", o.sections[1] || o.sections[2] ? "," : "");
+    }
+    for (int p = 0; p < 3; p++)
+        for (int r = 0; r < 3; r++) free(rings[p][r]);
+    return 0;
+}
