@@ -233,6 +233,25 @@ static void dt_mesh_coords_of(const dt_mesh *mesh, int w, int *coords) {
 }
 
 /* 1 if no tensor dim is sharded by two mesh dims. */
+/* For the rank at `coords`: global indices of its local rows along every
+ * dim sharded by `lay`, written into `tables` (room for the sum of the local
+ * extents L) and pointed to by idx[dim]; idx of unsharded dims is NULL. The
+ * one place that maps a whole shard to global positions (shard and gather). */
+static void dt_global_tables(const dt_mesh *mesh, const dt_layout *lay, const int *coords,
+                             const int64_t *shape, const int64_t *L, int64_t *tables,
+                             const int64_t **idx) {
+    for (int d = 0; d < DT_MAX_DIMS; d++) idx[d] = NULL;
+    for (int m = 0; m < lay->ndim; m++) {
+        dt_placement p = lay->placements[m];
+        if (p.kind != DT_SHARD) continue;
+        int parts = dt_mesh_size(mesh, m);
+        for (int64_t x = 0; x < L[p.dim]; x++)
+            tables[x] = dt_order_global(p.order, shape[p.dim], parts, coords[m], x);
+        idx[p.dim] = tables;
+        tables += L[p.dim];
+    }
+}
+
 static int dt_layout_legal(const dt_layout *l) {
     for (int a = 0; a < l->ndim; a++)
         for (int b = a + 1; b < l->ndim; b++)
@@ -686,19 +705,11 @@ static dt_status dt_shard_impl(const dt_mesh *mesh, int root, const dt_tensor *f
                 dt_mesh_coords_of(mesh, w, coords);
                 void *chunk = dt_byte_offset(sendbuf, (int64_t)w * numel, es);
                 int zero = 0;
+                for (int m = 0; m < lay->ndim; m++)
+                    if (lay->placements[m].kind == DT_PARTIAL && coords[m] != 0) zero = 1;
                 dt_select sel;
                 dt_select_init(&sel, nd, shape, L, L);
-                int64_t *tp = tables;
-                for (int m = 0; m < lay->ndim; m++) {
-                    dt_placement p = lay->placements[m];
-                    if (p.kind == DT_PARTIAL && coords[m] != 0) zero = 1;
-                    if (p.kind != DT_SHARD) continue;
-                    int parts = dt_mesh_size(mesh, m);
-                    for (int64_t x = 0; x < L[p.dim]; x++)
-                        tp[x] = dt_order_global(p.order, shape[p.dim], parts, coords[m], x);
-                    sel.src_idx[p.dim] = tp;
-                    tp += L[p.dim];
-                }
+                dt_global_tables(mesh, lay, coords, shape, L, tables, sel.src_idx);
                 if (!zero) /* a Partial summand away from coordinate 0 stays zero */
                     DT_TRY_GOTO(st, dt_select_copy(be, dtype, DT_RUNS_COPY, chunk,
                                                    dt_tensor_data_const(full), &sel), out);
@@ -784,22 +795,14 @@ static dt_status dt_gather_impl(const dt_tensor *t, int root, dt_tensor **out) {
     for (int w = 0; w < wsize; w++) {
         int coords[DT_MAX_MESH_DIMS];
         dt_mesh_coords_of(mesh, w, coords);
+        /* Replicated copies are equal: take the one at coordinate 0. */
         int skip = 0;
+        for (int m = 0; m < lay->ndim; m++)
+            if (lay->placements[m].kind == DT_REPLICATE && coords[m] != 0) skip = 1;
+        if (skip) continue;
         dt_select sel;
         dt_select_init(&sel, nd, L, shape, L);
-        int64_t *tp = tables;
-        for (int m = 0; m < lay->ndim; m++) {
-            dt_placement p = lay->placements[m];
-            /* Replicated copies are equal: take the one at coordinate 0. */
-            if (p.kind == DT_REPLICATE && coords[m] != 0) skip = 1;
-            if (p.kind != DT_SHARD) continue;
-            int parts = dt_mesh_size(mesh, m);
-            for (int64_t x = 0; x < L[p.dim]; x++)
-                tp[x] = dt_order_global(p.order, shape[p.dim], parts, coords[m], x);
-            sel.dst_idx[p.dim] = tp;
-            tp += L[p.dim];
-        }
-        if (skip) continue;
+        dt_global_tables(mesh, lay, coords, shape, L, tables, sel.dst_idx);
         /* Summands of Partial mesh dims add up in the zeroed output. */
         DT_TRY_GOTO(st, dt_select_copy(be, dtype, partial ? DT_RUNS_ADD : DT_RUNS_COPY,
                                        dt_tensor_data(o),
