@@ -183,6 +183,7 @@ typedef struct config {
     uint64_t seed;
     float scale;               /* the softmax scale passed to the library: 1/sqrt(D) */
     const char *svg, *dump;
+    int backward;              /* --backward: also the gradients, from dout of seed N+3 */
 } config;
 
 typedef struct attn_run {
@@ -191,8 +192,10 @@ typedef struct attn_run {
     float *o;                  /* [B, S, H, D] gathered, global token order, widened to fp32 */
     float *lse;                /* [B, H, S] gathered */
     float *q, *k, *v;          /* with --dump: the gathered inputs, widened to fp32 */
+    float *dout, *dq, *dk, *dv;/* with --backward: the gradients (and with --dump dout) */
     dt_backend_kind backend;   /* the backend the ranks ran on */
     double seconds[MAX_RANKS]; /* wall time of dt_attention_forward on each rank */
+    double backward_seconds[MAX_RANKS];
 } attn_run;
 
 static double now_s(void) {
@@ -245,6 +248,7 @@ static dt_status rank_attention(dt_context *ctx, void *arg) {
     int rank = dt_context_rank(ctx);
     dt_mesh *mesh = NULL;
     dt_tensor *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL;
+    dt_tensor *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
     dt_status st;
     int sizes[1] = {c->ranks};
     const char *names[1] = {"sp"};
@@ -276,8 +280,23 @@ static dt_status rank_attention(dt_context *ctx, void *arg) {
         DT_TRY_GOTO(st, gather_to_host(k, &r->k), out);
         DT_TRY_GOTO(st, gather_to_host(v, &r->v), out);
     }
+    if (c->backward) {
+        DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, qshape, &lay, &dout), out);
+        DT_TRY_GOTO(st, dt_tensor_fill_random(dout, c->seed + 3), out);
+        t0 = now_s();
+        DT_TRY_GOTO(st, dt_attention_backward(q, k, v, o, lse, dout, &opts, &dq, &dk, &dv), out);
+        r->backward_seconds[rank] = now_s() - t0;
+        DT_TRY_GOTO(st, gather_to_host(dq, &r->dq), out);
+        DT_TRY_GOTO(st, gather_to_host(dk, &r->dk), out);
+        DT_TRY_GOTO(st, gather_to_host(dv, &r->dv), out);
+        if (c->dump) DT_TRY_GOTO(st, gather_to_host(dout, &r->dout), out);
+    }
     if (rank == 0) r->backend = dt_context_backend(ctx);
 out:
+    dt_tensor_destroy(dv);
+    dt_tensor_destroy(dk);
+    dt_tensor_destroy(dq);
+    dt_tensor_destroy(dout);
     dt_tensor_destroy(lse);
     dt_tensor_destroy(o);
     dt_tensor_destroy(v);
@@ -339,6 +358,52 @@ static int reference(const config *c, const double *q, const double *k, const do
             }
     free(w);
     free(acc);
+    return 1;
+}
+
+/* dq, dk, dv in double from the definition (FlashAttention-2 form):
+ * p = softmax row, dv[j] += p[i,j] dout[i], dp = dout[i].v[j],
+ * ds = p (dp - rowsum(dout[i] * o[i])), dq[i] += scale ds k[j],
+ * dk[j] += scale ds q[i]; dk and dv sum over the query heads of a kv head.
+ * o is the reference output. Returns 0 when out of memory. */
+static int reference_backward(const config *c, const double *q, const double *k, const double *v,
+                              const double *o, const double *dout, double *dq, double *dk,
+                              double *dv) {
+    const int64_t B = c->batch, S = c->seq, H = c->heads, G = c->kv_heads, D = c->dim;
+    const int64_t group = H / G;
+    const double scale = c->scale;
+    double *p = malloc((size_t)S * sizeof *p);
+    if (!p) return 0;
+    memset(dq, 0, (size_t)(B * S * H * D) * sizeof *dq);
+    memset(dk, 0, (size_t)(B * S * G * D) * sizeof *dk);
+    memset(dv, 0, (size_t)(B * S * G * D) * sizeof *dv);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < S; i++) {
+                const int64_t g = h / group, n = c->mask == DT_ATTN_CAUSAL ? i + 1 : S;
+                const int64_t qi = ((b * S + i) * H + h) * D;
+                double mx = -INFINITY, sum = 0, delta = 0;
+                for (int64_t j = 0; j < n; j++) {
+                    double dot = 0;
+                    for (int64_t d = 0; d < D; d++) dot += q[qi + d] * k[((b * S + j) * G + g) * D + d];
+                    p[j] = scale * dot;
+                    if (p[j] > mx) mx = p[j];
+                }
+                for (int64_t j = 0; j < n; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int64_t d = 0; d < D; d++) delta += dout[qi + d] * o[qi + d];
+                for (int64_t j = 0; j < n; j++) {
+                    const int64_t kj = ((b * S + j) * G + g) * D;
+                    double dp = 0;
+                    for (int64_t d = 0; d < D; d++) dp += dout[qi + d] * v[kj + d];
+                    const double pj = p[j] / sum, ds = pj * (dp - delta);
+                    for (int64_t d = 0; d < D; d++) {
+                        dv[kj + d] += pj * dout[qi + d];
+                        dq[qi + d] += scale * ds * k[kj + d];
+                        dk[kj + d] += scale * ds * q[qi + d];
+                    }
+                }
+            }
+    free(p);
     return 1;
 }
 
@@ -659,8 +724,13 @@ static int write_dump(const config *c, const attn_run *r) {
     if (fclose(f) != 0) return 0;
     const size_t nq = (size_t)(c->batch * c->seq * c->heads * c->dim);
     const size_t nk = (size_t)(c->batch * c->seq * c->kv_heads * c->dim);
-    return write_f32_le(c->dump, "q.bin", r->q, nq) && write_f32_le(c->dump, "k.bin", r->k, nk) &&
-           write_f32_le(c->dump, "v.bin", r->v, nk) && write_f32_le(c->dump, "o.bin", r->o, nq);
+    int ok = write_f32_le(c->dump, "q.bin", r->q, nq) && write_f32_le(c->dump, "k.bin", r->k, nk) &&
+             write_f32_le(c->dump, "v.bin", r->v, nk) && write_f32_le(c->dump, "o.bin", r->o, nq);
+    if (ok && c->backward)
+        ok = write_f32_le(c->dump, "dout.bin", r->dout, nq) &&
+             write_f32_le(c->dump, "dq.bin", r->dq, nq) &&
+             write_f32_le(c->dump, "dk.bin", r->dk, nk) && write_f32_le(c->dump, "dv.bin", r->dv, nk);
+    return ok;
 }
 
 /* ------------------------------------------------------------------------
@@ -682,9 +752,12 @@ static void usage(FILE *f) {
             "  --dtype T          fp32 | bf16 | fp16, default fp32 (fp16: CUDA backend only)\n"
             "  --backend K        auto | cpu | cuda, default auto (DT_BACKEND, else the best built)\n"
             "  --seed N           q, k, v from seeds N, N+1, N+2, default 1\n"
+            "  --backward         also run the backward pass (dout from seed N+3) and check\n"
+            "                     dq, dk, dv against double-precision reference gradients\n"
             "  --svg FILE         write the work-per-step heat maps (section 5) as SVG\n"
             "  --dump DIR         write DIR/meta.txt (B S H HKV D causal scale) and q.bin k.bin\n"
-            "                     v.bin o.bin: little-endian fp32, global token order\n"
+            "                     v.bin o.bin (and with --backward dout.bin dq.bin dk.bin\n"
+            "                     dv.bin): little-endian fp32, global token order\n"
             "  --help             this text\n"
             "exit status: 0 PASS, 1 FAIL or a library error, 2 bad flags or shapes,\n"
             "3 not supported here (the library returned DT_ERR_NOT_SUPPORTED)\n",
@@ -731,6 +804,9 @@ static int parse_flags(int argc, char **argv, config *c) {
             continue;
         } else if (!strcmp(a, "--no-causal")) {
             c->mask = DT_ATTN_FULL;
+            continue;
+        } else if (!strcmp(a, "--backward")) {
+            c->backward = 1;
             continue;
         } else if (!strcmp(a, "--ranks")) {
             if (!parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
@@ -866,7 +942,7 @@ int main(int argc, char **argv) {
     }
     run->cfg = &c;
     st = dt_launch(c.ranks, rank_attention, run, &lo);
-    if (st != DT_SUCCESS) fail("dt_attention_forward", st);
+    if (st != DT_SUCCESS) fail(c.backward ? "the attention forward or backward pass" : "dt_attention_forward", st);
     double slowest = 0;
     for (int r = 0; r < c.ranks; r++) slowest = run->seconds[r] > slowest ? run->seconds[r] : slowest;
     printf("   dt_attention_forward on the %s backend: %.2f ms on the slowest rank (%d ranks as threads)\n",
@@ -888,6 +964,35 @@ int main(int argc, char **argv) {
            "   max abs error: o %.3g, lse %.3g; %ld of %lld values outside the tolerance\n",
            tol, tol, err_o, err_lse, bad, (long long)(nq + nl));
     printf("   result: %s\n", bad ? "FAIL" : "PASS");
+    if (c.backward) {
+        double slow_b = 0;
+        for (int r = 0; r < c.ranks; r++)
+            slow_b = run->backward_seconds[r] > slow_b ? run->backward_seconds[r] : slow_b;
+        double *dout = full_input(c.seed + 3, nq, c.dtype);
+        double *dq_ref = malloc((size_t)nq * sizeof *dq_ref);
+        double *dk_ref = malloc((size_t)nk * sizeof *dk_ref), *dv_ref = malloc((size_t)nk * sizeof *dv_ref);
+        if (!dout || !dq_ref || !dk_ref || !dv_ref ||
+            !reference_backward(&c, q, k, v, o_ref, dout, dq_ref, dk_ref, dv_ref)) {
+            fprintf(stderr, "striped_attention: out of memory for the reference gradients\n");
+            return 1;
+        }
+        const double gtol = c.dtype == DT_F32 ? 1e-4 : 3e-2;
+        double err_dq = 0, err_dk = 0, err_dv = 0;
+        long gbad = compare(run->dq, dq_ref, (size_t)nq, gtol, &err_dq);
+        gbad += compare(run->dk, dk_ref, (size_t)nk, gtol, &err_dk);
+        gbad += compare(run->dv, dv_ref, (size_t)nk, gtol, &err_dv);
+        printf("\n   dt_attention_backward (dout from seed %llu): %.2f ms on the slowest rank\n"
+               "   vs double-precision reference gradients (tolerance %g + %g*|ref|):\n"
+               "   max abs error: dq %.3g, dk %.3g, dv %.3g; %ld of %lld values outside the tolerance\n"
+               "   backward result: %s\n",
+               (unsigned long long)c.seed + 3, 1e3 * slow_b, gtol, gtol, err_dq, err_dk, err_dv, gbad,
+               (long long)(nq + 2 * nk), gbad ? "FAIL" : "PASS");
+        bad += gbad;
+        free(dout);
+        free(dq_ref);
+        free(dk_ref);
+        free(dv_ref);
+    }
     free(q);
     free(k);
     free(v);
@@ -909,14 +1014,18 @@ int main(int argc, char **argv) {
         int dump_ok = write_dump(&c, run);
         files_ok &= dump_ok;
         if (dump_ok)
-            printf("   wrote %s/{meta.txt,q.bin,k.bin,v.bin,o.bin}: fp32 little-endian, global token "
-                   "order\n", c.dump);
+            printf("   wrote %s/{meta.txt,q.bin,k.bin,v.bin,o.bin%s}: fp32 little-endian, global "
+                   "token order\n", c.dump, c.backward ? ",dout.bin,dq.bin,dk.bin,dv.bin" : "");
     }
     free(run->o);
     free(run->lse);
     free(run->q);
     free(run->k);
     free(run->v);
+    free(run->dout);
+    free(run->dq);
+    free(run->dk);
+    free(run->dv);
     free(run);
 
     printf("\nnext: build/examples/tensor_parallel_mlp\n");

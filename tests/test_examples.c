@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "dtensor/dtensor.h"
+#include "attn_ref.h"
 #include "harness.h"
 
 static char g_example[4096] = "build/examples/striped_attention";
@@ -43,29 +44,12 @@ static char g_example[4096] = "build/examples/striped_attention";
         }                                                                                 \
     } while (0)
 
-/* Runs `g_example args` with stderr merged; returns its exit status (-1 if
- * it did not exit normally) and its output in *out (caller frees). */
+/* Runs `g_example args` (on the CPU unless DT_EXAMPLE_BACKEND says otherwise)
+ * with stderr merged; returns its exit status and its output in *out. */
 static int run_example(const char *args, char **out) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", g_example, args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    assert_non_null(buf);
-    size_t n;
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 4096) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            assert_non_null(buf);
-        }
-    }
-    buf[len] = '\0';
-    int status = pclose(p);
-    *out = buf;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    int rc = h_run_program(g_example, args, out);
+    assert_true(rc != -2);
+    return rc;
 }
 
 static void show_output_on_failure(const char *args, const char *out) {
@@ -224,7 +208,8 @@ static long check_input(const char *what, const float *x, size_t n, uint64_t see
 }
 
 static void remove_dump(const char *top, const char *dir) {
-    static const char *const files[] = {"meta.txt", "q.bin", "k.bin", "v.bin", "o.bin"};
+    static const char *const files[] = {"meta.txt", "q.bin", "k.bin", "v.bin", "o.bin",
+                                        "dout.bin", "dq.bin", "dk.bin", "dv.bin"};
     char path[4200];
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
@@ -306,6 +291,58 @@ static void test_dump(void **state) {
 }
 
 /* ------------------------------------------------------------------- svg */
+
+/* --backward --dump: the dumped gradients match reference gradients
+ * computed here, in double, from the dumped q, k, v and dout (attn_ref.c):
+ * an independent check of the backward pass and of its dump. */
+static void test_dump_backward(void **state) {
+    const dump_case *c = *state;
+    REQUIRE_EXAMPLE();
+    char top[256], dir[512], args[1024];
+    snprintf(top, sizeof top, "%s/dt_example_dump.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    assert_non_null(mkdtemp(top));
+    snprintf(dir, sizeof dir, "%s/sub", top);
+    snprintf(args, sizeof args,
+             "--ranks %d --batch %lld --seq %lld --heads %lld --kv-heads %lld --dim %lld "
+             "--order %s --dtype %s --seed %llu %s --backward --dump '%s'",
+             c->P, (long long)c->B, (long long)c->S, (long long)c->H, (long long)c->Hkv,
+             (long long)c->D, c->order, c->dtype, (unsigned long long)c->seed,
+             c->causal ? "--causal" : "--no-causal", dir);
+    char *out = NULL;
+    int rc = run_example(args, &out);
+    if (rc != 0) show_output_on_failure(args, out);
+    int said_pass = out && strstr(out, "backward result: PASS") != NULL;
+    free(out);
+    const size_t nq = (size_t)(c->B * c->S * c->H * c->D), nk = (size_t)(c->B * c->S * c->Hkv * c->D);
+    const char *names[7] = {"q.bin", "k.bin", "v.bin", "dout.bin", "dq.bin", "dk.bin", "dv.bin"};
+    const size_t sizes[7] = {nq, nk, nk, nq, nq, nk, nk};
+    float *x[7] = {NULL};
+    int all = rc == 0;
+    for (int i = 0; i < 7 && all; i++) all = (x[i] = read_f32_le(dir, names[i], sizes[i])) != NULL;
+    long bad = -1;
+    if (all) {
+        double *in[4], *ref[3];
+        for (int i = 0; i < 4; i++) {
+            in[i] = malloc(sizes[i] * sizeof(double));
+            for (size_t e = 0; e < sizes[i]; e++) in[i][e] = x[i][e];
+        }
+        for (int i = 0; i < 3; i++) ref[i] = malloc(sizes[4 + i] * sizeof(double));
+        attn_shape s = {c->B, c->S, c->H, c->Hkv, c->D};
+        ref_attention_backward(&s, in[0], in[1], in[2], in[3], c->causal, 1.0 / sqrt((double)c->D),
+                               ref[0], ref[1], ref[2]);
+        double tol = strcmp(c->dtype, "bf16") ? 1e-4 : 3e-2;
+        bad = 0;
+        for (int i = 0; i < 3; i++) bad += h_compare(c->name, x[4 + i], ref[i], sizes[4 + i], tol, tol, NULL);
+        for (int i = 0; i < 4; i++) free(in[i]);
+        for (int i = 0; i < 3; i++) free(ref[i]);
+    }
+    for (int i = 0; i < 7; i++) free(x[i]);
+    remove_dump(top, dir);
+    assert_int_equal(rc, 0);
+    assert_true(said_pass);
+    assert_true(all);
+    assert_int_equal(bad, 0);
+}
 
 static void test_svg(void **state) {
     (void)state;
@@ -412,6 +449,20 @@ int main(int argc, char **argv) {
                  c->dtype, c->causal ? "causal" : "no-causal", c->P, (long long)c->B,
                  (long long)c->S, (long long)c->H, (long long)c->Hkv, (long long)c->D);
         tests[n++] = (struct CMUnitTest){c->name, test_dump, NULL, NULL, c};
+    }
+    static dump_case bdumps[] = {
+        {"", 3, 1, 2, 48, 4, 2, 16, "zigzag", "fp32", 17},
+        {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 19},
+        {"", 2, 0, 1, 32, 4, 1, 8, "contiguous", "fp32", 23},
+        {"", 3, 1, 1, 36, 2, 1, 16, "striped", "bf16", 29},
+    };
+    for (size_t i = 0; i < sizeof bdumps / sizeof *bdumps; i++) {
+        dump_case *c = &bdumps[i];
+        snprintf(c->name, sizeof c->name,
+                 "striped_attention/backward-dump/%s,%s,%s,P=%d,B=%lld,S=%lld,H=%lld,Hkv=%lld,D=%lld",
+                 c->order, c->dtype, c->causal ? "causal" : "no-causal", c->P, (long long)c->B,
+                 (long long)c->S, (long long)c->H, (long long)c->Hkv, (long long)c->D);
+        tests[n++] = (struct CMUnitTest){c->name, test_dump_backward, NULL, NULL, c};
     }
     tests[n++] = (struct CMUnitTest){"striped_attention/help", test_help, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"striped_attention/svg/P=5,S=80", test_svg, NULL, NULL, NULL};
