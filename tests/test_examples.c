@@ -442,27 +442,24 @@ int main(int argc, char **argv) {
         {"", 2, 1, 1, 32, 4, 1, 8, "contiguous", "fp32", 5},
         {"", 3, 0, 1, 36, 2, 1, 16, "striped", "bf16", 3},
     };
-    for (size_t i = 0; i < sizeof dumps / sizeof *dumps; i++) {
-        dump_case *c = &dumps[i];
-        snprintf(c->name, sizeof c->name,
-                 "striped_attention/dump/%s,%s,%s,P=%d,B=%lld,S=%lld,H=%lld,Hkv=%lld,D=%lld", c->order,
-                 c->dtype, c->causal ? "causal" : "no-causal", c->P, (long long)c->B,
-                 (long long)c->S, (long long)c->H, (long long)c->Hkv, (long long)c->D);
-        tests[n++] = (struct CMUnitTest){c->name, test_dump, NULL, NULL, c};
-    }
     static dump_case bdumps[] = {
         {"", 3, 1, 2, 48, 4, 2, 16, "zigzag", "fp32", 17},
         {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 19},
         {"", 2, 0, 1, 32, 4, 1, 8, "contiguous", "fp32", 23},
         {"", 3, 1, 1, 36, 2, 1, 16, "striped", "bf16", 29},
     };
-    for (size_t i = 0; i < sizeof bdumps / sizeof *bdumps; i++) {
-        dump_case *c = &bdumps[i];
+    /* The forward dumps, then the backward ones (--backward --dump). */
+    for (size_t i = 0; i < 2 * sizeof dumps / sizeof *dumps; i++) {
+        size_t nd = sizeof dumps / sizeof *dumps;
+        int backward = i >= nd;
+        dump_case *c = backward ? &bdumps[i - nd] : &dumps[i];
         snprintf(c->name, sizeof c->name,
-                 "striped_attention/backward-dump/%s,%s,%s,P=%d,B=%lld,S=%lld,H=%lld,Hkv=%lld,D=%lld",
-                 c->order, c->dtype, c->causal ? "causal" : "no-causal", c->P, (long long)c->B,
-                 (long long)c->S, (long long)c->H, (long long)c->Hkv, (long long)c->D);
-        tests[n++] = (struct CMUnitTest){c->name, test_dump_backward, NULL, NULL, c};
+                 "striped_attention/%s/%s,%s,%s,P=%d,B=%lld,S=%lld,H=%lld,Hkv=%lld,D=%lld",
+                 backward ? "backward-dump" : "dump", c->order, c->dtype,
+                 c->causal ? "causal" : "no-causal", c->P, (long long)c->B, (long long)c->S,
+                 (long long)c->H, (long long)c->Hkv, (long long)c->D);
+        tests[n++] = (struct CMUnitTest){c->name, backward ? test_dump_backward : test_dump, NULL,
+                                         NULL, c};
     }
     tests[n++] = (struct CMUnitTest){"striped_attention/help", test_help, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"striped_attention/svg/P=5,S=80", test_svg, NULL, NULL, NULL};
