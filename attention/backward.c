@@ -1,17 +1,24 @@
 /* attention/backward.c — the distributed attention backward pass.
  *
  * Algorithm (DESIGN.md section 6). delta = rowsum(dO * O) is computed once
- * per local query row. The ring buffer carries K | V | dK | dV, the
- * gradients in fp32. For t = 0..P-1 the current buffer holds the block of
- * rank src = (j - t) mod P; the backward block kernel recomputes the
- * probabilities from the forward's log-sum-exp, accumulates dQ (which stays
- * home) and the block's dK, dV (which travel with it); then the buffer moves
- * one step on. After P steps every block, with the gradient contributions of
- * all ranks, is back on its owner.
+ * per local query row. For t = 0..P-1 rank j computes on the K|V block of
+ * rank src(t) = (j - t) mod P: the backward block kernel recomputes the
+ * probabilities from the forward's log-sum-exp and accumulates dQ (which
+ * stays home) and the block's dK, dV contributions. K|V travel the ring one
+ * step ahead of the compute, as in the forward pass; the fp32 dK|dV of a
+ * block travel one step behind it, because they are final on a rank only
+ * after its compute. One grouped send/recv per step carries both:
  *
- * The gradients are only final after the compute of a step, so a step's
- * transfer starts after its compute: the backward pass does not overlap
- * communication with compute yet (the forward does).
+ *   step t posts: K|V of src(t)       -> j+1,  K|V of src(t+1)      <- j-1  (t < P-1)
+ *                 dK|dV of src(t-1)   -> j+1,  dK|dV so far of src(t) <- j-1  (t > 0)
+ *   then computes src(t)'s contributions into a zeroed buffer `loc`,
+ *   completes the group, and adds `loc` into the partial sums received.
+ *
+ * so the transfers of both overlap the block kernel. One last exchange after
+ * step P-1 brings every block's dK|dV home (P transfers of gradients, P-1 of
+ * K|V). Buffers: two for K|V (current, landing), three for dK|dV (loc, the
+ * partial sums arriving, the finished sums leaving); roles rotate, nothing
+ * is copied.
  *
  * Invariants: as in forward.c: one workspace, allocated before the loop or
  * given; ranks agree before any block moves; a failing rank aborts.
@@ -24,27 +31,61 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../collectives/ring.h"
+#include "../collectives/comm.h"
 #include "../dtensor/context_internal.h"
 #include "block.h"
 #include "plan.h"
 
-/* Workspace: [ring: 2 x (K | V | dK | dV)] [dq] [delta] [kernel scratch]. */
+/* Workspace: [K|V: 2 blocks] [dK|dV: 3 blocks] [dq] [delta] [kernel scratch]. */
 typedef struct bwd_workspace {
-    size_t grad_bytes, block_bytes;   /* one fp32 dK; one ring block */
-    size_t off_dq, off_delta, off_scratch, total;
+    size_t grad_bytes;                /* one fp32 dK (or dV) */
+    size_t off_grads, off_dq, off_delta, off_scratch, total;
 } bwd_workspace;
 
 static bwd_workspace bwd_workspace_of(const attn_plan *p) {
     bwd_workspace w;
     size_t rows = attn_plan_rows(p);
     w.grad_bytes = (size_t)(p->b * p->c * p->hkv * p->D) * sizeof(float);
-    w.block_bytes = 2 * p->kv_bytes + 2 * w.grad_bytes;
-    w.off_dq = attn_align(2 * w.block_bytes);
+    w.off_grads = attn_align(4 * p->kv_bytes);
+    w.off_dq = w.off_grads + attn_align(6 * w.grad_bytes);
     w.off_delta = w.off_dq + attn_align(rows * (size_t)p->D * sizeof(float));
     w.off_scratch = w.off_delta + attn_align(rows * sizeof(float));
     w.total = w.off_scratch + attn_align(p->kern ? p->kern->bwd_scratch(p->D) : 0);
     return w;
+}
+
+/* The buffers of the loop (see the header): kv[cur] is src(t)'s K|V,
+ * kv[1 - cur] the landing buffer; grad[LOC] takes this step's contributions,
+ * grad[RCV] the partial sums of src(t), grad[SND] the finished sums of
+ * src(t-1). Each grad buffer is dK then dV, fp32. */
+enum { LOC, RCV, SND };
+typedef struct bwd_ring {
+    dt_comm *comm;                    /* NULL: one rank, nothing moves */
+    char *kv[2];
+    float *grad[3];
+    int cur;
+    dt_p2p_op ops[4];
+} bwd_ring;
+
+/* Post step t's group; returns the number of operations posted. */
+static dt_status bwd_ring_start(bwd_ring *r, const attn_plan *p, const bwd_workspace *w, int t,
+                                int *posted) {
+    *posted = 0;
+    if (!r->comm) return DT_SUCCESS;
+    int j = dt_comm_rank(r->comm);
+    int next = (j + 1) % p->parts, prev = (j + p->parts - 1) % p->parts;
+    int n = 0;
+    if (t + 1 < p->parts) {
+        r->ops[n++] = (dt_p2p_op){DT_P2P_SEND, next, r->kv[r->cur], 2 * p->kv_bytes, DT_U8};
+        r->ops[n++] = (dt_p2p_op){DT_P2P_RECV, prev, r->kv[1 - r->cur], 2 * p->kv_bytes, DT_U8};
+    }
+    if (t > 0) {
+        r->ops[n++] = (dt_p2p_op){DT_P2P_SEND, next, r->grad[SND], 2 * w->grad_bytes, DT_U8};
+        r->ops[n++] = (dt_p2p_op){DT_P2P_RECV, prev, r->grad[RCV], 2 * w->grad_bytes, DT_U8};
+    }
+    if (n) DT_TRY(dt_comm_p2p_start(r->comm, r->ops, n));
+    *posted = n;
+    return DT_SUCCESS;
 }
 
 dt_status dt_attention_backward_workspace_size(const dt_tensor *q, const dt_tensor *k,
@@ -85,16 +126,17 @@ static dt_status check_outputs(const attn_plan *p, const char *op, const dt_tens
     return DT_SUCCESS;
 }
 
+/* The backward block kernel on every (q segment, k segment) pair of one step:
+ * K|V of rank src in kv, its dK|dV contributions into dkv. */
 static dt_status run_blocks(const attn_plan *p, const bwd_workspace *w, const dt_tensor *q,
-                            const dt_tensor *dout, const float *lse, char *block, int src,
-                            float *dq, const float *delta, void *scratch) {
+                            const dt_tensor *dout, const float *lse, const char *kv, int src,
+                            float *dq, const float *delta, float *dkv, void *scratch) {
     dt_attn_segment qs[2], ks[2];
     int nq, nk;
     attn_plan_segments(p, src, qs, &nq, ks, &nk);
     size_t es = dt_dtype_size(p->dtype);
-    const char *k = block, *v = block + p->kv_bytes;
-    float *dk = (float *)(block + 2 * p->kv_bytes);
-    float *dv = (float *)(block + 2 * p->kv_bytes + w->grad_bytes);
+    const char *k = kv, *v = kv + p->kv_bytes;
+    float *dk = dkv, *dv = dkv + w->grad_bytes / sizeof(float);
     int64_t qoff = 0;
     for (int i = 0; i < nq; i++) {
         int64_t koff = 0;
@@ -140,9 +182,9 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
 
     dt_backend *be = p.ctx->backend;
     dt_tensor *gq = NULL, *gk = NULL, *gv = NULL;
-    dt_ring *ring = NULL;
     char *ws = opts ? opts->workspace : NULL;
     int own_ws = ws == NULL;
+    int pending = 0;                  /* a group is posted and not completed */
     dt_status st;
     if (own_ws) DT_TRY_GOTO(st, be->ops->alloc(be, w.total, (void **)&ws), fail);
     const dt_layout *lq = p.mesh ? dt_tensor_layout(q) : NULL;
@@ -151,43 +193,62 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     DT_TRY_GOTO(st, dt_tensor_create(p.ctx, p.mesh, p.dtype, 4, dt_tensor_shape(v), lq, &gv), fail);
 
     float *dqa = (float *)(ws + w.off_dq), *delta = (float *)(ws + w.off_delta);
+    size_t dkv_bytes = 2 * w.grad_bytes, dkv_n = dkv_bytes / sizeof(float);
+    bwd_ring r = {.comm = comm, .kv = {ws, ws + 2 * p.kv_bytes}};
+    for (int i = 0; i < 3; i++) r.grad[i] = (float *)(ws + w.off_grads + i * dkv_bytes);
     DT_TRY_GOTO(st, be->ops->zero(be, dqa, attn_plan_rows(&p) * (size_t)p.D * sizeof(float)),
                 fail);
+    DT_TRY_GOTO(st, be->ops->zero(be, r.grad[RCV], dkv_bytes), fail); /* nothing before step 0 */
     DT_TRY_GOTO(st, p.kern->delta(be, p.dtype, p.b, p.c, p.h, p.D, dt_tensor_data_const(o),
                                   dt_tensor_data_const(dout), delta), fail);
-    if (comm)
-        DT_TRY_GOTO(st, dt_ring_create_in(comm, w.block_bytes, DT_RING_FORWARD, ws, &ring), fail);
-    char *block = ring ? dt_ring_current(ring) : ws;
-    DT_TRY_GOTO(st, be->ops->copy(be, block, dt_tensor_data_const(k), p.kv_bytes), fail);
-    DT_TRY_GOTO(st, be->ops->copy(be, block + p.kv_bytes, dt_tensor_data_const(v), p.kv_bytes),
+    DT_TRY_GOTO(st, be->ops->copy(be, r.kv[0], dt_tensor_data_const(k), p.kv_bytes), fail);
+    DT_TRY_GOTO(st, be->ops->copy(be, r.kv[0] + p.kv_bytes, dt_tensor_data_const(v), p.kv_bytes),
                 fail);
-    DT_TRY_GOTO(st, be->ops->zero(be, block + 2 * p.kv_bytes, 2 * w.grad_bytes), fail);
 
+    int j = comm ? dt_comm_rank(comm) : 0;
     for (int t = 0; t < p.parts; t++) {
-        int src = ring ? dt_ring_source(ring) : 0;
-        DT_TRY_GOTO(st, run_blocks(&p, &w, q, dout, dt_tensor_data_const(lse),
-                                   ring ? dt_ring_current(ring) : block, src, dqa, delta,
-                                   ws + w.off_scratch), fail);
-        /* P steps in all: the last one brings each block's gradients home. */
-        if (ring) DT_TRY_GOTO(st, dt_ring_step(ring), fail);
+        int src = (j - t + p.parts) % p.parts;
+        DT_TRY_GOTO(st, bwd_ring_start(&r, &p, &w, t, &pending), fail);
+        DT_TRY_GOTO(st, be->ops->zero(be, r.grad[LOC], dkv_bytes), fail);
+        DT_TRY_GOTO(st, run_blocks(&p, &w, q, dout, dt_tensor_data_const(lse), r.kv[r.cur], src,
+                                   dqa, delta, r.grad[LOC], ws + w.off_scratch), fail);
+        if (pending) {
+            pending = 0;
+            DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);
+        }
+        /* src(t)'s sums so far plus this rank's: finished here, they leave next. */
+        DT_TRY_GOTO(st, be->ops->add(be, DT_F32, (int64_t)dkv_n, r.grad[RCV], r.grad[LOC],
+                                     r.grad[RCV]), fail);
+        float *done = r.grad[RCV];
+        r.grad[RCV] = r.grad[SND];
+        r.grad[SND] = done;
+        if (t + 1 < p.parts) r.cur = 1 - r.cur;
     }
-    block = ring ? dt_ring_current(ring) : block;
+    /* The last exchange: src(P-1) = j+1's sums go home, this rank's arrive. */
+    const float *home = r.grad[SND];
+    if (comm) {
+        dt_p2p_op last[2] = {
+            {DT_P2P_SEND, (j + 1) % p.parts, r.grad[SND], dkv_bytes, DT_U8},
+            {DT_P2P_RECV, (j + p.parts - 1) % p.parts, r.grad[RCV], dkv_bytes, DT_U8},
+        };
+        DT_TRY_GOTO(st, dt_comm_sendrecv(comm, last, 2), fail);
+        home = r.grad[RCV];
+    }
     size_t nq = (size_t)dt_tensor_local_numel(gq), nk = (size_t)dt_tensor_local_numel(gk);
     DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nq, dqa, dt_tensor_data(gq)), fail);
-    DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nk, (const float *)(block + 2 * p.kv_bytes),
-                                  dt_tensor_data(gk)), fail);
-    DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nk,
-                                  (const float *)(block + 2 * p.kv_bytes + w.grad_bytes),
+    DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nk, home, dt_tensor_data(gk)), fail);
+    DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nk, home + w.grad_bytes / sizeof(float),
                                   dt_tensor_data(gv)), fail);
-    dt_ring_destroy(ring);
     if (own_ws) be->ops->free(be, ws);
     *dq = gq;
     *dk = gk;
     *dv = gv;
     return DT_SUCCESS;
 fail:
+    /* Peers may wait for this rank's blocks: release them. A group still
+     * posted is completed (with the abort's error) before its buffers go. */
     if (comm) dt_comm_abort(comm, st, dt_last_error());
-    dt_ring_destroy(ring);
+    if (pending) (void)dt_comm_p2p_wait(comm);
     if (own_ws && ws) be->ops->free(be, ws);
     dt_tensor_destroy(gq);
     dt_tensor_destroy(gk);

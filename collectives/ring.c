@@ -86,6 +86,10 @@ dt_status dt_ring_create_in(dt_comm *comm, size_t bytes, dt_ring_direction direc
 
 void dt_ring_destroy(dt_ring *ring) {
     if (!ring) return;
+    /* A step still in flight (a caller failing mid-loop) completes first, so
+     * no peer copies from or into the buffers after they are freed; after an
+     * abort that wait returns at once with an error, which is not ours. */
+    if (ring->in_flight) (void)dt_comm_p2p_wait(ring->comm);
     if (ring->owns_buffers) {
         const dt_mem *mem = &ring->comm->mem;
         if (ring->buf[0]) mem->ops->free(mem->arg, ring->buf[0]);

@@ -19,8 +19,8 @@
  * from (seed, rank, index) and the local transport's bits, checks on
  * (DT_CHECK), grouped send/recv (self, many per pair, zero length) and
  * mismatches of size and dtype, split, the ring rotator, shard / gather /
- * redistribute round trips (1-D, and 2-D at N = 4), attention forward
- * against the local transport, collective mismatches, a timeout, a peer's
+ * redistribute round trips (1-D, and 2-D at N = 4), attention forward and
+ * backward (o, dq, dk, dv) bit for bit against the local transport, collective mismatches, a timeout, a peer's
  * failure and dt_comm_abort reaching the others before the timeout, and a
  * healthy launch after all of that.
  */
@@ -547,7 +547,7 @@ typedef struct attn_case {
     outcome o;
     int p;
     dt_dtype dtype;
-    float *ref;          /* the local transport's output, [B, S, H, D] */
+    float *ref;          /* the local transport's o, dq, dk, dv, each [B, S, H, D] */
     size_t numel;
     int mismatches;      /* set by the local launch's root */
 } attn_case;
@@ -556,35 +556,40 @@ typedef struct attn_case {
 #define A_H 2
 #define A_D 16
 
-/* The same attention on either transport: striped Q, K, V from
- * fill_random, forward, output gathered on rank 0. */
+/* The same attention on either transport: striped Q, K, V and dO from
+ * fill_random, forward and backward; o, dq, dk, dv gathered on rank 0 into
+ * out[0..4*numel). */
 static dt_status attention_run(dt_context *ctx, attn_case *c, float *out) {
     int p = dt_context_world_size(ctx);
     int sizes[1] = {p};
     dt_mesh *mesh = NULL;
-    dt_tensor *q = NULL, *k = NULL, *v = NULL, *o = NULL, *full = NULL;
+    dt_tensor *t[5] = {NULL}, *res[4] = {NULL}, *lse = NULL, *full = NULL;
+    dt_tensor **q = &t[0], **k = &t[1], **v = &t[2], **dout = &t[3];
     dt_status st;
     int64_t shape[4] = {A_B, 16 * p, A_H, A_D};
     dt_layout l = dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED));
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, sizes, NULL, &mesh), done);
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, shape, &l, &q), done);
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, shape, &l, &k), done);
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, shape, &l, &v), done);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(q, 1), done);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(k, 2), done);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(v, 3), done);
-    DT_TRY_GOTO(st, dt_attention_forward(q, k, v, NULL, &o, NULL), done);
-    DT_TRY_GOTO(st, dt_tensor_gather(o, 0, &full), done);
-    if (full) {
-        const void *d = dt_tensor_data_const(full);
-        for (size_t i = 0; i < c->numel; i++) out[i] = get(d, c->dtype, i);
+    for (int i = 0; i < 4; i++) {
+        DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, shape, &l, &t[i]), done);
+        DT_TRY_GOTO(st, dt_tensor_fill_random(t[i], (uint64_t)i + 1), done);
+    }
+    DT_TRY_GOTO(st, dt_attention_forward(*q, *k, *v, NULL, &res[0], &lse), done);
+    DT_TRY_GOTO(st, dt_attention_backward(*q, *k, *v, res[0], lse, *dout, NULL, &res[1], &res[2],
+                                          &res[3]), done);
+    for (int i = 0; i < 4; i++) {
+        DT_TRY_GOTO(st, dt_tensor_gather(res[i], 0, &full), done);
+        if (full) {
+            const void *d = dt_tensor_data_const(full);
+            for (size_t e = 0; e < c->numel; e++) out[(size_t)i * c->numel + e] = get(d, c->dtype, e);
+        }
+        dt_tensor_destroy(full);
+        full = NULL;
     }
 done:
     dt_tensor_destroy(full);
-    dt_tensor_destroy(o);
-    dt_tensor_destroy(v);
-    dt_tensor_destroy(k);
-    dt_tensor_destroy(q);
+    dt_tensor_destroy(lse);
+    for (int i = 0; i < 4; i++) dt_tensor_destroy(res[i]);
+    for (int i = 0; i < 4; i++) dt_tensor_destroy(t[i]);
     dt_mesh_destroy(mesh);
     return st;
 }
@@ -596,15 +601,16 @@ static dt_status rank_attention_local(dt_context *ctx, void *arg) {
 
 static dt_status rank_attention_mpi(dt_context *ctx, void *arg) {
     attn_case *c = arg;
-    float *got = calloc(c->numel, sizeof(float));
+    float *got = calloc(4 * c->numel, sizeof(float));
     if (!got) return dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
     dt_status st = attention_run(ctx, c, got);
     int bad = 0;
     if (st == DT_SUCCESS && dt_context_rank(ctx) == 0) {
         /* Same kernels, same ring order, same reductions: the same bits. */
-        for (size_t i = 0; i < c->numel; i++) bad += memcmp(&got[i], &c->ref[i], sizeof(float)) != 0;
-        if (bad) fprintf(stderr, "attention: %d of %zu outputs differ from the local transport\n",
-                         bad, c->numel);
+        for (size_t i = 0; i < 4 * c->numel; i++)
+            bad += memcmp(&got[i], &c->ref[i], sizeof(float)) != 0;
+        if (bad) fprintf(stderr, "attention: %d of %zu values of o, dq, dk, dv differ from the "
+                         "local transport\n", bad, 4 * c->numel);
     }
     free(got);
     if (st != DT_SUCCESS) return st;
@@ -619,7 +625,7 @@ static void test_attention_vs_local(void **state) {
         c.p = g_size;
         c.dtype = dt ? DT_BF16 : DT_F32;
         c.numel = (size_t)A_B * 16 * (size_t)g_size * A_H * A_D;
-        c.ref = calloc(c.numel, sizeof(float));
+        c.ref = calloc(4 * c.numel, sizeof(float));
         assert_non_null(c.ref);
         /* The reference: the same ranks as threads of this process. */
         dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
