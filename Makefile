@@ -396,6 +396,9 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/test_%.o $(TEST_HELPER_OBJS) $(LIB_A)
 # "../collectives/comm.h"): $(PREFIX)/include/dtensor/{dtensor,collectives,attention}/.
 # Each installed header is then compiled alone, as a user would include it.
 INC_DIR = $(DESTDIR)$(PREFIX)/include/dtensor
+# What a static link needs besides libdtensor.a: the libraries this build
+# found (OpenBLAS, and CUDA, NCCL, MPI when built in) with their -L / rpath.
+PC_LIBS_PRIVATE = $(filter -L% -Wl%,$(DT_LDFLAGS)) $(DT_LDLIBS)
 LIB_DIR = $(DESTDIR)$(PREFIX)/lib
 install: $(LIB_A) $(LIB_SO)
 	install -d $(LIB_DIR)/pkgconfig
@@ -405,8 +408,8 @@ install: $(LIB_A) $(LIB_SO)
 	    echo "install -D -m 644 $$h $(INC_DIR)/$$h"; \
 	    install -D -m 644 $$h $(INC_DIR)/$$h || exit 1; \
 	done
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' dtensor.pc.in \
-	    >$(LIB_DIR)/pkgconfig/dtensor.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	    -e 's|@LIBS_PRIVATE@|$(PC_LIBS_PRIVATE)|g' dtensor.pc.in >$(LIB_DIR)/pkgconfig/dtensor.pc
 	@for h in $(PUBLIC_HEADERS); do \
 	    printf '$(H)include "%s"\nint dt_header_check;\n' $$h | \
 	    $(CC) -std=c11 -Wall -Wextra -Werror -fsyntax-only -I$(INC_DIR) -x c - || \

@@ -1,9 +1,15 @@
 /* dtensor/dtype.h — element types.
  *
- * fp32 is the reference type. bf16 is stored as 16 bits and computed in fp32
- * (convert with dt_bf16_to_f32 / dt_f32_to_bf16, round-to-nearest-even).
- * fp16 is reserved for the CUDA backend. u8 is raw bytes, for transfers
- * (communicators, the ring rotator); tensors do not take it.
+ * fp32 is the reference type. bf16 and fp16 are stored as 16 bits and
+ * computed in fp32 (convert with dt_bf16_to_f32 / dt_f32_to_bf16 and
+ * dt_f16_to_f32 / dt_f32_to_f16, round-to-nearest-even). fp16 tensors can be
+ * made, filled and read anywhere, but only the CUDA backend computes on them.
+ * u8 is raw bytes, for transfers (communicators, the ring rotator); tensors
+ * do not take it. dt_value_get / dt_value_set / dt_value_round read, write
+ * and round one element of any of these on the host.
+ *
+ * Test: tests/test_context.c (every fp16 value and the rounding of fp32 to
+ * fp16 against an independent reference).
  */
 #ifndef DT_DTYPE_H
 #define DT_DTYPE_H
@@ -48,6 +54,76 @@ static inline dt_bf16 dt_f32_to_bf16(float f) {
         return (dt_bf16)((u >> 16) | 0x0040u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (dt_bf16)(u >> 16);
+}
+
+typedef uint16_t dt_f16;
+
+/* Exact. */
+static inline float dt_f16_to_f32(dt_f16 h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0x1f) {
+        u = sign | 0x7f800000u | (m << 13);            /* inf, NaN */
+    } else if (e) {
+        u = sign | ((e + 112) << 23) | (m << 13);       /* normal: rebias 15 -> 127 */
+    } else {
+        float f = (float)m * 5.9604644775390625e-08f;   /* subnormal: m * 2^-24, exact */
+        memcpy(&u, &f, sizeof u);
+        u |= sign;
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Round to nearest even; beyond 65504 (from 65520 up) to inf; NaN stays
+ * NaN (quiet). */
+static inline dt_f16 dt_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (dt_f16)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (dt_f16)(sign | 0x7c00u);
+    if (a >= 0x38800000u) {                             /* normal: 2^-14 and up */
+        uint32_t r = a - 0x38000000u;                   /* rebias 127 -> 15 */
+        r += 0xfffu + ((r >> 13) & 1u);
+        return (dt_f16)(sign | (r >> 13));
+    }
+    if (a < 0x33000000u) return (dt_f16)sign;           /* below 2^-25: zero */
+    /* Subnormal: k * 2^-24 with k = mantissa >> shift, rounded; k = 1024 is
+     * the smallest normal, whose bits are the same. */
+    uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126 - (a >> 23);
+    uint32_t k = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (k & 1u))) k++;
+    return (dt_f16)(sign | k);
+}
+
+/* Element i of a host array of fp32, bf16 or fp16 as fp32 (u8: its value). */
+static inline float dt_value_get(const void *p, dt_dtype dtype, size_t i) {
+    switch (dtype) {
+    case DT_F32: return ((const float *)p)[i];
+    case DT_BF16: return dt_bf16_to_f32(((const dt_bf16 *)p)[i]);
+    case DT_F16: return dt_f16_to_f32(((const dt_f16 *)p)[i]);
+    default: return (float)((const uint8_t *)p)[i];
+    }
+}
+
+/* Store v, rounded to dtype, as element i (u8: truncated). */
+static inline void dt_value_set(void *p, dt_dtype dtype, size_t i, float v) {
+    switch (dtype) {
+    case DT_F32: ((float *)p)[i] = v; break;
+    case DT_BF16: ((dt_bf16 *)p)[i] = dt_f32_to_bf16(v); break;
+    case DT_F16: ((dt_f16 *)p)[i] = dt_f32_to_f16(v); break;
+    default: ((uint8_t *)p)[i] = (uint8_t)(int)v; break;
+    }
+}
+
+/* What storing v in dtype keeps. */
+static inline float dt_value_round(float v, dt_dtype dtype) {
+    switch (dtype) {
+    case DT_BF16: return dt_bf16_to_f32(dt_f32_to_bf16(v));
+    case DT_F16: return dt_f16_to_f32(dt_f32_to_f16(v));
+    default: return v;
+    }
 }
 
 #ifdef __cplusplus

@@ -175,7 +175,7 @@ float dt_random_value(uint64_t seed, uint64_t i) {
 
 static dt_status dt_tensor_fill_random_impl(dt_tensor *t, uint64_t seed) {
     DT_REQUIRE(t != NULL, "dt_tensor_fill_random: tensor is NULL");
-    if (t->dtype != DT_F32 && t->dtype != DT_BF16)
+    if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
         return dt_error(DT_ERR_NOT_SUPPORTED, "dt_tensor_fill_random: dtype %s is not supported",
                         dt_dtype_name(t->dtype));
     int zero = 0; /* a non-zero coordinate on a Partial mesh dim holds zeros */
@@ -212,11 +212,7 @@ static dt_status dt_tensor_fill_random_impl(dt_tensor *t, uint64_t seed) {
         for (int64_t i = 0; i < t->local_numel; i++) {
             int64_t g = 0;
             for (int d = 0; d < t->ndim; d++) g += gidx[d][x[d]] * gstride[d];
-            float v = dt_random_value(seed, (uint64_t)g);
-            if (t->dtype == DT_F32)
-                ((float *)host)[i] = v;
-            else
-                ((dt_bf16 *)host)[i] = dt_f32_to_bf16(v);
+            dt_value_set(host, t->dtype, (size_t)i, dt_random_value(seed, (uint64_t)g));
             for (int d = t->ndim - 1; d >= 0; d--) { /* odometer, last dim fastest */
                 if (++x[d] < t->local_shape[d]) break;
                 x[d] = 0;

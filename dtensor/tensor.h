@@ -59,8 +59,9 @@ dt_status dt_tensor_get_local(const dt_tensor *t, void *host, size_t bytes);
 /* Fill every element with a value in [-1, 1) that depends only on (seed,
  * global linear index): every rank writes its own part of the same global
  * tensor, whatever the Layout. On a Partial mesh dim the rank at coordinate
- * 0 holds the value and the others zero. bf16 stores the value rounded
- * (which may reach 1.0). fp32 and bf16 only. Not collective. */
+ * 0 holds the value and the others zero. bf16 and fp16 store the value
+ * rounded (dt_value_round; bf16 may reach 1.0). fp32, bf16 and fp16 (on
+ * every backend: filling is not computing). Not collective. */
 dt_status dt_tensor_fill_random(dt_tensor *t, uint64_t seed);
 
 /* The value dt_tensor_fill_random writes at global linear index i. */

@@ -70,13 +70,9 @@ static inline dt_status ex_transform_local(dt_tensor *t, float offset, float sca
     void *h = malloc(bytes ? bytes : 1);
     if (!h) return dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory for %zu bytes", bytes);
     dt_status st = dt_tensor_get_local(t, h, bytes);
-    for (size_t i = 0; st == DT_SUCCESS && i < n; i++) {
-        if (dt_tensor_dtype(t) == DT_F32)
-            ((float *)h)[i] = offset + scale * ((float *)h)[i];
-        else
-            ((dt_bf16 *)h)[i] =
-                dt_f32_to_bf16(offset + scale * dt_bf16_to_f32(((dt_bf16 *)h)[i]));
-    }
+    dt_dtype dtype = dt_tensor_dtype(t);
+    for (size_t i = 0; st == DT_SUCCESS && i < n; i++)
+        dt_value_set(h, dtype, i, offset + scale * dt_value_get(h, dtype, i));
     if (st == DT_SUCCESS) st = dt_tensor_set_local(t, h, bytes);
     free(h);
     return st;
@@ -108,16 +104,14 @@ out:
  * Results.
  * ---------------------------------------------------------------------- */
 
-/* A local (gathered) tensor as a new fp32 host array; bf16 is widened. */
+/* A local (gathered) tensor as a new fp32 host array; bf16 and fp16 are widened. */
 static inline dt_status ex_to_host_f32(const dt_tensor *t, float **out) {
     size_t n = (size_t)dt_tensor_local_numel(t);
     float *f = malloc((n ? n : 1) * sizeof *f);
     void *raw = malloc(dt_tensor_local_bytes(t) + 1);
     dt_status st = f && raw ? dt_tensor_get_local(t, raw, dt_tensor_local_bytes(t))
                             : dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory for %zu floats", n);
-    for (size_t i = 0; st == DT_SUCCESS && i < n; i++)
-        f[i] = dt_tensor_dtype(t) == DT_F32 ? ((float *)raw)[i]
-                                             : dt_bf16_to_f32(((dt_bf16 *)raw)[i]);
+    for (size_t i = 0; st == DT_SUCCESS && i < n; i++) f[i] = dt_value_get(raw, dt_tensor_dtype(t), i);
     free(raw);
     if (st != DT_SUCCESS) {
         free(f);

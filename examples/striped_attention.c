@@ -24,8 +24,7 @@
  *
  * Exit status: 0 PASS, 1 FAIL or a library error, 2 bad flags or shapes,
  * 3 the library returned DT_ERR_NOT_SUPPORTED (--backend cuda without a GPU
- * or a CUDA build; --dtype fp16, which the CPU backend does not take and
- * dt_tensor_fill_random does not fill).
+ * or a CUDA build; --dtype fp16, which only the CUDA backend computes).
  *
  * Run: make run   or   build/examples/striped_attention --ranks 4 --seq 256 --order striped
  * Test: tests/test_examples.c (make test).
@@ -41,6 +40,9 @@
 
 #include "attention/attention.h"
 #include "dtensor/dtensor.h"
+
+#define NAME "striped_attention"
+#include "example_util.h"
 
 #define HIDDEN 4
 #define MAX_SEQ 4096
@@ -204,38 +206,11 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* A local (gathered) tensor as a new fp32 host array; bf16 is widened. */
-static dt_status to_host_f32(const dt_tensor *t, float **out) {
-    size_t n = (size_t)dt_tensor_local_numel(t);
-    if (dt_tensor_dtype(t) != DT_F32 && dt_tensor_dtype(t) != DT_BF16)
-        return dt_error(DT_ERR_NOT_SUPPORTED, "reading %s values back: dtype.h converts only "
-                        "fp32 and bf16", dt_dtype_name(dt_tensor_dtype(t)));
-    float *f = malloc((n ? n : 1) * sizeof *f);
-    if (!f) return dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory for %zu floats", n);
-    dt_status st;
-    if (dt_tensor_dtype(t) == DT_BF16) {
-        dt_bf16 *h = malloc((n ? n : 1) * sizeof *h);
-        st = h ? dt_tensor_get_local(t, h, dt_tensor_local_bytes(t))
-               : dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory for %zu bf16 values", n);
-        if (st == DT_SUCCESS)
-            for (size_t i = 0; i < n; i++) f[i] = dt_bf16_to_f32(h[i]);
-        free(h);
-    } else {
-        st = dt_tensor_get_local(t, f, dt_tensor_local_bytes(t));
-    }
-    if (st != DT_SUCCESS) {
-        free(f);
-        return st;
-    }
-    *out = f;
-    return DT_SUCCESS;
-}
-
 /* Gather t to rank 0 and, there, widen it into *host. Collective. */
 static dt_status gather_to_host(const dt_tensor *t, float **host) {
     dt_tensor *g = NULL;
     DT_TRY(dt_tensor_gather(t, 0, &g));
-    dt_status st = g ? to_host_f32(g, host) : DT_SUCCESS;
+    dt_status st = g ? ex_to_host_f32(g, host) : DT_SUCCESS;
     dt_tensor_destroy(g);
     return st;
 }
@@ -311,8 +286,7 @@ static double *full_input(uint64_t seed, int64_t n, dt_dtype dtype) {
     double *x = malloc((size_t)n * sizeof *x);
     if (!x) return NULL;
     for (int64_t i = 0; i < n; i++) {
-        float f = dt_random_value(seed, (uint64_t)i);
-        x[i] = dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(f)) : f;
+        x[i] = dt_value_round(dt_random_value(seed, (uint64_t)i), dtype);
     }
     return x;
 }
@@ -764,38 +738,15 @@ static void usage(FILE *f) {
             MAX_RANKS, DT_ATTN_MAX_HEAD_DIM);
 }
 
-static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
-    char *end = NULL;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || x < lo || x > hi) {
-        fprintf(stderr, "striped_attention: %s takes an integer in [%d, %d], got '%s'\n", flag, lo,
-                hi, v ? v : "(nothing)");
-        return 0;
-    }
-    *out = (int)x;
-    return 1;
-}
-
-/* Index of v in names[0..n-1], or -1 with a message. */
-static int parse_choice(const char *flag, const char *v, const char *const *names, int n) {
-    for (int i = 0; v && i < n; i++)
-        if (!strcmp(v, names[i])) return i;
-    fprintf(stderr, "striped_attention: %s takes one of", flag);
-    for (int i = 0; i < n; i++) fprintf(stderr, "%s %s", i ? "," : "", names[i]);
-    fprintf(stderr, "; got '%s'\n", v ? v : "(nothing)");
-    return -1;
-}
-
 /* Parses argv into c; returns -1 to go on, else the exit status. */
 static int parse_flags(int argc, char **argv, config *c) {
     static const char *const order_names[] = {"contiguous", "striped", "zigzag"};
     static const char *const dtype_names[] = {"fp32", "bf16", "fp16"};
     static const dt_dtype dtypes[] = {DT_F32, DT_BF16, DT_F16};
-    static const char *const backend_names[] = {"auto", "cpu", "cuda"};
-    static const dt_backend_kind backends[] = {DT_BACKEND_AUTO, DT_BACKEND_CPU, DT_BACKEND_CUDA};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int x = 0;
+        long x = 0;
+        int k = 0;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -809,42 +760,33 @@ static int parse_flags(int argc, char **argv, config *c) {
             c->backward = 1;
             continue;
         } else if (!strcmp(a, "--ranks")) {
-            if (!parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
             c->ranks = x;
         } else if (!strcmp(a, "--batch")) {
-            if (!parse_int(a, v, 1, 4096, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 4096, &x)) return 2;
             c->batch = x;
         } else if (!strcmp(a, "--seq")) {
-            if (!parse_int(a, v, 1, 1 << 20, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 1 << 20, &x)) return 2;
             c->seq = x;
         } else if (!strcmp(a, "--heads")) {
-            if (!parse_int(a, v, 1, 4096, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 4096, &x)) return 2;
             c->heads = x;
         } else if (!strcmp(a, "--kv-heads")) {
-            if (!parse_int(a, v, 1, 4096, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 4096, &x)) return 2;
             c->kv_heads = x;
         } else if (!strcmp(a, "--dim")) {
-            if (!parse_int(a, v, 1, 1 << 16, &x)) return 2;
+            if (!ex_parse_int(a, v, 1, 1 << 16, &x)) return 2;
             c->dim = x;
         } else if (!strcmp(a, "--order")) {
-            if ((x = parse_choice(a, v, order_names, 3)) < 0) return 2;
-            c->order = orders[x];
+            if ((k = ex_parse_choice(a, v, order_names, 3)) < 0) return 2;
+            c->order = orders[k];
         } else if (!strcmp(a, "--dtype")) {
-            if ((x = parse_choice(a, v, dtype_names, 3)) < 0) return 2;
-            c->dtype = dtypes[x];
+            if ((k = ex_parse_choice(a, v, dtype_names, 3)) < 0) return 2;
+            c->dtype = dtypes[k];
         } else if (!strcmp(a, "--backend")) {
-            if ((x = parse_choice(a, v, backend_names, 3)) < 0) return 2;
-            c->backend = backends[x];
+            if (!ex_parse_backend(a, v, &c->backend)) return 2;
         } else if (!strcmp(a, "--seed")) {
-            char *end = NULL;
-            errno = 0;
-            unsigned long long s = v ? strtoull(v, &end, 10) : 0;
-            if (!v || !*v || *end || errno || v[0] == '-') {
-                fprintf(stderr, "striped_attention: --seed takes a non-negative integer, got '%s'\n",
-                        v ? v : "(nothing)");
-                return 2;
-            }
-            c->seed = s;
+            if (!ex_parse_seed(v, &c->seed)) return 2;
         } else if (!strcmp(a, "--svg") || !strcmp(a, "--dump")) {
             if (!v || !*v) {
                 fprintf(stderr, "striped_attention: %s needs a %s\n", a,

@@ -163,7 +163,7 @@ out:
  * ---------------------------------------------------------------------- */
 
 static double stored(dt_dtype dtype, float v) {
-    return dtype == DT_BF16 ? (double)dt_bf16_to_f32(dt_f32_to_bf16(v)) : (double)v;
+    return (double)dt_value_round(v, dtype);
 }
 
 /* Y = GELU(X W1) W2 in double. Returns NULL when out of memory. */

@@ -83,7 +83,7 @@ typedef struct run {
  * fp32 and stored in the dtype. Matrices: offset 0, scale 2^-k with 2^k near
  * sqrt(fan_in / 3) (exact). Norm weights: 1 + r/2, in [0.5, 1.5). */
 static float stored(dt_dtype dtype, float v) {
-    return dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(v)) : v;
+    return dt_value_round(v, dtype);
 }
 
 static float param_value(dt_dtype dtype, uint64_t seed, uint64_t i, float offset, float scale) {

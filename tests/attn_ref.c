@@ -11,8 +11,7 @@
 double *ref_input(uint64_t seed, int64_t n, dt_dtype dtype) {
     double *x = malloc((size_t)n * sizeof *x);
     for (int64_t i = 0; i < n; i++) {
-        float f = dt_random_value(seed, (uint64_t)i);
-        x[i] = dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(f)) : f;
+        x[i] = dt_value_round(dt_random_value(seed, (uint64_t)i), dtype);
     }
     return x;
 }
@@ -121,10 +120,12 @@ void ref_local_lse(const double *full, int64_t B, int64_t S, int64_t heads, dt_o
 
 dt_status ref_get_f32(const dt_tensor *t, float *out) {
     size_t n = (size_t)dt_tensor_local_numel(t);
-    if (dt_tensor_dtype(t) == DT_F32) return dt_tensor_get_local(t, out, n * sizeof *out);
-    dt_bf16 *tmp = malloc(n * sizeof *tmp + 1);
-    dt_status st = dt_tensor_get_local(t, tmp, n * sizeof *tmp);
-    for (size_t i = 0; st == DT_SUCCESS && i < n; i++) out[i] = dt_bf16_to_f32(tmp[i]);
+    dt_dtype dtype = dt_tensor_dtype(t);
+    if (dtype == DT_F32) return dt_tensor_get_local(t, out, n * sizeof *out);
+    void *tmp = malloc(n * dt_dtype_size(dtype) + 1);
+    dt_status st = tmp ? dt_tensor_get_local(t, tmp, n * dt_dtype_size(dtype))
+                       : dt_error(DT_ERR_OUT_OF_MEMORY, "ref_get_f32: out of memory");
+    for (size_t i = 0; st == DT_SUCCESS && i < n; i++) out[i] = dt_value_get(tmp, dtype, i);
     free(tmp);
     return st;
 }

@@ -8,7 +8,7 @@
 #include "harness.h"
 
 float h_stored(dt_dtype dtype, float v) {
-    return dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(v)) : v;
+    return dt_value_round(v, dtype);
 }
 
 float h_weight_scale(int64_t fan_in) {
@@ -24,7 +24,7 @@ dt_status h_make_tensor(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, in
                         float scale, dt_tensor **out) {
     int64_t n = h_numel(ndim, shape);
     float *full = malloc((size_t)(n + 1) * sizeof *full), *loc = malloc((size_t)(n + 1) * sizeof *loc);
-    dt_bf16 *h = malloc((size_t)(n + 1) * sizeof *h);
+    void *h = malloc((size_t)(n + 1) * sizeof(float));   /* room for any dtype */
     dt_tensor *t = NULL;
     dt_status st = DT_ERR_OUT_OF_MEMORY;
     if (!full || !loc || !h) goto out;
@@ -37,12 +37,8 @@ dt_status h_make_tensor(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, in
         memcpy(loc, full, (size_t)n * sizeof *loc);
     }
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dtype, ndim, shape, l, &t), out);
-    if (dtype == DT_F32) {
-        st = dt_tensor_set_local(t, loc, dt_tensor_local_bytes(t));
-    } else {
-        for (int64_t i = 0; i < dt_tensor_local_numel(t); i++) h[i] = dt_f32_to_bf16(loc[i]);
-        st = dt_tensor_set_local(t, h, dt_tensor_local_bytes(t));
-    }
+    for (int64_t i = 0; i < dt_tensor_local_numel(t); i++) dt_value_set(h, dtype, (size_t)i, loc[i]);
+    st = dt_tensor_set_local(t, h, dt_tensor_local_bytes(t));
 out:
     free(full);
     free(loc);
@@ -64,9 +60,7 @@ float *h_local_floats(const dt_tensor *t) {
         free(f);
         return NULL;
     }
-    for (int64_t i = 0; i < n; i++)
-        f[i] = dt_tensor_dtype(t) == DT_F32 ? ((float *)raw)[i]
-                                            : dt_bf16_to_f32(((dt_bf16 *)raw)[i]);
+    for (int64_t i = 0; i < n; i++) f[i] = dt_value_get(raw, dt_tensor_dtype(t), (size_t)i);
     free(raw);
     return f;
 }

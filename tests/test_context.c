@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,6 +191,75 @@ static void test_status_and_dtype_names(void **state) {
     assert_string_equal(dt_last_error(), "first");
 }
 
+/* fp16 by arithmetic, independent of the bit manipulation in dtype.h. */
+static double ref_f16_value(uint16_t h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m | 1024, e - 25);
+    return (h >> 15) ? -v : v;
+}
+
+/* Nearest fp16 of f (ties to even), found by scaling to the quantum. */
+static uint16_t ref_f32_to_f16(float f) {
+    uint16_t s = signbit(f) ? 0x8000 : 0;
+    double a = fabs((double)f);
+    if (isnan(f)) return s | 0x7e00;                /* quiet, sign kept */
+    if (a >= 65520.0) return s | 0x7c00;
+    int e;
+    frexp(a, &e);                                   /* a in [2^(e-1), 2^e) */
+    int exp = e - 1, q = exp < -14 ? -24 : exp - 10; /* the quantum 2^q */
+    uint32_t k = (uint32_t)nearbyint(ldexp(a, -q)); /* default rounding: to even */
+    if (a == 0 || exp < -14) return s | (uint16_t)k; /* subnormal (k = 1024: normal, same bits) */
+    if (k == 2048) { k = 1024; exp++; }
+    return s | (uint16_t)((exp + 15) << 10) | (uint16_t)(k & 1023);
+}
+
+static void check_f32_to_f16(float f) {
+    uint16_t got = dt_f32_to_f16(f), want = ref_f32_to_f16(f);
+    if (got != want) fail_msg("dt_f32_to_f16(%a) = 0x%04x, want 0x%04x", (double)f, got, want);
+}
+
+static void test_fp16_conversions(void **state) {
+    (void)state;
+    /* Every fp16 value, widened exactly; NaNs stay NaN. */
+    for (uint32_t h = 0; h < 65536; h++) {
+        double want = ref_f16_value((uint16_t)h);
+        float got = dt_f16_to_f32((dt_f16)h);
+        if (isnan(want)) assert_true(isnan(got));
+        else if ((double)got != want || !signbit(got) != !signbit(want))
+            fail_msg("dt_f16_to_f32(0x%04x) = %a, want %a", (unsigned)h, (double)got, want);
+    }
+    /* Rounding: every fp16 value, every tie between neighbours and one fp32
+     * ulp to either side of it, then a million random fp32 bit patterns. */
+    for (uint32_t h = 0; h < 0x7c00; h++) {
+        float lo = dt_f16_to_f32((dt_f16)h), hi = dt_f16_to_f32((dt_f16)(h + 1));
+        float mid = (float)(((double)lo + (double)hi) / 2);  /* exact in fp32 */
+        float vals[5] = {lo, mid, nextafterf(mid, 0.0f), nextafterf(mid, INFINITY), hi};
+        for (int i = 0; i < 5; i++) {
+            check_f32_to_f16(vals[i]);
+            check_f32_to_f16(-vals[i]);
+        }
+    }
+    uint64_t x = 88172645463325252ULL;
+    for (int i = 0; i < 1000000; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        uint32_t u = (uint32_t)x;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        check_f32_to_f16(f);
+    }
+    float specials[] = {INFINITY, -INFINITY, 65504.0f, 65519.99f, 65520.0f, 1e10f, 1e-10f, 0.0f};
+    for (size_t i = 0; i < sizeof specials / sizeof *specials; i++) check_f32_to_f16(specials[i]);
+    assert_true(isnan(dt_f16_to_f32(dt_f32_to_f16(NAN))));
+    /* The generic accessors agree with the typed conversions. */
+    uint16_t buf[2];
+    dt_value_set(buf, DT_F16, 1, 1.0f / 3.0f);
+    assert_int_equal(buf[1], dt_f32_to_f16(1.0f / 3.0f));
+    assert_true(dt_value_get(buf, DT_F16, 1) == dt_value_round(1.0f / 3.0f, DT_F16));
+    dt_value_set(buf, DT_BF16, 0, 1.0f / 3.0f);
+    assert_true(dt_value_get(buf, DT_BF16, 0) == dt_value_round(1.0f / 3.0f, DT_BF16));
+    assert_true(dt_value_round(1.0f / 3.0f, DT_F32) == 1.0f / 3.0f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_launch_world_sizes),
@@ -198,6 +268,7 @@ int main(void) {
         cmocka_unit_test(test_environment),
         cmocka_unit_test(test_log_levels_and_rank_prefix),
         cmocka_unit_test(test_status_and_dtype_names),
+        cmocka_unit_test(test_fp16_conversions),
     };
     return cmocka_run_group_tests_name("context and launch", tests, NULL, NULL);
 }

@@ -56,15 +56,10 @@ static float value(uint64_t seed, int r, size_t i) {
     return (float)((int)(x % 257) - 128) / 4.0f;
 }
 
-static void put(void *buf, dt_dtype dt, size_t i, float v) {
-    if (dt == DT_F32) ((float *)buf)[i] = v;
-    else ((dt_bf16 *)buf)[i] = dt_f32_to_bf16(v);
-}
-static float get(const void *buf, dt_dtype dt, size_t i) {
-    return dt == DT_F32 ? ((const float *)buf)[i] : dt_bf16_to_f32(((const dt_bf16 *)buf)[i]);
-}
+static void put(void *buf, dt_dtype dt, size_t i, float v) { dt_value_set(buf, dt, i, v); }
+static float get(const void *buf, dt_dtype dt, size_t i) { return dt_value_get(buf, dt, i); }
 static float rounded(dt_dtype dt, double v) {
-    return dt == DT_F32 ? (float)v : dt_bf16_to_f32(dt_f32_to_bf16((float)v));
+    return dt_value_round((float)v, dt);
 }
 
 static double now_ms(void) {

@@ -75,34 +75,7 @@ static void reference_full(const dt_layout *src, const int *mesh, dt_dtype dtype
 }
 
 static void to_dtype(dt_dtype dtype, const float *src, int64_t n, void *dst) {
-    if (dtype == DT_F32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    } else {
-        for (int64_t i = 0; i < n; i++) ((dt_bf16 *)dst)[i] = dt_f32_to_bf16(src[i]);
-    }
-}
-
-static void from_dtype(dt_dtype dtype, const void *src, int64_t n, float *dst) {
-    if (dtype == DT_F32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    } else {
-        for (int64_t i = 0; i < n; i++) dst[i] = dt_bf16_to_f32(((const dt_bf16 *)src)[i]);
-    }
-}
-
-/* Downloads t's local data as floats (caller frees). */
-static float *local_floats(const dt_tensor *t) {
-    int64_t n = dt_tensor_local_numel(t);
-    void *raw = malloc(dt_tensor_local_bytes(t) + 1);
-    float *f = malloc((size_t)(n + 1) * sizeof *f);
-    if (raw == NULL || f == NULL || dt_tensor_get_local(t, raw, dt_tensor_local_bytes(t)) != DT_SUCCESS) {
-        free(raw);
-        free(f);
-        return NULL;
-    }
-    from_dtype(dt_tensor_dtype(t), raw, n, f);
-    free(raw);
-    return f;
+    for (int64_t i = 0; i < n; i++) dt_value_set(dst, dtype, (size_t)i, src[i]);
 }
 
 /* Mismatches between t's local data and the part of `full` it should hold
@@ -112,7 +85,7 @@ static long check_local_part(const char *what, const dt_tensor *t, const float *
     int64_t n = dt_tensor_local_numel(t);
     float *exp = malloc((size_t)(n + 1) * sizeof *exp);
     double *ref = malloc((size_t)(n + 1) * sizeof *ref);
-    float *got = local_floats(t);
+    float *got = h_local_floats(t);
     if (exp == NULL || ref == NULL || got == NULL) {
         free(exp);
         free(ref);
@@ -742,8 +715,8 @@ static dt_status rank_permute(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, c->dtype, 3, shape, NULL, &x), done);
     DT_TRY_GOTO(st, dt_tensor_fill_random(x, 31), done);
     DT_TRY_GOTO(st, dt_tensor_permute_striped(x, 1, d, &p), done);
-    in = local_floats(x);
-    out = local_floats(p);
+    in = h_local_floats(x);
+    out = h_local_floats(p);
     if (in == NULL || out == NULL) {
         st = DT_ERR_OUT_OF_MEMORY;
         goto done;
@@ -770,8 +743,8 @@ static dt_status rank_permute(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, dt_tensor_permute_striped(xd, 1, d, &pd), done); /* on a Replicate DTensor */
     DT_TRY_GOTO(st, dt_tensor_redistribute(pd, &contig, &ps), done);
     DT_TRY_GOTO(st, dt_tensor_redistribute(xd, &striped, &xs), done);
-    a = local_floats(ps);
-    b = local_floats(xs);
+    a = h_local_floats(ps);
+    b = h_local_floats(xs);
     c->bad_shard[r] = (a && b) ? memcmp(a, b, (size_t)dt_tensor_local_numel(xs) * sizeof *a) != 0
                                : 1;
     /* a distributed tensor sharded on another dim permutes locally too */
@@ -1066,13 +1039,13 @@ int main(void) {
         };
         for (int w = 1; w <= MAXW; w++)
             for (size_t i = 0; i < sizeof l1 / sizeof l1[0]; i++)
-                for (int dt = 0; dt < 2; dt++) {
+                for (int dt = 0; dt < 3; dt++) {
                     fill_case *c = NEW(fill_case);
                     c->ndim_mesh = 1;
                     c->mesh[0] = w;
                     c->world = w;
                     c->layout = l1[i];
-                    c->dtype = dt ? DT_BF16 : DT_F32;
+                    c->dtype = (dt_dtype[]){DT_F32, DT_BF16, DT_F16}[dt];
                     h_layout_short(&c->layout, a, sizeof a);
                     snprintf(name, sizeof name, "fill_random/P=%d,%s,%s", w, a, dt_dtype_name(c->dtype));
                     add_test(&tb, name, test_fill, c);
