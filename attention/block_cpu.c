@@ -1,8 +1,8 @@
 /* attention/block_cpu.c — the CPU attention block kernel.
  *
- * Online softmax over tiles of TQ queries x TK keys, per (batch, head):
+ * Online softmax over tiles of up to TQ queries x TK keys, per (batch, head):
  *   S = scale * Q_t K_t^T                   (OpenBLAS sgemm, fp32)
- *   mask S where pos(q) < pos(k)            (partial tiles only; empty tiles skipped)
+ *   mask S where pos(q) < pos(k)            (tiles on the diagonal band only)
  *   m' = max(m, rowmax S);  P = exp(S - m')
  *   l  = l * exp(m - m') + rowsum P
  *   acc = acc * exp(m - m') + P V_t         (sgemm into the strided acc rows)
@@ -10,7 +10,17 @@
  * are never touched by exp(-inf - -inf). Tiles are packed into contiguous
  * fp32 scratch (which also converts bf16), so one path serves both dtypes.
  *
- * Test: tests/test_attention.c (make test).
+ * Which tiles run (mask.h): the keys a query may attend are a prefix of the
+ * key segment, so for a query tile every key before the first row's bound
+ * is unmasked (full tiles) and none after the last row's bound is allowed
+ * (nothing visited there). The band between, where the mask cuts through,
+ * is computed in slices of TS rows, each only up to its own last row's
+ * bound: a masked block then costs about its allowed pairs plus TS/2 keys
+ * per row, instead of whole TQ x TK tiles. The backward kernel does the
+ * same with the roles of queries and keys exchanged (key tiles outer, so
+ * that dK and dV accumulate in scratch), slicing the band by TS keys.
+ *
+ * Test: tests/test_attention.c, tests/test_attention_backward.c (make test).
  */
 #include "block.h"
 
@@ -20,6 +30,7 @@
 
 #define TQ 64
 #define TK 128
+#define TS 16   /* rows of a slice of the diagonal band */
 
 static size_t fwd_scratch(int64_t dim) {
     return (size_t)(TQ * dim + 2 * TK * dim + TQ * TK) * sizeof(float);
@@ -39,10 +50,62 @@ static void pack_rows(float *dst, const void *base, dt_dtype dtype, int64_t row_
     }
 }
 
+/* One (batch, head) of a forward call, and the scratch tiles. */
+typedef struct fwd_head {
+    const dt_attn_block_args *a;
+    const char *kb, *vb;         /* k, v of the head's kv head */
+    float *m, *l, *acc;
+    float *kt, *vt, *s;
+} fwd_head;
+
+/* Rows [x0, x0+tq) (packed in qt) against keys [y0, y0+tk), masked or not. */
+static void fwd_tile(const fwd_head *f, const float *qt, int64_t x0, int64_t tq, int64_t y0,
+                     int64_t tk, int masked) {
+    const dt_attn_block_args *a = f->a;
+    const int64_t H = a->heads, G = a->kv_heads, D = a->dim;
+    float *s = f->s;
+    pack_rows(f->kt, f->kb, a->dtype, G * D, y0, tk, D);
+    pack_rows(f->vt, f->vb, a->dtype, G * D, y0, tk, D);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tq, (int)tk, (int)D, a->scale, qt,
+                (int)D, f->kt, (int)D, 0.0f, s, (int)tk);
+    for (int64_t i = 0; i < tq; i++) {
+        float *row = s + i * tk;
+        if (masked) {
+            const int64_t pq = dt_attn_pos(a->qseg, x0 + i);
+            for (int64_t j = 0; j < tk; j++)
+                if (pq < dt_attn_pos(a->kseg, y0 + j)) row[j] = -INFINITY;
+        }
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < tk; j++) mx = row[j] > mx ? row[j] : mx;
+        const float m_old = f->m[x0 + i];
+        const float m_new = mx > m_old ? mx : m_old;
+        float *acc_row = f->acc + (x0 + i) * H * D;
+        if (m_new == -INFINITY) {
+            /* nothing allowed yet for this row: P = 0 */
+            memset(row, 0, (size_t)tk * sizeof(float));
+            continue;
+        }
+        const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        float sum = 0.0f;
+        for (int64_t j = 0; j < tk; j++) {
+            row[j] = expf(row[j] - m_new);
+            sum += row[j];
+        }
+        f->l[x0 + i] = f->l[x0 + i] * alpha + sum;
+        f->m[x0 + i] = m_new;
+        if (alpha != 1.0f)
+            for (int64_t d = 0; d < D; d++) acc_row[d] *= alpha;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)tq, (int)D, (int)tk, 1.0f, s,
+                (int)tk, f->vt, (int)D, 1.0f, f->acc + x0 * H * D, (int)(H * D));
+}
+
+static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+
 static dt_status fwd(struct dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     (void)be;
     const int64_t H = a->heads, G = a->kv_heads, D = a->dim, group = H / G;
-    const int64_t nq = a->qseg.len, nk = a->kseg.len;
+    const int64_t nq = a->qseg.len;
     const size_t es = dt_dtype_size(a->dtype);
     float *qt = scratch, *kt = qt + TQ * D, *vt = kt + TK * D, *s = vt + TK * D;
 
@@ -50,57 +113,29 @@ static dt_status fwd(struct dt_backend *be, const dt_attn_block_args *a, void *s
         for (int64_t h = 0; h < H; h++) {
             const int64_t g = h / group;
             const char *qb = (const char *)a->q + (size_t)(b * a->q_batch_stride + h * D) * es;
-            const char *kb = (const char *)a->k + (size_t)(b * a->kv_batch_stride + g * D) * es;
-            const char *vb = (const char *)a->v + (size_t)(b * a->kv_batch_stride + g * D) * es;
-            float *m = a->m + b * a->ml_batch_stride + h * a->ml_head_stride;
-            float *l = a->l + b * a->ml_batch_stride + h * a->ml_head_stride;
-            float *acc = a->acc + b * a->acc_batch_stride + h * D;
+            const size_t kvo = (size_t)(b * a->kv_batch_stride + g * D) * es;
+            const int64_t ml = b * a->ml_batch_stride + h * a->ml_head_stride;
+            const fwd_head f = {
+                .a = a, .kb = (const char *)a->k + kvo, .vb = (const char *)a->v + kvo,
+                .m = a->m + ml, .l = a->l + ml, .acc = a->acc + b * a->acc_batch_stride + h * D,
+                .kt = kt, .vt = vt, .s = s,
+            };
             for (int64_t x0 = 0; x0 < nq; x0 += TQ) {
-                const int64_t tq = nq - x0 < TQ ? nq - x0 : TQ;
-                int packed_q = 0;
-                for (int64_t y0 = 0; y0 < nk; y0 += TK) {
-                    const int64_t tk = nk - y0 < TK ? nk - y0 : TK;
-                    dt_attn_tile cls = dt_attn_tile_class(a->mask, a->qseg, x0, x0 + tq, a->kseg,
-                                                          y0, y0 + tk);
-                    if (cls == DT_TILE_EMPTY) continue;
-                    if (!packed_q) {
-                        pack_rows(qt, qb, a->dtype, H * D, x0, tq, D);
-                        packed_q = 1;
-                    }
-                    pack_rows(kt, kb, a->dtype, G * D, y0, tk, D);
-                    pack_rows(vt, vb, a->dtype, G * D, y0, tk, D);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tq, (int)tk, (int)D,
-                                a->scale, qt, (int)D, kt, (int)D, 0.0f, s, (int)tk);
-                    for (int64_t i = 0; i < tq; i++) {
-                        float *row = s + i * tk;
-                        if (cls == DT_TILE_PARTIAL) {
-                            const int64_t pq = dt_attn_pos(a->qseg, x0 + i);
-                            for (int64_t j = 0; j < tk; j++)
-                                if (pq < dt_attn_pos(a->kseg, y0 + j)) row[j] = -INFINITY;
-                        }
-                        float mx = -INFINITY;
-                        for (int64_t j = 0; j < tk; j++) mx = row[j] > mx ? row[j] : mx;
-                        const float m_old = m[x0 + i];
-                        const float m_new = mx > m_old ? mx : m_old;
-                        float *acc_row = acc + (x0 + i) * H * D;
-                        if (m_new == -INFINITY) {
-                            /* nothing allowed yet for this row: P = 0 */
-                            memset(row, 0, (size_t)tk * sizeof(float));
-                            continue;
-                        }
-                        const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-                        float sum = 0.0f;
-                        for (int64_t j = 0; j < tk; j++) {
-                            row[j] = expf(row[j] - m_new);
-                            sum += row[j];
-                        }
-                        l[x0 + i] = l[x0 + i] * alpha + sum;
-                        m[x0 + i] = m_new;
-                        if (alpha != 1.0f)
-                            for (int64_t d = 0; d < D; d++) acc_row[d] *= alpha;
-                    }
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)tq, (int)D, (int)tk,
-                                1.0f, s, (int)tk, vt, (int)D, 1.0f, acc + x0 * H * D, (int)(H * D));
+                const int64_t tq = min64(TQ, nq - x0);
+                /* keys [0, full) are allowed for every row of the tile */
+                const int64_t full = dt_attn_keys_upto(a->mask, a->kseg, dt_attn_pos(a->qseg, x0));
+                const int64_t any =
+                    dt_attn_keys_upto(a->mask, a->kseg, dt_attn_pos(a->qseg, x0 + tq - 1));
+                if (any == 0) continue;
+                pack_rows(qt, qb, a->dtype, H * D, x0, tq, D);
+                for (int64_t y0 = 0; y0 < full; y0 += TK)
+                    fwd_tile(&f, qt, x0, tq, y0, min64(TK, full - y0), 0);
+                for (int64_t xs = x0; xs < x0 + tq; xs += TS) {
+                    const int64_t ts = min64(TS, x0 + tq - xs);
+                    const int64_t end =
+                        dt_attn_keys_upto(a->mask, a->kseg, dt_attn_pos(a->qseg, xs + ts - 1));
+                    for (int64_t y0 = full; y0 < end; y0 += TK)
+                        fwd_tile(&f, qt + (xs - x0) * D, xs, ts, y0, min64(TK, end - y0), 1);
                 }
             }
         }
@@ -174,6 +209,53 @@ static void add_rows(float *dst, int64_t row_stride, const float *src, int64_t n
         for (int64_t d = 0; d < dim; d++) dst[i * row_stride + d] += src[i * dim + d];
 }
 
+/* One (batch, head) of a backward call, and the scratch tiles. */
+typedef struct bwd_head {
+    const dt_attn_block_bwd_args *a;
+    const char *qb, *gb;         /* q and dO of the head */
+    const float *lse, *delta;
+    float *dq;
+    float *qt, *dot, *kt, *vt, *dkt, *dvt, *p, *ds;
+} bwd_head;
+
+/* Query rows [x0, x0+tq) against keys [y, y+tk) of the packed key tile that
+ * starts at key y0 (y - y0 rows into kt, vt, dkt, dvt), masked or not. */
+static void bwd_tile(const bwd_head *f, int64_t x0, int64_t tq, int64_t y0, int64_t y, int64_t tk,
+                     int masked) {
+    const dt_attn_block_bwd_args *a = f->a;
+    const int64_t H = a->heads, D = a->dim, off = (y - y0) * D;
+    const float *kt = f->kt + off, *vt = f->vt + off;
+    float *dkt = f->dkt + off, *dvt = f->dvt + off, *p = f->p, *ds = f->ds;
+    pack_rows(f->qt, f->qb, a->dtype, H * D, x0, tq, D);
+    pack_rows(f->dot, f->gb, a->dtype, H * D, x0, tq, D);
+    /* P = exp(scale Q K^T - lse), masked */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tq, (int)tk, (int)D, a->scale,
+                f->qt, (int)D, kt, (int)D, 0.0f, p, (int)tk);
+    for (int64_t i = 0; i < tq; i++) {
+        float *row = p + i * tk;
+        const float li = f->lse[x0 + i];
+        const int64_t pq = dt_attn_pos(a->qseg, x0 + i);
+        for (int64_t j = 0; j < tk; j++) {
+            int cut = masked && pq < dt_attn_pos(a->kseg, y + j);
+            row[j] = cut || li == -INFINITY ? 0.0f : expf(row[j] - li);
+        }
+    }
+    /* dP = dO V^T, then dS = P (dP - delta) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tq, (int)tk, (int)D, 1.0f, f->dot,
+                (int)D, vt, (int)D, 0.0f, ds, (int)tk);
+    for (int64_t i = 0; i < tq; i++) {
+        const float di = f->delta[x0 + i];
+        for (int64_t j = 0; j < tk; j++) ds[i * tk + j] = p[i * tk + j] * (ds[i * tk + j] - di);
+    }
+    /* dV += P^T dO ; dK += scale dS^T Q ; dQ += scale dS K */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)tk, (int)D, (int)tq, 1.0f, p,
+                (int)tk, f->dot, (int)D, 1.0f, dvt, (int)D);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)tk, (int)D, (int)tq, a->scale, ds,
+                (int)tk, f->qt, (int)D, 1.0f, dkt, (int)D);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)tq, (int)D, (int)tk, a->scale, ds,
+                (int)tk, kt, (int)D, 1.0f, f->dq + x0 * H * D, (int)(H * D));
+}
+
 static dt_status bwd(struct dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     (void)be;
     const int64_t H = a->heads, G = a->kv_heads, D = a->dim, group = H / G;
@@ -187,63 +269,38 @@ static dt_status bwd(struct dt_backend *be, const dt_attn_block_bwd_args *a, voi
             const int64_t g = h / group;
             const size_t qoff = (size_t)(b * a->q_batch_stride + h * D) * es;
             const size_t koff = (size_t)(b * a->kv_batch_stride + g * D) * es;
-            const char *qb = (const char *)a->q + qoff, *gb = (const char *)a->dout + qoff;
             const char *kb = (const char *)a->k + koff, *vb = (const char *)a->v + koff;
-            const float *lse = a->lse + b * a->ml_batch_stride + h * a->ml_head_stride;
-            const float *delta = a->delta + b * a->ml_batch_stride + h * a->ml_head_stride;
-            float *dq = a->dq + b * a->dq_batch_stride + h * D;
+            const int64_t ml = b * a->ml_batch_stride + h * a->ml_head_stride;
             float *dk = a->dk + b * a->kv_batch_stride + g * D;
             float *dv = a->dv + b * a->kv_batch_stride + g * D;
+            const bwd_head f = {
+                .a = a, .qb = (const char *)a->q + qoff, .gb = (const char *)a->dout + qoff,
+                .lse = a->lse + ml, .delta = a->delta + ml,
+                .dq = a->dq + b * a->dq_batch_stride + h * D,
+                .qt = qt, .dot = dot, .kt = kt, .vt = vt, .dkt = dkt, .dvt = dvt, .p = p, .ds = ds,
+            };
             /* Key tiles outer: dK and dV of a tile accumulate over all query tiles. */
             for (int64_t y0 = 0; y0 < nk; y0 += TK) {
-                const int64_t tk = nk - y0 < TK ? nk - y0 : TK;
-                int packed_k = 0;
-                for (int64_t x0 = 0; x0 < nq; x0 += TQ) {
-                    const int64_t tq = nq - x0 < TQ ? nq - x0 : TQ;
-                    dt_attn_tile cls = dt_attn_tile_class(a->mask, a->qseg, x0, x0 + tq, a->kseg,
-                                                          y0, y0 + tk);
-                    if (cls == DT_TILE_EMPTY) continue;
-                    if (!packed_k) {
-                        pack_rows(kt, kb, a->dtype, G * D, y0, tk, D);
-                        pack_rows(vt, vb, a->dtype, G * D, y0, tk, D);
-                        memset(dkt, 0, (size_t)(2 * TK * D) * sizeof(float));
-                        packed_k = 1;
-                    }
-                    pack_rows(qt, qb, a->dtype, H * D, x0, tq, D);
-                    pack_rows(dot, gb, a->dtype, H * D, x0, tq, D);
-                    /* P = exp(scale Q K^T - lse), masked */
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tq, (int)tk, (int)D,
-                                a->scale, qt, (int)D, kt, (int)D, 0.0f, p, (int)tk);
-                    for (int64_t i = 0; i < tq; i++) {
-                        float *row = p + i * tk;
-                        const float li = lse[x0 + i];
-                        const int64_t pq = dt_attn_pos(a->qseg, x0 + i);
-                        for (int64_t j = 0; j < tk; j++) {
-                            int masked = cls == DT_TILE_PARTIAL && pq < dt_attn_pos(a->kseg, y0 + j);
-                            row[j] = masked || li == -INFINITY ? 0.0f : expf(row[j] - li);
-                        }
-                    }
-                    /* dP = dO V^T, then dS = P (dP - delta) */
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tq, (int)tk, (int)D,
-                                1.0f, dot, (int)D, vt, (int)D, 0.0f, ds, (int)tk);
-                    for (int64_t i = 0; i < tq; i++) {
-                        const float di = delta[x0 + i];
-                        for (int64_t j = 0; j < tk; j++)
-                            ds[i * tk + j] = p[i * tk + j] * (ds[i * tk + j] - di);
-                    }
-                    /* dV += P^T dO ; dK += scale dS^T Q ; dQ += scale dS K */
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)tk, (int)D, (int)tq,
-                                1.0f, p, (int)tk, dot, (int)D, 1.0f, dvt, (int)D);
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)tk, (int)D, (int)tq,
-                                a->scale, ds, (int)tk, qt, (int)D, 1.0f, dkt, (int)D);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)tq, (int)D, (int)tk,
-                                a->scale, ds, (int)tk, kt, (int)D, 1.0f, dq + x0 * H * D,
-                                (int)(H * D));
+                const int64_t tk = min64(TK, nk - y0);
+                /* queries [full, nq) attend every key of the tile */
+                const int64_t any = dt_attn_queries_from(a->mask, a->qseg, dt_attn_pos(a->kseg, y0));
+                const int64_t full =
+                    dt_attn_queries_from(a->mask, a->qseg, dt_attn_pos(a->kseg, y0 + tk - 1));
+                if (any == nq) continue;
+                pack_rows(kt, kb, a->dtype, G * D, y0, tk, D);
+                pack_rows(vt, vb, a->dtype, G * D, y0, tk, D);
+                memset(dkt, 0, (size_t)(2 * TK * D) * sizeof(float));
+                for (int64_t x0 = full; x0 < nq; x0 += TQ)
+                    bwd_tile(&f, x0, min64(TQ, nq - x0), y0, y0, tk, 0);
+                for (int64_t ys = y0; ys < y0 + tk; ys += TS) {
+                    const int64_t ts = min64(TS, y0 + tk - ys);
+                    const int64_t start =
+                        dt_attn_queries_from(a->mask, a->qseg, dt_attn_pos(a->kseg, ys));
+                    for (int64_t x0 = start; x0 < full; x0 += TQ)
+                        bwd_tile(&f, x0, min64(TQ, full - x0), y0, ys, ts, 1);
                 }
-                if (packed_k) {
-                    add_rows(dk + y0 * G * D, G * D, dkt, tk, D);
-                    add_rows(dv + y0 * G * D, G * D, dvt, tk, D);
-                }
+                add_rows(dk + y0 * G * D, G * D, dkt, tk, D);
+                add_rows(dv + y0 * G * D, G * D, dvt, tk, D);
             }
         }
     return DT_SUCCESS;

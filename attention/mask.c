@@ -22,16 +22,9 @@ int dt_attn_segments(dt_order order, int64_t seq, int parts, int rank, dt_attn_s
     return 1;
 }
 
-/* Keys y of k with pos(k, y) <= p: y <= (p - k.start) / k.stride. */
-static int64_t keys_at_or_before(dt_attn_segment k, int64_t p) {
-    if (p < k.start) return 0;
-    int64_t n = (p - k.start) / k.stride + 1;
-    return n < k.len ? n : k.len;
-}
-
 int64_t dt_attn_pairs(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {
     if (mask == DT_ATTN_FULL) return q.len * k.len;
     int64_t n = 0;
-    for (int64_t x = 0; x < q.len; x++) n += keys_at_or_before(k, dt_attn_pos(q, x));
+    for (int64_t x = 0; x < q.len; x++) n += dt_attn_keys_upto(mask, k, dt_attn_pos(q, x));
     return n;
 }

@@ -61,6 +61,25 @@ static inline dt_attn_tile dt_attn_tile_class(dt_attn_mask mask, dt_attn_segment
     return DT_TILE_PARTIAL;
 }
 
+/* Positions grow with the row, so the keys a query may attend are a prefix
+ * of k and the queries that may attend a key a suffix of q. Kernels size
+ * their loops with these instead of visiting empty tiles. */
+
+/* n such that a query at position p may attend keys [0, n) of k. */
+static inline int64_t dt_attn_keys_upto(dt_attn_mask mask, dt_attn_segment k, int64_t p) {
+    if (mask == DT_ATTN_FULL) return k.len;
+    if (p < k.start) return 0;
+    int64_t n = (p - k.start) / k.stride + 1;
+    return n < k.len ? n : k.len;
+}
+
+/* x such that queries [x, q.len) of q may attend a key at position p. */
+static inline int64_t dt_attn_queries_from(dt_attn_mask mask, dt_attn_segment q, int64_t p) {
+    if (mask == DT_ATTN_FULL || p <= q.start) return 0;
+    int64_t x = (p - q.start + q.stride - 1) / q.stride;   /* ceil: first pos >= p */
+    return x < q.len ? x : q.len;
+}
+
 /* Number of (query, key) pairs that may attend between two segments: the
  * work of a block, in closed form per query row. */
 int64_t dt_attn_pairs(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k);

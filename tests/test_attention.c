@@ -150,8 +150,8 @@ static void test_segments_follow_the_orders(void **state) {
             }
 }
 
-/* Tile classes agree with the element-wise rule, and pair counts with a
- * brute-force count; striped blocks follow the paper's masks. */
+/* Tile classes and loop bounds agree with the element-wise rule, and pair
+ * counts with a brute-force count; striped blocks follow the paper's masks. */
 static void test_tile_classes_and_pairs(void **state) {
     (void)state;
     for (int64_t qs = 0; qs < 7; qs++)
@@ -163,6 +163,17 @@ static void test_tile_classes_and_pairs(void **state) {
                     for (int64_t y = 0; y < k.len; y++) pairs += dt_attn_pos(q, x) >= dt_attn_pos(k, y);
                 assert_int_equal(dt_attn_pairs(DT_ATTN_CAUSAL, q, k), pairs);
                 assert_int_equal(dt_attn_pairs(DT_ATTN_FULL, q, k), q.len * k.len);
+                /* The loop bounds kernels use: a prefix of keys per query
+                 * position, a suffix of queries per key position (any p). */
+                for (int64_t pos = -2; pos < 50; pos++) {
+                    int64_t keys = 0, first = q.len;
+                    for (int64_t y = 0; y < k.len; y++) keys += dt_attn_pos(k, y) <= pos;
+                    for (int64_t x = q.len - 1; x >= 0 && dt_attn_pos(q, x) >= pos; x--) first = x;
+                    assert_int_equal(dt_attn_keys_upto(DT_ATTN_CAUSAL, k, pos), keys);
+                    assert_int_equal(dt_attn_queries_from(DT_ATTN_CAUSAL, q, pos), first);
+                    assert_int_equal(dt_attn_keys_upto(DT_ATTN_FULL, k, pos), k.len);
+                    assert_int_equal(dt_attn_queries_from(DT_ATTN_FULL, q, pos), 0);
+                }
                 for (int64_t x0 = 0; x0 < q.len; x0 += 3)
                     for (int64_t y0 = 0; y0 < k.len; y0 += 4) {
                         int64_t x1 = x0 + 3 < q.len ? x0 + 3 : q.len, y1 = y0 + 4 < k.len ? y0 + 4 : k.len;
