@@ -331,7 +331,7 @@ else
 tests: $(TESTS)
 # run_tests.sh runs every DIR/test_*: first drop binaries whose source is gone.
 STALE_TESTS = $(filter-out $(TESTS),$(wildcard $(BUILD)/tests/test_*))
-test: $(TESTS) $(EXAMPLES)
+test: $(TESTS) $(EXAMPLES) $(BENCHES)
 	@mkdir -p $(BUILD)/tests
 	$(if $(STALE_TESTS),rm -f $(STALE_TESTS))
 	MPIRUN='$(MPIRUN)' bash tests/run_tests.sh $(BUILD)/tests
@@ -342,7 +342,7 @@ test: $(TESTS) $(EXAMPLES)
 # Use a CPU-only build (make CUDA=0 MPI=0 valgrind): the CUDA runtime's and
 # Open MPI's dlopen paths trip valgrind false positives inside glibc.
 VALGRIND_CMD = valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect
-valgrind: $(TESTS) $(EXAMPLES)
+valgrind: $(TESTS) $(EXAMPLES) $(BENCHES)
 	DT_TEST_QUICK=1 DT_TEST_TIMEOUT=3600 DT_TEST_WRAPPER='$(VALGRIND_CMD)' \
 	    MPIRUN='$(MPIRUN)' bash tests/run_tests.sh $(BUILD)/tests
 endif

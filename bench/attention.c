@@ -1,31 +1,46 @@
 /* bench/attention.c — attention benchmarks for docs/PERFORMANCE.md.
  *
+ * Every section runs for each selected pass (--pass fwd,bwd, default both):
+ *   fwd  times dt_attention_forward;
+ *   bwd  times dt_attention_backward alone: each rank runs the forward once,
+ *        before the warmup and outside every timed region, and the timed calls
+ *        reuse its o and lse with a random dout.
+ * Flops: the forward counts 4*B*H*S*S*D (QK^T and PV), the backward 2.5x that
+ * (10*B*H*S*S*D: QK^T recomputed, dV, dP, dQ, dK, the convention of
+ * FlashAttention's benchmarks), both halved for causal.
+ *
  * Three sections, all through the public API (dtensor/dtensor.h,
  * attention/attention.h):
- *   (a) block kernel throughput: one single-device dt_attention_forward
- *       (local tensors, mesh NULL) per shape, dtype and mask; TFLOPS counts
- *       4*B*H*S*S*D flops, halved for causal. On the CPU backend the issue's
- *       shapes (B=1, H=16, S=4096 and 16384, D=128; B=1, H=32, S=8192, D=64)
- *       would take minutes, so scaled-down shapes run instead and the table
- *       says so; --shapes full forces the issue's shapes.
+ *   (a) block kernel throughput: one single-device call (local tensors, mesh
+ *       NULL) per shape, dtype, mask and pass; TFLOPS = flops / median time.
+ *       On the CPU backend the issue's shapes (B=1, H=16, S=4096 and 16384,
+ *       D=128; B=1, H=32, S=8192, D=64) would take minutes, so scaled-down
+ *       shapes run instead and the table says so; --shapes full forces the
+ *       issue's shapes.
  *   (b) ring balance: for P = 2, 4, 8 ranks and C tokens per rank, the causal
- *       distributed forward with contiguous, striped and zigzag sharding.
- *       MEASURED per order: the wall time of the whole forward (slowest rank,
- *       starts aligned by a barrier) and, on the CPU backend, each rank's
- *       thread CPU time of its forward call; the largest of those is the
+ *       distributed call with contiguous, striped and zigzag sharding, one
+ *       table per pass. MEASURED per order: the wall time of the whole call
+ *       (slowest rank, starts aligned by a barrier) and, on the CPU backend,
+ *       each rank's thread CPU time of its call; the largest of those is the
  *       critical path the ring would have if every rank had its own core
  *       (for these three orders one rank is the busiest on every step).
  *       COMPUTED from the mask rule (dt_attn_pairs): the critical path in
  *       query-key pairs, sum over steps of the busiest rank, and its ratio.
+ *       The backward visits the same (query block, key block) pairs with the
+ *       same masks on the same steps, so its computed critical path is the
+ *       same pair count: the text output prints the pairs columns once, in
+ *       the first pass's table (the JSON repeats them on every row).
  *       Per-(rank, step) block times are not measurable through the public
  *       API (no hook inside the ring loop).
- *   (c) ring cost: the distributed forward's work summed over ranks (thread
- *       CPU time on the CPU backend) against one single-device causal call on
- *       the whole sequence.
+ *   (c) ring cost: the distributed call's work summed over ranks (thread CPU
+ *       time on the CPU backend) against one single-device causal call of the
+ *       same pass on the whole sequence.
  * Timing: CLOCK_MONOTONIC (and CLOCK_THREAD_CPUTIME_ID), one warmup, then
  * --iters iterations; the median is reported. Each timed call ends with a
- * read-back of its lse (wait_done), the only public way to wait for a
- * device.
+ * read-back of a one-element tensor of the rank (wait_done): the public API
+ * has no device synchronise, and on CUDA every call of a rank is enqueued on
+ * its one compute stream in call order, so the read-back returns only when
+ * the call's work is done. On the CPU it is a 4-byte memcpy.
  *
  * Ranks are threads of this process (dt_launch). On a machine with fewer
  * cores than ranks they contend for the cores, and the output says so.
@@ -37,6 +52,7 @@
  *
  * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
+ *      [--pass fwd,bwd]
  */
 #include <errno.h>
 #include <math.h>
@@ -53,6 +69,19 @@
 #define MAX_ITERS 100
 #define MAX_P 8
 
+/* ------------------------------------------------------------------- passes */
+
+typedef enum bench_pass { PASS_FWD, PASS_BWD, PASS_COUNT } bench_pass;
+
+static const char *pass_name(bench_pass p) {
+    return p == PASS_FWD ? "fwd" : p == PASS_BWD ? "bwd" : "unknown";
+}
+
+/* The call a pass times, for messages and table titles. */
+static const char *pass_call(bench_pass p) {
+    return p == PASS_FWD ? "dt_attention_forward" : "dt_attention_backward";
+}
+
 /* ------------------------------------------------------------------ options */
 
 typedef struct bench_opts {
@@ -60,6 +89,7 @@ typedef struct bench_opts {
     int json, quick, iters, tokens_per_rank;
     int shapes;                /* 0 auto, 1 scaled, 2 full */
     int sections[3];           /* a, b, c */
+    int passes[PASS_COUNT];    /* fwd, bwd */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
@@ -105,26 +135,90 @@ static dt_status noop_rank(dt_context *ctx, void *arg) {
     return DT_SUCCESS;
 }
 
-/* A buffer of backend memory for the attention workspace: a local fp32
- * tensor is the public way to get one. */
-static dt_status make_workspace(dt_context *ctx, size_t bytes, dt_tensor **t) {
+/* --------------------------------------------- one rank's timed attention call */
+
+/* Everything one rank needs to time one pass, made once before the warmup:
+ * inputs, one workspace large enough for the forward and (bwd) the backward,
+ * and for bwd the forward's o and lse and a random dout. Each timed call's
+ * results land in out[] and are destroyed after the clock stops. */
+typedef struct attn_call {
+    bench_pass pass;
+    dt_tensor *q, *k, *v, *ws, *done;
+    dt_tensor *o, *lse, *dout;   /* bwd only */
+    dt_tensor *out[3];           /* fwd: o, lse; bwd: dq, dk, dv */
+    dt_attention_options opts;
+} attn_call;
+
+static void call_release(attn_call *c) {
+    for (int i = 0; i < 3; i++) {
+        dt_tensor_destroy(c->out[i]);
+        c->out[i] = NULL;
+    }
+}
+
+static void call_destroy(attn_call *c) {
+    call_release(c);
+    dt_tensor *all[] = {c->dout, c->lse, c->o, c->done, c->ws, c->v, c->k, c->q};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_destroy(all[i]);
+    memset(c, 0, sizeof *c);
+}
+
+/* q, k, v (and dout) of global shape [B, S, H, D] under `lay` on `mesh`, or
+ * local tensors when mesh is NULL. On failure the caller still calls
+ * call_destroy. */
+static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layout *lay,
+                             dt_dtype dtype, const int64_t shp[4], dt_attn_mask mask,
+                             bench_pass pass, attn_call *c) {
+    const dt_attention_options init = DT_ATTENTION_OPTIONS_INIT;
+    memset(c, 0, sizeof *c);
+    c->pass = pass;
+    c->opts = init;
+    c->opts.mask = mask;
+    DT_TRY(dt_tensor_create(ctx, mesh, dtype, 4, shp, lay, &c->q));
+    DT_TRY(dt_tensor_create(ctx, mesh, dtype, 4, shp, lay, &c->k));
+    DT_TRY(dt_tensor_create(ctx, mesh, dtype, 4, shp, lay, &c->v));
+    DT_TRY(dt_tensor_fill_random(c->q, 1));
+    DT_TRY(dt_tensor_fill_random(c->k, 2));
+    DT_TRY(dt_tensor_fill_random(c->v, 3));
+    size_t bytes = 0, bwd_bytes = 0;
+    DT_TRY(dt_attention_workspace_size(c->q, c->k, c->v, &c->opts, &bytes));
+    if (pass == PASS_BWD) {
+        DT_TRY(dt_attention_backward_workspace_size(c->q, c->k, c->v, &c->opts, &bwd_bytes));
+        if (bwd_bytes > bytes) bytes = bwd_bytes;
+    }
+    /* Backend memory for the workspace: a local fp32 tensor is the public
+     * way to get some. */
     int64_t n = (int64_t)((bytes + 3) / 4);
-    return dt_tensor_create(ctx, NULL, DT_F32, 1, &n, NULL, t);
+    DT_TRY(dt_tensor_create(ctx, NULL, DT_F32, 1, &n, NULL, &c->ws));
+    c->opts.workspace = dt_tensor_data(c->ws);
+    c->opts.workspace_bytes = dt_tensor_local_bytes(c->ws);
+    int64_t one = 1;
+    DT_TRY(dt_tensor_create(ctx, NULL, DT_F32, 1, &one, NULL, &c->done));
+    if (pass == PASS_BWD) {
+        DT_TRY(dt_tensor_create(ctx, mesh, dtype, 4, shp, lay, &c->dout));
+        DT_TRY(dt_tensor_fill_random(c->dout, 4));
+        DT_TRY(dt_attention_forward(c->q, c->k, c->v, &c->opts, &c->o, &c->lse));
+    }
+    return DT_SUCCESS;
 }
 
 /* The public API has no device synchronise: on CUDA a call may return
- * before its kernels finish. Reading the small lse back waits for all the
- * rank's work before it (stream order); on the CPU it is a short memcpy.
- * The host buffer is allocated on the first (warmup) call only. */
-static dt_status wait_done(const dt_tensor *lse, void **host, size_t *bytes) {
-    size_t n = dt_tensor_local_bytes(lse);
-    if (n > *bytes) {
-        free(*host);
-        *host = malloc(n);
-        *bytes = *host ? n : 0;
-        if (!*host) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of memory");
-    }
-    return dt_tensor_get_local(lse, *host, n);
+ * before its kernels finish. A download is enqueued behind all the rank's
+ * earlier work (backend.h: one compute stream, call order) and returns when
+ * it is done, so reading back one float waits for the timed call. */
+static dt_status wait_done(const attn_call *c) {
+    float x;
+    return dt_tensor_get_local(c->done, &x, sizeof x);
+}
+
+/* The timed part: the pass's call, then the wait. */
+static dt_status call_run(attn_call *c) {
+    if (c->pass == PASS_FWD)
+        DT_TRY(dt_attention_forward(c->q, c->k, c->v, &c->opts, &c->out[0], &c->out[1]));
+    else
+        DT_TRY(dt_attention_backward(c->q, c->k, c->v, c->o, c->lse, c->dout, &c->opts,
+                                     &c->out[0], &c->out[1], &c->out[2]));
+    return wait_done(c);
 }
 
 /* ------------------------------------------------------- (a) kernel throughput */
@@ -138,13 +232,16 @@ typedef struct kernel_case {
     int scaled;
     dt_dtype dtype;
     dt_attn_mask mask;
+    bench_pass pass;
     int iters;
     double t[MAX_ITERS];
     double median_s, tflops;
 } kernel_case;
 
-static double attn_flops(shape s, dt_attn_mask mask) {
+/* Forward 4*B*H*S*S*D, backward 2.5x; halved for causal (see the top). */
+static double attn_flops(shape s, dt_attn_mask mask, bench_pass pass) {
     double f = 4.0 * (double)s.B * (double)s.H * (double)s.S * (double)s.S * (double)s.D;
+    if (pass == PASS_BWD) f *= 2.5;
     return mask == DT_ATTN_CAUSAL ? f / 2 : f;
 }
 
@@ -153,41 +250,18 @@ static dt_status rank_kernel(dt_context *ctx, void *arg) {
     kernel_case *k = arg;
     if (dt_context_rank(ctx) != 0) return DT_SUCCESS;
     int64_t shp[4] = {k->s.B, k->s.S, k->s.H, k->s.D};
-    dt_tensor *q = NULL, *kk = NULL, *v = NULL, *ws = NULL, *o = NULL, *lse = NULL;
-    void *host = NULL;
-    size_t host_bytes = 0;
+    attn_call c;
     dt_status st;
-    dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
-    opts.mask = k->mask;
-    size_t bytes = 0;
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, k->dtype, 4, shp, NULL, &q), out);
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, k->dtype, 4, shp, NULL, &kk), out);
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, k->dtype, 4, shp, NULL, &v), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(q, 1), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(kk, 2), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(v, 3), out);
-    DT_TRY_GOTO(st, dt_attention_workspace_size(q, kk, v, &opts, &bytes), out);
-    DT_TRY_GOTO(st, make_workspace(ctx, bytes, &ws), out);
-    opts.workspace = dt_tensor_data(ws);
-    opts.workspace_bytes = dt_tensor_local_bytes(ws);
+    DT_TRY_GOTO(st, call_create(ctx, NULL, NULL, k->dtype, shp, k->mask, k->pass, &c), out);
     for (int i = -1; i < k->iters; i++) {  /* i = -1: warmup */
         double t0 = mono_s();
-        DT_TRY_GOTO(st, dt_attention_forward(q, kk, v, &opts, &o, &lse), out);
-        DT_TRY_GOTO(st, wait_done(lse, &host, &host_bytes), out);
+        DT_TRY_GOTO(st, call_run(&c), out);
         double t1 = mono_s();
         if (i >= 0) k->t[i] = t1 - t0;
-        dt_tensor_destroy(o);
-        dt_tensor_destroy(lse);
-        o = lse = NULL;
+        call_release(&c);
     }
 out:
-    free(host);
-    dt_tensor_destroy(o);
-    dt_tensor_destroy(lse);
-    dt_tensor_destroy(ws);
-    dt_tensor_destroy(v);
-    dt_tensor_destroy(kk);
-    dt_tensor_destroy(q);
+    call_destroy(&c);
     return st;
 }
 
@@ -200,6 +274,7 @@ typedef struct ring_case {
     int64_t B, H, D, C;        /* S = P * C */
     dt_order order;
     dt_dtype dtype;
+    bench_pass pass;
     int iters;
     double wall[MAX_ITERS][MAX_P], cpu[MAX_ITERS][MAX_P];
     /* results */
@@ -210,50 +285,28 @@ typedef struct ring_case {
 static dt_status rank_ring(dt_context *ctx, void *arg) {
     ring_case *r = arg;
     const int rank = dt_context_rank(ctx);
-    const int64_t S = r->P * r->C;
     dt_mesh *mesh = NULL;
-    dt_tensor *q = NULL, *k = NULL, *v = NULL, *ws = NULL, *o = NULL, *lse = NULL;
-    void *host = NULL;
-    size_t host_bytes = 0;
+    attn_call c;
+    memset(&c, 0, sizeof c);
     dt_status st;
     int sizes[1] = {r->P};
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, sizes, NULL, &mesh), out);
     dt_layout lay = dt_layout_1d(dt_shard(1, r->order));
-    int64_t shp[4] = {r->B, S, r->H, r->D};
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, r->dtype, 4, shp, &lay, &q), out);
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, r->dtype, 4, shp, &lay, &k), out);
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, r->dtype, 4, shp, &lay, &v), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(q, 1), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(k, 2), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(v, 3), out);
-    dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
-    size_t bytes = 0;
-    DT_TRY_GOTO(st, dt_attention_workspace_size(q, k, v, &opts, &bytes), out);
-    DT_TRY_GOTO(st, make_workspace(ctx, bytes, &ws), out);
-    opts.workspace = dt_tensor_data(ws);
-    opts.workspace_bytes = dt_tensor_local_bytes(ws);
+    int64_t shp[4] = {r->B, r->P * r->C, r->H, r->D};
+    DT_TRY_GOTO(st, call_create(ctx, mesh, &lay, r->dtype, shp, DT_ATTN_CAUSAL, r->pass, &c), out);
     for (int i = -1; i < r->iters; i++) {
         DT_TRY_GOTO(st, dt_comm_barrier(dt_context_comm(ctx)), out);
         double w0 = mono_s(), c0 = cpu_s();
-        DT_TRY_GOTO(st, dt_attention_forward(q, k, v, &opts, &o, &lse), out);
-        DT_TRY_GOTO(st, wait_done(lse, &host, &host_bytes), out);
+        DT_TRY_GOTO(st, call_run(&c), out);
         double w1 = mono_s(), c1 = cpu_s();
         if (i >= 0) {
             r->wall[i][rank] = w1 - w0;
             r->cpu[i][rank] = c1 - c0;
         }
-        dt_tensor_destroy(o);
-        dt_tensor_destroy(lse);
-        o = lse = NULL;
+        call_release(&c);
     }
 out:
-    free(host);
-    dt_tensor_destroy(o);
-    dt_tensor_destroy(lse);
-    dt_tensor_destroy(ws);
-    dt_tensor_destroy(v);
-    dt_tensor_destroy(k);
-    dt_tensor_destroy(q);
+    call_destroy(&c);
     dt_mesh_destroy(mesh);
     return st;
 }
@@ -332,6 +385,8 @@ static void usage(FILE *f) {
             "  --shapes W           (a): auto (the issue's shapes on a GPU, scaled-down on the CPU),\n"
             "                       scaled, or full (the issue's shapes anywhere)\n"
             "  --section LIST       which sections to run, e.g. a,b (default a,b,c)\n"
+            "  --pass LIST          which passes each section times: fwd (dt_attention_forward),\n"
+            "                       bwd (dt_attention_backward alone), or fwd,bwd (default)\n"
             "  --help\n");
 }
 
@@ -344,6 +399,36 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) 
         return 0;
     }
     *out = (int)x;
+    return 1;
+}
+
+/* "fwd", "bwd", "fwd,bwd" or "bwd,fwd": each name once, nothing else. */
+static int parse_passes(const char *v, int passes[PASS_COUNT]) {
+    int seen[PASS_COUNT] = {0};
+    const char *p = v;
+    while (p && *p) {
+        size_t n = strcspn(p, ",");
+        int hit = -1;
+        for (int k = 0; k < PASS_COUNT; k++)
+            if (n == strlen(pass_name((bench_pass)k)) && !strncmp(p, pass_name((bench_pass)k), n))
+                hit = k;
+        if (hit < 0 || seen[hit]) {
+            p = NULL;
+            break;
+        }
+        seen[hit] = 1;
+        p += n;
+        if (*p == ',') {
+            p++;
+            if (!*p) p = NULL;   /* trailing comma */
+        }
+    }
+    if (!p || !v || !*v) {
+        fprintf(stderr, "bench/attention: --pass takes fwd, bwd or fwd,bwd; got '%s'\n",
+                v ? v : "(nothing)");
+        return 0;
+    }
+    for (int k = 0; k < PASS_COUNT; k++) passes[k] = seen[k];
     return 1;
 }
 
@@ -393,6 +478,13 @@ static int parse(int argc, char **argv, bench_opts *o) {
                 return 2;
             }
             for (int s = 0; s < 3; s++) o->sections[s] = strchr(v, 'a' + s) != NULL;
+            if (!o->sections[0] && !o->sections[1] && !o->sections[2]) {
+                fprintf(stderr, "bench/attention: --section names no section (a, b, c)\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--pass")) {
+            if (!parse_passes(v, o->passes)) return 2;
             i++;
         } else {
             fprintf(stderr, "bench/attention: unknown flag '%s' (--help lists them)\n", a);
@@ -402,11 +494,16 @@ static int parse(int argc, char **argv, bench_opts *o) {
     return -1;
 }
 
+
 int main(int argc, char **argv) {
-    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}};
+    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
     if (o.iters == 0) o.iters = o.quick ? 2 : 5;
+    bench_pass passes[PASS_COUNT];   /* the selected ones, in order */
+    int npass = 0;
+    for (int k = 0; k < PASS_COUNT; k++)
+        if (o.passes[k]) passes[npass++] = (bench_pass)k;
 
     /* A launch first: it names the backend and fails early if it is not
      * available here. */
@@ -415,29 +512,46 @@ int main(int argc, char **argv) {
     const int gpu = g_backend_used == DT_BACKEND_CUDA;
     const char *be = dt_backend_kind_name(g_backend_used);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    char model[256], date[32];
+    char model[256], date[32], pass_list[32] = "", pass_json[32] = "";
     cpu_model(model, sizeof model);
     time_t now = time(NULL);
     struct tm tmv;
     gmtime_r(&now, &tmv);
     strftime(date, sizeof date, "%Y-%m-%d", &tmv);
+    for (int q = 0; q < npass; q++) {
+        size_t n = strlen(pass_list), m = strlen(pass_json);
+        snprintf(pass_list + n, sizeof pass_list - n, "%s%s", q ? "," : "", pass_name(passes[q]));
+        snprintf(pass_json + m, sizeof pass_json - m, "%s\"%s\"", q ? ", " : "",
+                 pass_name(passes[q]));
+    }
     FILE *out = stdout;
 
     if (o.json)
         fprintf(out, "{\n  \"bench\": \"attention\", \"date\": \"%s\", \"backend\": \"%s\", "
-                     "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s,\n",
-                date, be, cores, model, o.iters, o.quick ? "true" : "false");
+                     "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s, "
+                     "\"passes\": [%s],\n",
+                date, be, cores, model, o.iters, o.quick ? "true" : "false", pass_json);
     if (o.json)
         fprintf(out, "  \"notes\": [\"ranks are threads of one process; with fewer cores than "
                      "ranks they contend for the cores\", \"OpenBLAS runs one thread per call\", "
-                     "\"cpu_max_ms and cpu_sum_ms are per-rank thread CPU times of the forward "
+                     "\"pass fwd times dt_attention_forward; pass bwd times "
+                     "dt_attention_backward alone, its forward run once per rank outside the "
+                     "timed region\", \"tflops counts 4*B*H*S*S*D flops for fwd and 2.5x that "
+                     "for bwd, halved for causal\", "
+                     "\"cpu_max_ms and cpu_sum_ms are per-rank thread CPU times of the timed "
                      "call\", \"critical_pairs and total_pairs are computed from dt_attn_pairs, "
-                     "not measured\"],\n");
-    else
+                     "not measured, and are the same for fwd and bwd\"],\n");
+    else {
         fprintf(out, "bench/attention  %s  backend %s  %ld cores (%s)\n"
                      "timing: CLOCK_MONOTONIC, 1 warmup + %d iterations, median; OpenBLAS 1 thread "
-                     "per call\n",
-                date, be, cores, model, o.iters);
+                     "per call\n"
+                     "passes: %s\n",
+                date, be, cores, model, o.iters, pass_list);
+        if (o.passes[PASS_FWD]) fprintf(out, "  fwd: dt_attention_forward\n");
+        if (o.passes[PASS_BWD])
+            fprintf(out, "  bwd: dt_attention_backward alone; its forward runs once per rank "
+                         "before the warmup, untimed\n");
+    }
 
     /* ---------------------------------------------------------------- (a) */
     if (o.sections[0]) {
@@ -452,57 +566,66 @@ int main(int argc, char **argv) {
         static const dt_attn_mask masks[2] = {DT_ATTN_CAUSAL, DT_ATTN_FULL};
         if (o.json) fprintf(out, "  \"kernel\": [\n");
         else {
-            fprintf(out, "\n(a) attention kernel throughput: one single-device dt_attention_forward "
-                         "(mesh NULL), H_kv = H\n"
-                         "    MEASURED: median wall time per call; TFLOPS = 4*B*H*S*S*D (halved "
-                         "for causal) / time\n");
+            fprintf(out, "\n(a) attention kernel throughput: one single-device call per shape, "
+                         "dtype, mask and pass\n"
+                         "    (mesh NULL), H_kv = H; pass fwd: dt_attention_forward, bwd: "
+                         "dt_attention_backward\n"
+                         "    MEASURED: median wall time per call; TFLOPS = flops / time, flops "
+                         "= 4*B*H*S*S*D for fwd,\n"
+                         "      2.5x that (10*B*H*S*S*D) for bwd, halved for causal\n");
             if (scaled)
                 fprintf(out, "    NOTE: %s shapes, not the issue's (B=1,H=16,S=4096|16384,D=128; "
                              "B=1,H=32,S=8192,D=64):\n    on the %s backend those are too slow for a "
                              "routine run; --shapes full runs them\n",
                         o.quick ? "--quick" : "scaled-down", be);
-            fprintf(out, "\n    %-22s %-22s %-5s %-7s %10s %9s\n", "shape (B,H,S,D)",
-                    "stands for", "dtype", "mask", "ms", "TFLOPS");
+            fprintf(out, "\n    %-22s %-22s %-4s %-5s %-7s %10s %9s\n", "shape (B,H,S,D)",
+                    "stands for", "pass", "dtype", "mask", "ms", "TFLOPS");
         }
         int first = 1;
-        for (int s = 0; s < nshapes; s++)
-            for (int m = 0; m < 2; m++)
-                for (int d = 0; d < 2; d++) {
-                    kernel_case *k = calloc(1, sizeof *k);
-                    if (!k) die("calloc", DT_ERR_OUT_OF_MEMORY);
-                    k->s = shapes[s];
-                    k->from = o.quick ? shapes[s] : issue[s];
-                    k->scaled = scaled;
-                    k->dtype = dtypes[d];
-                    k->mask = masks[m];
-                    k->iters = o.iters;
-                    st = launch(2, rank_kernel, k, &o);
-                    if (st != DT_SUCCESS) die("(a) dt_attention_forward", st);
-                    k->median_s = median(k->t, k->iters);
-                    k->tflops = attn_flops(k->s, k->mask) / k->median_s / 1e12;
-                    char sh[64], fr[64];
-                    snprintf(sh, sizeof sh, "%lld,%lld,%lld,%lld", (long long)k->s.B,
-                             (long long)k->s.H, (long long)k->s.S, (long long)k->s.D);
-                    snprintf(fr, sizeof fr, "%lld,%lld,%lld,%lld", (long long)k->from.B,
-                             (long long)k->from.H, (long long)k->from.S, (long long)k->from.D);
-                    if (o.json)
-                        fprintf(out, "%s    {\"B\": %lld, \"H\": %lld, \"S\": %lld, \"D\": %lld, "
-                                     "\"stands_for\": [%s], \"scaled\": %s, \"dtype\": \"%s\", "
-                                     "\"causal\": %s, \"median_ms\": %.4f, \"tflops\": %.6f}",
-                                first ? "" : ",\n", (long long)k->s.B, (long long)k->s.H,
-                                (long long)k->s.S, (long long)k->s.D, fr,
-                                k->scaled ? "true" : "false", dt_dtype_name(k->dtype),
-                                k->mask == DT_ATTN_CAUSAL ? "true" : "false", 1e3 * k->median_s,
-                                k->tflops);
-                    else
-                        fprintf(out, "    %-22s %-22s %-5s %-7s %10.2f %9.4f\n", sh,
-                                k->scaled ? fr : "(itself)", dt_dtype_name(k->dtype),
-                                k->mask == DT_ATTN_CAUSAL ? "causal" : "none", 1e3 * k->median_s,
-                                k->tflops);
-                    fflush(out);
-                    first = 0;
-                    free(k);
-                }
+        for (int q = 0; q < npass; q++)
+            for (int s = 0; s < nshapes; s++)
+                for (int m = 0; m < 2; m++)
+                    for (int d = 0; d < 2; d++) {
+                        kernel_case *k = calloc(1, sizeof *k);
+                        if (!k) die("calloc", DT_ERR_OUT_OF_MEMORY);
+                        k->s = shapes[s];
+                        k->from = o.quick ? shapes[s] : issue[s];
+                        k->scaled = scaled;
+                        k->dtype = dtypes[d];
+                        k->mask = masks[m];
+                        k->pass = passes[q];
+                        k->iters = o.iters;
+                        st = launch(2, rank_kernel, k, &o);
+                        if (st != DT_SUCCESS) die(pass_call(k->pass), st);
+                        k->median_s = median(k->t, k->iters);
+                        k->tflops = attn_flops(k->s, k->mask, k->pass) / k->median_s / 1e12;
+                        char sh[64], fr[64];
+                        snprintf(sh, sizeof sh, "%lld,%lld,%lld,%lld", (long long)k->s.B,
+                                 (long long)k->s.H, (long long)k->s.S, (long long)k->s.D);
+                        snprintf(fr, sizeof fr, "%lld,%lld,%lld,%lld", (long long)k->from.B,
+                                 (long long)k->from.H, (long long)k->from.S,
+                                 (long long)k->from.D);
+                        if (o.json)
+                            fprintf(out, "%s    {\"pass\": \"%s\", \"B\": %lld, \"H\": %lld, "
+                                         "\"S\": %lld, \"D\": %lld, \"stands_for\": [%s], "
+                                         "\"scaled\": %s, \"dtype\": \"%s\", \"causal\": %s, "
+                                         "\"median_ms\": %.4f, \"tflops\": %.6f}",
+                                    first ? "" : ",\n", pass_name(k->pass), (long long)k->s.B,
+                                    (long long)k->s.H, (long long)k->s.S, (long long)k->s.D, fr,
+                                    k->scaled ? "true" : "false", dt_dtype_name(k->dtype),
+                                    k->mask == DT_ATTN_CAUSAL ? "true" : "false",
+                                    1e3 * k->median_s, k->tflops);
+                        else
+                            fprintf(out, "%s    %-22s %-22s %-4s %-5s %-7s %10.2f %9.4f\n",
+                                    q > 0 && s == 0 && m == 0 && d == 0 ? "\n" : "", sh,
+                                    k->scaled ? fr : "(itself)", pass_name(k->pass),
+                                    dt_dtype_name(k->dtype),
+                                    k->mask == DT_ATTN_CAUSAL ? "causal" : "none",
+                                    1e3 * k->median_s, k->tflops);
+                        fflush(out);
+                        first = 0;
+                        free(k);
+                    }
         if (o.json) fprintf(out, "\n  ],\n");
     }
 
@@ -511,35 +634,41 @@ int main(int argc, char **argv) {
     const int C = o.tokens_per_rank ? o.tokens_per_rank : o.quick ? 64 : gpu ? 4096 : 512;
     const int64_t RB = 1, RH = o.quick ? 2 : gpu ? 16 : 4, RD = o.quick ? 64 : 128;
     const dt_dtype rdt = gpu ? DT_BF16 : DT_F32;
-    ring_case *rings[3][3] = {{NULL}};
+    ring_case *rings[PASS_COUNT][3][3] = {{{NULL}}};
     if (o.sections[1] || o.sections[2]) {
-        for (int p = 0; p < 3; p++)
-            for (int r = 0; r < 3; r++) {
-                ring_case *c = calloc(1, sizeof *c);
-                if (!c) die("calloc", DT_ERR_OUT_OF_MEMORY);
-                *c = (ring_case){.P = Ps[p], .B = RB, .H = RH, .D = RD, .C = C, .order = orders[r],
-                                 .dtype = rdt, .iters = o.iters};
-                st = launch(Ps[p], rank_ring, c, &o);
-                if (st != DT_SUCCESS) die("(b) distributed dt_attention_forward", st);
-                ring_summarise(c);
-                rings[p][r] = c;
-            }
+        for (int q = 0; q < npass; q++)
+            for (int p = 0; p < 3; p++)
+                for (int r = 0; r < 3; r++) {
+                    ring_case *c = calloc(1, sizeof *c);
+                    if (!c) die("calloc", DT_ERR_OUT_OF_MEMORY);
+                    *c = (ring_case){.P = Ps[p], .B = RB, .H = RH, .D = RD, .C = C,
+                                     .order = orders[r], .dtype = rdt, .pass = passes[q],
+                                     .iters = o.iters};
+                    st = launch(Ps[p], rank_ring, c, &o);
+                    if (st != DT_SUCCESS) die(pass_call(c->pass), st);
+                    ring_summarise(c);
+                    rings[q][p][r] = c;
+                }
     }
     if (o.sections[1]) {
         if (o.json) fprintf(out, "  \"ring\": [\n");
         else {
-            fprintf(out, "\n(b) ring balance: causal distributed forward, B=%lld H=%lld D=%lld %s, "
-                         "C = %d tokens per rank, S = P*C\n",
+            fprintf(out, "\n(b) ring balance: causal distributed attention, B=%lld H=%lld D=%lld %s, "
+                         "C = %d tokens per rank, S = P*C;\n"
+                         "    one table per pass\n",
                     (long long)RB, (long long)RH, (long long)RD, dt_dtype_name(rdt), C);
-            fprintf(out, "    MEASURED wall: slowest rank's wall time of the forward (starts "
+            fprintf(out, "    MEASURED wall: slowest rank's wall time of the call (starts "
                          "aligned by a barrier)\n"
                          "    MEASURED cpu-max: the largest per-rank thread CPU time of its "
-                         "forward = the ring's critical\n"
+                         "call = the ring's critical\n"
                          "      path if every rank had its own core%s\n"
                          "    COMPUTED pairs: critical path in causal query-key pairs per "
                          "(batch, head) from dt_attn_pairs,\n"
                          "      sum over steps of the busiest rank (the kernel works in tiles, "
-                         "so it computes a little more)\n"
+                         "so it computes a little more).\n"
+                         "      The same for fwd and bwd (the backward visits the same blocks "
+                         "with the same masks on the\n"
+                         "      same steps): printed once, in the first table.\n"
                          "    Per-(rank, step) block times are not measurable through the "
                          "public API: the ring loop has no hook.\n",
                     gpu ? " (not meaningful on a GPU: kernels run asynchronously)" : "");
@@ -548,81 +677,110 @@ int main(int argc, char **argv) {
                              "the ranks contend for them and\n      wall time tracks total work, "
                              "not the critical path; cpu-max is the balance measure there.\n",
                         cores, cores);
-            fprintf(out, "\n    %-3s %-10s %9s %9s %12s | %9s %9s %9s | %7s\n", "P", "order",
-                    "wall ms", "cpu-max", "pairs", "wall", "cpu-max", "pairs", "theory");
-            fprintf(out, "    %-3s %-10s %9s %9s %12s | %29s | %7s\n", "", "", "", "ms", "(crit)",
-                    "ratio contiguous / this order", "2(1-1/2P)");
         }
         int first = 1;
-        for (int p = 0; p < 3; p++)
-            for (int r = 0; r < 3; r++) {
-                const ring_case *c = rings[p][r], *c0 = rings[p][0];
-                double theory = 2.0 * (1.0 - 1.0 / (2.0 * c->P));
-                double rw = c0->wall_s / c->wall_s, rcpu = c0->cpu_max_s / c->cpu_max_s;
-                double rp = (double)c0->crit_pairs / (double)c->crit_pairs;
-                if (o.json)
-                    fprintf(out, "%s    {\"P\": %d, \"order\": \"%s\", \"C\": %d, \"B\": %lld, "
-                                 "\"H\": %lld, \"D\": %lld, \"dtype\": \"%s\", "
-                                 "\"wall_ms\": %.4f, \"cpu_max_ms\": %.4f, \"cpu_sum_ms\": %.4f, "
-                                 "\"critical_pairs\": %lld, \"total_pairs\": %lld, "
-                                 "\"ratio_wall\": %.4f, \"ratio_cpu_max\": %.4f, "
-                                 "\"ratio_pairs\": %.4f, \"theory\": %.4f}",
-                            first ? "" : ",\n", c->P, dt_order_name(c->order), C, (long long)RB,
-                            (long long)RH, (long long)RD, dt_dtype_name(rdt), 1e3 * c->wall_s,
-                            1e3 * c->cpu_max_s, 1e3 * c->cpu_sum_s, (long long)c->crit_pairs,
-                            (long long)c->total_pairs, rw, rcpu, rp, theory);
-                else
-                    fprintf(out, "    %-3d %-10s %9.2f %9.2f %12lld | %9.3f %9.3f %9.3f | %7.3f\n",
-                            c->P, dt_order_name(c->order), 1e3 * c->wall_s, 1e3 * c->cpu_max_s,
-                            (long long)c->crit_pairs, rw, rcpu, rp, theory);
-                first = 0;
+        for (int q = 0; q < npass; q++) {
+            const int with_pairs = q == 0;
+            if (!o.json) {
+                fprintf(out, "\n    pass %s: %s%s\n", pass_name(passes[q]), pass_call(passes[q]),
+                        passes[q] == PASS_BWD ? " (its forward run once per rank, untimed)" : "");
+                if (with_pairs) {
+                    fprintf(out, "    %-3s %-10s %9s %9s %12s | %9s %9s %9s | %7s\n", "P", "order",
+                            "wall ms", "cpu-max", "pairs", "wall", "cpu-max", "pairs", "theory");
+                    fprintf(out, "    %-3s %-10s %9s %9s %12s | %29s | %7s\n", "", "", "", "ms",
+                            "(crit)", "ratio contiguous / this order", "2(1-1/2P)");
+                } else {
+                    fprintf(out, "    %-3s %-10s %9s %9s | %9s %9s | (pairs, theory: as in "
+                                 "the %s table)\n",
+                            "P", "order", "wall ms", "cpu-max", "wall", "cpu-max",
+                            pass_name(passes[0]));
+                    fprintf(out, "    %-3s %-10s %9s %9s | %19s |\n", "", "", "", "ms",
+                            "ratio contig./this");
+                }
             }
+            for (int p = 0; p < 3; p++)
+                for (int r = 0; r < 3; r++) {
+                    const ring_case *c = rings[q][p][r], *c0 = rings[q][p][0];
+                    double theory = 2.0 * (1.0 - 1.0 / (2.0 * c->P));
+                    double rw = c0->wall_s / c->wall_s, rcpu = c0->cpu_max_s / c->cpu_max_s;
+                    double rp = (double)c0->crit_pairs / (double)c->crit_pairs;
+                    if (o.json)
+                        fprintf(out, "%s    {\"pass\": \"%s\", \"P\": %d, \"order\": \"%s\", "
+                                     "\"C\": %d, \"B\": %lld, \"H\": %lld, \"D\": %lld, "
+                                     "\"dtype\": \"%s\", \"wall_ms\": %.4f, \"cpu_max_ms\": %.4f, "
+                                     "\"cpu_sum_ms\": %.4f, \"critical_pairs\": %lld, "
+                                     "\"total_pairs\": %lld, \"ratio_wall\": %.4f, "
+                                     "\"ratio_cpu_max\": %.4f, \"ratio_pairs\": %.4f, "
+                                     "\"theory\": %.4f}",
+                                first ? "" : ",\n", pass_name(c->pass), c->P,
+                                dt_order_name(c->order), C, (long long)RB, (long long)RH,
+                                (long long)RD, dt_dtype_name(rdt), 1e3 * c->wall_s,
+                                1e3 * c->cpu_max_s, 1e3 * c->cpu_sum_s, (long long)c->crit_pairs,
+                                (long long)c->total_pairs, rw, rcpu, rp, theory);
+                    else if (with_pairs)
+                        fprintf(out, "    %-3d %-10s %9.2f %9.2f %12lld | %9.3f %9.3f %9.3f | "
+                                     "%7.3f\n",
+                                c->P, dt_order_name(c->order), 1e3 * c->wall_s,
+                                1e3 * c->cpu_max_s, (long long)c->crit_pairs, rw, rcpu, rp,
+                                theory);
+                    else
+                        fprintf(out, "    %-3d %-10s %9.2f %9.2f | %9.3f %9.3f |\n", c->P,
+                                dt_order_name(c->order), 1e3 * c->wall_s, 1e3 * c->cpu_max_s, rw,
+                                rcpu);
+                    first = 0;
+                }
+        }
         if (o.json) fprintf(out, "\n  ]%s\n", o.sections[2] ? "," : "");
     }
     if (o.sections[2]) {
         if (!o.json) {
-            fprintf(out, "\n(c) ring cost: the distributed causal forward's work summed over ranks "
+            fprintf(out, "\n(c) ring cost: the distributed causal call's work summed over ranks "
                          "vs one single-device call\n"
-                         "    on the whole sequence (local tensors, mesh NULL), same B, H, D, dtype\n"
+                         "    of the same pass on the whole sequence (local tensors, mesh NULL), "
+                         "same B, H, D, dtype\n"
                          "    MEASURED single: median wall time of the single-device call (one "
                          "thread)\n"
                          "    MEASURED sum: sum over ranks of each rank's thread CPU time of its "
-                         "forward (median over iterations)\n"
+                         "call (median over iterations)\n"
                          "    overhead = sum / single - 1: ring transfers, per-step setup, "
                          "smaller blocks\n\n");
-            fprintf(out, "    %-3s %-6s %-10s %11s %11s %9s\n", "P", "S", "order", "single ms",
-                    "sum ms", "overhead");
+            fprintf(out, "    %-3s %-6s %-10s %-4s %11s %11s %9s\n", "P", "S", "order", "pass",
+                    "single ms", "sum ms", "overhead");
         } else {
             fprintf(out, "  \"ring_cost\": [\n");
         }
         int first = 1;
-        for (int p = 0; p < 3; p++) {
-            kernel_case *k = calloc(1, sizeof *k);
-            if (!k) die("calloc", DT_ERR_OUT_OF_MEMORY);
-            k->s = (shape){RB, RH, (int64_t)Ps[p] * C, RD};
-            k->dtype = rdt;
-            k->mask = DT_ATTN_CAUSAL;
-            k->iters = o.iters;
-            st = launch(2, rank_kernel, k, &o);
-            if (st != DT_SUCCESS) die("(c) single-device dt_attention_forward", st);
-            k->median_s = median(k->t, k->iters);
-            for (int r = 0; r < 3; r++) {
-                const ring_case *c = rings[p][r];
-                double over = c->cpu_sum_s / k->median_s - 1.0;
-                if (o.json)
-                    fprintf(out, "%s    {\"P\": %d, \"S\": %lld, \"order\": \"%s\", "
-                                 "\"single_ms\": %.4f, \"sum_over_ranks_ms\": %.4f, "
-                                 "\"overhead\": %.4f}",
-                            first ? "" : ",\n", c->P, (long long)k->s.S, dt_order_name(c->order),
-                            1e3 * k->median_s, 1e3 * c->cpu_sum_s, over);
-                else
-                    fprintf(out, "    %-3d %-6lld %-10s %11.2f %11.2f %8.1f%%\n", c->P,
-                            (long long)k->s.S, dt_order_name(c->order), 1e3 * k->median_s,
-                            1e3 * c->cpu_sum_s, 100 * over);
-                first = 0;
+        for (int q = 0; q < npass; q++)
+            for (int p = 0; p < 3; p++) {
+                kernel_case *k = calloc(1, sizeof *k);
+                if (!k) die("calloc", DT_ERR_OUT_OF_MEMORY);
+                k->s = (shape){RB, RH, (int64_t)Ps[p] * C, RD};
+                k->dtype = rdt;
+                k->mask = DT_ATTN_CAUSAL;
+                k->pass = passes[q];
+                k->iters = o.iters;
+                st = launch(2, rank_kernel, k, &o);
+                if (st != DT_SUCCESS) die(pass_call(k->pass), st);
+                k->median_s = median(k->t, k->iters);
+                for (int r = 0; r < 3; r++) {
+                    const ring_case *c = rings[q][p][r];
+                    double over = c->cpu_sum_s / k->median_s - 1.0;
+                    if (o.json)
+                        fprintf(out, "%s    {\"pass\": \"%s\", \"P\": %d, \"S\": %lld, "
+                                     "\"order\": \"%s\", \"single_ms\": %.4f, "
+                                     "\"sum_over_ranks_ms\": %.4f, \"overhead\": %.4f}",
+                                first ? "" : ",\n", pass_name(k->pass), c->P, (long long)k->s.S,
+                                dt_order_name(c->order), 1e3 * k->median_s, 1e3 * c->cpu_sum_s,
+                                over);
+                    else
+                        fprintf(out, "%s    %-3d %-6lld %-10s %-4s %11.2f %11.2f %8.1f%%\n",
+                                q > 0 && p == 0 && r == 0 ? "\n" : "", c->P, (long long)k->s.S,
+                                dt_order_name(c->order), pass_name(k->pass), 1e3 * k->median_s,
+                                1e3 * c->cpu_sum_s, 100 * over);
+                    first = 0;
+                }
+                free(k);
             }
-            free(k);
-        }
         if (o.json) fprintf(out, "\n  ]\n");
         else if (gpu)
             fprintf(out, "    (on a GPU the CPU-time sum is not the work: use per-rank events)\n");
@@ -632,7 +790,8 @@ int main(int argc, char **argv) {
          * the commas simple). */
         fprintf(out, "%s  \"complete\": true\n}\n", o.sections[1] || o.sections[2] ? "," : "");
     }
-    for (int p = 0; p < 3; p++)
-        for (int r = 0; r < 3; r++) free(rings[p][r]);
+    for (int q = 0; q < PASS_COUNT; q++)
+        for (int p = 0; p < 3; p++)
+            for (int r = 0; r < 3; r++) free(rings[q][p][r]);
     return 0;
 }
