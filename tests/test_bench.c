@@ -1,12 +1,15 @@
-/* tests/test_bench.c — a smoke test of build/bench/attention: every section
- * and both passes run with --quick, and the flags are checked. It checks that
- * the benchmark runs and reports what it says it reports, not its figures.
+/* tests/test_bench.c — a smoke test of build/bench/attention and
+ * build/bench/blocks: every section and both passes run with --quick, and
+ * the flags are checked. It checks that the benchmarks run and report what
+ * they say they report, not their figures.
  *
  *   - --quick --json: exit 0, a closed object whose kernel, ring and
  *     ring_cost rows carry "pass" for fwd and bwd, no NaN or Inf;
  *   - --quick --pass bwd (text and JSON): the backward alone, with the
  *     computed pairs columns in its table since it is the only one;
- *   - exit 2 with a message for bad --pass, --section and other flags.
+ *   - exit 2 with a message for bad --pass, --section and other flags;
+ *   - bench/blocks --quick: both sections and passes, one row per c and per
+ *     order, every figure finite and positive; bad flags exit 2.
  * The binary is found beside this test's build tree (build/tests/test_bench
  * -> build/bench/attention; make test builds it). When it is missing every
  * case is skipped with the reason (run `make`).
@@ -24,15 +27,16 @@
 
 #include "harness.h"
 
-static char g_bench[4096] = "build/bench/attention";
+static char g_bench[4096] = "build/bench/attention", g_blocks[4096] = "build/bench/blocks";
 
-#define REQUIRE_BENCH()                                                                   \
+#define REQUIRE(path)                                                                     \
     do {                                                                                  \
-        if (access(g_bench, X_OK) != 0) {                                                 \
-            print_message("skipped: %s is not built (run `make`)\n", g_bench);            \
+        if (access(path, X_OK) != 0) {                                                    \
+            print_message("skipped: %s is not built (run `make`)\n", path);               \
             skip();                                                                       \
         }                                                                                 \
     } while (0)
+#define REQUIRE_BENCH() REQUIRE(g_bench)
 
 static int run_bench(const char *args, char **out) {
     int rc = h_run_program(g_bench, args, out);
@@ -155,15 +159,81 @@ static void test_bad_flags(void **state) {
     assert_true(ok);
 }
 
+/* ------------------------------------------------------------ bench/blocks */
+
+/* Rows of a table between from and to: indented lines that start with a digit. */
+static int table_rows(const char *from, const char *to) {
+    int n = 0;
+    for (const char *p = strstr(from, "\n    "); p && (!to || p < to); p = strstr(p + 1, "\n    ")) {
+        const char *c = p + 1;
+        while (*c == ' ') c++;
+        n += *c >= '0' && *c <= '9';
+    }
+    return n;
+}
+
+/* Every number printed after the header line is finite and positive. */
+static int all_positive(const char *out) {
+    const char *p = strchr(out, '\n');
+    for (; p && *p; p++) {
+        if ((*p == '-' && p[1] >= '0' && p[1] <= '9') || !strncmp(p, "nan", 3) ||
+            !strncmp(p, "inf", 3))
+            return 0;
+    }
+    return p != NULL;
+}
+
+static void test_blocks_quick(void **state) {
+    (void)state;
+    REQUIRE(g_blocks);
+    char *out = NULL;
+    int rc = h_run_program(g_blocks, "--quick --backend cpu", &out);
+    const char *rf = strstr(out, "(r) causal efficiency, pass fwd");
+    const char *pf = strstr(out, "(p) the ring on one device, pass fwd");
+    const char *rb = strstr(out, "(r) causal efficiency, pass bwd");
+    const char *pb = strstr(out, "(p) the ring on one device, pass bwd");
+    /* --quick: c = 64, 128 in (r); one ring size, three orders, in (p) */
+    int ok = rc == 0 && rf && pf && rb && pb && rf < pf && pf < rb && rb < pb &&
+             table_rows(rf, pf) == 2 && table_rows(pf, rb) == 3 && table_rows(rb, pb) == 2 &&
+             table_rows(pb, NULL) == 3 && all_positive(out);
+    if (!ok) print_error("bench/blocks --quick printed (rc %d):\n%s\n", rc, out);
+    free(out);
+    assert_true(ok);
+}
+
+static void test_blocks_bad_flags(void **state) {
+    (void)state;
+    REQUIRE(g_blocks);
+    static const char *const bad[][2] = {
+        {"--pass up", "--pass takes one of"}, {"--section q", "--section takes one of"},
+        {"--ring-c 0", "--ring-c takes an integer"}, {"--ring-c 33", "--ring-c even"},
+        {"--c", "--c takes a list"}, {"--dtype fp8", "--dtype takes one of"},
+        {"--heads 6 --kv-heads 4", "--kv-heads must divide --heads"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *out = NULL;
+        int rc = h_run_program(g_blocks, bad[i][0], &out);
+        int ok = rc == 2 && strstr(out, bad[i][1]) && !strstr(out, "(r) ");
+        if (!ok) print_error("bench/blocks %s (rc %d) printed:\n%s\n", bad[i][0], rc, out);
+        free(out);
+        assert_true(ok);
+    }
+}
+
+/* build[-variant]/tests/test_bench -> build[-variant]/bench/NAME */
+static void locate(char *path, size_t size, const char *argv0, const char *name) {
+    const char *slash = argv0 ? strrchr(argv0, '/') : NULL;
+    if (slash && slash - argv0 < 4000) {
+        snprintf(path, size, "%.*s/../bench/%s", (int)(slash - argv0), argv0, name);
+        if (access(path, X_OK) == 0) return;
+    }
+    snprintf(path, size, "build/bench/%s", name);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
-    /* build[-variant]/tests/test_bench -> build[-variant]/bench/attention */
-    const char *slash = argv[0] ? strrchr(argv[0], '/') : NULL;
-    if (slash && slash - argv[0] < 4000) {
-        snprintf(g_bench, sizeof g_bench, "%.*s/../bench/attention", (int)(slash - argv[0]),
-                 argv[0]);
-        if (access(g_bench, X_OK) != 0) snprintf(g_bench, sizeof g_bench, "build/bench/attention");
-    }
+    locate(g_bench, sizeof g_bench, argv[0], "attention");
+    locate(g_blocks, sizeof g_blocks, argv[0], "blocks");
     static bad_case bad[] = {
         {"", "--pass", "--pass takes fwd, bwd or fwd,bwd"},
         {"", "--pass sideways", "--pass takes fwd, bwd or fwd,bwd"},
@@ -174,7 +244,7 @@ int main(int argc, char **argv) {
         {"", "--iters 0", "--iters takes an integer"},
         {"", "--frobnicate", "unknown flag '--frobnicate'"},
     };
-    struct CMUnitTest tests[16];
+    struct CMUnitTest tests[24];
     size_t n = 0;
     tests[n++] = (struct CMUnitTest){"bench_attention/quick/json,pass=fwd+bwd",
                                      test_quick_json_both_passes, NULL, NULL, NULL};
@@ -186,5 +256,8 @@ int main(int argc, char **argv) {
         snprintf(bad[i].name, sizeof bad[i].name, "bench_attention/exit2/%s", bad[i].args);
         tests[n++] = (struct CMUnitTest){bad[i].name, test_bad_flags, NULL, NULL, &bad[i]};
     }
+    tests[n++] = (struct CMUnitTest){"bench_blocks/quick,section=r+p,pass=fwd+bwd",
+                                     test_blocks_quick, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_blocks/exit2", test_blocks_bad_flags, NULL, NULL, NULL};
     return h_run_cases("bench", tests, n) ? 1 : 0;
 }

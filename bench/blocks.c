@@ -1,0 +1,496 @@
+/* bench/blocks.c — the attention block kernel alone, on one device: the
+ * measurements of issue 8 (docs/PERFORMANCE.md).
+ *
+ * bench/attention goes through the public API; this drives the backend's
+ * block kernels (attention/block.h, private) one block at a time, with the
+ * device synchronised before and after, so every block's time is its own
+ * even where ranks would share one device. Ranks' blocks run one after
+ * another, as on one GPU. Two sections:
+ *
+ *   (r) causal efficiency. r = time(causal c x c block) / time(full c x c
+ *       block) for c in --c, for the single-device diagonal block, segments
+ *       (0,1,c) x (0,1,c), and the two striped blocks of P ranks: queries
+ *       (1,P,c) against keys (0,P,c), diagonal included (y <= x), and
+ *       (0,P,c) against (1,P,c), diagonal excluded (y < x). A kernel that
+ *       skips masked tiles perfectly has r near 1/2.
+ *   (p) the ring on one device. P ranks of --ring-c tokens; for contiguous,
+ *       striped and zigzag sharding every (rank j, step t) block is timed
+ *       alone as the ring runs it: all its (query segment, key segment)
+ *       pairs of rank j against rank (j - t) mod P, accumulating into the
+ *       rank's fp32 m, l, acc (forward) or dQ, dK, dV (backward).
+ *         critical path  sum over steps of the slowest rank's block;
+ *         total          sum of every block (the ring's work on one device);
+ *         ratio          contiguous critical path / this order's;
+ *         ceiling        (r + P - 1) / (P r), the striped/contiguous ratio a
+ *                        kernel with causal efficiency r allows (r measured
+ *                        here at c = --ring-c); achieved = ratio / ceiling;
+ *         vs one call    total / the time of one causal call on the whole
+ *                        sequence S = P c (the cost of the ring's fused
+ *                        accumulation and of cutting the work into blocks).
+ *
+ * --pass fwd,bwd picks the forward and/or backward block kernel. Backward
+ * blocks use the lse of a forward pass over the same rows, so P stays
+ * finite. Timing: CLOCK_MONOTONIC around each block with the backend's sync
+ * before and after; one warm-up, then --iters repetitions; the median. On
+ * the CPU, OpenBLAS uses its own thread count (one rank, every core).
+ * Inputs are fill_random values; the timed code does not depend on them.
+ *
+ * Run: build/bench/blocks [--backend auto|cpu|cuda] [--quick] [--iters N]
+ *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
+ *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/attention.h"
+#include "attention/block.h"
+#include "attention/mask.h"
+#include "dtensor/context_internal.h"
+#include "dtensor/dtensor.h"
+
+#define NAME "bench/blocks"
+#include "examples/example_util.h" /* ex_now_s, ex_median, flag parsers */
+
+#define MAX_ITERS 100
+#define MAX_LIST 8
+
+typedef struct opts {
+    dt_backend_kind backend;
+    int quick, iters, ranks, passes[2], sections[2];
+    int64_t heads, kv_heads, dim;
+    dt_dtype dtype;
+    int n_c, n_ring_c;
+    int64_t c[MAX_LIST], ring_c[MAX_LIST];
+    int set_c, set_ring_c, set_shape, set_dtype;
+} opts;
+
+/* ------------------------------------------------------------ the buffers */
+
+/* Everything one rank's blocks touch, for `rows` query and key rows. */
+typedef struct bufs {
+    dt_backend *be;
+    const dt_attn_kernels *kern;
+    dt_dtype dtype;
+    int64_t rows, H, G, D;
+    void *q, *k, *v, *dout, *o;        /* dtype */
+    float *acc, *m, *l, *lse, *delta;  /* fp32 */
+    float *dq, *dk, *dv;               /* fp32 */
+    void *scratch;
+} bufs;
+
+static const dt_attn_kernels *kernels_of(dt_context *ctx) {
+#ifdef DT_HAVE_CUDA
+    if (dt_context_backend(ctx) == DT_BACKEND_CUDA) return &dt_attn_kernels_cuda;
+#endif
+    return dt_context_backend(ctx) == DT_BACKEND_CPU ? &dt_attn_kernels_cpu : NULL;
+}
+
+static void bufs_free(bufs *b) {
+    void *all[] = {b->q, b->k, b->v, b->dout, b->o, b->acc, b->m, b->l, b->lse, b->delta,
+                   b->dq, b->dk, b->dv, b->scratch};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (all[i]) b->be->ops->free(b->be, all[i]);
+}
+
+/* Backend memory of n elements of dtype, filled with fill_random values. */
+static dt_status random_buffer(dt_backend *be, dt_dtype dtype, size_t n, uint64_t seed,
+                               void **out) {
+    size_t es = dt_dtype_size(dtype);
+    void *host = malloc(n * es + 1);
+    if (!host) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of host memory");
+    for (size_t i = 0; i < n; i++) dt_value_set(host, dtype, i, dt_random_value(seed, i));
+    dt_status st = be->ops->alloc(be, n * es, out);
+    if (st == DT_SUCCESS) st = be->ops->upload(be, *out, host, n * es);
+    free(host);
+    return st;
+}
+
+static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b) {
+    memset(b, 0, sizeof *b);
+    b->be = ctx->backend;
+    b->kern = kernels_of(ctx);
+    if (!b->kern) return dt_error(DT_ERR_NOT_SUPPORTED, "bench: no attention kernels here");
+    b->dtype = o->dtype;
+    b->rows = rows;
+    b->H = o->heads;
+    b->G = o->kv_heads;
+    b->D = o->dim;
+    size_t nq = (size_t)(rows * b->H * b->D), nk = (size_t)(rows * b->G * b->D);
+    size_t nr = (size_t)(rows * b->H);
+    dt_backend *be = b->be;
+    dt_status st;
+    DT_TRY(random_buffer(be, b->dtype, nq, 1, &b->q));
+    DT_TRY(random_buffer(be, b->dtype, nk, 2, &b->k));
+    DT_TRY(random_buffer(be, b->dtype, nk, 3, &b->v));
+    DT_TRY(random_buffer(be, b->dtype, nq, 4, &b->dout));
+    DT_TRY(be->ops->alloc(be, nq * dt_dtype_size(b->dtype), &b->o));
+    float **f32[] = {&b->acc, &b->dq, &b->m, &b->l, &b->lse, &b->delta, &b->dk, &b->dv};
+    size_t n32[] = {nq, nq, nr, nr, nr, nr, nk, nk};
+    for (int i = 0; i < 8; i++) DT_TRY(be->ops->alloc(be, n32[i] * sizeof(float), (void **)f32[i]));
+    size_t sb = b->kern->fwd_scratch(b->D), bb = b->kern->bwd_scratch(b->D);
+    DT_TRY(be->ops->alloc(be, sb > bb ? sb : bb, &b->scratch));
+    /* lse and delta of a full (non-causal) pass over these rows: finite
+     * everywhere, the scale of a real backward. */
+    dt_attn_segment all = {0, 1, rows};
+    DT_TRY(b->kern->init(be, (size_t)nr, b->D, b->acc, b->m, b->l));
+    dt_attn_block_args a = {
+        .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
+        .q = b->q, .q_batch_stride = 0, .k = b->k, .v = b->v, .kv_batch_stride = 0,
+        .qseg = all, .kseg = all, .mask = DT_ATTN_FULL, .scale = 1.0f / sqrtf((float)b->D),
+        .m = b->m, .l = b->l, .ml_batch_stride = 0, .ml_head_stride = rows,
+        .acc = b->acc, .acc_batch_stride = 0,
+    };
+    DT_TRY(b->kern->fwd(be, &a, b->scratch));
+    DT_TRY(b->kern->finalize(be, b->dtype, 1, rows, b->H, b->D, b->acc, b->m, b->l, b->o, b->lse));
+    DT_TRY(b->kern->delta(be, b->dtype, 1, rows, b->H, b->D, b->o, b->dout, b->delta));
+    st = be->ops->sync(be);
+    return st;
+}
+
+/* --------------------------------------------------------------- one block */
+
+/* The blocks of query segments qs against key segments ks, rows laid out
+ * one segment after another from row 0 (as a rank's shard), forward or
+ * backward, accumulating into b's fp32 buffers. */
+static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_attn_segment *qs,
+                           int nq, const dt_attn_segment *ks, int nk) {
+    size_t es = dt_dtype_size(b->dtype);
+    float scale = 1.0f / sqrtf((float)b->D);
+    int64_t qoff = 0;
+    for (int i = 0; i < nq; i++) {
+        int64_t koff = 0;
+        for (int j = 0; j < nk; j++) {
+            size_t qo = (size_t)(qoff * b->H * b->D), ko = (size_t)(koff * b->G * b->D);
+            const char *q = (const char *)b->q + qo * es, *k = (const char *)b->k + ko * es;
+            const char *v = (const char *)b->v + ko * es;
+            if (!bwd) {
+                dt_attn_block_args a = {
+                    .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
+                    .q = q, .k = k, .v = v, .qseg = qs[i], .kseg = ks[j], .mask = mask,
+                    .scale = scale, .m = b->m + qoff, .l = b->l + qoff,
+                    .ml_head_stride = b->rows, .acc = b->acc + qo,
+                };
+                DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
+            } else {
+                dt_attn_block_bwd_args a = {
+                    .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
+                    .q = q, .dout = (const char *)b->dout + qo * es, .k = k, .v = v,
+                    .qseg = qs[i], .kseg = ks[j], .mask = mask, .scale = scale,
+                    .lse = b->lse + qoff, .delta = b->delta + qoff, .ml_head_stride = b->rows,
+                    .dq = b->dq + qo, .dk = b->dk + ko, .dv = b->dv + ko,
+                };
+                DT_TRY(b->kern->bwd(b->be, &a, b->scratch));
+            }
+            koff += ks[j].len;
+        }
+        qoff += qs[i].len;
+    }
+    return DT_SUCCESS;
+}
+
+/* Median seconds of run_block over o->iters repetitions after one warm-up. */
+static dt_status time_block(const bufs *b, const opts *o, int bwd, dt_attn_mask mask,
+                            const dt_attn_segment *qs, int nq, const dt_attn_segment *ks, int nk,
+                            double *median_s) {
+    double t[MAX_ITERS];
+    for (int i = -1; i < o->iters; i++) {
+        DT_TRY(b->be->ops->sync(b->be));
+        double t0 = ex_now_s();
+        DT_TRY(run_block(b, bwd, mask, qs, nq, ks, nk));
+        DT_TRY(b->be->ops->sync(b->be));
+        if (i >= 0) t[i] = ex_now_s() - t0;
+    }
+    *median_s = ex_median(t, o->iters);
+    return DT_SUCCESS;
+}
+
+/* --------------------------------------------------- (r) causal efficiency */
+
+typedef struct r_row {
+    int64_t c;
+    double full_s, causal_s, incl_s, excl_s;   /* medians */
+} r_row;
+
+static dt_status measure_r(const bufs *b, const opts *o, int bwd, int64_t c, r_row *r) {
+    int P = o->ranks;
+    dt_attn_segment one = {0, 1, c}, s0 = {0, P, c}, s1 = {1, P, c};
+    r->c = c;
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, &one, 1, &one, 1, &r->full_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &one, 1, &one, 1, &r->causal_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &s1, 1, &s0, 1, &r->incl_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &s0, 1, &s1, 1, &r->excl_s));
+    return DT_SUCCESS;
+}
+
+/* ------------------------------------------------- (p) the ring on one device */
+
+static const dt_order orders[3] = {DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG};
+
+typedef struct p_row {
+    double crit_s[3], total_s[3];
+    double single_s, r;
+} p_row;
+
+static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_row *out) {
+    int P = o->ranks;
+    int64_t S = (int64_t)P * c;
+    for (int oi = 0; oi < 3; oi++) {
+        out->crit_s[oi] = out->total_s[oi] = 0;
+        for (int t = 0; t < P; t++) {
+            double slowest = 0;
+            for (int j = 0; j < P; j++) {
+                dt_attn_segment qs[2], ks[2];
+                int nq = dt_attn_segments(orders[oi], S, P, j, qs);
+                int nk = dt_attn_segments(orders[oi], S, P, (j - t + P) % P, ks);
+                double s;
+                DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, &s));
+                slowest = s > slowest ? s : slowest;
+                out->total_s[oi] += s;
+            }
+            out->crit_s[oi] += slowest;
+        }
+    }
+    dt_attn_segment whole = {0, 1, S}, one = {0, 1, c};
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &whole, 1, &whole, 1, &out->single_s));
+    double full_s, causal_s;
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, &one, 1, &one, 1, &full_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &one, 1, &one, 1, &causal_s));
+    out->r = causal_s / full_s;
+    return DT_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ the run */
+
+typedef struct run {
+    const opts *o;
+    dt_backend_kind backend;
+} run;
+
+static double tflops(const bufs *b, int bwd, int64_t c, int causal, double s) {
+    double f = 4.0 * (double)b->H * (double)c * (double)c * (double)b->D * (bwd ? 2.5 : 1.0);
+    return (causal ? f / 2 : f) / s / 1e12;
+}
+
+static dt_status rank_main(dt_context *ctx, void *arg) {
+    run *r = arg;
+    const opts *o = r->o;
+    r->backend = dt_context_backend(ctx);
+    int64_t rows = 0;
+    for (int i = 0; o->sections[0] && i < o->n_c; i++) rows = o->c[i] > rows ? o->c[i] : rows;
+    for (int i = 0; o->sections[1] && i < o->n_ring_c; i++) {
+        int64_t s = o->ring_c[i] * o->ranks;
+        rows = s > rows ? s : rows;
+    }
+    bufs b;
+    dt_status st = bufs_make(ctx, o, rows, &b);
+    if (st != DT_SUCCESS) goto out;
+    printf("bench/blocks  backend %s, kernels %s  H=%lld HKV=%lld D=%lld %s  P=%d  "
+           "%d iterations after 1 warm-up, median\n", dt_backend_kind_name(r->backend),
+           b.kern->name, (long long)o->heads, (long long)o->kv_heads, (long long)o->dim,
+           dt_dtype_name(o->dtype), o->ranks, o->iters);
+    for (int bwd = 0; bwd < 2; bwd++) {
+        if (!o->passes[bwd]) continue;
+        const char *pass = bwd ? "bwd" : "fwd";
+        if (o->sections[0]) {
+            printf("\n(r) causal efficiency, pass %s: time of a masked c x c block / a full one\n"
+                   "    %7s %10s %10s %8s | %10s %7s | %10s %7s | TFLOPS full, causal\n", pass,
+                   "c", "full ms", "causal ms", "r", "striped<= ms", "r", "striped< ms", "r");
+            for (int i = 0; i < o->n_c; i++) {
+                r_row x;
+                DT_TRY_GOTO(st, measure_r(&b, o, bwd, o->c[i], &x), out);
+                printf("    %7lld %10.3f %10.3f %8.3f | %10.3f %7.3f | %10.3f %7.3f | %.2f, %.2f\n",
+                       (long long)x.c, 1e3 * x.full_s, 1e3 * x.causal_s, x.causal_s / x.full_s,
+                       1e3 * x.incl_s, x.incl_s / x.full_s, 1e3 * x.excl_s, x.excl_s / x.full_s,
+                       tflops(&b, bwd, x.c, 0, x.full_s), tflops(&b, bwd, x.c, 1, x.causal_s));
+                fflush(stdout);
+            }
+        }
+        if (o->sections[1]) {
+            printf("\n(p) the ring on one device, pass %s: P = %d, every (rank, step) block alone\n"
+                   "    %7s %-11s %10s %10s %9s %9s %9s %10s\n", pass, o->ranks, "c", "order",
+                   "crit ms", "total ms", "ratio", "ceiling", "achieved", "vs 1 call");
+            for (int i = 0; i < o->n_ring_c; i++) {
+                p_row x;
+                DT_TRY_GOTO(st, measure_p(&b, o, bwd, o->ring_c[i], &x), out);
+                double ceiling = (x.r + o->ranks - 1) / (o->ranks * x.r);
+                for (int oi = 0; oi < 3; oi++) {
+                    double ratio = x.crit_s[0] / x.crit_s[oi];
+                    printf("    %7lld %-11s %10.3f %10.3f %9.3f %9.3f %9.3f %10.3f\n",
+                           (long long)o->ring_c[i], dt_order_name(orders[oi]), 1e3 * x.crit_s[oi],
+                           1e3 * x.total_s[oi], ratio, ceiling, ratio / ceiling,
+                           x.total_s[oi] / x.single_s);
+                }
+                printf("    (r = %.3f at c = %lld; one causal call on S = %lld: %.3f ms)\n", x.r,
+                       (long long)o->ring_c[i], (long long)(o->ring_c[i] * o->ranks),
+                       1e3 * x.single_s);
+                fflush(stdout);
+            }
+        }
+    }
+out:
+    if (b.be) bufs_free(&b);
+    return st;
+}
+
+/* ------------------------------------------------------------------ flags */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: " NAME " [flags]\n"
+            "  --backend K       auto | cpu | cuda (default auto)\n"
+            "  --quick           small sizes and 2 iterations: a smoke test\n"
+            "  --iters N         repetitions after one warm-up, median (default 5)\n"
+            "  --pass LIST       fwd, bwd or fwd,bwd (default fwd,bwd)\n"
+            "  --section LIST    r, p or r,p (default r,p)\n"
+            "  --c LIST          (r) block sizes, e.g. 1024,2048 (GPU default 1024..16384)\n"
+            "  --ring-c LIST     (p) tokens per rank (GPU default 4096,8192)\n"
+            "  --ranks P         ranks of (p) and the stride of (r)'s striped blocks (default 8)\n"
+            "  --heads H --kv-heads G --dim D   (GPU default 32, 32, 128; CPU 2, 2, 64)\n"
+            "  --dtype T         fp32 | bf16 | fp16 (GPU default bf16; CPU fp32)\n");
+}
+
+/* "a,b" of names[0..n): sets on[i] for each; 0 on a bad or empty list. */
+static int parse_set(const char *flag, const char *v, const char *const *names, int n, int *on) {
+    memset(on, 0, (size_t)n * sizeof *on);
+    char buf[64];
+    if (!v || !*v || strlen(v) >= sizeof buf) return ex_parse_choice(flag, NULL, names, n) >= 0;
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int k = ex_parse_choice(flag, tok, names, n);
+        if (k < 0) return 0;
+        on[k] = 1;
+    }
+    return 1;
+}
+
+static int parse_list(const char *flag, const char *v, int64_t *out, int *n) {
+    char buf[256];
+    *n = 0;
+    if (v && strlen(v) < sizeof buf) {
+        snprintf(buf, sizeof buf, "%s", v);
+        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+             tok = strtok_r(NULL, ",", &save)) {
+            long x;
+            if (*n == MAX_LIST || !ex_parse_int(flag, tok, 1, 1L << 20, &x)) return 0;
+            out[(*n)++] = x;
+        }
+    }
+    if (*n == 0) fprintf(stderr, NAME ": %s takes a list like 1024,2048\n", flag);
+    return *n > 0;
+}
+
+static int parse(int argc, char **argv, opts *o) {
+    static const char *const pass_names[] = {"fwd", "bwd"};
+    static const char *const section_names[] = {"r", "p"};
+    static const char *const dtype_names[] = {"fp32", "bf16", "fp16"};
+    static const dt_dtype dtypes[] = {DT_F32, DT_BF16, DT_F16};
+    memset(o, 0, sizeof *o);
+    o->iters = 5;
+    o->ranks = 8;
+    o->passes[0] = o->passes[1] = o->sections[0] = o->sections[1] = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long x = 0;
+        int k;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(a, "--quick")) {
+            o->quick = 1;
+            continue;
+        } else if (!strcmp(a, "--backend")) {
+            if (!ex_parse_backend(a, v, &o->backend)) return 0;
+        } else if (!strcmp(a, "--iters")) {
+            if (!ex_parse_int(a, v, 1, MAX_ITERS, &x)) return 0;
+            o->iters = (int)x;
+        } else if (!strcmp(a, "--pass")) {
+            if (!parse_set(a, v, pass_names, 2, o->passes)) return 0;
+        } else if (!strcmp(a, "--section")) {
+            if (!parse_set(a, v, section_names, 2, o->sections)) return 0;
+        } else if (!strcmp(a, "--c")) {
+            if (!parse_list(a, v, o->c, &o->n_c)) return 0;
+            o->set_c = 1;
+        } else if (!strcmp(a, "--ring-c")) {
+            if (!parse_list(a, v, o->ring_c, &o->n_ring_c)) return 0;
+            o->set_ring_c = 1;
+        } else if (!strcmp(a, "--ranks")) {
+            if (!ex_parse_int(a, v, 2, 64, &x)) return 0;
+            o->ranks = (int)x;
+        } else if (!strcmp(a, "--heads") || !strcmp(a, "--kv-heads") || !strcmp(a, "--dim")) {
+            if (!ex_parse_int(a, v, 1, DT_ATTN_MAX_HEAD_DIM * 16, &x)) return 0;
+            *(a[2] == 'h' ? &o->heads : a[2] == 'k' ? &o->kv_heads : &o->dim) = x;
+            o->set_shape = 1;
+        } else if (!strcmp(a, "--dtype")) {
+            if ((k = ex_parse_choice(a, v, dtype_names, 3)) < 0) return 0;
+            o->dtype = dtypes[k];
+            o->set_dtype = 1;
+        } else {
+            fprintf(stderr, NAME ": unknown flag '%s' (--help lists them)\n", a);
+            return 0;
+        }
+        i++; /* the flag's value */
+    }
+    return 1;
+}
+
+/* Defaults that depend on the backend: the issue's shapes on a GPU, shapes
+ * that finish in seconds on the CPU. */
+static void defaults(opts *o, dt_backend_kind backend) {
+    int gpu = backend == DT_BACKEND_CUDA && !o->quick;
+    if (!o->set_shape) {
+        o->heads = o->kv_heads = o->quick ? 2 : gpu ? 32 : 2;
+        o->dim = gpu ? 128 : 64;
+    }
+    if (!o->kv_heads) o->kv_heads = o->heads;
+    if (!o->heads) o->heads = o->kv_heads;
+    if (!o->dim) o->dim = gpu ? 128 : 64;
+    if (!o->set_dtype) o->dtype = backend == DT_BACKEND_CUDA ? DT_BF16 : DT_F32;
+    static const int64_t gpu_c[] = {1024, 2048, 4096, 8192, 16384}, cpu_c[] = {256, 512, 1024};
+    static const int64_t quick_c[] = {64, 128};
+    const int64_t *c = o->quick ? quick_c : gpu ? gpu_c : cpu_c;
+    int nc = o->quick ? 2 : gpu ? 5 : 3;
+    if (!o->set_c) {
+        memcpy(o->c, c, (size_t)nc * sizeof *c);
+        o->n_c = nc;
+    }
+    if (!o->set_ring_c) {
+        o->ring_c[0] = o->quick ? 32 : gpu ? 4096 : 256;
+        o->ring_c[1] = 8192;
+        o->n_ring_c = gpu ? 2 : 1;
+    }
+    if (o->quick) o->iters = 2;
+}
+
+static dt_status probe_rank(dt_context *ctx, void *arg) {
+    *(dt_backend_kind *)arg = dt_context_backend(ctx);
+    return DT_SUCCESS;
+}
+
+int main(int argc, char **argv) {
+    opts o;
+    if (!parse(argc, argv, &o)) return 2;
+    dt_launch_options lo = DT_LAUNCH_OPTIONS_INIT;
+    lo.backend = o.backend;
+    dt_backend_kind kind = DT_BACKEND_AUTO;
+    dt_status st = dt_launch(1, probe_rank, &kind, &lo);
+    if (st == DT_SUCCESS) {
+        defaults(&o, kind);
+        int odd = 0;
+        for (int i = 0; i < o.n_ring_c; i++) odd |= (int)(o.ring_c[i] % 2);
+        if (o.heads % o.kv_heads || o.dim % 8 || o.dim > DT_ATTN_MAX_HEAD_DIM || odd) {
+            fprintf(stderr, NAME ": --kv-heads must divide --heads, --dim be a multiple of 8 up "
+                    "to %d, and --ring-c even (zigzag halves each shard)\n", DT_ATTN_MAX_HEAD_DIM);
+            return 2;
+        }
+        run r = {&o, kind};
+        st = dt_launch(1, rank_main, &r, &lo);
+    }
+    if (st != DT_SUCCESS) {
+        fprintf(stderr, NAME ": %s: %s\n", dt_status_name(st), dt_last_error());
+        return st == DT_ERR_NOT_SUPPORTED ? 3 : 1;
+    }
+    return dt_finalize() == DT_SUCCESS ? 0 : 1;
+}
