@@ -33,6 +33,7 @@
 
 #include "../collectives/comm.h"
 #include "../dtensor/context_internal.h"
+#include "../dtensor/trace.h"
 #include "block.h"
 #include "plan.h"
 
@@ -210,8 +211,11 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
         int src = (j - t + p.parts) % p.parts;
         DT_TRY_GOTO(st, bwd_ring_start(&r, &p, &w, t, &pending), fail);
         DT_TRY_GOTO(st, be->ops->zero(be, r.grad[LOC], dkv_bytes), fail);
-        DT_TRY_GOTO(st, run_blocks(&p, &w, q, dout, dt_tensor_data_const(lse), r.kv[r.cur], src,
-                                   dqa, delta, r.grad[LOC], ws + w.off_scratch), fail);
+        DT_TRACE_PUSH("attention bwd blocks");
+        st = run_blocks(&p, &w, q, dout, dt_tensor_data_const(lse), r.kv[r.cur], src, dqa, delta,
+                        r.grad[LOC], ws + w.off_scratch);
+        DT_TRACE_POP();
+        if (st != DT_SUCCESS) goto fail;
         if (pending) {
             pending = 0;
             DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);

@@ -26,6 +26,7 @@
 
 #include "../collectives/ring.h"
 #include "../dtensor/context_internal.h"
+#include "../dtensor/trace.h"
 #include "block.h"
 #include "plan.h"
 
@@ -132,8 +133,11 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
         int more = t + 1 < p.parts;
         if (more) DT_TRY_GOTO(st, dt_ring_start(ring), fail);
         int src = ring ? dt_ring_source(ring) : 0;
-        DT_TRY_GOTO(st, run_blocks(&p, dt_tensor_data_const(q), ring ? dt_ring_current(ring) : kv,
-                                   src, acc, m, l, ws + w.off_scratch), fail);
+        DT_TRACE_PUSH("attention fwd blocks");
+        st = run_blocks(&p, dt_tensor_data_const(q), ring ? dt_ring_current(ring) : kv, src, acc,
+                        m, l, ws + w.off_scratch);
+        DT_TRACE_POP();
+        if (st != DT_SUCCESS) goto fail;
         if (more) DT_TRY_GOTO(st, dt_ring_wait(ring), fail);
     }
     DT_TRY_GOTO(st, p.kern->finalize(be, p.dtype, p.b, p.c, p.h, p.D, acc, m, l,

@@ -3,6 +3,7 @@
  * Arguments are checked before anything is posted, so a rejected call has
  * touched no buffer and left the communicator as it was. */
 #include "transport.h"
+#include "../dtensor/trace.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -122,7 +123,10 @@ static dt_status run(dt_comm *comm, dt_coll_args *a) {
         DT_TRY(agree(comm, dt_coll_kind_name(a->kind), v, names, 6, format_call));
     }
     comm->calls++;
-    return comm->ops->collective(comm, a, NULL);
+    DT_TRACE_PUSH(dt_coll_kind_name(a->kind));
+    dt_status st = comm->ops->collective(comm, a, NULL);
+    DT_TRACE_POP();
+    return st;
 }
 
 dt_status dt_comm_all_reduce(dt_comm *comm, const void *send, void *recv, size_t count,
@@ -234,7 +238,10 @@ dt_status dt_comm_p2p_start(dt_comm *comm, const dt_p2p_op *ops, int n_ops) {
         DT_TRY(check_buffer(comm, name, o->kind == DT_P2P_SEND ? "send" : "recv", o->buf,
                             o->count, o->dtype, 1));
     }
-    DT_TRY(comm->ops->p2p_start(comm, ops, n_ops));
+    DT_TRACE_PUSH("p2p_start");
+    dt_status st = comm->ops->p2p_start(comm, ops, n_ops);
+    DT_TRACE_POP();
+    DT_TRY(st);
     comm->p2p_pending = 1;
     return DT_SUCCESS;
 }
@@ -245,7 +252,10 @@ dt_status dt_comm_p2p_wait(dt_comm *comm) {
         return comm_error(comm, DT_ERR_INVALID_ARGUMENT, "p2p_wait",
                           "no send/recv group was started");
     comm->p2p_pending = 0;
-    return comm->ops->p2p_wait(comm);
+    DT_TRACE_PUSH("p2p_wait");
+    dt_status st = comm->ops->p2p_wait(comm);
+    DT_TRACE_POP();
+    return st;
 }
 
 dt_status dt_comm_sendrecv(dt_comm *comm, const dt_p2p_op *ops, int n_ops) {
