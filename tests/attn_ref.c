@@ -12,7 +12,9 @@ double *ref_input(uint64_t seed, int64_t n, dt_dtype dtype) {
     double *x = malloc((size_t)n * sizeof *x);
     for (int64_t i = 0; i < n; i++) {
         float f = dt_random_value(seed, (uint64_t)i);
-        x[i] = dtype == DT_BF16 ? dt_bf16_to_f32(dt_f32_to_bf16(f)) : f;
+        x[i] = dtype == DT_BF16   ? dt_bf16_to_f32(dt_f32_to_bf16(f))
+               : dtype == DT_F16 ? h_f16_to_f32(h_f32_to_f16(f))
+                                 : f;
     }
     return x;
 }
@@ -122,9 +124,28 @@ void ref_local_lse(const double *full, int64_t B, int64_t S, int64_t heads, dt_o
 dt_status ref_get_f32(const dt_tensor *t, float *out) {
     size_t n = (size_t)dt_tensor_local_numel(t);
     if (dt_tensor_dtype(t) == DT_F32) return dt_tensor_get_local(t, out, n * sizeof *out);
-    dt_bf16 *tmp = malloc(n * sizeof *tmp + 1);
+    uint16_t *tmp = malloc(n * sizeof *tmp + 1);
     dt_status st = dt_tensor_get_local(t, tmp, n * sizeof *tmp);
-    for (size_t i = 0; st == DT_SUCCESS && i < n; i++) out[i] = dt_bf16_to_f32(tmp[i]);
+    int f16 = dt_tensor_dtype(t) == DT_F16;
+    for (size_t i = 0; st == DT_SUCCESS && i < n; i++)
+        out[i] = f16 ? h_f16_to_f32(tmp[i]) : dt_bf16_to_f32(tmp[i]);
     free(tmp);
+    return st;
+}
+
+dt_status ref_set_local(struct dt_tensor *t, const double *local) {
+    size_t n = (size_t)dt_tensor_local_numel(t);
+    dt_dtype dt = dt_tensor_dtype(t);
+    size_t es = dt == DT_F32 ? 4 : 2;
+    unsigned char *buf = malloc(n * es + 1);
+    if (!buf) return dt_error(DT_ERR_OUT_OF_MEMORY, "ref_set_local: out of host memory");
+    for (size_t i = 0; i < n; i++) {
+        float f = (float)local[i];
+        if (dt == DT_F32) ((float *)buf)[i] = f;
+        else if (dt == DT_F16) ((uint16_t *)buf)[i] = h_f32_to_f16(f);
+        else ((dt_bf16 *)buf)[i] = dt_f32_to_bf16(f);
+    }
+    dt_status st = dt_tensor_set_local(t, buf, n * es);
+    free(buf);
     return st;
 }

@@ -69,6 +69,34 @@ long h_compare(const char *what, const float *got, const double *ref, size_t n, 
     return bad;
 }
 
+float h_f16_to_f32(uint16_t h) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    float v;
+    if (e == 0) v = ldexpf((float)m, -24);
+    else if (e == 31) v = m ? NAN : INFINITY;
+    else v = ldexpf((float)(m | 1024), e - 25);
+    return s ? -v : v;
+}
+
+uint16_t h_f32_to_f16(float f) {
+    uint16_t s = signbit(f) ? 0x8000 : 0;
+    float a = fabsf(f);
+    if (isnan(f)) return 0x7e00;
+    if (a >= 65520.0f) return s | 0x7c00; /* rounds to inf */
+    if (a < ldexpf(1.0f, -25)) return s;  /* below half the smallest subnormal */
+    int e;
+    frexpf(a, &e); /* a = f * 2^e, f in [0.5, 1) */
+    int exp = e - 1; /* a in [2^exp, 2^(exp+1)) */
+    int q = exp < -14 ? -24 : exp - 10; /* quantum */
+    double scaled = ldexp((double)a, -q);
+    double r = nearbyint(scaled); /* default rounding: nearest even */
+    uint32_t mant = (uint32_t)r;
+    if (exp < -14) return s | (uint16_t)mant; /* subnormal (may round up to normal: still right) */
+    if (mant == 2048) { mant = 1024; exp++; }
+    if (exp > 15) return s | 0x7c00;
+    return s | (uint16_t)((exp + 15) << 10) | (uint16_t)(mant & 1023);
+}
+
 void h_order_indices(dt_order order, int64_t n, int parts, int j, int64_t *out) {
     int64_t k = 0;
     if (order == DT_ORDER_CONTIGUOUS) {
@@ -175,6 +203,8 @@ long h_compare_tol(const char *what, const float *got, const double *ref, const 
 }
 
 int h_run_cases(const char *group, const struct CMUnitTest *tests, size_t n) {
+    const char *filter = getenv("DT_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     return _cmocka_run_group_tests(group, tests, n, NULL, NULL);
 }
 

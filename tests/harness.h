@@ -46,6 +46,11 @@ int h_pair_available(int world, dt_backend_kind backend, dt_transport_kind trans
 long h_compare(const char *what, const float *got, const double *ref, size_t n, double atol,
                double rtol, double *max_err);
 
+/* fp16 <-> fp32 on the host, round to nearest even (the tests' own, so the
+ * expected values do not come from the code under test). */
+float h_f16_to_f32(uint16_t h);
+uint16_t h_f32_to_f16(float f);
+
 /* Global indices rank j of `parts` holds along a dim of length n, in local
  * order (out must hold n/parts entries):
  *   contiguous: the j-th of parts consecutive blocks;
@@ -76,7 +81,9 @@ void h_local_of_f64(const double *full, int ndim, const int64_t *shape, const dt
 long h_compare_tol(const char *what, const float *got, const double *ref, const double *tol,
                    size_t n, double *max_err);
 
-/* Runs a table of n tests as one cmocka group; returns the number failed. */
+/* Runs a table of n tests as one cmocka group; returns the number failed.
+ * DT_TEST_FILTER, if set, runs only the tests whose names match it (cmocka's
+ * pattern: * and ? wildcards), e.g. 'forward/cuda-kernels*'. */
 struct CMUnitTest;
 int h_run_cases(const char *group, const struct CMUnitTest *tests, size_t n);
 

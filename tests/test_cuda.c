@@ -52,47 +52,17 @@
         }                                                                     \
     } while (0)
 
-/* fp16 <-> fp32 on the host, round to nearest even (the test's own, so the
- * expected values do not come from the code under test). */
-static float h16_to_f32(uint16_t h) {
-    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
-    float v;
-    if (e == 0) v = ldexpf((float)m, -24);
-    else if (e == 31) v = m ? NAN : INFINITY;
-    else v = ldexpf((float)(m | 1024), e - 25);
-    return s ? -v : v;
-}
-
-static uint16_t f32_to_h16(float f) {
-    uint16_t s = signbit(f) ? 0x8000 : 0;
-    float a = fabsf(f);
-    if (isnan(f)) return 0x7e00;
-    if (a >= 65520.0f) return s | 0x7c00; /* rounds to inf */
-    if (a < ldexpf(1.0f, -25)) return s;  /* below half the smallest subnormal */
-    int e;
-    frexpf(a, &e); /* a = f * 2^e, f in [0.5, 1) */
-    int exp = e - 1; /* a in [2^exp, 2^(exp+1)) */
-    int q = exp < -14 ? -24 : exp - 10; /* quantum */
-    double scaled = ldexp((double)a, -q);
-    double r = nearbyint(scaled); /* default rounding: nearest even */
-    uint32_t mant = (uint32_t)r;
-    if (exp < -14) return s | (uint16_t)mant; /* subnormal (may round up to normal: still right) */
-    if (mant == 2048) { mant = 1024; exp++; }
-    if (exp > 15) return s | 0x7c00;
-    return s | (uint16_t)((exp + 15) << 10) | (uint16_t)(mant & 1023);
-}
-
 static void put_val(void *buf, dt_dtype dt, size_t i, float v) {
     if (dt == DT_F32) ((float *)buf)[i] = v;
     else if (dt == DT_BF16) ((dt_bf16 *)buf)[i] = dt_f32_to_bf16(v);
-    else if (dt == DT_F16) ((uint16_t *)buf)[i] = f32_to_h16(v);
+    else if (dt == DT_F16) ((uint16_t *)buf)[i] = h_f32_to_f16(v);
     else ((uint8_t *)buf)[i] = (uint8_t)(int)v;
 }
 
 static float get_val(const void *buf, dt_dtype dt, size_t i) {
     if (dt == DT_F32) return ((const float *)buf)[i];
     if (dt == DT_BF16) return dt_bf16_to_f32(((const dt_bf16 *)buf)[i]);
-    if (dt == DT_F16) return h16_to_f32(((const uint16_t *)buf)[i]);
+    if (dt == DT_F16) return h_f16_to_f32(((const uint16_t *)buf)[i]);
     return (float)((const uint8_t *)buf)[i];
 }
 
