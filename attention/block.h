@@ -10,6 +10,13 @@
  *   acc[b][x][h][d] at acc + b*acc_batch_stride + (x*heads + h)*dim + d
  * Query head h reads key/value head h / (heads / kv_heads) (GQA / MQA).
  * Before the first block: m = -inf, l = 0, acc = 0.
+ *
+ * The CUDA backend has two forward block kernels: a simple scalar one
+ * (block_cuda.cu, every dtype and head dim) and a tensor-core one
+ * (block_cuda_mma.cu: bf16 / fp16, head dim 64 or 128, compute capability
+ * >= 8.0). DT_ATTN_KERNEL (auto | simple | mma), read once per attention
+ * call when its plan is made (plan.c), picks between them; the CPU kernels
+ * ignore it.
  */
 #ifndef DT_ATTN_BLOCK_H
 #define DT_ATTN_BLOCK_H
@@ -18,6 +25,20 @@
 #include "../dtensor/dtype.h"
 #include "../dtensor/status.h"
 #include "mask.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dt_attn_fwd_kernel {
+    DT_ATTN_FWD_AUTO = 0,   /* the tensor-core kernel where it can run, else the simple one */
+    DT_ATTN_FWD_SIMPLE,     /* always the simple kernel */
+    DT_ATTN_FWD_MMA,        /* the tensor-core kernel, or DT_ERR_NOT_SUPPORTED */
+    DT_ATTN_FWD_KERNEL_COUNT
+} dt_attn_fwd_kernel;
+
+/* "auto", "simple", "mma"; "unknown" otherwise (plan.c). */
+const char *dt_attn_fwd_kernel_name(dt_attn_fwd_kernel k);
 
 typedef struct dt_attn_block_args {
     dt_dtype dtype;                 /* of q, k, v */
@@ -33,6 +54,7 @@ typedef struct dt_attn_block_args {
     int64_t ml_batch_stride, ml_head_stride;
     float *acc;
     int64_t acc_batch_stride;
+    dt_attn_fwd_kernel kernel;      /* CUDA only: which forward kernel (0 = auto) */
 } dt_attn_block_args;
 
 /* Backward of one block, from the forward's log-sum-exp (FlashAttention-2):
@@ -70,6 +92,12 @@ typedef struct dt_attn_kernels {
     /* Scratch bytes the block kernels need for head dim `dim`. */
     size_t (*fwd_scratch)(int64_t dim);
     size_t (*bwd_scratch)(int64_t dim);
+    /* May be NULL (one forward kernel only). Whether the forward kernel
+     * `want` can run blocks of this dtype and head dim on this backend's
+     * device: DT_SUCCESS, or DT_ERR_NOT_SUPPORTED with the reason in why
+     * (dt_last_error untouched). Called once per call, before any block. */
+    dt_status (*fwd_check)(struct dt_backend *be, dt_dtype dtype, int64_t dim,
+                           dt_attn_fwd_kernel want, char *why, size_t why_size);
     /* m = -inf, l = 0, acc = 0 for `rows` rows of `dim`. */
     dt_status (*init)(struct dt_backend *be, size_t rows, int64_t dim, float *acc, float *m,
                       float *l);
@@ -91,4 +119,7 @@ extern const dt_attn_kernels dt_attn_kernels_cpu;
 extern const dt_attn_kernels dt_attn_kernels_cuda;   /* block_cuda.cu */
 #endif
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* DT_ATTN_BLOCK_H */

@@ -1,13 +1,29 @@
-/* attention/block_cuda.cu — the CUDA attention kernels (a correct first
- * version; the fast tensor-core kernel is issue 8's work).
+/* attention/block_cuda.cu — the CUDA attention kernels.
  *
- * Same contract and mask rule as block_cpu.c (block.h). Forward: one thread
- * per query row of one (batch, head), blocks of 64 rows; key tiles of 64
- * whose class (mask.h) is computed once per thread block: empty tiles are
- * skipped, full tiles are not masked. Each thread keeps its row's running
- * max and sum in registers and its unnormalised output in the fp32 acc
- * array, which it alone writes. K and V tiles are staged in shared memory as
- * fp32 (bf16 / fp16 are widened on load).
+ * STATUS: everything here is built (nvcc, sm_90 by default) but none of it
+ * has run on a GPU yet. In particular the tensor-core forward kernel
+ * (block_cuda_mma.cu) is written and compiles, and its index math is tested
+ * on the CPU (tests/test_attention.c emulates ldmatrix and mma.sync), but
+ * it has never executed; the first GPU session should run the
+ * "forward/cuda-kernels/..." cases of tests/test_attention.c first.
+ *
+ * Same contract and mask rule as block_cpu.c (block.h). Forward: two
+ * kernels, chosen per block by fwd():
+ *   - mma (block_cuda_mma.cu): FlashAttention-2 style on tensor cores, for
+ *     bf16 / fp16, head dim 64 or 128, compute capability >= 8.0, with
+ *     16-byte aligned q, k, v; used by default where it can run.
+ *   - simple (here): one thread per query row of one (batch, head), blocks
+ *     of 64 rows; key tiles of 64 whose class (mask.h) is computed once per
+ *     thread block: empty tiles are skipped, full tiles are not masked.
+ *     Each thread keeps its row's running max and sum in registers and its
+ *     unnormalised output in the fp32 acc array, which it alone writes. K
+ *     and V tiles are staged in shared memory as fp32 (bf16 / fp16 are
+ *     widened on load). Every dtype and head dim; the fallback, and the
+ *     in-tree cross-check of the mma kernel.
+ * DT_ATTN_KERNEL=auto|simple|mma (read by the attention plan, once per
+ * call, and passed in dt_attn_block_args.kernel) picks: auto as above,
+ * simple always, mma or DT_ERR_NOT_SUPPORTED naming what is missing
+ * (checked before the ring loop by fwd_check; alignment per block).
  *
  * Backward (FlashAttention-2 math, no atomics): one kernel in which each
  * thread owns a query row and accumulates dQ over the keys; one in which each
@@ -27,6 +43,7 @@
 
 extern "C" {
 #include "block.h"
+#include "block_cuda_mma.h"
 #include "../dtensor/backend_cuda.h"
 }
 
@@ -249,9 +266,30 @@ dt_status init(dt_backend *be, size_t rows, int64_t dim, float *acc, float *m, f
     return launched("init");
 }
 
+/* Plan time (once per call): can the requested kernel run this dtype and
+ * head dim on this device? Only a forced mma can fail. */
+dt_status fwd_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_fwd_kernel want,
+                    char *why, size_t why_size) {
+    if (want != DT_ATTN_FWD_MMA) return DT_SUCCESS;
+    return dt_attn_mma_supported(dtype, dim, dt_backend_cuda_compute_capability(be), why,
+                                 why_size)
+               ? DT_SUCCESS
+               : DT_ERR_NOT_SUPPORTED;
+}
+
 dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     (void)scratch;
     if (a->qseg.len == 0 || a->kseg.len == 0) return DT_SUCCESS;
+    if (a->kernel != DT_ATTN_FWD_SIMPLE) {
+        char why[256] = "";
+        if (dt_attn_mma_supported(a->dtype, a->dim, dt_backend_cuda_compute_capability(be), why,
+                                  sizeof why) &&
+            dt_attn_mma_block_ok(a, why, sizeof why))
+            return dt_attn_mma_fwd(stream_of(be), a);
+        if (a->kernel == DT_ATTN_FWD_MMA)
+            return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=mma: %s",
+                            be->rank, why);
+    }
     dim3 grid((unsigned)((a->qseg.len + TQ - 1) / TQ), (unsigned)a->heads, (unsigned)a->batch);
     size_t smem = 2 * TK * (size_t)a->dim * sizeof(float);   /* up to 128 KiB at D = 256 */
     if (cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
@@ -297,5 +335,5 @@ dt_status store(dt_backend *be, dt_dtype dtype, size_t n, const float *src, void
 }  // namespace
 
 extern "C" const dt_attn_kernels dt_attn_kernels_cuda = {
-    "cuda", fwd_scratch, bwd_scratch, init, fwd, finalize, delta_rows, bwd, store,
+    "cuda", fwd_scratch, bwd_scratch, fwd_check, init, fwd, finalize, delta_rows, bwd, store,
 };

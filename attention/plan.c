@@ -4,12 +4,37 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../dtensor/context.h"
+#include "../dtensor/context_internal.h"
 
 static dt_status attn_error(const attn_plan *p, dt_status st, const char *op, const char *msg) {
     return dt_error(st, "rank %d: %s: %s", p->ctx ? dt_context_rank(p->ctx) : -1, op, msg);
+}
+
+const char *dt_attn_fwd_kernel_name(dt_attn_fwd_kernel k) {
+    switch (k) {
+    case DT_ATTN_FWD_AUTO: return "auto";
+    case DT_ATTN_FWD_SIMPLE: return "simple";
+    case DT_ATTN_FWD_MMA: return "mma";
+    default: return "unknown";
+    }
+}
+
+/* DT_ATTN_KERNEL: unset or empty is auto. Read here, once per attention
+ * call (not per block), so a program or test may change it between calls. */
+static int fwd_kernel_from_env(dt_attn_fwd_kernel *out) {
+    const char *v = getenv("DT_ATTN_KERNEL");
+    *out = DT_ATTN_FWD_AUTO;
+    if (!v || !*v) return 1;
+    for (int k = 0; k < DT_ATTN_FWD_KERNEL_COUNT; k++)
+        if (strcmp(v, dt_attn_fwd_kernel_name((dt_attn_fwd_kernel)k)) == 0) {
+            *out = (dt_attn_fwd_kernel)k;
+            return 1;
+        }
+    return 0;
 }
 
 /* Validate and derive the plan. Touches nothing. */
@@ -68,6 +93,9 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     if (!p->kern)
         FAIL(DT_ERR_NOT_SUPPORTED, "no attention kernel for the %s backend in this build",
              dt_backend_kind_name(dt_context_backend(p->ctx)));
+    if (!fwd_kernel_from_env(&p->fwd_kernel))
+        FAIL(DT_ERR_INVALID_ARGUMENT, "DT_ATTN_KERNEL=%s is not auto, simple or mma",
+             getenv("DT_ATTN_KERNEL"));
 
     dt_attention_options def = DT_ATTENTION_OPTIONS_INIT;
     if (!opts) opts = &def;
@@ -130,6 +158,17 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
 #undef FAIL
     p->kv_bytes = (size_t)(p->b * p->c * p->hkv * p->D) * dt_dtype_size(p->dtype);
     return DT_SUCCESS;
+}
+
+dt_status attn_plan_check_fwd_kernel(const attn_plan *p, const char *op) {
+    char why[256] = "";
+    if (!p->kern || !p->kern->fwd_check) return DT_SUCCESS;
+    if (p->kern->fwd_check(p->ctx->backend, p->dtype, p->D, p->fwd_kernel, why, sizeof why) ==
+        DT_SUCCESS)
+        return DT_SUCCESS;
+    char msg[320];
+    snprintf(msg, sizeof msg, "DT_ATTN_KERNEL=%s: %s", dt_attn_fwd_kernel_name(p->fwd_kernel), why);
+    return attn_error(p, DT_ERR_NOT_SUPPORTED, op, msg);
 }
 
 /* All ranks must run the same call: compare everything the plan depends on. */

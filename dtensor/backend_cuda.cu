@@ -48,6 +48,7 @@ struct cuda_impl {
     long timeout_ms;
     int tf32;
     int sms;                    /* multiprocessors, for grid sizes */
+    int cc;                     /* compute capability, major * 10 + minor */
     int failed;                 /* a wait ran out or the device failed: never wait again */
     char failure[512];
     cudaStream_t compute, comm;
@@ -1023,6 +1024,12 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
         }                                                                     \
     } while (0)
     CREATE_TRY(cudaDeviceGetAttribute(&im->sms, cudaDevAttrMultiProcessorCount, o->device));
+    {
+        int major = 0, minor = 0;
+        CREATE_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o->device));
+        CREATE_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, o->device));
+        im->cc = major * 10 + minor;
+    }
     /* Non-blocking: no implicit ordering with the legacy default stream. */
     CREATE_TRY(cudaStreamCreateWithFlags(&im->compute, cudaStreamNonBlocking));
     CREATE_TRY(cudaStreamCreateWithFlags(&im->comm, cudaStreamNonBlocking));
@@ -1047,6 +1054,10 @@ extern "C" int dt_backend_is_cuda(const dt_backend *b) { return b && b->ops == &
 
 extern "C" int dt_backend_cuda_device(const dt_backend *b) {
     return dt_backend_is_cuda(b) ? impl_of(b)->device : -1;
+}
+
+extern "C" int dt_backend_cuda_compute_capability(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? impl_of(b)->cc : 0;
 }
 
 extern "C" void *dt_backend_cuda_compute_stream(const dt_backend *b) {

@@ -47,6 +47,9 @@ dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *opts, dt_backe
 
 /* Accessors (b must be a CUDA backend). Streams are cudaStream_t. */
 int dt_backend_cuda_device(const dt_backend *b);
+/* The device's compute capability as major * 10 + minor (90 for an H100),
+ * read once when the backend is created. */
+int dt_backend_cuda_compute_capability(const dt_backend *b);
 void *dt_backend_cuda_compute_stream(const dt_backend *b);
 void *dt_backend_cuda_comm_stream(const dt_backend *b);
 void dt_backend_cuda_set_tf32(dt_backend *b, int on);

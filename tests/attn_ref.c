@@ -129,3 +129,15 @@ dt_status ref_get_f32(const dt_tensor *t, float *out) {
     free(tmp);
     return st;
 }
+
+dt_status ref_set_local(struct dt_tensor *t, const double *local) {
+    size_t n = (size_t)dt_tensor_local_numel(t);
+    dt_dtype dt = dt_tensor_dtype(t);
+    size_t es = dt_dtype_size(dt);
+    unsigned char *buf = malloc(n * es + 1);
+    if (!buf) return dt_error(DT_ERR_OUT_OF_MEMORY, "ref_set_local: out of host memory");
+    for (size_t i = 0; i < n; i++) dt_value_set(buf, dt, i, (float)local[i]);
+    dt_status st = dt_tensor_set_local(t, buf, n * es);
+    free(buf);
+    return st;
+}

@@ -17,7 +17,8 @@ typedef struct attn_shape {
     int64_t B, S, H, Hkv, D;
 } attn_shape;
 
-/* n values dt_random_value(seed, i) as the dtype stores them, in double. */
+/* n values dt_random_value(seed, i) as the dtype (fp32, bf16, fp16) stores
+ * them, in double. */
 double *ref_input(uint64_t seed, int64_t n, dt_dtype dtype);
 
 void ref_attention_forward(const attn_shape *s, const double *q, const double *k,
@@ -41,6 +42,11 @@ void ref_local_lse(const double *full, int64_t B, int64_t S, int64_t heads, dt_o
                    int P, int j, int t, int64_t heads_local, double *out);
 
 struct dt_tensor;
-/* The local data of a fp32 or bf16 tensor, widened to fp32. */
+/* The local data of a fp32, bf16 or fp16 tensor, widened to fp32. */
 dt_status ref_get_f32(const struct dt_tensor *t, float *out);
+
+/* Sets the local data of a fp32, bf16 or fp16 tensor from doubles (each
+ * rounded to nearest even in the tensor's dtype): the way to give a tensor
+ * chosen inputs, such as logits of magnitude 1e4. */
+dt_status ref_set_local(struct dt_tensor *t, const double *local);
 #endif /* DT_TEST_ATTN_REF_H */

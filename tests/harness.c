@@ -175,6 +175,8 @@ long h_compare_tol(const char *what, const float *got, const double *ref, const 
 }
 
 int h_run_cases(const char *group, const struct CMUnitTest *tests, size_t n) {
+    const char *filter = getenv("DT_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     return _cmocka_run_group_tests(group, tests, n, NULL, NULL);
 }
 

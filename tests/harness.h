@@ -76,7 +76,9 @@ void h_local_of_f64(const double *full, int ndim, const int64_t *shape, const dt
 long h_compare_tol(const char *what, const float *got, const double *ref, const double *tol,
                    size_t n, double *max_err);
 
-/* Runs a table of n tests as one cmocka group; returns the number failed. */
+/* Runs a table of n tests as one cmocka group; returns the number failed.
+ * DT_TEST_FILTER, if set, runs only the tests whose names match it (cmocka's
+ * pattern: * and ? wildcards), e.g. 'forward/cuda-kernels*'. */
 struct CMUnitTest;
 int h_run_cases(const char *group, const struct CMUnitTest *tests, size_t n);
 

@@ -5,7 +5,14 @@
  *   over keys j <= i (causal) or all j; lse = log sum_j exp(scale q.k).
  * Inputs come from dt_random_value(seed, global index); each rank checks its
  * own rows, located with the test's own index maps (harness.c). Rank threads
- * record; the main thread asserts. */
+ * record; the main thread asserts.
+ *
+ * The CUDA tensor-core kernel (attention/block_cuda_mma.cu) is covered three
+ * ways: its index math (attention/mma_layout.h) against an emulation of
+ * ldmatrix and mma.sync written here from the PTX ISA, and its tile bounds
+ * against dt_attn_tile_class — both run everywhere; and, on a GPU, the
+ * "forward/cuda-kernels/..." cases run the distributed forward with
+ * DT_ATTN_KERNEL=simple and =mma against the double reference. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +26,7 @@
 
 #include "attention/attention.h"
 #include "attention/block.h"
+#include "attention/mma_layout.h"
 #include "dtensor/dtensor.h"
 #include "attn_ref.h"
 #include "harness.h"
@@ -36,6 +44,8 @@ typedef struct fwd_case {
     dt_dtype dtype;
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
+    int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, then =mma, each checked */
+    int huge;                  /* q, k multiples of 25: logits of magnitude 1e4 (exact in fp32) */
     /* filled by the test */
     double *q, *k, *v, *o_ref, *lse_ref;
     dt_status st[MAXP * 2];
@@ -61,17 +71,31 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, qshape, &lay, &q), out);
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, kshape, &lay, &k), out);
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, kshape, &lay, &v), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(q, c->seed), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(k, c->seed + 1), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(v, c->seed + 2), out);
+    /* Rows of this rank: heads [t*h, t*h+h), sequence indices of its shard. */
+    int t = dt_mesh_coord(mesh, 0), j = dt_mesh_coord(mesh, 1);
+    int64_t c_rows = s->S / c->P, h = s->H / c->tp, hkv = s->Hkv / c->tp;
+    size_t n = (size_t)(s->B * c_rows * h * s->D), nl = (size_t)(s->B * h * c_rows);
+    if (c->kernels) {
+        /* fp16 and chosen values: each rank sets its rows of the test's inputs */
+        size_t nkv = (size_t)(s->B * c_rows * hkv * s->D);
+        ref = malloc((n > nkv ? n : nkv) * sizeof *ref);
+        ref_local_rows(c->q, s->B, s->S, s->H, s->D, c->order, c->P, j, t, h, ref);
+        DT_TRY_GOTO(st, ref_set_local(q, ref), out);
+        ref_local_rows(c->k, s->B, s->S, s->Hkv, s->D, c->order, c->P, j, t, hkv, ref);
+        DT_TRY_GOTO(st, ref_set_local(k, ref), out);
+        ref_local_rows(c->v, s->B, s->S, s->Hkv, s->D, c->order, c->P, j, t, hkv, ref);
+        DT_TRY_GOTO(st, ref_set_local(v, ref), out);
+        free(ref);
+        ref = NULL;
+    } else {
+        DT_TRY_GOTO(st, dt_tensor_fill_random(q, c->seed), out);
+        DT_TRY_GOTO(st, dt_tensor_fill_random(k, c->seed + 1), out);
+        DT_TRY_GOTO(st, dt_tensor_fill_random(v, c->seed + 2), out);
+    }
     dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
     opts.mask = c->mask;
     DT_TRY_GOTO(st, dt_attention_forward(q, k, v, &opts, &o, &lse), out);
 
-    /* Expected rows of this rank: heads [t*h, t*h+h), sequence indices of its shard. */
-    int t = dt_mesh_coord(mesh, 0), j = dt_mesh_coord(mesh, 1);
-    int64_t c_rows = s->S / c->P, h = s->H / c->tp;
-    size_t n = (size_t)(s->B * c_rows * h * s->D), nl = (size_t)(s->B * h * c_rows);
     got = malloc(n * sizeof *got);
     got_lse = malloc(nl * sizeof *got_lse);
     ref = malloc(n * sizeof *ref);
@@ -99,6 +123,56 @@ out:
     return st;
 }
 
+/* Sets (value != NULL) or unsets DT_ATTN_KERNEL on the main thread, while
+ * no rank thread runs; returns the previous value (malloc'd, or NULL). */
+static char *set_kernel_env(const char *value) {
+    const char *old = getenv("DT_ATTN_KERNEL");
+    char *saved = old ? strdup(old) : NULL;
+    if (value) setenv("DT_ATTN_KERNEL", value, 1);
+    else unsetenv("DT_ATTN_KERNEL");
+    return saved;
+}
+
+static void restore_kernel_env(char *saved) {
+    if (saved) setenv("DT_ATTN_KERNEL", saved, 1);
+    else unsetenv("DT_ATTN_KERNEL");
+    free(saved);
+}
+
+/* Logits of magnitude 1e4: q, k multiples of 25 (exact in bf16 and fp16),
+ * so every q.k is an exact integer in fp32. */
+static double *huge_input(int64_t n, int which) {
+    double *x = malloc((size_t)n * sizeof *x);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = 25.0 * (double)(((i * (which ? 3 : 7)) % 5) - 2);
+    return x;
+}
+
+/* One launch of the case: 1 if every rank succeeded and matched the
+ * reference, else 0 after printing what failed. `kernel` names the
+ * DT_ATTN_KERNEL value in force (NULL: not set by the test). The caller
+ * asserts, after restoring the environment and freeing the inputs. */
+static int launch_case(fwd_case *c, dt_backend_kind backend, const char *kernel) {
+    memset(c->st, 0, sizeof c->st);
+    memset(c->bad, 0, sizeof c->bad);
+    memset(c->max_err, 0, sizeof c->max_err);
+    dt_status st = h_launch_on(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, rank_forward, c);
+    const char *k = kernel ? kernel : "unset";
+    int ok = st == DT_SUCCESS;
+    if (!ok) print_error("%s (DT_ATTN_KERNEL %s): %s\n", c->name, k, dt_last_error());
+    for (int r = 0; r < c->P * c->tp; r++) {
+        if (c->st[r] != DT_SUCCESS) {
+            print_error("rank %d (DT_ATTN_KERNEL %s): %s\n", r, k, c->msg[r]);
+            ok = 0;
+        } else if (c->bad[r] || !(c->max_err[r] < (c->dtype == DT_F32 ? 1e-5 : 2e-2))) {
+            print_error("rank %d (DT_ATTN_KERNEL %s): %ld mismatches, max error %.3g\n", r, k,
+                        c->bad[r], c->max_err[r]);
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
 static void run_forward_case(void **state) {
     fwd_case *c = *state;
     const attn_shape *s = &c->s;
@@ -109,26 +183,32 @@ static void run_forward_case(void **state) {
         skip();
     }
     int64_t nq = s->B * s->S * s->H * s->D, nk = s->B * s->S * s->Hkv * s->D;
-    c->q = ref_input(c->seed, nq, c->dtype);
-    c->k = ref_input(c->seed + 1, nk, c->dtype);
+    c->q = c->huge ? huge_input(nq, 0) : ref_input(c->seed, nq, c->dtype);
+    c->k = c->huge ? huge_input(nk, 1) : ref_input(c->seed + 1, nk, c->dtype);
     c->v = ref_input(c->seed + 2, nk, c->dtype);
     c->o_ref = malloc((size_t)nq * sizeof(double));
     c->lse_ref = malloc((size_t)(s->B * s->H * s->S) * sizeof(double));
     ref_attention_forward(s, c->q, c->k, c->v, c->mask == DT_ATTN_CAUSAL, 1.0 / sqrt((double)s->D), c->o_ref,
               c->lse_ref);
-    dt_status st = h_launch_on(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, rank_forward, c);
+    int ok_simple = 1, ok = 1;
+    if (c->kernels) {
+        /* Both CUDA forward kernels on the same inputs, each against the
+         * reference; the variable is read when each call's plan is made. */
+        char *saved = set_kernel_env("simple");
+        ok_simple = launch_case(c, backend, "simple");
+        setenv("DT_ATTN_KERNEL", "mma", 1);
+        ok = launch_case(c, backend, "mma");
+        restore_kernel_env(saved);
+    } else {
+        ok = launch_case(c, backend, NULL);
+    }
     free(c->q);
     free(c->k);
     free(c->v);
     free(c->o_ref);
     free(c->lse_ref);
-    if (st != DT_SUCCESS) print_error("%s: %s\n", c->name, dt_last_error());
-    assert_int_equal(st, DT_SUCCESS);
-    for (int r = 0; r < c->P * c->tp; r++) {
-        assert_int_equal(c->st[r], DT_SUCCESS);
-        assert_int_equal(c->bad[r], 0);
-        assert_true(c->max_err[r] < (c->dtype == DT_F32 ? 1e-5 : 2e-2));
-    }
+    assert_true(ok_simple);
+    assert_true(ok);
 }
 
 /* ------------------------------------------------------------ mask tests */
@@ -258,6 +338,382 @@ static void test_huge_logits(void **state) {
     assert_true(big >= 1e4);
     assert_int_equal(h_compare("huge logits: o", o, o_ref, S * D, 1e-5, 1e-5, NULL), 0);
     assert_int_equal(h_compare("huge logits: lse", lse, lse_ref, S, 1e-5, 1e-6, NULL), 0);
+}
+
+/* ------------------------------------- tensor-core kernel, on the CPU */
+
+/* An emulation of the two warp-wide PTX instructions the tensor-core kernel
+ * (attention/block_cuda_mma.cu) is built on, written here from the PTX
+ * ISA's tables, independently of attention/mma_layout.h. Running the
+ * kernel's loops with the kernel's index functions (mma_layout.h) over it
+ * must give plain matmuls. A .b32 register is a pair of 16-bit halves, held
+ * as floats (low half first); values are whatever the tile holds. */
+typedef struct emu_reg {
+    float h[2];
+} emu_reg;
+
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l gives addr[l],
+ * the element offset of row l % 8 of matrix l / 8 (16-byte aligned);
+ * register m of lane l receives M_m[l/4][2(l%4) + h], h = 0, 1, or with
+ * .trans M_m[2(l%4) + h][l/4], where M_m[r][c] = smem[addr[8m + r] + c]. */
+static void emu_ldmatrix(const float *smem, const int addr[32], int trans, emu_reg out[32][4]) {
+    for (int l = 0; l < 32; l++) assert_int_equal(addr[l] % 8, 0);
+    for (int l = 0; l < 32; l++)
+        for (int m = 0; m < 4; m++)
+            for (int h = 0; h < 2; h++) {
+                int r = trans ? 2 * (l % 4) + h : l / 4, c = trans ? l / 4 : 2 * (l % 4) + h;
+                out[l][m].h[h] = smem[addr[8 * m + r] + c];
+            }
+}
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: d += A B. With g = l >> 2,
+ * t = l % 4 and element i of a fragment = half i % 2 of register i / 2:
+ *   A (8 elements): row g for i in {0, 1, 4, 5}, else g + 8;
+ *                   col 2t + (i & 1), plus 8 for i >= 4
+ *   B (4 elements): row 2t + (i & 1), plus 8 for i >= 2; col g
+ *   C (4 floats):   row g for i < 2, else g + 8; col 2t + (i & 1) */
+static void emu_mma(float d[32][4], emu_reg a[32][4], emu_reg b0[32], emu_reg b1[32]) {
+    double A[16][16], B[16][8];
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) A[r][c] = NAN;
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 8; c++) B[r][c] = NAN;
+    for (int l = 0; l < 32; l++) {
+        int g = l >> 2, t = l % 4;
+        for (int i = 0; i < 8; i++) {
+            int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+            int col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+            A[row][col] = a[l][i / 2].h[i % 2];
+        }
+        for (int i = 0; i < 4; i++)
+            B[2 * t + (i & 1) + (i >= 2 ? 8 : 0)][g] = (i / 2 ? b1 : b0)[l].h[i % 2];
+    }
+    for (int l = 0; l < 32; l++) {
+        int g = l >> 2, t = l % 4;
+        for (int i = 0; i < 4; i++) {
+            int row = i < 2 ? g : g + 8, col = 2 * t + (i & 1);
+            double sum = 0;
+            for (int k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
+            d[l][i] += (float)sum;
+        }
+    }
+}
+
+/* The 8 row addresses of each matrix of an ldmatrix.x4 fall in 8 distinct
+ * 16-byte bank groups (tiles start on 128-byte boundaries): no conflict. */
+static void check_banks(const int addr[32]) {
+    for (int m = 0; m < 4; m++) {
+        int seen = 0;
+        for (int r = 0; r < 8; r++) seen |= 1 << ((addr[8 * m + r] * 2 / 16) % 8);
+        assert_int_equal(seen, 0xff);
+    }
+}
+
+/* Lane l's ldmatrix address for a 16x16 block at (row0, col0) of a tile. */
+typedef int (*lane_fn)(int lane);
+static void ldsm_addrs(int addr[32], int row0, int col0, lane_fn row, lane_fn col, int D) {
+    for (int l = 0; l < 32; l++) addr[l] = dt_mma_swz(row0 + row(l), col0 + col(l), D);
+    check_banks(addr);
+}
+
+/* One query tile through the kernel's steps for head dim D: the cp.async
+ * copies into swizzled tiles, Q fragments, S = Q K^T, P re-packed from S,
+ * O = P V, every element located with the kernel's functions. */
+static void check_mma_tile(int D, uint64_t seed) {
+    enum { R = 64 };   /* rows of every tile: DT_MMA_BM = DT_MMA_BN */
+    assert_int_equal(DT_MMA_BM, R);
+    assert_int_equal(DT_MMA_BN, R);
+    float *q = malloc(sizeof(float) * R * D), *k = malloc(sizeof(float) * R * D);
+    float *v = malloc(sizeof(float) * R * D), *sq = malloc(sizeof(float) * R * D);
+    float *sk = malloc(sizeof(float) * R * D), *sv = malloc(sizeof(float) * R * D);
+    int *hits = calloc((size_t)(R * D), sizeof(int));
+    for (int i = 0; i < R * D; i++) {
+        q[i] = dt_random_value(seed, (uint64_t)i);
+        k[i] = dt_random_value(seed + 1, (uint64_t)i);
+        v[i] = dt_random_value(seed + 2, (uint64_t)i);
+    }
+    /* Copies: each lands 16-byte aligned, every element exactly once, and a
+     * chunk's 8 elements stay contiguous. */
+    for (int e = 0; e < R * D / 8; e++) {
+        int r = dt_mma_copy_row(e, D), c = dt_mma_copy_col(e, D), off = dt_mma_swz(r, c, D);
+        assert_true(r >= 0 && r < R && c >= 0 && c < D && c % 8 == 0);
+        assert_int_equal(off % 8, 0);
+        for (int w = 0; w < 8; w++) {
+            assert_int_equal(dt_mma_swz(r, c + w, D), off + w);
+            sq[off + w] = q[r * D + c + w];
+            sk[off + w] = k[r * D + c + w];
+            sv[off + w] = v[r * D + c + w];
+            hits[off + w]++;
+        }
+    }
+    for (int i = 0; i < R * D; i++) assert_int_equal(hits[i], 1);
+
+    static emu_reg qf[8][32][4], kb[32][4], vb[32][4], pa[32][4], b0[32], b1[32];
+    static float s[R / 8][32][4], o[16][32][4];
+    static double pm[16][R];
+    int addr[32];
+    long bad = 0;
+    for (int warp = 0; warp < DT_MMA_WARPS; warp++) {
+        for (int kk = 0; kk < D / 16; kk++) {
+            ldsm_addrs(addr, 16 * warp, 16 * kk, dt_mma_ldsm_a_row, dt_mma_ldsm_a_col, D);
+            emu_ldmatrix(sq, addr, 0, qf[kk]);
+        }
+        /* S = Q K^T (tile_scores) */
+        memset(s, 0, sizeof s);
+        for (int kk = 0; kk < D / 16; kk++)
+            for (int jj = 0; jj < R / 16; jj++) {
+                ldsm_addrs(addr, 16 * jj, 16 * kk, dt_mma_ldsm_k_row, dt_mma_ldsm_k_col, D);
+                emu_ldmatrix(sk, addr, 0, kb);
+                for (int l = 0; l < 32; l++) b0[l] = kb[l][0], b1[l] = kb[l][1];
+                emu_mma(s[2 * jj], qf[kk], b0, b1);
+                for (int l = 0; l < 32; l++) b0[l] = kb[l][2], b1[l] = kb[l][3];
+                emu_mma(s[2 * jj + 1], qf[kk], b0, b1);
+            }
+        int cover[16][R];
+        memset(cover, 0, sizeof cover);
+        for (int j = 0; j < R / 8; j++)
+            for (int l = 0; l < 32; l++)
+                for (int i = 0; i < 4; i++) {
+                    int row = dt_mma_c_row(l, i), col = 8 * j + dt_mma_c_col(l, i);
+                    /* the lane's rows are g and g + 8 (the softmax's halves) */
+                    assert_int_equal(row, (l >> 2) + 8 * dt_mma_c_half(i));
+                    cover[row][col]++;
+                    double ref = 0;
+                    for (int d = 0; d < D; d++) ref += (double)q[(16 * warp + row) * D + d] * k[col * D + d];
+                    if (fabs(s[j][l][i] - ref) > 1e-4 * (1 + fabs(ref)) && bad++ < 5)
+                        fprintf(stderr, "  S: D=%d warp %d lane %d tile %d elem %d: %g, expected %g\n",
+                                D, warp, l, j, i, s[j][l][i], ref);
+                    pm[row][col] = s[j][l][i];
+                }
+        for (int r = 0; r < 16; r++)
+            for (int c = 0; c < R; c++) assert_int_equal(cover[r][c], 1);
+        /* O = P V with P = S (tile_pv) */
+        memset(o, 0, sizeof o);
+        for (int kk = 0; kk < R / 16; kk++) {
+            for (int l = 0; l < 32; l++)
+                for (int r = 0; r < 4; r++) {
+                    int j = dt_mma_p_tile(kk, r), e = dt_mma_p_elem(r);
+                    pa[l][r].h[0] = s[j][l][e];
+                    pa[l][r].h[1] = s[j][l][e + 1];
+                }
+            for (int jd = 0; jd < D / 16; jd++) {
+                ldsm_addrs(addr, 16 * kk, 16 * jd, dt_mma_ldsm_v_row, dt_mma_ldsm_v_col, D);
+                emu_ldmatrix(sv, addr, 1, vb);
+                for (int l = 0; l < 32; l++) b0[l] = vb[l][0], b1[l] = vb[l][1];
+                emu_mma(o[2 * jd], pa, b0, b1);
+                for (int l = 0; l < 32; l++) b0[l] = vb[l][2], b1[l] = vb[l][3];
+                emu_mma(o[2 * jd + 1], pa, b0, b1);
+            }
+        }
+        for (int j = 0; j < D / 8; j++)
+            for (int l = 0; l < 32; l++)
+                for (int i = 0; i < 4; i++) {
+                    int row = dt_mma_c_row(l, i), col = 8 * j + dt_mma_c_col(l, i);
+                    double ref = 0;
+                    for (int y = 0; y < R; y++) ref += pm[row][y] * v[y * D + col];
+                    if (fabs(o[j][l][i] - ref) > 1e-4 * (1 + fabs(ref)) && bad++ < 5)
+                        fprintf(stderr, "  O: D=%d warp %d lane %d tile %d elem %d: %g, expected %g\n",
+                                D, warp, l, j, i, o[j][l][i], ref);
+                }
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(sq);
+    free(sk);
+    free(sv);
+    free(hits);
+    assert_int_equal(bad, 0);
+}
+
+static void test_mma_fragments(void **state) {
+    (void)state;
+    for (int seed = 1; seed <= 3; seed++) {
+        check_mma_tile(64, (uint64_t)(40 * seed));
+        check_mma_tile(128, (uint64_t)(40 * seed + 7));
+    }
+}
+
+/* The tensor-core kernel's closed-form bounds agree with mask.h: per-row key
+ * limits with the element rule; the visited key tiles are exactly the
+ * non-empty ones; the unmasked ones are full and whole. */
+static void check_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {
+    for (int64_t x = 0; x < q.len; x++) {
+        int64_t n = 0;
+        for (int64_t y = 0; y < k.len; y++)
+            n += mask == DT_ATTN_FULL || dt_attn_pos(q, x) >= dt_attn_pos(k, y);
+        assert_int_equal(dt_mma_key_limit(mask, q, x, k), n);
+    }
+    const int64_t ktiles = (k.len + DT_MMA_BN - 1) / DT_MMA_BN;
+    for (int64_t x0 = 0; x0 < q.len; x0 += DT_MMA_BM) {
+        int64_t x1 = x0 + DT_MMA_BM < q.len ? x0 + DT_MMA_BM : q.len;
+        int64_t nt = dt_mma_key_tiles(dt_mma_key_limit(mask, q, x1 - 1, k));
+        int64_t nu = dt_mma_unmasked_tiles(dt_mma_key_limit(mask, q, x0, k));
+        assert_true(nu <= nt && nt <= ktiles);
+        for (int64_t kt = 0; kt < ktiles; kt++) {
+            int64_t y0 = kt * DT_MMA_BN, y1 = y0 + DT_MMA_BN < k.len ? y0 + DT_MMA_BN : k.len;
+            dt_attn_tile cls = dt_attn_tile_class(mask, q, x0, x1, k, y0, y1);
+            if ((kt < nt) != (cls != DT_TILE_EMPTY))
+                fail_msg("q (%lld,%lld,%lld) k (%lld,%lld,%lld) x0 %lld kt %lld: visited %d, class %d",
+                         (long long)q.start, (long long)q.stride, (long long)q.len,
+                         (long long)k.start, (long long)k.stride, (long long)k.len,
+                         (long long)x0, (long long)kt, kt < nt, (int)cls);
+            if (kt < nu) assert_true(cls == DT_TILE_FULL && y0 + DT_MMA_BN <= k.len);
+        }
+    }
+}
+
+static void test_mma_tile_bounds(void **state) {
+    (void)state;
+    const int64_t qlens[] = {1, 63, 64, 65, 130, 200}, klens[] = {1, 64, 65, 200};
+    const int64_t strides[][2] = {{1, 1}, {2, 2}, {3, 3}, {8, 8}, {1, 2}, {3, 1}};
+    const int64_t qstarts[] = {0, 1, 7, 130}, kstarts[] = {0, 2, 65};
+    for (int mk = 0; mk < 2; mk++)
+        for (size_t a = 0; a < 6; a++)
+            for (size_t b = 0; b < 4; b++)
+                for (size_t st = 0; st < 6; st++)
+                    for (size_t i = 0; i < 4; i++)
+                        for (size_t j = 0; j < 3; j++) {
+                            dt_attn_segment q = {qstarts[i], strides[st][0], qlens[a]};
+                            dt_attn_segment k = {kstarts[j], strides[st][1], klens[b]};
+                            check_bounds(mk ? DT_ATTN_FULL : DT_ATTN_CAUSAL, q, k);
+                        }
+    /* the segments of real shardings */
+    for (int p = 1; p <= MAXP; p++)
+        for (int o = 0; o < DT_ORDER_COUNT; o++)
+            for (int j = 0; j < p; j++)
+                for (int src = 0; src < p; src++) {
+                    dt_attn_segment qs[2], ks[2];
+                    int nq = dt_attn_segments((dt_order)o, 2 * p * 67, p, j, qs);
+                    int nk = dt_attn_segments((dt_order)o, 2 * p * 67, p, src, ks);
+                    for (int a = 0; a < nq; a++)
+                        for (int b = 0; b < nk; b++) check_bounds(DT_ATTN_CAUSAL, qs[a], ks[b]);
+                }
+}
+
+/* DT_ATTN_KERNEL: a bad value is refused on every rank, before anything
+ * moves; on the CPU backend the valid values change nothing. */
+typedef struct env_case {
+    int P;
+    dt_status st[MAXP];
+    char msg[MAXP][512];
+    uint64_t sum[MAXP];
+} env_case;
+
+static uint64_t checksum(const dt_tensor *t);
+
+static dt_status rank_env(dt_context *ctx, void *arg) {
+    env_case *c = arg;
+    int r = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    dt_tensor *q = NULL, *o = NULL;
+    int sizes[1] = {c->P};
+    dt_status st = dt_mesh_create(ctx, 1, sizes, NULL, &mesh);
+    dt_layout lay = dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED));
+    int64_t shape[4] = {1, 10 * c->P, 2, 16};
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_BF16, 4, shape, &lay, &q);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_random(q, 5);
+    if (st == DT_SUCCESS) st = dt_attention_forward(q, q, q, NULL, &o, NULL);
+    c->st[r] = st;
+    snprintf(c->msg[r], sizeof c->msg[r], "%s", st == DT_SUCCESS ? "" : dt_last_error());
+    c->sum[r] = st == DT_SUCCESS ? checksum(o) : 0;
+    dt_tensor_destroy(o);
+    dt_tensor_destroy(q);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_kernel_env(void **state) {
+    (void)state;
+    env_case base = {.P = 2}, c = {.P = 2};
+    char *saved = set_kernel_env(NULL);
+    dt_status st0 = h_launch(2, rank_env, &base);
+    setenv("DT_ATTN_KERNEL", "bogus", 1);
+    dt_status st1 = h_launch(2, rank_env, &c);
+    env_case ok[3] = {{.P = 2}, {.P = 2}, {.P = 2}};
+    dt_status st2[3];
+    const char *vals[3] = {"auto", "simple", "mma"};
+    for (int i = 0; i < 3; i++) {
+        setenv("DT_ATTN_KERNEL", vals[i], 1);
+        st2[i] = h_launch(2, rank_env, &ok[i]);
+    }
+    restore_kernel_env(saved);
+    assert_int_equal(st0, DT_SUCCESS);
+    assert_int_equal(st1, DT_ERR_INVALID_ARGUMENT);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(c.st[r], DT_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(c.msg[r], "DT_ATTN_KERNEL=bogus is not auto, simple or mma"));
+    }
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(st2[i], DT_SUCCESS);
+        for (int r = 0; r < 2; r++) assert_true(ok[i].sum[r] == base.sum[r]);
+    }
+}
+
+/* CUDA: DT_ATTN_KERNEL=mma where the tensor-core kernel cannot run fails on
+ * every rank with DT_ERR_NOT_SUPPORTED naming what is missing; =simple runs
+ * the same calls. Skipped without a GPU. */
+typedef struct forced_case {
+    dt_dtype dtype;
+    int64_t D;
+    env_case r;
+} forced_case;
+
+static dt_status rank_forced(dt_context *ctx, void *arg) {
+    forced_case *c = arg;
+    int r = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    dt_tensor *q = NULL, *o = NULL;
+    int sizes[1] = {c->r.P};
+    dt_status st = dt_mesh_create(ctx, 1, sizes, NULL, &mesh);
+    dt_layout lay = dt_layout_1d(dt_shard(1, DT_ORDER_ZIGZAG));
+    int64_t shape[4] = {1, 20 * c->r.P, 2, c->D};
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, c->dtype, 4, shape, &lay, &q);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_random(q, 5);
+    if (st == DT_SUCCESS) st = dt_attention_forward(q, q, q, NULL, &o, NULL);
+    c->r.st[r] = st;
+    snprintf(c->r.msg[r], sizeof c->r.msg[r], "%s", st == DT_SUCCESS ? "" : dt_last_error());
+    dt_tensor_destroy(o);
+    dt_tensor_destroy(q);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_cuda_forced_mma_refused(void **state) {
+    (void)state;
+    char why[512];
+    if (!h_pair_available(2, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    struct { dt_dtype dtype; int64_t D; const char *needle; } t[] = {
+        {DT_F32, 64, "takes bf16 or fp16, not fp32"},
+        {DT_BF16, 96, "takes head dim 64 or 128, not 96"},
+    };
+    forced_case mma[2], simple[2];
+    dt_status st_mma[2], st_simple[2];
+    char *saved = set_kernel_env("mma");
+    for (int i = 0; i < 2; i++) {
+        mma[i] = (forced_case){.dtype = t[i].dtype, .D = t[i].D, .r = {.P = 2}};
+        st_mma[i] = h_launch_on(2, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_forced, &mma[i]);
+    }
+    setenv("DT_ATTN_KERNEL", "simple", 1);
+    for (int i = 0; i < 2; i++) {
+        simple[i] = (forced_case){.dtype = t[i].dtype, .D = t[i].D, .r = {.P = 2}};
+        st_simple[i] = h_launch_on(2, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_forced, &simple[i]);
+    }
+    restore_kernel_env(saved);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(st_mma[i], DT_ERR_NOT_SUPPORTED);
+        for (int r = 0; r < 2; r++) {
+            if (!strstr(mma[i].r.msg[r], t[i].needle))
+                print_error("rank %d: %s (want \"%s\")\n", r, mma[i].r.msg[r], t[i].needle);
+            assert_int_equal(mma[i].r.st[r], DT_ERR_NOT_SUPPORTED);
+            assert_non_null(strstr(mma[i].r.msg[r], t[i].needle));
+        }
+        if (st_simple[i] != DT_SUCCESS) print_error("simple: %s\n", simple[i].r.msg[0]);
+        assert_int_equal(st_simple[i], DT_SUCCESS);
+    }
 }
 
 /* ----------------------------------------------------- agreement, errors */
@@ -430,9 +886,9 @@ static void test_workspace_reuse(void **state) {
 /* ------------------------------------------------------------------ main */
 
 int main(void) {
-    enum { MAXC = 200 };
+    enum { MAXC = 256 };
     static fwd_case cases[MAXC];
-    static struct CMUnitTest tests[MAXC + 8];
+    static struct CMUnitTest tests[MAXC + 16];
     int n = 0, nc = 0;
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_segments_follow_the_orders);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_tile_classes_and_pairs);
@@ -441,6 +897,10 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ranks_that_disagree_fail_together);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_workspace_reuse);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_fragments);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_tile_bounds);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_env);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_forced_mma_refused);
     /* Every order, P = 1..8, causal and full, fp32 and bf16; local lengths
      * on both sides of the kernel's 64-row tile; GQA ratios 1, 2, 4. */
     for (int o = 0; o < DT_ORDER_COUNT; o++)
@@ -493,6 +953,50 @@ int main(void) {
                          dt_order_name(c->order), p, (long long)c->s.S, (long long)c->s.D,
                          dt_attn_mask_name(c->mask), dt_dtype_name(c->dtype));
             }
+    /* Both CUDA forward kernels (DT_ATTN_KERNEL=simple, then =mma) on every
+     * order, P = 1..3, causal and full, bf16 and fp16, head dim 64 or 128
+     * (alternating), GQA 1, 2, 4, local lengths 70, 134, 200 (never a multiple
+     * of the 64-row tiles; zigzag segments of 35, 67, 100); then logits of
+     * magnitude 1e4. Skipped without a GPU. */
+    for (int o = 0; o < DT_ORDER_COUNT; o++)
+        for (int p = 1; p <= 3; p++)
+            for (int mk = 0; mk < 2; mk++)
+                for (int dt = 0; dt < 2; dt++) {
+                    fwd_case *c = &cases[nc++];
+                    int64_t local = (int64_t[]){70, 134, 200}[(p + o + mk) % 3];
+                    int64_t hkv = (int64_t[]){4, 2, 1}[(p + o + dt) % 3];
+                    int64_t D = (p + o + mk + dt) % 2 ? 128 : 64;
+                    c->s = (attn_shape){1 + (p + dt) % 2, local * p, 4, hkv, D};
+                    c->P = p;
+                    c->tp = 1;
+                    c->order = (dt_order)o;
+                    c->mask = mk ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
+                    c->dtype = dt ? DT_F16 : DT_BF16;
+                    c->seed = 900 + (uint64_t)nc;
+                    c->backend = DT_BACKEND_CUDA;
+                    c->kernels = 1;
+                    snprintf(c->name, sizeof c->name,
+                             "forward/cuda-kernels/%s/P=%d,B=%lld,S=%lld,H=4,HKV=%lld,D=%lld,%s,%s",
+                             dt_order_name(c->order), p, (long long)c->s.B, (long long)c->s.S,
+                             (long long)hkv, (long long)D, dt_attn_mask_name(c->mask),
+                             dt_dtype_name(c->dtype));
+                }
+    for (int dt = 0; dt < 2; dt++) {
+        fwd_case *c = &cases[nc++];
+        c->s = (attn_shape){1, 2 * 134, 4, 2, 64};
+        c->P = 2;
+        c->tp = 1;
+        c->order = DT_ORDER_STRIPED;
+        c->mask = DT_ATTN_CAUSAL;
+        c->dtype = dt ? DT_F16 : DT_BF16;
+        c->seed = 990 + (uint64_t)dt;
+        c->backend = DT_BACKEND_CUDA;
+        c->kernels = 1;
+        c->huge = 1;
+        snprintf(c->name, sizeof c->name,
+                 "forward/cuda-kernels/striped/P=2,B=1,S=268,H=4,HKV=2,D=64,causal,%s,logits=1e4",
+                 dt_dtype_name(c->dtype));
+    }
     for (int i = 0; i < nc; i++) {
         tests[n] = (struct CMUnitTest){cases[i].name, run_forward_case, NULL, NULL, &cases[i]};
         n++;

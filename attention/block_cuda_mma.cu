@@ -1,0 +1,520 @@
+/* attention/block_cuda_mma.cu — the tensor-core forward block kernel
+ * (FlashAttention-2 style) for bf16 and fp16, head dims 64 and 128, compute
+ * capability >= 8.0. STATUS: written and compiled, never run on a GPU; the
+ * simple kernel in block_cuda.cu stays as the fallback and the cross-check
+ * (DT_ATTN_KERNEL=simple|mma|auto, block.h).
+ *
+ * Contract: dt_attn_kernels.fwd of block.h, the same as block_cpu.c and the
+ * simple kernel. One query segment against one key/value segment, GQA (query
+ * head h reads kv head h / (H/G)), the position mask of mask.h; the fp32
+ * running max m, sum l and unnormalised output acc of each query row are
+ * read at the start and written back at the end (fused accumulation, no
+ * merge pass).
+ *
+ * Work split. Grid (query tiles, heads, batch); a CTA of 4 warps (128
+ * threads) owns a tile of BM = 64 query rows of one (batch, head), warp w
+ * rows 16w .. 16w+15; key tiles of BN = 64. Per key tile, each warp:
+ *   S[16x64]  = Q[16xD] K^T          mma m16n8k16, Q as A fragments held in
+ *                                    registers, K via ldmatrix (B operand)
+ *   S = scale * S, masked (-inf) on partial tiles only
+ *   m' = max(m, rowmax S)            (quad shuffles: 4 lanes share a row)
+ *   P = exp(S - m'),  alpha = exp(m - m'),  l = alpha l + rowsum P
+ *   O[16xD]   = alpha O + P V        P re-packed from the S accumulators
+ *                                    into A fragments; V via ldmatrix.trans
+ * with O in fp32 registers (the acc rows, read at the start). Exponentials
+ * are exp2f((x - m) * log2(e)): m and the scores stay in natural-log units,
+ * exactly what block.h stores, so nothing is converted at the boundaries
+ * and logits of 1e4 lose nothing but the final subtraction's rounding. (FA2
+ * instead folds scale * log2(e) into one FFMA with a rounded m * scale *
+ * log2(e); that saves two FP32 ops per score but makes m inexact at
+ * |logit| ~ 1e4, where the block contract stores m across calls.) Rows
+ * that see no allowed key keep m = -inf and l = 0: the exponent uses 0 in
+ * place of an m' of -inf, so exp(-inf - -inf) never happens.
+ *
+ * Mask and skipped tiles (mask.h's rule, closed form). A query row x may
+ * attend keys y < limit(x) (dt_mma_key_limit: the count of keys at or
+ * before its position, or all keys without a mask), and limits grow with x.
+ * So for query tile [x0, x1) the non-empty key tiles are exactly 0 ..
+ * ceil(limit(x1-1) / BN) - 1 and the loop never visits an empty one (a CTA
+ * with none returns before loading anything); the first floor(limit(x0) /
+ * BN) of them are full (no per-element mask); the rest are masked with the
+ * per-row limits, which also masks keys past the segment's end in a last
+ * short tile. Query rows past the end of the segment are zero-filled,
+ * computed and never written.
+ *
+ * Shared memory (dynamic, (BM + 4 BN) * D * 2 bytes: 40 KiB at D = 64,
+ * 80 KiB at D = 128): [Q tile][K stage 0][K stage 1][V stage 0][V stage 1],
+ * each [64][D] 16-bit with the XOR swizzle of mma_layout.h (chunk c of row
+ * r at c ^ (r % 8): conflict-free ldmatrix). Copies are cp.async 16 bytes
+ * (.cg), zero-filled for rows past the segment. Pipeline: Q and key tile 0
+ * are one commit group; in iteration kt the copies of tile kt+1 go to the
+ * other stage and are committed before waiting for tile kt (wait_group 1),
+ * so they overlap tile kt's math; a __syncthreads after each tile's math
+ * keeps the next iteration's copies off the stage still being read.
+ *
+ * Every index comes from mma_layout.h, whose functions tests/test_attention.c
+ * runs on the CPU against an ldmatrix / mma.sync emulation written from the
+ * PTX ISA. GPU test: tests/test_attention.c, "forward/cuda-kernels/..."
+ * cases, DT_ATTN_KERNEL=simple and =mma against the double reference (make
+ * test; skipped without a GPU).
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "block_cuda_mma.h"
+#include "mma_layout.h"
+
+/* Device code for compute capability < 8.0 (NVCC_ARCH=sm_75, say) keeps
+ * only a trapping stub: bf16 mma.sync and cp.async need sm_80, and the host
+ * never launches the kernel on such a device (dt_attn_mma_supported). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define DT_MMA_STUB 1
+#endif
+
+namespace {
+
+constexpr int BM = DT_MMA_BM;             /* query rows per CTA */
+constexpr int BN = DT_MMA_BN;             /* keys per tile */
+constexpr int THREADS = DT_MMA_THREADS;   /* 4 warps */
+
+static_assert(BM == 16 * DT_MMA_WARPS, "one warp per 16 query rows");
+static_assert(BN % 16 == 0, "key tiles are whole k-steps of the P V product");
+
+#ifndef DT_MMA_STUB
+constexpr int NT_S = BN / 8;              /* n-tiles (8 keys each) of a warp's S */
+constexpr float LOG2E = 1.4426950408889634f;
+
+/* ------------------------------------------------------------ PTX wrappers */
+
+/* 32-bit shared-memory address of a generic pointer into shared memory. */
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* 16 bytes global -> shared, asynchronously; 16 zero bytes if !valid (the
+ * source is then not read, but is still a valid address). */
+__device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
+                 "l"(gmem), "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* Wait until at most N of this thread's commit groups are still in flight. */
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Four 8x8 b16 matrices; lane l gives the row address for matrix l / 8. */
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row))
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row))
+                 : "memory");
+}
+
+/* Per element type: the mma.sync variant and the fp32 pair -> .b32 packing
+ * (lo in the low half: the lower-indexed element of a fragment pair). */
+template <typename T>
+struct elem;
+
+template <>
+struct elem<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        uint32_t u;
+        memcpy(&u, &v, sizeof u);
+        return u;
+    }
+    /* d = A B + d, A 16x16 (4 regs), B 16x8 (2 regs), d 16x8 fp32. */
+    static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <>
+struct elem<__half> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        const __half2 v = __floats2half2_rn(lo, hi);
+        uint32_t u;
+        memcpy(&u, &v, sizeof u);
+        return u;
+    }
+    static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+/* Reductions over the 4 lanes of a quad (lanes 4g .. 4g+3 hold row g). */
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/* ------------------------------------------------------------ tile steps */
+
+/* Shared memory of the CTA: the Q tile, then two K stages, then two V
+ * stages, each [64][D] elements. */
+template <typename T, int D>
+__device__ __forceinline__ T *q_tile(unsigned char *smem) {
+    return reinterpret_cast<T *>(smem);
+}
+template <typename T, int D>
+__device__ __forceinline__ T *k_stage(unsigned char *smem, int stage) {
+    return reinterpret_cast<T *>(smem) + (BM + stage * BN) * D;
+}
+template <typename T, int D>
+__device__ __forceinline__ T *v_stage(unsigned char *smem, int stage) {
+    return reinterpret_cast<T *>(smem) + (BM + (2 + stage) * BN) * D;
+}
+
+/* Issue the copies of rows [row0, row0 + 64) of a row-major matrix (row r at
+ * base + r * row_stride, D contiguous elements) into a swizzled tile; rows
+ * >= nrows are zero-filled. All THREADS threads take part. */
+template <typename T, int D>
+__device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_stride, int64_t row0,
+                                          int64_t nrows) {
+    constexpr int COPIES = 64 * D / 8;   /* 16-byte copies per tile */
+    static_assert(COPIES % THREADS == 0, "every thread issues the same number of copies");
+#pragma unroll
+    for (int n = 0; n < COPIES / THREADS; n++) {
+        const int e = n * THREADS + (int)threadIdx.x;
+        const int r = dt_mma_copy_row(e, D), c = dt_mma_copy_col(e, D);
+        const bool valid = row0 + r < nrows;
+        const T *src = valid ? base + (row0 + r) * row_stride + c : base;
+        cp_async_16(tile + dt_mma_swz(r, c, D), src, valid);
+    }
+}
+
+/* This warp's 16 query rows of the Q tile as A fragments, one per k-step
+ * of 16 head-dim elements. */
+template <typename T, int D>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[D / 16][4], const T *sq, int warp,
+                                                 int lane) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        ldmatrix_x4(qf[kk], sq + dt_mma_swz(16 * warp + dt_mma_ldsm_a_row(lane),
+                                            16 * kk + dt_mma_ldsm_a_col(lane), D));
+}
+
+/* s = Q K^T for the warp's 16 rows and the 64 keys of a K stage: s[j] is
+ * the accumulator of n-tile j (keys 8j .. 8j+7 of the tile). */
+template <typename T, int D>
+__device__ __forceinline__ void tile_scores(float (&s)[NT_S][4], const uint32_t (&qf)[D / 16][4],
+                                            const T *sk, int lane) {
+#pragma unroll
+    for (int j = 0; j < NT_S; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) s[j][i] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+        for (int jj = 0; jj < BN / 16; jj++) {   /* keys 16jj .. 16jj+15: n-tiles 2jj, 2jj+1 */
+            uint32_t kb[4];
+            ldmatrix_x4(kb, sk + dt_mma_swz(16 * jj + dt_mma_ldsm_k_row(lane),
+                                            16 * kk + dt_mma_ldsm_k_col(lane), D));
+            elem<T>::mma(s[2 * jj], qf[kk], kb[0], kb[1]);
+            elem<T>::mma(s[2 * jj + 1], qf[kk], kb[2], kb[3]);
+        }
+}
+
+/* The online softmax of one key tile, on the lane's two rows (half 0: row
+ * g, half 1: row g+8 of the warp's 16). In: s = raw Q K^T. Out: s = P (fp32),
+ * m, l updated, o rescaled by alpha. MASKED: keys y >= lim[half] of the row
+ * become -inf (key0 is the tile's first key). */
+template <bool MASKED, int D>
+__device__ __forceinline__ void online_softmax(float (&s)[NT_S][4], float (&m)[2], float (&l)[2],
+                                               float (&o)[D / 8][4], const int64_t (&lim)[2],
+                                               int64_t key0, int lane, float scale) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NT_S; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int half = dt_mma_c_half(i);
+            float v = s[j][i] * scale;
+            if (MASKED && key0 + 8 * j + dt_mma_c_col(lane, i) >= lim[half]) v = -INFINITY;
+            s[j][i] = v;
+            mx[half] = fmaxf(mx[half], v);
+        }
+    float mu[2], alpha[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const float m_new = fmaxf(m[half], quad_max(mx[half]));
+        /* exponent base: 0 while the row has no allowed key (m_new = -inf),
+         * so every exp2f below sees -inf - 0, never -inf - -inf */
+        mu[half] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[half] = exp2f((m[half] - mu[half]) * LOG2E);   /* 0 when m was -inf */
+        m[half] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < NT_S; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int half = dt_mma_c_half(i);
+            const float p = exp2f((s[j][i] - mu[half]) * LOG2E);
+            s[j][i] = p;
+            sum[half] += p;
+        }
+#pragma unroll
+    for (int half = 0; half < 2; half++) l[half] = l[half] * alpha[half] + quad_sum(sum[half]);
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[j][i] *= alpha[dt_mma_c_half(i)];
+}
+
+/* o += P V: P from the S accumulators (rounded to T), V from a V stage. */
+template <typename T, int D>
+__device__ __forceinline__ void tile_pv(float (&o)[D / 8][4], const float (&p)[NT_S][4],
+                                        const T *sv, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {   /* keys 16kk .. 16kk+15 */
+        uint32_t pa[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int j = dt_mma_p_tile(kk, r), e = dt_mma_p_elem(r);
+            pa[r] = elem<T>::pack(p[j][e], p[j][e + 1]);
+        }
+#pragma unroll
+        for (int jd = 0; jd < D / 16; jd++) {   /* d 16jd .. 16jd+15: n-tiles 2jd, 2jd+1 */
+            uint32_t vb[4];
+            ldmatrix_x4_trans(vb, sv + dt_mma_swz(16 * kk + dt_mma_ldsm_v_row(lane),
+                                                  16 * jd + dt_mma_ldsm_v_col(lane), D));
+            elem<T>::mma(o[2 * jd], pa, vb[0], vb[1]);
+            elem<T>::mma(o[2 * jd + 1], pa, vb[2], vb[3]);
+        }
+    }
+}
+
+/* Query tiles in reverse launch order: under a causal mask the last tiles
+ * have the most keys, and starting them first shortens the tail. */
+__device__ __forceinline__ int64_t query_tile_of_block() {
+    return (int64_t)gridDim.x - 1 - (int64_t)blockIdx.x;
+}
+
+#endif /* !DT_MMA_STUB */
+
+/* ------------------------------------------------------------ the kernel */
+
+/* grid: (ceil(qseg.len / 64), heads, batch); block: 128 threads; dynamic
+ * shared memory (BM + 4 BN) * D * sizeof(T). */
+template <typename T, int D>
+__global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_args a) {
+#ifdef DT_MMA_STUB
+    (void)a;
+    __trap();   /* never launched: the host requires compute capability >= 8.0 */
+#else
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int64_t H = a.heads, G = a.kv_heads;
+    const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (H / G);
+    const int64_t nq = a.qseg.len, nk = a.kseg.len;
+    const int64_t x0 = query_tile_of_block() * BM;
+    const int64_t x1 = x0 + BM < nq ? x0 + BM : nq;
+
+    /* Key tiles to visit (the non-empty ones) and how many need no mask;
+     * uniform over the CTA, so the early return and the loop are too. */
+    const int64_t n_tiles = dt_mma_key_tiles(dt_mma_key_limit(a.mask, a.qseg, x1 - 1, a.kseg));
+    const int64_t n_unmasked = dt_mma_unmasked_tiles(dt_mma_key_limit(a.mask, a.qseg, x0, a.kseg));
+    if (n_tiles == 0) return;   /* every key comes after every query: m, l, acc unchanged */
+
+    const T *qg = static_cast<const T *>(a.q) + b * a.q_batch_stride + h * D;   /* row x: + x H D */
+    const T *kg = static_cast<const T *>(a.k) + b * a.kv_batch_stride + g * D;  /* row y: + y G D */
+    const T *vg = static_cast<const T *>(a.v) + b * a.kv_batch_stride + g * D;
+    float *accg = a.acc + b * a.acc_batch_stride + h * D;                        /* row x: + x H D */
+    float *mg = a.m + b * a.ml_batch_stride + h * a.ml_head_stride;              /* row x: + x */
+    float *lg = a.l + b * a.ml_batch_stride + h * a.ml_head_stride;
+
+    /* Group 0: the Q tile and key tile 0 (stage 0). */
+    load_tile<T, D>(q_tile<T, D>(smem), qg, H * D, x0, nq);
+    load_tile<T, D>(k_stage<T, D>(smem, 0), kg, G * D, 0, nk);
+    load_tile<T, D>(v_stage<T, D>(smem, 0), vg, G * D, 0, nk);
+    cp_async_commit();
+
+    /* The lane's two query rows and their running state, read while the
+     * copies fly. o[j][i] is accumulator element i of n-tile j (head-dim
+     * columns 8j .. 8j+7): row dt_mma_c_row(lane, i), column 8j +
+     * dt_mma_c_col(lane, i). Elements 2 half and 2 half + 1 are adjacent
+     * columns of one row: one float2. */
+    int64_t row[2], lim[2];
+    bool live[2];
+    float m[2], l[2], o[D / 8][4];
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        row[half] = x0 + 16 * warp + dt_mma_c_row(lane, 2 * half);
+        live[half] = row[half] < nq;
+        m[half] = live[half] ? mg[row[half]] : -INFINITY;
+        l[half] = live[half] ? lg[row[half]] : 0.0f;
+        lim[half] = live[half] ? dt_mma_key_limit(a.mask, a.qseg, row[half], a.kseg) : 0;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            float2 v = make_float2(0.0f, 0.0f);
+            if (live[half])
+                v = *reinterpret_cast<const float2 *>(accg + row[half] * H * D + 8 * j +
+                                                      dt_mma_c_col(lane, 2 * half));
+            o[j][2 * half] = v.x;
+            o[j][2 * half + 1] = v.y;
+        }
+    }
+
+    uint32_t qf[D / 16][4];
+    for (int64_t kt = 0; kt < n_tiles; kt++) {
+        const int stage = (int)(kt & 1);
+        if (kt + 1 < n_tiles) {
+            load_tile<T, D>(k_stage<T, D>(smem, stage ^ 1), kg, G * D, (kt + 1) * BN, nk);
+            load_tile<T, D>(v_stage<T, D>(smem, stage ^ 1), vg, G * D, (kt + 1) * BN, nk);
+            cp_async_commit();
+            cp_async_wait<1>();   /* all but tile kt+1's group: tile kt (and Q) have landed */
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();   /* every thread's copies of tile kt are visible to all */
+        if (kt == 0) load_q_fragments<T, D>(qf, q_tile<T, D>(smem), warp, lane);
+
+        float s[NT_S][4];
+        tile_scores<T, D>(s, qf, k_stage<T, D>(smem, stage), lane);
+        if (kt < n_unmasked)
+            online_softmax<false, D>(s, m, l, o, lim, kt * BN, lane, a.scale);
+        else
+            online_softmax<true, D>(s, m, l, o, lim, kt * BN, lane, a.scale);
+        tile_pv<T, D>(o, s, v_stage<T, D>(smem, stage), lane);
+        __syncthreads();   /* stage is refilled by iteration kt+1's copies */
+    }
+
+    /* Write back; the 4 lanes of a quad hold the same m and l. */
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        if (!live[half]) continue;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *reinterpret_cast<float2 *>(accg + row[half] * H * D + 8 * j +
+                                        dt_mma_c_col(lane, 2 * half)) =
+                make_float2(o[j][2 * half], o[j][2 * half + 1]);
+        if ((lane & 3) == 0) {
+            mg[row[half]] = m[half];
+            lg[row[half]] = l[half];
+        }
+    }
+#endif
+}
+
+template <typename T, int D>
+dt_status launch(cudaStream_t stream, const dt_attn_block_args *a) {
+    const size_t smem = (size_t)(BM + 4 * BN) * D * sizeof(T);
+    cudaError_t e = cudaFuncSetAttribute(fwd_mma_kernel<T, D>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return dt_error(DT_ERR_BACKEND, "attention (cuda mma): forward block: %zu bytes of shared "
+                        "memory: %s", smem, cudaGetErrorString(e));
+    }
+    const dim3 grid((unsigned)((a->qseg.len + BM - 1) / BM), (unsigned)a->heads,
+                    (unsigned)a->batch);
+    fwd_mma_kernel<T, D><<<grid, THREADS, smem, stream>>>(*a);
+    e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return dt_error(DT_ERR_BACKEND, "attention (cuda mma): forward block (D = %d, %s): %s", D,
+                        dt_dtype_name(a->dtype), cudaGetErrorString(e));
+    return DT_SUCCESS;
+}
+
+void say(char *why, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void say(char *why, size_t size, const char *fmt, ...) {
+    if (!why || !size) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, size, fmt, ap);
+    va_end(ap);
+}
+
+}  // namespace
+
+extern "C" int dt_attn_mma_supported(dt_dtype dtype, int64_t dim, int cc, char *why,
+                                     size_t why_size) {
+    if (dtype != DT_BF16 && dtype != DT_F16) {
+        say(why, why_size, "the tensor-core kernel takes bf16 or fp16, not %s",
+            dt_dtype_name(dtype));
+        return 0;
+    }
+    if (dim != 64 && dim != 128) {
+        say(why, why_size, "the tensor-core kernel takes head dim 64 or 128, not %lld",
+            (long long)dim);
+        return 0;
+    }
+    if (cc < 80) {
+        say(why, why_size, "the tensor-core kernel needs compute capability 8.0 or newer; "
+            "this device has %d.%d", cc / 10, cc % 10);
+        return 0;
+    }
+    return 1;
+}
+
+extern "C" int dt_attn_mma_block_ok(const dt_attn_block_args *a, char *why, size_t why_size) {
+    const uintptr_t qkv = (uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v;
+    if (qkv % 16) {
+        say(why, why_size, "q, k or v is not 16-byte aligned (%p, %p, %p)", a->q, a->k, a->v);
+        return 0;
+    }
+    if (a->q_batch_stride % 8 || a->kv_batch_stride % 8) {
+        say(why, why_size, "batch strides %lld (q), %lld (k, v) are not multiples of 8 elements",
+            (long long)a->q_batch_stride, (long long)a->kv_batch_stride);
+        return 0;
+    }
+    if ((uintptr_t)a->acc % 8 || a->acc_batch_stride % 2) {
+        say(why, why_size, "acc %p (batch stride %lld) is not 8-byte aligned", (void *)a->acc,
+            (long long)a->acc_batch_stride);
+        return 0;
+    }
+    if (a->qseg.len > INT32_MAX - BM || a->kseg.len > INT32_MAX - BN) {
+        say(why, why_size, "segments of %lld and %lld rows are too long (2^31 - 64 at most)",
+            (long long)a->qseg.len, (long long)a->kseg.len);
+        return 0;
+    }
+    if (a->heads > 65535 || a->batch > 65535) {
+        say(why, why_size, "%lld heads x %lld batch exceed the grid (65535 each)",
+            (long long)a->heads, (long long)a->batch);
+        return 0;
+    }
+    return 1;
+}
+
+extern "C" dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a) {
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (a->dtype == DT_BF16)
+        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a) : launch<__nv_bfloat16, 128>(s, a);
+    return a->dim == 64 ? launch<__half, 64>(s, a) : launch<__half, 128>(s, a);
+}
