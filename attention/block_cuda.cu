@@ -64,16 +64,7 @@ __device__ __forceinline__ void store_val(void *p, dt_dtype dt, int64_t i, float
     else static_cast<__half *>(p)[i] = __float2half_rn(v);
 }
 
-__device__ __forceinline__ int64_t pos(dt_attn_segment s, int64_t x) { return s.start + x * s.stride; }
-
-/* Class of the tile [x0, x1) x [y0, y1) (same rule as dt_attn_tile_class). */
-__device__ __forceinline__ dt_attn_tile tile_class(const dt_attn_block_args &a, int64_t x0,
-                                                   int64_t x1, int64_t y0, int64_t y1) {
-    if (a.mask == DT_ATTN_FULL) return DT_TILE_FULL;
-    if (pos(a.qseg, x0) >= pos(a.kseg, y1 - 1)) return DT_TILE_FULL;
-    if (pos(a.qseg, x1 - 1) < pos(a.kseg, y0)) return DT_TILE_EMPTY;
-    return DT_TILE_PARTIAL;
-}
+__device__ __forceinline__ int64_t pos(dt_attn_segment s, int64_t x) { return dt_attn_pos(s, x); }
 
 /* grid: (ceil(nq / TQ), heads, batch); block: TQ threads; shared: 2 * TK * D floats. */
 __global__ void fwd_kernel(dt_attn_block_args a) {
@@ -95,7 +86,7 @@ __global__ void fwd_kernel(dt_attn_block_args a) {
     float s[TK];
     for (int64_t y0 = 0; y0 < nk; y0 += TK) {
         const int64_t y1 = y0 + TK < nk ? y0 + TK : nk, tk = y1 - y0;
-        const dt_attn_tile cls = tile_class(a, x0, x1, y0, y1);
+        const dt_attn_tile cls = dt_attn_tile_class(a.mask, a.qseg, x0, x1, a.kseg, y0, y1);
         if (cls == DT_TILE_EMPTY) continue;   /* uniform across the block */
         __syncthreads();
         for (int64_t e = threadIdx.x; e < tk * D; e += blockDim.x) {

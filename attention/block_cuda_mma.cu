@@ -32,7 +32,7 @@
  * place of an m' of -inf, so exp(-inf - -inf) never happens.
  *
  * Mask and skipped tiles (mask.h's rule, closed form). A query row x may
- * attend keys y < limit(x) (dt_mma_key_limit: the count of keys at or
+ * attend keys y < limit(x) (dt_attn_keys_upto of mask.h: the count of keys at or
  * before its position, or all keys without a mask), and limits grow with x.
  * So for query tile [x0, x1) the non-empty key tiles are exactly 0 ..
  * ceil(limit(x1-1) / BN) - 1 and the loop never visits an empty one (a CTA
@@ -348,8 +348,8 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
 
     /* Key tiles to visit (the non-empty ones) and how many need no mask;
      * uniform over the CTA, so the early return and the loop are too. */
-    const int64_t n_tiles = dt_mma_key_tiles(dt_mma_key_limit(a.mask, a.qseg, x1 - 1, a.kseg));
-    const int64_t n_unmasked = dt_mma_unmasked_tiles(dt_mma_key_limit(a.mask, a.qseg, x0, a.kseg));
+    const int64_t n_tiles = dt_mma_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x1 - 1)));
+    const int64_t n_unmasked = dt_mma_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x0)));
     if (n_tiles == 0) return;   /* every key comes after every query: m, l, acc unchanged */
 
     const T *qg = static_cast<const T *>(a.q) + b * a.q_batch_stride + h * D;   /* row x: + x H D */
@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
         live[half] = row[half] < nq;
         m[half] = live[half] ? mg[row[half]] : -INFINITY;
         l[half] = live[half] ? lg[row[half]] : 0.0f;
-        lim[half] = live[half] ? dt_mma_key_limit(a.mask, a.qseg, row[half], a.kseg) : 0;
+        lim[half] = live[half] ? dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row[half])) : 0;
 #pragma unroll
         for (int j = 0; j < D / 8; j++) {
             float2 v = make_float2(0.0f, 0.0f);

@@ -23,6 +23,13 @@
 extern "C" {
 #endif
 
+/* The inline rules below are also compiled into CUDA kernels. */
+#ifdef __CUDACC__
+#define DT_ATTN_HD __host__ __device__
+#else
+#define DT_ATTN_HD
+#endif
+
 typedef enum dt_attn_mask {
     DT_ATTN_CAUSAL = 0,   /* pos(q) >= pos(k) */
     DT_ATTN_FULL,         /* no mask */
@@ -38,7 +45,7 @@ typedef struct dt_attn_segment {
 } dt_attn_segment;
 
 /* Position of row x of a segment. */
-static inline int64_t dt_attn_pos(dt_attn_segment s, int64_t x) { return s.start + x * s.stride; }
+static inline DT_ATTN_HD int64_t dt_attn_pos(dt_attn_segment s, int64_t x) { return s.start + x * s.stride; }
 
 /* Segments of rank j of P for a sequence of seq tokens sharded with `order`
  * (seq divisible by P, by 2P for zigzag). Returns the count (1 or 2) and
@@ -52,7 +59,7 @@ typedef enum dt_attn_tile {
 } dt_attn_tile;
 
 /* Class of the tile of rows [x0, x1) of q and [y0, y1) of k (non-empty ranges). */
-static inline dt_attn_tile dt_attn_tile_class(dt_attn_mask mask, dt_attn_segment q, int64_t x0,
+static inline DT_ATTN_HD dt_attn_tile dt_attn_tile_class(dt_attn_mask mask, dt_attn_segment q, int64_t x0,
                                               int64_t x1, dt_attn_segment k, int64_t y0,
                                               int64_t y1) {
     if (mask == DT_ATTN_FULL) return DT_TILE_FULL;
@@ -66,7 +73,7 @@ static inline dt_attn_tile dt_attn_tile_class(dt_attn_mask mask, dt_attn_segment
  * their loops with these instead of visiting empty tiles. */
 
 /* n such that a query at position p may attend keys [0, n) of k. */
-static inline int64_t dt_attn_keys_upto(dt_attn_mask mask, dt_attn_segment k, int64_t p) {
+static inline DT_ATTN_HD int64_t dt_attn_keys_upto(dt_attn_mask mask, dt_attn_segment k, int64_t p) {
     if (mask == DT_ATTN_FULL) return k.len;
     if (p < k.start) return 0;
     int64_t n = (p - k.start) / k.stride + 1;
@@ -74,7 +81,7 @@ static inline int64_t dt_attn_keys_upto(dt_attn_mask mask, dt_attn_segment k, in
 }
 
 /* x such that queries [x, q.len) of q may attend a key at position p. */
-static inline int64_t dt_attn_queries_from(dt_attn_mask mask, dt_attn_segment q, int64_t p) {
+static inline DT_ATTN_HD int64_t dt_attn_queries_from(dt_attn_mask mask, dt_attn_segment q, int64_t p) {
     if (mask == DT_ATTN_FULL || p <= q.start) return 0;
     int64_t x = (p - q.start + q.stride - 1) / q.stride;   /* ceil: first pos >= p */
     return x < q.len ? x : q.len;

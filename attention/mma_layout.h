@@ -110,21 +110,8 @@ DT_MMA_HD int dt_mma_p_elem(int r) { return (r & 1) * 2; }
 
 /* ----------------------------------------------------- mask and bounds */
 
-/* Number of keys of k that query x of q may attend: keys y < limit are
- * allowed, the rest are not (key positions increase with y, so the allowed
- * keys of a query are always a prefix). Causal: #{y : pos(k, y) <= pos(q,
- * x)}; full: k.len. */
-DT_MMA_HD int64_t dt_mma_key_limit(dt_attn_mask mask, dt_attn_segment q, int64_t x,
-                                   dt_attn_segment k) {
-    if (mask == DT_ATTN_FULL) return k.len;
-    const int64_t p = q.start + x * q.stride;
-    if (p < k.start) return 0;
-    const int64_t n = (p - k.start) / k.stride + 1;
-    return n < k.len ? n : k.len;
-}
-
 /* The key tiles a query tile [x0, x1) visits, from the limits of its first
- * and last rows (limits grow with x): tiles 0 .. dt_mma_key_tiles - 1 are
+ * and last rows (limits from dt_attn_keys_upto, mask.h, grow with x): tiles 0 .. dt_mma_key_tiles - 1 are
  * the non-empty ones of mask.h (tile kt is empty iff kt*BN >= limit of the
  * last row), and tiles below dt_mma_unmasked_tiles need no mask at all:
  * every row may attend every key of them, and all of them exist (limit <=

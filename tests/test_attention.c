@@ -542,13 +542,13 @@ static void check_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k
         int64_t n = 0;
         for (int64_t y = 0; y < k.len; y++)
             n += mask == DT_ATTN_FULL || dt_attn_pos(q, x) >= dt_attn_pos(k, y);
-        assert_int_equal(dt_mma_key_limit(mask, q, x, k), n);
+        assert_int_equal(dt_attn_keys_upto(mask, k, dt_attn_pos(q, x)), n);
     }
     const int64_t ktiles = (k.len + DT_MMA_BN - 1) / DT_MMA_BN;
     for (int64_t x0 = 0; x0 < q.len; x0 += DT_MMA_BM) {
         int64_t x1 = x0 + DT_MMA_BM < q.len ? x0 + DT_MMA_BM : q.len;
-        int64_t nt = dt_mma_key_tiles(dt_mma_key_limit(mask, q, x1 - 1, k));
-        int64_t nu = dt_mma_unmasked_tiles(dt_mma_key_limit(mask, q, x0, k));
+        int64_t nt = dt_mma_key_tiles(dt_attn_keys_upto(mask, k, dt_attn_pos(q, x1 - 1)));
+        int64_t nu = dt_mma_unmasked_tiles(dt_attn_keys_upto(mask, k, dt_attn_pos(q, x0)));
         assert_true(nu <= nt && nt <= ktiles);
         for (int64_t kt = 0; kt < ktiles; kt++) {
             int64_t y0 = kt * DT_MMA_BN, y1 = y0 + DT_MMA_BN < k.len ? y0 + DT_MMA_BN : k.len;
