@@ -377,15 +377,25 @@ static dt_status enter(dt_comm *c, const char *what) {
     return DT_SUCCESS;
 }
 
-/* 1 if p is device memory of this rank's device (NCCL can use it). */
-static int on_device(const nccl_impl *im, const void *p) {
+/* Where p lives: 1 this rank's device (NCCL uses it as it is), 0 memory the
+ * host can read and write (pageable, pinned, managed elsewhere: staged),
+ * -1 device memory of another GPU (neither: memcpy on it would crash). */
+static int placement(const nccl_impl *im, const void *p) {
     struct cudaPointerAttributes a;
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
-    return (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) &&
-           a.device == im->device;
+    if (a.type == cudaMemoryTypeManaged) return a.device == im->device;
+    if (a.type == cudaMemoryTypeDevice) return a.device == im->device ? 1 : -1;
+    return 0;
+}
+
+static dt_status foreign_buffer(dt_comm *c, const char *what, const char *name, const void *p) {
+    nccl_impl *im = c->impl;
+    return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: nccl %s: the %s buffer %p is device memory "
+                    "of another GPU (this rank drives device %d)", c->world_rank, what, name, p,
+                    im->device);
 }
 
 /* Orders the communication stream after the compute stream's queued work. */
@@ -521,8 +531,11 @@ static dt_status run_collective(dt_comm *c, const dt_coll_args *a, const char *w
     char *recv = a->recv;
     /* Broadcast is in place (send == recv): one staged region serves both. */
     int in_place = a->kind == DT_COLL_BROADCAST;
-    int host_send = sbytes && !on_device(im, send);
-    int host_recv = in_place ? host_send : rbytes && !on_device(im, recv);
+    int send_at = sbytes ? placement(im, send) : 1, recv_at = rbytes ? placement(im, recv) : 1;
+    if (send_at < 0) return foreign_buffer(c, what, "send", send);
+    if (recv_at < 0) return foreign_buffer(c, what, "receive", recv);
+    int host_send = send_at == 0;
+    int host_recv = in_place ? host_send : recv_at == 0;
     size_t roff = host_send && !in_place ? align_up(sbytes) : 0;
     size_t need = in_place ? (host_send ? sbytes : 0) : roff + (host_recv ? rbytes : 0);
     if (a->kind == DT_COLL_BARRIER) need = sizeof(float);
@@ -615,8 +628,12 @@ static dt_status p2p_post(dt_comm *c, const dt_p2p_op *ops, int n) {
     size_t need = 0;
     for (int k = 0; k < n; k++) {
         size_t bytes = ops[k].count * dt_dtype_size(ops[k].dtype);
+        int at = bytes ? placement(im, ops[k].buf) : 1;
+        if (at < 0)
+            return foreign_buffer(c, what, ops[k].kind == DT_P2P_SEND ? "send" : "receive",
+                                  ops[k].buf);
         im->dptr[k] = ops[k].buf;
-        if (bytes && !on_device(im, ops[k].buf)) {
+        if (at == 0) {
             im->dptr[k] = NULL; /* placed below */
             need += align_up(bytes);
         }

@@ -63,6 +63,9 @@ struct cuda_impl {
     /* transport staging: reduce inputs from elsewhere, bf16 rounding, overlapping copies */
     void *stage;
     size_t stage_bytes;
+    /* NCCL: the world was aborted (see dt_backend_cuda_set_abort_poll); may be NULL */
+    int (*abort_poll)(void *arg);
+    void *abort_arg;
 };
 
 inline cuda_impl *impl_of(const dt_backend *b) { return static_cast<cuda_impl *>(b->impl); }
@@ -140,9 +143,15 @@ long elapsed_ms(const struct timespec *t0) {
     return (long)(t.tv_sec - t0->tv_sec) * 1000L + (t.tv_nsec - t0->tv_nsec) / 1000000L;
 }
 
-/* Polls until the stream is idle; bounded by the timeout. Short waits spin
- * (yielding), long ones sleep 20 us per poll. */
-dt_status wait_stream(const dt_backend *b, cudaStream_t s, const char *op) {
+/* Polls query() (cudaStreamQuery or cudaEventQuery, named by `call`) until
+ * it reports completion; bounded by the timeout. Short waits spin
+ * (yielding), long ones sleep 20 us per poll and also ask the abort poll:
+ * work queued behind an NCCL kernel whose peer failed only finishes once
+ * the communicator is aborted, so the wait returns DT_ERR_PEER_FAILED then
+ * instead of running out the timeout. `what` names the work for messages. */
+template <typename Query>
+dt_status poll_until(const dt_backend *b, const char *op, const char *call, const char *what,
+                     Query query) {
     cuda_impl *im = impl_of(b);
     if (im->failed)
         return dt_error(DT_ERR_BACKEND, "rank %d: cuda %s: device %d failed earlier: %s", b->rank,
@@ -150,17 +159,17 @@ dt_status wait_stream(const dt_backend *b, cudaStream_t s, const char *op) {
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (unsigned spin = 0;; spin++) {
-        cudaError_t e = cudaStreamQuery(s);
+        cudaError_t e = query();
         if (e == cudaSuccess) return DT_SUCCESS;
         if (e != cudaErrorNotReady) {
-            dt_status st = cuda_error(b, op, "cudaStreamQuery", e);
+            dt_status st = cuda_error(b, op, call, e);
             mark_failed(im);
             return st;
         }
         if (elapsed_ms(&t0) > im->timeout_ms) {
             dt_status st = dt_error(DT_ERR_TIMEOUT,
-                                    "rank %d: cuda %s: work queued on device %d did not finish "
-                                    "within %ld ms (DT_TIMEOUT_MS)", b->rank, op, im->device,
+                                    "rank %d: cuda %s: %s on device %d did not finish within "
+                                    "%ld ms (DT_TIMEOUT_MS)", b->rank, op, what, im->device,
                                     im->timeout_ms);
             mark_failed(im);
             return st;
@@ -168,10 +177,23 @@ dt_status wait_stream(const dt_backend *b, cudaStream_t s, const char *op) {
         if (spin < 200) {
             sched_yield();
         } else {
+            /* Not marked failed: once the communicators are aborted the
+             * stream drains, and later waits (context teardown) succeed. */
+            if (im->abort_poll && spin % 16 == 0 && im->abort_poll(im->abort_arg))
+                return dt_error(DT_ERR_PEER_FAILED,
+                                "rank %d: cuda %s: stopped waiting for %s on device %d: the "
+                                "world was aborted (a rank failed)", b->rank, op, what,
+                                im->device);
             struct timespec ts = {0, 20000};
             nanosleep(&ts, NULL);
         }
     }
+}
+
+/* Polls until the stream is idle; bounded by the timeout. */
+dt_status wait_stream(const dt_backend *b, cudaStream_t s, const char *op) {
+    return poll_until(b, op, "cudaStreamQuery", "work queued",
+                      [s] { return cudaStreamQuery(s); });
 }
 
 dt_status wait_all(const dt_backend *b, const char *op) {
@@ -556,33 +578,19 @@ dt_status stage_tables(dt_backend *b, const char *op, const table_part *parts, i
     }
     if (need == 0) return DT_SUCCESS;
     if (im->tab_ev_pending) {
-        struct timespec t0;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        for (unsigned spin = 0;; spin++) {
-            cudaError_t e = cudaEventQuery(im->tab_ev);
-            if (e == cudaSuccess) break;
-            if (e != cudaErrorNotReady) {
-                dt_status st = cuda_error(b, op, "cudaEventQuery", e);
-                mark_failed(im);
-                return st;
-            }
-            if (elapsed_ms(&t0) > im->timeout_ms) {
-                dt_status st = dt_error(DT_ERR_TIMEOUT, "rank %d: cuda %s: the previous "
-                                        "table upload on device %d did not finish within %ld ms",
-                                        b->rank, op, im->device, im->timeout_ms);
-                mark_failed(im);
-                return st;
-            }
-            if (spin < 200) sched_yield();
-            else {
-                struct timespec ts = {0, 20000};
-                nanosleep(&ts, NULL);
-            }
-        }
+        cudaEvent_t ev = im->tab_ev;
+        DT_TRY(poll_until(b, op, "cudaEventQuery", "the previous table upload",
+                          [ev] { return cudaEventQuery(ev); }));
         im->tab_ev_pending = 0;
     }
     if (need > im->tab_host_bytes) {
-        if (im->tab_host) CU_TRY(b, op, cudaFreeHost(im->tab_host));
+        /* cudaFreeHost synchronises the device: drain the rank's streams
+         * first (bounded), as grow_device does before cudaFree, or a stream
+         * stuck behind a peer's collective would block the host for good. */
+        if (im->tab_host) {
+            DT_TRY(wait_all(b, op));
+            CU_TRY(b, op, cudaFreeHost(im->tab_host));
+        }
         im->tab_host = NULL;
         im->tab_host_bytes = 0;
         size_t want = need < 4096 ? 4096 : need;
@@ -687,6 +695,13 @@ dt_status check_float(const dt_backend *b, const char *op, dt_dtype dtype) {
     return dt_error(DT_ERR_NOT_SUPPORTED,
                     "rank %d: cuda %s: dtype %s is not supported (fp32, bf16, fp16 are)", b->rank,
                     op, dt_dtype_name(dtype));
+}
+
+/* The handle's math mode. cuBLAS may otherwise do the split-K reductions of
+ * bf16 / fp16 gemms in the output type; the contract is fp32 accumulation. */
+cublasMath_t math_mode(int tf32) {
+    return static_cast<cublasMath_t>((tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) |
+                                     CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
 }
 
 dt_status cuda_gemm(dt_backend *b, dt_dtype dtype, int64_t m, int64_t n, int64_t k,
@@ -989,12 +1004,13 @@ extern "C" int dt_cuda_device_count(char *reason, size_t reason_size) {
 
 extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, dt_backend **out) {
     if (!out || !o)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_backend_cuda_create: out or options is NULL");
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "rank %d: dt_backend_cuda_create: out or options is NULL", rank);
     *out = NULL;
     if (o->device < 0 || o->timeout_ms <= 0)
         return dt_error(DT_ERR_INVALID_ARGUMENT,
-                        "dt_backend_cuda_create: device %d, timeout %ld ms (rank %d)", o->device,
-                        o->timeout_ms, rank);
+                        "rank %d: dt_backend_cuda_create: device %d, timeout %ld ms", rank,
+                        o->device, o->timeout_ms);
     dt_backend *b = static_cast<dt_backend *>(calloc(1, sizeof *b));
     cuda_impl *im = static_cast<cuda_impl *>(calloc(1, sizeof *im));
     if (!b || !im) {
@@ -1037,8 +1053,7 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
 #undef CREATE_TRY
     s = cublasCreate(&im->blas);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(im->blas, im->compute);
-    if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasSetMathMode(im->blas, im->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetMathMode(im->blas, math_mode(im->tf32));
     if (s != CUBLAS_STATUS_SUCCESS) {
         st = cublas_error(b, "create", "cublasCreate", s);
         goto fail;
@@ -1072,8 +1087,13 @@ extern "C" void dt_backend_cuda_set_tf32(dt_backend *b, int on) {
     if (!dt_backend_is_cuda(b)) return;
     cuda_impl *im = impl_of(b);
     im->tf32 = on != 0;
-    if (im->blas)
-        (void)cublasSetMathMode(im->blas, im->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+    if (im->blas) (void)cublasSetMathMode(im->blas, math_mode(im->tf32));
+}
+
+extern "C" void dt_backend_cuda_set_abort_poll(dt_backend *b, int (*poll)(void *arg), void *arg) {
+    if (!dt_backend_is_cuda(b)) return;
+    impl_of(b)->abort_poll = poll;
+    impl_of(b)->abort_arg = poll ? arg : NULL;
 }
 
 extern "C" int dt_backend_cuda_tf32(const dt_backend *b) {

@@ -54,6 +54,13 @@ void *dt_backend_cuda_compute_stream(const dt_backend *b);
 void *dt_backend_cuda_comm_stream(const dt_backend *b);
 void dt_backend_cuda_set_tf32(dt_backend *b, int on);
 int dt_backend_cuda_tf32(const dt_backend *b);
+/* With NCCL, a peer's failure leaves this rank's streams stuck behind the
+ * collective it never joined until the communicators are aborted. poll(arg)
+ * (called by the rank's thread, non-blocking) says whether the world has
+ * been aborted: long waits ask it and then return DT_ERR_PEER_FAILED at
+ * once instead of running out the timeout. NULL: none. Set by context.c
+ * for the NCCL transport, cleared before the communicator is destroyed. */
+void dt_backend_cuda_set_abort_poll(dt_backend *b, int (*poll)(void *arg), void *arg);
 /* 1 if b is a CUDA backend. */
 int dt_backend_is_cuda(const dt_backend *b);
 

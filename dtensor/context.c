@@ -460,8 +460,18 @@ typedef struct rank_job {
     char msg[1200];         /* the failure, prefixed with the rank */
 } rank_job;
 
+#if defined(DT_HAVE_CUDA) && defined(DT_HAVE_NCCL)
+/* The CUDA backend's abort poll (see dt_backend_cuda_set_abort_poll). */
+static int comm_aborted(void *comm) { return dt_comm_aborted(comm); }
+#endif
+
 static void context_destroy(dt_context *ctx) {
     if (!ctx) return;
+#ifdef DT_HAVE_CUDA
+    /* The poll reads the communicator: unhook it before it goes. */
+    if (ctx->backend && dt_backend_is_cuda(ctx->backend))
+        dt_backend_cuda_set_abort_poll(ctx->backend, NULL, NULL);
+#endif
     dt_comm_destroy(ctx->comm);
     if (ctx->backend) ctx->backend->ops->destroy(ctx->backend);
     free(ctx);
@@ -504,6 +514,9 @@ static dt_status context_create(const rank_job *job, dt_context **out) {
                           dt_backend_cuda_compute_stream(ctx->backend),
                           dt_backend_cuda_comm_stream(ctx->backend), *mem};
         DT_TRY_GOTO(st, dt_nccl_world_comm(job->world->nccl, job->rank, &r, &ctx->comm), fail);
+        /* A peer's failure leaves NCCL kernels, and the streams behind them,
+         * waiting: backend waits give up once the world is aborted. */
+        dt_backend_cuda_set_abort_poll(ctx->backend, comm_aborted, ctx->comm);
     }
 #endif
 #ifdef DT_HAVE_MPI
