@@ -236,7 +236,7 @@ static dt_status choose_process_pair(int world, int b, int t, launch_config *cfg
             return dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: transport nccl across processes (%s): "
                             "%s", who, nccl_why);
         if (e->launcher != DT_LAUNCHER_MPI || !have_mpi()) {
-            /* Bootstrap from MASTER_ADDR:MASTER_PORT: checked now, used at launch. */
+            /* Bootstrap from MASTER_ADDR:MASTER_PORT+1: checked now, used at launch. */
             char id[300];
             DT_TRY(dt_launch_env_nccl_comm_id(e, id, sizeof id));
             if (e->size < 0)

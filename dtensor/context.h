@@ -33,7 +33,8 @@
  * else cpu+mpi when mpirun started it and MPI is built in, else an error
  * that says why (DT_TRANSPORT=local runs threads in each process instead).
  * NCCL bootstraps over MPI under mpirun (rank 0's ncclUniqueId is
- * broadcast), else from NCCL_COMM_ID, set to MASTER_ADDR:MASTER_PORT.
+ * broadcast), else from NCCL_COMM_ID, set (unless already set) to
+ * MASTER_ADDR:<MASTER_PORT + 1>: torchrun's store holds MASTER_PORT itself.
  *
  * When ranks are threads (world size > 1), dt_launch sets OpenBLAS to one
  * thread per call for the launch (N ranks use N cores rather than N x cores)

@@ -204,9 +204,15 @@ dt_status dt_launch_env_nccl_comm_id(const dt_launch_env *e, char *buf, size_t s
                         "port>)", !e->master_addr[0] ? "MASTER_ADDR" : "",
                         !e->master_addr[0] && !e->master_port ? " and " : "",
                         !e->master_port ? "MASTER_PORT" : "");
+    /* MASTER_PORT itself is taken: torchrun's store listens there on the
+     * master node, and NCCL's bootstrap root would have to bind it too. */
+    if (e->master_port == 65535)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "launcher environment: NCCL bootstraps on "
+                        "MASTER_PORT + 1, and MASTER_PORT=65535 has none (choose a lower port, or "
+                        "set NCCL_COMM_ID=<host>:<port> yourself)");
     /* An IPv6 address has colons of its own: NCCL wants it bracketed. */
     int v6 = strchr(e->master_addr, ':') != NULL && e->master_addr[0] != '[';
-    int n = snprintf(buf, size, v6 ? "[%s]:%d" : "%s:%d", e->master_addr, e->master_port);
+    int n = snprintf(buf, size, v6 ? "[%s]:%d" : "%s:%d", e->master_addr, e->master_port + 1);
     if (n < 0 || (size_t)n >= size)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "launcher environment: buffer of %zu bytes too "
                         "small for the NCCL address", size);

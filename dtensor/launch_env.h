@@ -64,9 +64,10 @@ typedef const char *(*dt_getenv_fn)(const char *name, void *arg);
  * Nothing set gives launcher NONE. */
 dt_status dt_launch_env_read(dt_getenv_fn get, void *arg, dt_launch_env *out);
 
-/* NCCL's bootstrap address "MASTER_ADDR:MASTER_PORT" (NCCL_COMM_ID format;
- * an IPv6 address is bracketed). Fails, naming what is missing, when either
- * variable is unset. */
+/* NCCL's bootstrap address "MASTER_ADDR:<MASTER_PORT + 1>" (NCCL_COMM_ID
+ * format; an IPv6 address is bracketed). The port after MASTER_PORT, because
+ * torchrun's own store already listens on MASTER_PORT. Fails, naming what is
+ * missing, when either variable is unset, or MASTER_PORT is 65535. */
 dt_status dt_launch_env_nccl_comm_id(const dt_launch_env *env, char *buf, size_t size);
 
 /* The GPU this process drives: its local rank, when there are at least as

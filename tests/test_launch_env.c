@@ -89,13 +89,19 @@ static void test_torchrun(void **state) {
     assert_int_equal(e.master_port, 29500);
     char id[300];
     assert_int_equal(dt_launch_env_nccl_comm_id(&e, id, sizeof id), DT_SUCCESS);
-    assert_string_equal(id, "node-0.cluster:29500");
+    assert_string_equal(id, "node-0.cluster:29501");   /* torchrun's store has 29500 */
     /* IPv6 is bracketed for NCCL_COMM_ID. */
     const char *v6[] = {"RANK", "0", "WORLD_SIZE", "1", "MASTER_ADDR", "fe80::1",
                         "MASTER_PORT", "1234", NULL};
     assert_int_equal(read_env(v6, &e), DT_SUCCESS);
     assert_int_equal(dt_launch_env_nccl_comm_id(&e, id, sizeof id), DT_SUCCESS);
-    assert_string_equal(id, "[fe80::1]:1234");
+    assert_string_equal(id, "[fe80::1]:1235");
+    /* No port after 65535. */
+    const char *top[] = {"RANK", "0", "WORLD_SIZE", "1", "MASTER_ADDR", "h", "MASTER_PORT", "65535",
+                         NULL};
+    assert_int_equal(read_env(top, &e), DT_SUCCESS);
+    assert_int_equal(dt_launch_env_nccl_comm_id(&e, id, sizeof id), DT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dt_last_error(), "MASTER_PORT + 1"));
 }
 
 static void test_mpi_and_torchrun_together(void **state) {
