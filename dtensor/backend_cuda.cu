@@ -913,7 +913,17 @@ dt_status mem_copy(void *arg, void *dst, const void *src, size_t bytes) {
         memmove(dst, src, bytes); /* host to host: agreement tables, user host buffers */
         return DT_SUCCESS;
     }
-    return host_transfer(backend_of(arg), "transport copy", dst, src, bytes);
+    /* On the communication stream, not the compute stream: the caller has
+     * published (waited for) its compute work before offering buffers, so
+     * nothing queued there touches them, and a ring step's copy of the next
+     * block runs beside the kernel the rank has just launched on the block
+     * it holds. Waited for here: the transport's hooks complete on return. */
+    dt_backend *b = backend_of(arg);
+    DT_TRY(check_buffers(b, "transport copy", dst, src, bytes));
+    DT_TRY(enter(b, "transport copy"));
+    cuda_impl *im = impl_of(b);
+    CU_TRY(b, "transport copy", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, im->comm));
+    return wait_stream(b, im->comm, "transport copy");
 }
 
 dt_status mem_publish(void *arg) {
