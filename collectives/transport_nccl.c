@@ -38,6 +38,7 @@
  * without GPUs).
  */
 #include "transport_nccl.h"
+#include "../dtensor/trace.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -49,20 +50,6 @@
 #include <string.h>
 #include <time.h>
 
-/* NVTX ranges for profilers (header-only nvtx3, shipped with CUDA). */
-#if defined(__has_include)
-#if __has_include(<nvtx3/nvToolsExt.h>)
-#include <nvtx3/nvToolsExt.h>
-#define DT_NVTX 1
-#endif
-#endif
-#ifdef DT_NVTX
-#define NVTX_PUSH(name) nvtxRangePushA(name)
-#define NVTX_POP() nvtxRangePop()
-#else
-#define NVTX_PUSH(name) ((void)(name))
-#define NVTX_POP() ((void)0)
-#endif
 
 struct dt_nccl_world {
     pthread_mutex_t mu;
@@ -600,11 +587,7 @@ static dt_status nccl_collective(dt_comm *c, const dt_coll_args *a, dt_comm **sp
         a->dtype != DT_F32 && a->dtype != DT_BF16 && a->dtype != DT_F16)
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: %s: the nccl transport reduces fp32, "
                         "bf16 and fp16, not %s", c->world_rank, what, dt_dtype_name(a->dtype));
-    NVTX_PUSH(what);
-    dt_status st = a->kind == DT_COLL_SPLIT ? nccl_split(c, a, split_out)
-                                            : run_collective(c, a, what);
-    NVTX_POP();
-    return st;
+    return a->kind == DT_COLL_SPLIT ? nccl_split(c, a, split_out) : run_collective(c, a, what);
 }
 
 /* -------------------------------------------------------- point-to-point */
@@ -678,17 +661,13 @@ static dt_status p2p_post(dt_comm *c, const dt_p2p_op *ops, int n) {
 
 static dt_status nccl_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n) {
     DT_TRY(check_alive(c, "sendrecv"));
-    NVTX_PUSH("dt p2p_start");
-    dt_status st = p2p_post(c, ops, n);
-    NVTX_POP();
-    return st;
+    return p2p_post(c, ops, n);
 }
 
 static dt_status nccl_p2p_wait(dt_comm *c) {
     nccl_impl *im = c->impl;
     const char *what = "sendrecv";
     DT_TRY(check_alive(c, what));
-    NVTX_PUSH("dt p2p_wait");
     dt_status st = enter(c, what);
     /* A cheap look at the async error: a failed group is reported here. */
     ncclResult_t state = ncclSuccess;
@@ -706,7 +685,6 @@ static dt_status nccl_p2p_wait(dt_comm *c) {
         memcpy(im->backs[k].host, im->hstage + im->backs[k].off, im->backs[k].bytes);
     im->n_backs = 0;
     im->p2p_host = 0;
-    NVTX_POP();
     return st;
 }
 
@@ -847,9 +825,9 @@ dt_status dt_nccl_world_comm(dt_nccl_world *w, int rank, const dt_nccl_rank *r, 
     if (nr != ncclSuccess && nr != ncclInProgress) {
         st = nccl_fail(c, "init", "ncclCommInitRankConfig", nr);
     } else {
-        NVTX_PUSH("dt nccl init");
+        DT_TRACE_PUSH("nccl init");
         st = nccl_wait(c, im->nc, NULL, "init (ncclCommInitRankConfig)");
-        NVTX_POP();
+        DT_TRACE_POP();
     }
     if (st != DT_SUCCESS) {
         nccl_destroy(c);
