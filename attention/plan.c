@@ -155,6 +155,10 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
             FAIL(DT_ERR_INVALID_ARGUMENT, "zigzag needs S (%lld) divisible by 2P (%d)",
                  (long long)p->S, 2 * p->parts);
     }
+    /* The CUDA kernels launch one grid row per local head and batch entry. */
+    if (cuda && (p->h > 65535 || p->b > 65535))
+        FAIL(DT_ERR_NOT_SUPPORTED, "%lld local heads x %lld local batch: the CUDA kernels take "
+             "at most 65535 of each", (long long)p->h, (long long)p->b);
 #undef FAIL
     p->kv_bytes = (size_t)(p->b * p->c * p->hkv * p->D) * dt_dtype_size(p->dtype);
     return DT_SUCCESS;
