@@ -52,6 +52,9 @@
  * so they overlap tile kt's math; a __syncthreads after each tile's math
  * keeps the next iteration's copies off the stage still being read.
  *
+ * The PTX wrappers and the tile copy are shared with the backward kernel
+ * (block_cuda_mma_bwd.cu) in mma_device.cuh.
+ *
  * Every index comes from mma_layout.h, whose functions tests/test_attention.c
  * runs on the CPU against an ldmatrix / mma.sync emulation written from the
  * PTX ISA. GPU test: tests/test_attention.c, "forward/cuda-kernels/..."
