@@ -11,12 +11,14 @@
  * Query head h reads key/value head h / (heads / kv_heads) (GQA / MQA).
  * Before the first block: m = -inf, l = 0, acc = 0.
  *
- * The CUDA backend has two forward block kernels: a simple scalar one
- * (block_cuda.cu, every dtype and head dim) and a tensor-core one
- * (block_cuda_mma.cu: bf16 / fp16, head dim 64 or 128, compute capability
- * >= 8.0). DT_ATTN_KERNEL (auto | simple | mma), read once per attention
- * call when its plan is made (plan.c), picks between them; the CPU kernels
- * ignore it.
+ * The CUDA backend has two kernels for each direction: simple scalar ones
+ * (block_cuda.cu, every dtype and head dim) and tensor-core ones
+ * (block_cuda_mma.cu forward, block_cuda_mma_bwd.cu backward: bf16 / fp16,
+ * head dim 64 or 128, compute capability >= 8.0). DT_ATTN_KERNEL (auto |
+ * simple | mma), read once per attention call when its plan is made
+ * (plan.c), picks between them for the forward and the backward alike; the
+ * CPU kernels ignore it. The tensor-core backward compiles but has never
+ * run on a GPU.
  */
 #ifndef DT_ATTN_BLOCK_H
 #define DT_ATTN_BLOCK_H
@@ -37,7 +39,9 @@ typedef enum dt_attn_fwd_kernel {
     DT_ATTN_FWD_KERNEL_COUNT
 } dt_attn_fwd_kernel;
 
-/* "auto", "simple", "mma"; "unknown" otherwise (plan.c). */
+/* Named for the forward, where it came first; the backward takes the same
+ * values (dt_attn_block_bwd_args.kernel). "auto", "simple", "mma";
+ * "unknown" otherwise (plan.c). */
 const char *dt_attn_fwd_kernel_name(dt_attn_fwd_kernel k);
 
 typedef struct dt_attn_block_args {
@@ -64,7 +68,10 @@ typedef struct dt_attn_block_args {
  * with delta = rowsum(dO * O). dout has q's layout and dtype; lse and delta
  * are [b][h][x] fp32 with the ml strides; dq has acc's layout; dk and dv are
  * fp32 with k's layout (kv_batch_stride). GQA: dk, dv of kv head g sum over
- * the query heads of its group. */
+ * the query heads of its group. dq, dk and dv are accumulated into (read,
+ * add, write): the ring calls the kernel once per block. On CUDA the
+ * tensor-core kernel adds dq with atomics, so the order of dq's sums (not
+ * dk's or dv's) may differ from run to run. */
 typedef struct dt_attn_block_bwd_args {
     dt_dtype dtype;
     int64_t batch, heads, kv_heads, dim;
@@ -80,6 +87,7 @@ typedef struct dt_attn_block_bwd_args {
     float *dq;
     int64_t dq_batch_stride;
     float *dk, *dv;
+    dt_attn_fwd_kernel kernel;      /* CUDA only: which backward kernel (0 = auto) */
 } dt_attn_block_bwd_args;
 
 struct dt_backend;
@@ -92,10 +100,11 @@ typedef struct dt_attn_kernels {
     /* Scratch bytes the block kernels need for head dim `dim`. */
     size_t (*fwd_scratch)(int64_t dim);
     size_t (*bwd_scratch)(int64_t dim);
-    /* May be NULL (one forward kernel only). Whether the forward kernel
-     * `want` can run blocks of this dtype and head dim on this backend's
-     * device: DT_SUCCESS, or DT_ERR_NOT_SUPPORTED with the reason in why
-     * (dt_last_error untouched). Called once per call, before any block. */
+    /* May be NULL (one kernel per direction only). Whether the kernel
+     * `want` (forward and backward alike) can run blocks of this dtype and
+     * head dim on this backend's device: DT_SUCCESS, or DT_ERR_NOT_SUPPORTED
+     * with the reason in why (dt_last_error untouched). Called once per
+     * call, before any block. */
     dt_status (*fwd_check)(struct dt_backend *be, dt_dtype dtype, int64_t dim,
                            dt_attn_fwd_kernel want, char *why, size_t why_size);
     /* m = -inf, l = 0, acc = 0 for `rows` rows of `dim`. */

@@ -5,7 +5,10 @@
  * (block_cuda_mma.cu) is written and compiles, and its index math is tested
  * on the CPU (tests/test_attention.c emulates ldmatrix and mma.sync), but
  * it has never executed; the first GPU session should run the
- * "forward/cuda-kernels/..." cases of tests/test_attention.c first.
+ * "forward/cuda-kernels/..." cases of tests/test_attention.c first, then
+ * the "backward/cuda-kernels/..." cases of tests/test_attention_backward.c
+ * (the tensor-core backward kernel, block_cuda_mma_bwd.cu, likewise compiled
+ * and CPU-tested only).
  *
  * Same contract and mask rule as block_cpu.c (block.h). Forward: two
  * kernels, chosen per block by fwd():
@@ -25,10 +28,18 @@
  * simple always, mma or DT_ERR_NOT_SUPPORTED naming what is missing
  * (checked before the ring loop by fwd_check; alignment per block).
  *
- * Backward (FlashAttention-2 math, no atomics): one kernel in which each
- * thread owns a query row and accumulates dQ over the keys; one in which each
- * thread owns a key row of a kv head and accumulates dK, dV over the queries
- * of every head in its group. Both recompute P from the forward's lse.
+ * Backward: two kernels too, chosen per block by bwd() with the same rule
+ * and the same checks as the forward (dt_attn_mma_supported, and
+ * dt_attn_mma_bwd_block_ok for alignment):
+ *   - mma (block_cuda_mma_bwd.cu): FlashAttention-2 structure on tensor
+ *     cores (a CTA per 64 keys of a kv head, dK and dV in registers over
+ *     the query tiles of its group's heads, dQ added with atomics). Compiles;
+ *     NEVER RUN ON A GPU.
+ *   - simple (here; FlashAttention-2 math, no atomics): one kernel in which
+ *     each thread owns a query row and accumulates dQ over the keys; one in
+ *     which each thread owns a key row of a kv head and accumulates dK, dV
+ *     over the queries of every head in its group.
+ * All recompute P from the forward's lse.
  *
  * Everything runs on the backend's compute stream; errors of a launch are
  * read with cudaGetLastError and returned as DT_ERR_BACKEND.
@@ -310,6 +321,17 @@ dt_status delta_rows(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows
 dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     (void)scratch;
     if (a->qseg.len == 0 || a->kseg.len == 0) return DT_SUCCESS;
+    if (a->kernel != DT_ATTN_FWD_SIMPLE) {   /* the forward's rule, fwd() above */
+        char why[256] = "";
+        if (dt_attn_mma_supported(a->dtype, a->dim, dt_backend_cuda_compute_capability(be), why,
+                                  sizeof why) &&
+            dt_attn_mma_bwd_block_ok(a, why, sizeof why))
+            return dt_attn_mma_bwd(stream_of(be), a);
+        if (a->kernel == DT_ATTN_FWD_MMA)
+            return dt_error(DT_ERR_NOT_SUPPORTED,
+                            "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=mma: %s", be->rank,
+                            why);
+    }
     dim3 gq((unsigned)((a->qseg.len + 127) / 128), (unsigned)a->heads, (unsigned)a->batch);
     bwd_dq_kernel<<<gq, 128, 0, stream_of(be)>>>(*a);
     DT_TRY(launched("backward dq"));

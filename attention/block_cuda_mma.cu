@@ -52,6 +52,9 @@
  * so they overlap tile kt's math; a __syncthreads after each tile's math
  * keeps the next iteration's copies off the stage still being read.
  *
+ * The PTX wrappers and the tile copy are shared with the backward kernel
+ * (block_cuda_mma_bwd.cu) in mma_device.cuh.
+ *
  * Every index comes from mma_layout.h, whose functions tests/test_attention.c
  * runs on the CPU against an ldmatrix / mma.sync emulation written from the
  * PTX ISA. GPU test: tests/test_attention.c, "forward/cuda-kernels/..."
@@ -68,14 +71,8 @@
 #include <string.h>
 
 #include "block_cuda_mma.h"
+#include "mma_device.cuh"
 #include "mma_layout.h"
-
-/* Device code for compute capability < 8.0 (NVCC_ARCH=sm_75, say) keeps
- * only a trapping stub: bf16 mma.sync and cp.async need sm_80, and the host
- * never launches the kernel on such a device (dt_attn_mma_supported). */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define DT_MMA_STUB 1
-#endif
 
 namespace {
 
@@ -89,100 +86,6 @@ static_assert(BN % 16 == 0, "key tiles are whole k-steps of the P V product");
 #ifndef DT_MMA_STUB
 constexpr int NT_S = BN / 8;              /* n-tiles (8 keys each) of a warp's S */
 constexpr float LOG2E = 1.4426950408889634f;
-
-/* ------------------------------------------------------------ PTX wrappers */
-
-/* 32-bit shared-memory address of a generic pointer into shared memory. */
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/* 16 bytes global -> shared, asynchronously; 16 zero bytes if !valid (the
- * source is then not read, but is still a valid address). */
-__device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
-    const int src_bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-                 "l"(gmem), "r"(src_bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/* Wait until at most N of this thread's commit groups are still in flight. */
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/* Four 8x8 b16 matrices; lane l gives the row address for matrix l / 8. */
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(row))
-                 : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(row))
-                 : "memory");
-}
-
-/* Per element type: the mma.sync variant and the fp32 pair -> .b32 packing
- * (lo in the low half: the lower-indexed element of a fragment pair). */
-template <typename T>
-struct elem;
-
-template <>
-struct elem<__nv_bfloat16> {
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        uint32_t u;
-        memcpy(&u, &v, sizeof u);
-        return u;
-    }
-    /* d = A B + d, A 16x16 (4 regs), B 16x8 (2 regs), d 16x8 fp32. */
-    static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-
-template <>
-struct elem<__half> {
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        const __half2 v = __floats2half2_rn(lo, hi);
-        uint32_t u;
-        memcpy(&u, &v, sizeof u);
-        return u;
-    }
-    static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-
-/* Reductions over the 4 lanes of a quad (lanes 4g .. 4g+3 hold row g). */
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 /* ------------------------------------------------------------ tile steps */
 
@@ -199,24 +102,6 @@ __device__ __forceinline__ T *k_stage(unsigned char *smem, int stage) {
 template <typename T, int D>
 __device__ __forceinline__ T *v_stage(unsigned char *smem, int stage) {
     return reinterpret_cast<T *>(smem) + (BM + (2 + stage) * BN) * D;
-}
-
-/* Issue the copies of rows [row0, row0 + 64) of a row-major matrix (row r at
- * base + r * row_stride, D contiguous elements) into a swizzled tile; rows
- * >= nrows are zero-filled. All THREADS threads take part. */
-template <typename T, int D>
-__device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_stride, int64_t row0,
-                                          int64_t nrows) {
-    constexpr int COPIES = 64 * D / 8;   /* 16-byte copies per tile */
-    static_assert(COPIES % THREADS == 0, "every thread issues the same number of copies");
-#pragma unroll
-    for (int n = 0; n < COPIES / THREADS; n++) {
-        const int e = n * THREADS + (int)threadIdx.x;
-        const int r = dt_mma_copy_row(e, D), c = dt_mma_copy_col(e, D);
-        const bool valid = row0 + r < nrows;
-        const T *src = valid ? base + (row0 + r) * row_stride + c : base;
-        cp_async_16(tile + dt_mma_swz(r, c, D), src, valid);
-    }
 }
 
 /* This warp's 16 query rows of the Q tile as A fragments, one per k-step
@@ -483,30 +368,64 @@ extern "C" int dt_attn_mma_supported(dt_dtype dtype, int64_t dim, int cc, char *
     return 1;
 }
 
-extern "C" int dt_attn_mma_block_ok(const dt_attn_block_args *a, char *why, size_t why_size) {
-    const uintptr_t qkv = (uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v;
-    if (qkv % 16) {
-        say(why, why_size, "q, k or v is not 16-byte aligned (%p, %p, %p)", a->q, a->k, a->v);
-        return 0;
-    }
-    if (a->q_batch_stride % 8 || a->kv_batch_stride % 8) {
+namespace {
+
+/* The needs both tensor-core kernels share: 16-bit operands 16-byte aligned
+ * (cp.async), batch strides of whole 16-byte rows, segments whose row
+ * indices fit an int with a tile to spare, grid dims y, z <= 65535. */
+int operands_ok(const char *const *names, const void *const *ptrs, int nptrs, int64_t stride_a,
+                int64_t stride_b, int64_t nq, int64_t nk, int64_t grid_y, int64_t grid_z,
+                const char *grid_y_name, char *why, size_t why_size) {
+    for (int i = 0; i < nptrs; i++)
+        if ((uintptr_t)ptrs[i] % 16) {
+            say(why, why_size, "%s (%p) is not 16-byte aligned", names[i], ptrs[i]);
+            return 0;
+        }
+    if (stride_a % 8 || stride_b % 8) {
         say(why, why_size, "batch strides %lld (q), %lld (k, v) are not multiples of 8 elements",
-            (long long)a->q_batch_stride, (long long)a->kv_batch_stride);
+            (long long)stride_a, (long long)stride_b);
         return 0;
     }
+    if (nq > INT32_MAX - BM || nk > INT32_MAX - BN) {
+        say(why, why_size, "segments of %lld and %lld rows are too long (2^31 - 64 at most)",
+            (long long)nq, (long long)nk);
+        return 0;
+    }
+    if (grid_y > 65535 || grid_z > 65535) {
+        say(why, why_size, "%lld %s x %lld batch exceed the grid (65535 each)", (long long)grid_y,
+            grid_y_name, (long long)grid_z);
+        return 0;
+    }
+    return 1;
+}
+
+}  // namespace
+
+extern "C" int dt_attn_mma_block_ok(const dt_attn_block_args *a, char *why, size_t why_size) {
+    const char *const names[3] = {"q", "k", "v"};
+    const void *const ptrs[3] = {a->q, a->k, a->v};
+    if (!operands_ok(names, ptrs, 3, a->q_batch_stride, a->kv_batch_stride, a->qseg.len,
+                     a->kseg.len, a->heads, a->batch, "heads", why, why_size))
+        return 0;
     if ((uintptr_t)a->acc % 8 || a->acc_batch_stride % 2) {
         say(why, why_size, "acc %p (batch stride %lld) is not 8-byte aligned", (void *)a->acc,
             (long long)a->acc_batch_stride);
         return 0;
     }
-    if (a->qseg.len > INT32_MAX - BM || a->kseg.len > INT32_MAX - BN) {
-        say(why, why_size, "segments of %lld and %lld rows are too long (2^31 - 64 at most)",
-            (long long)a->qseg.len, (long long)a->kseg.len);
+    return 1;
+}
+
+extern "C" int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *why,
+                                        size_t why_size) {
+    const char *const names[4] = {"q", "dout", "k", "v"};
+    const void *const ptrs[4] = {a->q, a->dout, a->k, a->v};
+    if (!operands_ok(names, ptrs, 4, a->q_batch_stride, a->kv_batch_stride, a->qseg.len,
+                     a->kseg.len, a->kv_heads, a->batch, "kv heads", why, why_size))
         return 0;
-    }
-    if (a->heads > 65535 || a->batch > 65535) {
-        say(why, why_size, "%lld heads x %lld batch exceed the grid (65535 each)",
-            (long long)a->heads, (long long)a->batch);
+    /* dk, dv: float2 read-add-write (their batch stride is kv_batch_stride,
+     * checked above); dq: scalar atomics, fp32 alignment suffices. */
+    if (((uintptr_t)a->dk | (uintptr_t)a->dv) % 8) {
+        say(why, why_size, "dk %p or dv %p is not 8-byte aligned", (void *)a->dk, (void *)a->dv);
         return 0;
     }
     return 1;

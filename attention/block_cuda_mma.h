@@ -1,6 +1,8 @@
-/* attention/block_cuda_mma.h — PRIVATE. The tensor-core forward block
- * kernel (block_cuda_mma.cu), for the CUDA kernel table in block_cuda.cu,
- * which chooses between it and the simple kernel (DT_ATTN_KERNEL, block.h).
+/* attention/block_cuda_mma.h — PRIVATE. The tensor-core block kernels,
+ * forward (block_cuda_mma.cu) and backward (block_cuda_mma_bwd.cu), for the
+ * CUDA kernel table in block_cuda.cu, which chooses between them and the
+ * simple kernels (DT_ATTN_KERNEL, block.h). The backward one compiles but
+ * has never run on a GPU.
  * Plain C; the stream crosses as void * (a cudaStream_t).
  */
 #ifndef DT_ATTN_BLOCK_CUDA_MMA_H
@@ -13,7 +15,7 @@
 extern "C" {
 #endif
 
-/* 1 if the kernel handles this dtype and head dim on a device of compute
+/* 1 if the kernels handle this dtype and head dim on a device of compute
  * capability cc (major * 10 + minor): bf16 or fp16, dim 64 or 128, cc >= 80.
  * Otherwise 0 and the reason in why (may be NULL). */
 int dt_attn_mma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size_t why_size);
@@ -23,10 +25,21 @@ int dt_attn_mma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size_t
  * 8-byte aligned, segment lengths below 2^31 - 64. Otherwise 0 and why. */
 int dt_attn_mma_block_ok(const dt_attn_block_args *a, char *why, size_t why_size);
 
+/* The same for one backward block: q, dout, k, v 16-byte aligned with
+ * batch strides of whole 16-byte rows, dk and dv 8-byte aligned, segment
+ * lengths below 2^31 - 64, kv_heads and batch within the grid. */
+int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *why, size_t why_size);
+
 /* Runs one forward block (same contract as dt_attn_kernels.fwd) on `stream`.
- * The caller has checked both functions above. Returns DT_ERR_BACKEND with
- * CUDA's message if the launch fails. */
+ * The caller has checked dt_attn_mma_supported and dt_attn_mma_block_ok.
+ * Returns DT_ERR_BACKEND with CUDA's message if the launch fails. */
 dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a);
+
+/* Runs one backward block (same contract as dt_attn_kernels.bwd, dq added
+ * with atomics) on `stream` (block_cuda_mma_bwd.cu). The caller has checked
+ * dt_attn_mma_supported and dt_attn_mma_bwd_block_ok. Returns
+ * DT_ERR_BACKEND with CUDA's message if the launch fails. */
+dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a);
 
 #ifdef __cplusplus
 }

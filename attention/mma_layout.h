@@ -1,5 +1,6 @@
 /* attention/mma_layout.h — PRIVATE. The index math of the tensor-core
- * forward kernel (block_cuda_mma.cu), as small pure functions of ints.
+ * attention kernels (block_cuda_mma.cu: forward, block_cuda_mma_bwd.cu:
+ * backward), as small pure functions of ints.
  *
  * Plain C that also compiles under nvcc, where every function is
  * __host__ __device__: the kernel calls these and nothing else for its
@@ -122,6 +123,57 @@ DT_MMA_HD int64_t dt_mma_key_tiles(int64_t limit_last_row) {
 }
 DT_MMA_HD int64_t dt_mma_unmasked_tiles(int64_t limit_first_row) {
     return limit_first_row / DT_MMA_BN;
+}
+
+/* ------------------------------------------- backward (block_cuda_mma_bwd.cu)
+ *
+ * A CTA owns a tile of DT_MMA_BN keys and walks the query tiles (DT_MMA_BM
+ * rows) that may attend them. Warp w computes S = Q K^T and dP = dO V^T for
+ * query rows 16w .. 16w+15 (the forward's A and B fragments: dt_mma_ldsm_a_*
+ * for Q and dO, dt_mma_ldsm_k_* for K and V), turns them into P and dS in
+ * registers, and stores both, rounded to 16 bits, in swizzled [BM][BN]
+ * shared tiles. Then warp w owns keys 16w .. 16w+15 for
+ *   dV += P^T dO    A = P^T  from the P tile  (ldmatrix.trans, dt_mma_ldsm_at_*)
+ *                   B = dO   from the dO tile (ldmatrix.trans, dt_mma_ldsm_v_*)
+ *   dK += dS^T Q    likewise from the dS and Q tiles
+ * and query rows 16w .. 16w+15 again for
+ *   dQ += dS K      A = dS from its own registers (dt_mma_p_tile / _elem)
+ *                   B = K    from the K tile  (ldmatrix.trans, dt_mma_ldsm_v_*) */
+
+/* A operand of a product whose A is stored transposed: the tile holds
+ * M[k][m] row-major ([query][key] for P and dS) and A[m][k] = M[k][m]
+ * (P^T: [key][query]); with .trans. Block = 16 stored rows (k) x 16 stored
+ * columns (m). Matrix j covers stored rows 8*(j/2).. and stored columns
+ * 8*(j%2)..: registers 0..3 are A regs 0..3. */
+DT_MMA_HD int dt_mma_ldsm_at_row(int lane) { return (lane & 7) + (lane >> 4) * 8; }
+DT_MMA_HD int dt_mma_ldsm_at_col(int lane) { return ((lane >> 3) & 1) * 8; }
+
+/* Element offset, in a swizzled [BM][BN] P or dS tile, of the pair of
+ * accumulator elements 2 half, 2 half + 1 (adjacent keys of one row, one
+ * .b32 store) of n-tile j of warp `warp`'s 16 x BN scores. */
+DT_MMA_HD int dt_mma_ps_off(int warp, int lane, int j, int half) {
+    return dt_mma_swz(16 * warp + dt_mma_c_row(lane, 2 * half), 8 * j + dt_mma_c_col(lane, 2 * half),
+                      DT_MMA_BN);
+}
+
+/* Query tiles of a segment of nq rows. */
+DT_MMA_HD int64_t dt_mma_query_tiles(int64_t nq) { return (nq + DT_MMA_BM - 1) / DT_MMA_BM; }
+
+/* The query tiles a key tile [y0, y1) visits: from the first query that may
+ * attend key y0 (x_any = dt_attn_queries_from of mask.h at key y0's
+ * position; every later query may too) to the end: tiles
+ * dt_mma_bwd_first_qtile .. dt_mma_query_tiles(nq) - 1 are exactly the
+ * non-empty ones (none if x_any = nq). Tiles from dt_mma_bwd_unmasked_qtile
+ * on need no mask: every query of them may attend every key of the tile
+ * (x_full = dt_attn_queries_from at key y0 + BN - 1), and the key tile is
+ * whole (`whole`: y0 + BN <= k.len; a short last key tile is always masked,
+ * which masks the keys past k.len). Query rows past nq of a last, short
+ * query tile are not masked by this: the kernel gives them P = 0. */
+DT_MMA_HD int64_t dt_mma_bwd_first_qtile(int64_t x_any, int64_t nq) {
+    return x_any >= nq ? dt_mma_query_tiles(nq) : x_any / DT_MMA_BM;
+}
+DT_MMA_HD int64_t dt_mma_bwd_unmasked_qtile(int64_t x_full, int whole, int64_t nq) {
+    return whole ? (x_full + DT_MMA_BM - 1) / DT_MMA_BM : dt_mma_query_tiles(nq);
 }
 
 #ifdef __cplusplus

@@ -30,7 +30,8 @@ typedef struct attn_plan {
 dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
                          const dt_tensor *v, const dt_attention_options *opts, attn_plan *p);
 
-/* Whether the forward kernel the plan asks for (DT_ATTN_KERNEL) can run
+/* Whether the kernel the plan asks for (DT_ATTN_KERNEL; forward and
+ * backward share the rule) can run
  * this call on this rank's backend: DT_SUCCESS, or DT_ERR_NOT_SUPPORTED
  * naming the rank, op and reason (DT_ATTN_KERNEL=mma on fp32, say). Local:
  * fold it into the status given to attn_plan_check_agreement. */

@@ -7,11 +7,14 @@
  * own rows, located with the test's own index maps (harness.c). Rank threads
  * record; the main thread asserts.
  *
- * The CUDA tensor-core kernel (attention/block_cuda_mma.cu) is covered three
- * ways: its index math (attention/mma_layout.h) against an emulation of
- * ldmatrix and mma.sync written here from the PTX ISA, and its tile bounds
- * against dt_attn_tile_class — both run everywhere; and, on a GPU, the
- * "forward/cuda-kernels/..." cases run the distributed forward with
+ * The CUDA tensor-core kernels (attention/block_cuda_mma.cu forward,
+ * block_cuda_mma_bwd.cu backward) are covered three ways: their index math
+ * (attention/mma_layout.h) against an emulation of ldmatrix and mma.sync
+ * written here from the PTX ISA (test_mma_fragments, test_mma_bwd_fragments),
+ * and their tile bounds against dt_attn_tile_class (test_mma_tile_bounds) —
+ * all run everywhere; and, on a GPU, the "forward/cuda-kernels/..." cases
+ * here and the "backward/cuda-kernels/..." cases of
+ * test_attention_backward.c run the distributed passes with
  * DT_ATTN_KERNEL=simple and =mma against the double reference. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -534,9 +537,208 @@ static void test_mma_fragments(void **state) {
     }
 }
 
-/* The tensor-core kernel's closed-form bounds agree with mask.h: per-row key
- * limits with the element rule; the visited key tiles are exactly the
- * non-empty ones; the unmasked ones are full and whole. */
+/* The tensor-core BACKWARD kernel's index math (block_cuda_mma_bwd.cu), one
+ * (head, query tile) iteration of one CTA for head dim D, over the emulator:
+ *   phase 1, per warp (16 query rows): S = Q K^T and dP = dO V^T
+ *            (warp_abt), then P and dS stored into swizzled [64][64] tiles
+ *            (store_p_ds, dt_mma_ps_off);
+ *   phase 2, per warp (16 keys): dV = P^T dO and dK = dS^T Q (warp_dkdv:
+ *            ldmatrix.trans of the P / dS tiles with dt_mma_ldsm_at_*, of
+ *            the dO / Q tiles with dt_mma_ldsm_v_*);
+ *   phase 3, per warp (16 query rows): dQ = dS K with dS re-packed from the
+ *            warp's registers (warp_dq).
+ * Any values will do for P and dS (the fragments are what is tested), so P
+ * := S and dS := dP, and each product is checked against a plain matmul. */
+static void check_mma_bwd_tile(int D, uint64_t seed) {
+    enum { R = 64 };
+    assert_int_equal(DT_MMA_BM, R);
+    assert_int_equal(DT_MMA_BN, R);
+    float *in[4], *sw[4];   /* q, do, k, v: row-major, then swizzled */
+    for (int m = 0; m < 4; m++) {
+        in[m] = malloc(sizeof(float) * R * D);
+        sw[m] = malloc(sizeof(float) * R * D);
+        for (int i = 0; i < R * D; i++) in[m][i] = dt_random_value(seed + (uint64_t)m, (uint64_t)i);
+        for (int e = 0; e < R * D / 8; e++) {
+            int r = dt_mma_copy_row(e, D), c = dt_mma_copy_col(e, D), off = dt_mma_swz(r, c, D);
+            for (int w = 0; w < 8; w++) sw[m][off + w] = in[m][r * D + c + w];
+        }
+    }
+    const float *q = in[0], *dO = in[1], *k = in[2], *v = in[3];
+    const float *sq = sw[0], *sdo = sw[1], *sk = sw[2], *sv = sw[3];
+    static float sp[R * R], sds[R * R];
+    static int written[R * R];
+    static float acc[2][DT_MMA_WARPS][R / 8][32][4];   /* [S or dP][warp][n-tile][lane][elem] */
+    static emu_reg af[32][4], bb[32][4], pa[32][4], b0[32], b1[32];
+    static float dk[16][32][4], dv[16][32][4], dq[2][32][4];
+    int addr[32];
+    long bad = 0;
+    memset(written, 0, sizeof written);
+    memset(acc, 0, sizeof acc);
+    /* phase 1 */
+    for (int warp = 0; warp < DT_MMA_WARPS; warp++)
+        for (int which = 0; which < 2; which++) {   /* S = Q K^T, dP = dO V^T */
+            const float *sa = which ? sdo : sq, *sb = which ? sv : sk;
+            const float *a = which ? dO : q, *bm = which ? v : k;
+            float (*s)[32][4] = acc[which][warp];
+            for (int kk = 0; kk < D / 16; kk++) {
+                ldsm_addrs(addr, 16 * warp, 16 * kk, dt_mma_ldsm_a_row, dt_mma_ldsm_a_col, D);
+                emu_ldmatrix(sa, addr, 0, af);
+                for (int jj = 0; jj < R / 16; jj++) {
+                    ldsm_addrs(addr, 16 * jj, 16 * kk, dt_mma_ldsm_k_row, dt_mma_ldsm_k_col, D);
+                    emu_ldmatrix(sb, addr, 0, bb);
+                    for (int l = 0; l < 32; l++) b0[l] = bb[l][0], b1[l] = bb[l][1];
+                    emu_mma(s[2 * jj], af, b0, b1);
+                    for (int l = 0; l < 32; l++) b0[l] = bb[l][2], b1[l] = bb[l][3];
+                    emu_mma(s[2 * jj + 1], af, b0, b1);
+                }
+            }
+            for (int j = 0; j < R / 8; j++)
+                for (int l = 0; l < 32; l++)
+                    for (int i = 0; i < 4; i++) {
+                        int row = 16 * warp + dt_mma_c_row(l, i), col = 8 * j + dt_mma_c_col(l, i);
+                        double ref = 0;
+                        for (int d = 0; d < D; d++) ref += (double)a[row * D + d] * bm[col * D + d];
+                        if (fabs(s[j][l][i] - ref) > 1e-4 * (1 + fabs(ref)) && bad++ < 5)
+                            fprintf(stderr, "  bwd %s: D=%d warp %d lane %d tile %d elem %d: %g, "
+                                    "expected %g\n", which ? "dP" : "S", D, warp, l, j, i,
+                                    s[j][l][i], ref);
+                    }
+            /* store_p_ds: one .b32 per lane and (j, half), conflict-free */
+            for (int j = 0; j < R / 8; j++)
+                for (int half = 0; half < 2; half++) {
+                    int banks = 0;
+                    for (int l = 0; l < 32; l++) {
+                        int off = dt_mma_ps_off(warp, l, j, half);
+                        assert_int_equal(off % 2, 0);
+                        banks |= 1 << ((off / 2) % 32);
+                        /* the pair is elements 2 half, 2 half + 1: row and keys */
+                        assert_int_equal(off, dt_mma_swz(16 * warp + dt_mma_c_row(l, 2 * half),
+                                                         8 * j + dt_mma_c_col(l, 2 * half), R));
+                        assert_int_equal(dt_mma_c_col(l, 2 * half + 1), dt_mma_c_col(l, 2 * half) + 1);
+                        assert_int_equal(dt_mma_c_row(l, 2 * half + 1), dt_mma_c_row(l, 2 * half));
+                        float *dst = which ? sds : sp;
+                        dst[off] = s[j][l][2 * half];
+                        dst[off + 1] = s[j][l][2 * half + 1];
+                        if (!which) written[off]++, written[off + 1]++;
+                    }
+                    assert_int_equal((unsigned)banks, 0xffffffffu);
+                }
+        }
+    for (int i = 0; i < R * R; i++) assert_int_equal(written[i], 1);
+    /* The P and dS matrices as stored, unswizzled: pm[query][key]. */
+    static double pm[R][R], dsm[R][R];
+    for (int x = 0; x < R; x++)
+        for (int y = 0; y < R; y++) {
+            pm[x][y] = sp[dt_mma_swz(x, y, R)];
+            dsm[x][y] = sds[dt_mma_swz(x, y, R)];
+        }
+    /* phase 2: dV = P^T dO, dK = dS^T Q for keys 16w .. 16w+15 */
+    for (int warp = 0; warp < DT_MMA_WARPS; warp++) {
+        memset(dk, 0, sizeof dk);
+        memset(dv, 0, sizeof dv);
+        for (int kk = 0; kk < R / 16; kk++)
+            for (int which = 0; which < 2; which++) {   /* dV, dK */
+                ldsm_addrs(addr, 16 * kk, 16 * warp, dt_mma_ldsm_at_row, dt_mma_ldsm_at_col, R);
+                emu_ldmatrix(which ? sds : sp, addr, 1, pa);
+                for (int jd = 0; jd < D / 16; jd++) {
+                    ldsm_addrs(addr, 16 * kk, 16 * jd, dt_mma_ldsm_v_row, dt_mma_ldsm_v_col, D);
+                    emu_ldmatrix(which ? sq : sdo, addr, 1, bb);
+                    float (*o)[32][4] = which ? dk : dv;
+                    for (int l = 0; l < 32; l++) b0[l] = bb[l][0], b1[l] = bb[l][1];
+                    emu_mma(o[2 * jd], pa, b0, b1);
+                    for (int l = 0; l < 32; l++) b0[l] = bb[l][2], b1[l] = bb[l][3];
+                    emu_mma(o[2 * jd + 1], pa, b0, b1);
+                }
+            }
+        for (int which = 0; which < 2; which++)
+            for (int j = 0; j < D / 8; j++)
+                for (int l = 0; l < 32; l++)
+                    for (int i = 0; i < 4; i++) {
+                        int key = 16 * warp + dt_mma_c_row(l, i), col = 8 * j + dt_mma_c_col(l, i);
+                        double ref = 0;
+                        for (int x = 0; x < R; x++)
+                            ref += which ? dsm[x][key] * q[x * D + col] : pm[x][key] * dO[x * D + col];
+                        float got = which ? dk[j][l][i] : dv[j][l][i];
+                        if (fabs(got - ref) > 1e-4 * (1 + fabs(ref)) && bad++ < 5)
+                            fprintf(stderr, "  bwd %s: D=%d warp %d lane %d tile %d elem %d: %g, "
+                                    "expected %g\n", which ? "dK" : "dV", D, warp, l, j, i, got, ref);
+                    }
+    }
+    /* phase 3: dQ = dS K for query rows 16w .. 16w+15, 16 columns at a time */
+    for (int warp = 0; warp < DT_MMA_WARPS; warp++) {
+        float (*ds)[32][4] = acc[1][warp];
+        for (int jd = 0; jd < D / 16; jd++) {
+            memset(dq, 0, sizeof dq);
+            for (int kk = 0; kk < R / 16; kk++) {
+                for (int l = 0; l < 32; l++)
+                    for (int r = 0; r < 4; r++) {
+                        int j = dt_mma_p_tile(kk, r), e = dt_mma_p_elem(r);
+                        pa[l][r].h[0] = ds[j][l][e];
+                        pa[l][r].h[1] = ds[j][l][e + 1];
+                    }
+                ldsm_addrs(addr, 16 * kk, 16 * jd, dt_mma_ldsm_v_row, dt_mma_ldsm_v_col, D);
+                emu_ldmatrix(sk, addr, 1, bb);
+                for (int l = 0; l < 32; l++) b0[l] = bb[l][0], b1[l] = bb[l][1];
+                emu_mma(dq[0], pa, b0, b1);
+                for (int l = 0; l < 32; l++) b0[l] = bb[l][2], b1[l] = bb[l][3];
+                emu_mma(dq[1], pa, b0, b1);
+            }
+            for (int n = 0; n < 2; n++)
+                for (int l = 0; l < 32; l++)
+                    for (int i = 0; i < 4; i++) {
+                        int row = 16 * warp + dt_mma_c_row(l, i);
+                        int col = 16 * jd + 8 * n + dt_mma_c_col(l, i);
+                        double ref = 0;
+                        for (int y = 0; y < R; y++) ref += dsm[row][y] * k[y * D + col];
+                        if (fabs(dq[n][l][i] - ref) > 1e-4 * (1 + fabs(ref)) && bad++ < 5)
+                            fprintf(stderr, "  bwd dQ: D=%d warp %d lane %d cols %d elem %d: %g, "
+                                    "expected %g\n", D, warp, l, 16 * jd + 8 * n, i, dq[n][l][i], ref);
+                    }
+        }
+    }
+    for (int m = 0; m < 4; m++) free(in[m]), free(sw[m]);
+    assert_int_equal(bad, 0);
+}
+
+static void test_mma_bwd_fragments(void **state) {
+    (void)state;
+    for (int seed = 1; seed <= 3; seed++) {
+        check_mma_bwd_tile(64, (uint64_t)(60 * seed));
+        check_mma_bwd_tile(128, (uint64_t)(60 * seed + 7));
+    }
+}
+
+/* The backward kernel's query-tile bounds for every key tile of k: the
+ * visited query tiles are exactly the non-empty ones, and the unmasked ones
+ * exactly the full ones of whole key tiles. */
+static void check_bwd_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {
+    const int64_t nqt = dt_mma_query_tiles(q.len);
+    assert_int_equal(nqt, (q.len + DT_MMA_BM - 1) / DT_MMA_BM);
+    for (int64_t y0 = 0; y0 < k.len; y0 += DT_MMA_BN) {
+        int64_t y1 = y0 + DT_MMA_BN < k.len ? y0 + DT_MMA_BN : k.len;
+        int whole = y0 + DT_MMA_BN <= k.len;
+        int64_t first = dt_mma_bwd_first_qtile(dt_attn_queries_from(mask, q, dt_attn_pos(k, y0)), q.len);
+        int64_t unm = dt_mma_bwd_unmasked_qtile(
+            whole ? dt_attn_queries_from(mask, q, dt_attn_pos(k, y0 + DT_MMA_BN - 1)) : 0, whole, q.len);
+        assert_true(first >= 0 && first <= nqt && unm >= 0 && unm <= nqt);
+        for (int64_t qt = 0; qt < nqt; qt++) {
+            int64_t x0 = qt * DT_MMA_BM, x1 = x0 + DT_MMA_BM < q.len ? x0 + DT_MMA_BM : q.len;
+            dt_attn_tile cls = dt_attn_tile_class(mask, q, x0, x1, k, y0, y1);
+            if ((qt >= first) != (cls != DT_TILE_EMPTY) ||
+                (qt >= unm) != (cls == DT_TILE_FULL && whole))
+                fail_msg("bwd: q (%lld,%lld,%lld) k (%lld,%lld,%lld) y0 %lld qt %lld: visited %d, "
+                         "unmasked %d, class %d, whole %d",
+                         (long long)q.start, (long long)q.stride, (long long)q.len,
+                         (long long)k.start, (long long)k.stride, (long long)k.len, (long long)y0,
+                         (long long)qt, qt >= first, qt >= unm, (int)cls, whole);
+        }
+    }
+}
+
+/* The tensor-core kernels' closed-form bounds agree with mask.h: per-row key
+ * limits with the element rule; the forward's visited key tiles are exactly
+ * the non-empty ones, its unmasked ones full and whole; the backward's
+ * likewise for query tiles (check_bwd_bounds). */
 static void check_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {
     for (int64_t x = 0; x < q.len; x++) {
         int64_t n = 0;
@@ -561,6 +763,7 @@ static void check_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k
             if (kt < nu) assert_true(cls == DT_TILE_FULL && y0 + DT_MMA_BN <= k.len);
         }
     }
+    check_bwd_bounds(mask, q, k);
 }
 
 static void test_mma_tile_bounds(void **state) {
@@ -899,6 +1102,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_workspace_reuse);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_fragments);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_tile_bounds);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_bwd_fragments);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_env);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_forced_mma_refused);
     /* Every order, P = 1..8, causal and full, fp32 and bf16; local lengths

@@ -2,7 +2,13 @@
  * Striped, Zigzag) against double-precision reference gradients on the
  * gathered sequence (attn_ref.c), a finite-difference check of the CPU
  * kernel through the public API, and the error across world sizes on the
- * same data. Rank threads record; the main thread asserts. */
+ * same data. Rank threads record; the main thread asserts.
+ *
+ * On a GPU, the "backward/cuda-kernels/..." cases run the distributed
+ * forward and backward with DT_ATTN_KERNEL=simple, then =mma (the
+ * tensor-core kernels, attention/block_cuda_mma*.cu), each against the
+ * reference at the bf16 tolerance; skipped without a GPU. Run just them
+ * with DT_TEST_FILTER='backward/cuda-kernels*'. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -30,6 +36,8 @@ typedef struct bwd_case {
     dt_dtype dtype;
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
+    int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, then =mma, each checked */
+    double *q, *k, *v, *g;     /* the full inputs (set by run_case) */
     double *dq_ref, *dk_ref, *dv_ref;
     dt_status st[MAXR];
     long bad[MAXR];
@@ -77,15 +85,31 @@ static dt_status rank_backward(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, ks, &lay, &k), out);
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, ks, &lay, &v), out);
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, qs, &lay, &dout), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(q, c->seed), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(k, c->seed + 1), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(v, c->seed + 2), out);
-    DT_TRY_GOTO(st, dt_tensor_fill_random(dout, c->seed + 3), out);
+    int t = dt_mesh_coord(mesh, 0), j = dt_mesh_coord(mesh, 1);
+    if (c->kernels) {
+        /* each rank sets its rows of the test's own inputs (any dtype) */
+        int64_t rows = s->S / c->P, hl = s->H / c->tp, hkvl = s->Hkv / c->tp;
+        double *mine = malloc((size_t)(s->B * rows * hl * s->D) * sizeof *mine);
+        const double *full[4] = {c->q, c->k, c->v, c->g};
+        dt_tensor *dst[4] = {q, k, v, dout};
+        for (int i = 0; i < 4 && st == DT_SUCCESS; i++) {
+            int64_t heads = i == 1 || i == 2 ? s->Hkv : s->H;
+            ref_local_rows(full[i], s->B, s->S, heads, s->D, c->order, c->P, j, t,
+                           i == 1 || i == 2 ? hkvl : hl, mine);
+            st = ref_set_local(dst[i], mine);
+        }
+        free(mine);
+        if (st != DT_SUCCESS) goto out;
+    } else {
+        DT_TRY_GOTO(st, dt_tensor_fill_random(q, c->seed), out);
+        DT_TRY_GOTO(st, dt_tensor_fill_random(k, c->seed + 1), out);
+        DT_TRY_GOTO(st, dt_tensor_fill_random(v, c->seed + 2), out);
+        DT_TRY_GOTO(st, dt_tensor_fill_random(dout, c->seed + 3), out);
+    }
     dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
     opts.mask = c->mask;
     DT_TRY_GOTO(st, dt_attention_forward(q, k, v, &opts, &o, &lse), out);
     DT_TRY_GOTO(st, dt_attention_backward(q, k, v, o, lse, dout, &opts, &dq, &dk, &dv), out);
-    int t = dt_mesh_coord(mesh, 0), j = dt_mesh_coord(mesh, 1);
     c->bad[r] = check_grad(c, "dq", dq, c->dq_ref, s->H, j, t, &c->max_err[r]) +
                 check_grad(c, "dk", dk, c->dk_ref, s->Hkv, j, t, &c->max_err[r]) +
                 check_grad(c, "dv", dv, c->dv_ref, s->Hkv, j, t, &c->max_err[r]);
@@ -98,6 +122,49 @@ out:
     return st;
 }
 
+/* Sets (value != NULL) or unsets DT_ATTN_KERNEL on the main thread, while
+ * no rank thread runs; returns the previous value (malloc'd, or NULL). */
+static char *set_kernel_env(const char *value) {
+    const char *old = getenv("DT_ATTN_KERNEL");
+    char *saved = old ? strdup(old) : NULL;
+    if (value) setenv("DT_ATTN_KERNEL", value, 1);
+    else unsetenv("DT_ATTN_KERNEL");
+    return saved;
+}
+
+static void restore_kernel_env(char *saved) {
+    if (saved) setenv("DT_ATTN_KERNEL", saved, 1);
+    else unsetenv("DT_ATTN_KERNEL");
+    free(saved);
+}
+
+/* One launch of the case: 1 if every rank succeeded and matched the
+ * reference, else 0 after printing what failed; *worst: the largest error
+ * over ranks. `kernel`: the DT_ATTN_KERNEL value in force (NULL: not set by
+ * the test). The caller asserts, after restoring the environment. */
+static int launch_case(bwd_case *c, dt_backend_kind backend, const char *kernel, double *worst) {
+    memset(c->st, 0, sizeof c->st);
+    memset(c->bad, 0, sizeof c->bad);
+    memset(c->max_err, 0, sizeof c->max_err);
+    dt_status st = h_launch_on(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, rank_backward, c);
+    const char *k = kernel ? kernel : "unset";
+    int ok = st == DT_SUCCESS;
+    if (!ok) print_error("%s (DT_ATTN_KERNEL %s): %s\n", c->name, k, dt_last_error());
+    *worst = 0;
+    for (int r = 0; r < c->P * c->tp; r++) {
+        if (c->st[r] != DT_SUCCESS) {
+            print_error("rank %d (DT_ATTN_KERNEL %s): %s\n", r, k, c->msg[r]);
+            ok = 0;
+        } else if (c->bad[r]) {
+            print_error("rank %d (DT_ATTN_KERNEL %s): %ld mismatches, max error %.3g\n", r, k,
+                        c->bad[r], c->max_err[r]);
+            ok = 0;
+        }
+        *worst = fmax(*worst, c->max_err[r]);
+    }
+    return ok;
+}
+
 /* Runs one case; returns the largest error over ranks (for the P sweep). */
 static double run_case(bwd_case *c) {
     const attn_shape *s = &c->s;
@@ -108,24 +175,31 @@ static double run_case(bwd_case *c) {
         skip();
     }
     int64_t nq = s->B * s->S * s->H * s->D, nk = s->B * s->S * s->Hkv * s->D;
-    double *q = ref_input(c->seed, nq, c->dtype), *k = ref_input(c->seed + 1, nk, c->dtype);
-    double *v = ref_input(c->seed + 2, nk, c->dtype), *g = ref_input(c->seed + 3, nq, c->dtype);
+    c->q = ref_input(c->seed, nq, c->dtype), c->k = ref_input(c->seed + 1, nk, c->dtype);
+    c->v = ref_input(c->seed + 2, nk, c->dtype), c->g = ref_input(c->seed + 3, nq, c->dtype);
     c->dq_ref = malloc((size_t)nq * sizeof(double));
     c->dk_ref = malloc((size_t)nk * sizeof(double));
     c->dv_ref = malloc((size_t)nk * sizeof(double));
-    ref_attention_backward(s, q, k, v, g, c->mask == DT_ATTN_CAUSAL, 1.0 / sqrt((double)s->D),
-                           c->dq_ref, c->dk_ref, c->dv_ref);
-    dt_status st = h_launch_on(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, rank_backward, c);
-    free(q), free(k), free(v), free(g);
-    free(c->dq_ref), free(c->dk_ref), free(c->dv_ref);
-    if (st != DT_SUCCESS) print_error("%s: %s\n", c->name, dt_last_error());
-    assert_int_equal(st, DT_SUCCESS);
-    double worst = 0;
-    for (int r = 0; r < c->P * c->tp; r++) {
-        assert_int_equal(c->st[r], DT_SUCCESS);
-        assert_int_equal(c->bad[r], 0);
-        worst = fmax(worst, c->max_err[r]);
+    ref_attention_backward(s, c->q, c->k, c->v, c->g, c->mask == DT_ATTN_CAUSAL,
+                           1.0 / sqrt((double)s->D), c->dq_ref, c->dk_ref, c->dv_ref);
+    int ok_simple = 1, ok;
+    double worst = 0, worst_simple = 0;
+    if (c->kernels) {
+        /* Both CUDA kernel pairs on the same inputs, each against the
+         * reference; the variable is read when each call's plan is made. */
+        char *saved = set_kernel_env("simple");
+        ok_simple = launch_case(c, backend, "simple", &worst_simple);
+        setenv("DT_ATTN_KERNEL", "mma", 1);
+        ok = launch_case(c, backend, "mma", &worst);
+        restore_kernel_env(saved);
+        print_message("%s: max |error| simple %.3g, mma %.3g\n", c->name, worst_simple, worst);
+    } else {
+        ok = launch_case(c, backend, NULL, &worst);
     }
+    free(c->q), free(c->k), free(c->v), free(c->g);
+    free(c->dq_ref), free(c->dk_ref), free(c->dv_ref);
+    assert_true(ok_simple);
+    assert_true(ok);
     return worst;
 }
 
@@ -278,7 +352,7 @@ static void test_bad_inputs(void **state) {
 }
 
 int main(void) {
-    enum { MAXC = 64 };
+    enum { MAXC = 96 };
     static bwd_case cases[MAXC];
     static struct CMUnitTest tests[MAXC + 4];
     int n = 0, nc = 0;
@@ -325,6 +399,30 @@ int main(void) {
                      dt_order_name(cc->order), p, (long long)cc->s.S, dt_attn_mask_name(cc->mask),
                      dt_dtype_name(cc->dtype));
         }
+    /* Both CUDA backward kernels (DT_ATTN_KERNEL=simple, then =mma; the
+     * forward follows the same variable) on every order, P = 1..3, causal
+     * and full, bf16 and fp16, head dim 64 or 128 (alternating), GQA 1, 2,
+     * 4, local lengths 70, 134, 200 (never a multiple of the 64-row tiles;
+     * zigzag segments of 35, 67, 100). Skipped without a GPU. */
+    for (int o = 0; o < DT_ORDER_COUNT; o++)
+        for (int p = 1; p <= 3; p++)
+            for (int mk = 0; mk < 2; mk++)
+                for (int dt = 0; dt < 2; dt++) {
+                    bwd_case *cc = &cases[nc++];
+                    int64_t local = (int64_t[]){70, 134, 200}[(p + o + mk) % 3];
+                    int64_t hkv = (int64_t[]){4, 2, 1}[(p + o + dt) % 3];
+                    int64_t D = (p + o + mk + dt) % 2 ? 128 : 64;
+                    *cc = (bwd_case){.s = {1 + (p + dt) % 2, local * p, 4, hkv, D}, .P = p, .tp = 1,
+                                     .order = (dt_order)o,
+                                     .mask = mk ? DT_ATTN_FULL : DT_ATTN_CAUSAL,
+                                     .dtype = dt ? DT_F16 : DT_BF16, .seed = 1300 + (uint64_t)nc,
+                                     .backend = DT_BACKEND_CUDA, .kernels = 1};
+                    snprintf(cc->name, sizeof cc->name,
+                             "backward/cuda-kernels/%s/P=%d,B=%lld,S=%lld,H=4,HKV=%lld,D=%lld,%s,%s",
+                             dt_order_name(cc->order), p, (long long)cc->s.B, (long long)cc->s.S,
+                             (long long)hkv, (long long)D, dt_attn_mask_name(cc->mask),
+                             dt_dtype_name(cc->dtype));
+                }
     for (int i = 0; i < nc; i++)
         tests[n++] = (struct CMUnitTest){cases[i].name, run_backward_case, NULL, NULL, &cases[i]};
     return h_run_cases("attention backward (cpu)", tests, (size_t)n);

@@ -1,0 +1,439 @@
+/* attention/block_cuda_mma_bwd.cu — the tensor-core backward block kernel
+ * (FlashAttention-2 structure) for bf16 and fp16, head dims 64 and 128,
+ * compute capability >= 8.0. STATUS: written and compiled, NEVER RUN ON A
+ * GPU; the simple kernels in block_cuda.cu stay as the fallback and the
+ * cross-check (DT_ATTN_KERNEL=simple|mma|auto, block.h).
+ *
+ * Contract: dt_attn_kernels.bwd of block.h, the same as block_cpu.c and the
+ * simple kernels: one query segment against one key/value segment, GQA
+ * (query head h reads kv head h / (H/G)), the position mask of mask.h;
+ * P = exp(scale q.k - lse) (0 where masked and on rows with lse = -inf),
+ * dP = dO V^T, dS = P (dP - delta); dV += P^T dO, dK += scale dS^T Q,
+ * dQ += scale dS K, all three ADDED into the fp32 outputs.
+ *
+ * Work split. Grid (key tiles, kv heads, batch); a CTA of 4 warps (128
+ * threads) owns BN = 64 keys of one (batch, kv head g) and loops over the
+ * query heads of g's group and, per head, over the query tiles (BM = 64
+ * rows) that may attend its keys. Per query tile:
+ *   1. warp w, query rows 16w .. 16w+15, all 64 keys (as the forward):
+ *        S  = Q K^T      A = Q  (ldmatrix, dt_mma_ldsm_a_*), B = K (dt_mma_ldsm_k_*)
+ *        dP = dO V^T     A = dO (ldmatrix),                  B = V (dt_mma_ldsm_k_*)
+ *        P  = exp(scale S - lse), dS = P (dP - delta)   in fp32 registers
+ *      and stores P and dS, rounded to T, into swizzled [64][64] tiles.
+ *   2. __syncthreads; warp w, keys 16w .. 16w+15, all D columns:
+ *        dV += P^T dO    A = P^T  (ldmatrix.trans of the P tile, dt_mma_ldsm_at_*)
+ *                        B = dO   (ldmatrix.trans, dt_mma_ldsm_v_*)
+ *        dK += dS^T Q    A = dS^T (ldmatrix.trans of the dS tile), B = Q (.trans)
+ *      dK and dV stay in fp32 registers across the whole loop (2 x 16 x D
+ *      per warp) and are added into dk, dv once at the end (read, add,
+ *      write: float2; the CTA alone owns those rows in this call).
+ *   3. warp w, query rows 16w .. 16w+15 again, 16 head-dim columns at a time:
+ *        dQ += dS K      A = dS from the warp's own registers (packed as the
+ *                        forward packs P: dt_mma_p_tile / dt_mma_p_elem)
+ *                        B = K (ldmatrix.trans, dt_mma_ldsm_v_*)
+ *      each 16 x 16 piece scaled and added into the fp32 dq with atomicAdd
+ *      (an atom.global.add.f32 whose result is unused, which ptxas normally
+ *      emits as RED; unchecked here: this toolkit has no cuobjdump). Every
+ *      key tile's CTA adds into the same dq rows, so dq's summation order,
+ *      and its last bits, may differ from run to run; dk and dv are
+ *      deterministic. (A deterministic dq
+ *      would need a per-key-tile dq scratch, B H nq D fp32 per key tile,
+ *      and a reduction pass; FA2 makes the same choice by default.)
+ *   4. __syncthreads: the P, dS tiles and the Q, dO stage are reused.
+ *
+ * Mask and skipped tiles (mask.h's rule, closed form, dt_mma_bwd_* of
+ * mma_layout.h). Queries that may attend a key form a suffix of q, so the
+ * query tiles of key tile [y0, y0+64) are those from the one holding
+ * x_any = dt_attn_queries_from(pos(y0)) on (none: the CTA returns before
+ * loading anything, leaving dk, dv untouched); those from
+ * ceil(dt_attn_queries_from(pos(y0 + 63)) / 64) on are full, and need no
+ * per-element mask, when the key tile is whole; the others are masked with
+ * the per-row key limits (dt_attn_keys_upto), which also masks keys past
+ * the segment's end. Query rows past the segment's end, and rows whose lse
+ * is -inf (they attend nothing anywhere), take lse = +inf: exp gives P = 0
+ * exactly, so dS = 0 * (dP - 0) = 0 and nothing they touch changes (their
+ * dq is not written at all). Masked elements are set to P = 0 after the
+ * exp, so an overflowing exp there never reaches a product.
+ *
+ * Shared memory (dynamic, (2 BN + 4 BM) D + 2 BM BN 16-bit elements: 64 KiB
+ * at D = 64, 112 KiB at D = 128): [K][V][Q stage 0][Q stage 1][dO stage 0]
+ * [dO stage 1][P][dS], the [64][D] tiles with the XOR swizzle of
+ * mma_layout.h at row length D, the [64][64] P and dS tiles at row length
+ * 64 (conflict-free ldmatrix and .b32 stores). Copies are cp.async 16 bytes,
+ * zero-filled past the segments. Pipeline: K, V and the first (head, query
+ * tile)'s Q, dO are one commit group; iteration i issues the copies of
+ * iteration i+1 into the other stage before waiting for its own (wait_group
+ * 1), so they overlap iteration i's math; the __syncthreads closing
+ * iteration i keeps iteration i+1's copies off the stage still being read.
+ *
+ * Resources (ptxas -v, CUDA 13, sm_90): 245 registers at D = 64, no spills;
+ * 255 registers at D = 128 with a 120-byte stack frame (116 bytes of spill
+ * stores, 148 of loads): the 2 x 16 x 128 fp32 dK, dV accumulators per warp
+ * plus S and dP leave no room. FA2 uses 8 warps (and 128-key tiles) at
+ * D = 128; that, or keeping dP in fewer registers, is the first tuning step.
+ *
+ * Numerics: scores and lse in natural-log units, exp as exp2f((scale s -
+ * lse) log2 e) (as the forward); P and dS are rounded to T for the tensor
+ * cores (as FA2 does), every accumulation is fp32.
+ *
+ * Every index comes from mma_layout.h, whose functions tests/test_attention.c
+ * runs on the CPU against an ldmatrix / mma.sync emulation written from the
+ * PTX ISA (test_mma_bwd_fragments: this kernel's three phases against plain
+ * matmuls; test_mma_bwd_tile_bounds: its query-tile bounds against
+ * dt_attn_tile_class). GPU test: tests/test_attention_backward.c,
+ * "backward/cuda-kernels/..." cases, DT_ATTN_KERNEL=simple and =mma against
+ * the double reference (make test; skipped without a GPU).
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "block_cuda_mma.h"
+#include "mma_device.cuh"
+#include "mma_layout.h"
+
+namespace {
+
+constexpr int BM = DT_MMA_BM;             /* query rows per tile */
+constexpr int BN = DT_MMA_BN;             /* keys per CTA */
+constexpr int THREADS = DT_MMA_THREADS;   /* 4 warps */
+
+static_assert(BM == 16 * DT_MMA_WARPS && BN == 16 * DT_MMA_WARPS,
+              "one warp per 16 query rows (S, dP, dQ) and per 16 keys (dK, dV)");
+
+/* Dynamic shared memory of the kernel, in bytes. */
+template <typename T, int D>
+constexpr size_t bwd_smem_bytes() {
+    return (size_t)((2 * BN + 4 * BM) * D + 2 * BM * BN) * sizeof(T);
+}
+
+#ifndef DT_MMA_STUB
+constexpr int NT = BN / 8;                /* n-tiles (8 keys each) of a warp's S and dP */
+constexpr float LOG2E = 1.4426950408889634f;
+
+/* ------------------------------------------------------ shared-memory map */
+
+/* [K][V][Q 0][Q 1][dO 0][dO 1] of [64][D], then [P][dS] of [64][64]: every
+ * tile starts on a multiple of 8 KiB (the bank argument needs 128 bytes). */
+template <typename T, int D>
+__device__ __forceinline__ T *k_tile(unsigned char *smem) {
+    return reinterpret_cast<T *>(smem);
+}
+template <typename T, int D>
+__device__ __forceinline__ T *v_tile(unsigned char *smem) {
+    return reinterpret_cast<T *>(smem) + BN * D;
+}
+template <typename T, int D>
+__device__ __forceinline__ T *q_stage(unsigned char *smem, int stage) {
+    return reinterpret_cast<T *>(smem) + (2 * BN + stage * BM) * D;
+}
+template <typename T, int D>
+__device__ __forceinline__ T *do_stage(unsigned char *smem, int stage) {
+    return reinterpret_cast<T *>(smem) + (2 * BN + (2 + stage) * BM) * D;
+}
+template <typename T, int D>
+__device__ __forceinline__ T *p_tile(unsigned char *smem) {
+    return reinterpret_cast<T *>(smem) + (2 * BN + 4 * BM) * D;
+}
+template <typename T, int D>
+__device__ __forceinline__ T *ds_tile(unsigned char *smem) {
+    return p_tile<T, D>(smem) + BM * BN;
+}
+
+/* ------------------------------------------------------------- tile steps */
+
+/* s = A B^T for the warp's 16 rows of A ([64][D] tile: Q or dO) and the 64
+ * rows of B ([64][D] tile: K or V): s[j] is the accumulator of n-tile j
+ * (B rows 8j .. 8j+7). The forward's tile_scores, with A read per k-step
+ * instead of held (the backward needs the registers for dK, dV). */
+template <typename T, int D>
+__device__ __forceinline__ void warp_abt(float (&s)[NT][4], const T *sa, const T *sb, int warp,
+                                         int lane) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) s[j][i] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t af[4];
+        ldmatrix_x4(af, sa + dt_mma_swz(16 * warp + dt_mma_ldsm_a_row(lane),
+                                        16 * kk + dt_mma_ldsm_a_col(lane), D));
+#pragma unroll
+        for (int jj = 0; jj < BN / 16; jj++) {   /* B rows 16jj .. 16jj+15: n-tiles 2jj, 2jj+1 */
+            uint32_t bb[4];
+            ldmatrix_x4(bb, sb + dt_mma_swz(16 * jj + dt_mma_ldsm_k_row(lane),
+                                            16 * kk + dt_mma_ldsm_k_col(lane), D));
+            elem<T>::mma(s[2 * jj], af, bb[0], bb[1]);
+            elem<T>::mma(s[2 * jj + 1], af, bb[2], bb[3]);
+        }
+    }
+}
+
+/* In: s = Q K^T, dp = dO V^T of the warp's rows. Out: s = P, dp = dS (fp32).
+ * lse[half] is +inf for a row that must contribute nothing. MASKED: keys
+ * y >= lim[half] of the row give P = 0 (key0: the tile's first key). */
+template <bool MASKED>
+__device__ __forceinline__ void probabilities(float (&s)[NT][4], float (&dp)[NT][4],
+                                              const float (&lse)[2], const float (&delta)[2],
+                                              const int64_t (&lim)[2], int64_t key0, int lane,
+                                              float scale) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int half = dt_mma_c_half(i);
+            float p = exp2f((s[j][i] * scale - lse[half]) * LOG2E);   /* 0 when lse = +inf */
+            if (MASKED && key0 + 8 * j + dt_mma_c_col(lane, i) >= lim[half]) p = 0.0f;
+            s[j][i] = p;
+            dp[j][i] = p * (dp[j][i] - delta[half]);
+        }
+}
+
+/* Stores the warp's P and dS (rounded to T) into the swizzled [64][64] P and
+ * dS tiles: one .b32 per pair of adjacent keys. */
+template <typename T>
+__device__ __forceinline__ void store_p_ds(T *sp, T *sds, const float (&p)[NT][4],
+                                           const float (&ds)[NT][4], int warp, int lane) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int off = dt_mma_ps_off(warp, lane, j, half);
+            *reinterpret_cast<uint32_t *>(sp + off) = elem<T>::pack(p[j][2 * half], p[j][2 * half + 1]);
+            *reinterpret_cast<uint32_t *>(sds + off) =
+                elem<T>::pack(ds[j][2 * half], ds[j][2 * half + 1]);
+        }
+}
+
+/* dv += P^T dO and dk += dS^T Q (unscaled) for the warp's 16 keys: A from
+ * the P and dS tiles, B from the dO and Q tiles, all by ldmatrix.trans.
+ * dv[j], dk[j]: accumulators of n-tile j (head-dim columns 8j .. 8j+7). */
+template <typename T, int D>
+__device__ __forceinline__ void warp_dkdv(float (&dk)[D / 8][4], float (&dv)[D / 8][4],
+                                          const T *sp, const T *sds, const T *sq, const T *sdo,
+                                          int warp, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; kk++) {   /* query rows 16kk .. 16kk+15 */
+        uint32_t pa[4], dsa[4];
+        const int at = dt_mma_swz(16 * kk + dt_mma_ldsm_at_row(lane),
+                                  16 * warp + dt_mma_ldsm_at_col(lane), BN);
+        ldmatrix_x4_trans(pa, sp + at);
+        ldmatrix_x4_trans(dsa, sds + at);
+#pragma unroll
+        for (int jd = 0; jd < D / 16; jd++) {   /* d 16jd .. 16jd+15: n-tiles 2jd, 2jd+1 */
+            const int b = dt_mma_swz(16 * kk + dt_mma_ldsm_v_row(lane),
+                                     16 * jd + dt_mma_ldsm_v_col(lane), D);
+            uint32_t ob[4], qb[4];
+            ldmatrix_x4_trans(ob, sdo + b);
+            elem<T>::mma(dv[2 * jd], pa, ob[0], ob[1]);
+            elem<T>::mma(dv[2 * jd + 1], pa, ob[2], ob[3]);
+            ldmatrix_x4_trans(qb, sq + b);
+            elem<T>::mma(dk[2 * jd], dsa, qb[0], qb[1]);
+            elem<T>::mma(dk[2 * jd + 1], dsa, qb[2], qb[3]);
+        }
+    }
+}
+
+/* dq rows of the warp += scale dS K: A = dS from registers, B = K by
+ * ldmatrix.trans; 16 head-dim columns at a time, each added with atomics.
+ * dqg: dq of the (batch, head) at row 0, row stride `rs`. */
+template <typename T, int D>
+__device__ __forceinline__ void warp_dq(float *dqg, int64_t rs, const float (&ds)[NT][4],
+                                        const T *sk, const int64_t (&row)[2],
+                                        const bool (&live)[2], int lane, float scale) {
+    uint32_t da[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int j = dt_mma_p_tile(kk, r), e = dt_mma_p_elem(r);
+            da[kk][r] = elem<T>::pack(ds[j][e], ds[j][e + 1]);
+        }
+#pragma unroll
+    for (int jd = 0; jd < D / 16; jd++) {
+        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {   /* keys 16kk .. 16kk+15 */
+            uint32_t kb[4];
+            ldmatrix_x4_trans(kb, sk + dt_mma_swz(16 * kk + dt_mma_ldsm_v_row(lane),
+                                                  16 * jd + dt_mma_ldsm_v_col(lane), D));
+            elem<T>::mma(acc[0], da[kk], kb[0], kb[1]);
+            elem<T>::mma(acc[1], da[kk], kb[2], kb[3]);
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int half = dt_mma_c_half(i);
+                if (live[half])
+                    atomicAdd(dqg + row[half] * rs + 16 * jd + 8 * n + dt_mma_c_col(lane, i),
+                              scale * acc[n][i]);
+            }
+    }
+}
+
+#endif /* !DT_MMA_STUB */
+
+/* ------------------------------------------------------------ the kernel */
+
+/* grid: (ceil(kseg.len / 64), kv_heads, batch); block: 128 threads; dynamic
+ * shared memory bwd_smem_bytes<T, D>(). */
+template <typename T, int D>
+__global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bwd_args a) {
+#ifdef DT_MMA_STUB
+    (void)a;
+    __trap();   /* never launched: the host requires compute capability >= 8.0 */
+#else
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int64_t H = a.heads, G = a.kv_heads, group = H / G;
+    const int64_t b = blockIdx.z, g = blockIdx.y;
+    const int64_t nq = a.qseg.len, nk = a.kseg.len;
+    const int64_t y0 = (int64_t)blockIdx.x * BN;
+
+    /* Query tiles to visit and the first that needs no mask; uniform over
+     * the CTA (and over the heads of the group), so are the early return
+     * and the loop. */
+    const bool whole = y0 + BN <= nk;
+    const int64_t n_qt = dt_mma_query_tiles(nq);
+    const int64_t qt_first =
+        dt_mma_bwd_first_qtile(dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, y0)), nq);
+    const int64_t qt_unmasked = dt_mma_bwd_unmasked_qtile(
+        whole ? dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, y0 + BN - 1)) : 0, whole,
+        nq);
+    if (qt_first >= n_qt) return;   /* no query attends these keys: dk, dv unchanged */
+    const int64_t per_head = n_qt - qt_first, n_iter = group * per_head;
+
+    const T *kg = static_cast<const T *>(a.k) + b * a.kv_batch_stride + g * D;   /* row y: + y G D */
+    const T *vg = static_cast<const T *>(a.v) + b * a.kv_batch_stride + g * D;
+    const T *qb = static_cast<const T *>(a.q) + b * a.q_batch_stride;           /* + (x H + h) D */
+    const T *dob = static_cast<const T *>(a.dout) + b * a.q_batch_stride;
+
+    /* Group 0: K, V and iteration 0's Q, dO (head g * group, tile qt_first). */
+    load_tile<T, D>(k_tile<T, D>(smem), kg, G * D, y0, nk);
+    load_tile<T, D>(v_tile<T, D>(smem), vg, G * D, y0, nk);
+    {
+        const int64_t h = g * group, x0 = qt_first * BM;
+        load_tile<T, D>(q_stage<T, D>(smem, 0), qb + h * D, H * D, x0, nq);
+        load_tile<T, D>(do_stage<T, D>(smem, 0), dob + h * D, H * D, x0, nq);
+    }
+    cp_async_commit();
+
+    /* dk[j][i], dv[j][i]: accumulator element i of n-tile j (head-dim
+     * columns 8j .. 8j+7) of the warp's keys 16w .. 16w+15. */
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) dk[j][i] = dv[j][i] = 0.0f;
+
+    for (int64_t it = 0; it < n_iter; it++) {
+        const int stage = (int)(it & 1);
+        if (it + 1 < n_iter) {
+            const int64_t h = g * group + (it + 1) / per_head;
+            const int64_t x0 = (qt_first + (it + 1) % per_head) * BM;
+            load_tile<T, D>(q_stage<T, D>(smem, stage ^ 1), qb + h * D, H * D, x0, nq);
+            load_tile<T, D>(do_stage<T, D>(smem, stage ^ 1), dob + h * D, H * D, x0, nq);
+            cp_async_commit();
+            cp_async_wait<1>();   /* all but iteration it+1's group: it's (and K, V) landed */
+        } else {
+            cp_async_wait<0>();
+        }
+
+        const int64_t h = g * group + it / per_head, qt = qt_first + it % per_head, x0 = qt * BM;
+        /* The lane's two query rows (half 0: row g, half 1: row g+8 of the
+         * warp's 16), read while waiting for the barrier. */
+        const float *lseg = a.lse + b * a.ml_batch_stride + h * a.ml_head_stride;
+        const float *deltag = a.delta + b * a.ml_batch_stride + h * a.ml_head_stride;
+        int64_t row[2], lim[2];
+        bool live[2];
+        float lse[2], delta[2];
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            row[half] = x0 + 16 * warp + dt_mma_c_row(lane, 2 * half);
+            live[half] = row[half] < nq;
+            const float l = live[half] ? lseg[row[half]] : -INFINITY;
+            lse[half] = l == -INFINITY ? INFINITY : l;   /* P = 0 on the whole row */
+            delta[half] = live[half] ? deltag[row[half]] : 0.0f;
+            lim[half] = 0;
+        }
+        const bool masked = qt < qt_unmasked;
+        if (masked) {
+#pragma unroll
+            for (int half = 0; half < 2; half++)
+                if (live[half])
+                    lim[half] = dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row[half]));
+        }
+        __syncthreads();   /* every thread's copies of iteration it are visible to all */
+
+        const T *sq = q_stage<T, D>(smem, stage), *sdo = do_stage<T, D>(smem, stage);
+        float s[NT][4], dp[NT][4];
+        warp_abt<T, D>(s, sq, k_tile<T, D>(smem), warp, lane);
+        warp_abt<T, D>(dp, sdo, v_tile<T, D>(smem), warp, lane);
+        if (masked)
+            probabilities<true>(s, dp, lse, delta, lim, y0, lane, a.scale);
+        else
+            probabilities<false>(s, dp, lse, delta, lim, y0, lane, a.scale);
+        store_p_ds<T>(p_tile<T, D>(smem), ds_tile<T, D>(smem), s, dp, warp, lane);
+        __syncthreads();   /* the P and dS tiles are complete */
+
+        warp_dkdv<T, D>(dk, dv, p_tile<T, D>(smem), ds_tile<T, D>(smem), sq, sdo, warp, lane);
+        warp_dq<T, D>(a.dq + b * a.dq_batch_stride + h * D, H * D, dp, k_tile<T, D>(smem), row,
+                      live, lane, a.scale);
+        __syncthreads();   /* P, dS and this stage are rewritten by the next iterations */
+    }
+
+    /* Add into dk (scaled) and dv: the lane's keys 16w + g and 16w + g + 8. */
+    float *dkg = a.dk + b * a.kv_batch_stride + g * D;   /* row y: + y G D */
+    float *dvg = a.dv + b * a.kv_batch_stride + g * D;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t y = y0 + 16 * warp + dt_mma_c_row(lane, 2 * half);
+        if (y >= nk) continue;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            const int64_t off = y * G * D + 8 * j + dt_mma_c_col(lane, 2 * half);
+            float2 *pk = reinterpret_cast<float2 *>(dkg + off);
+            float2 *pv = reinterpret_cast<float2 *>(dvg + off);
+            float2 k2 = *pk, v2 = *pv;
+            k2.x += a.scale * dk[j][2 * half];
+            k2.y += a.scale * dk[j][2 * half + 1];
+            v2.x += dv[j][2 * half];
+            v2.y += dv[j][2 * half + 1];
+            *pk = k2;
+            *pv = v2;
+        }
+    }
+#endif
+}
+
+template <typename T, int D>
+dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a) {
+    const size_t smem = bwd_smem_bytes<T, D>();
+    cudaError_t e = cudaFuncSetAttribute(bwd_mma_kernel<T, D>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return dt_error(DT_ERR_BACKEND, "attention (cuda mma): backward block: %zu bytes of "
+                        "shared memory: %s", smem, cudaGetErrorString(e));
+    }
+    const dim3 grid((unsigned)((a->kseg.len + BN - 1) / BN), (unsigned)a->kv_heads,
+                    (unsigned)a->batch);
+    bwd_mma_kernel<T, D><<<grid, THREADS, smem, stream>>>(*a);
+    e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return dt_error(DT_ERR_BACKEND, "attention (cuda mma): backward block (D = %d, %s): %s", D,
+                        dt_dtype_name(a->dtype), cudaGetErrorString(e));
+    return DT_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a) {
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (a->dtype == DT_BF16)
+        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a) : launch<__nv_bfloat16, 128>(s, a);
+    return a->dim == 64 ? launch<__half, 64>(s, a) : launch<__half, 128>(s, a);
+}

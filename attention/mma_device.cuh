@@ -1,0 +1,148 @@
+/* attention/mma_device.cuh — PRIVATE. The device helpers both tensor-core
+ * attention kernels share (block_cuda_mma.cu: forward, block_cuda_mma_bwd.cu:
+ * backward): thin PTX wrappers (cp.async, ldmatrix, mma.sync m16n8k16),
+ * the per-element-type packing, quad reductions and the swizzled tile copy.
+ * CUDA C++ only. Every index they are given comes from mma_layout.h (tested
+ * on the CPU by tests/test_attention.c).
+ *
+ * Device code for compute capability < 8.0 (NVCC_ARCH=sm_75, say) keeps only
+ * trapping stubs of the kernels: bf16 mma.sync and cp.async need sm_80, and
+ * the host never launches them on such a device (dt_attn_mma_supported). So
+ * everything below is compiled only where DT_MMA_STUB is not defined.
+ */
+#ifndef DT_ATTN_MMA_DEVICE_CUH
+#define DT_ATTN_MMA_DEVICE_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "mma_layout.h"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define DT_MMA_STUB 1
+#endif
+
+#ifndef DT_MMA_STUB
+namespace {
+
+
+/* ------------------------------------------------------------ PTX wrappers */
+
+/* 32-bit shared-memory address of a generic pointer into shared memory. */
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* 16 bytes global -> shared, asynchronously; 16 zero bytes if !valid (the
+ * source is then not read, but is still a valid address). */
+__device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
+                 "l"(gmem), "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* Wait until at most N of this thread's commit groups are still in flight. */
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Four 8x8 b16 matrices; lane l gives the row address for matrix l / 8. */
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row))
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row))
+                 : "memory");
+}
+
+/* Per element type: the mma.sync variant and the fp32 pair -> .b32 packing
+ * (lo in the low half: the lower-indexed element of a fragment pair). */
+template <typename T>
+struct elem;
+
+template <>
+struct elem<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        uint32_t u;
+        memcpy(&u, &v, sizeof u);
+        return u;
+    }
+    /* d = A B + d, A 16x16 (4 regs), B 16x8 (2 regs), d 16x8 fp32. */
+    static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <>
+struct elem<__half> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        const __half2 v = __floats2half2_rn(lo, hi);
+        uint32_t u;
+        memcpy(&u, &v, sizeof u);
+        return u;
+    }
+    static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+/* Reductions over the 4 lanes of a quad (lanes 4g .. 4g+3 hold row g). */
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/* ------------------------------------------------------------ tile copies */
+
+/* Issue the copies of rows [row0, row0 + 64) of a row-major matrix (row r at
+ * base + r * row_stride, D contiguous elements) into a swizzled tile; rows
+ * >= nrows are zero-filled. All DT_MMA_THREADS threads of the CTA take part. */
+template <typename T, int D>
+__device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_stride, int64_t row0,
+                                          int64_t nrows) {
+    constexpr int COPIES = 64 * D / 8;   /* 16-byte copies per tile */
+    static_assert(COPIES % DT_MMA_THREADS == 0, "every thread issues the same number of copies");
+#pragma unroll
+    for (int n = 0; n < COPIES / DT_MMA_THREADS; n++) {
+        const int e = n * DT_MMA_THREADS + (int)threadIdx.x;
+        const int r = dt_mma_copy_row(e, D), c = dt_mma_copy_col(e, D);
+        const bool valid = row0 + r < nrows;
+        const T *src = valid ? base + (row0 + r) * row_stride + c : base;
+        cp_async_16(tile + dt_mma_swz(r, c, D), src, valid);
+    }
+}
+
+
+}  // namespace
+#endif /* !DT_MMA_STUB */
+#endif /* DT_ATTN_MMA_DEVICE_CUH */
