@@ -153,7 +153,7 @@ static dt_status run_blocks(const attn_plan *p, const bwd_workspace *w, const dt
                 .lse = lse + qoff, .delta = delta + qoff,
                 .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
                 .dq = dq + qo, .dq_batch_stride = p->c * p->h * p->D,
-                .dk = dk + ko, .dv = dv + ko, .kernel = p->fwd_kernel,
+                .dk = dk + ko, .dv = dv + ko, .kernel = p->kernel,
             };
             DT_TRY(p->kern->bwd(p->ctx->backend, &a, scratch));
             koff += ks[j].len;
@@ -173,7 +173,7 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     attn_plan p;
     dt_status local = attn_plan_make(op, q, k, v, opts, &p);
     if (local == DT_SUCCESS) local = check_outputs(&p, op, q, o, lse, dout);
-    if (local == DT_SUCCESS) local = attn_plan_check_fwd_kernel(&p, op);
+    if (local == DT_SUCCESS) local = attn_plan_check_kernel(&p, op);
     bwd_workspace w = bwd_workspace_of(&p);
     if (local == DT_SUCCESS && opts && opts->workspace && opts->workspace_bytes < w.total)
         local = dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: %s: workspace of %zu bytes is smaller "

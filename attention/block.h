@@ -32,17 +32,16 @@
 extern "C" {
 #endif
 
-typedef enum dt_attn_fwd_kernel {
-    DT_ATTN_FWD_AUTO = 0,   /* the tensor-core kernel where it can run, else the simple one */
-    DT_ATTN_FWD_SIMPLE,     /* always the simple kernel */
-    DT_ATTN_FWD_MMA,        /* the tensor-core kernel, or DT_ERR_NOT_SUPPORTED */
-    DT_ATTN_FWD_KERNEL_COUNT
-} dt_attn_fwd_kernel;
+typedef enum dt_attn_kernel_choice {
+    DT_ATTN_KERNEL_AUTO = 0,   /* the tensor-core kernel where it can run, else the simple one */
+    DT_ATTN_KERNEL_SIMPLE,     /* always the simple kernel */
+    DT_ATTN_KERNEL_MMA,        /* the tensor-core kernel, or DT_ERR_NOT_SUPPORTED */
+    DT_ATTN_KERNEL_COUNT
+} dt_attn_kernel_choice;
 
-/* Named for the forward, where it came first; the backward takes the same
- * values (dt_attn_block_bwd_args.kernel). "auto", "simple", "mma";
- * "unknown" otherwise (plan.c). */
-const char *dt_attn_fwd_kernel_name(dt_attn_fwd_kernel k);
+/* Which CUDA kernel runs a block, forward and backward alike (DT_ATTN_KERNEL).
+ * "auto", "simple", "mma"; "unknown" otherwise (plan.c). */
+const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k);
 
 typedef struct dt_attn_block_args {
     dt_dtype dtype;                 /* of q, k, v */
@@ -58,7 +57,7 @@ typedef struct dt_attn_block_args {
     int64_t ml_batch_stride, ml_head_stride;
     float *acc;
     int64_t acc_batch_stride;
-    dt_attn_fwd_kernel kernel;      /* CUDA only: which forward kernel (0 = auto) */
+    dt_attn_kernel_choice kernel;      /* CUDA only: which forward kernel (0 = auto) */
 } dt_attn_block_args;
 
 /* Backward of one block, from the forward's log-sum-exp (FlashAttention-2):
@@ -87,7 +86,7 @@ typedef struct dt_attn_block_bwd_args {
     float *dq;
     int64_t dq_batch_stride;
     float *dk, *dv;
-    dt_attn_fwd_kernel kernel;      /* CUDA only: which backward kernel (0 = auto) */
+    dt_attn_kernel_choice kernel;      /* CUDA only: which backward kernel (0 = auto) */
 } dt_attn_block_bwd_args;
 
 struct dt_backend;
@@ -105,8 +104,8 @@ typedef struct dt_attn_kernels {
      * head dim on this backend's device: DT_SUCCESS, or DT_ERR_NOT_SUPPORTED
      * with the reason in why (dt_last_error untouched). Called once per
      * call, before any block. */
-    dt_status (*fwd_check)(struct dt_backend *be, dt_dtype dtype, int64_t dim,
-                           dt_attn_fwd_kernel want, char *why, size_t why_size);
+    dt_status (*kernel_check)(struct dt_backend *be, dt_dtype dtype, int64_t dim,
+                              dt_attn_kernel_choice want, char *why, size_t why_size);
     /* m = -inf, l = 0, acc = 0 for `rows` rows of `dim`. */
     dt_status (*init)(struct dt_backend *be, size_t rows, int64_t dim, float *acc, float *m,
                       float *l);

@@ -26,7 +26,7 @@
  * DT_ATTN_KERNEL=auto|simple|mma (read by the attention plan, once per
  * call, and passed in dt_attn_block_args.kernel) picks: auto as above,
  * simple always, mma or DT_ERR_NOT_SUPPORTED naming what is missing
- * (checked before the ring loop by fwd_check; alignment per block).
+ * (checked before the ring loop by kernel_check; alignment per block).
  *
  * Backward: two kernels too, chosen per block by bwd() with the same rule
  * and the same checks as the forward (dt_attn_mma_supported, and
@@ -270,9 +270,9 @@ dt_status init(dt_backend *be, size_t rows, int64_t dim, float *acc, float *m, f
 
 /* Plan time (once per call): can the requested kernel run this dtype and
  * head dim on this device? Only a forced mma can fail. */
-dt_status fwd_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_fwd_kernel want,
-                    char *why, size_t why_size) {
-    if (want != DT_ATTN_FWD_MMA) return DT_SUCCESS;
+dt_status kernel_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_kernel_choice want,
+                       char *why, size_t why_size) {
+    if (want != DT_ATTN_KERNEL_MMA) return DT_SUCCESS;
     return dt_attn_mma_supported(dtype, dim, dt_backend_cuda_compute_capability(be), why,
                                  why_size)
                ? DT_SUCCESS
@@ -282,13 +282,13 @@ dt_status fwd_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_fwd_ker
 dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     (void)scratch;
     if (a->qseg.len == 0 || a->kseg.len == 0) return DT_SUCCESS;
-    if (a->kernel != DT_ATTN_FWD_SIMPLE) {
+    if (a->kernel != DT_ATTN_KERNEL_SIMPLE) {
         char why[256] = "";
         if (dt_attn_mma_supported(a->dtype, a->dim, dt_backend_cuda_compute_capability(be), why,
                                   sizeof why) &&
             dt_attn_mma_block_ok(a, why, sizeof why))
             return dt_attn_mma_fwd(stream_of(be), a);
-        if (a->kernel == DT_ATTN_FWD_MMA)
+        if (a->kernel == DT_ATTN_KERNEL_MMA)
             return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=mma: %s",
                             be->rank, why);
     }
@@ -321,13 +321,13 @@ dt_status delta_rows(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows
 dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     (void)scratch;
     if (a->qseg.len == 0 || a->kseg.len == 0) return DT_SUCCESS;
-    if (a->kernel != DT_ATTN_FWD_SIMPLE) {   /* the forward's rule, fwd() above */
+    if (a->kernel != DT_ATTN_KERNEL_SIMPLE) {   /* the forward's rule, fwd() above */
         char why[256] = "";
         if (dt_attn_mma_supported(a->dtype, a->dim, dt_backend_cuda_compute_capability(be), why,
                                   sizeof why) &&
             dt_attn_mma_bwd_block_ok(a, why, sizeof why))
             return dt_attn_mma_bwd(stream_of(be), a);
-        if (a->kernel == DT_ATTN_FWD_MMA)
+        if (a->kernel == DT_ATTN_KERNEL_MMA)
             return dt_error(DT_ERR_NOT_SUPPORTED,
                             "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=mma: %s", be->rank,
                             why);
@@ -348,5 +348,5 @@ dt_status store(dt_backend *be, dt_dtype dtype, size_t n, const float *src, void
 }  // namespace
 
 extern "C" const dt_attn_kernels dt_attn_kernels_cuda = {
-    "cuda", fwd_scratch, bwd_scratch, fwd_check, init, fwd, finalize, delta_rows, bwd, store,
+    "cuda", fwd_scratch, bwd_scratch, kernel_check, init, fwd, finalize, delta_rows, bwd, store,
 };

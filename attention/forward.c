@@ -78,7 +78,7 @@ static dt_status run_blocks(const attn_plan *p, const void *q, const void *kv, i
                 .m = m + qoff, .l = l + qoff,
                 .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
                 .acc = acc + qoff * p->h * p->D, .acc_batch_stride = p->c * p->h * p->D,
-                .kernel = p->fwd_kernel,
+                .kernel = p->kernel,
             };
             DT_TRY(p->kern->fwd(p->ctx->backend, &a, scratch));
             koff += ks[j].len;
@@ -96,7 +96,7 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     if (lse) *lse = NULL;
     attn_plan p;
     dt_status local = attn_plan_make(op, q, k, v, opts, &p);
-    if (local == DT_SUCCESS) local = attn_plan_check_fwd_kernel(&p, op);
+    if (local == DT_SUCCESS) local = attn_plan_check_kernel(&p, op);
     fwd_workspace w = fwd_workspace_of(&p);
     if (local == DT_SUCCESS && opts && opts->workspace && opts->workspace_bytes < w.total)
         local = dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: %s: workspace of %zu bytes is smaller "

@@ -14,24 +14,24 @@ static dt_status attn_error(const attn_plan *p, dt_status st, const char *op, co
     return dt_error(st, "rank %d: %s: %s", p->ctx ? dt_context_rank(p->ctx) : -1, op, msg);
 }
 
-const char *dt_attn_fwd_kernel_name(dt_attn_fwd_kernel k) {
+const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k) {
     switch (k) {
-    case DT_ATTN_FWD_AUTO: return "auto";
-    case DT_ATTN_FWD_SIMPLE: return "simple";
-    case DT_ATTN_FWD_MMA: return "mma";
+    case DT_ATTN_KERNEL_AUTO: return "auto";
+    case DT_ATTN_KERNEL_SIMPLE: return "simple";
+    case DT_ATTN_KERNEL_MMA: return "mma";
     default: return "unknown";
     }
 }
 
 /* DT_ATTN_KERNEL: unset or empty is auto. Read here, once per attention
  * call (not per block), so a program or test may change it between calls. */
-static int fwd_kernel_from_env(dt_attn_fwd_kernel *out) {
+static int kernel_from_env(dt_attn_kernel_choice *out) {
     const char *v = getenv("DT_ATTN_KERNEL");
-    *out = DT_ATTN_FWD_AUTO;
+    *out = DT_ATTN_KERNEL_AUTO;
     if (!v || !*v) return 1;
-    for (int k = 0; k < DT_ATTN_FWD_KERNEL_COUNT; k++)
-        if (strcmp(v, dt_attn_fwd_kernel_name((dt_attn_fwd_kernel)k)) == 0) {
-            *out = (dt_attn_fwd_kernel)k;
+    for (int k = 0; k < DT_ATTN_KERNEL_COUNT; k++)
+        if (strcmp(v, dt_attn_kernel_choice_name((dt_attn_kernel_choice)k)) == 0) {
+            *out = (dt_attn_kernel_choice)k;
             return 1;
         }
     return 0;
@@ -93,7 +93,7 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     if (!p->kern)
         FAIL(DT_ERR_NOT_SUPPORTED, "no attention kernel for the %s backend in this build",
              dt_backend_kind_name(dt_context_backend(p->ctx)));
-    if (!fwd_kernel_from_env(&p->fwd_kernel))
+    if (!kernel_from_env(&p->kernel))
         FAIL(DT_ERR_INVALID_ARGUMENT, "DT_ATTN_KERNEL=%s is not auto, simple or mma",
              getenv("DT_ATTN_KERNEL"));
 
@@ -164,14 +164,14 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     return DT_SUCCESS;
 }
 
-dt_status attn_plan_check_fwd_kernel(const attn_plan *p, const char *op) {
+dt_status attn_plan_check_kernel(const attn_plan *p, const char *op) {
     char why[256] = "";
-    if (!p->kern || !p->kern->fwd_check) return DT_SUCCESS;
-    if (p->kern->fwd_check(p->ctx->backend, p->dtype, p->D, p->fwd_kernel, why, sizeof why) ==
+    if (!p->kern || !p->kern->kernel_check) return DT_SUCCESS;
+    if (p->kern->kernel_check(p->ctx->backend, p->dtype, p->D, p->kernel, why, sizeof why) ==
         DT_SUCCESS)
         return DT_SUCCESS;
     char msg[320];
-    snprintf(msg, sizeof msg, "DT_ATTN_KERNEL=%s: %s", dt_attn_fwd_kernel_name(p->fwd_kernel), why);
+    snprintf(msg, sizeof msg, "DT_ATTN_KERNEL=%s: %s", dt_attn_kernel_choice_name(p->kernel), why);
     return attn_error(p, DT_ERR_NOT_SUPPORTED, op, msg);
 }
 

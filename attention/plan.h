@@ -23,7 +23,7 @@ typedef struct attn_plan {
     dt_layout lse_layout;             /* of the [B, H, S] log-sum-exp */
     size_t kv_bytes;                  /* one local K (or V) block in its dtype */
     const dt_attn_kernels *kern;      /* the context's backend's kernels */
-    dt_attn_fwd_kernel fwd_kernel;    /* DT_ATTN_KERNEL, read once by attn_plan_make */
+    dt_attn_kernel_choice kernel;   /* DT_ATTN_KERNEL, read once by attn_plan_make */
 } attn_plan;
 
 /* Validate q, k, v and opts (NULL: defaults) and fill p. Touches nothing. */
@@ -35,7 +35,7 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
  * this call on this rank's backend: DT_SUCCESS, or DT_ERR_NOT_SUPPORTED
  * naming the rank, op and reason (DT_ATTN_KERNEL=mma on fp32, say). Local:
  * fold it into the status given to attn_plan_check_agreement. */
-dt_status attn_plan_check_fwd_kernel(const attn_plan *p, const char *op);
+dt_status attn_plan_check_kernel(const attn_plan *p, const char *op);
 
 /* COLLECTIVE over the world when q is on a mesh: every rank shares whether
  * its arguments passed its own checks (`local`) and the call's shapes,
