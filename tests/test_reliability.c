@@ -6,7 +6,8 @@
  *   - DT_CHECK entry checks: a call that is bad on one rank only fails on
  *     every rank at once, naming the first rank that differs;
  *   - soak: 1,000 attention calls in one process with no growth in resident
- *     memory and bit-identical results;
+ *     memory (and, on cuda+local when a GPU is present, in device memory)
+ *     and bit-identical results;
  *   - numerics: logits of magnitude 1e4 through the distributed forward, and
  *     S = 65,536 on the CPU, finite and within tolerance on sampled rows.
  * Rank threads record; the main thread asserts. */
@@ -21,6 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#ifdef DT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "attention/attention.h"
 #include "attn_ref.h"
@@ -244,18 +249,36 @@ static long resident_kib(void) {
     return resident < 0 ? -1 : resident * 4;
 }
 
+/* Device memory in use on the current GPU, KiB; -1 without CUDA. */
+static long device_used_kib(void) {
+#ifdef DT_HAVE_CUDA
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return -1;
+    return (long)((total_b - free_b) / 1024);
+#else
+    return -1;
+#endif
+}
+
 typedef struct soak_case {
+    dt_backend_kind backend;
     int calls;
     dt_status st[MAXR];
-    long rss_early, rss_late;
+    long rss_early, rss_late, dev_early, dev_late;
     long changed[MAXR];
 } soak_case;
 
-static uint64_t hash_tensor(const dt_tensor *t) {
-    const unsigned char *b = dt_tensor_data_const(t);
+/* FNV-1a of t's local bytes, read back to the host. */
+static dt_status hash_tensor(const dt_tensor *t, uint64_t *out) {
+    size_t n = dt_tensor_local_bytes(t);
+    unsigned char *b = malloc(n + 1);
+    if (!b) return dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
+    dt_status st = dt_tensor_get_local(t, b, n);
     uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < dt_tensor_local_bytes(t); i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    free(b);
+    *out = h;
+    return st;
 }
 
 static dt_status rank_soak(dt_context *ctx, void *arg) {
@@ -275,18 +298,22 @@ static dt_status rank_soak(dt_context *ctx, void *arg) {
         st = dt_attention_forward(q, q, q, NULL, &o, &lse);
         if (st == DT_SUCCESS && i % 10 == 0)
             st = dt_attention_backward(q, q, q, o, lse, o, NULL, &dq, &dk, &dv);
+        uint64_t h = 0;
+        if (st == DT_SUCCESS) st = hash_tensor(o, &h);
         if (st == DT_SUCCESS) {
-            uint64_t h = hash_tensor(o);
             if (i == 0) first = h;
             else if (h != first) c->changed[r]++;
         }
         dt_tensor *all[] = {o, lse, dq, dk, dv};
         for (size_t j = 0; j < 5; j++) dt_tensor_destroy(all[j]);
-        /* Rank 0 samples the process's resident memory; a barrier keeps the
-         * ranks in step so the samples see the same amount of work. */
+        /* Rank 0 samples the process's resident memory (and the GPU's); a
+         * barrier keeps the ranks in step so the samples see the same work. */
         if (st == DT_SUCCESS && (i == c->calls / 10 || i == c->calls - 1)) {
             st = dt_comm_barrier(dt_context_comm(ctx));
-            if (r == 0) *(i == c->calls - 1 ? &c->rss_late : &c->rss_early) = resident_kib();
+            int late = i == c->calls - 1;
+            if (r == 0) *(late ? &c->rss_late : &c->rss_early) = resident_kib();
+            if (r == 0 && c->backend == DT_BACKEND_CUDA)
+                *(late ? &c->dev_late : &c->dev_early) = device_used_kib();
         }
     }
     c->st[r] = st;
@@ -296,18 +323,29 @@ static dt_status rank_soak(dt_context *ctx, void *arg) {
 }
 
 static void test_soak_1000_attention_calls(void **state) {
-    (void)state;
-    soak_case c = {.calls = 1000};
+    dt_backend_kind backend = *(const dt_backend_kind *)*state;
+    char why[512];
+    if (!h_pair_available(3, backend, DT_TRANSPORT_LOCAL, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    soak_case c = {.backend = backend, .calls = 1000};
     double t0 = now_ms();
-    assert_int_equal(launch(3, rank_soak, &c, 60000, DT_CHECK_AUTO), DT_SUCCESS);
-    print_message("soak: 1000 forward + 100 backward calls on 3 ranks in %.1f s; resident "
+    assert_int_equal(h_launch_on(3, backend, DT_TRANSPORT_LOCAL, rank_soak, &c), DT_SUCCESS);
+    print_message("soak (%s): 1000 forward + 100 backward calls on 3 ranks in %.1f s; resident "
                   "memory %ld KiB after 100 calls, %ld KiB after 1000\n",
-                  (now_ms() - t0) / 1e3, c.rss_early, c.rss_late);
+                  dt_backend_kind_name(backend), (now_ms() - t0) / 1e3, c.rss_early, c.rss_late);
     for (int r = 0; r < 3; r++) {
         assert_int_equal(c.st[r], DT_SUCCESS);
         assert_int_equal(c.changed[r], 0);
     }
     assert_true(c.rss_early > 0 && c.rss_late > 0);
+    if (backend == DT_BACKEND_CUDA) {
+        print_message("soak (cuda): device memory in use %ld KiB after 100 calls, %ld KiB after "
+                      "1000\n", c.dev_early, c.dev_late);
+        assert_true(c.dev_early > 0 && c.dev_late > 0);
+        assert_true(c.dev_late - c.dev_early < 16384);   /* KiB: no leak beyond granularity */
+    }
 #if defined(__SANITIZE_ADDRESS__)
     /* ASan quarantines freed memory, so resident memory grows by design; its
      * leak checker covers this build instead. */
@@ -468,13 +506,18 @@ static void test_long_sequence(void **state) {
 }
 
 int main(void) {
+    static dt_backend_kind soak_cpu = DT_BACKEND_CPU, soak_cuda = DT_BACKEND_CUDA;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fault_injection),
         cmocka_unit_test(test_entry_checks_fail_every_rank_at_once),
         cmocka_unit_test(test_checked_collectives_name_the_call),
-        cmocka_unit_test(test_soak_1000_attention_calls),
+        {"test_soak_1000_attention_calls/cpu", test_soak_1000_attention_calls, NULL, NULL,
+         &soak_cpu},
+        {"test_soak_1000_attention_calls/cuda", test_soak_1000_attention_calls, NULL, NULL,
+         &soak_cuda},
         cmocka_unit_test(test_huge_logits_distributed),
         cmocka_unit_test(test_long_sequence),
     };
-    return cmocka_run_group_tests_name("reliability (cpu+local)", tests, NULL, NULL);
+    return cmocka_run_group_tests_name("reliability (cpu+local; soak also cuda+local)", tests,
+                                       NULL, NULL);
 }
