@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh — what one device call on a GPU machine should learn,
 # in a few minutes: the machine, the build, the CUDA-relevant suites one by
-# one, the whole `make test`, compute-sanitizer memcheck on test_cuda, the
-# examples on --backend cuda, and bench/attention --quick.
+# one, compute-sanitizer (memcheck on test_cuda; racecheck and synccheck on
+# the tensor-core attention kernels), the examples on --backend cuda, the
+# benches' --quick runs, and last the whole `make test`.
 #
 #   scripts/gpu_check.sh [--dry-run] [--skip GROUPS] [BUDGET_SECONDS]
 #
@@ -254,16 +255,18 @@ step tests test_examples 120 20 cmocka "$build/tests/test_examples"
 step tests test_examples_on_cuda 120 20 cmocka env DT_EXAMPLE_BACKEND=cuda "$build/tests/test_examples"
 step tests test_reliability 150 20 cmocka "$build/tests/test_reliability"
 
-# -------------------------------------------------------- the whole suite
-# Bounded per binary, and leaving ~100 s for the steps after it.
-mt_cap=$((budget - SECONDS - 100))
-[ "$dry" = 1 ] && mt_cap=300
-[ "$mt_cap" -gt 300 ] && mt_cap=300
-step maketest make_test "$mt_cap" 150 maketest env DT_TEST_TIMEOUT=120 make test "${make_vars[@]}"
-
-# --------------------------------------------------------- memcheck
+# -------------------------------------------------------- sanitizers
 step sanitizer memcheck_test_cuda 120 30 plain "$sanitizer" --tool memcheck --error-exitcode 99 \
     --print-limit 40 "$build/tests/test_cuda"
+# The tensor-core kernels (never run before a GPU session): shared-memory
+# races and barrier misuse, on their one-rank cases.
+for tool in racecheck synccheck; do
+    step sanitizer "${tool}_mma_fwd" 90 20 plain env DT_TEST_FILTER='forward/cuda-kernels/*P=1*' \
+        "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 40 "$build/tests/test_attention"
+    step sanitizer "${tool}_mma_bwd" 90 20 plain env DT_TEST_FILTER='backward/cuda-kernels/*P=1*' \
+        "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 40 \
+        "$build/tests/test_attention_backward"
+done
 
 # ------------------------------------------------- the examples on CUDA
 # With one GPU: 4 ranks share it (cuda+local); --ranks 1 takes cuda+nccl.
@@ -282,6 +285,15 @@ step examples transformer_block_sweep 90 15 plain "$ex/transformer_block" --back
 
 # ------------------------------------------------------------------ bench
 step bench bench_attention_quick 120 15 plain "$build/bench/attention" --backend cuda --quick
+step bench bench_blocks_quick 60 10 plain "$build/bench/blocks" --backend cuda --quick
+
+# -------------------------------------------------------- the whole suite
+# Last: the suites above already ran the CUDA cases; this catches the rest
+# with what the budget leaves (bounded per binary).
+mt_cap=$((budget - SECONDS - 10))
+[ "$dry" = 1 ] && mt_cap=300
+[ "$mt_cap" -gt 300 ] && mt_cap=300
+step maketest make_test "$mt_cap" 150 maketest env DT_TEST_TIMEOUT=120 make test "${make_vars[@]}"
 
 if [ "$dry" = 1 ]; then
     echo "summary would be written to $out/summary.txt"
