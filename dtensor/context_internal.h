@@ -18,6 +18,11 @@ struct dt_context {
     dt_status last_status;
 };
 
+/* DT_SUCCESS if ctx's backend computes `dtype` (fp32 and bf16 everywhere,
+ * fp16 on CUDA), else DT_ERR_NOT_SUPPORTED naming op. The one rule the
+ * dtensor layer's ops and primitives apply. */
+dt_status dt_context_check_dtype(const dt_context *ctx, const char *op, dt_dtype dtype);
+
 /* Record `st` as the context's last status (if it is a failure) and make
  * sure the message names the rank ("rank 3: ..."); returns st. Public
  * functions of the dtensor layer end with it. */

@@ -29,12 +29,6 @@ const char *dt_gelu_approx_name(dt_gelu_approx approx) {
     }
 }
 
-static dt_status dt_check_op_dtype(const char *op, dt_dtype dtype) {
-    if (dtype == DT_F32 || dtype == DT_BF16) return DT_SUCCESS;
-    return dt_error(DT_ERR_NOT_SUPPORTED, "%s: dtype %s is not supported (fp32, bf16 are)", op,
-                    dt_dtype_name(dtype));
-}
-
 /* Checks that two tensors live on the same context and mesh. */
 static dt_status dt_check_same_place(const char *op, const char *an, const dt_tensor *a,
                                      const char *bn, const dt_tensor *b) {
@@ -131,7 +125,7 @@ static dt_status dt_matmul_impl(const dt_tensor *x, const dt_tensor *w, dt_tenso
     DT_REQUIRE(w != NULL, "%s: w is NULL", op);
     DT_REQUIRE(out != NULL, "%s: out is NULL", op);
     DT_TRY(dt_check_same_place(op, "x", x, "w", w));
-    DT_TRY(dt_check_op_dtype(op, dt_tensor_dtype(x)));
+    DT_TRY(dt_context_check_dtype(dt_tensor_context(x), op, dt_tensor_dtype(x)));
     int xn = dt_tensor_ndim(x);
     const int64_t *xs = dt_tensor_shape(x), *ws = dt_tensor_shape(w);
     char xbuf[160], wbuf[160];
@@ -201,7 +195,7 @@ static dt_status dt_add_impl(const dt_tensor *a, const dt_tensor *b, dt_tensor *
     DT_REQUIRE(b != NULL, "%s: b is NULL", op);
     DT_REQUIRE(out != NULL, "%s: out is NULL", op);
     DT_TRY(dt_check_same_place(op, "a", a, "b", b));
-    DT_TRY(dt_check_op_dtype(op, dt_tensor_dtype(a)));
+    DT_TRY(dt_context_check_dtype(dt_tensor_context(a), op, dt_tensor_dtype(a)));
     int nd = dt_tensor_ndim(a);
     int same = dt_tensor_ndim(b) == nd;
     for (int d = 0; same && d < nd; d++) same = dt_tensor_shape(a)[d] == dt_tensor_shape(b)[d];
@@ -255,7 +249,7 @@ static dt_status dt_gelu_impl(const dt_tensor *x, dt_gelu_approx approx, dt_tens
     DT_REQUIRE(out != NULL, "%s: out is NULL", op);
     DT_REQUIRE((int)approx >= 0 && approx < DT_GELU_APPROX_COUNT,
                "%s: unknown approximation %d", op, (int)approx);
-    DT_TRY(dt_check_op_dtype(op, dt_tensor_dtype(x)));
+    DT_TRY(dt_context_check_dtype(dt_tensor_context(x), op, dt_tensor_dtype(x)));
     const dt_layout *xl = dt_tensor_layout(x);
     if (dt_layout_has_partial(xl)) {
         dt_layout r = *xl;

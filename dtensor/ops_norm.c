@@ -50,10 +50,7 @@ const char *dt_rotary_style_name(dt_rotary_style style) {
 /* ------------------------------------------------------------------ helpers */
 
 static dt_status nn_check_dtype(const char *op, const dt_tensor *t) {
-    dt_dtype dt = dt_tensor_dtype(t);
-    if (dt == DT_F32 || dt == DT_BF16) return DT_SUCCESS;
-    return dt_error(DT_ERR_NOT_SUPPORTED, "%s: dtype %s is not supported (fp32, bf16 are)", op,
-                    dt_dtype_name(dt));
+    return dt_context_check_dtype(dt_tensor_context(t), op, dt_tensor_dtype(t));
 }
 
 static void nn_shape_format(int ndim, const int64_t *shape, char *buf, size_t size) {

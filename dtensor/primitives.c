@@ -262,11 +262,7 @@ static int dt_layout_legal(const dt_layout *l) {
 }
 
 static dt_status dt_check_tensor_dtype(const char *op, const dt_tensor *t) {
-    dt_dtype dt = dt_tensor_dtype(t);
-    if (dt != DT_F32 && dt != DT_BF16)
-        return dt_error(DT_ERR_NOT_SUPPORTED, "%s: dtype %s is not supported (fp32, bf16 are)", op,
-                        dt_dtype_name(dt));
-    return DT_SUCCESS;
+    return dt_context_check_dtype(dt_tensor_context(t), op, dt_tensor_dtype(t));
 }
 
 /* Validates a Layout for tensor t's shape on `mesh`, naming the op. */
@@ -637,10 +633,12 @@ static dt_status dt_shard_impl(const dt_mesh *mesh, int root, const dt_tensor *f
     dt_backend *be = ctx->backend;
 
     /* Root states whether `full` is usable, so that every rank fails together
-     * instead of leaving the others waiting in the broadcast. */
+     * (with root's status: hdr[1] when hdr[0] is 0) instead of leaving the
+     * others waiting in the broadcast. */
     int32_t hdr[DT_SHARD_HDR];
     memset(hdr, 0, sizeof hdr);
     char why[512] = "";
+    hdr[1] = DT_ERR_INVALID_ARGUMENT;
     if (rank == root) {
         if (full == NULL)
             snprintf(why, sizeof why, "full tensor is NULL on root %d", root);
@@ -648,9 +646,9 @@ static dt_status dt_shard_impl(const dt_mesh *mesh, int root, const dt_tensor *f
             snprintf(why, sizeof why, "full tensor on root %d must be local (mesh NULL)", root);
         else if (dt_tensor_context(full) != ctx)
             snprintf(why, sizeof why, "full tensor on root %d belongs to another context", root);
-        else if (dt_tensor_dtype(full) != DT_F32 && dt_tensor_dtype(full) != DT_BF16)
-            snprintf(why, sizeof why, "dtype %s is not supported (fp32, bf16 are)",
-                     dt_dtype_name(dt_tensor_dtype(full)));
+        else if ((hdr[1] = dt_context_check_dtype(ctx, "the full tensor",
+                                                  dt_tensor_dtype(full))) != DT_SUCCESS)
+            snprintf(why, sizeof why, "%s", dt_last_error());
         if (why[0] == '\0') {
             hdr[0] = 1;
             hdr[1] = (int32_t)dt_tensor_dtype(full);
@@ -672,10 +670,14 @@ static dt_status dt_shard_impl(const dt_mesh *mesh, int root, const dt_tensor *f
     DT_TRY_GOTO(st, dt_comm_broadcast(world, dhdr, DT_SHARD_HDR, DT_F32, root), out);
     DT_TRY_GOTO(st, be->ops->download(be, hdr, dhdr, sizeof hdr), out);
     if (hdr[0] != 1) {
+        dt_status reject = hdr[1] == DT_ERR_NOT_SUPPORTED ? DT_ERR_NOT_SUPPORTED
+                                                          : DT_ERR_INVALID_ARGUMENT;
         if (rank == root)
-            st = dt_error(DT_ERR_INVALID_ARGUMENT, "%s: %s", op, why);
+            st = dt_error(reject, "%s: %s", op, why);
         else
-            st = dt_error(DT_ERR_INVALID_ARGUMENT, "%s: root %d rejected its full tensor", op, root);
+            st = dt_error(reject, "%s: root %d rejected its full tensor%s", op, root,
+                          reject == DT_ERR_NOT_SUPPORTED
+                              ? ": its dtype is not supported on this backend" : "");
         goto out;
     }
     dt_dtype dtype = (dt_dtype)hdr[1];

@@ -280,8 +280,10 @@ step examples striped_attention_zigzag 60 10 plain "$ex/striped_attention" --bac
 step examples striped_attention_nccl1 60 10 plain "$ex/striped_attention" --backend cuda --ranks 1
 step examples tensor_parallel_mlp 60 10 plain "$ex/tensor_parallel_mlp" --backend cuda
 step examples tensor_parallel_mlp_sp_bf16 60 10 plain "$ex/tensor_parallel_mlp" --backend cuda --sp --dtype bf16
+step examples tensor_parallel_mlp_fp16 60 10 plain "$ex/tensor_parallel_mlp" --backend cuda --dtype fp16
 step examples transformer_block 90 10 plain "$ex/transformer_block" --backend cuda
 step examples transformer_block_sweep 90 15 plain "$ex/transformer_block" --backend cuda --sweep
+step examples transformer_block_fp16 90 10 plain "$ex/transformer_block" --backend cuda --dtype fp16 --embed 512
 
 # ------------------------------------------------------------------ bench
 step bench bench_attention_quick 120 15 plain "$build/bench/attention" --backend cuda --quick

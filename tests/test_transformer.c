@@ -1267,6 +1267,7 @@ int main(int argc, char **argv) {
         {"--heads 5", 2, "--heads 5 does not divide --embed 256"},
         {"--embed 96 --heads 8", 2, "head dim E/H = 12"},
         {"--frobnicate", 2, "unknown flag '--frobnicate'"},
+        {"--backend cpu --dtype fp16", 3, "not supported"},
     };
     for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) {
         snprintf(name, sizeof name, "example/transformer_block %s%s-> exit %d", examples[i].args,
