@@ -66,6 +66,9 @@
 #include "attention/attention.h"
 #include "dtensor/dtensor.h"
 
+#define NAME "bench/attention"
+#include "examples/example_util.h" /* ex_now_s, ex_median, ex_parse_int */
+
 #define MAX_ITERS 100
 #define MAX_P 8
 
@@ -94,28 +97,10 @@ typedef struct bench_opts {
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
 
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static double cpu_s(void) {
     struct timespec ts;
     if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return NAN;
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(const double *x, int n) {
-    double tmp[MAX_ITERS];
-    memcpy(tmp, x, (size_t)n * sizeof *x);
-    qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
-    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
 }
 
 static void die(const char *what, dt_status st) {
@@ -254,9 +239,9 @@ static dt_status rank_kernel(dt_context *ctx, void *arg) {
     dt_status st;
     DT_TRY_GOTO(st, call_create(ctx, NULL, NULL, k->dtype, shp, k->mask, k->pass, &c), out);
     for (int i = -1; i < k->iters; i++) {  /* i = -1: warmup */
-        double t0 = mono_s();
+        double t0 = ex_now_s();
         DT_TRY_GOTO(st, call_run(&c), out);
-        double t1 = mono_s();
+        double t1 = ex_now_s();
         if (i >= 0) k->t[i] = t1 - t0;
         call_release(&c);
     }
@@ -296,9 +281,9 @@ static dt_status rank_ring(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, call_create(ctx, mesh, &lay, r->dtype, shp, DT_ATTN_CAUSAL, r->pass, &c), out);
     for (int i = -1; i < r->iters; i++) {
         DT_TRY_GOTO(st, dt_comm_barrier(dt_context_comm(ctx)), out);
-        double w0 = mono_s(), c0 = cpu_s();
+        double w0 = ex_now_s(), c0 = cpu_s();
         DT_TRY_GOTO(st, call_run(&c), out);
-        double w1 = mono_s(), c1 = cpu_s();
+        double w1 = ex_now_s(), c1 = cpu_s();
         if (i >= 0) {
             r->wall[i][rank] = w1 - w0;
             r->cpu[i][rank] = c1 - c0;
@@ -341,9 +326,9 @@ static void ring_summarise(ring_case *r) {
             cs[i] += r->cpu[i][j];
         }
     }
-    r->wall_s = median(w, r->iters);
-    r->cpu_max_s = median(cm, r->iters);
-    r->cpu_sum_s = median(cs, r->iters);
+    r->wall_s = ex_median(w, r->iters);
+    r->cpu_max_s = ex_median(cm, r->iters);
+    r->cpu_sum_s = ex_median(cs, r->iters);
     ring_pairs(r->order, r->P * r->C, r->P, &r->crit_pairs, &r->total_pairs);
 }
 
@@ -390,18 +375,6 @@ static void usage(FILE *f) {
             "  --help\n");
 }
 
-static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
-    char *end = NULL;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || x < lo || x > hi) {
-        fprintf(stderr, "bench/attention: %s takes an integer in [%d, %d], got '%s'\n", flag, lo, hi,
-                v ? v : "(nothing)");
-        return 0;
-    }
-    *out = (int)x;
-    return 1;
-}
-
 /* "fwd", "bwd", "fwd,bwd" or "bwd,fwd": each name once, nothing else. */
 static int parse_passes(const char *v, int passes[PASS_COUNT]) {
     int seen[PASS_COUNT] = {0};
@@ -443,34 +416,25 @@ static int parse(int argc, char **argv, bench_opts *o) {
         } else if (!strcmp(a, "--quick")) {
             o->quick = 1;
         } else if (!strcmp(a, "--iters")) {
-            if (!parse_int(a, v, 1, MAX_ITERS, &o->iters)) return 2;
+            long x;
+            if (!ex_parse_int(a, v, 1, MAX_ITERS, &x)) return 2;
+            o->iters = (int)x;
             i++;
         } else if (!strcmp(a, "--tokens-per-rank")) {
-            if (!parse_int(a, v, 16, 1 << 20, &o->tokens_per_rank)) return 2;
+            long x;
+            if (!ex_parse_int(a, v, 16, 1 << 20, &x)) return 2;
+            o->tokens_per_rank = (int)x;
             if (o->tokens_per_rank % 2) {
                 fprintf(stderr, "bench/attention: --tokens-per-rank must be even (zigzag)\n");
                 return 2;
             }
             i++;
         } else if (!strcmp(a, "--backend")) {
-            if (v && !strcmp(v, "auto")) o->backend = DT_BACKEND_AUTO;
-            else if (v && !strcmp(v, "cpu")) o->backend = DT_BACKEND_CPU;
-            else if (v && !strcmp(v, "cuda")) o->backend = DT_BACKEND_CUDA;
-            else {
-                fprintf(stderr, "bench/attention: --backend takes auto, cpu or cuda; got '%s'\n",
-                        v ? v : "(nothing)");
-                return 2;
-            }
+            if (!ex_parse_backend(a, v, &o->backend)) return 2;
             i++;
         } else if (!strcmp(a, "--shapes")) {
-            if (v && !strcmp(v, "auto")) o->shapes = 0;
-            else if (v && !strcmp(v, "scaled")) o->shapes = 1;
-            else if (v && !strcmp(v, "full")) o->shapes = 2;
-            else {
-                fprintf(stderr, "bench/attention: --shapes takes auto, scaled or full; got '%s'\n",
-                        v ? v : "(nothing)");
-                return 2;
-            }
+            static const char *const shapes[] = {"auto", "scaled", "full"};
+            if ((o->shapes = ex_parse_choice(a, v, shapes, 3)) < 0) return 2;
             i++;
         } else if (!strcmp(a, "--section")) {
             if (!v || !*v || strspn(v, "abc,") != strlen(v)) {
@@ -597,7 +561,7 @@ int main(int argc, char **argv) {
                         k->iters = o.iters;
                         st = launch(2, rank_kernel, k, &o);
                         if (st != DT_SUCCESS) die(pass_call(k->pass), st);
-                        k->median_s = median(k->t, k->iters);
+                        k->median_s = ex_median(k->t, k->iters);
                         k->tflops = attn_flops(k->s, k->mask, k->pass) / k->median_s / 1e12;
                         char sh[64], fr[64];
                         snprintf(sh, sizeof sh, "%lld,%lld,%lld,%lld", (long long)k->s.B,
@@ -761,7 +725,7 @@ int main(int argc, char **argv) {
                 k->iters = o.iters;
                 st = launch(2, rank_kernel, k, &o);
                 if (st != DT_SUCCESS) die(pass_call(k->pass), st);
-                k->median_s = median(k->t, k->iters);
+                k->median_s = ex_median(k->t, k->iters);
                 for (int r = 0; r < 3; r++) {
                     const ring_case *c = rings[q][p][r];
                     double over = c->cpu_sum_s / k->median_s - 1.0;

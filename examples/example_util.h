@@ -1,5 +1,6 @@
 /* examples/example_util.h — helpers shared by the example programs
- * (tensor_parallel_mlp, transformer_block) and bench/mlp.
+ * (striped_attention, tensor_parallel_mlp, transformer_block) and the benches
+ * (bench/attention, bench/blocks, bench/mlp).
  *
  * Header-only: every .c file in examples/ is its own program, so everything here is
  * static. Define NAME (the program's name, a string literal) before
