@@ -606,11 +606,11 @@ static void check_mma_bwd_tile(int D, uint64_t seed) {
             /* store_p_ds: one .b32 per lane and (j, half), conflict-free */
             for (int j = 0; j < R / 8; j++)
                 for (int half = 0; half < 2; half++) {
-                    int banks = 0;
+                    uint32_t banks = 0;
                     for (int l = 0; l < 32; l++) {
                         int off = dt_mma_ps_off(warp, l, j, half);
                         assert_int_equal(off % 2, 0);
-                        banks |= 1 << ((off / 2) % 32);
+                        banks |= 1u << ((off / 2) % 32);
                         /* the pair is elements 2 half, 2 half + 1: row and keys */
                         assert_int_equal(off, dt_mma_swz(16 * warp + dt_mma_c_row(l, 2 * half),
                                                          8 * j + dt_mma_c_col(l, 2 * half), R));
