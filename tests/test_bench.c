@@ -9,7 +9,9 @@
  *     computed pairs columns in its table since it is the only one;
  *   - exit 2 with a message for bad --pass, --section and other flags;
  *   - bench/blocks --quick: both sections and passes, one row per c and per
- *     order, every figure finite and positive; bad flags exit 2.
+ *     order, every figure finite and positive; bad flags exit 2;
+ *   - bench/mlp --quick: the baseline rows and one row per mode and P, every
+ *     figure finite and positive; bad flags exit 2, fp16 on the CPU exit 3.
  * The binary is found beside this test's build tree (build/tests/test_bench
  * -> build/bench/attention; make test builds it). When it is missing every
  * case is skipped with the reason (run `make`).
@@ -27,7 +29,8 @@
 
 #include "harness.h"
 
-static char g_bench[4096] = "build/bench/attention", g_blocks[4096] = "build/bench/blocks";
+static char g_bench[4096] = "build/bench/attention", g_blocks[4096] = "build/bench/blocks",
+            g_mlp[4096] = "build/bench/mlp";
 
 #define REQUIRE(path)                                                                     \
     do {                                                                                  \
@@ -220,6 +223,47 @@ static void test_blocks_bad_flags(void **state) {
     }
 }
 
+/* ------------------------------------------------------------ bench/mlp */
+
+static void test_mlp_quick(void **state) {
+    (void)state;
+    REQUIRE(g_mlp);
+    char *out = NULL;
+    int rc = h_run_program(g_mlp, "--quick --backend cpu", &out);
+    /* The table: from its header line to the notes after it. */
+    const char *table = strstr(out, "what ");
+    const char *end = table ? strstr(table, "\n\nstep:") : NULL;
+    char *rows = end ? strndup(table, (size_t)(end - table)) : NULL;
+    /* --quick: P = 1, 2 in two modes, after two sgemm baseline rows */
+    int ok = rc == 0 && rows && count(rows, "\ndt MLP tp") == 2 &&
+             count(rows, "\ndt MLP sp") == 2 && count(rows, "\ncblas_sgemm x2") == 2 &&
+             all_positive(rows);
+    free(rows);
+    if (!ok) print_error("bench/mlp --quick printed (rc %d):\n%s\n", rc, out);
+    free(out);
+    assert_true(ok);
+}
+
+static void test_mlp_bad_flags(void **state) {
+    (void)state;
+    REQUIRE(g_mlp);
+    static const struct { const char *args, *message; int rc; } bad[] = {
+        {"--dtype fp64", "--dtype takes one of fp32, bf16, fp16", 2},
+        {"--ranks 3 --quick", "P = 3 must divide --seq 64", 2},
+        {"--iters 0", "--iters takes an integer", 2},
+        {"--frobnicate", "unknown flag '--frobnicate'", 2},
+        {"--quick --backend cpu --dtype fp16", "not supported on the cpu backend", 3},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *out = NULL;
+        int rc = h_run_program(g_mlp, bad[i].args, &out);
+        int ok = rc == bad[i].rc && strstr(out, bad[i].message);
+        if (!ok) print_error("bench/mlp %s (rc %d) printed:\n%s\n", bad[i].args, rc, out);
+        free(out);
+        assert_true(ok);
+    }
+}
+
 /* build[-variant]/tests/test_bench -> build[-variant]/bench/NAME */
 static void locate(char *path, size_t size, const char *argv0, const char *name) {
     const char *slash = argv0 ? strrchr(argv0, '/') : NULL;
@@ -234,6 +278,7 @@ int main(int argc, char **argv) {
     (void)argc;
     locate(g_bench, sizeof g_bench, argv[0], "attention");
     locate(g_blocks, sizeof g_blocks, argv[0], "blocks");
+    locate(g_mlp, sizeof g_mlp, argv[0], "mlp");
     static bad_case bad[] = {
         {"", "--pass", "--pass takes fwd, bwd or fwd,bwd"},
         {"", "--pass sideways", "--pass takes fwd, bwd or fwd,bwd"},
@@ -259,5 +304,7 @@ int main(int argc, char **argv) {
     tests[n++] = (struct CMUnitTest){"bench_blocks/quick,section=r+p,pass=fwd+bwd",
                                      test_blocks_quick, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/exit2", test_blocks_bad_flags, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_mlp/quick", test_mlp_quick, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_mlp/exit2,exit3", test_mlp_bad_flags, NULL, NULL, NULL};
     return h_run_cases("bench", tests, n) ? 1 : 0;
 }
