@@ -35,6 +35,22 @@ extern "C" {
 
 #define DT_ATTN_MAX_HEAD_DIM 256
 
+/* Where one call's ring loop spent this rank's time, for profiling
+ * (dt_attention_options.timing). Step t's blocks are timed from just before
+ * the block kernels of step t to just after them, on the rank's compute
+ * stream (CUDA events; the CPU's clock): queued work counts, host time that
+ * overlaps the device does not. */
+#define DT_ATTN_MAX_STEPS DT_MAX_WORLD_SIZE
+typedef struct dt_attention_timing {
+    int steps;                            /* P: the entries filled below */
+    double blocks_ms[DT_ATTN_MAX_STEPS];  /* step t's block kernels */
+    double wait_ms[DT_ATTN_MAX_STEPS];    /* from the end of step t's kernels to the
+                                             start of step t+1's: the transfer the
+                                             kernels did not hide, plus the loop's own
+                                             work; after the last step, to the end of
+                                             the loop (backward: its last exchange) */
+} dt_attention_timing;
+
 typedef struct dt_attention_options {
     dt_attn_mask mask;        /* DT_ATTN_CAUSAL (default) or DT_ATTN_FULL */
     float scale;              /* softmax scale; 0 means 1/sqrt(D) */
@@ -42,9 +58,11 @@ typedef struct dt_attention_options {
                                  backend memory reused across calls; NULL to
                                  let each call allocate its own */
     size_t workspace_bytes;
+    dt_attention_timing *timing; /* optional, this rank's: filled by the call
+                                    (two marks per step; NULL: none) */
 } dt_attention_options;
 
-#define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0 }
+#define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0, NULL }
 
 /* Bytes of workspace a forward call on these inputs needs (not collective). */
 dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,

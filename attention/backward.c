@@ -208,15 +208,19 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
                 fail);
 
     int j = comm ? dt_comm_rank(comm) : 0;
+    dt_attention_timing *timing = opts ? opts->timing : NULL;
+    DT_TRY_GOTO(st, attn_timing_begin(&p, timing), fail);
     for (int t = 0; t < p.parts; t++) {
         int src = (j - t + p.parts) % p.parts;
         DT_TRY_GOTO(st, bwd_ring_start(&r, &p, &w, t, &pending), fail);
         DT_TRY_GOTO(st, be->ops->zero(be, r.grad[LOC], dkv_bytes), fail);
+        DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
         DT_TRACE_PUSH("attention bwd blocks");
         st = run_blocks(&p, &w, q, dout, dt_tensor_data_const(lse), r.kv[r.cur], src, dqa, delta,
                         r.grad[LOC], ws + w.off_scratch);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;
+        DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
         if (pending) {
             pending = 0;
             DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);
@@ -239,11 +243,13 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
         DT_TRY_GOTO(st, dt_comm_sendrecv(comm, last, 2), fail);
         home = r.grad[RCV];
     }
+    DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * p.parts), fail);
     size_t nq = (size_t)dt_tensor_local_numel(gq), nk = (size_t)dt_tensor_local_numel(gk);
     DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nq, dqa, dt_tensor_data(gq)), fail);
     DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nk, home, dt_tensor_data(gk)), fail);
     DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nk, home + w.grad_bytes / sizeof(float),
                                   dt_tensor_data(gv)), fail);
+    DT_TRY_GOTO(st, attn_timing_end(&p, timing), fail);
     if (own_ws) be->ops->free(be, ws);
     *dq = gq;
     *dk = gk;

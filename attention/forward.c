@@ -131,19 +131,25 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     DT_TRY_GOTO(st, be->ops->copy(be, kv, dt_tensor_data_const(k), p.kv_bytes), fail);
     DT_TRY_GOTO(st, be->ops->copy(be, kv + p.kv_bytes, dt_tensor_data_const(v), p.kv_bytes), fail);
 
+    dt_attention_timing *timing = opts ? opts->timing : NULL;
+    DT_TRY_GOTO(st, attn_timing_begin(&p, timing), fail);
     for (int t = 0; t < p.parts; t++) {
         int more = t + 1 < p.parts;
         if (more) DT_TRY_GOTO(st, dt_ring_start(ring), fail);
         int src = ring ? dt_ring_source(ring) : 0;
+        DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
         DT_TRACE_PUSH("attention fwd blocks");
         st = run_blocks(&p, dt_tensor_data_const(q), ring ? dt_ring_current(ring) : kv, src, acc,
                         m, l, ws + w.off_scratch);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;
+        DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
         if (more) DT_TRY_GOTO(st, dt_ring_wait(ring), fail);
     }
+    DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * p.parts), fail);
     DT_TRY_GOTO(st, p.kern->finalize(be, p.dtype, p.b, p.c, p.h, p.D, acc, m, l,
                                      dt_tensor_data(out), dt_tensor_data(out_lse)), fail);
+    DT_TRY_GOTO(st, attn_timing_end(&p, timing), fail);
     dt_ring_destroy(ring);
     if (own_ws) be->ops->free(be, ws);
     *o = out;

@@ -49,6 +49,13 @@ dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_statu
 void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment qs[2], int *nq,
                         dt_attn_segment ks[2], int *nk);
 
+/* Profiling of the ring loop (opts->timing; every call does nothing when it
+ * is NULL): marks 2t and 2t+1 around step t's blocks, 2P after the loop.
+ * begin reserves them before the loop; end reads them into *timing. */
+dt_status attn_timing_begin(const attn_plan *p, const dt_attention_timing *timing);
+dt_status attn_timing_mark(const attn_plan *p, const dt_attention_timing *timing, int i);
+dt_status attn_timing_end(const attn_plan *p, dt_attention_timing *timing);
+
 /* Rows of the local [b, h, c] per-row arrays (m, l, lse). */
 static inline size_t attn_plan_rows(const attn_plan *p) { return (size_t)(p->b * p->h * p->c); }
 

@@ -16,10 +16,22 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-/* No per-backend state yet (impl stays NULL): bf16 gemm scratch is made per
- * call, which is fine because gemm is not called inside a hot loop. */
-static void dt_cpu_destroy(dt_backend *b) { free(b); }
+/* Per-backend state: the profiling marks (bf16 gemm scratch is made per
+ * call, which is fine because gemm is not called inside a hot loop). */
+typedef struct dt_cpu_impl {
+    double *marks;   /* CLOCK_MONOTONIC seconds; NAN until recorded */
+    int n_marks;
+} dt_cpu_impl;
+
+static void dt_cpu_destroy(dt_backend *b) {
+    if (!b) return;
+    dt_cpu_impl *im = b->impl;
+    if (im) free(im->marks);
+    free(im);
+    free(b);
+}
 
 static dt_status dt_cpu_alloc(dt_backend *b, size_t bytes, void **out) {
     (void)b;
@@ -464,6 +476,38 @@ static dt_status dt_cpu_sync(dt_backend *b) {
     return DT_SUCCESS;
 }
 
+static dt_status dt_cpu_marks_reserve(dt_backend *b, int n) {
+    dt_cpu_impl *im = b->impl;
+    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu marks: %d marks", n);
+    if (n > im->n_marks) {
+        double *m = realloc(im->marks, (size_t)n * sizeof *m);
+        if (!m) return dt_error(DT_ERR_OUT_OF_MEMORY, "cpu marks: out of memory for %d", n);
+        im->marks = m;
+        im->n_marks = n;
+    }
+    for (int i = 0; i < n; i++) im->marks[i] = NAN;
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_mark(dt_backend *b, int i) {
+    dt_cpu_impl *im = b->impl;
+    if (i < 0 || i >= im->n_marks)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu mark %d: %d reserved", i, im->n_marks);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    im->marks[i] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_mark_ms(dt_backend *b, int i, int j, double *ms) {
+    dt_cpu_impl *im = b->impl;
+    if (i < 0 || j < 0 || i >= im->n_marks || j >= im->n_marks || isnan(im->marks[i]) ||
+        isnan(im->marks[j]))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu marks %d, %d: not both recorded", i, j);
+    *ms = 1e3 * (im->marks[j] - im->marks[i]);
+    return DT_SUCCESS;
+}
+
 static const dt_backend_ops dt_cpu_ops = {
     .name = "cpu",
     .destroy = dt_cpu_destroy,
@@ -480,6 +524,9 @@ static const dt_backend_ops dt_cpu_ops = {
     .rmsnorm = dt_cpu_rmsnorm,
     .rotary = dt_cpu_rotary,
     .sync = dt_cpu_sync,
+    .marks_reserve = dt_cpu_marks_reserve,
+    .mark = dt_cpu_mark,
+    .mark_ms = dt_cpu_mark_ms,
 };
 
 dt_status dt_backend_cpu_create(int rank, dt_backend **out) {
@@ -489,7 +536,12 @@ dt_status dt_backend_cpu_create(int rank, dt_backend **out) {
         return dt_error(DT_ERR_OUT_OF_MEMORY, "dt_backend_cpu_create: out of host memory (rank %d)",
                         rank);
     b->ops = &dt_cpu_ops;
-    b->impl = NULL;
+    b->impl = calloc(1, sizeof(dt_cpu_impl));
+    if (b->impl == NULL) {
+        free(b);
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "dt_backend_cpu_create: out of host memory (rank %d)",
+                        rank);
+    }
     b->rank = rank;
     *out = b;
     return DT_SUCCESS;

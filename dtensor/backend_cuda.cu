@@ -63,6 +63,9 @@ struct cuda_impl {
     /* transport staging: reduce inputs from elsewhere, bf16 rounding, overlapping copies */
     void *stage;
     size_t stage_bytes;
+    /* profiling marks: events on the compute stream (backend.h mark ops) */
+    cudaEvent_t *marks;
+    int n_marks;
     /* NCCL: the world was aborted (see dt_backend_cuda_set_abort_poll); may be NULL */
     int (*abort_poll)(void *arg);
     void *abort_arg;
@@ -456,12 +459,14 @@ void cuda_destroy(dt_backend *b) {
             if (im->stage) (void)cudaFree(im->stage);
             if (im->tab_host) (void)cudaFreeHost(im->tab_host);
             if (im->tab_ev) (void)cudaEventDestroy(im->tab_ev);
+            for (int i = 0; i < im->n_marks; i++) (void)cudaEventDestroy(im->marks[i]);
             if (im->blas) (void)cublasDestroy(im->blas);
             if (im->compute) (void)cudaStreamDestroy(im->compute);
             if (im->comm) (void)cudaStreamDestroy(im->comm);
         }
         (void)cudaGetLastError();
         dt_error_restore_(saved);
+        free(im->marks);
         free(im);
     }
     free(b);
@@ -891,12 +896,55 @@ dt_status cuda_sync(dt_backend *b) {
     return wait_all(b, "sync");
 }
 
+/* Marks are timing events (no blocking-sync flag: read by polling). */
+dt_status cuda_marks_reserve(dt_backend *b, int n) {
+    cuda_impl *im = impl_of(b);
+    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda marks: %d marks", b->rank, n);
+    if (n <= im->n_marks) return DT_SUCCESS;
+    DT_TRY(enter(b, "marks"));
+    cudaEvent_t *m = static_cast<cudaEvent_t *>(realloc(im->marks, (size_t)n * sizeof *m));
+    if (!m)
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: cuda marks: out of memory for %d", b->rank,
+                        n);
+    im->marks = m;
+    for (; im->n_marks < n; im->n_marks++)
+        CU_TRY(b, "marks", cudaEventCreate(&im->marks[im->n_marks]));
+    return DT_SUCCESS;
+}
+
+dt_status cuda_mark(dt_backend *b, int i) {
+    cuda_impl *im = impl_of(b);
+    if (i < 0 || i >= im->n_marks)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda mark %d: %d reserved", b->rank, i,
+                        im->n_marks);
+    DT_TRY(enter(b, "mark"));
+    CU_TRY(b, "mark", cudaEventRecord(im->marks[i], im->compute));
+    return DT_SUCCESS;
+}
+
+dt_status cuda_mark_ms(dt_backend *b, int i, int j, double *ms) {
+    cuda_impl *im = impl_of(b);
+    if (i < 0 || j < 0 || i >= im->n_marks || j >= im->n_marks)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda marks %d, %d: %d reserved",
+                        b->rank, i, j, im->n_marks);
+    DT_TRY(enter(b, "mark"));
+    for (int k : {i, j}) {
+        cudaEvent_t ev = im->marks[k];
+        DT_TRY(poll_until(b, "mark", "cudaEventQuery", "a profiling mark",
+                          [ev] { return cudaEventQuery(ev); }));
+    }
+    float f = 0.0f;
+    CU_TRY(b, "mark", cudaEventElapsedTime(&f, im->marks[i], im->marks[j]));
+    *ms = f;
+    return DT_SUCCESS;
+}
+
 /* Positional: C++17 has no designated initialisers. Keep in the order of
  * dt_backend_ops. */
 const dt_backend_ops cuda_ops = {
     "cuda",          cuda_destroy, cuda_alloc, cuda_free,  cuda_upload, cuda_download,
     cuda_copy,       cuda_zero,    cuda_copy_runs, cuda_gemm, cuda_add, cuda_gelu,
-    cuda_rmsnorm,    cuda_rotary,  cuda_sync,
+    cuda_rmsnorm,    cuda_rotary,  cuda_sync, cuda_marks_reserve, cuda_mark, cuda_mark_ms,
 };
 
 /* ------------------------------------------------------ transport memory */

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "attention/attention.h"
 #include "attention/block.h"
@@ -853,6 +854,83 @@ static void test_kernel_env(void **state) {
     }
 }
 
+/* opts.timing: every step filled on every rank, forward and backward, and
+ * the blocks' times follow the work. Contiguous causal sharding gives rank 0
+ * nothing to compute after step 0 (every later key comes after its
+ * queries) and rank P-1 a full block on every step: its later steps must
+ * take clearly longer than rank 0's. The marks sum to at most the call. */
+typedef struct timing_case {
+    dt_attention_timing fwd[MAXP], bwd[MAXP];
+    double call_ms[MAXP][2];
+} timing_case;
+
+static double wall_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+static dt_status rank_timing(dt_context *ctx, void *arg) {
+    timing_case *c = arg;
+    int r = dt_context_rank(ctx), P = dt_context_world_size(ctx);
+    dt_mesh *mesh = NULL;
+    dt_tensor *q = NULL, *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+    int sizes[1] = {P};
+    dt_layout lay = dt_layout_1d(dt_shard(1, DT_ORDER_CONTIGUOUS));
+    int64_t shape[4] = {1, 256 * P, 2, 64};
+    dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
+    dt_status st;
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, sizes, NULL, &mesh), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, DT_F32, 4, shape, &lay, &q), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(q, 3), out);
+    double t0 = wall_ms();
+    opts.timing = &c->fwd[r];
+    DT_TRY_GOTO(st, dt_attention_forward(q, q, q, &opts, &o, &lse), out);
+    double t1 = wall_ms();
+    opts.timing = &c->bwd[r];
+    DT_TRY_GOTO(st, dt_attention_backward(q, q, q, o, lse, o, &opts, &dq, &dk, &dv), out);
+    c->call_ms[r][0] = t1 - t0;
+    c->call_ms[r][1] = wall_ms() - t1;
+out:
+    dt_tensor_destroy(dv);
+    dt_tensor_destroy(dk);
+    dt_tensor_destroy(dq);
+    dt_tensor_destroy(lse);
+    dt_tensor_destroy(o);
+    dt_tensor_destroy(q);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_timing(void **state) {
+    (void)state;
+    enum { P = 4 };
+    timing_case *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    assert_int_equal(h_launch(P, rank_timing, c), DT_SUCCESS);
+    for (int pass = 0; pass < 2; pass++)
+        for (int r = 0; r < P; r++) {
+            const dt_attention_timing *t = pass ? &c->bwd[r] : &c->fwd[r];
+            assert_int_equal(t->steps, P);
+            double sum = 0;
+            for (int s = 0; s < P; s++) {
+                assert_true(t->blocks_ms[s] >= 0 && t->wait_ms[s] >= 0);
+                sum += t->blocks_ms[s] + t->wait_ms[s];
+            }
+            assert_true(sum <= c->call_ms[r][pass] + 1e-3);
+            /* rank 0: empty blocks after step 0; rank P-1: full ones */
+            double idle = 0, busy = 0;
+            for (int s = 1; s < P; s++) {
+                idle += (pass ? c->bwd : c->fwd)[0].blocks_ms[s];
+                busy += (pass ? c->bwd : c->fwd)[P - 1].blocks_ms[s];
+            }
+            if (r == 0 && !(busy > 10 * idle))
+                fail_msg("%s: rank %d's later steps took %.3f ms, rank 0's %.3f ms",
+                         pass ? "backward" : "forward", P - 1, busy, idle);
+        }
+    free(c);
+}
+
 /* CUDA: DT_ATTN_KERNEL=mma where the tensor-core kernel cannot run fails on
  * every rank with DT_ERR_NOT_SUPPORTED naming what is missing; =simple runs
  * the same calls. Skipped without a GPU. */
@@ -1096,6 +1174,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_segments_follow_the_orders);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_tile_classes_and_pairs);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_fully_masked_block);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_timing);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_huge_logits);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ranks_that_disagree_fail_together);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
