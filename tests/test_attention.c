@@ -903,11 +903,16 @@ out:
 }
 
 static void test_timing(void **state) {
-    (void)state;
+    const dt_backend_kind backend = *(const dt_backend_kind *)*state;
     enum { P = 4 };
+    char why[512];
+    if (!h_pair_available(P, backend, DT_TRANSPORT_LOCAL, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
     timing_case *c = calloc(1, sizeof *c);
     assert_non_null(c);
-    assert_int_equal(h_launch(P, rank_timing, c), DT_SUCCESS);
+    assert_int_equal(h_launch_on(P, backend, DT_TRANSPORT_LOCAL, rank_timing, c), DT_SUCCESS);
     for (int pass = 0; pass < 2; pass++)
         for (int r = 0; r < P; r++) {
             const dt_attention_timing *t = pass ? &c->bwd[r] : &c->fwd[r];
@@ -1174,7 +1179,9 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_segments_follow_the_orders);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_tile_classes_and_pairs);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_fully_masked_block);
-    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_timing);
+    static const dt_backend_kind timing_backends[2] = {DT_BACKEND_CPU, DT_BACKEND_CUDA};
+    tests[n++] = (struct CMUnitTest){"timing/cpu", test_timing, NULL, NULL, (void *)&timing_backends[0]};
+    tests[n++] = (struct CMUnitTest){"timing/cuda", test_timing, NULL, NULL, (void *)&timing_backends[1]};
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_huge_logits);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ranks_that_disagree_fail_together);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
