@@ -319,22 +319,10 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
 
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a) {
-    const size_t smem = (size_t)(BM + 4 * BN) * D * sizeof(T);
-    cudaError_t e = cudaFuncSetAttribute(fwd_mma_kernel<T, D>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return dt_error(DT_ERR_BACKEND, "attention (cuda mma): forward block: %zu bytes of shared "
-                        "memory: %s", smem, cudaGetErrorString(e));
-    }
     const dim3 grid((unsigned)((a->qseg.len + BM - 1) / BM), (unsigned)a->heads,
                     (unsigned)a->batch);
-    fwd_mma_kernel<T, D><<<grid, THREADS, smem, stream>>>(*a);
-    e = cudaGetLastError();
-    if (e != cudaSuccess)
-        return dt_error(DT_ERR_BACKEND, "attention (cuda mma): forward block (D = %d, %s): %s", D,
-                        dt_dtype_name(a->dtype), cudaGetErrorString(e));
-    return DT_SUCCESS;
+    return dt_mma_launch(fwd_mma_kernel<T, D>, grid, (size_t)(BM + 4 * BN) * D * sizeof(T),
+                         stream, *a, "forward", D, a->dtype);
 }
 
 void say(char *why, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

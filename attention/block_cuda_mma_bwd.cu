@@ -411,22 +411,10 @@ __global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bw
 
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a) {
-    const size_t smem = bwd_smem_bytes<T, D>();
-    cudaError_t e = cudaFuncSetAttribute(bwd_mma_kernel<T, D>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return dt_error(DT_ERR_BACKEND, "attention (cuda mma): backward block: %zu bytes of "
-                        "shared memory: %s", smem, cudaGetErrorString(e));
-    }
     const dim3 grid((unsigned)((a->kseg.len + BN - 1) / BN), (unsigned)a->kv_heads,
                     (unsigned)a->batch);
-    bwd_mma_kernel<T, D><<<grid, THREADS, smem, stream>>>(*a);
-    e = cudaGetLastError();
-    if (e != cudaSuccess)
-        return dt_error(DT_ERR_BACKEND, "attention (cuda mma): backward block (D = %d, %s): %s", D,
-                        dt_dtype_name(a->dtype), cudaGetErrorString(e));
-    return DT_SUCCESS;
+    return dt_mma_launch(bwd_mma_kernel<T, D>, grid, bwd_smem_bytes<T, D>(), stream, *a,
+                         "backward", D, a->dtype);
 }
 
 }  // namespace

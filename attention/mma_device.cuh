@@ -15,9 +15,12 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "../dtensor/dtype.h"
+#include "../dtensor/status.h"
 #include "mma_layout.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -145,4 +148,29 @@ __device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_st
 
 }  // namespace
 #endif /* !DT_MMA_STUB */
+
+namespace {
+
+/* Host: kernel<<<grid, DT_MMA_THREADS, smem, stream>>>(args) after raising
+ * its dynamic shared-memory limit; errors name the pass (`what`), head dim
+ * and dtype. */
+template <typename Args>
+dt_status dt_mma_launch(void (*kernel)(Args), dim3 grid, size_t smem, cudaStream_t stream,
+                        const Args &args, const char *what, int dim, dt_dtype dtype) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return dt_error(DT_ERR_BACKEND, "attention (cuda mma): %s block: %zu bytes of shared "
+                        "memory: %s", what, smem, cudaGetErrorString(e));
+    }
+    kernel<<<grid, DT_MMA_THREADS, smem, stream>>>(args);
+    e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return dt_error(DT_ERR_BACKEND, "attention (cuda mma): %s block (D = %d, %s): %s", what,
+                        dim, dt_dtype_name(dtype), cudaGetErrorString(e));
+    return DT_SUCCESS;
+}
+
+}  // namespace
 #endif /* DT_ATTN_MMA_DEVICE_CUH */

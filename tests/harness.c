@@ -174,6 +174,20 @@ long h_compare_tol(const char *what, const float *got, const double *ref, const 
     return bad;
 }
 
+char *h_env_set(const char *name, const char *value) {
+    const char *old = getenv(name);
+    char *saved = old ? strdup(old) : NULL;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+    return saved;
+}
+
+void h_env_restore(const char *name, char *saved) {
+    if (saved) setenv(name, saved, 1);
+    else unsetenv(name);
+    free(saved);
+}
+
 int h_run_cases(const char *group, const struct CMUnitTest *tests, size_t n) {
     const char *filter = getenv("DT_TEST_FILTER");
     if (filter && *filter) cmocka_set_test_filter(filter);

@@ -76,6 +76,12 @@ void h_local_of_f64(const double *full, int ndim, const int64_t *shape, const dt
 long h_compare_tol(const char *what, const float *got, const double *ref, const double *tol,
                    size_t n, double *max_err);
 
+/* Sets (value != NULL) or unsets the environment variable `name`, on the
+ * main thread while no rank thread runs; returns its previous value
+ * (malloc'd, or NULL) for h_env_restore, which puts it back and frees it. */
+char *h_env_set(const char *name, const char *value);
+void h_env_restore(const char *name, char *saved);
+
 /* Runs a table of n tests as one cmocka group; returns the number failed.
  * DT_TEST_FILTER, if set, runs only the tests whose names match it (cmocka's
  * pattern: * and ? wildcards), e.g. 'forward/cuda-kernels*'. */

@@ -127,22 +127,6 @@ out:
     return st;
 }
 
-/* Sets (value != NULL) or unsets DT_ATTN_KERNEL on the main thread, while
- * no rank thread runs; returns the previous value (malloc'd, or NULL). */
-static char *set_kernel_env(const char *value) {
-    const char *old = getenv("DT_ATTN_KERNEL");
-    char *saved = old ? strdup(old) : NULL;
-    if (value) setenv("DT_ATTN_KERNEL", value, 1);
-    else unsetenv("DT_ATTN_KERNEL");
-    return saved;
-}
-
-static void restore_kernel_env(char *saved) {
-    if (saved) setenv("DT_ATTN_KERNEL", saved, 1);
-    else unsetenv("DT_ATTN_KERNEL");
-    free(saved);
-}
-
 /* Logits of magnitude 1e4: q, k multiples of 25 (exact in bf16 and fp16),
  * so every q.k is an exact integer in fp32. */
 static double *huge_input(int64_t n, int which) {
@@ -198,11 +182,11 @@ static void run_forward_case(void **state) {
     if (c->kernels) {
         /* Both CUDA forward kernels on the same inputs, each against the
          * reference; the variable is read when each call's plan is made. */
-        char *saved = set_kernel_env("simple");
+        char *saved = h_env_set("DT_ATTN_KERNEL", "simple");
         ok_simple = launch_case(c, backend, "simple");
         setenv("DT_ATTN_KERNEL", "mma", 1);
         ok = launch_case(c, backend, "mma");
-        restore_kernel_env(saved);
+        h_env_restore("DT_ATTN_KERNEL", saved);
     } else {
         ok = launch_case(c, backend, NULL);
     }
@@ -830,7 +814,7 @@ static dt_status rank_env(dt_context *ctx, void *arg) {
 static void test_kernel_env(void **state) {
     (void)state;
     env_case base = {.P = 2}, c = {.P = 2};
-    char *saved = set_kernel_env(NULL);
+    char *saved = h_env_set("DT_ATTN_KERNEL", NULL);
     dt_status st0 = h_launch(2, rank_env, &base);
     setenv("DT_ATTN_KERNEL", "bogus", 1);
     dt_status st1 = h_launch(2, rank_env, &c);
@@ -841,7 +825,7 @@ static void test_kernel_env(void **state) {
         setenv("DT_ATTN_KERNEL", vals[i], 1);
         st2[i] = h_launch(2, rank_env, &ok[i]);
     }
-    restore_kernel_env(saved);
+    h_env_restore("DT_ATTN_KERNEL", saved);
     assert_int_equal(st0, DT_SUCCESS);
     assert_int_equal(st1, DT_ERR_INVALID_ARGUMENT);
     for (int r = 0; r < 2; r++) {
@@ -978,7 +962,7 @@ static void test_cuda_forced_mma_refused(void **state) {
     };
     forced_case mma[2], simple[2];
     dt_status st_mma[2], st_simple[2];
-    char *saved = set_kernel_env("mma");
+    char *saved = h_env_set("DT_ATTN_KERNEL", "mma");
     for (int i = 0; i < 2; i++) {
         mma[i] = (forced_case){.dtype = t[i].dtype, .D = t[i].D, .r = {.P = 2}};
         st_mma[i] = h_launch_on(2, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_forced, &mma[i]);
@@ -988,7 +972,7 @@ static void test_cuda_forced_mma_refused(void **state) {
         simple[i] = (forced_case){.dtype = t[i].dtype, .D = t[i].D, .r = {.P = 2}};
         st_simple[i] = h_launch_on(2, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_forced, &simple[i]);
     }
-    restore_kernel_env(saved);
+    h_env_restore("DT_ATTN_KERNEL", saved);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(st_mma[i], DT_ERR_NOT_SUPPORTED);
         for (int r = 0; r < 2; r++) {

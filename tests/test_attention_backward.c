@@ -122,22 +122,6 @@ out:
     return st;
 }
 
-/* Sets (value != NULL) or unsets DT_ATTN_KERNEL on the main thread, while
- * no rank thread runs; returns the previous value (malloc'd, or NULL). */
-static char *set_kernel_env(const char *value) {
-    const char *old = getenv("DT_ATTN_KERNEL");
-    char *saved = old ? strdup(old) : NULL;
-    if (value) setenv("DT_ATTN_KERNEL", value, 1);
-    else unsetenv("DT_ATTN_KERNEL");
-    return saved;
-}
-
-static void restore_kernel_env(char *saved) {
-    if (saved) setenv("DT_ATTN_KERNEL", saved, 1);
-    else unsetenv("DT_ATTN_KERNEL");
-    free(saved);
-}
-
 /* One launch of the case: 1 if every rank succeeded and matched the
  * reference, else 0 after printing what failed; *worst: the largest error
  * over ranks. `kernel`: the DT_ATTN_KERNEL value in force (NULL: not set by
@@ -187,11 +171,11 @@ static double run_case(bwd_case *c) {
     if (c->kernels) {
         /* Both CUDA kernel pairs on the same inputs, each against the
          * reference; the variable is read when each call's plan is made. */
-        char *saved = set_kernel_env("simple");
+        char *saved = h_env_set("DT_ATTN_KERNEL", "simple");
         ok_simple = launch_case(c, backend, "simple", &worst_simple);
         setenv("DT_ATTN_KERNEL", "mma", 1);
         ok = launch_case(c, backend, "mma", &worst);
-        restore_kernel_env(saved);
+        h_env_restore("DT_ATTN_KERNEL", saved);
         print_message("%s: max |error| simple %.3g, mma %.3g\n", c->name, worst_simple, worst);
     } else {
         ok = launch_case(c, backend, NULL, &worst);
