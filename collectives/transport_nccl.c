@@ -50,7 +50,6 @@
 #include <string.h>
 #include <time.h>
 
-
 struct dt_nccl_world {
     pthread_mutex_t mu;
     int size;
