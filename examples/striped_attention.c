@@ -15,7 +15,9 @@
  *   4. distributed attention (dt_attention_forward) on q [B, S, H, D] and
  *      k, v [B, S, H_kv, D] sharded Shard(1, order) over the ring, o and lse
  *      gathered to rank 0 and checked against a double-precision reference
- *      on the full sequence: PASS or FAIL;
+ *      on the full sequence: PASS or FAIL; with the measured time of each
+ *      ring step's block kernels on the slowest rank and the waits between
+ *      steps (dt_attention_options.timing);
  *   5. the work of every rank on every ring step (query-key pairs that the
  *      mask allows, from dt_attn_pairs) for contiguous, striped and zigzag
  *      sharding, and the critical path of each: why striping is faster.
@@ -198,13 +200,8 @@ typedef struct attn_run {
     dt_backend_kind backend;   /* the backend the ranks ran on */
     double seconds[MAX_RANKS]; /* wall time of dt_attention_forward on each rank */
     double backward_seconds[MAX_RANKS];
+    dt_attention_timing steps[MAX_RANKS]; /* each rank's forward, per ring step */
 } attn_run;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Gather t to rank 0 and, there, widen it into *host. Collective. */
 static dt_status gather_to_host(const dt_tensor *t, float **host) {
@@ -245,9 +242,11 @@ static dt_status rank_attention(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, dt_tensor_fill_random(q, c->seed), out);
     DT_TRY_GOTO(st, dt_tensor_fill_random(k, c->seed + 1), out);
     DT_TRY_GOTO(st, dt_tensor_fill_random(v, c->seed + 2), out);
-    double t0 = now_s();
+    double t0 = ex_now_s();
+    opts.timing = &r->steps[rank];
     DT_TRY_GOTO(st, dt_attention_forward(q, k, v, &opts, &o, &lse), out);
-    r->seconds[rank] = now_s() - t0;
+    r->seconds[rank] = ex_now_s() - t0;
+    opts.timing = NULL;
     DT_TRY_GOTO(st, gather_to_host(o, &r->o), out);
     DT_TRY_GOTO(st, gather_to_host(lse, &r->lse), out);
     if (c->dump) {
@@ -258,9 +257,9 @@ static dt_status rank_attention(dt_context *ctx, void *arg) {
     if (c->backward) {
         DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, qshape, &lay, &dout), out);
         DT_TRY_GOTO(st, dt_tensor_fill_random(dout, c->seed + 3), out);
-        t0 = now_s();
+        t0 = ex_now_s();
         DT_TRY_GOTO(st, dt_attention_backward(q, k, v, o, lse, dout, &opts, &dq, &dk, &dv), out);
-        r->backward_seconds[rank] = now_s() - t0;
+        r->backward_seconds[rank] = ex_now_s() - t0;
         DT_TRY_GOTO(st, gather_to_host(dq, &r->dq), out);
         DT_TRY_GOTO(st, gather_to_host(dk, &r->dk), out);
         DT_TRY_GOTO(st, gather_to_host(dv, &r->dv), out);
@@ -889,6 +888,23 @@ int main(int argc, char **argv) {
     for (int r = 0; r < c.ranks; r++) slowest = run->seconds[r] > slowest ? run->seconds[r] : slowest;
     printf("   dt_attention_forward on the %s backend: %.2f ms on the slowest rank (%d ranks as threads)\n",
            dt_backend_kind_name(run->backend), 1e3 * slowest, c.ranks);
+    /* Measured per ring step (dt_attention_options.timing): the slowest
+     * rank's block kernels, and the waits between steps. */
+    double crit = 0, waits = 0;
+    printf("   block kernels per ring step, slowest rank (ms):");
+    for (int t = 0; t < c.ranks; t++) {
+        double step = 0;
+        for (int r = 0; r < c.ranks; r++) step = fmax(step, run->steps[r].blocks_ms[t]);
+        crit += step;
+        if (t < 16) printf(" %.2f", step);
+    }
+    for (int r = 0; r < c.ranks; r++) {
+        double w = 0;
+        for (int t = 0; t < c.ranks; t++) w += run->steps[r].wait_ms[t];
+        waits = fmax(waits, w);
+    }
+    printf("%s\n   their sum (the ring's critical path in kernel time) %.2f ms; the largest "
+           "per-rank wait between steps %.2f ms\n", c.ranks > 16 ? " ..." : "", crit, waits);
 
     const int64_t nq = B * S * H * D, nk = B * S * G * D, nl = B * H * S;
     double *q = full_input(c.seed, nq, c.dtype), *k = full_input(c.seed + 1, nk, c.dtype);
