@@ -37,9 +37,11 @@ extern "C" {
 
 /* Where one call's ring loop spent this rank's time, for profiling
  * (dt_attention_options.timing). Step t's blocks are timed from just before
- * the block kernels of step t to just after them, on the rank's compute
- * stream (CUDA events; the CPU's clock): queued work counts, host time that
- * overlaps the device does not. */
+ * the block kernels of step t to just after them. CUDA: events on the
+ * rank's compute stream, so queued device work counts and host time that
+ * overlaps it does not. CPU: the rank thread's CPU time, so only its own
+ * work counts (the copies of the transfers, not time blocked on a peer or
+ * waiting for a core). */
 #define DT_ATTN_MAX_STEPS DT_MAX_WORLD_SIZE
 typedef struct dt_attention_timing {
     int steps;                            /* P: the entries filled below */
@@ -47,8 +49,9 @@ typedef struct dt_attention_timing {
     double wait_ms[DT_ATTN_MAX_STEPS];    /* from the end of step t's kernels to the
                                              start of step t+1's: the transfer the
                                              kernels did not hide, plus the loop's own
-                                             work; after the last step, to the end of
-                                             the loop (backward: its last exchange) */
+                                             work (CPU: the work only); after the last
+                                             step, to the end of the loop (backward:
+                                             its last exchange) */
 } dt_attention_timing;
 
 typedef struct dt_attention_options {

@@ -91,8 +91,9 @@ typedef struct dt_backend_ops {
     dt_status (*sync)(dt_backend *b);
     /* Timestamps for profiling a loop from the inside: marks_reserve(n)
      * makes marks 0..n-1 (once, before the loop: it may allocate); mark(i)
-     * records mark i where this rank's work has got to (CPU: now; CUDA: an
-     * event on the compute stream, so it counts queued work); mark_ms gives
+     * records mark i where this rank's work has got to (CPU: the rank
+     * thread's CPU time, so only its own work counts; CUDA: an event on the
+     * compute stream, so queued work counts); mark_ms gives
      * the milliseconds from mark i to mark j once both are recorded and
      * reached (CUDA: waits for them, bounded by the timeout). */
     dt_status (*marks_reserve)(dt_backend *b, int n);

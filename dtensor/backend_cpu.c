@@ -21,7 +21,7 @@
 /* Per-backend state: the profiling marks (bf16 gemm scratch is made per
  * call, which is fine because gemm is not called inside a hot loop). */
 typedef struct dt_cpu_impl {
-    double *marks;   /* CLOCK_MONOTONIC seconds; NAN until recorded */
+    double *marks;   /* the rank thread's CPU seconds; NAN until recorded */
     int n_marks;
 } dt_cpu_impl;
 
@@ -494,7 +494,10 @@ static dt_status dt_cpu_mark(dt_backend *b, int i) {
     if (i < 0 || i >= im->n_marks)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu mark %d: %d reserved", i, im->n_marks);
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    /* The calling (rank) thread's CPU time: its own work, not the time it
+     * waits for peers or, with more ranks than cores, for a core. */
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return dt_error(DT_ERR_SYSTEM, "cpu mark %d: no thread CPU clock", i);
     im->marks[i] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
     return DT_SUCCESS;
 }
