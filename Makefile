@@ -175,7 +175,13 @@ $(error CUDA=1 but cuBLAS (cublas_v2.h + -lcublas) is not usable under $(CUDA_HO
 endif
 endif
 
-# 5. MPI: mpicc from MPI_HOME/bin or PATH. Our sources are compiled with
+# 5. A host C++ compiler, for the tests only: test_mma_emu runs the
+# tensor-core kernels' sources, compiled by it, on the CPU emulator of
+# tests/emu. Without one that suite reports its cases skipped.
+CXX_VERSION := $(shell $(CXX) -dumpfullversion -dumpversion 2>/dev/null | head -n1)
+HAVE_CXX := $(if $(CXX_VERSION),ok)
+
+# 6. MPI: mpicc from MPI_HOME/bin or PATH. Our sources are compiled with
 # $(CC), not mpicc: the wrapper says which flags it adds (Open MPI:
 # --showme:compile / --showme:link; MPICH: -show), and a try-compile with
 # $(CC) and those flags decides.
@@ -269,7 +275,7 @@ endif
 # flags change, so `make CC=clang` or CUDA=0 after a build recompiles instead
 # of linking stale objects.
 STAMP := $(BUILD)/.flags
-FLAGS_SIG := $(CC) | $(DT_CPPFLAGS) | $(DT_CFLAGS) | $(DT_LDFLAGS) | $(DT_LDLIBS) | \
+FLAGS_SIG := $(CC) $(CXX) | $(DT_CPPFLAGS) | $(DT_CFLAGS) | $(DT_LDFLAGS) | $(DT_LDLIBS) | \
     $(TEST_CPPFLAGS) $(TEST_LDFLAGS) | $(CU_SRCS) $(NVCC_FLAGS) | $(MPI_CPPFLAGS)
 ifeq ($(PROBE),1)
 ifneq ($(FLAGS_SIG),$(file <$(STAMP)))
@@ -306,6 +312,7 @@ $(info $(_)  library   $(if $(LIB_SRCS),$(LIB_A) $(LIB_SO) from $(words $(LIB_SR
 $(info $(_)  examples  $(call names,$(EXAMPLES)))
 $(info $(_)  bench     $(call names,$(BENCHES)))
 $(info $(_)  tests     $(if $(HAVE_CMOCKA),$(call names,$(TESTS)),SKIPPED: cmocka not found (apt-get install libcmocka-dev)))
+$(info $(_)  C++       $(call found,$(HAVE_CXX)) $(if $(HAVE_CXX),$(CXX) $(CXX_VERSION): the tensor-core kernels on the CPU emulator (test_mma_emu),no $(CXX): test_mma_emu will skip (apt-get install g++, or CXX=...)))
 $(if $(filter-out 0,$(DEPS_STATUS)),$(info $(_)  note      scripts/deps.sh could not install everything; see its messages above))
 $(info )
 endif
@@ -392,6 +399,31 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/test_%.o $(TEST_HELPER_OBJS) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(TEST_LDFLAGS) -lcmocka $(DT_LDFLAGS) $(DT_LDLIBS)
 
+# The tensor-core kernels on the CPU emulator (tests/emu/emu.h): their .cu
+# sources, unchanged, compiled by the host C++ compiler with DT_MMA_EMULATE
+# (whatever CUDA= says), linked into test_mma_emu. No C++ runtime is needed
+# (as with nvcc's objects), so cc links it. Without a C++ compiler the test
+# is built without them and skips its cases.
+EMU_KERNEL_OBJS := $(BUILD)/obj/emu/attention/block_cuda_mma.o \
+    $(BUILD)/obj/emu/attention/block_cuda_mma_bwd.o
+EMU_OBJS := $(BUILD)/obj/tests/emu/runtime.o $(if $(HAVE_CXX),$(EMU_KERNEL_OBJS))
+EMU_CXXFLAGS := -std=c++17 $(OPT_CFLAGS) -Wall -Wextra -Werror -Wno-unknown-pragmas \
+    -fno-strict-aliasing -fno-exceptions -fno-rtti -fno-threadsafe-statics -pthread $(SAN_FLAGS) \
+    -DDT_MMA_EMULATE -Itests/emu/include -Itests/emu -I.
+.SECONDARY: $(EMU_OBJS)
+
+$(BUILD)/obj/emu/%.o: %.cu $(STAMP)
+	@mkdir -p $(@D)
+	$(CXX) -x c++ $(EMU_CXXFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+
+ifeq ($(HAVE_CXX),)
+$(BUILD)/obj/tests/test_mma_emu.o: DT_CPPFLAGS += -DDT_EMU_NO_CXX='"$(CXX)"'
+endif
+
+$(BUILD)/tests/test_mma_emu: $(BUILD)/obj/tests/test_mma_emu.o $(EMU_OBJS) $(TEST_HELPER_OBJS) $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(TEST_LDFLAGS) -lcmocka $(DT_LDFLAGS) $(DT_LDLIBS)
+
 # Headers keep their subdirectory (public headers include each other as
 # "../collectives/comm.h"): $(PREFIX)/include/dtensor/{dtensor,collectives,attention}/.
 # Each installed header is then compiled alone, as a user would include it.
@@ -440,4 +472,4 @@ help:
 	@echo "  PREFIX=$(PREFIX)  DESTDIR=$(DESTDIR)"
 
 -include $(LIB_OBJS:.o=.d) $(EXAMPLE_OBJS:.o=.d) $(BENCH_OBJS:.o=.d) \
-    $(TEST_OBJS:.o=.d) $(TEST_HELPER_OBJS:.o=.d)
+    $(TEST_OBJS:.o=.d) $(TEST_HELPER_OBJS:.o=.d) $(EMU_OBJS:.o=.d)

@@ -9,6 +9,11 @@
  * trapping stubs of the kernels: bf16 mma.sync and cp.async need sm_80, and
  * the host never launches them on such a device (dt_attn_mma_supported). So
  * everything below is compiled only where DT_MMA_STUB is not defined.
+ *
+ * DT_MMA_EMULATE: the kernel sources are being compiled by the host C++
+ * compiler for the CPU emulator of tests/emu (emu.h), which `make test`
+ * runs on machines without a GPU. The PTX wrappers and the launch then call
+ * the emulator instead; nothing else in the kernels changes.
  */
 #ifndef DT_ATTN_MMA_DEVICE_CUH
 #define DT_ATTN_MMA_DEVICE_CUH
@@ -33,6 +38,31 @@ namespace {
 
 /* ------------------------------------------------------------ PTX wrappers */
 
+#ifdef DT_MMA_EMULATE
+/* The same operations on the CPU emulator (tests/emu/emu.h). */
+__device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
+    dt_emu_cp_async16(smem, gmem, valid ? 16 : 0);
+}
+__device__ __forceinline__ void cp_async_commit() { dt_emu_cp_commit(); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    dt_emu_cp_wait(N);
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *row) {
+    dt_emu_ldmatrix_x4(r, row, 0);
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *row) {
+    dt_emu_ldmatrix_x4(r, row, 1);
+}
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    dt_emu_mma_m16n8k16(d, a, b0, b1, DT_BF16);
+}
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+    dt_emu_mma_m16n8k16(d, a, b0, b1, DT_F16);
+}
+#else
 /* 32-bit shared-memory address of a generic pointer into shared memory. */
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -72,6 +102,26 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *
                  : "memory");
 }
 
+/* d = A B + d, A 16x16 (4 regs), B 16x8 (2 regs), d 16x8 fp32. */
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif /* DT_MMA_EMULATE */
+
 /* Per element type: the mma.sync variant and the fp32 pair -> .b32 packing
  * (lo in the low half: the lower-indexed element of a fragment pair). */
 template <typename T>
@@ -85,14 +135,9 @@ struct elem<__nv_bfloat16> {
         memcpy(&u, &v, sizeof u);
         return u;
     }
-    /* d = A B + d, A 16x16 (4 regs), B 16x8 (2 regs), d 16x8 fp32. */
     static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                                uint32_t b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        mma_bf16(d, a, b0, b1);
     }
 };
 
@@ -106,11 +151,7 @@ struct elem<__half> {
     }
     static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                                uint32_t b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        mma_f16(d, a, b0, b1);
     }
 };
 
@@ -149,14 +190,36 @@ __device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_st
 }  // namespace
 #endif /* !DT_MMA_STUB */
 
+/* The kernels' dynamic shared memory, `name` (128-byte aligned). */
+#ifdef DT_MMA_EMULATE
+#define DT_MMA_DYNAMIC_SMEM(name) unsigned char *const name = dt_emu_dynamic_smem()
+#else
+#define DT_MMA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
+
 namespace {
 
 /* Host: kernel<<<grid, DT_MMA_THREADS, smem, stream>>>(args) after raising
- * its dynamic shared-memory limit; errors name the pass (`what`), head dim
- * and dtype. */
+ * its dynamic shared-memory limit (on the emulator: the same grid, run on
+ * the CPU before returning); errors name the pass (`what`), head dim and
+ * dtype. */
 template <typename Args>
 dt_status dt_mma_launch(void (*kernel)(Args), dim3 grid, size_t smem, cudaStream_t stream,
                         const Args &args, const char *what, int dim, dt_dtype dtype) {
+#ifdef DT_MMA_EMULATE
+    (void)stream;
+    struct call {
+        void (*kernel)(Args);
+        const Args *args;
+    } c = {kernel, &args};
+    char err[512];
+    if (dt_emu_launch(dt_emu_dim3{grid.x, grid.y, grid.z}, dt_emu_dim3{DT_MMA_THREADS, 1, 1}, smem,
+                      [](void *p) { static_cast<call *>(p)->kernel(*static_cast<call *>(p)->args); },
+                      &c, err, sizeof err))
+        return dt_error(DT_ERR_BACKEND, "attention (emulated mma): %s block (D = %d, %s): %s",
+                        what, dim, dt_dtype_name(dtype), err);
+    return DT_SUCCESS;
+#else
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
     if (e != cudaSuccess) {
@@ -170,6 +233,7 @@ dt_status dt_mma_launch(void (*kernel)(Args), dim3 grid, size_t smem, cudaStream
         return dt_error(DT_ERR_BACKEND, "attention (cuda mma): %s block (D = %d, %s): %s", what,
                         dim, dt_dtype_name(dtype), cudaGetErrorString(e));
     return DT_SUCCESS;
+#endif
 }
 
 }  // namespace

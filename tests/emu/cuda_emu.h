@@ -1,0 +1,77 @@
+/* tests/emu/cuda_emu.h — the CUDA C++ a kernel source sees when the host
+ * C++ compiler builds it for the emulator (emu.h): qualifiers that mean
+ * nothing on the CPU, dim3, the built-in indices, __syncthreads and the
+ * warp shuffle, fp32 atomicAdd, float2, and the bf16 / fp16 types with
+ * their round-to-nearest-even conversions (dtensor/dtype.h's). Reached
+ * through tests/emu/include/{cuda_runtime,cuda_bf16,cuda_fp16}.h. Only what
+ * the emulated kernels use. */
+#ifndef DT_TEST_CUDA_EMU_H
+#define DT_TEST_CUDA_EMU_H
+
+#ifndef __cplusplus
+#error "cuda_emu.h is for kernel sources compiled as C++ (DT_MMA_EMULATE)"
+#endif
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "emu.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+typedef struct CUstream_st *cudaStream_t;
+
+#define threadIdx (*dt_emu_thread_idx())
+#define blockIdx (*dt_emu_block_idx())
+#define blockDim (*dt_emu_block_dim())
+#define gridDim (*dt_emu_grid_dim())
+
+inline void __syncthreads() { dt_emu_syncthreads(); }
+inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+    return dt_emu_shfl_xor(mask, v, lane_mask);
+}
+/* Fibers never run at the same time: a plain read-add-write is atomic. */
+inline float atomicAdd(float *p, float v) {
+    const float old = *p;
+    *p = old + v;
+    return old;
+}
+[[noreturn]] inline void __trap() { dt_emu_fail("__trap()"); }
+
+struct __attribute__((aligned(8))) float2 {
+    float x, y;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+
+struct __nv_bfloat16 {
+    uint16_t bits;
+};
+struct __nv_bfloat162 {
+    __nv_bfloat16 x, y;   /* x in the low half */
+};
+inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
+    return __nv_bfloat162{{dt_f32_to_bf16(lo)}, {dt_f32_to_bf16(hi)}};
+}
+
+struct __half {
+    uint16_t bits;
+};
+struct __half2 {
+    __half x, y;
+};
+inline __half2 __floats2half2_rn(float lo, float hi) {
+    return __half2{{dt_f32_to_f16(lo)}, {dt_f32_to_f16(hi)}};
+}
+
+#endif /* DT_TEST_CUDA_EMU_H */

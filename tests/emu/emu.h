@@ -1,0 +1,95 @@
+/* tests/emu/emu.h — a CPU emulator for CUDA kernels, enough to run the
+ * tensor-core attention kernels (attention/block_cuda_mma*.cu) on machines
+ * without a GPU, in `make test`.
+ *
+ * The kernel sources are compiled unchanged by the host C++ compiler with
+ * -DDT_MMA_EMULATE and tests/emu/include first on the include path: there
+ * cuda_runtime.h, cuda_bf16.h and cuda_fp16.h are this emulator's
+ * (cuda_emu.h), and attention/mma_device.cuh calls the functions below in
+ * place of its inline PTX. Every CUDA thread of a block is a fiber
+ * (ucontext) with its own stack; the blocks of a grid run one after
+ * another, the fibers of a block round-robin, each until it waits.
+ *
+ * What is emulated, from the PTX ISA and the CUDA programming guide:
+ *   - __syncthreads: waits for every thread of the block that has not
+ *     exited;
+ *   - warp-wide instructions (shfl.bfly, ldmatrix .x4 [.trans],
+ *     mma.sync.m16n8k16 bf16/f16 -> f32): every lane of the warp must reach
+ *     the same instruction; the last to arrive computes all 32 results
+ *     from the 32 lanes' operands;
+ *   - cp.async 16 bytes, commit_group, wait_group N: a copy's destination
+ *     holds garbage (0xff bytes: NaN in bf16 and fp16) from the issue until
+ *     the wait_group that completes it, and is written then. Reading a
+ *     destination too early, or writing it while the copy is pending,
+ *     therefore shows (NaN results, or an error);
+ *   - dynamic shared memory: one heap block of exactly the launch's size,
+ *     filled with 0xff bytes before each block (AddressSanitizer sees any
+ *     access past it);
+ *   - atomicAdd on fp32 (fibers never run at the same time).
+ * What is checked, each failing the launch with a message: ldmatrix and
+ * cp.async addresses inside shared memory and 16-byte aligned; a warp
+ * instruction with lanes missing (exited) or lanes at different
+ * instructions; a deadlock (no thread can run: a __syncthreads some threads
+ * never reach, say); __trap.
+ *
+ * Not emulated: timing, memory ordering between blocks (blocks are
+ * sequential), and everything the kernels do not use.
+ *
+ * One launch at a time per process (a mutex serialises them). C API.
+ */
+#ifndef DT_TEST_EMU_H
+#define DT_TEST_EMU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtensor/dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_emu_dim3 {
+    unsigned x, y, z;
+} dt_emu_dim3;
+
+/* Runs body(arg) as every thread of every block of `grid`, blocks of
+ * `block` threads (at most 1024) with `smem_bytes` of dynamic shared
+ * memory. 0 on success; -1 with the reason in err (naming the block and
+ * thread) when the kernel did something the emulator rejects. */
+int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (*body)(void *),
+                  void *arg, char *err, size_t err_size);
+
+/* Counts since the process started (tests use them to see that work ran). */
+typedef struct dt_emu_counts {
+    uint64_t blocks, warp_ops, mma, copies;
+} dt_emu_counts;
+dt_emu_counts dt_emu_get_counts(void);
+
+/* ---- called from kernel code (inside dt_emu_launch) ---- */
+const dt_emu_dim3 *dt_emu_thread_idx(void);
+const dt_emu_dim3 *dt_emu_block_idx(void);
+const dt_emu_dim3 *dt_emu_block_dim(void);
+const dt_emu_dim3 *dt_emu_grid_dim(void);
+unsigned char *dt_emu_dynamic_smem(void);
+
+void dt_emu_syncthreads(void);
+/* shfl.sync.bfly.b32 with a full mask: lane l receives lane l ^ lane_mask's v. */
+float dt_emu_shfl_xor(unsigned mask, float v, int lane_mask);
+/* cp.async.cg.shared.global 16 bytes; src_bytes 16 or 0 (zero fill). */
+void dt_emu_cp_async16(void *smem, const void *gmem, int src_bytes);
+void dt_emu_cp_commit(void);
+/* cp.async.wait_group n. */
+void dt_emu_cp_wait(int n);
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16; row: this lane's row address. */
+void dt_emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
+/* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32, d += A B
+ * (ab: DT_BF16 or DT_F16). */
+void dt_emu_mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, dt_dtype ab);
+/* Ends the launch with an error (__trap, or a failed check). */
+void dt_emu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_TEST_EMU_H */

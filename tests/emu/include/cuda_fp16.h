@@ -1,0 +1,2 @@
+/* The emulator's stand-in for CUDA's cuda_fp16.h (tests/emu/cuda_emu.h). */
+#include "../cuda_emu.h"

@@ -1,0 +1,351 @@
+/* tests/test_mma_emu.c — the tensor-core attention kernels
+ * (attention/block_cuda_mma.cu forward, block_cuda_mma_bwd.cu backward),
+ * compiled from their unchanged sources by the host C++ compiler and run on
+ * the CPU emulator of tests/emu (emu.h: fibers for the CUDA threads,
+ * ldmatrix / mma.sync / cp.async / shuffles written from the PTX ISA), in
+ * every `make test`, GPU or not.
+ *
+ * Each case splits a sequence over P "ranks" (contiguous, striped or
+ * zigzag, mask.h's segments) and runs the kernel on every (query segment,
+ * key segment) block as the ring does, accumulating into the fp32 running
+ * state: the forward's m, l, acc for each query rank, finalised here; the
+ * backward's dq of each query rank and dk, dv of each key rank. The results
+ * must match the double-precision reference on the whole sequence
+ * (attn_ref.c) at the tolerances of the GPU tests: 2e-2 forward, 3e-2
+ * backward, for bf16 and fp16. So the kernels' fragment layouts, swizzle,
+ * cp.async pipeline, barriers, mask and tile bounds, online softmax and
+ * fused accumulation all run here; the emulator also fails a launch on an
+ * out-of-bounds or misaligned shared-memory access, a read of a tile before
+ * its cp.async completed, lanes at different warp instructions, or a
+ * deadlock. What it cannot show: speed, and hardware behaviour the PTX ISA
+ * leaves open (the mma's internal summation order, for one).
+ *
+ * DT_TEST_QUICK (the valgrind run) keeps one case per direction. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DT_MMA_EMULATE 1
+#include "attention/block_cuda_mma.h"
+#include "attn_ref.h"
+#include "emu/emu.h"
+#include "harness.h"
+
+#define MAXP 4
+
+typedef struct emu_case {
+    char name[160];
+    attn_shape s;
+    int P;
+    dt_order order;
+    dt_attn_mask mask;
+    dt_dtype dtype;
+    uint64_t seed;
+    int huge;   /* logits of magnitude 1e4 */
+} emu_case;
+
+/* Logits of magnitude 1e4: multiples of 25, exact in bf16 and fp16, so every
+ * q.k is an exact integer in fp32. */
+static double *huge_input(int64_t n, int which) {
+    double *x = malloc((size_t)n * sizeof *x);
+    for (int64_t i = 0; i < n; i++) x[i] = 25.0 * (double)(((i * (which ? 3 : 7)) % 5) - 2);
+    return x;
+}
+
+/* x as a 16-byte aligned array of dtype (cp.async reads 16-byte chunks). */
+static void *as_dtype(const double *x, size_t n, dt_dtype dtype) {
+    size_t bytes = (n * dt_dtype_size(dtype) + 63) / 64 * 64;
+    void *p = aligned_alloc(64, bytes);
+    for (size_t i = 0; i < n; i++) dt_value_set(p, dtype, i, (float)x[i]);
+    return p;
+}
+
+static float *zeros_f32(size_t n) {
+    float *p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+    memset(p, 0, n * sizeof(float));
+    return p;
+}
+
+/* One rank's local rows of a full [B, S, heads, D] array, as dtype. */
+static void *local_rows(const emu_case *c, const double *full, int64_t heads, int j) {
+    const attn_shape *s = &c->s;
+    size_t n = (size_t)(s->B * (s->S / c->P) * heads * s->D);
+    double *loc = malloc(n * sizeof *loc);
+    ref_local_rows(full, s->B, s->S, heads, s->D, c->order, c->P, j, 0, heads, loc);
+    void *out = as_dtype(loc, n, c->dtype);
+    free(loc);
+    return out;
+}
+
+/* The inputs of a case, per rank: q, k, v (and for the backward dout, o). */
+typedef struct ranks {
+    int nseg[MAXP];
+    dt_attn_segment seg[MAXP][2];
+    int64_t seg_row[MAXP][2];   /* local row of each segment's first row */
+    void *q[MAXP], *k[MAXP], *v[MAXP];
+} ranks;
+
+static void make_ranks(const emu_case *c, const double *q, const double *k, const double *v,
+                       ranks *R) {
+    for (int j = 0; j < c->P; j++) {
+        R->nseg[j] = dt_attn_segments(c->order, c->s.S, c->P, j, R->seg[j]);
+        R->seg_row[j][0] = 0;
+        R->seg_row[j][1] = R->seg[j][0].len;
+        R->q[j] = local_rows(c, q, c->s.H, j);
+        R->k[j] = local_rows(c, k, c->s.Hkv, j);
+        R->v[j] = local_rows(c, v, c->s.Hkv, j);
+    }
+}
+
+static void free_ranks(const emu_case *c, ranks *R) {
+    for (int j = 0; j < c->P; j++) {
+        free(R->q[j]);
+        free(R->k[j]);
+        free(R->v[j]);
+    }
+}
+
+static const void *rows_at(const void *base, dt_dtype dt, int64_t row, int64_t heads, int64_t D) {
+    return (const char *)base + (size_t)(row * heads * D) * dt_dtype_size(dt);
+}
+
+#ifdef DT_EMU_NO_CXX
+/* Built without a C++ compiler (Makefile): the kernels could not be
+ * compiled for the emulator. */
+static void run_forward(void **state) {
+    (void)state;
+    print_message("skipped: no C++ compiler (%s) to build the kernels for the emulator; "
+                  "apt-get install g++, or make CXX=...\n", DT_EMU_NO_CXX);
+    skip();
+}
+#define run_backward run_forward
+#else
+/* --------------------------------------------------------------- forward */
+
+static void run_forward(void **state) {
+    const emu_case *c = *state;
+    const attn_shape *s = &c->s;
+    const int64_t n = s->S / c->P, H = s->H, G = s->Hkv, D = s->D, B = s->B;
+    char why[256];
+    assert_true(dt_emu_attn_mma_supported(c->dtype, D, 90, why, sizeof why));
+    const int64_t nq = B * s->S * H * D, nk = B * s->S * G * D;
+    double *q = c->huge ? huge_input(nq, 0) : ref_input(c->seed, nq, c->dtype);
+    double *k = c->huge ? huge_input(nk, 1) : ref_input(c->seed + 1, nk, c->dtype);
+    double *v = ref_input(c->seed + 2, nk, c->dtype);
+    double *o_ref = malloc((size_t)nq * sizeof *o_ref), *lse_ref = malloc((size_t)(B * H * s->S) * sizeof *lse_ref);
+    ref_attention_forward(s, q, k, v, c->mask == DT_ATTN_CAUSAL, 1.0 / sqrt((double)D), o_ref, lse_ref);
+    ranks R;
+    make_ranks(c, q, k, v, &R);
+    const uint64_t mma_before = dt_emu_get_counts().mma;
+
+    const size_t nrow = (size_t)(B * H * n), nacc = nrow * (size_t)D;
+    float *m = zeros_f32(nrow), *l = zeros_f32(nrow), *acc = zeros_f32(nacc), *o = zeros_f32(nacc);
+    float *lse = zeros_f32(nrow);
+    double *ref = malloc(nacc * sizeof *ref), *ref_lse = malloc(nrow * sizeof *ref_lse);
+    long bad = 0;
+    for (int j = 0; j < c->P && !bad; j++) {
+        for (size_t i = 0; i < nrow; i++) m[i] = -INFINITY, l[i] = 0;
+        memset(acc, 0, nacc * sizeof *acc);
+        for (int step = 0; step < c->P && !bad; step++) {   /* key ranks in ring order */
+            const int r = (j - step + c->P) % c->P;
+            for (int si = 0; si < R.nseg[j]; si++)
+                for (int sk = 0; sk < R.nseg[r]; sk++) {
+                    const int64_t x0 = R.seg_row[j][si], y0 = R.seg_row[r][sk];
+                    dt_attn_block_args a = {
+                        .dtype = c->dtype, .batch = B, .heads = H, .kv_heads = G, .dim = D,
+                        .q = rows_at(R.q[j], c->dtype, x0, H, D), .q_batch_stride = n * H * D,
+                        .k = rows_at(R.k[r], c->dtype, y0, G, D),
+                        .v = rows_at(R.v[r], c->dtype, y0, G, D), .kv_batch_stride = n * G * D,
+                        .qseg = R.seg[j][si], .kseg = R.seg[r][sk], .mask = c->mask,
+                        .scale = (float)(1.0 / sqrt((double)D)), .m = m + x0, .l = l + x0,
+                        .ml_batch_stride = H * n, .ml_head_stride = n, .acc = acc + x0 * H * D,
+                        .acc_batch_stride = n * H * D, .kernel = DT_ATTN_KERNEL_MMA};
+                    if (!dt_emu_attn_mma_block_ok(&a, why, sizeof why)) {
+                        print_error("%s: block refused: %s\n", c->name, why);
+                        bad = 1;
+                    } else if (dt_emu_attn_mma_fwd(NULL, &a) != DT_SUCCESS) {
+                        print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
+                        bad = 1;
+                    }
+                }
+        }
+        if (bad) break;
+        /* o = acc / l, lse = m + log l, as the finalize kernels define them */
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t x = 0; x < n; x++) {
+                    const size_t ml = (size_t)((b * H + h) * n + x);
+                    const float *ax = acc + ((b * n + x) * H + h) * D;
+                    float *ox = o + ((b * n + x) * H + h) * D;
+                    for (int64_t d = 0; d < D; d++) ox[d] = l[ml] > 0 ? ax[d] / l[ml] : 0.0f;
+                    lse[ml] = l[ml] > 0 ? m[ml] + logf(l[ml]) : -INFINITY;
+                }
+        ref_local_rows(o_ref, B, s->S, H, D, c->order, c->P, j, 0, H, ref);
+        ref_local_lse(lse_ref, B, s->S, H, c->order, c->P, j, 0, H, ref_lse);
+        bad += h_compare("o", o, ref, nacc, 2e-2, 2e-2, NULL);
+        bad += h_compare("lse", lse, ref_lse, nrow, 2e-2, 2e-2, NULL);
+        if (bad) print_error("%s: query rank %d\n", c->name, j);
+    }
+    const uint64_t mma_ran = dt_emu_get_counts().mma - mma_before;
+    free_ranks(c, &R);
+    free(q), free(k), free(v), free(o_ref), free(lse_ref), free(ref), free(ref_lse);
+    free(m), free(l), free(acc), free(o), free(lse);
+    assert_int_equal(bad, 0);
+    assert_true(mma_ran > 0);
+}
+
+/* -------------------------------------------------------------- backward */
+
+static void run_backward(void **state) {
+    const emu_case *c = *state;
+    const attn_shape *s = &c->s;
+    const int64_t n = s->S / c->P, H = s->H, G = s->Hkv, D = s->D, B = s->B;
+    const double scale = 1.0 / sqrt((double)D);
+    char why[256];
+    const int64_t nq = B * s->S * H * D, nk = B * s->S * G * D;
+    double *q = ref_input(c->seed, nq, c->dtype), *k = ref_input(c->seed + 1, nk, c->dtype);
+    double *v = ref_input(c->seed + 2, nk, c->dtype), *dout = ref_input(c->seed + 3, nq, c->dtype);
+    double *o = malloc((size_t)nq * sizeof *o), *lse_full = malloc((size_t)(B * H * s->S) * sizeof *lse_full);
+    double *dq_ref = malloc((size_t)nq * sizeof *dq_ref), *dk_ref = malloc((size_t)nk * sizeof *dk_ref);
+    double *dv_ref = malloc((size_t)nk * sizeof *dv_ref);
+    const int causal = c->mask == DT_ATTN_CAUSAL;
+    ref_attention_forward(s, q, k, v, causal, scale, o, lse_full);
+    ref_attention_backward(s, q, k, v, dout, causal, scale, dq_ref, dk_ref, dv_ref);
+    /* delta = rowsum(dout * o) with o as the forward stores it (rounded to
+     * the dtype), the way the library's delta kernel computes it */
+    double *delta_full = malloc((size_t)(B * H * s->S) * sizeof *delta_full);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t x = 0; x < s->S; x++)
+            for (int64_t h = 0; h < H; h++) {
+                double sum = 0;
+                for (int64_t d = 0; d < D; d++) {
+                    const size_t i = (size_t)(((b * s->S + x) * H + h) * D + d);
+                    sum += dout[i] * (double)dt_value_round((float)o[i], c->dtype);
+                }
+                delta_full[(b * H + h) * s->S + x] = sum;
+            }
+    ranks R;
+    make_ranks(c, q, k, v, &R);
+    void *dor[MAXP];
+    float *lse[MAXP], *delta[MAXP], *dq[MAXP], *dk[MAXP], *dv[MAXP];
+    const size_t nrow = (size_t)(B * H * n), nql = nrow * (size_t)D, nkl = (size_t)(B * n * G * D);
+    double *tmp = malloc(nql * sizeof *tmp);
+    for (int j = 0; j < c->P; j++) {
+        dor[j] = local_rows(c, dout, H, j);
+        lse[j] = zeros_f32(nrow);
+        delta[j] = zeros_f32(nrow);
+        ref_local_lse(lse_full, B, s->S, H, c->order, c->P, j, 0, H, tmp);
+        for (size_t i = 0; i < nrow; i++) lse[j][i] = (float)tmp[i];
+        ref_local_lse(delta_full, B, s->S, H, c->order, c->P, j, 0, H, tmp);
+        for (size_t i = 0; i < nrow; i++) delta[j][i] = (float)tmp[i];
+        dq[j] = zeros_f32(nql);
+        dk[j] = zeros_f32(nkl);
+        dv[j] = zeros_f32(nkl);
+    }
+    const uint64_t mma_before = dt_emu_get_counts().mma;
+    long bad = 0;
+    /* every (query rank, key rank) block, every segment pair */
+    for (int j = 0; j < c->P && !bad; j++)
+        for (int r = 0; r < c->P && !bad; r++)
+            for (int si = 0; si < R.nseg[j]; si++)
+                for (int sk = 0; sk < R.nseg[r]; sk++) {
+                    const int64_t x0 = R.seg_row[j][si], y0 = R.seg_row[r][sk];
+                    dt_attn_block_bwd_args a = {
+                        .dtype = c->dtype, .batch = B, .heads = H, .kv_heads = G, .dim = D,
+                        .q = rows_at(R.q[j], c->dtype, x0, H, D),
+                        .dout = rows_at(dor[j], c->dtype, x0, H, D), .q_batch_stride = n * H * D,
+                        .k = rows_at(R.k[r], c->dtype, y0, G, D),
+                        .v = rows_at(R.v[r], c->dtype, y0, G, D), .kv_batch_stride = n * G * D,
+                        .qseg = R.seg[j][si], .kseg = R.seg[r][sk], .mask = c->mask,
+                        .scale = (float)scale, .lse = lse[j] + x0, .delta = delta[j] + x0,
+                        .ml_batch_stride = H * n, .ml_head_stride = n, .dq = dq[j] + x0 * H * D,
+                        .dq_batch_stride = n * H * D, .dk = dk[r] + y0 * G * D,
+                        .dv = dv[r] + y0 * G * D, .kernel = DT_ATTN_KERNEL_MMA};
+                    if (!bad && !dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why)) {
+                        print_error("%s: block refused: %s\n", c->name, why);
+                        bad = 1;
+                    } else if (!bad && dt_emu_attn_mma_bwd(NULL, &a) != DT_SUCCESS) {
+                        print_error("%s: queries of rank %d, keys of rank %d: %s\n", c->name, j,
+                                    r, dt_last_error());
+                        bad = 1;
+                    }
+                }
+    const double tol = 3e-2;
+    double *ref = malloc(nql * sizeof *ref);
+    for (int j = 0; j < c->P && !bad; j++) {
+        ref_local_rows(dq_ref, B, s->S, H, D, c->order, c->P, j, 0, H, ref);
+        bad += h_compare("dq", dq[j], ref, nql, tol, tol, NULL);
+        ref_local_rows(dk_ref, B, s->S, G, D, c->order, c->P, j, 0, G, ref);
+        bad += h_compare("dk", dk[j], ref, nkl, tol, tol, NULL);
+        ref_local_rows(dv_ref, B, s->S, G, D, c->order, c->P, j, 0, G, ref);
+        bad += h_compare("dv", dv[j], ref, nkl, tol, tol, NULL);
+        if (bad) print_error("%s: rank %d\n", c->name, j);
+    }
+    const uint64_t mma_ran = dt_emu_get_counts().mma - mma_before;
+    for (int j = 0; j < c->P; j++) {
+        free(dor[j]), free(lse[j]), free(delta[j]), free(dq[j]), free(dk[j]), free(dv[j]);
+    }
+    free_ranks(c, &R);
+    free(q), free(k), free(v), free(dout), free(o), free(lse_full), free(delta_full);
+    free(dq_ref), free(dk_ref), free(dv_ref), free(tmp), free(ref);
+    assert_int_equal(bad, 0);
+    assert_true(mma_ran > 0);
+}
+
+#endif /* DT_EMU_NO_CXX */
+
+/* ----------------------------------------------------------------- cases */
+
+typedef struct shape_row {
+    int P;
+    dt_order order;
+    dt_attn_mask mask;
+    attn_shape s;
+    int huge;
+} shape_row;
+
+int main(void) {
+    /* Local lengths that are not multiples of the 64-row tiles, GQA, batch
+     * 2, every order, causal and full, both head dims. */
+    static const shape_row rows[] = {
+        {1, DT_ORDER_CONTIGUOUS, DT_ATTN_CAUSAL, {1, 200, 2, 1, 64}, 0},
+        {3, DT_ORDER_STRIPED, DT_ATTN_CAUSAL, {2, 300, 2, 2, 128}, 0},
+        {2, DT_ORDER_ZIGZAG, DT_ATTN_CAUSAL, {1, 264, 4, 2, 64}, 0},
+        {2, DT_ORDER_CONTIGUOUS, DT_ATTN_FULL, {1, 200, 2, 1, 128}, 0},
+        {2, DT_ORDER_STRIPED, DT_ATTN_CAUSAL, {1, 268, 2, 1, 64}, 1},
+    };
+    enum { NROWS = sizeof rows / sizeof rows[0] };
+    static emu_case cases[2 * 2 * NROWS];
+    struct CMUnitTest tests[2 * 2 * NROWS];
+    const int quick = getenv("DT_TEST_QUICK") != NULL;
+    size_t nt = 0;
+    for (int dir = 0; dir < 2; dir++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int i = 0; i < NROWS; i++) {
+                if (quick && (dt || i)) continue;   /* valgrind: one case per direction */
+                if (dir && rows[i].huge) continue;  /* the forward's numerics case */
+                emu_case *c = &cases[nt];
+                c->s = rows[i].s;
+                c->P = rows[i].P;
+                c->order = rows[i].order;
+                c->mask = rows[i].mask;
+                c->dtype = dt ? DT_F16 : DT_BF16;
+                c->seed = 4000 + 10 * nt;
+                c->huge = rows[i].huge;
+                snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s",
+                         dir ? "backward" : "forward", dt_order_name(c->order), c->P,
+                         (long long)c->s.B, (long long)c->s.S, (long long)c->s.H,
+                         (long long)c->s.Hkv, (long long)c->s.D, dt_attn_mask_name(c->mask),
+                         dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "");
+                tests[nt] = (struct CMUnitTest){c->name, dir ? run_backward : run_forward, NULL, NULL, c};
+                nt++;
+            }
+    return h_run_cases("tensor-core kernels on the CPU emulator", tests, nt);
+}
