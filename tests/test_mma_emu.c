@@ -301,6 +301,135 @@ static void run_backward(void **state) {
 
 #endif /* DT_EMU_NO_CXX */
 
+/* ------------------------------------------------------ the emulator itself
+ *
+ * Small kernels written in C against emu.h: the emulator must reject what
+ * the CUDA and PTX documents call undefined or a hang, and give cp.async
+ * its asynchronous meaning, or the kernel tests above could pass for the
+ * wrong reason. */
+
+static const dt_emu_dim3 ONE = {1, 1, 1}, WARP = {32, 1, 1}, TWO_WARPS = {64, 1, 1};
+
+/* Launches body on `block` threads; returns the error message ("" if none). */
+static const char *emu_run(dt_emu_dim3 block, size_t smem, void (*body)(void *), void *arg) {
+    static char err[512];
+    err[0] = 0;
+    int rc = dt_emu_launch(ONE, block, smem, body, arg, err, sizeof err);
+    assert_true(rc == 0 ? err[0] == 0 : err[0] != 0);
+    return err;
+}
+
+static int lane(void) { return (int)dt_emu_thread_idx()->x; }
+
+/* Lane l gets lane l ^ 1's value; thread 0 of each block stores it. */
+static void k_shfl(void *arg) {
+    float got = dt_emu_shfl_xor(0xffffffffu, (float)lane(), 1);
+    ((float *)arg)[lane() % 32] = got;
+}
+
+/* Half the warp at a shuffle, the other half at ldmatrix. */
+static void k_divergent(void *arg) {
+    (void)arg;
+    uint32_t r[4];
+    if (lane() < 16) (void)dt_emu_shfl_xor(0xffffffffu, 1.0f, 1);
+    else dt_emu_ldmatrix_x4(r, dt_emu_dynamic_smem(), 0);
+}
+
+/* Lane 0 exits; the others shuffle without it. */
+static void k_exited_lane(void *arg) {
+    (void)arg;
+    if (lane() == 0) return;
+    (void)dt_emu_shfl_xor(0xffffffffu, 1.0f, 1);
+}
+
+/* Warp 0 and lane 32 wait in __syncthreads, the rest of warp 1 in a
+ * shuffle that lane 32 never joins: a hang on a GPU. */
+static void k_deadlock(void *arg) {
+    (void)arg;
+    if (lane() <= 32) dt_emu_syncthreads();
+    else (void)dt_emu_shfl_xor(0xffffffffu, 1.0f, 1);
+}
+
+/* One lane's ldmatrix row address 16 bytes past the end of shared memory. */
+static void k_ldmatrix_oob(void *arg) {
+    (void)arg;
+    uint32_t r[4];
+    unsigned char *smem = dt_emu_dynamic_smem();
+    dt_emu_ldmatrix_x4(r, smem + (lane() == 7 ? 4096 : 16 * (lane() % 8)), 0);
+}
+
+/* cp.async of 16 bytes: read before its wait_group (garbage: 0xff), after
+ * it (the data), and a zero fill. */
+typedef struct cp_state {
+    unsigned char src[32] __attribute__((aligned(16)));
+    unsigned char early[16], late[16], zero[16];
+} cp_state;
+static void k_cp_async(void *arg) {
+    cp_state *c = arg;
+    unsigned char *smem = dt_emu_dynamic_smem();
+    dt_emu_cp_async16(smem, c->src, 16);
+    dt_emu_cp_async16(smem + 16, c->src + 16, 0);
+    dt_emu_cp_commit();
+    memcpy(c->early, smem, 16);
+    dt_emu_cp_wait(0);
+    memcpy(c->late, smem, 16);
+    memcpy(c->zero, smem + 16, 16);
+}
+
+/* ldmatrix .x4 reads the 8x8 matrices as the PTX ISA's figure shows (lane
+ * l: row l/4, columns 2(l%4), +1 of each; .trans: the transpose), with the
+ * rows at the lanes' addresses (matrix m's row r from lane 8m + r). */
+static void k_ldmatrix(void *arg) {
+    uint32_t *out = arg;
+    uint16_t *smem = (uint16_t *)dt_emu_dynamic_smem();
+    if (lane() == 0)
+        for (int i = 0; i < 4 * 64; i++) smem[i] = (uint16_t)i;   /* matrix m at 64 m */
+    dt_emu_syncthreads();
+    /* matrix m's row r at element 64 m + 8 (7 - r): rows given in reverse */
+    const int m = lane() / 8, r = lane() % 8;
+    uint32_t reg[4], regt[4];
+    dt_emu_ldmatrix_x4(reg, smem + 64 * m + 8 * (7 - r), 0);
+    dt_emu_ldmatrix_x4(regt, smem + 64 * m + 8 * (7 - r), 1);
+    for (int j = 0; j < 4; j++) {
+        out[8 * lane() + j] = reg[j];
+        out[8 * lane() + 4 + j] = regt[j];
+    }
+}
+
+static void test_emulator(void **state) {
+    (void)state;
+    float shfl[32];
+    assert_string_equal(emu_run(WARP, 0, k_shfl, shfl), "");
+    for (int l = 0; l < 32; l++) assert_true(shfl[l] == (float)(l ^ 1));
+
+    assert_non_null(strstr(emu_run(WARP, 64, k_divergent, NULL), "different warp instructions"));
+    assert_non_null(strstr(emu_run(WARP, 0, k_exited_lane, NULL), "has exited"));
+    assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_deadlock, NULL), "deadlock"));
+    assert_non_null(strstr(emu_run(WARP, 4096, k_ldmatrix_oob, NULL), "lane 7"));
+
+    cp_state c;
+    for (int i = 0; i < 32; i++) c.src[i] = (unsigned char)(i + 1);
+    assert_string_equal(emu_run(ONE, 32, k_cp_async, &c), "");
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(c.early[i], 0xff);
+        assert_int_equal(c.late[i], i + 1);
+        assert_int_equal(c.zero[i], 0);
+    }
+
+    static uint32_t ld[32 * 8];
+    assert_string_equal(emu_run(WARP, 4 * 64 * 2, k_ldmatrix, ld), "");
+    for (int l = 0; l < 32; l++)
+        for (int m = 0; m < 4; m++)
+            for (int h = 0; h < 2; h++) {
+                /* element (row, col) of matrix m as loaded holds 64 m +
+                 * 8 (7 - row) + col (its rows were given in reverse) */
+                const uint32_t plain = 64u * m + 8u * (7 - l / 4) + 2u * (l % 4) + h;
+                const uint32_t trans = 64u * m + 8u * (7 - (2 * (l % 4) + h)) + (l / 4);
+                assert_int_equal((ld[8 * l + m] >> (16 * h)) & 0xffff, plain);
+                assert_int_equal((ld[8 * l + 4 + m] >> (16 * h)) & 0xffff, trans);
+            }
+}
+
 /* ----------------------------------------------------------------- cases */
 
 typedef struct shape_row {
@@ -323,7 +452,7 @@ int main(void) {
     };
     enum { NROWS = sizeof rows / sizeof rows[0] };
     static emu_case cases[2 * 2 * NROWS];
-    struct CMUnitTest tests[2 * 2 * NROWS];
+    struct CMUnitTest tests[2 * 2 * NROWS + 1];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 2; dir++)
@@ -347,5 +476,6 @@ int main(void) {
                 tests[nt] = (struct CMUnitTest){c->name, dir ? run_backward : run_forward, NULL, NULL, c};
                 nt++;
             }
+    tests[nt++] = (struct CMUnitTest){"emulator/checks-and-semantics", test_emulator, NULL, NULL, NULL};
     return h_run_cases("tensor-core kernels on the CPU emulator", tests, nt);
 }

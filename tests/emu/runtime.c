@@ -393,48 +393,62 @@ static const char *state_name(thread_state s) {
     }
 }
 
+/* A fresh fiber that will run fiber_main. (Alone in its function:
+ * getcontext returns twice.) */
+static void start_fiber(emu_thread *t) {
+    t->state = T_RUNNABLE;
+    t->ncopies = 0;
+    t->next_group = 0;
+    t->op = 0;
+    getcontext(&t->ctx);
+    t->ctx.uc_stack.ss_sp = t->stack;
+    t->ctx.uc_stack.ss_size = EMU_STACK;
+    t->ctx.uc_link = NULL;
+    makecontext(&t->ctx, fiber_main, 0);
+}
+
 static int run_block(void) {
     memset(E.smem, EMU_POISON, E.smem_bytes);
     E.block_arrived = 0;
     memset(E.warp_arrived, 0, sizeof E.warp_arrived);
-    for (int i = 0; i < E.nthreads; i++) {
-        emu_thread *t = &E.threads[i];
-        t->state = T_RUNNABLE;
-        t->ncopies = 0;
-        t->next_group = 0;
-        t->op = 0;
-        getcontext(&t->ctx);
-        t->ctx.uc_stack.ss_sp = t->stack;
-        t->ctx.uc_stack.ss_size = EMU_STACK;
-        t->ctx.uc_link = NULL;
-        makecontext(&t->ctx, fiber_main, 0);
-    }
+    for (int i = 0; i < E.nthreads; i++) start_fiber(&E.threads[i]);
     E.counts.blocks++;
+    /* Scheduling: always the first runnable thread in an order that starts
+     * at warp `lead`, so the leading warp runs ahead as far as its barriers
+     * let it before the others start; this exposes a missing barrier (the
+     * leader's cp.async into a stage the others still read poisons it).
+     * The lead rotates with the block, so every warp leads somewhere. */
+    const int nwarps = (E.nthreads + 31) / 32;
+    const long block_linear =
+        ((long)E.block_idx.z * E.grid.y + E.block_idx.y) * E.grid.x + E.block_idx.x;
+    const int lead = 32 * (int)(block_linear % nwarps);
     for (;;) {
-        int ran = 0, done = 0;
-        for (int i = 0; i < E.nthreads && !E.failed; i++)
-            if (E.threads[i].state == T_RUNNABLE) {
-                run_fiber(&E.threads[i]);
-                ran = 1;
-            }
-        if (E.failed) return -1;
-        for (int i = 0; i < E.nthreads; i++) done += E.threads[i].state == T_DONE;
-        if (done == E.nthreads) return 0;
-        if (!ran) {
-            int a = -1, b = -1;
-            for (int i = 0; i < E.nthreads; i++) {
-                if (E.threads[i].state == T_DONE) continue;
-                if (a < 0) a = i;
-                if (E.threads[i].state != E.threads[a].state) b = i;
-            }
-            snprintf(E.err, sizeof E.err, "block (%u,%u,%u): deadlock: thread %d is %s%s%s, "
-                     "%d of %d threads have exited", E.block_idx.x, E.block_idx.y,
-                     E.block_idx.z, a, state_name(E.threads[a].state),
-                     b >= 0 ? ", thread " : "", b >= 0 ? state_name(E.threads[b].state) : "",
-                     done, E.nthreads);
-            E.failed = 1;
-            return -1;
+        emu_thread *next = NULL;
+        int done = 0;
+        for (int i = 0; i < E.nthreads; i++) {
+            emu_thread *t = &E.threads[(lead + i) % E.nthreads];
+            done += t->state == T_DONE;
+            if (!next && t->state == T_RUNNABLE) next = t;
         }
+        if (done == E.nthreads) return 0;
+        if (next) {
+            run_fiber(next);
+            if (E.failed) return -1;
+            continue;
+        }
+        int a = -1, b = -1;
+        for (int i = 0; i < E.nthreads; i++) {
+            if (E.threads[i].state == T_DONE) continue;
+            if (a < 0) a = i;
+            if (E.threads[i].state != E.threads[a].state) b = i;
+        }
+        snprintf(E.err, sizeof E.err, "block (%u,%u,%u): deadlock: thread %d is %s%s%s%s, %d of "
+                 "%d threads have exited", E.block_idx.x, E.block_idx.y, E.block_idx.z, a,
+                 state_name(E.threads[a].state), b >= 0 ? ", thread " : "",
+                 b >= 0 ? "another " : "", b >= 0 ? state_name(E.threads[b].state) : "", done,
+                 E.nthreads);
+        E.failed = 1;
+        return -1;
     }
 }
 
