@@ -58,8 +58,13 @@ long dt_comm_timeout_ms(const dt_comm *comm);
  * The new communicator shares the parent's world (abort, timeout). */
 dt_status dt_comm_split(dt_comm *comm, int color, int key, dt_comm **out);
 
-/* Destroy a communicator made by dt_comm_split. Accepts NULL. Not collective;
- * do not destroy a communicator while a call on it is in progress. */
+/* Destroy a communicator made by dt_comm_split. Accepts NULL. Do not destroy
+ * a communicator while a call on it is in progress. Not collective on the
+ * local and mpi transports; on nccl it waits until every rank of the
+ * communicator destroys it too (ncclCommFinalize), so destroy shared
+ * communicators in the same order on every rank. That wait is bounded by
+ * the timeout, counted (ranks as threads) only while every rank of the
+ * process is itself in a teardown: a peer that is still working is not late. */
 void dt_comm_destroy(dt_comm *comm);
 
 /* COLLECTIVE. recv[i] = op over ranks of send[i], i < count. send may equal
