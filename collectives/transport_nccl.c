@@ -41,7 +41,8 @@
  * these waits count toward the timeout only while every rank of this
  * process is in a teardown (idle_clock.h); with one rank per process they
  * count from its arrival. An aborted communicator is ncclCommAbort'ed
- * instead.
+ * instead. Staging buffers are freed only once the stream has drained
+ * (release_staging says why and when).
  *
  * Test: tests/test_cuda.c (NCCL cases run with one GPU per rank; they skip
  * without GPUs).
@@ -60,6 +61,15 @@
 #include <string.h>
 #include <time.h>
 
+/* Staging buffers of an aborted communicator whose stream was still busy:
+ * freed by the same rank's world communicator at its teardown, once the
+ * stream has drained (see release_staging). */
+typedef struct stage_grave {
+    struct stage_grave *next;
+    int rank;               /* world rank: whose communication stream used them */
+    char *dstage, *hstage;
+} stage_grave;
+
 struct dt_nccl_world {
     pthread_mutex_t mu;
     int size;
@@ -72,6 +82,7 @@ struct dt_nccl_world {
     int abort_rank;
     char abort_msg[1024];
     dt_idle_clock idle;     /* bounds teardown waits (idle_clock.h) */
+    stage_grave *graves;
 };
 
 typedef struct host_back {
@@ -93,6 +104,7 @@ typedef struct nccl_impl {
     char *hstage;
     size_t hstage_bytes;
     int world_comm;            /* the rank's world communicator: its teardown is its last */
+    int stage_idle;            /* teardown drained the stream: staging may be freed */
     /* the outstanding p2p group */
     void **dptr;               /* per op: the pointer NCCL sees */
     int dptr_cap;
@@ -234,6 +246,13 @@ dt_status dt_nccl_world_create_process(int size, const void *id, const dt_comm_c
 
 void dt_nccl_world_destroy(dt_nccl_world *w) {
     if (!w) return;
+    /* Buffers still here belong to a rank whose stream never drained: they
+     * stay allocated (release_staging says why); only the notes go. */
+    while (w->graves) {
+        stage_grave *g = w->graves;
+        w->graves = g->next;
+        free(g);
+    }
     pthread_mutex_destroy(&w->mu);
     free(w);
 }
@@ -762,6 +781,7 @@ static dt_status teardown_live(dt_comm *c) {
     if (e != cudaSuccess) st = cuda_fail(c, what, "cudaEventRecord", e);
     if (st == DT_SUCCESS) st = nccl_wait_for(c, im->nc, im->done, "destroy (queued work)", 1);
     if (st == DT_SUCCESS) {
+        im->stage_idle = 1; /* nothing of this communicator is queued any more */
         ncclResult_t r = ncclCommFinalize(im->nc);
         /* Reported, so that peers waiting for this rank in their own
          * finalize stop at once instead of timing out. */
@@ -781,6 +801,81 @@ static dt_status teardown_live(dt_comm *c) {
     return st;
 }
 
+/* Bounded wait for everything queued on the communication stream, after
+ * the communicator was aborted (no NCCL state left to poll). */
+static int stream_drained(dt_comm *c) {
+    nccl_impl *im = c->impl;
+    if (cudaEventRecord(im->done, im->stream) != cudaSuccess) return 0;
+    int64_t t0 = now_ms();
+    for (unsigned spin = 0;; spin++) {
+        cudaError_t e = cudaEventQuery(im->done);
+        if (e == cudaSuccess) return 1;
+        if (e != cudaErrorNotReady || now_ms() - t0 > c->timeout_ms) return 0;
+        backoff(spin);
+    }
+}
+
+/* Frees the staging buffers, and for a rank's world communicator also those
+ * its aborted sub-communicators left behind, once nothing queued can touch
+ * them. Freeing earlier is not safe: cudaFree and cudaFreeHost wait for the
+ * device, so behind a kernel that never ends (a peer that never posted its
+ * half) they would block for good, and memory a queued copy still writes
+ * could be handed out again. A live teardown drained the stream already.
+ * After an abort this communicator's kernels end, but work of the rank's
+ * other communicators, on the same stream, may stay stuck until those are
+ * aborted too -- at the latest the world communicator, destroyed last (by
+ * the context). So a sub-communicator that finds the stream busy leaves its
+ * buffers with the world, and the world communicator of its rank waits
+ * (bounded) for the stream and frees them with its own. If even that wait
+ * runs out -- a kernel that never ends, e.g. of a communicator never
+ * destroyed -- the buffers stay allocated and a warning says so. */
+static void release_staging(dt_comm *c) {
+    nccl_impl *im = c->impl;
+    dt_nccl_world *w = im->world;
+    stage_grave *mine = NULL;
+    if (im->world_comm) {
+        pthread_mutex_lock(&w->mu);
+        for (stage_grave **p = &w->graves; *p;) {
+            stage_grave *g = *p;
+            if (g->rank != c->world_rank) {
+                p = &g->next;
+                continue;
+            }
+            *p = g->next;
+            g->next = mine;
+            mine = g;
+        }
+        pthread_mutex_unlock(&w->mu);
+    }
+    if (!im->dstage && !im->hstage && !mine) return;
+    int idle = im->stage_idle;
+    if (!idle) idle = im->world_comm ? stream_drained(c) : cudaStreamQuery(im->stream) == cudaSuccess;
+    if (!idle && !im->world_comm) {
+        stage_grave *g = malloc(sizeof *g); /* without it, they stay allocated */
+        if (g) {
+            *g = (stage_grave){NULL, c->world_rank, im->dstage, im->hstage};
+            pthread_mutex_lock(&w->mu);
+            g->next = w->graves;
+            w->graves = g;
+            pthread_mutex_unlock(&w->mu);
+        }
+        return;
+    }
+    if (!idle)
+        DT_COMM_LOG(c, DT_LOG_WARN, "nccl destroy: the communication stream of device %d did not "
+                    "drain within %ld ms (DT_TIMEOUT_MS); its staging buffers stay allocated",
+                    im->device, c->timeout_ms);
+    if (idle && im->dstage) (void)cudaFree(im->dstage);
+    if (idle && im->hstage) (void)cudaFreeHost(im->hstage);
+    while (mine) {
+        stage_grave *g = mine;
+        mine = g->next;
+        if (idle && g->dstage) (void)cudaFree(g->dstage);
+        if (idle && g->hstage) (void)cudaFreeHost(g->hstage);
+        free(g);
+    }
+}
+
 static void nccl_destroy(dt_comm *c) {
     nccl_impl *im = c->impl;
     char saved[1024];
@@ -789,12 +884,7 @@ static void nccl_destroy(dt_comm *c) {
     if (im->nc && dev_ok && !im->aborted && !world_aborted(im->world)) (void)teardown_live(c);
     /* An aborted world (a failed teardown has aborted the handle already). */
     if (im->nc) abort_handle(im);
-    /* Staging is freed only when nothing can still be using it. */
-    int idle = dev_ok && !im->aborted && cudaStreamQuery(im->stream) == cudaSuccess;
-    if (idle) {
-        if (im->dstage) (void)cudaFree(im->dstage);
-        if (im->hstage) (void)cudaFreeHost(im->hstage);
-    }
+    if (dev_ok) release_staging(c);
     if (im->ready) (void)cudaEventDestroy(im->ready);
     if (im->done) (void)cudaEventDestroy(im->done);
     (void)cudaGetLastError();
