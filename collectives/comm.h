@@ -58,13 +58,28 @@ long dt_comm_timeout_ms(const dt_comm *comm);
  * The new communicator shares the parent's world (abort, timeout). */
 dt_status dt_comm_split(dt_comm *comm, int color, int key, dt_comm **out);
 
-/* Destroy a communicator made by dt_comm_split. Accepts NULL. Not collective;
- * do not destroy a communicator while a call on it is in progress. */
+/* Destroy a communicator made by dt_comm_split. Accepts NULL. Do not destroy
+ * a communicator while a call on it is in progress. Not collective on the
+ * local and mpi transports; on nccl it waits until every rank of the
+ * communicator destroys it too (ncclCommFinalize), so destroy shared
+ * communicators in the same order on every rank. That wait is bounded by
+ * the timeout, counted (ranks as threads) only while every rank of the
+ * process is itself in a teardown: a peer that is still working is not late. */
 void dt_comm_destroy(dt_comm *comm);
 
 /* COLLECTIVE. recv[i] = op over ranks of send[i], i < count. send may equal
- * recv (in place). bf16 is reduced in fp32, in rank order, and rounded once:
- * every rank gets bit-identical results. */
+ * recv (in place). How a sum is formed depends on the transport:
+ *   local, mpi: accumulated in fp32 in rank order (rank 0 first), bf16
+ *     rounded once at the end: every rank gets the same bits, and both
+ *     transports give the same bits for the same inputs.
+ *   nccl: NCCL's own reduction, in an order its algorithm picks (ring,
+ *     tree, NVLS; it varies with size, world size and topology), not rank
+ *     order, in the element type: bf16 and fp16 sums are rounded at every
+ *     step, so they may differ from the local transport's (and fp32 sums
+ *     too, by their order). Every rank still gets the same bits: NCCL
+ *     forwards each reduced element unchanged (its maintainers' word, not a
+ *     documented guarantee).
+ * max rounds nothing on any transport. Dtypes: fp32 and bf16; fp16 on nccl only. */
 dt_status dt_comm_all_reduce(dt_comm *comm, const void *send, void *recv,
                              size_t count, dt_dtype dtype, dt_reduce_op op);
 
@@ -74,7 +89,8 @@ dt_status dt_comm_all_gather(dt_comm *comm, const void *send, void *recv,
                              size_t count, dt_dtype dtype);
 
 /* COLLECTIVE. recv[i] = op over ranks of send[rank*count + i]; send holds
- * size*count. In place when recv == send + rank*count. */
+ * size*count. In place when recv == send + rank*count. Sums are formed as
+ * in dt_comm_all_reduce (per transport). */
 dt_status dt_comm_reduce_scatter(dt_comm *comm, const void *send, void *recv,
                                  size_t count, dt_dtype dtype, dt_reduce_op op);
 

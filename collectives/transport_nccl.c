@@ -34,10 +34,21 @@
  * world polls a peer channel -- the MPI world's failure notices when mpirun
  * started the processes -- and otherwise the timeout does.
  *
+ * Teardown. Destroying a live communicator waits for its queued work, then
+ * ncclCommFinalize, whose completion waits for every rank of the node to
+ * finalize it too, then ncclCommDestroy. With ranks as threads a rank that
+ * ends early would wait there for peers that are merely still working, so
+ * these waits count toward the timeout only while every rank of this
+ * process is in a teardown (idle_clock.h); with one rank per process they
+ * count from its arrival. An aborted communicator is ncclCommAbort'ed
+ * instead. Staging buffers are freed only once the stream has drained
+ * (release_staging says why and when).
+ *
  * Test: tests/test_cuda.c (NCCL cases run with one GPU per rank; they skip
  * without GPUs).
  */
 #include "transport_nccl.h"
+#include "idle_clock.h"
 #include "../dtensor/trace.h"
 
 #include <cuda_runtime_api.h>
@@ -50,6 +61,15 @@
 #include <string.h>
 #include <time.h>
 
+/* Staging buffers of an aborted communicator whose stream was still busy:
+ * freed by the same rank's world communicator at its teardown, once the
+ * stream has drained (see release_staging). */
+typedef struct stage_grave {
+    struct stage_grave *next;
+    int rank;               /* world rank: whose communication stream used them */
+    char *dstage, *hstage;
+} stage_grave;
+
 struct dt_nccl_world {
     pthread_mutex_t mu;
     int size;
@@ -61,6 +81,8 @@ struct dt_nccl_world {
     dt_status abort_status;
     int abort_rank;
     char abort_msg[1024];
+    dt_idle_clock idle;     /* bounds teardown waits (idle_clock.h) */
+    stage_grave *graves;
 };
 
 typedef struct host_back {
@@ -81,6 +103,8 @@ typedef struct nccl_impl {
     size_t dstage_bytes;
     char *hstage;
     size_t hstage_bytes;
+    int world_comm;            /* the rank's world communicator: its teardown is its last */
+    int stage_idle;            /* teardown drained the stream: staging may be freed */
     /* the outstanding p2p group */
     void **dptr;               /* per op: the pointer NCCL sees */
     int dptr_cap;
@@ -149,6 +173,7 @@ dt_status dt_nccl_world_create(int size, const dt_comm_config *cfg, dt_nccl_worl
     }
     w->size = size;
     w->cfg = *cfg;
+    dt_idle_clock_init(&w->idle, size); /* every rank is a thread of this process */
     ncclResult_t r = ncclGetUniqueId(&w->id);
     if (r != ncclSuccess) {
         const char *last = ncclGetLastError(NULL);
@@ -205,6 +230,7 @@ dt_status dt_nccl_world_create_process(int size, const void *id, const dt_comm_c
     w->size = size;
     w->cfg = *cfg;
     w->processes = 1;
+    dt_idle_clock_init(&w->idle, 1); /* one rank lives here */
     if (channel) w->channel = *channel;
     /* Without an id, every process makes its own: with NCCL_COMM_ID set they
      * all encode the same address, and rank 0's init listens there. */
@@ -220,6 +246,13 @@ dt_status dt_nccl_world_create_process(int size, const void *id, const dt_comm_c
 
 void dt_nccl_world_destroy(dt_nccl_world *w) {
     if (!w) return;
+    /* Buffers still here belong to a rank whose stream never drained: they
+     * stay allocated (release_staging says why); only the notes go. */
+    while (w->graves) {
+        stage_grave *g = w->graves;
+        w->graves = g->next;
+        free(g);
+    }
     pthread_mutex_destroy(&w->mu);
     free(w);
 }
@@ -287,10 +320,22 @@ static dt_status peer_failed(dt_comm *c, const char *what) {
 
 /* ----------------------------------------------------------------- waits */
 
-static long elapsed_ms(const struct timespec *t0) {
+static int64_t now_ms(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    return (long)(t.tv_sec - t0->tv_sec) * 1000L + (t.tv_nsec - t0->tv_nsec) / 1000000L;
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Time a wait that began at t0 has counted toward the timeout. A teardown
+ * wait counts only while every rank of this process is in a teardown too
+ * (see idle_clock.h): a peer still running its function is not late. */
+static long waited_ms(dt_nccl_world *w, int64_t t0, int teardown) {
+    int64_t now = now_ms();
+    if (!teardown) return (long)(now - t0);
+    pthread_mutex_lock(&w->mu);
+    int64_t d = dt_idle_clock_waited(&w->idle, t0, now);
+    pthread_mutex_unlock(&w->mu);
+    return (long)d;
 }
 
 static void backoff(unsigned spin) {
@@ -304,11 +349,12 @@ static void backoff(unsigned spin) {
 
 /* Polls until `nc` has settled (no ncclInProgress) and, if ev is given, ev
  * has completed. Every pass checks the async error and the world's abort
- * flag; the timeout bounds it. Aborts the communicator on any failure. */
-static dt_status nccl_wait(dt_comm *c, ncclComm_t nc, cudaEvent_t ev, const char *what) {
+ * flag; the timeout bounds it (for a teardown wait, on the idle clock).
+ * Aborts the communicator on any failure. */
+static dt_status nccl_wait_for(dt_comm *c, ncclComm_t nc, cudaEvent_t ev, const char *what,
+                               int teardown) {
     nccl_impl *im = c->impl;
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int64_t t0 = now_ms();
     for (unsigned spin = 0;; spin++) {
         ncclResult_t state = ncclSuccess;
         ncclResult_t r = ncclCommGetAsyncError(nc, &state);
@@ -322,16 +368,29 @@ static dt_status nccl_wait(dt_comm *c, ncclComm_t nc, cudaEvent_t ev, const char
             if (e != cudaErrorNotReady) return cuda_fail(c, what, "cudaEventQuery", e);
         }
         if (world_aborted(im->world)) return peer_failed(c, what);
-        if (elapsed_ms(&t0) > c->timeout_ms) {
-            dt_error(DT_ERR_TIMEOUT, "rank %d: nccl %s timed out after %ld ms (DT_TIMEOUT_MS) on "
-                     "device %d: %s", c->world_rank, what, c->timeout_ms, im->device,
-                     state == ncclInProgress ? "NCCL still in progress"
-                                             : "the operation did not complete (a peer may not "
-                                               "have joined)");
+        if (waited_ms(im->world, t0, teardown) > c->timeout_ms) {
+            if (teardown)
+                dt_error(DT_ERR_TIMEOUT, "rank %d: nccl %s did not complete within %ld ms "
+                         "(DT_TIMEOUT_MS) of the last rank of this process reaching its teardown, "
+                         "on device %d: %s", c->world_rank, what, c->timeout_ms, im->device,
+                         state == ncclInProgress ? "NCCL still in progress (a peer may not have "
+                                                   "destroyed this communicator)"
+                                                 : "queued work did not finish (a peer may not "
+                                                   "have joined it)");
+            else
+                dt_error(DT_ERR_TIMEOUT, "rank %d: nccl %s timed out after %ld ms (DT_TIMEOUT_MS) "
+                         "on device %d: %s", c->world_rank, what, c->timeout_ms, im->device,
+                         state == ncclInProgress ? "NCCL still in progress"
+                                                 : "the operation did not complete (a peer may "
+                                                   "not have joined)");
             return fail_and_abort(c, DT_ERR_TIMEOUT);
         }
         backoff(spin);
     }
+}
+
+static dt_status nccl_wait(dt_comm *c, ncclComm_t nc, cudaEvent_t ev, const char *what) {
+    return nccl_wait_for(c, nc, ev, what, 0);
 }
 
 /* One NCCL call; ncclInProgress is settled by polling. */
@@ -703,34 +762,129 @@ static int nccl_aborted(const dt_comm *c) {
     return im->aborted || world_aborted(im->world);
 }
 
+/* Teardown of a live communicator: wait for the work queued on its stream,
+ * then ncclCommFinalize (non-blocking here; it settles once NCCL has flushed
+ * and the node's ranks have met in its closing barrier) and ncclCommDestroy,
+ * which then only frees local resources. Both waits run on the idle clock:
+ * time while a peer is still busy in its function does not count against
+ * the timeout (idle_clock.h). Any failure aborts the communicator and the
+ * world, as in every other wait. */
+static dt_status teardown_live(dt_comm *c) {
+    nccl_impl *im = c->impl;
+    dt_nccl_world *w = im->world;
+    const char *what = "destroy";
+    pthread_mutex_lock(&w->mu);
+    dt_idle_clock_enter(&w->idle, now_ms());
+    pthread_mutex_unlock(&w->mu);
+    dt_status st = DT_SUCCESS;
+    cudaError_t e = cudaEventRecord(im->done, im->stream);
+    if (e != cudaSuccess) st = cuda_fail(c, what, "cudaEventRecord", e);
+    if (st == DT_SUCCESS) st = nccl_wait_for(c, im->nc, im->done, "destroy (queued work)", 1);
+    if (st == DT_SUCCESS) {
+        im->stage_idle = 1; /* nothing of this communicator is queued any more */
+        ncclResult_t r = ncclCommFinalize(im->nc);
+        /* Reported, so that peers waiting for this rank in their own
+         * finalize stop at once instead of timing out. */
+        if (r != ncclSuccess && r != ncclInProgress) st = nccl_fail(c, what, "ncclCommFinalize", r);
+    }
+    if (st == DT_SUCCESS) st = nccl_wait_for(c, im->nc, NULL, "destroy (ncclCommFinalize)", 1);
+    if (st == DT_SUCCESS) {
+        (void)ncclCommDestroy(im->nc);
+        im->nc = NULL;
+    }
+    if (!im->world_comm) {
+        /* A sub-communicator: the rank goes back to its function. */
+        pthread_mutex_lock(&w->mu);
+        dt_idle_clock_leave(&w->idle);
+        pthread_mutex_unlock(&w->mu);
+    }
+    return st;
+}
+
+/* Bounded wait for everything queued on the communication stream, after
+ * the communicator was aborted (no NCCL state left to poll). */
+static int stream_drained(dt_comm *c) {
+    nccl_impl *im = c->impl;
+    if (cudaEventRecord(im->done, im->stream) != cudaSuccess) return 0;
+    int64_t t0 = now_ms();
+    for (unsigned spin = 0;; spin++) {
+        cudaError_t e = cudaEventQuery(im->done);
+        if (e == cudaSuccess) return 1;
+        if (e != cudaErrorNotReady || now_ms() - t0 > c->timeout_ms) return 0;
+        backoff(spin);
+    }
+}
+
+/* Frees the staging buffers, and for a rank's world communicator also those
+ * its aborted sub-communicators left behind, once nothing queued can touch
+ * them. Freeing earlier is not safe: cudaFree and cudaFreeHost wait for the
+ * device, so behind a kernel that never ends (a peer that never posted its
+ * half) they would block for good, and memory a queued copy still writes
+ * could be handed out again. A live teardown drained the stream already.
+ * After an abort this communicator's kernels end, but work of the rank's
+ * other communicators, on the same stream, may stay stuck until those are
+ * aborted too -- at the latest the world communicator, destroyed last (by
+ * the context). So a sub-communicator that finds the stream busy leaves its
+ * buffers with the world, and the world communicator of its rank waits
+ * (bounded) for the stream and frees them with its own. If even that wait
+ * runs out -- a kernel that never ends, e.g. of a communicator never
+ * destroyed -- the buffers stay allocated and a warning says so. */
+static void release_staging(dt_comm *c) {
+    nccl_impl *im = c->impl;
+    dt_nccl_world *w = im->world;
+    stage_grave *mine = NULL;
+    if (im->world_comm) {
+        pthread_mutex_lock(&w->mu);
+        for (stage_grave **p = &w->graves; *p;) {
+            stage_grave *g = *p;
+            if (g->rank != c->world_rank) {
+                p = &g->next;
+                continue;
+            }
+            *p = g->next;
+            g->next = mine;
+            mine = g;
+        }
+        pthread_mutex_unlock(&w->mu);
+    }
+    if (!im->dstage && !im->hstage && !mine) return;
+    int idle = im->stage_idle;
+    if (!idle) idle = im->world_comm ? stream_drained(c) : cudaStreamQuery(im->stream) == cudaSuccess;
+    if (!idle && !im->world_comm) {
+        stage_grave *g = malloc(sizeof *g); /* without it, they stay allocated */
+        if (g) {
+            *g = (stage_grave){NULL, c->world_rank, im->dstage, im->hstage};
+            pthread_mutex_lock(&w->mu);
+            g->next = w->graves;
+            w->graves = g;
+            pthread_mutex_unlock(&w->mu);
+        }
+        return;
+    }
+    if (!idle)
+        DT_COMM_LOG(c, DT_LOG_WARN, "nccl destroy: the communication stream of device %d did not "
+                    "drain within %ld ms (DT_TIMEOUT_MS); its staging buffers stay allocated",
+                    im->device, c->timeout_ms);
+    if (idle && im->dstage) (void)cudaFree(im->dstage);
+    if (idle && im->hstage) (void)cudaFreeHost(im->hstage);
+    while (mine) {
+        stage_grave *g = mine;
+        mine = g->next;
+        if (idle && g->dstage) (void)cudaFree(g->dstage);
+        if (idle && g->hstage) (void)cudaFreeHost(g->hstage);
+        free(g);
+    }
+}
+
 static void nccl_destroy(dt_comm *c) {
     nccl_impl *im = c->impl;
     char saved[1024];
     dt_error_save_(saved, sizeof saved);
     int dev_ok = enter(c, "destroy") == DT_SUCCESS;
-    if (im->nc) {
-        if (im->aborted || world_aborted(im->world)) {
-            abort_handle(im);
-        } else {
-            /* Finalize flushes and waits (polled, bounded) for the peers to
-             * quiesce; a failure or timeout there aborts instead. */
-            ncclResult_t r = ncclCommFinalize(im->nc);
-            if (r == ncclSuccess || r == ncclInProgress) {
-                if (nccl_wait(c, im->nc, NULL, "destroy") == DT_SUCCESS) {
-                    (void)ncclCommDestroy(im->nc);
-                    im->nc = NULL;
-                }
-            } else {
-                abort_handle(im);
-            }
-        }
-    }
-    /* Staging is freed only when nothing can still be using it. */
-    int idle = dev_ok && !im->aborted && cudaStreamQuery(im->stream) == cudaSuccess;
-    if (idle) {
-        if (im->dstage) (void)cudaFree(im->dstage);
-        if (im->hstage) (void)cudaFreeHost(im->hstage);
-    }
+    if (im->nc && dev_ok && !im->aborted && !world_aborted(im->world)) (void)teardown_live(c);
+    /* An aborted world (a failed teardown has aborted the handle already). */
+    if (im->nc) abort_handle(im);
+    if (dev_ok) release_staging(c);
     if (im->ready) (void)cudaEventDestroy(im->ready);
     if (im->done) (void)cudaEventDestroy(im->done);
     (void)cudaGetLastError();
@@ -817,6 +971,7 @@ dt_status dt_nccl_world_comm(dt_nccl_world *w, int rank, const dt_nccl_rank *r, 
     c->rank = rank;
     c->size = w->size;
     nccl_impl *im = c->impl;
+    im->world_comm = 1;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclResult_t nr = ncclCommInitRankConfig(&im->nc, w->size, w->id, rank, &cfg);

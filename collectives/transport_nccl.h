@@ -12,7 +12,10 @@
  * memory (they are staged through device memory). Every wait polls
  * ncclCommGetAsyncError, the event, and the world's abort flag under the
  * communicator's timeout, and aborts the communicator (ncclCommAbort) and
- * the world on error or timeout.
+ * the world on error or timeout. Destroying a communicator waits for its
+ * peers to destroy it too (ncclCommFinalize); with ranks as threads that
+ * wait is timed only while every rank of the process is in a teardown
+ * (idle_clock.h), so a rank that ends early does not time out.
  */
 #ifndef DT_TRANSPORT_NCCL_H
 #define DT_TRANSPORT_NCCL_H

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "collectives/comm.h"
+#include "collectives/idle_clock.h"
 #include "dtensor/context.h"
 
 #define MAXP 8
@@ -589,8 +590,47 @@ static void test_bad_arguments(void **state) {
     }
 }
 
+/* The NCCL transport's teardown clock (pure; the transport itself needs
+ * GPUs): a teardown wait counts only while every rank of the process is in
+ * a teardown, from the later of its own start and the last arrival. */
+static void test_idle_clock(void **state) {
+    (void)state;
+    dt_idle_clock k;
+    /* P = 3 threads. Rank 0 arrives at 100: ranks 1 and 2 still work. */
+    dt_idle_clock_init(&k, 3);
+    assert_int_equal(dt_idle_clock_waited(&k, 0, 5000), 0);
+    dt_idle_clock_enter(&k, 100);
+    assert_int_equal(dt_idle_clock_waited(&k, 100, 900000), 0); /* long, but not late */
+    dt_idle_clock_enter(&k, 200);
+    assert_int_equal(dt_idle_clock_waited(&k, 100, 900000), 0);
+    /* The last arrives at 1000: the clock runs for every waiter from then. */
+    dt_idle_clock_enter(&k, 1000);
+    assert_int_equal(dt_idle_clock_waited(&k, 100, 1500), 500);
+    assert_int_equal(dt_idle_clock_waited(&k, 200, 1000), 0);
+    /* A wait that began after the last arrival counts from its own start. */
+    assert_int_equal(dt_idle_clock_waited(&k, 1200, 1500), 300);
+    assert_int_equal(dt_idle_clock_waited(&k, 1200, 1100), 0); /* clock read before the start */
+    /* A rank goes back to its function (a sub-communicator's teardown
+     * ended): the clock stops, and restarts from its next arrival. */
+    dt_idle_clock_leave(&k);
+    assert_int_equal(dt_idle_clock_waited(&k, 100, 9000), 0);
+    dt_idle_clock_enter(&k, 9000);
+    assert_int_equal(dt_idle_clock_waited(&k, 100, 9250), 250);
+    /* An extra arrival cannot push the count below zero nor move the start. */
+    dt_idle_clock_enter(&k, 9100);
+    assert_int_equal(dt_idle_clock_waited(&k, 100, 9250), 250);
+    dt_idle_clock_leave(&k);
+    assert_int_equal(dt_idle_clock_waited(&k, 100, 9250), 0);
+    /* One rank per process: the clock runs from the rank's own arrival, as
+     * any other wait's. */
+    dt_idle_clock_init(&k, 1);
+    dt_idle_clock_enter(&k, 40);
+    assert_int_equal(dt_idle_clock_waited(&k, 40, 640), 600);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_idle_clock),
         cmocka_unit_test(test_all_reduce),
         cmocka_unit_test(test_all_reduce_same_bits_on_every_rank),
         cmocka_unit_test(test_all_gather_reduce_scatter),
