@@ -445,11 +445,15 @@ int main(void) {
      * 2, every order, causal and full, both head dims. */
     static const shape_row rows[] = {
         {1, DT_ORDER_CONTIGUOUS, DT_ATTN_CAUSAL, {1, 200, 2, 1, 64}, 0},
-        {3, DT_ORDER_STRIPED, DT_ATTN_CAUSAL, {2, 300, 2, 2, 128}, 0},
-        {2, DT_ORDER_ZIGZAG, DT_ATTN_CAUSAL, {1, 264, 4, 2, 64}, 0},
+        {3, DT_ORDER_STRIPED, DT_ATTN_CAUSAL, {2, 210, 2, 2, 128}, 0},
+        {2, DT_ORDER_ZIGZAG, DT_ATTN_CAUSAL, {1, 200, 4, 2, 64}, 0},
         {2, DT_ORDER_CONTIGUOUS, DT_ATTN_FULL, {1, 200, 2, 1, 128}, 0},
         {2, DT_ORDER_STRIPED, DT_ATTN_CAUSAL, {1, 268, 2, 1, 64}, 1},
     };
+    /* fp16 takes the rows that instantiate its kernels for both head dims
+     * (and the 1e4 logits): the rest differs from bf16 only in the element
+     * conversions, and the emulator is slow (~1 s per 10^5 mma). */
+    static const int fp16_rows[] = {0, 1, 1, 0, 1};
     enum { NROWS = sizeof rows / sizeof rows[0] };
     static emu_case cases[2 * 2 * NROWS];
     struct CMUnitTest tests[2 * 2 * NROWS + 1];
@@ -459,6 +463,7 @@ int main(void) {
         for (int dt = 0; dt < 2; dt++)
             for (int i = 0; i < NROWS; i++) {
                 if (quick && (dt || i)) continue;   /* valgrind: one case per direction */
+                if (dt && !fp16_rows[i]) continue;
                 if (dir && rows[i].huge) continue;  /* the forward's numerics case */
                 emu_case *c = &cases[nt];
                 c->s = rows[i].s;
