@@ -44,9 +44,15 @@ override SANITIZE :=
 endif
 DEBUG_ON := $(filter 1 yes,$(DEBUG))
 
+# CUDA=emu: the CUDA backend built from the same sources by the host C++
+# compiler, against the CPU emulator of tests/emu (emulated CUDA runtime and
+# cuBLAS, kernels on fibers), so every CUDA code path but NCCL runs on a
+# machine without a GPU. For testing only: slow, and streams run at the call.
+EMU_ON := $(filter emu,$(CUDA))
+
 # Each variant gets its own tree so objects built with different flags never
-# mix: build/, build-debug/, build-san/, build-debug-san/.
-BUILD := build$(if $(DEBUG_ON),-debug)$(if $(SANITIZE),-san)
+# mix: build/, build-debug/, build-san/, build-emu/, build-emu-debug-san/, ...
+BUILD := build$(if $(EMU_ON),-emu)$(if $(DEBUG_ON),-debug)$(if $(SANITIZE),-san)
 
 # ---------------------------------------------------------------------------
 # Sources
@@ -158,7 +164,10 @@ HAVE_CMOCKA := $(call probe_ok,$(CMOCKA_PROBE))
 # NCCL transport needs NCCL as well.
 CUDA_LIBDIR := $(firstword $(call dirs_that_exist,$(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
 CUDA_FLAGS := -I$(CUDA_HOME)/include $(if $(CUDA_LIBDIR),-L$(CUDA_LIBDIR) -Wl$(,)-rpath$(,)$(CUDA_LIBDIR))
-ifneq ($(CUDA),0)
+ifneq ($(EMU_ON),)
+HAVE_CUDA := emu
+HAVE_CUBLAS := emu
+else ifneq ($(CUDA),0)
 NVCC := $(CUDA_HOME)/bin/nvcc
 NVCC_VERSION := $(shell $(NVCC) --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
 HAVE_CUDA := $(if $(NVCC_VERSION),ok)
@@ -224,6 +233,12 @@ DT_LDFLAGS := -pthread $(SAN_FLAGS) $(filter-out -I%,$(OPENBLAS_FLAGS)) $(ROOT_L
 DT_LDLIBS := -lopenblas -lm -pthread $(LDLIBS)
 TEST_CPPFLAGS := $(filter -I%,$(CMOCKA_FLAGS))
 TEST_LDFLAGS := $(filter-out -I%,$(CMOCKA_FLAGS))
+# The host C++ compiler's flags for CUDA sources run on the CPU emulator
+# (tests/emu: test_mma_emu, and CUDA=emu).
+EMU_CXXFLAGS := -std=c++17 $(OPT_CFLAGS) -Wall -Wextra -Werror -Wno-unknown-pragmas \
+    -fno-strict-aliasing -ffp-contract=off -fno-exceptions -fno-rtti -fno-threadsafe-statics \
+    -fPIC -pthread $(SAN_FLAGS) \
+    -DDT_CUDA_EMULATE -Itests/emu/include -Itests/emu -I. $(filter -I%,$(OPENBLAS_FLAGS))
 
 # --- CUDA hook --------------------------------------------------------------
 # With CUDA enabled and nvcc + cuBLAS found, the .cu files beside the C
@@ -238,7 +253,11 @@ BUILD_NCCL := $(if $(CU_SRCS),$(HAVE_NCCL))
 ifeq ($(BUILD_NCCL),)
 LIB_OBJS := $(filter-out $(call obj,$(NCCL_SRCS)),$(LIB_OBJS))
 endif
-ifneq ($(CU_SRCS),)
+ifneq ($(EMU_ON),)
+CU_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
+LIB_OBJS += $(CU_OBJS) $(BUILD)/obj/tests/emu/runtime.o $(BUILD)/obj/tests/emu/cudart.o
+DT_CPPFLAGS += -DDT_HAVE_CUDA -DDT_CUDA_EMULATE -Itests/emu/include
+else ifneq ($(CU_SRCS),)
 CU_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
 LIB_OBJS += $(CU_OBJS)
 DT_CPPFLAGS += -DDT_HAVE_CUDA -I$(CUDA_HOME)/include
@@ -275,7 +294,7 @@ endif
 # flags change, so `make CC=clang` or CUDA=0 after a build recompiles instead
 # of linking stale objects.
 STAMP := $(BUILD)/.flags
-FLAGS_SIG := $(CC) $(CXX) | $(DT_CPPFLAGS) | $(DT_CFLAGS) | $(DT_LDFLAGS) | $(DT_LDLIBS) | \
+FLAGS_SIG := $(CC) $(CXX) $(EMU_CXXFLAGS) | $(DT_CPPFLAGS) | $(DT_CFLAGS) | $(DT_LDFLAGS) | $(DT_LDLIBS) | \
     $(TEST_CPPFLAGS) $(TEST_LDFLAGS) | $(CU_SRCS) $(NVCC_FLAGS) | $(MPI_CPPFLAGS)
 ifeq ($(PROBE),1)
 ifneq ($(FLAGS_SIG),$(file <$(STAMP)))
@@ -298,6 +317,8 @@ $(info $(_)  OpenBLAS  $(call found,ok) $(call probe_header,$(OPENBLAS_PROBE)) (
 $(info $(_)  cmocka    $(call found,$(HAVE_CMOCKA)) $(if $(HAVE_CMOCKA),$(call probe_header,$(CMOCKA_PROBE)) ($(call probe_lib,$(CMOCKA_PROBE))),apt-get install libcmocka-dev (or CMOCKA_ROOT=<prefix>)))
 ifeq ($(CUDA),0)
 $(info $(_)  CUDA      disabled (CUDA=0); cuBLAS and NCCL not probed)
+else ifneq ($(EMU_ON),)
+$(info $(_)  CUDA      EMULATED (CUDA=emu): $(words $(CU_SRCS)) .cu file(s) by $(CXX) on the CPU emulator of tests/emu; no NCCL)
 else
 $(info $(_)  CUDA      $(call found,$(HAVE_CUDA)) $(if $(HAVE_CUDA),$(CUDA_HOME) (nvcc $(NVCC_VERSION))$(if $(CU_SRCS),; CUDA backend: $(words $(CU_SRCS)) .cu file(s) for $(NVCC_ARCH),; CUDA backend not built (needs cuBLAS)),no nvcc at $(NVCC) (CUDA_HOME)))
 $(info $(_)  cuBLAS    $(call found,$(call probe_ok,$(CUBLAS_PROBE))) $(if $(call probe_ok,$(CUBLAS_PROBE)),$(call probe_header,$(CUBLAS_PROBE)) ($(call probe_lib,$(CUBLAS_PROBE))),$(if $(HAVE_CUDA),no cublas_v2.h + -lcublas under $(CUDA_HOME),not probed without CUDA)))
@@ -367,9 +388,11 @@ $(BUILD)/obj/%.o: %.c $(STAMP)
 
 $(BUILD)/obj/tests/%.o: DT_CPPFLAGS += $(TEST_CPPFLAGS)
 
+# CUDA=emu: the host C++ compiler, for the emulator (EMU_CXXFLAGS).
+CU_COMPILE = $(if $(EMU_ON),$(CXX) -x c++ $(EMU_CXXFLAGS) -DDT_HAVE_CUDA,$(NVCC) $(NVCC_FLAGS))
 $(BUILD)/obj/%.cu.o: %.cu $(STAMP)
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCC_FLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+	$(CU_COMPILE) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(LIB_A): $(LIB_OBJS)
 	$(if $(LIB_OBJS),,@echo "error: no library sources (dtensor/*.c collectives/*.c attention/*.c)" >&2; exit 1)
@@ -400,29 +423,34 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/test_%.o $(TEST_HELPER_OBJS) $(LIB_A)
 	$(CC) -o $@ $^ $(TEST_LDFLAGS) -lcmocka $(DT_LDFLAGS) $(DT_LDLIBS)
 
 # The tensor-core kernels on the CPU emulator (tests/emu/emu.h): their .cu
-# sources, unchanged, compiled by the host C++ compiler with DT_MMA_EMULATE
-# (whatever CUDA= says), linked into test_mma_emu. No C++ runtime is needed
-# (as with nvcc's objects), so cc links it. Without a C++ compiler the test
-# is built without them and skips its cases.
+# sources, unchanged, compiled by the host C++ compiler (whatever CUDA=
+# says) with DT_CUDA_EMULATE, and DT_MMA_EMU_PREFIX so that they link beside
+# the library's, into test_mma_emu. No C++ runtime is needed (as with nvcc's
+# objects), so cc links it. Without a C++ compiler the test is built without
+# them and skips its cases.
 EMU_KERNEL_OBJS := $(BUILD)/obj/emu/attention/block_cuda_mma.o \
     $(BUILD)/obj/emu/attention/block_cuda_mma_bwd.o
-EMU_OBJS := $(BUILD)/obj/tests/emu/runtime.o $(if $(HAVE_CXX),$(EMU_KERNEL_OBJS))
-EMU_CXXFLAGS := -std=c++17 $(OPT_CFLAGS) -Wall -Wextra -Werror -Wno-unknown-pragmas \
-    -fno-strict-aliasing -fno-exceptions -fno-rtti -fno-threadsafe-statics -pthread $(SAN_FLAGS) \
-    -DDT_MMA_EMULATE -Itests/emu/include -Itests/emu -I.
+EMU_OBJS := $(BUILD)/obj/tests/emu/runtime.o $(BUILD)/obj/tests/emu/cudart.o \
+    $(if $(HAVE_CXX),$(EMU_KERNEL_OBJS))
 .SECONDARY: $(EMU_OBJS)
 # Its x86-64 fiber switch keeps no CET shadow stack (runtime.c says why).
 $(BUILD)/obj/tests/emu/runtime.o: DT_CFLAGS += $(if $(filter x86_64%,$(MULTIARCH)),-fcf-protection=none)
 
 $(BUILD)/obj/emu/%.o: %.cu $(STAMP)
 	@mkdir -p $(@D)
-	$(CXX) -x c++ $(EMU_CXXFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+	$(CXX) -x c++ $(EMU_CXXFLAGS) -DDT_MMA_EMU_PREFIX -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 ifeq ($(HAVE_CXX),)
 $(BUILD)/obj/tests/test_mma_emu.o: DT_CPPFLAGS += -DDT_EMU_NO_CXX='"$(CXX)"'
 endif
 
 $(BUILD)/tests/test_mma_emu: $(BUILD)/obj/tests/test_mma_emu.o $(EMU_OBJS) $(TEST_HELPER_OBJS) $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ $(TEST_LDFLAGS) -lcmocka $(DT_LDFLAGS) $(DT_LDLIBS)
+
+# The emulated CUDA runtime and cuBLAS alone (tests/emu/cudart.c).
+$(BUILD)/tests/test_emu_cudart: $(BUILD)/obj/tests/test_emu_cudart.o $(BUILD)/obj/tests/emu/cudart.o \
+    $(TEST_HELPER_OBJS) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(TEST_LDFLAGS) -lcmocka $(DT_LDFLAGS) $(DT_LDLIBS)
 
@@ -465,7 +493,7 @@ help:
 	@echo "  clean          remove build/ and build-*/"
 	@echo "variables (current value):"
 	@echo "  CC=$(CC)  CFLAGS/CPPFLAGS/LDFLAGS/LDLIBS (appended to ours)"
-	@echo "  CUDA=$(CUDA) (auto|0|1)  CUDA_HOME=$(CUDA_HOME)  NCCL_HOME=$(NCCL_HOME)  NVCC_ARCH=$(NVCC_ARCH)"
+	@echo "  CUDA=$(CUDA) (auto|0|1|emu)  CUDA_HOME=$(CUDA_HOME)  NCCL_HOME=$(NCCL_HOME)  NVCC_ARCH=$(NVCC_ARCH)"
 	@echo "  MPI=$(MPI) (auto|0|1)  MPI_HOME=$(MPI_HOME)"
 	@echo "  CMOCKA_ROOT=$(CMOCKA_ROOT)  OPENBLAS_ROOT=$(OPENBLAS_ROOT)  (prefix with include/ and lib/[<multiarch>/])"
 	@echo "  SANITIZE=$(SANITIZE) (e.g. address,undefined or 1; builds in build-san/)"

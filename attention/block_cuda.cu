@@ -57,6 +57,7 @@ extern "C" {
 #include "block_cuda_mma.h"
 #include "../dtensor/backend_cuda.h"
 }
+#include "../dtensor/cuda_launch.cuh"
 
 #define TQ 64
 #define TK 64
@@ -79,7 +80,7 @@ __device__ __forceinline__ int64_t pos(dt_attn_segment s, int64_t x) { return dt
 
 /* grid: (ceil(nq / TQ), heads, batch); block: TQ threads; shared: 2 * TK * D floats. */
 __global__ void fwd_kernel(dt_attn_block_args a) {
-    extern __shared__ float smem[];
+    DT_DYNAMIC_SMEM(float, smem);
     const int64_t D = a.dim, H = a.heads, G = a.kv_heads;
     const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (H / G);
     const int64_t x0 = (int64_t)blockIdx.x * TQ, x = x0 + threadIdx.x;
@@ -264,7 +265,7 @@ size_t bwd_scratch(int64_t dim) { (void)dim; return 0; }
 
 dt_status init(dt_backend *be, size_t rows, int64_t dim, float *acc, float *m, float *l) {
     size_t n = rows * (size_t)dim > rows ? rows * (size_t)dim : rows;
-    init_kernel<<<blocks_for(n, 256), 256, 0, stream_of(be)>>>(rows, dim, acc, m, l);
+    dt_cuda_launch(init_kernel, blocks_for(n, 256), 256, 0, stream_of(be), rows, dim, acc, m, l);
     return launched("init");
 }
 
@@ -297,7 +298,7 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     if (cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
         cudaSuccess)
         return launched("forward block: shared memory size");
-    fwd_kernel<<<grid, TQ, smem, stream_of(be)>>>(*a);
+    dt_cuda_launch(fwd_kernel, grid, TQ, smem, stream_of(be), *a);
     return launched("forward block");
 }
 
@@ -305,16 +306,16 @@ dt_status finalize(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows, 
                    int64_t dim, const float *acc, const float *m, const float *l, void *o,
                    float *lse) {
     size_t n = (size_t)(batch * rows * heads);
-    finalize_kernel<<<blocks_for(n, 256), 256, 0, stream_of(be)>>>(dtype, batch, rows, heads, dim,
-                                                                   acc, m, l, o, lse);
+    dt_cuda_launch(finalize_kernel, blocks_for(n, 256), 256, 0, stream_of(be),
+                   dtype, batch, rows, heads, dim, acc, m, l, o, lse);
     return launched("finalize");
 }
 
 dt_status delta_rows(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads,
                      int64_t dim, const void *o, const void *dout, float *delta) {
     size_t n = (size_t)(batch * rows * heads);
-    delta_kernel<<<blocks_for(n, 256), 256, 0, stream_of(be)>>>(dtype, batch, rows, heads, dim, o,
-                                                                dout, delta);
+    dt_cuda_launch(delta_kernel, blocks_for(n, 256), 256, 0, stream_of(be),
+                   dtype, batch, rows, heads, dim, o, dout, delta);
     return launched("delta");
 }
 
@@ -333,15 +334,15 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
                             why);
     }
     dim3 gq((unsigned)((a->qseg.len + 127) / 128), (unsigned)a->heads, (unsigned)a->batch);
-    bwd_dq_kernel<<<gq, 128, 0, stream_of(be)>>>(*a);
+    dt_cuda_launch(bwd_dq_kernel, gq, 128, 0, stream_of(be), *a);
     DT_TRY(launched("backward dq"));
     dim3 gk((unsigned)((a->kseg.len + 127) / 128), (unsigned)a->kv_heads, (unsigned)a->batch);
-    bwd_dkv_kernel<<<gk, 128, 0, stream_of(be)>>>(*a);
+    dt_cuda_launch(bwd_dkv_kernel, gk, 128, 0, stream_of(be), *a);
     return launched("backward dk dv");
 }
 
 dt_status store(dt_backend *be, dt_dtype dtype, size_t n, const float *src, void *dst) {
-    store_kernel<<<blocks_for(n, 256), 256, 0, stream_of(be)>>>(dtype, n, src, dst);
+    dt_cuda_launch(store_kernel, blocks_for(n, 256), 256, 0, stream_of(be), dtype, n, src, dst);
     return launched("store");
 }
 

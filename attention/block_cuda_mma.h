@@ -11,10 +11,10 @@
 #include <stddef.h>
 #include "block.h"
 
-/* Built for the CPU emulator of tests/emu (DT_MMA_EMULATE, see
- * mma_device.cuh), the same functions carry an emu prefix, so that they
- * link beside the CUDA build's. */
-#ifdef DT_MMA_EMULATE
+/* Built a second time for test_mma_emu (DT_MMA_EMU_PREFIX, with
+ * DT_CUDA_EMULATE: see mma_device.cuh), the same functions carry an emu
+ * prefix, so that they link beside the library's. */
+#ifdef DT_MMA_EMU_PREFIX
 #define dt_attn_mma_supported dt_emu_attn_mma_supported
 #define dt_attn_mma_block_ok dt_emu_attn_mma_block_ok
 #define dt_attn_mma_bwd_block_ok dt_emu_attn_mma_bwd_block_ok

@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bw
     (void)a;
     __trap();   /* never launched: the host requires compute capability >= 8.0 */
 #else
-    DT_MMA_DYNAMIC_SMEM(smem);
+    DT_DYNAMIC_SMEM(unsigned char, smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int64_t H = a.heads, G = a.kv_heads, group = H / G;
     const int64_t b = blockIdx.z, g = blockIdx.y;

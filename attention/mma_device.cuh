@@ -10,10 +10,11 @@
  * the host never launches them on such a device (dt_attn_mma_supported). So
  * everything below is compiled only where DT_MMA_STUB is not defined.
  *
- * DT_MMA_EMULATE: the kernel sources are being compiled by the host C++
+ * DT_CUDA_EMULATE: the kernel sources are being compiled by the host C++
  * compiler for the CPU emulator of tests/emu (emu.h), which `make test`
- * runs on machines without a GPU. The PTX wrappers and the launch then call
- * the emulator instead; nothing else in the kernels changes.
+ * runs on machines without a GPU. The PTX wrappers then call the emulator
+ * instead (and dt_cuda_launch runs the grid there); nothing else in the
+ * kernels changes.
  */
 #ifndef DT_ATTN_MMA_DEVICE_CUH
 #define DT_ATTN_MMA_DEVICE_CUH
@@ -24,6 +25,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../dtensor/cuda_launch.cuh"
 #include "../dtensor/dtype.h"
 #include "../dtensor/status.h"
 #include "mma_layout.h"
@@ -38,7 +40,7 @@ namespace {
 
 /* ------------------------------------------------------------ PTX wrappers */
 
-#ifdef DT_MMA_EMULATE
+#ifdef DT_CUDA_EMULATE
 /* The same operations on the CPU emulator (tests/emu/emu.h). */
 __device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
     dt_emu_cp_async16(smem, gmem, valid ? 16 : 0);
@@ -120,7 +122,7 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-#endif /* DT_MMA_EMULATE */
+#endif /* DT_CUDA_EMULATE */
 
 /* Per element type: the mma.sync variant and the fp32 pair -> .b32 packing
  * (lo in the low half: the lower-indexed element of a fragment pair). */
@@ -190,36 +192,14 @@ __device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_st
 }  // namespace
 #endif /* !DT_MMA_STUB */
 
-/* The kernels' dynamic shared memory, `name` (128-byte aligned). */
-#ifdef DT_MMA_EMULATE
-#define DT_MMA_DYNAMIC_SMEM(name) unsigned char *const name = dt_emu_dynamic_smem()
-#else
-#define DT_MMA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
-#endif
-
 namespace {
 
 /* Host: kernel<<<grid, DT_MMA_THREADS, smem, stream>>>(args) after raising
- * its dynamic shared-memory limit (on the emulator: the same grid, run on
- * the CPU before returning); errors name the pass (`what`), head dim and
- * dtype. */
+ * its dynamic shared-memory limit; errors name the pass (`what`), head dim
+ * and dtype. */
 template <typename Args>
 dt_status dt_mma_launch(void (*kernel)(Args), dim3 grid, size_t smem, cudaStream_t stream,
                         const Args &args, const char *what, int dim, dt_dtype dtype) {
-#ifdef DT_MMA_EMULATE
-    (void)stream;
-    struct call {
-        void (*kernel)(Args);
-        const Args *args;
-    } c = {kernel, &args};
-    char err[512];
-    if (dt_emu_launch(dt_emu_dim3{grid.x, grid.y, grid.z}, dt_emu_dim3{DT_MMA_THREADS, 1, 1}, smem,
-                      [](void *p) { static_cast<call *>(p)->kernel(*static_cast<call *>(p)->args); },
-                      &c, err, sizeof err))
-        return dt_error(DT_ERR_BACKEND, "attention (emulated mma): %s block (D = %d, %s): %s",
-                        what, dim, dt_dtype_name(dtype), err);
-    return DT_SUCCESS;
-#else
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
     if (e != cudaSuccess) {
@@ -227,13 +207,12 @@ dt_status dt_mma_launch(void (*kernel)(Args), dim3 grid, size_t smem, cudaStream
         return dt_error(DT_ERR_BACKEND, "attention (cuda mma): %s block: %zu bytes of shared "
                         "memory: %s", what, smem, cudaGetErrorString(e));
     }
-    kernel<<<grid, DT_MMA_THREADS, smem, stream>>>(args);
+    dt_cuda_launch(kernel, grid, dim3(DT_MMA_THREADS), smem, stream, args);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return dt_error(DT_ERR_BACKEND, "attention (cuda mma): %s block (D = %d, %s): %s", what,
                         dim, dt_dtype_name(dtype), cudaGetErrorString(e));
     return DT_SUCCESS;
-#endif
 }
 
 }  // namespace

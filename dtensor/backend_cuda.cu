@@ -26,6 +26,7 @@
  * Test: tests/test_cuda.c (make test; skipped without a GPU).
  */
 #include "backend_cuda.h"
+#include "cuda_launch.cuh"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -315,13 +316,13 @@ dt_status runs_launch(const dt_backend *b, runs_args a) {
     if (a.run_units >= 128) {
         int64_t runs = a.outer * a.n;
         unsigned grid = (unsigned)(runs < cap ? runs : cap);
-        runs_block_kernel<T, OP><<<grid, threads, 0, im->compute>>>(a);
+        dt_cuda_launch(runs_block_kernel<T, OP>, grid, threads, 0, im->compute, a);
         CU_LAUNCHED(b, "copy_runs", "runs_block_kernel");
     } else {
         int64_t total = a.outer * a.n * a.run_units;
         int64_t blocks = (total + threads - 1) / threads;
         unsigned grid = (unsigned)(blocks < cap ? blocks : cap);
-        runs_flat_kernel<T, OP><<<grid, threads, 0, im->compute>>>(a);
+        dt_cuda_launch(runs_flat_kernel<T, OP>, grid, threads, 0, im->compute, a);
         CU_LAUNCHED(b, "copy_runs", "runs_flat_kernel");
     }
     return DT_SUCCESS;
@@ -750,17 +751,17 @@ dt_status cuda_add(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, cons
     cuda_impl *im = impl_of(b);
     unsigned grid = grid_for(im, n, 256);
     if (dtype == DT_F32)
-        add_kernel<float><<<grid, 256, 0, im->compute>>>(static_cast<const float *>(x),
-                                                          static_cast<const float *>(y),
-                                                          static_cast<float *>(out), n);
+        dt_cuda_launch(add_kernel<float>, grid, 256, 0, im->compute,
+                       static_cast<const float *>(x), static_cast<const float *>(y),
+                       static_cast<float *>(out), n);
     else if (dtype == DT_BF16)
-        add_kernel<__nv_bfloat16><<<grid, 256, 0, im->compute>>>(
-            static_cast<const __nv_bfloat16 *>(x), static_cast<const __nv_bfloat16 *>(y),
-            static_cast<__nv_bfloat16 *>(out), n);
+        dt_cuda_launch(add_kernel<__nv_bfloat16>, grid, 256, 0, im->compute,
+                       static_cast<const __nv_bfloat16 *>(x), static_cast<const __nv_bfloat16 *>(y),
+                       static_cast<__nv_bfloat16 *>(out), n);
     else
-        add_kernel<__half><<<grid, 256, 0, im->compute>>>(static_cast<const __half *>(x),
-                                                           static_cast<const __half *>(y),
-                                                           static_cast<__half *>(out), n);
+        dt_cuda_launch(add_kernel<__half>, grid, 256, 0, im->compute,
+                       static_cast<const __half *>(x), static_cast<const __half *>(y),
+                       static_cast<__half *>(out), n);
     CU_LAUNCHED(b, "add", "add_kernel");
     return DT_SUCCESS;
 }
@@ -780,14 +781,15 @@ dt_status cuda_gelu(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, voi
     unsigned grid = grid_for(im, n, 256);
     int tanh_form = approx == DT_GELU_TANH;
     if (dtype == DT_F32)
-        gelu_kernel<float><<<grid, 256, 0, im->compute>>>(static_cast<const float *>(x),
-                                                           static_cast<float *>(out), n, tanh_form);
+        dt_cuda_launch(gelu_kernel<float>, grid, 256, 0, im->compute,
+                       static_cast<const float *>(x), static_cast<float *>(out), n, tanh_form);
     else if (dtype == DT_BF16)
-        gelu_kernel<__nv_bfloat16><<<grid, 256, 0, im->compute>>>(
-            static_cast<const __nv_bfloat16 *>(x), static_cast<__nv_bfloat16 *>(out), n, tanh_form);
+        dt_cuda_launch(gelu_kernel<__nv_bfloat16>, grid, 256, 0, im->compute,
+                       static_cast<const __nv_bfloat16 *>(x), static_cast<__nv_bfloat16 *>(out), n,
+                       tanh_form);
     else
-        gelu_kernel<__half><<<grid, 256, 0, im->compute>>>(static_cast<const __half *>(x),
-                                                            static_cast<__half *>(out), n, tanh_form);
+        dt_cuda_launch(gelu_kernel<__half>, grid, 256, 0, im->compute,
+                       static_cast<const __half *>(x), static_cast<__half *>(out), n, tanh_form);
     CU_LAUNCHED(b, "gelu", "gelu_kernel");
     return DT_SUCCESS;
 }
@@ -813,17 +815,17 @@ dt_status cuda_rmsnorm(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n, c
     int64_t cap = (int64_t)im->sms * 32;
     unsigned grid = (unsigned)(rows < cap ? rows : (cap > 0 ? cap : 1));
     if (dtype == DT_F32)
-        rmsnorm_kernel<float><<<grid, threads, 0, im->compute>>>(
-            static_cast<const float *>(x), static_cast<const float *>(w),
-            static_cast<float *>(out), rows, n, eps);
+        dt_cuda_launch(rmsnorm_kernel<float>, grid, threads, 0, im->compute,
+                       static_cast<const float *>(x), static_cast<const float *>(w),
+                       static_cast<float *>(out), rows, n, eps);
     else if (dtype == DT_BF16)
-        rmsnorm_kernel<__nv_bfloat16><<<grid, threads, 0, im->compute>>>(
-            static_cast<const __nv_bfloat16 *>(x), static_cast<const __nv_bfloat16 *>(w),
-            static_cast<__nv_bfloat16 *>(out), rows, n, eps);
+        dt_cuda_launch(rmsnorm_kernel<__nv_bfloat16>, grid, threads, 0, im->compute,
+                       static_cast<const __nv_bfloat16 *>(x), static_cast<const __nv_bfloat16 *>(w),
+                       static_cast<__nv_bfloat16 *>(out), rows, n, eps);
     else
-        rmsnorm_kernel<__half><<<grid, threads, 0, im->compute>>>(
-            static_cast<const __half *>(x), static_cast<const __half *>(w),
-            static_cast<__half *>(out), rows, n, eps);
+        dt_cuda_launch(rmsnorm_kernel<__half>, grid, threads, 0, im->compute,
+                       static_cast<const __half *>(x), static_cast<const __half *>(w),
+                       static_cast<__half *>(out), rows, n, eps);
     CU_LAUNCHED(b, "rmsnorm", "rmsnorm_kernel");
     return DT_SUCCESS;
 }
@@ -876,17 +878,17 @@ dt_status cuda_rotary(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows
     const double *th = static_cast<const double *>(dtheta);
     const int il = style == DT_ROTARY_INTERLEAVED;
     if (dtype == DT_F32)
-        rotary_kernel<float><<<grid, threads, 0, im->compute>>>(
-            static_cast<const float *>(x), static_cast<float *>(out), p, th, outer, rows, inner,
-            d, il);
+        dt_cuda_launch(rotary_kernel<float>, grid, threads, 0, im->compute,
+                       static_cast<const float *>(x), static_cast<float *>(out), p, th, outer, rows,
+                       inner, d, il);
     else if (dtype == DT_BF16)
-        rotary_kernel<__nv_bfloat16><<<grid, threads, 0, im->compute>>>(
-            static_cast<const __nv_bfloat16 *>(x), static_cast<__nv_bfloat16 *>(out), p, th,
-            outer, rows, inner, d, il);
+        dt_cuda_launch(rotary_kernel<__nv_bfloat16>, grid, threads, 0, im->compute,
+                       static_cast<const __nv_bfloat16 *>(x), static_cast<__nv_bfloat16 *>(out), p,
+                       th, outer, rows, inner, d, il);
     else
-        rotary_kernel<__half><<<grid, threads, 0, im->compute>>>(
-            static_cast<const __half *>(x), static_cast<__half *>(out), p, th, outer, rows,
-            inner, d, il);
+        dt_cuda_launch(rotary_kernel<__half>, grid, threads, 0, im->compute,
+                       static_cast<const __half *>(x), static_cast<__half *>(out), p, th, outer,
+                       rows, inner, d, il);
     CU_LAUNCHED(b, "rotary", "rotary_kernel");
     return DT_SUCCESS;
 }
@@ -1001,14 +1003,14 @@ dt_status mem_reduce(void *arg, float *acc, const void *x, size_t n, dt_dtype dt
     unsigned grid = grid_for(im, (int64_t)n, 256);
     int is_max = op == DT_REDUCE_MAX;
     if (dtype == DT_F32)
-        reduce_kernel<float><<<grid, 256, 0, im->compute>>>(acc, static_cast<const float *>(x),
-                                                             (int64_t)n, is_max, first);
+        dt_cuda_launch(reduce_kernel<float>, grid, 256, 0, im->compute,
+                       acc, static_cast<const float *>(x), (int64_t)n, is_max, first);
     else if (dtype == DT_BF16)
-        reduce_kernel<__nv_bfloat16><<<grid, 256, 0, im->compute>>>(
-            acc, static_cast<const __nv_bfloat16 *>(x), (int64_t)n, is_max, first);
+        dt_cuda_launch(reduce_kernel<__nv_bfloat16>, grid, 256, 0, im->compute,
+                       acc, static_cast<const __nv_bfloat16 *>(x), (int64_t)n, is_max, first);
     else
-        reduce_kernel<__half><<<grid, 256, 0, im->compute>>>(acc, static_cast<const __half *>(x),
-                                                              (int64_t)n, is_max, first);
+        dt_cuda_launch(reduce_kernel<__half>, grid, 256, 0, im->compute,
+                       acc, static_cast<const __half *>(x), (int64_t)n, is_max, first);
     CU_LAUNCHED(b, "transport reduce", "reduce_kernel");
     /* The peer may reuse x as soon as this rank reports its reads done. */
     return wait_stream(b, im->compute, "transport reduce");
@@ -1024,9 +1026,9 @@ dt_status mem_finish(void *arg, void *acc, size_t n, dt_dtype dtype) {
     unsigned grid = grid_for(im, (int64_t)n, 256);
     /* Out of place (threads would overwrite each other's fp32 inputs), then back. */
     if (dtype == DT_BF16) {
-        f32_to_bf16_kernel<<<grid, 256, 0, im->compute>>>(static_cast<const float *>(acc),
-                                                          static_cast<__nv_bfloat16 *>(im->stage),
-                                                          (int64_t)n);
+        dt_cuda_launch(f32_to_bf16_kernel, grid, 256, 0, im->compute,
+                       static_cast<const float *>(acc), static_cast<__nv_bfloat16 *>(im->stage),
+                       (int64_t)n);
         CU_LAUNCHED(b, "transport reduce", "f32_to_bf16_kernel");
     } else {
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: cuda reduce: dtype %s", b->rank,

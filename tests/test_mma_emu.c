@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DT_MMA_EMULATE 1
+#define DT_MMA_EMU_PREFIX 1
 #include "attention/block_cuda_mma.h"
 #include "attn_ref.h"
 #include "emu/emu.h"

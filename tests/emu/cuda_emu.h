@@ -9,13 +9,15 @@
 #define DT_TEST_CUDA_EMU_H
 
 #ifndef __cplusplus
-#error "cuda_emu.h is for kernel sources compiled as C++ (DT_MMA_EMULATE)"
+#error "cuda_emu.h is for CUDA sources compiled as C++ (DT_CUDA_EMULATE)"
 #endif
 
+#include <initializer_list>   /* CUDA's own headers bring it in */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "cuda_runtime_api.h"
 #include "emu.h"
 
 #define __global__
@@ -24,6 +26,9 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
+/* A static __shared__ array: one per kernel instantiation, which the blocks
+ * share one after another, as on a GPU where each block sees its own. */
+#define __shared__ static
 
 struct dim3 {
     unsigned x, y, z;
@@ -52,6 +57,12 @@ inline float atomicAdd(float *p, float v) {
 struct __attribute__((aligned(8))) float2 {
     float x, y;
 };
+struct __attribute__((aligned(8))) uint2 {
+    unsigned x, y;
+};
+struct __attribute__((aligned(16))) uint4 {
+    unsigned x, y, z, w;
+};
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
 struct __nv_bfloat16 {
@@ -64,6 +75,9 @@ inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
     return __nv_bfloat162{{dt_f32_to_bf16(lo)}, {dt_f32_to_bf16(hi)}};
 }
 
+inline float __bfloat162float(__nv_bfloat16 x) { return dt_bf16_to_f32(x.bits); }
+inline __nv_bfloat16 __float2bfloat16_rn(float x) { return __nv_bfloat16{dt_f32_to_bf16(x)}; }
+
 struct __half {
     uint16_t bits;
 };
@@ -73,5 +87,16 @@ struct __half2 {
 inline __half2 __floats2half2_rn(float lo, float hi) {
     return __half2{{dt_f32_to_f16(lo)}, {dt_f32_to_f16(hi)}};
 }
+inline float __half2float(__half x) { return dt_f16_to_f32(x.bits); }
+inline __half __float2half_rn(float x) { return __half{dt_f32_to_f16(x)}; }
+
+/* Arithmetic intrinsics: the rounded operations are plain fp32 operations
+ * here (built with -ffp-contract=off, nothing is fused into an FMA);
+ * __expf is CUDA's fast approximation, within a few ulp: expf. sincos is
+ * glibc's (g++ defines _GNU_SOURCE). */
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __expf(float x) { return expf(x); }
 
 #endif /* DT_TEST_CUDA_EMU_H */

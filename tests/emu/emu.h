@@ -2,11 +2,13 @@
  * tensor-core attention kernels (attention/block_cuda_mma*.cu) on machines
  * without a GPU, in `make test`.
  *
- * The kernel sources are compiled unchanged by the host C++ compiler with
- * -DDT_MMA_EMULATE and tests/emu/include first on the include path: there
+ * The CUDA sources are compiled unchanged by the host C++ compiler with
+ * -DDT_CUDA_EMULATE and tests/emu/include first on the include path: there
  * cuda_runtime.h, cuda_bf16.h and cuda_fp16.h are this emulator's
- * (cuda_emu.h), and attention/mma_device.cuh calls the functions below in
- * place of its inline PTX. Every CUDA thread of a block is a fiber
+ * (cuda_emu.h; the host API: cuda_runtime_api.h, cublas_v2.h and
+ * cudart.c), dtensor/cuda_launch.cuh launches kernels with dt_emu_launch,
+ * and attention/mma_device.cuh calls the functions below in place of its
+ * inline PTX. Every CUDA thread of a block is a fiber
  * (ucontext) with its own stack; the blocks of a grid run one after
  * another, the fibers of a block round-robin, each until it waits.
  *
