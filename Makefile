@@ -47,7 +47,8 @@ DEBUG_ON := $(filter 1 yes,$(DEBUG))
 # CUDA=emu: the CUDA backend built from the same sources by the host C++
 # compiler, against the CPU emulator of tests/emu (emulated CUDA runtime and
 # cuBLAS, kernels on fibers), so every CUDA code path but NCCL runs on a
-# machine without a GPU. For testing only: slow, and streams run at the call.
+# machine without a GPU. For testing only: slow (each test binary may take
+# 1200 s unless DT_TEST_TIMEOUT says otherwise), streams run at the call.
 EMU_ON := $(filter emu,$(CUDA))
 
 # Each variant gets its own tree so objects built with different flags never
@@ -362,7 +363,8 @@ STALE_TESTS = $(filter-out $(TESTS),$(wildcard $(BUILD)/tests/test_*))
 test: $(TESTS) $(EXAMPLES) $(BENCHES)
 	@mkdir -p $(BUILD)/tests
 	$(if $(STALE_TESTS),rm -f $(STALE_TESTS))
-	MPIRUN='$(MPIRUN)' bash tests/run_tests.sh $(BUILD)/tests
+	$(if $(EMU_ON),DT_TEST_TIMEOUT=$${DT_TEST_TIMEOUT:-1200}) MPIRUN='$(MPIRUN)' \
+	    bash tests/run_tests.sh $(BUILD)/tests
 
 # valgrind memcheck over every test binary (the MPI suite excepted): no
 # invalid access and no definite or indirect leak, else the test fails.

@@ -17,8 +17,8 @@
  * head dim 64 or 128, compute capability >= 8.0). DT_ATTN_KERNEL (auto |
  * simple | mma), read once per attention call when its plan is made
  * (plan.c), picks between them for the forward and the backward alike; the
- * CPU kernels ignore it. The tensor-core backward compiles but has never
- * run on a GPU.
+ * CPU kernels ignore it. The tensor-core kernels have run on the CPU
+ * emulator of CUDA (tests/emu), never yet on a GPU.
  */
 #ifndef DT_ATTN_BLOCK_H
 #define DT_ATTN_BLOCK_H

@@ -1,14 +1,11 @@
 /* attention/block_cuda.cu — the CUDA attention kernels.
  *
- * STATUS: everything here is built (nvcc, sm_90 by default) but none of it
- * has run on a GPU yet. In particular the tensor-core forward kernel
- * (block_cuda_mma.cu) is written and compiles, and its index math is tested
- * on the CPU (tests/test_attention.c emulates ldmatrix and mma.sync), but
- * it has never executed; the first GPU session should run the
+ * STATUS: everything here is built (nvcc, sm_90 by default) and runs on the
+ * CPU emulator of CUDA (tests/emu: `make CUDA=emu test`, and test_mma_emu
+ * for the tensor-core kernels in every `make test`), but none of it has run
+ * on a GPU yet; the first GPU session should run the
  * "forward/cuda-kernels/..." cases of tests/test_attention.c first, then
- * the "backward/cuda-kernels/..." cases of tests/test_attention_backward.c
- * (the tensor-core backward kernel, block_cuda_mma_bwd.cu, likewise compiled
- * and CPU-tested only).
+ * the "backward/cuda-kernels/..." cases of tests/test_attention_backward.c.
  *
  * Same contract and mask rule as block_cpu.c (block.h). Forward: two
  * kernels, chosen per block by fwd():
@@ -33,8 +30,8 @@
  * dt_attn_mma_bwd_block_ok for alignment):
  *   - mma (block_cuda_mma_bwd.cu): FlashAttention-2 structure on tensor
  *     cores (a CTA per 64 keys of a kv head, dK and dV in registers over
- *     the query tiles of its group's heads, dQ added with atomics). Compiles;
- *     NEVER RUN ON A GPU.
+ *     the query tiles of its group's heads, dQ added with atomics). Run on
+ *     the CPU emulator, never yet on a GPU.
  *   - simple (here; FlashAttention-2 math, no atomics): one kernel in which
  *     each thread owns a query row and accumulates dQ over the keys; one in
  *     which each thread owns a key row of a kv head and accumulates dK, dV

@@ -1,8 +1,8 @@
 /* attention/block_cuda_mma.h — PRIVATE. The tensor-core block kernels,
  * forward (block_cuda_mma.cu) and backward (block_cuda_mma_bwd.cu), for the
  * CUDA kernel table in block_cuda.cu, which chooses between them and the
- * simple kernels (DT_ATTN_KERNEL, block.h). The backward one compiles but
- * has never run on a GPU.
+ * simple kernels (DT_ATTN_KERNEL, block.h). Both have run on the CPU
+ * emulator of CUDA (tests/emu), never yet on a GPU.
  * Plain C; the stream crosses as void * (a cudaStream_t).
  */
 #ifndef DT_ATTN_BLOCK_CUDA_MMA_H

@@ -258,8 +258,8 @@ step tests test_reliability 150 20 cmocka "$build/tests/test_reliability"
 # -------------------------------------------------------- sanitizers
 step sanitizer memcheck_test_cuda 120 30 plain "$sanitizer" --tool memcheck --error-exitcode 99 \
     --print-limit 40 "$build/tests/test_cuda"
-# The tensor-core kernels (never run before a GPU session): shared-memory
-# races and barrier misuse, on their one-rank cases.
+# The tensor-core kernels (run before only on the CPU emulator, tests/emu):
+# shared-memory races and barrier misuse, on their one-rank cases.
 for tool in racecheck synccheck; do
     step sanitizer "${tool}_mma_fwd" 90 20 plain env DT_TEST_FILTER='forward/cuda-kernels/*P=1*' \
         "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 40 "$build/tests/test_attention"

@@ -894,6 +894,15 @@ static void test_timing(void **state) {
         print_message("skipped: %s\n", why);
         skip();
     }
+    /* The CPU emulator of CUDA (make CUDA=emu) runs every kernel at its
+     * launch, one rank at a time: its events time the host, work and
+     * waits for the emulator alike, so only the bookkeeping is checked. */
+#ifdef DT_CUDA_EMULATE
+    const int check_balance = backend != DT_BACKEND_CUDA;
+    if (!check_balance) print_message("CUDA emulated: the work-follows-time check is left out\n");
+#else
+    const int check_balance = 1;
+#endif
     timing_case *c = calloc(1, sizeof *c);
     assert_non_null(c);
     assert_int_equal(h_launch_on(P, backend, DT_TRANSPORT_LOCAL, rank_timing, c), DT_SUCCESS);
@@ -913,7 +922,7 @@ static void test_timing(void **state) {
                 idle += (pass ? c->bwd : c->fwd)[0].blocks_ms[s];
                 busy += (pass ? c->bwd : c->fwd)[P - 1].blocks_ms[s];
             }
-            if (r == 0 && !(busy > 10 * idle))
+            if (check_balance && r == 0 && !(busy > 10 * idle))
                 fail_msg("%s: rank %d's later steps took %.3f ms, rank 0's %.3f ms",
                          pass ? "backward" : "forward", P - 1, busy, idle);
         }

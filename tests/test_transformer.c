@@ -455,7 +455,10 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_BF16, 1, &E, &R, 2, 1, 0.5f, &wb), out);
     DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 1, &E1, &R, 2, 1, 0.5f, &wlong), out);
     DT_TRY_GOTO(st, h_make_tensor(ctx, mesh_b, DT_F32, 1, &E, &R, 2, 1, 0.5f, &wother), out);
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, DT_F16, 3, s3, &R, &xh), out);
+    /* A dtype the backend's RMSNorm and rotary refuse: fp16 on the CPU (a
+     * CUDA dtype), u8 (raw bytes) on CUDA, which takes fp16. */
+    const dt_dtype refused = dt_context_backend(ctx) == DT_BACKEND_CUDA ? DT_U8 : DT_F16;
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, refused, 3, s3, &R, &xh), out);
     DT_TRY_GOTO(st, h_make_tensor(ctx, NULL, DT_F32, 3, s3, NULL, 1, 0, 1, &loc), out);
     before = h_local_floats(flat);
 
@@ -502,7 +505,7 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     REJ(dt_rmsnorm(xe, w, NAN, &o));                  /* 21: eps NaN */
     REJ(dt_rmsnorm(NULL, w, EPS, &o));                /* 22 */
     REJ(dt_rmsnorm(xe, w, EPS, NULL));                /* 23 */
-    REJ(dt_rmsnorm(xh, NULL, EPS, &o));               /* 24: fp16 */
+    REJ(dt_rmsnorm(xh, NULL, EPS, &o));               /* 24: fp16 (cpu), u8 (cuda) */
     REJ(dt_rmsnorm(loc, w, EPS, &o));                 /* 25: local x, distributed weight */
     /* rotary */
     REJ(dt_rotary(odd, NULL, &o));                    /* 26: D odd */
@@ -526,7 +529,7 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     ro.style = DT_ROTARY_HALF;
     REJ(dt_rotary(NULL, &ro, &o));                    /* 35 */
     REJ(dt_rotary(q, &ro, NULL));                     /* 36 */
-    REJ(dt_rotary(xh, NULL, &o));                     /* 37: fp16 */
+    REJ(dt_rotary(xh, NULL, &o));                     /* 37: fp16 (cpu), u8 (cuda) */
 #undef REJ
     if (r == 0) c->n = k;
     /* ... while a Partial tensor reshapes fine (it stays Partial) */
@@ -595,7 +598,7 @@ static void test_errors(void **state) {
         {16, "[48]"},
         {17, "bf16"},
         {20, "eps -1"},
-        {24, "fp16"},
+        {24, backend == DT_BACKEND_CUDA ? "dtype u8" : "dtype fp16"},
         {26, "D = 7 must be even"},
         {27, "redistribute x to [Replicate]"},
         {28, "ndim >= 3"},
