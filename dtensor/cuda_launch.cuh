@@ -5,10 +5,11 @@
  *
  *   dt_cuda_launch(kernel, grid, block, smem, stream, args...)
  *       is kernel<<<grid, block, smem, stream>>>(args...); check it with
- *       cudaGetLastError() as after <<<>>>. On the emulator the grid runs
- *       before the call returns, and a kernel the emulator rejects (an
- *       out-of-bounds shared-memory access, a deadlock, ...) leaves
- *       cudaErrorLaunchFailure there, its reason printed on stderr.
+ *       cudaGetLastError() as after <<<>>>. On the emulator the launch is
+ *       queued on the stream and runs when the host waits for it; a kernel
+ *       the emulator rejects (an out-of-bounds shared-memory access, a
+ *       deadlock, ...) then makes the stream report cudaErrorLaunchFailure,
+ *       its reason printed on stderr.
  *   DT_DYNAMIC_SMEM(type, name);
  *       is extern __shared__ __align__(128) type name[].
  * CUDA C++ only.
@@ -20,6 +21,9 @@
 #include <stddef.h>
 
 #ifdef DT_CUDA_EMULATE
+#include <stdlib.h>
+
+#include <new>
 #include <tuple>
 
 #include "cudart_emu.h"
@@ -32,20 +36,37 @@ template <typename... P, typename... A>
 inline void dt_cuda_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
                            cudaStream_t stream, A... args) {
 #ifdef DT_CUDA_EMULATE
-    (void)stream;   /* every stream runs at the call (tests/emu/cudart.c) */
+    /* Queued on the stream like any other work (tests/emu/cudart.c): it
+     * runs when the host waits for the stream. */
     struct call {
         void (*kernel)(P...);
         std::tuple<P...> args;
-    } c{kernel, std::tuple<P...>(args...)};
-    char err[512];
-    if (dt_emu_launch(dt_emu_dim3{grid.x, grid.y, grid.z}, dt_emu_dim3{block.x, block.y, block.z},
-                      smem,
-                      [](void *p) {
-                          call *k = static_cast<call *>(p);
-                          std::apply(k->kernel, k->args);
-                      },
-                      &c, err, sizeof err))
-        dt_emu_cuda_set_launch_error(err);
+        dt_emu_dim3 grid, block;
+        size_t smem;
+    };
+    void *mem = malloc(sizeof(call));
+    if (!mem) {
+        dt_emu_cuda_set_launch_error("out of host memory for a kernel launch");
+        return;
+    }
+    call *c = new (mem) call{kernel, std::tuple<P...>(args...), dt_emu_dim3{grid.x, grid.y, grid.z},
+                             dt_emu_dim3{block.x, block.y, block.z}, smem};
+    auto run = [](void *p, char *err, size_t err_size) -> int {
+        call *k = static_cast<call *>(p);
+        int rc = dt_emu_launch(k->grid, k->block, k->smem,
+                               [](void *q) {
+                                   call *kq = static_cast<call *>(q);
+                                   std::apply(kq->kernel, kq->args);
+                               },
+                               k, err, err_size);
+        k->~call();
+        free(k);
+        return rc;
+    };
+    if (dt_emu_cuda_enqueue(stream, run, c) != cudaSuccess) {
+        c->~call();
+        free(c);
+    }
 #else
     kernel<<<grid, block, smem, stream>>>(args...);
 #endif

@@ -398,15 +398,29 @@ static void test_copies(void **state) {
     cudaStream_t s = NULL;
     assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
 
+    /* Stream work runs when the host waits for it: pinned memory shows the
+     * copies only after cudaStreamQuery (the NULL stream's copy does not
+     * wait for a non-blocking stream); a copy into pageable memory is done
+     * on return. */
+    memset(pinned, 0, N);
     assert_int_equal(cudaMemcpy(d1, src, N, cudaMemcpyHostToDevice), cudaSuccess);
     assert_int_equal(cudaMemcpyAsync(d2, d1, N, cudaMemcpyDeviceToDevice, s), cudaSuccess);
     assert_int_equal(cudaMemcpyAsync(pinned, d2, N, cudaMemcpyDefault, s), cudaSuccess);
     assert_int_equal(cudaMemcpy(back, pinned, N, cudaMemcpyHostToHost), cudaSuccess);
+    for (int i = 0; i < N; i++) assert_int_equal(back[i], 0);
+    assert_int_equal(cudaStreamQuery(s), cudaSuccess);
+    assert_int_equal(cudaMemcpy(back, pinned, N, cudaMemcpyHostToHost), cudaSuccess);
     assert_memory_equal(back, src, N);
     assert_int_equal(cudaMemsetAsync(d2 + 10, 0xab, 20, s), cudaSuccess);
     assert_int_equal(cudaMemcpyAsync(back, d2, N, cudaMemcpyDeviceToHost, s), cudaSuccess);
-    assert_int_equal(cudaStreamQuery(s), cudaSuccess);   /* done when enqueued */
     for (int i = 0; i < N; i++) assert_int_equal(back[i], i >= 10 && i < 30 ? 0xab : src[i]);
+    /* A copy from pageable memory reads it at the call. */
+    unsigned char staged[N];
+    memcpy(staged, src, N);
+    assert_int_equal(cudaMemcpyAsync(d1, staged, N, cudaMemcpyHostToDevice, s), cudaSuccess);
+    memset(staged, 0, N);
+    assert_int_equal(cudaMemcpyAsync(back, d1, N, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    assert_memory_equal(back, src, N);
 
     /* Past an allocation's end, the device side not device memory, a bad
      * direction, a memset of unknown memory; nothing is written. */
@@ -444,13 +458,16 @@ static void test_events(void **state) {
     assert_int_equal(cudaEventCreate(&never), cudaSuccess);
     assert_int_equal(cudaEventCreateWithFlags(&quiet, cudaEventDisableTiming), cudaSuccess);
 
+    /* A record runs when the host waits for it: before, no time. */
+    float ms = -1.0f;
     assert_int_equal(cudaEventRecord(e0, s), cudaSuccess);
+    assert_int_equal(cudaEventElapsedTime(&ms, e0, e0), cudaErrorNotReady);
+    assert_int_equal(cudaEventQuery(e0), cudaSuccess);
     struct timespec nap = {0, 2000000};
     nanosleep(&nap, NULL);
-    assert_int_equal(cudaEventRecord(e1, NULL), cudaSuccess);
-    assert_int_equal(cudaEventQuery(e1), cudaSuccess);
+    assert_int_equal(cudaEventRecord(e1, s), cudaSuccess);
     assert_int_equal(cudaEventSynchronize(e1), cudaSuccess);
-    float ms = -1.0f;
+    assert_int_equal(cudaEventQuery(e1), cudaSuccess);
     assert_int_equal(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
     assert_true(ms >= 1.9f && ms < 10000.0f);
     assert_int_equal(cudaEventElapsedTime(&ms, e0, e0), cudaSuccess);
@@ -600,6 +617,52 @@ static void test_threads(void **state) {
 
 /* ------------------------------------------------------------------- main */
 
+/* Queued work runs in order when the host waits, once; a failed operation
+ * makes its stream, and events recorded after it there, report
+ * cudaErrorLaunchFailure; other streams go on. */
+typedef struct step {
+    int *log, *n, value, fail;
+} step;
+static int run_step(void *ctx, char *err, size_t err_size) {
+    step *t = ctx;
+    t->log[(*t->n)++] = t->value;
+    if (t->fail) snprintf(err, err_size, "step %d fails (a test)", t->value);
+    int rc = t->fail ? -1 : 0;
+    free(t);
+    return rc;
+}
+static void test_deferred(void **state) {
+    (void)state;
+    int log[8], n = 0;
+    cudaStream_t s = NULL, other = NULL;
+    cudaEvent_t after = NULL;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+    assert_int_equal(cudaEventCreate(&after), cudaSuccess);
+    for (int i = 0; i < 3; i++) {
+        step *t = malloc(sizeof *t);
+        *t = (step){log, &n, i, i == 1};
+        assert_int_equal(dt_emu_cuda_enqueue(s, run_step, t), cudaSuccess);
+    }
+    assert_int_equal(cudaEventRecord(after, s), cudaSuccess);
+    step *t = malloc(sizeof *t);
+    *t = (step){log, &n, 7, 0};
+    assert_int_equal(dt_emu_cuda_enqueue(other, run_step, t), cudaSuccess);
+    assert_int_equal(n, 0);   /* nothing ran yet */
+    assert_int_equal(cudaEventQuery(after), cudaErrorLaunchFailure);
+    assert_int_equal(n, 3);
+    for (int i = 0; i < 3; i++) assert_int_equal(log[i], i);
+    assert_non_null(strstr(dt_emu_cuda_launch_error(), "step 1 fails"));
+    assert_int_equal(cudaStreamQuery(s), cudaErrorLaunchFailure);
+    assert_int_equal(cudaStreamQuery(other), cudaSuccess);
+    assert_int_equal(n, 4);
+    assert_int_equal(log[3], 7);
+    assert_int_equal(cudaEventDestroy(after), cudaSuccess);
+    assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+    assert_int_equal(cudaStreamDestroy(other), cudaSuccess);
+    (void)cudaGetLastError();
+}
+
 int main(void) {
     static const cublasOperation_t ops[] = {CUBLAS_OP_N, CUBLAS_OP_T};
     static const cudaDataType types[][2] = {{CUDA_R_32F, CUDA_R_32F},
@@ -617,7 +680,7 @@ int main(void) {
     };
     enum { NSHAPES = sizeof shapes / sizeof shapes[0], NTYPES = sizeof types / sizeof types[0] };
     static gemm_case cases[NSHAPES * NTYPES * 4];
-    struct CMUnitTest tests[NSHAPES * NTYPES * 4 + 8];
+    struct CMUnitTest tests[NSHAPES * NTYPES * 4 + 9];
     size_t nt = 0;
     for (int sh = 0; sh < NSHAPES; sh++)
         for (int ty = 0; ty < NTYPES; ty++)
@@ -650,5 +713,7 @@ int main(void) {
     tests[nt++] = CASE("streams/events,elapsed-time", test_events);
     tests[nt++] = CASE("errors/last-error,thread-local,launch", test_last_error);
     tests[nt++] = CASE("threads/8-devices,alloc,gemm,free", test_threads);
+    /* last: it leaves a launch-failure message behind */
+    tests[nt++] = CASE("streams/deferred,in-order,sticky-failure", test_deferred);
     return h_run_cases("CUDA runtime and cuBLAS on the CPU (tests/emu/cudart.c)", tests, nt);
 }

@@ -7,11 +7,11 @@
  * number up to 64, means none), each an H100-like compute capability 9.0
  * part with 132 SMs and 227 KiB of opt-in shared memory per block, whose
  * memory is host memory. Where this differs from a GPU:
- *   - Every stream operation (copies, memsets, gemms; kernel launches, by
- *     the launch path) runs to completion in the calling thread before the
- *     call returns: streams never overlap, cudaStreamQuery and
- *     cudaEventQuery always answer cudaSuccess, and an event's timestamp
- *     (host monotonic clock) is taken when it is recorded.
+ *   - Stream work (copies, memsets, gemms, event records; kernel launches,
+ *     by dt_emu_cuda_enqueue) is queued and runs, in order, only when the
+ *     host waits for it, in the waiting thread: as late as CUDA allows, so
+ *     a missing wait shows (the streams section says when). Streams never
+ *     overlap; an event's timestamp is the host clock when its record ran.
  *   - Device memory is 256-byte aligned host memory, filled with 0xcd bytes
  *     when allocated (cudaHostAlloc's is not filled); a device holds
  *     min(80 GiB, half the host's RAM), and cudaMalloc beyond that fails
@@ -21,15 +21,16 @@
  *     allocation must end inside it; the device side of an explicitly
  *     directed copy, memsets and gemm operands must be memory CUDA knows
  *     (cudaMalloc, or pinned host memory as with unified addressing).
- *   - A failed launch (dt_emu_cuda_set_launch_error) sets the thread's last
- *     error to cudaErrorLaunchFailure like any other error: it does not
- *     poison the device for every later call as it does on a GPU.
+ *   - A kernel the emulator rejects sets the last error of the thread that
+ *     ran it to cudaErrorLaunchFailure, and its stream (and events recorded
+ *     after it there) report that error from then on; other streams and
+ *     calls go on, where a GPU would poison the whole context.
  *   - cudaFuncSetAttribute only checks its value against the device limits.
  *   - cublasGemmEx computes in full fp32 whatever the compute type (no TF32
  *     rounding of inputs) with OpenBLAS sgemm on fp32 copies of 16-bit
  *     operands; a 16-bit C is rounded once, at the end. The algo is ignored.
  *
- * Thread-safe: one mutex guards the allocation table and event timestamps;
+ * Thread-safe: one mutex guards the allocation table, another the queues;
  * the last error and the current device are per thread, as in CUDA. Also
  * compiles as C++ (g++ -x c++), like the CUDA sources that call it. */
 #include <errno.h>
@@ -281,8 +282,11 @@ static cudaError_t allocate(void **out, size_t bytes, int host) {
     return cudaSuccess;
 }
 
+static void wait_device(void);
+
 static cudaError_t release(void *p, int host) {
     if (!p) return cudaSuccess;
+    wait_device();   /* as cudaFree: queued work may still use it */
     alloc_rec *r = NULL;
     pthread_mutex_lock(&g_lock);
     for (size_t i = 0; i < g_n_allocs && !r; i++)
@@ -339,19 +343,51 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
     return cudaSuccess;
 }
 
-/* ----------------------------------------------------------------- streams */
+/* ----------------------------------------------------------------- streams
+ *
+ * Work is deferred, as on a GPU: a stream is a queue of operations (kernel
+ * launches, copies, memsets, gemms, event records) that run in order, and
+ * here they run only when the host waits for them -- cudaStreamQuery or
+ * cudaStreamDestroy of their stream, cudaEventQuery / Synchronize of an
+ * event recorded there, cudaFree / cudaFreeHost (which wait for the
+ * device), and a copy into pageable host memory (synchronous in CUDA) -- so
+ * as late as CUDA allows. Code that reads a result without waiting, or lets
+ * a stream read a buffer that another stream, or the host, changes before
+ * the wait, gets wrong numbers here as it could on a GPU. The NULL stream
+ * runs its work at once, after every blocking (cudaStreamDefault) stream's.
+ * A failed operation (a kernel the emulator rejects) makes its stream
+ * return cudaErrorLaunchFailure from then on, as a faulting kernel does.
+ * One mutex (q_lock) guards every queue and is held while work runs, so
+ * operations never overlap. */
+
+typedef struct emu_op {
+    struct emu_op *next;
+    /* Runs the operation and frees ctx; 0, or -1 with a message. NULL: an
+     * event record. */
+    int (*run)(void *ctx, char *err, size_t err_size);
+    void *ctx;
+    cudaEvent_t event;
+} emu_op;
 
 struct CUstream_st {
     uint32_t magic;
     unsigned flags;
+    emu_op *head, *tail;
+    cudaError_t error;        /* sticky: the first failed operation's */
+    struct CUstream_st *next; /* every live stream */
 };
 
 struct CUevent_st {
     uint32_t magic;
     unsigned flags;
-    int recorded;   /* g_lock guards recorded and ms */
-    double ms;      /* host monotonic clock when last recorded */
+    unsigned long recorded, done;   /* records queued, records run */
+    cudaStream_t stream;            /* of the last record */
+    cudaError_t error;              /* its stream's, when the record ran */
+    double ms;                      /* host monotonic clock when the last record ran */
 };
+
+static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
+static cudaStream_t g_streams;
 
 static cudaError_t check_stream(cudaStream_t s) {
     return !s || s->magic == STREAM_MAGIC ? cudaSuccess : cudaErrorInvalidResourceHandle;
@@ -359,6 +395,82 @@ static cudaError_t check_stream(cudaStream_t s) {
 
 static cudaError_t check_event(cudaEvent_t ev) {
     return ev && ev->magic == EVENT_MAGIC ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Runs one operation of stream s (NULL: the NULL stream); q_lock held. */
+static void run_op(cudaStream_t s, emu_op *op) {
+    if (!op->run) {
+        op->event->done++;
+        op->event->ms = now_ms();
+        op->event->error = s ? s->error : cudaSuccess;
+    } else {
+        char err[512] = "";
+        if (op->run(op->ctx, err, sizeof err) != 0) {
+            dt_emu_cuda_set_launch_error(err);
+            if (s && s->error == cudaSuccess) s->error = cudaErrorLaunchFailure;
+        }
+    }
+    free(op);
+}
+
+/* Runs everything queued on s; q_lock held. */
+static void drain(cudaStream_t s) {
+    while (s->head) {
+        emu_op *op = s->head;
+        s->head = op->next;
+        if (!s->head) s->tail = NULL;
+        run_op(s, op);
+    }
+}
+
+/* Every stream, or only the blocking ones; q_lock held. */
+static void drain_all(int blocking_only) {
+    for (cudaStream_t s = g_streams; s; s = s->next)
+        if (!blocking_only || !(s->flags & cudaStreamNonBlocking)) drain(s);
+}
+
+/* Queues op on s, or runs it now on the NULL stream. */
+static cudaError_t enqueue(cudaStream_t s, emu_op *op) {
+    pthread_mutex_lock(&q_lock);
+    cudaError_t e = check_stream(s);
+    if (e == cudaSuccess && !s) {
+        drain_all(1);
+        run_op(NULL, op);
+    } else if (e == cudaSuccess) {
+        op->next = NULL;
+        if (s->tail) s->tail->next = op;
+        else s->head = op;
+        s->tail = op;
+    }
+    pthread_mutex_unlock(&q_lock);
+    return e;
+}
+
+static emu_op *new_op(int (*run)(void *, char *, size_t), void *ctx) {
+    emu_op *op = (emu_op *)calloc(1, sizeof *op);
+    if (op) {
+        op->run = run;
+        op->ctx = ctx;
+    }
+    return op;
+}
+
+cudaError_t dt_emu_cuda_enqueue(cudaStream_t stream, int (*run)(void *ctx, char *err, size_t size),
+                                void *ctx) {
+    emu_op *op = new_op(run, ctx);
+    if (!op) return fail(cudaErrorMemoryAllocation);
+    cudaError_t e = enqueue(stream, op);
+    if (e != cudaSuccess) {
+        free(op);
+        return fail(e);
+    }
+    return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
@@ -369,20 +481,42 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
     if (!s) return fail(cudaErrorMemoryAllocation);
     s->magic = STREAM_MAGIC;
     s->flags = flags;
+    pthread_mutex_lock(&q_lock);
+    s->next = g_streams;
+    g_streams = s;
+    pthread_mutex_unlock(&q_lock);
     *pStream = s;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-    if (!stream || check_stream(stream) != cudaSuccess) return fail(cudaErrorInvalidResourceHandle);
-    stream->magic = 0;
-    free(stream);
-    return cudaSuccess;
+    pthread_mutex_lock(&q_lock);
+    cudaError_t e = stream ? check_stream(stream) : cudaErrorInvalidResourceHandle;
+    if (e == cudaSuccess) {
+        drain(stream);   /* CUDA lets queued work finish */
+        for (cudaStream_t *p = &g_streams; *p; p = &(*p)->next)
+            if (*p == stream) {
+                *p = stream->next;
+                break;
+            }
+        stream->magic = 0;
+        free(stream);
+    }
+    pthread_mutex_unlock(&q_lock);
+    return e == cudaSuccess ? e : fail(e);
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    pthread_mutex_lock(&q_lock);
     cudaError_t e = check_stream(stream);
-    return e == cudaSuccess ? e : fail(e);   /* its work was done when it was enqueued */
+    if (e == cudaSuccess && stream) {
+        drain(stream);
+        e = stream->error;
+    } else if (e == cudaSuccess) {
+        drain_all(1);
+    }
+    pthread_mutex_unlock(&q_lock);
+    return e == cudaSuccess ? e : fail(e);
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
@@ -401,28 +535,52 @@ cudaError_t cudaEventCreate(cudaEvent_t *event) {
     return cudaEventCreateWithFlags(event, cudaEventDefault);
 }
 
+/* Runs the stream of ev's last record up to it; q_lock held. */
+static void reach(cudaEvent_t ev) {
+    if (ev->done < ev->recorded && check_stream(ev->stream) == cudaSuccess && ev->stream)
+        drain(ev->stream);
+}
+
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-    if (check_event(event) != cudaSuccess) return fail(cudaErrorInvalidResourceHandle);
-    event->magic = 0;
-    free(event);
-    return cudaSuccess;
+    pthread_mutex_lock(&q_lock);
+    cudaError_t e = check_event(event);
+    if (e == cudaSuccess) {
+        reach(event);   /* a queued record must not outlive it */
+        event->magic = 0;
+        free(event);
+    }
+    pthread_mutex_unlock(&q_lock);
+    return e == cudaSuccess ? e : fail(e);
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    emu_op *op = new_op(NULL, NULL);
+    if (!op) return fail(cudaErrorMemoryAllocation);
+    pthread_mutex_lock(&q_lock);
     cudaError_t e = check_event(event);
     if (e == cudaSuccess) e = check_stream(stream);
-    if (e != cudaSuccess) return fail(e);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    pthread_mutex_lock(&g_lock);
-    event->recorded = 1;
-    event->ms = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-    pthread_mutex_unlock(&g_lock);
+    if (e == cudaSuccess) {
+        op->event = event;
+        event->recorded++;
+        event->stream = stream;
+    }
+    pthread_mutex_unlock(&q_lock);
+    if (e == cudaSuccess) e = enqueue(stream, op);
+    if (e != cudaSuccess) {
+        free(op);
+        return fail(e);
+    }
     return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+    pthread_mutex_lock(&q_lock);
     cudaError_t e = check_event(event);
+    if (e == cudaSuccess) {
+        reach(event);
+        e = event->done < event->recorded ? cudaErrorNotReady : event->error;
+    }
+    pthread_mutex_unlock(&q_lock);
     return e == cudaSuccess ? e : fail(e);
 }
 
@@ -430,18 +588,53 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) { return cudaEventQuery(even
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     if (!ms) return fail(cudaErrorInvalidValue);
+    pthread_mutex_lock(&q_lock);
+    cudaError_t e = cudaSuccess;
     if (check_event(start) != cudaSuccess || check_event(end) != cudaSuccess ||
-        ((start->flags | end->flags) & cudaEventDisableTiming))
-        return fail(cudaErrorInvalidResourceHandle);
-    pthread_mutex_lock(&g_lock);
-    int ok = start->recorded && end->recorded;
-    if (ok) *ms = (float)(end->ms - start->ms);
-    pthread_mutex_unlock(&g_lock);
-    return ok ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+        ((start->flags | end->flags) & cudaEventDisableTiming) || !start->recorded ||
+        !end->recorded)
+        e = cudaErrorInvalidResourceHandle;
+    else if (start->done < start->recorded || end->done < end->recorded)
+        e = cudaErrorNotReady;   /* not waited for: as on a GPU */
+    else
+        *ms = (float)(end->ms - start->ms);
+    pthread_mutex_unlock(&q_lock);
+    return e == cudaSuccess ? e : fail(e);
+}
+
+/* Waits for every stream (cudaFree and cudaFreeHost do: the device may
+ * still use the memory). */
+static void wait_device(void) {
+    pthread_mutex_lock(&q_lock);
+    drain_all(0);
+    pthread_mutex_unlock(&q_lock);
 }
 
 /* ------------------------------------------------------------------ copies */
 
+typedef struct copy_op {
+    void *dst;
+    const void *src;
+    size_t count;
+    int value;            /* memset: the byte; copy: -1 */
+    unsigned char *owned; /* a snapshot of pageable source memory */
+} copy_op;
+
+static int run_copy(void *ctx, char *err, size_t err_size) {
+    (void)err;
+    (void)err_size;
+    copy_op *c = (copy_op *)ctx;
+    if (c->value >= 0) memset(c->dst, c->value, c->count);
+    else memmove(c->dst, c->owned ? c->owned : c->src, c->count);
+    free(c->owned);
+    free(c);
+    return 0;
+}
+
+/* CUDA's rules for host memory it does not know (pageable): a copy from it
+ * reads it before returning (the data is staged); a copy into it returns
+ * only when done. Pinned (cudaHostAlloc) and device memory are read and
+ * written when the copy runs. */
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
     cudaError_t e = check_stream(stream);
@@ -455,8 +648,27 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
     if (rd == REGION_PAST_END || rs == REGION_PAST_END || (dev_dst && rd == REGION_UNKNOWN) ||
         (dev_src && rs == REGION_UNKNOWN))
         return fail(cudaErrorInvalidValue);
-    memmove(dst, src, count);
-    return cudaSuccess;
+    copy_op *c = (copy_op *)calloc(1, sizeof *c);
+    if (!c) return fail(cudaErrorMemoryAllocation);
+    *c = (copy_op){dst, src, count, -1, NULL};
+    if (rs == REGION_UNKNOWN && rd != REGION_UNKNOWN) {
+        c->owned = (unsigned char *)malloc(count);
+        if (!c->owned) {
+            free(c);
+            return fail(cudaErrorMemoryAllocation);
+        }
+        memcpy(c->owned, src, count);
+    }
+    emu_op *op = new_op(run_copy, c);
+    if (!op) {
+        free(c->owned);
+        free(c);
+        return fail(cudaErrorMemoryAllocation);
+    }
+    e = enqueue(stream, op);
+    if (e == cudaSuccess && rd == REGION_UNKNOWN && rs != REGION_UNKNOWN && stream)
+        e = cudaStreamQuery(stream);   /* into pageable memory: done on return */
+    return e == cudaSuccess ? e : fail(e);
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
@@ -468,8 +680,15 @@ cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t 
     if (e != cudaSuccess) return fail(e);
     if (count == 0) return cudaSuccess;
     if (!devPtr || region(devPtr, count) <= REGION_UNKNOWN) return fail(cudaErrorInvalidValue);
-    memset(devPtr, value, count);
-    return cudaSuccess;
+    copy_op *c = (copy_op *)calloc(1, sizeof *c);
+    emu_op *op = c ? new_op(run_copy, c) : NULL;
+    if (!op) {
+        free(c);
+        return fail(cudaErrorMemoryAllocation);
+    }
+    *c = (copy_op){devPtr, NULL, count, value & 0xff, NULL};
+    e = enqueue(stream, op);
+    return e == cudaSuccess ? e : fail(e);
 }
 
 /* ------------------------------------------------------------------ cuBLAS */
@@ -577,6 +796,70 @@ static float *widen(const void *p, cudaDataType t, int rows, int cols, int ld) {
     return w;
 }
 
+/* One queued gemm: C = alpha op(A) op(B) + beta C, column-major. */
+typedef struct gemm_op {
+    cublasOperation_t transa, transb;
+    int m, n, k;
+    float alpha, beta;
+    const void *A, *B;
+    void *C;
+    cudaDataType Atype, Btype, Ctype;
+    int lda, ldb, ldc;
+} gemm_op;
+
+static int run_gemm(void *ctx, char *err, size_t err_size) {
+    gemm_op g = *(gemm_op *)ctx;
+    free(ctx);
+    /* The stored shapes: A is ar x ac, B br x bc. */
+    const int ar = g.transa == CUBLAS_OP_N ? g.m : g.k, ac = g.transa == CUBLAS_OP_N ? g.k : g.m;
+    const int br = g.transb == CUBLAS_OP_N ? g.k : g.n, bc = g.transb == CUBLAS_OP_N ? g.n : g.k;
+    const int product = g.k > 0 && g.alpha != 0.0f;   /* otherwise A and B are not read (BLAS) */
+    const int wide_c = g.Ctype == CUDA_R_32F;
+    float *a = NULL, *b = NULL, *c = wide_c ? (float *)g.C : NULL;
+    int la = g.lda, lb = g.ldb, lc = g.ldc, rc = -1;
+    if (!wide_c) {
+        c = (float *)malloc((size_t)g.m * (size_t)g.n * sizeof *c);
+        if (!c) goto out;
+        lc = g.m;
+        for (int j = 0; j < g.n; j++)
+            for (int i = 0; i < g.m; i++)   /* beta = 0: C is not read (BLAS) */
+                c[(size_t)j * g.m + i] =
+                    g.beta != 0.0f ? load(g.C, g.Ctype, (size_t)j * g.ldc + i) : 0.0f;
+    }
+    if (product) {
+        a = g.Atype == CUDA_R_32F ? (float *)g.A : widen(g.A, g.Atype, ar, ac, g.lda);
+        b = g.Btype == CUDA_R_32F ? (float *)g.B : widen(g.B, g.Btype, br, bc, g.ldb);
+        if (!a || !b) goto out;
+        if (g.Atype != CUDA_R_32F) la = ar > 1 ? ar : 1;
+        if (g.Btype != CUDA_R_32F) lb = br > 1 ? br : 1;
+        cblas_sgemm(CblasColMajor, g.transa == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                    g.transb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, g.m, g.n, g.k, g.alpha, a,
+                    la, b, lb, g.beta, c, lc);
+    } else {
+        for (int j = 0; j < g.n; j++)
+            for (int i = 0; i < g.m; i++) {
+                float *x = &c[(size_t)j * lc + i];
+                *x = g.beta != 0.0f ? g.beta * *x : 0.0f;
+            }
+    }
+    if (!wide_c)
+        for (int j = 0; j < g.n; j++)
+            for (int i = 0; i < g.m; i++) {
+                float v = c[(size_t)j * g.m + i];
+                ((uint16_t *)g.C)[(size_t)j * g.ldc + i] =
+                    g.Ctype == CUDA_R_16BF ? dt_f32_to_bf16(v) : dt_f32_to_f16(v);
+            }
+    rc = 0;
+out:
+    if (rc) snprintf(err, err_size, "cublasGemmEx: out of host memory");
+    if (a && a != g.A) free(a);
+    if (b && b != g.B) free(b);
+    if (!wide_c) free(c);
+    return rc;
+}
+
+/* Arguments are checked at the call, as cuBLAS does; the product runs on
+ * the handle's stream (host pointer mode: alpha and beta are read now). */
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cublasOperation_t transb, int m, int n, int k, const void *alpha,
                             const void *A, cudaDataType Atype, int lda, const void *B,
@@ -588,7 +871,6 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     if ((unsigned)transa > CUBLAS_OP_C || (unsigned)transb > CUBLAS_OP_C || m < 0 || n < 0 ||
         k < 0 || !alpha || !beta)
         return CUBLAS_STATUS_INVALID_VALUE;
-    /* The stored shapes: A is ar x ac, B br x bc. */
     const int ar = transa == CUBLAS_OP_N ? m : k, ac = transa == CUBLAS_OP_N ? k : m;
     const int br = transb == CUBLAS_OP_N ? k : n, bc = transb == CUBLAS_OP_N ? n : k;
     if (lda < (ar > 1 ? ar : 1) || ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1))
@@ -603,54 +885,18 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
         (Ctype != Atype && Ctype != CUDA_R_32F))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-
     const float al = *(const float *)alpha, be = *(const float *)beta;
-    const int product = k > 0 && al != 0.0f;   /* otherwise A and B are not read (BLAS) */
+    const int product = k > 0 && al != 0.0f;
     if ((product && (!operand_ok("A", A, Atype, ar, ac, lda) ||
                      !operand_ok("B", B, Btype, br, bc, ldb))) ||
         !operand_ok("C", C, Ctype, m, n, ldc))
         return CUBLAS_STATUS_EXECUTION_FAILED;
-
-    /* fp32 views: the operands themselves, or packed fp32 copies. */
-    const int wide_c = Ctype == CUDA_R_32F;
-    float *a = NULL, *b = NULL, *c = wide_c ? (float *)C : NULL;
-    int la = lda, lb = ldb, lc = ldc;
-    cublasStatus_t st = CUBLAS_STATUS_ALLOC_FAILED;
-    if (!wide_c) {
-        c = (float *)malloc((size_t)m * (size_t)n * sizeof *c);
-        if (!c) goto out;
-        lc = m;
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < m; i++)   /* beta = 0: C is not read (BLAS) */
-                c[(size_t)j * m + i] = be != 0.0f ? load(C, Ctype, (size_t)j * ldc + i) : 0.0f;
+    gemm_op *g = (gemm_op *)malloc(sizeof *g);
+    if (!g) return CUBLAS_STATUS_ALLOC_FAILED;
+    *g = (gemm_op){transa, transb, m, n, k, al, be, A, B, C, Atype, Btype, Ctype, lda, ldb, ldc};
+    if (dt_emu_cuda_enqueue(handle->stream, run_gemm, g) != cudaSuccess) {
+        free(g);
+        return CUBLAS_STATUS_EXECUTION_FAILED;
     }
-    if (product) {
-        a = Atype == CUDA_R_32F ? (float *)A : widen(A, Atype, ar, ac, lda);
-        b = Btype == CUDA_R_32F ? (float *)B : widen(B, Btype, br, bc, ldb);
-        if (!a || !b) goto out;
-        if (Atype != CUDA_R_32F) la = ar > 1 ? ar : 1;
-        if (Btype != CUDA_R_32F) lb = br > 1 ? br : 1;
-        cblas_sgemm(CblasColMajor, transa == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
-                    transb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, al, a, la, b, lb,
-                    be, c, lc);
-    } else {
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < m; i++) {
-                float *x = &c[(size_t)j * lc + i];
-                *x = be != 0.0f ? be * *x : 0.0f;
-            }
-    }
-    if (!wide_c)
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < m; i++) {
-                float v = c[(size_t)j * m + i];
-                ((uint16_t *)C)[(size_t)j * ldc + i] =
-                    Ctype == CUDA_R_16BF ? dt_f32_to_bf16(v) : dt_f32_to_f16(v);
-            }
-    st = CUBLAS_STATUS_SUCCESS;
-out:
-    if (a && a != A) free(a);
-    if (b && b != B) free(b);
-    if (!wide_c) free(c);
-    return st;
+    return CUBLAS_STATUS_SUCCESS;
 }
