@@ -1,10 +1,12 @@
-/* tests/emu/cuda_emu.h — the CUDA C++ a kernel source sees when the host
- * C++ compiler builds it for the emulator (emu.h): qualifiers that mean
- * nothing on the CPU, dim3, the built-in indices, __syncthreads and the
- * warp shuffle, fp32 atomicAdd, float2, and the bf16 / fp16 types with
- * their round-to-nearest-even conversions (dtensor/dtype.h's). Reached
- * through tests/emu/include/{cuda_runtime,cuda_bf16,cuda_fp16}.h. Only what
- * the emulated kernels use. */
+/* tests/emu/cuda_emu.h — the CUDA C++ a source sees when the host C++
+ * compiler builds it for the emulator (emu.h): qualifiers that mean nothing
+ * on the CPU, static __shared__ arrays, dim3, the built-in indices,
+ * __syncthreads and the warp shuffle, fp32 atomicAdd, float2 / uint2 /
+ * uint4, the bf16 / fp16 types with their round-to-nearest-even
+ * conversions (dtensor/dtype.h's), the arithmetic intrinsics used, and the
+ * host API (cuda_runtime_api.h, cudart.c). Reached through
+ * tests/emu/include/{cuda_runtime,cuda_bf16,cuda_fp16}.h. Only what the
+ * CUDA sources use. */
 #ifndef DT_TEST_CUDA_EMU_H
 #define DT_TEST_CUDA_EMU_H
 
