@@ -90,7 +90,6 @@ typedef struct emu_thread {
     ucontext_t ctx;
 #endif
     unsigned char *stack;
-    unsigned vg_id;
     dt_emu_dim3 idx;
     int linear;
     thread_state state;
@@ -521,6 +520,19 @@ static int run_block(void) {
     }
 }
 
+/* Fiber i's stack: made on first use, kept for every later launch (E.lock
+ * held), so launches do not churn 256 KiB blocks through the allocator. */
+static unsigned char *fiber_stack(int i) {
+    static unsigned char *stacks[EMU_MAX_THREADS];
+    if (!stacks[i]) {
+        stacks[i] = malloc(EMU_STACK);
+#ifdef EMU_VALGRIND
+        if (stacks[i]) (void)VALGRIND_STACK_REGISTER(stacks[i], stacks[i] + EMU_STACK);
+#endif
+    }
+    return stacks[i];
+}
+
 int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (*body)(void *),
                   void *arg, char *err, size_t err_size) {
     const long n = (long)block.x * block.y * block.z;
@@ -547,14 +559,11 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (
         t->linear = i;
         t->idx = (dt_emu_dim3){(unsigned)(i % block.x), (unsigned)(i / block.x % block.y),
                                (unsigned)(i / block.x / block.y)};
-        t->stack = malloc(EMU_STACK);
+        t->stack = fiber_stack(i);
         if (!t->stack) {
             snprintf(E.err, sizeof E.err, "out of memory");
             rc = -1;
         }
-#ifdef EMU_VALGRIND
-        else t->vg_id = VALGRIND_STACK_REGISTER(t->stack, t->stack + EMU_STACK);
-#endif
     }
     for (unsigned z = 0; z < grid.z && !rc; z++)
         for (unsigned y = 0; y < grid.y && !rc; y++)
@@ -563,13 +572,7 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (
                 rc = run_block();
             }
     if (rc && err && err_size) snprintf(err, err_size, "%s", E.err);
-    for (int i = 0; E.threads && i < n; i++) {
-#ifdef EMU_VALGRIND
-        if (E.threads[i].stack) VALGRIND_STACK_DEREGISTER(E.threads[i].vg_id);
-#endif
-        free(E.threads[i].stack);
-        free(E.threads[i].copies);
-    }
+    for (int i = 0; E.threads && i < n; i++) free(E.threads[i].copies);
     free(E.threads);
     free(E.smem);
     E.threads = NULL;
