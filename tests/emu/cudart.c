@@ -12,6 +12,9 @@
  *     host waits for it, in the waiting thread: as late as CUDA allows, so
  *     a missing wait shows (the streams section says when). Streams never
  *     overlap; an event's timestamp is the host clock when its record ran.
+ *     Work may be not ready (cudaStreamWaitEvent, the emulated NCCL of
+ *     nccl.c): calls that block in CUDA poll for it for at most 5 s, then
+ *     warn and go on.
  *   - Device memory is 256-byte aligned host memory, filled with 0xcd bytes
  *     when allocated (cudaHostAlloc's is not filled); a device holds
  *     min(80 GiB, half the host's RAM), and cudaMalloc beyond that fails
@@ -106,6 +109,13 @@ static const struct {
 static cudaError_t fail(cudaError_t e) {
     tl_error = e;
     return e;
+}
+
+/* cudaErrorNotReady ("not actually an error", says CUDA) is returned but,
+ * as by CUDA, not kept as the thread's last error: a query that polls must
+ * not make the next launch check fail. */
+static cudaError_t status(cudaError_t e) {
+    return e == cudaSuccess || e == cudaErrorNotReady ? e : fail(e);
 }
 
 cudaError_t cudaGetLastError(void) {
@@ -633,7 +643,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
         e = drain_all(1, tl_device) ? cudaSuccess : cudaErrorNotReady;
     }
     pthread_mutex_unlock(&q_lock);
-    return e == cudaSuccess ? e : fail(e);
+    return status(e);
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
@@ -752,7 +762,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
         e = event->done < event->recorded ? cudaErrorNotReady : event->error;
     }
     pthread_mutex_unlock(&q_lock);
-    return e == cudaSuccess ? e : fail(e);
+    return status(e);
 }
 
 /* Blocks as CUDA does, but for at most EMU_BLOCK_MS. */
@@ -761,12 +771,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     for (;;) {
         cudaError_t e = cudaEventQuery(event);
         if (e != cudaErrorNotReady) return e;
-        (void)cudaGetLastError();
         if (now_ms() - t0 > EMU_BLOCK_MS) {
             fprintf(stderr, "CUDA emulator: cudaEventSynchronize: the event's work was not ready "
                             "within %d ms (on a GPU this call would go on waiting)\n",
                     EMU_BLOCK_MS);
-            return fail(cudaErrorNotReady);
+            return cudaErrorNotReady;
         }
         nap();
     }
@@ -785,7 +794,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
     else
         *ms = (float)(end->ms - start->ms);
     pthread_mutex_unlock(&q_lock);
-    return e == cudaSuccess ? e : fail(e);
+    return status(e);
 }
 
 /* Waits for every stream of the current device (cudaFree and cudaFreeHost
@@ -816,7 +825,6 @@ static cudaError_t wait_stream(cudaStream_t s, const char *what) {
     for (;;) {
         cudaError_t e = cudaStreamQuery(s);
         if (e != cudaErrorNotReady) return e;
-        (void)cudaGetLastError();
         if (now_ms() - t0 > EMU_BLOCK_MS) {
             fprintf(stderr, "CUDA emulator: %s: the stream's work was not ready within %d ms (on "
                             "a GPU this call would go on waiting)\n", what, EMU_BLOCK_MS);

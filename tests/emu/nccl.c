@@ -228,6 +228,21 @@ static unsigned long g_ids;
 static int g_depth;               /* part runs on the call stack */
 static part *g_dead;              /* parts finished while g_depth > 0 */
 
+/* DT_EMU_NCCL_TRACE=1: every post, and every operation run, on stderr. */
+static int tracing(void) {
+    static int t = -1;
+    if (t < 0) {
+        const char *v = getenv("DT_EMU_NCCL_TRACE");
+        t = v && *v && strcmp(v, "0") != 0;
+    }
+    return t;
+}
+
+#define TRACE(...)                                                            \
+    do {                                                                      \
+        if (tracing()) fprintf(stderr, "[nccl emu] " __VA_ARGS__);            \
+    } while (0)
+
 static void lock(void) { dt_emu_cuda_lock(); }
 static void unlock(void) { dt_emu_cuda_unlock(); }
 
@@ -824,6 +839,7 @@ static void coll_execute(coll *c, clique *cl) {
     default: break;
     }
     free(tmp);
+    TRACE("clique %p runs %s #%lu\n", (void *)cl, kind_names[p0->kind], c->seq);
     for (int r = 0; r < n; r++) part_mark_done(c->parts[r]);
     c->done = 1;
 }
@@ -893,6 +909,7 @@ static int progress_group(part *p) {
         } else if (s->bytes) {
             memmove(d->buf, s->buf, s->bytes);
         }
+        TRACE("clique %p runs send/recv %d->%d #%lu\n", (void *)cl, s->src, s->dst, s->seq);
         item_done(cl, s);
         item_done(cl, d);
     }
@@ -986,6 +1003,13 @@ static ncclResult_t part_post(part *p, const char *fn) {
     cl->parts = p;
     cl->refs++;
     cl->live[p->rank]++;
+    if (p->kind != K_GROUP)
+        TRACE("clique %p rank %d/%d posts %s #%lu (count %zu) on stream %p\n", (void *)cl, p->rank,
+              cl->nranks, kind_names[p->kind], p->c->seq, p->count, (void *)p->stream);
+    for (int i = 0; i < p->n_items; i++)
+        TRACE("clique %p rank %d/%d posts %s %d->%d #%lu (%zu bytes) on stream %p\n", (void *)cl,
+              p->rank, cl->nranks, p->items[i].send ? "send" : "recv", p->items[i].src,
+              p->items[i].dst, p->items[i].seq, p->items[i].bytes, (void *)p->stream);
     cudaError_t e = dt_emu_cuda_enqueue_locked(p->stream, run_part, p);
     if (e != cudaSuccess) {
         /* Posted but never queued: it completes as aborted for its peers. */
