@@ -46,9 +46,10 @@ DEBUG_ON := $(filter 1 yes,$(DEBUG))
 
 # CUDA=emu: the CUDA backend built from the same sources by the host C++
 # compiler, against the CPU emulator of tests/emu (emulated CUDA runtime and
-# cuBLAS, kernels on fibers), so every CUDA code path but NCCL runs on a
-# machine without a GPU. For testing only: slow (each test binary may take
-# 1200 s unless DT_TEST_TIMEOUT says otherwise), streams run at the call.
+# cuBLAS, NCCL with ranks as threads, kernels on fibers), so every CUDA code
+# path, the NCCL transport included, runs on a machine without a GPU. For
+# testing only: slow (each test binary may take 1200 s unless
+# DT_TEST_TIMEOUT says otherwise); stream work runs when the host waits.
 EMU_ON := $(filter emu,$(CUDA))
 
 # Each variant gets its own tree so objects built with different flags never
@@ -168,6 +169,7 @@ CUDA_FLAGS := -I$(CUDA_HOME)/include $(if $(CUDA_LIBDIR),-L$(CUDA_LIBDIR) -Wl$(,
 ifneq ($(EMU_ON),)
 HAVE_CUDA := emu
 HAVE_CUBLAS := emu
+HAVE_NCCL := emu
 else ifneq ($(CUDA),0)
 NVCC := $(CUDA_HOME)/bin/nvcc
 NVCC_VERSION := $(shell $(NVCC) --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
@@ -256,8 +258,9 @@ LIB_OBJS := $(filter-out $(call obj,$(NCCL_SRCS)),$(LIB_OBJS))
 endif
 ifneq ($(EMU_ON),)
 CU_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
-LIB_OBJS += $(CU_OBJS) $(BUILD)/obj/tests/emu/runtime.o $(BUILD)/obj/tests/emu/cudart.o
-DT_CPPFLAGS += -DDT_HAVE_CUDA -DDT_CUDA_EMULATE -Itests/emu/include
+LIB_OBJS += $(CU_OBJS) $(BUILD)/obj/tests/emu/runtime.o $(BUILD)/obj/tests/emu/cudart.o \
+    $(BUILD)/obj/tests/emu/nccl.o
+DT_CPPFLAGS += -DDT_HAVE_CUDA -DDT_CUDA_EMULATE -DDT_HAVE_NCCL -Itests/emu/include
 else ifneq ($(CU_SRCS),)
 CU_OBJS := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRCS))
 LIB_OBJS += $(CU_OBJS)
@@ -319,7 +322,7 @@ $(info $(_)  cmocka    $(call found,$(HAVE_CMOCKA)) $(if $(HAVE_CMOCKA),$(call p
 ifeq ($(CUDA),0)
 $(info $(_)  CUDA      disabled (CUDA=0); cuBLAS and NCCL not probed)
 else ifneq ($(EMU_ON),)
-$(info $(_)  CUDA      EMULATED (CUDA=emu): $(words $(CU_SRCS)) .cu file(s) by $(CXX) on the CPU emulator of tests/emu; no NCCL)
+$(info $(_)  CUDA      EMULATED (CUDA=emu): $(words $(CU_SRCS)) .cu file(s) by $(CXX) on the CPU emulator of tests/emu; NCCL emulated too (ranks as threads): NCCL transport built)
 else
 $(info $(_)  CUDA      $(call found,$(HAVE_CUDA)) $(if $(HAVE_CUDA),$(CUDA_HOME) (nvcc $(NVCC_VERSION))$(if $(CU_SRCS),; CUDA backend: $(words $(CU_SRCS)) .cu file(s) for $(NVCC_ARCH),; CUDA backend not built (needs cuBLAS)),no nvcc at $(NVCC) (CUDA_HOME)))
 $(info $(_)  cuBLAS    $(call found,$(call probe_ok,$(CUBLAS_PROBE))) $(if $(call probe_ok,$(CUBLAS_PROBE)),$(call probe_header,$(CUBLAS_PROBE)) ($(call probe_lib,$(CUBLAS_PROBE))),$(if $(HAVE_CUDA),no cublas_v2.h + -lcublas under $(CUDA_HOME),not probed without CUDA)))
@@ -363,7 +366,7 @@ STALE_TESTS = $(filter-out $(TESTS),$(wildcard $(BUILD)/tests/test_*))
 test: $(TESTS) $(EXAMPLES) $(BENCHES)
 	@mkdir -p $(BUILD)/tests
 	$(if $(STALE_TESTS),rm -f $(STALE_TESTS))
-	$(if $(EMU_ON),DT_TEST_TIMEOUT=$${DT_TEST_TIMEOUT:-1200}) MPIRUN='$(MPIRUN)' \
+	$(if $(EMU_ON),DT_TEST_TIMEOUT=$${DT_TEST_TIMEOUT:-1200} DT_EMU_DEVICES=$${DT_EMU_DEVICES:-4}) MPIRUN='$(MPIRUN)' \
 	    bash tests/run_tests.sh $(BUILD)/tests
 
 # valgrind memcheck over every test binary (the MPI suite excepted): no
@@ -455,6 +458,12 @@ $(BUILD)/tests/test_emu_cudart: $(BUILD)/obj/tests/test_emu_cudart.o $(BUILD)/ob
     $(TEST_HELPER_OBJS) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ $(TEST_LDFLAGS) -lcmocka $(DT_LDFLAGS) $(DT_LDLIBS)
+
+# The emulated NCCL alone (tests/emu/nccl.c): only CUDA=emu builds it into
+# the library; other builds compile the suite to report itself skipped.
+ifeq ($(EMU_ON),)
+$(BUILD)/obj/tests/test_emu_nccl.o: DT_CPPFLAGS += -DDT_EMU_NCCL_SKIP
+endif
 
 # Headers keep their subdirectory (public headers include each other as
 # "../collectives/comm.h"): $(PREFIX)/include/dtensor/{dtensor,collectives,attention}/.

@@ -45,7 +45,8 @@
  * (release_staging says why and when).
  *
  * Test: tests/test_cuda.c (NCCL cases run with one GPU per rank; they skip
- * without GPUs).
+ * without GPUs; make CUDA=emu test runs them on the CPU over the emulated
+ * NCCL of tests/emu/nccl.c, 4 emulated GPUs).
  */
 #include "transport_nccl.h"
 #include "idle_clock.h"

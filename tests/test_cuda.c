@@ -12,6 +12,7 @@
  *   bf16 one bf16 ulp against the CPU, fp16 one fp16 ulp against double;
  * - collectives, send/recv groups, split, host-buffer staging and agreement
  *   checks on cuda+local (P = 1..4) and on NCCL (P = 1, and P = every GPU);
+ * - NCCL with a rank that never calls: every rank returns within the timeout;
  * - the ring rotator over device buffers on both;
  * - backend/transport selection (runs everywhere: it checks what a machine
  *   without a GPU must choose and refuse).
@@ -29,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "harness.h"
 #include "collectives/comm.h"
@@ -932,6 +934,52 @@ static void test_collectives(void **state) {
     assert_results(&c->r, p, st);
 }
 
+/* A rank that never calls: the last rank returns without the barrier the
+ * others wait in. Every waiting rank must return within the timeout (1 s
+ * here) with DT_ERR_TIMEOUT or DT_ERR_PEER_FAILED, and the launch reports
+ * the failure. On NCCL the waiting ranks time out polling their event and
+ * abort; the early rank, in its teardown, sees the abort. */
+static dt_status rank_never_calls(dt_context *ctx, void *arg) {
+    results *r = arg;
+    int j = dt_context_rank(ctx), P = dt_context_world_size(ctx);
+    dt_status st = DT_SUCCESS;
+    if (j != P - 1) st = dt_comm_barrier(dt_context_comm(ctx));
+    r->st[j] = st;
+    if (st != DT_SUCCESS) snprintf(r->msg[j], sizeof r->msg[j], "%s", dt_last_error());
+    return st;
+}
+
+static void test_never_calls(void **state) {
+    (void)state;
+    char why[768];
+    int p = nccl_all_gpus(why, sizeof why);
+    if (p == 0) {
+        print_message("skipped: %s\n", why);
+        skip();
+        return;
+    }
+    results r;
+    memset(&r, 0, sizeof r);
+    dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+    o.backend = DT_BACKEND_CUDA;
+    o.transport = DT_TRANSPORT_NCCL;
+    o.timeout_ms = 1000;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    dt_status st = dt_launch(p, rank_never_calls, &r, &o);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    print_message("  %d ranks over NCCL, rank %d never calls: %s after %.2f s: %s\n", p, p - 1,
+                  dt_status_name(st), s, st == DT_SUCCESS ? "" : dt_last_error());
+    assert_int_not_equal(st, DT_SUCCESS);
+    for (int j = 0; j < p - 1; j++) {
+        if (r.st[j] != DT_ERR_TIMEOUT && r.st[j] != DT_ERR_PEER_FAILED)
+            print_error("rank %d: %s: %s\n", j, dt_status_name(r.st[j]), r.msg[j]);
+        assert_true(r.st[j] == DT_ERR_TIMEOUT || r.st[j] == DT_ERR_PEER_FAILED);
+    }
+    assert_true(s < 30.0);
+}
+
 /* ================================================================ the ring */
 
 #define RING_BYTES 1001 /* odd: the ring moves bytes */
@@ -1221,6 +1269,8 @@ int main(void) {
         add(&tb, test_ring, c, "ring/cuda+%s,%s,P=%s",
             c->transport == DT_TRANSPORT_NCCL ? "nccl" : "local", dt_ring_direction_name(c->dir), p);
     }
+
+    add(&tb, test_never_calls, NULL, "faults/cuda+nccl,P=all GPUs,last rank never calls: all return, timeout 1 s");
 
     int failed = h_run_cases("cuda", tb.tests, tb.n);
     free(tb.tests);

@@ -12,6 +12,9 @@
  *     host waits for it, in the waiting thread: as late as CUDA allows, so
  *     a missing wait shows (the streams section says when). Streams never
  *     overlap; an event's timestamp is the host clock when its record ran.
+ *     Work may be not ready (cudaStreamWaitEvent, the emulated NCCL of
+ *     nccl.c): calls that block in CUDA poll for it for at most 5 s, then
+ *     warn and go on.
  *   - Device memory is 256-byte aligned host memory, filled with 0xcd bytes
  *     when allocated (cudaHostAlloc's is not filled); a device holds
  *     min(80 GiB, half the host's RAM), and cudaMalloc beyond that fails
@@ -106,6 +109,13 @@ static const struct {
 static cudaError_t fail(cudaError_t e) {
     tl_error = e;
     return e;
+}
+
+/* cudaErrorNotReady ("not actually an error", says CUDA) is returned but,
+ * as by CUDA, not kept as the thread's last error: a query that polls must
+ * not make the next launch check fail. */
+static cudaError_t status(cudaError_t e) {
+    return e == cudaSuccess || e == cudaErrorNotReady ? e : fail(e);
 }
 
 cudaError_t cudaGetLastError(void) {
@@ -249,6 +259,10 @@ static int region(const void *p, size_t bytes) {
     return where;
 }
 
+int dt_emu_cuda_device_range(const void *p, size_t bytes) {
+    return p && bytes > 0 && region(p, bytes) > REGION_UNKNOWN;
+}
+
 static cudaError_t allocate(void **out, size_t bytes, int host) {
     if (!out) return fail(cudaErrorInvalidValue);
     *out = NULL;
@@ -282,11 +296,11 @@ static cudaError_t allocate(void **out, size_t bytes, int host) {
     return cudaSuccess;
 }
 
-static void wait_device(void);
+static void wait_device(const char *what);
 
 static cudaError_t release(void *p, int host) {
     if (!p) return cudaSuccess;
-    wait_device();   /* as cudaFree: queued work may still use it */
+    wait_device(host ? "cudaFreeHost" : "cudaFree");   /* queued work may still use it */
     alloc_rec *r = NULL;
     pthread_mutex_lock(&g_lock);
     for (size_t i = 0; i < g_n_allocs && !r; i++)
@@ -346,23 +360,41 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
 /* ----------------------------------------------------------------- streams
  *
  * Work is deferred, as on a GPU: a stream is a queue of operations (kernel
- * launches, copies, memsets, gemms, event records) that run in order, and
- * here they run only when the host waits for them -- cudaStreamQuery or
- * cudaStreamDestroy of their stream, cudaEventQuery / Synchronize of an
- * event recorded there, cudaFree / cudaFreeHost (which wait for the
- * device), and a copy into pageable host memory (synchronous in CUDA) -- so
- * as late as CUDA allows. Code that reads a result without waiting, or lets
- * a stream read a buffer that another stream, or the host, changes before
- * the wait, gets wrong numbers here as it could on a GPU. The NULL stream
- * runs its work at once, after every blocking (cudaStreamDefault) stream's.
+ * launches, copies, memsets, gemms, event records, event waits, and the
+ * emulated NCCL's collectives and send/receive groups, tests/emu/nccl.c)
+ * that run in order, and here they run only when the host waits for them
+ * -- cudaStreamQuery or cudaStreamDestroy of their stream, cudaEventQuery /
+ * Synchronize of an event recorded there, cudaFree / cudaFreeHost (which
+ * wait for the current device's streams), and a copy into pageable host
+ * memory (synchronous in CUDA) -- so as late as CUDA allows. Code that
+ * reads a result without waiting, or lets a stream read a buffer that
+ * another stream, or the host, changes before the wait, gets wrong numbers
+ * here as it could on a GPU. The NULL stream runs its work at once, after
+ * every blocking (cudaStreamDefault) stream's of the current device.
  * A failed operation (a kernel the emulator rejects) makes its stream
  * return cudaErrorLaunchFailure from then on, as a faulting kernel does.
  * One mutex (q_lock) guards every queue and is held while work runs, so
- * operations never overlap. */
+ * operations never overlap.
+ *
+ * An operation may be *not ready* (its run returns 1): a cudaStreamWaitEvent
+ * whose event's record has not run and cannot run yet, or an NCCL operation
+ * whose peers have not posted or reached their parts. It stays at the head
+ * of its stream, which stops there: cudaStreamQuery and cudaEventQuery then
+ * report cudaErrorNotReady, and a later wait tries again. Running an
+ * operation may run other streams' work (an event wait runs the event's
+ * stream up to the record; an NCCL operation runs its peers' streams up to
+ * their parts); a stream already being run further up (a dependency cycle)
+ * is not run again: the operation that needs it is not ready. Nothing here
+ * ever blocks, except where CUDA's call does (cudaFree, a synchronous copy,
+ * cudaEventSynchronize), and those poll for at most EMU_BLOCK_MS and then
+ * go on with a warning. */
+
+#define EMU_BLOCK_MS 5000
 
 typedef struct emu_op {
     struct emu_op *next;
-    /* Runs the operation and frees ctx; 0, or -1 with a message. NULL: an
+    /* Runs the operation; 0 (done: it freed ctx), -1 with a message (failed:
+     * it freed ctx), or 1 (not ready: ctx kept, run again later). NULL: an
      * event record. */
     int (*run)(void *ctx, char *err, size_t err_size);
     void *ctx;
@@ -370,20 +402,23 @@ typedef struct emu_op {
 } emu_op;
 
 struct CUstream_st {
-    uint32_t magic;
+    uint32_t magic;           /* 0 once destroyed with work still queued */
     unsigned flags;
+    int device;               /* current when it was created */
     emu_op *head, *tail;
     cudaError_t error;        /* sticky: the first failed operation's */
-    struct CUstream_st *next; /* every live stream */
+    int running;              /* its work is being run further up the call stack */
+    struct CUstream_st *next; /* every live stream, and destroyed ones still holding work */
 };
 
 struct CUevent_st {
-    uint32_t magic;
+    uint32_t magic;                 /* 0 once destroyed while records or waits were queued */
     unsigned flags;
     unsigned long recorded, done;   /* records queued, records run */
     cudaStream_t stream;            /* of the last record */
     cudaError_t error;              /* its stream's, when the record ran */
     double ms;                      /* host monotonic clock when the last record ran */
+    unsigned long refs;             /* queued records and waits that use it */
 };
 
 static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -403,51 +438,114 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-/* Runs one operation of stream s (NULL: the NULL stream); q_lock held. */
-static void run_op(cudaStream_t s, emu_op *op) {
+static void nap(void) {
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+}
+
+/* A queued record or wait let go of ev (q_lock held): a destroyed event is
+ * freed with the last. */
+static void event_unref(cudaEvent_t ev) {
+    if (--ev->refs == 0 && ev->magic != EVENT_MAGIC) free(ev);
+}
+
+/* Runs one operation of stream s (NULL: the NULL stream); q_lock held.
+ * 1: not ready (op stays queued); 0: done, op freed. */
+static int run_op(cudaStream_t s, emu_op *op) {
     if (!op->run) {
         op->event->done++;
         op->event->ms = now_ms();
         op->event->error = s ? s->error : cudaSuccess;
+        event_unref(op->event);
     } else {
         char err[512] = "";
-        if (op->run(op->ctx, err, sizeof err) != 0) {
+        int rc = op->run(op->ctx, err, sizeof err);
+        if (rc > 0) return 1;
+        if (rc != 0) {
             dt_emu_cuda_set_launch_error(err);
             if (s && s->error == cudaSuccess) s->error = cudaErrorLaunchFailure;
         }
     }
     free(op);
+    return 0;
 }
 
-/* Runs everything queued on s; q_lock held. */
-static void drain(cudaStream_t s) {
-    while (s->head) {
-        emu_op *op = s->head;
-        s->head = op->next;
+/* What stops a run of a stream's work short of its end. */
+typedef struct stop_at {
+    const void *ctx;           /* the head operation's ctx is this (it is not run) */
+    const int *flag;           /* *flag became non-zero */
+    cudaEvent_t ev;            /* ev->done reached target */
+    unsigned long target;
+} stop_at;
+
+static int stopped(cudaStream_t s, const stop_at *at) {
+    if (!at) return 0;
+    if (at->ctx && s->head && s->head->ctx == at->ctx) return 1;
+    if (at->flag && *at->flag) return 1;
+    return at->ev && at->ev->done >= at->target;
+}
+
+/* Runs s's work in order until it is empty, `at` says stop, or the head is
+ * not ready; a stream already being run further up is left alone (a cycle).
+ * q_lock held. Returns 1 if s is empty. */
+static int drain_to(cudaStream_t s, const stop_at *at) {
+    if (s->running) return s->head == NULL;
+    s->running = 1;
+    while (s->head && !stopped(s, at)) {
+        emu_op *op = s->head, *next = op->next;   /* nothing queues on s while op runs */
+        if (run_op(s, op) != 0) break;           /* op stays at the head */
+        s->head = next;                          /* run_op freed op */
         if (!s->head) s->tail = NULL;
-        run_op(s, op);
     }
+    s->running = 0;
+    return s->head == NULL;
 }
 
-/* Every stream, or only the blocking ones; q_lock held. */
-static void drain_all(int blocking_only) {
-    for (cudaStream_t s = g_streams; s; s = s->next)
-        if (!blocking_only || !(s->flags & cudaStreamNonBlocking)) drain(s);
+static int drain(cudaStream_t s) { return drain_to(s, NULL); }
+
+/* Every stream of `device` (-1: every device), or only the blocking ones;
+ * q_lock held. Streams destroyed with work queued are freed once it has
+ * run. Returns 1 if all of them are empty. */
+static int drain_all(int blocking_only, int device) {
+    int empty = 1;
+    for (cudaStream_t *p = &g_streams; *p;) {
+        cudaStream_t s = *p;
+        if ((!blocking_only || !(s->flags & cudaStreamNonBlocking)) &&
+            (device < 0 || s->device == device) && !drain(s))
+            empty = 0;
+        if (s->magic != STREAM_MAGIC && !s->head && !s->running) {
+            *p = s->next;
+            free(s);
+        } else {
+            p = &s->next;
+        }
+    }
+    return empty;
 }
 
-/* Queues op on s, or runs it now on the NULL stream. */
-static cudaError_t enqueue(cudaStream_t s, emu_op *op) {
-    pthread_mutex_lock(&q_lock);
+/* Queues op on s, or runs it now on the NULL stream; q_lock held. */
+static cudaError_t enqueue_locked(cudaStream_t s, emu_op *op) {
     cudaError_t e = check_stream(s);
     if (e == cudaSuccess && !s) {
-        drain_all(1);
-        run_op(NULL, op);
+        drain_all(1, tl_device);
+        if (run_op(NULL, op) != 0) {
+            /* Only the NCCL emulator's operations can be not ready, and it
+             * refuses the NULL stream. */
+            dt_emu_cuda_set_launch_error("an operation on the NULL stream was not ready");
+            free(op);
+        }
     } else if (e == cudaSuccess) {
         op->next = NULL;
         if (s->tail) s->tail->next = op;
         else s->head = op;
         s->tail = op;
     }
+    return e;
+}
+
+static cudaError_t enqueue(cudaStream_t s, emu_op *op) {
+    pthread_mutex_lock(&q_lock);
+    cudaError_t e = enqueue_locked(s, op);
     pthread_mutex_unlock(&q_lock);
     return e;
 }
@@ -473,6 +571,29 @@ cudaError_t dt_emu_cuda_enqueue(cudaStream_t stream, int (*run)(void *ctx, char 
     return cudaSuccess;
 }
 
+void dt_emu_cuda_lock(void) { pthread_mutex_lock(&q_lock); }
+void dt_emu_cuda_unlock(void) { pthread_mutex_unlock(&q_lock); }
+
+cudaError_t dt_emu_cuda_enqueue_locked(cudaStream_t stream,
+                                       int (*run)(void *ctx, char *err, size_t size), void *ctx) {
+    if (!stream) return cudaErrorInvalidResourceHandle;
+    emu_op *op = new_op(run, ctx);
+    if (!op) return cudaErrorMemoryAllocation;
+    cudaError_t e = enqueue_locked(stream, op);
+    if (e != cudaSuccess) free(op);
+    return e;
+}
+
+int dt_emu_cuda_reach(cudaStream_t stream, const void *ctx, const int *flag) {
+    stop_at at = {ctx, flag, NULL, 0};
+    drain_to(stream, &at);
+    return stream->head && stream->head->ctx == ctx;
+}
+
+int dt_emu_cuda_stream_device(cudaStream_t stream) {
+    return stream && stream->magic == STREAM_MAGIC ? stream->device : -1;
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
     if (!pStream || (flags & ~(unsigned)cudaStreamNonBlocking)) return fail(cudaErrorInvalidValue);
     cudaError_t e = check_device(tl_device);
@@ -481,6 +602,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
     if (!s) return fail(cudaErrorMemoryAllocation);
     s->magic = STREAM_MAGIC;
     s->flags = flags;
+    s->device = tl_device;
     pthread_mutex_lock(&q_lock);
     s->next = g_streams;
     g_streams = s;
@@ -489,18 +611,23 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
     return cudaSuccess;
 }
 
+/* CUDA lets queued work finish after cudaStreamDestroy returns: work that
+ * is not ready yet keeps the stream (no longer a valid handle) until it has
+ * run. */
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     pthread_mutex_lock(&q_lock);
     cudaError_t e = stream ? check_stream(stream) : cudaErrorInvalidResourceHandle;
     if (e == cudaSuccess) {
-        drain(stream);   /* CUDA lets queued work finish */
-        for (cudaStream_t *p = &g_streams; *p; p = &(*p)->next)
-            if (*p == stream) {
-                *p = stream->next;
-                break;
-            }
+        int empty = drain(stream);
         stream->magic = 0;
-        free(stream);
+        if (empty) {
+            for (cudaStream_t *p = &g_streams; *p; p = &(*p)->next)
+                if (*p == stream) {
+                    *p = stream->next;
+                    break;
+                }
+            free(stream);
+        }
     }
     pthread_mutex_unlock(&q_lock);
     return e == cudaSuccess ? e : fail(e);
@@ -510,13 +637,13 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     pthread_mutex_lock(&q_lock);
     cudaError_t e = check_stream(stream);
     if (e == cudaSuccess && stream) {
-        drain(stream);
-        e = stream->error;
+        int empty = drain(stream);
+        e = stream->error != cudaSuccess ? stream->error : empty ? cudaSuccess : cudaErrorNotReady;
     } else if (e == cudaSuccess) {
-        drain_all(1);
+        e = drain_all(1, tl_device) ? cudaSuccess : cudaErrorNotReady;
     }
     pthread_mutex_unlock(&q_lock);
-    return e == cudaSuccess ? e : fail(e);
+    return status(e);
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
@@ -535,19 +662,25 @@ cudaError_t cudaEventCreate(cudaEvent_t *event) {
     return cudaEventCreateWithFlags(event, cudaEventDefault);
 }
 
-/* Runs the stream of ev's last record up to it; q_lock held. */
-static void reach(cudaEvent_t ev) {
-    if (ev->done < ev->recorded && check_stream(ev->stream) == cudaSuccess && ev->stream)
-        drain(ev->stream);
+/* Runs the stream of ev's last record until the record numbered `target`
+ * has run, if it can; q_lock held. */
+static void reach_record(cudaEvent_t ev, unsigned long target) {
+    if (ev->done < target && ev->stream) {
+        stop_at at = {NULL, NULL, ev, target};
+        drain_to(ev->stream, &at);
+    }
 }
 
+static void reach(cudaEvent_t ev) { reach_record(ev, ev->recorded); }
+
+/* CUDA does not wait: queued records and waits keep the event until they
+ * have run. */
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
     pthread_mutex_lock(&q_lock);
     cudaError_t e = check_event(event);
     if (e == cudaSuccess) {
-        reach(event);   /* a queued record must not outlive it */
         event->magic = 0;
-        free(event);
+        if (event->refs == 0) free(event);
     }
     pthread_mutex_unlock(&q_lock);
     return e == cudaSuccess ? e : fail(e);
@@ -563,14 +696,62 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
         op->event = event;
         event->recorded++;
         event->stream = stream;
+        event->refs++;
+        e = enqueue_locked(stream, op);
+    } else {
+        free(op);
     }
     pthread_mutex_unlock(&q_lock);
-    if (e == cudaSuccess) e = enqueue(stream, op);
-    if (e != cudaSuccess) {
-        free(op);
-        return fail(e);
+    return e == cudaSuccess ? e : fail(e);
+}
+
+/* A queued cudaStreamWaitEvent: the record that was the event's last at
+ * the call must have run. */
+typedef struct wait_op {
+    cudaEvent_t ev;
+    unsigned long target;
+} wait_op;
+
+static int run_wait(void *ctx, char *err, size_t err_size) {
+    (void)err;
+    (void)err_size;
+    wait_op *w = (wait_op *)ctx;
+    reach_record(w->ev, w->target);
+    if (w->ev->done < w->target) return 1;
+    event_unref(w->ev);
+    free(w);
+    return 0;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+    if (flags & ~(unsigned)cudaEventWaitExternal) return fail(cudaErrorInvalidValue);
+    pthread_mutex_lock(&q_lock);
+    cudaError_t e = check_event(event);
+    if (e == cudaSuccess) e = check_stream(stream);
+    if (e == cudaSuccess && event->done < event->recorded) {
+        if (!stream) {
+            /* The NULL stream's later work runs at once anyway. */
+            reach(event);
+        } else {
+            wait_op *w = (wait_op *)malloc(sizeof *w);
+            emu_op *op = w ? new_op(run_wait, w) : NULL;
+            if (!op) {
+                free(w);
+                e = cudaErrorMemoryAllocation;
+            } else {
+                *w = (wait_op){event, event->recorded};
+                event->refs++;
+                e = enqueue_locked(stream, op);
+                if (e != cudaSuccess) {
+                    event->refs--;
+                    free(w);
+                    free(op);
+                }
+            }
+        }
     }
-    return cudaSuccess;
+    pthread_mutex_unlock(&q_lock);
+    return e == cudaSuccess ? e : fail(e);
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
@@ -581,10 +762,24 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
         e = event->done < event->recorded ? cudaErrorNotReady : event->error;
     }
     pthread_mutex_unlock(&q_lock);
-    return e == cudaSuccess ? e : fail(e);
+    return status(e);
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t event) { return cudaEventQuery(event); }
+/* Blocks as CUDA does, but for at most EMU_BLOCK_MS. */
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    double t0 = now_ms();
+    for (;;) {
+        cudaError_t e = cudaEventQuery(event);
+        if (e != cudaErrorNotReady) return e;
+        if (now_ms() - t0 > EMU_BLOCK_MS) {
+            fprintf(stderr, "CUDA emulator: cudaEventSynchronize: the event's work was not ready "
+                            "within %d ms (on a GPU this call would go on waiting)\n",
+                    EMU_BLOCK_MS);
+            return cudaErrorNotReady;
+        }
+        nap();
+    }
+}
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     if (!ms) return fail(cudaErrorInvalidValue);
@@ -599,15 +794,44 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
     else
         *ms = (float)(end->ms - start->ms);
     pthread_mutex_unlock(&q_lock);
-    return e == cudaSuccess ? e : fail(e);
+    return status(e);
 }
 
-/* Waits for every stream (cudaFree and cudaFreeHost do: the device may
- * still use the memory). */
-static void wait_device(void) {
-    pthread_mutex_lock(&q_lock);
-    drain_all(0);
-    pthread_mutex_unlock(&q_lock);
+/* Waits for every stream of the current device (cudaFree and cudaFreeHost
+ * do: the device may still use the memory). Work that is not ready (a
+ * collective whose peers have not posted yet) is polled for, as CUDA would
+ * block, for at most EMU_BLOCK_MS; then a warning, and the call goes on. */
+static void wait_device(const char *what) {
+    double t0 = now_ms();
+    for (;;) {
+        pthread_mutex_lock(&q_lock);
+        int empty = drain_all(0, tl_device);
+        pthread_mutex_unlock(&q_lock);
+        if (empty) return;
+        if (now_ms() - t0 > EMU_BLOCK_MS) {
+            fprintf(stderr, "CUDA emulator: %s: device %d still has queued work that is not ready "
+                            "after %d ms (on a GPU this call would go on waiting for it); going "
+                            "on\n", what, tl_device, EMU_BLOCK_MS);
+            return;
+        }
+        nap();
+    }
+}
+
+/* Waits for everything queued on s, as a synchronous call does: polls
+ * for at most EMU_BLOCK_MS, then warns and returns cudaErrorNotReady. */
+static cudaError_t wait_stream(cudaStream_t s, const char *what) {
+    double t0 = now_ms();
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(s);
+        if (e != cudaErrorNotReady) return e;
+        if (now_ms() - t0 > EMU_BLOCK_MS) {
+            fprintf(stderr, "CUDA emulator: %s: the stream's work was not ready within %d ms (on "
+                            "a GPU this call would go on waiting)\n", what, EMU_BLOCK_MS);
+            return e;
+        }
+        nap();
+    }
 }
 
 /* ------------------------------------------------------------------ copies */
@@ -667,7 +891,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
     }
     e = enqueue(stream, op);
     if (e == cudaSuccess && rd == REGION_UNKNOWN && rs != REGION_UNKNOWN && stream)
-        e = cudaStreamQuery(stream);   /* into pageable memory: done on return */
+        e = wait_stream(stream, "cudaMemcpy(Async) into pageable memory");   /* done on return */
     return e == cudaSuccess ? e : fail(e);
 }
 

@@ -11,7 +11,7 @@
  *
  * How the emulation differs from a GPU is described in tests/emu/cudart.c:
  * in short, one or more devices whose memory is host memory, and every
- * stream operation done synchronously by the calling thread. Thread-safe. */
+ * stream operation deferred until the host waits for it. Thread-safe. */
 #ifndef DT_TEST_EMU_CUDA_RUNTIME_API_H
 #define DT_TEST_EMU_CUDA_RUNTIME_API_H
 
@@ -101,6 +101,9 @@ enum cudaFuncAttribute {
 #define cudaEventBlockingSync 0x01
 #define cudaEventDisableTiming 0x02
 
+#define cudaEventWaitDefault 0x00
+#define cudaEventWaitExternal 0x01
+
 #define cudaHostAllocDefault 0x00
 
 /* ---- errors: the calling thread's last error ---- */
@@ -132,6 +135,7 @@ cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
 cudaError_t cudaEventCreate(cudaEvent_t *event);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
