@@ -432,13 +432,13 @@ static cudaError_t check_event(cudaEvent_t ev) {
     return ev && ev->magic == EVENT_MAGIC ? cudaSuccess : cudaErrorInvalidResourceHandle;
 }
 
-static double now_ms(void) {
+double dt_emu_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-static void nap(void) {
+void dt_emu_nap(void) {
     struct timespec ts = {0, 200000};
     nanosleep(&ts, NULL);
 }
@@ -454,7 +454,7 @@ static void event_unref(cudaEvent_t ev) {
 static int run_op(cudaStream_t s, emu_op *op) {
     if (!op->run) {
         op->event->done++;
-        op->event->ms = now_ms();
+        op->event->ms = dt_emu_now_ms();
         op->event->error = s ? s->error : cudaSuccess;
         event_unref(op->event);
     } else {
@@ -767,17 +767,17 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 
 /* Blocks as CUDA does, but for at most EMU_BLOCK_MS. */
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-    double t0 = now_ms();
+    double t0 = dt_emu_now_ms();
     for (;;) {
         cudaError_t e = cudaEventQuery(event);
         if (e != cudaErrorNotReady) return e;
-        if (now_ms() - t0 > EMU_BLOCK_MS) {
+        if (dt_emu_now_ms() - t0 > EMU_BLOCK_MS) {
             fprintf(stderr, "CUDA emulator: cudaEventSynchronize: the event's work was not ready "
                             "within %d ms (on a GPU this call would go on waiting)\n",
                     EMU_BLOCK_MS);
             return cudaErrorNotReady;
         }
-        nap();
+        dt_emu_nap();
     }
 }
 
@@ -802,35 +802,35 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
  * collective whose peers have not posted yet) is polled for, as CUDA would
  * block, for at most EMU_BLOCK_MS; then a warning, and the call goes on. */
 static void wait_device(const char *what) {
-    double t0 = now_ms();
+    double t0 = dt_emu_now_ms();
     for (;;) {
         pthread_mutex_lock(&q_lock);
         int empty = drain_all(0, tl_device);
         pthread_mutex_unlock(&q_lock);
         if (empty) return;
-        if (now_ms() - t0 > EMU_BLOCK_MS) {
+        if (dt_emu_now_ms() - t0 > EMU_BLOCK_MS) {
             fprintf(stderr, "CUDA emulator: %s: device %d still has queued work that is not ready "
                             "after %d ms (on a GPU this call would go on waiting for it); going "
                             "on\n", what, tl_device, EMU_BLOCK_MS);
             return;
         }
-        nap();
+        dt_emu_nap();
     }
 }
 
 /* Waits for everything queued on s, as a synchronous call does: polls
  * for at most EMU_BLOCK_MS, then warns and returns cudaErrorNotReady. */
 static cudaError_t wait_stream(cudaStream_t s, const char *what) {
-    double t0 = now_ms();
+    double t0 = dt_emu_now_ms();
     for (;;) {
         cudaError_t e = cudaStreamQuery(s);
         if (e != cudaErrorNotReady) return e;
-        if (now_ms() - t0 > EMU_BLOCK_MS) {
+        if (dt_emu_now_ms() - t0 > EMU_BLOCK_MS) {
             fprintf(stderr, "CUDA emulator: %s: the stream's work was not ready within %d ms (on "
                             "a GPU this call would go on waiting)\n", what, EMU_BLOCK_MS);
             return e;
         }
-        nap();
+        dt_emu_nap();
     }
 }
 

@@ -34,6 +34,11 @@ cudaError_t dt_emu_cuda_enqueue(cudaStream_t stream, int (*run)(void *ctx, char 
  *     (a cycle). Returns 1 if the head is then ctx's operation.
  *   dt_emu_cuda_stream_device: the device a valid stream was created on;
  *     -1 for an invalid stream. */
+/* The host's monotonic clock in ms, and a 0.2 ms sleep: the bounded polls
+ * of cudart.c and nccl.c. */
+double dt_emu_now_ms(void);
+void dt_emu_nap(void);
+
 void dt_emu_cuda_lock(void);
 void dt_emu_cuda_unlock(void);
 cudaError_t dt_emu_cuda_enqueue_locked(cudaStream_t stream,

@@ -252,17 +252,6 @@ static int valid(ncclComm_t h) {
     return 0;
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static void nap(void) {
-    struct timespec ts = {0, 200000};
-    nanosleep(&ts, NULL);
-}
-
 static clique *clique_new(int nranks) {
     clique *cl = (clique *)calloc(1, sizeof *cl);
     if (!cl) return NULL;
@@ -319,15 +308,15 @@ static ncclResult_t state_of(ncclComm_t h) {
 /* Blocking communicators: poll until settled (lock held; it is released
  * while napping). */
 static ncclResult_t settle(ncclComm_t h, const char *fn) {
-    double t0 = now_ms();
+    double t0 = dt_emu_now_ms();
     for (;;) {
         ncclResult_t st = state_of(h);
         if (st != ncclInProgress) return st;
-        if (now_ms() - t0 > EMU_NCCL_BLOCK_MS)
+        if (dt_emu_now_ms() - t0 > EMU_NCCL_BLOCK_MS)
             return nfail(ncclSystemError, "%s: the other ranks did not arrive within %d ms (NCCL "
                          "emulator)", fn, EMU_NCCL_BLOCK_MS);
         unlock();
-        nap();
+        dt_emu_nap();
         lock();
         if (!valid(h)) return nfail(ncclInvalidUsage, "%s: the communicator was destroyed", fn);
     }
