@@ -269,7 +269,7 @@ DT_LDFLAGS += $(filter-out -I%,$(CUDA_FLAGS))
 DT_LDLIBS += -lcublas -lcudart
 # No exceptions, RTTI or thread-safe statics: the objects need no C++ runtime,
 # so C programs link the library with cc alone.
-NVCC_FLAGS := -arch=$(NVCC_ARCH) -std=c++17 $(if $(DEBUG_ON),-O0 -g -G,-O2 -g) \
+NVCC_FLAGS := -std=c++17 $(if $(DEBUG_ON),-O0 -g -G,-O2 -g) \
     -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-fno-exceptions,-fno-rtti,-fno-threadsafe-statics \
     -Werror all-warnings -I. -DDT_HAVE_CUDA \
     $(if $(BUILD_NCCL),-DDT_HAVE_NCCL) $(if $(DEBUG_ON),-DDT_DEBUG)
@@ -299,7 +299,7 @@ endif
 # of linking stale objects.
 STAMP := $(BUILD)/.flags
 FLAGS_SIG := $(CC) $(CXX) $(EMU_CXXFLAGS) | $(DT_CPPFLAGS) | $(DT_CFLAGS) | $(DT_LDFLAGS) | $(DT_LDLIBS) | \
-    $(TEST_CPPFLAGS) $(TEST_LDFLAGS) | $(CU_SRCS) $(NVCC_FLAGS) | $(MPI_CPPFLAGS)
+    $(TEST_CPPFLAGS) $(TEST_LDFLAGS) | $(CU_SRCS) $(NVCC_ARCH) $(NVCC_FLAGS) | $(MPI_CPPFLAGS)
 ifeq ($(PROBE),1)
 ifneq ($(FLAGS_SIG),$(file <$(STAMP)))
 $(shell mkdir -p $(BUILD))
@@ -394,7 +394,15 @@ $(BUILD)/obj/%.o: %.c $(STAMP)
 $(BUILD)/obj/tests/%.o: DT_CPPFLAGS += $(TEST_CPPFLAGS)
 
 # CUDA=emu: the host C++ compiler, for the emulator (EMU_CXXFLAGS).
-CU_COMPILE = $(if $(EMU_ON),$(CXX) -x c++ $(EMU_CXXFLAGS) -DDT_HAVE_CUDA,$(NVCC) $(NVCC_FLAGS))
+CU_COMPILE = $(if $(EMU_ON),$(CXX) -x c++ $(EMU_CXXFLAGS) -DDT_HAVE_CUDA,$(NVCC) $(CU_ARCH_FLAGS) $(NVCC_FLAGS))
+CU_ARCH_FLAGS = -arch=$(NVCC_ARCH)
+# The Hopper attention kernel uses wgmma, which exists only for the
+# architecture-specific target sm_90a (its cubin runs on 9.0 devices: H100,
+# H200). With NVCC_ARCH=sm_90 that file is built for sm_90a and its host
+# side told so (DT_WGMMA_SM90A); for any other NVCC_ARCH it keeps trapping
+# stubs and reports the kernel unavailable.
+$(BUILD)/obj/attention/block_cuda_wgmma.cu.o: CU_ARCH_FLAGS = \
+    $(if $(filter sm_90 sm_90a,$(NVCC_ARCH)),-arch=sm_90a -DDT_WGMMA_SM90A,-arch=$(NVCC_ARCH))
 $(BUILD)/obj/%.cu.o: %.cu $(STAMP)
 	@mkdir -p $(@D)
 	$(CU_COMPILE) -MMD -MP -MF $(@:.o=.d) -c $< -o $@

@@ -14,11 +14,15 @@
  * The CUDA backend has two kernels for each direction: simple scalar ones
  * (block_cuda.cu, every dtype and head dim) and tensor-core ones
  * (block_cuda_mma.cu forward, block_cuda_mma_bwd.cu backward: bf16 / fp16,
- * head dim 64 or 128, compute capability >= 8.0). DT_ATTN_KERNEL (auto |
- * simple | mma), read once per attention call when its plan is made
- * (plan.c), picks between them for the forward and the backward alike; the
- * CPU kernels ignore it. The tensor-core kernels have run on the CPU
- * emulator of CUDA (tests/emu), never yet on a GPU.
+ * head dim 64 or 128, compute capability >= 8.0), and a third forward
+ * kernel for Hopper (block_cuda_wgmma.cu: warpgroup MMA, compute capability
+ * 9.0, an sm_90 build). DT_ATTN_KERNEL (auto | simple | mma | wgmma), read
+ * once per attention call when its plan is made (plan.c), picks between
+ * them for the forward and the backward alike; the CPU kernels ignore it.
+ * auto means mma where it can run, else simple: wgmma is chosen only by
+ * name until it has been measured and checked on an H100. The tensor-core
+ * kernels have run on the CPU emulator of CUDA (tests/emu), never yet on a
+ * GPU.
  */
 #ifndef DT_ATTN_BLOCK_H
 #define DT_ATTN_BLOCK_H
@@ -36,11 +40,13 @@ typedef enum dt_attn_kernel_choice {
     DT_ATTN_KERNEL_AUTO = 0,   /* the tensor-core kernel where it can run, else the simple one */
     DT_ATTN_KERNEL_SIMPLE,     /* always the simple kernel */
     DT_ATTN_KERNEL_MMA,        /* the tensor-core kernel, or DT_ERR_NOT_SUPPORTED */
+    DT_ATTN_KERNEL_WGMMA,      /* forward: the Hopper wgmma kernel, or DT_ERR_NOT_SUPPORTED;
+                                  backward: as mma (there is no wgmma backward yet) */
     DT_ATTN_KERNEL_COUNT
 } dt_attn_kernel_choice;
 
 /* Which CUDA kernel runs a block, forward and backward alike (DT_ATTN_KERNEL).
- * "auto", "simple", "mma"; "unknown" otherwise (plan.c). */
+ * "auto", "simple", "mma", "wgmma"; "unknown" otherwise (plan.c). */
 const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k);
 
 typedef struct dt_attn_block_args {

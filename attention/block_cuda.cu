@@ -20,10 +20,14 @@
  *     and V tiles are staged in shared memory as fp32 (bf16 / fp16 are
  *     widened on load). Every dtype and head dim; the fallback, and the
  *     in-tree cross-check of the mma kernel.
- * DT_ATTN_KERNEL=auto|simple|mma (read by the attention plan, once per
- * call, and passed in dt_attn_block_args.kernel) picks: auto as above,
- * simple always, mma or DT_ERR_NOT_SUPPORTED naming what is missing
- * (checked before the ring loop by kernel_check; alignment per block).
+ *   - wgmma (block_cuda_wgmma.cu): Hopper warpgroup MMA, bf16 / fp16, head
+ *     dim 64 or 128, compute capability 9.0 and an sm_90 build; only when
+ *     asked for by name (never yet run on a GPU).
+ * DT_ATTN_KERNEL=auto|simple|mma|wgmma (read by the attention plan, once
+ * per call, and passed in dt_attn_block_args.kernel) picks: auto as above,
+ * simple always, mma or wgmma or DT_ERR_NOT_SUPPORTED naming what is
+ * missing (checked before the ring loop by kernel_check; alignment per
+ * block).
  *
  * Backward: two kernels too, chosen per block by bwd() with the same rule
  * and the same checks as the forward (dt_attn_mma_supported, and
@@ -267,14 +271,15 @@ dt_status init(dt_backend *be, size_t rows, int64_t dim, float *acc, float *m, f
 }
 
 /* Plan time (once per call): can the requested kernel run this dtype and
- * head dim on this device? Only a forced mma can fail. */
+ * head dim on this device? Only a forced mma or wgmma can fail (wgmma's
+ * needs include mma's, which its backward uses). */
 dt_status kernel_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_kernel_choice want,
                        char *why, size_t why_size) {
-    if (want != DT_ATTN_KERNEL_MMA) return DT_SUCCESS;
-    return dt_attn_mma_supported(dtype, dim, dt_backend_cuda_compute_capability(be), why,
-                                 why_size)
-               ? DT_SUCCESS
-               : DT_ERR_NOT_SUPPORTED;
+    const int cc = dt_backend_cuda_compute_capability(be);
+    int ok = 1;
+    if (want == DT_ATTN_KERNEL_MMA) ok = dt_attn_mma_supported(dtype, dim, cc, why, why_size);
+    if (want == DT_ATTN_KERNEL_WGMMA) ok = dt_attn_wgmma_supported(dtype, dim, cc, why, why_size);
+    return ok ? DT_SUCCESS : DT_ERR_NOT_SUPPORTED;
 }
 
 dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
@@ -282,13 +287,15 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     if (a->qseg.len == 0 || a->kseg.len == 0) return DT_SUCCESS;
     if (a->kernel != DT_ATTN_KERNEL_SIMPLE) {
         char why[256] = "";
-        if (dt_attn_mma_supported(a->dtype, a->dim, dt_backend_cuda_compute_capability(be), why,
-                                  sizeof why) &&
+        const int cc = dt_backend_cuda_compute_capability(be);
+        const int wgmma = a->kernel == DT_ATTN_KERNEL_WGMMA;
+        if ((wgmma ? dt_attn_wgmma_supported(a->dtype, a->dim, cc, why, sizeof why)
+                   : dt_attn_mma_supported(a->dtype, a->dim, cc, why, sizeof why)) &&
             dt_attn_mma_block_ok(a, why, sizeof why))
-            return dt_attn_mma_fwd(stream_of(be), a);
-        if (a->kernel == DT_ATTN_KERNEL_MMA)
-            return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=mma: %s",
-                            be->rank, why);
+            return wgmma ? dt_attn_wgmma_fwd(stream_of(be), a) : dt_attn_mma_fwd(stream_of(be), a);
+        if (a->kernel != DT_ATTN_KERNEL_AUTO)
+            return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=%s: %s",
+                            be->rank, dt_attn_kernel_choice_name(a->kernel), why);
     }
     dim3 grid((unsigned)((a->qseg.len + TQ - 1) / TQ), (unsigned)a->heads, (unsigned)a->batch);
     size_t smem = 2 * TK * (size_t)a->dim * sizeof(float);   /* up to 128 KiB at D = 256 */
@@ -325,10 +332,10 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
                                   sizeof why) &&
             dt_attn_mma_bwd_block_ok(a, why, sizeof why))
             return dt_attn_mma_bwd(stream_of(be), a);
-        if (a->kernel == DT_ATTN_KERNEL_MMA)
+        if (a->kernel != DT_ATTN_KERNEL_AUTO)   /* mma, or wgmma: no wgmma backward yet */
             return dt_error(DT_ERR_NOT_SUPPORTED,
-                            "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=mma: %s", be->rank,
-                            why);
+                            "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=%s: %s", be->rank,
+                            dt_attn_kernel_choice_name(a->kernel), why);
     }
     dim3 gq((unsigned)((a->qseg.len + 127) / 128), (unsigned)a->heads, (unsigned)a->batch);
     dt_cuda_launch(bwd_dq_kernel, gq, 128, 0, stream_of(be), *a);

@@ -55,7 +55,8 @@
  * keeps the next iteration's copies off the stage still being read.
  *
  * The PTX wrappers and the tile copy are shared with the backward kernel
- * (block_cuda_mma_bwd.cu) in mma_device.cuh.
+ * (block_cuda_mma_bwd.cu), the online softmax with the Hopper forward kernel
+ * (block_cuda_wgmma.cu), all in mma_device.cuh.
  *
  * Every index comes from mma_layout.h, whose functions tests/test_attention.c
  * runs on the CPU against an ldmatrix / mma.sync emulation written from the
@@ -87,7 +88,6 @@ static_assert(BN % 16 == 0, "key tiles are whole k-steps of the P V product");
 
 #ifndef DT_MMA_STUB
 constexpr int NT_S = BN / 8;              /* n-tiles (8 keys each) of a warp's S */
-constexpr float LOG2E = 1.4426950408889634f;
 
 /* ------------------------------------------------------------ tile steps */
 
@@ -138,52 +138,6 @@ __device__ __forceinline__ void tile_scores(float (&s)[NT_S][4], const uint32_t 
         }
 }
 
-/* The online softmax of one key tile, on the lane's two rows (half 0: row
- * g, half 1: row g+8 of the warp's 16). In: s = raw Q K^T. Out: s = P (fp32),
- * m, l updated, o rescaled by alpha. MASKED: keys y >= lim[half] of the row
- * become -inf (key0 is the tile's first key). */
-template <bool MASKED, int D>
-__device__ __forceinline__ void online_softmax(float (&s)[NT_S][4], float (&m)[2], float (&l)[2],
-                                               float (&o)[D / 8][4], const int64_t (&lim)[2],
-                                               int64_t key0, int lane, float scale) {
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < NT_S; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int half = dt_mma_c_half(i);
-            float v = s[j][i] * scale;
-            if (MASKED && key0 + 8 * j + dt_mma_c_col(lane, i) >= lim[half]) v = -INFINITY;
-            s[j][i] = v;
-            mx[half] = fmaxf(mx[half], v);
-        }
-    float mu[2], alpha[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const float m_new = fmaxf(m[half], quad_max(mx[half]));
-        /* exponent base: 0 while the row has no allowed key (m_new = -inf),
-         * so every exp2f below sees -inf - 0, never -inf - -inf */
-        mu[half] = m_new == -INFINITY ? 0.0f : m_new;
-        alpha[half] = exp2f((m[half] - mu[half]) * LOG2E);   /* 0 when m was -inf */
-        m[half] = m_new;
-    }
-#pragma unroll
-    for (int j = 0; j < NT_S; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int half = dt_mma_c_half(i);
-            const float p = exp2f((s[j][i] - mu[half]) * LOG2E);
-            s[j][i] = p;
-            sum[half] += p;
-        }
-#pragma unroll
-    for (int half = 0; half < 2; half++) l[half] = l[half] * alpha[half] + quad_sum(sum[half]);
-#pragma unroll
-    for (int j = 0; j < D / 8; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) o[j][i] *= alpha[dt_mma_c_half(i)];
-}
-
 /* o += P V: P from the S accumulators (rounded to T), V from a V stage. */
 template <typename T, int D>
 __device__ __forceinline__ void tile_pv(float (&o)[D / 8][4], const float (&p)[NT_S][4],
@@ -191,11 +145,7 @@ __device__ __forceinline__ void tile_pv(float (&o)[D / 8][4], const float (&p)[N
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) {   /* keys 16kk .. 16kk+15 */
         uint32_t pa[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const int j = dt_mma_p_tile(kk, r), e = dt_mma_p_elem(r);
-            pa[r] = elem<T>::pack(p[j][e], p[j][e + 1]);
-        }
+        p_fragment<T>(pa, p, kk);
 #pragma unroll
         for (int jd = 0; jd < D / 16; jd++) {   /* d 16jd .. 16jd+15: n-tiles 2jd, 2jd+1 */
             uint32_t vb[4];
@@ -295,9 +245,9 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
         float s[NT_S][4];
         tile_scores<T, D>(s, qf, k_stage<T, D>(smem, stage), lane);
         if (kt < n_unmasked)
-            online_softmax<false, D>(s, m, l, o, lim, kt * BN, lane, a.scale);
+            online_softmax<false, NT_S, D>(s, m, l, o, lim, kt * BN, lane, a.scale);
         else
-            online_softmax<true, D>(s, m, l, o, lim, kt * BN, lane, a.scale);
+            online_softmax<true, NT_S, D>(s, m, l, o, lim, kt * BN, lane, a.scale);
         tile_pv<T, D>(o, s, v_stage<T, D>(smem, stage), lane);
         __syncthreads();   /* stage is refilled by iteration kt+1's copies */
     }
@@ -323,7 +273,7 @@ template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a) {
     const dim3 grid((unsigned)((a->qseg.len + BM - 1) / BM), (unsigned)a->heads,
                     (unsigned)a->batch);
-    return dt_mma_launch(fwd_mma_kernel<T, D>, grid, (size_t)(BM + 4 * BN) * D * sizeof(T),
+    return dt_mma_launch(fwd_mma_kernel<T, D>, grid, DT_MMA_THREADS, (size_t)(BM + 4 * BN) * D * sizeof(T),
                          stream, *a, "forward", D, a->dtype);
 }
 

@@ -1,5 +1,6 @@
 /* attention/block_cuda_mma.h — PRIVATE. The tensor-core block kernels,
- * forward (block_cuda_mma.cu) and backward (block_cuda_mma_bwd.cu), for the
+ * forward (block_cuda_mma.cu, and for Hopper block_cuda_wgmma.cu) and
+ * backward (block_cuda_mma_bwd.cu), for the
  * CUDA kernel table in block_cuda.cu, which chooses between them and the
  * simple kernels (DT_ATTN_KERNEL, block.h). Both have run on the CPU
  * emulator of CUDA (tests/emu), never yet on a GPU.
@@ -20,6 +21,8 @@
 #define dt_attn_mma_bwd_block_ok dt_emu_attn_mma_bwd_block_ok
 #define dt_attn_mma_fwd dt_emu_attn_mma_fwd
 #define dt_attn_mma_bwd dt_emu_attn_mma_bwd
+#define dt_attn_wgmma_supported dt_emu_attn_wgmma_supported
+#define dt_attn_wgmma_fwd dt_emu_attn_wgmma_fwd
 #endif
 
 #ifdef __cplusplus
@@ -51,6 +54,17 @@ dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a);
  * dt_attn_mma_supported and dt_attn_mma_bwd_block_ok. Returns
  * DT_ERR_BACKEND with CUDA's message if the launch fails. */
 dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a);
+
+/* The Hopper forward kernel (block_cuda_wgmma.cu: wgmma, sm_90a). 1 if it
+ * handles this dtype and head dim on a device of compute capability cc:
+ * what dt_attn_mma_supported takes, on a 9.0 device, in a build whose
+ * device code is for sm_90 (NVCC_ARCH); otherwise 0 and why. Its blocks
+ * have the needs of dt_attn_mma_block_ok. */
+int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size_t why_size);
+
+/* Runs one forward block on `stream` with the wgmma kernel, as
+ * dt_attn_mma_fwd (same contract, same error). */
+dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a);
 
 #ifdef __cplusplus
 }

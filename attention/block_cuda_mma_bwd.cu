@@ -113,7 +113,6 @@ constexpr size_t bwd_smem_bytes() {
 
 #ifndef DT_MMA_STUB
 constexpr int NT = BN / 8;                /* n-tiles (8 keys each) of a warp's S and dP */
-constexpr float LOG2E = 1.4426950408889634f;
 
 /* ------------------------------------------------------ shared-memory map */
 
@@ -247,12 +246,7 @@ __device__ __forceinline__ void warp_dq(float *dqg, int64_t rs, const float (&ds
                                         const bool (&live)[2], int lane, float scale) {
     uint32_t da[BN / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const int j = dt_mma_p_tile(kk, r), e = dt_mma_p_elem(r);
-            da[kk][r] = elem<T>::pack(ds[j][e], ds[j][e + 1]);
-        }
+    for (int kk = 0; kk < BN / 16; kk++) p_fragment<T>(da[kk], ds, kk);
 #pragma unroll
     for (int jd = 0; jd < D / 16; jd++) {
         float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
@@ -415,7 +409,7 @@ template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a) {
     const dim3 grid((unsigned)((a->kseg.len + BN - 1) / BN), (unsigned)a->kv_heads,
                     (unsigned)a->batch);
-    return dt_mma_launch(bwd_mma_kernel<T, D>, grid, bwd_smem_bytes<T, D>(), stream, *a,
+    return dt_mma_launch(bwd_mma_kernel<T, D>, grid, DT_MMA_THREADS, bwd_smem_bytes<T, D>(), stream, *a,
                          "backward", D, a->dtype);
 }
 

@@ -1,7 +1,9 @@
-/* attention/mma_device.cuh — PRIVATE. The device helpers both tensor-core
+/* attention/mma_device.cuh — PRIVATE. The device helpers the tensor-core
  * attention kernels share (block_cuda_mma.cu: forward, block_cuda_mma_bwd.cu:
- * backward): thin PTX wrappers (cp.async, ldmatrix, mma.sync m16n8k16),
- * the per-element-type packing, quad reductions and the swizzled tile copy.
+ * backward, block_cuda_wgmma.cu: the Hopper forward): thin PTX wrappers
+ * (cp.async, ldmatrix, mma.sync m16n8k16), the per-element-type packing,
+ * quad reductions, the online softmax of the forward kernels, P as an A
+ * fragment, and the swizzled tile copy.
  * CUDA C++ only. Every index they are given comes from mma_layout.h (tested
  * on the CPU by tests/test_attention.c).
  *
@@ -157,6 +159,8 @@ struct elem<__half> {
     }
 };
 
+constexpr float LOG2E = 1.4426950408889634f;
+
 /* Reductions over the 4 lanes of a quad (lanes 4g .. 4g+3 hold row g). */
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -166,6 +170,68 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/* The online softmax of one key tile of NT n-tiles (8 keys each), on the
+ * lane's two rows (half 0: row g, half 1: row g+8 of the warp's 16), for
+ * both forward kernels (mma.sync: block_cuda_mma.cu; wgmma:
+ * block_cuda_wgmma.cu, whose accumulators have the same per-warp layout).
+ * In: s = raw Q K^T. Out: s = P (fp32), m, l updated, o rescaled by alpha.
+ * MASKED: keys y >= lim[half] of the row become -inf (key0 is the tile's
+ * first key). Exponentials are exp2f((x - m) * log2(e)) with m in natural-
+ * log units (block_cuda_mma.cu says why). */
+template <bool MASKED, int NT, int D>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2],
+                                               float (&o)[D / 8][4], const int64_t (&lim)[2],
+                                               int64_t key0, int lane, float scale) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int half = dt_mma_c_half(i);
+            float v = s[j][i] * scale;
+            if (MASKED && key0 + 8 * j + dt_mma_c_col(lane, i) >= lim[half]) v = -INFINITY;
+            s[j][i] = v;
+            mx[half] = fmaxf(mx[half], v);
+        }
+    float mu[2], alpha[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const float m_new = fmaxf(m[half], quad_max(mx[half]));
+        /* exponent base: 0 while the row has no allowed key (m_new = -inf),
+         * so every exp2f below sees -inf - 0, never -inf - -inf */
+        mu[half] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[half] = exp2f((m[half] - mu[half]) * LOG2E);   /* 0 when m was -inf */
+        m[half] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int half = dt_mma_c_half(i);
+            const float p = exp2f((s[j][i] - mu[half]) * LOG2E);
+            s[j][i] = p;
+            sum[half] += p;
+        }
+#pragma unroll
+    for (int half = 0; half < 2; half++) l[half] = l[half] * alpha[half] + quad_sum(sum[half]);
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[j][i] *= alpha[dt_mma_c_half(i)];
+}
+
+/* P (or dS) as the A fragment of the k-step over keys 16 kk .. 16 kk + 15,
+ * straight from the score accumulators, rounded to T (mma_layout.h,
+ * dt_mma_p_tile). */
+template <typename T, int NT>
+__device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (&p)[NT][4], int kk) {
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int j = dt_mma_p_tile(kk, r), e = dt_mma_p_elem(r);
+        pa[r] = elem<T>::pack(p[j][e], p[j][e + 1]);
+    }
 }
 
 /* ------------------------------------------------------------ tile copies */
@@ -194,11 +260,11 @@ __device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_st
 
 namespace {
 
-/* Host: kernel<<<grid, DT_MMA_THREADS, smem, stream>>>(args) after raising
- * its dynamic shared-memory limit; errors name the pass (`what`), head dim
- * and dtype. */
+/* Host: kernel<<<grid, threads, smem, stream>>>(args) after raising its
+ * dynamic shared-memory limit; errors name the pass (`what`), head dim and
+ * dtype. */
 template <typename Args>
-dt_status dt_mma_launch(void (*kernel)(Args), dim3 grid, size_t smem, cudaStream_t stream,
+dt_status dt_mma_launch(void (*kernel)(Args), dim3 grid, int threads, size_t smem, cudaStream_t stream,
                         const Args &args, const char *what, int dim, dt_dtype dtype) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
@@ -207,7 +273,7 @@ dt_status dt_mma_launch(void (*kernel)(Args), dim3 grid, size_t smem, cudaStream
         return dt_error(DT_ERR_BACKEND, "attention (cuda mma): %s block: %zu bytes of shared "
                         "memory: %s", what, smem, cudaGetErrorString(e));
     }
-    dt_cuda_launch(kernel, grid, dim3(DT_MMA_THREADS), smem, stream, args);
+    dt_cuda_launch(kernel, grid, dim3((unsigned)threads), smem, stream, args);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return dt_error(DT_ERR_BACKEND, "attention (cuda mma): %s block (D = %d, %s): %s", what,

@@ -19,6 +19,7 @@ const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k) {
     case DT_ATTN_KERNEL_AUTO: return "auto";
     case DT_ATTN_KERNEL_SIMPLE: return "simple";
     case DT_ATTN_KERNEL_MMA: return "mma";
+    case DT_ATTN_KERNEL_WGMMA: return "wgmma";
     default: return "unknown";
     }
 }
@@ -94,7 +95,7 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
         FAIL(DT_ERR_NOT_SUPPORTED, "no attention kernel for the %s backend in this build",
              dt_backend_kind_name(dt_context_backend(p->ctx)));
     if (!kernel_from_env(&p->kernel))
-        FAIL(DT_ERR_INVALID_ARGUMENT, "DT_ATTN_KERNEL=%s is not auto, simple or mma",
+        FAIL(DT_ERR_INVALID_ARGUMENT, "DT_ATTN_KERNEL=%s is not auto, simple, mma or wgmma",
              getenv("DT_ATTN_KERNEL"));
 
     dt_attention_options def = DT_ATTENTION_OPTIONS_INIT;

@@ -38,6 +38,7 @@
  * Run: build/bench/blocks [--backend auto|cpu|cuda] [--quick] [--iters N]
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
+ *      [--kernel auto|simple|mma|wgmma]
  */
 #include <math.h>
 #include <stdint.h>
@@ -65,6 +66,7 @@ typedef struct opts {
     int n_c, n_ring_c;
     int64_t c[MAX_LIST], ring_c[MAX_LIST];
     int set_c, set_ring_c, set_shape, set_dtype;
+    dt_attn_kernel_choice kernel;   /* --kernel: which CUDA block kernel */
 } opts;
 
 /* ------------------------------------------------------------ the buffers */
@@ -73,6 +75,7 @@ typedef struct opts {
 typedef struct bufs {
     dt_backend *be;
     const dt_attn_kernels *kern;
+    dt_attn_kernel_choice kernel;
     dt_dtype dtype;
     int64_t rows, H, G, D;
     void *q, *k, *v, *dout, *o;        /* dtype */
@@ -114,6 +117,7 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
     b->kern = kernels_of(ctx);
     if (!b->kern) return dt_error(DT_ERR_NOT_SUPPORTED, "bench: no attention kernels here");
     b->dtype = o->dtype;
+    b->kernel = o->kernel;
     b->rows = rows;
     b->H = o->heads;
     b->G = o->kv_heads;
@@ -141,7 +145,7 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
         .q = b->q, .q_batch_stride = 0, .k = b->k, .v = b->v, .kv_batch_stride = 0,
         .qseg = all, .kseg = all, .mask = DT_ATTN_FULL, .scale = 1.0f / sqrtf((float)b->D),
         .m = b->m, .l = b->l, .ml_batch_stride = 0, .ml_head_stride = rows,
-        .acc = b->acc, .acc_batch_stride = 0,
+        .acc = b->acc, .acc_batch_stride = 0, .kernel = b->kernel,
     };
     DT_TRY(b->kern->fwd(be, &a, b->scratch));
     DT_TRY(b->kern->finalize(be, b->dtype, 1, rows, b->H, b->D, b->acc, b->m, b->l, b->o, b->lse));
@@ -171,7 +175,7 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
                     .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
                     .q = q, .k = k, .v = v, .qseg = qs[i], .kseg = ks[j], .mask = mask,
                     .scale = scale, .m = b->m + qoff, .l = b->l + qoff,
-                    .ml_head_stride = b->rows, .acc = b->acc + qo,
+                    .ml_head_stride = b->rows, .acc = b->acc + qo, .kernel = b->kernel,
                 };
                 DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
             } else {
@@ -180,7 +184,7 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
                     .q = q, .dout = (const char *)b->dout + qo * es, .k = k, .v = v,
                     .qseg = qs[i], .kseg = ks[j], .mask = mask, .scale = scale,
                     .lse = b->lse + qoff, .delta = b->delta + qoff, .ml_head_stride = b->rows,
-                    .dq = b->dq + qo, .dk = b->dk + ko, .dv = b->dv + ko,
+                    .dq = b->dq + qo, .dk = b->dk + ko, .dv = b->dv + ko, .kernel = b->kernel,
                 };
                 DT_TRY(b->kern->bwd(b->be, &a, b->scratch));
             }
@@ -287,9 +291,9 @@ static dt_status rank_main(dt_context *ctx, void *arg) {
     bufs b;
     dt_status st = bufs_make(ctx, o, rows, &b);
     if (st != DT_SUCCESS) goto out;
-    printf("bench/blocks  backend %s, kernels %s  H=%lld HKV=%lld D=%lld %s  P=%d  "
-           "%d iterations after 1 warm-up, median\n", dt_backend_kind_name(r->backend),
-           b.kern->name, (long long)o->heads, (long long)o->kv_heads, (long long)o->dim,
+    printf("bench/blocks  backend %s, kernels %s (DT_ATTN_KERNEL %s)  H=%lld HKV=%lld D=%lld %s  "
+           "P=%d  %d iterations after 1 warm-up, median\n", dt_backend_kind_name(r->backend),
+           b.kern->name, dt_attn_kernel_choice_name(o->kernel), (long long)o->heads, (long long)o->kv_heads, (long long)o->dim,
            dt_dtype_name(o->dtype), o->ranks, o->iters);
     for (int bwd = 0; bwd < 2; bwd++) {
         if (!o->passes[bwd]) continue;
@@ -349,7 +353,10 @@ static void usage(FILE *f) {
             "  --ring-c LIST     (p) tokens per rank (GPU default 4096,8192)\n"
             "  --ranks P         ranks of (p) and the stride of (r)'s striped blocks (default 8)\n"
             "  --heads H --kv-heads G --dim D   (GPU default 32, 32, 128; CPU 2, 2, 64)\n"
-            "  --dtype T         fp32 | bf16 | fp16 (GPU default bf16; CPU fp32)\n");
+            "  --dtype T         fp32 | bf16 | fp16 (GPU default bf16; CPU fp32)\n"
+            "  --kernel K        CUDA block kernel: auto | simple | mma | wgmma (default: the\n"
+            "                    DT_ATTN_KERNEL environment variable, else auto); the\n"
+            "                    backward of wgmma is mma's\n");
 }
 
 /* "a,b" of names[0..n): sets on[i] for each; 0 on a bad or empty list. */
@@ -387,7 +394,16 @@ static int parse(int argc, char **argv, opts *o) {
     static const char *const section_names[] = {"r", "p"};
     static const char *const dtype_names[] = {"fp32", "bf16", "fp16"};
     static const dt_dtype dtypes[] = {DT_F32, DT_BF16, DT_F16};
+    const char *kernel_names[DT_ATTN_KERNEL_COUNT];
+    for (int k = 0; k < DT_ATTN_KERNEL_COUNT; k++)
+        kernel_names[k] = dt_attn_kernel_choice_name((dt_attn_kernel_choice)k);
     memset(o, 0, sizeof *o);
+    const char *env = getenv("DT_ATTN_KERNEL");
+    if (env && *env) {
+        int k = ex_parse_choice("DT_ATTN_KERNEL", env, kernel_names, DT_ATTN_KERNEL_COUNT);
+        if (k < 0) return 0;
+        o->kernel = (dt_attn_kernel_choice)k;
+    }
     o->iters = 5;
     o->ranks = 8;
     o->passes[0] = o->passes[1] = o->sections[0] = o->sections[1] = 1;
@@ -423,6 +439,9 @@ static int parse(int argc, char **argv, opts *o) {
             if (!ex_parse_int(a, v, 1, DT_ATTN_MAX_HEAD_DIM * 16, &x)) return 0;
             *(a[2] == 'h' ? &o->heads : a[2] == 'k' ? &o->kv_heads : &o->dim) = x;
             o->set_shape = 1;
+        } else if (!strcmp(a, "--kernel")) {
+            if ((k = ex_parse_choice(a, v, kernel_names, DT_ATTN_KERNEL_COUNT)) < 0) return 0;
+            o->kernel = (dt_attn_kernel_choice)k;
         } else if (!strcmp(a, "--dtype")) {
             if ((k = ex_parse_choice(a, v, dtype_names, 3)) < 0) return 0;
             o->dtype = dtypes[k];

@@ -15,7 +15,8 @@
  * all run everywhere; and, on a GPU, the "forward/cuda-kernels/..." cases
  * here and the "backward/cuda-kernels/..." cases of
  * test_attention_backward.c run the distributed passes with
- * DT_ATTN_KERNEL=simple and =mma against the double reference. */
+ * DT_ATTN_KERNEL=simple, =mma and =wgmma (where it can run: a 9.0 device)
+ * against the double reference. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -48,7 +49,7 @@ typedef struct fwd_case {
     dt_dtype dtype;
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
-    int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, then =mma, each checked */
+    int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma, each checked */
     int huge;                  /* q, k multiples of 25: logits of magnitude 1e4 (exact in fp32) */
     /* filled by the test */
     double *q, *k, *v, *o_ref, *lse_ref;
@@ -140,11 +141,14 @@ static double *huge_input(int64_t n, int which) {
  * reference, else 0 after printing what failed. `kernel` names the
  * DT_ATTN_KERNEL value in force (NULL: not set by the test). The caller
  * asserts, after restoring the environment and freeing the inputs. */
-static int launch_case(fwd_case *c, dt_backend_kind backend, const char *kernel) {
+static dt_status launch_ranks(fwd_case *c, dt_backend_kind backend) {
     memset(c->st, 0, sizeof c->st);
     memset(c->bad, 0, sizeof c->bad);
     memset(c->max_err, 0, sizeof c->max_err);
-    dt_status st = h_launch_on(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, rank_forward, c);
+    return h_launch_on(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, rank_forward, c);
+}
+
+static int judge_case(fwd_case *c, dt_status st, const char *kernel) {
     const char *k = kernel ? kernel : "unset";
     int ok = st == DT_SUCCESS;
     if (!ok) print_error("%s (DT_ATTN_KERNEL %s): %s\n", c->name, k, dt_last_error());
@@ -159,6 +163,23 @@ static int launch_case(fwd_case *c, dt_backend_kind backend, const char *kernel)
         }
     }
     return ok;
+}
+
+static int launch_case(fwd_case *c, dt_backend_kind backend, const char *kernel) {
+    return judge_case(c, launch_ranks(c, backend), kernel);
+}
+
+/* launch_case with DT_ATTN_KERNEL=wgmma in force: 1 if it passed, or if
+ * every rank refused with DT_ERR_NOT_SUPPORTED for a reason outside the
+ * case (not a 9.0 device, or no sm_90 build: *refused = 1). */
+static int wgmma_case(fwd_case *c, dt_backend_kind backend, int *refused) {
+    const dt_status st = launch_ranks(c, backend);
+    *refused = st == DT_ERR_NOT_SUPPORTED;
+    for (int r = 0; r < c->P * c->tp && *refused; r++)
+        *refused = c->st[r] == DT_ERR_NOT_SUPPORTED &&
+                   (strstr(c->msg[r], "needs a compute capability 9.0") ||
+                    strstr(c->msg[r], "wgmma kernel was not built"));
+    return *refused || judge_case(c, st, "wgmma");
 }
 
 static void run_forward_case(void **state) {
@@ -178,15 +199,21 @@ static void run_forward_case(void **state) {
     c->lse_ref = malloc((size_t)(s->B * s->H * s->S) * sizeof(double));
     ref_attention_forward(s, c->q, c->k, c->v, c->mask == DT_ATTN_CAUSAL, 1.0 / sqrt((double)s->D), c->o_ref,
               c->lse_ref);
-    int ok_simple = 1, ok = 1;
+    int ok_simple = 1, ok = 1, ok_wgmma = 1;
     if (c->kernels) {
-        /* Both CUDA forward kernels on the same inputs, each against the
-         * reference; the variable is read when each call's plan is made. */
+        /* Every CUDA forward kernel on the same inputs, each against the
+         * reference; the variable is read when each call's plan is made.
+         * wgmma runs only on a 9.0 device with an sm_90 build: elsewhere
+         * every rank must refuse it, saying which of the two is missing. */
         char *saved = h_env_set("DT_ATTN_KERNEL", "simple");
         ok_simple = launch_case(c, backend, "simple");
         setenv("DT_ATTN_KERNEL", "mma", 1);
         ok = launch_case(c, backend, "mma");
+        setenv("DT_ATTN_KERNEL", "wgmma", 1);
+        int refused = 0;
+        ok_wgmma = wgmma_case(c, backend, &refused);
         h_env_restore("DT_ATTN_KERNEL", saved);
+        if (refused) print_message("wgmma kernel not run: %s\n", c->msg[0]);
     } else {
         ok = launch_case(c, backend, NULL);
     }
@@ -197,6 +224,7 @@ static void run_forward_case(void **state) {
     free(c->lse_ref);
     assert_true(ok_simple);
     assert_true(ok);
+    assert_true(ok_wgmma);
 }
 
 /* ------------------------------------------------------------ mask tests */
@@ -818,10 +846,10 @@ static void test_kernel_env(void **state) {
     dt_status st0 = h_launch(2, rank_env, &base);
     setenv("DT_ATTN_KERNEL", "bogus", 1);
     dt_status st1 = h_launch(2, rank_env, &c);
-    env_case ok[3] = {{.P = 2}, {.P = 2}, {.P = 2}};
-    dt_status st2[3];
-    const char *vals[3] = {"auto", "simple", "mma"};
-    for (int i = 0; i < 3; i++) {
+    env_case ok[4] = {{.P = 2}, {.P = 2}, {.P = 2}, {.P = 2}};
+    dt_status st2[4];
+    const char *vals[4] = {"auto", "simple", "mma", "wgmma"};
+    for (int i = 0; i < 4; i++) {
         setenv("DT_ATTN_KERNEL", vals[i], 1);
         st2[i] = h_launch(2, rank_env, &ok[i]);
     }
@@ -830,9 +858,9 @@ static void test_kernel_env(void **state) {
     assert_int_equal(st1, DT_ERR_INVALID_ARGUMENT);
     for (int r = 0; r < 2; r++) {
         assert_int_equal(c.st[r], DT_ERR_INVALID_ARGUMENT);
-        assert_non_null(strstr(c.msg[r], "DT_ATTN_KERNEL=bogus is not auto, simple or mma"));
+        assert_non_null(strstr(c.msg[r], "DT_ATTN_KERNEL=bogus is not auto, simple, mma or wgmma"));
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         assert_int_equal(st2[i], DT_SUCCESS);
         for (int r = 0; r < 2; r++) assert_true(ok[i].sum[r] == base.sum[r]);
     }
@@ -1236,7 +1264,7 @@ int main(void) {
                          dt_order_name(c->order), p, (long long)c->s.S, (long long)c->s.D,
                          dt_attn_mask_name(c->mask), dt_dtype_name(c->dtype));
             }
-    /* Both CUDA forward kernels (DT_ATTN_KERNEL=simple, then =mma) on every
+    /* Every CUDA forward kernel (DT_ATTN_KERNEL=simple, =mma, =wgmma) on every
      * order, P = 1..3, causal and full, bf16 and fp16, head dim 64 or 128
      * (alternating), GQA 1, 2, 4, local lengths 70, 134, 200 (never a multiple
      * of the 64-row tiles; zigzag segments of 35, 67, 100); then logits of

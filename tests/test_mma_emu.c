@@ -49,6 +49,7 @@ typedef struct emu_case {
     dt_dtype dtype;
     uint64_t seed;
     int huge;   /* logits of magnitude 1e4 */
+    dt_attn_kernel_choice kernel;   /* forward: DT_ATTN_KERNEL_MMA or _WGMMA */
 } emu_case;
 
 /* Logits of magnitude 1e4: multiples of 25, exact in bf16 and fp16, so every
@@ -134,7 +135,9 @@ static void run_forward(void **state) {
     const attn_shape *s = &c->s;
     const int64_t n = s->S / c->P, H = s->H, G = s->Hkv, D = s->D, B = s->B;
     char why[256];
-    assert_true(dt_emu_attn_mma_supported(c->dtype, D, 90, why, sizeof why));
+    const int wgmma = c->kernel == DT_ATTN_KERNEL_WGMMA;
+    assert_true(wgmma ? dt_emu_attn_wgmma_supported(c->dtype, D, 90, why, sizeof why)
+                      : dt_emu_attn_mma_supported(c->dtype, D, 90, why, sizeof why));
     const int64_t nq = B * s->S * H * D, nk = B * s->S * G * D;
     double *q = c->huge ? huge_input(nq, 0) : ref_input(c->seed, nq, c->dtype);
     double *k = c->huge ? huge_input(nk, 1) : ref_input(c->seed + 1, nk, c->dtype);
@@ -166,11 +169,12 @@ static void run_forward(void **state) {
                         .qseg = R.seg[j][si], .kseg = R.seg[r][sk], .mask = c->mask,
                         .scale = (float)(1.0 / sqrt((double)D)), .m = m + x0, .l = l + x0,
                         .ml_batch_stride = H * n, .ml_head_stride = n, .acc = acc + x0 * H * D,
-                        .acc_batch_stride = n * H * D, .kernel = DT_ATTN_KERNEL_MMA};
+                        .acc_batch_stride = n * H * D, .kernel = c->kernel};
                     if (!dt_emu_attn_mma_block_ok(&a, why, sizeof why)) {
                         print_error("%s: block refused: %s\n", c->name, why);
                         bad = 1;
-                    } else if (dt_emu_attn_mma_fwd(NULL, &a) != DT_SUCCESS) {
+                    } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a)
+                                      : dt_emu_attn_mma_fwd(NULL, &a)) != DT_SUCCESS) {
                         print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
                         bad = 1;
                     }
@@ -455,16 +459,17 @@ int main(void) {
      * conversions, and the emulator is slow (~1 s per 10^5 mma). */
     static const int fp16_rows[] = {0, 1, 1, 0, 1};
     enum { NROWS = sizeof rows / sizeof rows[0] };
-    static emu_case cases[2 * 2 * NROWS];
-    struct CMUnitTest tests[2 * 2 * NROWS + 1];
+    /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward (wgmma) */
+    static emu_case cases[3 * 2 * NROWS];
+    struct CMUnitTest tests[3 * 2 * NROWS + 2];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
-    for (int dir = 0; dir < 2; dir++)
+    for (int dir = 0; dir < 3; dir++)
         for (int dt = 0; dt < 2; dt++)
             for (int i = 0; i < NROWS; i++) {
                 if (quick && (dt || i)) continue;   /* valgrind: one case per direction */
                 if (dt && !fp16_rows[i]) continue;
-                if (dir && rows[i].huge) continue;  /* the forward's numerics case */
+                if (dir == 1 && rows[i].huge) continue;  /* the forward's numerics case */
                 emu_case *c = &cases[nt];
                 c->s = rows[i].s;
                 c->P = rows[i].P;
@@ -473,12 +478,14 @@ int main(void) {
                 c->dtype = dt ? DT_F16 : DT_BF16;
                 c->seed = 4000 + 10 * nt;
                 c->huge = rows[i].huge;
+                c->kernel = dir == 2 ? DT_ATTN_KERNEL_WGMMA : DT_ATTN_KERNEL_MMA;
                 snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s",
-                         dir ? "backward" : "forward", dt_order_name(c->order), c->P,
+                         dir == 0 ? "forward" : dir == 1 ? "backward" : "forward-wgmma",
+                         dt_order_name(c->order), c->P,
                          (long long)c->s.B, (long long)c->s.S, (long long)c->s.H,
                          (long long)c->s.Hkv, (long long)c->s.D, dt_attn_mask_name(c->mask),
                          dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "");
-                tests[nt] = (struct CMUnitTest){c->name, dir ? run_backward : run_forward, NULL, NULL, c};
+                tests[nt] = (struct CMUnitTest){c->name, dir == 1 ? run_backward : run_forward, NULL, NULL, c};
                 nt++;
             }
     tests[nt++] = (struct CMUnitTest){"emulator/checks-and-semantics", test_emulator, NULL, NULL, NULL};

@@ -1,0 +1,210 @@
+/* attention/wgmma_device.cuh — PRIVATE. The Hopper (sm_90a) instructions of
+ * the wgmma forward kernel (block_cuda_wgmma.cu): warpgroup MMA
+ * (wgmma.mma_async m64nNk16 with f32 accumulators, A from shared memory or
+ * registers, B from shared memory), its fence / commit / wait, the async-proxy
+ * fence, and the shared-memory matrix descriptors of the 128-byte swizzled
+ * layout the kernel keeps its tiles in. CUDA C++ only.
+ *
+ * wgmma needs the architecture-specific target sm_90a: the Makefile builds
+ * block_cuda_wgmma.cu for it (when NVCC_ARCH is sm_90) and defines
+ * DT_WGMMA_SM90A; device code for any other target keeps trapping stubs
+ * (DT_WGMMA_STUB) and the host never launches them (dt_attn_wgmma_supported).
+ * Under DT_CUDA_EMULATE the same operations call the CPU emulator
+ * (tests/emu/emu.h), which implements them from the PTX ISA.
+ *
+ * Shared-memory tiles ("column blocks"). A tile of R rows x D columns of
+ * 16-bit elements is stored as D/64 column blocks, block b holding columns
+ * 64b .. 64b+63 of every row: R rows of 128 bytes, row r at byte 128 r of
+ * the block, its 16-byte chunk c (columns 8c .. 8c+7 of the block) at chunk
+ * position c ^ (r % 8). Blocks are R * 128 bytes apart and every block
+ * starts on a 1024-byte boundary of the shared window. That is the PTX
+ * ISA's 128-byte swizzle (address bits 4-6 XOR bits 7-9) of its canonical
+ * layouts (section "Shared Memory Matrix Layout", T = 8 elements per 16
+ * bytes):
+ *   K-major  ((8,m),(T,2k)):((8T,SBO),(1,T)):  rows of the operand are tile
+ *            rows (queries of Q, keys of K), K runs along a row; 8-row groups
+ *            SBO = 1024 bytes apart; LBO unused (encoded 1). The k-step of
+ *            16 columns kk starts in block kk / 4 at byte 32 (kk % 4).
+ *   MN-major ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): B of O = P V from V
+ *            stored [key][d] (N = d contiguous): K = keys are tile rows,
+ *            8-key groups SBO = 1024 bytes apart; the next 64 columns of N
+ *            are the next column block, LBO = R * 128 bytes on. The k-step
+ *            of 16 keys kk starts at byte 2048 kk of block 0.
+ * Because the swizzle acts on address bits, a k-step start inside a
+ * 1024-byte atom (K-major, byte 32 (kk % 4)) needs no base offset: the
+ * hardware swizzles the full address, as the copies did.
+ */
+#ifndef DT_ATTN_WGMMA_DEVICE_CUH
+#define DT_ATTN_WGMMA_DEVICE_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "../dtensor/dtype.h"
+
+#if !defined(DT_CUDA_EMULATE) && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DT_WGMMA_STUB 1   /* device pass for a target without wgmma */
+#endif
+
+#ifndef DT_WGMMA_STUB
+namespace {
+
+/* ------------------------------------------------------------ descriptors */
+
+/* Shared-window address of a generic pointer into shared memory. */
+__device__ __forceinline__ uint32_t wg_smem_addr(const void *p) {
+#ifdef DT_CUDA_EMULATE
+    return dt_emu_smem_addr(p);
+#else
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+#endif
+}
+
+/* Matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address,
+ * leading and stride byte offsets, each (x & 0x3FFFF) >> 4 in 14 bits, base
+ * offset 0 (atoms on 1024-byte boundaries), swizzle mode 1 (128 bytes). */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | (uint64_t)((lbo & 0x3FFFFu) >> 4) << 16 |
+           (uint64_t)((sbo & 0x3FFFFu) >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+/* K-major operand of `rows` tile rows: k-step kk (16 columns). */
+__device__ __forceinline__ uint64_t wg_desc_k_major(uint32_t tile, int rows, int kk) {
+    return wg_desc(tile + (uint32_t)(kk / 4) * (uint32_t)rows * 128u + (uint32_t)(kk % 4) * 32u,
+                   16u, 1024u);
+}
+
+/* MN-major B operand of a `rows`-row tile (rows = K): k-step kk (16 rows). */
+__device__ __forceinline__ uint64_t wg_desc_mn_major(uint32_t tile, int rows, int kk) {
+    return wg_desc(tile + (uint32_t)kk * 2048u, (uint32_t)rows * 128u, 1024u);
+}
+
+/* Byte offset, in a column-block tile of `rows` rows, of the 16-byte chunk
+ * holding columns col .. col+7 (col % 8 == 0) of row r. */
+__device__ __forceinline__ uint32_t wg_chunk_off(int r, int col, int rows) {
+    const int b = col >> 6, c = (col >> 3) & 7;
+    return (uint32_t)(b * rows * 128 + r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+/* ------------------------------------------------------------ instructions */
+
+#ifdef DT_CUDA_EMULATE
+template <typename T>
+struct dt_elem_dtype;
+template <>
+struct dt_elem_dtype<__nv_bfloat16> {
+    static constexpr dt_dtype value = DT_BF16;
+};
+template <>
+struct dt_elem_dtype<__half> {
+    static constexpr dt_dtype value = DT_F16;
+};
+
+__device__ __forceinline__ void fence_proxy_async() { dt_emu_fence_proxy_async(); }
+__device__ __forceinline__ void wgmma_fence() { dt_emu_wgmma_fence(); }
+__device__ __forceinline__ void wgmma_commit() { dt_emu_wgmma_commit(); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    dt_emu_wgmma_wait(N);
+}
+/* d (m64 x N fp32, n-tile j = columns 8j .. 8j+7) = A B + (scale_d ? d : 0):
+ * A from shared memory (K-major), B K-major. */
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db,
+                                         int scale_d) {
+    dt_emu_wgmma(&d[0][0], N, nullptr, da, db, scale_d, 0, dt_elem_dtype<T>::value);
+}
+/* The same with A from registers (the m16n8k16 A fragment of the thread's
+ * warp, rows 16 (warp % 4) ..) and B MN-major. */
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db,
+                                         int scale_d) {
+    dt_emu_wgmma(&d[0][0], N, a, 0, db, scale_d, 1, dt_elem_dtype<T>::value);
+}
+#else
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* The accumulator operands: n-tile j's four fp32 registers d[j][0..3] are
+ * registers 4j .. 4j+3 of the instruction's D vector. */
+#define DT_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define DT_WG_D32 DT_WG_D4(0), DT_WG_D4(1), DT_WG_D4(2), DT_WG_D4(3), DT_WG_D4(4), DT_WG_D4(5), \
+    DT_WG_D4(6), DT_WG_D4(7)
+#define DT_WG_D64 DT_WG_D32, DT_WG_D4(8), DT_WG_D4(9), DT_WG_D4(10), DT_WG_D4(11), DT_WG_D4(12), \
+    DT_WG_D4(13), DT_WG_D4(14), DT_WG_D4(15)
+#define DT_WG_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
+    "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define DT_WG_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
+    "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, " \
+    "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+/* wgmma.mma_async ... d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b,
+ * imm-trans-a, imm-trans-b (A, B K-major: trans 0). */
+#define DT_WG_SS(TY, NN, DREGS, DOPS, IA, IB, IS)                                          \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #NN "k16.f32." TY "." TY " " DREGS        \
+                 ", %" #IA ", %" #IB ", p, 1, 1, 0, 0;\n}\n"                                   \
+                 : DOPS                                                                      \
+                 : "l"(da), "l"(db), "r"(scale_d))
+/* wgmma.mma_async ... d, {a0..a3}, b-desc, scale-d, imm-scale-a,
+ * imm-scale-b, imm-trans-b (B MN-major: trans 1). */
+#define DT_WG_RS(TY, NN, DREGS, DOPS, A0, A1, A2, A3, IB, IS)                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #NN "k16.f32." TY "." TY " " DREGS        \
+                 ", {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #IB ", p, 1, 1, 1;\n}\n"      \
+                 : DOPS                                                                      \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d))
+
+template <typename T, int N>
+struct wg_ops;
+#define DT_WG_OPS(CT, TY)                                                                    \
+    template <>                                                                              \
+    struct wg_ops<CT, 64> {                                                                  \
+        static __device__ __forceinline__ void rs(float (&d)[8][4], const uint32_t (&a)[4],   \
+                                                  uint64_t db, int scale_d) {                \
+            DT_WG_RS(TY, 64, DT_WG_R32, DT_WG_D32, 32, 33, 34, 35, 36, 37);                              \
+        }                                                                                    \
+    };                                                                                       \
+    template <>                                                                              \
+    struct wg_ops<CT, 128> {                                                                 \
+        static __device__ __forceinline__ void ss(float (&d)[16][4], uint64_t da, uint64_t db, \
+                                                  int scale_d) {                             \
+            DT_WG_SS(TY, 128, DT_WG_R64, DT_WG_D64, 64, 65, 66);                             \
+        }                                                                                    \
+        static __device__ __forceinline__ void rs(float (&d)[16][4], const uint32_t (&a)[4],  \
+                                                  uint64_t db, int scale_d) {                \
+            DT_WG_RS(TY, 128, DT_WG_R64, DT_WG_D64, 64, 65, 66, 67, 68, 69);                             \
+        }                                                                                    \
+    };
+DT_WG_OPS(__nv_bfloat16, "bf16")
+DT_WG_OPS(__half, "f16")
+
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db,
+                                         int scale_d) {
+    wg_ops<T, N>::ss(d, da, db, scale_d);
+}
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db,
+                                         int scale_d) {
+    wg_ops<T, N>::rs(d, a, db, scale_d);
+}
+#endif /* DT_CUDA_EMULATE */
+
+}  // namespace
+#endif /* !DT_WGMMA_STUB */
+#endif /* DT_ATTN_WGMMA_DEVICE_CUH */
