@@ -442,7 +442,7 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/test_%.o $(TEST_HELPER_OBJS) $(LIB_A)
 # objects), so cc links it. Without a C++ compiler the test is built without
 # them and skips its cases.
 EMU_KERNEL_OBJS := $(BUILD)/obj/emu/attention/block_cuda_mma.o \
-    $(BUILD)/obj/emu/attention/block_cuda_mma_bwd.o
+    $(BUILD)/obj/emu/attention/block_cuda_mma_bwd.o $(BUILD)/obj/emu/attention/block_cuda_wgmma.o
 EMU_OBJS := $(BUILD)/obj/tests/emu/runtime.o $(BUILD)/obj/tests/emu/cudart.o \
     $(if $(HAVE_CXX),$(EMU_KERNEL_OBJS))
 .SECONDARY: $(EMU_OBJS)

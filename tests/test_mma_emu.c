@@ -1,9 +1,10 @@
 /* tests/test_mma_emu.c — the tensor-core attention kernels
- * (attention/block_cuda_mma.cu forward, block_cuda_mma_bwd.cu backward),
- * compiled from their unchanged sources by the host C++ compiler and run on
- * the CPU emulator of tests/emu (emu.h: fibers for the CUDA threads,
- * ldmatrix / mma.sync / cp.async / shuffles written from the PTX ISA), in
- * every `make test`, GPU or not.
+ * (attention/block_cuda_mma.cu forward, block_cuda_mma_bwd.cu backward,
+ * block_cuda_wgmma.cu the Hopper forward), compiled from their unchanged
+ * sources by the host C++ compiler and run on the CPU emulator of tests/emu
+ * (emu.h: fibers for the CUDA threads, ldmatrix / mma.sync / wgmma /
+ * cp.async / shuffles written from the PTX ISA), in every `make test`, GPU
+ * or not.
  *
  * Each case splits a sequence over P "ranks" (contiguous, striped or
  * zigzag, mask.h's segments) and runs the kernel on every (query segment,
@@ -17,10 +18,15 @@
  * fused accumulation all run here; the emulator also fails a launch on an
  * out-of-bounds or misaligned shared-memory access, a read of a tile before
  * its cp.async completed, lanes at different warp instructions, or a
- * deadlock. What it cannot show: speed, and hardware behaviour the PTX ISA
- * leaves open (the mma's internal summation order, for one).
+ * deadlock, and for wgmma a missing fence (wgmma.fence, fence.proxy.async),
+ * accumulators read or written before their wait_group, or a tile
+ * overwritten while a wgmma reads it. What it cannot show: speed, and
+ * hardware behaviour the PTX ISA leaves open (the mma's internal summation
+ * order, for one) or shows only in figures (the emulator's reading of
+ * wgmma's fragment layouts is its own, runtime.c says from what).
  *
- * DT_TEST_QUICK (the valgrind run) keeps one case per direction. */
+ * DT_TEST_QUICK (the valgrind run) keeps one case per direction (forward,
+ * backward, wgmma forward). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -434,6 +440,265 @@ static void test_emulator(void **state) {
             }
 }
 
+/* ---------------------------------------------- the emulator's wgmma
+ *
+ * wgmma.mma_async.m64nNk16 on operands laid out here from the PTX ISA's
+ * pictures (128-byte swizzle atoms: 8 rows of 128 bytes whose 16-byte
+ * chunks are permuted by the row, chunk c of row r stored at chunk c ^ r),
+ * with the register fragments of its figures, against a plain product of
+ * the logical matrices. The values are small integers, exact in bf16 and
+ * fp16, so every sum is exact and the comparison is equality. */
+
+enum {
+    WG_IMG = 16384,            /* shared-memory image: A at 0, B at WG_B_OFF */
+    WG_B_OFF = 8192,
+    WG_NB_LBO = 4096,          /* N-major B: the next 64 columns */
+    WG_ATOM = 1024,            /* an atom of 8 rows of 128 bytes; SBO */
+    WG_SMEM = WG_IMG + 1024,   /* room to align the image by shared address */
+};
+
+typedef enum {
+    WGM_OK, WGM_NO_FENCE, WGM_CP_NO_PROXY_FENCE, WGM_CP_PROXY_FENCE, WGM_DIFFERENT_N,
+    WGM_EXIT_PENDING, WGM_DESC_OUTSIDE, WGM_WRITE_D, WGM_SMEM_RACE, WGM_NO_SWIZZLE, WGM_DIVERGE,
+} wg_misuse;
+
+typedef struct wg_case {
+    int n, ksteps, a_regs, trans_b, scale_d0;   /* scale_d of the first k step */
+    int pipelined;   /* a commit per k step; wait_group 1, then 0 */
+    dt_dtype ab;
+    wg_misuse misuse;
+    float d0;                                   /* the accumulators' initial value */
+    float A[64][32], B[32][128];                /* logical operands, K = 16 ksteps */
+    unsigned char img[WG_IMG] __attribute__((aligned(16)));
+    float early[256][64], d[256][64];           /* per thread: before and after the wait */
+    float mid[256][64];                         /* pipelined: after wait_group 1 */
+} wg_case;
+
+/* Byte offset of element (r, c) of an atom (r < 8, c < 64 16-bit columns). */
+static size_t sw128(int r, int c) { return (size_t)(128 * r + 16 * ((c / 8) ^ r) + 2 * (c % 8)); }
+
+/* Where the image keeps A[i][k] (K-major: rows i, 8 to an atom) and
+ * B[k][j] (K-major: rows j; N-major: rows k of 64 columns j, 8 k to an
+ * atom, the next 8 k an atom further, the next 64 j WG_NB_LBO further). */
+static size_t img_a(int i, int k) { return (size_t)(i / 8) * WG_ATOM + sw128(i % 8, k); }
+static size_t img_b(int trans_b, int k, int j) {
+    if (!trans_b) return WG_B_OFF + (size_t)(j / 8) * WG_ATOM + sw128(j % 8, k);
+    return WG_B_OFF + (size_t)(j / 64) * WG_NB_LBO + (size_t)(k / 8) * WG_ATOM +
+           sw128(k % 8, j % 64);
+}
+
+static uint16_t wg_bits(float v, dt_dtype ab) {
+    return ab == DT_BF16 ? dt_f32_to_bf16(v) : dt_f32_to_f16(v);
+}
+
+static void wg_prepare(wg_case *c, uint64_t seed) {
+    uint64_t s = seed;
+    for (int i = 0; i < 64; i++)
+        for (int k = 0; k < 32; k++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            c->A[i][k] = (float)((int)(s >> 33) % 7 - 3);
+        }
+    for (int k = 0; k < 32; k++)
+        for (int j = 0; j < 128; j++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            c->B[k][j] = (float)((int)(s >> 33) % 7 - 3);
+        }
+    /* NaN everywhere no element belongs: a read from a wrong place shows */
+    for (size_t b = 0; b < WG_IMG; b += 2) {
+        const uint16_t nan = 0xffff;
+        memcpy(c->img + b, &nan, 2);
+    }
+    for (int i = 0; i < 64; i++)
+        for (int k = 0; k < 32; k++) {
+            const uint16_t v = wg_bits(c->A[i][k], c->ab);
+            memcpy(c->img + img_a(i, k), &v, 2);
+        }
+    for (int k = 0; k < 32; k++)
+        for (int j = 0; j < c->n; j++) {
+            const uint16_t v = wg_bits(c->B[k][j], c->ab);
+            memcpy(c->img + img_b(c->trans_b, k, j), &v, 2);
+        }
+}
+
+/* A descriptor: 128-byte swizzle, base offset 0. */
+static uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)((lbo & 0x3ffff) >> 4) << 16 |
+           (uint64_t)((sbo & 0x3ffff) >> 4) << 32 | 1ull << 62;
+}
+
+/* Each warpgroup computes D (64 x n) = A (64 x 16 ksteps) B, k step s
+ * from columns 16 s of A (32 bytes further in its K-major rows) and rows
+ * 16 s of B (32 bytes further when K-major, two atoms when N-major). */
+static void k_wgmma(void *arg) {
+    wg_case *c = arg;
+    const int tid = lane(), w = tid % 128 / 32, g = tid % 32 / 4, t = tid % 4;
+    unsigned char *smem = dt_emu_dynamic_smem();
+    const uint32_t pad = (1024 - dt_emu_smem_addr(smem) % 1024) % 1024;
+    unsigned char *img = smem + pad;   /* at a 1024-aligned shared address */
+    const uint32_t base = dt_emu_smem_addr(img);
+    if (c->misuse == WGM_CP_NO_PROXY_FENCE || c->misuse == WGM_CP_PROXY_FENCE) {
+        for (int ch = tid; ch < WG_IMG / 16; ch += (int)dt_emu_block_dim()->x)
+            dt_emu_cp_async16(img + 16 * ch, c->img + 16 * ch, 16);
+        dt_emu_cp_commit();
+        dt_emu_cp_wait(0);
+        if (c->misuse == WGM_CP_PROXY_FENCE) dt_emu_fence_proxy_async();
+    } else if (tid == 0) {
+        memcpy(img, c->img, WG_IMG);
+    }
+    dt_emu_syncthreads();
+    /* A's registers (the figure for m64nNk16): warp w rows 16w.., register
+     * r rows g + 8 (r & 1), columns 2t + 8 (r >> 1) (+1 in the high half) */
+    uint32_t a[2][4];
+    for (int s = 0; s < c->ksteps; s++)
+        for (int r = 0; r < 4; r++) {
+            const int row = 16 * w + g + 8 * (r & 1), col = 16 * s + 8 * (r >> 1) + 2 * t;
+            a[s][r] = (uint32_t)wg_bits(c->A[row][col], c->ab) |
+                      (uint32_t)wg_bits(c->A[row][col + 1], c->ab) << 16;
+        }
+    float d[64];
+    for (int e = 0; e < 64; e++) d[e] = c->d0;
+    if (c->misuse != WGM_NO_FENCE) dt_emu_wgmma_fence();
+    for (int s = 0; s < c->ksteps; s++) {
+        uint64_t da = wg_desc(base + 32u * s, 16, WG_ATOM);
+        uint64_t db = c->trans_b ? wg_desc(base + WG_B_OFF + 2u * WG_ATOM * s, WG_NB_LBO, WG_ATOM)
+                                 : wg_desc(base + WG_B_OFF + 32u * s, 16, WG_ATOM);
+        if (c->misuse == WGM_DESC_OUTSIDE) db = wg_desc(base + WG_IMG, 16, WG_ATOM);
+        if (c->misuse == WGM_NO_SWIZZLE) db &= ~(3ull << 62);
+        const int n = c->misuse == WGM_DIFFERENT_N && tid == 70 ? c->n - 8 : c->n;
+        if (c->misuse == WGM_DIVERGE && tid == 20) (void)dt_emu_shfl_xor(0xffffffffu, 1.0f, 1);
+        dt_emu_wgmma(d, n, c->a_regs ? a[s] : NULL, da, db, s > 0 || c->scale_d0, c->trans_b,
+                     c->ab);
+        if (c->pipelined) dt_emu_wgmma_commit();
+    }
+    if (c->misuse == WGM_EXIT_PENDING) return;
+    if (!c->pipelined) dt_emu_wgmma_commit();
+    memcpy(c->early[tid], d, sizeof d);
+    if (c->pipelined) {
+        dt_emu_wgmma_wait(1);
+        memcpy(c->mid[tid], d, sizeof d);
+    }
+    if (c->misuse == WGM_WRITE_D) d[5] = 1.0f;
+    if (c->misuse == WGM_SMEM_RACE) {
+        /* B[0][0] changes while the instruction may still read it */
+        if (tid == 0) img[img_b(c->trans_b, 0, 0)] ^= 1;
+        dt_emu_syncthreads();
+    }
+    dt_emu_wgmma_wait(0);
+    memcpy(c->d[tid], d, sizeof d);
+}
+
+/* Runs c on `threads` threads; "" or the error. On success every thread's
+ * accumulators must hold d0 before the wait and the product after it. */
+static const char *wg_run(wg_case *c, unsigned threads) {
+    const char *err = emu_run((dt_emu_dim3){threads, 1, 1}, WG_SMEM, k_wgmma, c);
+    if (err[0]) return err;
+    long bad = 0;
+    for (unsigned tid = 0; tid < threads; tid++)
+        for (int e = 0; e < c->n / 2; e++) {
+            const int w = tid % 128 / 32, g = tid % 32 / 4, t = tid % 4;
+            const int row = 16 * w + g + 8 * ((e >> 1) & 1), col = 8 * (e / 4) + 2 * t + (e & 1);
+            double want = c->scale_d0 ? c->d0 : 0.0;
+            for (int k = 0; k < 16 * c->ksteps; k++) want += (double)c->A[row][k] * c->B[k][col];
+            /* pipelined: the first k step alone after wait_group 1 */
+            double mid = c->scale_d0 ? c->d0 : 0.0;
+            for (int k = 0; k < 16 && c->pipelined; k++) mid += (double)c->A[row][k] * c->B[k][col];
+            if (c->pipelined && c->mid[tid][e] != (float)mid) {
+                if (bad++ < 5)
+                    print_error("pipelined: thread %u d[%d] after wait_group 1: %g, want %g\n", tid,
+                                e, c->mid[tid][e], mid);
+            }
+            if (c->d[tid][e] != (float)want || c->early[tid][e] != c->d0) {
+                if (bad++ < 5)
+                    print_error("n=%d ksteps=%d a_regs=%d trans_b=%d: thread %u d[%d] (row %d, "
+                                "column %d): %g, want %g; before the wait %g, want %g\n", c->n,
+                                c->ksteps, c->a_regs, c->trans_b, tid, e, row, col, c->d[tid][e],
+                                want, c->early[tid][e], c->d0);
+            }
+        }
+    return bad ? "wrong results" : "";
+}
+
+static wg_case *wg_make(int n, int ksteps, int a_regs, int trans_b, dt_dtype ab, wg_misuse misuse) {
+    wg_case *c = aligned_alloc(64, (sizeof(wg_case) + 63) / 64 * 64);
+    memset(c, 0, sizeof *c);
+    c->n = n;
+    c->ksteps = ksteps;
+    c->a_regs = a_regs;
+    c->trans_b = trans_b;
+    c->ab = ab;
+    c->misuse = misuse;
+    c->scale_d0 = ksteps == 1;   /* chained: the first step must ignore d0 */
+    c->d0 = ksteps == 1 ? 5.0f : 1000.0f;
+    wg_prepare(c, 77 + (uint64_t)(4 * n + 2 * a_regs + trans_b));
+    return c;
+}
+
+static void test_wgmma(void **state) {
+    (void)state;
+    const uint64_t wgmma_before = dt_emu_get_counts().wgmma;
+    /* A from registers or K-major shared memory; B K-major (N = 64) or
+     * N-major (N = 128: the second 64 columns LBO away); one k step, or two
+     * chained on the same accumulators (one commit, one wait). */
+    for (int ksteps = 1; ksteps <= 2; ksteps++)
+        for (int a_regs = 0; a_regs < 2; a_regs++)
+            for (int trans_b = 0; trans_b < 2; trans_b++) {
+                wg_case *c = wg_make(trans_b ? 128 : 64, ksteps, a_regs, trans_b, DT_BF16, WGM_OK);
+                assert_string_equal(wg_run(c, 128), "");
+                free(c);
+            }
+    /* fp16; two warpgroups (rows 128..255 of the block: warpgroup 1) */
+    wg_case *c = wg_make(64, 2, 1, 1, DT_F16, WGM_OK);
+    assert_string_equal(wg_run(c, 256), "");
+    free(c);
+    c = wg_make(128, 1, 0, 1, DT_BF16, WGM_OK);
+    assert_string_equal(wg_run(c, 256), "");
+    free(c);
+    /* a group per k step, completed one at a time (wait_group 1, 0) */
+    c = wg_make(128, 2, 1, 1, DT_BF16, WGM_OK);
+    c->pipelined = 1;
+    assert_string_equal(wg_run(c, 128), "");
+    free(c);
+    assert_true(dt_emu_get_counts().wgmma - wgmma_before == 4 * 1 + 4 * 2 + 2 * 2 + 2 * 1 + 2);
+
+    /* cp.async data reaches wgmma only through fence.proxy.async */
+    c = wg_make(64, 1, 0, 0, DT_BF16, WGM_CP_PROXY_FENCE);
+    assert_string_equal(wg_run(c, 128), "");
+    free(c);
+
+    /* misuse, each failing the launch with its message */
+    static const struct {
+        wg_misuse misuse;
+        unsigned threads;
+        const char *msg;
+    } bad[] = {
+        {WGM_NO_FENCE, 128, "wgmma.mma_async without wgmma.fence"},
+        {WGM_CP_NO_PROXY_FENCE, 128,
+         "shared memory written by cp.async reaches wgmma without fence.proxy.async"},
+        {WGM_DIFFERENT_N, 128,
+         "threads of warpgroup 0 disagree on wgmma.mma_async's n: thread 0 has 64, thread 70 "
+         "has 56"},
+        {WGM_EXIT_PENDING, 128, "exited with 1 wgmma.mma_async pending (1 of them uncommitted)"},
+        {WGM_DESC_OUTSIDE, 128, "is outside the dynamic shared memory"},
+        {WGM_WRITE_D, 128,
+         "accumulator register d[5] of a wgmma.mma_async.m64n64k16 was written before the "
+         "wgmma.wait_group"},
+        {WGM_SMEM_RACE, 128,
+         "read by a wgmma.mma_async as B[0][0], was written before the wgmma.wait_group"},
+        {WGM_NO_SWIZZLE, 128, "swizzle mode 0 with base offset 0 is not emulated"},
+        {WGM_OK, 64, "wgmma.mma_async in a block of 64 threads"},
+        {WGM_DIVERGE, 128,
+         "lanes of warp 0 at different warp instructions: lane 0 at wgmma.mma_async, lane 20 "
+         "at shfl.sync.bfly"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        c = wg_make(64, 1, 0, 0, DT_BF16, bad[i].misuse);
+        const char *err = emu_run((dt_emu_dim3){bad[i].threads, 1, 1}, WG_SMEM, k_wgmma, c);
+        if (!strstr(err, bad[i].msg)) print_error("case %zu: got \"%s\"\n", i, err);
+        assert_non_null(strstr(err, bad[i].msg));
+        free(c);
+    }
+}
+
 /* ----------------------------------------------------------------- cases */
 
 typedef struct shape_row {
@@ -454,6 +719,18 @@ int main(void) {
         {2, DT_ORDER_CONTIGUOUS, DT_ATTN_FULL, {1, 200, 2, 1, 128}, 0},
         {2, DT_ORDER_STRIPED, DT_ATTN_CAUSAL, {1, 268, 2, 1, 64}, 1},
     };
+    /* The same for the wgmma kernel's 128-row query and key tiles: at least
+     * three key tiles per block somewhere (the cp.async stages are reused),
+     * lengths that are not multiples of 128 (a warpgroup with no rows in a
+     * last short query tile: 300 = 2 x 128 + 44). */
+    static const shape_row wg_rows[] = {
+        {1, DT_ORDER_CONTIGUOUS, DT_ATTN_CAUSAL, {1, 400, 2, 1, 64}, 0},
+        {2, DT_ORDER_STRIPED, DT_ATTN_CAUSAL, {2, 600, 2, 2, 128}, 0},
+        {2, DT_ORDER_ZIGZAG, DT_ATTN_CAUSAL, {1, 1040, 4, 2, 64}, 0},
+        {3, DT_ORDER_CONTIGUOUS, DT_ATTN_FULL, {1, 870, 2, 1, 128}, 0},
+        {2, DT_ORDER_STRIPED, DT_ATTN_CAUSAL, {1, 600, 2, 1, 64}, 1},
+    };
+    _Static_assert(sizeof wg_rows == sizeof rows, "one wgmma row per mma row");
     /* fp16 takes the rows that instantiate its kernels for both head dims
      * (and the 1e4 logits): the rest differs from bf16 only in the element
      * conversions, and the emulator is slow (~1 s per 10^5 mma). */
@@ -470,14 +747,15 @@ int main(void) {
                 if (quick && (dt || i)) continue;   /* valgrind: one case per direction */
                 if (dt && !fp16_rows[i]) continue;
                 if (dir == 1 && rows[i].huge) continue;  /* the forward's numerics case */
+                const shape_row *row = dir == 2 ? &wg_rows[i] : &rows[i];
                 emu_case *c = &cases[nt];
-                c->s = rows[i].s;
-                c->P = rows[i].P;
-                c->order = rows[i].order;
-                c->mask = rows[i].mask;
+                c->s = row->s;
+                c->P = row->P;
+                c->order = row->order;
+                c->mask = row->mask;
                 c->dtype = dt ? DT_F16 : DT_BF16;
                 c->seed = 4000 + 10 * nt;
-                c->huge = rows[i].huge;
+                c->huge = row->huge;
                 c->kernel = dir == 2 ? DT_ATTN_KERNEL_WGMMA : DT_ATTN_KERNEL_MMA;
                 snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s",
                          dir == 0 ? "forward" : dir == 1 ? "backward" : "forward-wgmma",
@@ -489,5 +767,6 @@ int main(void) {
                 nt++;
             }
     tests[nt++] = (struct CMUnitTest){"emulator/checks-and-semantics", test_emulator, NULL, NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"emulator/wgmma", test_wgmma, NULL, NULL, NULL};
     return h_run_cases("tensor-core kernels on the CPU emulator", tests, nt);
 }

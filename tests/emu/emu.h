@@ -24,6 +24,13 @@
  *     the wait_group that completes it, and is written then. Reading a
  *     destination too early, or writing it while the copy is pending,
  *     therefore shows (NaN results, or an error);
+ *   - Hopper warpgroup MMA (wgmma.mma_async.m64nNk16.f32.{bf16,f16}, A from
+ *     registers or shared memory, B from shared memory, 128-byte swizzle;
+ *     wgmma.fence, commit_group, wait_group; fence.proxy.async): every
+ *     thread of the warpgroup (128 consecutive threads) must reach the same
+ *     instruction; the last to arrive computes all 128 results, which reach
+ *     the accumulator registers only at the wgmma.wait_group that completes
+ *     them (until then the registers keep their old values);
  *   - dynamic shared memory: one heap block of exactly the launch's size,
  *     filled with 0xff bytes before each block (AddressSanitizer sees any
  *     access past it);
@@ -32,7 +39,7 @@
  * cp.async addresses inside shared memory and 16-byte aligned; a warp
  * instruction with lanes missing (exited) or lanes at different
  * instructions; a deadlock (no thread can run: a __syncthreads some threads
- * never reach, say); __trap.
+ * never reach, say); __trap; and for wgmma what dt_emu_wgmma lists.
  *
  * Not emulated: timing, memory ordering between blocks (blocks are
  * sequential), and everything the kernels do not use.
@@ -62,9 +69,12 @@ typedef struct dt_emu_dim3 {
 int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (*body)(void *),
                   void *arg, char *err, size_t err_size);
 
-/* Counts since the process started (tests use them to see that work ran). */
+/* Counts since the process started (tests use them to see that work ran):
+ * blocks run; warp and warpgroup instructions completed (warp_ops); matrix
+ * instructions, mma.sync and wgmma.mma_async (mma); cp.async copies
+ * (copies); wgmma.mma_async alone (wgmma). */
 typedef struct dt_emu_counts {
-    uint64_t blocks, warp_ops, mma, copies;
+    uint64_t blocks, warp_ops, mma, copies, wgmma;
 } dt_emu_counts;
 dt_emu_counts dt_emu_get_counts(void);
 
@@ -88,6 +98,61 @@ void dt_emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
 /* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32, d += A B
  * (ab: DT_BF16 or DT_F16). */
 void dt_emu_mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, dt_dtype ab);
+
+/* ---- Hopper warpgroup MMA (sm_90a), from the PTX ISA's "Asynchronous
+ * Warpgroup Level Matrix Multiply-Accumulate" sections ----
+ *
+ * __cvta_generic_to_shared: the shared-window address of p, a pointer into
+ * the dynamic shared memory (or one past its end). The emulated window puts
+ * the dynamic shared memory at address 16 (NOT 1024-aligned, on purpose:
+ * kernels that need 1024-byte aligned swizzle atoms must align by address
+ * themselves). */
+uint32_t dt_emu_smem_addr(const void *p);
+/* fence.proxy.async.shared::cta: this thread's completed cp.async copies
+ * become visible to the async proxy (wgmma's shared-memory reads). */
+void dt_emu_fence_proxy_async(void);
+/* wgmma.fence.sync.aligned */
+void dt_emu_wgmma_fence(void);
+/* wgmma.commit_group.sync.aligned: this thread's uncommitted
+ * wgmma.mma_async become one group (an empty one if there are none). */
+void dt_emu_wgmma_commit(void);
+/* wgmma.wait_group.sync.aligned n: completes this thread's committed groups
+ * but the newest n, in issue order, writing their results into the
+ * accumulator registers. */
+void dt_emu_wgmma_wait(int n);
+/* wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}:
+ * n = N (a multiple of 8, 8..256); d = this thread's N/2 fp32 accumulator
+ * registers; D = A B + (scale_d ? D : 0). A (64x16): a != NULL: this
+ * thread's four .b32 registers (the PTX ISA's register fragment layout of
+ * m64nNk16); a == NULL: from shared memory via the matrix descriptor desc_a,
+ * K-major (imm-trans-a = 0). B (16xN): via the descriptor desc_b,
+ * trans_b 0 = K-major, 1 = N-major (imm-trans-b). ab = DT_BF16 or DT_F16.
+ * imm-scale-a = imm-scale-b = 1.
+ *
+ * Descriptors: 128-byte swizzle (mode 1) with base offset 0 only; the
+ * element addresses are documented in runtime.c (wgmma_elem_addr).
+ * Asynchronous: the results are written into d at the wgmma.wait_group
+ * that completes the instruction's group; a second mma_async on the same d
+ * (same n) before that takes the first's pending result as its input, as
+ * the hardware orders same-shape accumulator accesses.
+ * Checked (each fails the launch with a message): a block that is not a
+ * multiple of 128 threads; the threads of the warpgroup at different
+ * instructions or with different n, A form, descriptors, scale_d, trans_b
+ * or ab; a warpgroup thread that has exited; a descriptor with another
+ * swizzle mode, a base offset, reserved bits, or an element outside the
+ * dynamic shared memory; no wgmma.fence by the thread since the launch or
+ * its last wgmma.wait_group; shared memory written by cp.async and
+ * published by a __syncthreads without fence.proxy.async (see runtime.c for
+ * exactly what is tracked); accumulators overlapping a pending
+ * wgmma.mma_async's other than the same d with the same n; d written, or
+ * the shared memory the instruction read changed, before the wait_group
+ * that completes it; a thread exiting with wgmma.mma_async pending
+ * (uncommitted or not waited for). Not checked: reads of d before the wait
+ * (they see the old values), and A registers changed before the wait
+ * (their values are taken at the issue). */
+void dt_emu_wgmma(float *d, int n, const uint32_t *a, uint64_t desc_a, uint64_t desc_b, int scale_d,
+                  int trans_b, dt_dtype ab);
+
 /* Ends the launch with an error (__trap, or a failed check). */
 void dt_emu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 

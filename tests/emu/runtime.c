@@ -1,8 +1,11 @@
 /* tests/emu/runtime.c — the CPU emulator of emu.h: fibers, barriers, the
- * warp-wide instructions and cp.async. The instruction semantics are
- * written from the PTX ISA ("Matrix Fragments for mma.m16n8k16 with
- * floating point type", "ldmatrix", "cp.async", "shfl.sync"), not from the
- * kernels' index helpers (attention/mma_layout.h), which they test. */
+ * warp-wide instructions, cp.async and the warpgroup MMA. The instruction
+ * semantics are written from the PTX ISA ("Matrix Fragments for
+ * mma.m16n8k16 with floating point type", "ldmatrix", "cp.async",
+ * "shfl.sync"; for wgmma "Register Fragments and Shared Memory Matrix
+ * Layouts", "wgmma.mma_async", "wgmma.fence", "wgmma.commit_group",
+ * "wgmma.wait_group"), not from the kernels' index helpers
+ * (attention/mma_layout.h), which they test. */
 #define _GNU_SOURCE
 #include "emu.h"
 
@@ -49,6 +52,7 @@ __asm__(".text\n"
 #endif
 
 #ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define EMU_ASAN 1
 #endif
@@ -60,10 +64,20 @@ __asm__(".text\n"
 #endif
 
 enum { EMU_STACK = 256 * 1024, EMU_MAX_THREADS = 1024, EMU_POISON = 0xff };
+/* The shared-window address of the dynamic shared memory's first byte
+ * (dt_emu_smem_addr): 16, not 1024-aligned, so a kernel that assumes an
+ * aligned window gets a wrong swizzle here rather than by luck. */
+enum { EMU_SMEM_BASE = 16 };
+/* wgmma.mma_async.m64nNk16: M, K, the largest N, and the accumulator
+ * registers per thread at that N. */
+enum { WG_M = 64, WG_K = 16, WG_NMAX = 256, WG_DMAX = WG_NMAX / 2 };
 
 typedef enum { T_RUNNABLE, T_WAIT_WARP, T_WAIT_BLOCK, T_DONE } thread_state;
 
-typedef enum { OP_SHFL_XOR = 1, OP_LDMATRIX, OP_LDMATRIX_T, OP_MMA_BF16, OP_MMA_F16 } warp_op_kind;
+typedef enum {
+    OP_SHFL_XOR = 1, OP_LDMATRIX, OP_LDMATRIX_T, OP_MMA_BF16, OP_MMA_F16,   /* per warp */
+    OP_WGMMA                                                               /* per warpgroup */
+} warp_op_kind;
 
 static const char *op_name(int op) {
     switch (op) {
@@ -72,6 +86,7 @@ static const char *op_name(int op) {
     case OP_LDMATRIX_T: return "ldmatrix.x4.trans";
     case OP_MMA_BF16: return "mma.m16n8k16.bf16";
     case OP_MMA_F16: return "mma.m16n8k16.f16";
+    case OP_WGMMA: return "wgmma.mma_async";
     default: return "?";
     }
 }
@@ -82,6 +97,32 @@ typedef struct emu_copy {
     int bytes;   /* 16, or 0: zero fill */
     long group;  /* commit group; -1 until committed */
 } emu_copy;
+
+/* One wgmma.mma_async of a warpgroup, shared by the 128 threads' pending
+ * records: the raw 16-bit elements it read from shared memory, so that the
+ * first wgmma.wait_group completing it can see whether that memory changed
+ * meanwhile (the hardware reads it at some point before the wait: a write
+ * in between is a race). */
+typedef struct wgmma_op {
+    int refs;      /* pending records pointing here */
+    int checked;   /* a wait_group compared the shared memory already */
+    int n, a_smem, trans_b;
+    uint64_t desc_a, desc_b;
+    uint16_t a[WG_M * WG_K];     /* A[i][k] at 16 i + k, when a_smem */
+    uint16_t b[WG_K * WG_NMAX];  /* B[k][j] at n k + j */
+} wgmma_op;
+
+/* One thread's pending wgmma.mma_async. */
+typedef struct emu_wgmma {
+    float *d;
+    int nreg;                    /* n / 2 */
+    long group;                  /* commit group; -1 until committed */
+    wgmma_op *op;                /* NULL once completed */
+    float result[WG_DMAX];       /* written into d at completion */
+    float expect[WG_DMAX];       /* what d must hold then: its contents at
+                                    the issue, or the result of the pending
+                                    mma_async on the same d before it */
+} emu_wgmma;
 
 typedef struct emu_thread {
 #ifdef EMU_ASM_SWITCH
@@ -102,6 +143,12 @@ typedef struct emu_thread {
     int op, arg;
     const void *in;
     void *out;
+    /* wgmma.mma_async in flight, in issue order */
+    emu_wgmma *wg;
+    int nwg, wgcap;
+    long wg_next_group;
+    int wg_fenced;     /* wgmma.fence since the start or the last wgmma.wait_group */
+    int cp_unfenced;   /* completed cp.async copies since its last fence.proxy.async */
 } emu_thread;
 
 /* The launch in progress. */
@@ -116,7 +163,10 @@ static struct {
     void (*body)(void *);
     void *arg;
     int block_arrived;
-    int warp_arrived[EMU_MAX_THREADS / 32];
+    int warp_arrived[EMU_MAX_THREADS / 32];  /* lanes waiting in a warp or warpgroup instruction */
+    int warp_at[EMU_MAX_THREADS / 32];       /* ... which one (valid while warp_arrived > 0) */
+    int wg_arrived[EMU_MAX_THREADS / 128];   /* threads waiting in a warpgroup instruction */
+    int async_stale;  /* the last __syncthreads published cp.async data without fence.proxy.async */
     int done;                                /* threads of the block that exited */
     int warp_exited[EMU_MAX_THREADS / 32];
 #ifdef EMU_ASM_SWITCH
@@ -126,6 +176,7 @@ static struct {
 #endif
     const void *sched_stack;
     size_t sched_stack_size;
+    wgmma_op *wg_new;  /* a wgmma being completed: freed by the launch if that fails */
     int failed;
     char err[512];
     dt_emu_counts counts;
@@ -240,8 +291,9 @@ void dt_emu_cp_commit(void) {
     t->next_group++;
 }
 
-/* Completes the committed groups older than the newest n, in order. */
-static void wait_groups(emu_thread *t, long n) {
+/* Completes the committed groups older than the newest n, in order;
+ * returns how many copies that completed. */
+static int wait_groups(emu_thread *t, long n) {
     const long cutoff = t->next_group - n;
     int kept = 0;
     for (int i = 0; i < t->ncopies; i++) {
@@ -249,27 +301,52 @@ static void wait_groups(emu_thread *t, long n) {
         if (c.group >= 0 && c.group < cutoff) complete_copy(&c);
         else t->copies[kept++] = c;
     }
+    const int completed = t->ncopies - kept;
     t->ncopies = kept;
+    return completed;
 }
 
-void dt_emu_cp_wait(int n) { wait_groups(E.cur, n); }
+void dt_emu_cp_wait(int n) {
+    if (wait_groups(E.cur, n)) E.cur->cp_unfenced = 1;   /* generic-proxy writes, see below */
+}
 
 /* ------------------------------------------------------------ barriers */
 
 static int alive_in_block(void) { return E.nthreads - E.done; }
 
-static void release(thread_state waiting, int warp) {
-    for (int i = 0; i < E.nthreads; i++) {
-        emu_thread *t = &E.threads[i];
-        if (t->state == waiting && (warp < 0 || t->linear / 32 == warp)) t->state = T_RUNNABLE;
-    }
+/* Threads first .. first + n - 1 waiting in `waiting` may run again. */
+static void release(thread_state waiting, int first, int n) {
+    for (int i = first; i < first + n; i++)
+        if (E.threads[i].state == waiting) E.threads[i].state = T_RUNNABLE;
 }
 
-/* A block barrier is complete when every thread still alive arrived. */
+/* A block barrier is complete when every thread still alive arrived.
+ *
+ * It is also where the emulator follows cp.async data on its way to wgmma.
+ * cp.async writes shared memory through the generic proxy and wgmma reads it
+ * through the async proxy; the PTX ISA asks for a fence.proxy.async between
+ * the two ("wgmma.fence": "An async proxy fence must be used to establish
+ * an ordering between prior writes to shared memory matrices and subsequent
+ * reads of the same matrices in a wgmma.mma_async instruction"). What is
+ * checked: a thread whose cp.async.wait_group completed copies is marked
+ * until its next fence.proxy.async; a __syncthreads that completes while
+ * any thread of the block is marked makes the block "async proxy stale"
+ * (and clears the marks), one that completes with none marked clears it;
+ * a wgmma.mma_async issued while the block is stale fails. So the fence
+ * must come between the cp.async wait and the __syncthreads that publishes
+ * the data. Not checked: plain stores to shared memory (not tracked at all),
+ * copies completed by a thread's exit, and a wgmma that reads cp.async data
+ * without a __syncthreads after the copies (its own thread's copies, say). */
 static void maybe_release_block(void) {
     if (E.block_arrived > 0 && E.block_arrived == alive_in_block()) {
         E.block_arrived = 0;
-        release(T_WAIT_BLOCK, -1);
+        int stale = 0;
+        for (int i = 0; i < E.nthreads; i++) {
+            stale |= E.threads[i].cp_unfenced;
+            E.threads[i].cp_unfenced = 0;
+        }
+        E.async_stale = stale;
+        release(T_WAIT_BLOCK, 0, E.nthreads);
     }
 }
 
@@ -285,8 +362,8 @@ void dt_emu_syncthreads(void) {
 
 static uint16_t half_of(uint32_t r, int h) { return (uint16_t)(h ? r >> 16 : r & 0xffffu); }
 
-static double elem_value(uint16_t bits, int op) {
-    return op == OP_MMA_BF16 ? (double)dt_bf16_to_f32(bits) : (double)dt_f16_to_f32(bits);
+static double elem_value(uint16_t bits, dt_dtype ab) {
+    return ab == DT_BF16 ? (double)dt_bf16_to_f32(bits) : (double)dt_f16_to_f32(bits);
 }
 
 typedef struct mma_in {
@@ -340,16 +417,18 @@ static void complete_warp_op(emu_thread *lanes, int n, int op) {
          * A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]. B (16x8):
          * b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]. C, D (16x8 fp32):
          * c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1]. */
+        const dt_dtype ab = op == OP_MMA_BF16 ? DT_BF16 : DT_F16;
         double A[16][16], B[16][8];
         for (int l = 0; l < 32; l++) {
             const mma_in *in = lanes[l].in;
             const int g = l / 4, t = l % 4;
             for (int reg = 0; reg < 4; reg++)
                 for (int h = 0; h < 2; h++)
-                    A[g + 8 * (reg & 1)][2 * t + h + 8 * (reg >> 1)] = elem_value(half_of(in->a[reg], h), op);
+                    A[g + 8 * (reg & 1)][2 * t + h + 8 * (reg >> 1)] =
+                        elem_value(half_of(in->a[reg], h), ab);
             for (int h = 0; h < 2; h++) {
-                B[2 * t + h][g] = elem_value(half_of(in->b0, h), op);
-                B[2 * t + h + 8][g] = elem_value(half_of(in->b1, h), op);
+                B[2 * t + h][g] = elem_value(half_of(in->b0, h), ab);
+                B[2 * t + h + 8][g] = elem_value(half_of(in->b1, h), ab);
             }
         }
         E.counts.mma++;
@@ -369,52 +448,356 @@ static void complete_warp_op(emu_thread *lanes, int n, int op) {
     }
 }
 
-/* Every lane of the calling thread's warp must arrive here with the same
- * op; the last one computes the results and releases the others. */
-static void warp_op(int op, int arg, const void *in, void *out) {
+static void complete_wgmma(emu_thread *threads, int first);
+
+/* A warp instruction (width 32) or warpgroup instruction (width 128, the
+ * 128 threads 128w .. 128w + 127 of the block): every thread of the calling
+ * thread's warp or warpgroup must arrive here with the same op; the last
+ * one computes the results and releases the others. The lanes of a warp
+ * execute these .sync.aligned instructions together, so a lane arriving
+ * while lanes of its warp wait at another one is a divergence, reported at
+ * once; a warpgroup's warps arrive independently. */
+static void collective_op(int op, int width, int arg, const void *in, void *out) {
     emu_thread *t = E.cur;
-    const int warp = t->linear / 32, first = 32 * warp;
-    const int n = E.nthreads - first < 32 ? E.nthreads - first : 32;
-    if ((op == OP_LDMATRIX || op == OP_LDMATRIX_T || op == OP_MMA_BF16 || op == OP_MMA_F16) && n != 32)
-        dt_emu_fail("%s in a warp of %d threads", op_name(op), n);
-    if (E.warp_exited[warp])
-        for (int l = 0; l < n; l++)
-            if (E.threads[first + l].state == T_DONE)
-                dt_emu_fail("%s (full mask) while lane %d of the warp has exited", op_name(op), l);
+    const int first = t->linear / width * width, warp = t->linear / 32;
+    const int n = E.nthreads - first < width ? E.nthreads - first : width;
+    const char *unit = width == 32 ? "warp" : "warpgroup";
+    if (op != OP_SHFL_XOR && n != width)
+        dt_emu_fail("%s in a %s of %d threads", op_name(op), unit, n);
+    for (int w = first / 32; w < (first + n + 31) / 32; w++)
+        if (E.warp_exited[w])
+            for (int l = 0; l < n; l++)
+                if (E.threads[first + l].state == T_DONE)
+                    dt_emu_fail("%s (full mask) while %s %d of the %s has exited", op_name(op),
+                                width == 32 ? "lane" : "thread", l, unit);
+    if (E.warp_arrived[warp] > 0 && E.warp_at[warp] != op)
+        for (int l = 32 * warp; l < 32 * warp + 32 && l < E.nthreads; l++)
+            if (E.threads[l].state == T_WAIT_WARP)
+                dt_emu_fail("lanes of warp %d at different warp instructions: lane %d at %s, "
+                            "lane %d at %s", warp, l - 32 * warp, op_name(E.threads[l].op),
+                            t->linear - 32 * warp, op_name(op));
+    E.warp_at[warp] = op;
+    E.warp_arrived[warp]++;
     t->op = op;
     t->arg = arg;
     t->in = in;
     t->out = out;
     t->state = T_WAIT_WARP;
-    if (++E.warp_arrived[warp] < n) {
+    const int arrived = width == 32 ? E.warp_arrived[warp] : ++E.wg_arrived[first / 128];
+    if (arrived < n) {
         yield_fiber(0);
         return;
     }
-    E.warp_arrived[warp] = 0;
-    for (int l = 0; l < n; l++)
-        if (E.threads[first + l].op != op)
-            dt_emu_fail("lanes of warp %d at different warp instructions: lane %d at %s, lane %d "
-                        "at %s", warp, l, op_name(E.threads[first + l].op), t->linear - first,
-                        op_name(op));
-    complete_warp_op(&E.threads[first], n, op);
-    release(T_WAIT_WARP, warp);
+    for (int w = first / 32; w < (first + n + 31) / 32; w++) E.warp_arrived[w] = 0;
+    if (width == 128) E.wg_arrived[first / 128] = 0;
+    /* every thread counted arrived at op: a lane of the warp at another
+     * instruction failed above, and only op counts in wg_arrived */
+    if (op == OP_WGMMA) complete_wgmma(&E.threads[first], first);
+    else complete_warp_op(&E.threads[first], n, op);
+    release(T_WAIT_WARP, first, n);
 }
 
 float dt_emu_shfl_xor(unsigned mask, float v, int lane_mask) {
     if (mask != 0xffffffffu) dt_emu_fail("shfl with a partial mask %#x", mask);
     float out;
-    warp_op(OP_SHFL_XOR, lane_mask, &v, &out);
+    collective_op(OP_SHFL_XOR, 32, lane_mask, &v, &out);
     return out;
 }
 
 void dt_emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans) {
-    warp_op(trans ? OP_LDMATRIX_T : OP_LDMATRIX, 0, row, r);
+    collective_op(trans ? OP_LDMATRIX_T : OP_LDMATRIX, 32, 0, row, r);
 }
 
 void dt_emu_mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, dt_dtype ab) {
     if (ab != DT_BF16 && ab != DT_F16) dt_emu_fail("mma with operand type %d", (int)ab);
     mma_in in = {a, b0, b1};
-    warp_op(ab == DT_BF16 ? OP_MMA_BF16 : OP_MMA_F16, 0, &in, d);
+    collective_op(ab == DT_BF16 ? OP_MMA_BF16 : OP_MMA_F16, 32, 0, &in, d);
+}
+
+/* ------------------------------------------------ warpgroup MMA (wgmma) */
+
+uint32_t dt_emu_smem_addr(const void *p) {
+    const unsigned char *c = p;
+    if (!E.smem || c < E.smem || c > E.smem + E.smem_bytes)
+        dt_emu_fail("__cvta_generic_to_shared(%p): not a pointer into the %zu bytes of dynamic "
+                    "shared memory", p, E.smem_bytes);
+    return EMU_SMEM_BASE + (uint32_t)(c - E.smem);
+}
+
+void dt_emu_fence_proxy_async(void) { E.cur->cp_unfenced = 0; }
+
+void dt_emu_wgmma_fence(void) { E.cur->wg_fenced = 1; }
+
+void dt_emu_wgmma_commit(void) {
+    emu_thread *t = E.cur;
+    for (int i = 0; i < t->nwg; i++)
+        if (t->wg[i].group < 0) t->wg[i].group = t->wg_next_group;
+    t->wg_next_group++;
+}
+
+/* A matrix descriptor ("Matrix Descriptor Format"): bits 0-13 the start
+ * address, 16-29 the leading dimension byte offset (LBO), 32-45 the stride
+ * dimension byte offset (SBO), each encoded as (x & 0x3ffff) >> 4; bits
+ * 49-51 the base offset; bits 62-63 the swizzle mode (0 none, 1 128-byte,
+ * 2 64-byte, 3 32-byte); the other bits reserved. Decoded: byte values. */
+typedef struct wg_desc {
+    uint32_t start, lbo, sbo;
+} wg_desc;
+
+static wg_desc decode_desc(uint64_t desc, const char *which) {
+    const uint64_t reserved = 3ull << 14 | 3ull << 30 | 7ull << 46 | 0x3ffull << 52;
+    const int base = (int)(desc >> 49 & 7), mode = (int)(desc >> 62);
+    if (mode != 1 || base != 0)
+        dt_emu_fail("wgmma.mma_async: %s descriptor %#llx: swizzle mode %d with base offset %d is "
+                    "not emulated (only the 128-byte swizzle, mode 1, with base offset 0)", which,
+                    (unsigned long long)desc, mode, base);
+    if (desc & reserved)
+        dt_emu_fail("wgmma.mma_async: %s descriptor %#llx sets reserved bits %#llx", which,
+                    (unsigned long long)desc, (unsigned long long)(desc & reserved));
+    return (wg_desc){(uint32_t)(desc & 0x3fff) << 4, (uint32_t)(desc >> 16 & 0x3fff) << 4,
+                     (uint32_t)(desc >> 32 & 0x3fff) << 4};
+}
+
+/* The shared-window address the hardware reads element (mn, k) of a 16-bit
+ * operand at: mn its M index (A) or N index (B), k its K index (0..15).
+ *
+ * From "Canonical Layouts" of the PTX ISA (CuTe layouts in elements,
+ * T = 128 / 16 = 8 elements = 16 bytes; their LBO and SBO are the
+ * descriptor's byte offsets in elements, as the PTX examples' "LBO =
+ * 128*sizeof(bf16)", encoded LBO >> 4, show) and the 128-byte swizzle
+ * Swizzle<3,4,3>:
+ *   K-major  ((8,m),(T,2k)):((8T,SBO),(1,T)): mn = mn0 + 8 mn1 (mn0 < 8),
+ *            k = k0 + T k1 (k0 < T): mn0 8T + mn1 SBO + k0 + k1 T elements,
+ *            that is  start + 128 (mn % 8) + SBO (mn / 8) + 2 k  bytes:
+ *            rows of 128 bytes, 8 rows to an atom, the next 8 rows SBO
+ *            further; the 16 k of one instruction are 32 contiguous bytes
+ *            of a row. LBO is unused ("not used, assumed to be 1").
+ *   MN-major ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): mn = mn0 + T mn1 +
+ *            8T mn2 (mn0 < T, mn1 < 8), k = k0 + 8 k1 (k0 < 8):
+ *            mn0 + T mn1 + LBO mn2 + 8T k0 + SBO k1 elements, that is
+ *            start + 2 (mn % 64) + LBO (mn / 64) + 128 (k % 8) + SBO (k / 8)
+ *            bytes: each k a 128-byte row of 64 consecutive mn, 8 k to an
+ *            atom, the next 8 k SBO further, the next 64 mn LBO further.
+ * The swizzle then permutes the 16-byte chunks of each 128-byte row by the
+ * row's place in its 1024-byte pattern: address bits 4-6 ^= bits 7-9. It
+ * acts on the address itself, not on the offset from the start address:
+ * the descriptor's base offset, (pattern start >> 7) & 7, exists for
+ * patterns that do not start at a 1024-byte boundary, so with base offset
+ * 0 the patterns are anchored at 1024-byte boundaries of the shared window.
+ * A start address inside a pattern (advanced 32 bytes per K step of 16
+ * within a 128-byte K-major row, say) thus reads what a kernel wrote with
+ * the swizzle of the whole atom at its 1024-aligned address. The emulated
+ * window puts the dynamic shared memory at 16, so a kernel must align its
+ * atoms by shared address (dt_emu_smem_addr), as on the hardware. */
+static uint32_t wgmma_elem_addr(const wg_desc *d, int mn_major, int mn, int k) {
+    const uint32_t m = (uint32_t)mn, kk = (uint32_t)k;
+    const uint32_t a = mn_major ? d->start + 2 * (m % 64) + d->lbo * (m / 64) + 128 * (kk % 8) +
+                                      d->sbo * (kk / 8)
+                                : d->start + 128 * (m % 8) + d->sbo * (m / 8) + 2 * kk;
+    return a ^ (((a >> 7) & 7u) << 4);
+}
+
+/* The operands one thread gives a wgmma.mma_async. */
+typedef struct wgmma_in {
+    float *d;
+    const uint32_t *a;   /* NULL: A from desc_a */
+    uint64_t desc_a, desc_b;
+    int n, scale_d, trans_b;
+    dt_dtype ab;
+} wgmma_in;
+
+/* Reads op's shared-memory operands (A when a_smem, and B) into op->a,
+ * op->b; or, `compare`, fails if shared memory no longer holds them. */
+static void sweep_operands(wgmma_op *op, int compare) {
+    for (int which = op->a_smem ? 0 : 1; which < 2; which++) {
+        const uint64_t desc = which ? op->desc_b : op->desc_a;
+        const wg_desc dd = decode_desc(desc, which ? "B" : "A");
+        const int mn_major = which && op->trans_b, nmn = which ? op->n : WG_M;
+        for (int mn = 0; mn < nmn; mn++)
+            for (int k = 0; k < WG_K; k++) {
+                const uint32_t addr = wgmma_elem_addr(&dd, mn_major, mn, k);
+                /* A[mn][k], or B[k][mn] */
+                const int row = which ? k : mn, col = which ? mn : k;
+                uint16_t *kept = which ? &op->b[op->n * k + mn] : &op->a[WG_K * mn + k];
+                if (addr < EMU_SMEM_BASE || addr - EMU_SMEM_BASE > E.smem_bytes ||
+                    E.smem_bytes - (addr - EMU_SMEM_BASE) < 2)
+                    dt_emu_fail("wgmma.mma_async: %s descriptor %#llx: %s[%d][%d] at shared "
+                                "address %#x is outside the dynamic shared memory (shared "
+                                "addresses [%#x, %#zx))",
+                                which ? "B" : "A", (unsigned long long)desc, which ? "B" : "A", row,
+                                col, addr, (unsigned)EMU_SMEM_BASE,
+                                (size_t)EMU_SMEM_BASE + E.smem_bytes);
+                uint16_t v;
+                memcpy(&v, E.smem + (addr - EMU_SMEM_BASE), 2);
+                if (!compare) *kept = v;
+                else if (v != *kept)
+                    dt_emu_fail("shared memory at offset %u (shared address %#x), read by a "
+                                "wgmma.mma_async as %s[%d][%d], was written before the "
+                                "wgmma.wait_group that completes it", addr - EMU_SMEM_BASE, addr,
+                                which ? "B" : "A", row, col);
+            }
+    }
+}
+
+static void release_op(wgmma_op *op) {
+    if (--op->refs == 0) free(op);
+}
+
+/* The last thread of the warpgroup to arrive: checks that all 128 issued
+ * the same instruction, reads A and B, computes every thread's result and
+ * leaves it pending in the thread's records. Register fragments (PTX ISA,
+ * "Matrix Fragments for wgmma.mma_async.m64nNk16", figures for A and D):
+ * warp w of the warpgroup holds rows 16w .. 16w + 15; with lane l, g =
+ * l / 4, t = l % 4, element e of a thread (A: register e / 2, low half for
+ * even e; D: register e) is at
+ *   row 16 w + g + 8 ((e >> 1) & 1),  column 8 (e >> 2) + 2 t + (e & 1),
+ * e in 0..7 for A (16 columns), 0..N/2-1 for D (N columns). Sums in double,
+ * rounded to fp32 once per instruction. */
+static void complete_wgmma(emu_thread *threads, int first) {
+    static const char *const field[] = {"n", "A operand (0 registers, 1 descriptor)", "desc_a",
+                                        "desc_b", "scale_d", "trans_b", "type"};
+    const wgmma_in *in0 = threads[0].in;
+    for (int l = 1; l < 128; l++) {
+        const wgmma_in *in = threads[l].in;
+        const unsigned long long v[2][7] = {
+            {(unsigned long long)in0->n, !in0->a, in0->desc_a, in0->desc_b,
+             (unsigned long long)in0->scale_d, (unsigned long long)in0->trans_b,
+             (unsigned long long)in0->ab},
+            {(unsigned long long)in->n, !in->a, in->desc_a, in->desc_b,
+             (unsigned long long)in->scale_d, (unsigned long long)in->trans_b,
+             (unsigned long long)in->ab}};
+        for (int f = 0; f < 7; f++)
+            if (v[0][f] != v[1][f]) {
+                char x[2][24];
+                for (int i = 0; i < 2; i++)
+                    snprintf(x[i], sizeof x[i], f == 2 || f == 3 ? "%#llx" : "%llu", v[i][f]);
+                dt_emu_fail("threads of warpgroup %d disagree on wgmma.mma_async's %s: thread %d "
+                            "has %s, thread %d has %s", first / 128, field[f], first, x[0],
+                            first + l, x[1]);
+            }
+    }
+    const int n = in0->n, nreg = n / 2;
+    const dt_dtype ab = in0->ab;
+    wgmma_op *op = calloc(1, sizeof *op);
+    if (!op) dt_emu_fail("out of memory");
+    E.wg_new = op;   /* freed by the launch if a check below fails */
+    op->n = n;
+    op->a_smem = !in0->a;
+    op->trans_b = in0->trans_b;
+    op->desc_a = in0->desc_a;
+    op->desc_b = in0->desc_b;
+    sweep_operands(op, 0);
+    /* the launch mutex serialises every use: static, off the fiber stack */
+    static double A[WG_M][WG_K], B[WG_K][WG_NMAX];
+    for (int k = 0; k < WG_K; k++)
+        for (int j = 0; j < n; j++) B[k][j] = elem_value(op->b[n * k + j], ab);
+    for (int i = 0; i < WG_M; i++)
+        for (int k = 0; k < WG_K && op->a_smem; k++) A[i][k] = elem_value(op->a[WG_K * i + k], ab);
+    for (int l = 0; l < 128 && !op->a_smem; l++) {
+        const uint32_t *a = ((const wgmma_in *)threads[l].in)->a;
+        const int w = l / 32, g = l % 32 / 4, t = l % 4;
+        for (int e = 0; e < 8; e++)
+            A[16 * w + g + 8 * ((e >> 1) & 1)][8 * (e >> 2) + 2 * t + (e & 1)] =
+                elem_value(half_of(a[e / 2], e & 1), ab);
+    }
+    for (int l = 0; l < 128; l++) {
+        emu_thread *th = &threads[l];
+        const wgmma_in *in = th->in;
+        if (th->nwg == th->wgcap) {
+            const int cap = th->wgcap ? 2 * th->wgcap : 4;
+            emu_wgmma *r = realloc(th->wg, sizeof *r * (size_t)cap);
+            if (!r) dt_emu_fail("out of memory");
+            th->wg = r;
+            th->wgcap = cap;
+        }
+        /* the input accumulator: the pending result of the latest
+         * mma_async on the same d (dt_emu_wgmma allowed no other overlap),
+         * else d's registers as they are */
+        const emu_wgmma *prev = NULL;
+        for (int i = 0; i < th->nwg; i++)
+            if (th->wg[i].d == in->d) prev = &th->wg[i];
+        emu_wgmma *r = &th->wg[th->nwg];
+        memcpy(r->expect, prev ? prev->result : in->d, sizeof(float) * (size_t)nreg);
+        const int w = l / 32, g = l % 32 / 4, t = l % 4;
+        for (int e = 0; e < nreg; e++) {
+            const int row = 16 * w + g + 8 * ((e >> 1) & 1), col = 8 * (e >> 2) + 2 * t + (e & 1);
+            double sum = in->scale_d ? (double)r->expect[e] : 0.0;
+            for (int k = 0; k < WG_K; k++) sum += A[row][k] * B[k][col];
+            r->result[e] = (float)sum;
+        }
+        r->d = in->d;
+        r->nreg = nreg;
+        r->group = -1;
+        r->op = op;
+        op->refs++;
+        th->nwg++;
+    }
+    E.wg_new = NULL;
+    E.counts.warp_ops++;
+    E.counts.mma++;
+    E.counts.wgmma++;
+}
+
+void dt_emu_wgmma(float *d, int n, const uint32_t *a, uint64_t desc_a, uint64_t desc_b, int scale_d,
+                  int trans_b, dt_dtype ab) {
+    emu_thread *t = E.cur;
+    if (E.nthreads % 128)
+        dt_emu_fail("wgmma.mma_async in a block of %d threads (warpgroups need a multiple of 128)",
+                    E.nthreads);
+    if (n < 8 || n > WG_NMAX || n % 8)
+        dt_emu_fail("wgmma.mma_async.m64n%dk16: N must be a multiple of 8 from 8 to 256", n);
+    if (ab != DT_BF16 && ab != DT_F16)
+        dt_emu_fail("wgmma.mma_async with operand type %d (bf16 and f16 are emulated)", (int)ab);
+    if (trans_b != 0 && trans_b != 1) dt_emu_fail("wgmma.mma_async with imm-trans-b %d", trans_b);
+    if (!d) dt_emu_fail("wgmma.mma_async without accumulator registers (d = NULL)");
+    if (!t->wg_fenced)
+        dt_emu_fail("wgmma.mma_async without wgmma.fence (one is needed after the kernel's start "
+                    "and after each wgmma.wait_group, before the next wgmma.mma_async)");
+    if (E.async_stale)
+        dt_emu_fail("shared memory written by cp.async reaches wgmma without fence.proxy.async (a "
+                    "__syncthreads published the copies of a thread that ran no fence.proxy.async "
+                    "after its cp.async.wait_group)");
+    const uintptr_t lo = (uintptr_t)d, hi = (uintptr_t)(d + n / 2);
+    for (int i = 0; i < t->nwg; i++) {
+        const emu_wgmma *r = &t->wg[i];
+        const uintptr_t rlo = (uintptr_t)r->d, rhi = (uintptr_t)(r->d + r->nreg);
+        if (lo < rhi && rlo < hi && (r->d != d || r->nreg != n / 2))
+            dt_emu_fail("wgmma.mma_async.m64n%dk16's accumulators overlap those of a pending "
+                        "wgmma.mma_async.m64n%dk16 without being the same registers with the same "
+                        "shape (only those are ordered without a wgmma.wait_group)", n,
+                        2 * r->nreg);
+    }
+    (void)decode_desc(desc_b, "B");
+    if (!a) (void)decode_desc(desc_a, "A");
+    const wgmma_in in = {d, a, a ? 0 : desc_a, desc_b, n, scale_d != 0, trans_b, ab};
+    collective_op(OP_WGMMA, 128, 0, &in, NULL);
+}
+
+void dt_emu_wgmma_wait(int n) {
+    emu_thread *t = E.cur;
+    if (n < 0) dt_emu_fail("wgmma.wait_group %d", n);
+    const long cutoff = t->wg_next_group - n;
+    for (int i = 0; i < t->nwg; i++) {
+        emu_wgmma *r = &t->wg[i];
+        if (r->group < 0 || r->group >= cutoff) continue;
+        wgmma_op *op = r->op;
+        if (!op->checked) {
+            sweep_operands(op, 1);
+            op->checked = 1;
+        }
+        for (int e = 0; e < r->nreg; e++)
+            if (memcmp(&r->d[e], &r->expect[e], sizeof(float)))
+                dt_emu_fail("accumulator register d[%d] of a wgmma.mma_async.m64n%dk16 was written "
+                            "before the wgmma.wait_group that completes it", e, 2 * r->nreg);
+        memcpy(r->d, r->result, sizeof(float) * (size_t)r->nreg);
+        r->op = NULL;   /* completed: the launch's clean-up skips it */
+        release_op(op);
+    }
+    int kept = 0;
+    for (int i = 0; i < t->nwg; i++)
+        if (t->wg[i].op) t->wg[kept++] = t->wg[i];
+    t->nwg = kept;
+    t->wg_fenced = 0;   /* the next mma_async needs a wgmma.fence again */
 }
 
 /* ------------------------------------------------------------- launch */
@@ -432,6 +815,13 @@ static void fiber_main(void) {
     E.body(E.arg);
     emu_thread *t = E.cur;
     wait_groups(t, 0);   /* copies still in flight land anyway */
+    if (t->nwg) {
+        int uncommitted = 0;
+        for (int i = 0; i < t->nwg; i++) uncommitted += t->wg[i].group < 0;
+        dt_emu_fail("exited with %d wgmma.mma_async pending (%d of them uncommitted): "
+                    "wgmma.commit_group and wgmma.wait_group must complete them first", t->nwg,
+                    uncommitted);
+    }
     thread_exits(t);
     /* a __syncthreads the others wait in may now be complete; a warp
      * instruction they wait in never will be (deadlock, reported) */
@@ -442,7 +832,7 @@ static void fiber_main(void) {
 static const char *state_name(thread_state s) {
     switch (s) {
     case T_RUNNABLE: return "runnable";
-    case T_WAIT_WARP: return "in a warp instruction";
+    case T_WAIT_WARP: return "in a warp or warpgroup instruction";
     case T_WAIT_BLOCK: return "in __syncthreads";
     default: return "exited";
     }
@@ -455,6 +845,15 @@ static void start_fiber(emu_thread *t) {
     t->ncopies = 0;
     t->next_group = 0;
     t->op = 0;
+    t->nwg = 0;   /* all completed by the previous block's exits */
+    t->wg_next_group = 0;
+    t->wg_fenced = 0;
+    t->cp_unfenced = 0;
+#ifdef EMU_ASAN
+    /* a fiber of a failed launch was abandoned mid-call: its frames' redzones
+     * are still poisoned on the reused stack */
+    __asan_unpoison_memory_region(t->stack, EMU_STACK);
+#endif
 #ifdef EMU_ASM_SWITCH
     /* From the 16-byte aligned top down: a null return address for
      * fiber_main (it never returns), fiber_main's address for the switch's
@@ -479,6 +878,8 @@ static int run_block(void) {
     memset(E.smem, EMU_POISON, E.smem_bytes);
     E.block_arrived = 0;
     memset(E.warp_arrived, 0, sizeof E.warp_arrived);
+    memset(E.wg_arrived, 0, sizeof E.wg_arrived);
+    E.async_stale = 0;
     E.done = 0;
     memset(E.warp_exited, 0, sizeof E.warp_exited);
     for (int i = 0; i < E.nthreads; i++) start_fiber(&E.threads[i]);
@@ -572,7 +973,17 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (
                 rc = run_block();
             }
     if (rc && err && err_size) snprintf(err, err_size, "%s", E.err);
-    for (int i = 0; E.threads && i < n; i++) free(E.threads[i].copies);
+    /* a failed launch leaves wgmma records pending: their shared operand
+     * records go with the last reference (or unreferenced, with E.wg_new) */
+    if (E.wg_new && E.wg_new->refs == 0) free(E.wg_new);
+    E.wg_new = NULL;
+    for (int i = 0; E.threads && i < n; i++) {
+        emu_thread *t = &E.threads[i];
+        for (int j = 0; j < t->nwg; j++)
+            if (t->wg[j].op) release_op(t->wg[j].op);
+        free(t->wg);
+        free(t->copies);
+    }
     free(E.threads);
     free(E.smem);
     E.threads = NULL;
