@@ -202,31 +202,12 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     load_tile<T, D>(v_stage<T, D>(smem, 0), vg, G * D, 0, nk);
     cp_async_commit();
 
-    /* The lane's two query rows and their running state, read while the
-     * copies fly. o[j][i] is accumulator element i of n-tile j (head-dim
-     * columns 8j .. 8j+7): row dt_mma_c_row(lane, i), column 8j +
-     * dt_mma_c_col(lane, i). Elements 2 half and 2 half + 1 are adjacent
-     * columns of one row: one float2. */
+    /* The lane's two query rows and their running state (mma_device.cuh),
+     * read while the copies fly. */
     int64_t row[2], lim[2];
     bool live[2];
     float m[2], l[2], o[D / 8][4];
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        row[half] = x0 + 16 * warp + dt_mma_c_row(lane, 2 * half);
-        live[half] = row[half] < nq;
-        m[half] = live[half] ? mg[row[half]] : -INFINITY;
-        l[half] = live[half] ? lg[row[half]] : 0.0f;
-        lim[half] = live[half] ? dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row[half])) : 0;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            float2 v = make_float2(0.0f, 0.0f);
-            if (live[half])
-                v = *reinterpret_cast<const float2 *>(accg + row[half] * H * D + 8 * j +
-                                                      dt_mma_c_col(lane, 2 * half));
-            o[j][2 * half] = v.x;
-            o[j][2 * half + 1] = v.y;
-        }
-    }
+    read_rows<D>(a, accg, mg, lg, x0 + 16 * warp, lane, row, live, lim, m, l, o);
 
     uint32_t qf[D / 16][4];
     for (int64_t kt = 0; kt < n_tiles; kt++) {
@@ -252,20 +233,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
         __syncthreads();   /* stage is refilled by iteration kt+1's copies */
     }
 
-    /* Write back; the 4 lanes of a quad hold the same m and l. */
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        if (!live[half]) continue;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *reinterpret_cast<float2 *>(accg + row[half] * H * D + 8 * j +
-                                        dt_mma_c_col(lane, 2 * half)) =
-                make_float2(o[j][2 * half], o[j][2 * half + 1]);
-        if ((lane & 3) == 0) {
-            mg[row[half]] = m[half];
-            lg[row[half]] = l[half];
-        }
-    }
+    write_rows<D>(accg, mg, lg, H, lane, row, live, m, l, o);
 #endif
 }
 

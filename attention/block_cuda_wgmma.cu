@@ -29,25 +29,38 @@
  *
  * Shared memory: [Q tile][K stage 0][K stage 1][V stage 0][V stage 1], each
  * in wgmma_device.cuh's 128-byte swizzled column-block layout, (BM + 4 BN)
- * D 2 bytes (80 KiB at D = 64, 160 KiB at D = 128) plus 1 KiB to put the
- * first tile on a 1024-byte boundary of the shared window. Copies: cp.async
- * 16 bytes by all 256 threads, rows past the segment zero-filled; Q and key
- * tile 0 are one commit group, tile kt+1's copies fly during tile kt's math
- * (as in the mma.sync kernel). cp.async writes through the generic proxy and
- * wgmma reads through the async proxy, so every thread issues
- * fence.proxy.async after its wait_group, before the barrier that publishes
- * the tile.
+ * D 2 bytes (80 KiB at D = 64, 160 KiB at D = 128), then two mbarriers, plus
+ * 1 KiB to put the first tile on a 1024-byte boundary of the shared window.
+ * Loads: TMA (cp.async.bulk.tensor), issued by thread 0, one box of 64
+ * columns x BM or BN rows per column block, through 4-D tensor maps of the
+ * block's q, k and v segments made on the host for each launch: the map's
+ * row count is the segment's length, so rows past it arrive as zeros, and
+ * the box lands in exactly the swizzled layout wgmma reads (TMA's 128-byte
+ * swizzle is the same address-bit XOR). Stage s's tiles complete on
+ * mbarrier full[s]; Q and key tile 0 on full[0]'s first phase; tile kt+1's
+ * TMA is issued before tile kt's math and flies during it; a __syncthreads
+ * after each tile's math frees its stage for the TMA two tiles on. TMA
+ * writes through the async proxy, which wgmma reads through: no proxy
+ * fence. A wait that does not complete within 10 s traps (a failed launch,
+ * never a hung GPU).
  *
- * What is left for an H100 (docs/PERFORMANCE.md): measure it, then TMA
- * loads with mbarriers and a producer warp, and overlap of one warpgroup's
- * softmax with the other's wgmma (FlashAttention-3's ping-pong).
+ * ptxas (sm_90a): 128 registers at D = 64 (two CTAs per SM: launch bounds),
+ * 216 at D = 128, no spills.
+ *
+ * What is left for an H100 (docs/PERFORMANCE.md): measure it; then a
+ * producer warp with per-stage "empty" barriers in place of the per-tile
+ * __syncthreads, and overlap of one warpgroup's softmax with the other's
+ * wgmma (FlashAttention-3's ping-pong).
  */
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "block_cuda_mma.h"
 #include "mma_device.cuh"
@@ -60,25 +73,16 @@ constexpr int WG_BM = 128;            /* query rows per CTA: 64 per warpgroup */
 constexpr int WG_BN = 128;            /* keys per tile */
 constexpr int WG_THREADS = 256;       /* two warpgroups */
 
-#ifndef DT_WGMMA_STUB
+/* The tensor maps of one block (TMA): q [B][nq][H][D], k and v
+ * [B][nk][G][D] as 4-D maps {D, heads, rows, batch} with the segment's rows
+ * only, so that the rows past its end arrive as zeros; boxes of 64 columns
+ * (128 bytes, the 128-byte swizzle's row) x 1 head x BM or BN rows. */
+struct wg_params {
+    CUtensorMap q, k, v;
+    dt_attn_block_args a;
+};
 
-/* Issue the copies of rows [row0, row0 + ROWS) of a row-major matrix (row r
- * at base + r * row_stride, D contiguous elements) into a column-block tile
- * (wgmma_device.cuh's layout); rows >= nrows are zero-filled. */
-template <typename T, int ROWS, int D>
-__device__ __forceinline__ void wg_load_tile(unsigned char *tile, const T *base,
-                                             int64_t row_stride, int64_t row0, int64_t nrows) {
-    constexpr int CHUNKS = D / 8, COPIES = ROWS * CHUNKS;
-    static_assert(COPIES % WG_THREADS == 0, "every thread issues the same number of copies");
-#pragma unroll
-    for (int n = 0; n < COPIES / WG_THREADS; n++) {
-        const int e = n * WG_THREADS + (int)threadIdx.x;
-        const int r = e / CHUNKS, col = (e % CHUNKS) * 8;
-        const bool valid = row0 + r < nrows;
-        const T *src = valid ? base + (row0 + r) * row_stride + col : base;
-        cp_async_16(tile + wg_chunk_off(r, col, ROWS), src, valid);
-    }
-}
+#ifndef DT_WGMMA_STUB
 
 /* Key tiles with at least one key at or below `limit` keys, and those with
  * every key below it (mma_layout.h's dt_mma_key_tiles / unmasked_tiles for
@@ -89,25 +93,27 @@ __device__ __forceinline__ int64_t wg_unmasked_tiles(int64_t limit) { return lim
 #endif /* !DT_WGMMA_STUB */
 
 /* grid: (ceil(qseg.len / 128), heads, batch); block: 256 threads; dynamic
- * shared memory 1024 + (BM + 4 BN) D sizeof(T). */
+ * shared memory 1024 + (BM + 4 BN) D sizeof(T) + 16. */
 template <typename T, int D>
-__global__ void __launch_bounds__(WG_THREADS) fwd_wgmma_kernel(const dt_attn_block_args a) {
+__global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
 #ifdef DT_WGMMA_STUB
-    (void)a;
+    (void)p;
     __trap();   /* never launched: the host requires an sm_90a build and a 9.0 device */
 #else
+    const dt_attn_block_args &a = p.a;
     constexpr int NT = WG_BN / 8;                                      /* n-tiles of S */
     constexpr int TILE_Q = WG_BM * D * 2, TILE_KV = WG_BN * D * 2;   /* bytes */
     DT_DYNAMIC_SMEM(unsigned char, smem_raw);
     unsigned char *const sq = smem_raw + ((1024u - (wg_smem_addr(smem_raw) & 1023u)) & 1023u);
     unsigned char *const sk = sq + TILE_Q;             /* stage s at sk + s TILE_KV */
     unsigned char *const sv = sq + TILE_Q + 2 * TILE_KV;
+    uint64_t *const full = reinterpret_cast<uint64_t *>(sq + TILE_Q + 4 * TILE_KV);   /* [2] */
 
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int wg = warp >> 2, wl = warp & 3;   /* warpgroup, warp within it */
     const int64_t H = a.heads, G = a.kv_heads;
     const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (H / G);
-    const int64_t nq = a.qseg.len, nk = a.kseg.len;
+    const int64_t nq = a.qseg.len;
     const int64_t x0 = ((int64_t)gridDim.x - 1 - (int64_t)blockIdx.x) * WG_BM;
     const int64_t x1 = x0 + WG_BM < nq ? x0 + WG_BM : nq;
 
@@ -119,54 +125,50 @@ __global__ void __launch_bounds__(WG_THREADS) fwd_wgmma_kernel(const dt_attn_blo
     const int64_t wg_tiles = w0 < x1 ? wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w1 - 1))) : 0;
     const int64_t wg_unmasked = w0 < x1 ? wg_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w0))) : 0;
 
-    const T *qg = static_cast<const T *>(a.q) + b * a.q_batch_stride + h * D;   /* row x: + x H D */
-    const T *kg = static_cast<const T *>(a.k) + b * a.kv_batch_stride + g * D;  /* row y: + y G D */
-    const T *vg = static_cast<const T *>(a.v) + b * a.kv_batch_stride + g * D;
     float *accg = a.acc + b * a.acc_batch_stride + h * D;
     float *mg = a.m + b * a.ml_batch_stride + h * a.ml_head_stride;
     float *lg = a.l + b * a.ml_batch_stride + h * a.ml_head_stride;
 
-    wg_load_tile<T, WG_BM, D>(sq, qg, H * D, x0, nq);
-    wg_load_tile<T, WG_BN, D>(sk, kg, G * D, 0, nk);
-    wg_load_tile<T, WG_BN, D>(sv, vg, G * D, 0, nk);
-    cp_async_commit();
+    /* Stage s's K and V tiles land on mbarrier full[s] (one arrival: thread
+     * 0's expect_tx, plus the TMA bytes); its n-th use completes phase n.
+     * Thread 0 issues every TMA; stage 0's first load carries Q too. */
+    const int bi = (int)b, hi = (int)h, gi = (int)g;
+    if (threadIdx.x == 0) {
+        mbar_init(&full[0], 1);
+        mbar_init(&full[1], 1);
+        fence_mbar_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbar_arrive_expect_tx(&full[0], TILE_Q + 2 * TILE_KV);
+#pragma unroll
+        for (int cb = 0; cb < D / 64; cb++) {
+            tma_load_4d(sq + cb * WG_BM * 128, &p.q, 64 * cb, hi, (int)x0, bi, &full[0]);
+            tma_load_4d(sk + cb * WG_BN * 128, &p.k, 64 * cb, gi, 0, bi, &full[0]);
+            tma_load_4d(sv + cb * WG_BN * 128, &p.v, 64 * cb, gi, 0, bi, &full[0]);
+        }
+    }
 
-    /* The lane's two rows (half 0: g, half 1: g + 8 of its warp's 16) and
-     * their running state, read while the copies fly. */
+    /* The lane's two query rows and their running state (mma_device.cuh),
+     * read while the first tiles land. */
     int64_t row[2], lim[2];
     bool live[2];
     float m[2], l[2], o[D / 8][4];
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        row[half] = x0 + 64 * wg + 16 * wl + dt_mma_c_row(lane, 2 * half);
-        live[half] = row[half] < nq;
-        m[half] = live[half] ? mg[row[half]] : -INFINITY;
-        l[half] = live[half] ? lg[row[half]] : 0.0f;
-        lim[half] = live[half] ? dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row[half])) : 0;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            float2 v = make_float2(0.0f, 0.0f);
-            if (live[half])
-                v = *reinterpret_cast<const float2 *>(accg + row[half] * H * D + 8 * j +
-                                                      dt_mma_c_col(lane, 2 * half));
-            o[j][2 * half] = v.x;
-            o[j][2 * half + 1] = v.y;
-        }
-    }
+    read_rows<D>(a, accg, mg, lg, x0 + 64 * wg + 16 * wl, lane, row, live, lim, m, l, o);
 
     const uint32_t q_addr = wg_smem_addr(sq) + (uint32_t)wg * 64u * 128u;   /* this warpgroup's rows */
     for (int64_t kt = 0; kt < n_tiles; kt++) {
         const int stage = (int)(kt & 1);
-        if (kt + 1 < n_tiles) {
-            wg_load_tile<T, WG_BN, D>(sk + (stage ^ 1) * TILE_KV, kg, G * D, (kt + 1) * WG_BN, nk);
-            wg_load_tile<T, WG_BN, D>(sv + (stage ^ 1) * TILE_KV, vg, G * D, (kt + 1) * WG_BN, nk);
-            cp_async_commit();
-            cp_async_wait<1>();   /* tile kt (and Q) have landed */
-        } else {
-            cp_async_wait<0>();
+        if (threadIdx.x == 0 && kt + 1 < n_tiles) {   /* tile kt+1 flies during tile kt */
+            const int y = (int)((kt + 1) * WG_BN), next = stage ^ 1;
+            mbar_arrive_expect_tx(&full[next], 2 * TILE_KV);
+#pragma unroll
+            for (int cb = 0; cb < D / 64; cb++) {
+                tma_load_4d(sk + next * TILE_KV + cb * WG_BN * 128, &p.k, 64 * cb, gi, y, bi, &full[next]);
+                tma_load_4d(sv + next * TILE_KV + cb * WG_BN * 128, &p.v, 64 * cb, gi, y, bi, &full[next]);
+            }
         }
-        fence_proxy_async();   /* this thread's copies, visible to wgmma ... */
-        __syncthreads();       /* ... and everyone's */
+        mbar_wait(&full[stage], (uint32_t)(kt >> 1) & 1u);   /* tile kt (and Q) have landed */
 
         if (kt < wg_tiles) {
             /* S = Q K^T: Q's 64 rows of this warpgroup, the tile's 128 keys.
@@ -198,32 +200,76 @@ __global__ void __launch_bounds__(WG_THREADS) fwd_wgmma_kernel(const dt_attn_blo
             wgmma_commit();
             wgmma_wait<0>();
         }
-        __syncthreads();   /* stage is refilled by iteration kt+1's copies */
+        __syncthreads();   /* stage is refilled by iteration kt+1's TMA */
     }
 
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        if (!live[half]) continue;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *reinterpret_cast<float2 *>(accg + row[half] * H * D + 8 * j +
-                                        dt_mma_c_col(lane, 2 * half)) =
-                make_float2(o[j][2 * half], o[j][2 * half + 1]);
-        if ((lane & 3) == 0) {
-            mg[row[half]] = m[half];
-            lg[row[half]] = l[half];
-        }
-    }
+    write_rows<D>(accg, mg, lg, H, lane, row, live, m, l, o);
 #endif
+}
+
+/* cuTensorMapEncodeTiled, a driver function, through the runtime (so the
+ * library links no libcuda): looked up once; NULL if the driver lacks it. */
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;   /* racing lookups store the same value */
+    PFN_cuTensorMapEncodeTiled_v12000 f = __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
+    if (!f) {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                             &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        (void)cudaGetLastError();
+        f = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+        __atomic_store_n(&fn, f, __ATOMIC_RELEASE);
+    }
+    return f;
+}
+
+/* The 4-D map of a [batch][rows][heads][D] 16-bit tensor at base (batch
+ * stride in elements), boxes of 64 x 1 x box_rows x 1, 128-byte swizzle. */
+dt_status make_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, const char *name,
+                   const void *base, dt_dtype dtype, int64_t dim, int64_t heads, int64_t rows,
+                   int64_t batch, int64_t batch_stride, int box_rows) {
+    const int64_t es = 2;
+    /* one batch: any stride will do, and the driver wants one that is not 0 */
+    const int64_t bs = batch > 1 ? batch_stride : rows * heads * dim;
+    cuuint64_t dims[4] = {(cuuint64_t)dim, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batch};
+    cuuint64_t strides[3] = {(cuuint64_t)(dim * es), (cuuint64_t)(heads * dim * es), (cuuint64_t)(bs * es)};
+    cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, elem_strides[4] = {1, 1, 1, 1};
+    const CUresult r = encode(map, dtype == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                              4, const_cast<void *>(base), dims, strides, box, elem_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return dt_error(DT_ERR_BACKEND, "attention (cuda wgmma): cuTensorMapEncodeTiled refused %s "
+                        "(%p, [%lld, %lld, %lld, %lld], batch stride %lld): CUresult %d", name, base,
+                        (long long)batch, (long long)rows, (long long)heads, (long long)dim,
+                        (long long)batch_stride, (int)r);
+    return DT_SUCCESS;
 }
 
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
+    if (!encode)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "attention (cuda wgmma): the CUDA driver has no "
+                        "cuTensorMapEncodeTiled (TMA needs a CUDA 12 driver)");
+    wg_params p;
+    memset(&p, 0, sizeof p);
+    p.a = *a;
+    DT_TRY(make_map(encode, &p.q, "q", a->q, a->dtype, D, a->heads, a->qseg.len, a->batch,
+                    a->q_batch_stride, WG_BM));
+    DT_TRY(make_map(encode, &p.k, "k", a->k, a->dtype, D, a->kv_heads, a->kseg.len, a->batch,
+                    a->kv_batch_stride, WG_BN));
+    DT_TRY(make_map(encode, &p.v, "v", a->v, a->dtype, D, a->kv_heads, a->kseg.len, a->batch,
+                    a->kv_batch_stride, WG_BN));
     const dim3 grid((unsigned)((a->qseg.len + WG_BM - 1) / WG_BM), (unsigned)a->heads,
                     (unsigned)a->batch);
     return dt_mma_launch(fwd_wgmma_kernel<T, D>, grid, WG_THREADS,
-                         1024 + (size_t)(WG_BM + 4 * WG_BN) * D * sizeof(T), stream, *a,
-                         "forward (wgmma)", D, a->dtype);
+                         1024 + (size_t)(WG_BM + 4 * WG_BN) * D * sizeof(T) + 2 * sizeof(uint64_t),
+                         stream, p, "forward (wgmma)", D, a->dtype);
 }
 
 }  // namespace

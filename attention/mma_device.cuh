@@ -30,6 +30,7 @@
 #include "../dtensor/cuda_launch.cuh"
 #include "../dtensor/dtype.h"
 #include "../dtensor/status.h"
+#include "block.h"
 #include "mma_layout.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -170,6 +171,60 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/* The running state of the lane's two query rows in a forward kernel
+ * (half 0: row g, half 1: row g + 8 of the warp's 16, which start at query
+ * row `row0` of the block): read at the start of the block, written back at
+ * the end (fused accumulation). accg, mg, lg: acc, m, l of the block's
+ * (batch, head) at row 0. o[j][i] is accumulator element i of n-tile j
+ * (head-dim columns 8j .. 8j+7): row dt_mma_c_row(lane, i), column 8j +
+ * dt_mma_c_col(lane, i); elements 2 half and 2 half + 1 are adjacent columns
+ * of one row, one float2. Rows past the segment are not live: m = -inf, l =
+ * 0, o = 0, no key allowed (lim = 0), never written. */
+template <int D>
+__device__ __forceinline__ void read_rows(const dt_attn_block_args &a, const float *accg,
+                                          const float *mg, const float *lg, int64_t row0, int lane,
+                                          int64_t (&row)[2], bool (&live)[2], int64_t (&lim)[2],
+                                          float (&m)[2], float (&l)[2], float (&o)[D / 8][4]) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        row[half] = row0 + dt_mma_c_row(lane, 2 * half);
+        live[half] = row[half] < a.qseg.len;
+        m[half] = live[half] ? mg[row[half]] : -INFINITY;
+        l[half] = live[half] ? lg[row[half]] : 0.0f;
+        lim[half] = live[half] ? dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row[half])) : 0;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            float2 v = make_float2(0.0f, 0.0f);
+            if (live[half])
+                v = *reinterpret_cast<const float2 *>(accg + row[half] * a.heads * D + 8 * j +
+                                                      dt_mma_c_col(lane, 2 * half));
+            o[j][2 * half] = v.x;
+            o[j][2 * half + 1] = v.y;
+        }
+    }
+}
+
+/* ... and written back; the 4 lanes of a quad hold the same m and l. */
+template <int D>
+__device__ __forceinline__ void write_rows(float *accg, float *mg, float *lg, int64_t heads, int lane,
+                                           const int64_t (&row)[2], const bool (&live)[2],
+                                           const float (&m)[2], const float (&l)[2],
+                                           const float (&o)[D / 8][4]) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        if (!live[half]) continue;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *reinterpret_cast<float2 *>(accg + row[half] * heads * D + 8 * j +
+                                        dt_mma_c_col(lane, 2 * half)) =
+                make_float2(o[j][2 * half], o[j][2 * half + 1]);
+        if ((lane & 3) == 0) {
+            mg[row[half]] = m[half];
+            lg[row[half]] = l[half];
+        }
+    }
 }
 
 /* The online softmax of one key tile of NT n-tiles (8 keys each), on the

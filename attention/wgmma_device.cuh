@@ -1,9 +1,10 @@
 /* attention/wgmma_device.cuh — PRIVATE. The Hopper (sm_90a) instructions of
  * the wgmma forward kernel (block_cuda_wgmma.cu): warpgroup MMA
  * (wgmma.mma_async m64nNk16 with f32 accumulators, A from shared memory or
- * registers, B from shared memory), its fence / commit / wait, the async-proxy
- * fence, and the shared-memory matrix descriptors of the 128-byte swizzled
- * layout the kernel keeps its tiles in. CUDA C++ only.
+ * registers, B from shared memory), its fence / commit / wait, mbarriers
+ * and TMA tile loads (cp.async.bulk.tensor), and the
+ * shared-memory matrix descriptors of the 128-byte swizzled layout the
+ * kernel keeps its tiles in. CUDA C++ only.
  *
  * wgmma needs the architecture-specific target sm_90a: the Makefile builds
  * block_cuda_wgmma.cu for it (when NVCC_ARCH is sm_90) and defines
@@ -32,11 +33,14 @@
  *            of 16 keys kk starts at byte 2048 kk of block 0.
  * Because the swizzle acts on address bits, a k-step start inside a
  * 1024-byte atom (K-major, byte 32 (kk % 4)) needs no base offset: the
- * hardware swizzles the full address, as the copies did.
+ * hardware swizzles the full address, as TMA did when it wrote the tile
+ * (its CU_TENSOR_MAP_SWIZZLE_128B is the same XOR of the same address bits,
+ * for a box whose rows are 128 bytes).
  */
 #ifndef DT_ATTN_WGMMA_DEVICE_CUH
 #define DT_ATTN_WGMMA_DEVICE_CUH
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -81,13 +85,6 @@ __device__ __forceinline__ uint64_t wg_desc_mn_major(uint32_t tile, int rows, in
     return wg_desc(tile + (uint32_t)kk * 2048u, (uint32_t)rows * 128u, 1024u);
 }
 
-/* Byte offset, in a column-block tile of `rows` rows, of the 16-byte chunk
- * holding columns col .. col+7 (col % 8 == 0) of row r. */
-__device__ __forceinline__ uint32_t wg_chunk_off(int r, int col, int rows) {
-    const int b = col >> 6, c = (col >> 3) & 7;
-    return (uint32_t)(b * rows * 128 + r * 128 + ((c ^ (r & 7)) << 4));
-}
-
 /* ------------------------------------------------------------ instructions */
 
 #ifdef DT_CUDA_EMULATE
@@ -102,7 +99,17 @@ struct dt_elem_dtype<__half> {
     static constexpr dt_dtype value = DT_F16;
 };
 
-__device__ __forceinline__ void fence_proxy_async() { dt_emu_fence_proxy_async(); }
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) { dt_emu_mbar_init(bar, count); }
+__device__ __forceinline__ void fence_mbar_init() { dt_emu_fence_mbarrier_init(); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    dt_emu_mbar_arrive_expect_tx(bar, bytes);
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) { dt_emu_mbar_wait(bar, parity); }
+__device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                            int c3, uint64_t *bar) {
+    const int32_t c[4] = {c0, c1, c2, c3};
+    dt_emu_tma_load(dst, map, c, 4, bar);
+}
 __device__ __forceinline__ void wgmma_fence() { dt_emu_wgmma_fence(); }
 __device__ __forceinline__ void wgmma_commit() { dt_emu_wgmma_commit(); }
 template <int N>
@@ -124,8 +131,53 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
     dt_emu_wgmma(&d[0][0], N, a, 0, db, scale_d, 1, dt_elem_dtype<T>::value);
 }
 #else
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+/* mbarrier in shared memory: init with the expected arrival count; the
+ * fence makes the initialisation visible to the async proxy (TMA). */
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(wg_smem_addr(bar)), "r"(count)
+                 : "memory");
+}
+__device__ __forceinline__ void fence_mbar_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/* One arrival that also expects `bytes` of TMA transactions this phase. */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wg_smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+/* Until the phase of parity `parity` has completed. Bounded: a phase that
+ * has not completed after DT_WG_WAIT_NS of the global timer (a TMA that
+ * never lands) traps, which fails the launch instead of hanging the GPU. */
+#define DT_WG_WAIT_NS 10000000000ull
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    const uint32_t addr = wg_smem_addr(bar);
+    uint64_t t0 = 0;
+    for (;;) {
+        uint32_t done;
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(addr), "r"(parity)
+                     : "memory");
+        if (done) return;
+        uint64_t now;
+        asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
+        if (!t0) t0 = now;
+        else if (now - t0 > DT_WG_WAIT_NS) __trap();
+    }
+}
+/* TMA: the box of `map` at element coordinates (c0 innermost .. c3) into
+ * shared memory at dst (1024-aligned for the 128-byte swizzle), completing
+ * its bytes on bar. */
+__device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                            int c3, uint64_t *bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(wg_smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+        "r"(wg_smem_addr(bar))
+        : "memory");
 }
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");

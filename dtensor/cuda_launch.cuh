@@ -44,7 +44,8 @@ inline void dt_cuda_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t s
         dt_emu_dim3 grid, block;
         size_t smem;
     };
-    void *mem = malloc(sizeof(call));
+    /* aligned as the arguments need (a CUtensorMap parameter: 128 bytes) */
+    void *mem = aligned_alloc(alignof(call), (sizeof(call) + alignof(call) - 1) / alignof(call) * alignof(call));
     if (!mem) {
         dt_emu_cuda_set_launch_error("out of host memory for a kernel launch");
         return;
