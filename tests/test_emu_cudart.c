@@ -11,7 +11,9 @@
  * with u = 2^-8 (bf16), 2^-11 (fp16).
  * The rest: argument checks, devices (DT_EMU_DEVICES), allocations and
  * pointer attributes, copies, streams and events, the thread-local last
- * error, and all of it from several threads at once. */
+ * error, and all of it from several threads at once; the driver entry
+ * point of cuTensorMapEncodeTiled and that function's argument rules (the
+ * copies its maps describe run in test_mma_emu, emulator/tma). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,7 +30,9 @@
 #include "dtensor/dtype.h"
 #include "emu/cudart_emu.h"
 #include "emu/include/cublas_v2.h"
+#include "emu/include/cuda.h"
 #include "emu/include/cuda_runtime_api.h"
+#include "emu/include/cudaTypedefs.h"
 #include "harness.h"
 
 /* ------------------------------------------------------------------ data */
@@ -615,6 +619,189 @@ static void test_threads(void **state) {
     h_env_restore("DT_EMU_DEVICES", saved);
 }
 
+/* ------------------------------------------------------------ tensor maps */
+
+/* The arguments of one cuTensorMapEncodeTiled call, a valid 2D bf16 map
+ * by default: 100 x 50 elements, rows 208 bytes apart, box 64 x 32, 128-byte
+ * swizzle. */
+typedef struct encode_args {
+    CUtensorMapDataType type;
+    cuuint32_t rank;
+    void *addr;
+    cuuint64_t dim[5], stride[4];
+    cuuint32_t box[5], estride[5];
+    CUtensorMapInterleave il;
+    CUtensorMapSwizzle sw;
+    CUtensorMapL2promotion l2;
+    CUtensorMapFloatOOBfill oob;
+} encode_args;
+
+static encode_args default_args(void *addr) {
+    return (encode_args){CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, addr, {100, 50, 1, 1, 1},
+                         {208, 0, 0, 0}, {64, 32, 1, 1, 1}, {1, 1, 1, 1, 1},
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE};
+}
+
+static CUresult encode(PFN_cuTensorMapEncodeTiled_v12000 fn, CUtensorMap *map, const encode_args *a) {
+    return fn(map, a->type, a->rank, a->addr, a->dim, a->stride, a->box, a->estride, a->il, a->sw,
+              a->l2, a->oob);
+}
+
+static void test_tensor_map(void **state) {
+    (void)state;
+    /* the entry point: found from CUDA 12.0 on, in a driver of 13.0 */
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult st = cudaDriverEntryPointSymbolNotFound;
+    assert_int_equal(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                      cudaEnableDefault, &st),
+                     cudaSuccess);
+    assert_int_equal(st, cudaDriverEntryPointSuccess);
+    assert_non_null(fn);
+    PFN_cuTensorMapEncodeTiled_v12000 enc = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    assert_true(enc == cuTensorMapEncodeTiled);
+    assert_int_equal(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 13000,
+                                                      cudaEnableLegacyStream, NULL),
+                     cudaSuccess);
+    assert_non_null(fn);
+    assert_int_equal(cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 12000, cudaEnableDefault,
+                                                      &st),
+                     cudaSuccess);
+    assert_int_equal(st, cudaDriverEntryPointSymbolNotFound);
+    assert_null(fn);
+    assert_int_equal(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 11080,
+                                                      cudaEnableDefault, &st),
+                     cudaSuccess);
+    assert_int_equal(st, cudaDriverEntryPointVersionNotSufficent);
+    assert_null(fn);
+    (void)cudaGetLastError();
+    assert_int_equal(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 13010,
+                                                      cudaEnableDefault, &st),
+                     cudaErrorInvalidValue);   /* newer than the driver */
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue);
+    assert_int_equal(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, 4, &st),
+                     cudaErrorInvalidValue);
+    assert_int_equal(cudaGetDriverEntryPointByVersion(NULL, &fn, 12000, 0, &st),
+                     cudaErrorInvalidValue);
+    assert_int_equal(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", NULL, 12000, 0, &st),
+                     cudaErrorInvalidValue);
+    (void)cudaGetLastError();
+
+    unsigned char *d = NULL;
+    assert_int_equal(cudaMalloc((void **)&d, 50 * 208), cudaSuccess);
+    CUtensorMap map;
+    assert_int_equal((uintptr_t)&map % 128, 0);
+    encode_args a = default_args(d);
+    memset(&map, 0, sizeof map);
+    assert_int_equal(encode(enc, &map, &a), CUDA_SUCCESS);
+    int nonzero = 0;
+    for (int i = 0; i < CU_TENSOR_MAP_NUM_QWORDS; i++) nonzero += map.opaque[i] != 0;
+    assert_true(nonzero > 4);
+
+    /* each of the driver's documented rules broken once (invalid), the
+     * valid maps the emulator cannot copy, and the valid edges */
+    enum { ADDR, RANK, DIM, STRIDE, BOX, ESTRIDE, INTERLEAVE, SWIZZLE, L2, OOB, TYPE };
+    static const struct {
+        const char *what;
+        int field, index;
+        uint64_t value;
+        CUresult want;
+    } rules[] = {
+        {"address 8 bytes off 16-byte alignment", ADDR, 0, 8, CUDA_ERROR_INVALID_VALUE},
+        {"rank 0", RANK, 0, 0, CUDA_ERROR_INVALID_VALUE},
+        {"rank 6", RANK, 0, 6, CUDA_ERROR_INVALID_VALUE},
+        {"globalDim 0", DIM, 1, 0, CUDA_ERROR_INVALID_VALUE},
+        {"globalDim 2^32 + 1", DIM, 0, (1ull << 32) + 1, CUDA_ERROR_INVALID_VALUE},
+        {"stride not a multiple of 16", STRIDE, 0, 200, CUDA_ERROR_INVALID_VALUE},
+        {"stride 2^40", STRIDE, 0, 1ull << 40, CUDA_ERROR_INVALID_VALUE},
+        {"box 0", BOX, 1, 0, CUDA_ERROR_INVALID_VALUE},
+        {"box 257", BOX, 1, 257, CUDA_ERROR_INVALID_VALUE},
+        {"inner box of 8 bytes", BOX, 0, 4, CUDA_ERROR_INVALID_VALUE},
+        {"inner box of 256 bytes with the 128-byte swizzle", BOX, 0, 128,
+         CUDA_ERROR_INVALID_VALUE},
+        {"element stride 0", ESTRIDE, 1, 0, CUDA_ERROR_INVALID_VALUE},
+        {"element stride 9", ESTRIDE, 1, 9, CUDA_ERROR_INVALID_VALUE},
+        {"interleave 32B in rank 2", INTERLEAVE, 0, CU_TENSOR_MAP_INTERLEAVE_32B,
+         CUDA_ERROR_INVALID_VALUE},
+        {"interleave enum 3", INTERLEAVE, 0, 3, CUDA_ERROR_INVALID_VALUE},
+        {"swizzle enum 7", SWIZZLE, 0, 7, CUDA_ERROR_INVALID_VALUE},
+        {"64-byte swizzle, 128-byte inner box", SWIZZLE, 0, CU_TENSOR_MAP_SWIZZLE_64B,
+         CUDA_ERROR_INVALID_VALUE},
+        {"32-byte swizzle, 128-byte inner box", SWIZZLE, 0, CU_TENSOR_MAP_SWIZZLE_32B,
+         CUDA_ERROR_INVALID_VALUE},
+        {"L2 promotion enum 4", L2, 0, 4, CUDA_ERROR_INVALID_VALUE},
+        {"OOB fill enum 2", OOB, 0, 2, CUDA_ERROR_INVALID_VALUE},
+        {"data type enum 16", TYPE, 0, 16, CUDA_ERROR_INVALID_VALUE},
+        {"element stride 2 in dimension 1", ESTRIDE, 1, 2, CUDA_ERROR_NOT_SUPPORTED},
+        {"OOB NaN fill", OOB, 0, CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA,
+         CUDA_ERROR_NOT_SUPPORTED},
+        {"128-byte swizzle with 32-byte atoms", SWIZZLE, 0, CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B,
+         CUDA_ERROR_NOT_SUPPORTED},
+        {"TF32", TYPE, 0, CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, CUDA_ERROR_NOT_SUPPORTED},
+        {"globalDim 2^32", DIM, 1, 1ull << 32, CUDA_SUCCESS},
+        {"box 256 in dimension 1", BOX, 1, 256, CUDA_SUCCESS},
+        {"element stride 8 in dimension 0 (ignored)", ESTRIDE, 0, 8, CUDA_SUCCESS},
+        {"stride 2^40 - 16", STRIDE, 0, (1ull << 40) - 16, CUDA_SUCCESS},
+        {"no swizzle, 256-byte inner box", SWIZZLE, 0, CU_TENSOR_MAP_SWIZZLE_NONE, CUDA_SUCCESS},
+        {"float32", TYPE, 0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, CUDA_ERROR_INVALID_VALUE},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        a = default_args(d);
+        const uint64_t v = rules[i].value;
+        const int k = rules[i].index;
+        switch (rules[i].field) {
+        case ADDR: a.addr = d + v; break;
+        case RANK: a.rank = (cuuint32_t)v; break;
+        case DIM: a.dim[k] = v; break;
+        case STRIDE: a.stride[k] = v; break;
+        case BOX: a.box[k] = (cuuint32_t)v; break;
+        case ESTRIDE: a.estride[k] = (cuuint32_t)v; break;
+        case INTERLEAVE: a.il = (CUtensorMapInterleave)v; break;
+        case SWIZZLE:
+            a.sw = (CUtensorMapSwizzle)v;
+            if (v == CU_TENSOR_MAP_SWIZZLE_NONE) a.box[0] = 128;   /* 256 bytes */
+            break;
+        case L2: a.l2 = (CUtensorMapL2promotion)v; break;
+        case OOB: a.oob = (CUtensorMapFloatOOBfill)v; break;
+        default: a.type = (CUtensorMapDataType)v; break;
+        }
+        const CUresult got = encode(enc, &map, &a);
+        if (got != rules[i].want)
+            print_error("%s: got %d, want %d\n", rules[i].what, (int)got, (int)rules[i].want);
+        assert_int_equal(got, rules[i].want);
+    }
+    /* the OOB NaN fill is for floating-point types only */
+    a = default_args(d);
+    a.type = CU_TENSOR_MAP_DATA_TYPE_UINT16;
+    a.oob = CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA;
+    assert_int_equal(encode(enc, &map, &a), CUDA_ERROR_INVALID_VALUE);
+    /* interleaved layouts: rank 3 or more, then not emulated */
+    a = default_args(d);
+    a.rank = 3;
+    a.stride[1] = 208 * 50;
+    a.il = CU_TENSOR_MAP_INTERLEAVE_16B;
+    a.sw = CU_TENSOR_MAP_SWIZZLE_NONE;
+    assert_int_equal(encode(enc, &map, &a), CUDA_ERROR_NOT_SUPPORTED);
+    /* the map 64-byte aligned; NULL pointers */
+    static _Alignas(128) unsigned char raw[256];
+    a = default_args(d);
+    assert_int_equal(encode(enc, (CUtensorMap *)(void *)(raw + 32), &a), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(encode(enc, (CUtensorMap *)(void *)(raw + 64), &a), CUDA_SUCCESS);
+    assert_int_equal(encode(enc, NULL, &a), CUDA_ERROR_INVALID_VALUE);
+    a.addr = NULL;
+    assert_int_equal(encode(enc, &map, &a), CUDA_ERROR_INVALID_VALUE);
+    a = default_args(d);
+    assert_int_equal(enc(&map, a.type, a.rank, a.addr, a.dim, NULL, a.box, a.estride, a.il, a.sw,
+                         a.l2, a.oob),
+                     CUDA_ERROR_INVALID_VALUE);
+    a.rank = 1;   /* no strides to give */
+    assert_int_equal(enc(&map, a.type, a.rank, a.addr, a.dim, NULL, a.box, a.estride, a.il, a.sw,
+                         a.l2, a.oob),
+                     CUDA_SUCCESS);
+    assert_int_equal(cudaFree(d), cudaSuccess);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);   /* driver calls leave it alone */
+}
+
 /* ------------------------------------------------------------------- main */
 
 /* Queued work runs in order when the host waits, once; a failed operation
@@ -680,7 +867,7 @@ int main(void) {
     };
     enum { NSHAPES = sizeof shapes / sizeof shapes[0], NTYPES = sizeof types / sizeof types[0] };
     static gemm_case cases[NSHAPES * NTYPES * 4];
-    struct CMUnitTest tests[NSHAPES * NTYPES * 4 + 9];
+    struct CMUnitTest tests[NSHAPES * NTYPES * 4 + 10];
     size_t nt = 0;
     for (int sh = 0; sh < NSHAPES; sh++)
         for (int ty = 0; ty < NTYPES; ty++)
@@ -713,6 +900,7 @@ int main(void) {
     tests[nt++] = CASE("streams/events,elapsed-time", test_events);
     tests[nt++] = CASE("errors/last-error,thread-local,launch", test_last_error);
     tests[nt++] = CASE("threads/8-devices,alloc,gemm,free", test_threads);
+    tests[nt++] = CASE("driver/tensor-map-encode,entry-point", test_tensor_map);
     /* last: it leaves a launch-failure message behind */
     tests[nt++] = CASE("streams/deferred,in-order,sticky-failure", test_deferred);
     return h_run_cases("CUDA runtime and cuBLAS on the CPU (tests/emu/cudart.c)", tests, nt);

@@ -3,8 +3,9 @@
  * block_cuda_wgmma.cu the Hopper forward), compiled from their unchanged
  * sources by the host C++ compiler and run on the CPU emulator of tests/emu
  * (emu.h: fibers for the CUDA threads, ldmatrix / mma.sync / wgmma /
- * cp.async / shuffles written from the PTX ISA), in every `make test`, GPU
- * or not.
+ * cp.async / mbarrier / TMA / shuffles written from the PTX ISA), in every
+ * `make test`, GPU or not. The emulator's own semantics and checks have
+ * cases of their own (emulator/...: small kernels in C).
  *
  * Each case splits a sequence over P "ranks" (contiguous, striped or
  * zigzag, mask.h's segments) and runs the kernel on every (query segment,
@@ -42,6 +43,9 @@
 #include "attention/block_cuda_mma.h"
 #include "attn_ref.h"
 #include "emu/emu.h"
+#include "emu/include/cuda.h"
+#include "emu/include/cuda_runtime_api.h"
+#include "emu/include/cudaTypedefs.h"
 #include "harness.h"
 
 #define MAXP 4
@@ -440,6 +444,527 @@ static void test_emulator(void **state) {
             }
 }
 
+/* ------------------------------------------ the emulator's mbarrier and TMA
+ *
+ * cp.async.bulk.tensor boxes checked byte by byte against an image built
+ * here from the PTX ISA's swizzle tables (16-byte chunk c of the 128-byte
+ * shared-memory line L at chunk c ^ (L % 8) for the 128-byte swizzle,
+ * c ^ (L % 4) for 64, c ^ (L % 2) for 32, lines counted from address 0 of
+ * the shared window) and the out-of-bound rule (zeros); the mbarrier's
+ * phases and parity in a double-buffered pipeline; and each misuse's
+ * message. Global tensors live in cudaMalloc memory (the emulated
+ * runtime's: the TMA bounds its reads by that allocation). */
+
+/* The emulated driver's encoder, found as a kernel's host code finds it. */
+static PFN_cuTensorMapEncodeTiled_v12000 tma_encoder(void) {
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult st = cudaDriverEntryPointSymbolNotFound;
+    assert_int_equal(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                      cudaEnableDefault, &st),
+                     cudaSuccess);
+    assert_int_equal(st, cudaDriverEntryPointSuccess);
+    return (PFN_cuTensorMapEncodeTiled_v12000)fn;
+}
+
+/* A bf16 tensor map with swizzle sw: dims[0] innermost, strides in bytes
+ * for dims 1.., box of `rank` extents. */
+static void tma_map(CUtensorMap *map, void *base, int rank, const uint64_t *dims,
+                    const uint64_t *strides, const uint32_t *box, CUtensorMapSwizzle sw) {
+    const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
+    assert_int_equal(tma_encoder()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, base,
+                                   dims, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+                                   CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                     CUDA_SUCCESS);
+}
+
+enum { TMA_SMEM = 12288, TMA_BOX = 64 * 32 * 2, TMA_MAXLOADS = 2 };
+
+/* Loads of one box each (box[0] x 32 16-bit elements: 64 x 32, 64 x 1 x
+ * 32 x 1, 32 x 32, 16 x 32) into shared offsets dst[i], all completing on
+ * one barrier at bar_off; the map's swizzle repeats every `period` lines
+ * (8, 4, 2; 1: none). */
+typedef struct tma_case {
+    const CUtensorMap *map;
+    int rank, nloads, period;
+    uint32_t box[5], box_bytes;
+    int32_t at[TMA_MAXLOADS][5];
+    uint32_t dst[TMA_MAXLOADS], bar_off;
+    unsigned char early[TMA_BOX];   /* load 0's box right after the issue */
+    unsigned char smem[TMA_SMEM];   /* all shared memory after the wait */
+} tma_case;
+
+static void k_tma_load(void *arg) {
+    tma_case *c = arg;
+    unsigned char *smem = dt_emu_dynamic_smem();
+    void *bar = smem + c->bar_off;
+    if (lane() == 0) {
+        dt_emu_mbar_init(bar, 1);
+        dt_emu_fence_mbarrier_init();
+    }
+    dt_emu_syncthreads();
+    if (lane() == 0) {
+        dt_emu_mbar_arrive_expect_tx(bar, (uint32_t)c->nloads * c->box_bytes);
+        for (int i = 0; i < c->nloads; i++)
+            dt_emu_tma_load(smem + c->dst[i], c->map, c->at[i], c->rank, bar);
+        memcpy(c->early, smem + c->dst[0], c->box_bytes);
+    }
+    dt_emu_mbar_wait(bar, 0);
+    dt_emu_syncthreads();
+    if (lane() == 0) memcpy(c->smem, smem, TMA_SMEM);
+}
+
+/* The element bits a box element should hold: in-bounds elements their
+ * global value, the others zero. */
+typedef uint16_t (*tma_value_fn)(const void *ctx, const int64_t *coord);
+
+/* Compares the box of load i (box row r = the element's position in
+ * dimensions 1.., rows of box[0] elements) with the image the PTX ISA's
+ * swizzle tables give; returns the mismatches (printing the first few). */
+static long tma_check_box(const tma_case *c, int i, tma_value_fn value, const void *ctx) {
+    long bad = 0;
+    const uint32_t addr0 = 16 + c->dst[i];   /* shared-window address (dt_emu_smem_addr) */
+    for (int r = 0; r < 32; r++)
+        for (int e = 0; e < (int)c->box[0]; e++) {
+            /* global coordinates of box element (e, r): row r spans dims 1.. */
+            int64_t coord[5] = {c->at[i][0] + e, 0, 0, 0, 0};
+            int rem = r;
+            for (int d = 1; d < c->rank; d++) {
+                coord[d] = c->at[i][d] + rem % (int)c->box[d];
+                rem /= (int)c->box[d];
+            }
+            const uint16_t want = value(ctx, coord);
+            /* unswizzled at address A: line A / 128, chunk A % 128 / 16 */
+            const uint32_t a = addr0 + 2u * ((uint32_t)r * c->box[0] + (uint32_t)e);
+            const uint32_t line = a / 128u;
+            const uint32_t chunk = (a % 128u / 16u) ^ (line % (uint32_t)c->period);
+            const uint32_t at = 128u * line + 16u * chunk + a % 16u - 16u;
+            uint16_t got;
+            memcpy(&got, c->smem + at, 2);
+            if (got != want && bad++ < 5)
+                print_error("load %d: box element (%d, %d) at shared offset %u: %#x, want %#x\n", i,
+                            e, r, at, got, want);
+        }
+    return bad;
+}
+
+/* A 2D tensor of 100 x 50 bf16 bit patterns, rows of 104 (208 bytes). */
+static uint16_t tma_2d_value(const void *ctx, const int64_t *coord) {
+    (void)ctx;
+    const int64_t x = coord[0], y = coord[1];
+    return x < 0 || x >= 100 || y < 0 || y >= 50 ? 0 : (uint16_t)(0x1000 + 104 * y + x);
+}
+
+/* A 4D tensor [B = 2][rows = 40][H = 3][64] (dims {64, 3, 40, 2}). */
+static uint16_t tma_4d_value(const void *ctx, const int64_t *coord) {
+    (void)ctx;
+    const int64_t d = coord[0], h = coord[1], s = coord[2], b = coord[3];
+    if (d < 0 || d >= 64 || h < 0 || h >= 3 || s < 0 || s >= 40 || b < 0 || b >= 2) return 0;
+    return (uint16_t)(1 + ((b * 40 + s) * 3 + h) * 64 + d);
+}
+
+/* The double-buffered pipeline: thread 128 produces tile it (32 rows of a
+ * 64 x 96 tensor) into stage it % 2 for it = 0, 1, 2, behind the stage's
+ * "empty" barrier (128 arrivals); threads 0..127 consume it behind its
+ * "full" barrier (1 arrival + the box's bytes), each checking 16 elements.
+ * Stage 0 serves phases 0 and 1 of its barriers. */
+typedef struct pipe_case {
+    const CUtensorMap *map;
+    long errors[128];
+    int rounds[128];
+} pipe_case;
+
+enum { PIPE_STAGE0 = 1008, PIPE_STAGE1 = PIPE_STAGE0 + 4096, PIPE_BARS = PIPE_STAGE1 + 4096,
+       PIPE_SMEM = PIPE_BARS + 32 };
+
+static void k_pipeline(void *arg) {
+    pipe_case *c = arg;
+    const int tid = lane();
+    unsigned char *smem = dt_emu_dynamic_smem();
+    void *full[2] = {smem + PIPE_BARS, smem + PIPE_BARS + 8};
+    void *empty[2] = {smem + PIPE_BARS + 16, smem + PIPE_BARS + 24};
+    const uint32_t stage[2] = {PIPE_STAGE0, PIPE_STAGE1};
+    if (tid == 128) {
+        for (int s = 0; s < 2; s++) {
+            dt_emu_mbar_init(full[s], 1);
+            dt_emu_mbar_init(empty[s], 128);
+        }
+        dt_emu_fence_mbarrier_init();
+    }
+    dt_emu_syncthreads();
+    if (tid > 128) return;
+    for (int it = 0; it < 3; it++) {
+        const int s = it % 2;
+        const uint32_t phase = (uint32_t)(it / 2) & 1;
+        if (tid == 128) {
+            /* the stage is free once the consumers released its last use:
+             * its first use waits on parity 1, the phase before phase 0 */
+            dt_emu_mbar_wait(empty[s], phase ^ 1);
+            dt_emu_mbar_arrive_expect_tx(full[s], 4096);
+            const int32_t at[2] = {0, 32 * it};
+            dt_emu_tma_load(smem + stage[s], c->map, at, 2, full[s]);
+            continue;
+        }
+        dt_emu_mbar_wait(full[s], phase);
+        /* row tid % 32, columns 16 (tid / 32) .. +15 of tile it */
+        const int r = tid % 32;
+        for (int e = 16 * (tid / 32); e < 16 * (tid / 32) + 16; e++) {
+            const uint32_t line = (16 + stage[s] + 128u * (uint32_t)r) / 128u;
+            const uint32_t at = 128u * line + 16u * (((uint32_t)e / 8u) ^ (line % 8u)) +
+                                2u * ((uint32_t)e % 8u) - 16u;
+            uint16_t got;
+            memcpy(&got, smem + at, 2);
+            c->errors[tid] += got != (uint16_t)(7 + 64 * (32 * it + r) + e);
+        }
+        c->rounds[tid]++;
+        dt_emu_mbar_arrive(empty[s]);
+    }
+}
+
+/* Misuse of mbarriers and tensor copies, one launch each. */
+typedef enum {
+    MB_PLAIN_ARRIVALS, MB_MISSING_TMA, MB_TX_SHORT, MB_UNINIT_WAIT, MB_UNINIT_ARRIVE, MB_UNINIT_TMA,
+    MB_NO_FENCE, MB_SYNC_FOR_FENCE, MB_OVERFLOW, MB_MISALIGNED, MB_OUTSIDE, MB_REINIT,
+    MB_OVERWRITTEN, MB_NO_SYNC_OTHER, MB_BAD_PARITY, TMA_WRITE_PENDING, TMA_OVERLAP,
+    TMA_CP_ASYNC_INTO, TMA_CP_ASYNC_UNDER, TMA_DST_ALIGN, TMA_NOT_A_MAP, TMA_RANK,
+    TMA_PAST_ALLOCATION, TMA_HOST_MEMORY, TMA_NEVER_WAITED, TMA_NEVER_WAITED_WRITTEN,
+    TMA_COVERS_BAR, TMA_CHANGED_MAP,
+} mb_misuse;
+
+typedef struct mb_case {
+    mb_misuse misuse;
+    const CUtensorMap *map, *host_map, *past_map, *changed_map;
+    unsigned char src[16] __attribute__((aligned(16)));
+} mb_case;
+
+enum { MB_DST = 1008, MB_BAR = 6000, MB_SMEM = 8192 };
+
+static void k_misuse(void *arg) {
+    const mb_case *c = arg;
+    const int tid = lane();
+    unsigned char *smem = dt_emu_dynamic_smem();
+    unsigned char *dst = smem + MB_DST;
+    void *bar = smem + MB_BAR;
+    const int32_t at[2] = {0, 0};
+    switch (c->misuse) {
+    case MB_PLAIN_ARRIVALS:   /* two arrivals, no transactions: phase 0 completes */
+        if (tid == 0) dt_emu_mbar_init(bar, 2);
+        dt_emu_syncthreads();
+        dt_emu_mbar_wait(bar, 1);   /* in phase 0, parity 1 is the phase before: done */
+        dt_emu_mbar_arrive(bar);
+        dt_emu_mbar_wait(bar, 0);
+        dt_emu_mbar_wait(bar, 0);   /* still complete, in phase 1 */
+        return;
+    case MB_MISSING_TMA:      /* bytes expected, no copy: never completes */
+    case MB_TX_SHORT:         /* two boxes expected, one copied */
+        if (tid == 0) {
+            dt_emu_mbar_init(bar, 1);
+            dt_emu_fence_mbarrier_init();
+            dt_emu_mbar_arrive_expect_tx(bar, c->misuse == MB_TX_SHORT ? 2 * TMA_BOX : TMA_BOX);
+            if (c->misuse == MB_TX_SHORT) dt_emu_tma_load(dst, c->map, at, 2, bar);
+        }
+        dt_emu_syncthreads();
+        dt_emu_mbar_wait(bar, 0);
+        return;
+    case MB_UNINIT_WAIT: dt_emu_mbar_wait(bar, 0); return;
+    case MB_UNINIT_ARRIVE: dt_emu_mbar_arrive(bar); return;
+    case MB_UNINIT_TMA: dt_emu_tma_load(dst, c->map, at, 2, bar); return;
+    case MB_NO_FENCE:         /* the async proxy may not see the init */
+    case MB_SYNC_FOR_FENCE:   /* a __syncthreads orders it */
+        if (tid == 0) dt_emu_mbar_init(bar, 1);
+        if (c->misuse == MB_SYNC_FOR_FENCE) dt_emu_syncthreads();
+        if (tid == 0) {
+            dt_emu_mbar_arrive_expect_tx(bar, TMA_BOX);
+            dt_emu_tma_load(dst, c->map, at, 2, bar);
+            dt_emu_mbar_wait(bar, 0);
+        }
+        return;
+    case MB_OVERFLOW:         /* the one arrival of phase 0 made, another one */
+        dt_emu_mbar_init(bar, 1);
+        dt_emu_mbar_arrive_expect_tx(bar, TMA_BOX);
+        dt_emu_mbar_arrive(bar);
+        return;
+    case MB_MISALIGNED: dt_emu_mbar_init(smem + MB_BAR + 4, 1); return;
+    case MB_OUTSIDE: dt_emu_mbar_init(smem + MB_SMEM, 1); return;
+    case MB_REINIT:
+        dt_emu_mbar_init(bar, 1);
+        dt_emu_mbar_init(bar, 1);
+        return;
+    case MB_OVERWRITTEN:
+        dt_emu_mbar_init(bar, 1);
+        smem[MB_BAR + 7] = 0;
+        dt_emu_mbar_arrive(bar);
+        return;
+    case MB_NO_SYNC_OTHER:    /* thread 1 uses thread 0's barrier unordered */
+        if (tid == 0) dt_emu_mbar_init(bar, 2);
+        else dt_emu_mbar_arrive(bar);
+        return;
+    case MB_BAD_PARITY:
+        dt_emu_mbar_init(bar, 1);
+        dt_emu_mbar_wait(bar, 2);
+        return;
+    default: break;
+    }
+    /* tensor copies: one thread */
+    dt_emu_mbar_init(bar, 1);
+    dt_emu_fence_mbarrier_init();
+    dt_emu_mbar_arrive_expect_tx(bar, TMA_BOX);
+    switch (c->misuse) {
+    case TMA_CP_ASYNC_UNDER:  /* a cp.async in flight where the box goes */
+        dt_emu_cp_async16(dst + 512, c->src, 16);
+        dt_emu_tma_load(dst, c->map, at, 2, bar);
+        return;
+    case TMA_DST_ALIGN: dt_emu_tma_load(dst + 64, c->map, at, 2, bar); return;
+    case TMA_NOT_A_MAP: {
+        static CUtensorMap zero;
+        dt_emu_tma_load(dst, &zero, at, 2, bar);
+        return;
+    }
+    case TMA_RANK: {
+        const int32_t at3[3] = {0, 0, 0};
+        dt_emu_tma_load(dst, c->map, at3, 3, bar);
+        return;
+    }
+    case TMA_PAST_ALLOCATION: {   /* rows 40..71 of a tensor declared 80 rows, allocated 50 */
+        const int32_t rows40[2] = {0, 40};
+        dt_emu_tma_load(dst, c->past_map, rows40, 2, bar);
+        return;
+    }
+    case TMA_HOST_MEMORY: dt_emu_tma_load(dst, c->host_map, at, 2, bar); return;
+    case TMA_CHANGED_MAP: dt_emu_tma_load(dst, c->changed_map, at, 2, bar); return;
+    case TMA_COVERS_BAR: dt_emu_tma_load(smem + 3056, c->map, at, 2, bar); return;   /* [3056, 7152) */
+    default: break;
+    }
+    dt_emu_tma_load(dst, c->map, at, 2, bar);
+    switch (c->misuse) {
+    case TMA_WRITE_PENDING: dst[100] = 0; break;
+    case TMA_OVERLAP: dt_emu_tma_load(dst + 2048, c->map, at, 2, bar); break;
+    case TMA_CP_ASYNC_INTO: dt_emu_cp_async16(dst + 4080, c->src, 16); break;
+    case TMA_NEVER_WAITED: return;
+    case TMA_NEVER_WAITED_WRITTEN: dst[5] = 1; return;
+    default: break;
+    }
+    dt_emu_mbar_wait(bar, 0);
+}
+
+/* ldmatrix over a pending box: every lane of the warp. */
+static void k_tma_ldmatrix(void *arg) {
+    const mb_case *c = arg;
+    unsigned char *smem = dt_emu_dynamic_smem();
+    void *bar = smem + MB_BAR;
+    if (lane() == 0) {
+        const int32_t at[2] = {0, 0};
+        dt_emu_mbar_init(bar, 1);
+        dt_emu_fence_mbarrier_init();
+        dt_emu_mbar_arrive_expect_tx(bar, TMA_BOX);
+        dt_emu_tma_load(smem + MB_DST, c->map, at, 2, bar);
+    }
+    dt_emu_syncthreads();
+    uint32_t r[4];
+    dt_emu_ldmatrix_x4(r, smem + MB_DST + 16 * lane(), 0);
+}
+
+static void test_tma(void **state) {
+    (void)state;
+    const uint64_t tma_before = dt_emu_get_counts().tma;
+    /* the 2D tensor: 100 x 50, rows padded to 104 elements (0xdead, never
+     * to be read) */
+    uint16_t *g2 = NULL;
+    assert_int_equal(cudaMalloc((void **)&g2, 50 * 208), cudaSuccess);
+    for (int y = 0; y < 50; y++)
+        for (int x = 0; x < 104; x++) {
+            const int64_t at[5] = {x, y, 0, 0, 0};
+            g2[104 * y + x] = x < 100 ? tma_2d_value(NULL, at) : 0xdead;
+        }
+    static CUtensorMap map2;
+    const uint64_t dims2[2] = {100, 50}, strides2[1] = {208};
+    const uint32_t box2[2] = {64, 32};
+    tma_map(&map2, g2, 2, dims2, strides2, box2, CU_TENSOR_MAP_SWIZZLE_128B);
+
+    /* two boxes on one barrier: at (60, -5) (columns 100.. and rows -5..-1
+     * out of bounds) into a 1024-aligned address, at (-16, 30) (columns
+     * -16..-1, rows 50..61 out) into one that is 128- but not 1024-aligned */
+    static tma_case c;
+    memset(&c, 0, sizeof c);
+    c.map = &map2;
+    c.rank = 2;
+    c.nloads = 2;
+    c.period = 8;
+    memcpy(c.box, box2, sizeof box2);
+    c.box_bytes = TMA_BOX;
+    c.at[0][0] = 60, c.at[0][1] = -5;
+    c.at[1][0] = -16, c.at[1][1] = 30;
+    c.dst[0] = 1008;                 /* address 1024 */
+    c.dst[1] = 1008 + 5 * 1024 + 384;   /* address 6528 = 51 x 128 */
+    c.bar_off = 11008;
+    assert_string_equal(emu_run((dt_emu_dim3){64, 1, 1}, TMA_SMEM, k_tma_load, &c), "");
+    for (int i = 0; i < TMA_BOX; i++) assert_int_equal(c.early[i], 0xff);   /* before the wait */
+    assert_int_equal(tma_check_box(&c, 0, tma_2d_value, NULL), 0);
+    assert_int_equal(tma_check_box(&c, 1, tma_2d_value, NULL), 0);
+    /* nothing written outside the boxes (the barrier's stamp aside) */
+    for (uint32_t b = 0; b < TMA_SMEM; b++) {
+        const int in_box = (b >= c.dst[0] && b < c.dst[0] + TMA_BOX) ||
+                           (b >= c.dst[1] && b < c.dst[1] + TMA_BOX) ||
+                           (b >= c.bar_off && b < c.bar_off + 8);
+        if (!in_box && c.smem[b] != 0xff) print_error("shared byte %u written: %#x\n", b, c.smem[b]);
+        assert_true(in_box || c.smem[b] == 0xff);
+    }
+
+    /* the 4D tensor {64, H = 3, rows = 40, B = 2}, box {64, 1, 32, 1}: rows
+     * 20..51 of head 2, batch 1 (40.. out of bounds), rows -8..23 of head 1,
+     * batch 0 */
+    uint16_t *g4 = NULL;
+    assert_int_equal(cudaMalloc((void **)&g4, 2 * 40 * 3 * 64 * 2), cudaSuccess);
+    for (int64_t b = 0; b < 2; b++)
+        for (int64_t s = 0; s < 40; s++)
+            for (int64_t h = 0; h < 3; h++)
+                for (int64_t d = 0; d < 64; d++) {
+                    const int64_t at[5] = {d, h, s, b, 0};
+                    g4[((b * 40 + s) * 3 + h) * 64 + d] = tma_4d_value(NULL, at);
+                }
+    static CUtensorMap map4;
+    const uint64_t dims4[4] = {64, 3, 40, 2}, strides4[3] = {128, 384, 384 * 40};
+    const uint32_t box4[4] = {64, 1, 32, 1};
+    tma_map(&map4, g4, 4, dims4, strides4, box4, CU_TENSOR_MAP_SWIZZLE_128B);
+    memset(&c, 0, sizeof c);
+    c.map = &map4;
+    c.rank = 4;
+    c.nloads = 2;
+    c.period = 8;
+    memcpy(c.box, box4, sizeof box4);
+    c.box_bytes = TMA_BOX;
+    const int32_t at4[2][4] = {{0, 2, 20, 1}, {0, 1, -8, 0}};
+    memcpy(c.at[0], at4[0], sizeof at4[0]);
+    memcpy(c.at[1], at4[1], sizeof at4[1]);
+    c.dst[0] = 1008 + 4096 + 128;   /* address 5248 = 41 x 128 */
+    c.dst[1] = 1008;
+    c.bar_off = 11008;
+    assert_string_equal(emu_run((dt_emu_dim3){32, 1, 1}, TMA_SMEM, k_tma_load, &c), "");
+    assert_int_equal(tma_check_box(&c, 0, tma_4d_value, NULL), 0);
+    assert_int_equal(tma_check_box(&c, 1, tma_4d_value, NULL), 0);
+
+    /* the other swizzles, on the 2D tensor: 64 bytes (box 32 x 32; the
+     * destinations at lines 11 and 50 of the window, not 512-aligned), 32
+     * (box 16 x 32), none (64 x 32) */
+    static const struct {
+        CUtensorMapSwizzle sw;
+        uint32_t box0;
+        int period;
+    } modes[] = {{CU_TENSOR_MAP_SWIZZLE_64B, 32, 4}, {CU_TENSOR_MAP_SWIZZLE_32B, 16, 2},
+                 {CU_TENSOR_MAP_SWIZZLE_NONE, 64, 1}};
+    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
+        static CUtensorMap mapk;
+        const uint32_t boxk[2] = {modes[k].box0, 32};
+        tma_map(&mapk, g2, 2, dims2, strides2, boxk, modes[k].sw);
+        memset(&c, 0, sizeof c);
+        c.map = &mapk;
+        c.rank = 2;
+        c.nloads = 2;
+        c.period = modes[k].period;
+        memcpy(c.box, boxk, sizeof boxk);
+        c.box_bytes = 2 * 32 * modes[k].box0;
+        c.at[0][0] = 90, c.at[0][1] = 40;    /* columns 100.., rows 50.. out */
+        c.at[1][0] = -7, c.at[1][1] = -3;    /* columns -7..-1, rows -3..-1 out */
+        c.dst[0] = 11 * 128 - 16;
+        c.dst[1] = 50 * 128 - 16;
+        c.bar_off = 11008;
+        assert_string_equal(emu_run((dt_emu_dim3){32, 1, 1}, TMA_SMEM, k_tma_load, &c), "");
+        assert_int_equal(tma_check_box(&c, 0, tma_2d_value, NULL), 0);
+        assert_int_equal(tma_check_box(&c, 1, tma_2d_value, NULL), 0);
+    }
+
+    /* the pipeline: a 64 x 96 tensor, three tiles through two stages */
+    uint16_t *gp = NULL;
+    assert_int_equal(cudaMalloc((void **)&gp, 96 * 128), cudaSuccess);
+    for (int i = 0; i < 96 * 64; i++) gp[i] = (uint16_t)(7 + i);
+    static CUtensorMap mapp;
+    const uint64_t dimsp[2] = {64, 96}, stridesp[1] = {128};
+    tma_map(&mapp, gp, 2, dimsp, stridesp, box2, CU_TENSOR_MAP_SWIZZLE_128B);
+    static pipe_case p;
+    memset(&p, 0, sizeof p);
+    p.map = &mapp;
+    assert_string_equal(emu_run((dt_emu_dim3){160, 1, 1}, PIPE_SMEM, k_pipeline, &p), "");
+    for (int t = 0; t < 128; t++) {
+        if (p.errors[t]) print_error("pipeline: consumer %d read %ld wrong elements\n", t, p.errors[t]);
+        assert_int_equal(p.errors[t], 0);
+        assert_int_equal(p.rounds[t], 3);
+    }
+    assert_true(dt_emu_get_counts().tma - tma_before == 2 + 2 + 3 * 2 + 3);
+
+    /* misuse, each failing the launch with its message */
+    void *host = aligned_alloc(256, 41 * 256);   /* 50 rows of 208 bytes */
+    static CUtensorMap host_map, past_map;
+    tma_map(&host_map, host, 2, dims2, strides2, box2, CU_TENSOR_MAP_SWIZZLE_128B);
+    const uint64_t dims_past[2] = {100, 80};
+    tma_map(&past_map, g2, 2, dims_past, strides2, box2, CU_TENSOR_MAP_SWIZZLE_128B);
+    static const struct {
+        mb_misuse misuse;
+        unsigned threads;
+        const char *msg;
+    } bad[] = {
+        {MB_PLAIN_ARRIVALS, 2, ""},
+        {MB_MISSING_TMA, 2,
+         "deadlock: thread 0 is waiting on the mbarrier at shared offset 6000, parity 0 (its "
+         "phase 0 has 0 of 1 arrivals missing, tx-count 4096)"},
+        {MB_TX_SHORT, 1, "waiting on the mbarrier at shared offset 6000, parity 0 (its phase 0 "
+                         "has 0 of 1 arrivals missing, tx-count 4096)"},
+        {MB_UNINIT_WAIT, 1,
+         "mbarrier.try_wait.parity on shared offset 6000: no mbarrier was initialised there"},
+        {MB_UNINIT_ARRIVE, 1, "mbarrier.arrive on shared offset 6000: no mbarrier was initialised"},
+        {MB_UNINIT_TMA, 1, "cp.async.bulk.tensor on shared offset 6000: no mbarrier"},
+        {MB_NO_FENCE, 1, "whose mbarrier.init (by thread 0) the async proxy may not see yet"},
+        {MB_SYNC_FOR_FENCE, 2, ""},
+        {MB_OVERFLOW, 1, "phase overflow"},
+        {MB_MISALIGNED, 1, "is not 8 aligned bytes inside the 8192 bytes of dynamic shared memory"},
+        {MB_OUTSIDE, 1, "is not 8 aligned bytes inside the 8192 bytes of dynamic shared memory"},
+        {MB_REINIT, 1, "mbarrier.init of the mbarrier at shared offset 6000, initialised already"},
+        {MB_OVERWRITTEN, 1, "the 8 bytes of the mbarrier at shared offset 6000 were overwritten"},
+        {MB_NO_SYNC_OTHER, 2, "before a __syncthreads ordered it after its mbarrier.init by thread 0"},
+        {MB_BAD_PARITY, 1, "mbarrier.try_wait.parity with phaseParity 2"},
+        {TMA_WRITE_PENDING, 1, "shared memory at offset 1108 was written while a "
+                               "cp.async.bulk.tensor into it (issued by thread 0) was in flight"},
+        {TMA_OVERLAP, 1, "cp.async.bulk.tensor into shared offset 3056: inside the destination of "
+                         "a cp.async.bulk.tensor (issued by thread 0"},
+        {TMA_CP_ASYNC_INTO, 1, "cp.async into shared offset 5088: inside the destination"},
+        {TMA_CP_ASYNC_UNDER, 1, "where a cp.async of thread 0 is in flight"},
+        {TMA_DST_ALIGN, 1, "is not 128-byte aligned"},
+        {TMA_NOT_A_MAP, 1, "is not a tensor map that cuTensorMapEncodeTiled wrote"},
+        {TMA_RANK, 1, "cp.async.bulk.tensor.3d with a tensor map of rank 2"},
+        {TMA_PAST_ALLOCATION, 1, "the box at coordinates (0, 40) reads global bytes"},
+        {TMA_HOST_MEMORY, 1, "is not in memory CUDA knows"},
+        {TMA_NEVER_WAITED, 1, ""},
+        {TMA_NEVER_WAITED_WRITTEN, 1, "never waited for"},
+        {TMA_COVERS_BAR, 1, "its destination covers the mbarrier at shared offset 6000"},
+        {TMA_CHANGED_MAP, 1, "is not a tensor map that cuTensorMapEncodeTiled wrote (or it was "
+                             "changed since)"},
+    };
+    static mb_case m;
+    memset(&m, 0, sizeof m);
+    m.map = &map2;
+    m.host_map = &host_map;
+    m.past_map = &past_map;
+    static CUtensorMap changed_map;   /* map2 with one of its words changed by hand */
+    changed_map = map2;
+    changed_map.opaque[2] *= 2;
+    m.changed_map = &changed_map;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        m.misuse = bad[i].misuse;
+        const char *err = emu_run((dt_emu_dim3){bad[i].threads, 1, 1}, MB_SMEM, k_misuse, &m);
+        if (bad[i].msg[0] ? !strstr(err, bad[i].msg) : err[0] != 0)
+            print_error("case %zu: got \"%s\"\n", i, err);
+        if (bad[i].msg[0]) assert_non_null(strstr(err, bad[i].msg));
+        else assert_string_equal(err, "");
+    }
+    const char *err = emu_run(WARP, MB_SMEM, k_tma_ldmatrix, &m);
+    if (!strstr(err, "ldmatrix.x4 shared offset 1008: inside the destination"))
+        print_error("ldmatrix: got \"%s\"\n", err);
+    assert_non_null(strstr(err, "ldmatrix.x4 shared offset 1008: inside the destination"));
+    free(host);
+    assert_int_equal(cudaFree(g2), cudaSuccess);
+    assert_int_equal(cudaFree(g4), cudaSuccess);
+    assert_int_equal(cudaFree(gp), cudaSuccess);
+}
+
 /* ---------------------------------------------- the emulator's wgmma
  *
  * wgmma.mma_async.m64nNk16 on operands laid out here from the PTX ISA's
@@ -460,6 +985,7 @@ enum {
 typedef enum {
     WGM_OK, WGM_NO_FENCE, WGM_CP_NO_PROXY_FENCE, WGM_CP_PROXY_FENCE, WGM_DIFFERENT_N,
     WGM_EXIT_PENDING, WGM_DESC_OUTSIDE, WGM_WRITE_D, WGM_SMEM_RACE, WGM_NO_SWIZZLE, WGM_DIVERGE,
+    WGM_TMA, WGM_TMA_NO_WAIT,   /* the image by a tensor copy; read before its wait */
 } wg_misuse;
 
 typedef struct wg_case {
@@ -472,6 +998,7 @@ typedef struct wg_case {
     unsigned char img[WG_IMG] __attribute__((aligned(16)));
     float early[256][64], d[256][64];           /* per thread: before and after the wait */
     float mid[256][64];                         /* pipelined: after wait_group 1 */
+    const CUtensorMap *tmap;                    /* WGM_TMA*: img as 128 x 128 bytes */
 } wg_case;
 
 /* Byte offset of element (r, c) of an atom (r < 8, c < 64 16-bit columns). */
@@ -542,6 +1069,19 @@ static void k_wgmma(void *arg) {
         dt_emu_cp_commit();
         dt_emu_cp_wait(0);
         if (c->misuse == WGM_CP_PROXY_FENCE) dt_emu_fence_proxy_async();
+    } else if (c->misuse == WGM_TMA || c->misuse == WGM_TMA_NO_WAIT) {
+        /* thread 0 loads the image by a tensor copy (async proxy: no
+         * fence.proxy.async), everyone waits for it on the barrier past it */
+        void *bar = smem + WG_SMEM - 8;
+        if (tid == 0) {
+            const int32_t at[2] = {0, 0};
+            dt_emu_mbar_init(bar, 1);
+            dt_emu_fence_mbarrier_init();
+            dt_emu_mbar_arrive_expect_tx(bar, WG_IMG);
+            dt_emu_tma_load(img, c->tmap, at, 2, bar);
+        }
+        dt_emu_syncthreads();
+        if (c->misuse == WGM_TMA) dt_emu_mbar_wait(bar, 0);
     } else if (tid == 0) {
         memcpy(img, c->img, WG_IMG);
     }
@@ -665,6 +1205,33 @@ static void test_wgmma(void **state) {
     assert_string_equal(wg_run(c, 128), "");
     free(c);
 
+    /* tensor-copy data needs no fence.proxy.async, only its barrier wait;
+     * a wgmma before the wait reads a pending destination */
+    static CUtensorMap img_map;
+    const cuuint64_t img_dims[2] = {128, 128}, img_strides[1] = {128};
+    const cuuint32_t img_box[2] = {128, 128}, ones[2] = {1, 1};
+    for (int no_wait = 0; no_wait < 2; no_wait++) {
+        c = wg_make(64, 2, 0, 1, DT_BF16, no_wait ? WGM_TMA_NO_WAIT : WGM_TMA);
+        void *dimg = NULL;
+        assert_int_equal(cudaMalloc(&dimg, WG_IMG), cudaSuccess);
+        memcpy(dimg, c->img, WG_IMG);
+        assert_int_equal(tma_encoder()(&img_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dimg, img_dims,
+                                       img_strides, img_box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                         CUDA_SUCCESS);
+        c->tmap = &img_map;
+        const char *err = wg_run(c, 128);
+        const char *want = no_wait ? "wgmma.mma_async reading A from shared offset 1008: inside "
+                                     "the destination of a cp.async.bulk.tensor"
+                                   : "";
+        if (no_wait ? !strstr(err, want) : err[0] != 0) print_error("tma: got \"%s\"\n", err);
+        if (no_wait) assert_non_null(strstr(err, want));
+        else assert_string_equal(err, "");
+        assert_int_equal(cudaFree(dimg), cudaSuccess);
+        free(c);
+    }
+
     /* misuse, each failing the launch with its message */
     static const struct {
         wg_misuse misuse;
@@ -738,7 +1305,7 @@ int main(void) {
     enum { NROWS = sizeof rows / sizeof rows[0] };
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward (wgmma) */
     static emu_case cases[3 * 2 * NROWS];
-    struct CMUnitTest tests[3 * 2 * NROWS + 2];
+    struct CMUnitTest tests[3 * 2 * NROWS + 3];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 3; dir++)
@@ -768,5 +1335,6 @@ int main(void) {
             }
     tests[nt++] = (struct CMUnitTest){"emulator/checks-and-semantics", test_emulator, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/wgmma", test_wgmma, NULL, NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"emulator/mbarrier-and-tma", test_tma, NULL, NULL, NULL};
     return h_run_cases("tensor-core kernels on the CPU emulator", tests, nt);
 }

@@ -27,6 +27,9 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+/* A kernel parameter kept in parameter space (a CUtensorMap taken by value,
+ * whose address cp.async.bulk.tensor needs): an ordinary parameter here. */
+#define __grid_constant__
 #define __align__(n) __attribute__((aligned(n)))
 /* A static __shared__ array: one per kernel instantiation, which the blocks
  * share one after another, as on a GPU where each block sees its own. */

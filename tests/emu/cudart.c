@@ -32,6 +32,9 @@
  *   - cublasGemmEx computes in full fp32 whatever the compute type (no TF32
  *     rounding of inputs) with OpenBLAS sgemm on fp32 copies of 16-bit
  *     operands; a 16-bit C is rounded once, at the end. The algo is ignored.
+ *   - The driver API is one function, cuTensorMapEncodeTiled (include/cuda.h),
+ *     found through cudaGetDriverEntryPointByVersion; its tensor maps are
+ *     the emulator's own encoding, for the emulated TMA of runtime.c.
  *
  * Thread-safe: one mutex guards the allocation table, another the queues;
  * the last error and the current device are per thread, as in CUDA. Also
@@ -50,7 +53,10 @@
 #include "cudart_emu.h"
 #include "dtensor/dtype.h"
 #include "include/cublas_v2.h"
+#include "include/cuda.h"
 #include "include/cuda_runtime_api.h"
+#include "include/cudaTypedefs.h"
+#include "tmap_emu.h"
 
 #ifdef __cplusplus
 #define DT_TLS thread_local
@@ -261,6 +267,17 @@ static int region(const void *p, size_t bytes) {
 
 int dt_emu_cuda_device_range(const void *p, size_t bytes) {
     return p && bytes > 0 && region(p, bytes) > REGION_UNKNOWN;
+}
+
+int dt_emu_cuda_allocation(const void *p, const void **base, size_t *bytes) {
+    pthread_mutex_lock(&g_lock);
+    const alloc_rec *r = p ? find_locked(p) : NULL;
+    if (r) {
+        *base = r->p;
+        *bytes = r->bytes;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r != NULL;
 }
 
 static cudaError_t allocate(void **out, size_t bytes, int host) {
@@ -913,6 +930,136 @@ cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t 
     *c = (copy_op){devPtr, NULL, count, value & 0xff, NULL};
     e = enqueue(stream, op);
     return e == cudaSuccess ? e : fail(e);
+}
+
+/* ------------------------------------------ driver entry points, tensor maps
+ *
+ * The emulated driver has one function, cuTensorMapEncodeTiled, reached as
+ * with the real driver through cudaGetDriverEntryPointByVersion (no libcuda
+ * to link). The map it writes is the emulator's own encoding (tmap_emu.h),
+ * which only the emulated cp.async.bulk.tensor (dt_emu_tma_load,
+ * runtime.c) reads. */
+
+#define EMU_DRIVER_VERSION 13000   /* CUDA 13.0, like the stand-in headers */
+
+/* Checks the arguments against the requirements the CUDA driver API
+ * documents for cuTensorMapEncodeTiled ("Tensor Map Object Management"):
+ * CUDA_ERROR_INVALID_VALUE for a violation, nothing printed. Valid maps the
+ * emulated TMA cannot copy return CUDA_ERROR_NOT_SUPPORTED (checked after
+ * the rules that apply to every map): interleaved layouts, the 128-byte
+ * swizzle's 32- and 64-byte atomicity modes, element strides other than 1
+ * in dimensions 1.., the OOB-NaN fill, and the FLOAT32_FTZ, TFLOAT32* and
+ * packed sub-byte data types. Also rejected (the documentation leaves it
+ * open): a NULL globalAddress, and NULL arrays of a non-zero length. */
+CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType,
+                                        cuuint32_t tensorRank, void *globalAddress,
+                                        const cuuint64_t *globalDim,
+                                        const cuuint64_t *globalStrides, const cuuint32_t *boxDim,
+                                        const cuuint32_t *elementStrides,
+                                        CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                        CUtensorMapL2promotion l2Promotion,
+                                        CUtensorMapFloatOOBfill oobFill) {
+    const unsigned dtype = (unsigned)tensorDataType, il = (unsigned)interleave;
+    const unsigned sw = (unsigned)swizzle, l2 = (unsigned)l2Promotion, oob = (unsigned)oobFill;
+    if (!tensorMap || (uintptr_t)tensorMap % 64) return CUDA_ERROR_INVALID_VALUE;
+    if (dtype > CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B || il > CU_TENSOR_MAP_INTERLEAVE_32B ||
+        sw > CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B || l2 > CU_TENSOR_MAP_L2_PROMOTION_L2_256B ||
+        oob > CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* the types whose elements are copied as they are; the rest would be
+     * converted or unpacked on the way */
+    const uint32_t esize = dt_emu_tmap_esize(dtype);
+    if (!esize) return CUDA_ERROR_NOT_SUPPORTED;
+    const int is_float = dtype == CU_TENSOR_MAP_DATA_TYPE_FLOAT16 ||
+                         dtype == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ||
+                         dtype == CU_TENSOR_MAP_DATA_TYPE_FLOAT64 ||
+                         dtype == CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    /* rank 1..5; interleaved layouts 3..5 */
+    if (tensorRank < 1 || tensorRank > DT_EMU_TMAP_MAX_RANK ||
+        (il != CU_TENSOR_MAP_INTERLEAVE_NONE && tensorRank < 3))
+        return CUDA_ERROR_INVALID_VALUE;
+    /* the global address: 16-byte aligned, 32 with the 32-byte interleave */
+    const uintptr_t addr = (uintptr_t)globalAddress;
+    if (!globalAddress || addr % 16 || (il == CU_TENSOR_MAP_INTERLEAVE_32B && addr % 32))
+        return CUDA_ERROR_INVALID_VALUE;
+    /* globalDim[i] in 1 .. 2^32 */
+    if (!globalDim || !boxDim || !elementStrides || (tensorRank > 1 && !globalStrides))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (cuuint32_t i = 0; i < tensorRank; i++)
+        if (globalDim[i] < 1 || globalDim[i] > (1ull << 32)) return CUDA_ERROR_INVALID_VALUE;
+    /* the rank - 1 strides of dimensions 1..: bytes, multiples of 16 (32
+     * with the 32-byte interleave), below 2^40 */
+    for (cuuint32_t i = 0; i + 1 < tensorRank; i++)
+        if (globalStrides[i] % 16 || globalStrides[i] >= (1ull << 40) ||
+            (il == CU_TENSOR_MAP_INTERLEAVE_32B && globalStrides[i] % 32))
+            return CUDA_ERROR_INVALID_VALUE;
+    /* boxDim[i] in 1 .. 256; without interleave the inner box a multiple of
+     * 16 bytes */
+    for (cuuint32_t i = 0; i < tensorRank; i++)
+        if (boxDim[i] < 1 || boxDim[i] > 256) return CUDA_ERROR_INVALID_VALUE;
+    const uint64_t inner = (uint64_t)boxDim[0] * esize;
+    if (il == CU_TENSOR_MAP_INTERLEAVE_NONE && inner % 16) return CUDA_ERROR_INVALID_VALUE;
+    /* elementStrides[i] in 1 .. 8 (without interleave [0] is ignored) */
+    for (cuuint32_t i = 0; i < tensorRank; i++)
+        if (elementStrides[i] < 1 || elementStrides[i] > 8) return CUDA_ERROR_INVALID_VALUE;
+    /* the 32-byte interleave needs the 32-byte swizzle; without interleave
+     * a swizzle spans at most its size of inner box: 32, 64, 128 bytes */
+    if (il == CU_TENSOR_MAP_INTERLEAVE_32B && sw != CU_TENSOR_MAP_SWIZZLE_32B)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (il == CU_TENSOR_MAP_INTERLEAVE_NONE && sw != CU_TENSOR_MAP_SWIZZLE_NONE) {
+        const uint64_t span = sw == CU_TENSOR_MAP_SWIZZLE_32B ? 32 : sw == CU_TENSOR_MAP_SWIZZLE_64B ? 64 : 128;
+        if (inner > span) return CUDA_ERROR_INVALID_VALUE;
+    }
+    /* the OOB-NaN fill is for floating-point types */
+    if (oob == CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA && !is_float)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* valid, but not emulated */
+    if (il != CU_TENSOR_MAP_INTERLEAVE_NONE || sw > CU_TENSOR_MAP_SWIZZLE_128B ||
+        oob != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    for (cuuint32_t i = 1; i < tensorRank; i++)
+        if (elementStrides[i] != 1) return CUDA_ERROR_NOT_SUPPORTED;
+    dt_emu_tmap m;
+    memset(&m, 0, sizeof m);
+    m.dtype = dtype;
+    m.rank = tensorRank;
+    m.interleave = il;
+    m.swizzle = sw;
+    m.l2 = l2;
+    m.oob = oob;
+    m.addr = (uint64_t)addr;
+    for (cuuint32_t i = 0; i < tensorRank; i++) {
+        m.dim[i] = globalDim[i];
+        m.stride[i] = i ? globalStrides[i - 1] : esize;
+        m.box[i] = boxDim[i];
+        m.estride[i] = elementStrides[i];
+    }
+    dt_emu_tmap_pack((void *)tensorMap, &m);   /* 64-byte aligned is enough: no member access */
+    return CUDA_SUCCESS;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+                                             unsigned int cudaVersion, unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *driverStatus) {
+    if (!symbol || !funcPtr || cudaVersion > EMU_DRIVER_VERSION ||
+        (flags != cudaEnableDefault && flags != cudaEnableLegacyStream &&
+         flags != cudaEnablePerThreadDefaultStream))
+        return fail(cudaErrorInvalidValue);
+    cudaError_t e = check_device(tl_device);   /* the runtime initialises a context first */
+    if (e != cudaSuccess) return fail(e);
+    enum cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    *funcPtr = NULL;
+    if (!strcmp(symbol, "cuTensorMapEncodeTiled")) {
+        if (cudaVersion >= 12000) {
+            PFN_cuTensorMapEncodeTiled_v12000 fn = cuTensorMapEncodeTiled;
+            *funcPtr = (void *)fn;
+            status = cudaDriverEntryPointSuccess;
+        } else {
+            status = cudaDriverEntryPointVersionNotSufficent;
+        }
+    }
+    if (driverStatus) *driverStatus = status;
+    return cudaSuccess;
 }
 
 /* ------------------------------------------------------------------ cuBLAS */

@@ -31,6 +31,11 @@
  *     instruction; the last to arrive computes all 128 results, which reach
  *     the accumulator registers only at the wgmma.wait_group that completes
  *     them (until then the registers keep their old values);
+ *   - Hopper mbarriers (init, arrive, arrive.expect_tx, try_wait.parity,
+ *     fence.mbarrier_init) and the tensor copy cp.async.bulk.tensor (TMA:
+ *     tiled boxes of a tensor map from cuTensorMapEncodeTiled, zero fill out
+ *     of bounds, 32/64/128-byte swizzle), the copies deferred until a wait
+ *     on their mbarrier needs them (see dt_emu_tma_load);
  *   - dynamic shared memory: one heap block of exactly the launch's size,
  *     filled with 0xff bytes before each block (AddressSanitizer sees any
  *     access past it);
@@ -39,7 +44,9 @@
  * cp.async addresses inside shared memory and 16-byte aligned; a warp
  * instruction with lanes missing (exited) or lanes at different
  * instructions; a deadlock (no thread can run: a __syncthreads some threads
- * never reach, say); __trap; and for wgmma what dt_emu_wgmma lists.
+ * never reach, say; an mbarrier wait that nothing can complete); __trap;
+ * for wgmma what dt_emu_wgmma lists, and for mbarriers and TMA what
+ * dt_emu_mbar_wait and dt_emu_tma_load list.
  *
  * Not emulated: timing, memory ordering between blocks (blocks are
  * sequential), and everything the kernels do not use.
@@ -72,9 +79,10 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (
 /* Counts since the process started (tests use them to see that work ran):
  * blocks run; warp and warpgroup instructions completed (warp_ops); matrix
  * instructions, mma.sync and wgmma.mma_async (mma); cp.async copies
- * (copies); wgmma.mma_async alone (wgmma). */
+ * (copies); wgmma.mma_async alone (wgmma); cp.async.bulk.tensor issued
+ * (tma). */
 typedef struct dt_emu_counts {
-    uint64_t blocks, warp_ops, mma, copies, wgmma;
+    uint64_t blocks, warp_ops, mma, copies, wgmma, tma;
 } dt_emu_counts;
 dt_emu_counts dt_emu_get_counts(void);
 
@@ -152,6 +160,59 @@ void dt_emu_wgmma_wait(int n);
  * (their values are taken at the issue). */
 void dt_emu_wgmma(float *d, int n, const uint32_t *a, uint64_t desc_a, uint64_t desc_b, int scale_d,
                   int trans_b, dt_dtype ab);
+
+/* ---- Hopper mbarrier and tensor copy (TMA), from the PTX ISA's "mbarrier"
+ * sections, "cp.async.bulk.tensor" and "Tensors" (5.5), and the CUDA
+ * driver API's cuTensorMapEncodeTiled; the semantics and every check are
+ * described in runtime.c ("mbarrier and TMA"). In short: ----
+ *
+ * An mbarrier is an 8-byte, 8-aligned object in dynamic shared memory; its
+ * phase completes when all mbarrier.init's count of arrivals and all
+ * expected transaction bytes are in, then the next phase begins.
+ * mbarrier.init.shared::cta.b64 (count 1 .. 2^20 - 1; once per barrier and
+ * block). */
+void dt_emu_mbar_init(void *bar, unsigned count);
+/* fence.mbarrier_init.release.cluster: this thread's earlier inits become
+ * visible to the async proxy (a TMA may complete on them; so does a
+ * __syncthreads after the init). */
+void dt_emu_fence_mbarrier_init(void);
+/* mbarrier.arrive.shared::cta.b64: one arrival. */
+void dt_emu_mbar_arrive(void *bar);
+/* mbarrier.arrive.expect_tx.shared::cta.b64: tx-count += bytes, then one
+ * arrival. */
+void dt_emu_mbar_arrive_expect_tx(void *bar, uint32_t bytes);
+/* A loop of mbarrier.try_wait.parity.shared::cta.b64 until it succeeds:
+ * returns once the phase with parity `parity` (0 or 1) has completed, that
+ * is when the current phase's parity differs from it (after the init,
+ * parity 1 returns at once, parity 0 waits for phase 0). Meanwhile the
+ * thread blocks, the others run; the barrier's pending tensor copies
+ * complete here, oldest first, as far as the phase needs them. A wait that
+ * nothing can complete is reported as a deadlock naming the barrier
+ * ("mbarrier at shared offset X, parity P"). */
+void dt_emu_mbar_wait(void *bar, uint32_t parity);
+/* cp.async.bulk.tensor.{1..5}d.shared::cluster.global.tile.mbarrier::
+ * complete_tx::bytes [dst], [tensor_map, {coords}], [bar], issued by the
+ * calling thread alone: the box of the tensor map (cuTensorMapEncodeTiled,
+ * include/cuda.h) at element coordinates coords[0 .. rank) (dimension 0
+ * innermost; coordinates may be negative or past the end: those elements
+ * are zeros, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE, and are not read), stored
+ * in box order (dimension 0 fastest) at dst with the map's swizzle, then
+ * the box's bytes counted as complete_tx on bar. dst: a 128-byte aligned
+ * shared-window address (dt_emu_smem_addr) in dynamic shared memory; the
+ * swizzle permutes 16-byte chunks by address bits 7-9 (128B; 7-8 for 64B,
+ * 7 for 32B): with dst 1024-aligned and 128-byte rows, chunk c of row r at
+ * c ^ (r % 8), as wgmma's 128-byte swizzle reads it.
+ * Deferred: from the issue the destination holds 0xff bytes; the copy
+ * happens when a wait on bar needs it, or when the block ends. Checked: the
+ * map (written by cuTensorMapEncodeTiled, unchanged, 64-byte aligned, of
+ * rank `rank`), dst, the barrier (initialised, its init visible to the
+ * async proxy), a destination free of pending copies (TMA or cp.async) and
+ * barriers, the reads inside the cudaMalloc / cudaHostAlloc allocation
+ * holding the tensor's address; later, a write into the destination
+ * before completion (plain stores show at completion; cp.async, another
+ * TMA, ldmatrix and wgmma.mma_async reads fail at once). TMA writes come
+ * through the async proxy: no fence.proxy.async is needed before wgmma. */
+void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, int rank, void *bar);
 
 /* Ends the launch with an error (__trap, or a failed check). */
 void dt_emu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));

@@ -1,10 +1,13 @@
 /* tests/emu/runtime.c — the CPU emulator of emu.h: fibers, barriers, the
- * warp-wide instructions, cp.async and the warpgroup MMA. The instruction
- * semantics are written from the PTX ISA ("Matrix Fragments for
- * mma.m16n8k16 with floating point type", "ldmatrix", "cp.async",
- * "shfl.sync"; for wgmma "Register Fragments and Shared Memory Matrix
- * Layouts", "wgmma.mma_async", "wgmma.fence", "wgmma.commit_group",
- * "wgmma.wait_group"), not from the kernels' index helpers
+ * warp-wide instructions, cp.async, the warpgroup MMA, mbarriers and the
+ * tensor copy (TMA). The instruction semantics are written from the PTX ISA
+ * ("Matrix Fragments for mma.m16n8k16 with floating point type",
+ * "ldmatrix", "cp.async", "shfl.sync"; for wgmma "Register Fragments and
+ * Shared Memory Matrix Layouts", "wgmma.mma_async", "wgmma.fence",
+ * "wgmma.commit_group", "wgmma.wait_group"; for the TMA "mbarrier" and its
+ * subsections, "cp.async.bulk.tensor", "Tensors" (tiled mode, bounding box,
+ * out-of-bound access, swizzling modes)) and the CUDA driver API
+ * (cuTensorMapEncodeTiled), not from the kernels' index helpers
  * (attention/mma_layout.h), which they test. */
 #define _GNU_SOURCE
 #include "emu.h"
@@ -15,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ucontext.h>
+
+#include "cudart_emu.h"
+#include "tmap_emu.h"
 
 /* Fiber switches. glibc's swapcontext makes a system call (the signal mask)
  * each time, and a warp instruction costs 64 switches, so on x86-64 a
@@ -72,7 +78,7 @@ enum { EMU_SMEM_BASE = 16 };
  * registers per thread at that N. */
 enum { WG_M = 64, WG_K = 16, WG_NMAX = 256, WG_DMAX = WG_NMAX / 2 };
 
-typedef enum { T_RUNNABLE, T_WAIT_WARP, T_WAIT_BLOCK, T_DONE } thread_state;
+typedef enum { T_RUNNABLE, T_WAIT_WARP, T_WAIT_BLOCK, T_WAIT_MBAR, T_DONE } thread_state;
 
 typedef enum {
     OP_SHFL_XOR = 1, OP_LDMATRIX, OP_LDMATRIX_T, OP_MMA_BF16, OP_MMA_F16,   /* per warp */
@@ -149,7 +155,35 @@ typedef struct emu_thread {
     long wg_next_group;
     int wg_fenced;     /* wgmma.fence since the start or the last wgmma.wait_group */
     int cp_unfenced;   /* completed cp.async copies since its last fence.proxy.async */
+    /* the mbarrier wait it is blocked in (T_WAIT_MBAR) */
+    uint32_t mbar_off, mbar_parity;
 } emu_thread;
+
+/* An mbarrier object of the block (PTX ISA "Contents of the mbarrier
+ * object", "Phase Completion of the mbarrier object"): the state lives
+ * here, beside the shared memory; the object's 8 bytes there hold a stamp
+ * (mbar_stamp) that every mbarrier instruction checks, so that a plain
+ * store over a live barrier shows. */
+typedef struct emu_mbar {
+    uint32_t off;        /* shared offset of its 8 bytes */
+    uint32_t expected;   /* arrivals per phase: mbarrier.init's count */
+    uint32_t pending;    /* arrivals still missing in the current phase */
+    int64_t tx;          /* tx-count: expect_tx bytes less complete_tx bytes */
+    uint64_t phase;      /* the current phase (0 at the init); its parity is phase & 1 */
+    int init_thread;     /* the thread that initialised it */
+    int fenced;          /* init_thread ran fence.mbarrier_init after the init */
+    int synced;          /* a __syncthreads completed after the init */
+} emu_mbar;
+
+/* A cp.async.bulk.tensor in flight: its box is read and written, and its
+ * bytes counted on the mbarrier, only at completion (tma_perform). */
+typedef struct emu_tma {
+    uint32_t dst, bytes;   /* the box's shared offset (before the swizzle), its size */
+    uint32_t bar;          /* shared offset of the mbarrier it completes on */
+    int thread;            /* the issuing thread */
+    dt_emu_tmap map;
+    int64_t coord[DT_EMU_TMAP_MAX_RANK];
+} emu_tma;
 
 /* The launch in progress. */
 static struct {
@@ -177,6 +211,13 @@ static struct {
     const void *sched_stack;
     size_t sched_stack_size;
     wgmma_op *wg_new;  /* a wgmma being completed: freed by the launch if that fails */
+    /* the block's mbarriers and pending TMAs (in issue order); tma_busy[i]
+     * is 1 while shared byte i is in a pending TMA's destination */
+    emu_mbar *mbars;
+    int nmbar, mbarcap;
+    emu_tma *tmas;
+    int ntma, tmacap;
+    unsigned char *tma_busy;
     int failed;
     char err[512];
     dt_emu_counts counts;
@@ -252,6 +293,8 @@ static int in_smem(const void *p, size_t bytes) {
     return c >= E.smem && c + bytes <= E.smem + E.smem_bytes;
 }
 
+static void tma_check_idle(uint32_t off, uint32_t bytes, const char *what);
+
 static void complete_copy(const emu_copy *c) {
     for (int i = 0; i < 16; i++)
         if (c->dst[i] != EMU_POISON)
@@ -272,6 +315,7 @@ void dt_emu_cp_async16(void *smem, const void *gmem, int src_bytes) {
         if (t->copies[i].dst == smem)
             dt_emu_fail("second cp.async into shared offset %td while the first is in flight",
                         (unsigned char *)smem - E.smem);
+    tma_check_idle((uint32_t)((unsigned char *)smem - E.smem), 16, "cp.async into");
     if (t->ncopies == t->cap) {
         int cap = t->cap ? 2 * t->cap : 32;
         emu_copy *c = realloc(t->copies, sizeof *c * (size_t)cap);
@@ -336,7 +380,12 @@ static void release(thread_state waiting, int first, int n) {
  * must come between the cp.async wait and the __syncthreads that publishes
  * the data. Not checked: plain stores to shared memory (not tracked at all),
  * copies completed by a thread's exit, and a wgmma that reads cp.async data
- * without a __syncthreads after the copies (its own thread's copies, say). */
+ * without a __syncthreads after the copies (its own thread's copies, say).
+ * TMA writes come through the async proxy and take no part in this.
+ *
+ * A completed __syncthreads also orders every mbarrier.init before it with
+ * every later use of the barrier, by any thread or the async proxy
+ * (emu_mbar.synced). */
 static void maybe_release_block(void) {
     if (E.block_arrived > 0 && E.block_arrived == alive_in_block()) {
         E.block_arrived = 0;
@@ -346,6 +395,7 @@ static void maybe_release_block(void) {
             E.threads[i].cp_unfenced = 0;
         }
         E.async_stale = stale;
+        for (int i = 0; i < E.nmbar; i++) E.mbars[i].synced = 1;   /* inits now visible */
         release(T_WAIT_BLOCK, 0, E.nthreads);
     }
 }
@@ -394,6 +444,7 @@ static void complete_warp_op(emu_thread *lanes, int n, int op) {
                 dt_emu_fail("%s: lane %d's row address (shared offset %td) is not 16 aligned "
                             "bytes inside the %zu bytes of shared memory", op_name(op), l,
                             p - E.smem, E.smem_bytes);
+            tma_check_idle((uint32_t)(p - E.smem), 16, op_name(op));
         }
         for (int l = 0; l < 32; l++) {
             uint32_t *r = lanes[l].out;
@@ -627,6 +678,11 @@ static void sweep_operands(wgmma_op *op, int compare) {
                                 which ? "B" : "A", (unsigned long long)desc, which ? "B" : "A", row,
                                 col, addr, (unsigned)EMU_SMEM_BASE,
                                 (size_t)EMU_SMEM_BASE + E.smem_bytes);
+                if (!compare && (E.tma_busy[addr - EMU_SMEM_BASE] ||
+                                 E.tma_busy[addr - EMU_SMEM_BASE + 1]))
+                    tma_check_idle(addr - EMU_SMEM_BASE, 2,
+                                   which ? "wgmma.mma_async reading B from"
+                                         : "wgmma.mma_async reading A from");
                 uint16_t v;
                 memcpy(&v, E.smem + (addr - EMU_SMEM_BASE), 2);
                 if (!compare) *kept = v;
@@ -800,6 +856,377 @@ void dt_emu_wgmma_wait(int n) {
     t->wg_fenced = 0;   /* the next mma_async needs a wgmma.fence again */
 }
 
+/* ------------------------------------------------ mbarrier and TMA (sm_90)
+ *
+ * mbarrier (PTX ISA "Parallel Synchronization and Communication
+ * Instructions: mbarrier"): mbarrier.init sets the expected arrival count
+ * (1 .. 2^20 - 1), phase 0 and tx-count 0. A phase completes when its
+ * pending arrivals are 0 and its tx-count is 0; the next phase then starts
+ * with the arrivals reloaded ("Phase Completion of the mbarrier object").
+ * arrive.expect_tx adds its bytes to the tx-count, then arrives; the
+ * complete_tx of a tensor copy subtracts the box's bytes. try_wait.parity p
+ * succeeds when the phase of parity p has completed, that is when the
+ * current phase's parity differs from p: p is the parity of "the current
+ * phase or the immediately preceding phase", and only the preceding one is
+ * complete (so right after the init, parity 1 succeeds and parity 0 waits).
+ *
+ * cp.async.bulk.tensor (tiled, global -> shared, mbarrier::complete_tx):
+ * the copy is deferred as late as CUDA allows. At the issue its destination
+ * becomes 0xff bytes (NaN in bf16 / fp16) and it is recorded as pending on
+ * its mbarrier; it is performed, box and complete_tx at once, only when a
+ * thread waiting on that mbarrier needs it (dt_emu_mbar_wait: while the
+ * awaited phase is incomplete, the barrier's oldest pending copy completes,
+ * then the next), or at the end of the block. So data read without the
+ * wait is garbage, and a phase whose expect_tx does not match its copies
+ * never completes (a deadlock, reported).
+ *
+ * Checked, each failing the launch with a message: a barrier address that
+ * is not 8 aligned bytes inside the dynamic shared memory; an mbarrier
+ * instruction on a barrier not initialised in this block; its 8 bytes
+ * overwritten since the init; mbarrier.init of a live barrier (PTX: undefined
+ * without mbarrier.inval, which is not emulated) or a count outside
+ * 1 .. 2^20 - 1; a barrier used by a thread other than the one that
+ * initialised it before a __syncthreads completed after the init; a tensor
+ * copy completing on a barrier whose init neither its thread's
+ * fence.mbarrier_init nor a __syncthreads has ordered before the copy
+ * (checked at the issue); an arrival beyond the expected count in a phase
+ * (the phase had all its arrivals and waits for transactions: "phase
+ * overflow"); a tx-count outside +-(2^20 - 1); a parity other than 0 or 1;
+ * a deadlock (every live thread blocked, in mbarrier waits, __syncthreads or
+ * warp instructions), naming a thread and its barrier. For the copies, see
+ * dt_emu_tma_load. */
+
+enum { MBAR_MAX = (1 << 20) - 1 };   /* arrival count and |tx-count| limit */
+
+/* What a live barrier's 8 bytes hold ("MBAR" and its offset). */
+static uint64_t mbar_stamp(uint32_t off) { return 0x4d42415200000000ull | off; }
+
+static emu_mbar *mbar_find(uint32_t off) {
+    for (int i = 0; i < E.nmbar; i++)
+        if (E.mbars[i].off == off) return &E.mbars[i];
+    return NULL;
+}
+
+/* The shared offset of a barrier address, which must be 8 aligned bytes
+ * inside the dynamic shared memory. */
+static uint32_t mbar_offset(const void *bar, const char *op) {
+    const unsigned char *p = bar;
+    if (!in_smem(p, 8) || (p - E.smem) % 8)
+        dt_emu_fail("%s: mbarrier address %p is not 8 aligned bytes inside the %zu bytes of "
+                    "dynamic shared memory", op, bar, E.smem_bytes);
+    return (uint32_t)(p - E.smem);
+}
+
+/* The live barrier at `bar`, usable by the calling thread. Not to be kept
+ * across a yield or an init (E.mbars may move). */
+static emu_mbar *mbar_use(const void *bar, const char *op) {
+    const uint32_t off = mbar_offset(bar, op);
+    emu_mbar *b = mbar_find(off);
+    if (!b)
+        dt_emu_fail("%s on shared offset %u: no mbarrier was initialised there in this block "
+                    "(mbarrier.init first)", op, off);
+    uint64_t v;
+    memcpy(&v, E.smem + off, 8);
+    if (v != mbar_stamp(off))
+        dt_emu_fail("%s: the 8 bytes of the mbarrier at shared offset %u were overwritten since "
+                    "its mbarrier.init (only mbarrier instructions may access them)", op, off);
+    if (E.cur->linear != b->init_thread && !b->synced)
+        dt_emu_fail("%s on the mbarrier at shared offset %u before a __syncthreads ordered it "
+                    "after its mbarrier.init by thread %d", op, off, b->init_thread);
+    return b;
+}
+
+/* Threads blocked on the barrier at off re-check it. */
+static void mbar_wake(uint32_t off) {
+    for (int i = 0; i < E.nthreads; i++)
+        if (E.threads[i].state == T_WAIT_MBAR && E.threads[i].mbar_off == off)
+            E.threads[i].state = T_RUNNABLE;
+}
+
+/* Completes b's current phase if its arrivals and transactions are in. */
+static void mbar_advance(emu_mbar *b) {
+    if (b->pending == 0 && b->tx == 0) {
+        b->phase++;
+        b->pending = b->expected;
+    }
+    mbar_wake(b->off);
+}
+
+void dt_emu_mbar_init(void *bar, unsigned count) {
+    const uint32_t off = mbar_offset(bar, "mbarrier.init");
+    if (count < 1 || count > MBAR_MAX)
+        dt_emu_fail("mbarrier.init at shared offset %u with count %u (1 .. 2^20 - 1)", off, count);
+    const emu_mbar *old = mbar_find(off);
+    if (old)
+        dt_emu_fail("mbarrier.init of the mbarrier at shared offset %u, initialised already in "
+                    "this block by thread %d (its phase %llu has %u of %u arrivals missing, "
+                    "tx-count %lld): mbarrier.init on a live mbarrier is undefined", off,
+                    old->init_thread, (unsigned long long)old->phase, old->pending, old->expected,
+                    (long long)old->tx);
+    tma_check_idle(off, 8, "mbarrier.init at");
+    if (E.nmbar == E.mbarcap) {
+        const int cap = E.mbarcap ? 2 * E.mbarcap : 16;
+        emu_mbar *m = realloc(E.mbars, sizeof *m * (size_t)cap);
+        if (!m) dt_emu_fail("out of memory");
+        E.mbars = m;
+        E.mbarcap = cap;
+    }
+    E.mbars[E.nmbar++] = (emu_mbar){off, count, count, 0, 0, E.cur->linear, 0, 0};
+    const uint64_t stamp = mbar_stamp(off);
+    memcpy(E.smem + off, &stamp, 8);
+}
+
+void dt_emu_fence_mbarrier_init(void) {
+    for (int i = 0; i < E.nmbar; i++)
+        if (E.mbars[i].init_thread == E.cur->linear) E.mbars[i].fenced = 1;
+}
+
+static void mbar_arrive_on(emu_mbar *b, uint32_t tx_bytes, const char *op) {
+    if (b->pending == 0)
+        dt_emu_fail("%s on the mbarrier at shared offset %u: its phase %llu had all %u expected "
+                    "arrivals already and waits for tx-count %lld (phase overflow: more "
+                    "arrivals than mbarrier.init's count in one phase)", op, b->off,
+                    (unsigned long long)b->phase, b->expected, (long long)b->tx);
+    if (b->tx + (int64_t)tx_bytes > MBAR_MAX)
+        dt_emu_fail("%s of %u bytes on the mbarrier at shared offset %u: its tx-count %lld would "
+                    "pass 2^20 - 1", op, tx_bytes, b->off, (long long)b->tx);
+    b->tx += tx_bytes;   /* the expect-tx comes before the arrive-on */
+    b->pending--;
+    mbar_advance(b);
+}
+
+void dt_emu_mbar_arrive(void *bar) {
+    mbar_arrive_on(mbar_use(bar, "mbarrier.arrive"), 0, "mbarrier.arrive");
+}
+
+void dt_emu_mbar_arrive_expect_tx(void *bar, uint32_t bytes) {
+    const char *op = "mbarrier.arrive.expect_tx";
+    emu_mbar *b = mbar_use(bar, op);
+    if (bytes > MBAR_MAX)
+        dt_emu_fail("%s of %u bytes (at most 2^20 - 1) on the mbarrier at shared offset %u", op,
+                    bytes, b->off);
+    mbar_arrive_on(b, bytes, op);
+}
+
+static void tma_complete(int i);
+
+void dt_emu_mbar_wait(void *bar, uint32_t parity) {
+    emu_thread *t = E.cur;
+    const char *op = "mbarrier.try_wait.parity";
+    if (parity > 1) dt_emu_fail("%s with phaseParity %u (0 or 1)", op, parity);
+    for (;;) {
+        const emu_mbar *b = mbar_use(bar, op);
+        if ((b->phase & 1) != parity) return;   /* the phase of that parity completed */
+        int oldest = -1;
+        for (int i = 0; i < E.ntma && oldest < 0; i++)
+            if (E.tmas[i].bar == b->off) oldest = i;
+        if (oldest >= 0) {
+            tma_complete(oldest);   /* the latest moment it could complete */
+            continue;
+        }
+        /* blocked until an arrival or a new copy on the barrier */
+        t->mbar_off = b->off;
+        t->mbar_parity = parity;
+        t->state = T_WAIT_MBAR;
+        yield_fiber(0);
+    }
+}
+
+/* ---- the tensor copy */
+
+/* Where byte `off` (a shared offset) of a box lands with swizzle mode sw
+ * (CUtensorMapSwizzle 0..3), from the PTX ISA's "Swizzling Modes": the
+ * 16-byte chunk index, address bits 4-6, is XORed with bits 7-9 of the
+ * shared-window address for 128 bytes (bits 4-5 with 7-8 for 64, bit 4
+ * with 7 for 32), the patterns being anchored at 1024- (512-, 256-) byte
+ * boundaries of the window ("the swizzle base offset is 0 when the dstMem
+ * shared memory address is located at" such a boundary, "(dstMem / 128) %
+ * 8" otherwise: the same rule). An involution that keeps bytes in their
+ * 128-byte line. */
+static uint32_t tma_swizzle(uint32_t off, uint32_t sw) {
+    const uint32_t a = EMU_SMEM_BASE + off, mask = sw == 3 ? 7u : sw == 2 ? 3u : sw == 1 ? 1u : 0u;
+    return (a ^ ((a >> 7 & mask) << 4)) - EMU_SMEM_BASE;
+}
+
+/* 1 if shared byte off is in pending copy x's destination (the swizzle
+ * is its own inverse). */
+static int tma_covers(const emu_tma *x, uint32_t off) {
+    return tma_swizzle(off, x->map.swizzle) - x->dst < x->bytes;
+}
+
+/* Fails if [off, off + bytes) meets the destination of a pending copy. */
+static void tma_check_idle(uint32_t off, uint32_t bytes, const char *what) {
+    for (uint32_t k = 0; k < bytes; k++) {
+        if (!E.tma_busy[off + k]) continue;
+        for (int i = 0; i < E.ntma; i++)
+            if (tma_covers(&E.tmas[i], off + k))
+                dt_emu_fail("%s shared offset %u: inside the destination of a cp.async.bulk.tensor "
+                            "(issued by thread %d, completing on the mbarrier at shared offset %u) "
+                            "that has not completed: wait on its mbarrier first", what, off + k,
+                            E.tmas[i].thread, E.tmas[i].bar);
+        dt_emu_fail("%s shared offset %u: inside a pending cp.async.bulk.tensor's destination", what,
+                    off + k);
+    }
+}
+
+/* Performs pending copy x: the in-bounds elements of its box from global
+ * memory, zeros for the others, in box order (dimension 0 fastest) at the
+ * swizzled places; clears its busy marks. Returns -1, or (writing nothing)
+ * a shared offset of its destination that no longer holds the 0xff of the
+ * issue: written meanwhile. */
+static long tma_perform(const emu_tma *x) {
+    const dt_emu_tmap *m = &x->map;
+    for (uint32_t o = 0; o < x->bytes; o += 16) {
+        const uint32_t c = tma_swizzle(x->dst + o, m->swizzle);
+        for (uint32_t k = 0; k < 16; k++)
+            if (E.smem[c + k] != EMU_POISON) return (long)(c + k);
+    }
+    const uint32_t esize = (uint32_t)m->stride[0], row_bytes = m->box[0] * esize;
+    for (uint32_t r = 0; r < x->bytes / row_bytes; r++) {
+        /* this row's place in dimensions 1.. of the box */
+        uint64_t rem = r, goff = 0;
+        int inside = 1;
+        for (uint32_t i = 1; i < m->rank; i++) {
+            const int64_t c = x->coord[i] + (int64_t)(rem % m->box[i]);
+            rem /= m->box[i];
+            if (c < 0 || (uint64_t)c >= m->dim[i]) inside = 0;
+            else goff += (uint64_t)c * m->stride[i];
+        }
+        for (uint32_t j = 0; j < m->box[0]; j++) {
+            const int64_t c = x->coord[0] + (int64_t)j;
+            unsigned char *to = E.smem + tma_swizzle(x->dst + r * row_bytes + j * esize, m->swizzle);
+            if (inside && c >= 0 && (uint64_t)c < m->dim[0])
+                memcpy(to, (const void *)(uintptr_t)(m->addr + goff + (uint64_t)c * esize), esize);
+            else
+                memset(to, 0, esize);   /* out of bounds: zero (CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) */
+        }
+    }
+    for (uint32_t o = 0; o < x->bytes; o += 16)
+        memset(E.tma_busy + tma_swizzle(x->dst + o, m->swizzle), 0, 16);
+    return -1;
+}
+
+static void tma_remove(int i) {
+    memmove(&E.tmas[i], &E.tmas[i + 1], sizeof *E.tmas * (size_t)(E.ntma - i - 1));
+    E.ntma--;
+}
+
+/* Completes pending copy i (from a fiber): the data, then complete_tx of
+ * its bytes on its barrier. */
+static void tma_complete(int i) {
+    const emu_tma x = E.tmas[i];
+    const long bad = tma_perform(&x);
+    if (bad >= 0)
+        dt_emu_fail("shared memory at offset %ld was written while a cp.async.bulk.tensor into it "
+                    "(issued by thread %d) was in flight", bad, x.thread);
+    tma_remove(i);
+    emu_mbar *b = mbar_find(x.bar);   /* live: barriers last the block */
+    if (!b) dt_emu_fail("cp.async.bulk.tensor completing on a vanished mbarrier");
+    if (b->tx - (int64_t)x.bytes < -(int64_t)MBAR_MAX)
+        dt_emu_fail("complete_tx of %u bytes on the mbarrier at shared offset %u: its tx-count "
+                    "%lld would pass -(2^20 - 1)", x.bytes, x.bar, (long long)b->tx);
+    b->tx -= x.bytes;
+    mbar_advance(b);
+}
+
+void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, int rank, void *bar) {
+    const char *op = "cp.async.bulk.tensor";
+    dt_emu_tmap m;
+    if (!tensor_map || (uintptr_t)tensor_map % 64)
+        dt_emu_fail("%s: tensor map address %p is not 64-byte aligned", op, tensor_map);
+    if (dt_emu_tmap_unpack(tensor_map, &m))
+        dt_emu_fail("%s: %p is not a tensor map that cuTensorMapEncodeTiled wrote (or it was "
+                    "changed since)", op, tensor_map);
+    if (rank != (int)m.rank)
+        dt_emu_fail("%s.%dd with a tensor map of rank %u", op, rank, m.rank);
+    if (!coords) dt_emu_fail("%s without coordinates", op);
+    /* the box: its bytes, the destination */
+    uint64_t bytes = m.stride[0];
+    for (uint32_t i = 0; i < m.rank; i++) bytes *= m.box[i];
+    const unsigned char *d = dst;
+    if (!in_smem(d, 1) || bytes > E.smem_bytes - (size_t)(d - E.smem) ||
+        (EMU_SMEM_BASE + (d - E.smem)) % 128)
+        dt_emu_fail("%s: destination %p (a box of %llu bytes) is not 128-byte aligned (by shared "
+                    "address) inside the %zu bytes of dynamic shared memory", op, dst,
+                    (unsigned long long)bytes, E.smem_bytes);
+    const uint32_t off = (uint32_t)(d - E.smem);
+    emu_mbar *b = mbar_use(bar, op);
+    if (!b->fenced && !b->synced)
+        dt_emu_fail("%s completing on the mbarrier at shared offset %u, whose mbarrier.init (by "
+                    "thread %d) the async proxy may not see yet: fence.mbarrier_init by that "
+                    "thread, or a __syncthreads, must come between them", op, b->off,
+                    b->init_thread);
+    const uint32_t bar_off = b->off;
+    /* the destination's chunks, swizzled: in shared memory, free of pending
+     * copies (TMA or cp.async) and of barriers */
+    for (uint32_t o = 0; o < bytes; o += 16) {
+        const uint32_t c = tma_swizzle(off + o, m.swizzle);
+        if (c + 16 > E.smem_bytes)
+            dt_emu_fail("%s: byte %u of the box lands at shared offset %u (swizzled), past the %zu "
+                        "bytes of dynamic shared memory", op, o, c, E.smem_bytes);
+        tma_check_idle(c, 16, "cp.async.bulk.tensor into");
+        for (int i = 0; i < E.nmbar; i++)
+            if (E.mbars[i].off / 16 * 16 == c)
+                dt_emu_fail("%s: its destination covers the mbarrier at shared offset %u", op,
+                            E.mbars[i].off);
+        memset(E.tma_busy + c, 1, 16);
+    }
+    for (int i = 0; i < E.nthreads; i++)
+        for (int j = 0; j < E.threads[i].ncopies; j++) {
+            const uint32_t c = (uint32_t)(E.threads[i].copies[j].dst - E.smem);
+            if (E.tma_busy[c])
+                dt_emu_fail("%s: its destination covers shared offset %u, where a cp.async of "
+                            "thread %d is in flight", op, c, i);
+        }
+    /* the global reads: the in-bounds part of the box, inside the allocation
+     * holding the tensor's address */
+    const void *alloc;
+    size_t alloc_bytes;
+    if (!dt_emu_cuda_allocation((const void *)(uintptr_t)m.addr, &alloc, &alloc_bytes))
+        dt_emu_fail("%s: the tensor map's global address %#llx is not in memory CUDA knows "
+                    "(cudaMalloc, cudaHostAlloc)", op, (unsigned long long)m.addr);
+    uint64_t lo = 0, hi = 0;
+    int empty = 0, overflow = 0;
+    for (uint32_t i = 0; i < m.rank; i++) {
+        const int64_t first = coords[i] > 0 ? coords[i] : 0;
+        const int64_t end = (int64_t)coords[i] + m.box[i] < (int64_t)m.dim[i]
+                                ? (int64_t)coords[i] + m.box[i] : (int64_t)m.dim[i];
+        if (first >= end) {
+            empty = 1;
+            break;
+        }
+        uint64_t a, z;
+        overflow |= __builtin_mul_overflow((uint64_t)first, m.stride[i], &a) |
+                    __builtin_mul_overflow((uint64_t)(end - 1), m.stride[i], &z) |
+                    __builtin_add_overflow(lo, a, &lo) | __builtin_add_overflow(hi, z, &hi);
+    }
+    const uint64_t start = m.addr - (uint64_t)(uintptr_t)alloc;   /* the tensor in its allocation */
+    if (!empty && (overflow || __builtin_add_overflow(hi, m.stride[0], &hi) ||
+                   start + hi > alloc_bytes || start + hi < start)) {
+        char at[80] = "";
+        for (uint32_t i = 0, n = 0; i < m.rank && n < sizeof at; i++)
+            n += (uint32_t)snprintf(at + n, sizeof at - n, "%s%d", i ? ", " : "", coords[i]);
+        dt_emu_fail("%s: the box at coordinates (%s) reads global bytes [%#llx, %#llx), past the "
+                    "end of the %zu-byte allocation at %p that holds the tensor's address", op, at,
+                    (unsigned long long)(m.addr + lo), (unsigned long long)(m.addr + hi),
+                    alloc_bytes, alloc);
+    }
+    if (E.ntma == E.tmacap) {
+        const int cap = E.tmacap ? 2 * E.tmacap : 16;
+        emu_tma *n = realloc(E.tmas, sizeof *n * (size_t)cap);
+        if (!n) dt_emu_fail("out of memory");
+        E.tmas = n;
+        E.tmacap = cap;
+    }
+    emu_tma *x = &E.tmas[E.ntma++];
+    *x = (emu_tma){off, (uint32_t)bytes, bar_off, E.cur->linear, m, {0}};
+    for (uint32_t i = 0; i < m.rank; i++) x->coord[i] = coords[i];
+    for (uint32_t o = 0; o < bytes; o += 16)   /* undefined until completed */
+        memset(E.smem + tma_swizzle(off + o, m.swizzle), EMU_POISON, 16);
+    E.counts.tma++;
+    mbar_wake(bar_off);
+}
+
 /* ------------------------------------------------------------- launch */
 
 const dt_emu_dim3 *dt_emu_thread_idx(void) { return &E.cur->idx; }
@@ -834,6 +1261,7 @@ static const char *state_name(thread_state s) {
     case T_RUNNABLE: return "runnable";
     case T_WAIT_WARP: return "in a warp or warpgroup instruction";
     case T_WAIT_BLOCK: return "in __syncthreads";
+    case T_WAIT_MBAR: return "waiting on an mbarrier";
     default: return "exited";
     }
 }
@@ -849,6 +1277,7 @@ static void start_fiber(emu_thread *t) {
     t->wg_next_group = 0;
     t->wg_fenced = 0;
     t->cp_unfenced = 0;
+    t->mbar_off = t->mbar_parity = 0;
 #ifdef EMU_ASAN
     /* a fiber of a failed launch was abandoned mid-call: its frames' redzones
      * are still poisoned on the reused stack */
@@ -874,6 +1303,38 @@ static void start_fiber(emu_thread *t) {
 #endif
 }
 
+/* What blocked thread t waits for, for a deadlock message. */
+static void describe_wait(const emu_thread *t, char *buf, size_t size) {
+    const emu_mbar *b = t->state == T_WAIT_MBAR ? mbar_find(t->mbar_off) : NULL;
+    if (b)
+        snprintf(buf, size, "waiting on the mbarrier at shared offset %u, parity %u (its phase "
+                 "%llu has %u of %u arrivals missing, tx-count %lld)", t->mbar_off,
+                 t->mbar_parity, (unsigned long long)b->phase, b->pending, b->expected,
+                 (long long)b->tx);
+    else
+        snprintf(buf, size, "%s", state_name(t->state));
+}
+
+/* Every thread of the block exited: the copies still in flight land (no
+ * thread waits for them any more, and that is no error), then the block's
+ * barriers go. 0, or -1 if a copy's destination was written meanwhile. */
+static int block_end(void) {
+    for (int i = 0; i < E.ntma; i++) {
+        const long bad = tma_perform(&E.tmas[i]);
+        if (bad >= 0) {
+            snprintf(E.err, sizeof E.err, "block (%u,%u,%u): shared memory at offset %ld was "
+                     "written while a cp.async.bulk.tensor into it (issued by thread %d, never "
+                     "waited for) was in flight", E.block_idx.x, E.block_idx.y, E.block_idx.z,
+                     bad, E.tmas[i].thread);
+            E.failed = 1;
+            return -1;
+        }
+    }
+    E.ntma = 0;
+    E.nmbar = 0;
+    return 0;
+}
+
 static int run_block(void) {
     memset(E.smem, EMU_POISON, E.smem_bytes);
     E.block_arrived = 0;
@@ -882,6 +1343,9 @@ static int run_block(void) {
     E.async_stale = 0;
     E.done = 0;
     memset(E.warp_exited, 0, sizeof E.warp_exited);
+    E.nmbar = 0;   /* barriers and copies live as long as their block */
+    E.ntma = 0;
+    memset(E.tma_busy, 0, E.smem_bytes);
     for (int i = 0; i < E.nthreads; i++) start_fiber(&E.threads[i]);
     E.counts.blocks++;
     /* Scheduling: always the first runnable thread in an order that starts
@@ -894,7 +1358,7 @@ static int run_block(void) {
         ((long)E.block_idx.z * E.grid.y + E.block_idx.y) * E.grid.x + E.block_idx.x;
     const int lead = 32 * (int)(block_linear % nwarps);
     for (;;) {
-        if (E.done == E.nthreads) return 0;
+        if (E.done == E.nthreads) return block_end();
         emu_thread *next = NULL;
         for (int i = 0; i < E.nthreads && !next; i++) {
             emu_thread *t = &E.threads[(lead + i) % E.nthreads];
@@ -905,17 +1369,30 @@ static int run_block(void) {
             if (E.failed) return -1;
             continue;
         }
+        /* a deadlock: name a thread (one in an mbarrier wait if any), and
+         * one blocked elsewhere if any */
         int a = -1, b = -1;
+        for (int i = 0; i < E.nthreads; i++)
+            if (E.threads[i].state == T_WAIT_MBAR && a < 0) a = i;
         for (int i = 0; i < E.nthreads; i++) {
-            if (E.threads[i].state == T_DONE) continue;
+            const emu_thread *t = &E.threads[i];
+            if (t->state == T_DONE) continue;
             if (a < 0) a = i;
-            if (E.threads[i].state != E.threads[a].state) b = i;
+            const emu_thread *ta = &E.threads[a];
+            if (b < 0 && (t->state != ta->state ||
+                          (t->state == T_WAIT_MBAR && (t->mbar_off != ta->mbar_off ||
+                                                       t->mbar_parity != ta->mbar_parity))))
+                b = i;
         }
-        snprintf(E.err, sizeof E.err, "block (%u,%u,%u): deadlock: thread %d is %s%s%s%s, %d of "
-                 "%d threads have exited", E.block_idx.x, E.block_idx.y, E.block_idx.z, a,
-                 state_name(E.threads[a].state), b >= 0 ? ", thread " : "",
-                 b >= 0 ? "another " : "", b >= 0 ? state_name(E.threads[b].state) : "", E.done,
-                 E.nthreads);
+        char da[160], db[160], other[200] = "";
+        describe_wait(&E.threads[a], da, sizeof da);
+        if (b >= 0) {
+            describe_wait(&E.threads[b], db, sizeof db);
+            snprintf(other, sizeof other, "; thread %d is %s", b, db);
+        }
+        snprintf(E.err, sizeof E.err, "block (%u,%u,%u): deadlock: thread %d is %s%s; %d of %d "
+                 "threads have exited", E.block_idx.x, E.block_idx.y, E.block_idx.z, a, da, other,
+                 E.done, E.nthreads);
         E.failed = 1;
         return -1;
     }
@@ -952,8 +1429,9 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (
     E.err[0] = 0;
     E.smem_bytes = smem_bytes;
     E.smem = malloc(smem_bytes ? smem_bytes : 1);
+    E.tma_busy = malloc(smem_bytes ? smem_bytes : 1);
     E.threads = calloc((size_t)n, sizeof *E.threads);
-    int rc = E.smem && E.threads ? 0 : -1;
+    int rc = E.smem && E.tma_busy && E.threads ? 0 : -1;
     if (rc) snprintf(E.err, sizeof E.err, "out of memory");
     for (int i = 0; i < n && !rc; i++) {
         emu_thread *t = &E.threads[i];
@@ -986,8 +1464,15 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (
     }
     free(E.threads);
     free(E.smem);
+    free(E.tma_busy);
+    free(E.mbars);
+    free(E.tmas);
     E.threads = NULL;
     E.smem = NULL;
+    E.tma_busy = NULL;
+    E.mbars = NULL;
+    E.tmas = NULL;
+    E.nmbar = E.mbarcap = E.ntma = E.tmacap = 0;
     pthread_mutex_unlock(&E.lock);
     return rc;
 }

@@ -2,7 +2,9 @@
  * CUDA runtime API (host side), implemented on the CPU by tests/emu/cudart.c.
  *
  * Only what dtensor uses (dtensor/backend_cuda.cu, attention/block_cuda*.cu,
- * bench/mlp.c, tests/test_reliability.c), under CUDA's own names, numeric
+ * bench/mlp.c, tests/test_reliability.c; cudaGetDriverEntryPointByVersion
+ * for the emulated driver's cuTensorMapEncodeTiled, include/cuda.h), under
+ * CUDA's own names, numeric
  * values and signatures (driver_types.h, cuda_runtime_api.h and
  * library_types.h of CUDA 13), so the same sources compile against this
  * header or the real one. Plain C11; also C++ (kernel sources reach it
@@ -106,6 +108,19 @@ enum cudaFuncAttribute {
 
 #define cudaHostAllocDefault 0x00
 
+/* driver_types.h: cudaGetDriverEntryPointByVersion's flags and status. */
+enum cudaGetDriverEntryPointFlags {
+    cudaEnableDefault = 0x0,
+    cudaEnableLegacyStream = 0x1,
+    cudaEnablePerThreadDefaultStream = 0x2
+};
+
+enum cudaDriverEntryPointQueryResult {
+    cudaDriverEntryPointSuccess = 0,
+    cudaDriverEntryPointSymbolNotFound = 1,
+    cudaDriverEntryPointVersionNotSufficent = 2
+};
+
 /* ---- errors: the calling thread's last error ---- */
 cudaError_t cudaGetLastError(void);      /* returns it and resets it to cudaSuccess */
 cudaError_t cudaPeekAtLastError(void);   /* returns it */
@@ -143,6 +158,24 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+/* ---- driver entry points: the emulated driver (include/cuda.h) has one,
+ * cuTensorMapEncodeTiled (introduced in CUDA 12.0; the emulated driver is
+ * CUDA 13.0). cudaSuccess with *funcPtr set and status
+ * cudaDriverEntryPointSuccess for it; cudaSuccess with *funcPtr = NULL and
+ * cudaDriverEntryPointSymbolNotFound for any other symbol, or
+ * cudaDriverEntryPointVersionNotSufficent for cudaVersion < 12000;
+ * cudaErrorInvalidValue for NULL symbol or funcPtr, unknown flags, or
+ * cudaVersion above the driver's 13000. driverStatus may be NULL. ---- */
+#ifdef __cplusplus
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+                                             unsigned int cudaVersion, unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *driverStatus = NULL);
+#else
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+                                             unsigned int cudaVersion, unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *driverStatus);
+#endif
 
 /* library_types.h */
 typedef enum cudaDataType_t {
