@@ -70,10 +70,12 @@ static double *huge_input(int64_t n, int which) {
     return x;
 }
 
-/* x as a 16-byte aligned array of dtype (cp.async reads 16-byte chunks). */
+/* x as an array of dtype in emulated device memory (cudaMalloc: aligned
+ * for cp.async, and known to the emulated TMA, which reads only inside
+ * allocations CUDA made); the emulator's device memory is host memory. */
 static void *as_dtype(const double *x, size_t n, dt_dtype dtype) {
-    size_t bytes = (n * dt_dtype_size(dtype) + 63) / 64 * 64;
-    void *p = aligned_alloc(64, bytes);
+    void *p = NULL;
+    assert_int_equal(cudaMalloc(&p, n * dt_dtype_size(dtype)), cudaSuccess);
     for (size_t i = 0; i < n; i++) dt_value_set(p, dtype, i, (float)x[i]);
     return p;
 }
@@ -117,9 +119,9 @@ static void make_ranks(const emu_case *c, const double *q, const double *k, cons
 
 static void free_ranks(const emu_case *c, ranks *R) {
     for (int j = 0; j < c->P; j++) {
-        free(R->q[j]);
-        free(R->k[j]);
-        free(R->v[j]);
+        cudaFree(R->q[j]);
+        cudaFree(R->k[j]);
+        cudaFree(R->v[j]);
     }
 }
 
@@ -304,7 +306,7 @@ static void run_backward(void **state) {
     }
     const uint64_t mma_ran = dt_emu_get_counts().mma - mma_before;
     for (int j = 0; j < c->P; j++) {
-        free(dor[j]), free(lse[j]), free(delta[j]), free(dq[j]), free(dk[j]), free(dv[j]);
+        cudaFree(dor[j]), free(lse[j]), free(delta[j]), free(dq[j]), free(dk[j]), free(dv[j]);
     }
     free_ranks(c, &R);
     free(q), free(k), free(v), free(dout), free(o), free(lse_full), free(delta_full);
