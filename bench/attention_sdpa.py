@@ -22,6 +22,10 @@ Timing: CUDA events around each call, warmup then --iters calls, median.
 PyTorch is not a dependency of dtensor; this script only runs where torch
 with CUDA is installed:
     python3 bench/attention_sdpa.py [--iters 20] [--pass fwd,bwd] [--json]
+
+bench/issue8.py imports the timing functions (load_torch, sdpa_backends,
+make_inputs, median_time, time_sdpa, sdpa_row, flops) from here; importing
+this module does not import torch.
 """
 import argparse
 import json
@@ -51,6 +55,91 @@ def parse_passes(text):
     return [p for p in PASSES if p in names]
 
 
+def load_torch():
+    """torch, torch.nn.functional, SDPBackend and sdpa_kernel as a namespace;
+    ImportError (with PyTorch's reason) where they cannot be imported."""
+    import types
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return types.SimpleNamespace(torch=torch, F=F, SDPBackend=SDPBackend,
+                                 sdpa_kernel=sdpa_kernel)
+
+
+def sdpa_backends(t):
+    """(name, SDPBackend member or None where this PyTorch lacks it), in table order."""
+    return [
+        ("flash", t.SDPBackend.FLASH_ATTENTION),
+        ("cudnn", getattr(t.SDPBackend, "CUDNN_ATTENTION", None)),
+        ("efficient", t.SDPBackend.EFFICIENT_ATTENTION),
+    ]
+
+
+def make_inputs(t, b, h, s, d, grad, dev):
+    """q, k, v of [B, H, S, D] bf16 (SDPA's layout; dtensor's [B, S, H, D] is a
+    transpose of it) and, for the backward (grad), a random dout; else None."""
+    def rand():
+        return t.torch.randn(b, h, s, d, device=dev, dtype=t.torch.bfloat16, requires_grad=grad)
+    q, k, v = rand(), rand(), rand()
+    dout = t.torch.randn(b, h, s, d, device=dev, dtype=t.torch.bfloat16) if grad else None
+    return q, k, v, dout
+
+
+def median_time(t, call, iters, warmup):
+    """Median seconds of call() over iters calls after warmup ones, CUDA events
+    around each."""
+    for _ in range(warmup):
+        call()
+    t.torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        e0 = t.torch.cuda.Event(enable_timing=True)
+        e1 = t.torch.cuda.Event(enable_timing=True)
+        e0.record()
+        call()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / 1e3)
+    return statistics.median(times)
+
+
+def time_sdpa(t, backend, q, k, v, dout, causal, pass_, iters, warmup):
+    """Median seconds of one pass with only `backend` allowed. fwd times the
+    forward; bwd runs the forward once, untimed, under the same selection
+    (which fixes the backward kernel), then times torch.autograd.grad alone.
+    Raises RuntimeError or NotImplementedError where the backend refuses."""
+    o = None
+    try:
+        with t.sdpa_kernel([backend]):
+            if pass_ == "fwd":
+                return median_time(t, lambda: t.F.scaled_dot_product_attention(
+                    q, k, v, is_causal=causal), iters, warmup)
+            o = t.F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return median_time(t, lambda: t.torch.autograd.grad(
+                o, (q, k, v), dout, retain_graph=True), iters, warmup)
+    finally:
+        del o
+
+
+def sdpa_row(t, name, backend, inputs, shape, causal, pass_, iters, warmup):
+    """One result row: the case, then median_ms and tflops, or error (the
+    backend's refusal, first line) where it cannot run the case."""
+    b, h, s, d = shape
+    row = {"pass": pass_, "B": b, "H": h, "S": s, "D": d, "backend": name,
+           "causal": causal, "dtype": "bf16"}
+    if backend is None:
+        row["error"] = "this PyTorch has no CUDNN_ATTENTION backend"
+        return row
+    try:
+        sec = time_sdpa(t, backend, *inputs, causal, pass_, iters, warmup)
+        row["median_ms"] = sec * 1e3
+        row["tflops"] = flops(b, h, s, d, causal, pass_) / sec / 1e12
+    except (RuntimeError, NotImplementedError) as e:
+        # the selected backend refused the inputs (or has no backward)
+        row["error"] = str(e).splitlines()[0][:200] if str(e) else repr(e)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=20)
@@ -63,40 +152,18 @@ def main():
         ap.error("--iters must be >= 1 and --warmup >= 0")
 
     try:
-        import torch
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        t = load_torch()
     except ImportError as e:
         print(f"attention_sdpa: needs PyTorch >= 2.3 with CUDA ({e})", file=sys.stderr)
         return 3
+    torch = t.torch
     if not torch.cuda.is_available():
         print("attention_sdpa: no CUDA device: this script only runs on a GPU machine",
               file=sys.stderr)
         return 3
 
-    backends = [
-        ("flash", SDPBackend.FLASH_ATTENTION),
-        ("cudnn", getattr(SDPBackend, "CUDNN_ATTENTION", None)),
-        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
-    ]
+    backends = sdpa_backends(t)
     dev = torch.device("cuda")
-
-    def median_time(call):
-        """Median seconds of call() over args.iters, CUDA events around each."""
-        for _ in range(args.warmup):
-            call()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(args.iters):
-            e0 = torch.cuda.Event(enable_timing=True)
-            e1 = torch.cuda.Event(enable_timing=True)
-            e0.record()
-            call()
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1) / 1e3)
-        return statistics.median(times)
-
     results = []
     if not args.json:
         print(f"attention_sdpa  torch {torch.__version__}  {torch.cuda.get_device_name(dev)}")
@@ -106,35 +173,11 @@ def main():
               f"{'TFLOPS':>8}")
     for pass_ in args.passes:
         for (b, h, s, d) in SHAPES:
-            # SDPA takes [B, H, S, D]; dtensor's [B, S, H, D] is a transpose of it.
-            grad = pass_ == "bwd"
-            q = torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16, requires_grad=grad)
-            k = torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16, requires_grad=grad)
-            v = torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16, requires_grad=grad)
-            dout = torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16) if grad else None
+            inputs = make_inputs(t, b, h, s, d, pass_ == "bwd", dev)
             for causal in (True, False):
                 for name, be in backends:
-                    row = {"pass": pass_, "B": b, "H": h, "S": s, "D": d, "backend": name,
-                           "causal": causal, "dtype": "bf16"}
-                    if be is None:
-                        row["error"] = "this PyTorch has no CUDNN_ATTENTION backend"
-                    else:
-                        o = None
-                        try:
-                            with sdpa_kernel([be]):
-                                if pass_ == "fwd":
-                                    t = median_time(lambda: F.scaled_dot_product_attention(
-                                        q, k, v, is_causal=causal))
-                                else:
-                                    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                                    t = median_time(lambda: torch.autograd.grad(
-                                        o, (q, k, v), dout, retain_graph=True))
-                            row["median_ms"] = t * 1e3
-                            row["tflops"] = flops(b, h, s, d, causal, pass_) / t / 1e12
-                        except (RuntimeError, NotImplementedError) as e:
-                            # the selected backend refused the inputs (or has no backward)
-                            row["error"] = str(e).splitlines()[0][:200] if str(e) else repr(e)
-                        del o
+                    row = sdpa_row(t, name, be, inputs, (b, h, s, d), causal, pass_,
+                                   args.iters, args.warmup)
                     results.append(row)
                     if not args.json:
                         shape = f"{b},{h},{s},{d}"
@@ -146,7 +189,7 @@ def main():
                             print(f"{shape:<20} {pass_:<4} {name:<10} {mask:<7} "
                                   f"{row['median_ms']:9.3f} {row['tflops']:8.1f}")
                         sys.stdout.flush()
-            del q, k, v, dout
+            del inputs
             torch.cuda.empty_cache()
     if args.json:
         json.dump({"bench": "attention_sdpa", "torch": torch.__version__,

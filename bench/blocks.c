@@ -35,10 +35,14 @@
  * the CPU, OpenBLAS uses its own thread count (one rank, every core).
  * Inputs are fill_random values; the timed code does not depend on them.
  *
+ * --json prints one JSON object instead of the tables, after the last
+ * measurement: the configuration, then every row of (r) and of (p), each
+ * with its pass, under the text columns' names (docs/PERFORMANCE.md).
+ *
  * Run: build/bench/blocks [--backend auto|cpu|cuda] [--quick] [--iters N]
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
- *      [--kernel auto|simple|mma|wgmma]
+ *      [--kernel auto|simple|mma|wgmma] [--json]
  */
 #include <math.h>
 #include <stdint.h>
@@ -60,7 +64,7 @@
 
 typedef struct opts {
     dt_backend_kind backend;
-    int quick, iters, ranks, passes[2], sections[2];
+    int quick, json, iters, ranks, passes[2], sections[2];
     int64_t heads, kv_heads, dim;
     dt_dtype dtype;
     int n_c, n_ring_c;
@@ -268,9 +272,17 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
 
 /* ------------------------------------------------------------------ the run */
 
+/* Every measured row, kept for --json (printed after the last one). */
+typedef struct results {
+    int n_r[2], n_p[2];            /* [pass] */
+    r_row r[2][MAX_LIST];
+    p_row p[2][MAX_LIST];
+} results;
+
 typedef struct run {
     const opts *o;
     dt_backend_kind backend;
+    results res;
 } run;
 
 static double tflops(const bufs *b, int bwd, int64_t c, int causal, double s) {
@@ -278,9 +290,131 @@ static double tflops(const bufs *b, int bwd, int64_t c, int causal, double s) {
     return (causal ? f / 2 : f) / s / 1e12;
 }
 
+/* (r + P - 1) / (P r): the striped / contiguous ratio causal efficiency r allows. */
+static double ceiling_of(const opts *o, double r) {
+    return (r + o->ranks - 1) / (o->ranks * r);
+}
+
+/* ------------------------------------------------------------- text output */
+
+static void text_header(const run *r, const bufs *b) {
+    const opts *o = r->o;
+    printf("bench/blocks  backend %s, kernels %s (DT_ATTN_KERNEL %s)  H=%lld HKV=%lld D=%lld %s  "
+           "P=%d  %d iterations after 1 warm-up, median\n", dt_backend_kind_name(r->backend),
+           b->kern->name, dt_attn_kernel_choice_name(o->kernel), (long long)o->heads, (long long)o->kv_heads, (long long)o->dim,
+           dt_dtype_name(o->dtype), o->ranks, o->iters);
+}
+
+static void text_r_title(const char *pass) {
+    printf("\n(r) causal efficiency, pass %s: time of a masked c x c block / a full one\n"
+           "    %7s %10s %10s %8s | %10s %7s | %10s %7s | TFLOPS full, causal\n", pass,
+           "c", "full ms", "causal ms", "r", "striped<= ms", "r", "striped< ms", "r");
+}
+
+static void text_r_row(const bufs *b, int bwd, const r_row *x) {
+    printf("    %7lld %10.3f %10.3f %8.3f | %10.3f %7.3f | %10.3f %7.3f | %.2f, %.2f\n",
+           (long long)x->c, 1e3 * x->full_s, 1e3 * x->causal_s, x->causal_s / x->full_s,
+           1e3 * x->incl_s, x->incl_s / x->full_s, 1e3 * x->excl_s, x->excl_s / x->full_s,
+           tflops(b, bwd, x->c, 0, x->full_s), tflops(b, bwd, x->c, 1, x->causal_s));
+}
+
+static void text_p_title(const opts *o, const char *pass) {
+    printf("\n(p) the ring on one device, pass %s: P = %d, every (rank, step) block alone\n"
+           "    %7s %-11s %10s %10s %9s %9s %9s %10s\n", pass, o->ranks, "c", "order",
+           "crit ms", "total ms", "ratio", "ceiling", "achieved", "vs 1 call");
+}
+
+static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
+    double ceiling = ceiling_of(o, x->r);
+    for (int oi = 0; oi < 3; oi++) {
+        double ratio = x->crit_s[0] / x->crit_s[oi];
+        printf("    %7lld %-11s %10.3f %10.3f %9.3f %9.3f %9.3f %10.3f\n", (long long)c,
+               dt_order_name(orders[oi]), 1e3 * x->crit_s[oi], 1e3 * x->total_s[oi], ratio,
+               ceiling, ratio / ceiling, x->total_s[oi] / x->single_s);
+    }
+    printf("    (r = %.3f at c = %lld; one causal call on S = %lld: %.3f ms)\n", x->r,
+           (long long)c, (long long)(c * o->ranks), 1e3 * x->single_s);
+}
+
+/* ------------------------------------------------------------- JSON output */
+
+/* A list of names as a JSON array: ["fwd", "bwd"]. */
+static void json_names(const char *key, const int *on, const char *const *names, int n) {
+    printf("\"%s\": [", key);
+    for (int i = 0, first = 1; i < n; i++)
+        if (on[i]) {
+            printf("%s\"%s\"", first ? "" : ", ", names[i]);
+            first = 0;
+        }
+    printf("]");
+}
+
+static void json_list(const char *key, const int64_t *v, int n) {
+    printf("\"%s\": [", key);
+    for (int i = 0; i < n; i++) printf("%s%lld", i ? ", " : "", (long long)v[i]);
+    printf("]");
+}
+
+/* The configuration, then the rows of (r) and (p) of every pass; the
+ * names are the text columns' (r after each striped ms is its own). */
+static void json_print(const run *r, const bufs *b) {
+    static const char *const pass_names[] = {"fwd", "bwd"}, *const section_names[] = {"r", "p"};
+    const opts *o = r->o;
+    const results *res = &r->res;
+    printf("{\n  \"bench\": \"blocks\", \"backend\": \"%s\", \"kernels\": \"%s\", \"kernel\": \"%s\", "
+           "\"H\": %lld, \"HKV\": %lld, \"D\": %lld, \"dtype\": \"%s\", \"P\": %d, \"iters\": %d, "
+           "\"warmup\": 1, \"quick\": %s,\n  ", dt_backend_kind_name(r->backend), b->kern->name,
+           dt_attn_kernel_choice_name(o->kernel), (long long)o->heads, (long long)o->kv_heads,
+           (long long)o->dim, dt_dtype_name(o->dtype), o->ranks, o->iters,
+           o->quick ? "true" : "false");
+    json_names("passes", o->passes, pass_names, 2);
+    printf(", ");
+    json_names("sections", o->sections, section_names, 2);
+    printf(", ");
+    json_list("c", o->c, o->sections[0] ? o->n_c : 0);
+    printf(", ");
+    json_list("ring_c", o->ring_c, o->sections[1] ? o->n_ring_c : 0);
+    printf(",\n  \"timing\": \"CLOCK_MONOTONIC around each block, the device synchronised before "
+           "and after; median\",\n  \"r\": [");
+    int first = 1;
+    for (int bwd = 0; bwd < 2; bwd++)
+        for (int i = 0; i < res->n_r[bwd]; i++, first = 0) {
+            const r_row *x = &res->r[bwd][i];
+            printf("%s\n    {\"pass\": \"%s\", \"c\": %lld, \"full_ms\": %.6f, \"causal_ms\": %.6f, "
+                   "\"r\": %.6f, \"striped_le_ms\": %.6f, \"striped_le_r\": %.6f, "
+                   "\"striped_lt_ms\": %.6f, \"striped_lt_r\": %.6f, \"tflops_full\": %.6f, "
+                   "\"tflops_causal\": %.6f}", first ? "" : ",", pass_names[bwd],
+                   (long long)x->c, 1e3 * x->full_s, 1e3 * x->causal_s, x->causal_s / x->full_s,
+                   1e3 * x->incl_s, x->incl_s / x->full_s, 1e3 * x->excl_s, x->excl_s / x->full_s,
+                   tflops(b, bwd, x->c, 0, x->full_s), tflops(b, bwd, x->c, 1, x->causal_s));
+        }
+    printf("%s],\n  \"p\": [", first ? "" : "\n  ");
+    first = 1;
+    for (int bwd = 0; bwd < 2; bwd++)
+        for (int i = 0; i < res->n_p[bwd]; i++) {
+            const p_row *x = &res->p[bwd][i];
+            double ceiling = ceiling_of(o, x->r);
+            for (int oi = 0; oi < 3; oi++, first = 0) {
+                double ratio = x->crit_s[0] / x->crit_s[oi];
+                printf("%s\n    {\"pass\": \"%s\", \"c\": %lld, \"order\": \"%s\", \"crit_ms\": %.6f, "
+                       "\"total_ms\": %.6f, \"ratio\": %.6f, \"ceiling\": %.6f, "
+                       "\"achieved\": %.6f, \"vs_1_call\": %.6f, \"r\": %.6f, \"S\": %lld, "
+                       "\"single_ms\": %.6f}", first ? "" : ",", pass_names[bwd],
+                       (long long)o->ring_c[i], dt_order_name(orders[oi]), 1e3 * x->crit_s[oi],
+                       1e3 * x->total_s[oi], ratio, ceiling, ratio / ceiling,
+                       x->total_s[oi] / x->single_s, x->r, (long long)(o->ring_c[i] * o->ranks),
+                       1e3 * x->single_s);
+            }
+        }
+    printf("%s],\n  \"complete\": true\n}\n", first ? "" : "\n  ");
+}
+
+/* ------------------------------------------------------------------ rank 0 */
+
 static dt_status rank_main(dt_context *ctx, void *arg) {
     run *r = arg;
     const opts *o = r->o;
+    results *res = &r->res;
     r->backend = dt_context_backend(ctx);
     int64_t rows = 0;
     for (int i = 0; o->sections[0] && i < o->n_c; i++) rows = o->c[i] > rows ? o->c[i] : rows;
@@ -291,49 +425,32 @@ static dt_status rank_main(dt_context *ctx, void *arg) {
     bufs b;
     dt_status st = bufs_make(ctx, o, rows, &b);
     if (st != DT_SUCCESS) goto out;
-    printf("bench/blocks  backend %s, kernels %s (DT_ATTN_KERNEL %s)  H=%lld HKV=%lld D=%lld %s  "
-           "P=%d  %d iterations after 1 warm-up, median\n", dt_backend_kind_name(r->backend),
-           b.kern->name, dt_attn_kernel_choice_name(o->kernel), (long long)o->heads, (long long)o->kv_heads, (long long)o->dim,
-           dt_dtype_name(o->dtype), o->ranks, o->iters);
+    if (!o->json) text_header(r, &b);
     for (int bwd = 0; bwd < 2; bwd++) {
         if (!o->passes[bwd]) continue;
         const char *pass = bwd ? "bwd" : "fwd";
         if (o->sections[0]) {
-            printf("\n(r) causal efficiency, pass %s: time of a masked c x c block / a full one\n"
-                   "    %7s %10s %10s %8s | %10s %7s | %10s %7s | TFLOPS full, causal\n", pass,
-                   "c", "full ms", "causal ms", "r", "striped<= ms", "r", "striped< ms", "r");
+            if (!o->json) text_r_title(pass);
             for (int i = 0; i < o->n_c; i++) {
-                r_row x;
-                DT_TRY_GOTO(st, measure_r(&b, o, bwd, o->c[i], &x), out);
-                printf("    %7lld %10.3f %10.3f %8.3f | %10.3f %7.3f | %10.3f %7.3f | %.2f, %.2f\n",
-                       (long long)x.c, 1e3 * x.full_s, 1e3 * x.causal_s, x.causal_s / x.full_s,
-                       1e3 * x.incl_s, x.incl_s / x.full_s, 1e3 * x.excl_s, x.excl_s / x.full_s,
-                       tflops(&b, bwd, x.c, 0, x.full_s), tflops(&b, bwd, x.c, 1, x.causal_s));
+                r_row *x = &res->r[bwd][res->n_r[bwd]];
+                DT_TRY_GOTO(st, measure_r(&b, o, bwd, o->c[i], x), out);
+                res->n_r[bwd]++;
+                if (!o->json) text_r_row(&b, bwd, x);
                 fflush(stdout);
             }
         }
         if (o->sections[1]) {
-            printf("\n(p) the ring on one device, pass %s: P = %d, every (rank, step) block alone\n"
-                   "    %7s %-11s %10s %10s %9s %9s %9s %10s\n", pass, o->ranks, "c", "order",
-                   "crit ms", "total ms", "ratio", "ceiling", "achieved", "vs 1 call");
+            if (!o->json) text_p_title(o, pass);
             for (int i = 0; i < o->n_ring_c; i++) {
-                p_row x;
-                DT_TRY_GOTO(st, measure_p(&b, o, bwd, o->ring_c[i], &x), out);
-                double ceiling = (x.r + o->ranks - 1) / (o->ranks * x.r);
-                for (int oi = 0; oi < 3; oi++) {
-                    double ratio = x.crit_s[0] / x.crit_s[oi];
-                    printf("    %7lld %-11s %10.3f %10.3f %9.3f %9.3f %9.3f %10.3f\n",
-                           (long long)o->ring_c[i], dt_order_name(orders[oi]), 1e3 * x.crit_s[oi],
-                           1e3 * x.total_s[oi], ratio, ceiling, ratio / ceiling,
-                           x.total_s[oi] / x.single_s);
-                }
-                printf("    (r = %.3f at c = %lld; one causal call on S = %lld: %.3f ms)\n", x.r,
-                       (long long)o->ring_c[i], (long long)(o->ring_c[i] * o->ranks),
-                       1e3 * x.single_s);
+                p_row *x = &res->p[bwd][res->n_p[bwd]];
+                DT_TRY_GOTO(st, measure_p(&b, o, bwd, o->ring_c[i], x), out);
+                res->n_p[bwd]++;
+                if (!o->json) text_p_rows(o, o->ring_c[i], x);
                 fflush(stdout);
             }
         }
     }
+    if (o->json) json_print(r, &b);
 out:
     if (b.be) bufs_free(&b);
     return st;
@@ -356,7 +473,9 @@ static void usage(FILE *f) {
             "  --dtype T         fp32 | bf16 | fp16 (GPU default bf16; CPU fp32)\n"
             "  --kernel K        CUDA block kernel: auto | simple | mma | wgmma (default: the\n"
             "                    DT_ATTN_KERNEL environment variable, else auto); the\n"
-            "                    backward of wgmma is mma's\n");
+            "                    backward of wgmma is mma's\n"
+            "  --json            one JSON object (the configuration and every row of (r)\n"
+            "                    and (p)) instead of the tables\n");
 }
 
 /* "a,b" of names[0..n): sets on[i] for each; 0 on a bad or empty list. */
@@ -416,6 +535,9 @@ static int parse(int argc, char **argv, opts *o) {
             exit(0);
         } else if (!strcmp(a, "--quick")) {
             o->quick = 1;
+            continue;
+        } else if (!strcmp(a, "--json")) {
+            o->json = 1;
             continue;
         } else if (!strcmp(a, "--backend")) {
             if (!ex_parse_backend(a, v, &o->backend)) return 0;
@@ -504,7 +626,7 @@ int main(int argc, char **argv) {
                     "to %d, and --ring-c even (zigzag halves each shard)\n", DT_ATTN_MAX_HEAD_DIM);
             return 2;
         }
-        run r = {&o, kind};
+        run r = {.o = &o, .backend = kind};
         st = dt_launch(1, rank_main, &r, &lo);
     }
     if (st != DT_SUCCESS) {

@@ -1,6 +1,6 @@
-/* tests/test_bench.c — a smoke test of build/bench/attention and
- * build/bench/blocks: every section and both passes run with --quick, and
- * the flags are checked. It checks that the benchmarks run and report what
+/* tests/test_bench.c — a smoke test of build/bench/attention,
+ * build/bench/blocks, build/bench/mlp and bench/issue8.py: every section and
+ * both passes run with --quick, and the flags are checked. It checks that the benchmarks run and report what
  * they say they report, not their figures.
  *
  *   - --quick --json: exit 0, a closed object whose kernel, ring and
@@ -10,6 +10,12 @@
  *   - exit 2 with a message for bad --pass, --section and other flags;
  *   - bench/blocks --quick: both sections and passes, one row per c and per
  *     order, every figure finite and positive; bad flags exit 2;
+ *   - bench/blocks --quick --json: the configuration, one (r) row per pass
+ *     and c and one (p) row per pass and order, each row's figures
+ *     consistent with its times (r = causal / full, the flop count,
+ *     ceiling = (r + P - 1) / (P r), achieved = ratio / ceiling, ...);
+ *   - bench/issue8.py --backend cpu --quick --no-torch (when python3 is on
+ *     PATH; else skipped): exit 0, every item's heading, every step run;
  *   - bench/mlp --quick: the baseline rows and one row per mode and P, every
  *     figure finite and positive; bad flags exit 2, fp16 on the CPU exit 3.
  * The binary is found beside this test's build tree (build/tests/test_bench
@@ -22,6 +28,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,6 +230,148 @@ static void test_blocks_bad_flags(void **state) {
     }
 }
 
+/* The number after "key": at or after `from`, within the row that starts
+ * there (up to the next '}'): 1 and *out, or 0. */
+static int json_num(const char *from, const char *key, double *out) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *hit = strstr(from, pat), *end = strchr(from, '}');
+    if (!hit || (end && hit > end)) return 0;
+    char *stop = NULL;
+    *out = strtod(hit + strlen(pat), &stop);
+    return stop != hit + strlen(pat) && isfinite(*out);
+}
+
+/* a and b agree to what 6 printed decimals of each figure allow. */
+static int near(double a, double b) {
+    return fabs(a - b) <= 1e-3 * fmax(fabs(a), fabs(b)) + 1e-5;
+}
+
+/* One (r) row: r = causal / full, each striped r its ms over full, and the
+ * TFLOPS the flop count of bench/blocks (4 H c c D, 2.5x for bwd, halved for
+ * causal; H = 2, D = 64 with --quick) gives for the times. */
+static int r_row_ok(const char *row, int bwd) {
+    double c, full, causal, r, le, le_r, lt, lt_r, tf_full, tf_causal;
+    if (!json_num(row, "c", &c) || !json_num(row, "full_ms", &full) ||
+        !json_num(row, "causal_ms", &causal) || !json_num(row, "r", &r) ||
+        !json_num(row, "striped_le_ms", &le) || !json_num(row, "striped_le_r", &le_r) ||
+        !json_num(row, "striped_lt_ms", &lt) || !json_num(row, "striped_lt_r", &lt_r) ||
+        !json_num(row, "tflops_full", &tf_full) || !json_num(row, "tflops_causal", &tf_causal))
+        return 0;
+    double flops = 4.0 * 2 * c * c * 64 * (bwd ? 2.5 : 1.0);
+    return (c == 64 || c == 128) && full > 0 && causal > 0 && le > 0 && lt > 0 && r > 0 &&
+           near(r, causal / full) && near(le_r, le / full) &&
+           near(lt_r, lt / full) && near(tf_full, flops / (full * 1e9)) &&
+           near(tf_causal, flops / 2 / (causal * 1e9));
+}
+
+/* One (p) row: ceiling = (r + P - 1) / (P r) with P = 8, achieved = ratio /
+ * ceiling, S = P c, contiguous's ratio 1, times positive. */
+static int p_row_ok(const char *row) {
+    double c, crit, total, ratio, ceiling, achieved, vs, r, S, single;
+    if (!json_num(row, "c", &c) || !json_num(row, "crit_ms", &crit) ||
+        !json_num(row, "total_ms", &total) || !json_num(row, "ratio", &ratio) ||
+        !json_num(row, "ceiling", &ceiling) || !json_num(row, "achieved", &achieved) ||
+        !json_num(row, "vs_1_call", &vs) || !json_num(row, "r", &r) || !json_num(row, "S", &S) ||
+        !json_num(row, "single_ms", &single))
+        return 0;
+    const char *order = strstr(row, "\"order\": ");
+    if (!order) return 0;
+    int contiguous = strncmp(order + 9, "\"contiguous\"", 12) == 0;
+    return c == 32 && S == 256 && crit > 0 && total >= crit && single > 0 && r > 0 &&
+           ratio > 0 && (!contiguous || ratio == 1.0) && near(ceiling, (r + 7) / (8 * r)) &&
+           near(achieved, ratio / ceiling) && near(vs, total / single);
+}
+
+static void test_blocks_quick_json(void **state) {
+    (void)state;
+    REQUIRE(g_blocks);
+    char *out = NULL;
+    int rc = h_run_program(g_blocks, "--quick --backend cpu --json", &out);
+    static const char *const keys[] = {
+        "\"bench\": \"blocks\"", "\"backend\": \"cpu\"", "\"kernels\": \"cpu\"",
+        "\"kernel\": \"auto\"", "\"H\": 2,", "\"HKV\": 2,", "\"D\": 64,", "\"dtype\": \"fp32\"",
+        "\"P\": 8,", "\"iters\": 2,", "\"passes\": [\"fwd\", \"bwd\"]",
+        "\"sections\": [\"r\", \"p\"]", "\"c\": [64, 128]", "\"ring_c\": [32]",
+    };
+    int ok = rc == 0 && out[0] == '{' && !strstr(out, "(r) causal efficiency") &&
+             strstr(out, "\n  \"complete\": true\n}\n") && no_nonfinite(out);
+    for (size_t i = 0; ok && i < sizeof keys / sizeof *keys; i++) ok = strstr(out, keys[i]) != NULL;
+    const char *r = ok ? strstr(out, "\"r\": [") : NULL, *p = ok ? strstr(out, "\"p\": [") : NULL;
+    ok = r && p && r < p;
+    /* (r): c = 64, 128 for fwd then bwd; (p): three orders per pass. */
+    int n_r = 0, n_p = 0;
+    for (const char *row = ok ? strstr(r, "{\"pass\": ") : NULL; ok && row;
+         row = strstr(row + 1, "{\"pass\": ")) {
+        int bwd = !strncmp(row + 10, "bwd", 3);
+        if (row < p) ok = r_row_ok(row, bwd) && bwd == (n_r++ >= 2);
+        else ok = p_row_ok(row) && bwd == (n_p++ >= 3);
+    }
+    ok = ok && n_r == 4 && n_p == 6;
+    if (!ok) print_error("bench/blocks --quick --json printed (rc %d):\n%s\n", rc, out);
+    free(out);
+    assert_true(ok);
+}
+
+/* ------------------------------------------------------------ bench/issue8.py */
+
+static char g_issue8[4096] = "bench/issue8.py", g_build[4096] = "build";
+
+/* Whether an executable `name` is on PATH. */
+static int on_path(const char *name) {
+    const char *path = getenv("PATH");
+    char dir[4096];
+    while (path && *path) {
+        size_t n = strcspn(path, ":");
+        snprintf(dir, sizeof dir, "%.*s/%s", (int)(n < 4000 ? n : 4000), path, name);
+        if (n > 0 && access(dir, X_OK) == 0) return 1;
+        path += n + (path[n] == ':');
+    }
+    return 0;
+}
+
+/* The smoke test of issue 8's one command: the CPU backend, tiny shapes,
+ * no PyTorch. Every item's table, every step run (none refused, failed or
+ * skipped), the torch columns n/a. */
+static void test_issue8_quick(void **state) {
+    (void)state;
+    REQUIRE(g_blocks);
+    REQUIRE(g_bench);
+    if (!on_path("python3")) {
+        print_message("skipped: no python3\n");
+        skip();
+    }
+    char args[9000];
+    snprintf(args, sizeof args, "'%s' --backend cpu --quick --no-torch --build '%s'", g_issue8,
+             g_build);
+    char *out = NULL;
+    int rc = h_run_program("python3", args, &out);
+    static const char *const headings[] = {
+        "# issue 8 figures (bench/issue8.py)\n",
+        "\n## item 1: forward TFLOPS, bf16\n",
+        "\n## item 2: causal efficiency r = causal time / full time, forward\n",
+        "\n## item 5: backward TFLOPS, bf16\n",
+        "\n## items 3 and 4: the ring on one device, forward\n",
+        "\n## item 6: exposed communication (waits) of the ring\n",
+        "\n## item 1 through the public API: dt_attention_forward, DT_ATTN_KERNEL=auto\n",
+        "\n## summary\n",
+    };
+    int ok = rc == 0;
+    const char *at = out;
+    for (size_t i = 0; ok && i < sizeof headings / sizeof *headings; i++)
+        ok = (at = strstr(at, headings[i])) != NULL;   /* each once, in this order */
+    /* The summary's steps line names one status: ok. */
+    const char *steps = ok ? strstr(at, "\n- steps: ") : NULL;
+    int n = 0, len = 0;
+    ok = steps && sscanf(steps, "\n- steps: %d ok%n", &n, &len) == 1 && n > 0 &&
+         steps[len] == '\n' && strstr(out, "| n/a: --no-torch |") &&
+         strstr(out, "- torch: not run (--no-torch)\n") && !strstr(out, "Traceback");
+    if (!ok) print_error("python3 %s (rc %d) printed:\n%s\n", args, rc, out);
+    free(out);
+    assert_int_equal(rc, 0);
+    assert_true(ok);
+}
+
 /* ------------------------------------------------------------ bench/mlp */
 
 static void test_mlp_quick(void **state) {
@@ -274,8 +423,20 @@ static void locate(char *path, size_t size, const char *argv0, const char *name)
     snprintf(path, size, "build/bench/%s", name);
 }
 
+/* build[-variant]/tests/test_bench -> build[-variant] and, beside it,
+ * bench/issue8.py; else build and bench/issue8.py from here. */
+static void locate_issue8(const char *argv0) {
+    const char *slash = argv0 ? strrchr(argv0, '/') : NULL;
+    if (!slash || slash - argv0 >= 4000) return;
+    snprintf(g_build, sizeof g_build, "%.*s/..", (int)(slash - argv0), argv0);
+    char script[sizeof g_issue8];
+    snprintf(script, sizeof script, "%.4000s/../bench/issue8.py", g_build);
+    if (access(script, R_OK) == 0) memcpy(g_issue8, script, sizeof script);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
+    locate_issue8(argv[0]);
     locate(g_bench, sizeof g_bench, argv[0], "attention");
     locate(g_blocks, sizeof g_blocks, argv[0], "blocks");
     locate(g_mlp, sizeof g_mlp, argv[0], "mlp");
@@ -304,6 +465,10 @@ int main(int argc, char **argv) {
     tests[n++] = (struct CMUnitTest){"bench_blocks/quick,section=r+p,pass=fwd+bwd",
                                      test_blocks_quick, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/exit2", test_blocks_bad_flags, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_blocks/quick/json", test_blocks_quick_json, NULL, NULL,
+                                     NULL};
+    tests[n++] = (struct CMUnitTest){"bench_issue8/quick,backend=cpu,no-torch", test_issue8_quick,
+                                     NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_mlp/quick", test_mlp_quick, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_mlp/exit2,exit3", test_mlp_bad_flags, NULL, NULL, NULL};
     return h_run_cases("bench", tests, n) ? 1 : 0;

@@ -1,0 +1,785 @@
+#!/usr/bin/env python3
+"""bench/issue8.py — issue 8's figures in one run, beside PyTorch's measured in
+the same run on the same GPU, each with the issue's target and a mark.
+
+What runs (docs/PERFORMANCE.md, "bench/issue8.py"), in this order, so that
+what matters most comes first when --budget runs out:
+  item 1  forward TFLOPS on the issue's shapes, causal and not, bf16:
+          build/bench/blocks section (r) per --kernels entry (the forward
+          block kernel alone on one full and one causal S x S block) beside
+          SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION; target >= 1.0x FA2.
+  item 2  causal efficiency r = causal time / full time, c = 1024..16384,
+          H = 32, D = 128: bench/blocks (r) (also striped blocks) beside SDPA
+          on [1, 32, c, 128]; target r <= 0.55 for c >= 4096.
+  item 5  backward TFLOPS (2.5x the forward flops): bench/blocks (r) --pass
+          bwd beside SDPA's backward; target >= 0.9x FA2.
+  items 3 and 4  bench/blocks (p): P = 8 ranks on one device; striped /
+          contiguous critical path >= 0.95 of (r + P - 1) / (P r) and >= 1.75
+          at c = 8192; all blocks <= 1.05x one causal call at S = 32768.
+  item 6  bench/attention (b) with DT_ATTN_KERNEL set: the ring's waits
+          between block kernels (exposed communication) <= 5% of the step
+          for C >= 4096.
+  item 1 through the public API: bench/attention (a) with DT_ATTN_KERNEL=auto
+          (its fp32 rows make DT_ATTN_KERNEL=mma|wgmma refuse the run).
+Every dtensor figure comes from a subprocess (its command is printed) under a
+timeout; PyTorch runs in this process with bench/attention_sdpa.py's timing
+functions. The output is markdown, to paste into docs/PERFORMANCE.md as is.
+
+    python3 bench/issue8.py [--build DIR] [--kernels mma,wgmma] [--iters N]
+        [--budget SECONDS] [--json] [--json-out FILE] [--quick]
+        [--backend cuda|cpu] [--no-torch]
+
+Python 3 standard library only; torch where it is importable (never needed).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True   # no bench/__pycache__ in the source tree
+import attention_sdpa as sdpa  # noqa: E402  (the SDPA timing functions; no torch import)
+
+KERNELS = ("auto", "simple", "mma", "wgmma")
+TORCH_NAMES = {"flash": "FA2", "cudnn": "cuDNN"}
+RING_P = 8
+
+# (B, H, S, D). The issue's shapes are attention_sdpa's; --quick stands in
+# tiny ones for them (a smoke test: its marks say nothing).
+SIZES = {
+    False: {"shapes": sdpa.SHAPES, "r_c": [1024, 2048, 4096, 8192, 16384], "r_h": 32,
+            "r_d": 128, "ring_c": [4096, 8192], "iters": 10, "warmup": 5, "min_step": 20.0},
+    True: {"shapes": [(1, 2, 128, 128), (1, 2, 256, 128), (1, 4, 128, 64)],
+           "r_c": [64, 128, 256], "r_h": 2, "r_d": 128, "ring_c": [32], "iters": 2,
+           "warmup": 1, "min_step": 1.0},
+}
+STEP_CAP_S = 150.0   # the longest any one subprocess may run
+TF = ".4g"           # TFLOPS: 324.5 on a GPU, 0.02345 on the CPU
+
+# The issue's targets.
+FWD_VS_FA2 = 1.0
+BWD_VS_FA2 = 0.9
+R_MAX, R_FROM_C = 0.55, 4096
+ACHIEVED_MIN, RATIO_MIN, RATIO_AT_C = 0.95, 1.75, 8192
+VS_ONE_CALL_MAX, VS_ONE_CALL_AT_S = 1.05, 32768
+WAITS_MAX, WAITS_FROM_C = 0.05, 4096
+
+
+# ------------------------------------------------------------------ values
+
+class NA:
+    """A figure that is not there: short says why in a table cell, detail in
+    the note under the table."""
+
+    def __init__(self, short, detail=""):
+        self.short, self.detail = short, detail
+
+    def __str__(self):
+        return "n/a: " + self.short
+
+    def full(self):
+        return str(self) + (f" ({self.detail})" if self.detail else "")
+
+
+def is_na(x):
+    return isinstance(x, NA)
+
+
+def first_na(*xs):
+    return next((x for x in xs if is_na(x)), None)
+
+
+def ratio(a, b):
+    return first_na(a, b) or a / b
+
+
+def mark(x, ok):
+    """PASS or FAIL for a measured x (ok: its test), the NA otherwise."""
+    return x if is_na(x) else ("PASS" if ok(x) else "FAIL")
+
+
+def jsonable(x):
+    return x.full() if is_na(x) else x
+
+
+# ------------------------------------------------------------------ tables
+
+class Table:
+    """One item's table: markdown cells for the text, numbers for --json."""
+
+    def __init__(self, key, title, target, header, method):
+        self.key, self.title, self.target, self.header = key, title, target, header
+        self.method, self.rows, self.data, self.commands, self.nas = method, [], [], [], []
+
+    def add(self, cells, data):
+        """cells: (value, format) pairs or strings; data: the row for --json."""
+        self.rows.append([self.cell(c) for c in cells])
+        self.data.append({k: jsonable(v) for k, v in data.items()})
+
+    def cell(self, c):
+        value, spec = c if isinstance(c, tuple) else (c, "")
+        if is_na(value):
+            if value.detail and value.full() not in self.nas:
+                self.nas.append(value.full())
+            return str(value)
+        return format(value, spec)
+
+    def markdown(self):
+        out = [f"## {self.title}", "", f"Target: {self.target}", ""]
+        out.append("| " + " | ".join(self.header) + " |")
+        out.append("|" + "---|" * len(self.header))
+        out += ["| " + " | ".join(r) + " |" for r in self.rows]
+        out += ["", self.method]
+        if self.nas:
+            out += [""] + [f"- {n}" for n in self.nas]
+        if self.commands:
+            out += ["", "```"] + self.commands + ["```"]
+        return "\n".join(out) + "\n"
+
+    def marks(self):
+        cells = [c for r in self.rows for c in r]
+        return {m: sum(c.endswith(m) for c in cells) for m in ("PASS", "FAIL")}
+
+    def json(self):
+        return {"title": self.title, "target": self.target, "method": self.method,
+                "rows": self.data, "na": self.nas, "commands": self.commands,
+                "marks": self.marks()}
+
+
+# --------------------------------------------------------------- the session
+
+class Session:
+    """Options, the clock against --budget, and every step's record."""
+
+    def __init__(self, args):
+        self.args = args
+        self.size = SIZES[args.quick]
+        self.iters = args.iters or self.size["iters"]
+        self.start = time.monotonic()
+        self.steps, self.commands = [], []
+        self.hung = set()   # kernels whose bench ran past its timeout once
+        self.torch = TorchSide(self)
+
+    def left(self):
+        return self.args.budget - (time.monotonic() - self.start)
+
+    def out_of_budget(self):
+        """An NA if no new step fits in what is left of --budget, else None."""
+        left = self.left()
+        if left < self.size["min_step"]:
+            return NA("skipped (budget)", f"{max(left, 0):.0f} s of --budget "
+                      f"{self.args.budget:.0f} s left")
+        return None
+
+    def binary(self, name):
+        return os.path.join(self.args.build, "bench", name)
+
+    def record(self, command, status, seconds, detail=""):
+        self.steps.append({"command": command, "status": status,
+                           "seconds": round(seconds, 2), "detail": detail})
+        self.commands.append(command)
+        progress(self, f"{status} in {seconds:.1f} s: {command}")
+
+    def bench(self, argv, kernel, kernel_env=None):
+        """Run one dtensor bench of `kernel` with --json: its object, or an NA
+        saying why not. A kernel that ran past its timeout once (hung, most
+        likely) is not run again: the budget goes to the others."""
+        env = {k: v for k, v in os.environ.items() if k != "DT_ATTN_KERNEL"}
+        prefix = ""
+        if kernel_env:
+            env["DT_ATTN_KERNEL"] = kernel_env
+            prefix = f"DT_ATTN_KERNEL={kernel_env} "
+        command = prefix + shlex.join(argv)
+        skip = self.out_of_budget()
+        if kernel in self.hung:
+            skip = NA("skipped", f"{kernel} timed out in an earlier step")
+        if skip:
+            self.steps.append({"command": command, "status": skip.short, "seconds": 0})
+            return skip
+        timeout = min(self.left(), STEP_CAP_S)
+        t0 = time.monotonic()
+        done = run_with_timeout(argv, env, timeout)
+        if done is None:
+            self.hung.add(kernel)
+            self.record(command, "timed out", time.monotonic() - t0)
+            return NA("timed out", f"killed after {timeout:.0f} s")
+        return self.outcome(command, *done, time.monotonic() - t0)
+
+    def outcome(self, command, returncode, stdout, stderr, seconds):
+        why = last_line(stderr)
+        if returncode == 0:
+            try:
+                out = json.loads(stdout)
+                self.record(command, "ok", seconds)
+                self.steps[-1]["output"] = out
+                return out
+            except ValueError:
+                why = "its output is not one JSON object"
+        elif returncode == 3 or "DT_ERR_NOT_SUPPORTED" in stderr:
+            self.record(command, "not supported", seconds, why)
+            return NA("not supported", why)
+        rc = returncode
+        status = f"failed (exit {rc})" if rc >= 0 else f"failed (signal {-rc})"
+        self.record(command, status, seconds, why)
+        return NA(status, why)
+
+    # ---- bench command lines
+
+    def blocks(self, kernel, section, pass_, heads, dim, sizes):
+        """bench/blocks --json for one kernel: (r) at c in sizes, or (p) at ring c in sizes."""
+        size_flag = ["--c"] if section == "r" else ["--ring-c"]
+        argv = [self.binary("blocks"), "--backend", self.args.backend, "--kernel", kernel,
+                "--section", section, "--pass", pass_, "--heads", str(heads), "--kv-heads",
+                str(heads), "--dim", str(dim), "--dtype", "bf16", "--ranks", str(RING_P)]
+        argv += size_flag + [",".join(map(str, sizes)), "--iters", str(self.iters), "--json"]
+        return self.bench(argv, kernel)
+
+    def attention(self, kernel, section, passes):
+        argv = [self.binary("attention"), "--backend", self.args.backend, "--section", section,
+                "--pass", passes, "--iters", str(self.iters), "--json"]
+        if self.args.quick:
+            argv.append("--quick")
+        return self.bench(argv, kernel, kernel_env=kernel)
+
+
+def run_with_timeout(argv, env, timeout):
+    """(exit status, stdout, stderr) of argv, or None when it ran past timeout
+    seconds: then it and everything it started (its own session) are killed."""
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:   # it ended meanwhile
+            pass
+        p.communicate()
+        return None
+
+
+def progress(session, text):
+    elapsed = time.monotonic() - session.start
+    print(f"issue8 [{elapsed:6.1f} s] {text}", file=sys.stderr, flush=True)
+
+
+def last_line(text):
+    """The last non-empty line of a bench's stderr, without the program's name."""
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    if not lines:
+        return "no message"
+    line = lines[-1]
+    for prefix in ("bench/blocks: ", "bench/attention: "):
+        if line.startswith(prefix):
+            line = line[len(prefix):]
+    return line[:240]
+
+
+def bwd_kernel(kernel):
+    """The backward kernel a DT_ATTN_KERNEL choice runs (wgmma's is mma's)."""
+    return "mma" if kernel == "wgmma" else kernel
+
+
+def bwd_choices(kernels):
+    """The --kernels entries that run distinct backward kernels, first of each."""
+    seen, out = set(), []
+    for k in kernels:
+        if bwd_kernel(k) not in seen:
+            seen.add(bwd_kernel(k))
+            out.append(k)
+    return out
+
+
+def kernel_label(kernel, pass_):
+    if pass_ == "bwd" and bwd_kernel(kernel) != kernel:
+        return f"{kernel} (bwd = {bwd_kernel(kernel)})"
+    return kernel
+
+
+# ------------------------------------------------------------- torch side
+
+class TorchSide:
+    """PyTorch SDPA in this process, through attention_sdpa's functions."""
+
+    def __init__(self, session):
+        self.session, self.t, self.dev, self.rows, self.done = session, None, None, [], {}
+        self.na, self.about = self.load(session.args)
+
+    def load(self, args):
+        if args.no_torch:
+            return NA("--no-torch"), "not run (--no-torch)"
+        try:
+            t = sdpa.load_torch()
+        except ImportError as e:
+            return NA("no torch", str(e)), f"not importable ({e})"
+        if not t.torch.cuda.is_available():
+            return NA("no CUDA in torch", f"torch {t.torch.__version__}"), \
+                f"{t.torch.__version__}, no CUDA device"
+        self.t, self.dev = t, t.torch.device("cuda")
+        cuda = getattr(t.torch.version, "cuda", None)
+        return None, (f"{t.torch.__version__} (CUDA {cuda}) on "
+                      f"{t.torch.cuda.get_device_name(self.dev)}")
+
+    def cases(self, shape, pass_, table):
+        """{(backend name, causal): SDPA's row, or an NA} for FA2 and cuDNN, causal and
+        not; measured once per shape and pass, then reused."""
+        keys = [(n, c) for n in TORCH_NAMES for c in (True, False)]
+        why = self.na or self.session.out_of_budget()
+        if why:
+            return {k: why for k in keys}
+        s = self.session
+        b, h, seq, d = shape
+        command = (f"torch (this process): SDPA {pass_} {', '.join(TORCH_NAMES)} bf16 "
+                   f"[B,H,S,D]=[{b},{h},{seq},{d}] causal and not, warmup {s.size['warmup']}, "
+                   f"iters {s.iters}, CUDA events (bench/attention_sdpa.py time_sdpa)")
+        if (shape, pass_) in self.done:
+            table.commands.append(command + " [measured above, reused]")
+            return self.done[(shape, pass_)]
+        t0 = time.monotonic()
+        try:
+            inputs = sdpa.make_inputs(self.t, b, h, seq, d, pass_ == "bwd", self.dev)
+        except RuntimeError as e:   # out of memory, say
+            s.record(command, "failed", time.monotonic() - t0, str(e)[:200])
+            return {k: NA("failed", str(e).splitlines()[0][:200]) for k in keys}
+        backends = dict(sdpa.sdpa_backends(self.t))
+        out = {}
+        for name, causal in keys:
+            row = sdpa.sdpa_row(self.t, name, backends[name], inputs, shape, causal, pass_,
+                                s.iters, s.size["warmup"])
+            self.rows.append(row)
+            out[(name, causal)] = NA("refused", row["error"]) if "error" in row else row
+        del inputs
+        self.t.torch.cuda.empty_cache()
+        s.record(command, "ok", time.monotonic() - t0)
+        table.commands.append(command)
+        self.done[(shape, pass_)] = out
+        return out
+
+
+def torch_value(row, key):
+    return row if is_na(row) else row[key]
+
+
+# ----------------------------------------------------------- dtensor rows
+
+def rows_of(out, section, pass_):
+    """The rows of one pass in a bench/blocks object, or the NA in their place."""
+    if is_na(out):
+        return out
+    return [r for r in out[section] if r["pass"] == pass_]
+
+
+def r_row(out, pass_, c):
+    rows = rows_of(out, "r", pass_)
+    if is_na(rows):
+        return rows
+    hit = [r for r in rows if r["c"] == c]
+    return hit[0] if hit else NA("missing", f"no (r) row for c = {c}")
+
+
+def field(row, key):
+    return row if is_na(row) else row[key]
+
+
+def run_blocks(session, table, kernel, section, pass_, heads, dim, sizes):
+    """bench/blocks for one kernel, its command added to the table's."""
+    n = len(session.commands)
+    out = session.blocks(kernel, section, pass_, heads, dim, sizes)
+    table.commands += session.commands[n:]
+    return out
+
+
+def by_heads_dim(shapes):
+    """Shapes grouped by (H, D): one bench/blocks run measures every S of a group."""
+    groups = {}
+    for (_, h, s, d) in shapes:
+        groups.setdefault((h, d), []).append(s)
+    return groups
+
+
+# ------------------------------------------------------------------- items
+
+def item_throughput(session, pass_):
+    """Items 1 (fwd) and 5 (bwd): TFLOPS per shape and mask beside FA2 and cuDNN."""
+    fwd = pass_ == "fwd"
+    target = FWD_VS_FA2 if fwd else BWD_VS_FA2
+    kernels = session.args.kernels if fwd else bwd_choices(session.args.kernels)
+    labels = [kernel_label(k, pass_) for k in kernels]
+    header = ["B,H,S,D", "mask"] + labels + ["FA2", "cuDNN"]
+    header += [f"{k} / FA2" for k in labels] + [f"{k} / cuDNN" for k in labels]
+    if fwd:
+        title = "item 1: forward TFLOPS, bf16"
+        method = ("dtensor: build/bench/blocks section (r), the forward block kernel alone "
+                  "(--kernel K) on one full and one causal S x S block, B = 1, H_kv = H; "
+                  "host clock around each synchronised block, median of the iterations "
+                  "after 1 warm-up. torch: F.scaled_dot_product_attention with one backend "
+                  "forced (FA2 = FLASH_ATTENTION), CUDA events, median. TFLOPS = "
+                  "4*B*H*S*S*D / time, halved for causal.")
+    else:
+        title = "item 5: backward TFLOPS, bf16"
+        method = ("dtensor: build/bench/blocks section (r) --pass bwd, the backward block "
+                  "kernel alone (lse and delta from a forward pass made before timing); "
+                  "wgmma's backward is mma's, so it runs once. torch: "
+                  "torch.autograd.grad of SDPA's output with the backend forced, its forward "
+                  "untimed, CUDA events. TFLOPS count 2.5x the forward flops "
+                  "(10*B*H*S*S*D), halved for causal.")
+    table = Table("1" if fwd else "5", title, f"dtensor >= {target}x FA2 (the same shape "
+                  "and mask, measured in this run)", header, method)
+    shapes = session.size["shapes"]
+    dt = {}
+    for k in kernels:
+        for (h, d), seqs in by_heads_dim(shapes).items():
+            out = run_blocks(session, table, k, "r", pass_, h, d, seqs)
+            for s in seqs:
+                dt[(k, h, s, d)] = r_row(out, pass_, s)
+    torch = {shape: session.torch.cases(shape, pass_, table) for shape in shapes}
+    for shape in shapes:
+        _, h, s, d = shape
+        for causal in (True, False):
+            key = "tflops_causal" if causal else "tflops_full"
+            ours = [field(dt[(k, h, s, d)], key) for k in kernels]
+            fa2 = torch_value(torch[shape][("flash", causal)], "tflops")
+            cudnn = torch_value(torch[shape][("cudnn", causal)], "tflops")
+            vs_fa2 = [ratio(x, fa2) for x in ours]
+            vs_cudnn = [ratio(x, cudnn) for x in ours]
+            cells = [",".join(map(str, shape)), "causal" if causal else "none"]
+            cells += [(x, TF) for x in ours] + [(fa2, TF), (cudnn, TF)]
+            cells += [with_mark(v, lambda x: x >= target) for v in vs_fa2]
+            cells += [(v, ".2f") for v in vs_cudnn]
+            data = {"shape": list(shape), "causal": causal, "FA2_tflops": fa2,
+                    "cuDNN_tflops": cudnn}
+            for k, x, a, b in zip(kernels, ours, vs_fa2, vs_cudnn):
+                data.update({f"{k}_tflops": x, f"{k}_vs_FA2": a, f"{k}_vs_cuDNN": b,
+                             f"{k}_mark": mark(a, lambda v: v >= target)})
+            table.add(cells, data)
+    return table
+
+
+def with_mark(value, ok, spec=".2f"):
+    """'1.05 PASS' for a measured value, its NA otherwise."""
+    if is_na(value):
+        return value
+    return f"{value:{spec}} {mark(value, ok)}"
+
+
+def item_r(session):
+    """Item 2: causal efficiency r for c in the list, per kernel, beside SDPA's."""
+    h, d, cs = session.size["r_h"], session.size["r_d"], session.size["r_c"]
+    kernels = session.args.kernels
+    header = ["c"]
+    for k in kernels:
+        header += [f"{k} r", f"{k} striped<= r", f"{k} striped< r", f"{k} mark"]
+    header += ["FA2 r", "cuDNN r"]
+    table = Table("2", "item 2: causal efficiency r = causal time / full time, forward",
+                  f"r <= {R_MAX} for c >= {R_FROM_C}, for the causal block and both striped "
+                  "blocks (marks only there)", header,
+                  f"A c x c block, B = 1, H = {h}, D = {d}, bf16. dtensor: build/bench/blocks "
+                  "section (r): the causal diagonal block and the striped blocks of "
+                  f"P = {RING_P} ranks with the diagonal included (<=) and excluded (<), each "
+                  "over a full block. torch: SDPA forward on [1, H, c, D] causal over not "
+                  "causal, with the backend forced.")
+    outs = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs) for k in kernels}
+    for c in cs:
+        torch = session.torch.cases((1, h, c, d), "fwd", table)
+        cells, data = [str(c)], {"c": c}
+        for k in kernels:
+            row = r_row(outs[k], "fwd", c)
+            rs = [field(row, key) for key in ("r", "striped_le_r", "striped_lt_r")]
+            worst = first_na(*rs) or max(rs)
+            m = mark(worst, lambda x: x <= R_MAX) if c >= R_FROM_C else "-"
+            cells += [(x, ".3f") for x in rs] + [m]
+            data.update({f"{k}_r": rs[0], f"{k}_striped_le_r": rs[1],
+                         f"{k}_striped_lt_r": rs[2], f"{k}_mark": m})
+        for name, label in TORCH_NAMES.items():
+            full, causal = torch[(name, False)], torch[(name, True)]
+            r = first_na(full, causal) or causal["median_ms"] / full["median_ms"]
+            cells.append((r, ".3f"))
+            data[f"{label}_r"] = r
+        table.add(cells, data)
+    return table
+
+
+def item_ring(session):
+    """Items 3 and 4: the ring of P ranks on one device, from bench/blocks (p)."""
+    h, d = session.size["r_h"], session.size["r_d"]
+    kernels = session.args.kernels
+    header = ["kernel", "c", "S", "order", "crit ms", "total ms", "ratio", "ceiling",
+              "achieved", "vs 1 call", "r at c", "item 4", "item 3"]
+    table = Table("3,4", "items 3 and 4: the ring on one device, forward",
+                  f"item 4: striped achieved >= {ACHIEVED_MIN} (ratio / ceiling) and ratio >= "
+                  f"{RATIO_MIN} at c = {RATIO_AT_C}; item 3: vs 1 call <= {VS_ONE_CALL_MAX} "
+                  f"at S = {VS_ONE_CALL_AT_S}", header,
+                  f"build/bench/blocks section (p): P = {RING_P} ranks of c tokens, B = 1, "
+                  f"H = {h}, D = {d}, bf16; every (rank, step) block alone on one device, "
+                  "accumulating as the ring does. crit = sum over steps of the slowest "
+                  "rank's block; ratio = contiguous crit / this order's; ceiling = "
+                  "(r + P - 1) / (P r) with r measured at c; achieved = ratio / ceiling; "
+                  "vs 1 call = all blocks' time / one causal call on S = P c. PyTorch has no "
+                  "ring to compare with.")
+    outs = {}
+    for c in session.size["ring_c"]:   # every kernel at the first c before the next c
+        for k in kernels:
+            outs[(k, c)] = run_blocks(session, table, k, "p", "fwd", h, d, [c])
+    for k in kernels:
+        for c in session.size["ring_c"]:
+            rows = rows_of(outs[(k, c)], "p", "fwd")
+            if is_na(rows) or not rows:
+                na = rows if is_na(rows) else NA("missing", f"no (p) row for c = {c}")
+                table.add([k, str(c), str(RING_P * c), "-"] + [na] * 9,
+                          {"kernel": k, "c": c, "result": na})
+                continue
+            for row in rows:
+                table.add(*ring_row(k, row))
+    return table
+
+
+def ring_row(kernel, row):
+    striped = row["order"] == "striped"
+    if striped:
+        m4 = mark(row, lambda x: x["achieved"] >= ACHIEVED_MIN and
+                  (x["c"] != RATIO_AT_C or x["ratio"] >= RATIO_MIN))
+    else:
+        m4 = "-"
+    m3 = mark(row["vs_1_call"], lambda x: x <= VS_ONE_CALL_MAX) \
+        if row["S"] == VS_ONE_CALL_AT_S else "-"
+    cells = [kernel, str(row["c"]), str(row["S"]), row["order"], (row["crit_ms"], ".3f"),
+             (row["total_ms"], ".3f"), (row["ratio"], ".3f"), (row["ceiling"], ".3f"),
+             (row["achieved"], ".3f"), (row["vs_1_call"], ".3f"), (row["r"], ".3f"), m4, m3]
+    data = dict(row, kernel=kernel, item4_mark=m4, item3_mark=m3)
+    return cells, data
+
+
+def item_waits(session):
+    """Item 6: exposed communication of the ring, from bench/attention (b)."""
+    kernels = session.args.kernels
+    with_bwd = set(bwd_choices(kernels))
+    header = ["kernel", "pass", "P", "order", "C", "wall ms", "kernels ms", "waits ms",
+              "waits share", "mark"]
+    table = Table("6", "item 6: exposed communication (waits) of the ring",
+                  f"waits <= {WAITS_MAX:.0%} of the step for C >= {WAITS_FROM_C} (marks only "
+                  "there)", header,
+                  "build/bench/attention section (b) with DT_ATTN_KERNEL=K: the causal "
+                  "distributed call, P ranks (threads) sharing this device, local transport, "
+                  "C tokens per rank. kernels = sum over steps of the slowest rank's block "
+                  "kernels; waits = the largest per-rank sum of the gaps between one step's "
+                  "kernels and the next (copies not hidden, plus the loop's own work); "
+                  "share = waits / (kernels + waits). Not measured: the same without the "
+                  "copies (bench/attention has no switch for it). wgmma's backward is mma's, "
+                  "so its bwd rows come from the first kernel only.")
+    for k in kernels:
+        passes = "fwd,bwd" if k in with_bwd else "fwd"
+        n = len(session.commands)
+        out = session.attention(k, "b", passes)
+        table.commands += session.commands[n:]
+        if is_na(out):
+            table.add([k, passes, "-", "-", "-"] + [out] * 5, {"kernel": k, "result": out})
+            continue
+        for row in out.get("ring", []):
+            table.add(*waits_row(k, row))
+    return table
+
+
+def waits_row(kernel, row):
+    step = row["steps_crit_ms"] + row["waits_max_ms"]
+    share = row["waits_max_ms"] / step if step > 0 else NA("no step time")
+    m = mark(share, lambda x: x <= WAITS_MAX) if row["C"] >= WAITS_FROM_C else "-"
+    label = kernel_label(kernel, row["pass"])
+    cells = [label, row["pass"], str(row["P"]), row["order"], str(row["C"]),
+             (row["wall_ms"], ".3f"), (row["steps_crit_ms"], ".3f"),
+             (row["waits_max_ms"], ".3f"), (share, ".1%"), m]
+    data = dict(row, kernel=kernel, waits_share=share, mark=m)
+    return cells, data
+
+
+def item_api(session):
+    """Item 1 through the public API: bench/attention (a), DT_ATTN_KERNEL=auto."""
+    header = ["B,H,S,D", "mask", "ms", "TFLOPS", "FA2", "/ FA2"]
+    table = Table("1-api", "item 1 through the public API: dt_attention_forward, "
+                  "DT_ATTN_KERNEL=auto", f"dtensor >= {FWD_VS_FA2}x FA2", header,
+                  "build/bench/attention section (a), bf16 rows: one single-device "
+                  "dt_attention_forward call (init, blocks, finalize), a read-back after it; "
+                  "median after 1 warm-up. auto runs mma where it can (bf16, D = 64 or 128), "
+                  "so this is the mma kernel end to end. DT_ATTN_KERNEL=mma or wgmma cannot "
+                  "run here: section (a) also times fp32, which those kernels refuse (the "
+                  "run exits 3). FA2: as in item 1 (the same measurement where the shape is "
+                  "the same).")
+    n = len(session.commands)
+    out = session.attention("auto", "a", "fwd")
+    table.commands += session.commands[n:]
+    if is_na(out):
+        table.add(["-", "-"] + [out] * 4, {"result": out})
+        return table
+    torch = {}
+    for row in out.get("kernel", []):
+        if row["dtype"] != "bf16" or row["pass"] != "fwd":
+            continue
+        shape = (row["B"], row["H"], row["S"], row["D"])
+        if shape not in torch:
+            torch[shape] = session.torch.cases(shape, "fwd", table)
+        fa2 = torch_value(torch[shape][("flash", row["causal"])], "tflops")
+        vs = ratio(row["tflops"], fa2)
+        table.add([",".join(map(str, shape)), "causal" if row["causal"] else "none",
+                   (row["median_ms"], ".3f"), (row["tflops"], TF), (fa2, TF),
+                   with_mark(vs, lambda x: x >= FWD_VS_FA2)],
+                  dict(row, FA2_tflops=fa2, vs_FA2=vs,
+                       mark=mark(vs, lambda x: x >= FWD_VS_FA2)))
+    return table
+
+
+# ----------------------------------------------------------------- the run
+
+def machine():
+    """GPU (nvidia-smi), CPU model and cores, OS."""
+    parts = []
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        gpus = [ln.strip() for ln in p.stdout.splitlines() if ln.strip()]
+        parts.append("GPU " + "; ".join(gpus) if p.returncode == 0 and gpus
+                     else "no GPU (nvidia-smi found none)")
+    except (OSError, subprocess.SubprocessError):
+        parts.append("no GPU (no nvidia-smi)")
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f
+                          if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    parts.append(f"CPU {model}, {os.cpu_count()} cores")
+    parts.append(f"{platform.system()} {platform.release()}")
+    return "; ".join(parts)
+
+
+def commit():
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git)"
+    if head.returncode != 0:
+        return "unknown (not a git checkout)"
+    return head.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def header_lines(session, info):
+    a = session.args
+    return [
+        "# issue 8 figures (bench/issue8.py)", "",
+        f"- date: {info['date']}",
+        f"- machine: {info['machine']}",
+        f"- dtensor: commit {info['commit']}, build dir {a.build}, backend {a.backend}, "
+        f"kernels {', '.join(a.kernels)}",
+        f"- torch: {session.torch.about}",
+        f"- command: `{info['command']}`",
+        f"- iterations: {session.iters} (dtensor after 1 warm-up; torch after "
+        f"{session.size['warmup']}), medians; budget {a.budget:.0f} s, each step under a "
+        f"{STEP_CAP_S:.0f} s timeout",
+    ] + (["- --quick: tiny shapes, a smoke test: no figure or mark here says anything "
+          "about issue 8"] if a.quick else []) + \
+        (["- --backend cpu: the CPU kernels run whatever --kernels says"]
+         if a.backend == "cpu" else []) + [""]
+
+
+def summary_lines(session, tables):
+    counts = {}
+    for s in session.steps:
+        counts[s["status"]] = counts.get(s["status"], 0) + 1
+    lines = ["## summary", ""]
+    lines += [f"- {t.title.split(':')[0]}: {t.marks()['PASS']} PASS, {t.marks()['FAIL']} FAIL"
+              for t in tables]
+    lines += ["- steps: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())),
+             f"- elapsed: {time.monotonic() - session.start:.0f} s of --budget "
+             f"{session.args.budget:.0f} s"]
+    lines += [f"- {s['status']}: {s['command']}" + (f" ({s['detail']})" if s.get("detail")
+                                                      else "")
+              for s in session.steps if s["status"] not in ("ok",)]
+    return lines + [""]
+
+
+def emit(session, text):
+    if not session.args.json:
+        print(text, flush=True)
+
+
+def parse_kernels(text):
+    names = [k for k in text.split(",") if k]
+    if not names or any(k not in KERNELS for k in names):
+        raise argparse.ArgumentTypeError(f"takes a list of {', '.join(KERNELS)}; got '{text}'")
+    return list(dict.fromkeys(names))
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.relpath(os.path.join(ROOT, "build")),
+                    help="the build directory with bench/blocks and bench/attention")
+    ap.add_argument("--kernels", type=parse_kernels, default=["mma", "wgmma"],
+                    help="DT_ATTN_KERNEL choices to measure (default mma,wgmma)")
+    ap.add_argument("--iters", type=int, default=0,
+                    help="timed repetitions, median (default 10; 2 with --quick)")
+    ap.add_argument("--budget", type=float, default=450.0,
+                    help="seconds for the whole run; later steps are skipped (and said so) "
+                         "when it runs out (default 450)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object, no tables")
+    ap.add_argument("--json-out", metavar="FILE", help="also write the JSON object to FILE")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
+    ap.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--no-torch", action="store_true", help="no PyTorch columns")
+    args = ap.parse_args(argv)
+    if args.iters < 0 or args.iters > 100:
+        ap.error("--iters takes 1 to 100")
+    if args.budget <= 0:
+        ap.error("--budget takes a positive number of seconds")
+    if args.backend == "cpu" and not args.quick:
+        ap.error("--backend cpu runs the issue's shapes for hours: add --quick")
+    for name in ("blocks", "attention"):
+        path = os.path.join(args.build, "bench", name)
+        if not os.access(path, os.X_OK):
+            ap.error(f"{path} is not built (run make, or give --build DIR)")
+    return args
+
+
+def main(argv):
+    args = parse_args(argv)
+    session = Session(args)
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "machine": machine(), "commit": commit(),
+            "command": shlex.join(["python3", os.path.relpath(__file__)] + argv)}
+    emit(session, "\n".join(header_lines(session, info)))
+    tables = []
+    for make in (lambda: item_throughput(session, "fwd"), lambda: item_r(session),
+                 lambda: item_throughput(session, "bwd"), lambda: item_ring(session),
+                 lambda: item_waits(session), lambda: item_api(session)):
+        tables.append(make())
+        emit(session, tables[-1].markdown())
+    emit(session, "\n".join(summary_lines(session, tables)))
+    failed = [s for s in session.steps if s["status"].startswith("failed")]
+    result = dict(info, bench="issue8", build=args.build, backend=args.backend,
+                  kernels=args.kernels, iters=session.iters, quick=args.quick,
+                  budget_s=args.budget, elapsed_s=round(time.monotonic() - session.start, 1),
+                  torch=session.torch.about, items={t.key: t.json() for t in tables},
+                  torch_rows=session.torch.rows, steps=session.steps,
+                  complete=not failed)
+    if args.json:
+        json.dump(result, sys.stdout, indent=1)
+        print()
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
