@@ -236,9 +236,10 @@ DT_LDFLAGS := -pthread $(SAN_FLAGS) $(filter-out -I%,$(OPENBLAS_FLAGS)) $(ROOT_L
 DT_LDLIBS := -lopenblas -lm -pthread $(LDLIBS)
 TEST_CPPFLAGS := $(filter -I%,$(CMOCKA_FLAGS))
 TEST_LDFLAGS := $(filter-out -I%,$(CMOCKA_FLAGS))
-# (tests/emu: test_mma_emu, and CUDA=emu). -Wno-psabi: the note that GCC 4.6
-# changed how 128-byte aligned arguments (a CUtensorMap) are passed.
-# (tests/emu: test_mma_emu, and CUDA=emu).
+# The host C++ compiler's flags for CUDA sources run on the CPU emulator
+# (tests/emu: test_mma_emu, and CUDA=emu). -Wno-psabi silences GCC's note
+# that version 4.6 changed how 128-byte aligned arguments (a CUtensorMap)
+# are passed.
 EMU_CXXFLAGS := -std=c++17 $(OPT_CFLAGS) -Wall -Wextra -Werror -Wno-unknown-pragmas -Wno-psabi \
     -fno-strict-aliasing -ffp-contract=off -fno-exceptions -fno-rtti -fno-threadsafe-statics \
     -fPIC -pthread $(SAN_FLAGS) \
