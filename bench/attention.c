@@ -54,6 +54,7 @@
  *
  * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
+ *      [--dtype bf16,fp32,fp16]
  *      [--pass fwd,bwd]
  */
 #include <errno.h>
@@ -95,6 +96,7 @@ typedef struct bench_opts {
     int shapes;                /* 0 auto, 1 scaled, 2 full */
     int sections[3];           /* a, b, c */
     int passes[PASS_COUNT];    /* fwd, bwd */
+    int dtypes[3];             /* (a): bf16, fp32, fp16 (--dtype); none set: bf16, fp32 */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
@@ -403,6 +405,8 @@ static void usage(FILE *f) {
             "  --section LIST       which sections to run, e.g. a,b (default a,b,c)\n"
             "  --pass LIST          which passes each section times: fwd (dt_attention_forward),\n"
             "                       bwd (dt_attention_backward alone), or fwd,bwd (default)\n"
+            "  --dtype LIST         (a): bf16, fp32, fp16 or a list (default bf16,fp32; fp16 is\n"
+            "                       CUDA only)\n"
             "  --help\n");
 }
 
@@ -481,6 +485,21 @@ static int parse(int argc, char **argv, bench_opts *o) {
         } else if (!strcmp(a, "--pass")) {
             if (!parse_passes(v, o->passes)) return 2;
             i++;
+        } else if (!strcmp(a, "--dtype")) {
+            static const char *const names[] = {"bf16", "fp32", "fp16"};
+            char buf[64];
+            memset(o->dtypes, 0, sizeof o->dtypes);
+            if (!v || !*v || strlen(v) >= sizeof buf) {
+                fprintf(stderr, "bench/attention: --dtype takes bf16, fp32, fp16 or a list\n");
+                return 2;
+            }
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                const int k = ex_parse_choice(a, t, names, 3);
+                if (k < 0) return 2;
+                o->dtypes[k] = 1;
+            }
+            i++;
         } else {
             fprintf(stderr, "bench/attention: unknown flag '%s' (--help lists them)\n", a);
             return 2;
@@ -491,7 +510,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
 
 
 int main(int argc, char **argv) {
-    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}};
+    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
     if (o.iters == 0) o.iters = o.quick ? 2 : 5;
@@ -557,7 +576,8 @@ int main(int argc, char **argv) {
         int nshapes = 3, scaled = 0;
         if (o.quick) shapes = quick, nshapes = 1, scaled = 1;
         else if (o.shapes == 1 || (o.shapes == 0 && !gpu)) shapes = cpu_scaled, scaled = 1;
-        static const dt_dtype dtypes[2] = {DT_BF16, DT_F32};
+        static const dt_dtype dtypes[3] = {DT_BF16, DT_F32, DT_F16};
+        if (!o.dtypes[0] && !o.dtypes[1] && !o.dtypes[2]) o.dtypes[0] = o.dtypes[1] = 1;
         static const dt_attn_mask masks[2] = {DT_ATTN_CAUSAL, DT_ATTN_FULL};
         if (o.json) fprintf(out, "  \"kernel\": [\n");
         else {
@@ -580,7 +600,8 @@ int main(int argc, char **argv) {
         for (int q = 0; q < npass; q++)
             for (int s = 0; s < nshapes; s++)
                 for (int m = 0; m < 2; m++)
-                    for (int d = 0; d < 2; d++) {
+                    for (int d = 0; d < 3; d++) {
+                        if (!o.dtypes[d]) continue;
                         kernel_case *k = calloc(1, sizeof *k);
                         if (!k) die("calloc", DT_ERR_OUT_OF_MEMORY);
                         k->s = shapes[s];

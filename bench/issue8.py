@@ -19,8 +19,8 @@ what matters most comes first when --budget runs out:
   item 6  bench/attention (b) with DT_ATTN_KERNEL set: the ring's waits
           between block kernels (exposed communication) <= 5% of the step
           for C >= 4096.
-  item 1 through the public API: bench/attention (a) with DT_ATTN_KERNEL=auto
-          (its fp32 rows make DT_ATTN_KERNEL=mma|wgmma refuse the run).
+  item 1 through the public API: bench/attention (a) --dtype bf16 with
+          DT_ATTN_KERNEL set to each kernel: the whole dt_attention_forward.
 Every dtensor figure comes from a subprocess (its command is printed) under a
 timeout; PyTorch runs in this process with bench/attention_sdpa.py's timing
 functions. The output is markdown, to paste into docs/PERFORMANCE.md as is.
@@ -242,9 +242,9 @@ class Session:
         argv += size_flag + [",".join(map(str, sizes)), "--iters", str(self.iters), "--json"]
         return self.bench(argv, kernel)
 
-    def attention(self, kernel, section, passes):
+    def attention(self, kernel, section, passes, extra=()):
         argv = [self.binary("attention"), "--backend", self.args.backend, "--section", section,
-                "--pass", passes, "--iters", str(self.iters), "--json"]
+                "--pass", passes, "--iters", str(self.iters), "--json", *extra]
         if self.args.quick:
             argv.append("--quick")
         return self.bench(argv, kernel, kernel_env=kernel)
@@ -601,37 +601,35 @@ def waits_row(kernel, row):
 
 
 def item_api(session):
-    """Item 1 through the public API: bench/attention (a), DT_ATTN_KERNEL=auto."""
-    header = ["B,H,S,D", "mask", "ms", "TFLOPS", "FA2", "/ FA2"]
-    table = Table("1-api", "item 1 through the public API: dt_attention_forward, "
-                  "DT_ATTN_KERNEL=auto", f"dtensor >= {FWD_VS_FA2}x FA2", header,
-                  "build/bench/attention section (a), bf16 rows: one single-device "
-                  "dt_attention_forward call (init, blocks, finalize), a read-back after it; "
-                  "median after 1 warm-up. auto runs mma where it can (bf16, D = 64 or 128), "
-                  "so this is the mma kernel end to end. DT_ATTN_KERNEL=mma or wgmma cannot "
-                  "run here: section (a) also times fp32, which those kernels refuse (the "
-                  "run exits 3). FA2: as in item 1 (the same measurement where the shape is "
-                  "the same).")
-    n = len(session.commands)
-    out = session.attention("auto", "a", "fwd")
-    table.commands += session.commands[n:]
-    if is_na(out):
-        table.add(["-", "-"] + [out] * 4, {"result": out})
-        return table
+    """Item 1 through the public API: bench/attention (a), bf16, per kernel."""
+    header = ["kernel", "B,H,S,D", "mask", "ms", "TFLOPS", "FA2", "/ FA2"]
+    table = Table("1-api", "item 1 through the public API: dt_attention_forward, bf16",
+                  f"dtensor >= {FWD_VS_FA2}x FA2", header,
+                  "build/bench/attention section (a) --dtype bf16 with DT_ATTN_KERNEL=K: one "
+                  "single-device dt_attention_forward call (init, blocks, finalize), a "
+                  "read-back after it; median after 1 warm-up. FA2: as in item 1 (the same "
+                  "measurement where the shape is the same).")
     torch = {}
-    for row in out.get("kernel", []):
-        if row["dtype"] != "bf16" or row["pass"] != "fwd":
+    for k in session.args.kernels:
+        n = len(session.commands)
+        out = session.attention(k, "a", "fwd", ("--dtype", "bf16"))
+        table.commands += session.commands[n:]
+        if is_na(out):
+            table.add([k, "-", "-"] + [out] * 4, {"kernel": k, "result": out})
             continue
-        shape = (row["B"], row["H"], row["S"], row["D"])
-        if shape not in torch:
-            torch[shape] = session.torch.cases(shape, "fwd", table)
-        fa2 = torch_value(torch[shape][("flash", row["causal"])], "tflops")
-        vs = ratio(row["tflops"], fa2)
-        table.add([",".join(map(str, shape)), "causal" if row["causal"] else "none",
-                   (row["median_ms"], ".3f"), (row["tflops"], TF), (fa2, TF),
-                   with_mark(vs, lambda x: x >= FWD_VS_FA2)],
-                  dict(row, FA2_tflops=fa2, vs_FA2=vs,
-                       mark=mark(vs, lambda x: x >= FWD_VS_FA2)))
+        for row in out.get("kernel", []):
+            if row["dtype"] != "bf16" or row["pass"] != "fwd":
+                continue
+            shape = (row["B"], row["H"], row["S"], row["D"])
+            if shape not in torch:
+                torch[shape] = session.torch.cases(shape, "fwd", table)
+            fa2 = torch_value(torch[shape][("flash", row["causal"])], "tflops")
+            vs = ratio(row["tflops"], fa2)
+            table.add([k, ",".join(map(str, shape)), "causal" if row["causal"] else "none",
+                       (row["median_ms"], ".3f"), (row["tflops"], TF), (fa2, TF),
+                       with_mark(vs, lambda x: x >= FWD_VS_FA2)],
+                      dict(row, kernel=k, FA2_tflops=fa2, vs_FA2=vs,
+                           mark=mark(vs, lambda x: x >= FWD_VS_FA2)))
     return table
 
 

@@ -353,7 +353,7 @@ static void test_issue8_quick(void **state) {
         "\n## item 5: backward TFLOPS, bf16\n",
         "\n## items 3 and 4: the ring on one device, forward\n",
         "\n## item 6: exposed communication (waits) of the ring\n",
-        "\n## item 1 through the public API: dt_attention_forward, DT_ATTN_KERNEL=auto\n",
+        "\n## item 1 through the public API: dt_attention_forward, bf16\n",
         "\n## summary\n",
     };
     int ok = rc == 0;
