@@ -22,7 +22,10 @@
  *   O[64xD]  += P V     wgmma m64nDk16, A = P from registers (the S
  *                       accumulators rounded to T), B = V from shared memory
  *                       (MN-major: V is stored [key][d]), 8 k-steps chained
- * with O in fp32 registers throughout. A warpgroup whose rows see none of a
+ * with O in fp32 registers throughout. The two warpgroups take turns on
+ * the tensor cores (FlashAttention-3's ping-pong, two named barriers): per
+ * tile S of 0, S of 1 beside 0's softmax, PV of 0 beside 1's softmax, PV of
+ * 1. A warpgroup whose rows see none of a
  * tile's keys (the first 64 rows of a diagonal tile, or rows past the
  * segment) skips the tile's math; the mask and skipping rules are the
  * mma.sync kernel's (mask.h, closed form), with BN = 128.
@@ -45,12 +48,13 @@
  * never a hung GPU).
  *
  * ptxas (sm_90a): 128 registers at D = 64 (two CTAs per SM: launch bounds),
- * 216 at D = 128, no spills.
+ * 212 at D = 128, no spills, no serialised wgmma.
  *
  * What is left for an H100 (docs/PERFORMANCE.md): measure it; then a
  * producer warp with per-stage "empty" barriers in place of the per-tile
- * __syncthreads, and overlap of one warpgroup's softmax with the other's
- * wgmma (FlashAttention-3's ping-pong).
+ * __syncthreads (which now realigns the warpgroups' turns every tile), and
+ * the overlap of a tile's S with the previous tile's P V inside a
+ * warpgroup.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -157,6 +161,17 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
     read_rows<D>(a, accg, mg, lg, x0 + 64 * wg + 16 * wl, lane, row, live, lim, m, l, o);
 
     const uint32_t q_addr = wg_smem_addr(sq) + (uint32_t)wg * 64u * 128u;   /* this warpgroup's rows */
+    /* Ping-pong: the warpgroups take turns issuing their wgmma, so that one's
+     * softmax runs while the other's products keep the tensor cores busy.
+     * Named barrier TURN + w is "warpgroup w's turn": w syncs on it (its 128
+     * threads) before each of its two products of a tile, the other
+     * warpgroup arrives on it (its 128) after issuing each of its own. So
+     * per tile: S of 0 | S of 1 beside softmax of 0 | PV of 0 beside softmax
+     * of 1 | PV of 1. Warpgroup 1 opens by giving 0 the first turn and
+     * leaves out its last arrival, so every phase completes; a warpgroup
+     * that skips a tile's math still takes its turns. */
+    constexpr int TURN = 1, PAIR = WG_THREADS;
+    if (wg == 1) bar_arrive<TURN>(0, PAIR);
     for (int64_t kt = 0; kt < n_tiles; kt++) {
         const int stage = (int)(kt & 1);
         if (threadIdx.x == 0 && kt + 1 < n_tiles) {   /* tile kt+1 flies during tile kt */
@@ -170,9 +185,16 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
         }
         mbar_wait(&full[stage], (uint32_t)(kt >> 1) & 1u);   /* tile kt (and Q) have landed */
 
-        if (kt < wg_tiles) {
-            /* S = Q K^T: Q's 64 rows of this warpgroup, the tile's 128 keys.
-             * Q rows are tile rows of the Q tile (BM rows per column block). */
+        /* Each product is issued and waited for inside one branch (its
+         * warpgroup's turns taken on both), which keeps ptxas from
+         * serialising the wgmma (it does when an issue and its wait sit in
+         * different branches). */
+        const bool mine = kt < wg_tiles;   /* uniform over the warpgroup */
+        const bool pass_on = wg == 0 || kt + 1 < n_tiles;
+        bar_sync<TURN>(wg, PAIR);
+        if (mine) {
+            /* S = Q K^T: Q's 64 rows of this warpgroup (tile rows of the Q
+             * tile, BM rows per column block), the tile's 128 keys. */
             float s[NT][4];
             const uint32_t k_addr = wg_smem_addr(sk + stage * TILE_KV);
             wgmma_fence();
@@ -181,8 +203,8 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
                 wgmma_ss<T, WG_BN>(s, wg_desc_k_major(q_addr, WG_BM, kk),
                                    wg_desc_k_major(k_addr, WG_BN, kk), kk > 0);
             wgmma_commit();
+            bar_arrive<TURN>(wg ^ 1, PAIR);
             wgmma_wait<0>();
-
             if (kt < wg_unmasked)
                 online_softmax<false, NT, D>(s, m, l, o, lim, kt * WG_BN, lane, a.scale);
             else
@@ -193,12 +215,18 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
 #pragma unroll
             for (int kk = 0; kk < WG_BN / 16; kk++) p_fragment<T>(pa[kk], s, kk);
             const uint32_t v_addr = wg_smem_addr(sv + stage * TILE_KV);
+            bar_sync<TURN>(wg, PAIR);
             wgmma_fence();   /* o and pa were written by ordinary instructions */
 #pragma unroll
             for (int kk = 0; kk < WG_BN / 16; kk++)
                 wgmma_rs<T, D>(o, pa[kk], wg_desc_mn_major(v_addr, WG_BN, kk), 1);
             wgmma_commit();
+            if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
             wgmma_wait<0>();
+        } else {
+            bar_arrive<TURN>(wg ^ 1, PAIR);
+            bar_sync<TURN>(wg, PAIR);
+            if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
         }
         __syncthreads();   /* stage is refilled by iteration kt+1's TMA */
     }

@@ -1,8 +1,8 @@
 /* attention/wgmma_device.cuh — PRIVATE. The Hopper (sm_90a) instructions of
  * the wgmma forward kernel (block_cuda_wgmma.cu): warpgroup MMA
  * (wgmma.mma_async m64nNk16 with f32 accumulators, A from shared memory or
- * registers, B from shared memory), its fence / commit / wait, mbarriers
- * and TMA tile loads (cp.async.bulk.tensor), and the
+ * registers, B from shared memory), its fence / commit / wait, named
+ * barriers, mbarriers and TMA tile loads (cp.async.bulk.tensor), and the
  * shared-memory matrix descriptors of the 128-byte swizzled layout the
  * kernel keeps its tiles in. CUDA C++ only.
  *
@@ -99,6 +99,14 @@ struct dt_elem_dtype<__half> {
     static constexpr dt_dtype value = DT_F16;
 };
 
+template <int BASE>
+__device__ __forceinline__ void bar_sync(int which, int n) {
+    dt_emu_bar_sync(BASE + which, n);
+}
+template <int BASE>
+__device__ __forceinline__ void bar_arrive(int which, int n) {
+    dt_emu_bar_arrive(BASE + which, n);
+}
 __device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) { dt_emu_mbar_init(bar, count); }
 __device__ __forceinline__ void fence_mbar_init() { dt_emu_fence_mbarrier_init(); }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
@@ -131,6 +139,21 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
     dt_emu_wgmma(&d[0][0], N, a, 0, db, scale_d, 1, dt_elem_dtype<T>::value);
 }
 #else
+/* Named barrier BASE + which (which 0 or 1; ids 1..15, 0 is
+ * __syncthreads's) of n threads: bar.sync waits for the phase to complete,
+ * bar.arrive counts without waiting. The ids are immediates, so ptxas
+ * reserves only the barriers used. */
+template <int BASE>
+__device__ __forceinline__ void bar_sync(int which, int n) {
+    if (which) asm volatile("bar.sync %0, %1;\n" ::"n"(BASE + 1), "r"(n) : "memory");
+    else asm volatile("bar.sync %0, %1;\n" ::"n"(BASE), "r"(n) : "memory");
+}
+template <int BASE>
+__device__ __forceinline__ void bar_arrive(int which, int n) {
+    if (which) asm volatile("bar.arrive %0, %1;\n" ::"n"(BASE + 1), "r"(n) : "memory");
+    else asm volatile("bar.arrive %0, %1;\n" ::"n"(BASE), "r"(n) : "memory");
+}
+
 /* mbarrier in shared memory: init with the expected arrival count; the
  * fence makes the initialisation visible to the async proxy (TMA). */
 __device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {

@@ -412,6 +412,51 @@ static void k_ldmatrix(void *arg) {
     }
 }
 
+/* Named barriers: warp 1 waits in bar.sync 1 until warp 0's bar.arrive,
+ * and sees what warp 0 stored before it; warp 0 never waits. Three rounds,
+ * so the barrier's phases restart. */
+static void k_named(void *arg) {
+    int *seen = arg;
+    volatile int *box = (volatile int *)dt_emu_dynamic_smem();
+    for (int round = 0; round < 3; round++) {
+        if (lane() < 32) {
+            if (lane() == 0) *box = 10 + round;
+            dt_emu_bar_arrive(1, 64);
+            dt_emu_bar_sync(2, 64);   /* warp 1 has read the box */
+        } else {
+            dt_emu_bar_sync(1, 64);
+            if (lane() == 32) seen[round] = *box;
+            dt_emu_bar_arrive(2, 64);
+        }
+    }
+}
+/* Warp 1 waits for an arrival that never comes. */
+static void k_named_deadlock(void *arg) {
+    (void)arg;
+    if (lane() >= 32) dt_emu_bar_sync(1, 64);
+}
+/* Warp 0 arrives and nobody completes the phase. */
+static void k_named_left(void *arg) {
+    (void)arg;
+    if (lane() < 32) dt_emu_bar_arrive(3, 64);
+}
+/* The two warps disagree on the thread count. */
+static void k_named_count(void *arg) {
+    (void)arg;
+    if (lane() < 32) dt_emu_bar_arrive(1, 64);
+    else dt_emu_bar_sync(1, 32);   /* warp 0 (the lead warp of block 0) arrives first */
+}
+
+static void test_named_barriers(void **state) {
+    (void)state;
+    int seen[3] = {0, 0, 0};
+    assert_string_equal(emu_run(TWO_WARPS, 16, k_named, seen), "");
+    for (int r = 0; r < 3; r++) assert_int_equal(seen[r], 10 + r);
+    assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_named_deadlock, NULL), "in bar.sync 1 (32 of 64"));
+    assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_named_left, NULL), "named barrier 3 ended the block"));
+    assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_named_count, NULL), "that counts 64 threads"));
+}
+
 static void test_emulator(void **state) {
     (void)state;
     float shfl[32];
@@ -1307,7 +1352,7 @@ int main(void) {
     enum { NROWS = sizeof rows / sizeof rows[0] };
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward (wgmma) */
     static emu_case cases[3 * 2 * NROWS];
-    struct CMUnitTest tests[3 * 2 * NROWS + 3];
+    struct CMUnitTest tests[3 * 2 * NROWS + 4];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 3; dir++)
@@ -1338,5 +1383,6 @@ int main(void) {
     tests[nt++] = (struct CMUnitTest){"emulator/checks-and-semantics", test_emulator, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/wgmma", test_wgmma, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/mbarrier-and-tma", test_tma, NULL, NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"emulator/named-barriers", test_named_barriers, NULL, NULL, NULL};
     return h_run_cases("tensor-core kernels on the CPU emulator", tests, nt);
 }

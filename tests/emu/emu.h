@@ -14,7 +14,8 @@
  *
  * What is emulated, from the PTX ISA and the CUDA programming guide:
  *   - __syncthreads: waits for every thread of the block that has not
- *     exited;
+ *     exited; named barriers (bar.sync / bar.arrive with an id and a thread
+ *     count);
  *   - warp-wide instructions (shfl.bfly, ldmatrix .x4 [.trans],
  *     mma.sync.m16n8k16 bf16/f16 -> f32): every lane of the warp must reach
  *     the same instruction; the last to arrive computes all 32 results
@@ -94,6 +95,11 @@ const dt_emu_dim3 *dt_emu_grid_dim(void);
 unsigned char *dt_emu_dynamic_smem(void);
 
 void dt_emu_syncthreads(void);
+/* bar.sync id, n and bar.arrive id, n: named barrier id (1..15) completes a
+ * phase when n threads (a multiple of 32) have arrived by either; bar.sync
+ * waits for that, bar.arrive does not. */
+void dt_emu_bar_sync(int id, int n);
+void dt_emu_bar_arrive(int id, int n);
 /* shfl.sync.bfly.b32 with a full mask: lane l receives lane l ^ lane_mask's v. */
 float dt_emu_shfl_xor(unsigned mask, float v, int lane_mask);
 /* cp.async.cg.shared.global 16 bytes; src_bytes 16 or 0 (zero fill). */

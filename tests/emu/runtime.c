@@ -78,7 +78,7 @@ enum { EMU_SMEM_BASE = 16 };
  * registers per thread at that N. */
 enum { WG_M = 64, WG_K = 16, WG_NMAX = 256, WG_DMAX = WG_NMAX / 2 };
 
-typedef enum { T_RUNNABLE, T_WAIT_WARP, T_WAIT_BLOCK, T_WAIT_MBAR, T_DONE } thread_state;
+typedef enum { T_RUNNABLE, T_WAIT_WARP, T_WAIT_BLOCK, T_WAIT_BAR, T_WAIT_MBAR, T_DONE } thread_state;
 
 typedef enum {
     OP_SHFL_XOR = 1, OP_LDMATRIX, OP_LDMATRIX_T, OP_MMA_BF16, OP_MMA_F16,   /* per warp */
@@ -157,6 +157,7 @@ typedef struct emu_thread {
     int cp_unfenced;   /* completed cp.async copies since its last fence.proxy.async */
     /* the mbarrier wait it is blocked in (T_WAIT_MBAR) */
     uint32_t mbar_off, mbar_parity;
+    int bar_id;   /* the named barrier it waits in (T_WAIT_BAR) */
 } emu_thread;
 
 /* An mbarrier object of the block (PTX ISA "Contents of the mbarrier
@@ -197,6 +198,7 @@ static struct {
     void (*body)(void *);
     void *arg;
     int block_arrived;
+    int bar_arrived[16], bar_count[16];      /* named barriers 1..15: this phase's arrivals, of how many */
     int warp_arrived[EMU_MAX_THREADS / 32];  /* lanes waiting in a warp or warpgroup instruction */
     int warp_at[EMU_MAX_THREADS / 32];       /* ... which one (valid while warp_arrived > 0) */
     int wg_arrived[EMU_MAX_THREADS / 128];   /* threads waiting in a warpgroup instruction */
@@ -407,6 +409,42 @@ void dt_emu_syncthreads(void) {
     maybe_release_block();
     if (t->state == T_WAIT_BLOCK) yield_fiber(0);
 }
+
+/* Named barriers (PTX "bar.sync", "bar.arrive" with a barrier id and a
+ * thread count): a phase of barrier id completes when n threads have
+ * arrived, by bar.sync (which waits for the completion) or bar.arrive
+ * (which does not); the next phase starts empty. Checked: id 1..15 (0 is
+ * __syncthreads's), n a multiple of 32 within the block, every arrival of
+ * a phase with the same n; a phase left incomplete when the block ends
+ * fails it (block_end), and threads blocked in one are a deadlock. Not
+ * modelled: the warp granularity of the counts (each thread counts one). */
+static void named_barrier(int id, int n, int wait) {
+    emu_thread *t = E.cur;
+    const char *what = wait ? "bar.sync" : "bar.arrive";
+    if (id < 1 || id > 15)
+        dt_emu_fail("%s %d: named barriers are 1..15 (0 is __syncthreads's)", what, id);
+    if (n < 32 || n % 32 || n > E.nthreads)
+        dt_emu_fail("%s %d, %d: the thread count must be a multiple of 32 up to the block's %d",
+                    what, id, n, E.nthreads);
+    if (E.bar_arrived[id] == 0) E.bar_count[id] = n;
+    else if (E.bar_count[id] != n)
+        dt_emu_fail("%s %d, %d in a phase of barrier %d that counts %d threads", what, id, n, id,
+                    E.bar_count[id]);
+    if (++E.bar_arrived[id] == n) {
+        E.bar_arrived[id] = 0;
+        for (int i = 0; i < E.nthreads; i++)
+            if (E.threads[i].state == T_WAIT_BAR && E.threads[i].bar_id == id)
+                E.threads[i].state = T_RUNNABLE;
+        return;
+    }
+    if (!wait) return;
+    t->state = T_WAIT_BAR;
+    t->bar_id = id;
+    yield_fiber(0);
+}
+
+void dt_emu_bar_sync(int id, int n) { named_barrier(id, n, 1); }
+void dt_emu_bar_arrive(int id, int n) { named_barrier(id, n, 0); }
 
 /* --------------------------------------------------- warp instructions */
 
@@ -1261,6 +1299,7 @@ static const char *state_name(thread_state s) {
     case T_RUNNABLE: return "runnable";
     case T_WAIT_WARP: return "in a warp or warpgroup instruction";
     case T_WAIT_BLOCK: return "in __syncthreads";
+    case T_WAIT_BAR: return "in bar.sync";
     case T_WAIT_MBAR: return "waiting on an mbarrier";
     default: return "exited";
     }
@@ -1311,6 +1350,9 @@ static void describe_wait(const emu_thread *t, char *buf, size_t size) {
                  "%llu has %u of %u arrivals missing, tx-count %lld)", t->mbar_off,
                  t->mbar_parity, (unsigned long long)b->phase, b->pending, b->expected,
                  (long long)b->tx);
+    else if (t->state == T_WAIT_BAR)
+        snprintf(buf, size, "in bar.sync %d (%d of %d threads arrived)", t->bar_id,
+                 E.bar_arrived[t->bar_id], E.bar_count[t->bar_id]);
     else
         snprintf(buf, size, "%s", state_name(t->state));
 }
@@ -1332,12 +1374,22 @@ static int block_end(void) {
     }
     E.ntma = 0;
     E.nmbar = 0;
+    for (int id = 1; id < 16; id++)
+        if (E.bar_arrived[id]) {
+            snprintf(E.err, sizeof E.err, "block (%u,%u,%u): named barrier %d ended the block with "
+                     "%d of its %d threads arrived (a bar.arrive no bar.sync completed)",
+                     E.block_idx.x, E.block_idx.y, E.block_idx.z, id, E.bar_arrived[id],
+                     E.bar_count[id]);
+            E.failed = 1;
+            return -1;
+        }
     return 0;
 }
 
 static int run_block(void) {
     memset(E.smem, EMU_POISON, E.smem_bytes);
     E.block_arrived = 0;
+    memset(E.bar_arrived, 0, sizeof E.bar_arrived);
     memset(E.warp_arrived, 0, sizeof E.warp_arrived);
     memset(E.wg_arrived, 0, sizeof E.wg_arrived);
     E.async_stale = 0;
@@ -1381,7 +1433,8 @@ static int run_block(void) {
             const emu_thread *ta = &E.threads[a];
             if (b < 0 && (t->state != ta->state ||
                           (t->state == T_WAIT_MBAR && (t->mbar_off != ta->mbar_off ||
-                                                       t->mbar_parity != ta->mbar_parity))))
+                                                       t->mbar_parity != ta->mbar_parity)) ||
+                          (t->state == T_WAIT_BAR && t->bar_id != ta->bar_id)))
                 b = i;
         }
         char da[160], db[160], other[200] = "";
