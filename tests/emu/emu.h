@@ -31,7 +31,7 @@
  *     thread of the warpgroup (128 consecutive threads) must reach the same
  *     instruction; the last to arrive computes all 128 results, which reach
  *     the accumulator registers only at the wgmma.wait_group that completes
- *     them (until then the registers keep their old values);
+ *     them (until then the registers hold a NaN);
  *   - Hopper mbarriers (init, arrive, arrive.expect_tx, try_wait.parity,
  *     fence.mbarrier_init) and the tensor copy cp.async.bulk.tensor (TMA:
  *     tiled boxes of a tensor map from cuTensorMapEncodeTiled, zero fill out
@@ -161,9 +161,9 @@ void dt_emu_wgmma_wait(int n);
  * wgmma.mma_async's other than the same d with the same n; d written, or
  * the shared memory the instruction read changed, before the wait_group
  * that completes it; a thread exiting with wgmma.mma_async pending
- * (uncommitted or not waited for). Not checked: reads of d before the wait
- * (they see the old values), and A registers changed before the wait
- * (their values are taken at the issue). */
+ * (uncommitted or not waited for). Reads of d before the wait see a NaN.
+ * Not checked: A registers changed before the wait (their values are taken
+ * at the issue). */
 void dt_emu_wgmma(float *d, int n, const uint32_t *a, uint64_t desc_a, uint64_t desc_b, int scale_d,
                   int trans_b, dt_dtype ab);
 

@@ -69,6 +69,10 @@ __asm__(".text\n"
 #endif
 #endif
 
+/* What a wgmma's accumulator registers hold from its issue to its wait: a
+ * quiet NaN. */
+#define EMU_WG_POISON 0x7fc0deadu
+
 enum { EMU_STACK = 256 * 1024, EMU_MAX_THREADS = 1024, EMU_POISON = 0xff };
 /* The shared-window address of the dynamic shared memory's first byte
  * (dt_emu_smem_addr): 16, not 1024-aligned, so a kernel that assumes an
@@ -125,8 +129,8 @@ typedef struct emu_wgmma {
     long group;                  /* commit group; -1 until committed */
     wgmma_op *op;                /* NULL once completed */
     float result[WG_DMAX];       /* written into d at completion */
-    float expect[WG_DMAX];       /* what d must hold then: its contents at
-                                    the issue, or the result of the pending
+    float expect[WG_DMAX];       /* what d must hold then: the poison written
+                                    at the issue, or the result of the pending
                                     mma_async on the same d before it */
 } emu_wgmma;
 
@@ -806,18 +810,27 @@ static void complete_wgmma(emu_thread *threads, int first) {
         }
         /* the input accumulator: the pending result of the latest
          * mma_async on the same d (dt_emu_wgmma allowed no other overlap),
-         * else d's registers as they are */
+         * else d's registers as they are, which then hold garbage (a NaN)
+         * until the wait: a read before it shows, and a write is caught
+         * there; with scale_d = 0 their contents are never looked at */
         const emu_wgmma *prev = NULL;
         for (int i = 0; i < th->nwg; i++)
             if (th->wg[i].d == in->d) prev = &th->wg[i];
         emu_wgmma *r = &th->wg[th->nwg];
-        memcpy(r->expect, prev ? prev->result : in->d, sizeof(float) * (size_t)nreg);
+        const float *src = prev ? prev->result : in->d;
         const int w = l / 32, g = l % 32 / 4, t = l % 4;
         for (int e = 0; e < nreg; e++) {
             const int row = 16 * w + g + 8 * ((e >> 1) & 1), col = 8 * (e >> 2) + 2 * t + (e & 1);
-            double sum = in->scale_d ? (double)r->expect[e] : 0.0;
+            double sum = in->scale_d ? (double)src[e] : 0.0;
             for (int k = 0; k < WG_K; k++) sum += A[row][k] * B[k][col];
             r->result[e] = (float)sum;
+        }
+        if (prev) {
+            memcpy(r->expect, prev->result, sizeof(float) * (size_t)nreg);
+        } else {
+            const uint32_t poison = EMU_WG_POISON;
+            for (int e = 0; e < nreg; e++) memcpy(&in->d[e], &poison, sizeof poison);
+            memcpy(r->expect, in->d, sizeof(float) * (size_t)nreg);
         }
         r->d = in->d;
         r->nreg = nreg;
