@@ -292,6 +292,17 @@ void dt_emu_fail(const char *fmt, ...) {
     for (;;) yield_fiber(1);   /* never resumed */
 }
 
+/* Room for one more element of an array (n in use, *cap allocated, each
+ * `size` bytes): doubles it when full. Out of memory fails the launch. */
+static void *room(void *arr, int n, int *cap, size_t size) {
+    if (n < *cap) return arr;
+    const int c = *cap ? 2 * *cap : 16;
+    void *p = realloc(arr, size * (size_t)c);
+    if (!p) dt_emu_fail("out of memory");
+    *cap = c;
+    return p;
+}
+
 /* --------------------------------------------------------------- cp.async */
 
 static int in_smem(const void *p, size_t bytes) {
@@ -322,13 +333,7 @@ void dt_emu_cp_async16(void *smem, const void *gmem, int src_bytes) {
             dt_emu_fail("second cp.async into shared offset %td while the first is in flight",
                         (unsigned char *)smem - E.smem);
     tma_check_idle((uint32_t)((unsigned char *)smem - E.smem), 16, "cp.async into");
-    if (t->ncopies == t->cap) {
-        int cap = t->cap ? 2 * t->cap : 32;
-        emu_copy *c = realloc(t->copies, sizeof *c * (size_t)cap);
-        if (!c) dt_emu_fail("out of memory");
-        t->copies = c;
-        t->cap = cap;
-    }
+    t->copies = room(t->copies, t->ncopies, &t->cap, sizeof *t->copies);
     t->copies[t->ncopies++] = (emu_copy){smem, gmem, src_bytes, -1};
     memset(smem, EMU_POISON, 16);   /* undefined until completed */
     E.counts.copies++;
@@ -801,13 +806,7 @@ static void complete_wgmma(emu_thread *threads, int first) {
     for (int l = 0; l < 128; l++) {
         emu_thread *th = &threads[l];
         const wgmma_in *in = th->in;
-        if (th->nwg == th->wgcap) {
-            const int cap = th->wgcap ? 2 * th->wgcap : 4;
-            emu_wgmma *r = realloc(th->wg, sizeof *r * (size_t)cap);
-            if (!r) dt_emu_fail("out of memory");
-            th->wg = r;
-            th->wgcap = cap;
-        }
+        th->wg = room(th->wg, th->nwg, &th->wgcap, sizeof *th->wg);
         /* the input accumulator: the pending result of the latest
          * mma_async on the same d (dt_emu_wgmma allowed no other overlap),
          * else d's registers as they are, which then hold garbage (a NaN)
@@ -1015,13 +1014,7 @@ void dt_emu_mbar_init(void *bar, unsigned count) {
                     old->init_thread, (unsigned long long)old->phase, old->pending, old->expected,
                     (long long)old->tx);
     tma_check_idle(off, 8, "mbarrier.init at");
-    if (E.nmbar == E.mbarcap) {
-        const int cap = E.mbarcap ? 2 * E.mbarcap : 16;
-        emu_mbar *m = realloc(E.mbars, sizeof *m * (size_t)cap);
-        if (!m) dt_emu_fail("out of memory");
-        E.mbars = m;
-        E.mbarcap = cap;
-    }
+    E.mbars = room(E.mbars, E.nmbar, &E.mbarcap, sizeof *E.mbars);
     E.mbars[E.nmbar++] = (emu_mbar){off, count, count, 0, 0, E.cur->linear, 0, 0};
     const uint64_t stamp = mbar_stamp(off);
     memcpy(E.smem + off, &stamp, 8);
@@ -1262,13 +1255,7 @@ void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, i
                     (unsigned long long)(m.addr + lo), (unsigned long long)(m.addr + hi),
                     alloc_bytes, alloc);
     }
-    if (E.ntma == E.tmacap) {
-        const int cap = E.tmacap ? 2 * E.tmacap : 16;
-        emu_tma *n = realloc(E.tmas, sizeof *n * (size_t)cap);
-        if (!n) dt_emu_fail("out of memory");
-        E.tmas = n;
-        E.tmacap = cap;
-    }
+    E.tmas = room(E.tmas, E.ntma, &E.tmacap, sizeof *E.tmas);
     emu_tma *x = &E.tmas[E.ntma++];
     *x = (emu_tma){off, (uint32_t)bytes, bar_off, E.cur->linear, m, {0}};
     for (uint32_t i = 0; i < m.rank; i++) x->coord[i] = coords[i];
