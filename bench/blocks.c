@@ -30,9 +30,10 @@
  *
  * --pass fwd,bwd picks the forward and/or backward block kernel. Backward
  * blocks use the lse of a forward pass over the same rows, so P stays
- * finite. Timing: CLOCK_MONOTONIC around each block with the backend's sync
- * before and after; one warm-up, then --iters repetitions; the median. On
- * the CPU, OpenBLAS uses its own thread count (one rank, every core).
+ * finite. Timing (time_block): the device idle before each block; CUDA
+ * events around its kernels on a GPU, CLOCK_MONOTONIC on the CPU; one
+ * warm-up, then --iters repetitions; the median. On the CPU, OpenBLAS uses
+ * its own thread count (one rank, every core).
  * Inputs are fill_random values; the timed code does not depend on them.
  *
  * --json prints one JSON object instead of the tables, after the last
@@ -78,6 +79,7 @@ typedef struct opts {
 /* Everything one rank's blocks touch, for `rows` query and key rows. */
 typedef struct bufs {
     dt_backend *be;
+    int events;                        /* CUDA: time blocks with events (time_block) */
     const dt_attn_kernels *kern;
     dt_attn_kernel_choice kernel;
     dt_dtype dtype;
@@ -118,6 +120,7 @@ static dt_status random_buffer(dt_backend *be, dt_dtype dtype, size_t n, uint64_
 static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b) {
     memset(b, 0, sizeof *b);
     b->be = ctx->backend;
+    b->events = dt_context_backend(ctx) == DT_BACKEND_CUDA;
     b->kern = kernels_of(ctx);
     if (!b->kern) return dt_error(DT_ERR_NOT_SUPPORTED, "bench: no attention kernels here");
     b->dtype = o->dtype;
@@ -199,17 +202,31 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
     return DT_SUCCESS;
 }
 
-/* Median seconds of run_block over o->iters repetitions after one warm-up. */
+/* Median seconds of run_block over o->iters repetitions after one warm-up,
+ * the device idle before each. On CUDA the time between two events on the
+ * compute stream around the block's kernels (the backend's marks), so the
+ * launch latency and the host's synchronisation are left out, as PyTorch's
+ * CUDA-event timings leave them out; on the CPU the wall clock (OpenBLAS
+ * runs the block on every core, which the rank thread's CPU time of the
+ * CPU backend's marks would not count). */
 static dt_status time_block(const bufs *b, const opts *o, int bwd, dt_attn_mask mask,
                             const dt_attn_segment *qs, int nq, const dt_attn_segment *ks, int nk,
                             double *median_s) {
     double t[MAX_ITERS];
+    if (b->events) DT_TRY(b->be->ops->marks_reserve(b->be, 2));
     for (int i = -1; i < o->iters; i++) {
         DT_TRY(b->be->ops->sync(b->be));
         double t0 = ex_now_s();
+        if (b->events) DT_TRY(b->be->ops->mark(b->be, 0));
         DT_TRY(run_block(b, bwd, mask, qs, nq, ks, nk));
+        if (b->events) DT_TRY(b->be->ops->mark(b->be, 1));
         DT_TRY(b->be->ops->sync(b->be));
-        if (i >= 0) t[i] = ex_now_s() - t0;
+        double s = ex_now_s() - t0, ms = 0.0;
+        if (b->events) {
+            DT_TRY(b->be->ops->mark_ms(b->be, 0, 1, &ms));
+            s = ms / 1e3;
+        }
+        if (i >= 0) t[i] = s;
     }
     *median_s = ex_median(t, o->iters);
     return DT_SUCCESS;

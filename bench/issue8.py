@@ -420,8 +420,8 @@ def item_throughput(session, pass_):
         title = "item 1: forward TFLOPS, bf16"
         method = ("dtensor: build/bench/blocks section (r), the forward block kernel alone "
                   "(--kernel K) on one full and one causal S x S block, B = 1, H_kv = H; "
-                  "host clock around each synchronised block, median of the iterations "
-                  "after 1 warm-up. torch: F.scaled_dot_product_attention with one backend "
+                  "CUDA events around each block's kernels (the host clock on the CPU), "
+                  "median of the iterations after 1 warm-up. torch: F.scaled_dot_product_attention with one backend "
                   "forced (FA2 = FLASH_ATTENTION), CUDA events, median. TFLOPS = "
                   "4*B*H*S*S*D / time, halved for causal.")
     else:
