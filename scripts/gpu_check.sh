@@ -3,7 +3,8 @@
 # in a few minutes: the machine, the build, the CUDA-relevant suites one by
 # one, compute-sanitizer (memcheck on test_cuda; racecheck and synccheck on
 # the tensor-core attention kernels), the examples on --backend cuda, the
-# benches' --quick runs, and last the whole `make test`.
+# benches' --quick runs (bench/issue8.py's too), and last the whole
+# `make test`.
 #
 #   scripts/gpu_check.sh [--dry-run] [--skip GROUPS] [BUDGET_SECONDS]
 #
@@ -290,6 +291,9 @@ step bench bench_attention_quick 120 15 plain "$build/bench/attention" --backend
 step bench bench_blocks_quick 60 10 plain "$build/bench/blocks" --backend cuda --quick
 step bench bench_blocks_quick_wgmma 60 10 plain "$build/bench/blocks" --backend cuda --quick --kernel wgmma --pass fwd
 step bench bench_mlp 120 20 plain "$build/bench/mlp" --backend cuda --ranks 1,2 --iters 10
+# The issue 8 measurement script on tiny shapes, PyTorch included where it
+# is installed: checks every path of the measuring call (bench/issue8.py).
+step bench issue8_quick 150 20 plain python3 bench/issue8.py --quick --budget 120 --build "$build"
 
 # -------------------------------------------------------- the whole suite
 # Last: the suites above already ran the CUDA cases; this catches the rest
