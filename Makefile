@@ -402,9 +402,12 @@ CU_ARCH_FLAGS = -arch=$(NVCC_ARCH)
 # architecture-specific target sm_90a (its cubin runs on 9.0 devices: H100,
 # H200). With NVCC_ARCH=sm_90 that file is built for sm_90a and its host
 # side told so (DT_WGMMA_SM90A); for any other NVCC_ARCH it keeps trapping
-# stubs and reports the kernel unavailable.
+# stubs and reports the kernel unavailable. The -gencode form, not the
+# -arch=sm_90a shorthand: newer nvcc also runs a plain sm_90 pass for the
+# shorthand, and that pass rejects wgmma.
+SM90A_GENCODE := -gencode=arch=compute_90a,code=sm_90a
 $(BUILD)/obj/attention/block_cuda_wgmma.cu.o: CU_ARCH_FLAGS = \
-    $(if $(filter sm_90 sm_90a,$(NVCC_ARCH)),-arch=sm_90a -DDT_WGMMA_SM90A,-arch=$(NVCC_ARCH))
+    $(if $(filter sm_90 sm_90a,$(NVCC_ARCH)),$(SM90A_GENCODE) -DDT_WGMMA_SM90A,-arch=$(NVCC_ARCH))
 $(BUILD)/obj/%.cu.o: %.cu $(STAMP)
 	@mkdir -p $(@D)
 	$(CU_COMPILE) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
