@@ -19,10 +19,10 @@
  * 9.0, an sm_90 build). DT_ATTN_KERNEL (auto | simple | mma | wgmma), read
  * once per attention call when its plan is made (plan.c), picks between
  * them for the forward and the backward alike; the CPU kernels ignore it.
- * auto means mma where it can run, else simple: wgmma is chosen only by
- * name until it has been measured and checked on an H100. The tensor-core
- * kernels have run on the CPU emulator of CUDA (tests/emu), never yet on a
- * GPU.
+ * auto means, for the forward, wgmma where it can run, else mma, else
+ * simple; for the backward, mma where it can run, else simple (wgmma's
+ * backward is mma's). The tensor-core kernels run on the CPU emulator of
+ * CUDA (tests/emu) and have passed their tests on an H100.
  */
 #ifndef DT_ATTN_BLOCK_H
 #define DT_ATTN_BLOCK_H

@@ -1,17 +1,20 @@
 /* attention/block_cuda.cu — the CUDA attention kernels.
  *
- * STATUS: everything here is built (nvcc, sm_90 by default) and runs on the
+ * STATUS: everything here is built (nvcc, sm_90 by default), runs on the
  * CPU emulator of CUDA (tests/emu: `make CUDA=emu test`, and test_mma_emu
- * for the tensor-core kernels in every `make test`), but none of it has run
- * on a GPU yet; the first GPU session should run the
- * "forward/cuda-kernels/..." cases of tests/test_attention.c first, then
- * the "backward/cuda-kernels/..." cases of tests/test_attention_backward.c.
+ * for the tensor-core kernels in every `make test`), and passed the
+ * "forward/cuda-kernels/..." and "backward/cuda-kernels/..." cases on an
+ * H100 (2026-11-22; scripts/gpu_check.sh, racecheck and synccheck too).
  *
- * Same contract and mask rule as block_cpu.c (block.h). Forward: two
+ * Same contract and mask rule as block_cpu.c (block.h). Forward: three
  * kernels, chosen per block by fwd():
+ *   - wgmma (block_cuda_wgmma.cu): Hopper warpgroup MMA fed by TMA, bf16 /
+ *     fp16, head dim 64 or 128, compute capability 9.0 and an sm_90 build,
+ *     16-byte aligned q, k, v; used by default where it can run (1.2x to
+ *     1.6x FlashAttention-2's forward on an H100: docs/PERFORMANCE.md).
  *   - mma (block_cuda_mma.cu): FlashAttention-2 style on tensor cores, for
  *     bf16 / fp16, head dim 64 or 128, compute capability >= 8.0, with
- *     16-byte aligned q, k, v; used by default where it can run.
+ *     16-byte aligned q, k, v; used by default where wgmma cannot run.
  *   - simple (here): one thread per query row of one (batch, head), blocks
  *     of 64 rows; key tiles of 64 whose class (mask.h) is computed once per
  *     thread block: empty tiles are skipped, full tiles are not masked.
@@ -19,10 +22,7 @@
  *     unnormalised output in the fp32 acc array, which it alone writes. K
  *     and V tiles are staged in shared memory as fp32 (bf16 / fp16 are
  *     widened on load). Every dtype and head dim; the fallback, and the
- *     in-tree cross-check of the mma kernel.
- *   - wgmma (block_cuda_wgmma.cu): Hopper warpgroup MMA, bf16 / fp16, head
- *     dim 64 or 128, compute capability 9.0 and an sm_90 build; only when
- *     asked for by name (never yet run on a GPU).
+ *     in-tree cross-check of the tensor-core kernels.
  * DT_ATTN_KERNEL=auto|simple|mma|wgmma (read by the attention plan, once
  * per call, and passed in dt_attn_block_args.kernel) picks: auto as above,
  * simple always, mma or wgmma or DT_ERR_NOT_SUPPORTED naming what is
@@ -30,12 +30,13 @@
  * block).
  *
  * Backward: two kernels too, chosen per block by bwd() with the same rule
- * and the same checks as the forward (dt_attn_mma_supported, and
+ * and the same checks as the forward's mma (dt_attn_mma_supported, and
  * dt_attn_mma_bwd_block_ok for alignment):
  *   - mma (block_cuda_mma_bwd.cu): FlashAttention-2 structure on tensor
  *     cores (a CTA per 64 keys of a kv head, dK and dV in registers over
- *     the query tiles of its group's heads, dQ added with atomics). Run on
- *     the CPU emulator, never yet on a GPU.
+ *     the query tiles of its group's heads, dQ added with atomics). The
+ *     default backward wherever it can run, wgmma's included (there is no
+ *     wgmma backward yet).
  *   - simple (here; FlashAttention-2 math, no atomics): one kernel in which
  *     each thread owns a query row and accumulates dQ over the keys; one in
  *     which each thread owns a key row of a kv head and accumulates dK, dV
@@ -286,14 +287,19 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     (void)scratch;
     if (a->qseg.len == 0 || a->kseg.len == 0) return DT_SUCCESS;
     if (a->kernel != DT_ATTN_KERNEL_SIMPLE) {
+        /* auto: wgmma where it can run, else mma, else simple (the top). */
         char why[256] = "";
         const int cc = dt_backend_cuda_compute_capability(be);
-        const int wgmma = a->kernel == DT_ATTN_KERNEL_WGMMA;
-        if ((wgmma ? dt_attn_wgmma_supported(a->dtype, a->dim, cc, why, sizeof why)
-                   : dt_attn_mma_supported(a->dtype, a->dim, cc, why, sizeof why)) &&
+        const int auto_ = a->kernel == DT_ATTN_KERNEL_AUTO;
+        if ((auto_ || a->kernel == DT_ATTN_KERNEL_WGMMA) &&
+            dt_attn_wgmma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
             dt_attn_mma_block_ok(a, why, sizeof why))
-            return wgmma ? dt_attn_wgmma_fwd(stream_of(be), a) : dt_attn_mma_fwd(stream_of(be), a);
-        if (a->kernel != DT_ATTN_KERNEL_AUTO)
+            return dt_attn_wgmma_fwd(stream_of(be), a);
+        if ((auto_ || a->kernel == DT_ATTN_KERNEL_MMA) &&
+            dt_attn_mma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
+            dt_attn_mma_block_ok(a, why, sizeof why))
+            return dt_attn_mma_fwd(stream_of(be), a);
+        if (!auto_)
             return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=%s: %s",
                             be->rank, dt_attn_kernel_choice_name(a->kernel), why);
     }

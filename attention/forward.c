@@ -30,7 +30,9 @@
 #include "block.h"
 #include "plan.h"
 
-/* Workspace of a forward call: [ring: 2 x (K | V)] [acc] [m] [l] [kernel scratch]. */
+/* Workspace of a forward call: [ring: 2 x (K | V)] [acc] [m] [l] [kernel scratch].
+ * With no sequence-parallel dim there is no ring: the kernels read K and V
+ * where they are. */
 typedef struct fwd_workspace {
     size_t off_acc, off_m, off_l, off_scratch, total;
 } fwd_workspace;
@@ -38,7 +40,7 @@ typedef struct fwd_workspace {
 static fwd_workspace fwd_workspace_of(const attn_plan *p) {
     fwd_workspace w;
     size_t rows = attn_plan_rows(p);
-    w.off_acc = attn_align(4 * p->kv_bytes);
+    w.off_acc = p->sp_dim >= 0 ? attn_align(4 * p->kv_bytes) : 0;
     w.off_m = w.off_acc + attn_align(rows * (size_t)p->D * sizeof(float));
     w.off_l = w.off_m + attn_align(rows * sizeof(float));
     w.off_scratch = w.off_l + attn_align(rows * sizeof(float));
@@ -56,13 +58,12 @@ dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, co
 }
 
 /* The block kernel on every (q segment, k segment) pair of one ring step. */
-static dt_status run_blocks(const attn_plan *p, const void *q, const void *kv, int src,
-                            float *acc, float *m, float *l, void *scratch) {
+static dt_status run_blocks(const attn_plan *p, const void *q, const char *k, const char *v,
+                            int src, float *acc, float *m, float *l, void *scratch) {
     dt_attn_segment qs[2], ks[2];
     int nq, nk;
     attn_plan_segments(p, src, qs, &nq, ks, &nk);
     size_t es = dt_dtype_size(p->dtype);
-    const char *k = kv, *v = (const char *)kv + p->kv_bytes;
     int64_t qoff = 0;
     for (int i = 0; i < nq; i++) {
         int64_t koff = 0;
@@ -126,10 +127,11 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     /* Pack this rank's K and V into the ring's first buffer. */
     if (comm) {
         DT_TRY_GOTO(st, dt_ring_create_in(comm, 2 * p.kv_bytes, DT_RING_FORWARD, ws, &ring), fail);
+        char *kv = dt_ring_current(ring);
+        DT_TRY_GOTO(st, be->ops->copy(be, kv, dt_tensor_data_const(k), p.kv_bytes), fail);
+        DT_TRY_GOTO(st, be->ops->copy(be, kv + p.kv_bytes, dt_tensor_data_const(v), p.kv_bytes),
+                    fail);
     }
-    char *kv = ring ? dt_ring_current(ring) : ws;
-    DT_TRY_GOTO(st, be->ops->copy(be, kv, dt_tensor_data_const(k), p.kv_bytes), fail);
-    DT_TRY_GOTO(st, be->ops->copy(be, kv + p.kv_bytes, dt_tensor_data_const(v), p.kv_bytes), fail);
 
     dt_attention_timing *timing = opts ? opts->timing : NULL;
     DT_TRY_GOTO(st, attn_timing_begin(&p, timing), fail);
@@ -139,8 +141,9 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
         int src = ring ? dt_ring_source(ring) : 0;
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
         DT_TRACE_PUSH("attention fwd blocks");
-        st = run_blocks(&p, dt_tensor_data_const(q), ring ? dt_ring_current(ring) : kv, src, acc,
-                        m, l, ws + w.off_scratch);
+        const char *kb = ring ? dt_ring_current(ring) : dt_tensor_data_const(k);
+        const char *vb = ring ? kb + p.kv_bytes : dt_tensor_data_const(v);
+        st = run_blocks(&p, dt_tensor_data_const(q), kb, vb, src, acc, m, l, ws + w.off_scratch);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);

@@ -372,6 +372,15 @@ static void json_list(const char *key, const int64_t *v, int n) {
     printf("]");
 }
 
+/* ", KEY: V", V null when it is not finite (a block too small for the
+ * clock can time as 0, and a ratio over it is inf or nan, which JSON lacks). */
+static void json_num(const char *key, double v) {
+    if (isfinite(v))
+        printf(", \"%s\": %.6f", key, v);
+    else
+        printf(", \"%s\": null", key);
+}
+
 /* The configuration, then the rows of (r) and (p) of every pass; the
  * names are the text columns' (r after each striped ms is its own). */
 static void json_print(const run *r, const bufs *b) {
@@ -391,19 +400,25 @@ static void json_print(const run *r, const bufs *b) {
     json_list("c", o->c, o->sections[0] ? o->n_c : 0);
     printf(", ");
     json_list("ring_c", o->ring_c, o->sections[1] ? o->n_ring_c : 0);
-    printf(",\n  \"timing\": \"CLOCK_MONOTONIC around each block, the device synchronised before "
-           "and after; median\",\n  \"r\": [");
+    printf(",\n  \"timing\": \"%s; median\",\n  \"r\": [",
+           r->backend == DT_BACKEND_CUDA ? "CUDA events around each block's kernels"
+                                         : "CLOCK_MONOTONIC around each block");
     int first = 1;
     for (int bwd = 0; bwd < 2; bwd++)
         for (int i = 0; i < res->n_r[bwd]; i++, first = 0) {
             const r_row *x = &res->r[bwd][i];
-            printf("%s\n    {\"pass\": \"%s\", \"c\": %lld, \"full_ms\": %.6f, \"causal_ms\": %.6f, "
-                   "\"r\": %.6f, \"striped_le_ms\": %.6f, \"striped_le_r\": %.6f, "
-                   "\"striped_lt_ms\": %.6f, \"striped_lt_r\": %.6f, \"tflops_full\": %.6f, "
-                   "\"tflops_causal\": %.6f}", first ? "" : ",", pass_names[bwd],
-                   (long long)x->c, 1e3 * x->full_s, 1e3 * x->causal_s, x->causal_s / x->full_s,
-                   1e3 * x->incl_s, x->incl_s / x->full_s, 1e3 * x->excl_s, x->excl_s / x->full_s,
-                   tflops(b, bwd, x->c, 0, x->full_s), tflops(b, bwd, x->c, 1, x->causal_s));
+            printf("%s\n    {\"pass\": \"%s\", \"c\": %lld", first ? "" : ",", pass_names[bwd],
+                   (long long)x->c);
+            json_num("full_ms", 1e3 * x->full_s);
+            json_num("causal_ms", 1e3 * x->causal_s);
+            json_num("r", x->causal_s / x->full_s);
+            json_num("striped_le_ms", 1e3 * x->incl_s);
+            json_num("striped_le_r", x->incl_s / x->full_s);
+            json_num("striped_lt_ms", 1e3 * x->excl_s);
+            json_num("striped_lt_r", x->excl_s / x->full_s);
+            json_num("tflops_full", tflops(b, bwd, x->c, 0, x->full_s));
+            json_num("tflops_causal", tflops(b, bwd, x->c, 1, x->causal_s));
+            printf("}");
         }
     printf("%s],\n  \"p\": [", first ? "" : "\n  ");
     first = 1;
@@ -413,14 +428,18 @@ static void json_print(const run *r, const bufs *b) {
             double ceiling = ceiling_of(o, x->r);
             for (int oi = 0; oi < 3; oi++, first = 0) {
                 double ratio = x->crit_s[0] / x->crit_s[oi];
-                printf("%s\n    {\"pass\": \"%s\", \"c\": %lld, \"order\": \"%s\", \"crit_ms\": %.6f, "
-                       "\"total_ms\": %.6f, \"ratio\": %.6f, \"ceiling\": %.6f, "
-                       "\"achieved\": %.6f, \"vs_1_call\": %.6f, \"r\": %.6f, \"S\": %lld, "
-                       "\"single_ms\": %.6f}", first ? "" : ",", pass_names[bwd],
-                       (long long)o->ring_c[i], dt_order_name(orders[oi]), 1e3 * x->crit_s[oi],
-                       1e3 * x->total_s[oi], ratio, ceiling, ratio / ceiling,
-                       x->total_s[oi] / x->single_s, x->r, (long long)(o->ring_c[i] * o->ranks),
-                       1e3 * x->single_s);
+                printf("%s\n    {\"pass\": \"%s\", \"c\": %lld, \"order\": \"%s\", \"S\": %lld",
+                       first ? "" : ",", pass_names[bwd], (long long)o->ring_c[i],
+                       dt_order_name(orders[oi]), (long long)(o->ring_c[i] * o->ranks));
+                json_num("crit_ms", 1e3 * x->crit_s[oi]);
+                json_num("total_ms", 1e3 * x->total_s[oi]);
+                json_num("ratio", ratio);
+                json_num("ceiling", ceiling);
+                json_num("achieved", ratio / ceiling);
+                json_num("vs_1_call", x->total_s[oi] / x->single_s);
+                json_num("r", x->r);
+                json_num("single_ms", 1e3 * x->single_s);
+                printf("}");
             }
         }
     printf("%s],\n  \"complete\": true\n}\n", first ? "" : "\n  ");

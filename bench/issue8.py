@@ -221,8 +221,8 @@ class Session:
                 self.record(command, "ok", seconds)
                 self.steps[-1]["output"] = out
                 return out
-            except ValueError:
-                why = "its output is not one JSON object"
+            except ValueError as e:
+                why = f"its output is not one JSON object ({e})"
         elif returncode == 3 or "DT_ERR_NOT_SUPPORTED" in stderr:
             self.record(command, "not supported", seconds, why)
             return NA("not supported", why)

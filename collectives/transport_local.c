@@ -143,9 +143,9 @@ static dt_status host_reduce(void *arg, float *acc, const void *src, size_t n, d
         if (first) memcpy(acc, src, n * sizeof(float));
         else reduce_f32(acc, (const float *)src, n, op);
     } else {
-        const dt_bf16 *h = (const dt_bf16 *)src;
+        const uint16_t *h = (const uint16_t *)src;
         for (size_t i = 0; i < n; i++) {
-            float x = dt_bf16_to_f32(h[i]);
+            float x = dtype == DT_BF16 ? dt_bf16_to_f32(h[i]) : dt_f16_to_f32(h[i]);
             if (first) acc[i] = x;
             else if (op == DT_REDUCE_SUM) acc[i] += x;
             else if (x > acc[i] || isnan(x)) acc[i] = x;
@@ -156,11 +156,12 @@ static dt_status host_reduce(void *arg, float *acc, const void *src, size_t n, d
 
 static dt_status host_finish(void *arg, void *acc, size_t n, dt_dtype dtype) {
     (void)arg;
-    if (dtype == DT_BF16) {
+    if (dtype == DT_BF16 || dtype == DT_F16) {
         /* In place, ascending: element i's 2 bytes never pass element i's 4. */
         const float *f = acc;
-        dt_bf16 *out = acc;
-        for (size_t i = 0; i < n; i++) out[i] = dt_f32_to_bf16(f[i]);
+        uint16_t *out = acc;
+        for (size_t i = 0; i < n; i++)
+            out[i] = dtype == DT_BF16 ? dt_f32_to_bf16(f[i]) : dt_f32_to_f16(f[i]);
     }
     return DT_SUCCESS;
 }
@@ -619,9 +620,9 @@ static dt_status local_collective(dt_comm *c, const dt_coll_args *a, dt_comm **s
     char what[96];
     dt_status st = DT_SUCCESS;
 
-    if (is_reduction(a->kind) && a->dtype != DT_F32 && a->dtype != DT_BF16)
-        return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: %s: the local transport reduces fp32 "
-                        "and bf16, not %s", c->world_rank, name, dt_dtype_name(a->dtype));
+    if (is_reduction(a->kind) && !dt_dtype_is_float(a->dtype))
+        return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: %s: the local transport reduces fp32, "
+                        "bf16 and fp16, not %s", c->world_rank, name, dt_dtype_name(a->dtype));
     if ((st = c->mem.ops->publish(c->mem.arg)) != DT_SUCCESS) {
         dt_local_world_abort(w, c->world_rank, st, dt_last_error());
         return st;

@@ -906,9 +906,9 @@ static dt_status split(dt_comm *c, const dt_coll_args *a, dt_comm **out) {
 static dt_status mpi_collective(dt_comm *c, const dt_coll_args *a, dt_comm **split_out) {
     mpi_impl *im = c->impl;
     const char *name = dt_coll_kind_name(a->kind);
-    if (is_reduction(a->kind) && a->dtype != DT_F32 && a->dtype != DT_BF16)
-        return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: %s: the mpi transport reduces fp32 and "
-                        "bf16, not %s", c->world_rank, name, dt_dtype_name(a->dtype));
+    if (is_reduction(a->kind) && !dt_dtype_is_float(a->dtype))
+        return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: %s: the mpi transport reduces fp32, bf16 "
+                        "and fp16, not %s", c->world_rank, name, dt_dtype_name(a->dtype));
     if (has_data(a->kind) && a->count > INT_MAX)
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: %s: %zu elements; the mpi transport moves "
                         "at most %d per rank and call", c->world_rank, name, a->count, INT_MAX);

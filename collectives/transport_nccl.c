@@ -643,7 +643,7 @@ static dt_status nccl_collective(dt_comm *c, const dt_coll_args *a, dt_comm **sp
     const char *what = dt_coll_kind_name(a->kind);
     DT_TRY(check_alive(c, what));
     if ((a->kind == DT_COLL_ALL_REDUCE || a->kind == DT_COLL_REDUCE_SCATTER) &&
-        a->dtype != DT_F32 && a->dtype != DT_BF16 && a->dtype != DT_F16)
+        !dt_dtype_is_float(a->dtype))
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: %s: the nccl transport reduces fp32, "
                         "bf16 and fp16, not %s", c->world_rank, what, dt_dtype_name(a->dtype));
     return a->kind == DT_COLL_SPLIT ? nccl_split(c, a, split_out) : run_collective(c, a, what);

@@ -4,12 +4,22 @@
  * Every call is enqueued on the rank's compute stream in call order, so the
  * stream order is the program order and most calls never wait. The host
  * waits only where it needs the data or must know the device is done with a
- * buffer: upload/download (the host buffer), free (cudaFree synchronises the
- * device, so the rank's streams are drained first), sync, and the transport
- * hooks (peers read this rank's buffers from other threads). Each wait polls
+ * buffer: upload/download (the host buffer), sync, and the transport hooks
+ * (peers read this rank's buffers from other threads). Each wait polls
  * cudaStreamQuery under the rank's timeout; a wait that runs out, or a
  * sticky device error, marks the backend failed, after which waits fail at
  * once and frees leak instead of blocking.
+ *
+ * Device memory: a caching allocator, as PyTorch's. free keeps the block
+ * for reuse instead of calling cudaFree (which synchronises the whole
+ * device): the communication stream's queued work is ordered before the
+ * compute stream's next work (event free_ev), so every later use of the
+ * block, on either stream, comes after every earlier one, and an alloc may
+ * hand it out again at once. Blocks are not split: sizes are rounded (512 B,
+ * 2 MiB from 1 MiB up) and a cached block serves a request of at least half
+ * its size. The cache is emptied (after draining the streams) when cudaMalloc
+ * runs out of memory, then the allocation is tried again, and at destroy.
+ * It is per rank: ranks sharing a device do not reclaim each other's cache.
  *
  * copy_runs (every pack, unpack, slice and permutation): the host offset
  * tables go through a pinned staging buffer into a device scratch that only
@@ -44,6 +54,36 @@
 
 namespace {
 
+/* Device blocks of the caching allocator (see the top). */
+struct dev_block {
+    void *p;
+    size_t bytes;
+};
+struct dev_blocks {
+    dev_block *v;
+    size_t n, cap;
+};
+
+/* 0 when the host is out of memory. */
+int blocks_push(dev_blocks *s, void *p, size_t bytes) {
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        dev_block *v = static_cast<dev_block *>(realloc(s->v, cap * sizeof *v));
+        if (!v) return 0;
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n++] = dev_block{p, bytes};
+    return 1;
+}
+
+/* Removes and returns entry i (order is not kept). */
+dev_block blocks_take(dev_blocks *s, size_t i) {
+    dev_block blk = s->v[i];
+    s->v[i] = s->v[--s->n];
+    return blk;
+}
+
 struct cuda_impl {
     int device;
     long timeout_ms;
@@ -64,6 +104,10 @@ struct cuda_impl {
     /* transport staging: reduce inputs from elsewhere, bf16 rounding, overlapping copies */
     void *stage;
     size_t stage_bytes;
+    /* the caching allocator: blocks handed out, and blocks kept for reuse */
+    dev_blocks live, cached;
+    size_t cached_bytes;
+    cudaEvent_t free_ev;        /* orders the comm stream before a freed block's reuse */
     /* profiling marks: events on the compute stream (backend.h mark ops) */
     cudaEvent_t *marks;
     int n_marks;
@@ -204,6 +248,10 @@ dt_status wait_all(const dt_backend *b, const char *op) {
     DT_TRY(wait_stream(b, impl_of(b)->compute, op));
     return wait_stream(b, impl_of(b)->comm, op);
 }
+
+/* The caching allocator (below). */
+dt_status cache_flush(dt_backend *b, const char *op);
+void cuda_free(dt_backend *b, void *p);
 
 /* Makes the backend's device current for the calling thread. */
 dt_status enter(const dt_backend *b, const char *op) {
@@ -431,10 +479,11 @@ __global__ void reduce_kernel(float *acc, const T *x, int64_t n, int is_max, int
     }
 }
 
-__global__ void f32_to_bf16_kernel(const float *in, __nv_bfloat16 *out, int64_t n) {
+template <typename T>
+__global__ void f32_to_kernel(const float *in, T *out, int64_t n) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        out[i] = __float2bfloat16_rn(in[i]);
+        out[i] = from_f<T>(in[i]);
 }
 
 unsigned grid_for(const cuda_impl *im, int64_t n, int threads) {
@@ -456,6 +505,8 @@ void cuda_destroy(dt_backend *b) {
                    (!im->comm || wait_stream(b, im->comm, "destroy") == DT_SUCCESS);
         /* A device that hung or failed is left as it is: these calls could block. */
         if (idle) {
+            (void)cache_flush(b, "destroy");
+            if (im->free_ev) (void)cudaEventDestroy(im->free_ev);
             if (im->tab_dev) (void)cudaFree(im->tab_dev);
             if (im->stage) (void)cudaFree(im->stage);
             if (im->tab_host) (void)cudaFreeHost(im->tab_host);
@@ -468,28 +519,83 @@ void cuda_destroy(dt_backend *b) {
         (void)cudaGetLastError();
         dt_error_restore_(saved);
         free(im->marks);
+        free(im->live.v);
+        free(im->cached.v);
         free(im);
     }
     free(b);
 }
 
+/* Frees every cached block, after draining the rank's streams (queued work
+ * may still use them). */
+dt_status cache_flush(dt_backend *b, const char *op) {
+    cuda_impl *im = impl_of(b);
+    if (im->cached.n == 0) return DT_SUCCESS;
+    DT_TRY(wait_all(b, op));
+    while (im->cached.n) {
+        dev_block blk = blocks_take(&im->cached, im->cached.n - 1);
+        im->cached_bytes -= blk.bytes;
+        if (cudaFree(blk.p) != cudaSuccess) (void)cudaGetLastError();
+    }
+    return DT_SUCCESS;
+}
+
+/* The smallest cached block of want to 2 * want bytes, taken off the cache;
+ * NULL if there is none. */
+void *cache_take(cuda_impl *im, size_t want, size_t *bytes) {
+    size_t best = im->cached.n;
+    for (size_t i = 0; i < im->cached.n; i++) {
+        size_t have = im->cached.v[i].bytes;
+        if (have >= want && have / 2 <= want && (best == im->cached.n || have < im->cached.v[best].bytes))
+            best = i;
+    }
+    if (best == im->cached.n) return NULL;
+    dev_block blk = blocks_take(&im->cached, best);
+    im->cached_bytes -= blk.bytes;
+    *bytes = blk.bytes;
+    return blk.p;
+}
+
 dt_status cuda_alloc(dt_backend *b, size_t bytes, void **out) {
     if (!out) return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda alloc: out is NULL", b->rank);
+    *out = NULL;
     DT_TRY(enter(b, "alloc"));
-    void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes > 0 ? bytes : 1);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_OUT_OF_MEMORY : DT_ERR_BACKEND,
-                        "rank %d: cuda alloc: cudaMalloc of %zu bytes on device %d failed: %s (%s)",
-                        b->rank, bytes, impl_of(b)->device, cudaGetErrorString(e),
-                        cudaGetErrorName(e));
+    cuda_impl *im = impl_of(b);
+    size_t unit = bytes < ((size_t)1 << 20) ? 512 : (size_t)2 << 20;
+    if (bytes > SIZE_MAX - unit)
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: cuda alloc: %zu bytes is too many",
+                        b->rank, bytes);
+    size_t want = (bytes + unit - 1) / unit * unit;
+    if (want == 0) want = unit;
+    size_t have = 0;
+    void *p = cache_take(im, want, &have);
+    if (!p) {
+        have = want;
+        cudaError_t e = cudaMalloc(&p, want);
+        if (e == cudaErrorMemoryAllocation && im->cached.n) {
+            (void)cudaGetLastError();
+            DT_TRY(cache_flush(b, "alloc"));
+            e = cudaMalloc(&p, want);
+        }
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return dt_error(e == cudaErrorMemoryAllocation ? DT_ERR_OUT_OF_MEMORY : DT_ERR_BACKEND,
+                            "rank %d: cuda alloc: cudaMalloc of %zu bytes on device %d failed: "
+                            "%s (%s)", b->rank, want, im->device, cudaGetErrorString(e),
+                            cudaGetErrorName(e));
+        }
+    }
+    if (!blocks_push(&im->live, p, have)) {
+        if (blocks_push(&im->cached, p, have)) im->cached_bytes += have;
+        else (void)cudaFree(p); /* not used yet: nothing to wait for */
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: cuda alloc: out of host memory",
+                        b->rank);
     }
     if (bytes > 0) {
-        e = cudaMemsetAsync(p, 0, bytes, impl_of(b)->compute);
+        cudaError_t e = cudaMemsetAsync(p, 0, bytes, im->compute);
         if (e != cudaSuccess) {
             dt_status st = cuda_error(b, "alloc", "cudaMemsetAsync", e);
-            (void)cudaFree(p);
+            cuda_free(b, p);
             return st;
         }
     }
@@ -503,9 +609,20 @@ void cuda_free(dt_backend *b, void *p) {
     if (im->failed) return; /* leak: cudaFree could wait forever on a hung device */
     char saved[1024];
     dt_error_save_(saved, sizeof saved);
-    if (enter(b, "free") == DT_SUCCESS && wait_all(b, "free") == DT_SUCCESS) {
-        if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
+    size_t i = im->live.n;
+    while (i > 0 && im->live.v[i - 1].p != p) i--; /* the newest first: frees tend to be LIFO */
+    if (enter(b, "free") == DT_SUCCESS) {
+        dev_block blk = i > 0 ? blocks_take(&im->live, i - 1) : dev_block{p, 0};
+        int ordered = blk.bytes > 0 && cudaEventRecord(im->free_ev, im->comm) == cudaSuccess &&
+                      cudaStreamWaitEvent(im->compute, im->free_ev, 0) == cudaSuccess;
+        if (ordered && blocks_push(&im->cached, blk.p, blk.bytes)) {
+            im->cached_bytes += blk.bytes;
+        } else if (wait_all(b, "free") == DT_SUCCESS) {
+            /* Not from cuda_alloc, or the cache could not take it. */
+            if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
+        }
     }
+    (void)cudaGetLastError();
     dt_error_restore_(saved);
 }
 
@@ -987,7 +1104,7 @@ dt_status mem_reduce(void *arg, float *acc, const void *x, size_t n, dt_dtype dt
     dt_backend *b = backend_of(arg);
     cuda_impl *im = impl_of(b);
     if (n == 0) return DT_SUCCESS;
-    if (dtype != DT_F32 && dtype != DT_BF16 && dtype != DT_F16)
+    if (!dt_dtype_is_float(dtype))
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: cuda reduce: dtype %s", b->rank,
                         dt_dtype_name(dtype));
     DT_TRY(enter(b, "transport reduce"));
@@ -1025,15 +1142,18 @@ dt_status mem_finish(void *arg, void *acc, size_t n, dt_dtype dtype) {
     DT_TRY(grow_device(b, &im->stage, &im->stage_bytes, bytes, "transport reduce"));
     unsigned grid = grid_for(im, (int64_t)n, 256);
     /* Out of place (threads would overwrite each other's fp32 inputs), then back. */
-    if (dtype == DT_BF16) {
-        dt_cuda_launch(f32_to_bf16_kernel, grid, 256, 0, im->compute,
+    if (dtype == DT_BF16)
+        dt_cuda_launch(f32_to_kernel<__nv_bfloat16>, grid, 256, 0, im->compute,
                        static_cast<const float *>(acc), static_cast<__nv_bfloat16 *>(im->stage),
                        (int64_t)n);
-        CU_LAUNCHED(b, "transport reduce", "f32_to_bf16_kernel");
-    } else {
+    else if (dtype == DT_F16)
+        dt_cuda_launch(f32_to_kernel<__half>, grid, 256, 0, im->compute,
+                       static_cast<const float *>(acc), static_cast<__half *>(im->stage),
+                       (int64_t)n);
+    else
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: cuda reduce: dtype %s", b->rank,
                         dt_dtype_name(dtype));
-    }
+    CU_LAUNCHED(b, "transport reduce", "f32_to_kernel");
     CU_TRY(b, "transport reduce", cudaMemcpyAsync(acc, im->stage, bytes, cudaMemcpyDeviceToDevice,
                                                   im->compute));
     return wait_stream(b, im->compute, "transport reduce");
@@ -1110,6 +1230,7 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
     CREATE_TRY(cudaStreamCreateWithFlags(&im->compute, cudaStreamNonBlocking));
     CREATE_TRY(cudaStreamCreateWithFlags(&im->comm, cudaStreamNonBlocking));
     CREATE_TRY(cudaEventCreateWithFlags(&im->tab_ev, cudaEventDisableTiming));
+    CREATE_TRY(cudaEventCreateWithFlags(&im->free_ev, cudaEventDisableTiming));
 #undef CREATE_TRY
     s = cublasCreate(&im->blas);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(im->blas, im->compute);

@@ -36,6 +36,10 @@ size_t dt_dtype_size(dt_dtype dtype);
 const char *dt_dtype_name(dt_dtype dtype);
 /* 1 if dtype is a known value. */
 int dt_dtype_valid(dt_dtype dtype);
+/* 1 for the floating types (fp32, bf16, fp16): the ones reductions take. */
+static inline int dt_dtype_is_float(dt_dtype dtype) {
+    return dtype == DT_F32 || dtype == DT_BF16 || dtype == DT_F16;
+}
 
 typedef uint16_t dt_bf16;
 

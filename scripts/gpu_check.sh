@@ -246,6 +246,7 @@ fi
 step tests test_cuda 150 20 cmocka "$build/tests/test_cuda"
 step tests test_attention 120 20 cmocka "$build/tests/test_attention"
 step tests test_attention_backward 120 20 cmocka "$build/tests/test_attention_backward"
+step tests test_context 60 10 cmocka "$build/tests/test_context"
 step tests test_collectives 90 15 cmocka "$build/tests/test_collectives"
 step tests test_ring 90 15 cmocka "$build/tests/test_ring"
 step tests test_mlp 90 15 cmocka "$build/tests/test_mlp"
@@ -257,8 +258,12 @@ step tests test_examples_on_cuda 120 20 cmocka env DT_EXAMPLE_BACKEND=cuda "$bui
 step tests test_reliability 150 20 cmocka "$build/tests/test_reliability"
 
 # -------------------------------------------------------- sanitizers
+# --report-api-errors no: NCCL asks cudaFuncGetAttributes about kernels it
+# has no image for on this device and takes error 209 as the answer; memcheck
+# would count each as an error (40 on an H100, 2026-11-22). dtensor checks
+# every CUDA call's status itself, and test_cuda asserts those paths.
 step sanitizer memcheck_test_cuda 120 30 plain "$sanitizer" --tool memcheck --error-exitcode 99 \
-    --print-limit 40 "$build/tests/test_cuda"
+    --report-api-errors no --print-limit 40 "$build/tests/test_cuda"
 # The tensor-core kernels (run before only on the CPU emulator, tests/emu):
 # shared-memory races and barrier misuse, on their one-rank cases.
 for tool in racecheck synccheck; do

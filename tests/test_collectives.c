@@ -31,6 +31,9 @@ static float value(uint64_t seed, int r, size_t i) {
     return (float)((int)(x % 257) - 128) / 4.0f;
 }
 
+/* The reduced types; the values above are exact in all three. */
+static const dt_dtype float_types[] = {DT_F32, DT_BF16, DT_F16};
+
 typedef struct coll_case {
     int p;
     dt_dtype dtype;
@@ -95,7 +98,7 @@ static dt_status rank_all_reduce(dt_context *ctx, void *arg) {
                 ref = op == DT_REDUCE_SUM ? ref + v : fmax(ref, v);
             }
             /* Partial sums are exact in fp32 (multiples of 1/4 below 2^11), and
-             * bf16 is rounded once at the end: the result is exactly known. */
+             * bf16 or fp16 is rounded once at the end: the result is exactly known. */
             if (get(out, c->dtype, i) != rounded(c->dtype, ref)) c->bad[r]++;
         }
     }
@@ -107,10 +110,10 @@ static dt_status rank_all_reduce(dt_context *ctx, void *arg) {
 static void test_all_reduce(void **state) {
     (void)state;
     for (int p = 1; p <= MAXP; p++)
-        for (int dt = 0; dt < 2; dt++)
+        for (int dt = 0; dt < 3; dt++)
             for (int ip = 0; ip < 2; ip++)
                 for (uint64_t seed = 1; seed <= 2; seed++) {
-                    coll_case c = {.p = p, .dtype = dt ? DT_BF16 : DT_F32, .seed = seed, .in_place = ip};
+                    coll_case c = {.p = p, .dtype = float_types[dt], .seed = seed, .in_place = ip};
                     assert_int_equal(launch(&c, rank_all_reduce, 10000), DT_SUCCESS);
                     assert_all_ok(&c);
                 }
@@ -184,9 +187,9 @@ out:
 static void test_all_gather_reduce_scatter(void **state) {
     (void)state;
     for (int p = 1; p <= MAXP; p++)
-        for (int dt = 0; dt < 2; dt++)
+        for (int dt = 0; dt < 3; dt++)
             for (int ip = 0; ip < 2; ip++) {
-                coll_case c = {.p = p, .dtype = dt ? DT_BF16 : DT_F32, .seed = 3, .in_place = ip};
+                coll_case c = {.p = p, .dtype = float_types[dt], .seed = 3, .in_place = ip};
                 assert_int_equal(launch(&c, rank_gather_scatter, 10000), DT_SUCCESS);
                 assert_all_ok(&c);
             }

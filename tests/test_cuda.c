@@ -32,6 +32,10 @@
 #include <string.h>
 #include <time.h>
 
+#ifdef DT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "harness.h"
 #include "collectives/comm.h"
 #include "collectives/ring.h"
@@ -159,6 +163,66 @@ static void test_memory(void **state) {
     REQUIRE_PAIR(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
     results r = {0};
     dt_status st = h_launch_on(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_memory, &r);
+    assert_results(&r, 1, st);
+}
+
+/* The caching allocator (backend_cuda.cu): a freed block comes back for a
+ * request of its size, zeroed like a new one, and not for one under half its
+ * size; a request the device can only meet once the cache is emptied
+ * succeeds (the cache is flushed and cudaMalloc tried again). */
+static dt_status rank_cache(dt_context *ctx, void *arg) {
+    results *r = arg;
+    dt_backend *be = ctx->backend;
+    const size_t n = (size_t)3 << 20;
+    unsigned char *host = malloc(n);
+    void *a = NULL, *b = NULL, *big = NULL;
+    dt_status st = DT_SUCCESS;
+    if (!host) return dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
+    memset(host, 0x5a, n);
+    DT_TRY_GOTO(st, be->ops->alloc(be, n, &a), out);
+    DT_TRY_GOTO(st, be->ops->upload(be, a, host, n), out);
+    void *freed = a;
+    be->ops->free(be, a);
+    a = NULL;
+    DT_TRY_GOTO(st, be->ops->alloc(be, n - 1000, &a), out);
+    if (a != freed) note_bad(r, 0, "a freed block of %zu bytes was not reused for %zu", n, n - 1000);
+    DT_TRY_GOTO(st, be->ops->download(be, host, a, n - 1000), out);
+    for (size_t i = 0; i < n - 1000; i++)
+        if (host[i]) { note_bad(r, 0, "reused block: byte %zu is %d, not 0", i, host[i]); break; }
+    be->ops->free(be, a);
+    a = NULL;
+    DT_TRY_GOTO(st, be->ops->alloc(be, n / 4, &b), out);
+    if (b == freed) note_bad(r, 0, "a cached block of %zu bytes served a request of %zu", n, n / 4);
+#ifdef DT_HAVE_CUDA
+    /* Out of memory with the cache full: 60% of the free memory cached,
+     * then 70% asked for. */
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
+        DT_TRY_GOTO(st, dt_error(DT_ERR_BACKEND, "test: cudaMemGetInfo failed"), out);
+    DT_TRY_GOTO(st, be->ops->alloc(be, free_b / 10 * 6, &big), out);
+    be->ops->free(be, big);
+    big = NULL;
+    if (be->ops->alloc(be, free_b / 10 * 7, &big) != DT_SUCCESS)
+        note_bad(r, 0, "70%% of %zu free bytes with 60%% cached: %s", free_b, dt_last_error());
+#endif
+out:
+    be->ops->free(be, a);
+    be->ops->free(be, b);
+    be->ops->free(be, big);
+    free(host);
+    record_status(r, 0, st);
+    return st;
+}
+
+static void test_cache(void **state) {
+    (void)state;
+    REQUIRE_PAIR(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
+    /* On the emulator a 256 MiB device (its memory is host memory); a GPU
+     * ignores the variable and the case uses 70% of what it has free. */
+    setenv("DT_EMU_DEVICE_MIB", "256", 1);
+    results r = {0};
+    dt_status st = h_launch_on(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_cache, &r);
+    unsetenv("DT_EMU_DEVICE_MIB");
     assert_results(&r, 1, st);
 }
 
@@ -666,7 +730,7 @@ typedef struct coll_case {
     results r;
 } coll_case;
 
-/* Small integers: every sum of up to 8 ranks is exact in fp32 and bf16, on
+/* Small integers: every sum of up to 8 ranks is exact in fp32, bf16 and fp16, on
  * any transport and in any reduction order. */
 static float ival(uint64_t seed, int rank, size_t i) {
     uint64_t x = seed * 0x9E3779B97F4A7C15ull + (uint64_t)rank * 0xBF58476D1CE4E5B9ull +
@@ -758,8 +822,8 @@ static dt_status rank_collectives(dt_context *ctx, void *arg) {
     dt_status st = DT_SUCCESS;
     if (strcmp(k.be->ops->name, "cuda") != 0) note_bad(k.r, j, "backend is %s", k.be->ops->name);
 
-    for (int dti = 0; dti < 2; dti++) {
-        dt_dtype dt = dti ? DT_BF16 : DT_F32;
+    for (int dti = 0; dti < 3; dti++) {
+        dt_dtype dt = (const dt_dtype[]){DT_F32, DT_BF16, DT_F16}[dti];
         size_t es = dt_dtype_size(dt);
         /* all_reduce: sum out of place, max in place */
         want_args w = {100 + dti, N, DT_REDUCE_SUM, 0, 0};
@@ -1143,6 +1207,7 @@ int main(void) {
 
     add(&tb, test_selection, NULL, "selection/auto,env,refusals");
     add(&tb, test_memory, NULL, "backend/memory: alloc,upload,download,copy,zero,sync");
+    add(&tb, test_cache, NULL, "backend/memory: the caching allocator: reuse, zeroing, out of memory");
     add(&tb, test_backend_errors, NULL, "backend/errors");
 
     static runs_case runs[] = {

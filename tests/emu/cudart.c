@@ -17,7 +17,8 @@
  *     warn and go on.
  *   - Device memory is 256-byte aligned host memory, filled with 0xcd bytes
  *     when allocated (cudaHostAlloc's is not filled); a device holds
- *     min(80 GiB, half the host's RAM), and cudaMalloc beyond that fails
+ *     min(80 GiB, half the host's RAM), or DT_EMU_DEVICE_MIB MiB where that
+ *     is set (tests that need to run out), and cudaMalloc beyond that fails
  *     with cudaErrorMemoryAllocation. Every allocation is in one table, so
  *     pointers are checked: cudaFree / cudaFreeHost reject pointers they did
  *     not return, and a copy, memset or gemm operand that starts inside an
@@ -170,6 +171,15 @@ static cudaError_t check_device(int device) {
 }
 
 static size_t device_bytes(void) {
+    /* DT_EMU_DEVICE_MIB: a smaller device, for tests that run it out of
+     * memory (read at every allocation, so a test may set it for a while). */
+    const char *s = getenv("DT_EMU_DEVICE_MIB");
+    if (s && *s) {
+        char *end;
+        errno = 0;
+        long mib = strtol(s, &end, 10);
+        if (!errno && !*end && mib > 0 && mib <= (80L << 10)) return (size_t)mib << 20;
+    }
     const size_t h100 = (size_t)80 << 30;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     size_t half_ram = pages > 0 && page > 0 ? (size_t)pages * (size_t)page / 2 : h100;
