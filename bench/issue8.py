@@ -216,13 +216,19 @@ class Session:
     def outcome(self, command, returncode, stdout, stderr, seconds):
         why = last_line(stderr)
         if returncode == 0:
+            # The object starts on a line of its own: lines before it are
+            # other writers' (NCCL_DEBUG prints to stdout), kept as a note.
+            lines = stdout.splitlines(keepends=True)
+            first = next((i for i, ln in enumerate(lines) if ln.startswith("{")), 0)
             try:
-                out = json.loads(stdout)
-                self.record(command, "ok", seconds)
+                out = json.loads("".join(lines[first:]))
+                self.record(command, "ok", seconds,
+                            "before the JSON: " + lines[0].strip() if first else "")
                 self.steps[-1]["output"] = out
                 return out
             except ValueError as e:
-                why = f"its output is not one JSON object ({e})"
+                why = (f"its output is not one JSON object ({e}); it begins: "
+                       f"{stdout[:120]!r}")
         elif returncode == 3 or "DT_ERR_NOT_SUPPORTED" in stderr:
             self.record(command, "not supported", seconds, why)
             return NA("not supported", why)

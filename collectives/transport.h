@@ -65,11 +65,19 @@ typedef struct dt_mem_ops {
     /* Zeroed memory of `bytes` (0: a valid unique pointer). */
     dt_status (*alloc)(void *arg, size_t bytes, void **out);
     void (*free)(void *arg, void *p);
-    /* dst := src, bytes; either may be host or device memory. */
-    dt_status (*copy)(void *arg, void *dst, const void *src, size_t bytes);
+    /* dst := src, bytes; either may be host or device memory. The copy
+     * starts after the work that dst_ready and src_ready mark (tokens of
+     * `mark`, this rank's or a peer's; NULL: nothing to wait for). */
+    dt_status (*copy)(void *arg, void *dst, const void *src, size_t bytes, const void *dst_ready,
+                      const void *src_ready);
     /* Make the caller's earlier writes to its buffers readable by other
      * ranks' threads (cuda: wait for the compute stream). */
     dt_status (*publish)(void *arg);
+    /* Mark, without waiting, the point the caller's queued work has reached:
+     * *ready is the token a copy passes to start after that work (cuda: an
+     * event recorded on the compute stream; host: NULL, nothing is queued).
+     * A token stays valid until the caller's next mark. */
+    dt_status (*mark)(void *arg, const void **ready);
     /* acc[i] := x[i] (first) or op(acc[i], x[i]) for i < n, in fp32; acc is
      * this memory's fp32 scratch, x (fp32 or bf16) may live anywhere. */
     dt_status (*reduce)(void *arg, float *acc, const void *x, size_t n, dt_dtype dtype,

@@ -33,9 +33,12 @@
  * Memory: every byte is moved, reduced and allocated through the rank's
  * dt_mem hooks (comm->mem, chosen when the world's communicators are made):
  * plain memcpy and C loops on host memory, cudaMemcpy and device kernels for
- * CUDA ranks sharing GPUs. A rank publishes (cuda: waits for its compute
- * stream) before peers may read its buffers, and each hook call has
- * completed when it returns, so the algorithm above is the same for both.
+ * CUDA ranks sharing GPUs. Before a collective a rank publishes (cuda: waits
+ * for its compute stream), so peers may read its buffers; a p2p group only
+ * marks (cuda: records an event), and each copy of the group starts on the
+ * device after the marks of both its ends, so a ring step's copy overlaps
+ * the kernel launched after dt_comm_p2p_start. Each hook call has completed
+ * when it returns, so the algorithm above is the same for host and device.
  *
  * Test: tests/test_collectives.c, tests/test_ring.c (make test).
  */
@@ -69,6 +72,7 @@ typedef struct local_slot {
     unsigned char *op_consumed; /* per published send: consumed by the receiver */
     int sends_outstanding;
     int readers;                /* receivers copying from this member's buffers now */
+    const void *p2p_ready;      /* mark token: the member's work before its group */
     uint64_t *sent;             /* [size] sends posted to each peer */
     uint64_t *received;         /* [size] receives posted from each peer */
     /* what the member is blocked in, for timeout messages */
@@ -116,14 +120,23 @@ static void host_free(void *arg, void *p) {
     free(p);
 }
 
-static dt_status host_copy(void *arg, void *dst, const void *src, size_t bytes) {
+static dt_status host_copy(void *arg, void *dst, const void *src, size_t bytes,
+                           const void *dst_ready, const void *src_ready) {
     (void)arg;
+    (void)dst_ready;
+    (void)src_ready;
     if (bytes) memcpy(dst, src, bytes);
     return DT_SUCCESS;
 }
 
 static dt_status host_publish(void *arg) {
     (void)arg;
+    return DT_SUCCESS;
+}
+
+static dt_status host_mark(void *arg, const void **ready) {
+    (void)arg;
+    *ready = NULL;
     return DT_SUCCESS;
 }
 
@@ -172,6 +185,7 @@ static const dt_mem_ops host_mem_ops = {
     .free = host_free,
     .copy = host_copy,
     .publish = host_publish,
+    .mark = host_mark,
     .reduce = host_reduce,
     .finish = host_finish,
 };
@@ -536,15 +550,15 @@ static dt_status move_data(dt_comm *c, const dt_coll_args *a) {
         for (int m = 0; m < g->size; m++) {
             char *dst = (char *)a->recv + (size_t)m * bytes;
             if (bytes && dst != s[m].args.send)
-                DT_TRY(mem->ops->copy(mem->arg, dst, s[m].args.send, bytes));
+                DT_TRY(mem->ops->copy(mem->arg, dst, s[m].args.send, bytes, NULL, NULL));
         }
         return DT_SUCCESS;
     case DT_COLL_BROADCAST:
-        if (r != a->root && bytes) return mem->ops->copy(mem->arg, a->recv, s[a->root].args.recv, bytes);
+        if (r != a->root && bytes) return mem->ops->copy(mem->arg, a->recv, s[a->root].args.recv, bytes, NULL, NULL);
         return DT_SUCCESS;
     case DT_COLL_SCATTER: {
         const char *src = (const char *)s[a->root].args.send + (size_t)r * bytes;
-        if (bytes && src != a->recv) return mem->ops->copy(mem->arg, a->recv, src, bytes);
+        if (bytes && src != a->recv) return mem->ops->copy(mem->arg, a->recv, src, bytes, NULL, NULL);
         return DT_SUCCESS;
     }
     case DT_COLL_GATHER:
@@ -552,7 +566,7 @@ static dt_status move_data(dt_comm *c, const dt_coll_args *a) {
             for (int m = 0; m < g->size; m++) {
                 char *dst = (char *)a->recv + (size_t)m * bytes;
                 if (bytes && dst != s[m].args.send)
-                    DT_TRY(mem->ops->copy(mem->arg, dst, s[m].args.send, bytes));
+                    DT_TRY(mem->ops->copy(mem->arg, dst, s[m].args.send, bytes, NULL, NULL));
             }
         return DT_SUCCESS;
     default: return DT_SUCCESS;
@@ -662,7 +676,8 @@ unlock:
     me->state = NULL;
     pthread_mutex_unlock(&w->mu);
     if (st == DT_SUCCESS && is_reduction(a->kind) && a->count)
-        st = c->mem.ops->copy(c->mem.arg, a->recv, me->scratch, a->count * dt_dtype_size(a->dtype));
+        st = c->mem.ops->copy(c->mem.arg, a->recv, me->scratch, a->count * dt_dtype_size(a->dtype),
+                             NULL, NULL);
     if (st != DT_SUCCESS && split_out && *split_out) {
         dt_comm_destroy(*split_out);
         *split_out = NULL;
@@ -676,7 +691,12 @@ static dt_status local_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n) {
     dt_local_group *g = c->impl;
     dt_local_world *w = g->world;
     local_slot *me = &g->slots[c->rank];
-    dt_status st = c->mem.ops->publish(c->mem.arg);
+    /* No wait: the copies of the group start after the work queued so far
+     * on the buffers of both ends (their marks), and a ring step's copy runs
+     * beside the kernel the rank launches next. Mark before taking the lock:
+     * peers read the token only once the group is published below. */
+    const void *ready = NULL;
+    dt_status st = c->mem.ops->mark(c->mem.arg, &ready);
     if (st != DT_SUCCESS) {
         dt_local_world_abort(w, c->world_rank, st, dt_last_error());
         return st;
@@ -712,6 +732,7 @@ static dt_status local_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n) {
     }
     me->p2p_ops = ops;
     me->p2p_n = n;
+    me->p2p_ready = ready;
     me->state = "sendrecv";
     pthread_cond_broadcast(&w->cv);
 unlock:
@@ -786,10 +807,12 @@ static dt_status local_p2p_wait(dt_comm *c) {
             goto unlock;
         }
         peer->readers++;
+        const void *src_ready = peer->p2p_ready;
         pthread_mutex_unlock(&w->mu);
         size_t bytes = op->count * dt_dtype_size(op->dtype);
         dt_status copied = DT_SUCCESS;
-        if (bytes && op->buf != src->buf) copied = c->mem.ops->copy(c->mem.arg, op->buf, src->buf, bytes);
+        if (bytes && op->buf != src->buf)
+            copied = c->mem.ops->copy(c->mem.arg, op->buf, src->buf, bytes, me->p2p_ready, src_ready);
         pthread_mutex_lock(&w->mu);
         peer->readers--;
         peer->op_consumed[j] = 1;

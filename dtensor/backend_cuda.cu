@@ -108,6 +108,7 @@ struct cuda_impl {
     dev_blocks live, cached;
     size_t cached_bytes;
     cudaEvent_t free_ev;        /* orders the comm stream before a freed block's reuse */
+    cudaEvent_t mark_ev;        /* transport mark: the compute stream's point at a p2p start */
     /* profiling marks: events on the compute stream (backend.h mark ops) */
     cudaEvent_t *marks;
     int n_marks;
@@ -507,6 +508,7 @@ void cuda_destroy(dt_backend *b) {
         if (idle) {
             (void)cache_flush(b, "destroy");
             if (im->free_ev) (void)cudaEventDestroy(im->free_ev);
+            if (im->mark_ev) (void)cudaEventDestroy(im->mark_ev);
             if (im->tab_dev) (void)cudaFree(im->tab_dev);
             if (im->stage) (void)cudaFree(im->stage);
             if (im->tab_host) (void)cudaFreeHost(im->tab_host);
@@ -1074,21 +1076,28 @@ dt_status mem_alloc(void *arg, size_t bytes, void **out) { return cuda_alloc(bac
 
 void mem_free(void *arg, void *p) { cuda_free(backend_of(arg), p); }
 
-dt_status mem_copy(void *arg, void *dst, const void *src, size_t bytes) {
+dt_status mem_copy(void *arg, void *dst, const void *src, size_t bytes, const void *dst_ready,
+                   const void *src_ready) {
     if (bytes == 0 || dst == src) return DT_SUCCESS;
     if (device_of(dst) < 0 && device_of(src) < 0) {
         memmove(dst, src, bytes); /* host to host: agreement tables, user host buffers */
         return DT_SUCCESS;
     }
-    /* On the communication stream, not the compute stream: the caller has
-     * published (waited for) its compute work before offering buffers, so
-     * nothing queued there touches them, and a ring step's copy of the next
-     * block runs beside the kernel the rank has just launched on the block
-     * it holds. Waited for here: the transport's hooks complete on return. */
+    /* On the communication stream, not the compute stream: the work that
+     * touched the buffers before is either done (published) or marked, and
+     * the copy waits for the marks on the device, so a ring step's copy of
+     * the next block runs beside the kernel the rank has just launched on
+     * the block it holds. Waited for here: the transport's hooks complete on
+     * return. */
     dt_backend *b = backend_of(arg);
     DT_TRY(check_buffers(b, "transport copy", dst, src, bytes));
     DT_TRY(enter(b, "transport copy"));
     cuda_impl *im = impl_of(b);
+    const void *ready[2] = {dst_ready, src_ready};
+    for (int i = 0; i < 2; i++)
+        if (ready[i])
+            CU_TRY(b, "transport copy",
+                   cudaStreamWaitEvent(im->comm, (cudaEvent_t)const_cast<void *>(ready[i]), 0));
     CU_TRY(b, "transport copy", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, im->comm));
     return wait_stream(b, im->comm, "transport copy");
 }
@@ -1097,6 +1106,16 @@ dt_status mem_publish(void *arg) {
     dt_backend *b = backend_of(arg);
     DT_TRY(enter(b, "transport publish"));
     return wait_stream(b, impl_of(b)->compute, "transport publish");
+}
+
+dt_status mem_mark(void *arg, const void **ready) {
+    dt_backend *b = backend_of(arg);
+    cuda_impl *im = impl_of(b);
+    *ready = NULL;
+    DT_TRY(enter(b, "transport mark"));
+    CU_TRY(b, "transport mark", cudaEventRecord(im->mark_ev, im->compute));
+    *ready = im->mark_ev;
+    return DT_SUCCESS;
 }
 
 dt_status mem_reduce(void *arg, float *acc, const void *x, size_t n, dt_dtype dtype,
@@ -1160,7 +1179,7 @@ dt_status mem_finish(void *arg, void *acc, size_t n, dt_dtype dtype) {
 }
 
 const dt_mem_ops cuda_mem_ops = {
-    "cuda", mem_alloc, mem_free, mem_copy, mem_publish, mem_reduce, mem_finish,
+    "cuda", mem_alloc, mem_free, mem_copy, mem_publish, mem_mark, mem_reduce, mem_finish,
 };
 
 } /* namespace */
@@ -1231,6 +1250,7 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
     CREATE_TRY(cudaStreamCreateWithFlags(&im->comm, cudaStreamNonBlocking));
     CREATE_TRY(cudaEventCreateWithFlags(&im->tab_ev, cudaEventDisableTiming));
     CREATE_TRY(cudaEventCreateWithFlags(&im->free_ev, cudaEventDisableTiming));
+    CREATE_TRY(cudaEventCreateWithFlags(&im->mark_ev, cudaEventDisableTiming));
 #undef CREATE_TRY
     s = cublasCreate(&im->blas);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(im->blas, im->compute);
