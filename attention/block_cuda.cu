@@ -153,29 +153,42 @@ __global__ void init_kernel(size_t rows, int64_t dim, float *acc, float *m, floa
     }
 }
 
+/* finalize and delta: one warp per output row r (of batch x rows x heads),
+ * its lanes over the row's dim elements, so every access of a warp is one
+ * contiguous run (a thread per row made each access a 32-way scatter). */
+constexpr int ROW_WARPS = 8;   /* rows per block of 256 threads */
+
+__device__ __forceinline__ int64_t ml_index(int64_t r, int64_t rows, int64_t heads) {
+    const int64_t h = r % heads, x = (r / heads) % rows, b = r / (heads * rows);
+    return (b * heads + h) * rows + x;
+}
+
 __global__ void finalize_kernel(dt_dtype dt, int64_t batch, int64_t rows, int64_t heads,
                                 int64_t dim, const float *acc, const float *m, const float *l,
                                 void *o, float *lse) {
     const int64_t n = batch * rows * heads;
-    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < n;
-         r += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t h = r % heads, x = (r / heads) % rows, b = r / (heads * rows);
-        const int64_t ml = (b * heads + h) * rows + x;
-        const float inv = l[ml] > 0.0f ? 1.0f / l[ml] : 0.0f;
-        lse[ml] = l[ml] > 0.0f ? m[ml] + logf(l[ml]) : -INFINITY;
-        for (int64_t d = 0; d < dim; d++) store_val(o, dt, r * dim + d, acc[r * dim + d] * inv);
+    const int lane = (int)threadIdx.x & 31;
+    for (int64_t r = blockIdx.x * (int64_t)ROW_WARPS + (threadIdx.x >> 5); r < n;
+         r += (int64_t)gridDim.x * ROW_WARPS) {
+        const int64_t ml = ml_index(r, rows, heads);
+        const float lr = l[ml];
+        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+        if (lane == 0) lse[ml] = lr > 0.0f ? m[ml] + logf(lr) : -INFINITY;
+        for (int64_t d = lane; d < dim; d += 32) store_val(o, dt, r * dim + d, acc[r * dim + d] * inv);
     }
 }
 
 __global__ void delta_kernel(dt_dtype dt, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
                              const void *o, const void *dout, float *delta) {
     const int64_t n = batch * rows * heads;
-    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < n;
-         r += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t h = r % heads, x = (r / heads) % rows, b = r / (heads * rows);
+    const int lane = (int)threadIdx.x & 31;
+    for (int64_t r = blockIdx.x * (int64_t)ROW_WARPS + (threadIdx.x >> 5); r < n;
+         r += (int64_t)gridDim.x * ROW_WARPS) {
         float sum = 0.0f;
-        for (int64_t d = 0; d < dim; d++) sum += load(o, dt, r * dim + d) * load(dout, dt, r * dim + d);
-        delta[(b * heads + h) * rows + x] = sum;
+        for (int64_t d = lane; d < dim; d += 32)
+            sum += load(o, dt, r * dim + d) * load(dout, dt, r * dim + d);
+        for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+        if (lane == 0) delta[ml_index(r, rows, heads)] = sum;
     }
 }
 
@@ -316,7 +329,7 @@ dt_status finalize(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows, 
                    int64_t dim, const float *acc, const float *m, const float *l, void *o,
                    float *lse) {
     size_t n = (size_t)(batch * rows * heads);
-    dt_cuda_launch(finalize_kernel, blocks_for(n, 256), 256, 0, stream_of(be),
+    dt_cuda_launch(finalize_kernel, blocks_for(n, ROW_WARPS), 32 * ROW_WARPS, 0, stream_of(be),
                    dtype, batch, rows, heads, dim, acc, m, l, o, lse);
     return launched("finalize");
 }
@@ -324,7 +337,7 @@ dt_status finalize(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows, 
 dt_status delta_rows(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads,
                      int64_t dim, const void *o, const void *dout, float *delta) {
     size_t n = (size_t)(batch * rows * heads);
-    dt_cuda_launch(delta_kernel, blocks_for(n, 256), 256, 0, stream_of(be),
+    dt_cuda_launch(delta_kernel, blocks_for(n, ROW_WARPS), 32 * ROW_WARPS, 0, stream_of(be),
                    dtype, batch, rows, heads, dim, o, dout, delta);
     return launched("delta");
 }

@@ -1245,9 +1245,16 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
         CREATE_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, o->device));
         im->cc = major * 10 + minor;
     }
-    /* Non-blocking: no implicit ordering with the legacy default stream. */
-    CREATE_TRY(cudaStreamCreateWithFlags(&im->compute, cudaStreamNonBlocking));
-    CREATE_TRY(cudaStreamCreateWithFlags(&im->comm, cudaStreamNonBlocking));
+    /* Non-blocking: no implicit ordering with the legacy default stream. The
+     * communication stream has the greatest priority: a same-device copy
+     * runs on the SMs, and its blocks then go ahead of the queued blocks of
+     * the kernel it should overlap instead of waiting for that kernel. */
+    {
+        int least = 0, greatest = 0;
+        CREATE_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+        CREATE_TRY(cudaStreamCreateWithFlags(&im->compute, cudaStreamNonBlocking));
+        CREATE_TRY(cudaStreamCreateWithPriority(&im->comm, cudaStreamNonBlocking, greatest));
+    }
     CREATE_TRY(cudaEventCreateWithFlags(&im->tab_ev, cudaEventDisableTiming));
     CREATE_TRY(cudaEventCreateWithFlags(&im->free_ev, cudaEventDisableTiming));
     CREATE_TRY(cudaEventCreateWithFlags(&im->mark_ev, cudaEventDisableTiming));

@@ -621,6 +621,21 @@ int dt_emu_cuda_stream_device(cudaStream_t stream) {
     return stream && stream->magic == STREAM_MAGIC ? stream->device : -1;
 }
 
+/* Priorities as an H100 reports them (0 least, -5 greatest); streams never
+ * overlap here, so a priority changes nothing but is kept. */
+cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPriority) {
+    cudaError_t e = check_device(tl_device);
+    if (e != cudaSuccess) return fail(e);
+    if (leastPriority) *leastPriority = 0;
+    if (greatestPriority) *greatestPriority = -5;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags, int priority) {
+    (void)priority; /* CUDA clamps it to the range: any value is accepted */
+    return cudaStreamCreateWithFlags(pStream, flags);
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
     if (!pStream || (flags & ~(unsigned)cudaStreamNonBlocking)) return fail(cudaErrorInvalidValue);
     cudaError_t e = check_device(tl_device);
