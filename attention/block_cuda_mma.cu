@@ -1,10 +1,11 @@
 /* attention/block_cuda_mma.cu — the tensor-core forward block kernel
  * (FlashAttention-2 style) for bf16 and fp16, head dims 64 and 128, compute
- * capability >= 8.0. STATUS: runs on the CPU emulator of CUDA (tests/emu,
- * test_mma_emu: against the double reference on ring, striped and zigzag
- * blocks), never yet on a GPU; the simple kernel in block_cuda.cu stays as
- * the fallback and the cross-check (DT_ATTN_KERNEL=simple|mma|auto,
- * block.h).
+ * capability >= 8.0. STATUS: passes its tests on the CPU emulator of CUDA
+ * (tests/emu, test_mma_emu: against the double reference on ring, striped
+ * and zigzag blocks) and on an H100 (0.81x to 1.11x FlashAttention-2 there,
+ * docs/PERFORMANCE.md); the default forward where the wgmma kernel cannot
+ * run (before compute capability 9.0); the simple kernel in block_cuda.cu
+ * stays as the fallback and the cross-check (DT_ATTN_KERNEL, block.h).
  *
  * Contract: dt_attn_kernels.fwd of block.h, the same as block_cpu.c and the
  * simple kernel. One query segment against one key/value segment, GQA (query

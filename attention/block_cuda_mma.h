@@ -2,8 +2,8 @@
  * forward (block_cuda_mma.cu, and for Hopper block_cuda_wgmma.cu) and
  * backward (block_cuda_mma_bwd.cu), for the
  * CUDA kernel table in block_cuda.cu, which chooses between them and the
- * simple kernels (DT_ATTN_KERNEL, block.h). Both have run on the CPU
- * emulator of CUDA (tests/emu), never yet on a GPU.
+ * simple kernels (DT_ATTN_KERNEL, block.h). All pass their tests on the
+ * CPU emulator of CUDA (tests/emu) and on an H100.
  * Plain C; the stream crosses as void * (a cudaStream_t).
  */
 #ifndef DT_ATTN_BLOCK_CUDA_MMA_H
