@@ -79,10 +79,10 @@ typedef struct dt_mem_ops {
      * A token stays valid until the caller's next mark. */
     dt_status (*mark)(void *arg, const void **ready);
     /* acc[i] := x[i] (first) or op(acc[i], x[i]) for i < n, in fp32; acc is
-     * this memory's fp32 scratch, x (fp32 or bf16) may live anywhere. */
+     * this memory's fp32 scratch, x (fp32, bf16 or fp16) may live anywhere. */
     dt_status (*reduce)(void *arg, float *acc, const void *x, size_t n, dt_dtype dtype,
                         dt_reduce_op op, int first);
-    /* Round acc (n fp32 values) to dtype in place (bf16: packed at the start). */
+    /* Round acc (n fp32 values) to dtype in place (bf16, fp16: packed at the start). */
     dt_status (*finish)(void *arg, void *acc, size_t n, dt_dtype dtype);
 } dt_mem_ops;
 

@@ -554,11 +554,13 @@ static dt_status move_data(dt_comm *c, const dt_coll_args *a) {
         }
         return DT_SUCCESS;
     case DT_COLL_BROADCAST:
-        if (r != a->root && bytes) return mem->ops->copy(mem->arg, a->recv, s[a->root].args.recv, bytes, NULL, NULL);
+        if (r != a->root && bytes)
+            return mem->ops->copy(mem->arg, a->recv, s[a->root].args.recv, bytes, NULL, NULL);
         return DT_SUCCESS;
     case DT_COLL_SCATTER: {
         const char *src = (const char *)s[a->root].args.send + (size_t)r * bytes;
-        if (bytes && src != a->recv) return mem->ops->copy(mem->arg, a->recv, src, bytes, NULL, NULL);
+        if (bytes && src != a->recv)
+            return mem->ops->copy(mem->arg, a->recv, src, bytes, NULL, NULL);
         return DT_SUCCESS;
     }
     case DT_COLL_GATHER:
@@ -812,7 +814,8 @@ static dt_status local_p2p_wait(dt_comm *c) {
         size_t bytes = op->count * dt_dtype_size(op->dtype);
         dt_status copied = DT_SUCCESS;
         if (bytes && op->buf != src->buf)
-            copied = c->mem.ops->copy(c->mem.arg, op->buf, src->buf, bytes, me->p2p_ready, src_ready);
+            copied = c->mem.ops->copy(c->mem.arg, op->buf, src->buf, bytes, me->p2p_ready,
+                                      src_ready);
         pthread_mutex_lock(&w->mu);
         peer->readers--;
         peer->op_consumed[j] = 1;

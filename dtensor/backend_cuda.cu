@@ -548,8 +548,8 @@ void *cache_take(cuda_impl *im, size_t want, size_t *bytes) {
     size_t best = im->cached.n;
     for (size_t i = 0; i < im->cached.n; i++) {
         size_t have = im->cached.v[i].bytes;
-        if (have >= want && have / 2 <= want && (best == im->cached.n || have < im->cached.v[best].bytes))
-            best = i;
+        int fits = have >= want && have / 2 <= want;
+        if (fits && (best == im->cached.n || have < im->cached.v[best].bytes)) best = i;
     }
     if (best == im->cached.n) return NULL;
     dev_block blk = blocks_take(&im->cached, best);
