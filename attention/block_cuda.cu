@@ -10,8 +10,8 @@
  * kernels, chosen per block by fwd():
  *   - wgmma (block_cuda_wgmma.cu): Hopper warpgroup MMA fed by TMA, bf16 /
  *     fp16, head dim 64 or 128, compute capability 9.0 and an sm_90 build,
- *     16-byte aligned q, k, v; used by default where it can run (1.2x to
- *     1.6x FlashAttention-2's forward on an H100: docs/PERFORMANCE.md).
+ *     16-byte aligned q, k, v; used by default where it can run (1.17x to
+ *     1.55x FlashAttention-2's forward on an H100: docs/PERFORMANCE.md).
  *   - mma (block_cuda_mma.cu): FlashAttention-2 style on tensor cores, for
  *     bf16 / fp16, head dim 64 or 128, compute capability >= 8.0, with
  *     16-byte aligned q, k, v; used by default where wgmma cannot run.
