@@ -307,11 +307,11 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
         if ((auto_ || a->kernel == DT_ATTN_KERNEL_WGMMA) &&
             dt_attn_wgmma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
             dt_attn_mma_block_ok(a, why, sizeof why))
-            return dt_attn_wgmma_fwd(stream_of(be), a);
+            return dt_attn_wgmma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
         if ((auto_ || a->kernel == DT_ATTN_KERNEL_MMA) &&
             dt_attn_mma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
             dt_attn_mma_block_ok(a, why, sizeof why))
-            return dt_attn_mma_fwd(stream_of(be), a);
+            return dt_attn_mma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
         if (!auto_)
             return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=%s: %s",
                             be->rank, dt_attn_kernel_choice_name(a->kernel), why);
@@ -350,7 +350,7 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
         if (dt_attn_mma_supported(a->dtype, a->dim, dt_backend_cuda_compute_capability(be), why,
                                   sizeof why) &&
             dt_attn_mma_bwd_block_ok(a, why, sizeof why))
-            return dt_attn_mma_bwd(stream_of(be), a);
+            return dt_attn_mma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
         if (a->kernel != DT_ATTN_KERNEL_AUTO)   /* mma, or wgmma: no wgmma backward yet */
             return dt_error(DT_ERR_NOT_SUPPORTED,
                             "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=%s: %s", be->rank,

@@ -14,9 +14,11 @@
  * read at the start and written back at the end (fused accumulation, no
  * merge pass).
  *
- * Work split. Grid (query tiles, heads, batch); a CTA of 4 warps (128
- * threads) owns a tile of BM = 64 query rows of one (batch, head), warp w
- * rows 16w .. 16w+15; key tiles of BN = 64. Per key tile, each warp:
+ * Work split. A CTA per (query tile, head, batch), launched in the order of
+ * mma_layout.h (the heaviest query tiles of a section of heads first); a
+ * CTA of 4 warps (128 threads) owns a tile of BM = 64 query rows of one
+ * (batch, head), warp w rows 16w .. 16w+15; key tiles of BN = 64. Per key
+ * tile, each warp:
  *   S[16x64]  = Q[16xD] K^T          mma m16n8k16, Q as A fragments held in
  *                                    registers, K via ldmatrix (B operand)
  *   S = scale * S, masked (-inf) on partial tiles only
@@ -158,30 +160,29 @@ __device__ __forceinline__ void tile_pv(float (&o)[D / 8][4], const float (&p)[N
     }
 }
 
-/* Query tiles in reverse launch order: under a causal mask the last tiles
- * have the most keys, and starting them first shortens the tail. */
-__device__ __forceinline__ int64_t query_tile_of_block() {
-    return (int64_t)gridDim.x - 1 - (int64_t)blockIdx.x;
-}
-
 #endif /* !DT_MMA_STUB */
 
 /* ------------------------------------------------------------ the kernel */
 
-/* grid: (ceil(qseg.len / 64), heads, batch); block: 128 threads; dynamic
- * shared memory (BM + 4 BN) * D * sizeof(T). */
+/* grid: ceil(qseg.len / 64) x heads x batch blocks, in mma_layout.h's
+ * launch order with `section` units (dt_mma_sched); block: 128 threads;
+ * dynamic shared memory (BM + 4 BN) * D * sizeof(T). */
 template <typename T, int D>
-__global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_args a) {
+__global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_args a,
+                                                          const int64_t section) {
 #ifdef DT_MMA_STUB
     (void)a;
+    (void)section;
     __trap();   /* never launched: the host requires compute capability >= 8.0 */
 #else
     DT_DYNAMIC_SMEM(unsigned char, smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int64_t H = a.heads, G = a.kv_heads;
-    const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (H / G);
-    const int64_t nq = a.qseg.len, nk = a.kseg.len;
-    const int64_t x0 = query_tile_of_block() * BM;
+    const int64_t nq = a.qseg.len, nk = a.kseg.len, n_qt = dt_mma_query_tiles(nq);
+    int64_t rank, unit;   /* rank 0: the last query tile, the most keys */
+    dt_mma_sched(blockIdx.x, n_qt, a.batch * H, section, &rank, &unit);
+    const int64_t b = unit / H, h = unit % H, g = h / (H / G);
+    const int64_t x0 = (n_qt - 1 - rank) * BM;
     const int64_t x1 = x0 + BM < nq ? x0 + BM : nq;
 
     /* Key tiles to visit (the non-empty ones) and how many need no mask;
@@ -239,11 +240,11 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
 }
 
 template <typename T, int D>
-dt_status launch(cudaStream_t stream, const dt_attn_block_args *a) {
-    const dim3 grid((unsigned)((a->qseg.len + BM - 1) / BM), (unsigned)a->heads,
-                    (unsigned)a->batch);
-    return dt_mma_launch(fwd_mma_kernel<T, D>, grid, DT_MMA_THREADS, (size_t)(BM + 4 * BN) * D * sizeof(T),
-                         stream, *a, "forward", D, a->dtype);
+dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes) {
+    const dim3 grid((unsigned)(dt_mma_query_tiles(a->qseg.len) * a->heads * a->batch));
+    return dt_mma_launch(fwd_mma_kernel<T, D>, grid, DT_MMA_THREADS,
+                         (size_t)(BM + 4 * BN) * D * sizeof(T), stream, "forward", D, a->dtype,
+                         *a, dt_mma_fwd_section(*a, l2_bytes));
 }
 
 void say(char *why, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -281,10 +282,11 @@ namespace {
 
 /* The needs both tensor-core kernels share: 16-bit operands 16-byte aligned
  * (cp.async), batch strides of whole 16-byte rows, segments whose row
- * indices fit an int with a tile to spare, grid dims y, z <= 65535. */
+ * indices fit an int with a tile to spare, a 1-D grid of (tiles of 64 rows
+ * of the `tiled` segment) x units x batch blocks within 2^31 - 1. */
 int operands_ok(const char *const *names, const void *const *ptrs, int nptrs, int64_t stride_a,
-                int64_t stride_b, int64_t nq, int64_t nk, int64_t grid_y, int64_t grid_z,
-                const char *grid_y_name, char *why, size_t why_size) {
+                int64_t stride_b, int64_t nq, int64_t nk, int64_t tiled, int64_t units,
+                int64_t batch, const char *units_name, char *why, size_t why_size) {
     for (int i = 0; i < nptrs; i++)
         if ((uintptr_t)ptrs[i] % 16) {
             say(why, why_size, "%s (%p) is not 16-byte aligned", names[i], ptrs[i]);
@@ -300,9 +302,10 @@ int operands_ok(const char *const *names, const void *const *ptrs, int nptrs, in
             (long long)nq, (long long)nk);
         return 0;
     }
-    if (grid_y > 65535 || grid_z > 65535) {
-        say(why, why_size, "%lld %s x %lld batch exceed the grid (65535 each)", (long long)grid_y,
-            grid_y_name, (long long)grid_z);
+    const int64_t tiles = dt_mma_query_tiles(tiled);   /* 64-row tiles, either segment */
+    if (units > INT32_MAX / batch || tiles > INT32_MAX / (units * batch)) {
+        say(why, why_size, "%lld tiles x %lld %s x %lld batch exceed the grid (2^31 - 1 blocks)",
+            (long long)tiles, (long long)units, units_name, (long long)batch);
         return 0;
     }
     return 1;
@@ -314,7 +317,7 @@ extern "C" int dt_attn_mma_block_ok(const dt_attn_block_args *a, char *why, size
     const char *const names[3] = {"q", "k", "v"};
     const void *const ptrs[3] = {a->q, a->k, a->v};
     if (!operands_ok(names, ptrs, 3, a->q_batch_stride, a->kv_batch_stride, a->qseg.len,
-                     a->kseg.len, a->heads, a->batch, "heads", why, why_size))
+                     a->kseg.len, a->qseg.len, a->heads, a->batch, "heads", why, why_size))
         return 0;
     if ((uintptr_t)a->acc % 8 || a->acc_batch_stride % 2) {
         say(why, why_size, "acc %p (batch stride %lld) is not 8-byte aligned", (void *)a->acc,
@@ -329,7 +332,7 @@ extern "C" int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *w
     const char *const names[4] = {"q", "dout", "k", "v"};
     const void *const ptrs[4] = {a->q, a->dout, a->k, a->v};
     if (!operands_ok(names, ptrs, 4, a->q_batch_stride, a->kv_batch_stride, a->qseg.len,
-                     a->kseg.len, a->kv_heads, a->batch, "kv heads", why, why_size))
+                     a->kseg.len, a->kseg.len, a->kv_heads, a->batch, "kv heads", why, why_size))
         return 0;
     /* dk, dv: float2 read-add-write (their batch stride is kv_batch_stride,
      * checked above); dq: scalar atomics, fp32 alignment suffices. */
@@ -340,9 +343,11 @@ extern "C" int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *w
     return 1;
 }
 
-extern "C" dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a) {
+extern "C" dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a,
+                                     int64_t l2_bytes) {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (a->dtype == DT_BF16)
-        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a) : launch<__nv_bfloat16, 128>(s, a);
-    return a->dim == 64 ? launch<__half, 64>(s, a) : launch<__half, 128>(s, a);
+        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a, l2_bytes)
+                            : launch<__nv_bfloat16, 128>(s, a, l2_bytes);
+    return a->dim == 64 ? launch<__half, 64>(s, a, l2_bytes) : launch<__half, 128>(s, a, l2_bytes);
 }

@@ -10,6 +10,7 @@
 #define DT_ATTN_BLOCK_CUDA_MMA_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "block.h"
 
 /* Built a second time for test_mma_emu (DT_MMA_EMU_PREFIX, with
@@ -46,14 +47,16 @@ int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *why, size_t 
 
 /* Runs one forward block (same contract as dt_attn_kernels.fwd) on `stream`.
  * The caller has checked dt_attn_mma_supported and dt_attn_mma_block_ok.
- * Returns DT_ERR_BACKEND with CUDA's message if the launch fails. */
-dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a);
+ * l2_bytes: the device's L2 size, for the launch order (mma_layout.h;
+ * any value gives the same results). Returns DT_ERR_BACKEND with CUDA's
+ * message if the launch fails. */
+dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes);
 
 /* Runs one backward block (same contract as dt_attn_kernels.bwd, dq added
  * with atomics) on `stream` (block_cuda_mma_bwd.cu). The caller has checked
- * dt_attn_mma_supported and dt_attn_mma_bwd_block_ok. Returns
- * DT_ERR_BACKEND with CUDA's message if the launch fails. */
-dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a);
+ * dt_attn_mma_supported and dt_attn_mma_bwd_block_ok; l2_bytes as for the
+ * forward. Returns DT_ERR_BACKEND with CUDA's message if the launch fails. */
+dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes);
 
 /* The Hopper forward kernel (block_cuda_wgmma.cu: wgmma, sm_90a). 1 if it
  * handles this dtype and head dim on a device of compute capability cc:
@@ -63,8 +66,8 @@ dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a);
 int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size_t why_size);
 
 /* Runs one forward block on `stream` with the wgmma kernel, as
- * dt_attn_mma_fwd (same contract, same error). */
-dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a);
+ * dt_attn_mma_fwd (same contract, l2_bytes and error). */
+dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes);
 
 #ifdef __cplusplus
 }

@@ -15,8 +15,10 @@
  * dP = dO V^T, dS = P (dP - delta); dV += P^T dO, dK += scale dS^T Q,
  * dQ += scale dS K, all three ADDED into the fp32 outputs.
  *
- * Work split. Grid (key tiles, kv heads, batch); a CTA of 4 warps (128
- * threads) owns BN = 64 keys of one (batch, kv head g) and loops over the
+ * Work split. A CTA per (key tile, kv head, batch), launched in the order of
+ * mma_layout.h (the first key tiles, the most queries under a causal mask,
+ * of a section of kv heads first); a CTA of 4 warps (128 threads) owns BN
+ * = 64 keys of one (batch, kv head g) and loops over the
  * query heads of g's group and, per head, over the query tiles (BM = 64
  * rows) that may attend its keys. Per query tile:
  *   1. warp w, query rows 16w .. 16w+15, all 64 keys (as the forward):
@@ -276,20 +278,25 @@ __device__ __forceinline__ void warp_dq(float *dqg, int64_t rs, const float (&ds
 
 /* ------------------------------------------------------------ the kernel */
 
-/* grid: (ceil(kseg.len / 64), kv_heads, batch); block: 128 threads; dynamic
- * shared memory bwd_smem_bytes<T, D>(). */
+/* grid: ceil(kseg.len / 64) x kv_heads x batch blocks, in mma_layout.h's
+ * launch order with `section` units (dt_mma_sched); block: 128 threads;
+ * dynamic shared memory bwd_smem_bytes<T, D>(). */
 template <typename T, int D>
-__global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bwd_args a) {
+__global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bwd_args a,
+                                                          const int64_t section) {
 #ifdef DT_MMA_STUB
     (void)a;
+    (void)section;
     __trap();   /* never launched: the host requires compute capability >= 8.0 */
 #else
     DT_DYNAMIC_SMEM(unsigned char, smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int64_t H = a.heads, G = a.kv_heads, group = H / G;
-    const int64_t b = blockIdx.z, g = blockIdx.y;
     const int64_t nq = a.qseg.len, nk = a.kseg.len;
-    const int64_t y0 = (int64_t)blockIdx.x * BN;
+    int64_t rank, unit;   /* rank 0: the first key tile, the most queries */
+    dt_mma_sched(blockIdx.x, (nk + BN - 1) / BN, a.batch * G, section, &rank, &unit);
+    const int64_t b = unit / G, g = unit % G;
+    const int64_t y0 = rank * BN;
 
     /* Query tiles to visit and the first that needs no mask; uniform over
      * the CTA (and over the heads of the group), so are the early return
@@ -408,18 +415,19 @@ __global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bw
 }
 
 template <typename T, int D>
-dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a) {
-    const dim3 grid((unsigned)((a->kseg.len + BN - 1) / BN), (unsigned)a->kv_heads,
-                    (unsigned)a->batch);
-    return dt_mma_launch(bwd_mma_kernel<T, D>, grid, DT_MMA_THREADS, bwd_smem_bytes<T, D>(), stream, *a,
-                         "backward", D, a->dtype);
+dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes) {
+    const dim3 grid((unsigned)((a->kseg.len + BN - 1) / BN * a->kv_heads * a->batch));
+    return dt_mma_launch(bwd_mma_kernel<T, D>, grid, DT_MMA_THREADS, bwd_smem_bytes<T, D>(), stream,
+                         "backward", D, a->dtype, *a, dt_mma_bwd_section(*a, l2_bytes));
 }
 
 }  // namespace
 
-extern "C" dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a) {
+extern "C" dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a,
+                                     int64_t l2_bytes) {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (a->dtype == DT_BF16)
-        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a) : launch<__nv_bfloat16, 128>(s, a);
-    return a->dim == 64 ? launch<__half, 64>(s, a) : launch<__half, 128>(s, a);
+        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a, l2_bytes)
+                            : launch<__nv_bfloat16, 128>(s, a, l2_bytes);
+    return a->dim == 64 ? launch<__half, 64>(s, a, l2_bytes) : launch<__half, 128>(s, a, l2_bytes);
 }

@@ -12,8 +12,9 @@
  * the fp32 running max m, sum l and unnormalised output acc of each query
  * row read at the start and written back at the end (fused accumulation).
  *
- * Work split. Grid (query tiles, heads, batch), the last query tiles (the
- * most keys under a causal mask) launched first. A CTA of two warpgroups
+ * Work split. A CTA per (query tile, head, batch), launched in the order of
+ * mma_layout.h (the last query tiles, the most keys under a causal mask,
+ * of a section of heads first). A CTA of two warpgroups
  * (256 threads) owns BM = 128 query rows, warpgroup w rows 64w .. 64w+63
  * (its warp v rows 16v .. 16v+15 of those, the mma.sync kernel's per-warp
  * fragment layout); key tiles of BN = 128. Per key tile, each warpgroup:
@@ -85,6 +86,7 @@ constexpr int WG_THREADS = 256;       /* two warpgroups */
 struct wg_params {
     CUtensorMap q, k, v;
     dt_attn_block_args a;
+    int64_t section;   /* units per section of the launch order (mma_layout.h) */
 };
 
 #ifndef DT_WGMMA_STUB
@@ -97,7 +99,8 @@ __device__ __forceinline__ int64_t wg_unmasked_tiles(int64_t limit) { return lim
 
 #endif /* !DT_WGMMA_STUB */
 
-/* grid: (ceil(qseg.len / 128), heads, batch); block: 256 threads; dynamic
+/* grid: ceil(qseg.len / 128) x heads x batch blocks, in mma_layout.h's
+ * launch order (dt_mma_sched, p.section); block: 256 threads; dynamic
  * shared memory 1024 + (BM + 4 BN) D sizeof(T) + 16. */
 template <typename T, int D>
 __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
@@ -117,9 +120,11 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int wg = warp >> 2, wl = warp & 3;   /* warpgroup, warp within it */
     const int64_t H = a.heads, G = a.kv_heads;
-    const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (H / G);
-    const int64_t nq = a.qseg.len;
-    const int64_t x0 = ((int64_t)gridDim.x - 1 - (int64_t)blockIdx.x) * WG_BM;
+    const int64_t nq = a.qseg.len, n_qt = (nq + WG_BM - 1) / WG_BM;
+    int64_t rank, unit;   /* rank 0: the last query tile, the most keys */
+    dt_mma_sched(blockIdx.x, n_qt, a.batch * H, p.section, &rank, &unit);
+    const int64_t b = unit / H, h = unit % H, g = h / (H / G);
+    const int64_t x0 = (n_qt - 1 - rank) * WG_BM;
     const int64_t x1 = x0 + WG_BM < nq ? x0 + WG_BM : nq;
 
     /* Key tiles of the CTA (uniform: the loads and barriers) and of this
@@ -280,7 +285,7 @@ dt_status make_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, c
 }
 
 template <typename T, int D>
-dt_status launch(cudaStream_t stream, const dt_attn_block_args *a) {
+dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes) {
     PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
     if (!encode)
         return dt_error(DT_ERR_NOT_SUPPORTED, "attention (cuda wgmma): the CUDA driver has no "
@@ -288,17 +293,17 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a) {
     wg_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
+    p.section = dt_mma_fwd_section(*a, l2_bytes);
     DT_TRY(make_map(encode, &p.q, "q", a->q, a->dtype, D, a->heads, a->qseg.len, a->batch,
                     a->q_batch_stride, WG_BM));
     DT_TRY(make_map(encode, &p.k, "k", a->k, a->dtype, D, a->kv_heads, a->kseg.len, a->batch,
                     a->kv_batch_stride, WG_BN));
     DT_TRY(make_map(encode, &p.v, "v", a->v, a->dtype, D, a->kv_heads, a->kseg.len, a->batch,
                     a->kv_batch_stride, WG_BN));
-    const dim3 grid((unsigned)((a->qseg.len + WG_BM - 1) / WG_BM), (unsigned)a->heads,
-                    (unsigned)a->batch);
+    const dim3 grid((unsigned)((a->qseg.len + WG_BM - 1) / WG_BM * a->heads * a->batch));
     return dt_mma_launch(fwd_wgmma_kernel<T, D>, grid, WG_THREADS,
                          1024 + (size_t)(WG_BM + 4 * WG_BN) * D * sizeof(T) + 2 * sizeof(uint64_t),
-                         stream, p, "forward (wgmma)", D, a->dtype);
+                         stream, "forward (wgmma)", D, a->dtype, p);
 }
 
 }  // namespace
@@ -324,9 +329,11 @@ extern "C" int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char
 #endif
 }
 
-extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a) {
+extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a,
+                                       int64_t l2_bytes) {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (a->dtype == DT_BF16)
-        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a) : launch<__nv_bfloat16, 128>(s, a);
-    return a->dim == 64 ? launch<__half, 64>(s, a) : launch<__half, 128>(s, a);
+        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a, l2_bytes)
+                            : launch<__nv_bfloat16, 128>(s, a, l2_bytes);
+    return a->dim == 64 ? launch<__half, 64>(s, a, l2_bytes) : launch<__half, 128>(s, a, l2_bytes);
 }

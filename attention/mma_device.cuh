@@ -315,12 +315,13 @@ __device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_st
 
 namespace {
 
-/* Host: kernel<<<grid, threads, smem, stream>>>(args) after raising its
+/* Host: kernel<<<grid, threads, smem, stream>>>(args...) after raising its
  * dynamic shared-memory limit; errors name the pass (`what`), head dim and
  * dtype. */
-template <typename Args>
-dt_status dt_mma_launch(void (*kernel)(Args), dim3 grid, int threads, size_t smem, cudaStream_t stream,
-                        const Args &args, const char *what, int dim, dt_dtype dtype) {
+template <typename... P>
+dt_status dt_mma_launch(void (*kernel)(P...), dim3 grid, int threads, size_t smem,
+                        cudaStream_t stream, const char *what, int dim, dt_dtype dtype,
+                        P... args) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
     if (e != cudaSuccess) {
@@ -328,12 +329,28 @@ dt_status dt_mma_launch(void (*kernel)(Args), dim3 grid, int threads, size_t sme
         return dt_error(DT_ERR_BACKEND, "attention (cuda mma): %s block: %zu bytes of shared "
                         "memory: %s", what, smem, cudaGetErrorString(e));
     }
-    dt_cuda_launch(kernel, grid, dim3((unsigned)threads), smem, stream, args);
+    dt_cuda_launch(kernel, grid, dim3((unsigned)threads), smem, stream, args...);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return dt_error(DT_ERR_BACKEND, "attention (cuda mma): %s block (D = %d, %s): %s", what,
                         dim, dt_dtype_name(dtype), cudaGetErrorString(e));
     return DT_SUCCESS;
+}
+
+/* Host: the section of mma_layout.h's launch order for a forward block
+ * (units: the query heads, which re-read their kv head's K and V: shared by
+ * the GQA group) and for a backward block (units: the kv heads, whose CTAs
+ * re-read the group's Q and dO and add into its dQ), on a device with
+ * l2_bytes of L2. */
+inline int64_t dt_mma_fwd_section(const dt_attn_block_args &a, int64_t l2_bytes) {
+    const int64_t group = a.heads / a.kv_heads;
+    const int64_t kv = 2 * a.kseg.len * a.dim * (int64_t)dt_dtype_size(a.dtype);
+    return dt_mma_sched_section(a.batch * a.heads, (kv + group - 1) / group, l2_bytes);
+}
+inline int64_t dt_mma_bwd_section(const dt_attn_block_bwd_args &a, int64_t l2_bytes) {
+    const int64_t group = a.heads / a.kv_heads;
+    const int64_t per_row = a.dim * (2 * (int64_t)dt_dtype_size(a.dtype) + 4);   /* q, dO; dq */
+    return dt_mma_sched_section(a.batch * a.kv_heads, group * a.qseg.len * per_row, l2_bytes);
 }
 
 }  // namespace

@@ -176,6 +176,50 @@ DT_MMA_HD int64_t dt_mma_bwd_unmasked_qtile(int64_t x_full, int whole, int64_t n
     return whole ? (x_full + DT_MMA_BM - 1) / DT_MMA_BM : dt_mma_query_tiles(nq);
 }
 
+/* ------------------------------------------------------- launch order
+ *
+ * The tensor-core kernels (forward: a CTA per query tile; backward: a CTA
+ * per key tile) launch a 1-D grid of n_ranks x n_units CTAs, a unit being
+ * one (batch, head) pair of the grid (the forward's query heads, the
+ * backward's kv heads: unit = b * heads + h). A tile's rank is its place by
+ * work, heaviest first: under a causal mask the forward's last query tile
+ * and the backward's first key tile see the most of the other side (mask.h:
+ * the limits grow with the position), so rank 0 is the forward's tile
+ * n_ranks - 1 and the backward's tile 0; without a mask every rank weighs
+ * the same. The GPU starts CTAs in block order, so the order decides the
+ * tail of a launch: rank by rank across units, the CTAs that start last are
+ * the lightest (longest processing time first), while one unit after
+ * another puts a heavy CTA of the last unit among the last to start, and
+ * under a causal mask the other SMs then wait for it.
+ *
+ * Rank-major over all units would stream every unit's K and V (forward) or
+ * Q, dO and dQ (backward) through the L2 at once, so the units go in
+ * sections of `section` consecutive units (the last may be narrower), as
+ * many as have their re-read data in the L2 (dt_mma_sched_section); inside
+ * a section, rank-major. section = 1 is one unit after another. Consecutive
+ * units of one batch are consecutive heads: GQA groups stay together.
+ *
+ * Block `block` (0 <= block < n_ranks * n_units) runs tile rank *rank of
+ * unit *unit; every (rank, unit) pair exactly once. */
+DT_MMA_HD void dt_mma_sched(int64_t block, int64_t n_ranks, int64_t n_units, int64_t section,
+                            int64_t *rank, int64_t *unit) {
+    const int64_t per = n_ranks * section;   /* blocks of a full section */
+    const int64_t s = block / per, base = s * section;
+    const int64_t width = n_units - base < section ? n_units - base : section;
+    const int64_t j = block - s * per;
+    *rank = j / width;
+    *unit = base + j % width;
+}
+
+/* Units per section: as many as fit their re-read bytes (unit_bytes each,
+ * > 0) in half of an L2 of l2_bytes (the rest for everything else the
+ * kernel streams), at least 1, at most n_units. */
+DT_MMA_HD int64_t dt_mma_sched_section(int64_t n_units, int64_t unit_bytes, int64_t l2_bytes) {
+    int64_t s = unit_bytes > 0 ? (l2_bytes / 2) / unit_bytes : n_units;
+    if (s > n_units) s = n_units;
+    return s < 1 ? 1 : s;
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -43,7 +43,7 @@
  * Run: build/bench/blocks [--backend auto|cpu|cuda] [--quick] [--iters N]
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
- *      [--kernel auto|simple|mma|wgmma] [--json]
+ *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--json]
  */
 #include <math.h>
 #include <stdint.h>
@@ -56,6 +56,9 @@
 #include "attention/mask.h"
 #include "dtensor/context_internal.h"
 #include "dtensor/dtensor.h"
+#ifdef DT_HAVE_CUDA
+#include "dtensor/backend_cuda.h"
+#endif
 
 #define NAME "bench/blocks"
 #include "examples/example_util.h" /* ex_now_s, ex_median, flag parsers */
@@ -72,6 +75,7 @@ typedef struct opts {
     int64_t c[MAX_LIST], ring_c[MAX_LIST];
     int set_c, set_ring_c, set_shape, set_dtype;
     dt_attn_kernel_choice kernel;   /* --kernel: which CUDA block kernel */
+    int64_t l2;                     /* --l2: the L2 size the CTA order plans for (-1: the device's) */
 } opts;
 
 /* ------------------------------------------------------------ the buffers */
@@ -312,6 +316,15 @@ static double ceiling_of(const opts *o, double r) {
     return (r + o->ranks - 1) / (o->ranks * r);
 }
 
+/* The L2 size the CUDA kernels order their CTAs for; -1 off CUDA. */
+static long long l2_of(const bufs *b) {
+#ifdef DT_HAVE_CUDA
+    if (dt_backend_is_cuda(b->be)) return (long long)dt_backend_cuda_l2_bytes(b->be);
+#endif
+    (void)b;
+    return -1;
+}
+
 /* ------------------------------------------------------------- text output */
 
 static void text_header(const run *r, const bufs *b) {
@@ -320,6 +333,7 @@ static void text_header(const run *r, const bufs *b) {
            "P=%d  %d iterations after 1 warm-up, median\n", dt_backend_kind_name(r->backend),
            b->kern->name, dt_attn_kernel_choice_name(o->kernel), (long long)o->heads, (long long)o->kv_heads, (long long)o->dim,
            dt_dtype_name(o->dtype), o->ranks, o->iters);
+    if (l2_of(b) >= 0) printf("CTA launch order for an L2 of %lld bytes\n", l2_of(b));
 }
 
 static void text_r_title(const char *pass) {
@@ -400,6 +414,7 @@ static void json_print(const run *r, const bufs *b) {
     json_list("c", o->c, o->sections[0] ? o->n_c : 0);
     printf(", ");
     json_list("ring_c", o->ring_c, o->sections[1] ? o->n_ring_c : 0);
+    if (l2_of(b) >= 0) printf(", \"l2_bytes\": %lld", l2_of(b));
     printf(",\n  \"timing\": \"%s; median\",\n  \"r\": [",
            r->backend == DT_BACKEND_CUDA ? "CUDA events around each block's kernels"
                                          : "CLOCK_MONOTONIC around each block");
@@ -461,6 +476,9 @@ static dt_status rank_main(dt_context *ctx, void *arg) {
     bufs b;
     dt_status st = bufs_make(ctx, o, rows, &b);
     if (st != DT_SUCCESS) goto out;
+#ifdef DT_HAVE_CUDA
+    if (o->l2 >= 0) dt_backend_cuda_set_l2_bytes(b.be, o->l2);   /* no-op off CUDA */
+#endif
     if (!o->json) text_header(r, &b);
     for (int bwd = 0; bwd < 2; bwd++) {
         if (!o->passes[bwd]) continue;
@@ -510,6 +528,9 @@ static void usage(FILE *f) {
             "  --kernel K        CUDA block kernel: auto | simple | mma | wgmma (default: the\n"
             "                    DT_ATTN_KERNEL environment variable, else auto); the\n"
             "                    backward of wgmma is mma's\n"
+            "  --l2 BYTES        CUDA: the L2 size the tensor-core kernels order their CTAs\n"
+            "                    for (attention/mma_layout.h; default the device's; 0: one\n"
+            "                    head after another)\n"
             "  --json            one JSON object (the configuration and every row of (r)\n"
             "                    and (p)) instead of the tables\n");
 }
@@ -561,6 +582,7 @@ static int parse(int argc, char **argv, opts *o) {
     }
     o->iters = 5;
     o->ranks = 8;
+    o->l2 = -1;
     o->passes[0] = o->passes[1] = o->sections[0] = o->sections[1] = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -600,6 +622,9 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--kernel")) {
             if ((k = ex_parse_choice(a, v, kernel_names, DT_ATTN_KERNEL_COUNT)) < 0) return 0;
             o->kernel = (dt_attn_kernel_choice)k;
+        } else if (!strcmp(a, "--l2")) {
+            if (!ex_parse_int(a, v, 0, 1L << 40, &x)) return 0;
+            o->l2 = x;
         } else if (!strcmp(a, "--dtype")) {
             if ((k = ex_parse_choice(a, v, dtype_names, 3)) < 0) return 0;
             o->dtype = dtypes[k];

@@ -90,6 +90,7 @@ struct cuda_impl {
     int tf32;
     int sms;                    /* multiprocessors, for grid sizes */
     int cc;                     /* compute capability, major * 10 + minor */
+    int64_t l2_bytes;           /* L2 cache size, for the attention kernels' launch order */
     int failed;                 /* a wait ran out or the device failed: never wait again */
     char failure[512];
     cudaStream_t compute, comm;
@@ -1245,6 +1246,11 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
         CREATE_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, o->device));
         im->cc = major * 10 + minor;
     }
+    {
+        int l2 = 0;
+        CREATE_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, o->device));
+        im->l2_bytes = l2;
+    }
     /* Non-blocking: no implicit ordering with the legacy default stream. The
      * communication stream has the greatest priority: a same-device copy
      * runs on the SMs, and its blocks then go ahead of the queued blocks of
@@ -1289,6 +1295,14 @@ extern "C" void *dt_backend_cuda_compute_stream(const dt_backend *b) {
 
 extern "C" void *dt_backend_cuda_comm_stream(const dt_backend *b) {
     return dt_backend_is_cuda(b) ? static_cast<void *>(impl_of(b)->comm) : NULL;
+}
+
+extern "C" int64_t dt_backend_cuda_l2_bytes(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? impl_of(b)->l2_bytes : 0;
+}
+
+extern "C" void dt_backend_cuda_set_l2_bytes(dt_backend *b, int64_t bytes) {
+    if (dt_backend_is_cuda(b) && bytes >= 0) impl_of(b)->l2_bytes = bytes;
 }
 
 extern "C" void dt_backend_cuda_set_tf32(dt_backend *b, int on) {

@@ -23,6 +23,7 @@
 #define DT_BACKEND_CUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "backend.h"
 #include "../collectives/transport.h"
 
@@ -50,6 +51,12 @@ int dt_backend_cuda_device(const dt_backend *b);
 /* The device's compute capability as major * 10 + minor (90 for an H100),
  * read once when the backend is created. */
 int dt_backend_cuda_compute_capability(const dt_backend *b);
+/* The device's L2 size in bytes, read once when the backend is created:
+ * the attention kernels order their CTAs by it (attention/mma_layout.h).
+ * set_l2_bytes replaces it (benchmarks compare orders: 0 gives one head
+ * at a time); results never depend on it, only speed. */
+int64_t dt_backend_cuda_l2_bytes(const dt_backend *b);
+void dt_backend_cuda_set_l2_bytes(dt_backend *b, int64_t bytes);
 void *dt_backend_cuda_compute_stream(const dt_backend *b);
 void *dt_backend_cuda_comm_stream(const dt_backend *b);
 void dt_backend_cuda_set_tf32(dt_backend *b, int on);

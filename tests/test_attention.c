@@ -748,6 +748,27 @@ static void check_bwd_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segme
     }
 }
 
+/* The launch order's premise (mma_layout.h): rank 0 is the heaviest tile.
+ * The forward's key tiles per query tile never fall as the query tile
+ * rises, the backward's query tiles per key tile never rise as the key tile
+ * rises. */
+static void check_heaviest_first(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {
+    int64_t prev = 0;
+    for (int64_t x0 = 0; x0 < q.len; x0 += DT_MMA_BM) {
+        int64_t x1 = x0 + DT_MMA_BM < q.len ? x0 + DT_MMA_BM : q.len;
+        int64_t nt = dt_mma_key_tiles(dt_attn_keys_upto(mask, k, dt_attn_pos(q, x1 - 1)));
+        assert_true(nt >= prev);
+        prev = nt;
+    }
+    prev = INT64_MAX;
+    for (int64_t y0 = 0; y0 < k.len; y0 += DT_MMA_BN) {
+        int64_t first = dt_mma_bwd_first_qtile(dt_attn_queries_from(mask, q, dt_attn_pos(k, y0)), q.len);
+        int64_t visits = dt_mma_query_tiles(q.len) - first;
+        assert_true(visits <= prev);
+        prev = visits;
+    }
+}
+
 /* The tensor-core kernels' closed-form bounds agree with mask.h: per-row key
  * limits with the element rule; the forward's visited key tiles are exactly
  * the non-empty ones, its unmasked ones full and whole; the backward's
@@ -777,6 +798,47 @@ static void check_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k
         }
     }
     check_bwd_bounds(mask, q, k);
+    check_heaviest_first(mask, q, k);
+}
+
+/* The launch order of the tensor-core kernels (dt_mma_sched) against the
+ * loop nest it stands for: sections of `section` units, and inside one
+ * rank by rank, unit by unit; section 1 is one unit after another. */
+static void test_mma_launch_order(void **state) {
+    (void)state;
+    const int64_t ranks[] = {1, 2, 5, 32}, units[] = {1, 3, 7, 16}, sections[] = {1, 2, 3, 7, 16, 40};
+    for (size_t a = 0; a < 4; a++)
+        for (size_t b = 0; b < 4; b++)
+            for (size_t c = 0; c < 6; c++) {
+                const int64_t nr = ranks[a], nu = units[b], sec = sections[c];
+                int64_t block = 0;
+                for (int64_t base = 0; base < nu; base += sec)
+                    for (int64_t r = 0; r < nr; r++)
+                        for (int64_t u = base; u < base + sec && u < nu; u++, block++) {
+                            int64_t rank = -1, unit = -1;
+                            dt_mma_sched(block, nr, nu, sec, &rank, &unit);
+                            if (rank != r || unit != u)
+                                fail_msg("ranks %lld units %lld section %lld block %lld: "
+                                         "(%lld, %lld), want (%lld, %lld)", (long long)nr,
+                                         (long long)nu, (long long)sec, (long long)block,
+                                         (long long)rank, (long long)unit, (long long)r,
+                                         (long long)u);
+                        }
+                assert_int_equal(block, nr * nu);   /* the nest visited every pair once */
+                if (sec == 1)   /* the order before sections: unit-major */
+                    for (int64_t blk = 0; blk < nr * nu; blk++) {
+                        int64_t rank, unit;
+                        dt_mma_sched(blk, nr, nu, sec, &rank, &unit);
+                        assert_true(rank == blk % nr && unit == blk / nr);
+                    }
+            }
+    /* units per section: half the L2 over the bytes a unit re-reads */
+    const int64_t MiB = 1 << 20;
+    assert_int_equal(dt_mma_sched_section(32, 2 * MiB, 50 * MiB), 12);
+    assert_int_equal(dt_mma_sched_section(8, 2 * MiB, 50 * MiB), 8);
+    assert_int_equal(dt_mma_sched_section(32, 40 * MiB, 50 * MiB), 1);
+    assert_int_equal(dt_mma_sched_section(32, 2 * MiB, 0), 1);
+    assert_int_equal(dt_mma_sched_section(5, 0, 50 * MiB), 5);
 }
 
 static void test_mma_tile_bounds(void **state) {
@@ -1209,6 +1271,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_workspace_reuse);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_fragments);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_tile_bounds);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_launch_order);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_bwd_fragments);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_env);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_forced_mma_refused);

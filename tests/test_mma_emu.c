@@ -60,7 +60,14 @@ typedef struct emu_case {
     uint64_t seed;
     int huge;   /* logits of magnitude 1e4 */
     dt_attn_kernel_choice kernel;   /* forward: DT_ATTN_KERNEL_MMA or _WGMMA */
+    int64_t l2;     /* the L2 size the launch order plans for (mma_layout.h) */
+    int sections;   /* > 0: instead, an L2 that gives sections of this many units */
 } emu_case;
+
+/* The L2 size passed with a block whose units each re-read unit_bytes. */
+static int64_t l2_for(const emu_case *c, int64_t unit_bytes) {
+    return c->sections ? 2 * c->sections * unit_bytes : c->l2;
+}
 
 /* Logits of magnitude 1e4: multiples of 25, exact in bf16 and fp16, so every
  * q.k is an exact integer in fp32. */
@@ -185,8 +192,8 @@ static void run_forward(void **state) {
                     if (!dt_emu_attn_mma_block_ok(&a, why, sizeof why)) {
                         print_error("%s: block refused: %s\n", c->name, why);
                         bad = 1;
-                    } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a)
-                                      : dt_emu_attn_mma_fwd(NULL, &a)) != DT_SUCCESS) {
+                    } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)))
+                                      : dt_emu_attn_mma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)))) != DT_SUCCESS) {
                         print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
                         bad = 1;
                     }
@@ -287,7 +294,7 @@ static void run_backward(void **state) {
                     if (!bad && !dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why)) {
                         print_error("%s: block refused: %s\n", c->name, why);
                         bad = 1;
-                    } else if (!bad && dt_emu_attn_mma_bwd(NULL, &a) != DT_SUCCESS) {
+                    } else if (!bad && dt_emu_attn_mma_bwd(NULL, &a, l2_for(c, (H / G) * a.qseg.len * D * 8)) != DT_SUCCESS) {
                         print_error("%s: queries of rank %d, keys of rank %d: %s\n", c->name, j,
                                     r, dt_last_error());
                         bad = 1;
@@ -1372,6 +1379,11 @@ int main(void) {
                 c->seed = 4000 + 10 * nt;
                 c->huge = row->huge;
                 c->kernel = dir == 2 ? DT_ATTN_KERNEL_WGMMA : DT_ATTN_KERNEL_MMA;
+                /* launch orders: sections of three units on the rows with
+                 * four (a narrower last section), one unit after another (no
+                 * L2) on row 0, all units in one section (an H100's L2) */
+                c->l2 = i == 0 ? 0 : 50 << 20;
+                c->sections = i == 1 || i == 2 ? 3 : 0;
                 snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s",
                          dir == 0 ? "forward" : dir == 1 ? "backward" : "forward-wgmma",
                          dt_order_name(c->order), c->P,

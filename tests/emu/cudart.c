@@ -68,6 +68,7 @@
 #define EMU_MAX_DEVICES 64
 #define EMU_SMS 132
 #define EMU_SMEM_OPTIN (227 * 1024)
+#define EMU_L2_BYTES (50 * 1024 * 1024)   /* an H100's */
 #define EMU_ALIGN 256
 #define EMU_GARBAGE 0xcd
 
@@ -216,6 +217,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
     case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; break;
     case cudaDevAttrWarpSize: *value = 32; break;
     case cudaDevAttrMultiProcessorCount: *value = EMU_SMS; break;
+    case cudaDevAttrL2CacheSize: *value = EMU_L2_BYTES; break;
     case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = EMU_SMEM_OPTIN; break;

@@ -86,6 +86,7 @@ enum cudaDeviceAttr {
     cudaDevAttrMaxSharedMemoryPerBlock = 8,
     cudaDevAttrWarpSize = 10,
     cudaDevAttrMultiProcessorCount = 16,
+    cudaDevAttrL2CacheSize = 38,
     cudaDevAttrComputeCapabilityMajor = 75,
     cudaDevAttrComputeCapabilityMinor = 76,
     cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
