@@ -9,7 +9,11 @@
  *   m, l[b][h][x]   at m + b*ml_batch_stride + h*ml_head_stride + x
  *   acc[b][x][h][d] at acc + b*acc_batch_stride + (x*heads + h)*dim + d
  * Query head h reads key/value head h / (heads / kv_heads) (GQA / MQA).
- * Before the first block: m = -inf, l = 0, acc = 0.
+ *
+ * A call's blocks for one query segment run in order; the first of them
+ * starts the rows from m = -inf, l = 0, acc = 0 without reading them, and
+ * the last writes the normalised output and log-sum-exp instead of m, l and
+ * acc (dt_attn_block_args.first, .last): no pass before or after the ring.
  *
  * The CUDA backend has two kernels for each direction: simple scalar ones
  * (block_cuda.cu, every dtype and head dim) and tensor-core ones
@@ -63,6 +67,17 @@ typedef struct dt_attn_block_args {
     int64_t ml_batch_stride, ml_head_stride;
     float *acc;
     int64_t acc_batch_stride;
+    /* first: the block starts its rows from m = -inf, l = 0, acc = 0 and
+     * does not read them. last: the block finishes its rows: it writes
+     * o = acc / l (0 where l = 0) in dtype with q's layout and strides,
+     * o[b][x][h][d] at o + b*q_batch_stride + (x*heads + h)*dim + d, and
+     * lse = m + log l (-inf where l = 0), fp32 with m's layout; what m, l
+     * and acc hold afterwards is undefined (the CUDA kernels leave them,
+     * the CPU kernel works in them). Every row of qseg is started or
+     * finished, whether or not the block has a key for it. */
+    int first, last;
+    void *o;
+    float *lse;
     dt_attn_kernel_choice kernel;      /* CUDA only: which forward kernel (0 = auto) */
 } dt_attn_block_args;
 
@@ -112,14 +127,7 @@ typedef struct dt_attn_kernels {
      * call, before any block. */
     dt_status (*kernel_check)(struct dt_backend *be, dt_dtype dtype, int64_t dim,
                               dt_attn_kernel_choice want, char *why, size_t why_size);
-    /* m = -inf, l = 0, acc = 0 for `rows` rows of `dim`. */
-    dt_status (*init)(struct dt_backend *be, size_t rows, int64_t dim, float *acc, float *m,
-                      float *l);
     dt_status (*fwd)(struct dt_backend *be, const dt_attn_block_args *a, void *scratch);
-    /* o = acc / l (0 where l = 0) in `dtype`; lse = m + log l (-inf where l = 0). */
-    dt_status (*finalize)(struct dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows,
-                          int64_t heads, int64_t dim, const float *acc, const float *m,
-                          const float *l, void *o, float *lse);
     /* delta = rowsum(dout * o), fp32. */
     dt_status (*delta)(struct dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows,
                        int64_t heads, int64_t dim, const void *o, const void *dout, float *delta);

@@ -9,6 +9,8 @@
  * Rows that have seen no allowed key keep m = -inf, l = 0 and acc = 0, and
  * are never touched by exp(-inf - -inf). Tiles are packed into contiguous
  * fp32 scratch (which also converts bf16), so one path serves both dtypes.
+ * A call's first block sets its rows' m, l, acc to -inf, 0, 0 before the
+ * tiles, its last one turns them into o and lse after (block.h).
  *
  * Which tiles run (mask.h): the keys a query may attend are a prefix of the
  * key segment, so for a query tile every key before the first row's bound
@@ -102,6 +104,32 @@ static void fwd_tile(const fwd_head *f, const float *qt, int64_t x0, int64_t tq,
 
 static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 
+/* The first block's start of rows [0, n) of one (batch, head). */
+static void start_rows(const fwd_head *f, int64_t n) {
+    const int64_t HD = f->a->heads * f->a->dim;
+    for (int64_t x = 0; x < n; x++) {
+        f->m[x] = -INFINITY;
+        f->l[x] = 0.0f;
+        memset(f->acc + x * HD, 0, (size_t)f->a->dim * sizeof(float));
+    }
+}
+
+/* The last block's finish: o = acc / l (0 where l = 0) in the dtype at q's
+ * layout (ob: the (batch, head)'s row 0), lse = m + log l (-inf where l = 0). */
+static void finish_rows(const fwd_head *f, int64_t n, void *ob, float *lse) {
+    const dt_attn_block_args *a = f->a;
+    const int64_t D = a->dim, HD = a->heads * D;
+    for (int64_t x = 0; x < n; x++) {
+        const float l = f->l[x], inv = l > 0.0f ? 1.0f / l : 0.0f;
+        lse[x] = l > 0.0f ? f->m[x] + logf(l) : -INFINITY;
+        for (int64_t d = 0; d < D; d++) {
+            const float v = f->acc[x * HD + d] * inv;
+            if (a->dtype == DT_F32) ((float *)ob)[x * HD + d] = v;
+            else ((dt_bf16 *)ob)[x * HD + d] = dt_f32_to_bf16(v);
+        }
+    }
+}
+
 static dt_status fwd(struct dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     (void)be;
     const int64_t H = a->heads, G = a->kv_heads, D = a->dim, group = H / G;
@@ -112,7 +140,8 @@ static dt_status fwd(struct dt_backend *be, const dt_attn_block_args *a, void *s
     for (int64_t b = 0; b < a->batch; b++)
         for (int64_t h = 0; h < H; h++) {
             const int64_t g = h / group;
-            const char *qb = (const char *)a->q + (size_t)(b * a->q_batch_stride + h * D) * es;
+            const size_t qo = (size_t)(b * a->q_batch_stride + h * D) * es;
+            const char *qb = (const char *)a->q + qo;
             const size_t kvo = (size_t)(b * a->kv_batch_stride + g * D) * es;
             const int64_t ml = b * a->ml_batch_stride + h * a->ml_head_stride;
             const fwd_head f = {
@@ -120,6 +149,7 @@ static dt_status fwd(struct dt_backend *be, const dt_attn_block_args *a, void *s
                 .m = a->m + ml, .l = a->l + ml, .acc = a->acc + b * a->acc_batch_stride + h * D,
                 .kt = kt, .vt = vt, .s = s,
             };
+            if (a->first) start_rows(&f, nq);
             for (int64_t x0 = 0; x0 < nq; x0 += TQ) {
                 const int64_t tq = min64(TQ, nq - x0);
                 /* keys [0, full) are allowed for every row of the tile */
@@ -138,36 +168,8 @@ static dt_status fwd(struct dt_backend *be, const dt_attn_block_args *a, void *s
                         fwd_tile(&f, qt + (xs - x0) * D, xs, ts, y0, min64(TK, end - y0), 1);
                 }
             }
+            if (a->last) finish_rows(&f, nq, (char *)a->o + qo, a->lse + ml);
         }
-    return DT_SUCCESS;
-}
-
-static dt_status init(struct dt_backend *be, size_t rows, int64_t dim, float *acc, float *m,
-                      float *l) {
-    (void)be;
-    memset(acc, 0, rows * (size_t)dim * sizeof(float));
-    memset(l, 0, rows * sizeof(float));
-    for (size_t i = 0; i < rows; i++) m[i] = -INFINITY;
-    return DT_SUCCESS;
-}
-
-static dt_status finalize(struct dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows,
-                          int64_t heads, int64_t dim, const float *acc, const float *m,
-                          const float *l, void *o, float *lse) {
-    (void)be;
-    for (int64_t b = 0; b < batch; b++)
-        for (int64_t h = 0; h < heads; h++)
-            for (int64_t x = 0; x < rows; x++) {
-                const int64_t ml = (b * heads + h) * rows + x;
-                const float inv = l[ml] > 0.0f ? 1.0f / l[ml] : 0.0f;
-                lse[ml] = l[ml] > 0.0f ? m[ml] + logf(l[ml]) : -INFINITY;
-                const int64_t base = ((b * rows + x) * heads + h) * dim;
-                for (int64_t d = 0; d < dim; d++) {
-                    const float v = acc[base + d] * inv;
-                    if (dtype == DT_F32) ((float *)o)[base + d] = v;
-                    else ((dt_bf16 *)o)[base + d] = dt_f32_to_bf16(v);
-                }
-            }
     return DT_SUCCESS;
 }
 
@@ -322,9 +324,7 @@ const dt_attn_kernels dt_attn_kernels_cpu = {
     .name = "cpu",
     .fwd_scratch = fwd_scratch,
     .bwd_scratch = bwd_scratch,
-    .init = init,
     .fwd = fwd,
-    .finalize = finalize,
     .delta = delta_rows,
     .bwd = bwd,
     .store = store,

@@ -95,7 +95,9 @@ __global__ void fwd_kernel(dt_attn_block_args a) {
     float *m = a.m + b * a.ml_batch_stride + h * a.ml_head_stride;
     float *l = a.l + b * a.ml_batch_stride + h * a.ml_head_stride;
     float *acc = a.acc + b * a.acc_batch_stride + (x * H + h) * D;
-    float mi = active ? m[x] : -INFINITY, li = active ? l[x] : 0.0f;
+    float mi = active && !a.first ? m[x] : -INFINITY, li = active && !a.first ? l[x] : 0.0f;
+    if (active && a.first)
+        for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
     const int64_t pq = active ? pos(a.qseg, x) : 0;
     float s[TK];
     for (int64_t y0 = 0; y0 < nk; y0 += TK) {
@@ -135,47 +137,26 @@ __global__ void fwd_kernel(dt_attn_block_args a) {
             acc[d] = o;
         }
     }
-    if (active) {
+    if (!active) return;
+    if (a.last) {   /* the call's last block: o and lse instead of m, l, acc */
+        const float inv = li > 0.0f ? 1.0f / li : 0.0f;
+        a.lse[b * a.ml_batch_stride + h * a.ml_head_stride + x] =
+            li > 0.0f ? mi + logf(li) : -INFINITY;
+        for (int64_t d = 0; d < D; d++) store_val(a.o, a.dtype, qoff + d, acc[d] * inv);
+    } else {
         m[x] = mi;
         l[x] = li;
     }
 }
 
-__global__ void init_kernel(size_t rows, int64_t dim, float *acc, float *m, float *l) {
-    const size_t n = rows * (size_t)dim;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        acc[i] = 0.0f;
-        if (i < rows) {
-            m[i] = -INFINITY;
-            l[i] = 0.0f;
-        }
-    }
-}
-
-/* finalize and delta: one warp per output row r (of batch x rows x heads),
- * its lanes over the row's dim elements, so every access of a warp is one
- * contiguous run (a thread per row made each access a 32-way scatter). */
+/* delta: one warp per output row r (of batch x rows x heads), its lanes over
+ * the row's dim elements, so every access of a warp is one contiguous run
+ * (a thread per row made each access a 32-way scatter). */
 constexpr int ROW_WARPS = 8;   /* rows per block of 256 threads */
 
 __device__ __forceinline__ int64_t ml_index(int64_t r, int64_t rows, int64_t heads) {
     const int64_t h = r % heads, x = (r / heads) % rows, b = r / (heads * rows);
     return (b * heads + h) * rows + x;
-}
-
-__global__ void finalize_kernel(dt_dtype dt, int64_t batch, int64_t rows, int64_t heads,
-                                int64_t dim, const float *acc, const float *m, const float *l,
-                                void *o, float *lse) {
-    const int64_t n = batch * rows * heads;
-    const int lane = (int)threadIdx.x & 31;
-    for (int64_t r = blockIdx.x * (int64_t)ROW_WARPS + (threadIdx.x >> 5); r < n;
-         r += (int64_t)gridDim.x * ROW_WARPS) {
-        const int64_t ml = ml_index(r, rows, heads);
-        const float lr = l[ml];
-        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-        if (lane == 0) lse[ml] = lr > 0.0f ? m[ml] + logf(lr) : -INFINITY;
-        for (int64_t d = lane; d < dim; d += 32) store_val(o, dt, r * dim + d, acc[r * dim + d] * inv);
-    }
 }
 
 __global__ void delta_kernel(dt_dtype dt, int64_t batch, int64_t rows, int64_t heads, int64_t dim,
@@ -278,12 +259,6 @@ unsigned blocks_for(size_t n, unsigned threads) {
 size_t fwd_scratch(int64_t dim) { (void)dim; return 0; }
 size_t bwd_scratch(int64_t dim) { (void)dim; return 0; }
 
-dt_status init(dt_backend *be, size_t rows, int64_t dim, float *acc, float *m, float *l) {
-    size_t n = rows * (size_t)dim > rows ? rows * (size_t)dim : rows;
-    dt_cuda_launch(init_kernel, blocks_for(n, 256), 256, 0, stream_of(be), rows, dim, acc, m, l);
-    return launched("init");
-}
-
 /* Plan time (once per call): can the requested kernel run this dtype and
  * head dim on this device? Only a forced mma or wgmma can fail (wgmma's
  * needs include mma's, which its backward uses). */
@@ -298,8 +273,10 @@ dt_status kernel_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_kern
 
 dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     (void)scratch;
-    if (a->qseg.len == 0 || a->kseg.len == 0) return DT_SUCCESS;
-    if (a->kernel != DT_ATTN_KERNEL_SIMPLE) {
+    if (a->qseg.len == 0 || (a->kseg.len == 0 && !a->first && !a->last)) return DT_SUCCESS;
+    /* No keys, but rows to start or finish: the simple kernel does only
+     * that (a tensor map of 0 rows cannot even be made). */
+    if (a->kernel != DT_ATTN_KERNEL_SIMPLE && a->kseg.len > 0) {
         /* auto: wgmma where it can run, else mma, else simple (the top). */
         char why[256] = "";
         const int cc = dt_backend_cuda_compute_capability(be);
@@ -323,15 +300,6 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
         return launched("forward block: shared memory size");
     dt_cuda_launch(fwd_kernel, grid, TQ, smem, stream_of(be), *a);
     return launched("forward block");
-}
-
-dt_status finalize(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads,
-                   int64_t dim, const float *acc, const float *m, const float *l, void *o,
-                   float *lse) {
-    size_t n = (size_t)(batch * rows * heads);
-    dt_cuda_launch(finalize_kernel, blocks_for(n, ROW_WARPS), 32 * ROW_WARPS, 0, stream_of(be),
-                   dtype, batch, rows, heads, dim, acc, m, l, o, lse);
-    return launched("finalize");
 }
 
 dt_status delta_rows(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads,
@@ -372,5 +340,5 @@ dt_status store(dt_backend *be, dt_dtype dtype, size_t n, const float *src, void
 }  // namespace
 
 extern "C" const dt_attn_kernels dt_attn_kernels_cuda = {
-    "cuda", fwd_scratch, bwd_scratch, kernel_check, init, fwd, finalize, delta_rows, bwd, store,
+    "cuda", fwd_scratch, bwd_scratch, kernel_check, fwd, delta_rows, bwd, store,
 };

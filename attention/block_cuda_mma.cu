@@ -186,10 +186,12 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     const int64_t x1 = x0 + BM < nq ? x0 + BM : nq;
 
     /* Key tiles to visit (the non-empty ones) and how many need no mask;
-     * uniform over the CTA, so the early return and the loop are too. */
+     * uniform over the CTA, so the early return, the loads and the loop are
+     * too. With no tile the rows are still started or finished (a.first,
+     * a.last). */
     const int64_t n_tiles = dt_mma_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x1 - 1)));
     const int64_t n_unmasked = dt_mma_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x0)));
-    if (n_tiles == 0) return;   /* every key comes after every query: m, l, acc unchanged */
+    if (n_tiles == 0 && !a.first && !a.last) return;   /* m, l, acc unchanged */
 
     const T *qg = static_cast<const T *>(a.q) + b * a.q_batch_stride + h * D;   /* row x: + x H D */
     const T *kg = static_cast<const T *>(a.k) + b * a.kv_batch_stride + g * D;  /* row y: + y G D */
@@ -199,10 +201,12 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     float *lg = a.l + b * a.ml_batch_stride + h * a.ml_head_stride;
 
     /* Group 0: the Q tile and key tile 0 (stage 0). */
-    load_tile<T, D>(q_tile<T, D>(smem), qg, H * D, x0, nq);
-    load_tile<T, D>(k_stage<T, D>(smem, 0), kg, G * D, 0, nk);
-    load_tile<T, D>(v_stage<T, D>(smem, 0), vg, G * D, 0, nk);
-    cp_async_commit();
+    if (n_tiles > 0) {
+        load_tile<T, D>(q_tile<T, D>(smem), qg, H * D, x0, nq);
+        load_tile<T, D>(k_stage<T, D>(smem, 0), kg, G * D, 0, nk);
+        load_tile<T, D>(v_stage<T, D>(smem, 0), vg, G * D, 0, nk);
+        cp_async_commit();
+    }
 
     /* The lane's two query rows and their running state (mma_device.cuh),
      * read while the copies fly. */
@@ -235,7 +239,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
         __syncthreads();   /* stage is refilled by iteration kt+1's copies */
     }
 
-    write_rows<D>(accg, mg, lg, H, lane, row, live, m, l, o);
+    write_rows<T, D>(a, b, h, accg, mg, lg, lane, row, live, m, l, o);
 #endif
 }
 
@@ -322,6 +326,10 @@ extern "C" int dt_attn_mma_block_ok(const dt_attn_block_args *a, char *why, size
     if ((uintptr_t)a->acc % 8 || a->acc_batch_stride % 2) {
         say(why, why_size, "acc %p (batch stride %lld) is not 8-byte aligned", (void *)a->acc,
             (long long)a->acc_batch_stride);
+        return 0;
+    }
+    if (a->last && (uintptr_t)a->o % 4) {   /* pairs of 16-bit outputs (q's strides: even) */
+        say(why, why_size, "o %p is not 4-byte aligned", a->o);
         return 0;
     }
     return 1;

@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
     /* Key tiles of the CTA (uniform: the loads and barriers) and of this
      * warpgroup (uniform over it: its wgmma). */
     const int64_t n_tiles = wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x1 - 1)));
-    if (n_tiles == 0) return;   /* every key comes after every query */
+    /* With no tile the rows are still started or finished (a.first, a.last). */
+    if (n_tiles == 0 && !a.first && !a.last) return;   /* every key comes after every query */
     const int64_t w0 = x0 + 64 * wg, w1 = w0 + 64 < x1 ? w0 + 64 : x1;
     const int64_t wg_tiles = w0 < x1 ? wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w1 - 1))) : 0;
     const int64_t wg_unmasked = w0 < x1 ? wg_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w0))) : 0;
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
         fence_mbar_init();
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && n_tiles > 0) {
         mbar_arrive_expect_tx(&full[0], TILE_Q + 2 * TILE_KV);
 #pragma unroll
         for (int cb = 0; cb < D / 64; cb++) {
@@ -177,7 +178,7 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
      * leaves out its last arrival, so every phase completes; a warpgroup
      * that skips a tile's math still takes its turns. */
     constexpr int TURN = 1, PAIR = WG_THREADS;
-    if (wg == 1) bar_arrive<TURN>(0, PAIR);
+    if (wg == 1 && n_tiles > 0) bar_arrive<TURN>(0, PAIR);
     for (int64_t kt = 0; kt < n_tiles; kt++) {
         const int stage = (int)(kt & 1);
         if (threadIdx.x == 0 && kt + 1 < n_tiles) {   /* tile kt+1 flies during tile kt */
@@ -237,7 +238,7 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
         __syncthreads();   /* stage is refilled by iteration kt+1's TMA */
     }
 
-    write_rows<D>(accg, mg, lg, H, lane, row, live, m, l, o);
+    write_rows<T, D>(a, b, h, accg, mg, lg, lane, row, live, m, l, o);
 #endif
 }
 

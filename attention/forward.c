@@ -7,8 +7,9 @@
  * the transfer of the next block is posted before the block kernel runs on
  * the current one (q segments x src's k segments, each with its own
  * positions), and completed after. The kernel accumulates m, l and acc in
- * fp32; after the last step the output is normalised once and the
- * log-sum-exp kept for the backward pass.
+ * fp32; the first block of a query segment starts them, its last block
+ * writes the normalised output and the log-sum-exp (kept for the backward
+ * pass) instead: no pass over the rows before or after the ring.
  *
  * Invariants: everything the loop touches (ring buffers, accumulators,
  * kernel scratch) lives in one workspace sized by dt_attention_workspace_size
@@ -57,9 +58,12 @@ dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, co
     return DT_SUCCESS;
 }
 
-/* The block kernel on every (q segment, k segment) pair of one ring step. */
-static dt_status run_blocks(const attn_plan *p, const void *q, const char *k, const char *v,
-                            int src, float *acc, float *m, float *l, void *scratch) {
+/* The block kernel on every (q segment, k segment) pair of ring step t
+ * (0 .. parts-1): a query segment's first block is step 0's first, its
+ * last is step parts-1's last, which writes o and lse. */
+static dt_status run_blocks(const attn_plan *p, int t, const void *q, const char *k,
+                            const char *v, int src, float *acc, float *m, float *l, void *o,
+                            float *lse, void *scratch) {
     dt_attn_segment qs[2], ks[2];
     int nq, nk;
     attn_plan_segments(p, src, qs, &nq, ks, &nk);
@@ -79,6 +83,8 @@ static dt_status run_blocks(const attn_plan *p, const void *q, const char *k, co
                 .m = m + qoff, .l = l + qoff,
                 .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
                 .acc = acc + qoff * p->h * p->D, .acc_batch_stride = p->c * p->h * p->D,
+                .first = t == 0 && j == 0, .last = t == p->parts - 1 && j == nk - 1,
+                .o = (char *)o + (size_t)(qoff * p->h * p->D) * es, .lse = lse + qoff,
                 .kernel = p->kernel,
             };
             DT_TRY(p->kern->fwd(p->ctx->backend, &a, scratch));
@@ -122,7 +128,6 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
 
     float *acc = (float *)(ws + w.off_acc), *m = (float *)(ws + w.off_m);
     float *l = (float *)(ws + w.off_l);
-    DT_TRY_GOTO(st, p.kern->init(be, attn_plan_rows(&p), p.D, acc, m, l), fail);
 
     /* Pack this rank's K and V into the ring's first buffer. */
     if (comm) {
@@ -143,15 +148,14 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
         DT_TRACE_PUSH("attention fwd blocks");
         const char *kb = ring ? dt_ring_current(ring) : dt_tensor_data_const(k);
         const char *vb = ring ? kb + p.kv_bytes : dt_tensor_data_const(v);
-        st = run_blocks(&p, dt_tensor_data_const(q), kb, vb, src, acc, m, l, ws + w.off_scratch);
+        st = run_blocks(&p, t, dt_tensor_data_const(q), kb, vb, src, acc, m, l,
+                        dt_tensor_data(out), dt_tensor_data(out_lse), ws + w.off_scratch);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
         if (more) DT_TRY_GOTO(st, dt_ring_wait(ring), fail);
     }
     DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * p.parts), fail);
-    DT_TRY_GOTO(st, p.kern->finalize(be, p.dtype, p.b, p.c, p.h, p.D, acc, m, l,
-                                     dt_tensor_data(out), dt_tensor_data(out_lse)), fail);
     DT_TRY_GOTO(st, attn_timing_end(&p, timing), fail);
     dt_ring_destroy(ring);
     if (own_ws) be->ops->free(be, ws);

@@ -175,9 +175,10 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 /* The running state of the lane's two query rows in a forward kernel
  * (half 0: row g, half 1: row g + 8 of the warp's 16, which start at query
- * row `row0` of the block): read at the start of the block, written back at
- * the end (fused accumulation). accg, mg, lg: acc, m, l of the block's
- * (batch, head) at row 0. o[j][i] is accumulator element i of n-tile j
+ * row `row0` of the block): read at the start of the block (or, in the
+ * call's first block, a.first, started at m = -inf, l = 0, o = 0), written
+ * back at the end (fused accumulation). accg, mg, lg: acc, m, l of the
+ * block's (batch, head) at row 0. o[j][i] is accumulator element i of n-tile j
  * (head-dim columns 8j .. 8j+7): row dt_mma_c_row(lane, i), column 8j +
  * dt_mma_c_col(lane, i); elements 2 half and 2 half + 1 are adjacent columns
  * of one row, one float2. Rows past the segment are not live: m = -inf, l =
@@ -191,13 +192,14 @@ __device__ __forceinline__ void read_rows(const dt_attn_block_args &a, const flo
     for (int half = 0; half < 2; half++) {
         row[half] = row0 + dt_mma_c_row(lane, 2 * half);
         live[half] = row[half] < a.qseg.len;
-        m[half] = live[half] ? mg[row[half]] : -INFINITY;
-        l[half] = live[half] ? lg[row[half]] : 0.0f;
+        const bool read = live[half] && !a.first;
+        m[half] = read ? mg[row[half]] : -INFINITY;
+        l[half] = read ? lg[row[half]] : 0.0f;
         lim[half] = live[half] ? dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row[half])) : 0;
 #pragma unroll
         for (int j = 0; j < D / 8; j++) {
             float2 v = make_float2(0.0f, 0.0f);
-            if (live[half])
+            if (read)
                 v = *reinterpret_cast<const float2 *>(accg + row[half] * a.heads * D + 8 * j +
                                                       dt_mma_c_col(lane, 2 * half));
             o[j][2 * half] = v.x;
@@ -206,15 +208,32 @@ __device__ __forceinline__ void read_rows(const dt_attn_block_args &a, const flo
     }
 }
 
-/* ... and written back; the 4 lanes of a quad hold the same m and l. */
-template <int D>
-__device__ __forceinline__ void write_rows(float *accg, float *mg, float *lg, int64_t heads, int lane,
+/* ... and written back: m, l and acc, or, by the call's last block
+ * (a.last), o = acc / l (0 where l = 0) in T with q's layout and lse = m +
+ * log l (-inf where l = 0) with m's. The 4 lanes of a quad hold the same m
+ * and l. */
+template <typename T, int D>
+__device__ __forceinline__ void write_rows(const dt_attn_block_args &a, int64_t b, int64_t h,
+                                           float *accg, float *mg, float *lg, int lane,
                                            const int64_t (&row)[2], const bool (&live)[2],
                                            const float (&m)[2], const float (&l)[2],
                                            const float (&o)[D / 8][4]) {
+    const int64_t heads = a.heads;
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         if (!live[half]) continue;
+        if (a.last) {
+            T *og = static_cast<T *>(a.o) + b * a.q_batch_stride + (row[half] * heads + h) * D;
+            const float inv = l[half] > 0.0f ? 1.0f / l[half] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < D / 8; j++)
+                *reinterpret_cast<uint32_t *>(og + 8 * j + dt_mma_c_col(lane, 2 * half)) =
+                    elem<T>::pack(o[j][2 * half] * inv, o[j][2 * half + 1] * inv);
+            if ((lane & 3) == 0)
+                a.lse[b * a.ml_batch_stride + h * a.ml_head_stride + row[half]] =
+                    l[half] > 0.0f ? m[half] + logf(l[half]) : -INFINITY;
+            continue;
+        }
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
             *reinterpret_cast<float2 *>(accg + row[half] * heads * D + 8 * j +

@@ -17,7 +17,9 @@
  *       striped and zigzag sharding every (rank j, step t) block is timed
  *       alone as the ring runs it: all its (query segment, key segment)
  *       pairs of rank j against rank (j - t) mod P, accumulating into the
- *       rank's fp32 m, l, acc (forward) or dQ, dK, dV (backward).
+ *       rank's fp32 m, l, acc (forward: step 0 starts them and step P - 1
+ *       writes o and lse, as in dt_attention_forward) or dQ, dK, dV
+ *       (backward).
  *         critical path  sum over steps of the slowest rank's block;
  *         total          sum of every block (the ring's work on one device);
  *         ratio          contiguous critical path / this order's;
@@ -25,7 +27,8 @@
  *                        kernel with causal efficiency r allows (r measured
  *                        here at c = --ring-c); achieved = ratio / ceiling;
  *         vs one call    total / the time of one causal call on the whole
- *                        sequence S = P c (the cost of the ring's fused
+ *                        sequence S = P c (forward: one block that starts
+ *                        and finishes its rows; the cost of the ring's fused
  *                        accumulation and of cutting the work into blocks).
  *
  * --pass fwd,bwd picks the forward and/or backward block kernel. Backward
@@ -89,7 +92,8 @@ typedef struct bufs {
     dt_dtype dtype;
     int64_t rows, H, G, D;
     void *q, *k, *v, *dout, *o;        /* dtype */
-    float *acc, *m, *l, *lse, *delta;  /* fp32 */
+    float *acc, *m, *l, *lse, *delta;  /* fp32; lse: of a full pass, for the backward blocks */
+    float *lse_out;                    /* the forward blocks' lse (the last of a ring's) */
     float *dq, *dk, *dv;               /* fp32 */
     void *scratch;
 } bufs;
@@ -103,7 +107,7 @@ static const dt_attn_kernels *kernels_of(dt_context *ctx) {
 
 static void bufs_free(bufs *b) {
     void *all[] = {b->q, b->k, b->v, b->dout, b->o, b->acc, b->m, b->l, b->lse, b->delta,
-                   b->dq, b->dk, b->dv, b->scratch};
+                   b->lse_out, b->dq, b->dk, b->dv, b->scratch};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i]) b->be->ops->free(b->be, all[i]);
 }
@@ -142,25 +146,31 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
     DT_TRY(random_buffer(be, b->dtype, nk, 3, &b->v));
     DT_TRY(random_buffer(be, b->dtype, nq, 4, &b->dout));
     DT_TRY(be->ops->alloc(be, nq * dt_dtype_size(b->dtype), &b->o));
-    float **f32[] = {&b->acc, &b->dq, &b->m, &b->l, &b->lse, &b->delta, &b->dk, &b->dv};
-    size_t n32[] = {nq, nq, nr, nr, nr, nr, nk, nk};
-    for (int i = 0; i < 8; i++) DT_TRY(be->ops->alloc(be, n32[i] * sizeof(float), (void **)f32[i]));
+    float **f32[] = {&b->acc, &b->dq, &b->m, &b->l, &b->lse, &b->delta, &b->lse_out, &b->dk,
+                     &b->dv};
+    size_t n32[] = {nq, nq, nr, nr, nr, nr, nr, nk, nk};
+    for (int i = 0; i < 9; i++) DT_TRY(be->ops->alloc(be, n32[i] * sizeof(float), (void **)f32[i]));
     size_t sb = b->kern->fwd_scratch(b->D), bb = b->kern->bwd_scratch(b->D);
     DT_TRY(be->ops->alloc(be, sb > bb ? sb : bb, &b->scratch));
     /* lse and delta of a full (non-causal) pass over these rows: finite
      * everywhere, the scale of a real backward. */
     dt_attn_segment all = {0, 1, rows};
-    DT_TRY(b->kern->init(be, (size_t)nr, b->D, b->acc, b->m, b->l));
     dt_attn_block_args a = {
         .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
         .q = b->q, .q_batch_stride = 0, .k = b->k, .v = b->v, .kv_batch_stride = 0,
         .qseg = all, .kseg = all, .mask = DT_ATTN_FULL, .scale = 1.0f / sqrtf((float)b->D),
         .m = b->m, .l = b->l, .ml_batch_stride = 0, .ml_head_stride = rows,
-        .acc = b->acc, .acc_batch_stride = 0, .kernel = b->kernel,
+        .acc = b->acc, .acc_batch_stride = 0, .first = 1, .last = 1, .o = b->o, .lse = b->lse,
+        .kernel = b->kernel,
     };
     DT_TRY(b->kern->fwd(be, &a, b->scratch));
-    DT_TRY(b->kern->finalize(be, b->dtype, 1, rows, b->H, b->D, b->acc, b->m, b->l, b->o, b->lse));
     DT_TRY(b->kern->delta(be, b->dtype, 1, rows, b->H, b->D, b->o, b->dout, b->delta));
+    /* m, l, acc: a running state to accumulate into (the blocks of (r) and
+     * the middle steps of (p) read it): the start of a block with no keys */
+    dt_attn_segment none = {0, 1, 0};
+    a.kseg = none;
+    a.last = 0;
+    DT_TRY(b->kern->fwd(be, &a, b->scratch));
     st = be->ops->sync(be);
     return st;
 }
@@ -169,9 +179,11 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
 
 /* The blocks of query segments qs against key segments ks, rows laid out
  * one segment after another from row 0 (as a rank's shard), forward or
- * backward, accumulating into b's fp32 buffers. */
+ * backward, accumulating into b's fp32 buffers. Forward, as a ring step of
+ * dt_attention_forward: first, each query segment's first block starts its
+ * rows; last, its last block writes o and lse (block.h). */
 static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_attn_segment *qs,
-                           int nq, const dt_attn_segment *ks, int nk) {
+                           int nq, const dt_attn_segment *ks, int nk, int first, int last) {
     size_t es = dt_dtype_size(b->dtype);
     float scale = 1.0f / sqrtf((float)b->D);
     int64_t qoff = 0;
@@ -186,7 +198,9 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
                     .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
                     .q = q, .k = k, .v = v, .qseg = qs[i], .kseg = ks[j], .mask = mask,
                     .scale = scale, .m = b->m + qoff, .l = b->l + qoff,
-                    .ml_head_stride = b->rows, .acc = b->acc + qo, .kernel = b->kernel,
+                    .ml_head_stride = b->rows, .acc = b->acc + qo, .first = first && j == 0,
+                    .last = last && j == nk - 1, .o = (char *)b->o + qo * es,
+                    .lse = b->lse_out + qoff, .kernel = b->kernel,
                 };
                 DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
             } else {
@@ -215,14 +229,14 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
  * CPU backend's marks would not count). */
 static dt_status time_block(const bufs *b, const opts *o, int bwd, dt_attn_mask mask,
                             const dt_attn_segment *qs, int nq, const dt_attn_segment *ks, int nk,
-                            double *median_s) {
+                            int first, int last, double *median_s) {
     double t[MAX_ITERS];
     if (b->events) DT_TRY(b->be->ops->marks_reserve(b->be, 2));
     for (int i = -1; i < o->iters; i++) {
         DT_TRY(b->be->ops->sync(b->be));
         double t0 = ex_now_s();
         if (b->events) DT_TRY(b->be->ops->mark(b->be, 0));
-        DT_TRY(run_block(b, bwd, mask, qs, nq, ks, nk));
+        DT_TRY(run_block(b, bwd, mask, qs, nq, ks, nk, first, last));
         if (b->events) DT_TRY(b->be->ops->mark(b->be, 1));
         DT_TRY(b->be->ops->sync(b->be));
         double s = ex_now_s() - t0, ms = 0.0;
@@ -247,10 +261,10 @@ static dt_status measure_r(const bufs *b, const opts *o, int bwd, int64_t c, r_r
     int P = o->ranks;
     dt_attn_segment one = {0, 1, c}, s0 = {0, P, c}, s1 = {1, P, c};
     r->c = c;
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, &one, 1, &one, 1, &r->full_s));
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &one, 1, &one, 1, &r->causal_s));
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &s1, 1, &s0, 1, &r->incl_s));
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &s0, 1, &s1, 1, &r->excl_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, &one, 1, &one, 1, 0, 0, &r->full_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &one, 1, &one, 1, 0, 0, &r->causal_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &s1, 1, &s0, 1, 0, 0, &r->incl_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &s0, 1, &s1, 1, 0, 0, &r->excl_s));
     return DT_SUCCESS;
 }
 
@@ -275,7 +289,8 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
                 int nq = dt_attn_segments(orders[oi], S, P, j, qs);
                 int nk = dt_attn_segments(orders[oi], S, P, (j - t + P) % P, ks);
                 double s;
-                DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, &s));
+                DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, t == 0, t == P - 1,
+                                  &s));
                 slowest = s > slowest ? s : slowest;
                 out->total_s[oi] += s;
             }
@@ -283,10 +298,10 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
         }
     }
     dt_attn_segment whole = {0, 1, S}, one = {0, 1, c};
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &whole, 1, &whole, 1, &out->single_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &whole, 1, &whole, 1, 1, 1, &out->single_s));
     double full_s, causal_s;
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, &one, 1, &one, 1, &full_s));
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &one, 1, &one, 1, &causal_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, &one, 1, &one, 1, 0, 0, &full_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &one, 1, &one, 1, 0, 0, &causal_s));
     out->r = causal_s / full_s;
     return DT_SUCCESS;
 }

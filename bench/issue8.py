@@ -583,7 +583,8 @@ def item_waits(session):
                   "no-copy ms = the sum of all their times (on one shared device the ranks' "
                   "kernels take turns, so that sum is the ring's time with nothing moved and "
                   "nobody waiting). exposed = (wall - no-copy) / wall: the copies, the "
-                  "ranks' waits for each other and the call's own work (init, finalize); "
+                  "ranks' waits for each other and the call's own work (agreement, ring "
+                  "set-up); "
                   "below 0 where ranks' kernels ran side by side. Also shown: kernels = sum "
                   "over steps of the slowest rank's block kernels and waits = the largest "
                   "per-rank sum of the gaps between one step's kernels and the next "
@@ -640,7 +641,8 @@ def item_api(session):
     table = Table("1-api", "item 1 through the public API: dt_attention_forward, bf16",
                   f"dtensor >= {FWD_VS_FA2}x FA2", header,
                   "build/bench/attention section (a) --dtype bf16 with DT_ATTN_KERNEL=K: one "
-                  "single-device dt_attention_forward call (init, blocks, finalize), a "
+                  "single-device dt_attention_forward call (one block, which starts and "
+                  "finishes the rows), a "
                   "read-back after it; median after 1 warm-up. FA2: as in item 1 (the same "
                   "measurement where the shape is the same).")
     torch = {}

@@ -300,27 +300,40 @@ static void test_tile_classes_and_pairs(void **state) {
             }
 }
 
-/* A block whose keys all come after its queries leaves m = -inf, l = 0 and
- * acc = 0; finalize gives 0 output and -inf lse, never NaN. */
+/* A block whose keys all come after its queries, as a call's only block
+ * (first and last: m, l and acc hold NaN before, which it must not read),
+ * gives 0 output and -inf lse, never NaN; as the first of two such blocks
+ * it starts m, l and acc at -inf, 0, 0 for the second to finish. */
 static void test_fully_masked_block(void **state) {
     (void)state;
     enum { N = 70, D = 8 };
     float q[N * D], k[N * D], v[N * D], m[N], l[N], acc[N * D], o[N * D], lse[N];
     for (int i = 0; i < N * D; i++) q[i] = k[i] = v[i] = 0.5f;
-    for (int i = 0; i < N; i++) m[i] = -INFINITY, l[i] = 0;
-    memset(acc, 0, sizeof acc);
     char scratch[1 << 16];
     assert_true(dt_attn_kernels_cpu.fwd_scratch(D) <= sizeof scratch);
-    dt_attn_block_args a = {.dtype = DT_F32, .batch = 1, .heads = 1, .kv_heads = 1, .dim = D,
-                            .q = q, .q_batch_stride = N * D, .k = k, .v = v, .kv_batch_stride = N * D,
-                            .qseg = {0, 2, N}, .kseg = {1000, 2, N}, .mask = DT_ATTN_CAUSAL,
-                            .scale = 1.0f, .m = m, .l = l, .ml_batch_stride = N, .ml_head_stride = N,
-                            .acc = acc, .acc_batch_stride = N * D};
-    assert_int_equal(dt_attn_kernels_cpu.fwd(NULL, &a, scratch), DT_SUCCESS);
-    assert_int_equal(dt_attn_kernels_cpu.finalize(NULL, DT_F32, 1, N, 1, D, acc, m, l, o, lse), DT_SUCCESS);
-    for (int i = 0; i < N; i++) {
-        assert_true(isinf(lse[i]) && lse[i] < 0);
-        for (int d = 0; d < D; d++) assert_true(o[i * D + d] == 0.0f);
+    for (int split = 0; split < 2; split++) {
+        for (int i = 0; i < N; i++) m[i] = l[i] = lse[i] = NAN;
+        for (int i = 0; i < N * D; i++) acc[i] = o[i] = NAN;
+        dt_attn_block_args a = {.dtype = DT_F32, .batch = 1, .heads = 1, .kv_heads = 1, .dim = D,
+                                .q = q, .q_batch_stride = N * D, .k = k, .v = v,
+                                .kv_batch_stride = N * D, .qseg = {0, 2, N}, .kseg = {1000, 2, N},
+                                .mask = DT_ATTN_CAUSAL, .scale = 1.0f, .m = m, .l = l,
+                                .ml_batch_stride = N, .ml_head_stride = N, .acc = acc,
+                                .acc_batch_stride = N * D, .first = 1, .last = !split, .o = o,
+                                .lse = lse};
+        assert_int_equal(dt_attn_kernels_cpu.fwd(NULL, &a, scratch), DT_SUCCESS);
+        if (split) {
+            for (int i = 0; i < N; i++) assert_true(isinf(m[i]) && m[i] < 0 && l[i] == 0.0f);
+            for (int i = 0; i < N * D; i++) assert_true(acc[i] == 0.0f && isnan(o[i]));
+            a.first = 0;
+            a.last = 1;
+            a.kseg.start = 2000;
+            assert_int_equal(dt_attn_kernels_cpu.fwd(NULL, &a, scratch), DT_SUCCESS);
+        }
+        for (int i = 0; i < N; i++) {
+            assert_true(isinf(lse[i]) && lse[i] < 0);
+            for (int d = 0; d < D; d++) assert_true(o[i * D + d] == 0.0f);
+        }
     }
 }
 
@@ -337,16 +350,14 @@ static void test_huge_logits(void **state) {
         v[i] = dt_random_value(3, (uint64_t)i);
         qd[i] = q[i], kd[i] = k[i], vd[i] = v[i];
     }
-    for (int i = 0; i < S; i++) m[i] = -INFINITY, l[i] = 0;
-    memset(acc, 0, sizeof acc);
     static char scratch[1 << 17];
     dt_attn_block_args a = {.dtype = DT_F32, .batch = 1, .heads = 1, .kv_heads = 1, .dim = D,
                             .q = q, .q_batch_stride = S * D, .k = k, .v = v, .kv_batch_stride = S * D,
                             .qseg = {0, 1, S}, .kseg = {0, 1, S}, .mask = DT_ATTN_CAUSAL,
                             .scale = 1.0f, .m = m, .l = l, .ml_batch_stride = S, .ml_head_stride = S,
-                            .acc = acc, .acc_batch_stride = S * D};
+                            .acc = acc, .acc_batch_stride = S * D, .first = 1, .last = 1, .o = o,
+                            .lse = lse};
     assert_int_equal(dt_attn_kernels_cpu.fwd(NULL, &a, scratch), DT_SUCCESS);
-    assert_int_equal(dt_attn_kernels_cpu.finalize(NULL, DT_F32, 1, S, 1, D, acc, m, l, o, lse), DT_SUCCESS);
     attn_shape s = {1, S, 1, 1, D};
     ref_attention_forward(&s, qd, kd, vd, 1, 1.0, o_ref, lse_ref);
     double big = 0;

@@ -170,11 +170,14 @@ static void run_forward(void **state) {
     const size_t nrow = (size_t)(B * H * n), nacc = nrow * (size_t)D;
     float *m = zeros_f32(nrow), *l = zeros_f32(nrow), *acc = zeros_f32(nacc), *o = zeros_f32(nacc);
     float *lse = zeros_f32(nrow);
+    void *ot = NULL;   /* the kernel's o, in the dtype */
+    assert_int_equal(cudaMalloc(&ot, nacc * dt_dtype_size(c->dtype)), cudaSuccess);
     double *ref = malloc(nacc * sizeof *ref), *ref_lse = malloc(nrow * sizeof *ref_lse);
     long bad = 0;
     for (int j = 0; j < c->P && !bad; j++) {
-        for (size_t i = 0; i < nrow; i++) m[i] = -INFINITY, l[i] = 0;
-        memset(acc, 0, nacc * sizeof *acc);
+        /* NaN: the first block of each query segment must not read them */
+        for (size_t i = 0; i < nrow; i++) m[i] = l[i] = lse[i] = NAN;
+        for (size_t i = 0; i < nacc; i++) acc[i] = NAN;
         for (int step = 0; step < c->P && !bad; step++) {   /* key ranks in ring order */
             const int r = (j - step + c->P) % c->P;
             for (int si = 0; si < R.nseg[j]; si++)
@@ -188,7 +191,10 @@ static void run_forward(void **state) {
                         .qseg = R.seg[j][si], .kseg = R.seg[r][sk], .mask = c->mask,
                         .scale = (float)(1.0 / sqrt((double)D)), .m = m + x0, .l = l + x0,
                         .ml_batch_stride = H * n, .ml_head_stride = n, .acc = acc + x0 * H * D,
-                        .acc_batch_stride = n * H * D, .kernel = c->kernel};
+                        .acc_batch_stride = n * H * D, .first = step == 0 && sk == 0,
+                        .last = step == c->P - 1 && sk == R.nseg[r] - 1,
+                        .o = (char *)ot + (size_t)(x0 * H * D) * dt_dtype_size(c->dtype),
+                        .lse = lse + x0, .kernel = c->kernel};
                     if (!dt_emu_attn_mma_block_ok(&a, why, sizeof why)) {
                         print_error("%s: block refused: %s\n", c->name, why);
                         bad = 1;
@@ -200,16 +206,7 @@ static void run_forward(void **state) {
                 }
         }
         if (bad) break;
-        /* o = acc / l, lse = m + log l, as the finalize kernels define them */
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t x = 0; x < n; x++) {
-                    const size_t ml = (size_t)((b * H + h) * n + x);
-                    const float *ax = acc + ((b * n + x) * H + h) * D;
-                    float *ox = o + ((b * n + x) * H + h) * D;
-                    for (int64_t d = 0; d < D; d++) ox[d] = l[ml] > 0 ? ax[d] / l[ml] : 0.0f;
-                    lse[ml] = l[ml] > 0 ? m[ml] + logf(l[ml]) : -INFINITY;
-                }
+        for (size_t i = 0; i < nacc; i++) o[i] = dt_value_get(ot, c->dtype, i);
         ref_local_rows(o_ref, B, s->S, H, D, c->order, c->P, j, 0, H, ref);
         ref_local_lse(lse_ref, B, s->S, H, c->order, c->P, j, 0, H, ref_lse);
         bad += h_compare("o", o, ref, nacc, 2e-2, 2e-2, NULL);
@@ -220,6 +217,7 @@ static void run_forward(void **state) {
     free_ranks(c, &R);
     free(q), free(k), free(v), free(o_ref), free(lse_ref), free(ref), free(ref_lse);
     free(m), free(l), free(acc), free(o), free(lse);
+    cudaFree(ot);
     assert_int_equal(bad, 0);
     assert_true(mma_ran > 0);
 }
