@@ -240,14 +240,14 @@ class Session:
 
     # ---- bench command lines
 
-    def blocks(self, kernel, section, pass_, heads, dim, sizes, ranks=RING_P):
+    def blocks(self, kernel, section, pass_, heads, dim, sizes, ranks=RING_P, extra=()):
         """bench/blocks --json for one kernel: (r) at c in sizes, or (p) at ring c in sizes."""
         size_flag = ["--c"] if section == "r" else ["--ring-c"]
         argv = [self.binary("blocks"), "--backend", self.args.backend, "--kernel", kernel,
                 "--section", section, "--pass", pass_, "--heads", str(heads), "--kv-heads",
                 str(heads), "--dim", str(dim), "--dtype", "bf16", "--ranks", str(ranks)]
         argv += size_flag + [",".join(map(str, sizes)), "--iters", str(self.iters), "--json"]
-        return self.bench(argv, kernel)
+        return self.bench(argv + list(extra), kernel)
 
     def attention(self, kernel, section, passes, extra=()):
         argv = [self.binary("attention"), "--backend", self.args.backend, "--section", section,
@@ -397,10 +397,10 @@ def field(row, key):
     return row if is_na(row) else row[key]
 
 
-def run_blocks(session, table, kernel, section, pass_, heads, dim, sizes, ranks=RING_P):
+def run_blocks(session, table, kernel, section, pass_, heads, dim, sizes, ranks=RING_P, extra=()):
     """bench/blocks for one kernel, its command added to the table's."""
     n = len(session.commands)
-    out = session.blocks(kernel, section, pass_, heads, dim, sizes, ranks)
+    out = session.blocks(kernel, section, pass_, heads, dim, sizes, ranks, extra)
     table.commands += session.commands[n:]
     return out
 
@@ -484,7 +484,8 @@ def item_r(session):
     kernels = session.args.kernels
     header = ["c"]
     for k in kernels:
-        header += [f"{k} r", f"{k} striped<= r", f"{k} striped< r", f"{k} mark"]
+        header += [f"{k} r", f"{k} striped<= r", f"{k} striped< r", f"{k} mark",
+                   f"{k} r, heads in turn"]
     header += ["FA2 r", "cuDNN r"]
     table = Table("2", "item 2: causal efficiency r = causal time / full time, forward",
                   f"r <= {R_MAX} for c >= {R_FROM_C}, for the causal block and both striped "
@@ -492,9 +493,14 @@ def item_r(session):
                   f"A c x c block, B = 1, H = {h}, D = {d}, bf16. dtensor: build/bench/blocks "
                   "section (r): the causal diagonal block and the striped blocks of "
                   f"P = {RING_P} ranks with the diagonal included (<=) and excluded (<), each "
-                  "over a full block. torch: SDPA forward on [1, H, c, D] causal over not "
-                  "causal, with the backend forced.")
+                  "over a full block; 'heads in turn': the causal r again with --l2 0, the "
+                  "CTAs launched one head after another (the order before commit 631b7f2, "
+                  "for comparison with the default: heaviest tiles first across the "
+                  "heads of an L2-sized section). torch: SDPA forward on [1, H, c, D] "
+                  "causal over not causal, with the backend forced.")
     outs = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs) for k in kernels}
+    heads_in_turn = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=("--l2", "0"))
+                     for k in kernels}
     for c in cs:
         torch = session.torch.cases((1, h, c, d), "fwd", table)
         cells, data = [str(c)], {"c": c}
@@ -503,9 +509,11 @@ def item_r(session):
             rs = [field(row, key) for key in ("r", "striped_le_r", "striped_lt_r")]
             worst = first_na(*rs) or max(rs)
             m = mark(worst, lambda x: x <= R_MAX) if c >= R_FROM_C else "-"
-            cells += [(x, ".3f") for x in rs] + [m]
+            in_turn = field(r_row(heads_in_turn[k], "fwd", c), "r")
+            cells += [(x, ".3f") for x in rs] + [m, (in_turn, ".3f")]
             data.update({f"{k}_r": rs[0], f"{k}_striped_le_r": rs[1],
-                         f"{k}_striped_lt_r": rs[2], f"{k}_mark": m})
+                         f"{k}_striped_lt_r": rs[2], f"{k}_mark": m,
+                         f"{k}_r_heads_in_turn": in_turn})
         for name, label in TORCH_NAMES.items():
             full, causal = torch[(name, False)], torch[(name, True)]
             r = first_na(full, causal) or causal["median_ms"] / full["median_ms"]
