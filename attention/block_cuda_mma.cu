@@ -343,9 +343,10 @@ extern "C" int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *w
                      a->kseg.len, a->kseg.len, a->kv_heads, a->batch, "kv heads", why, why_size))
         return 0;
     /* dk, dv: float2 read-add-write (their batch stride is kv_batch_stride,
-     * checked above); dq: scalar atomics, fp32 alignment suffices. */
-    if (((uintptr_t)a->dk | (uintptr_t)a->dv) % 8) {
-        say(why, why_size, "dk %p or dv %p is not 8-byte aligned", (void *)a->dk, (void *)a->dv);
+     * checked above); dq: float2 atomics. */
+    if (((uintptr_t)a->dk | (uintptr_t)a->dv | (uintptr_t)a->dq) % 8 || a->dq_batch_stride % 2) {
+        say(why, why_size, "dk %p, dv %p or dq %p (batch stride %lld) is not 8-byte aligned",
+            (void *)a->dk, (void *)a->dv, (void *)a->dq, (long long)a->dq_batch_stride);
         return 0;
     }
     return 1;

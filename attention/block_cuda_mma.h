@@ -37,12 +37,13 @@ int dt_attn_mma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size_t
 
 /* 1 if one block's arguments also meet the kernel's other needs: q, k, v
  * 16-byte aligned with batch strides of whole 16-byte rows (cp.async), acc
- * 8-byte aligned, segment lengths below 2^31 - 64. Otherwise 0 and why. */
+ * 8-byte aligned, o (a last block's) 4-byte aligned, segment lengths below
+ * 2^31 - 64, a grid within 2^31 - 1 blocks. Otherwise 0 and why. */
 int dt_attn_mma_block_ok(const dt_attn_block_args *a, char *why, size_t why_size);
 
 /* The same for one backward block: q, dout, k, v 16-byte aligned with
- * batch strides of whole 16-byte rows, dk and dv 8-byte aligned, segment
- * lengths below 2^31 - 64, kv_heads and batch within the grid. */
+ * batch strides of whole 16-byte rows, dk, dv and dq 8-byte aligned,
+ * segment lengths below 2^31 - 64, a grid within 2^31 - 1 blocks. */
 int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *why, size_t why_size);
 
 /* Runs one forward block (same contract as dt_attn_kernels.fwd) on `stream`.

@@ -1,12 +1,14 @@
 /* attention/block_cuda_mma_bwd.cu — the tensor-core backward block kernel
- * (FlashAttention-2 structure) for bf16 and fp16, head dims 64 and 128,
- * compute capability >= 8.0. STATUS: passes its tests on the CPU emulator
+ * (FlashAttention-2 structure and tile sizes) for bf16 and fp16, head dims
+ * 64 and 128, compute capability >= 8.0. STATUS: this version (8 warps,
+ * 128 keys per CTA, float2 dQ atomics) passes its tests on the CPU emulator
  * of CUDA (tests/emu, test_mma_emu: against the double reference on ring,
- * striped and zigzag blocks) and on an H100 (2026-11-22), where it runs at
- * 0.42x to 0.57x FlashAttention-2's backward (docs/PERFORMANCE.md: ncu
- * shows 12.5% occupancy and the L2 busy with the dQ atomics); the simple
- * kernels in block_cuda.cu stay as the fallback and the cross-check
- * (DT_ATTN_KERNEL=simple|mma|auto, block.h).
+ * striped and zigzag blocks) and is NOT YET MEASURED on a GPU. The version
+ * before it (4 warps, 64 keys, scalar dQ atomics; commit c14bbb9) passed
+ * its tests on an H100 (2026-11-22) at 0.42x to 0.57x FlashAttention-2's
+ * backward, with ncu showing the L2 busy with its dQ atomics
+ * (docs/PERFORMANCE.md). The simple kernels in block_cuda.cu stay as the
+ * fallback and the cross-check (DT_ATTN_KERNEL=simple|mma|auto, block.h).
  *
  * Contract: dt_attn_kernels.bwd of block.h, the same as block_cpu.c and the
  * simple kernels: one query segment against one key/value segment, GQA
@@ -15,17 +17,17 @@
  * dP = dO V^T, dS = P (dP - delta); dV += P^T dO, dK += scale dS^T Q,
  * dQ += scale dS K, all three ADDED into the fp32 outputs.
  *
- * Work split. A CTA per (key tile, kv head, batch), launched in the order of
- * mma_layout.h (the first key tiles, the most queries under a causal mask,
- * of a section of kv heads first); a CTA of 4 warps (128 threads) owns BN
- * = 64 keys of one (batch, kv head g) and loops over the
- * query heads of g's group and, per head, over the query tiles (BM = 64
- * rows) that may attend its keys. Per query tile:
- *   1. warp w, query rows 16w .. 16w+15, all 64 keys (as the forward):
+ * Work split (mma_layout.h, "backward"). A CTA per (key tile, kv head,
+ * batch), launched in the order of mma_layout.h (the first key tiles, the
+ * most queries under a causal mask, of a section of kv heads first); a CTA
+ * of 8 warps (256 threads) owns BN = 128 keys of one (batch, kv head g) and
+ * loops over the query heads of g's group and, per head, over the query
+ * tiles (BM = 64 rows) that may attend its keys. Per query tile:
+ *   1. warp w, query rows 16 (w % 4) .. +15, keys 64 (w / 4) .. +63:
  *        S  = Q K^T      A = Q  (ldmatrix, dt_mma_ldsm_a_*), B = K (dt_mma_ldsm_k_*)
  *        dP = dO V^T     A = dO (ldmatrix),                  B = V (dt_mma_ldsm_k_*)
  *        P  = exp(scale S - lse), dS = P (dP - delta)   in fp32 registers
- *      and stores P and dS, rounded to T, into swizzled [64][64] tiles.
+ *      and stores P and dS, rounded to T, into swizzled [64][128] tiles.
  *   2. __syncthreads; warp w, keys 16w .. 16w+15, all D columns:
  *        dV += P^T dO    A = P^T  (ldmatrix.trans of the P tile, dt_mma_ldsm_at_*)
  *                        B = dO   (ldmatrix.trans, dt_mma_ldsm_v_*)
@@ -33,26 +35,27 @@
  *      dK and dV stay in fp32 registers across the whole loop (2 x 16 x D
  *      per warp) and are added into dk, dv once at the end (read, add,
  *      write: float2; the CTA alone owns those rows in this call).
- *   3. warp w, query rows 16w .. 16w+15 again, 16 head-dim columns at a time:
- *        dQ += dS K      A = dS from the warp's own registers (packed as the
- *                        forward packs P: dt_mma_p_tile / dt_mma_p_elem)
+ *   3. warp w, the query rows of phase 1, head-dim columns (D/2) (w / 4)
+ *      .. +D/2-1, 16 at a time:
+ *        dQ += dS K      A = dS (ldmatrix of the dS tile, all 128 keys)
  *                        B = K (ldmatrix.trans, dt_mma_ldsm_v_*)
- *      each 16 x 16 piece scaled and added into the fp32 dq with atomicAdd
- *      (an atom.global.add.f32 whose result is unused, which ptxas normally
- *      emits as RED; unchecked here: this toolkit has no cuobjdump). Every
- *      key tile's CTA adds into the same dq rows, so dq's summation order,
- *      and its last bits, may differ from run to run; dk and dv are
- *      deterministic. (A deterministic dq
- *      would need a per-key-tile dq scratch, B H nq D fp32 per key tile,
- *      and a reduction pass; FA2 makes the same choice by default.)
+ *      each 16 x 16 piece scaled and added into the fp32 dq with float2
+ *      atomicAdd (one 8-byte reduction per pair of adjacent columns on
+ *      compute capability 9.0, two 4-byte ones before). Every key tile's
+ *      CTA adds into the same dq rows, so dq's summation order, and its
+ *      last bits, may differ from run to run; dk and dv are deterministic.
+ *      (A deterministic dq would need a per-key-tile dq scratch, B H nq D
+ *      fp32 per key tile, and a reduction pass; FA2 makes the same choice
+ *      by default.) 128 keys per CTA halve, against 64, the dQ additions
+ *      and the Q, dO loads per key.
  *   4. __syncthreads: the P, dS tiles and the Q, dO stage are reused.
  *
  * Mask and skipped tiles (mask.h's rule, closed form, dt_mma_bwd_* of
  * mma_layout.h). Queries that may attend a key form a suffix of q, so the
- * query tiles of key tile [y0, y0+64) are those from the one holding
+ * query tiles of key tile [y0, y0+128) are those from the one holding
  * x_any = dt_attn_queries_from(pos(y0)) on (none: the CTA returns before
  * loading anything, leaving dk, dv untouched); those from
- * ceil(dt_attn_queries_from(pos(y0 + 63)) / 64) on are full, and need no
+ * ceil(dt_attn_queries_from(pos(y0 + 127)) / 64) on are full, and need no
  * per-element mask, when the key tile is whole; the others are masked with
  * the per-row key limits (dt_attn_keys_upto), which also masks keys past
  * the segment's end. Query rows past the segment's end, and rows whose lse
@@ -61,22 +64,22 @@
  * dq is not written at all). Masked elements are set to P = 0 after the
  * exp, so an overflowing exp there never reaches a product.
  *
- * Shared memory (dynamic, (2 BN + 4 BM) D + 2 BM BN 16-bit elements: 64 KiB
- * at D = 64, 112 KiB at D = 128): [K][V][Q stage 0][Q stage 1][dO stage 0]
- * [dO stage 1][P][dS], the [64][D] tiles with the XOR swizzle of
- * mma_layout.h at row length D, the [64][64] P and dS tiles at row length
- * 64 (conflict-free ldmatrix and .b32 stores). Copies are cp.async 16 bytes,
- * zero-filled past the segments. Pipeline: K, V and the first (head, query
- * tile)'s Q, dO are one commit group; iteration i issues the copies of
- * iteration i+1 into the other stage before waiting for its own (wait_group
- * 1), so they overlap iteration i's math; the __syncthreads closing
- * iteration i keeps iteration i+1's copies off the stage still being read.
+ * Shared memory (dynamic, (2 BN + 4 BM) D + 2 BM BN 16-bit elements: 96 KiB
+ * at D = 64, 160 KiB at D = 128): [K][V] of [128][D], [Q stage 0][Q stage 1]
+ * [dO stage 0][dO stage 1] of [64][D], then [P][dS] of [64][128], with the
+ * XOR swizzle of mma_layout.h at their row lengths (conflict-free ldmatrix
+ * and .b32 stores). Copies are cp.async 16 bytes, zero-filled past the
+ * segments. Pipeline: K, V and the first (head, query tile)'s Q, dO are one
+ * commit group; iteration i issues the copies of iteration i+1 into the
+ * other stage before waiting for its own (wait_group 1), so they overlap
+ * iteration i's math; the __syncthreads closing iteration i keeps
+ * iteration i+1's copies off the stage still being read.
  *
- * Resources (ptxas -v, CUDA 13, sm_90): 245 registers at D = 64, no spills;
- * 255 registers at D = 128 with a 120-byte stack frame (116 bytes of spill
- * stores, 148 of loads): the 2 x 16 x 128 fp32 dK, dV accumulators per warp
- * plus S and dP leave no room. FA2 uses 8 warps (and 128-key tiles) at
- * D = 128; that, or keeping dP in fewer registers, is the first tuning step.
+ * Resources (ptxas -v, CUDA 13, sm_90): 246 registers at D = 64, no spills;
+ * 255 registers at D = 128 with a 104-byte stack frame (104 bytes of spill
+ * stores, 160 of loads): the 2 x 16 x 128 fp32 dK, dV accumulators per warp
+ * plus S and dP leave no room. One CTA (8 warps) per SM either way, the
+ * occupancy of the 4-warp version's two CTAs.
  *
  * Numerics: scores and lse in natural-log units, exp as exp2f((scale s -
  * lse) log2 e) (as the forward); P and dS are rounded to T for the tensor
@@ -85,7 +88,7 @@
  * Every index comes from mma_layout.h, whose functions tests/test_attention.c
  * runs on the CPU against an ldmatrix / mma.sync emulation written from the
  * PTX ISA (test_mma_bwd_fragments: this kernel's three phases against plain
- * matmuls; test_mma_bwd_tile_bounds: its query-tile bounds against
+ * matmuls; test_mma_tile_bounds: its query-tile bounds against
  * dt_attn_tile_class). GPU test: tests/test_attention_backward.c,
  * "backward/cuda-kernels/..." cases, DT_ATTN_KERNEL=simple and =mma against
  * the double reference (make test; skipped without a GPU).
@@ -102,12 +105,12 @@
 
 namespace {
 
-constexpr int BM = DT_MMA_BM;             /* query rows per tile */
-constexpr int BN = DT_MMA_BN;             /* keys per CTA */
-constexpr int THREADS = DT_MMA_THREADS;   /* 4 warps */
+constexpr int BM = DT_MMA_BM;               /* query rows per tile */
+constexpr int BN = DT_MMA_BWD_BN;           /* keys per CTA */
+constexpr int THREADS = DT_MMA_BWD_THREADS; /* 8 warps */
 
-static_assert(BM == 16 * DT_MMA_WARPS && BN == 16 * DT_MMA_WARPS,
-              "one warp per 16 query rows (S, dP, dQ) and per 16 keys (dK, dV)");
+static_assert(BM == 16 * 4 && BN == 16 * DT_MMA_BWD_WARPS && BN == 2 * 64,
+              "phases 1, 3: 4 groups of 16 query rows x 2 halves; phase 2: 16 keys per warp");
 
 /* Dynamic shared memory of the kernel, in bytes. */
 template <typename T, int D>
@@ -116,12 +119,13 @@ constexpr size_t bwd_smem_bytes() {
 }
 
 #ifndef DT_MMA_STUB
-constexpr int NT = BN / 8;                /* n-tiles (8 keys each) of a warp's S and dP */
+constexpr int NT = 64 / 8;                /* n-tiles (8 keys each) of a warp's S and dP */
 
 /* ------------------------------------------------------ shared-memory map */
 
-/* [K][V][Q 0][Q 1][dO 0][dO 1] of [64][D], then [P][dS] of [64][64]: every
- * tile starts on a multiple of 8 KiB (the bank argument needs 128 bytes). */
+/* [K][V] of [BN][D], [Q 0][Q 1][dO 0][dO 1] of [BM][D], then [P][dS] of
+ * [BM][BN]: every tile starts on a multiple of 8 KiB (the bank argument
+ * needs 128 bytes). */
 template <typename T, int D>
 __device__ __forceinline__ T *k_tile(unsigned char *smem) {
     return reinterpret_cast<T *>(smem);
@@ -149,12 +153,13 @@ __device__ __forceinline__ T *ds_tile(unsigned char *smem) {
 
 /* ------------------------------------------------------------- tile steps */
 
-/* s = A B^T for the warp's 16 rows of A ([64][D] tile: Q or dO) and the 64
- * rows of B ([64][D] tile: K or V): s[j] is the accumulator of n-tile j
- * (B rows 8j .. 8j+7). The forward's tile_scores, with A read per k-step
+/* s = A B^T for the 16 rows from 16 rg of A ([BM][D] tile: Q or dO) and the
+ * 64 rows of B from sb (K or V from its row 64 half: a multiple of 8 rows
+ * on, where the swizzle repeats): s[j] is the accumulator of n-tile j (B
+ * rows 8j .. 8j+7). The forward's tile_scores, with A read per k-step
  * instead of held (the backward needs the registers for dK, dV). */
 template <typename T, int D>
-__device__ __forceinline__ void warp_abt(float (&s)[NT][4], const T *sa, const T *sb, int warp,
+__device__ __forceinline__ void warp_abt(float (&s)[NT][4], const T *sa, const T *sb, int rg,
                                          int lane) {
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -163,10 +168,10 @@ __device__ __forceinline__ void warp_abt(float (&s)[NT][4], const T *sa, const T
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         uint32_t af[4];
-        ldmatrix_x4(af, sa + dt_mma_swz(16 * warp + dt_mma_ldsm_a_row(lane),
+        ldmatrix_x4(af, sa + dt_mma_swz(16 * rg + dt_mma_ldsm_a_row(lane),
                                         16 * kk + dt_mma_ldsm_a_col(lane), D));
 #pragma unroll
-        for (int jj = 0; jj < BN / 16; jj++) {   /* B rows 16jj .. 16jj+15: n-tiles 2jj, 2jj+1 */
+        for (int jj = 0; jj < NT / 2; jj++) {   /* B rows 16jj .. 16jj+15: n-tiles 2jj, 2jj+1 */
             uint32_t bb[4];
             ldmatrix_x4(bb, sb + dt_mma_swz(16 * jj + dt_mma_ldsm_k_row(lane),
                                             16 * kk + dt_mma_ldsm_k_col(lane), D));
@@ -178,7 +183,7 @@ __device__ __forceinline__ void warp_abt(float (&s)[NT][4], const T *sa, const T
 
 /* In: s = Q K^T, dp = dO V^T of the warp's rows. Out: s = P, dp = dS (fp32).
  * lse[half] is +inf for a row that must contribute nothing. MASKED: keys
- * y >= lim[half] of the row give P = 0 (key0: the tile's first key). */
+ * y >= lim[half] of the row give P = 0 (key0: the warp's first key). */
 template <bool MASKED>
 __device__ __forceinline__ void probabilities(float (&s)[NT][4], float (&dp)[NT][4],
                                               const float (&lse)[2], const float (&delta)[2],
@@ -196,8 +201,8 @@ __device__ __forceinline__ void probabilities(float (&s)[NT][4], float (&dp)[NT]
         }
 }
 
-/* Stores the warp's P and dS (rounded to T) into the swizzled [64][64] P and
- * dS tiles: one .b32 per pair of adjacent keys. */
+/* Stores the warp's P and dS (rounded to T) into the swizzled [BM][BN] P
+ * and dS tiles: one .b32 per pair of adjacent keys. */
 template <typename T>
 __device__ __forceinline__ void store_p_ds(T *sp, T *sds, const float (&p)[NT][4],
                                            const float (&ds)[NT][4], int warp, int lane) {
@@ -241,36 +246,50 @@ __device__ __forceinline__ void warp_dkdv(float (&dk)[D / 8][4], float (&dv)[D /
     }
 }
 
-/* dq rows of the warp += scale dS K: A = dS from registers, B = K by
- * ldmatrix.trans; 16 head-dim columns at a time, each added with atomics.
+/* p[0], p[1] += x, y: one 8-byte reduction where the device has it
+ * (float2 atomicAdd, compute capability 9.0 and the emulator's device), two
+ * 4-byte ones before. */
+__device__ __forceinline__ void add_pair(float *p, float x, float y) {
+#if defined(DT_CUDA_EMULATE) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+    atomicAdd(reinterpret_cast<float2 *>(p), make_float2(x, y));
+#else
+    atomicAdd(p, x);
+    atomicAdd(p + 1, y);
+#endif
+}
+
+/* dq += scale dS K for the 16 query rows from 16 rg and the D/2 head-dim
+ * columns from (D/2) ch: A = dS from the dS tile (ldmatrix, all BN keys),
+ * B = K by ldmatrix.trans; 16 columns at a time, each added with atomics.
  * dqg: dq of the (batch, head) at row 0, row stride `rs`. */
 template <typename T, int D>
-__device__ __forceinline__ void warp_dq(float *dqg, int64_t rs, const float (&ds)[NT][4],
-                                        const T *sk, const int64_t (&row)[2],
-                                        const bool (&live)[2], int lane, float scale) {
+__device__ __forceinline__ void warp_dq(float *dqg, int64_t rs, const T *sds, const T *sk, int rg,
+                                        int ch, const int64_t (&row)[2], const bool (&live)[2],
+                                        int lane, float scale) {
     uint32_t da[BN / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) p_fragment<T>(da[kk], ds, kk);
+    for (int kk = 0; kk < BN / 16; kk++)
+        ldmatrix_x4(da[kk], sds + dt_mma_swz(16 * rg + dt_mma_ldsm_a_row(lane),
+                                             16 * kk + dt_mma_ldsm_a_col(lane), BN));
 #pragma unroll
-    for (int jd = 0; jd < D / 16; jd++) {
+    for (int jd = 0; jd < D / 32; jd++) {
+        const int col0 = ch * (D / 2) + 16 * jd;
         float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {   /* keys 16kk .. 16kk+15 */
             uint32_t kb[4];
             ldmatrix_x4_trans(kb, sk + dt_mma_swz(16 * kk + dt_mma_ldsm_v_row(lane),
-                                                  16 * jd + dt_mma_ldsm_v_col(lane), D));
+                                                  col0 + dt_mma_ldsm_v_col(lane), D));
             elem<T>::mma(acc[0], da[kk], kb[0], kb[1]);
             elem<T>::mma(acc[1], da[kk], kb[2], kb[3]);
         }
 #pragma unroll
         for (int n = 0; n < 2; n++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int half = dt_mma_c_half(i);
+            for (int half = 0; half < 2; half++)   /* elements 2 half, 2 half + 1: one row */
                 if (live[half])
-                    atomicAdd(dqg + row[half] * rs + 16 * jd + 8 * n + dt_mma_c_col(lane, i),
-                              scale * acc[n][i]);
-            }
+                    add_pair(dqg + row[half] * rs + col0 + 8 * n + dt_mma_c_col(lane, 2 * half),
+                             scale * acc[n][2 * half], scale * acc[n][2 * half + 1]);
     }
 }
 
@@ -278,12 +297,12 @@ __device__ __forceinline__ void warp_dq(float *dqg, int64_t rs, const float (&ds
 
 /* ------------------------------------------------------------ the kernel */
 
-/* grid: ceil(kseg.len / 64) x kv_heads x batch blocks, in mma_layout.h's
- * launch order with `section` units (dt_mma_sched); block: 128 threads;
+/* grid: ceil(kseg.len / 128) x kv_heads x batch blocks, in mma_layout.h's
+ * launch order with `section` units (dt_mma_sched); block: 256 threads;
  * dynamic shared memory bwd_smem_bytes<T, D>(). */
 template <typename T, int D>
-__global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bwd_args a,
-                                                          const int64_t section) {
+__global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block_bwd_args a,
+                                                             const int64_t section) {
 #ifdef DT_MMA_STUB
     (void)a;
     (void)section;
@@ -291,6 +310,7 @@ __global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bw
 #else
     DT_DYNAMIC_SMEM(unsigned char, smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int rg = dt_mma_bwd_rows(warp), hf = dt_mma_bwd_half(warp);
     const int64_t H = a.heads, G = a.kv_heads, group = H / G;
     const int64_t nq = a.qseg.len, nk = a.kseg.len;
     int64_t rank, unit;   /* rank 0: the first key tile, the most queries */
@@ -317,12 +337,12 @@ __global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bw
     const T *dob = static_cast<const T *>(a.dout) + b * a.q_batch_stride;
 
     /* Group 0: K, V and iteration 0's Q, dO (head g * group, tile qt_first). */
-    load_tile<T, D>(k_tile<T, D>(smem), kg, G * D, y0, nk);
-    load_tile<T, D>(v_tile<T, D>(smem), vg, G * D, y0, nk);
+    load_tile<T, D, BN, THREADS>(k_tile<T, D>(smem), kg, G * D, y0, nk);
+    load_tile<T, D, BN, THREADS>(v_tile<T, D>(smem), vg, G * D, y0, nk);
     {
         const int64_t h = g * group, x0 = qt_first * BM;
-        load_tile<T, D>(q_stage<T, D>(smem, 0), qb + h * D, H * D, x0, nq);
-        load_tile<T, D>(do_stage<T, D>(smem, 0), dob + h * D, H * D, x0, nq);
+        load_tile<T, D, BM, THREADS>(q_stage<T, D>(smem, 0), qb + h * D, H * D, x0, nq);
+        load_tile<T, D, BM, THREADS>(do_stage<T, D>(smem, 0), dob + h * D, H * D, x0, nq);
     }
     cp_async_commit();
 
@@ -339,8 +359,9 @@ __global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bw
         if (it + 1 < n_iter) {
             const int64_t h = g * group + (it + 1) / per_head;
             const int64_t x0 = (qt_first + (it + 1) % per_head) * BM;
-            load_tile<T, D>(q_stage<T, D>(smem, stage ^ 1), qb + h * D, H * D, x0, nq);
-            load_tile<T, D>(do_stage<T, D>(smem, stage ^ 1), dob + h * D, H * D, x0, nq);
+            load_tile<T, D, BM, THREADS>(q_stage<T, D>(smem, stage ^ 1), qb + h * D, H * D, x0, nq);
+            load_tile<T, D, BM, THREADS>(do_stage<T, D>(smem, stage ^ 1), dob + h * D, H * D, x0,
+                                         nq);
             cp_async_commit();
             cp_async_wait<1>();   /* all but iteration it+1's group: it's (and K, V) landed */
         } else {
@@ -348,8 +369,8 @@ __global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bw
         }
 
         const int64_t h = g * group + it / per_head, qt = qt_first + it % per_head, x0 = qt * BM;
-        /* The lane's two query rows (half 0: row g, half 1: row g+8 of the
-         * warp's 16), read while waiting for the barrier. */
+        /* The lane's two query rows of phases 1 and 3 (half 0: row g, half
+         * 1: row g+8 of the warp's 16), read while waiting for the barrier. */
         const float *lseg = a.lse + b * a.ml_batch_stride + h * a.ml_head_stride;
         const float *deltag = a.delta + b * a.ml_batch_stride + h * a.ml_head_stride;
         int64_t row[2], lim[2];
@@ -357,7 +378,7 @@ __global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bw
         float lse[2], delta[2];
 #pragma unroll
         for (int half = 0; half < 2; half++) {
-            row[half] = x0 + 16 * warp + dt_mma_c_row(lane, 2 * half);
+            row[half] = x0 + 16 * rg + dt_mma_c_row(lane, 2 * half);
             live[half] = row[half] < nq;
             const float l = live[half] ? lseg[row[half]] : -INFINITY;
             lse[half] = l == -INFINITY ? INFINITY : l;   /* P = 0 on the whole row */
@@ -374,19 +395,21 @@ __global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bw
         __syncthreads();   /* every thread's copies of iteration it are visible to all */
 
         const T *sq = q_stage<T, D>(smem, stage), *sdo = do_stage<T, D>(smem, stage);
-        float s[NT][4], dp[NT][4];
-        warp_abt<T, D>(s, sq, k_tile<T, D>(smem), warp, lane);
-        warp_abt<T, D>(dp, sdo, v_tile<T, D>(smem), warp, lane);
-        if (masked)
-            probabilities<true>(s, dp, lse, delta, lim, y0, lane, a.scale);
-        else
-            probabilities<false>(s, dp, lse, delta, lim, y0, lane, a.scale);
-        store_p_ds<T>(p_tile<T, D>(smem), ds_tile<T, D>(smem), s, dp, warp, lane);
+        {   /* phase 1: the warp's 16 rows x 64 keys */
+            float s[NT][4], dp[NT][4];
+            warp_abt<T, D>(s, sq, k_tile<T, D>(smem) + 64 * hf * D, rg, lane);
+            warp_abt<T, D>(dp, sdo, v_tile<T, D>(smem) + 64 * hf * D, rg, lane);
+            if (masked)
+                probabilities<true>(s, dp, lse, delta, lim, y0 + 64 * hf, lane, a.scale);
+            else
+                probabilities<false>(s, dp, lse, delta, lim, y0 + 64 * hf, lane, a.scale);
+            store_p_ds<T>(p_tile<T, D>(smem), ds_tile<T, D>(smem), s, dp, warp, lane);
+        }
         __syncthreads();   /* the P and dS tiles are complete */
 
         warp_dkdv<T, D>(dk, dv, p_tile<T, D>(smem), ds_tile<T, D>(smem), sq, sdo, warp, lane);
-        warp_dq<T, D>(a.dq + b * a.dq_batch_stride + h * D, H * D, dp, k_tile<T, D>(smem), row,
-                      live, lane, a.scale);
+        warp_dq<T, D>(a.dq + b * a.dq_batch_stride + h * D, H * D, ds_tile<T, D>(smem),
+                      k_tile<T, D>(smem), rg, hf, row, live, lane, a.scale);
         __syncthreads();   /* P, dS and this stage are rewritten by the next iterations */
     }
 
@@ -417,7 +440,7 @@ __global__ void __launch_bounds__(THREADS) bwd_mma_kernel(const dt_attn_block_bw
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes) {
     const dim3 grid((unsigned)((a->kseg.len + BN - 1) / BN * a->kv_heads * a->batch));
-    return dt_mma_launch(bwd_mma_kernel<T, D>, grid, DT_MMA_THREADS, bwd_smem_bytes<T, D>(), stream,
+    return dt_mma_launch(bwd_mma_kernel<T, D>, grid, THREADS, bwd_smem_bytes<T, D>(), stream,
                          "backward", D, a->dtype, *a, dt_mma_bwd_section(*a, l2_bytes));
 }
 

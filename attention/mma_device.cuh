@@ -310,17 +310,17 @@ __device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (&p)[N
 
 /* ------------------------------------------------------------ tile copies */
 
-/* Issue the copies of rows [row0, row0 + 64) of a row-major matrix (row r at
- * base + r * row_stride, D contiguous elements) into a swizzled tile; rows
- * >= nrows are zero-filled. All DT_MMA_THREADS threads of the CTA take part. */
-template <typename T, int D>
+/* Issue the copies of rows [row0, row0 + ROWS) of a row-major matrix (row r
+ * at base + r * row_stride, D contiguous elements) into a swizzled tile;
+ * rows >= nrows are zero-filled. All THREADS threads of the CTA take part. */
+template <typename T, int D, int ROWS = 64, int THREADS = DT_MMA_THREADS>
 __device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_stride, int64_t row0,
                                           int64_t nrows) {
-    constexpr int COPIES = 64 * D / 8;   /* 16-byte copies per tile */
-    static_assert(COPIES % DT_MMA_THREADS == 0, "every thread issues the same number of copies");
+    constexpr int COPIES = ROWS * D / 8;   /* 16-byte copies per tile */
+    static_assert(COPIES % THREADS == 0, "every thread issues the same number of copies");
 #pragma unroll
-    for (int n = 0; n < COPIES / DT_MMA_THREADS; n++) {
-        const int e = n * DT_MMA_THREADS + (int)threadIdx.x;
+    for (int n = 0; n < COPIES / THREADS; n++) {
+        const int e = n * THREADS + (int)threadIdx.x;
         const int r = dt_mma_copy_row(e, D), c = dt_mma_copy_col(e, D);
         const bool valid = row0 + r < nrows;
         const T *src = valid ? base + (row0 + r) * row_stride + c : base;

@@ -127,18 +127,32 @@ DT_MMA_HD int64_t dt_mma_unmasked_tiles(int64_t limit_first_row) {
 
 /* ------------------------------------------- backward (block_cuda_mma_bwd.cu)
  *
- * A CTA owns a tile of DT_MMA_BN keys and walks the query tiles (DT_MMA_BM
- * rows) that may attend them. Warp w computes S = Q K^T and dP = dO V^T for
- * query rows 16w .. 16w+15 (the forward's A and B fragments: dt_mma_ldsm_a_*
- * for Q and dO, dt_mma_ldsm_k_* for K and V), turns them into P and dS in
- * registers, and stores both, rounded to 16 bits, in swizzled [BM][BN]
- * shared tiles. Then warp w owns keys 16w .. 16w+15 for
- *   dV += P^T dO    A = P^T  from the P tile  (ldmatrix.trans, dt_mma_ldsm_at_*)
- *                   B = dO   from the dO tile (ldmatrix.trans, dt_mma_ldsm_v_*)
- *   dK += dS^T Q    likewise from the dS and Q tiles
- * and query rows 16w .. 16w+15 again for
- *   dQ += dS K      A = dS from its own registers (dt_mma_p_tile / _elem)
- *                   B = K    from the K tile  (ldmatrix.trans, dt_mma_ldsm_v_*) */
+ * A CTA of DT_MMA_BWD_WARPS = 8 warps owns a tile of DT_MMA_BWD_BN = 128
+ * keys and walks the query tiles (DT_MMA_BM = 64 rows) that may attend
+ * them (FlashAttention-2's tile sizes for its backward: twice the keys of
+ * the forward's tiles, so every query tile's loads and dQ additions serve
+ * 128 keys). Per query tile, three phases:
+ *   1. warp w: query rows 16 (w % 4) .., keys 64 (w / 4) .. (a 16 x 64
+ *      block, the forward's warp tile): S = Q K^T and dP = dO V^T (A:
+ *      dt_mma_ldsm_a_* for Q and dO, B: dt_mma_ldsm_k_* for K and V), P
+ *      and dS in registers, stored rounded to 16 bits in swizzled
+ *      [BM][BWD_BN] shared tiles (dt_mma_ps_off);
+ *   2. warp w: keys 16 w .. 16 w + 15, over the tile's 64 queries
+ *        dV += P^T dO    A = P^T  from the P tile  (ldmatrix.trans, dt_mma_ldsm_at_*)
+ *                        B = dO   from the dO tile (ldmatrix.trans, dt_mma_ldsm_v_*)
+ *        dK += dS^T Q    likewise from the dS and Q tiles;
+ *   3. warp w: query rows 16 (w % 4) .., head-dim columns (D/2) (w / 4) ..
+ *        dQ += dS K      A = dS from the dS tile (ldmatrix, dt_mma_ldsm_a_*)
+ *                        B = K  from the K tile  (ldmatrix.trans, dt_mma_ldsm_v_*) */
+#define DT_MMA_BWD_BN 128
+#define DT_MMA_BWD_WARPS 8
+#define DT_MMA_BWD_THREADS (32 * DT_MMA_BWD_WARPS)
+
+/* A warp's 16 query rows in phases 1 and 3 start at row 16 * this; its 64
+ * keys (phase 1) or D/2 head-dim columns (phase 3) are half number
+ * dt_mma_bwd_half. */
+DT_MMA_HD int dt_mma_bwd_rows(int warp) { return warp & 3; }
+DT_MMA_HD int dt_mma_bwd_half(int warp) { return warp >> 2; }
 
 /* A operand of a product whose A is stored transposed: the tile holds
  * M[k][m] row-major ([query][key] for P and dS) and A[m][k] = M[k][m]
@@ -148,12 +162,13 @@ DT_MMA_HD int64_t dt_mma_unmasked_tiles(int64_t limit_first_row) {
 DT_MMA_HD int dt_mma_ldsm_at_row(int lane) { return (lane & 7) + (lane >> 4) * 8; }
 DT_MMA_HD int dt_mma_ldsm_at_col(int lane) { return ((lane >> 3) & 1) * 8; }
 
-/* Element offset, in a swizzled [BM][BN] P or dS tile, of the pair of
+/* Element offset, in a swizzled [BM][BWD_BN] P or dS tile, of the pair of
  * accumulator elements 2 half, 2 half + 1 (adjacent keys of one row, one
- * .b32 store) of n-tile j of warp `warp`'s 16 x BN scores. */
+ * .b32 store) of n-tile j of warp `warp`'s 16 x 64 scores (phase 1). */
 DT_MMA_HD int dt_mma_ps_off(int warp, int lane, int j, int half) {
-    return dt_mma_swz(16 * warp + dt_mma_c_row(lane, 2 * half), 8 * j + dt_mma_c_col(lane, 2 * half),
-                      DT_MMA_BN);
+    return dt_mma_swz(16 * dt_mma_bwd_rows(warp) + dt_mma_c_row(lane, 2 * half),
+                      64 * dt_mma_bwd_half(warp) + 8 * j + dt_mma_c_col(lane, 2 * half),
+                      DT_MMA_BWD_BN);
 }
 
 /* Query tiles of a segment of nq rows. */
@@ -165,8 +180,8 @@ DT_MMA_HD int64_t dt_mma_query_tiles(int64_t nq) { return (nq + DT_MMA_BM - 1) /
  * dt_mma_bwd_first_qtile .. dt_mma_query_tiles(nq) - 1 are exactly the
  * non-empty ones (none if x_any = nq). Tiles from dt_mma_bwd_unmasked_qtile
  * on need no mask: every query of them may attend every key of the tile
- * (x_full = dt_attn_queries_from at key y0 + BN - 1), and the key tile is
- * whole (`whole`: y0 + BN <= k.len; a short last key tile is always masked,
+ * (x_full = dt_attn_queries_from at key y0 + BWD_BN - 1), and the key tile
+ * is whole (`whole`: y0 + BWD_BN <= k.len; a short last key tile is always masked,
  * which masks the keys past k.len). Query rows past nq of a last, short
  * query tile are not masked by this: the kernel gives them P = 0. */
 DT_MMA_HD int64_t dt_mma_bwd_first_qtile(int64_t x_any, int64_t nq) {

@@ -562,52 +562,58 @@ static void test_mma_fragments(void **state) {
 }
 
 /* The tensor-core BACKWARD kernel's index math (block_cuda_mma_bwd.cu), one
- * (head, query tile) iteration of one CTA for head dim D, over the emulator:
- *   phase 1, per warp (16 query rows): S = Q K^T and dP = dO V^T
- *            (warp_abt), then P and dS stored into swizzled [64][64] tiles
- *            (store_p_ds, dt_mma_ps_off);
+ * (head, query tile) iteration of one CTA (8 warps, 64 query rows, 128
+ * keys) for head dim D, over the emulator:
+ *   phase 1, per warp (16 query rows from 16 (w % 4), 64 keys from
+ *            64 (w / 4)): S = Q K^T and dP = dO V^T (warp_abt), then P and
+ *            dS stored into swizzled [64][128] tiles (store_p_ds,
+ *            dt_mma_ps_off);
  *   phase 2, per warp (16 keys): dV = P^T dO and dK = dS^T Q (warp_dkdv:
  *            ldmatrix.trans of the P / dS tiles with dt_mma_ldsm_at_*, of
  *            the dO / Q tiles with dt_mma_ldsm_v_*);
- *   phase 3, per warp (16 query rows): dQ = dS K with dS re-packed from the
- *            warp's registers (warp_dq).
+ *   phase 3, per warp (the 16 rows of phase 1, D/2 columns from
+ *            (D/2) (w / 4)): dQ = dS K with dS from the dS tile (ldmatrix,
+ *            dt_mma_ldsm_a_*) and K by ldmatrix.trans (warp_dq).
  * Any values will do for P and dS (the fragments are what is tested), so P
  * := S and dS := dP, and each product is checked against a plain matmul. */
 static void check_mma_bwd_tile(int D, uint64_t seed) {
-    enum { R = 64 };
+    enum { R = 64, N = 128, W = 8 };   /* query rows, keys, warps */
     assert_int_equal(DT_MMA_BM, R);
-    assert_int_equal(DT_MMA_BN, R);
-    float *in[4], *sw[4];   /* q, do, k, v: row-major, then swizzled */
+    assert_int_equal(DT_MMA_BWD_BN, N);
+    assert_int_equal(DT_MMA_BWD_WARPS, W);
+    float *in[4], *sw[4];   /* q, do ([R][D]), k, v ([N][D]): row-major, then swizzled */
     for (int m = 0; m < 4; m++) {
-        in[m] = malloc(sizeof(float) * R * D);
-        sw[m] = malloc(sizeof(float) * R * D);
-        for (int i = 0; i < R * D; i++) in[m][i] = dt_random_value(seed + (uint64_t)m, (uint64_t)i);
-        for (int e = 0; e < R * D / 8; e++) {
+        const int rows = m < 2 ? R : N;
+        in[m] = malloc(sizeof(float) * (size_t)(rows * D));
+        sw[m] = malloc(sizeof(float) * (size_t)(rows * D));
+        for (int i = 0; i < rows * D; i++) in[m][i] = dt_random_value(seed + (uint64_t)m, (uint64_t)i);
+        for (int e = 0; e < rows * D / 8; e++) {
             int r = dt_mma_copy_row(e, D), c = dt_mma_copy_col(e, D), off = dt_mma_swz(r, c, D);
             for (int w = 0; w < 8; w++) sw[m][off + w] = in[m][r * D + c + w];
         }
     }
     const float *q = in[0], *dO = in[1], *k = in[2], *v = in[3];
     const float *sq = sw[0], *sdo = sw[1], *sk = sw[2], *sv = sw[3];
-    static float sp[R * R], sds[R * R];
-    static int written[R * R];
-    static float acc[2][DT_MMA_WARPS][R / 8][32][4];   /* [S or dP][warp][n-tile][lane][elem] */
-    static emu_reg af[32][4], bb[32][4], pa[32][4], b0[32], b1[32];
+    static float sp[R * N], sds[R * N];
+    static int written[R * N];
+    static float acc[2][W][8][32][4];   /* [S or dP][warp][n-tile][lane][elem] */
+    static emu_reg af[32][4], bb[32][4], pa[32][4], b0[32], b1[32], da[N / 16][32][4];
     static float dk[16][32][4], dv[16][32][4], dq[2][32][4];
     int addr[32];
     long bad = 0;
     memset(written, 0, sizeof written);
     memset(acc, 0, sizeof acc);
     /* phase 1 */
-    for (int warp = 0; warp < DT_MMA_WARPS; warp++)
+    for (int warp = 0; warp < W; warp++)
         for (int which = 0; which < 2; which++) {   /* S = Q K^T, dP = dO V^T */
-            const float *sa = which ? sdo : sq, *sb = which ? sv : sk;
+            const int rg = dt_mma_bwd_rows(warp), key0 = 64 * dt_mma_bwd_half(warp);
+            const float *sa = which ? sdo : sq, *sb = (which ? sv : sk) + key0 * D;
             const float *a = which ? dO : q, *bm = which ? v : k;
             float (*s)[32][4] = acc[which][warp];
             for (int kk = 0; kk < D / 16; kk++) {
-                ldsm_addrs(addr, 16 * warp, 16 * kk, dt_mma_ldsm_a_row, dt_mma_ldsm_a_col, D);
+                ldsm_addrs(addr, 16 * rg, 16 * kk, dt_mma_ldsm_a_row, dt_mma_ldsm_a_col, D);
                 emu_ldmatrix(sa, addr, 0, af);
-                for (int jj = 0; jj < R / 16; jj++) {
+                for (int jj = 0; jj < 4; jj++) {
                     ldsm_addrs(addr, 16 * jj, 16 * kk, dt_mma_ldsm_k_row, dt_mma_ldsm_k_col, D);
                     emu_ldmatrix(sb, addr, 0, bb);
                     for (int l = 0; l < 32; l++) b0[l] = bb[l][0], b1[l] = bb[l][1];
@@ -616,10 +622,10 @@ static void check_mma_bwd_tile(int D, uint64_t seed) {
                     emu_mma(s[2 * jj + 1], af, b0, b1);
                 }
             }
-            for (int j = 0; j < R / 8; j++)
+            for (int j = 0; j < 8; j++)
                 for (int l = 0; l < 32; l++)
                     for (int i = 0; i < 4; i++) {
-                        int row = 16 * warp + dt_mma_c_row(l, i), col = 8 * j + dt_mma_c_col(l, i);
+                        int row = 16 * rg + dt_mma_c_row(l, i), col = key0 + 8 * j + dt_mma_c_col(l, i);
                         double ref = 0;
                         for (int d = 0; d < D; d++) ref += (double)a[row * D + d] * bm[col * D + d];
                         if (fabs(s[j][l][i] - ref) > 1e-4 * (1 + fabs(ref)) && bad++ < 5)
@@ -628,7 +634,7 @@ static void check_mma_bwd_tile(int D, uint64_t seed) {
                                     s[j][l][i], ref);
                     }
             /* store_p_ds: one .b32 per lane and (j, half), conflict-free */
-            for (int j = 0; j < R / 8; j++)
+            for (int j = 0; j < 8; j++)
                 for (int half = 0; half < 2; half++) {
                     uint32_t banks = 0;
                     for (int l = 0; l < 32; l++) {
@@ -636,8 +642,8 @@ static void check_mma_bwd_tile(int D, uint64_t seed) {
                         assert_int_equal(off % 2, 0);
                         banks |= 1u << ((off / 2) % 32);
                         /* the pair is elements 2 half, 2 half + 1: row and keys */
-                        assert_int_equal(off, dt_mma_swz(16 * warp + dt_mma_c_row(l, 2 * half),
-                                                         8 * j + dt_mma_c_col(l, 2 * half), R));
+                        assert_int_equal(off, dt_mma_swz(16 * rg + dt_mma_c_row(l, 2 * half),
+                                                         key0 + 8 * j + dt_mma_c_col(l, 2 * half), N));
                         assert_int_equal(dt_mma_c_col(l, 2 * half + 1), dt_mma_c_col(l, 2 * half) + 1);
                         assert_int_equal(dt_mma_c_row(l, 2 * half + 1), dt_mma_c_row(l, 2 * half));
                         float *dst = which ? sds : sp;
@@ -648,21 +654,21 @@ static void check_mma_bwd_tile(int D, uint64_t seed) {
                     assert_int_equal((unsigned)banks, 0xffffffffu);
                 }
         }
-    for (int i = 0; i < R * R; i++) assert_int_equal(written[i], 1);
+    for (int i = 0; i < R * N; i++) assert_int_equal(written[i], 1);
     /* The P and dS matrices as stored, unswizzled: pm[query][key]. */
-    static double pm[R][R], dsm[R][R];
+    static double pm[R][N], dsm[R][N];
     for (int x = 0; x < R; x++)
-        for (int y = 0; y < R; y++) {
-            pm[x][y] = sp[dt_mma_swz(x, y, R)];
-            dsm[x][y] = sds[dt_mma_swz(x, y, R)];
+        for (int y = 0; y < N; y++) {
+            pm[x][y] = sp[dt_mma_swz(x, y, N)];
+            dsm[x][y] = sds[dt_mma_swz(x, y, N)];
         }
     /* phase 2: dV = P^T dO, dK = dS^T Q for keys 16w .. 16w+15 */
-    for (int warp = 0; warp < DT_MMA_WARPS; warp++) {
+    for (int warp = 0; warp < W; warp++) {
         memset(dk, 0, sizeof dk);
         memset(dv, 0, sizeof dv);
         for (int kk = 0; kk < R / 16; kk++)
             for (int which = 0; which < 2; which++) {   /* dV, dK */
-                ldsm_addrs(addr, 16 * kk, 16 * warp, dt_mma_ldsm_at_row, dt_mma_ldsm_at_col, R);
+                ldsm_addrs(addr, 16 * kk, 16 * warp, dt_mma_ldsm_at_row, dt_mma_ldsm_at_col, N);
                 emu_ldmatrix(which ? sds : sp, addr, 1, pa);
                 for (int jd = 0; jd < D / 16; jd++) {
                     ldsm_addrs(addr, 16 * kk, 16 * jd, dt_mma_ldsm_v_row, dt_mma_ldsm_v_col, D);
@@ -688,35 +694,34 @@ static void check_mma_bwd_tile(int D, uint64_t seed) {
                                     "expected %g\n", which ? "dK" : "dV", D, warp, l, j, i, got, ref);
                     }
     }
-    /* phase 3: dQ = dS K for query rows 16w .. 16w+15, 16 columns at a time */
-    for (int warp = 0; warp < DT_MMA_WARPS; warp++) {
-        float (*ds)[32][4] = acc[1][warp];
-        for (int jd = 0; jd < D / 16; jd++) {
+    /* phase 3: dQ = dS K for the warp's 16 rows and D/2 columns, 16 at a time */
+    for (int warp = 0; warp < W; warp++) {
+        const int rg = dt_mma_bwd_rows(warp), c0 = (D / 2) * dt_mma_bwd_half(warp);
+        for (int kk = 0; kk < N / 16; kk++) {
+            ldsm_addrs(addr, 16 * rg, 16 * kk, dt_mma_ldsm_a_row, dt_mma_ldsm_a_col, N);
+            emu_ldmatrix(sds, addr, 0, da[kk]);
+        }
+        for (int jd = 0; jd < D / 32; jd++) {
             memset(dq, 0, sizeof dq);
-            for (int kk = 0; kk < R / 16; kk++) {
-                for (int l = 0; l < 32; l++)
-                    for (int r = 0; r < 4; r++) {
-                        int j = dt_mma_p_tile(kk, r), e = dt_mma_p_elem(r);
-                        pa[l][r].h[0] = ds[j][l][e];
-                        pa[l][r].h[1] = ds[j][l][e + 1];
-                    }
-                ldsm_addrs(addr, 16 * kk, 16 * jd, dt_mma_ldsm_v_row, dt_mma_ldsm_v_col, D);
+            for (int kk = 0; kk < N / 16; kk++) {
+                ldsm_addrs(addr, 16 * kk, c0 + 16 * jd, dt_mma_ldsm_v_row, dt_mma_ldsm_v_col, D);
                 emu_ldmatrix(sk, addr, 1, bb);
                 for (int l = 0; l < 32; l++) b0[l] = bb[l][0], b1[l] = bb[l][1];
-                emu_mma(dq[0], pa, b0, b1);
+                emu_mma(dq[0], da[kk], b0, b1);
                 for (int l = 0; l < 32; l++) b0[l] = bb[l][2], b1[l] = bb[l][3];
-                emu_mma(dq[1], pa, b0, b1);
+                emu_mma(dq[1], da[kk], b0, b1);
             }
             for (int n = 0; n < 2; n++)
                 for (int l = 0; l < 32; l++)
                     for (int i = 0; i < 4; i++) {
-                        int row = 16 * warp + dt_mma_c_row(l, i);
-                        int col = 16 * jd + 8 * n + dt_mma_c_col(l, i);
+                        int row = 16 * rg + dt_mma_c_row(l, i);
+                        int col = c0 + 16 * jd + 8 * n + dt_mma_c_col(l, i);
                         double ref = 0;
-                        for (int y = 0; y < R; y++) ref += dsm[row][y] * k[y * D + col];
+                        for (int y = 0; y < N; y++) ref += dsm[row][y] * k[y * D + col];
                         if (fabs(dq[n][l][i] - ref) > 1e-4 * (1 + fabs(ref)) && bad++ < 5)
                             fprintf(stderr, "  bwd dQ: D=%d warp %d lane %d cols %d elem %d: %g, "
-                                    "expected %g\n", D, warp, l, 16 * jd + 8 * n, i, dq[n][l][i], ref);
+                                    "expected %g\n", D, warp, l, c0 + 16 * jd + 8 * n, i,
+                                    dq[n][l][i], ref);
                     }
         }
     }
@@ -738,12 +743,13 @@ static void test_mma_bwd_fragments(void **state) {
 static void check_bwd_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {
     const int64_t nqt = dt_mma_query_tiles(q.len);
     assert_int_equal(nqt, (q.len + DT_MMA_BM - 1) / DT_MMA_BM);
-    for (int64_t y0 = 0; y0 < k.len; y0 += DT_MMA_BN) {
-        int64_t y1 = y0 + DT_MMA_BN < k.len ? y0 + DT_MMA_BN : k.len;
-        int whole = y0 + DT_MMA_BN <= k.len;
+    for (int64_t y0 = 0; y0 < k.len; y0 += DT_MMA_BWD_BN) {
+        int64_t y1 = y0 + DT_MMA_BWD_BN < k.len ? y0 + DT_MMA_BWD_BN : k.len;
+        int whole = y0 + DT_MMA_BWD_BN <= k.len;
         int64_t first = dt_mma_bwd_first_qtile(dt_attn_queries_from(mask, q, dt_attn_pos(k, y0)), q.len);
         int64_t unm = dt_mma_bwd_unmasked_qtile(
-            whole ? dt_attn_queries_from(mask, q, dt_attn_pos(k, y0 + DT_MMA_BN - 1)) : 0, whole, q.len);
+            whole ? dt_attn_queries_from(mask, q, dt_attn_pos(k, y0 + DT_MMA_BWD_BN - 1)) : 0,
+            whole, q.len);
         assert_true(first >= 0 && first <= nqt && unm >= 0 && unm <= nqt);
         for (int64_t qt = 0; qt < nqt; qt++) {
             int64_t x0 = qt * DT_MMA_BM, x1 = x0 + DT_MMA_BM < q.len ? x0 + DT_MMA_BM : q.len;
@@ -772,7 +778,7 @@ static void check_heaviest_first(dt_attn_mask mask, dt_attn_segment q, dt_attn_s
         prev = nt;
     }
     prev = INT64_MAX;
-    for (int64_t y0 = 0; y0 < k.len; y0 += DT_MMA_BN) {
+    for (int64_t y0 = 0; y0 < k.len; y0 += DT_MMA_BWD_BN) {
         int64_t first = dt_mma_bwd_first_qtile(dt_attn_queries_from(mask, q, dt_attn_pos(k, y0)), q.len);
         int64_t visits = dt_mma_query_tiles(q.len) - first;
         assert_true(visits <= prev);

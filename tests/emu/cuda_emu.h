@@ -1,7 +1,7 @@
 /* tests/emu/cuda_emu.h — the CUDA C++ a source sees when the host C++
  * compiler builds it for the emulator (emu.h): qualifiers that mean nothing
  * on the CPU, static __shared__ arrays, dim3, the built-in indices,
- * __syncthreads and the warp shuffle, fp32 atomicAdd, float2 / uint2 /
+ * __syncthreads and the warp shuffle, fp32 and float2 atomicAdd, float2 / uint2 /
  * uint4, the bf16 / fp16 types with their round-to-nearest-even
  * conversions (dtensor/dtype.h's), the arithmetic intrinsics used, and the
  * host API (cuda_runtime_api.h, cudart.c). Reached through
@@ -62,6 +62,15 @@ inline float atomicAdd(float *p, float v) {
 struct __attribute__((aligned(8))) float2 {
     float x, y;
 };
+/* The float2 atomicAdd of compute capability 9.x (the emulated device's):
+ * one 8-byte access, which must be 8-byte aligned. */
+inline float2 atomicAdd(float2 *p, float2 v) {
+    if ((uintptr_t)p % 8) dt_emu_fail("float2 atomicAdd at %p: not 8-byte aligned", (void *)p);
+    const float2 old = *p;
+    p->x = old.x + v.x;
+    p->y = old.y + v.y;
+    return old;
+}
 struct __attribute__((aligned(8))) uint2 {
     unsigned x, y;
 };
