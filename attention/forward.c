@@ -131,7 +131,10 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
 
     /* Pack this rank's K and V into the ring's first buffer. */
     if (comm) {
-        DT_TRY_GOTO(st, dt_ring_create_in(comm, 2 * p.kv_bytes, DT_RING_FORWARD, ws, &ring), fail);
+        /* the agreement check above covered the ring's bytes (from the
+         * shapes and Layout) and direction (always forward) */
+        DT_TRY_GOTO(st, dt_ring_create_in_agreed(comm, 2 * p.kv_bytes, DT_RING_FORWARD, ws, &ring),
+                    fail);
         char *kv = dt_ring_current(ring);
         DT_TRY_GOTO(st, be->ops->copy(be, kv, dt_tensor_data_const(k), p.kv_bytes), fail);
         DT_TRY_GOTO(st, be->ops->copy(be, kv + p.kv_bytes, dt_tensor_data_const(v), p.kv_bytes),

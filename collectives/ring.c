@@ -35,17 +35,18 @@ const char *dt_ring_direction_name(dt_ring_direction direction) {
 }
 
 static dt_status ring_create(dt_comm *comm, size_t bytes, dt_ring_direction direction,
-                             void *buffers, dt_ring **out) {
+                             void *buffers, int check, dt_ring **out) {
     if (!out) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_create: out is NULL");
     *out = NULL;
     if (!comm) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_create: comm is NULL");
     if ((int)direction < 0 || direction >= DT_RING_DIRECTION_COUNT)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: dt_ring_create: unknown direction %d",
                         dt_comm_world_rank(comm), (int)direction);
-    /* Ranks that disagree would hang (NCCL) or fail late: check up front. */
+    /* Ranks that disagree would hang (NCCL) or fail late: check up front,
+     * unless the caller has (dt_ring_create_in_agreed). */
     int64_t mine[2] = {(int64_t)bytes, (int64_t)direction};
     static const char *const names[2] = {"bytes", "direction"};
-    DT_TRY(dt_comm_check_agreement(comm, "dt_ring_create", mine, names, 2));
+    if (check) DT_TRY(dt_comm_check_agreement(comm, "dt_ring_create", mine, names, 2));
     /* Owned buffers come from the communicator's memory (device memory for
      * CUDA ranks), zeroed. */
     dt_ring *r = calloc(1, sizeof *r);
@@ -74,14 +75,21 @@ static dt_status ring_create(dt_comm *comm, size_t bytes, dt_ring_direction dire
 
 dt_status dt_ring_create(dt_comm *comm, size_t bytes, dt_ring_direction direction,
                          dt_ring **out) {
-    return ring_create(comm, bytes, direction, NULL, out);
+    return ring_create(comm, bytes, direction, NULL, 1, out);
 }
 
 dt_status dt_ring_create_in(dt_comm *comm, size_t bytes, dt_ring_direction direction,
                             void *buffers, dt_ring **out) {
     if (!buffers && bytes)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_create_in: buffers is NULL");
-    return ring_create(comm, bytes, direction, buffers, out);
+    return ring_create(comm, bytes, direction, buffers, 1, out);
+}
+
+dt_status dt_ring_create_in_agreed(dt_comm *comm, size_t bytes, dt_ring_direction direction,
+                                   void *buffers, dt_ring **out) {
+    if (!buffers && bytes)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_create_in_agreed: buffers is NULL");
+    return ring_create(comm, bytes, direction, buffers, 0, out);
 }
 
 void dt_ring_destroy(dt_ring *ring) {

@@ -48,6 +48,13 @@ dt_status dt_ring_create(dt_comm *comm, size_t bytes, dt_ring_direction directio
  * preallocate a workspace once and run many calls. */
 dt_status dt_ring_create_in(dt_comm *comm, size_t bytes, dt_ring_direction direction,
                             void *buffers, dt_ring **out);
+/* NOT collective. dt_ring_create_in without the agreement check, for a
+ * caller whose ranks have just agreed on everything bytes and direction
+ * follow from, in a check of their own (dt_attention_forward checks its
+ * whole call once): one rendezvous of the ranks less per call. Ranks that
+ * disagree anyway hang or fail at the first step. */
+dt_status dt_ring_create_in_agreed(dt_comm *comm, size_t bytes, dt_ring_direction direction,
+                                   void *buffers, dt_ring **out);
 /* Accepts NULL. */
 void dt_ring_destroy(dt_ring *ring);
 

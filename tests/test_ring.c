@@ -1,8 +1,9 @@
 /* tests/test_ring.c — the ring rotator on the local transport, P = 1..8,
- * both directions: at step t rank j holds the block rank (j -/+ t) mod P
- * filled in, every block is seen exactly once in P steps, the two buffers
- * are the only ones ever handed out, and misuse is rejected. Rank threads
- * only record; the main thread asserts. */
+ * both directions, each way of making one (own buffers, the caller's, the
+ * caller's without the agreement check): at step t rank j holds the block
+ * rank (j -/+ t) mod P filled in, every block is seen exactly once in P
+ * steps, the two buffers are the only ones ever handed out, and misuse is
+ * rejected. Rank threads only record; the main thread asserts. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +11,7 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "collectives/ring.h"
@@ -27,9 +29,14 @@ static dt_status launch_cpu(int p, dt_rank_fn fn, void *arg) {
     return dt_launch(p, fn, arg, &o);
 }
 
+/* How a case makes its ring. */
+enum { MAKE_OWN, MAKE_IN, MAKE_IN_AGREED, MAKE_COUNT };
+static const char *const make_names[MAKE_COUNT] = {"create", "create_in", "create_in_agreed"};
+
 typedef struct ring_case {
     int p;
     dt_ring_direction dir;
+    int make;                 /* MAKE_* */
     dt_status st[MAXP];
     char msg[MAXP][256];
     int wrong_block[MAXP];    /* steps whose block was not the expected one */
@@ -55,8 +62,13 @@ static dt_status rank_ring(dt_context *ctx, void *arg) {
     ring_case *c = arg;
     int j = dt_context_rank(ctx), p = c->p;
     dt_ring *ring = NULL;
-    dt_status st = dt_ring_create(dt_context_comm(ctx), BYTES, c->dir, &ring);
+    unsigned char *mine = c->make == MAKE_OWN ? NULL : malloc(2 * BYTES);   /* the caller's */
+    dt_status st = c->make == MAKE_OWN ? dt_ring_create(dt_context_comm(ctx), BYTES, c->dir, &ring)
+                   : c->make == MAKE_IN
+                       ? dt_ring_create_in(dt_context_comm(ctx), BYTES, c->dir, mine, &ring)
+                       : dt_ring_create_in_agreed(dt_context_comm(ctx), BYTES, c->dir, mine, &ring);
     if (st != DT_SUCCESS) goto out;
+    if (mine && dt_ring_current(ring) != mine) c->wrong_block[j]++;   /* not the caller's buffer */
     unsigned char *b = dt_ring_current(ring);
     for (size_t i = 0; i < BYTES; i++) b[i] = pattern(j, i);
     void *addr[2] = {dt_ring_current(ring), NULL};
@@ -86,26 +98,30 @@ out:
     c->st[j] = st;
     if (st != DT_SUCCESS) snprintf(c->msg[j], sizeof c->msg[j], "%s", dt_last_error());
     dt_ring_destroy(ring);
+    free(mine);
     return st;
 }
 
 static void test_ring_delivers_every_block_once(void **state) {
     (void)state;
-    for (int dir = 0; dir < DT_RING_DIRECTION_COUNT; dir++)
-        for (int p = 1; p <= MAXP; p++) {
-            ring_case c = {.p = p, .dir = (dt_ring_direction)dir};
-            dt_status st = launch_cpu(p, rank_ring, &c);
-            if (st != DT_SUCCESS) print_error("ring/%s/P=%d: %s\n", dt_ring_direction_name(c.dir), p, dt_last_error());
-            assert_int_equal(st, DT_SUCCESS);
-            for (int j = 0; j < p; j++) {
-                assert_int_equal(c.st[j], DT_SUCCESS);
-                assert_int_equal(c.wrong_block[j], 0);
-                assert_int_equal(c.wrong_source[j], 0);
-                for (int k = 0; k < p; k++) assert_int_equal(c.seen[j][k], 1);
-                assert_int_equal(c.alternates[j], 1);
-                assert_int_equal(c.buffers[j], p == 1 ? 1 : 2);
+    for (int make = 0; make < MAKE_COUNT; make++)
+        for (int dir = 0; dir < DT_RING_DIRECTION_COUNT; dir++)
+            for (int p = 1; p <= MAXP; p++) {
+                ring_case c = {.p = p, .dir = (dt_ring_direction)dir, .make = make};
+                dt_status st = launch_cpu(p, rank_ring, &c);
+                if (st != DT_SUCCESS)
+                    print_error("ring/%s/%s/P=%d: %s\n", make_names[make],
+                                dt_ring_direction_name(c.dir), p, dt_last_error());
+                assert_int_equal(st, DT_SUCCESS);
+                for (int j = 0; j < p; j++) {
+                    assert_int_equal(c.st[j], DT_SUCCESS);
+                    assert_int_equal(c.wrong_block[j], 0);
+                    assert_int_equal(c.wrong_source[j], 0);
+                    for (int k = 0; k < p; k++) assert_int_equal(c.seen[j][k], 1);
+                    assert_int_equal(c.alternates[j], 1);
+                    assert_int_equal(c.buffers[j], p == 1 ? 1 : 2);
+                }
             }
-        }
 }
 
 /* 10,000 steps on 3 ranks: the rotation stays exact. */
