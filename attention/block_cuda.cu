@@ -273,7 +273,9 @@ dt_status kernel_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_kern
 
 dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     (void)scratch;
-    if (a->qseg.len == 0 || (a->kseg.len == 0 && !a->first && !a->last)) return DT_SUCCESS;
+    if (a->qseg.len == 0 || a->batch == 0 || a->heads == 0 ||
+        (a->kseg.len == 0 && !a->first && !a->last))
+        return DT_SUCCESS;   /* no row, or no key and nothing to start or finish */
     /* No keys, but rows to start or finish: the simple kernel does only
      * that (a tensor map of 0 rows cannot even be made). */
     if (a->kernel != DT_ATTN_KERNEL_SIMPLE && a->kseg.len > 0) {
@@ -312,7 +314,8 @@ dt_status delta_rows(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows
 
 dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     (void)scratch;
-    if (a->qseg.len == 0 || a->kseg.len == 0) return DT_SUCCESS;
+    if (a->qseg.len == 0 || a->kseg.len == 0 || a->batch == 0 || a->heads == 0)
+        return DT_SUCCESS;
     if (a->kernel != DT_ATTN_KERNEL_SIMPLE) {   /* the forward's rule, fwd() above */
         char why[256] = "";
         if (dt_attn_mma_supported(a->dtype, a->dim, dt_backend_cuda_compute_capability(be), why,

@@ -307,7 +307,7 @@ int operands_ok(const char *const *names, const void *const *ptrs, int nptrs, in
         return 0;
     }
     const int64_t tiles = dt_mma_query_tiles(tiled);   /* 64-row tiles, either segment */
-    if (units > INT32_MAX / batch || tiles > INT32_MAX / (units * batch)) {
+    if (units * batch > 0 && (units > INT32_MAX / batch || tiles > INT32_MAX / (units * batch))) {
         say(why, why_size, "%lld tiles x %lld %s x %lld batch exceed the grid (2^31 - 1 blocks)",
             (long long)tiles, (long long)units, units_name, (long long)batch);
         return 0;

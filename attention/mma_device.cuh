@@ -178,10 +178,10 @@ __device__ __forceinline__ float quad_sum(float x) {
  * row `row0` of the block): read at the start of the block (or, in the
  * call's first block, a.first, started at m = -inf, l = 0, o = 0), written
  * back at the end (fused accumulation). accg, mg, lg: acc, m, l of the
- * block's (batch, head) at row 0. o[j][i] is accumulator element i of n-tile j
- * (head-dim columns 8j .. 8j+7): row dt_mma_c_row(lane, i), column 8j +
- * dt_mma_c_col(lane, i); elements 2 half and 2 half + 1 are adjacent columns
- * of one row, one float2. Rows past the segment are not live: m = -inf, l =
+ * block's (batch, head) at row 0. o[j][i] is accumulator element i of
+ * n-tile j (head-dim columns 8j .. 8j+7): row dt_mma_c_row(lane, i), column
+ * 8j + dt_mma_c_col(lane, i); elements 2 half and 2 half + 1 are adjacent
+ * columns of one row, one float2. Rows past the segment are not live: m = -inf, l =
  * 0, o = 0, no key allowed (lim = 0), never written. */
 template <int D>
 __device__ __forceinline__ void read_rows(const dt_attn_block_args &a, const float *accg,

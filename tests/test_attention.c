@@ -1230,6 +1230,73 @@ static void test_bad_inputs(void **state) {
     }
 }
 
+/* Empty tensors (no batch rows, or no tokens): the forward and the backward
+ * succeed and return empty tensors of the right shapes, on every backend
+ * this machine has (the block kernels have nothing to start or finish). */
+typedef struct empty_case {
+    int P;
+    int64_t shape[4];
+    dt_dtype dtype;
+    dt_status st[MAXP];
+    int bad[MAXP];
+    char msg[MAXP][256];
+} empty_case;
+
+static dt_status rank_empty(dt_context *ctx, void *arg) {
+    empty_case *c = arg;
+    int r = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    int sizes[1] = {c->P};
+    dt_tensor *q = NULL, *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+    dt_status st = dt_mesh_create(ctx, 1, sizes, NULL, &mesh);
+    dt_layout lay = dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED));
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, c->dtype, 4, c->shape, &lay, &q);
+    if (st == DT_SUCCESS) st = dt_attention_forward(q, q, q, NULL, &o, &lse);
+    if (st == DT_SUCCESS) st = dt_attention_backward(q, q, q, o, lse, o, NULL, &dq, &dk, &dv);
+    if (st == DT_SUCCESS) {
+        const int64_t *so = dt_tensor_shape(o), *sl = dt_tensor_shape(lse);
+        for (int d = 0; d < 4; d++) c->bad[r] += so[d] != c->shape[d];
+        c->bad[r] += sl[0] != c->shape[0] || sl[1] != c->shape[2] || sl[2] != c->shape[1];
+        c->bad[r] += dt_tensor_local_numel(dq) != 0 || dt_tensor_local_numel(dk) != 0;
+    }
+    c->st[r] = st;
+    snprintf(c->msg[r], sizeof c->msg[r], "%s", st == DT_SUCCESS ? "" : dt_last_error());
+    dt_tensor_destroy(q), dt_tensor_destroy(o), dt_tensor_destroy(lse);
+    dt_tensor_destroy(dq), dt_tensor_destroy(dk), dt_tensor_destroy(dv);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_empty_tensors(void **state) {
+    (void)state;
+    const dt_backend_kind backends[2] = {DT_BACKEND_CPU, DT_BACKEND_CUDA};
+    for (int bi = 0; bi < 2; bi++) {
+        char why[256];
+        if (!h_pair_available(1, backends[bi], DT_TRANSPORT_LOCAL, why, sizeof why)) {
+            print_message("empty tensors on %s: skipped (%s)\n",
+                          dt_backend_kind_name(backends[bi]), why);
+            continue;
+        }
+        for (int P = 1; P <= 2; P++)
+            for (int which = 0; which < 2; which++) {
+                empty_case c = {.P = P, .dtype = bi ? DT_BF16 : DT_F32};
+                const int64_t no_batch[4] = {0, 4 * P, 2, 64}, no_tokens[4] = {1, 0, 2, 64};
+                memcpy(c.shape, which ? no_tokens : no_batch, sizeof c.shape);
+                dt_status st = h_launch_on(P, backends[bi], DT_TRANSPORT_LOCAL, rank_empty, &c);
+                for (int r = 0; r < P; r++) {
+                    if (c.st[r] != DT_SUCCESS || c.bad[r])
+                        print_error("%s P=%d shape [%lld, %lld, %lld, %lld] rank %d: %s\n",
+                                    dt_backend_kind_name(backends[bi]), P, (long long)c.shape[0],
+                                    (long long)c.shape[1], (long long)c.shape[2],
+                                    (long long)c.shape[3], r, c.msg[r]);
+                    assert_int_equal(c.st[r], DT_SUCCESS);
+                    assert_int_equal(c.bad[r], 0);
+                }
+                assert_int_equal(st, DT_SUCCESS);
+            }
+    }
+}
+
 /* A caller-provided workspace gives bit-identical results to an internal one. */
 static dt_status rank_workspace(dt_context *ctx, void *arg) {
     err_case *c = arg;
@@ -1286,6 +1353,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ranks_that_disagree_fail_together);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_workspace_reuse);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_empty_tensors);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_fragments);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_tile_bounds);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_launch_order);
