@@ -398,15 +398,15 @@ $(BUILD)/obj/tests/%.o: DT_CPPFLAGS += $(TEST_CPPFLAGS)
 # CUDA=emu: the host C++ compiler, for the emulator (EMU_CXXFLAGS).
 CU_COMPILE = $(if $(EMU_ON),$(CXX) -x c++ $(EMU_CXXFLAGS) -DDT_HAVE_CUDA,$(NVCC) $(CU_ARCH_FLAGS) $(NVCC_FLAGS))
 CU_ARCH_FLAGS = -arch=$(NVCC_ARCH)
-# The Hopper attention kernel uses wgmma, which exists only for the
+# The Hopper attention kernels use wgmma, which exists only for the
 # architecture-specific target sm_90a (its cubin runs on 9.0 devices: H100,
-# H200). With NVCC_ARCH=sm_90 that file is built for sm_90a and its host
-# side told so (DT_WGMMA_SM90A); for any other NVCC_ARCH it keeps trapping
+# H200). With NVCC_ARCH=sm_90 those files are built for sm_90a and their host
+# side told so (DT_WGMMA_SM90A); for any other NVCC_ARCH they keep trapping
 # stubs and reports the kernel unavailable. The -gencode form, not the
 # -arch=sm_90a shorthand: newer nvcc also runs a plain sm_90 pass for the
 # shorthand, and that pass rejects wgmma.
 SM90A_GENCODE := -gencode=arch=compute_90a,code=sm_90a
-$(BUILD)/obj/attention/block_cuda_wgmma.cu.o: CU_ARCH_FLAGS = \
+$(BUILD)/obj/attention/block_cuda_wgmma.cu.o $(BUILD)/obj/attention/block_cuda_wgmma_bwd.cu.o: CU_ARCH_FLAGS = \
     $(if $(filter sm_90 sm_90a,$(NVCC_ARCH)),$(SM90A_GENCODE) -DDT_WGMMA_SM90A,-arch=$(NVCC_ARCH))
 $(BUILD)/obj/%.cu.o: %.cu $(STAMP)
 	@mkdir -p $(@D)
@@ -447,7 +447,8 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/test_%.o $(TEST_HELPER_OBJS) $(LIB_A)
 # objects), so cc links it. Without a C++ compiler the test is built without
 # them and skips its cases.
 EMU_KERNEL_OBJS := $(BUILD)/obj/emu/attention/block_cuda_mma.o \
-    $(BUILD)/obj/emu/attention/block_cuda_mma_bwd.o $(BUILD)/obj/emu/attention/block_cuda_wgmma.o
+    $(BUILD)/obj/emu/attention/block_cuda_mma_bwd.o $(BUILD)/obj/emu/attention/block_cuda_wgmma.o \
+    $(BUILD)/obj/emu/attention/block_cuda_wgmma_bwd.o
 EMU_OBJS := $(BUILD)/obj/tests/emu/runtime.o $(BUILD)/obj/tests/emu/cudart.o \
     $(if $(HAVE_CXX),$(EMU_KERNEL_OBJS))
 .SECONDARY: $(EMU_OBJS)

@@ -15,18 +15,20 @@
  * the last writes the normalised output and log-sum-exp instead of m, l and
  * acc (dt_attn_block_args.first, .last): no pass before or after the ring.
  *
- * The CUDA backend has two kernels for each direction: simple scalar ones
- * (block_cuda.cu, every dtype and head dim) and tensor-core ones
+ * The CUDA backend has three kernels for each direction: simple scalar
+ * ones (block_cuda.cu, every dtype and head dim), tensor-core ones
  * (block_cuda_mma.cu forward, block_cuda_mma_bwd.cu backward: bf16 / fp16,
- * head dim 64 or 128, compute capability >= 8.0), and a third forward
- * kernel for Hopper (block_cuda_wgmma.cu: warpgroup MMA, compute capability
- * 9.0, an sm_90 build). DT_ATTN_KERNEL (auto | simple | mma | wgmma), read
- * once per attention call when its plan is made (plan.c), picks between
- * them for the forward and the backward alike; the CPU kernels ignore it.
- * auto means, for the forward, wgmma where it can run, else mma, else
- * simple; for the backward, mma where it can run, else simple (wgmma's
- * backward is mma's). The tensor-core kernels run on the CPU emulator of
- * CUDA (tests/emu) and have passed their tests on an H100.
+ * head dim 64 or 128, compute capability >= 8.0) and Hopper ones
+ * (block_cuda_wgmma.cu forward, block_cuda_wgmma_bwd.cu backward:
+ * warpgroup MMA and TMA, compute capability 9.0, an sm_90 build).
+ * DT_ATTN_KERNEL (auto | simple | mma | wgmma), read once per attention
+ * call when its plan is made (plan.c), picks between them for the forward
+ * and the backward alike; the CPU kernels ignore it. auto means, for the
+ * forward, wgmma where it can run, else mma, else simple; for the
+ * backward, mma where it can run, else simple (the wgmma backward runs
+ * only when asked for until it has been measured on a GPU). The
+ * tensor-core kernels run on the CPU emulator of CUDA (tests/emu); all but
+ * the wgmma backward have passed their tests on an H100.
  */
 #ifndef DT_ATTN_BLOCK_H
 #define DT_ATTN_BLOCK_H
@@ -44,8 +46,7 @@ typedef enum dt_attn_kernel_choice {
     DT_ATTN_KERNEL_AUTO = 0,   /* the tensor-core kernel where it can run, else the simple one */
     DT_ATTN_KERNEL_SIMPLE,     /* always the simple kernel */
     DT_ATTN_KERNEL_MMA,        /* the tensor-core kernel, or DT_ERR_NOT_SUPPORTED */
-    DT_ATTN_KERNEL_WGMMA,      /* forward: the Hopper wgmma kernel, or DT_ERR_NOT_SUPPORTED;
-                                  backward: as mma (there is no wgmma backward yet) */
+    DT_ATTN_KERNEL_WGMMA,      /* the Hopper wgmma kernel, or DT_ERR_NOT_SUPPORTED */
     DT_ATTN_KERNEL_COUNT
 } dt_attn_kernel_choice;
 

@@ -29,14 +29,16 @@
  * missing (checked before the ring loop by kernel_check; alignment per
  * block).
  *
- * Backward: two kernels too, chosen per block by bwd() with the same rule
- * and the same checks as the forward's mma (dt_attn_mma_supported, and
+ * Backward: three kernels too, chosen per block by bwd() with the
+ * forward's checks (dt_attn_mma_supported or dt_attn_wgmma_supported, and
  * dt_attn_mma_bwd_block_ok for alignment):
+ *   - wgmma (block_cuda_wgmma_bwd.cu): Hopper warpgroup MMA fed by TMA, a
+ *     CTA per 128 keys of a kv head. Passes its tests on the CPU emulator,
+ *     not yet run on a GPU: only DT_ATTN_KERNEL=wgmma picks it.
  *   - mma (block_cuda_mma_bwd.cu): FlashAttention-2 structure on tensor
- *     cores (a CTA per 64 keys of a kv head, dK and dV in registers over
+ *     cores (a CTA per 128 keys of a kv head, dK and dV in registers over
  *     the query tiles of its group's heads, dQ added with atomics). The
- *     default backward wherever it can run, wgmma's included (there is no
- *     wgmma backward yet).
+ *     default backward wherever it can run.
  *   - simple (here; FlashAttention-2 math, no atomics): one kernel in which
  *     each thread owns a query row and accumulates dQ over the keys; one in
  *     which each thread owns a key row of a kv head and accumulates dK, dV
@@ -260,8 +262,8 @@ size_t fwd_scratch(int64_t dim) { (void)dim; return 0; }
 size_t bwd_scratch(int64_t dim) { (void)dim; return 0; }
 
 /* Plan time (once per call): can the requested kernel run this dtype and
- * head dim on this device? Only a forced mma or wgmma can fail (wgmma's
- * needs include mma's, which its backward uses). */
+ * head dim on this device? Only a forced mma or wgmma can fail (the same
+ * answer for the forward and the backward). */
 dt_status kernel_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_kernel_choice want,
                        char *why, size_t why_size) {
     const int cc = dt_backend_cuda_compute_capability(be);
@@ -316,13 +318,20 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     (void)scratch;
     if (a->qseg.len == 0 || a->kseg.len == 0 || a->batch == 0 || a->heads == 0)
         return DT_SUCCESS;
-    if (a->kernel != DT_ATTN_KERNEL_SIMPLE) {   /* the forward's rule, fwd() above */
+    if (a->kernel != DT_ATTN_KERNEL_SIMPLE) {
+        /* auto: mma where it can run, else simple (the top); wgmma only when
+         * asked for, until it has run on a GPU */
         char why[256] = "";
-        if (dt_attn_mma_supported(a->dtype, a->dim, dt_backend_cuda_compute_capability(be), why,
-                                  sizeof why) &&
-            dt_attn_mma_bwd_block_ok(a, why, sizeof why))
+        const int cc = dt_backend_cuda_compute_capability(be);
+        if (a->kernel == DT_ATTN_KERNEL_WGMMA) {
+            if (dt_attn_wgmma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
+                dt_attn_mma_bwd_block_ok(a, why, sizeof why))
+                return dt_attn_wgmma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
+        } else if (dt_attn_mma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
+                   dt_attn_mma_bwd_block_ok(a, why, sizeof why)) {
             return dt_attn_mma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
-        if (a->kernel != DT_ATTN_KERNEL_AUTO)   /* mma, or wgmma: no wgmma backward yet */
+        }
+        if (a->kernel != DT_ATTN_KERNEL_AUTO)
             return dt_error(DT_ERR_NOT_SUPPORTED,
                             "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=%s: %s", be->rank,
                             dt_attn_kernel_choice_name(a->kernel), why);

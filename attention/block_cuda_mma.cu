@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     DT_DYNAMIC_SMEM(unsigned char, smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int64_t H = a.heads, G = a.kv_heads;
-    const int64_t nq = a.qseg.len, nk = a.kseg.len, n_qt = dt_mma_query_tiles(nq);
+    const int64_t nq = a.qseg.len, nk = a.kseg.len, n_qt = dt_mma_query_tiles(nq, DT_MMA_BM);
     int64_t rank, unit;   /* rank 0: the last query tile, the most keys */
     dt_mma_sched(blockIdx.x, n_qt, a.batch * H, section, &rank, &unit);
     const int64_t b = unit / H, h = unit % H, g = h / (H / G);
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
 
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes) {
-    const dim3 grid((unsigned)(dt_mma_query_tiles(a->qseg.len) * a->heads * a->batch));
+    const dim3 grid((unsigned)(dt_mma_query_tiles(a->qseg.len, DT_MMA_BM) * a->heads * a->batch));
     return dt_mma_launch(fwd_mma_kernel<T, D>, grid, DT_MMA_THREADS,
                          (size_t)(BM + 4 * BN) * D * sizeof(T), stream, "forward", D, a->dtype,
                          *a, dt_mma_fwd_section(*a, l2_bytes));
@@ -306,7 +306,7 @@ int operands_ok(const char *const *names, const void *const *ptrs, int nptrs, in
             (long long)nq, (long long)nk);
         return 0;
     }
-    const int64_t tiles = dt_mma_query_tiles(tiled);   /* 64-row tiles, either segment */
+    const int64_t tiles = dt_mma_query_tiles(tiled, DT_MMA_BM);   /* 64-row tiles, either segment */
     if (units * batch > 0 && (units > INT32_MAX / batch || tiles > INT32_MAX / (units * batch))) {
         say(why, why_size, "%lld tiles x %lld %s x %lld batch exceed the grid (2^31 - 1 blocks)",
             (long long)tiles, (long long)units, units_name, (long long)batch);

@@ -1,9 +1,11 @@
 /* attention/block_cuda_mma.h — PRIVATE. The tensor-core block kernels,
  * forward (block_cuda_mma.cu, and for Hopper block_cuda_wgmma.cu) and
- * backward (block_cuda_mma_bwd.cu), for the
+ * backward (block_cuda_mma_bwd.cu, and for Hopper block_cuda_wgmma_bwd.cu),
+ * for the
  * CUDA kernel table in block_cuda.cu, which chooses between them and the
  * simple kernels (DT_ATTN_KERNEL, block.h). All pass their tests on the
- * CPU emulator of CUDA (tests/emu) and on an H100.
+ * CPU emulator of CUDA (tests/emu); all but the wgmma backward (not yet
+ * run on a GPU) on an H100.
  * Plain C; the stream crosses as void * (a cudaStream_t).
  */
 #ifndef DT_ATTN_BLOCK_CUDA_MMA_H
@@ -24,6 +26,7 @@
 #define dt_attn_mma_bwd dt_emu_attn_mma_bwd
 #define dt_attn_wgmma_supported dt_emu_attn_wgmma_supported
 #define dt_attn_wgmma_fwd dt_emu_attn_wgmma_fwd
+#define dt_attn_wgmma_bwd dt_emu_attn_wgmma_bwd
 #endif
 
 #ifdef __cplusplus
@@ -69,6 +72,12 @@ int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size
 /* Runs one forward block on `stream` with the wgmma kernel, as
  * dt_attn_mma_fwd (same contract, l2_bytes and error). */
 dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes);
+
+/* Runs one backward block on `stream` with the wgmma backward kernel
+ * (block_cuda_wgmma_bwd.cu), as dt_attn_mma_bwd (same contract, l2_bytes
+ * and error). It runs where dt_attn_wgmma_supported says the forward does;
+ * its blocks have the needs of dt_attn_mma_bwd_block_ok. */
+dt_status dt_attn_wgmma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes);
 
 #ifdef __cplusplus
 }

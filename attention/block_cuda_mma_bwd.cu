@@ -246,18 +246,6 @@ __device__ __forceinline__ void warp_dkdv(float (&dk)[D / 8][4], float (&dv)[D /
     }
 }
 
-/* p[0], p[1] += x, y: one 8-byte reduction where the device has it
- * (float2 atomicAdd, compute capability 9.0 and the emulator's device), two
- * 4-byte ones before. */
-__device__ __forceinline__ void add_pair(float *p, float x, float y) {
-#if defined(DT_CUDA_EMULATE) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
-    atomicAdd(reinterpret_cast<float2 *>(p), make_float2(x, y));
-#else
-    atomicAdd(p, x);
-    atomicAdd(p + 1, y);
-#endif
-}
-
 /* dq += scale dS K for the 16 query rows from 16 rg and the D/2 head-dim
  * columns from (D/2) ch: A = dS from the dS tile (ldmatrix, all BN keys),
  * B = K by ldmatrix.trans; 16 columns at a time, each added with atomics.
@@ -283,13 +271,7 @@ __device__ __forceinline__ void warp_dq(float *dqg, int64_t rs, const T *sds, co
             elem<T>::mma(acc[0], da[kk], kb[0], kb[1]);
             elem<T>::mma(acc[1], da[kk], kb[2], kb[3]);
         }
-#pragma unroll
-        for (int n = 0; n < 2; n++)
-#pragma unroll
-            for (int half = 0; half < 2; half++)   /* elements 2 half, 2 half + 1: one row */
-                if (live[half])
-                    add_pair(dqg + row[half] * rs + col0 + 8 * n + dt_mma_c_col(lane, 2 * half),
-                             scale * acc[n][2 * half], scale * acc[n][2 * half + 1]);
+        add_dq<2>(dqg, rs, col0, acc, row, live, lane, scale);
     }
 }
 
@@ -322,12 +304,12 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
      * the CTA (and over the heads of the group), so are the early return
      * and the loop. */
     const bool whole = y0 + BN <= nk;
-    const int64_t n_qt = dt_mma_query_tiles(nq);
-    const int64_t qt_first =
-        dt_mma_bwd_first_qtile(dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, y0)), nq);
+    const int64_t n_qt = dt_mma_query_tiles(nq, BM);
+    const int64_t qt_first = dt_mma_bwd_first_qtile(
+        dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, y0)), nq, BM);
     const int64_t qt_unmasked = dt_mma_bwd_unmasked_qtile(
         whole ? dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, y0 + BN - 1)) : 0, whole,
-        nq);
+        nq, BM);
     if (qt_first >= n_qt) return;   /* no query attends these keys: dk, dv unchanged */
     const int64_t per_head = n_qt - qt_first, n_iter = group * per_head;
 
@@ -413,27 +395,9 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
         __syncthreads();   /* P, dS and this stage are rewritten by the next iterations */
     }
 
-    /* Add into dk (scaled) and dv: the lane's keys 16w + g and 16w + g + 8. */
-    float *dkg = a.dk + b * a.kv_batch_stride + g * D;   /* row y: + y G D */
-    float *dvg = a.dv + b * a.kv_batch_stride + g * D;
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int64_t y = y0 + 16 * warp + dt_mma_c_row(lane, 2 * half);
-        if (y >= nk) continue;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            const int64_t off = y * G * D + 8 * j + dt_mma_c_col(lane, 2 * half);
-            float2 *pk = reinterpret_cast<float2 *>(dkg + off);
-            float2 *pv = reinterpret_cast<float2 *>(dvg + off);
-            float2 k2 = *pk, v2 = *pv;
-            k2.x += a.scale * dk[j][2 * half];
-            k2.y += a.scale * dk[j][2 * half + 1];
-            v2.x += dv[j][2 * half];
-            v2.y += dv[j][2 * half + 1];
-            *pk = k2;
-            *pv = v2;
-        }
-    }
+    /* Add into dk (scaled) and dv: the warp's keys 16w .. 16w + 15. */
+    add_dk_dv<D>(a.dk + b * a.kv_batch_stride + g * D, a.dv + b * a.kv_batch_stride + g * D,
+                 G * D, y0 + 16 * warp, nk, dk, dv, lane, a.scale);
 #endif
 }
 

@@ -242,49 +242,6 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
 #endif
 }
 
-/* cuTensorMapEncodeTiled, a driver function, through the runtime (so the
- * library links no libcuda): looked up once; NULL if the driver lacks it. */
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn;   /* racing lookups store the same value */
-    PFN_cuTensorMapEncodeTiled_v12000 f = __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
-    if (!f) {
-        void *p = nullptr;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                             &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            p = nullptr;
-        (void)cudaGetLastError();
-        f = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-        __atomic_store_n(&fn, f, __ATOMIC_RELEASE);
-    }
-    return f;
-}
-
-/* The 4-D map of a [batch][rows][heads][D] 16-bit tensor at base (batch
- * stride in elements), boxes of 64 x 1 x box_rows x 1, 128-byte swizzle. */
-dt_status make_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, const char *name,
-                   const void *base, dt_dtype dtype, int64_t dim, int64_t heads, int64_t rows,
-                   int64_t batch, int64_t batch_stride, int box_rows) {
-    const int64_t es = 2;
-    /* one batch: any stride will do, and the driver wants one that is not 0 */
-    const int64_t bs = batch > 1 ? batch_stride : rows * heads * dim;
-    cuuint64_t dims[4] = {(cuuint64_t)dim, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batch};
-    cuuint64_t strides[3] = {(cuuint64_t)(dim * es), (cuuint64_t)(heads * dim * es), (cuuint64_t)(bs * es)};
-    cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, elem_strides[4] = {1, 1, 1, 1};
-    const CUresult r = encode(map, dtype == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                              4, const_cast<void *>(base), dims, strides, box, elem_strides,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return dt_error(DT_ERR_BACKEND, "attention (cuda wgmma): cuTensorMapEncodeTiled refused %s "
-                        "(%p, [%lld, %lld, %lld, %lld], batch stride %lld): CUresult %d", name, base,
-                        (long long)batch, (long long)rows, (long long)heads, (long long)dim,
-                        (long long)batch_stride, (int)r);
-    return DT_SUCCESS;
-}
-
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes) {
     PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();

@@ -297,14 +297,82 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2],
 }
 
 /* P (or dS) as the A fragment of the k-step over keys 16 kk .. 16 kk + 15,
- * straight from the score accumulators, rounded to T (mma_layout.h,
- * dt_mma_p_tile). */
-template <typename T, int NT>
-__device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (&p)[NT][4], int kk) {
+ * straight from the score accumulators p[n-tile][4], rounded to T
+ * (mma_layout.h, dt_mma_p_tile). (p is a pointer, not an array of a
+ * templated extent: g++ folds the identical instances for different
+ * extents and then warns about bounds with the wrong one.) */
+template <typename T>
+__device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (*p)[4], int kk) {
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const int j = dt_mma_p_tile(kk, r), e = dt_mma_p_elem(r);
         pa[r] = elem<T>::pack(p[j][e], p[j][e + 1]);
+    }
+}
+
+/* ------------------------------------------------- backward accumulators
+ *
+ * Both backward kernels (mma.sync: block_cuda_mma_bwd.cu; wgmma:
+ * block_cuda_wgmma_bwd.cu) hold dK and dV in the per-warp accumulator
+ * layout (warp w of the CTA: keys 16 w .. 16 w + 15 of the key tile; lane
+ * rows g and g + 8, n-tile j = head-dim columns 8j .. 8j+7) and add dQ from
+ * accumulators of the same layout. */
+
+/* p[0], p[1] += x, y: one 8-byte reduction where the device has it
+ * (float2 atomicAdd, compute capability 9.0 and the emulator's device), two
+ * 4-byte ones before. */
+__device__ __forceinline__ void add_pair(float *p, float x, float y) {
+#if defined(DT_CUDA_EMULATE) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+    atomicAdd(reinterpret_cast<float2 *>(p), make_float2(x, y));
+#else
+    atomicAdd(p, x);
+    atomicAdd(p + 1, y);
+#endif
+}
+
+/* dq[row][col0 + 8j + ..] += scale acc[j] for the lane's two query rows
+ * (row[half], skipped unless live[half]) and NJ n-tiles, with atomics:
+ * every key tile's CTA adds into the same dq rows. dqg: dq of the (batch,
+ * head) at row 0, row stride rs. */
+template <int NJ>
+__device__ __forceinline__ void add_dq(float *dqg, int64_t rs, int col0, const float (&acc)[NJ][4],
+                                       const int64_t (&row)[2], const bool (&live)[2], int lane,
+                                       float scale) {
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int half = 0; half < 2; half++)   /* elements 2 half, 2 half + 1: one row */
+            if (live[half])
+                add_pair(dqg + row[half] * rs + col0 + 8 * j + dt_mma_c_col(lane, 2 * half),
+                         scale * acc[j][2 * half], scale * acc[j][2 * half + 1]);
+}
+
+/* dk += scale dk_acc, dv += dv_acc for the lane's keys y_warp + g and
+ * y_warp + g + 8 (y_warp: the warp's first key in the segment; keys past
+ * nk are skipped): read, add, write, float2 (the CTA alone owns those rows
+ * in this call, so dk and dv are deterministic). dkg, dvg: dk, dv of the
+ * (batch, kv head) at row 0, row stride rs. */
+template <int D>
+__device__ __forceinline__ void add_dk_dv(float *dkg, float *dvg, int64_t rs, int64_t y_warp,
+                                          int64_t nk, const float (&dk)[D / 8][4],
+                                          const float (&dv)[D / 8][4], int lane, float scale) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t y = y_warp + dt_mma_c_row(lane, 2 * half);
+        if (y >= nk) continue;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            const int64_t off = y * rs + 8 * j + dt_mma_c_col(lane, 2 * half);
+            float2 *pk = reinterpret_cast<float2 *>(dkg + off);
+            float2 *pv = reinterpret_cast<float2 *>(dvg + off);
+            float2 k2 = *pk, v2 = *pv;
+            k2.x += scale * dk[j][2 * half];
+            k2.y += scale * dk[j][2 * half + 1];
+            v2.x += dv[j][2 * half];
+            v2.y += dv[j][2 * half + 1];
+            *pk = k2;
+            *pv = v2;
+        }
     }
 }
 

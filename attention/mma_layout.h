@@ -171,24 +171,26 @@ DT_MMA_HD int dt_mma_ps_off(int warp, int lane, int j, int half) {
                       DT_MMA_BWD_BN);
 }
 
-/* Query tiles of a segment of nq rows. */
-DT_MMA_HD int64_t dt_mma_query_tiles(int64_t nq) { return (nq + DT_MMA_BM - 1) / DT_MMA_BM; }
+/* Query tiles of bm rows (DT_MMA_BM for the mma.sync kernels; the wgmma
+ * backward's 8192 / D) in a segment of nq rows. */
+DT_MMA_HD int64_t dt_mma_query_tiles(int64_t nq, int bm) { return (nq + bm - 1) / bm; }
 
-/* The query tiles a key tile [y0, y1) visits: from the first query that may
- * attend key y0 (x_any = dt_attn_queries_from of mask.h at key y0's
- * position; every later query may too) to the end: tiles
- * dt_mma_bwd_first_qtile .. dt_mma_query_tiles(nq) - 1 are exactly the
+/* The query tiles (of bm rows) a key tile [y0, y1) visits: from the first
+ * query that may attend key y0 (x_any = dt_attn_queries_from of mask.h at
+ * key y0's position; every later query may too) to the end: tiles
+ * dt_mma_bwd_first_qtile .. dt_mma_query_tiles(nq, bm) - 1 are exactly the
  * non-empty ones (none if x_any = nq). Tiles from dt_mma_bwd_unmasked_qtile
  * on need no mask: every query of them may attend every key of the tile
  * (x_full = dt_attn_queries_from at key y0 + BWD_BN - 1), and the key tile
- * is whole (`whole`: y0 + BWD_BN <= k.len; a short last key tile is always masked,
- * which masks the keys past k.len). Query rows past nq of a last, short
- * query tile are not masked by this: the kernel gives them P = 0. */
-DT_MMA_HD int64_t dt_mma_bwd_first_qtile(int64_t x_any, int64_t nq) {
-    return x_any >= nq ? dt_mma_query_tiles(nq) : x_any / DT_MMA_BM;
+ * is whole (`whole`: y0 + BWD_BN <= k.len; a short last key tile is always
+ * masked, which masks the keys past k.len). Query rows past nq of a last,
+ * short query tile are not masked by this: the kernels give them P = 0.
+ * Both backward kernels use these with key tiles of DT_MMA_BWD_BN. */
+DT_MMA_HD int64_t dt_mma_bwd_first_qtile(int64_t x_any, int64_t nq, int bm) {
+    return x_any >= nq ? dt_mma_query_tiles(nq, bm) : x_any / bm;
 }
-DT_MMA_HD int64_t dt_mma_bwd_unmasked_qtile(int64_t x_full, int whole, int64_t nq) {
-    return whole ? (x_full + DT_MMA_BM - 1) / DT_MMA_BM : dt_mma_query_tiles(nq);
+DT_MMA_HD int64_t dt_mma_bwd_unmasked_qtile(int64_t x_full, int whole, int64_t nq, int bm) {
+    return whole ? (x_full + bm - 1) / bm : dt_mma_query_tiles(nq, bm);
 }
 
 /* ------------------------------------------------------- launch order

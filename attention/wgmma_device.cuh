@@ -1,13 +1,14 @@
 /* attention/wgmma_device.cuh — PRIVATE. The Hopper (sm_90a) instructions of
- * the wgmma forward kernel (block_cuda_wgmma.cu): warpgroup MMA
- * (wgmma.mma_async m64nNk16 with f32 accumulators, A from shared memory or
- * registers, B from shared memory), its fence / commit / wait, named
- * barriers, mbarriers and TMA tile loads (cp.async.bulk.tensor), and the
- * shared-memory matrix descriptors of the 128-byte swizzled layout the
- * kernel keeps its tiles in. CUDA C++ only.
+ * the wgmma kernels (block_cuda_wgmma.cu forward, block_cuda_wgmma_bwd.cu
+ * backward): warpgroup MMA (wgmma.mma_async m64nNk16 with f32 accumulators,
+ * A from shared memory or registers, B from shared memory), its fence /
+ * commit / wait, the async-proxy fence, named barriers, mbarriers and TMA
+ * tile loads (cp.async.bulk.tensor), the shared-memory matrix descriptors
+ * of the 128-byte swizzled layout the kernels keep their tiles in, and on
+ * the host the tensor maps of those loads. CUDA C++ only.
  *
  * wgmma needs the architecture-specific target sm_90a: the Makefile builds
- * block_cuda_wgmma.cu for it (when NVCC_ARCH is sm_90) and defines
+ * block_cuda_wgmma.cu and block_cuda_wgmma_bwd.cu for it (when NVCC_ARCH is sm_90) and defines
  * DT_WGMMA_SM90A; device code for any other target keeps trapping stubs
  * (DT_WGMMA_STUB) and the host never launches them (dt_attn_wgmma_supported).
  * Under DT_CUDA_EMULATE the same operations call the CPU emulator
@@ -41,12 +42,14 @@
 #define DT_ATTN_WGMMA_DEVICE_CUH
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "../dtensor/dtype.h"
+#include "../dtensor/status.h"
 
 #if !defined(DT_CUDA_EMULATE) && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DT_WGMMA_STUB 1   /* device pass for a target without wgmma */
@@ -85,6 +88,14 @@ __device__ __forceinline__ uint64_t wg_desc_mn_major(uint32_t tile, int rows, in
     return wg_desc(tile + (uint32_t)kk * 2048u, (uint32_t)rows * 128u, 1024u);
 }
 
+/* Byte offset of element (row, col) in a tile of `rows` rows in the
+ * column-block layout above (for ordinary stores into a tile that wgmma
+ * reads; the block must start on a 1024-byte boundary). */
+__device__ __forceinline__ uint32_t wg_tile_off(int row, int col, int rows) {
+    return (uint32_t)(col / 64) * (uint32_t)rows * 128u + (uint32_t)row * 128u +
+           ((uint32_t)((col % 64) / 8 ^ (row % 8)) << 4) + (uint32_t)(col % 8) * 2u;
+}
+
 /* ------------------------------------------------------------ instructions */
 
 #ifdef DT_CUDA_EMULATE
@@ -118,6 +129,7 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
     const int32_t c[4] = {c0, c1, c2, c3};
     dt_emu_tma_load(dst, map, c, 4, bar);
 }
+__device__ __forceinline__ void fence_proxy_async() { dt_emu_fence_proxy_async(); }
 __device__ __forceinline__ void wgmma_fence() { dt_emu_wgmma_fence(); }
 __device__ __forceinline__ void wgmma_commit() { dt_emu_wgmma_commit(); }
 template <int N>
@@ -125,11 +137,11 @@ __device__ __forceinline__ void wgmma_wait() {
     dt_emu_wgmma_wait(N);
 }
 /* d (m64 x N fp32, n-tile j = columns 8j .. 8j+7) = A B + (scale_d ? d : 0):
- * A from shared memory (K-major), B K-major. */
-template <typename T, int N>
+ * A from shared memory (K-major), B K-major (TRANS_B 0) or MN-major (1). */
+template <typename T, int N, int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db,
                                          int scale_d) {
-    dt_emu_wgmma(&d[0][0], N, nullptr, da, db, scale_d, 0, dt_elem_dtype<T>::value);
+    dt_emu_wgmma(&d[0][0], N, nullptr, da, db, scale_d, TRANS_B, dt_elem_dtype<T>::value);
 }
 /* The same with A from registers (the m16n8k16 A fragment of the thread's
  * warp, rows 16 (warp % 4) ..) and B MN-major. */
@@ -202,6 +214,11 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
         "r"(wg_smem_addr(bar))
         : "memory");
 }
+/* This thread's shared-memory stores become visible to the async proxy
+ * (the wgmma reading them), once a barrier has ordered them. */
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -228,11 +245,12 @@ __device__ __forceinline__ void wgmma_wait() {
     "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
 /* wgmma.mma_async ... d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b,
- * imm-trans-a, imm-trans-b (A, B K-major: trans 0). */
-#define DT_WG_SS(TY, NN, DREGS, DOPS, IA, IB, IS)                                          \
+ * imm-trans-a, imm-trans-b (A K-major: trans 0; B K-major: TB 0, MN-major:
+ * TB 1). */
+#define DT_WG_SS(TY, NN, DREGS, DOPS, IA, IB, IS, TB)                                      \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                          \
                  "wgmma.mma_async.sync.aligned.m64n" #NN "k16.f32." TY "." TY " " DREGS        \
-                 ", %" #IA ", %" #IB ", p, 1, 1, 0, 0;\n}\n"                                   \
+                 ", %" #IA ", %" #IB ", p, 1, 1, 0, " #TB ";\n}\n"                             \
                  : DOPS                                                                      \
                  : "l"(da), "l"(db), "r"(scale_d))
 /* wgmma.mma_async ... d, {a0..a3}, b-desc, scale-d, imm-scale-a,
@@ -249,6 +267,14 @@ struct wg_ops;
 #define DT_WG_OPS(CT, TY)                                                                    \
     template <>                                                                              \
     struct wg_ops<CT, 64> {                                                                  \
+        static __device__ __forceinline__ void ss(float (&d)[8][4], uint64_t da, uint64_t db,   \
+                                                  int scale_d) {                             \
+            DT_WG_SS(TY, 64, DT_WG_R32, DT_WG_D32, 32, 33, 34, 0);                           \
+        }                                                                                    \
+        static __device__ __forceinline__ void ss_t(float (&d)[8][4], uint64_t da, uint64_t db, \
+                                                    int scale_d) {                           \
+            DT_WG_SS(TY, 64, DT_WG_R32, DT_WG_D32, 32, 33, 34, 1);                           \
+        }                                                                                    \
         static __device__ __forceinline__ void rs(float (&d)[8][4], const uint32_t (&a)[4],   \
                                                   uint64_t db, int scale_d) {                \
             DT_WG_RS(TY, 64, DT_WG_R32, DT_WG_D32, 32, 33, 34, 35, 36, 37);                              \
@@ -258,7 +284,7 @@ struct wg_ops;
     struct wg_ops<CT, 128> {                                                                 \
         static __device__ __forceinline__ void ss(float (&d)[16][4], uint64_t da, uint64_t db, \
                                                   int scale_d) {                             \
-            DT_WG_SS(TY, 128, DT_WG_R64, DT_WG_D64, 64, 65, 66);                             \
+            DT_WG_SS(TY, 128, DT_WG_R64, DT_WG_D64, 64, 65, 66, 0);                          \
         }                                                                                    \
         static __device__ __forceinline__ void rs(float (&d)[16][4], const uint32_t (&a)[4],  \
                                                   uint64_t db, int scale_d) {                \
@@ -268,10 +294,11 @@ struct wg_ops;
 DT_WG_OPS(__nv_bfloat16, "bf16")
 DT_WG_OPS(__half, "f16")
 
-template <typename T, int N>
+template <typename T, int N, int TRANS_B = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db,
                                          int scale_d) {
-    wg_ops<T, N>::ss(d, da, db, scale_d);
+    if constexpr (TRANS_B != 0) wg_ops<T, N>::ss_t(d, da, db, scale_d);
+    else wg_ops<T, N>::ss(d, da, db, scale_d);
 }
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db,
@@ -282,4 +309,53 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
 
 }  // namespace
 #endif /* !DT_WGMMA_STUB */
+
+/* ------------------------------------------------------ host: tensor maps */
+
+namespace {
+
+/* cuTensorMapEncodeTiled, a driver function, through the runtime (so the
+ * library links no libcuda): looked up once; NULL if the driver lacks it. */
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;   /* racing lookups store the same value */
+    PFN_cuTensorMapEncodeTiled_v12000 f = __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
+    if (!f) {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                             &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        (void)cudaGetLastError();
+        f = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+        __atomic_store_n(&fn, f, __ATOMIC_RELEASE);
+    }
+    return f;
+}
+
+/* The 4-D map of a [batch][rows][heads][D] 16-bit tensor at base (batch
+ * stride in elements), boxes of 64 x 1 x box_rows x 1, 128-byte swizzle. */
+dt_status make_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, const char *name,
+                   const void *base, dt_dtype dtype, int64_t dim, int64_t heads, int64_t rows,
+                   int64_t batch, int64_t batch_stride, int box_rows) {
+    const int64_t es = 2;
+    /* one batch: any stride will do, and the driver wants one that is not 0 */
+    const int64_t bs = batch > 1 ? batch_stride : rows * heads * dim;
+    cuuint64_t dims[4] = {(cuuint64_t)dim, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batch};
+    cuuint64_t strides[3] = {(cuuint64_t)(dim * es), (cuuint64_t)(heads * dim * es), (cuuint64_t)(bs * es)};
+    cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, elem_strides[4] = {1, 1, 1, 1};
+    const CUresult r = encode(map, dtype == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                              4, const_cast<void *>(base), dims, strides, box, elem_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return dt_error(DT_ERR_BACKEND, "attention (cuda wgmma): cuTensorMapEncodeTiled refused %s "
+                        "(%p, [%lld, %lld, %lld, %lld], batch stride %lld): CUresult %d", name, base,
+                        (long long)batch, (long long)rows, (long long)heads, (long long)dim,
+                        (long long)batch_stride, (int)r);
+    return DT_SUCCESS;
+}
+
+}  // namespace
 #endif /* DT_ATTN_WGMMA_DEVICE_CUH */

@@ -292,8 +292,9 @@ def last_line(text):
 
 
 def bwd_kernel(kernel):
-    """The backward kernel a DT_ATTN_KERNEL choice runs (wgmma's is mma's)."""
-    return "mma" if kernel == "wgmma" else kernel
+    """The backward kernel a DT_ATTN_KERNEL choice runs on an H100 (auto's is
+    mma's: the wgmma backward runs only when asked for, until measured)."""
+    return "mma" if kernel == "auto" else kernel
 
 
 def bwd_choices(kernels):
@@ -435,7 +436,7 @@ def item_throughput(session, pass_):
         title = "item 5: backward TFLOPS, bf16"
         method = ("dtensor: build/bench/blocks section (r) --pass bwd, the backward block "
                   "kernel alone (lse and delta from a forward pass made before timing); "
-                  "wgmma's backward is mma's, so it runs once. torch: "
+                  "auto's backward is mma's, so it runs once. torch: "
                   "torch.autograd.grad of SDPA's output with the backend forced, its forward "
                   "untimed, CUDA events. TFLOPS count 2.5x the forward flops "
                   "(10*B*H*S*S*D), halved for causal.")
@@ -597,7 +598,7 @@ def item_waits(session):
                   "over steps of the slowest rank's block kernels and waits = the largest "
                   "per-rank sum of the gaps between one step's kernels and the next "
                   "(dt_attention_options.timing), share = waits / (kernels + waits): on one "
-                  "shared device these gaps also hold the other ranks' kernels. wgmma's "
+                  "shared device these gaps also hold the other ranks' kernels. auto's "
                   "backward is mma's, so its bwd rows come from the first kernel only.")
     for k in kernels:
         passes = "fwd,bwd" if k in with_bwd else "fwd"

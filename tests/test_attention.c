@@ -737,27 +737,29 @@ static void test_mma_bwd_fragments(void **state) {
     }
 }
 
-/* The backward kernel's query-tile bounds for every key tile of k: the
- * visited query tiles are exactly the non-empty ones, and the unmasked ones
- * exactly the full ones of whole key tiles. */
-static void check_bwd_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {
-    const int64_t nqt = dt_mma_query_tiles(q.len);
-    assert_int_equal(nqt, (q.len + DT_MMA_BM - 1) / DT_MMA_BM);
+/* The backward kernels' query-tile bounds (query tiles of bm rows: the
+ * mma.sync kernel's 64, the wgmma kernel's 128 at D = 64) for every key
+ * tile of k: the visited query tiles are exactly the non-empty ones, and
+ * the unmasked ones exactly the full ones of whole key tiles. */
+static void check_bwd_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k, int bm) {
+    const int64_t nqt = dt_mma_query_tiles(q.len, bm);
+    assert_int_equal(nqt, (q.len + bm - 1) / bm);
     for (int64_t y0 = 0; y0 < k.len; y0 += DT_MMA_BWD_BN) {
         int64_t y1 = y0 + DT_MMA_BWD_BN < k.len ? y0 + DT_MMA_BWD_BN : k.len;
         int whole = y0 + DT_MMA_BWD_BN <= k.len;
-        int64_t first = dt_mma_bwd_first_qtile(dt_attn_queries_from(mask, q, dt_attn_pos(k, y0)), q.len);
+        int64_t first =
+            dt_mma_bwd_first_qtile(dt_attn_queries_from(mask, q, dt_attn_pos(k, y0)), q.len, bm);
         int64_t unm = dt_mma_bwd_unmasked_qtile(
             whole ? dt_attn_queries_from(mask, q, dt_attn_pos(k, y0 + DT_MMA_BWD_BN - 1)) : 0,
-            whole, q.len);
+            whole, q.len, bm);
         assert_true(first >= 0 && first <= nqt && unm >= 0 && unm <= nqt);
         for (int64_t qt = 0; qt < nqt; qt++) {
-            int64_t x0 = qt * DT_MMA_BM, x1 = x0 + DT_MMA_BM < q.len ? x0 + DT_MMA_BM : q.len;
+            int64_t x0 = qt * bm, x1 = x0 + bm < q.len ? x0 + bm : q.len;
             dt_attn_tile cls = dt_attn_tile_class(mask, q, x0, x1, k, y0, y1);
             if ((qt >= first) != (cls != DT_TILE_EMPTY) ||
                 (qt >= unm) != (cls == DT_TILE_FULL && whole))
-                fail_msg("bwd: q (%lld,%lld,%lld) k (%lld,%lld,%lld) y0 %lld qt %lld: visited %d, "
-                         "unmasked %d, class %d, whole %d",
+                fail_msg("bwd (bm %d): q (%lld,%lld,%lld) k (%lld,%lld,%lld) y0 %lld qt %lld: "
+                         "visited %d, unmasked %d, class %d, whole %d", bm,
                          (long long)q.start, (long long)q.stride, (long long)q.len,
                          (long long)k.start, (long long)k.stride, (long long)k.len, (long long)y0,
                          (long long)qt, qt >= first, qt >= unm, (int)cls, whole);
@@ -779,8 +781,9 @@ static void check_heaviest_first(dt_attn_mask mask, dt_attn_segment q, dt_attn_s
     }
     prev = INT64_MAX;
     for (int64_t y0 = 0; y0 < k.len; y0 += DT_MMA_BWD_BN) {
-        int64_t first = dt_mma_bwd_first_qtile(dt_attn_queries_from(mask, q, dt_attn_pos(k, y0)), q.len);
-        int64_t visits = dt_mma_query_tiles(q.len) - first;
+        int64_t first = dt_mma_bwd_first_qtile(dt_attn_queries_from(mask, q, dt_attn_pos(k, y0)),
+                                               q.len, DT_MMA_BM);
+        int64_t visits = dt_mma_query_tiles(q.len, DT_MMA_BM) - first;
         assert_true(visits <= prev);
         prev = visits;
     }
@@ -814,7 +817,8 @@ static void check_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k
             if (kt < nu) assert_true(cls == DT_TILE_FULL && y0 + DT_MMA_BN <= k.len);
         }
     }
-    check_bwd_bounds(mask, q, k);
+    check_bwd_bounds(mask, q, k, DT_MMA_BM);
+    check_bwd_bounds(mask, q, k, 2 * DT_MMA_BM);
     check_heaviest_first(mask, q, k);
 }
 

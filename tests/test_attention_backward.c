@@ -6,8 +6,10 @@
  *
  * On a GPU, the "backward/cuda-kernels/..." cases run the distributed
  * forward and backward with DT_ATTN_KERNEL=simple, then =mma (the
- * tensor-core kernels, attention/block_cuda_mma*.cu), each against the
- * reference at the bf16 tolerance; skipped without a GPU. Run just them
+ * tensor-core kernels, attention/block_cuda_mma*.cu), then =wgmma (the
+ * Hopper kernels, block_cuda_wgmma*.cu, where they can run: a 9.0 device
+ * and an sm_90 build), each against the reference at the bf16 tolerance;
+ * skipped without a GPU. Run just them
  * with DT_TEST_FILTER='backward/cuda-kernels*'. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -36,7 +38,7 @@ typedef struct bwd_case {
     dt_dtype dtype;
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
-    int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, then =mma, each checked */
+    int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma, each checked */
     double *q, *k, *v, *g;     /* the full inputs (set by run_case) */
     double *dq_ref, *dk_ref, *dv_ref;
     dt_status st[MAXR];
@@ -122,15 +124,20 @@ out:
     return st;
 }
 
-/* One launch of the case: 1 if every rank succeeded and matched the
- * reference, else 0 after printing what failed; *worst: the largest error
- * over ranks. `kernel`: the DT_ATTN_KERNEL value in force (NULL: not set by
- * the test). The caller asserts, after restoring the environment. */
-static int launch_case(bwd_case *c, dt_backend_kind backend, const char *kernel, double *worst) {
+/* One launch of the case on every rank; each rank's status and message in
+ * c->st, c->msg. */
+static dt_status launch_ranks(bwd_case *c, dt_backend_kind backend) {
     memset(c->st, 0, sizeof c->st);
     memset(c->bad, 0, sizeof c->bad);
     memset(c->max_err, 0, sizeof c->max_err);
-    dt_status st = h_launch_on(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, rank_backward, c);
+    return h_launch_on(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, rank_backward, c);
+}
+
+/* 1 if every rank of a launch (its status st) succeeded and matched the
+ * reference, else 0 after printing what failed; *worst: the largest error
+ * over ranks. `kernel`: the DT_ATTN_KERNEL value in force (NULL: not set by
+ * the test). The caller asserts, after restoring the environment. */
+static int judge_case(bwd_case *c, dt_status st, const char *kernel, double *worst) {
     const char *k = kernel ? kernel : "unset";
     int ok = st == DT_SUCCESS;
     if (!ok) print_error("%s (DT_ATTN_KERNEL %s): %s\n", c->name, k, dt_last_error());
@@ -147,6 +154,24 @@ static int launch_case(bwd_case *c, dt_backend_kind backend, const char *kernel,
         *worst = fmax(*worst, c->max_err[r]);
     }
     return ok;
+}
+
+static int launch_case(bwd_case *c, dt_backend_kind backend, const char *kernel, double *worst) {
+    return judge_case(c, launch_ranks(c, backend), kernel, worst);
+}
+
+/* launch_case with DT_ATTN_KERNEL=wgmma in force: 1 if it passed, or if
+ * every rank refused with DT_ERR_NOT_SUPPORTED for a reason outside the
+ * case (not a 9.0 device, or no sm_90 build: *refused = 1). */
+static int wgmma_case(bwd_case *c, dt_backend_kind backend, double *worst, int *refused) {
+    const dt_status st = launch_ranks(c, backend);
+    *refused = st == DT_ERR_NOT_SUPPORTED;
+    for (int r = 0; r < c->P * c->tp && *refused; r++)
+        *refused = c->st[r] == DT_ERR_NOT_SUPPORTED &&
+                   (strstr(c->msg[r], "needs a compute capability 9.0") ||
+                    strstr(c->msg[r], "wgmma kernel was not built"));
+    *worst = 0;
+    return *refused || judge_case(c, st, "wgmma", worst);
 }
 
 /* Runs one case; returns the largest error over ranks (for the P sweep). */
@@ -166,17 +191,24 @@ static double run_case(bwd_case *c) {
     c->dv_ref = malloc((size_t)nk * sizeof(double));
     ref_attention_backward(s, c->q, c->k, c->v, c->g, c->mask == DT_ATTN_CAUSAL,
                            1.0 / sqrt((double)s->D), c->dq_ref, c->dk_ref, c->dv_ref);
-    int ok_simple = 1, ok;
-    double worst = 0, worst_simple = 0;
+    int ok_simple = 1, ok, ok_wgmma = 1;
+    double worst = 0, worst_simple = 0, worst_wgmma = 0;
     if (c->kernels) {
-        /* Both CUDA kernel pairs on the same inputs, each against the
-         * reference; the variable is read when each call's plan is made. */
+        /* Every CUDA kernel pair on the same inputs, each against the
+         * reference; the variable is read when each call's plan is made.
+         * wgmma runs only on a 9.0 device with an sm_90 build: elsewhere
+         * every rank must refuse it, saying which of the two is missing. */
         char *saved = h_env_set("DT_ATTN_KERNEL", "simple");
         ok_simple = launch_case(c, backend, "simple", &worst_simple);
         setenv("DT_ATTN_KERNEL", "mma", 1);
         ok = launch_case(c, backend, "mma", &worst);
+        setenv("DT_ATTN_KERNEL", "wgmma", 1);
+        int refused = 0;
+        ok_wgmma = wgmma_case(c, backend, &worst_wgmma, &refused);
         h_env_restore("DT_ATTN_KERNEL", saved);
-        print_message("%s: max |error| simple %.3g, mma %.3g\n", c->name, worst_simple, worst);
+        if (refused) print_message("wgmma kernels not run: %s\n", c->msg[0]);
+        print_message("%s: max |error| simple %.3g, mma %.3g, wgmma %.3g\n", c->name, worst_simple,
+                      worst, worst_wgmma);
     } else {
         ok = launch_case(c, backend, NULL, &worst);
     }
@@ -184,6 +216,7 @@ static double run_case(bwd_case *c) {
     free(c->dq_ref), free(c->dk_ref), free(c->dv_ref);
     assert_true(ok_simple);
     assert_true(ok);
+    assert_true(ok_wgmma);
     return worst;
 }
 
@@ -383,7 +416,7 @@ int main(void) {
                      dt_order_name(cc->order), p, (long long)cc->s.S, dt_attn_mask_name(cc->mask),
                      dt_dtype_name(cc->dtype));
         }
-    /* Both CUDA backward kernels (DT_ATTN_KERNEL=simple, then =mma; the
+    /* Every CUDA backward kernel (DT_ATTN_KERNEL=simple, =mma, =wgmma; the
      * forward follows the same variable) on every order, P = 1..3, causal
      * and full, bf16 and fp16, head dim 64 or 128 (alternating), GQA 1, 2,
      * 4, local lengths 70, 134, 200 (never a multiple of the 64-row tiles;

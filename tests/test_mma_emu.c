@@ -1,6 +1,7 @@
 /* tests/test_mma_emu.c — the tensor-core attention kernels
  * (attention/block_cuda_mma.cu forward, block_cuda_mma_bwd.cu backward,
- * block_cuda_wgmma.cu the Hopper forward), compiled from their unchanged
+ * block_cuda_wgmma.cu and block_cuda_wgmma_bwd.cu the Hopper forward and
+ * backward), compiled from their unchanged
  * sources by the host C++ compiler and run on the CPU emulator of tests/emu
  * (emu.h: fibers for the CUDA threads, ldmatrix / mma.sync / wgmma /
  * cp.async / mbarrier / TMA / shuffles written from the PTX ISA), in every
@@ -26,8 +27,8 @@
  * order, for one) or shows only in figures (the emulator's reading of
  * wgmma's fragment layouts is its own, runtime.c says from what).
  *
- * DT_TEST_QUICK (the valgrind run) keeps one case per direction (forward,
- * backward, wgmma forward). */
+ * DT_TEST_QUICK (the valgrind run) keeps one case per direction and kernel
+ * (forward and backward, mma.sync and wgmma). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -230,6 +231,9 @@ static void run_backward(void **state) {
     const int64_t n = s->S / c->P, H = s->H, G = s->Hkv, D = s->D, B = s->B;
     const double scale = 1.0 / sqrt((double)D);
     char why[256];
+    const int wgmma = c->kernel == DT_ATTN_KERNEL_WGMMA;
+    assert_true(wgmma ? dt_emu_attn_wgmma_supported(c->dtype, D, 90, why, sizeof why)
+                      : dt_emu_attn_mma_supported(c->dtype, D, 80, why, sizeof why));
     const int64_t nq = B * s->S * H * D, nk = B * s->S * G * D;
     double *q = ref_input(c->seed, nq, c->dtype), *k = ref_input(c->seed + 1, nk, c->dtype);
     double *v = ref_input(c->seed + 2, nk, c->dtype), *dout = ref_input(c->seed + 3, nq, c->dtype);
@@ -288,11 +292,13 @@ static void run_backward(void **state) {
                         .scale = (float)scale, .lse = lse[j] + x0, .delta = delta[j] + x0,
                         .ml_batch_stride = H * n, .ml_head_stride = n, .dq = dq[j] + x0 * H * D,
                         .dq_batch_stride = n * H * D, .dk = dk[r] + y0 * G * D,
-                        .dv = dv[r] + y0 * G * D, .kernel = DT_ATTN_KERNEL_MMA};
+                        .dv = dv[r] + y0 * G * D, .kernel = c->kernel};
+                    const int64_t l2 = l2_for(c, (H / G) * a.qseg.len * D * 8);
                     if (!bad && !dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why)) {
                         print_error("%s: block refused: %s\n", c->name, why);
                         bad = 1;
-                    } else if (!bad && dt_emu_attn_mma_bwd(NULL, &a, l2_for(c, (H / G) * a.qseg.len * D * 8)) != DT_SUCCESS) {
+                    } else if (!bad && (wgmma ? dt_emu_attn_wgmma_bwd(NULL, &a, l2)
+                                              : dt_emu_attn_mma_bwd(NULL, &a, l2)) != DT_SUCCESS) {
                         print_error("%s: queries of rank %d, keys of rank %d: %s\n", c->name, j,
                                     r, dt_last_error());
                         bad = 1;
@@ -1035,7 +1041,8 @@ enum {
 };
 
 typedef enum {
-    WGM_OK, WGM_NO_FENCE, WGM_CP_NO_PROXY_FENCE, WGM_CP_PROXY_FENCE, WGM_DIFFERENT_N,
+    WGM_OK, WGM_NO_FENCE, WGM_CP_NO_PROXY_FENCE, WGM_CP_PROXY_FENCE, WGM_STORE_NO_PROXY_FENCE,
+    WGM_DIFFERENT_N,
     WGM_EXIT_PENDING, WGM_DESC_OUTSIDE, WGM_WRITE_D, WGM_SMEM_RACE, WGM_NO_SWIZZLE, WGM_DIVERGE,
     WGM_TMA, WGM_TMA_NO_WAIT,   /* the image by a tensor copy; read before its wait */
 } wg_misuse;
@@ -1134,8 +1141,9 @@ static void k_wgmma(void *arg) {
         }
         dt_emu_syncthreads();
         if (c->misuse == WGM_TMA) dt_emu_mbar_wait(bar, 0);
-    } else if (tid == 0) {
+    } else if (tid == 0) {   /* ordinary stores: visible to wgmma after a proxy fence */
         memcpy(img, c->img, WG_IMG);
+        if (c->misuse != WGM_STORE_NO_PROXY_FENCE) dt_emu_fence_proxy_async();
     }
     dt_emu_syncthreads();
     /* A's registers (the figure for m64nNk16): warp w rows 16w.., register
@@ -1294,6 +1302,9 @@ static void test_wgmma(void **state) {
         {WGM_NO_FENCE, 128, "wgmma.mma_async without wgmma.fence"},
         {WGM_CP_NO_PROXY_FENCE, 128,
          "shared memory written by cp.async reaches wgmma without fence.proxy.async"},
+        {WGM_STORE_NO_PROXY_FENCE, 128,
+         "wgmma.mma_async reads A[0][0] at shared offset 1008 (shared address 0x400), written by "
+         "ordinary stores that no fence.proxy.async and barrier after it made visible"},
         {WGM_DIFFERENT_N, 128,
          "threads of warpgroup 0 disagree on wgmma.mma_async's n: thread 0 has 64, thread 70 "
          "has 56"},
@@ -1356,18 +1367,19 @@ int main(void) {
      * conversions, and the emulator is slow (~1 s per 10^5 mma). */
     static const int fp16_rows[] = {0, 1, 1, 0, 1};
     enum { NROWS = sizeof rows / sizeof rows[0] };
-    /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward (wgmma) */
-    static emu_case cases[3 * 2 * NROWS];
-    struct CMUnitTest tests[3 * 2 * NROWS + 4];
+    /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
+     * (wgmma), 3: backward (wgmma) */
+    static emu_case cases[4 * 2 * NROWS];
+    struct CMUnitTest tests[4 * 2 * NROWS + 4];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
-    for (int dir = 0; dir < 3; dir++)
+    for (int dir = 0; dir < 4; dir++)
         for (int dt = 0; dt < 2; dt++)
             for (int i = 0; i < NROWS; i++) {
                 if (quick && (dt || i)) continue;   /* valgrind: one case per direction */
                 if (dt && !fp16_rows[i]) continue;
-                if (dir == 1 && rows[i].huge) continue;  /* the forward's numerics case */
-                const shape_row *row = dir == 2 ? &wg_rows[i] : &rows[i];
+                if (dir % 2 && rows[i].huge) continue;  /* the forward's numerics case */
+                const shape_row *row = dir >= 2 ? &wg_rows[i] : &rows[i];
                 emu_case *c = &cases[nt];
                 c->s = row->s;
                 c->P = row->P;
@@ -1376,19 +1388,20 @@ int main(void) {
                 c->dtype = dt ? DT_F16 : DT_BF16;
                 c->seed = 4000 + 10 * nt;
                 c->huge = row->huge;
-                c->kernel = dir == 2 ? DT_ATTN_KERNEL_WGMMA : DT_ATTN_KERNEL_MMA;
+                c->kernel = dir >= 2 ? DT_ATTN_KERNEL_WGMMA : DT_ATTN_KERNEL_MMA;
                 /* launch orders: sections of three units on the rows with
                  * four (a narrower last section), one unit after another (no
                  * L2) on row 0, all units in one section (an H100's L2) */
                 c->l2 = i == 0 ? 0 : 50 << 20;
                 c->sections = i == 1 || i == 2 ? 3 : 0;
                 snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s",
-                         dir == 0 ? "forward" : dir == 1 ? "backward" : "forward-wgmma",
+                         (const char *[]){"forward", "backward", "forward-wgmma",
+                                          "backward-wgmma"}[dir],
                          dt_order_name(c->order), c->P,
                          (long long)c->s.B, (long long)c->s.S, (long long)c->s.H,
                          (long long)c->s.Hkv, (long long)c->s.D, dt_attn_mask_name(c->mask),
                          dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "");
-                tests[nt] = (struct CMUnitTest){c->name, dir == 1 ? run_backward : run_forward, NULL, NULL, c};
+                tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                 nt++;
             }
     tests[nt++] = (struct CMUnitTest){"emulator/checks-and-semantics", test_emulator, NULL, NULL, NULL};

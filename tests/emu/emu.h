@@ -123,7 +123,8 @@ void dt_emu_mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t 
  * themselves). */
 uint32_t dt_emu_smem_addr(const void *p);
 /* fence.proxy.async.shared::cta: this thread's completed cp.async copies
- * become visible to the async proxy (wgmma's shared-memory reads). */
+ * and ordinary shared-memory stores become visible to the async proxy
+ * (wgmma's shared-memory reads), once a barrier publishes them. */
 void dt_emu_fence_proxy_async(void);
 /* wgmma.fence.sync.aligned */
 void dt_emu_wgmma_fence(void);
@@ -155,9 +156,9 @@ void dt_emu_wgmma_wait(int n);
  * or ab; a warpgroup thread that has exited; a descriptor with another
  * swizzle mode, a base offset, reserved bits, or an element outside the
  * dynamic shared memory; no wgmma.fence by the thread since the launch or
- * its last wgmma.wait_group; shared memory written by cp.async and
- * published by a __syncthreads without fence.proxy.async (see runtime.c for
- * exactly what is tracked); accumulators overlapping a pending
+ * its last wgmma.wait_group; shared memory written by cp.async or by
+ * ordinary stores and published by a barrier without fence.proxy.async
+ * (see runtime.c for exactly what is tracked); accumulators overlapping a pending
  * wgmma.mma_async's other than the same d with the same n; d written, or
  * the shared memory the instruction read changed, before the wait_group
  * that completes it; a thread exiting with wgmma.mma_async pending

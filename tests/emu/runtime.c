@@ -207,6 +207,11 @@ static struct {
     int warp_at[EMU_MAX_THREADS / 32];       /* ... which one (valid while warp_arrived > 0) */
     int wg_arrived[EMU_MAX_THREADS / 128];   /* threads waiting in a warpgroup instruction */
     int async_stale;  /* the last __syncthreads published cp.async data without fence.proxy.async */
+    /* what the async proxy (wgmma) may read of shared memory: the block's
+     * shared memory as of the last barrier that completed after a
+     * fence.proxy.async, with every TMA write since (see publish_to_async) */
+    unsigned char *smem_async;
+    int proxy_fenced;   /* a fence.proxy.async since the last barrier completed */
     int done;                                /* threads of the block that exited */
     int warp_exited[EMU_MAX_THREADS / 32];
 #ifdef EMU_ASM_SWITCH
@@ -389,14 +394,31 @@ static void release(thread_state waiting, int first, int n) {
  * (and clears the marks), one that completes with none marked clears it;
  * a wgmma.mma_async issued while the block is stale fails. So the fence
  * must come between the cp.async wait and the __syncthreads that publishes
- * the data. Not checked: plain stores to shared memory (not tracked at all),
- * copies completed by a thread's exit, and a wgmma that reads cp.async data
- * without a __syncthreads after the copies (its own thread's copies, say).
- * TMA writes come through the async proxy and take no part in this.
+ * the data. Not checked: copies completed by a thread's exit, and a wgmma
+ * that reads cp.async data without a __syncthreads after the copies (its
+ * own thread's copies, say). TMA writes come through the async proxy and
+ * need no fence.
+ *
+ * Plain stores to shared memory (P or dS tiles a kernel writes for a later
+ * wgmma) need the same fence: each writer runs fence.proxy.async, then a
+ * barrier publishes the stores. The emulator keeps the async proxy's view
+ * of shared memory (smem_async): a barrier (__syncthreads or a named
+ * barrier's phase) that completes after any thread's fence.proxy.async
+ * copies the block's shared memory into it, TMA writes go into both, and a
+ * wgmma.mma_async whose operand differs between shared memory and that
+ * view fails: something wrote it without a fence and a barrier after. Not
+ * caught: a thread that stores without fencing while another thread's
+ * fence precedes the same barrier (one fence publishes all).
  *
  * A completed __syncthreads also orders every mbarrier.init before it with
  * every later use of the barrier, by any thread or the async proxy
  * (emu_mbar.synced). */
+static void publish_to_async(void) {
+    if (!E.proxy_fenced) return;
+    memcpy(E.smem_async, E.smem, E.smem_bytes);
+    E.proxy_fenced = 0;
+}
+
 static void maybe_release_block(void) {
     if (E.block_arrived > 0 && E.block_arrived == alive_in_block()) {
         E.block_arrived = 0;
@@ -406,6 +428,7 @@ static void maybe_release_block(void) {
             E.threads[i].cp_unfenced = 0;
         }
         E.async_stale = stale;
+        publish_to_async();
         for (int i = 0; i < E.nmbar; i++) E.mbars[i].synced = 1;   /* inits now visible */
         release(T_WAIT_BLOCK, 0, E.nthreads);
     }
@@ -441,6 +464,7 @@ static void named_barrier(int id, int n, int wait) {
                     E.bar_count[id]);
     if (++E.bar_arrived[id] == n) {
         E.bar_arrived[id] = 0;
+        publish_to_async();
         for (int i = 0; i < E.nthreads; i++)
             if (E.threads[i].state == T_WAIT_BAR && E.threads[i].bar_id == id)
                 E.threads[i].state = T_RUNNABLE;
@@ -622,7 +646,10 @@ uint32_t dt_emu_smem_addr(const void *p) {
     return EMU_SMEM_BASE + (uint32_t)(c - E.smem);
 }
 
-void dt_emu_fence_proxy_async(void) { E.cur->cp_unfenced = 0; }
+void dt_emu_fence_proxy_async(void) {
+    E.cur->cp_unfenced = 0;
+    E.proxy_fenced = 1;
+}
 
 void dt_emu_wgmma_fence(void) { E.cur->wg_fenced = 1; }
 
@@ -730,8 +757,15 @@ static void sweep_operands(wgmma_op *op, int compare) {
                     tma_check_idle(addr - EMU_SMEM_BASE, 2,
                                    which ? "wgmma.mma_async reading B from"
                                          : "wgmma.mma_async reading A from");
-                uint16_t v;
+                uint16_t v, seen;
                 memcpy(&v, E.smem + (addr - EMU_SMEM_BASE), 2);
+                memcpy(&seen, E.smem_async + (addr - EMU_SMEM_BASE), 2);
+                if (!compare && v != seen)
+                    dt_emu_fail("wgmma.mma_async reads %s[%d][%d] at shared offset %u (shared "
+                                "address %#x), written by ordinary stores that no "
+                                "fence.proxy.async and barrier after it made visible to the "
+                                "async proxy", which ? "B" : "A", row, col, addr - EMU_SMEM_BASE,
+                                addr);
                 if (!compare) *kept = v;
                 else if (v != *kept)
                     dt_emu_fail("shared memory at offset %u (shared address %#x), read by a "
@@ -1138,11 +1172,13 @@ static long tma_perform(const emu_tma *x) {
         }
         for (uint32_t j = 0; j < m->box[0]; j++) {
             const int64_t c = x->coord[0] + (int64_t)j;
-            unsigned char *to = E.smem + tma_swizzle(x->dst + r * row_bytes + j * esize, m->swizzle);
+            const uint32_t at = tma_swizzle(x->dst + r * row_bytes + j * esize, m->swizzle);
+            unsigned char *to = E.smem + at;
             if (inside && c >= 0 && (uint64_t)c < m->dim[0])
                 memcpy(to, (const void *)(uintptr_t)(m->addr + goff + (uint64_t)c * esize), esize);
             else
                 memset(to, 0, esize);   /* out of bounds: zero (CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) */
+            memcpy(E.smem_async + at, to, esize);   /* written through the async proxy */
         }
     }
     for (uint32_t o = 0; o < x->bytes; o += 16)
@@ -1388,6 +1424,8 @@ static int block_end(void) {
 
 static int run_block(void) {
     memset(E.smem, EMU_POISON, E.smem_bytes);
+    memset(E.smem_async, EMU_POISON, E.smem_bytes);
+    E.proxy_fenced = 0;
     E.block_arrived = 0;
     memset(E.bar_arrived, 0, sizeof E.bar_arrived);
     memset(E.warp_arrived, 0, sizeof E.warp_arrived);
@@ -1483,8 +1521,9 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (
     E.smem_bytes = smem_bytes;
     E.smem = malloc(smem_bytes ? smem_bytes : 1);
     E.tma_busy = malloc(smem_bytes ? smem_bytes : 1);
+    E.smem_async = malloc(smem_bytes ? smem_bytes : 1);
     E.threads = calloc((size_t)n, sizeof *E.threads);
-    int rc = E.smem && E.tma_busy && E.threads ? 0 : -1;
+    int rc = E.smem && E.tma_busy && E.smem_async && E.threads ? 0 : -1;
     if (rc) snprintf(E.err, sizeof E.err, "out of memory");
     for (int i = 0; i < n && !rc; i++) {
         emu_thread *t = &E.threads[i];
@@ -1518,11 +1557,13 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (
     free(E.threads);
     free(E.smem);
     free(E.tma_busy);
+    free(E.smem_async);
     free(E.mbars);
     free(E.tmas);
     E.threads = NULL;
     E.smem = NULL;
     E.tma_busy = NULL;
+    E.smem_async = NULL;
     E.mbars = NULL;
     E.tmas = NULL;
     E.nmbar = E.mbarcap = E.ntma = E.tmacap = 0;

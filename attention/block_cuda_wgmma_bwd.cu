@@ -1,0 +1,387 @@
+/* attention/block_cuda_wgmma_bwd.cu — the Hopper backward block kernel:
+ * warpgroup MMA (wgmma, sm_90a) fed by TMA, bf16 and fp16, head dims 64
+ * and 128 (FlashAttention-3's structure, simplified: no producer warp, no
+ * ping-pong). STATUS: passes its tests on the CPU emulator of CUDA
+ * (tests/emu, test_mma_emu: against the double reference on ring, striped
+ * and zigzag blocks) and is NOT YET RUN on a GPU. So the default backward
+ * stays the mma.sync kernel (block_cuda_mma_bwd.cu); DT_ATTN_KERNEL=wgmma
+ * picks this one (block.h).
+ *
+ * Contract: dt_attn_kernels.bwd of block.h, as block_cuda_mma_bwd.cu: one
+ * query segment against one key/value segment, GQA, the position mask of
+ * mask.h; P = exp(scale q.k - lse) (0 where masked and on rows with lse =
+ * -inf), dP = dO V^T, dS = P (dP - delta); dV += P^T dO, dK += scale dS^T
+ * Q, dQ += scale dS K, all three ADDED into the fp32 outputs, dq with
+ * atomics (its last bits may differ from run to run; dk, dv's do not).
+ *
+ * Work split. A CTA per (key tile of BN = 128 keys, kv head, batch), in the
+ * launch order of mma_layout.h (the first key tiles, the most queries under
+ * a causal mask, of a section of kv heads first), the mma.sync backward's
+ * grid. Two warpgroups (256 threads); warpgroup w owns keys 64w .. 64w+63
+ * of the tile, its warp v keys 16v .. 16v+15 of those (so warp 4w + v of
+ * the CTA holds keys 16 (4w + v) .., the mma.sync backward's per-warp
+ * layout of dK and dV, and mma_device.cuh's add_dk_dv serves both). The
+ * CTA loops over the query heads of its kv head's group and, per head,
+ * over the query tiles of BM = 8192 / D rows (128 at D = 64, 64 at D = 128)
+ * that may attend its keys. Per query tile, each warpgroup, "transposed"
+ * (keys as the M = 64 rows, FlashAttention-3's layout):
+ *   S^T  = K Q^T     wgmma m64nBMk16, A = its K rows, B = Q, both K-major
+ *   dP^T = V dO^T    wgmma m64nBMk16, A = its V rows, B = dO, both K-major
+ *   P^T = exp2(scale log2e S^T - lse log2e) (0 where masked),
+ *   dS^T = P^T (dP^T - delta)        in fp32 registers; lse, delta and the
+ *                                    mask's key limits per query from
+ *                                    shared memory (one value per column)
+ *   dV  += P^T dO    wgmma m64nDk16, A = P^T from registers (rounded to T),
+ *                    B = dO MN-major (stored [query][d])
+ *   dK  += dS^T Q    likewise, A = dS^T, B = Q
+ * with dK and dV in fp32 registers through the whole loop. dS^T goes to
+ * shared memory as dS [query][key] (each warpgroup its 64 keys: one column
+ * block), and after a barrier each warpgroup computes a 64 x 64 piece of
+ * dQ = dS K over all 128 keys:
+ *   dQ piece = dS K  wgmma m64n64k16, A = dS rows (K-major), B = K MN-major
+ * rows 64w .. (BM = 128, D = 64) or head-dim columns 64w .. (BM = 64,
+ * D = 128), one mechanism for both head dims; the piece is scaled and added
+ * into the fp32 dq with float2 atomics (mma_device.cuh's add_dq).
+ *
+ * Mask and skipped tiles: the mma.sync backward's rule (mma_layout.h's
+ * dt_mma_bwd_first_qtile / _unmasked_qtile with BM rows): the visited query
+ * tiles are exactly the non-empty ones, the unmasked ones the full tiles of
+ * a whole key tile; masked tiles compare each key with its query's key
+ * limit (dt_attn_keys_upto), which also masks the keys past the segment.
+ * Query rows past the segment and rows whose lse is -inf take lse = +inf:
+ * P = 0 exactly, so nothing they touch changes.
+ *
+ * Shared memory, every tile in wgmma_device.cuh's 128-byte swizzled
+ * column-block layout on a 1024-byte boundary: [K][V] of [BN][D], [Q 0]
+ * [Q 1][dO 0][dO 1] of [BM][D], [dS] of [BM][BN], then per stage the
+ * query rows' lse log2e, delta and key limits, then three mbarriers: 146 KiB
+ * at D = 128, 130 KiB at D = 64. Loads: TMA from 4-D tensor maps of the
+ * block's segments (rows past a segment arrive as zeros), issued by thread
+ * 0: K, V and the first query tile's Q, dO on full[0]; the next query
+ * tile's Q, dO into the other stage at the top of each iteration, flying
+ * during its math; the __syncthreads closing an iteration frees its stage,
+ * its row values and the dS tile. dS is written by ordinary stores and
+ * read by wgmma (the async proxy): each writer runs fence.proxy.async
+ * before the barrier. A wait that does not complete within 10 s traps.
+ *
+ * Registers per thread: dK, dV D (64 at D = 64, 128 at D = 128), S^T and
+ * dP^T BM / 2 each, P^T and dS^T as A fragments BM / 4 each, the dQ piece
+ * 32. ptxas (CUDA 13, sm_90a): 253 registers at D = 64, 254 at D = 128, no
+ * spills, no serialised wgmma; one CTA (8 warps) per SM.
+ *
+ * What is left for an H100 (docs/PERFORMANCE.md): run and measure it
+ * (bench/issue8.py item 5 shows it beside the mma.sync kernel and
+ * FlashAttention-2); then FlashAttention-3's refinements: a producer warp
+ * and register reallocation (setmaxnreg), dQ through shared memory and a
+ * bulk reduce-add (cp.reduce.async.bulk) instead of per-element atomics,
+ * skipping a warpgroup's products on query tiles its keys do not see.
+ */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "block_cuda_mma.h"
+#include "mma_device.cuh"
+#include "mma_layout.h"
+#include "wgmma_device.cuh"
+
+namespace {
+
+constexpr int WB_BN = DT_MMA_BWD_BN;   /* keys per CTA: 64 per warpgroup */
+constexpr int WB_THREADS = 256;        /* two warpgroups */
+static_assert(WB_BN == 128, "two warpgroups of 64 keys");
+
+/* Query rows per tile: 128 at D = 64, 64 at D = 128 (so that each
+ * warpgroup's dQ piece is 64 x 64, and the registers fit). */
+template <int D>
+constexpr int wb_bm() {
+    return 8192 / D;
+}
+
+/* The per-row values of one query tile (a stage): lse log2(e) (+inf: the
+ * row contributes nothing), delta, and the row's key limit (mask.h). */
+template <int BM>
+struct wb_rows {
+    float lse2[BM];
+    float delta[BM];
+    int64_t lim[BM];
+};
+
+/* Byte offsets of the shared-memory regions (from the 1024-aligned base). */
+template <int D>
+struct wb_smem {
+    static constexpr int BM = wb_bm<D>();
+    static constexpr uint32_t KV = WB_BN * D * 2, QT = BM * D * 2;   /* tile bytes */
+    static constexpr uint32_t K = 0, V = KV, Q = 2 * KV, DO = 2 * KV + 2 * QT,
+                              DS = 2 * KV + 4 * QT, ROWS = DS + BM * WB_BN * 2,
+                              BARS = ROWS + 2 * sizeof(wb_rows<BM>), END = BARS + 3 * 8;
+    /* dynamic shared memory to ask for: the regions plus the alignment slack */
+    static constexpr size_t BYTES = 1024 + END;
+};
+
+struct wb_params {
+    CUtensorMap q, dout, k, v;
+    dt_attn_block_bwd_args a;
+    int64_t section;   /* units per section of the launch order (mma_layout.h) */
+};
+
+#ifndef DT_WGMMA_STUB
+
+/* Fills a stage's row values for query rows x0 .. x0 + BM - 1 of head h
+ * (threads 0 .. BM - 1, one row each). */
+template <int BM>
+__device__ __forceinline__ void fill_rows(wb_rows<BM> *r, const dt_attn_block_bwd_args &a,
+                                          int64_t b, int64_t h, int64_t x0) {
+    const int i = (int)threadIdx.x;
+    if (i >= BM) return;
+    const int64_t x = x0 + i, off = b * a.ml_batch_stride + h * a.ml_head_stride + x;
+    const bool live = x < a.qseg.len;
+    const float l = live ? a.lse[off] : -INFINITY;
+    r->lse2[i] = l == -INFINITY ? INFINITY : l * LOG2E;   /* P = 0 on the whole row */
+    r->delta[i] = live ? a.delta[off] : 0.0f;
+    r->lim[i] = live ? dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x)) : 0;
+}
+
+/* In: s = S^T, dp = dP^T of the warp's 16 keys (rows) x BM queries
+ * (columns: n-tile j = queries 8j .. 8j+7). Out: s = P^T, dp = dS^T (fp32).
+ * MASKED: key `key0 + row` >= its query's limit gives P = 0. */
+template <bool MASKED, int BM>
+__device__ __forceinline__ void probabilities_t(float (&s)[BM / 8][4], float (&dp)[BM / 8][4],
+                                                const wb_rows<BM> *r, int64_t key0, int lane,
+                                                float scale_log2) {
+#pragma unroll
+    for (int j = 0; j < BM / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int c = 8 * j + dt_mma_c_col(lane, i);
+            float p = exp2f(s[j][i] * scale_log2 - r->lse2[c]);   /* 0 when lse2 = +inf */
+            if (MASKED && key0 + dt_mma_c_row(lane, i) >= r->lim[c]) p = 0.0f;
+            s[j][i] = p;
+            dp[j][i] = p * (dp[j][i] - r->delta[c]);
+        }
+}
+
+/* Stores the warpgroup's dS^T (its 64 keys x BM queries, rounded to T) as
+ * dS [query][key] into column block `wg` of the dS tile at sds. */
+template <typename T, int BM>
+__device__ __forceinline__ void store_ds(unsigned char *sds, const float (&ds)[BM / 8][4], int wg,
+                                         int wl, int lane) {
+#pragma unroll
+    for (int j = 0; j < BM / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int key = 64 * wg + 16 * wl + dt_mma_c_row(lane, i);
+            const int query = 8 * j + dt_mma_c_col(lane, i);
+            *reinterpret_cast<uint16_t *>(sds + wg_tile_off(query, key, BM)) =
+                (uint16_t)(elem<T>::pack(ds[j][i], 0.0f) & 0xFFFFu);
+        }
+}
+
+#endif /* !DT_WGMMA_STUB */
+
+/* grid: ceil(kseg.len / 128) x kv_heads x batch blocks, in mma_layout.h's
+ * launch order (dt_mma_sched, p.section); block: 256 threads; dynamic
+ * shared memory wb_smem<D>::BYTES. */
+template <typename T, int D>
+__global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(const __grid_constant__ wb_params p) {
+#ifdef DT_WGMMA_STUB
+    (void)p;
+    __trap();   /* never launched: the host requires an sm_90a build and a 9.0 device */
+#else
+    using L = wb_smem<D>;
+    constexpr int BM = L::BM;
+    const dt_attn_block_bwd_args &a = p.a;
+    DT_DYNAMIC_SMEM(unsigned char, smem_raw);
+    unsigned char *const sm = smem_raw + ((1024u - (wg_smem_addr(smem_raw) & 1023u)) & 1023u);
+    wb_rows<BM> *const rows = reinterpret_cast<wb_rows<BM> *>(sm + L::ROWS);   /* [2] */
+    uint64_t *const full = reinterpret_cast<uint64_t *>(sm + L::BARS);         /* [2] */
+
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int wg = warp >> 2, wl = warp & 3;   /* warpgroup, warp within it */
+    const int64_t H = a.heads, G = a.kv_heads, group = H / G;
+    const int64_t nq = a.qseg.len, nk = a.kseg.len;
+    int64_t rank, unit;   /* rank 0: the first key tile, the most queries */
+    dt_mma_sched(blockIdx.x, (nk + WB_BN - 1) / WB_BN, a.batch * G, p.section, &rank, &unit);
+    const int64_t b = unit / G, g = unit % G;
+    const int64_t y0 = rank * WB_BN;
+
+    /* The query tiles to visit, and the first that needs no mask (uniform
+     * over the CTA and the heads of the group). */
+    const bool whole = y0 + WB_BN <= nk;
+    const int64_t n_qt = dt_mma_query_tiles(nq, BM);
+    const int64_t qt_first = dt_mma_bwd_first_qtile(
+        dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, y0)), nq, BM);
+    const int64_t qt_unmasked = dt_mma_bwd_unmasked_qtile(
+        whole ? dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, y0 + WB_BN - 1)) : 0,
+        whole, nq, BM);
+    if (qt_first >= n_qt) return;   /* no query attends these keys: dk, dv unchanged */
+    const int64_t per_head = n_qt - qt_first, n_iter = group * per_head;
+
+    /* Stage s's Q and dO land on full[s] (one arrival: thread 0's
+     * expect_tx, plus the bytes); its n-th use completes phase n. K and V
+     * come with the first query tile, on full[0]. */
+    const int bi = (int)b, gi = (int)g;
+    if (threadIdx.x == 0) {
+        mbar_init(&full[0], 1);
+        mbar_init(&full[1], 1);
+        fence_mbar_init();
+    }
+    __syncthreads();
+    auto load_q = [&](int stage, int64_t it) {   /* thread 0: iteration it's Q and dO */
+        const int hi = (int)(g * group + it / per_head), x0 = (int)((qt_first + it % per_head) * BM);
+#pragma unroll
+        for (int cb = 0; cb < D / 64; cb++) {
+            tma_load_4d(sm + L::Q + stage * L::QT + cb * BM * 128, &p.q, 64 * cb, hi, x0, bi,
+                        &full[stage]);
+            tma_load_4d(sm + L::DO + stage * L::QT + cb * BM * 128, &p.dout, 64 * cb, hi, x0, bi,
+                        &full[stage]);
+        }
+    };
+    if (threadIdx.x == 0) {
+        mbar_arrive_expect_tx(&full[0], 2 * L::KV + 2 * L::QT);
+#pragma unroll
+        for (int cb = 0; cb < D / 64; cb++) {
+            tma_load_4d(sm + L::K + cb * WB_BN * 128, &p.k, 64 * cb, gi, (int)y0, bi, &full[0]);
+            tma_load_4d(sm + L::V + cb * WB_BN * 128, &p.v, 64 * cb, gi, (int)y0, bi, &full[0]);
+        }
+        load_q(0, 0);
+    }
+    fill_rows<BM>(&rows[0], a, b, g * group, qt_first * BM);
+    __syncthreads();   /* iteration 0's row values */
+
+    const uint32_t k_addr = wg_smem_addr(sm + L::K), v_addr = wg_smem_addr(sm + L::V);
+    const uint32_t ds_addr = wg_smem_addr(sm + L::DS);
+    /* This warpgroup's piece of dQ: rows r0 .., head-dim columns c0 .. */
+    const int r0 = BM == 128 ? 64 * wg : 0, c0 = D == 128 ? 64 * wg : 0;
+    const int64_t key0 = y0 + 64 * wg + 16 * wl;   /* the warp's first key */
+    const float scale_log2 = a.scale * LOG2E;
+
+    /* dk[j][i], dv[j][i]: accumulator element i of n-tile j (head-dim
+     * columns 8j .. 8j+7) of the warp's 16 keys. */
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) dk[j][i] = dv[j][i] = 0.0f;
+
+    for (int64_t it = 0; it < n_iter; it++) {
+        const int stage = (int)(it & 1);
+        if (it + 1 < n_iter) {   /* iteration it+1's loads fly during this one */
+            if (threadIdx.x == 0) {
+                mbar_arrive_expect_tx(&full[stage ^ 1], 2 * L::QT);
+                load_q(stage ^ 1, it + 1);
+            }
+            fill_rows<BM>(&rows[stage ^ 1], a, b, g * group + (it + 1) / per_head,
+                          (qt_first + (it + 1) % per_head) * BM);
+        }
+        const int64_t h = g * group + it / per_head, qt = qt_first + it % per_head;
+        const wb_rows<BM> *r = &rows[stage];
+        const uint32_t q_addr = wg_smem_addr(sm + L::Q + stage * L::QT);
+        const uint32_t do_addr = wg_smem_addr(sm + L::DO + stage * L::QT);
+        mbar_wait(&full[stage], (uint32_t)(it >> 1) & 1u);   /* Q, dO (and K, V) have landed */
+
+        /* S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys (rows 64w
+         * of the K and V tiles) against the tile's BM queries. */
+        float s[BM / 8][4], dp[BM / 8][4];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wgmma_ss<T, BM>(s, wg_desc_k_major(k_addr + 64u * 128u * wg, WB_BN, kk),
+                            wg_desc_k_major(q_addr, BM, kk), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wgmma_ss<T, BM>(dp, wg_desc_k_major(v_addr + 64u * 128u * wg, WB_BN, kk),
+                            wg_desc_k_major(do_addr, BM, kk), kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (qt < qt_unmasked)
+            probabilities_t<true, BM>(s, dp, r, key0, lane, scale_log2);
+        else
+            probabilities_t<false, BM>(s, dp, r, key0, lane, scale_log2);
+
+        /* dV += P^T dO, dK += dS^T Q: A from registers (k-step kk: queries
+         * 16kk ..), B MN-major from the dO and Q tiles. */
+        uint32_t pa[BM / 16][4], dsa[BM / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; kk++) {
+            p_fragment<T>(pa[kk], s, kk);
+            p_fragment<T>(dsa[kk], dp, kk);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; kk++) wgmma_rs<T, D>(dv, pa[kk], wg_desc_mn_major(do_addr, BM, kk), 1);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; kk++) wgmma_rs<T, D>(dk, dsa[kk], wg_desc_mn_major(q_addr, BM, kk), 1);
+        wgmma_commit();
+
+        /* dS to shared memory for dQ = dS K, which needs every key's. */
+        store_ds<T, BM>(sm + L::DS, dp, wg, wl, lane);
+        fence_proxy_async();
+        __syncthreads();   /* the dS tile is complete */
+
+        float dq[8][4];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < WB_BN / 16; kk++)
+            wgmma_ss<T, 64, 1>(dq, wg_desc_k_major(ds_addr + (uint32_t)r0 * 128u, BM, kk),
+                            wg_desc_mn_major(k_addr + (uint32_t)(c0 / 64) * WB_BN * 128u, WB_BN, kk),
+                            kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();   /* dV, dK and the dQ piece */
+        int64_t qrow[2];
+        bool live[2];
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            qrow[half] = qt * BM + r0 + 16 * wl + dt_mma_c_row(lane, 2 * half);
+            live[half] = qrow[half] < nq;
+        }
+        add_dq<8>(a.dq + b * a.dq_batch_stride + h * D, H * D, c0, dq, qrow, live, lane, a.scale);
+        __syncthreads();   /* this stage, its row values and dS are rewritten by what follows */
+    }
+
+    /* Add into dk (scaled) and dv: the warp's keys 16 warp .. 16 warp + 15. */
+    add_dk_dv<D>(a.dk + b * a.kv_batch_stride + g * D, a.dv + b * a.kv_batch_stride + g * D,
+                 G * D, y0 + 16 * warp, nk, dk, dv, lane, a.scale);
+#endif
+}
+
+template <typename T, int D>
+dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
+    if (!encode)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "attention (cuda wgmma): the CUDA driver has no "
+                        "cuTensorMapEncodeTiled (TMA needs a CUDA 12 driver)");
+    constexpr int BM = wb_bm<D>();
+    wb_params p;
+    memset(&p, 0, sizeof p);
+    p.a = *a;
+    p.section = dt_mma_bwd_section(*a, l2_bytes);
+    DT_TRY(make_map(encode, &p.q, "q", a->q, a->dtype, D, a->heads, a->qseg.len, a->batch,
+                    a->q_batch_stride, BM));
+    DT_TRY(make_map(encode, &p.dout, "dout", a->dout, a->dtype, D, a->heads, a->qseg.len, a->batch,
+                    a->q_batch_stride, BM));
+    DT_TRY(make_map(encode, &p.k, "k", a->k, a->dtype, D, a->kv_heads, a->kseg.len, a->batch,
+                    a->kv_batch_stride, WB_BN));
+    DT_TRY(make_map(encode, &p.v, "v", a->v, a->dtype, D, a->kv_heads, a->kseg.len, a->batch,
+                    a->kv_batch_stride, WB_BN));
+    const dim3 grid((unsigned)((a->kseg.len + WB_BN - 1) / WB_BN * a->kv_heads * a->batch));
+    return dt_mma_launch(bwd_wgmma_kernel<T, D>, grid, WB_THREADS, wb_smem<D>::BYTES, stream,
+                         "backward (wgmma)", D, a->dtype, p);
+}
+
+}  // namespace
+
+extern "C" dt_status dt_attn_wgmma_bwd(void *stream, const dt_attn_block_bwd_args *a,
+                                       int64_t l2_bytes) {
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (a->dtype == DT_BF16)
+        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a, l2_bytes)
+                            : launch<__nv_bfloat16, 128>(s, a, l2_bytes);
+    return a->dim == 64 ? launch<__half, 64>(s, a, l2_bytes) : launch<__half, 128>(s, a, l2_bytes);
+}
