@@ -294,7 +294,7 @@ step examples transformer_block_fp16 90 10 plain "$ex/transformer_block" --backe
 # ------------------------------------------------------------------ bench
 step bench bench_attention_quick 120 15 plain "$build/bench/attention" --backend cuda --quick
 step bench bench_blocks_quick 60 10 plain "$build/bench/blocks" --backend cuda --quick
-step bench bench_blocks_quick_wgmma 60 10 plain "$build/bench/blocks" --backend cuda --quick --kernel wgmma --pass fwd
+step bench bench_blocks_quick_wgmma 60 10 plain "$build/bench/blocks" --backend cuda --quick --kernel wgmma
 step bench bench_mlp 120 20 plain "$build/bench/mlp" --backend cuda --ranks 1,2 --iters 10
 # The issue 8 measurement script on tiny shapes, PyTorch included where it
 # is installed: checks every path of the measuring call (bench/issue8.py).
