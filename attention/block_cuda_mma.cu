@@ -352,11 +352,9 @@ extern "C" int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *w
     return 1;
 }
 
-extern "C" dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a,
-                                     int64_t l2_bytes) {
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (a->dtype == DT_BF16)
-        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a, l2_bytes)
-                            : launch<__nv_bfloat16, 128>(s, a, l2_bytes);
-    return a->dim == 64 ? launch<__half, 64>(s, a, l2_bytes) : launch<__half, 128>(s, a, l2_bytes);
+extern "C" dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes) {
+    return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
+        return launch<typename decltype(t)::type, decltype(d)::value>(
+            static_cast<cudaStream_t>(stream), a, l2_bytes);
+    });
 }

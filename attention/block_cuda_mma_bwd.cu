@@ -76,8 +76,8 @@
  * iteration i+1's copies off the stage still being read.
  *
  * Resources (ptxas -v, CUDA 13, sm_90): 246 registers at D = 64, no spills;
- * 255 registers at D = 128 with a 104-byte stack frame (104 bytes of spill
- * stores, 160 of loads): the 2 x 16 x 128 fp32 dK, dV accumulators per warp
+ * 255 registers at D = 128 with a 120-byte stack frame (112 bytes of spill
+ * stores, 176 of loads): the 2 x 16 x 128 fp32 dK, dV accumulators per warp
  * plus S and dP leave no room. One CTA (8 warps) per SM either way, the
  * occupancy of the 4-warp version's two CTAs.
  *
@@ -293,36 +293,22 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
     DT_DYNAMIC_SMEM(unsigned char, smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int rg = dt_mma_bwd_rows(warp), hf = dt_mma_bwd_half(warp);
-    const int64_t H = a.heads, G = a.kv_heads, group = H / G;
+    const int64_t H = a.heads, G = a.kv_heads;
     const int64_t nq = a.qseg.len, nk = a.kseg.len;
-    int64_t rank, unit;   /* rank 0: the first key tile, the most queries */
-    dt_mma_sched(blockIdx.x, (nk + BN - 1) / BN, a.batch * G, section, &rank, &unit);
-    const int64_t b = unit / G, g = unit % G;
-    const int64_t y0 = rank * BN;
-
-    /* Query tiles to visit and the first that needs no mask; uniform over
-     * the CTA (and over the heads of the group), so are the early return
-     * and the loop. */
-    const bool whole = y0 + BN <= nk;
-    const int64_t n_qt = dt_mma_query_tiles(nq, BM);
-    const int64_t qt_first = dt_mma_bwd_first_qtile(
-        dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, y0)), nq, BM);
-    const int64_t qt_unmasked = dt_mma_bwd_unmasked_qtile(
-        whole ? dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, y0 + BN - 1)) : 0, whole,
-        nq, BM);
-    if (qt_first >= n_qt) return;   /* no query attends these keys: dk, dv unchanged */
-    const int64_t per_head = n_qt - qt_first, n_iter = group * per_head;
+    const bwd_cta c = bwd_cta_of(a, section, BM);
+    if (c.n_iter == 0) return;   /* no query attends these keys: dk, dv unchanged */
+    const int64_t b = c.b, g = c.g, y0 = c.y0;
 
     const T *kg = static_cast<const T *>(a.k) + b * a.kv_batch_stride + g * D;   /* row y: + y G D */
     const T *vg = static_cast<const T *>(a.v) + b * a.kv_batch_stride + g * D;
     const T *qb = static_cast<const T *>(a.q) + b * a.q_batch_stride;           /* + (x H + h) D */
     const T *dob = static_cast<const T *>(a.dout) + b * a.q_batch_stride;
 
-    /* Group 0: K, V and iteration 0's Q, dO (head g * group, tile qt_first). */
+    /* Group 0: K, V and iteration 0's Q, dO. */
     load_tile<T, D, BN, THREADS>(k_tile<T, D>(smem), kg, G * D, y0, nk);
     load_tile<T, D, BN, THREADS>(v_tile<T, D>(smem), vg, G * D, y0, nk);
     {
-        const int64_t h = g * group, x0 = qt_first * BM;
+        const int64_t h = c.head(0), x0 = c.qtile(0) * BM;
         load_tile<T, D, BM, THREADS>(q_stage<T, D>(smem, 0), qb + h * D, H * D, x0, nq);
         load_tile<T, D, BM, THREADS>(do_stage<T, D>(smem, 0), dob + h * D, H * D, x0, nq);
     }
@@ -336,11 +322,11 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
 #pragma unroll
         for (int i = 0; i < 4; i++) dk[j][i] = dv[j][i] = 0.0f;
 
-    for (int64_t it = 0; it < n_iter; it++) {
+    for (int64_t it = 0; it < c.n_iter; it++) {
         const int stage = (int)(it & 1);
-        if (it + 1 < n_iter) {
-            const int64_t h = g * group + (it + 1) / per_head;
-            const int64_t x0 = (qt_first + (it + 1) % per_head) * BM;
+        if (it + 1 < c.n_iter) {
+            const int64_t h = c.head(it + 1);
+            const int64_t x0 = c.qtile(it + 1) * BM;
             load_tile<T, D, BM, THREADS>(q_stage<T, D>(smem, stage ^ 1), qb + h * D, H * D, x0, nq);
             load_tile<T, D, BM, THREADS>(do_stage<T, D>(smem, stage ^ 1), dob + h * D, H * D, x0,
                                          nq);
@@ -350,7 +336,7 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
             cp_async_wait<0>();
         }
 
-        const int64_t h = g * group + it / per_head, qt = qt_first + it % per_head, x0 = qt * BM;
+        const int64_t h = c.head(it), qt = c.qtile(it), x0 = qt * BM;
         /* The lane's two query rows of phases 1 and 3 (half 0: row g, half
          * 1: row g+8 of the warp's 16), read while waiting for the barrier. */
         const float *lseg = a.lse + b * a.ml_batch_stride + h * a.ml_head_stride;
@@ -367,7 +353,7 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
             delta[half] = live[half] ? deltag[row[half]] : 0.0f;
             lim[half] = 0;
         }
-        const bool masked = qt < qt_unmasked;
+        const bool masked = qt < c.qt_unmasked;
         if (masked) {
 #pragma unroll
             for (int half = 0; half < 2; half++)
@@ -410,11 +396,9 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l
 
 }  // namespace
 
-extern "C" dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a,
-                                     int64_t l2_bytes) {
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (a->dtype == DT_BF16)
-        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a, l2_bytes)
-                            : launch<__nv_bfloat16, 128>(s, a, l2_bytes);
-    return a->dim == 64 ? launch<__half, 64>(s, a, l2_bytes) : launch<__half, 128>(s, a, l2_bytes);
+extern "C" dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes) {
+    return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
+        return launch<typename decltype(t)::type, decltype(d)::value>(
+            static_cast<cudaStream_t>(stream), a, l2_bytes);
+    });
 }

@@ -244,20 +244,11 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
 
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes) {
-    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
-    if (!encode)
-        return dt_error(DT_ERR_NOT_SUPPORTED, "attention (cuda wgmma): the CUDA driver has no "
-                        "cuTensorMapEncodeTiled (TMA needs a CUDA 12 driver)");
     wg_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
     p.section = dt_mma_fwd_section(*a, l2_bytes);
-    DT_TRY(make_map(encode, &p.q, "q", a->q, a->dtype, D, a->heads, a->qseg.len, a->batch,
-                    a->q_batch_stride, WG_BM));
-    DT_TRY(make_map(encode, &p.k, "k", a->k, a->dtype, D, a->kv_heads, a->kseg.len, a->batch,
-                    a->kv_batch_stride, WG_BN));
-    DT_TRY(make_map(encode, &p.v, "v", a->v, a->dtype, D, a->kv_heads, a->kseg.len, a->batch,
-                    a->kv_batch_stride, WG_BN));
+    DT_TRY(make_block_maps(*a, WG_BM, WG_BN, &p.q, &p.k, &p.v));
     const dim3 grid((unsigned)((a->qseg.len + WG_BM - 1) / WG_BM * a->heads * a->batch));
     return dt_mma_launch(fwd_wgmma_kernel<T, D>, grid, WG_THREADS,
                          1024 + (size_t)(WG_BM + 4 * WG_BN) * D * sizeof(T) + 2 * sizeof(uint64_t),
@@ -287,11 +278,9 @@ extern "C" int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char
 #endif
 }
 
-extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a,
-                                       int64_t l2_bytes) {
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (a->dtype == DT_BF16)
-        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a, l2_bytes)
-                            : launch<__nv_bfloat16, 128>(s, a, l2_bytes);
-    return a->dim == 64 ? launch<__half, 64>(s, a, l2_bytes) : launch<__half, 128>(s, a, l2_bytes);
+extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes) {
+    return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
+        return launch<typename decltype(t)::type, decltype(d)::value>(
+            static_cast<cudaStream_t>(stream), a, l2_bytes);
+    });
 }

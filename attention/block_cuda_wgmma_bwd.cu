@@ -54,7 +54,7 @@
  * Shared memory, every tile in wgmma_device.cuh's 128-byte swizzled
  * column-block layout on a 1024-byte boundary: [K][V] of [BN][D], [Q 0]
  * [Q 1][dO 0][dO 1] of [BM][D], [dS] of [BM][BN], then per stage the
- * query rows' lse log2e, delta and key limits, then three mbarriers: 146 KiB
+ * query rows' lse log2e, delta and key limits, then two mbarriers: 146 KiB
  * at D = 128, 130 KiB at D = 64. Loads: TMA from 4-D tensor maps of the
  * block's segments (rows past a segment arrive as zeros), issued by thread
  * 0: K, V and the first query tile's Q, dO on full[0]; the next query
@@ -118,9 +118,9 @@ template <int D>
 struct wb_smem {
     static constexpr int BM = wb_bm<D>();
     static constexpr uint32_t KV = WB_BN * D * 2, QT = BM * D * 2;   /* tile bytes */
-    static constexpr uint32_t K = 0, V = KV, Q = 2 * KV, DO = 2 * KV + 2 * QT,
-                              DS = 2 * KV + 4 * QT, ROWS = DS + BM * WB_BN * 2,
-                              BARS = ROWS + 2 * sizeof(wb_rows<BM>), END = BARS + 3 * 8;
+    static constexpr uint32_t K = 0, V = K + KV, Q = V + KV, DO = Q + 2 * QT, DS = DO + 2 * QT,
+                              ROWS = DS + BM * WB_BN * 2, BARS = ROWS + 2 * sizeof(wb_rows<BM>),
+                              END = BARS + 2 * 8;
     /* dynamic shared memory to ask for: the regions plus the alignment slack */
     static constexpr size_t BYTES = 1024 + END;
 };
@@ -204,24 +204,11 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(const __grid_c
 
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int wg = warp >> 2, wl = warp & 3;   /* warpgroup, warp within it */
-    const int64_t H = a.heads, G = a.kv_heads, group = H / G;
+    const int64_t H = a.heads, G = a.kv_heads;
     const int64_t nq = a.qseg.len, nk = a.kseg.len;
-    int64_t rank, unit;   /* rank 0: the first key tile, the most queries */
-    dt_mma_sched(blockIdx.x, (nk + WB_BN - 1) / WB_BN, a.batch * G, p.section, &rank, &unit);
-    const int64_t b = unit / G, g = unit % G;
-    const int64_t y0 = rank * WB_BN;
-
-    /* The query tiles to visit, and the first that needs no mask (uniform
-     * over the CTA and the heads of the group). */
-    const bool whole = y0 + WB_BN <= nk;
-    const int64_t n_qt = dt_mma_query_tiles(nq, BM);
-    const int64_t qt_first = dt_mma_bwd_first_qtile(
-        dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, y0)), nq, BM);
-    const int64_t qt_unmasked = dt_mma_bwd_unmasked_qtile(
-        whole ? dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, y0 + WB_BN - 1)) : 0,
-        whole, nq, BM);
-    if (qt_first >= n_qt) return;   /* no query attends these keys: dk, dv unchanged */
-    const int64_t per_head = n_qt - qt_first, n_iter = group * per_head;
+    const bwd_cta c = bwd_cta_of(a, p.section, BM);
+    if (c.n_iter == 0) return;   /* no query attends these keys: dk, dv unchanged */
+    const int64_t b = c.b, g = c.g, y0 = c.y0;
 
     /* Stage s's Q and dO land on full[s] (one arrival: thread 0's
      * expect_tx, plus the bytes); its n-th use completes phase n. K and V
@@ -234,7 +221,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(const __grid_c
     }
     __syncthreads();
     auto load_q = [&](int stage, int64_t it) {   /* thread 0: iteration it's Q and dO */
-        const int hi = (int)(g * group + it / per_head), x0 = (int)((qt_first + it % per_head) * BM);
+        const int hi = (int)c.head(it), x0 = (int)(c.qtile(it) * BM);
 #pragma unroll
         for (int cb = 0; cb < D / 64; cb++) {
             tma_load_4d(sm + L::Q + stage * L::QT + cb * BM * 128, &p.q, 64 * cb, hi, x0, bi,
@@ -252,7 +239,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(const __grid_c
         }
         load_q(0, 0);
     }
-    fill_rows<BM>(&rows[0], a, b, g * group, qt_first * BM);
+    fill_rows<BM>(&rows[0], a, b, c.head(0), c.qtile(0) * BM);
     __syncthreads();   /* iteration 0's row values */
 
     const uint32_t k_addr = wg_smem_addr(sm + L::K), v_addr = wg_smem_addr(sm + L::V);
@@ -270,17 +257,16 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(const __grid_c
 #pragma unroll
         for (int i = 0; i < 4; i++) dk[j][i] = dv[j][i] = 0.0f;
 
-    for (int64_t it = 0; it < n_iter; it++) {
+    for (int64_t it = 0; it < c.n_iter; it++) {
         const int stage = (int)(it & 1);
-        if (it + 1 < n_iter) {   /* iteration it+1's loads fly during this one */
+        if (it + 1 < c.n_iter) {   /* iteration it+1's loads fly during this one */
             if (threadIdx.x == 0) {
                 mbar_arrive_expect_tx(&full[stage ^ 1], 2 * L::QT);
                 load_q(stage ^ 1, it + 1);
             }
-            fill_rows<BM>(&rows[stage ^ 1], a, b, g * group + (it + 1) / per_head,
-                          (qt_first + (it + 1) % per_head) * BM);
+            fill_rows<BM>(&rows[stage ^ 1], a, b, c.head(it + 1), c.qtile(it + 1) * BM);
         }
-        const int64_t h = g * group + it / per_head, qt = qt_first + it % per_head;
+        const int64_t h = c.head(it), qt = c.qtile(it);
         const wb_rows<BM> *r = &rows[stage];
         const uint32_t q_addr = wg_smem_addr(sm + L::Q + stage * L::QT);
         const uint32_t do_addr = wg_smem_addr(sm + L::DO + stage * L::QT);
@@ -300,7 +286,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(const __grid_c
                             wg_desc_k_major(do_addr, BM, kk), kk > 0);
         wgmma_commit();
         wgmma_wait<0>();
-        if (qt < qt_unmasked)
+        if (qt < c.qt_unmasked)
             probabilities_t<true, BM>(s, dp, r, key0, lane, scale_log2);
         else
             probabilities_t<false, BM>(s, dp, r, key0, lane, scale_log2);
@@ -353,23 +339,11 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(const __grid_c
 
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes) {
-    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
-    if (!encode)
-        return dt_error(DT_ERR_NOT_SUPPORTED, "attention (cuda wgmma): the CUDA driver has no "
-                        "cuTensorMapEncodeTiled (TMA needs a CUDA 12 driver)");
-    constexpr int BM = wb_bm<D>();
     wb_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
     p.section = dt_mma_bwd_section(*a, l2_bytes);
-    DT_TRY(make_map(encode, &p.q, "q", a->q, a->dtype, D, a->heads, a->qseg.len, a->batch,
-                    a->q_batch_stride, BM));
-    DT_TRY(make_map(encode, &p.dout, "dout", a->dout, a->dtype, D, a->heads, a->qseg.len, a->batch,
-                    a->q_batch_stride, BM));
-    DT_TRY(make_map(encode, &p.k, "k", a->k, a->dtype, D, a->kv_heads, a->kseg.len, a->batch,
-                    a->kv_batch_stride, WB_BN));
-    DT_TRY(make_map(encode, &p.v, "v", a->v, a->dtype, D, a->kv_heads, a->kseg.len, a->batch,
-                    a->kv_batch_stride, WB_BN));
+    DT_TRY(make_block_maps(*a, wb_bm<D>(), WB_BN, &p.q, &p.k, &p.v, a->dout, &p.dout));
     const dim3 grid((unsigned)((a->kseg.len + WB_BN - 1) / WB_BN * a->kv_heads * a->batch));
     return dt_mma_launch(bwd_wgmma_kernel<T, D>, grid, WB_THREADS, wb_smem<D>::BYTES, stream,
                          "backward (wgmma)", D, a->dtype, p);
@@ -377,11 +351,9 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l
 
 }  // namespace
 
-extern "C" dt_status dt_attn_wgmma_bwd(void *stream, const dt_attn_block_bwd_args *a,
-                                       int64_t l2_bytes) {
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (a->dtype == DT_BF16)
-        return a->dim == 64 ? launch<__nv_bfloat16, 64>(s, a, l2_bytes)
-                            : launch<__nv_bfloat16, 128>(s, a, l2_bytes);
-    return a->dim == 64 ? launch<__half, 64>(s, a, l2_bytes) : launch<__half, 128>(s, a, l2_bytes);
+extern "C" dt_status dt_attn_wgmma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes) {
+    return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
+        return launch<typename decltype(t)::type, decltype(d)::value>(
+            static_cast<cudaStream_t>(stream), a, l2_bytes);
+    });
 }

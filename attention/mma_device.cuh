@@ -318,6 +318,42 @@ __device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (*p)[4
  * rows g and g + 8, n-tile j = head-dim columns 8j .. 8j+7) and add dQ from
  * accumulators of the same layout. */
 
+/* A backward CTA's work (both backward kernels, one CTA per key tile of
+ * DT_MMA_BWD_BN keys of a kv head, launched in mma_layout.h's order with
+ * `section` units): batch b, kv head g, first key y0, and its walk over
+ * the group's query heads and their query tiles of bm rows that may attend
+ * its keys (per head, the per_head tiles from qt_first on; from
+ * qt_unmasked on, no mask). Uniform over the CTA, so are its early return (n_iter = 0: no
+ * query attends these keys) and its loop. */
+struct bwd_cta {
+    int64_t b, g, y0, group, qt_first, qt_unmasked, per_head, n_iter;
+    /* iteration it's query head and query tile */
+    __device__ int64_t head(int64_t it) const { return g * group + it / per_head; }
+    __device__ int64_t qtile(int64_t it) const { return qt_first + it % per_head; }
+};
+
+__device__ __forceinline__ bwd_cta bwd_cta_of(const dt_attn_block_bwd_args &a, int64_t section,
+                                              int bm) {
+    constexpr int BN = DT_MMA_BWD_BN;
+    const int64_t G = a.kv_heads, nq = a.qseg.len, nk = a.kseg.len;
+    int64_t rank, unit;   /* rank 0: the first key tile, the most queries */
+    dt_mma_sched(blockIdx.x, (nk + BN - 1) / BN, a.batch * G, section, &rank, &unit);
+    bwd_cta c;
+    c.b = unit / G;
+    c.g = unit % G;
+    c.y0 = rank * BN;
+    c.group = a.heads / G;
+    const bool whole = c.y0 + BN <= nk;
+    c.qt_first = dt_mma_bwd_first_qtile(
+        dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, c.y0)), nq, bm);
+    c.qt_unmasked = dt_mma_bwd_unmasked_qtile(
+        whole ? dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, c.y0 + BN - 1)) : 0,
+        whole, nq, bm);
+    c.per_head = dt_mma_query_tiles(nq, bm) - c.qt_first;
+    c.n_iter = c.group * c.per_head;
+    return c;
+}
+
 /* p[0], p[1] += x, y: one 8-byte reduction where the device has it
  * (float2 atomicAdd, compute capability 9.0 and the emulator's device), two
  * 4-byte ones before. */
@@ -401,6 +437,27 @@ __device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_st
 #endif /* !DT_MMA_STUB */
 
 namespace {
+
+/* Host: the four instances of a tensor-core kernel's launch: f(type tag,
+ * head dim) for bf16 or fp16 (dtype) and head dim 64 or 128 (dim), as
+ * f(dt_mma_type<T>{}, dt_mma_dim<D>{}); f reads T as
+ * decltype(tag)::type and D as decltype(dim)::value. */
+template <typename T>
+struct dt_mma_type {
+    using type = T;
+};
+template <int D>
+struct dt_mma_dim {
+    static constexpr int value = D;
+};
+template <typename F>
+dt_status dt_mma_dispatch(dt_dtype dtype, int64_t dim, F f) {
+    if (dtype == DT_BF16)
+        return dim == 64 ? f(dt_mma_type<__nv_bfloat16>{}, dt_mma_dim<64>{})
+                         : f(dt_mma_type<__nv_bfloat16>{}, dt_mma_dim<128>{});
+    return dim == 64 ? f(dt_mma_type<__half>{}, dt_mma_dim<64>{})
+                     : f(dt_mma_type<__half>{}, dt_mma_dim<128>{});
+}
 
 /* Host: kernel<<<grid, threads, smem, stream>>>(args...) after raising its
  * dynamic shared-memory limit; errors name the pass (`what`), head dim and

@@ -357,5 +357,28 @@ dt_status make_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, c
     return DT_SUCCESS;
 }
 
+/* The maps of one block's operands (A: dt_attn_block_args or
+ * dt_attn_block_bwd_args): q (and dout, when asked for) over the query
+ * segment's rows in boxes of q_box rows, k and v over the key segment's in
+ * boxes of kv_box rows. DT_ERR_NOT_SUPPORTED if the driver has no
+ * cuTensorMapEncodeTiled. */
+template <class A>
+dt_status make_block_maps(const A &a, int q_box, int kv_box, CUtensorMap *q, CUtensorMap *k,
+                          CUtensorMap *v, const void *dout = nullptr, CUtensorMap *dout_map = nullptr) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
+    if (!encode)
+        return dt_error(DT_ERR_NOT_SUPPORTED, "attention (cuda wgmma): the CUDA driver has no "
+                        "cuTensorMapEncodeTiled (TMA needs a CUDA 12 driver)");
+    DT_TRY(make_map(encode, q, "q", a.q, a.dtype, a.dim, a.heads, a.qseg.len, a.batch,
+                    a.q_batch_stride, q_box));
+    if (dout_map)
+        DT_TRY(make_map(encode, dout_map, "dout", dout, a.dtype, a.dim, a.heads, a.qseg.len,
+                        a.batch, a.q_batch_stride, q_box));
+    DT_TRY(make_map(encode, k, "k", a.k, a.dtype, a.dim, a.kv_heads, a.kseg.len, a.batch,
+                    a.kv_batch_stride, kv_box));
+    return make_map(encode, v, "v", a.v, a.dtype, a.dim, a.kv_heads, a.kseg.len, a.batch,
+                    a.kv_batch_stride, kv_box);
+}
+
 }  // namespace
 #endif /* DT_ATTN_WGMMA_DEVICE_CUH */
