@@ -189,7 +189,8 @@ __device__ __forceinline__ void store_ds(unsigned char *sds, const float (&ds)[B
  * launch order (dt_mma_sched, p.section); block: 256 threads; dynamic
  * shared memory wb_smem<D>::BYTES. */
 template <typename T, int D>
-__global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(const __grid_constant__ wb_params p) {
+__global__ void __launch_bounds__(WB_THREADS, 1)
+    bwd_wgmma_kernel(const __grid_constant__ wb_params p) {
 #ifdef DT_WGMMA_STUB
     (void)p;
     __trap();   /* never launched: the host requires an sm_90a build and a 9.0 device */
@@ -301,9 +302,11 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(const __grid_c
         }
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BM / 16; kk++) wgmma_rs<T, D>(dv, pa[kk], wg_desc_mn_major(do_addr, BM, kk), 1);
+        for (int kk = 0; kk < BM / 16; kk++)
+            wgmma_rs<T, D>(dv, pa[kk], wg_desc_mn_major(do_addr, BM, kk), 1);
 #pragma unroll
-        for (int kk = 0; kk < BM / 16; kk++) wgmma_rs<T, D>(dk, dsa[kk], wg_desc_mn_major(q_addr, BM, kk), 1);
+        for (int kk = 0; kk < BM / 16; kk++)
+            wgmma_rs<T, D>(dk, dsa[kk], wg_desc_mn_major(q_addr, BM, kk), 1);
         wgmma_commit();
 
         /* dS to shared memory for dQ = dS K, which needs every key's. */
@@ -314,10 +317,11 @@ __global__ void __launch_bounds__(WB_THREADS, 1) bwd_wgmma_kernel(const __grid_c
         float dq[8][4];
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < WB_BN / 16; kk++)
+        for (int kk = 0; kk < WB_BN / 16; kk++)   /* B MN-major: TRANS_B = 1 */
             wgmma_ss<T, 64, 1>(dq, wg_desc_k_major(ds_addr + (uint32_t)r0 * 128u, BM, kk),
-                            wg_desc_mn_major(k_addr + (uint32_t)(c0 / 64) * WB_BN * 128u, WB_BN, kk),
-                            kk > 0);
+                               wg_desc_mn_major(k_addr + (uint32_t)(c0 / 64) * WB_BN * 128u,
+                                                WB_BN, kk),
+                               kk > 0);
         wgmma_commit();
         wgmma_wait<0>();   /* dV, dK and the dQ piece */
         int64_t qrow[2];

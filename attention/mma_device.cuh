@@ -1,9 +1,11 @@
 /* attention/mma_device.cuh — PRIVATE. The device helpers the tensor-core
  * attention kernels share (block_cuda_mma.cu: forward, block_cuda_mma_bwd.cu:
- * backward, block_cuda_wgmma.cu: the Hopper forward): thin PTX wrappers
- * (cp.async, ldmatrix, mma.sync m16n8k16), the per-element-type packing,
- * quad reductions, the online softmax of the forward kernels, P as an A
- * fragment, and the swizzled tile copy.
+ * backward, block_cuda_wgmma.cu and block_cuda_wgmma_bwd.cu: the Hopper
+ * forward and backward): thin PTX wrappers (cp.async, ldmatrix, mma.sync
+ * m16n8k16), the per-element-type packing, quad reductions, the online
+ * softmax of the forward kernels, P as an A fragment, the backward kernels'
+ * CTA plan and dQ / dK / dV additions, the swizzled tile copy, and on the
+ * host the launch and the dtype / head-dim dispatch.
  * CUDA C++ only. Every index they are given comes from mma_layout.h (tested
  * on the CPU by tests/test_attention.c).
  *
@@ -323,8 +325,8 @@ __device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (*p)[4
  * `section` units): batch b, kv head g, first key y0, and its walk over
  * the group's query heads and their query tiles of bm rows that may attend
  * its keys (per head, the per_head tiles from qt_first on; from
- * qt_unmasked on, no mask). Uniform over the CTA, so are its early return (n_iter = 0: no
- * query attends these keys) and its loop. */
+ * qt_unmasked on, no mask). Uniform over the CTA, and so are its early
+ * return (n_iter = 0: no query attends these keys) and its loop. */
 struct bwd_cta {
     int64_t b, g, y0, group, qt_first, qt_unmasked, per_head, n_iter;
     /* iteration it's query head and query tile */

@@ -8,9 +8,10 @@
  * the host the tensor maps of those loads. CUDA C++ only.
  *
  * wgmma needs the architecture-specific target sm_90a: the Makefile builds
- * block_cuda_wgmma.cu and block_cuda_wgmma_bwd.cu for it (when NVCC_ARCH is sm_90) and defines
- * DT_WGMMA_SM90A; device code for any other target keeps trapping stubs
- * (DT_WGMMA_STUB) and the host never launches them (dt_attn_wgmma_supported).
+ * block_cuda_wgmma.cu and block_cuda_wgmma_bwd.cu for it (when NVCC_ARCH is
+ * sm_90) and defines DT_WGMMA_SM90A; device code for any other target keeps
+ * trapping stubs (DT_WGMMA_STUB) and the host never launches them
+ * (dt_attn_wgmma_supported).
  * Under DT_CUDA_EMULATE the same operations call the CPU emulator
  * (tests/emu/emu.h), which implements them from the PTX ISA.
  *
@@ -27,11 +28,13 @@
  *            rows (queries of Q, keys of K), K runs along a row; 8-row groups
  *            SBO = 1024 bytes apart; LBO unused (encoded 1). The k-step of
  *            16 columns kk starts in block kk / 4 at byte 32 (kk % 4).
- *   MN-major ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): B of O = P V from V
- *            stored [key][d] (N = d contiguous): K = keys are tile rows,
- *            8-key groups SBO = 1024 bytes apart; the next 64 columns of N
- *            are the next column block, LBO = R * 128 bytes on. The k-step
- *            of 16 keys kk starts at byte 2048 kk of block 0.
+ *   MN-major ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): a B operand whose K runs
+ *            down the tile (V in O = P V, stored [key][d]; the backward's
+ *            dO, Q and K): K = tile rows, 8-row groups SBO = 1024 bytes
+ *            apart; N = the columns, the next 64 of them the next column
+ *            block, LBO = R * 128 bytes on. The k-step of 16 rows kk
+ *            starts at byte 2048 kk of block 0 (wgmma_ss with TRANS_B = 1,
+ *            or wgmma_rs).
  * Because the swizzle acts on address bits, a k-step start inside a
  * 1024-byte atom (K-major, byte 32 (kk % 4)) needs no base offset: the
  * hardware swizzles the full address, as TMA did when it wrote the tile
