@@ -67,7 +67,9 @@ typedef struct dt_attention_options {
 
 #define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0, NULL }
 
-/* Bytes of workspace a forward call on these inputs needs (not collective). */
+/* Bytes of workspace a forward call on these inputs needs (not collective;
+ * it depends on the backend's kernel for them, DT_ATTN_KERNEL included: a
+ * call with one rank on the sequence on a tensor-core kernel may need 0). */
 dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                       const dt_attention_options *opts, size_t *bytes);
 

@@ -129,6 +129,12 @@ typedef struct dt_attn_kernels {
     dt_status (*kernel_check)(struct dt_backend *be, dt_dtype dtype, int64_t dim,
                               dt_attn_kernel_choice want, char *why, size_t why_size);
     dt_status (*fwd)(struct dt_backend *be, const dt_attn_block_args *a, void *scratch);
+    /* May be NULL (always 0). 1 if fwd on this block, whose first and last
+     * are both set (a call of one block per query segment), reads and
+     * writes none of m, l and acc, which may then be NULL: the tensor-core
+     * kernels keep a block's running state in registers. Asked before the
+     * workspace is sized (forward.c). */
+    int (*fwd_stateless)(struct dt_backend *be, const dt_attn_block_args *a);
     /* delta = rowsum(dout * o), fp32. */
     dt_status (*delta)(struct dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows,
                        int64_t heads, int64_t dim, const void *o, const void *dout, float *delta);

@@ -273,30 +273,47 @@ dt_status kernel_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_kern
     return ok ? DT_SUCCESS : DT_ERR_NOT_SUPPORTED;
 }
 
+/* The forward kernel that runs block a: auto, wgmma where it can run, else
+ * mma, else simple. 0 if a forced mma or wgmma cannot run it, with the
+ * reason in why. A block with no key (its rows only started or finished)
+ * takes the simple kernel: a tensor map of 0 rows cannot even be made. */
+enum fwd_path { FWD_SIMPLE, FWD_MMA, FWD_WGMMA };
+
+int fwd_path_of(dt_backend *be, const dt_attn_block_args *a, fwd_path *path, char *why,
+                size_t why_size) {
+    *path = FWD_SIMPLE;
+    if (a->kernel == DT_ATTN_KERNEL_SIMPLE || a->kseg.len == 0) return 1;
+    const int cc = dt_backend_cuda_compute_capability(be);
+    const int auto_ = a->kernel == DT_ATTN_KERNEL_AUTO;
+    if ((auto_ || a->kernel == DT_ATTN_KERNEL_WGMMA) &&
+        dt_attn_wgmma_supported(a->dtype, a->dim, cc, why, why_size) &&
+        dt_attn_mma_block_ok(a, why, why_size))
+        *path = FWD_WGMMA;
+    else if ((auto_ || a->kernel == DT_ATTN_KERNEL_MMA) &&
+             dt_attn_mma_supported(a->dtype, a->dim, cc, why, why_size) &&
+             dt_attn_mma_block_ok(a, why, why_size))
+        *path = FWD_MMA;
+    else if (!auto_)
+        return 0;
+    return 1;
+}
+
+/* Nothing to do: no row, or no key and nothing to start or finish. */
+bool fwd_idle(const dt_attn_block_args *a) {
+    return a->qseg.len == 0 || a->batch == 0 || a->heads == 0 ||
+           (a->kseg.len == 0 && !a->first && !a->last);
+}
+
 dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     (void)scratch;
-    if (a->qseg.len == 0 || a->batch == 0 || a->heads == 0 ||
-        (a->kseg.len == 0 && !a->first && !a->last))
-        return DT_SUCCESS;   /* no row, or no key and nothing to start or finish */
-    /* No keys, but rows to start or finish: the simple kernel does only
-     * that (a tensor map of 0 rows cannot even be made). */
-    if (a->kernel != DT_ATTN_KERNEL_SIMPLE && a->kseg.len > 0) {
-        /* auto: wgmma where it can run, else mma, else simple (the top). */
-        char why[256] = "";
-        const int cc = dt_backend_cuda_compute_capability(be);
-        const int auto_ = a->kernel == DT_ATTN_KERNEL_AUTO;
-        if ((auto_ || a->kernel == DT_ATTN_KERNEL_WGMMA) &&
-            dt_attn_wgmma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
-            dt_attn_mma_block_ok(a, why, sizeof why))
-            return dt_attn_wgmma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
-        if ((auto_ || a->kernel == DT_ATTN_KERNEL_MMA) &&
-            dt_attn_mma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
-            dt_attn_mma_block_ok(a, why, sizeof why))
-            return dt_attn_mma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
-        if (!auto_)
-            return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=%s: %s",
-                            be->rank, dt_attn_kernel_choice_name(a->kernel), why);
-    }
+    if (fwd_idle(a)) return DT_SUCCESS;
+    fwd_path path;
+    char why[256] = "";
+    if (!fwd_path_of(be, a, &path, why, sizeof why))
+        return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=%s: %s",
+                        be->rank, dt_attn_kernel_choice_name(a->kernel), why);
+    if (path == FWD_WGMMA) return dt_attn_wgmma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
+    if (path == FWD_MMA) return dt_attn_mma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
     dim3 grid((unsigned)((a->qseg.len + TQ - 1) / TQ), (unsigned)a->heads, (unsigned)a->batch);
     size_t smem = 2 * TK * (size_t)a->dim * sizeof(float);   /* up to 128 KiB at D = 256 */
     if (cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
@@ -304,6 +321,16 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
         return launched("forward block: shared memory size");
     dt_cuda_launch(fwd_kernel, grid, TQ, smem, stream_of(be), *a);
     return launched("forward block");
+}
+
+/* The tensor-core kernels start and finish a block's rows in registers
+ * (block_cuda_mma.cu, block_cuda_wgmma.cu); the simple one works in acc. */
+int fwd_stateless(dt_backend *be, const dt_attn_block_args *a) {
+    if (!a->first || !a->last) return 0;
+    if (fwd_idle(a)) return 1;
+    fwd_path path;
+    char why[256];
+    return fwd_path_of(be, a, &path, why, sizeof why) && path != FWD_SIMPLE;
 }
 
 dt_status delta_rows(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads,
@@ -352,5 +379,5 @@ dt_status store(dt_backend *be, dt_dtype dtype, size_t n, const float *src, void
 }  // namespace
 
 extern "C" const dt_attn_kernels dt_attn_kernels_cuda = {
-    "cuda", fwd_scratch, bwd_scratch, kernel_check, fwd, delta_rows, bwd, store,
+    "cuda", fwd_scratch, bwd_scratch, kernel_check, fwd, fwd_stateless, delta_rows, bwd, store,
 };

@@ -31,17 +31,71 @@
 #include "block.h"
 #include "plan.h"
 
-/* Workspace of a forward call: [ring: 2 x (K | V)] [acc] [m] [l] [kernel scratch].
- * With no sequence-parallel dim there is no ring: the kernels read K and V
- * where they are. */
+/* The arguments of the block of query segment i (of qs, rows from qoff)
+ * against key segment j (of ks, of nk, rows from koff) at ring step t
+ * (0 .. parts-1): a query segment's first block is step 0's first, its last
+ * is step parts-1's last, which writes o and lse. acc, m, l: the running
+ * state, NULL in a stateless call (fwd_stateless). */
+static dt_attn_block_args block_args(const attn_plan *p, int t, const dt_attn_segment *qs, int i,
+                                     int64_t qoff, const dt_attn_segment *ks, int j, int nk,
+                                     int64_t koff, const void *q, const char *k, const char *v,
+                                     float *acc, float *m, float *l, void *o, float *lse) {
+    const size_t es = dt_dtype_size(p->dtype);
+    return (dt_attn_block_args){
+        .dtype = p->dtype, .batch = p->b, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
+        .q = (const char *)q + (size_t)(qoff * p->h * p->D) * es,
+        .q_batch_stride = p->c * p->h * p->D,
+        .k = k + (size_t)(koff * p->hkv * p->D) * es,
+        .v = v + (size_t)(koff * p->hkv * p->D) * es,
+        .kv_batch_stride = p->c * p->hkv * p->D,
+        .qseg = qs[i], .kseg = ks[j], .mask = p->mask, .scale = p->scale,
+        .m = m ? m + qoff : NULL, .l = l ? l + qoff : NULL,
+        .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
+        .acc = acc ? acc + qoff * p->h * p->D : NULL, .acc_batch_stride = p->c * p->h * p->D,
+        .first = t == 0 && j == 0, .last = t == p->parts - 1 && j == nk - 1,
+        .o = o ? (char *)o + (size_t)(qoff * p->h * p->D) * es : NULL,
+        .lse = lse ? lse + qoff : NULL,
+        .kernel = p->kernel,
+    };
+}
+
+/* Whether the call runs without the fp32 running state (acc, m, l): one
+ * block per query segment (no ring: one step; one key segment), each on a
+ * kernel that keeps the state in registers (dt_attn_kernels.fwd_stateless).
+ * Then the workspace has none: B S H D fp32 less. */
+static int fwd_stateless(const attn_plan *p, const dt_tensor *q, const dt_tensor *k,
+                         const dt_tensor *v) {
+    if (p->parts != 1 || !p->kern || !p->kern->fwd_stateless) return 0;
+    dt_attn_segment qs[2], ks[2];
+    int nq, nk;
+    attn_plan_segments(p, 0, qs, &nq, ks, &nk);   /* one rank: its own keys */
+    if (nk != 1) return 0;
+    int64_t qoff = 0;
+    for (int i = 0; i < nq; i++) {
+        const dt_attn_block_args a =
+            block_args(p, 0, qs, i, qoff, ks, 0, nk, 0, dt_tensor_data_const(q),
+                       dt_tensor_data_const(k), dt_tensor_data_const(v), NULL, NULL, NULL, NULL,
+                       NULL);
+        if (!p->kern->fwd_stateless(p->ctx->backend, &a)) return 0;
+        qoff += qs[i].len;
+    }
+    return 1;
+}
+
+/* Workspace of a forward call: [ring: 2 x (K | V)] [acc] [m] [l] [kernel
+ * scratch]. With one rank on the sequence there is no ring: the kernels
+ * read K and V where they are; a stateless call has no acc, m, l. */
 typedef struct fwd_workspace {
+    int stateless;
     size_t off_acc, off_m, off_l, off_scratch, total;
 } fwd_workspace;
 
-static fwd_workspace fwd_workspace_of(const attn_plan *p) {
+static fwd_workspace fwd_workspace_of(const attn_plan *p, const dt_tensor *q, const dt_tensor *k,
+                                      const dt_tensor *v) {
     fwd_workspace w;
-    size_t rows = attn_plan_rows(p);
-    w.off_acc = p->sp_dim >= 0 ? attn_align(4 * p->kv_bytes) : 0;
+    w.stateless = fwd_stateless(p, q, k, v);
+    const size_t rows = w.stateless ? 0 : attn_plan_rows(p);
+    w.off_acc = p->parts > 1 ? attn_align(4 * p->kv_bytes) : 0;
     w.off_m = w.off_acc + attn_align(rows * (size_t)p->D * sizeof(float));
     w.off_l = w.off_m + attn_align(rows * sizeof(float));
     w.off_scratch = w.off_l + attn_align(rows * sizeof(float));
@@ -54,39 +108,23 @@ dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, co
     DT_REQUIRE(bytes != NULL, "dt_attention_workspace_size: bytes is NULL");
     attn_plan p;
     DT_TRY(attn_plan_make("dt_attention_workspace_size", q, k, v, opts, &p));
-    *bytes = fwd_workspace_of(&p).total;
+    *bytes = fwd_workspace_of(&p, q, k, v).total;
     return DT_SUCCESS;
 }
 
-/* The block kernel on every (q segment, k segment) pair of ring step t
- * (0 .. parts-1): a query segment's first block is step 0's first, its
- * last is step parts-1's last, which writes o and lse. */
+/* The block kernel on every (q segment, k segment) pair of ring step t. */
 static dt_status run_blocks(const attn_plan *p, int t, const void *q, const char *k,
                             const char *v, int src, float *acc, float *m, float *l, void *o,
                             float *lse, void *scratch) {
     dt_attn_segment qs[2], ks[2];
     int nq, nk;
     attn_plan_segments(p, src, qs, &nq, ks, &nk);
-    size_t es = dt_dtype_size(p->dtype);
     int64_t qoff = 0;
     for (int i = 0; i < nq; i++) {
         int64_t koff = 0;
         for (int j = 0; j < nk; j++) {
-            dt_attn_block_args a = {
-                .dtype = p->dtype, .batch = p->b, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
-                .q = (const char *)q + (size_t)(qoff * p->h * p->D) * es,
-                .q_batch_stride = p->c * p->h * p->D,
-                .k = k + (size_t)(koff * p->hkv * p->D) * es,
-                .v = v + (size_t)(koff * p->hkv * p->D) * es,
-                .kv_batch_stride = p->c * p->hkv * p->D,
-                .qseg = qs[i], .kseg = ks[j], .mask = p->mask, .scale = p->scale,
-                .m = m + qoff, .l = l + qoff,
-                .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
-                .acc = acc + qoff * p->h * p->D, .acc_batch_stride = p->c * p->h * p->D,
-                .first = t == 0 && j == 0, .last = t == p->parts - 1 && j == nk - 1,
-                .o = (char *)o + (size_t)(qoff * p->h * p->D) * es, .lse = lse + qoff,
-                .kernel = p->kernel,
-            };
+            const dt_attn_block_args a =
+                block_args(p, t, qs, i, qoff, ks, j, nk, koff, q, k, v, acc, m, l, o, lse);
             DT_TRY(p->kern->fwd(p->ctx->backend, &a, scratch));
             koff += ks[j].len;
         }
@@ -104,13 +142,14 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     attn_plan p;
     dt_status local = attn_plan_make(op, q, k, v, opts, &p);
     if (local == DT_SUCCESS) local = attn_plan_check_kernel(&p, op);
-    fwd_workspace w = fwd_workspace_of(&p);
+    fwd_workspace w = {0};
+    if (local == DT_SUCCESS) w = fwd_workspace_of(&p, q, k, v);
     if (local == DT_SUCCESS && opts && opts->workspace && opts->workspace_bytes < w.total)
         local = dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: %s: workspace of %zu bytes is smaller "
                          "than the %zu needed (dt_attention_workspace_size)",
                          dt_context_rank(p.ctx), op, opts->workspace_bytes, w.total);
     DT_TRY(attn_plan_check_agreement(&p, op, local));
-    dt_comm *comm = p.sp_dim >= 0 ? dt_mesh_comm(p.mesh, p.sp_dim) : NULL;
+    dt_comm *comm = p.sp_dim >= 0 && p.parts > 1 ? dt_mesh_comm(p.mesh, p.sp_dim) : NULL;
 
     dt_backend *be = p.ctx->backend;
     dt_tensor *out = NULL, *out_lse = NULL;
@@ -126,8 +165,9 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     DT_TRY_GOTO(st, dt_tensor_create(p.ctx, p.mesh, DT_F32, 3, lse_shape,
                                      p.mesh ? &p.lse_layout : NULL, &out_lse), fail);
 
-    float *acc = (float *)(ws + w.off_acc), *m = (float *)(ws + w.off_m);
-    float *l = (float *)(ws + w.off_l);
+    float *acc = w.stateless ? NULL : (float *)(ws + w.off_acc);
+    float *m = w.stateless ? NULL : (float *)(ws + w.off_m);
+    float *l = w.stateless ? NULL : (float *)(ws + w.off_l);
 
     /* Pack this rank's K and V into the ring's first buffer. */
     if (comm) {

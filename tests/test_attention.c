@@ -1340,6 +1340,102 @@ static void test_workspace_reuse(void **state) {
     for (int r = 0; r < 3; r++) assert_int_equal(c.bad[r], 0);
 }
 
+/* A call of one block per query segment on a tensor-core kernel keeps no
+ * fp32 running state (forward.c, fwd_stateless): on CUDA its workspace is
+ * at least the B S H D fp32 of acc smaller than the simple kernel's, and a
+ * caller's workspace of just that size gives the output of the library's
+ * own workspace, bit for bit. Without a mesh and with a sequence mesh of
+ * one rank (no ring). */
+typedef struct stateless_case {
+    size_t ws[2];          /* dt_attention_workspace_size, per mesh setting */
+    uint64_t sum[2][2];    /* output checksums: own workspace, caller's */
+    dt_status st;
+    char msg[512];
+} stateless_case;
+
+enum { SL_B = 2, SL_S = 200, SL_H = 4, SL_HKV = 2, SL_D = 64 };
+
+static dt_status rank_stateless(dt_context *ctx, void *arg) {
+    stateless_case *c = arg;
+    dt_status st = DT_SUCCESS;
+    for (int meshed = 0; meshed < 2 && st == DT_SUCCESS; meshed++) {
+        dt_mesh *mesh = NULL;
+        dt_tensor *q = NULL, *k = NULL, *o = NULL, *ws = NULL;
+        int sizes[1] = {1};
+        dt_layout lay = dt_layout_1d(dt_shard(1, DT_ORDER_CONTIGUOUS));
+        int64_t qs[4] = {SL_B, SL_S, SL_H, SL_D}, ks[4] = {SL_B, SL_S, SL_HKV, SL_D};
+        if (meshed) st = dt_mesh_create(ctx, 1, sizes, NULL, &mesh);
+        if (st == DT_SUCCESS)
+            st = dt_tensor_create(ctx, mesh, DT_BF16, 4, qs, meshed ? &lay : NULL, &q);
+        if (st == DT_SUCCESS)
+            st = dt_tensor_create(ctx, mesh, DT_BF16, 4, ks, meshed ? &lay : NULL, &k);
+        if (st == DT_SUCCESS) st = dt_tensor_fill_random(q, 31);
+        if (st == DT_SUCCESS) st = dt_tensor_fill_random(k, 32);
+        dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
+        if (st == DT_SUCCESS) st = dt_attention_workspace_size(q, k, k, &opts, &c->ws[meshed]);
+        for (int mine = 0; mine < 2 && st == DT_SUCCESS; mine++) {
+            if (mine) {   /* the caller's workspace, in the backend's memory */
+                int64_t n[1] = {c->ws[meshed] > 0 ? (int64_t)c->ws[meshed] : 1};
+                st = dt_tensor_create(ctx, NULL, DT_U8, 1, n, NULL, &ws);
+                opts.workspace = st == DT_SUCCESS ? dt_tensor_data(ws) : NULL;
+                opts.workspace_bytes = c->ws[meshed];
+            }
+            if (st == DT_SUCCESS) st = dt_attention_forward(q, k, k, &opts, &o, NULL);
+            if (st == DT_SUCCESS) c->sum[meshed][mine] = checksum(o);
+            dt_tensor_destroy(o);
+            o = NULL;
+        }
+        dt_tensor_destroy(ws);
+        dt_tensor_destroy(q);
+        dt_tensor_destroy(k);
+        dt_mesh_destroy(mesh);
+    }
+    c->st = st;
+    if (st != DT_SUCCESS) snprintf(c->msg, sizeof c->msg, "%s", dt_last_error());
+    return st;
+}
+
+static void test_cuda_stateless_workspace(void **state) {
+    (void)state;
+    char why[512];
+    if (!h_pair_available(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    /* auto, forced mma (DT_ERR_NOT_SUPPORTED where it cannot run), simple */
+    static const char *const kernels[3] = {"auto", "mma", "simple"};
+    stateless_case c[3];
+    dt_status st[3];
+    char *saved = h_env_set("DT_ATTN_KERNEL", "auto");
+    for (int i = 0; i < 3; i++) {
+        memset(&c[i], 0, sizeof c[i]);
+        setenv("DT_ATTN_KERNEL", kernels[i], 1);
+        st[i] = h_launch_on(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_stateless, &c[i]);
+        if (st[i] != DT_SUCCESS) print_message("%s: %s\n", kernels[i], c[i].msg);
+    }
+    h_env_restore("DT_ATTN_KERNEL", saved);
+    assert_int_equal(st[0], DT_SUCCESS);
+    assert_int_equal(st[2], DT_SUCCESS);
+    const int tensor_cores = st[1] == DT_SUCCESS;
+    if (!tensor_cores) {
+        assert_int_equal(st[1], DT_ERR_NOT_SUPPORTED);
+        print_message("the mma kernel cannot run here: only the simple kernel's sizes seen\n");
+    }
+    const size_t acc = (size_t)SL_B * SL_S * SL_H * SL_D * sizeof(float);
+    for (int meshed = 0; meshed < 2; meshed++) {
+        print_message("%s: workspace bytes auto %zu, mma %zu, simple %zu\n",
+                      meshed ? "a mesh of one rank" : "no mesh", c[0].ws[meshed], c[1].ws[meshed],
+                      c[2].ws[meshed]);
+        assert_true(c[2].ws[meshed] >= acc);   /* the simple kernel works in acc */
+        if (tensor_cores) {   /* auto takes a tensor-core kernel, as mma does */
+            assert_true(c[1].ws[meshed] + acc <= c[2].ws[meshed]);
+            assert_true(c[0].ws[meshed] == c[1].ws[meshed]);
+        }
+        for (int i = 0; i < 3; i++)
+            if (st[i] == DT_SUCCESS) assert_true(c[i].sum[meshed][0] == c[i].sum[meshed][1]);
+    }
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(void) {
@@ -1357,6 +1453,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ranks_that_disagree_fail_together);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_workspace_reuse);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_stateless_workspace);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_empty_tensors);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_fragments);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_tile_bounds);
