@@ -18,7 +18,9 @@
  * step P-1 brings every block's dK|dV home (P transfers of gradients, P-1 of
  * K|V). Buffers: two for K|V (current, landing), three for dK|dV (loc, the
  * partial sums arriving, the finished sums leaving); roles rotate, nothing
- * is copied.
+ * is copied. With one rank on the sequence there is no ring: the kernels
+ * read K and V where they are and add into one dK|dV buffer, which is
+ * final.
  *
  * Invariants: as in forward.c: one workspace, allocated before the loop or
  * given; ranks agree before any block moves; a failing rank aborts.
@@ -37,7 +39,9 @@
 #include "block.h"
 #include "plan.h"
 
-/* Workspace: [K|V: 2 blocks] [dK|dV: 3 blocks] [dq] [delta] [kernel scratch]. */
+/* Workspace: [K|V: 2 blocks] [dK|dV: 3 blocks] [dq] [delta] [kernel
+ * scratch]; with one rank on the sequence (no ring) [dK|dV: 1 block] [dq]
+ * [delta] [kernel scratch]. */
 typedef struct bwd_workspace {
     size_t grad_bytes;                /* one fp32 dK (or dV) */
     size_t off_grads, off_dq, off_delta, off_scratch, total;
@@ -46,9 +50,10 @@ typedef struct bwd_workspace {
 static bwd_workspace bwd_workspace_of(const attn_plan *p) {
     bwd_workspace w;
     size_t rows = attn_plan_rows(p);
+    const int ring = p->parts > 1;
     w.grad_bytes = (size_t)(p->b * p->c * p->hkv * p->D) * sizeof(float);
-    w.off_grads = attn_align(4 * p->kv_bytes);
-    w.off_dq = w.off_grads + attn_align(6 * w.grad_bytes);
+    w.off_grads = ring ? attn_align(4 * p->kv_bytes) : 0;
+    w.off_dq = w.off_grads + attn_align((ring ? 6 : 2) * w.grad_bytes);
     w.off_delta = w.off_dq + attn_align(rows * (size_t)p->D * sizeof(float));
     w.off_scratch = w.off_delta + attn_align(rows * sizeof(float));
     w.total = w.off_scratch + attn_align(p->kern ? p->kern->bwd_scratch(p->D) : 0);
@@ -128,15 +133,14 @@ static dt_status check_outputs(const attn_plan *p, const char *op, const dt_tens
 }
 
 /* The backward block kernel on every (q segment, k segment) pair of one step:
- * K|V of rank src in kv, its dK|dV contributions into dkv. */
+ * K and V of rank src at k, v, its dK|dV contributions into dkv. */
 static dt_status run_blocks(const attn_plan *p, const bwd_workspace *w, const dt_tensor *q,
-                            const dt_tensor *dout, const float *lse, const char *kv, int src,
-                            float *dq, const float *delta, float *dkv, void *scratch) {
+                            const dt_tensor *dout, const float *lse, const char *k, const char *v,
+                            int src, float *dq, const float *delta, float *dkv, void *scratch) {
     dt_attn_segment qs[2], ks[2];
     int nq, nk;
     attn_plan_segments(p, src, qs, &nq, ks, &nk);
     size_t es = dt_dtype_size(p->dtype);
-    const char *k = kv, *v = kv + p->kv_bytes;
     float *dk = dkv, *dv = dkv + w->grad_bytes / sizeof(float);
     int64_t qoff = 0;
     for (int i = 0; i < nq; i++) {
@@ -197,15 +201,17 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     float *dqa = (float *)(ws + w.off_dq), *delta = (float *)(ws + w.off_delta);
     size_t dkv_bytes = 2 * w.grad_bytes, dkv_n = dkv_bytes / sizeof(float);
     bwd_ring r = {.comm = comm, .kv = {ws, ws + 2 * p.kv_bytes}};
-    for (int i = 0; i < 3; i++) r.grad[i] = (float *)(ws + w.off_grads + i * dkv_bytes);
+    for (int i = 0; i < (comm ? 3 : 1); i++) r.grad[i] = (float *)(ws + w.off_grads + i * dkv_bytes);
     DT_TRY_GOTO(st, be->ops->zero(be, dqa, attn_plan_rows(&p) * (size_t)p.D * sizeof(float)),
                 fail);
-    DT_TRY_GOTO(st, be->ops->zero(be, r.grad[RCV], dkv_bytes), fail); /* nothing before step 0 */
     DT_TRY_GOTO(st, p.kern->delta(be, p.dtype, p.b, p.c, p.h, p.D, dt_tensor_data_const(o),
                                   dt_tensor_data_const(dout), delta), fail);
-    DT_TRY_GOTO(st, be->ops->copy(be, r.kv[0], dt_tensor_data_const(k), p.kv_bytes), fail);
-    DT_TRY_GOTO(st, be->ops->copy(be, r.kv[0] + p.kv_bytes, dt_tensor_data_const(v), p.kv_bytes),
-                fail);
+    if (comm) {   /* the ring's first K|V, and nothing received before step 0 */
+        DT_TRY_GOTO(st, be->ops->zero(be, r.grad[RCV], dkv_bytes), fail);
+        DT_TRY_GOTO(st, be->ops->copy(be, r.kv[0], dt_tensor_data_const(k), p.kv_bytes), fail);
+        DT_TRY_GOTO(st, be->ops->copy(be, r.kv[0] + p.kv_bytes, dt_tensor_data_const(v),
+                                      p.kv_bytes), fail);
+    }
 
     int j = comm ? dt_comm_rank(comm) : 0;
     dt_attention_timing *timing = opts ? opts->timing : NULL;
@@ -216,11 +222,14 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
         DT_TRY_GOTO(st, be->ops->zero(be, r.grad[LOC], dkv_bytes), fail);
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
         DT_TRACE_PUSH("attention bwd blocks");
-        st = run_blocks(&p, &w, q, dout, dt_tensor_data_const(lse), r.kv[r.cur], src, dqa, delta,
+        const char *kb = comm ? r.kv[r.cur] : dt_tensor_data_const(k);
+        const char *vb = comm ? kb + p.kv_bytes : dt_tensor_data_const(v);
+        st = run_blocks(&p, &w, q, dout, dt_tensor_data_const(lse), kb, vb, src, dqa, delta,
                         r.grad[LOC], ws + w.off_scratch);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
+        if (!comm) break;   /* one step; grad[LOC] holds the final sums */
         if (pending) {
             pending = 0;
             DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);
@@ -234,7 +243,7 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
         if (t + 1 < p.parts) r.cur = 1 - r.cur;
     }
     /* The last exchange: src(P-1) = j+1's sums go home, this rank's arrive. */
-    const float *home = r.grad[SND];
+    const float *home = comm ? r.grad[SND] : r.grad[LOC];
     if (comm) {
         dt_p2p_op last[2] = {
             {DT_P2P_SEND, (j + 1) % p.parts, r.grad[SND], dkv_bytes, DT_U8},

@@ -361,6 +361,81 @@ static dt_status rank_bad(dt_context *ctx, void *arg) {
     return DT_SUCCESS;
 }
 
+/* One rank on the sequence: the backward keeps no ring, so its workspace
+ * is the fp32 dK, dV and dQ sums, delta and the kernel's scratch (here
+ * bounded by 1 MiB), not the ring's two K|V copies and three dK|dV
+ * buffers (6 MiB more at this size). A caller's workspace of exactly that
+ * size gives the library's own results, bit for bit. Without a mesh and
+ * with a sequence mesh of one rank. */
+enum { WS_B = 2, WS_S = 512, WS_H = 4, WS_D = 64 };
+
+typedef struct ws_case {
+    size_t ws[2];
+    int same[2];
+} ws_case;
+
+static int same_data(const dt_tensor *a, const dt_tensor *b) {
+    size_t n = dt_tensor_local_bytes(a);
+    unsigned char *x = malloc(n), *y = malloc(n);
+    int same = x && y && n == dt_tensor_local_bytes(b) && dt_tensor_get_local(a, x, n) == DT_SUCCESS &&
+               dt_tensor_get_local(b, y, n) == DT_SUCCESS && memcmp(x, y, n) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static dt_status rank_workspace(dt_context *ctx, void *arg) {
+    ws_case *c = arg;
+    dt_status st = DT_SUCCESS;
+    for (int meshed = 0; meshed < 2 && st == DT_SUCCESS; meshed++) {
+        dt_mesh *mesh = NULL;
+        dt_tensor *t[4] = {NULL}, *o = NULL, *lse = NULL, *g[2][3] = {{NULL}};
+        int sizes[1] = {1};
+        dt_layout lay = dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED));
+        int64_t shape[4] = {WS_B, WS_S, WS_H, WS_D};
+        if (meshed) st = dt_mesh_create(ctx, 1, sizes, NULL, &mesh);
+        for (int i = 0; i < 4 && st == DT_SUCCESS; i++) {   /* q, k, v, dout */
+            st = dt_tensor_create(ctx, mesh, DT_F32, 4, shape, meshed ? &lay : NULL, &t[i]);
+            if (st == DT_SUCCESS) st = dt_tensor_fill_random(t[i], 60 + (uint64_t)i);
+        }
+        if (st == DT_SUCCESS) st = dt_attention_forward(t[0], t[1], t[2], NULL, &o, &lse);
+        dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
+        if (st == DT_SUCCESS)
+            st = dt_attention_backward_workspace_size(t[0], t[1], t[2], &opts, &c->ws[meshed]);
+        void *ws = st == DT_SUCCESS ? malloc(c->ws[meshed] ? c->ws[meshed] : 1) : NULL;
+        for (int mine = 0; mine < 2 && st == DT_SUCCESS; mine++) {
+            opts.workspace = mine ? ws : NULL;
+            opts.workspace_bytes = mine ? c->ws[meshed] : 0;
+            st = dt_attention_backward(t[0], t[1], t[2], o, lse, t[3], &opts, &g[mine][0],
+                                       &g[mine][1], &g[mine][2]);
+        }
+        c->same[meshed] = st == DT_SUCCESS;
+        for (int i = 0; i < 3 && st == DT_SUCCESS; i++) c->same[meshed] &= same_data(g[0][i], g[1][i]);
+        free(ws);
+        for (int i = 0; i < 3; i++) dt_tensor_destroy(g[0][i]), dt_tensor_destroy(g[1][i]);
+        for (int i = 0; i < 4; i++) dt_tensor_destroy(t[i]);
+        dt_tensor_destroy(o);
+        dt_tensor_destroy(lse);
+        dt_mesh_destroy(mesh);
+    }
+    return st;
+}
+
+static void test_one_rank_workspace(void **state) {
+    (void)state;
+    ws_case c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(h_launch(1, rank_workspace, &c), DT_SUCCESS);
+    const size_t n = (size_t)WS_B * WS_S * WS_H * WS_D, rows = (size_t)WS_B * WS_H * WS_S;
+    const size_t bound = 3 * n * sizeof(float) + rows * sizeof(float) + ((size_t)1 << 20);
+    for (int meshed = 0; meshed < 2; meshed++) {
+        print_message("%s: backward workspace %zu bytes (bound %zu)\n",
+                      meshed ? "a mesh of one rank" : "no mesh", c.ws[meshed], bound);
+        assert_true(c.ws[meshed] <= bound);
+        assert_true(c.same[meshed]);
+    }
+}
+
 static void test_bad_inputs(void **state) {
     (void)state;
     long bad = 0;
@@ -371,10 +446,11 @@ static void test_bad_inputs(void **state) {
 int main(void) {
     enum { MAXC = 96 };
     static bwd_case cases[MAXC];
-    static struct CMUnitTest tests[MAXC + 4];
+    static struct CMUnitTest tests[MAXC + 8];
     int n = 0, nc = 0;
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_finite_differences);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_one_rank_workspace);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_error_does_not_grow_with_world_size);
     for (int o = 0; o < DT_ORDER_COUNT; o++)
         for (int p = 1; p <= 8; p++) {
