@@ -314,6 +314,9 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
                         be->rank, dt_attn_kernel_choice_name(a->kernel), why);
     if (path == FWD_WGMMA) return dt_attn_wgmma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
     if (path == FWD_MMA) return dt_attn_mma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
+    if (!a->acc || !a->m || !a->l)   /* fwd_stateless promised a tensor-core kernel */
+        return dt_error(DT_ERR_INTERNAL, "rank %d: attention (cuda): a block without running "
+                        "state reached the simple forward kernel", be->rank);
     dim3 grid((unsigned)((a->qseg.len + TQ - 1) / TQ), (unsigned)a->heads, (unsigned)a->batch);
     size_t smem = 2 * TK * (size_t)a->dim * sizeof(float);   /* up to 128 KiB at D = 256 */
     if (cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
