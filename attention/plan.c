@@ -197,10 +197,10 @@ dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_statu
 
 void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment qs[2], int *nq,
                         dt_attn_segment ks[2], int *nk) {
-    if (p->sp_dim >= 0) {
+    if (p->parts > 1) {
         *nq = dt_attn_segments(p->order, p->S, p->parts, p->rank, qs);
         *nk = dt_attn_segments(p->order, p->S, p->parts, src, ks);
-    } else {
+    } else {   /* one rank holds the sequence in order, whatever the order's name */
         qs[0] = ks[0] = (dt_attn_segment){0, 1, p->S};
         *nq = *nk = 1;
     }

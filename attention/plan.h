@@ -45,7 +45,9 @@ dt_status attn_plan_check_kernel(const attn_plan *p, const char *op);
 dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_status local);
 
 /* Segments of this rank's query rows and of rank src's key rows (one or two
- * each); returns the counts in *nq, *nk. */
+ * each); returns the counts in *nq, *nk. With one rank on the sequence, one
+ * segment each: every order keeps a lone rank's tokens in sequence order
+ * (zigzag's two chunks are adjacent). */
 void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment qs[2], int *nq,
                         dt_attn_segment ks[2], int *nk);
 
