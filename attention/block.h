@@ -34,6 +34,7 @@
 #define DT_ATTN_BLOCK_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "../dtensor/dtype.h"
 #include "../dtensor/status.h"
 #include "mask.h"
@@ -53,6 +54,20 @@ typedef enum dt_attn_kernel_choice {
 /* Which CUDA kernel runs a block, forward and backward alike (DT_ATTN_KERNEL).
  * "auto", "simple", "mma", "wgmma"; "unknown" otherwise (plan.c). */
 const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k);
+
+/* One CTA of a tensor-core kernel's launch, as it recorded itself when the
+ * block's args carry a trace (bench only: bench/blocks --trace, analysed by
+ * trace.h). Written by the CTA's thread 0 at its first instruction (ns[0],
+ * clock[0], sm) and after its last store (ns[1], clock[1], work): ns from
+ * %globaltimer (one clock for the whole GPU, ns), clock from clock64 (the
+ * SM's cycle counter), sm from %smid. work: the iterations of the CTA's
+ * main loop, its tiles: key tiles of one query tile forward, query tiles
+ * (times the GQA group's heads) of one key tile backward. On the CPU
+ * emulator ns and clock are CLOCK_MONOTONIC and sm is 0. */
+typedef struct dt_attn_cta_trace {
+    uint64_t ns[2], clock[2];
+    uint32_t sm, work;
+} dt_attn_cta_trace;
 
 typedef struct dt_attn_block_args {
     dt_dtype dtype;                 /* of q, k, v */
@@ -80,6 +95,11 @@ typedef struct dt_attn_block_args {
     void *o;
     float *lse;
     dt_attn_kernel_choice kernel;      /* CUDA only: which forward kernel (0 = auto) */
+    /* NULL, or room for trace_len records: CTA i of the launch (its launch
+     * order, blockIdx.x) fills trace[i] if i < trace_len. The CUDA
+     * tensor-core kernels only; the others ignore it. */
+    dt_attn_cta_trace *trace;
+    int64_t trace_len;
 } dt_attn_block_args;
 
 /* Backward of one block, from the forward's log-sum-exp (FlashAttention-2):
@@ -109,6 +129,8 @@ typedef struct dt_attn_block_bwd_args {
     int64_t dq_batch_stride;
     float *dk, *dv;
     dt_attn_kernel_choice kernel;      /* CUDA only: which backward kernel (0 = auto) */
+    dt_attn_cta_trace *trace;          /* as dt_attn_block_args.trace */
+    int64_t trace_len;
 } dt_attn_block_bwd_args;
 
 struct dt_backend;

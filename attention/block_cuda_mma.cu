@@ -175,15 +175,12 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     (void)section;
     __trap();   /* never launched: the host requires compute capability >= 8.0 */
 #else
+    cta_trace(a, 0);
     DT_DYNAMIC_SMEM(unsigned char, smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
-    const int64_t H = a.heads, G = a.kv_heads;
-    const int64_t nq = a.qseg.len, nk = a.kseg.len, n_qt = dt_mma_query_tiles(nq, DT_MMA_BM);
-    int64_t rank, unit;   /* rank 0: the last query tile, the most keys */
-    dt_mma_sched(blockIdx.x, n_qt, a.batch * H, section, &rank, &unit);
-    const int64_t b = unit / H, h = unit % H, g = h / (H / G);
-    const int64_t x0 = (n_qt - 1 - rank) * BM;
-    const int64_t x1 = x0 + BM < nq ? x0 + BM : nq;
+    const int64_t H = a.heads, G = a.kv_heads, nq = a.qseg.len, nk = a.kseg.len;
+    const fwd_cta c = fwd_cta_of(a, blockIdx.x, BM, section);
+    const int64_t x0 = c.x0, x1 = c.x1;
 
     /* Key tiles to visit (the non-empty ones) and how many need no mask;
      * uniform over the CTA, so the early return, the loads and the loop are
@@ -191,14 +188,13 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
      * a.last). */
     const int64_t n_tiles = dt_mma_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x1 - 1)));
     const int64_t n_unmasked = dt_mma_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x0)));
-    if (n_tiles == 0 && !a.first && !a.last) return;   /* m, l, acc unchanged */
+    if (n_tiles == 0 && !a.first && !a.last)   /* m, l, acc unchanged */
+        return cta_trace(a, 1);
 
-    const T *qg = static_cast<const T *>(a.q) + b * a.q_batch_stride + h * D;   /* row x: + x H D */
-    const T *kg = static_cast<const T *>(a.k) + b * a.kv_batch_stride + g * D;  /* row y: + y G D */
-    const T *vg = static_cast<const T *>(a.v) + b * a.kv_batch_stride + g * D;
-    float *accg = a.acc + b * a.acc_batch_stride + h * D;                        /* row x: + x H D */
-    float *mg = a.m + b * a.ml_batch_stride + h * a.ml_head_stride;              /* row x: + x */
-    float *lg = a.l + b * a.ml_batch_stride + h * a.ml_head_stride;
+    /* row x of q at qg + x H D, row y of k and v at kg, vg + y G D */
+    const T *qg = static_cast<const T *>(a.q) + c.b * a.q_batch_stride + c.h * D;
+    const T *kg = static_cast<const T *>(a.k) + c.b * a.kv_batch_stride + c.g * D;
+    const T *vg = static_cast<const T *>(a.v) + c.b * a.kv_batch_stride + c.g * D;
 
     /* Group 0: the Q tile and key tile 0 (stage 0). */
     if (n_tiles > 0) {
@@ -210,10 +206,9 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
 
     /* The lane's two query rows and their running state (mma_device.cuh),
      * read while the copies fly. */
-    int64_t row[2], lim[2];
-    bool live[2];
+    int64_t lim[2];
     float m[2], l[2], o[D / 8][4];
-    read_rows<D>(a, accg, mg, lg, x0 + 16 * warp, lane, row, live, lim, m, l, o);
+    read_rows<D>(a, c, x0 + 16 * warp, lane, lim, m, l, o);
 
     uint32_t qf[D / 16][4];
     for (int64_t kt = 0; kt < n_tiles; kt++) {
@@ -239,7 +234,9 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
         __syncthreads();   /* stage is refilled by iteration kt+1's copies */
     }
 
-    write_rows<T, D>(a, b, h, accg, mg, lg, lane, row, live, m, l, o);
+    const fwd_cta e = fwd_cta_of(a, cta_index(), BM, section);   /* c again: cta_index */
+    write_rows<T, D>(a, e, e.x0 + 16 * warp, lane, m, l, o);
+    cta_trace(a, 1, n_tiles);
 #endif
 }
 

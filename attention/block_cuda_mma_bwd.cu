@@ -290,13 +290,15 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
     (void)section;
     __trap();   /* never launched: the host requires compute capability >= 8.0 */
 #else
+    cta_trace(a, 0);
     DT_DYNAMIC_SMEM(unsigned char, smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int rg = dt_mma_bwd_rows(warp), hf = dt_mma_bwd_half(warp);
     const int64_t H = a.heads, G = a.kv_heads;
     const int64_t nq = a.qseg.len, nk = a.kseg.len;
     const bwd_cta c = bwd_cta_of(a, section, BM);
-    if (c.n_iter == 0) return;   /* no query attends these keys: dk, dv unchanged */
+    if (c.n_iter == 0)   /* no query attends these keys: dk, dv unchanged */
+        return cta_trace(a, 1);
     const int64_t b = c.b, g = c.g, y0 = c.y0;
 
     const T *kg = static_cast<const T *>(a.k) + b * a.kv_batch_stride + g * D;   /* row y: + y G D */
@@ -384,6 +386,7 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
     /* Add into dk (scaled) and dv: the warp's keys 16w .. 16w + 15. */
     add_dk_dv<D>(a.dk + b * a.kv_batch_stride + g * D, a.dv + b * a.kv_batch_stride + g * D,
                  G * D, y0 + 16 * warp, nk, dk, dv, lane, a.scale);
+    cta_trace(a, 1, c.n_iter);
 #endif
 }
 

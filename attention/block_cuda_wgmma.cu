@@ -94,8 +94,8 @@ struct wg_params {
 /* Key tiles with at least one key at or below `limit` keys, and those with
  * every key below it (mma_layout.h's dt_mma_key_tiles / unmasked_tiles for
  * BN = 128). */
-__device__ __forceinline__ int64_t wg_key_tiles(int64_t limit) { return (limit + WG_BN - 1) / WG_BN; }
-__device__ __forceinline__ int64_t wg_unmasked_tiles(int64_t limit) { return limit / WG_BN; }
+__device__ __forceinline__ int wg_key_tiles(int64_t limit) { return (int)((limit + WG_BN - 1) / WG_BN); }
+__device__ __forceinline__ int wg_unmasked_tiles(int64_t limit) { return (int)(limit / WG_BN); }
 
 #endif /* !DT_WGMMA_STUB */
 
@@ -109,6 +109,7 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
     __trap();   /* never launched: the host requires an sm_90a build and a 9.0 device */
 #else
     const dt_attn_block_args &a = p.a;
+    cta_trace(a, 0);
     constexpr int NT = WG_BN / 8;                                      /* n-tiles of S */
     constexpr int TILE_Q = WG_BM * D * 2, TILE_KV = WG_BN * D * 2;   /* bytes */
     DT_DYNAMIC_SMEM(unsigned char, smem_raw);
@@ -119,31 +120,23 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
 
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int wg = warp >> 2, wl = warp & 3;   /* warpgroup, warp within it */
-    const int64_t H = a.heads, G = a.kv_heads;
-    const int64_t nq = a.qseg.len, n_qt = (nq + WG_BM - 1) / WG_BM;
-    int64_t rank, unit;   /* rank 0: the last query tile, the most keys */
-    dt_mma_sched(blockIdx.x, n_qt, a.batch * H, p.section, &rank, &unit);
-    const int64_t b = unit / H, h = unit % H, g = h / (H / G);
-    const int64_t x0 = (n_qt - 1 - rank) * WG_BM;
-    const int64_t x1 = x0 + WG_BM < nq ? x0 + WG_BM : nq;
+    const fwd_cta c = fwd_cta_of(a, blockIdx.x, WG_BM, p.section);
+    const int64_t x0 = c.x0, x1 = c.x1;
 
     /* Key tiles of the CTA (uniform: the loads and barriers) and of this
      * warpgroup (uniform over it: its wgmma). */
-    const int64_t n_tiles = wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x1 - 1)));
+    const int n_tiles = wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x1 - 1)));
     /* With no tile the rows are still started or finished (a.first, a.last). */
-    if (n_tiles == 0 && !a.first && !a.last) return;   /* every key comes after every query */
+    if (n_tiles == 0 && !a.first && !a.last)   /* every key comes after every query */
+        return cta_trace(a, 1);
     const int64_t w0 = x0 + 64 * wg, w1 = w0 + 64 < x1 ? w0 + 64 : x1;
-    const int64_t wg_tiles = w0 < x1 ? wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w1 - 1))) : 0;
-    const int64_t wg_unmasked = w0 < x1 ? wg_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w0))) : 0;
-
-    float *accg = a.acc + b * a.acc_batch_stride + h * D;
-    float *mg = a.m + b * a.ml_batch_stride + h * a.ml_head_stride;
-    float *lg = a.l + b * a.ml_batch_stride + h * a.ml_head_stride;
+    const int wg_tiles = w0 < x1 ? wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w1 - 1))) : 0;
+    const int wg_unmasked = w0 < x1 ? wg_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w0))) : 0;
 
     /* Stage s's K and V tiles land on mbarrier full[s] (one arrival: thread
      * 0's expect_tx, plus the TMA bytes); its n-th use completes phase n.
      * Thread 0 issues every TMA; stage 0's first load carries Q too. */
-    const int bi = (int)b, hi = (int)h, gi = (int)g;
+    const int bi = (int)c.b, hi = (int)c.h, gi = (int)c.g;
     if (threadIdx.x == 0) {
         mbar_init(&full[0], 1);
         mbar_init(&full[1], 1);
@@ -162,10 +155,9 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
 
     /* The lane's two query rows and their running state (mma_device.cuh),
      * read while the first tiles land. */
-    int64_t row[2], lim[2];
-    bool live[2];
+    int64_t lim[2];
     float m[2], l[2], o[D / 8][4];
-    read_rows<D>(a, accg, mg, lg, x0 + 64 * wg + 16 * wl, lane, row, live, lim, m, l, o);
+    read_rows<D>(a, c, x0 + 64 * wg + 16 * wl, lane, lim, m, l, o);
 
     const uint32_t q_addr = wg_smem_addr(sq) + (uint32_t)wg * 64u * 128u;   /* this warpgroup's rows */
     /* Ping-pong: the warpgroups take turns issuing their wgmma, so that one's
@@ -179,7 +171,7 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
      * that skips a tile's math still takes its turns. */
     constexpr int TURN = 1, PAIR = WG_THREADS;
     if (wg == 1 && n_tiles > 0) bar_arrive<TURN>(0, PAIR);
-    for (int64_t kt = 0; kt < n_tiles; kt++) {
+    for (int kt = 0; kt < n_tiles; kt++) {
         const int stage = (int)(kt & 1);
         if (threadIdx.x == 0 && kt + 1 < n_tiles) {   /* tile kt+1 flies during tile kt */
             const int y = (int)((kt + 1) * WG_BN), next = stage ^ 1;
@@ -238,7 +230,9 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
         __syncthreads();   /* stage is refilled by iteration kt+1's TMA */
     }
 
-    write_rows<T, D>(a, b, h, accg, mg, lg, lane, row, live, m, l, o);
+    const fwd_cta e = fwd_cta_of(a, cta_index(), WG_BM, p.section);   /* c again: cta_index */
+    write_rows<T, D>(a, e, e.x0 + 64 * wg + 16 * wl, lane, m, l, o);
+    cta_trace(a, 1, n_tiles);
 #endif
 }
 

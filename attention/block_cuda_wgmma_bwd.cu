@@ -198,6 +198,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     using L = wb_smem<D>;
     constexpr int BM = L::BM;
     const dt_attn_block_bwd_args &a = p.a;
+    cta_trace(a, 0);
     DT_DYNAMIC_SMEM(unsigned char, smem_raw);
     unsigned char *const sm = smem_raw + ((1024u - (wg_smem_addr(smem_raw) & 1023u)) & 1023u);
     wb_rows<BM> *const rows = reinterpret_cast<wb_rows<BM> *>(sm + L::ROWS);   /* [2] */
@@ -208,7 +209,8 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     const int64_t H = a.heads, G = a.kv_heads;
     const int64_t nq = a.qseg.len, nk = a.kseg.len;
     const bwd_cta c = bwd_cta_of(a, p.section, BM);
-    if (c.n_iter == 0) return;   /* no query attends these keys: dk, dv unchanged */
+    if (c.n_iter == 0)   /* no query attends these keys: dk, dv unchanged */
+        return cta_trace(a, 1);
     const int64_t b = c.b, g = c.g, y0 = c.y0;
 
     /* Stage s's Q and dO land on full[s] (one arrival: thread 0's
@@ -338,6 +340,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     /* Add into dk (scaled) and dv: the warp's keys 16 warp .. 16 warp + 15. */
     add_dk_dv<D>(a.dk + b * a.kv_batch_stride + g * D, a.dv + b * a.kv_batch_stride + g * D,
                  G * D, y0 + 16 * warp, nk, dk, dv, lane, a.scale);
+    cta_trace(a, 1, c.n_iter);
 #endif
 }
 

@@ -4,8 +4,9 @@
  * forward and backward): thin PTX wrappers (cp.async, ldmatrix, mma.sync
  * m16n8k16), the per-element-type packing, quad reductions, the online
  * softmax of the forward kernels, P as an A fragment, the backward kernels'
- * CTA plan and dQ / dK / dV additions, the swizzled tile copy, and on the
- * host the launch and the dtype / head-dim dispatch.
+ * CTA plan and dQ / dK / dV additions, the swizzled tile copy, a CTA's
+ * trace record (bench/blocks --trace), and on the host the launch and the
+ * dtype / head-dim dispatch.
  * CUDA C++ only. Every index they are given comes from mma_layout.h (tested
  * on the CPU by tests/test_attention.c).
  *
@@ -28,6 +29,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef DT_CUDA_EMULATE
+#include <time.h>
+#endif
 
 #include "../dtensor/cuda_launch.cuh"
 #include "../dtensor/dtype.h"
@@ -69,6 +73,14 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
                                         uint32_t b1) {
     dt_emu_mma_m16n8k16(d, a, b0, b1, DT_F16);
 }
+/* The clocks of a CTA trace: the host's monotonic clock, one "SM". */
+__device__ __forceinline__ uint64_t global_ns() {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+__device__ __forceinline__ uint64_t sm_clock() { return global_ns(); }
+__device__ __forceinline__ uint32_t sm_id() { return 0; }
 #else
 /* 32-bit shared-memory address of a generic pointer into shared memory. */
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
@@ -127,7 +139,36 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+/* The GPU's global nanosecond timer, this SM's cycle counter, this SM. */
+__device__ __forceinline__ uint64_t global_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ uint64_t sm_clock() { return (uint64_t)clock64(); }
+__device__ __forceinline__ uint32_t sm_id() {
+    uint32_t s;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(s));
+    return s;
+}
 #endif /* DT_CUDA_EMULATE */
+
+/* The CTA's record of a traced launch (dt_attn_block_args.trace, block.h;
+ * bench only): thread 0 of CTA blockIdx.x stamps its start (end = 0) or its
+ * end and work (end = 1). Args: the forward's or the backward's block args.
+ * Untraced, one test of a kernel parameter. */
+template <typename Args>
+__device__ __forceinline__ void cta_trace(const Args &a, int end, int64_t work = 0) {
+    if (!a.trace || threadIdx.x != 0 || (int64_t)blockIdx.x >= a.trace_len) return;
+    dt_attn_cta_trace *r = a.trace + blockIdx.x;
+    r->ns[end] = global_ns();
+    r->clock[end] = sm_clock();
+    if (end)
+        r->work = (uint32_t)work;
+    else
+        r->sm = sm_id();
+}
 
 /* Per element type: the mma.sync variant and the fp32 pair -> .b32 packing
  * (lo in the low half: the lower-indexed element of a fragment pair). */
@@ -175,34 +216,79 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+/* A forward CTA's query tile (both forward kernels: a CTA per query tile
+ * of bm rows of a (batch, query head), launched in mma_layout.h's order with
+ * `section` units, the last query tile, the most keys, first): batch b,
+ * query head h, its kv head g, rows x0 .. x1 - 1 of the query segment. */
+struct fwd_cta {
+    int64_t b, h, g, x0, x1;
+};
+
+__device__ __forceinline__ fwd_cta fwd_cta_of(const dt_attn_block_args &a, uint32_t cta, int bm,
+                                              int64_t section) {
+    const int64_t H = a.heads, nq = a.qseg.len, n_qt = dt_mma_query_tiles(nq, bm);
+    int64_t rank, unit;   /* rank 0: the last query tile */
+    dt_mma_sched(cta, n_qt, a.batch * H, section, &rank, &unit);
+    fwd_cta c;
+    c.b = unit / H;
+    c.h = unit % H;
+    c.g = c.h / (H / a.kv_heads);
+    c.x0 = (n_qt - 1 - rank) * bm;
+    c.x1 = c.x0 + bm < nq ? c.x0 + bm : nq;
+    return c;
+}
+
+/* blockIdx.x, read so that the compiler cannot reuse an earlier read. The
+ * forward kernels make their fwd_cta again from it before writing their
+ * rows back, instead of holding it, the rows and the pointers made from it
+ * in registers through the main loop: the wgmma kernel has 128 registers at
+ * D = 64 (two CTAs per SM), and held there they spilled. */
+__device__ __forceinline__ uint32_t cta_index() {
+#ifdef DT_CUDA_EMULATE
+    return blockIdx.x;
+#else
+    uint32_t i;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(i));
+    return i;
+#endif
+}
+
 /* The running state of the lane's two query rows in a forward kernel
  * (half 0: row g, half 1: row g + 8 of the warp's 16, which start at query
- * row `row0` of the block): read at the start of the block (or, in the
- * call's first block, a.first, started at m = -inf, l = 0, o = 0), written
- * back at the end (fused accumulation). accg, mg, lg: acc, m, l of the
- * block's (batch, head) at row 0. o[j][i] is accumulator element i of
- * n-tile j (head-dim columns 8j .. 8j+7): row dt_mma_c_row(lane, i), column
- * 8j + dt_mma_c_col(lane, i); elements 2 half and 2 half + 1 are adjacent
- * columns of one row, one float2. Rows past the segment are not live: m = -inf, l =
- * 0, o = 0, no key allowed (lim = 0), never written. */
+ * row `row0` of the block; c: the CTA's batch and head): read at the start
+ * of the block (or, in the call's first block, a.first, started at m =
+ * -inf, l = 0, o = 0), written back at the end (fused accumulation). o[j][i]
+ * is accumulator element i of n-tile j (head-dim columns 8j .. 8j+7): row
+ * dt_mma_c_row(lane, i), column 8j + dt_mma_c_col(lane, i); elements 2 half
+ * and 2 half + 1 are adjacent columns of one row, one float2. Rows past the
+ * segment are not live: m = -inf, l = 0, o = 0, no key allowed (lim = 0),
+ * never written. acc row x of the (batch, head) is at acc_of(a, c) + x H D,
+ * its m and l at m_of(a, c) + x and l_of(a, c) + x. */
 template <int D>
-__device__ __forceinline__ void read_rows(const dt_attn_block_args &a, const float *accg,
-                                          const float *mg, const float *lg, int64_t row0, int lane,
-                                          int64_t (&row)[2], bool (&live)[2], int64_t (&lim)[2],
+__device__ __forceinline__ float *acc_of(const dt_attn_block_args &a, const fwd_cta &c) {
+    return a.acc + c.b * a.acc_batch_stride + c.h * D;
+}
+__device__ __forceinline__ int64_t ml_of(const dt_attn_block_args &a, const fwd_cta &c) {
+    return c.b * a.ml_batch_stride + c.h * a.ml_head_stride;
+}
+
+template <int D>
+__device__ __forceinline__ void read_rows(const dt_attn_block_args &a, const fwd_cta &c,
+                                          int64_t row0, int lane, int64_t (&lim)[2],
                                           float (&m)[2], float (&l)[2], float (&o)[D / 8][4]) {
+    const float *accg = acc_of<D>(a, c), *mg = a.m + ml_of(a, c), *lg = a.l + ml_of(a, c);
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        row[half] = row0 + dt_mma_c_row(lane, 2 * half);
-        live[half] = row[half] < a.qseg.len;
-        const bool read = live[half] && !a.first;
-        m[half] = read ? mg[row[half]] : -INFINITY;
-        l[half] = read ? lg[row[half]] : 0.0f;
-        lim[half] = live[half] ? dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row[half])) : 0;
+        const int64_t row = row0 + dt_mma_c_row(lane, 2 * half);
+        const bool live = row < a.qseg.len, read = live && !a.first;
+        m[half] = read ? mg[row] : -INFINITY;
+        l[half] = read ? lg[row] : 0.0f;
+        lim[half] = live ? dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row)) : 0;
 #pragma unroll
         for (int j = 0; j < D / 8; j++) {
             float2 v = make_float2(0.0f, 0.0f);
             if (read)
-                v = *reinterpret_cast<const float2 *>(accg + row[half] * a.heads * D + 8 * j +
+                v = *reinterpret_cast<const float2 *>(accg + row * a.heads * D + 8 * j +
                                                       dt_mma_c_col(lane, 2 * half));
             o[j][2 * half] = v.x;
             o[j][2 * half + 1] = v.y;
@@ -215,35 +301,33 @@ __device__ __forceinline__ void read_rows(const dt_attn_block_args &a, const flo
  * log l (-inf where l = 0) with m's. The 4 lanes of a quad hold the same m
  * and l. */
 template <typename T, int D>
-__device__ __forceinline__ void write_rows(const dt_attn_block_args &a, int64_t b, int64_t h,
-                                           float *accg, float *mg, float *lg, int lane,
-                                           const int64_t (&row)[2], const bool (&live)[2],
-                                           const float (&m)[2], const float (&l)[2],
-                                           const float (&o)[D / 8][4]) {
+__device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fwd_cta &c,
+                                           int64_t row0, int lane, const float (&m)[2],
+                                           const float (&l)[2], const float (&o)[D / 8][4]) {
     const int64_t heads = a.heads;
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        if (!live[half]) continue;
+        const int64_t row = row0 + dt_mma_c_row(lane, 2 * half);
+        if (row >= a.qseg.len) continue;
         if (a.last) {
-            T *og = static_cast<T *>(a.o) + b * a.q_batch_stride + (row[half] * heads + h) * D;
+            T *og = static_cast<T *>(a.o) + c.b * a.q_batch_stride + (row * heads + c.h) * D;
             const float inv = l[half] > 0.0f ? 1.0f / l[half] : 0.0f;
 #pragma unroll
             for (int j = 0; j < D / 8; j++)
                 *reinterpret_cast<uint32_t *>(og + 8 * j + dt_mma_c_col(lane, 2 * half)) =
                     elem<T>::pack(o[j][2 * half] * inv, o[j][2 * half + 1] * inv);
             if ((lane & 3) == 0)
-                a.lse[b * a.ml_batch_stride + h * a.ml_head_stride + row[half]] =
-                    l[half] > 0.0f ? m[half] + logf(l[half]) : -INFINITY;
+                a.lse[ml_of(a, c) + row] = l[half] > 0.0f ? m[half] + logf(l[half]) : -INFINITY;
             continue;
         }
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
-            *reinterpret_cast<float2 *>(accg + row[half] * heads * D + 8 * j +
+            *reinterpret_cast<float2 *>(acc_of<D>(a, c) + row * heads * D + 8 * j +
                                         dt_mma_c_col(lane, 2 * half)) =
                 make_float2(o[j][2 * half], o[j][2 * half + 1]);
         if ((lane & 3) == 0) {
-            mg[row[half]] = m[half];
-            lg[row[half]] = l[half];
+            a.m[ml_of(a, c) + row] = m[half];
+            a.l[ml_of(a, c) + row] = l[half];
         }
     }
 }

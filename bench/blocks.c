@@ -39,6 +39,13 @@
  * its own thread count (one rank, every core).
  * Inputs are fill_random values; the timed code does not depend on them.
  *
+ * --trace (CUDA tensor-core kernels): after timing each block of (r),
+ * one more run of it records every CTA's start, end, SM and tiles
+ * (dt_attn_block_args.trace) and prints where the launch's time went
+ * (attention/cta_trace.h): the SMs' idle share (fill), the time after the
+ * last CTA started (drain), and a CTA's cycles per tile and fixed cost
+ * (a line fitted through the CTAs' cycles against their tiles).
+ *
  * --json prints one JSON object instead of the tables, after the last
  * measurement: the configuration, then every row of (r) and of (p), each
  * with its pass, under the text columns' names (docs/PERFORMANCE.md).
@@ -46,7 +53,7 @@
  * Run: build/bench/blocks [--backend auto|cpu|cuda] [--quick] [--iters N]
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
- *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--json]
+ *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--trace] [--json]
  */
 #include <math.h>
 #include <stdint.h>
@@ -56,6 +63,7 @@
 
 #include "attention/attention.h"
 #include "attention/block.h"
+#include "attention/cta_trace.h"
 #include "attention/mask.h"
 #include "dtensor/context_internal.h"
 #include "dtensor/dtensor.h"
@@ -71,7 +79,7 @@
 
 typedef struct opts {
     dt_backend_kind backend;
-    int quick, json, iters, ranks, passes[2], sections[2];
+    int quick, json, trace, iters, ranks, passes[2], sections[2];
     int64_t heads, kv_heads, dim;
     dt_dtype dtype;
     int n_c, n_ring_c;
@@ -96,6 +104,9 @@ typedef struct bufs {
     float *lse_out;                    /* the forward blocks' lse (the last of a ring's) */
     float *dq, *dk, *dv;               /* fp32 */
     void *scratch;
+    dt_attn_cta_trace *trace;          /* --trace: backend memory for trace_len records */
+    int64_t trace_len;
+    int tracing;                       /* run_block passes trace to the kernels */
 } bufs;
 
 static const dt_attn_kernels *kernels_of(dt_context *ctx) {
@@ -107,7 +118,7 @@ static const dt_attn_kernels *kernels_of(dt_context *ctx) {
 
 static void bufs_free(bufs *b) {
     void *all[] = {b->q, b->k, b->v, b->dout, b->o, b->acc, b->m, b->l, b->lse, b->delta,
-                   b->lse_out, b->dq, b->dk, b->dv, b->scratch};
+                   b->lse_out, b->dq, b->dk, b->dv, b->scratch, b->trace};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i]) b->be->ops->free(b->be, all[i]);
 }
@@ -152,6 +163,10 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
     for (int i = 0; i < 9; i++) DT_TRY(be->ops->alloc(be, n32[i] * sizeof(float), (void **)f32[i]));
     size_t sb = b->kern->fwd_scratch(b->D), bb = b->kern->bwd_scratch(b->D);
     DT_TRY(be->ops->alloc(be, sb > bb ? sb : bb, &b->scratch));
+    if (o->trace) {   /* a CTA per 64 query rows (or 128 keys) and head at most */
+        b->trace_len = (rows / 64 + 1) * b->H;
+        DT_TRY(be->ops->alloc(be, (size_t)b->trace_len * sizeof *b->trace, (void **)&b->trace));
+    }
     /* lse and delta of a full (non-causal) pass over these rows: finite
      * everywhere, the scale of a real backward. */
     dt_attn_segment all = {0, 1, rows};
@@ -201,6 +216,7 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
                     .ml_head_stride = b->rows, .acc = b->acc + qo, .first = first && j == 0,
                     .last = last && j == nk - 1, .o = (char *)b->o + qo * es,
                     .lse = b->lse_out + qoff, .kernel = b->kernel,
+                    .trace = b->tracing ? b->trace : NULL, .trace_len = b->trace_len,
                 };
                 DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
             } else {
@@ -210,6 +226,7 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
                     .qseg = qs[i], .kseg = ks[j], .mask = mask, .scale = scale,
                     .lse = b->lse + qoff, .delta = b->delta + qoff, .ml_head_stride = b->rows,
                     .dq = b->dq + qo, .dk = b->dk + ko, .dv = b->dv + ko, .kernel = b->kernel,
+                    .trace = b->tracing ? b->trace : NULL, .trace_len = b->trace_len,
                 };
                 DT_TRY(b->kern->bwd(b->be, &a, b->scratch));
             }
@@ -250,21 +267,51 @@ static dt_status time_block(const bufs *b, const opts *o, int bwd, dt_attn_mask 
     return DT_SUCCESS;
 }
 
+/* One more run of a one-launch block with its CTAs recording themselves
+ * (--trace), summarised (attention/cta_trace.h); ctas = 0 where the kernel
+ * keeps no trace (the CPU's, the simple CUDA ones). */
+static dt_status trace_block(const bufs *b, int bwd, dt_attn_mask mask, dt_attn_segment qs,
+                             dt_attn_segment ks, dt_attn_trace_stats *out) {
+    size_t bytes = (size_t)b->trace_len * sizeof *b->trace;
+    dt_attn_cta_trace *host = calloc((size_t)b->trace_len, sizeof *host);
+    if (!host) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: no host memory for the trace");
+    bufs t = *b;
+    t.tracing = 1;
+    dt_status st = b->be->ops->upload(b->be, b->trace, host, bytes);   /* zeros: unwritten */
+    if (st == DT_SUCCESS) st = b->be->ops->sync(b->be);
+    if (st == DT_SUCCESS) st = run_block(&t, bwd, mask, &qs, 1, &ks, 1, 0, 0);
+    if (st == DT_SUCCESS) st = b->be->ops->sync(b->be);
+    if (st == DT_SUCCESS) st = b->be->ops->download(b->be, host, b->trace, bytes);
+    if (st == DT_SUCCESS) st = dt_attn_trace_summarize(host, b->trace_len, out);
+    free(host);
+    return st;
+}
+
 /* --------------------------------------------------- (r) causal efficiency */
+
+/* The blocks of (r): full, causal, striped diagonal included, excluded. */
+enum { R_FULL, R_CAUSAL, R_INCL, R_EXCL, R_BLOCKS };
+static const char *const r_block_names[R_BLOCKS] = {"full", "causal", "striped_le", "striped_lt"};
 
 typedef struct r_row {
     int64_t c;
     double full_s, causal_s, incl_s, excl_s;   /* medians */
+    int traced;
+    dt_attn_trace_stats trace[R_BLOCKS];       /* --trace */
 } r_row;
 
 static dt_status measure_r(const bufs *b, const opts *o, int bwd, int64_t c, r_row *r) {
     int P = o->ranks;
     dt_attn_segment one = {0, 1, c}, s0 = {0, P, c}, s1 = {1, P, c};
+    const dt_attn_segment qs[R_BLOCKS] = {one, one, s1, s0}, ks[R_BLOCKS] = {one, one, s0, s1};
+    double *const t[R_BLOCKS] = {&r->full_s, &r->causal_s, &r->incl_s, &r->excl_s};
     r->c = c;
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, &one, 1, &one, 1, 0, 0, &r->full_s));
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &one, 1, &one, 1, 0, 0, &r->causal_s));
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &s1, 1, &s0, 1, 0, 0, &r->incl_s));
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &s0, 1, &s1, 1, 0, 0, &r->excl_s));
+    r->traced = o->trace;
+    for (int i = 0; i < R_BLOCKS; i++) {
+        dt_attn_mask mask = i == R_FULL ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
+        DT_TRY(time_block(b, o, bwd, mask, &qs[i], 1, &ks[i], 1, 0, 0, t[i]));
+        if (o->trace) DT_TRY(trace_block(b, bwd, mask, qs[i], ks[i], &r->trace[i]));
+    }
     return DT_SUCCESS;
 }
 
@@ -364,6 +411,33 @@ static void text_r_row(const bufs *b, int bwd, const r_row *x) {
            tflops(b, bwd, x->c, 0, x->full_s), tflops(b, bwd, x->c, 1, x->causal_s));
 }
 
+/* --trace: one line per block of each (r) row. */
+static void text_trace(const r_row *rows, int n, const char *pass) {
+    int any = 0;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < R_BLOCKS; k++) any |= rows[i].trace[k].ctas > 0;
+    if (!any) {
+        printf("\n(t) pass %s: no CTA records (only the CUDA tensor-core kernels, mma and "
+               "wgmma, keep them)\n", pass);
+        return;
+    }
+    printf("\n(t) CTA timeline of one more run of each (r) block, pass %s: fill = CTA time / "
+           "(slots x span),\n    drain = last CTA start to the end; a CTA's cycles = "
+           "cyc/tile x tiles + fixed (least squares)\n"
+           "    %7s %-10s %6s %4s %5s %9s %6s %9s %7s %9s %9s %7s %5s\n", pass, "c", "block",
+           "CTAs", "SMs", "slots", "span us", "fill", "drain us", "tiles", "cyc/tile",
+           "fixed cyc", "fixed/t", "GHz");
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < R_BLOCKS; k++) {
+            const dt_attn_trace_stats *t = &rows[i].trace[k];
+            printf("    %7lld %-10s %6lld %4lld %5lld %9.1f %6.3f %9.1f %7lld %9.0f %9.0f %7.2f "
+                   "%5.2f\n", (long long)rows[i].c, r_block_names[k], (long long)t->ctas,
+                   (long long)t->sms, (long long)t->slots, t->span_us, t->fill, t->drain_us,
+                   (long long)t->work, t->cycles_per_tile, t->overhead_cycles,
+                   t->overhead_cycles / t->cycles_per_tile, t->ghz);
+        }
+}
+
 static void text_p_title(const opts *o, const char *pass) {
     printf("\n(p) the ring on one device, pass %s: P = %d, every (rank, step) block alone\n"
            "    %7s %-11s %10s %10s %9s %9s %9s %10s\n", pass, o->ranks, "c", "order",
@@ -410,6 +484,26 @@ static void json_num(const char *key, double v) {
         printf(", \"%s\": null", key);
 }
 
+/* --trace: ", "trace": {"full": {...}, ...}" with cta_trace.h's fields. */
+static void json_trace(const r_row *x) {
+    printf(", \"trace\": {");
+    for (int k = 0; k < R_BLOCKS; k++) {
+        const dt_attn_trace_stats *t = &x->trace[k];
+        printf("%s\"%s\": {\"ctas\": %lld, \"sms\": %lld, \"slots\": %lld, \"tiles\": %lld",
+               k ? ", " : "", r_block_names[k], (long long)t->ctas, (long long)t->sms,
+               (long long)t->slots, (long long)t->work);
+        json_num("span_us", t->span_us);
+        json_num("fill", t->fill);
+        json_num("drain_us", t->drain_us);
+        json_num("cycles_per_tile", t->cycles_per_tile);
+        json_num("fixed_cycles", t->overhead_cycles);
+        json_num("fixed_tiles", t->overhead_cycles / t->cycles_per_tile);
+        json_num("ghz", t->ghz);
+        printf("}");
+    }
+    printf("}");
+}
+
 /* The configuration, then the rows of (r) and (p) of every pass; the
  * names are the text columns' (r after each striped ms is its own). */
 static void json_print(const run *r, const bufs *b) {
@@ -418,10 +512,10 @@ static void json_print(const run *r, const bufs *b) {
     const results *res = &r->res;
     printf("{\n  \"bench\": \"blocks\", \"backend\": \"%s\", \"kernels\": \"%s\", \"kernel\": \"%s\", "
            "\"H\": %lld, \"HKV\": %lld, \"D\": %lld, \"dtype\": \"%s\", \"P\": %d, \"iters\": %d, "
-           "\"warmup\": 1, \"quick\": %s,\n  ", dt_backend_kind_name(r->backend), b->kern->name,
-           dt_attn_kernel_choice_name(o->kernel), (long long)o->heads, (long long)o->kv_heads,
-           (long long)o->dim, dt_dtype_name(o->dtype), o->ranks, o->iters,
-           o->quick ? "true" : "false");
+           "\"warmup\": 1, \"quick\": %s, \"trace\": %s,\n  ", dt_backend_kind_name(r->backend),
+           b->kern->name, dt_attn_kernel_choice_name(o->kernel), (long long)o->heads,
+           (long long)o->kv_heads, (long long)o->dim, dt_dtype_name(o->dtype), o->ranks, o->iters,
+           o->quick ? "true" : "false", o->trace ? "true" : "false");
     json_names("passes", o->passes, pass_names, 2);
     printf(", ");
     json_names("sections", o->sections, section_names, 2);
@@ -448,6 +542,7 @@ static void json_print(const run *r, const bufs *b) {
             json_num("striped_lt_r", x->excl_s / x->full_s);
             json_num("tflops_full", tflops(b, bwd, x->c, 0, x->full_s));
             json_num("tflops_causal", tflops(b, bwd, x->c, 1, x->causal_s));
+            if (x->traced) json_trace(x);
             printf("}");
         }
     printf("%s],\n  \"p\": [", first ? "" : "\n  ");
@@ -507,6 +602,7 @@ static dt_status rank_main(dt_context *ctx, void *arg) {
                 if (!o->json) text_r_row(&b, bwd, x);
                 fflush(stdout);
             }
+            if (o->trace && !o->json) text_trace(res->r[bwd], res->n_r[bwd], pass);
         }
         if (o->sections[1]) {
             if (!o->json) text_p_title(o, pass);
@@ -546,6 +642,10 @@ static void usage(FILE *f) {
             "  --l2 BYTES        CUDA: the L2 size the tensor-core kernels order their CTAs\n"
             "                    for (attention/mma_layout.h; default the device's; 0: one\n"
             "                    head after another)\n"
+            "  --trace           (r): one more run of each block with its CTAs recording\n"
+            "                    their start, end, SM and tiles (CUDA mma and wgmma\n"
+            "                    kernels): the launch's idle SM time, its drain, a CTA's\n"
+            "                    cycles per tile and fixed cost\n"
             "  --json            one JSON object (the configuration and every row of (r)\n"
             "                    and (p)) instead of the tables\n");
 }
@@ -611,6 +711,9 @@ static int parse(int argc, char **argv, opts *o) {
             continue;
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
+            continue;
+        } else if (!strcmp(a, "--trace")) {
+            o->trace = 1;
             continue;
         } else if (!strcmp(a, "--backend")) {
             if (!ex_parse_backend(a, v, &o->backend)) return 0;

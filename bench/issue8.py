@@ -11,6 +11,10 @@ what matters most comes first when --budget runs out:
   item 2  causal efficiency r = causal time / full time, c = 1024..16384,
           H = 32, D = 128: bench/blocks (r) (also striped blocks) beside SDPA
           on [1, 32, c, 128]; target r <= 0.55 for c >= 4096.
+  item 2, CTA timelines  the same run's --trace: each full and causal block
+          run once more with its CTAs recording themselves: the SMs' idle
+          share, the drain after the last CTA start, a CTA's cycles per key
+          tile and fixed cost (no target: where item 2's time goes).
   item 5  backward TFLOPS (2.5x the forward flops): bench/blocks (r) --pass
           bwd beside SDPA's backward; target >= 0.9x FA2.
   items 3 and 4  bench/blocks (p): P = 8 ranks on one device; striped /
@@ -499,7 +503,9 @@ def item_r(session):
                   "for comparison with the default: heaviest tiles first across the "
                   "heads of an L2-sized section). torch: SDPA forward on [1, H, c, D] "
                   "causal over not causal, with the backend forced.")
-    outs = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs) for k in kernels}
+    outs = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=("--trace",))
+            for k in kernels}
+    session.r_outs = outs   # for item_trace
     heads_in_turn = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=("--l2", "0"))
                      for k in kernels}
     for c in cs:
@@ -521,6 +527,47 @@ def item_r(session):
             cells.append((r, ".3f"))
             data[f"{label}_r"] = r
         table.add(cells, data)
+    return table
+
+
+TRACE_BLOCKS = ("full", "causal")
+
+
+def item_trace(session):
+    """Item 2's blocks, where their time goes: the CTA timelines of --trace."""
+    h, d, cs = session.size["r_h"], session.size["r_d"], session.size["r_c"]
+    header = ["kernel", "c", "block", "CTAs", "slots", "span us", "fill", "drain us",
+              "drain share", "tiles", "cycles / tile", "fixed cycles", "fixed / tile", "GHz"]
+    table = Table("2t", "item 2, CTA timelines: where a block's time goes", "none (a "
+                  "diagnosis of item 2)", header,
+                  f"The (r) blocks of item 2 (B = 1, H = {h}, D = {d}, bf16), each run once "
+                  "more by the same command with --trace: every CTA records its start and "
+                  "end (%globaltimer), SM and key tiles (attention/cta_trace.h). slots = the "
+                  "most CTAs running at once; fill = the CTAs' time / (slots x span), 1 when "
+                  "no slot is ever idle; drain = from the last CTA's start to the end (no "
+                  "CTA left to launch); cycles = cycles / tile x tiles + fixed, least squares "
+                  "over the CTAs (clock64), fixed / tile = a CTA's fixed cost in key tiles "
+                  "(none for a full block, whose CTAs all have the same tiles).")
+    outs = getattr(session, "r_outs", {})
+    for k in session.args.kernels:
+        for c in cs:
+            row = r_row(outs.get(k, NA("missing", "item 2 did not run")), "fwd", c)
+            for block in TRACE_BLOCKS:
+                t = row if is_na(row) else row.get("trace", {}).get(block)
+                if t is None:
+                    t = NA("no trace", "bench/blocks printed no trace")
+                elif not is_na(t) and t["ctas"] == 0:
+                    t = NA("no CTA records", "only the CUDA mma and wgmma kernels keep them")
+                keys = ("ctas", "slots", "span_us", "fill", "drain_us", "tiles",
+                        "cycles_per_tile", "fixed_cycles", "fixed_tiles", "ghz")
+                v = {key: t if is_na(t) else t[key] for key in keys}
+                v = {key: NA("n/a") if x is None else x for key, x in v.items()}
+                share = ratio(v["drain_us"], v["span_us"])
+                cells = [k, str(c), block, (v["ctas"], ""), (v["slots"], ""),
+                         (v["span_us"], ".1f"), (v["fill"], ".3f"), (v["drain_us"], ".1f"),
+                         (share, ".3f"), (v["tiles"], ""), (v["cycles_per_tile"], ".0f"),
+                         (v["fixed_cycles"], ".0f"), (v["fixed_tiles"], ".2f"), (v["ghz"], ".2f")]
+                table.add(cells, dict(kernel=k, c=c, block=block, drain_share=share, **v))
     return table
 
 
@@ -802,8 +849,9 @@ def main(argv):
     emit(session, "\n".join(header_lines(session, info)))
     tables = []
     for make in (lambda: item_throughput(session, "fwd"), lambda: item_r(session),
-                 lambda: item_throughput(session, "bwd"), lambda: item_ring(session),
-                 lambda: item_waits(session), lambda: item_api(session)):
+                 lambda: item_trace(session), lambda: item_throughput(session, "bwd"),
+                 lambda: item_ring(session), lambda: item_waits(session),
+                 lambda: item_api(session)):
         tables.append(make())
         emit(session, tables[-1].markdown())
     emit(session, "\n".join(summary_lines(session, tables)))

@@ -14,6 +14,10 @@
  *     and c and one (p) row per pass and order, each row's figures
  *     consistent with its times (r = causal / full, the flop count,
  *     ceiling = (r + P - 1) / (P r), achieved = ratio / ceiling, ...);
+ *   - the summary of a traced launch (attention/cta_trace.c, bench/blocks
+ *     --trace) on a timeline worked out by hand: CTAs, SMs, slots (a CTA
+ *     starting as another ends takes its slot), span, drain, fill, the
+ *     fitted cycles per tile and fixed cycles, the clock;
  *   - bench/issue8.py --backend cpu --quick --no-torch (when python3 is on
  *     PATH; else skipped): exit 0, every item's heading, every step run;
  *   - bench/mlp --quick: the baseline rows and one row per mode and P, every
@@ -34,6 +38,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "attention/cta_trace.h"
 #include "harness.h"
 
 static char g_bench[4096] = "build/bench/attention", g_blocks[4096] = "build/bench/blocks",
@@ -313,6 +318,58 @@ static void test_blocks_quick_json(void **state) {
     assert_true(ok);
 }
 
+/* ------------------------------------------- the CTA trace's summary (--trace) */
+
+/* A record of a CTA on SM sm from t0 to t1 ns whose SM clock runs at 2 GHz
+ * (its cycle counter starts at an SM's own base), with `work` tiles. */
+static dt_attn_cta_trace cta(uint32_t sm, uint64_t t0, uint64_t t1, uint32_t work) {
+    const uint64_t base = 1000000u * (sm + 1);
+    return (dt_attn_cta_trace){{t0, t1}, {base + 2 * t0, base + 2 * t1}, sm, work};
+}
+
+/* A timeline worked out by hand. Two SMs; a CTA of w tiles lasts 1000 w +
+ * 300 ns (2000 w + 600 cycles); SM 7 runs CTAs of 3 and 1 tiles from 0,
+ * back to back, SM 2 CTAs of 2 and 0 tiles from 100; one record never
+ * written. Then: 4 CTAs, 2 SMs, 2 slots (a CTA starting at the instant
+ * another ends takes its slot), 6 tiles, span 4.6 us, drain 4600 - 3300 ns,
+ * busy 3300 + 1300 + 2300 + 300 ns of 2 x 4600, and the CTAs with work on
+ * the line 2000 w + 600. A third SM's CTA inside SM 7's first makes 3
+ * slots; CTAs of one work give no line; no record gives zeros. */
+static void test_trace_summary(void **state) {
+    (void)state;
+    dt_attn_cta_trace rec[6] = {cta(7, 0, 3300, 3), cta(2, 100, 2400, 2), {{0, 0}, {0, 0}, 0, 0},
+                                cta(2, 2400, 2700, 0), cta(7, 3300, 4600, 1)};
+    dt_attn_trace_stats t;
+    assert_int_equal(dt_attn_trace_summarize(rec, 5, &t), DT_SUCCESS);
+    assert_int_equal(t.ctas, 4);
+    assert_int_equal(t.sms, 2);
+    assert_int_equal(t.slots, 2);
+    assert_int_equal(t.work, 6);
+    assert_true(fabs(t.span_us - 4.6) < 1e-12);
+    assert_true(fabs(t.drain_us - 1.3) < 1e-12);
+    assert_true(fabs(t.fill - 7200.0 / 9200.0) < 1e-12);
+    assert_true(fabs(t.cycles_per_tile - 2000) < 1e-9);
+    assert_true(fabs(t.overhead_cycles - 600) < 1e-9);
+    assert_true(fabs(t.ghz - 2.0) < 1e-12);
+
+    rec[5] = cta(40, 500, 1500, 1);   /* inside SM 7's first CTA and SM 2's */
+    assert_int_equal(dt_attn_trace_summarize(rec, 6, &t), DT_SUCCESS);
+    assert_int_equal(t.ctas, 5);
+    assert_int_equal(t.sms, 3);
+    assert_int_equal(t.slots, 3);
+
+    dt_attn_cta_trace same[3] = {cta(0, 0, 5000, 4), cta(1, 0, 5200, 4), cta(0, 5000, 9000, 4)};
+    assert_int_equal(dt_attn_trace_summarize(same, 3, &t), DT_SUCCESS);
+    assert_int_equal(t.slots, 2);
+    assert_true(isnan(t.cycles_per_tile) && isnan(t.overhead_cycles));
+    assert_true(fabs(t.drain_us - 4.0) < 1e-12);
+
+    assert_int_equal(dt_attn_trace_summarize(rec + 2, 1, &t), DT_SUCCESS);
+    assert_int_equal(t.ctas, 0);
+    assert_int_equal(t.slots, 0);
+    assert_true(t.span_us == 0 && t.drain_us == 0);
+}
+
 /* ------------------------------------------------------------ bench/issue8.py */
 
 static char g_issue8[4096] = "bench/issue8.py", g_build[4096] = "build";
@@ -467,6 +524,8 @@ int main(int argc, char **argv) {
                                      test_blocks_quick, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/exit2", test_blocks_bad_flags, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/quick/json", test_blocks_quick_json, NULL, NULL,
+                                     NULL};
+    tests[n++] = (struct CMUnitTest){"bench_blocks/trace-summary", test_trace_summary, NULL, NULL,
                                      NULL};
     tests[n++] = (struct CMUnitTest){"bench_issue8/quick,backend=cpu,no-torch", test_issue8_quick,
                                      NULL, NULL, NULL};

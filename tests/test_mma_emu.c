@@ -22,7 +22,10 @@
  * its cp.async completed, lanes at different warp instructions, or a
  * deadlock, and for wgmma a missing fence (wgmma.fence, fence.proxy.async),
  * accumulators read or written before their wait_group, or a tile
- * overwritten while a wgmma reads it. What it cannot show: speed, and
+ * overwritten while a wgmma reads it. Every block also runs traced
+ * (dt_attn_block_args.trace): each CTA of the grid must write its record,
+ * none past the grid, and the records' tiles must add up to the tiles with
+ * a pair that may attend, counted pair by pair. What it cannot show: speed, and
  * hardware behaviour the PTX ISA leaves open (the mma's internal summation
  * order, for one) or shows only in figures (the emulator's reading of
  * wgmma's fragment layouts is its own, runtime.c says from what).
@@ -42,6 +45,7 @@
 
 #define DT_MMA_EMU_PREFIX 1
 #include "attention/block_cuda_mma.h"
+#include "attention/mma_layout.h"
 #include "attn_ref.h"
 #include "emu/emu.h"
 #include "emu/include/cuda.h"
@@ -148,6 +152,53 @@ static void run_forward(void **state) {
 }
 #define run_backward run_forward
 #else
+/* ------------------------------------------------------------ CTA traces */
+
+/* Whether query row x of segment q and key row y of segment k may attend. */
+static int visible(dt_attn_mask mask, dt_attn_segment q, int64_t x, dt_attn_segment k, int64_t y) {
+    return mask == DT_ATTN_FULL || dt_attn_pos(q, x) >= dt_attn_pos(k, y);
+}
+
+/* Tiles of bq query rows x bk key rows with at least one pair that may
+ * attend, counted pair by pair, times `units` (batch x heads). */
+static int64_t tiles_with_pairs(dt_attn_mask mask, dt_attn_segment q, int64_t bq, dt_attn_segment k,
+                                int64_t bk, int64_t units) {
+    int64_t n = 0;
+    for (int64_t x0 = 0; x0 < q.len; x0 += bq)
+        for (int64_t y0 = 0; y0 < k.len; y0 += bk) {
+            int any = 0;
+            for (int64_t x = x0; x < x0 + bq && x < q.len && !any; x++)
+                for (int64_t y = y0; y < y0 + bk && y < k.len && !any; y++)
+                    any = visible(mask, q, x, k, y);
+            n += any;
+        }
+    return n * units;
+}
+
+/* A traced block's records (dt_attn_block_args.trace, room for grid + 3):
+ * CTAs 0 .. grid-1 each wrote theirs (end after start), none past the grid,
+ * and their tiles add up to `tiles`. Returns the number of faults. */
+static long check_trace(const char *name, const dt_attn_cta_trace *tr, int64_t grid,
+                        int64_t tiles) {
+    long bad = 0;
+    int64_t sum = 0;
+    for (int64_t i = 0; i < grid + 3; i++) {
+        const int wrote = tr[i].ns[1] != 0;
+        if (wrote != (i < grid) || tr[i].ns[1] < tr[i].ns[0] || tr[i].clock[1] < tr[i].clock[0]) {
+            if (!bad++)
+                print_error("%s: CTA record %lld of a grid of %lld: %s\n", name, (long long)i,
+                            (long long)grid, wrote ? "written" : "missing");
+        }
+        sum += tr[i].work;
+    }
+    if (sum != tiles) {
+        print_error("%s: the CTAs' records count %lld tiles; %lld have pairs that may attend\n",
+                    name, (long long)sum, (long long)tiles);
+        bad++;
+    }
+    return bad;
+}
+
 /* --------------------------------------------------------------- forward */
 
 static void run_forward(void **state) {
@@ -174,6 +225,10 @@ static void run_forward(void **state) {
     void *ot = NULL;   /* the kernel's o, in the dtype */
     assert_int_equal(cudaMalloc(&ot, nacc * dt_dtype_size(c->dtype)), cudaSuccess);
     double *ref = malloc(nacc * sizeof *ref), *ref_lse = malloc(nrow * sizeof *ref_lse);
+    /* the kernels' query and key tiles (their files' comments) */
+    const int64_t bm = wgmma ? 128 : DT_MMA_BM, bn = wgmma ? 128 : DT_MMA_BN;
+    const int64_t trace_len = (n + bm - 1) / bm * H * B + 3;
+    dt_attn_cta_trace *trace = malloc((size_t)trace_len * sizeof *trace);
     long bad = 0;
     for (int j = 0; j < c->P && !bad; j++) {
         /* NaN: the first block of each query segment must not read them */
@@ -195,7 +250,9 @@ static void run_forward(void **state) {
                         .acc_batch_stride = n * H * D, .first = step == 0 && sk == 0,
                         .last = step == c->P - 1 && sk == R.nseg[r] - 1,
                         .o = (char *)ot + (size_t)(x0 * H * D) * dt_dtype_size(c->dtype),
-                        .lse = lse + x0, .kernel = c->kernel};
+                        .lse = lse + x0, .kernel = c->kernel, .trace = trace,
+                        .trace_len = trace_len};
+                    memset(trace, 0, (size_t)trace_len * sizeof *trace);
                     if (!dt_emu_attn_mma_block_ok(&a, why, sizeof why)) {
                         print_error("%s: block refused: %s\n", c->name, why);
                         bad = 1;
@@ -203,6 +260,9 @@ static void run_forward(void **state) {
                                       : dt_emu_attn_mma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)))) != DT_SUCCESS) {
                         print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
                         bad = 1;
+                    } else {
+                        bad += check_trace(c->name, trace, (a.qseg.len + bm - 1) / bm * H * B,
+                                           tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H));
                     }
                 }
         }
@@ -217,7 +277,7 @@ static void run_forward(void **state) {
     const uint64_t mma_ran = dt_emu_get_counts().mma - mma_before;
     free_ranks(c, &R);
     free(q), free(k), free(v), free(o_ref), free(lse_ref), free(ref), free(ref_lse);
-    free(m), free(l), free(acc), free(o), free(lse);
+    free(m), free(l), free(acc), free(o), free(lse), free(trace);
     cudaFree(ot);
     assert_int_equal(bad, 0);
     assert_true(mma_ran > 0);
@@ -275,6 +335,10 @@ static void run_backward(void **state) {
         dv[j] = zeros_f32(nkl);
     }
     const uint64_t mma_before = dt_emu_get_counts().mma;
+    /* the kernels' key tiles (a CTA each) and query tiles (their files' comments) */
+    const int64_t bn = DT_MMA_BWD_BN, bm = wgmma ? 8192 / D : DT_MMA_BM;
+    const int64_t trace_len = (n + bn - 1) / bn * G * B + 3;
+    dt_attn_cta_trace *trace = malloc((size_t)trace_len * sizeof *trace);
     long bad = 0;
     /* every (query rank, key rank) block, every segment pair */
     for (int j = 0; j < c->P && !bad; j++)
@@ -292,7 +356,9 @@ static void run_backward(void **state) {
                         .scale = (float)scale, .lse = lse[j] + x0, .delta = delta[j] + x0,
                         .ml_batch_stride = H * n, .ml_head_stride = n, .dq = dq[j] + x0 * H * D,
                         .dq_batch_stride = n * H * D, .dk = dk[r] + y0 * G * D,
-                        .dv = dv[r] + y0 * G * D, .kernel = c->kernel};
+                        .dv = dv[r] + y0 * G * D, .kernel = c->kernel, .trace = trace,
+                        .trace_len = trace_len};
+                    memset(trace, 0, (size_t)trace_len * sizeof *trace);
                     const int64_t l2 = l2_for(c, (H / G) * a.qseg.len * D * 8);
                     if (!bad && !dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why)) {
                         print_error("%s: block refused: %s\n", c->name, why);
@@ -302,6 +368,9 @@ static void run_backward(void **state) {
                         print_error("%s: queries of rank %d, keys of rank %d: %s\n", c->name, j,
                                     r, dt_last_error());
                         bad = 1;
+                    } else if (!bad) {   /* a tile of keys per CTA, its query tiles its work */
+                        bad += check_trace(c->name, trace, (a.kseg.len + bn - 1) / bn * G * B,
+                                           tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H));
                     }
                 }
     const double tol = 3e-2;
@@ -321,7 +390,7 @@ static void run_backward(void **state) {
     }
     free_ranks(c, &R);
     free(q), free(k), free(v), free(dout), free(o), free(lse_full), free(delta_full);
-    free(dq_ref), free(dk_ref), free(dv_ref), free(tmp), free(ref);
+    free(dq_ref), free(dk_ref), free(dv_ref), free(tmp), free(ref), free(trace);
     assert_int_equal(bad, 0);
     assert_true(mma_ran > 0);
 }

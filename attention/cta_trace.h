@@ -1,0 +1,50 @@
+/* attention/cta_trace.h — PRIVATE. What a traced launch of a tensor-core
+ * block kernel says about itself (dt_attn_block_args.trace, block.h): where
+ * its time went, for bench/blocks --trace (docs/PERFORMANCE.md).
+ *
+ * A launch's time splits into the CTAs' own time (each one's main loop and
+ * the fixed cost around it: loading the first tiles, reading and writing
+ * the rows) and the time its SMs sit idle (at the start, while CTAs are
+ * still being launched, and at the end, once none is left to start and the
+ * last ones finish). A causal block's time over a full one's (r) is near
+ * 1/2 only if both stay small: `fill` and `drain_us` show the idle time,
+ * `overhead_cycles` the fixed cost per CTA in units of `cycles_per_tile`.
+ */
+#ifndef DT_ATTN_CTA_TRACE_H
+#define DT_ATTN_CTA_TRACE_H
+
+#include <stdint.h>
+#include "../dtensor/status.h"
+#include "block.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_attn_trace_stats {
+    int64_t ctas;            /* records written (ns[1] != 0) */
+    int64_t sms;             /* distinct SMs among them */
+    int64_t slots;           /* the most CTAs running at one time */
+    int64_t work;            /* their work (tiles), summed */
+    double span_us;          /* the first start to the last end */
+    double fill;             /* CTA time summed / (slots x span): 1 when no slot is ever idle */
+    double drain_us;         /* the last start to the last end: nothing left to launch */
+    /* Least squares over the CTAs with work > 0: cycles = cycles_per_tile
+     * x work + overhead_cycles (the intercept holds whatever a CTA spends
+     * beyond its tiles at the mean tile's cost: loads before the first
+     * tile, the rows read and written, a masked tile's extra). NaN when
+     * every such CTA has the same work (a full block): no line to fit. */
+    double cycles_per_tile, overhead_cycles;
+    double ghz;              /* cycles / ns summed over the CTAs: the SMs' clock */
+} dt_attn_trace_stats;
+
+/* Summarises the n records rec (a traced launch's dt_attn_cta_trace, the
+ * ones never written, ns[1] = 0, left out) into *out; with none written,
+ * ctas = 0 and every time 0. DT_ERR_OUT_OF_MEMORY (host memory for the
+ * sort of 2n events) is the only failure. */
+dt_status dt_attn_trace_summarize(const dt_attn_cta_trace *rec, int64_t n, dt_attn_trace_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DT_ATTN_CTA_TRACE_H */
