@@ -402,7 +402,7 @@ CU_ARCH_FLAGS = -arch=$(NVCC_ARCH)
 # spill there is a build error (ptxas -warn-spills under -Werror
 # all-warnings), so a change that brings one back shows at once (one came in
 # unseen with commit 631b7f2: 220 bytes in the wgmma forward at D = 64).
-# Not the mma backward (112 bytes at D = 128, docs/ARCHITECTURE.md), nor a
+# Not the mma backward (80 bytes at D = 128, docs/ARCHITECTURE.md), nor a
 # debug build.
 $(BUILD)/obj/attention/block_cuda_mma.cu.o $(BUILD)/obj/attention/block_cuda_wgmma.cu.o \
 $(BUILD)/obj/attention/block_cuda_wgmma_bwd.cu.o: CU_SPILL_FLAGS = $(if $(DEBUG_ON),,-Xptxas -warn-spills)

@@ -346,6 +346,15 @@ extern "C" int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *w
             (void *)a->dk, (void *)a->dv, (void *)a->dq, (long long)a->dq_batch_stride);
         return 0;
     }
+    /* A CTA walks its GQA group's query tiles (of 64 rows at the least)
+     * with 32-bit counters (mma_device.cuh's bwd_cta). */
+    const int64_t group = a->kv_heads > 0 ? a->heads / a->kv_heads : 0;
+    if (group * ((a->qseg.len + DT_MMA_BM - 1) / DT_MMA_BM) > INT32_MAX) {
+        say(why, why_size, "%lld query heads per kv head x %lld query tiles of 64 rows is more "
+            "than 2^31 - 1 iterations for one CTA", (long long)group,
+            (long long)((a->qseg.len + DT_MMA_BM - 1) / DT_MMA_BM));
+        return 0;
+    }
     return 1;
 }
 

@@ -46,7 +46,8 @@ int dt_attn_mma_block_ok(const dt_attn_block_args *a, char *why, size_t why_size
 
 /* The same for one backward block: q, dout, k, v 16-byte aligned with
  * batch strides of whole 16-byte rows, dk, dv and dq 8-byte aligned,
- * segment lengths below 2^31 - 64, a grid within 2^31 - 1 blocks. */
+ * segment lengths below 2^31 - 64, a grid within 2^31 - 1 blocks, and
+ * heads / kv_heads x ceil(qseg.len / 64) within 2^31 - 1 (a CTA's walk). */
 int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *why, size_t why_size);
 
 /* Runs one forward block (same contract as dt_attn_kernels.fwd) on `stream`.

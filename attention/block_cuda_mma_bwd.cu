@@ -76,8 +76,8 @@
  * iteration i+1's copies off the stage still being read.
  *
  * Resources (ptxas -v, CUDA 13, sm_90): 246 registers at D = 64, no spills;
- * 255 registers at D = 128 with a 120-byte stack frame (112 bytes of spill
- * stores, 176 of loads): the 2 x 16 x 128 fp32 dK, dV accumulators per warp
+ * 255 registers at D = 128 with an 88-byte stack frame (80 bytes of spill
+ * stores, 120 of loads): the 2 x 16 x 128 fp32 dK, dV accumulators per warp
  * plus S and dP leave no room. One CTA (8 warps) per SM either way, the
  * occupancy of the 4-warp version's two CTAs.
  *
@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
 #pragma unroll
         for (int i = 0; i < 4; i++) dk[j][i] = dv[j][i] = 0.0f;
 
-    for (int64_t it = 0; it < c.n_iter; it++) {
+    for (int it = 0; it < c.n_iter; it++) {
         const int stage = (int)(it & 1);
         if (it + 1 < c.n_iter) {
             const int64_t h = c.head(it + 1);

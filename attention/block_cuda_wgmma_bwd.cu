@@ -66,7 +66,7 @@
  *
  * Registers per thread: dK, dV D (64 at D = 64, 128 at D = 128), S^T and
  * dP^T BM / 2 each, P^T and dS^T as A fragments BM / 4 each, the dQ piece
- * 32. ptxas (CUDA 13, sm_90a): 253 registers at D = 64, 254 at D = 128, no
+ * 32. ptxas (CUDA 13, sm_90a): 241 registers at D = 64, 247 at D = 128, no
  * spills, no serialised wgmma; one CTA (8 warps) per SM.
  *
  * What is left for an H100 (docs/PERFORMANCE.md): run and measure it
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < 4; i++) dk[j][i] = dv[j][i] = 0.0f;
 
-    for (int64_t it = 0; it < c.n_iter; it++) {
+    for (int it = 0; it < c.n_iter; it++) {
         const int stage = (int)(it & 1);
         if (it + 1 < c.n_iter) {   /* iteration it+1's loads fly during this one */
             if (threadIdx.x == 0) {

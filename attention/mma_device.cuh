@@ -412,10 +412,12 @@ __device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (*p)[4
  * qt_unmasked on, no mask). Uniform over the CTA, and so are its early
  * return (n_iter = 0: no query attends these keys) and its loop. */
 struct bwd_cta {
-    int64_t b, g, y0, group, qt_first, qt_unmasked, per_head, n_iter;
+    /* 32-bit: held through the main loop, where the backward kernels are
+     * short of registers; dt_attn_mma_bwd_block_ok keeps n_iter in range */
+    int b, g, y0, group, qt_first, qt_unmasked, per_head, n_iter;
     /* iteration it's query head and query tile */
-    __device__ int64_t head(int64_t it) const { return g * group + it / per_head; }
-    __device__ int64_t qtile(int64_t it) const { return qt_first + it % per_head; }
+    __device__ int head(int it) const { return g * group + it / per_head; }
+    __device__ int qtile(int it) const { return qt_first + it % per_head; }
 };
 
 __device__ __forceinline__ bwd_cta bwd_cta_of(const dt_attn_block_bwd_args &a, int64_t section,
@@ -425,17 +427,17 @@ __device__ __forceinline__ bwd_cta bwd_cta_of(const dt_attn_block_bwd_args &a, i
     int64_t rank, unit;   /* rank 0: the first key tile, the most queries */
     dt_mma_sched(blockIdx.x, (nk + BN - 1) / BN, a.batch * G, section, &rank, &unit);
     bwd_cta c;
-    c.b = unit / G;
-    c.g = unit % G;
-    c.y0 = rank * BN;
-    c.group = a.heads / G;
+    c.b = (int)(unit / G);
+    c.g = (int)(unit % G);
+    c.y0 = (int)(rank * BN);
+    c.group = (int)(a.heads / G);
     const bool whole = c.y0 + BN <= nk;
-    c.qt_first = dt_mma_bwd_first_qtile(
+    c.qt_first = (int)dt_mma_bwd_first_qtile(
         dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, c.y0)), nq, bm);
-    c.qt_unmasked = dt_mma_bwd_unmasked_qtile(
+    c.qt_unmasked = (int)dt_mma_bwd_unmasked_qtile(
         whole ? dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, c.y0 + BN - 1)) : 0,
         whole, nq, bm);
-    c.per_head = dt_mma_query_tiles(nq, bm) - c.qt_first;
+    c.per_head = (int)dt_mma_query_tiles(nq, bm) - c.qt_first;
     c.n_iter = c.group * c.per_head;
     return c;
 }

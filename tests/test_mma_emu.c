@@ -395,6 +395,22 @@ static void run_backward(void **state) {
     assert_true(mma_ran > 0);
 }
 
+/* The backward kernels walk a CTA's query heads and tiles with 32-bit
+ * counters: a block whose group x query tiles passes 2^31 - 1 is refused,
+ * one just below is not. (Only the arguments: no kernel runs.) */
+static void test_bwd_walk_bound(void **state) {
+    (void)state;
+    char why[256] = "";
+    dt_attn_segment q = {0, 1, (int64_t)1 << 16}, k = {0, 1, 128};
+    dt_attn_block_bwd_args a = {.dtype = DT_BF16, .batch = 1, .heads = (int64_t)1 << 20,
+                                .kv_heads = 1, .dim = 64, .qseg = q, .kseg = k};
+    /* 2^20 heads x 2^10 tiles: 2^30 iterations */
+    assert_true(dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why));
+    a.qseg.len = (int64_t)1 << 17;   /* 2^31 */
+    assert_false(dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why));
+    assert_non_null(strstr(why, "more than 2^31 - 1 iterations"));
+}
+
 #endif /* DT_EMU_NO_CXX */
 
 /* ------------------------------------------------------ the emulator itself
@@ -1439,7 +1455,7 @@ int main(void) {
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
     static emu_case cases[4 * 2 * NROWS];
-    struct CMUnitTest tests[4 * 2 * NROWS + 4];
+    struct CMUnitTest tests[4 * 2 * NROWS + 5];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
@@ -1473,6 +1489,10 @@ int main(void) {
                 tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                 nt++;
             }
+#ifndef DT_EMU_NO_CXX
+    tests[nt++] = (struct CMUnitTest){"backward/block-ok/walk-within-2^31", test_bwd_walk_bound,
+                                      NULL, NULL, NULL};
+#endif
     tests[nt++] = (struct CMUnitTest){"emulator/checks-and-semantics", test_emulator, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/wgmma", test_wgmma, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/mbarrier-and-tma", test_tma, NULL, NULL, NULL};
