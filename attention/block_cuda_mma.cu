@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
         __syncthreads();   /* stage is refilled by iteration kt+1's copies */
     }
 
-    const fwd_cta e = fwd_cta_of(a, cta_index(), BM, section);   /* c again: cta_index */
+    const fwd_cta e = fwd_cta_of(a, cta_index(), BM, section);   /* c, made again: cta_index */
     write_rows<T, D>(a, e, e.x0 + 16 * warp, lane, m, l, o);
     cta_trace(a, 1, n_tiles);
 #endif

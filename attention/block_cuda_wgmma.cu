@@ -230,7 +230,8 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
         __syncthreads();   /* stage is refilled by iteration kt+1's TMA */
     }
 
-    const fwd_cta e = fwd_cta_of(a, cta_index(), WG_BM, p.section);   /* c again: cta_index */
+    /* c, made again (cta_index says why) */
+    const fwd_cta e = fwd_cta_of(a, cta_index(), WG_BM, p.section);
     write_rows<T, D>(a, e, e.x0 + 64 * wg + 16 * wl, lane, m, l, o);
     cta_trace(a, 1, n_tiles);
 #endif

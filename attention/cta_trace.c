@@ -31,7 +31,8 @@ dt_status dt_attn_trace_summarize(const dt_attn_cta_trace *rec, int64_t n, dt_at
     if (!ev || !seen) {
         free(ev);
         free(seen);
-        return dt_error(DT_ERR_OUT_OF_MEMORY, "cta trace: no host memory for %lld records", (long long)n);
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "cta trace: no host memory for %lld records",
+                        (long long)n);
     }
     uint64_t first = UINT64_MAX, last = 0, last_start = 0;
     double busy_ns = 0, cycles = 0;

@@ -262,8 +262,8 @@ __device__ __forceinline__ uint32_t cta_index() {
  * dt_mma_c_row(lane, i), column 8j + dt_mma_c_col(lane, i); elements 2 half
  * and 2 half + 1 are adjacent columns of one row, one float2. Rows past the
  * segment are not live: m = -inf, l = 0, o = 0, no key allowed (lim = 0),
- * never written. acc row x of the (batch, head) is at acc_of(a, c) + x H D,
- * its m and l at m_of(a, c) + x and l_of(a, c) + x. */
+ * never written. Row x of the (batch, head): acc at acc_of(a, c) + x H D,
+ * m and l at a.m + ml_of(a, c) + x and a.l + ml_of(a, c) + x. */
 template <int D>
 __device__ __forceinline__ float *acc_of(const dt_attn_block_args &a, const fwd_cta &c) {
     return a.acc + c.b * a.acc_batch_stride + c.h * D;
