@@ -39,12 +39,14 @@
  * its own thread count (one rank, every core).
  * Inputs are fill_random values; the timed code does not depend on them.
  *
- * --trace (CUDA tensor-core kernels): after timing each block of (r),
- * one more run of it records every CTA's start, end, SM and tiles
+ * --trace (CUDA tensor-core kernels): after timing each block, one more
+ * run of it records every CTA's start, end, SM and tiles
  * (dt_attn_block_args.trace) and prints where the launch's time went
- * (attention/cta_trace.h): the SMs' idle share (fill), the time after the
- * last CTA started (drain), and a CTA's cycles per tile and fixed cost
- * (a line fitted through the CTAs' cycles against their tiles).
+ * (attention/cta_trace.h). (r): the SMs' idle share (fill), the time after
+ * the last CTA started (drain), and a CTA's cycles per tile and fixed cost
+ * (a line fitted through the CTAs' cycles against their tiles). (p): per
+ * order, every launch of its blocks summed (span, drain, packed time: the
+ * CTAs' time / slots), and the same for the one call.
  *
  * --json prints one JSON object instead of the tables, after the last
  * measurement: the configuration, then every row of (r) and of (p), each
@@ -91,6 +93,14 @@ typedef struct opts {
 
 /* ------------------------------------------------------------ the buffers */
 
+/* --trace: what traced launches add up to (attention/cta_trace.h). */
+typedef struct launch_sum {
+    int launches;
+    int64_t ctas;
+    double span_us, drain_us, packed_us;   /* summed; packed: the CTAs' time / slots */
+    dt_attn_trace_stats last;              /* the last launch's */
+} launch_sum;
+
 /* Everything one rank's blocks touch, for `rows` query and key rows. */
 typedef struct bufs {
     dt_backend *be;
@@ -106,7 +116,7 @@ typedef struct bufs {
     void *scratch;
     dt_attn_cta_trace *trace;          /* --trace: backend memory for trace_len records */
     int64_t trace_len;
-    int tracing;                       /* run_block passes trace to the kernels */
+    launch_sum *tracing;               /* non-NULL: run_block traces each launch into it */
 } bufs;
 
 static const dt_attn_kernels *kernels_of(dt_context *ctx) {
@@ -192,6 +202,31 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
 
 /* --------------------------------------------------------------- one block */
 
+/* --trace: the records of the launch just made, summed up into
+ * b->tracing; the records zeroed again for the next one. */
+static dt_status trace_launch(const bufs *b) {
+    size_t bytes = (size_t)b->trace_len * sizeof *b->trace;
+    dt_attn_cta_trace *host = malloc(bytes);
+    if (!host) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: no host memory for the trace");
+    dt_attn_trace_stats t;
+    dt_status st = b->be->ops->sync(b->be);
+    if (st == DT_SUCCESS) st = b->be->ops->download(b->be, host, b->trace, bytes);
+    if (st == DT_SUCCESS) st = dt_attn_trace_summarize(host, b->trace_len, &t);
+    if (st == DT_SUCCESS) {
+        launch_sum *sum = b->tracing;
+        sum->launches++;
+        sum->ctas += t.ctas;
+        sum->span_us += t.span_us;
+        sum->drain_us += t.drain_us;
+        sum->packed_us += t.ctas ? t.fill * t.span_us : 0;
+        sum->last = t;
+        memset(host, 0, bytes);
+        st = b->be->ops->upload(b->be, b->trace, host, bytes);
+    }
+    free(host);
+    return st;
+}
+
 /* The blocks of query segments qs against key segments ks, rows laid out
  * one segment after another from row 0 (as a rank's shard), forward or
  * backward, accumulating into b's fp32 buffers. Forward, as a ring step of
@@ -219,6 +254,7 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
                     .trace = b->tracing ? b->trace : NULL, .trace_len = b->trace_len,
                 };
                 DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
+                if (b->tracing) DT_TRY(trace_launch(b));
             } else {
                 dt_attn_block_bwd_args a = {
                     .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
@@ -229,6 +265,7 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
                     .trace = b->tracing ? b->trace : NULL, .trace_len = b->trace_len,
                 };
                 DT_TRY(b->kern->bwd(b->be, &a, b->scratch));
+                if (b->tracing) DT_TRY(trace_launch(b));
             }
             koff += ks[j].len;
         }
@@ -267,23 +304,21 @@ static dt_status time_block(const bufs *b, const opts *o, int bwd, dt_attn_mask 
     return DT_SUCCESS;
 }
 
-/* One more run of a one-launch block with its CTAs recording themselves
- * (--trace), summarised (attention/cta_trace.h); ctas = 0 where the kernel
- * keeps no trace (the CPU's, the simple CUDA ones). */
-static dt_status trace_block(const bufs *b, int bwd, dt_attn_mask mask, dt_attn_segment qs,
-                             dt_attn_segment ks, dt_attn_trace_stats *out) {
+/* One more run of run_block's blocks with their CTAs recording themselves
+ * (--trace), every launch summed up into *sum (attention/cta_trace.h;
+ * ctas = 0 where the kernel keeps no record: the CPU's, the simple CUDA
+ * ones). Not timed: the timed runs carry no trace. */
+static dt_status trace_run(const bufs *b, int bwd, dt_attn_mask mask, const dt_attn_segment *qs,
+                           int nq, const dt_attn_segment *ks, int nk, int first, int last,
+                           launch_sum *sum) {
     size_t bytes = (size_t)b->trace_len * sizeof *b->trace;
-    dt_attn_cta_trace *host = calloc((size_t)b->trace_len, sizeof *host);
-    if (!host) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: no host memory for the trace");
+    dt_attn_cta_trace *zeros = calloc(1, bytes);
+    if (!zeros) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: no host memory for the trace");
+    dt_status st = b->be->ops->upload(b->be, b->trace, zeros, bytes);   /* unwritten records */
+    free(zeros);
     bufs t = *b;
-    t.tracing = 1;
-    dt_status st = b->be->ops->upload(b->be, b->trace, host, bytes);   /* zeros: unwritten */
-    if (st == DT_SUCCESS) st = b->be->ops->sync(b->be);
-    if (st == DT_SUCCESS) st = run_block(&t, bwd, mask, &qs, 1, &ks, 1, 0, 0);
-    if (st == DT_SUCCESS) st = b->be->ops->sync(b->be);
-    if (st == DT_SUCCESS) st = b->be->ops->download(b->be, host, b->trace, bytes);
-    if (st == DT_SUCCESS) st = dt_attn_trace_summarize(host, b->trace_len, out);
-    free(host);
+    t.tracing = sum;
+    if (st == DT_SUCCESS) st = run_block(&t, bwd, mask, qs, nq, ks, nk, first, last);
     return st;
 }
 
@@ -310,7 +345,11 @@ static dt_status measure_r(const bufs *b, const opts *o, int bwd, int64_t c, r_r
     for (int i = 0; i < R_BLOCKS; i++) {
         dt_attn_mask mask = i == R_FULL ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
         DT_TRY(time_block(b, o, bwd, mask, &qs[i], 1, &ks[i], 1, 0, 0, t[i]));
-        if (o->trace) DT_TRY(trace_block(b, bwd, mask, qs[i], ks[i], &r->trace[i]));
+        if (o->trace) {
+            launch_sum sum = {0};
+            DT_TRY(trace_run(b, bwd, mask, &qs[i], 1, &ks[i], 1, 0, 0, &sum));
+            r->trace[i] = sum.last;
+        }
     }
     return DT_SUCCESS;
 }
@@ -322,13 +361,16 @@ static const dt_order orders[3] = {DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORD
 typedef struct p_row {
     double crit_s[3], total_s[3];
     double single_s, r;
+    int traced;
+    launch_sum ring[3], single;   /* --trace: every block's launches; the one call's */
 } p_row;
 
 static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_row *out) {
     int P = o->ranks;
     int64_t S = (int64_t)P * c;
+    memset(out, 0, sizeof *out);
+    out->traced = o->trace;
     for (int oi = 0; oi < 3; oi++) {
-        out->crit_s[oi] = out->total_s[oi] = 0;
         for (int t = 0; t < P; t++) {
             double slowest = 0;
             for (int j = 0; j < P; j++) {
@@ -338,6 +380,9 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
                 double s;
                 DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, t == 0, t == P - 1,
                                   &s));
+                if (o->trace)
+                    DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, t == 0, t == P - 1,
+                                     &out->ring[oi]));
                 slowest = s > slowest ? s : slowest;
                 out->total_s[oi] += s;
             }
@@ -346,6 +391,8 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
     }
     dt_attn_segment whole = {0, 1, S}, one = {0, 1, c};
     DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &whole, 1, &whole, 1, 1, 1, &out->single_s));
+    if (o->trace)
+        DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, &whole, 1, &whole, 1, 1, 1, &out->single));
     double full_s, causal_s;
     DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, &one, 1, &one, 1, 0, 0, &full_s));
     DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &one, 1, &one, 1, 0, 0, &causal_s));
@@ -454,6 +501,22 @@ static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
     }
     printf("    (r = %.3f at c = %lld; one causal call on S = %lld: %.3f ms)\n", x->r,
            (long long)c, (long long)(c * o->ranks), 1e3 * x->single_s);
+    if (!x->traced) return;
+    if (x->single.ctas == 0) {
+        printf("    (t) no CTA records (only the CUDA tensor-core kernels, mma and wgmma, keep "
+               "them)\n");
+        return;
+    }
+    printf("    (t) traced once more (--trace): every launch of the order's blocks, its span,\n"
+           "        drain and packed time (the CTAs' time / slots) summed; fill = packed / span\n"
+           "        %-11s %8s %10s %10s %10s %6s\n", "order", "launches", "span ms", "drain ms",
+           "packed ms", "fill");
+    for (int oi = 0; oi <= 3; oi++) {
+        const launch_sum *t = oi < 3 ? &x->ring[oi] : &x->single;
+        printf("        %-11s %8d %10.3f %10.3f %10.3f %6.3f\n",
+               oi < 3 ? dt_order_name(orders[oi]) : "one call", t->launches, t->span_us / 1e3,
+               t->drain_us / 1e3, t->packed_us / 1e3, t->packed_us / t->span_us);
+    }
 }
 
 /* ------------------------------------------------------------- JSON output */
@@ -501,6 +564,17 @@ static void json_trace(const r_row *x) {
         json_num("ghz", t->ghz);
         printf("}");
     }
+    printf("}");
+}
+
+/* --trace in (p): ", KEY: {"launches": .., "span_ms": .., ...}". */
+static void json_launches(const char *key, const launch_sum *t) {
+    printf(", \"%s\": {\"launches\": %d, \"ctas\": %lld", key, t->launches,
+           (long long)t->ctas);
+    json_num("span_ms", t->span_us / 1e3);
+    json_num("drain_ms", t->drain_us / 1e3);
+    json_num("packed_ms", t->packed_us / 1e3);
+    json_num("fill", t->packed_us / t->span_us);
     printf("}");
 }
 
@@ -564,6 +638,10 @@ static void json_print(const run *r, const bufs *b) {
                 json_num("vs_1_call", x->total_s[oi] / x->single_s);
                 json_num("r", x->r);
                 json_num("single_ms", 1e3 * x->single_s);
+                if (x->traced) {
+                    json_launches("trace", &x->ring[oi]);
+                    json_launches("single_trace", &x->single);
+                }
                 printf("}");
             }
         }
@@ -642,10 +720,11 @@ static void usage(FILE *f) {
             "  --l2 BYTES        CUDA: the L2 size the tensor-core kernels order their CTAs\n"
             "                    for (attention/mma_layout.h; default the device's; 0: one\n"
             "                    head after another)\n"
-            "  --trace           (r): one more run of each block with its CTAs recording\n"
+            "  --trace           one more run of each block with its CTAs recording\n"
             "                    their start, end, SM and tiles (CUDA mma and wgmma\n"
-            "                    kernels): the launch's idle SM time, its drain, a CTA's\n"
-            "                    cycles per tile and fixed cost\n"
+            "                    kernels): (r) the launch's idle SM time, its drain, a\n"
+            "                    CTA's cycles per tile and fixed cost; (p) the ring's\n"
+            "                    launches summed: span, drain, packed time\n"
             "  --json            one JSON object (the configuration and every row of (r)\n"
             "                    and (p)) instead of the tables\n");
 }

@@ -20,6 +20,8 @@ what matters most comes first when --budget runs out:
   items 3 and 4  bench/blocks (p): P = 8 ranks on one device; striped /
           contiguous critical path >= 0.95 of (r + P - 1) / (P r) and >= 1.75
           at c = 8192; all blocks <= 1.05x one causal call at S = 32768.
+  items 3 and 4, CTA timelines  the same runs' --trace: the ring's launches
+          summed (span, drain, packed time) beside the one call's.
   item 6  bench/attention (b) with DT_ATTN_KERNEL set, the ring's wall
           time, beside bench/blocks (p) with the same P, C, H, D: the same
           blocks back to back with no communication; exposed = (wall -
@@ -561,7 +563,7 @@ def item_trace(session):
                 keys = ("ctas", "slots", "span_us", "fill", "drain_us", "tiles",
                         "cycles_per_tile", "fixed_cycles", "fixed_tiles", "ghz")
                 v = {key: t if is_na(t) else t[key] for key in keys}
-                v = {key: NA("n/a") if x is None else x for key, x in v.items()}
+                v = {key: NA("none") if x is None else x for key, x in v.items()}
                 share = ratio(v["drain_us"], v["span_us"])
                 cells = [k, str(c), block, (v["ctas"], ""), (v["slots"], ""),
                          (v["span_us"], ".1f"), (v["fill"], ".3f"), (v["drain_us"], ".1f"),
@@ -591,7 +593,9 @@ def item_ring(session):
     outs = {}
     for c in session.size["ring_c"]:   # every kernel at the first c before the next c
         for k in kernels:
-            outs[(k, c)] = run_blocks(session, table, k, "p", "fwd", h, d, [c])
+            outs[(k, c)] = run_blocks(session, table, k, "p", "fwd", h, d, [c],
+                                      extra=("--trace",))
+    session.ring_outs = outs   # for item_ring_trace
     for k in kernels:
         for c in session.size["ring_c"]:
             rows = rows_of(outs[(k, c)], "p", "fwd")
@@ -602,6 +606,49 @@ def item_ring(session):
                 continue
             for row in rows:
                 table.add(*ring_row(k, row))
+    return table
+
+
+def item_ring_trace(session):
+    """Items 3 and 4's ring, where its time goes: the launches of --trace summed."""
+    header = ["kernel", "c", "order", "launches", "span ms", "drain ms", "drain share",
+              "packed ms", "fill"]
+    table = Table("3,4t", "items 3 and 4, CTA timelines: the ring's launches against one call",
+                  "none (a diagnosis of item 3)", header,
+                  "The (p) runs of items 3 and 4 with --trace: every block of the order run "
+                  "once more, each of its launches' CTAs recording their start and end "
+                  "(attention/cta_trace.h), summed over the launches: span (first CTA start "
+                  "to last end), drain (last CTA start to the end: SMs going idle), packed "
+                  "(the CTAs' time / the most CTAs at once: the span with no SM ever idle), "
+                  "fill = packed / span; 'one call' is the causal call on the whole "
+                  "sequence that item 3 compares with. packed ring / packed call is the "
+                  "ring's extra work (each CTA's fixed cost, more CTAs of fewer tiles); "
+                  "span / packed its idle time.")
+    outs = getattr(session, "ring_outs", {})
+    keys = ("launches", "ctas", "span_ms", "drain_ms", "packed_ms", "fill")
+
+    def add(k, c, order, t):
+        if t is None:
+            t = NA("no trace", "bench/blocks printed no trace")
+        elif not is_na(t) and t["ctas"] == 0:
+            t = NA("no CTA records", "only the CUDA mma and wgmma kernels keep them")
+        v = {key: t if is_na(t) else t[key] for key in keys}
+        v = {key: NA("none") if x is None else x for key, x in v.items()}
+        share = ratio(v["drain_ms"], v["span_ms"])
+        table.add([k, str(c), order, (v["launches"], ""), (v["span_ms"], ".3f"),
+                   (v["drain_ms"], ".3f"), (share, ".3f"), (v["packed_ms"], ".3f"),
+                   (v["fill"], ".3f")], dict(kernel=k, c=c, order=order, drain_share=share, **v))
+
+    for k in session.args.kernels:
+        for c in session.size["ring_c"]:
+            rows = rows_of(outs.get((k, c), NA("missing", "items 3 and 4 did not run")), "p",
+                           "fwd")
+            if is_na(rows) or not rows:
+                add(k, c, "-", rows if is_na(rows) else NA("missing", f"no (p) row for c = {c}"))
+                continue
+            for row in rows:
+                add(k, c, row["order"], row.get("trace"))
+            add(k, c, "one call", rows[0].get("single_trace"))
     return table
 
 
@@ -850,7 +897,8 @@ def main(argv):
     tables = []
     for make in (lambda: item_throughput(session, "fwd"), lambda: item_r(session),
                  lambda: item_trace(session), lambda: item_throughput(session, "bwd"),
-                 lambda: item_ring(session), lambda: item_waits(session),
+                 lambda: item_ring(session), lambda: item_ring_trace(session),
+                 lambda: item_waits(session),
                  lambda: item_api(session)):
         tables.append(make())
         emit(session, tables[-1].markdown())
