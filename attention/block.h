@@ -58,7 +58,8 @@ const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k);
 /* One CTA of a tensor-core kernel's launch, as it recorded itself when the
  * block's args carry a trace (bench only: bench/blocks --trace, analysed by
  * cta_trace.h). Written by the CTA's thread 0 at its first instruction (ns[0],
- * clock[0], sm) and after its last store (ns[1], clock[1], work): ns from
+ * clock[0], sm) and once every thread has issued its last store (ns[1],
+ * clock[1], work): ns from
  * %globaltimer (one clock for the whole GPU, ns), clock from clock64 (the
  * SM's cycle counter), sm from %smid. work: the iterations of the CTA's
  * main loop, its tiles: key tiles of one query tile forward, query tiles

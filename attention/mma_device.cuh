@@ -155,12 +155,16 @@ __device__ __forceinline__ uint32_t sm_id() {
 #endif /* DT_CUDA_EMULATE */
 
 /* The CTA's record of a traced launch (dt_attn_block_args.trace, block.h;
- * bench only): thread 0 of CTA blockIdx.x stamps its start (end = 0) or its
- * end and work (end = 1). Args: the forward's or the backward's block args.
+ * bench only): thread 0 of CTA blockIdx.x stamps its start (end = 0) or,
+ * once every thread of the CTA is there, its end and work (end = 1: every
+ * thread calls it, at the kernel's last line or its early return, both
+ * uniform over the CTA). Args: the forward's or the backward's block args.
  * Untraced, one test of a kernel parameter. */
 template <typename Args>
 __device__ __forceinline__ void cta_trace(const Args &a, int end, int64_t work = 0) {
-    if (!a.trace || threadIdx.x != 0 || (int64_t)blockIdx.x >= a.trace_len) return;
+    if (!a.trace) return;
+    if (end) __syncthreads();   /* the CTA's end, not thread 0's */
+    if (threadIdx.x != 0 || (int64_t)blockIdx.x >= a.trace_len) return;
     dt_attn_cta_trace *r = a.trace + blockIdx.x;
     r->ns[end] = global_ns();
     r->clock[end] = sm_clock();
