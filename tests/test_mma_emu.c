@@ -1475,7 +1475,7 @@ int main(void) {
                 c->huge = row->huge;
                 c->kernel = dir >= 2 ? DT_ATTN_KERNEL_WGMMA : DT_ATTN_KERNEL_MMA;
                 /* launch orders: sections of three units on the rows with
-                 * four (a narrower last section), one unit after another (no
+                 * four (a narrower first section), one unit after another (no
                  * L2) on row 0, all units in one section (an H100's L2) */
                 c->l2 = i == 0 ? 0 : 50 << 20;
                 c->sections = i == 1 || i == 2 ? 3 : 0;
