@@ -258,7 +258,8 @@ unsigned blocks_for(size_t n, unsigned threads) {
     return (unsigned)(b < 65535 ? (b ? b : 1) : 65535);
 }
 
-size_t fwd_scratch(int64_t dim) { (void)dim; return 0; }
+/* The forward's scratch: the persistent wgmma kernel's tile queue. */
+size_t fwd_scratch(int64_t dim) { (void)dim; return sizeof(uint32_t); }
 size_t bwd_scratch(int64_t dim) { (void)dim; return 0; }
 
 /* Plan time (once per call): can the requested kernel run this dtype and
@@ -305,14 +306,16 @@ bool fwd_idle(const dt_attn_block_args *a) {
 }
 
 dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
-    (void)scratch;
     if (fwd_idle(a)) return DT_SUCCESS;
     fwd_path path;
     char why[256] = "";
     if (!fwd_path_of(be, a, &path, why, sizeof why))
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=%s: %s",
                         be->rank, dt_attn_kernel_choice_name(a->kernel), why);
-    if (path == FWD_WGMMA) return dt_attn_wgmma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
+    if (path == FWD_WGMMA)
+        return dt_attn_wgmma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be),
+                                 dt_backend_cuda_persistent(be) ? dt_backend_cuda_sms(be) : 0,
+                                 scratch);
     if (path == FWD_MMA) return dt_attn_mma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
     if (!a->acc || !a->m || !a->l)   /* fwd_stateless promised a tensor-core kernel */
         return dt_error(DT_ERR_INTERNAL, "rank %d: attention (cuda): a block without running "

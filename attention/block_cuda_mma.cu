@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
 
     /* The lane's two query rows and their running state (mma_device.cuh),
      * read while the copies fly. */
-    int64_t lim[2];
+    int lim[2];
     float m[2], l[2], o[D / 8][4];
     read_rows<D>(a, c, x0 + 16 * warp, lane, lim, m, l, o);
 

@@ -1,10 +1,11 @@
 /* attention/block_cuda_wgmma.cu — the Hopper forward block kernel: warpgroup
  * MMA (wgmma, sm_90a) for bf16 and fp16, head dims 64 and 128. STATUS:
  * passes its tests on the CPU emulator of CUDA (tests/emu, test_mma_emu,
- * against the double reference on ring, striped and zigzag blocks) and on
- * an H100 (2026-11-22), where it runs at 1.17x to 1.55x FlashAttention-2's
- * forward (docs/PERFORMANCE.md); the default forward on compute capability
- * 9.0 (block.h). The portable mma.sync kernel (block_cuda_mma.cu) is the
+ * against the double reference on ring, striped and zigzag blocks) and,
+ * before it ran persistent, on an H100 (2026-11-22), where it ran at 1.17x
+ * to 1.55x FlashAttention-2's forward (docs/PERFORMANCE.md); the persistent
+ * launch has run only on the emulator. The default forward on compute
+ * capability 9.0 (block.h). The portable mma.sync kernel (block_cuda_mma.cu) is the
  * default on the other GPUs of compute capability 8.0 or newer.
  *
  * Contract: dt_attn_kernels.fwd of block.h, as block_cuda_mma.cu: one query
@@ -12,9 +13,18 @@
  * the fp32 running max m, sum l and unnormalised output acc of each query
  * row read at the start and written back at the end (fused accumulation).
  *
- * Work split. A CTA per (query tile, head, batch), launched in the order of
- * mma_layout.h (the last query tiles, the most keys under a causal mask,
- * of a section of heads first). A CTA of two warpgroups
+ * Work split. A query tile per (128 query rows, head, batch), taken in the
+ * order of mma_layout.h (the last query tiles, the most keys under a
+ * causal mask, of a section of heads first). Persistent where a block has
+ * more query tiles than the SMs hold CTAs (dt_attn_wgmma_fwd's sms and
+ * queue): as many CTAs as they hold, each taking its first tile from a
+ * queue (an atomic counter the launch clears; more CTAs than fit would
+ * find it empty, not hold tiles back) and its next when it starts the last
+ * key tile of its current one, so that the next tile's
+ * first loads fly during that key tile's math and the rows' write-back and
+ * read (greedy longest-first scheduling, as the GPU's block scheduler does
+ * for a CTA per tile, without a CTA's start and first loads per tile).
+ * Otherwise a CTA per query tile. A CTA of two warpgroups
  * (256 threads) owns BM = 128 query rows, warpgroup w rows 64w .. 64w+63
  * (its warp v rows 16v .. 16v+15 of those, the mma.sync kernel's per-warp
  * fragment layout); key tiles of BN = 128. Per key tile, each warpgroup:
@@ -32,27 +42,36 @@
  * segment) skips the tile's math; the mask and skipping rules are the
  * mma.sync kernel's (mask.h, closed form), with BN = 128.
  *
- * Shared memory: [Q tile][K stage 0][K stage 1][V stage 0][V stage 1], each
- * in wgmma_device.cuh's 128-byte swizzled column-block layout, (BM + 4 BN)
- * D 2 bytes (80 KiB at D = 64, 160 KiB at D = 128), then two mbarriers, plus
- * 1 KiB to put the first tile on a 1024-byte boundary of the shared window.
+ * Shared memory: [Q 0][Q 1][K stage 0][K stage 1][V stage 0][V stage 1],
+ * each in wgmma_device.cuh's 128-byte swizzled column-block layout,
+ * (2 BM + 4 BN) D 2 bytes (96 KiB at D = 64, 192 KiB at D = 128), then two
+ * mbarriers and four words, plus 1 KiB to put the first tile on a
+ * 1024-byte boundary of the shared window. A CTA's query tiles take the Q
+ * buffers in turn, its key tiles (over all its query tiles) the stages.
  * Loads: TMA (cp.async.bulk.tensor), issued by thread 0, one box of 64
  * columns x BM or BN rows per column block, through 4-D tensor maps of the
  * block's q, k and v segments made on the host for each launch: the map's
  * row count is the segment's length, so rows past it arrive as zeros, and
  * the box lands in exactly the swizzled layout wgmma reads (TMA's 128-byte
  * swizzle is the same address-bit XOR). Stage s's tiles complete on
- * mbarrier full[s]; Q and key tile 0 on full[0]'s first phase; tile kt+1's
- * TMA is issued before tile kt's math and flies during it; a __syncthreads
- * after each tile's math frees its stage for the TMA two tiles on. TMA
+ * mbarrier full[s], a query tile's Q with its first key tile; the next key
+ * tile's TMA (the next query tile's first, with its Q, after a query
+ * tile's last) is issued before a key tile's math and flies during it; a
+ * __syncthreads after each key tile's math frees its stage, and after a
+ * query tile's last its Q buffer, for the TMA two on. TMA
  * writes through the async proxy, which wgmma reads through: no proxy
  * fence. A wait that does not complete within 10 s traps (a failed launch,
  * never a hung GPU).
  *
- * ptxas (sm_90a): 128 registers at D = 64 (two CTAs per SM: launch bounds),
- * 212 at D = 128, no spills, no serialised wgmma.
+ * ptxas (sm_90a, CUDA 13.0): 128 registers at D = 64 (two CTAs per SM:
+ * launch bounds), 185 at D = 128, no spills, no serialised wgmma. The
+ * batch and kv head of the current tile sit in shared memory for thread
+ * 0's loads instead of in every thread's registers (at D = 64 they
+ * spilled).
  *
- * What is left for an H100 (docs/PERFORMANCE.md): measure it; then a
+ * What is left for an H100 (docs/PERFORMANCE.md): measure it (the
+ * persistent launch against a CTA per tile: bench/blocks --persistent 0,
+ * bench/issue8.py items 1 and 2); then a
  * producer warp with per-stage "empty" barriers in place of the per-tile
  * __syncthreads (which now realigns the warpgroups' turns every tile), and
  * the overlap of a tile's S with the previous tile's P V inside a
@@ -87,6 +106,8 @@ struct wg_params {
     CUtensorMap q, k, v;
     dt_attn_block_args a;
     int64_t section;   /* units per section of the launch order (mma_layout.h) */
+    uint32_t tiles;    /* query tiles of the block: ceil(nq / BM) x heads x batch */
+    uint32_t *queue;   /* the tile queue, 0 at the launch; NULL: a CTA per tile */
 };
 
 #ifndef DT_WGMMA_STUB
@@ -97,11 +118,60 @@ struct wg_params {
 __device__ __forceinline__ int wg_key_tiles(int64_t limit) { return (int)((limit + WG_BN - 1) / WG_BN); }
 __device__ __forceinline__ int wg_unmasked_tiles(int64_t limit) { return (int)(limit / WG_BN); }
 
+/* The key tiles of a CTA's query tile c: those its last row sees. */
+__device__ __forceinline__ int wg_tiles_of(const dt_attn_block_args &a, const fwd_cta &c) {
+    return wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, c.x1 - 1)));
+}
+
+/* Thread 0: key tile kt of batch bi, kv head gi into a stage (K at sk, V
+ * at sv) on mbarrier *bar, which expects them and `more` bytes besides. */
+template <int D>
+__device__ __forceinline__ void wg_load_kv(const wg_params &p, int bi, int gi, int kt,
+                                           unsigned char *sk, unsigned char *sv, uint64_t *bar,
+                                           int more) {
+    constexpr int TILE_KV = WG_BN * D * 2;
+    mbar_arrive_expect_tx(bar, 2 * TILE_KV + more);
+#pragma unroll
+    for (int cb = 0; cb < D / 64; cb++) {
+        tma_load_4d(sk + cb * WG_BN * 128, &p.k, 64 * cb, gi, kt * WG_BN, bi, bar);
+        tma_load_4d(sv + cb * WG_BN * 128, &p.v, 64 * cb, gi, kt * WG_BN, bi, bar);
+    }
+}
+
+/* Thread 0: query tile c's queries into sq and its first key tile into a
+ * stage, all on *bar, if it has a key tile. */
+template <int D>
+__device__ __forceinline__ void wg_load_first(const wg_params &p, const fwd_cta &c,
+                                              unsigned char *sq, unsigned char *sk,
+                                              unsigned char *sv, uint64_t *bar) {
+    constexpr int TILE_Q = WG_BM * D * 2;
+    if (wg_tiles_of(p.a, c) == 0) return;
+    wg_load_kv<D>(p, (int)c.b, (int)c.g, 0, sk, sv, bar, TILE_Q);
+#pragma unroll
+    for (int cb = 0; cb < D / 64; cb++)
+        tma_load_4d(sq + cb * WG_BM * 128, &p.q, 64 * cb, (int)c.h, (int)c.x0, (int)c.b, bar);
+}
+
+/* Thread 0: the CTA's next query tile (the queue's next; without a queue
+ * the CTA's own tile first, then none: the block's tile count), published
+ * in *slot for every thread after the next __syncthreads, and its first key
+ * tile with its queries loaded into Q buffer sq and the stage at sk, sv,
+ * if it has one. */
+template <int D>
+__device__ __forceinline__ void wg_next(const wg_params &p, bool first, uint32_t *slot,
+                                        unsigned char *sq, unsigned char *sk, unsigned char *sv,
+                                        uint64_t *bar) {
+    const uint32_t next = p.queue ? atomicAdd(p.queue, 1u) : first ? blockIdx.x : p.tiles;
+    *slot = next;
+    if (next < p.tiles) wg_load_first<D>(p, fwd_cta_of(p.a, next, WG_BM, p.section), sq, sk, sv, bar);
+}
+
 #endif /* !DT_WGMMA_STUB */
 
-/* grid: ceil(qseg.len / 128) x heads x batch blocks, in mma_layout.h's
- * launch order (dt_mma_sched, p.section); block: 256 threads; dynamic
- * shared memory 1024 + (BM + 4 BN) D sizeof(T) + 16. */
+/* grid: a CTA per query tile (ceil(qseg.len / 128) x heads x batch), or
+ * fewer, persistent, with p.queue; tiles in mma_layout.h's launch order
+ * (dt_mma_sched, p.section); block: 256 threads; dynamic shared memory
+ * 1024 + (2 BM + 4 BN) D sizeof(T) + 32. */
 template <typename T, int D>
 __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
 #ifdef DT_WGMMA_STUB
@@ -109,144 +179,182 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
     __trap();   /* never launched: the host requires an sm_90a build and a 9.0 device */
 #else
     const dt_attn_block_args &a = p.a;
-    cta_trace(a, 0);
     constexpr int NT = WG_BN / 8;                                      /* n-tiles of S */
     constexpr int TILE_Q = WG_BM * D * 2, TILE_KV = WG_BN * D * 2;   /* bytes */
     DT_DYNAMIC_SMEM(unsigned char, smem_raw);
     unsigned char *const sq = smem_raw + ((1024u - (wg_smem_addr(smem_raw) & 1023u)) & 1023u);
-    unsigned char *const sk = sq + TILE_Q;             /* stage s at sk + s TILE_KV */
-    unsigned char *const sv = sq + TILE_Q + 2 * TILE_KV;
-    uint64_t *const full = reinterpret_cast<uint64_t *>(sq + TILE_Q + 4 * TILE_KV);   /* [2] */
+    unsigned char *const sk = sq + 2 * TILE_Q;   /* Q buffer b at sq + b TILE_Q */
+    unsigned char *const sv = sk + 2 * TILE_KV;  /* stage s at sk + s TILE_KV, sv + s TILE_KV */
+    uint64_t *const full = reinterpret_cast<uint64_t *>(sv + 2 * TILE_KV);   /* [2] */
+    uint32_t *const next = reinterpret_cast<uint32_t *>(full + 2);           /* [2] */
+    /* Thread 0's alone, read where needed instead of held in registers */
+    volatile int *const at = reinterpret_cast<volatile int *>(next + 2);      /* [2] */
 
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int wg = warp >> 2, wl = warp & 3;   /* warpgroup, warp within it */
-    const fwd_cta c = fwd_cta_of(a, blockIdx.x, WG_BM, p.section);
-    const int64_t x0 = c.x0, x1 = c.x1;
-
-    /* Key tiles of the CTA (uniform: the loads and barriers) and of this
-     * warpgroup (uniform over it: its wgmma). */
-    const int n_tiles = wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x1 - 1)));
-    /* With no tile the rows are still started or finished (a.first, a.last). */
-    if (n_tiles == 0 && !a.first && !a.last)   /* every key comes after every query */
-        return cta_trace(a, 1);
-    const int64_t w0 = x0 + 64 * wg, w1 = w0 + 64 < x1 ? w0 + 64 : x1;
-    const int wg_tiles = w0 < x1 ? wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w1 - 1))) : 0;
-    const int wg_unmasked = w0 < x1 ? wg_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w0))) : 0;
 
     /* Stage s's K and V tiles land on mbarrier full[s] (one arrival: thread
      * 0's expect_tx, plus the TMA bytes); its n-th use completes phase n.
-     * Thread 0 issues every TMA; stage 0's first load carries Q too. */
-    const int bi = (int)c.b, hi = (int)c.h, gi = (int)c.g;
+     * The CTA's key tiles, over all its query tiles, go through the stages
+     * in turn: its f-th in stage f % 2, use f / 2. Its query tiles go
+     * through the two Q buffers in turn, the ti-th in buffer ti % 2. Thread
+     * 0 issues every TMA, a query tile's first key tile with the query tile
+     * itself, during the previous query tile's last key tile. */
     if (threadIdx.x == 0) {
         mbar_init(&full[0], 1);
         mbar_init(&full[1], 1);
         fence_mbar_init();
+        wg_next<D>(p, true, &next[1], sq, sk, sv, &full[0]);
     }
     __syncthreads();
-    if (threadIdx.x == 0 && n_tiles > 0) {
-        mbar_arrive_expect_tx(&full[0], TILE_Q + 2 * TILE_KV);
-#pragma unroll
-        for (int cb = 0; cb < D / 64; cb++) {
-            tma_load_4d(sq + cb * WG_BM * 128, &p.q, 64 * cb, hi, (int)x0, bi, &full[0]);
-            tma_load_4d(sk + cb * WG_BN * 128, &p.k, 64 * cb, gi, 0, bi, &full[0]);
-            tma_load_4d(sv + cb * WG_BN * 128, &p.v, 64 * cb, gi, 0, bi, &full[0]);
+
+    /* f: key tiles so far, mod 4 (stage f % 2, the use's parity f / 2); ti:
+     * query tiles so far, mod 2. Query tile ti's index is in next[ti ^ 1]
+     * (the first's in next[1]): thread 0 writes it during tile ti - 1's last
+     * key tile (or at once for a tile without keys, or before the first
+     * __syncthreads) and every thread reads it after that tile's last
+     * __syncthreads; the slot's next write is during tile ti + 1, past
+     * another. */
+    uint32_t f = 0;
+    for (uint32_t ti = 0;; ti ^= 1) {
+        const uint32_t tile = next[ti ^ 1];
+        if (tile >= p.tiles) break;
+        cta_trace(a, 0, 0, tile);
+        const fwd_cta c = fwd_cta_of(a, tile, WG_BM, p.section);
+        const int64_t x0 = c.x0, x1 = c.x1;
+        if (threadIdx.x == 0) {   /* its batch and kv head, for thread 0's loads */
+            at[0] = (int)c.b;
+            at[1] = (int)c.g;
         }
-    }
+        /* Key tiles of the query tile (uniform: the loads and barriers) and
+         * of this warpgroup (uniform over it: its wgmma). */
+        const int n_tiles = wg_tiles_of(a, c);
+        const int64_t w0 = x0 + 64 * wg, w1 = w0 + 64 < x1 ? w0 + 64 : x1;
+        const int wg_tiles = w0 < x1 ? wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w1 - 1))) : 0;
+        const int wg_unmasked = w0 < x1 ? wg_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w0))) : 0;
 
-    /* The lane's two query rows and their running state (mma_device.cuh),
-     * read while the first tiles land. */
-    int64_t lim[2];
-    float m[2], l[2], o[D / 8][4];
-    read_rows<D>(a, c, x0 + 64 * wg + 16 * wl, lane, lim, m, l, o);
+        /* The lane's two query rows and their running state (mma_device.cuh),
+         * read while the first tiles land; a tile without keys (every key
+         * after every query) only starts or finishes its rows (a.first,
+         * a.last), or does nothing. */
+        int lim[2];
+        float m[2], l[2], o[D / 8][4];
+        if (n_tiles > 0 || a.first || a.last) read_rows<D>(a, c, x0 + 64 * wg + 16 * wl, lane, lim, m, l, o);
+        if (n_tiles == 0) {
+            if (threadIdx.x == 0)
+                wg_next<D>(p, false, &next[ti], sq + (ti ^ 1) * TILE_Q, sk + (f & 1) * TILE_KV,
+                           sv + (f & 1) * TILE_KV, &full[f & 1]);
+            __syncthreads();
+        }
 
-    const uint32_t q_addr = wg_smem_addr(sq) + (uint32_t)wg * 64u * 128u;   /* this warpgroup's rows */
-    /* Ping-pong: the warpgroups take turns issuing their wgmma, so that one's
-     * softmax runs while the other's products keep the tensor cores busy.
-     * Named barrier TURN + w is "warpgroup w's turn": w syncs on it (its 128
-     * threads) before each of its two products of a tile, the other
-     * warpgroup arrives on it (its 128) after issuing each of its own. So
-     * per tile: S of 0 | S of 1 beside softmax of 0 | PV of 0 beside softmax
-     * of 1 | PV of 1. Warpgroup 1 opens by giving 0 the first turn and
-     * leaves out its last arrival, so every phase completes; a warpgroup
-     * that skips a tile's math still takes its turns. */
-    constexpr int TURN = 1, PAIR = WG_THREADS;
-    if (wg == 1 && n_tiles > 0) bar_arrive<TURN>(0, PAIR);
-    for (int kt = 0; kt < n_tiles; kt++) {
-        const int stage = (int)(kt & 1);
-        if (threadIdx.x == 0 && kt + 1 < n_tiles) {   /* tile kt+1 flies during tile kt */
-            const int y = (int)((kt + 1) * WG_BN), next = stage ^ 1;
-            mbar_arrive_expect_tx(&full[next], 2 * TILE_KV);
-#pragma unroll
-            for (int cb = 0; cb < D / 64; cb++) {
-                tma_load_4d(sk + next * TILE_KV + cb * WG_BN * 128, &p.k, 64 * cb, gi, y, bi, &full[next]);
-                tma_load_4d(sv + next * TILE_KV + cb * WG_BN * 128, &p.v, 64 * cb, gi, y, bi, &full[next]);
+        const uint32_t q_addr = wg_smem_addr(sq + ti * TILE_Q) + (uint32_t)wg * 64u * 128u;
+        /* Ping-pong: the warpgroups take turns issuing their wgmma, so that one's
+         * softmax runs while the other's products keep the tensor cores busy.
+         * Named barrier TURN + w is "warpgroup w's turn": w syncs on it (its 128
+         * threads) before each of its two products of a tile, the other
+         * warpgroup arrives on it (its 128) after issuing each of its own. So
+         * per tile: S of 0 | S of 1 beside softmax of 0 | PV of 0 beside softmax
+         * of 1 | PV of 1. Warpgroup 1 opens by giving 0 the first turn and
+         * leaves out its last arrival, so every phase completes; a warpgroup
+         * that skips a tile's math still takes its turns. */
+        constexpr int TURN = 1, PAIR = WG_THREADS;
+        if (wg == 1 && n_tiles > 0) bar_arrive<TURN>(0, PAIR);
+        for (int kt = 0; kt < n_tiles; kt++, f = (f + 1) & 3) {
+            const int stage = (int)(f & 1);
+            if (threadIdx.x == 0) {   /* the next key tile flies during this one */
+                unsigned char *const nk = sk + (stage ^ 1) * TILE_KV, *const nv = sv + (stage ^ 1) * TILE_KV;
+                if (kt + 1 < n_tiles)
+                    wg_load_kv<D>(p, at[0], at[1], kt + 1, nk, nv, &full[stage ^ 1], 0);
+                else   /* the next query tile's first */
+                    wg_next<D>(p, false, &next[ti], sq + (ti ^ 1) * TILE_Q, nk, nv, &full[stage ^ 1]);
             }
-        }
-        mbar_wait(&full[stage], (uint32_t)(kt >> 1) & 1u);   /* tile kt (and Q) have landed */
+            mbar_wait(&full[stage], (uint32_t)(f >> 1) & 1u);   /* tile kt (and Q) have landed */
 
-        /* Each product is issued and waited for inside one branch (its
-         * warpgroup's turns taken on both), which keeps ptxas from
-         * serialising the wgmma (it does when an issue and its wait sit in
-         * different branches). */
-        const bool mine = kt < wg_tiles;   /* uniform over the warpgroup */
-        const bool pass_on = wg == 0 || kt + 1 < n_tiles;
-        bar_sync<TURN>(wg, PAIR);
-        if (mine) {
-            /* S = Q K^T: Q's 64 rows of this warpgroup (tile rows of the Q
-             * tile, BM rows per column block), the tile's 128 keys. */
-            float s[NT][4];
-            const uint32_t k_addr = wg_smem_addr(sk + stage * TILE_KV);
-            wgmma_fence();
+            /* Each product is issued and waited for inside one branch (its
+             * warpgroup's turns taken on both), which keeps ptxas from
+             * serialising the wgmma (it does when an issue and its wait sit in
+             * different branches). */
+            const bool mine = kt < wg_tiles;   /* uniform over the warpgroup */
+            const bool pass_on = wg == 0 || kt + 1 < n_tiles;
+            bar_sync<TURN>(wg, PAIR);
+            if (mine) {
+                /* S = Q K^T: Q's 64 rows of this warpgroup (tile rows of the Q
+                 * tile, BM rows per column block), the tile's 128 keys. */
+                float s[NT][4];
+                const uint32_t k_addr = wg_smem_addr(sk + stage * TILE_KV);
+                wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                wgmma_ss<T, WG_BN>(s, wg_desc_k_major(q_addr, WG_BM, kk),
-                                   wg_desc_k_major(k_addr, WG_BN, kk), kk > 0);
-            wgmma_commit();
-            bar_arrive<TURN>(wg ^ 1, PAIR);
-            wgmma_wait<0>();
-            if (kt < wg_unmasked)
-                online_softmax<false, NT, D>(s, m, l, o, lim, kt * WG_BN, lane, a.scale);
-            else
-                online_softmax<true, NT, D>(s, m, l, o, lim, kt * WG_BN, lane, a.scale);
+                for (int kk = 0; kk < D / 16; kk++)
+                    wgmma_ss<T, WG_BN>(s, wg_desc_k_major(q_addr, WG_BM, kk),
+                                       wg_desc_k_major(k_addr, WG_BN, kk), kk > 0);
+                wgmma_commit();
+                bar_arrive<TURN>(wg ^ 1, PAIR);
+                wgmma_wait<0>();
+                if (kt < wg_unmasked)
+                    online_softmax<false, NT, D>(s, m, l, o, lim, kt * WG_BN, lane, a.scale);
+                else
+                    online_softmax<true, NT, D>(s, m, l, o, lim, kt * WG_BN, lane, a.scale);
 
-            /* O += P V: P rounded to T as A fragments, V MN-major. */
-            uint32_t pa[WG_BN / 16][4];
+                /* O += P V: P rounded to T as A fragments, V MN-major. */
+                uint32_t pa[WG_BN / 16][4];
 #pragma unroll
-            for (int kk = 0; kk < WG_BN / 16; kk++) p_fragment<T>(pa[kk], s, kk);
-            const uint32_t v_addr = wg_smem_addr(sv + stage * TILE_KV);
-            bar_sync<TURN>(wg, PAIR);
-            wgmma_fence();   /* o and pa were written by ordinary instructions */
+                for (int kk = 0; kk < WG_BN / 16; kk++) p_fragment<T>(pa[kk], s, kk);
+                const uint32_t v_addr = wg_smem_addr(sv + stage * TILE_KV);
+                bar_sync<TURN>(wg, PAIR);
+                wgmma_fence();   /* o and pa were written by ordinary instructions */
 #pragma unroll
-            for (int kk = 0; kk < WG_BN / 16; kk++)
-                wgmma_rs<T, D>(o, pa[kk], wg_desc_mn_major(v_addr, WG_BN, kk), 1);
-            wgmma_commit();
-            if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
-            wgmma_wait<0>();
-        } else {
-            bar_arrive<TURN>(wg ^ 1, PAIR);
-            bar_sync<TURN>(wg, PAIR);
-            if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
+                for (int kk = 0; kk < WG_BN / 16; kk++)
+                    wgmma_rs<T, D>(o, pa[kk], wg_desc_mn_major(v_addr, WG_BN, kk), 1);
+                wgmma_commit();
+                if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
+                wgmma_wait<0>();
+            } else {
+                bar_arrive<TURN>(wg ^ 1, PAIR);
+                bar_sync<TURN>(wg, PAIR);
+                if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
+            }
+            __syncthreads();   /* the stage (and a query tile's Q) free for the TMA two on */
         }
-        __syncthreads();   /* stage is refilled by iteration kt+1's TMA */
+
+        if (n_tiles > 0 || a.first || a.last) {
+            /* c, made again (opaque says why) */
+            const fwd_cta e = fwd_cta_of(a, opaque(tile), WG_BM, p.section);
+            write_rows<T, D>(a, e, e.x0 + 64 * wg + 16 * wl, lane, m, l, o);
+        }
+        cta_trace(a, 1, n_tiles, tile);
     }
-
-    /* c, made again (cta_index says why) */
-    const fwd_cta e = fwd_cta_of(a, cta_index(), WG_BM, p.section);
-    write_rows<T, D>(a, e, e.x0 + 64 * wg + 16 * wl, lane, m, l, o);
-    cta_trace(a, 1, n_tiles);
 #endif
 }
 
+/* Tiles per SM of a persistent launch: the kernel's launch bounds. */
+template <int D>
+constexpr int wg_ctas_per_sm() { return D == 64 ? 2 : 1; }
+
 template <typename T, int D>
-dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes) {
+dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
+                 void *queue) {
     wg_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
     p.section = dt_mma_fwd_section(*a, l2_bytes);
     DT_TRY(make_block_maps(*a, WG_BM, WG_BN, &p.q, &p.k, &p.v));
-    const dim3 grid((unsigned)((a->qseg.len + WG_BM - 1) / WG_BM * a->heads * a->batch));
-    return dt_mma_launch(fwd_wgmma_kernel<T, D>, grid, WG_THREADS,
-                         1024 + (size_t)(WG_BM + 4 * WG_BN) * D * sizeof(T) + 2 * sizeof(uint64_t),
+    const int64_t tiles = (a->qseg.len + WG_BM - 1) / WG_BM * a->heads * a->batch;
+    const int64_t resident = (int64_t)sms * wg_ctas_per_sm<D>();
+    p.tiles = (uint32_t)tiles;
+    int64_t ctas = tiles;
+    if (queue && resident > 0 && resident < tiles) {   /* persistent */
+        ctas = resident;
+        p.queue = static_cast<uint32_t *>(queue);
+        const cudaError_t e = cudaMemsetAsync(queue, 0, sizeof(uint32_t), stream);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return dt_error(DT_ERR_BACKEND, "attention (cuda wgmma): forward block: clearing "
+                            "its tile queue: %s", cudaGetErrorString(e));
+        }
+    }
+    return dt_mma_launch(fwd_wgmma_kernel<T, D>, dim3((unsigned)ctas), WG_THREADS,
+                         1024 + (size_t)(2 * WG_BM + 4 * WG_BN) * D * sizeof(T) +
+                             2 * sizeof(uint64_t) + 4 * sizeof(uint32_t),
                          stream, "forward (wgmma)", D, a->dtype, p);
 }
 
@@ -273,9 +381,10 @@ extern "C" int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char
 #endif
 }
 
-extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes) {
+extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
+                                      int sms, void *queue) {
     return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
         return launch<typename decltype(t)::type, decltype(d)::value>(
-            static_cast<cudaStream_t>(stream), a, l2_bytes);
+            static_cast<cudaStream_t>(stream), a, l2_bytes, sms, queue);
     });
 }

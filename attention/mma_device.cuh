@@ -155,17 +155,20 @@ __device__ __forceinline__ uint32_t sm_id() {
 #endif /* DT_CUDA_EMULATE */
 
 /* The CTA's record of a traced launch (dt_attn_block_args.trace, block.h;
- * bench only): thread 0 of CTA blockIdx.x stamps its start (end = 0) or,
+ * bench only): thread 0 stamps record `index` (blockIdx.x where < 0; the
+ * persistent wgmma forward gives its tile's) with its start (end = 0) or,
  * once every thread of the CTA is there, its end and work (end = 1: every
  * thread calls it, at the kernel's last line or its early return, both
  * uniform over the CTA). Args: the forward's or the backward's block args.
  * Untraced, one test of a kernel parameter. */
 template <typename Args>
-__device__ __forceinline__ void cta_trace(const Args &a, int end, int64_t work = 0) {
+__device__ __forceinline__ void cta_trace(const Args &a, int end, int64_t work = 0,
+                                          int64_t index = -1) {
     if (!a.trace) return;
     if (end) __syncthreads();   /* the CTA's end, not thread 0's */
-    if (threadIdx.x != 0 || (int64_t)blockIdx.x >= a.trace_len) return;
-    dt_attn_cta_trace *r = a.trace + blockIdx.x;
+    if (index < 0) index = blockIdx.x;
+    if (threadIdx.x != 0 || index >= a.trace_len) return;
+    dt_attn_cta_trace *r = a.trace + index;
     r->ns[end] = global_ns();
     r->clock[end] = sm_clock();
     if (end)
@@ -242,20 +245,21 @@ __device__ __forceinline__ fwd_cta fwd_cta_of(const dt_attn_block_args &a, uint3
     return c;
 }
 
-/* blockIdx.x, read so that the compiler cannot reuse an earlier read. The
- * forward kernels make their fwd_cta again from it before writing their
- * rows back, instead of holding it, the rows and the pointers made from it
- * in registers through the main loop: the wgmma kernel has 128 registers at
- * D = 64 (two CTAs per SM), and held there they spilled. */
-__device__ __forceinline__ uint32_t cta_index() {
-#ifdef DT_CUDA_EMULATE
-    return blockIdx.x;
-#else
-    uint32_t i;
-    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(i));
-    return i;
+/* x, which the compiler cannot know to be x: a value made from it is made
+ * again instead of being held. The forward kernels make their fwd_cta
+ * again from their tile's index before writing the rows back, instead of
+ * holding it, the rows and the pointers made from it in registers through
+ * the main loop: the wgmma kernel has 128 registers at D = 64 (two CTAs
+ * per SM), and held there they spilled. */
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+#ifndef DT_CUDA_EMULATE
+    asm volatile("mov.u32 %0, %0;\n" : "+r"(x));
 #endif
+    return x;
 }
+
+/* blockIdx.x, read so that the compiler cannot reuse an earlier read. */
+__device__ __forceinline__ uint32_t cta_index() { return opaque(blockIdx.x); }
 
 /* The running state of the lane's two query rows in a forward kernel
  * (half 0: row g, half 1: row g + 8 of the warp's 16, which start at query
@@ -278,7 +282,7 @@ __device__ __forceinline__ int64_t ml_of(const dt_attn_block_args &a, const fwd_
 
 template <int D>
 __device__ __forceinline__ void read_rows(const dt_attn_block_args &a, const fwd_cta &c,
-                                          int64_t row0, int lane, int64_t (&lim)[2],
+                                          int64_t row0, int lane, int (&lim)[2],
                                           float (&m)[2], float (&l)[2], float (&o)[D / 8][4]) {
     const float *accg = acc_of<D>(a, c), *mg = a.m + ml_of(a, c), *lg = a.l + ml_of(a, c);
 #pragma unroll
@@ -287,7 +291,8 @@ __device__ __forceinline__ void read_rows(const dt_attn_block_args &a, const fwd
         const bool live = row < a.qseg.len, read = live && !a.first;
         m[half] = read ? mg[row] : -INFINITY;
         l[half] = read ? lg[row] : 0.0f;
-        lim[half] = live ? dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row)) : 0;
+        /* at most kseg.len, below 2^31 (dt_attn_mma_block_ok) */
+        lim[half] = live ? (int)dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row)) : 0;
 #pragma unroll
         for (int j = 0; j < D / 8; j++) {
             float2 v = make_float2(0.0f, 0.0f);
@@ -346,8 +351,8 @@ __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fw
  * log units (block_cuda_mma.cu says why). */
 template <bool MASKED, int NT, int D>
 __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2],
-                                               float (&o)[D / 8][4], const int64_t (&lim)[2],
-                                               int64_t key0, int lane, float scale) {
+                                               float (&o)[D / 8][4], const int (&lim)[2],
+                                               int key0, int lane, float scale) {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < NT; j++)

@@ -55,7 +55,8 @@
  * Run: build/bench/blocks [--backend auto|cpu|cuda] [--quick] [--iters N]
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
- *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--trace] [--json]
+ *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--persistent 0|1]
+ *      [--trace] [--json]
  */
 #include <math.h>
 #include <stdint.h>
@@ -89,6 +90,7 @@ typedef struct opts {
     int set_c, set_ring_c, set_shape, set_dtype;
     dt_attn_kernel_choice kernel;   /* --kernel: which CUDA block kernel */
     int64_t l2;                     /* --l2: the L2 size the CTA order plans for (-1: the device's) */
+    int persistent;                 /* --persistent: 0 a CTA per query tile (wgmma forward) */
 } opts;
 
 /* ------------------------------------------------------------ the buffers */
@@ -442,7 +444,9 @@ static void text_header(const run *r, const bufs *b) {
            "P=%d  %d iterations after 1 warm-up, median\n", dt_backend_kind_name(r->backend),
            b->kern->name, dt_attn_kernel_choice_name(o->kernel), (long long)o->heads, (long long)o->kv_heads, (long long)o->dim,
            dt_dtype_name(o->dtype), o->ranks, o->iters);
-    if (l2_of(b) >= 0) printf("CTA launch order for an L2 of %lld bytes\n", l2_of(b));
+    if (l2_of(b) >= 0)
+        printf("CTA launch order for an L2 of %lld bytes; wgmma forward %s\n", l2_of(b),
+               o->persistent ? "persistent" : "a CTA per query tile");
 }
 
 static void text_r_title(const char *pass) {
@@ -597,7 +601,9 @@ static void json_print(const run *r, const bufs *b) {
     json_list("c", o->c, o->sections[0] ? o->n_c : 0);
     printf(", ");
     json_list("ring_c", o->ring_c, o->sections[1] ? o->n_ring_c : 0);
-    if (l2_of(b) >= 0) printf(", \"l2_bytes\": %lld", l2_of(b));
+    if (l2_of(b) >= 0)   /* CUDA */
+        printf(", \"l2_bytes\": %lld, \"persistent\": %s", l2_of(b),
+               o->persistent ? "true" : "false");
     printf(",\n  \"timing\": \"%s; median\",\n  \"r\": [",
            r->backend == DT_BACKEND_CUDA ? "CUDA events around each block's kernels"
                                          : "CLOCK_MONOTONIC around each block");
@@ -666,6 +672,7 @@ static dt_status rank_main(dt_context *ctx, void *arg) {
     if (st != DT_SUCCESS) goto out;
 #ifdef DT_HAVE_CUDA
     if (o->l2 >= 0) dt_backend_cuda_set_l2_bytes(b.be, o->l2);   /* no-op off CUDA */
+    dt_backend_cuda_set_persistent(b.be, o->persistent);
 #endif
     if (!o->json) text_header(r, &b);
     for (int bwd = 0; bwd < 2; bwd++) {
@@ -720,6 +727,9 @@ static void usage(FILE *f) {
             "  --l2 BYTES        CUDA: the L2 size the tensor-core kernels order their CTAs\n"
             "                    for (attention/mma_layout.h; default the device's; 0: one\n"
             "                    head after another)\n"
+            "  --persistent 0|1  CUDA: whether the wgmma forward runs persistent, as many\n"
+            "                    CTAs as the SMs hold taking query tiles from a queue\n"
+            "                    (default 1), or a CTA per query tile (0)\n"
             "  --trace           one more run of each block with its CTAs recording\n"
             "                    their start, end, SM and tiles (CUDA mma and wgmma\n"
             "                    kernels): (r) the launch's idle SM time, its drain, a\n"
@@ -777,6 +787,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->iters = 5;
     o->ranks = 8;
     o->l2 = -1;
+    o->persistent = 1;
     o->passes[0] = o->passes[1] = o->sections[0] = o->sections[1] = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -822,6 +833,9 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--l2")) {
             if (!ex_parse_int(a, v, 0, 1L << 40, &x)) return 0;
             o->l2 = x;
+        } else if (!strcmp(a, "--persistent")) {
+            if (!ex_parse_int(a, v, 0, 1, &x)) return 0;
+            o->persistent = (int)x;
         } else if (!strcmp(a, "--dtype")) {
             if ((k = ex_parse_choice(a, v, dtype_names, 3)) < 0) return 0;
             o->dtype = dtypes[k];

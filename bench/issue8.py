@@ -428,14 +428,20 @@ def item_throughput(session, pass_):
     target = FWD_VS_FA2 if fwd else BWD_VS_FA2
     kernels = session.args.kernels if fwd else bwd_choices(session.args.kernels)
     labels = [kernel_label(k, pass_) for k in kernels]
+    # the wgmma forward's launch before it ran persistent, for comparison
+    per_tile = fwd and "wgmma" in kernels
     header = ["B,H,S,D", "mask"] + labels + ["FA2", "cuDNN"]
     header += [f"{k} / FA2" for k in labels] + [f"{k} / cuDNN" for k in labels]
+    if per_tile:
+        header += ["wgmma, a CTA per tile", "wgmma / a CTA per tile"]
     if fwd:
         title = "item 1: forward TFLOPS, bf16"
         method = ("dtensor: build/bench/blocks section (r), the forward block kernel alone "
                   "(--kernel K) on one full and one causal S x S block, B = 1, H_kv = H; "
                   "CUDA events around each block's kernels (the host clock on the CPU), "
-                  "median of the iterations after 1 warm-up. torch: F.scaled_dot_product_attention with one backend "
+                  "median of the iterations after 1 warm-up; 'a CTA per tile': the wgmma "
+                  "kernel again with --persistent 0 (its launch before it ran persistent). "
+                  "torch: F.scaled_dot_product_attention with one backend "
                   "forced (FA2 = FLASH_ATTENTION), CUDA events, median. TFLOPS = "
                   "4*B*H*S*S*D / time, halved for causal.")
     else:
@@ -450,9 +456,13 @@ def item_throughput(session, pass_):
                   "and mask, measured in this run)", header, method)
     shapes = session.size["shapes"]
     dt = {}
-    for k in kernels:
+    for k in kernels + (["per_tile"] if per_tile else []):
         for (h, d), seqs in by_heads_dim(shapes).items():
-            out = run_blocks(session, table, k, "r", pass_, h, d, seqs)
+            if k == "per_tile":
+                out = run_blocks(session, table, "wgmma", "r", pass_, h, d, seqs,
+                                 extra=("--persistent", "0"))
+            else:
+                out = run_blocks(session, table, k, "r", pass_, h, d, seqs)
             for s in seqs:
                 dt[(k, h, s, d)] = r_row(out, pass_, s)
     torch = {shape: session.torch.cases(shape, pass_, table) for shape in shapes}
@@ -469,11 +479,18 @@ def item_throughput(session, pass_):
             cells += [(x, TF) for x in ours] + [(fa2, TF), (cudnn, TF)]
             cells += [with_mark(v, lambda x: x >= target) for v in vs_fa2]
             cells += [(v, ".2f") for v in vs_cudnn]
+            if per_tile:
+                other = field(dt[("per_tile", h, s, d)], key)
+                gain = ratio(ours[kernels.index("wgmma")], other)
+                cells += [(other, TF), (gain, ".2f")]
             data = {"shape": list(shape), "causal": causal, "FA2_tflops": fa2,
                     "cuDNN_tflops": cudnn}
             for k, x, a, b in zip(kernels, ours, vs_fa2, vs_cudnn):
                 data.update({f"{k}_tflops": x, f"{k}_vs_FA2": a, f"{k}_vs_cuDNN": b,
                              f"{k}_mark": mark(a, lambda v: v >= target)})
+            if per_tile:
+                data.update({"wgmma_cta_per_tile_tflops": other,
+                             "wgmma_vs_cta_per_tile": gain})
             table.add(cells, data)
     return table
 
@@ -485,14 +502,22 @@ def with_mark(value, ok, spec=".2f"):
     return f"{value:{spec}} {mark(value, ok)}"
 
 
+def r_variants(kernel):
+    """Item 2's causal r again with another launch, per kernel: (label, key, flags)."""
+    out = [("heads in turn", "heads_in_turn", ("--l2", "0"))]
+    if kernel == "wgmma":
+        out.append(("a CTA per tile", "cta_per_tile", ("--persistent", "0")))
+    return out
+
+
 def item_r(session):
     """Item 2: causal efficiency r for c in the list, per kernel, beside SDPA's."""
     h, d, cs = session.size["r_h"], session.size["r_d"], session.size["r_c"]
     kernels = session.args.kernels
     header = ["c"]
     for k in kernels:
-        header += [f"{k} r", f"{k} striped<= r", f"{k} striped< r", f"{k} mark",
-                   f"{k} r, heads in turn"]
+        header += [f"{k} r", f"{k} striped<= r", f"{k} striped< r", f"{k} mark"]
+        header += [f"{k} r, {label}" for label, _, _ in r_variants(k)]
     header += ["FA2 r", "cuDNN r"]
     table = Table("2", "item 2: causal efficiency r = causal time / full time, forward",
                   f"r <= {R_MAX} for c >= {R_FROM_C}, for the causal block and both striped "
@@ -503,13 +528,14 @@ def item_r(session):
                   "over a full block; 'heads in turn': the causal r again with --l2 0, the "
                   "CTAs launched one head after another (the order before commit 631b7f2, "
                   "for comparison with the default: heaviest tiles first across the "
-                  "heads of an L2-sized section). torch: SDPA forward on [1, H, c, D] "
-                  "causal over not causal, with the backend forced.")
+                  "heads of an L2-sized section); 'a CTA per tile' (wgmma): with "
+                  "--persistent 0, the kernel's launch before it ran persistent. torch: SDPA "
+                  "forward on [1, H, c, D] causal over not causal, with the backend forced.")
     outs = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=("--trace",))
             for k in kernels}
     session.r_outs = outs   # for item_trace
-    heads_in_turn = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=("--l2", "0"))
-                     for k in kernels}
+    variants = {(k, key): run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=flags)
+                for k in kernels for _, key, flags in r_variants(k)}
     for c in cs:
         torch = session.torch.cases((1, h, c, d), "fwd", table)
         cells, data = [str(c)], {"c": c}
@@ -518,11 +544,13 @@ def item_r(session):
             rs = [field(row, key) for key in ("r", "striped_le_r", "striped_lt_r")]
             worst = first_na(*rs) or max(rs)
             m = mark(worst, lambda x: x <= R_MAX) if c >= R_FROM_C else "-"
-            in_turn = field(r_row(heads_in_turn[k], "fwd", c), "r")
-            cells += [(x, ".3f") for x in rs] + [m, (in_turn, ".3f")]
+            cells += [(x, ".3f") for x in rs] + [m]
             data.update({f"{k}_r": rs[0], f"{k}_striped_le_r": rs[1],
-                         f"{k}_striped_lt_r": rs[2], f"{k}_mark": m,
-                         f"{k}_r_heads_in_turn": in_turn})
+                         f"{k}_striped_lt_r": rs[2], f"{k}_mark": m})
+            for _, key, _ in r_variants(k):
+                other = field(r_row(variants[(k, key)], "fwd", c), "r")
+                cells.append((other, ".3f"))
+                data[f"{k}_r_{key}"] = other
         for name, label in TORCH_NAMES.items():
             full, causal = torch[(name, False)], torch[(name, True)]
             r = first_na(full, causal) or causal["median_ms"] / full["median_ms"]

@@ -89,6 +89,7 @@ struct cuda_impl {
     long timeout_ms;
     int tf32;
     int sms;                    /* multiprocessors, for grid sizes */
+    int persistent;             /* dt_backend_cuda_set_persistent */
     int cc;                     /* compute capability, major * 10 + minor */
     int64_t l2_bytes;           /* L2 cache size, for the attention kernels' launch order */
     int failed;                 /* a wait ran out or the device failed: never wait again */
@@ -1240,6 +1241,7 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
         }                                                                     \
     } while (0)
     CREATE_TRY(cudaDeviceGetAttribute(&im->sms, cudaDevAttrMultiProcessorCount, o->device));
+    im->persistent = 1;
     {
         int major = 0, minor = 0;
         CREATE_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o->device));
@@ -1303,6 +1305,18 @@ extern "C" int64_t dt_backend_cuda_l2_bytes(const dt_backend *b) {
 
 extern "C" void dt_backend_cuda_set_l2_bytes(dt_backend *b, int64_t bytes) {
     if (dt_backend_is_cuda(b) && bytes >= 0) impl_of(b)->l2_bytes = bytes;
+}
+
+extern "C" int dt_backend_cuda_sms(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? impl_of(b)->sms : 0;
+}
+
+extern "C" int dt_backend_cuda_persistent(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? impl_of(b)->persistent : 0;
+}
+
+extern "C" void dt_backend_cuda_set_persistent(dt_backend *b, int on) {
+    if (dt_backend_is_cuda(b)) impl_of(b)->persistent = on != 0;
 }
 
 extern "C" void dt_backend_cuda_set_tf32(dt_backend *b, int on) {

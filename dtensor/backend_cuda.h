@@ -57,6 +57,15 @@ int dt_backend_cuda_compute_capability(const dt_backend *b);
  * at a time); results never depend on it, only speed. */
 int64_t dt_backend_cuda_l2_bytes(const dt_backend *b);
 void dt_backend_cuda_set_l2_bytes(dt_backend *b, int64_t bytes);
+/* The device's multiprocessors, read once when the backend is created. */
+int dt_backend_cuda_sms(const dt_backend *b);
+/* Whether kernels that can run persistent do (1, the default): the wgmma
+ * attention forward then launches as many CTAs as the SMs hold, which take
+ * their query tiles from a queue (attention/block_cuda_wgmma.cu);
+ * set_persistent(b, 0) gives it a CTA per query tile (benchmarks compare).
+ * Results never depend on it, only speed. */
+int dt_backend_cuda_persistent(const dt_backend *b);
+void dt_backend_cuda_set_persistent(dt_backend *b, int on);
 void *dt_backend_cuda_compute_stream(const dt_backend *b);
 void *dt_backend_cuda_comm_stream(const dt_backend *b);
 void dt_backend_cuda_set_tf32(dt_backend *b, int on);

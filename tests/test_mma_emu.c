@@ -67,6 +67,7 @@ typedef struct emu_case {
     dt_attn_kernel_choice kernel;   /* forward: DT_ATTN_KERNEL_MMA or _WGMMA */
     int64_t l2;     /* the L2 size the launch order plans for (mma_layout.h) */
     int sections;   /* > 0: instead, an L2 that gives sections of this many units */
+    int sms;        /* the wgmma forward: > 0 persistent on this many SMs, 0 a CTA per tile */
 } emu_case;
 
 /* The L2 size passed with a block whose units each re-read unit_bytes. */
@@ -222,8 +223,9 @@ static void run_forward(void **state) {
     const size_t nrow = (size_t)(B * H * n), nacc = nrow * (size_t)D;
     float *m = zeros_f32(nrow), *l = zeros_f32(nrow), *acc = zeros_f32(nacc), *o = zeros_f32(nacc);
     float *lse = zeros_f32(nrow);
-    void *ot = NULL;   /* the kernel's o, in the dtype */
+    void *ot = NULL, *queue = NULL;   /* the kernel's o, in the dtype; the wgmma tile queue */
     assert_int_equal(cudaMalloc(&ot, nacc * dt_dtype_size(c->dtype)), cudaSuccess);
+    assert_int_equal(cudaMalloc(&queue, sizeof(uint32_t)), cudaSuccess);
     double *ref = malloc(nacc * sizeof *ref), *ref_lse = malloc(nrow * sizeof *ref_lse);
     /* the kernels' query and key tiles (their files' comments) */
     const int64_t bm = wgmma ? 128 : DT_MMA_BM, bn = wgmma ? 128 : DT_MMA_BN;
@@ -256,7 +258,8 @@ static void run_forward(void **state) {
                     if (!dt_emu_attn_mma_block_ok(&a, why, sizeof why)) {
                         print_error("%s: block refused: %s\n", c->name, why);
                         bad = 1;
-                    } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)))
+                    } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
+                                                              c->sms, queue)
                                       : dt_emu_attn_mma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)))) != DT_SUCCESS) {
                         print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
                         bad = 1;
@@ -279,6 +282,7 @@ static void run_forward(void **state) {
     free(q), free(k), free(v), free(o_ref), free(lse_ref), free(ref), free(ref_lse);
     free(m), free(l), free(acc), free(o), free(lse), free(trace);
     cudaFree(ot);
+    cudaFree(queue);
     assert_int_equal(bad, 0);
     assert_true(mma_ran > 0);
 }
@@ -409,6 +413,64 @@ static void test_bwd_walk_bound(void **state) {
     a.qseg.len = (int64_t)1 << 17;   /* 2^31 */
     assert_false(dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why));
     assert_non_null(strstr(why, "more than 2^31 - 1 iterations"));
+}
+
+/* The persistent wgmma forward past a query tile without keys. Queries at
+ * positions 0 .. 399, keys at 200 .. 499, causal: query tile 0 sees no key,
+ * tiles 1 to 3 one or two key tiles. Four heads in sections of three units
+ * (the narrower, head 0, first), on one SM: the CTA that takes head 0's
+ * keyless tile (the last of its section) goes on to head 1's first, whose
+ * loads the keyless tile issues. One block (first and last: o and lse),
+ * against a double-precision reference. */
+static void test_wgmma_persistent_keyless(void **state) {
+    (void)state;
+    const int64_t H = 4, G = 2, nq = 400, nk = 300, kstart = 200;
+    for (int64_t D = 64; D <= 128; D += 64) {
+        double *q = ref_input(71, nq * H * D, DT_BF16), *k = ref_input(72, nk * G * D, DT_BF16);
+        double *v = ref_input(73, nk * G * D, DT_BF16);
+        void *qd = as_dtype(q, (size_t)(nq * H * D), DT_BF16);
+        void *kd = as_dtype(k, (size_t)(nk * G * D), DT_BF16);
+        void *vd = as_dtype(v, (size_t)(nk * G * D), DT_BF16);
+        void *od = NULL, *queue = NULL;
+        assert_int_equal(cudaMalloc(&od, (size_t)(nq * H * D) * 2), cudaSuccess);
+        assert_int_equal(cudaMalloc(&queue, sizeof(uint32_t)), cudaSuccess);
+        float *lse = zeros_f32((size_t)(H * nq)), *o = zeros_f32((size_t)(nq * H * D));
+        const double scale = 1.0 / sqrt((double)D);
+        dt_attn_block_args a = {
+            .dtype = DT_BF16, .batch = 1, .heads = H, .kv_heads = G, .dim = D, .q = qd,
+            .k = kd, .v = vd, .qseg = {0, 1, nq}, .kseg = {kstart, 1, nk},
+            .mask = DT_ATTN_CAUSAL, .scale = (float)scale, .ml_head_stride = nq, .first = 1,
+            .last = 1, .o = od, .lse = lse, .kernel = DT_ATTN_KERNEL_WGMMA};
+        char why[256];
+        assert_true(dt_emu_attn_mma_block_ok(&a, why, sizeof why));
+        const int64_t unit_bytes = 2 * nk * D * 2 / (H / G);   /* dt_mma_fwd_section's */
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue), DT_SUCCESS);
+        for (size_t i = 0; i < (size_t)(nq * H * D); i++) o[i] = dt_value_get(od, DT_BF16, i);
+
+        double *ref = calloc((size_t)(nq * H * D), sizeof *ref), *ref_lse = malloc((size_t)(H * nq) * sizeof *ref_lse);
+        double *p = malloc((size_t)nk * sizeof *p);
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t x = 0; x < nq; x++) {
+                const int64_t g = h / (H / G), seen = x - kstart + 1 < 0 ? 0 : x - kstart + 1;
+                double mx = -INFINITY, sum = 0;
+                for (int64_t y = 0; y < seen; y++) {
+                    double d = 0;
+                    for (int64_t c = 0; c < D; c++) d += q[(x * H + h) * D + c] * k[(y * G + g) * D + c];
+                    p[y] = d * scale;
+                    mx = fmax(mx, p[y]);
+                }
+                for (int64_t y = 0; y < seen; y++) sum += p[y] = exp(p[y] - mx);
+                for (int64_t y = 0; y < seen; y++)
+                    for (int64_t c = 0; c < D; c++) ref[(x * H + h) * D + c] += p[y] / sum * v[(y * G + g) * D + c];
+                ref_lse[h * nq + x] = seen ? mx + log(sum) : -INFINITY;
+            }
+        long bad = h_compare("o", o, ref, (size_t)(nq * H * D), 2e-2, 2e-2, NULL);
+        bad += h_compare("lse", lse, ref_lse, (size_t)(H * nq), 2e-2, 2e-2, NULL);
+        if (bad) print_error("D = %lld\n", (long long)D);
+        free(q), free(k), free(v), free(o), free(lse), free(ref), free(ref_lse), free(p);
+        cudaFree(qd), cudaFree(kd), cudaFree(vd), cudaFree(od), cudaFree(queue);
+        assert_int_equal(bad, 0);
+    }
 }
 
 #endif /* DT_EMU_NO_CXX */
@@ -1455,7 +1517,7 @@ int main(void) {
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
     static emu_case cases[4 * 2 * NROWS];
-    struct CMUnitTest tests[4 * 2 * NROWS + 5];
+    struct CMUnitTest tests[4 * 2 * NROWS + 6];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
@@ -1479,19 +1541,26 @@ int main(void) {
                  * L2) on row 0, all units in one section (an H100's L2) */
                 c->l2 = i == 0 ? 0 : 50 << 20;
                 c->sections = i == 1 || i == 2 ? 3 : 0;
-                snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s",
+                /* the wgmma forward persistent (one SM: one or two CTAs, each
+                 * taking many query tiles, tiles without keys among them on
+                 * the zigzag row) on rows 0 to 2, a CTA per tile on 3, 4 */
+                c->sms = i <= 2;
+                snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s",
                          (const char *[]){"forward", "backward", "forward-wgmma",
                                           "backward-wgmma"}[dir],
                          dt_order_name(c->order), c->P,
                          (long long)c->s.B, (long long)c->s.S, (long long)c->s.H,
                          (long long)c->s.Hkv, (long long)c->s.D, dt_attn_mask_name(c->mask),
-                         dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "");
+                         dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "",
+                         dir == 2 && c->sms ? ",persistent" : "");
                 tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                 nt++;
             }
 #ifndef DT_EMU_NO_CXX
     tests[nt++] = (struct CMUnitTest){"backward/block-ok/walk-within-2^31", test_bwd_walk_bound,
                                       NULL, NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"forward-wgmma/persistent/past-a-keyless-tile",
+                                      test_wgmma_persistent_keyless, NULL, NULL, NULL};
 #endif
     tests[nt++] = (struct CMUnitTest){"emulator/checks-and-semantics", test_emulator, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/wgmma", test_wgmma, NULL, NULL, NULL};

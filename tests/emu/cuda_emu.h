@@ -57,6 +57,11 @@ inline float atomicAdd(float *p, float v) {
     *p = old + v;
     return old;
 }
+inline unsigned atomicAdd(unsigned *p, unsigned v) {
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
 [[noreturn]] inline void __trap() { dt_emu_fail("__trap()"); }
 
 struct __attribute__((aligned(8))) float2 {
