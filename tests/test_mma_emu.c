@@ -1192,6 +1192,7 @@ typedef enum {
     WGM_DIFFERENT_N,
     WGM_EXIT_PENDING, WGM_DESC_OUTSIDE, WGM_WRITE_D, WGM_SMEM_RACE, WGM_NO_SWIZZLE, WGM_DIVERGE,
     WGM_TMA, WGM_TMA_NO_WAIT,   /* the image by a tensor copy; read before its wait */
+    WGM_TMA_OVER_PENDING,       /* a second copy into the image before the wgmma's wait */
 } wg_misuse;
 
 typedef struct wg_case {
@@ -1275,7 +1276,8 @@ static void k_wgmma(void *arg) {
         dt_emu_cp_commit();
         dt_emu_cp_wait(0);
         if (c->misuse == WGM_CP_PROXY_FENCE) dt_emu_fence_proxy_async();
-    } else if (c->misuse == WGM_TMA || c->misuse == WGM_TMA_NO_WAIT) {
+    } else if (c->misuse == WGM_TMA || c->misuse == WGM_TMA_NO_WAIT ||
+               c->misuse == WGM_TMA_OVER_PENDING) {
         /* thread 0 loads the image by a tensor copy (async proxy: no
          * fence.proxy.async), everyone waits for it on the barrier past it */
         void *bar = smem + WG_SMEM - 8;
@@ -1287,7 +1289,7 @@ static void k_wgmma(void *arg) {
             dt_emu_tma_load(img, c->tmap, at, 2, bar);
         }
         dt_emu_syncthreads();
-        if (c->misuse == WGM_TMA) dt_emu_mbar_wait(bar, 0);
+        if (c->misuse != WGM_TMA_NO_WAIT) dt_emu_mbar_wait(bar, 0);
     } else if (tid == 0) {   /* ordinary stores: visible to wgmma after a proxy fence */
         memcpy(img, c->img, WG_IMG);
         if (c->misuse != WGM_STORE_NO_PROXY_FENCE) dt_emu_fence_proxy_async();
@@ -1329,6 +1331,16 @@ static void k_wgmma(void *arg) {
         /* B[0][0] changes while the instruction may still read it */
         if (tid == 0) img[img_b(c->trans_b, 0, 0)] ^= 1;
         dt_emu_syncthreads();
+    }
+    if (c->misuse == WGM_TMA_OVER_PENDING && tid == 0) {
+        /* the image again, by a tensor copy issued before the wait (a
+         * pipeline refilling a stage that a product still reads) */
+        void *bar = smem + WG_SMEM - 16;
+        const int32_t at[2] = {0, 0};
+        dt_emu_mbar_init(bar, 1);
+        dt_emu_fence_mbarrier_init();
+        dt_emu_mbar_arrive_expect_tx(bar, WG_IMG);
+        dt_emu_tma_load(img, c->tmap, at, 2, bar);
     }
     dt_emu_wgmma_wait(0);
     memcpy(c->d[tid], d, sizeof d);
@@ -1414,12 +1426,14 @@ static void test_wgmma(void **state) {
     free(c);
 
     /* tensor-copy data needs no fence.proxy.async, only its barrier wait;
-     * a wgmma before the wait reads a pending destination */
+     * a wgmma before the wait reads a pending destination; a copy issued
+     * while a wgmma that reads its destination is pending fails */
     static CUtensorMap img_map;
     const cuuint64_t img_dims[2] = {128, 128}, img_strides[1] = {128};
     const cuuint32_t img_box[2] = {128, 128}, ones[2] = {1, 1};
-    for (int no_wait = 0; no_wait < 2; no_wait++) {
-        c = wg_make(64, 2, 0, 1, DT_BF16, no_wait ? WGM_TMA_NO_WAIT : WGM_TMA);
+    for (int variant = 0; variant < 3; variant++) {
+        c = wg_make(64, 2, 0, 1, DT_BF16,
+                    (wg_misuse[]){WGM_TMA, WGM_TMA_NO_WAIT, WGM_TMA_OVER_PENDING}[variant]);
         void *dimg = NULL;
         assert_int_equal(cudaMalloc(&dimg, WG_IMG), cudaSuccess);
         memcpy(dimg, c->img, WG_IMG);
@@ -1430,11 +1444,13 @@ static void test_wgmma(void **state) {
                          CUDA_SUCCESS);
         c->tmap = &img_map;
         const char *err = wg_run(c, 128);
-        const char *want = no_wait ? "wgmma.mma_async reading A from shared offset 1008: inside "
-                                     "the destination of a cp.async.bulk.tensor"
-                                   : "";
-        if (no_wait ? !strstr(err, want) : err[0] != 0) print_error("tma: got \"%s\"\n", err);
-        if (no_wait) assert_non_null(strstr(err, want));
+        const char *want = variant == 1 ? "wgmma.mma_async reading A from shared offset 1008: "
+                                          "inside the destination of a cp.async.bulk.tensor"
+                           : variant == 2 ? "that a wgmma.mma_async reads, which thread 0 "
+                                            "has not completed with wgmma.wait_group"
+                                          : "";
+        if (variant ? !strstr(err, want) : err[0] != 0) print_error("tma: got \"%s\"\n", err);
+        if (variant) assert_non_null(strstr(err, want));
         else assert_string_equal(err, "");
         assert_int_equal(cudaFree(dimg), cudaSuccess);
         free(c);

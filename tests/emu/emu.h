@@ -213,8 +213,10 @@ void dt_emu_mbar_wait(void *bar, uint32_t parity);
  * happens when a wait on bar needs it, or when the block ends. Checked: the
  * map (written by cuTensorMapEncodeTiled, unchanged, 64-byte aligned, of
  * rank `rank`), dst, the barrier (initialised, its init visible to the
- * async proxy), a destination free of pending copies (TMA or cp.async) and
- * barriers, the reads inside the cudaMalloc / cudaHostAlloc allocation
+ * async proxy), a destination free of pending copies (TMA or cp.async),
+ * of barriers and of the shared operands of every wgmma.mma_async that some
+ * thread has not yet completed with wgmma.wait_group (a pipeline refilling
+ * a stage too early: the deferred copy would not show it), the reads inside the cudaMalloc / cudaHostAlloc allocation
  * holding the tensor's address; later, a write into the destination
  * before completion (plain stores show at completion; cp.async, another
  * TMA, ldmatrix and wgmma.mma_async reads fail at once). TMA writes come

@@ -117,6 +117,7 @@ typedef struct wgmma_op {
     int refs;      /* pending records pointing here */
     int checked;   /* a wait_group compared the shared memory already */
     int n, a_smem, trans_b;
+    uint32_t lo, hi;   /* the shared offsets it reads: [lo, hi) covers them */
     uint64_t desc_a, desc_b;
     uint16_t a[WG_M * WG_K];     /* A[i][k] at 16 i + k, when a_smem */
     uint16_t b[WG_K * WG_NMAX];  /* B[k][j] at n k + j */
@@ -766,8 +767,12 @@ static void sweep_operands(wgmma_op *op, int compare) {
                                 "fence.proxy.async and barrier after it made visible to the "
                                 "async proxy", which ? "B" : "A", row, col, addr - EMU_SMEM_BASE,
                                 addr);
-                if (!compare) *kept = v;
-                else if (v != *kept)
+                if (!compare) {
+                    *kept = v;
+                    const uint32_t o = addr - EMU_SMEM_BASE;
+                    if (o < op->lo) op->lo = o;
+                    if (o + 2 > op->hi) op->hi = o + 2;
+                } else if (v != *kept)
                     dt_emu_fail("shared memory at offset %u (shared address %#x), read by a "
                                 "wgmma.mma_async as %s[%d][%d], was written before the "
                                 "wgmma.wait_group that completes it", addr - EMU_SMEM_BASE, addr,
@@ -823,6 +828,7 @@ static void complete_wgmma(emu_thread *threads, int first) {
     op->trans_b = in0->trans_b;
     op->desc_a = in0->desc_a;
     op->desc_b = in0->desc_b;
+    op->lo = UINT32_MAX;
     sweep_operands(op, 0);
     /* the launch mutex serialises every use: static, off the fiber stack */
     static double A[WG_M][WG_K], B[WG_K][WG_NMAX];
@@ -1257,6 +1263,18 @@ void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, i
             if (E.tma_busy[c])
                 dt_emu_fail("%s: its destination covers shared offset %u, where a cp.async of "
                             "thread %d is in flight", op, c, i);
+        }
+    /* ... and of the operands of every wgmma.mma_async that some thread has
+     * not yet completed with its wgmma.wait_group (the hardware reads them at
+     * some point before the wait) */
+    for (int i = 0; i < E.nthreads; i++)
+        for (int j = 0; j < E.threads[i].nwg; j++) {
+            const wgmma_op *w = E.threads[i].wg[j].op;
+            if (w && off < w->hi && w->lo < off + bytes)
+                dt_emu_fail("%s: its destination, shared offsets [%u, %llu), meets shared memory "
+                            "[%u, %u) that a wgmma.mma_async reads, which thread %d has not "
+                            "completed with wgmma.wait_group", op, off,
+                            (unsigned long long)(off + bytes), w->lo, w->hi, i);
         }
     /* the global reads: the in-bounds part of the box, inside the allocation
      * holding the tensor's address */
