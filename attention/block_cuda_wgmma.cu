@@ -56,24 +56,30 @@
  * swizzle is the same address-bit XOR). Stage s's tiles complete on
  * mbarrier full[s], a query tile's Q with its first key tile; the next key
  * tile's TMA (the next query tile's first, with its Q, after a query
- * tile's last) is issued before a key tile's math and flies during it; a
- * __syncthreads after each key tile's math frees its stage, and after a
- * query tile's last its Q buffer, for the TMA two on. TMA
+ * tile's last) is issued during a key tile's math and flies beside it,
+ * into the stage the key tile before used, once every thread is done with
+ * it: at D = 128 each thread arrives on that stage's mbarrier empty[s]
+ * after its math and thread 0 waits there once its warpgroup's first
+ * product of the tile is issued, so that the warpgroups keep their
+ * ping-pong from tile to tile; at D = 64 (two CTAs per SM cover each
+ * other's waits, and 128 registers leave no room for the rest) a
+ * __syncthreads after each key tile. A __syncthreads after a query tile's
+ * last key tile frees its Q buffer for the TMA two query tiles on. TMA
  * writes through the async proxy, which wgmma reads through: no proxy
  * fence. A wait that does not complete within 10 s traps (a failed launch,
  * never a hung GPU).
  *
  * ptxas (sm_90a, CUDA 13.0): 128 registers at D = 64 (two CTAs per SM:
- * launch bounds), 185 at D = 128, no spills, no serialised wgmma. The
+ * launch bounds), 187 at D = 128, no spills, no serialised wgmma. The
  * batch and kv head of the current tile sit in shared memory for thread
  * 0's loads instead of in every thread's registers (at D = 64 they
  * spilled).
  *
  * What is left for an H100 (docs/PERFORMANCE.md): measure it (the
  * persistent launch against a CTA per tile: bench/blocks --persistent 0,
- * bench/issue8.py items 1 and 2); then a
- * producer warp with per-stage "empty" barriers in place of the per-tile
- * __syncthreads (which now realigns the warpgroups' turns every tile), and
+ * bench/issue8.py items 1 and 2; the empty barriers against the per-tile
+ * __syncthreads of commit 063c417); then a producer warp (with setmaxnreg)
+ * and a third stage, so that no consumer thread waits for a release, and
  * the overlap of a tile's S with the previous tile's P V inside a
  * warpgroup.
  */
@@ -171,7 +177,7 @@ __device__ __forceinline__ void wg_next(const wg_params &p, bool first, uint32_t
 /* grid: a CTA per query tile (ceil(qseg.len / 128) x heads x batch), or
  * fewer, persistent, with p.queue; tiles in mma_layout.h's launch order
  * (dt_mma_sched, p.section); block: 256 threads; dynamic shared memory
- * 1024 + (2 BM + 4 BN) D sizeof(T) + 32. */
+ * 1024 + (2 BM + 4 BN) D sizeof(T) + 48. */
 template <typename T, int D>
 __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
 #ifdef DT_WGMMA_STUB
@@ -181,12 +187,23 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
     const dt_attn_block_args &a = p.a;
     constexpr int NT = WG_BN / 8;                                      /* n-tiles of S */
     constexpr int TILE_Q = WG_BM * D * 2, TILE_KV = WG_BN * D * 2;   /* bytes */
+    /* How a stage is released for its next load. At D = 128 by its empty
+     * barrier, which thread 0 waits for once warpgroup 0's first product of
+     * the tile is issued (the tensor cores work on it, and on warpgroup 1's
+     * last product of the tile before, meanwhile): the warpgroups keep their
+     * ping-pong from tile to tile. At D = 64 by a __syncthreads after each
+     * tile, the load issued before the tile's first product: there the
+     * producer's code beside the S accumulators, or the loop without that
+     * barrier, would not fit in the 128 registers of two CTAs per SM (ptxas
+     * spills), and the other CTA's math covers the barrier's wait. */
+    constexpr bool RELEASE = D == 128;
     DT_DYNAMIC_SMEM(unsigned char, smem_raw);
     unsigned char *const sq = smem_raw + ((1024u - (wg_smem_addr(smem_raw) & 1023u)) & 1023u);
     unsigned char *const sk = sq + 2 * TILE_Q;   /* Q buffer b at sq + b TILE_Q */
     unsigned char *const sv = sk + 2 * TILE_KV;  /* stage s at sk + s TILE_KV, sv + s TILE_KV */
     uint64_t *const full = reinterpret_cast<uint64_t *>(sv + 2 * TILE_KV);   /* [2] */
-    uint32_t *const next = reinterpret_cast<uint32_t *>(full + 2);           /* [2] */
+    uint64_t *const empty = full + 2;                                        /* [2] */
+    uint32_t *const next = reinterpret_cast<uint32_t *>(empty + 2);          /* [2] */
     /* Thread 0's alone, read where needed instead of held in registers */
     volatile int *const at = reinterpret_cast<volatile int *>(next + 2);      /* [2] */
 
@@ -194,21 +211,25 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
     const int wg = warp >> 2, wl = warp & 3;   /* warpgroup, warp within it */
 
     /* Stage s's K and V tiles land on mbarrier full[s] (one arrival: thread
-     * 0's expect_tx, plus the TMA bytes); its n-th use completes phase n.
-     * The CTA's key tiles, over all its query tiles, go through the stages
-     * in turn: its f-th in stage f % 2, use f / 2. Its query tiles go
-     * through the two Q buffers in turn, the ti-th in buffer ti % 2. Thread
-     * 0 issues every TMA, a query tile's first key tile with the query tile
-     * itself, during the previous query tile's last key tile. */
+     * 0's expect_tx, plus the TMA bytes) and are released on empty[s] (an
+     * arrival of every thread once its math on them is done); the n-th use
+     * of a stage completes phase n of both. The CTA's key tiles, over all
+     * its query tiles, go through the stages in turn: its f-th in stage
+     * f % 2, use f / 2. Its query tiles go through the two Q buffers in
+     * turn, the ti-th in buffer ti % 2. Thread 0 issues every TMA, a query
+     * tile's first key tile with the query tile itself, during the previous
+     * query tile's last key tile. */
     if (threadIdx.x == 0) {
         mbar_init(&full[0], 1);
         mbar_init(&full[1], 1);
+        mbar_init(&empty[0], WG_THREADS);
+        mbar_init(&empty[1], WG_THREADS);
         fence_mbar_init();
         wg_next<D>(p, true, &next[1], sq, sk, sv, &full[0]);
     }
     __syncthreads();
 
-    /* f: key tiles so far, mod 4 (stage f % 2, the use's parity f / 2); ti:
+    /* f: key tiles so far (stage f % 2, the use's parity (f / 2) % 2); ti:
      * query tiles so far, mod 2. Query tile ti's index is in next[ti ^ 1]
      * (the first's in next[1]): thread 0 writes it during tile ti - 1's last
      * key tile (or at once for a tile without keys, or before the first
@@ -259,15 +280,22 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
          * that skips a tile's math still takes its turns. */
         constexpr int TURN = 1, PAIR = WG_THREADS;
         if (wg == 1 && n_tiles > 0) bar_arrive<TURN>(0, PAIR);
-        for (int kt = 0; kt < n_tiles; kt++, f = (f + 1) & 3) {
+        for (int kt = 0; kt < n_tiles; kt++, f++) {
             const int stage = (int)(f & 1);
-            if (threadIdx.x == 0) {   /* the next key tile flies during this one */
+            /* Thread 0: the next key tile (the next query tile's first
+             * after the last) into the other stage, to fly during this
+             * tile's math, once every thread is done with that stage (key
+             * tile f - 1; RELEASE says how). */
+            const auto produce = [&] {
+                if (threadIdx.x != 0) return;
+                if (RELEASE && f > 0) mbar_wait(&empty[stage ^ 1], ((f - 1) >> 1) & 1u);
                 unsigned char *const nk = sk + (stage ^ 1) * TILE_KV, *const nv = sv + (stage ^ 1) * TILE_KV;
                 if (kt + 1 < n_tiles)
                     wg_load_kv<D>(p, at[0], at[1], kt + 1, nk, nv, &full[stage ^ 1], 0);
-                else   /* the next query tile's first */
+                else
                     wg_next<D>(p, false, &next[ti], sq + (ti ^ 1) * TILE_Q, nk, nv, &full[stage ^ 1]);
-            }
+            };
+            if (!RELEASE) produce();
             mbar_wait(&full[stage], (uint32_t)(f >> 1) & 1u);   /* tile kt (and Q) have landed */
 
             /* Each product is issued and waited for inside one branch (its
@@ -288,6 +316,7 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
                     wgmma_ss<T, WG_BN>(s, wg_desc_k_major(q_addr, WG_BM, kk),
                                        wg_desc_k_major(k_addr, WG_BN, kk), kk > 0);
                 wgmma_commit();
+                if (RELEASE) produce();
                 bar_arrive<TURN>(wg ^ 1, PAIR);
                 wgmma_wait<0>();
                 if (kt < wg_unmasked)
@@ -309,12 +338,18 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
                 if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
                 wgmma_wait<0>();
             } else {
+                if (RELEASE) produce();
                 bar_arrive<TURN>(wg ^ 1, PAIR);
                 bar_sync<TURN>(wg, PAIR);
                 if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
             }
-            __syncthreads();   /* the stage (and a query tile's Q) free for the TMA two on */
+            /* this thread is done with the stage (and with Q after the last) */
+            if (RELEASE) mbar_arrive(&empty[stage]);
+            else __syncthreads();
         }
+        /* next[ti], written during the last key tile (at D = 64 that tile's
+         * __syncthreads published it) */
+        if (RELEASE && n_tiles > 0) __syncthreads();
 
         if (n_tiles > 0 || a.first || a.last) {
             /* c, made again (opaque says why) */
@@ -354,7 +389,7 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
     }
     return dt_mma_launch(fwd_wgmma_kernel<T, D>, dim3((unsigned)ctas), WG_THREADS,
                          1024 + (size_t)(2 * WG_BM + 4 * WG_BN) * D * sizeof(T) +
-                             2 * sizeof(uint64_t) + 4 * sizeof(uint32_t),
+                             4 * sizeof(uint64_t) + 4 * sizeof(uint32_t),
                          stream, "forward (wgmma)", D, a->dtype, p);
 }
 

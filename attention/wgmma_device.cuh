@@ -126,6 +126,7 @@ __device__ __forceinline__ void fence_mbar_init() { dt_emu_fence_mbarrier_init()
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
     dt_emu_mbar_arrive_expect_tx(bar, bytes);
 }
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) { dt_emu_mbar_arrive(bar); }
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) { dt_emu_mbar_wait(bar, parity); }
 __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, int c0, int c1, int c2,
                                             int c3, uint64_t *bar) {
@@ -183,6 +184,10 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t by
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wg_smem_addr(bar)),
                  "r"(bytes)
                  : "memory");
+}
+/* One arrival. */
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(wg_smem_addr(bar)) : "memory");
 }
 /* Until the phase of parity `parity` has completed. Bounded: a phase that
  * has not completed after DT_WG_WAIT_NS of the global timer (a TMA that

@@ -1446,8 +1446,8 @@ static void test_wgmma(void **state) {
         const char *err = wg_run(c, 128);
         const char *want = variant == 1 ? "wgmma.mma_async reading A from shared offset 1008: "
                                           "inside the destination of a cp.async.bulk.tensor"
-                           : variant == 2 ? "that a wgmma.mma_async reads, which thread 0 "
-                                            "has not completed with wgmma.wait_group"
+                           : variant == 2 ? "that a wgmma.mma_async reads as A, which "
+                                            "thread 0 has not completed with wgmma.wait_group"
                                           : "";
         if (variant ? !strstr(err, want) : err[0] != 0) print_error("tma: got \"%s\"\n", err);
         if (variant) assert_non_null(strstr(err, want));

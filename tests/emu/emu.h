@@ -10,7 +10,10 @@
  * and attention/mma_device.cuh calls the functions below in place of its
  * inline PTX. Every CUDA thread of a block is a fiber
  * (ucontext) with its own stack; the blocks of a grid run one after
- * another, the fibers of a block round-robin, each until it waits.
+ * another, the fibers of a block each until it waits (or completes a named
+ * barrier's phase), then the first runnable one from a leading warp that
+ * changes from block to block, so that one warp runs ahead of the others
+ * as far as its synchronisation lets it.
  *
  * What is emulated, from the PTX ISA and the CUDA programming guide:
  *   - __syncthreads: waits for every thread of the block that has not

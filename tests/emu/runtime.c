@@ -117,7 +117,7 @@ typedef struct wgmma_op {
     int refs;      /* pending records pointing here */
     int checked;   /* a wait_group compared the shared memory already */
     int n, a_smem, trans_b;
-    uint32_t lo, hi;   /* the shared offsets it reads: [lo, hi) covers them */
+    uint32_t lo[2], hi[2];   /* the shared offsets A, B read: [lo, hi) covers them */
     uint64_t desc_a, desc_b;
     uint16_t a[WG_M * WG_K];     /* A[i][k] at 16 i + k, when a_smem */
     uint16_t b[WG_K * WG_NMAX];  /* B[k][j] at n k + j */
@@ -469,6 +469,12 @@ static void named_barrier(int id, int n, int wait) {
         for (int i = 0; i < E.nthreads; i++)
             if (E.threads[i].state == T_WAIT_BAR && E.threads[i].bar_id == id)
                 E.threads[i].state = T_RUNNABLE;
+        /* the scheduler goes on with the first runnable thread from the
+         * leading warp: the threads this phase released run first where
+         * they lead, before this one's next steps (a warpgroup that passes
+         * its turn on then still has its product pending: a producer that
+         * refills the product's stage too early meets it) */
+        yield_fiber(0);
         return;
     }
     if (!wait) return;
@@ -770,8 +776,8 @@ static void sweep_operands(wgmma_op *op, int compare) {
                 if (!compare) {
                     *kept = v;
                     const uint32_t o = addr - EMU_SMEM_BASE;
-                    if (o < op->lo) op->lo = o;
-                    if (o + 2 > op->hi) op->hi = o + 2;
+                    if (o < op->lo[which]) op->lo[which] = o;
+                    if (o + 2 > op->hi[which]) op->hi[which] = o + 2;
                 } else if (v != *kept)
                     dt_emu_fail("shared memory at offset %u (shared address %#x), read by a "
                                 "wgmma.mma_async as %s[%d][%d], was written before the "
@@ -828,7 +834,7 @@ static void complete_wgmma(emu_thread *threads, int first) {
     op->trans_b = in0->trans_b;
     op->desc_a = in0->desc_a;
     op->desc_b = in0->desc_b;
-    op->lo = UINT32_MAX;
+    op->lo[0] = op->lo[1] = UINT32_MAX;   /* none read yet (A from registers: none) */
     sweep_operands(op, 0);
     /* the launch mutex serialises every use: static, off the fiber stack */
     static double A[WG_M][WG_K], B[WG_K][WG_NMAX];
@@ -1270,11 +1276,13 @@ void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, i
     for (int i = 0; i < E.nthreads; i++)
         for (int j = 0; j < E.threads[i].nwg; j++) {
             const wgmma_op *w = E.threads[i].wg[j].op;
-            if (w && off < w->hi && w->lo < off + bytes)
-                dt_emu_fail("%s: its destination, shared offsets [%u, %llu), meets shared memory "
-                            "[%u, %u) that a wgmma.mma_async reads, which thread %d has not "
-                            "completed with wgmma.wait_group", op, off,
-                            (unsigned long long)(off + bytes), w->lo, w->hi, i);
+            for (int ab = 0; w && ab < 2; ab++)
+                if (off < w->hi[ab] && w->lo[ab] < off + bytes)
+                    dt_emu_fail("%s: its destination, shared offsets [%u, %llu), meets shared "
+                                "memory [%u, %u) that a wgmma.mma_async reads as %s, which thread "
+                                "%d has not completed with wgmma.wait_group", op, off,
+                                (unsigned long long)(off + bytes), w->lo[ab], w->hi[ab],
+                                ab ? "B" : "A", i);
         }
     /* the global reads: the in-bounds part of the box, inside the allocation
      * holding the tensor's address */
