@@ -174,12 +174,17 @@ __device__ __forceinline__ void wg_next(const wg_params &p, bool first, uint32_t
 
 #endif /* !DT_WGMMA_STUB */
 
+/* CTAs per SM: the kernel's launch bounds, and a persistent launch's CTAs
+ * per SM. */
+template <int D>
+constexpr int wg_ctas_per_sm() { return D == 64 ? 2 : 1; }
+
 /* grid: a CTA per query tile (ceil(qseg.len / 128) x heads x batch), or
  * fewer, persistent, with p.queue; tiles in mma_layout.h's launch order
  * (dt_mma_sched, p.section); block: 256 threads; dynamic shared memory
  * 1024 + (2 BM + 4 BN) D sizeof(T) + 48. */
 template <typename T, int D>
-__global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
+__global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
 #ifdef DT_WGMMA_STUB
     (void)p;
     __trap();   /* never launched: the host requires an sm_90a build and a 9.0 device */
@@ -222,8 +227,10 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
     if (threadIdx.x == 0) {
         mbar_init(&full[0], 1);
         mbar_init(&full[1], 1);
-        mbar_init(&empty[0], WG_THREADS);
-        mbar_init(&empty[1], WG_THREADS);
+        if (RELEASE) {
+            mbar_init(&empty[0], WG_THREADS);
+            mbar_init(&empty[1], WG_THREADS);
+        }
         fence_mbar_init();
         wg_next<D>(p, true, &next[1], sq, sk, sv, &full[0]);
     }
@@ -360,10 +367,6 @@ __global__ void __launch_bounds__(WG_THREADS, D == 64 ? 2 : 1) fwd_wgmma_kernel(
     }
 #endif
 }
-
-/* Tiles per SM of a persistent launch: the kernel's launch bounds. */
-template <int D>
-constexpr int wg_ctas_per_sm() { return D == 64 ? 2 : 1; }
 
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
