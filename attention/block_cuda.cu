@@ -259,7 +259,7 @@ unsigned blocks_for(size_t n, unsigned threads) {
 }
 
 /* The forward's scratch: the persistent wgmma kernel's tile queue. */
-size_t fwd_scratch(int64_t dim) { (void)dim; return sizeof(uint32_t); }
+size_t fwd_scratch(int64_t dim) { (void)dim; return DT_ATTN_WGMMA_QUEUE_BYTES; }
 size_t bwd_scratch(int64_t dim) { (void)dim; return 0; }
 
 /* Plan time (once per call): can the requested kernel run this dtype and
@@ -315,7 +315,7 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     if (path == FWD_WGMMA)
         return dt_attn_wgmma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be),
                                  dt_backend_cuda_persistent(be) ? dt_backend_cuda_sms(be) : 0,
-                                 scratch);
+                                 scratch, dt_backend_cuda_dependent_launch(be));
     if (path == FWD_MMA) return dt_attn_mma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
     if (!a->acc || !a->m || !a->l)   /* fwd_stateless promised a tensor-core kernel */
         return dt_error(DT_ERR_INTERNAL, "rank %d: attention (cuda): a block without running "

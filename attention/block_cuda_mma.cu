@@ -11,8 +11,8 @@
  * simple kernel. One query segment against one key/value segment, GQA (query
  * head h reads kv head h / (H/G)), the position mask of mask.h; the fp32
  * running max m, sum l and unnormalised output acc of each query row are
- * read at the start and written back at the end (fused accumulation, no
- * merge pass).
+ * merged with the block's own at the end and written back (fused
+ * accumulation, no merge pass; mma_device.cuh's write_rows).
  *
  * Work split. A CTA per (query tile, head, batch), launched in the order of
  * mma_layout.h (the heaviest query tiles of a section of heads first); a
@@ -26,7 +26,7 @@
  *   P = exp(S - m'),  alpha = exp(m - m'),  l = alpha l + rowsum P
  *   O[16xD]   = alpha O + P V        P re-packed from the S accumulators
  *                                    into A fragments; V via ldmatrix.trans
- * with O in fp32 registers (the acc rows, read at the start). Exponentials
+ * with O in fp32 registers (from 0; the acc rows merged at the end). Exponentials
  * are exp2f((x - m) * log2(e)): m and the scores stay in natural-log units,
  * exactly what block.h stores, so nothing is converted at the boundaries
  * and logits of 1e4 lose nothing but the final subtraction's rounding. (FA2
@@ -204,11 +204,11 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
         cp_async_commit();
     }
 
-    /* The lane's two query rows and their running state (mma_device.cuh),
-     * read while the copies fly. */
+    /* The lane's two query rows, their state started empty (merged with
+     * the stored one at the end: mma_device.cuh). */
     int lim[2];
     float m[2], l[2], o[D / 8][4];
-    read_rows<D>(a, c, x0 + 16 * warp, lane, lim, m, l, o);
+    start_rows<D>(a, x0 + 16 * warp, lane, lim, m, l, o);
 
     uint32_t qf[D / 16][4];
     for (int64_t kt = 0; kt < n_tiles; kt++) {
@@ -244,7 +244,7 @@ template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes) {
     const dim3 grid((unsigned)(dt_mma_query_tiles(a->qseg.len, DT_MMA_BM) * a->heads * a->batch));
     return dt_mma_launch(fwd_mma_kernel<T, D>, grid, DT_MMA_THREADS,
-                         (size_t)(BM + 4 * BN) * D * sizeof(T), stream, "forward", D, a->dtype,
+                         (size_t)(BM + 4 * BN) * D * sizeof(T), stream, "forward", D, a->dtype, false,
                          *a, dt_mma_fwd_section(*a, l2_bytes));
 }
 

@@ -70,16 +70,25 @@ dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t
  * have the needs of dt_attn_mma_block_ok. */
 int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size_t why_size);
 
+/* Bytes of the wgmma forward's tile queue. */
+#define DT_ATTN_WGMMA_QUEUE_BYTES 8
+
 /* Runs one forward block on `stream` with the wgmma kernel, as
  * dt_attn_mma_fwd (same contract, l2_bytes and error). With sms > 0 and a
- * queue (4 bytes of device memory, 4-byte aligned, which the launch clears
- * on `stream`), the kernel runs persistent where the block has more query
- * tiles than the device holds CTAs: as many CTAs as sms SMs hold, each
- * taking the next tile in the launch order from the queue when it starts
- * the last key tile of its current one, whose loads then fly beside that
- * tile's math. Otherwise (sms = 0 or no queue) a CTA per query tile. */
+ * queue (DT_ATTN_WGMMA_QUEUE_BYTES of device memory, 4-byte aligned), the
+ * kernel runs persistent where the block has more query tiles than the
+ * device holds CTAs: as many CTAs as sms SMs hold, each taking the next
+ * tile in the launch order from the queue when it starts the last key tile
+ * of its current one, whose loads then fly beside that tile's math.
+ * Otherwise (sms = 0 or no queue) a CTA per query tile. The queue is
+ * cleared on `stream` before a call's first block (a->first) and left
+ * clear by every launch: the blocks of a call share it, one after another
+ * on one stream. With dependent != 0, a block that is not the call's first
+ * is launched as a programmatic dependent of the kernel before it on the
+ * stream (the call's block before): it starts while that one finishes and
+ * waits for it only before its queue and its rows' merge. */
 dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
-                            void *queue);
+                            void *queue, int dependent);
 
 /* Runs one backward block on `stream` with the wgmma backward kernel
  * (block_cuda_wgmma_bwd.cu), as dt_attn_mma_bwd (same contract, l2_bytes

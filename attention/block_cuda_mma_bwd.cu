@@ -394,7 +394,7 @@ template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes) {
     const dim3 grid((unsigned)((a->kseg.len + BN - 1) / BN * a->kv_heads * a->batch));
     return dt_mma_launch(bwd_mma_kernel<T, D>, grid, THREADS, bwd_smem_bytes<T, D>(), stream,
-                         "backward", D, a->dtype, *a, dt_mma_bwd_section(*a, l2_bytes));
+                         "backward", D, a->dtype, false, *a, dt_mma_bwd_section(*a, l2_bytes));
 }
 
 }  // namespace

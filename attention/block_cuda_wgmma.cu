@@ -4,27 +4,46 @@
  * against the double reference on ring, striped and zigzag blocks) and,
  * before it ran persistent, on an H100 (2026-11-22), where it ran at 1.17x
  * to 1.55x FlashAttention-2's forward (docs/PERFORMANCE.md); the persistent
- * launch has run only on the emulator. The default forward on compute
- * capability 9.0 (block.h). The portable mma.sync kernel (block_cuda_mma.cu) is the
- * default on the other GPUs of compute capability 8.0 or newer.
+ * launch and the dependent launch have run only on the emulator. The
+ * default forward on compute capability 9.0 (block.h). The portable
+ * mma.sync kernel (block_cuda_mma.cu) is the default on the other GPUs of
+ * compute capability 8.0 or newer.
  *
  * Contract: dt_attn_kernels.fwd of block.h, as block_cuda_mma.cu: one query
  * segment against one key/value segment, GQA, the position mask of mask.h,
  * the fp32 running max m, sum l and unnormalised output acc of each query
- * row read at the start and written back at the end (fused accumulation).
+ * row merged with the block's own at the end and written back (fused
+ * accumulation; mma_device.cuh's start_rows and write_rows).
  *
  * Work split. A query tile per (128 query rows, head, batch), taken in the
  * order of mma_layout.h (the last query tiles, the most keys under a
  * causal mask, of a section of heads first). Persistent where a block has
  * more query tiles than the SMs hold CTAs (dt_attn_wgmma_fwd's sms and
- * queue): as many CTAs as they hold, each taking its first tile from a
- * queue (an atomic counter the launch clears; more CTAs than fit would
- * find it empty, not hold tiles back) and its next when it starts the last
- * key tile of its current one, so that the next tile's
- * first loads fly during that key tile's math and the rows' write-back and
- * read (greedy longest-first scheduling, as the GPU's block scheduler does
- * for a CTA per tile, without a CTA's start and first loads per tile).
- * Otherwise a CTA per query tile. A CTA of two warpgroups
+ * queue): as many CTAs as they hold, CTA i taking tile i first and its
+ * next ones from a queue (wg_next: two counters that every launch leaves
+ * at 0, no clear between launches), each when it starts the last key tile
+ * of its current one, so that the next tile's first loads fly during that
+ * key tile's math and the rows' merge and write-back (greedy
+ * longest-first scheduling, as the GPU's block scheduler does for a CTA
+ * per tile, without a CTA's start and first loads per tile). Otherwise a
+ * CTA per query tile.
+ *
+ * Dependent launch. A block after a call's first is launched as a
+ * programmatic dependent of the block before it (dt_attn_wgmma_fwd's
+ * dependent; compute capability 9.0): every CTA runs
+ * griddepcontrol.launch_dependents at its start, so the next block's
+ * CTAs take SMs as this block's leave them, filling the end of its
+ * launch; they load their first tile and run its keys, and wait for this
+ * block (griddepcontrol.wait, grid_dep_wait) only before a ticket of the
+ * shared queue and before merging their rows with the stored state, which
+ * is why the rows start empty and merge at the end instead of being read
+ * at the start. Every thread waits before it exits, so that a block
+ * completes after the block before, as the next one's wait needs. What
+ * such a block reads before its wait (q, k, v) was written before the
+ * call's first block, or came by an event the stream waited for (the
+ * ring's next K, V).
+ *
+ * A CTA of two warpgroups
  * (256 threads) owns BM = 128 query rows, warpgroup w rows 64w .. 64w+63
  * (its warp v rows 16v .. 16v+15 of those, the mma.sync kernel's per-warp
  * fragment layout); key tiles of BN = 128. Per key tile, each warpgroup:
@@ -70,7 +89,7 @@
  * never a hung GPU).
  *
  * ptxas (sm_90a, CUDA 13.0): 128 registers at D = 64 (two CTAs per SM:
- * launch bounds), 187 at D = 128, no spills, no serialised wgmma. The
+ * launch bounds), 188 at D = 128, no spills, no serialised wgmma. The
  * batch and kv head of the current tile sit in shared memory for thread
  * 0's loads instead of in every thread's registers (at D = 64 they
  * spilled).
@@ -113,7 +132,7 @@ struct wg_params {
     dt_attn_block_args a;
     int64_t section;   /* units per section of the launch order (mma_layout.h) */
     uint32_t tiles;    /* query tiles of the block: ceil(nq / BM) x heads x batch */
-    uint32_t *queue;   /* the tile queue, 0 at the launch; NULL: a CTA per tile */
+    uint32_t *queue;   /* the tile queue (wg_next); NULL: a CTA per tile */
 };
 
 #ifndef DT_WGMMA_STUB
@@ -158,16 +177,40 @@ __device__ __forceinline__ void wg_load_first(const wg_params &p, const fwd_cta 
         tma_load_4d(sq + cb * WG_BM * 128, &p.q, 64 * cb, (int)c.h, (int)c.x0, (int)c.b, bar);
 }
 
-/* Thread 0: the CTA's next query tile (the queue's next; without a queue
- * the CTA's own tile first, then none: the block's tile count), published
- * in *slot for every thread after the next __syncthreads, and its first key
- * tile with its queries loaded into Q buffer sq and the stage at sk, sv,
- * if it has one. */
+/* Thread 0: the CTA's next query tile, published in *slot for every
+ * thread after the next __syncthreads, and its first key tile with its
+ * queries loaded into Q buffer sq and the stage at sk, sv, if it has one.
+ * The CTA's first is tile blockIdx.x; the next ones come from the queue,
+ * tiles gridDim.x on in the launch order; none (the block's tile count)
+ * without a queue or once it is empty. The queue: queue[0] counts the
+ * tiles taken from it, queue[1] the CTAs that found it empty; both are 0
+ * when a launch starts, and the last CTA to find it empty sets them to 0
+ * again, so that the next launch finds them so without a clear between
+ * (which would come between this grid and its programmatic dependent).
+ * Its tickets are taken only after grid_dep_wait: the grid before (on the
+ * same queue) has then completed, its reset included. Every CTA finds the
+ * queue empty exactly once, after its last ticket; the fences order each
+ * CTA's tickets before its count, and the counts before the reset. */
 template <int D>
 __device__ __forceinline__ void wg_next(const wg_params &p, bool first, uint32_t *slot,
                                         unsigned char *sq, unsigned char *sk, unsigned char *sv,
                                         uint64_t *bar) {
-    const uint32_t next = p.queue ? atomicAdd(p.queue, 1u) : first ? blockIdx.x : p.tiles;
+    uint32_t next = p.tiles;
+    if (first) {
+        next = blockIdx.x;
+    } else if (p.queue) {
+        grid_dep_wait();
+        next = gridDim.x + atomicAdd(&p.queue[0], 1u);
+        if (next >= p.tiles) {
+            next = p.tiles;
+            __threadfence();
+            if (atomicAdd(&p.queue[1], 1u) == gridDim.x - 1) {
+                __threadfence();
+                p.queue[0] = 0;
+                p.queue[1] = 0;
+            }
+        }
+    }
     *slot = next;
     if (next < p.tiles) wg_load_first<D>(p, fwd_cta_of(p.a, next, WG_BM, p.section), sq, sk, sv, bar);
 }
@@ -234,6 +277,11 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
         fence_mbar_init();
         wg_next<D>(p, true, &next[1], sq, sk, sv, &full[0]);
     }
+    /* The next block's grid may start: its CTAs take SMs as this grid's
+     * leave them, and run their first tile's keys before they wait for
+     * this grid (grid_dep_wait: before a ticket of the queue, and before
+     * the rows' merge). */
+    grid_dep_launch();
     __syncthreads();
 
     /* f: key tiles so far (stage f % 2, the use's parity (f / 2) % 2); ti:
@@ -261,13 +309,13 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
         const int wg_tiles = w0 < x1 ? wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w1 - 1))) : 0;
         const int wg_unmasked = w0 < x1 ? wg_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w0))) : 0;
 
-        /* The lane's two query rows and their running state (mma_device.cuh),
-         * read while the first tiles land; a tile without keys (every key
-         * after every query) only starts or finishes its rows (a.first,
-         * a.last), or does nothing. */
+        /* The lane's two query rows, their state started empty (merged with
+         * the stored one at the end: mma_device.cuh); a tile without keys
+         * (every key after every query) only starts or finishes its rows
+         * (a.first, a.last), or does nothing. */
         int lim[2];
         float m[2], l[2], o[D / 8][4];
-        if (n_tiles > 0 || a.first || a.last) read_rows<D>(a, c, x0 + 64 * wg + 16 * wl, lane, lim, m, l, o);
+        start_rows<D>(a, x0 + 64 * wg + 16 * wl, lane, lim, m, l, o);
         if (n_tiles == 0) {
             if (threadIdx.x == 0)
                 wg_next<D>(p, false, &next[ti], sq + (ti ^ 1) * TILE_Q, sk + (f & 1) * TILE_KV,
@@ -358,6 +406,10 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
          * __syncthreads published it) */
         if (RELEASE && n_tiles > 0) __syncthreads();
 
+        /* Every thread, before it reads what the grid before wrote (the
+         * stored rows) and before it exits: this grid then completes after
+         * that one, as the next grid's own wait needs. */
+        grid_dep_wait();
         if (n_tiles > 0 || a.first || a.last) {
             /* c, made again (opaque says why) */
             const fwd_cta e = fwd_cta_of(a, opaque(tile), WG_BM, p.section);
@@ -370,7 +422,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
 
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
-                 void *queue) {
+                 void *queue, int dependent) {
     wg_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
@@ -380,20 +432,26 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
     const int64_t resident = (int64_t)sms * wg_ctas_per_sm<D>();
     p.tiles = (uint32_t)tiles;
     int64_t ctas = tiles;
-    if (queue && resident > 0 && resident < tiles) {   /* persistent */
-        ctas = resident;
-        p.queue = static_cast<uint32_t *>(queue);
-        const cudaError_t e = cudaMemsetAsync(queue, 0, sizeof(uint32_t), stream);
+    if (queue && a->first) {   /* the call's first block: the queue's memory is new */
+        const cudaError_t e = cudaMemsetAsync(queue, 0, DT_ATTN_WGMMA_QUEUE_BYTES, stream);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             return dt_error(DT_ERR_BACKEND, "attention (cuda wgmma): forward block: clearing "
                             "its tile queue: %s", cudaGetErrorString(e));
         }
     }
+    if (queue && resident > 0 && resident < tiles) {   /* persistent */
+        ctas = resident;
+        p.queue = static_cast<uint32_t *>(queue);
+    }
+    /* A block that continues a call (not its first) may start while the
+     * block before finishes: it reads nothing that block writes before
+     * grid_dep_wait (its q, k, v were there before the call's first block
+     * started, or came by an event the stream waited for). */
     return dt_mma_launch(fwd_wgmma_kernel<T, D>, dim3((unsigned)ctas), WG_THREADS,
                          1024 + (size_t)(2 * WG_BM + 4 * WG_BN) * D * sizeof(T) +
                              4 * sizeof(uint64_t) + 4 * sizeof(uint32_t),
-                         stream, "forward (wgmma)", D, a->dtype, p);
+                         stream, "forward (wgmma)", D, a->dtype, dependent && !a->first, p);
 }
 
 }  // namespace
@@ -420,9 +478,9 @@ extern "C" int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char
 }
 
 extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
-                                      int sms, void *queue) {
+                                      int sms, void *queue, int dependent) {
     return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
         return launch<typename decltype(t)::type, decltype(d)::value>(
-            static_cast<cudaStream_t>(stream), a, l2_bytes, sms, queue);
+            static_cast<cudaStream_t>(stream), a, l2_bytes, sms, queue, dependent);
     });
 }

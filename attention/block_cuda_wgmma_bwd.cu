@@ -353,7 +353,7 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l
     DT_TRY(make_block_maps(*a, wb_bm<D>(), WB_BN, &p.q, &p.k, &p.v, a->dout, &p.dout));
     const dim3 grid((unsigned)((a->kseg.len + WB_BN - 1) / WB_BN * a->kv_heads * a->batch));
     return dt_mma_launch(bwd_wgmma_kernel<T, D>, grid, WB_THREADS, wb_smem<D>::BYTES, stream,
-                         "backward (wgmma)", D, a->dtype, p);
+                         "backward (wgmma)", D, a->dtype, false, p);
 }
 
 }  // namespace

@@ -154,6 +154,18 @@ __device__ __forceinline__ uint32_t sm_id() {
 }
 #endif /* DT_CUDA_EMULATE */
 
+/* Marks a read of what the grid before may have written (the rows'
+ * running state): on the emulator, a check that the thread has waited for
+ * that grid (griddepcontrol.wait: grid_dep_wait, wgmma_device.cuh) if the
+ * launch is a programmatic dependent one; nothing on a GPU. */
+__device__ __forceinline__ void dependent_access(const char *what) {
+#ifdef DT_CUDA_EMULATE
+    dt_emu_griddep_require(what);
+#else
+    (void)what;
+#endif
+}
+
 /* The CTA's record of a traced launch (dt_attn_block_args.trace, block.h;
  * bench only): thread 0 stamps record `index` (blockIdx.x where < 0; the
  * persistent wgmma forward gives its tile's) with its start (end = 0) or,
@@ -263,15 +275,20 @@ __device__ __forceinline__ uint32_t cta_index() { return opaque(blockIdx.x); }
 
 /* The running state of the lane's two query rows in a forward kernel
  * (half 0: row g, half 1: row g + 8 of the warp's 16, which start at query
- * row `row0` of the block; c: the CTA's batch and head): read at the start
- * of the block (or, in the call's first block, a.first, started at m =
- * -inf, l = 0, o = 0), written back at the end (fused accumulation). o[j][i]
- * is accumulator element i of n-tile j (head-dim columns 8j .. 8j+7): row
- * dt_mma_c_row(lane, i), column 8j + dt_mma_c_col(lane, i); elements 2 half
- * and 2 half + 1 are adjacent columns of one row, one float2. Rows past the
- * segment are not live: m = -inf, l = 0, o = 0, no key allowed (lim = 0),
- * never written. Row x of the (batch, head): acc at acc_of(a, c) + x H D,
- * m and l at a.m + ml_of(a, c) + x and a.l + ml_of(a, c) + x. */
+ * row `row0` of the block; c: the CTA's batch and head): started empty
+ * (m = -inf, l = 0, o = 0) for the block's keys, then merged with the
+ * state earlier blocks left in acc, m, l and written back (fused
+ * accumulation; a.first: the call's first block, nothing to merge). The
+ * merge comes at the end, not a read at the start, so that nothing before
+ * it reads what an earlier block wrote: the wgmma forward, launched as a
+ * programmatic dependent of the block before (block_cuda_wgmma.cu), runs
+ * its keys while that block still finishes. o[j][i] is accumulator element
+ * i of n-tile j (head-dim columns 8j .. 8j+7): row dt_mma_c_row(lane, i),
+ * column 8j + dt_mma_c_col(lane, i); elements 2 half and 2 half + 1 are
+ * adjacent columns of one row, one float2. Rows past the segment are not
+ * live: no key allowed (lim = 0), never written. Row x of the (batch,
+ * head): acc at acc_of(a, c) + x H D, m and l at a.m + ml_of(a, c) + x and
+ * a.l + ml_of(a, c) + x. */
 template <int D>
 __device__ __forceinline__ float *acc_of(const dt_attn_block_args &a, const fwd_cta &c) {
     return a.acc + c.b * a.acc_batch_stride + c.h * D;
@@ -281,43 +298,62 @@ __device__ __forceinline__ int64_t ml_of(const dt_attn_block_args &a, const fwd_
 }
 
 template <int D>
-__device__ __forceinline__ void read_rows(const dt_attn_block_args &a, const fwd_cta &c,
-                                          int64_t row0, int lane, int (&lim)[2],
-                                          float (&m)[2], float (&l)[2], float (&o)[D / 8][4]) {
-    const float *accg = acc_of<D>(a, c), *mg = a.m + ml_of(a, c), *lg = a.l + ml_of(a, c);
+__device__ __forceinline__ void start_rows(const dt_attn_block_args &a, int64_t row0, int lane,
+                                           int (&lim)[2], float (&m)[2], float (&l)[2],
+                                           float (&o)[D / 8][4]) {
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int64_t row = row0 + dt_mma_c_row(lane, 2 * half);
-        const bool live = row < a.qseg.len, read = live && !a.first;
-        m[half] = read ? mg[row] : -INFINITY;
-        l[half] = read ? lg[row] : 0.0f;
+        m[half] = -INFINITY;
+        l[half] = 0.0f;
         /* at most kseg.len, below 2^31 (dt_attn_mma_block_ok) */
-        lim[half] = live ? (int)dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row)) : 0;
+        lim[half] = row < a.qseg.len ? (int)dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row)) : 0;
+        /* 0, which the compiler cannot know to be 0: with o known zero it
+         * specialises the first key tile and spills the mma kernel at
+         * D = 128 (36 bytes; 254 registers without) */
 #pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            float2 v = make_float2(0.0f, 0.0f);
-            if (read)
-                v = *reinterpret_cast<const float2 *>(accg + row * a.heads * D + 8 * j +
-                                                      dt_mma_c_col(lane, 2 * half));
-            o[j][2 * half] = v.x;
-            o[j][2 * half + 1] = v.y;
-        }
+        for (int j = 0; j < D / 8; j++) o[j][2 * half] = o[j][2 * half + 1] = __uint_as_float(opaque(0));
     }
 }
 
-/* ... and written back: m, l and acc, or, by the call's last block
- * (a.last), o = acc / l (0 where l = 0) in T with q's layout and lse = m +
- * log l (-inf where l = 0) with m's. The 4 lanes of a quad hold the same m
- * and l. */
+/* ... merged with the stored state (unless a.first) and written back: m,
+ * l and acc, or, by the call's last block (a.last), o = acc / l (0 where
+ * l = 0) in T with q's layout and lse = m + log l (-inf where l = 0) with
+ * m's. The merge of (m, l, o) with the stored (m', l', acc'): M = max(m,
+ * m'), l = l e^(m - M) + l' e^(m' - M), o = o e^(m - M) + acc' e^(m' - M),
+ * with the online softmax's exponent base (0 while M = -inf, so no -inf -
+ * -inf). The 4 lanes of a quad hold the same m and l. */
 template <typename T, int D>
 __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fwd_cta &c,
-                                           int64_t row0, int lane, const float (&m)[2],
-                                           const float (&l)[2], const float (&o)[D / 8][4]) {
+                                           int64_t row0, int lane, float (&m)[2], float (&l)[2],
+                                           float (&o)[D / 8][4]) {
     const int64_t heads = a.heads;
+    dependent_access("the rows' running state");
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int64_t row = row0 + dt_mma_c_row(lane, 2 * half);
-        if (row >= a.qseg.len) continue;
+        const bool live = row < a.qseg.len;
+        if (!a.first) {
+            if (live) {
+                const float *const accr = acc_of<D>(a, c) + row * heads * D;
+                const float ms = a.m[ml_of(a, c) + row], ls = a.l[ml_of(a, c) + row];
+                const float mn = fmaxf(m[half], ms), mu = mn == -INFINITY ? 0.0f : mn;
+                const float al = exp2f((m[half] - mu) * LOG2E), be = exp2f((ms - mu) * LOG2E);
+                m[half] = mn;
+                l[half] = l[half] * al + ls * be;
+#pragma unroll
+                for (int j = 0; j < D / 8; j++) {
+                    const float2 v = *reinterpret_cast<const float2 *>(
+                        accr + 8 * j + dt_mma_c_col(lane, 2 * half));
+                    o[j][2 * half] = o[j][2 * half] * al + v.x * be;
+                    o[j][2 * half + 1] = o[j][2 * half + 1] * al + v.y * be;
+                }
+            }
+            /* every lane of the quad has read the row's m and l before its
+             * first lane writes them (all 32 lanes: outside `live`) */
+            __syncwarp();
+        }
+        if (!live) continue;
         if (a.last) {
             T *og = static_cast<T *>(a.o) + c.b * a.q_batch_stride + (row * heads + c.h) * D;
             const float inv = l[half] > 0.0f ? 1.0f / l[half] : 0.0f;
@@ -329,10 +365,10 @@ __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fw
                 a.lse[ml_of(a, c) + row] = l[half] > 0.0f ? m[half] + logf(l[half]) : -INFINITY;
             continue;
         }
+        float *const accr = acc_of<D>(a, c) + row * heads * D;
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
-            *reinterpret_cast<float2 *>(acc_of<D>(a, c) + row * heads * D + 8 * j +
-                                        dt_mma_c_col(lane, 2 * half)) =
+            *reinterpret_cast<float2 *>(accr + 8 * j + dt_mma_c_col(lane, 2 * half)) =
                 make_float2(o[j][2 * half], o[j][2 * half + 1]);
         if ((lane & 3) == 0) {
             a.m[ml_of(a, c) + row] = m[half];
@@ -562,7 +598,7 @@ dt_status dt_mma_dispatch(dt_dtype dtype, int64_t dim, F f) {
 template <typename... P>
 dt_status dt_mma_launch(void (*kernel)(P...), dim3 grid, int threads, size_t smem,
                         cudaStream_t stream, const char *what, int dim, dt_dtype dtype,
-                        P... args) {
+                        bool dependent, P... args) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
     if (e != cudaSuccess) {
@@ -570,7 +606,7 @@ dt_status dt_mma_launch(void (*kernel)(P...), dim3 grid, int threads, size_t sme
         return dt_error(DT_ERR_BACKEND, "attention (cuda mma): %s block: %zu bytes of shared "
                         "memory: %s", what, smem, cudaGetErrorString(e));
     }
-    dt_cuda_launch(kernel, grid, dim3((unsigned)threads), smem, stream, args...);
+    dt_cuda_launch_ex(kernel, grid, dim3((unsigned)threads), smem, stream, dependent, args...);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return dt_error(DT_ERR_BACKEND, "attention (cuda mma): %s block (D = %d, %s): %s", what,

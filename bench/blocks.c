@@ -30,6 +30,13 @@
  *                        sequence S = P c (forward: one block that starts
  *                        and finishes its rows; the cost of the ring's fused
  *                        accumulation and of cutting the work into blocks).
+ *         b2b            every block of the order launched back to back
+ *                        (steps in turn, the ranks' blocks of a step one
+ *                        after another), timed as one: the ring on one
+ *                        device with nothing between its blocks; / one call
+ *                        as above. On CUDA with dependent launches on
+ *                        (--dependent 1, the default) once more without
+ *                        them: "b2b serial".
  *
  * --pass fwd,bwd picks the forward and/or backward block kernel. Backward
  * blocks use the lse of a forward pass over the same rows, so P stays
@@ -56,7 +63,7 @@
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
  *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--persistent 0|1]
- *      [--trace] [--json]
+ *      [--dependent 0|1] [--trace] [--json]
  */
 #include <math.h>
 #include <stdint.h>
@@ -91,6 +98,7 @@ typedef struct opts {
     dt_attn_kernel_choice kernel;   /* --kernel: which CUDA block kernel */
     int64_t l2;                     /* --l2: the L2 size the CTA order plans for (-1: the device's) */
     int persistent;                 /* --persistent: 0 a CTA per query tile (wgmma forward) */
+    int dependent;                  /* --dependent: 0 no programmatic dependent launches */
 } opts;
 
 /* ------------------------------------------------------------ the buffers */
@@ -283,16 +291,26 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
  * CUDA-event timings leave them out; on the CPU the wall clock (OpenBLAS
  * runs the block on every core, which the rank thread's CPU time of the
  * CPU backend's marks would not count). */
-static dt_status time_block(const bufs *b, const opts *o, int bwd, dt_attn_mask mask,
-                            const dt_attn_segment *qs, int nq, const dt_attn_segment *ks, int nk,
-                            int first, int last, double *median_s) {
+typedef struct timed {   /* what time_runs runs: run_block's blocks, or a ring's */
+    int bwd, ring, first, last, nq, nk;
+    dt_attn_mask mask;
+    const dt_attn_segment *qs, *ks;
+    dt_order order;   /* ring: P ranks of c tokens */
+    int P;
+    int64_t c;
+} timed;
+
+static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t c);
+
+static dt_status time_runs(const bufs *b, const opts *o, const timed *w, double *median_s) {
     double t[MAX_ITERS];
     if (b->events) DT_TRY(b->be->ops->marks_reserve(b->be, 2));
     for (int i = -1; i < o->iters; i++) {
         DT_TRY(b->be->ops->sync(b->be));
         double t0 = ex_now_s();
         if (b->events) DT_TRY(b->be->ops->mark(b->be, 0));
-        DT_TRY(run_block(b, bwd, mask, qs, nq, ks, nk, first, last));
+        if (w->ring) DT_TRY(run_ring(b, w->bwd, w->order, w->P, w->c));
+        else DT_TRY(run_block(b, w->bwd, w->mask, w->qs, w->nq, w->ks, w->nk, w->first, w->last));
         if (b->events) DT_TRY(b->be->ops->mark(b->be, 1));
         DT_TRY(b->be->ops->sync(b->be));
         double s = ex_now_s() - t0, ms = 0.0;
@@ -304,6 +322,14 @@ static dt_status time_block(const bufs *b, const opts *o, int bwd, dt_attn_mask 
     }
     *median_s = ex_median(t, o->iters);
     return DT_SUCCESS;
+}
+
+static dt_status time_block(const bufs *b, const opts *o, int bwd, dt_attn_mask mask,
+                            const dt_attn_segment *qs, int nq, const dt_attn_segment *ks, int nk,
+                            int first, int last, double *median_s) {
+    const timed w = {.bwd = bwd, .first = first, .last = last, .nq = nq, .nk = nk,
+                     .mask = mask, .qs = qs, .ks = ks};
+    return time_runs(b, o, &w, median_s);
 }
 
 /* One more run of run_block's blocks with their CTAs recording themselves
@@ -362,10 +388,25 @@ static const dt_order orders[3] = {DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORD
 
 typedef struct p_row {
     double crit_s[3], total_s[3];
+    double b2b_s[3], b2b_serial_s[3];   /* back to back; serial: NAN where not measured */
     double single_s, r;
     int traced;
     launch_sum ring[3], single;   /* --trace: every block's launches; the one call's */
 } p_row;
+
+/* Every (rank j, step t) block of the ring, steps in turn, the ranks'
+ * blocks of a step one after another, as measure_p times them alone. */
+static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t c) {
+    const int64_t S = (int64_t)P * c;
+    for (int t = 0; t < P; t++)
+        for (int j = 0; j < P; j++) {
+            dt_attn_segment qs[2], ks[2];
+            int nq = dt_attn_segments(order, S, P, j, qs);
+            int nk = dt_attn_segments(order, S, P, (j - t + P) % P, ks);
+            DT_TRY(run_block(b, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, t == 0, t == P - 1));
+        }
+    return DT_SUCCESS;
+}
 
 static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_row *out) {
     int P = o->ranks;
@@ -390,6 +431,17 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
             }
             out->crit_s[oi] += slowest;
         }
+        timed w = {.bwd = bwd, .ring = 1, .order = orders[oi], .P = P, .c = c};
+        DT_TRY(time_runs(b, o, &w, &out->b2b_s[oi]));
+        out->b2b_serial_s[oi] = NAN;
+#ifdef DT_HAVE_CUDA
+        if (dt_backend_cuda_dependent_launch(b->be)) {   /* the same without them */
+            dt_backend_cuda_set_dependent_launch(b->be, 0);
+            dt_status st = time_runs(b, o, &w, &out->b2b_serial_s[oi]);
+            dt_backend_cuda_set_dependent_launch(b->be, 1);
+            DT_TRY(st);
+        }
+#endif
     }
     dt_attn_segment whole = {0, 1, S}, one = {0, 1, c};
     DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &whole, 1, &whole, 1, 1, 1, &out->single_s));
@@ -445,8 +497,9 @@ static void text_header(const run *r, const bufs *b) {
            b->kern->name, dt_attn_kernel_choice_name(o->kernel), (long long)o->heads, (long long)o->kv_heads, (long long)o->dim,
            dt_dtype_name(o->dtype), o->ranks, o->iters);
     if (l2_of(b) >= 0)
-        printf("CTA launch order for an L2 of %lld bytes; wgmma forward %s\n", l2_of(b),
-               o->persistent ? "persistent" : "a CTA per query tile");
+        printf("CTA launch order for an L2 of %lld bytes; wgmma forward %s, %s\n", l2_of(b),
+               o->persistent ? "persistent" : "a CTA per query tile",
+               o->dependent ? "dependent launches" : "no dependent launches");
 }
 
 static void text_r_title(const char *pass) {
@@ -490,18 +543,25 @@ static void text_trace(const r_row *rows, int n, const char *pass) {
 }
 
 static void text_p_title(const opts *o, const char *pass) {
-    printf("\n(p) the ring on one device, pass %s: P = %d, every (rank, step) block alone\n"
-           "    %7s %-11s %10s %10s %9s %9s %9s %10s\n", pass, o->ranks, "c", "order",
-           "crit ms", "total ms", "ratio", "ceiling", "achieved", "vs 1 call");
+    printf("\n(p) the ring on one device, pass %s: P = %d, every (rank, step) block alone;\n"
+           "    b2b: all of them back to back, timed as one (serial: no dependent launches)\n"
+           "    %7s %-11s %10s %10s %9s %9s %9s %10s %10s %10s %10s\n", pass, o->ranks, "c",
+           "order", "crit ms", "total ms", "ratio", "ceiling", "achieved", "vs 1 call", "b2b ms",
+           "b2b/call", "serial/call");
 }
 
 static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
     double ceiling = ceiling_of(o, x->r);
     for (int oi = 0; oi < 3; oi++) {
         double ratio = x->crit_s[0] / x->crit_s[oi];
-        printf("    %7lld %-11s %10.3f %10.3f %9.3f %9.3f %9.3f %10.3f\n", (long long)c,
-               dt_order_name(orders[oi]), 1e3 * x->crit_s[oi], 1e3 * x->total_s[oi], ratio,
-               ceiling, ratio / ceiling, x->total_s[oi] / x->single_s);
+        char serial[16] = "-";   /* not measured: no dependent launches here */
+        if (!isnan(x->b2b_serial_s[oi]))
+            snprintf(serial, sizeof serial, "%.3f", x->b2b_serial_s[oi] / x->single_s);
+        printf("    %7lld %-11s %10.3f %10.3f %9.3f %9.3f %9.3f %10.3f %10.3f %10.3f %10s\n",
+               (long long)c, dt_order_name(orders[oi]), 1e3 * x->crit_s[oi],
+               1e3 * x->total_s[oi], ratio, ceiling, ratio / ceiling,
+               x->total_s[oi] / x->single_s, 1e3 * x->b2b_s[oi], x->b2b_s[oi] / x->single_s,
+               serial);
     }
     printf("    (r = %.3f at c = %lld; one causal call on S = %lld: %.3f ms)\n", x->r,
            (long long)c, (long long)(c * o->ranks), 1e3 * x->single_s);
@@ -602,8 +662,8 @@ static void json_print(const run *r, const bufs *b) {
     printf(", ");
     json_list("ring_c", o->ring_c, o->sections[1] ? o->n_ring_c : 0);
     if (l2_of(b) >= 0)   /* CUDA */
-        printf(", \"l2_bytes\": %lld, \"persistent\": %s", l2_of(b),
-               o->persistent ? "true" : "false");
+        printf(", \"l2_bytes\": %lld, \"persistent\": %s, \"dependent\": %s", l2_of(b),
+               o->persistent ? "true" : "false", o->dependent ? "true" : "false");
     printf(",\n  \"timing\": \"%s; median\",\n  \"r\": [",
            r->backend == DT_BACKEND_CUDA ? "CUDA events around each block's kernels"
                                          : "CLOCK_MONOTONIC around each block");
@@ -642,6 +702,10 @@ static void json_print(const run *r, const bufs *b) {
                 json_num("ceiling", ceiling);
                 json_num("achieved", ratio / ceiling);
                 json_num("vs_1_call", x->total_s[oi] / x->single_s);
+                json_num("b2b_ms", 1e3 * x->b2b_s[oi]);
+                json_num("b2b_vs_1_call", x->b2b_s[oi] / x->single_s);
+                json_num("b2b_serial_ms", 1e3 * x->b2b_serial_s[oi]);
+                json_num("b2b_serial_vs_1_call", x->b2b_serial_s[oi] / x->single_s);
                 json_num("r", x->r);
                 json_num("single_ms", 1e3 * x->single_s);
                 if (x->traced) {
@@ -673,6 +737,7 @@ static dt_status rank_main(dt_context *ctx, void *arg) {
 #ifdef DT_HAVE_CUDA
     if (o->l2 >= 0) dt_backend_cuda_set_l2_bytes(b.be, o->l2);   /* no-op off CUDA */
     dt_backend_cuda_set_persistent(b.be, o->persistent);
+    dt_backend_cuda_set_dependent_launch(b.be, o->dependent);
 #endif
     if (!o->json) text_header(r, &b);
     for (int bwd = 0; bwd < 2; bwd++) {
@@ -730,6 +795,9 @@ static void usage(FILE *f) {
             "  --persistent 0|1  CUDA: whether the wgmma forward runs persistent, as many\n"
             "                    CTAs as the SMs hold taking query tiles from a queue\n"
             "                    (default 1), or a CTA per query tile (0)\n"
+            "  --dependent 0|1   CUDA: whether the wgmma forward's blocks after a call's\n"
+            "                    first are launched as programmatic dependents of the\n"
+            "                    block before (default 1; (p)'s b2b is also timed with 0)\n"
             "  --trace           one more run of each block with its CTAs recording\n"
             "                    their start, end, SM and tiles (CUDA mma and wgmma\n"
             "                    kernels): (r) the launch's idle SM time, its drain, a\n"
@@ -788,6 +856,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->ranks = 8;
     o->l2 = -1;
     o->persistent = 1;
+    o->dependent = 1;
     o->passes[0] = o->passes[1] = o->sections[0] = o->sections[1] = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -836,6 +905,9 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--persistent")) {
             if (!ex_parse_int(a, v, 0, 1, &x)) return 0;
             o->persistent = (int)x;
+        } else if (!strcmp(a, "--dependent")) {
+            if (!ex_parse_int(a, v, 0, 1, &x)) return 0;
+            o->dependent = (int)x;
         } else if (!strcmp(a, "--dtype")) {
             if ((k = ex_parse_choice(a, v, dtype_names, 3)) < 0) return 0;
             o->dtype = dtypes[k];

@@ -606,17 +606,21 @@ def item_ring(session):
     h, d = session.size["r_h"], session.size["r_d"]
     kernels = session.args.kernels
     header = ["kernel", "c", "S", "order", "crit ms", "total ms", "ratio", "ceiling",
-              "achieved", "vs 1 call", "r at c", "item 4", "item 3"]
+              "achieved", "vs 1 call", "b2b/call", "serial/call", "r at c", "item 4", "item 3"]
     table = Table("3,4", "items 3 and 4: the ring on one device, forward",
                   f"item 4: striped achieved >= {ACHIEVED_MIN} (ratio / ceiling) and ratio >= "
-                  f"{RATIO_MIN} at c = {RATIO_AT_C}; item 3: vs 1 call <= {VS_ONE_CALL_MAX} "
+                  f"{RATIO_MIN} at c = {RATIO_AT_C}; item 3: b2b/call <= {VS_ONE_CALL_MAX} "
                   f"at S = {VS_ONE_CALL_AT_S}", header,
                   f"build/bench/blocks section (p): P = {RING_P} ranks of c tokens, B = 1, "
                   f"H = {h}, D = {d}, bf16; every (rank, step) block alone on one device, "
                   "accumulating as the ring does. crit = sum over steps of the slowest "
                   "rank's block; ratio = contiguous crit / this order's; ceiling = "
                   "(r + P - 1) / (P r) with r measured at c; achieved = ratio / ceiling; "
-                  "vs 1 call = all blocks' time / one causal call on S = P c. PyTorch has no "
+                  "vs 1 call = all blocks' time, each alone on an idle device, / one causal "
+                  "call on S = P c; b2b/call = the same blocks launched back to back (steps "
+                  "in turn, as the ranks run them one after another on one GPU), timed as "
+                  "one, / that call: item 3's ring; serial/call = the same without the "
+                  "wgmma forward's dependent launches (--dependent 0). PyTorch has no "
                   "ring to compare with.")
     outs = {}
     for c in session.size["ring_c"]:   # every kernel at the first c before the next c
@@ -629,7 +633,7 @@ def item_ring(session):
             rows = rows_of(outs[(k, c)], "p", "fwd")
             if is_na(rows) or not rows:
                 na = rows if is_na(rows) else NA("missing", f"no (p) row for c = {c}")
-                table.add([k, str(c), str(RING_P * c), "-"] + [na] * 9,
+                table.add([k, str(c), str(RING_P * c), "-"] + [na] * 11,
                           {"kernel": k, "c": c, "result": na})
                 continue
             for row in rows:
@@ -687,11 +691,15 @@ def ring_row(kernel, row):
                   (x["c"] != RATIO_AT_C or x["ratio"] >= RATIO_MIN))
     else:
         m4 = "-"
-    m3 = mark(row["vs_1_call"], lambda x: x <= VS_ONE_CALL_MAX) \
-        if row["S"] == VS_ONE_CALL_AT_S else "-"
+    b2b = row.get("b2b_vs_1_call")
+    b2b = NA("none", "bench/blocks printed no back-to-back time") if b2b is None else b2b
+    serial = row.get("b2b_serial_vs_1_call")
+    serial = NA("none", "no dependent launches on this backend") if serial is None else serial
+    m3 = mark(b2b, lambda x: x <= VS_ONE_CALL_MAX) if row["S"] == VS_ONE_CALL_AT_S else "-"
     cells = [kernel, str(row["c"]), str(row["S"]), row["order"], (row["crit_ms"], ".3f"),
              (row["total_ms"], ".3f"), (row["ratio"], ".3f"), (row["ceiling"], ".3f"),
-             (row["achieved"], ".3f"), (row["vs_1_call"], ".3f"), (row["r"], ".3f"), m4, m3]
+             (row["achieved"], ".3f"), (row["vs_1_call"], ".3f"), (b2b, ".3f"),
+             (serial, ".3f"), (row["r"], ".3f"), m4, m3]
     data = dict(row, kernel=kernel, item4_mark=m4, item3_mark=m3)
     return cells, data
 

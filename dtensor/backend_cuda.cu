@@ -90,6 +90,7 @@ struct cuda_impl {
     int tf32;
     int sms;                    /* multiprocessors, for grid sizes */
     int persistent;             /* dt_backend_cuda_set_persistent */
+    int dependent_launch;       /* dt_backend_cuda_set_dependent_launch */
     int cc;                     /* compute capability, major * 10 + minor */
     int64_t l2_bytes;           /* L2 cache size, for the attention kernels' launch order */
     int failed;                 /* a wait ran out or the device failed: never wait again */
@@ -1242,6 +1243,7 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
     } while (0)
     CREATE_TRY(cudaDeviceGetAttribute(&im->sms, cudaDevAttrMultiProcessorCount, o->device));
     im->persistent = 1;
+    im->dependent_launch = 1;
     {
         int major = 0, minor = 0;
         CREATE_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o->device));
@@ -1317,6 +1319,14 @@ extern "C" int dt_backend_cuda_persistent(const dt_backend *b) {
 
 extern "C" void dt_backend_cuda_set_persistent(dt_backend *b, int on) {
     if (dt_backend_is_cuda(b)) impl_of(b)->persistent = on != 0;
+}
+
+extern "C" int dt_backend_cuda_dependent_launch(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? impl_of(b)->dependent_launch : 0;
+}
+
+extern "C" void dt_backend_cuda_set_dependent_launch(dt_backend *b, int on) {
+    if (dt_backend_is_cuda(b)) impl_of(b)->dependent_launch = on != 0;
 }
 
 extern "C" void dt_backend_cuda_set_tf32(dt_backend *b, int on) {

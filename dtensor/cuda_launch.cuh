@@ -10,6 +10,15 @@
  *       the emulator rejects (an out-of-bounds shared-memory access, a
  *       deadlock, ...) then makes the stream report cudaErrorLaunchFailure,
  *       its reason printed on stderr.
+ *   dt_cuda_launch_ex(kernel, grid, block, smem, stream, dependent, args...)
+ *       the same; with dependent, as a programmatic dependent launch
+ *       (cudaLaunchAttributeProgrammaticStreamSerialization, compute
+ *       capability 9.0 on): the kernel may start before the kernel before
+ *       it on the stream has completed, once that one's CTAs have all run
+ *       griddepcontrol.launch_dependents or exited, and must run
+ *       griddepcontrol.wait before it reads what that one wrote. The
+ *       emulator runs it after the kernel before, as any launch, and checks
+ *       what the kernel marks (emu.h, dt_emu_griddep_require).
  *   DT_DYNAMIC_SMEM(type, name);
  *       is extern __shared__ __align__(128) type name[].
  * CUDA C++ only.
@@ -33,8 +42,8 @@
 #endif
 
 template <typename... P, typename... A>
-inline void dt_cuda_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
-                           cudaStream_t stream, A... args) {
+inline void dt_cuda_launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                              cudaStream_t stream, bool dependent, A... args) {
 #ifdef DT_CUDA_EMULATE
     /* Queued on the stream like any other work (tests/emu/cudart.c): it
      * runs when the host waits for the stream. */
@@ -43,6 +52,7 @@ inline void dt_cuda_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t s
         std::tuple<P...> args;
         dt_emu_dim3 grid, block;
         size_t smem;
+        bool dependent;
     };
     /* aligned as the arguments need (a CUtensorMap parameter: 128 bytes) */
     void *mem = aligned_alloc(alignof(call), (sizeof(call) + alignof(call) - 1) / alignof(call) * alignof(call));
@@ -51,10 +61,10 @@ inline void dt_cuda_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t s
         return;
     }
     call *c = new (mem) call{kernel, std::tuple<P...>(args...), dt_emu_dim3{grid.x, grid.y, grid.z},
-                             dt_emu_dim3{block.x, block.y, block.z}, smem};
+                             dt_emu_dim3{block.x, block.y, block.z}, smem, dependent};
     auto run = [](void *p, char *err, size_t err_size) -> int {
         call *k = static_cast<call *>(p);
-        int rc = dt_emu_launch(k->grid, k->block, k->smem,
+        int rc = dt_emu_launch(k->grid, k->block, k->smem, k->dependent,
                                [](void *q) {
                                    call *kq = static_cast<call *>(q);
                                    std::apply(kq->kernel, kq->args);
@@ -69,8 +79,29 @@ inline void dt_cuda_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t s
         free(c);
     }
 #else
-    kernel<<<grid, block, smem, stream>>>(args...);
+    if (!dependent) {
+        kernel<<<grid, block, smem, stream>>>(args...);
+        return;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    /* a failure is also the runtime's last error, as after <<<>>> */
+    (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
 #endif
+}
+
+template <typename... P, typename... A>
+inline void dt_cuda_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                           cudaStream_t stream, A... args) {
+    dt_cuda_launch_ex(kernel, grid, block, smem, stream, false, args...);
 }
 
 #endif /* DT_CUDA_LAUNCH_CUH */

@@ -271,15 +271,20 @@ static int r_row_ok(const char *row, int bwd) {
 }
 
 /* One (p) row: ceiling = (r + P - 1) / (P r) with P = 8, achieved = ratio /
- * ceiling, S = P c, contiguous's ratio 1, times positive. */
+ * ceiling, S = P c, contiguous's ratio 1, times positive, the back-to-back
+ * ring's ratio its time over the one call's; no serial b2b on the CPU
+ * (there are no dependent launches to leave out). */
 static int p_row_ok(const char *row) {
-    double c, crit, total, ratio, ceiling, achieved, vs, r, S, single;
+    double c, crit, total, ratio, ceiling, achieved, vs, r, S, single, b2b, b2b_vs;
     if (!json_num(row, "c", &c) || !json_num(row, "crit_ms", &crit) ||
         !json_num(row, "total_ms", &total) || !json_num(row, "ratio", &ratio) ||
         !json_num(row, "ceiling", &ceiling) || !json_num(row, "achieved", &achieved) ||
         !json_num(row, "vs_1_call", &vs) || !json_num(row, "r", &r) || !json_num(row, "S", &S) ||
-        !json_num(row, "single_ms", &single))
+        !json_num(row, "single_ms", &single) || !json_num(row, "b2b_ms", &b2b) ||
+        !json_num(row, "b2b_vs_1_call", &b2b_vs))
         return 0;
+    const char *serial = strstr(row, "\"b2b_serial_ms\": null"), *end = strchr(row, '}');
+    if (!serial || serial > end || b2b <= 0 || !near(b2b_vs, b2b / single)) return 0;
     const char *order = strstr(row, "\"order\": ");
     if (!order) return 0;
     int contiguous = strncmp(order + 9, "\"contiguous\"", 12) == 0;

@@ -68,6 +68,8 @@ typedef struct emu_case {
     int64_t l2;     /* the L2 size the launch order plans for (mma_layout.h) */
     int sections;   /* > 0: instead, an L2 that gives sections of this many units */
     int sms;        /* the wgmma forward: > 0 persistent on this many SMs, 0 a CTA per tile */
+    int dependent;  /* the wgmma forward: blocks after a query segment's first launched as
+                       programmatic dependents */
 } emu_case;
 
 /* The L2 size passed with a block whose units each re-read unit_bytes. */
@@ -219,23 +221,28 @@ static void run_forward(void **state) {
     ranks R;
     make_ranks(c, q, k, v, &R);
     const uint64_t mma_before = dt_emu_get_counts().mma;
+    const uint64_t dependent_before = dt_emu_get_counts().dependent;
 
     const size_t nrow = (size_t)(B * H * n), nacc = nrow * (size_t)D;
     float *m = zeros_f32(nrow), *l = zeros_f32(nrow), *acc = zeros_f32(nacc), *o = zeros_f32(nacc);
     float *lse = zeros_f32(nrow);
     void *ot = NULL, *queue = NULL;   /* the kernel's o, in the dtype; the wgmma tile queue */
     assert_int_equal(cudaMalloc(&ot, nacc * dt_dtype_size(c->dtype)), cudaSuccess);
-    assert_int_equal(cudaMalloc(&queue, sizeof(uint32_t)), cudaSuccess);
+    assert_int_equal(cudaMalloc(&queue, DT_ATTN_WGMMA_QUEUE_BYTES), cudaSuccess);
+    uint32_t *const qw = queue;   /* emulated device memory is host memory */
     double *ref = malloc(nacc * sizeof *ref), *ref_lse = malloc(nrow * sizeof *ref_lse);
     /* the kernels' query and key tiles (their files' comments) */
     const int64_t bm = wgmma ? 128 : DT_MMA_BM, bn = wgmma ? 128 : DT_MMA_BN;
     const int64_t trace_len = (n + bm - 1) / bm * H * B + 3;
     dt_attn_cta_trace *trace = malloc((size_t)trace_len * sizeof *trace);
     long bad = 0;
+    uint64_t continuing = 0;   /* blocks that are not their query segment's first */
     for (int j = 0; j < c->P && !bad; j++) {
         /* NaN: the first block of each query segment must not read them */
         for (size_t i = 0; i < nrow; i++) m[i] = l[i] = lse[i] = NAN;
         for (size_t i = 0; i < nacc; i++) acc[i] = NAN;
+        /* the queue as new memory: the call's first block must clear it */
+        qw[0] = qw[1] = 0xdeadbeefu;
         for (int step = 0; step < c->P && !bad; step++) {   /* key ranks in ring order */
             const int r = (j - step + c->P) % c->P;
             for (int si = 0; si < R.nseg[j]; si++)
@@ -255,17 +262,24 @@ static void run_forward(void **state) {
                         .lse = lse + x0, .kernel = c->kernel, .trace = trace,
                         .trace_len = trace_len};
                     memset(trace, 0, (size_t)trace_len * sizeof *trace);
+                    continuing += !a.first;
                     if (!dt_emu_attn_mma_block_ok(&a, why, sizeof why)) {
                         print_error("%s: block refused: %s\n", c->name, why);
                         bad = 1;
                     } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
-                                                              c->sms, queue)
+                                                              c->sms, queue, c->dependent)
                                       : dt_emu_attn_mma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)))) != DT_SUCCESS) {
                         print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
                         bad = 1;
                     } else {
                         bad += check_trace(c->name, trace, (a.qseg.len + bm - 1) / bm * H * B,
                                            tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H));
+                        /* every launch leaves the queue clear for the next block's */
+                        if (wgmma && (qw[0] || qw[1])) {
+                            print_error("%s: rank %d, keys of rank %d: the tile queue is left at "
+                                        "%u, %u\n", c->name, j, r, qw[0], qw[1]);
+                            bad++;
+                        }
                     }
                 }
         }
@@ -278,6 +292,9 @@ static void run_forward(void **state) {
         if (bad) print_error("%s: query rank %d\n", c->name, j);
     }
     const uint64_t mma_ran = dt_emu_get_counts().mma - mma_before;
+    /* dependent launches ran where asked for (every block but a query
+     * segment's first), and only there */
+    const uint64_t dependent_ran = dt_emu_get_counts().dependent - dependent_before;
     free_ranks(c, &R);
     free(q), free(k), free(v), free(o_ref), free(lse_ref), free(ref), free(ref_lse);
     free(m), free(l), free(acc), free(o), free(lse), free(trace);
@@ -285,6 +302,7 @@ static void run_forward(void **state) {
     cudaFree(queue);
     assert_int_equal(bad, 0);
     assert_true(mma_ran > 0);
+    assert_int_equal(dependent_ran, wgmma && c->dependent ? continuing : 0);
 }
 
 /* -------------------------------------------------------------- backward */
@@ -433,7 +451,7 @@ static void test_wgmma_persistent_keyless(void **state) {
         void *vd = as_dtype(v, (size_t)(nk * G * D), DT_BF16);
         void *od = NULL, *queue = NULL;
         assert_int_equal(cudaMalloc(&od, (size_t)(nq * H * D) * 2), cudaSuccess);
-        assert_int_equal(cudaMalloc(&queue, sizeof(uint32_t)), cudaSuccess);
+        assert_int_equal(cudaMalloc(&queue, DT_ATTN_WGMMA_QUEUE_BYTES), cudaSuccess);
         float *lse = zeros_f32((size_t)(H * nq)), *o = zeros_f32((size_t)(nq * H * D));
         const double scale = 1.0 / sqrt((double)D);
         dt_attn_block_args a = {
@@ -444,7 +462,7 @@ static void test_wgmma_persistent_keyless(void **state) {
         char why[256];
         assert_true(dt_emu_attn_mma_block_ok(&a, why, sizeof why));
         const int64_t unit_bytes = 2 * nk * D * 2 / (H / G);   /* dt_mma_fwd_section's */
-        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue), DT_SUCCESS);
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1), DT_SUCCESS);
         for (size_t i = 0; i < (size_t)(nq * H * D); i++) o[i] = dt_value_get(od, DT_BF16, i);
 
         double *ref = calloc((size_t)(nq * H * D), sizeof *ref), *ref_lse = malloc((size_t)(H * nq) * sizeof *ref_lse);
@@ -488,7 +506,7 @@ static const dt_emu_dim3 ONE = {1, 1, 1}, WARP = {32, 1, 1}, TWO_WARPS = {64, 1,
 static const char *emu_run(dt_emu_dim3 block, size_t smem, void (*body)(void *), void *arg) {
     static char err[512];
     err[0] = 0;
-    int rc = dt_emu_launch(ONE, block, smem, body, arg, err, sizeof err);
+    int rc = dt_emu_launch(ONE, block, smem, 0, body, arg, err, sizeof err);
     assert_true(rc == 0 ? err[0] == 0 : err[0] != 0);
     return err;
 }
@@ -613,6 +631,45 @@ static void test_named_barriers(void **state) {
     assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_named_deadlock, NULL), "in bar.sync 1 (32 of 64"));
     assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_named_left, NULL), "named barrier 3 ended the block"));
     assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_named_count, NULL), "that counts 64 threads"));
+}
+
+/* Programmatic dependent launch: arg[0] says when each thread runs
+ * griddepcontrol.wait (0 never, 1 before the marked read, 2 after it);
+ * with arg[1], warp 0 of the two neither waits nor reads. */
+static void k_griddep(void *arg) {
+    const int *how = arg;
+    const int waits = !how[1] || lane() >= 32;
+    dt_emu_griddep_launch();
+    if (waits && how[0] == 1) dt_emu_griddep_wait();
+    if (waits) dt_emu_griddep_require("the marked read");
+    if (waits && how[0] == 2) dt_emu_griddep_wait();
+}
+
+static const char *emu_run_dependent(int dependent, const int *how) {
+    static char err[512];
+    err[0] = 0;
+    int rc = dt_emu_launch(ONE, TWO_WARPS, 0, dependent, k_griddep, (void *)how, err, sizeof err);
+    assert_true(rc == 0 ? err[0] == 0 : err[0] != 0);
+    return err;
+}
+
+static void test_griddep(void **state) {
+    (void)state;
+    const uint64_t before = dt_emu_get_counts().dependent;
+    /* not a dependent launch: nothing to wait for */
+    assert_string_equal(emu_run_dependent(0, (const int[]){0, 0}), "");
+    assert_string_equal(emu_run_dependent(0, (const int[]){2, 0}), "");
+    assert_int_equal(dt_emu_get_counts().dependent, before);
+    /* dependent: the wait before the read, and before the exit */
+    assert_string_equal(emu_run_dependent(1, (const int[]){1, 0}), "");
+    assert_non_null(strstr(emu_run_dependent(1, (const int[]){2, 0}),
+                           "the marked read in a programmatic dependent launch before "
+                           "griddepcontrol.wait"));
+    assert_non_null(strstr(emu_run_dependent(1, (const int[]){0, 0}), "before griddepcontrol.wait"));
+    /* warp 0 never waits (and skips the read): its exit fails */
+    assert_non_null(strstr(emu_run_dependent(1, (const int[]){1, 1}), "exiting in a programmatic "
+                                                                        "dependent launch"));
+    assert_int_equal(dt_emu_get_counts().dependent, before + 4);
 }
 
 static void test_emulator(void **state) {
@@ -1533,7 +1590,7 @@ int main(void) {
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
     static emu_case cases[4 * 2 * NROWS];
-    struct CMUnitTest tests[4 * 2 * NROWS + 6];
+    struct CMUnitTest tests[4 * 2 * NROWS + 7];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
@@ -1559,16 +1616,19 @@ int main(void) {
                 c->sections = i == 1 || i == 2 ? 3 : 0;
                 /* the wgmma forward persistent (one SM: one or two CTAs, each
                  * taking many query tiles, tiles without keys among them on
-                 * the zigzag row) on rows 0 to 2, a CTA per tile on 3, 4 */
+                 * the zigzag row) on rows 0 to 2, a CTA per tile on 3, 4;
+                 * dependent launches but on row 3 */
                 c->sms = i <= 2;
-                snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s",
+                c->dependent = i != 3;
+                snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s",
                          (const char *[]){"forward", "backward", "forward-wgmma",
                                           "backward-wgmma"}[dir],
                          dt_order_name(c->order), c->P,
                          (long long)c->s.B, (long long)c->s.S, (long long)c->s.H,
                          (long long)c->s.Hkv, (long long)c->s.D, dt_attn_mask_name(c->mask),
                          dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "",
-                         dir == 2 && c->sms ? ",persistent" : "");
+                         dir == 2 && c->sms ? ",persistent" : "",
+                         dir == 2 && c->dependent ? ",dependent" : "");
                 tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                 nt++;
             }
@@ -1582,5 +1642,7 @@ int main(void) {
     tests[nt++] = (struct CMUnitTest){"emulator/wgmma", test_wgmma, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/mbarrier-and-tma", test_tma, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/named-barriers", test_named_barriers, NULL, NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"emulator/programmatic-dependent-launch", test_griddep, NULL,
+                                      NULL, NULL};
     return h_run_cases("tensor-core kernels on the CPU emulator", tests, nt);
 }

@@ -48,21 +48,27 @@ typedef struct CUstream_st *cudaStream_t;
 #define gridDim (*dt_emu_grid_dim())
 
 inline void __syncthreads() { dt_emu_syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { dt_emu_syncwarp(mask); }
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
     return dt_emu_shfl_xor(mask, v, lane_mask);
 }
 /* Fibers never run at the same time: a plain read-add-write is atomic. */
 inline float atomicAdd(float *p, float v) {
+    dt_emu_griddep_require("atomicAdd");
     const float old = *p;
     *p = old + v;
     return old;
 }
 inline unsigned atomicAdd(unsigned *p, unsigned v) {
+    dt_emu_griddep_require("atomicAdd");
     const unsigned old = *p;
     *p = old + v;
     return old;
 }
 [[noreturn]] inline void __trap() { dt_emu_fail("__trap()"); }
+/* Fibers never run at the same time, and run one block after another:
+ * every write is seen by every later read. */
+inline void __threadfence() {}
 
 struct __attribute__((aligned(8))) float2 {
     float x, y;
@@ -71,6 +77,7 @@ struct __attribute__((aligned(8))) float2 {
  * one 8-byte access, which must be 8-byte aligned. */
 inline float2 atomicAdd(float2 *p, float2 v) {
     if ((uintptr_t)p % 8) dt_emu_fail("float2 atomicAdd at %p: not 8-byte aligned", (void *)p);
+    dt_emu_griddep_require("atomicAdd");
     const float2 old = *p;
     p->x = old.x + v.x;
     p->y = old.y + v.y;
@@ -117,5 +124,10 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __expf(float x) { return expf(x); }
+inline float __uint_as_float(unsigned x) {
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
 
 #endif /* DT_TEST_CUDA_EMU_H */

@@ -75,18 +75,20 @@ typedef struct dt_emu_dim3 {
 
 /* Runs body(arg) as every thread of every block of `grid`, blocks of
  * `block` threads (at most 1024) with `smem_bytes` of dynamic shared
- * memory. 0 on success; -1 with the reason in err (naming the block and
- * thread) when the kernel did something the emulator rejects. */
-int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (*body)(void *),
-                  void *arg, char *err, size_t err_size);
+ * memory; dependent: a programmatic dependent launch (see
+ * dt_emu_griddep_require). 0 on success; -1 with the reason in err (naming
+ * the block and thread) when the kernel did something the emulator
+ * rejects. */
+int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, int dependent,
+                  void (*body)(void *), void *arg, char *err, size_t err_size);
 
 /* Counts since the process started (tests use them to see that work ran):
  * blocks run; warp and warpgroup instructions completed (warp_ops); matrix
  * instructions, mma.sync and wgmma.mma_async (mma); cp.async copies
  * (copies); wgmma.mma_async alone (wgmma); cp.async.bulk.tensor issued
- * (tma). */
+ * (tma); programmatic dependent launches run (dependent). */
 typedef struct dt_emu_counts {
-    uint64_t blocks, warp_ops, mma, copies, wgmma, tma;
+    uint64_t blocks, warp_ops, mma, copies, wgmma, tma, dependent;
 } dt_emu_counts;
 dt_emu_counts dt_emu_get_counts(void);
 
@@ -105,6 +107,9 @@ void dt_emu_bar_sync(int id, int n);
 void dt_emu_bar_arrive(int id, int n);
 /* shfl.sync.bfly.b32 with a full mask: lane l receives lane l ^ lane_mask's v. */
 float dt_emu_shfl_xor(unsigned mask, float v, int lane_mask);
+/* __syncwarp (full mask only): every lane of the warp waits here until all
+ * have arrived; the lanes must reach the same one. */
+void dt_emu_syncwarp(unsigned mask);
 /* cp.async.cg.shared.global 16 bytes; src_bytes 16 or 0 (zero fill). */
 void dt_emu_cp_async16(void *smem, const void *gmem, int src_bytes);
 void dt_emu_cp_commit(void);
@@ -225,6 +230,18 @@ void dt_emu_mbar_wait(void *bar, uint32_t parity);
  * TMA, ldmatrix and wgmma.mma_async reads fail at once). TMA writes come
  * through the async proxy: no fence.proxy.async is needed before wgmma. */
 void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, int rank, void *bar);
+
+/* Programmatic dependent launch (griddepcontrol). The emulator runs a
+ * dependent launch after the one before, as any other, so it cannot show
+ * a read that came too early by its value; instead it checks the rule:
+ * in a dependent launch, a thread must have run griddepcontrol.wait
+ * (dt_emu_griddep_wait) before an atomic on global memory, before
+ * whatever the kernel marks with dt_emu_griddep_require (a read of what
+ * the grid before wrote), and before it exits (so that the grid completes
+ * after the one it depends on). launch_dependents only counts. */
+void dt_emu_griddep_launch(void);
+void dt_emu_griddep_wait(void);
+void dt_emu_griddep_require(const char *what);
 
 /* Ends the launch with an error (__trap, or a failed check). */
 void dt_emu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));

@@ -85,7 +85,7 @@ enum { WG_M = 64, WG_K = 16, WG_NMAX = 256, WG_DMAX = WG_NMAX / 2 };
 typedef enum { T_RUNNABLE, T_WAIT_WARP, T_WAIT_BLOCK, T_WAIT_BAR, T_WAIT_MBAR, T_DONE } thread_state;
 
 typedef enum {
-    OP_SHFL_XOR = 1, OP_LDMATRIX, OP_LDMATRIX_T, OP_MMA_BF16, OP_MMA_F16,   /* per warp */
+    OP_SHFL_XOR = 1, OP_LDMATRIX, OP_LDMATRIX_T, OP_MMA_BF16, OP_MMA_F16, OP_SYNCWARP, /* per warp */
     OP_WGMMA                                                               /* per warpgroup */
 } warp_op_kind;
 
@@ -96,6 +96,7 @@ static const char *op_name(int op) {
     case OP_LDMATRIX_T: return "ldmatrix.x4.trans";
     case OP_MMA_BF16: return "mma.m16n8k16.bf16";
     case OP_MMA_F16: return "mma.m16n8k16.f16";
+    case OP_SYNCWARP: return "bar.warp.sync";
     case OP_WGMMA: return "wgmma.mma_async";
     default: return "?";
     }
@@ -163,6 +164,7 @@ typedef struct emu_thread {
     /* the mbarrier wait it is blocked in (T_WAIT_MBAR) */
     uint32_t mbar_off, mbar_parity;
     int bar_id;   /* the named barrier it waits in (T_WAIT_BAR) */
+    int griddep_waited;   /* ran griddepcontrol.wait */
 } emu_thread;
 
 /* An mbarrier object of the block (PTX ISA "Contents of the mbarrier
@@ -196,6 +198,7 @@ static struct {
     pthread_mutex_t lock;
     dt_emu_dim3 grid, block, block_idx;
     int nthreads;
+    int dependent;   /* a programmatic dependent launch */
     emu_thread *threads;
     emu_thread *cur;
     unsigned char *smem;
@@ -296,6 +299,18 @@ void dt_emu_fail(const char *fmt, ...) {
     }
     if (t) thread_exits(t);
     for (;;) yield_fiber(1);   /* never resumed */
+}
+
+/* ------------------------------------------- programmatic dependent launch */
+
+void dt_emu_griddep_launch(void) {}
+
+void dt_emu_griddep_wait(void) { E.cur->griddep_waited = 1; }
+
+void dt_emu_griddep_require(const char *what) {
+    if (E.dependent && !E.cur->griddep_waited)
+        dt_emu_fail("%s in a programmatic dependent launch before griddepcontrol.wait: the grid "
+                    "before may still be running", what);
 }
 
 /* Room for one more element of an array (n in use, *cap allocated, each
@@ -503,6 +518,7 @@ typedef struct mma_in {
 static void complete_warp_op(emu_thread *lanes, int n, int op) {
     E.counts.warp_ops++;
     switch (op) {
+    case OP_SYNCWARP: break;   /* every lane arrived: that is all */
     case OP_SHFL_XOR:
         for (int l = 0; l < n; l++) {
             int src = l ^ lanes[l].arg;
@@ -631,6 +647,11 @@ float dt_emu_shfl_xor(unsigned mask, float v, int lane_mask) {
     float out;
     collective_op(OP_SHFL_XOR, 32, lane_mask, &v, &out);
     return out;
+}
+
+void dt_emu_syncwarp(unsigned mask) {
+    if (mask != 0xffffffffu) dt_emu_fail("__syncwarp with a partial mask %#x", mask);
+    collective_op(OP_SYNCWARP, 32, 0, NULL, NULL);
 }
 
 void dt_emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans) {
@@ -1341,6 +1362,7 @@ static void fiber_main(void) {
 #endif
     E.body(E.arg);
     emu_thread *t = E.cur;
+    dt_emu_griddep_require("exiting");
     wait_groups(t, 0);   /* copies still in flight land anyway */
     if (t->nwg) {
         int uncommitted = 0;
@@ -1379,6 +1401,7 @@ static void start_fiber(emu_thread *t) {
     t->wg_fenced = 0;
     t->cp_unfenced = 0;
     t->mbar_off = t->mbar_parity = 0;
+    t->griddep_waited = 0;
 #ifdef EMU_ASAN
     /* a fiber of a failed launch was abandoned mid-call: its frames' redzones
      * are still poisoned on the reused stack */
@@ -1528,8 +1551,8 @@ static unsigned char *fiber_stack(int i) {
     return stacks[i];
 }
 
-int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (*body)(void *),
-                  void *arg, char *err, size_t err_size) {
+int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, int dependent,
+                  void (*body)(void *), void *arg, char *err, size_t err_size) {
     const long n = (long)block.x * block.y * block.z;
     if (n < 1 || n > EMU_MAX_THREADS || !grid.x || !grid.y || !grid.z) {
         if (err && err_size) snprintf(err, err_size, "bad launch: grid %ux%ux%u, block %ld threads",
@@ -1540,6 +1563,8 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, void (
     E.grid = grid;
     E.block = block;
     E.nthreads = (int)n;
+    E.dependent = dependent != 0;
+    E.counts.dependent += E.dependent;
     E.body = body;
     E.arg = arg;
     E.failed = 0;
