@@ -718,10 +718,11 @@ def item_waits(session):
                   "distributed call, P ranks (threads) sharing this device, local transport, "
                   "C tokens per rank; wall = the slowest rank's time of the call. Without "
                   "the copies: build/bench/blocks section (p) with the same P, C, H and D runs "
-                  "every (rank, step) block of that ring alone, back to back, on this device; "
-                  "no-copy ms = the sum of all their times (on one shared device the ranks' "
-                  "kernels take turns, so that sum is the ring's time with nothing moved and "
-                  "nobody waiting). exposed = (wall - no-copy) / wall: the copies, the "
+                  "every (rank, step) block of that ring back to back on this device, timed "
+                  "as one; no-copy ms = that time, b2b (on one shared device the ranks' "
+                  "kernels take turns, so it is the ring's time with nothing moved and "
+                  "nobody waiting; until 2026-11-23 the sum of each block's time alone, "
+                  "which also counted every block's start on an idle device). exposed = (wall - no-copy) / wall: the copies, the "
                   "ranks' waits for each other and the call's own work (agreement, ring "
                   "set-up); "
                   "below 0 where ranks' kernels ran side by side. Also shown: kernels = sum "
@@ -739,13 +740,13 @@ def item_waits(session):
             table.add([k, passes, "-", "-", "-"] + [out] * 7, {"kernel": k, "result": out})
             continue
         rows = out.get("ring", [])
-        alone = {}   # (pass, P, C) -> {order: total ms} from bench/blocks (p)
+        alone = {}   # (pass, P, C) -> {order: b2b ms} from bench/blocks (p)
         for key in sorted({(r["pass"], r["P"], r["C"], r["H"], r["D"]) for r in rows}):
             pass_, p, c, h, d = key
             got = run_blocks(session, table, k, "p", pass_, h, d, [c], ranks=p)
             got_rows = rows_of(got, "p", pass_)
             alone[key[:3]] = got_rows if is_na(got_rows) else \
-                {x["order"]: x["total_ms"] for x in got_rows if x["c"] == c}
+                {x["order"]: x.get("b2b_ms") for x in got_rows if x["c"] == c}
         for row in rows:
             a = alone.get((row["pass"], row["P"], row["C"]))
             table.add(*waits_row(k, row, a))
@@ -758,7 +759,7 @@ def waits_row(kernel, row, alone):
     if is_na(alone):
         no_copy = alone
     elif alone is None or alone.get(row["order"]) is None:
-        no_copy = NA("missing", "no bench/blocks (p) total for this order")
+        no_copy = NA("missing", "no bench/blocks (p) b2b time for this order")
     else:
         no_copy = alone[row["order"]]
     exposed = first_na(no_copy) or (row["wall_ms"] - no_copy) / row["wall_ms"]
