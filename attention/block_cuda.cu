@@ -312,11 +312,15 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     if (!fwd_path_of(be, a, &path, why, sizeof why))
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=%s: %s",
                         be->rank, dt_attn_kernel_choice_name(a->kernel), why);
+    /* programmatic dependent launches: compute capability 9.0 on */
+    const int dependent = dt_backend_cuda_dependent_launch(be) &&
+                          dt_backend_cuda_compute_capability(be) >= 90;
     if (path == FWD_WGMMA)
         return dt_attn_wgmma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be),
                                  dt_backend_cuda_persistent(be) ? dt_backend_cuda_sms(be) : 0,
-                                 scratch, dt_backend_cuda_dependent_launch(be));
-    if (path == FWD_MMA) return dt_attn_mma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
+                                 scratch, dependent);
+    if (path == FWD_MMA)
+        return dt_attn_mma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be), dependent);
     if (!a->acc || !a->m || !a->l)   /* fwd_stateless promised a tensor-core kernel */
         return dt_error(DT_ERR_INTERNAL, "rank %d: attention (cuda): a block without running "
                         "state reached the simple forward kernel", be->rank);

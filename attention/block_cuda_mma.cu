@@ -12,7 +12,10 @@
  * head h reads kv head h / (H/G)), the position mask of mask.h; the fp32
  * running max m, sum l and unnormalised output acc of each query row are
  * merged with the block's own at the end and written back (fused
- * accumulation, no merge pass; mma_device.cuh's write_rows).
+ * accumulation, no merge pass; mma_device.cuh's write_rows). On compute
+ * capability 9.0 a block after a call's first is a programmatic dependent
+ * launch, which waits for the block before only before that merge
+ * (block_cuda_wgmma.cu says why).
  *
  * Work split. A CTA per (query tile, head, batch), launched in the order of
  * mma_layout.h (the heaviest query tiles of a section of heads first); a
@@ -176,6 +179,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     __trap();   /* never launched: the host requires compute capability >= 8.0 */
 #else
     cta_trace(a, 0);
+    grid_dep_launch();   /* the next block may start (block_cuda_wgmma.cu says how) */
     DT_DYNAMIC_SMEM(unsigned char, smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int64_t H = a.heads, G = a.kv_heads, nq = a.qseg.len, nk = a.kseg.len;
@@ -188,8 +192,10 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
      * a.last). */
     const int64_t n_tiles = dt_mma_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x1 - 1)));
     const int64_t n_unmasked = dt_mma_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x0)));
-    if (n_tiles == 0 && !a.first && !a.last)   /* m, l, acc unchanged */
+    if (n_tiles == 0 && !a.first && !a.last) {   /* m, l, acc unchanged */
+        grid_dep_wait();   /* ends after the block before, as below */
         return cta_trace(a, 1);
+    }
 
     /* row x of q at qg + x H D, row y of k and v at kg, vg + y G D */
     const T *qg = static_cast<const T *>(a.q) + c.b * a.q_batch_stride + c.h * D;
@@ -234,6 +240,10 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
         __syncthreads();   /* stage is refilled by iteration kt+1's copies */
     }
 
+    /* A dependent launch (a block after the call's first, compute
+     * capability 9.0) waits for the block before only here, before the
+     * rows' merge, and every thread waits: the block then ends after it. */
+    grid_dep_wait();
     const fwd_cta e = fwd_cta_of(a, cta_index(), BM, section);   /* c, made again: cta_index */
     write_rows<T, D>(a, e, e.x0 + 16 * warp, lane, m, l, o);
     cta_trace(a, 1, n_tiles);
@@ -241,11 +251,12 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
 }
 
 template <typename T, int D>
-dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes) {
+dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes,
+                 int dependent) {
     const dim3 grid((unsigned)(dt_mma_query_tiles(a->qseg.len, DT_MMA_BM) * a->heads * a->batch));
     return dt_mma_launch(fwd_mma_kernel<T, D>, grid, DT_MMA_THREADS,
-                         (size_t)(BM + 4 * BN) * D * sizeof(T), stream, "forward", D, a->dtype, false,
-                         *a, dt_mma_fwd_section(*a, l2_bytes));
+                         (size_t)(BM + 4 * BN) * D * sizeof(T), stream, "forward", D, a->dtype,
+                         dependent && !a->first, *a, dt_mma_fwd_section(*a, l2_bytes));
 }
 
 void say(char *why, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -358,9 +369,10 @@ extern "C" int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *w
     return 1;
 }
 
-extern "C" dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes) {
+extern "C" dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
+                                    int dependent) {
     return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
         return launch<typename decltype(t)::type, decltype(d)::value>(
-            static_cast<cudaStream_t>(stream), a, l2_bytes);
+            static_cast<cudaStream_t>(stream), a, l2_bytes, dependent);
     });
 }

@@ -53,9 +53,15 @@ int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *why, size_t 
 /* Runs one forward block (same contract as dt_attn_kernels.fwd) on `stream`.
  * The caller has checked dt_attn_mma_supported and dt_attn_mma_block_ok.
  * l2_bytes: the device's L2 size, for the launch order (mma_layout.h;
- * any value gives the same results). Returns DT_ERR_BACKEND with CUDA's
+ * any value gives the same results). With dependent != 0 (only on a
+ * device of compute capability 9.0 or newer), a block that is not the
+ * call's first is launched as a programmatic dependent of the kernel
+ * before it on the stream (the call's block before): it starts while that
+ * one finishes and waits for it only before its rows' merge
+ * (block_cuda_wgmma.cu says more). Returns DT_ERR_BACKEND with CUDA's
  * message if the launch fails. */
-dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes);
+dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
+                          int dependent);
 
 /* Runs one backward block (same contract as dt_attn_kernels.bwd, dq added
  * with atomics) on `stream` (block_cuda_mma_bwd.cu). The caller has checked
@@ -83,10 +89,8 @@ int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size
  * Otherwise (sms = 0 or no queue) a CTA per query tile. The queue is
  * cleared on `stream` before a call's first block (a->first) and left
  * clear by every launch: the blocks of a call share it, one after another
- * on one stream. With dependent != 0, a block that is not the call's first
- * is launched as a programmatic dependent of the kernel before it on the
- * stream (the call's block before): it starts while that one finishes and
- * waits for it only before its queue and its rows' merge. */
+ * on one stream. dependent: as for dt_attn_mma_fwd; a dependent block
+ * waits for the one before also before it takes from the queue. */
 dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
                             void *queue, int dependent);
 

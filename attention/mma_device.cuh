@@ -154,10 +154,31 @@ __device__ __forceinline__ uint32_t sm_id() {
 }
 #endif /* DT_CUDA_EMULATE */
 
-/* Marks a read of what the grid before may have written (the rows'
- * running state): on the emulator, a check that the thread has waited for
- * that grid (griddepcontrol.wait: grid_dep_wait, wgmma_device.cuh) if the
- * launch is a programmatic dependent one; nothing on a GPU. */
+/* Programmatic dependent launch (compute capability 9.0 on; nothing on
+ * older targets, where the host never asks for it: dt_cuda_launch_ex).
+ * grid_dep_launch lets the grid launched after this one as its
+ * programmatic dependent start once every CTA of this grid has called it
+ * or exited (its CTAs then take SMs as this grid's free them);
+ * grid_dep_wait waits until the grid this one depends on has completed
+ * and its writes are visible. Both do nothing in a grid launched without
+ * the attribute. dependent_access marks a read of what the grid before
+ * may have written (the rows' running state): on the emulator, a check
+ * that the thread has waited if the launch is a dependent one; nothing on
+ * a GPU. */
+__device__ __forceinline__ void grid_dep_launch() {
+#ifdef DT_CUDA_EMULATE
+    dt_emu_griddep_launch();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_wait() {
+#ifdef DT_CUDA_EMULATE
+    dt_emu_griddep_wait();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 __device__ __forceinline__ void dependent_access(const char *what) {
 #ifdef DT_CUDA_EMULATE
     dt_emu_griddep_require(what);

@@ -133,8 +133,6 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
     const int32_t c[4] = {c0, c1, c2, c3};
     dt_emu_tma_load(dst, map, c, 4, bar);
 }
-__device__ __forceinline__ void grid_dep_launch() { dt_emu_griddep_launch(); }
-__device__ __forceinline__ void grid_dep_wait() { dt_emu_griddep_wait(); }
 __device__ __forceinline__ void fence_proxy_async() { dt_emu_fence_proxy_async(); }
 __device__ __forceinline__ void wgmma_fence() { dt_emu_wgmma_fence(); }
 __device__ __forceinline__ void wgmma_commit() { dt_emu_wgmma_commit(); }
@@ -223,18 +221,6 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
         "r"(wg_smem_addr(bar))
         : "memory");
-}
-/* Programmatic dependent launch (sm_90): grid_dep_launch lets the grid
- * launched after this one as its programmatic dependent start (once every
- * CTA of this grid has called it or exited; its CTAs then take SMs as
- * this grid's free them); grid_dep_wait waits until the grid this one
- * depends on has completed and its writes are visible. Both do nothing in
- * a grid launched without the attribute. */
-__device__ __forceinline__ void grid_dep_launch() {
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-__device__ __forceinline__ void grid_dep_wait() {
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 /* This thread's shared-memory stores become visible to the async proxy
  * (the wgmma reading them), once a barrier has ordered them. */

@@ -619,8 +619,8 @@ def item_ring(session):
                   "vs 1 call = all blocks' time, each alone on an idle device, / one causal "
                   "call on S = P c; b2b/call = the same blocks launched back to back (steps "
                   "in turn, as the ranks run them one after another on one GPU), timed as "
-                  "one, / that call: item 3's ring; serial/call = the same without the "
-                  "wgmma forward's dependent launches (--dependent 0). PyTorch has no "
+                  "one, / that call: item 3's ring; serial/call = the same without "
+                  "dependent launches (--dependent 0). PyTorch has no "
                   "ring to compare with.")
     outs = {}
     for c in session.size["ring_c"]:   # every kernel at the first c before the next c

@@ -67,11 +67,11 @@ int dt_backend_cuda_sms(const dt_backend *b);
 int dt_backend_cuda_persistent(const dt_backend *b);
 void dt_backend_cuda_set_persistent(dt_backend *b, int on);
 /* Whether a kernel that continues another's work on the compute stream
- * (the wgmma attention forward's blocks after a call's first) is launched
- * as its programmatic dependent (1, the default): it then starts while the
- * one before finishes, its CTAs taking the SMs that one leaves, and waits
- * for it only where it reads what that one wrote (compute capability 9.0;
- * attention/block_cuda_wgmma.cu). set_dependent_launch(b, 0) launches it
+ * (the tensor-core attention forward's blocks after a call's first) is
+ * launched as its programmatic dependent (1, the default): it then starts
+ * while the one before finishes, its CTAs taking the SMs that one leaves,
+ * and waits for it only where it reads what that one wrote (compute
+ * capability 9.0 on; attention/block_cuda_wgmma.cu). set_dependent_launch(b, 0) launches it
  * after the one before has completed (benchmarks compare). Results never
  * depend on it, only speed. */
 int dt_backend_cuda_dependent_launch(const dt_backend *b);
