@@ -33,6 +33,10 @@
 #include "attention/block.h"
 #include "attention/mma_layout.h"
 #include "dtensor/dtensor.h"
+#ifdef DT_HAVE_CUDA
+#include "dtensor/backend_cuda.h"
+#include "dtensor/context_internal.h"
+#endif
 #include "attn_ref.h"
 #include "harness.h"
 
@@ -1494,6 +1498,110 @@ static void test_cuda_stateless_workspace(void **state) {
     }
 }
 
+/* The forward's blocks after a call's first as programmatic dependent
+ * launches (dt_backend_cuda_set_dependent_launch; compute capability 9.0):
+ * they start while the block before finishes and wait for it only before
+ * they read what it wrote, so a missing or misplaced wait is a race. The
+ * kernels compute the same thing either way, so the outputs must agree bit
+ * for bit with the launches off, and again on: a striped causal ring of
+ * two ranks sharing the GPU, on the kernel auto picks (wgmma on an H100)
+ * and on the mma kernel. Large enough on a GPU that blocks overlap; small
+ * on the CPU emulator, which runs a dependent launch after the one before
+ * and checks its waits instead (test_mma_emu). */
+enum { DEP_P = 2 };
+
+typedef struct dep_case {
+    uint64_t sum[DEP_P][3][2];   /* rank, run (on, off, on), o / lse */
+    dt_status st[DEP_P];
+    char msg[DEP_P][512];
+} dep_case;
+
+static dt_status rank_dependent(dt_context *ctx, void *arg) {
+    dep_case *c = arg;
+    const int r = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    dt_tensor *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL;
+    int sizes[1] = {DEP_P};
+#ifdef DT_CUDA_EMULATE
+    const int64_t S = DEP_P * 300, H = 2, HKV = 1, D = 64;
+#else
+    const int64_t S = DEP_P * 2048, H = 8, HKV = 2, D = 128;
+#endif
+    int64_t qs[4] = {1, S, H, D}, ks[4] = {1, S, HKV, D};
+    dt_layout lay = dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED));
+    dt_status st = dt_mesh_create(ctx, 1, sizes, NULL, &mesh);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_BF16, 4, qs, &lay, &q);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_BF16, 4, ks, &lay, &k);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_BF16, 4, ks, &lay, &v);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_random(q, 61);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_random(k, 62);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_random(v, 63);
+    for (int run = 0; run < 3 && st == DT_SUCCESS; run++) {
+#ifdef DT_HAVE_CUDA
+        dt_backend_cuda_set_dependent_launch(ctx->backend, run != 1);
+#endif
+        dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
+        opts.mask = DT_ATTN_CAUSAL;
+        st = dt_attention_forward(q, k, v, &opts, &o, &lse);
+        if (st == DT_SUCCESS) {
+            c->sum[r][run][0] = checksum(o);
+            c->sum[r][run][1] = checksum(lse);
+        }
+        dt_tensor_destroy(o);
+        dt_tensor_destroy(lse);
+        o = lse = NULL;
+    }
+#ifdef DT_HAVE_CUDA
+    dt_backend_cuda_set_dependent_launch(ctx->backend, 1);
+#endif
+    dt_tensor_destroy(q);
+    dt_tensor_destroy(k);
+    dt_tensor_destroy(v);
+    dt_mesh_destroy(mesh);
+    c->st[r] = st;
+    if (st != DT_SUCCESS) snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
+    return st;
+}
+
+static void test_cuda_dependent_launch(void **state) {
+    (void)state;
+    char why[512];
+    if (!h_pair_available(DEP_P, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    static const char *const kernels[2] = {"auto", "mma"};
+    char *saved = h_env_set("DT_ATTN_KERNEL", "auto");
+    int bad = 0;
+    for (int i = 0; i < 2; i++) {
+        dep_case c;
+        memset(&c, 0, sizeof c);
+        setenv("DT_ATTN_KERNEL", kernels[i], 1);
+        dt_status st = h_launch_on(DEP_P, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_dependent, &c);
+        if (i == 1 && st == DT_ERR_NOT_SUPPORTED) {   /* no mma kernel on this device */
+            print_message("mma: %s\n", c.msg[0]);
+            continue;
+        }
+        if (st != DT_SUCCESS) {
+            print_error("DT_ATTN_KERNEL=%s: %s\n", kernels[i], c.msg[0][0] ? c.msg[0] : c.msg[1]);
+            bad++;
+            continue;
+        }
+        for (int r = 0; r < DEP_P; r++)
+            for (int x = 0; x < 2; x++)
+                if (c.sum[r][0][x] != c.sum[r][1][x] || c.sum[r][2][x] != c.sum[r][1][x]) {
+                    print_error("DT_ATTN_KERNEL=%s, rank %d: %s with dependent launches on, "
+                                "off, on: checksums %016llx, %016llx, %016llx\n", kernels[i], r,
+                                x ? "lse" : "o", (unsigned long long)c.sum[r][0][x],
+                                (unsigned long long)c.sum[r][1][x],
+                                (unsigned long long)c.sum[r][2][x]);
+                    bad++;
+                }
+    }
+    h_env_restore("DT_ATTN_KERNEL", saved);
+    assert_int_equal(bad, 0);
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(void) {
@@ -1512,6 +1620,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_workspace_reuse);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_stateless_workspace);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_dependent_launch);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_empty_tensors);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_fragments);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_tile_bounds);
