@@ -215,6 +215,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     int lim[2];
     float m[2], l[2], o[D / 8][4];
     start_rows<D>(a, x0 + 16 * warp, lane, lim, m, l, o);
+    prefetch_rows<D>(a, c, x0 + 16 * warp, lane);
 
     uint32_t qf[D / 16][4];
     for (int64_t kt = 0; kt < n_tiles; kt++) {

@@ -316,6 +316,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
         int lim[2];
         float m[2], l[2], o[D / 8][4];
         start_rows<D>(a, x0 + 64 * wg + 16 * wl, lane, lim, m, l, o);
+        if (n_tiles > 0 || a.last) prefetch_rows<D>(a, c, x0 + 64 * wg + 16 * wl, lane);
         if (n_tiles == 0) {
             if (threadIdx.x == 0)
                 wg_next<D>(p, false, &next[ti], sq + (ti ^ 1) * TILE_Q, sk + (f & 1) * TILE_KV,

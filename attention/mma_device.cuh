@@ -179,6 +179,14 @@ __device__ __forceinline__ void grid_dep_wait() {
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+/* A hint: the 128-byte line at p into L2 (no effect on any result). */
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+#ifdef DT_CUDA_EMULATE
+    (void)p;
+#else
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#endif
+}
 __device__ __forceinline__ void dependent_access(const char *what) {
 #ifdef DT_CUDA_EMULATE
     dt_emu_griddep_require(what);
@@ -334,6 +342,35 @@ __device__ __forceinline__ void start_rows(const dt_attn_block_args &a, int64_t 
          * D = 128 (36 bytes; 254 registers without) */
 #pragma unroll
         for (int j = 0; j < D / 8; j++) o[j][2 * half] = o[j][2 * half + 1] = __uint_as_float(opaque(0));
+    }
+}
+
+/* The stored state of the lane's rows, which write_rows reads for the
+ * merge, brought into L2 ahead of it (the forward kernels ask at the start
+ * of a query tile, where registers are free: two key tiles before its end
+ * the wgmma kernel spilled at D = 64): an earlier block wrote it, mostly
+ * long enough ago to be out of L2, and read from device memory at the
+ * merge, 64 KiB a query tile of 128 rows at D = 128, it would cost a CTA
+ * one to two key tiles' time (an estimate from the H100's memory bandwidth
+ * per SM; not measured). L2 is where the GPU's memory is coherent, so the hint is
+ * safe even before grid_dep_wait. The quad's lanes take turns over a
+ * row's 128-byte lines. */
+template <int D>
+__device__ __forceinline__ void prefetch_rows(const dt_attn_block_args &a, const fwd_cta &c,
+                                              int64_t row0, int lane) {
+    if (a.first) return;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t row = row0 + dt_mma_c_row(lane, 2 * half);
+        if (row >= a.qseg.len) continue;
+        const float *const accr = acc_of<D>(a, c) + row * a.heads * D;
+#pragma unroll
+        for (int line = 0; line < D * 4 / 128; line += 4)
+            if (line + (lane & 3) < D * 4 / 128) prefetch_l2(accr + 32 * (line + (lane & 3)));
+        if ((lane & 3) == 0) {
+            prefetch_l2(a.m + ml_of(a, c) + row);
+            prefetch_l2(a.l + ml_of(a, c) + row);
+        }
     }
 }
 
