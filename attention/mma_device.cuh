@@ -352,9 +352,9 @@ __device__ __forceinline__ void start_rows(const dt_attn_block_args &a, int64_t 
  * long enough ago to be out of L2, and read from device memory at the
  * merge, 64 KiB a query tile of 128 rows at D = 128, it would cost a CTA
  * one to two key tiles' time (an estimate from the H100's memory bandwidth
- * per SM; not measured). L2 is where the GPU's memory is coherent, so the hint is
- * safe even before grid_dep_wait. The quad's lanes take turns over a
- * row's 128-byte lines. */
+ * per SM; not measured). L2 is where the GPU's memory is coherent, so the
+ * hint is safe even before grid_dep_wait. The quad's lanes take turns
+ * over a row's 128-byte lines. */
 template <int D>
 __device__ __forceinline__ void prefetch_rows(const dt_attn_block_args &a, const fwd_cta &c,
                                               int64_t row0, int lane) {
