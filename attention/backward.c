@@ -192,11 +192,16 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     int own_ws = ws == NULL;
     int pending = 0;                  /* a group is posted and not completed */
     dt_status st;
-    if (own_ws) DT_TRY_GOTO(st, be->ops->alloc(be, w.total, (void **)&ws), fail);
+    /* Not zeroed: what the loop adds into it zeroes first (as it must in a
+     * caller's workspace), and the stores write all of dq, dk, dv. */
+    if (own_ws) DT_TRY_GOTO(st, be->ops->alloc_uninit(be, w.total, (void **)&ws), fail);
     const dt_layout *lq = p.mesh ? dt_tensor_layout(q) : NULL;
-    DT_TRY_GOTO(st, dt_tensor_create(p.ctx, p.mesh, p.dtype, 4, dt_tensor_shape(q), lq, &gq), fail);
-    DT_TRY_GOTO(st, dt_tensor_create(p.ctx, p.mesh, p.dtype, 4, dt_tensor_shape(k), lq, &gk), fail);
-    DT_TRY_GOTO(st, dt_tensor_create(p.ctx, p.mesh, p.dtype, 4, dt_tensor_shape(v), lq, &gv), fail);
+    DT_TRY_GOTO(st, dt_tensor_create_uninit(p.ctx, p.mesh, p.dtype, 4, dt_tensor_shape(q), lq,
+                                            &gq), fail);
+    DT_TRY_GOTO(st, dt_tensor_create_uninit(p.ctx, p.mesh, p.dtype, 4, dt_tensor_shape(k), lq,
+                                            &gk), fail);
+    DT_TRY_GOTO(st, dt_tensor_create_uninit(p.ctx, p.mesh, p.dtype, 4, dt_tensor_shape(v), lq,
+                                            &gv), fail);
 
     float *dqa = (float *)(ws + w.off_dq), *delta = (float *)(ws + w.off_delta);
     size_t dkv_bytes = 2 * w.grad_bytes, dkv_n = dkv_bytes / sizeof(float);

@@ -157,13 +157,15 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     char *ws = opts ? opts->workspace : NULL;
     int own_ws = ws == NULL;
     dt_status st;
-    if (own_ws) DT_TRY_GOTO(st, be->ops->alloc(be, w.total, (void **)&ws), fail);
+    /* Not zeroed: the loop writes every byte it reads of the workspace (as
+     * it must for a caller's), and the last blocks all of o and lse. */
+    if (own_ws) DT_TRY_GOTO(st, be->ops->alloc_uninit(be, w.total, (void **)&ws), fail);
     int64_t lse_shape[3] = {p.B, p.H, p.S};
-    DT_TRY_GOTO(st, dt_tensor_create(p.ctx, p.mesh, p.dtype, 4, dt_tensor_shape(q),
-                                     dt_tensor_layout(q)->ndim ? dt_tensor_layout(q) : NULL, &out),
-                fail);
-    DT_TRY_GOTO(st, dt_tensor_create(p.ctx, p.mesh, DT_F32, 3, lse_shape,
-                                     p.mesh ? &p.lse_layout : NULL, &out_lse), fail);
+    DT_TRY_GOTO(st, dt_tensor_create_uninit(p.ctx, p.mesh, p.dtype, 4, dt_tensor_shape(q),
+                                            dt_tensor_layout(q)->ndim ? dt_tensor_layout(q) : NULL,
+                                            &out), fail);
+    DT_TRY_GOTO(st, dt_tensor_create_uninit(p.ctx, p.mesh, DT_F32, 3, lse_shape,
+                                            p.mesh ? &p.lse_layout : NULL, &out_lse), fail);
 
     float *acc = w.stateless ? NULL : (float *)(ws + w.off_acc);
     float *m = w.stateless ? NULL : (float *)(ws + w.off_m);

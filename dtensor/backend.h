@@ -53,6 +53,10 @@ typedef struct dt_backend_ops {
     void (*destroy)(dt_backend *b);
     /* Zeroed memory of `bytes` (bytes may be 0: then a valid unique pointer). */
     dt_status (*alloc)(dt_backend *b, size_t bytes, void **out);
+    /* The same, not zeroed: for memory its caller writes before it reads
+     * it (an op's output, a workspace), where the zeroing would be a pass
+     * over it for nothing (on CUDA, one memset of the whole size). */
+    dt_status (*alloc_uninit)(dt_backend *b, size_t bytes, void **out);
     void (*free)(dt_backend *b, void *p);
     dt_status (*upload)(dt_backend *b, void *dst, const void *host, size_t bytes);
     dt_status (*download)(dt_backend *b, void *host, const void *src, size_t bytes);

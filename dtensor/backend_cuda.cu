@@ -561,7 +561,9 @@ void *cache_take(cuda_impl *im, size_t want, size_t *bytes) {
     return blk.p;
 }
 
-dt_status cuda_alloc(dt_backend *b, size_t bytes, void **out) {
+/* cuda_alloc and cuda_alloc_uninit: zero says whether the memory is zeroed
+ * (a memset on the compute stream). */
+dt_status alloc_of(dt_backend *b, size_t bytes, void **out, bool zero) {
     if (!out) return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda alloc: out is NULL", b->rank);
     *out = NULL;
     DT_TRY(enter(b, "alloc"));
@@ -596,7 +598,7 @@ dt_status cuda_alloc(dt_backend *b, size_t bytes, void **out) {
         return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: cuda alloc: out of host memory",
                         b->rank);
     }
-    if (bytes > 0) {
+    if (zero && bytes > 0) {
         cudaError_t e = cudaMemsetAsync(p, 0, bytes, im->compute);
         if (e != cudaSuccess) {
             dt_status st = cuda_error(b, "alloc", "cudaMemsetAsync", e);
@@ -606,6 +608,14 @@ dt_status cuda_alloc(dt_backend *b, size_t bytes, void **out) {
     }
     *out = p;
     return DT_SUCCESS;
+}
+
+dt_status cuda_alloc(dt_backend *b, size_t bytes, void **out) {
+    return alloc_of(b, bytes, out, true);
+}
+
+dt_status cuda_alloc_uninit(dt_backend *b, size_t bytes, void **out) {
+    return alloc_of(b, bytes, out, false);
 }
 
 void cuda_free(dt_backend *b, void *p) {
@@ -1066,7 +1076,8 @@ dt_status cuda_mark_ms(dt_backend *b, int i, int j, double *ms) {
 /* Positional: C++17 has no designated initialisers. Keep in the order of
  * dt_backend_ops. */
 const dt_backend_ops cuda_ops = {
-    "cuda",          cuda_destroy, cuda_alloc, cuda_free,  cuda_upload, cuda_download,
+    "cuda",          cuda_destroy, cuda_alloc, cuda_alloc_uninit, cuda_free,  cuda_upload,
+    cuda_download,
     cuda_copy,       cuda_zero,    cuda_copy_runs, cuda_gemm, cuda_add, cuda_gelu,
     cuda_rmsnorm,    cuda_rotary,  cuda_sync, cuda_marks_reserve, cuda_mark, cuda_mark_ms,
 };

@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "context.h"
+#include "tensor.h"
 
 struct dt_context {
     int rank, world_size;
@@ -30,5 +31,10 @@ dt_status dt_context_note_failure(dt_context *ctx, dt_status st);
 static inline dt_status dt_context_note(dt_context *ctx, dt_status st) {
     return st == DT_SUCCESS || !ctx ? st : dt_context_note_failure(ctx, st);
 }
+
+/* dt_tensor_create without zeroing the local buffer (dt_backend_ops
+ * alloc_uninit): for an op's output that the op writes in full. */
+dt_status dt_tensor_create_uninit(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,
+                                  const int64_t *shape, const dt_layout *layout, dt_tensor **out);
 
 #endif /* DT_CONTEXT_INTERNAL_H */

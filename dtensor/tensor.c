@@ -31,7 +31,7 @@ struct dt_tensor {
 
 static dt_status dt_tensor_create_impl(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype,
                                        int ndim, const int64_t *shape, const dt_layout *layout,
-                                       dt_tensor **out) {
+                                       int zero, dt_tensor **out) {
     DT_REQUIRE(ctx != NULL, "dt_tensor_create: ctx is NULL");
     DT_REQUIRE(out != NULL, "dt_tensor_create: out is NULL");
     DT_REQUIRE(ctx->backend != NULL, "dt_tensor_create: the context has no compute backend");
@@ -98,7 +98,8 @@ static dt_status dt_tensor_create_impl(dt_context *ctx, const dt_mesh *mesh, dt_
     }
     t->local_numel = numel;
     t->local_bytes = (size_t)numel * es;
-    dt_status st = ctx->backend->ops->alloc(ctx->backend, t->local_bytes, &t->data);
+    dt_status st = zero ? ctx->backend->ops->alloc(ctx->backend, t->local_bytes, &t->data)
+                        : ctx->backend->ops->alloc_uninit(ctx->backend, t->local_bytes, &t->data);
     if (st != DT_SUCCESS) {
         free(t);
         return st;
@@ -110,7 +111,13 @@ static dt_status dt_tensor_create_impl(dt_context *ctx, const dt_mesh *mesh, dt_
 dt_status dt_tensor_create(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,
                            const int64_t *shape, const dt_layout *layout, dt_tensor **out) {
     return dt_context_note(ctx,
-                           dt_tensor_create_impl(ctx, mesh, dtype, ndim, shape, layout, out));
+                           dt_tensor_create_impl(ctx, mesh, dtype, ndim, shape, layout, 1, out));
+}
+
+dt_status dt_tensor_create_uninit(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,
+                                  const int64_t *shape, const dt_layout *layout, dt_tensor **out) {
+    return dt_context_note(ctx,
+                           dt_tensor_create_impl(ctx, mesh, dtype, ndim, shape, layout, 0, out));
 }
 
 void dt_tensor_destroy(dt_tensor *t) {
