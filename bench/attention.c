@@ -54,7 +54,7 @@
  *
  * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
- *      [--dtype bf16,fp32,fp16]
+ *      [--dtype bf16,fp32,fp16] [--dependent 0|1]
  *      [--pass fwd,bwd]
  */
 #include <errno.h>
@@ -68,6 +68,10 @@
 
 #include "attention/attention.h"
 #include "dtensor/dtensor.h"
+#ifdef DT_HAVE_CUDA
+#include "dtensor/backend_cuda.h"
+#include "dtensor/context_internal.h"
+#endif
 
 #define NAME "bench/attention"
 #include "examples/example_util.h" /* ex_now_s, ex_median, ex_parse_int */
@@ -97,9 +101,11 @@ typedef struct bench_opts {
     int sections[3];           /* a, b, c */
     int passes[PASS_COUNT];    /* fwd, bwd */
     int dtypes[3];             /* (a): bf16, fp32, fp16 (--dtype); none set: bf16, fp32 */
+    int dependent;             /* --dependent: CUDA's dependent launches (default 1) */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
+static int g_dependent = 1;   /* bench_opts.dependent, for every rank's backend */
 
 static double cpu_s(void) {
     struct timespec ts;
@@ -160,6 +166,9 @@ static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layo
                              bench_pass pass, attn_call *c) {
     const dt_attention_options init = DT_ATTENTION_OPTIONS_INIT;
     memset(c, 0, sizeof *c);
+#ifdef DT_HAVE_CUDA
+    dt_backend_cuda_set_dependent_launch(ctx->backend, g_dependent);   /* no-op off CUDA */
+#endif
     c->pass = pass;
     c->opts = init;
     c->opts.mask = mask;
@@ -407,6 +416,8 @@ static void usage(FILE *f) {
             "                       bwd (dt_attention_backward alone), or fwd,bwd (default)\n"
             "  --dtype LIST         (a): bf16, fp32, fp16 or a list (default bf16,fp32; fp16 is\n"
             "                       CUDA only)\n"
+            "  --dependent 0|1      CUDA: whether the forward's blocks after a call's first are\n"
+            "                       programmatic dependent launches (default 1)\n"
             "  --help\n");
 }
 
@@ -467,6 +478,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
         } else if (!strcmp(a, "--backend")) {
             if (!ex_parse_backend(a, v, &o->backend)) return 2;
             i++;
+        } else if (!strcmp(a, "--dependent")) {
+            long x;
+            if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
+            o->dependent = (int)x;
+            i++;
         } else if (!strcmp(a, "--shapes")) {
             static const char *const shapes[] = {"auto", "scaled", "full"};
             if ((o->shapes = ex_parse_choice(a, v, shapes, 3)) < 0) return 2;
@@ -510,9 +526,10 @@ static int parse(int argc, char **argv, bench_opts *o) {
 
 
 int main(int argc, char **argv) {
-    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}};
+    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}, 1};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
+    g_dependent = o.dependent;
     if (o.iters == 0) o.iters = o.quick ? 2 : 5;
     bench_pass passes[PASS_COUNT];   /* the selected ones, in order */
     int npass = 0;
@@ -543,8 +560,9 @@ int main(int argc, char **argv) {
     if (o.json)
         fprintf(out, "{\n  \"bench\": \"attention\", \"date\": \"%s\", \"backend\": \"%s\", "
                      "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s, "
-                     "\"passes\": [%s],\n",
-                date, be, cores, model, o.iters, o.quick ? "true" : "false", pass_json);
+                     "\"passes\": [%s], \"dependent\": %s,\n",
+                date, be, cores, model, o.iters, o.quick ? "true" : "false", pass_json,
+                o.dependent ? "true" : "false");
     if (o.json)
         fprintf(out, "  \"notes\": [\"ranks are threads of one process; with fewer cores than "
                      "ranks they contend for the cores\", \"OpenBLAS runs one thread per call\", "
@@ -561,6 +579,9 @@ int main(int argc, char **argv) {
                      "per call\n"
                      "passes: %s\n",
                 date, be, cores, model, o.iters, pass_list);
+        if (gpu)
+            fprintf(out, "CUDA: the forward's dependent launches %s (--dependent)\n",
+                    o.dependent ? "on" : "off");
         if (o.passes[PASS_FWD]) fprintf(out, "  fwd: dt_attention_forward\n");
         if (o.passes[PASS_BWD])
             fprintf(out, "  bwd: dt_attention_backward alone; its forward runs once per rank "
