@@ -166,8 +166,12 @@ static dt_status dt_matmul_impl(const dt_tensor *x, const dt_tensor *w, dt_tenso
     int64_t M = 1;
     for (int d = 0; d < xn - 1; d++) M *= xL[d];
 
+    /* Outputs these ops write in full are not zeroed first (a memset as
+     * large as the output, on CUDA): the gemm writes all of o, except with
+     * K = 0, where o is the zeros it was made as. */
     dt_tensor *o = NULL;
-    DT_TRY(dt_tensor_create(ctx, mesh, dt_tensor_dtype(x), xn, oshape, mesh ? &ol : NULL, &o));
+    DT_TRY((wL[0] > 0 ? dt_tensor_create_uninit : dt_tensor_create)(
+        ctx, mesh, dt_tensor_dtype(x), xn, oshape, mesh ? &ol : NULL, &o));
     dt_backend *be = ctx->backend;
     dt_status st = be->ops->gemm(be, dt_tensor_dtype(x), M, wL[1], wL[0], dt_tensor_data_const(x),
                                  dt_tensor_data_const(w), dt_tensor_data(o));
@@ -225,8 +229,8 @@ static dt_status dt_add_impl(const dt_tensor *a, const dt_tensor *b, dt_tensor *
     dt_context *ctx = dt_tensor_context(a);
     const dt_mesh *mesh = dt_tensor_mesh(a);
     dt_tensor *o = NULL;
-    DT_TRY(dt_tensor_create(ctx, mesh, dt_tensor_dtype(a), nd, dt_tensor_shape(a),
-                            mesh ? al : NULL, &o));
+    DT_TRY(dt_tensor_create_uninit(ctx, mesh, dt_tensor_dtype(a), nd, dt_tensor_shape(a),
+                                   mesh ? al : NULL, &o));
     dt_backend *be = ctx->backend;
     dt_status st = be->ops->add(be, dt_tensor_dtype(a), dt_tensor_local_numel(a),
                                 dt_tensor_data_const(a), dt_tensor_data_const(b),
@@ -265,8 +269,8 @@ static dt_status dt_gelu_impl(const dt_tensor *x, dt_gelu_approx approx, dt_tens
     dt_context *ctx = dt_tensor_context(x);
     const dt_mesh *mesh = dt_tensor_mesh(x);
     dt_tensor *o = NULL;
-    DT_TRY(dt_tensor_create(ctx, mesh, dt_tensor_dtype(x), dt_tensor_ndim(x), dt_tensor_shape(x),
-                            mesh ? xl : NULL, &o));
+    DT_TRY(dt_tensor_create_uninit(ctx, mesh, dt_tensor_dtype(x), dt_tensor_ndim(x),
+                                   dt_tensor_shape(x), mesh ? xl : NULL, &o));
     dt_backend *be = ctx->backend;
     dt_status st = be->ops->gelu(be, dt_tensor_dtype(x), dt_tensor_local_numel(x),
                                  dt_tensor_data_const(x), dt_tensor_data(o), approx);

@@ -76,11 +76,13 @@ static void nn_suggest(const dt_layout *l, int last, char *buf, size_t size) {
     dt_layout_format(&s, buf, size);
 }
 
-/* A new tensor with x's context, mesh, dtype, shape and Layout. */
+/* A new tensor with x's context, mesh, dtype, shape and Layout, not
+ * zeroed: the ops that make it write all of it. */
 static dt_status nn_like(const dt_tensor *x, dt_tensor **out) {
     const dt_mesh *mesh = dt_tensor_mesh(x);
-    return dt_tensor_create(dt_tensor_context(x), mesh, dt_tensor_dtype(x), dt_tensor_ndim(x),
-                            dt_tensor_shape(x), mesh ? dt_tensor_layout(x) : NULL, out);
+    return dt_tensor_create_uninit(dt_tensor_context(x), mesh, dt_tensor_dtype(x),
+                                   dt_tensor_ndim(x), dt_tensor_shape(x),
+                                   mesh ? dt_tensor_layout(x) : NULL, out);
 }
 
 /* ------------------------------------------------------------------ reshape */
@@ -210,8 +212,8 @@ static dt_status nn_reshape_impl(const dt_tensor *t, int ndim, const int64_t *sh
     }
 
     dt_tensor *o = NULL;
-    DT_TRY(dt_tensor_create(dt_tensor_context(t), mesh, dt_tensor_dtype(t), ndim, shape,
-                            mesh ? &nl : NULL, &o));
+    DT_TRY(dt_tensor_create_uninit(dt_tensor_context(t), mesh, dt_tensor_dtype(t), ndim, shape,
+                                   mesh ? &nl : NULL, &o));   /* the copy writes all of it */
     size_t bytes = dt_tensor_local_bytes(t);
     dt_status st;
     if (dt_tensor_local_bytes(o) != bytes) {
