@@ -43,7 +43,10 @@
  *   - dynamic shared memory: one heap block of exactly the launch's size,
  *     filled with 0xff bytes before each block (AddressSanitizer sees any
  *     access past it);
- *   - atomicAdd on fp32 (fibers never run at the same time).
+ *   - atomicAdd on fp32 (fibers never run at the same time);
+ *   - __syncwarp (every lane of the warp at the same one);
+ *   - programmatic dependent launches: run after the launch before, as any,
+ *     with their waits checked instead (dt_emu_griddep_require).
  * What is checked, each failing the launch with a message: ldmatrix and
  * cp.async addresses inside shared memory and 16-byte aligned; a warp
  * instruction with lanes missing (exited) or lanes at different
