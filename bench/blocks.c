@@ -34,9 +34,9 @@
  *                        (steps in turn, the ranks' blocks of a step one
  *                        after another), timed as one: the ring on one
  *                        device with nothing between its blocks; / one call
- *                        as above. On CUDA with dependent launches on
- *                        (--dependent 1, the default) once more without
- *                        them: "b2b serial".
+ *                        as above. Forward on CUDA with dependent
+ *                        launches on (--dependent 1, the default): once
+ *                        more without them, "b2b serial".
  *
  * --pass fwd,bwd picks the forward and/or backward block kernel. Backward
  * blocks use the lse of a forward pass over the same rows, so P stays
@@ -435,7 +435,7 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
         DT_TRY(time_runs(b, o, &w, &out->b2b_s[oi]));
         out->b2b_serial_s[oi] = NAN;
 #ifdef DT_HAVE_CUDA
-        if (dt_backend_cuda_dependent_launch(b->be)) {   /* the same without them */
+        if (!bwd && dt_backend_cuda_dependent_launch(b->be)) {   /* the same without them */
             dt_backend_cuda_set_dependent_launch(b->be, 0);
             dt_status st = time_runs(b, o, &w, &out->b2b_serial_s[oi]);
             dt_backend_cuda_set_dependent_launch(b->be, 1);
