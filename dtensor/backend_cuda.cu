@@ -1076,10 +1076,10 @@ dt_status cuda_mark_ms(dt_backend *b, int i, int j, double *ms) {
 /* Positional: C++17 has no designated initialisers. Keep in the order of
  * dt_backend_ops. */
 const dt_backend_ops cuda_ops = {
-    "cuda",          cuda_destroy, cuda_alloc, cuda_alloc_uninit, cuda_free,  cuda_upload,
-    cuda_download,
-    cuda_copy,       cuda_zero,    cuda_copy_runs, cuda_gemm, cuda_add, cuda_gelu,
-    cuda_rmsnorm,    cuda_rotary,  cuda_sync, cuda_marks_reserve, cuda_mark, cuda_mark_ms,
+    "cuda",          cuda_destroy, cuda_alloc,     cuda_alloc_uninit, cuda_free, cuda_upload,
+    cuda_download,   cuda_copy,    cuda_zero,      cuda_copy_runs, cuda_gemm, cuda_add,
+    cuda_gelu,       cuda_rmsnorm, cuda_rotary,    cuda_sync, cuda_marks_reserve, cuda_mark,
+    cuda_mark_ms,
 };
 
 /* ------------------------------------------------------ transport memory */

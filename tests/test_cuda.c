@@ -112,14 +112,15 @@ static dt_status to_dev(dt_backend *be, const void *host, size_t bytes, void **o
 
 /* ============================================================ backend ops */
 
-/* Memory entries: zeroed alloc, unique zero-byte allocations, upload,
- * download, copy (also overlapping, memmove semantics), zero, sync. */
+/* Memory entries: zeroed alloc, unique zero-byte allocations (alloc and
+ * alloc_uninit), upload, download (also into alloc_uninit's memory), copy
+ * (also overlapping, memmove semantics), zero, sync. */
 static dt_status rank_memory(dt_context *ctx, void *arg) {
     results *r = arg;
     dt_backend *be = ctx->backend;
     enum { N = 4099 };
     unsigned char host[N], back[N], ref[N];
-    void *a = NULL, *b = NULL, *z0 = NULL, *z1 = NULL;
+    void *a = NULL, *b = NULL, *z0 = NULL, *z1 = NULL, *u = NULL, *u0 = NULL;
     dt_status st;
     if (strcmp(be->ops->name, "cuda") != 0) note_bad(r, 0, "backend is %s, not cuda", be->ops->name);
     DT_TRY_GOTO(st, be->ops->alloc(be, N, &a), out);
@@ -127,6 +128,10 @@ static dt_status rank_memory(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, be->ops->alloc(be, 0, &z0), out);
     DT_TRY_GOTO(st, be->ops->alloc(be, 0, &z1), out);
     if (!z0 || !z1 || z0 == z1) note_bad(r, 0, "alloc(0) gave %p and %p", z0, z1);
+    DT_TRY_GOTO(st, be->ops->alloc_uninit(be, N, &u), out);
+    DT_TRY_GOTO(st, be->ops->alloc_uninit(be, 0, &u0), out);
+    if (!u || !u0 || u0 == z0 || u0 == z1 || u == a || u == b)
+        note_bad(r, 0, "alloc_uninit gave %p and %p (alloc: %p, %p, %p, %p)", u, u0, a, b, z0, z1);
     DT_TRY_GOTO(st, be->ops->download(be, back, a, N), out);
     for (int i = 0; i < N; i++)
         if (back[i]) { note_bad(r, 0, "alloc: byte %d is %d, not 0", i, back[i]); break; }
@@ -135,6 +140,10 @@ static dt_status rank_memory(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, be->ops->copy(be, b, a, N), out);
     DT_TRY_GOTO(st, be->ops->download(be, back, b, N), out);
     if (memcmp(back, host, N)) note_bad(r, 0, "upload/copy/download round trip differs");
+    DT_TRY_GOTO(st, be->ops->upload(be, u, host, N), out);
+    memset(back, 0, N);
+    DT_TRY_GOTO(st, be->ops->download(be, back, u, N), out);
+    if (memcmp(back, host, N)) note_bad(r, 0, "alloc_uninit: upload/download round trip differs");
     /* overlapping copy, forwards and backwards */
     DT_TRY_GOTO(st, be->ops->copy(be, (char *)b + 5, b, 1000), out);
     memcpy(ref, host, N);
@@ -154,6 +163,8 @@ out:
     be->ops->free(be, b);
     be->ops->free(be, z0);
     be->ops->free(be, z1);
+    be->ops->free(be, u);
+    be->ops->free(be, u0);
     record_status(r, 0, st);
     return st;
 }
