@@ -16,9 +16,10 @@
  *
  * so the transfers of both overlap the block kernel. One last exchange after
  * step P-1 brings every block's dK|dV home (P transfers of gradients, P-1 of
- * K|V). Buffers: two for K|V (current, landing), three for dK|dV (loc, the
- * partial sums arriving, the finished sums leaving); roles rotate, nothing
- * is copied. With one rank on the sequence there is no ring: the kernels
+ * K|V). K and V go as two messages that land packed; step 0 computes on
+ * this rank's where they are and sends them from there. Buffers: two for
+ * K|V (current, landing), three for dK|dV (loc, the partial sums arriving,
+ * the finished sums leaving); roles rotate, nothing is copied. With one rank on the sequence there is no ring: the kernels
  * read K and V where they are and add into one dK|dV buffer, which is
  * final.
  *
@@ -67,11 +68,18 @@ static bwd_workspace bwd_workspace_of(const attn_plan *p) {
 enum { LOC, RCV, SND };
 typedef struct bwd_ring {
     dt_comm *comm;                    /* NULL: one rank, nothing moves */
+    const char *k, *v;                /* this rank's K and V, where they are */
     char *kv[2];
     float *grad[3];
     int cur;
-    dt_p2p_op ops[4];
+    dt_p2p_op ops[6];
 } bwd_ring;
+
+/* The K and V of step t's block: this rank's own at step 0, then kv[cur]. */
+static const char *bwd_ring_k(const bwd_ring *r, int t) { return t == 0 ? r->k : r->kv[r->cur]; }
+static const char *bwd_ring_v(const bwd_ring *r, const attn_plan *p, int t) {
+    return t == 0 ? r->v : r->kv[r->cur] + p->kv_bytes;
+}
 
 /* Post step t's group; returns the number of operations posted. */
 static dt_status bwd_ring_start(bwd_ring *r, const attn_plan *p, const bwd_workspace *w, int t,
@@ -81,9 +89,13 @@ static dt_status bwd_ring_start(bwd_ring *r, const attn_plan *p, const bwd_works
     int j = dt_comm_rank(r->comm);
     int next = (j + 1) % p->parts, prev = (j + p->parts - 1) % p->parts;
     int n = 0;
-    if (t + 1 < p->parts) {
-        r->ops[n++] = (dt_p2p_op){DT_P2P_SEND, next, r->kv[r->cur], 2 * p->kv_bytes, DT_U8};
-        r->ops[n++] = (dt_p2p_op){DT_P2P_RECV, prev, r->kv[1 - r->cur], 2 * p->kv_bytes, DT_U8};
+    if (t + 1 < p->parts) {   /* K and V, one message each, landing packed */
+        char *land = r->kv[1 - r->cur];
+        r->ops[n++] = (dt_p2p_op){DT_P2P_SEND, next, (void *)bwd_ring_k(r, t), p->kv_bytes, DT_U8};
+        r->ops[n++] = (dt_p2p_op){DT_P2P_RECV, prev, land, p->kv_bytes, DT_U8};
+        r->ops[n++] = (dt_p2p_op){DT_P2P_SEND, next, (void *)bwd_ring_v(r, p, t), p->kv_bytes,
+                                  DT_U8};
+        r->ops[n++] = (dt_p2p_op){DT_P2P_RECV, prev, land + p->kv_bytes, p->kv_bytes, DT_U8};
     }
     if (t > 0) {
         r->ops[n++] = (dt_p2p_op){DT_P2P_SEND, next, r->grad[SND], 2 * w->grad_bytes, DT_U8};
@@ -205,18 +217,15 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
 
     float *dqa = (float *)(ws + w.off_dq), *delta = (float *)(ws + w.off_delta);
     size_t dkv_bytes = 2 * w.grad_bytes, dkv_n = dkv_bytes / sizeof(float);
-    bwd_ring r = {.comm = comm, .kv = {ws, ws + 2 * p.kv_bytes}};
+    bwd_ring r = {.comm = comm, .k = dt_tensor_data_const(k), .v = dt_tensor_data_const(v),
+                  .kv = {ws, ws + 2 * p.kv_bytes}};
     for (int i = 0; i < (comm ? 3 : 1); i++) r.grad[i] = (float *)(ws + w.off_grads + i * dkv_bytes);
     DT_TRY_GOTO(st, be->ops->zero(be, dqa, attn_plan_rows(&p) * (size_t)p.D * sizeof(float)),
                 fail);
     DT_TRY_GOTO(st, p.kern->delta(be, p.dtype, p.b, p.c, p.h, p.D, dt_tensor_data_const(o),
                                   dt_tensor_data_const(dout), delta), fail);
-    if (comm) {   /* the ring's first K|V, and nothing received before step 0 */
+    if (comm)   /* nothing received before step 0 */
         DT_TRY_GOTO(st, be->ops->zero(be, r.grad[RCV], dkv_bytes), fail);
-        DT_TRY_GOTO(st, be->ops->copy(be, r.kv[0], dt_tensor_data_const(k), p.kv_bytes), fail);
-        DT_TRY_GOTO(st, be->ops->copy(be, r.kv[0] + p.kv_bytes, dt_tensor_data_const(v),
-                                      p.kv_bytes), fail);
-    }
 
     int j = comm ? dt_comm_rank(comm) : 0;
     dt_attention_timing *timing = opts ? opts->timing : NULL;
@@ -227,9 +236,8 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
         DT_TRY_GOTO(st, be->ops->zero(be, r.grad[LOC], dkv_bytes), fail);
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
         DT_TRACE_PUSH("attention bwd blocks");
-        const char *kb = comm ? r.kv[r.cur] : dt_tensor_data_const(k);
-        const char *vb = comm ? kb + p.kv_bytes : dt_tensor_data_const(v);
-        st = run_blocks(&p, &w, q, dout, dt_tensor_data_const(lse), kb, vb, src, dqa, delta,
+        st = run_blocks(&p, &w, q, dout, dt_tensor_data_const(lse), bwd_ring_k(&r, t),
+                        bwd_ring_v(&r, &p, t), src, dqa, delta,
                         r.grad[LOC], ws + w.off_scratch);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;

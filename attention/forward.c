@@ -2,14 +2,16 @@
  *
  * Algorithm (DESIGN.md section 6). Rank j of the P ranks of the sequence
  * mesh dim holds a query shard and a key/value shard, each one or two
- * position segments (mask.h). K and V are packed into one ring buffer. For
- * t = 0..P-1: the ring's current block is that of rank src = (j - t) mod P;
- * the transfer of the next block is posted before the block kernel runs on
- * the current one (q segments x src's k segments, each with its own
- * positions), and completed after. The kernel accumulates m, l and acc in
- * fp32; the first block of a query segment starts them, its last block
- * writes the normalised output and the log-sum-exp (kept for the backward
- * pass) instead: no pass over the rows before or after the ring.
+ * position segments (mask.h). K and V travel the ring packed in one buffer;
+ * step 0 computes on this rank's where they are and sends them from there,
+ * so nothing is copied into the ring. For t = 0..P-1: the ring's current
+ * block is that of rank src = (j - t) mod P; the transfer of the next block
+ * is posted before the block kernel runs on the current one (q segments x
+ * src's k segments, each with its own positions), and completed after. The
+ * kernel accumulates m, l and acc in fp32; the first block of a query
+ * segment starts them, its last block writes the normalised output and the
+ * log-sum-exp (kept for the backward pass) instead: no pass over the rows
+ * before or after the ring.
  *
  * Invariants: everything the loop touches (ring buffers, accumulators,
  * kernel scratch) lives in one workspace sized by dt_attention_workspace_size
@@ -171,28 +173,28 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     float *m = w.stateless ? NULL : (float *)(ws + w.off_m);
     float *l = w.stateless ? NULL : (float *)(ws + w.off_l);
 
-    /* Pack this rank's K and V into the ring's first buffer. */
-    if (comm) {
-        /* the agreement check above covered the ring's bytes (from the
-         * shapes and Layout) and direction (always forward) */
+    /* The agreement check above covered the ring's bytes (from the shapes
+     * and Layout) and direction (always forward). */
+    if (comm)
         DT_TRY_GOTO(st, dt_ring_create_in_agreed(comm, 2 * p.kv_bytes, DT_RING_FORWARD, ws, &ring),
                     fail);
-        char *kv = dt_ring_current(ring);
-        DT_TRY_GOTO(st, be->ops->copy(be, kv, dt_tensor_data_const(k), p.kv_bytes), fail);
-        DT_TRY_GOTO(st, be->ops->copy(be, kv + p.kv_bytes, dt_tensor_data_const(v), p.kv_bytes),
-                    fail);
-    }
+    /* Step 0 computes on this rank's K and V where they are and sends them
+     * from there; they arrive packed (K | V) in the ring's other buffer. */
+    const void *const own_kv[2] = {dt_tensor_data_const(k), dt_tensor_data_const(v)};
+    const size_t kv_sizes[2] = {p.kv_bytes, p.kv_bytes};
 
     dt_attention_timing *timing = opts ? opts->timing : NULL;
     DT_TRY_GOTO(st, attn_timing_begin(&p, timing), fail);
     for (int t = 0; t < p.parts; t++) {
         int more = t + 1 < p.parts;
-        if (more) DT_TRY_GOTO(st, dt_ring_start(ring), fail);
+        if (more)
+            DT_TRY_GOTO(st, t == 0 ? dt_ring_start_from(ring, own_kv, kv_sizes, 2)
+                                   : dt_ring_start(ring), fail);
         int src = ring ? dt_ring_source(ring) : 0;
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
         DT_TRACE_PUSH("attention fwd blocks");
-        const char *kb = ring ? dt_ring_current(ring) : dt_tensor_data_const(k);
-        const char *vb = ring ? kb + p.kv_bytes : dt_tensor_data_const(v);
+        const char *kb = t == 0 ? own_kv[0] : dt_ring_current(ring);
+        const char *vb = t == 0 ? own_kv[1] : kb + p.kv_bytes;
         st = run_blocks(&p, t, dt_tensor_data_const(q), kb, vb, src, acc, m, l,
                         dt_tensor_data(out), dt_tensor_data(out_lse), ws + w.off_scratch);
         DT_TRACE_POP();

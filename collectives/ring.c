@@ -1,5 +1,7 @@
 /* collectives/ring.c — the ring rotator: two buffers, one grouped send/recv
- * per step, buffers swapped when the step completes.
+ * per step (a send and a receive per part: one part, the current buffer,
+ * unless dt_ring_start_from names others), buffers swapped when the step
+ * completes.
  *
  * Invariant: buf[cur] holds the block of rank source(step); buf[1-cur] is the
  * landing buffer of the step in flight (if any). Both are allocated at
@@ -23,7 +25,7 @@ struct dt_ring {
     long step;
     int in_flight;
     int owns_buffers;
-    dt_p2p_op ops[2];
+    dt_p2p_op ops[2 * DT_RING_MAX_PARTS];   /* one send and one receive a part */
 };
 
 const char *dt_ring_direction_name(dt_ring_direction direction) {
@@ -118,22 +120,53 @@ int dt_ring_source(const dt_ring *ring) {
     return (int)(((src % p) + p) % p);
 }
 
-dt_status dt_ring_start(dt_ring *ring) {
-    if (!ring) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_start: ring is NULL");
+/* Posts the step: parts[i] (sizes[i] bytes) to the next rank, each received
+ * at the same offset of the landing buffer. */
+static dt_status ring_post(dt_ring *ring, const char *op, const void *const *parts,
+                           const size_t *sizes, int n) {
     if (ring->in_flight)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: dt_ring_start: step %ld is already in "
-                        "flight; call dt_ring_wait first", dt_comm_world_rank(ring->comm),
-                        ring->step);
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: %s: step %ld is already in flight; call "
+                        "dt_ring_wait first", dt_comm_world_rank(ring->comm), op, ring->step);
     int p = dt_comm_size(ring->comm), j = dt_comm_rank(ring->comm);
     int next = (j + 1) % p, prev = (j + p - 1) % p;
     int to = ring->direction == DT_RING_FORWARD ? next : prev;
     int from = ring->direction == DT_RING_FORWARD ? prev : next;
-    ring->ops[0] = (dt_p2p_op){DT_P2P_SEND, to, ring->buf[ring->cur], ring->bytes, DT_U8};
-    ring->ops[1] = (dt_p2p_op){DT_P2P_RECV, from, ring->buf[1 - ring->cur], ring->bytes,
-                               DT_U8};
-    DT_TRY(dt_comm_p2p_start(ring->comm, ring->ops, 2));
+    char *landing = ring->buf[1 - ring->cur];
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        ring->ops[2 * i] = (dt_p2p_op){DT_P2P_SEND, to, (void *)parts[i], sizes[i], DT_U8};
+        ring->ops[2 * i + 1] = (dt_p2p_op){DT_P2P_RECV, from, landing + off, sizes[i], DT_U8};
+        off += sizes[i];
+    }
+    DT_TRY(dt_comm_p2p_start(ring->comm, ring->ops, 2 * n));
     ring->in_flight = 1;
     return DT_SUCCESS;
+}
+
+dt_status dt_ring_start(dt_ring *ring) {
+    if (!ring) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_start: ring is NULL");
+    const void *cur = ring->buf[ring->cur];
+    return ring_post(ring, "dt_ring_start", &cur, &ring->bytes, 1);
+}
+
+dt_status dt_ring_start_from(dt_ring *ring, const void *const *parts, const size_t *sizes,
+                             int n_parts) {
+    if (!ring) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_start_from: ring is NULL");
+    int rank = dt_comm_world_rank(ring->comm);
+    if (n_parts < 1 || n_parts > DT_RING_MAX_PARTS || !parts || !sizes)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: dt_ring_start_from: %d parts (1 to %d, "
+                        "parts and sizes not NULL)", rank, n_parts, DT_RING_MAX_PARTS);
+    size_t total = 0;
+    for (int i = 0; i < n_parts; i++) {
+        if (!parts[i] && sizes[i])
+            return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: dt_ring_start_from: part %d is NULL",
+                            rank, i);
+        total += sizes[i];
+    }
+    if (total != ring->bytes)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: dt_ring_start_from: the parts hold %zu "
+                        "bytes, the ring's blocks %zu", rank, total, ring->bytes);
+    return ring_post(ring, "dt_ring_start_from", parts, sizes, n_parts);
 }
 
 dt_status dt_ring_wait(dt_ring *ring) {

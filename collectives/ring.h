@@ -69,6 +69,21 @@ int dt_ring_source(const dt_ring *ring);
 
 /* COLLECTIVE. Post the transfer of the current block (non-blocking). */
 dt_status dt_ring_start(dt_ring *ring);
+
+/* The most parts dt_ring_start_from takes. */
+#define DT_RING_MAX_PARTS 4
+
+/* COLLECTIVE. dt_ring_start, but the block sent is the concatenation of
+ * parts[0 .. n_parts) (sizes[i] bytes each, summing to the ring's bytes),
+ * read where they are, instead of the current buffer: a caller's first step
+ * sends its data without first copying it into the ring (the attention
+ * passes send K and V straight from their tensors). The block lands packed
+ * in the other buffer as any step's, and the current buffer is neither read
+ * nor written. Each part travels as its own message, so every rank must
+ * pass the same sizes at the same step; the parts must stay unwritten until
+ * dt_ring_wait. */
+dt_status dt_ring_start_from(dt_ring *ring, const void *const *parts, const size_t *sizes,
+                             int n_parts);
 /* Complete the posted transfer (bounded by the timeout) and swap buffers. */
 dt_status dt_ring_wait(dt_ring *ring);
 /* dt_ring_start then dt_ring_wait. */

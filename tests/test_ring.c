@@ -1,9 +1,11 @@
 /* tests/test_ring.c — the ring rotator on the local transport, P = 1..8,
  * both directions, each way of making one (own buffers, the caller's, the
- * caller's without the agreement check): at step t rank j holds the block
- * rank (j -/+ t) mod P filled in, every block is seen exactly once in P
- * steps, the two buffers are the only ones ever handed out, and misuse is
- * rejected. Rank threads only record; the main thread asserts. */
+ * caller's without the agreement check), each with its first block in the
+ * ring's buffer or sent from three buffers of the caller's
+ * (dt_ring_start_from): at step t rank j holds the block rank (j -/+ t) mod
+ * P filled in, every block is seen exactly once in P steps, the two buffers
+ * are the only ones ever handed out, and misuse is rejected. Rank threads
+ * only record; the main thread asserts. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -37,6 +39,7 @@ typedef struct ring_case {
     int p;
     dt_ring_direction dir;
     int make;                 /* MAKE_* */
+    int from;                 /* step 0 sends FROM_SIZES's parts (dt_ring_start_from) */
     dt_status st[MAXP];
     char msg[MAXP][256];
     int wrong_block[MAXP];    /* steps whose block was not the expected one */
@@ -47,6 +50,12 @@ typedef struct ring_case {
 } ring_case;
 
 static unsigned char pattern(int owner, size_t i) { return (unsigned char)(owner * 37 + i * 11 + 5); }
+
+/* The parts a rank's first block is sent from in the `from` cases: uneven,
+ * one a single byte. */
+#define FROM_PARTS 3
+static const size_t from_sizes[FROM_PARTS] = {400, 1, BYTES - 401};
+#define POISON 0xEE /* no owner's pattern: pattern() takes every byte value */
 
 /* Which rank's block does `buf` hold? -1 if none exactly. */
 static int owner_of(const unsigned char *buf, int p) {
@@ -63,6 +72,7 @@ static dt_status rank_ring(dt_context *ctx, void *arg) {
     int j = dt_context_rank(ctx), p = c->p;
     dt_ring *ring = NULL;
     unsigned char *mine = c->make == MAKE_OWN ? NULL : malloc(2 * BYTES);   /* the caller's */
+    unsigned char *part[FROM_PARTS] = {NULL};
     dt_status st = c->make == MAKE_OWN ? dt_ring_create(dt_context_comm(ctx), BYTES, c->dir, &ring)
                    : c->make == MAKE_IN
                        ? dt_ring_create_in(dt_context_comm(ctx), BYTES, c->dir, mine, &ring)
@@ -70,14 +80,24 @@ static dt_status rank_ring(dt_context *ctx, void *arg) {
     if (st != DT_SUCCESS) goto out;
     if (mine && dt_ring_current(ring) != mine) c->wrong_block[j]++;   /* not the caller's buffer */
     unsigned char *b = dt_ring_current(ring);
-    for (size_t i = 0; i < BYTES; i++) b[i] = pattern(j, i);
+    /* The block: in the ring's buffer, or in the parts with the buffer poisoned. */
+    for (int i = 0, off = 0; c->from && i < FROM_PARTS; off += (int)from_sizes[i++]) {
+        part[i] = malloc(from_sizes[i]);
+        if (!part[i]) {
+            st = DT_ERR_OUT_OF_MEMORY;
+            goto out;
+        }
+        for (size_t e = 0; e < from_sizes[i]; e++) part[i][e] = pattern(j, off + e);
+    }
+    for (size_t i = 0; i < BYTES; i++) b[i] = c->from ? POISON : pattern(j, i);
     void *addr[2] = {dt_ring_current(ring), NULL};
     c->alternates[j] = 1;
     /* Steps 0..P: P blocks seen, then the own block back home. */
     for (int t = 0; t <= p; t++) {
         int want = c->dir == DT_RING_FORWARD ? ((j - t) % p + p) % p : (j + t) % p;
         const unsigned char *cur = dt_ring_current(ring);
-        int got = owner_of(cur, p);
+        int from = c->from && t == 0;   /* this step's block is in the parts */
+        int got = from ? (cur[0] == POISON && owner_of(cur, p) < 0 ? j : -1) : owner_of(cur, p);
         if (got != want) c->wrong_block[j]++;
         if (dt_ring_source(ring) != want || dt_ring_step_index(ring) != t) c->wrong_source[j]++;
         if (t < p && got >= 0) c->seen[j][got]++;
@@ -85,12 +105,18 @@ static dt_status rank_ring(dt_context *ctx, void *arg) {
         if (t == 1) addr[1] = (void *)cur;
         else if (t > 0 && cur != expect_addr) c->alternates[j] = 0;
         if (t == p) break;
-        st = dt_ring_start(ring);
+        st = from ? dt_ring_start_from(ring, (const void *const *)part, from_sizes, FROM_PARTS)
+                  : dt_ring_start(ring);
         if (st != DT_SUCCESS) goto out;
-        /* Compute overlaps the transfer: the current block stays readable. */
-        if (owner_of(dt_ring_current(ring), p) != want) c->wrong_block[j]++;
+        /* Compute overlaps the transfer: the current block stays readable
+         * (and a step sending from the parts leaves it alone). */
+        if (from ? cur[0] != POISON || owner_of(cur, p) >= 0 : owner_of(cur, p) != want)
+            c->wrong_block[j]++;
         st = dt_ring_wait(ring);
         if (st != DT_SUCCESS) goto out;
+        for (int i = 0, off = 0; from && i < FROM_PARTS; off += (int)from_sizes[i++])
+            for (size_t e = 0; e < from_sizes[i]; e++)
+                if (part[i][e] != pattern(j, off + e)) c->wrong_block[j]++;   /* written */
     }
     c->buffers[j] = p == 1 || addr[1] == addr[0] ? 1 : 2;
     if (p > 1 && addr[1] == addr[0]) c->alternates[j] = 0;
@@ -99,19 +125,22 @@ out:
     if (st != DT_SUCCESS) snprintf(c->msg[j], sizeof c->msg[j], "%s", dt_last_error());
     dt_ring_destroy(ring);
     free(mine);
+    for (int i = 0; i < FROM_PARTS; i++) free(part[i]);
     return st;
 }
 
 static void test_ring_delivers_every_block_once(void **state) {
     (void)state;
+    for (int from = 0; from < 2; from++)
     for (int make = 0; make < MAKE_COUNT; make++)
         for (int dir = 0; dir < DT_RING_DIRECTION_COUNT; dir++)
             for (int p = 1; p <= MAXP; p++) {
-                ring_case c = {.p = p, .dir = (dt_ring_direction)dir, .make = make};
+                ring_case c = {.p = p, .dir = (dt_ring_direction)dir, .make = make, .from = from};
                 dt_status st = launch_cpu(p, rank_ring, &c);
                 if (st != DT_SUCCESS)
-                    print_error("ring/%s/%s/P=%d: %s\n", make_names[make],
-                                dt_ring_direction_name(c.dir), p, dt_last_error());
+                    print_error("ring/%s/%s/P=%d%s: %s\n", make_names[make],
+                                dt_ring_direction_name(c.dir), p, from ? "/from parts" : "",
+                                dt_last_error());
                 assert_int_equal(st, DT_SUCCESS);
                 for (int j = 0; j < p; j++) {
                     assert_int_equal(c.st[j], DT_SUCCESS);
@@ -174,6 +203,33 @@ static dt_status rank_misuse(dt_context *ctx, void *arg) {
         fails += dt_ring_start(ring) != DT_ERR_INVALID_ARGUMENT;
         fails += dt_ring_wait(ring) != DT_SUCCESS;
         fails += dt_ring_step_index(ring) != 1;
+        /* dt_ring_start_from: the parts must hold the ring's bytes, 1 to
+         * DT_RING_MAX_PARTS of them, none NULL; one step at a time. */
+        char a[64], z[64];
+        const void *two[2] = {a, z}, *holed[2] = {a, NULL}, *many[DT_RING_MAX_PARTS + 1];
+        const size_t halves[2] = {32, 32}, short_[2] = {32, 31};
+        size_t sixteenths[DT_RING_MAX_PARTS + 1];
+        for (int i = 0; i <= DT_RING_MAX_PARTS; i++) {
+            many[i] = a;
+            sixteenths[i] = i < DT_RING_MAX_PARTS ? 64 / DT_RING_MAX_PARTS : 0;
+        }
+        fails += dt_ring_start_from(NULL, two, halves, 2) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_start_from(ring, two, halves, 0) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_start_from(ring, NULL, halves, 2) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_start_from(ring, two, NULL, 2) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_start_from(ring, holed, halves, 2) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_start_from(ring, two, short_, 2) != DT_ERR_INVALID_ARGUMENT;
+        fails += !strstr(dt_last_error(), "63 bytes");
+        fails += dt_ring_start_from(ring, many, sixteenths, DT_RING_MAX_PARTS + 1) !=
+                 DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_step_index(ring) != 1;   /* none of those started a step */
+        memset(a, 1, sizeof a);
+        memset(z, 2, sizeof z);
+        fails += dt_ring_start_from(ring, two, halves, 2) != DT_SUCCESS;
+        fails += dt_ring_start_from(ring, two, halves, 2) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_start(ring) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_wait(ring) != DT_SUCCESS;
+        fails += dt_ring_step_index(ring) != 2;
     }
     dt_ring_destroy(ring);
     ring = NULL;
