@@ -152,8 +152,11 @@ static dt_status dt_host_alloc(const char *op, size_t bytes, void **out) {
     return DT_SUCCESS;
 }
 
+/* Scratch in the backend's memory, not zeroed: every caller writes all it
+ * reads of it (dt_shard_impl's send buffer, which must start zeroed, asks
+ * the backend's zeroing alloc itself). */
 static dt_status dt_dev_alloc(dt_backend *be, size_t bytes, void **out) {
-    return be->ops->alloc(be, bytes, out);
+    return be->ops->alloc_uninit(be, bytes, out);
 }
 
 static void dt_dev_free(dt_backend *be, void *p) {
@@ -410,7 +413,12 @@ static dt_status dt_redistribute_step(const dt_tensor *in, int m, dt_placement t
     void *tmp = NULL;
     int64_t *flat = NULL, *offs = NULL;
     dt_status st = DT_SUCCESS;
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dtype, nd, shape, &lay, &o), fail);
+    /* Every step writes all of its output but those to Partial, where the
+     * summands away from this rank's part (or coordinate) stay zero. */
+    if (to.kind == DT_PARTIAL && from.kind != DT_PARTIAL)
+        DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dtype, nd, shape, &lay, &o), fail);
+    else
+        DT_TRY_GOTO(st, dt_tensor_create_uninit(ctx, mesh, dtype, nd, shape, &lay, &o), fail);
     const int64_t *L = dt_tensor_local_shape(in), *L2 = dt_tensor_local_shape(o);
     const void *src = dt_tensor_data_const(in);
     void *dst = dt_tensor_data(o);
@@ -575,8 +583,8 @@ static dt_status dt_redistribute_impl(const dt_tensor *t, const dt_layout *layou
     }
     if (owned == NULL) { /* already in the target Layout: return a copy */
         dt_context *ctx = dt_tensor_context(t);
-        DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dt_tensor_dtype(t), dt_tensor_ndim(t),
-                                         dt_tensor_shape(t), &target, &owned), fail);
+        DT_TRY_GOTO(st, dt_tensor_create_uninit(ctx, mesh, dt_tensor_dtype(t), dt_tensor_ndim(t),
+                                                dt_tensor_shape(t), &target, &owned), fail);
         DT_TRY_GOTO(st, ctx->backend->ops->copy(ctx->backend, dt_tensor_data(owned),
                                                 dt_tensor_data_const(t), dt_tensor_local_bytes(t)),
                     fail);
@@ -687,7 +695,7 @@ static dt_status dt_shard_impl(const dt_mesh *mesh, int root, const dt_tensor *f
         shape[d] = (int64_t)((uint64_t)(uint32_t)hdr[3 + 2 * d] |
                              ((uint64_t)(uint32_t)hdr[4 + 2 * d] << 32));
     DT_TRY_GOTO(st, dt_check_layout_for(op, mesh, layout, nd, shape), out);
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dtype, nd, shape, layout, &o), out);
+    DT_TRY_GOTO(st, dt_tensor_create_uninit(ctx, mesh, dtype, nd, shape, layout, &o), out);
 
     size_t es = dt_dtype_size(dtype);
     int64_t numel = dt_tensor_local_numel(o);
@@ -701,7 +709,8 @@ static dt_status dt_shard_impl(const dt_mesh *mesh, int root, const dt_tensor *f
             for (int d = 0; d < nd; d++) tl += L[d];
             DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(tl > 0 ? tl : 1) * sizeof(int64_t),
                                           (void **)&tables), out);
-            DT_TRY_GOTO(st, dt_dev_alloc(be, (size_t)wsize * (size_t)numel * es, &sendbuf), out);
+            /* zeroed: a Partial summand's chunk away from coordinate 0 is sent as is */
+            DT_TRY_GOTO(st, be->ops->alloc(be, (size_t)wsize * (size_t)numel * es, &sendbuf), out);
             for (int w = 0; w < wsize; w++) {
                 int coords[DT_MAX_MESH_DIMS];
                 dt_mesh_coords_of(mesh, w, coords);
@@ -861,8 +870,8 @@ static dt_status dt_permute_impl(const char *op, const dt_tensor *t, int dim, in
     dt_tensor *o = NULL;
     int64_t *idx = NULL;
     int64_t len = shape[dim], n = len / parts;
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, dt_tensor_dtype(t), nd, shape, mesh ? lay : NULL,
-                                     &o), fail);
+    DT_TRY_GOTO(st, dt_tensor_create_uninit(ctx, mesh, dt_tensor_dtype(t), nd, shape,
+                                            mesh ? lay : NULL, &o), fail);
     DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(len > 0 ? len : 1) * sizeof *idx, (void **)&idx),
                 fail);
     for (int64_t i = 0; i < len; i++)
