@@ -287,7 +287,7 @@ static dt_status agree(dt_comm *comm, const char *op, const int64_t *values,
     int64_t *all = malloc(row_bytes * (size_t)comm->size + 1);
     if (!all) return comm_error(comm, DT_ERR_OUT_OF_MEMORY, op, "out of memory");
     dt_coll_args a = {.kind = DT_COLL_ALL_GATHER, .send = values, .recv = all,
-                      .count = row_bytes, .dtype = DT_U8};
+                      .count = row_bytes, .dtype = DT_U8, .host_only = 1};
     dt_status st = comm->ops->collective(comm, &a, NULL);
     /* Every rank sees the same table, so every rank reaches the same verdict. */
     for (int r = 1; st == DT_SUCCESS && r < comm->size; r++)

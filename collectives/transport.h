@@ -35,6 +35,11 @@ typedef struct dt_coll_args {
     dt_reduce_op op;   /* reductions only */
     int root;          /* rooted collectives only */
     int color, key;    /* split only */
+    /* send and recv are host memory that only this rank's thread writes and
+     * reads (the agreement tables of checks): the collective is not ordered
+     * after the rank's queued device work, nor that work after it, so a
+     * check does not drain a GPU's queue. */
+    int host_only;
 } dt_coll_args;
 
 typedef struct dt_transport_ops {

@@ -34,7 +34,8 @@
  * dt_mem hooks (comm->mem, chosen when the world's communicators are made):
  * plain memcpy and C loops on host memory, cudaMemcpy and device kernels for
  * CUDA ranks sharing GPUs. Before a collective a rank publishes (cuda: waits
- * for its compute stream), so peers may read its buffers; a p2p group only
+ * for its compute stream), so peers may read its buffers, unless the
+ * collective is host_only (an agreement check's tables); a p2p group only
  * marks (cuda: records an event), and each copy of the group starts on the
  * device after the marks of both its ends, so a ring step's copy overlaps
  * the kernel launched after dt_comm_p2p_start. Each hook call has completed
@@ -639,7 +640,7 @@ static dt_status local_collective(dt_comm *c, const dt_coll_args *a, dt_comm **s
     if (is_reduction(a->kind) && !dt_dtype_is_float(a->dtype))
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: %s: the local transport reduces fp32, "
                         "bf16 and fp16, not %s", c->world_rank, name, dt_dtype_name(a->dtype));
-    if ((st = c->mem.ops->publish(c->mem.arg)) != DT_SUCCESS) {
+    if (!a->host_only && (st = c->mem.ops->publish(c->mem.arg)) != DT_SUCCESS) {
         dt_local_world_abort(w, c->world_rank, st, dt_last_error());
         return st;
     }

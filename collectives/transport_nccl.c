@@ -21,7 +21,10 @@
  * Host buffers (agreement checks, DT_CHECK, a user's host arrays) are staged
  * through a pinned host buffer and a device buffer that only grow; a call
  * that touched host memory waits for completion before it returns (the host
- * holds the data only then).
+ * holds the data only then). A host_only collective (an agreement check's
+ * tables) is neither ordered after the compute stream nor waited for by it:
+ * the host then waits for the communication stream's earlier work only, not
+ * for every kernel queued before the check.
  *
  * Invariants. No wait is unbounded: every wait polls the communicator's
  * async error, the event, and the world's abort flag, and gives up after the
@@ -586,7 +589,7 @@ static dt_status run_collective(dt_comm *c, const dt_coll_args *a, const char *w
     size_t need = in_place ? (host_send ? sbytes : 0) : roff + (host_recv ? rbytes : 0);
     if (a->kind == DT_COLL_BARRIER) need = sizeof(float);
     if (need) DT_TRY(stage_reserve(c, need, what));
-    DT_TRY(order_after_compute(c, what));
+    if (!a->host_only) DT_TRY(order_after_compute(c, what));
     if (host_send) {
         memcpy(im->hstage, send, sbytes);
         CU_TRY(c, what, cudaMemcpyAsync(im->dstage, im->hstage, sbytes, cudaMemcpyHostToDevice,
@@ -599,7 +602,8 @@ static dt_status run_collective(dt_comm *c, const dt_coll_args *a, const char *w
     if (host_recv)
         CU_TRY(c, what, cudaMemcpyAsync(im->hstage + roff, recv, rbytes, cudaMemcpyDeviceToHost,
                                         im->stream));
-    DT_TRY(hand_back(c, what));
+    if (a->host_only) CU_TRY(c, what, cudaEventRecord(im->done, im->stream));
+    else DT_TRY(hand_back(c, what));
     if (!host_send && !host_recv && a->kind != DT_COLL_BARRIER) return DT_SUCCESS;
     /* The host needs the data (or, for a barrier, the completion). */
     DT_TRY(nccl_wait(c, im->nc, im->done, what));

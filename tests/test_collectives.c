@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 
 #include "collectives/comm.h"
 #include "collectives/idle_clock.h"
+#include "collectives/transport_local.h"
 #include "dtensor/context.h"
 
 #define MAXP 8
@@ -631,6 +633,97 @@ static void test_idle_clock(void **state) {
     assert_int_equal(dt_idle_clock_waited(&k, 40, 640), 600);
 }
 
+/* An agreement check orders nothing on the device: the local transport
+ * publishes (on CUDA: waits for the rank's compute stream) before a
+ * collective over the rank's buffers, but not before a check's all_gather of
+ * host tables, so a check never drains a GPU's queue. Counted through host
+ * memory hooks that count publish calls, with checks on (DT_CHECK: every
+ * collective is preceded by a check of its own). */
+typedef struct publish_rank {
+    dt_local_world *world;
+    int rank, size;
+    int publishes;                  /* publish calls of this rank's memory */
+    int after_check, after_gather;  /* the count after each step */
+    dt_status st;
+    char msg[256];
+} publish_rank;
+
+static dt_status counting_publish(void *arg) {
+    ((publish_rank *)arg)->publishes++;
+    return DT_SUCCESS;
+}
+static dt_status counting_alloc(void *arg, size_t bytes, void **out) {
+    (void)arg;
+    return dt_mem_host.ops->alloc(dt_mem_host.arg, bytes, out);
+}
+static void counting_free(void *arg, void *p) {
+    (void)arg;
+    dt_mem_host.ops->free(dt_mem_host.arg, p);
+}
+static dt_status counting_copy(void *arg, void *dst, const void *src, size_t bytes,
+                               const void *dst_ready, const void *src_ready) {
+    (void)arg;
+    return dt_mem_host.ops->copy(dt_mem_host.arg, dst, src, bytes, dst_ready, src_ready);
+}
+static dt_status counting_mark(void *arg, const void **ready) {
+    (void)arg;
+    return dt_mem_host.ops->mark(dt_mem_host.arg, ready);
+}
+static dt_status counting_reduce(void *arg, float *acc, const void *x, size_t n, dt_dtype dtype,
+                                 dt_reduce_op op, int first) {
+    (void)arg;
+    return dt_mem_host.ops->reduce(dt_mem_host.arg, acc, x, n, dtype, op, first);
+}
+static dt_status counting_finish(void *arg, void *acc, size_t n, dt_dtype dtype) {
+    (void)arg;
+    return dt_mem_host.ops->finish(dt_mem_host.arg, acc, n, dtype);
+}
+static const dt_mem_ops counting_ops = {"counting", counting_alloc, counting_free, counting_copy,
+                                        counting_publish, counting_mark, counting_reduce,
+                                        counting_finish};
+
+static void *publish_rank_main(void *arg) {
+    publish_rank *r = arg;
+    dt_mem mem = {&counting_ops, r};
+    dt_comm *comm = NULL;
+    r->st = dt_local_world_comm(r->world, r->rank, &mem, &comm);
+    int64_t mine[2] = {7, r->size};
+    static const char *const names[2] = {"seven", "size"};
+    if (r->st == DT_SUCCESS) r->st = dt_comm_check_agreement(comm, "test", mine, names, 2);
+    r->after_check = r->publishes;
+    float send[4], recv[4 * MAXP];
+    for (int i = 0; i < 4; i++) send[i] = value(5, r->rank, (size_t)i);
+    if (r->st == DT_SUCCESS) r->st = dt_comm_all_gather(comm, send, recv, 4, DT_F32);
+    r->after_gather = r->publishes;
+    if (r->st != DT_SUCCESS) snprintf(r->msg, sizeof r->msg, "%s", dt_last_error());
+    if (r->st != DT_SUCCESS) dt_local_world_abort(r->world, r->rank, r->st, r->msg);
+    dt_comm_destroy(comm);
+    return NULL;
+}
+
+static void test_checks_do_not_publish(void **state) {
+    (void)state;
+    for (int p = 1; p <= 3; p++) {
+        dt_comm_config cfg = {.timeout_ms = 10000, .log_level = DT_LOG_ERROR, .check = 1};
+        dt_local_world *w = NULL;
+        assert_int_equal(dt_local_world_create(p, &cfg, &w), DT_SUCCESS);
+        publish_rank r[3];
+        pthread_t th[3];
+        for (int j = 0; j < p; j++) {
+            r[j] = (publish_rank){.world = w, .rank = j, .size = p};
+            assert_int_equal(pthread_create(&th[j], NULL, publish_rank_main, &r[j]), 0);
+        }
+        for (int j = 0; j < p; j++) pthread_join(th[j], NULL);
+        dt_local_world_destroy(w);
+        for (int j = 0; j < p; j++) {
+            if (r[j].st != DT_SUCCESS) print_error("rank %d: %s\n", j, r[j].msg);
+            assert_int_equal(r[j].st, DT_SUCCESS);
+            assert_int_equal(r[j].after_check, 0);   /* the check: none */
+            assert_int_equal(r[j].after_gather, 1);  /* its own check: none; the gather: one */
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idle_clock),
@@ -646,6 +739,7 @@ int main(void) {
         cmocka_unit_test(test_mismatched_send_recv),
         cmocka_unit_test(test_failures_do_not_hang),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_checks_do_not_publish),
     };
     return cmocka_run_group_tests_name("collectives (cpu+local, P=1..8)", tests, NULL, NULL);
 }
