@@ -19,9 +19,9 @@
  * K|V). K and V go as two messages that land packed; step 0 computes on
  * this rank's where they are and sends them from there. Buffers: two for
  * K|V (current, landing), three for dK|dV (loc, the partial sums arriving,
- * the finished sums leaving); roles rotate, nothing is copied. With one rank on the sequence there is no ring: the kernels
- * read K and V where they are and add into one dK|dV buffer, which is
- * final.
+ * the finished sums leaving); roles rotate, nothing is copied. With one
+ * rank on the sequence there is no ring: the kernels read K and V where
+ * they are and add into one dK|dV buffer, which is final.
  *
  * Invariants: as in forward.c: one workspace, allocated before the loop or
  * given; ranks agree before any block moves; a failing rank aborts.

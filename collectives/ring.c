@@ -3,8 +3,9 @@
  * unless dt_ring_start_from names others), buffers swapped when the step
  * completes.
  *
- * Invariant: buf[cur] holds the block of rank source(step); buf[1-cur] is the
- * landing buffer of the step in flight (if any). Both are allocated at
+ * Invariant: buf[cur] holds the block of rank source(step) (the caller's
+ * parts hold it instead at a step posted by dt_ring_start_from); buf[1-cur]
+ * is the landing buffer of the step in flight (if any). Both are allocated at
  * creation; a step allocates nothing.
  *
  * Test: tests/test_ring.c (make test).
