@@ -709,23 +709,28 @@ def item_waits(session):
     and the same blocks with no communication at all from bench/blocks (p)."""
     kernels = session.args.kernels
     with_bwd = set(bwd_choices(kernels))
-    header = ["kernel", "pass", "P", "order", "C", "wall ms", "no-copy ms", "exposed",
-              "mark", "kernels ms", "waits ms", "waits share"]
+    header = ["kernel", "pass", "P", "order", "C", "wall ms", "b2b ms", "no-copy ms", "exposed",
+              "mark", "exposed (wall)", "kernels ms", "waits ms", "waits share"]
     table = Table("6", "item 6: exposed communication of the ring",
                   f"exposed <= {WAITS_MAX:.0%} of the step for C >= {WAITS_FROM_C} (marks only "
                   "there)", header,
                   "build/bench/attention section (b) with DT_ATTN_KERNEL=K: the causal "
                   "distributed call, P ranks (threads) sharing this device, local transport, "
-                  "C tokens per rank; wall = the slowest rank's time of the call. Without "
-                  "the copies: build/bench/blocks section (p) with the same P, C, H and D runs "
-                  "every (rank, step) block of that ring back to back on this device, timed "
-                  "as one; no-copy ms = that time, b2b (on one shared device the ranks' "
-                  "kernels take turns, so it is the ring's time with nothing moved and "
+                  "C tokens per rank; wall = the slowest rank's time of the call, a "
+                  "read-back after it; b2b = the slowest rank's time per call of the same "
+                  "calls enqueued one after another, one read-back after the last (a "
+                  "pipeline's figure: a call's host work may overlap the call before). "
+                  "Without the copies: build/bench/blocks section (p) with the same P, C, H "
+                  "and D runs every (rank, step) block of that ring back to back on this "
+                  "device, timed as one; no-copy ms = that time (on one shared device the "
+                  "ranks' kernels take turns, so it is the ring's time with nothing moved and "
                   "nobody waiting; until 2026-11-23 the sum of each block's time alone, "
                   "which also counted every block's start on an idle device). "
-                  "exposed = (wall - no-copy) / wall: the copies, the "
-                  "ranks' waits for each other and the call's own work (agreement, ring "
-                  "set-up); "
+                  "exposed = (b2b - no-copy) / b2b, back to back against back to back: the "
+                  "copies, the ranks' waits for each other and what of the call's own work "
+                  "(agreement, ring set-up) the device waits for; the mark is on it. "
+                  "exposed (wall) = (wall - no-copy) / wall, which also counts each call's "
+                  "start on an idle device (the judge until 2026-11-23). Both are "
                   "below 0 where ranks' kernels ran side by side. Also shown: kernels = sum "
                   "over steps of the slowest rank's block kernels and waits = the largest "
                   "per-rank sum of the gaps between one step's kernels and the next "
@@ -738,7 +743,7 @@ def item_waits(session):
         out = session.attention(k, "b", passes)
         table.commands += session.commands[n:]
         if is_na(out):
-            table.add([k, passes, "-", "-", "-"] + [out] * 7, {"kernel": k, "result": out})
+            table.add([k, passes, "-", "-", "-"] + [out] * 9, {"kernel": k, "result": out})
             continue
         rows = out.get("ring", [])
         alone = {}   # (pass, P, C) -> {order: b2b ms} from bench/blocks (p)
@@ -763,16 +768,20 @@ def waits_row(kernel, row, alone):
         no_copy = NA("missing", "no bench/blocks (p) b2b time for this order")
     else:
         no_copy = alone[row["order"]]
-    exposed = first_na(no_copy) or (row["wall_ms"] - no_copy) / row["wall_ms"]
+    b2b = row.get("b2b_ms")
+    b2b = NA("none", "bench/attention printed no back-to-back time") if b2b is None else b2b
+    exposed = first_na(no_copy, b2b) or (b2b - no_copy) / b2b
+    exposed_wall = first_na(no_copy) or (row["wall_ms"] - no_copy) / row["wall_ms"]
     m = mark(exposed, lambda x: x <= WAITS_MAX) if row["C"] >= WAITS_FROM_C else "-"
     step = row["steps_crit_ms"] + row["waits_max_ms"]
     share = row["waits_max_ms"] / step if step > 0 else NA("no step time")
     label = kernel_label(kernel, row["pass"])
     cells = [label, row["pass"], str(row["P"]), row["order"], str(row["C"]),
-             (row["wall_ms"], ".3f"), (no_copy, ".3f"), (exposed, ".1%"), m,
-             (row["steps_crit_ms"], ".3f"), (row["waits_max_ms"], ".3f"), (share, ".1%")]
-    data = dict(row, kernel=kernel, no_copy_ms=no_copy, exposed=exposed, waits_share=share,
-                mark=m)
+             (row["wall_ms"], ".3f"), (b2b, ".3f"), (no_copy, ".3f"), (exposed, ".1%"), m,
+             (exposed_wall, ".1%"), (row["steps_crit_ms"], ".3f"), (row["waits_max_ms"], ".3f"),
+             (share, ".1%")]
+    data = dict(row, kernel=kernel, no_copy_ms=no_copy, exposed=exposed,
+                exposed_wall=exposed_wall, waits_share=share, mark=m)
     return cells, data
 
 

@@ -428,7 +428,7 @@ static void test_issue8_quick(void **state) {
     ok = steps && sscanf(steps, "\n- steps: %d ok%n", &n, &len) == 1 && n > 0 &&
          steps[len] == '\n' && strstr(out, "| n/a: --no-torch |") &&
          strstr(out, "- torch: not run (--no-torch)\n") && !strstr(out, "Traceback") &&
-         strstr(out, "| wall ms | no-copy ms | exposed | mark |");
+         strstr(out, "| wall ms | b2b ms | no-copy ms | exposed | mark | exposed (wall) |");
     if (!ok) print_error("python3 %s (rc %d) printed:\n%s\n", args, rc, out);
     free(out);
     assert_int_equal(rc, 0);
