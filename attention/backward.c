@@ -11,8 +11,10 @@
  *
  *   step t posts: K|V of src(t)       -> j+1,  K|V of src(t+1)      <- j-1  (t < P-1)
  *                 dK|dV of src(t-1)   -> j+1,  dK|dV so far of src(t) <- j-1  (t > 0)
- *   then computes src(t)'s contributions into a zeroed buffer `loc`,
- *   completes the group, and adds `loc` into the partial sums received.
+ *   then computes src(t)'s contributions into a buffer `loc` (written by
+ *   the kernels, which need no zeroed buffer: block.h's `first`),
+ *   completes the group, and adds `loc` into the partial sums received
+ *   (at step 0 nothing arrives: `loc` holds src(0)'s sums so far).
  *
  * so the transfers of both overlap the block kernel. One last exchange after
  * step P-1 brings every block's dK|dV home (P transfers of gradients, P-1 of
@@ -21,7 +23,7 @@
  * K|V (current, landing), three for dK|dV (loc, the partial sums arriving,
  * the finished sums leaving); roles rotate, nothing is copied. With one
  * rank on the sequence there is no ring: the kernels read K and V where
- * they are and add into one dK|dV buffer, which is final.
+ * they are and write one dK|dV buffer, which is final.
  *
  * Invariants: as in forward.c: one workspace, allocated before the loop or
  * given; ranks agree before any block moves; a failing rank aborts.
@@ -145,7 +147,9 @@ static dt_status check_outputs(const attn_plan *p, const char *op, const dt_tens
 }
 
 /* The backward block kernel on every (q segment, k segment) pair of one step:
- * K and V of rank src at k, v, its dK|dV contributions into dkv. */
+ * K and V of rank src at k, v, its dK|dV contributions into dkv, which the
+ * first q segment's blocks write (`first`) and the second's add into, so
+ * dkv needs no zeroing. */
 static dt_status run_blocks(const attn_plan *p, const bwd_workspace *w, const dt_tensor *q,
                             const dt_tensor *dout, const float *lse, const char *k, const char *v,
                             int src, float *dq, const float *delta, float *dkv, void *scratch) {
@@ -170,6 +174,7 @@ static dt_status run_blocks(const attn_plan *p, const bwd_workspace *w, const dt
                 .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
                 .dq = dq + qo, .dq_batch_stride = p->c * p->h * p->D,
                 .dk = dk + ko, .dv = dv + ko, .kernel = p->kernel,
+                .first = i == 0,   /* the step's first block on these keys writes */
             };
             DT_TRY(p->kern->bwd(p->ctx->backend, &a, scratch));
             koff += ks[j].len;
@@ -224,8 +229,6 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
                 fail);
     DT_TRY_GOTO(st, p.kern->delta(be, p.dtype, p.b, p.c, p.h, p.D, dt_tensor_data_const(o),
                                   dt_tensor_data_const(dout), delta), fail);
-    if (comm)   /* nothing received before step 0 */
-        DT_TRY_GOTO(st, be->ops->zero(be, r.grad[RCV], dkv_bytes), fail);
 
     int j = comm ? dt_comm_rank(comm) : 0;
     dt_attention_timing *timing = opts ? opts->timing : NULL;
@@ -233,7 +236,6 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     for (int t = 0; t < p.parts; t++) {
         int src = (j - t + p.parts) % p.parts;
         DT_TRY_GOTO(st, bwd_ring_start(&r, &p, &w, t, &pending), fail);
-        DT_TRY_GOTO(st, be->ops->zero(be, r.grad[LOC], dkv_bytes), fail);
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
         DT_TRACE_PUSH("attention bwd blocks");
         st = run_blocks(&p, &w, q, dout, dt_tensor_data_const(lse), bwd_ring_k(&r, t),
@@ -247,10 +249,16 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
             pending = 0;
             DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);
         }
-        /* src(t)'s sums so far plus this rank's: finished here, they leave next. */
-        DT_TRY_GOTO(st, be->ops->add(be, DT_F32, (int64_t)dkv_n, r.grad[RCV], r.grad[LOC],
-                                     r.grad[RCV]), fail);
-        float *done = r.grad[RCV];
+        /* src(t)'s sums so far plus this rank's: finished here, they leave
+         * next. At step 0 nothing arrived: this rank's are all there is. */
+        float *done = r.grad[LOC];
+        if (t > 0) {
+            DT_TRY_GOTO(st, be->ops->add(be, DT_F32, (int64_t)dkv_n, r.grad[RCV], r.grad[LOC],
+                                         r.grad[RCV]), fail);
+            done = r.grad[RCV];
+        } else {
+            r.grad[LOC] = r.grad[RCV];
+        }
         r.grad[RCV] = r.grad[SND];
         r.grad[SND] = done;
         if (t + 1 < p.parts) r.cur = 1 - r.cur;

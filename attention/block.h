@@ -111,7 +111,10 @@ typedef struct dt_attn_block_args {
  * are [b][h][x] fp32 with the ml strides; dq has acc's layout; dk and dv are
  * fp32 with k's layout (kv_batch_stride). GQA: dk, dv of kv head g sum over
  * the query heads of its group. dq, dk and dv are accumulated into (read,
- * add, write): the ring calls the kernel once per block. On CUDA the
+ * add, write): the ring calls the kernel once per block; but with `first`
+ * set, dk and dv (the kseg.len rows of every kv head and batch) are written
+ * instead, 0 where no query attends a key, so that they need not be zeroed
+ * before (what they held is never read). On CUDA the
  * tensor-core kernel adds dq with atomics, so the order of dq's sums (not
  * dk's or dv's) may differ from run to run. */
 typedef struct dt_attn_block_bwd_args {
@@ -129,6 +132,7 @@ typedef struct dt_attn_block_bwd_args {
     float *dq;
     int64_t dq_batch_stride;
     float *dk, *dv;
+    int first;                         /* write dk, dv instead of adding into them */
     dt_attn_kernel_choice kernel;      /* CUDA only: which backward kernel (0 = auto) */
     dt_attn_cta_trace *trace;          /* as dt_attn_block_args.trace */
     int64_t trace_len;

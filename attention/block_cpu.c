@@ -206,9 +206,14 @@ static dt_status delta_rows(struct dt_backend *be, dt_dtype dtype, int64_t batch
 }
 
 /* dst rows (stride row_stride) += src [n, dim] */
-static void add_rows(float *dst, int64_t row_stride, const float *src, int64_t n, int64_t dim) {
+/* dst rows += src rows, or (set) dst rows = src rows; src NULL: zeros. */
+static void put_rows(float *dst, int64_t row_stride, const float *src, int64_t n, int64_t dim,
+                     int set) {
     for (int64_t i = 0; i < n; i++)
-        for (int64_t d = 0; d < dim; d++) dst[i * row_stride + d] += src[i * dim + d];
+        for (int64_t d = 0; d < dim; d++) {
+            const float x = src ? src[i * dim + d] : 0.0f;
+            dst[i * row_stride + d] = set ? x : dst[i * row_stride + d] + x;
+        }
 }
 
 /* One (batch, head) of a backward call, and the scratch tiles. */
@@ -275,6 +280,8 @@ static dt_status bwd(struct dt_backend *be, const dt_attn_block_bwd_args *a, voi
             const int64_t ml = b * a->ml_batch_stride + h * a->ml_head_stride;
             float *dk = a->dk + b * a->kv_batch_stride + g * D;
             float *dv = a->dv + b * a->kv_batch_stride + g * D;
+            /* the group's first head writes dk, dv of a `first` call */
+            const int set = a->first && h % group == 0;
             const bwd_head f = {
                 .a = a, .qb = (const char *)a->q + qoff, .gb = (const char *)a->dout + qoff,
                 .lse = a->lse + ml, .delta = a->delta + ml,
@@ -288,7 +295,13 @@ static dt_status bwd(struct dt_backend *be, const dt_attn_block_bwd_args *a, voi
                 const int64_t any = dt_attn_queries_from(a->mask, a->qseg, dt_attn_pos(a->kseg, y0));
                 const int64_t full =
                     dt_attn_queries_from(a->mask, a->qseg, dt_attn_pos(a->kseg, y0 + tk - 1));
-                if (any == nq) continue;
+                if (any == nq) {   /* no query attends these keys */
+                    if (set) {
+                        put_rows(dk + y0 * G * D, G * D, NULL, tk, D, 1);
+                        put_rows(dv + y0 * G * D, G * D, NULL, tk, D, 1);
+                    }
+                    continue;
+                }
                 pack_rows(kt, kb, a->dtype, G * D, y0, tk, D);
                 pack_rows(vt, vb, a->dtype, G * D, y0, tk, D);
                 memset(dkt, 0, (size_t)(2 * TK * D) * sizeof(float));
@@ -301,8 +314,8 @@ static dt_status bwd(struct dt_backend *be, const dt_attn_block_bwd_args *a, voi
                     for (int64_t x0 = start; x0 < full; x0 += TQ)
                         bwd_tile(&f, x0, min64(TQ, full - x0), y0, ys, ts, 1);
                 }
-                add_rows(dk + y0 * G * D, G * D, dkt, tk, D);
-                add_rows(dv + y0 * G * D, G * D, dvt, tk, D);
+                put_rows(dk + y0 * G * D, G * D, dkt, tk, D, set);
+                put_rows(dv + y0 * G * D, G * D, dvt, tk, D, set);
             }
         }
     return DT_SUCCESS;

@@ -229,6 +229,8 @@ __global__ void bwd_dkv_kernel(dt_attn_block_bwd_args a) {
     const int64_t D = a.dim, H = a.heads;
     float *dk = a.dk + b * a.kv_batch_stride + (y * a.kv_heads + g) * D;
     float *dv = a.dv + b * a.kv_batch_stride + (y * a.kv_heads + g) * D;
+    if (a.first)   /* written, not added into: this thread owns the row */
+        for (int64_t d = 0; d < D; d++) dk[d] = dv[d] = 0.0f;
     for (int64_t h = g * group; h < (g + 1) * group; h++)
         for (int64_t x = 0; x < a.qseg.len; x++) {
             if (a.mask == DT_ATTN_CAUSAL && pos(a.qseg, x) < pos(a.kseg, y)) continue;

@@ -15,7 +15,9 @@
  * (query head h reads kv head h / (H/G)), the position mask of mask.h;
  * P = exp(scale q.k - lse) (0 where masked and on rows with lse = -inf),
  * dP = dO V^T, dS = P (dP - delta); dV += P^T dO, dK += scale dS^T Q,
- * dQ += scale dS K, all three ADDED into the fp32 outputs.
+ * dQ += scale dS K, all three ADDED into the fp32 outputs (a `first` call
+ * writes dk, dv instead, 0 where no query attends a key: its CTAs that
+ * return at once write zeros).
  *
  * Work split (mma_layout.h, "backward"). A CTA per (key tile, kv head,
  * batch), launched in the order of mma_layout.h (the first key tiles, the
@@ -34,7 +36,8 @@
  *        dK += dS^T Q    A = dS^T (ldmatrix.trans of the dS tile), B = Q (.trans)
  *      dK and dV stay in fp32 registers across the whole loop (2 x 16 x D
  *      per warp) and are added into dk, dv once at the end (read, add,
- *      write: float2; the CTA alone owns those rows in this call).
+ *      write: float2, or only write on a `first` call; the CTA alone owns
+ *      those rows in this call).
  *   3. warp w, the query rows of phase 1, head-dim columns (D/2) (w / 4)
  *      .. +D/2-1, 16 at a time:
  *        dQ += dS K      A = dS (ldmatrix of the dS tile, all 128 keys)
@@ -75,11 +78,11 @@
  * iteration i's math; the __syncthreads closing iteration i keeps
  * iteration i+1's copies off the stage still being read.
  *
- * Resources (ptxas -v, CUDA 13, sm_90): 246 registers at D = 64, no spills;
- * 255 registers at D = 128 with an 88-byte stack frame (80 bytes of spill
- * stores, 120 of loads): the 2 x 16 x 128 fp32 dK, dV accumulators per warp
- * plus S and dP leave no room. One CTA (8 warps) per SM either way, the
- * occupancy of the 4-warp version's two CTAs.
+ * Resources (ptxas -v, CUDA 13, sm_90): 244 registers at D = 64, no spills;
+ * 255 registers at D = 128 with an 88-byte stack frame (88 bytes of spill
+ * stores, 104 of loads; sm_80: 148 and 172): the 2 x 16 x 128 fp32 dK, dV
+ * accumulators per warp plus S and dP leave no room. One CTA (8 warps) per
+ * SM either way, the occupancy of the 4-warp version's two CTAs.
  *
  * Numerics: scores and lse in natural-log units, exp as exp2f((scale s -
  * lse) log2 e) (as the forward); P and dS are rounded to T for the tensor
@@ -297,8 +300,12 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
     const int64_t H = a.heads, G = a.kv_heads;
     const int64_t nq = a.qseg.len, nk = a.kseg.len;
     const bwd_cta c = bwd_cta_of(a, section, BM);
-    if (c.n_iter == 0)   /* no query attends these keys: dk, dv unchanged */
+    if (c.n_iter == 0) {   /* no query attends these keys: dk, dv unchanged, or 0 */
+        if (a.first)
+            zero_dk_dv<D>(a.dk + c.b * a.kv_batch_stride + c.g * D,
+                          a.dv + c.b * a.kv_batch_stride + c.g * D, G * D, c.y0, nk);
         return cta_trace(a, 1);
+    }
     const int64_t b = c.b, g = c.g, y0 = c.y0;
 
     const T *kg = static_cast<const T *>(a.k) + b * a.kv_batch_stride + g * D;   /* row y: + y G D */
@@ -385,7 +392,7 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
 
     /* Add into dk (scaled) and dv: the warp's keys 16w .. 16w + 15. */
     add_dk_dv<D>(a.dk + b * a.kv_batch_stride + g * D, a.dv + b * a.kv_batch_stride + g * D,
-                 G * D, y0 + 16 * warp, nk, dk, dv, lane, a.scale);
+                 G * D, y0 + 16 * warp, nk, dk, dv, lane, a.scale, a.first);
     cta_trace(a, 1, c.n_iter);
 #endif
 }

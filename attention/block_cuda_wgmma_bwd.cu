@@ -12,7 +12,8 @@
  * mask.h; P = exp(scale q.k - lse) (0 where masked and on rows with lse =
  * -inf), dP = dO V^T, dS = P (dP - delta); dV += P^T dO, dK += scale dS^T
  * Q, dQ += scale dS K, all three ADDED into the fp32 outputs, dq with
- * atomics (its last bits may differ from run to run; dk, dv's do not).
+ * atomics (its last bits may differ from run to run; dk, dv's do not);
+ * a `first` call writes dk, dv instead (0 where no query attends a key).
  *
  * Work split. A CTA per (key tile of BN = 128 keys, kv head, batch), in the
  * launch order of mma_layout.h (the first key tiles, the most queries under
@@ -66,7 +67,7 @@
  *
  * Registers per thread: dK, dV D (64 at D = 64, 128 at D = 128), S^T and
  * dP^T BM / 2 each, P^T and dS^T as A fragments BM / 4 each, the dQ piece
- * 32. ptxas (CUDA 13, sm_90a): 241 registers at D = 64, 247 at D = 128, no
+ * 32. ptxas (CUDA 13, sm_90a): 243 registers at D = 64, 247 at D = 128, no
  * spills, no serialised wgmma; one CTA (8 warps) per SM.
  *
  * What is left for an H100 (docs/PERFORMANCE.md): run and measure it
@@ -209,8 +210,12 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     const int64_t H = a.heads, G = a.kv_heads;
     const int64_t nq = a.qseg.len, nk = a.kseg.len;
     const bwd_cta c = bwd_cta_of(a, p.section, BM);
-    if (c.n_iter == 0)   /* no query attends these keys: dk, dv unchanged */
+    if (c.n_iter == 0) {   /* no query attends these keys: dk, dv unchanged, or 0 */
+        if (a.first)
+            zero_dk_dv<D>(a.dk + c.b * a.kv_batch_stride + c.g * D,
+                          a.dv + c.b * a.kv_batch_stride + c.g * D, G * D, c.y0, nk);
         return cta_trace(a, 1);
+    }
     const int64_t b = c.b, g = c.g, y0 = c.y0;
 
     /* Stage s's Q and dO land on full[s] (one arrival: thread 0's
@@ -339,7 +344,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
 
     /* Add into dk (scaled) and dv: the warp's keys 16 warp .. 16 warp + 15. */
     add_dk_dv<D>(a.dk + b * a.kv_batch_stride + g * D, a.dv + b * a.kv_batch_stride + g * D,
-                 G * D, y0 + 16 * warp, nk, dk, dv, lane, a.scale);
+                 G * D, y0 + 16 * warp, nk, dk, dv, lane, a.scale, a.first);
     cta_trace(a, 1, c.n_iter);
 #endif
 }

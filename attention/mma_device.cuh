@@ -577,12 +577,14 @@ __device__ __forceinline__ void add_dq(float *dqg, int64_t rs, int col0, const f
 /* dk += scale dk_acc, dv += dv_acc for the lane's keys y_warp + g and
  * y_warp + g + 8 (y_warp: the warp's first key in the segment; keys past
  * nk are skipped): read, add, write, float2 (the CTA alone owns those rows
- * in this call, so dk and dv are deterministic). dkg, dvg: dk, dv of the
+ * in this call, so dk and dv are deterministic); with `set` (a `first`
+ * call, block.h) written without the read. dkg, dvg: dk, dv of the
  * (batch, kv head) at row 0, row stride rs. */
 template <int D>
 __device__ __forceinline__ void add_dk_dv(float *dkg, float *dvg, int64_t rs, int64_t y_warp,
                                           int64_t nk, const float (&dk)[D / 8][4],
-                                          const float (&dv)[D / 8][4], int lane, float scale) {
+                                          const float (&dv)[D / 8][4], int lane, float scale,
+                                          bool set) {
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int64_t y = y_warp + dt_mma_c_row(lane, 2 * half);
@@ -592,7 +594,11 @@ __device__ __forceinline__ void add_dk_dv(float *dkg, float *dvg, int64_t rs, in
             const int64_t off = y * rs + 8 * j + dt_mma_c_col(lane, 2 * half);
             float2 *pk = reinterpret_cast<float2 *>(dkg + off);
             float2 *pv = reinterpret_cast<float2 *>(dvg + off);
-            float2 k2 = *pk, v2 = *pv;
+            float2 k2 = make_float2(0.0f, 0.0f), v2 = k2;
+            if (!set) {
+                k2 = *pk;
+                v2 = *pv;
+            }
             k2.x += scale * dk[j][2 * half];
             k2.y += scale * dk[j][2 * half + 1];
             v2.x += dv[j][2 * half];
@@ -600,6 +606,22 @@ __device__ __forceinline__ void add_dk_dv(float *dkg, float *dvg, int64_t rs, in
             *pk = k2;
             *pv = v2;
         }
+    }
+}
+
+/* The backward CTA of a `first` call whose keys y0 .. y0 + DT_MMA_BWD_BN - 1
+ * no query attends: 0 into those rows (< nk) of dk and dv, float2, every
+ * thread of the CTA. dkg, dvg, rs: as add_dk_dv's. */
+template <int D>
+__device__ __forceinline__ void zero_dk_dv(float *dkg, float *dvg, int64_t rs, int64_t y0,
+                                           int64_t nk) {
+    constexpr int PAIRS = D / 2;   /* float2 a row */
+    for (int i = (int)threadIdx.x; i < DT_MMA_BWD_BN * PAIRS; i += (int)blockDim.x) {
+        const int64_t y = y0 + i / PAIRS;
+        if (y >= nk) continue;
+        const int64_t off = y * rs + 2 * (i % PAIRS);
+        *reinterpret_cast<float2 *>(dkg + off) = make_float2(0.0f, 0.0f);
+        *reinterpret_cast<float2 *>(dvg + off) = make_float2(0.0f, 0.0f);
     }
 }
 

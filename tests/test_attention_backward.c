@@ -76,7 +76,7 @@ static dt_status rank_backward(dt_context *ctx, void *arg) {
     const attn_shape *s = &c->s;
     dt_mesh *mesh = NULL;
     dt_tensor *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL, *dout = NULL;
-    dt_tensor *dq = NULL, *dk = NULL, *dv = NULL;
+    dt_tensor *dq = NULL, *dk = NULL, *dv = NULL, *ws = NULL;
     dt_status st;
     int sizes[2] = {c->tp, c->P};
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, sizes, NULL, &mesh), out);
@@ -111,6 +111,19 @@ static dt_status rank_backward(dt_context *ctx, void *arg) {
     dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
     opts.mask = c->mask;
     DT_TRY_GOTO(st, dt_attention_forward(q, k, v, &opts, &o, &lse), out);
+    /* The backward in a workspace of the caller's full of NaN: the call must
+     * write whatever it reads of it (its dK|dV buffers are never zeroed). */
+    DT_TRY_GOTO(st, dt_attention_backward_workspace_size(q, k, v, &opts, &opts.workspace_bytes),
+                out);
+    int64_t nws = (int64_t)(opts.workspace_bytes / sizeof(float)) + 1;
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, DT_F32, 1, &nws, NULL, &ws), out);
+    double *nan = malloc((size_t)nws * sizeof *nan);
+    if (!nan) DT_TRY_GOTO(st, dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory"), out);
+    for (int64_t i = 0; i < nws; i++) nan[i] = NAN;
+    st = ref_set_local(ws, nan);
+    free(nan);
+    if (st != DT_SUCCESS) goto out;
+    opts.workspace = dt_tensor_data(ws);
     DT_TRY_GOTO(st, dt_attention_backward(q, k, v, o, lse, dout, &opts, &dq, &dk, &dv), out);
     c->bad[r] = check_grad(c, "dq", dq, c->dq_ref, s->H, j, t, &c->max_err[r]) +
                 check_grad(c, "dk", dk, c->dk_ref, s->Hkv, j, t, &c->max_err[r]) +
@@ -118,7 +131,7 @@ static dt_status rank_backward(dt_context *ctx, void *arg) {
 out:
     c->st[r] = st;
     if (st != DT_SUCCESS) snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
-    dt_tensor *all[] = {q, k, v, o, lse, dout, dq, dk, dv};
+    dt_tensor *all[] = {q, k, v, o, lse, dout, dq, dk, dv, ws};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_destroy(all[i]);
     dt_mesh_destroy(mesh);
     return st;

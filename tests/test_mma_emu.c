@@ -356,6 +356,8 @@ static void run_backward(void **state) {
         dq[j] = zeros_f32(nql);
         dk[j] = zeros_f32(nkl);
         dv[j] = zeros_f32(nkl);
+        for (size_t i = 0; i < nkl; i++)   /* the first block on a key segment writes them */
+            dk[j][i] = dv[j][i] = NAN;
     }
     const uint64_t mma_before = dt_emu_get_counts().mma;
     /* the kernels' key tiles (a CTA each) and query tiles (their files' comments) */
@@ -379,8 +381,8 @@ static void run_backward(void **state) {
                         .scale = (float)scale, .lse = lse[j] + x0, .delta = delta[j] + x0,
                         .ml_batch_stride = H * n, .ml_head_stride = n, .dq = dq[j] + x0 * H * D,
                         .dq_batch_stride = n * H * D, .dk = dk[r] + y0 * G * D,
-                        .dv = dv[r] + y0 * G * D, .kernel = c->kernel, .trace = trace,
-                        .trace_len = trace_len};
+                        .dv = dv[r] + y0 * G * D, .first = j == 0 && si == 0,
+                        .kernel = c->kernel, .trace = trace, .trace_len = trace_len};
                     memset(trace, 0, (size_t)trace_len * sizeof *trace);
                     const int64_t l2 = l2_for(c, (H / G) * a.qseg.len * D * 8);
                     if (!bad && !dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why)) {
