@@ -1363,7 +1363,9 @@ static void test_empty_tensors(void **state) {
     }
 }
 
-/* A caller-provided workspace gives bit-identical results to an internal one. */
+/* A caller-provided workspace gives bit-identical results to an internal one,
+ * whatever it held: it starts full of NaN (the call must write whatever it
+ * reads of it). */
 static dt_status rank_workspace(dt_context *ctx, void *arg) {
     err_case *c = arg;
     int r = dt_context_rank(ctx);
@@ -1379,6 +1381,8 @@ static dt_status rank_workspace(dt_context *ctx, void *arg) {
     dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
     if (st == DT_SUCCESS) st = dt_attention_workspace_size(q, q, q, &opts, &opts.workspace_bytes);
     if (st == DT_SUCCESS) opts.workspace = ws = malloc(opts.workspace_bytes);
+    if (st == DT_SUCCESS && !ws) st = DT_ERR_OUT_OF_MEMORY;
+    if (st == DT_SUCCESS) memset(ws, 0xff, opts.workspace_bytes);   /* NaN floats */
     for (int rep = 0; st == DT_SUCCESS && rep < 3; rep++) {
         dt_tensor_destroy(o2);
         o2 = NULL;
