@@ -355,9 +355,10 @@ dt_status delta_rows(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows
 
 dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     (void)scratch;
-    if (a->qseg.len == 0 || a->kseg.len == 0 || a->batch == 0 || a->heads == 0)
-        return DT_SUCCESS;
-    if (a->kernel != DT_ATTN_KERNEL_SIMPLE) {
+    if (a->kseg.len == 0 || a->batch == 0 || a->heads == 0) return DT_SUCCESS;   /* no rows */
+    const bool no_query = a->qseg.len == 0;   /* dk, dv unchanged, or (first) 0 */
+    if (no_query && !a->first) return DT_SUCCESS;
+    if (a->kernel != DT_ATTN_KERNEL_SIMPLE && !no_query) {
         /* auto: mma where it can run, else simple (the top); wgmma only when
          * asked for, until it has run on a GPU */
         char why[256] = "";
@@ -375,9 +376,11 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
                             "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=%s: %s", be->rank,
                             dt_attn_kernel_choice_name(a->kernel), why);
     }
-    dim3 gq((unsigned)((a->qseg.len + 127) / 128), (unsigned)a->heads, (unsigned)a->batch);
-    dt_cuda_launch(bwd_dq_kernel, gq, 128, 0, stream_of(be), *a);
-    DT_TRY(launched("backward dq"));
+    if (!no_query) {
+        dim3 gq((unsigned)((a->qseg.len + 127) / 128), (unsigned)a->heads, (unsigned)a->batch);
+        dt_cuda_launch(bwd_dq_kernel, gq, 128, 0, stream_of(be), *a);
+        DT_TRY(launched("backward dq"));
+    }
     dim3 gk((unsigned)((a->kseg.len + 127) / 128), (unsigned)a->kv_heads, (unsigned)a->batch);
     dt_cuda_launch(bwd_dkv_kernel, gk, 128, 0, stream_of(be), *a);
     return launched("backward dk dv");

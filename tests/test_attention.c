@@ -341,6 +341,40 @@ static void test_fully_masked_block(void **state) {
     }
 }
 
+/* The backward of a block no query of which attends any key (all keys
+ * after the queries under the causal mask, or no query at all): with
+ * `first` it writes dk, dv as 0 over NaN, without it leaves them as they
+ * were; dq is untouched either way. */
+static void test_backward_block_without_pairs(void **state) {
+    (void)state;
+    enum { N = 70, D = 8, G = 2 };
+    float q[N * G * D], k[N * G * D], dq[N * G * D], dk[N * G * D], dv[N * G * D];
+    float lse[G * N], delta[G * N];
+    for (int i = 0; i < N * G * D; i++) q[i] = k[i] = 0.5f;
+    for (int i = 0; i < G * N; i++) lse[i] = delta[i] = 0.25f;
+    static char scratch[1 << 20];
+    assert_true(dt_attn_kernels_cpu.bwd_scratch(D) <= sizeof scratch);
+    for (int no_query = 0; no_query < 2; no_query++)
+        for (int first = 0; first < 2; first++) {
+            for (int i = 0; i < N * G * D; i++) {
+                dq[i] = 3.0f;
+                dk[i] = dv[i] = first ? NAN : 1.5f;
+            }
+            dt_attn_block_bwd_args a = {
+                .dtype = DT_F32, .batch = 1, .heads = G, .kv_heads = G, .dim = D, .q = q,
+                .dout = q, .q_batch_stride = N * G * D, .k = k, .v = k,
+                .kv_batch_stride = N * G * D, .qseg = {0, 2, no_query ? 0 : N},
+                .kseg = {1000, 2, N}, .mask = DT_ATTN_CAUSAL, .scale = 1.0f, .lse = lse,
+                .delta = delta, .ml_batch_stride = G * N, .ml_head_stride = N, .dq = dq,
+                .dq_batch_stride = N * G * D, .dk = dk, .dv = dv, .first = first};
+            assert_int_equal(dt_attn_kernels_cpu.bwd(NULL, &a, scratch), DT_SUCCESS);
+            for (int i = 0; i < N * G * D; i++) {
+                assert_true(dq[i] == 3.0f);
+                assert_true(dk[i] == (first ? 0.0f : 1.5f) && dv[i] == dk[i]);
+            }
+        }
+}
+
 /* Logits of magnitude 1e4: inputs are multiples of 25 so every logit is an
  * exact integer in fp32; the result must be finite and match double. */
 static void test_huge_logits(void **state) {
@@ -1616,6 +1650,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_segments_follow_the_orders);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_tile_classes_and_pairs);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_fully_masked_block);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_backward_block_without_pairs);
     static const dt_backend_kind timing_backends[2] = {DT_BACKEND_CPU, DT_BACKEND_CUDA};
     tests[n++] = (struct CMUnitTest){"timing/cpu", test_timing, NULL, NULL, (void *)&timing_backends[0]};
     tests[n++] = (struct CMUnitTest){"timing/cuda", test_timing, NULL, NULL, (void *)&timing_backends[1]};
