@@ -205,8 +205,8 @@ static dt_status delta_rows(struct dt_backend *be, dt_dtype dtype, int64_t batch
     return DT_SUCCESS;
 }
 
-/* dst rows (stride row_stride) += src [n, dim] */
-/* dst rows += src rows, or (set) dst rows = src rows; src NULL: zeros. */
+/* dst rows (stride row_stride) += src [n, dim], or (set) = src; src NULL:
+ * zeros. */
 static void put_rows(float *dst, int64_t row_stride, const float *src, int64_t n, int64_t dim,
                      int set) {
     for (int64_t i = 0; i < n; i++)
