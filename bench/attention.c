@@ -59,6 +59,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -420,6 +421,27 @@ static double ring_work(const ring_case *c, int gpu, const char **from) {
     }
     *from = "devices x wall";
     return (ndev > 0 ? ndev : 1) * c->wall_s;
+}
+
+/* Text output of (b): a line per P with two figures of each order's ring,
+ * the ring_case members at offsets a and b, in ms, `fmt` in cells of
+ * `width`. */
+static void print_ring_figures(FILE *out, const char *title, const char *fmt, int width,
+                               ring_case *const rings[3][3], size_t a, size_t b) {
+    fprintf(out, "    %-28s", title);
+    for (int r = 0; r < 3; r++) fprintf(out, " %-*s", width, dt_order_name(orders[r]));
+    fprintf(out, "\n");
+    for (int p = 0; p < 3; p++) {
+        fprintf(out, "    P = %-24d", rings[p][0]->P);
+        for (int r = 0; r < 3; r++) {
+            const char *c = (const char *)rings[p][r];
+            char cell[48];
+            snprintf(cell, sizeof cell, fmt, 1e3 * *(const double *)(c + a),
+                     1e3 * *(const double *)(c + b));
+            fprintf(out, " %-*s", width, cell);
+        }
+        fprintf(out, "\n");
+    }
 }
 
 /* ------------------------------------------------------------ machine info */
@@ -821,30 +843,12 @@ int main(int argc, char **argv) {
                     first = 0;
                 }
             if (!o.json) {
-                fprintf(out, "    steps: kernels ms / waits ms  %-17s %-17s %-17s\n",
-                        "contiguous", "striped", "zigzag");
-                for (int p = 0; p < 3; p++) {
-                    fprintf(out, "    P = %-24d", rings[q][p][0]->P);
-                    for (int r = 0; r < 3; r++) {
-                        char cell[40];
-                        snprintf(cell, sizeof cell, "%.2f / %.2f", 1e3 * rings[q][p][r]->steps_crit_s,
-                                 1e3 * rings[q][p][r]->waits_max_s);
-                        fprintf(out, " %-17s", cell);
-                    }
-                    fprintf(out, "\n");
-                }
-                fprintf(out, "    back to back: ms per call     %-19s %-19s %-19s\n",
-                        "contiguous", "striped", "zigzag");
-                for (int p = 0; p < 3; p++) {
-                    fprintf(out, "    P = %-24d", rings[q][p][0]->P);
-                    for (int r = 0; r < 3; r++) {
-                        char cell[40];
-                        snprintf(cell, sizeof cell, "%.2f (wall %.2f)", 1e3 * rings[q][p][r]->b2b_s,
-                                 1e3 * rings[q][p][r]->wall_s);
-                        fprintf(out, " %-19s", cell);
-                    }
-                    fprintf(out, "\n");
-                }
+                print_ring_figures(out, "steps: kernels ms / waits ms", "%.2f / %.2f", 17,
+                                   rings[q], offsetof(ring_case, steps_crit_s),
+                                   offsetof(ring_case, waits_max_s));
+                print_ring_figures(out, "back to back: ms per call", "%.2f (wall %.2f)", 19,
+                                   rings[q], offsetof(ring_case, b2b_s),
+                                   offsetof(ring_case, wall_s));
             }
         }
         if (o.json) fprintf(out, "\n  ]%s\n", o.sections[2] ? "," : "");
