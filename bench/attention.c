@@ -414,7 +414,11 @@ static double ring_work(const ring_case *c, int gpu, const char **from) {
         *from = "cpu time";
         return c->cpu_sum_s;
     }
+#ifdef DT_HAVE_CUDA
     int ndev = dt_cuda_device_count(NULL, 0);
+#else
+    int ndev = 0;   /* not reached: no CUDA ranks in this build */
+#endif
     if (ndev >= c->P) {
         *from = "kernel events";
         return c->kernels_sum_s;
