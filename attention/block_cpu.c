@@ -8,7 +8,8 @@
  *   acc = acc * exp(m - m') + P V_t         (sgemm into the strided acc rows)
  * Rows that have seen no allowed key keep m = -inf, l = 0 and acc = 0, and
  * are never touched by exp(-inf - -inf). Tiles are packed into contiguous
- * fp32 scratch (which also converts bf16), so one path serves both dtypes.
+ * fp32 scratch (which also converts bf16 and fp16), so one path serves
+ * every dtype.
  * A call's first block sets its rows' m, l, acc to -inf, 0, 0 before the
  * tiles, its last one turns them into o and lse after (block.h).
  *
@@ -41,15 +42,10 @@ static size_t fwd_scratch(int64_t dim) {
 /* rows x [x0, x0+n) of one head into a contiguous fp32 [n, dim] tile */
 static void pack_rows(float *dst, const void *base, dt_dtype dtype, int64_t row_stride,
                       int64_t x0, int64_t n, int64_t dim) {
-    for (int64_t i = 0; i < n; i++) {
-        int64_t off = (x0 + i) * row_stride;
-        if (dtype == DT_F32) {
-            memcpy(dst + i * dim, (const float *)base + off, (size_t)dim * sizeof(float));
-        } else {
-            const dt_bf16 *src = (const dt_bf16 *)base + off;
-            for (int64_t d = 0; d < dim; d++) dst[i * dim + d] = dt_bf16_to_f32(src[d]);
-        }
-    }
+    const size_t es = dt_dtype_size(dtype);
+    for (int64_t i = 0; i < n; i++)
+        dt_values_get((const char *)base + (size_t)((x0 + i) * row_stride) * es, dtype,
+                      (size_t)dim, dst + i * dim);
 }
 
 /* One (batch, head) of a forward call, and the scratch tiles. */
@@ -122,11 +118,8 @@ static void finish_rows(const fwd_head *f, int64_t n, void *ob, float *lse) {
     for (int64_t x = 0; x < n; x++) {
         const float l = f->l[x], inv = l > 0.0f ? 1.0f / l : 0.0f;
         lse[x] = l > 0.0f ? f->m[x] + logf(l) : -INFINITY;
-        for (int64_t d = 0; d < D; d++) {
-            const float v = f->acc[x * HD + d] * inv;
-            if (a->dtype == DT_F32) ((float *)ob)[x * HD + d] = v;
-            else ((dt_bf16 *)ob)[x * HD + d] = dt_f32_to_bf16(v);
-        }
+        for (int64_t d = 0; d < D; d++)
+            dt_value_set(ob, a->dtype, (size_t)(x * HD + d), f->acc[x * HD + d] * inv);
     }
 }
 
@@ -189,17 +182,9 @@ static dt_status delta_rows(struct dt_backend *be, dt_dtype dtype, int64_t batch
             for (int64_t h = 0; h < heads; h++) {
                 const int64_t base = ((b * rows + x) * heads + h) * dim;
                 float sum = 0.0f;
-                for (int64_t d = 0; d < dim; d++) {
-                    float ov, gv;
-                    if (dtype == DT_F32) {
-                        ov = ((const float *)o)[base + d];
-                        gv = ((const float *)dout)[base + d];
-                    } else {
-                        ov = dt_bf16_to_f32(((const dt_bf16 *)o)[base + d]);
-                        gv = dt_bf16_to_f32(((const dt_bf16 *)dout)[base + d]);
-                    }
-                    sum += ov * gv;
-                }
+                for (int64_t d = 0; d < dim; d++)
+                    sum += dt_value_get(o, dtype, (size_t)(base + d)) *
+                           dt_value_get(dout, dtype, (size_t)(base + d));
                 delta[(b * heads + h) * rows + x] = sum;
             }
     return DT_SUCCESS;
@@ -324,12 +309,7 @@ static dt_status bwd(struct dt_backend *be, const dt_attn_block_bwd_args *a, voi
 static dt_status store(struct dt_backend *be, dt_dtype dtype, size_t n, const float *src,
                        void *dst) {
     (void)be;
-    if (dtype == DT_F32) {
-        memcpy(dst, src, n * sizeof(float));
-    } else {
-        dt_bf16 *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = dt_f32_to_bf16(src[i]);
-    }
+    dt_values_set(dst, dtype, n, src);
     return DT_SUCCESS;
 }
 

@@ -80,11 +80,9 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     if (p->D < 8 || p->D > DT_ATTN_MAX_HEAD_DIM || p->D % 8)
         FAIL(DT_ERR_NOT_SUPPORTED, "head dim %lld is not supported (multiples of 8 up to %d)",
              (long long)p->D, DT_ATTN_MAX_HEAD_DIM);
-    int cuda = dt_context_backend(p->ctx) == DT_BACKEND_CUDA;
-    if (p->dtype != DT_F32 && p->dtype != DT_BF16 && !(cuda && p->dtype == DT_F16))
-        FAIL(DT_ERR_NOT_SUPPORTED, "dtype %s is not supported on the %s backend (fp32, bf16%s)",
-             dt_dtype_name(p->dtype), dt_backend_kind_name(dt_context_backend(p->ctx)),
-             cuda ? ", fp16" : "");
+    if (!dt_dtype_is_float(p->dtype))
+        FAIL(DT_ERR_NOT_SUPPORTED, "dtype %s is not supported (fp32, bf16, fp16)",
+             dt_dtype_name(p->dtype));
     /* The one place that picks a backend's kernels. */
     p->kern = NULL;
     if (dt_context_backend(p->ctx) == DT_BACKEND_CPU) p->kern = &dt_attn_kernels_cpu;
@@ -157,7 +155,7 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
                  (long long)p->S, 2 * p->parts);
     }
     /* The CUDA kernels launch one grid row per local head and batch entry. */
-    if (cuda && (p->h > 65535 || p->b > 65535))
+    if (dt_context_backend(p->ctx) == DT_BACKEND_CUDA && (p->h > 65535 || p->b > 65535))
         FAIL(DT_ERR_NOT_SUPPORTED, "%lld local heads x %lld local batch: the CUDA kernels take "
              "at most 65535 of each", (long long)p->h, (long long)p->b);
 #undef FAIL

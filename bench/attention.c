@@ -488,8 +488,7 @@ static void usage(FILE *f) {
             "  --section LIST       which sections to run, e.g. a,b (default a,b,c)\n"
             "  --pass LIST          which passes each section times: fwd (dt_attention_forward),\n"
             "                       bwd (dt_attention_backward alone), or fwd,bwd (default)\n"
-            "  --dtype LIST         (a): bf16, fp32, fp16 or a list (default bf16,fp32; fp16 is\n"
-            "                       CUDA only)\n"
+            "  --dtype LIST         (a): bf16, fp32, fp16 or a list (default bf16,fp32)\n"
             "  --dependent 0|1      CUDA: whether the forward's blocks after a call's first are\n"
             "                       programmatic dependent launches (default 1)\n"
             "  --help\n");

@@ -250,7 +250,7 @@ static void usage(FILE *f) {
             "  --batch B --seq S --embed E   X [B, S, E], default 4, 256, 512 on the CPU,\n"
             "                    4, 2048, 4096 on a GPU\n"
             "  --ranks LIST      comma-separated rank counts, default 1,2,4\n"
-            "  --dtype T         fp32 | bf16 | fp16 (fp16: CUDA), default fp32 on the CPU, bf16 on a GPU\n"
+            "  --dtype T         fp32 | bf16 | fp16, default fp32 on the CPU, bf16 on a GPU\n"
             "  --backend K       auto | cpu | cuda, default auto\n");
 }
 

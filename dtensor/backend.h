@@ -32,8 +32,8 @@ extern "C" {
  * Offset tables are host arrays of n entries; src and dst are backend
  * memory and must not overlap. The destination runs must not overlap each
  * other (every ADD lands on its own elements). COPY moves bytes of any
- * dtype; ADD needs fp32 or bf16 (bf16: computed in fp32, rounded once; the
- * CUDA backend also adds fp16). */
+ * dtype; ADD needs fp32, bf16 or fp16 (16-bit types: computed in fp32,
+ * rounded once). */
 typedef enum dt_runs_op { DT_RUNS_COPY = 0, DT_RUNS_ADD } dt_runs_op;
 
 typedef struct dt_runs {

@@ -1,9 +1,9 @@
 /* dtensor/backend_cpu.c — the CPU compute backend: host memory, OpenBLAS.
  *
- * Tensor data is plain host memory from calloc. bf16 is stored as 16 bits
- * and computed in fp32: every bf16 result is rounded to bf16 exactly once
- * (round to nearest even), so the CPU backend is the reference the CUDA
- * backend is checked against. The backend keeps no global state; the table
+ * Tensor data is plain host memory from calloc. bf16 and fp16 are stored
+ * as 16 bits and computed in fp32: every result is rounded to its dtype
+ * exactly once (round to nearest even), so the CPU backend is the
+ * reference the CUDA backend is checked against. The backend keeps no global state; the table
  * below is constant.
  *
  * Test: tests/test_ops.c and tests/test_tensor.c (make test).
@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-/* Per-backend state: the profiling marks (bf16 gemm scratch is made per
+/* Per-backend state: the profiling marks (16-bit gemm scratch is made per
  * call, which is fine because gemm is not called inside a hot loop). */
 typedef struct dt_cpu_impl {
     double *marks;   /* the rank thread's CPU seconds; NAN until recorded */
@@ -92,13 +92,16 @@ static dt_status dt_cpu_zero(dt_backend *b, void *p, size_t bytes) {
     return DT_SUCCESS;
 }
 
-static void dt_add_f32(float *dst, const float *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
-}
-
-static void dt_add_bf16(dt_bf16 *dst, const dt_bf16 *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        dst[i] = dt_f32_to_bf16(dt_bf16_to_f32(dst[i]) + dt_bf16_to_f32(src[i]));
+/* out = x + y, n elements (out may be x); bf16 and fp16 sums rounded once. */
+static void dt_add_n(dt_dtype dtype, void *out, const void *x, const void *y, int64_t n) {
+    if (dtype == DT_F32) {
+        const float *fx = x, *fy = y;
+        float *fo = out;
+        for (int64_t i = 0; i < n; i++) fo[i] = fx[i] + fy[i];
+        return;
+    }
+    for (size_t i = 0; i < (size_t)n; i++)
+        dt_value_set(out, dtype, i, dt_value_get(x, dtype, i) + dt_value_get(y, dtype, i));
 }
 
 static dt_status dt_cpu_copy_runs(dt_backend *b, const dt_runs *r) {
@@ -109,7 +112,7 @@ static dt_status dt_cpu_copy_runs(dt_backend *b, const dt_runs *r) {
         return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu copy_runs: unknown dtype %d", (int)r->dtype);
     if (r->op != DT_RUNS_COPY && r->op != DT_RUNS_ADD)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu copy_runs: unknown op %d", (int)r->op);
-    if (r->op == DT_RUNS_ADD && r->dtype != DT_F32 && r->dtype != DT_BF16)
+    if (r->op == DT_RUNS_ADD && !dt_dtype_is_float(r->dtype))
         return dt_error(DT_ERR_NOT_SUPPORTED, "cpu copy_runs: add is not supported for %s",
                         dt_dtype_name(r->dtype));
     if (r->outer < 0 || r->n < 0 || r->run_elems < 0)
@@ -131,28 +134,24 @@ static dt_status dt_cpu_copy_runs(dt_backend *b, const dt_runs *r) {
             int64_t soff = r->src_off ? r->src_off[i] : i * r->run_elems;
             char *d = dbase + (size_t)doff * es;
             const char *s = sbase + (size_t)soff * es;
-            if (r->op == DT_RUNS_COPY)
-                memcpy(d, s, run_bytes);
-            else if (r->dtype == DT_F32)
-                dt_add_f32((float *)(void *)d, (const float *)(const void *)s, r->run_elems);
-            else
-                dt_add_bf16((dt_bf16 *)(void *)d, (const dt_bf16 *)(const void *)s, r->run_elems);
+            if (r->op == DT_RUNS_COPY) memcpy(d, s, run_bytes);
+            else dt_add_n(r->dtype, d, d, s, r->run_elems);
         }
     }
     return DT_SUCCESS;
 }
 
 static dt_status dt_check_float_dtype(const char *op, dt_dtype dtype) {
-    if (dtype == DT_F32 || dtype == DT_BF16) return DT_SUCCESS;
-    return dt_error(DT_ERR_NOT_SUPPORTED, "cpu %s: dtype %s is not supported (fp32, bf16 are)",
-                    op, dt_dtype_name(dtype));
+    if (dt_dtype_is_float(dtype)) return DT_SUCCESS;
+    return dt_error(DT_ERR_NOT_SUPPORTED,
+                    "cpu %s: dtype %s is not supported (fp32, bf16, fp16 are)", op,
+                    dt_dtype_name(dtype));
 }
 
-/* Converts n bf16 values to a new fp32 array (NULL on allocation failure). */
-static float *dt_bf16_array_to_f32(const dt_bf16 *src, int64_t n) {
+/* n values of a 16-bit dtype as a new fp32 array (NULL on allocation failure). */
+static float *dt_array_to_f32(dt_dtype dtype, const void *src, int64_t n) {
     float *f = malloc((size_t)(n > 0 ? n : 1) * sizeof *f);
-    if (f == NULL) return NULL;
-    for (int64_t i = 0; i < n; i++) f[i] = dt_bf16_to_f32(src[i]);
+    if (f != NULL) dt_values_get(src, dtype, (size_t)n, f);
     return f;
 }
 
@@ -187,18 +186,17 @@ static dt_status dt_cpu_gemm(dt_backend *b, dt_dtype dtype, int64_t m, int64_t n
     }
 
     dt_status st = DT_SUCCESS;
-    float *fa = dt_bf16_array_to_f32(a, m * k);
-    float *fb = dt_bf16_array_to_f32(bm, k * n);
+    float *fa = dt_array_to_f32(dtype, a, m * k);
+    float *fb = dt_array_to_f32(dtype, bm, k * n);
     float *fc = malloc((size_t)m * (size_t)n * sizeof *fc);
     if (fa == NULL || fb == NULL || fc == NULL) {
         st = dt_error(DT_ERR_OUT_OF_MEMORY,
-                      "cpu gemm: out of host memory for bf16 scratch (m %" PRId64 " n %" PRId64
-                      " k %" PRId64 ")", m, n, k);
+                      "cpu gemm: out of host memory for %s scratch (m %" PRId64 " n %" PRId64
+                      " k %" PRId64 ")", dt_dtype_name(dtype), m, n, k);
         goto out;
     }
     dt_sgemm_rowmajor((int)m, (int)n, (int)k, fa, fb, fc);
-    dt_bf16 *hc = c;
-    for (int64_t i = 0; i < m * n; i++) hc[i] = dt_f32_to_bf16(fc[i]);
+    dt_values_set(c, dtype, (size_t)(m * n), fc);
 out:
     free(fa);
     free(fb);
@@ -214,16 +212,7 @@ static dt_status dt_cpu_add(dt_backend *b, dt_dtype dtype, int64_t n, const void
     if (n == 0) return DT_SUCCESS;
     if (x == NULL || y == NULL || out == NULL)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu add: NULL buffer");
-    if (dtype == DT_F32) {
-        const float *fx = x, *fy = y;
-        float *fo = out;
-        for (int64_t i = 0; i < n; i++) fo[i] = fx[i] + fy[i];
-    } else {
-        const dt_bf16 *hx = x, *hy = y;
-        dt_bf16 *ho = out;
-        for (int64_t i = 0; i < n; i++)
-            ho[i] = dt_f32_to_bf16(dt_bf16_to_f32(hx[i]) + dt_bf16_to_f32(hy[i]));
-    }
+    dt_add_n(dtype, out, x, y, n);
     return DT_SUCCESS;
 }
 
@@ -251,7 +240,8 @@ static dt_status dt_cpu_add(dt_backend *b, dt_dtype dtype, int64_t n, const void
  * gives NaN, +inf gives inf, -inf gives NaN (as
  * before). fp32 on one x86-64 core (SSE2): erf 4-5 ns, tanh 3 ns per element,
  * where the per-element erff loop took 6.5-19 ns (depending on the range of
- * x) and the tanhf loop 22-30 ns; bf16 adds 1-2 ns of conversions. */
+ * x) and the tanhf loop 22-30 ns; bf16 adds 1-2 ns of conversions (not
+ * measured for fp16, whose conversions branch). */
 #define DT_GELU_BLOCK 64
 
 #if defined(__GNUC__)
@@ -372,33 +362,13 @@ static dt_status dt_cpu_gelu(dt_backend *b, dt_dtype dtype, int64_t n, const voi
             dt_gelu_block((const float *)x + i, (float *)out + i, approx);
             continue;
         }
-        if (dtype == DT_F32) {
-            memcpy(xb, (const float *)x + i, (size_t)m * sizeof *xb);
-        } else {
-            const dt_bf16 *hx = (const dt_bf16 *)x + i;
-            for (int64_t k = 0; k < m; k++) xb[k] = dt_bf16_to_f32(hx[k]);
-        }
+        const size_t es = dt_dtype_size(dtype);
+        dt_values_get((const char *)x + (size_t)i * es, dtype, (size_t)m, xb);
         for (int64_t k = m; k < DT_GELU_BLOCK; k++) xb[k] = 0.0f;
         dt_gelu_block(xb, yb, approx);
-        if (dtype == DT_F32) {
-            memcpy((float *)out + i, yb, (size_t)m * sizeof *yb);
-        } else {
-            dt_bf16 *ho = (dt_bf16 *)out + i;
-            for (int64_t k = 0; k < m; k++) ho[k] = dt_f32_to_bf16(yb[k]);
-        }
+        dt_values_set((char *)out + (size_t)i * es, dtype, (size_t)m, yb);
     }
     return DT_SUCCESS;
-}
-
-static float dt_load(dt_dtype dt, const void *p, int64_t i) {
-    return dt == DT_F32 ? ((const float *)p)[i] : dt_bf16_to_f32(((const dt_bf16 *)p)[i]);
-}
-
-static void dt_store(dt_dtype dt, void *p, int64_t i, float v) {
-    if (dt == DT_F32)
-        ((float *)p)[i] = v;
-    else
-        ((dt_bf16 *)p)[i] = dt_f32_to_bf16(v);
 }
 
 static dt_status dt_cpu_rmsnorm(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n,
@@ -417,14 +387,14 @@ static dt_status dt_cpu_rmsnorm(dt_backend *b, dt_dtype dtype, int64_t rows, int
     for (int64_t r = 0; r < rows; r++) {
         double ss = 0.0;
         for (int64_t i = 0; i < n; i++) {
-            double v = dt_load(dtype, x, r * n + i);
+            double v = dt_value_get(x, dtype, (size_t)(r * n + i));
             ss += v * v;
         }
         const float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
         for (int64_t i = 0; i < n; i++) {
-            float v = dt_load(dtype, x, r * n + i) * inv;
-            if (w) v *= dt_load(dtype, w, i);
-            dt_store(dtype, out, r * n + i, v);
+            float v = dt_value_get(x, dtype, (size_t)(r * n + i)) * inv;
+            if (w) v *= dt_value_get(w, dtype, (size_t)i);
+            dt_value_set(out, dtype, (size_t)(r * n + i), v);
         }
     }
     return DT_SUCCESS;
@@ -471,9 +441,10 @@ static dt_status dt_cpu_rotary(dt_backend *b, dt_dtype dtype, int64_t outer, int
                     const int64_t ia = row + (interleaved ? 2 * i : i);
                     const int64_t ib = row + (interleaved ? 2 * i + 1 : i + half);
                     const float c = cs[2 * i], sn = cs[2 * i + 1];
-                    const float va = dt_load(dtype, x, ia), vb = dt_load(dtype, x, ib);
-                    dt_store(dtype, out, ia, va * c - vb * sn);
-                    dt_store(dtype, out, ib, va * sn + vb * c);
+                    const float va = dt_value_get(x, dtype, (size_t)ia);
+                    const float vb = dt_value_get(x, dtype, (size_t)ib);
+                    dt_value_set(out, dtype, (size_t)ia, va * c - vb * sn);
+                    dt_value_set(out, dtype, (size_t)ib, va * sn + vb * c);
                 }
             }
     }

@@ -734,10 +734,8 @@ dt_status dt_finalize(void) {
 }
 
 dt_status dt_context_check_dtype(const dt_context *ctx, const char *op, dt_dtype dtype) {
-    int cuda = ctx && ctx->backend_kind == DT_BACKEND_CUDA;
-    if (dtype == DT_F32 || dtype == DT_BF16 || (cuda && dtype == DT_F16)) return DT_SUCCESS;
+    if (dt_dtype_is_float(dtype)) return DT_SUCCESS;
     return dt_error(DT_ERR_NOT_SUPPORTED, "%s: dtype %s is not supported on the %s backend "
-                    "(fp32, bf16%s)", op, dt_dtype_name(dtype),
-                    ctx ? dt_backend_kind_name(ctx->backend_kind) : "unknown",
-                    cuda ? ", fp16" : "; fp16 on CUDA");
+                    "(fp32, bf16, fp16)", op, dt_dtype_name(dtype),
+                    ctx ? dt_backend_kind_name(ctx->backend_kind) : "unknown");
 }

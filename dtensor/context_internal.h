@@ -19,9 +19,9 @@ struct dt_context {
     dt_status last_status;
 };
 
-/* DT_SUCCESS if ctx's backend computes `dtype` (fp32 and bf16 everywhere,
- * fp16 on CUDA), else DT_ERR_NOT_SUPPORTED naming op. The one rule the
- * dtensor layer's ops and primitives apply. */
+/* DT_SUCCESS if ctx's backend computes `dtype` (every backend computes
+ * fp32, bf16 and fp16), else DT_ERR_NOT_SUPPORTED naming op. The one rule
+ * the dtensor layer's ops, primitives and attention apply. */
 dt_status dt_context_check_dtype(const dt_context *ctx, const char *op, dt_dtype dtype);
 
 /* Record `st` as the context's last status (if it is a failure) and make

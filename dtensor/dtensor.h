@@ -1,7 +1,7 @@
 /* dtensor/dtensor.h — the umbrella header: include this one.
  *
  *   status.h      status codes, dt_last_error(), check macros
- *   dtype.h       fp32, bf16 (stored 16-bit, computed fp32), fp16 (CUDA)
+ *   dtype.h       fp32; bf16 and fp16 (stored 16-bit, computed fp32)
  *   log.h         DT_LOG levels, rank-prefixed lines
  *   context.h     dt_launch: N ranks as threads, the per-rank context
  *   comm.h        communicators and collectives (collectives/)

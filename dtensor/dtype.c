@@ -1,4 +1,4 @@
-/* dtensor/dtype.c — element type sizes and names. */
+/* dtensor/dtype.c — element type sizes and names, array conversions. */
 #include "dtype.h"
 
 size_t dt_dtype_size(dt_dtype dtype) {
@@ -22,3 +22,36 @@ const char *dt_dtype_name(dt_dtype dtype) {
 }
 
 int dt_dtype_valid(dt_dtype dtype) { return (int)dtype >= 0 && dtype < DT_DTYPE_COUNT; }
+
+/* The dtype is looked at once per array, not once per element. */
+void dt_values_get(const void *p, dt_dtype dtype, size_t n, float *dst) {
+    if (n == 0) return;
+    switch (dtype) {
+    case DT_F32: memcpy(dst, p, n * sizeof *dst); break;
+    case DT_BF16:
+        for (size_t i = 0; i < n; i++) dst[i] = dt_bf16_to_f32(((const dt_bf16 *)p)[i]);
+        break;
+    case DT_F16:
+        for (size_t i = 0; i < n; i++) dst[i] = dt_f16_to_f32(((const dt_f16 *)p)[i]);
+        break;
+    default:
+        for (size_t i = 0; i < n; i++) dst[i] = dt_value_get(p, dtype, i);
+        break;
+    }
+}
+
+void dt_values_set(void *p, dt_dtype dtype, size_t n, const float *src) {
+    if (n == 0) return;
+    switch (dtype) {
+    case DT_F32: memcpy(p, src, n * sizeof *src); break;
+    case DT_BF16:
+        for (size_t i = 0; i < n; i++) ((dt_bf16 *)p)[i] = dt_f32_to_bf16(src[i]);
+        break;
+    case DT_F16:
+        for (size_t i = 0; i < n; i++) ((dt_f16 *)p)[i] = dt_f32_to_f16(src[i]);
+        break;
+    default:
+        for (size_t i = 0; i < n; i++) dt_value_set(p, dtype, i, src[i]);
+        break;
+    }
+}

@@ -2,11 +2,11 @@
  *
  * fp32 is the reference type. bf16 and fp16 are stored as 16 bits and
  * computed in fp32 (convert with dt_bf16_to_f32 / dt_f32_to_bf16 and
- * dt_f16_to_f32 / dt_f32_to_f16, round-to-nearest-even). fp16 tensors can be
- * made, filled and read anywhere, but only the CUDA backend computes on them.
+ * dt_f16_to_f32 / dt_f32_to_f16, round-to-nearest-even), on every backend.
  * u8 is raw bytes, for transfers (communicators, the ring rotator); tensors
  * do not take it. dt_value_get / dt_value_set / dt_value_round read, write
- * and round one element of any of these on the host.
+ * and round one element of any of these on the host; dt_values_get /
+ * dt_values_set convert a whole host array to and from fp32.
  *
  * Test: tests/test_context.c (every fp16 value and the rounding of fp32 to
  * fp16 against an independent reference).
@@ -120,6 +120,12 @@ static inline void dt_value_set(void *p, dt_dtype dtype, size_t i, float v) {
     default: ((uint8_t *)p)[i] = (uint8_t)(int)v; break;
     }
 }
+
+/* n elements of a host array of fp32, bf16 or fp16 (u8: their values) to
+ * fp32 at dst, and n fp32 values at src rounded to dtype (nearest even; u8:
+ * truncated) into dst. The arrays must not overlap. */
+void dt_values_get(const void *p, dt_dtype dtype, size_t n, float *dst);
+void dt_values_set(void *p, dt_dtype dtype, size_t n, const float *src);
 
 /* What storing v in dtype keeps. */
 static inline float dt_value_round(float v, dt_dtype dtype) {

@@ -234,8 +234,7 @@ static inline int ex_parse_seed(const char *v, uint64_t *out) {
     return 1;
 }
 
-/* --dtype fp32 | bf16 | fp16: 1 and *out, else 0 (the library says where
- * fp16 cannot run: only the CUDA backend computes it). */
+/* --dtype fp32 | bf16 | fp16: 1 and *out, else 0. */
 static inline int ex_parse_dtype(const char *flag, const char *v, dt_dtype *out) {
     static const char *const names[] = {"fp32", "bf16", "fp16"};
     static const dt_dtype dtypes[] = {DT_F32, DT_BF16, DT_F16};

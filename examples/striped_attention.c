@@ -26,7 +26,7 @@
  *
  * Exit status: 0 PASS, 1 FAIL or a library error, 2 bad flags or shapes,
  * 3 the library returned DT_ERR_NOT_SUPPORTED (--backend cuda without a GPU
- * or a CUDA build; --dtype fp16, which only the CUDA backend computes).
+ * or a CUDA build).
  *
  * Run: make run   or   build/examples/striped_attention --ranks 4 --seq 256 --order striped
  * Test: tests/test_examples.c (make test).
@@ -722,7 +722,7 @@ static void usage(FILE *f) {
             "  --order O          contiguous (Ring Attention) | striped | zigzag, default striped\n"
             "  --causal           causal mask (default)\n"
             "  --no-causal        no mask\n"
-            "  --dtype T          fp32 | bf16 | fp16, default fp32 (fp16: CUDA backend only)\n"
+            "  --dtype T          fp32 | bf16 | fp16, default fp32\n"
             "  --backend K        auto | cpu | cuda, default auto (DT_BACKEND, else the best built)\n"
             "  --seed N           q, k, v from seeds N, N+1, N+2, default 1\n"
             "  --backward         also run the backward pass (dout from seed N+3) and check\n"

@@ -208,7 +208,7 @@ static void usage(FILE *f) {
             "  --seq S            tokens (a multiple of P with --sp), default 64\n"
             "  --embed E          hidden size; the MLP is E -> 4E -> E, 4E a multiple of P;\n"
             "                     default 256\n"
-            "  --dtype T          fp32 | bf16 | fp16, default fp32 (fp16: CUDA backend only)\n"
+            "  --dtype T          fp32 | bf16 | fp16, default fp32\n"
             "  --backend K        auto | cpu | cuda, default auto (DT_BACKEND, else the best built)\n"
             "  --seed N           X from seed N, W1 from N+1, W2 from N+2, default 1\n"
             "  --sp               sequence parallel (Megatron): X sharded on S, all-gather before\n"

@@ -373,7 +373,7 @@ static void usage(FILE *f) {
             "  --heads H          query heads, default 8 (D = E/H: a multiple of 8 up to %d)\n"
             "  --kv-heads HKV     key/value heads, dividing H and divisible by tp, default 4\n"
             "  --order O          contiguous | striped | zigzag (the sp sharding), default striped\n"
-            "  --dtype T          fp32 | bf16 | fp16, default fp32 (fp16: CUDA backend only)\n"
+            "  --dtype T          fp32 | bf16 | fp16, default fp32\n"
             "  --backend K        auto | cpu | cuda, default auto (DT_BACKEND, else the best built)\n"
             "  --seed N           inputs from seeds N .. N+8, default 1\n"
             "  --sweep            run the meshes 1x1, 1x4, 2x2, 4x1, 2x3 with every order\n"

@@ -11,6 +11,10 @@ float h_stored(dt_dtype dtype, float v) {
     return dt_value_round(v, dtype);
 }
 
+double h_half_ulp(dt_dtype dtype) {
+    return ldexp(1.0, dtype == DT_BF16 ? -8 : dtype == DT_F16 ? -11 : -24);
+}
+
 float h_weight_scale(int64_t fan_in) {
     return ldexpf(1.0f, -(int)lround(0.5 * log2((double)fan_in / 3.0)));
 }

@@ -12,8 +12,13 @@
 
 #include "dtensor/dtensor.h"
 
-/* v as the dtype stores it: rounded to bf16 for DT_BF16, else v. */
+/* v as the dtype stores it: rounded to bf16 or fp16, else v. */
 float h_stored(dt_dtype dtype, float v);
+
+/* The relative error of one rounding to dtype (half its ulp at 1): 2^-24
+ * for fp32, 2^-8 for bf16, 2^-11 for fp16 (normal values; fp16's
+ * subnormals, below 2^-14, add at most 2^-25 absolute). */
+double h_half_ulp(dt_dtype dtype);
 
 /* The power of two 2^-k with 2^k nearest sqrt(fan_in / 3): scales a weight
  * so that a matmul keeps the variance of uniform [-1, 1) inputs, exactly in

@@ -21,7 +21,7 @@
  *   - bench/issue8.py --backend cpu --quick --no-torch (when python3 is on
  *     PATH; else skipped): exit 0, every item's heading, every step run;
  *   - bench/mlp --quick: the baseline rows and one row per mode and P, every
- *     figure finite and positive; bad flags exit 2, fp16 on the CPU exit 3.
+ *     figure finite and positive (fp32, and fp16 on the CPU); bad flags exit 2.
  * The binary is found beside this test's build tree (build/tests/test_bench
  * -> build/bench/attention; make test builds it). When it is missing every
  * case is skipped with the reason (run `make`).
@@ -437,11 +437,12 @@ static void test_issue8_quick(void **state) {
 
 /* ------------------------------------------------------------ bench/mlp */
 
+/* state: the flags (fp32, or --dtype fp16: every dtype runs on the CPU) */
 static void test_mlp_quick(void **state) {
-    (void)state;
+    const char *args = *state;
     REQUIRE(g_mlp);
     char *out = NULL;
-    int rc = h_run_program(g_mlp, "--quick --backend cpu", &out);
+    int rc = h_run_program(g_mlp, args, &out);
     /* The table: from its header line to the notes after it. */
     const char *table = strstr(out, "what ");
     const char *end = table ? strstr(table, "\n\nstep:") : NULL;
@@ -451,7 +452,7 @@ static void test_mlp_quick(void **state) {
              count(rows, "\ndt MLP sp") == 2 && count(rows, "\ncblas_sgemm x2") == 2 &&
              all_positive(rows);
     free(rows);
-    if (!ok) print_error("bench/mlp --quick printed (rc %d):\n%s\n", rc, out);
+    if (!ok) print_error("bench/mlp %s printed (rc %d):\n%s\n", args, rc, out);
     free(out);
     assert_true(ok);
 }
@@ -464,7 +465,6 @@ static void test_mlp_bad_flags(void **state) {
         {"--ranks 3 --quick", "P = 3 must divide --seq 64", 2},
         {"--iters 0", "--iters takes an integer", 2},
         {"--frobnicate", "unknown flag '--frobnicate'", 2},
-        {"--quick --backend cpu --dtype fp16", "not supported on the cpu backend", 3},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char *out = NULL;
@@ -534,7 +534,12 @@ int main(int argc, char **argv) {
                                      NULL};
     tests[n++] = (struct CMUnitTest){"bench_issue8/quick,backend=cpu,no-torch", test_issue8_quick,
                                      NULL, NULL, NULL};
-    tests[n++] = (struct CMUnitTest){"bench_mlp/quick", test_mlp_quick, NULL, NULL, NULL};
-    tests[n++] = (struct CMUnitTest){"bench_mlp/exit2,exit3", test_mlp_bad_flags, NULL, NULL, NULL};
+    static const char *const mlp_quick[] = {"--quick --backend cpu",
+                                            "--quick --backend cpu --dtype fp16"};
+    tests[n++] = (struct CMUnitTest){"bench_mlp/quick", test_mlp_quick, NULL, NULL,
+                                     (void *)mlp_quick[0]};
+    tests[n++] = (struct CMUnitTest){"bench_mlp/quick,fp16", test_mlp_quick, NULL, NULL,
+                                     (void *)mlp_quick[1]};
+    tests[n++] = (struct CMUnitTest){"bench_mlp/exit2", test_mlp_bad_flags, NULL, NULL, NULL};
     return h_run_cases("bench", tests, n) ? 1 : 0;
 }

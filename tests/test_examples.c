@@ -2,7 +2,7 @@
  * and checks what they print, their exit status and the files they write.
  *
  * examples/striped_attention:
- *   - exit 0 and "result: PASS" for fp32 and bf16 on every order;
+ *   - exit 0 and "result: PASS" for fp32, bf16 and fp16 on every order;
  *   - exit 2, before launching anything, for bad flags and shapes;
  *   - --dump: files of exactly the right sizes, a meta.txt that parses, inputs
  *     in global token order (q.bin[i] is dt_random_value(seed, i)), and an
@@ -104,9 +104,9 @@ static void test_help(void **state) {
     assert_true(ok);
 }
 
-/* fp16 (and cuda until it is built in) is refused by the library with
- * DT_ERR_NOT_SUPPORTED: exit 3 and a clear message. If the build supports
- * it, it must PASS instead. */
+/* --backend cuda without a GPU (or a CUDA build) is refused by the library
+ * with DT_ERR_NOT_SUPPORTED: exit 3 and a clear message. Where it can run,
+ * it must PASS instead. */
 static void test_not_supported(void **state) {
     const pass_case *c = *state;
     REQUIRE_EXAMPLE();
@@ -192,13 +192,17 @@ static void attention_from_dump(const dump_case *c, const float *q, const float 
     free(w);
 }
 
+/* "fp32", "bf16" or "fp16" as its dtype. */
+static dt_dtype dtype_of(const char *name) {
+    return !strcmp(name, "bf16") ? DT_BF16 : !strcmp(name, "fp16") ? DT_F16 : DT_F32;
+}
+
 /* Every value of a dumped input is the one the seed puts at that global
  * index, as the dtype stores it: the dump is in global token order. */
-static long check_input(const char *what, const float *x, size_t n, uint64_t seed, int bf16) {
+static long check_input(const char *what, const float *x, size_t n, uint64_t seed, dt_dtype dt) {
     long bad = 0;
     for (size_t i = 0; i < n; i++) {
-        float want = dt_random_value(seed, i);
-        if (bf16) want = dt_bf16_to_f32(dt_f32_to_bf16(want));
+        const float want = dt_value_round(dt_random_value(seed, i), dt);
         if (x[i] != want) {
             if (bad < 3) print_error("%s[%zu] = %.9g, expected %.9g\n", what, i, x[i], want);
             bad++;
@@ -252,7 +256,7 @@ static void test_dump(void **state) {
         fclose(f);
     }
     const size_t nq = (size_t)(c->B * c->S * c->H * c->D), nk = (size_t)(c->B * c->S * c->Hkv * c->D);
-    int bf16 = !strcmp(c->dtype, "bf16");
+    const dt_dtype dt = dtype_of(c->dtype);
     long bad_in = -1, bad_o = -1;
     double max_err = 0;
     if (rc == 0 && parsed == 7) {
@@ -262,12 +266,12 @@ static void test_dump(void **state) {
         o = read_f32_le(dir, "o.bin", nq);
     }
     if (q && k && v && o) {
-        bad_in = check_input("q", q, nq, c->seed, bf16) + check_input("k", k, nk, c->seed + 1, bf16) +
-                 check_input("v", v, nk, c->seed + 2, bf16);
+        bad_in = check_input("q", q, nq, c->seed, dt) + check_input("k", k, nk, c->seed + 1, dt) +
+                 check_input("v", v, nk, c->seed + 2, dt);
         ref = malloc(nq * sizeof *ref);
         assert_non_null(ref);
         attention_from_dump(c, q, k, v, scale, ref);
-        double tol = bf16 ? 2e-2 : 1e-5;
+        const double tol = dt == DT_BF16 ? 2e-2 : dt == DT_F16 ? 2e-3 : 1e-5;
         bad_o = h_compare(c->name, o, ref, nq, tol, tol, &max_err);
     }
     free(q);
@@ -330,7 +334,8 @@ static void test_dump_backward(void **state) {
         attn_shape s = {c->B, c->S, c->H, c->Hkv, c->D};
         ref_attention_backward(&s, in[0], in[1], in[2], in[3], c->causal, 1.0 / sqrt((double)c->D),
                                ref[0], ref[1], ref[2]);
-        double tol = strcmp(c->dtype, "bf16") ? 1e-4 : 3e-2;
+        const dt_dtype dt = dtype_of(c->dtype);
+        const double tol = dt == DT_BF16 ? 3e-2 : dt == DT_F16 ? 4e-3 : 1e-4;
         bad = 0;
         for (int i = 0; i < 3; i++) bad += h_compare(c->name, x[4 + i], ref[i], sizes[4 + i], tol, tol, NULL);
         for (int i = 0; i < 4; i++) free(in[i]);
@@ -395,12 +400,12 @@ int main(int argc, char **argv) {
     }
 
     static const char *const order_names[] = {"contiguous", "striped", "zigzag"};
-    static const char *const dtype_names[] = {"fp32", "bf16"};
-    static pass_case passes[8], bad[6], unsupported[2];
-    struct CMUnitTest tests[32];
+    static const char *const dtype_names[] = {"fp32", "bf16", "fp16"};
+    static pass_case passes[11], bad[6], unsupported[1];
+    struct CMUnitTest tests[40];
     size_t n = 0, np = 0;
     for (int o = 0; o < 3; o++)
-        for (int d = 0; d < 2; d++) {
+        for (int d = 0; d < 3; d++) {
             pass_case *c = &passes[np++];
             snprintf(c->args, sizeof c->args, "--ranks 4 --seq 128 --heads 4 --kv-heads 2 --dim 32 "
                      "--order %s --dtype %s", order_names[o], dtype_names[d]);
@@ -429,8 +434,8 @@ int main(int argc, char **argv) {
         snprintf(c->name, sizeof c->name, "striped_attention/exit2/%s", bad_args[i]);
         tests[n++] = (struct CMUnitTest){c->name, test_bad_flags, NULL, NULL, c};
     }
-    static const char *const unsupported_args[] = {"--dtype fp16", "--backend cuda"};
-    for (size_t i = 0; i < 2; i++) {
+    static const char *const unsupported_args[] = {"--backend cuda"};
+    for (size_t i = 0; i < sizeof unsupported_args / sizeof *unsupported_args; i++) {
         pass_case *c = &unsupported[i];
         snprintf(c->args, sizeof c->args, "%s", unsupported_args[i]);
         snprintf(c->name, sizeof c->name, "striped_attention/not_supported/%s", unsupported_args[i]);
@@ -441,12 +446,14 @@ int main(int argc, char **argv) {
         {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 11},
         {"", 2, 1, 1, 32, 4, 1, 8, "contiguous", "fp32", 5},
         {"", 3, 0, 1, 36, 2, 1, 16, "striped", "bf16", 3},
+        {"", 2, 1, 2, 32, 4, 2, 16, "zigzag", "fp16", 13},
     };
     static dump_case bdumps[] = {
         {"", 3, 1, 2, 48, 4, 2, 16, "zigzag", "fp32", 17},
         {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 19},
         {"", 2, 0, 1, 32, 4, 1, 8, "contiguous", "fp32", 23},
         {"", 3, 1, 1, 36, 2, 1, 16, "striped", "bf16", 29},
+        {"", 4, 1, 1, 32, 2, 2, 8, "contiguous", "fp16", 31},
     };
     /* The forward dumps, then the backward ones (--backward --dump). */
     for (size_t i = 0; i < 2 * sizeof dumps / sizeof *dumps; i++) {

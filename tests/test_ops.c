@@ -6,17 +6,22 @@
  * Tolerances (|got - ref| <= bound, per element; A = sum_k |x_ik| |w_kj|):
  *   matmul fp32:  (K + W) * 2^-24 * A      fp32 accumulation of K products
  *                                          and at most W summands (W = world)
- *   matmul bf16:  the fp32 bound + 2^-8 |ref|, plus 2^-8 A when the output is
- *                 Partial (each summand is rounded to bf16 once, then the
- *                 all-reduce rounds the sum once). Inputs are bf16 values.
- *   add:          exact (fp32: the same fp32 addition; bf16: rounded once);
- *                 Partial inputs are multiples of 1/16 so their sums are exact.
+ *   matmul bf16:  the fp32 bound + u |ref|, plus u A when the output is
+ *   and fp16      Partial (each summand is rounded to the dtype once, then
+ *                 the all-reduce rounds the sum once), with u the rounding's
+ *                 relative error: 2^-8 (bf16), 2^-11 (fp16). Inputs are
+ *                 values of the dtype.
+ *   add:          exact (fp32: the same fp32 addition; bf16, fp16: rounded
+ *                 once); Partial inputs are multiples of 1/16 so their sums
+ *                 are exact.
  *   gelu fp32:    1e-6 + 1e-6 |ref| against erf / tanh in double
- *   gelu bf16:    1e-6 + 2^-8 |ref| (computed in fp32, rounded once)
+ *   gelu bf16,    1e-6 + u |ref| (computed in fp32, rounded once)
+ *   fp16
  *   gelu sweep:   the same bounds on 2^18 + 1 points of [-12, 12] on one
- *                 rank, and 1e-5 |ref| relative on x in [-9, -3] (the left
- *                 tail, where 1 + erf(x / sqrt 2) would cancel); +inf, NaN,
- *                 -0 and -1e30 map to inf, NaN, -0 and -0.
+ *                 rank, and 1e-5 |ref| (bf16, fp16: u |ref|, fp16 plus its
+ *                 subnormals' 2^-25) on x in [-9, -3] (the left tail, where
+ *                 1 + erf(x / sqrt 2) would cancel); +inf, NaN, -0 and -1e30
+ *                 (fp16: -6e4) map to inf, NaN, -0 and -0.
  *
  * Rank functions only record; the main thread asserts.
  */
@@ -68,7 +73,7 @@ static dt_status make_input(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype
     int64_t n = h_numel(ndim, shape);
     float *full = malloc((size_t)(n + 1) * sizeof *full);
     float *loc = malloc((size_t)(n + 1) * sizeof *loc);
-    dt_bf16 *h = malloc((size_t)(n + 1) * sizeof *h);
+    float *h = malloc((size_t)(n + 1) * sizeof *h);   /* loc in the dtype */
     dt_tensor *t = NULL;
     dt_status st = DT_ERR_OUT_OF_MEMORY;
     if (!full || !loc || !h) goto out;
@@ -76,13 +81,8 @@ static dt_status make_input(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype
     h_local_of(full, ndim, shape, l, ms, coords, loc, NULL);
     st = dt_tensor_create(ctx, mesh, dtype, ndim, shape, l, &t);
     if (st != DT_SUCCESS) goto out;
-    int64_t ln = dt_tensor_local_numel(t);
-    if (dtype == DT_F32) {
-        st = dt_tensor_set_local(t, loc, dt_tensor_local_bytes(t));
-    } else {
-        for (int64_t i = 0; i < ln; i++) h[i] = dt_f32_to_bf16(loc[i]);
-        st = dt_tensor_set_local(t, h, dt_tensor_local_bytes(t));
-    }
+    dt_values_set(h, dtype, (size_t)dt_tensor_local_numel(t), loc);
+    st = dt_tensor_set_local(t, h, dt_tensor_local_bytes(t));
 out:
     free(full);
     free(loc);
@@ -164,8 +164,8 @@ static dt_status rank_matmul(dt_context *ctx, void *arg) {
                 a += xa[i * c->K + k] * wa[k * c->N + j];
             }
             double bound = (double)(c->K + c->world) * ldexp(1.0, -24) * a;
-            if (c->dtype == DT_BF16)
-                bound += ldexp(1.0, -8) * (fabs(s) + (out_partial ? a : 0.0));
+            if (c->dtype != DT_F32)
+                bound += h_half_ulp(c->dtype) * (fabs(s) + (out_partial ? a : 0.0));
             ref[i * c->N + j] = s;
             tol[i * c->N + j] = bound;
         }
@@ -408,7 +408,7 @@ static dt_status rank_gelu(dt_context *ctx, void *arg) {
     }
     for (int64_t i = 0; i < n; i++) {
         ref[i] = h_gelu_ref(gx[i], c->approx);
-        tol[i] = 1e-6 + (c->dtype == DT_BF16 ? ldexp(1.0, -8) : 1e-6) * fabs(ref[i]);
+        tol[i] = 1e-6 + (c->dtype == DT_F32 ? 1e-6 : h_half_ulp(c->dtype)) * fabs(ref[i]);
     }
     c->bad[r] = h_compare_tol("gelu", go, ref, tol, (size_t)n, &c->max_err[r]);
 out:
@@ -448,10 +448,12 @@ enum { SWEEP_N = (1 << 18) + 1, SWEEP_SPECIALS = 4 };
 static dt_status rank_gelu_sweep(dt_context *ctx, void *arg) {
     sweep_case *c = arg;
     const int64_t n = SWEEP_N + SWEEP_SPECIALS;
-    const float specials[SWEEP_SPECIALS] = {INFINITY, NAN, -0.0f, -1e30f};
+    /* the last: a large negative value the dtype holds */
+    const float specials[SWEEP_SPECIALS] = {INFINITY, NAN, -0.0f,
+                                            c->dtype == DT_F16 ? -6e4f : -1e30f};
     float *x = malloc((size_t)n * sizeof *x), *got = NULL;
     double *ref = malloc((size_t)n * sizeof *ref), *tol = malloc((size_t)n * sizeof *tol);
-    dt_bf16 *h = malloc((size_t)n * sizeof *h);
+    float *h = malloc((size_t)n * sizeof *h);   /* x in the dtype */
     dt_tensor *t = NULL, *o = NULL;
     dt_status st = DT_SUCCESS;
     if (!x || !ref || !tol || !h) {
@@ -461,12 +463,8 @@ static dt_status rank_gelu_sweep(dt_context *ctx, void *arg) {
     for (int64_t i = 0; i < SWEEP_N; i++) x[i] = h_stored(c->dtype, -12.0f + 24.0f * (float)i / (SWEEP_N - 1));
     for (int k = 0; k < SWEEP_SPECIALS; k++) x[SWEEP_N + k] = specials[k];
     DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, c->dtype, 1, &n, NULL, &t), out);
-    if (c->dtype == DT_F32) {
-        DT_TRY_GOTO(st, dt_tensor_set_local(t, x, dt_tensor_local_bytes(t)), out);
-    } else {
-        for (int64_t i = 0; i < n; i++) h[i] = dt_f32_to_bf16(x[i]);
-        DT_TRY_GOTO(st, dt_tensor_set_local(t, h, dt_tensor_local_bytes(t)), out);
-    }
+    dt_values_set(h, c->dtype, (size_t)n, x);
+    DT_TRY_GOTO(st, dt_tensor_set_local(t, h, dt_tensor_local_bytes(t)), out);
     DT_TRY_GOTO(st, dt_gelu(t, c->approx, &o), out);
     got = h_local_floats(o);
     if (!got) {
@@ -479,12 +477,14 @@ static dt_status rank_gelu_sweep(dt_context *ctx, void *arg) {
         const double xd = x[i], k = sqrt(2.0 / 3.14159265358979323846);
         ref[i] = c->approx == DT_GELU_ERF ? 0.5 * xd * erfc(-xd / sqrt(2.0))
                                           : xd / (1.0 + exp(-2.0 * k * (xd + 0.044715 * xd * xd * xd)));
-        tol[i] = 1e-6 + (c->dtype == DT_BF16 ? ldexp(1.0, -8) : 1e-6) * fabs(ref[i]);
+        tol[i] = 1e-6 + (c->dtype == DT_F32 ? 1e-6 : h_half_ulp(c->dtype)) * fabs(ref[i]);
     }
     c->bad = h_compare_tol("gelu sweep", got, ref, tol, SWEEP_N, &c->max_err);
+    /* The left tail, relative (fp16 also rounds to its subnormals there). */
+    const double rt = c->dtype == DT_F32 ? 1e-5 : h_half_ulp(c->dtype);
+    const double at = c->dtype == DT_F16 ? ldexp(1.0, -25) : 0.0;
     for (int64_t i = 0; i < SWEEP_N; i++) {
-        const double rt = c->dtype == DT_BF16 ? ldexp(1.0, -8) : 1e-5;
-        if (x[i] >= -9.0f && x[i] <= -3.0f && !(fabs(got[i] - ref[i]) <= rt * fabs(ref[i]))) {
+        if (x[i] >= -9.0f && x[i] <= -3.0f && !(fabs(got[i] - ref[i]) <= at + rt * fabs(ref[i]))) {
             if (c->tail_bad++ < 3)
                 fprintf(stderr, "  gelu tail: x %.9g got %.9g, expected %.9g (relative %g)\n",
                         (double)x[i], (double)got[i], ref[i], rt);
@@ -494,8 +494,8 @@ static dt_status rank_gelu_sweep(dt_context *ctx, void *arg) {
     c->special_bad = !(isinf(sp[0]) && sp[0] > 0) + !isnan(sp[1]) + !(sp[2] == 0.0f && signbit(sp[2])) +
                      !(sp[3] == 0.0f);
     if (c->special_bad)
-        fprintf(stderr, "  gelu(+inf, NaN, -0, -1e30) = %g, %g, %g, %g\n", (double)sp[0],
-                (double)sp[1], (double)sp[2], (double)sp[3]);
+        fprintf(stderr, "  gelu(+inf, NaN, -0, %g) = %g, %g, %g, %g\n", (double)specials[3],
+                (double)sp[0], (double)sp[1], (double)sp[2], (double)sp[3]);
 out:
     free(x);
     free(got);
@@ -717,10 +717,12 @@ int main(void) {
 #define NEW(type) ((type *)(owned[n_owned++] = calloc(1, sizeof(type))))
     static const dt_order orders[3] = { DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG };
 
+    static const dt_dtype dtypes[3] = { DT_F32, DT_BF16, DT_F16 };
+
     /* matmul on 1-D meshes */
-    for (int dt = 0; dt < 2; dt++)
+    for (int dt = 0; dt < 3; dt++)
         for (int P = 1; P <= MAXW; P++) {
-            dt_dtype dtype = dt ? DT_BF16 : DT_F32;
+            dt_dtype dtype = dtypes[dt];
             mm_kind k[12];
             int nk = 0;
             for (int o = 0; o < 3; o++) {
@@ -787,7 +789,7 @@ int main(void) {
         };
         for (int mi = 0; mi < 3; mi++)
             for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
-                for (int dt = 0; dt < 2; dt++) {
+                for (int dt = 0; dt < 3; dt++) {
                     mm_case *c = NEW(mm_case);
                     c->ndim_mesh = 2;
                     c->mesh[0] = m2[mi][0];
@@ -796,7 +798,7 @@ int main(void) {
                     c->xl = k[i].xl;
                     c->wl = k[i].wl;
                     c->ol = k[i].ol;
-                    c->dtype = dt ? DT_BF16 : DT_F32;
+                    c->dtype = dtypes[dt];
                     c->B = 2;
                     c->S = 12;
                     c->K = 24;
@@ -814,11 +816,11 @@ int main(void) {
                                  dt_layout_1d(dt_shard(2, DT_ORDER_ZIGZAG)),
                                  dt_layout_1d(dt_shard(0, DT_ORDER_STRIPED)) };
         for (int i = 0; i < 4; i++)
-            for (int dt = 0; dt < 2; dt++) {
+            for (int dt = 0; dt < 3; dt++) {
                 add_case *c = NEW(add_case);
                 c->world = P;
                 c->l = ls[i];
-                c->dtype = dt ? DT_BF16 : DT_F32;
+                c->dtype = dtypes[dt];
                 char a[64];
                 h_layout_short(&c->l, a, sizeof a);
                 snprintf(name, sizeof name, "add/P=%d,%s,%s", P, a, dt_dtype_name(c->dtype));
@@ -828,12 +830,12 @@ int main(void) {
     /* gelu */
     for (int P = 0; P <= MAXW; P += (P < 3 ? 1 : 5)) {
         for (int ap = 0; ap < 2; ap++)
-            for (int dt = 0; dt < 2; dt++) {
+            for (int dt = 0; dt < 3; dt++) {
                 gelu_case *c = NEW(gelu_case);
                 c->world = P;
                 c->l = (P % 2) ? dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED))
                                : dt_layout_1d(dt_replicate());
-                c->dtype = dt ? DT_BF16 : DT_F32;
+                c->dtype = dtypes[dt];
                 c->approx = ap ? DT_GELU_TANH : DT_GELU_ERF;
                 char a[64];
                 if (P > 0)
@@ -846,11 +848,12 @@ int main(void) {
             }
     }
     for (int ap = 0; ap < 2; ap++)
-        for (int dt = 0; dt < 2; dt++) {
+        for (int dt = 0; dt < 3; dt++) {
             sweep_case *c = NEW(sweep_case);
-            c->dtype = dt ? DT_BF16 : DT_F32;
+            c->dtype = dtypes[dt];
             c->approx = ap ? DT_GELU_TANH : DT_GELU_ERF;
-            snprintf(name, sizeof name, "gelu/sweep,x=[-12,12] and inf,nan,-0,-1e30,%s,%s",
+            snprintf(name, sizeof name, "gelu/sweep,x=[-12,12] and inf,nan,-0,%s,%s,%s",
+                     dtypes[dt] == DT_F16 ? "-6e4" : "-1e30",
                      dt_gelu_approx_name(c->approx), dt_dtype_name(c->dtype));
             add_test(&tb, name, test_gelu_sweep, c);
         }

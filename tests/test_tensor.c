@@ -1,12 +1,12 @@
 /* tests/test_tensor.c — meshes, tensors and the primitives (shard, gather,
  * redistribute, replicate, permute) on world sizes 1..8 and 2-D/3-D meshes,
- * fp32 and bf16.
+ * fp32, bf16 and fp16.
  *
  * Expected data never comes from the code under test: every rank builds the
  * global tensor from (seed, global index) with dt_random_value and cuts its
  * own part with the test-local index maps of tests/harness.c. Partial data is
  * a set of rank-dependent summands quantised to multiples of 1/16, so their
- * sums are exact in fp32 and bf16 and every check below is exact (pure data
+ * sums are exact in fp32, bf16 and fp16 and every check below is exact (pure data
  * movement is bit-exact; sums of such summands are too).
  *
  * Rank functions only record (mismatch counts, statuses); the main thread
@@ -33,6 +33,8 @@
 
 #define MAXW H_MAX_RANKS
 #define MAX_DST 64
+
+static const dt_dtype k_dtypes[3] = {DT_F32, DT_BF16, DT_F16};
 
 /* ------------------------------------------------------------------ */
 /* Data helpers                                                        */
@@ -1045,7 +1047,7 @@ int main(void) {
                     c->mesh[0] = w;
                     c->world = w;
                     c->layout = l1[i];
-                    c->dtype = (dt_dtype[]){DT_F32, DT_BF16, DT_F16}[dt];
+                    c->dtype = k_dtypes[dt];
                     h_layout_short(&c->layout, a, sizeof a);
                     snprintf(name, sizeof name, "fill_random/P=%d,%s,%s", w, a, dt_dtype_name(c->dtype));
                     add_test(&tb, name, test_fill, c);
@@ -1080,14 +1082,14 @@ int main(void) {
         };
         for (int w = 1; w <= MAXW; w++)
             for (size_t i = 0; i < sizeof l1 / sizeof l1[0]; i++)
-                for (int dt = 0; dt < 2; dt++) {
+                for (int dt = 0; dt < 3; dt++) {
                     sg_case *c = NEW(sg_case);
                     c->ndim_mesh = 1;
                     c->mesh[0] = w;
                     c->world = w;
                     c->root = w - 1;
                     c->layout = l1[i];
-                    c->dtype = dt ? DT_BF16 : DT_F32;
+                    c->dtype = k_dtypes[dt];
                     h_layout_short(&c->layout, a, sizeof a);
                     snprintf(name, sizeof name, "shard_gather/P=%d,root=%d,%s,%s", w, c->root, a,
                              dt_dtype_name(c->dtype));
@@ -1134,7 +1136,7 @@ int main(void) {
     {
         int np;
         const dt_placement *p = placements_1d(&np);
-        for (int dt = 0; dt < 2; dt++)
+        for (int dt = 0; dt < 3; dt++)
             for (int w = 1; w <= MAXW; w++)
                 for (int i = 0; i < np; i++)
                     for (int j = 0; j < np; j++) {
@@ -1142,7 +1144,7 @@ int main(void) {
                         c->ndim_mesh = 1;
                         c->mesh[0] = w;
                         c->world = w;
-                        c->dtype = dt ? DT_BF16 : DT_F32;
+                        c->dtype = k_dtypes[dt];
                         c->ndim = 3;
                         c->shape[0] = 4 * w;
                         c->shape[1] = 2 * w;
@@ -1220,11 +1222,11 @@ int main(void) {
             add_test(&tb, name, test_redistribute, c);
         }
     }
-    for (int dt = 0; dt < 2; dt++)
+    for (int dt = 0; dt < 3; dt++)
         for (int w = 1; w <= MAXW; w++) {
             rt_case *c = NEW(rt_case);
             c->world = w;
-            c->dtype = dt ? DT_BF16 : DT_F32;
+            c->dtype = k_dtypes[dt];
             snprintf(name, sizeof name, "round_trip/P=%d,contiguous->striped->zigzag->contiguous,%s",
                      w, dt_dtype_name(c->dtype));
             add_test(&tb, name, test_round_trip, c);
@@ -1264,11 +1266,11 @@ int main(void) {
     }
     {
         for (int parts = 1; parts <= MAXW; parts++)
-            for (int dt = 0; dt < 2; dt++) {
+            for (int dt = 0; dt < 3; dt++) {
                 perm_case *c = NEW(perm_case);
                 c->parts = parts;
                 c->S = 3 * parts;
-                c->dtype = dt ? DT_BF16 : DT_F32;
+                c->dtype = k_dtypes[dt];
                 snprintf(name, sizeof name, "permute/B=2,S=%lld,H=3,parts=%d,%s", (long long)c->S,
                          parts, dt_dtype_name(c->dtype));
                 add_test(&tb, name, test_permute, c);

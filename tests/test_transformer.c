@@ -8,7 +8,7 @@
  *                 rank's local data is its part of the same global tensor
  *                 (the global linear index is what a reshape keeps).
  *   rmsnorm/...   P = 1..4 and 2x2, sequence/batch sharded in every order,
- *                 with and without weight, fp32 and bf16.
+ *                 with and without weight, fp32, bf16 and fp16.
  *   rotary/...    P = 1..8, every order: the angle uses the token's GLOBAL
  *                 position (the reference takes positions from the
  *                 test-local index maps of harness.c, not from the library);
@@ -20,7 +20,7 @@
  *                 causal attention over sp (dt_attention_forward, GQA),
  *                 output projection row-parallel + all-reduce, residual,
  *                 RMSNorm + tensor-parallel MLP + residual, on the meshes
- *                 1x1, 1x4, 2x2, 4x1, 2x3 with every order, fp32 and bf16,
+ *                 1x1, 1x4, 2x2, 4x1, 2x3 with every order, fp32, bf16 and fp16,
  *                 against the same block in double on one rank.
  *   example/...   examples/transformer_block run as a user would (skipped
  *                 when not built), on the CPU backend (DT_EXAMPLE_BACKEND
@@ -39,12 +39,15 @@
  * Tolerances |got - ref| <= atol + rtol*|ref|:
  *   reshape            exact (bytes move)
  *   rmsnorm fp32       1e-6 + 1e-5 |ref|     fp32 scaling of a double norm
- *   rmsnorm bf16       1e-6 + 2^-8 |ref|     rounded once
+ *   rmsnorm bf16, fp16 1e-6 + u |ref|        rounded once (u = 2^-8 bf16,
+ *                                            2^-11 fp16: tests/ref.h)
  *   rotary fp32        1e-6 + 1e-6 |ref|     angles in double, rotation fp32
- *   rotary bf16        1e-6 + 2^-8 |ref|     rounded once
+ *   rotary bf16, fp16  1e-6 + u |ref|        rounded once
  *   block fp32         1e-4 + 1e-4 |ref|     fp32 GEMMs and softmax
  *   block bf16         8e-2 + 4e-2 |ref|     every op rounds to bf16 (2^-9),
  *                                            the residual stream is bf16
+ *   block fp16         1e-2 + 5e-3 |ref|     the same in fp16 (2^-12): the
+ *                                            bf16 bounds over 8
  * Rank functions only record; the main thread asserts.
  */
 #include <setjmp.h>
@@ -69,6 +72,7 @@
 #define EPS 1e-5f
 
 static const dt_order k_orders[3] = {DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG};
+static const dt_dtype k_dtypes[3] = {DT_F32, DT_BF16, DT_F16};
 
 /* ------------------------------------------------------------------ data */
 
@@ -262,7 +266,7 @@ static dt_status rank_norm(dt_context *ctx, void *arg) {
                              (c->weighted ? h_input_value(c->dtype, 12, e, 1.0f, 0.5f) : 1.0);
     }
     c->bad[r] = compare_local("rmsnorm", o, ref, c->mesh, r, 1e-6,
-                              c->dtype == DT_F32 ? 1e-5 : ldexp(1.0, -8), &c->max_err[r]);
+                              c->dtype == DT_F32 ? 1e-5 : h_half_ulp(c->dtype), &c->max_err[r]);
 out:
     free(ref);
     dt_tensor_destroy(o);
@@ -372,7 +376,7 @@ static dt_status rank_rotary(dt_context *ctx, void *arg) {
                     ref[ib] = va * sin(ang) + vb * cos(ang);
                 }
             }
-    const double atol = 1e-6 * mult, rtol = c->dtype == DT_F32 ? 1e-6 : ldexp(1.0, -8);
+    const double atol = 1e-6 * mult, rtol = c->dtype == DT_F32 ? 1e-6 : h_half_ulp(c->dtype);
     if (!local && has_partial(&c->l)) {
         /* the summands must add up to the rotated sum */
         DT_TRY_GOTO(st, dt_tensor_replicate(o, &rep), out);
@@ -455,10 +459,8 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_BF16, 1, &E, &R, 2, 1, 0.5f, &wb), out);
     DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 1, &E1, &R, 2, 1, 0.5f, &wlong), out);
     DT_TRY_GOTO(st, h_make_tensor(ctx, mesh_b, DT_F32, 1, &E, &R, 2, 1, 0.5f, &wother), out);
-    /* A dtype the backend's RMSNorm and rotary refuse: fp16 on the CPU (a
-     * CUDA dtype), u8 (raw bytes) on CUDA, which takes fp16. */
-    const dt_dtype refused = dt_context_backend(ctx) == DT_BACKEND_CUDA ? DT_U8 : DT_F16;
-    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, refused, 3, s3, &R, &xh), out);
+    /* A dtype RMSNorm and rotary refuse: u8 (raw bytes), on every backend. */
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, DT_U8, 3, s3, &R, &xh), out);
     DT_TRY_GOTO(st, h_make_tensor(ctx, NULL, DT_F32, 3, s3, NULL, 1, 0, 1, &loc), out);
     before = h_local_floats(flat);
 
@@ -505,7 +507,7 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     REJ(dt_rmsnorm(xe, w, NAN, &o));                  /* 21: eps NaN */
     REJ(dt_rmsnorm(NULL, w, EPS, &o));                /* 22 */
     REJ(dt_rmsnorm(xe, w, EPS, NULL));                /* 23 */
-    REJ(dt_rmsnorm(xh, NULL, EPS, &o));               /* 24: fp16 (cpu), u8 (cuda) */
+    REJ(dt_rmsnorm(xh, NULL, EPS, &o));               /* 24: u8 */
     REJ(dt_rmsnorm(loc, w, EPS, &o));                 /* 25: local x, distributed weight */
     /* rotary */
     REJ(dt_rotary(odd, NULL, &o));                    /* 26: D odd */
@@ -529,7 +531,7 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     ro.style = DT_ROTARY_HALF;
     REJ(dt_rotary(NULL, &ro, &o));                    /* 35 */
     REJ(dt_rotary(q, &ro, NULL));                     /* 36 */
-    REJ(dt_rotary(xh, NULL, &o));                     /* 37: fp16 (cpu), u8 (cuda) */
+    REJ(dt_rotary(xh, NULL, &o));                     /* 37: u8 */
 #undef REJ
     if (r == 0) c->n = k;
     /* ... while a Partial tensor reshapes fine (it stays Partial) */
@@ -598,7 +600,7 @@ static void test_errors(void **state) {
         {16, "[48]"},
         {17, "bf16"},
         {20, "eps -1"},
-        {24, backend == DT_BACKEND_CUDA ? "dtype u8" : "dtype fp16"},
+        {24, "dtype u8"},
         {26, "D = 7 must be even"},
         {27, "redistribute x to [Replicate]"},
         {28, "ndim >= 3"},
@@ -716,7 +718,8 @@ static dt_status rank_block(dt_context *ctx, void *arg) {
                       dt_layout_equal(dt_tensor_layout(out), &xl) &&
                       dt_tensor_local_shape(q)[2] == H / c->tp &&
                       dt_tensor_local_shape(out)[1] == S / c->sp;
-    const double atol = c->dtype == DT_F32 ? 1e-4 : 8e-2, rtol = c->dtype == DT_F32 ? 1e-4 : 4e-2;
+    const double atol = c->dtype == DT_F32 ? 1e-4 : c->dtype == DT_F16 ? 1e-2 : 8e-2;
+    const double rtol = c->dtype == DT_F32 ? 1e-4 : c->dtype == DT_F16 ? 5e-3 : 4e-2;
     c->bad[r] = compare_local("block", out, c->ref, sizes, r, atol, rtol, &c->max_err[r]);
 out:;
     dt_tensor *all[] = {x, g1, g2, wq, wk, wv, wo, w1, w2, h, q2, k2, v2, q, k, v, qr, kr, a,
@@ -1082,7 +1085,7 @@ static int add_op_cases(table *tb, dt_backend_kind be) {
     /* rmsnorm */
     for (int P = 1; P <= 4; P++)
         for (int li = 0; li < 4; li++)
-            for (int dt = 0; dt < 2; dt++) {
+            for (int dt = 0; dt < 3; dt++) {
                 dt_layout l;
                 if (li == 0) l = dt_layout_1d(dt_replicate());
                 else if (li == 1) l = dt_layout_1d(dt_shard(1, DT_ORDER_ZIGZAG));
@@ -1096,7 +1099,7 @@ static int add_op_cases(table *tb, dt_backend_kind be) {
                 c->world = P;
                 c->l = l;
                 c->weighted = (li + dt) % 2 == 0;
-                c->dtype = dt ? DT_BF16 : DT_F32;
+                c->dtype = k_dtypes[dt];
                 c->backend = be;
                 c->shape[0] = 4, c->shape[1] = 24, c->shape[2] = 20;
                 h_layout_short(&l, ln, sizeof ln);
@@ -1138,7 +1141,8 @@ static int add_op_cases(table *tb, dt_backend_kind be) {
                 c->style = sty ? DT_ROTARY_INTERLEAVED : DT_ROTARY_HALF;
                 c->pos = (P + o) % 3 == 0 ? POS_OFFSET : POS_INDEX;
                 c->base = 0.0f;
-                c->dtype = (P + o + sty) % 4 == 0 ? DT_BF16 : DT_F32;
+                c->dtype = (P + o + sty) % 4 == 0 ? DT_BF16
+                           : (P + o + sty) % 4 == 2 ? DT_F16 : DT_F32;
                 c->backend = be;
                 h_layout_short(&c->l, ln, sizeof ln);
                 snprintf(name, sizeof name, "rotary/%sP=%d,x=[2,%lld,3,8],%s,%s,pos=%s,%s", tag, P,
@@ -1200,14 +1204,15 @@ static int add_op_cases(table *tb, dt_backend_kind be) {
         static const int meshes[][2] = {{1, 1}, {1, 4}, {2, 2}, {4, 1}, {2, 3}};
         for (size_t m = 0; m < sizeof meshes / sizeof meshes[0]; m++)
             for (int o = 0; o < 3; o++)
-                for (int dt = 0; dt < 2; dt++) {
-                    if (dt && (m + (size_t)o) % 3 != 0) continue; /* bf16 on a third of them */
+                for (int dt = 0; dt < 3; dt++) {
+                    /* bf16 on a third of them, fp16 on another */
+                    if (dt && (m + (size_t)o) % 3 != (size_t)dt - 1) continue;
                     block_case *c = calloc(1, sizeof *c);
                     if (!c) return 1;
                     c->tp = meshes[m][0];
                     c->sp = meshes[m][1];
                     c->order = k_orders[o];
-                    c->dtype = dt ? DT_BF16 : DT_F32;
+                    c->dtype = k_dtypes[dt];
                     c->backend = be;
                     c->B = 1, c->S = 24, c->E = 64, c->H = 8, c->G = 4;
                     c->seed = 1000 + 17 * m + (uint64_t)o;
@@ -1270,7 +1275,7 @@ int main(int argc, char **argv) {
         {"--heads 5", 2, "--heads 5 does not divide --embed 256"},
         {"--embed 96 --heads 8", 2, "head dim E/H = 12"},
         {"--frobnicate", 2, "unknown flag '--frobnicate'"},
-        {"--backend cpu --dtype fp16", 3, "not supported"},
+        {"--backend cpu --dtype fp16 --seq 24 --embed 64 --heads 8 --kv-heads 4", 0, "result: PASS"},
     };
     for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) {
         snprintf(name, sizeof name, "example/transformer_block %s%s-> exit %d", examples[i].args,
