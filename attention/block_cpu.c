@@ -6,6 +6,7 @@
  *   m' = max(m, rowmax S);  P = exp(S - m')
  *   l  = l * exp(m - m') + rowsum P
  *   acc = acc * exp(m - m') + P V_t         (sgemm into the strided acc rows)
+ * (the row max, the exp and its sum four lanes at a time: cpu_vec.h).
  * Rows that have seen no allowed key keep m = -inf, l = 0 and acc = 0, and
  * are never touched by exp(-inf - -inf). Tiles are packed into contiguous
  * fp32 scratch (which also converts bf16 and fp16), so one path serves
@@ -26,6 +27,7 @@
  * Test: tests/test_attention.c, tests/test_attention_backward.c (make test).
  */
 #include "block.h"
+#include "../dtensor/cpu_vec.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -48,6 +50,15 @@ static void pack_rows(float *dst, const void *base, dt_dtype dtype, int64_t row_
                       (size_t)dim, dst + i * dim);
 }
 
+/* Scores row[0, tk) of keys y .. y+tk-1 of segment k, seen from a query at
+ * position pq: -inf for the keys the mask forbids, which follow the ones
+ * it allows (mask.h: the allowed keys are a prefix of the segment). */
+static void mask_row(dt_attn_mask mask, dt_attn_segment k, int64_t pq, int64_t y, float *row,
+                     int64_t tk) {
+    const int64_t lim = dt_attn_keys_upto(mask, k, pq) - y;
+    for (int64_t j = lim < 0 ? 0 : lim; j < tk; j++) row[j] = -INFINITY;
+}
+
 /* One (batch, head) of a forward call, and the scratch tiles. */
 typedef struct fwd_head {
     const dt_attn_block_args *a;
@@ -68,13 +79,8 @@ static void fwd_tile(const fwd_head *f, const float *qt, int64_t x0, int64_t tq,
                 (int)D, f->kt, (int)D, 0.0f, s, (int)tk);
     for (int64_t i = 0; i < tq; i++) {
         float *row = s + i * tk;
-        if (masked) {
-            const int64_t pq = dt_attn_pos(a->qseg, x0 + i);
-            for (int64_t j = 0; j < tk; j++)
-                if (pq < dt_attn_pos(a->kseg, y0 + j)) row[j] = -INFINITY;
-        }
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < tk; j++) mx = row[j] > mx ? row[j] : mx;
+        if (masked) mask_row(a->mask, a->kseg, dt_attn_pos(a->qseg, x0 + i), y0, row, tk);
+        const float mx = dt_row_max(row, tk);
         const float m_old = f->m[x0 + i];
         const float m_new = mx > m_old ? mx : m_old;
         float *acc_row = f->acc + (x0 + i) * H * D;
@@ -84,11 +90,7 @@ static void fwd_tile(const fwd_head *f, const float *qt, int64_t x0, int64_t tq,
             continue;
         }
         const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-        float sum = 0.0f;
-        for (int64_t j = 0; j < tk; j++) {
-            row[j] = expf(row[j] - m_new);
-            sum += row[j];
-        }
+        const float sum = dt_exp_shift(row, tk, m_new);
         f->l[x0 + i] = f->l[x0 + i] * alpha + sum;
         f->m[x0 + i] = m_new;
         if (alpha != 1.0f)
@@ -226,11 +228,12 @@ static void bwd_tile(const bwd_head *f, int64_t x0, int64_t tq, int64_t y0, int6
     for (int64_t i = 0; i < tq; i++) {
         float *row = p + i * tk;
         const float li = f->lse[x0 + i];
-        const int64_t pq = dt_attn_pos(a->qseg, x0 + i);
-        for (int64_t j = 0; j < tk; j++) {
-            int cut = masked && pq < dt_attn_pos(a->kseg, y + j);
-            row[j] = cut || li == -INFINITY ? 0.0f : expf(row[j] - li);
+        if (li == -INFINITY) {   /* the row attends nothing: P = 0 */
+            memset(row, 0, (size_t)tk * sizeof *row);
+            continue;
         }
+        if (masked) mask_row(a->mask, a->kseg, dt_attn_pos(a->qseg, x0 + i), y, row, tk);
+        (void)dt_exp_shift(row, tk, li);
     }
     /* dP = dO V^T, then dS = P (dP - delta) */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tq, (int)tk, (int)D, 1.0f, f->dot,

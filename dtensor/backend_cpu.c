@@ -3,12 +3,13 @@
  * Tensor data is plain host memory from calloc. bf16 and fp16 are stored
  * as 16 bits and computed in fp32: every result is rounded to its dtype
  * exactly once (round to nearest even), so the CPU backend is the
- * reference the CUDA backend is checked against. The backend keeps no global state; the table
- * below is constant.
+ * reference the CUDA backend is checked against. The backend keeps no
+ * global state; the table below is constant.
  *
  * Test: tests/test_ops.c and tests/test_tensor.c (make test).
  */
 #include "backend.h"
+#include "cpu_vec.h"
 
 #include <cblas.h>
 #include <inttypes.h>
@@ -229,7 +230,7 @@ static dt_status dt_cpu_add(dt_backend *b, dt_dtype dtype, int64_t n, const void
  *         that 1 + erff(z) loses.
  *   tanh: (1 + tanh(u)) / 2 = 1 / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3)
  *         formed as before.
- *   exp:  2^n e^r, |r| <= ln(2)/2, Cody-Waite reduction, Taylor to r^7.
+ *   exp:  dt_vexpf (cpu_vec.h).
  *
  * Accuracy against x * Phi(x) in double rounded to fp32, every fp32 value
  * of each range (the previous erff / tanhf loop in brackets): x in [1e-4, 6] at most
@@ -245,35 +246,6 @@ static dt_status dt_cpu_add(dt_backend *b, dt_dtype dtype, int64_t n, const void
 #define DT_GELU_BLOCK 64
 
 #if defined(__GNUC__)
-typedef float dt_vf __attribute__((vector_size(16)));
-typedef int32_t dt_vi __attribute__((vector_size(16)));   /* comparison masks */
-typedef uint32_t dt_vu __attribute__((vector_size(16)));  /* bit patterns */
-#define DT_VW 4
-
-/* m ? a : b, lane by lane (m all ones or zero). */
-static inline dt_vf dt_vsel(dt_vi m, dt_vf a, dt_vf b) {
-    return (dt_vf)(((dt_vu)a & (dt_vu)m) | ((dt_vu)b & ~(dt_vu)m));
-}
-
-static inline dt_vf dt_vmask(dt_vi m, dt_vf a) { return (dt_vf)((dt_vu)a & (dt_vu)m); }
-
-/* e^a for a in [-87, 88] (callers clamp): 2^n stays a normal float. */
-static inline dt_vf dt_vexpf(dt_vf a) {
-    const dt_vf shift = {12582912.0f, 12582912.0f, 12582912.0f, 12582912.0f}; /* 1.5 * 2^23 */
-    dt_vf kd = a * 1.44269502f + shift; /* n = round(a / ln 2) in the low mantissa bits */
-    const dt_vu ki = (dt_vu)kd;
-    kd -= shift;
-    const dt_vf r = (a - kd * 0.693145751953125f) - kd * 1.42860677e-06f; /* ln 2 = hi + lo */
-    dt_vf p = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    return p * (dt_vf)((ki + 127u) << 23); /* 2^n: n + 127 in the exponent field */
-}
-
 static inline dt_vf dt_vgelu_erf(dt_vf x) {
     const dt_vf zero = {0.0f, 0.0f, 0.0f, 0.0f};
     const dt_vf z = x * 0.70710678f;
