@@ -182,7 +182,7 @@ float dt_random_value(uint64_t seed, uint64_t i) {
 
 static dt_status dt_tensor_fill_random_impl(dt_tensor *t, uint64_t seed) {
     DT_REQUIRE(t != NULL, "dt_tensor_fill_random: tensor is NULL");
-    if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
+    if (!dt_dtype_is_float(t->dtype))
         return dt_error(DT_ERR_NOT_SUPPORTED, "dt_tensor_fill_random: dtype %s is not supported",
                         dt_dtype_name(t->dtype));
     int zero = 0; /* a non-zero coordinate on a Partial mesh dim holds zeros */
