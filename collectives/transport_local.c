@@ -12,7 +12,9 @@
  * with DT_ERR_MISMATCH naming both ranks -- and reads its peers' buffers
  * directly (pull model: each rank writes only its own outputs). Last, it
  * marks k done and waits until every member has ("departure"), because
- * peers may still be reading its send buffer. Reductions are computed into a
+ * peers may still be reading its send buffer; a rank that fails after
+ * arrival also marks k done and departs, and departure has a deadline of
+ * its own (not what arrival left). Reductions are computed into a
  * per-rank scratch buffer and copied out after departure, which makes
  * in-place calls safe; they sum in rank order, so every rank gets the same
  * bits.
@@ -655,26 +657,29 @@ static dt_status local_collective(dt_comm *c, const dt_coll_args *a, dt_comm **s
     me->state = name;
     pthread_cond_broadcast(&w->cv);
     DT_TRY_GOTO(st, wait_all(c, &deadline, seq, 0, what), unlock);
-    DT_TRY_GOTO(st, check_agreement(c, seq), unlock);
-    if (a->kind == DT_COLL_SPLIT) {
-        DT_TRY_GOTO(st, split_groups(c, seq), unlock);
-        if (me->split_group) {
-            st = comm_new(me->split_group, me->split_rank, &c->mem, split_out);
-            if (st != DT_SUCCESS) goto unlock;
-        }
+    /* Every member has arrived, so peers may now read this rank's buffers:
+     * from here every way out, failures included, goes through departure. */
+    dt_status moved = check_agreement(c, seq);
+    if (moved == DT_SUCCESS && a->kind == DT_COLL_SPLIT) {
+        moved = split_groups(c, seq);
+        if (moved == DT_SUCCESS && me->split_group)
+            moved = comm_new(me->split_group, me->split_rank, &c->mem, split_out);
     }
     pthread_mutex_unlock(&w->mu);
 
-    dt_status moved = move_data(c, a);
+    if (moved == DT_SUCCESS) moved = move_data(c, a);
 
     pthread_mutex_lock(&w->mu);
     me->coll_done = seq;
     pthread_cond_broadcast(&w->cv);
-    /* A failure here still waits for departure: peers may be reading this
-     * rank's send buffer. */
     if (moved != DT_SUCCESS) world_abort_locked(w, c->world_rank, moved, dt_last_error());
-    st = wait_all(c, &deadline, seq, 1, what);
-    if (moved != DT_SUCCESS) st = moved;
+    /* Departure: the peers still copying from this rank's buffers finish in
+     * bounded time (they only copy), so the wait has a bound of its own,
+     * not what arrival left of the first: a rank that got its buffers back
+     * while a peer still read them would corrupt that peer's result. */
+    struct timespec leave = deadline_after(c->timeout_ms);
+    st = moved;
+    DT_KEEP_FIRST(st, wait_all(c, &leave, seq, 1, what));
 unlock:
     me->state = NULL;
     pthread_mutex_unlock(&w->mu);

@@ -633,70 +633,108 @@ static void test_idle_clock(void **state) {
     assert_int_equal(dt_idle_clock_waited(&k, 40, 640), 600);
 }
 
-/* An agreement check orders nothing on the device: the local transport
- * publishes (on CUDA: waits for the rank's compute stream) before a
- * collective over the rank's buffers, but not before a check's all_gather of
- * host tables, so a check never drains a GPU's queue. Counted through host
- * memory hooks that count publish calls, with checks on (DT_CHECK: every
- * collective is preceded by a check of its own). */
-typedef struct publish_rank {
+/* Host memory hooks that count publish calls and can slow a rank's copies
+ * down: a rank thread of a world made here (not by dt_launch) passes
+ * {&hooked_ops, its hook_rank} as its communicator's memory. */
+typedef struct hook_rank {
     dt_local_world *world;
     int rank, size;
     int publishes;                  /* publish calls of this rank's memory */
-    int after_check, after_gather;  /* the count after each step */
+    long copy_delay_ms;             /* slept before each copy */
     dt_status st;
     char msg[256];
-} publish_rank;
+} hook_rank;
 
-static dt_status counting_publish(void *arg) {
-    ((publish_rank *)arg)->publishes++;
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static dt_status hooked_publish(void *arg) {
+    ((hook_rank *)arg)->publishes++;
     return DT_SUCCESS;
 }
-static dt_status counting_alloc(void *arg, size_t bytes, void **out) {
+static dt_status hooked_alloc(void *arg, size_t bytes, void **out) {
     (void)arg;
     return dt_mem_host.ops->alloc(dt_mem_host.arg, bytes, out);
 }
-static void counting_free(void *arg, void *p) {
+static void hooked_free(void *arg, void *p) {
     (void)arg;
     dt_mem_host.ops->free(dt_mem_host.arg, p);
 }
-static dt_status counting_copy(void *arg, void *dst, const void *src, size_t bytes,
-                               const void *dst_ready, const void *src_ready) {
-    (void)arg;
+static dt_status hooked_copy(void *arg, void *dst, const void *src, size_t bytes,
+                             const void *dst_ready, const void *src_ready) {
+    sleep_ms(((hook_rank *)arg)->copy_delay_ms);
     return dt_mem_host.ops->copy(dt_mem_host.arg, dst, src, bytes, dst_ready, src_ready);
 }
-static dt_status counting_mark(void *arg, const void **ready) {
+static dt_status hooked_mark(void *arg, const void **ready) {
     (void)arg;
     return dt_mem_host.ops->mark(dt_mem_host.arg, ready);
 }
-static dt_status counting_reduce(void *arg, float *acc, const void *x, size_t n, dt_dtype dtype,
-                                 dt_reduce_op op, int first) {
+static dt_status hooked_reduce(void *arg, float *acc, const void *x, size_t n, dt_dtype dtype,
+                               dt_reduce_op op, int first) {
     (void)arg;
     return dt_mem_host.ops->reduce(dt_mem_host.arg, acc, x, n, dtype, op, first);
 }
-static dt_status counting_finish(void *arg, void *acc, size_t n, dt_dtype dtype) {
+static dt_status hooked_finish(void *arg, void *acc, size_t n, dt_dtype dtype) {
     (void)arg;
     return dt_mem_host.ops->finish(dt_mem_host.arg, acc, n, dtype);
 }
-static const dt_mem_ops counting_ops = {"counting", counting_alloc, counting_free, counting_copy,
-                                        counting_publish, counting_mark, counting_reduce,
-                                        counting_finish};
+static const dt_mem_ops hooked_ops = {"hooked", hooked_alloc, hooked_free, hooked_copy,
+                                      hooked_publish, hooked_mark, hooked_reduce, hooked_finish};
+
+/* Runs main(r) on a thread per rank of a new world of p ranks, each with its
+ * hooked memory; r[j] is set up by the caller but for world, rank, size.
+ * check: DT_CHECK's agreement check before every collective. */
+static void run_hooked(int p, long timeout_ms, int check, hook_rank *r,
+                       void *(*main_fn)(void *)) {
+    dt_comm_config cfg = {.timeout_ms = timeout_ms, .log_level = DT_LOG_ERROR, .check = check};
+    dt_local_world *w = NULL;
+    assert_int_equal(dt_local_world_create(p, &cfg, &w), DT_SUCCESS);
+    pthread_t th[MAXP];
+    for (int j = 0; j < p; j++) {
+        r[j].world = w;
+        r[j].rank = j;
+        r[j].size = p;
+        assert_int_equal(pthread_create(&th[j], NULL, main_fn, &r[j]), 0);
+    }
+    for (int j = 0; j < p; j++) pthread_join(th[j], NULL);
+    dt_local_world_destroy(w);
+}
+
+/* A rank's status, its message kept; a failure aborts the world. */
+static void hooked_record(hook_rank *r, dt_status st) {
+    r->st = st;
+    if (st == DT_SUCCESS) return;
+    snprintf(r->msg, sizeof r->msg, "%s", dt_last_error());
+    dt_local_world_abort(r->world, r->rank, r->st, r->msg);
+}
+
+/* An agreement check orders nothing on the device: the local transport
+ * publishes (on CUDA: waits for the rank's compute stream) before a
+ * collective over the rank's buffers, but not before a check's all_gather of
+ * host tables, so a check never drains a GPU's queue. Counted through the
+ * hooks, with checks on (DT_CHECK: every collective is preceded by a check
+ * of its own). */
+typedef struct publish_counts {
+    int after_check, after_gather;  /* a rank's publishes after each step */
+} publish_counts;
+static publish_counts publish_seen[MAXP];
 
 static void *publish_rank_main(void *arg) {
-    publish_rank *r = arg;
-    dt_mem mem = {&counting_ops, r};
+    hook_rank *r = arg;
+    dt_mem mem = {&hooked_ops, r};
     dt_comm *comm = NULL;
-    r->st = dt_local_world_comm(r->world, r->rank, &mem, &comm);
+    dt_status st = dt_local_world_comm(r->world, r->rank, &mem, &comm);
     int64_t mine[2] = {7, r->size};
     static const char *const names[2] = {"seven", "size"};
-    if (r->st == DT_SUCCESS) r->st = dt_comm_check_agreement(comm, "test", mine, names, 2);
-    r->after_check = r->publishes;
+    if (st == DT_SUCCESS) st = dt_comm_check_agreement(comm, "test", mine, names, 2);
+    publish_seen[r->rank].after_check = r->publishes;
     float send[4], recv[4 * MAXP];
     for (int i = 0; i < 4; i++) send[i] = value(5, r->rank, (size_t)i);
-    if (r->st == DT_SUCCESS) r->st = dt_comm_all_gather(comm, send, recv, 4, DT_F32);
-    r->after_gather = r->publishes;
-    if (r->st != DT_SUCCESS) snprintf(r->msg, sizeof r->msg, "%s", dt_last_error());
-    if (r->st != DT_SUCCESS) dt_local_world_abort(r->world, r->rank, r->st, r->msg);
+    if (st == DT_SUCCESS) st = dt_comm_all_gather(comm, send, recv, 4, DT_F32);
+    publish_seen[r->rank].after_gather = r->publishes;
+    hooked_record(r, st);
     dt_comm_destroy(comm);
     return NULL;
 }
@@ -704,24 +742,59 @@ static void *publish_rank_main(void *arg) {
 static void test_checks_do_not_publish(void **state) {
     (void)state;
     for (int p = 1; p <= 3; p++) {
-        dt_comm_config cfg = {.timeout_ms = 10000, .log_level = DT_LOG_ERROR, .check = 1};
-        dt_local_world *w = NULL;
-        assert_int_equal(dt_local_world_create(p, &cfg, &w), DT_SUCCESS);
-        publish_rank r[3];
-        pthread_t th[3];
-        for (int j = 0; j < p; j++) {
-            r[j] = (publish_rank){.world = w, .rank = j, .size = p};
-            assert_int_equal(pthread_create(&th[j], NULL, publish_rank_main, &r[j]), 0);
-        }
-        for (int j = 0; j < p; j++) pthread_join(th[j], NULL);
-        dt_local_world_destroy(w);
+        hook_rank r[3] = {{0}};
+        run_hooked(p, 10000, 1, r, publish_rank_main);
         for (int j = 0; j < p; j++) {
             if (r[j].st != DT_SUCCESS) print_error("rank %d: %s\n", j, r[j].msg);
             assert_int_equal(r[j].st, DT_SUCCESS);
-            assert_int_equal(r[j].after_check, 0);   /* the check: none */
-            assert_int_equal(r[j].after_gather, 1);  /* its own check: none; the gather: one */
+            assert_int_equal(publish_seen[j].after_check, 0);   /* the check: none */
+            assert_int_equal(publish_seen[j].after_gather, 1);  /* its own check: none; the gather: one */
         }
     }
+}
+
+/* Departure has a deadline of its own. Rank 1 enters a gather at once, the
+ * root DEPART_MS * 3/5 later (in time), and the root's two copies take
+ * DEPART_MS * 3/10 each: the root reads rank 1's send buffer at 6/5 of the
+ * timeout after rank 1 arrived. Rank 1 must still be waiting then, and
+ * only then get its buffer back (which it overwrites at once): a departure
+ * bounded by what arrival left of one timeout gave it back at 1x, and the
+ * root gathered the overwritten values. */
+enum { DEPART_MS = 2000, DEPART_N = 4096 };
+static float depart_recv[2 * DEPART_N];
+
+static void *depart_rank_main(void *arg) {
+    hook_rank *r = arg;
+    dt_mem mem = {&hooked_ops, r};
+    dt_comm *comm = NULL;
+    float *send = malloc(DEPART_N * sizeof *send);
+    dt_status st = send ? dt_local_world_comm(r->world, r->rank, &mem, &comm)
+                        : dt_error(DT_ERR_OUT_OF_MEMORY, "test: no send buffer");
+    for (size_t i = 0; send && i < DEPART_N; i++) send[i] = value(11, r->rank, i);
+    if (st == DT_SUCCESS && r->rank == 0) sleep_ms(DEPART_MS * 3 / 5);
+    if (st == DT_SUCCESS) st = dt_comm_gather(comm, send, depart_recv, DEPART_N, DT_F32, 0);
+    for (size_t i = 0; send && i < DEPART_N; i++) send[i] = NAN;   /* the buffer is the caller's again */
+    hooked_record(r, st);
+    dt_comm_destroy(comm);
+    free(send);
+    return NULL;
+}
+
+static void test_departure_outlasts_arrival(void **state) {
+    (void)state;
+    hook_rank r[2] = {{.copy_delay_ms = DEPART_MS * 3 / 10}, {0}};
+    for (size_t i = 0; i < 2 * DEPART_N; i++) depart_recv[i] = NAN;
+    run_hooked(2, DEPART_MS, 0, r, depart_rank_main);
+    for (int j = 0; j < 2; j++) {
+        if (r[j].st != DT_SUCCESS) print_error("rank %d: %s\n", j, r[j].msg);
+        assert_int_equal(r[j].st, DT_SUCCESS);
+    }
+    int bad = 0;
+    for (int m = 0; m < 2; m++)
+        for (size_t i = 0; i < DEPART_N; i++)
+            bad += !(depart_recv[(size_t)m * DEPART_N + i] == value(11, m, i));
+    if (bad) print_error("%d gathered values differ from the ranks' data\n", bad);
+    assert_int_equal(bad, 0);
 }
 
 int main(void) {
@@ -740,6 +813,7 @@ int main(void) {
         cmocka_unit_test(test_failures_do_not_hang),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_checks_do_not_publish),
+        cmocka_unit_test(test_departure_outlasts_arrival),
     };
     return cmocka_run_group_tests_name("collectives (cpu+local, P=1..8)", tests, NULL, NULL);
 }
