@@ -162,6 +162,9 @@ dt_status dt_ring_start_from(dt_ring *ring, const void *const *parts, const size
         if (!parts[i] && sizes[i])
             return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: dt_ring_start_from: part %d is NULL",
                             rank, i);
+        if (sizes[i] > ring->bytes - total)   /* more than the block, and no wrap-around */
+            return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: dt_ring_start_from: parts 0 to %d "
+                            "hold more than the ring's blocks of %zu bytes", rank, i, ring->bytes);
         total += sizes[i];
     }
     if (total != ring->bytes)

@@ -207,7 +207,7 @@ static dt_status rank_misuse(dt_context *ctx, void *arg) {
          * DT_RING_MAX_PARTS of them, none NULL; one step at a time. */
         char a[64], z[64];
         const void *two[2] = {a, z}, *holed[2] = {a, NULL}, *many[DT_RING_MAX_PARTS + 1];
-        const size_t halves[2] = {32, 32}, short_[2] = {32, 31};
+        const size_t halves[2] = {32, 32}, short_[2] = {32, 31}, wraps[2] = {SIZE_MAX, 65};
         size_t sixteenths[DT_RING_MAX_PARTS + 1];
         for (int i = 0; i <= DT_RING_MAX_PARTS; i++) {
             many[i] = a;
@@ -220,6 +220,8 @@ static dt_status rank_misuse(dt_context *ctx, void *arg) {
         fails += dt_ring_start_from(ring, holed, halves, 2) != DT_ERR_INVALID_ARGUMENT;
         fails += dt_ring_start_from(ring, two, short_, 2) != DT_ERR_INVALID_ARGUMENT;
         fails += !strstr(dt_last_error(), "63 bytes");
+        fails += dt_ring_start_from(ring, two, wraps, 2) != DT_ERR_INVALID_ARGUMENT;   /* sums to 64 */
+        fails += !strstr(dt_last_error(), "more than");
         fails += dt_ring_start_from(ring, many, sixteenths, DT_RING_MAX_PARTS + 1) !=
                  DT_ERR_INVALID_ARGUMENT;
         fails += dt_ring_step_index(ring) != 1;   /* none of those started a step */
