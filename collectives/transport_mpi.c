@@ -699,10 +699,11 @@ static dt_status scratch_reserve(dt_comm *c, size_t bytes, const char *what) {
 }
 
 /* Waits for one collective request; on failure the scratch is abandoned. */
-static dt_status coll_wait(dt_comm *c, MPI_Request *r, const char *what) {
+/* watch: also stop when a peer's failure notice arrives (see split). */
+static dt_status coll_wait_watch(dt_comm *c, MPI_Request *r, const char *what, int watch) {
     mpi_impl *im = c->impl;
     int rc = MPI_SUCCESS;
-    int wr = wait_reqs(im->world, 1, r, c->timeout_ms, 1, &rc);
+    int wr = wait_reqs(im->world, 1, r, c->timeout_ms, watch, &rc);
     if (wr == W_OK) return DT_SUCCESS;
     im->failed = 1;
     im->world->leak = 1;
@@ -710,6 +711,10 @@ static dt_status coll_wait(dt_comm *c, MPI_Request *r, const char *what) {
     snprintf(who, sizeof who, "the other %d rank(s) of this communicator (one has not called it, "
              "or is in another call)", c->size - 1);
     return wait_fail(c, wr, rc, what, who);
+}
+
+static dt_status coll_wait(dt_comm *c, MPI_Request *r, const char *what) {
+    return coll_wait_watch(c, r, what, 1);
 }
 
 static MPI_Datatype unit_type(dt_dtype t) {
@@ -761,7 +766,13 @@ static dt_status exchange_header(dt_comm *c, const dt_coll_args *a, const char *
     MPI_Request r = MPI_REQUEST_NULL;
     int rc = MPI_Iallgather(h, HDR_N, MPI_INT64_T, all, HDR_N, MPI_INT64_T, im->mc, &r);
     if (rc != MPI_SUCCESS) return call_fail(c, what, "MPI_Iallgather", rc);
-    DT_TRY(coll_wait(c, &r, what));
+    /* A split's members go on into the blocking MPI_Comm_split once their
+     * exchange completes, which it does on every member once all have
+     * posted: so no member may leave this wait on a failure notice then
+     * (the others would wait in MPI_Comm_split for it, unbounded). Only
+     * its timeout ends it, which races with a member posting at the very
+     * end of it: MPI has no non-blocking split. */
+    DT_TRY(coll_wait_watch(c, &r, what, a->kind != DT_COLL_SPLIT));
     for (int m = 1; m < c->size; m++) {
         if (hdr_agree(all, all + (size_t)m * HDR_N)) continue;
         char a0[160], am[160], msg[1024];
@@ -1054,18 +1065,20 @@ static dt_status mpi_p2p_wait(dt_comm *c) {
                 all_matched = 0;
                 continue;
             }
-            int bytes = 0;
-            MPI_Get_count(&s, MPI_BYTE, &bytes);
+            /* Counted in the sender's units, as it sent them (at most INT_MAX
+             * of them; a byte count would not fit an int past 2 GiB). */
             int sdt = s.MPI_TAG - TAG_P2P;
-            size_t ses = sdt >= 0 && sdt < DT_DTYPE_COUNT ? dt_dtype_size((dt_dtype)sdt) : 1;
-            if (sdt != (int)o->dtype || (size_t)bytes != o->count * dt_dtype_size(o->dtype)) {
+            int known = sdt >= 0 && sdt < DT_DTYPE_COUNT;
+            int sent = 0;
+            MPI_Get_count(&s, known ? unit_type((dt_dtype)sdt) : MPI_BYTE, &sent);
+            if (sdt != (int)o->dtype || sent == MPI_UNDEFINED || (size_t)sent != o->count) {
                 char msg[512];
                 snprintf(msg, sizeof msg,
                          "send/recv mismatch: rank %d receives %zu %s from rank %d, but rank %d "
                          "sends %zu %s to rank %d (message #%llu between them)",
                          c->world_rank, o->count, dt_dtype_name(o->dtype), im->world_ranks[o->peer],
-                         im->world_ranks[o->peer], (size_t)bytes / ses,
-                         sdt >= 0 && sdt < DT_DTYPE_COUNT ? dt_dtype_name((dt_dtype)sdt) : "bytes",
+                         im->world_ranks[o->peer], (size_t)(sent > 0 ? sent : 0),
+                         known ? dt_dtype_name((dt_dtype)sdt) : "bytes",
                          c->world_rank, (unsigned long long)im->op_seq[k]);
                 /* The matched message is left unreceived: the world is over. */
                 dt_mpi_world_abort(im->world, DT_ERR_MISMATCH, msg);
