@@ -80,7 +80,8 @@ dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, co
  *   *lse  [B, H, S] fp32 log-sum-exp of each query row (-inf for a row that
  *         may attend to no key, whose output is 0), sharded like q with the
  *         dims moved: q's Shard(1) becomes Shard(2), Shard(2) becomes Shard(1).
- * lse may be NULL if not wanted. opts may be NULL (defaults). */
+ * lse may be NULL if not wanted. opts may be NULL (defaults). On failure
+ * *o and *lse (if given) are set to NULL, nothing else is changed. */
 dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                const dt_attention_options *opts, dt_tensor **o, dt_tensor **lse);
 
@@ -94,7 +95,8 @@ dt_status dt_attention_backward_workspace_size(const dt_tensor *q, const dt_tens
  * o: q's shape, dtype and Layout), returns new tensors owned by the caller:
  * *dq with q's Layout, *dk and *dv with k's. opts must be the forward's.
  * dQ stays home; dK and dV accumulate in fp32 and travel the ring with K and
- * V, arriving home after P steps; they are rounded to the dtype once. */
+ * V, arriving home after P steps; they are rounded to the dtype once. On
+ * failure *dq, *dk and *dv are set to NULL, nothing else is changed. */
 dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                 const dt_tensor *o, const dt_tensor *lse, const dt_tensor *dout,
                                 const dt_attention_options *opts, dt_tensor **dq, dt_tensor **dk,

@@ -2,6 +2,7 @@
  * forward and backward passes (see plan.h). */
 #include "plan.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,7 +138,7 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
                 p->c = p->S / size;
                 p->lse_layout.placements[m].dim = 2;
             } else if (pl.dim == 2) {
-                if (pl.order != DT_ORDER_CONTIGUOUS || p->Hkv % size)
+                if ((size > 1 && pl.order != DT_ORDER_CONTIGUOUS) || p->Hkv % size)
                     FAIL(DT_ERR_NOT_SUPPORTED, "heads sharded %s over %d ranks: need contiguous "
                          "order and kv heads (%lld) divisible by %d", dt_order_name(pl.order),
                          size, (long long)p->Hkv, size);
@@ -154,6 +155,11 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
             FAIL(DT_ERR_INVALID_ARGUMENT, "zigzag needs S (%lld) divisible by 2P (%d)",
                  (long long)p->S, 2 * p->parts);
     }
+    /* A row of q, o or the fp32 acc holds the local heads: its stride is an
+     * int for BLAS and the CUDA kernels alike. */
+    if (p->h * p->D > INT_MAX)
+        FAIL(DT_ERR_NOT_SUPPORTED, "%lld local heads x head dim %lld: a token's row of more than "
+             "%d elements", (long long)p->h, (long long)p->D, INT_MAX);
     /* The CUDA kernels launch one grid row per local head and batch entry. */
     if (dt_context_backend(p->ctx) == DT_BACKEND_CUDA && (p->h > 65535 || p->b > 65535))
         FAIL(DT_ERR_NOT_SUPPORTED, "%lld local heads x %lld local batch: the CUDA kernels take "

@@ -48,6 +48,8 @@ typedef struct fwd_case {
     char name[128];
     attn_shape s;
     int P, tp;                 /* sequence ranks; tensor-parallel ranks (heads) */
+    dt_order head_order;       /* heads Shard(2, this) over tp; replicated on a tp of 1 but
+                                  where it is set non-contiguous (the identity there) */
     dt_order order;
     dt_attn_mask mask;
     dt_dtype dtype;
@@ -79,8 +81,9 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     dt_status st;
     int sizes[2] = {c->tp, c->P};
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, sizes, NULL, &mesh), out);
-    dt_layout lay = dt_layout_2d(c->tp > 1 ? dt_shard(2, DT_ORDER_CONTIGUOUS) : dt_replicate(),
-                                 dt_shard(1, c->order));
+    dt_placement heads = c->tp > 1 || c->head_order != DT_ORDER_CONTIGUOUS
+                             ? dt_shard(2, c->head_order) : dt_replicate();
+    dt_layout lay = dt_layout_2d(heads, dt_shard(1, c->order));
     int64_t qshape[4] = {s->B, s->S, s->H, s->D}, kshape[4] = {s->B, s->S, s->Hkv, s->D};
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, qshape, &lay, &q), out);
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, kshape, &lay, &k), out);
@@ -1715,19 +1718,23 @@ int main(void) {
                              (long long)hkv, (long long)c->s.D, dt_attn_mask_name(c->mask),
                              dt_dtype_name(c->dtype));
                 }
-    /* Heads sharded over a tensor-parallel mesh dim too (tp x sp). */
-    int meshes[][2] = {{2, 2}, {2, 3}, {4, 1}, {2, 4}};
+    /* Heads sharded over a tensor-parallel mesh dim too (tp x sp); on a tp of
+     * 1, sharded striped, which is no permutation there. */
+    int meshes[][2] = {{2, 2}, {2, 3}, {4, 1}, {2, 4}, {1, 3}};
     for (size_t i = 0; i < sizeof meshes / sizeof meshes[0]; i++) {
         fwd_case *c = &cases[nc++];
         c->tp = meshes[i][0];
         c->P = meshes[i][1];
+        c->head_order = c->tp == 1 ? DT_ORDER_STRIPED : DT_ORDER_CONTIGUOUS;
         c->s = (attn_shape){1, 10 * c->P, 8, 4, 16};
         c->order = i % 2 ? DT_ORDER_STRIPED : DT_ORDER_ZIGZAG;
         c->mask = DT_ATTN_CAUSAL;
         c->dtype = DT_F32;
         c->seed = 7 + i;
-        snprintf(c->name, sizeof c->name, "forward/%s/tp=%d,sp=%d,S=%lld,H=8,HKV=4,D=16,causal,fp32",
-                 dt_order_name(c->order), c->tp, c->P, (long long)c->s.S);
+        snprintf(c->name, sizeof c->name,
+                 "forward/%s/tp=%d%s,sp=%d,S=%lld,H=8,HKV=4,D=16,causal,fp32",
+                 dt_order_name(c->order), c->tp, c->tp == 1 ? " (Shard(2, striped))" : "", c->P,
+                 (long long)c->s.S);
     }
     /* The same on the CUDA backend (ranks sharing one GPU): skipped without a GPU. */
     for (int o = 0; o < DT_ORDER_COUNT; o++)
