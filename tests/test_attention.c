@@ -1718,6 +1718,24 @@ int main(void) {
                              (long long)hkv, (long long)c->s.D, dt_attn_mask_name(c->mask),
                              dt_dtype_name(c->dtype));
                 }
+    /* Local lengths over several of the CPU kernel's 64-query and 128-key
+     * tiles, a multiple of neither (zigzag: segments of 150), so that full
+     * tiles, the diagonal band's slices and a partial last tile meet. */
+    for (int o = 0; o < DT_ORDER_COUNT; o++)
+        for (int p = 1; p <= 3; p++) {
+            fwd_case *c = &cases[nc++];
+            int64_t local = o == DT_ORDER_ZIGZAG ? 300 : 150;
+            c->s = (attn_shape){1, local * p, 4, 2, 64};
+            c->P = p;
+            c->tp = 1;
+            c->order = (dt_order)o;
+            c->mask = p == 2 ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
+            c->dtype = (p + o) % 2 ? DT_BF16 : DT_F32;
+            c->seed = 1700 + (uint64_t)nc;
+            snprintf(c->name, sizeof c->name, "forward/%s/P=%d,B=1,S=%lld,H=4,HKV=2,D=64,%s,%s",
+                     dt_order_name(c->order), p, (long long)c->s.S, dt_attn_mask_name(c->mask),
+                     dt_dtype_name(c->dtype));
+        }
     /* Heads sharded over a tensor-parallel mesh dim too (tp x sp); on a tp of
      * 1, sharded striped, which is no permutation there. */
     int meshes[][2] = {{2, 2}, {2, 3}, {4, 1}, {2, 4}, {1, 3}};

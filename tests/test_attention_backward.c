@@ -493,6 +493,19 @@ int main(void) {
             snprintf(c->name, sizeof c->name, "backward/%s/P=4,S=96,H=4,HKV=2,D=32,causal,%s",
                      dt_order_name(c->order), dt_dtype_name(c->dtype));
         }
+    /* Local lengths over several of the CPU kernel's tiles (as in
+     * test_attention): 150 tokens a rank, zigzag segments of 150. */
+    for (int o = 0; o < DT_ORDER_COUNT; o++)
+        for (int p = 1; p <= 3; p++) {
+            bwd_case *c = &cases[nc++];
+            int64_t local = o == DT_ORDER_ZIGZAG ? 300 : 150;
+            *c = (bwd_case){.s = {1, local * p, 4, 2, 32}, .P = p, .tp = 1, .order = (dt_order)o,
+                            .mask = p == 2 ? DT_ATTN_FULL : DT_ATTN_CAUSAL,
+                            .dtype = (p + o) % 2 ? DT_BF16 : DT_F32, .seed = 1700 + (uint64_t)nc};
+            snprintf(c->name, sizeof c->name, "backward/%s/P=%d,B=1,S=%lld,H=4,HKV=2,D=32,%s,%s",
+                     dt_order_name(c->order), p, (long long)c->s.S, dt_attn_mask_name(c->mask),
+                     dt_dtype_name(c->dtype));
+        }
     bwd_case *c = &cases[nc++];
     *c = (bwd_case){.s = {1, 48, 8, 4, 16}, .P = 3, .tp = 2, .order = DT_ORDER_STRIPED,
                     .mask = DT_ATTN_CAUSAL, .dtype = DT_F32, .seed = 5};
