@@ -698,8 +698,9 @@ static dt_status scratch_reserve(dt_comm *c, size_t bytes, const char *what) {
     return DT_SUCCESS;
 }
 
-/* Waits for one collective request; on failure the scratch is abandoned. */
-/* watch: also stop when a peer's failure notice arrives (see split). */
+/* Waits for one collective request; on failure the scratch is abandoned.
+ * watch: also stop when a peer's failure notice arrives (not for a split's
+ * header: exchange_header). */
 static dt_status coll_wait_watch(dt_comm *c, MPI_Request *r, const char *what, int watch) {
     mpi_impl *im = c->impl;
     int rc = MPI_SUCCESS;
