@@ -659,26 +659,26 @@ static dt_status local_collective(dt_comm *c, const dt_coll_args *a, dt_comm **s
     DT_TRY_GOTO(st, wait_all(c, &deadline, seq, 0, what), unlock);
     /* Every member has arrived, so peers may now read this rank's buffers:
      * from here every way out, failures included, goes through departure. */
-    dt_status moved = check_agreement(c, seq);
-    if (moved == DT_SUCCESS && a->kind == DT_COLL_SPLIT) {
-        moved = split_groups(c, seq);
-        if (moved == DT_SUCCESS && me->split_group)
-            moved = comm_new(me->split_group, me->split_rank, &c->mem, split_out);
+    dt_status part = check_agreement(c, seq);   /* this rank's part of the collective */
+    if (part == DT_SUCCESS && a->kind == DT_COLL_SPLIT) {
+        part = split_groups(c, seq);
+        if (part == DT_SUCCESS && me->split_group)
+            part = comm_new(me->split_group, me->split_rank, &c->mem, split_out);
     }
     pthread_mutex_unlock(&w->mu);
 
-    if (moved == DT_SUCCESS) moved = move_data(c, a);
+    if (part == DT_SUCCESS) part = move_data(c, a);
 
     pthread_mutex_lock(&w->mu);
     me->coll_done = seq;
     pthread_cond_broadcast(&w->cv);
-    if (moved != DT_SUCCESS) world_abort_locked(w, c->world_rank, moved, dt_last_error());
+    if (part != DT_SUCCESS) world_abort_locked(w, c->world_rank, part, dt_last_error());
     /* Departure: the peers still copying from this rank's buffers finish in
      * bounded time (they only copy), so the wait has a bound of its own,
      * not what arrival left of the first: a rank that got its buffers back
      * while a peer still read them would corrupt that peer's result. */
     struct timespec leave = deadline_after(c->timeout_ms);
-    st = moved;
+    st = part;
     DT_KEEP_FIRST(st, wait_all(c, &leave, seq, 1, what));
 unlock:
     me->state = NULL;

@@ -48,8 +48,8 @@ typedef struct fwd_case {
     char name[128];
     attn_shape s;
     int P, tp;                 /* sequence ranks; tensor-parallel ranks (heads) */
-    dt_order head_order;       /* heads Shard(2, this) over tp; replicated on a tp of 1 but
-                                  where it is set non-contiguous (the identity there) */
+    dt_order head_order;       /* heads' Shard(2) order; on a tp of 1 the heads are
+                                  replicated unless it is non-contiguous */
     dt_order order;
     dt_attn_mask mask;
     dt_dtype dtype;

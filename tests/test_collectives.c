@@ -458,6 +458,11 @@ static double now_ms(void) {
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 /* mode 0: the failing rank returns an error before the collective;
  * mode 1: it returns success without ever calling it (peers must time out);
  * mode 2: it aborts mid-way through a series of collectives;
@@ -482,10 +487,7 @@ static dt_status rank_fail(dt_context *ctx, void *arg) {
                 dt_comm_abort(dt_context_comm(ctx), DT_ERR_BACKEND, "injected abort");
                 return DT_ERR_BACKEND;
             }
-            if (f->mode == 3) {
-                struct timespec ts = {0, 30 * 1000000L};
-                nanosleep(&ts, NULL);
-            }
+            if (f->mode == 3) sleep_ms(30);
         }
         st = dt_comm_all_reduce(dt_context_comm(ctx), x, y, 16, DT_F32, DT_REDUCE_SUM);
     }
@@ -640,15 +642,11 @@ typedef struct hook_rank {
     dt_local_world *world;
     int rank, size;
     int publishes;                  /* publish calls of this rank's memory */
+    int after_check, after_gather;  /* publishes after each step (test_checks_do_not_publish) */
     long copy_delay_ms;             /* slept before each copy */
     dt_status st;
     char msg[256];
 } hook_rank;
-
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static dt_status hooked_publish(void *arg) {
     ((hook_rank *)arg)->publishes++;
@@ -716,11 +714,6 @@ static void hooked_record(hook_rank *r, dt_status st) {
  * host tables, so a check never drains a GPU's queue. Counted through the
  * hooks, with checks on (DT_CHECK: every collective is preceded by a check
  * of its own). */
-typedef struct publish_counts {
-    int after_check, after_gather;  /* a rank's publishes after each step */
-} publish_counts;
-static publish_counts publish_seen[MAXP];
-
 static void *publish_rank_main(void *arg) {
     hook_rank *r = arg;
     dt_mem mem = {&hooked_ops, r};
@@ -729,11 +722,11 @@ static void *publish_rank_main(void *arg) {
     int64_t mine[2] = {7, r->size};
     static const char *const names[2] = {"seven", "size"};
     if (st == DT_SUCCESS) st = dt_comm_check_agreement(comm, "test", mine, names, 2);
-    publish_seen[r->rank].after_check = r->publishes;
+    r->after_check = r->publishes;
     float send[4], recv[4 * MAXP];
     for (int i = 0; i < 4; i++) send[i] = value(5, r->rank, (size_t)i);
     if (st == DT_SUCCESS) st = dt_comm_all_gather(comm, send, recv, 4, DT_F32);
-    publish_seen[r->rank].after_gather = r->publishes;
+    r->after_gather = r->publishes;
     hooked_record(r, st);
     dt_comm_destroy(comm);
     return NULL;
@@ -747,8 +740,8 @@ static void test_checks_do_not_publish(void **state) {
         for (int j = 0; j < p; j++) {
             if (r[j].st != DT_SUCCESS) print_error("rank %d: %s\n", j, r[j].msg);
             assert_int_equal(r[j].st, DT_SUCCESS);
-            assert_int_equal(publish_seen[j].after_check, 0);   /* the check: none */
-            assert_int_equal(publish_seen[j].after_gather, 1);  /* its own check: none; the gather: one */
+            assert_int_equal(r[j].after_check, 0);   /* the check: none */
+            assert_int_equal(r[j].after_gather, 1);  /* its own check: none; the gather: one */
         }
     }
 }
