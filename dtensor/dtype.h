@@ -62,19 +62,21 @@ static inline dt_bf16 dt_f32_to_bf16(float f) {
 
 typedef uint16_t dt_f16;
 
-/* Exact. */
+/* Exact, without branches (so that loops of it vectorize), and without
+ * subnormal fp32 operands (so that it stays exact with the CPU's
+ * denormals-are-zero mode on). The exponent is rebiased 15 -> 127 (twice
+ * for inf and NaN, to 255); a zero or subnormal h with mantissa m becomes
+ * 2^-14 (1 + m/1024) - 2^-14 = m 2^-24, both operands normal. */
 static inline float dt_f16_to_f32(dt_f16 h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-    if (e == 0x1f) {
-        u = sign | 0x7f800000u | (m << 13);            /* inf, NaN */
-    } else if (e) {
-        u = sign | ((e + 112) << 23) | (m << 13);       /* normal: rebias 15 -> 127 */
-    } else {
-        float f = (float)m * 5.9604644775390625e-08f;   /* subnormal: m * 2^-24, exact */
-        memcpy(&u, &f, sizeof u);
-        u |= sign;
-    }
+    const uint32_t em = (uint32_t)(h & 0x7fffu) << 13, e = em & 0x0f800000u;
+    const uint32_t special = 0u - (uint32_t)(e == 0x0f800000u), low = 0u - (uint32_t)(e == 0);
+    const uint32_t normal = em + (112u << 23) + (special & (112u << 23));
+    uint32_t u = em + (113u << 23);
     float f;
+    memcpy(&f, &u, sizeof f);
+    f -= 6.103515625e-05f;   /* 2^-14 */
+    memcpy(&u, &f, sizeof u);
+    u = (normal & ~low) | (u & low) | (uint32_t)(h & 0x8000u) << 16;
     memcpy(&f, &u, sizeof f);
     return f;
 }

@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 
 #include "dtensor/context.h"
 
@@ -260,6 +263,62 @@ static void test_fp16_conversions(void **state) {
     assert_true(dt_value_round(1.0f / 3.0f, DT_F32) == 1.0f / 3.0f);
 }
 
+/* bf16 by arithmetic, as ref_f16_value. */
+static double ref_bf16_value(uint16_t h) {
+    int e = (h >> 7) & 255, m = h & 127;
+    double v = e == 0 ? ldexp(m, -133) : e == 255 ? (m ? NAN : INFINITY) : ldexp(m | 128, e - 134);
+    return (h >> 15) ? -v : v;
+}
+
+/* dst[i] against ref(src[i]): the same value and sign, NaN for NaN. */
+static void check_widened(const char *what, const uint16_t *src, const float *dst, size_t n,
+                          double (*ref)(uint16_t)) {
+    for (size_t i = 0; i < n; i++) {
+        double want = ref(src[i]);
+        if (isnan(want) ? !isnan(dst[i]) : (double)dst[i] != want || !signbit(dst[i]) != !signbit(want))
+            fail_msg("%s of 0x%04x (element %zu) = %a, want %a", what, (unsigned)src[i], i,
+                     (double)dst[i], want);
+    }
+}
+
+/* dt_values_get on whole arrays (vectorized in runs of 8, then a tail):
+ * every bit pattern, from an odd start and with an odd length; and fp16's
+ * subnormals again with the CPU flushing subnormal operands and results to
+ * zero (x86's DAZ and FTZ), which a conversion must not depend on. */
+static void test_array_conversions(void **state) {
+    (void)state;
+    enum { N = 65536 };
+    uint16_t *src = malloc(N * sizeof *src);
+    float *dst = malloc(N * sizeof *dst);
+    assert_non_null(src);
+    assert_non_null(dst);
+    for (uint32_t h = 0; h < N; h++) src[h] = (uint16_t)h;
+    const size_t skip = 3, n = N - skip - 2;
+    dst[n] = 7.0f;
+    dt_values_get(src + skip, DT_F16, n, dst);
+    check_widened("dt_values_get(fp16)", src + skip, dst, n, ref_f16_value);
+    dt_values_get(src + skip, DT_BF16, n, dst);
+    check_widened("dt_values_get(bf16)", src + skip, dst, n, ref_bf16_value);
+    assert_true(dst[n] == 7.0f);   /* nothing written past n */
+#if defined(__SSE2__)
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u);     /* FTZ (bit 15), DAZ (bit 6) */
+    float f[1024];
+    for (int sign = 0; sign < 2; sign++) {
+        uint16_t *sub = src + (sign ? 0x8000 : 0);   /* exponent 0: zero, subnormals */
+        dt_values_get(sub, DT_F16, 1024, dst);
+        for (int i = 0; i < 1024; i++) f[i] = dt_f16_to_f32(sub[i]);
+        _mm_setcsr(csr);           /* cmocka's checks with the usual mode */
+        check_widened("dt_values_get(fp16) under DAZ", sub, dst, 1024, ref_f16_value);
+        check_widened("dt_f16_to_f32 under DAZ", sub, f, 1024, ref_f16_value);
+        _mm_setcsr(csr | 0x8040u);
+    }
+    _mm_setcsr(csr);
+#endif
+    free(dst);
+    free(src);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_launch_world_sizes),
@@ -269,6 +328,7 @@ int main(void) {
         cmocka_unit_test(test_log_levels_and_rank_prefix),
         cmocka_unit_test(test_status_and_dtype_names),
         cmocka_unit_test(test_fp16_conversions),
+        cmocka_unit_test(test_array_conversions),
     };
     return cmocka_run_group_tests_name("context and launch", tests, NULL, NULL);
 }
