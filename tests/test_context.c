@@ -283,8 +283,9 @@ static void check_widened(const char *what, const uint16_t *src, const float *ds
 
 /* dt_values_get on whole arrays (vectorized in runs of 8, then a tail):
  * every bit pattern, from an odd start and with an odd length; and fp16's
- * subnormals again with the CPU flushing subnormal operands and results to
- * zero (x86's DAZ and FTZ), which a conversion must not depend on. */
+ * subnormals again, both ways, with the CPU flushing subnormal operands and
+ * results to zero (x86's DAZ and FTZ), which a conversion must not depend
+ * on. */
 static void test_array_conversions(void **state) {
     (void)state;
     enum { N = 65536 };
@@ -307,10 +308,18 @@ static void test_array_conversions(void **state) {
     for (int sign = 0; sign < 2; sign++) {
         uint16_t *sub = src + (sign ? 0x8000 : 0);   /* exponent 0: zero, subnormals */
         dt_values_get(sub, DT_F16, 1024, dst);
-        for (int i = 0; i < 1024; i++) f[i] = dt_f16_to_f32(sub[i]);
+        uint16_t back[1024];
+        for (int i = 0; i < 1024; i++) {
+            f[i] = dt_f16_to_f32(sub[i]);
+            back[i] = dt_f32_to_f16((float)ref_f16_value(sub[i]));
+        }
         _mm_setcsr(csr);           /* cmocka's checks with the usual mode */
         check_widened("dt_values_get(fp16) under DAZ", sub, dst, 1024, ref_f16_value);
         check_widened("dt_f16_to_f32 under DAZ", sub, f, 1024, ref_f16_value);
+        for (int i = 0; i < 1024; i++)
+            if (back[i] != sub[i])
+                fail_msg("dt_f32_to_f16(%a) under DAZ = 0x%04x, want 0x%04x",
+                         ref_f16_value(sub[i]), back[i], sub[i]);
         _mm_setcsr(csr | 0x8040u);
     }
     _mm_setcsr(csr);
