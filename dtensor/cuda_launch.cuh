@@ -16,9 +16,13 @@
  *       capability 9.0 on): the kernel may start before the kernel before
  *       it on the stream has completed, once that one's CTAs have all run
  *       griddepcontrol.launch_dependents or exited, and must run
- *       griddepcontrol.wait before it reads what that one wrote. The
- *       emulator runs it after the kernel before, as any launch, and checks
- *       what the kernel marks (emu.h, dt_emu_griddep_require).
+ *       griddepcontrol.wait before it reads what that one wrote. A kernel
+ *       whose device code for this GPU was compiled for an architecture
+ *       before 9.0 (an sm_80 build JIT-compiled on an H100) has no
+ *       griddepcontrol.wait, which mma_device.cuh emits from 9.0 on: it is
+ *       launched as an ordinary one. The emulator runs a dependent launch
+ *       after the kernel before, as any launch, and checks what the kernel
+ *       marks (emu.h, dt_emu_griddep_require).
  *   DT_DYNAMIC_SMEM(type, name);
  *       is extern __shared__ __align__(128) type name[].
  * CUDA C++ only.
@@ -79,6 +83,14 @@ inline void dt_cuda_launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, size_
         free(c);
     }
 #else
+    /* ptxVersion: the virtual architecture of the code that runs the kernel
+     * on the current device. A failed query launches it as an ordinary
+     * kernel, and leaves its error for the caller's check. */
+    cudaFuncAttributes fa;
+    if (dependent && (cudaFuncGetAttributes(&fa, reinterpret_cast<const void *>(kernel)) !=
+                          cudaSuccess ||
+                      fa.ptxVersion < 90))
+        dependent = false;
     if (!dependent) {
         kernel<<<grid, block, smem, stream>>>(args...);
         return;
