@@ -33,9 +33,11 @@
  * dependent; compute capability 9.0): every CTA runs
  * griddepcontrol.launch_dependents at its start, so the next block's
  * CTAs take SMs as this block's leave them, filling the end of its
- * launch; they load their first tile and run its keys, and wait for this
- * block (griddepcontrol.wait, grid_dep_wait) only before a ticket of the
- * shared queue and before merging their rows with the stored state, which
+ * launch; they load their first query tile and run all its key tiles but
+ * the last, and wait for this block (griddepcontrol.wait, grid_dep_wait)
+ * only there, before a ticket of the shared queue (thread 0 takes it while
+ * the last key tile's loads are issued, and the CTA's barriers hold the
+ * other threads), and before merging their rows with the stored state, which
  * is why the rows start empty and merge at the end instead of being read
  * at the start. Every thread waits before it exits, so that a block
  * completes after the block before, as the next one's wait needs. What
