@@ -96,6 +96,13 @@ typedef struct dt_attn_block_args {
     void *o;
     float *lse;
     dt_attn_kernel_choice kernel;      /* CUDA only: which forward kernel (0 = auto) */
+    /* A ring transfer (the next step's K and V) runs beside this block, on
+     * the communication stream: a same-device copy's blocks or NCCL's
+     * kernel, which need SMs while the block runs. CUDA: a kernel that
+     * would hold every SM until the block ends (the persistent wgmma
+     * forward) runs a CTA per tile instead, whose CTAs leave SMs as their
+     * tiles end, to the transfer first (its stream's greater priority). */
+    int transfer;
     /* NULL, or room for trace_len records: CTA i of the launch (its launch
      * order, blockIdx.x) fills trace[i] if i < trace_len. The CUDA
      * tensor-core kernels only; the others ignore it. */

@@ -317,10 +317,13 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     /* programmatic dependent launches: compute capability 9.0 on */
     const int dependent = dt_backend_cuda_dependent_launch(be) &&
                           dt_backend_cuda_compute_capability(be) >= 90;
-    if (path == FWD_WGMMA)
-        return dt_attn_wgmma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be),
-                                 dt_backend_cuda_persistent(be) ? dt_backend_cuda_sms(be) : 0,
-                                 scratch, dependent);
+    if (path == FWD_WGMMA) {
+        const int persistent = dt_backend_cuda_persistent(be);
+        dt_attn_block_args b = *a;
+        if (persistent == 2) b.transfer = 0;   /* persistent even beside a transfer */
+        return dt_attn_wgmma_fwd(stream_of(be), &b, dt_backend_cuda_l2_bytes(be),
+                                 persistent ? dt_backend_cuda_sms(be) : 0, scratch, dependent);
+    }
     if (path == FWD_MMA)
         return dt_attn_mma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be), dependent);
     if (!a->acc || !a->m || !a->l)   /* fwd_stateless promised a tensor-core kernel */

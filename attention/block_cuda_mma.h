@@ -86,7 +86,7 @@ int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size
  * device holds CTAs: as many CTAs as sms SMs hold, each taking the next
  * tile in the launch order from the queue when it starts the last key tile
  * of its current one, whose loads then fly beside that tile's math.
- * Otherwise (sms = 0 or no queue) a CTA per query tile. The queue is
+ * Otherwise (sms = 0, no queue, or a->transfer) a CTA per query tile. The queue is
  * cleared on `stream` before a call's first block (a->first) and left
  * clear by every launch: the blocks of a call share it, one after another
  * on one stream. dependent: as for dt_attn_mma_fwd; a dependent block

@@ -25,8 +25,11 @@
  * of its current one, so that the next tile's first loads fly during that
  * key tile's math and the rows' merge and write-back (greedy
  * longest-first scheduling, as the GPU's block scheduler does for a CTA
- * per tile, without a CTA's start and first loads per tile). Otherwise a
- * CTA per query tile.
+ * per tile, without a CTA's start and first loads per tile). Otherwise,
+ * and beside a ring transfer (block.h's transfer: persistent CTAs would
+ * hold every SM until the block ends, and the transfer's copy blocks or
+ * NCCL kernel would wait for them, as FlashAttention-3 leaves its
+ * sm_margin free for), a CTA per query tile.
  *
  * Dependent launch. A block after a call's first is launched as a
  * programmatic dependent of the block before it (dt_attn_wgmma_fwd's
@@ -443,7 +446,8 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
                             "its tile queue: %s", cudaGetErrorString(e));
         }
     }
-    if (queue && resident > 0 && resident < tiles) {   /* persistent */
+    /* persistent, unless a ring transfer needs SMs beside the block */
+    if (queue && resident > 0 && resident < tiles && !a->transfer) {
         ctas = resident;
         p.queue = static_cast<uint32_t *>(queue);
     }

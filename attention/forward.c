@@ -58,6 +58,7 @@ static dt_attn_block_args block_args(const attn_plan *p, int t, const dt_attn_se
         .o = o ? (char *)o + (size_t)(qoff * p->h * p->D) * es : NULL,
         .lse = lse ? lse + qoff : NULL,
         .kernel = p->kernel,
+        .transfer = t + 1 < p->parts,   /* step t+1's K, V are in flight (dt_ring_start) */
     };
 }
 

@@ -54,7 +54,7 @@
  *
  * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
- *      [--dtype bf16,fp32,fp16] [--dependent 0|1]
+ *      [--dtype bf16,fp32,fp16] [--dependent 0|1] [--persistent 0|1|2]
  *      [--pass fwd,bwd]
  */
 #include <errno.h>
@@ -103,10 +103,12 @@ typedef struct bench_opts {
     int passes[PASS_COUNT];    /* fwd, bwd */
     int dtypes[3];             /* (a): bf16, fp32, fp16 (--dtype); none set: bf16, fp32 */
     int dependent;             /* --dependent: CUDA's dependent launches (default 1) */
+    int persistent;            /* --persistent: CUDA's persistent mode (backend_cuda.h; 1) */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
 static int g_dependent = 1;   /* bench_opts.dependent, for every rank's backend */
+static int g_persistent = 1;  /* bench_opts.persistent, likewise */
 
 static double cpu_s(void) {
     struct timespec ts;
@@ -169,6 +171,7 @@ static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layo
     memset(c, 0, sizeof *c);
 #ifdef DT_HAVE_CUDA
     dt_backend_cuda_set_dependent_launch(ctx->backend, g_dependent);   /* no-op off CUDA */
+    dt_backend_cuda_set_persistent(ctx->backend, g_persistent);
 #endif
     c->pass = pass;
     c->opts = init;
@@ -491,6 +494,9 @@ static void usage(FILE *f) {
             "  --dtype LIST         (a): bf16, fp32, fp16 or a list (default bf16,fp32)\n"
             "  --dependent 0|1      CUDA: whether the forward's blocks after a call's first are\n"
             "                       programmatic dependent launches (default 1)\n"
+            "  --persistent 0|1|2   CUDA: whether the wgmma forward runs persistent: 1 (default)\n"
+            "                       but beside the ring's transfers (a CTA per query tile\n"
+            "                       there), 2 there too, 0 never\n"
             "  --help\n");
 }
 
@@ -556,6 +562,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
             o->dependent = (int)x;
             i++;
+        } else if (!strcmp(a, "--persistent")) {
+            long x;
+            if (!ex_parse_int(a, v, 0, 2, &x)) return 2;
+            o->persistent = (int)x;
+            i++;
         } else if (!strcmp(a, "--shapes")) {
             static const char *const shapes[] = {"auto", "scaled", "full"};
             if ((o->shapes = ex_parse_choice(a, v, shapes, 3)) < 0) return 2;
@@ -599,10 +610,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
 
 
 int main(int argc, char **argv) {
-    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}, 1};
+    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}, 1, 1};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
     g_dependent = o.dependent;
+    g_persistent = o.persistent;
     if (o.iters == 0) o.iters = o.quick ? 2 : 5;
     bench_pass passes[PASS_COUNT];   /* the selected ones, in order */
     int npass = 0;
@@ -633,9 +645,9 @@ int main(int argc, char **argv) {
     if (o.json)
         fprintf(out, "{\n  \"bench\": \"attention\", \"date\": \"%s\", \"backend\": \"%s\", "
                      "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s, "
-                     "\"passes\": [%s], \"dependent\": %s,\n",
+                     "\"passes\": [%s], \"dependent\": %s, \"persistent\": %d,\n",
                 date, be, cores, model, o.iters, o.quick ? "true" : "false", pass_json,
-                o.dependent ? "true" : "false");
+                o.dependent ? "true" : "false", o.persistent);
     if (o.json)
         fprintf(out, "  \"notes\": [\"ranks are threads of one process; with fewer cores than "
                      "ranks they contend for the cores\", \"OpenBLAS runs one thread per call\", "
@@ -653,8 +665,10 @@ int main(int argc, char **argv) {
                      "passes: %s\n",
                 date, be, cores, model, o.iters, pass_list);
         if (gpu)
-            fprintf(out, "CUDA: the forward's dependent launches %s (--dependent)\n",
-                    o.dependent ? "on" : "off");
+            fprintf(out, "CUDA: the forward's dependent launches %s (--dependent); wgmma "
+                         "forward %s (--persistent)\n", o.dependent ? "on" : "off",
+                    (const char *[]){"a CTA per query tile", "persistent but beside the ring's "
+                                     "transfers", "persistent"}[o.persistent]);
         if (o.passes[PASS_FWD]) fprintf(out, "  fwd: dt_attention_forward\n");
         if (o.passes[PASS_BWD])
             fprintf(out, "  bwd: dt_attention_backward alone; its forward runs once per rank "

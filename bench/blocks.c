@@ -62,7 +62,7 @@
  * Run: build/bench/blocks [--backend auto|cpu|cuda] [--quick] [--iters N]
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
- *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--persistent 0|1]
+ *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--persistent 0|1|2]
  *      [--dependent 0|1] [--trace] [--json]
  */
 #include <math.h>
@@ -97,7 +97,7 @@ typedef struct opts {
     int set_c, set_ring_c, set_shape, set_dtype;
     dt_attn_kernel_choice kernel;   /* --kernel: which CUDA block kernel */
     int64_t l2;                     /* --l2: the L2 size the CTA order plans for (-1: the device's) */
-    int persistent;                 /* --persistent: 0 a CTA per query tile (wgmma forward) */
+    int persistent;                 /* --persistent: the backend's mode (backend_cuda.h) */
     int dependent;                  /* --dependent: 0 no programmatic dependent launches */
 } opts;
 
@@ -241,9 +241,11 @@ static dt_status trace_launch(const bufs *b) {
  * one segment after another from row 0 (as a rank's shard), forward or
  * backward, accumulating into b's fp32 buffers. Forward, as a ring step of
  * dt_attention_forward: first, each query segment's first block starts its
- * rows; last, its last block writes o and lse (block.h). */
+ * rows; last, its last block writes o and lse; transfer, the ring's next
+ * K, V would be in flight beside the blocks (block.h). */
 static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_attn_segment *qs,
-                           int nq, const dt_attn_segment *ks, int nk, int first, int last) {
+                           int nq, const dt_attn_segment *ks, int nk, int first, int last,
+                           int transfer) {
     size_t es = dt_dtype_size(b->dtype);
     float scale = 1.0f / sqrtf((float)b->D);
     int64_t qoff = 0;
@@ -260,7 +262,7 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
                     .scale = scale, .m = b->m + qoff, .l = b->l + qoff,
                     .ml_head_stride = b->rows, .acc = b->acc + qo, .first = first && j == 0,
                     .last = last && j == nk - 1, .o = (char *)b->o + qo * es,
-                    .lse = b->lse_out + qoff, .kernel = b->kernel,
+                    .lse = b->lse_out + qoff, .kernel = b->kernel, .transfer = transfer,
                     .trace = b->tracing ? b->trace : NULL, .trace_len = b->trace_len,
                 };
                 DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
@@ -292,7 +294,7 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
  * runs the block on every core, which the rank thread's CPU time of the
  * CPU backend's marks would not count). */
 typedef struct timed {   /* what time_runs runs: run_block's blocks, or a ring's */
-    int bwd, ring, first, last, nq, nk;
+    int bwd, ring, first, last, transfer, nq, nk;
     dt_attn_mask mask;
     const dt_attn_segment *qs, *ks;
     dt_order order;   /* ring: P ranks of c tokens */
@@ -310,7 +312,9 @@ static dt_status time_runs(const bufs *b, const opts *o, const timed *w, double 
         double t0 = ex_now_s();
         if (b->events) DT_TRY(b->be->ops->mark(b->be, 0));
         if (w->ring) DT_TRY(run_ring(b, w->bwd, w->order, w->P, w->c));
-        else DT_TRY(run_block(b, w->bwd, w->mask, w->qs, w->nq, w->ks, w->nk, w->first, w->last));
+        else
+            DT_TRY(run_block(b, w->bwd, w->mask, w->qs, w->nq, w->ks, w->nk, w->first, w->last,
+                             w->transfer));
         if (b->events) DT_TRY(b->be->ops->mark(b->be, 1));
         DT_TRY(b->be->ops->sync(b->be));
         double s = ex_now_s() - t0, ms = 0.0;
@@ -326,9 +330,9 @@ static dt_status time_runs(const bufs *b, const opts *o, const timed *w, double 
 
 static dt_status time_block(const bufs *b, const opts *o, int bwd, dt_attn_mask mask,
                             const dt_attn_segment *qs, int nq, const dt_attn_segment *ks, int nk,
-                            int first, int last, double *median_s) {
-    const timed w = {.bwd = bwd, .first = first, .last = last, .nq = nq, .nk = nk,
-                     .mask = mask, .qs = qs, .ks = ks};
+                            int first, int last, int transfer, double *median_s) {
+    const timed w = {.bwd = bwd, .first = first, .last = last, .transfer = transfer, .nq = nq,
+                     .nk = nk, .mask = mask, .qs = qs, .ks = ks};
     return time_runs(b, o, &w, median_s);
 }
 
@@ -338,7 +342,7 @@ static dt_status time_block(const bufs *b, const opts *o, int bwd, dt_attn_mask 
  * ones). Not timed: the timed runs carry no trace. */
 static dt_status trace_run(const bufs *b, int bwd, dt_attn_mask mask, const dt_attn_segment *qs,
                            int nq, const dt_attn_segment *ks, int nk, int first, int last,
-                           launch_sum *sum) {
+                           int transfer, launch_sum *sum) {
     size_t bytes = (size_t)b->trace_len * sizeof *b->trace;
     dt_attn_cta_trace *zeros = calloc(1, bytes);
     if (!zeros) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: no host memory for the trace");
@@ -346,7 +350,7 @@ static dt_status trace_run(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
     free(zeros);
     bufs t = *b;
     t.tracing = sum;
-    if (st == DT_SUCCESS) st = run_block(&t, bwd, mask, qs, nq, ks, nk, first, last);
+    if (st == DT_SUCCESS) st = run_block(&t, bwd, mask, qs, nq, ks, nk, first, last, transfer);
     return st;
 }
 
@@ -372,10 +376,10 @@ static dt_status measure_r(const bufs *b, const opts *o, int bwd, int64_t c, r_r
     r->traced = o->trace;
     for (int i = 0; i < R_BLOCKS; i++) {
         dt_attn_mask mask = i == R_FULL ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
-        DT_TRY(time_block(b, o, bwd, mask, &qs[i], 1, &ks[i], 1, 0, 0, t[i]));
+        DT_TRY(time_block(b, o, bwd, mask, &qs[i], 1, &ks[i], 1, 0, 0, 0, t[i]));
         if (o->trace) {
             launch_sum sum = {0};
-            DT_TRY(trace_run(b, bwd, mask, &qs[i], 1, &ks[i], 1, 0, 0, &sum));
+            DT_TRY(trace_run(b, bwd, mask, &qs[i], 1, &ks[i], 1, 0, 0, 0, &sum));
             r->trace[i] = sum.last;
         }
     }
@@ -403,7 +407,7 @@ static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t
             dt_attn_segment qs[2], ks[2];
             int nq = dt_attn_segments(order, S, P, j, qs);
             int nk = dt_attn_segments(order, S, P, (j - t + P) % P, ks);
-            DT_TRY(run_block(b, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, t == 0, t == P - 1));
+            DT_TRY(run_block(b, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, t == 0, t == P - 1, t + 1 < P));
         }
     return DT_SUCCESS;
 }
@@ -422,10 +426,10 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
                 int nk = dt_attn_segments(orders[oi], S, P, (j - t + P) % P, ks);
                 double s;
                 DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, t == 0, t == P - 1,
-                                  &s));
+                                  t + 1 < P, &s));
                 if (o->trace)
                     DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, t == 0, t == P - 1,
-                                     &out->ring[oi]));
+                                     t + 1 < P, &out->ring[oi]));
                 slowest = s > slowest ? s : slowest;
                 out->total_s[oi] += s;
             }
@@ -444,12 +448,12 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
 #endif
     }
     dt_attn_segment whole = {0, 1, S}, one = {0, 1, c};
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &whole, 1, &whole, 1, 1, 1, &out->single_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &whole, 1, &whole, 1, 1, 1, 0, &out->single_s));
     if (o->trace)
-        DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, &whole, 1, &whole, 1, 1, 1, &out->single));
+        DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, &whole, 1, &whole, 1, 1, 1, 0, &out->single));
     double full_s, causal_s;
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, &one, 1, &one, 1, 0, 0, &full_s));
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &one, 1, &one, 1, 0, 0, &causal_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, &one, 1, &one, 1, 0, 0, 0, &full_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &one, 1, &one, 1, 0, 0, 0, &causal_s));
     out->r = causal_s / full_s;
     return DT_SUCCESS;
 }
@@ -498,7 +502,8 @@ static void text_header(const run *r, const bufs *b) {
            dt_dtype_name(o->dtype), o->ranks, o->iters);
     if (l2_of(b) >= 0)
         printf("CTA launch order for an L2 of %lld bytes; wgmma forward %s, %s\n", l2_of(b),
-               o->persistent ? "persistent" : "a CTA per query tile",
+               (const char *[]){"a CTA per query tile", "persistent (a CTA per query tile "
+                                "beside a ring transfer)", "persistent"}[o->persistent],
                o->dependent ? "dependent launches" : "no dependent launches");
 }
 
@@ -662,8 +667,8 @@ static void json_print(const run *r, const bufs *b) {
     printf(", ");
     json_list("ring_c", o->ring_c, o->sections[1] ? o->n_ring_c : 0);
     if (l2_of(b) >= 0)   /* CUDA */
-        printf(", \"l2_bytes\": %lld, \"persistent\": %s, \"dependent\": %s", l2_of(b),
-               o->persistent ? "true" : "false", o->dependent ? "true" : "false");
+        printf(", \"l2_bytes\": %lld, \"persistent\": %d, \"dependent\": %s", l2_of(b),
+               o->persistent, o->dependent ? "true" : "false");
     printf(",\n  \"timing\": \"%s; median\",\n  \"r\": [",
            r->backend == DT_BACKEND_CUDA ? "CUDA events around each block's kernels"
                                          : "CLOCK_MONOTONIC around each block");
@@ -792,9 +797,11 @@ static void usage(FILE *f) {
             "  --l2 BYTES        CUDA: the L2 size the tensor-core kernels order their CTAs\n"
             "                    for (attention/mma_layout.h; default the device's; 0: one\n"
             "                    head after another)\n"
-            "  --persistent 0|1  CUDA: whether the wgmma forward runs persistent, as many\n"
-            "                    CTAs as the SMs hold taking query tiles from a queue\n"
-            "                    (default 1), or a CTA per query tile (0)\n"
+            "  --persistent 0|1|2  CUDA: whether the wgmma forward runs persistent, as many\n"
+            "                    CTAs as the SMs hold taking query tiles from a queue:\n"
+            "                    1 (default) but for (p)'s blocks with the ring's next K, V\n"
+            "                    in flight beside them (every step's but the last), 2 there\n"
+            "                    too, 0 never (a CTA per query tile)\n"
             "  --dependent 0|1   CUDA: whether the tensor-core forward kernels' blocks after\n"
             "                    a call's first are launched as programmatic dependents of\n"
             "                    the block before (compute capability 9.0; default 1;\n"
@@ -904,7 +911,7 @@ static int parse(int argc, char **argv, opts *o) {
             if (!ex_parse_int(a, v, 0, 1L << 40, &x)) return 0;
             o->l2 = x;
         } else if (!strcmp(a, "--persistent")) {
-            if (!ex_parse_int(a, v, 0, 1, &x)) return 0;
+            if (!ex_parse_int(a, v, 0, 2, &x)) return 0;
             o->persistent = (int)x;
         } else if (!strcmp(a, "--dependent")) {
             if (!ex_parse_int(a, v, 0, 1, &x)) return 0;

@@ -25,7 +25,8 @@ what matters most comes first when --budget runs out:
   item 6  bench/attention (b) with DT_ATTN_KERNEL set, the ring's wall
           time, beside bench/blocks (p) with the same P, C, H, D: the same
           blocks back to back with no communication; exposed = (wall -
-          that) / wall <= 5% for C >= 4096.
+          that) / wall <= 5% for C >= 4096. The wgmma kernel once more
+          with --persistent 2 (persistent beside the ring's copies too).
   item 1 through the public API: bench/attention (a) --dtype bf16 with
           DT_ATTN_KERNEL set to each kernel: the whole dt_attention_forward.
 Every dtensor figure comes from a subprocess (its command is printed) under a
@@ -736,32 +737,40 @@ def item_waits(session):
                   "per-rank sum of the gaps between one step's kernels and the next "
                   "(dt_attention_options.timing), share = waits / (kernels + waits): on one "
                   "shared device these gaps also hold the other ranks' kernels. auto's "
-                  "backward is mma's, so its bwd rows come from the first kernel only.")
-    for k in kernels:
-        passes = "fwd,bwd" if k in with_bwd else "fwd"
+                  "backward is mma's, so its bwd rows come from the first kernel only. "
+                  "\"wgmma, persistent 2\": the wgmma forward persistent beside the ring's "
+                  "copies too (--persistent 2, both benches; by default its blocks with a "
+                  "copy in flight run a CTA per query tile, whose CTAs leave SMs to the "
+                  "copy as their tiles end).")
+    variants = [(k, "fwd,bwd" if k in with_bwd else "fwd", ()) for k in kernels]
+    if "wgmma" in kernels:
+        variants.append(("wgmma", "fwd", ("--persistent", "2")))
+    for k, passes, extra in variants:
+        label = k + (", persistent 2" if extra else "")
         n = len(session.commands)
-        out = session.attention(k, "b", passes)
+        out = session.attention(k, "b", passes, extra)
         table.commands += session.commands[n:]
         if is_na(out):
-            table.add([k, passes, "-", "-", "-"] + [out] * 9, {"kernel": k, "result": out})
+            table.add([label, passes, "-", "-", "-"] + [out] * 9, {"kernel": label, "result": out})
             continue
         rows = out.get("ring", [])
         alone = {}   # (pass, P, C) -> {order: b2b ms} from bench/blocks (p)
         for key in sorted({(r["pass"], r["P"], r["C"], r["H"], r["D"]) for r in rows}):
             pass_, p, c, h, d = key
-            got = run_blocks(session, table, k, "p", pass_, h, d, [c], ranks=p)
+            got = run_blocks(session, table, k, "p", pass_, h, d, [c], ranks=p, extra=extra)
             got_rows = rows_of(got, "p", pass_)
             alone[key[:3]] = got_rows if is_na(got_rows) else \
                 {x["order"]: x.get("b2b_ms") for x in got_rows if x["c"] == c}
         for row in rows:
             a = alone.get((row["pass"], row["P"], row["C"]))
-            table.add(*waits_row(k, row, a))
+            table.add(*waits_row(k, row, a, label))
     return table
 
 
-def waits_row(kernel, row, alone):
+def waits_row(kernel, row, alone, variant=None):
     """One (b) row beside its blocks' time with no copies (a {order: ms} dict,
-    or the NA of the run that should have given it)."""
+    or the NA of the run that should have given it); variant: the kernel's
+    label where the runs had extra flags."""
     if is_na(alone):
         no_copy = alone
     elif alone is None or alone.get(row["order"]) is None:
@@ -775,12 +784,12 @@ def waits_row(kernel, row, alone):
     m = mark(exposed, lambda x: x <= WAITS_MAX) if row["C"] >= WAITS_FROM_C else "-"
     step = row["steps_crit_ms"] + row["waits_max_ms"]
     share = row["waits_max_ms"] / step if step > 0 else NA("no step time")
-    label = kernel_label(kernel, row["pass"])
+    label = variant if variant and variant != kernel else kernel_label(kernel, row["pass"])
     cells = [label, row["pass"], str(row["P"]), row["order"], str(row["C"]),
              (row["wall_ms"], ".3f"), (b2b, ".3f"), (no_copy, ".3f"), (exposed, ".1%"), m,
              (exposed_wall, ".1%"), (row["steps_crit_ms"], ".3f"), (row["waits_max_ms"], ".3f"),
              (share, ".1%")]
-    data = dict(row, kernel=kernel, no_copy_ms=no_copy, exposed=exposed,
+    data = dict(row, kernel=kernel, label=label, no_copy_ms=no_copy, exposed=exposed,
                 exposed_wall=exposed_wall, waits_share=share, mark=m)
     return cells, data
 

@@ -1328,8 +1328,8 @@ extern "C" int dt_backend_cuda_persistent(const dt_backend *b) {
     return dt_backend_is_cuda(b) ? impl_of(b)->persistent : 0;
 }
 
-extern "C" void dt_backend_cuda_set_persistent(dt_backend *b, int on) {
-    if (dt_backend_is_cuda(b)) impl_of(b)->persistent = on != 0;
+extern "C" void dt_backend_cuda_set_persistent(dt_backend *b, int mode) {
+    if (dt_backend_is_cuda(b)) impl_of(b)->persistent = mode == 0 || mode == 2 ? mode : 1;
 }
 
 extern "C" int dt_backend_cuda_dependent_launch(const dt_backend *b) {

@@ -59,13 +59,15 @@ int64_t dt_backend_cuda_l2_bytes(const dt_backend *b);
 void dt_backend_cuda_set_l2_bytes(dt_backend *b, int64_t bytes);
 /* The device's multiprocessors, read once when the backend is created. */
 int dt_backend_cuda_sms(const dt_backend *b);
-/* Whether kernels that can run persistent do (1, the default): the wgmma
- * attention forward then launches as many CTAs as the SMs hold, which take
- * their query tiles from a queue (attention/block_cuda_wgmma.cu);
- * set_persistent(b, 0) gives it a CTA per query tile (benchmarks compare).
+/* Whether kernels that can run persistent do: the wgmma attention forward
+ * then launches as many CTAs as the SMs hold, which take their query tiles
+ * from a queue (attention/block_cuda_wgmma.cu). 1, the default: except
+ * beside a ring transfer, whose copy or NCCL kernel needs SMs while the
+ * block runs (attention/block.h, transfer); 2: there too; 0: never, a CTA
+ * per query tile (benchmarks compare; other values are taken as 1).
  * Results never depend on it, only speed. */
 int dt_backend_cuda_persistent(const dt_backend *b);
-void dt_backend_cuda_set_persistent(dt_backend *b, int on);
+void dt_backend_cuda_set_persistent(dt_backend *b, int mode);
 /* Whether a kernel that continues another's work on the compute stream
  * (the tensor-core attention forward's blocks after a call's first) is
  * launched as its programmatic dependent (1, the default): it then starts

@@ -442,7 +442,8 @@ static void test_bwd_walk_bound(void **state) {
  * (the narrower, head 0, first), on one SM: the CTA that takes head 0's
  * keyless tile (the last of its section) goes on to head 1's first, whose
  * loads the keyless tile issues. One block (first and last: o and lse),
- * against a double-precision reference. */
+ * against a double-precision reference; then the same block beside a ring
+ * transfer, which runs a CTA per tile. */
 static void test_wgmma_persistent_keyless(void **state) {
     (void)state;
     const int64_t H = 4, G = 2, nq = 400, nk = 300, kstart = 200;
@@ -465,8 +466,23 @@ static void test_wgmma_persistent_keyless(void **state) {
         char why[256];
         assert_true(dt_emu_attn_mma_block_ok(&a, why, sizeof why));
         const int64_t unit_bytes = 2 * nk * D * 2 / (H / G);   /* dt_mma_fwd_section's */
+        const uint64_t ctas_before = dt_emu_get_counts().blocks;
         assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1), DT_SUCCESS);
+        /* persistent: the CTAs one SM holds (two at D = 64), not one per tile */
+        const int64_t tiles = (nq + 127) / 128 * H;
+        assert_int_equal(dt_emu_get_counts().blocks - ctas_before, D == 64 ? 2 : 1);
         for (size_t i = 0; i < (size_t)(nq * H * D); i++) o[i] = dt_value_get(od, DT_BF16, i);
+        /* Beside a ring transfer, a CTA per tile (block.h's transfer), and
+         * the same o, bit for bit. */
+        void *o_persistent = malloc((size_t)(nq * H * D) * 2);
+        assert_int_equal(cudaMemcpy(o_persistent, od, (size_t)(nq * H * D) * 2, cudaMemcpyDefault),
+                         cudaSuccess);
+        a.transfer = 1;
+        const uint64_t ctas_beside = dt_emu_get_counts().blocks;
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1), DT_SUCCESS);
+        assert_int_equal(dt_emu_get_counts().blocks - ctas_beside, tiles);
+        assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
+        free(o_persistent);
 
         double *ref = calloc((size_t)(nq * H * D), sizeof *ref), *ref_lse = malloc((size_t)(H * nq) * sizeof *ref_lse);
         double *p = malloc((size_t)nk * sizeof *p);
