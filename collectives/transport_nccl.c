@@ -464,13 +464,18 @@ static dt_status hand_back(dt_comm *c, const char *what) {
 }
 
 /* Makes both staging buffers hold `need` bytes. Queued work may still use
- * the old ones: the communication stream is drained first. */
+ * the old ones: the communication stream is drained first, and the compute
+ * stream with it, since cudaFree and cudaFreeHost wait for the whole device:
+ * here the wait is bounded and sees an abort. */
 static dt_status stage_reserve(dt_comm *c, size_t need, const char *what) {
     nccl_impl *im = c->impl;
     if (need <= im->dstage_bytes && need <= im->hstage_bytes) return DT_SUCCESS;
     size_t want = need < 4096 ? 4096 : need;
-    CU_TRY(c, what, cudaEventRecord(im->done, im->stream));
-    DT_TRY(nccl_wait(c, im->nc, im->done, what));
+    if (im->dstage || im->hstage) {
+        DT_TRY(order_after_compute(c, what));
+        CU_TRY(c, what, cudaEventRecord(im->done, im->stream));
+        DT_TRY(nccl_wait(c, im->nc, im->done, what));
+    }
     if (im->dstage) CU_TRY(c, what, cudaFree(im->dstage));
     if (im->hstage) CU_TRY(c, what, cudaFreeHost(im->hstage));
     im->dstage = im->hstage = NULL;

@@ -1093,7 +1093,8 @@ void mem_free(void *arg, void *p) { cuda_free(backend_of(arg), p); }
 dt_status mem_copy(void *arg, void *dst, const void *src, size_t bytes, const void *dst_ready,
                    const void *src_ready) {
     if (bytes == 0 || dst == src) return DT_SUCCESS;
-    if (device_of(dst) < 0 && device_of(src) < 0) {
+    const int host_dst = device_of(dst) < 0, host_src = device_of(src) < 0;
+    if (host_dst && host_src) {
         memmove(dst, src, bytes); /* host to host: agreement tables, user host buffers */
         return DT_SUCCESS;
     }
@@ -1102,16 +1103,23 @@ dt_status mem_copy(void *arg, void *dst, const void *src, size_t bytes, const vo
      * the copy waits for the marks on the device, so a ring step's copy of
      * the next block runs beside the kernel the rank has just launched on
      * the block it holds. Waited for here: the transport's hooks complete on
-     * return. */
+     * return. With host memory on one side the host waits for the marks
+     * instead, bounded: a copy to or from pageable memory can hold the host
+     * inside cudaMemcpyAsync until the device reaches it. */
     dt_backend *b = backend_of(arg);
     DT_TRY(check_buffers(b, "transport copy", dst, src, bytes));
     DT_TRY(enter(b, "transport copy"));
     cuda_impl *im = impl_of(b);
     const void *ready[2] = {dst_ready, src_ready};
-    for (int i = 0; i < 2; i++)
-        if (ready[i])
-            CU_TRY(b, "transport copy",
-                   cudaStreamWaitEvent(im->comm, (cudaEvent_t)const_cast<void *>(ready[i]), 0));
+    for (int i = 0; i < 2; i++) {
+        if (!ready[i]) continue;
+        cudaEvent_t ev = (cudaEvent_t)const_cast<void *>(ready[i]);
+        if (host_dst || host_src)
+            DT_TRY(poll_until(b, "transport copy", "cudaEventQuery", "the work before a copy",
+                              [ev] { return cudaEventQuery(ev); }));
+        else
+            CU_TRY(b, "transport copy", cudaStreamWaitEvent(im->comm, ev, 0));
+    }
     CU_TRY(b, "transport copy", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, im->comm));
     return wait_stream(b, im->comm, "transport copy");
 }
