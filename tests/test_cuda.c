@@ -877,6 +877,35 @@ static dt_status rank_collectives(dt_context *ctx, void *arg) {
         DT_TRY_GOTO(st, dt_comm_check_agreement(comm, "test", mine, names, 2), out);
     }
 
+    /* A send/recv group between host and device memory, two messages to
+     * the same peer in order: from a host array into the next rank's device
+     * buffer, and from a device buffer into its host array. */
+    {
+        enum { NH = 64 };
+        float hs[NH], hr[NH], got[NH];
+        const int prev = (j + P - 1) % P;
+        for (int i = 0; i < NH; i++) hs[i] = ival(600, j, (size_t)i), hr[i] = NAN;
+        DT_TRY_GOTO(st, to_dev(k.be, hs, sizeof hs, &a), out);
+        DT_TRY_GOTO(st, k.be->ops->alloc(k.be, sizeof got, &b), out);
+        dt_p2p_op ops[4] = {
+            {DT_P2P_SEND, (j + 1) % P, hs, NH, DT_F32},
+            {DT_P2P_RECV, prev, b, NH, DT_F32},
+            {DT_P2P_SEND, (j + 1) % P, a, NH, DT_F32},
+            {DT_P2P_RECV, prev, hr, NH, DT_F32},
+        };
+        DT_TRY_GOTO(st, dt_comm_sendrecv(comm, ops, 4), out);
+        DT_TRY_GOTO(st, k.be->ops->download(k.be, got, b, sizeof got), out);
+        for (int i = 0; i < NH; i++) {
+            if (got[i] != ival(600, prev, (size_t)i))
+                note_bad(k.r, j, "sendrecv host -> device: [%d] got %g", i, got[i]);
+            if (hr[i] != ival(600, prev, (size_t)i))
+                note_bad(k.r, j, "sendrecv device -> host: [%d] got %g", i, hr[i]);
+        }
+        k.be->ops->free(k.be, a);
+        k.be->ops->free(k.be, b);
+        a = b = NULL;
+    }
+
     /* split: even and odd ranks, reversed order, one all_reduce each */
     DT_TRY_GOTO(st, dt_comm_split(comm, j % 2, -j, &sub), out);
     if (!sub) {
