@@ -33,12 +33,12 @@
  * forward's checks (dt_attn_mma_supported or dt_attn_wgmma_supported, and
  * dt_attn_mma_bwd_block_ok for alignment):
  *   - wgmma (block_cuda_wgmma_bwd.cu): Hopper warpgroup MMA fed by TMA, a
- *     CTA per 128 keys of a kv head. Passes its tests on the CPU emulator,
- *     not yet run on a GPU: only DT_ATTN_KERNEL=wgmma picks it.
+ *     CTA per 128 keys of a kv head. The default backward where it can run
+ *     (1.5x to 1.8x the mma one, docs/PERFORMANCE.md, H200 2026-11-26).
  *   - mma (block_cuda_mma_bwd.cu): FlashAttention-2 structure on tensor
  *     cores (a CTA per 128 keys of a kv head, dK and dV in registers over
  *     the query tiles of its group's heads, dQ added with atomics). The
- *     default backward wherever it can run.
+ *     default backward elsewhere from compute capability 8.0.
  *   - simple (here; FlashAttention-2 math, no atomics): one kernel in which
  *     each thread owns a query row and accumulates dQ over the keys; one in
  *     which each thread owns a key row of a kv head and accumulates dK, dV
@@ -362,19 +362,20 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     const bool no_query = a->qseg.len == 0;   /* dk, dv unchanged, or (first) 0 */
     if (no_query && !a->first) return DT_SUCCESS;
     if (a->kernel != DT_ATTN_KERNEL_SIMPLE && !no_query) {
-        /* auto: mma where it can run, else simple (the top); wgmma only when
-         * asked for, until it has run on a GPU */
+        /* auto: wgmma where it can run, else mma, else simple (below), as
+         * the forward */
         char why[256] = "";
         const int cc = dt_backend_cuda_compute_capability(be);
-        if (a->kernel == DT_ATTN_KERNEL_WGMMA) {
-            if (dt_attn_wgmma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
-                dt_attn_mma_bwd_block_ok(a, why, sizeof why))
-                return dt_attn_wgmma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
-        } else if (dt_attn_mma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
-                   dt_attn_mma_bwd_block_ok(a, why, sizeof why)) {
+        const int auto_ = a->kernel == DT_ATTN_KERNEL_AUTO;
+        if ((auto_ || a->kernel == DT_ATTN_KERNEL_WGMMA) &&
+            dt_attn_wgmma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
+            dt_attn_mma_bwd_block_ok(a, why, sizeof why))
+            return dt_attn_wgmma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
+        if ((auto_ || a->kernel == DT_ATTN_KERNEL_MMA) &&
+            dt_attn_mma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
+            dt_attn_mma_bwd_block_ok(a, why, sizeof why))
             return dt_attn_mma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
-        }
-        if (a->kernel != DT_ATTN_KERNEL_AUTO)
+        if (!auto_)
             return dt_error(DT_ERR_NOT_SUPPORTED,
                             "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=%s: %s", be->rank,
                             dt_attn_kernel_choice_name(a->kernel), why);

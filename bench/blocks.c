@@ -793,7 +793,7 @@ static void usage(FILE *f) {
             "  --dtype T         fp32 | bf16 | fp16 (GPU default bf16; CPU fp32)\n"
             "  --kernel K        CUDA block kernel: auto | simple | mma | wgmma (default: the\n"
             "                    DT_ATTN_KERNEL environment variable, else auto); the\n"
-            "                    backward of auto is mma's\n"
+            "                    backward of auto is wgmma's where it runs\n"
             "  --l2 BYTES        CUDA: the L2 size the tensor-core kernels order their CTAs\n"
             "                    for (attention/mma_layout.h; default the device's; 0: one\n"
             "                    head after another)\n"

@@ -299,9 +299,9 @@ def last_line(text):
 
 
 def bwd_kernel(kernel):
-    """The backward kernel a DT_ATTN_KERNEL choice runs on an H100 (auto's is
-    mma's: the wgmma backward runs only when asked for, until measured)."""
-    return "mma" if kernel == "auto" else kernel
+    """The backward kernel a DT_ATTN_KERNEL choice runs on an H100 or H200
+    (auto's is wgmma's there, as its forward: block.h)."""
+    return "wgmma" if kernel == "auto" else kernel
 
 
 def bwd_choices(kernels):
@@ -449,7 +449,7 @@ def item_throughput(session, pass_):
         title = "item 5: backward TFLOPS, bf16"
         method = ("dtensor: build/bench/blocks section (r) --pass bwd, the backward block "
                   "kernel alone (lse and delta from a forward pass made before timing); "
-                  "auto's backward is mma's, so it runs once. torch: "
+                  "auto's backward is wgmma's, so it runs once. torch: "
                   "torch.autograd.grad of SDPA's output with the backend forced, its forward "
                   "untimed, CUDA events. TFLOPS count 2.5x the forward flops "
                   "(10*B*H*S*S*D), halved for causal.")
@@ -737,7 +737,7 @@ def item_waits(session):
                   "per-rank sum of the gaps between one step's kernels and the next "
                   "(dt_attention_options.timing), share = waits / (kernels + waits): on one "
                   "shared device these gaps also hold the other ranks' kernels. auto's "
-                  "backward is mma's, so its bwd rows come from the first kernel only. "
+                  "backward is wgmma's, so its bwd rows come from the first kernel only. "
                   "\"wgmma, persistent 2\": the wgmma forward persistent beside the ring's "
                   "copies too (--persistent 2, both benches; by default its blocks with a "
                   "copy in flight run a CTA per query tile, whose CTAs leave SMs to the "
