@@ -4,14 +4,15 @@
  * CPU emulator of CUDA (tests/emu: `make CUDA=emu test`, and test_mma_emu
  * for the tensor-core kernels in every `make test`), and passed the
  * "forward/cuda-kernels/..." and "backward/cuda-kernels/..." cases on an
- * H100 (2026-11-22; scripts/gpu_check.sh, racecheck and synccheck too).
+ * H100 (2026-11-22) and an H200 (2026-11-26; racecheck and synccheck
+ * too).
  *
  * Same contract and mask rule as block_cpu.c (block.h). Forward: three
  * kernels, chosen per block by fwd():
  *   - wgmma (block_cuda_wgmma.cu): Hopper warpgroup MMA fed by TMA, bf16 /
  *     fp16, head dim 64 or 128, compute capability 9.0 and an sm_90 build,
- *     16-byte aligned q, k, v; used by default where it can run (1.17x to
- *     1.55x FlashAttention-2's forward on an H100: docs/PERFORMANCE.md).
+ *     16-byte aligned q, k, v; used by default where it can run (1.16x to
+ *     1.62x FlashAttention-2's forward on an H200: docs/PERFORMANCE.md).
  *   - mma (block_cuda_mma.cu): FlashAttention-2 style on tensor cores, for
  *     bf16 / fp16, head dim 64 or 128, compute capability >= 8.0, with
  *     16-byte aligned q, k, v; used by default where wgmma cannot run.

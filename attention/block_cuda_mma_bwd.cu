@@ -3,12 +3,14 @@
  * 64 and 128, compute capability >= 8.0. STATUS: this version (8 warps,
  * 128 keys per CTA, float2 dQ atomics) passes its tests on the CPU emulator
  * of CUDA (tests/emu, test_mma_emu: against the double reference on ring,
- * striped and zigzag blocks) and is NOT YET MEASURED on a GPU. The version
- * before it (4 warps, 64 keys, scalar dQ atomics; commit c14bbb9) passed
- * its tests on an H100 (2026-11-22) at 0.42x to 0.57x FlashAttention-2's
- * backward, with ncu showing the L2 busy with its dQ atomics
- * (docs/PERFORMANCE.md). The simple kernels in block_cuda.cu stay as the
- * fallback and the cross-check (DT_ATTN_KERNEL=simple|mma|auto, block.h).
+ * striped and zigzag blocks) and on an H200 (2026-11-26), where it ran at
+ * 0.67x to 1.19x FlashAttention-2's backward, 1.34x to 1.87x the H100
+ * figures of the version before it (4 warps, 64 keys, scalar dQ atomics;
+ * commit c14bbb9: 0.42x to 0.57x FA2, the L2 busy with its dQ atomics;
+ * docs/PERFORMANCE.md). The default backward on compute capability 8.x;
+ * on 9.0 the wgmma one is faster (block.h). The simple kernels in
+ * block_cuda.cu stay as the fallback and the cross-check
+ * (DT_ATTN_KERNEL=simple|mma|auto, block.h).
  *
  * Contract: dt_attn_kernels.bwd of block.h, the same as block_cpu.c and the
  * simple kernels: one query segment against one key/value segment, GQA

@@ -1,11 +1,11 @@
 /* attention/block_cuda_wgmma.cu — the Hopper forward block kernel: warpgroup
  * MMA (wgmma, sm_90a) for bf16 and fp16, head dims 64 and 128. STATUS:
  * passes its tests on the CPU emulator of CUDA (tests/emu, test_mma_emu,
- * against the double reference on ring, striped and zigzag blocks) and,
- * before it ran persistent, on an H100 (2026-11-22), where it ran at 1.17x
- * to 1.55x FlashAttention-2's forward (docs/PERFORMANCE.md); the persistent
- * launch and the dependent launch have run only on the emulator. The
- * default forward on compute capability 9.0 (block.h). The portable
+ * against the double reference on ring, striped and zigzag blocks), on an
+ * H100 (2026-11-22, before it ran persistent) and on an H200 (2026-11-26),
+ * where it ran at 1.16x to 1.62x FlashAttention-2's forward
+ * (docs/PERFORMANCE.md). The default forward on compute capability 9.0
+ * (block.h). The portable
  * mma.sync kernel (block_cuda_mma.cu) is the default on the other GPUs of
  * compute capability 8.0 or newer.
  *
@@ -99,13 +99,16 @@
  * 0's loads instead of in every thread's registers (at D = 64 they
  * spilled).
  *
- * What is left for an H100 (docs/PERFORMANCE.md): measure it (the
- * persistent launch against a CTA per tile: bench/blocks --persistent 0,
- * bench/issue8.py items 1 and 2; the empty barriers against the per-tile
- * __syncthreads of commit 063c417); then a producer warp (with setmaxnreg)
- * and a third stage, so that no consumer thread waits for a release, and
- * the overlap of a tile's S with the previous tile's P V inside a
- * warpgroup.
+ * Measured on an H200 (docs/PERFORMANCE.md, 2026-11-26): the persistent
+ * launch no faster than a CTA per tile (0.98x to 1.03x), and a CTA's fixed
+ * cost per query tile about 3.3 key tiles (13.9 k cycles at c = 4096),
+ * which keeps a causal 4096 x 4096 block at r = 0.57 of a full one. What is
+ * left: find where that cost goes (the rows' merge and write-back while no
+ * other CTA shares the SM, the ping-pong's start and end: a reading, not a
+ * measurement) and overlap it with the next query tile's first key tiles;
+ * a producer warp (with setmaxnreg) and a third stage, so that no consumer
+ * thread waits for a release; the overlap of a tile's S with the previous
+ * tile's P V inside a warpgroup.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
