@@ -12,7 +12,10 @@
  *       (0,1,c) x (0,1,c), and the two striped blocks of P ranks: queries
  *       (1,P,c) against keys (0,P,c), diagonal included (y <= x), and
  *       (0,P,c) against (1,P,c), diagonal excluded (y < x). A kernel that
- *       skips masked tiles perfectly has r near 1/2.
+ *       skips masked tiles perfectly has r near 1/2. Each block merges into
+ *       the rows' stored state, as a ring's middle step; with --rows own
+ *       the forward's start and finish their rows instead, as a call's only
+ *       block (the merge's cost is the difference).
  *   (p) the ring on one device. P ranks of --ring-c tokens; for contiguous,
  *       striped and zigzag sharding every (rank j, step t) block is timed
  *       alone as the ring runs it: all its (query segment, key segment)
@@ -63,7 +66,7 @@
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
  *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--persistent 0|1|2]
- *      [--dependent 0|1] [--trace] [--json]
+ *      [--dependent 0|1] [--rows merge|own] [--trace] [--json]
  */
 #include <math.h>
 #include <stdint.h>
@@ -99,6 +102,7 @@ typedef struct opts {
     int64_t l2;                     /* --l2: the L2 size the CTA order plans for (-1: the device's) */
     int persistent;                 /* --persistent: the backend's mode (backend_cuda.h) */
     int dependent;                  /* --dependent: 0 no programmatic dependent launches */
+    int own;                        /* --rows own: (r)'s forward blocks start and finish their rows */
 } opts;
 
 /* ------------------------------------------------------------ the buffers */
@@ -376,10 +380,10 @@ static dt_status measure_r(const bufs *b, const opts *o, int bwd, int64_t c, r_r
     r->traced = o->trace;
     for (int i = 0; i < R_BLOCKS; i++) {
         dt_attn_mask mask = i == R_FULL ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
-        DT_TRY(time_block(b, o, bwd, mask, &qs[i], 1, &ks[i], 1, 0, 0, 0, t[i]));
+        DT_TRY(time_block(b, o, bwd, mask, &qs[i], 1, &ks[i], 1, o->own, o->own, 0, t[i]));
         if (o->trace) {
             launch_sum sum = {0};
-            DT_TRY(trace_run(b, bwd, mask, &qs[i], 1, &ks[i], 1, 0, 0, 0, &sum));
+            DT_TRY(trace_run(b, bwd, mask, &qs[i], 1, &ks[i], 1, o->own, o->own, 0, &sum));
             r->trace[i] = sum.last;
         }
     }
@@ -505,6 +509,7 @@ static void text_header(const run *r, const bufs *b) {
                (const char *[]){"a CTA per query tile", "persistent (a CTA per query tile "
                                 "beside a ring transfer)", "persistent"}[o->persistent],
                o->dependent ? "dependent launches" : "no dependent launches");
+    if (o->own) printf("(r): forward blocks that start and finish their rows (--rows own)\n");
 }
 
 static void text_r_title(const char *pass) {
@@ -669,6 +674,7 @@ static void json_print(const run *r, const bufs *b) {
     if (l2_of(b) >= 0)   /* CUDA */
         printf(", \"l2_bytes\": %lld, \"persistent\": %d, \"dependent\": %s", l2_of(b),
                o->persistent, o->dependent ? "true" : "false");
+    printf(", \"rows\": \"%s\"", o->own ? "own" : "merge");
     printf(",\n  \"timing\": \"%s; median\",\n  \"r\": [",
            r->backend == DT_BACKEND_CUDA ? "CUDA events around each block's kernels"
                                          : "CLOCK_MONOTONIC around each block");
@@ -806,6 +812,10 @@ static void usage(FILE *f) {
             "                    a call's first are launched as programmatic dependents of\n"
             "                    the block before (compute capability 9.0; default 1;\n"
             "                    (p)'s b2b is then also timed with 0)\n"
+            "  --rows merge|own  (r)'s forward blocks: merge (default) as a ring's middle\n"
+            "                    step, merging into the rows' stored state; own as a\n"
+            "                    call's only block, which starts and finishes its rows\n"
+            "                    (reads no state, writes o and lse)\n"
             "  --trace           one more run of each block with its CTAs recording\n"
             "                    their start, end, SM and tiles (CUDA mma and wgmma\n"
             "                    kernels): (r) the launch's idle SM time, its drain, a\n"
@@ -849,6 +859,7 @@ static int parse(int argc, char **argv, opts *o) {
     static const char *const pass_names[] = {"fwd", "bwd"};
     static const char *const section_names[] = {"r", "p"};
     static const char *const dtype_names[] = {"fp32", "bf16", "fp16"};
+    static const char *const rows_names[] = {"merge", "own"};
     static const dt_dtype dtypes[] = {DT_F32, DT_BF16, DT_F16};
     const char *kernel_names[DT_ATTN_KERNEL_COUNT];
     for (int k = 0; k < DT_ATTN_KERNEL_COUNT; k++)
@@ -916,6 +927,9 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--dependent")) {
             if (!ex_parse_int(a, v, 0, 1, &x)) return 0;
             o->dependent = (int)x;
+        } else if (!strcmp(a, "--rows")) {
+            if ((k = ex_parse_choice(a, v, rows_names, 2)) < 0) return 0;
+            o->own = k;
         } else if (!strcmp(a, "--dtype")) {
             if ((k = ex_parse_choice(a, v, dtype_names, 3)) < 0) return 0;
             o->dtype = dtypes[k];

@@ -224,6 +224,7 @@ static void test_blocks_bad_flags(void **state) {
         {"--ring-c 0", "--ring-c takes an integer"}, {"--ring-c 33", "--ring-c even"},
         {"--c", "--c takes a list"}, {"--dtype fp8", "--dtype takes one of"},
         {"--heads 6 --kv-heads 4", "--kv-heads must divide --heads"},
+        {"--rows all", "--rows takes one of"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char *out = NULL;
@@ -319,6 +320,34 @@ static void test_blocks_quick_json(void **state) {
     }
     ok = ok && n_r == 4 && n_p == 6;
     if (!ok) print_error("bench/blocks --quick --json printed (rc %d):\n%s\n", rc, out);
+    free(out);
+    assert_true(ok);
+}
+
+/* --rows own: (r)'s forward blocks as a call's only block; the JSON says
+ * so and its rows are (r)'s rows, with the same invariants. */
+static void test_blocks_rows_own(void **state) {
+    (void)state;
+    REQUIRE(g_blocks);
+    char *out = NULL;
+    int rc = h_run_program(g_blocks, "--quick --backend cpu --json --section r --pass fwd --rows own",
+                           &out);
+    int ok = rc == 0 && out[0] == '{' && strstr(out, "\"rows\": \"own\"") &&
+             strstr(out, "\n  \"complete\": true\n}\n") && no_nonfinite(out);
+    int n_r = 0;
+    const char *r = ok ? strstr(out, "\"r\": [") : NULL;
+    for (const char *row = r ? strstr(r, "{\"pass\": ") : NULL; ok && row;
+         row = strstr(row + 1, "{\"pass\": ")) {
+        ok = r_row_ok(row, 0);
+        n_r++;
+    }
+    ok = ok && r && n_r == 2;
+    if (!ok) print_error("bench/blocks --rows own --json printed (rc %d):\n%s\n", rc, out);
+    free(out);
+    assert_true(ok);
+    rc = h_run_program(g_blocks, "--quick --backend cpu --section r --pass fwd --rows own", &out);
+    ok = rc == 0 && strstr(out, "forward blocks that start and finish their rows (--rows own)");
+    if (!ok) print_error("bench/blocks --rows own printed (rc %d):\n%s\n", rc, out);
     free(out);
     assert_true(ok);
 }
@@ -530,6 +559,8 @@ int main(int argc, char **argv) {
     tests[n++] = (struct CMUnitTest){"bench_blocks/exit2", test_blocks_bad_flags, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/quick/json", test_blocks_quick_json, NULL, NULL,
                                      NULL};
+    tests[n++] = (struct CMUnitTest){"bench_blocks/quick/rows=own", test_blocks_rows_own, NULL,
+                                     NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/trace-summary", test_trace_summary, NULL, NULL,
                                      NULL};
     tests[n++] = (struct CMUnitTest){"bench_issue8/quick,backend=cpu,no-torch", test_issue8_quick,
