@@ -102,13 +102,14 @@
  * Measured on an H200 (docs/PERFORMANCE.md, 2026-11-26): the persistent
  * launch no faster than a CTA per tile (0.98x to 1.03x), and a CTA's fixed
  * cost per query tile about 3.3 key tiles (13.9 k cycles at c = 4096),
- * which keeps a causal 4096 x 4096 block at r = 0.57 of a full one. What is
- * left: find where that cost goes (the rows' merge and write-back while no
- * other CTA shares the SM, the ping-pong's start and end: a reading, not a
- * measurement) and overlap it with the next query tile's first key tiles;
- * a producer warp (with setmaxnreg) and a third stage, so that no consumer
- * thread waits for a release; the overlap of a tile's S with the previous
- * tile's P V inside a warpgroup.
+ * which keeps a causal 4096 x 4096 block at r = 0.57 of a full one; the
+ * rows' merge is 0.4 to 0.5 of a key tile of it (bench/blocks --rows own),
+ * the rest the query tile's start and end while no other CTA shares the SM.
+ * What is left: overlap one query tile's end with the next one's start (a
+ * producer warp with setmaxnreg, the warpgroups on different query tiles,
+ * as FlashAttention-3), a third stage, so that no consumer thread waits
+ * for a release; the overlap of a tile's S with the previous tile's P V
+ * inside a warpgroup.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
