@@ -6,7 +6,7 @@
 # benches' --quick runs (bench/issue8.py's too), and last the whole
 # `make test`.
 #
-#   scripts/gpu_check.sh [--dry-run] [--skip GROUPS] [BUDGET_SECONDS]
+#   scripts/gpu_check.sh [--dry-run] [--skip GROUPS] [--prebuilt DIR] [BUDGET_SECONDS]
 #
 #   BUDGET_SECONDS  wall-clock budget for the whole run (default 540: a device
 #                   call may run 600 s). Every step runs under `timeout` with
@@ -15,6 +15,11 @@
 #   --dry-run       print the steps (caps and commands) and run nothing.
 #   --skip GROUPS   comma-separated groups to leave out, for a second call:
 #                   env, build, tests, maketest, sanitizer, examples, bench.
+#   --prebuilt DIR  run the programs of DIR (bench/, tests/, examples/, as
+#                   scripts/gpu_pack.sh makes them on the machine you work
+#                   from) instead of building: no build step (it checks
+#                   that they load), and run_tests.sh DIR/tests instead of
+#                   `make test` last.
 #
 # Output goes to $OUT (the device tool's folder that comes back; default
 # ./gpu_check_out): one log per step (NN-name.log), summary.txt with one line
@@ -30,17 +35,23 @@
 # GPU", for how to make the prefix and the device call.
 set -u -o pipefail
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
 
 dry=0
 budget=540
 skip=","
+prebuilt=""
 while [ $# -gt 0 ]; do
     case $1 in
     -n | --dry-run) dry=1 ;;
     --skip)
         [ $# -ge 2 ] || { echo "gpu_check: --skip needs a list" >&2; exit 2; }
         skip=",$2,"
+        shift
+        ;;
+    --prebuilt)
+        [ $# -ge 2 ] && [ -d "$2" ] || { echo "gpu_check: --prebuilt needs a directory" >&2; exit 2; }
+        prebuilt=$2
         shift
         ;;
     -h | --help) usage; exit 0 ;;
@@ -53,7 +64,7 @@ done
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
 out=${OUT:-$root/gpu_check_out}
-build=build
+build=${prebuilt:-build}
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 jobs=${JOBS:-16}
 
@@ -236,8 +247,14 @@ fi
 [ "$dry" = 1 ] && printf '%-34s cap %4ss  %s\n' "00-env" 10 "nvidia-smi, nvcc --version, nccl.h version, libraries"
 
 # ------------------------------------------------------------------- build
-step build build 300 30 plain make -j"$jobs" "${make_vars[@]}"
-if [ "$dry" = 0 ] && [ -f "$out/$(printf '%02d' "$n")-build.log" ]; then
+if [ -n "$prebuilt" ]; then
+    # Programs built elsewhere: do they find their libraries here?
+    step build prebuilt_loads 20 5 plain bash -c "cat $build/COMMIT 2>/dev/null;
+        ! ldd $build/tests/* $build/bench/* $build/examples/* | grep -B20 'not found'"
+else
+    step build build 300 30 plain make -j"$jobs" "${make_vars[@]}"
+fi
+if [ "$dry" = 0 ] && [ -z "$prebuilt" ] && [ -f "$out/$(printf '%02d' "$n")-build.log" ]; then
     # What the Makefile found (CUDA, cuBLAS, NCCL, MPI, cmocka) and built.
     sed -n '/configuration/,/^$/p' "$out/$(printf '%02d' "$n")-build.log" | head -n 16
 fi
@@ -306,7 +323,12 @@ step bench issue8_quick 150 20 plain python3 bench/issue8.py --quick --budget 12
 mt_cap=$((budget - SECONDS - 10))
 [ "$dry" = 1 ] && mt_cap=300
 [ "$mt_cap" -gt 300 ] && mt_cap=300
-step maketest make_test "$mt_cap" 150 maketest env DT_TEST_TIMEOUT=120 make test "${make_vars[@]}"
+if [ -n "$prebuilt" ]; then
+    step maketest run_tests "$mt_cap" 150 maketest env DT_TEST_TIMEOUT=120 bash tests/run_tests.sh \
+        "$build/tests"
+else
+    step maketest make_test "$mt_cap" 150 maketest env DT_TEST_TIMEOUT=120 make test "${make_vars[@]}"
+fi
 
 if [ "$dry" = 1 ]; then
     echo "summary would be written to $out/summary.txt"

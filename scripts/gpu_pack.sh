@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# scripts/gpu_pack.sh — build here and pack what a device call on a lent GPU
+# machine needs to run the tests and benches without building there:
+#
+#   scripts/gpu_pack.sh [DIR]      (DIR default .gpu/build)
+#
+# It runs `make all bench` (tests included where cmocka is found), copies
+# every program of build/bench, build/tests and build/examples into DIR's
+# bench/, tests/ and examples/ without their debug symbols (strip; about
+# 37 MiB in all, under the device tool's 64 MiB), and unpacks cmocka into
+# .deps/root/usr if it is not there (the GPU machines have none), then adds
+# /.gpu/ and /.deps/ to .git/info/exclude so that neither travels as
+# untracked files. The device call then carries [".deps", ".gpu"] and runs
+#
+#   scripts/gpu_check.sh --prebuilt .gpu/build 540
+#
+# A build made on this project's Debian 12 machine (nvcc 13.0, sm_90) ran
+# unchanged on the lent Ubuntu 24.04 H200 (2026-11-26): the programs link
+# the CUDA runtime, cuBLAS, NCCL, OpenBLAS and Open MPI by their sonames,
+# which that machine has. gpu_check.sh says so and stops if one does not
+# load there; build there instead (gpu_check.sh without --prebuilt).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dest=${1:-.gpu/build}
+case $dest in -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+
+make -j"$(nproc)" all bench
+[ -d build/tests ] && ls build/tests/test_* >/dev/null 2>&1 ||
+    { echo "gpu_pack: no tests were built (is cmocka installed here?)" >&2; exit 1; }
+
+rm -rf "$dest"
+for d in bench tests examples; do
+    mkdir -p "$dest/$d"
+    for f in build/"$d"/*; do
+        [ -f "$f" ] && [ -x "$f" ] && strip -o "$dest/$d/$(basename "$f")" "$f"
+    done
+done
+git rev-parse --short HEAD >"$dest/COMMIT" 2>/dev/null || true
+git diff --quiet HEAD 2>/dev/null || echo "with uncommitted changes" >>"$dest/COMMIT"
+
+if ! find .deps/root/usr -name 'libcmocka.so*' 2>/dev/null | grep -q .; then
+    mkdir -p .deps
+    (cd .deps && apt-get download libcmocka0 libcmocka-dev >/dev/null &&
+        for f in *.deb; do dpkg -x "$f" root; done)
+fi
+
+exclude=.git/info/exclude
+if [ -d .git ]; then
+    mkdir -p .git/info
+    for p in /.gpu/ /.deps/; do
+        grep -qxF "$p" "$exclude" 2>/dev/null || echo "$p" >>"$exclude"
+    done
+fi
+
+echo "gpu_pack: $(du -sh "$dest" | cut -f1) in $dest (commit $(head -n 1 "$dest/COMMIT" 2>/dev/null || echo '?'))"
+echo "device call: carry [\".deps\", \".gpu\"], command: scripts/gpu_check.sh --prebuilt $dest 540"
