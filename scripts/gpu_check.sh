@@ -104,8 +104,11 @@ if [ "$dry" = 0 ]; then
     mkdir -p "$out" || exit 2
     summary=$out/summary.txt
     failures=$out/failures.txt
-    printf '# gpu_check %s, budget %ss, %s\n# step rc seconds note\n' \
-        "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')" "$budget" \
+    # The checkout's commit (a device copy may carry older git metadata than
+    # its files: the programs' own record, gpu_pack.sh's COMMIT, says more).
+    what="tree $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
+    [ -n "$prebuilt" ] && what+=", programs $(paste -sd' ' "$build/COMMIT" 2>/dev/null || echo '?')"
+    printf '# gpu_check %s, budget %ss, %s\n# step rc seconds note\n' "$what" "$budget" \
         "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$summary"
     : >"$failures"
 fi
