@@ -277,29 +277,39 @@ dt_status kernel_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_kern
     return ok ? DT_SUCCESS : DT_ERR_NOT_SUPPORTED;
 }
 
-/* The forward kernel that runs block a: auto, wgmma where it can run, else
- * mma, else simple. 0 if a forced mma or wgmma cannot run it, with the
- * reason in why. A block with no key (its rows only started or finished)
- * takes the simple kernel: a tensor map of 0 rows cannot even be made. */
-enum fwd_path { FWD_SIMPLE, FWD_MMA, FWD_WGMMA };
+/* The kernel that runs a block, forward and backward alike: the choice's
+ * (auto: wgmma where it can run, else mma, else simple). `aligned`: the
+ * block's pointers suit the tensor-core kernels (dt_attn_mma_block_ok or
+ * dt_attn_mma_bwd_block_ok, its reason in why otherwise). 0 if a forced
+ * mma or wgmma cannot run it, with the reason in why. */
+enum kernel_path { PATH_SIMPLE, PATH_MMA, PATH_WGMMA };
 
-int fwd_path_of(dt_backend *be, const dt_attn_block_args *a, fwd_path *path, char *why,
-                size_t why_size) {
-    *path = FWD_SIMPLE;
-    if (a->kernel == DT_ATTN_KERNEL_SIMPLE || a->kseg.len == 0) return 1;
+int path_of(dt_backend *be, dt_attn_kernel_choice k, dt_dtype dtype, int64_t dim, int aligned,
+            kernel_path *path, char *why, size_t why_size) {
+    *path = PATH_SIMPLE;
+    if (k == DT_ATTN_KERNEL_SIMPLE) return 1;
     const int cc = dt_backend_cuda_compute_capability(be);
-    const int auto_ = a->kernel == DT_ATTN_KERNEL_AUTO;
-    if ((auto_ || a->kernel == DT_ATTN_KERNEL_WGMMA) &&
-        dt_attn_wgmma_supported(a->dtype, a->dim, cc, why, why_size) &&
-        dt_attn_mma_block_ok(a, why, why_size))
-        *path = FWD_WGMMA;
-    else if ((auto_ || a->kernel == DT_ATTN_KERNEL_MMA) &&
-             dt_attn_mma_supported(a->dtype, a->dim, cc, why, why_size) &&
-             dt_attn_mma_block_ok(a, why, why_size))
-        *path = FWD_MMA;
+    const int auto_ = k == DT_ATTN_KERNEL_AUTO;
+    if ((auto_ || k == DT_ATTN_KERNEL_WGMMA) &&
+        dt_attn_wgmma_supported(dtype, dim, cc, why, why_size) && aligned)
+        *path = PATH_WGMMA;
+    else if ((auto_ || k == DT_ATTN_KERNEL_MMA) &&
+             dt_attn_mma_supported(dtype, dim, cc, why, why_size) && aligned)
+        *path = PATH_MMA;
     else if (!auto_)
         return 0;
     return 1;
+}
+
+/* The forward's: path_of, but a block with no key (its rows only started
+ * or finished) takes the simple kernel: a tensor map of 0 rows cannot even
+ * be made. */
+int fwd_path_of(dt_backend *be, const dt_attn_block_args *a, kernel_path *path, char *why,
+                size_t why_size) {
+    *path = PATH_SIMPLE;
+    if (a->kernel == DT_ATTN_KERNEL_SIMPLE || a->kseg.len == 0) return 1;
+    return path_of(be, a->kernel, a->dtype, a->dim, dt_attn_mma_block_ok(a, why, why_size), path,
+                   why, why_size);
 }
 
 /* Nothing to do: no row, or no key and nothing to start or finish. */
@@ -310,7 +320,7 @@ bool fwd_idle(const dt_attn_block_args *a) {
 
 dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     if (fwd_idle(a)) return DT_SUCCESS;
-    fwd_path path;
+    kernel_path path;
     char why[256] = "";
     if (!fwd_path_of(be, a, &path, why, sizeof why))
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=%s: %s",
@@ -318,14 +328,14 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     /* programmatic dependent launches: compute capability 9.0 on */
     const int dependent = dt_backend_cuda_dependent_launch(be) &&
                           dt_backend_cuda_compute_capability(be) >= 90;
-    if (path == FWD_WGMMA) {
+    if (path == PATH_WGMMA) {
         const int persistent = dt_backend_cuda_persistent(be);
         dt_attn_block_args b = *a;
         if (persistent == 2) b.transfer = 0;   /* persistent even beside a transfer */
         return dt_attn_wgmma_fwd(stream_of(be), &b, dt_backend_cuda_l2_bytes(be),
                                  persistent ? dt_backend_cuda_sms(be) : 0, scratch, dependent);
     }
-    if (path == FWD_MMA)
+    if (path == PATH_MMA)
         return dt_attn_mma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be), dependent);
     if (!a->acc || !a->m || !a->l)   /* fwd_stateless promised a tensor-core kernel */
         return dt_error(DT_ERR_INTERNAL, "rank %d: attention (cuda): a block without running "
@@ -344,9 +354,9 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
 int fwd_stateless(dt_backend *be, const dt_attn_block_args *a) {
     if (!a->first || !a->last) return 0;
     if (fwd_idle(a)) return 1;
-    fwd_path path;
+    kernel_path path;
     char why[256];
-    return fwd_path_of(be, a, &path, why, sizeof why) && path != FWD_SIMPLE;
+    return fwd_path_of(be, a, &path, why, sizeof why) && path != PATH_SIMPLE;
 }
 
 dt_status delta_rows(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads,
@@ -362,24 +372,17 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     if (a->kseg.len == 0 || a->batch == 0 || a->heads == 0) return DT_SUCCESS;   /* no rows */
     const bool no_query = a->qseg.len == 0;   /* dk, dv unchanged, or (first) 0 */
     if (no_query && !a->first) return DT_SUCCESS;
-    if (a->kernel != DT_ATTN_KERNEL_SIMPLE && !no_query) {
-        /* auto: wgmma where it can run, else mma, else simple (below), as
-         * the forward */
+    if (!no_query) {
+        kernel_path path;
         char why[256] = "";
-        const int cc = dt_backend_cuda_compute_capability(be);
-        const int auto_ = a->kernel == DT_ATTN_KERNEL_AUTO;
-        if ((auto_ || a->kernel == DT_ATTN_KERNEL_WGMMA) &&
-            dt_attn_wgmma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
-            dt_attn_mma_bwd_block_ok(a, why, sizeof why))
-            return dt_attn_wgmma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
-        if ((auto_ || a->kernel == DT_ATTN_KERNEL_MMA) &&
-            dt_attn_mma_supported(a->dtype, a->dim, cc, why, sizeof why) &&
-            dt_attn_mma_bwd_block_ok(a, why, sizeof why))
-            return dt_attn_mma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
-        if (!auto_)
+        if (!path_of(be, a->kernel, a->dtype, a->dim, dt_attn_mma_bwd_block_ok(a, why, sizeof why),
+                     &path, why, sizeof why))
             return dt_error(DT_ERR_NOT_SUPPORTED,
                             "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=%s: %s", be->rank,
                             dt_attn_kernel_choice_name(a->kernel), why);
+        if (path == PATH_WGMMA)
+            return dt_attn_wgmma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
+        if (path == PATH_MMA) return dt_attn_mma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
     }
     if (!no_query) {
         dim3 gq((unsigned)((a->qseg.len + 127) / 128), (unsigned)a->heads, (unsigned)a->batch);

@@ -17,13 +17,13 @@
 # A build made on this project's Debian 12 machine (nvcc 13.0, sm_90) ran
 # unchanged on the lent Ubuntu 24.04 H200 (2026-11-26): the programs link
 # the CUDA runtime, cuBLAS, NCCL, OpenBLAS and Open MPI by their sonames,
-# which that machine has. gpu_check.sh says so and stops if one does not
-# load there; build there instead (gpu_check.sh without --prebuilt).
+# which that machine has. Where one does not load there, gpu_check.sh's
+# first step fails naming it: build there instead (without --prebuilt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dest=${1:-.gpu/build}
-case $dest in -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case $dest in -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 make -j"$(nproc)" all bench
 [ -d build/tests ] && ls build/tests/test_* >/dev/null 2>&1 ||
