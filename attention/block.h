@@ -62,11 +62,19 @@ const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k);
  * %globaltimer (one clock for the whole GPU, ns), clock from clock64 (the
  * SM's cycle counter), sm from %smid. work: the iterations of the CTA's
  * main loop, its tiles: key tiles of one query tile forward, query tiles
- * (times the GQA group's heads) of one key tile backward. On the CPU
- * emulator ns and clock are CLOCK_MONOTONIC and sm is 0. */
+ * (times the GQA group's heads) of one key tile backward. The forward
+ * kernels also mark, in clock64 cycles, where their main loop runs:
+ * mark[0] once its first key tile has landed (before its math), mark[1]
+ * once every thread is done with its last (before the rows' merge and
+ * write-back), so that a CTA's time splits into its start, its loop and
+ * its end; both 0 in a CTA without key tiles and in the backward kernels.
+ * (The persistent wgmma forward writes a record per query tile: the
+ * tile's own start and end.) On the CPU emulator ns and clock are
+ * CLOCK_MONOTONIC and sm is 0. */
 typedef struct dt_attn_cta_trace {
     uint64_t ns[2], clock[2];
     uint32_t sm, work;
+    uint32_t mark[2];
 } dt_attn_cta_trace;
 
 typedef struct dt_attn_block_args {

@@ -229,7 +229,10 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
             cp_async_wait<0>();
         }
         __syncthreads();   /* every thread's copies of tile kt are visible to all */
-        if (kt == 0) load_q_fragments<T, D>(qf, q_tile<T, D>(smem), warp, lane);
+        if (kt == 0) {
+            if (threadIdx.x == 0) cta_mark(a, 0);
+            load_q_fragments<T, D>(qf, q_tile<T, D>(smem), warp, lane);
+        }
 
         float s[NT_S][4];
         tile_scores<T, D>(s, qf, k_stage<T, D>(smem, stage), lane);
@@ -240,6 +243,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
         tile_pv<T, D>(o, s, v_stage<T, D>(smem, stage), lane);
         __syncthreads();   /* stage is refilled by iteration kt+1's copies */
     }
+    if (n_tiles > 0 && threadIdx.x == 0) cta_mark(a, 1);
 
     /* A dependent launch (a block after the call's first, compute
      * capability 9.0) waits for the block before only here, before the

@@ -343,6 +343,14 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
          * of 1 | PV of 1. Warpgroup 1 opens by giving 0 the first turn and
          * leaves out its last arrival, so every phase completes; a warpgroup
          * that skips a tile's math still takes its turns. */
+        /* --trace: when the first key tile has landed, seen by thread 0,
+         * which stamped the tile's start (its wait in the loop then passes
+         * at once; it issues its next loads only after that wait anyway);
+         * at D = 128 only (at D = 64 the marks make ptxas spill) */
+        if (RELEASE && a.trace && n_tiles > 0 && threadIdx.x == 0) {
+            mbar_wait(&full[f & 1], (uint32_t)(f >> 1) & 1u);
+            cta_mark(a, 0, tile);
+        }
         constexpr int TURN = 1, PAIR = WG_THREADS;
         if (wg == 1 && n_tiles > 0) bar_arrive<TURN>(0, PAIR);
         for (int kt = 0; kt < n_tiles; kt++, f++) {
@@ -415,6 +423,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
         /* next[ti], written during the last key tile (at D = 64 that tile's
          * __syncthreads published it) */
         if (RELEASE && n_tiles > 0) __syncthreads();
+        if (RELEASE && n_tiles > 0 && threadIdx.x == 0) cta_mark(a, 1, tile);   /* every thread is done with the keys */
 
         /* Every thread, before it reads what the grid before wrote (the
          * stored rows) and before it exits: this grid then completes after

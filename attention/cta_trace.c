@@ -22,9 +22,29 @@ static int event_cmp(const void *x, const void *y) {
 
 static int written(const dt_attn_cta_trace *r) { return r->ns[1] != 0 && r->ns[1] >= r->ns[0]; }
 
+/* The least squares line y = slope x + intercept through points added one
+ * by one; NaN for both with fewer than two distinct x. */
+typedef struct line_fit {
+    double n, sx, sy, sxx, sxy;
+} line_fit;
+
+static void fit_add(line_fit *f, double x, double y) {
+    f->n += 1, f->sx += x, f->sy += y, f->sxx += x * x, f->sxy += x * y;
+}
+
+static void fit_line(const line_fit *f, double *slope, double *intercept) {
+    const double var = f->n * f->sxx - f->sx * f->sx;
+    *slope = *intercept = NAN;
+    if (f->n >= 2 && var > 0) {
+        *slope = (f->n * f->sxy - f->sx * f->sy) / var;
+        *intercept = (f->sy - *slope * f->sx) / f->n;
+    }
+}
+
 dt_status dt_attn_trace_summarize(const dt_attn_cta_trace *rec, int64_t n, dt_attn_trace_stats *out) {
     memset(out, 0, sizeof *out);
     out->cycles_per_tile = out->overhead_cycles = NAN;
+    out->start_cycles = out->end_cycles = out->loop_cycles_per_tile = out->loop_fixed_cycles = NAN;
     event *ev = malloc((size_t)(n > 0 ? 2 * n : 1) * sizeof *ev);
     /* SMs seen: %smid is below 2^16 on every GPU; a bitmap of that */
     unsigned char *seen = calloc(1u << 13, 1);
@@ -35,9 +55,8 @@ dt_status dt_attn_trace_summarize(const dt_attn_cta_trace *rec, int64_t n, dt_at
                         (long long)n);
     }
     uint64_t first = UINT64_MAX, last = 0, last_start = 0;
-    double busy_ns = 0, cycles = 0;
-    /* sums for the least squares of cycles on work */
-    double sx = 0, sy = 0, sxx = 0, sxy = 0, m = 0;
+    double busy_ns = 0, cycles = 0, start = 0, end = 0;
+    line_fit all = {0}, loop = {0};   /* cycles on work: the CTA's, its loop's */
     int64_t k = 0;
     for (int64_t i = 0; i < n; i++) {
         const dt_attn_cta_trace *r = &rec[i];
@@ -57,10 +76,15 @@ dt_status dt_attn_trace_summarize(const dt_attn_cta_trace *rec, int64_t n, dt_at
         cycles += c;
         ev[k++] = (event){r->ns[0], +1};
         ev[k++] = (event){r->ns[1], -1};
-        if (r->work > 0) {
-            const double x = (double)r->work;
-            sx += x, sy += c, sxx += x * x, sxy += x * c, m += 1;
-        }
+        if (r->work == 0) continue;
+        fit_add(&all, (double)r->work, c);
+        if (r->mark[0] == 0 || r->mark[1] == 0) continue;
+        /* 32-bit marks: differences modulo 2^32 */
+        const uint32_t c0 = (uint32_t)r->clock[0], c1 = (uint32_t)r->clock[1];
+        out->marked++;
+        start += (double)(uint32_t)(r->mark[0] - c0);
+        end += (double)(uint32_t)(c1 - r->mark[1]);
+        fit_add(&loop, (double)r->work, (double)(uint32_t)(r->mark[1] - r->mark[0]));
     }
     free(seen);
     if (out->ctas == 0) {
@@ -79,10 +103,11 @@ dt_status dt_attn_trace_summarize(const dt_attn_cta_trace *rec, int64_t n, dt_at
     out->drain_us = (double)(last - last_start) / 1e3;
     out->fill = span > 0 ? busy_ns / ((double)out->slots * span) : NAN;
     out->ghz = busy_ns > 0 ? cycles / busy_ns : NAN;
-    const double var = m * sxx - sx * sx;
-    if (m >= 2 && var > 0) {
-        out->cycles_per_tile = (m * sxy - sx * sy) / var;
-        out->overhead_cycles = (sy - out->cycles_per_tile * sx) / m;
+    fit_line(&all, &out->cycles_per_tile, &out->overhead_cycles);
+    fit_line(&loop, &out->loop_cycles_per_tile, &out->loop_fixed_cycles);
+    if (out->marked > 0) {
+        out->start_cycles = start / (double)out->marked;
+        out->end_cycles = end / (double)out->marked;
     }
     return DT_SUCCESS;
 }

@@ -218,6 +218,17 @@ __device__ __forceinline__ void cta_trace(const Args &a, int end, int64_t work =
         r->sm = sm_id();
 }
 
+/* A forward kernel's marks in its record (dt_attn_cta_trace.mark): the
+ * calling thread (one of the CTA's) stamps mark k (0: the first key tile
+ * has landed; 1: every thread is done with the last) of record `index`, as
+ * cta_trace, once it has seen that happen. */
+template <typename Args>
+__device__ __forceinline__ void cta_mark(const Args &a, int k, int64_t index = -1) {
+    if (!a.trace) return;
+    if (index < 0) index = blockIdx.x;
+    if (index < a.trace_len) a.trace[index].mark[k] = (uint32_t)sm_clock();
+}
+
 /* Per element type: the mma.sync variant and the fp32 pair -> .b32 packing
  * (lo in the low half: the lower-indexed element of a fragment pair). */
 template <typename T>

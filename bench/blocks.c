@@ -54,7 +54,10 @@
  * (dt_attn_block_args.trace) and prints where the launch's time went
  * (attention/cta_trace.h). (r): the SMs' idle share (fill), the time after
  * the last CTA started (drain), and a CTA's cycles per tile and fixed cost
- * (a line fitted through the CTAs' cycles against their tiles). (p): per
+ * (a line fitted through the CTAs' cycles against their tiles), which the
+ * forward kernels' marks split into the start (to the first key tile
+ * landed), the main loop's own fixed cost and the end (the rows' merge
+ * and write-back; the wgmma forward marks at D = 128 only). (p): per
  * order, every launch of its blocks summed (span, drain, packed time: the
  * CTAs' time / slots), and the same for the one call.
  *
@@ -537,18 +540,22 @@ static void text_trace(const r_row *rows, int n, const char *pass) {
     }
     printf("\n(t) CTA timeline of one more run of each (r) block, pass %s: fill = CTA time / "
            "(slots x span),\n    drain = last CTA start to the end; a CTA's cycles = "
-           "cyc/tile x tiles + fixed (least squares)\n"
-           "    %7s %-10s %6s %4s %5s %9s %6s %9s %7s %9s %9s %7s %5s\n", pass, "c", "block",
-           "CTAs", "SMs", "slots", "span us", "fill", "drain us", "tiles", "cyc/tile",
-           "fixed cyc", "fixed/t", "GHz");
+           "cyc/tile x tiles + fixed (least squares);\n    the fixed cost split by the forward "
+           "kernels' marks (nan: none): start = to the first\n    key tile landed, loop = the "
+           "main loop's own fixed cycles (on its own line), end = after\n    the last key tile "
+           "(the rows' merge and write-back)\n"
+           "    %7s %-10s %6s %4s %5s %9s %6s %9s %7s %9s %9s %7s %5s %7s %7s %7s\n", pass, "c",
+           "block", "CTAs", "SMs", "slots", "span us", "fill", "drain us", "tiles", "cyc/tile",
+           "fixed cyc", "fixed/t", "GHz", "start", "loop", "end");
     for (int i = 0; i < n; i++)
         for (int k = 0; k < R_BLOCKS; k++) {
             const dt_attn_trace_stats *t = &rows[i].trace[k];
             printf("    %7lld %-10s %6lld %4lld %5lld %9.1f %6.3f %9.1f %7lld %9.0f %9.0f %7.2f "
-                   "%5.2f\n", (long long)rows[i].c, r_block_names[k], (long long)t->ctas,
-                   (long long)t->sms, (long long)t->slots, t->span_us, t->fill, t->drain_us,
-                   (long long)t->work, t->cycles_per_tile, t->overhead_cycles,
-                   t->overhead_cycles / t->cycles_per_tile, t->ghz);
+                   "%5.2f %7.0f %7.0f %7.0f\n", (long long)rows[i].c, r_block_names[k],
+                   (long long)t->ctas, (long long)t->sms, (long long)t->slots, t->span_us,
+                   t->fill, t->drain_us, (long long)t->work, t->cycles_per_tile,
+                   t->overhead_cycles, t->overhead_cycles / t->cycles_per_tile, t->ghz,
+                   t->start_cycles, t->loop_fixed_cycles, t->end_cycles);
         }
 }
 
@@ -636,6 +643,11 @@ static void json_trace(const r_row *x) {
         json_num("fixed_cycles", t->overhead_cycles);
         json_num("fixed_tiles", t->overhead_cycles / t->cycles_per_tile);
         json_num("ghz", t->ghz);
+        printf(", \"marked\": %lld", (long long)t->marked);
+        json_num("start_cycles", t->start_cycles);
+        json_num("loop_cycles_per_tile", t->loop_cycles_per_tile);
+        json_num("loop_fixed_cycles", t->loop_fixed_cycles);
+        json_num("end_cycles", t->end_cycles);
         printf("}");
     }
     printf("}");

@@ -568,7 +568,8 @@ def item_trace(session):
     """Item 2's blocks, where their time goes: the CTA timelines of --trace."""
     h, d, cs = session.size["r_h"], session.size["r_d"], session.size["r_c"]
     header = ["kernel", "c", "block", "CTAs", "slots", "span us", "fill", "drain us",
-              "drain share", "tiles", "cycles / tile", "fixed cycles", "fixed / tile", "GHz"]
+              "drain share", "tiles", "cycles / tile", "fixed cycles", "fixed / tile", "GHz",
+              "start cycles", "loop fixed cycles", "end cycles"]
     table = Table("2t", "item 2, CTA timelines: where a block's time goes", "none (a "
                   "diagnosis of item 2)", header,
                   f"The (r) blocks of item 2 (B = 1, H = {h}, D = {d}, bf16), each run once "
@@ -578,7 +579,12 @@ def item_trace(session):
                   "no slot is ever idle; drain = from the last CTA's start to the end (no "
                   "CTA left to launch); cycles = cycles / tile x tiles + fixed, least squares "
                   "over the CTAs (clock64), fixed / tile = a CTA's fixed cost in key tiles "
-                  "(none for a full block, whose CTAs all have the same tiles).")
+                  "(none for a full block, whose CTAs all have the same tiles). The fixed "
+                  "cost split by the forward kernels' marks (means over the CTAs with key "
+                  "tiles): start = from a CTA's start to its first key tile landed; loop "
+                  "fixed = the main loop's own fixed cycles, a line fitted through the "
+                  "loops' cycles against their tiles; end = after its last key tile (the "
+                  "rows' merge and write-back). The wgmma kernel marks at D = 128 only.")
     outs = getattr(session, "r_outs", {})
     for k in session.args.kernels:
         for c in cs:
@@ -591,13 +597,16 @@ def item_trace(session):
                     t = NA("no CTA records", "only the CUDA mma and wgmma kernels keep them")
                 keys = ("ctas", "slots", "span_us", "fill", "drain_us", "tiles",
                         "cycles_per_tile", "fixed_cycles", "fixed_tiles", "ghz")
-                v = {key: t if is_na(t) else t[key] for key in keys}
+                keys += ("start_cycles", "loop_fixed_cycles", "end_cycles")   # None from an older bench
+                v = {key: t if is_na(t) else t.get(key) for key in keys}
                 v = {key: NA("none") if x is None else x for key, x in v.items()}
                 share = ratio(v["drain_us"], v["span_us"])
                 cells = [k, str(c), block, (v["ctas"], ""), (v["slots"], ""),
                          (v["span_us"], ".1f"), (v["fill"], ".3f"), (v["drain_us"], ".1f"),
                          (share, ".3f"), (v["tiles"], ""), (v["cycles_per_tile"], ".0f"),
-                         (v["fixed_cycles"], ".0f"), (v["fixed_tiles"], ".2f"), (v["ghz"], ".2f")]
+                         (v["fixed_cycles"], ".0f"), (v["fixed_tiles"], ".2f"), (v["ghz"], ".2f"),
+                         (v["start_cycles"], ".0f"), (v["loop_fixed_cycles"], ".0f"),
+                         (v["end_cycles"], ".0f")]
                 table.add(cells, dict(kernel=k, c=c, block=block, drain_share=share, **v))
     return table
 

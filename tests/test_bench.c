@@ -17,7 +17,9 @@
  *   - the summary of a traced launch (attention/cta_trace.c, bench/blocks
  *     --trace) on a timeline worked out by hand: CTAs, SMs, slots (a CTA
  *     starting as another ends takes its slot), span, drain, fill, the
- *     fitted cycles per tile and fixed cycles, the clock;
+ *     fitted cycles per tile and fixed cycles, the clock, and the fixed
+ *     cost's split by the CTAs' marks (start, the loop's line, end; 32-bit
+ *     marks that wrap);
  *   - bench/issue8.py --backend cpu --quick --no-torch (when python3 is on
  *     PATH; else skipped): exit 0, every item's heading, every step run;
  *   - bench/mlp --quick: the baseline rows and one row per mode and P, every
@@ -355,10 +357,19 @@ static void test_blocks_rows_own(void **state) {
 /* ------------------------------------------- the CTA trace's summary (--trace) */
 
 /* A record of a CTA on SM sm from t0 to t1 ns whose SM clock runs at 2 GHz
- * (its cycle counter starts at an SM's own base), with `work` tiles. */
+ * (its cycle counter starts at an SM's own base; SM 2's just below 2^32,
+ * so that its 32-bit marks wrap), with `work` tiles and no marks. */
 static dt_attn_cta_trace cta(uint32_t sm, uint64_t t0, uint64_t t1, uint32_t work) {
-    const uint64_t base = 1000000u * (sm + 1);
-    return (dt_attn_cta_trace){{t0, t1}, {base + 2 * t0, base + 2 * t1}, sm, work};
+    const uint64_t base = sm == 2 ? (1ull << 32) - 300 : 1000000u * (sm + 1);
+    return (dt_attn_cta_trace){{t0, t1}, {base + 2 * t0, base + 2 * t1}, sm, work, {0, 0}};
+}
+
+/* r with its marks: its first key tile landed `start` cycles after its
+ * start, its loop 1900 work + 250 cycles long. */
+static dt_attn_cta_trace marked(dt_attn_cta_trace r, uint64_t start) {
+    r.mark[0] = (uint32_t)(r.clock[0] + start);
+    r.mark[1] = (uint32_t)(r.clock[0] + start + 1900u * r.work + 250);
+    return r;
 }
 
 /* A timeline worked out by hand. Two SMs; a CTA of w tiles lasts 1000 w +
@@ -371,7 +382,7 @@ static dt_attn_cta_trace cta(uint32_t sm, uint64_t t0, uint64_t t1, uint32_t wor
  * slots; CTAs of one work give no line; no record gives zeros. */
 static void test_trace_summary(void **state) {
     (void)state;
-    dt_attn_cta_trace rec[6] = {cta(7, 0, 3300, 3), cta(2, 100, 2400, 2), {{0, 0}, {0, 0}, 0, 0},
+    dt_attn_cta_trace rec[6] = {cta(7, 0, 3300, 3), cta(2, 100, 2400, 2), {{0, 0}, {0, 0}, 0, 0, {0, 0}},
                                 cta(2, 2400, 2700, 0), cta(7, 3300, 4600, 1)};
     dt_attn_trace_stats t;
     assert_int_equal(dt_attn_trace_summarize(rec, 5, &t), DT_SUCCESS);
@@ -385,12 +396,31 @@ static void test_trace_summary(void **state) {
     assert_true(fabs(t.cycles_per_tile - 2000) < 1e-9);
     assert_true(fabs(t.overhead_cycles - 600) < 1e-9);
     assert_true(fabs(t.ghz - 2.0) < 1e-12);
+    assert_int_equal(t.marked, 0);   /* no marks: no split of the fixed cost */
+    assert_true(isnan(t.start_cycles) && isnan(t.end_cycles) && isnan(t.loop_fixed_cycles));
 
-    rec[5] = cta(40, 500, 1500, 1);   /* inside SM 7's first CTA and SM 2's */
+    /* The CTAs of 3, 2 and 1 tiles marked, their first key tile landed 100,
+     * 200 and 150 cycles in (SM 2's marks past 2^32 where its clock is
+     * not): start 150 on average, the loop on 1900 w + 250, so the end
+     * 2000 w + 600 - start - loop = 100 w + 350 - start: 550, 350, 300. */
+    rec[0] = marked(rec[0], 100);
+    rec[1] = marked(rec[1], 200);
+    rec[4] = marked(rec[4], 150);
+    assert_int_equal(dt_attn_trace_summarize(rec, 5, &t), DT_SUCCESS);
+    assert_int_equal(t.marked, 3);
+    assert_true(fabs(t.start_cycles - 150) < 1e-9);
+    assert_true(fabs(t.loop_cycles_per_tile - 1900) < 1e-9);
+    assert_true(fabs(t.loop_fixed_cycles - 250) < 1e-9);
+    assert_true(fabs(t.end_cycles - 1200.0 / 3) < 1e-9);
+    assert_true(fabs(t.cycles_per_tile - 2000) < 1e-9);   /* the marks change nothing else */
+    assert_true(fabs(t.overhead_cycles - 600) < 1e-9);
+
+    rec[5] = cta(40, 500, 1500, 1);   /* inside SM 7's first CTA and SM 2's; unmarked */
     assert_int_equal(dt_attn_trace_summarize(rec, 6, &t), DT_SUCCESS);
     assert_int_equal(t.ctas, 5);
     assert_int_equal(t.sms, 3);
     assert_int_equal(t.slots, 3);
+    assert_int_equal(t.marked, 3);
 
     dt_attn_cta_trace same[3] = {cta(0, 0, 5000, 4), cta(1, 0, 5200, 4), cta(0, 5000, 9000, 4)};
     assert_int_equal(dt_attn_trace_summarize(same, 3, &t), DT_SUCCESS);

@@ -25,7 +25,9 @@
  * overwritten while a wgmma reads it. Every block also runs traced
  * (dt_attn_block_args.trace): each CTA of the grid must write its record,
  * none past the grid, and the records' tiles must add up to the tiles with
- * a pair that may attend, counted pair by pair. What it cannot show: speed, and
+ * a pair that may attend, counted pair by pair; a forward CTA with key
+ * tiles marks its loop's start and end between its own (the wgmma kernel
+ * at D = 128 only), and no other CTA marks. What it cannot show: speed, and
  * hardware behaviour the PTX ISA leaves open (the mma's internal summation
  * order, for one) or shows only in figures (the emulator's reading of
  * wgmma's fragment layouts is its own, runtime.c says from what).
@@ -178,11 +180,22 @@ static int64_t tiles_with_pairs(dt_attn_mask mask, dt_attn_segment q, int64_t bq
     return n * units;
 }
 
+/* Whether a record's marks are in order between its start and end: the
+ * first key tile landed, then the last one done (32-bit clocks, modulo
+ * 2^32). */
+static int marks_in_order(const dt_attn_cta_trace *r) {
+    const uint32_t c0 = (uint32_t)r->clock[0];
+    const uint32_t to0 = r->mark[0] - c0, to1 = r->mark[1] - c0, to_end = (uint32_t)r->clock[1] - c0;
+    return to0 <= to1 && to1 <= to_end;
+}
+
 /* A traced block's records (dt_attn_block_args.trace, room for grid + 3):
  * CTAs 0 .. grid-1 each wrote theirs (end after start), none past the grid,
- * and their tiles add up to `tiles`. Returns the number of faults. */
+ * and their tiles add up to `tiles`; `marks`: every record with tiles
+ * carries its two marks in order (dt_attn_cta_trace.mark), and the others
+ * none; otherwise no record carries any. Returns the number of faults. */
 static long check_trace(const char *name, const dt_attn_cta_trace *tr, int64_t grid,
-                        int64_t tiles) {
+                        int64_t tiles, int marks) {
     long bad = 0;
     int64_t sum = 0;
     for (int64_t i = 0; i < grid + 3; i++) {
@@ -191,6 +204,17 @@ static long check_trace(const char *name, const dt_attn_cta_trace *tr, int64_t g
             if (!bad++)
                 print_error("%s: CTA record %lld of a grid of %lld: %s\n", name, (long long)i,
                             (long long)grid, wrote ? "written" : "missing");
+        }
+        const int marked = tr[i].mark[0] != 0 && tr[i].mark[1] != 0;
+        const int unmarked = tr[i].mark[0] == 0 && tr[i].mark[1] == 0;
+        const int want = marks && tr[i].work > 0;
+        if (want ? !marked || !marks_in_order(&tr[i]) : !unmarked) {
+            if (!bad++)
+                print_error("%s: CTA record %lld of %u tiles: marks %u, %u between clocks %llu "
+                            "and %llu (%s)\n", name, (long long)i, tr[i].work, tr[i].mark[0],
+                            tr[i].mark[1], (unsigned long long)tr[i].clock[0],
+                            (unsigned long long)tr[i].clock[1],
+                            want ? "wanted, in order" : "wanted none");
         }
         sum += tr[i].work;
     }
@@ -273,8 +297,10 @@ static void run_forward(void **state) {
                         print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
                         bad = 1;
                     } else {
+                        /* marks: the forward's, but the wgmma kernel's at D = 128 only */
                         bad += check_trace(c->name, trace, (a.qseg.len + bm - 1) / bm * H * B,
-                                           tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H));
+                                           tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H),
+                                           !wgmma || D == 128);
                         /* every launch leaves the queue clear for the next block's */
                         if (wgmma && (qw[0] || qw[1])) {
                             print_error("%s: rank %d, keys of rank %d: the tile queue is left at "
@@ -395,7 +421,8 @@ static void run_backward(void **state) {
                         bad = 1;
                     } else if (!bad) {   /* a tile of keys per CTA, its query tiles its work */
                         bad += check_trace(c->name, trace, (a.kseg.len + bn - 1) / bn * G * B,
-                                           tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H));
+                                           tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H),
+                                           0);
                     }
                 }
     const double tol = 3e-2;
