@@ -89,9 +89,12 @@ int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size
  * cleared on `stream` before a call's first block (a->first) and left
  * clear by every launch: the blocks of a call share it, one after another
  * on one stream. dependent: as for dt_attn_mma_fwd; a dependent block
- * waits for the one before also before it takes from the queue. */
+ * waits for the one before also before it takes from the queue. overlap:
+ * at D = 128, the overlapped order (block_cuda_wgmma.cu: a query tile's
+ * rows written back by one warpgroup while the other computes); the same
+ * results, only the speed may differ. */
 dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
-                            void *queue, int dependent);
+                            void *queue, int dependent, int overlap);
 
 /* Runs one backward block on `stream` with the wgmma backward kernel
  * (block_cuda_wgmma_bwd.cu), as dt_attn_mma_bwd (same contract, l2_bytes

@@ -68,8 +68,8 @@
  *
  * Shared memory: [Q 0][Q 1][K stage 0][K stage 1][V stage 0][V stage 1],
  * each in wgmma_device.cuh's 128-byte swizzled column-block layout,
- * (2 BM + 4 BN) D 2 bytes (96 KiB at D = 64, 192 KiB at D = 128), then two
- * mbarriers and four words, plus 1 KiB to put the first tile on a
+ * (2 BM + 4 BN) D 2 bytes (96 KiB at D = 64, 192 KiB at D = 128), then five
+ * mbarriers (full and empty, two each; pub) and four words, plus 1 KiB to put the first tile on a
  * 1024-byte boundary of the shared window. A CTA's query tiles take the Q
  * buffers in turn, its key tiles (over all its query tiles) the stages.
  * Loads: TMA (cp.async.bulk.tensor), issued by thread 0, one box of 64
@@ -105,11 +105,15 @@
  * which keeps a causal 4096 x 4096 block at r = 0.57 of a full one; the
  * rows' merge is 0.4 to 0.5 of a key tile of it (bench/blocks --rows own),
  * the rest the query tile's start and end while no other CTA shares the SM.
- * What is left: overlap one query tile's end with the next one's start (a
- * producer warp with setmaxnreg, the warpgroups on different query tiles,
- * as FlashAttention-3), a third stage, so that no consumer thread waits
- * for a release; the overlap of a tile's S with the previous tile's P V
- * inside a warpgroup.
+ * The overlapped order (OVERLAP below; dt_attn_wgmma_fwd's overlap,
+ * dt_backend_cuda_set_overlap; D = 128) overlaps one query tile's end with
+ * the next one's start: the warpgroups do not meet after a query tile, so
+ * one writes its rows back while the other computes (ARCHITECTURE.md). Off
+ * by default: tested on the emulator only (2026-11-26), not yet measured.
+ * What is left besides: a producer warp with setmaxnreg and a third
+ * stage, so that no consumer thread waits for a release (FlashAttention-3);
+ * the overlap of a tile's S with the previous tile's P V inside a
+ * warpgroup.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -187,7 +191,9 @@ __device__ __forceinline__ void wg_load_first(const wg_params &p, const fwd_cta 
 }
 
 /* Thread 0: the CTA's next query tile, published in *slot for every
- * thread after the next __syncthreads, and its first key tile with its
+ * thread after the next __syncthreads (or, with pub, by an arrival on the
+ * mbarrier *pub once it is written: the overlapped order), and its first
+ * key tile with its
  * queries loaded into Q buffer sq and the stage at sk, sv, if it has one.
  * The CTA's first is tile blockIdx.x; the next ones come from the queue,
  * tiles gridDim.x on in the launch order; none (the block's tile count)
@@ -203,7 +209,7 @@ __device__ __forceinline__ void wg_load_first(const wg_params &p, const fwd_cta 
 template <int D>
 __device__ __forceinline__ void wg_next(const wg_params &p, bool first, uint32_t *slot,
                                         unsigned char *sq, unsigned char *sk, unsigned char *sv,
-                                        uint64_t *bar) {
+                                        uint64_t *bar, uint64_t *pub = nullptr) {
     uint32_t next = p.tiles;
     if (first) {
         next = blockIdx.x;
@@ -221,6 +227,7 @@ __device__ __forceinline__ void wg_next(const wg_params &p, bool first, uint32_t
         }
     }
     *slot = next;
+    if (pub) mbar_arrive(pub);   /* release: the slot's write before the arrival */
     if (next < p.tiles) wg_load_first<D>(p, fwd_cta_of(p.a, next, WG_BM, p.section), sq, sk, sv, bar);
 }
 
@@ -234,8 +241,9 @@ constexpr int wg_ctas_per_sm() { return D == 64 ? 2 : 1; }
 /* grid: a CTA per query tile (ceil(qseg.len / 128) x heads x batch), or
  * fewer, persistent, with p.queue; tiles in mma_layout.h's launch order
  * (dt_mma_sched, p.section); block: 256 threads; dynamic shared memory
- * 1024 + (2 BM + 4 BN) D sizeof(T) + 48. */
-template <typename T, int D>
+ * 1024 + (2 BM + 4 BN) D sizeof(T) + 56. OVERLAP: the overlapped order
+ * (at D = 128; the same kernel at D = 64). */
+template <typename T, int D, bool OVERLAP>
 __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
 #ifdef DT_WGMMA_STUB
     (void)p;
@@ -254,13 +262,27 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
      * barrier, would not fit in the 128 registers of two CTAs per SM (ptxas
      * spills), and the other CTA's math covers the barrier's wait. */
     constexpr bool RELEASE = D == 128;
+    /* The overlapped order (OVERLAP, dt_attn_wgmma_fwd's overlap; D = 128
+     * only): the warpgroups do not meet after a query tile's last key tile.
+     * Warpgroup 0 merges and writes its rows back while warpgroup 1 runs
+     * its last products, then starts the next query tile's first while
+     * warpgroup 1 writes its rows: the turns go on from one query tile to
+     * the next (warpgroup 1 gives the first turn once, at the CTA's start;
+     * warpgroup 0 takes the turn left over at its end), and the next query
+     * tile's index reaches every thread by the mbarrier pub (thread 0
+     * arrives once it has written the slot, during the last key tile; every
+     * thread waits there before it releases that tile's stage, so that no
+     * thread is two publications behind). Tiles without keys still meet
+     * (a __syncthreads, as before). */
+    constexpr bool OV = OVERLAP && RELEASE;
     DT_DYNAMIC_SMEM(unsigned char, smem_raw);
     unsigned char *const sq = smem_raw + ((1024u - (wg_smem_addr(smem_raw) & 1023u)) & 1023u);
     unsigned char *const sk = sq + 2 * TILE_Q;   /* Q buffer b at sq + b TILE_Q */
     unsigned char *const sv = sk + 2 * TILE_KV;  /* stage s at sk + s TILE_KV, sv + s TILE_KV */
     uint64_t *const full = reinterpret_cast<uint64_t *>(sv + 2 * TILE_KV);   /* [2] */
     uint64_t *const empty = full + 2;                                        /* [2] */
-    uint32_t *const next = reinterpret_cast<uint32_t *>(empty + 2);          /* [2] */
+    uint64_t *const pub = empty + 2;        /* the overlapped order's publication of next */
+    uint32_t *const next = reinterpret_cast<uint32_t *>(pub + 1);            /* [2] */
     /* Thread 0's alone, read where needed instead of held in registers */
     volatile int *const at = reinterpret_cast<volatile int *>(next + 2);      /* [2] */
 
@@ -283,6 +305,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
             mbar_init(&empty[0], WG_THREADS);
             mbar_init(&empty[1], WG_THREADS);
         }
+        if (OV) mbar_init(pub, 1);
         fence_mbar_init();
         wg_next<D>(p, true, &next[1], sq, sk, sv, &full[0]);
     }
@@ -292,6 +315,11 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
      * the rows' merge). */
     grid_dep_launch();
     __syncthreads();
+
+    /* Named barrier TURN + w is "warpgroup w's turn" (the ping-pong below) */
+    constexpr int TURN = 1, PAIR = WG_THREADS;
+    if (OV && wg == 1) bar_arrive<TURN>(0, PAIR);   /* the first turn, once */
+    uint32_t pubs = 0;   /* OV: the publications this thread has waited for */
 
     /* f: key tiles so far (stage f % 2, the use's parity (f / 2) % 2); ti:
      * query tiles so far, mod 2. Query tile ti's index is in next[ti ^ 1]
@@ -327,6 +355,9 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
         start_rows<D>(a, x0 + 64 * wg + 16 * wl, lane, lim, m, l, o);
         if (n_tiles > 0 || a.last) prefetch_rows<D>(a, c, x0 + 64 * wg + 16 * wl, lane);
         if (n_tiles == 0) {
+            /* OV: the warpgroups did not meet after the tile before; they
+             * must before thread 0 refills its Q buffer and stage */
+            if (OV) __syncthreads();
             if (threadIdx.x == 0)
                 wg_next<D>(p, false, &next[ti], sq + (ti ^ 1) * TILE_Q, sk + (f & 1) * TILE_KV,
                            sv + (f & 1) * TILE_KV, &full[f & 1]);
@@ -340,9 +371,10 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
          * threads) before each of its two products of a tile, the other
          * warpgroup arrives on it (its 128) after issuing each of its own. So
          * per tile: S of 0 | S of 1 beside softmax of 0 | PV of 0 beside softmax
-         * of 1 | PV of 1. Warpgroup 1 opens by giving 0 the first turn and
-         * leaves out its last arrival, so every phase completes; a warpgroup
-         * that skips a tile's math still takes its turns. */
+         * of 1 | PV of 1. Warpgroup 1 opens each query tile by giving 0 the
+         * first turn and leaves out its last arrival, so every phase
+         * completes (OV: it opens once and never leaves it out; see there); a
+         * warpgroup that skips a tile's math still takes its turns. */
         /* --trace: when the first key tile has landed, seen by thread 0,
          * which stamped the tile's start (its wait in the loop then passes
          * at once; it issues its next loads only after that wait anyway);
@@ -351,8 +383,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
             mbar_wait(&full[f & 1], (uint32_t)(f >> 1) & 1u);
             cta_mark(a, 0, tile);
         }
-        constexpr int TURN = 1, PAIR = WG_THREADS;
-        if (wg == 1 && n_tiles > 0) bar_arrive<TURN>(0, PAIR);
+        if (!OV && wg == 1 && n_tiles > 0) bar_arrive<TURN>(0, PAIR);
         for (int kt = 0; kt < n_tiles; kt++, f++) {
             const int stage = (int)(f & 1);
             /* Thread 0: the next key tile (the next query tile's first
@@ -366,7 +397,8 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
                 if (kt + 1 < n_tiles)
                     wg_load_kv<D>(p, at[0], at[1], kt + 1, nk, nv, &full[stage ^ 1], 0);
                 else
-                    wg_next<D>(p, false, &next[ti], sq + (ti ^ 1) * TILE_Q, nk, nv, &full[stage ^ 1]);
+                    wg_next<D>(p, false, &next[ti], sq + (ti ^ 1) * TILE_Q, nk, nv, &full[stage ^ 1],
+                               OV ? pub : nullptr);
             };
             if (!RELEASE) produce();
             mbar_wait(&full[stage], (uint32_t)(f >> 1) & 1u);   /* tile kt (and Q) have landed */
@@ -376,7 +408,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
              * serialising the wgmma (it does when an issue and its wait sit in
              * different branches). */
             const bool mine = kt < wg_tiles;   /* uniform over the warpgroup */
-            const bool pass_on = wg == 0 || kt + 1 < n_tiles;
+            const bool pass_on = OV || wg == 0 || kt + 1 < n_tiles;
             bar_sync<TURN>(wg, PAIR);
             if (mine) {
                 /* S = Q K^T: Q's 64 rows of this warpgroup (tile rows of the Q
@@ -416,14 +448,19 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
                 bar_sync<TURN>(wg, PAIR);
                 if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
             }
+            /* OV: next[ti], published during this last key tile, seen
+             * before this thread lets thread 0 go on to the next publication */
+            if (OV && kt + 1 == n_tiles) mbar_wait(pub, pubs++ & 1u);
             /* this thread is done with the stage (and with Q after the last) */
             if (RELEASE) mbar_arrive(&empty[stage]);
             else __syncthreads();
         }
         /* next[ti], written during the last key tile (at D = 64 that tile's
-         * __syncthreads published it) */
-        if (RELEASE && n_tiles > 0) __syncthreads();
-        if (RELEASE && n_tiles > 0 && threadIdx.x == 0) cta_mark(a, 1, tile);   /* every thread is done with the keys */
+         * __syncthreads published it; OV: pub did) */
+        if (!OV && RELEASE && n_tiles > 0) __syncthreads();
+        /* --trace: every thread is done with the keys (OV: warpgroup 1, the
+         * later of the two, is) */
+        if (RELEASE && n_tiles > 0 && threadIdx.x == (OV ? WG_THREADS - 1 : 0)) cta_mark(a, 1, tile);
 
         /* Every thread, before it reads what the grid before wrote (the
          * stored rows) and before it exits: this grid then completes after
@@ -434,14 +471,17 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
             const fwd_cta e = fwd_cta_of(a, opaque(tile), WG_BM, p.section);
             write_rows<T, D>(a, e, e.x0 + 64 * wg + 16 * wl, lane, m, l, o);
         }
-        cta_trace(a, 1, n_tiles, tile);
+        /* OV: the tile ends when warpgroup 1 (the later) has written its
+         * rows; no barrier, so a traced run keeps the overlap */
+        cta_trace(a, 1, n_tiles, tile, OV ? WG_THREADS - 1 : -1);
     }
+    if (OV && wg == 0) bar_sync<TURN>(0, PAIR);   /* the turn warpgroup 1 left over */
 #endif
 }
 
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
-                 void *queue, int dependent) {
+                 void *queue, int dependent, int overlap) {
     wg_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
@@ -468,10 +508,16 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
      * block before finishes: it reads nothing that block writes before
      * grid_dep_wait (its q, k, v were there before the call's first block
      * started, or came by an event the stream waited for). */
-    return dt_mma_launch(fwd_wgmma_kernel<T, D>, dim3((unsigned)ctas), WG_THREADS,
-                         1024 + (size_t)(2 * WG_BM + 4 * WG_BN) * D * sizeof(T) +
-                             4 * sizeof(uint64_t) + 4 * sizeof(uint32_t),
-                         stream, "forward (wgmma)", D, a->dtype, dependent && !a->first, p);
+    const size_t smem = 1024 + (size_t)(2 * WG_BM + 4 * WG_BN) * D * sizeof(T) +
+                        5 * sizeof(uint64_t) + 4 * sizeof(uint32_t);
+    const int dep = dependent && !a->first;
+    if constexpr (D == 128) {
+        if (overlap)
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, true>, dim3((unsigned)ctas), WG_THREADS,
+                                 smem, stream, "forward (wgmma, overlapped)", D, a->dtype, dep, p);
+    }
+    return dt_mma_launch(fwd_wgmma_kernel<T, D, false>, dim3((unsigned)ctas), WG_THREADS, smem,
+                         stream, "forward (wgmma)", D, a->dtype, dep, p);
 }
 
 }  // namespace
@@ -498,9 +544,9 @@ extern "C" int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char
 }
 
 extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
-                                      int sms, void *queue, int dependent) {
+                                      int sms, void *queue, int dependent, int overlap) {
     return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
         return launch<typename decltype(t)::type, decltype(d)::value>(
-            static_cast<cudaStream_t>(stream), a, l2_bytes, sms, queue, dependent);
+            static_cast<cudaStream_t>(stream), a, l2_bytes, sms, queue, dependent, overlap);
     });
 }

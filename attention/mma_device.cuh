@@ -200,15 +200,17 @@ __device__ __forceinline__ void dependent_access(const char *what) {
  * persistent wgmma forward gives its tile's) with its start (end = 0) or,
  * once every thread of the CTA is there, its end and work (end = 1: every
  * thread calls it, at the kernel's last line or its early return, both
- * uniform over the CTA). Args: the forward's or the backward's block args.
- * Untraced, one test of a kernel parameter. */
+ * uniform over the CTA). With `by` >= 0 thread `by` stamps the end where
+ * it is, with no barrier (the wgmma forward's overlapped order, whose
+ * warpgroups do not meet). Args: the forward's or the backward's block
+ * args. Untraced, one test of a kernel parameter. */
 template <typename Args>
 __device__ __forceinline__ void cta_trace(const Args &a, int end, int64_t work = 0,
-                                          int64_t index = -1) {
+                                          int64_t index = -1, int by = -1) {
     if (!a.trace) return;
-    if (end) __syncthreads();   /* the CTA's end, not thread 0's */
+    if (end && by < 0) __syncthreads();   /* the CTA's end, not thread 0's */
     if (index < 0) index = blockIdx.x;
-    if (threadIdx.x != 0 || index >= a.trace_len) return;
+    if ((int)threadIdx.x != (end && by >= 0 ? by : 0) || index >= a.trace_len) return;
     dt_attn_cta_trace *r = a.trace + index;
     r->ns[end] = global_ns();
     r->clock[end] = sm_clock();

@@ -69,7 +69,7 @@
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
  *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--persistent 0|1|2]
- *      [--dependent 0|1] [--rows merge|own] [--trace] [--json]
+ *      [--dependent 0|1] [--overlap 0|1] [--rows merge|own] [--trace] [--json]
  */
 #include <math.h>
 #include <stdint.h>
@@ -105,6 +105,7 @@ typedef struct opts {
     int64_t l2;                     /* --l2: the L2 size the CTA order plans for (-1: the device's) */
     int persistent;                 /* --persistent: the backend's mode (backend_cuda.h) */
     int dependent;                  /* --dependent: 0 no programmatic dependent launches */
+    int overlap;                    /* --overlap: 1 the wgmma forward's overlapped order */
     int own;                        /* --rows own: (r)'s forward blocks start and finish their rows */
 } opts;
 
@@ -508,9 +509,10 @@ static void text_header(const run *r, const bufs *b) {
            b->kern->name, dt_attn_kernel_choice_name(o->kernel), (long long)o->heads, (long long)o->kv_heads, (long long)o->dim,
            dt_dtype_name(o->dtype), o->ranks, o->iters);
     if (l2_of(b) >= 0)
-        printf("CTA launch order for an L2 of %lld bytes; wgmma forward %s, %s\n", l2_of(b),
+        printf("CTA launch order for an L2 of %lld bytes; wgmma forward %s%s, %s\n", l2_of(b),
                (const char *[]){"a CTA per query tile", "persistent (a CTA per query tile "
                                 "beside a ring transfer)", "persistent"}[o->persistent],
+               o->overlap ? ", overlapped (D = 128)" : "",
                o->dependent ? "dependent launches" : "no dependent launches");
     if (o->own) printf("(r): forward blocks that start and finish their rows (--rows own)\n");
 }
@@ -684,8 +686,8 @@ static void json_print(const run *r, const bufs *b) {
     printf(", ");
     json_list("ring_c", o->ring_c, o->sections[1] ? o->n_ring_c : 0);
     if (l2_of(b) >= 0)   /* CUDA */
-        printf(", \"l2_bytes\": %lld, \"persistent\": %d, \"dependent\": %s", l2_of(b),
-               o->persistent, o->dependent ? "true" : "false");
+        printf(", \"l2_bytes\": %lld, \"persistent\": %d, \"dependent\": %s, \"overlap\": %d",
+               l2_of(b), o->persistent, o->dependent ? "true" : "false", o->overlap);
     printf(", \"rows\": \"%s\"", o->own ? "own" : "merge");
     printf(",\n  \"timing\": \"%s; median\",\n  \"r\": [",
            r->backend == DT_BACKEND_CUDA ? "CUDA events around each block's kernels"
@@ -761,6 +763,7 @@ static dt_status rank_main(dt_context *ctx, void *arg) {
     if (o->l2 >= 0) dt_backend_cuda_set_l2_bytes(b.be, o->l2);   /* no-op off CUDA */
     dt_backend_cuda_set_persistent(b.be, o->persistent);
     dt_backend_cuda_set_dependent_launch(b.be, o->dependent);
+    dt_backend_cuda_set_overlap(b.be, o->overlap);
 #endif
     if (!o->json) text_header(r, &b);
     for (int bwd = 0; bwd < 2; bwd++) {
@@ -824,6 +827,9 @@ static void usage(FILE *f) {
             "                    a call's first are launched as programmatic dependents of\n"
             "                    the block before (compute capability 9.0; default 1;\n"
             "                    (p)'s b2b is then also timed with 0)\n"
+            "  --overlap 0|1     CUDA: whether the wgmma forward at D = 128 runs its\n"
+            "                    overlapped order, one warpgroup writing a query tile's rows\n"
+            "                    back while the other computes (default 0)\n"
             "  --rows merge|own  (r)'s forward blocks: merge (default) as a ring's middle\n"
             "                    step, merging into the rows' stored state; own as a\n"
             "                    call's only block, which starts and finishes its rows\n"
@@ -939,6 +945,9 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--dependent")) {
             if (!ex_parse_int(a, v, 0, 1, &x)) return 0;
             o->dependent = (int)x;
+        } else if (!strcmp(a, "--overlap")) {
+            if (!ex_parse_int(a, v, 0, 1, &x)) return 0;
+            o->overlap = (int)x;
         } else if (!strcmp(a, "--rows")) {
             if ((k = ex_parse_choice(a, v, rows_names, 2)) < 0) return 0;
             o->own = k;

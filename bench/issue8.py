@@ -8,18 +8,23 @@ what matters most comes first when --budget runs out:
           build/bench/blocks section (r) per --kernels entry (the forward
           block kernel alone on one full and one causal S x S block) beside
           SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION; target >= 1.0x FA2.
+          The wgmma kernel once more with --persistent 0 (a CTA per query
+          tile) and with --overlap 1 (its overlapped order).
   item 2  causal efficiency r = causal time / full time, c = 1024..16384,
           H = 32, D = 128: bench/blocks (r) (also striped blocks) beside SDPA
-          on [1, 32, c, 128]; target r <= 0.55 for c >= 4096.
+          on [1, 32, c, 128]; target r <= 0.55 for c >= 4096. The same
+          launch variants as item 1, and heads one after another (--l2 0).
   item 2, CTA timelines  the same run's --trace: each full and causal block
           run once more with its CTAs recording themselves: the SMs' idle
           share, the drain after the last CTA start, a CTA's cycles per key
-          tile and fixed cost (no target: where item 2's time goes).
+          tile and fixed cost, split into its start, its loop's own and its
+          end (no target: where item 2's time goes); also for --overlap 1.
   item 5  backward TFLOPS (2.5x the forward flops): bench/blocks (r) --pass
           bwd beside SDPA's backward; target >= 0.9x FA2.
   items 3 and 4  bench/blocks (p): P = 8 ranks on one device; striped /
           contiguous critical path >= 0.95 of (r + P - 1) / (P r) and >= 1.75
-          at c = 8192; all blocks <= 1.05x one causal call at S = 32768.
+          at c = 8192; all blocks <= 1.05x one causal call at S = 32768. The
+          wgmma kernel also with --overlap 1.
   items 3 and 4, CTA timelines  the same runs' --trace: the ring's launches
           summed (span, drain, packed time) beside the one call's.
   item 6  bench/attention (b) with DT_ATTN_KERNEL set, the ring's wall
@@ -429,20 +434,22 @@ def item_throughput(session, pass_):
     target = FWD_VS_FA2 if fwd else BWD_VS_FA2
     kernels = session.args.kernels if fwd else bwd_choices(session.args.kernels)
     labels = [kernel_label(k, pass_) for k in kernels]
-    # the wgmma forward's launch before it ran persistent, for comparison
-    per_tile = fwd and "wgmma" in kernels
+    # the wgmma forward again with other launch switches, for comparison
+    variants = WGMMA_FWD_VARIANTS if fwd and "wgmma" in kernels else ()
     header = ["B,H,S,D", "mask"] + labels + ["FA2", "cuDNN"]
     header += [f"{k} / FA2" for k in labels] + [f"{k} / cuDNN" for k in labels]
-    if per_tile:
-        header += ["wgmma, a CTA per tile", "wgmma / a CTA per tile"]
+    for label, _, _ in variants:
+        header += [f"wgmma, {label}", f"wgmma / {label}"]
     if fwd:
         title = "item 1: forward TFLOPS, bf16"
         method = ("dtensor: build/bench/blocks section (r), the forward block kernel alone "
                   "(--kernel K) on one full and one causal S x S block, B = 1, H_kv = H; "
                   "CUDA events around each block's kernels (the host clock on the CPU), "
                   "median of the iterations after 1 warm-up; 'a CTA per tile': the wgmma "
-                  "kernel again with --persistent 0 (its launch before it ran persistent). "
-                  "torch: F.scaled_dot_product_attention with one backend "
+                  "kernel again with --persistent 0 (its launch before it ran persistent); "
+                  "'overlapped': again with --overlap 1 (at D = 128 one warpgroup writes a "
+                  "query tile's rows back while the other computes; the same kernel at "
+                  "D = 64). torch: F.scaled_dot_product_attention with one backend "
                   "forced (FA2 = FLASH_ATTENTION), CUDA events, median. TFLOPS = "
                   "4*B*H*S*S*D / time, halved for causal.")
     else:
@@ -457,15 +464,12 @@ def item_throughput(session, pass_):
                   "and mask, measured in this run)", header, method)
     shapes = session.size["shapes"]
     dt = {}
-    for k in kernels + (["per_tile"] if per_tile else []):
+    runs = [(k, k, ()) for k in kernels] + [(key, "wgmma", flags) for _, key, flags in variants]
+    for key, k, flags in runs:
         for (h, d), seqs in by_heads_dim(shapes).items():
-            if k == "per_tile":
-                out = run_blocks(session, table, "wgmma", "r", pass_, h, d, seqs,
-                                 extra=("--persistent", "0"))
-            else:
-                out = run_blocks(session, table, k, "r", pass_, h, d, seqs)
+            out = run_blocks(session, table, k, "r", pass_, h, d, seqs, extra=flags)
             for s in seqs:
-                dt[(k, h, s, d)] = r_row(out, pass_, s)
+                dt[(key, h, s, d)] = r_row(out, pass_, s)
     torch = {shape: session.torch.cases(shape, pass_, table) for shape in shapes}
     for shape in shapes:
         _, h, s, d = shape
@@ -480,18 +484,18 @@ def item_throughput(session, pass_):
             cells += [(x, TF) for x in ours] + [(fa2, TF), (cudnn, TF)]
             cells += [with_mark(v, lambda x: x >= target) for v in vs_fa2]
             cells += [(v, ".2f") for v in vs_cudnn]
-            if per_tile:
-                other = field(dt[("per_tile", h, s, d)], key)
+            extras = {}
+            for _, vkey, _ in variants:
+                other = field(dt[(vkey, h, s, d)], key)
                 gain = ratio(ours[kernels.index("wgmma")], other)
                 cells += [(other, TF), (gain, ".2f")]
+                extras.update({f"wgmma_{vkey}_tflops": other, f"wgmma_vs_{vkey}": gain})
             data = {"shape": list(shape), "causal": causal, "FA2_tflops": fa2,
                     "cuDNN_tflops": cudnn}
             for k, x, a, b in zip(kernels, ours, vs_fa2, vs_cudnn):
                 data.update({f"{k}_tflops": x, f"{k}_vs_FA2": a, f"{k}_vs_cuDNN": b,
                              f"{k}_mark": mark(a, lambda v: v >= target)})
-            if per_tile:
-                data.update({"wgmma_cta_per_tile_tflops": other,
-                             "wgmma_vs_cta_per_tile": gain})
+            data.update(extras)
             table.add(cells, data)
     return table
 
@@ -503,11 +507,16 @@ def with_mark(value, ok, spec=".2f"):
     return f"{value:{spec}} {mark(value, ok)}"
 
 
+# The wgmma forward with another launch switch: (label, key, bench/blocks flags).
+WGMMA_FWD_VARIANTS = (("a CTA per tile", "cta_per_tile", ("--persistent", "0")),
+                      ("overlapped", "overlapped", ("--overlap", "1")))
+
+
 def r_variants(kernel):
     """Item 2's causal r again with another launch, per kernel: (label, key, flags)."""
     out = [("heads in turn", "heads_in_turn", ("--l2", "0"))]
     if kernel == "wgmma":
-        out.append(("a CTA per tile", "cta_per_tile", ("--persistent", "0")))
+        out += list(WGMMA_FWD_VARIANTS)
     return out
 
 
@@ -530,13 +539,20 @@ def item_r(session):
                   "CTAs launched one head after another (the order before commit 631b7f2, "
                   "for comparison with the default: heaviest tiles first across the "
                   "heads of an L2-sized section); 'a CTA per tile' (wgmma): with "
-                  "--persistent 0, the kernel's launch before it ran persistent. torch: SDPA "
+                  "--persistent 0, the kernel's launch before it ran persistent; "
+                  "'overlapped' (wgmma): with --overlap 1. torch: SDPA "
                   "forward on [1, H, c, D] causal over not causal, with the backend forced.")
     outs = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=("--trace",))
             for k in kernels}
-    session.r_outs = outs   # for item_trace
-    variants = {(k, key): run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=flags)
-                for k in kernels for _, key, flags in r_variants(k)}
+    session.r_outs = dict(outs)   # for item_trace, with the overlapped order's
+    variants = {}
+    for k in kernels:
+        for _, key, flags in r_variants(k):
+            traced = key == "overlapped"
+            variants[(k, key)] = run_blocks(session, table, k, "r", "fwd", h, d, cs,
+                                            extra=flags + (("--trace",) if traced else ()))
+            if traced:
+                session.r_outs[f"{k}, overlapped"] = variants[(k, key)]
     for c in cs:
         torch = session.torch.cases((1, h, c, d), "fwd", table)
         cells, data = [str(c)], {"c": c}
@@ -584,9 +600,12 @@ def item_trace(session):
                   "tiles): start = from a CTA's start to its first key tile landed; loop "
                   "fixed = the main loop's own fixed cycles, a line fitted through the "
                   "loops' cycles against their tiles; end = after its last key tile (the "
-                  "rows' merge and write-back). The wgmma kernel marks at D = 128 only.")
+                  "rows' merge and write-back). The wgmma kernel marks at D = 128 only. "
+                  "'wgmma, overlapped': item 2's --overlap 1 run of the wgmma kernel, "
+                  "traced; its query tiles' records overlap in time (a tile ends when its "
+                  "second warpgroup has written its rows, after the first began the next).")
     outs = getattr(session, "r_outs", {})
-    for k in session.args.kernels:
+    for k in outs or session.args.kernels:
         for c in cs:
             row = r_row(outs.get(k, NA("missing", "item 2 did not run")), "fwd", c)
             for block in TRACE_BLOCKS:
@@ -630,15 +649,20 @@ def item_ring(session):
                   "call on S = P c; b2b/call = the same blocks launched back to back (steps "
                   "in turn, as the ranks run them one after another on one GPU), timed as "
                   "one, / that call: item 3's ring; serial/call = the same without "
-                  "dependent launches (--dependent 0). PyTorch has no "
-                  "ring to compare with.")
+                  "dependent launches (--dependent 0); 'wgmma, overlapped': the wgmma "
+                  "kernel with --overlap 1. PyTorch has no ring to compare with.")
+    # (label, kernel, flags): each kernel, and the wgmma forward's overlapped order
+    runs = [(k, k, ()) for k in kernels]
+    if "wgmma" in kernels:
+        runs.append(("wgmma, overlapped", "wgmma", ("--overlap", "1")))
     outs = {}
     for c in session.size["ring_c"]:   # every kernel at the first c before the next c
-        for k in kernels:
-            outs[(k, c)] = run_blocks(session, table, k, "p", "fwd", h, d, [c],
-                                      extra=("--trace",))
+        for k, kernel, flags in runs:
+            outs[(k, c)] = run_blocks(session, table, kernel, "p", "fwd", h, d, [c],
+                                      extra=("--trace",) + flags)
     session.ring_outs = outs   # for item_ring_trace
-    for k in kernels:
+    session.ring_labels = [k for k, _, _ in runs]
+    for k, _, _ in runs:
         for c in session.size["ring_c"]:
             rows = rows_of(outs[(k, c)], "p", "fwd")
             if is_na(rows) or not rows:
@@ -681,7 +705,7 @@ def item_ring_trace(session):
                    (v["drain_ms"], ".3f"), (share, ".3f"), (v["packed_ms"], ".3f"),
                    (v["fill"], ".3f")], dict(kernel=k, c=c, order=order, drain_share=share, **v))
 
-    for k in session.args.kernels:
+    for k in getattr(session, "ring_labels", session.args.kernels):
         for c in session.size["ring_c"]:
             rows = rows_of(outs.get((k, c), NA("missing", "items 3 and 4 did not run")), "p",
                            "fwd")

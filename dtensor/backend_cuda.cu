@@ -91,6 +91,7 @@ struct cuda_impl {
     int sms;                    /* multiprocessors, for grid sizes */
     int persistent;             /* dt_backend_cuda_set_persistent */
     int dependent_launch;       /* dt_backend_cuda_set_dependent_launch */
+    int overlap;                /* dt_backend_cuda_set_overlap */
     int cc;                     /* compute capability, major * 10 + minor */
     int64_t l2_bytes;           /* L2 cache size, for the attention kernels' launch order */
     int failed;                 /* a wait ran out or the device failed: never wait again */
@@ -1346,6 +1347,14 @@ extern "C" int dt_backend_cuda_dependent_launch(const dt_backend *b) {
 
 extern "C" void dt_backend_cuda_set_dependent_launch(dt_backend *b, int on) {
     if (dt_backend_is_cuda(b)) impl_of(b)->dependent_launch = on != 0;
+}
+
+extern "C" int dt_backend_cuda_overlap(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? impl_of(b)->overlap : 0;
+}
+
+extern "C" void dt_backend_cuda_set_overlap(dt_backend *b, int on) {
+    if (dt_backend_is_cuda(b)) impl_of(b)->overlap = on != 0;
 }
 
 extern "C" void dt_backend_cuda_set_tf32(dt_backend *b, int on) {

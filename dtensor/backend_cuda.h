@@ -78,6 +78,13 @@ void dt_backend_cuda_set_persistent(dt_backend *b, int mode);
  * depend on it, only speed. */
 int dt_backend_cuda_dependent_launch(const dt_backend *b);
 void dt_backend_cuda_set_dependent_launch(dt_backend *b, int on);
+/* Whether the wgmma attention forward at head dim 128 runs its overlapped
+ * order (attention/block_cuda_wgmma.cu: a warpgroup writes a query tile's
+ * rows back while the other one computes, instead of both meeting at the
+ * tile's end). 0, the default, until a GPU has measured it; 1: on
+ * (benchmarks compare). Results never depend on it, only speed. */
+int dt_backend_cuda_overlap(const dt_backend *b);
+void dt_backend_cuda_set_overlap(dt_backend *b, int on);
 void *dt_backend_cuda_compute_stream(const dt_backend *b);
 void *dt_backend_cuda_comm_stream(const dt_backend *b);
 void dt_backend_cuda_set_tf32(dt_backend *b, int on);

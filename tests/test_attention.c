@@ -1573,11 +1573,15 @@ static void test_cuda_stateless_workspace(void **state) {
  * two ranks sharing the GPU, on the kernel auto picks (wgmma on an H100)
  * and on the mma kernel. Large enough on a GPU that blocks overlap; small
  * on the CPU emulator, which runs a dependent launch after the one before
- * and checks its waits instead (test_mma_emu). */
-enum { DEP_P = 2 };
+ * and checks its waits instead (test_mma_emu). A fourth run, dependent
+ * launches on, has the wgmma forward's overlapped order on
+ * (dt_backend_cuda_set_overlap; D = 128 on a GPU: its warpgroups no longer
+ * meet at a query tile's end, so a missing wait there is a race too): the
+ * same bits again. */
+enum { DEP_P = 2, DEP_RUNS = 4 };
 
 typedef struct dep_case {
-    uint64_t sum[DEP_P][3][2];   /* rank, run (on, off, on), o / lse */
+    uint64_t sum[DEP_P][DEP_RUNS][2];   /* rank, run (on, off, on, on overlapped), o / lse */
     dt_status st[DEP_P];
     char msg[DEP_P][512];
 } dep_case;
@@ -1589,7 +1593,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     dt_tensor *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL;
     int sizes[1] = {DEP_P};
 #ifdef DT_CUDA_EMULATE
-    const int64_t S = DEP_P * 300, H = 2, HKV = 1, D = 64;
+    const int64_t S = DEP_P * 300, H = 2, HKV = 1, D = 128;   /* D = 128: the overlapped order */
 #else
     const int64_t S = DEP_P * 2048, H = 8, HKV = 2, D = 128;
 #endif
@@ -1602,9 +1606,10 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     if (st == DT_SUCCESS) st = dt_tensor_fill_random(q, 61);
     if (st == DT_SUCCESS) st = dt_tensor_fill_random(k, 62);
     if (st == DT_SUCCESS) st = dt_tensor_fill_random(v, 63);
-    for (int run = 0; run < 3 && st == DT_SUCCESS; run++) {
+    for (int run = 0; run < DEP_RUNS && st == DT_SUCCESS; run++) {
 #ifdef DT_HAVE_CUDA
         dt_backend_cuda_set_dependent_launch(ctx->backend, run != 1);
+        dt_backend_cuda_set_overlap(ctx->backend, run == 3);
 #endif
         dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
         opts.mask = DT_ATTN_CAUSAL;
@@ -1619,6 +1624,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     }
 #ifdef DT_HAVE_CUDA
     dt_backend_cuda_set_dependent_launch(ctx->backend, 1);
+    dt_backend_cuda_set_overlap(ctx->backend, 0);
 #endif
     dt_tensor_destroy(q);
     dt_tensor_destroy(k);
@@ -1655,12 +1661,15 @@ static void test_cuda_dependent_launch(void **state) {
         }
         for (int r = 0; r < DEP_P; r++)
             for (int x = 0; x < 2; x++)
-                if (c.sum[r][0][x] != c.sum[r][1][x] || c.sum[r][2][x] != c.sum[r][1][x]) {
+                if (c.sum[r][0][x] != c.sum[r][1][x] || c.sum[r][2][x] != c.sum[r][1][x] ||
+                    c.sum[r][3][x] != c.sum[r][1][x]) {
                     print_error("DT_ATTN_KERNEL=%s, rank %d: %s with dependent launches on, "
-                                "off, on: checksums %016llx, %016llx, %016llx\n", kernels[i], r,
-                                x ? "lse" : "o", (unsigned long long)c.sum[r][0][x],
+                                "off, on, on overlapped: checksums %016llx, %016llx, %016llx, "
+                                "%016llx\n", kernels[i], r, x ? "lse" : "o",
+                                (unsigned long long)c.sum[r][0][x],
                                 (unsigned long long)c.sum[r][1][x],
-                                (unsigned long long)c.sum[r][2][x]);
+                                (unsigned long long)c.sum[r][2][x],
+                                (unsigned long long)c.sum[r][3][x]);
                     bad++;
                 }
     }

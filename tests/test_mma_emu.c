@@ -72,6 +72,7 @@ typedef struct emu_case {
     int sms;        /* the wgmma forward: > 0 persistent on this many SMs, 0 a CTA per tile */
     int dependent;  /* forward: blocks after a query segment's first launched as
                        programmatic dependents */
+    int overlap;    /* the wgmma forward at D = 128: its overlapped order */
 } emu_case;
 
 /* The L2 size passed with a block whose units each re-read unit_bytes. */
@@ -291,7 +292,7 @@ static void run_forward(void **state) {
                         print_error("%s: block refused: %s\n", c->name, why);
                         bad = 1;
                     } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
-                                                              c->sms, queue, c->dependent)
+                                                              c->sms, queue, c->dependent, c->overlap)
                                       : dt_emu_attn_mma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
                                                             c->dependent)) != DT_SUCCESS) {
                         print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
@@ -470,7 +471,7 @@ static void test_bwd_walk_bound(void **state) {
  * keyless tile (the last of its section) goes on to head 1's first, whose
  * loads the keyless tile issues. One block (first and last: o and lse),
  * against a double-precision reference; then the same block beside a ring
- * transfer, which runs a CTA per tile. */
+ * transfer, which runs a CTA per tile, and both in the overlapped order. */
 static void test_wgmma_persistent_keyless(void **state) {
     (void)state;
     const int64_t H = 4, G = 2, nq = 400, nk = 300, kstart = 200;
@@ -494,7 +495,7 @@ static void test_wgmma_persistent_keyless(void **state) {
         assert_true(dt_emu_attn_mma_block_ok(&a, why, sizeof why));
         const int64_t unit_bytes = 2 * nk * D * 2 / (H / G);   /* dt_mma_fwd_section's */
         const uint64_t ctas_before = dt_emu_get_counts().blocks;
-        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1), DT_SUCCESS);
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0), DT_SUCCESS);
         /* persistent: the CTAs one SM holds (two at D = 64), not one per tile */
         const int64_t tiles = (nq + 127) / 128 * H;
         assert_int_equal(dt_emu_get_counts().blocks - ctas_before, D == 64 ? 2 : 1);
@@ -506,9 +507,19 @@ static void test_wgmma_persistent_keyless(void **state) {
                          cudaSuccess);
         a.transfer = 1;
         const uint64_t ctas_beside = dt_emu_get_counts().blocks;
-        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1), DT_SUCCESS);
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0), DT_SUCCESS);
         assert_int_equal(dt_emu_get_counts().blocks - ctas_beside, tiles);
         assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
+        /* The overlapped order (D = 128; at D = 64 the switch changes
+         * nothing), persistent past the keyless tile and a CTA per tile:
+         * the same o, bit for bit (each row's arithmetic is the same). */
+        for (int transfer = 0; transfer <= 1; transfer++) {
+            a.transfer = transfer;
+            memset(od, 0xff, (size_t)(nq * H * D) * 2);   /* emulated device memory is host memory */
+            assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 1),
+                             DT_SUCCESS);
+            assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
+        }
         free(o_persistent);
 
         double *ref = calloc((size_t)(nq * H * D), sizeof *ref), *ref_lse = malloc((size_t)(H * nq) * sizeof *ref_lse);
@@ -1635,14 +1646,18 @@ int main(void) {
     enum { NROWS = sizeof rows / sizeof rows[0] };
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
-    static emu_case cases[4 * 2 * NROWS];
-    struct CMUnitTest tests[4 * 2 * NROWS + 7];
+    static emu_case cases[4 * 2 * NROWS + 2];
+    struct CMUnitTest tests[4 * 2 * NROWS + 2 + 7];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
         for (int dt = 0; dt < 2; dt++)
-            for (int i = 0; i < NROWS; i++) {
-                if (quick && (dt || i)) continue;   /* valgrind: one case per direction */
+            for (int i = 0; i < NROWS; i++)
+                /* the wgmma forward's overlapped order (D = 128) once more on
+                 * the two D = 128 rows, bf16: persistent with dependent
+                 * launches, and a CTA per tile without */
+                for (int ov = 0; ov <= (dir == 2 && !dt && (i == 1 || i == 3)); ov++) {
+                if (quick && (dt || i || ov)) continue;   /* valgrind: one case per direction */
                 if (dt && !fp16_rows[i]) continue;
                 if (dir % 2 && rows[i].huge) continue;  /* the forward's numerics case */
                 const shape_row *row = dir >= 2 ? &wg_rows[i] : &rows[i];
@@ -1666,7 +1681,8 @@ int main(void) {
                  * both forward kernels with dependent launches but on row 3 */
                 c->sms = i <= 2;
                 c->dependent = dir % 2 == 0 && i != 3;
-                snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s",
+                c->overlap = ov;
+                snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s",
                          (const char *[]){"forward", "backward", "forward-wgmma",
                                           "backward-wgmma"}[dir],
                          dt_order_name(c->order), c->P,
@@ -1674,7 +1690,7 @@ int main(void) {
                          (long long)c->s.Hkv, (long long)c->s.D, dt_attn_mask_name(c->mask),
                          dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "",
                          dir == 2 && c->sms ? ",persistent" : "",
-                         c->dependent ? ",dependent" : "");
+                         c->dependent ? ",dependent" : "", ov ? ",overlapped" : "");
                 tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                 nt++;
             }
