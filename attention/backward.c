@@ -16,14 +16,19 @@
  *   completes the group, and adds `loc` into the partial sums received
  *   (at step 0 nothing arrives: `loc` holds src(0)'s sums so far).
  *
- * so the transfers of both overlap the block kernel. One last exchange after
- * step P-1 brings every block's dK|dV home (P transfers of gradients, P-1 of
- * K|V). K and V go as two messages that land packed; step 0 computes on
- * this rank's where they are and sends them from there. Buffers: two for
- * K|V (current, landing), three for dK|dV (loc, the partial sums arriving,
- * the finished sums leaving); roles rotate, nothing is copied. With one
- * rank on the sequence there is no ring: the kernels read K and V where
- * they are and write one dK|dV buffer, which is final.
+ * so the transfers of both overlap the block kernel. The add runs beside
+ * the next step's kernel (the backend's add_beside: on CUDA the
+ * communication stream, which the next group's send of its result follows),
+ * not between the two kernels; so the next kernel writes another `loc`,
+ * and the one after it the first again, by then ordered after the add by
+ * that step's completed group. One last exchange after step P-1 brings
+ * every block's dK|dV home (P transfers of gradients, P-1 of K|V). K and V
+ * go as two messages that land packed; step 0 computes on this rank's
+ * where they are and sends them from there. Buffers: two for K|V (current,
+ * landing), four for dK|dV (loc and a spare loc, the partial sums
+ * arriving, the finished sums leaving); roles rotate, nothing is copied.
+ * With one rank on the sequence there is no ring: the kernels read K and V
+ * where they are and write one dK|dV buffer, which is final.
  *
  * Invariants: as in forward.c: one workspace, allocated before the loop or
  * given; ranks agree before any block moves; a failing rank aborts.
@@ -42,7 +47,10 @@
 #include "block.h"
 #include "plan.h"
 
-/* Workspace: [K|V: 2 blocks] [dK|dV: 3 blocks] [dq] [delta] [kernel
+/* The dK|dV buffers of the ring, by role (bwd_ring below). */
+enum { LOC, SPARE, RCV, SND, BWD_GRAD_BUFS };
+
+/* Workspace: [K|V: 2 blocks] [dK|dV: 4 blocks] [dq] [delta] [kernel
  * scratch]; with one rank on the sequence (no ring) [dK|dV: 1 block] [dq]
  * [delta] [kernel scratch]. */
 typedef struct bwd_workspace {
@@ -56,7 +64,7 @@ static bwd_workspace bwd_workspace_of(const attn_plan *p) {
     const int ring = p->parts > 1;
     w.grad_bytes = (size_t)(p->b * p->c * p->hkv * p->D) * sizeof(float);
     w.off_grads = ring ? attn_align(4 * p->kv_bytes) : 0;
-    w.off_dq = w.off_grads + attn_align((ring ? 6 : 2) * w.grad_bytes);
+    w.off_dq = w.off_grads + attn_align((ring ? 2 * BWD_GRAD_BUFS : 2) * w.grad_bytes);
     w.off_delta = w.off_dq + attn_align(rows * (size_t)p->D * sizeof(float));
     w.off_scratch = w.off_delta + attn_align(rows * sizeof(float));
     w.total = w.off_scratch + attn_align(p->kern ? p->kern->bwd_scratch(p->D) : 0);
@@ -65,14 +73,15 @@ static bwd_workspace bwd_workspace_of(const attn_plan *p) {
 
 /* The buffers of the loop (see the header): kv[cur] is src(t)'s K|V,
  * kv[1 - cur] the landing buffer; grad[LOC] takes this step's contributions,
- * grad[RCV] the partial sums of src(t), grad[SND] the finished sums of
- * src(t-1). Each grad buffer is dK then dV, fp32. */
-enum { LOC, RCV, SND };
+ * grad[SPARE] the next step's (grad[LOC] may still be read by this step's
+ * add, beside the next kernel), grad[RCV] the partial sums of src(t),
+ * grad[SND] the finished sums of src(t-1). Each grad buffer is dK then dV,
+ * fp32. */
 typedef struct bwd_ring {
     dt_comm *comm;                    /* NULL: one rank, nothing moves */
     const char *k, *v;                /* this rank's K and V, where they are */
     char *kv[2];
-    float *grad[3];
+    float *grad[BWD_GRAD_BUFS];
     int cur;
     dt_p2p_op ops[6];
 } bwd_ring;
@@ -224,7 +233,8 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     size_t dkv_bytes = 2 * w.grad_bytes, dkv_n = dkv_bytes / sizeof(float);
     bwd_ring r = {.comm = comm, .k = dt_tensor_data_const(k), .v = dt_tensor_data_const(v),
                   .kv = {ws, ws + 2 * p.kv_bytes}};
-    for (int i = 0; i < (comm ? 3 : 1); i++) r.grad[i] = (float *)(ws + w.off_grads + i * dkv_bytes);
+    for (int i = 0; i < (comm ? BWD_GRAD_BUFS : 1); i++)
+        r.grad[i] = (float *)(ws + w.off_grads + i * dkv_bytes);
     DT_TRY_GOTO(st, be->ops->zero(be, dqa, attn_plan_rows(&p) * (size_t)p.D * sizeof(float)),
                 fail);
     DT_TRY_GOTO(st, p.kern->delta(be, p.dtype, p.b, p.c, p.h, p.D, dt_tensor_data_const(o),
@@ -250,17 +260,24 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
             DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);
         }
         /* src(t)'s sums so far plus this rank's: finished here, they leave
-         * next. At step 0 nothing arrived: this rank's are all there is. */
-        float *done = r.grad[LOC];
+         * next. At step 0 nothing arrived: this rank's are all there is.
+         * The add runs beside the next kernel, which writes the spare; the
+         * next group's send of its sum follows it (backend.h, add_beside). */
+        float *const loc = r.grad[LOC];
         if (t > 0) {
-            DT_TRY_GOTO(st, be->ops->add(be, DT_F32, (int64_t)dkv_n, r.grad[RCV], r.grad[LOC],
-                                         r.grad[RCV]), fail);
-            done = r.grad[RCV];
+            DT_TRY_GOTO(st, be->ops->add_beside(be, DT_F32, (int64_t)dkv_n, r.grad[RCV], loc,
+                                                r.grad[RCV]), fail);
+            float *const sum = r.grad[RCV];
+            r.grad[RCV] = r.grad[SND];   /* sent: free to land the next sums */
+            r.grad[SND] = sum;
+            r.grad[LOC] = r.grad[SPARE];
+            r.grad[SPARE] = loc;         /* the kernel after next writes it */
         } else {
-            r.grad[LOC] = r.grad[RCV];
+            float *const unused = r.grad[SND];   /* nothing was sent at step 0 */
+            r.grad[SND] = loc;
+            r.grad[LOC] = r.grad[SPARE];
+            r.grad[SPARE] = unused;
         }
-        r.grad[RCV] = r.grad[SND];
-        r.grad[SND] = done;
         if (t + 1 < p.parts) r.cur = 1 - r.cur;
     }
     /* The last exchange: src(P-1) = j+1's sums go home, this rank's arrive. */

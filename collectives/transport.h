@@ -76,12 +76,15 @@ typedef struct dt_mem_ops {
     dt_status (*copy)(void *arg, void *dst, const void *src, size_t bytes, const void *dst_ready,
                       const void *src_ready);
     /* Make the caller's earlier writes to its buffers readable by other
-     * ranks' threads (cuda: wait for the compute stream). */
+     * ranks' threads (cuda: wait for the compute and communication streams,
+     * the latter for an add_beside). */
     dt_status (*publish)(void *arg);
     /* Mark, without waiting, the point the caller's queued work has reached:
      * *ready is the token a copy passes to start after that work (cuda: an
-     * event recorded on the compute stream; host: NULL, nothing is queued).
-     * A token stays valid until the caller's next mark. */
+     * event recorded on the communication stream once it has waited for the
+     * compute stream's queued work, so that an add_beside queued before
+     * counts too, backend.h; host: NULL, nothing is queued). A token stays
+     * valid until the caller's next mark. */
     dt_status (*mark)(void *arg, const void **ready);
     /* acc[i] := x[i] (first) or op(acc[i], x[i]) for i < n, in fp32; acc is
      * this memory's fp32 scratch, x (fp32, bf16 or fp16) may live anywhere. */

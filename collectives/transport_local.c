@@ -36,7 +36,7 @@
  * dt_mem hooks (comm->mem, chosen when the world's communicators are made):
  * plain memcpy and C loops on host memory, cudaMemcpy and device kernels for
  * CUDA ranks sharing GPUs. Before a collective a rank publishes (cuda: waits
- * for its compute stream), so peers may read its buffers, unless the
+ * for its streams), so peers may read its buffers, unless the
  * collective is host_only (an agreement check's tables); a p2p group only
  * marks (cuda: records an event), and each copy of the group starts on the
  * device after the marks of both its ends, so a ring step's copy overlaps

@@ -478,6 +478,7 @@ static const dt_backend_ops dt_cpu_ops = {
     .copy_runs = dt_cpu_copy_runs,
     .gemm = dt_cpu_gemm,
     .add = dt_cpu_add,
+    .add_beside = dt_cpu_add,   /* nothing is queued: at once, like add */
     .gelu = dt_cpu_gelu,
     .rmsnorm = dt_cpu_rmsnorm,
     .rotary = dt_cpu_rotary,

@@ -112,7 +112,8 @@ struct cuda_impl {
     dev_blocks live, cached;
     size_t cached_bytes;
     cudaEvent_t free_ev;        /* orders the comm stream before a freed block's reuse */
-    cudaEvent_t mark_ev;        /* transport mark: the compute stream's point at a p2p start */
+    cudaEvent_t mark_ev;        /* transport mark: the point a p2p start has reached (mem_mark) */
+    cudaEvent_t join_ev;        /* the compute stream's point the comm stream waits for next */
     /* profiling marks: events on the compute stream (backend.h mark ops) */
     cudaEvent_t *marks;
     int n_marks;
@@ -513,6 +514,7 @@ void cuda_destroy(dt_backend *b) {
             (void)cache_flush(b, "destroy");
             if (im->free_ev) (void)cudaEventDestroy(im->free_ev);
             if (im->mark_ev) (void)cudaEventDestroy(im->mark_ev);
+            if (im->join_ev) (void)cudaEventDestroy(im->join_ev);
             if (im->tab_dev) (void)cudaFree(im->tab_dev);
             if (im->stage) (void)cudaFree(im->stage);
             if (im->tab_host) (void)cudaFreeHost(im->tab_host);
@@ -873,30 +875,49 @@ dt_status cuda_gemm(dt_backend *b, dt_dtype dtype, int64_t m, int64_t n, int64_t
     return DT_SUCCESS;
 }
 
-dt_status cuda_add(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, const void *y,
-                   void *out) {
-    DT_TRY(check_float(b, "add", dtype));
-    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda add: negative count %" PRId64, b->rank, n);
+/* out = x + y on `stream` (add and add_beside). */
+dt_status add_on(dt_backend *b, const char *what, cudaStream_t stream, dt_dtype dtype, int64_t n,
+                 const void *x, const void *y, void *out) {
+    DT_TRY(check_float(b, what, dtype));
+    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda %s: negative count %" PRId64, b->rank, what, n);
     if (n == 0) return DT_SUCCESS;
     if (x == NULL || y == NULL || out == NULL)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda add: NULL buffer", b->rank);
-    DT_TRY(enter(b, "add"));
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda %s: NULL buffer", b->rank, what);
+    DT_TRY(enter(b, what));
     cuda_impl *im = impl_of(b);
     unsigned grid = grid_for(im, n, 256);
     if (dtype == DT_F32)
-        dt_cuda_launch(add_kernel<float>, grid, 256, 0, im->compute,
+        dt_cuda_launch(add_kernel<float>, grid, 256, 0, stream,
                        static_cast<const float *>(x), static_cast<const float *>(y),
                        static_cast<float *>(out), n);
     else if (dtype == DT_BF16)
-        dt_cuda_launch(add_kernel<__nv_bfloat16>, grid, 256, 0, im->compute,
+        dt_cuda_launch(add_kernel<__nv_bfloat16>, grid, 256, 0, stream,
                        static_cast<const __nv_bfloat16 *>(x), static_cast<const __nv_bfloat16 *>(y),
                        static_cast<__nv_bfloat16 *>(out), n);
     else
-        dt_cuda_launch(add_kernel<__half>, grid, 256, 0, im->compute,
+        dt_cuda_launch(add_kernel<__half>, grid, 256, 0, stream,
                        static_cast<const __half *>(x), static_cast<const __half *>(y),
                        static_cast<__half *>(out), n);
-    CU_LAUNCHED(b, "add", "add_kernel");
+    CU_LAUNCHED(b, what, "add_kernel");
     return DT_SUCCESS;
+}
+
+dt_status cuda_add(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, const void *y,
+                   void *out) {
+    return add_on(b, "add", impl_of(b)->compute, dtype, n, x, y, out);
+}
+
+/* On the communication stream, after the compute stream's queued work: the
+ * transports queue their work there too (NCCL) or mark their sends' start
+ * there (mem_mark), so later transfers come after it; later compute work
+ * does not. */
+dt_status cuda_add_beside(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, const void *y,
+                          void *out) {
+    cuda_impl *im = impl_of(b);
+    DT_TRY(enter(b, "add beside"));
+    CU_TRY(b, "add beside", cudaEventRecord(im->join_ev, im->compute));
+    CU_TRY(b, "add beside", cudaStreamWaitEvent(im->comm, im->join_ev, 0));
+    return add_on(b, "add beside", im->comm, dtype, n, x, y, out);
 }
 
 dt_status cuda_gelu(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, void *out,
@@ -1079,6 +1100,7 @@ dt_status cuda_mark_ms(dt_backend *b, int i, int j, double *ms) {
 const dt_backend_ops cuda_ops = {
     "cuda",          cuda_destroy, cuda_alloc,     cuda_alloc_uninit, cuda_free, cuda_upload,
     cuda_download,   cuda_copy,    cuda_zero,      cuda_copy_runs, cuda_gemm, cuda_add,
+    cuda_add_beside,
     cuda_gelu,       cuda_rmsnorm, cuda_rotary,    cuda_sync, cuda_marks_reserve, cuda_mark,
     cuda_mark_ms,
 };
@@ -1128,7 +1150,9 @@ dt_status mem_copy(void *arg, void *dst, const void *src, size_t bytes, const vo
 dt_status mem_publish(void *arg) {
     dt_backend *b = backend_of(arg);
     DT_TRY(enter(b, "transport publish"));
-    return wait_stream(b, impl_of(b)->compute, "transport publish");
+    /* both streams: an add_beside on the communication stream wrote too */
+    DT_TRY(wait_stream(b, impl_of(b)->compute, "transport publish"));
+    return wait_stream(b, impl_of(b)->comm, "transport publish");
 }
 
 dt_status mem_mark(void *arg, const void **ready) {
@@ -1136,7 +1160,12 @@ dt_status mem_mark(void *arg, const void **ready) {
     cuda_impl *im = impl_of(b);
     *ready = NULL;
     DT_TRY(enter(b, "transport mark"));
-    CU_TRY(b, "transport mark", cudaEventRecord(im->mark_ev, im->compute));
+    /* On the communication stream, after the compute stream's queued work:
+     * a copy from this rank's buffers then also waits for an add_beside
+     * queued before (the backward's dK|dV sums). */
+    CU_TRY(b, "transport mark", cudaEventRecord(im->join_ev, im->compute));
+    CU_TRY(b, "transport mark", cudaStreamWaitEvent(im->comm, im->join_ev, 0));
+    CU_TRY(b, "transport mark", cudaEventRecord(im->mark_ev, im->comm));
     *ready = im->mark_ev;
     return DT_SUCCESS;
 }
@@ -1288,6 +1317,7 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
     CREATE_TRY(cudaEventCreateWithFlags(&im->tab_ev, cudaEventDisableTiming));
     CREATE_TRY(cudaEventCreateWithFlags(&im->free_ev, cudaEventDisableTiming));
     CREATE_TRY(cudaEventCreateWithFlags(&im->mark_ev, cudaEventDisableTiming));
+    CREATE_TRY(cudaEventCreateWithFlags(&im->join_ev, cudaEventDisableTiming));
 #undef CREATE_TRY
     s = cublasCreate(&im->blas);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(im->blas, im->compute);
