@@ -63,11 +63,13 @@ const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k);
  * SM's cycle counter), sm from %smid. work: the iterations of the CTA's
  * main loop, its tiles: key tiles of one query tile forward, query tiles
  * (times the GQA group's heads) of one key tile backward. The forward
- * kernels also mark, in clock64 cycles, where their main loop runs:
- * mark[0] once its first key tile has landed (before its math), mark[1]
- * once every thread is done with its last (before the rows' merge and
- * write-back), so that a CTA's time splits into its start, its loop and
- * its end; both 0 in a CTA without key tiles and in the backward kernels.
+ * kernels also mark (the low 32 bits of clock64) where their main loop
+ * runs: mark[0] once its first key tile has landed (before its math),
+ * mark[1] once every thread is done with its last (before the rows' merge
+ * and write-back), so that a CTA's time splits into its start, its loop
+ * and its end; both 0 in a CTA without key tiles, in the wgmma forward at
+ * D = 64 (its registers have no room for them) and in the backward
+ * kernels.
  * (The persistent wgmma forward writes a record per query tile: the
  * tile's own start and end.) On the CPU emulator ns and clock are
  * CLOCK_MONOTONIC and sm is 0. */

@@ -3,8 +3,8 @@
  *
  * - backend ops: every entry of dt_backend_ops on the CUDA backend, on the
  *   same inputs as the CPU backend (gemm: against double), with the
- *   tolerances stated at each case: copy_runs COPY/ADD bit-exact, add
- *   bit-exact, gemm fp32 (TF32 off) atol=rtol=1e-4, TF32 1e-2, bf16 1e-2 +
+ *   tolerances stated at each case: copy_runs COPY/ADD bit-exact, add and
+ *   add_beside bit-exact, gemm fp32 (TF32 off) atol=rtol=1e-4, TF32 1e-2, bf16 1e-2 +
  *   8e-3|ref|, fp16 2e-3 + 2e-3|ref|, gelu fp32 1e-6 + 1e-5|ref| (bf16/fp16:
  *   one output ulp); rmsnorm fp32 1e-6 + 1e-6|ref| (CUDA sums squares in
  *   fp32, the CPU in double), rotary fp32 2e-7 + 2e-7|ref| (the same double
@@ -472,6 +472,15 @@ static dt_status rank_elementwise(dt_context *ctx, void *arg) {
         long bad = h_compare("gelu", gotf, ref, n, atol, rtol, &maxe);
         if (bad) note_bad(&c->r, 0, "gelu: %ld of %zu outside atol %g + rtol %g, max error %.3g",
                           bad, n, atol, rtol, maxe);
+    }
+    if (!c->gelu) {
+        /* add_beside: the same sum, after the compute stream's work queued
+         * before it (the zeroing), read once a sync has waited for it. */
+        DT_TRY_GOTO(st, gpu->ops->zero(gpu, dout, n * es), out);
+        DT_TRY_GOTO(st, gpu->ops->add_beside(gpu, c->dtype, c->n, dx, dy, dout), out);
+        DT_TRY_GOTO(st, gpu->ops->sync(gpu), out);
+        DT_TRY_GOTO(st, gpu->ops->download(gpu, hwant, dout, n * es), out);
+        if (memcmp(hwant, hgot, n * es)) note_bad(&c->r, 0, "add_beside's result differs from add's");
     }
     /* In place (out == x) gives the same result. */
     if (c->gelu) DT_TRY_GOTO(st, gpu->ops->gelu(gpu, c->dtype, c->n, dx, dx, c->approx), out);
