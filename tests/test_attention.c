@@ -15,8 +15,9 @@
  * all run everywhere; and, on a GPU, the "forward/cuda-kernels/..." cases
  * here and the "backward/cuda-kernels/..." cases of
  * test_attention_backward.c run the distributed passes with
- * DT_ATTN_KERNEL=simple, =mma and =wgmma (where it can run: a 9.0 device)
- * against the double reference. */
+ * DT_ATTN_KERNEL=simple, =mma and =wgmma (where it can run: a 9.0 device;
+ * the forward at D = 128 also in its overlapped order) against the double
+ * reference. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -55,7 +56,9 @@ typedef struct fwd_case {
     dt_dtype dtype;
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
-    int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma, each checked */
+    int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma (and wgmma in
+                                  its overlapped order), each checked */
+    int overlap;               /* cuda: the wgmma forward's overlapped order (set by the test) */
     int huge;                  /* q, k multiples of 25: logits of magnitude 1e4 (exact in fp32) */
     /* filled by the test */
     double *q, *k, *v, *o_ref, *lse_ref;
@@ -80,6 +83,9 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     double *ref = NULL, *ref_lse = NULL;
     dt_status st;
     int sizes[2] = {c->tp, c->P};
+#ifdef DT_HAVE_CUDA
+    dt_backend_cuda_set_overlap(ctx->backend, c->overlap);   /* no-op off CUDA */
+#endif
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, sizes, NULL, &mesh), out);
     dt_placement heads = c->tp > 1 || c->head_order != DT_ORDER_CONTIGUOUS
                              ? dt_shard(2, c->head_order) : dt_replicate();
@@ -191,7 +197,7 @@ static int wgmma_case(fwd_case *c, dt_backend_kind backend, int *refused) {
         *refused = c->st[r] == DT_ERR_NOT_SUPPORTED &&
                    (strstr(c->msg[r], "needs a compute capability 9.0") ||
                     strstr(c->msg[r], "wgmma kernel was not built"));
-    return *refused || judge_case(c, st, "wgmma");
+    return *refused || judge_case(c, st, c->overlap ? "wgmma, overlapped order" : "wgmma");
 }
 
 static void run_forward_case(void **state) {
@@ -224,6 +230,11 @@ static void run_forward_case(void **state) {
         setenv("DT_ATTN_KERNEL", "wgmma", 1);
         int refused = 0;
         ok_wgmma = wgmma_case(c, backend, &refused);
+        if (!refused && c->s.D == 128) {   /* once more in its overlapped order */
+            c->overlap = 1;
+            ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
+            c->overlap = 0;
+        }
         h_env_restore("DT_ATTN_KERNEL", saved);
         if (refused) print_message("wgmma kernel not run: %s\n", c->msg[0]);
     } else {
