@@ -907,17 +907,24 @@ dt_status cuda_add(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, cons
     return add_on(b, "add", impl_of(b)->compute, dtype, n, x, y, out);
 }
 
+/* The communication stream's next work waits, on the device, for the
+ * compute stream's work queued so far (add_beside, mem_mark). */
+dt_status comm_after_compute(dt_backend *b, const char *what) {
+    cuda_impl *im = impl_of(b);
+    DT_TRY(enter(b, what));
+    CU_TRY(b, what, cudaEventRecord(im->join_ev, im->compute));
+    CU_TRY(b, what, cudaStreamWaitEvent(im->comm, im->join_ev, 0));
+    return DT_SUCCESS;
+}
+
 /* On the communication stream, after the compute stream's queued work: the
  * transports queue their work there too (NCCL) or mark their sends' start
  * there (mem_mark), so later transfers come after it; later compute work
  * does not. */
 dt_status cuda_add_beside(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, const void *y,
                           void *out) {
-    cuda_impl *im = impl_of(b);
-    DT_TRY(enter(b, "add beside"));
-    CU_TRY(b, "add beside", cudaEventRecord(im->join_ev, im->compute));
-    CU_TRY(b, "add beside", cudaStreamWaitEvent(im->comm, im->join_ev, 0));
-    return add_on(b, "add beside", im->comm, dtype, n, x, y, out);
+    DT_TRY(comm_after_compute(b, "add beside"));
+    return add_on(b, "add beside", impl_of(b)->comm, dtype, n, x, y, out);
 }
 
 dt_status cuda_gelu(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, void *out,
@@ -1159,12 +1166,10 @@ dt_status mem_mark(void *arg, const void **ready) {
     dt_backend *b = backend_of(arg);
     cuda_impl *im = impl_of(b);
     *ready = NULL;
-    DT_TRY(enter(b, "transport mark"));
     /* On the communication stream, after the compute stream's queued work:
      * a copy from this rank's buffers then also waits for an add_beside
      * queued before (the backward's dK|dV sums). */
-    CU_TRY(b, "transport mark", cudaEventRecord(im->join_ev, im->compute));
-    CU_TRY(b, "transport mark", cudaStreamWaitEvent(im->comm, im->join_ev, 0));
+    DT_TRY(comm_after_compute(b, "transport mark"));
     CU_TRY(b, "transport mark", cudaEventRecord(im->mark_ev, im->comm));
     *ready = im->mark_ev;
     return DT_SUCCESS;

@@ -1657,43 +1657,43 @@ int main(void) {
                  * the two D = 128 rows, bf16: persistent with dependent
                  * launches, and a CTA per tile without */
                 for (int ov = 0; ov <= (dir == 2 && !dt && (i == 1 || i == 3)); ov++) {
-                if (quick && (dt || i || ov)) continue;   /* valgrind: one case per direction */
-                if (dt && !fp16_rows[i]) continue;
-                if (dir % 2 && rows[i].huge) continue;  /* the forward's numerics case */
-                const shape_row *row = dir >= 2 ? &wg_rows[i] : &rows[i];
-                emu_case *c = &cases[nt];
-                c->s = row->s;
-                c->P = row->P;
-                c->order = row->order;
-                c->mask = row->mask;
-                c->dtype = dt ? DT_F16 : DT_BF16;
-                c->seed = 4000 + 10 * nt;
-                c->huge = row->huge;
-                c->kernel = dir >= 2 ? DT_ATTN_KERNEL_WGMMA : DT_ATTN_KERNEL_MMA;
-                /* launch orders: sections of three units on the rows with
-                 * four (a narrower first section), one unit after another (no
-                 * L2) on row 0, all units in one section (an H100's L2) */
-                c->l2 = i == 0 ? 0 : 50 << 20;
-                c->sections = i == 1 || i == 2 ? 3 : 0;
-                /* the wgmma forward persistent (one SM: one or two CTAs, each
-                 * taking many query tiles, tiles without keys among them on
-                 * the zigzag row) on rows 0 to 2, a CTA per tile on 3, 4;
-                 * both forward kernels with dependent launches but on row 3 */
-                c->sms = i <= 2;
-                c->dependent = dir % 2 == 0 && i != 3;
-                c->overlap = ov;
-                snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s",
-                         (const char *[]){"forward", "backward", "forward-wgmma",
-                                          "backward-wgmma"}[dir],
-                         dt_order_name(c->order), c->P,
-                         (long long)c->s.B, (long long)c->s.S, (long long)c->s.H,
-                         (long long)c->s.Hkv, (long long)c->s.D, dt_attn_mask_name(c->mask),
-                         dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "",
-                         dir == 2 && c->sms ? ",persistent" : "",
-                         c->dependent ? ",dependent" : "", ov ? ",overlapped" : "");
-                tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
-                nt++;
-            }
+                    if (quick && (dt || i || ov)) continue;   /* valgrind: one case per direction */
+                    if (dt && !fp16_rows[i]) continue;
+                    if (dir % 2 && rows[i].huge) continue;  /* the forward's numerics case */
+                    const shape_row *row = dir >= 2 ? &wg_rows[i] : &rows[i];
+                    emu_case *c = &cases[nt];
+                    c->s = row->s;
+                    c->P = row->P;
+                    c->order = row->order;
+                    c->mask = row->mask;
+                    c->dtype = dt ? DT_F16 : DT_BF16;
+                    c->seed = 4000 + 10 * nt;
+                    c->huge = row->huge;
+                    c->kernel = dir >= 2 ? DT_ATTN_KERNEL_WGMMA : DT_ATTN_KERNEL_MMA;
+                    /* launch orders: sections of three units on the rows with
+                     * four (a narrower first section), one unit after another (no
+                     * L2) on row 0, all units in one section (an H100's L2) */
+                    c->l2 = i == 0 ? 0 : 50 << 20;
+                    c->sections = i == 1 || i == 2 ? 3 : 0;
+                    /* the wgmma forward persistent (one SM: one or two CTAs, each
+                     * taking many query tiles, tiles without keys among them on
+                     * the zigzag row) on rows 0 to 2, a CTA per tile on 3, 4;
+                     * both forward kernels with dependent launches but on row 3 */
+                    c->sms = i <= 2;
+                    c->dependent = dir % 2 == 0 && i != 3;
+                    c->overlap = ov;
+                    snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s",
+                             (const char *[]){"forward", "backward", "forward-wgmma",
+                                              "backward-wgmma"}[dir],
+                             dt_order_name(c->order), c->P,
+                             (long long)c->s.B, (long long)c->s.S, (long long)c->s.H,
+                             (long long)c->s.Hkv, (long long)c->s.D, dt_attn_mask_name(c->mask),
+                             dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "",
+                             dir == 2 && c->sms ? ",persistent" : "",
+                             c->dependent ? ",dependent" : "", ov ? ",overlapped" : "");
+                    tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
+                    nt++;
+                }
 #ifndef DT_EMU_NO_CXX
     tests[nt++] = (struct CMUnitTest){"backward/block-ok/walk-within-2^31", test_bwd_walk_bound,
                                       NULL, NULL, NULL};
