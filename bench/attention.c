@@ -104,13 +104,13 @@ typedef struct bench_opts {
     int dtypes[3];             /* (a): bf16, fp32, fp16 (--dtype); none set: bf16, fp32 */
     int dependent;             /* --dependent: CUDA's dependent launches (default 1) */
     int persistent;            /* --persistent: CUDA's persistent mode (backend_cuda.h; 1) */
-    int overlap;               /* --overlap: the wgmma forward's overlapped order (0) */
+    int overlap;               /* --overlap: the wgmma forward's overlapped order (1) */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
 static int g_dependent = 1;   /* bench_opts.dependent, for every rank's backend */
 static int g_persistent = 1;  /* bench_opts.persistent, likewise */
-static int g_overlap = 0;     /* bench_opts.overlap, likewise */
+static int g_overlap = 1;     /* bench_opts.overlap, likewise */
 
 static double cpu_s(void) {
     struct timespec ts;
@@ -501,7 +501,7 @@ static void usage(FILE *f) {
             "                       but beside the ring's transfers (a CTA per query tile\n"
             "                       there), 2 there too, 0 never\n"
             "  --overlap 0|1        CUDA: whether the wgmma forward at D = 128 runs its\n"
-            "                       overlapped order (default 0)\n"
+            "                       overlapped order (default 1)\n"
             "  --help\n");
 }
 
@@ -620,7 +620,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
 
 
 int main(int argc, char **argv) {
-    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}, 1, 1, 0};
+    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}, 1, 1, 1};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
     g_dependent = o.dependent;

@@ -105,7 +105,7 @@ typedef struct opts {
     int64_t l2;                     /* --l2: the L2 size the CTA order plans for (-1: the device's) */
     int persistent;                 /* --persistent: the backend's mode (backend_cuda.h) */
     int dependent;                  /* --dependent: 0 no programmatic dependent launches */
-    int overlap;                    /* --overlap: 1 the wgmma forward's overlapped order */
+    int overlap;                    /* --overlap: the wgmma forward's overlapped order (1) */
     int own;                        /* --rows own: (r)'s forward blocks start and finish their rows */
 } opts;
 
@@ -512,7 +512,7 @@ static void text_header(const run *r, const bufs *b) {
         printf("CTA launch order for an L2 of %lld bytes; wgmma forward %s%s, %s\n", l2_of(b),
                (const char *[]){"a CTA per query tile", "persistent (a CTA per query tile "
                                 "beside a ring transfer)", "persistent"}[o->persistent],
-               o->overlap ? ", overlapped (D = 128)" : "",
+               o->overlap ? ", overlapped (D = 128)" : ", warpgroups meeting after each tile",
                o->dependent ? "dependent launches" : "no dependent launches");
     if (o->own) printf("(r): forward blocks that start and finish their rows (--rows own)\n");
 }
@@ -829,7 +829,8 @@ static void usage(FILE *f) {
             "                    (p)'s b2b is then also timed with 0)\n"
             "  --overlap 0|1     CUDA: whether the wgmma forward at D = 128 runs its\n"
             "                    overlapped order, one warpgroup writing a query tile's rows\n"
-            "                    back while the other computes (default 0)\n"
+            "                    back while the other computes (default 1; 0: the\n"
+            "                    warpgroups meet after each query tile)\n"
             "  --rows merge|own  (r)'s forward blocks: merge (default) as a ring's middle\n"
             "                    step, merging into the rows' stored state; own as a\n"
             "                    call's only block, which starts and finishes its rows\n"
@@ -894,6 +895,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->l2 = -1;
     o->persistent = 1;
     o->dependent = 1;
+    o->overlap = 1;
     o->passes[0] = o->passes[1] = o->sections[0] = o->sections[1] = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;

@@ -1298,6 +1298,7 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
     CREATE_TRY(cudaDeviceGetAttribute(&im->sms, cudaDevAttrMultiProcessorCount, o->device));
     im->persistent = 1;
     im->dependent_launch = 1;
+    im->overlap = 1;
     {
         int major = 0, minor = 0;
         CREATE_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o->device));

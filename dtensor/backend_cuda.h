@@ -81,8 +81,10 @@ void dt_backend_cuda_set_dependent_launch(dt_backend *b, int on);
 /* Whether the wgmma attention forward at head dim 128 runs its overlapped
  * order (attention/block_cuda_wgmma.cu: a warpgroup writes a query tile's
  * rows back while the other one computes, instead of both meeting at the
- * tile's end). 0, the default, until a GPU has measured it; 1: on
- * (benchmarks compare). Results never depend on it, only speed. */
+ * tile's end). 1, the default: faster on an H200 by 5 to 10% (full
+ * blocks) and 5 to 8% (causal blocks; docs/PERFORMANCE.md, 2026-11-26);
+ * 0: both warpgroups meet after each query tile (benchmarks compare).
+ * Results never depend on it, only speed. */
 int dt_backend_cuda_overlap(const dt_backend *b);
 void dt_backend_cuda_set_overlap(dt_backend *b, int on);
 void *dt_backend_cuda_compute_stream(const dt_backend *b);

@@ -16,7 +16,8 @@
  * here and the "backward/cuda-kernels/..." cases of
  * test_attention_backward.c run the distributed passes with
  * DT_ATTN_KERNEL=simple, =mma and =wgmma (where it can run: a 9.0 device;
- * the forward at D = 128 also in its overlapped order) against the double
+ * the forward at D = 128 in its overlapped order, the default, and again
+ * with its warpgroups meeting after each query tile) against the double
  * reference. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -56,9 +57,9 @@ typedef struct fwd_case {
     dt_dtype dtype;
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
-    int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma (and wgmma in
-                                  its overlapped order), each checked */
-    int overlap;               /* cuda: the wgmma forward's overlapped order (set by the test) */
+    int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma (and wgmma
+                                  with its overlapped order off), each checked */
+    int meet;                  /* cuda: the wgmma forward's overlapped order off (set by the test) */
     int huge;                  /* q, k multiples of 25: logits of magnitude 1e4 (exact in fp32) */
     /* filled by the test */
     double *q, *k, *v, *o_ref, *lse_ref;
@@ -84,7 +85,7 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     dt_status st;
     int sizes[2] = {c->tp, c->P};
 #ifdef DT_HAVE_CUDA
-    dt_backend_cuda_set_overlap(ctx->backend, c->overlap);   /* no-op off CUDA */
+    dt_backend_cuda_set_overlap(ctx->backend, !c->meet);   /* no-op off CUDA */
 #endif
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, sizes, NULL, &mesh), out);
     dt_placement heads = c->tp > 1 || c->head_order != DT_ORDER_CONTIGUOUS
@@ -197,7 +198,7 @@ static int wgmma_case(fwd_case *c, dt_backend_kind backend, int *refused) {
         *refused = c->st[r] == DT_ERR_NOT_SUPPORTED &&
                    (strstr(c->msg[r], "needs a compute capability 9.0") ||
                     strstr(c->msg[r], "wgmma kernel was not built"));
-    return *refused || judge_case(c, st, c->overlap ? "wgmma, overlapped order" : "wgmma");
+    return *refused || judge_case(c, st, c->meet ? "wgmma, warpgroups meeting" : "wgmma");
 }
 
 static void run_forward_case(void **state) {
@@ -230,10 +231,10 @@ static void run_forward_case(void **state) {
         setenv("DT_ATTN_KERNEL", "wgmma", 1);
         int refused = 0;
         ok_wgmma = wgmma_case(c, backend, &refused);
-        if (!refused && c->s.D == 128) {   /* once more in its overlapped order */
-            c->overlap = 1;
+        if (!refused && c->s.D == 128) {   /* once more without its overlapped order */
+            c->meet = 1;
             ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
-            c->overlap = 0;
+            c->meet = 0;
         }
         h_env_restore("DT_ATTN_KERNEL", saved);
         if (refused) print_message("wgmma kernel not run: %s\n", c->msg[0]);
@@ -1584,15 +1585,15 @@ static void test_cuda_stateless_workspace(void **state) {
  * two ranks sharing the GPU, on the kernel auto picks (wgmma on an H100)
  * and on the mma kernel. Large enough on a GPU that blocks overlap; small
  * on the CPU emulator, which runs a dependent launch after the one before
- * and checks its waits instead (test_mma_emu). A fourth run, dependent
- * launches on, has the wgmma forward's overlapped order on
- * (dt_backend_cuda_set_overlap; D = 128 on a GPU: its warpgroups no longer
- * meet at a query tile's end, so a missing wait there is a race too): the
- * same bits again. */
+ * and checks its waits instead (test_mma_emu). The first three runs have
+ * the wgmma forward's overlapped order (the default; D = 128 on a GPU: its
+ * warpgroups do not meet at a query tile's end, so a missing wait there
+ * is a race too); a fourth, dependent launches on, has it off
+ * (dt_backend_cuda_set_overlap(b, 0)): the same bits again. */
 enum { DEP_P = 2, DEP_RUNS = 4 };
 
 typedef struct dep_case {
-    uint64_t sum[DEP_P][DEP_RUNS][2];   /* rank, run (on, off, on, on overlapped), o / lse */
+    uint64_t sum[DEP_P][DEP_RUNS][2];   /* rank, run (on, off, on, on meeting), o / lse */
     dt_status st[DEP_P];
     char msg[DEP_P][512];
 } dep_case;
@@ -1620,7 +1621,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     for (int run = 0; run < DEP_RUNS && st == DT_SUCCESS; run++) {
 #ifdef DT_HAVE_CUDA
         dt_backend_cuda_set_dependent_launch(ctx->backend, run != 1);
-        dt_backend_cuda_set_overlap(ctx->backend, run == 3);
+        dt_backend_cuda_set_overlap(ctx->backend, run != 3);
 #endif
         dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
         opts.mask = DT_ATTN_CAUSAL;
@@ -1635,7 +1636,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     }
 #ifdef DT_HAVE_CUDA
     dt_backend_cuda_set_dependent_launch(ctx->backend, 1);
-    dt_backend_cuda_set_overlap(ctx->backend, 0);
+    dt_backend_cuda_set_overlap(ctx->backend, 1);
 #endif
     dt_tensor_destroy(q);
     dt_tensor_destroy(k);
@@ -1675,8 +1676,8 @@ static void test_cuda_dependent_launch(void **state) {
                 if (c.sum[r][0][x] != c.sum[r][1][x] || c.sum[r][2][x] != c.sum[r][1][x] ||
                     c.sum[r][3][x] != c.sum[r][1][x]) {
                     print_error("DT_ATTN_KERNEL=%s, rank %d: %s with dependent launches on, "
-                                "off, on, on overlapped: checksums %016llx, %016llx, %016llx, "
-                                "%016llx\n", kernels[i], r, x ? "lse" : "o",
+                                "off, on, on with the warpgroups meeting: checksums %016llx, "
+                                "%016llx, %016llx, %016llx\n", kernels[i], r, x ? "lse" : "o",
                                 (unsigned long long)c.sum[r][0][x],
                                 (unsigned long long)c.sum[r][1][x],
                                 (unsigned long long)c.sum[r][2][x],
