@@ -417,11 +417,21 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
                  * tile, BM rows per column block), the tile's 128 keys. */
                 float s[NT][4];
                 const uint32_t k_addr = wg_smem_addr(sk + stage * TILE_KV);
+                /* The k-steps' descriptors: at D = 128 the first one's
+                 * plus a constant each (wg_desc_plus); at D = 64 each
+                 * made from its address (there the other form made
+                 * ptxas spill at the 128 registers of two CTAs an SM) */
+                const uint64_t qd = wg_desc_k_major(q_addr, WG_BM, 0), kd = wg_desc_k_major(k_addr, WG_BN, 0);
                 wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < D / 16; kk++)
-                    wgmma_ss<T, WG_BN>(s, wg_desc_k_major(q_addr, WG_BM, kk),
-                                       wg_desc_k_major(k_addr, WG_BN, kk), kk > 0);
+                for (int kk = 0; kk < D / 16; kk++) {
+                    if constexpr (D == 128)
+                        wgmma_ss<T, WG_BN>(s, wg_desc_plus(qd, wg_k_major_off(WG_BM, kk)),
+                                           wg_desc_plus(kd, wg_k_major_off(WG_BN, kk)), kk > 0);
+                    else
+                        wgmma_ss<T, WG_BN>(s, wg_desc_k_major(q_addr, WG_BM, kk),
+                                           wg_desc_k_major(k_addr, WG_BN, kk), kk > 0);
+                }
                 wgmma_commit();
                 if (RELEASE) produce();
                 bar_arrive<TURN>(wg ^ 1, PAIR);

@@ -80,15 +80,32 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
            (uint64_t)((sbo & 0x3FFFFu) >> 4) << 32 | (uint64_t)1 << 62;
 }
 
-/* K-major operand of `rows` tile rows: k-step kk (16 columns). */
+/* The descriptor of addr + off from d, addr's: the start address field
+ * (bits 0-13, the address / 16) plus off / 16, in the low word alone. The
+ * field cannot carry: addr + off lies in the shared window, below 256 KiB
+ * (2^18, the field's reach). So the k-steps of a product can share one
+ * descriptor made from the tile's address and each add a constant to it:
+ * one integer add where making each from its address takes the masks and
+ * shifts of wg_desc (on an H200, 2026-11-26, ncu's samples put 8% of the
+ * wgmma forward's warps' time in those, in the issue slots its softmax
+ * needs). */
+__device__ __forceinline__ uint64_t wg_desc_plus(uint64_t d, uint32_t off) {
+    const uint32_t lo = (uint32_t)d + (off >> 4), hi = (uint32_t)(d >> 32);
+    return (uint64_t)hi << 32 | lo;
+}
+
+/* K-major operand of `rows` tile rows: k-step kk (16 columns) lies
+ * wg_k_major_off(rows, kk) bytes after the tile's start. */
+__device__ __forceinline__ uint32_t wg_k_major_off(int rows, int kk) {
+    return (uint32_t)(kk / 4) * (uint32_t)rows * 128u + (uint32_t)(kk % 4) * 32u;
+}
 __device__ __forceinline__ uint64_t wg_desc_k_major(uint32_t tile, int rows, int kk) {
-    return wg_desc(tile + (uint32_t)(kk / 4) * (uint32_t)rows * 128u + (uint32_t)(kk % 4) * 32u,
-                   16u, 1024u);
+    return wg_desc(tile + wg_k_major_off(rows, kk), 16u, 1024u);
 }
 
 /* MN-major B operand of a `rows`-row tile (rows = K): k-step kk (16 rows). */
 __device__ __forceinline__ uint64_t wg_desc_mn_major(uint32_t tile, int rows, int kk) {
-    return wg_desc(tile + (uint32_t)kk * 2048u, (uint32_t)rows * 128u, 1024u);
+    return wg_desc_plus(wg_desc(tile, (uint32_t)rows * 128u, 1024u), (uint32_t)kk * 2048u);
 }
 
 /* Byte offset of element (row, col) in a tile of `rows` rows in the
