@@ -109,7 +109,7 @@
  * dt_backend_cuda_set_overlap; D = 128) overlaps one query tile's end with
  * the next one's start: the warpgroups do not meet after a query tile, so
  * one writes its rows back while the other computes (ARCHITECTURE.md). The
- * default: on an H200 (2026-11-26) 5 to 10% faster on full blocks and 5 to
+ * default: on an H200 (2026-11-26) 5 to 10% faster on full blocks and 4 to
  * 8% on causal ones than the warpgroups meeting after each query tile
  * (dt_backend_cuda_set_overlap(b, 0)); its tests passed there, racecheck
  * and synccheck clean. What is left besides: a producer warp with setmaxnreg and a third

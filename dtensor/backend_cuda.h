@@ -82,7 +82,7 @@ void dt_backend_cuda_set_dependent_launch(dt_backend *b, int on);
  * order (attention/block_cuda_wgmma.cu: a warpgroup writes a query tile's
  * rows back while the other one computes, instead of both meeting at the
  * tile's end). 1, the default: faster on an H200 by 5 to 10% (full
- * blocks) and 5 to 8% (causal blocks; docs/PERFORMANCE.md, 2026-11-26);
+ * blocks) and 4 to 8% (causal blocks; docs/PERFORMANCE.md, 2026-11-26);
  * 0: both warpgroups meet after each query tile (benchmarks compare).
  * Results never depend on it, only speed. */
 int dt_backend_cuda_overlap(const dt_backend *b);
