@@ -12,7 +12,8 @@
 # /.gpu/ and /.deps/ to .git/info/exclude so that neither travels as
 # untracked files. The device call then carries [".deps", ".gpu"] and runs
 #
-#   scripts/gpu_check.sh --prebuilt .gpu/build 540
+#   scripts/gpu_session.sh --prebuilt .gpu/build 420   (tests, issue8.py)
+#   scripts/gpu_check.sh --prebuilt .gpu/build 540     (the thorough check)
 #
 # A build made on this project's Debian 12 machine (nvcc 13.0, sm_90) ran
 # unchanged on the lent Ubuntu 24.04 H200 (2026-11-26): the programs link
@@ -23,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dest=${1:-.gpu/build}
-case $dest in -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case $dest in -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 make -j"$(nproc)" all bench
 [ -d build/tests ] && ls build/tests/test_* >/dev/null 2>&1 ||
@@ -54,4 +55,5 @@ if [ -d .git ]; then
 fi
 
 echo "gpu_pack: $(du -sh "$dest" | cut -f1) in $dest (commit $(head -n 1 "$dest/COMMIT" 2>/dev/null || echo '?'))"
-echo "device call: carry [\".deps\", \".gpu\"], command: scripts/gpu_check.sh --prebuilt $dest 540"
+echo "device call: carry [\".deps\", \".gpu\"], command: scripts/gpu_session.sh --prebuilt $dest 420"
+echo "  (timeout_s 440; or the thorough scripts/gpu_check.sh --prebuilt $dest 540, a call of its own)"

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# scripts/gpu_session.sh — one device call that fits a GPU session of 15
+# minutes of device time (the machine's start included): the packed
+# programs' CUDA suites side by side, compute-sanitizer on the tensor-core
+# attention kernels beside them, issue 4 (c) (the ring's cost), then
+# bench/issue8.py with what is left of the budget.
+#
+#   scripts/gpu_session.sh [--dry-run] [--prebuilt DIR] [BUDGET_SECONDS]
+#
+#   BUDGET_SECONDS  the whole run (default 420). The suites and the
+#                   sanitizers take about 40 s on an H200, issue 4 (c)
+#                   about 15 s, issue8.py about 240 s (its later steps are
+#                   skipped when the budget runs out). Give the device call
+#                   a timeout_s of the budget plus 20.
+#   --prebuilt DIR  the programs (default .gpu/build, as scripts/gpu_pack.sh
+#                   makes them here; the call carries [".deps", ".gpu"]).
+#   --dry-run       print what would run, run nothing.
+#
+# Output, in $OUT (at most 8 files, as the device tool brings back): the
+# summary (summary.txt: one line per suite with its cmocka counts, each
+# sanitizer's verdict, issue 4 (c)'s rows, issue8.py's summary), the
+# suites' and sanitizers' logs packed in tests.tgz, ring_cost.txt,
+# issue8.md, issue8.json and issue8.err. Exits 0 when every suite and
+# sanitizer passed and issue8.py ran, 1 otherwise. scripts/gpu_check.sh
+# is the thorough check (every suite one by one, the examples, the
+# benches' --quick runs, the whole suite last: 540 s, a call of its own).
+set -u
+
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+dry=0
+budget=420
+build=.gpu/build
+while [ $# -gt 0 ]; do
+    case $1 in
+    -n | --dry-run) dry=1 ;;
+    --prebuilt)
+        [ $# -ge 2 ] || { echo "gpu_session: --prebuilt needs a directory" >&2; exit 2; }
+        build=$2
+        shift
+        ;;
+    -h | --help) usage; exit 0 ;;
+    '' | *[!0-9]*) echo "gpu_session: unknown argument '$1' (--help)" >&2; exit 2 ;;
+    *) budget=$1 ;;
+    esac
+    shift
+done
+
+cd "$(dirname "$0")/.." || exit 2
+out=${OUT:-$PWD/gpu_session_out}
+suites="test_cuda test_attention test_attention_backward test_mlp test_transformer test_collectives test_ring test_reliability"
+# compute-sanitizer on the one-rank cases of the kernel tests (every
+# forward and backward kernel, the wgmma forward in both orders at D = 128)
+sanitized="racecheck:test_attention:forward racecheck:test_attention_backward:backward
+synccheck:test_attention:forward synccheck:test_attention_backward:backward"
+
+if [ "$dry" = 1 ]; then
+    echo "gpu_session dry run: budget ${budget}s, programs of $build, output in $out"
+    for t in $suites; do echo "  suite      $build/tests/$t (140 s at most; side by side)"; done
+    for s in $sanitized; do
+        IFS=: read -r tool t pass <<<"$s"
+        echo "  sanitizer  DT_TEST_FILTER='$pass/cuda-kernels/*P=1*' compute-sanitizer --tool $tool $build/tests/$t"
+    done
+    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5"
+    echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --json-out \$OUT/issue8.json"
+    exit 0
+fi
+
+[ -d "$build/tests" ] && [ -d "$build/bench" ] ||
+    { echo "gpu_session: no programs in $build (run scripts/gpu_pack.sh here first)" >&2; exit 2; }
+logs=$(mktemp -d)
+mkdir -p "$out"
+prefix=${DEPS_PREFIX:-$PWD/.deps/root/usr}
+export LD_LIBRARY_PATH=$prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export CMOCKA_MESSAGE_OUTPUT=STDOUT DT_TIMEOUT_MS=60000 PYTHONUNBUFFERED=1
+summary=$out/summary.txt
+: >"$summary"
+log() { echo "[$SECONDS s] $*" | tee -a "$summary"; }
+ok=1
+
+log "programs $(head -n 1 "$build/COMMIT" 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,temperature.gpu,power.draw \
+    --format=csv,noheader 2>&1 | tee -a "$summary"
+if ldd "$build"/tests/* "$build"/bench/* 2>/dev/null | grep -q 'not found'; then
+    log "some programs do not load here:"
+    ldd "$build"/tests/* "$build"/bench/* 2>/dev/null | grep 'not found' | sort -u | head -5 | tee -a "$summary"
+    ok=0
+fi
+
+san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+pids=()
+for t in $suites; do
+    timeout -k 5 140 "$build/tests/$t" >"$logs/$t.log" 2>&1 &
+    pids+=($!)
+done
+for s in $sanitized; do
+    IFS=: read -r tool t pass <<<"$s"
+    DT_TEST_FILTER="$pass/cuda-kernels/*P=1*" timeout -k 5 150 "$san" --tool "$tool" --error-exitcode 99 \
+        --print-limit 20 "$build/tests/$t" >"$logs/${tool}_$t.log" 2>&1 &
+    pids+=($!)
+done
+wait "${pids[@]}"
+count() { grep -c "$1" "$2"; }
+for t in $suites; do
+    f=$logs/$t.log
+    failed=$(count '^\[  FAILED  \] [a-z]' "$f")
+    passed=$(grep -q '^\[  PASSED  \]' "$f" && echo yes || echo no)
+    skipped=$(grep '^\[  SKIPPED \] [a-z]' "$f" | sort -u | wc -l)
+    log "$t: $(count '^\[       OK' "$f") ok, $failed failed, $skipped skipped, passed: $passed"
+    grep -E '^\[  FAILED  \] [a-z]' "$f" | head -5 | tee -a "$summary"
+    [ "$failed" = 0 ] && [ "$passed" = yes ] || ok=0
+done
+for s in $sanitized; do
+    IFS=: read -r tool t pass <<<"$s"
+    f=$logs/${tool}_$t.log
+    verdict=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -n 1)
+    cases=$(count '^\[       OK' "$f")
+    log "$tool $t: ${verdict:-no summary} ($cases cases ok, $(count '^\[  FAILED  \] [a-z]' "$f") failed)"
+    # a filter that ran no case proves nothing
+    echo "$verdict" | grep -qE ': 0 (errors|hazards)' && [ "$cases" -gt 0 ] || ok=0
+done
+tar czf "$out/tests.tgz" -C "$logs" . && rm -rf "$logs"
+
+timeout -k 5 60 "$build/bench/attention" --backend cuda --section c --pass fwd,bwd --iters 5 \
+    >"$out/ring_cost.txt" 2>&1
+log "issue 4 (c): bench/attention --section c, exit $?"
+grep -E '^ +[248] ' "$out/ring_cost.txt" | tee -a "$summary"
+
+left=$((budget - SECONDS - 15))
+if [ "$left" -lt 30 ]; then
+    log "issue8.py: skipped, ${left}s of the budget left"
+    ok=0
+else
+    python3 bench/issue8.py --build "$build" --budget "$left" --json-out "$out/issue8.json" \
+        >"$out/issue8.md" 2>"$out/issue8.err"
+    rc=$?
+    log "issue8.py --budget $left: exit $rc"
+    sed -n '/^## summary/,$p' "$out/issue8.md" | tee -a "$summary"
+    [ "$rc" = 0 ] || ok=0
+fi
+[ "$ok" = 1 ]
