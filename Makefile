@@ -29,6 +29,7 @@ DEBUG         ?=
 DEPS          ?= auto
 NVCC_ARCH     ?= sm_90
 SPILL_CHECK   ?= 1
+LINEINFO      ?= 0
 VERSION       ?= 0.1.0
 # Extra user flags, appended after ours (so CFLAGS=-O3 wins over -O2).
 CFLAGS        ?=
@@ -54,8 +55,9 @@ DEBUG_ON := $(filter 1 yes,$(DEBUG))
 EMU_ON := $(filter emu,$(CUDA))
 
 # Each variant gets its own tree so objects built with different flags never
-# mix: build/, build-debug/, build-san/, build-emu/, build-emu-debug-san/, ...
-BUILD := build$(if $(EMU_ON),-emu)$(if $(DEBUG_ON),-debug)$(if $(SANITIZE),-san)
+# mix: build/, build-debug/, build-san/, build-emu/, build-emu-debug-san/,
+# build-lineinfo/ (LINEINFO=1), ...
+BUILD := build$(if $(EMU_ON),-emu)$(if $(DEBUG_ON),-debug)$(if $(SANITIZE),-san)$(if $(filter 1,$(LINEINFO)),-lineinfo)
 
 # ---------------------------------------------------------------------------
 # Sources
@@ -272,7 +274,12 @@ DT_LDFLAGS += $(filter-out -I%,$(CUDA_FLAGS))
 DT_LDLIBS += -lcublas -lcudart
 # No exceptions, RTTI or thread-safe statics: the objects need no C++ runtime,
 # so C programs link the library with cc alone.
-NVCC_FLAGS := -std=c++17 $(if $(DEBUG_ON),-O0 -g -G,-O2 -g) \
+# LINEINFO=1: nvcc -lineinfo, the device code's source lines for Nsight
+# Compute's source page (bench/ncu_source.py); the code is the same. Off by
+# default: every program links the library's kernels, and with their line
+# tables scripts/gpu_pack.sh's programs weigh 79 MiB instead of 39, over
+# what a device call carries (64 MiB).
+NVCC_FLAGS := -std=c++17 $(if $(DEBUG_ON),-O0 -g -G,-O2 -g) $(if $(filter 1,$(LINEINFO)),-lineinfo) \
     -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-fno-exceptions,-fno-rtti,-fno-threadsafe-statics \
     -Werror all-warnings -I. -DDT_HAVE_CUDA \
     $(if $(BUILD_NCCL),-DDT_HAVE_NCCL) $(if $(DEBUG_ON),-DDT_DEBUG)
@@ -539,6 +546,7 @@ help:
 	@echo "  CMOCKA_ROOT=$(CMOCKA_ROOT)  OPENBLAS_ROOT=$(OPENBLAS_ROOT)  (prefix with include/ and lib/[<multiarch>/])"
 	@echo "  SANITIZE=$(SANITIZE) (e.g. address,undefined or 1; builds in build-san/)"
 	@echo "  DEBUG=$(DEBUG) (1: -O0 -g3 -DDT_DEBUG; builds in build-debug/)"
+	@echo "  LINEINFO=$(LINEINFO) (1: nvcc -lineinfo, source lines for profilers)"
 	@echo "  SPILL_CHECK=$(SPILL_CHECK) (0: a register spill in the attention forward kernels or the wgmma backward is no build error)"
 	@echo "  DEPS=$(DEPS) (auto: scripts/deps.sh installs missing cmocka/OpenBLAS/Open MPI; 0: probe only)"
 	@echo "  PREFIX=$(PREFIX)  DESTDIR=$(DESTDIR)"

@@ -112,10 +112,14 @@
  * default: on an H200 (2026-11-26) 5 to 10% faster on full blocks and 4 to
  * 8% on causal ones than the warpgroups meeting after each query tile
  * (dt_backend_cuda_set_overlap(b, 0)); its tests passed there, racecheck
- * and synccheck clean. What is left besides: a producer warp with setmaxnreg and a third
- * stage, so that no consumer thread waits for a release (FlashAttention-3);
- * the overlap of a tile's S with the previous tile's P V inside a
- * warpgroup.
+ * and synccheck clean. What is left besides: the rows' merge through
+ * shared memory (the stored rows brought in by TMA during the last key
+ * tiles, the merged ones written out by a TMA store: a query tile's end
+ * reads and writes 128 KiB of fp32 with ordinary loads and stores, the
+ * largest part of its fixed cost; ARCHITECTURE.md); a producer warp with
+ * setmaxnreg and a third stage, so that no consumer thread waits for a
+ * release (FlashAttention-3); the overlap of a tile's S with the previous
+ * tile's P V inside a warpgroup.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>

@@ -2,8 +2,13 @@
 # scripts/gpu_pack.sh — build here and pack what a device call on a lent GPU
 # machine needs to run the tests and benches without building there:
 #
-#   scripts/gpu_pack.sh [DIR]      (DIR default .gpu/build)
+#   scripts/gpu_pack.sh [--profile] [DIR]      (DIR default .gpu/build)
 #
+# --profile also builds bench/blocks with the device code's source lines
+# (make LINEINFO=1, in build-lineinfo/) into DIR/prof/blocks, for
+# scripts/gpu_session.sh --profile (Nsight Compute's source page; the whole
+# build with line tables would not fit a device call), and records in
+# DIR/ROOT where the sources were, which ncu reads them from.
 # It runs `make all bench` (tests included where cmocka is found), copies
 # every program of build/bench, build/tests and build/examples into DIR's
 # bench/, tests/ and examples/ without their debug symbols (strip; about
@@ -23,8 +28,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+profile=0
+if [ "${1:-}" = --profile ]; then
+    profile=1
+    shift
+fi
 dest=${1:-.gpu/build}
-case $dest in -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case $dest in -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 make -j"$(nproc)" all bench
 [ -d build/tests ] && ls build/tests/test_* >/dev/null 2>&1 ||
@@ -37,6 +47,12 @@ for d in bench tests examples; do
         [ -f "$f" ] && [ -x "$f" ] && strip -o "$dest/$d/$(basename "$f")" "$f"
     done
 done
+if [ "$profile" = 1 ]; then
+    make -j"$(nproc)" LINEINFO=1 bench
+    mkdir -p "$dest/prof"
+    strip -o "$dest/prof/blocks" build-lineinfo/bench/blocks
+    pwd >"$dest/ROOT"
+fi
 git rev-parse --short HEAD >"$dest/COMMIT" 2>/dev/null || true
 git diff --quiet HEAD 2>/dev/null || echo "with uncommitted changes" >>"$dest/COMMIT"
 

@@ -5,7 +5,7 @@
 # attention kernels beside them, issue 4 (c) (the ring's cost), then
 # bench/issue8.py with what is left of the budget.
 #
-#   scripts/gpu_session.sh [--dry-run] [--prebuilt DIR] [BUDGET_SECONDS]
+#   scripts/gpu_session.sh [--dry-run] [--profile] [--prebuilt DIR] [BUDGET_SECONDS]
 #
 #   BUDGET_SECONDS  the whole run (default 420). The suites and the
 #                   sanitizers take about 40 s on an H200, issue 4 (c)
@@ -14,25 +14,34 @@
 #                   a timeout_s of the budget plus 20.
 #   --prebuilt DIR  the programs (default .gpu/build, as scripts/gpu_pack.sh
 #                   makes them here; the call carries [".deps", ".gpu"]).
+#   --profile       also Nsight Compute's source counters on the wgmma
+#                   forward's causal 4096 x 4096 block (H = 32, D = 128,
+#                   bf16), both orders, before issue8.py (about 25 s): needs
+#                   DIR/prof/blocks, a LINEINFO=1 build (scripts/gpu_pack.sh
+#                   --profile); its exports come back in ncu_source.tgz and
+#                   bench/ncu_source.py's summary, split at the tile loop,
+#                   the key tile loop and the end, in summary.txt.
 #   --dry-run       print what would run, run nothing.
 #
 # Output, in $OUT (at most 8 files, as the device tool brings back): the
 # summary (summary.txt: one line per suite with its cmocka counts, each
 # sanitizer's verdict, issue 4 (c)'s rows, issue8.py's summary), the
 # suites' and sanitizers' logs packed in tests.tgz, ring_cost.txt,
-# issue8.md, issue8.json and issue8.err. Exits 0 when every suite and
+# issue8.md, issue8.json, issue8.err (and ncu_source.tgz). Exits 0 when every suite and
 # sanitizer passed and issue8.py ran, 1 otherwise. scripts/gpu_check.sh
 # is the thorough check (every suite one by one, the examples, the
 # benches' --quick runs, the whole suite last: 540 s, a call of its own).
 set -u
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
 dry=0
+profile=0
 budget=420
 build=.gpu/build
 while [ $# -gt 0 ]; do
     case $1 in
     -n | --dry-run) dry=1 ;;
+    --profile) profile=1 ;;
     --prebuilt)
         [ $# -ge 2 ] || { echo "gpu_session: --prebuilt needs a directory" >&2; exit 2; }
         build=$2
@@ -61,6 +70,7 @@ if [ "$dry" = 1 ]; then
         echo "  sanitizer  DT_TEST_FILTER='$pass/cuda-kernels/*P=1*' compute-sanitizer --tool $tool $build/tests/$t"
     done
     echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5"
+    [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096, --overlap 0 and 1)"
     echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --json-out \$OUT/issue8.json"
     exit 0
 fi
@@ -124,6 +134,39 @@ timeout -k 5 60 "$build/bench/attention" --backend cuda --section c --pass fwd,b
     >"$out/ring_cost.txt" 2>&1
 log "issue 4 (c): bench/attention --section c, exit $?"
 grep -E '^ +[248] ' "$out/ring_cost.txt" | tee -a "$summary"
+
+# Where the wgmma forward's warps wait, per source line (bench/ncu_source.py)
+if [ "$profile" = 1 ] && [ ! -x "$build/prof/blocks" ]; then
+    log "--profile: no $build/prof/blocks (scripts/gpu_pack.sh --profile makes it)"
+    ok=0
+elif [ "$profile" = 1 ]; then
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    prof=$(mktemp -d)
+    # ncu reads the sources from where they were built (scripts/gpu_pack.sh
+    # wrote it down): point that path at this copy
+    root=$(cat "$build/ROOT" 2>/dev/null)
+    if [ -n "$root" ] && [ ! -e "$root" ]; then
+        mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"
+    fi
+    src=attention/block_cuda_wgmma.cu
+    # the tile loop, the key tile loop and the end begin at these lines
+    cuts=$(for pat in 'const uint32_t tile = next[ti ^ 1];' 'mbar_wait(&full[stage]' '        grid_dep_wait();'; do
+        echo "block_cuda_wgmma.cu:$(grep -nF -- "$pat" "$src" | tail -n 1 | cut -d: -f1)"
+    done | paste -sd,)
+    for ov in 0 1; do
+        # the 4th launch of the kernel: the causal block's timed run
+        timeout -k 5 60 "$ncu" --clock-control none --section SourceCounters --import-source yes \
+            -k regex:fwd_wgmma --launch-skip 3 -c 1 -f -o "$prof/rep$ov" "$build/prof/blocks" \
+            --backend cuda --kernel wgmma --section r --pass fwd --heads 32 --kv-heads 32 --dim 128 \
+            --dtype bf16 --c 4096 --iters 1 --overlap "$ov" >"$prof/ncu$ov.log" 2>&1 &&
+            "$ncu" -i "$prof/rep$ov.ncu-rep" --page source --csv --print-source cuda,sass \
+                >"$prof/source$ov.csv" 2>>"$prof/ncu$ov.log"
+        log "ncu source counters, --overlap $ov: exit $?"
+        python3 bench/ncu_source.py "$prof/source$ov.csv" --top 12 --split "$cuts" 2>&1 | tee -a "$summary"
+        gzip -f "$prof/source$ov.csv"
+    done
+    tar czf "$out/ncu_source.tgz" -C "$prof" . && rm -rf "$prof"
+fi
 
 left=$((budget - SECONDS - 15))
 if [ "$left" -lt 30 ]; then

@@ -22,6 +22,8 @@
  *     marks that wrap);
  *   - bench/issue8.py --backend cpu --quick --no-torch (when python3 is on
  *     PATH; else skipped): exit 0, every item's heading, every step run;
+ *   - bench/ncu_source.py on a small Nsight Compute source export written
+ *     here, its shares and spans worked out by hand (python3 too);
  *   - bench/mlp --quick: the baseline rows and one row per mode and P, every
  *     figure finite and positive (fp32, and fp16 on the CPU); bad flags exit 2.
  * The binary is found beside this test's build tree (build/tests/test_bench
@@ -494,6 +496,86 @@ static void test_issue8_quick(void **state) {
     assert_true(ok);
 }
 
+/* ------------------------------------------------------- bench/ncu_source.py */
+
+/* An `ncu --page source --csv --print-source cuda,sass` export in small: two
+ * files, three source lines, four instructions, 100 samples. By hand: k.cu
+ * line 20 holds 60 (all "barrier"), line 10 30 (20 "wait", 10 "barrier"),
+ * m.cuh line 5 30 (its own 10 and the 20 of line 10's instruction 0x110,
+ * inlined from it, listed under both lines but one instruction of the
+ * kernel); cut at line 20's first instruction (0x200) and m.cuh line 5's
+ * own (0x300), the spans hold 30, 60 and 10. The Not Issued column is no
+ * stall reason of its own. */
+static const char ncu_export[] =
+    "\"File Path\",\"/src/attention/k.cu\"\n"
+    "\"Function Name\",\"kern\"\n"
+    "\"Line No\",\"Source\",\"Address\",\"Source\",\"Warp Stall Sampling (All Samples)\","
+    "\"Warp Stall Sampling (Not-issued Samples)\",\"# Samples\",\"stall_wait\",\"stall_barrier\","
+    "\"stall_wait (Not Issued)\"\n"
+    "\"10\",\"a = b;\",\"\",\"\",\"30\",\"0\",\"30\",\"20\",\"10\",\"25\"\n"
+    "\"\",\"\",\"0x110\",\"IADD3 R2\",\"20\",\"0\",\"20\",\"10\",\"10\",\"0\"\n"
+    "\"\",\"\",\"0x100\",\"IADD3 R1\",\"10\",\"0\",\"10\",\"10\",\"0\",\"0\"\n"
+    "\"20\",\"loop();\",\"\",\"\",\"60\",\"0\",\"60\",\"0\",\"60\",\"0\"\n"
+    "\"\",\"\",\"0x200\",\"BAR.SYNC\",\"60\",\"0\",\"60\",\"0\",\"60\",\"0\"\n"
+    "\"File Path\",\"/src/attention/m.cuh\"\n"
+    "\"Function Name\",\"kern\"\n"
+    "\"Line No\",\"Source\",\"Address\",\"Source\",\"Warp Stall Sampling (All Samples)\","
+    "\"Warp Stall Sampling (Not-issued Samples)\",\"# Samples\",\"stall_wait\",\"stall_barrier\","
+    "\"stall_wait (Not Issued)\"\n"
+    "\"5\",\"x = y;\",\"\",\"\",\"30\",\"0\",\"30\",\"30\",\"0\",\"0\"\n"
+    "\"\",\"\",\"0x110\",\"IADD3 R2\",\"20\",\"0\",\"20\",\"10\",\"10\",\"0\"\n"
+    "\"\",\"\",\"0x300\",\"LDG.E\",\"10\",\"0\",\"10\",\"10\",\"0\",\"0\"\n";
+
+static void test_ncu_source(void **state) {
+    (void)state;
+    if (!on_path("python3")) {
+        print_message("skipped: no python3\n");
+        skip();
+    }
+    char script[sizeof g_issue8 + 32], csv[] = "/tmp/dt_ncu_source_XXXXXX";
+    const char *slash = strrchr(g_issue8, '/');
+    snprintf(script, sizeof script, "%.*sncu_source.py", slash ? (int)(slash - g_issue8 + 1) : 0,
+             g_issue8);
+    const int fd = mkstemp(csv);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs(ncu_export, f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+
+    char args[9000];
+    snprintf(args, sizeof args, "'%s' '%s' --split k.cu:20,m.cuh:5", script, csv);
+    char *out = NULL;
+    int rc = h_run_program("python3", args, &out);
+    static const char *const expect[] = {
+        "100 warp stall samples, 3 source lines, 4 instructions\n",
+        " 60.0%       60  k.cu:20: loop(); | barrier 60.0%\n",
+        " 30.0%       30  k.cu:10: a = b; | wait 20.0%, barrier 10.0%\n",
+        " 30.0%       30  m.cuh:5: x = y; | wait 30.0%\n",
+        "  from the kernel's start (0x0): 30 samples, 30.0%\n",
+        "  from k.cu:20 (0x200): 60 samples, 60.0%\n",
+        "  from m.cuh:5 (0x300): 10 samples, 10.0%\n",
+    };
+    int ok = rc == 0;
+    const char *at = out;
+    for (size_t i = 0; ok && i < sizeof expect / sizeof *expect; i++)
+        ok = (at = strstr(at, expect[i])) != NULL;   /* in this order */
+    if (!ok) print_error("python3 %s (rc %d) printed:\n%s\n", args, rc, out);
+    free(out);
+
+    /* a line with no instruction is an error, not an empty span */
+    snprintf(args, sizeof args, "'%s' '%s' --split k.cu:11", script, csv);
+    out = NULL;
+    const int rc_bad = h_run_program("python3", args, &out);
+    const int said = out && strstr(out, "no instruction of k.cu:11") != NULL;
+    if (rc_bad == 0 || !said) print_error("python3 %s (rc %d) printed:\n%s\n", args, rc_bad, out);
+    free(out);
+    unlink(csv);
+    assert_true(ok);
+    assert_int_not_equal(rc_bad, 0);
+    assert_true(said);
+}
+
 /* ------------------------------------------------------------ bench/mlp */
 
 /* state: the flags (fp32, or --dtype fp16: every dtype runs on the CPU) */
@@ -599,6 +681,8 @@ int main(int argc, char **argv) {
                                      NULL};
     tests[n++] = (struct CMUnitTest){"bench_issue8/quick,backend=cpu,no-torch", test_issue8_quick,
                                      NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_ncu_source/export-by-hand", test_ncu_source, NULL,
+                                     NULL, NULL};
     static const char *const mlp_quick[] = {"--quick --backend cpu",
                                             "--quick --backend cpu --dtype fp16"};
     tests[n++] = (struct CMUnitTest){"bench_mlp/quick", test_mlp_quick, NULL, NULL,
