@@ -71,5 +71,7 @@ if [ -d .git ]; then
 fi
 
 echo "gpu_pack: $(du -sh "$dest" | cut -f1) in $dest (commit $(head -n 1 "$dest/COMMIT" 2>/dev/null || echo '?'))"
-echo "device call: carry [\".deps\", \".gpu\"], command: scripts/gpu_session.sh --prebuilt $dest 420"
+flag=""
+[ "$profile" = 1 ] && flag="--profile "
+echo "device call: carry [\".deps\", \".gpu\"], command: scripts/gpu_session.sh $flag--prebuilt $dest 420"
 echo "  (timeout_s 440; or the thorough scripts/gpu_check.sh --prebuilt $dest 540, a call of its own)"
