@@ -453,6 +453,23 @@ static int on_path(const char *name) {
     return 0;
 }
 
+/* Where the last of want[0..n-1] begins if each is in text after the one
+ * before, else NULL. */
+static const char *in_order(const char *text, const char *const *want, size_t n) {
+    const char *at = text;
+    for (size_t i = 0; at && i < n; i++)
+        if ((at = strstr(at, want[i])) && i + 1 < n) at += strlen(want[i]);
+    return at;
+}
+
+/* Skips the calling case where python3 is not on PATH. */
+static void require_python3(void) {
+    if (!on_path("python3")) {
+        print_message("skipped: no python3\n");
+        skip();
+    }
+}
+
 /* The smoke test of issue 8's one command: the CPU backend, tiny shapes,
  * no PyTorch. Every item's table, every step run (none refused, failed or
  * skipped), the torch columns n/a. */
@@ -460,10 +477,7 @@ static void test_issue8_quick(void **state) {
     (void)state;
     REQUIRE(g_blocks);
     REQUIRE(g_bench);
-    if (!on_path("python3")) {
-        print_message("skipped: no python3\n");
-        skip();
-    }
+    require_python3();
     char args[9000];
     snprintf(args, sizeof args, "'%s' --backend cpu --quick --no-torch --build '%s'", g_issue8,
              g_build);
@@ -479,10 +493,8 @@ static void test_issue8_quick(void **state) {
         "\n## item 1 through the public API: dt_attention_forward, bf16\n",
         "\n## summary\n",
     };
-    int ok = rc == 0;
-    const char *at = out;
-    for (size_t i = 0; ok && i < sizeof headings / sizeof *headings; i++)
-        ok = (at = strstr(at, headings[i])) != NULL;   /* each once, in this order */
+    const char *at = NULL;   /* where the last heading, the summary, begins */
+    int ok = rc == 0 && (at = in_order(out, headings, sizeof headings / sizeof *headings));
     /* The summary's steps line names one status: ok. */
     const char *steps = ok ? strstr(at, "\n- steps: ") : NULL;
     int n = 0, len = 0;
@@ -528,10 +540,7 @@ static const char ncu_export[] =
 
 static void test_ncu_source(void **state) {
     (void)state;
-    if (!on_path("python3")) {
-        print_message("skipped: no python3\n");
-        skip();
-    }
+    require_python3();
     char script[sizeof g_issue8 + 32], csv[] = "/tmp/dt_ncu_source_XXXXXX";
     const char *slash = strrchr(g_issue8, '/');
     snprintf(script, sizeof script, "%.*sncu_source.py", slash ? (int)(slash - g_issue8 + 1) : 0,
@@ -556,10 +565,7 @@ static void test_ncu_source(void **state) {
         "  from k.cu:20 (0x200): 60 samples, 60.0%\n",
         "  from m.cuh:5 (0x300): 10 samples, 10.0%\n",
     };
-    int ok = rc == 0;
-    const char *at = out;
-    for (size_t i = 0; ok && i < sizeof expect / sizeof *expect; i++)
-        ok = (at = strstr(at, expect[i])) != NULL;   /* in this order */
+    int ok = rc == 0 && in_order(out, expect, sizeof expect / sizeof *expect);
     if (!ok) print_error("python3 %s (rc %d) printed:\n%s\n", args, rc, out);
     free(out);
 
