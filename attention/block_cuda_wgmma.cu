@@ -94,10 +94,10 @@
  * never a hung GPU).
  *
  * ptxas (sm_90a, CUDA 13.0): 128 registers at D = 64 (two CTAs per SM:
- * launch bounds), 196 at D = 128 (198 in the overlapped order), no spills, no serialised wgmma. The
- * batch and kv head of the current tile sit in shared memory for thread
- * 0's loads instead of in every thread's registers (at D = 64 they
- * spilled).
+ * launch bounds), 196 at D = 128 (198 in the overlapped order), no
+ * spills, no serialised wgmma. The batch and kv head of the current tile
+ * sit in shared memory for thread 0's loads instead of in every thread's
+ * registers (at D = 64 they spilled).
  *
  * Measured on an H200 (docs/PERFORMANCE.md, 2026-11-26): the persistent
  * launch no faster than a CTA per tile (0.98x to 1.03x), and a CTA's fixed
