@@ -168,14 +168,14 @@ __device__ __forceinline__ void tile_pv(float (&o)[D / 8][4], const float (&p)[N
 /* ------------------------------------------------------------ the kernel */
 
 /* grid: ceil(qseg.len / 64) x heads x batch blocks, in mma_layout.h's
- * launch order with `section` units (dt_mma_sched); block: 128 threads;
+ * launch order (grid.order); block: 128 threads;
  * dynamic shared memory (BM + 4 BN) * D * sizeof(T). */
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_args a,
-                                                          const int64_t section) {
+                                                          const dt_mma_grid grid) {
 #ifdef DT_MMA_STUB
     (void)a;
-    (void)section;
+    (void)grid;
     __trap();   /* never launched: the host requires compute capability >= 8.0 */
 #else
     cta_trace(a, 0);
@@ -183,15 +183,15 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     DT_DYNAMIC_SMEM(unsigned char, smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int64_t H = a.heads, G = a.kv_heads, nq = a.qseg.len, nk = a.kseg.len;
-    const fwd_cta c = fwd_cta_of(a, blockIdx.x, BM, section);
+    const fwd_cta c = fwd_cta_of(a, grid, blockIdx.x, BM);
     const int64_t x0 = c.x0, x1 = c.x1;
 
     /* Key tiles to visit (the non-empty ones) and how many need no mask;
      * uniform over the CTA, so the early return, the loads and the loop are
      * too. With no tile the rows are still started or finished (a.first,
      * a.last). */
-    const int64_t n_tiles = dt_mma_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x1 - 1)));
-    const int64_t n_unmasked = dt_mma_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x0)));
+    const int64_t n_tiles = dt_mma_key_tiles(dt_mma_keys_upto(&grid.keys, dt_attn_pos(a.qseg, x1 - 1)));
+    const int64_t n_unmasked = dt_mma_unmasked_tiles(dt_mma_keys_upto(&grid.keys, dt_attn_pos(a.qseg, x0)));
     if (n_tiles == 0 && !a.first && !a.last) {   /* m, l, acc unchanged */
         grid_dep_wait();   /* ends after the block before, as below */
         return cta_trace(a, 1);
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
      * the stored one at the end: mma_device.cuh). */
     int lim[2];
     float m[2], l[2], o[D / 8][4];
-    start_rows<D>(a, x0 + 16 * warp, lane, lim, m, l, o);
+    start_rows<D>(a, grid, x0 + 16 * warp, lane, lim, m, l, o);
     prefetch_rows<D>(a, c, x0 + 16 * warp, lane);
 
     uint32_t qf[D / 16][4];
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
      * capability 9.0) waits for the block before only here, before the
      * rows' merge, and every thread waits: the block then ends after it. */
     grid_dep_wait();
-    const fwd_cta e = fwd_cta_of(a, cta_index(), BM, section);   /* c, made again: cta_index */
+    const fwd_cta e = fwd_cta_of(a, grid, cta_index(), BM);   /* c, made again: cta_index */
     write_rows<T, D>(a, e, e.x0 + 16 * warp, lane, m, l, o);
     cta_trace(a, 1, n_tiles);
 #endif
@@ -261,7 +261,7 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
     const dim3 grid((unsigned)(dt_mma_query_tiles(a->qseg.len, DT_MMA_BM) * a->heads * a->batch));
     return dt_mma_launch(fwd_mma_kernel<T, D>, grid, DT_MMA_THREADS,
                          (size_t)(BM + 4 * BN) * D * sizeof(T), stream, "forward", D, a->dtype,
-                         dependent && !a->first, *a, dt_mma_fwd_section(*a, l2_bytes));
+                         dependent && !a->first, *a, dt_mma_fwd_grid(*a, BM, l2_bytes));
 }
 
 void say(char *why, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -299,11 +299,14 @@ namespace {
 
 /* The needs both tensor-core kernels share: 16-bit operands 16-byte aligned
  * (cp.async), batch strides of whole 16-byte rows, segments whose row
- * indices fit an int with a tile to spare, a 1-D grid of (tiles of 64 rows
- * of the `tiled` segment) x units x batch blocks within 2^31 - 1. */
+ * indices fit an int with a tile to spare, key positions that span at most
+ * 2^32 - 1 (the kernels divide by the stride in 32 bits: mma_layout.h's
+ * dt_mma_keys), a 1-D grid of (tiles of 64 rows of the `tiled` segment) x
+ * units x batch blocks within 2^31 - 1. */
 int operands_ok(const char *const *names, const void *const *ptrs, int nptrs, int64_t stride_a,
-                int64_t stride_b, int64_t nq, int64_t nk, int64_t tiled, int64_t units,
+                int64_t stride_b, int64_t nq, dt_attn_segment kseg, int64_t tiled, int64_t units,
                 int64_t batch, const char *units_name, char *why, size_t why_size) {
+    const int64_t nk = kseg.len;
     for (int i = 0; i < nptrs; i++)
         if ((uintptr_t)ptrs[i] % 16) {
             say(why, why_size, "%s (%p) is not 16-byte aligned", names[i], ptrs[i]);
@@ -317,6 +320,11 @@ int operands_ok(const char *const *names, const void *const *ptrs, int nptrs, in
     if (nq > INT32_MAX - BM || nk > INT32_MAX - BN) {
         say(why, why_size, "segments of %lld and %lld rows are too long (2^31 - 64 at most)",
             (long long)nq, (long long)nk);
+        return 0;
+    }
+    if (!dt_mma_keys_fit(kseg)) {
+        say(why, why_size, "the key segment's positions span more than 2^32 - 1 (%lld keys, "
+            "stride %lld)", (long long)nk, (long long)kseg.stride);
         return 0;
     }
     const int64_t tiles = dt_mma_query_tiles(tiled, DT_MMA_BM);   /* 64-row tiles, either segment */
@@ -334,7 +342,7 @@ extern "C" int dt_attn_mma_block_ok(const dt_attn_block_args *a, char *why, size
     const char *const names[3] = {"q", "k", "v"};
     const void *const ptrs[3] = {a->q, a->k, a->v};
     if (!operands_ok(names, ptrs, 3, a->q_batch_stride, a->kv_batch_stride, a->qseg.len,
-                     a->kseg.len, a->qseg.len, a->heads, a->batch, "heads", why, why_size))
+                     a->kseg, a->qseg.len, a->heads, a->batch, "heads", why, why_size))
         return 0;
     if ((uintptr_t)a->acc % 8 || a->acc_batch_stride % 2) {
         say(why, why_size, "acc %p (batch stride %lld) is not 8-byte aligned", (void *)a->acc,
@@ -353,7 +361,7 @@ extern "C" int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *w
     const char *const names[4] = {"q", "dout", "k", "v"};
     const void *const ptrs[4] = {a->q, a->dout, a->k, a->v};
     if (!operands_ok(names, ptrs, 4, a->q_batch_stride, a->kv_batch_stride, a->qseg.len,
-                     a->kseg.len, a->kseg.len, a->kv_heads, a->batch, "kv heads", why, why_size))
+                     a->kseg, a->kseg.len, a->kv_heads, a->batch, "kv heads", why, why_size))
         return 0;
     /* dk, dv: float2 read-add-write (their batch stride is kv_batch_stride,
      * checked above); dq: float2 atomics. */

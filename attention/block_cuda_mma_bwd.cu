@@ -285,14 +285,14 @@ __device__ __forceinline__ void warp_dq(float *dqg, int64_t rs, const T *sds, co
 /* ------------------------------------------------------------ the kernel */
 
 /* grid: ceil(kseg.len / 128) x kv_heads x batch blocks, in mma_layout.h's
- * launch order with `section` units (dt_mma_sched); block: 256 threads;
+ * launch order (grid.order); block: 256 threads;
  * dynamic shared memory bwd_smem_bytes<T, D>(). */
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block_bwd_args a,
-                                                             const int64_t section) {
+                                                             const dt_mma_grid grid) {
 #ifdef DT_MMA_STUB
     (void)a;
-    (void)section;
+    (void)grid;
     __trap();   /* never launched: the host requires compute capability >= 8.0 */
 #else
     cta_trace(a, 0);
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
     const int rg = dt_mma_bwd_rows(warp), hf = dt_mma_bwd_half(warp);
     const int64_t H = a.heads, G = a.kv_heads;
     const int64_t nq = a.qseg.len, nk = a.kseg.len;
-    const bwd_cta c = bwd_cta_of(a, section, BM);
+    const bwd_cta c = bwd_cta_of(a, grid, BM);
     if (c.n_iter == 0) {   /* no query attends these keys: dk, dv unchanged, or 0 */
         if (a.first)
             zero_dk_dv<D>(a.dk + c.b * a.kv_batch_stride + c.g * D,
@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
 #pragma unroll
             for (int half = 0; half < 2; half++)
                 if (live[half])
-                    lim[half] = dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row[half]));
+                    lim[half] = dt_mma_keys_upto(&grid.keys, dt_attn_pos(a.qseg, row[half]));
         }
         __syncthreads();   /* every thread's copies of iteration it are visible to all */
 
@@ -403,7 +403,7 @@ template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes) {
     const dim3 grid((unsigned)((a->kseg.len + BN - 1) / BN * a->kv_heads * a->batch));
     return dt_mma_launch(bwd_mma_kernel<T, D>, grid, THREADS, bwd_smem_bytes<T, D>(), stream,
-                         "backward", D, a->dtype, false, *a, dt_mma_bwd_section(*a, l2_bytes));
+                         "backward", D, a->dtype, false, *a, dt_mma_bwd_grid(*a, l2_bytes));
 }
 
 }  // namespace

@@ -149,7 +149,7 @@ constexpr int WG_THREADS = 256;       /* two warpgroups */
 struct wg_params {
     CUtensorMap q, k, v;
     dt_attn_block_args a;
-    int64_t section;   /* units per section of the launch order (mma_layout.h) */
+    dt_mma_grid grid;  /* the launch's index math (mma_device.cuh) */
     uint32_t tiles;    /* query tiles of the block: ceil(nq / BM) x heads x batch */
     uint32_t *queue;   /* the tile queue (wg_next); NULL: a CTA per tile */
 };
@@ -163,8 +163,8 @@ __device__ __forceinline__ int wg_key_tiles(int64_t limit) { return (int)((limit
 __device__ __forceinline__ int wg_unmasked_tiles(int64_t limit) { return (int)(limit / WG_BN); }
 
 /* The key tiles of a CTA's query tile c: those its last row sees. */
-__device__ __forceinline__ int wg_tiles_of(const dt_attn_block_args &a, const fwd_cta &c) {
-    return wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, c.x1 - 1)));
+__device__ __forceinline__ int wg_tiles_of(const wg_params &p, const fwd_cta &c) {
+    return wg_key_tiles(dt_mma_keys_upto(&p.grid.keys, dt_attn_pos(p.a.qseg, c.x1 - 1)));
 }
 
 /* Thread 0: key tile kt of batch bi, kv head gi into a stage (K at sk, V
@@ -189,7 +189,7 @@ __device__ __forceinline__ void wg_load_first(const wg_params &p, const fwd_cta 
                                               unsigned char *sq, unsigned char *sk,
                                               unsigned char *sv, uint64_t *bar) {
     constexpr int TILE_Q = WG_BM * D * 2;
-    if (wg_tiles_of(p.a, c) == 0) return;
+    if (wg_tiles_of(p, c) == 0) return;
     wg_load_kv<D>(p, (int)c.b, (int)c.g, 0, sk, sv, bar, TILE_Q);
 #pragma unroll
     for (int cb = 0; cb < D / 64; cb++)
@@ -234,7 +234,7 @@ __device__ __forceinline__ void wg_next(const wg_params &p, bool first, uint32_t
     }
     *slot = next;
     if (pub) mbar_arrive(pub);   /* release: the slot's write before the arrival */
-    if (next < p.tiles) wg_load_first<D>(p, fwd_cta_of(p.a, next, WG_BM, p.section), sq, sk, sv, bar);
+    if (next < p.tiles) wg_load_first<D>(p, fwd_cta_of(p.a, p.grid, next, WG_BM), sq, sk, sv, bar);
 }
 
 #endif /* !DT_WGMMA_STUB */
@@ -246,7 +246,7 @@ constexpr int wg_ctas_per_sm() { return D == 64 ? 2 : 1; }
 
 /* grid: a CTA per query tile (ceil(qseg.len / 128) x heads x batch), or
  * fewer, persistent, with p.queue; tiles in mma_layout.h's launch order
- * (dt_mma_sched, p.section); block: 256 threads; dynamic shared memory
+ * (p.grid.order); block: 256 threads; dynamic shared memory
  * 1024 + (2 BM + 4 BN) D sizeof(T) + 56. OVERLAP: the overlapped order
  * (at D = 128; the same kernel at D = 64). */
 template <typename T, int D, bool OVERLAP>
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
         const uint32_t tile = next[ti ^ 1];
         if (tile >= p.tiles) break;
         cta_trace(a, 0, 0, tile);
-        const fwd_cta c = fwd_cta_of(a, tile, WG_BM, p.section);
+        const fwd_cta c = fwd_cta_of(a, p.grid, tile, WG_BM);
         const int64_t x0 = c.x0, x1 = c.x1;
         if (threadIdx.x == 0) {   /* its batch and kv head, for thread 0's loads */
             at[0] = (int)c.b;
@@ -347,10 +347,17 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
         }
         /* Key tiles of the query tile (uniform: the loads and barriers) and
          * of this warpgroup (uniform over it: its wgmma). */
-        const int n_tiles = wg_tiles_of(a, c);
+        const int n_tiles = wg_tiles_of(p, c);
         const int64_t w0 = x0 + 64 * wg, w1 = w0 + 64 < x1 ? w0 + 64 : x1;
-        const int wg_tiles = w0 < x1 ? wg_key_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w1 - 1))) : 0;
-        const int wg_unmasked = w0 < x1 ? wg_unmasked_tiles(dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, w0))) : 0;
+        /* its limits: at D = 64 by mask.h's division, with which ptxas
+         * fits the kernel in its 128 registers (with dt_mma_keys_upto it
+         * spilled 8 bytes) */
+        const auto limit = [&](int64_t x) -> int64_t {
+            if constexpr (D == 64) return dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x));
+            else return dt_mma_keys_upto(&p.grid.keys, dt_attn_pos(a.qseg, x));
+        };
+        const int wg_tiles = w0 < x1 ? wg_key_tiles(limit(w1 - 1)) : 0;
+        const int wg_unmasked = w0 < x1 ? wg_unmasked_tiles(limit(w0)) : 0;
 
         /* The lane's two query rows, their state started empty (merged with
          * the stored one at the end: mma_device.cuh); a tile without keys
@@ -358,7 +365,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
          * (a.first, a.last), or does nothing. */
         int lim[2];
         float m[2], l[2], o[D / 8][4];
-        start_rows<D>(a, x0 + 64 * wg + 16 * wl, lane, lim, m, l, o);
+        start_rows<D>(a, p.grid, x0 + 64 * wg + 16 * wl, lane, lim, m, l, o);
         if (n_tiles > 0 || a.last) prefetch_rows<D>(a, c, x0 + 64 * wg + 16 * wl, lane);
         if (n_tiles == 0) {
             /* OV: the warpgroups did not meet after the tile before; they
@@ -486,7 +493,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
             /* c: at D = 64 made again (opaque says why); at D = 128 held
              * (196 and 198 registers against 190), which saves the
              * divisions that ncu found in a tenth of the end's samples */
-            const fwd_cta e = D == 128 ? c : fwd_cta_of(a, opaque(tile), WG_BM, p.section);
+            const fwd_cta e = D == 128 ? c : fwd_cta_of(a, p.grid, opaque(tile), WG_BM);
             write_rows<T, D>(a, e, e.x0 + 64 * wg + 16 * wl, lane, m, l, o);
         }
         /* OV: the tile ends when warpgroup 1 (the later) has written its
@@ -503,7 +510,7 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
     wg_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
-    p.section = dt_mma_fwd_section(*a, l2_bytes);
+    p.grid = dt_mma_fwd_grid(*a, WG_BM, l2_bytes);
     DT_TRY(make_block_maps(*a, WG_BM, WG_BN, &p.q, &p.k, &p.v));
     const int64_t tiles = (a->qseg.len + WG_BM - 1) / WG_BM * a->heads * a->batch;
     const int64_t resident = (int64_t)sms * wg_ctas_per_sm<D>();

@@ -131,7 +131,7 @@ struct wb_smem {
 struct wb_params {
     CUtensorMap q, dout, k, v;
     dt_attn_block_bwd_args a;
-    int64_t section;   /* units per section of the launch order (mma_layout.h) */
+    dt_mma_grid grid;   /* the launch's index math (mma_device.cuh) */
 };
 
 #ifndef DT_WGMMA_STUB
@@ -140,7 +140,8 @@ struct wb_params {
  * (threads 0 .. BM - 1, one row each). */
 template <int BM>
 __device__ __forceinline__ void fill_rows(wb_rows<BM> *r, const dt_attn_block_bwd_args &a,
-                                          int64_t b, int64_t h, int64_t x0) {
+                                          const dt_mma_grid &grid, int64_t b, int64_t h,
+                                          int64_t x0) {
     const int i = (int)threadIdx.x;
     if (i >= BM) return;
     const int64_t x = x0 + i, off = b * a.ml_batch_stride + h * a.ml_head_stride + x;
@@ -148,7 +149,7 @@ __device__ __forceinline__ void fill_rows(wb_rows<BM> *r, const dt_attn_block_bw
     const float l = live ? a.lse[off] : -INFINITY;
     r->lse2[i] = l == -INFINITY ? INFINITY : l * LOG2E;   /* P = 0 on the whole row */
     r->delta[i] = live ? a.delta[off] : 0.0f;
-    r->lim[i] = live ? dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x)) : 0;
+    r->lim[i] = live ? dt_mma_keys_upto(&grid.keys, dt_attn_pos(a.qseg, x)) : 0;
 }
 
 /* In: s = S^T, dp = dP^T of the warp's 16 keys (rows) x BM queries
@@ -189,7 +190,7 @@ __device__ __forceinline__ void store_ds(unsigned char *sds, const float (&ds)[B
 #endif /* !DT_WGMMA_STUB */
 
 /* grid: ceil(kseg.len / 128) x kv_heads x batch blocks, in mma_layout.h's
- * launch order (dt_mma_sched, p.section); block: 256 threads; dynamic
+ * launch order (p.grid.order); block: 256 threads; dynamic
  * shared memory wb_smem<D>::BYTES. */
 template <typename T, int D>
 __global__ void __launch_bounds__(WB_THREADS, 1)
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     const int wg = warp >> 2, wl = warp & 3;   /* warpgroup, warp within it */
     const int64_t H = a.heads, G = a.kv_heads;
     const int64_t nq = a.qseg.len, nk = a.kseg.len;
-    const bwd_cta c = bwd_cta_of(a, p.section, BM);
+    const bwd_cta c = bwd_cta_of(a, p.grid, BM);
     if (c.n_iter == 0) {   /* no query attends these keys: dk, dv unchanged, or 0 */
         if (a.first)
             zero_dk_dv<D>(a.dk + c.b * a.kv_batch_stride + c.g * D,
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         }
         load_q(0, 0);
     }
-    fill_rows<BM>(&rows[0], a, b, c.head(0), c.qtile(0) * BM);
+    fill_rows<BM>(&rows[0], a, p.grid, b, c.head(0), c.qtile(0) * BM);
     __syncthreads();   /* iteration 0's row values */
 
     const uint32_t k_addr = wg_smem_addr(sm + L::K), v_addr = wg_smem_addr(sm + L::V);
@@ -274,7 +275,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
                 mbar_arrive_expect_tx(&full[stage ^ 1], 2 * L::QT);
                 load_q(stage ^ 1, it + 1);
             }
-            fill_rows<BM>(&rows[stage ^ 1], a, b, c.head(it + 1), c.qtile(it + 1) * BM);
+            fill_rows<BM>(&rows[stage ^ 1], a, p.grid, b, c.head(it + 1), c.qtile(it + 1) * BM);
         }
         const int64_t h = c.head(it), qt = c.qtile(it);
         const wb_rows<BM> *r = &rows[stage];
@@ -356,7 +357,7 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l
     wb_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
-    p.section = dt_mma_bwd_section(*a, l2_bytes);
+    p.grid = dt_mma_bwd_grid(*a, l2_bytes);
     DT_TRY(make_block_maps(*a, wb_bm<D>(), WB_BN, &p.q, &p.k, &p.v, a->dout, &p.dout));
     const dim3 grid((unsigned)((a->kseg.len + WB_BN - 1) / WB_BN * a->kv_heads * a->batch));
     return dt_mma_launch(bwd_wgmma_kernel<T, D>, grid, WB_THREADS, wb_smem<D>::BYTES, stream,

@@ -277,25 +277,40 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+/* A launch's index math, made on the host (dt_mma_fwd_grid,
+ * dt_mma_bwd_grid) so that the kernels divide by multiplication
+ * (mma_layout.h: dt_udiv): the launch order of its blocks (or query tiles,
+ * for a persistent kernel), the heads of a batch (the forward's query
+ * heads, the backward's kv heads: a unit is b * heads + h), the GQA group
+ * (query heads per kv head) and the key limits of its key segment. Every
+ * kernel's launch passes the block checks (dt_attn_mma_block_ok,
+ * dt_attn_mma_bwd_block_ok: at most 2^31 - 1 tiles of 64 rows x units),
+ * so its blocks and units fit the 32 bits of the order. */
+struct dt_mma_grid {
+    dt_mma_order order;
+    dt_udiv heads, group;
+    dt_mma_keys keys;
+};
+
 /* A forward CTA's query tile (both forward kernels: a CTA per query tile
- * of bm rows of a (batch, query head), launched in mma_layout.h's order with
- * `section` units, the last query tile, the most keys, first): batch b,
- * query head h, its kv head g, rows x0 .. x1 - 1 of the query segment. */
+ * of bm rows of a (batch, query head), launched in mma_layout.h's order,
+ * the last query tile, the most keys, first): batch b, query head h, its kv
+ * head g, rows x0 .. x1 - 1 of the query segment. */
 struct fwd_cta {
     int64_t b, h, g, x0, x1;
 };
 
-__device__ __forceinline__ fwd_cta fwd_cta_of(const dt_attn_block_args &a, uint32_t cta, int bm,
-                                              int64_t section) {
-    const int64_t H = a.heads, nq = a.qseg.len, n_qt = dt_mma_query_tiles(nq, bm);
-    int64_t rank, unit;   /* rank 0: the last query tile */
-    dt_mma_sched(cta, n_qt, a.batch * H, section, &rank, &unit);
+__device__ __forceinline__ fwd_cta fwd_cta_of(const dt_attn_block_args &a, const dt_mma_grid &grid,
+                                              uint32_t cta, int bm) {
+    uint32_t rank, unit;   /* rank 0: the last query tile */
+    dt_mma_order_at(&grid.order, cta, &rank, &unit);
     fwd_cta c;
-    c.b = unit / H;
-    c.h = unit % H;
-    c.g = c.h / (H / a.kv_heads);
-    c.x0 = (n_qt - 1 - rank) * bm;
-    c.x1 = c.x0 + bm < nq ? c.x0 + bm : nq;
+    const uint32_t b = dt_udiv_q(unit, grid.heads), h = unit - b * grid.heads.d;
+    c.b = b;
+    c.h = h;
+    c.g = dt_udiv_q(h, grid.group);
+    c.x0 = (int64_t)(grid.order.ranks - 1 - rank) * bm;
+    c.x1 = c.x0 + bm < a.qseg.len ? c.x0 + bm : a.qseg.len;
     return c;
 }
 
@@ -340,16 +355,16 @@ __device__ __forceinline__ int64_t ml_of(const dt_attn_block_args &a, const fwd_
 }
 
 template <int D>
-__device__ __forceinline__ void start_rows(const dt_attn_block_args &a, int64_t row0, int lane,
-                                           int (&lim)[2], float (&m)[2], float (&l)[2],
-                                           float (&o)[D / 8][4]) {
+__device__ __forceinline__ void start_rows(const dt_attn_block_args &a, const dt_mma_grid &grid,
+                                           int64_t row0, int lane, int (&lim)[2], float (&m)[2],
+                                           float (&l)[2], float (&o)[D / 8][4]) {
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int64_t row = row0 + dt_mma_c_row(lane, 2 * half);
         m[half] = -INFINITY;
         l[half] = 0.0f;
         /* at most kseg.len, below 2^31 (dt_attn_mma_block_ok) */
-        lim[half] = row < a.qseg.len ? (int)dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, row)) : 0;
+        lim[half] = row < a.qseg.len ? (int)dt_mma_keys_upto(&grid.keys, dt_attn_pos(a.qseg, row)) : 0;
         /* 0, which the compiler cannot know to be 0: with o known zero it
          * specialises the first key tile and spills the mma kernel at
          * D = 128 (36 bytes; 254 registers without) */
@@ -546,8 +561,8 @@ __device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (*p)[4
  * accumulators of the same layout. */
 
 /* A backward CTA's work (both backward kernels, one CTA per key tile of
- * DT_MMA_BWD_BN keys of a kv head, launched in mma_layout.h's order with
- * `section` units): batch b, kv head g, first key y0, and its walk over
+ * DT_MMA_BWD_BN keys of a kv head, launched in mma_layout.h's order,
+ * dt_mma_grid's): batch b, kv head g, first key y0, and its walk over
  * the group's query heads and their query tiles of bm rows that may attend
  * its keys (per head, the per_head tiles from qt_first on; from
  * qt_unmasked on, no mask). Uniform over the CTA, and so are its early
@@ -561,17 +576,17 @@ struct bwd_cta {
     __device__ int qtile(int it) const { return qt_first + it % per_head; }
 };
 
-__device__ __forceinline__ bwd_cta bwd_cta_of(const dt_attn_block_bwd_args &a, int64_t section,
-                                              int bm) {
+__device__ __forceinline__ bwd_cta bwd_cta_of(const dt_attn_block_bwd_args &a,
+                                              const dt_mma_grid &grid, int bm) {
     constexpr int BN = DT_MMA_BWD_BN;
-    const int64_t G = a.kv_heads, nq = a.qseg.len, nk = a.kseg.len;
-    int64_t rank, unit;   /* rank 0: the first key tile, the most queries */
-    dt_mma_sched(blockIdx.x, (nk + BN - 1) / BN, a.batch * G, section, &rank, &unit);
+    const int64_t nq = a.qseg.len, nk = a.kseg.len;
+    uint32_t rank, unit;   /* rank 0: the first key tile, the most queries */
+    dt_mma_order_at(&grid.order, blockIdx.x, &rank, &unit);
     bwd_cta c;
-    c.b = (int)(unit / G);
-    c.g = (int)(unit % G);
-    c.y0 = (int)(rank * BN);
-    c.group = (int)(a.heads / G);
+    c.b = (int)dt_udiv_q(unit, grid.heads);
+    c.g = (int)(unit - (uint32_t)c.b * grid.heads.d);
+    c.y0 = (int)rank * BN;
+    c.group = (int)grid.group.d;
     const bool whole = c.y0 + BN <= nk;
     c.qt_first = (int)dt_mma_bwd_first_qtile(
         dt_attn_queries_from(a.mask, a.qseg, dt_attn_pos(a.kseg, c.y0)), nq, bm);
@@ -732,20 +747,33 @@ dt_status dt_mma_launch(void (*kernel)(P...), dim3 grid, int threads, size_t sme
     return DT_SUCCESS;
 }
 
-/* Host: the section of mma_layout.h's launch order for a forward block
- * (units: the query heads, which re-read their kv head's K and V: shared by
- * the GQA group) and for a backward block (units: the kv heads, whose CTAs
- * re-read the group's Q and dO and add into its dQ), on a device with
- * l2_bytes of L2. */
-inline int64_t dt_mma_fwd_section(const dt_attn_block_args &a, int64_t l2_bytes) {
-    const int64_t group = a.heads / a.kv_heads;
+/* Host: the launch's dt_mma_grid for a forward block of query tiles of bm
+ * rows (units: the query heads, which re-read their kv head's K and V,
+ * shared by the GQA group) and for a backward block of key tiles of
+ * DT_MMA_BWD_BN (units: the kv heads, whose CTAs re-read the group's Q and
+ * dO and add into its dQ), on a device with l2_bytes of L2 (the section of
+ * mma_layout.h's launch order). */
+inline dt_mma_grid dt_mma_fwd_grid(const dt_attn_block_args &a, int bm, int64_t l2_bytes) {
+    const int64_t group = a.heads / a.kv_heads, units = a.batch * a.heads;
     const int64_t kv = 2 * a.kseg.len * a.dim * (int64_t)dt_dtype_size(a.dtype);
-    return dt_mma_sched_section(a.batch * a.heads, (kv + group - 1) / group, l2_bytes);
+    dt_mma_grid g;
+    g.order = dt_mma_order_of(dt_mma_query_tiles(a.qseg.len, bm), units,
+                              dt_mma_sched_section(units, (kv + group - 1) / group, l2_bytes));
+    g.heads = dt_udiv_of((uint32_t)a.heads);
+    g.group = dt_udiv_of((uint32_t)group);
+    g.keys = dt_mma_keys_of(a.mask, a.kseg);
+    return g;
 }
-inline int64_t dt_mma_bwd_section(const dt_attn_block_bwd_args &a, int64_t l2_bytes) {
-    const int64_t group = a.heads / a.kv_heads;
+inline dt_mma_grid dt_mma_bwd_grid(const dt_attn_block_bwd_args &a, int64_t l2_bytes) {
+    const int64_t group = a.heads / a.kv_heads, units = a.batch * a.kv_heads;
     const int64_t per_row = a.dim * (2 * (int64_t)dt_dtype_size(a.dtype) + 4);   /* q, dO; dq */
-    return dt_mma_sched_section(a.batch * a.kv_heads, group * a.qseg.len * per_row, l2_bytes);
+    dt_mma_grid g;
+    g.order = dt_mma_order_of((a.kseg.len + DT_MMA_BWD_BN - 1) / DT_MMA_BWD_BN, units,
+                              dt_mma_sched_section(units, group * a.qseg.len * per_row, l2_bytes));
+    g.heads = dt_udiv_of((uint32_t)a.kv_heads);
+    g.group = dt_udiv_of((uint32_t)group);
+    g.keys = dt_mma_keys_of(a.mask, a.kseg);
+    return g;
 }
 
 }  // namespace

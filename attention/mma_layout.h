@@ -248,6 +248,112 @@ DT_MMA_HD int64_t dt_mma_sched_section(int64_t n_units, int64_t unit_bytes, int6
     return s < 1 ? 1 : s;
 }
 
+/* ------------------------------------------- division by a launch's constants
+ *
+ * A kernel's index math divides by values fixed for the launch (the
+ * section widths above, the heads, the GQA group, the key segment's
+ * stride). As 64-bit divisions they cost a CTA thousands of cycles per
+ * query tile: nvcc emits each as a test for 32-bit operands and a div.u32,
+ * a chain of about 20 dependent instructions (float reciprocal, multiplies,
+ * corrections), and a forward CTA makes about a dozen at each query tile's
+ * start, on the path to its first product. The host makes each divisor
+ * once into a multiplier and a shift (Granlund and Montgomery, "Division by
+ * invariant integers using multiplication", 1994, the round-up method with
+ * a 33-bit multiplier 2^32 + mul): q = (mulhi(n, mul) + n) >> shift, exact
+ * for every n < 2^32 and d >= 1 (tests/test_attention.c checks it against
+ * `/`), two dependent instructions and an add. */
+typedef struct dt_udiv {
+    uint32_t d, mul, shift;
+} dt_udiv;
+
+/* The divisor d (>= 1): shift = ceil(log2 d), mul = floor(2^32 (2^shift -
+ * d) / d) + 1, which fits in 32 bits (2^shift < 2 d, and mul = 1 when d is
+ * a power of 2). */
+DT_MMA_HD dt_udiv dt_udiv_of(uint32_t d) {
+    dt_udiv v;
+    uint32_t shift = 0;
+    while (shift < 32 && ((uint64_t)1 << shift) < d) shift++;
+    v.d = d;
+    v.shift = shift;
+    v.mul = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << shift) - d)) / d + 1);
+    return v;
+}
+/* n / v.d and n % v.d, n < 2^32. */
+DT_MMA_HD uint32_t dt_udiv_q(uint32_t n, dt_udiv v) {
+#ifdef __CUDA_ARCH__
+    const uint32_t t = __umulhi(n, v.mul);
+#else
+    const uint32_t t = (uint32_t)(((uint64_t)n * v.mul) >> 32);
+#endif
+    return (uint32_t)(((uint64_t)t + n) >> v.shift);
+}
+DT_MMA_HD uint32_t dt_udiv_r(uint32_t n, dt_udiv v) { return n - dt_udiv_q(n, v) * v.d; }
+
+/* dt_mma_sched's order, its divisions made by multiplication: the order of
+ * n_ranks x n_units blocks (at most 2^32 - 1) with `section` units per
+ * section. dt_mma_order_at gives what dt_mma_sched gives (tests/
+ * test_attention.c compares them block by block). */
+typedef struct dt_mma_order {
+    uint32_t ranks, first;         /* n_ranks; the first section's width */
+    dt_udiv first_d, section_d;    /* first; section */
+    dt_udiv per_d;                 /* n_ranks x section: the blocks of a later section */
+} dt_mma_order;
+
+DT_MMA_HD dt_mma_order dt_mma_order_of(int64_t n_ranks, int64_t n_units, int64_t section) {
+    dt_mma_order o;
+    o.ranks = (uint32_t)n_ranks;
+    o.first = (uint32_t)(n_units - (n_units - 1) / section * section);
+    o.first_d = dt_udiv_of(o.first);
+    o.section_d = dt_udiv_of((uint32_t)section);
+    o.per_d = dt_udiv_of((uint32_t)(n_ranks * section));
+    return o;
+}
+DT_MMA_HD void dt_mma_order_at(const dt_mma_order *o, uint32_t block, uint32_t *rank,
+                               uint32_t *unit) {
+    const uint32_t head = o->ranks * o->first;   /* the first section's blocks */
+    if (block < head) {
+        *rank = dt_udiv_q(block, o->first_d);
+        *unit = block - *rank * o->first;
+        return;
+    }
+    const uint32_t j = block - head, s = dt_udiv_q(j, o->per_d), k = j - s * o->per_d.d;
+    *rank = dt_udiv_q(k, o->section_d);
+    *unit = o->first + s * o->section_d.d + (k - *rank * o->section_d.d);
+}
+
+/* dt_attn_keys_upto (mask.h) for one key segment whose positions span at
+ * most 2^32 - 1 ((len - 1) stride: dt_mma_keys_fit; the tensor-core
+ * kernels' block checks ask for it), its division by the stride made by
+ * multiplication: once the rows past the segment's last key are taken out
+ * (they see all len keys) the difference of positions it divides is below
+ * the span. dt_mma_keys_upto gives what dt_attn_keys_upto gives (tests/
+ * test_attention.c). */
+typedef struct dt_mma_keys {
+    int64_t start;              /* k.start */
+    uint32_t span;              /* (len - 1) stride */
+    int32_t len, full;          /* k.len (below 2^31 in the kernels); the mask is DT_ATTN_FULL */
+    dt_udiv stride;
+} dt_mma_keys;
+
+DT_MMA_HD int dt_mma_keys_fit(dt_attn_segment k) {
+    return k.len <= 1 || k.stride <= (int64_t)UINT32_MAX / (k.len - 1);
+}
+DT_MMA_HD dt_mma_keys dt_mma_keys_of(dt_attn_mask mask, dt_attn_segment k) {
+    dt_mma_keys v;
+    v.start = k.start;
+    v.span = k.len > 1 ? (uint32_t)((k.len - 1) * k.stride) : 0u;
+    v.len = (int32_t)k.len;
+    v.full = mask == DT_ATTN_FULL;
+    v.stride = dt_udiv_of(k.len > 1 ? (uint32_t)k.stride : 1u);   /* unused when len <= 1 */
+    return v;
+}
+DT_MMA_HD int32_t dt_mma_keys_upto(const dt_mma_keys *v, int64_t p) {
+    if (v->full) return v->len;
+    if (p < v->start) return 0;
+    const int64_t d = p - v->start;
+    return d >= (int64_t)v->span ? v->len : (int32_t)dt_udiv_q((uint32_t)d, v->stride) + 1;
+}
+
 #ifdef __cplusplus
 }
 #endif

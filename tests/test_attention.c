@@ -899,6 +899,15 @@ static void test_mma_launch_order(void **state) {
                         for (int64_t u = base; u < base + width; u++, block++) {
                             int64_t rank = -1, unit = -1;
                             dt_mma_sched(block, nr, nu, sec, &rank, &unit);
+                            /* the kernels' form, by multiplication */
+                            const dt_mma_order ord = dt_mma_order_of(nr, nu, sec);
+                            uint32_t rank32 = UINT32_MAX, unit32 = UINT32_MAX;
+                            dt_mma_order_at(&ord, (uint32_t)block, &rank32, &unit32);
+                            if (rank32 != (uint32_t)r || unit32 != (uint32_t)u)
+                                fail_msg("dt_mma_order_at: ranks %lld units %lld section %lld "
+                                         "block %lld: (%u, %u), want (%lld, %lld)", (long long)nr,
+                                         (long long)nu, (long long)sec, (long long)block, rank32,
+                                         unit32, (long long)r, (long long)u);
                             if (rank != r || unit != u)
                                 fail_msg("ranks %lld units %lld section %lld block %lld: "
                                          "(%lld, %lld), want (%lld, %lld)", (long long)nr,
@@ -922,6 +931,83 @@ static void test_mma_launch_order(void **state) {
     assert_int_equal(dt_mma_sched_section(32, 40 * MiB, 50 * MiB), 1);
     assert_int_equal(dt_mma_sched_section(32, 2 * MiB, 0), 1);
     assert_int_equal(dt_mma_sched_section(5, 0, 50 * MiB), 5);
+}
+
+/* The kernels' division by a launch's constants (mma_layout.h: dt_udiv,
+ * dt_mma_keys_upto) against C's `/` and `%` and mask.h's dt_attn_keys_upto:
+ * every divisor up to 4096 and the powers of 2 and their neighbours up to
+ * 2^32 - 1, with dividends at and around its multiples, the ends of the
+ * 32-bit range and pseudo-random ones. */
+static uint64_t splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static void check_udiv(uint32_t d, uint64_t *seed) {
+    const dt_udiv v = dt_udiv_of(d);
+    uint32_t n[64];
+    int c = 0;
+    const uint32_t k = (uint32_t)(splitmix(seed) % ((uint64_t)UINT32_MAX / d + 1));   /* a multiple's index */
+    const uint32_t fixed[] = {0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, k * d, k * d - 1, k * d + d - 1,
+                              (UINT32_MAX / d) * d, (UINT32_MAX / d) * d - 1, UINT32_MAX, UINT32_MAX - 1,
+                              1u << 31, (1u << 31) - 1, 1u << 16, (1u << 16) - 1};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) n[c++] = fixed[i];
+    while (c < 64) n[c++] = (uint32_t)splitmix(seed);
+    for (int i = 0; i < c; i++) {
+        const uint32_t q = dt_udiv_q(n[i], v), r = dt_udiv_r(n[i], v);
+        if (q != n[i] / d || r != n[i] % d)
+            fail_msg("dt_udiv: %u / %u = %u rem %u, want %u rem %u", n[i], d, q, r, n[i] / d, n[i] % d);
+    }
+}
+static void test_mma_division(void **state) {
+    (void)state;
+    uint64_t seed = 17;
+    for (uint32_t d = 1; d <= 4096; d++) check_udiv(d, &seed);
+    for (int b = 12; b < 32; b++)
+        for (int dd = -3; dd <= 3; dd++) check_udiv((uint32_t)((1ull << b) + (uint64_t)(int64_t)dd), &seed);
+    check_udiv(UINT32_MAX, &seed);
+    check_udiv(UINT32_MAX - 1, &seed);
+    for (int i = 0; i < 2000; i++) {
+        const uint32_t d = (uint32_t)splitmix(&seed) >> (splitmix(&seed) % 32);
+        check_udiv(d ? d : 1, &seed);
+    }
+
+    /* the key limit of a position against mask.h, on segments whose
+     * positions span up to 2^32 - 1 (dt_mma_keys_fit) */
+    const dt_attn_segment segs[] = {
+        {0, 1, 4096},        {1, 8, 512},          {7, 3, 1000},      {1000000, 1, 1},
+        {5, 2, 0},           {3, 64, 1 << 20},     {1ll << 40, 7, 100}, {-50, 5, 100},
+        {0, 4096, 1 << 20},  {9, UINT32_MAX, 2},   {0, 2, (1ll << 31) - 1}, {2, 5000000000ll, 1},
+    };
+    for (size_t si = 0; si < sizeof segs / sizeof segs[0]; si++)
+        for (int mask = 0; mask < 2; mask++) {
+            const dt_attn_segment k = segs[si];
+            assert_true(dt_mma_keys_fit(k));
+            const dt_mma_keys v = dt_mma_keys_of((dt_attn_mask)mask, k);
+            const int64_t last = k.start + (k.len > 0 ? k.len - 1 : 0) * k.stride;
+            int64_t ps[80];
+            int c = 0;
+            const int64_t fixed[] = {k.start - 1, k.start, k.start + 1, k.start + k.stride - 1,
+                                     k.start + k.stride, last - 1, last, last + 1,
+                                     last + k.stride, INT64_MIN / 2, INT64_MAX / 2};
+            for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) ps[c++] = fixed[i];
+            while (c < 80) {   /* around a random key's position */
+                const int64_t key = k.len > 0 ? (int64_t)(splitmix(&seed) % (uint64_t)k.len) : 0;
+                ps[c++] = k.start + key * k.stride + (int64_t)(splitmix(&seed) % 3) - 1;
+            }
+            for (int i = 0; i < c; i++) {
+                const int64_t got = dt_mma_keys_upto(&v, ps[i]);
+                const int64_t want = dt_attn_keys_upto((dt_attn_mask)mask, k, ps[i]);
+                if (got != want)
+                    fail_msg("dt_mma_keys_upto: mask %d, keys (%lld, %lld, %lld), position %lld: "
+                             "%lld, want %lld", mask, (long long)k.start, (long long)k.stride,
+                             (long long)k.len, (long long)ps[i], (long long)got, (long long)want);
+            }
+        }
+    /* the span's limit */
+    const dt_attn_segment wide[] = {{0, 1, (1ll << 32) + 1}, {0, 3000000000ll, 3}, {0, 3, 1ll << 31}};
+    for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++) assert_false(dt_mma_keys_fit(wide[i]));
 }
 
 /* Greedy list scheduling of a launch in dt_mma_sched's order on `slots`
@@ -1713,6 +1799,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_fragments);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_tile_bounds);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_launch_order);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_division);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_launch_tail);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_bwd_fragments);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_env);

@@ -464,6 +464,29 @@ static void test_bwd_walk_bound(void **state) {
     assert_non_null(strstr(why, "more than 2^31 - 1 iterations"));
 }
 
+/* The tensor-core kernels divide by the key stride in 32 bits
+ * (mma_layout.h's dt_mma_keys): a block whose key positions span more than
+ * 2^32 - 1 is refused, forward and backward, one that spans exactly that
+ * is not. (Only the arguments: no kernel runs.) */
+static void test_key_span_bound(void **state) {
+    (void)state;
+    char why[256] = "";
+    const int64_t stride = ((int64_t)1 << 32) - 1;   /* two keys: a span of 2^32 - 1 */
+    dt_attn_segment q = {0, 1, 64}, k = {0, stride, 2};
+    dt_attn_block_args f = {.dtype = DT_BF16, .batch = 1, .heads = 1, .kv_heads = 1, .dim = 64,
+                            .qseg = q, .kseg = k};
+    dt_attn_block_bwd_args b = {.dtype = DT_BF16, .batch = 1, .heads = 1, .kv_heads = 1,
+                                .dim = 64, .qseg = q, .kseg = k};
+    assert_true(dt_emu_attn_mma_block_ok(&f, why, sizeof why));
+    assert_true(dt_emu_attn_mma_bwd_block_ok(&b, why, sizeof why));
+    f.kseg.stride = b.kseg.stride = stride + 1;
+    assert_false(dt_emu_attn_mma_block_ok(&f, why, sizeof why));
+    assert_non_null(strstr(why, "span more than 2^32 - 1"));
+    why[0] = 0;
+    assert_false(dt_emu_attn_mma_bwd_block_ok(&b, why, sizeof why));
+    assert_non_null(strstr(why, "span more than 2^32 - 1"));
+}
+
 /* The persistent wgmma forward past a query tile without keys. Queries at
  * positions 0 .. 399, keys at 200 .. 499, causal: query tile 0 sees no key,
  * tiles 1 to 3 one or two key tiles. Four heads in sections of three units
@@ -493,7 +516,7 @@ static void test_wgmma_persistent_keyless(void **state) {
             .last = 1, .o = od, .lse = lse, .kernel = DT_ATTN_KERNEL_WGMMA};
         char why[256];
         assert_true(dt_emu_attn_mma_block_ok(&a, why, sizeof why));
-        const int64_t unit_bytes = 2 * nk * D * 2 / (H / G);   /* dt_mma_fwd_section's */
+        const int64_t unit_bytes = 2 * nk * D * 2 / (H / G);   /* dt_mma_fwd_grid's section */
         const uint64_t ctas_before = dt_emu_get_counts().blocks;
         assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0), DT_SUCCESS);
         /* persistent: the CTAs one SM holds (two at D = 64), not one per tile */
@@ -1647,7 +1670,7 @@ int main(void) {
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
     static emu_case cases[4 * 2 * NROWS + 2];
-    struct CMUnitTest tests[4 * 2 * NROWS + 2 + 7];
+    struct CMUnitTest tests[4 * 2 * NROWS + 3 + 7];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
@@ -1697,6 +1720,8 @@ int main(void) {
 #ifndef DT_EMU_NO_CXX
     tests[nt++] = (struct CMUnitTest){"backward/block-ok/walk-within-2^31", test_bwd_walk_bound,
                                       NULL, NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"block-ok/key-span-within-2^32", test_key_span_bound, NULL,
+                                      NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"forward-wgmma/persistent/past-a-keyless-tile",
                                       test_wgmma_persistent_keyless, NULL, NULL, NULL};
 #endif
