@@ -68,11 +68,12 @@
  *
  * Shared memory: [Q 0][Q 1][K stage 0][K stage 1][V stage 0][V stage 1],
  * each in wgmma_device.cuh's 128-byte swizzled column-block layout,
- * (2 BM + 4 BN) D 2 bytes (96 KiB at D = 64, 192 KiB at D = 128), then five
- * mbarriers (full and empty, two each; pub) and four words, plus 1 KiB to put the first tile on a
- * 1024-byte boundary of the shared window. A CTA's query tiles take the Q
+ * (2 BM + 4 BN) D 2 bytes (96 KiB at D = 64, 192 KiB at D = 128), then eight
+ * mbarriers (full, empty, pub and qfree, two each) and four words, plus 1
+ * KiB to put the first tile on a 1024-byte boundary of the shared window. A CTA's query tiles take the Q
  * buffers in turn, its key tiles (over all its query tiles) the stages.
- * Loads: TMA (cp.async.bulk.tensor), issued by thread 0, one box of 64
+ * Loads: TMA (cp.async.bulk.tensor), issued by thread 0 (or the producer
+ * warpgroup's first thread), one box of 64
  * columns x BM or BN rows per column block, through 4-D tensor maps of the
  * block's q, k and v segments made on the host for each launch: the map's
  * row count is the segment's length, so rows past it arrive as zeros, and
@@ -94,10 +95,13 @@
  * never a hung GPU).
  *
  * ptxas (sm_90a, CUDA 13.0): 128 registers at D = 64 (two CTAs per SM:
- * launch bounds), 196 at D = 128 (198 in the overlapped order), no
- * spills, no serialised wgmma. The batch and kv head of the current tile
- * sit in shared memory for thread 0's loads instead of in every thread's
- * registers (at D = 64 they spilled).
+ * launch bounds), 185 at D = 128 (187 in the overlapped order), no
+ * spills, no serialised wgmma; with the producer warpgroup 168 at the
+ * entry, 232 for the consumers and 40 for the producer (setmaxnreg), no
+ * spills. The batch and kv head of the current tile sit in shared memory
+ * for thread 0's loads instead of in every thread's registers (at D = 64
+ * they spilled). A tile's index math divides by multiplication
+ * (mma_device.cuh's dt_mma_grid, made on the host).
  *
  * Measured on an H200 (docs/PERFORMANCE.md, 2026-11-26): the persistent
  * launch no faster than a CTA per tile (0.98x to 1.03x), and a CTA's fixed
@@ -116,10 +120,12 @@
  * shared memory (the stored rows brought in by TMA during the last key
  * tiles, the merged ones written out by a TMA store: a query tile's end
  * reads and writes 128 KiB of fp32 with ordinary loads and stores, the
- * largest part of its fixed cost; ARCHITECTURE.md); a producer warp with
- * setmaxnreg and a third stage, so that no consumer thread waits for a
- * release (FlashAttention-3); the overlap of a tile's S with the previous
- * tile's P V inside a warpgroup.
+ * largest part of its fixed cost; ARCHITECTURE.md); a third stage; the
+ * overlap of a tile's S with the previous tile's P V inside a warpgroup.
+ * Prepared, not yet measured: the producer warpgroup (PRODUCER below;
+ * dt_attn_wgmma_fwd's producer, dt_backend_cuda_set_producer; D = 128),
+ * which takes every load and the tile queue off thread 0, so that no
+ * consumer thread waits for a release or a ticket (FlashAttention-3).
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -212,29 +218,64 @@ __device__ __forceinline__ void wg_load_first(const wg_params &p, const fwd_cta 
  * same queue) has then completed, its reset included. Every CTA finds the
  * queue empty exactly once, after its last ticket; the fences order each
  * CTA's tickets before its count, and the counts before the reset. */
+__device__ __forceinline__ uint32_t wg_ticket(const wg_params &p, bool first) {
+    if (first) return blockIdx.x;
+    if (!p.queue) return p.tiles;
+    grid_dep_wait();
+    const uint32_t next = gridDim.x + atomicAdd(&p.queue[0], 1u);
+    if (next < p.tiles) return next;
+    __threadfence();
+    if (atomicAdd(&p.queue[1], 1u) == gridDim.x - 1) {
+        __threadfence();
+        p.queue[0] = 0;
+        p.queue[1] = 0;
+    }
+    return p.tiles;
+}
 template <int D>
 __device__ __forceinline__ void wg_next(const wg_params &p, bool first, uint32_t *slot,
                                         unsigned char *sq, unsigned char *sk, unsigned char *sv,
                                         uint64_t *bar, uint64_t *pub = nullptr) {
-    uint32_t next = p.tiles;
-    if (first) {
-        next = blockIdx.x;
-    } else if (p.queue) {
-        grid_dep_wait();
-        next = gridDim.x + atomicAdd(&p.queue[0], 1u);
-        if (next >= p.tiles) {
-            next = p.tiles;
-            __threadfence();
-            if (atomicAdd(&p.queue[1], 1u) == gridDim.x - 1) {
-                __threadfence();
-                p.queue[0] = 0;
-                p.queue[1] = 0;
-            }
-        }
-    }
+    const uint32_t next = wg_ticket(p, first);
     *slot = next;
     if (pub) mbar_arrive(pub);   /* release: the slot's write before the arrival */
     if (next < p.tiles) wg_load_first<D>(p, fwd_cta_of(p.a, p.grid, next, WG_BM), sq, sk, sv, bar);
+}
+
+/* The producer warp's lane 0 (PRODUCER, D = 128): every load of the CTA
+ * and its tile queue, so that no consumer thread stops its math for them.
+ * Query tile n (the CTA's n-th, the first blockIdx.x, the next ones from
+ * wg_ticket, taken once the last key tile of the one before is issued)
+ * goes into Q buffer n % 2, its index into slot next[(n % 2) ^ 1],
+ * published by an arrival on pub[(n % 2) ^ 1] (phase n / 2), both once
+ * every consumer has arrived on qfree[n % 2] for query tile n - 2 (done
+ * with that Q buffer, and long past reading the slot). Key tile f of the
+ * CTA goes into stage f % 2 once every consumer has released key tile f -
+ * 2 there (empty[f % 2], phase f / 2 - 1), and lands on full[f % 2]. The
+ * index past the last tile ends both sides. */
+template <int D>
+__device__ __forceinline__ void wg_produce(const wg_params &p, unsigned char *sq, unsigned char *sk,
+                                           unsigned char *sv, uint64_t *full, uint64_t *empty,
+                                           uint64_t *pub, uint64_t *qfree, uint32_t *next) {
+    constexpr int TILE_Q = WG_BM * D * 2, TILE_KV = WG_BN * D * 2;
+    uint32_t f = 0;
+    for (uint32_t n = 0;; n++) {
+        const uint32_t buf = n & 1u, tile = wg_ticket(p, n == 0);
+        if (n >= 2) mbar_wait(&qfree[buf], ((n - 2) >> 1) & 1u);
+        next[buf ^ 1] = tile;
+        mbar_arrive(&pub[buf ^ 1]);   /* release: the slot's write before the arrival */
+        if (tile >= p.tiles) return;
+        const fwd_cta c = fwd_cta_of(p.a, p.grid, tile, WG_BM);
+        const int n_tiles = wg_tiles_of(p, c);
+        for (int kt = 0; kt < n_tiles; kt++, f++) {
+            const uint32_t st = f & 1u;
+            if (f >= 2) mbar_wait(&empty[st], ((f - 2) >> 1) & 1u);
+            if (kt == 0)
+                wg_load_first<D>(p, c, sq + buf * TILE_Q, sk + st * TILE_KV, sv + st * TILE_KV, &full[st]);
+            else
+                wg_load_kv<D>(p, (int)c.b, (int)c.g, kt, sk + st * TILE_KV, sv + st * TILE_KV, &full[st], 0);
+        }
+    }
 }
 
 #endif /* !DT_WGMMA_STUB */
@@ -244,13 +285,24 @@ __device__ __forceinline__ void wg_next(const wg_params &p, bool first, uint32_t
 template <int D>
 constexpr int wg_ctas_per_sm() { return D == 64 ? 2 : 1; }
 
+/* Threads of a CTA: two warpgroups, and with PRODUCER the producer's. Its
+ * registers per thread, and the consumers' (setmaxnreg): the 168 that
+ * ptxas gives the 384 threads of one CTA per SM are moved to the
+ * consumers, within each SM sub-partition's 16,384 registers (its three
+ * warps: two consumers' and one producer's, 2 x 224 + 56 = 504 x 32 =
+ * 16,128). */
+template <bool PRODUCER>
+constexpr int wg_threads() { return PRODUCER ? WG_THREADS + 128 : WG_THREADS; }
+constexpr int WG_PRODUCER_REGS = 40, WG_CONSUMER_REGS = 232;
+
 /* grid: a CTA per query tile (ceil(qseg.len / 128) x heads x batch), or
  * fewer, persistent, with p.queue; tiles in mma_layout.h's launch order
- * (p.grid.order); block: 256 threads; dynamic shared memory
- * 1024 + (2 BM + 4 BN) D sizeof(T) + 56. OVERLAP: the overlapped order
- * (at D = 128; the same kernel at D = 64). */
-template <typename T, int D, bool OVERLAP>
-__global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
+ * (p.grid.order); block: wg_threads<PRODUCER>() threads; dynamic shared
+ * memory 1024 + (2 BM + 4 BN) D sizeof(T) + 80. OVERLAP: the overlapped
+ * order; PRODUCER: the loads by a producer warp (both at D = 128; the
+ * same kernel at D = 64). */
+template <typename T, int D, bool OVERLAP, bool PRODUCER>
+__global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
 #ifdef DT_WGMMA_STUB
     (void)p;
     __trap();   /* never launched: the host requires an sm_90a build and a 9.0 device */
@@ -281,14 +333,26 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
      * thread is two publications behind). Tiles without keys still meet
      * (a __syncthreads, as before). */
     constexpr bool OV = OVERLAP && RELEASE;
+    /* The producer warp (PRODUCER, dt_attn_wgmma_fwd's producer; D = 128
+     * only): a third warpgroup, whose first thread issues every load and
+     * takes the queue's tickets (wg_produce), where thread 0 did so between
+     * its warpgroup's products, so that no consumer thread waits for a
+     * stage's release, a ticket's atomic or the next tile's index math
+     * (FlashAttention-3's warp specialisation). A whole warpgroup, so that
+     * setmaxnreg can give its registers to the consumers (wg_threads). The
+     * consumers take each query tile's index from its slot once pub has
+     * published it, and release its Q buffer on qfree; a tile without keys
+     * needs no meeting. */
+    constexpr bool PW = PRODUCER && RELEASE;
     DT_DYNAMIC_SMEM(unsigned char, smem_raw);
     unsigned char *const sq = smem_raw + ((1024u - (wg_smem_addr(smem_raw) & 1023u)) & 1023u);
     unsigned char *const sk = sq + 2 * TILE_Q;   /* Q buffer b at sq + b TILE_Q */
     unsigned char *const sv = sk + 2 * TILE_KV;  /* stage s at sk + s TILE_KV, sv + s TILE_KV */
     uint64_t *const full = reinterpret_cast<uint64_t *>(sv + 2 * TILE_KV);   /* [2] */
     uint64_t *const empty = full + 2;                                        /* [2] */
-    uint64_t *const pub = empty + 2;        /* the overlapped order's publication of next */
-    uint32_t *const next = reinterpret_cast<uint32_t *>(pub + 1);            /* [2] */
+    uint64_t *const pub = empty + 2;     /* [2]: publications of next (OV: pub[0] alone) */
+    uint64_t *const qfree = pub + 2;     /* [2]: PW, the Q buffers' releases */
+    uint32_t *const next = reinterpret_cast<uint32_t *>(qfree + 2);          /* [2] */
     /* Thread 0's alone, read where needed instead of held in registers */
     volatile int *const at = reinterpret_cast<volatile int *>(next + 2);      /* [2] */
 
@@ -303,7 +367,8 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
      * f % 2, use f / 2. Its query tiles go through the two Q buffers in
      * turn, the ti-th in buffer ti % 2. Thread 0 issues every TMA, a query
      * tile's first key tile with the query tile itself, during the previous
-     * query tile's last key tile. */
+     * query tile's last key tile (PW: the producer, wg_produce, as soon as
+     * the buffers are free). */
     if (threadIdx.x == 0) {
         mbar_init(&full[0], 1);
         mbar_init(&full[1], 1);
@@ -311,9 +376,14 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
             mbar_init(&empty[0], WG_THREADS);
             mbar_init(&empty[1], WG_THREADS);
         }
-        if (OV) mbar_init(pub, 1);
+        if (OV || PW) mbar_init(&pub[0], 1);
+        if (PW) {
+            mbar_init(&pub[1], 1);
+            mbar_init(&qfree[0], WG_THREADS);
+            mbar_init(&qfree[1], WG_THREADS);
+        }
         fence_mbar_init();
-        wg_next<D>(p, true, &next[1], sq, sk, sv, &full[0]);
+        if (!PW) wg_next<D>(p, true, &next[1], sq, sk, sv, &full[0]);
     }
     /* The next block's grid may start: its CTAs take SMs as this grid's
      * leave them, and run their first tile's keys before they wait for
@@ -321,6 +391,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
      * the rows' merge). */
     grid_dep_launch();
     __syncthreads();
+    const auto consume = [&]() {
 
     /* Named barrier TURN + w is "warpgroup w's turn" (the ping-pong below) */
     constexpr int TURN = 1, PAIR = WG_THREADS;
@@ -336,12 +407,14 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
      * another. */
     uint32_t f = 0;
     for (uint32_t ti = 0;; ti ^= 1) {
+        /* PW: published by the producer (pubs: the query tiles so far) */
+        if (PW) mbar_wait(&pub[ti ^ 1], (pubs++ >> 1) & 1u);
         const uint32_t tile = next[ti ^ 1];
         if (tile >= p.tiles) break;
         cta_trace(a, 0, 0, tile);
         const fwd_cta c = fwd_cta_of(a, p.grid, tile, WG_BM);
         const int64_t x0 = c.x0, x1 = c.x1;
-        if (threadIdx.x == 0) {   /* its batch and kv head, for thread 0's loads */
+        if (!PW && threadIdx.x == 0) {   /* its batch and kv head, for thread 0's loads */
             at[0] = (int)c.b;
             at[1] = (int)c.g;
         }
@@ -367,7 +440,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
         float m[2], l[2], o[D / 8][4];
         start_rows<D>(a, p.grid, x0 + 64 * wg + 16 * wl, lane, lim, m, l, o);
         if (n_tiles > 0 || a.last) prefetch_rows<D>(a, c, x0 + 64 * wg + 16 * wl, lane);
-        if (n_tiles == 0) {
+        if (!PW && n_tiles == 0) {
             /* OV: the warpgroups did not meet after the tile before; they
              * must before thread 0 refills its Q buffer and stage */
             if (OV) __syncthreads();
@@ -404,7 +477,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
              * tile's math, once every thread is done with that stage (key
              * tile f - 1; RELEASE says how). */
             const auto produce = [&] {
-                if (threadIdx.x != 0) return;
+                if (PW || threadIdx.x != 0) return;   /* PW: the producer warp's */
                 if (RELEASE && f > 0) mbar_wait(&empty[stage ^ 1], ((f - 1) >> 1) & 1u);
                 unsigned char *const nk = sk + (stage ^ 1) * TILE_KV, *const nv = sv + (stage ^ 1) * TILE_KV;
                 if (kt + 1 < n_tiles)
@@ -473,14 +546,22 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
             }
             /* OV: next[ti], published during this last key tile, seen
              * before this thread lets thread 0 go on to the next publication */
-            if (OV && kt + 1 == n_tiles) mbar_wait(pub, pubs++ & 1u);
+            if (OV && !PW && kt + 1 == n_tiles) mbar_wait(&pub[0], pubs++ & 1u);
             /* this thread is done with the stage (and with Q after the last) */
             if (RELEASE) mbar_arrive(&empty[stage]);
             else __syncthreads();
         }
         /* next[ti], written during the last key tile (at D = 64 that tile's
-         * __syncthreads published it; OV: pub did) */
-        if (!OV && RELEASE && n_tiles > 0) __syncthreads();
+         * __syncthreads published it; OV: pub did). PW: no publication
+         * (the producer's pub), the warpgroups meet on named barrier MEET
+         * (the producer warp is not there), and they are done with Q
+         * buffer ti. */
+        constexpr int MEET = TURN + 2;
+        if (!OV && RELEASE && n_tiles > 0) {
+            if (PW) bar_sync<MEET>(0, WG_THREADS);
+            else __syncthreads();
+        }
+        if (PW) mbar_arrive(&qfree[ti]);
         /* --trace: every thread is done with the keys (OV: warpgroup 1, the
          * later of the two, is) */
         if (RELEASE && n_tiles > 0 && threadIdx.x == (OV ? WG_THREADS - 1 : 0)) cta_mark(a, 1, tile);
@@ -498,15 +579,28 @@ __global__ void __launch_bounds__(WG_THREADS, wg_ctas_per_sm<D>()) fwd_wgmma_ker
         }
         /* OV: the tile ends when warpgroup 1 (the later) has written its
          * rows; no barrier, so a traced run keeps the overlap */
-        cta_trace(a, 1, n_tiles, tile, OV ? WG_THREADS - 1 : -1);
+        cta_trace(a, 1, n_tiles, tile, OV ? WG_THREADS - 1 : PW ? 0 : -1);
     }
     if (OV && wg == 0) bar_sync<TURN>(0, PAIR);   /* the turn warpgroup 1 left over */
+    };
+    if constexpr (PW) {
+        if (wg == 2) {   /* the producer */
+            setmaxnreg_dec<WG_PRODUCER_REGS>();
+            if (threadIdx.x == WG_THREADS) wg_produce<D>(p, sq, sk, sv, full, empty, pub, qfree, next);
+            grid_dep_wait();   /* every thread, before it exits (below) */
+        } else {
+            setmaxnreg_inc<WG_CONSUMER_REGS>();
+            consume();
+        }
+    } else {
+        consume();
+    }
 #endif
 }
 
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
-                 void *queue, int dependent, int overlap) {
+                 void *queue, int dependent, int overlap, int producer) {
     wg_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
@@ -534,15 +628,23 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
      * grid_dep_wait (its q, k, v were there before the call's first block
      * started, or came by an event the stream waited for). */
     const size_t smem = 1024 + (size_t)(2 * WG_BM + 4 * WG_BN) * D * sizeof(T) +
-                        5 * sizeof(uint64_t) + 4 * sizeof(uint32_t);
+                        8 * sizeof(uint64_t) + 4 * sizeof(uint32_t);
     const int dep = dependent && !a->first;
+    const dim3 grid((unsigned)ctas);
     if constexpr (D == 128) {
+        if (overlap && producer)
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, true>, grid, wg_threads<true>(), smem,
+                                 stream, "forward (wgmma, overlapped, producer warp)", D, a->dtype,
+                                 dep, p);
         if (overlap)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, true>, dim3((unsigned)ctas), WG_THREADS,
-                                 smem, stream, "forward (wgmma, overlapped)", D, a->dtype, dep, p);
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, false>, grid, WG_THREADS, smem, stream,
+                                 "forward (wgmma, overlapped)", D, a->dtype, dep, p);
+        if (producer)
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, false, true>, grid, wg_threads<true>(), smem,
+                                 stream, "forward (wgmma, producer warp)", D, a->dtype, dep, p);
     }
-    return dt_mma_launch(fwd_wgmma_kernel<T, D, false>, dim3((unsigned)ctas), WG_THREADS, smem,
-                         stream, "forward (wgmma)", D, a->dtype, dep, p);
+    return dt_mma_launch(fwd_wgmma_kernel<T, D, false, false>, grid, WG_THREADS, smem, stream,
+                         "forward (wgmma)", D, a->dtype, dep, p);
 }
 
 }  // namespace
@@ -569,9 +671,11 @@ extern "C" int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char
 }
 
 extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
-                                      int sms, void *queue, int dependent, int overlap) {
+                                      int sms, void *queue, int dependent, int overlap,
+                                      int producer) {
     return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
         return launch<typename decltype(t)::type, decltype(d)::value>(
-            static_cast<cudaStream_t>(stream), a, l2_bytes, sms, queue, dependent, overlap);
+            static_cast<cudaStream_t>(stream), a, l2_bytes, sms, queue, dependent, overlap,
+            producer);
     });
 }

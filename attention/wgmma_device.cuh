@@ -151,6 +151,14 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
     dt_emu_tma_load(dst, map, c, 4, bar);
 }
 __device__ __forceinline__ void fence_proxy_async() { dt_emu_fence_proxy_async(); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    dt_emu_setmaxnreg(1, N);
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    dt_emu_setmaxnreg(0, N);
+}
 __device__ __forceinline__ void wgmma_fence() { dt_emu_wgmma_fence(); }
 __device__ __forceinline__ void wgmma_commit() { dt_emu_wgmma_commit(); }
 template <int N>
@@ -206,6 +214,12 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t by
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(wg_smem_addr(bar)) : "memory");
 }
+/* Fails the launch. A call, not the trap inlined: ptxas gives a region
+ * after setmaxnreg.inc its new register count only if no trap lies in it
+ * (CUDA 13.0: with the trap inline the forward's consumers kept the 168
+ * registers of the CTA's entry and spilled). */
+__device__ __noinline__ void wg_fail() { __trap(); }
+
 /* Until the phase of parity `parity` has completed. Bounded: a phase that
  * has not completed after DT_WG_WAIT_NS of the global timer (a TMA that
  * never lands) traps, which fails the launch instead of hanging the GPU. */
@@ -224,7 +238,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
         uint64_t now;
         asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
         if (!t0) t0 = now;
-        else if (now - t0 > DT_WG_WAIT_NS) __trap();
+        else if (now - t0 > DT_WG_WAIT_NS) wg_fail();
     }
 }
 /* TMA: the box of `map` at element coordinates (c0 innermost .. c3) into
@@ -243,6 +257,21 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
  * (the wgmma reading them), once a barrier has ordered them. */
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* The calling warpgroup's registers per thread become N (24 .. 256, a
+ * multiple of 8; every thread of the warpgroup executes the same one):
+ * .inc waits until the CTA's other warpgroups have released enough by
+ * .dec. A CTA's warps share each SM sub-partition's 16,384 registers,
+ * three warps of a CTA of 12 or 9 on one, so ptxas gives each thread 168
+ * at the most; a warpgroup that needs few gives them to those that need
+ * many. */
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");

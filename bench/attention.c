@@ -55,7 +55,7 @@
  * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
  *      [--dtype bf16,fp32,fp16] [--dependent 0|1] [--persistent 0|1|2] [--overlap 0|1]
- *      [--pass fwd,bwd]
+ *      [--producer 0|1] [--pass fwd,bwd]
  */
 #include <errno.h>
 #include <math.h>
@@ -105,12 +105,14 @@ typedef struct bench_opts {
     int dependent;             /* --dependent: CUDA's dependent launches (default 1) */
     int persistent;            /* --persistent: CUDA's persistent mode (backend_cuda.h; 1) */
     int overlap;               /* --overlap: the wgmma forward's overlapped order (1) */
+    int producer;              /* --producer: the wgmma forward's producer warp (0) */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
 static int g_dependent = 1;   /* bench_opts.dependent, for every rank's backend */
 static int g_persistent = 1;  /* bench_opts.persistent, likewise */
 static int g_overlap = 1;     /* bench_opts.overlap, likewise */
+static int g_producer = 0;    /* bench_opts.producer, likewise */
 
 static double cpu_s(void) {
     struct timespec ts;
@@ -175,6 +177,7 @@ static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layo
     dt_backend_cuda_set_dependent_launch(ctx->backend, g_dependent);   /* no-op off CUDA */
     dt_backend_cuda_set_persistent(ctx->backend, g_persistent);
     dt_backend_cuda_set_overlap(ctx->backend, g_overlap);
+    dt_backend_cuda_set_producer(ctx->backend, g_producer);
 #endif
     c->pass = pass;
     c->opts = init;
@@ -502,6 +505,8 @@ static void usage(FILE *f) {
             "                       there), 2 there too, 0 never\n"
             "  --overlap 0|1        CUDA: whether the wgmma forward at D = 128 runs its\n"
             "                       overlapped order (default 1)\n"
+            "  --producer 0|1       CUDA: whether the wgmma forward at D = 128 issues its\n"
+            "                       loads from a producer warp of its own (default 0)\n"
             "  --help\n");
 }
 
@@ -577,6 +582,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
             o->overlap = (int)x;
             i++;
+        } else if (!strcmp(a, "--producer")) {
+            long x;
+            if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
+            o->producer = (int)x;
+            i++;
         } else if (!strcmp(a, "--shapes")) {
             static const char *const shapes[] = {"auto", "scaled", "full"};
             if ((o->shapes = ex_parse_choice(a, v, shapes, 3)) < 0) return 2;
@@ -620,12 +630,13 @@ static int parse(int argc, char **argv, bench_opts *o) {
 
 
 int main(int argc, char **argv) {
-    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}, 1, 1, 1};
+    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}, 1, 1, 1, 0};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
     g_dependent = o.dependent;
     g_persistent = o.persistent;
     g_overlap = o.overlap;
+    g_producer = o.producer;
     if (o.iters == 0) o.iters = o.quick ? 2 : 5;
     bench_pass passes[PASS_COUNT];   /* the selected ones, in order */
     int npass = 0;
@@ -656,9 +667,10 @@ int main(int argc, char **argv) {
     if (o.json)
         fprintf(out, "{\n  \"bench\": \"attention\", \"date\": \"%s\", \"backend\": \"%s\", "
                      "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s, "
-                     "\"passes\": [%s], \"dependent\": %s, \"persistent\": %d, \"overlap\": %d,\n",
+                     "\"passes\": [%s], \"dependent\": %s, \"persistent\": %d, \"overlap\": %d, "
+                     "\"producer\": %d,\n",
                 date, be, cores, model, o.iters, o.quick ? "true" : "false", pass_json,
-                o.dependent ? "true" : "false", o.persistent, o.overlap);
+                o.dependent ? "true" : "false", o.persistent, o.overlap, o.producer);
     if (o.json)
         fprintf(out, "  \"notes\": [\"ranks are threads of one process; with fewer cores than "
                      "ranks they contend for the cores\", \"OpenBLAS runs one thread per call\", "

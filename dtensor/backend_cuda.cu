@@ -92,6 +92,7 @@ struct cuda_impl {
     int persistent;             /* dt_backend_cuda_set_persistent */
     int dependent_launch;       /* dt_backend_cuda_set_dependent_launch */
     int overlap;                /* dt_backend_cuda_set_overlap */
+    int producer;               /* dt_backend_cuda_set_producer */
     int cc;                     /* compute capability, major * 10 + minor */
     int64_t l2_bytes;           /* L2 cache size, for the attention kernels' launch order */
     int failed;                 /* a wait ran out or the device failed: never wait again */
@@ -1391,6 +1392,14 @@ extern "C" int dt_backend_cuda_overlap(const dt_backend *b) {
 
 extern "C" void dt_backend_cuda_set_overlap(dt_backend *b, int on) {
     if (dt_backend_is_cuda(b)) impl_of(b)->overlap = on != 0;
+}
+
+extern "C" int dt_backend_cuda_producer(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? impl_of(b)->producer : 0;
+}
+
+extern "C" void dt_backend_cuda_set_producer(dt_backend *b, int on) {
+    if (dt_backend_is_cuda(b)) impl_of(b)->producer = on != 0;
 }
 
 extern "C" void dt_backend_cuda_set_tf32(dt_backend *b, int on) {

@@ -87,6 +87,14 @@ void dt_backend_cuda_set_dependent_launch(dt_backend *b, int on);
  * Results never depend on it, only speed. */
 int dt_backend_cuda_overlap(const dt_backend *b);
 void dt_backend_cuda_set_overlap(dt_backend *b, int on);
+/* Whether the wgmma attention forward at head dim 128 issues its loads
+ * and takes its tile queue's tickets from a producer warp of its own
+ * (attention/block_cuda_wgmma.cu), instead of from thread 0 between its
+ * warpgroup's products. 0, the default, until a GPU has measured it
+ * against 1 (docs/PERFORMANCE.md). Results never depend on it, only
+ * speed. */
+int dt_backend_cuda_producer(const dt_backend *b);
+void dt_backend_cuda_set_producer(dt_backend *b, int on);
 void *dt_backend_cuda_compute_stream(const dt_backend *b);
 void *dt_backend_cuda_comm_stream(const dt_backend *b);
 void dt_backend_cuda_set_tf32(dt_backend *b, int on);

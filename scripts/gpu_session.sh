@@ -2,21 +2,23 @@
 # scripts/gpu_session.sh — one device call that fits a GPU session of 15
 # minutes of device time (the machine's start included): the packed
 # programs' CUDA suites side by side, compute-sanitizer on the tensor-core
-# attention kernels beside them, issue 4 (c) (the ring's cost), then
-# bench/issue8.py with what is left of the budget.
+# attention kernels beside them, issue 4 (c) (the ring's cost; again with
+# the wgmma forward's producer warp), then bench/issue8.py with what is
+# left of the budget.
 #
 #   scripts/gpu_session.sh [--dry-run] [--profile] [--prebuilt DIR] [BUDGET_SECONDS]
 #
 #   BUDGET_SECONDS  the whole run (default 420). The suites and the
 #                   sanitizers take about 40 s on an H200, issue 4 (c)
-#                   about 15 s, issue8.py about 240 s (its later steps are
+#                   about 15 s twice, issue8.py about 240 s (its later steps are
 #                   skipped when the budget runs out). Give the device call
 #                   a timeout_s of the budget plus 20.
 #   --prebuilt DIR  the programs (default .gpu/build, as scripts/gpu_pack.sh
 #                   makes them here; the call carries [".deps", ".gpu"]).
 #   --profile       also Nsight Compute's source counters on the wgmma
 #                   forward's causal 4096 x 4096 block (H = 32, D = 128,
-#                   bf16), both orders, before issue8.py (about 25 s): needs
+#                   bf16), with and without its producer warp, before
+#                   issue8.py (about 25 s): needs
 #                   DIR/prof/blocks, a LINEINFO=1 build (scripts/gpu_pack.sh
 #                   --profile); its exports come back in ncu_source.tgz and
 #                   bench/ncu_source.py's summary, split at the tile loop,
@@ -33,7 +35,7 @@
 # benches' --quick runs, the whole suite last: 540 s, a call of its own).
 set -u
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
 dry=0
 profile=0
 budget=420
@@ -58,7 +60,7 @@ cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-$PWD/gpu_session_out}
 suites="test_cuda test_attention test_attention_backward test_mlp test_transformer test_collectives test_ring test_reliability"
 # compute-sanitizer on the one-rank cases of the kernel tests (every
-# forward and backward kernel, the wgmma forward in both orders at D = 128)
+# forward and backward kernel, the wgmma forward's variants at D = 128)
 sanitized="racecheck:test_attention:forward racecheck:test_attention_backward:backward
 synccheck:test_attention:forward synccheck:test_attention_backward:backward"
 
@@ -69,8 +71,8 @@ if [ "$dry" = 1 ]; then
         IFS=: read -r tool t pass <<<"$s"
         echo "  sanitizer  DT_TEST_FILTER='$pass/cuda-kernels/*P=1*' compute-sanitizer --tool $tool $build/tests/$t"
     done
-    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5"
-    [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096, --overlap 0 and 1)"
+    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 --producer 0, then 1"
+    [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096, --producer 0 and 1)"
     echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --json-out \$OUT/issue8.json"
     exit 0
 fi
@@ -130,10 +132,14 @@ for s in $sanitized; do
 done
 tar czf "$out/tests.tgz" -C "$logs" . && rm -rf "$logs"
 
-timeout -k 5 60 "$build/bench/attention" --backend cuda --section c --pass fwd,bwd --iters 5 \
-    >"$out/ring_cost.txt" 2>&1
-log "issue 4 (c): bench/attention --section c, exit $?"
-grep -E '^ +[248] ' "$out/ring_cost.txt" | tee -a "$summary"
+for pw in 0 1; do
+    echo "# bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 --producer $pw" \
+        >>"$out/ring_cost.txt"
+    timeout -k 5 60 "$build/bench/attention" --backend cuda --section c --pass fwd,bwd --iters 5 \
+        --producer "$pw" >>"$out/ring_cost.txt" 2>&1
+    log "issue 4 (c): bench/attention --section c --producer $pw, exit $?"
+done
+grep -E '^ +[248] |^# ' "$out/ring_cost.txt" | tee -a "$summary"
 
 # Where the wgmma forward's warps wait, per source line (bench/ncu_source.py)
 if [ "$profile" = 1 ] && [ ! -x "$build/prof/blocks" ]; then
@@ -153,17 +159,17 @@ elif [ "$profile" = 1 ]; then
     cuts=$(for pat in 'const uint32_t tile = next[ti ^ 1];' 'mbar_wait(&full[stage]' '        grid_dep_wait();'; do
         echo "block_cuda_wgmma.cu:$(grep -nF -- "$pat" "$src" | tail -n 1 | cut -d: -f1)"
     done | paste -sd,)
-    for ov in 0 1; do
+    for pw in 0 1; do
         # the 4th launch of the kernel: the causal block's timed run
         timeout -k 5 60 "$ncu" --clock-control none --section SourceCounters --import-source yes \
-            -k regex:fwd_wgmma --launch-skip 3 -c 1 -f -o "$prof/rep$ov" "$build/prof/blocks" \
+            -k regex:fwd_wgmma --launch-skip 3 -c 1 -f -o "$prof/rep$pw" "$build/prof/blocks" \
             --backend cuda --kernel wgmma --section r --pass fwd --heads 32 --kv-heads 32 --dim 128 \
-            --dtype bf16 --c 4096 --iters 1 --overlap "$ov" >"$prof/ncu$ov.log" 2>&1 &&
-            "$ncu" -i "$prof/rep$ov.ncu-rep" --page source --csv --print-source cuda,sass \
-                >"$prof/source$ov.csv" 2>>"$prof/ncu$ov.log"
-        log "ncu source counters, --overlap $ov: exit $?"
-        python3 bench/ncu_source.py "$prof/source$ov.csv" --top 12 --split "$cuts" 2>&1 | tee -a "$summary"
-        gzip -f "$prof/source$ov.csv"
+            --dtype bf16 --c 4096 --iters 1 --producer "$pw" >"$prof/ncu$pw.log" 2>&1 &&
+            "$ncu" -i "$prof/rep$pw.ncu-rep" --page source --csv --print-source cuda,sass \
+                >"$prof/source$pw.csv" 2>>"$prof/ncu$pw.log"
+        log "ncu source counters, --producer $pw: exit $?"
+        python3 bench/ncu_source.py "$prof/source$pw.csv" --top 12 --split "$cuts" 2>&1 | tee -a "$summary"
+        gzip -f "$prof/source$pw.csv"
     done
     tar czf "$out/ncu_source.tgz" -C "$prof" . && rm -rf "$prof"
 fi

@@ -73,6 +73,7 @@ typedef struct emu_case {
     int dependent;  /* forward: blocks after a query segment's first launched as
                        programmatic dependents */
     int overlap;    /* the wgmma forward at D = 128: its overlapped order */
+    int producer;   /* the wgmma forward at D = 128: its loads by a producer warp */
 } emu_case;
 
 /* The L2 size passed with a block whose units each re-read unit_bytes. */
@@ -292,7 +293,8 @@ static void run_forward(void **state) {
                         print_error("%s: block refused: %s\n", c->name, why);
                         bad = 1;
                     } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
-                                                              c->sms, queue, c->dependent, c->overlap)
+                                                              c->sms, queue, c->dependent, c->overlap,
+                                                              c->producer)
                                       : dt_emu_attn_mma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
                                                             c->dependent)) != DT_SUCCESS) {
                         print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
@@ -494,7 +496,8 @@ static void test_key_span_bound(void **state) {
  * keyless tile (the last of its section) goes on to head 1's first, whose
  * loads the keyless tile issues. One block (first and last: o and lse),
  * against a double-precision reference; then the same block beside a ring
- * transfer, which runs a CTA per tile, and both in the overlapped order. */
+ * transfer, which runs a CTA per tile, and both in the overlapped order,
+ * with the producer warp, and with both. */
 static void test_wgmma_persistent_keyless(void **state) {
     (void)state;
     const int64_t H = 4, G = 2, nq = 400, nk = 300, kstart = 200;
@@ -518,7 +521,7 @@ static void test_wgmma_persistent_keyless(void **state) {
         assert_true(dt_emu_attn_mma_block_ok(&a, why, sizeof why));
         const int64_t unit_bytes = 2 * nk * D * 2 / (H / G);   /* dt_mma_fwd_grid's section */
         const uint64_t ctas_before = dt_emu_get_counts().blocks;
-        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0), DT_SUCCESS);
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, 0), DT_SUCCESS);
         /* persistent: the CTAs one SM holds (two at D = 64), not one per tile */
         const int64_t tiles = (nq + 127) / 128 * H;
         assert_int_equal(dt_emu_get_counts().blocks - ctas_before, D == 64 ? 2 : 1);
@@ -530,19 +533,22 @@ static void test_wgmma_persistent_keyless(void **state) {
                          cudaSuccess);
         a.transfer = 1;
         const uint64_t ctas_beside = dt_emu_get_counts().blocks;
-        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0), DT_SUCCESS);
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, 0), DT_SUCCESS);
         assert_int_equal(dt_emu_get_counts().blocks - ctas_beside, tiles);
         assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
-        /* The overlapped order (D = 128; at D = 64 the switch changes
-         * nothing), persistent past the keyless tile and a CTA per tile:
-         * the same o, bit for bit (each row's arithmetic is the same). */
-        for (int transfer = 0; transfer <= 1; transfer++) {
-            a.transfer = transfer;
-            memset(od, 0xff, (size_t)(nq * H * D) * 2);   /* emulated device memory is host memory */
-            assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 1),
-                             DT_SUCCESS);
-            assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
-        }
+        /* The overlapped order, the producer warp, and both (D = 128; at
+         * D = 64 the switches change nothing), persistent past the keyless
+         * tile and a CTA per tile: the same o, bit for bit (each row's
+         * arithmetic is the same). */
+        for (int variant = 1; variant <= 3; variant++)
+            for (int transfer = 0; transfer <= 1; transfer++) {
+                a.transfer = transfer;
+                memset(od, 0xff, (size_t)(nq * H * D) * 2);   /* emulated device memory is host memory */
+                assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1,
+                                                       variant & 1, variant >> 1),
+                                 DT_SUCCESS);
+                assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
+            }
         free(o_persistent);
 
         double *ref = calloc((size_t)(nq * H * D), sizeof *ref), *ref_lse = malloc((size_t)(H * nq) * sizeof *ref_lse);
@@ -711,6 +717,42 @@ static void test_named_barriers(void **state) {
     assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_named_deadlock, NULL), "in bar.sync 1 (32 of 64"));
     assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_named_left, NULL), "named barrier 3 ended the block"));
     assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_named_count, NULL), "that counts 64 threads"));
+}
+
+/* setmaxnreg (the wgmma forward's producer warpgroup gives its registers
+ * to the two consumers): arg[0], arg[1] the counts warpgroups 0, 1 take
+ * with .inc, granted once warpgroup 2 has given up all but arg[2] with
+ * .dec (the emulator runs warpgroups 0 and 1 first: their .inc waits);
+ * arg[3]: one thread of warpgroup 0 asks for 8 more than the others. */
+static void k_setmaxnreg(void *arg) {
+    const int *n = arg, t = lane(), wg = t / 128;
+    if (wg == 2) {
+        dt_emu_setmaxnreg(0, n[2]);
+        return;
+    }
+    dt_emu_setmaxnreg(1, n[wg] + (n[3] && t == 5 ? 8 : 0));
+}
+
+static void test_setmaxnreg(void **state) {
+    (void)state;
+    const dt_emu_dim3 three = {384, 1, 1};
+    /* the forward's split: 2 x 224 + 56 = 3 x 168 */
+    assert_string_equal(emu_run(three, 0, k_setmaxnreg, (int[]){224, 224, 56, 0}), "");
+    assert_string_equal(emu_run(three, 0, k_setmaxnreg, (int[]){240, 240, 24, 0}), "");
+    /* 2 x 240 + 40 is more than the SM has: the second .inc waits forever */
+    const char *err = emu_run(three, 0, k_setmaxnreg, (int[]){240, 240, 40, 0});
+    assert_non_null(strstr(err, "deadlock"));
+    assert_non_null(strstr(err, "in setmaxnreg.inc, waiting for registers"));
+    /* an .inc below the 168 a CTA of 384 threads starts with */
+    assert_non_null(strstr(emu_run(three, 0, k_setmaxnreg, (int[]){160, 224, 56, 0}),
+                           "setmaxnreg.inc 160 by warpgroup 0, which has 168 registers per thread"));
+    assert_non_null(strstr(emu_run(three, 0, k_setmaxnreg, (int[]){224, 224, 20, 0}),
+                           "setmaxnreg.dec 20: the count must be a multiple of 8 from 24 to 256"));
+    assert_non_null(strstr(emu_run(three, 0, k_setmaxnreg, (int[]){224, 224, 56, 1}),
+                           "threads of warpgroup 0 disagree on setmaxnreg"));
+    /* a warpgroup of a 64-thread block is not whole */
+    assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_setmaxnreg, (int[]){224, 224, 56, 0}),
+                           "its warpgroups must be whole"));
 }
 
 /* Programmatic dependent launch: arg[0] says when each thread runs
@@ -1616,7 +1658,8 @@ static void test_wgmma(void **state) {
         {WGM_SMEM_RACE, 128,
          "read by a wgmma.mma_async as B[0][0], was written before the wgmma.wait_group"},
         {WGM_NO_SWIZZLE, 128, "swizzle mode 0 with base offset 0 is not emulated"},
-        {WGM_OK, 64, "wgmma.mma_async in a block of 64 threads"},
+        {WGM_OK, 64, "of a block of 64 threads: its warpgroup (threads 0 ..) is not whole"},
+        {WGM_OK, 160, "of a block of 160 threads: its warpgroup (threads 128 ..) is not whole"},
         {WGM_DIVERGE, 128,
          "lanes of warp 0 at different warp instructions: lane 0 at wgmma.mma_async, lane 20 "
          "at shfl.sync.bfly"},
@@ -1669,18 +1712,20 @@ int main(void) {
     enum { NROWS = sizeof rows / sizeof rows[0] };
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
-    static emu_case cases[4 * 2 * NROWS + 2];
-    struct CMUnitTest tests[4 * 2 * NROWS + 3 + 7];
+    static emu_case cases[4 * 2 * NROWS + 6];
+    struct CMUnitTest tests[4 * 2 * NROWS + 6 + 3 + 6];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
         for (int dt = 0; dt < 2; dt++)
             for (int i = 0; i < NROWS; i++)
-                /* the wgmma forward's overlapped order (D = 128) once more on
-                 * the two D = 128 rows, bf16: persistent with dependent
-                 * launches, and a CTA per tile without */
-                for (int ov = 0; ov <= (dir == 2 && !dt && (i == 1 || i == 3)); ov++) {
-                    if (quick && (dt || i || ov)) continue;   /* valgrind: one case per direction */
+                /* the wgmma forward's variants at D = 128 on the two D = 128
+                 * rows, bf16 (persistent with dependent launches, and a CTA
+                 * per tile without): v = 0 the warpgroups meeting, 1 the
+                 * overlapped order, 2 that with the producer warp, 3 the
+                 * producer warp with the warpgroups meeting */
+                for (int v = 0; v <= (dir == 2 && !dt && (i == 1 || i == 3) ? 3 : 0); v++) {
+                    if (quick && (dt || i || v)) continue;   /* valgrind: one case per direction */
                     if (dt && !fp16_rows[i]) continue;
                     if (dir % 2 && rows[i].huge) continue;  /* the forward's numerics case */
                     const shape_row *row = dir >= 2 ? &wg_rows[i] : &rows[i];
@@ -1704,8 +1749,9 @@ int main(void) {
                      * both forward kernels with dependent launches but on row 3 */
                     c->sms = i <= 2;
                     c->dependent = dir % 2 == 0 && i != 3;
-                    c->overlap = ov;
-                    snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s",
+                    c->overlap = v == 1 || v == 2;
+                    c->producer = v >= 2;
+                    snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s%s",
                              (const char *[]){"forward", "backward", "forward-wgmma",
                                               "backward-wgmma"}[dir],
                              dt_order_name(c->order), c->P,
@@ -1713,7 +1759,8 @@ int main(void) {
                              (long long)c->s.Hkv, (long long)c->s.D, dt_attn_mask_name(c->mask),
                              dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "",
                              dir == 2 && c->sms ? ",persistent" : "",
-                             c->dependent ? ",dependent" : "", ov ? ",overlapped" : "");
+                             c->dependent ? ",dependent" : "", c->overlap ? ",overlapped" : "",
+                             c->producer ? ",producer" : "");
                     tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                     nt++;
                 }
@@ -1729,6 +1776,7 @@ int main(void) {
     tests[nt++] = (struct CMUnitTest){"emulator/wgmma", test_wgmma, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/mbarrier-and-tma", test_tma, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/named-barriers", test_named_barriers, NULL, NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"emulator/setmaxnreg", test_setmaxnreg, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/programmatic-dependent-launch", test_griddep, NULL,
                                       NULL, NULL};
     return h_run_cases("tensor-core kernels on the CPU emulator", tests, nt);

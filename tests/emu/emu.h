@@ -137,6 +137,13 @@ uint32_t dt_emu_smem_addr(const void *p);
  * and ordinary shared-memory stores become visible to the async proxy
  * (wgmma's shared-memory reads), once a barrier publishes them. */
 void dt_emu_fence_proxy_async(void);
+/* setmaxnreg.{inc,dec}.sync.aligned.u32 count (inc: 1 or 0): every thread
+ * of the calling warpgroup, the same count (24 .. 256, a multiple of 8);
+ * an .inc below or a .dec above the warpgroup's count fails, and so does
+ * an .inc that would leave the block's warpgroups holding more than an
+ * SM's 65,536 registers (the hardware would wait forever). No effect
+ * beyond those checks. */
+void dt_emu_setmaxnreg(int inc, int count);
 /* wgmma.fence.sync.aligned */
 void dt_emu_wgmma_fence(void);
 /* wgmma.commit_group.sync.aligned: this thread's uncommitted

@@ -82,11 +82,11 @@ enum { EMU_SMEM_BASE = 16 };
  * registers per thread at that N. */
 enum { WG_M = 64, WG_K = 16, WG_NMAX = 256, WG_DMAX = WG_NMAX / 2 };
 
-typedef enum { T_RUNNABLE, T_WAIT_WARP, T_WAIT_BLOCK, T_WAIT_BAR, T_WAIT_MBAR, T_DONE } thread_state;
+typedef enum { T_RUNNABLE, T_WAIT_WARP, T_WAIT_BLOCK, T_WAIT_BAR, T_WAIT_MBAR, T_WAIT_REGS, T_DONE } thread_state;
 
 typedef enum {
     OP_SHFL_XOR = 1, OP_LDMATRIX, OP_LDMATRIX_T, OP_MMA_BF16, OP_MMA_F16, OP_SYNCWARP, /* per warp */
-    OP_WGMMA                                                               /* per warpgroup */
+    OP_WGMMA, OP_SETMAXNREG                                                /* per warpgroup */
 } warp_op_kind;
 
 static const char *op_name(int op) {
@@ -98,6 +98,7 @@ static const char *op_name(int op) {
     case OP_MMA_F16: return "mma.m16n8k16.f16";
     case OP_SYNCWARP: return "bar.warp.sync";
     case OP_WGMMA: return "wgmma.mma_async";
+    case OP_SETMAXNREG: return "setmaxnreg";
     default: return "?";
     }
 }
@@ -210,6 +211,8 @@ static struct {
     int warp_arrived[EMU_MAX_THREADS / 32];  /* lanes waiting in a warp or warpgroup instruction */
     int warp_at[EMU_MAX_THREADS / 32];       /* ... which one (valid while warp_arrived > 0) */
     int wg_arrived[EMU_MAX_THREADS / 128];   /* threads waiting in a warpgroup instruction */
+    int wg_regs[EMU_MAX_THREADS / 128];      /* a warpgroup's registers per thread (setmaxnreg) */
+    int wg_want[EMU_MAX_THREADS / 128];      /* an .inc's count not granted yet, or 0 */
     int async_stale;  /* the last __syncthreads published cp.async data without fence.proxy.async */
     /* what the async proxy (wgmma) may read of shared memory: the block's
      * shared memory as of the last barrier that completed after a
@@ -515,10 +518,42 @@ typedef struct mma_in {
 } mma_in;
 
 /* The last lane to arrive computes every lane's result. */
+/* setmaxnreg.inc: a warpgroup's new count is granted once the block's
+ * warpgroups would hold at most the SM's 65,536 registers with it (the
+ * others' .dec release theirs); its threads wait until then. */
+static void grant_registers(void) {
+    for (int g = 0; g < E.nthreads / 128; g++) {
+        if (!E.wg_want[g]) continue;
+        int sum = 0;
+        for (int h = 0; h < E.nthreads / 128; h++) sum += 128 * (h == g ? E.wg_want[g] : E.wg_regs[h]);
+        if (sum > 65536) continue;
+        E.wg_regs[g] = E.wg_want[g];
+        E.wg_want[g] = 0;
+        release(T_WAIT_REGS, 128 * g, 128);
+    }
+}
+
 static void complete_warp_op(emu_thread *lanes, int n, int op) {
     E.counts.warp_ops++;
     switch (op) {
     case OP_SYNCWARP: break;   /* every lane arrived: that is all */
+    case OP_SETMAXNREG: {
+        /* arg: inc << 16 | count, the same for the whole warpgroup */
+        const int w = lanes[0].linear / 128, inc = lanes[0].arg >> 16, count = lanes[0].arg & 0xffff;
+        for (int l = 1; l < n; l++)
+            if (lanes[l].arg != lanes[0].arg)
+                dt_emu_fail("threads of warpgroup %d disagree on setmaxnreg: thread %d has .%s %d, "
+                            "thread %d has .%s %d", w, lanes[0].linear, inc ? "inc" : "dec", count,
+                            lanes[l].linear, lanes[l].arg >> 16 ? "inc" : "dec",
+                            lanes[l].arg & 0xffff);
+        if (inc ? count < E.wg_regs[w] : count > E.wg_regs[w])
+            dt_emu_fail("setmaxnreg.%s %d by warpgroup %d, which has %d registers per thread",
+                        inc ? "inc" : "dec", count, w, E.wg_regs[w]);
+        if (inc) E.wg_want[w] = count;   /* granted below when the SM has them */
+        else E.wg_regs[w] = count;
+        grant_registers();
+        break;
+    }
     case OP_SHFL_XOR:
         for (int l = 0; l < n; l++) {
             int src = l ^ lanes[l].arg;
@@ -647,6 +682,20 @@ float dt_emu_shfl_xor(unsigned mask, float v, int lane_mask) {
     float out;
     collective_op(OP_SHFL_XOR, 32, lane_mask, &v, &out);
     return out;
+}
+
+void dt_emu_setmaxnreg(int inc, int count) {
+    if (count < 24 || count > 256 || count % 8)
+        dt_emu_fail("setmaxnreg.%s %d: the count must be a multiple of 8 from 24 to 256",
+                    inc ? "inc" : "dec", count);
+    if (E.nthreads % 128)
+        dt_emu_fail("setmaxnreg in a block of %d threads: its warpgroups must be whole", E.nthreads);
+    collective_op(OP_SETMAXNREG, 128, (inc ? 1 << 16 : 0) | count, NULL, NULL);
+    emu_thread *t = E.cur;
+    while (E.wg_want[t->linear / 128]) {   /* an .inc not granted yet */
+        t->state = T_WAIT_REGS;
+        yield_fiber(0);
+    }
 }
 
 void dt_emu_syncwarp(unsigned mask) {
@@ -914,9 +963,12 @@ static void complete_wgmma(emu_thread *threads, int first) {
 void dt_emu_wgmma(float *d, int n, const uint32_t *a, uint64_t desc_a, uint64_t desc_b, int scale_d,
                   int trans_b, dt_dtype ab) {
     emu_thread *t = E.cur;
-    if (E.nthreads % 128)
-        dt_emu_fail("wgmma.mma_async in a block of %d threads (warpgroups need a multiple of 128)",
-                    E.nthreads);
+    /* a warpgroup is four contiguous warps, the first's rank a multiple
+     * of 4 (PTX ISA, "Warpgroup"): the caller's must be whole; the block
+     * may have more warps (a producer warp beside the warpgroups) */
+    if (t->linear / 128 * 128 + 128 > E.nthreads)
+        dt_emu_fail("wgmma.mma_async by thread %d of a block of %d threads: its warpgroup (threads "
+                    "%d ..) is not whole", t->linear, E.nthreads, t->linear / 128 * 128);
     if (n < 8 || n > WG_NMAX || n % 8)
         dt_emu_fail("wgmma.mma_async.m64n%dk16: N must be a multiple of 8 from 8 to 256", n);
     if (ab != DT_BF16 && ab != DT_F16)
@@ -1385,6 +1437,7 @@ static const char *state_name(thread_state s) {
     case T_WAIT_BLOCK: return "in __syncthreads";
     case T_WAIT_BAR: return "in bar.sync";
     case T_WAIT_MBAR: return "waiting on an mbarrier";
+    case T_WAIT_REGS: return "in setmaxnreg.inc, waiting for registers";
     default: return "exited";
     }
 }
@@ -1479,6 +1532,13 @@ static int run_block(void) {
     memset(E.bar_arrived, 0, sizeof E.bar_arrived);
     memset(E.warp_arrived, 0, sizeof E.warp_arrived);
     memset(E.wg_arrived, 0, sizeof E.wg_arrived);
+    /* as launched: an even share of the SM's 65,536 registers, as ptxas
+     * gives one CTA per SM (a multiple of 8, at most 256) */
+    for (int g = 0; g < EMU_MAX_THREADS / 128; g++) {
+        const int share = 65536 / E.nthreads / 8 * 8;
+        E.wg_regs[g] = share < 256 ? share : 256;
+    }
+    memset(E.wg_want, 0, sizeof E.wg_want);
     E.async_stale = 0;
     E.done = 0;
     memset(E.warp_exited, 0, sizeof E.warp_exited);
