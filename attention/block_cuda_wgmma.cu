@@ -242,7 +242,7 @@ __device__ __forceinline__ void wg_next(const wg_params &p, bool first, uint32_t
     if (next < p.tiles) wg_load_first<D>(p, fwd_cta_of(p.a, p.grid, next, WG_BM), sq, sk, sv, bar);
 }
 
-/* The producer warp's lane 0 (PRODUCER, D = 128): every load of the CTA
+/* The producer warpgroup's first thread (PRODUCER, D = 128): every load of the CTA
  * and its tile queue, so that no consumer thread stops its math for them.
  * Query tile n (the CTA's n-th, the first blockIdx.x, the next ones from
  * wg_ticket, taken once the last key tile of the one before is issued)
@@ -289,7 +289,7 @@ constexpr int wg_ctas_per_sm() { return D == 64 ? 2 : 1; }
  * registers per thread, and the consumers' (setmaxnreg): the 168 that
  * ptxas gives the 384 threads of one CTA per SM are moved to the
  * consumers, within each SM sub-partition's 16,384 registers (its three
- * warps: two consumers' and one producer's, 2 x 224 + 56 = 504 x 32 =
+ * warps: two consumers' and one producer's, 2 x 232 + 40 = 504 x 32 =
  * 16,128). */
 template <bool PRODUCER>
 constexpr int wg_threads() { return PRODUCER ? WG_THREADS + 128 : WG_THREADS; }
@@ -299,7 +299,7 @@ constexpr int WG_PRODUCER_REGS = 40, WG_CONSUMER_REGS = 232;
  * fewer, persistent, with p.queue; tiles in mma_layout.h's launch order
  * (p.grid.order); block: wg_threads<PRODUCER>() threads; dynamic shared
  * memory 1024 + (2 BM + 4 BN) D sizeof(T) + 80. OVERLAP: the overlapped
- * order; PRODUCER: the loads by a producer warp (both at D = 128; the
+ * order; PRODUCER: the loads by a producer warpgroup (both at D = 128; the
  * same kernel at D = 64). */
 template <typename T, int D, bool OVERLAP, bool PRODUCER>
 __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
@@ -333,8 +333,8 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
      * thread is two publications behind). Tiles without keys still meet
      * (a __syncthreads, as before). */
     constexpr bool OV = OVERLAP && RELEASE;
-    /* The producer warp (PRODUCER, dt_attn_wgmma_fwd's producer; D = 128
-     * only): a third warpgroup, whose first thread issues every load and
+    /* The producer warpgroup (PRODUCER, dt_attn_wgmma_fwd's producer; D =
+     * 128 only): a third warpgroup, whose first thread issues every load and
      * takes the queue's tickets (wg_produce), where thread 0 did so between
      * its warpgroup's products, so that no consumer thread waits for a
      * stage's release, a ticket's atomic or the next tile's index math
@@ -391,7 +391,15 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
      * the rows' merge). */
     grid_dep_launch();
     __syncthreads();
-    const auto consume = [&]() {
+    if constexpr (PW) {
+        if (wg == 2) {   /* the producer */
+            setmaxnreg_dec<WG_PRODUCER_REGS>();
+            if (threadIdx.x == WG_THREADS) wg_produce<D>(p, sq, sk, sv, full, empty, pub, qfree, next);
+            grid_dep_wait();   /* every thread, before it exits (below) */
+            return;
+        }
+        setmaxnreg_inc<WG_CONSUMER_REGS>();
+    }
 
     /* Named barrier TURN + w is "warpgroup w's turn" (the ping-pong below) */
     constexpr int TURN = 1, PAIR = WG_THREADS;
@@ -477,7 +485,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
              * tile's math, once every thread is done with that stage (key
              * tile f - 1; RELEASE says how). */
             const auto produce = [&] {
-                if (PW || threadIdx.x != 0) return;   /* PW: the producer warp's */
+                if (PW || threadIdx.x != 0) return;   /* PW: the producer's */
                 if (RELEASE && f > 0) mbar_wait(&empty[stage ^ 1], ((f - 1) >> 1) & 1u);
                 unsigned char *const nk = sk + (stage ^ 1) * TILE_KV, *const nv = sv + (stage ^ 1) * TILE_KV;
                 if (kt + 1 < n_tiles)
@@ -554,8 +562,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
         /* next[ti], written during the last key tile (at D = 64 that tile's
          * __syncthreads published it; OV: pub did). PW: no publication
          * (the producer's pub), the warpgroups meet on named barrier MEET
-         * (the producer warp is not there), and they are done with Q
-         * buffer ti. */
+         * (the producer is not there), and they are done with Q buffer ti. */
         constexpr int MEET = TURN + 2;
         if (!OV && RELEASE && n_tiles > 0) {
             if (PW) bar_sync<MEET>(0, WG_THREADS);
@@ -571,9 +578,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * that one, as the next grid's own wait needs. */
         grid_dep_wait();
         if (n_tiles > 0 || a.first || a.last) {
-            /* c: at D = 64 made again (opaque says why); at D = 128 held
-             * (196 and 198 registers against 190), which saves the
-             * divisions that ncu found in a tenth of the end's samples */
+            /* c: at D = 64 made again (opaque says why); at D = 128 held */
             const fwd_cta e = D == 128 ? c : fwd_cta_of(a, p.grid, opaque(tile), WG_BM);
             write_rows<T, D>(a, e, e.x0 + 64 * wg + 16 * wl, lane, m, l, o);
         }
@@ -582,19 +587,6 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
         cta_trace(a, 1, n_tiles, tile, OV ? WG_THREADS - 1 : PW ? 0 : -1);
     }
     if (OV && wg == 0) bar_sync<TURN>(0, PAIR);   /* the turn warpgroup 1 left over */
-    };
-    if constexpr (PW) {
-        if (wg == 2) {   /* the producer */
-            setmaxnreg_dec<WG_PRODUCER_REGS>();
-            if (threadIdx.x == WG_THREADS) wg_produce<D>(p, sq, sk, sv, full, empty, pub, qfree, next);
-            grid_dep_wait();   /* every thread, before it exits (below) */
-        } else {
-            setmaxnreg_inc<WG_CONSUMER_REGS>();
-            consume();
-        }
-    } else {
-        consume();
-    }
 #endif
 }
 
@@ -634,14 +626,14 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
     if constexpr (D == 128) {
         if (overlap && producer)
             return dt_mma_launch(fwd_wgmma_kernel<T, D, true, true>, grid, wg_threads<true>(), smem,
-                                 stream, "forward (wgmma, overlapped, producer warp)", D, a->dtype,
+                                 stream, "forward (wgmma, overlapped, producer)", D, a->dtype,
                                  dep, p);
         if (overlap)
             return dt_mma_launch(fwd_wgmma_kernel<T, D, true, false>, grid, WG_THREADS, smem, stream,
                                  "forward (wgmma, overlapped)", D, a->dtype, dep, p);
         if (producer)
             return dt_mma_launch(fwd_wgmma_kernel<T, D, false, true>, grid, wg_threads<true>(), smem,
-                                 stream, "forward (wgmma, producer warp)", D, a->dtype, dep, p);
+                                 stream, "forward (wgmma, producer)", D, a->dtype, dep, p);
     }
     return dt_mma_launch(fwd_wgmma_kernel<T, D, false, false>, grid, WG_THREADS, smem, stream,
                          "forward (wgmma)", D, a->dtype, dep, p);

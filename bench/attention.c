@@ -105,7 +105,7 @@ typedef struct bench_opts {
     int dependent;             /* --dependent: CUDA's dependent launches (default 1) */
     int persistent;            /* --persistent: CUDA's persistent mode (backend_cuda.h; 1) */
     int overlap;               /* --overlap: the wgmma forward's overlapped order (1) */
-    int producer;              /* --producer: the wgmma forward's producer warp (0) */
+    int producer;              /* --producer: the wgmma forward's producer warpgroup (0) */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
@@ -506,7 +506,7 @@ static void usage(FILE *f) {
             "  --overlap 0|1        CUDA: whether the wgmma forward at D = 128 runs its\n"
             "                       overlapped order (default 1)\n"
             "  --producer 0|1       CUDA: whether the wgmma forward at D = 128 issues its\n"
-            "                       loads from a producer warp of its own (default 0)\n"
+            "                       loads from a producer warpgroup of its own (default 0)\n"
             "  --help\n");
 }
 

@@ -107,7 +107,7 @@ typedef struct opts {
     int persistent;                 /* --persistent: the backend's mode (backend_cuda.h) */
     int dependent;                  /* --dependent: 0 no programmatic dependent launches */
     int overlap;                    /* --overlap: the wgmma forward's overlapped order (1) */
-    int producer;                   /* --producer: the wgmma forward's producer warp (0) */
+    int producer;                   /* --producer: the wgmma forward's producer warpgroup (0) */
     int own;                        /* --rows own: (r)'s forward blocks start and finish their rows */
 } opts;
 
@@ -515,7 +515,7 @@ static void text_header(const run *r, const bufs *b) {
                (const char *[]){"a CTA per query tile", "persistent (a CTA per query tile "
                                 "beside a ring transfer)", "persistent"}[o->persistent],
                o->overlap ? ", overlapped (D = 128)" : ", warpgroups meeting after each tile",
-               o->producer ? ", producer warp" : "",
+               o->producer ? ", producer warpgroup" : "",
                o->dependent ? "dependent launches" : "no dependent launches");
     if (o->own) printf("(r): forward blocks that start and finish their rows (--rows own)\n");
 }
@@ -837,7 +837,7 @@ static void usage(FILE *f) {
             "                    back while the other computes (default 1; 0: the\n"
             "                    warpgroups meet after each query tile)\n"
             "  --producer 0|1    CUDA: whether the wgmma forward at D = 128 issues its loads\n"
-            "                    from a producer warp of its own (default 0: from thread 0)\n"
+            "                    from a producer warpgroup of its own (default 0: from thread 0)\n"
             "  --rows merge|own  (r)'s forward blocks: merge (default) as a ring's middle\n"
             "                    step, merging into the rows' stored state; own as a\n"
             "                    call's only block, which starts and finishes its rows\n"

@@ -10,7 +10,7 @@ what matters most comes first when --budget runs out:
           SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION; target >= 1.0x FA2.
           The wgmma kernel once more with --persistent 0 (a CTA per query
           tile) and with --producer 1 (at D = 128 its loads and tile queue
-          by a producer warp of its own, to compare with thread 0's, the
+          by a producer warpgroup of its own, to compare with thread 0's, the
           default).
   item 2  causal efficiency r = causal time / full time, c = 1024..16384,
           H = 32, D = 128: bench/blocks (r) (also striped blocks) beside SDPA
@@ -449,7 +449,7 @@ def item_throughput(session, pass_):
                   "CUDA events around each block's kernels (the host clock on the CPU), "
                   "median of the iterations after 1 warm-up; 'a CTA per tile': the wgmma "
                   "kernel again with --persistent 0 (its launch before it ran persistent); "
-                  "'producer': again with --producer 1 (at D = 128 a producer warp issues "
+                  "'producer': again with --producer 1 (at D = 128 a producer warpgroup issues "
                   "the loads and takes the tile queue's tickets, instead of thread 0 "
                   "between its warpgroup's products, the default; the same kernel at D = "
                   "64). torch: F.scaled_dot_product_attention with one backend "
@@ -547,7 +547,7 @@ def item_r(session):
                   "forward on [1, H, c, D] causal over not causal, with the backend forced.")
     outs = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=("--trace",))
             for k in kernels}
-    session.r_outs = dict(outs)   # for item_trace, with the producer warp's
+    session.r_outs = dict(outs)   # for item_trace, with the producer warpgroup's
     variants = {}
     for k in kernels:
         for _, key, flags in r_variants(k):
@@ -655,7 +655,7 @@ def item_ring(session):
                   "one, / that call: item 3's ring; serial/call = the same without "
                   "dependent launches (--dependent 0); 'wgmma, producer': the wgmma "
                   "kernel with --producer 1. PyTorch has no ring to compare with.")
-    # (label, kernel, flags): each kernel, and the wgmma forward with its producer warp
+    # (label, kernel, flags): each kernel, and the wgmma forward with its producer warpgroup
     runs = [(k, k, ()) for k in kernels]
     if "wgmma" in kernels:
         runs.append(("wgmma, producer", "wgmma", ("--producer", "1")))

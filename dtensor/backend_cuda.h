@@ -88,7 +88,7 @@ void dt_backend_cuda_set_dependent_launch(dt_backend *b, int on);
 int dt_backend_cuda_overlap(const dt_backend *b);
 void dt_backend_cuda_set_overlap(dt_backend *b, int on);
 /* Whether the wgmma attention forward at head dim 128 issues its loads
- * and takes its tile queue's tickets from a producer warp of its own
+ * and takes its tile queue's tickets from a producer warpgroup of its own
  * (attention/block_cuda_wgmma.cu), instead of from thread 0 between its
  * warpgroup's products. 0, the default, until a GPU has measured it
  * against 1 (docs/PERFORMANCE.md). Results never depend on it, only

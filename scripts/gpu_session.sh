@@ -3,7 +3,7 @@
 # minutes of device time (the machine's start included): the packed
 # programs' CUDA suites side by side, compute-sanitizer on the tensor-core
 # attention kernels beside them, issue 4 (c) (the ring's cost; again with
-# the wgmma forward's producer warp), then bench/issue8.py with what is
+# the wgmma forward's producer warpgroup), then bench/issue8.py with what is
 # left of the budget.
 #
 #   scripts/gpu_session.sh [--dry-run] [--profile] [--prebuilt DIR] [BUDGET_SECONDS]
@@ -17,7 +17,7 @@
 #                   makes them here; the call carries [".deps", ".gpu"]).
 #   --profile       also Nsight Compute's source counters on the wgmma
 #                   forward's causal 4096 x 4096 block (H = 32, D = 128,
-#                   bf16), with and without its producer warp, before
+#                   bf16), with and without its producer warpgroup, before
 #                   issue8.py (about 25 s): needs
 #                   DIR/prof/blocks, a LINEINFO=1 build (scripts/gpu_pack.sh
 #                   --profile); its exports come back in ncu_source.tgz and

@@ -18,7 +18,7 @@
  * DT_ATTN_KERNEL=simple, =mma and =wgmma (where it can run: a 9.0 device;
  * the forward at D = 128 in its overlapped order, the default, and again
  * with its warpgroups meeting after each query tile and with its loads by
- * a producer warp) against the double reference. */
+ * a producer warpgroup) against the double reference. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -60,7 +60,7 @@ typedef struct fwd_case {
     int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma (and wgmma
                                   with its overlapped order off), each checked */
     int meet;                  /* cuda: the wgmma forward's overlapped order off (set by the test) */
-    int producer;              /* cuda: the wgmma forward's producer warp on (set by the test) */
+    int producer;              /* cuda: the wgmma forward's producer warpgroup on (set by the test) */
     int huge;                  /* q, k multiples of 25: logits of magnitude 1e4 (exact in fp32) */
     /* filled by the test */
     double *q, *k, *v, *o_ref, *lse_ref;
@@ -233,7 +233,7 @@ static void run_forward_case(void **state) {
         setenv("DT_ATTN_KERNEL", "wgmma", 1);
         int refused = 0;
         ok_wgmma = wgmma_case(c, backend, &refused);
-        if (!refused && c->s.D == 128) {   /* without its overlapped order; with the producer warp */
+        if (!refused && c->s.D == 128) {   /* without its overlapped order; with the producer warpgroup */
             c->meet = 1;
             ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
             c->meet = 0;
@@ -1681,7 +1681,7 @@ static void test_cuda_stateless_workspace(void **state) {
  * warpgroups do not meet at a query tile's end, so a missing wait there
  * is a race too); a fourth, dependent launches on, has it off
  * (dt_backend_cuda_set_overlap(b, 0)), and a fifth has it on with the
- * loads by a producer warp (dt_backend_cuda_set_producer(b, 1)): the same
+ * loads by a producer warpgroup (dt_backend_cuda_set_producer(b, 1)): the same
  * bits again. */
 enum { DEP_P = 2, DEP_RUNS = 5 };
 

@@ -73,7 +73,7 @@ typedef struct emu_case {
     int dependent;  /* forward: blocks after a query segment's first launched as
                        programmatic dependents */
     int overlap;    /* the wgmma forward at D = 128: its overlapped order */
-    int producer;   /* the wgmma forward at D = 128: its loads by a producer warp */
+    int producer;   /* the wgmma forward at D = 128: its loads by a producer warpgroup */
 } emu_case;
 
 /* The L2 size passed with a block whose units each re-read unit_bytes. */
@@ -497,7 +497,7 @@ static void test_key_span_bound(void **state) {
  * loads the keyless tile issues. One block (first and last: o and lse),
  * against a double-precision reference; then the same block beside a ring
  * transfer, which runs a CTA per tile, and both in the overlapped order,
- * with the producer warp, and with both. */
+ * with the producer warpgroup, and with both. */
 static void test_wgmma_persistent_keyless(void **state) {
     (void)state;
     const int64_t H = 4, G = 2, nq = 400, nk = 300, kstart = 200;
@@ -536,7 +536,7 @@ static void test_wgmma_persistent_keyless(void **state) {
         assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, 0), DT_SUCCESS);
         assert_int_equal(dt_emu_get_counts().blocks - ctas_beside, tiles);
         assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
-        /* The overlapped order, the producer warp, and both (D = 128; at
+        /* The overlapped order, the producer warpgroup, and both (D = 128; at
          * D = 64 the switches change nothing), persistent past the keyless
          * tile and a CTA per tile: the same o, bit for bit (each row's
          * arithmetic is the same). */
@@ -1722,8 +1722,8 @@ int main(void) {
                 /* the wgmma forward's variants at D = 128 on the two D = 128
                  * rows, bf16 (persistent with dependent launches, and a CTA
                  * per tile without): v = 0 the warpgroups meeting, 1 the
-                 * overlapped order, 2 that with the producer warp, 3 the
-                 * producer warp with the warpgroups meeting */
+                 * overlapped order, 2 that with the producer warpgroup, 3 the
+                 * producer warpgroup with the warpgroups meeting */
                 for (int v = 0; v <= (dir == 2 && !dt && (i == 1 || i == 3) ? 3 : 0); v++) {
                     if (quick && (dt || i || v)) continue;   /* valgrind: one case per direction */
                     if (dt && !fp16_rows[i]) continue;
