@@ -58,7 +58,8 @@ typedef struct fwd_case {
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
     int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma (and wgmma
-                                  with its overlapped order off), each checked */
+                                  with its overlapped order off, and with its producer
+                                  warpgroup), each checked */
     int meet;                  /* cuda: the wgmma forward's overlapped order off (set by the test) */
     int producer;              /* cuda: the wgmma forward's producer warpgroup on (set by the test) */
     int huge;                  /* q, k multiples of 25: logits of magnitude 1e4 (exact in fp32) */

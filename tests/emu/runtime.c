@@ -517,7 +517,6 @@ typedef struct mma_in {
     uint32_t b0, b1;
 } mma_in;
 
-/* The last lane to arrive computes every lane's result. */
 /* setmaxnreg.inc: a warpgroup's new count is granted once the block's
  * warpgroups would hold at most the SM's 65,536 registers with it (the
  * others' .dec release theirs); its threads wait until then. */
@@ -533,6 +532,7 @@ static void grant_registers(void) {
     }
 }
 
+/* The last lane to arrive computes every lane's result. */
 static void complete_warp_op(emu_thread *lanes, int n, int op) {
     E.counts.warp_ops++;
     switch (op) {
@@ -965,7 +965,7 @@ void dt_emu_wgmma(float *d, int n, const uint32_t *a, uint64_t desc_a, uint64_t 
     emu_thread *t = E.cur;
     /* a warpgroup is four contiguous warps, the first's rank a multiple
      * of 4 (PTX ISA, "Warpgroup"): the caller's must be whole; the block
-     * may have more warps (a producer warp beside the warpgroups) */
+     * may have more warps (a producer warpgroup, or warps that issue none) */
     if (t->linear / 128 * 128 + 128 > E.nthreads)
         dt_emu_fail("wgmma.mma_async by thread %d of a block of %d threads: its warpgroup (threads "
                     "%d ..) is not whole", t->linear, E.nthreads, t->linear / 128 * 128);
@@ -1534,10 +1534,8 @@ static int run_block(void) {
     memset(E.wg_arrived, 0, sizeof E.wg_arrived);
     /* as launched: an even share of the SM's 65,536 registers, as ptxas
      * gives one CTA per SM (a multiple of 8, at most 256) */
-    for (int g = 0; g < EMU_MAX_THREADS / 128; g++) {
-        const int share = 65536 / E.nthreads / 8 * 8;
-        E.wg_regs[g] = share < 256 ? share : 256;
-    }
+    const int share = 65536 / E.nthreads / 8 * 8;
+    for (int g = 0; g < EMU_MAX_THREADS / 128; g++) E.wg_regs[g] = share < 256 ? share : 256;
     memset(E.wg_want, 0, sizeof E.wg_want);
     E.async_stale = 0;
     E.done = 0;
