@@ -101,7 +101,7 @@ typedef struct opts {
     dt_dtype dtype;
     int n_c, n_ring_c;
     int64_t c[MAX_LIST], ring_c[MAX_LIST];
-    int set_c, set_ring_c, set_shape, set_dtype;
+    int set_c, set_ring_c, set_dtype;
     dt_attn_kernel_choice kernel;   /* --kernel: which CUDA block kernel */
     int64_t l2;                     /* --l2: the L2 size the CTA order plans for (-1: the device's) */
     int persistent;                 /* --persistent: the backend's mode (backend_cuda.h) */
@@ -941,7 +941,6 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--heads") || !strcmp(a, "--kv-heads") || !strcmp(a, "--dim")) {
             if (!ex_parse_int(a, v, 1, DT_ATTN_MAX_HEAD_DIM * 16, &x)) return 0;
             *(a[2] == 'h' ? &o->heads : a[2] == 'k' ? &o->kv_heads : &o->dim) = x;
-            o->set_shape = 1;
         } else if (!strcmp(a, "--kernel")) {
             if ((k = ex_parse_choice(a, v, kernel_names, DT_ATTN_KERNEL_COUNT)) < 0) return 0;
             o->kernel = (dt_attn_kernel_choice)k;
@@ -980,10 +979,9 @@ static int parse(int argc, char **argv, opts *o) {
  * that finish in seconds on the CPU. */
 static void defaults(opts *o, dt_backend_kind backend) {
     int gpu = backend == DT_BACKEND_CUDA && !o->quick;
-    if (!o->set_shape) {
-        o->heads = o->kv_heads = o->quick ? 2 : gpu ? 32 : 2;
-        o->dim = gpu ? 128 : 64;
-    }
+    /* any of --heads, --kv-heads, --dim alone: the others as by default
+     * (one of the head counts gives the other) */
+    if (!o->heads && !o->kv_heads) o->heads = o->kv_heads = gpu ? 32 : 2;
     if (!o->kv_heads) o->kv_heads = o->heads;
     if (!o->heads) o->heads = o->kv_heads;
     if (!o->dim) o->dim = gpu ? 128 : 64;

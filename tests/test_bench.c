@@ -328,6 +328,24 @@ static void test_blocks_quick_json(void **state) {
     assert_true(ok);
 }
 
+/* One shape flag alone (--dim): the head counts as by default. (It used to
+ * leave both at 0, and the bench divided by them.) */
+static void test_blocks_one_shape_flag(void **state) {
+    (void)state;
+    REQUIRE(g_blocks);
+    char *out = NULL;
+    int rc = h_run_program(g_blocks, "--quick --backend cpu --json --section r --pass fwd --dim 64", &out);
+    int ok = rc == 0 && strstr(out, "\"H\": 2,") && strstr(out, "\"HKV\": 2,") &&
+             strstr(out, "\"D\": 64,") && strstr(out, "\n  \"complete\": true\n}\n");
+    if (!ok) print_error("bench/blocks --dim 64 printed (rc %d):\n%s\n", rc, out);
+    free(out);
+    rc = h_run_program(g_blocks, "--quick --backend cpu --json --section r --pass fwd --kv-heads 1", &out);
+    ok = ok && rc == 0 && strstr(out, "\"H\": 1,") && strstr(out, "\"HKV\": 1,");
+    if (!ok) print_error("bench/blocks --kv-heads 1 printed (rc %d):\n%s\n", rc, out);
+    free(out);
+    assert_true(ok);
+}
+
 /* --rows own: (r)'s forward blocks as a call's only block; the JSON says
  * so and its rows are (r)'s rows, with the same invariants. */
 static void test_blocks_rows_own(void **state) {
@@ -664,7 +682,7 @@ int main(int argc, char **argv) {
         {"", "--iters 0", "--iters takes an integer"},
         {"", "--frobnicate", "unknown flag '--frobnicate'"},
     };
-    struct CMUnitTest tests[24];
+    struct CMUnitTest tests[25];
     size_t n = 0;
     tests[n++] = (struct CMUnitTest){"bench_attention/quick/json,pass=fwd+bwd",
                                      test_quick_json_both_passes, NULL, NULL, NULL};
@@ -683,6 +701,8 @@ int main(int argc, char **argv) {
                                      NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/quick/rows=own", test_blocks_rows_own, NULL,
                                      NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_blocks/quick/one-shape-flag", test_blocks_one_shape_flag,
+                                     NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/trace-summary", test_trace_summary, NULL, NULL,
                                      NULL};
     tests[n++] = (struct CMUnitTest){"bench_issue8/quick,backend=cpu,no-torch", test_issue8_quick,
