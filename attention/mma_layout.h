@@ -268,9 +268,11 @@ typedef struct dt_udiv {
 
 /* The divisor d (>= 1): shift = ceil(log2 d), mul = floor(2^32 (2^shift -
  * d) / d) + 1, which fits in 32 bits (2^shift < 2 d, and mul = 1 when d is
- * a power of 2). */
+ * a power of 2). d = 0, where a launch has nothing to divide (no query
+ * rows, say), is made as 1. */
 DT_MMA_HD dt_udiv dt_udiv_of(uint32_t d) {
     dt_udiv v;
+    if (d == 0) d = 1;
     uint32_t shift = 0;
     while (shift < 32 && ((uint64_t)1 << shift) < d) shift++;
     v.d = d;

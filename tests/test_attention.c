@@ -973,6 +973,11 @@ static void test_mma_division(void **state) {
     for (int b = 12; b < 32; b++)
         for (int dd = -3; dd <= 3; dd++) check_udiv((uint32_t)((1ull << b) + (uint64_t)(int64_t)dd), &seed);
     check_udiv(UINT32_MAX, &seed);
+    /* 0, a launch with nothing to divide: made as 1, no trap on the host */
+    assert_int_equal(dt_udiv_of(0).d, 1);
+    assert_int_equal(dt_udiv_q(12345, dt_udiv_of(0)), 12345);
+    const dt_mma_order empty = dt_mma_order_of(0, 4, 3);   /* no query tiles */
+    assert_int_equal(empty.ranks, 0);
     check_udiv(UINT32_MAX - 1, &seed);
     for (int i = 0; i < 2000; i++) {
         const uint32_t d = (uint32_t)splitmix(&seed) >> (splitmix(&seed) % 32);
