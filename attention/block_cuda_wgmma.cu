@@ -95,7 +95,7 @@
  * never a hung GPU).
  *
  * ptxas (sm_90a, CUDA 13.0): 128 registers at D = 64 (two CTAs per SM:
- * launch bounds), 185 at D = 128 (187 in the overlapped order), no
+ * launch bounds), 185 at D = 128 (189 in the overlapped order), no
  * spills, no serialised wgmma; with the producer warpgroup 168 at the
  * entry, 232 for the consumers and 40 for the producer (setmaxnreg), no
  * spills. The batch and kv head of the current tile sit in shared memory

@@ -305,10 +305,9 @@ __device__ __forceinline__ fwd_cta fwd_cta_of(const dt_attn_block_args &a, const
     uint32_t rank, unit;   /* rank 0: the last query tile */
     dt_mma_order_at(&grid.order, cta, &rank, &unit);
     fwd_cta c;
-    const uint32_t b = dt_udiv_q(unit, grid.heads), h = unit - b * grid.heads.d;
-    c.b = b;
-    c.h = h;
-    c.g = dt_udiv_q(h, grid.group);
+    c.b = dt_udiv_q(unit, grid.heads);
+    c.h = dt_udiv_r(unit, grid.heads);
+    c.g = dt_udiv_q((uint32_t)c.h, grid.group);
     c.x0 = (int64_t)(grid.order.ranks - 1 - rank) * bm;
     c.x1 = c.x0 + bm < a.qseg.len ? c.x0 + bm : a.qseg.len;
     return c;
@@ -584,7 +583,7 @@ __device__ __forceinline__ bwd_cta bwd_cta_of(const dt_attn_block_bwd_args &a,
     dt_mma_order_at(&grid.order, blockIdx.x, &rank, &unit);
     bwd_cta c;
     c.b = (int)dt_udiv_q(unit, grid.heads);
-    c.g = (int)(unit - (uint32_t)c.b * grid.heads.d);
+    c.g = (int)dt_udiv_r(unit, grid.heads);
     c.y0 = (int)rank * BN;
     c.group = (int)grid.group.d;
     const bool whole = c.y0 + BN <= nk;

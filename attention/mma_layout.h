@@ -296,31 +296,30 @@ DT_MMA_HD uint32_t dt_udiv_r(uint32_t n, dt_udiv v) { return n - dt_udiv_q(n, v)
  * section. dt_mma_order_at gives what dt_mma_sched gives (tests/
  * test_attention.c compares them block by block). */
 typedef struct dt_mma_order {
-    uint32_t ranks, first;         /* n_ranks; the first section's width */
-    dt_udiv first_d, section_d;    /* first; section */
-    dt_udiv per_d;                 /* n_ranks x section: the blocks of a later section */
+    uint32_t ranks;                /* n_ranks */
+    dt_udiv first, section;        /* the first section's width; section */
+    dt_udiv per;                   /* n_ranks x section: the blocks of a later section */
 } dt_mma_order;
 
 DT_MMA_HD dt_mma_order dt_mma_order_of(int64_t n_ranks, int64_t n_units, int64_t section) {
     dt_mma_order o;
     o.ranks = (uint32_t)n_ranks;
-    o.first = (uint32_t)(n_units - (n_units - 1) / section * section);
-    o.first_d = dt_udiv_of(o.first);
-    o.section_d = dt_udiv_of((uint32_t)section);
-    o.per_d = dt_udiv_of((uint32_t)(n_ranks * section));
+    o.first = dt_udiv_of((uint32_t)(n_units - (n_units - 1) / section * section));
+    o.section = dt_udiv_of((uint32_t)section);
+    o.per = dt_udiv_of((uint32_t)(n_ranks * section));
     return o;
 }
 DT_MMA_HD void dt_mma_order_at(const dt_mma_order *o, uint32_t block, uint32_t *rank,
                                uint32_t *unit) {
-    const uint32_t head = o->ranks * o->first;   /* the first section's blocks */
+    const uint32_t head = o->ranks * o->first.d;   /* the first section's blocks */
     if (block < head) {
-        *rank = dt_udiv_q(block, o->first_d);
-        *unit = block - *rank * o->first;
+        *rank = dt_udiv_q(block, o->first);
+        *unit = dt_udiv_r(block, o->first);
         return;
     }
-    const uint32_t j = block - head, s = dt_udiv_q(j, o->per_d), k = j - s * o->per_d.d;
-    *rank = dt_udiv_q(k, o->section_d);
-    *unit = o->first + s * o->section_d.d + (k - *rank * o->section_d.d);
+    const uint32_t j = block - head, k = dt_udiv_r(j, o->per);
+    *rank = dt_udiv_q(k, o->section);
+    *unit = o->first.d + dt_udiv_q(j, o->per) * o->section.d + dt_udiv_r(k, o->section);
 }
 
 /* dt_attn_keys_upto (mask.h) for one key segment whose positions span at

@@ -132,6 +132,7 @@ for s in $sanitized; do
 done
 tar czf "$out/tests.tgz" -C "$logs" . && rm -rf "$logs"
 
+: >"$out/ring_cost.txt"
 for pw in 0 1; do
     echo "# bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 --producer $pw" \
         >>"$out/ring_cost.txt"
