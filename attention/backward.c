@@ -155,42 +155,25 @@ static dt_status check_outputs(const attn_plan *p, const char *op, const dt_tens
     return DT_SUCCESS;
 }
 
-/* The backward block kernel on every (q segment, k segment) pair of one step:
- * K and V of rank src at k, v, its dK|dV contributions into dkv, which the
- * first q segment's blocks write (`first`) and the second's add into, so
- * dkv needs no zeroing. */
-static dt_status run_blocks(const attn_plan *p, const bwd_workspace *w, const dt_tensor *q,
-                            const dt_tensor *dout, const float *lse, const char *k, const char *v,
-                            int src, float *dq, const float *delta, float *dkv, void *scratch) {
-    dt_attn_segment qs[2], ks[2];
-    int nq, nk;
-    attn_plan_segments(p, src, qs, &nq, ks, &nk);
-    size_t es = dt_dtype_size(p->dtype);
-    float *dk = dkv, *dv = dkv + w->grad_bytes / sizeof(float);
-    int64_t qoff = 0;
-    for (int i = 0; i < nq; i++) {
-        int64_t koff = 0;
-        for (int j = 0; j < nk; j++) {
-            size_t qo = (size_t)(qoff * p->h * p->D), ko = (size_t)(koff * p->hkv * p->D);
-            dt_attn_block_bwd_args a = {
-                .dtype = p->dtype, .batch = p->b, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
-                .q = (const char *)dt_tensor_data_const(q) + qo * es,
-                .dout = (const char *)dt_tensor_data_const(dout) + qo * es,
-                .q_batch_stride = p->c * p->h * p->D,
-                .k = k + ko * es, .v = v + ko * es, .kv_batch_stride = p->c * p->hkv * p->D,
-                .qseg = qs[i], .kseg = ks[j], .mask = p->mask, .scale = p->scale,
-                .lse = lse + qoff, .delta = delta + qoff,
-                .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
-                .dq = dq + qo, .dq_batch_stride = p->c * p->h * p->D,
-                .dk = dk + ko, .dv = dv + ko, .kernel = p->kernel,
-                .first = i == 0,   /* the step's first block on these keys writes */
-            };
-            DT_TRY(p->kern->bwd(p->ctx->backend, &a, scratch));
-            koff += ks[j].len;
-        }
-        qoff += qs[i].len;
-    }
-    return DT_SUCCESS;
+/* The backward block kernel of one step: K and V of rank src at k, v, its
+ * dK|dV contributions written into dkv (`first`: dkv needs no zeroing). */
+static dt_status run_block(const attn_plan *p, const bwd_workspace *w, const dt_tensor *q,
+                           const dt_tensor *dout, const float *lse, const char *k, const char *v,
+                           int src, float *dq, const float *delta, float *dkv, void *scratch) {
+    dt_attn_segment qs, ks;
+    attn_plan_segments(p, src, &qs, &ks);
+    const dt_attn_block_bwd_args a = {
+        .dtype = p->dtype, .batch = p->b, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
+        .q = dt_tensor_data_const(q), .dout = dt_tensor_data_const(dout),
+        .q_batch_stride = p->c * p->h * p->D,
+        .k = k, .v = v, .kv_batch_stride = p->c * p->hkv * p->D,
+        .qseg = qs, .kseg = ks, .mask = p->mask, .scale = p->scale,
+        .lse = lse, .delta = delta, .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
+        .dq = dq, .dq_batch_stride = p->c * p->h * p->D,
+        .dk = dkv, .dv = dkv + w->grad_bytes / sizeof(float), .kernel = p->kernel,
+        .first = 1,
+    };
+    return p->kern->bwd(p->ctx->backend, &a, scratch);
 }
 
 dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
@@ -248,9 +231,8 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
         DT_TRY_GOTO(st, bwd_ring_start(&r, &p, &w, t, &pending), fail);
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
         DT_TRACE_PUSH("attention bwd blocks");
-        st = run_blocks(&p, &w, q, dout, dt_tensor_data_const(lse), bwd_ring_k(&r, t),
-                        bwd_ring_v(&r, &p, t), src, dqa, delta,
-                        r.grad[LOC], ws + w.off_scratch);
+        st = run_block(&p, &w, q, dout, dt_tensor_data_const(lse), bwd_ring_k(&r, t),
+                       bwd_ring_v(&r, &p, t), src, dqa, delta, r.grad[LOC], ws + w.off_scratch);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);

@@ -10,7 +10,7 @@
  *   acc[b][x][h][d] at acc + b*acc_batch_stride + (x*heads + h)*dim + d
  * Query head h reads key/value head h / (heads / kv_heads) (GQA / MQA).
  *
- * A call's blocks for one query segment run in order; the first of them
+ * A call's blocks (one per ring step) run in order; the first of them
  * starts the rows from m = -inf, l = 0, acc = 0 without reading them, and
  * the last writes the normalised output and log-sum-exp instead of m, l and
  * acc (dt_attn_block_args.first, .last): no pass before or after the ring.
@@ -173,7 +173,7 @@ typedef struct dt_attn_kernels {
                               dt_attn_kernel_choice want, char *why, size_t why_size);
     dt_status (*fwd)(struct dt_backend *be, const dt_attn_block_args *a, void *scratch);
     /* May be NULL (always 0). 1 if fwd on this block, whose first and last
-     * are both set (a call of one block per query segment), reads and
+     * are both set (a call of one block), reads and
      * writes none of m, l and acc, which may then be NULL: the tensor-core
      * kernels keep a block's running state in registers. Asked before the
      * workspace is sized (forward.c). */

@@ -1,17 +1,17 @@
 /* attention/forward.c — the distributed attention forward pass.
  *
  * Algorithm (DESIGN.md section 6). Rank j of the P ranks of the sequence
- * mesh dim holds a query shard and a key/value shard, each one or two
- * position segments (mask.h). K and V travel the ring packed in one buffer;
- * step 0 computes on this rank's where they are and sends them from there,
- * so nothing is copied into the ring. For t = 0..P-1: the ring's current
- * block is that of rank src = (j - t) mod P; the transfer of the next block
- * is posted before the block kernel runs on the current one (q segments x
- * src's k segments, each with its own positions), and completed after. The
- * kernel accumulates m, l and acc in fp32; the first block of a query
- * segment starts them, its last block writes the normalised output and the
- * log-sum-exp (kept for the backward pass) instead: no pass over the rows
- * before or after the ring.
+ * mesh dim holds a query shard and a key/value shard, each one position
+ * segment (mask.h; a zigzag shard's two chunks are one segment with a
+ * jump). K and V travel the ring packed in one buffer; step 0 computes on
+ * this rank's where they are and sends them from there, so nothing is
+ * copied into the ring. For t = 0..P-1: the ring's current block is that of
+ * rank src = (j - t) mod P; the transfer of the next block is posted before
+ * the block kernel runs on the current one (this rank's q segment against
+ * src's k segment), and completed after. The kernel accumulates m, l and acc
+ * in fp32; step 0's block starts them, step P-1's writes the normalised
+ * output and the log-sum-exp (kept for the backward pass) instead: no pass
+ * over the rows before or after the ring.
  *
  * Invariants: everything the loop touches (ring buffers, accumulators,
  * kernel scratch) lives in one workspace sized by dt_attention_workspace_size
@@ -33,56 +33,39 @@
 #include "block.h"
 #include "plan.h"
 
-/* The arguments of the block of query segment i (of qs, rows from qoff)
- * against key segment j (of ks, of nk, rows from koff) at ring step t
- * (0 .. parts-1): a query segment's first block is step 0's first, its last
- * is step parts-1's last, which writes o and lse. acc, m, l: the running
- * state, NULL in a stateless call (fwd_stateless). */
-static dt_attn_block_args block_args(const attn_plan *p, int t, const dt_attn_segment *qs, int i,
-                                     int64_t qoff, const dt_attn_segment *ks, int j, int nk,
-                                     int64_t koff, const void *q, const char *k, const char *v,
-                                     float *acc, float *m, float *l, void *o, float *lse) {
-    const size_t es = dt_dtype_size(p->dtype);
+/* The arguments of ring step t's block (0 .. parts-1), on the K and V of
+ * rank src: step 0's starts the rows, step parts-1's writes o and lse. acc,
+ * m, l: the running state, NULL in a stateless call (fwd_stateless). */
+static dt_attn_block_args block_args(const attn_plan *p, int t, int src, const void *q,
+                                     const char *k, const char *v, float *acc, float *m, float *l,
+                                     void *o, float *lse) {
+    dt_attn_segment qs, ks;
+    attn_plan_segments(p, src, &qs, &ks);
     return (dt_attn_block_args){
         .dtype = p->dtype, .batch = p->b, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
-        .q = (const char *)q + (size_t)(qoff * p->h * p->D) * es,
-        .q_batch_stride = p->c * p->h * p->D,
-        .k = k + (size_t)(koff * p->hkv * p->D) * es,
-        .v = v + (size_t)(koff * p->hkv * p->D) * es,
-        .kv_batch_stride = p->c * p->hkv * p->D,
-        .qseg = qs[i], .kseg = ks[j], .mask = p->mask, .scale = p->scale,
-        .m = m ? m + qoff : NULL, .l = l ? l + qoff : NULL,
-        .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
-        .acc = acc ? acc + qoff * p->h * p->D : NULL, .acc_batch_stride = p->c * p->h * p->D,
-        .first = t == 0 && j == 0, .last = t == p->parts - 1 && j == nk - 1,
-        .o = o ? (char *)o + (size_t)(qoff * p->h * p->D) * es : NULL,
-        .lse = lse ? lse + qoff : NULL,
+        .q = q, .q_batch_stride = p->c * p->h * p->D,
+        .k = k, .v = v, .kv_batch_stride = p->c * p->hkv * p->D,
+        .qseg = qs, .kseg = ks, .mask = p->mask, .scale = p->scale,
+        .m = m, .l = l, .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
+        .acc = acc, .acc_batch_stride = p->c * p->h * p->D,
+        .first = t == 0, .last = t == p->parts - 1,
+        .o = o, .lse = lse,
         .kernel = p->kernel,
         .transfer = t + 1 < p->parts,   /* step t+1's K, V are in flight (dt_ring_start) */
     };
 }
 
 /* Whether the call runs without the fp32 running state (acc, m, l): one
- * block per query segment (no ring: one step; one key segment), each on a
- * kernel that keeps the state in registers (dt_attn_kernels.fwd_stateless).
- * Then the workspace has none: B S H D fp32 less. */
+ * block (no ring: one step) on a kernel that keeps the state in registers
+ * (dt_attn_kernels.fwd_stateless). Then the workspace has none: B S H D
+ * fp32 less. */
 static int fwd_stateless(const attn_plan *p, const dt_tensor *q, const dt_tensor *k,
                          const dt_tensor *v) {
     if (p->parts != 1 || !p->kern || !p->kern->fwd_stateless) return 0;
-    dt_attn_segment qs[2], ks[2];
-    int nq, nk;
-    attn_plan_segments(p, 0, qs, &nq, ks, &nk);   /* one rank: its own keys */
-    if (nk != 1) return 0;
-    int64_t qoff = 0;
-    for (int i = 0; i < nq; i++) {
-        const dt_attn_block_args a =
-            block_args(p, 0, qs, i, qoff, ks, 0, nk, 0, dt_tensor_data_const(q),
-                       dt_tensor_data_const(k), dt_tensor_data_const(v), NULL, NULL, NULL, NULL,
-                       NULL);
-        if (!p->kern->fwd_stateless(p->ctx->backend, &a)) return 0;
-        qoff += qs[i].len;
-    }
-    return 1;
+    const dt_attn_block_args a =   /* one rank: its own keys */
+        block_args(p, 0, 0, dt_tensor_data_const(q), dt_tensor_data_const(k),
+                   dt_tensor_data_const(v), NULL, NULL, NULL, NULL, NULL);
+    return p->kern->fwd_stateless(p->ctx->backend, &a);
 }
 
 /* Workspace of a forward call: [ring: 2 x (K | V)] [acc] [m] [l] [kernel
@@ -112,27 +95,6 @@ dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, co
     attn_plan p;
     DT_TRY(attn_plan_make("dt_attention_workspace_size", q, k, v, opts, &p));
     *bytes = fwd_workspace_of(&p, q, k, v).total;
-    return DT_SUCCESS;
-}
-
-/* The block kernel on every (q segment, k segment) pair of ring step t. */
-static dt_status run_blocks(const attn_plan *p, int t, const void *q, const char *k,
-                            const char *v, int src, float *acc, float *m, float *l, void *o,
-                            float *lse, void *scratch) {
-    dt_attn_segment qs[2], ks[2];
-    int nq, nk;
-    attn_plan_segments(p, src, qs, &nq, ks, &nk);
-    int64_t qoff = 0;
-    for (int i = 0; i < nq; i++) {
-        int64_t koff = 0;
-        for (int j = 0; j < nk; j++) {
-            const dt_attn_block_args a =
-                block_args(p, t, qs, i, qoff, ks, j, nk, koff, q, k, v, acc, m, l, o, lse);
-            DT_TRY(p->kern->fwd(p->ctx->backend, &a, scratch));
-            koff += ks[j].len;
-        }
-        qoff += qs[i].len;
-    }
     return DT_SUCCESS;
 }
 
@@ -196,8 +158,10 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
         DT_TRACE_PUSH("attention fwd blocks");
         const char *kb = t == 0 ? own_kv[0] : dt_ring_current(ring);
         const char *vb = t == 0 ? own_kv[1] : kb + p.kv_bytes;
-        st = run_blocks(&p, t, dt_tensor_data_const(q), kb, vb, src, acc, m, l,
-                        dt_tensor_data(out), dt_tensor_data(out_lse), ws + w.off_scratch);
+        const dt_attn_block_args a = block_args(&p, t, src, dt_tensor_data_const(q), kb, vb, acc,
+                                                m, l, dt_tensor_data(out),
+                                                dt_tensor_data(out_lse));
+        st = p.kern->fwd(be, &a, ws + w.off_scratch);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);

@@ -9,17 +9,15 @@ const char *dt_attn_mask_name(dt_attn_mask mask) {
     }
 }
 
-int dt_attn_segments(dt_order order, int64_t seq, int parts, int rank, dt_attn_segment segs[2]) {
-    if (order == DT_ORDER_ZIGZAG) {
-        int64_t h = seq / (2 * parts);
-        segs[0] = (dt_attn_segment){(int64_t)rank * h, 1, h};
-        segs[1] = (dt_attn_segment){(int64_t)(2 * parts - 1 - rank) * h, 1, h};
-        return 2;
+dt_attn_segment dt_attn_segment_of(dt_order order, int64_t seq, int parts, int rank) {
+    if (order == DT_ORDER_ZIGZAG) {   /* chunks rank and 2 parts - 1 - rank of h */
+        const int64_t h = seq / (2 * parts);
+        return (dt_attn_segment){.start = rank * h, .stride = 1, .len = 2 * h, .split = h,
+                                 .gap = (2 * (int64_t)parts - 2 - 2 * (int64_t)rank) * h};
     }
-    int64_t c = seq / parts;
-    if (order == DT_ORDER_STRIPED) segs[0] = (dt_attn_segment){rank, parts, c};
-    else segs[0] = (dt_attn_segment){(int64_t)rank * c, 1, c};
-    return 1;
+    const int64_t c = seq / parts;
+    if (order == DT_ORDER_STRIPED) return (dt_attn_segment){rank, parts, c, 0, 0};
+    return (dt_attn_segment){rank * c, 1, c, 0, 0};
 }
 
 int64_t dt_attn_pairs(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {

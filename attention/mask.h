@@ -1,15 +1,22 @@
 /* attention/mask.h — the one causal mask rule, from global token positions.
  *
- * A shard of a sequence is one or two "segments": runs of rows whose global
- * positions are start, start + stride, start + 2*stride, ... Query x of a
- * segment and key y of another may attend iff pos(q) >= pos(k) (causal) or
- * always (full). For P ranks and a sequence of S tokens, rank j holds
- *   contiguous: one segment (j*c, 1, c)             with c = S / P
- *   striped:    one segment (j, P, c)               (token i on rank i mod P)
- *   zigzag:     two segments (j*h, 1, h) and ((2P-1-j)*h, 1, h), h = S / (2P)
- * Single-device causal attention is (0, 1, S). A tile of rows [x0, x1) x
- * [y0, y1) is empty, partial or full from its first and last positions alone;
- * kernels skip empty tiles and mask only partial ones.
+ * A shard of a sequence is a "segment": its rows in local order and their
+ * global positions, which grow with the row. Row x sits at
+ *   start + x * stride            (x < split)
+ *   start + x * stride + gap      (x >= split)
+ * (gap >= 0: one jump, or none when gap = 0). Query x of one segment and key
+ * y of another may attend iff pos(q) >= pos(k) (causal) or always (full).
+ * For P ranks and a sequence of S tokens, rank j holds
+ *   contiguous: (j*c, 1, c)                     with c = S / P
+ *   striped:    (j, P, c)                       (token i on rank i mod P)
+ *   zigzag:     (j*h, 1, 2h), split h, gap (2P-2-2j)*h, h = S / (2P):
+ *               chunk j, then chunk 2P-1-j (rows h .. 2h-1 jump to it)
+ * Single-device causal attention is (0, 1, S). Since positions grow with the
+ * row, a tile of rows [x0, x1) x [y0, y1) is empty, partial or full from its
+ * first and last positions alone (kernels skip empty tiles and mask only
+ * partial ones), the keys a query may attend are a prefix of the key rows
+ * and the queries that may attend a key a suffix of the query rows: so a
+ * zigzag shard is one block per ring step, like the others, not four.
  *
  * Pure functions. Test: tests/test_attention.c (make test).
  */
@@ -42,15 +49,18 @@ typedef struct dt_attn_segment {
     int64_t start;    /* global position of row 0 */
     int64_t stride;   /* >= 1 */
     int64_t len;      /* rows */
+    int64_t split;    /* rows split .. len-1 sit gap positions further on */
+    int64_t gap;      /* >= 0; 0 (with split 0): no jump, as {start, stride, len} leaves them */
 } dt_attn_segment;
 
 /* Position of row x of a segment. */
-static inline DT_ATTN_HD int64_t dt_attn_pos(dt_attn_segment s, int64_t x) { return s.start + x * s.stride; }
+static inline DT_ATTN_HD int64_t dt_attn_pos(dt_attn_segment s, int64_t x) {
+    return s.start + x * s.stride + (x >= s.split ? s.gap : 0);
+}
 
-/* Segments of rank j of P for a sequence of seq tokens sharded with `order`
- * (seq divisible by P, by 2P for zigzag). Returns the count (1 or 2) and
- * writes segs[0..count-1], in local row order. */
-int dt_attn_segments(dt_order order, int64_t seq, int parts, int rank, dt_attn_segment segs[2]);
+/* The segment of rank `rank` of `parts` for a sequence of seq tokens
+ * sharded with `order` (seq divisible by parts, by 2 parts for zigzag). */
+dt_attn_segment dt_attn_segment_of(dt_order order, int64_t seq, int parts, int rank);
 
 typedef enum dt_attn_tile {
     DT_TILE_EMPTY = 0,   /* no pair may attend: skipped */
@@ -70,20 +80,35 @@ static inline DT_ATTN_HD dt_attn_tile dt_attn_tile_class(dt_attn_mask mask, dt_a
 
 /* Positions grow with the row, so the keys a query may attend are a prefix
  * of k and the queries that may attend a key a suffix of q. Kernels size
- * their loops with these instead of visiting empty tiles. */
+ * their loops with these instead of visiting empty tiles. Both count in
+ * offsets d from s.start: row split is at offset split * stride + gap (its
+ * "jump"); rows before it at x * stride, rows from it on at x * stride +
+ * gap. With gap = 0 the two rules agree. */
 
 /* n such that a query at position p may attend keys [0, n) of k. */
 static inline DT_ATTN_HD int64_t dt_attn_keys_upto(dt_attn_mask mask, dt_attn_segment k, int64_t p) {
     if (mask == DT_ATTN_FULL) return k.len;
     if (p < k.start) return 0;
-    int64_t n = (p - k.start) / k.stride + 1;
+    const int64_t d = p - k.start, jump = k.split * k.stride + k.gap;
+    int64_t n;
+    if (d >= jump) n = (d - k.gap) / k.stride + 1;   /* row split is in, and the rows to d - gap */
+    else {                                          /* the rows to d, none at or past split */
+        n = d / k.stride + 1;
+        if (n > k.split) n = k.split;
+    }
     return n < k.len ? n : k.len;
 }
 
 /* x such that queries [x, q.len) of q may attend a key at position p. */
 static inline DT_ATTN_HD int64_t dt_attn_queries_from(dt_attn_mask mask, dt_attn_segment q, int64_t p) {
     if (mask == DT_ATTN_FULL || p <= q.start) return 0;
-    int64_t x = (p - q.start + q.stride - 1) / q.stride;   /* ceil: first pos >= p */
+    const int64_t d = p - q.start, jump = q.split * q.stride + q.gap;
+    int64_t x;
+    if (d > jump) x = (d - q.gap + q.stride - 1) / q.stride;   /* ceil: first row past split at >= p */
+    else {                                                   /* row split at the latest */
+        x = (d + q.stride - 1) / q.stride;
+        if (x > q.split) x = q.split;
+    }
     return x < q.len ? x : q.len;
 }
 

@@ -323,27 +323,35 @@ DT_MMA_HD void dt_mma_order_at(const dt_mma_order *o, uint32_t block, uint32_t *
 }
 
 /* dt_attn_keys_upto (mask.h) for one key segment whose positions span at
- * most 2^32 - 1 ((len - 1) stride: dt_mma_keys_fit; the tensor-core
+ * most 2^32 - 1 (pos(len - 1) - start: dt_mma_keys_fit; the tensor-core
  * kernels' block checks ask for it), its division by the stride made by
  * multiplication: once the rows past the segment's last key are taken out
- * (they see all len keys) the difference of positions it divides is below
- * the span. dt_mma_keys_upto gives what dt_attn_keys_upto gives (tests/
- * test_attention.c). */
+ * (they see all len keys) the offset from start it divides is below the
+ * span. A segment without a jump has jump = gap = 0 and cap = len, so the
+ * one division serves both of mask.h's cases. dt_mma_keys_upto gives what
+ * dt_attn_keys_upto gives (tests/test_attention.c). */
 typedef struct dt_mma_keys {
     int64_t start;              /* k.start */
-    uint32_t span;              /* (len - 1) stride */
-    int32_t len, full;          /* k.len (below 2^31 in the kernels); the mask is DT_ATTN_FULL */
+    uint32_t span;              /* pos(len - 1) - start */
+    uint32_t jump, gap;         /* row split's offset (split stride + gap) and the gap; 0, 0: none */
+    int32_t len, split, full;   /* k.len (below 2^31 in the kernels), k.split; the mask is DT_ATTN_FULL */
     dt_udiv stride;
 } dt_mma_keys;
 
 DT_MMA_HD int dt_mma_keys_fit(dt_attn_segment k) {
-    return k.len <= 1 || k.stride <= (int64_t)UINT32_MAX / (k.len - 1);
+    if (k.len <= 1) return 1;
+    if (k.stride > (int64_t)UINT32_MAX / (k.len - 1) || k.gap > (int64_t)UINT32_MAX) return 0;
+    return dt_attn_pos(k, k.len - 1) - k.start <= (int64_t)UINT32_MAX;
 }
 DT_MMA_HD dt_mma_keys dt_mma_keys_of(dt_attn_mask mask, dt_attn_segment k) {
     dt_mma_keys v;
+    const int jumps = k.gap > 0 && k.split < k.len;   /* a row at or past split exists */
     v.start = k.start;
-    v.span = k.len > 1 ? (uint32_t)((k.len - 1) * k.stride) : 0u;
+    v.span = k.len > 1 ? (uint32_t)(dt_attn_pos(k, k.len - 1) - k.start) : 0u;
+    v.jump = jumps ? (uint32_t)(k.split * k.stride + k.gap) : 0u;
+    v.gap = jumps ? (uint32_t)k.gap : 0u;
     v.len = (int32_t)k.len;
+    v.split = jumps ? (int32_t)k.split : (int32_t)k.len;
     v.full = mask == DT_ATTN_FULL;
     v.stride = dt_udiv_of(k.len > 1 ? (uint32_t)k.stride : 1u);   /* unused when len <= 1 */
     return v;
@@ -352,7 +360,12 @@ DT_MMA_HD int32_t dt_mma_keys_upto(const dt_mma_keys *v, int64_t p) {
     if (v->full) return v->len;
     if (p < v->start) return 0;
     const int64_t d = p - v->start;
-    return d >= (int64_t)v->span ? v->len : (int32_t)dt_udiv_q((uint32_t)d, v->stride) + 1;
+    if (d >= (int64_t)v->span) return v->len;
+    /* unsigned: in the jump's hole e / stride + 1 may pass 2^31 (capped at split) */
+    const uint32_t e = (uint32_t)d, past = e >= v->jump;   /* at or past row split's offset */
+    const uint32_t n = dt_udiv_q(past ? e - v->gap : e, v->stride) + 1;
+    const uint32_t cap = (uint32_t)(past ? v->len : v->split);
+    return (int32_t)(n < cap ? n : cap);
 }
 
 #ifdef __cplusplus

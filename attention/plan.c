@@ -199,14 +199,12 @@ dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_statu
 }
 
 
-void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment qs[2], int *nq,
-                        dt_attn_segment ks[2], int *nk) {
+void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment *qs, dt_attn_segment *ks) {
     if (p->parts > 1) {
-        *nq = dt_attn_segments(p->order, p->S, p->parts, p->rank, qs);
-        *nk = dt_attn_segments(p->order, p->S, p->parts, src, ks);
+        *qs = dt_attn_segment_of(p->order, p->S, p->parts, p->rank);
+        *ks = dt_attn_segment_of(p->order, p->S, p->parts, src);
     } else {   /* one rank holds the sequence in order, whatever the order's name */
-        qs[0] = ks[0] = (dt_attn_segment){0, 1, p->S};
-        *nq = *nk = 1;
+        *qs = *ks = (dt_attn_segment){0, 1, p->S, 0, 0};
     }
 }
 

@@ -44,12 +44,11 @@ dt_status attn_plan_check_kernel(const attn_plan *p, const char *op);
  * rank whose own checks failed. */
 dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_status local);
 
-/* Segments of this rank's query rows and of rank src's key rows (one or two
- * each); returns the counts in *nq, *nk. With one rank on the sequence, one
- * segment each: every order keeps a lone rank's tokens in sequence order
- * (zigzag's two chunks are adjacent). */
-void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment qs[2], int *nq,
-                        dt_attn_segment ks[2], int *nk);
+/* The segments (mask.h) of this rank's query rows and of rank src's key
+ * rows: a ring step's one block. With one rank on the sequence, (0, 1, S):
+ * every order keeps a lone rank's tokens in sequence order (zigzag's two
+ * chunks are adjacent). */
+void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment *qs, dt_attn_segment *ks);
 
 /* Profiling of the ring loop (opts->timing; every call does nothing when it
  * is NULL): marks 2t and 2t+1 around step t's blocks, 2P after the loop.

@@ -360,11 +360,8 @@ static void ring_pairs(dt_order order, int64_t S, int P, int64_t *crit, int64_t 
         int64_t mx = 0;
         for (int j = 0; j < P; j++) {
             int src = ((j - t) % P + P) % P;
-            dt_attn_segment qs[2], ks[2];
-            int nq = dt_attn_segments(order, S, P, j, qs), nk = dt_attn_segments(order, S, P, src, ks);
-            int64_t n = 0;
-            for (int a = 0; a < nq; a++)
-                for (int b = 0; b < nk; b++) n += dt_attn_pairs(DT_ATTN_CAUSAL, qs[a], ks[b]);
+            const int64_t n = dt_attn_pairs(DT_ATTN_CAUSAL, dt_attn_segment_of(order, S, P, j),
+                                            dt_attn_segment_of(order, S, P, src));
             if (n > mx) mx = n;
             *total += n;
         }

@@ -18,8 +18,8 @@
  *       block (the merge's cost is the difference).
  *   (p) the ring on one device. P ranks of --ring-c tokens; for contiguous,
  *       striped and zigzag sharding every (rank j, step t) block is timed
- *       alone as the ring runs it: all its (query segment, key segment)
- *       pairs of rank j against rank (j - t) mod P, accumulating into the
+ *       alone as the ring runs it: the query segment of rank j against the
+ *       key segment of rank (j - t) mod P (mask.h), accumulating into the
  *       rank's fp32 m, l, acc (forward: step 0 starts them and step P - 1
  *       writes o and lse, as in dt_attention_forward) or dQ, dK, dV
  *       (backward).
@@ -199,7 +199,7 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
     }
     /* lse and delta of a full (non-causal) pass over these rows: finite
      * everywhere, the scale of a real backward. */
-    dt_attn_segment all = {0, 1, rows};
+    dt_attn_segment all = {0, 1, rows, 0, 0};
     dt_attn_block_args a = {
         .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
         .q = b->q, .q_batch_stride = 0, .k = b->k, .v = b->v, .kv_batch_stride = 0,
@@ -212,7 +212,7 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
     DT_TRY(b->kern->delta(be, b->dtype, 1, rows, b->H, b->D, b->o, b->dout, b->delta));
     /* m, l, acc: a running state to accumulate into (the blocks of (r) and
      * the middle steps of (p) read it): the start of a block with no keys */
-    dt_attn_segment none = {0, 1, 0};
+    dt_attn_segment none = {0, 1, 0, 0, 0};
     a.kseg = none;
     a.last = 0;
     DT_TRY(b->kern->fwd(be, &a, b->scratch));
@@ -247,52 +247,36 @@ static dt_status trace_launch(const bufs *b) {
     return st;
 }
 
-/* The blocks of query segments qs against key segments ks, rows laid out
- * one segment after another from row 0 (as a rank's shard), forward or
- * backward, accumulating into b's fp32 buffers. Forward, as a ring step of
- * dt_attention_forward: first, each query segment's first block starts its
- * rows; last, its last block writes o and lse; transfer, the ring's next
- * K, V would be in flight beside the blocks (block.h). */
-static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_attn_segment *qs,
-                           int nq, const dt_attn_segment *ks, int nk, int first, int last,
-                           int transfer) {
-    size_t es = dt_dtype_size(b->dtype);
-    float scale = 1.0f / sqrtf((float)b->D);
-    int64_t qoff = 0;
-    for (int i = 0; i < nq; i++) {
-        int64_t koff = 0;
-        for (int j = 0; j < nk; j++) {
-            size_t qo = (size_t)(qoff * b->H * b->D), ko = (size_t)(koff * b->G * b->D);
-            const char *q = (const char *)b->q + qo * es, *k = (const char *)b->k + ko * es;
-            const char *v = (const char *)b->v + ko * es;
-            if (!bwd) {
-                dt_attn_block_args a = {
-                    .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
-                    .q = q, .k = k, .v = v, .qseg = qs[i], .kseg = ks[j], .mask = mask,
-                    .scale = scale, .m = b->m + qoff, .l = b->l + qoff,
-                    .ml_head_stride = b->rows, .acc = b->acc + qo, .first = first && j == 0,
-                    .last = last && j == nk - 1, .o = (char *)b->o + qo * es,
-                    .lse = b->lse_out + qoff, .kernel = b->kernel, .transfer = transfer,
-                    .trace = b->tracing ? b->trace : NULL, .trace_len = b->trace_len,
-                };
-                DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
-                if (b->tracing) DT_TRY(trace_launch(b));
-            } else {
-                dt_attn_block_bwd_args a = {
-                    .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
-                    .q = q, .dout = (const char *)b->dout + qo * es, .k = k, .v = v,
-                    .qseg = qs[i], .kseg = ks[j], .mask = mask, .scale = scale,
-                    .lse = b->lse + qoff, .delta = b->delta + qoff, .ml_head_stride = b->rows,
-                    .dq = b->dq + qo, .dk = b->dk + ko, .dv = b->dv + ko, .kernel = b->kernel,
-                    .trace = b->tracing ? b->trace : NULL, .trace_len = b->trace_len,
-                };
-                DT_TRY(b->kern->bwd(b->be, &a, b->scratch));
-                if (b->tracing) DT_TRY(trace_launch(b));
-            }
-            koff += ks[j].len;
-        }
-        qoff += qs[i].len;
+/* The block of query segment qs against key segment ks, rows from row 0 (as
+ * a rank's shard), forward or backward, accumulating into b's fp32 buffers.
+ * Forward, as a ring step of dt_attention_forward: first, the block starts
+ * its rows; last, it writes o and lse; transfer, the ring's next K, V would
+ * be in flight beside it (block.h). */
+static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, dt_attn_segment qs,
+                           dt_attn_segment ks, int first, int last, int transfer) {
+    const float scale = 1.0f / sqrtf((float)b->D);
+    if (!bwd) {
+        dt_attn_block_args a = {
+            .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
+            .q = b->q, .k = b->k, .v = b->v, .qseg = qs, .kseg = ks, .mask = mask,
+            .scale = scale, .m = b->m, .l = b->l, .ml_head_stride = b->rows, .acc = b->acc,
+            .first = first, .last = last, .o = b->o, .lse = b->lse_out, .kernel = b->kernel,
+            .transfer = transfer, .trace = b->tracing ? b->trace : NULL,
+            .trace_len = b->trace_len,
+        };
+        DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
+    } else {
+        dt_attn_block_bwd_args a = {
+            .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
+            .q = b->q, .dout = b->dout, .k = b->k, .v = b->v, .qseg = qs, .kseg = ks,
+            .mask = mask, .scale = scale, .lse = b->lse, .delta = b->delta,
+            .ml_head_stride = b->rows, .dq = b->dq, .dk = b->dk, .dv = b->dv,
+            .kernel = b->kernel, .trace = b->tracing ? b->trace : NULL,
+            .trace_len = b->trace_len,
+        };
+        DT_TRY(b->kern->bwd(b->be, &a, b->scratch));
     }
+    if (b->tracing) DT_TRY(trace_launch(b));
     return DT_SUCCESS;
 }
 
@@ -304,9 +288,9 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
  * runs the block on every core, which the rank thread's CPU time of the
  * CPU backend's marks would not count). */
 typedef struct timed {   /* what time_runs runs: run_block's blocks, or a ring's */
-    int bwd, ring, first, last, transfer, nq, nk;
+    int bwd, ring, first, last, transfer;
     dt_attn_mask mask;
-    const dt_attn_segment *qs, *ks;
+    dt_attn_segment qs, ks;
     dt_order order;   /* ring: P ranks of c tokens */
     int P;
     int64_t c;
@@ -323,8 +307,7 @@ static dt_status time_runs(const bufs *b, const opts *o, const timed *w, double 
         if (b->events) DT_TRY(b->be->ops->mark(b->be, 0));
         if (w->ring) DT_TRY(run_ring(b, w->bwd, w->order, w->P, w->c));
         else
-            DT_TRY(run_block(b, w->bwd, w->mask, w->qs, w->nq, w->ks, w->nk, w->first, w->last,
-                             w->transfer));
+            DT_TRY(run_block(b, w->bwd, w->mask, w->qs, w->ks, w->first, w->last, w->transfer));
         if (b->events) DT_TRY(b->be->ops->mark(b->be, 1));
         DT_TRY(b->be->ops->sync(b->be));
         double s = ex_now_s() - t0, ms = 0.0;
@@ -339,10 +322,10 @@ static dt_status time_runs(const bufs *b, const opts *o, const timed *w, double 
 }
 
 static dt_status time_block(const bufs *b, const opts *o, int bwd, dt_attn_mask mask,
-                            const dt_attn_segment *qs, int nq, const dt_attn_segment *ks, int nk,
-                            int first, int last, int transfer, double *median_s) {
-    const timed w = {.bwd = bwd, .first = first, .last = last, .transfer = transfer, .nq = nq,
-                     .nk = nk, .mask = mask, .qs = qs, .ks = ks};
+                            dt_attn_segment qs, dt_attn_segment ks, int first, int last,
+                            int transfer, double *median_s) {
+    const timed w = {.bwd = bwd, .first = first, .last = last, .transfer = transfer,
+                     .mask = mask, .qs = qs, .ks = ks};
     return time_runs(b, o, &w, median_s);
 }
 
@@ -350,9 +333,9 @@ static dt_status time_block(const bufs *b, const opts *o, int bwd, dt_attn_mask 
  * (--trace), every launch summed up into *sum (attention/cta_trace.h;
  * ctas = 0 where the kernel keeps no record: the CPU's, the simple CUDA
  * ones). Not timed: the timed runs carry no trace. */
-static dt_status trace_run(const bufs *b, int bwd, dt_attn_mask mask, const dt_attn_segment *qs,
-                           int nq, const dt_attn_segment *ks, int nk, int first, int last,
-                           int transfer, launch_sum *sum) {
+static dt_status trace_run(const bufs *b, int bwd, dt_attn_mask mask, dt_attn_segment qs,
+                           dt_attn_segment ks, int first, int last, int transfer,
+                           launch_sum *sum) {
     size_t bytes = (size_t)b->trace_len * sizeof *b->trace;
     dt_attn_cta_trace *zeros = calloc(1, bytes);
     if (!zeros) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: no host memory for the trace");
@@ -360,7 +343,7 @@ static dt_status trace_run(const bufs *b, int bwd, dt_attn_mask mask, const dt_a
     free(zeros);
     bufs t = *b;
     t.tracing = sum;
-    if (st == DT_SUCCESS) st = run_block(&t, bwd, mask, qs, nq, ks, nk, first, last, transfer);
+    if (st == DT_SUCCESS) st = run_block(&t, bwd, mask, qs, ks, first, last, transfer);
     return st;
 }
 
@@ -379,17 +362,17 @@ typedef struct r_row {
 
 static dt_status measure_r(const bufs *b, const opts *o, int bwd, int64_t c, r_row *r) {
     int P = o->ranks;
-    dt_attn_segment one = {0, 1, c}, s0 = {0, P, c}, s1 = {1, P, c};
+    dt_attn_segment one = {0, 1, c, 0, 0}, s0 = {0, P, c, 0, 0}, s1 = {1, P, c, 0, 0};
     const dt_attn_segment qs[R_BLOCKS] = {one, one, s1, s0}, ks[R_BLOCKS] = {one, one, s0, s1};
     double *const t[R_BLOCKS] = {&r->full_s, &r->causal_s, &r->incl_s, &r->excl_s};
     r->c = c;
     r->traced = o->trace;
     for (int i = 0; i < R_BLOCKS; i++) {
         dt_attn_mask mask = i == R_FULL ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
-        DT_TRY(time_block(b, o, bwd, mask, &qs[i], 1, &ks[i], 1, o->own, o->own, 0, t[i]));
+        DT_TRY(time_block(b, o, bwd, mask, qs[i], ks[i], o->own, o->own, 0, t[i]));
         if (o->trace) {
             launch_sum sum = {0};
-            DT_TRY(trace_run(b, bwd, mask, &qs[i], 1, &ks[i], 1, o->own, o->own, 0, &sum));
+            DT_TRY(trace_run(b, bwd, mask, qs[i], ks[i], o->own, o->own, 0, &sum));
             r->trace[i] = sum.last;
         }
     }
@@ -414,10 +397,9 @@ static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t
     const int64_t S = (int64_t)P * c;
     for (int t = 0; t < P; t++)
         for (int j = 0; j < P; j++) {
-            dt_attn_segment qs[2], ks[2];
-            int nq = dt_attn_segments(order, S, P, j, qs);
-            int nk = dt_attn_segments(order, S, P, (j - t + P) % P, ks);
-            DT_TRY(run_block(b, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, t == 0, t == P - 1, t + 1 < P));
+            const dt_attn_segment qs = dt_attn_segment_of(order, S, P, j);
+            const dt_attn_segment ks = dt_attn_segment_of(order, S, P, (j - t + P) % P);
+            DT_TRY(run_block(b, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, t == P - 1, t + 1 < P));
         }
     return DT_SUCCESS;
 }
@@ -431,15 +413,14 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
         for (int t = 0; t < P; t++) {
             double slowest = 0;
             for (int j = 0; j < P; j++) {
-                dt_attn_segment qs[2], ks[2];
-                int nq = dt_attn_segments(orders[oi], S, P, j, qs);
-                int nk = dt_attn_segments(orders[oi], S, P, (j - t + P) % P, ks);
+                const dt_attn_segment qs = dt_attn_segment_of(orders[oi], S, P, j);
+                const dt_attn_segment ks = dt_attn_segment_of(orders[oi], S, P, (j - t + P) % P);
                 double s;
-                DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, t == 0, t == P - 1,
-                                  t + 1 < P, &s));
+                DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, t == P - 1, t + 1 < P,
+                                  &s));
                 if (o->trace)
-                    DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, qs, nq, ks, nk, t == 0, t == P - 1,
-                                     t + 1 < P, &out->ring[oi]));
+                    DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, t == P - 1, t + 1 < P,
+                                     &out->ring[oi]));
                 slowest = s > slowest ? s : slowest;
                 out->total_s[oi] += s;
             }
@@ -457,13 +438,12 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
         }
 #endif
     }
-    dt_attn_segment whole = {0, 1, S}, one = {0, 1, c};
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &whole, 1, &whole, 1, 1, 1, 0, &out->single_s));
-    if (o->trace)
-        DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, &whole, 1, &whole, 1, 1, 1, 0, &out->single));
+    dt_attn_segment whole = {0, 1, S, 0, 0}, one = {0, 1, c, 0, 0};
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single_s));
+    if (o->trace) DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single));
     double full_s, causal_s;
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, &one, 1, &one, 1, 0, 0, 0, &full_s));
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, &one, 1, &one, 1, 0, 0, 0, &causal_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, one, one, 0, 0, 0, &full_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, one, one, 0, 0, 0, &causal_s));
     out->r = causal_s / full_s;
     return DT_SUCCESS;
 }

@@ -414,16 +414,11 @@ static const char *mask_phrase(dt_attn_mask mask) {
 }
 
 /* Pairs rank j computes when it holds the K/V block of rank src, per
- * (batch, head): every (q segment, k segment) pair of the two shards. */
+ * (batch, head). */
 static int64_t block_pairs(dt_order order, dt_attn_mask mask, int64_t seq, int parts, int j,
                            int src) {
-    dt_attn_segment qs[2], ks[2];
-    int nq = dt_attn_segments(order, seq, parts, j, qs);
-    int nk = dt_attn_segments(order, seq, parts, src, ks);
-    int64_t n = 0;
-    for (int a = 0; a < nq; a++)
-        for (int b = 0; b < nk; b++) n += dt_attn_pairs(mask, qs[a], ks[b]);
-    return n;
+    return dt_attn_pairs(mask, dt_attn_segment_of(order, seq, parts, j),
+                         dt_attn_segment_of(order, seq, parts, src));
 }
 
 typedef struct work_table {

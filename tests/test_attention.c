@@ -265,63 +265,77 @@ static void test_segments_follow_the_orders(void **state) {
         for (int o = 0; o < DT_ORDER_COUNT; o++)
             for (int j = 0; j < p; j++) {
                 int64_t S = 4 * p * 3, idx[96];
-                dt_attn_segment seg[2];
                 h_order_indices((dt_order)o, S, p, j, idx);
-                int n = dt_attn_segments((dt_order)o, S, p, j, seg);
-                int64_t x = 0;
-                for (int i = 0; i < n; i++)
-                    for (int64_t y = 0; y < seg[i].len; y++, x++)
-                        assert_int_equal(dt_attn_pos(seg[i], y), idx[x]);
-                assert_int_equal(x, S / p);
+                const dt_attn_segment seg = dt_attn_segment_of((dt_order)o, S, p, j);
+                assert_int_equal(seg.len, S / p);
+                for (int64_t x = 0; x < seg.len; x++) {
+                    assert_int_equal(dt_attn_pos(seg, x), idx[x]);
+                    /* the kernels' bounds rest on positions growing with the row */
+                    if (x > 0) assert_true(dt_attn_pos(seg, x) > dt_attn_pos(seg, x - 1));
+                }
             }
 }
 
 /* Tile classes and loop bounds agree with the element-wise rule, and pair
  * counts with a brute-force count; striped blocks follow the paper's masks. */
+static void check_mask_rule(dt_attn_segment q, dt_attn_segment k) {
+    int64_t pairs = 0;
+    for (int64_t x = 0; x < q.len; x++)
+        for (int64_t y = 0; y < k.len; y++) pairs += dt_attn_pos(q, x) >= dt_attn_pos(k, y);
+    assert_int_equal(dt_attn_pairs(DT_ATTN_CAUSAL, q, k), pairs);
+    assert_int_equal(dt_attn_pairs(DT_ATTN_FULL, q, k), q.len * k.len);
+    /* The loop bounds kernels use: a prefix of keys per query position, a
+     * suffix of queries per key position (any p). */
+    for (int64_t pos = -2; pos < 64; pos++) {
+        int64_t keys = 0, first = q.len;
+        for (int64_t y = 0; y < k.len; y++) keys += dt_attn_pos(k, y) <= pos;
+        for (int64_t x = q.len - 1; x >= 0 && dt_attn_pos(q, x) >= pos; x--) first = x;
+        if (dt_attn_keys_upto(DT_ATTN_CAUSAL, k, pos) != keys ||
+            dt_attn_queries_from(DT_ATTN_CAUSAL, q, pos) != first)
+            fail_msg("q (%lld,%lld,%lld,%lld,%lld) k (%lld,%lld,%lld,%lld,%lld) position %lld: "
+                     "keys %lld want %lld, queries from %lld want %lld", (long long)q.start,
+                     (long long)q.stride, (long long)q.len, (long long)q.split, (long long)q.gap,
+                     (long long)k.start, (long long)k.stride, (long long)k.len, (long long)k.split,
+                     (long long)k.gap, (long long)pos,
+                     (long long)dt_attn_keys_upto(DT_ATTN_CAUSAL, k, pos), (long long)keys,
+                     (long long)dt_attn_queries_from(DT_ATTN_CAUSAL, q, pos), (long long)first);
+        assert_int_equal(dt_attn_keys_upto(DT_ATTN_FULL, k, pos), k.len);
+        assert_int_equal(dt_attn_queries_from(DT_ATTN_FULL, q, pos), 0);
+    }
+    for (int64_t x0 = 0; x0 < q.len; x0 += 3)
+        for (int64_t y0 = 0; y0 < k.len; y0 += 4) {
+            int64_t x1 = x0 + 3 < q.len ? x0 + 3 : q.len, y1 = y0 + 4 < k.len ? y0 + 4 : k.len;
+            int any = 0, all = 1;
+            for (int64_t x = x0; x < x1; x++)
+                for (int64_t y = y0; y < y1; y++) {
+                    int ok = dt_attn_pos(q, x) >= dt_attn_pos(k, y);
+                    any |= ok;
+                    all &= ok;
+                }
+            dt_attn_tile want = all ? DT_TILE_FULL : any ? DT_TILE_PARTIAL : DT_TILE_EMPTY;
+            assert_int_equal(dt_attn_tile_class(DT_ATTN_CAUSAL, q, x0, x1, k, y0, y1), want);
+        }
+}
+
 static void test_tile_classes_and_pairs(void **state) {
     (void)state;
+    /* (split, gap) of a segment: none; a jump inside (zigzag's); one before
+     * row 0; one past the last row; a jump of one position (no hole) */
+    const int64_t jumps[][2] = {{0, 0}, {4, 6}, {0, 5}, {20, 3}, {5, 1}};
     for (int64_t qs = 0; qs < 7; qs++)
         for (int64_t ks = 0; ks < 7; ks++)
-            for (int64_t stride = 1; stride <= 4; stride++) {
-                dt_attn_segment q = {qs, stride, 9}, k = {ks, stride, 11};
-                int64_t pairs = 0;
-                for (int64_t x = 0; x < q.len; x++)
-                    for (int64_t y = 0; y < k.len; y++) pairs += dt_attn_pos(q, x) >= dt_attn_pos(k, y);
-                assert_int_equal(dt_attn_pairs(DT_ATTN_CAUSAL, q, k), pairs);
-                assert_int_equal(dt_attn_pairs(DT_ATTN_FULL, q, k), q.len * k.len);
-                /* The loop bounds kernels use: a prefix of keys per query
-                 * position, a suffix of queries per key position (any p). */
-                for (int64_t pos = -2; pos < 50; pos++) {
-                    int64_t keys = 0, first = q.len;
-                    for (int64_t y = 0; y < k.len; y++) keys += dt_attn_pos(k, y) <= pos;
-                    for (int64_t x = q.len - 1; x >= 0 && dt_attn_pos(q, x) >= pos; x--) first = x;
-                    assert_int_equal(dt_attn_keys_upto(DT_ATTN_CAUSAL, k, pos), keys);
-                    assert_int_equal(dt_attn_queries_from(DT_ATTN_CAUSAL, q, pos), first);
-                    assert_int_equal(dt_attn_keys_upto(DT_ATTN_FULL, k, pos), k.len);
-                    assert_int_equal(dt_attn_queries_from(DT_ATTN_FULL, q, pos), 0);
-                }
-                for (int64_t x0 = 0; x0 < q.len; x0 += 3)
-                    for (int64_t y0 = 0; y0 < k.len; y0 += 4) {
-                        int64_t x1 = x0 + 3 < q.len ? x0 + 3 : q.len, y1 = y0 + 4 < k.len ? y0 + 4 : k.len;
-                        int any = 0, all = 1;
-                        for (int64_t x = x0; x < x1; x++)
-                            for (int64_t y = y0; y < y1; y++) {
-                                int ok = dt_attn_pos(q, x) >= dt_attn_pos(k, y);
-                                any |= ok;
-                                all &= ok;
-                            }
-                        dt_attn_tile want = all ? DT_TILE_FULL : any ? DT_TILE_PARTIAL : DT_TILE_EMPTY;
-                        assert_int_equal(dt_attn_tile_class(DT_ATTN_CAUSAL, q, x0, x1, k, y0, y1), want);
-                    }
-            }
+            for (int64_t stride = 1; stride <= 4; stride++)
+                for (int jq = 0; jq < 5; jq++)
+                    for (int jk = 0; jk < 5; jk++)
+                        if ((jq == 0 && jk == 0) || stride <= 2)   /* jumps at strides 1, 2 */
+                            check_mask_rule((dt_attn_segment){qs, stride, 9, jumps[jq][0], jumps[jq][1]},
+                                            (dt_attn_segment){ks, stride, 11, jumps[jk][0], jumps[jk][1]});
     /* Striped: y <= x when j >= k, y < x when j < k (Striped Attention paper). */
     for (int p = 2; p <= MAXP; p++)
         for (int j = 0; j < p; j++)
             for (int kk = 0; kk < p; kk++) {
-                dt_attn_segment qsegs[2], ksegs[2];
-                dt_attn_segments(DT_ORDER_STRIPED, 5 * p, p, j, qsegs);
-                dt_attn_segments(DT_ORDER_STRIPED, 5 * p, p, kk, ksegs);
-                dt_attn_segment qj = qsegs[0], kk_seg = ksegs[0];
+                const dt_attn_segment qj = dt_attn_segment_of(DT_ORDER_STRIPED, 5 * p, p, j);
+                const dt_attn_segment kk_seg = dt_attn_segment_of(DT_ORDER_STRIPED, 5 * p, p, kk);
                 for (int64_t x = 0; x < 5; x++)
                     for (int64_t y = 0; y < 5; y++) {
                         int allowed = dt_attn_pos(qj, x) >= dt_attn_pos(kk_seg, y);
@@ -858,11 +872,14 @@ static void check_heaviest_first(dt_attn_mask mask, dt_attn_segment q, dt_attn_s
  * the non-empty ones, its unmasked ones full and whole; the backward's
  * likewise for query tiles (check_bwd_bounds). */
 static void check_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {
+    assert_true(dt_mma_keys_fit(k));
+    const dt_mma_keys keys = dt_mma_keys_of(mask, k);   /* the kernels' form */
     for (int64_t x = 0; x < q.len; x++) {
         int64_t n = 0;
         for (int64_t y = 0; y < k.len; y++)
             n += mask == DT_ATTN_FULL || dt_attn_pos(q, x) >= dt_attn_pos(k, y);
         assert_int_equal(dt_attn_keys_upto(mask, k, dt_attn_pos(q, x)), n);
+        assert_int_equal(dt_mma_keys_upto(&keys, dt_attn_pos(q, x)), n);
     }
     const int64_t ktiles = (k.len + DT_MMA_BN - 1) / DT_MMA_BN;
     for (int64_t x0 = 0; x0 < q.len; x0 += DT_MMA_BM) {
@@ -987,37 +1004,49 @@ static void test_mma_division(void **state) {
     /* the key limit of a position against mask.h, on segments whose
      * positions span up to 2^32 - 1 (dt_mma_keys_fit) */
     const dt_attn_segment segs[] = {
-        {0, 1, 4096},        {1, 8, 512},          {7, 3, 1000},      {1000000, 1, 1},
-        {5, 2, 0},           {3, 64, 1 << 20},     {1ll << 40, 7, 100}, {-50, 5, 100},
-        {0, 4096, 1 << 20},  {9, UINT32_MAX, 2},   {0, 2, (1ll << 31) - 1}, {2, 5000000000ll, 1},
+        {0, 1, 4096, 0, 0},       {1, 8, 512, 0, 0},        {7, 3, 1000, 0, 0},
+        {1000000, 1, 1, 0, 0},    {5, 2, 0, 0, 0},          {3, 64, 1 << 20, 0, 0},
+        {1ll << 40, 7, 100, 0, 0}, {-50, 5, 100, 0, 0},     {0, 4096, 1 << 20, 0, 0},
+        {9, UINT32_MAX, 2, 0, 0}, {0, 2, (1ll << 31) - 1, 0, 0}, {2, 5000000000ll, 1, 0, 0},
+        /* with a jump: zigzag's (P = 8, rank 2, h = 2048), at row 0, past
+         * the end, of one position, on a stride, to the span's limit */
+        {4096, 1, 4096, 2048, 20480 }, {0, 1, 100, 0, 77},  {3, 1, 100, 100, 1000},
+        {3, 1, 100, 50, 1},       {11, 3, 1000, 999, 12345}, {0, 1, 2, 1, UINT32_MAX - 1},
     };
     for (size_t si = 0; si < sizeof segs / sizeof segs[0]; si++)
         for (int mask = 0; mask < 2; mask++) {
             const dt_attn_segment k = segs[si];
             assert_true(dt_mma_keys_fit(k));
             const dt_mma_keys v = dt_mma_keys_of((dt_attn_mask)mask, k);
-            const int64_t last = k.start + (k.len > 0 ? k.len - 1 : 0) * k.stride;
+            const int64_t last = dt_attn_pos(k, k.len > 0 ? k.len - 1 : 0);
+            const int64_t at = dt_attn_pos(k, k.split), before = dt_attn_pos(k, k.split - 1);
             int64_t ps[80];
             int c = 0;
             const int64_t fixed[] = {k.start - 1, k.start, k.start + 1, k.start + k.stride - 1,
                                      k.start + k.stride, last - 1, last, last + 1,
-                                     last + k.stride, INT64_MIN / 2, INT64_MAX / 2};
+                                     last + k.stride, INT64_MIN / 2, INT64_MAX / 2,
+                                     /* around the jump, and in its hole */
+                                     before - 1, before, before + 1, at - 1, at, at + 1,
+                                     (before + at) / 2};
             for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) ps[c++] = fixed[i];
             while (c < 80) {   /* around a random key's position */
                 const int64_t key = k.len > 0 ? (int64_t)(splitmix(&seed) % (uint64_t)k.len) : 0;
-                ps[c++] = k.start + key * k.stride + (int64_t)(splitmix(&seed) % 3) - 1;
+                ps[c++] = dt_attn_pos(k, key) + (int64_t)(splitmix(&seed) % 3) - 1;
             }
             for (int i = 0; i < c; i++) {
                 const int64_t got = dt_mma_keys_upto(&v, ps[i]);
                 const int64_t want = dt_attn_keys_upto((dt_attn_mask)mask, k, ps[i]);
                 if (got != want)
-                    fail_msg("dt_mma_keys_upto: mask %d, keys (%lld, %lld, %lld), position %lld: "
-                             "%lld, want %lld", mask, (long long)k.start, (long long)k.stride,
-                             (long long)k.len, (long long)ps[i], (long long)got, (long long)want);
+                    fail_msg("dt_mma_keys_upto: mask %d, keys (%lld, %lld, %lld, %lld, %lld), "
+                             "position %lld: %lld, want %lld", mask, (long long)k.start,
+                             (long long)k.stride, (long long)k.len, (long long)k.split,
+                             (long long)k.gap, (long long)ps[i], (long long)got, (long long)want);
             }
         }
     /* the span's limit */
-    const dt_attn_segment wide[] = {{0, 1, (1ll << 32) + 1}, {0, 3000000000ll, 3}, {0, 3, 1ll << 31}};
+    const dt_attn_segment wide[] = {{0, 1, (1ll << 32) + 1, 0, 0}, {0, 3000000000ll, 3, 0, 0},
+                                    {0, 3, 1ll << 31, 0, 0}, {0, 1, 2, 1, UINT32_MAX},
+                                    {0, 1, 3, 1, 1ll << 40}};
     for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++) assert_false(dt_mma_keys_fit(wide[i]));
 }
 
@@ -1086,21 +1115,31 @@ static void test_mma_tile_bounds(void **state) {
                 for (size_t st = 0; st < 6; st++)
                     for (size_t i = 0; i < 4; i++)
                         for (size_t j = 0; j < 3; j++) {
-                            dt_attn_segment q = {qstarts[i], strides[st][0], qlens[a]};
-                            dt_attn_segment k = {kstarts[j], strides[st][1], klens[b]};
+                            dt_attn_segment q = {qstarts[i], strides[st][0], qlens[a], 0, 0};
+                            dt_attn_segment k = {kstarts[j], strides[st][1], klens[b], 0, 0};
                             check_bounds(mk ? DT_ATTN_FULL : DT_ATTN_CAUSAL, q, k);
                         }
-    /* the segments of real shardings */
-    for (int p = 1; p <= MAXP; p++)
-        for (int o = 0; o < DT_ORDER_COUNT; o++)
-            for (int j = 0; j < p; j++)
-                for (int src = 0; src < p; src++) {
-                    dt_attn_segment qs[2], ks[2];
-                    int nq = dt_attn_segments((dt_order)o, 2 * p * 67, p, j, qs);
-                    int nk = dt_attn_segments((dt_order)o, 2 * p * 67, p, src, ks);
-                    for (int a = 0; a < nq; a++)
-                        for (int b = 0; b < nk; b++) check_bounds(DT_ATTN_CAUSAL, qs[a], ks[b]);
-                }
+    /* segments with a jump (split, gap): inside a tile, on a tile's edge,
+     * before row 0, of one position */
+    const int64_t jumps[][2] = {{0, 0}, {37, 100}, {64, 64}, {0, 9}, {100, 1}};
+    for (size_t a = 1; a < 6; a++)
+        for (size_t b = 1; b < 4; b++)
+            for (int jq = 0; jq < 5; jq++)
+                for (int jk = 0; jk < 5; jk++)
+                    for (int64_t stride = 1; stride <= 2; stride++) {
+                        dt_attn_segment q = {7, stride, qlens[a], jumps[jq][0], jumps[jq][1]};
+                        dt_attn_segment k = {2, stride, klens[b], jumps[jk][0], jumps[jk][1]};
+                        check_bounds(DT_ATTN_CAUSAL, q, k);
+                    }
+    /* the segments of real shardings: chunks across tiles' edges (67 rows)
+     * and on them (128) */
+    for (int64_t h = 67; h <= 128; h += 61)
+        for (int p = 1; p <= MAXP; p++)
+            for (int o = 0; o < DT_ORDER_COUNT; o++)
+                for (int j = 0; j < p; j++)
+                    for (int src = 0; src < p; src++)
+                        check_bounds(DT_ATTN_CAUSAL, dt_attn_segment_of((dt_order)o, 2 * p * h, p, j),
+                                     dt_attn_segment_of((dt_order)o, 2 * p * h, p, src));
 }
 
 /* DT_ATTN_KERNEL: a bad value is refused on every rank, before anything
@@ -1577,7 +1616,7 @@ static void test_workspace_reuse(void **state) {
     for (int r = 0; r < 3; r++) assert_int_equal(c.bad[r], 0);
 }
 
-/* A call of one block per query segment on a tensor-core kernel keeps no
+/* A call of one block (one rank) on a tensor-core kernel keeps no
  * fp32 running state (forward.c, fwd_stateless): on CUDA its workspace is
  * at least the B S H D fp32 of acc smaller than the simple kernel's, and a
  * caller's workspace of just that size gives the output of the library's

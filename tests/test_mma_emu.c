@@ -9,8 +9,8 @@
  * cases of their own (emulator/...: small kernels in C).
  *
  * Each case splits a sequence over P "ranks" (contiguous, striped or
- * zigzag, mask.h's segments) and runs the kernel on every (query segment,
- * key segment) block as the ring does, accumulating into the fp32 running
+ * zigzag, mask.h's segments: zigzag's with a jump) and runs the kernel on
+ * every (query rank, key rank) block as the ring does, accumulating into the fp32 running
  * state: the forward's m, l, acc for each query rank, finalised here; the
  * backward's dq of each query rank and dk, dv of each key rank. The results
  * must match the double-precision reference on the whole sequence
@@ -70,7 +70,7 @@ typedef struct emu_case {
     int64_t l2;     /* the L2 size the launch order plans for (mma_layout.h) */
     int sections;   /* > 0: instead, an L2 that gives sections of this many units */
     int sms;        /* the wgmma forward: > 0 persistent on this many SMs, 0 a CTA per tile */
-    int dependent;  /* forward: blocks after a query segment's first launched as
+    int dependent;  /* forward: blocks after a query rank's first launched as
                        programmatic dependents */
     int overlap;    /* the wgmma forward at D = 128: its overlapped order */
     int producer;   /* the wgmma forward at D = 128: its loads by a producer warpgroup */
@@ -118,18 +118,14 @@ static void *local_rows(const emu_case *c, const double *full, int64_t heads, in
 
 /* The inputs of a case, per rank: q, k, v (and for the backward dout, o). */
 typedef struct ranks {
-    int nseg[MAXP];
-    dt_attn_segment seg[MAXP][2];
-    int64_t seg_row[MAXP][2];   /* local row of each segment's first row */
+    dt_attn_segment seg[MAXP];   /* rank j's rows and positions */
     void *q[MAXP], *k[MAXP], *v[MAXP];
 } ranks;
 
 static void make_ranks(const emu_case *c, const double *q, const double *k, const double *v,
                        ranks *R) {
     for (int j = 0; j < c->P; j++) {
-        R->nseg[j] = dt_attn_segments(c->order, c->s.S, c->P, j, R->seg[j]);
-        R->seg_row[j][0] = 0;
-        R->seg_row[j][1] = R->seg[j][0].len;
+        R->seg[j] = dt_attn_segment_of(c->order, c->s.S, c->P, j);
         R->q[j] = local_rows(c, q, c->s.H, j);
         R->k[j] = local_rows(c, k, c->s.Hkv, j);
         R->v[j] = local_rows(c, v, c->s.Hkv, j);
@@ -142,10 +138,6 @@ static void free_ranks(const emu_case *c, ranks *R) {
         cudaFree(R->k[j]);
         cudaFree(R->v[j]);
     }
-}
-
-static const void *rows_at(const void *base, dt_dtype dt, int64_t row, int64_t heads, int64_t D) {
-    return (const char *)base + (size_t)(row * heads * D) * dt_dtype_size(dt);
 }
 
 #ifdef DT_EMU_NO_CXX
@@ -262,56 +254,48 @@ static void run_forward(void **state) {
     const int64_t trace_len = (n + bm - 1) / bm * H * B + 3;
     dt_attn_cta_trace *trace = malloc((size_t)trace_len * sizeof *trace);
     long bad = 0;
-    uint64_t continuing = 0;   /* blocks that are not their query segment's first */
+    uint64_t continuing = 0;   /* blocks that are not their rank's first */
     for (int j = 0; j < c->P && !bad; j++) {
-        /* NaN: the first block of each query segment must not read them */
+        /* NaN: the rank's first block must not read them */
         for (size_t i = 0; i < nrow; i++) m[i] = l[i] = lse[i] = NAN;
         for (size_t i = 0; i < nacc; i++) acc[i] = NAN;
         /* the queue as new memory: the call's first block must clear it */
         qw[0] = qw[1] = 0xdeadbeefu;
         for (int step = 0; step < c->P && !bad; step++) {   /* key ranks in ring order */
             const int r = (j - step + c->P) % c->P;
-            for (int si = 0; si < R.nseg[j]; si++)
-                for (int sk = 0; sk < R.nseg[r]; sk++) {
-                    const int64_t x0 = R.seg_row[j][si], y0 = R.seg_row[r][sk];
-                    dt_attn_block_args a = {
-                        .dtype = c->dtype, .batch = B, .heads = H, .kv_heads = G, .dim = D,
-                        .q = rows_at(R.q[j], c->dtype, x0, H, D), .q_batch_stride = n * H * D,
-                        .k = rows_at(R.k[r], c->dtype, y0, G, D),
-                        .v = rows_at(R.v[r], c->dtype, y0, G, D), .kv_batch_stride = n * G * D,
-                        .qseg = R.seg[j][si], .kseg = R.seg[r][sk], .mask = c->mask,
-                        .scale = (float)(1.0 / sqrt((double)D)), .m = m + x0, .l = l + x0,
-                        .ml_batch_stride = H * n, .ml_head_stride = n, .acc = acc + x0 * H * D,
-                        .acc_batch_stride = n * H * D, .first = step == 0 && sk == 0,
-                        .last = step == c->P - 1 && sk == R.nseg[r] - 1,
-                        .o = (char *)ot + (size_t)(x0 * H * D) * dt_dtype_size(c->dtype),
-                        .lse = lse + x0, .kernel = c->kernel, .trace = trace,
-                        .trace_len = trace_len};
-                    memset(trace, 0, (size_t)trace_len * sizeof *trace);
-                    continuing += !a.first;
-                    if (!dt_emu_attn_mma_block_ok(&a, why, sizeof why)) {
-                        print_error("%s: block refused: %s\n", c->name, why);
-                        bad = 1;
-                    } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
-                                                              c->sms, queue, c->dependent, c->overlap,
-                                                              c->producer)
-                                      : dt_emu_attn_mma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
-                                                            c->dependent)) != DT_SUCCESS) {
-                        print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
-                        bad = 1;
-                    } else {
-                        /* marks: the forward's, but the wgmma kernel's at D = 128 only */
-                        bad += check_trace(c->name, trace, (a.qseg.len + bm - 1) / bm * H * B,
-                                           tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H),
-                                           !wgmma || D == 128);
-                        /* every launch leaves the queue clear for the next block's */
-                        if (wgmma && (qw[0] || qw[1])) {
-                            print_error("%s: rank %d, keys of rank %d: the tile queue is left at "
-                                        "%u, %u\n", c->name, j, r, qw[0], qw[1]);
-                            bad++;
-                        }
-                    }
+            dt_attn_block_args a = {
+                .dtype = c->dtype, .batch = B, .heads = H, .kv_heads = G, .dim = D,
+                .q = R.q[j], .q_batch_stride = n * H * D, .k = R.k[r], .v = R.v[r],
+                .kv_batch_stride = n * G * D, .qseg = R.seg[j], .kseg = R.seg[r],
+                .mask = c->mask, .scale = (float)(1.0 / sqrt((double)D)), .m = m, .l = l,
+                .ml_batch_stride = H * n, .ml_head_stride = n, .acc = acc,
+                .acc_batch_stride = n * H * D, .first = step == 0,
+                .last = step == c->P - 1, .o = ot, .lse = lse, .kernel = c->kernel,
+                .trace = trace, .trace_len = trace_len};
+            memset(trace, 0, (size_t)trace_len * sizeof *trace);
+            continuing += !a.first;
+            if (!dt_emu_attn_mma_block_ok(&a, why, sizeof why)) {
+                print_error("%s: block refused: %s\n", c->name, why);
+                bad = 1;
+            } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
+                                                      c->sms, queue, c->dependent, c->overlap,
+                                                      c->producer)
+                              : dt_emu_attn_mma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
+                                                    c->dependent)) != DT_SUCCESS) {
+                print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
+                bad = 1;
+            } else {
+                /* marks: the forward's, but the wgmma kernel's at D = 128 only */
+                bad += check_trace(c->name, trace, (a.qseg.len + bm - 1) / bm * H * B,
+                                   tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H),
+                                   !wgmma || D == 128);
+                /* every launch leaves the queue clear for the next block's */
+                if (wgmma && (qw[0] || qw[1])) {
+                    print_error("%s: rank %d, keys of rank %d: the tile queue is left at "
+                                "%u, %u\n", c->name, j, r, qw[0], qw[1]);
+                    bad++;
                 }
+            }
         }
         if (bad) break;
         for (size_t i = 0; i < nacc; i++) o[i] = dt_value_get(ot, c->dtype, i);
@@ -323,7 +307,7 @@ static void run_forward(void **state) {
     }
     const uint64_t mma_ran = dt_emu_get_counts().mma - mma_before;
     /* dependent launches ran where asked for (every block but a query
-     * segment's first), and only there */
+     * rank's first), and only there */
     const uint64_t dependent_ran = dt_emu_get_counts().dependent - dependent_before;
     free_ranks(c, &R);
     free(q), free(k), free(v), free(o_ref), free(lse_ref), free(ref), free(ref_lse);
@@ -385,7 +369,7 @@ static void run_backward(void **state) {
         dq[j] = zeros_f32(nql);
         dk[j] = zeros_f32(nkl);
         dv[j] = zeros_f32(nkl);
-        for (size_t i = 0; i < nkl; i++)   /* the first block on a key segment writes them */
+        for (size_t i = 0; i < nkl; i++)   /* the first block on a key rank writes them */
             dk[j][i] = dv[j][i] = NAN;
     }
     const uint64_t mma_before = dt_emu_get_counts().mma;
@@ -394,40 +378,34 @@ static void run_backward(void **state) {
     const int64_t trace_len = (n + bn - 1) / bn * G * B + 3;
     dt_attn_cta_trace *trace = malloc((size_t)trace_len * sizeof *trace);
     long bad = 0;
-    /* every (query rank, key rank) block, every segment pair */
+    /* every (query rank, key rank) block */
     for (int j = 0; j < c->P && !bad; j++)
-        for (int r = 0; r < c->P && !bad; r++)
-            for (int si = 0; si < R.nseg[j]; si++)
-                for (int sk = 0; sk < R.nseg[r]; sk++) {
-                    const int64_t x0 = R.seg_row[j][si], y0 = R.seg_row[r][sk];
-                    dt_attn_block_bwd_args a = {
-                        .dtype = c->dtype, .batch = B, .heads = H, .kv_heads = G, .dim = D,
-                        .q = rows_at(R.q[j], c->dtype, x0, H, D),
-                        .dout = rows_at(dor[j], c->dtype, x0, H, D), .q_batch_stride = n * H * D,
-                        .k = rows_at(R.k[r], c->dtype, y0, G, D),
-                        .v = rows_at(R.v[r], c->dtype, y0, G, D), .kv_batch_stride = n * G * D,
-                        .qseg = R.seg[j][si], .kseg = R.seg[r][sk], .mask = c->mask,
-                        .scale = (float)scale, .lse = lse[j] + x0, .delta = delta[j] + x0,
-                        .ml_batch_stride = H * n, .ml_head_stride = n, .dq = dq[j] + x0 * H * D,
-                        .dq_batch_stride = n * H * D, .dk = dk[r] + y0 * G * D,
-                        .dv = dv[r] + y0 * G * D, .first = j == 0 && si == 0,
-                        .kernel = c->kernel, .trace = trace, .trace_len = trace_len};
-                    memset(trace, 0, (size_t)trace_len * sizeof *trace);
-                    const int64_t l2 = l2_for(c, (H / G) * a.qseg.len * D * 8);
-                    if (!bad && !dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why)) {
-                        print_error("%s: block refused: %s\n", c->name, why);
-                        bad = 1;
-                    } else if (!bad && (wgmma ? dt_emu_attn_wgmma_bwd(NULL, &a, l2)
-                                              : dt_emu_attn_mma_bwd(NULL, &a, l2)) != DT_SUCCESS) {
-                        print_error("%s: queries of rank %d, keys of rank %d: %s\n", c->name, j,
-                                    r, dt_last_error());
-                        bad = 1;
-                    } else if (!bad) {   /* a tile of keys per CTA, its query tiles its work */
-                        bad += check_trace(c->name, trace, (a.kseg.len + bn - 1) / bn * G * B,
-                                           tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H),
-                                           0);
-                    }
-                }
+        for (int r = 0; r < c->P && !bad; r++) {
+            dt_attn_block_bwd_args a = {
+                .dtype = c->dtype, .batch = B, .heads = H, .kv_heads = G, .dim = D,
+                .q = R.q[j], .dout = dor[j], .q_batch_stride = n * H * D, .k = R.k[r],
+                .v = R.v[r], .kv_batch_stride = n * G * D, .qseg = R.seg[j],
+                .kseg = R.seg[r], .mask = c->mask, .scale = (float)scale, .lse = lse[j],
+                .delta = delta[j], .ml_batch_stride = H * n, .ml_head_stride = n,
+                .dq = dq[j], .dq_batch_stride = n * H * D, .dk = dk[r], .dv = dv[r],
+                .first = j == 0, .kernel = c->kernel, .trace = trace,
+                .trace_len = trace_len};
+            memset(trace, 0, (size_t)trace_len * sizeof *trace);
+            const int64_t l2 = l2_for(c, (H / G) * a.qseg.len * D * 8);
+            if (!bad && !dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why)) {
+                print_error("%s: block refused: %s\n", c->name, why);
+                bad = 1;
+            } else if (!bad && (wgmma ? dt_emu_attn_wgmma_bwd(NULL, &a, l2)
+                                      : dt_emu_attn_mma_bwd(NULL, &a, l2)) != DT_SUCCESS) {
+                print_error("%s: queries of rank %d, keys of rank %d: %s\n", c->name, j,
+                            r, dt_last_error());
+                bad = 1;
+            } else if (!bad) {   /* a tile of keys per CTA, its query tiles its work */
+                bad += check_trace(c->name, trace, (a.kseg.len + bn - 1) / bn * G * B,
+                                   tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H),
+                                   0);
+            }
+        }
     const double tol = 3e-2;
     double *ref = malloc(nql * sizeof *ref);
     for (int j = 0; j < c->P && !bad; j++) {
@@ -456,7 +434,7 @@ static void run_backward(void **state) {
 static void test_bwd_walk_bound(void **state) {
     (void)state;
     char why[256] = "";
-    dt_attn_segment q = {0, 1, (int64_t)1 << 16}, k = {0, 1, 128};
+    dt_attn_segment q = {0, 1, (int64_t)1 << 16, 0, 0}, k = {0, 1, 128, 0, 0};
     dt_attn_block_bwd_args a = {.dtype = DT_BF16, .batch = 1, .heads = (int64_t)1 << 20,
                                 .kv_heads = 1, .dim = 64, .qseg = q, .kseg = k};
     /* 2^20 heads x 2^10 tiles: 2^30 iterations */
@@ -474,7 +452,7 @@ static void test_key_span_bound(void **state) {
     (void)state;
     char why[256] = "";
     const int64_t stride = ((int64_t)1 << 32) - 1;   /* two keys: a span of 2^32 - 1 */
-    dt_attn_segment q = {0, 1, 64}, k = {0, stride, 2};
+    dt_attn_segment q = {0, 1, 64, 0, 0}, k = {0, stride, 2, 0, 0};
     dt_attn_block_args f = {.dtype = DT_BF16, .batch = 1, .heads = 1, .kv_heads = 1, .dim = 64,
                             .qseg = q, .kseg = k};
     dt_attn_block_bwd_args b = {.dtype = DT_BF16, .batch = 1, .heads = 1, .kv_heads = 1,
@@ -514,7 +492,7 @@ static void test_wgmma_persistent_keyless(void **state) {
         const double scale = 1.0 / sqrt((double)D);
         dt_attn_block_args a = {
             .dtype = DT_BF16, .batch = 1, .heads = H, .kv_heads = G, .dim = D, .q = qd,
-            .k = kd, .v = vd, .qseg = {0, 1, nq}, .kseg = {kstart, 1, nk},
+            .k = kd, .v = vd, .qseg = {0, 1, nq, 0, 0}, .kseg = {kstart, 1, nk, 0, 0},
             .mask = DT_ATTN_CAUSAL, .scale = (float)scale, .ml_head_stride = nq, .first = 1,
             .last = 1, .o = od, .lse = lse, .kernel = DT_ATTN_KERNEL_WGMMA};
         char why[256];
@@ -1692,6 +1670,9 @@ int main(void) {
         {2, DT_ORDER_ZIGZAG, DT_ATTN_CAUSAL, {1, 200, 4, 2, 64}, 0},
         {2, DT_ORDER_CONTIGUOUS, DT_ATTN_FULL, {1, 200, 2, 1, 128}, 0},
         {2, DT_ORDER_STRIPED, DT_ATTN_CAUSAL, {1, 268, 2, 1, 64}, 1},
+        /* zigzag at D = 128 over four ranks: each rank's jump (mask.h)
+         * inside a query and a key tile */
+        {4, DT_ORDER_ZIGZAG, DT_ATTN_CAUSAL, {1, 320, 2, 1, 128}, 0},
     };
     /* The same for the wgmma kernel's 128-row query and key tiles: at least
      * three key tiles per block somewhere (the cp.async stages are reused),
@@ -1703,28 +1684,29 @@ int main(void) {
         {2, DT_ORDER_ZIGZAG, DT_ATTN_CAUSAL, {1, 1040, 4, 2, 64}, 0},
         {3, DT_ORDER_CONTIGUOUS, DT_ATTN_FULL, {1, 870, 2, 1, 128}, 0},
         {2, DT_ORDER_STRIPED, DT_ATTN_CAUSAL, {1, 600, 2, 1, 64}, 1},
+        {4, DT_ORDER_ZIGZAG, DT_ATTN_CAUSAL, {1, 1040, 2, 1, 128}, 0},
     };
     _Static_assert(sizeof wg_rows == sizeof rows, "one wgmma row per mma row");
     /* fp16 takes the rows that instantiate its kernels for both head dims
      * (and the 1e4 logits): the rest differs from bf16 only in the element
      * conversions, and the emulator is slow (~1 s per 10^5 mma). */
-    static const int fp16_rows[] = {0, 1, 1, 0, 1};
+    static const int fp16_rows[] = {0, 1, 1, 0, 1, 0};
     enum { NROWS = sizeof rows / sizeof rows[0] };
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
-    static emu_case cases[4 * 2 * NROWS + 6];
-    struct CMUnitTest tests[4 * 2 * NROWS + 6 + 3 + 6];
+    static emu_case cases[4 * 2 * NROWS + 3 * 3];   /* + the variants beyond the first (below) */
+    struct CMUnitTest tests[4 * 2 * NROWS + 3 * 3 + 3 + 6];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
         for (int dt = 0; dt < 2; dt++)
             for (int i = 0; i < NROWS; i++)
-                /* the wgmma forward's variants at D = 128 on the two D = 128
+                /* the wgmma forward's variants at D = 128 on the three D = 128
                  * rows, bf16 (persistent with dependent launches, and a CTA
                  * per tile without): v = 0 the warpgroups meeting, 1 the
                  * overlapped order, 2 that with the producer warpgroup, 3 the
                  * producer warpgroup with the warpgroups meeting */
-                for (int v = 0; v <= (dir == 2 && !dt && (i == 1 || i == 3) ? 3 : 0); v++) {
+                for (int v = 0; v <= (dir == 2 && !dt && (i == 1 || i == 3 || i == 5) ? 3 : 0); v++) {
                     if (quick && (dt || i || v)) continue;   /* valgrind: one case per direction */
                     if (dt && !fp16_rows[i]) continue;
                     if (dir % 2 && rows[i].huge) continue;  /* the forward's numerics case */
@@ -1745,9 +1727,9 @@ int main(void) {
                     c->sections = i == 1 || i == 2 ? 3 : 0;
                     /* the wgmma forward persistent (one SM: one or two CTAs, each
                      * taking many query tiles, tiles without keys among them on
-                     * the zigzag row) on rows 0 to 2, a CTA per tile on 3, 4;
-                     * both forward kernels with dependent launches but on row 3 */
-                    c->sms = i <= 2;
+                     * the zigzag rows) on rows 0 to 2 and 5, a CTA per tile on 3,
+                     * 4; both forward kernels with dependent launches but on row 3 */
+                    c->sms = i <= 2 || i == 5;
                     c->dependent = dir % 2 == 0 && i != 3;
                     c->overlap = v == 1 || v == 2;
                     c->producer = v >= 2;
