@@ -115,7 +115,8 @@ typedef struct opts {
 
 /* --trace: what traced launches add up to (attention/cta_trace.h). */
 typedef struct launch_sum {
-    int launches;
+    int launches;                          /* those whose CTAs recorded (a block with nothing
+                                              to do launches none: block_cuda.cu's fwd_idle) */
     int64_t ctas;
     double span_us, drain_us, packed_us;   /* summed; packed: the CTAs' time / slots */
     dt_attn_trace_stats last;              /* the last launch's */
@@ -234,7 +235,7 @@ static dt_status trace_launch(const bufs *b) {
     if (st == DT_SUCCESS) st = dt_attn_trace_summarize(host, b->trace_len, &t);
     if (st == DT_SUCCESS) {
         launch_sum *sum = b->tracing;
-        sum->launches++;
+        sum->launches += t.ctas > 0;
         sum->ctas += t.ctas;
         sum->span_us += t.span_us;
         sum->drain_us += t.drain_us;

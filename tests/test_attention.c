@@ -41,6 +41,9 @@
 #endif
 #include "attn_ref.h"
 #include "harness.h"
+#ifdef DT_CUDA_EMULATE
+#include "emu/emu.h"
+#endif
 
 #define MAXP 8
 
@@ -1831,6 +1834,107 @@ static void test_cuda_dependent_launch(void **state) {
     assert_int_equal(bad, 0);
 }
 
+/* A forward block whose keys all come after its queries, neither a call's
+ * first block nor its last (a contiguous ring's middle block from a later
+ * rank: 21 of the 64 at P = 8), launches nothing on CUDA (block_cuda.cu's
+ * fwd_idle) and leaves the running state as it was; the same block with
+ * its keys before the queries launches and merges into it. On the CPU
+ * emulator the CTAs are counted; on a GPU the state is what is seen. */
+typedef struct idle_case {
+    uint64_t ctas[2];      /* CTAs run: keys after the queries, keys before (emulator) */
+    int kept[2];           /* the running state as it was before the block */
+    char msg[512];
+} idle_case;
+
+static dt_status rank_idle_block(dt_context *ctx, void *arg) {
+    idle_case *c = arg;
+#ifdef DT_HAVE_CUDA
+    dt_backend *be = ctx->backend;
+    enum { N = 130, H = 2, D = 64 };
+    const size_t kv = (size_t)N * H * D * 2, nacc = (size_t)N * H * D, nrow = (size_t)H * N;
+    void *q = NULL, *k = NULL, *v = NULL, *scratch = NULL;
+    float *acc = NULL, *m = NULL, *l = NULL;
+    float *h_acc = malloc(nacc * sizeof *h_acc), *h_row = malloc(nrow * sizeof *h_row);
+    float *back = malloc(nacc * sizeof *back);
+    dt_status st = h_acc && h_row && back ? DT_SUCCESS : DT_ERR_OUT_OF_MEMORY;
+    if (st == DT_SUCCESS) st = be->ops->alloc(be, kv, &q);
+    if (st == DT_SUCCESS) st = be->ops->alloc(be, kv, &k);
+    if (st == DT_SUCCESS) st = be->ops->alloc(be, kv, &v);
+    if (st == DT_SUCCESS) st = be->ops->alloc(be, dt_attn_kernels_cuda.fwd_scratch(D) + 1, &scratch);
+    if (st == DT_SUCCESS) st = be->ops->alloc(be, nacc * sizeof(float), (void **)&acc);
+    if (st == DT_SUCCESS) st = be->ops->alloc(be, nrow * sizeof(float), (void **)&m);
+    if (st == DT_SUCCESS) st = be->ops->alloc(be, nrow * sizeof(float), (void **)&l);
+    for (size_t i = 0; st == DT_SUCCESS && i < nacc; i++) h_acc[i] = 0.25f + (float)(i % 7);
+    for (size_t i = 0; st == DT_SUCCESS && i < nrow; i++) h_row[i] = 1.5f;
+    /* v = 1 (bf16 0x3f80): a merged block changes acc; q, k = 0 */
+    uint16_t *ones = malloc(kv);
+    if (st == DT_SUCCESS && !ones) st = DT_ERR_OUT_OF_MEMORY;
+    for (size_t i = 0; st == DT_SUCCESS && i < kv / 2; i++) ones[i] = 0x3f80;
+    if (st == DT_SUCCESS) st = be->ops->upload(be, v, ones, kv);
+    free(ones);
+    for (int before = 0; before < 2 && st == DT_SUCCESS; before++) {
+        st = be->ops->upload(be, acc, h_acc, nacc * sizeof(float));
+        if (st == DT_SUCCESS) st = be->ops->upload(be, m, h_row, nrow * sizeof(float));
+        if (st == DT_SUCCESS) st = be->ops->upload(be, l, h_row, nrow * sizeof(float));
+        if (st == DT_SUCCESS) st = be->ops->sync(be);
+        const dt_attn_block_args a = {
+            .dtype = DT_BF16, .batch = 1, .heads = H, .kv_heads = H, .dim = D, .q = q,
+            .q_batch_stride = N * H * D, .k = k, .v = v, .kv_batch_stride = N * H * D,
+            .qseg = {0, 1, N, 0, 0}, .kseg = {before ? 0 : N, 1, N, 0, 0},
+            .mask = DT_ATTN_CAUSAL, .scale = 0.125f, .m = m, .l = l, .ml_batch_stride = H * N,
+            .ml_head_stride = N, .acc = acc, .acc_batch_stride = N * H * D};
+#ifdef DT_CUDA_EMULATE
+        const uint64_t ran = dt_emu_get_counts().blocks;
+#endif
+        if (st == DT_SUCCESS) st = dt_attn_kernels_cuda.fwd(be, &a, scratch);
+        if (st == DT_SUCCESS) st = be->ops->sync(be);
+#ifdef DT_CUDA_EMULATE
+        c->ctas[before] = dt_emu_get_counts().blocks - ran;
+#endif
+        if (st == DT_SUCCESS) st = be->ops->download(be, back, acc, nacc * sizeof(float));
+        c->kept[before] = st == DT_SUCCESS && memcmp(back, h_acc, nacc * sizeof(float)) == 0;
+    }
+    be->ops->free(be, q);
+    be->ops->free(be, k);
+    be->ops->free(be, v);
+    be->ops->free(be, scratch);
+    be->ops->free(be, acc);
+    be->ops->free(be, m);
+    be->ops->free(be, l);
+    free(h_acc);
+    free(h_row);
+    free(back);
+    if (st != DT_SUCCESS) snprintf(c->msg, sizeof c->msg, "%s", dt_last_error());
+    return st;
+#else
+    (void)ctx;
+    (void)c;
+    return DT_ERR_NOT_SUPPORTED;
+#endif
+}
+
+static void test_cuda_idle_block(void **state) {
+    (void)state;
+    char why[512];
+    if (!h_pair_available(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    idle_case c;
+    memset(&c, 0, sizeof c);
+    const dt_status st = h_launch_on(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_idle_block, &c);
+    if (st != DT_SUCCESS) print_error("%s\n", c.msg);
+    assert_int_equal(st, DT_SUCCESS);
+    assert_true(c.kept[0]);    /* nothing merged */
+    assert_false(c.kept[1]);   /* the control: its keys merged into the state */
+#ifdef DT_CUDA_EMULATE
+    print_message("CTAs run: %llu with the keys after the queries, %llu before\n",
+                  (unsigned long long)c.ctas[0], (unsigned long long)c.ctas[1]);
+    assert_int_equal(c.ctas[0], 0);
+    assert_true(c.ctas[1] > 0);
+#endif
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(void) {
@@ -1851,6 +1955,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_workspace_reuse);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_stateless_workspace);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_dependent_launch);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_idle_block);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_empty_tensors);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_fragments);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_tile_bounds);
