@@ -21,7 +21,10 @@
  * communication stream, which the next group's send of its result follows),
  * not between the two kernels; so the next kernel writes another `loc`,
  * and the one after it the first again, by then ordered after the add by
- * that step's completed group. One last exchange after step P-1 brings
+ * that step's completed group. A step whose block has no pair the mask
+ * allows (a contiguous ring's blocks from later ranks, t > 0) runs neither
+ * kernel nor add: the partial sums it received leave unchanged, and `loc`
+ * keeps its role for the next step. One last exchange after step P-1 brings
  * every block's dK|dV home (P transfers of gradients, P-1 of K|V). K and V
  * go as two messages that land packed; step 0 computes on this rank's
  * where they are and sends them from there. Buffers: two for K|V (current,
@@ -155,13 +158,13 @@ static dt_status check_outputs(const attn_plan *p, const char *op, const dt_tens
     return DT_SUCCESS;
 }
 
-/* The backward block kernel of one step: K and V of rank src at k, v, its
- * dK|dV contributions written into dkv (`first`: dkv needs no zeroing). */
+/* The backward block kernel of one step: this rank's queries (qs) against
+ * the K and V at k, v (ks: rank src's), its dK|dV contributions written
+ * into dkv (`first`: dkv needs no zeroing). */
 static dt_status run_block(const attn_plan *p, const bwd_workspace *w, const dt_tensor *q,
                            const dt_tensor *dout, const float *lse, const char *k, const char *v,
-                           int src, float *dq, const float *delta, float *dkv, void *scratch) {
-    dt_attn_segment qs, ks;
-    attn_plan_segments(p, src, &qs, &ks);
+                           dt_attn_segment qs, dt_attn_segment ks, float *dq, const float *delta,
+                           float *dkv, void *scratch) {
     const dt_attn_block_bwd_args a = {
         .dtype = p->dtype, .batch = p->b, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
         .q = dt_tensor_data_const(q), .dout = dt_tensor_data_const(dout),
@@ -228,11 +231,20 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     DT_TRY_GOTO(st, attn_timing_begin(&p, timing), fail);
     for (int t = 0; t < p.parts; t++) {
         int src = (j - t + p.parts) % p.parts;
+        /* A block with no pair the mask allows (a contiguous ring's blocks
+         * from later ranks) adds nothing: no kernel, no add; the sums
+         * received leave as they came. Step 0's always runs: its block
+         * starts the sums. */
+        dt_attn_segment qs, ks;
+        attn_plan_segments(&p, src, &qs, &ks);
+        const int idle = t > 0 && dt_attn_no_pairs(p.mask, qs, ks);
         DT_TRY_GOTO(st, bwd_ring_start(&r, &p, &w, t, &pending), fail);
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
         DT_TRACE_PUSH("attention bwd blocks");
-        st = run_block(&p, &w, q, dout, dt_tensor_data_const(lse), bwd_ring_k(&r, t),
-                       bwd_ring_v(&r, &p, t), src, dqa, delta, r.grad[LOC], ws + w.off_scratch);
+        if (!idle)
+            st = run_block(&p, &w, q, dout, dt_tensor_data_const(lse), bwd_ring_k(&r, t),
+                           bwd_ring_v(&r, &p, t), qs, ks, dqa, delta, r.grad[LOC],
+                           ws + w.off_scratch);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
@@ -247,13 +259,16 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
          * next group's send of its sum follows it (backend.h, add_beside). */
         float *const loc = r.grad[LOC];
         if (t > 0) {
-            DT_TRY_GOTO(st, be->ops->add_beside(be, DT_F32, (int64_t)dkv_n, r.grad[RCV], loc,
-                                                r.grad[RCV]), fail);
+            if (!idle)
+                DT_TRY_GOTO(st, be->ops->add_beside(be, DT_F32, (int64_t)dkv_n, r.grad[RCV], loc,
+                                                    r.grad[RCV]), fail);
             float *const sum = r.grad[RCV];
             r.grad[RCV] = r.grad[SND];   /* sent: free to land the next sums */
             r.grad[SND] = sum;
-            r.grad[LOC] = r.grad[SPARE];
-            r.grad[SPARE] = loc;         /* the kernel after next writes it */
+            if (!idle) {                 /* an idle step wrote no loc and read none */
+                r.grad[LOC] = r.grad[SPARE];
+                r.grad[SPARE] = loc;     /* the kernel after next writes it */
+            }
         } else {
             float *const unused = r.grad[SND];   /* nothing was sent at step 0 */
             r.grad[SND] = loc;

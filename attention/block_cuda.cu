@@ -320,9 +320,7 @@ int fwd_path_of(dt_backend *be, const dt_attn_block_args *a, kernel_path *path, 
  * before are the same without the launch, which would write nothing. */
 bool fwd_idle(const dt_attn_block_args *a) {
     if (a->qseg.len == 0 || a->batch == 0 || a->heads == 0) return true;
-    if (a->first || a->last) return false;
-    return a->kseg.len == 0 || dt_attn_tile_class(a->mask, a->qseg, 0, a->qseg.len, a->kseg, 0,
-                                                  a->kseg.len) == DT_TILE_EMPTY;
+    return !a->first && !a->last && dt_attn_no_pairs(a->mask, a->qseg, a->kseg);
 }
 
 dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
@@ -378,8 +376,9 @@ dt_status delta_rows(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows
 dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     (void)scratch;
     if (a->kseg.len == 0 || a->batch == 0 || a->heads == 0) return DT_SUCCESS;   /* no rows */
-    const bool no_query = a->qseg.len == 0;   /* dk, dv unchanged, or (first) 0 */
-    if (no_query && !a->first) return DT_SUCCESS;
+    /* no pair: dq, dk, dv unchanged (nothing launched), or (first) dk, dv 0 */
+    if (!a->first && dt_attn_no_pairs(a->mask, a->qseg, a->kseg)) return DT_SUCCESS;
+    const bool no_query = a->qseg.len == 0;
     if (!no_query) {
         kernel_path path;
         char why[256] = "";

@@ -78,6 +78,14 @@ static inline DT_ATTN_HD dt_attn_tile dt_attn_tile_class(dt_attn_mask mask, dt_a
     return DT_TILE_PARTIAL;
 }
 
+/* Whether no pair of the two segments may attend: no row on a side, or
+ * (causal) every key after every query. A ring's block of such a pair
+ * adds nothing (a contiguous ring's blocks from later ranks). */
+static inline DT_ATTN_HD int dt_attn_no_pairs(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {
+    return q.len == 0 || k.len == 0 ||
+           dt_attn_tile_class(mask, q, 0, q.len, k, 0, k.len) == DT_TILE_EMPTY;
+}
+
 /* Positions grow with the row, so the keys a query may attend are a prefix
  * of k and the queries that may attend a key a suffix of q. Kernels size
  * their loops with these instead of visiting empty tiles. Both count in

@@ -287,6 +287,8 @@ static void check_mask_rule(dt_attn_segment q, dt_attn_segment k) {
         for (int64_t y = 0; y < k.len; y++) pairs += dt_attn_pos(q, x) >= dt_attn_pos(k, y);
     assert_int_equal(dt_attn_pairs(DT_ATTN_CAUSAL, q, k), pairs);
     assert_int_equal(dt_attn_pairs(DT_ATTN_FULL, q, k), q.len * k.len);
+    assert_int_equal(dt_attn_no_pairs(DT_ATTN_CAUSAL, q, k), pairs == 0);
+    assert_false(dt_attn_no_pairs(DT_ATTN_FULL, q, k));
     /* The loop bounds kernels use: a prefix of keys per query position, a
      * suffix of queries per key position (any p). */
     for (int64_t pos = -2; pos < 64; pos++) {
@@ -1838,11 +1840,12 @@ static void test_cuda_dependent_launch(void **state) {
  * first block nor its last (a contiguous ring's middle block from a later
  * rank: 21 of the 64 at P = 8), launches nothing on CUDA (block_cuda.cu's
  * fwd_idle) and leaves the running state as it was; the same block with
- * its keys before the queries launches and merges into it. On the CPU
+ * its keys before the queries launches and merges into it. Likewise a
+ * backward block that adds into dq, dk, dv (not `first`). On the CPU
  * emulator the CTAs are counted; on a GPU the state is what is seen. */
 typedef struct idle_case {
-    uint64_t ctas[2];      /* CTAs run: keys after the queries, keys before (emulator) */
-    int kept[2];           /* the running state as it was before the block */
+    uint64_t ctas[2][2];   /* [forward, backward][keys after the queries, before]: CTAs run (emulator) */
+    int kept[2][2];        /* acc (forward), dq (backward) as it was before the block */
     char msg[512];
 } idle_case;
 
@@ -1853,7 +1856,7 @@ static dt_status rank_idle_block(dt_context *ctx, void *arg) {
     enum { N = 130, H = 2, D = 64 };
     const size_t kv = (size_t)N * H * D * 2, nacc = (size_t)N * H * D, nrow = (size_t)H * N;
     void *q = NULL, *k = NULL, *v = NULL, *scratch = NULL;
-    float *acc = NULL, *m = NULL, *l = NULL;
+    float *acc = NULL, *m = NULL, *l = NULL, *dkv = NULL;
     float *h_acc = malloc(nacc * sizeof *h_acc), *h_row = malloc(nrow * sizeof *h_row);
     float *back = malloc(nacc * sizeof *back);
     dt_status st = h_acc && h_row && back ? DT_SUCCESS : DT_ERR_OUT_OF_MEMORY;
@@ -1864,13 +1867,16 @@ static dt_status rank_idle_block(dt_context *ctx, void *arg) {
     if (st == DT_SUCCESS) st = be->ops->alloc(be, nacc * sizeof(float), (void **)&acc);
     if (st == DT_SUCCESS) st = be->ops->alloc(be, nrow * sizeof(float), (void **)&m);
     if (st == DT_SUCCESS) st = be->ops->alloc(be, nrow * sizeof(float), (void **)&l);
+    if (st == DT_SUCCESS) st = be->ops->alloc(be, 2 * nacc * sizeof(float), (void **)&dkv);
     for (size_t i = 0; st == DT_SUCCESS && i < nacc; i++) h_acc[i] = 0.25f + (float)(i % 7);
     for (size_t i = 0; st == DT_SUCCESS && i < nrow; i++) h_row[i] = 1.5f;
-    /* v = 1 (bf16 0x3f80): a merged block changes acc; q, k = 0 */
+    /* k, v = 1 (bf16 0x3f80), q = 0: a merged block changes acc, an added
+     * one dq (scale dS K) */
     uint16_t *ones = malloc(kv);
     if (st == DT_SUCCESS && !ones) st = DT_ERR_OUT_OF_MEMORY;
     for (size_t i = 0; st == DT_SUCCESS && i < kv / 2; i++) ones[i] = 0x3f80;
     if (st == DT_SUCCESS) st = be->ops->upload(be, v, ones, kv);
+    if (st == DT_SUCCESS) st = be->ops->upload(be, k, ones, kv);
     free(ones);
     for (int before = 0; before < 2 && st == DT_SUCCESS; before++) {
         st = be->ops->upload(be, acc, h_acc, nacc * sizeof(float));
@@ -1883,16 +1889,30 @@ static dt_status rank_idle_block(dt_context *ctx, void *arg) {
             .qseg = {0, 1, N, 0, 0}, .kseg = {before ? 0 : N, 1, N, 0, 0},
             .mask = DT_ATTN_CAUSAL, .scale = 0.125f, .m = m, .l = l, .ml_batch_stride = H * N,
             .ml_head_stride = N, .acc = acc, .acc_batch_stride = N * H * D};
+        /* the backward, into dq (acc's layout; lse = m, delta = l: finite),
+         * dk and dv (one kv head each side) */
+        const dt_attn_block_bwd_args g = {
+            .dtype = DT_BF16, .batch = 1, .heads = H, .kv_heads = H, .dim = D, .q = q,
+            .dout = v, .q_batch_stride = N * H * D, .k = k, .v = v, .kv_batch_stride = N * H * D,
+            .qseg = a.qseg, .kseg = a.kseg, .mask = DT_ATTN_CAUSAL, .scale = 0.125f, .lse = m,
+            .delta = l, .ml_batch_stride = H * N, .ml_head_stride = N, .dq = acc,
+            .dq_batch_stride = N * H * D, .dk = dkv, .dv = dkv + nacc};
+        for (int dir = 0; dir < 2 && st == DT_SUCCESS; dir++) {
+            st = be->ops->upload(be, acc, h_acc, nacc * sizeof(float));
+            if (st == DT_SUCCESS) st = be->ops->sync(be);
 #ifdef DT_CUDA_EMULATE
-        const uint64_t ran = dt_emu_get_counts().blocks;
+            const uint64_t ran = dt_emu_get_counts().blocks;
 #endif
-        if (st == DT_SUCCESS) st = dt_attn_kernels_cuda.fwd(be, &a, scratch);
-        if (st == DT_SUCCESS) st = be->ops->sync(be);
+            if (st == DT_SUCCESS)
+                st = dir ? dt_attn_kernels_cuda.bwd(be, &g, scratch)
+                         : dt_attn_kernels_cuda.fwd(be, &a, scratch);
+            if (st == DT_SUCCESS) st = be->ops->sync(be);
 #ifdef DT_CUDA_EMULATE
-        c->ctas[before] = dt_emu_get_counts().blocks - ran;
+            c->ctas[dir][before] = dt_emu_get_counts().blocks - ran;
 #endif
-        if (st == DT_SUCCESS) st = be->ops->download(be, back, acc, nacc * sizeof(float));
-        c->kept[before] = st == DT_SUCCESS && memcmp(back, h_acc, nacc * sizeof(float)) == 0;
+            if (st == DT_SUCCESS) st = be->ops->download(be, back, acc, nacc * sizeof(float));
+            c->kept[dir][before] = st == DT_SUCCESS && memcmp(back, h_acc, nacc * sizeof(float)) == 0;
+        }
     }
     be->ops->free(be, q);
     be->ops->free(be, k);
@@ -1901,6 +1921,7 @@ static dt_status rank_idle_block(dt_context *ctx, void *arg) {
     be->ops->free(be, acc);
     be->ops->free(be, m);
     be->ops->free(be, l);
+    be->ops->free(be, dkv);
     free(h_acc);
     free(h_row);
     free(back);
@@ -1925,14 +1946,17 @@ static void test_cuda_idle_block(void **state) {
     const dt_status st = h_launch_on(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_idle_block, &c);
     if (st != DT_SUCCESS) print_error("%s\n", c.msg);
     assert_int_equal(st, DT_SUCCESS);
-    assert_true(c.kept[0]);    /* nothing merged */
-    assert_false(c.kept[1]);   /* the control: its keys merged into the state */
+    for (int dir = 0; dir < 2; dir++) {
+        assert_true(c.kept[dir][0]);    /* nothing merged or added */
+        assert_false(c.kept[dir][1]);   /* the control: its keys merged, its dq added */
 #ifdef DT_CUDA_EMULATE
-    print_message("CTAs run: %llu with the keys after the queries, %llu before\n",
-                  (unsigned long long)c.ctas[0], (unsigned long long)c.ctas[1]);
-    assert_int_equal(c.ctas[0], 0);
-    assert_true(c.ctas[1] > 0);
+        print_message("%s: CTAs run: %llu with the keys after the queries, %llu before\n",
+                      dir ? "backward" : "forward", (unsigned long long)c.ctas[dir][0],
+                      (unsigned long long)c.ctas[dir][1]);
+        assert_int_equal(c.ctas[dir][0], 0);
+        assert_true(c.ctas[dir][1] > 0);
 #endif
+    }
 }
 
 /* ------------------------------------------------------------------ main */
