@@ -314,8 +314,8 @@ int fwd_path_of(dt_backend *be, const dt_attn_block_args *a, kernel_path *path, 
 
 /* Nothing to do: no row, or no pair the mask allows (no key, or every key
  * after every query: a contiguous ring's blocks from ranks after this one)
- * and nothing to start or finish (21 of the 64 blocks at P = 8: of the 28
- * without a pair, the last step's 7 finish their rows). Then nothing is
+ * and nothing to start or finish (28 of the 64 blocks at P = 8: forward.c
+ * finishes a rank's rows at its last block with a pair). Then nothing is
  * launched; the stream order and the next block's dependence on the one
  * before are the same without the launch, which would write nothing. */
 bool fwd_idle(const dt_attn_block_args *a) {

@@ -9,9 +9,12 @@
  * rank src = (j - t) mod P; the transfer of the next block is posted before
  * the block kernel runs on the current one (this rank's q segment against
  * src's k segment), and completed after. The kernel accumulates m, l and acc
- * in fp32; step 0's block starts them, step P-1's writes the normalised
- * output and the log-sum-exp (kept for the backward pass) instead: no pass
- * over the rows before or after the ring.
+ * in fp32; step 0's block starts them, the rank's last block with a pair the
+ * mask allows (step P-1's but in a contiguous causal ring, where it is step
+ * j's: dt_attn_ring_last_step) writes the normalised output and the
+ * log-sum-exp (kept for the backward pass) instead: no pass over the rows
+ * before or after the ring, and none for the blocks after it, which add
+ * nothing.
  *
  * Invariants: everything the loop touches (ring buffers, accumulators,
  * kernel scratch) lives in one workspace sized by dt_attention_workspace_size
@@ -34,9 +37,11 @@
 #include "plan.h"
 
 /* The arguments of ring step t's block (0 .. parts-1), on the K and V of
- * rank src: step 0's starts the rows, step parts-1's writes o and lse. acc,
- * m, l: the running state, NULL in a stateless call (fwd_stateless). */
-static dt_attn_block_args block_args(const attn_plan *p, int t, int src, const void *q,
+ * rank src: step 0's starts the rows, step `last`'s writes o and lse (the
+ * rank's last block with a pair the mask allows: dt_attn_ring_last_step;
+ * the blocks after it add nothing and launch nothing). acc, m, l: the
+ * running state, NULL in a stateless call (fwd_stateless). */
+static dt_attn_block_args block_args(const attn_plan *p, int t, int last, int src, const void *q,
                                      const char *k, const char *v, float *acc, float *m, float *l,
                                      void *o, float *lse) {
     dt_attn_segment qs, ks;
@@ -48,7 +53,7 @@ static dt_attn_block_args block_args(const attn_plan *p, int t, int src, const v
         .qseg = qs, .kseg = ks, .mask = p->mask, .scale = p->scale,
         .m = m, .l = l, .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
         .acc = acc, .acc_batch_stride = p->c * p->h * p->D,
-        .first = t == 0, .last = t == p->parts - 1,
+        .first = t == 0, .last = t == last,
         .o = o, .lse = lse,
         .kernel = p->kernel,
         .transfer = t + 1 < p->parts,   /* step t+1's K, V are in flight (dt_ring_start) */
@@ -63,7 +68,7 @@ static int fwd_stateless(const attn_plan *p, const dt_tensor *q, const dt_tensor
                          const dt_tensor *v) {
     if (p->parts != 1 || !p->kern || !p->kern->fwd_stateless) return 0;
     const dt_attn_block_args a =   /* one rank: its own keys */
-        block_args(p, 0, 0, dt_tensor_data_const(q), dt_tensor_data_const(k),
+        block_args(p, 0, 0, 0, dt_tensor_data_const(q), dt_tensor_data_const(k),
                    dt_tensor_data_const(v), NULL, NULL, NULL, NULL, NULL);
     return p->kern->fwd_stateless(p->ctx->backend, &a);
 }
@@ -147,6 +152,7 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     const size_t kv_sizes[2] = {p.kv_bytes, p.kv_bytes};
 
     dt_attention_timing *timing = opts ? opts->timing : NULL;
+    const int last = p.parts > 1 ? dt_attn_ring_last_step(p.order, p.mask, p.S, p.parts, p.rank) : 0;
     DT_TRY_GOTO(st, attn_timing_begin(&p, timing), fail);
     for (int t = 0; t < p.parts; t++) {
         int more = t + 1 < p.parts;
@@ -158,8 +164,8 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
         DT_TRACE_PUSH("attention fwd blocks");
         const char *kb = t == 0 ? own_kv[0] : dt_ring_current(ring);
         const char *vb = t == 0 ? own_kv[1] : kb + p.kv_bytes;
-        const dt_attn_block_args a = block_args(&p, t, src, dt_tensor_data_const(q), kb, vb, acc,
-                                                m, l, dt_tensor_data(out),
+        const dt_attn_block_args a = block_args(&p, t, last, src, dt_tensor_data_const(q), kb, vb,
+                                                acc, m, l, dt_tensor_data(out),
                                                 dt_tensor_data(out_lse));
         st = p.kern->fwd(be, &a, ws + w.off_scratch);
         DT_TRACE_POP();

@@ -20,6 +20,14 @@ dt_attn_segment dt_attn_segment_of(dt_order order, int64_t seq, int parts, int r
     return (dt_attn_segment){rank * c, 1, c, 0, 0};
 }
 
+int dt_attn_ring_last_step(dt_order order, dt_attn_mask mask, int64_t seq, int parts, int rank) {
+    const dt_attn_segment q = dt_attn_segment_of(order, seq, parts, rank);
+    for (int t = parts - 1; t > 0; t--)
+        if (!dt_attn_no_pairs(mask, q, dt_attn_segment_of(order, seq, parts, (rank - t + parts) % parts)))
+            return t;
+    return 0;
+}
+
 int64_t dt_attn_pairs(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {
     if (mask == DT_ATTN_FULL) return q.len * k.len;
     int64_t n = 0;

@@ -120,6 +120,14 @@ static inline DT_ATTN_HD int64_t dt_attn_queries_from(dt_attn_mask mask, dt_attn
     return x < q.len ? x : q.len;
 }
 
+/* The last step of a ring of `parts` ranks (step t: rank `rank`'s queries
+ * against the keys of rank (rank - t) mod parts) whose block has a pair
+ * the mask allows, 0 if none after step 0 has: the step whose block may
+ * finish the rank's rows, since every block after it adds nothing (a
+ * contiguous causal ring: step `rank`). parts - 1 for striped and zigzag
+ * rings and for the full mask. */
+int dt_attn_ring_last_step(dt_order order, dt_attn_mask mask, int64_t seq, int parts, int rank);
+
 /* Number of (query, key) pairs that may attend between two segments: the
  * work of a block, in closed form per query row. */
 int64_t dt_attn_pairs(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k);

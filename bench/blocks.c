@@ -20,9 +20,9 @@
  *       striped and zigzag sharding every (rank j, step t) block is timed
  *       alone as the ring runs it: the query segment of rank j against the
  *       key segment of rank (j - t) mod P (mask.h), accumulating into the
- *       rank's fp32 m, l, acc (forward: step 0 starts them and step P - 1
- *       writes o and lse, as in dt_attention_forward) or dQ, dK, dV
- *       (backward).
+ *       rank's fp32 m, l, acc (forward: step 0 starts them and the rank's
+ *       last block with a pair writes o and lse, as in dt_attention_forward)
+ *       or dQ, dK, dV (backward).
  *         critical path  sum over steps of the slowest rank's block;
  *         total          sum of every block (the ring's work on one device);
  *         ratio          contiguous critical path / this order's;
@@ -400,7 +400,8 @@ static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t
         for (int j = 0; j < P; j++) {
             const dt_attn_segment qs = dt_attn_segment_of(order, S, P, j);
             const dt_attn_segment ks = dt_attn_segment_of(order, S, P, (j - t + P) % P);
-            DT_TRY(run_block(b, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, t == P - 1, t + 1 < P));
+            const int last = t == dt_attn_ring_last_step(order, DT_ATTN_CAUSAL, S, P, j);
+            DT_TRY(run_block(b, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P));
         }
     return DT_SUCCESS;
 }
@@ -416,11 +417,11 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
             for (int j = 0; j < P; j++) {
                 const dt_attn_segment qs = dt_attn_segment_of(orders[oi], S, P, j);
                 const dt_attn_segment ks = dt_attn_segment_of(orders[oi], S, P, (j - t + P) % P);
+                const int last = t == dt_attn_ring_last_step(orders[oi], DT_ATTN_CAUSAL, S, P, j);
                 double s;
-                DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, t == P - 1, t + 1 < P,
-                                  &s));
+                DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P, &s));
                 if (o->trace)
-                    DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, t == P - 1, t + 1 < P,
+                    DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P,
                                      &out->ring[oi]));
                 slowest = s > slowest ? s : slowest;
                 out->total_s[oi] += s;

@@ -276,6 +276,18 @@ static void test_segments_follow_the_orders(void **state) {
                     /* the kernels' bounds rest on positions growing with the row */
                     if (x > 0) assert_true(dt_attn_pos(seg, x) > dt_attn_pos(seg, x - 1));
                 }
+                /* the ring step that finishes the rows: the last with a pair */
+                for (int mask = 0; mask < 2; mask++) {
+                    int last = 0;
+                    for (int t = 1; t < p; t++)
+                        if (dt_attn_pairs((dt_attn_mask)mask, seg,
+                                          dt_attn_segment_of((dt_order)o, S, p, (j - t + p) % p)) > 0)
+                            last = t;
+                    assert_int_equal(dt_attn_ring_last_step((dt_order)o, (dt_attn_mask)mask, S, p, j),
+                                     last);
+                    if (mask == DT_ATTN_CAUSAL && o == DT_ORDER_CONTIGUOUS) assert_int_equal(last, j);
+                    else assert_int_equal(last, p - 1);
+                }
             }
 }
 
@@ -1838,7 +1850,7 @@ static void test_cuda_dependent_launch(void **state) {
 
 /* A forward block whose keys all come after its queries, neither a call's
  * first block nor its last (a contiguous ring's middle block from a later
- * rank: 21 of the 64 at P = 8), launches nothing on CUDA (block_cuda.cu's
+ * rank: 28 of the 64 at P = 8), launches nothing on CUDA (block_cuda.cu's
  * fwd_idle) and leaves the running state as it was; the same block with
  * its keys before the queries launches and merges into it. Likewise a
  * backward block that adds into dq, dk, dv (not `first`). On the CPU
