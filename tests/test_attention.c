@@ -1926,14 +1926,8 @@ static dt_status rank_idle_block(dt_context *ctx, void *arg) {
             c->kept[dir][before] = st == DT_SUCCESS && memcmp(back, h_acc, nacc * sizeof(float)) == 0;
         }
     }
-    be->ops->free(be, q);
-    be->ops->free(be, k);
-    be->ops->free(be, v);
-    be->ops->free(be, scratch);
-    be->ops->free(be, acc);
-    be->ops->free(be, m);
-    be->ops->free(be, l);
-    be->ops->free(be, dkv);
+    void *const device[] = {q, k, v, scratch, acc, m, l, dkv};
+    for (size_t i = 0; i < sizeof device / sizeof device[0]; i++) be->ops->free(be, device[i]);
     free(h_acc);
     free(h_row);
     free(back);
