@@ -97,7 +97,7 @@ static inline DT_ATTN_HD int dt_attn_no_pairs(dt_attn_mask mask, dt_attn_segment
 static inline DT_ATTN_HD int64_t dt_attn_keys_upto(dt_attn_mask mask, dt_attn_segment k, int64_t p) {
     if (mask == DT_ATTN_FULL) return k.len;
     if (p < k.start) return 0;
-    const int64_t d = p - k.start, jump = k.split * k.stride + k.gap;
+    const int64_t d = p - k.start, jump = dt_attn_pos(k, k.split) - k.start;
     int64_t n;
     if (d >= jump) n = (d - k.gap) / k.stride + 1;   /* row split is in, and the rows to d - gap */
     else {                                          /* the rows to d, none at or past split */
@@ -110,7 +110,7 @@ static inline DT_ATTN_HD int64_t dt_attn_keys_upto(dt_attn_mask mask, dt_attn_se
 /* x such that queries [x, q.len) of q may attend a key at position p. */
 static inline DT_ATTN_HD int64_t dt_attn_queries_from(dt_attn_mask mask, dt_attn_segment q, int64_t p) {
     if (mask == DT_ATTN_FULL || p <= q.start) return 0;
-    const int64_t d = p - q.start, jump = q.split * q.stride + q.gap;
+    const int64_t d = p - q.start, jump = dt_attn_pos(q, q.split) - q.start;
     int64_t x;
     if (d > jump) x = (d - q.gap + q.stride - 1) / q.stride;   /* ceil: first row past split at >= p */
     else {                                                   /* row split at the latest */

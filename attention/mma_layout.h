@@ -348,7 +348,7 @@ DT_MMA_HD dt_mma_keys dt_mma_keys_of(dt_attn_mask mask, dt_attn_segment k) {
     const int jumps = k.gap > 0 && k.split < k.len;   /* a row at or past split exists */
     v.start = k.start;
     v.span = k.len > 1 ? (uint32_t)(dt_attn_pos(k, k.len - 1) - k.start) : 0u;
-    v.jump = jumps ? (uint32_t)(k.split * k.stride + k.gap) : 0u;
+    v.jump = jumps ? (uint32_t)(dt_attn_pos(k, k.split) - k.start) : 0u;
     v.gap = jumps ? (uint32_t)k.gap : 0u;
     v.len = (int32_t)k.len;
     v.split = jumps ? (int32_t)k.split : (int32_t)k.len;
