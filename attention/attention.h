@@ -45,13 +45,16 @@ extern "C" {
 #define DT_ATTN_MAX_STEPS DT_MAX_WORLD_SIZE
 typedef struct dt_attention_timing {
     int steps;                            /* P: the entries filled below */
-    double blocks_ms[DT_ATTN_MAX_STEPS];  /* step t's block kernels */
+    double blocks_ms[DT_ATTN_MAX_STEPS];  /* step t's block kernels (the backward's
+                                             last step: its two parts and the wait
+                                             for the sums between them) */
     double wait_ms[DT_ATTN_MAX_STEPS];    /* from the end of step t's kernels to the
                                              start of step t+1's: the transfer the
                                              kernels did not hide, plus the loop's own
                                              work (CPU: the work only); after the last
                                              step, to the end of the loop (backward:
-                                             its last exchange) */
+                                             the second half of dK|dV's hop home
+                                             and the stores) */
 } dt_attention_timing;
 
 typedef struct dt_attention_options {

@@ -24,9 +24,19 @@
  * that step's completed group. A step whose block has no pair the mask
  * allows (a contiguous ring's blocks from later ranks, t > 0) runs neither
  * kernel nor add: the partial sums it received leave unchanged, and `loc`
- * keeps its role for the next step. One last exchange after step P-1 brings
- * every block's dK|dV home (P transfers of gradients, P-1 of K|V). K and V
- * go as two messages that land packed; step 0 computes on this rank's
+ * keeps its role for the next step. After step P-1 every block's dK|dV go
+ * home (P transfers of gradients, P-1 of K|V). That last hop has no kernel
+ * after it to hide behind, so step P-1's block runs in two parts of its
+ * key rows (batch-major over the b * c rows, split in half):
+ *
+ *   part 0 into `loc`, beside the group bringing src(P-1)'s sums so far;
+ *   complete the group; add part 0 of `loc` into the sums (beside part 1)
+ *     and post part 0 of the finished sums home;
+ *   part 1 added into the sums themselves (they are here: no add);
+ *   complete part 0's hop, post part 1's, store dQ and part 0 as they land.
+ *
+ * So what follows the last kernel is half the hop, not an add and all of
+ * it. K and V go as two messages that land packed; step 0 computes on this rank's
  * where they are and sends them from there. Buffers: two for K|V (current,
  * landing), four for dK|dV (loc and a spare loc, the partial sums
  * arriving, the finished sums leaving); roles rotate, nothing is copied.
@@ -120,6 +130,39 @@ static dt_status bwd_ring_start(bwd_ring *r, const attn_plan *p, const bwd_works
     return DT_SUCCESS;
 }
 
+/* After the last step: rows [r0, r1) of the finished sums of src(P-1) =
+ * j+1 (grad[RCV]) go home, and this rank's own land in grad[SND]; dK's
+ * rows, then dV's, two messages each way. Nothing without a ring or rows. */
+static dt_status bwd_ring_home(bwd_ring *r, const attn_plan *p, const bwd_workspace *w, int64_t r0,
+                               int64_t r1, int *posted) {
+    *posted = 0;
+    if (!r->comm || r0 == r1) return DT_SUCCESS;
+    const int j = dt_comm_rank(r->comm), next = (j + 1) % p->parts,
+              prev = (j + p->parts - 1) % p->parts;
+    const size_t row = (size_t)(p->hkv * p->D), grad_n = w->grad_bytes / sizeof(float);
+    const size_t off = (size_t)r0 * row, count = (size_t)(r1 - r0) * row;
+    int n = 0;
+    for (size_t g = 0; g < 2 * grad_n; g += grad_n) {   /* dK, then dV */
+        r->ops[n++] = (dt_p2p_op){DT_P2P_SEND, next, r->grad[RCV] + g + off, count, DT_F32};
+        r->ops[n++] = (dt_p2p_op){DT_P2P_RECV, prev, r->grad[SND] + g + off, count, DT_F32};
+    }
+    DT_TRY(dt_comm_p2p_start(r->comm, r->ops, n));
+    *posted = n;
+    return DT_SUCCESS;
+}
+
+/* Rows [r0, r1) of the final fp32 dK|dV at `home`, rounded into dk, dv. */
+static dt_status bwd_store_rows(const attn_plan *p, const bwd_workspace *w, const float *home,
+                                dt_tensor *dk, dt_tensor *dv, int64_t r0, int64_t r1) {
+    if (r0 == r1) return DT_SUCCESS;
+    const size_t row = (size_t)(p->hkv * p->D), es = dt_dtype_size(p->dtype);
+    const size_t off = (size_t)r0 * row, count = (size_t)(r1 - r0) * row;
+    dt_backend *be = p->ctx->backend;
+    DT_TRY(p->kern->store(be, p->dtype, count, home + off, (char *)dt_tensor_data(dk) + off * es));
+    return p->kern->store(be, p->dtype, count, home + w->grad_bytes / sizeof(float) + off,
+                          (char *)dt_tensor_data(dv) + off * es);
+}
+
 dt_status dt_attention_backward_workspace_size(const dt_tensor *q, const dt_tensor *k,
                                                const dt_tensor *v,
                                                const dt_attention_options *opts, size_t *bytes) {
@@ -158,25 +201,52 @@ static dt_status check_outputs(const attn_plan *p, const char *op, const dt_tens
     return DT_SUCCESS;
 }
 
-/* The backward block kernel of one step: this rank's queries (qs) against
- * the K and V at k, v (ks: rank src's), its dK|dV contributions written
- * into dkv (`first`: dkv needs no zeroing). */
-static dt_status run_block(const attn_plan *p, const bwd_workspace *w, const dt_tensor *q,
-                           const dt_tensor *dout, const float *lse, const char *k, const char *v,
-                           dt_attn_segment qs, dt_attn_segment ks, float *dq, const float *delta,
-                           float *dkv, void *scratch) {
-    const dt_attn_block_bwd_args a = {
-        .dtype = p->dtype, .batch = p->b, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
-        .q = dt_tensor_data_const(q), .dout = dt_tensor_data_const(dout),
-        .q_batch_stride = p->c * p->h * p->D,
-        .k = k, .v = v, .kv_batch_stride = p->c * p->hkv * p->D,
-        .qseg = qs, .kseg = ks, .mask = p->mask, .scale = p->scale,
-        .lse = lse, .delta = delta, .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
-        .dq = dq, .dq_batch_stride = p->c * p->h * p->D,
-        .dk = dkv, .dv = dkv + w->grad_bytes / sizeof(float), .kernel = p->kernel,
-        .first = 1,
-    };
-    return p->kern->bwd(p->ctx->backend, &a, scratch);
+/* What every step's backward kernels share: this rank's queries, the
+ * forward's lse, delta, and the fp32 dQ they accumulate into. */
+typedef struct bwd_queries {
+    const dt_tensor *q, *dout;
+    const float *lse, *delta;
+    float *dq;
+    void *scratch;
+} bwd_queries;
+
+/* The backward block kernels of one step on rows [r0, r1) of its block's
+ * keys, counted batch-major over the b * c rows of K (and of dK|dV): this
+ * rank's queries (qs) against the K and V at k, v (ks: rank src's), the
+ * rows' dK|dV contributions written into dkv (`first`: dkv needs no
+ * zeroing) or added into it. One launch per run of whole batches, one per
+ * part of a batch; a whole block is one launch. */
+static dt_status run_rows(const attn_plan *p, const bwd_workspace *w, const bwd_queries *bq,
+                          const char *k, const char *v, dt_attn_segment qs, dt_attn_segment ks,
+                          float *dkv, int first, int64_t r0, int64_t r1) {
+    const int64_t row = p->hkv * p->D;   /* elements of one key row */
+    const size_t es = dt_dtype_size(p->dtype);
+    while (r0 < r1) {
+        const int64_t b0 = r0 / p->c, y0 = r0 % p->c;
+        int64_t nb = 1, y1 = p->c;   /* batches [b0, b0 + nb), keys [y0, y1) of each */
+        if (y0 == 0 && r1 - r0 >= p->c) nb = (r1 - r0) / p->c;
+        else if (r1 - r0 < p->c - y0) y1 = y0 + (r1 - r0);
+        const int64_t kv_off = b0 * p->c * row + y0 * row, q_off = b0 * p->c * p->h * p->D,
+                      ml_off = b0 * p->h * p->c;
+        const dt_attn_block_bwd_args a = {
+            .dtype = p->dtype, .batch = nb, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
+            .q = (const char *)dt_tensor_data_const(bq->q) + (size_t)q_off * es,
+            .dout = (const char *)dt_tensor_data_const(bq->dout) + (size_t)q_off * es,
+            .q_batch_stride = p->c * p->h * p->D,
+            .k = k + (size_t)kv_off * es, .v = v + (size_t)kv_off * es,
+            .kv_batch_stride = p->c * row,
+            .qseg = qs, .kseg = dt_attn_segment_rows(ks, y0, y1 - y0), .mask = p->mask,
+            .scale = p->scale,
+            .lse = bq->lse + ml_off, .delta = bq->delta + ml_off,
+            .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
+            .dq = bq->dq + q_off, .dq_batch_stride = p->c * p->h * p->D,
+            .dk = dkv + kv_off, .dv = dkv + w->grad_bytes / sizeof(float) + kv_off,
+            .kernel = p->kernel, .first = first,
+        };
+        DT_TRY(p->kern->bwd(p->ctx->backend, &a, bq->scratch));
+        r0 += nb * (y1 - y0);
+    }
+    return DT_SUCCESS;
 }
 
 dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
@@ -226,7 +296,13 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     DT_TRY_GOTO(st, p.kern->delta(be, p.dtype, p.b, p.c, p.h, p.D, dt_tensor_data_const(o),
                                   dt_tensor_data_const(dout), delta), fail);
 
-    int j = comm ? dt_comm_rank(comm) : 0;
+    const bwd_queries bq = {.q = q, .dout = dout, .lse = dt_tensor_data_const(lse),
+                            .delta = delta, .dq = dqa, .scratch = ws + w.off_scratch};
+    /* A block's key rows, batch-major; the last step's block runs in two
+     * parts, rows [0, half) and [half, rows) (see the header). Every rank
+     * splits alike, so that each part's messages match on both ends. */
+    const int64_t rows = p.b * p.c, half = comm ? rows / 2 : rows;
+    const int j = comm ? dt_comm_rank(comm) : 0, last = p.parts - 1;
     dt_attention_timing *timing = opts ? opts->timing : NULL;
     DT_TRY_GOTO(st, attn_timing_begin(&p, timing), fail);
     for (int t = 0; t < p.parts; t++) {
@@ -242,16 +318,36 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
         DT_TRACE_PUSH("attention bwd blocks");
         if (!idle)
-            st = run_block(&p, &w, q, dout, dt_tensor_data_const(lse), bwd_ring_k(&r, t),
-                           bwd_ring_v(&r, &p, t), qs, ks, dqa, delta, r.grad[LOC],
-                           ws + w.off_scratch);
+            st = run_rows(&p, &w, &bq, bwd_ring_k(&r, t), bwd_ring_v(&r, &p, t), qs, ks,
+                          r.grad[LOC], 1, 0, t < last ? rows : half);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;
-        DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
+        if (t < last || !comm) DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
         if (!comm) break;   /* one step; grad[LOC] holds the final sums */
         if (pending) {
             pending = 0;
             DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);
+        }
+        if (t == last) {
+            /* src(P-1) = j+1's sums: rows [0, half) are loc's plus those
+             * received, added beside the kernel of rows [half, rows), which
+             * adds into the received sums themselves (here by now). Each
+             * part goes home once finished; this rank's own land in
+             * grad[SND], whose send is done. */
+            float *const sums = r.grad[RCV], *const loc = r.grad[LOC];
+            const size_t grad_n = w.grad_bytes / sizeof(float), n = (size_t)(half * p.hkv * p.D);
+            for (size_t g = 0; g < 2 * grad_n && !idle && n; g += grad_n)   /* dK, then dV */
+                DT_TRY_GOTO(st, be->ops->add_beside(be, DT_F32, (int64_t)n, sums + g, loc + g,
+                                                    sums + g), fail);
+            DT_TRY_GOTO(st, bwd_ring_home(&r, &p, &w, 0, half, &pending), fail);
+            DT_TRACE_PUSH("attention bwd blocks");
+            if (!idle)
+                st = run_rows(&p, &w, &bq, bwd_ring_k(&r, t), bwd_ring_v(&r, &p, t), qs, ks,
+                              sums, 0, half, rows);
+            DT_TRACE_POP();
+            if (st != DT_SUCCESS) goto fail;
+            DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
+            break;
         }
         /* src(t)'s sums so far plus this rank's: finished here, they leave
          * next. At step 0 nothing arrived: this rank's are all there is.
@@ -275,24 +371,26 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
             r.grad[LOC] = r.grad[SPARE];
             r.grad[SPARE] = unused;
         }
-        if (t + 1 < p.parts) r.cur = 1 - r.cur;
+        r.cur = 1 - r.cur;
     }
-    /* The last exchange: src(P-1) = j+1's sums go home, this rank's arrive. */
-    const float *home = comm ? r.grad[SND] : r.grad[LOC];
-    if (comm) {
-        dt_p2p_op last[2] = {
-            {DT_P2P_SEND, (j + 1) % p.parts, r.grad[SND], dkv_bytes, DT_U8},
-            {DT_P2P_RECV, (j + p.parts - 1) % p.parts, r.grad[RCV], dkv_bytes, DT_U8},
-        };
-        DT_TRY_GOTO(st, dt_comm_sendrecv(comm, last, 2), fail);
-        home = r.grad[RCV];
+    /* dK|dV are in grad[LOC] without a ring; else they come home in two
+     * parts (rows [0, half) in flight), each stored as it lands, the second
+     * posted once the first is in (one group at a time), dQ stored beside. */
+    const float *const home = comm ? r.grad[SND] : r.grad[LOC];
+    for (int part = 0; part < 2; part++) {
+        if (pending) {
+            pending = 0;
+            DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);
+        }
+        if (part == 0) {
+            DT_TRY_GOTO(st, bwd_ring_home(&r, &p, &w, half, rows, &pending), fail);
+            DT_TRY_GOTO(st, p.kern->store(be, p.dtype, (size_t)dt_tensor_local_numel(gq), dqa,
+                                          dt_tensor_data(gq)), fail);
+        }
+        DT_TRY_GOTO(st, bwd_store_rows(&p, &w, home, gk, gv, part ? half : 0, part ? rows : half),
+                    fail);
     }
     DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * p.parts), fail);
-    size_t nq = (size_t)dt_tensor_local_numel(gq), nk = (size_t)dt_tensor_local_numel(gk);
-    DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nq, dqa, dt_tensor_data(gq)), fail);
-    DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nk, home, dt_tensor_data(gk)), fail);
-    DT_TRY_GOTO(st, p.kern->store(be, p.dtype, nk, home + w.grad_bytes / sizeof(float),
-                                  dt_tensor_data(gv)), fail);
     DT_TRY_GOTO(st, attn_timing_end(&p, timing), fail);
     if (own_ws) be->ops->free(be, ws);
     *dq = gq;

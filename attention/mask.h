@@ -62,6 +62,19 @@ static inline DT_ATTN_HD int64_t dt_attn_pos(dt_attn_segment s, int64_t x) {
  * sharded with `order` (seq divisible by parts, by 2 parts for zigzag). */
 dt_attn_segment dt_attn_segment_of(dt_order order, int64_t seq, int parts, int rank);
 
+/* Rows [x0, x0 + n) of s as a segment of their own (0 <= x0, x0 + n <=
+ * s.len): row x of it sits where row x0 + x of s does; the jump stays
+ * where it falls inside, or is gone. A block on part of a shard's rows
+ * (the backward's last step runs its keys in two parts). */
+static inline DT_ATTN_HD dt_attn_segment dt_attn_segment_rows(dt_attn_segment s, int64_t x0, int64_t n) {
+    dt_attn_segment r = {dt_attn_pos(s, x0), s.stride, n, 0, 0};
+    if (x0 < s.split) {
+        r.split = s.split - x0;
+        r.gap = s.gap;
+    }
+    return r;
+}
+
 typedef enum dt_attn_tile {
     DT_TILE_EMPTY = 0,   /* no pair may attend: skipped */
     DT_TILE_PARTIAL,     /* some may: masked per element */

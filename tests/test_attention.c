@@ -332,6 +332,19 @@ static void check_mask_rule(dt_attn_segment q, dt_attn_segment k) {
             dt_attn_tile want = all ? DT_TILE_FULL : any ? DT_TILE_PARTIAL : DT_TILE_EMPTY;
             assert_int_equal(dt_attn_tile_class(DT_ATTN_CAUSAL, q, x0, x1, k, y0, y1), want);
         }
+    /* Part of a segment's rows: the same positions, and the same key limits
+     * (shifted by x0, within the part) for every position. */
+    for (int64_t x0 = 0; x0 <= k.len; x0++)
+        for (int64_t n = 0; x0 + n <= k.len; n++) {
+            const dt_attn_segment part = dt_attn_segment_rows(k, x0, n);
+            assert_int_equal(part.len, n);
+            for (int64_t x = 0; x < n; x++) assert_int_equal(dt_attn_pos(part, x), dt_attn_pos(k, x0 + x));
+            for (int64_t pos = -2; pos < 64; pos++) {
+                int64_t keys = dt_attn_keys_upto(DT_ATTN_CAUSAL, k, pos) - x0;
+                keys = keys < 0 ? 0 : keys > n ? n : keys;
+                assert_int_equal(dt_attn_keys_upto(DT_ATTN_CAUSAL, part, pos), keys);
+            }
+        }
 }
 
 static void test_tile_classes_and_pairs(void **state) {
