@@ -22,7 +22,9 @@
  *       key segment of rank (j - t) mod P (mask.h), accumulating into the
  *       rank's fp32 m, l, acc (forward: step 0 starts them and the rank's
  *       last block with a pair writes o and lse, as in dt_attention_forward)
- *       or dQ, dK, dV (backward).
+ *       or dQ, dK, dV (backward; back to back, step P-1's block in two
+ *       launches, one per half of its keys, as dt_attention_backward runs
+ *       it).
  *         critical path  sum over steps of the slowest rank's block;
  *         total          sum of every block (the ring's work on one device);
  *         ratio          contiguous critical path / this order's;
@@ -248,6 +250,26 @@ static dt_status trace_launch(const bufs *b) {
     return st;
 }
 
+/* The backward block of qs against rows [y0, y1) of ks (the whole block,
+ * or a part of the keys of a ring's last step, as attention/backward.c
+ * runs it), accumulating into b's dq, dk, dv. */
+static dt_status run_bwd_rows(const bufs *b, dt_attn_mask mask, dt_attn_segment qs,
+                              dt_attn_segment ks, int64_t y0, int64_t y1) {
+    const int64_t off = y0 * b->G * b->D;
+    dt_attn_block_bwd_args a = {
+        .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
+        .q = b->q, .dout = b->dout,
+        .k = (const char *)b->k + (size_t)off * dt_dtype_size(b->dtype),
+        .v = (const char *)b->v + (size_t)off * dt_dtype_size(b->dtype),
+        .qseg = qs, .kseg = dt_attn_segment_rows(ks, y0, y1 - y0), .mask = mask,
+        .scale = 1.0f / sqrtf((float)b->D), .lse = b->lse, .delta = b->delta,
+        .ml_head_stride = b->rows, .dq = b->dq, .dk = b->dk + off, .dv = b->dv + off,
+        .kernel = b->kernel, .trace = b->tracing ? b->trace : NULL, .trace_len = b->trace_len,
+    };
+    DT_TRY(b->kern->bwd(b->be, &a, b->scratch));
+    return b->tracing ? trace_launch(b) : DT_SUCCESS;
+}
+
 /* The block of query segment qs against key segment ks, rows from row 0 (as
  * a rank's shard), forward or backward, accumulating into b's fp32 buffers.
  * Forward, as a ring step of dt_attention_forward: first, the block starts
@@ -255,30 +277,17 @@ static dt_status trace_launch(const bufs *b) {
  * be in flight beside it (block.h). */
 static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, dt_attn_segment qs,
                            dt_attn_segment ks, int first, int last, int transfer) {
-    const float scale = 1.0f / sqrtf((float)b->D);
-    if (!bwd) {
-        dt_attn_block_args a = {
-            .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
-            .q = b->q, .k = b->k, .v = b->v, .qseg = qs, .kseg = ks, .mask = mask,
-            .scale = scale, .m = b->m, .l = b->l, .ml_head_stride = b->rows, .acc = b->acc,
-            .first = first, .last = last, .o = b->o, .lse = b->lse_out, .kernel = b->kernel,
-            .transfer = transfer, .trace = b->tracing ? b->trace : NULL,
-            .trace_len = b->trace_len,
-        };
-        DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
-    } else {
-        dt_attn_block_bwd_args a = {
-            .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
-            .q = b->q, .dout = b->dout, .k = b->k, .v = b->v, .qseg = qs, .kseg = ks,
-            .mask = mask, .scale = scale, .lse = b->lse, .delta = b->delta,
-            .ml_head_stride = b->rows, .dq = b->dq, .dk = b->dk, .dv = b->dv,
-            .kernel = b->kernel, .trace = b->tracing ? b->trace : NULL,
-            .trace_len = b->trace_len,
-        };
-        DT_TRY(b->kern->bwd(b->be, &a, b->scratch));
-    }
-    if (b->tracing) DT_TRY(trace_launch(b));
-    return DT_SUCCESS;
+    if (bwd) return run_bwd_rows(b, mask, qs, ks, 0, ks.len);
+    dt_attn_block_args a = {
+        .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
+        .q = b->q, .k = b->k, .v = b->v, .qseg = qs, .kseg = ks, .mask = mask,
+        .scale = 1.0f / sqrtf((float)b->D), .m = b->m, .l = b->l, .ml_head_stride = b->rows,
+        .acc = b->acc, .first = first, .last = last, .o = b->o, .lse = b->lse_out,
+        .kernel = b->kernel, .transfer = transfer, .trace = b->tracing ? b->trace : NULL,
+        .trace_len = b->trace_len,
+    };
+    DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
+    return b->tracing ? trace_launch(b) : DT_SUCCESS;
 }
 
 /* Median seconds of run_block over o->iters repetitions after one warm-up,
@@ -401,7 +410,12 @@ static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t
             const dt_attn_segment qs = dt_attn_segment_of(order, S, P, j);
             const dt_attn_segment ks = dt_attn_segment_of(order, S, P, (j - t + P) % P);
             const int last = t == dt_attn_ring_last_step(order, DT_ATTN_CAUSAL, S, P, j);
-            DT_TRY(run_block(b, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P));
+            if (bwd && P > 1 && t == P - 1) {   /* in two parts of its keys, as backward.c */
+                DT_TRY(run_bwd_rows(b, DT_ATTN_CAUSAL, qs, ks, 0, c / 2));
+                DT_TRY(run_bwd_rows(b, DT_ATTN_CAUSAL, qs, ks, c / 2, c));
+            } else {
+                DT_TRY(run_block(b, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P));
+            }
         }
     return DT_SUCCESS;
 }
