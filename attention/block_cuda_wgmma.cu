@@ -95,7 +95,9 @@
  * never a hung GPU).
  *
  * ptxas (sm_90a, CUDA 13.0): 128 registers at D = 64 (two CTAs per SM:
- * launch bounds), 185 at D = 128 (189 in the overlapped order), no
+ * launch bounds), 185 at D = 128 (255 in the overlapped order, whose
+ * warpgroups load their rows' stored state before their last product's
+ * wait: EARLY below), no
  * spills, no serialised wgmma; with the producer warpgroup 168 at the
  * entry, 232 for the consumers and 40 for the producer (setmaxnreg), no
  * spills. The batch and kv head of the current tile sit in shared memory
@@ -446,8 +448,19 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * (a.first, a.last), or does nothing. */
         int lim[2];
         float m[2], l[2], o[D / 8][4];
-        start_rows<D>(a, p.grid, x0 + 64 * wg + 16 * wl, lane, lim, m, l, o);
-        if (n_tiles > 0 || a.last) prefetch_rows<D>(a, c, x0 + 64 * wg + 16 * wl, lane);
+        const int64_t row0 = x0 + 64 * wg + 16 * wl;   /* the warp's first row */
+        start_rows<D>(a, p.grid, row0, lane, lim, m, l, o);
+        if (n_tiles > 0 || a.last) prefetch_rows<D>(a, c, row0, lane);
+        /* EARLY (the overlapped order, without the producer warpgroup): a
+         * warpgroup with keys issues the loads of its rows' stored state
+         * before it waits for its last product (of the last key tile its
+         * rows see), which hides their latency, and merges and writes its
+         * rows back once it has released that tile's stage; the others
+         * after the key tiles, as before. The loads' 68 registers take the
+         * kernel to 255 (from 187), no spills; within the producer's 232
+         * for the consumers (setmaxnreg) they spilled 180 bytes. */
+        constexpr bool EARLY = OV && !PW;
+        const bool early = EARLY && wg_tiles > 0;
         if (!PW && n_tiles == 0) {
             /* OV: the warpgroups did not meet after the tile before; they
              * must before thread 0 refills its Q buffer and stage */
@@ -503,6 +516,8 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
              * different branches). */
             const bool mine = kt < wg_tiles;   /* uniform over the warpgroup */
             const bool pass_on = OV || wg == 0 || kt + 1 < n_tiles;
+            const bool ends = early && kt + 1 == wg_tiles;   /* its rows' last product */
+            stored_rows<D> stored;   /* ends: the rows' stored state */
             bar_sync<TURN>(wg, PAIR);
             if (mine) {
                 /* S = Q K^T: Q's 64 rows of this warpgroup (tile rows of the Q
@@ -545,6 +560,10 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                     wgmma_rs<T, D>(o, pa[kk], wg_desc_mn_major(v_addr, WG_BN, kk), 1);
                 wgmma_commit();
                 if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
+                if (ends) {   /* before what the grid before wrote: its wait */
+                    grid_dep_wait();
+                    load_rows<D>(a, c, row0, lane, stored);
+                }
                 wgmma_wait<0>();
             } else {
                 if (RELEASE) produce();
@@ -558,6 +577,12 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
             /* this thread is done with the stage (and with Q after the last) */
             if (RELEASE) mbar_arrive(&empty[stage]);
             else __syncthreads();
+            if (ends) {
+                /* --trace: warpgroup 1, the later of the two, is done with
+                 * the keys (its rows' last product is the tile's last) */
+                if (threadIdx.x == WG_THREADS - 1) cta_mark(a, 1, tile);
+                write_rows<T, D>(a, c, row0, lane, m, l, o, stored);
+            }
         }
         /* next[ti], written during the last key tile (at D = 64 that tile's
          * __syncthreads published it; OV: pub did). PW: no publication
@@ -570,14 +595,15 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
         }
         if (PW) mbar_arrive(&qfree[ti]);
         /* --trace: every thread is done with the keys (OV: warpgroup 1, the
-         * later of the two, is) */
-        if (RELEASE && n_tiles > 0 && threadIdx.x == (OV ? WG_THREADS - 1 : 0)) cta_mark(a, 1, tile);
+         * later of the two, is; with its rows written early, marked there) */
+        if (RELEASE && n_tiles > 0 && threadIdx.x == (OV ? WG_THREADS - 1 : 0) && !early)
+            cta_mark(a, 1, tile);
 
         /* Every thread, before it reads what the grid before wrote (the
          * stored rows) and before it exits: this grid then completes after
          * that one, as the next grid's own wait needs. */
         grid_dep_wait();
-        if (n_tiles > 0 || a.first || a.last) {
+        if (!early && (n_tiles > 0 || a.first || a.last)) {
             /* c: at D = 64 made again (opaque says why); at D = 128 held */
             const fwd_cta e = D == 128 ? c : fwd_cta_of(a, p.grid, opaque(tile), WG_BM);
             write_rows<T, D>(a, e, e.x0 + 64 * wg + 16 * wl, lane, m, l, o);

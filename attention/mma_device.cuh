@@ -401,19 +401,58 @@ __device__ __forceinline__ void prefetch_rows(const dt_attn_block_args &a, const
     }
 }
 
-/* ... merged with the stored state (unless a.first) and written back: m,
- * l and acc, or, by the call's last block (a.last), o = acc / l (0 where
- * l = 0) in T with q's layout and lse = m + log l (-inf where l = 0) with
- * m's. The merge of (m, l, o) with the stored (m', l', acc'): M = max(m,
- * m'), l = l e^(m - M) + l' e^(m' - M), o = o e^(m - M) + acc' e^(m' - M),
- * with the online softmax's exponent base (0 while M = -inf, so no -inf -
- * -inf). The 4 lanes of a quad hold the same m and l. */
+/* The stored state of the lane's two rows (half 0, 1), as load_rows
+ * brought it into registers for the merge: m, l and the row's acc at the
+ * lane's columns (as o: element j the float2 of columns 8j +
+ * dt_mma_c_col(lane, 2 half) and the next); -inf, 0, 0 for a row past the
+ * segment or a call's first block (nothing stored). */
+template <int D>
+struct stored_rows {
+    float m[2], l[2];
+    float2 acc[2][D / 8];
+};
+
+/* Loads the stored state of the lane's rows (unless a.first), every load
+ * issued before any is used: one wait for the memory instead of four (each
+ * row's m and l, then its acc, one row after the other; on an H200, ncu
+ * source counters, causal 4096 x 4096 block, 2026-11-26, those waits held
+ * half of the warps' samples after the last key tile). The wgmma forward
+ * at D = 128 issues them before its last product's wait, so that the
+ * product hides their latency (block_cuda_wgmma.cu, EARLY). Reads what an
+ * earlier block wrote: after grid_dep_wait. */
+template <int D>
+__device__ __forceinline__ void load_rows(const dt_attn_block_args &a, const fwd_cta &c, int64_t row0,
+                                          int lane, stored_rows<D> &s) {
+    dependent_access("the rows' running state");
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        s.m[half] = -INFINITY;
+        s.l[half] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) s.acc[half][j] = make_float2(0.0f, 0.0f);
+        const int64_t row = row0 + dt_mma_c_row(lane, 2 * half);
+        if (a.first || row >= a.qseg.len) continue;
+        const float *const accr = acc_of<D>(a, c) + row * a.heads * D;
+        s.m[half] = a.m[ml_of(a, c) + row];
+        s.l[half] = a.l[ml_of(a, c) + row];
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            s.acc[half][j] = *reinterpret_cast<const float2 *>(accr + 8 * j + dt_mma_c_col(lane, 2 * half));
+    }
+}
+
+/* ... merged with the stored state s (load_rows; unless a.first) and
+ * written back: m, l and acc, or, by the call's last block (a.last), o =
+ * acc / l (0 where l = 0) in T with q's layout and lse = m + log l (-inf
+ * where l = 0) with m's. The merge of (m, l, o) with the stored (m', l',
+ * acc'): M = max(m, m'), l = l e^(m - M) + l' e^(m' - M), o = o e^(m - M)
+ * + acc' e^(m' - M), with the online softmax's exponent base (0 while M =
+ * -inf, so no -inf - -inf). The 4 lanes of a quad hold the same m and l. */
 template <typename T, int D>
 __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fwd_cta &c,
                                            int64_t row0, int lane, float (&m)[2], float (&l)[2],
-                                           float (&o)[D / 8][4]) {
+                                           float (&o)[D / 8][4], const stored_rows<D> &s) {
     const int64_t heads = a.heads;
-    dependent_access("the rows' running state");
     int64_t row[2];
     bool live[2];
 #pragma unroll
@@ -422,44 +461,23 @@ __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fw
         live[half] = row[half] < a.qseg.len;
     }
     if (!a.first) {
-        /* Both rows' loads first, then their math: one wait for the memory
-         * instead of four (each row's m and l, then its acc, one row after
-         * the other), the registers the key tiles' S used being free here.
-         * On an H200 (ncu source counters, causal 4096 x 4096 block,
-         * 2026-11-26) those waits held half of the warps' samples after
-         * the last key tile. */
-        float ms[2], ls[2];
-        float2 v[2][D / 8];
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            ms[half] = -INFINITY;
-            ls[half] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < D / 8; j++) v[half][j] = make_float2(0.0f, 0.0f);
-            if (!live[half]) continue;
-            const float *const accr = acc_of<D>(a, c) + row[half] * heads * D;
-            ms[half] = a.m[ml_of(a, c) + row[half]];
-            ls[half] = a.l[ml_of(a, c) + row[half]];
-#pragma unroll
-            for (int j = 0; j < D / 8; j++)
-                v[half][j] = *reinterpret_cast<const float2 *>(accr + 8 * j + dt_mma_c_col(lane, 2 * half));
-        }
-        /* every lane of the quad has read its rows' m and l before the
-         * quad's first lane writes them (all 32 lanes: outside `live`) */
-        __syncwarp();
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             if (!live[half]) continue;
-            const float mn = fmaxf(m[half], ms[half]), mu = mn == -INFINITY ? 0.0f : mn;
-            const float al = exp2f((m[half] - mu) * LOG2E), be = exp2f((ms[half] - mu) * LOG2E);
+            const float mn = fmaxf(m[half], s.m[half]), mu = mn == -INFINITY ? 0.0f : mn;
+            const float al = exp2f((m[half] - mu) * LOG2E), be = exp2f((s.m[half] - mu) * LOG2E);
             m[half] = mn;
-            l[half] = l[half] * al + ls[half] * be;
+            l[half] = l[half] * al + s.l[half] * be;
 #pragma unroll
             for (int j = 0; j < D / 8; j++) {
-                o[j][2 * half] = o[j][2 * half] * al + v[half][j].x * be;
-                o[j][2 * half + 1] = o[j][2 * half + 1] * al + v[half][j].y * be;
+                o[j][2 * half] = o[j][2 * half] * al + s.acc[half][j].x * be;
+                o[j][2 * half + 1] = o[j][2 * half + 1] * al + s.acc[half][j].y * be;
             }
         }
+        /* every lane of the quad has read its rows' m and l (their values
+         * used above) before the quad's first lane writes them (all 32
+         * lanes: outside `live`) */
+        __syncwarp();
     }
 #pragma unroll
     for (int half = 0; half < 2; half++) {
@@ -485,6 +503,17 @@ __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fw
             a.l[ml_of(a, c) + row[half]] = l[half];
         }
     }
+}
+
+/* load_rows and write_rows back to back: the mma forward's end, and the
+ * wgmma forward's where it does not load early. */
+template <typename T, int D>
+__device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fwd_cta &c,
+                                           int64_t row0, int lane, float (&m)[2], float (&l)[2],
+                                           float (&o)[D / 8][4]) {
+    stored_rows<D> s;
+    load_rows<D>(a, c, row0, lane, s);
+    write_rows<T, D>(a, c, row0, lane, m, l, o, s);
 }
 
 /* The online softmax of one key tile of NT n-tiles (8 keys each), on the
