@@ -452,15 +452,19 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
         start_rows<D>(a, p.grid, row0, lane, lim, m, l, o);
         if (n_tiles > 0 || a.last) prefetch_rows<D>(a, c, row0, lane);
         /* EARLY (the overlapped order, without the producer warpgroup): a
-         * warpgroup with keys issues the loads of its rows' stored state
-         * before it waits for its last product (of the last key tile its
-         * rows see), which hides their latency, and merges and writes its
-         * rows back once it has released that tile's stage; the others
-         * after the key tiles, as before. The loads' 68 registers take the
-         * kernel to 255 (from 187), no spills; within the producer's 232
-         * for the consumers (setmaxnreg) they spilled 180 bytes. */
+         * warpgroup whose rows see the query tile's last key tile issues
+         * the loads of its rows' stored state before it waits for its
+         * product of that tile, which hides their latency, and merges and
+         * writes its rows back once it has released the tile's stage
+         * (after thread 0 has issued the next query tile's loads there);
+         * the others after the key tiles, as before (warpgroup 0 where its
+         * rows see one key tile fewer: its rows written before that last
+         * tile would hold back thread 0's loads). The loads' 68 registers
+         * take the kernel to 255 (from 187), no spills; within the
+         * producer's 232 for the consumers (setmaxnreg) they spilled 180
+         * bytes. */
         constexpr bool EARLY = OV && !PW;
-        const bool early = EARLY && wg_tiles > 0;
+        const bool early = EARLY && n_tiles > 0 && wg_tiles == n_tiles;
         if (!PW && n_tiles == 0) {
             /* OV: the warpgroups did not meet after the tile before; they
              * must before thread 0 refills its Q buffer and stage */
@@ -516,7 +520,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
              * different branches). */
             const bool mine = kt < wg_tiles;   /* uniform over the warpgroup */
             const bool pass_on = OV || wg == 0 || kt + 1 < n_tiles;
-            const bool ends = early && kt + 1 == wg_tiles;   /* its rows' last product */
+            const bool ends = early && kt + 1 == n_tiles;   /* its rows' last product */
             stored_rows<D> stored;   /* ends: the rows' stored state */
             bar_sync<TURN>(wg, PAIR);
             if (mine) {
