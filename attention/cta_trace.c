@@ -111,3 +111,67 @@ dt_status dt_attn_trace_summarize(const dt_attn_cta_trace *rec, int64_t n, dt_at
     }
     return DT_SUCCESS;
 }
+
+/* A written record's SM and interval, for the timeline's sort. */
+typedef struct span {
+    uint32_t sm;
+    uint64_t t0, t1;
+} span;
+
+/* By SM, then by start. */
+static int span_cmp(const void *x, const void *y) {
+    const span *a = x, *b = y;
+    if (a->sm != b->sm) return a->sm < b->sm ? -1 : 1;
+    if (a->t0 != b->t0) return a->t0 < b->t0 ? -1 : 1;
+    return 0;
+}
+
+dt_status dt_attn_trace_timeline_of(const dt_attn_cta_trace *rec, int64_t n,
+                                    dt_attn_trace_timeline *out) {
+    memset(out, 0, sizeof *out);
+    span *sp = malloc((size_t)(n > 0 ? n : 1) * sizeof *sp);
+    if (!sp)
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "cta trace: no host memory for %lld records",
+                        (long long)n);
+    uint64_t first = UINT64_MAX, last = 0;
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!written(&rec[i])) continue;
+        sp[k++] = (span){rec[i].sm & 0xffffu, rec[i].ns[0], rec[i].ns[1]};
+        first = rec[i].ns[0] < first ? rec[i].ns[0] : first;
+        last = rec[i].ns[1] > last ? rec[i].ns[1] : last;
+    }
+    out->records = k;
+    if (k == 0) {
+        free(sp);
+        return DT_SUCCESS;
+    }
+    qsort(sp, (size_t)k, sizeof *sp, span_cmp);
+    /* Each SM's records in order of their starts: the union of their
+     * intervals is busy, the holes between them idle_between. */
+    double busy = 0, start = 0, between = 0, end = 0;
+    for (int64_t i = 0; i < k;) {
+        const uint32_t sm = sp[i].sm;
+        uint64_t t0 = sp[i].t0, t1 = sp[i].t1;   /* the current run of overlapping records */
+        start += (double)(t0 - first);
+        for (i++; i < k && sp[i].sm == sm; i++) {
+            if (sp[i].t0 > t1) {   /* a hole: the run ends */
+                busy += (double)(t1 - t0);
+                between += (double)(sp[i].t0 - t1);
+                t0 = sp[i].t0;
+            }
+            t1 = sp[i].t1 > t1 ? sp[i].t1 : t1;
+        }
+        busy += (double)(t1 - t0);
+        end += (double)(last - t1);
+        out->sms++;
+    }
+    free(sp);
+    const double per_sm = 1e3 * (double)out->sms;   /* ns summed over SMs -> us per SM */
+    out->wall_us = (double)(last - first) / 1e3;
+    out->busy_us = busy / per_sm;
+    out->idle_start_us = start / per_sm;
+    out->idle_between_us = between / per_sm;
+    out->idle_end_us = end / per_sm;
+    return DT_SUCCESS;
+}

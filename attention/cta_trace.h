@@ -51,11 +51,36 @@ typedef struct dt_attn_trace_stats {
     double start_cycles, end_cycles, loop_cycles_per_tile, loop_fixed_cycles;
 } dt_attn_trace_stats;
 
+/* The records of launches run back to back (bench/blocks (p) --trace: a
+ * ring's blocks as the ring runs them, the one call), as one device
+ * timeline. Per SM: the time it ran at least one record (busy), and the
+ * time it ran none: before its first record (idle_start: the launches'
+ * start), between two of its records (idle_between: a CTA's exit to the
+ * next one's start on that SM, within a launch or from one launch to the
+ * next) and after its last (idle_end); each the mean over the SMs seen, so
+ * that busy + idle_start + idle_between + idle_end = wall. A record holds
+ * its CTA's whole time (persistent: its query tile's), whatever it waits
+ * for inside (a dependent launch's wait for the launch before) included;
+ * at D = 64, two CTAs an SM, an SM is busy while either runs. */
+typedef struct dt_attn_trace_timeline {
+    int64_t records;   /* written (ns[1] != 0) */
+    int64_t sms;       /* distinct SMs among them */
+    double wall_us;    /* the first start to the last end */
+    double busy_us, idle_start_us, idle_between_us, idle_end_us;
+} dt_attn_trace_timeline;
+
 /* Summarises the n records rec (a traced launch's dt_attn_cta_trace, the
  * ones never written, ns[1] = 0, left out) into *out; with none written,
  * ctas = 0 and every time 0. DT_ERR_OUT_OF_MEMORY (host memory for the
  * sort of 2n events) is the only failure. */
 dt_status dt_attn_trace_summarize(const dt_attn_cta_trace *rec, int64_t n, dt_attn_trace_stats *out);
+
+/* The timeline of the n records rec (those never written left out) into
+ * *out; with none written, records = 0 and every time 0.
+ * DT_ERR_OUT_OF_MEMORY (host memory for a sorted copy) is the only
+ * failure. */
+dt_status dt_attn_trace_timeline_of(const dt_attn_cta_trace *rec, int64_t n,
+                                    dt_attn_trace_timeline *out);
 
 #ifdef __cplusplus
 }

@@ -61,7 +61,12 @@
  * landed), the main loop's own fixed cost and the end (the rows' merge
  * and write-back; the wgmma forward marks at D = 128 only). (p): per
  * order, every launch of its blocks summed (span, drain, packed time: the
- * CTAs' time / slots), and the same for the one call.
+ * CTAs' time / slots), and the same for the one call; then the b2b ring
+ * run once more with every launch recording into its own slice, as one
+ * device timeline (timeline_run): the mean SM's busy time and its idle
+ * time before its first record, between records and after its last, so
+ * that b2b/call splits into the ring's extra work (busy ring / busy call)
+ * and its idle time (wall / busy); the same for the one call.
  *
  * --json prints one JSON object instead of the tables, after the last
  * measurement: the configuration, then every row of (r) and of (p), each
@@ -137,9 +142,11 @@ typedef struct bufs {
     float *lse_out;                    /* the forward blocks' lse (the last of a ring's) */
     float *dq, *dk, *dv;               /* fp32 */
     void *scratch;
-    dt_attn_cta_trace *trace;          /* --trace: backend memory for trace_len records */
-    int64_t trace_len;
+    dt_attn_cta_trace *trace;          /* --trace: backend memory for trace_slices slices */
+    int64_t trace_len, trace_slices;   /* of trace_len records each: a launch's records */
     launch_sum *tracing;               /* non-NULL: run_block traces each launch into it */
+    int64_t *slice;                    /* non-NULL: each launch records into the next slice,
+                                          *slice of them so far (timeline_run) */
 } bufs;
 
 static const dt_attn_kernels *kernels_of(dt_context *ctx) {
@@ -198,7 +205,10 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
     DT_TRY(be->ops->alloc(be, sb > bb ? sb : bb, &b->scratch));
     if (o->trace) {   /* a CTA per 64 query rows (or 128 keys) and head at most */
         b->trace_len = (rows / 64 + 1) * b->H;
-        DT_TRY(be->ops->alloc(be, (size_t)b->trace_len * sizeof *b->trace, (void **)&b->trace));
+        /* a slice per launch of (p)'s ring: P^2 blocks, P more backward */
+        b->trace_slices = o->sections[1] ? (int64_t)o->ranks * (o->ranks + 1) : 1;
+        DT_TRY(be->ops->alloc(be, (size_t)(b->trace_len * b->trace_slices) * sizeof *b->trace,
+                              (void **)&b->trace));
     }
     /* lse and delta of a full (non-causal) pass over these rows: finite
      * everywhere, the scale of a real backward. */
@@ -250,6 +260,16 @@ static dt_status trace_launch(const bufs *b) {
     return st;
 }
 
+/* The records the next launch writes: --trace's, or in a timeline run the
+ * next slice (none past the last: timeline_run fails then). */
+static dt_attn_cta_trace *trace_of(const bufs *b) {
+    if (b->slice) {
+        const int64_t s = (*b->slice)++;
+        return s < b->trace_slices ? b->trace + s * b->trace_len : NULL;
+    }
+    return b->tracing ? b->trace : NULL;
+}
+
 /* The backward block of qs against rows [y0, y1) of ks (the whole block,
  * or a part of the keys of a ring's last step, as attention/backward.c
  * runs it), accumulating into b's dq, dk, dv. */
@@ -264,7 +284,7 @@ static dt_status run_bwd_rows(const bufs *b, dt_attn_mask mask, dt_attn_segment 
         .qseg = qs, .kseg = dt_attn_segment_rows(ks, y0, y1 - y0), .mask = mask,
         .scale = 1.0f / sqrtf((float)b->D), .lse = b->lse, .delta = b->delta,
         .ml_head_stride = b->rows, .dq = b->dq, .dk = b->dk + off, .dv = b->dv + off,
-        .kernel = b->kernel, .trace = b->tracing ? b->trace : NULL, .trace_len = b->trace_len,
+        .kernel = b->kernel, .trace = trace_of(b), .trace_len = b->trace_len,
     };
     DT_TRY(b->kern->bwd(b->be, &a, b->scratch));
     return b->tracing ? trace_launch(b) : DT_SUCCESS;
@@ -283,8 +303,7 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, dt_attn_se
         .q = b->q, .k = b->k, .v = b->v, .qseg = qs, .kseg = ks, .mask = mask,
         .scale = 1.0f / sqrtf((float)b->D), .m = b->m, .l = b->l, .ml_head_stride = b->rows,
         .acc = b->acc, .first = first, .last = last, .o = b->o, .lse = b->lse_out,
-        .kernel = b->kernel, .transfer = transfer, .trace = b->tracing ? b->trace : NULL,
-        .trace_len = b->trace_len,
+        .kernel = b->kernel, .transfer = transfer, .trace = trace_of(b), .trace_len = b->trace_len,
     };
     DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
     return b->tracing ? trace_launch(b) : DT_SUCCESS;
@@ -308,6 +327,11 @@ typedef struct timed {   /* what time_runs runs: run_block's blocks, or a ring's
 
 static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t c);
 
+static dt_status run_timed(const bufs *b, const timed *w) {
+    if (w->ring) return run_ring(b, w->bwd, w->order, w->P, w->c);
+    return run_block(b, w->bwd, w->mask, w->qs, w->ks, w->first, w->last, w->transfer);
+}
+
 static dt_status time_runs(const bufs *b, const opts *o, const timed *w, double *median_s) {
     double t[MAX_ITERS];
     if (b->events) DT_TRY(b->be->ops->marks_reserve(b->be, 2));
@@ -315,9 +339,7 @@ static dt_status time_runs(const bufs *b, const opts *o, const timed *w, double 
         DT_TRY(b->be->ops->sync(b->be));
         double t0 = ex_now_s();
         if (b->events) DT_TRY(b->be->ops->mark(b->be, 0));
-        if (w->ring) DT_TRY(run_ring(b, w->bwd, w->order, w->P, w->c));
-        else
-            DT_TRY(run_block(b, w->bwd, w->mask, w->qs, w->ks, w->first, w->last, w->transfer));
+        DT_TRY(run_timed(b, w));
         if (b->events) DT_TRY(b->be->ops->mark(b->be, 1));
         DT_TRY(b->be->ops->sync(b->be));
         double s = ex_now_s() - t0, ms = 0.0;
@@ -354,6 +376,30 @@ static dt_status trace_run(const bufs *b, int bwd, dt_attn_mask mask, dt_attn_se
     bufs t = *b;
     t.tracing = sum;
     if (st == DT_SUCCESS) st = run_block(&t, bwd, mask, qs, ks, first, last, transfer);
+    return st;
+}
+
+/* One more run of time_runs' launches, back to back as timed, each
+ * recording into a slice of its own (--trace in (p)), summed up as one
+ * timeline into *out (attention/cta_trace.h). Not timed. */
+static dt_status timeline_run(const bufs *b, const timed *w, dt_attn_trace_timeline *out) {
+    const size_t bytes = (size_t)(b->trace_len * b->trace_slices) * sizeof *b->trace;
+    dt_attn_cta_trace *host = calloc(1, bytes);
+    if (!host) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: no host memory for the trace");
+    int64_t used = 0;
+    bufs t = *b;
+    t.slice = &used;
+    dt_status st = b->be->ops->upload(b->be, b->trace, host, bytes);   /* unwritten records */
+    if (st == DT_SUCCESS) st = b->be->ops->sync(b->be);
+    if (st == DT_SUCCESS) st = run_timed(&t, w);
+    if (st == DT_SUCCESS) st = b->be->ops->sync(b->be);
+    if (st == DT_SUCCESS && used > b->trace_slices)
+        st = dt_error(DT_ERR_INTERNAL, "bench: %lld launches traced, room for %lld",
+                      (long long)used, (long long)b->trace_slices);
+    if (st == DT_SUCCESS)
+        st = b->be->ops->download(b->be, host, b->trace, (size_t)(used * b->trace_len) * sizeof *host);
+    if (st == DT_SUCCESS) st = dt_attn_trace_timeline_of(host, used * b->trace_len, out);
+    free(host);
     return st;
 }
 
@@ -399,6 +445,7 @@ typedef struct p_row {
     double single_s, r;
     int traced;
     launch_sum ring[3], single;   /* --trace: every block's launches; the one call's */
+    dt_attn_trace_timeline ring_tl[3], single_tl;   /* --trace: b2b's, the one call's */
 } p_row;
 
 /* Every (rank j, step t) block of the ring, steps in turn, the ranks'
@@ -444,6 +491,7 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
         }
         timed w = {.bwd = bwd, .ring = 1, .order = orders[oi], .P = P, .c = c};
         DT_TRY(time_runs(b, o, &w, &out->b2b_s[oi]));
+        if (o->trace) DT_TRY(timeline_run(b, &w, &out->ring_tl[oi]));
         out->b2b_serial_s[oi] = NAN;
 #ifdef DT_HAVE_CUDA
         if (!bwd && dt_backend_cuda_dependent_launch(b->be)) {   /* the same without them */
@@ -456,7 +504,12 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
     }
     dt_attn_segment whole = {0, 1, S, 0, 0}, one = {0, 1, c, 0, 0};
     DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single_s));
-    if (o->trace) DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single));
+    if (o->trace) {
+        const timed w = {.bwd = bwd, .first = 1, .last = 1, .mask = DT_ATTN_CAUSAL, .qs = whole,
+                         .ks = whole};
+        DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single));
+        DT_TRY(timeline_run(b, &w, &out->single_tl));
+    }
     double full_s, causal_s;
     DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, one, one, 0, 0, 0, &full_s));
     DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, one, one, 0, 0, 0, &causal_s));
@@ -599,6 +652,19 @@ static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
                oi < 3 ? dt_order_name(orders[oi]) : "one call", t->launches, t->span_us / 1e3,
                t->drain_us / 1e3, t->packed_us / 1e3, t->packed_us / t->span_us);
     }
+    printf("    (b) b2b traced once more: the launches back to back as one timeline; per SM\n"
+           "        (mean) busy = running a record, idle before its first, between, after\n"
+           "        its last; busy ring / busy call = the ring's extra work, wall / busy its\n"
+           "        idle\n"
+           "        %-11s %10s %10s %6s %10s %10s %10s\n", "order", "wall ms", "busy ms", "idle",
+           "start ms", "between ms", "end ms");
+    for (int oi = 0; oi <= 3; oi++) {
+        const dt_attn_trace_timeline *t = oi < 3 ? &x->ring_tl[oi] : &x->single_tl;
+        printf("        %-11s %10.3f %10.3f %6.3f %10.3f %10.3f %10.3f\n",
+               oi < 3 ? dt_order_name(orders[oi]) : "one call", t->wall_us / 1e3,
+               t->busy_us / 1e3, 1 - t->busy_us / t->wall_us, t->idle_start_us / 1e3,
+               t->idle_between_us / 1e3, t->idle_end_us / 1e3);
+    }
 }
 
 /* ------------------------------------------------------------- JSON output */
@@ -662,6 +728,20 @@ static void json_launches(const char *key, const launch_sum *t) {
     json_num("drain_ms", t->drain_us / 1e3);
     json_num("packed_ms", t->packed_us / 1e3);
     json_num("fill", t->packed_us / t->span_us);
+    printf("}");
+}
+
+/* --trace in (p): ", KEY: {"records": .., "wall_ms": .., ...}" (cta_trace.h's
+ * timeline). */
+static void json_timeline(const char *key, const dt_attn_trace_timeline *t) {
+    printf(", \"%s\": {\"records\": %lld, \"sms\": %lld", key, (long long)t->records,
+           (long long)t->sms);
+    json_num("wall_ms", t->wall_us / 1e3);
+    json_num("busy_ms", t->busy_us / 1e3);
+    json_num("idle", 1 - t->busy_us / t->wall_us);
+    json_num("idle_start_ms", t->idle_start_us / 1e3);
+    json_num("idle_between_ms", t->idle_between_us / 1e3);
+    json_num("idle_end_ms", t->idle_end_us / 1e3);
     printf("}");
 }
 
@@ -736,6 +816,8 @@ static void json_print(const run *r, const bufs *b) {
                 if (x->traced) {
                     json_launches("trace", &x->ring[oi]);
                     json_launches("single_trace", &x->single);
+                    json_timeline("b2b_timeline", &x->ring_tl[oi]);
+                    json_timeline("single_timeline", &x->single_tl);
                 }
                 printf("}");
             }
@@ -842,7 +924,8 @@ static void usage(FILE *f) {
             "                    their start, end, SM and tiles (CUDA mma and wgmma\n"
             "                    kernels): (r) the launch's idle SM time, its drain, a\n"
             "                    CTA's cycles per tile and fixed cost; (p) the ring's\n"
-            "                    launches summed: span, drain, packed time\n"
+            "                    launches summed: span, drain, packed time; and the\n"
+            "                    b2b ring as one timeline: busy, idle between launches\n"
             "  --json            one JSON object (the configuration and every row of (r)\n"
             "                    and (p)) instead of the tables\n");
 }

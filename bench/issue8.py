@@ -29,6 +29,9 @@ what matters most comes first when --budget runs out:
           wgmma kernel also with --producer 1.
   items 3 and 4, CTA timelines  the same runs' --trace: the ring's launches
           summed (span, drain, packed time) beside the one call's.
+  items 3 and 4, one timeline  the same runs' --trace: the ring's launches
+          back to back as one device timeline, the SMs' busy and idle time
+          beside the one call's: b2b/call split into extra work and idle.
   item 6  bench/attention (b) with DT_ATTN_KERNEL set, the ring's wall
           time, beside bench/blocks (p) with the same P, C, H, D: the same
           blocks back to back with no communication; exposed = (wall -
@@ -722,6 +725,59 @@ def item_ring_trace(session):
     return table
 
 
+def item_ring_timeline(session):
+    """Items 3 and 4's ring back to back as one timeline: its extra work
+    and its idle time against the one call's."""
+    header = ["kernel", "c", "order", "wall ms", "busy ms", "idle", "idle start ms",
+              "idle between ms", "idle end ms", "busy / call's", "wall / busy"]
+    table = Table("3,4b", "items 3 and 4, one timeline: the ring back to back against one call",
+                  "none (a diagnosis of item 3)", header,
+                  "The (p) runs of items 3 and 4 with --trace: the b2b ring (every block, steps "
+                  "in turn, back to back) run once more with each launch's CTAs recording their "
+                  "start, end and SM, as one device timeline (attention/cta_trace.h): per SM "
+                  "(the mean over the SMs) busy = running a record (a dependent launch's wait "
+                  "for the launch before inside one included), idle before its first record, "
+                  "between two and after its last; wall = first start to last end. 'one call' "
+                  "is the causal call on the whole sequence that item 3 compares with. busy / "
+                  "call's = the ring's extra work (each query tile's fixed cost per block), "
+                  "wall / busy its idle time (launch boundaries, the last launch's drain); "
+                  "their product is about b2b/call.")
+    outs = getattr(session, "ring_outs", {})
+    keys = ("records", "wall_ms", "busy_ms", "idle", "idle_start_ms", "idle_between_ms",
+            "idle_end_ms")
+
+    def values(t):
+        if t is None:
+            t = NA("no trace", "bench/blocks printed no timeline")
+        elif not is_na(t) and t["records"] == 0:
+            t = NA("no CTA records", "only the CUDA mma and wgmma kernels keep them")
+        v = {key: t if is_na(t) else t[key] for key in keys}
+        return {key: NA("none") if x is None else x for key, x in v.items()}
+
+    def add(k, c, order, v, call):
+        more = ratio(v["busy_ms"], call["busy_ms"])
+        idle = ratio(v["wall_ms"], v["busy_ms"])
+        table.add([k, str(c), order, (v["wall_ms"], ".3f"), (v["busy_ms"], ".3f"),
+                   (v["idle"], ".3f"), (v["idle_start_ms"], ".3f"),
+                   (v["idle_between_ms"], ".3f"), (v["idle_end_ms"], ".3f"), (more, ".3f"),
+                   (idle, ".3f")],
+                  dict(kernel=k, c=c, order=order, busy_vs_call=more, wall_vs_busy=idle, **v))
+
+    for k in getattr(session, "ring_labels", session.args.kernels):
+        for c in session.size["ring_c"]:
+            rows = rows_of(outs.get((k, c), NA("missing", "items 3 and 4 did not run")), "p",
+                           "fwd")
+            if is_na(rows) or not rows:
+                v = values(rows if is_na(rows) else NA("missing", f"no (p) row for c = {c}"))
+                add(k, c, "-", v, v)
+                continue
+            call = values(rows[0].get("single_timeline"))
+            for row in rows:
+                add(k, c, row["order"], values(row.get("b2b_timeline")), call)
+            add(k, c, "one call", call, call)
+    return table
+
+
 def ring_row(kernel, row):
     striped = row["order"] == "striped"
     if striped:
@@ -991,6 +1047,7 @@ def main(argv):
     for make in (lambda: item_throughput(session, "fwd"), lambda: item_r(session),
                  lambda: item_trace(session), lambda: item_throughput(session, "bwd"),
                  lambda: item_ring(session), lambda: item_ring_trace(session),
+                 lambda: item_ring_timeline(session),
                  lambda: item_waits(session),
                  lambda: item_api(session)):
         tables.append(make())

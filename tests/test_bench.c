@@ -20,6 +20,14 @@
  *     fitted cycles per tile and fixed cycles, the clock, and the fixed
  *     cost's split by the CTAs' marks (start, the loop's line, end; 32-bit
  *     marks that wrap);
+ *   - the timeline of launches run back to back (bench/blocks (p) --trace)
+ *     on records worked out by hand: per SM the union of its records busy,
+ *     the holes between them, the time before its first and after its last;
+ *     overlapping and touching records, records out of order; and bench/
+ *     blocks (p) --trace on the wgmma forward where CUDA runs (the
+ *     emulator under make CUDA=emu, a GPU): a timeline per order and for
+ *     the one call, a record per query tile of each block that runs, its
+ *     parts adding up to its wall;
  *   - bench/issue8.py --backend cpu --quick --no-torch (when python3 is on
  *     PATH; else skipped): exit 0, every item's heading, every step run;
  *   - bench/ncu_source.py on a small Nsight Compute source export written
@@ -454,6 +462,91 @@ static void test_trace_summary(void **state) {
     assert_true(t.span_us == 0 && t.drain_us == 0);
 }
 
+/* Launches back to back as one timeline, worked out by hand (records
+ * given out of order, one never written). SM 7 runs [0, 3300] and [3300,
+ * 4600] (no hole where one ends as the next starts), then [5000, 6000];
+ * SM 2 [100, 2400] with [200, 1000] inside it, [2400, 2700] and [2600,
+ * 3000] overlapping it (two CTAs an SM). The wall is 0 to 6000 ns. SM 7:
+ * busy 4600 + 1000, idle 400 between; SM 2: idle 100 before its first,
+ * busy 2900, idle 3000 after its last. Means over the 2 SMs: busy 4.25 us,
+ * idle 0.05 before, 0.2 between, 1.5 after, which add up to the wall. */
+static void test_trace_timeline(void **state) {
+    (void)state;
+    const dt_attn_cta_trace rec[8] = {cta(2, 2600, 3000, 1), cta(7, 5000, 6000, 1),
+                                      cta(7, 3300, 4600, 1), cta(2, 100, 2400, 2),
+                                      {{0, 0}, {0, 0}, 0, 0, {0, 0}}, cta(2, 200, 1000, 1),
+                                      cta(7, 0, 3300, 3), cta(2, 2400, 2700, 0)};
+    dt_attn_trace_timeline t;
+    assert_int_equal(dt_attn_trace_timeline_of(rec, 8, &t), DT_SUCCESS);
+    assert_int_equal(t.records, 7);
+    assert_int_equal(t.sms, 2);
+    assert_true(fabs(t.wall_us - 6.0) < 1e-12);
+    assert_true(fabs(t.busy_us - 4.25) < 1e-12);
+    assert_true(fabs(t.idle_start_us - 0.05) < 1e-12);
+    assert_true(fabs(t.idle_between_us - 0.2) < 1e-12);
+    assert_true(fabs(t.idle_end_us - 1.5) < 1e-12);
+
+    /* one SM's records alone: no idle but its holes */
+    assert_int_equal(dt_attn_trace_timeline_of(rec + 1, 2, &t), DT_SUCCESS);
+    assert_int_equal(t.sms, 1);
+    assert_true(fabs(t.wall_us - 2.7) < 1e-12 && fabs(t.busy_us - 2.3) < 1e-12);
+    assert_true(t.idle_start_us == 0 && t.idle_end_us == 0 && fabs(t.idle_between_us - 0.4) < 1e-12);
+
+    assert_int_equal(dt_attn_trace_timeline_of(rec + 4, 1, &t), DT_SUCCESS);
+    assert_int_equal(t.records, 0);
+    assert_true(t.sms == 0 && t.wall_us == 0 && t.busy_us == 0);
+}
+
+/* bench/blocks (p) --trace on the wgmma forward (the CUDA emulator, or a
+ * GPU): every p row carries the b2b ring's timeline and the one call's,
+ * with a record per query tile of every block that runs (P = 2, c = 128,
+ * one head: contiguous's step-1 block of rank 0 has no pair and does not
+ * launch, so 3 records, striped and zigzag 4, the call on S = 256 2), and
+ * the mean SM's busy and idle parts adding up to the wall. Skipped where
+ * no CUDA device answers. */
+static void test_blocks_trace_timeline(void **state) {
+    (void)state;
+    REQUIRE(g_blocks);
+#ifndef DT_HAVE_CUDA
+    print_message("skipped: a build without CUDA (the CTA records are the CUDA kernels')\n");
+    skip();
+#else
+    char *out = NULL;
+    int rc = h_run_program(g_blocks, "--backend cuda --kernel wgmma --section p --pass fwd "
+                           "--ranks 2 --ring-c 128 --heads 1 --kv-heads 1 --dim 128 "
+                           "--dtype bf16 --iters 1 --trace --json", &out);
+    if (rc != 0 && out && strstr(out, "needs a CUDA device")) {
+        print_message("skipped: no CUDA device (make CUDA=emu test runs it on the emulator)\n");
+        free(out);
+        skip();
+    }
+    static const char *const orders[] = {"contiguous", "striped", "zigzag"};
+    static const double records[] = {3, 4, 4};
+    int ok = rc == 0 && out != NULL;
+    for (int i = 0; ok && i < 3; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "\"order\": \"%s\"", orders[i]);
+        const char *row = strstr(out, key);
+        const char *tl[2] = {row ? strstr(row, "\"b2b_timeline\"") : NULL,
+                             row ? strstr(row, "\"single_timeline\"") : NULL};
+        for (int k = 0; ok && k < 2; k++) {
+            double n, sms, wall, busy, idle, start, between, end;
+            ok = tl[k] && json_num(tl[k], "records", &n) && json_num(tl[k], "sms", &sms) &&
+                 json_num(tl[k], "wall_ms", &wall) && json_num(tl[k], "busy_ms", &busy) &&
+                 json_num(tl[k], "idle", &idle) && json_num(tl[k], "idle_start_ms", &start) &&
+                 json_num(tl[k], "idle_between_ms", &between) &&
+                 json_num(tl[k], "idle_end_ms", &end);
+            ok = ok && n == (k == 0 ? records[i] : 2) && sms >= 1 && busy > 0 && wall >= busy &&
+                 start >= 0 && between >= 0 && end >= 0 &&
+                 near(busy + start + between + end, wall) && near(idle, 1 - busy / wall);
+        }
+    }
+    if (!ok) print_error("bench/blocks (p) --trace printed (rc %d):\n%s\n", rc, out ? out : "");
+    free(out);
+    assert_true(ok);
+#endif
+}
+
 /* ------------------------------------------------------------ bench/issue8.py */
 
 static char g_issue8[4096] = "bench/issue8.py", g_build[4096] = "build";
@@ -704,6 +797,10 @@ int main(int argc, char **argv) {
     tests[n++] = (struct CMUnitTest){"bench_blocks/quick/one-shape-flag", test_blocks_one_shape_flag,
                                      NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/trace-summary", test_trace_summary, NULL, NULL,
+                                     NULL};
+    tests[n++] = (struct CMUnitTest){"bench_blocks/trace-timeline", test_trace_timeline, NULL, NULL,
+                                     NULL};
+    tests[n++] = (struct CMUnitTest){"bench_blocks/trace-timeline-run", test_blocks_trace_timeline, NULL, NULL,
                                      NULL};
     tests[n++] = (struct CMUnitTest){"bench_issue8/quick,backend=cpu,no-torch", test_issue8_quick,
                                      NULL, NULL, NULL};
