@@ -66,7 +66,8 @@
  * device timeline (timeline_run): the mean SM's busy time and its idle
  * time before its first record, between records and after its last, so
  * that b2b/call splits into the ring's extra work (busy ring / busy call)
- * and its idle time (wall / busy); the same for the one call.
+ * and its idle time (wall / busy); the one call's, a launch alone, from its
+ * traced run above.
  *
  * --json prints one JSON object instead of the tables, after the last
  * measurement: the configuration, then every row of (r) and of (p), each
@@ -127,6 +128,7 @@ typedef struct launch_sum {
     int64_t ctas;
     double span_us, drain_us, packed_us;   /* summed; packed: the CTAs' time / slots */
     dt_attn_trace_stats last;              /* the last launch's */
+    dt_attn_trace_timeline last_timeline;  /* the last launch's, as a timeline */
 } launch_sum;
 
 /* Everything one rank's blocks touch, for `rows` query and key rows. */
@@ -245,6 +247,8 @@ static dt_status trace_launch(const bufs *b) {
     dt_status st = b->be->ops->sync(b->be);
     if (st == DT_SUCCESS) st = b->be->ops->download(b->be, host, b->trace, bytes);
     if (st == DT_SUCCESS) st = dt_attn_trace_summarize(host, b->trace_len, &t);
+    if (st == DT_SUCCESS)
+        st = dt_attn_trace_timeline_of(host, b->trace_len, &b->tracing->last_timeline);
     if (st == DT_SUCCESS) {
         launch_sum *sum = b->tracing;
         sum->launches += t.ctas > 0;
@@ -397,7 +401,8 @@ static dt_status timeline_run(const bufs *b, const timed *w, dt_attn_trace_timel
         st = dt_error(DT_ERR_INTERNAL, "bench: %lld launches traced, room for %lld",
                       (long long)used, (long long)b->trace_slices);
     if (st == DT_SUCCESS)
-        st = b->be->ops->download(b->be, host, b->trace, (size_t)(used * b->trace_len) * sizeof *host);
+        st = b->be->ops->download(b->be, host, b->trace,
+                                  (size_t)(used * b->trace_len) * sizeof *host);
     if (st == DT_SUCCESS) st = dt_attn_trace_timeline_of(host, used * b->trace_len, out);
     free(host);
     return st;
@@ -445,7 +450,7 @@ typedef struct p_row {
     double single_s, r;
     int traced;
     launch_sum ring[3], single;   /* --trace: every block's launches; the one call's */
-    dt_attn_trace_timeline ring_tl[3], single_tl;   /* --trace: b2b's, the one call's */
+    dt_attn_trace_timeline ring_tl[3];   /* --trace: b2b's (the one call's: single) */
 } p_row;
 
 /* Every (rank j, step t) block of the ring, steps in turn, the ranks'
@@ -504,12 +509,7 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
     }
     dt_attn_segment whole = {0, 1, S, 0, 0}, one = {0, 1, c, 0, 0};
     DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single_s));
-    if (o->trace) {
-        const timed w = {.bwd = bwd, .first = 1, .last = 1, .mask = DT_ATTN_CAUSAL, .qs = whole,
-                         .ks = whole};
-        DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single));
-        DT_TRY(timeline_run(b, &w, &out->single_tl));
-    }
+    if (o->trace) DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single));
     double full_s, causal_s;
     DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, one, one, 0, 0, 0, &full_s));
     DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, one, one, 0, 0, 0, &causal_s));
@@ -659,7 +659,7 @@ static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
            "        %-11s %10s %10s %6s %10s %10s %10s\n", "order", "wall ms", "busy ms", "idle",
            "start ms", "between ms", "end ms");
     for (int oi = 0; oi <= 3; oi++) {
-        const dt_attn_trace_timeline *t = oi < 3 ? &x->ring_tl[oi] : &x->single_tl;
+        const dt_attn_trace_timeline *t = oi < 3 ? &x->ring_tl[oi] : &x->single.last_timeline;
         printf("        %-11s %10.3f %10.3f %6.3f %10.3f %10.3f %10.3f\n",
                oi < 3 ? dt_order_name(orders[oi]) : "one call", t->wall_us / 1e3,
                t->busy_us / 1e3, 1 - t->busy_us / t->wall_us, t->idle_start_us / 1e3,
@@ -817,7 +817,7 @@ static void json_print(const run *r, const bufs *b) {
                     json_launches("trace", &x->ring[oi]);
                     json_launches("single_trace", &x->single);
                     json_timeline("b2b_timeline", &x->ring_tl[oi]);
-                    json_timeline("single_timeline", &x->single_tl);
+                    json_timeline("single_timeline", &x->single.last_timeline);
                 }
                 printf("}");
             }

@@ -682,6 +682,34 @@ def item_ring(session):
     return table
 
 
+def ring_traces(session, key, single_key):
+    """(kernel, c, order, trace) for every traced (p) row of items 3 and 4,
+    the rows' `key` object, and the one call's (`single_key`) after each
+    c's rows; one row with order "-" and the NA where a run is missing."""
+    outs = getattr(session, "ring_outs", {})
+    for k in getattr(session, "ring_labels", session.args.kernels):
+        for c in session.size["ring_c"]:
+            rows = rows_of(outs.get((k, c), NA("missing", "items 3 and 4 did not run")), "p",
+                           "fwd")
+            if is_na(rows) or not rows:
+                yield k, c, "-", rows if is_na(rows) else NA("missing", f"no (p) row for c = {c}")
+                continue
+            for row in rows:
+                yield k, c, row["order"], row.get(key)
+            yield k, c, "one call", rows[0].get(single_key)
+
+
+def trace_values(t, keys, count):
+    """The figures `keys` of a trace object t, each the NA in its place where
+    t is missing, has no record (its `count` 0) or a figure is null."""
+    if t is None:
+        t = NA("no trace", "bench/blocks printed no trace")
+    elif not is_na(t) and t[count] == 0:
+        t = NA("no CTA records", "only the CUDA mma and wgmma kernels keep them")
+    v = {key: t if is_na(t) else t[key] for key in keys}
+    return {key: NA("none") if x is None else x for key, x in v.items()}
+
+
 def item_ring_trace(session):
     """Items 3 and 4's ring, where its time goes: the launches of --trace summed."""
     header = ["kernel", "c", "order", "launches", "span ms", "drain ms", "drain share",
@@ -697,31 +725,13 @@ def item_ring_trace(session):
                   "sequence that item 3 compares with. packed ring / packed call is the "
                   "ring's extra work (each CTA's fixed cost, more CTAs of fewer tiles); "
                   "span / packed its idle time.")
-    outs = getattr(session, "ring_outs", {})
     keys = ("launches", "ctas", "span_ms", "drain_ms", "packed_ms", "fill")
-
-    def add(k, c, order, t):
-        if t is None:
-            t = NA("no trace", "bench/blocks printed no trace")
-        elif not is_na(t) and t["ctas"] == 0:
-            t = NA("no CTA records", "only the CUDA mma and wgmma kernels keep them")
-        v = {key: t if is_na(t) else t[key] for key in keys}
-        v = {key: NA("none") if x is None else x for key, x in v.items()}
+    for k, c, order, t in ring_traces(session, "trace", "single_trace"):
+        v = trace_values(t, keys, "ctas")
         share = ratio(v["drain_ms"], v["span_ms"])
         table.add([k, str(c), order, (v["launches"], ""), (v["span_ms"], ".3f"),
                    (v["drain_ms"], ".3f"), (share, ".3f"), (v["packed_ms"], ".3f"),
                    (v["fill"], ".3f")], dict(kernel=k, c=c, order=order, drain_share=share, **v))
-
-    for k in getattr(session, "ring_labels", session.args.kernels):
-        for c in session.size["ring_c"]:
-            rows = rows_of(outs.get((k, c), NA("missing", "items 3 and 4 did not run")), "p",
-                           "fwd")
-            if is_na(rows) or not rows:
-                add(k, c, "-", rows if is_na(rows) else NA("missing", f"no (p) row for c = {c}"))
-                continue
-            for row in rows:
-                add(k, c, row["order"], row.get("trace"))
-            add(k, c, "one call", rows[0].get("single_trace"))
     return table
 
 
@@ -742,39 +752,19 @@ def item_ring_timeline(session):
                   "call's = the ring's extra work (each query tile's fixed cost per block), "
                   "wall / busy its idle time (launch boundaries, the last launch's drain); "
                   "their product is about b2b/call.")
-    outs = getattr(session, "ring_outs", {})
     keys = ("records", "wall_ms", "busy_ms", "idle", "idle_start_ms", "idle_between_ms",
             "idle_end_ms")
-
-    def values(t):
-        if t is None:
-            t = NA("no trace", "bench/blocks printed no timeline")
-        elif not is_na(t) and t["records"] == 0:
-            t = NA("no CTA records", "only the CUDA mma and wgmma kernels keep them")
-        v = {key: t if is_na(t) else t[key] for key in keys}
-        return {key: NA("none") if x is None else x for key, x in v.items()}
-
-    def add(k, c, order, v, call):
-        more = ratio(v["busy_ms"], call["busy_ms"])
+    rows = [(k, c, order, trace_values(t, keys, "records"))
+            for k, c, order, t in ring_traces(session, "b2b_timeline", "single_timeline")]
+    calls = {(k, c): v for k, c, order, v in rows if order in ("one call", "-")}
+    for k, c, order, v in rows:
+        more = ratio(v["busy_ms"], calls[(k, c)]["busy_ms"])
         idle = ratio(v["wall_ms"], v["busy_ms"])
         table.add([k, str(c), order, (v["wall_ms"], ".3f"), (v["busy_ms"], ".3f"),
                    (v["idle"], ".3f"), (v["idle_start_ms"], ".3f"),
                    (v["idle_between_ms"], ".3f"), (v["idle_end_ms"], ".3f"), (more, ".3f"),
                    (idle, ".3f")],
                   dict(kernel=k, c=c, order=order, busy_vs_call=more, wall_vs_busy=idle, **v))
-
-    for k in getattr(session, "ring_labels", session.args.kernels):
-        for c in session.size["ring_c"]:
-            rows = rows_of(outs.get((k, c), NA("missing", "items 3 and 4 did not run")), "p",
-                           "fwd")
-            if is_na(rows) or not rows:
-                v = values(rows if is_na(rows) else NA("missing", f"no (p) row for c = {c}"))
-                add(k, c, "-", v, v)
-                continue
-            call = values(rows[0].get("single_timeline"))
-            for row in rows:
-                add(k, c, row["order"], values(row.get("b2b_timeline")), call)
-            add(k, c, "one call", call, call)
     return table
 
 
