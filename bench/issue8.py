@@ -8,10 +8,10 @@ what matters most comes first when --budget runs out:
           build/bench/blocks section (r) per --kernels entry (the forward
           block kernel alone on one full and one causal S x S block) beside
           SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION; target >= 1.0x FA2.
-          The wgmma kernel once more with --persistent 0 (a CTA per query
-          tile) and with --producer 1 (at D = 128 its loads and tile queue
-          by a producer warpgroup of its own, to compare with thread 0's, the
-          default).
+          The wgmma kernel once more with --producer 1 (at D = 128 its loads
+          and tile queue by a producer warpgroup of its own, to compare with
+          thread 0's, the default) and with --bulk 1 (at D = 128 a query
+          tile's end through shared memory and TMA copies).
   item 2  causal efficiency r = causal time / full time, c = 1024..16384,
           H = 32, D = 128: bench/blocks (r) (also striped blocks) beside SDPA
           on [1, 32, c, 128]; target r <= 0.55 for c >= 4096. The same
@@ -20,13 +20,14 @@ what matters most comes first when --budget runs out:
           run once more with its CTAs recording themselves: the SMs' idle
           share, the drain after the last CTA start, a CTA's cycles per key
           tile and fixed cost, split into its start, its loop's own and its
-          end (no target: where item 2's time goes); also for --producer 1.
+          end (no target: where item 2's time goes); also for --producer 1
+          and --bulk 1.
   item 5  backward TFLOPS (2.5x the forward flops): bench/blocks (r) --pass
           bwd beside SDPA's backward; target >= 0.9x FA2.
   items 3 and 4  bench/blocks (p): P = 8 ranks on one device; striped /
           contiguous critical path >= 0.95 of (r + P - 1) / (P r) and >= 1.75
           at c = 8192; all blocks <= 1.05x one causal call at S = 32768. The
-          wgmma kernel also with --producer 1.
+          wgmma kernel also with --producer 1 and with --bulk 1.
   items 3 and 4, CTA timelines  the same runs' --trace: the ring's launches
           summed (span, drain, packed time) beside the one call's.
   items 3 and 4, one timeline  the same runs' --trace: the ring's launches
@@ -450,12 +451,13 @@ def item_throughput(session, pass_):
         method = ("dtensor: build/bench/blocks section (r), the forward block kernel alone "
                   "(--kernel K) on one full and one causal S x S block, B = 1, H_kv = H; "
                   "CUDA events around each block's kernels (the host clock on the CPU), "
-                  "median of the iterations after 1 warm-up; 'a CTA per tile': the wgmma "
-                  "kernel again with --persistent 0 (its launch before it ran persistent); "
-                  "'producer': again with --producer 1 (at D = 128 a producer warpgroup issues "
+                  "median of the iterations after 1 warm-up; 'producer': the wgmma kernel "
+                  "again with --producer 1 (at D = 128 a producer warpgroup issues "
                   "the loads and takes the tile queue's tickets, instead of thread 0 "
                   "between its warpgroup's products, the default; the same kernel at D = "
-                  "64). torch: F.scaled_dot_product_attention with one backend "
+                  "64); 'bulk': again with --bulk 1 (at D = 128 a query tile's end through "
+                  "shared memory: the stored state brought in and the merged rows written "
+                  "out by TMA copies, instead of each thread's loads and stores). torch: F.scaled_dot_product_attention with one backend "
                   "forced (FA2 = FLASH_ATTENTION), CUDA events, median. TFLOPS = "
                   "4*B*H*S*S*D / time, halved for causal.")
     else:
@@ -514,8 +516,8 @@ def with_mark(value, ok, spec=".2f"):
 
 
 # The wgmma forward with another launch switch: (label, key, bench/blocks flags).
-WGMMA_FWD_VARIANTS = (("a CTA per tile", "cta_per_tile", ("--persistent", "0")),
-                      ("producer", "producer", ("--producer", "1")))
+WGMMA_FWD_VARIANTS = (("producer", "producer", ("--producer", "1")),
+                      ("bulk", "bulk", ("--bulk", "1")))
 
 
 def r_variants(kernel):
@@ -544,21 +546,20 @@ def item_r(session):
                   "over a full block; 'heads in turn': the causal r again with --l2 0, the "
                   "CTAs launched one head after another (the order before commit 631b7f2, "
                   "for comparison with the default: heaviest tiles first across the "
-                  "heads of an L2-sized section); 'a CTA per tile' (wgmma): with "
-                  "--persistent 0, the kernel's launch before it ran persistent; "
-                  "'producer' (wgmma): with --producer 1. torch: SDPA "
+                  "heads of an L2-sized section); 'producer' (wgmma): with --producer 1; "
+                  "'bulk' (wgmma): with --bulk 1. torch: SDPA "
                   "forward on [1, H, c, D] causal over not causal, with the backend forced.")
     outs = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=("--trace",))
             for k in kernels}
-    session.r_outs = dict(outs)   # for item_trace, with the producer warpgroup's
+    session.r_outs = dict(outs)   # for item_trace, with the wgmma forward's variants'
     variants = {}
     for k in kernels:
         for _, key, flags in r_variants(k):
-            traced = key == "producer"
+            traced = key in ("producer", "bulk")
             variants[(k, key)] = run_blocks(session, table, k, "r", "fwd", h, d, cs,
                                             extra=flags + (("--trace",) if traced else ()))
             if traced:
-                session.r_outs[f"{k}, producer"] = variants[(k, key)]
+                session.r_outs[f"{k}, {key}"] = variants[(k, key)]
     for c in cs:
         torch = session.torch.cases((1, h, c, d), "fwd", table)
         cells, data = [str(c)], {"c": c}
@@ -607,7 +608,8 @@ def item_trace(session):
                   "fixed = the main loop's own fixed cycles, a line fitted through the "
                   "loops' cycles against their tiles; end = after its last key tile (the "
                   "rows' merge and write-back). The wgmma kernel marks at D = 128 only. "
-                  "'wgmma, producer': item 2's --producer 1 run of the wgmma kernel, traced. "
+                  "'wgmma, producer' and 'wgmma, bulk': item 2's --producer 1 and --bulk 1 "
+                  "runs of the wgmma kernel, traced. "
                   "By default (the overlapped order) a wgmma CTA's query tiles' records "
                   "overlap in time (a tile ends when its second warpgroup has written its "
                   "rows, after the first began the next).")
@@ -656,12 +658,13 @@ def item_ring(session):
                   "call on S = P c; b2b/call = the same blocks launched back to back (steps "
                   "in turn, as the ranks run them one after another on one GPU), timed as "
                   "one, / that call: item 3's ring; serial/call = the same without "
-                  "dependent launches (--dependent 0); 'wgmma, producer': the wgmma "
-                  "kernel with --producer 1. PyTorch has no ring to compare with.")
-    # (label, kernel, flags): each kernel, and the wgmma forward with its producer warpgroup
+                  "dependent launches (--dependent 0); 'wgmma, producer' and 'wgmma, "
+                  "bulk': the wgmma kernel with --producer 1 and --bulk 1. PyTorch has no "
+                  "ring to compare with.")
+    # (label, kernel, flags): each kernel, and the wgmma forward's variants
     runs = [(k, k, ()) for k in kernels]
     if "wgmma" in kernels:
-        runs.append(("wgmma, producer", "wgmma", ("--producer", "1")))
+        runs += [(f"wgmma, {key}", "wgmma", flags) for _, key, flags in WGMMA_FWD_VARIANTS]
     outs = {}
     for c in session.size["ring_c"]:   # every kernel at the first c before the next c
         for k, kernel, flags in runs:

@@ -95,6 +95,15 @@ void dt_backend_cuda_set_overlap(dt_backend *b, int on);
  * speed. */
 int dt_backend_cuda_producer(const dt_backend *b);
 void dt_backend_cuda_set_producer(dt_backend *b, int on);
+/* Whether the wgmma attention forward at head dim 128, in its overlapped
+ * order without the producer warpgroup, ends a query tile through shared
+ * memory: its rows' stored state brought in and the merged rows written
+ * out by TMA bulk copies (attention/block_cuda_wgmma.cu, BULK), instead of
+ * by each thread's loads and stores. 0, the default, until a GPU has
+ * measured it against 1 (docs/PERFORMANCE.md). Results never depend on
+ * it, only speed. */
+int dt_backend_cuda_bulk(const dt_backend *b);
+void dt_backend_cuda_set_bulk(dt_backend *b, int on);
 void *dt_backend_cuda_compute_stream(const dt_backend *b);
 void *dt_backend_cuda_comm_stream(const dt_backend *b);
 void dt_backend_cuda_set_tf32(dt_backend *b, int on);

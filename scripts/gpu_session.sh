@@ -3,22 +3,22 @@
 # minutes of device time (the machine's start included): the packed
 # programs' CUDA suites side by side, compute-sanitizer on the tensor-core
 # attention kernels beside them, issue 4 (c) (the ring's cost; again with
-# the wgmma forward's producer warpgroup), then bench/issue8.py with what is
-# left of the budget.
+# the wgmma forward's producer warpgroup, and with its end through TMA),
+# then bench/issue8.py with what is left of the budget.
 #
 #   scripts/gpu_session.sh [--dry-run] [--profile] [--prebuilt DIR] [BUDGET_SECONDS]
 #
 #   BUDGET_SECONDS  the whole run (default 420). The suites and the
 #                   sanitizers take about 40 s on an H200, issue 4 (c)
-#                   about 15 s twice, issue8.py about 240 s (its later steps are
+#                   about 15 s thrice, issue8.py about 240 s (its later steps are
 #                   skipped when the budget runs out). Give the device call
 #                   a timeout_s of the budget plus 20.
 #   --prebuilt DIR  the programs (default .gpu/build, as scripts/gpu_pack.sh
 #                   makes them here; the call carries [".deps", ".gpu"]).
 #   --profile       also Nsight Compute's source counters on the wgmma
 #                   forward's causal 4096 x 4096 block (H = 32, D = 128,
-#                   bf16), with and without its producer warpgroup, before
-#                   issue8.py (about 25 s): needs
+#                   bf16), by default, with its producer warpgroup and with
+#                   its end through TMA, before issue8.py (about 37 s): needs
 #                   DIR/prof/blocks, a LINEINFO=1 build (scripts/gpu_pack.sh
 #                   --profile); its exports come back in ncu_source.tgz and
 #                   bench/ncu_source.py's summary, split at the tile loop,
@@ -63,6 +63,8 @@ suites="test_cuda test_attention test_attention_backward test_mlp test_transform
 # forward and backward kernel, the wgmma forward's variants at D = 128)
 sanitized="racecheck:test_attention:forward racecheck:test_attention_backward:backward
 synccheck:test_attention:forward synccheck:test_attention_backward:backward"
+# the wgmma forward's launch variants that issue 4 (c) and --profile compare
+variants="--producer_0 --producer_1 --bulk_1"
 
 if [ "$dry" = 1 ]; then
     echo "gpu_session dry run: budget ${budget}s, programs of $build, output in $out"
@@ -71,8 +73,8 @@ if [ "$dry" = 1 ]; then
         IFS=: read -r tool t pass <<<"$s"
         echo "  sanitizer  DT_TEST_FILTER='$pass/cuda-kernels/*P=1*' compute-sanitizer --tool $tool $build/tests/$t"
     done
-    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 --producer 0, then 1"
-    [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096, --producer 0 and 1)"
+    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: ${variants//_/ }"
+    [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096) with each of: ${variants//_/ }"
     echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --json-out \$OUT/issue8.json"
     exit 0
 fi
@@ -133,12 +135,13 @@ done
 tar czf "$out/tests.tgz" -C "$logs" . && rm -rf "$logs"
 
 : >"$out/ring_cost.txt"
-for pw in 0 1; do
-    echo "# bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 --producer $pw" \
+for v in $variants; do
+    echo "# bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 ${v/_/ }" \
         >>"$out/ring_cost.txt"
+    # shellcheck disable=SC2086 # the flag and its value, two words
     timeout -k 5 60 "$build/bench/attention" --backend cuda --section c --pass fwd,bwd --iters 5 \
-        --producer "$pw" >>"$out/ring_cost.txt" 2>&1
-    log "issue 4 (c): bench/attention --section c --producer $pw, exit $?"
+        ${v/_/ } >>"$out/ring_cost.txt" 2>&1
+    log "issue 4 (c): bench/attention --section c ${v/_/ }, exit $?"
 done
 grep -E '^ +[248] |^# ' "$out/ring_cost.txt" | tee -a "$summary"
 
@@ -160,17 +163,19 @@ elif [ "$profile" = 1 ]; then
     cuts=$(for pat in 'const uint32_t tile = next[ti ^ 1];' 'mbar_wait(&full[stage]' '        grid_dep_wait();'; do
         echo "block_cuda_wgmma.cu:$(grep -nF -- "$pat" "$src" | tail -n 1 | cut -d: -f1)"
     done | paste -sd,)
-    for pw in 0 1; do
+    for v in $variants; do
+        n=${v#--}   # producer_0, producer_1, bulk_1
         # the 4th launch of the kernel: the causal block's timed run
+        # shellcheck disable=SC2086 # the flag and its value, two words
         timeout -k 5 60 "$ncu" --clock-control none --section SourceCounters --import-source yes \
-            -k regex:fwd_wgmma --launch-skip 3 -c 1 -f -o "$prof/rep$pw" "$build/prof/blocks" \
+            -k regex:fwd_wgmma --launch-skip 3 -c 1 -f -o "$prof/rep_$n" "$build/prof/blocks" \
             --backend cuda --kernel wgmma --section r --pass fwd --heads 32 --kv-heads 32 --dim 128 \
-            --dtype bf16 --c 4096 --iters 1 --producer "$pw" >"$prof/ncu$pw.log" 2>&1 &&
-            "$ncu" -i "$prof/rep$pw.ncu-rep" --page source --csv --print-source cuda,sass \
-                >"$prof/source$pw.csv" 2>>"$prof/ncu$pw.log"
-        log "ncu source counters, --producer $pw: exit $?"
-        python3 bench/ncu_source.py "$prof/source$pw.csv" --top 12 --split "$cuts" 2>&1 | tee -a "$summary"
-        gzip -f "$prof/source$pw.csv"
+            --dtype bf16 --c 4096 --iters 1 ${v/_/ } >"$prof/ncu_$n.log" 2>&1 &&
+            "$ncu" -i "$prof/rep_$n.ncu-rep" --page source --csv --print-source cuda,sass \
+                >"$prof/source_$n.csv" 2>>"$prof/ncu_$n.log"
+        log "ncu source counters, ${v/_/ }: exit $?"
+        python3 bench/ncu_source.py "$prof/source_$n.csv" --top 12 --split "$cuts" 2>&1 | tee -a "$summary"
+        gzip -f "$prof/source_$n.csv"
     done
     tar czf "$out/ncu_source.tgz" -C "$prof" . && rm -rf "$prof"
 fi

@@ -61,10 +61,11 @@ typedef struct fwd_case {
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
     int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma (and wgmma
-                                  with its overlapped order off, and with its producer
-                                  warpgroup), each checked */
+                                  with its overlapped order off, with its producer
+                                  warpgroup, and with its end through TMA), each checked */
     int meet;                  /* cuda: the wgmma forward's overlapped order off (set by the test) */
     int producer;              /* cuda: the wgmma forward's producer warpgroup on (set by the test) */
+    int bulk;                  /* cuda: the wgmma forward's end through TMA on (set by the test) */
     int huge;                  /* q, k multiples of 25: logits of magnitude 1e4 (exact in fp32) */
     /* filled by the test */
     double *q, *k, *v, *o_ref, *lse_ref;
@@ -92,6 +93,7 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
 #ifdef DT_HAVE_CUDA
     dt_backend_cuda_set_overlap(ctx->backend, !c->meet);   /* no-op off CUDA */
     dt_backend_cuda_set_producer(ctx->backend, c->producer);
+    dt_backend_cuda_set_bulk(ctx->backend, c->bulk);
 #endif
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, sizes, NULL, &mesh), out);
     dt_placement heads = c->tp > 1 || c->head_order != DT_ORDER_CONTIGUOUS
@@ -237,13 +239,17 @@ static void run_forward_case(void **state) {
         setenv("DT_ATTN_KERNEL", "wgmma", 1);
         int refused = 0;
         ok_wgmma = wgmma_case(c, backend, &refused);
-        if (!refused && c->s.D == 128) {   /* without its overlapped order; with the producer warpgroup */
+        if (!refused && c->s.D == 128) {   /* without its overlapped order; with the producer
+                                              warpgroup; with its end through TMA */
             c->meet = 1;
             ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
             c->meet = 0;
             c->producer = 1;
             ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
             c->producer = 0;
+            c->bulk = 1;
+            ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
+            c->bulk = 0;
         }
         h_env_restore("DT_ATTN_KERNEL", saved);
         if (refused) print_message("wgmma kernel not run: %s\n", c->msg[0]);
@@ -1755,13 +1761,15 @@ static void test_cuda_stateless_workspace(void **state) {
  * the wgmma forward's overlapped order (the default; D = 128 on a GPU: its
  * warpgroups do not meet at a query tile's end, so a missing wait there
  * is a race too); a fourth, dependent launches on, has it off
- * (dt_backend_cuda_set_overlap(b, 0)), and a fifth has it on with the
- * loads by a producer warpgroup (dt_backend_cuda_set_producer(b, 1)): the same
- * bits again. */
-enum { DEP_P = 2, DEP_RUNS = 5 };
+ * (dt_backend_cuda_set_overlap(b, 0)), a fifth has it on with the
+ * loads by a producer warpgroup (dt_backend_cuda_set_producer(b, 1)), and a
+ * sixth with the end through TMA (dt_backend_cuda_set_bulk(b, 1)): the
+ * same bits again. */
+enum { DEP_P = 2, DEP_RUNS = 6 };
 
 typedef struct dep_case {
-    uint64_t sum[DEP_P][DEP_RUNS][2];   /* rank, run (on, off, on, on meeting, on producer), o / lse */
+    uint64_t sum[DEP_P][DEP_RUNS][2];   /* rank, run (on, off, on, on meeting, on producer, on
+                                           bulk), o / lse */
     dt_status st[DEP_P];
     char msg[DEP_P][512];
 } dep_case;
@@ -1791,6 +1799,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
         dt_backend_cuda_set_dependent_launch(ctx->backend, run != 1);
         dt_backend_cuda_set_overlap(ctx->backend, run != 3);
         dt_backend_cuda_set_producer(ctx->backend, run == 4);
+        dt_backend_cuda_set_bulk(ctx->backend, run == 5);
 #endif
         dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
         opts.mask = DT_ATTN_CAUSAL;
@@ -1807,6 +1816,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     dt_backend_cuda_set_dependent_launch(ctx->backend, 1);
     dt_backend_cuda_set_overlap(ctx->backend, 1);
     dt_backend_cuda_set_producer(ctx->backend, 0);
+    dt_backend_cuda_set_bulk(ctx->backend, 0);
 #endif
     dt_tensor_destroy(q);
     dt_tensor_destroy(k);
@@ -1844,16 +1854,19 @@ static void test_cuda_dependent_launch(void **state) {
         for (int r = 0; r < DEP_P; r++)
             for (int x = 0; x < 2; x++)
                 if (c.sum[r][0][x] != c.sum[r][1][x] || c.sum[r][2][x] != c.sum[r][1][x] ||
-                    c.sum[r][3][x] != c.sum[r][1][x] || c.sum[r][4][x] != c.sum[r][1][x]) {
+                    c.sum[r][3][x] != c.sum[r][1][x] || c.sum[r][4][x] != c.sum[r][1][x] ||
+                    c.sum[r][5][x] != c.sum[r][1][x]) {
                     print_error("DT_ATTN_KERNEL=%s, rank %d: %s with dependent launches on, "
                                 "off, on, on with the warpgroups meeting, on with the producer "
-                                "warp: checksums %016llx, %016llx, %016llx, %016llx, %016llx\n",
+                                "warp, on with the end through TMA: checksums %016llx, %016llx, "
+                                "%016llx, %016llx, %016llx, %016llx\n",
                                 kernels[i], r, x ? "lse" : "o",
                                 (unsigned long long)c.sum[r][0][x],
                                 (unsigned long long)c.sum[r][1][x],
                                 (unsigned long long)c.sum[r][2][x],
                                 (unsigned long long)c.sum[r][3][x],
-                                (unsigned long long)c.sum[r][4][x]);
+                                (unsigned long long)c.sum[r][4][x],
+                                (unsigned long long)c.sum[r][5][x]);
                     bad++;
                 }
     }
