@@ -100,7 +100,7 @@
  * ptxas (sm_90a, CUDA 13.0): 128 registers at D = 64 (two CTAs per SM:
  * launch bounds), 185 at D = 128 (255 in the overlapped order, whose
  * warpgroups load their rows' stored state before their last product's
- * wait: EARLY below; 225 with BULK, whose stored state goes to shared
+ * wait: EARLY below; 200 with BULK, whose stored state goes to shared
  * memory), no
  * spills, no serialised wgmma; with the producer warpgroup 168 at the
  * entry, 232 for the consumers and 40 for the producer (setmaxnreg), no
@@ -345,26 +345,36 @@ __device__ __forceinline__ float2 *bulk_f32(unsigned char *qw, unsigned char *fw
                                       ((((col % 32) / 4) ^ (r % 8)) << 4) + (col % 4) * 4);
 }
 
+/* The storer: boxes cb0 .. cb1 - 1 of the warpgroup's stored acc on
+ * *rfull (expect: with the phase's expect_tx of all D / 32), once its
+ * stores of the query tile before have read them. */
+template <int D>
+__device__ __forceinline__ void bulk_fetch_boxes(const wg_params &p, const fwd_cta &c, int w,
+                                                 unsigned char *qw, unsigned char *fw,
+                                                 uint64_t *rfull, int cb0, int cb1, bool expect) {
+    bulk_wait_read<0>();
+    if (expect) mbar_arrive_expect_tx(rfull, WG_RM * D * 4);
+#pragma unroll
+    for (int cb = 0; cb < D / 32; cb++)
+        if (cb >= cb0 && cb < cb1)
+            tma_load_4d(bulk_box<D>(qw, fw, cb), &p.acc, 32 * cb, (int)c.h,
+                        (int)c.x0 + WG_RM * w, (int)c.b, rfull);
+}
+
 /* The warpgroup's stored state: every thread waits for the grid before
  * (what it wrote), loads its rows' m and l (sm, sl; -inf, 0 past the
- * segment), and the storer brings their acc into the boxes on *rfull,
- * once its stores of the query tile before have read them. Not in a call's
- * first block (nothing stored). */
+ * segment), and the storer brings their acc into the boxes on *rfull (the
+ * boxes in qw, where early has brought the others already). Not in a
+ * call's first block (nothing stored). */
 template <int D>
 __device__ __forceinline__ void bulk_fetch(const wg_params &p, const fwd_cta &c, int w, bool storer,
                                            unsigned char *qw, unsigned char *fw, uint64_t *rfull,
-                                           int64_t row0, int lane, float (&sm)[2], float (&sl)[2]) {
+                                           int64_t row0, int lane, float (&sm)[2], float (&sl)[2],
+                                           bool early) {
     const dt_attn_block_args &a = p.a;
     grid_dep_wait();
     if (a.first) return;
-    if (storer) {
-        bulk_wait_read<0>();
-        mbar_arrive_expect_tx(rfull, WG_RM * D * 4);
-#pragma unroll
-        for (int cb = 0; cb < D / 32; cb++)
-            tma_load_4d(bulk_box<D>(qw, fw, cb), &p.acc, 32 * cb, (int)c.h,
-                        (int)c.x0 + WG_RM * w, (int)c.b, rfull);
-    }
+    if (storer) bulk_fetch_boxes<D>(p, c, w, qw, fw, rfull, 0, early ? D / 64 : D / 32, !early);
     dependent_access("the rows' running state");
 #pragma unroll
     for (int half = 0; half < 2; half++) {
@@ -684,12 +694,15 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
         /* BK: this warpgroup's end through its boxes (a tile with keys, and
          * rows in the segment), their stored state fetched during its last
          * product of the tile (or the first key tile, where its rows see
-         * none; sm, sl: its rows' stored m and l); Q buffer ti ^ 1 (the
-         * query tile before's) released; thread 0 waits for the release of
-         * the buffer it loads the next query tile into (the tile before's,
-         * qn - 1) */
+         * none; sm, sl: its rows' stored m and l), the boxes beside the
+         * stages (fw) early, during its first product, where that is not
+         * its last and every thread has waited for the grid before already
+         * (in a query tile before); Q buffer ti ^ 1 (the query tile
+         * before's) released; thread 0 waits for the release of the buffer
+         * it loads the next query tile into (the tile before's, qn - 1) */
         const bool bulk_rows = BK && n_tiles > 0 && w0 < x1;
         const int fetch_kt = wg_tiles > 0 ? wg_tiles - 1 : 0;
+        const bool fetch_early = bulk_rows && qn > 0 && fetch_kt > 0 && !a.first;
         unsigned char *const qw = sq + ti * TILE_Q + wg * (TILE_Q / 2), *const fw = sf + wg * (TILE_F / 2);
         float sm[2], sl[2];
         release_q(ti ^ 1);
@@ -798,9 +811,13 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                     grid_dep_wait();
                     load_rows<D>(a, c, row0, lane, stored);
                 }
-                if constexpr (BK)
+                if constexpr (BK) {
+                    if (fetch_early && kt == 0 && storer)
+                        bulk_fetch_boxes<D>(p, c, wg, qw, fw, &rfull[wg], D / 64, D / 32, true);
                     if (bulk_rows && kt == fetch_kt)
-                        bulk_fetch<D>(p, c, wg, storer, qw, fw, &rfull[wg], row0, lane, sm, sl);
+                        bulk_fetch<D>(p, c, wg, storer, qw, fw, &rfull[wg], row0, lane, sm, sl,
+                                      fetch_early);
+                }
                 wgmma_wait<0>();
             } else {
                 if (RELEASE) produce();
@@ -808,8 +825,9 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                 bar_sync<TURN>(wg, PAIR);
                 if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
                 if constexpr (BK)
-                    if (bulk_rows && kt == fetch_kt)
-                        bulk_fetch<D>(p, c, wg, storer, qw, fw, &rfull[wg], row0, lane, sm, sl);
+                    if (bulk_rows && kt == fetch_kt)   /* wg_tiles = 0: not early */
+                        bulk_fetch<D>(p, c, wg, storer, qw, fw, &rfull[wg], row0, lane, sm, sl,
+                                      false);
             }
             /* OV: next[ti], published during this last key tile, seen
              * before this thread lets thread 0 go on to the next publication */
