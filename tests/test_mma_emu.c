@@ -1418,6 +1418,16 @@ static void st_write_row(unsigned char *smem, uint32_t box, int esize, int which
     }
 }
 
+/* A TMA load of the load map's box at (0, 0) into dst on the fresh
+ * mbarrier bar, left pending. */
+static void st_load_pending(const st_case *c, unsigned char *dst, uint64_t *bar) {
+    const int32_t at0[2] = {0, 0};
+    dt_emu_mbar_init(bar, 1);
+    dt_emu_fence_mbarrier_init();
+    dt_emu_mbar_arrive_expect_tx(bar, ST_BOX);
+    dt_emu_tma_load(dst, c->load_map, at0, 2, bar);
+}
+
 static void k_store(void *arg) {
     st_case *c = arg;
     const int tid = lane();
@@ -1470,15 +1480,10 @@ static void k_store(void *arg) {
         dt_emu_cp_async16(box[0] + 512, c->src16, 16);
         dt_emu_tma_store(box[0], c->map, c->at[0], 2);
         return;
-    case ST_OVER_LOAD: {
-        const int32_t at0[2] = {0, 0};
-        dt_emu_mbar_init(bar, 1);
-        dt_emu_fence_mbarrier_init();
-        dt_emu_mbar_arrive_expect_tx(bar, ST_BOX);
-        dt_emu_tma_load(box[0], c->load_map, at0, 2, bar);
+    case ST_OVER_LOAD:
+        st_load_pending(c, box[0], bar);
         dt_emu_tma_store(box[0], c->map, c->at[0], 2);
         return;
-    }
     case ST_EXIT_UNCOMMITTED: dt_emu_tma_store(box[0], c->map, c->at[0], 2); return;
     case ST_EXIT_PENDING:
     case ST_GROUPS_FIRST:
@@ -1502,14 +1507,7 @@ static void k_store(void *arg) {
     memcpy(c->seen_issue, c->gdst, c->gbytes);
     switch (how) {
     case ST_WRITE_PENDING: box[0][100] ^= 0xff; break;
-    case ST_LOAD_PENDING: {
-        const int32_t at0[2] = {0, 0};
-        dt_emu_mbar_init(bar, 1);
-        dt_emu_fence_mbarrier_init();
-        dt_emu_mbar_arrive_expect_tx(bar, ST_BOX);
-        dt_emu_tma_load(box[0], c->load_map, at0, 2, bar);
-        break;
-    }
+    case ST_LOAD_PENDING: st_load_pending(c, box[0], bar); break;
     case ST_CP_ASYNC_PENDING: dt_emu_cp_async16(box[0] + 512, c->src16, 16); break;
     default: break;
     }

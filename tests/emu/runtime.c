@@ -1406,6 +1406,25 @@ static void tma_check_global(const dt_emu_tmap *m, const int32_t *coords, const 
     }
 }
 
+/* The box's 16-byte chunks at shared offset off, swizzled (sw): inside
+ * the dynamic shared memory, free of pending loads' destinations and of
+ * mbarriers (what: "lands at" for a load's destination, "is read from"
+ * for a store's source; idle_what names the copy for tma_check_idle). */
+static void tma_check_box_chunks(uint32_t off, uint64_t bytes, uint32_t sw, const char *op,
+                                 const char *what, const char *idle_what, const char *side) {
+    for (uint32_t o = 0; o < bytes; o += 16) {
+        const uint32_t c = tma_swizzle(off + o, sw);
+        if (c + 16 > E.smem_bytes)
+            dt_emu_fail("%s: byte %u of the box %s shared offset %u (swizzled), past the %zu "
+                        "bytes of dynamic shared memory", op, o, what, c, E.smem_bytes);
+        tma_check_idle(c, 16, idle_what);
+        for (int i = 0; i < E.nmbar; i++)
+            if (E.mbars[i].off / 16 * 16 == c)
+                dt_emu_fail("%s: its %s covers the mbarrier at shared offset %u", op, side,
+                            E.mbars[i].off);
+    }
+}
+
 void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, int rank, void *bar) {
     const char *op = "cp.async.bulk.tensor";
     const dt_emu_tmap m = tma_read_map(tensor_map, coords, rank, 0, op);
@@ -1421,18 +1440,9 @@ void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, i
     const uint32_t bar_off = b->off;
     /* the destination's chunks, swizzled: in shared memory, free of pending
      * copies (TMA or cp.async) and of barriers */
-    for (uint32_t o = 0; o < bytes; o += 16) {
-        const uint32_t c = tma_swizzle(off + o, m.swizzle);
-        if (c + 16 > E.smem_bytes)
-            dt_emu_fail("%s: byte %u of the box lands at shared offset %u (swizzled), past the %zu "
-                        "bytes of dynamic shared memory", op, o, c, E.smem_bytes);
-        tma_check_idle(c, 16, "cp.async.bulk.tensor into");
-        for (int i = 0; i < E.nmbar; i++)
-            if (E.mbars[i].off / 16 * 16 == c)
-                dt_emu_fail("%s: its destination covers the mbarrier at shared offset %u", op,
-                            E.mbars[i].off);
-        memset(E.tma_busy + c, 1, 16);
-    }
+    tma_check_box_chunks(off, bytes, m.swizzle, op, "lands at", "cp.async.bulk.tensor into",
+                         "destination");
+    for (uint32_t o = 0; o < bytes; o += 16) memset(E.tma_busy + tma_swizzle(off + o, m.swizzle), 1, 16);
     for (int i = 0; i < E.nthreads; i++)
         for (int j = 0; j < E.threads[i].ncopies; j++) {
             const uint32_t c = (uint32_t)(E.threads[i].copies[j].dst - E.smem);
@@ -1532,17 +1542,8 @@ void dt_emu_tma_store(const void *src, const void *tensor_map, const int32_t *co
     const uint32_t off = tma_box_offset(src, bytes, op, "source");
     /* the source's chunks, swizzled: in shared memory, free of pending
      * loads, cp.async and barriers */
-    for (uint32_t o = 0; o < bytes; o += 16) {
-        const uint32_t c = tma_swizzle(off + o, m.swizzle);
-        if (c + 16 > E.smem_bytes)
-            dt_emu_fail("%s: byte %u of the box is read from shared offset %u (swizzled), past the "
-                        "%zu bytes of dynamic shared memory", op, o, c, E.smem_bytes);
-        tma_check_idle(c, 16, "cp.async.bulk.tensor store from");
-        for (int i = 0; i < E.nmbar; i++)
-            if (E.mbars[i].off / 16 * 16 == c)
-                dt_emu_fail("%s: its source covers the mbarrier at shared offset %u", op,
-                            E.mbars[i].off);
-    }
+    tma_check_box_chunks(off, bytes, m.swizzle, op, "is read from",
+                         "cp.async.bulk.tensor store from", "source");
     bulk_check_no_cp_async(off, (uint32_t)bytes, m.swizzle, op);
     /* what the async proxy reads: the source as the thread sees it */
     for (uint32_t o = 0; o < bytes; o += 16) {
