@@ -1141,11 +1141,9 @@ static void k_tma_ldmatrix(void *arg) {
     dt_emu_ldmatrix_x4(r, smem + MB_DST + 16 * lane(), 0);
 }
 
-static void test_tma(void **state) {
-    (void)state;
-    const uint64_t tma_before = dt_emu_get_counts().tma;
-    /* the 2D tensor: 100 x 50, rows padded to 104 elements (0xdead, never
-     * to be read) */
+/* The 2D tensor of test_tma and test_tma_store in emulated device memory:
+ * 100 x 50, rows padded to 104 elements (0xdead, never to be read). */
+static uint16_t *tma_2d_tensor(void) {
     uint16_t *g2 = NULL;
     assert_int_equal(cudaMalloc((void **)&g2, 50 * 208), cudaSuccess);
     for (int y = 0; y < 50; y++)
@@ -1153,6 +1151,13 @@ static void test_tma(void **state) {
             const int64_t at[5] = {x, y, 0, 0, 0};
             g2[104 * y + x] = x < 100 ? tma_2d_value(NULL, at) : 0xdead;
         }
+    return g2;
+}
+
+static void test_tma(void **state) {
+    (void)state;
+    const uint64_t tma_before = dt_emu_get_counts().tma;
+    uint16_t *g2 = tma_2d_tensor();
     static CUtensorMap map2;
     const uint64_t dims2[2] = {100, 50}, strides2[1] = {208};
     const uint32_t box2[2] = {64, 32};
@@ -1585,13 +1590,7 @@ static void test_tma_store(void **state) {
     const uint64_t stores_before = dt_emu_get_counts().tma_stores;
     const int first[1] = {0}, both[2] = {0, 1};
     /* the source of the loads: test_tma's 2D tensor, 100 x 50, rows of 104 */
-    uint16_t *g2 = NULL;
-    assert_int_equal(cudaMalloc((void **)&g2, 50 * 208), cudaSuccess);
-    for (int y = 0; y < 50; y++)
-        for (int x = 0; x < 104; x++) {
-            const int64_t at[5] = {x, y, 0, 0, 0};
-            g2[104 * y + x] = x < 100 ? tma_2d_value(NULL, at) : 0xdead;
-        }
+    uint16_t *g2 = tma_2d_tensor();
     static CUtensorMap src_map, dst_map, f32_map, past_map;
     const uint64_t src_dims[2] = {100, 50}, pitch2[1] = {208};
     const uint32_t box2[2] = {64, 32};
