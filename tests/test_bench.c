@@ -503,27 +503,27 @@ static void test_trace_timeline(void **state) {
  * with a record per query tile of every block that runs (P = 2, c = 128,
  * one head: contiguous's step-1 block of rank 0 has no pair and does not
  * launch, so 3 records, striped and zigzag 4, the call on S = 256 2), and
- * the mean SM's busy and idle parts adding up to the wall. Skipped where
- * no CUDA device answers. */
-static void test_blocks_trace_timeline(void **state) {
-    (void)state;
-    REQUIRE(g_blocks);
-#ifndef DT_HAVE_CUDA
-    print_message("skipped: a build without CUDA (the CTA records are the CUDA kernels')\n");
-    skip();
-#else
+ * the mean SM's busy and idle parts adding up to the wall; again with the
+ * end through TMA (--bulk 1, which the JSON reports), the same records.
+ * Skipped where no CUDA device answers. */
+#ifdef DT_HAVE_CUDA
+/* One run of the above with --bulk `bulk`: 1 if it printed what it should,
+ * 0 if not, -1 if no CUDA device answered. */
+static int blocks_trace_timeline(int bulk) {
     char *out = NULL;
-    int rc = h_run_program(g_blocks, "--backend cuda --kernel wgmma --section p --pass fwd "
-                           "--ranks 2 --ring-c 128 --heads 1 --kv-heads 1 --dim 128 "
-                           "--dtype bf16 --iters 1 --trace --json", &out);
+    char args[256];
+    snprintf(args, sizeof args, "--backend cuda --kernel wgmma --section p --pass fwd --ranks 2 "
+             "--ring-c 128 --heads 1 --kv-heads 1 --dim 128 --dtype bf16 --iters 1 --trace "
+             "--json --bulk %d", bulk);
+    int rc = h_run_program(g_blocks, args, &out);
     if (rc != 0 && out && strstr(out, "needs a CUDA device")) {
-        print_message("skipped: no CUDA device (make CUDA=emu test runs it on the emulator)\n");
         free(out);
-        skip();
+        return -1;
     }
     static const char *const orders[] = {"contiguous", "striped", "zigzag"};
     static const double records[] = {3, 4, 4};
-    int ok = rc == 0 && out != NULL;
+    double reported = -1;
+    int ok = rc == 0 && out != NULL && json_num(out, "bulk", &reported) && reported == bulk;
     for (int i = 0; ok && i < 3; i++) {
         char key[64];
         snprintf(key, sizeof key, "\"order\": \"%s\"", orders[i]);
@@ -542,9 +542,27 @@ static void test_blocks_trace_timeline(void **state) {
                  near(busy + start + between + end, wall) && near(idle, 1 - busy / wall);
         }
     }
-    if (!ok) print_error("bench/blocks (p) --trace printed (rc %d):\n%s\n", rc, out ? out : "");
+    if (!ok) print_error("bench/blocks %s printed (rc %d):\n%s\n", args, rc, out ? out : "");
     free(out);
-    assert_true(ok);
+    return ok;
+}
+#endif
+
+static void test_blocks_trace_timeline(void **state) {
+    (void)state;
+    REQUIRE(g_blocks);
+#ifndef DT_HAVE_CUDA
+    print_message("skipped: a build without CUDA (the CTA records are the CUDA kernels')\n");
+    skip();
+#else
+    for (int bulk = 0; bulk < 2; bulk++) {
+        const int ok = blocks_trace_timeline(bulk);
+        if (ok < 0) {
+            print_message("skipped: no CUDA device (make CUDA=emu test runs it on the emulator)\n");
+            skip();
+        }
+        assert_int_equal(ok, 1);
+    }
 #endif
 }
 
