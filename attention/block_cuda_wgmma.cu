@@ -896,8 +896,16 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
     p.grid = dt_mma_fwd_grid(*a, WG_BM, l2_bytes);
     DT_TRY(make_block_maps(*a, wg_q_box<D>(), WG_BN, &p.q, &p.k, &p.v));
     /* BULK: the end's maps, acc (unless the call has one block, which
-     * neither reads nor writes it) and o (its last block) */
-    bulk = bulk && overlap && !producer && D == 128;
+     * neither reads nor writes it) and o (its last block). TMA wants their
+     * addresses and strides in multiples of 16 bytes, where the ordinary
+     * end wants 8 (acc) and 4 (o): a block whose acc or o is not so aligned
+     * ends the ordinary way (the same results; a call's blocks may mix). */
+    const auto tma_aligned = [](const void *base, int64_t batch_stride_bytes) {
+        return (uintptr_t)base % 16 == 0 && batch_stride_bytes % 16 == 0;
+    };
+    bulk = bulk && overlap && !producer && D == 128 &&
+           ((a->first && a->last) || tma_aligned(a->acc, a->acc_batch_stride * 4)) &&
+           (!a->last || tma_aligned(a->o, a->q_batch_stride * (int64_t)sizeof(T)));
     if (bulk && !(a->first && a->last))
         DT_TRY(make_map(encode_fn(), &p.acc, "acc", a->acc, DT_F32, a->dim, a->heads, a->qseg.len,
                         a->batch, a->acc_batch_stride, WG_RM));

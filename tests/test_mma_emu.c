@@ -535,6 +535,17 @@ static void test_wgmma_persistent_keyless(void **state) {
                                  DT_SUCCESS);
                 assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
             }
+        /* The end through TMA with o 4 bytes off a 16-byte boundary (TMA
+         * wants 16, the kernel 4): the ordinary end, the same o. */
+        unsigned char *od4 = NULL;
+        assert_int_equal(cudaMalloc((void **)&od4, (size_t)(nq * H * D) * 2 + 16), cudaSuccess);
+        a.o = od4 + 4;
+        a.transfer = 0;
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 1, 0, 1),
+                         DT_SUCCESS);
+        assert_memory_equal(od4 + 4, o_persistent, (size_t)(nq * H * D) * 2);
+        a.o = od;
+        cudaFree(od4);
         free(o_persistent);
 
         double *ref = calloc((size_t)(nq * H * D), sizeof *ref), *ref_lse = malloc((size_t)(H * nq) * sizeof *ref_lse);
