@@ -545,9 +545,9 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
      * store (bulk_end); see there. Each warpgroup's first thread (its
      * storer) issues its TMA; warpgroup 1's storer releases a Q buffer
      * (qfree, one arrival per query tile) once its stores from it have
-     * read it, at the start of its next query tile, and thread 0 waits for
-     * that before it loads queries there again (its own stores it waits
-     * for itself). */
+     * read it, during its next query tile (release_q), and thread 0 waits
+     * for that before it loads queries there again (its own stores it
+     * waits for itself). */
     constexpr bool BK = BULK && OV && !PW;
     constexpr int TILE_F = BK ? WG_BM * D * 2 : 0;   /* the boxes beside the stages: D / 64 a warpgroup */
     DT_DYNAMIC_SMEM(unsigned char, smem_raw);
@@ -625,7 +625,14 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
     uint32_t qn = 0, rfn = 0;
     const bool storer = BK && (threadIdx.x & (WG_THREADS / 2 - 1)) == 0;
     /* BK: warpgroup 1's storer releases the Q buffer of the query tile
-     * before (qn > 0) once its stores from there have read it */
+     * before (qn > 0) once its stores from there have read it: where the
+     * query tile has two key tiles or more, after its first (by then they
+     * have; waited for at the tile's start, the reads would hold warpgroup
+     * 1's first S back, and the tensor cores with it), before its last
+     * key tile's loads (thread 0 waits for the release there, after every
+     * thread's release of the key tile before); with one key tile or none
+     * at the tile's start, before any turn or meeting the release could
+     * hold back (thread 0's wait for it would otherwise deadlock) */
     const auto release_q = [&](uint32_t prev) {
         if (BK && qn > 0 && threadIdx.x == WG_THREADS / 2) {
             bulk_wait_read<0>();
@@ -699,13 +706,14 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * its last and every thread has waited for the grid before already
          * (in a query tile before); Q buffer ti ^ 1 (the query tile
          * before's) released; thread 0 waits for the release of the buffer
-         * it loads the next query tile into (the tile before's, qn - 1) */
+         * it loads the next query tile into (the tile before's, qn - 1;
+         * release_q says where) */
         const bool bulk_rows = BK && n_tiles > 0 && w0 < x1;
         const int fetch_kt = wg_tiles > 0 ? wg_tiles - 1 : 0;
         const bool fetch_early = bulk_rows && qn > 0 && fetch_kt > 0 && !a.first;
         unsigned char *const qw = sq + ti * TILE_Q + wg * (TILE_Q / 2), *const fw = sf + wg * (TILE_F / 2);
         float sm[2], sl[2];
-        release_q(ti ^ 1);
+        if (n_tiles <= 1) release_q(ti ^ 1);
         uint64_t *const qrel = BK && qn > 0 ? &qfree[ti ^ 1] : nullptr;
         const uint32_t qpar = ((qn - 1) >> 1) & 1u;
         if (!PW && n_tiles == 0) {
@@ -832,6 +840,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
             /* OV: next[ti], published during this last key tile, seen
              * before this thread lets thread 0 go on to the next publication */
             if (OV && !PW && kt + 1 == n_tiles) mbar_wait(&pub[0], pubs++ & 1u);
+            if (BK && kt == 0 && n_tiles > 1) release_q(ti ^ 1);
             /* this thread is done with the stage (and with Q after the last) */
             if (RELEASE) mbar_arrive(&empty[stage]);
             else __syncthreads();
