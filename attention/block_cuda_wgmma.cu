@@ -711,6 +711,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
         const bool bulk_rows = BK && n_tiles > 0 && w0 < x1;
         const int fetch_kt = wg_tiles > 0 ? wg_tiles - 1 : 0;
         const bool fetch_early = bulk_rows && qn > 0 && fetch_kt > 0 && !a.first;
+        /* this warpgroup's rows of Q buffer ti (BK: and its boxes there), and its boxes beside the stages */
         unsigned char *const qw = sq + ti * TILE_Q + wg * (TILE_Q / 2), *const fw = sf + wg * (TILE_F / 2);
         float sm[2], sl[2];
         if (n_tiles <= 1) release_q(ti ^ 1);
@@ -726,6 +727,8 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
             __syncthreads();
         }
 
+        /* this warpgroup's queries: qw's address, made from the shared
+         * window's (as wg_smem_addr(qw) ptxas spilled 12 bytes at D = 64) */
         const uint32_t q_addr = wg_smem_addr(sq + ti * TILE_Q) + (uint32_t)wg * (TILE_Q / 2);
         /* Ping-pong: the warpgroups take turns issuing their wgmma, so that one's
          * softmax runs while the other's products keep the tensor cores busy.
@@ -783,12 +786,12 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                  * plus a constant each (wg_desc_plus); at D = 64 each
                  * made from its address (there the other form made
                  * ptxas spill at the 128 registers of two CTAs an SM) */
-                const uint64_t qd = wg_desc_k_major(q_addr, WG_RM, 0), kd = wg_desc_k_major(k_addr, WG_BN, 0);
+                const uint64_t qd = wg_desc_k_major(q_addr, wg_q_box<D>(), 0), kd = wg_desc_k_major(k_addr, WG_BN, 0);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < D / 16; kk++) {
                     if constexpr (D == 128)
-                        wgmma_ss<T, WG_BN>(s, wg_desc_plus(qd, wg_k_major_off(WG_RM, kk)),
+                        wgmma_ss<T, WG_BN>(s, wg_desc_plus(qd, wg_k_major_off(wg_q_box<D>(), kk)),
                                            wg_desc_plus(kd, wg_k_major_off(WG_BN, kk)), kk > 0);
                     else
                         wgmma_ss<T, WG_BN>(s, wg_desc_k_major(q_addr, wg_q_box<D>(), kk),
@@ -870,7 +873,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * stored rows) and before it exits: this grid then completes after
          * that one, as the next grid's own wait needs. */
         grid_dep_wait();
-        if (BK && bulk_rows) {
+        if (bulk_rows) {
             if constexpr (BK) {
                 bulk_end<T, D, TURN + 3>(p, c, wg, storer, qw, fw, &rfull[wg], rfn & 1u, row0, lane,
                                          m, l, o, sm, sl);
