@@ -45,8 +45,13 @@ timeout; PyTorch runs in this process with bench/attention_sdpa.py's timing
 functions. The output is markdown, to paste into docs/PERFORMANCE.md as is.
 
     python3 bench/issue8.py [--build DIR] [--kernels mma,wgmma] [--iters N]
-        [--budget SECONDS] [--json] [--json-out FILE] [--quick]
-        [--backend cuda|cpu] [--no-torch]
+        [--budget SECONDS] [--step-timeout SECONDS] [--without producer,bulk]
+        [--json] [--json-out FILE] [--quick] [--backend cuda|cpu] [--no-torch]
+
+A bench that runs past --step-timeout is killed and its launch (the kernel
+and its variant flags: --producer, --bulk, --persistent) not run again, so a
+variant that hangs leaves the kernel's other launches their budget. Exits 1
+when a step failed or timed out, 0 otherwise.
 
 Python 3 standard library only; torch where it is importable (never needed).
 """
@@ -80,7 +85,7 @@ SIZES = {
            "r_c": [64, 128, 256], "r_h": 2, "r_d": 128, "ring_c": [32], "iters": 2,
            "warmup": 1, "min_step": 1.0},
 }
-STEP_CAP_S = 150.0   # the longest any one subprocess may run
+STEP_TIMEOUT_S = 150.0   # the longest any one subprocess may run (--step-timeout)
 TF = ".4g"           # TFLOPS: 324.5 on a GPU, 0.02345 on the CPU
 
 # The issue's targets.
@@ -184,7 +189,7 @@ class Session:
         self.iters = args.iters or self.size["iters"]
         self.start = time.monotonic()
         self.steps, self.commands = [], []
-        self.hung = set()   # kernels whose bench ran past its timeout once
+        self.hung = set()   # launches (launch_of) whose bench ran past its timeout once
         self.torch = TorchSide(self)
 
     def left(self):
@@ -209,25 +214,33 @@ class Session:
 
     def bench(self, argv, kernel, kernel_env=None):
         """Run one dtensor bench of `kernel` with --json: its object, or an NA
-        saying why not. A kernel that ran past its timeout once (hung, most
-        likely) is not run again: the budget goes to the others."""
+        saying why not. A launch (a kernel with its variant flags, launch_of)
+        that ran past its timeout once (hung, most likely) is not run again:
+        the budget goes to the others, that kernel's other variants included.
+        The wgmma forward's variants named by --without are not run."""
         env = {k: v for k, v in os.environ.items() if k != "DT_ATTN_KERNEL"}
         prefix = ""
         if kernel_env:
             env["DT_ATTN_KERNEL"] = kernel_env
             prefix = f"DT_ATTN_KERNEL={kernel_env} "
         command = prefix + shlex.join(argv)
+        launch = launch_of(kernel, argv)
         skip = self.out_of_budget()
-        if kernel in self.hung:
-            skip = NA("skipped", f"{kernel} timed out in an earlier step")
+        if launch in self.hung:
+            skip = NA("skipped", f"{launch} timed out in an earlier step")
+        without = [key for _, key, flags in WGMMA_FWD_VARIANTS
+                   if key in self.args.without and has_flags(argv, flags)]
+        if without:
+            skip = NA("skipped", f"--without {without[0]}")
         if skip:
-            self.steps.append({"command": command, "status": skip.short, "seconds": 0})
+            self.steps.append({"command": command, "status": skip.short, "seconds": 0,
+                               "detail": skip.detail})
             return skip
-        timeout = min(self.left(), STEP_CAP_S)
+        timeout = min(self.left(), self.args.step_timeout)
         t0 = time.monotonic()
         done = run_with_timeout(argv, env, timeout)
         if done is None:
-            self.hung.add(kernel)
+            self.hung.add(launch)
             self.record(command, "timed out", time.monotonic() - t0)
             return NA("timed out", f"killed after {timeout:.0f} s")
         return self.outcome(command, *done, time.monotonic() - t0)
@@ -273,6 +286,26 @@ class Session:
         if self.args.quick:
             argv.append("--quick")
         return self.bench(argv, kernel, kernel_env=kernel)
+
+
+# The flags that make another launch of a kernel: a variant that hangs does
+# not take the kernel's other launches with it.
+VARIANT_FLAGS = ("--producer", "--bulk", "--persistent")
+
+
+def has_flags(argv, flags):
+    """Whether argv holds `flags` (a flag and its value) one after another."""
+    n = len(flags)
+    return any(tuple(argv[i:i + n]) == tuple(flags) for i in range(len(argv) - n + 1))
+
+
+def launch_of(kernel, argv):
+    """'wgmma', or 'wgmma --bulk 1': the kernel and the variant flags argv gives it."""
+    words = [kernel]
+    for i, a in enumerate(argv[:-1]):
+        if a in VARIANT_FLAGS:
+            words += [a, argv[i + 1]]
+    return " ".join(words)
 
 
 def run_with_timeout(argv, env, timeout):
@@ -964,8 +997,10 @@ def header_lines(session, info):
         f"- command: `{info['command']}`",
         f"- iterations: {session.iters} (dtensor after 1 warm-up; torch after "
         f"{session.size['warmup']}), medians; budget {a.budget:.0f} s, each step under a "
-        f"{STEP_CAP_S:.0f} s timeout",
-    ] + (["- --quick: tiny shapes, a smoke test: no figure or mark here says anything "
+        f"{a.step_timeout:.0f} s timeout",
+    ] + ([f"- --without {','.join(a.without)}: the wgmma forward's launches with those "
+          "flags not run"] if a.without else []) + \
+        (["- --quick: tiny shapes, a smoke test: no figure or mark here says anything "
           "about issue 8"] if a.quick else []) + \
         (["- --backend cpu: the CPU kernels run whatever --kernels says"]
          if a.backend == "cpu" else []) + [""]
@@ -999,6 +1034,14 @@ def parse_kernels(text):
     return list(dict.fromkeys(names))
 
 
+def parse_variants(text):
+    keys = [key for _, key, _ in WGMMA_FWD_VARIANTS]
+    names = [v for v in text.split(",") if v]
+    if any(v not in keys for v in names):
+        raise argparse.ArgumentTypeError(f"takes a list of {', '.join(keys)}; got '{text}'")
+    return names
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.relpath(os.path.join(ROOT, "build")),
@@ -1010,16 +1053,26 @@ def parse_args(argv):
     ap.add_argument("--budget", type=float, default=450.0,
                     help="seconds for the whole run; later steps are skipped (and said so) "
                          "when it runs out (default 450)")
+    ap.add_argument("--step-timeout", type=float, default=STEP_TIMEOUT_S, metavar="SECONDS",
+                    help="the longest one bench may run before it is killed and its launch "
+                         f"(kernel and variant flags) counted as hung (default {STEP_TIMEOUT_S:.0f})")
     ap.add_argument("--json", action="store_true", help="print one JSON object, no tables")
     ap.add_argument("--json-out", metavar="FILE", help="also write the JSON object to FILE")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     ap.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--no-torch", action="store_true", help="no PyTorch columns")
+    ap.add_argument("--without", type=parse_variants, default=[], metavar="LIST",
+                    help="the wgmma forward's launch variants not to run (" +
+                         ", ".join(key for _, key, _ in WGMMA_FWD_VARIANTS) +
+                         "): their cells say skipped (scripts/gpu_session.sh names those "
+                         "that failed its canary)")
     args = ap.parse_args(argv)
     if args.iters < 0 or args.iters > 100:
         ap.error("--iters takes 1 to 100")
     if args.budget <= 0:
         ap.error("--budget takes a positive number of seconds")
+    if args.step_timeout <= 0:
+        ap.error("--step-timeout takes a positive number of seconds")
     if args.backend == "cpu" and not args.quick:
         ap.error("--backend cpu runs the issue's shapes for hours: add --quick")
     for name in ("blocks", "attention"):
@@ -1046,7 +1099,8 @@ def main(argv):
         tables.append(make())
         emit(session, tables[-1].markdown())
     emit(session, "\n".join(summary_lines(session, tables)))
-    failed = [s for s in session.steps if s["status"].startswith("failed")]
+    failed = [s for s in session.steps if s["status"].startswith("failed")
+              or s["status"] == "timed out"]
     result = dict(info, bench="issue8", build=args.build, backend=args.backend,
                   kernels=args.kernels, iters=session.iters, quick=args.quick,
                   budget_s=args.budget, elapsed_s=round(time.monotonic() - session.start, 1),

@@ -2,9 +2,11 @@
 # scripts/gpu_session.sh — one device call that fits a GPU session of 15
 # minutes of device time (the machine's start included): the packed
 # programs' CUDA suites side by side, compute-sanitizer on the tensor-core
-# attention kernels beside them, issue 4 (c) (the ring's cost; again with
-# the wgmma forward's producer warpgroup, and with its end through TMA),
-# then bench/issue8.py with what is left of the budget.
+# attention kernels beside them, a canary of each of the wgmma forward's
+# launch variants (a small block; one that fails or hangs is left out of
+# the rest), issue 4 (c) (the ring's cost; again with the wgmma forward's
+# producer warpgroup, and with its end through TMA), then bench/issue8.py
+# with what is left of the budget.
 #
 #   scripts/gpu_session.sh [--dry-run] [--profile] [--prebuilt DIR] [BUDGET_SECONDS]
 #
@@ -29,13 +31,14 @@
 # summary (summary.txt: one line per suite with its cmocka counts, each
 # sanitizer's verdict, issue 4 (c)'s rows, issue8.py's summary), the
 # suites' and sanitizers' logs packed in tests.tgz, ring_cost.txt,
-# issue8.md, issue8.json, issue8.err (and ncu_source.tgz). Exits 0 when every suite and
-# sanitizer passed and issue8.py ran, 1 otherwise. scripts/gpu_check.sh
-# is the thorough check (every suite one by one, the examples, the
-# benches' --quick runs, the whole suite last: 540 s, a call of its own).
+# issue8.md, issue8.json, issue8.err (and ncu_source.tgz). Exits 0 when
+# every suite, sanitizer and canary passed and issue8.py ran whole, 1
+# otherwise. scripts/gpu_check.sh is the thorough check (every suite one by
+# one, the examples, the benches' --quick runs, the whole suite last:
+# 540 s, a call of its own).
 set -u
 
-usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; }
 dry=0
 profile=0
 budget=420
@@ -65,6 +68,13 @@ sanitized="racecheck:test_attention:forward racecheck:test_attention_backward:ba
 synccheck:test_attention:forward synccheck:test_attention_backward:backward"
 # the wgmma forward's launch variants that issue 4 (c) and --profile compare
 variants="--producer_0 --producer_1 --bulk_1"
+# A canary for each variant not the default: a block small enough to take
+# milliseconds, with more query tiles (256) than SMs, so that persistent
+# CTAs take several. One that fails or runs past 20 s is left out of
+# everything after it (issue8.py --without), where a hang would cost each
+# step its timeout.
+canary="--backend cuda --kernel wgmma --section r --pass fwd --heads 16 --kv-heads 16 --dim 128
+--dtype bf16 --c 2048 --iters 1"
 
 if [ "$dry" = 1 ]; then
     echo "gpu_session dry run: budget ${budget}s, programs of $build, output in $out"
@@ -73,9 +83,13 @@ if [ "$dry" = 1 ]; then
         IFS=: read -r tool t pass <<<"$s"
         echo "  sanitizer  DT_TEST_FILTER='$pass/cuda-kernels/*P=1*' compute-sanitizer --tool $tool $build/tests/$t"
     done
+    for v in $variants; do
+        # shellcheck disable=SC2086 # the flags, word by word
+        [ "$v" = --producer_0 ] || echo "  canary     $build/bench/blocks" $canary "${v/_/ } (20 s at most)"
+    done
     echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: ${variants//_/ }"
     [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096) with each of: ${variants//_/ }"
-    echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --json-out \$OUT/issue8.json"
+    echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --without <the variants that failed their canary> --json-out \$OUT/issue8.json"
     exit 0
 fi
 
@@ -132,6 +146,25 @@ for s in $sanitized; do
     # a filter that ran no case proves nothing
     echo "$verdict" | grep -qE ': 0 (errors|hazards)' && [ "$cases" -gt 0 ] || ok=0
 done
+without=()
+kept=""
+for v in $variants; do
+    if [ "$v" != --producer_0 ]; then
+        # shellcheck disable=SC2086 # the flags, and the variant's flag and its value
+        timeout -k 2 20 "$build/bench/blocks" $canary ${v/_/ } >"$logs/canary_$v.log" 2>&1
+        rc=$?
+        log "canary ${v/_/ }: exit $rc"
+        if [ "$rc" != 0 ]; then
+            tail -n 3 "$logs/canary_$v.log" | tee -a "$summary"
+            n=${v#--}
+            without+=("${n%_1}")
+            ok=0
+            continue
+        fi
+    fi
+    kept="$kept $v"
+done
+variants=$kept
 tar czf "$out/tests.tgz" -C "$logs" . && rm -rf "$logs"
 
 : >"$out/ring_cost.txt"
@@ -185,7 +218,9 @@ if [ "$left" -lt 30 ]; then
     log "issue8.py: skipped, ${left}s of the budget left"
     ok=0
 else
-    python3 bench/issue8.py --build "$build" --budget "$left" --json-out "$out/issue8.json" \
+    without_flag=()
+    [ ${#without[@]} -gt 0 ] && without_flag=(--without "$(IFS=,; echo "${without[*]}")")
+    python3 bench/issue8.py --build "$build" --budget "$left" "${without_flag[@]}" --json-out "$out/issue8.json" \
         >"$out/issue8.md" 2>"$out/issue8.err"
     rc=$?
     log "issue8.py --budget $left: exit $rc"

@@ -30,6 +30,8 @@
  *     parts adding up to its wall;
  *   - bench/issue8.py --backend cpu --quick --no-torch (when python3 is on
  *     PATH; else skipped): exit 0, every item's heading, every step run;
+ *     and with a bench/blocks that hangs on --bulk 1: that launch's first
+ *     step timed out, its later ones skipped, every other step run;
  *   - bench/ncu_source.py on a small Nsight Compute source export written
  *     here, its shares and spans worked out by hand (python3 too);
  *   - bench/mlp --quick: the baseline rows and one row per mode and P, every
@@ -48,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "attention/cta_trace.h"
@@ -638,6 +641,82 @@ static void test_issue8_quick(void **state) {
     assert_true(ok);
 }
 
+/* path made absolute (from the working directory) into out. */
+static int absolute(char *out, size_t size, const char *path) {
+    char cwd[2048];
+    if (path[0] == '/') return snprintf(out, size, "%s", path) < (int)size ? 0 : -1;
+    if (!getcwd(cwd, sizeof cwd)) return -1;
+    return snprintf(out, size, "%s/%s", cwd, path) < (int)size ? 0 : -1;
+}
+
+/* Writes `text` to `path` with mode 0755. */
+static int write_script(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    int ok = fputs(text, f) >= 0;
+    ok = fclose(f) == 0 && ok;
+    return ok && chmod(path, 0755) == 0 ? 0 : -1;
+}
+
+/* A launch variant that hangs takes only its own later steps with it: a
+ * build directory whose bench/blocks sleeps on --bulk 1 (and runs the real
+ * one otherwise), issue8.py with a 4 s step timeout. The first bulk step
+ * times out, every later one is skipped and says why, and every other step
+ * (the wgmma kernel by default and with --producer 1) runs. */
+static void test_issue8_hung_variant(void **state) {
+    (void)state;
+    REQUIRE(g_blocks);
+    REQUIRE(g_bench);
+    require_python3();
+    char dir[] = "/tmp/dt_issue8_XXXXXX", real_blocks[4096], real_bench[4096];
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(absolute(real_blocks, sizeof real_blocks, g_blocks), 0);
+    assert_int_equal(absolute(real_bench, sizeof real_bench, g_bench), 0);
+    char path[4200], text[9000];
+    snprintf(path, sizeof path, "%s/bench", dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/bench/blocks", dir);
+    snprintf(text, sizeof text,
+             "#!/bin/sh\ncase \" $* \" in *\" --bulk 1 \"*) exec sleep 100 ;; esac\n"
+             "exec '%s' \"$@\"\n", real_blocks);
+    assert_int_equal(write_script(path, text), 0);
+    snprintf(path, sizeof path, "%s/bench/attention", dir);
+    snprintf(text, sizeof text, "#!/bin/sh\nexec '%s' \"$@\"\n", real_bench);
+    assert_int_equal(write_script(path, text), 0);
+
+    char args[9000];
+    snprintf(args, sizeof args,
+             "'%s' --backend cpu --quick --no-torch --kernels wgmma --step-timeout 4 --build '%s'",
+             g_issue8, dir);
+    char *out = NULL;
+    int rc = h_run_program("python3", args, &out);
+    /* The summary: "- steps: N ok, ..." and a line "- STATUS: COMMAND
+     * (DETAIL)" per step not ok, each command naming `dir`. */
+    const char *summary = strstr(out, "\n## summary\n");
+    int timed_out = 0, skipped = 0, others = 0, ok_steps = 0;
+    for (const char *ln = summary; ln && *ln; ln += strcspn(ln, "\n") + (ln[strcspn(ln, "\n")] != 0)) {
+        char line[2048];
+        snprintf(line, sizeof line, "%.*s", (int)strcspn(ln, "\n"), ln);
+        sscanf(line, "- steps: %d ok", &ok_steps);
+        if (!strstr(line, dir)) continue;
+        const int bulk = strstr(line, " --bulk 1") != NULL;
+        if (bulk && strncmp(line, "- timed out: ", 13) == 0) timed_out++;
+        else if (bulk && strncmp(line, "- skipped: ", 11) == 0 &&
+                 strstr(line, "(wgmma --bulk 1 timed out in an earlier step)"))
+            skipped++;
+        else others++;
+    }
+    const int ok = summary && rc == 1 && timed_out == 1 && skipped >= 3 && others == 0 && ok_steps > 10 && !strstr(out, "Traceback");
+    if (!ok)
+        print_error("python3 %s (rc %d; %d timed out, %d skipped, %d others, %d ok) printed:\n%s\n",
+                    args, rc, timed_out, skipped, others, ok_steps, out);
+    free(out);
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    assert_true(ok);
+}
+
 /* ------------------------------------------------------- bench/ncu_source.py */
 
 /* An `ncu --page source --csv --print-source cuda,sass` export in small: two
@@ -794,7 +873,7 @@ int main(int argc, char **argv) {
         {"", "--iters 0", "--iters takes an integer"},
         {"", "--frobnicate", "unknown flag '--frobnicate'"},
     };
-    struct CMUnitTest tests[25];
+    struct CMUnitTest tests[32];
     size_t n = 0;
     tests[n++] = (struct CMUnitTest){"bench_attention/quick/json,pass=fwd+bwd",
                                      test_quick_json_both_passes, NULL, NULL, NULL};
@@ -823,6 +902,8 @@ int main(int argc, char **argv) {
                                      test_blocks_trace_timeline, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_issue8/quick,backend=cpu,no-torch", test_issue8_quick,
                                      NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_issue8/hung-variant", test_issue8_hung_variant, NULL,
+                                     NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_ncu_source/export-by-hand", test_ncu_source, NULL,
                                      NULL, NULL};
     static const char *const mlp_quick[] = {"--quick --backend cpu",
