@@ -35,9 +35,10 @@ extern "C" {
 
 #define DT_ATTN_MAX_HEAD_DIM 256
 
-/* Where one call's ring loop spent this rank's time, for profiling
+/* Where one call spent this rank's time, for profiling
  * (dt_attention_options.timing). Step t's blocks are timed from just before
- * the block kernels of step t to just after them. CUDA: events on the
+ * the block kernels of step t to just after them; before_ms from the call's
+ * start to step 0's. CUDA: events on the
  * rank's compute stream, so queued device work counts and host time that
  * overlaps it does not. CPU: the rank thread's CPU time, so only its own
  * work counts (the copies of the transfers, not time blocked on a peer or
@@ -45,6 +46,12 @@ extern "C" {
 #define DT_ATTN_MAX_STEPS DT_MAX_WORLD_SIZE
 typedef struct dt_attention_timing {
     int steps;                            /* P: the entries filled below */
+    double before_ms;                     /* from the call's start (before the
+                                             ranks' agreement) to step 0's block
+                                             kernels: the agreement, the set-up,
+                                             the first transfers' posting
+                                             (backward: dQ's zeroing and the delta
+                                             pass) */
     double blocks_ms[DT_ATTN_MAX_STEPS];  /* step t's block kernels (the backward's
                                              last step: its two parts and the wait
                                              for the sums between them) */

@@ -265,6 +265,8 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
         local = dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: %s: workspace of %zu bytes is smaller "
                          "than the %zu needed (dt_attention_backward_workspace_size)",
                          dt_context_rank(p.ctx), op, opts->workspace_bytes, w.total);
+    dt_attention_timing *timing = opts ? opts->timing : NULL;
+    if (local == DT_SUCCESS) local = attn_timing_begin(&p, timing);
     DT_TRY(attn_plan_check_agreement(&p, op, local));
     dt_comm *comm = p.sp_dim >= 0 && p.parts > 1 ? dt_mesh_comm(p.mesh, p.sp_dim) : NULL;
 
@@ -303,8 +305,6 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
      * splits alike, so that each part's messages match on both ends. */
     const int64_t rows = p.b * p.c, half = comm ? rows / 2 : rows;
     const int j = comm ? dt_comm_rank(comm) : 0, last = p.parts - 1;
-    dt_attention_timing *timing = opts ? opts->timing : NULL;
-    DT_TRY_GOTO(st, attn_timing_begin(&p, timing), fail);
     for (int t = 0; t < p.parts; t++) {
         int src = (j - t + p.parts) % p.parts;
         /* A block with no pair the mask allows (a contiguous ring's blocks

@@ -118,6 +118,8 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
         local = dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: %s: workspace of %zu bytes is smaller "
                          "than the %zu needed (dt_attention_workspace_size)",
                          dt_context_rank(p.ctx), op, opts->workspace_bytes, w.total);
+    dt_attention_timing *timing = opts ? opts->timing : NULL;
+    if (local == DT_SUCCESS) local = attn_timing_begin(&p, timing);
     DT_TRY(attn_plan_check_agreement(&p, op, local));
     dt_comm *comm = p.sp_dim >= 0 && p.parts > 1 ? dt_mesh_comm(p.mesh, p.sp_dim) : NULL;
 
@@ -151,9 +153,7 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     const void *const own_kv[2] = {dt_tensor_data_const(k), dt_tensor_data_const(v)};
     const size_t kv_sizes[2] = {p.kv_bytes, p.kv_bytes};
 
-    dt_attention_timing *timing = opts ? opts->timing : NULL;
     const int last = p.parts > 1 ? dt_attn_ring_last_step(p.order, p.mask, p.S, p.parts, p.rank) : 0;
-    DT_TRY_GOTO(st, attn_timing_begin(&p, timing), fail);
     for (int t = 0; t < p.parts; t++) {
         int more = t + 1 < p.parts;
         if (more)

@@ -208,10 +208,12 @@ void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment *qs, dt_att
     }
 }
 
+/* Marks 0 .. 2P: the steps' (attn_timing_mark); 2P + 1: the call's start. */
 dt_status attn_timing_begin(const attn_plan *p, const dt_attention_timing *timing) {
     if (!timing) return DT_SUCCESS;
     dt_backend *be = p->ctx->backend;
-    return be->ops->marks_reserve(be, 2 * p->parts + 1);
+    DT_TRY(be->ops->marks_reserve(be, 2 * p->parts + 2));
+    return be->ops->mark(be, 2 * p->parts + 1);
 }
 
 dt_status attn_timing_mark(const attn_plan *p, const dt_attention_timing *timing, int i) {
@@ -224,6 +226,7 @@ dt_status attn_timing_end(const attn_plan *p, dt_attention_timing *timing) {
     if (!timing) return DT_SUCCESS;
     dt_backend *be = p->ctx->backend;
     timing->steps = p->parts;
+    DT_TRY(be->ops->mark_ms(be, 2 * p->parts + 1, 0, &timing->before_ms));
     for (int t = 0; t < p->parts; t++) {
         DT_TRY(be->ops->mark_ms(be, 2 * t, 2 * t + 1, &timing->blocks_ms[t]));
         DT_TRY(be->ops->mark_ms(be, 2 * t + 1, 2 * t + 2, &timing->wait_ms[t]));

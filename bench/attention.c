@@ -33,7 +33,9 @@
  *       MEASURED per (rank, step) with dt_attention_options.timing: the
  *       kernels' critical path (sum over steps of the slowest rank's
  *       blocks) and the largest per-rank sum of waits between steps (the
- *       transfers the kernels did not hide).
+ *       transfers the kernels did not hide); of those, the largest per-rank
+ *       time before step 0's kernels (the agreement, the set-up, the
+ *       backward's delta pass) and after the last step's.
  *   (c) ring cost: the distributed call's work summed over ranks (thread CPU
  *       time on the CPU backend) against one single-device causal call of the
  *       same pass on the whole sequence.
@@ -295,12 +297,15 @@ typedef struct ring_case {
     double b2b[MAX_P];         /* per call, the iterations' calls back to back */
     /* dt_attention_options.timing, seconds: [iteration][rank][step] */
     double blocks[MAX_ITERS][MAX_P][MAX_P], waits[MAX_ITERS][MAX_P][MAX_P];
+    double before[MAX_ITERS][MAX_P];   /* [iteration][rank]: to step 0's kernels */
     /* results */
     double wall_s, cpu_max_s, cpu_sum_s;
     double b2b_s;              /* the slowest rank's b2b */
     double steps_crit_s;       /* sum over steps of the slowest rank's blocks */
     double kernels_sum_s;      /* every rank's blocks of every step, summed */
     double waits_max_s;        /* the largest per-rank sum of waits */
+    double before_max_s;       /* the largest per-rank time before step 0's kernels */
+    double after_max_s;        /* the largest per-rank wait after the last step's */
     int64_t crit_pairs, total_pairs;
 } ring_case;
 
@@ -328,6 +333,7 @@ static dt_status rank_ring(dt_context *ctx, void *arg) {
         if (i >= 0) {
             r->wall[i][rank] = w1 - w0;
             r->cpu[i][rank] = c1 - c0;
+            r->before[i][rank] = 1e-3 * tm->before_ms;
             for (int t = 0; t < r->P; t++) {
                 r->blocks[i][rank][t] = 1e-3 * tm->blocks_ms[t];
                 r->waits[i][rank][t] = 1e-3 * tm->wait_ms[t];
@@ -387,9 +393,9 @@ static void ring_summarise(ring_case *r) {
     for (int j = 0; j < r->P; j++) r->b2b_s = fmax(r->b2b_s, r->b2b[j]);
     r->cpu_max_s = ex_median(cm, r->iters);
     r->cpu_sum_s = ex_median(cs, r->iters);
-    double kc[MAX_ITERS], ks[MAX_ITERS], wx[MAX_ITERS];
+    double kc[MAX_ITERS], ks[MAX_ITERS], wx[MAX_ITERS], bx[MAX_ITERS], ax[MAX_ITERS];
     for (int i = 0; i < r->iters; i++) {
-        kc[i] = ks[i] = wx[i] = 0;
+        kc[i] = ks[i] = wx[i] = bx[i] = ax[i] = 0;
         for (int t = 0; t < r->P; t++) {
             double slowest = 0;
             for (int j = 0; j < r->P; j++) {
@@ -402,11 +408,15 @@ static void ring_summarise(ring_case *r) {
             double sum = 0;
             for (int t = 0; t < r->P; t++) sum += r->waits[i][j][t];
             wx[i] = fmax(wx[i], sum);
+            bx[i] = fmax(bx[i], r->before[i][j]);
+            ax[i] = fmax(ax[i], r->waits[i][j][r->P - 1]);
         }
     }
     r->steps_crit_s = ex_median(kc, r->iters);
     r->kernels_sum_s = ex_median(ks, r->iters);
     r->waits_max_s = ex_median(wx, r->iters);
+    r->before_max_s = ex_median(bx, r->iters);
+    r->after_max_s = ex_median(ax, r->iters);
     ring_pairs(r->order, r->P * r->C, r->P, &r->crit_pairs, &r->total_pairs);
 }
 
@@ -829,7 +839,11 @@ int main(int argc, char **argv) {
                          "      kernels = sum over steps of the slowest rank's blocks; waits = "
                          "the largest per-rank sum of the\n"
                          "      time between one step's kernels and the next (transfers not "
-                         "hidden by the kernels); after each table\n",
+                         "hidden by the kernels); after each table,\n"
+                         "      with the largest per-rank time before step 0's kernels (the "
+                         "agreement, the set-up, the\n"
+                         "      backward's delta pass) and after the last step's (its last "
+                         "transfers and stores)\n",
                     gpu ? " (not meaningful on a GPU: kernels run asynchronously)" : "");
             if (!gpu && cores < 8)
                 fprintf(out, "    NOTE: ranks are threads; this machine has %ld cores, so at P > %ld "
@@ -871,13 +885,15 @@ int main(int argc, char **argv) {
                                      "\"total_pairs\": %lld, \"ratio_wall\": %.4f, "
                                      "\"ratio_cpu_max\": %.4f, \"ratio_pairs\": %.4f, "
                                      "\"theory\": %.4f, \"steps_crit_ms\": %.4f, "
-                                     "\"waits_max_ms\": %.4f, \"b2b_ms\": %.4f}",
+                                     "\"waits_max_ms\": %.4f, \"before_max_ms\": %.4f, "
+                                     "\"after_max_ms\": %.4f, \"b2b_ms\": %.4f}",
                                 first ? "" : ",\n", pass_name(c->pass), c->P,
                                 dt_order_name(c->order), C, (long long)RB, (long long)RH,
                                 (long long)RD, dt_dtype_name(rdt), 1e3 * c->wall_s,
                                 1e3 * c->cpu_max_s, 1e3 * c->cpu_sum_s, (long long)c->crit_pairs,
                                 (long long)c->total_pairs, rw, rcpu, rp, theory,
-                                1e3 * c->steps_crit_s, 1e3 * c->waits_max_s, 1e3 * c->b2b_s);
+                                1e3 * c->steps_crit_s, 1e3 * c->waits_max_s,
+                                1e3 * c->before_max_s, 1e3 * c->after_max_s, 1e3 * c->b2b_s);
                     else if (with_pairs)
                         fprintf(out, "    %-3d %-10s %9.2f %9.2f %12lld | %9.3f %9.3f %9.3f | "
                                      "%7.3f\n",
@@ -894,6 +910,9 @@ int main(int argc, char **argv) {
                 print_ring_figures(out, "steps: kernels ms / waits ms", "%.2f / %.2f", 17,
                                    rings[q], offsetof(ring_case, steps_crit_s),
                                    offsetof(ring_case, waits_max_s));
+                print_ring_figures(out, "before step 0 / after: ms", "%.2f / %.2f", 17,
+                                   rings[q], offsetof(ring_case, before_max_s),
+                                   offsetof(ring_case, after_max_s));
                 print_ring_figures(out, "back to back: ms per call", "%.2f (wall %.2f)", 19,
                                    rings[q], offsetof(ring_case, b2b_s),
                                    offsetof(ring_case, wall_s));

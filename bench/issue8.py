@@ -830,7 +830,8 @@ def item_waits(session):
     kernels = session.args.kernels
     with_bwd = set(bwd_choices(kernels))
     header = ["kernel", "pass", "P", "order", "C", "wall ms", "b2b ms", "no-copy ms", "exposed",
-              "mark", "exposed (wall)", "kernels ms", "waits ms", "waits share"]
+              "mark", "exposed (wall)", "kernels ms", "waits ms", "waits share", "before ms",
+              "after ms"]
     table = Table("6", "item 6: exposed communication of the ring",
                   f"exposed <= {WAITS_MAX:.0%} of the step for C >= {WAITS_FROM_C} (marks only "
                   "there)", header,
@@ -855,7 +856,11 @@ def item_waits(session):
                   "over steps of the slowest rank's block kernels and waits = the largest "
                   "per-rank sum of the gaps between one step's kernels and the next "
                   "(dt_attention_options.timing), share = waits / (kernels + waits): on one "
-                  "shared device these gaps also hold the other ranks' kernels. auto's "
+                  "shared device these gaps also hold the other ranks' kernels; of the call "
+                  "outside them, before = the largest per-rank time from the call's start to "
+                  "step 0's kernels (the agreement, the set-up, the backward's delta pass) and "
+                  "after = the largest per-rank wait after the last step's kernels (the last "
+                  "transfers and the stores; also in waits). auto's "
                   "backward is wgmma's, so its bwd rows come from the first kernel only. "
                   "\"wgmma, persistent 2\": the wgmma forward persistent beside the ring's "
                   "copies too (--persistent 2, both benches; by default its blocks with a "
@@ -870,7 +875,7 @@ def item_waits(session):
         out = session.attention(k, "b", passes, extra)
         table.commands += session.commands[n:]
         if is_na(out):
-            table.add([label, passes, "-", "-", "-"] + [out] * 9, {"kernel": label, "result": out})
+            table.add([label, passes, "-", "-", "-"] + [out] * 11, {"kernel": label, "result": out})
             continue
         rows = out.get("ring", [])
         alone = {}   # (pass, P, C) -> {order: b2b ms} from bench/blocks (p)
@@ -884,6 +889,11 @@ def item_waits(session):
             a = alone.get((row["pass"], row["P"], row["C"]))
             table.add(*waits_row(k, row, a, label))
     return table
+
+
+def optional(row, key):
+    """row[key], or an NA where the bench (an older build) printed none."""
+    return row[key] if key in row else NA("none", f"the bench printed no {key}")
 
 
 def waits_row(kernel, row, alone, variant=None):
@@ -907,7 +917,8 @@ def waits_row(kernel, row, alone, variant=None):
     cells = [label, row["pass"], str(row["P"]), row["order"], str(row["C"]),
              (row["wall_ms"], ".3f"), (b2b, ".3f"), (no_copy, ".3f"), (exposed, ".1%"), m,
              (exposed_wall, ".1%"), (row["steps_crit_ms"], ".3f"), (row["waits_max_ms"], ".3f"),
-             (share, ".1%")]
+             (share, ".1%"), (optional(row, "before_max_ms"), ".3f"),
+             (optional(row, "after_max_ms"), ".3f")]
     data = dict(row, kernel=kernel, label=label, no_copy_ms=no_copy, exposed=exposed,
                 exposed_wall=exposed_wall, waits_share=share, mark=m)
     return cells, data
