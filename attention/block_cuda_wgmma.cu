@@ -100,7 +100,7 @@
  * ptxas (sm_90a, CUDA 13.0): 128 registers at D = 64 (two CTAs per SM:
  * launch bounds), 185 at D = 128 (255 in the overlapped order, whose
  * warpgroups load their rows' stored state before their last product's
- * wait: EARLY below; 200 with BULK, whose stored state goes to shared
+ * wait: EARLY below; 204 with BULK, whose stored state goes to shared
  * memory), no
  * spills, no serialised wgmma; with the producer warpgroup 168 at the
  * entry, 232 for the consumers and 40 for the producer (setmaxnreg), no
@@ -325,7 +325,7 @@ __device__ __forceinline__ void wg_produce(const wg_params &p, unsigned char *sq
  * of the Q buffer (qw: its 16-bit queries there take the same bytes, free
  * once its own last S has read them), the others in a region of its own
  * beside the stages (fw). The acc map's TMA brings the stored state there
- * during its last product; the merge reads it and writes the result back
+ * during its last key tile (its softmax and P V); the merge reads it and writes the result back
  * in place; a TMA store takes it to acc (or, by the call's last block, o
  * in T goes into qw in Q's layout and o's map stores it). So the end's
  * 64 KiB a query tile cross the load/store units as shared-memory accesses
@@ -617,6 +617,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
 
     /* Named barrier TURN + w is "warpgroup w's turn" (the ping-pong below) */
     constexpr int TURN = 1, PAIR = WG_THREADS;
+    constexpr int ENDB = TURN + 3;   /* BK: ENDB + w, warpgroup w's own (bulk_end) */
     if (OV && wg == 1) bar_arrive<TURN>(0, PAIR);   /* the first turn, once */
     uint32_t pubs = 0;   /* OV: the publications this thread has waited for */
     /* BK: query tiles so far (thread 0: which phase of qfree to wait for;
@@ -711,6 +712,13 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
         const bool bulk_rows = BK && n_tiles > 0 && w0 < x1;
         const int fetch_kt = wg_tiles > 0 ? wg_tiles - 1 : 0;
         const bool fetch_early = bulk_rows && qn > 0 && fetch_kt > 0 && !a.first;
+        /* ... and where every thread has waited for the grid before already,
+         * the rest (the boxes in qw, sm, sl) as soon as its last S is done
+         * (a barrier of the warpgroup: every thread's wait, as Q's rows are
+         * free only then), so that they fly during the softmax too; else
+         * after the last P V is issued (its wait for the grid then holds
+         * no product back) */
+        const bool fetch_soon = bulk_rows && qn > 0 && !a.first;
         /* this warpgroup's rows of Q buffer ti (BK: and its boxes there), and its boxes beside the stages */
         unsigned char *const qw = sq + ti * TILE_Q + wg * (TILE_Q / 2), *const fw = sf + wg * (TILE_F / 2);
         float sm[2], sl[2];
@@ -801,6 +809,13 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                 if (RELEASE) produce();
                 bar_arrive<TURN>(wg ^ 1, PAIR);
                 wgmma_wait<0>();
+                if constexpr (BK) {
+                    if (fetch_soon && kt == fetch_kt) {
+                        bar_sync<ENDB>(wg, WG_THREADS / 2);
+                        bulk_fetch<D>(p, c, wg, storer, qw, fw, &rfull[wg], row0, lane, sm, sl,
+                                      fetch_early);
+                    }
+                }
                 if (kt < wg_unmasked)
                     online_softmax<false, NT, D>(s, m, l, o, lim, kt * WG_BN, lane, a.scale);
                 else
@@ -825,7 +840,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                 if constexpr (BK) {
                     if (fetch_early && kt == 0 && storer)
                         bulk_fetch_boxes<D>(p, c, wg, qw, fw, &rfull[wg], D / 64, D / 32, true);
-                    if (bulk_rows && kt == fetch_kt)
+                    if (bulk_rows && kt == fetch_kt && !fetch_soon)
                         bulk_fetch<D>(p, c, wg, storer, qw, fw, &rfull[wg], row0, lane, sm, sl,
                                       fetch_early);
                 }
@@ -875,7 +890,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
         grid_dep_wait();
         if (bulk_rows) {
             if constexpr (BK) {
-                bulk_end<T, D, TURN + 3>(p, c, wg, storer, qw, fw, &rfull[wg], rfn & 1u, row0, lane,
+                bulk_end<T, D, ENDB>(p, c, wg, storer, qw, fw, &rfull[wg], rfn & 1u, row0, lane,
                                          m, l, o, sm, sl);
                 rfn += !a.first;
             }
