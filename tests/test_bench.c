@@ -660,9 +660,10 @@ static int write_script(const char *path, const char *text) {
 
 /* A launch variant that hangs takes only its own later steps with it: a
  * build directory whose bench/blocks sleeps on --bulk 1 (and runs the real
- * one otherwise), issue8.py with a 4 s step timeout. The first bulk step
- * times out, every later one is skipped and says why, and every other step
- * (the wgmma kernel by default and with --producer 1) runs. */
+ * one otherwise), issue8.py with a 10 s step timeout (each step here takes
+ * under a second). The first bulk step times out, every later one is
+ * skipped and says why, and every other step (the wgmma kernel by default
+ * and with --producer 1) runs. */
 static void test_issue8_hung_variant(void **state) {
     (void)state;
     REQUIRE(g_blocks);
@@ -686,7 +687,7 @@ static void test_issue8_hung_variant(void **state) {
 
     char args[9000];
     snprintf(args, sizeof args,
-             "'%s' --backend cpu --quick --no-torch --kernels wgmma --step-timeout 4 --build '%s'",
+             "'%s' --backend cpu --quick --no-torch --kernels wgmma --step-timeout 10 --build '%s'",
              g_issue8, dir);
     char *out = NULL;
     int rc = h_run_program("python3", args, &out);
