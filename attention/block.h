@@ -62,14 +62,15 @@ const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k);
  * %globaltimer (one clock for the whole GPU, ns), clock from clock64 (the
  * SM's cycle counter), sm from %smid. work: the iterations of the CTA's
  * main loop, its tiles: key tiles of one query tile forward, query tiles
- * (times the GQA group's heads) of one key tile backward. The forward
- * kernels also mark (the low 32 bits of clock64) where their main loop
- * runs: mark[0] once its first key tile has landed (before its math),
- * mark[1] once every thread is done with its last (before the rows' merge
- * and write-back), so that a CTA's time splits into its start, its loop
- * and its end; both 0 in a CTA without key tiles, in the wgmma forward at
- * D = 64 (its registers have no room for them) and in the backward
- * kernels.
+ * (times the GQA group's heads) of one key tile backward. The kernels
+ * also mark (the low 32 bits of clock64) where their main loop runs:
+ * mark[0] once its first tile has landed (before its math), mark[1] once
+ * every thread is done with its last (forward: before the rows' merge and
+ * write-back; backward: before dK and dV go out), so that a CTA's time
+ * splits into its start, its loop and its end; both 0 in a CTA without
+ * tiles, in the wgmma forward at D = 64 (its registers have no room for
+ * them) and in the mma backward (one of its loads' waits would hold them:
+ * not made).
  * (The persistent wgmma forward writes a record per query tile: the
  * tile's own start and end.) On the CPU emulator ns and clock are
  * CLOCK_MONOTONIC and sm is 0. */

@@ -69,7 +69,7 @@
  *
  * Registers per thread: dK, dV D (64 at D = 64, 128 at D = 128), S^T and
  * dP^T BM / 2 each, P^T and dS^T as A fragments BM / 4 each, the dQ piece
- * 32. ptxas (CUDA 13, sm_90a): 243 registers at D = 64, 247 at D = 128, no
+ * 32. ptxas (CUDA 13, sm_90a): 230 registers at D = 64, 250 at D = 128, no
  * spills, no serialised wgmma; one CTA (8 warps) per SM.
  *
  * What is left for an H100 (docs/PERFORMANCE.md): run and measure it
@@ -282,6 +282,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         const uint32_t q_addr = wg_smem_addr(sm + L::Q + stage * L::QT);
         const uint32_t do_addr = wg_smem_addr(sm + L::DO + stage * L::QT);
         mbar_wait(&full[stage], (uint32_t)(it >> 1) & 1u);   /* Q, dO (and K, V) have landed */
+        if (it == 0 && threadIdx.x == 0) cta_mark(a, 0);     /* --trace: the first tiles' */
 
         /* S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys (rows 64w
          * of the K and V tiles) against the tile's BM queries. */
@@ -345,6 +346,8 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         __syncthreads();   /* this stage, its row values and dS are rewritten by what follows */
     }
 
+    /* --trace: every thread is done with the loop (its last __syncthreads) */
+    if (threadIdx.x == 0) cta_mark(a, 1);
     /* Add into dk (scaled) and dv: the warp's keys 16 warp .. 16 warp + 15. */
     add_dk_dv<D>(a.dk + b * a.kv_batch_stride + g * D, a.dv + b * a.kv_batch_stride + g * D,
                  G * D, y0 + 16 * warp, nk, dk, dv, lane, a.scale, a.first);

@@ -36,13 +36,14 @@ typedef struct dt_attn_trace_stats {
      * every such CTA has the same work (a full block): no line to fit. */
     double cycles_per_tile, overhead_cycles;
     double ghz;              /* cycles / ns summed over the CTAs: the SMs' clock */
-    /* Where the fixed cost goes, from the forward kernels' marks
+    /* Where the fixed cost goes, from the kernels' marks
      * (dt_attn_cta_trace.mark) of the CTAs with work > 0 that set them
      * (`marked`; with none, the four are NaN): start_cycles, the mean time
-     * from a CTA's start to its first key tile landed (its loads' latency
+     * from a CTA's start to its first tile landed (its loads' latency
      * and whatever ran before: the launch order, the rows' start);
-     * end_cycles, from its last key tile done to its end (the rows' merge
-     * and write-back; a dependent launch's wait for the block before); and
+     * end_cycles, from its last tile done to its end (forward: the rows'
+     * merge and write-back, a dependent launch's wait for the block
+     * before; backward: dK and dV written or added); and
      * the loop between them on the line loop_cycles_per_tile x work +
      * loop_fixed_cycles (the loop's own excess over its tiles: a masked
      * tile's extra work, the pipeline's fill and drain). overhead_cycles is

@@ -57,9 +57,10 @@
  * (attention/cta_trace.h). (r): the SMs' idle share (fill), the time after
  * the last CTA started (drain), and a CTA's cycles per tile and fixed cost
  * (a line fitted through the CTAs' cycles against their tiles), which the
- * forward kernels' marks split into the start (to the first key tile
- * landed), the main loop's own fixed cost and the end (the rows' merge
- * and write-back; the wgmma forward marks at D = 128 only). (p): per
+ * kernels' marks split into the start (to the first tile landed), the
+ * main loop's own fixed cost and the end (forward: the rows' merge and
+ * write-back; backward: dK and dV out; the wgmma forward marks at D = 128
+ * only, the wgmma backward at both, the mma backward not). (p): per
  * order, every launch of its blocks summed (span, drain, packed time: the
  * CTAs' time / slots), and the same for the one call; then the b2b ring
  * run once more with every launch recording into its own slice, as one

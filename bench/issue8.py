@@ -24,6 +24,10 @@ what matters most comes first when --budget runs out:
           and --bulk 1.
   item 5  backward TFLOPS (2.5x the forward flops): bench/blocks (r) --pass
           bwd beside SDPA's backward; target >= 0.9x FA2.
+  item 5, CTA timelines  the same runs' --trace: a backward CTA's cycles
+          per query tile and fixed cost (start, loop, end: the wgmma
+          backward's marks), at c = 4096 (a ring step's block) against the
+          long blocks (no target: where the backward ring's extra work goes).
   items 3 and 4  bench/blocks (p): P = 8 ranks on one device; striped /
           contiguous critical path >= 0.95 of (r + P - 1) / (P r) and >= 1.75
           at c = 8192; all blocks <= 1.05x one causal call at S = 32768. The
@@ -506,9 +510,13 @@ def item_throughput(session, pass_):
     shapes = session.size["shapes"]
     dt = {}
     runs = [(k, k, ()) for k in kernels] + [(key, "wgmma", flags) for _, key, flags in variants]
+    session.bwd_outs = {}   # the backward's traced runs, for item_trace_bwd
     for key, k, flags in runs:
         for (h, d), seqs in by_heads_dim(shapes).items():
-            out = run_blocks(session, table, k, "r", pass_, h, d, seqs, extra=flags)
+            out = run_blocks(session, table, k, "r", pass_, h, d, seqs,
+                             extra=flags + (() if fwd else ("--trace",)))
+            if not fwd:
+                session.bwd_outs[(k, h, d)] = out
             for s in seqs:
                 dt[(key, h, s, d)] = r_row(out, pass_, s)
     torch = {shape: session.torch.cases(shape, pass_, table) for shape in shapes}
@@ -651,24 +659,64 @@ def item_trace(session):
         for c in cs:
             row = r_row(outs.get(k, NA("missing", "item 2 did not run")), "fwd", c)
             for block in TRACE_BLOCKS:
-                t = row if is_na(row) else row.get("trace", {}).get(block)
-                if t is None:
-                    t = NA("no trace", "bench/blocks printed no trace")
-                elif not is_na(t) and t["ctas"] == 0:
-                    t = NA("no CTA records", "only the CUDA mma and wgmma kernels keep them")
-                keys = ("ctas", "slots", "span_us", "fill", "drain_us", "tiles",
-                        "cycles_per_tile", "fixed_cycles", "fixed_tiles", "ghz")
-                keys += ("start_cycles", "loop_fixed_cycles", "end_cycles")   # None from an older bench
-                v = {key: t if is_na(t) else t.get(key) for key in keys}
-                v = {key: NA("none") if x is None else x for key, x in v.items()}
-                share = ratio(v["drain_us"], v["span_us"])
-                cells = [k, str(c), block, (v["ctas"], ""), (v["slots"], ""),
-                         (v["span_us"], ".1f"), (v["fill"], ".3f"), (v["drain_us"], ".1f"),
-                         (share, ".3f"), (v["tiles"], ""), (v["cycles_per_tile"], ".0f"),
-                         (v["fixed_cycles"], ".0f"), (v["fixed_tiles"], ".2f"), (v["ghz"], ".2f"),
-                         (v["start_cycles"], ".0f"), (v["loop_fixed_cycles"], ".0f"),
-                         (v["end_cycles"], ".0f")]
-                table.add(cells, dict(kernel=k, c=c, block=block, drain_share=share, **v))
+                table.add(*trace_row([k, str(c), block], row, block, dict(kernel=k, c=c)))
+    return table
+
+
+TRACE_KEYS = ("ctas", "slots", "span_us", "fill", "drain_us", "tiles", "cycles_per_tile",
+              "fixed_cycles", "fixed_tiles", "ghz",
+              "start_cycles", "loop_fixed_cycles", "end_cycles")   # the last three: None from an older bench
+
+
+def trace_row(first, row, block, data):
+    """A CTA timeline table's row: the cells `first`, then the trace of
+    `block` in bench/blocks' (r) row (or its NA), and its data."""
+    t = row if is_na(row) else row.get("trace", {}).get(block)
+    if t is None:
+        t = NA("no trace", "bench/blocks printed no trace")
+    elif not is_na(t) and t["ctas"] == 0:
+        t = NA("no CTA records", "only the CUDA mma and wgmma kernels keep them")
+    v = {key: t if is_na(t) else t.get(key) for key in TRACE_KEYS}
+    v = {key: NA("none") if x is None else x for key, x in v.items()}
+    share = ratio(v["drain_us"], v["span_us"])
+    cells = first + [(v["ctas"], ""), (v["slots"], ""), (v["span_us"], ".1f"), (v["fill"], ".3f"),
+                     (v["drain_us"], ".1f"), (share, ".3f"), (v["tiles"], ""),
+                     (v["cycles_per_tile"], ".0f"), (v["fixed_cycles"], ".0f"),
+                     (v["fixed_tiles"], ".2f"), (v["ghz"], ".2f"), (v["start_cycles"], ".0f"),
+                     (v["loop_fixed_cycles"], ".0f"), (v["end_cycles"], ".0f")]
+    return cells, dict(data, block=block, drain_share=share, **v)
+
+
+def item_trace_bwd(session):
+    """Item 5's blocks, where their time goes: the backward's CTA timelines."""
+    header = ["kernel", "B,H,S,D", "block", "CTAs", "slots", "span us", "fill", "drain us",
+              "drain share", "query tiles", "cycles / tile", "fixed cycles", "fixed / tile",
+              "GHz", "start cycles", "loop fixed cycles", "end cycles"]
+    table = Table("5t", "item 5, CTA timelines: where a backward block's time goes", "none (a "
+                  "diagnosis of the backward ring's cost: issue 4 (c))", header,
+                  "The (r) --pass bwd blocks of item 5, each run once more by the same command "
+                  "with --trace, as item 2's CTA timelines: a CTA per key tile (of 128 keys) "
+                  "and kv head, its tiles the query tiles it visits (of 64 rows at D = 128, "
+                  "128 at D = 64, times the GQA group's heads); fixed / tile = a CTA's fixed "
+                  "cost in query tiles (from the causal block, whose CTAs visit different "
+                  "numbers). The wgmma backward's marks split it: start = to its first tiles "
+                  "(K, V, Q, dO) landed; loop fixed = the loop's own; end = after its last "
+                  "query tile (dK and dV written); the mma backward does not mark. A c = 4096 "
+                  "block is a ring step's; its fixed cost per query tile against the long "
+                  "blocks' is the backward ring's extra work over one call.")
+    outs = getattr(session, "bwd_outs", {})
+    if not outs:
+        table.add(["-", "-", "-"] + [NA("missing", "item 5 did not run")] * 14,
+                  {"result": NA("missing", "item 5 did not run")})
+    for (k, h, d), out in outs.items():
+        for (_, hh, s_, dd) in session.size["shapes"]:
+            if (hh, dd) != (h, d):
+                continue
+            row = r_row(out, "bwd", s_)
+            for block in TRACE_BLOCKS:
+                shape = f"1,{h},{s_},{d}"
+                table.add(*trace_row([kernel_label(k, "bwd"), shape, block], row, block,
+                                     dict(kernel=k, shape=[1, h, s_, d])))
     return table
 
 
@@ -1103,6 +1151,7 @@ def main(argv):
     tables = []
     for make in (lambda: item_throughput(session, "fwd"), lambda: item_r(session),
                  lambda: item_trace(session), lambda: item_throughput(session, "bwd"),
+                 lambda: item_trace_bwd(session),
                  lambda: item_ring(session), lambda: item_ring_trace(session),
                  lambda: item_ring_timeline(session),
                  lambda: item_waits(session),

@@ -404,10 +404,11 @@ static void run_backward(void **state) {
                 print_error("%s: queries of rank %d, keys of rank %d: %s\n", c->name, j,
                             r, dt_last_error());
                 bad = 1;
-            } else if (!bad) {   /* a tile of keys per CTA, its query tiles its work */
+            } else if (!bad) {   /* a tile of keys per CTA, its query tiles its work;
+                                  * marks by the wgmma backward only (block.h) */
                 bad += check_trace(c->name, trace, (a.kseg.len + bn - 1) / bn * G * B,
                                    tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H),
-                                   0);
+                                   wgmma);
             }
         }
     const double tol = 3e-2;
