@@ -42,6 +42,9 @@ what matters most comes first when --budget runs out:
           blocks back to back with no communication; exposed = (wall -
           that) / wall <= 5% for C >= 4096. The wgmma kernel once more
           with --persistent 2 (persistent beside the ring's copies too).
+  item 6, one timeline  the backward's bench/blocks (p) run at P = 8 with
+          --trace: its blocks back to back as one device timeline against
+          one backward call (no target: issue 4 (c)'s backward rows).
   item 1 through the public API: bench/attention (a) --dtype bf16 with
           DT_ATTN_KERNEL set to each kernel: the whole dt_attention_forward.
 Every dtensor figure comes from a subprocess (its command is printed) under a
@@ -766,15 +769,23 @@ def item_ring(session):
     return table
 
 
-def ring_traces(session, key, single_key):
-    """(kernel, c, order, trace) for every traced (p) row of items 3 and 4,
-    the rows' `key` object, and the one call's (`single_key`) after each
-    c's rows; one row with order "-" and the NA where a run is missing."""
-    outs = getattr(session, "ring_outs", {})
-    for k in getattr(session, "ring_labels", session.args.kernels):
-        for c in session.size["ring_c"]:
-            rows = rows_of(outs.get((k, c), NA("missing", "items 3 and 4 did not run")), "p",
-                           "fwd")
+def ring_traces(session, key, single_key, pass_="fwd"):
+    """(kernel, c, order, trace) for every traced (p) row of items 3 and 4
+    (pass_ "bwd": item 6's backward ring at P = RING_P), the rows' `key`
+    object, and the one call's (`single_key`) after each c's rows; one row
+    with order "-" and the NA where a run is missing."""
+    if pass_ == "fwd":
+        outs = getattr(session, "ring_outs", {})
+        labels = getattr(session, "ring_labels", session.args.kernels)
+        cs, missing = session.size["ring_c"], "items 3 and 4 did not run"
+    else:
+        outs = getattr(session, "bwd_ring_outs", {})
+        labels = list(dict.fromkeys(k for k, _ in outs)) or bwd_choices(session.args.kernels)
+        cs = sorted({c for _, c in outs}) or [session.size["ring_c"][0]]
+        missing = "item 6 did not run"
+    for k in labels:
+        for c in cs:
+            rows = rows_of(outs.get((k, c), NA("missing", missing)), "p", pass_)
             if is_na(rows) or not rows:
                 yield k, c, "-", rows if is_na(rows) else NA("missing", f"no (p) row for c = {c}")
                 continue
@@ -819,27 +830,40 @@ def item_ring_trace(session):
     return table
 
 
-def item_ring_timeline(session):
+def item_ring_timeline(session, pass_="fwd"):
     """Items 3 and 4's ring back to back as one timeline: its extra work
-    and its idle time against the one call's."""
+    and its idle time against the one call's (pass_ "bwd": item 6's
+    backward ring at P = RING_P, against one backward call)."""
     header = ["kernel", "c", "order", "wall ms", "busy ms", "idle", "idle start ms",
               "idle between ms", "idle end ms", "busy / call's", "wall / busy"]
-    table = Table("3,4b", "items 3 and 4, one timeline: the ring back to back against one call",
-                  "none (a diagnosis of item 3)", header,
-                  "The (p) runs of items 3 and 4 with --trace: the b2b ring (every block, steps "
-                  "in turn, back to back) run once more with each launch's CTAs recording their "
-                  "start, end and SM, as one device timeline (attention/cta_trace.h): per SM "
-                  "(the mean over the SMs) busy = running a record (a dependent launch's wait "
-                  "for the launch before inside one included), idle before its first record, "
-                  "between two and after its last; wall = first start to last end. 'one call' "
-                  "is the causal call on the whole sequence that item 3 compares with. busy / "
-                  "call's = the ring's extra work (each query tile's fixed cost per block), "
-                  "wall / busy its idle time (launch boundaries, the last launch's drain); "
-                  "their product is about b2b/call.")
+    if pass_ == "bwd":
+        table = Table("6b", f"item 6, one timeline: the backward ring (P = {RING_P}) back to "
+                      "back against one call", "none (a diagnosis of issue 4 (c)'s backward "
+                      "rows)", header,
+                      f"Item 6's bench/blocks (p) --pass bwd run at P = {RING_P} with --trace: "
+                      "its 'no-copy' ring (every block of the backward ring, steps in turn, "
+                      "back to back) run once more as one device timeline, as items 3 and 4's "
+                      "'one timeline' does for the forward; 'one call' is the backward on the whole "
+                      "sequence. busy / call's = the backward ring's extra work (each key "
+                      "tile's fixed cost per block: item 5's CTA timelines), wall / busy its "
+                      "idle time; their product is about the blocks' b2b / one call.")
+    else:
+        table = Table("3,4b", "items 3 and 4, one timeline: the ring back to back against one "
+                      "call", "none (a diagnosis of item 3)", header,
+                      "The (p) runs of items 3 and 4 with --trace: the b2b ring (every block, steps "
+                      "in turn, back to back) run once more with each launch's CTAs recording their "
+                      "start, end and SM, as one device timeline (attention/cta_trace.h): per SM "
+                      "(the mean over the SMs) busy = running a record (a dependent launch's wait "
+                      "for the launch before inside one included), idle before its first record, "
+                      "between two and after its last; wall = first start to last end. 'one call' "
+                      "is the causal call on the whole sequence that item 3 compares with. busy / "
+                      "call's = the ring's extra work (each query tile's fixed cost per block), "
+                      "wall / busy its idle time (launch boundaries, the last launch's drain); "
+                      "their product is about b2b/call.")
     keys = ("records", "wall_ms", "busy_ms", "idle", "idle_start_ms", "idle_between_ms",
             "idle_end_ms")
     rows = [(k, c, order, trace_values(t, keys, "records"))
-            for k, c, order, t in ring_traces(session, "b2b_timeline", "single_timeline")]
+            for k, c, order, t in ring_traces(session, "b2b_timeline", "single_timeline", pass_)]
     calls = {(k, c): v for k, c, order, v in rows if order in ("one call", "-")}
     for k, c, order, v in rows:
         more = ratio(v["busy_ms"], calls[(k, c)]["busy_ms"])
@@ -914,6 +938,7 @@ def item_waits(session):
                   "copies too (--persistent 2, both benches; by default its blocks with a "
                   "copy in flight run a CTA per query tile, whose CTAs leave SMs to the "
                   "copy as their tiles end).")
+    session.bwd_ring_outs = {}   # for item_ring_timeline(session, "bwd")
     variants = [(k, "fwd,bwd" if k in with_bwd else "fwd", ()) for k in kernels]
     if "wgmma" in kernels:
         variants.append(("wgmma", "fwd", ("--persistent", "2")))
@@ -929,7 +954,12 @@ def item_waits(session):
         alone = {}   # (pass, P, C) -> {order: b2b ms} from bench/blocks (p)
         for key in sorted({(r["pass"], r["P"], r["C"], r["H"], r["D"]) for r in rows}):
             pass_, p, c, h, d = key
-            got = run_blocks(session, table, k, "p", pass_, h, d, [c], ranks=p, extra=extra)
+            # the backward ring of RING_P also traced: its one timeline
+            traced = pass_ == "bwd" and p == RING_P
+            got = run_blocks(session, table, k, "p", pass_, h, d, [c], ranks=p,
+                             extra=extra + (("--trace",) if traced else ()))
+            if traced:
+                session.bwd_ring_outs[(bwd_kernel(k), c)] = got
             got_rows = rows_of(got, "p", pass_)
             alone[key[:3]] = got_rows if is_na(got_rows) else \
                 {x["order"]: x.get("b2b_ms") for x in got_rows if x["c"] == c}
@@ -1154,7 +1184,7 @@ def main(argv):
                  lambda: item_trace_bwd(session),
                  lambda: item_ring(session), lambda: item_ring_trace(session),
                  lambda: item_ring_timeline(session),
-                 lambda: item_waits(session),
+                 lambda: item_waits(session), lambda: item_ring_timeline(session, "bwd"),
                  lambda: item_api(session)):
         tables.append(make())
         emit(session, tables[-1].markdown())
