@@ -17,7 +17,7 @@
 # /.gpu/ and /.deps/ to .git/info/exclude so that neither travels as
 # untracked files. The device call then carries [".deps", ".gpu"] and runs
 #
-#   scripts/gpu_session.sh --prebuilt .gpu/build 420   (tests, issue8.py)
+#   scripts/gpu_session.sh --prebuilt .gpu/build 480   (tests, issue8.py)
 #   scripts/gpu_check.sh --prebuilt .gpu/build 540     (the thorough check)
 #
 # A build made on this project's Debian 12 machine (nvcc 13.0, sm_90) ran
@@ -73,5 +73,5 @@ fi
 echo "gpu_pack: $(du -sh "$dest" | cut -f1) in $dest (commit $(head -n 1 "$dest/COMMIT" 2>/dev/null || echo '?'))"
 flag=""
 [ "$profile" = 1 ] && flag="--profile "
-echo "device call: carry [\".deps\", \".gpu\"], command: scripts/gpu_session.sh $flag--prebuilt $dest 420"
-echo "  (timeout_s 440; or the thorough scripts/gpu_check.sh --prebuilt $dest 540, a call of its own)"
+echo "device call: carry [\".deps\", \".gpu\"], command: scripts/gpu_session.sh $flag--prebuilt $dest 480"
+echo "  (timeout_s 500; or the thorough scripts/gpu_check.sh --prebuilt $dest 540, a call of its own)"

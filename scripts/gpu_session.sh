@@ -10,11 +10,14 @@
 #
 #   scripts/gpu_session.sh [--dry-run] [--profile] [--prebuilt DIR] [BUDGET_SECONDS]
 #
-#   BUDGET_SECONDS  the whole run (default 420). The suites and the
-#                   sanitizers take about 40 s on an H200, issue 4 (c)
-#                   about 15 s thrice, issue8.py about 240 s (its later steps are
-#                   skipped when the budget runs out). Give the device call
-#                   a timeout_s of the budget plus 20.
+#   BUDGET_SECONDS  the whole run (default 480). The suites and the
+#                   sanitizers take about 40 s on an H200, the canaries a
+#                   few, issue 4 (c) about 15 s thrice, --profile about 45 s,
+#                   issue8.py about 270 s (its later steps are skipped when
+#                   the budget runs out). Give the device call a timeout_s
+#                   of the budget plus 20: with a machine's start, about
+#                   9 of the session's 15 minutes, leaving room for a
+#                   shorter second call.
 #   --prebuilt DIR  the programs (default .gpu/build, as scripts/gpu_pack.sh
 #                   makes them here; the call carries [".deps", ".gpu"]).
 #   --profile       also Nsight Compute's source counters on the wgmma
@@ -38,10 +41,10 @@
 # 540 s, a call of its own).
 set -u
 
-usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; }
 dry=0
 profile=0
-budget=420
+budget=480
 build=.gpu/build
 while [ $# -gt 0 ]; do
     case $1 in
