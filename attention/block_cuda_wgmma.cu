@@ -325,9 +325,10 @@ __device__ __forceinline__ void wg_produce(const wg_params &p, unsigned char *sq
  * of the Q buffer (qw: its 16-bit queries there take the same bytes, free
  * once its own last S has read them), the others in a region of its own
  * beside the stages (fw). The acc map's TMA brings the stored state there
- * during its last key tile (its softmax and P V); the merge reads it and writes the result back
- * in place; a TMA store takes it to acc (or, by the call's last block, o
- * in T goes into qw in Q's layout and o's map stores it). So the end's
+ * during its last key tile (its softmax and P V); the merge reads it and
+ * writes the result back in place; a TMA store takes it to acc (or, by
+ * the call's last block, o in T goes into qw in Q's layout and o's map
+ * stores it). So the end's
  * 64 KiB a query tile cross the load/store units as shared-memory accesses
  * (a thread's float2 at row r, column c: conflict-free over a warp but
  * the two 8-byte halves of each 16-byte chunk) instead of 64 float2
