@@ -712,7 +712,6 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * release_q says where) */
         const bool bulk_rows = BK && n_tiles > 0 && w0 < x1;
         const int fetch_kt = wg_tiles > 0 ? wg_tiles - 1 : 0;
-        const bool fetch_early = bulk_rows && qn > 0 && fetch_kt > 0 && !a.first;
         /* ... and where every thread has waited for the grid before already,
          * the rest (the boxes in qw, sm, sl) as soon as its last S is done
          * (a barrier of the warpgroup: every thread's wait, as Q's rows are
@@ -720,6 +719,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * after the last P V is issued (its wait for the grid then holds
          * no product back) */
         const bool fetch_soon = bulk_rows && qn > 0 && !a.first;
+        const bool fetch_early = fetch_soon && fetch_kt > 0;
         /* this warpgroup's rows of Q buffer ti (BK: and its boxes there), and its boxes beside the stages */
         unsigned char *const qw = sq + ti * TILE_Q + wg * (TILE_Q / 2), *const fw = sf + wg * (TILE_F / 2);
         float sm[2], sl[2];

@@ -197,6 +197,8 @@ class Session:
         self.start = time.monotonic()
         self.steps, self.commands = [], []
         self.hung = set()   # launches (launch_of) whose bench ran past its timeout once
+        self.left_out = {launch_of("wgmma", flags) for _, key, flags in WGMMA_FWD_VARIANTS
+                         if key in args.without}   # --without's launches
         self.torch = TorchSide(self)
 
     def left(self):
@@ -235,10 +237,8 @@ class Session:
         skip = self.out_of_budget()
         if launch in self.hung:
             skip = NA("skipped", f"{launch} timed out in an earlier step")
-        without = [key for _, key, flags in WGMMA_FWD_VARIANTS
-                   if key in self.args.without and has_flags(argv, flags)]
-        if without:
-            skip = NA("skipped", f"--without {without[0]}")
+        if launch in self.left_out:
+            skip = NA("skipped", f"--without: {launch} left out")
         if skip:
             self.steps.append({"command": command, "status": skip.short, "seconds": 0,
                                "detail": skip.detail})
@@ -298,12 +298,6 @@ class Session:
 # The flags that make another launch of a kernel: a variant that hangs does
 # not take the kernel's other launches with it.
 VARIANT_FLAGS = ("--producer", "--bulk", "--persistent")
-
-
-def has_flags(argv, flags):
-    """Whether argv holds `flags` (a flag and its value) one after another."""
-    n = len(flags)
-    return any(tuple(argv[i:i + n]) == tuple(flags) for i in range(len(argv) - n + 1))
 
 
 def launch_of(kernel, argv):
@@ -712,9 +706,7 @@ def item_trace_bwd(session):
         table.add(["-", "-", "-"] + [NA("missing", "item 5 did not run")] * 14,
                   {"result": NA("missing", "item 5 did not run")})
     for (k, h, d), out in outs.items():
-        for (_, hh, s_, dd) in session.size["shapes"]:
-            if (hh, dd) != (h, d):
-                continue
+        for s_ in by_heads_dim(session.size["shapes"])[(h, d)]:
             row = r_row(out, "bwd", s_)
             for block in TRACE_BLOCKS:
                 shape = f"1,{h},{s_},{d}"
