@@ -695,9 +695,11 @@ static void test_issue8_hung_variant(void **state) {
      * (DETAIL)" per step not ok, each command naming `dir`. */
     const char *summary = strstr(out, "\n## summary\n");
     int timed_out = 0, skipped = 0, others = 0, ok_steps = 0;
-    for (const char *ln = summary; ln && *ln; ln += strcspn(ln, "\n") + (ln[strcspn(ln, "\n")] != 0)) {
+    for (const char *ln = summary; ln && *ln;) {
+        const size_t len = strcspn(ln, "\n");
         char line[2048];
-        snprintf(line, sizeof line, "%.*s", (int)strcspn(ln, "\n"), ln);
+        snprintf(line, sizeof line, "%.*s", (int)len, ln);
+        ln += len + (ln[len] != 0);
         sscanf(line, "- steps: %d ok", &ok_steps);
         if (!strstr(line, dir)) continue;
         const int bulk = strstr(line, " --bulk 1") != NULL;
@@ -707,7 +709,8 @@ static void test_issue8_hung_variant(void **state) {
             skipped++;
         else others++;
     }
-    const int ok = summary && rc == 1 && timed_out == 1 && skipped >= 3 && others == 0 && ok_steps > 10 && !strstr(out, "Traceback");
+    const int ok = summary && rc == 1 && timed_out == 1 && skipped >= 3 && others == 0 &&
+                   ok_steps > 10 && !strstr(out, "Traceback");
     if (!ok)
         print_error("python3 %s (rc %d; %d timed out, %d skipped, %d others, %d ok) printed:\n%s\n",
                     args, rc, timed_out, skipped, others, ok_steps, out);
