@@ -27,21 +27,27 @@
  * keeps its role for the next step. After step P-1 every block's dK|dV go
  * home (P transfers of gradients, P-1 of K|V). That last hop has no kernel
  * after it to hide behind, so step P-1's block runs in two parts of its
- * key rows (batch-major over the b * c rows, split in half):
+ * key rows (batch-major over the b * c rows, split in half), and the hop
+ * carries the finished gradients in their own dtype (half the bytes of
+ * fp32 in bf16 and fp16; they are rounded once either way, so the bits are
+ * those of rounding at home), straight into dk and dv:
  *
  *   part 0 into `loc`, beside the group bringing src(P-1)'s sums so far;
- *   complete the group; add part 0 of `loc` into the sums (beside part 1)
- *     and post part 0 of the finished sums home;
- *   part 1 added into the sums themselves (they are here: no add);
- *   complete part 0's hop, post part 1's, store dQ and part 0 as they land.
+ *   complete the group; round part 0 of `loc` plus the sums into the
+ *     stage (beside part 1) and post its hop home;
+ *   part 1 added into the sums themselves (they are here: no add), then
+ *     rounded into the stage (beside what follows);
+ *   complete part 0's hop, post part 1's, store dQ while it travels.
  *
- * So what follows the last kernel is half the hop, not an add and all of
- * it. K and V go as two messages that land packed; step 0 computes on this rank's
- * where they are and sends them from there. Buffers: two for K|V (current,
- * landing), four for dK|dV (loc and a spare loc, the partial sums
- * arriving, the finished sums leaving); roles rotate, nothing is copied.
- * With one rank on the sequence there is no ring: the kernels read K and V
- * where they are and write one dK|dV buffer, which is final.
+ * So what follows the last kernel is half the hop, in the gradients'
+ * dtype, after one rounding pass over half the rows; not an add, all of
+ * the hop in fp32 and the stores. K and V go as two messages that land
+ * packed; step 0 computes on this rank's where they are and sends them
+ * from there. Buffers: two for K|V (current, landing), four for dK|dV (loc
+ * and a spare loc, the partial sums arriving, the finished sums leaving,
+ * at the end the stage); roles rotate, nothing is copied. With one rank on
+ * the sequence there is no ring: the kernels read K and V where they are
+ * and write one dK|dV buffer, which is final.
  *
  * Invariants: as in forward.c: one workspace, allocated before the loop or
  * given; ranks agree before any block moves; a failing rank aborts.
@@ -105,6 +111,13 @@ static const char *bwd_ring_v(const bwd_ring *r, const attn_plan *p, int t) {
     return t == 0 ? r->v : r->kv[r->cur] + p->kv_bytes;
 }
 
+/* The last hop's stage: src(P-1)'s finished dK (g = 0) or dV (g = 1),
+ * rounded to the gradients' dtype, in grad[SND] (its send is done then). */
+static char *bwd_stage(const bwd_ring *r, const attn_plan *p, const bwd_workspace *w, int g) {
+    const size_t grad_n = w->grad_bytes / sizeof(float);
+    return (char *)r->grad[SND] + (size_t)g * grad_n * dt_dtype_size(p->dtype);
+}
+
 /* Post step t's group; returns the number of operations posted. */
 static dt_status bwd_ring_start(bwd_ring *r, const attn_plan *p, const bwd_workspace *w, int t,
                                 int *posted) {
@@ -130,37 +143,54 @@ static dt_status bwd_ring_start(bwd_ring *r, const attn_plan *p, const bwd_works
     return DT_SUCCESS;
 }
 
-/* After the last step: rows [r0, r1) of the finished sums of src(P-1) =
- * j+1 (grad[RCV]) go home, and this rank's own land in grad[SND]; dK's
- * rows, then dV's, two messages each way. Nothing without a ring or rows. */
-static dt_status bwd_ring_home(bwd_ring *r, const attn_plan *p, const bwd_workspace *w, int64_t r0,
-                               int64_t r1, int *posted) {
+/* After the last step: rows [r0, r1) of the finished gradients of
+ * src(P-1) = j+1, rounded to the gradients' dtype in grad[SND] (dK's
+ * rows, then dV's: bwd_stage), go home, and this rank's own land in dk
+ * and dv; two messages each way. Nothing without a ring or rows. */
+static dt_status bwd_ring_home(bwd_ring *r, const attn_plan *p, const bwd_workspace *w,
+                               dt_tensor *dk, dt_tensor *dv, int64_t r0, int64_t r1,
+                               int *posted) {
     *posted = 0;
     if (!r->comm || r0 == r1) return DT_SUCCESS;
     const int j = dt_comm_rank(r->comm), next = (j + 1) % p->parts,
               prev = (j + p->parts - 1) % p->parts;
-    const size_t row = (size_t)(p->hkv * p->D), grad_n = w->grad_bytes / sizeof(float);
-    const size_t off = (size_t)r0 * row, count = (size_t)(r1 - r0) * row;
+    const size_t row = (size_t)(p->hkv * p->D), es = dt_dtype_size(p->dtype);
+    const size_t off = (size_t)r0 * row * es, bytes = (size_t)(r1 - r0) * row * es;
+    char *const land[2] = {dt_tensor_data(dk), dt_tensor_data(dv)};
     int n = 0;
-    for (size_t g = 0; g < 2 * grad_n; g += grad_n) {   /* dK, then dV */
-        r->ops[n++] = (dt_p2p_op){DT_P2P_SEND, next, r->grad[RCV] + g + off, count, DT_F32};
-        r->ops[n++] = (dt_p2p_op){DT_P2P_RECV, prev, r->grad[SND] + g + off, count, DT_F32};
+    for (int g = 0; g < 2; g++) {   /* dK, then dV */
+        r->ops[n++] = (dt_p2p_op){DT_P2P_SEND, next, bwd_stage(r, p, w, g) + off, bytes, DT_U8};
+        r->ops[n++] = (dt_p2p_op){DT_P2P_RECV, prev, land[g] + off, bytes, DT_U8};
     }
     DT_TRY(dt_comm_p2p_start(r->comm, r->ops, n));
     *posted = n;
     return DT_SUCCESS;
 }
 
-/* Rows [r0, r1) of the final fp32 dK|dV at `home`, rounded into dk, dv. */
-static dt_status bwd_store_rows(const attn_plan *p, const bwd_workspace *w, const float *home,
-                                dt_tensor *dk, dt_tensor *dv, int64_t r0, int64_t r1) {
-    if (r0 == r1) return DT_SUCCESS;
-    const size_t row = (size_t)(p->hkv * p->D), es = dt_dtype_size(p->dtype);
-    const size_t off = (size_t)r0 * row, count = (size_t)(r1 - r0) * row;
+/* Rows [r0, r1) of src(P-1)'s finished dK|dV, the fp32 `sums` plus `loc`
+ * (NULL: the sums alone), rounded into the stage beside the kernels after
+ * it; their hop home follows it (backend.h, add_beside). */
+static dt_status bwd_round_rows(const attn_plan *p, const bwd_workspace *w, bwd_ring *r,
+                                const float *sums, const float *loc, int64_t r0, int64_t r1) {
     dt_backend *be = p->ctx->backend;
-    DT_TRY(p->kern->store(be, p->dtype, count, home + off, (char *)dt_tensor_data(dk) + off * es));
-    return p->kern->store(be, p->dtype, count, home + w->grad_bytes / sizeof(float) + off,
-                          (char *)dt_tensor_data(dv) + off * es);
+    const size_t row = (size_t)(p->hkv * p->D), es = dt_dtype_size(p->dtype);
+    const size_t off = (size_t)r0 * row, n = (size_t)(r1 - r0) * row;
+    const size_t grad_n = w->grad_bytes / sizeof(float);
+    for (int g = 0; g < 2 && n; g++)   /* dK, then dV */
+        DT_TRY(be->ops->add_beside(be, p->dtype, (int64_t)n, sums + g * grad_n + off,
+                                   loc ? loc + g * grad_n + off : NULL,
+                                   bwd_stage(r, p, w, g) + off * es));
+    return DT_SUCCESS;
+}
+
+/* The final fp32 dK|dV at `home` (one rank on the sequence: no ring),
+ * rounded into dk, dv. */
+static dt_status bwd_store(const attn_plan *p, const bwd_workspace *w, const float *home,
+                           dt_tensor *dk, dt_tensor *dv) {
+    const size_t n = (size_t)dt_tensor_local_numel(dk);
+    dt_backend *be = p->ctx->backend;
+    DT_TRY(p->kern->store(be, p->dtype, n, home, dt_tensor_data(dk)));
+    return p->kern->store(be, p->dtype, n, home + w->grad_bytes / sizeof(float), dt_tensor_data(dv));
 }
 
 dt_status dt_attention_backward_workspace_size(const dt_tensor *q, const dt_tensor *k,
@@ -329,17 +359,15 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
             DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);
         }
         if (t == last) {
-            /* src(P-1) = j+1's sums: rows [0, half) are loc's plus those
-             * received, added beside the kernel of rows [half, rows), which
-             * adds into the received sums themselves (here by now). Each
-             * part goes home once finished; this rank's own land in
-             * grad[SND], whose send is done. */
-            float *const sums = r.grad[RCV], *const loc = r.grad[LOC];
-            const size_t grad_n = w.grad_bytes / sizeof(float), n = (size_t)(half * p.hkv * p.D);
-            for (size_t g = 0; g < 2 * grad_n && !idle && n; g += grad_n)   /* dK, then dV */
-                DT_TRY_GOTO(st, be->ops->add_beside(be, DT_F32, (int64_t)n, sums + g, loc + g,
-                                                    sums + g), fail);
-            DT_TRY_GOTO(st, bwd_ring_home(&r, &p, &w, 0, half, &pending), fail);
+            /* src(P-1) = j+1's gradients: rows [0, half) are loc's plus
+             * the sums received, rounded beside the kernel of rows [half,
+             * rows), which adds into the received sums themselves (here
+             * by now); each part goes home once rounded, and this rank's
+             * own land in dk and dv. */
+            float *const sums = r.grad[RCV];
+            DT_TRY_GOTO(st, bwd_round_rows(&p, &w, &r, sums, idle ? NULL : r.grad[LOC], 0, half),
+                        fail);
+            DT_TRY_GOTO(st, bwd_ring_home(&r, &p, &w, gk, gv, 0, half, &pending), fail);
             DT_TRACE_PUSH("attention bwd blocks");
             if (!idle)
                 st = run_rows(&p, &w, &bq, bwd_ring_k(&r, t), bwd_ring_v(&r, &p, t), qs, ks,
@@ -347,6 +375,7 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
             DT_TRACE_POP();
             if (st != DT_SUCCESS) goto fail;
             DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
+            DT_TRY_GOTO(st, bwd_round_rows(&p, &w, &r, sums, NULL, half, rows), fail);
             break;
         }
         /* src(t)'s sums so far plus this rank's: finished here, they leave
@@ -373,22 +402,20 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
         }
         r.cur = 1 - r.cur;
     }
-    /* dK|dV are in grad[LOC] without a ring; else they come home in two
-     * parts (rows [0, half) in flight), each stored as it lands, the second
-     * posted once the first is in (one group at a time), dQ stored beside. */
-    const float *const home = comm ? r.grad[SND] : r.grad[LOC];
-    for (int part = 0; part < 2; part++) {
-        if (pending) {
-            pending = 0;
-            DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);
-        }
-        if (part == 0) {
-            DT_TRY_GOTO(st, bwd_ring_home(&r, &p, &w, half, rows, &pending), fail);
-            DT_TRY_GOTO(st, p.kern->store(be, p.dtype, (size_t)dt_tensor_local_numel(gq), dqa,
-                                          dt_tensor_data(gq)), fail);
-        }
-        DT_TRY_GOTO(st, bwd_store_rows(&p, &w, home, gk, gv, part ? half : 0, part ? rows : half),
-                    fail);
+    /* Without a ring dK|dV are final in grad[LOC], rounded into dk, dv
+     * here. Else they come home in two parts, the second posted once the
+     * first is in (one group at a time); dQ is stored while it travels. */
+    if (!comm) DT_TRY_GOTO(st, bwd_store(&p, &w, r.grad[LOC], gk, gv), fail);
+    if (pending) {
+        pending = 0;
+        DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);
+    }
+    if (comm) DT_TRY_GOTO(st, bwd_ring_home(&r, &p, &w, gk, gv, half, rows, &pending), fail);
+    DT_TRY_GOTO(st, p.kern->store(be, p.dtype, (size_t)dt_tensor_local_numel(gq), dqa,
+                                  dt_tensor_data(gq)), fail);
+    if (pending) {
+        pending = 0;
+        DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);
     }
     DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * p.parts), fail);
     DT_TRY_GOTO(st, attn_timing_end(&p, timing), fail);

@@ -68,16 +68,19 @@ typedef struct dt_backend_ops {
                       const void *a, const void *bm, void *c);
     dt_status (*add)(dt_backend *b, dt_dtype dtype, int64_t n, const void *x,
                      const void *y, void *out);
-    /* add, beside the work queued after it: it starts after this rank's
-     * work queued so far, and this rank's later transfers (the sends and
-     * receives of its communicators, transport.h) start after it, but its
-     * later compute work does not wait for it (CUDA: it runs on the
-     * communication stream, beside the compute stream's next kernels).
-     * So the caller must not write x, y or out, nor read out, until a
-     * transfer's completion has ordered them after it (dt_comm_p2p_wait,
-     * dt_comm_sendrecv). The CPU backend's is add. */
-    dt_status (*add_beside)(dt_backend *b, dt_dtype dtype, int64_t n, const void *x,
-                            const void *y, void *out);
+    /* out = x + y from fp32 x and y (y NULL: out = x), rounded once to
+     * `dtype` (out may be x when dtype is fp32), beside the work queued
+     * after it: it starts after this rank's work queued so far, and this
+     * rank's later transfers (the sends and receives of its communicators,
+     * transport.h) start after it, but its later compute work does not
+     * wait for it (CUDA: it runs on the communication stream, beside the
+     * compute stream's next kernels). So the caller must not write x, y or
+     * out, nor read out, until a transfer's completion has ordered them
+     * after it (dt_comm_p2p_wait, dt_comm_sendrecv). The CPU backend runs
+     * it at once. (The backward's fp32 partial sums of dK|dV, and their
+     * last hop's rounding to the gradients' dtype.) */
+    dt_status (*add_beside)(dt_backend *b, dt_dtype dtype, int64_t n, const float *x,
+                            const float *y, void *out);
     dt_status (*gelu)(dt_backend *b, dt_dtype dtype, int64_t n, const void *x,
                       void *out, dt_gelu_approx approx);
     /* RMSNorm of each row of x [rows, n]:

@@ -217,6 +217,26 @@ static dt_status dt_cpu_add(dt_backend *b, dt_dtype dtype, int64_t n, const void
     return DT_SUCCESS;
 }
 
+/* backend.h's add_beside: nothing is queued on the CPU, so at once. */
+static dt_status dt_cpu_add_beside(dt_backend *b, dt_dtype dtype, int64_t n, const float *x,
+                                   const float *y, void *out) {
+    (void)b;
+    DT_TRY(dt_check_float_dtype("add beside", dtype));
+    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu add beside: negative count %" PRId64, n);
+    if (n == 0) return DT_SUCCESS;
+    if (x == NULL || out == NULL)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu add beside: NULL buffer");
+    if (dtype == DT_F32 && y) {
+        dt_add_n(DT_F32, out, x, y, n);
+    } else if (dtype == DT_F32) {
+        if (out != x) memmove(out, x, (size_t)n * sizeof(float));
+    } else {
+        for (size_t i = 0; i < (size_t)n; i++)
+            dt_value_set(out, dtype, i, y ? x[i] + y[i] : x[i]);
+    }
+    return DT_SUCCESS;
+}
+
 /* GELU, x * Phi(x), in blocks of DT_GELU_BLOCK fp32 values with GCC/Clang
  * vector extensions (4 floats: SSE2 on x86-64, NEON on arm64): no libm call
  * per element, so the whole block stays in vector registers.
@@ -478,7 +498,7 @@ static const dt_backend_ops dt_cpu_ops = {
     .copy_runs = dt_cpu_copy_runs,
     .gemm = dt_cpu_gemm,
     .add = dt_cpu_add,
-    .add_beside = dt_cpu_add,   /* nothing is queued: at once, like add */
+    .add_beside = dt_cpu_add_beside,
     .gelu = dt_cpu_gelu,
     .rmsnorm = dt_cpu_rmsnorm,
     .rotary = dt_cpu_rotary,

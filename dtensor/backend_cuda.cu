@@ -393,6 +393,14 @@ __global__ void add_kernel(const T *x, const T *y, T *out, int64_t n) {
         out[i] = from_f<T>(to_f(x[i]) + to_f(y[i]));
 }
 
+/* out = x + y from fp32 (y NULL: x), rounded to T (add_beside). */
+template <typename T>
+__global__ void add_round_kernel(const float *x, const float *y, T *out, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = from_f<T>(y ? x[i] + y[i] : x[i]);
+}
+
 __device__ __forceinline__ float gelu_f32(float x, int tanh_form) {
     const float inv_sqrt2 = 0.70710678118654752440f;
     const float sqrt_2_over_pi = 0.79788456080286535588f;
@@ -877,36 +885,39 @@ dt_status cuda_gemm(dt_backend *b, dt_dtype dtype, int64_t m, int64_t n, int64_t
     return DT_SUCCESS;
 }
 
-/* out = x + y on `stream` (add and add_beside). */
-dt_status add_on(dt_backend *b, const char *what, cudaStream_t stream, dt_dtype dtype, int64_t n,
-                 const void *x, const void *y, void *out) {
+/* The arguments of the elementwise ops (y NULL allowed or not). */
+dt_status elementwise_args(const dt_backend *b, const char *what, dt_dtype dtype, int64_t n,
+                           const void *x, const void *y, int y_optional, const void *out) {
     DT_TRY(check_float(b, what, dtype));
-    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda %s: negative count %" PRId64, b->rank, what, n);
-    if (n == 0) return DT_SUCCESS;
-    if (x == NULL || y == NULL || out == NULL)
+    if (n < 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda %s: negative count %" PRId64,
+                        b->rank, what, n);
+    if (n > 0 && (x == NULL || (y == NULL && !y_optional) || out == NULL))
         return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda %s: NULL buffer", b->rank, what);
-    DT_TRY(enter(b, what));
-    cuda_impl *im = impl_of(b);
-    unsigned grid = grid_for(im, n, 256);
-    if (dtype == DT_F32)
-        dt_cuda_launch(add_kernel<float>, grid, 256, 0, stream,
-                       static_cast<const float *>(x), static_cast<const float *>(y),
-                       static_cast<float *>(out), n);
-    else if (dtype == DT_BF16)
-        dt_cuda_launch(add_kernel<__nv_bfloat16>, grid, 256, 0, stream,
-                       static_cast<const __nv_bfloat16 *>(x), static_cast<const __nv_bfloat16 *>(y),
-                       static_cast<__nv_bfloat16 *>(out), n);
-    else
-        dt_cuda_launch(add_kernel<__half>, grid, 256, 0, stream,
-                       static_cast<const __half *>(x), static_cast<const __half *>(y),
-                       static_cast<__half *>(out), n);
-    CU_LAUNCHED(b, what, "add_kernel");
     return DT_SUCCESS;
 }
 
 dt_status cuda_add(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, const void *y,
                    void *out) {
-    return add_on(b, "add", impl_of(b)->compute, dtype, n, x, y, out);
+    DT_TRY(elementwise_args(b, "add", dtype, n, x, y, 0, out));
+    if (n == 0) return DT_SUCCESS;
+    DT_TRY(enter(b, "add"));
+    cuda_impl *im = impl_of(b);
+    unsigned grid = grid_for(im, n, 256);
+    if (dtype == DT_F32)
+        dt_cuda_launch(add_kernel<float>, grid, 256, 0, im->compute,
+                       static_cast<const float *>(x), static_cast<const float *>(y),
+                       static_cast<float *>(out), n);
+    else if (dtype == DT_BF16)
+        dt_cuda_launch(add_kernel<__nv_bfloat16>, grid, 256, 0, im->compute,
+                       static_cast<const __nv_bfloat16 *>(x), static_cast<const __nv_bfloat16 *>(y),
+                       static_cast<__nv_bfloat16 *>(out), n);
+    else
+        dt_cuda_launch(add_kernel<__half>, grid, 256, 0, im->compute,
+                       static_cast<const __half *>(x), static_cast<const __half *>(y),
+                       static_cast<__half *>(out), n);
+    CU_LAUNCHED(b, "add", "add_kernel");
+    return DT_SUCCESS;
 }
 
 /* The communication stream's next work waits, on the device, for the
@@ -923,22 +934,34 @@ dt_status comm_after_compute(dt_backend *b, const char *what) {
  * transports queue their work there too (NCCL) or mark their sends' start
  * there (mem_mark), so later transfers come after it; later compute work
  * does not. */
-dt_status cuda_add_beside(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, const void *y,
-                          void *out) {
-    DT_TRY(comm_after_compute(b, "add beside"));
-    return add_on(b, "add beside", impl_of(b)->comm, dtype, n, x, y, out);
+dt_status cuda_add_beside(dt_backend *b, dt_dtype dtype, int64_t n, const float *x,
+                          const float *y, void *out) {
+    const char *what = "add beside";
+    DT_TRY(elementwise_args(b, what, dtype, n, x, y, 1, out));
+    if (n == 0) return DT_SUCCESS;
+    DT_TRY(comm_after_compute(b, what));
+    cuda_impl *im = impl_of(b);
+    unsigned grid = grid_for(im, n, 256);
+    if (dtype == DT_F32)
+        dt_cuda_launch(add_round_kernel<float>, grid, 256, 0, im->comm, x, y,
+                       static_cast<float *>(out), n);
+    else if (dtype == DT_BF16)
+        dt_cuda_launch(add_round_kernel<__nv_bfloat16>, grid, 256, 0, im->comm, x, y,
+                       static_cast<__nv_bfloat16 *>(out), n);
+    else
+        dt_cuda_launch(add_round_kernel<__half>, grid, 256, 0, im->comm, x, y,
+                       static_cast<__half *>(out), n);
+    CU_LAUNCHED(b, what, "add_round_kernel");
+    return DT_SUCCESS;
 }
 
 dt_status cuda_gelu(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, void *out,
                     dt_gelu_approx approx) {
-    DT_TRY(check_float(b, "gelu", dtype));
     if ((int)approx < 0 || approx >= DT_GELU_APPROX_COUNT)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda gelu: unknown approximation %d",
                         b->rank, (int)approx);
-    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda gelu: negative count %" PRId64, b->rank, n);
+    DT_TRY(elementwise_args(b, "gelu", dtype, n, x, NULL, 1, out));
     if (n == 0) return DT_SUCCESS;
-    if (x == NULL || out == NULL)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda gelu: NULL buffer", b->rank);
     DT_TRY(enter(b, "gelu"));
     cuda_impl *im = impl_of(b);
     unsigned grid = grid_for(im, n, 256);

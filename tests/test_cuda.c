@@ -4,8 +4,9 @@
  * - backend ops: every entry of dt_backend_ops on the CUDA backend, on the
  *   same inputs as the CPU backend (gemm: against double), with the
  *   tolerances stated at each case: copy_runs COPY/ADD bit-exact, add and
- *   add_beside bit-exact, gemm fp32 (TF32 off) atol=rtol=1e-4, TF32 1e-2, bf16 1e-2 +
- *   8e-3|ref|, fp16 2e-3 + 2e-3|ref|, gelu fp32 1e-6 + 1e-5|ref| (bf16/fp16:
+ *   add_beside (fp32 in, rounded to the dtype) bit-exact, gemm fp32 (TF32
+ *   off) atol=rtol=1e-4, TF32 1e-2, bf16 1e-2 + 8e-3|ref|, fp16 2e-3 +
+ *   2e-3|ref|, gelu fp32 1e-6 + 1e-5|ref| (bf16/fp16:
  *   one output ulp); rmsnorm fp32 1e-6 + 1e-6|ref| (CUDA sums squares in
  *   fp32, the CPU in double), rotary fp32 2e-7 + 2e-7|ref| (the same double
  *   cos/sin rounded to fp32, no FMA), bf16 and fp16 one output ulp;
@@ -420,6 +421,53 @@ typedef struct ew_case {
     results r;
 } ew_case;
 
+/* add_beside: fp32 x and y (full fp32 values, most not of the dtype), their
+ * fp32 sum rounded once to the dtype, bit for bit; y NULL: x rounded. It
+ * runs after the compute stream's work queued before it (the zeroing) and
+ * is read once a sync has waited for it. */
+static dt_status check_add_beside(dt_backend *be, ew_case *c) {
+    size_t es = dt_dtype_size(c->dtype), n = (size_t)c->n;
+    float *fx = malloc(n * sizeof(float) + 1), *fy = malloc(n * sizeof(float) + 1);
+    void *want = malloc(n * es + 1), *got = malloc(n * es + 1);
+    void *dx = NULL, *dy = NULL, *dout = NULL;
+    dt_status st = DT_SUCCESS;
+    if (!fx || !fy || !want || !got) {
+        st = dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        fx[i] = dt_random_value(33, i);
+        fy[i] = 1e-3f * dt_random_value(34, i);
+    }
+    DT_TRY_GOTO(st, to_dev(be, fx, n * sizeof(float), &dx), out);
+    DT_TRY_GOTO(st, to_dev(be, fy, n * sizeof(float), &dy), out);
+    DT_TRY_GOTO(st, be->ops->alloc(be, n * es, &dout), out);
+    for (int with_y = 1; with_y >= 0; with_y--) {
+        DT_TRY_GOTO(st, be->ops->zero(be, dout, n * es), out);
+        DT_TRY_GOTO(st, be->ops->add_beside(be, c->dtype, c->n, dx, with_y ? dy : NULL, dout),
+                    out);
+        DT_TRY_GOTO(st, be->ops->sync(be), out);
+        DT_TRY_GOTO(st, be->ops->download(be, got, dout, n * es), out);
+        for (size_t i = 0; i < n; i++) put_val(want, c->dtype, i, with_y ? fx[i] + fy[i] : fx[i]);
+        for (size_t i = 0; i < n; i++)
+            if (memcmp((char *)got + i * es, (char *)want + i * es, es)) {
+                note_bad(&c->r, 0, "%s add_beside%s: [%zu] got %.9g, expected %.9g",
+                         be->ops->name, with_y ? "" : " (y NULL)", i, get_val(got, c->dtype, i),
+                         get_val(want, c->dtype, i));
+                break;
+            }
+    }
+out:
+    be->ops->free(be, dx);
+    be->ops->free(be, dy);
+    be->ops->free(be, dout);
+    free(fx);
+    free(fy);
+    free(want);
+    free(got);
+    return st;
+}
+
 static dt_status rank_elementwise(dt_context *ctx, void *arg) {
     ew_case *c = arg;
     dt_backend *gpu = ctx->backend, *cpu = NULL;
@@ -473,14 +521,9 @@ static dt_status rank_elementwise(dt_context *ctx, void *arg) {
         if (bad) note_bad(&c->r, 0, "gelu: %ld of %zu outside atol %g + rtol %g, max error %.3g",
                           bad, n, atol, rtol, maxe);
     }
-    if (!c->gelu) {
-        /* add_beside: the same sum, after the compute stream's work queued
-         * before it (the zeroing), read once a sync has waited for it. */
-        DT_TRY_GOTO(st, gpu->ops->zero(gpu, dout, n * es), out);
-        DT_TRY_GOTO(st, gpu->ops->add_beside(gpu, c->dtype, c->n, dx, dy, dout), out);
-        DT_TRY_GOTO(st, gpu->ops->sync(gpu), out);
-        DT_TRY_GOTO(st, gpu->ops->download(gpu, hwant, dout, n * es), out);
-        if (memcmp(hwant, hgot, n * es)) note_bad(&c->r, 0, "add_beside's result differs from add's");
+    if (!c->gelu) {   /* the CPU backend's too: the same contract */
+        DT_TRY_GOTO(st, check_add_beside(gpu, c), out);
+        DT_TRY_GOTO(st, check_add_beside(cpu, c), out);
     }
     /* In place (out == x) gives the same result. */
     if (c->gelu) DT_TRY_GOTO(st, gpu->ops->gelu(gpu, c->dtype, c->n, dx, dx, c->approx), out);
