@@ -245,10 +245,12 @@ typedef struct bwd_queries {
  * rank's queries (qs) against the K and V at k, v (ks: rank src's), the
  * rows' dK|dV contributions written into dkv (`first`: dkv needs no
  * zeroing) or added into it. One launch per run of whole batches, one per
- * part of a batch; a whole block is one launch. */
+ * part of a batch; a whole block is one launch. Each continues the call's
+ * launch before it (block.h: it touches other rows, or another buffer),
+ * but the call's first (continues = 0: step 0's). */
 static dt_status run_rows(const attn_plan *p, const bwd_workspace *w, const bwd_queries *bq,
                           const char *k, const char *v, dt_attn_segment qs, dt_attn_segment ks,
-                          float *dkv, int first, int64_t r0, int64_t r1) {
+                          float *dkv, int first, int continues, int64_t r0, int64_t r1) {
     const int64_t row = p->hkv * p->D;   /* elements of one key row */
     const size_t es = dt_dtype_size(p->dtype);
     while (r0 < r1) {
@@ -271,10 +273,11 @@ static dt_status run_rows(const attn_plan *p, const bwd_workspace *w, const bwd_
             .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
             .dq = bq->dq + q_off, .dq_batch_stride = p->c * p->h * p->D,
             .dk = dkv + kv_off, .dv = dkv + w->grad_bytes / sizeof(float) + kv_off,
-            .kernel = p->kernel, .first = first,
+            .kernel = p->kernel, .first = first, .continues = continues,
         };
         DT_TRY(p->kern->bwd(p->ctx->backend, &a, bq->scratch));
         r0 += nb * (y1 - y0);
+        continues = 1;
     }
     return DT_SUCCESS;
 }
@@ -349,7 +352,7 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
         DT_TRACE_PUSH("attention bwd blocks");
         if (!idle)
             st = run_rows(&p, &w, &bq, bwd_ring_k(&r, t), bwd_ring_v(&r, &p, t), qs, ks,
-                          r.grad[LOC], 1, 0, t < last ? rows : half);
+                          r.grad[LOC], 1, t > 0, 0, t < last ? rows : half);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;
         if (t < last || !comm) DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
@@ -371,7 +374,7 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
             DT_TRACE_PUSH("attention bwd blocks");
             if (!idle)
                 st = run_rows(&p, &w, &bq, bwd_ring_k(&r, t), bwd_ring_v(&r, &p, t), qs, ks,
-                              sums, 0, half, rows);
+                              sums, 0, 1, half, rows);
             DT_TRACE_POP();
             if (st != DT_SUCCESS) goto fail;
             DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);

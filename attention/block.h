@@ -150,6 +150,13 @@ typedef struct dt_attn_block_bwd_args {
     int64_t dq_batch_stride;
     float *dk, *dv;
     int first;                         /* write dk, dv instead of adding into them */
+    /* The work queued before this block ends with another backward block,
+     * which writes none of what this one reads or writes but dq, and
+     * reads none of what this one writes (a ring's next step: dk, dv of
+     * another buffer or other rows). CUDA, compute capability 9.0: this
+     * block is launched as that one's programmatic dependent, and may
+     * start while it finishes (dt_backend_cuda_set_dependent_launch). */
+    int continues;
     dt_attn_kernel_choice kernel;      /* CUDA only: which backward kernel (0 = auto) */
     dt_attn_cta_trace *trace;          /* as dt_attn_block_args.trace */
     int64_t trace_len;

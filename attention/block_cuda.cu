@@ -301,6 +301,12 @@ int path_of(dt_backend *be, dt_attn_kernel_choice k, dt_dtype dtype, int64_t dim
     return 1;
 }
 
+/* Whether the tensor-core kernels' blocks that continue a call are
+ * launched as programmatic dependents: compute capability 9.0 on. */
+int dependent_launches(dt_backend *be) {
+    return dt_backend_cuda_dependent_launch(be) && dt_backend_cuda_compute_capability(be) >= 90;
+}
+
 /* The forward's: path_of, but a block with no key (its rows only started
  * or finished) takes the simple kernel: a tensor map of 0 rows cannot even
  * be made. */
@@ -330,9 +336,7 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     if (!fwd_path_of(be, a, &path, why, sizeof why))
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=%s: %s",
                         be->rank, dt_attn_kernel_choice_name(a->kernel), why);
-    /* programmatic dependent launches: compute capability 9.0 on */
-    const int dependent = dt_backend_cuda_dependent_launch(be) &&
-                          dt_backend_cuda_compute_capability(be) >= 90;
+    const int dependent = dependent_launches(be);
     if (path == PATH_WGMMA) {
         const int persistent = dt_backend_cuda_persistent(be);
         dt_attn_block_args b = *a;
@@ -388,9 +392,11 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
             return dt_error(DT_ERR_NOT_SUPPORTED,
                             "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=%s: %s", be->rank,
                             dt_attn_kernel_choice_name(a->kernel), why);
+        const int dependent = dependent_launches(be);
         if (path == PATH_WGMMA)
-            return dt_attn_wgmma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
-        if (path == PATH_MMA) return dt_attn_mma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be));
+            return dt_attn_wgmma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be), dependent);
+        if (path == PATH_MMA)
+            return dt_attn_mma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be), dependent);
     }
     if (!no_query) {
         dim3 gq((unsigned)((a->qseg.len + 127) / 128), (unsigned)a->heads, (unsigned)a->batch);

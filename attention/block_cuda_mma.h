@@ -65,8 +65,14 @@ dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_
 /* Runs one backward block (same contract as dt_attn_kernels.bwd, dq added
  * with atomics) on `stream` (block_cuda_mma_bwd.cu). The caller has checked
  * dt_attn_mma_supported and dt_attn_mma_bwd_block_ok; l2_bytes as for the
- * forward. Returns DT_ERR_BACKEND with CUDA's message if the launch fails. */
-dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes);
+ * forward. With dependent != 0 (only on a device of compute capability 9.0
+ * or newer), a block that continues a call (a->continues) is launched as a
+ * programmatic dependent of the block before it: every CTA lets the next
+ * block start at its own start and waits for the block before only before
+ * it exits, so that a block completes after the one before. Returns
+ * DT_ERR_BACKEND with CUDA's message if the launch fails. */
+dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes,
+                          int dependent);
 
 /* The Hopper forward kernel (block_cuda_wgmma.cu: wgmma, sm_90a). 1 if it
  * handles this dtype and head dim on a device of compute capability cc:
@@ -100,10 +106,11 @@ dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l
                             void *queue, int dependent, int overlap, int producer, int bulk);
 
 /* Runs one backward block on `stream` with the wgmma backward kernel
- * (block_cuda_wgmma_bwd.cu), as dt_attn_mma_bwd (same contract, l2_bytes
- * and error). It runs where dt_attn_wgmma_supported says the forward does;
- * its blocks have the needs of dt_attn_mma_bwd_block_ok. */
-dt_status dt_attn_wgmma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes);
+ * (block_cuda_wgmma_bwd.cu), as dt_attn_mma_bwd (same contract, l2_bytes,
+ * dependent and error). It runs where dt_attn_wgmma_supported says the
+ * forward does; its blocks have the needs of dt_attn_mma_bwd_block_ok. */
+dt_status dt_attn_wgmma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes,
+                            int dependent);
 
 #ifdef __cplusplus
 }

@@ -55,6 +55,13 @@
  *      and the Q, dO loads per key.
  *   4. __syncthreads: the P, dS tiles and the Q, dO stage are reused.
  *
+ * Dependent launch (compute capability 9.0; block.h's continues): every
+ * CTA runs griddepcontrol.launch_dependents at its start and
+ * griddepcontrol.wait only before it exits, so that a block continuing
+ * the call may run beside the end of the one before (it adds into the
+ * same dq, with atomics, and touches nothing else that block does) and
+ * completes after it.
+ *
  * Mask and skipped tiles (mask.h's rule, closed form, dt_mma_bwd_* of
  * mma_layout.h). Queries that may attend a key form a suffix of q, so the
  * query tiles of key tile [y0, y0+128) are those from the one holding
@@ -296,6 +303,7 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
     __trap();   /* never launched: the host requires compute capability >= 8.0 */
 #else
     cta_trace(a, 0);
+    grid_dep_launch();   /* a continuing block after this one may start (dependent) */
     DT_DYNAMIC_SMEM(unsigned char, smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int rg = dt_mma_bwd_rows(warp), hf = dt_mma_bwd_half(warp);
@@ -306,6 +314,7 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
         if (a.first)
             zero_dk_dv<D>(a.dk + c.b * a.kv_batch_stride + c.g * D,
                           a.dv + c.b * a.kv_batch_stride + c.g * D, G * D, c.y0, nk);
+        grid_dep_wait();
         return cta_trace(a, 1);
     }
     const int64_t b = c.b, g = c.g, y0 = c.y0;
@@ -395,22 +404,28 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
     /* Add into dk (scaled) and dv: the warp's keys 16w .. 16w + 15. */
     add_dk_dv<D>(a.dk + b * a.kv_batch_stride + g * D, a.dv + b * a.kv_batch_stride + g * D,
                  G * D, y0 + 16 * warp, nk, dk, dv, lane, a.scale, a.first);
+    /* A dependent block completes after the block before (it wrote none
+     * of this one's inputs, so nothing waits earlier). */
+    grid_dep_wait();
     cta_trace(a, 1, c.n_iter);
 #endif
 }
 
 template <typename T, int D>
-dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes) {
+dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes,
+                 int dependent) {
     const dim3 grid((unsigned)((a->kseg.len + BN - 1) / BN * a->kv_heads * a->batch));
     return dt_mma_launch(bwd_mma_kernel<T, D>, grid, THREADS, bwd_smem_bytes<T, D>(), stream,
-                         "backward", D, a->dtype, false, *a, dt_mma_bwd_grid(*a, l2_bytes));
+                         "backward", D, a->dtype, dependent && a->continues, *a,
+                         dt_mma_bwd_grid(*a, l2_bytes));
 }
 
 }  // namespace
 
-extern "C" dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes) {
+extern "C" dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a,
+                                     int64_t l2_bytes, int dependent) {
     return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
         return launch<typename decltype(t)::type, decltype(d)::value>(
-            static_cast<cudaStream_t>(stream), a, l2_bytes);
+            static_cast<cudaStream_t>(stream), a, l2_bytes, dependent);
     });
 }

@@ -46,6 +46,13 @@
  * D = 128), one mechanism for both head dims; the piece is scaled and added
  * into the fp32 dq with float2 atomics (mma_device.cuh's add_dq).
  *
+ * Dependent launch (compute capability 9.0; block.h's continues): every
+ * CTA runs griddepcontrol.launch_dependents at its start and
+ * griddepcontrol.wait only before it exits, so that a block continuing
+ * the call may run beside the end of the one before (it adds into the
+ * same dq, with atomics, and touches nothing else that block does) and
+ * completes after it.
+ *
  * Mask and skipped tiles: the mma.sync backward's rule (mma_layout.h's
  * dt_mma_bwd_first_qtile / _unmasked_qtile with BM rows): the visited query
  * tiles are exactly the non-empty ones, the unmasked ones the full tiles of
@@ -203,6 +210,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     constexpr int BM = L::BM;
     const dt_attn_block_bwd_args &a = p.a;
     cta_trace(a, 0);
+    grid_dep_launch();   /* a continuing block after this one may start (dependent) */
     DT_DYNAMIC_SMEM(unsigned char, smem_raw);
     unsigned char *const sm = smem_raw + ((1024u - (wg_smem_addr(smem_raw) & 1023u)) & 1023u);
     wb_rows<BM> *const rows = reinterpret_cast<wb_rows<BM> *>(sm + L::ROWS);   /* [2] */
@@ -217,6 +225,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         if (a.first)
             zero_dk_dv<D>(a.dk + c.b * a.kv_batch_stride + c.g * D,
                           a.dv + c.b * a.kv_batch_stride + c.g * D, G * D, c.y0, nk);
+        grid_dep_wait();
         return cta_trace(a, 1);
     }
     const int64_t b = c.b, g = c.g, y0 = c.y0;
@@ -351,12 +360,16 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     /* Add into dk (scaled) and dv: the warp's keys 16 warp .. 16 warp + 15. */
     add_dk_dv<D>(a.dk + b * a.kv_batch_stride + g * D, a.dv + b * a.kv_batch_stride + g * D,
                  G * D, y0 + 16 * warp, nk, dk, dv, lane, a.scale, a.first);
+    /* A dependent block completes after the block before (it wrote none
+     * of this one's inputs, so nothing waits earlier). */
+    grid_dep_wait();
     cta_trace(a, 1, c.n_iter);
 #endif
 }
 
 template <typename T, int D>
-dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes) {
+dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes,
+                 int dependent) {
     wb_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
@@ -364,14 +377,15 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l
     DT_TRY(make_block_maps(*a, wb_bm<D>(), WB_BN, &p.q, &p.k, &p.v, a->dout, &p.dout));
     const dim3 grid((unsigned)((a->kseg.len + WB_BN - 1) / WB_BN * a->kv_heads * a->batch));
     return dt_mma_launch(bwd_wgmma_kernel<T, D>, grid, WB_THREADS, wb_smem<D>::BYTES, stream,
-                         "backward (wgmma)", D, a->dtype, false, p);
+                         "backward (wgmma)", D, a->dtype, dependent && a->continues, p);
 }
 
 }  // namespace
 
-extern "C" dt_status dt_attn_wgmma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes) {
+extern "C" dt_status dt_attn_wgmma_bwd(void *stream, const dt_attn_block_bwd_args *a,
+                                       int64_t l2_bytes, int dependent) {
     return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
         return launch<typename decltype(t)::type, decltype(d)::value>(
-            static_cast<cudaStream_t>(stream), a, l2_bytes);
+            static_cast<cudaStream_t>(stream), a, l2_bytes, dependent);
     });
 }

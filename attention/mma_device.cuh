@@ -628,9 +628,13 @@ __device__ __forceinline__ bwd_cta bwd_cta_of(const dt_attn_block_bwd_args &a,
 
 /* p[0], p[1] += x, y: one 8-byte reduction where the device has it
  * (float2 atomicAdd, compute capability 9.0 and the emulator's device), two
- * 4-byte ones before. */
+ * 4-byte ones before. Every grid only adds into dq (block.h's continues),
+ * so a dependent backward block adds before it waits for the one before:
+ * on the emulator a reduction, which it allows there. */
 __device__ __forceinline__ void add_pair(float *p, float x, float y) {
-#if defined(DT_CUDA_EMULATE) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+#if defined(DT_CUDA_EMULATE)
+    dt_emu_reduce_add(reinterpret_cast<float2 *>(p), make_float2(x, y));
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     atomicAdd(reinterpret_cast<float2 *>(p), make_float2(x, y));
 #else
     atomicAdd(p, x);

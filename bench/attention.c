@@ -508,8 +508,8 @@ static void usage(FILE *f) {
             "  --pass LIST          which passes each section times: fwd (dt_attention_forward),\n"
             "                       bwd (dt_attention_backward alone), or fwd,bwd (default)\n"
             "  --dtype LIST         (a): bf16, fp32, fp16 or a list (default bf16,fp32)\n"
-            "  --dependent 0|1      CUDA: whether the forward's blocks after a call's first are\n"
-            "                       programmatic dependent launches (default 1)\n"
+            "  --dependent 0|1      CUDA: whether the blocks after a call's first are programmatic\n"
+            "                       dependent launches (default 1)\n"
             "  --persistent 0|1|2   CUDA: whether the wgmma forward runs persistent: 1 (default)\n"
             "                       but beside the ring's transfers (a CTA per query tile\n"
             "                       there), 2 there too, 0 never\n"
@@ -706,7 +706,7 @@ int main(int argc, char **argv) {
                      "passes: %s\n",
                 date, be, cores, model, o.iters, pass_list);
         if (gpu)
-            fprintf(out, "CUDA: the forward's dependent launches %s (--dependent); wgmma "
+            fprintf(out, "CUDA: dependent launches %s (--dependent); wgmma "
                          "forward %s (--persistent)\n", o.dependent ? "on" : "off",
                     (const char *[]){"a CTA per query tile", "persistent but beside the ring's "
                                      "transfers", "persistent"}[o.persistent]);

@@ -22,9 +22,10 @@
  *       key segment of rank (j - t) mod P (mask.h), accumulating into the
  *       rank's fp32 m, l, acc (forward: step 0 starts them and the rank's
  *       last block with a pair writes o and lse, as in dt_attention_forward)
- *       or dQ, dK, dV (backward; back to back, step P-1's block in two
- *       launches, one per half of its keys, as dt_attention_backward runs
- *       it).
+ *       or dQ, dK, dV (backward, as dt_attention_backward runs a rank's
+ *       blocks: dq added into, dk and dv written into a buffer of the
+ *       block's own; back to back, step P-1's block in two launches, one
+ *       per half of its keys, the second adding into dk, dv).
  *         critical path  sum over steps of the slowest rank's block;
  *         total          sum of every block (the ring's work on one device);
  *         ratio          contiguous critical path / this order's;
@@ -39,13 +40,14 @@
  *                        (steps in turn, the ranks' blocks of a step one
  *                        after another), timed as one: the ring on one
  *                        device with nothing between its blocks; / one call
- *                        as above. Forward on CUDA with dependent
- *                        launches on (--dependent 1, the default): once
- *                        more without them, "b2b serial".
+ *                        as above. On CUDA with dependent launches on
+ *                        (--dependent 1, the default): once more without
+ *                        them, "b2b serial".
  *
  * --pass fwd,bwd picks the forward and/or backward block kernel. Backward
  * blocks use the lse of a forward pass over the same rows, so P stays
- * finite. Timing (time_block): the device idle before each block; CUDA
+ * finite, and write their dk, dv (block.h's first) as a ring's steps do
+ * (until 2026-11-27 they added into them: a read of dk, dv more). Timing (time_block): the device idle before each block; CUDA
  * events around its kernels on a GPU, CLOCK_MONOTONIC on the CPU; one
  * warm-up, then --iters repetitions; the median. On the CPU, OpenBLAS uses
  * its own thread count (one rank, every core).
@@ -145,7 +147,7 @@ typedef struct bufs {
     void *q, *k, *v, *dout, *o;        /* dtype */
     float *acc, *m, *l, *lse, *delta;  /* fp32; lse: of a full pass, for the backward blocks */
     float *lse_out;                    /* the forward blocks' lse (the last of a ring's) */
-    float *dq, *dk, *dv;               /* fp32 */
+    float *dq, *dk, *dv;               /* fp32; dk, dv: two buffers of rows x G x D each */
     void *scratch;
     dt_attn_cta_trace *trace;          /* --trace: backend memory for trace_slices slices */
     int64_t trace_len, trace_slices;   /* of trace_len records each: a launch's records */
@@ -204,7 +206,7 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
     DT_TRY(be->ops->alloc(be, nq * dt_dtype_size(b->dtype), &b->o));
     float **f32[] = {&b->acc, &b->dq, &b->m, &b->l, &b->lse, &b->delta, &b->lse_out, &b->dk,
                      &b->dv};
-    size_t n32[] = {nq, nq, nr, nr, nr, nr, nr, nk, nk};
+    size_t n32[] = {nq, nq, nr, nr, nr, nr, nr, 2 * nk, 2 * nk};
     for (int i = 0; i < 9; i++) DT_TRY(be->ops->alloc(be, n32[i] * sizeof(float), (void **)f32[i]));
     size_t sb = b->kern->fwd_scratch(b->D), bb = b->kern->bwd_scratch(b->D);
     DT_TRY(be->ops->alloc(be, sb > bb ? sb : bb, &b->scratch));
@@ -278,11 +280,15 @@ static dt_attn_cta_trace *trace_of(const bufs *b) {
 }
 
 /* The backward block of qs against rows [y0, y1) of ks (the whole block,
- * or a part of the keys of a ring's last step, as attention/backward.c
- * runs it), accumulating into b's dq, dk, dv. */
+ * or a part of the keys of a ring's last step), as attention/backward.c
+ * runs it: dq added into, dk and dv written (first) into buffer `buf` (0
+ * or 1: a ring's blocks take them in turn, as its steps' do) or added into
+ * (the second part of a ring's last step); continues: as block.h's, the
+ * blocks of a ring after its first. */
 static dt_status run_bwd_rows(const bufs *b, dt_attn_mask mask, dt_attn_segment qs,
-                              dt_attn_segment ks, int64_t y0, int64_t y1) {
-    const int64_t off = y0 * b->G * b->D;
+                              dt_attn_segment ks, int64_t y0, int64_t y1, int first, int buf,
+                              int continues) {
+    const int64_t off = y0 * b->G * b->D, goff = off + buf * b->rows * b->G * b->D;
     dt_attn_block_bwd_args a = {
         .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
         .q = b->q, .dout = b->dout,
@@ -290,8 +296,9 @@ static dt_status run_bwd_rows(const bufs *b, dt_attn_mask mask, dt_attn_segment 
         .v = (const char *)b->v + (size_t)off * dt_dtype_size(b->dtype),
         .qseg = qs, .kseg = dt_attn_segment_rows(ks, y0, y1 - y0), .mask = mask,
         .scale = 1.0f / sqrtf((float)b->D), .lse = b->lse, .delta = b->delta,
-        .ml_head_stride = b->rows, .dq = b->dq, .dk = b->dk + off, .dv = b->dv + off,
-        .kernel = b->kernel, .trace = trace_of(b), .trace_len = b->trace_len,
+        .ml_head_stride = b->rows, .dq = b->dq, .dk = b->dk + goff, .dv = b->dv + goff,
+        .first = first, .continues = continues, .kernel = b->kernel, .trace = trace_of(b),
+        .trace_len = b->trace_len,
     };
     DT_TRY(b->kern->bwd(b->be, &a, b->scratch));
     return b->tracing ? trace_launch(b) : DT_SUCCESS;
@@ -304,7 +311,7 @@ static dt_status run_bwd_rows(const bufs *b, dt_attn_mask mask, dt_attn_segment 
  * be in flight beside it (block.h). */
 static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, dt_attn_segment qs,
                            dt_attn_segment ks, int first, int last, int transfer) {
-    if (bwd) return run_bwd_rows(b, mask, qs, ks, 0, ks.len);
+    if (bwd) return run_bwd_rows(b, mask, qs, ks, 0, ks.len, 1, 0, 0);
     dt_attn_block_args a = {
         .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
         .q = b->q, .k = b->k, .v = b->v, .qseg = qs, .kseg = ks, .mask = mask,
@@ -457,19 +464,26 @@ typedef struct p_row {
 } p_row;
 
 /* Every (rank j, step t) block of the ring, steps in turn, the ranks'
- * blocks of a step one after another, as measure_p times them alone. */
+ * blocks of a step one after another, as measure_p times them alone.
+ * Backward as backward.c runs a rank's: each block writes dk, dv into a
+ * buffer of its own (the two in turn), the last step in two parts of its
+ * keys, the second adding into what the first's buffer holds, and every
+ * block after the first continues the one before. */
 static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t c) {
     const int64_t S = (int64_t)P * c;
+    int n = 0;   /* blocks so far */
     for (int t = 0; t < P; t++)
-        for (int j = 0; j < P; j++) {
+        for (int j = 0; j < P; j++, n++) {
             const dt_attn_segment qs = dt_attn_segment_of(order, S, P, j);
             const dt_attn_segment ks = dt_attn_segment_of(order, S, P, (j - t + P) % P);
             const int last = t == dt_attn_ring_last_step(order, DT_ATTN_CAUSAL, S, P, j);
-            if (bwd && P > 1 && t == P - 1) {   /* in two parts of its keys, as backward.c */
-                DT_TRY(run_bwd_rows(b, DT_ATTN_CAUSAL, qs, ks, 0, c / 2));
-                DT_TRY(run_bwd_rows(b, DT_ATTN_CAUSAL, qs, ks, c / 2, c));
-            } else {
+            if (!bwd) {
                 DT_TRY(run_block(b, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P));
+            } else if (P > 1 && t == P - 1) {
+                DT_TRY(run_bwd_rows(b, DT_ATTN_CAUSAL, qs, ks, 0, c / 2, 1, n % 2, n > 0));
+                DT_TRY(run_bwd_rows(b, DT_ATTN_CAUSAL, qs, ks, c / 2, c, 0, n % 2, 1));
+            } else {
+                DT_TRY(run_bwd_rows(b, DT_ATTN_CAUSAL, qs, ks, 0, c, 1, n % 2, n > 0));
             }
         }
     return DT_SUCCESS;
@@ -502,7 +516,7 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
         if (o->trace) DT_TRY(timeline_run(b, &w, &out->ring_tl[oi]));
         out->b2b_serial_s[oi] = NAN;
 #ifdef DT_HAVE_CUDA
-        if (!bwd && dt_backend_cuda_dependent_launch(b->be)) {   /* the same without them */
+        if (dt_backend_cuda_dependent_launch(b->be)) {   /* the same without them */
             dt_backend_cuda_set_dependent_launch(b->be, 0);
             dt_status st = time_runs(b, o, &w, &out->b2b_serial_s[oi]);
             dt_backend_cuda_set_dependent_launch(b->be, 1);
@@ -911,8 +925,8 @@ static void usage(FILE *f) {
             "                    1 (default) but for (p)'s blocks with the ring's next K, V\n"
             "                    in flight beside them (every step's but the last), 2 there\n"
             "                    too, 0 never (a CTA per query tile)\n"
-            "  --dependent 0|1   CUDA: whether the tensor-core forward kernels' blocks after\n"
-            "                    a call's first are launched as programmatic dependents of\n"
+            "  --dependent 0|1   CUDA: whether the tensor-core kernels' blocks after a\n"
+            "                    call's first are launched as programmatic dependents of\n"
             "                    the block before (compute capability 9.0; default 1;\n"
             "                    (p)'s b2b is then also timed with 0)\n"
             "  --overlap 0|1     CUDA: whether the wgmma forward at D = 128 runs its\n"

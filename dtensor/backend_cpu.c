@@ -228,12 +228,9 @@ static dt_status dt_cpu_add_beside(dt_backend *b, dt_dtype dtype, int64_t n, con
         return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu add beside: NULL buffer");
     if (dtype == DT_F32 && y) {
         dt_add_n(DT_F32, out, x, y, n);
-    } else if (dtype == DT_F32) {
-        if (out != x) memmove(out, x, (size_t)n * sizeof(float));
-    } else {
-        for (size_t i = 0; i < (size_t)n; i++)
-            dt_value_set(out, dtype, i, y ? x[i] + y[i] : x[i]);
+        return DT_SUCCESS;
     }
+    for (size_t i = 0; i < (size_t)n; i++) dt_value_set(out, dtype, i, y ? x[i] + y[i] : x[i]);
     return DT_SUCCESS;
 }
 

@@ -1768,12 +1768,15 @@ static void test_cuda_stateless_workspace(void **state) {
  * (dt_backend_cuda_set_overlap(b, 0)), a fifth has it on with the
  * loads by a producer warpgroup (dt_backend_cuda_set_producer(b, 1)), and a
  * sixth with the end through TMA (dt_backend_cuda_set_bulk(b, 1)): the
- * same bits again. */
-enum { DEP_P = 2, DEP_RUNS = 6 };
+ * same bits again. Each run's backward too: its blocks after the call's
+ * first start while the one before finishes (they add into the same dQ
+ * and write other dK, dV rows or buffers), so dK and dV must agree bit
+ * for bit as well (dQ's atomics may add in another order). */
+enum { DEP_P = 2, DEP_RUNS = 6, DEP_SUMS = 4 };
 
 typedef struct dep_case {
-    uint64_t sum[DEP_P][DEP_RUNS][2];   /* rank, run (on, off, on, on meeting, on producer, on
-                                           bulk), o / lse */
+    uint64_t sum[DEP_P][DEP_RUNS][DEP_SUMS];   /* rank, run (on, off, on, on meeting, on
+                                                  producer, on bulk), o / lse / dk / dv */
     dt_status st[DEP_P];
     char msg[DEP_P][512];
 } dep_case;
@@ -1782,7 +1785,8 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     dep_case *c = arg;
     const int r = dt_context_rank(ctx);
     dt_mesh *mesh = NULL;
-    dt_tensor *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL;
+    dt_tensor *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL, *dout = NULL;
+    dt_tensor *dq = NULL, *dk = NULL, *dv = NULL;
     int sizes[1] = {DEP_P};
 #ifdef DT_CUDA_EMULATE
     const int64_t S = DEP_P * 300, H = 2, HKV = 1, D = 128;   /* D = 128: the overlapped order */
@@ -1798,6 +1802,8 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     if (st == DT_SUCCESS) st = dt_tensor_fill_random(q, 61);
     if (st == DT_SUCCESS) st = dt_tensor_fill_random(k, 62);
     if (st == DT_SUCCESS) st = dt_tensor_fill_random(v, 63);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_BF16, 4, qs, &lay, &dout);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_random(dout, 64);
     for (int run = 0; run < DEP_RUNS && st == DT_SUCCESS; run++) {
 #ifdef DT_HAVE_CUDA
         dt_backend_cuda_set_dependent_launch(ctx->backend, run != 1);
@@ -1808,13 +1814,19 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
         dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
         opts.mask = DT_ATTN_CAUSAL;
         st = dt_attention_forward(q, k, v, &opts, &o, &lse);
+        if (st == DT_SUCCESS) st = dt_attention_backward(q, k, v, o, lse, dout, &opts, &dq, &dk, &dv);
         if (st == DT_SUCCESS) {
             c->sum[r][run][0] = checksum(o);
             c->sum[r][run][1] = checksum(lse);
+            c->sum[r][run][2] = checksum(dk);
+            c->sum[r][run][3] = checksum(dv);
         }
         dt_tensor_destroy(o);
         dt_tensor_destroy(lse);
-        o = lse = NULL;
+        dt_tensor_destroy(dq);
+        dt_tensor_destroy(dk);
+        dt_tensor_destroy(dv);
+        o = lse = dq = dk = dv = NULL;
     }
 #ifdef DT_HAVE_CUDA
     dt_backend_cuda_set_dependent_launch(ctx->backend, 1);
@@ -1825,6 +1837,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     dt_tensor_destroy(q);
     dt_tensor_destroy(k);
     dt_tensor_destroy(v);
+    dt_tensor_destroy(dout);
     dt_mesh_destroy(mesh);
     c->st[r] = st;
     if (st != DT_SUCCESS) snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
@@ -1856,7 +1869,7 @@ static void test_cuda_dependent_launch(void **state) {
             continue;
         }
         for (int r = 0; r < DEP_P; r++)
-            for (int x = 0; x < 2; x++)
+            for (int x = 0; x < DEP_SUMS; x++)
                 if (c.sum[r][0][x] != c.sum[r][1][x] || c.sum[r][2][x] != c.sum[r][1][x] ||
                     c.sum[r][3][x] != c.sum[r][1][x] || c.sum[r][4][x] != c.sum[r][1][x] ||
                     c.sum[r][5][x] != c.sum[r][1][x]) {
@@ -1864,7 +1877,7 @@ static void test_cuda_dependent_launch(void **state) {
                                 "off, on, on with the warpgroups meeting, on with the producer "
                                 "warp, on with the end through TMA: checksums %016llx, %016llx, "
                                 "%016llx, %016llx, %016llx, %016llx\n",
-                                kernels[i], r, x ? "lse" : "o",
+                                kernels[i], r, (const char *[]){"o", "lse", "dk", "dv"}[x],
                                 (unsigned long long)c.sum[r][0][x],
                                 (unsigned long long)c.sum[r][1][x],
                                 (unsigned long long)c.sum[r][2][x],

@@ -70,8 +70,8 @@ typedef struct emu_case {
     int64_t l2;     /* the L2 size the launch order plans for (mma_layout.h) */
     int sections;   /* > 0: instead, an L2 that gives sections of this many units */
     int sms;        /* the wgmma forward: > 0 persistent on this many SMs, 0 a CTA per tile */
-    int dependent;  /* forward: blocks after a query rank's first launched as
-                       programmatic dependents */
+    int dependent;  /* blocks launched as programmatic dependents: forward, those
+                       after a query rank's first; backward, all but the first */
     int overlap;    /* the wgmma forward at D = 128: its overlapped order */
     int producer;   /* the wgmma forward at D = 128: its loads by a producer warpgroup */
     int bulk;       /* the wgmma forward at D = 128: its end through TMA (the overlapped order) */
@@ -377,12 +377,16 @@ static void run_backward(void **state) {
             dk[j][i] = dv[j][i] = NAN;
     }
     const uint64_t mma_before = dt_emu_get_counts().mma;
+    const uint64_t dependent_before = dt_emu_get_counts().dependent;
     /* the kernels' key tiles (a CTA each) and query tiles (their files' comments) */
     const int64_t bn = DT_MMA_BWD_BN, bm = wgmma ? 8192 / D : DT_MMA_BM;
     const int64_t trace_len = (n + bn - 1) / bn * G * B + 3;
     dt_attn_cta_trace *trace = malloc((size_t)trace_len * sizeof *trace);
     long bad = 0;
-    /* every (query rank, key rank) block */
+    /* every (query rank, key rank) block; each after the first continues
+     * the one before (block.h: it adds into the same dq, and writes
+     * another rank's dk, dv, or with P = 1 none after it) */
+    uint64_t continuing = 0;
     for (int j = 0; j < c->P && !bad; j++)
         for (int r = 0; r < c->P && !bad; r++) {
             dt_attn_block_bwd_args a = {
@@ -392,15 +396,17 @@ static void run_backward(void **state) {
                 .kseg = R.seg[r], .mask = c->mask, .scale = (float)scale, .lse = lse[j],
                 .delta = delta[j], .ml_batch_stride = H * n, .ml_head_stride = n,
                 .dq = dq[j], .dq_batch_stride = n * H * D, .dk = dk[r], .dv = dv[r],
-                .first = j == 0, .kernel = c->kernel, .trace = trace,
-                .trace_len = trace_len};
+                .first = j == 0, .continues = j > 0 || r > 0, .kernel = c->kernel,
+                .trace = trace, .trace_len = trace_len};
             memset(trace, 0, (size_t)trace_len * sizeof *trace);
+            continuing += a.continues;
             const int64_t l2 = l2_for(c, (H / G) * a.qseg.len * D * 8);
             if (!bad && !dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why)) {
                 print_error("%s: block refused: %s\n", c->name, why);
                 bad = 1;
-            } else if (!bad && (wgmma ? dt_emu_attn_wgmma_bwd(NULL, &a, l2)
-                                      : dt_emu_attn_mma_bwd(NULL, &a, l2)) != DT_SUCCESS) {
+            } else if (!bad && (wgmma ? dt_emu_attn_wgmma_bwd(NULL, &a, l2, c->dependent)
+                                      : dt_emu_attn_mma_bwd(NULL, &a, l2, c->dependent)) !=
+                                   DT_SUCCESS) {
                 print_error("%s: queries of rank %d, keys of rank %d: %s\n", c->name, j,
                             r, dt_last_error());
                 bad = 1;
@@ -423,6 +429,7 @@ static void run_backward(void **state) {
         if (bad) print_error("%s: rank %d\n", c->name, j);
     }
     const uint64_t mma_ran = dt_emu_get_counts().mma - mma_before;
+    const uint64_t dependent_ran = dt_emu_get_counts().dependent - dependent_before;
     for (int j = 0; j < c->P; j++) {
         cudaFree(dor[j]), free(lse[j]), free(delta[j]), free(dq[j]), free(dk[j]), free(dv[j]);
     }
@@ -431,6 +438,7 @@ static void run_backward(void **state) {
     free(dq_ref), free(dk_ref), free(dv_ref), free(tmp), free(ref), free(trace);
     assert_int_equal(bad, 0);
     assert_true(mma_ran > 0);
+    assert_int_equal(dependent_ran, c->dependent ? continuing : 0);
 }
 
 /* The backward kernels walk a CTA's query heads and tiles with 32-bit
@@ -2173,9 +2181,9 @@ int main(void) {
                     /* the wgmma forward persistent (one SM: one or two CTAs, each
                      * taking many query tiles, tiles without keys among them on
                      * the zigzag rows) on rows 0 to 2 and 5, a CTA per tile on 3,
-                     * 4; both forward kernels with dependent launches but on row 3 */
+                     * 4; every kernel with dependent launches but on row 3 */
                     c->sms = i <= 2 || i == 5;
-                    c->dependent = dir % 2 == 0 && i != 3;
+                    c->dependent = i != 3;
                     c->overlap = v == 1 || v == 2 || v == 4;
                     c->producer = v == 2 || v == 3;
                     c->bulk = v == 4;

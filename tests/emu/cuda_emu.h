@@ -83,6 +83,16 @@ inline float2 atomicAdd(float2 *p, float2 v) {
     p->y = old.y + v.y;
     return old;
 }
+/* A reduction (RED: p += v, nothing returned) that the kernel declares
+ * commutes with the grid before's: that grid only reduces into p too (the
+ * backward's dQ). So, unlike atomicAdd, a programmatic dependent launch may
+ * make it before griddepcontrol.wait; the emulator takes the kernel's word
+ * for what the grid before does there. */
+inline void dt_emu_reduce_add(float2 *p, float2 v) {
+    if ((uintptr_t)p % 8) dt_emu_fail("float2 reduction at %p: not 8-byte aligned", (void *)p);
+    p->x += v.x;
+    p->y += v.y;
+}
 struct __attribute__((aligned(8))) uint2 {
     unsigned x, y;
 };

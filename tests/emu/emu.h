@@ -291,7 +291,9 @@ void dt_emu_bulk_wait(int n, int read);
  * dependent launch after the one before, as any other, so it cannot show
  * a read that came too early by its value; instead it checks the rule:
  * in a dependent launch, a thread must have run griddepcontrol.wait
- * (dt_emu_griddep_wait) before an atomic on global memory, before
+ * (dt_emu_griddep_wait) before an atomic on global memory (not before a
+ * reduction the kernel declares commutative: cuda_emu.h's
+ * dt_emu_reduce_add), before
  * whatever the kernel marks with dt_emu_griddep_require (a read of what
  * the grid before wrote), and before it exits (so that the grid completes
  * after the one it depends on). launch_dependents only counts. */
