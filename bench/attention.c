@@ -57,7 +57,12 @@
  * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
  *      [--dtype bf16,fp32,fp16] [--dependent 0|1] [--persistent 0|1|2] [--overlap 0|1]
- *      [--producer 0|1] [--bulk 0|1] [--pass fwd,bwd]
+ *      [--producer 0|1] [--bulk 0|1] [--copies 0|1] [--pass fwd,bwd]
+ *
+ * --copies 0 sets DT_LOCAL_COPIES=0 for its launches (context.h): the local
+ * transport's transfers then move no data, so (b) times the ring without
+ * its copies (issue 8 item 6's "without the copies"; every output that
+ * depends on a transfer is wrong, and none is checked here).
  */
 #include <errno.h>
 #include <math.h>
@@ -109,6 +114,7 @@ typedef struct bench_opts {
     int overlap;               /* --overlap: the wgmma forward's overlapped order (1) */
     int producer;              /* --producer: the wgmma forward's producer warpgroup (0) */
     int bulk;                  /* --bulk: the wgmma forward's end through TMA (0) */
+    int copies;                /* --copies 0: DT_LOCAL_COPIES=0 for the launches (1) */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
@@ -510,6 +516,8 @@ static void usage(FILE *f) {
             "  --dtype LIST         (a): bf16, fp32, fp16 or a list (default bf16,fp32)\n"
             "  --dependent 0|1      CUDA: whether the blocks after a call's first are programmatic\n"
             "                       dependent launches (default 1)\n"
+            "  --copies 0|1         0: the local transport moves no data (DT_LOCAL_COPIES=0):\n"
+            "                       the ring's time without its copies; outputs wrong (default 1)\n"
             "  --persistent 0|1|2   CUDA: whether the wgmma forward runs persistent: 1 (default)\n"
             "                       but beside the ring's transfers (a CTA per query tile\n"
             "                       there), 2 there too, 0 never\n"
@@ -584,6 +592,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
             o->dependent = (int)x;
             i++;
+        } else if (!strcmp(a, "--copies")) {
+            long x;
+            if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
+            o->copies = (int)x;
+            i++;
         } else if (!strcmp(a, "--persistent")) {
             long x;
             if (!ex_parse_int(a, v, 0, 2, &x)) return 2;
@@ -647,9 +660,10 @@ static int parse(int argc, char **argv, bench_opts *o) {
 
 
 int main(int argc, char **argv) {
-    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}, 1, 1, 1, 0, 0};
+    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}, 1, 1, 1, 0, 0, 1};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
+    if (!o.copies) setenv("DT_LOCAL_COPIES", "0", 1);
     g_dependent = o.dependent;
     g_persistent = o.persistent;
     g_overlap = o.overlap;
@@ -686,9 +700,10 @@ int main(int argc, char **argv) {
         fprintf(out, "{\n  \"bench\": \"attention\", \"date\": \"%s\", \"backend\": \"%s\", "
                      "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s, "
                      "\"passes\": [%s], \"dependent\": %s, \"persistent\": %d, \"overlap\": %d, "
-                     "\"producer\": %d, \"bulk\": %d,\n",
+                     "\"producer\": %d, \"bulk\": %d, \"copies\": %s,\n",
                 date, be, cores, model, o.iters, o.quick ? "true" : "false", pass_json,
-                o.dependent ? "true" : "false", o.persistent, o.overlap, o.producer, o.bulk);
+                o.dependent ? "true" : "false", o.persistent, o.overlap, o.producer, o.bulk,
+                o.copies ? "true" : "false");
     if (o.json)
         fprintf(out, "  \"notes\": [\"ranks are threads of one process; with fewer cores than "
                      "ranks they contend for the cores\", \"OpenBLAS runs one thread per call\", "
@@ -710,6 +725,9 @@ int main(int argc, char **argv) {
                          "forward %s (--persistent)\n", o.dependent ? "on" : "off",
                     (const char *[]){"a CTA per query tile", "persistent but beside the ring's "
                                      "transfers", "persistent"}[o.persistent]);
+        if (!o.copies)
+            fprintf(out, "--copies 0: the local transport moves no data (DT_LOCAL_COPIES=0); "
+                         "times only\n");
         if (o.passes[PASS_FWD]) fprintf(out, "  fwd: dt_attention_forward\n");
         if (o.passes[PASS_BWD])
             fprintf(out, "  bwd: dt_attention_backward alone; its forward runs once per rank "

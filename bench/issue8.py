@@ -37,11 +37,12 @@ what matters most comes first when --budget runs out:
   items 3 and 4, one timeline  the same runs' --trace: the ring's launches
           back to back as one device timeline, the SMs' busy and idle time
           beside the one call's: b2b/call split into extra work and idle.
-  item 6  bench/attention (b) with DT_ATTN_KERNEL set, the ring's wall
-          time, beside bench/blocks (p) with the same P, C, H, D: the same
-          blocks back to back with no communication; exposed = (wall -
-          that) / wall <= 5% for C >= 4096. The wgmma kernel once more
-          with --persistent 2 (persistent beside the ring's copies too).
+  item 6  bench/attention (b) with DT_ATTN_KERNEL set, the ring's calls
+          back to back, with the copies and without them (--copies 0: the
+          local transport moves no data); exposed = (with - without) / with
+          <= 5% for C >= 4096. Beside it bench/blocks (p) with the same P,
+          C, H, D: the ring's blocks alone, back to back. The wgmma kernel
+          once more with --persistent 2 (persistent beside the copies too).
   item 6, one timeline  the backward's bench/blocks (p) run at P = 8 with
           --trace: its blocks back to back as one device timeline against
           one backward call (no target: issue 4 (c)'s backward rows).
@@ -889,13 +890,14 @@ def ring_row(kernel, row):
 
 
 def item_waits(session):
-    """Item 6: exposed communication of the ring, from bench/attention (b),
-    and the same blocks with no communication at all from bench/blocks (p)."""
+    """Item 6: exposed communication of the ring, from bench/attention (b)
+    with the copies and without them, and the ring's blocks alone from
+    bench/blocks (p)."""
     kernels = session.args.kernels
     with_bwd = set(bwd_choices(kernels))
     header = ["kernel", "pass", "P", "order", "C", "wall ms", "b2b ms", "no-copy ms", "exposed",
-              "mark", "exposed (wall)", "kernels ms", "waits ms", "waits share", "before ms",
-              "after ms"]
+              "mark", "blocks ms", "exposed (blocks)", "exposed (wall)", "kernels ms", "waits ms",
+              "waits share", "before ms", "after ms"]
     table = Table("6", "item 6: exposed communication of the ring",
                   f"exposed <= {WAITS_MAX:.0%} of the step for C >= {WAITS_FROM_C} (marks only "
                   "there)", header,
@@ -905,17 +907,18 @@ def item_waits(session):
                   "read-back after it; b2b = the slowest rank's time per call of the same "
                   "calls enqueued one after another, one read-back after the last (a "
                   "pipeline's figure: a call's host work may overlap the call before). "
-                  "Without the copies: build/bench/blocks section (p) with the same P, C, H "
-                  "and D runs every (rank, step) block of that ring back to back on this "
-                  "device, timed as one; no-copy ms = that time (on one shared device the "
-                  "ranks' kernels take turns, so it is the ring's time with nothing moved and "
-                  "nobody waiting; until 2026-11-23 the sum of each block's time alone, "
-                  "which also counted every block's start on an idle device). "
-                  "exposed = (b2b - no-copy) / b2b, back to back against back to back: the "
-                  "copies, the ranks' waits for each other and what of the call's own work "
-                  "(agreement, ring set-up) the device waits for; the mark is on it. "
-                  "exposed (wall) = (wall - no-copy) / wall, which also counts each call's "
-                  "start on an idle device (the judge until 2026-11-23). Both are "
+                  "Without the copies: no-copy ms = b2b of the same run with --copies 0 "
+                  "(DT_LOCAL_COPIES=0: the local transport matches and completes every send "
+                  "and receive but moves no data; the calls are otherwise the same). "
+                  "exposed = (b2b - no-copy) / b2b: what the copies add to the calls, the "
+                  "exposed communication; the mark is on it (since 2026-11-27). The ring's "
+                  "blocks alone: build/bench/blocks section (p) with the same P, C, H and D "
+                  "runs every (rank, step) block of that ring back to back on this device, "
+                  "timed as one; blocks ms = that time; exposed (blocks) = (b2b - blocks) / "
+                  "b2b also counts the call's own work outside its blocks (the agreement, "
+                  "the backward's zeroing, delta pass and stores: the judge from 2026-11-23 "
+                  "to 2026-11-27), exposed (wall) = (wall - blocks) / wall also each call's "
+                  "start on an idle device (the judge until 2026-11-23). They are "
                   "below 0 where ranks' kernels ran side by side. Also shown: kernels = sum "
                   "over steps of the slowest rank's block kernels and waits = the largest "
                   "per-rank sum of the gaps between one step's kernels and the next "
@@ -938,11 +941,15 @@ def item_waits(session):
         label = k + (", persistent 2" if extra else "")
         n = len(session.commands)
         out = session.attention(k, "b", passes, extra)
+        bare = session.attention(k, "b", passes, extra + ("--copies", "0"))
         table.commands += session.commands[n:]
         if is_na(out):
-            table.add([label, passes, "-", "-", "-"] + [out] * 11, {"kernel": label, "result": out})
+            table.add([label, passes, "-", "-", "-"] + [out] * 13, {"kernel": label, "result": out})
             continue
         rows = out.get("ring", [])
+        # (pass, P, C, order) -> b2b ms without the copies
+        without = bare if is_na(bare) else \
+            {(r["pass"], r["P"], r["C"], r["order"]): r.get("b2b_ms") for r in bare.get("ring", [])}
         alone = {}   # (pass, P, C) -> {order: b2b ms} from bench/blocks (p)
         for key in sorted({(r["pass"], r["P"], r["C"], r["H"], r["D"]) for r in rows}):
             pass_, p, c, h, d = key
@@ -957,7 +964,9 @@ def item_waits(session):
                 {x["order"]: x.get("b2b_ms") for x in got_rows if x["c"] == c}
         for row in rows:
             a = alone.get((row["pass"], row["P"], row["C"]))
-            table.add(*waits_row(k, row, a, label))
+            w = without if is_na(without) else \
+                without.get((row["pass"], row["P"], row["C"], row["order"]))
+            table.add(*waits_row(k, row, a, w, label))
     return table
 
 
@@ -966,31 +975,36 @@ def optional(row, key):
     return row[key] if key in row else NA("none", f"the bench printed no {key}")
 
 
-def waits_row(kernel, row, alone, variant=None):
-    """One (b) row beside its blocks' time with no copies (a {order: ms} dict,
-    or the NA of the run that should have given it); variant: the kernel's
-    label where the runs had extra flags."""
+def waits_row(kernel, row, alone, without, variant=None):
+    """One (b) row beside the same calls' b2b time without the copies
+    (`without`: ms, or the NA of the run that should have given it) and its
+    blocks' time alone (a {order: ms} dict, or an NA); variant: the
+    kernel's label where the runs had extra flags."""
     if is_na(alone):
-        no_copy = alone
+        blocks = alone
     elif alone is None or alone.get(row["order"]) is None:
-        no_copy = NA("missing", "no bench/blocks (p) b2b time for this order")
+        blocks = NA("missing", "no bench/blocks (p) b2b time for this order")
     else:
-        no_copy = alone[row["order"]]
+        blocks = alone[row["order"]]
+    no_copy = NA("missing", "no --copies 0 time for this row") if without is None else without
     b2b = row.get("b2b_ms")
     b2b = NA("none", "bench/attention printed no back-to-back time") if b2b is None else b2b
     exposed = first_na(no_copy, b2b) or (b2b - no_copy) / b2b
-    exposed_wall = first_na(no_copy) or (row["wall_ms"] - no_copy) / row["wall_ms"]
+    exposed_blocks = first_na(blocks, b2b) or (b2b - blocks) / b2b
+    exposed_wall = first_na(blocks) or (row["wall_ms"] - blocks) / row["wall_ms"]
     m = mark(exposed, lambda x: x <= WAITS_MAX) if row["C"] >= WAITS_FROM_C else "-"
     step = row["steps_crit_ms"] + row["waits_max_ms"]
     share = row["waits_max_ms"] / step if step > 0 else NA("no step time")
     label = variant if variant and variant != kernel else kernel_label(kernel, row["pass"])
     cells = [label, row["pass"], str(row["P"]), row["order"], str(row["C"]),
              (row["wall_ms"], ".3f"), (b2b, ".3f"), (no_copy, ".3f"), (exposed, ".1%"), m,
-             (exposed_wall, ".1%"), (row["steps_crit_ms"], ".3f"), (row["waits_max_ms"], ".3f"),
+             (blocks, ".3f"), (exposed_blocks, ".1%"), (exposed_wall, ".1%"),
+             (row["steps_crit_ms"], ".3f"), (row["waits_max_ms"], ".3f"),
              (share, ".1%"), (optional(row, "before_max_ms"), ".3f"),
              (optional(row, "after_max_ms"), ".3f")]
     data = dict(row, kernel=kernel, label=label, no_copy_ms=no_copy, exposed=exposed,
-                exposed_wall=exposed_wall, waits_share=share, mark=m)
+                blocks_ms=blocks, exposed_blocks=exposed_blocks, exposed_wall=exposed_wall,
+                waits_share=share, mark=m)
     return cells, data
 
 

@@ -58,6 +58,12 @@ typedef struct dt_comm_config {
     long timeout_ms;          /* bound on every wait */
     dt_log_level log_level;   /* DT_LOG */
     int check;                /* DT_CHECK: verify cross-rank agreement before each call */
+    /* DT_LOCAL_COPIES=0: the local transport's sends and receives match,
+     * check and complete as ever but move no data (a receive's buffer
+     * keeps what it held): a ring's time without its copies, for
+     * benchmarks; every result that depends on a transfer is then wrong.
+     * 0 (the default) moves the data. The other transports ignore it. */
+    int skip_copies;
 } dt_comm_config;
 
 /* Where a rank's communication buffers live and how a transport moves and

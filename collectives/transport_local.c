@@ -279,6 +279,11 @@ dt_status dt_local_world_create(int size, const dt_comm_config *cfg, dt_local_wo
     if (!w) return dt_error(DT_ERR_OUT_OF_MEMORY, "local world: out of memory");
     w->size = size;
     w->cfg = *cfg;
+    static int warned;   /* once a process */
+    if (cfg->skip_copies && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        dt_log_write(cfg->log_level, -1, DT_LOG_WARN, "DT_LOCAL_COPIES=0: the local transport's "
+                     "sends and receives move no data (a benchmark's mode: results that depend "
+                     "on them are wrong)");
     pthread_condattr_t ca;
     int ok_mu = pthread_mutex_init(&w->mu, NULL) == 0;
     int ok_cv = pthread_condattr_init(&ca) == 0 &&
@@ -819,7 +824,7 @@ static dt_status local_p2p_wait(dt_comm *c) {
         pthread_mutex_unlock(&w->mu);
         size_t bytes = op->count * dt_dtype_size(op->dtype);
         dt_status copied = DT_SUCCESS;
-        if (bytes && op->buf != src->buf)
+        if (bytes && op->buf != src->buf && !w->cfg.skip_copies)
             copied = c->mem.ops->copy(c->mem.arg, op->buf, src->buf, bytes, me->p2p_ready,
                                       src_ready);
         pthread_mutex_lock(&w->mu);

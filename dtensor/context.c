@@ -373,6 +373,12 @@ static dt_status resolve_config(int world, const dt_launch_options *opts, launch
             cfg->comm.timeout_ms = ms;
         }
     }
+    const char *copies = getenv("DT_LOCAL_COPIES");
+    if (copies && *copies) {
+        if (strcmp(copies, "0") != 0 && strcmp(copies, "1") != 0)
+            return dt_error(DT_ERR_INVALID_ARGUMENT, "DT_LOCAL_COPIES=%s is not 0 or 1", copies);
+        cfg->comm.skip_copies = copies[0] == '0';
+    }
     const char *tf32 = getenv("DT_TF32");
     if (tf32 && *tf32) {
         if (strcmp(tf32, "0") != 0 && strcmp(tf32, "1") != 0)

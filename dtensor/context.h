@@ -25,6 +25,10 @@
  *   DT_CHECK        0 | 1: before every collective call, check that all ranks
  *                   agree on op, dtype, shape, Layout and call number (one
  *                   small all_gather per call; default 1 in DEBUG builds)
+ *   DT_LOCAL_COPIES 1 | 0: 0 makes the local transport's point-to-point
+ *                   transfers move no data (benchmarks only: a ring's time
+ *                   without its copies; results that depend on them are
+ *                   wrong; a warning says so); default 1
  * and the launcher's (see dtensor/launch_env.h): OMPI_COMM_WORLD_RANK/SIZE
  * (Open MPI), PMI_RANK/PMI_SIZE (MPICH), PMIX_RANK, or torchrun's RANK,
  * WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. With

@@ -162,7 +162,18 @@ static void test_quick_backward_alone(void **state) {
     rc = run_bench(args, &out);
     ok = rc == 0 && strstr(out, "\"passes\": [\"bwd\"]") && !strstr(out, "\"pass\": \"fwd\"") &&
          count(out, "\"pass\": \"bwd\"") > 0 && strstr(out, "\"complete\": true\n}") &&
-         no_nonfinite(out);
+         no_nonfinite(out) && strstr(out, "\"copies\": true");
+    if (!ok) show(args, out);
+    free(out);
+    assert_int_equal(rc, 0);
+    assert_true(ok);
+
+    /* Without the copies (DT_LOCAL_COPIES=0): the same ring, timed; the
+     * configuration says so. */
+    args = "--quick --pass bwd --json --section b --copies 0";
+    rc = run_bench(args, &out);
+    ok = rc == 0 && strstr(out, "\"copies\": false") && count(out, "\"b2b_ms\": ") > 0 &&
+         strstr(out, "\"complete\": true\n}");
     if (!ok) show(args, out);
     free(out);
     assert_int_equal(rc, 0);
@@ -634,7 +645,8 @@ static void test_issue8_quick(void **state) {
     ok = steps && sscanf(steps, "\n- steps: %d ok%n", &n, &len) == 1 && n > 0 &&
          steps[len] == '\n' && strstr(out, "| n/a: --no-torch |") &&
          strstr(out, "- torch: not run (--no-torch)\n") && !strstr(out, "Traceback") &&
-         strstr(out, "| wall ms | b2b ms | no-copy ms | exposed | mark | exposed (wall) |");
+         strstr(out, "| wall ms | b2b ms | no-copy ms | exposed | mark | blocks ms | "
+                     "exposed (blocks) | exposed (wall) |");
     if (!ok) print_error("python3 %s (rc %d) printed:\n%s\n", args, rc, out);
     free(out);
     assert_int_equal(rc, 0);
@@ -875,6 +887,7 @@ int main(int argc, char **argv) {
         {"", "--section d", "--section takes letters a, b, c"},
         {"", "--section ,", "--section names no section"},
         {"", "--iters 0", "--iters takes an integer"},
+        {"", "--copies 2", "--copies takes an integer"},
         {"", "--frobnicate", "unknown flag '--frobnicate'"},
     };
     struct CMUnitTest tests[32];

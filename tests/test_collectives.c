@@ -450,6 +450,52 @@ static void test_mismatched_send_recv(void **state) {
                       "rank 0 sends 4 fp32 to rank 1");
 }
 
+/* DT_LOCAL_COPIES=0 (benchmarks: a ring's time without its copies): the
+ * sends and receives still match and complete, a receive's buffer keeps
+ * what it held, collectives still move their data, and a mismatch still
+ * fails both ends; DT_LOCAL_COPIES=1 moves the data; anything else is
+ * refused by dt_launch. */
+static dt_status rank_no_copies(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx);
+    const int skip = !strcmp(getenv("DT_LOCAL_COPIES"), "0");
+    float a[4] = {1, 2, 3, 4}, x[4] = {-1, -1, -1, -1}, g[4 * MAXP];
+    const float *want = skip ? (const float[4]){-1, -1, -1, -1} : a;
+    dt_p2p_op op = r == 0 ? (dt_p2p_op){DT_P2P_SEND, 1, a, 4, DT_F32}
+                          : (dt_p2p_op){DT_P2P_RECV, 0, x, 4, DT_F32};
+    dt_status st = dt_comm_sendrecv(dt_context_comm(ctx), &op, 1);
+    if (st == DT_SUCCESS && r == 1 && memcmp(x, want, sizeof x)) c->bad[r]++;
+    const float mine[4] = {(float)r, 0, 0, 0};
+    if (st == DT_SUCCESS) st = dt_comm_all_gather(dt_context_comm(ctx), mine, g, 4, DT_F32);
+    for (int q = 0; st == DT_SUCCESS && q < c->p; q++)
+        if (g[4 * q] != (float)q) c->bad[r]++;
+    record(c, r, st);
+    return st;
+}
+
+static void test_local_copies_off(void **state) {
+    (void)state;
+    const char *old = getenv("DT_LOCAL_COPIES");
+    char saved[8] = "";
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    for (int skip = 0; skip < 2; skip++) {
+        setenv("DT_LOCAL_COPIES", skip ? "0" : "1", 1);
+        coll_case c = {.p = 2};
+        assert_int_equal(launch(&c, rank_no_copies, 10000), DT_SUCCESS);
+        assert_all_ok(&c);
+        coll_case m = {.p = 2};
+        assert_int_equal(launch(&m, rank_wrong_size, 5000), DT_ERR_MISMATCH);
+        assert_every_rank(&m, DT_ERR_MISMATCH, "rank 1 receives 5 fp32 from rank 0",
+                          "rank 0 sends 4 fp32 to rank 1");
+    }
+    setenv("DT_LOCAL_COPIES", "no", 1);
+    coll_case c = {.p = 2};
+    assert_int_equal(launch(&c, rank_no_copies, 10000), DT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dt_last_error(), "DT_LOCAL_COPIES=no is not 0 or 1"));
+    if (old) setenv("DT_LOCAL_COPIES", saved, 1);
+    else unsetenv("DT_LOCAL_COPIES");
+}
+
 /* ------------------------------------------------------------- failures */
 
 static double now_ms(void) {
@@ -801,6 +847,7 @@ int main(void) {
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_sendrecv_alltoall),
         cmocka_unit_test(test_sendrecv_ordered_across_groups),
+        cmocka_unit_test(test_local_copies_off),
         cmocka_unit_test(test_mismatched_collectives),
         cmocka_unit_test(test_mismatched_send_recv),
         cmocka_unit_test(test_failures_do_not_hang),
