@@ -23,8 +23,9 @@
  * operations and numbers every send and receive per pair of ranks; in
  * dt_comm_p2p_wait a receiver finds the send with its number in the peer's
  * published array, checks size and dtype (a disagreement fails both with
- * DT_ERR_MISMATCH), copies, and marks it consumed; a sender returns once all
- * its sends are consumed, so its buffers are then free again.
+ * DT_ERR_MISMATCH), copies (not with dt_comm_config.skip_copies, a
+ * benchmark's DT_LOCAL_COPIES=0), and marks it consumed; a sender returns
+ * once all its sends are consumed, so its buffers are then free again.
  *
  * Invariants: a rank is never more than one collective ahead of a peer on a
  * group (departure); a published p2p array stays valid until all its sends
