@@ -13,7 +13,9 @@
 #   BUDGET_SECONDS  the whole run (default 480). The suites and the
 #                   sanitizers take about 40 s on an H200, the canaries a
 #                   few, issue 4 (c) about 15 s thrice, --profile about 45 s,
-#                   issue8.py about 270 s (its later steps are skipped when
+#                   issue8.py about 300 s (an estimate: 241 s on 0de56cb,
+#                   since then item 5's and 6's traces and item 6's runs
+#                   without the copies; its later steps are skipped when
 #                   the budget runs out). Give the device call a timeout_s
 #                   of the budget plus 20: with a machine's start, about
 #                   9 of the session's 15 minutes, leaving room for a
@@ -41,7 +43,7 @@
 # 540 s, a call of its own).
 set -u
 
-usage() { sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; }
 dry=0
 profile=0
 budget=480
