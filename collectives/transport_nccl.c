@@ -53,6 +53,7 @@
  */
 #include "transport_nccl.h"
 #include "idle_clock.h"
+#include "../dtensor/backoff.h"
 #include "../dtensor/trace.h"
 
 #include <cuda_runtime_api.h>
@@ -342,14 +343,8 @@ static long waited_ms(dt_nccl_world *w, int64_t t0, int teardown) {
     return (long)d;
 }
 
-static void backoff(unsigned spin) {
-    if (spin < 200) {
-        sched_yield();
-    } else {
-        struct timespec ts = {0, 50000};
-        nanosleep(&ts, NULL);
-    }
-}
+/* Between two polls: 200 yields, then 20 us sleeps (backoff.h). */
+static void backoff(unsigned spin) { dt_backoff(spin, 200, 20); }
 
 /* Polls until `nc` has settled (no ncclInProgress) and, if ev is given, ev
  * has completed. Every pass checks the async error and the world's abort

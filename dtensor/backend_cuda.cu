@@ -36,6 +36,7 @@
  * Test: tests/test_cuda.c (make test; skipped without a GPU).
  */
 #include "backend_cuda.h"
+#include "backoff.h"
 #include "cuda_launch.cuh"
 
 #include <cublas_v2.h>
@@ -201,7 +202,8 @@ long elapsed_ms(const struct timespec *t0) {
 
 /* Polls query() (cudaStreamQuery or cudaEventQuery, named by `call`) until
  * it reports completion; bounded by the timeout. Short waits spin
- * (yielding), long ones sleep 20 us per poll and also ask the abort poll:
+ * (yielding), long ones sleep 20 us per poll (dt_backoff, with the timer
+ * slack that makes that about 20) and also ask the abort poll:
  * work queued behind an NCCL kernel whose peer failed only finishes once
  * the communicator is aborted, so the wait returns DT_ERR_PEER_FAILED then
  * instead of running out the timeout. `what` names the work for messages. */
@@ -230,19 +232,13 @@ dt_status poll_until(const dt_backend *b, const char *op, const char *call, cons
             mark_failed(im);
             return st;
         }
-        if (spin < 200) {
-            sched_yield();
-        } else {
-            /* Not marked failed: once the communicators are aborted the
-             * stream drains, and later waits (context teardown) succeed. */
-            if (im->abort_poll && spin % 16 == 0 && im->abort_poll(im->abort_arg))
-                return dt_error(DT_ERR_PEER_FAILED,
-                                "rank %d: cuda %s: stopped waiting for %s on device %d: the "
-                                "world was aborted (a rank failed)", b->rank, op, what,
-                                im->device);
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
-        }
+        /* Not marked failed: once the communicators are aborted the
+         * stream drains, and later waits (context teardown) succeed. */
+        if (spin >= 200 && im->abort_poll && spin % 16 == 0 && im->abort_poll(im->abort_arg))
+            return dt_error(DT_ERR_PEER_FAILED,
+                            "rank %d: cuda %s: stopped waiting for %s on device %d: the "
+                            "world was aborted (a rank failed)", b->rank, op, what, im->device);
+        dt_backoff(spin, 200, 20);
     }
 }
 

@@ -14,9 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "collectives/comm.h"
 #include "collectives/idle_clock.h"
+#include "dtensor/backoff.h"
 #include "collectives/transport_local.h"
 #include "dtensor/context.h"
 
@@ -646,6 +650,33 @@ static void test_bad_arguments(void **state) {
 /* The NCCL transport's teardown clock (pure; the transport itself needs
  * GPUs): a teardown wait counts only while every rank of the process is in
  * a teardown, from the later of its own start and the last arrival. */
+/* dt_backoff: a poll past `spins` sleeps at least `us`, and the thread's
+ * timer slack is what it was before (lowered for the sleep only); one
+ * before `spins` only yields. */
+static double backoff_us(unsigned spin) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    dt_backoff(spin, 200, 20);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) / 1e3;
+}
+
+static void test_backoff(void **state) {
+    (void)state;
+#ifdef __linux__
+    const int saved = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    assert_true(saved > 0);
+    assert_int_equal(prctl(PR_SET_TIMERSLACK, 50000UL, 0, 0, 0), 0);
+    for (int i = 0; i < 20; i++) assert_true(backoff_us(200) >= 20.0);
+    assert_int_equal(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0), 50000);
+    backoff_us(0);
+    assert_int_equal(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0), 50000);
+    assert_int_equal(prctl(PR_SET_TIMERSLACK, (unsigned long)saved, 0, 0, 0), 0);
+#else
+    for (int i = 0; i < 20; i++) assert_true(backoff_us(200) >= 20.0);
+#endif
+}
+
 static void test_idle_clock(void **state) {
     (void)state;
     dt_idle_clock k;
@@ -839,6 +870,7 @@ static void test_departure_outlasts_arrival(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idle_clock),
+        cmocka_unit_test(test_backoff),
         cmocka_unit_test(test_all_reduce),
         cmocka_unit_test(test_all_reduce_same_bits_on_every_rank),
         cmocka_unit_test(test_all_gather_reduce_scatter),
