@@ -170,7 +170,7 @@ static dt_status bwd_ring_home(bwd_ring *r, const attn_plan *p, const bwd_worksp
 /* Rows [r0, r1) of src(P-1)'s finished dK|dV, the fp32 `sums` plus `loc`
  * (NULL: the sums alone), rounded into the stage beside the kernels after
  * it; their hop home follows it (backend.h, add_beside). */
-static dt_status bwd_round_rows(const attn_plan *p, const bwd_workspace *w, bwd_ring *r,
+static dt_status bwd_round_rows(const attn_plan *p, const bwd_workspace *w, const bwd_ring *r,
                                 const float *sums, const float *loc, int64_t r0, int64_t r1) {
     dt_backend *be = p->ctx->backend;
     const size_t row = (size_t)(p->hkv * p->D), es = dt_dtype_size(p->dtype);
@@ -190,7 +190,8 @@ static dt_status bwd_store(const attn_plan *p, const bwd_workspace *w, const flo
     const size_t n = (size_t)dt_tensor_local_numel(dk);
     dt_backend *be = p->ctx->backend;
     DT_TRY(p->kern->store(be, p->dtype, n, home, dt_tensor_data(dk)));
-    return p->kern->store(be, p->dtype, n, home + w->grad_bytes / sizeof(float), dt_tensor_data(dv));
+    return p->kern->store(be, p->dtype, n, home + w->grad_bytes / sizeof(float),
+                          dt_tensor_data(dv));
 }
 
 dt_status dt_attention_backward_workspace_size(const dt_tensor *q, const dt_tensor *k,

@@ -205,14 +205,22 @@ out:
     return st;
 }
 
+/* The arguments of the elementwise ops (y NULL allowed or not). */
+static dt_status dt_cpu_elementwise_args(const char *what, dt_dtype dtype, int64_t n,
+                                         const void *x, const void *y, int y_optional,
+                                         const void *out) {
+    DT_TRY(dt_check_float_dtype(what, dtype));
+    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu %s: negative count %" PRId64, what, n);
+    if (n > 0 && (x == NULL || (y == NULL && !y_optional) || out == NULL))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu %s: NULL buffer", what);
+    return DT_SUCCESS;
+}
+
 static dt_status dt_cpu_add(dt_backend *b, dt_dtype dtype, int64_t n, const void *x,
                             const void *y, void *out) {
     (void)b;
-    DT_TRY(dt_check_float_dtype("add", dtype));
-    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu add: negative count %" PRId64, n);
+    DT_TRY(dt_cpu_elementwise_args("add", dtype, n, x, y, 0, out));
     if (n == 0) return DT_SUCCESS;
-    if (x == NULL || y == NULL || out == NULL)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu add: NULL buffer");
     dt_add_n(dtype, out, x, y, n);
     return DT_SUCCESS;
 }
@@ -221,11 +229,8 @@ static dt_status dt_cpu_add(dt_backend *b, dt_dtype dtype, int64_t n, const void
 static dt_status dt_cpu_add_beside(dt_backend *b, dt_dtype dtype, int64_t n, const float *x,
                                    const float *y, void *out) {
     (void)b;
-    DT_TRY(dt_check_float_dtype("add beside", dtype));
-    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu add beside: negative count %" PRId64, n);
+    DT_TRY(dt_cpu_elementwise_args("add beside", dtype, n, x, y, 1, out));
     if (n == 0) return DT_SUCCESS;
-    if (x == NULL || out == NULL)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu add beside: NULL buffer");
     if (dtype == DT_F32 && y) {
         dt_add_n(DT_F32, out, x, y, n);
         return DT_SUCCESS;
@@ -337,12 +342,10 @@ static void dt_gelu_block(const float *x, float *y, dt_gelu_approx approx) {
 static dt_status dt_cpu_gelu(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, void *out,
                              dt_gelu_approx approx) {
     (void)b;
-    DT_TRY(dt_check_float_dtype("gelu", dtype));
     if ((int)approx < 0 || approx >= DT_GELU_APPROX_COUNT)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu gelu: unknown approximation %d", (int)approx);
-    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu gelu: negative count %" PRId64, n);
+    DT_TRY(dt_cpu_elementwise_args("gelu", dtype, n, x, NULL, 1, out));
     if (n == 0) return DT_SUCCESS;
-    if (x == NULL || out == NULL) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu gelu: NULL buffer");
     float xb[DT_GELU_BLOCK], yb[DT_GELU_BLOCK];
     for (int64_t i = 0; i < n; i += DT_GELU_BLOCK) {
         const int64_t m = n - i < DT_GELU_BLOCK ? n - i : DT_GELU_BLOCK;
