@@ -20,8 +20,8 @@
 
 #include "collectives/comm.h"
 #include "collectives/idle_clock.h"
-#include "dtensor/backoff.h"
 #include "collectives/transport_local.h"
+#include "dtensor/backoff.h"
 #include "dtensor/context.h"
 
 #define MAXP 8
@@ -647,9 +647,6 @@ static void test_bad_arguments(void **state) {
     }
 }
 
-/* The NCCL transport's teardown clock (pure; the transport itself needs
- * GPUs): a teardown wait counts only while every rank of the process is in
- * a teardown, from the later of its own start and the last arrival. */
 /* dt_backoff: a poll past `spins` sleeps at least `us`, and the thread's
  * timer slack is what it was before (lowered for the sleep only); one
  * before `spins` only yields. */
@@ -677,6 +674,9 @@ static void test_backoff(void **state) {
 #endif
 }
 
+/* The NCCL transport's teardown clock (pure; the transport itself needs
+ * GPUs): a teardown wait counts only while every rank of the process is in
+ * a teardown, from the later of its own start and the last arrival. */
 static void test_idle_clock(void **state) {
     (void)state;
     dt_idle_clock k;
