@@ -81,6 +81,9 @@ LIB_SO := $(BUILD)/lib/libdtensor.so
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRCS))
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+# `make install` into the build tree, for tests/test_docs.c (see install).
+STAGE    := $(abspath $(BUILD))/stage
+STAGE_PC := $(STAGE)/lib/pkgconfig/dtensor.pc
 
 # Headers that `make install` leaves out: the ones named here, and any whose
 # first comment line says PRIVATE. Recursive (=) so the greps run only for
@@ -373,11 +376,11 @@ else
 tests: $(TESTS)
 # run_tests.sh runs every DIR/test_*: first drop binaries whose source is gone.
 STALE_TESTS = $(filter-out $(TESTS),$(wildcard $(BUILD)/tests/test_*))
-test: $(TESTS) $(EXAMPLES) $(BENCHES)
+test: $(TESTS) $(EXAMPLES) $(BENCHES) $(STAGE_PC)
 	@mkdir -p $(BUILD)/tests
 	$(if $(STALE_TESTS),rm -f $(STALE_TESTS))
 	$(if $(EMU_ON),DT_TEST_TIMEOUT=$${DT_TEST_TIMEOUT:-1200} DT_EMU_DEVICES=$${DT_EMU_DEVICES:-4}) MPIRUN='$(MPIRUN)' \
-	    bash tests/run_tests.sh $(BUILD)/tests
+	    $(DOCS_ENV) bash tests/run_tests.sh $(BUILD)/tests
 
 # valgrind memcheck over every test binary (the MPI suite excepted): no
 # invalid access and no definite or indirect leak, else the test fails.
@@ -389,9 +392,9 @@ test: $(TESTS) $(EXAMPLES) $(BENCHES)
 # Use a CPU-only build (make CUDA=0 MPI=0 valgrind): the CUDA runtime's and
 # Open MPI's dlopen paths trip valgrind false positives inside glibc.
 VALGRIND_CMD = valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect
-valgrind: $(TESTS) $(EXAMPLES) $(BENCHES)
+valgrind: $(TESTS) $(EXAMPLES) $(BENCHES) $(STAGE_PC)
 	DT_TEST_QUICK=1 DT_TEST_TIMEOUT=3600 DT_TIMEOUT_MS=$${DT_TIMEOUT_MS:-600000} DT_TEST_WRAPPER='$(VALGRIND_CMD)' \
-	    MPIRUN='$(MPIRUN)' bash tests/run_tests.sh $(BUILD)/tests
+	    MPIRUN='$(MPIRUN)' $(DOCS_ENV) bash tests/run_tests.sh $(BUILD)/tests
 endif
 
 run: $(BUILD)/examples/striped_attention
@@ -505,27 +508,37 @@ endif
 # Headers keep their subdirectory (public headers include each other as
 # "../collectives/comm.h"): $(PREFIX)/include/dtensor/{dtensor,collectives,attention}/.
 # Each installed header is then compiled alone, as a user would include it.
-INC_DIR = $(DESTDIR)$(PREFIX)/include/dtensor
 # What a static link needs besides libdtensor.a: the libraries this build
 # found (OpenBLAS, and CUDA, NCCL, MPI when built in) with their -L / rpath.
 PC_LIBS_PRIVATE = $(filter -L% -Wl%,$(DT_LDFLAGS)) $(DT_LDLIBS)
-LIB_DIR = $(DESTDIR)$(PREFIX)/lib
-install: $(LIB_A) $(LIB_SO)
-	install -d $(LIB_DIR)/pkgconfig
-	install -m 644 $(LIB_A) $(LIB_DIR)/
-	install -m 755 $(LIB_SO) $(LIB_DIR)/
+# $(call install_into,ROOT,PREFIX): the files under ROOT, dtensor.pc naming PREFIX.
+define install_into
+	install -d $(1)/lib/pkgconfig
+	install -m 644 $(LIB_A) $(1)/lib/
+	install -m 755 $(LIB_SO) $(1)/lib/
 	@for h in $(PUBLIC_HEADERS); do \
-	    echo "install -D -m 644 $$h $(INC_DIR)/$$h"; \
-	    install -D -m 644 $$h $(INC_DIR)/$$h || exit 1; \
+	    echo "install -D -m 644 $$h $(1)/include/dtensor/$$h"; \
+	    install -D -m 644 $$h $(1)/include/dtensor/$$h || exit 1; \
 	done
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
-	    -e 's|@LIBS_PRIVATE@|$(PC_LIBS_PRIVATE)|g' dtensor.pc.in >$(LIB_DIR)/pkgconfig/dtensor.pc
+	sed -e 's|@PREFIX@|$(2)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	    -e 's|@LIBS_PRIVATE@|$(PC_LIBS_PRIVATE)|g' dtensor.pc.in >$(1)/lib/pkgconfig/dtensor.pc
 	@for h in $(PUBLIC_HEADERS); do \
 	    printf '$(H)include "%s"\nint dt_header_check;\n' $$h | \
-	    $(CC) -std=c11 -Wall -Wextra -Werror -fsyntax-only -I$(INC_DIR) -x c - || \
+	    $(CC) -std=c11 -Wall -Wextra -Werror -fsyntax-only -I$(1)/include/dtensor -x c - || \
 	    { echo "error: installed header $$h does not compile on its own" >&2; exit 1; }; \
 	done
-	@echo "installed $(words $(PUBLIC_HEADERS)) headers, libdtensor.{a,so}, dtensor.pc under $(DESTDIR)$(PREFIX)"
+	@echo "installed $(words $(PUBLIC_HEADERS)) headers, libdtensor.{a,so}, dtensor.pc under $(1)"
+endef
+install: $(LIB_A) $(LIB_SO)
+	$(call install_into,$(DESTDIR)$(PREFIX),$(PREFIX))
+
+# What `make install` gives a user, under $(BUILD)/stage for tests/test_docs.c
+# (README.md's program built against it with pkg-config); make test makes it.
+$(STAGE_PC): $(LIB_A) $(LIB_SO) $(ALL_HEADERS) dtensor.pc.in
+	@rm -rf $(STAGE)
+	$(call install_into,$(STAGE),$(STAGE))
+# The environment test_docs reads: the stage, and how to compile against it.
+DOCS_ENV = DT_DOCS_STAGE='$(STAGE)' DT_DOCS_CC='$(CC)' DT_DOCS_CFLAGS='$(SAN_FLAGS)'
 
 clean:
 	rm -rf build build-*

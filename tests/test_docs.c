@@ -1,0 +1,515 @@
+/* tests/test_docs.c — the docs show what the code does.
+ *
+ * - docs/TUTORIAL.md says its code excerpts are taken from the sources: each
+ *   ```c block must be a run of consecutive lines of one file under
+ *   examples/, dtensor/, collectives/ or attention/ (indentation and
+ *   trailing blanks aside), so an excerpt goes stale as a failure here, not
+ *   as a tutorial that teaches code that no longer exists.
+ * - docs/RELIABILITY.md backs each guarantee with tests by name: each is
+ *   a test of the suite it names. Two of its guarantees are about the code
+ *   itself, and are read there: the library calls nothing that ends the
+ *   process (abort, exit, assert) or waits without a deadline
+ *   (pthread_cond_wait, cudaStreamSynchronize, a blocking MPI call, ...).
+ * - docs/API.md documents what a user gets: every dt_* / DT_* name in it is
+ *   in a header that `make install` installs, or is an environment variable
+ *   the library reads (a string literal of its sources: getenv("DT_LOG")).
+ *   Internal names stay out of the reference.
+ * - README.md's first program, built as its text says a user builds it: the
+ *   build's compiler with -Wall -Wextra -Werror and `pkg-config --cflags
+ *   --libs dtensor` against what `make install` puts under a prefix, then
+ *   run (exit 0: it shards a tensor over 4 ranks and gathers it back).
+ *
+ * Run from the repository root (make test does). The last two read the
+ * prefix that make test installs into (BUILD/stage, $DT_DOCS_STAGE, with
+ * $DT_DOCS_CC and $DT_DOCS_CFLAGS: how the build compiles) and skip, with
+ * the reason, without it or without pkg-config.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <ctype.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* ------------------------------------------------------------ text helpers */
+
+/* The whole file as a NUL-terminated string (malloc'd), or NULL. */
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, len = 0, n;
+    char *s = malloc(cap);
+    while (s && (n = fread(s + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len < 4096) {
+            char *t = realloc(s, cap * 2);
+            if (!t) {
+                free(s);
+                s = NULL;
+                break;
+            }
+            s = t;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (s) s[len] = '\0';
+    return s;
+}
+
+/* Lines of a text with their leading and trailing blanks cut: the text is
+ * changed in place and line[i] points into it. */
+typedef struct lines {
+    char **line;
+    int n;
+} lines;
+
+static lines split_trimmed(char *text) {
+    lines l = {NULL, 0};
+    int cap = 0;
+    for (char *p = text; p && *p;) {
+        char *end = strchr(p, '\n');
+        char *next = end ? end + 1 : NULL;
+        if (!end) end = p + strlen(p);
+        while (end > p && isspace((unsigned char)end[-1])) end--;
+        *end = '\0';
+        while (isspace((unsigned char)*p)) p++;
+        if (l.n == cap) {
+            cap = cap ? 2 * cap : 256;
+            char **t = realloc(l.line, (size_t)cap * sizeof *t);
+            assert_non_null(t);
+            l.line = t;
+        }
+        l.line[l.n++] = p;
+        p = next;
+    }
+    return l;
+}
+
+/* The body of the k-th ```lang block of a Markdown text (malloc'd; its
+ * first line in *at, 1-based), or NULL when it has fewer. */
+static char *md_block(const char *md, const char *lang, int k, int *at) {
+    char fence[32];
+    snprintf(fence, sizeof fence, "```%s\n", lang);
+    const char *p = md;
+    for (int i = 0;; i++) {
+        p = strstr(p, fence);
+        while (p && p != md && p[-1] != '\n') p = strstr(p + 1, fence);
+        if (!p) return NULL;
+        const char *body = p + strlen(fence), *end = strstr(body, "\n```");
+        if (!end) return NULL;
+        if (i == k) {
+            int line = 2;
+            for (const char *q = md; q < body - 1; q++) line += *q == '\n';
+            *at = line;
+            size_t n = (size_t)(end - body) + 1;
+            char *s = malloc(n + 1);
+            assert_non_null(s);
+            memcpy(s, body, n);
+            s[n] = '\0';
+            return s;
+        }
+        p = end + 4;
+    }
+}
+
+/* ------------------------------------------------- TUTORIAL.md's excerpts */
+
+typedef struct source {
+    char path[512];
+    char *raw;    /* the file */
+    char *text;   /* the same, cut into l */
+    lines l;
+} source;
+
+static void free_sources(source *src, int n) {
+    for (int s = 0; s < n; s++) {
+        free(src[s].l.line);
+        free(src[s].text);
+        free(src[s].raw);
+    }
+}
+
+/* Every .c, .h, .cu and .cuh file of the dirs (into src, at most cap). */
+static int load_sources(const char *const *dirs, int ndirs, source *src, int cap) {
+    int n = 0;
+    for (int d = 0; d < ndirs; d++) {
+        DIR *dir = opendir(dirs[d]);
+        assert_non_null(dir);
+        struct dirent *e;
+        while ((e = readdir(dir)) != NULL) {
+            const char *dot = strrchr(e->d_name, '.');
+            if (!dot || (strcmp(dot, ".c") && strcmp(dot, ".h") && strcmp(dot, ".cu") &&
+                         strcmp(dot, ".cuh")))
+                continue;
+            assert_true(n < cap);
+            snprintf(src[n].path, sizeof src[n].path, "%s/%s", dirs[d], e->d_name);
+            src[n].raw = read_text(src[n].path);
+            src[n].text = read_text(src[n].path);
+            assert_non_null(src[n].raw);
+            assert_non_null(src[n].text);
+            src[n].l = split_trimmed(src[n].text);
+            n++;
+        }
+        closedir(dir);
+    }
+    return n;
+}
+
+/* The most leading lines of ex that some run of consecutive lines of the
+ * sources matches (ex->n when one matches all), and its file in *where. */
+static int best_match(const lines *ex, const source *src, int nsrc, const char **where) {
+    int best = 0;
+    *where = NULL;
+    for (int s = 0; s < nsrc; s++)
+        for (int i = 0; i < src[s].l.n; i++) {
+            int j = 0;
+            while (j < ex->n && i + j < src[s].l.n && strcmp(ex->line[j], src[s].l.line[i + j]) == 0)
+                j++;
+            if (j > best) {
+                best = j;
+                *where = src[s].path;
+            }
+        }
+    return best;
+}
+
+static void test_tutorial_excerpts(void **state) {
+    (void)state;
+    const char *const dirs[] = {"examples", "dtensor", "collectives", "attention"};
+    static source src[512];
+    const int nsrc = load_sources(dirs, 4, src, 512);
+    char *md = read_text("docs/TUTORIAL.md");
+    assert_non_null(md);
+    int blocks = 0, stale = 0, at = 0;
+    for (char *body; (body = md_block(md, "c", blocks, &at)) != NULL; blocks++) {
+        lines ex = split_trimmed(body);
+        while (ex.n > 0 && ex.line[ex.n - 1][0] == '\0') ex.n--;   /* the block's last newline */
+        const char *where;
+        const int got = best_match(&ex, src, nsrc, &where);
+        if (got < ex.n) {
+            stale++;
+            print_error("docs/TUTORIAL.md:%d: the excerpt's line %d is not in the sources: "
+                        "\"%s\"%s%s%s\n",
+                        at + got, got + 1, ex.line[got], where ? " (its lines before it are in " : "",
+                        where ? where : "", where ? ")" : "");
+        }
+        free(ex.line);
+        free(body);
+    }
+    print_message("%d excerpts checked against %d source files\n", blocks, nsrc);
+    free(md);
+    free_sources(src, nsrc);
+    assert_true(blocks >= 5);   /* the tutorial shows code: a broken fence finds none */
+    assert_int_equal(stale, 0);
+}
+
+/* ------------------------------------------------ what make install gives */
+
+/* The prefix make test installed into, or skip with the reason. */
+static const char *require_stage(void) {
+    const char *stage = getenv("DT_DOCS_STAGE");
+    char pc[4096];
+    if (!stage || !*stage) {
+        print_message("skipped: DT_DOCS_STAGE is not set (make test installs the library under "
+                      "BUILD/stage and sets it)\n");
+        skip();
+    }
+    snprintf(pc, sizeof pc, "%s/lib/pkgconfig/dtensor.pc", stage);
+    if (access(pc, R_OK) != 0) {
+        print_message("skipped: %s is missing (run make test)\n", pc);
+        skip();
+    }
+    return stage;
+}
+
+/* Whether name occurs in text as a whole identifier. */
+static int has_word(const char *text, const char *name) {
+    const size_t n = strlen(name);
+    for (const char *p = strstr(text, name); p; p = strstr(p + 1, name)) {
+        const int before = p > text && (isalnum((unsigned char)p[-1]) || p[-1] == '_');
+        const int after = isalnum((unsigned char)p[n]) || p[n] == '_';
+        if (!before && !after) return 1;
+    }
+    return 0;
+}
+
+static void test_api_names_installed(void **state) {
+    (void)state;
+    const char *stage = require_stage();
+    /* The installed headers, one text. */
+    const char *const sub[] = {"dtensor", "collectives", "attention"};
+    size_t cap = 1 << 20, len = 0;
+    char *headers = malloc(cap);
+    assert_non_null(headers);
+    headers[0] = '\0';
+    int nh = 0;
+    for (int d = 0; d < 3; d++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/include/dtensor/%s", stage, sub[d]);
+        DIR *dp = opendir(dir);
+        assert_non_null(dp);
+        struct dirent *e;
+        while ((e = readdir(dp)) != NULL) {
+            const char *dot = strrchr(e->d_name, '.');
+            if (!dot || strcmp(dot, ".h")) continue;
+            char path[8192];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            char *t = read_text(path);
+            assert_non_null(t);
+            const size_t n = strlen(t);
+            while (len + n + 1 > cap) {
+                cap *= 2;
+                headers = realloc(headers, cap);
+                assert_non_null(headers);
+            }
+            memcpy(headers + len, t, n + 1);
+            len += n;
+            free(t);
+            nh++;
+        }
+        closedir(dp);
+    }
+    /* The library's sources, for the environment variables it reads. */
+    const char *const dirs[] = {"dtensor", "collectives", "attention"};
+    static source src[512];
+    const int nsrc = load_sources(dirs, 3, src, 512);
+    char *md = read_text("docs/API.md");
+    assert_non_null(md);
+    int names = 0, missing = 0;
+    for (const char *p = md; *p; p++) {
+        if (!((p[0] == 'd' && p[1] == 't' && p[2] == '_') || (p[0] == 'D' && p[1] == 'T' && p[2] == '_')))
+            continue;
+        if (p > md && (isalnum((unsigned char)p[-1]) || p[-1] == '_')) continue;
+        char name[128];
+        size_t n = 0;
+        while ((isalnum((unsigned char)p[n]) || p[n] == '_') && n + 1 < sizeof name) {
+            name[n] = p[n];
+            n++;
+        }
+        name[n] = '\0';
+        names++;
+        char quoted[132];
+        snprintf(quoted, sizeof quoted, "\"%s\"", name);
+        int found = has_word(headers, name);
+        for (int i = 0; !found && i < nsrc; i++) found = strstr(src[i].raw, quoted) != NULL;
+        if (!found) {
+            missing++;
+            print_error("docs/API.md names %s, which no installed header (%s/include) declares "
+                        "and the library does not read from the environment\n",
+                        name, stage);
+        }
+        p += n - 1;
+    }
+    print_message("%d names of docs/API.md against %d installed headers\n", names, nh);
+    free(md);
+    free(headers);
+    free_sources(src, nsrc);
+    assert_true(names > 100);   /* the reference names the API */
+    assert_int_equal(missing, 0);
+}
+
+/* ------------------------------------- RELIABILITY.md's table of evidence */
+
+/* RELIABILITY.md backs each guarantee with tests, `suite: test_name` (and
+ * more `test_name`s of that suite after it on the line): each must be a test
+ * function of tests/suite.c. */
+static void test_reliability_tests_exist(void **state) {
+    (void)state;
+    char *md = read_text("docs/RELIABILITY.md");
+    assert_non_null(md);
+    int named = 0, gone = 0, line = 1;
+    char suite[64] = "", *text = NULL;
+    for (const char *p = md; *p; p++) {
+        if (*p == '\n') {
+            line++;
+            suite[0] = '\0';   /* a suite holds for the rest of its line only */
+            continue;
+        }
+        if (*p != '`' || strncmp(p + 1, "test_", 5) != 0) continue;
+        const char *id = p + 1, *colon = NULL;
+        size_t n = 0;
+        while (isalnum((unsigned char)id[n]) || id[n] == '_') n++;
+        if (id[n] == ':' && id[n + 1] == ' ' && n < sizeof suite) {   /* `suite: test_name` */
+            memcpy(suite, id, n);
+            suite[n] = '\0';
+            free(text);
+            char path[128];
+            snprintf(path, sizeof path, "tests/%s.c", suite);
+            text = read_text(path);
+            if (!text) print_error("docs/RELIABILITY.md:%d: no suite %s\n", line, path);
+            gone += !text;
+            colon = id + n + 2;
+        }
+        if (!suite[0] || !text) continue;
+        const char *name = colon ? colon : id;
+        size_t m = 0;
+        while (isalnum((unsigned char)name[m]) || name[m] == '_') m++;
+        char fn[160];
+        snprintf(fn, sizeof fn, "void %.*s(void **state)", (int)m, name);
+        named++;
+        if (!strstr(text, fn)) {
+            gone++;
+            print_error("docs/RELIABILITY.md:%d: tests/%s.c has no test %.*s\n", line, suite, (int)m,
+                        name);
+        }
+        p = name + m - 1;
+    }
+    print_message("%d tests named by docs/RELIABILITY.md\n", named);
+    free(text);
+    free(md);
+    assert_true(named >= 10);
+    assert_int_equal(gone, 0);
+}
+
+/* RELIABILITY.md: "Library code never aborts the process" (no abort, exit
+ * or assert) and "Every wait is bounded": the library's sources (dtensor/,
+ * collectives/, attention/) call none of the calls below, which end the
+ * process or wait without a deadline; their waits poll with one
+ * (dt_backoff). pthread_join is dt_launch's, for rank threads whose every
+ * wait is bounded; mutexes guard short critical sections, never a peer. A
+ * member call (ops->abort(...)) is the library's own. Comments and string
+ * and character literals are left out. */
+static const char *const forbidden_calls[] = {
+    "abort", "exit", "_exit", "_Exit", "quick_exit", "assert", "pthread_cond_wait", "sem_wait",
+    "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaThreadSynchronize",
+    "MPI_Wait", "MPI_Waitall", "MPI_Waitany", "MPI_Waitsome", "MPI_Recv", "MPI_Send", "MPI_Ssend",
+    "MPI_Sendrecv", "MPI_Probe", "MPI_Barrier", "MPI_Bcast", "MPI_Reduce", "MPI_Allreduce",
+    "MPI_Gather", "MPI_Allgather", "MPI_Scatter", "MPI_Alltoall", "MPI_Reduce_scatter",
+};
+
+/* Blanks out comments and string and character literals of C / CUDA
+ * source, in place, keeping its newlines. */
+static void blank_comments_and_literals(char *s) {
+    for (char *p = s; *p; p++) {
+        if (p[0] == '/' && p[1] == '*') {
+            char *e = strstr(p + 2, "*/");
+            char *end = e ? e + 2 : p + strlen(p);
+            for (; p < end; p++)
+                if (*p != '\n') *p = ' ';
+            p--;
+        } else if (p[0] == '/' && p[1] == '/') {
+            for (; *p && *p != '\n'; p++) *p = ' ';
+            p--;
+        } else if (*p == '"' || *p == '\'') {
+            const char q = *p;
+            for (p++; *p && *p != q && *p != '\n'; p++) {
+                if (*p == '\\' && p[1]) *p++ = ' ';
+                *p = ' ';
+            }
+            if (!*p) p--;
+        }
+    }
+}
+
+static void test_library_never_aborts_or_waits_unbounded(void **state) {
+    (void)state;
+    const char *const dirs[] = {"dtensor", "collectives", "attention"};
+    static source src[512];
+    const int nsrc = load_sources(dirs, 3, src, 512);
+    int calls = 0, found = 0;
+    for (int i = 0; i < nsrc; i++) {
+        char *code = src[i].raw;
+        blank_comments_and_literals(code);
+        int line = 1;
+        for (const char *p = code; *p; p++) {
+            if (*p == '\n') line++;
+            if (!(isalpha((unsigned char)*p) || *p == '_') ||
+                (p > code && (isalnum((unsigned char)p[-1]) || p[-1] == '_')))
+                continue;
+            size_t n = 0;
+            while (isalnum((unsigned char)p[n]) || p[n] == '_') n++;
+            const char *after = p + n;
+            while (*after == ' ' || *after == '\t') after++;
+            const char *before = p;
+            while (before > code && (before[-1] == ' ' || before[-1] == '\t')) before--;
+            const int member = before > code && (before[-1] == '.' || (before - code >= 2 &&
+                                                                        before[-2] == '-' &&
+                                                                        before[-1] == '>'));
+            for (size_t k = 0; *after == '(' && !member && k < sizeof forbidden_calls / sizeof *forbidden_calls; k++)
+                if (strlen(forbidden_calls[k]) == n && strncmp(p, forbidden_calls[k], n) == 0) {
+                    found++;
+                    print_error("%s:%d: calls %s, which %s\n", src[i].path, line, forbidden_calls[k],
+                                k < 6 ? "ends the process" : "waits without a deadline");
+                }
+            calls++;
+            p += n - 1;
+        }
+    }
+    print_message("%d identifiers of %d library sources checked\n", calls, nsrc);
+    free_sources(src, nsrc);
+    assert_true(nsrc >= 30);
+    assert_int_equal(found, 0);
+}
+
+static void test_readme_program(void **state) {
+    (void)state;
+    const char *stage = require_stage();
+    if (system("pkg-config --version >/dev/null 2>&1") != 0) {
+        print_message("skipped: pkg-config is not installed (README.md builds with it)\n");
+        skip();
+    }
+    char *md = read_text("README.md");
+    assert_non_null(md);
+    int at = 0;
+    char *prog = md_block(md, "c", 0, &at);
+    free(md);
+    assert_non_null(prog);
+    assert_non_null(strstr(prog, "int main"));
+
+    char dir[] = "/tmp/dt_test_docs.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256], script[256], bin[256];
+    snprintf(path, sizeof path, "%s/first.c", dir);
+    snprintf(script, sizeof script, "%s/build.sh", dir);
+    snprintf(bin, sizeof bin, "%s/first", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(prog, f);
+    fclose(f);
+    free(prog);
+    /* As README.md says, with the build's compiler and its sanitizer flags
+     * (a sanitized library needs its runtime in the program). */
+    const char *cc = getenv("DT_DOCS_CC"), *cflags = getenv("DT_DOCS_CFLAGS");
+    char cmds[8192];
+    snprintf(cmds, sizeof cmds,
+             "set -e\n"
+             "export PKG_CONFIG_PATH='%s/lib/pkgconfig'\n"
+             "%s -std=c11 -Wall -Wextra -Werror %s '%s' $(pkg-config --cflags --libs dtensor) -o '%s'\n"
+             "LD_LIBRARY_PATH='%s/lib' '%s'\n",
+             stage, cc && *cc ? cc : "cc", cflags ? cflags : "", path, bin, stage, bin);
+    f = fopen(script, "w");
+    assert_non_null(f);
+    fputs(cmds, f);
+    fclose(f);
+    char *out = NULL;
+    const int rc = h_run_program("/bin/sh", script, &out);
+    if (rc != 0)
+        print_error("README.md's program (line %d): exit %d from\n%sprinting:\n%s\n", at, rc, cmds,
+                    out);
+    free(out);
+    unlink(bin);
+    unlink(path);
+    unlink(script);
+    rmdir(dir);
+    assert_int_equal(rc, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tutorial_excerpts),
+        cmocka_unit_test(test_reliability_tests_exist),
+        cmocka_unit_test(test_library_never_aborts_or_waits_unbounded),
+        cmocka_unit_test(test_api_names_installed),
+        cmocka_unit_test(test_readme_program),
+    };
+    return h_run_cases("docs", tests, sizeof tests / sizeof tests[0]);
+}
