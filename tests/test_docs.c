@@ -10,6 +10,8 @@
  *   itself, and are read there: the library calls nothing that ends the
  *   process (abort, exit, assert) or waits without a deadline
  *   (pthread_cond_wait, cudaStreamSynchronize, a blocking MPI call, ...).
+ * - docs/ARCHITECTURE.md's file map names every source file of the
+ *   library (dtensor/, collectives/, attention/), and only files that exist.
  * - docs/API.md documents what a user gets: every dt_* / DT_* name in it is
  *   in a header that `make install` installs, or is an environment variable
  *   the library reads (a string literal of its sources: getenv("DT_LOG")).
@@ -210,6 +212,98 @@ static void test_tutorial_excerpts(void **state) {
     free_sources(src, nsrc);
     assert_true(blocks >= 5);   /* the tutorial shows code: a broken fence finds none */
     assert_int_equal(stale, 0);
+}
+
+/* ------------------------------------------- ARCHITECTURE.md's file map */
+
+#define MAP_MAX 512
+
+/* The files (and folders) ARCHITECTURE.md's tables name in their first
+ * cells: `dtensor/ops.[ch]` is dtensor/ops.c and dtensor/ops.h, and a name
+ * without a folder (`ops_norm.c`) is in the cell's folder before it. Names
+ * that are not paths (`dt_tensor_shard(...)`) are passed over. */
+static int architecture_map(const char *md, char (*named)[256], int cap) {
+    int n = 0;
+    for (const char *l = md; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, "| `", 3) != 0) continue;
+        const char *cell_end = strchr(l + 1, '|');
+        char dir[256] = "";
+        for (const char *p = strchr(l + 1, '`'); p && p < cell_end; p = strchr(p + 1, '`')) {
+            const char *item = p + 1, *end = strchr(item, '`');
+            if (!end || end > cell_end) break;
+            p = end;
+            size_t len = (size_t)(end - item), base = 0, i;
+            for (i = 0; i < len; i++) {
+                if (!(isalnum((unsigned char)item[i]) || strchr("_./[]", item[i]))) break;
+                if (item[i] == '/') base = i + 1;
+            }
+            if (i < len) continue;   /* not a path */
+            if (base > 0) snprintf(dir, sizeof dir, "%.*s", (int)base, item);
+            if (!dir[0]) continue;
+            const char *stem = item + base;
+            size_t sl = len - base;
+            if (sl == 0) {   /* a folder */
+                assert_true(n < cap);
+                snprintf(named[n++], 256, "%s", dir);
+                continue;
+            }
+            if (!memchr(stem, '.', sl)) continue;
+            const char *alt = sl > 4 && stem[sl - 1] == ']' ? memchr(stem, '[', sl) : NULL;
+            if (!alt) {
+                assert_true(n < cap);
+                snprintf(named[n++], 256, "%s%.*s", dir, (int)sl, stem);
+                continue;
+            }
+            for (const char *c = alt + 1; *c != ']'; c++) {   /* x.[ch] */
+                assert_true(n < cap);
+                snprintf(named[n++], 256, "%s%.*s%c", dir, (int)(alt - stem), stem, *c);
+            }
+        }
+    }
+    return n;
+}
+
+/* ARCHITECTURE.md's file map names every source file of the library, and
+ * only files that exist. */
+static void test_architecture_map(void **state) {
+    (void)state;
+    char *md = read_text("docs/ARCHITECTURE.md");
+    assert_non_null(md);
+    static char named[MAP_MAX][256];
+    const int n = architecture_map(md, named, MAP_MAX);
+    free(md);
+    int wrong = 0;
+    for (int i = 0; i < n; i++)
+        if (access(named[i], F_OK) != 0) {
+            wrong++;
+            print_error("docs/ARCHITECTURE.md's file map names %s, which does not exist\n", named[i]);
+        }
+    const char *const dirs[] = {"dtensor", "collectives", "attention"};
+    int files = 0;
+    for (int d = 0; d < 3; d++) {
+        DIR *dp = opendir(dirs[d]);
+        assert_non_null(dp);
+        struct dirent *e;
+        while ((e = readdir(dp)) != NULL) {
+            const char *dot = strrchr(e->d_name, '.');
+            if (!dot || (strcmp(dot, ".c") && strcmp(dot, ".h") && strcmp(dot, ".cu") &&
+                         strcmp(dot, ".cuh")))
+                continue;
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s", dirs[d], e->d_name);
+            files++;
+            int in = 0;
+            for (int i = 0; i < n && !in; i++) in = strcmp(named[i], path) == 0;
+            if (!in) {
+                wrong++;
+                print_error("docs/ARCHITECTURE.md's file map leaves out %s\n", path);
+            }
+        }
+        closedir(dp);
+    }
+    print_message("%d names of the file map, %d library sources\n", n, files);
+    assert_true(files >= 30);
+    assert_int_equal(wrong, 0);
 }
 
 /* ------------------------------------------------ what make install gives */
@@ -508,6 +602,7 @@ int main(void) {
         cmocka_unit_test(test_tutorial_excerpts),
         cmocka_unit_test(test_reliability_tests_exist),
         cmocka_unit_test(test_library_never_aborts_or_waits_unbounded),
+        cmocka_unit_test(test_architecture_map),
         cmocka_unit_test(test_api_names_installed),
         cmocka_unit_test(test_readme_program),
     };
