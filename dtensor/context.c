@@ -78,6 +78,20 @@ int dt_context_world_size(const dt_context *ctx) { return ctx ? ctx->world_size 
 dt_backend_kind dt_context_backend(const dt_context *ctx) {
     return ctx ? ctx->backend_kind : DT_BACKEND_AUTO;
 }
+int dt_context_cuda_device(const dt_context *ctx) {
+#ifdef DT_HAVE_CUDA
+    if (ctx && ctx->backend_kind == DT_BACKEND_CUDA) return dt_backend_cuda_device(ctx->backend);
+#endif
+    (void)ctx;
+    return -1;
+}
+void *dt_context_cuda_stream(const dt_context *ctx) {
+#ifdef DT_HAVE_CUDA
+    if (ctx && ctx->backend_kind == DT_BACKEND_CUDA) return dt_backend_cuda_compute_stream(ctx->backend);
+#endif
+    (void)ctx;
+    return NULL;
+}
 dt_transport_kind dt_context_transport(const dt_context *ctx) {
     return ctx ? ctx->transport_kind : DT_TRANSPORT_AUTO;
 }

@@ -146,6 +146,18 @@ long dt_context_timeout_ms(const dt_context *ctx);
 int dt_context_checks(const dt_context *ctx);
 /* The world communicator; owned by the context. */
 dt_comm *dt_context_comm(dt_context *ctx);
+/* Where the rank's tensors live and its work runs, for a caller's own
+ * kernels on tensor buffers (dt_tensor_data): on the CUDA backend the CUDA
+ * device index and the compute stream (a cudaStream_t), on which the
+ * library queues all of the rank's work (ops, primitives, attention; the
+ * transports' copies are ordered with it by events) in call order. Work
+ * the caller queues there on that device, from the rank's thread, is
+ * ordered with the library's calls made before and after it, with no other
+ * synchronisation; results are read back with dt_tensor_get_local, which
+ * waits for the stream. On the CPU backend: -1 and NULL (each call's work
+ * is done when it returns; buffers are host memory). */
+int dt_context_cuda_device(const dt_context *ctx);
+void *dt_context_cuda_stream(const dt_context *ctx);
 /* The status of the last failing library call made with this context. */
 dt_status dt_context_last_status(const dt_context *ctx);
 

@@ -15,7 +15,10 @@
  * - NCCL with a rank that never calls: every rank returns within the timeout;
  * - the ring rotator over device buffers on both;
  * - backend/transport selection (runs everywhere: it checks what a machine
- *   without a GPU must choose and refuse).
+ *   without a GPU must choose and refuse);
+ * - the rank's device and stream for a caller's own kernels
+ *   (dt_context_cuda_stream): the caller's copies there ordered with the
+ *   library's work; none on the CPU backend.
  *
  * Without a GPU (or a CUDA build) every GPU case prints the reason and
  * skips. Rank threads only record; the main thread asserts.
@@ -41,6 +44,7 @@
 #include "collectives/ring.h"
 #include "dtensor/backend.h"
 #include "dtensor/context_internal.h"
+#include "dtensor/ops.h"
 #include "dtensor/tensor.h"
 
 #define MAXP 8
@@ -175,6 +179,107 @@ static void test_memory(void **state) {
     results r = {0};
     dt_status st = h_launch_on(1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_memory, &r);
     assert_results(&r, 1, st);
+}
+
+/* A caller's own work on the rank's stream (dt_context_cuda_stream, the
+ * public API only) is ordered with the library's, before and after: the
+ * library fills x (random) and makes y and u (zeroed); the caller copies x
+ * into y on the stream; the library adds z = x + y; the caller copies z
+ * into u; u read back is 2x, bit for bit (exact in fp32). A copy the
+ * library's work did not wait for, or that ran before it, leaves zeros or
+ * x in u (the emulator runs stream work as late as CUDA allows). Each rank
+ * reports its device, one of the machine's, and the ranks' streams differ.
+ * P ranks share the GPUs (cuda+local). */
+enum { OWN_N = 1 << 16 };
+typedef struct own_case {
+    results r;
+    int world, device[MAXP];
+    void *stream[MAXP];
+} own_case;
+
+static dt_status rank_own_work(dt_context *ctx, void *arg) {
+    own_case *c = arg;
+    const int rank = dt_context_rank(ctx);
+    const int64_t shape[1] = {OWN_N};
+    const size_t bytes = OWN_N * sizeof(float);
+    dt_tensor *x = NULL, *y = NULL, *z = NULL, *u = NULL;
+    float *hx = malloc(bytes), *hu = malloc(bytes);
+    dt_status st = DT_SUCCESS;
+    if (!hx || !hu) DT_TRY_GOTO(st, dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory"), out);
+    c->device[rank] = dt_context_cuda_device(ctx);
+    c->stream[rank] = dt_context_cuda_stream(ctx);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, DT_F32, 1, shape, NULL, &x), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, DT_F32, 1, shape, NULL, &y), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, DT_F32, 1, shape, NULL, &u), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(x, 77 + (uint64_t)rank), out);
+#ifdef DT_HAVE_CUDA
+    cudaStream_t s = (cudaStream_t)c->stream[rank];
+    if (cudaMemcpyAsync(dt_tensor_data(y), dt_tensor_data(x), bytes, cudaMemcpyDeviceToDevice, s) !=
+        cudaSuccess)
+        DT_TRY_GOTO(st, dt_error(DT_ERR_BACKEND, "test: cudaMemcpyAsync y = x failed"), out);
+    DT_TRY_GOTO(st, dt_add(x, y, &z), out);
+    if (cudaMemcpyAsync(dt_tensor_data(u), dt_tensor_data(z), bytes, cudaMemcpyDeviceToDevice, s) !=
+        cudaSuccess)
+        DT_TRY_GOTO(st, dt_error(DT_ERR_BACKEND, "test: cudaMemcpyAsync u = z failed"), out);
+#endif
+    DT_TRY_GOTO(st, dt_tensor_get_local(u, hu, bytes), out);
+    for (size_t i = 0; i < OWN_N; i++) {
+        const float want = 2.0f * dt_random_value(77 + (uint64_t)rank, i);
+        if (hu[i] != want) {
+            note_bad(&c->r, rank, "u[%zu] = %g, not 2x = %g: the caller's copies and the library's "
+                     "work ran out of order", i, (double)hu[i], (double)want);
+            break;
+        }
+    }
+out:
+    dt_tensor_destroy(u);
+    dt_tensor_destroy(z);
+    dt_tensor_destroy(y);
+    dt_tensor_destroy(x);
+    free(hu);
+    free(hx);
+    record_status(&c->r, rank, st);
+    return st;
+}
+
+static void test_own_work(void **state) {
+    const int p = (int)(intptr_t)*state;
+    REQUIRE_PAIR(p, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
+    own_case c;
+    memset(&c, 0, sizeof c);
+    c.world = p;
+    dt_status st = h_launch_on(p, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_own_work, &c);
+    assert_results(&c.r, p, st);
+    int gpus = 0;
+#ifdef DT_HAVE_CUDA
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+#endif
+    for (int j = 0; j < p; j++) {
+        if (c.device[j] < 0 || c.device[j] >= gpus || !c.stream[j])
+            print_error("rank %d: device %d of %d, stream %p\n", j, c.device[j], gpus, c.stream[j]);
+        assert_true(c.device[j] >= 0 && c.device[j] < gpus);
+        assert_non_null(c.stream[j]);
+        for (int k = 0; k < j; k++) assert_ptr_not_equal(c.stream[j], c.stream[k]);
+    }
+}
+
+/* On the CPU backend there is no device and no stream. */
+static dt_status rank_no_stream(dt_context *ctx, void *arg) {
+    results *r = arg;
+    const int rank = dt_context_rank(ctx);
+    if (dt_context_cuda_device(ctx) != -1 || dt_context_cuda_stream(ctx) != NULL)
+        note_bad(r, rank, "cpu backend: device %d, stream %p", dt_context_cuda_device(ctx),
+                 dt_context_cuda_stream(ctx));
+    return DT_SUCCESS;
+}
+
+static void test_no_stream_on_cpu(void **state) {
+    (void)state;
+    results r = {0};
+    dt_status st = h_launch_on(2, DT_BACKEND_CPU, DT_TRANSPORT_LOCAL, rank_no_stream, &r);
+    assert_results(&r, 2, st);
+    assert_int_equal(dt_context_cuda_device(NULL), -1);
+    assert_null(dt_context_cuda_stream(NULL));
 }
 
 /* The caching allocator (backend_cuda.cu): a freed block comes back for a
@@ -1238,6 +1343,10 @@ int main(void) {
     add(&tb, test_memory, NULL, "backend/memory: alloc,upload,download,copy,zero,sync");
     add(&tb, test_cache, NULL, "backend/memory: the caching allocator: reuse, zeroing, out of memory");
     add(&tb, test_backend_errors, NULL, "backend/errors");
+    add(&tb, test_no_stream_on_cpu, NULL, "context/stream: none on the cpu backend");
+    for (intptr_t p = 1; p <= 2; p++)
+        add(&tb, test_own_work, (void *)p, "context/stream: a caller's copies ordered with the library's, P=%d",
+            (int)p);
 
     static runs_case runs[] = {
         {.op = DT_RUNS_COPY, .dtype = DT_F32, .outer = 1, .n = 37, .run = 1, .dpad = 0, .spad = 0, .tabs = TAB_BOTH},
