@@ -17,10 +17,11 @@
  * K and V travel the ring packed in one buffer, with H_kv heads (never
  * expanded), the next block in flight while the current one is computed.
  *
- * dtypes: fp32 and bf16 (computed in fp32); head dims: multiples of 8 up to
- * 256. Anything else returns DT_ERR_NOT_SUPPORTED with the reason.
+ * dtypes: fp32, bf16 and fp16 (the 16-bit ones computed in fp32, on the
+ * CUDA backend by tensor cores); head dims: multiples of 8 up to 256.
+ * Anything else returns DT_ERR_NOT_SUPPORTED with the reason.
  *
- * Test: tests/test_attention.c (make test).
+ * Test: tests/test_attention.c, tests/test_attention_backward.c (make test).
  */
 #ifndef DT_ATTENTION_H
 #define DT_ATTENTION_H

@@ -79,7 +79,8 @@ void dt_comm_destroy(dt_comm *comm);
  *     too, by their order). Every rank still gets the same bits: NCCL
  *     forwards each reduced element unchanged (its maintainers' word, not a
  *     documented guarantee).
- * max rounds nothing on any transport. Dtypes: fp32 and bf16; fp16 on nccl only. */
+ * max rounds nothing on any transport. Dtypes: fp32, bf16 and fp16 on every
+ * transport (u8 moves but does not reduce). */
 dt_status dt_comm_all_reduce(dt_comm *comm, const void *send, void *recv,
                              size_t count, dt_dtype dtype, dt_reduce_op op);
 

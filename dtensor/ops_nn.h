@@ -14,7 +14,8 @@
  * is left as it was. Each returns a new tensor that the caller owns
  * (dt_tensor_destroy); inputs are never modified.
  *
- * dtypes: fp32 and bf16 (bf16 is computed in fp32 and rounded once).
+ * dtypes: fp32, bf16 and fp16 (the 16-bit ones computed in fp32 and rounded
+ * once).
  * Backends: every backend (the kernels are entries of the backend table).
  * On CUDA each op enqueues its kernel (or, for dt_tensor_reshape, one
  * device-to-device copy) on the rank's compute stream and returns without
