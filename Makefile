@@ -87,7 +87,7 @@ STAGE_PC := $(STAGE)/lib/pkgconfig/dtensor.pc
 
 # Headers that `make install` leaves out: the ones named here, and any whose
 # first comment line says PRIVATE. Recursive (=) so the greps run only for
-# install.
+# install and its stage (make test).
 ALL_HEADERS := $(sort $(wildcard dtensor/*.h collectives/*.h attention/*.h))
 PRIVATE_HEADERS = dtensor/backend.h dtensor/context_internal.h \
     collectives/transport.h collectives/transport_local.h \

@@ -212,6 +212,28 @@ void h_layout_short(const dt_layout *l, char *buf, size_t size) {
     }
 }
 
+/* Everything left in a stream, NUL-terminated (malloc'd), or NULL when out
+ * of memory (what was read is then lost). */
+static char *read_stream(FILE *f) {
+    size_t cap = 1 << 16, len = 0, n;
+    char *s = malloc(cap);
+    while (s && (n = fread(s + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len < 4096) {
+            char *t = realloc(s, cap * 2);
+            if (!t) {
+                free(s);
+                s = NULL;
+                break;
+            }
+            s = t;
+            cap *= 2;
+        }
+    }
+    if (s) s[len] = '\0';
+    return s;
+}
+
 int h_run_program(const char *program, const char *args, char **out) {
     char cmd[8192];
     const char *backend = getenv("DT_EXAMPLE_BACKEND");
@@ -220,23 +242,17 @@ int h_run_program(const char *program, const char *args, char **out) {
     *out = NULL;
     FILE *p = popen(cmd, "r");
     if (!p) return -2;
-    size_t cap = 1 << 16, len = 0, n;
-    char *buf = malloc(cap);
-    if (!buf) {
-        pclose(p);
-        return -2;
-    }
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 4096) {
-            char *b = realloc(buf, cap * 2);
-            if (!b) break;
-            buf = b;
-            cap *= 2;
-        }
-    }
-    buf[len] = '\0';
+    char *buf = read_stream(p);
     int status = pclose(p);
+    if (!buf) return -2;
     *out = buf;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+char *h_read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *s = read_stream(f);
+    fclose(f);
+    return s;
 }

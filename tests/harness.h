@@ -99,4 +99,8 @@ void h_layout_short(const dt_layout *l, char *buf, size_t size);
  * did not exit normally, -2 if it could not be run. */
 int h_run_program(const char *program, const char *args, char **out);
 
+/* A whole file as a NUL-terminated string (malloc'd; the caller frees it),
+ * or NULL if it cannot be read. */
+char *h_read_text(const char *path);
+
 #endif /* DT_TEST_HARNESS_H */

@@ -43,30 +43,6 @@
 
 /* ------------------------------------------------------------ text helpers */
 
-/* The whole file as a NUL-terminated string (malloc'd), or NULL. */
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, len = 0, n;
-    char *s = malloc(cap);
-    while (s && (n = fread(s + len, 1, cap - len - 1, f)) > 0) {
-        len += n;
-        if (cap - len < 4096) {
-            char *t = realloc(s, cap * 2);
-            if (!t) {
-                free(s);
-                s = NULL;
-                break;
-            }
-            s = t;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (s) s[len] = '\0';
-    return s;
-}
-
 /* Lines of a text with their leading and trailing blanks cut: the text is
  * changed in place and line[i] points into it. */
 typedef struct lines {
@@ -158,9 +134,9 @@ static int load_sources(const char *const *dirs, int ndirs, source *src, int cap
             if (!is_source(e->d_name)) continue;
             assert_true(n < cap);
             snprintf(src[n].path, sizeof src[n].path, "%s/%s", dirs[d], e->d_name);
-            src[n].raw = read_text(src[n].path);
-            src[n].text = read_text(src[n].path);
+            src[n].raw = h_read_text(src[n].path);
             assert_non_null(src[n].raw);
+            src[n].text = strdup(src[n].raw);
             assert_non_null(src[n].text);
             src[n].l = split_trimmed(src[n].text);
             n++;
@@ -193,7 +169,7 @@ static void test_tutorial_excerpts(void **state) {
     const char *const dirs[] = {"examples", "dtensor", "collectives", "attention"};
     static source src[512];
     const int nsrc = load_sources(dirs, 4, src, 512);
-    char *md = read_text("docs/TUTORIAL.md");
+    char *md = h_read_text("docs/TUTORIAL.md");
     assert_non_null(md);
     int blocks = 0, stale = 0, at = 0;
     for (char *body; (body = md_block(md, "c", blocks, &at)) != NULL; blocks++) {
@@ -272,7 +248,7 @@ static int architecture_map(const char *md, char (*named)[256], int cap) {
  * only files that exist. */
 static void test_architecture_map(void **state) {
     (void)state;
-    char *md = read_text("docs/ARCHITECTURE.md");
+    char *md = h_read_text("docs/ARCHITECTURE.md");
     assert_non_null(md);
     static char named[MAP_MAX][256];
     const int n = architecture_map(md, named, MAP_MAX);
@@ -352,7 +328,7 @@ static void test_api_names_installed(void **state) {
     }
     static source hdr[512], src[512];
     const int nh = load_sources(hdir, 3, hdr, 512), nsrc = load_sources(sub, 3, src, 512);
-    char *md = read_text("docs/API.md");
+    char *md = h_read_text("docs/API.md");
     assert_non_null(md);
     int names = 0, missing = 0;
     for (const char *p = md; *p; p++) {
@@ -395,7 +371,7 @@ static void test_api_names_installed(void **state) {
  * function of tests/suite.c. */
 static void test_reliability_tests_exist(void **state) {
     (void)state;
-    char *md = read_text("docs/RELIABILITY.md");
+    char *md = h_read_text("docs/RELIABILITY.md");
     assert_non_null(md);
     int named = 0, gone = 0, line = 1;
     char suite[64] = "", *text = NULL;
@@ -415,7 +391,7 @@ static void test_reliability_tests_exist(void **state) {
             free(text);
             char path[128];
             snprintf(path, sizeof path, "tests/%s.c", suite);
-            text = read_text(path);
+            text = h_read_text(path);
             if (!text) print_error("docs/RELIABILITY.md:%d: no suite %s\n", line, path);
             gone += !text;
             colon = id + n + 2;
@@ -528,7 +504,7 @@ static void test_readme_program(void **state) {
         print_message("skipped: pkg-config is not installed (README.md builds with it)\n");
         skip();
     }
-    char *md = read_text("README.md");
+    char *md = h_read_text("README.md");
     assert_non_null(md);
     int at = 0;
     char *prog = md_block(md, "c", 0, &at);

@@ -361,17 +361,8 @@ static void test_svg(void **state) {
     int rc = run_example(args, &out);
     if (rc != 0) show_output_on_failure(args, out);
     free(out);
-    char *svg = NULL;
-    long len = 0;
-    FILE *f = fopen(file, "r");
-    if (f) {
-        fseek(f, 0, SEEK_END);
-        len = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        svg = calloc(1, (size_t)len + 1);
-        if (svg && fread(svg, 1, (size_t)len, f) != (size_t)len) len = -1;
-        fclose(f);
-    }
+    char *svg = h_read_text(file);
+    const long len = svg ? (long)strlen(svg) : 0;
     unlink(file);
     rmdir(top);
     int rects = 0;
