@@ -156,6 +156,7 @@ static void reduce_f32(float *acc, const float *x, size_t n, dt_reduce_op op) {
 static dt_status host_reduce(void *arg, float *acc, const void *src, size_t n, dt_dtype dtype,
                              dt_reduce_op op, int first) {
     (void)arg;
+    if (n == 0) return DT_SUCCESS; /* an empty tensor's buffers may be NULL */
     if (dtype == DT_F32) {
         if (first) memcpy(acc, src, n * sizeof(float));
         else reduce_f32(acc, (const float *)src, n, op);

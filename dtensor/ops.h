@@ -20,7 +20,8 @@ extern "C" {
  *   (Shard(last, o), Shard(0, o))     -> Partial          row-parallel
  *   (Shard(d, o), Replicate), d<last  -> Shard(d, o)      batch / sequence
  *   (Partial, Replicate), (Replicate, Partial) -> Partial
- * fp32 on OpenBLAS; bf16 computed in fp32 and rounded once. */
+ * fp32, bf16 and fp16 (OpenBLAS on the CPU, cuBLAS on CUDA): bf16 and fp16
+ * accumulated in fp32 and rounded once. */
 dt_status dt_matmul(const dt_tensor *x, const dt_tensor *w, dt_tensor **out);
 
 /* out = a + b: same mesh, dtype, shape and Layout. Partial + Partial stays

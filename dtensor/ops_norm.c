@@ -175,6 +175,7 @@ static dt_status nn_reshape_impl(const dt_tensor *t, int ndim, const int64_t *sh
             int parts = dt_mesh_size(mesh, m);
             const char *why = NULL;
             int n = -1; /* the new sharded dim */
+            const int64_t div = (int64_t)parts * (p.order == DT_ORDER_ZIGZAG ? 2 : 1);
             if (G == NULL || G->nn == 0) {
                 why = "it disappears from the new shape";
             } else {
@@ -184,16 +185,18 @@ static dt_status nn_reshape_impl(const dt_tensor *t, int ndim, const int64_t *sh
                               "outer dim of such a group may be sharded)";
                 /* The outer new dim of the group, skipping dims of length 1
                  * that the shard cannot divide. */
-                const int64_t div = (int64_t)parts * (p.order == DT_ORDER_ZIGZAG ? 2 : 1);
                 n = G->n0;
                 while (n + 1 < G->n0 + G->nn && shape[n] == 1 && shape[n] % div != 0) n++;
                 if (why == NULL && p.order == DT_ORDER_STRIPED && os[p.dim] != shape[n])
                     why = "it is striped, and a striped dim cannot be split or merged in place";
             }
-            if (why == NULL) {
+            /* On one rank the shard is the whole dim: where it cannot be
+             * carried, or its new dim is not divisible (zigzag's 2 chunks),
+             * it is Replicate, the same data. */
+            if (why == NULL && (parts > 1 || shape[n] % div == 0)) {
                 nl.placements[m] = dt_shard(n, p.order);
             } else if (parts == 1) {
-                nl.placements[m] = dt_replicate(); /* one rank holds everything anyway */
+                nl.placements[m] = dt_replicate();
             } else {
                 return dt_error(DT_ERR_NOT_SUPPORTED,
                                 "%s: t %s %s -> %s: tensor dim %d is sharded on mesh dim %d and %s;"

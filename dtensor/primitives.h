@@ -4,8 +4,10 @@
  * was, so a rejected call changes nothing (*out is written only on success).
  * All but permute are COLLECTIVE over the mesh of their input (or the given
  * mesh): every rank calls them in the same order with the same arguments.
- * Every argument is validated before anything is allocated or sent. fp32 and
- * bf16; pure data movement is bit-exact.
+ * Every argument is validated before anything is allocated or sent, but
+ * for shard's Layout, checked against the shape that root broadcasts (every
+ * rank then rejects it together). fp32, bf16 and fp16; pure data movement
+ * is bit-exact.
  *
  * | primitive                         | communication                      |
  * | shard: full on root -> Layout     | scatter (grouped send/recv)        |

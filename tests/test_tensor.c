@@ -355,6 +355,15 @@ static dt_status rank_basics_record(dt_context *ctx, basics_case *c) {
     c->bad[b++] = u == NULL || dt_tensor_local_numel(u) != 0 || dt_tensor_data(u) == NULL;
     if (u) c->st[k++] = dt_tensor_fill_random(u, 5);
     dt_tensor_destroy(u);
+    /* ... and moves: an empty Partial summed into Replicate */
+    dt_layout lp = dt_layout_1d(dt_partial()), lr = dt_layout_1d(dt_replicate());
+    dt_tensor *v = NULL;
+    u = NULL;
+    c->st[k++] = dt_tensor_create(ctx, mesh, DT_F32, 2, empty, &lp, &u);
+    if (u) c->st[k++] = dt_tensor_redistribute(u, &lr, &v);
+    c->bad[b++] = v == NULL || dt_tensor_local_numel(v) != 0 || dt_tensor_shape(v)[1] != 8;
+    dt_tensor_destroy(v);
+    dt_tensor_destroy(u);
     dt_tensor_destroy(NULL);
     dt_mesh_destroy(mesh);
     return DT_SUCCESS;
@@ -371,13 +380,13 @@ static void test_tensor_basics(void **state) {
         DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT,
         DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT,
         DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT,
-        DT_ERR_INVALID_ARGUMENT, DT_SUCCESS, DT_SUCCESS, DT_SUCCESS,
+        DT_ERR_INVALID_ARGUMENT, DT_SUCCESS, DT_SUCCESS, DT_SUCCESS, DT_SUCCESS, DT_SUCCESS,
     };
     for (size_t k = 0; k < sizeof expect / sizeof expect[0]; k++) {
         if (c.st[k] != expect[k]) fprintf(stderr, "  step %zu: %s\n", k, dt_status_name(c.st[k]));
         assert_int_equal(c.st[k], expect[k]);
     }
-    for (int b = 0; b < 5; b++) assert_int_equal(c.bad[b], 0);
+    for (int b = 0; b < 6; b++) assert_int_equal(c.bad[b], 0);
     assert_int_equal(c.local_shape[0], 3);
     assert_int_equal(c.local_shape[1], 8);
     assert_int_equal(c.bytes, 3 * 8 * 2);

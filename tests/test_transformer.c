@@ -1073,6 +1073,12 @@ static int add_op_cases(table *tb, dt_backend_kind be) {
         /* striped heads on a mesh dim of size 1: the same data as Replicate */
         add_reshape(tb, be, 1, 1, 1, 4, bshd, 3, bse, dt_layout_1d(dt_shard(2, DT_ORDER_STRIPED)),
                     dt_layout_1d(dt_replicate()), DT_F32);
+        /* zigzag on one rank, its new dim odd (not two chunks): Replicate */
+        {
+            const int64_t b3[2] = {3, 4}, b4[2] = {4, 3};
+            add_reshape(tb, be, 1, 1, 1, 2, b4, 2, b3, dt_layout_1d(dt_shard(0, DT_ORDER_ZIGZAG)),
+                        dt_layout_1d(dt_replicate()), DT_F32);
+        }
         for (int o = 0; o < 3; o++) {
             dt_layout l = dt_layout_2d(dt_shard(2, DT_ORDER_CONTIGUOUS), dt_shard(1, k_orders[o]));
             add_reshape(tb, be, 2, 2, 3, 4, bshd, 3, bse, l, l, DT_F32);
