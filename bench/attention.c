@@ -531,35 +531,6 @@ static void usage(FILE *f) {
 }
 
 /* "fwd", "bwd", "fwd,bwd" or "bwd,fwd": each name once, nothing else. */
-static int parse_passes(const char *v, int passes[PASS_COUNT]) {
-    int seen[PASS_COUNT] = {0};
-    const char *p = v;
-    while (p && *p) {
-        size_t n = strcspn(p, ",");
-        int hit = -1;
-        for (int k = 0; k < PASS_COUNT; k++)
-            if (n == strlen(pass_name((bench_pass)k)) && !strncmp(p, pass_name((bench_pass)k), n))
-                hit = k;
-        if (hit < 0 || seen[hit]) {
-            p = NULL;
-            break;
-        }
-        seen[hit] = 1;
-        p += n;
-        if (*p == ',') {
-            p++;
-            if (!*p) p = NULL;   /* trailing comma */
-        }
-    }
-    if (!p || !v || !*v) {
-        fprintf(stderr, "bench/attention: --pass takes fwd, bwd or fwd,bwd; got '%s'\n",
-                v ? v : "(nothing)");
-        return 0;
-    }
-    for (int k = 0; k < PASS_COUNT; k++) passes[k] = seen[k];
-    return 1;
-}
-
 static int parse(int argc, char **argv, bench_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -633,22 +604,12 @@ static int parse(int argc, char **argv, bench_opts *o) {
             }
             i++;
         } else if (!strcmp(a, "--pass")) {
-            if (!parse_passes(v, o->passes)) return 2;
+            static const char *const names[PASS_COUNT] = {"fwd", "bwd"};
+            if (!ex_parse_choices(a, v, names, PASS_COUNT, o->passes)) return 2;
             i++;
         } else if (!strcmp(a, "--dtype")) {
             static const char *const names[] = {"bf16", "fp32", "fp16"};
-            char buf[64];
-            memset(o->dtypes, 0, sizeof o->dtypes);
-            if (!v || !*v || strlen(v) >= sizeof buf) {
-                fprintf(stderr, "bench/attention: --dtype takes bf16, fp32, fp16 or a list\n");
-                return 2;
-            }
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                const int k = ex_parse_choice(a, t, names, 3);
-                if (k < 0) return 2;
-                o->dtypes[k] = 1;
-            }
+            if (!ex_parse_choices(a, v, names, 3, o->dtypes)) return 2;
             i++;
         } else {
             fprintf(stderr, "bench/attention: unknown flag '%s' (--help lists them)\n", a);

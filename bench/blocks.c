@@ -113,7 +113,7 @@ typedef struct opts {
     dt_dtype dtype;
     int n_c, n_ring_c;
     int64_t c[MAX_LIST], ring_c[MAX_LIST];
-    int set_c, set_ring_c, set_dtype;
+    int set_c, set_ring_c, set_dtype, set_iters;
     dt_attn_kernel_choice kernel;   /* --kernel: which CUDA block kernel */
     int64_t l2;                     /* --l2: the L2 size the CTA order plans for (-1: the device's) */
     int persistent;                 /* --persistent: the backend's mode (backend_cuda.h) */
@@ -905,7 +905,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: " NAME " [flags]\n"
             "  --backend K       auto | cpu | cuda (default auto)\n"
-            "  --quick           small sizes and 2 iterations: a smoke test\n"
+            "  --quick           small sizes and (unless --iters) 2 iterations: a smoke test\n"
             "  --iters N         repetitions after one warm-up, median (default 5)\n"
             "  --pass LIST       fwd, bwd or fwd,bwd (default fwd,bwd)\n"
             "  --section LIST    r, p or r,p (default r,p)\n"
@@ -952,20 +952,6 @@ static void usage(FILE *f) {
             "                    and (p)) instead of the tables\n");
 }
 
-/* "a,b" of names[0..n): sets on[i] for each; 0 on a bad or empty list. */
-static int parse_set(const char *flag, const char *v, const char *const *names, int n, int *on) {
-    memset(on, 0, (size_t)n * sizeof *on);
-    char buf[64];
-    if (!v || !*v || strlen(v) >= sizeof buf) return ex_parse_choice(flag, NULL, names, n) >= 0;
-    snprintf(buf, sizeof buf, "%s", v);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int k = ex_parse_choice(flag, tok, names, n);
-        if (k < 0) return 0;
-        on[k] = 1;
-    }
-    return 1;
-}
-
 static int parse_list(const char *flag, const char *v, int64_t *out, int *n) {
     char buf[256];
     *n = 0;
@@ -974,7 +960,11 @@ static int parse_list(const char *flag, const char *v, int64_t *out, int *n) {
         for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
              tok = strtok_r(NULL, ",", &save)) {
             long x;
-            if (*n == MAX_LIST || !ex_parse_int(flag, tok, 1, 1L << 20, &x)) return 0;
+            if (*n == MAX_LIST) {
+                fprintf(stderr, NAME ": %s takes at most %d entries\n", flag, MAX_LIST);
+                return 0;
+            }
+            if (!ex_parse_int(flag, tok, 1, 1L << 20, &x)) return 0;
             out[(*n)++] = x;
         }
     }
@@ -1026,10 +1016,11 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--iters")) {
             if (!ex_parse_int(a, v, 1, MAX_ITERS, &x)) return 0;
             o->iters = (int)x;
+            o->set_iters = 1;
         } else if (!strcmp(a, "--pass")) {
-            if (!parse_set(a, v, pass_names, 2, o->passes)) return 0;
+            if (!ex_parse_choices(a, v, pass_names, 2, o->passes)) return 0;
         } else if (!strcmp(a, "--section")) {
-            if (!parse_set(a, v, section_names, 2, o->sections)) return 0;
+            if (!ex_parse_choices(a, v, section_names, 2, o->sections)) return 0;
         } else if (!strcmp(a, "--c")) {
             if (!parse_list(a, v, o->c, &o->n_c)) return 0;
             o->set_c = 1;
@@ -1103,7 +1094,7 @@ static void defaults(opts *o, dt_backend_kind backend) {
         o->ring_c[1] = 8192;
         o->n_ring_c = gpu ? 2 : 1;
     }
-    if (o->quick) o->iters = 2;
+    if (o->quick && !o->set_iters) o->iters = 2;
 }
 
 static dt_status probe_rank(dt_context *ctx, void *arg) {

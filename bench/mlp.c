@@ -34,6 +34,7 @@
  *      [--backend auto|cpu|cuda]
  */
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -287,7 +288,11 @@ static int parse(int argc, char **argv, opts *o) {
             snprintf(buf, sizeof buf, "%s", v ? v : "");
             for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
                  tok = strtok_r(NULL, ",", &save)) {
-                if (o->n_ranks == MAX_P || !ex_parse_int(a, tok, 1, MAX_P, &x)) return 2;
+                if (o->n_ranks == MAX_P) {
+                    fprintf(stderr, NAME ": --ranks takes at most %d entries\n", MAX_P);
+                    return 2;
+                }
+                if (!ex_parse_int(a, tok, 1, MAX_P, &x)) return 2;
                 o->ranks[o->n_ranks++] = (int)x;
             }
             if (o->n_ranks == 0) {
@@ -312,6 +317,11 @@ static int finish_opts(opts *o, dt_backend_kind backend) {
         if (!o->iters_set) o->iters = 3;
         if (!o->shape_set) o->batch = 1, o->seq = 64, o->embed = 128;
         if (!o->ranks_set) o->n_ranks = 2;
+    }
+    if (o->batch * o->seq > INT_MAX) { /* the baselines' gemms take int sizes */
+        fprintf(stderr, NAME ": --batch %lld x --seq %lld = %lld rows, more than %d\n",
+                (long long)o->batch, (long long)o->seq, (long long)(o->batch * o->seq), INT_MAX);
+        return 2;
     }
     for (int i = 0; i < o->n_ranks; i++)
         if ((4 * o->embed) % o->ranks[i] || o->seq % o->ranks[i]) {

@@ -11,8 +11,8 @@
  *   results      ex_to_host_f32, ex_check_result
  *   the MLP      ex_mlp_forward (through the library), ex_ref_matmul and
  *                ex_ref_gelu (the double-precision reference)
- *   flags        ex_parse_int, ex_parse_choice, ex_parse_seed, ex_parse_dtype,
- *                ex_parse_backend
+ *   flags        ex_parse_int, ex_parse_choice, ex_parse_choices, ex_parse_seed,
+ *                ex_parse_dtype, ex_parse_backend
  */
 #ifndef DT_EXAMPLE_UTIL_H
 #define DT_EXAMPLE_UTIL_H
@@ -220,12 +220,36 @@ static inline int ex_parse_choice(const char *flag, const char *v, const char *c
     return -1;
 }
 
+/* A list "a,b" of names[0..n): 1 and on[i] = 1 for each named, else 0
+ * with a message (nothing named, an empty entry, an unknown or repeated
+ * name). */
+static inline int ex_parse_choices(const char *flag, const char *v, const char *const *names,
+                                   int n, int *on) {
+    memset(on, 0, (size_t)n * sizeof *on);
+    int ok = v && *v;
+    for (const char *p = v; ok; p++) {
+        const size_t len = strcspn(p, ",");
+        int k = -1;
+        for (int i = 0; i < n; i++)
+            if (strlen(names[i]) == len && !strncmp(p, names[i], len)) k = i;
+        ok = k >= 0 && !on[k];
+        if (ok) on[k] = 1;
+        p += len;
+        if (!*p) break;
+    }
+    if (ok) return 1;
+    fprintf(stderr, NAME ": %s takes one or more of", flag);
+    for (int i = 0; i < n; i++) fprintf(stderr, "%s %s", i ? "," : "", names[i]);
+    fprintf(stderr, " (a list: %s,%s); got '%s'\n", names[0], names[n > 1], v ? v : "(nothing)");
+    return 0;
+}
+
 /* --seed: 1 and *out = the non-negative integer v, else 0. */
 static inline int ex_parse_seed(const char *v, uint64_t *out) {
     char *end = NULL;
     errno = 0;
     unsigned long long s = v ? strtoull(v, &end, 10) : 0;
-    if (!v || !*v || *end || errno || v[0] == '-') {
+    if (!v || *v < '0' || *v > '9' || *end || errno) { /* strtoull takes " -1" */
         fprintf(stderr, NAME ": --seed takes a non-negative integer, got '%s'\n",
                 v ? v : "(nothing)");
         return 0;

@@ -246,7 +246,8 @@ static void test_blocks_bad_flags(void **state) {
     (void)state;
     REQUIRE(g_blocks);
     static const char *const bad[][2] = {
-        {"--pass up", "--pass takes one of"}, {"--section q", "--section takes one of"},
+        {"--pass up", "--pass takes one or more of"}, {"--section q", "--section takes one or more of"},
+        {"--pass ,", "--pass takes one or more of"}, {"--c 1,2,3,4,5,6,7,8,9", "at most 8 entries"},
         {"--ring-c 0", "--ring-c takes an integer"}, {"--ring-c 33", "--ring-c even"},
         {"--c", "--c takes a list"}, {"--dtype fp8", "--dtype takes one of"},
         {"--heads 6 --kv-heads 4", "--kv-heads must divide --heads"},
@@ -836,6 +837,8 @@ static void test_mlp_bad_flags(void **state) {
         {"--dtype fp64", "--dtype takes one of fp32, bf16, fp16", 2},
         {"--ranks 3 --quick", "P = 3 must divide --seq 64", 2},
         {"--iters 0", "--iters takes an integer", 2},
+        {"--ranks 1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "--ranks takes at most 16 entries", 2},
+        {"--batch 65536 --seq 65536", "rows, more than 2147483647", 2},
         {"--frobnicate", "unknown flag '--frobnicate'", 2},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -880,10 +883,11 @@ int main(int argc, char **argv) {
     locate(g_blocks, sizeof g_blocks, argv[0], "blocks");
     locate(g_mlp, sizeof g_mlp, argv[0], "mlp");
     static bad_case bad[] = {
-        {"", "--pass", "--pass takes fwd, bwd or fwd,bwd"},
-        {"", "--pass sideways", "--pass takes fwd, bwd or fwd,bwd"},
-        {"", "--pass fwd,fwd", "--pass takes fwd, bwd or fwd,bwd"},
-        {"", "--pass fwd,", "--pass takes fwd, bwd or fwd,bwd"},
+        {"", "--pass", "--pass takes one or more of fwd, bwd"},
+        {"", "--pass sideways", "--pass takes one or more of fwd, bwd"},
+        {"", "--pass fwd,fwd", "--pass takes one or more of fwd, bwd"},
+        {"", "--pass fwd,", "--pass takes one or more of fwd, bwd"},
+        {"", "--dtype ,,", "--dtype takes one or more of bf16, fp32, fp16"},
         {"", "--section d", "--section takes letters a, b, c"},
         {"", "--section ,", "--section names no section"},
         {"", "--iters 0", "--iters takes an integer"},

@@ -392,7 +392,7 @@ int main(int argc, char **argv) {
 
     static const char *const order_names[] = {"contiguous", "striped", "zigzag"};
     static const char *const dtype_names[] = {"fp32", "bf16", "fp16"};
-    static pass_case passes[11], bad[6], unsupported[1];
+    static pass_case passes[11], bad[7], unsupported[1];
     struct CMUnitTest tests[40];
     size_t n = 0, np = 0;
     for (int o = 0; o < 3; o++)
@@ -417,7 +417,7 @@ int main(int argc, char **argv) {
     }
     static const char *const bad_args[] = {
         "--seq 10 --ranks 4", "--order diagonal", "--kv-heads 3 --heads 4",
-        "--order zigzag --seq 12 --ranks 4", "--dim 12", "--frobnicate",
+        "--order zigzag --seq 12 --ranks 4", "--dim 12", "--frobnicate", "--seed ' -1'",
     };
     for (size_t i = 0; i < sizeof bad_args / sizeof *bad_args; i++) {
         pass_case *c = &bad[i];

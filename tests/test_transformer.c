@@ -1281,6 +1281,11 @@ int main(int argc, char **argv) {
         {"--heads 5", 2, "--heads 5 does not divide --embed 256"},
         {"--embed 96 --heads 8", 2, "head dim E/H = 12"},
         {"--frobnicate", 2, "unknown flag '--frobnicate'"},
+        /* a sweep checks what every mesh needs (its reference read past
+         * the kv heads, or divided by zero, when it did not) */
+        {"--sweep --heads 4 --kv-heads 8", 2, "--kv-heads 8 does not divide --heads 4"},
+        {"--sweep --seq 8 --embed 64 --heads 8 --kv-heads 3", 2, "--kv-heads 3 does not divide"},
+        {"--sweep --embed 20 --heads 4 --kv-heads 4", 2, "head dim E/H = 5"},
         {"--backend cpu --dtype fp16 --seq 24 --embed 64 --heads 8 --kv-heads 4", 0, "result: PASS"},
     };
     for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) {
