@@ -288,10 +288,13 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
                                 const dt_attention_options *opts, dt_tensor **dq, dt_tensor **dk,
                                 dt_tensor **dv) {
     const char *op = "dt_attention_backward";
-    DT_REQUIRE(dq && dk && dv, "%s: dq, dk and dv must not be NULL", op);
-    *dq = *dk = *dv = NULL;
+    if (dq) *dq = NULL;
+    if (dk) *dk = NULL;
+    if (dv) *dv = NULL;
     attn_plan p;
     dt_status local = attn_plan_make(op, q, k, v, opts, &p);
+    if (local == DT_SUCCESS && !(dq && dk && dv))
+        local = dt_error(DT_ERR_INVALID_ARGUMENT, "%s: dq, dk and dv must not be NULL", op);
     if (local == DT_SUCCESS) local = check_outputs(&p, op, q, o, lse, dout);
     if (local == DT_SUCCESS) local = attn_plan_check_kernel(&p, op);
     bwd_workspace w = bwd_workspace_of(&p);

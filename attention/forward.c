@@ -106,11 +106,11 @@ dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, co
 dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                const dt_attention_options *opts, dt_tensor **o, dt_tensor **lse) {
     const char *op = "dt_attention_forward";
-    DT_REQUIRE(o != NULL, "%s: o is NULL", op);
-    *o = NULL;
+    if (o) *o = NULL;
     if (lse) *lse = NULL;
     attn_plan p;
     dt_status local = attn_plan_make(op, q, k, v, opts, &p);
+    if (local == DT_SUCCESS && !o) local = dt_error(DT_ERR_INVALID_ARGUMENT, "%s: o is NULL", op);
     if (local == DT_SUCCESS) local = attn_plan_check_kernel(&p, op);
     fwd_workspace w = {0};
     if (local == DT_SUCCESS) w = fwd_workspace_of(&p, q, k, v);

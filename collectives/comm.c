@@ -264,6 +264,9 @@ dt_status dt_comm_sendrecv(dt_comm *comm, const dt_p2p_op *ops, int n_ops) {
 }
 
 void dt_comm_abort(dt_comm *comm, dt_status status, const char *reason) {
+    /* An abort is a failure whatever status it gives: the transports
+     * return it from the aborting rank's calls, and dt_launch reports it. */
+    if (status <= DT_SUCCESS || status >= DT_STATUS_COUNT) status = DT_ERR_PEER_FAILED;
     if (comm) comm->ops->abort(comm, status, reason ? reason : "aborted by the application");
 }
 

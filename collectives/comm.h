@@ -150,8 +150,10 @@ dt_status dt_comm_check_agreement(dt_comm *comm, const char *op, const int64_t *
                                   const char *const *names, int n);
 
 /* Abort the world this communicator belongs to: every rank's pending and
- * future calls return DT_ERR_PEER_FAILED with `reason`. Safe to call from any
- * rank at any time, more than once (the first reason is kept). */
+ * future calls return DT_ERR_PEER_FAILED with `reason`. `status` is what
+ * this rank's own later calls and dt_launch return (a status that is no
+ * error, such as DT_SUCCESS, counts as DT_ERR_PEER_FAILED). Safe to call
+ * from any rank at any time, more than once (the first reason is kept). */
 void dt_comm_abort(dt_comm *comm, dt_status status, const char *reason);
 
 /* 1 if the world of this communicator has been aborted. */

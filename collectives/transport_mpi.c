@@ -25,8 +25,9 @@
  *   all_gather, broadcast, scatter, gather -> MPI_Iallgather, MPI_Ibcast,
  *                   MPI_Iscatter, MPI_Igather
  *   split           MPI_Comm_split, entered only after the header exchange
- *                   has shown that every member is there (MPI-3 has no
- *                   non-blocking split; this is the one blocking call)
+ *                   has shown that every member is there and no notice
+ *                   has come (MPI-3 has no non-blocking split; this is the
+ *                   one blocking call; RELIABILITY.md says what is left)
  * Collectives receive into the communicator's scratch and copy out on
  * success, so an abandoned request (timeout, peer failure) can never write
  * into a caller's buffer later; that scratch is then never freed (see the
@@ -236,14 +237,22 @@ static void world_record(dt_mpi_world *w, int rank, dt_status st, const char *ms
 }
 
 /* Reads every notice that has arrived; 1 if the world has failed. Never
- * blocks: a notice is small and already here when MPI_Improbe finds it. */
+ * blocks: a notice is small and already here when MPI_Improbe finds it. A
+ * probe that finds nothing drives MPI's progress before it returns, so a
+ * notice that had arrived but was not yet matched is found by a second
+ * one: a poll outside a wait loop (a call's entry, the check before a
+ * split) probes twice. */
 static int world_poll(dt_mpi_world *w) {
-    while (w->ctrl != MPI_COMM_NULL) {
+    for (int misses = 0; w->ctrl != MPI_COMM_NULL;) {
         int flag = 0;
         MPI_Message m;
         MPI_Status s;
-        if (MPI_Improbe(MPI_ANY_SOURCE, TAG_NOTICE, w->ctrl, &flag, &m, &s) != MPI_SUCCESS || !flag)
+        if (MPI_Improbe(MPI_ANY_SOURCE, TAG_NOTICE, w->ctrl, &flag, &m, &s) != MPI_SUCCESS)
             break;
+        if (!flag) {
+            if (++misses == 2) break;
+            continue;
+        }
         int n = 0;
         MPI_Get_count(&s, MPI_BYTE, &n);
         char buf[sizeof(notice_head) + NOTICE_MSG + 1];
@@ -448,13 +457,15 @@ dt_status dt_mpi_world_bcast(dt_mpi_world *w, void *buf, size_t bytes, int root)
     if (!w || (!buf && bytes) || bytes > INT_MAX || root < 0 || root >= w->size)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "mpi world: bad broadcast of %zu bytes from %d",
                         bytes, root);
-    if (world_poll(w)) return world_wait_fail(w, W_ABORTED, 0, "bootstrap broadcast");
+    /* Not skipped or stopped for a failure: the control communicator's
+     * collectives (this, then the exit exchange) stay in the same order on
+     * every rank; the root's failure travels in the data (context.c). */
     char *tmp = malloc(bytes ? bytes : 1);
     if (!tmp) return dt_error(DT_ERR_OUT_OF_MEMORY, "mpi world: out of memory");
     if (w->rank == root && bytes) memcpy(tmp, buf, bytes);
     MPI_Request r = MPI_REQUEST_NULL;
     int rc = MPI_Ibcast(tmp, (int)bytes, MPI_BYTE, root, w->ctrl, &r);
-    int wr = rc == MPI_SUCCESS ? wait_reqs(w, 1, &r, w->cfg.timeout_ms, 1, &rc) : W_ERROR;
+    int wr = rc == MPI_SUCCESS ? wait_reqs(w, 1, &r, w->cfg.timeout_ms, 0, &rc) : W_ERROR;
     if (wr != W_OK) {
         w->leak = 1;
         bury(tmp);
@@ -771,8 +782,9 @@ static dt_status exchange_header(dt_comm *c, const dt_coll_args *a, const char *
      * exchange completes, which it does on every member once all have
      * posted: so no member may leave this wait on a failure notice then
      * (the others would wait in MPI_Comm_split for it, unbounded). Only
-     * its timeout ends it, which races with a member posting at the very
-     * end of it: MPI has no non-blocking split. */
+     * its timeout ends it, and its notice stops a member that arrives
+     * later (split's check); what is left is a member posting at the very
+     * moment another's timeout ends: MPI has no non-blocking split. */
     DT_TRY(coll_wait_watch(c, &r, what, a->kind != DT_COLL_SPLIT));
     for (int m = 1; m < c->size; m++) {
         if (hdr_agree(all, all + (size_t)m * HDR_N)) continue;
@@ -901,8 +913,12 @@ static dt_status move_data(dt_comm *c, const dt_coll_args *a, const char *what) 
 static dt_status split(dt_comm *c, const dt_coll_args *a, dt_comm **out) {
     mpi_impl *im = c->impl;
     MPI_Comm nc = MPI_COMM_NULL;
-    /* Every member has passed the header exchange, so every member is
-     * entering this call now: it ends without waiting on an absent rank. */
+    /* Every member has posted the header exchange, and this one's has
+     * completed. A member that gave up on it (its timeout) has told the
+     * others by then: a member arriving after that completes the exchange
+     * from what was posted, and must not go on into a split the other will
+     * never call. Past this check every member is entering this call now. */
+    DT_TRY(check_alive(c, "split"));
     int rc = MPI_Comm_split(im->mc, a->color >= 0 ? a->color : MPI_UNDEFINED, a->key, &nc);
     if (rc != MPI_SUCCESS) return call_fail(c, "split", "MPI_Comm_split", rc);
     if (nc == MPI_COMM_NULL) return DT_SUCCESS;

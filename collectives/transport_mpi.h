@@ -50,7 +50,9 @@ void dt_mpi_world_abort(dt_mpi_world *world, dt_status status, const char *reaso
 /* 1 if the world failed here or a peer's notice has arrived (polls). */
 int dt_mpi_world_aborted(dt_mpi_world *world);
 /* COLLECTIVE over the world: `bytes` of buf on `root` reach every rank
- * (control communicator; bounded; polls failure notices). */
+ * (control communicator; bounded by the timeout). Every rank calls it, a
+ * failed one too, and a notice does not stop it: a failure of the root
+ * travels in buf, as the caller puts it there. */
 dt_status dt_mpi_world_bcast(dt_mpi_world *world, void *buf, size_t bytes, int root);
 /* COLLECTIVE over the world, once, at the end of a launch: every rank
  * shares the status its function returned (`mine`, with its message) and

@@ -642,15 +642,30 @@ static dt_status launch_process(int world_size, dt_rank_fn fn, void *arg, const 
         const void *idp = NULL;
         dt_peer_channel ch = {NULL, NULL, NULL};
 #ifdef DT_HAVE_MPI
-        unsigned char id[DT_NCCL_ID_BYTES];
+        struct {
+            int32_t status;
+            char msg[500];
+            unsigned char id[DT_NCCL_ID_BYTES];
+        } boot;
         if (world->mpi) {
-            /* Rank 0 takes the id and MPI broadcasts it; a failure on rank 0
-             * reaches the others as a notice. */
-            memset(id, 0, sizeof id);
-            if (rank == 0) st = dt_nccl_unique_id(id, sizeof id);
-            if (st != DT_SUCCESS) dt_mpi_world_abort(world->mpi, st, dt_last_error());
-            if (st == DT_SUCCESS) st = dt_mpi_world_bcast(world->mpi, id, sizeof id, 0);
-            idp = id;
+            /* Rank 0 takes the id and MPI broadcasts it with its status:
+             * every rank joins the broadcast, so a failure on rank 0 leaves
+             * the world's collectives in step and every rank learns it at
+             * once. */
+            memset(&boot, 0, sizeof boot);
+            if (rank == 0 && (st = dt_nccl_unique_id(boot.id, sizeof boot.id)) != DT_SUCCESS) {
+                boot.status = (int32_t)st;
+                snprintf(boot.msg, sizeof boot.msg, "%s", dt_last_error());
+            }
+            dt_status bst = dt_mpi_world_bcast(world->mpi, &boot, sizeof boot, 0);
+            if (bst != DT_SUCCESS) {
+                st = bst;
+            } else if (boot.status != DT_SUCCESS && rank != 0) {
+                boot.msg[sizeof boot.msg - 1] = '\0';
+                st = dt_error(DT_ERR_PEER_FAILED, "dt_launch: rank 0 could not make the NCCL "
+                              "id: %s", boot.msg);
+            }
+            idp = boot.id;
             ch = dt_mpi_world_channel(world->mpi);
         }
 #endif

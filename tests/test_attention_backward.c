@@ -371,7 +371,9 @@ static dt_status rank_bad(dt_context *ctx, void *arg) {
     *bad += strstr(dt_last_error(), "dout must have") == NULL;
     *bad += dt_attention_backward(q, q, q, o, o, o, NULL, &dq, &dk, &dv) != DT_ERR_INVALID_ARGUMENT;
     *bad += strstr(dt_last_error(), "lse must be") == NULL;
+    dk = dv = (dt_tensor *)1; /* dq NULL: dk and dv are still reset */
     *bad += dt_attention_backward(q, q, q, o, lse, o, NULL, NULL, &dk, &dv) != DT_ERR_INVALID_ARGUMENT;
+    *bad += dk != NULL || dv != NULL;
     dt_tensor_destroy(q), dt_tensor_destroy(o), dt_tensor_destroy(lse), dt_tensor_destroy(wrong);
     return DT_SUCCESS;
 }

@@ -516,11 +516,14 @@ static void sleep_ms(long ms) {
 /* mode 0: the failing rank returns an error before the collective;
  * mode 1: it returns success without ever calling it (peers must time out);
  * mode 2: it aborts mid-way through a series of collectives;
- * mode 3: it is slow, but within the timeout (everyone must succeed). */
+ * mode 3: it is slow, but within the timeout (everyone must succeed);
+ * mode 4: it aborts with DT_SUCCESS (still an abort), calls a collective
+ *         itself (an error, not a crash), and returns success. */
 typedef struct fail_case {
     coll_case c;
     int mode, victim;
     double elapsed_ms[MAXP];
+    dt_status own; /* mode 4: the victim's collective after its abort */
 } fail_case;
 
 static dt_status rank_fail(dt_context *ctx, void *arg) {
@@ -537,6 +540,11 @@ static dt_status rank_fail(dt_context *ctx, void *arg) {
                 dt_comm_abort(dt_context_comm(ctx), DT_ERR_BACKEND, "injected abort");
                 return DT_ERR_BACKEND;
             }
+            if (f->mode == 4 && round == 3) {
+                dt_comm_abort(dt_context_comm(ctx), DT_SUCCESS, "aborted with DT_SUCCESS");
+                f->own = dt_comm_all_reduce(dt_context_comm(ctx), x, y, 16, DT_F32, DT_REDUCE_SUM);
+                return DT_SUCCESS;
+            }
             if (f->mode == 3) sleep_ms(30);
         }
         st = dt_comm_all_reduce(dt_context_comm(ctx), x, y, 16, DT_F32, DT_REDUCE_SUM);
@@ -549,7 +557,7 @@ static dt_status rank_fail(dt_context *ctx, void *arg) {
 static void test_failures_do_not_hang(void **state) {
     (void)state;
     const long timeout = 300;
-    for (int mode = 0; mode < 4; mode++)
+    for (int mode = 0; mode < 5; mode++)
         for (int p = 2; p <= MAXP; p += 3) {
             fail_case f = {.c = {.p = p}, .mode = mode, .victim = p - 1};
             double t0 = now_ms();
@@ -576,6 +584,11 @@ static void test_failures_do_not_hang(void **state) {
                 assert_non_null(strstr(dt_last_error(), "injected failure"));
             }
             if (mode == 2) assert_non_null(strstr(f.c.msg[0], "injected abort"));
+            if (mode == 4) {
+                assert_int_equal(st, DT_ERR_PEER_FAILED);
+                assert_int_equal(f.own, DT_ERR_PEER_FAILED);
+                assert_non_null(strstr(f.c.msg[0], "aborted with DT_SUCCESS"));
+            }
         }
 }
 

@@ -21,7 +21,9 @@
  * mismatches of size and dtype, split, the ring rotator, shard / gather /
  * redistribute round trips (1-D, and 2-D at N = 4), attention forward and
  * backward (o, dq, dk, dv) bit for bit against the local transport, collective mismatches, a timeout, a peer's
- * failure and dt_comm_abort reaching the others before the timeout, and a
+ * failure and dt_comm_abort reaching the others before the timeout (an
+ * abort whose status is DT_SUCCESS too), a rank that comes to a split after
+ * the others timed out, the bootstrap broadcast after its root failed, and a
  * healthy launch after all of that.
  */
 #include <setjmp.h>
@@ -38,6 +40,9 @@
 
 #include "attention/attention.h"
 #include "collectives/ring.h"
+#ifdef DT_HAVE_MPI
+#include "collectives/transport_mpi.h"
+#endif
 #include "dtensor/dtensor.h"
 #include "dtensor/launch_env.h"
 
@@ -646,7 +651,9 @@ typedef struct fault_case {
     double ms;             /* how long that call took */
 } fault_case;
 
-enum { F_COUNT, F_KIND, F_TIMEOUT, F_PEER, F_ABORT };
+enum { F_COUNT, F_KIND, F_TIMEOUT, F_PEER, F_ABORT, F_ABORT_OK, F_SPLIT_LATE };
+
+#define SPLIT_LATE_MS 1600 /* F_SPLIT_LATE: after the others' 1000 ms timeout */
 
 static dt_status rank_fault(dt_context *ctx, void *arg) {
     fault_case *c = arg;
@@ -679,11 +686,28 @@ static dt_status rank_fault(dt_context *ctx, void *arg) {
         }
         st = dt_comm_all_reduce(comm, x, y, 8, DT_F32, DT_REDUCE_SUM);
         break;
+    case F_ABORT_OK: /* the last rank aborts with a status that is no error,
+                      * calls a collective itself, and returns success */
+        if (r == last) dt_comm_abort(comm, DT_SUCCESS, "aborted with DT_SUCCESS");
+        st = dt_comm_all_reduce(comm, x, y, 8, DT_F32, DT_REDUCE_SUM);
+        break;
+    case F_SPLIT_LATE: { /* the last rank reaches a split after the others
+                          * gave up on it: it must not wait in MPI's split */
+        if (r == last) {
+            struct timespec ts = {SPLIT_LATE_MS / 1000, (SPLIT_LATE_MS % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+            t0 = now_ms();
+        }
+        dt_comm *sub = NULL;
+        st = dt_comm_split(comm, 0, r, &sub);
+        dt_comm_destroy(sub);
+        break;
+    }
     }
     c->ms = now_ms() - t0;
     c->st = st;
     snprintf(c->msg, sizeof c->msg, "%s", st == DT_SUCCESS ? "" : dt_last_error());
-    return st;
+    return c->kind == F_ABORT_OK ? DT_SUCCESS : st;
 }
 
 static void run_fault(fault_case *c, int kind, long timeout_ms) {
@@ -756,6 +780,78 @@ static void test_peer_failure_is_prompt(void **state) {
     }
 }
 
+/* A status that is no error still aborts: every rank's calls fail (the
+ * aborting rank's own too) and the launch reports the abort. */
+static void test_abort_without_error(void **state) {
+    (void)state;
+    fault_case c;
+    run_fault(&c, F_ABORT_OK, 10000);
+    if (c.o.st != DT_ERR_PEER_FAILED) print_error("%s: %s\n", dt_status_name(c.o.st), c.o.msg);
+    assert_int_equal(c.o.st, DT_ERR_PEER_FAILED);
+    assert_non_null(strstr(c.o.msg, "aborted with DT_SUCCESS"));
+    assert_int_equal(c.st, DT_ERR_PEER_FAILED);
+    assert_true(c.ms < 5000);
+}
+
+/* A rank that comes to a split after the others' wait for it timed out is
+ * stopped by their notices, not left in MPI's blocking split. */
+static void test_split_after_timeout(void **state) {
+    (void)state;
+    if (g_size < 2) {
+        print_message("a late member needs 2 ranks or more\n");
+        skip();
+    }
+    fault_case c;
+    run_fault(&c, F_SPLIT_LATE, 1000);
+    if (c.o.st != DT_ERR_TIMEOUT) print_error("%s: %s\n", dt_status_name(c.o.st), c.o.msg);
+    assert_int_equal(c.o.st, DT_ERR_TIMEOUT);
+    assert_non_null(strstr(c.o.msg, "split"));
+    if (g_rank == g_size - 1) {
+        if (c.st != DT_ERR_PEER_FAILED) print_error("late rank: %s\n", c.msg);
+        assert_int_equal(c.st, DT_ERR_PEER_FAILED);
+        assert_true(c.ms < 1000);
+    } else {
+        assert_int_equal(c.st, DT_ERR_TIMEOUT);
+    }
+}
+
+/* The bootstrap broadcast (NCCL's id under mpirun) when its root has
+ * already failed: every rank still joins it, a notice does not stop it, and
+ * the exit exchange after it gives the root's failure at once. */
+static void test_bootstrap_after_root_failure(void **state) {
+    (void)state;
+#ifdef DT_HAVE_MPI
+    dt_comm_config cfg = {.timeout_ms = 10000, .log_level = DT_LOG_ERROR};
+    dt_mpi_world *w = NULL;
+    int rank = -1, size = 0;
+    assert_int_equal(dt_mpi_init(&rank, &size), DT_SUCCESS);
+    assert_int_equal(dt_mpi_world_create(&cfg, &w), DT_SUCCESS);
+    char buf[64] = "";
+    const char *why = "rank 0 could not make the id";
+    if (rank == 0) {
+        dt_mpi_world_abort(w, DT_ERR_BACKEND, why);
+        snprintf(buf, sizeof buf, "the root's word");
+    }
+    double t0 = now_ms();
+    dt_status b = dt_mpi_world_bcast(w, buf, sizeof buf, 0);
+    char verdict[1200] = "";
+    dt_status fin = dt_mpi_world_finish(w, rank == 0 ? DT_ERR_BACKEND : DT_SUCCESS,
+                                        rank == 0 ? why : NULL, verdict, sizeof verdict);
+    double ms = now_ms() - t0;
+    dt_mpi_world_destroy(w);
+    if (b != DT_SUCCESS || fin != DT_ERR_BACKEND)
+        print_error("rank %d: broadcast %s, finish %s: %s\n", rank, dt_status_name(b),
+                    dt_status_name(fin), verdict);
+    assert_int_equal(b, DT_SUCCESS);
+    assert_string_equal(buf, "the root's word");
+    assert_int_equal(fin, DT_ERR_BACKEND);
+    assert_non_null(strstr(verdict, why));
+    assert_true(ms < 5000);
+#else
+    skip();
+#endif
+}
+
 /* After every failure above, a new launch still works. */
 static void test_healthy_after_failures(void **state) {
     (void)state;
@@ -814,7 +910,7 @@ int main(int argc, char **argv) {
         if (!freopen("/dev/null", "w", stdout)) return 1;
     }
 
-    static char names[16][64];
+    static char names[24][64];
     struct CMUnitTest tests[] = {
         cmocka_unit_test(test_launch),
         cmocka_unit_test(test_reductions),
@@ -829,6 +925,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_collective_mismatch),
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_peer_failure_is_prompt),
+        cmocka_unit_test(test_abort_without_error),
+        cmocka_unit_test(test_split_after_timeout),
+        cmocka_unit_test(test_bootstrap_after_root_failure),
         cmocka_unit_test(test_healthy_after_failures),
     };
     size_t n = sizeof tests / sizeof tests[0];
