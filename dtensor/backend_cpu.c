@@ -14,6 +14,7 @@
 #include <cblas.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -382,9 +383,13 @@ static dt_status dt_cpu_rmsnorm(dt_backend *b, dt_dtype dtype, int64_t rows, int
             double v = dt_value_get(x, dtype, (size_t)(r * n + i));
             ss += v * v;
         }
-        const float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        /* 1/rms leaves float's normal range for rows of subnormals (eps 0)
+         * or near FLT_MAX: then x 2^k times inv 2^-k, the same product. */
+        const double invd = 1.0 / sqrt(ss / (double)n + (double)eps);
+        const float up = invd > FLT_MAX ? 0x1p64f : invd < FLT_MIN ? 0x1p-64f : 1.0f;
+        const float inv = (float)(invd / up);
         for (int64_t i = 0; i < n; i++) {
-            float v = dt_value_get(x, dtype, (size_t)(r * n + i)) * inv;
+            float v = dt_value_get(x, dtype, (size_t)(r * n + i)) * up * inv;
             if (w) v *= dt_value_get(w, dtype, (size_t)i);
             dt_value_set(out, dtype, (size_t)(r * n + i), v);
         }

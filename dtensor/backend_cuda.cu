@@ -46,6 +46,7 @@
 
 #include <inttypes.h>
 #include <limits.h>
+#include <float.h>
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
@@ -415,34 +416,41 @@ __global__ void gelu_kernel(const T *x, T *out, int64_t n, int tanh_form) {
 /* ---------------------------------------------------------- rmsnorm, rotary */
 
 /* RMSNorm, one block per row (grid-stride over rows): each thread sums the
- * squares of its strided elements in fp32, the warps reduce by shuffles and
- * meet in shared memory, warp 0 reduces the warp sums; 1/sqrt(mean + eps) is
- * formed in double as on the CPU. blockDim.x is a multiple of 32, <= 1024. */
+ * squares of its strided elements in double (the op is memory bound, and
+ * fp32 squares of values below 1e-19 vanish), the warps reduce by shuffles
+ * and meet in shared memory, warp 0 reduces the warp sums; 1/sqrt(mean +
+ * eps) is formed in double and applied as on the CPU (scaled by a power of
+ * two where it leaves float's normal range). blockDim.x is a multiple of
+ * 32, <= 1024. */
 template <typename T>
 __global__ void rmsnorm_kernel(const T *x, const T *w, T *out, int64_t rows, int64_t n, float eps) {
-    __shared__ float warp_sum[32];
-    __shared__ float row_inv;
+    __shared__ double warp_sum[32];
+    __shared__ float row_inv, row_up;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T *xr = x + r * n;
         T *orow = out + r * n;
-        float ss = 0.0f;
+        double ss = 0.0;
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-            const float v = to_f(xr[i]);
-            ss = fmaf(v, v, ss);
+            const double v = to_f(xr[i]);
+            ss = fma(v, v, ss);
         }
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         if (lane == 0) warp_sum[warp] = ss;
         __syncthreads();
         if (warp == 0) {
-            ss = lane < warps ? warp_sum[lane] : 0.0f;
+            ss = lane < warps ? warp_sum[lane] : 0.0;
             for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if (lane == 0) row_inv = (float)(1.0 / sqrt((double)ss / (double)n + (double)eps));
+            if (lane == 0) {
+                const double invd = 1.0 / sqrt(ss / (double)n + (double)eps);
+                row_up = invd > FLT_MAX ? 0x1p64f : invd < FLT_MIN ? 0x1p-64f : 1.0f;
+                row_inv = (float)(invd / row_up);
+            }
         }
         __syncthreads();
-        const float inv = row_inv;
+        const float inv = row_inv, up = row_up;
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-            float v = __fmul_rn(to_f(xr[i]), inv);
+            float v = __fmul_rn(__fmul_rn(to_f(xr[i]), up), inv);
             if (w) v = __fmul_rn(v, to_f(w[i]));
             orow[i] = from_f<T>(v);
         }

@@ -69,9 +69,10 @@ dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape,
  * norm is not linear). Every other Shard and Replicate passes through: out
  * has x's Layout. weight must be on x's mesh (or local when x is) with every
  * mesh dim Replicate, shape [E], x's dtype.
- * eps: finite and >= 0. Sums of squares are accumulated in double on the
- * CPU backend, in fp32 on CUDA (per-thread partial sums reduced as a tree);
- * 1/sqrt(mean + eps) is formed in double on both. */
+ * eps: finite and >= 0. Sums of squares are accumulated in double (on
+ * CUDA per-thread partial sums reduced as a tree) and 1/sqrt(mean + eps)
+ * is formed in double; with eps 0 a row of subnormals is normalised too
+ * (its inverse applied as x 2^64 times inv 2^-64). */
 dt_status dt_rmsnorm(const dt_tensor *x, const dt_tensor *weight, float eps, dt_tensor **out);
 
 typedef enum dt_rotary_style {

@@ -290,6 +290,49 @@ static void test_norm(void **state) {
     }
 }
 
+/* eps 0 at float's ends: a row of subnormals (1/rms above FLT_MAX) and a
+ * row near FLT_MAX (1/rms subnormal) are normalised like any other, within
+ * an ulp of x / rms in double; state: the backend. */
+static dt_status rank_norm_extremes(dt_context *ctx, void *arg) {
+    double *max_rel = arg;
+    static const float xs[3][4] = {{1e-39f, -2e-39f, 3e-39f, 1e-39f},
+                                   {3e38f, -2e38f, 1e38f, 3.4e38f},
+                                   {1.0f, 2.0f, -3.0f, 4.0f}};
+    const int64_t shape[2] = {3, 4};
+    dt_tensor *x = NULL, *o = NULL;
+    float got[12];
+    dt_status st;
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, NULL, DT_F32, 2, shape, NULL, &x), out);
+    DT_TRY_GOTO(st, dt_tensor_set_local(x, xs, sizeof xs), out);
+    DT_TRY_GOTO(st, dt_rmsnorm(x, NULL, 0.0f, &o), out);
+    DT_TRY_GOTO(st, dt_tensor_get_local(o, got, sizeof got), out);
+    *max_rel = 0;
+    for (int r = 0; r < 3; r++) {
+        double ss = 0;
+        for (int e = 0; e < 4; e++) ss += (double)xs[r][e] * xs[r][e];
+        for (int e = 0; e < 4; e++) {
+            const double want = xs[r][e] / sqrt(ss / 4);
+            const double rel = fabs(got[r * 4 + e] - want) / fabs(want);
+            if (!(rel <= *max_rel)) *max_rel = isnan(rel) ? INFINITY : rel;
+        }
+    }
+out:
+    dt_tensor_destroy(o);
+    dt_tensor_destroy(x);
+    return st;
+}
+
+static void test_norm_extremes(void **state) {
+    dt_backend_kind be = *(const dt_backend_kind *)*state;
+    REQUIRE_BACKEND(be, 1);
+    double max_rel = INFINITY;
+    dt_status st = launch_on(be, 1, rank_norm_extremes, &max_rel);
+    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    assert_int_equal(st, DT_SUCCESS);
+    if (!(max_rel <= 0x1p-23)) print_error("max relative error %g\n", max_rel);
+    assert_true(max_rel <= 0x1p-23);
+}
+
 /* ------------------------------------------------------------------ rotary */
 
 typedef enum pos_kind { POS_INDEX = 0, POS_OFFSET, POS_LARGE } pos_kind;
@@ -1130,6 +1173,11 @@ static int add_op_cases(table *tb, dt_backend_kind be) {
         c->dtype = DT_F32;
         c->shape[0] = 4, c->shape[1] = 24, c->shape[2] = 20;
         add(tb, name, test_norm, c, 1);
+    }
+    {
+        static const dt_backend_kind kinds[] = {DT_BACKEND_CPU, DT_BACKEND_CUDA};
+        snprintf(name, sizeof name, "rmsnorm/%seps=0,rows of subnormals and near FLT_MAX,fp32", tag);
+        add(tb, name, test_norm_extremes, (void *)&kinds[be == DT_BACKEND_CUDA], 0);
     }
 
     /* rotary */

@@ -1,7 +1,7 @@
 /* tests/emu/cuda_emu.h — the CUDA C++ a source sees when the host C++
  * compiler builds it for the emulator (emu.h): qualifiers that mean nothing
  * on the CPU, static __shared__ arrays, dim3, the built-in indices,
- * __syncthreads and the warp shuffle, fp32 and float2 atomicAdd, float2 / uint2 /
+ * __syncthreads and the warp shuffle (fp32, fp64), fp32 and float2 atomicAdd, float2 / uint2 /
  * uint4, the bf16 / fp16 types with their round-to-nearest-even
  * conversions (dtensor/dtype.h's), the arithmetic intrinsics used, and the
  * host API (cuda_runtime_api.h, cudart.c). Reached through
@@ -51,6 +51,14 @@ inline void __syncthreads() { dt_emu_syncthreads(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { dt_emu_syncwarp(mask); }
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
     return dt_emu_shfl_xor(mask, v, lane_mask);
+}
+/* A double moves as two 32-bit shuffles, as CUDA's own overload does. */
+inline double __shfl_xor_sync(unsigned mask, double v, int lane_mask) {
+    float half[2];
+    memcpy(half, &v, sizeof v);
+    for (int k = 0; k < 2; k++) half[k] = dt_emu_shfl_xor(mask, half[k], lane_mask);
+    memcpy(&v, half, sizeof v);
+    return v;
 }
 /* Fibers never run at the same time: a plain read-add-write is atomic. */
 inline float atomicAdd(float *p, float v) {
