@@ -22,10 +22,11 @@
 #                   `make test` last.
 #
 # Output goes to $OUT (the device tool's folder that comes back; default
-# ./gpu_check_out): one log per step (NN-name.log), summary.txt with one line
-# per step ("step rc seconds note", written as each step ends, so a run cut
-# short still leaves one), and failures.txt with the telling lines of every
-# step that failed. The script continues past failures and exits 0 when every
+# ./gpu_check_out), three files (the device tool brings back eight):
+# logs.tgz with one log per step (NN-name.log, packed again as each step
+# ends), summary.txt with one line per step ("step rc seconds note",
+# written as each step ends, so a run cut short still leaves one), and
+# failures.txt with the telling lines of every step that failed. The script continues past failures and exits 0 when every
 # step that ran passed, 1 otherwise.
 #
 # Dependencies: the device machine has CUDA and NCCL but no cmocka. Carry a
@@ -102,6 +103,7 @@ export CMOCKA_MESSAGE_OUTPUT=STDOUT
 
 if [ "$dry" = 0 ]; then
     mkdir -p "$out" || exit 2
+    logs=$(mktemp -d) || exit 2
     summary=$out/summary.txt
     failures=$out/failures.txt
     # The checkout's commit (a device copy may carry older git metadata than
@@ -191,7 +193,7 @@ step() {
         fi
         return 0
     fi
-    local log=$out/$tag.log t0=$SECONDS rc
+    local log=$logs/$tag.log t0=$SECONDS rc
     echo "\$ $*" >"$log"
     timeout -k 5 "$cap" "$@" >>"$log" 2>&1
     rc=$?
@@ -206,7 +208,11 @@ step() {
         any_failed=1
         excerpt "$tag" "$rc" "$log"
     fi
+    pack_logs
 }
+
+# Every log so far into $OUT/logs.tgz: a run cut short keeps what it logged.
+pack_logs() { tar czf "$out/logs.tgz" -C "$logs" . 2>/dev/null; }
 
 # --------------------------------------------------------------- the machine
 env_report() {
@@ -241,11 +247,12 @@ if [ "$dry" = 1 ]; then
 fi
 
 if [ "$dry" = 0 ] && ! skipped env; then
-    env_report >"$out/00-env.log" 2>&1
+    env_report >"$logs/00-env.log" 2>&1
     nvidia-smi -L >/dev/null 2>&1
     record 00-env "$?" "$SECONDS" "rc of nvidia-smi -L; see 00-env.log"
+    pack_logs
     # The lines that identify the machine, for the device tool's output tail.
-    grep -E '^== host|NVIDIA|release|NCCL_(MAJOR|MINOR|PATCH) ' "$out/00-env.log" | head -n 12
+    grep -E '^== host|NVIDIA|release|NCCL_(MAJOR|MINOR|PATCH) ' "$logs/00-env.log" | head -n 12
 fi
 [ "$dry" = 1 ] && printf '%-34s cap %4ss  %s\n' "00-env" 10 "nvidia-smi, nvcc --version, nccl.h version, libraries"
 
@@ -257,9 +264,9 @@ if [ -n "$prebuilt" ]; then
 else
     step build build 300 30 plain make -j"$jobs" "${make_vars[@]}"
 fi
-if [ "$dry" = 0 ] && [ -z "$prebuilt" ] && [ -f "$out/$(printf '%02d' "$n")-build.log" ]; then
+if [ "$dry" = 0 ] && [ -z "$prebuilt" ] && [ -f "$logs/$(printf '%02d' "$n")-build.log" ]; then
     # What the Makefile found (CUDA, cuBLAS, NCCL, MPI, cmocka) and built.
-    sed -n '/configuration/,/^$/p' "$out/$(printf '%02d' "$n")-build.log" | head -n 16
+    sed -n '/configuration/,/^$/p' "$logs/$(printf '%02d' "$n")-build.log" | head -n 16
 fi
 
 # -------------------------------------------- the CUDA-relevant suites first
@@ -337,9 +344,10 @@ if [ "$dry" = 1 ]; then
     echo "summary would be written to $out/summary.txt"
     exit 0
 fi
-echo "== gpu_check done in ${SECONDS}s of ${budget}s; logs in $out"
+pack_logs && rm -rf "$logs"
+echo "== gpu_check done in ${SECONDS}s of ${budget}s; logs in $out/logs.tgz"
 if [ -s "$failures" ]; then
-    echo "== failures (first lines of each; full logs in $out)"
+    echo "== failures (first lines of each; full logs in $out/logs.tgz)"
     head -c 7000 "$failures"
 fi
 echo "== summary"

@@ -2,11 +2,15 @@
 # scripts/gpu_session.sh — one device call that fits a GPU session of 15
 # minutes of device time (the machine's start included): the packed
 # programs' CUDA suites side by side, compute-sanitizer on the tensor-core
-# attention kernels beside them, a canary of each of the wgmma forward's
-# launch variants (a small block; one that fails or hangs is left out of
-# the rest), issue 4 (c) (the ring's cost; again with the wgmma forward's
-# producer warpgroup, and with its end through TMA), then bench/issue8.py
-# with what is left of the budget.
+# attention kernels beside them (test_reliability after them, alone: its
+# soak case reads the whole device's memory), a canary of each of the
+# wgmma forward's launch variants and of the wgmma backward (a small
+# block; a variant that fails or hangs is left out of the rest, and if
+# the default forward or the backward does, the rest measures the mma
+# kernels only), issue 4 (c) (the ring's cost; again with the wgmma
+# forward's producer warpgroup, and with its end through TMA), then
+# bench/issue8.py with what is left of the budget. Every step before
+# issue8.py is cut to leave it ISSUE8_MIN (200) seconds.
 #
 #   scripts/gpu_session.sh [--dry-run] [--profile] [--prebuilt DIR] [BUDGET_SECONDS]
 #
@@ -73,28 +77,32 @@ sanitized="racecheck:test_attention:forward racecheck:test_attention_backward:ba
 synccheck:test_attention:forward synccheck:test_attention_backward:backward"
 # the wgmma forward's launch variants that issue 4 (c) and --profile compare
 variants="--producer_0 --producer_1 --bulk_1"
-# A canary for each variant not the default: a block small enough to take
-# milliseconds, with more query tiles (256) than SMs, so that persistent
-# CTAs take several. One that fails or runs past 20 s is left out of
-# everything after it (issue8.py --without), where a hang would cost each
-# step its timeout.
-canary="--backend cuda --kernel wgmma --section r --pass fwd --heads 16 --kv-heads 16 --dim 128
---dtype bf16 --c 2048 --iters 1"
+# A canary for each variant (--producer_0 is the default) and the
+# backward: a block small enough to take milliseconds, with more query
+# tiles (256) than SMs, so that persistent CTAs take several. A variant
+# that fails or runs past 20 s is left out of everything after it
+# (issue8.py --without), where a hang would cost each step its timeout.
+canary="--backend cuda --kernel wgmma --section r --heads 16 --kv-heads 16 --dim 128 --dtype bf16
+--c 2048 --iters 1"
+issue8_min=${ISSUE8_MIN:-200}
 
 if [ "$dry" = 1 ]; then
     echo "gpu_session dry run: budget ${budget}s, programs of $build, output in $out"
-    for t in $suites; do echo "  suite      $build/tests/$t (140 s at most; side by side)"; done
+    for t in $suites; do
+        [ "$t" = test_reliability ] || echo "  suite      $build/tests/$t (140 s at most; side by side)"
+    done
     for s in $sanitized; do
         IFS=: read -r tool t pass <<<"$s"
         echo "  sanitizer  DT_TEST_FILTER='$pass/cuda-kernels/*P=1*' compute-sanitizer --tool $tool $build/tests/$t"
     done
-    for v in $variants; do
+    echo "  then       $build/tests/test_reliability (140 s at most; alone)"
+    for v in $variants --pass_bwd; do
         # shellcheck disable=SC2086 # the flags, word by word
-        [ "$v" = --producer_0 ] || echo "  canary     $build/bench/blocks" $canary "${v/_/ } (20 s at most)"
+        echo "  canary     $build/bench/blocks" $canary "$( [ "$v" = --pass_bwd ] || echo --pass fwd)" "${v/_/ } (20 s at most)"
     done
-    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: ${variants//_/ }"
-    [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096) with each of: ${variants//_/ }"
-    echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --without <the variants that failed their canary> --json-out \$OUT/issue8.json"
+    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: ${variants//_/ } (60 s at most each, less if issue8.py would get under ${issue8_min} s)"
+    [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096) with each of: ${variants//_/ } (likewise)"
+    echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --step-timeout <a third of it, 90 to 150> --without <the variants that failed their canary> [--kernels mma] --json-out \$OUT/issue8.json"
     exit 0
 fi
 
@@ -120,26 +128,43 @@ if ldd "$build"/tests/* "$build"/bench/* 2>/dev/null | grep -q 'not found'; then
 fi
 
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+declare -A rcs   # each log's exit status
 pids=()
+names=()
 for t in $suites; do
+    [ "$t" = test_reliability ] && continue
     timeout -k 5 140 "$build/tests/$t" >"$logs/$t.log" 2>&1 &
     pids+=($!)
+    names+=("$t")
 done
 for s in $sanitized; do
     IFS=: read -r tool t pass <<<"$s"
     DT_TEST_FILTER="$pass/cuda-kernels/*P=1*" timeout -k 5 150 "$san" --tool "$tool" --error-exitcode 99 \
         --print-limit 20 "$build/tests/$t" >"$logs/${tool}_$t.log" 2>&1 &
     pids+=($!)
+    names+=("${tool}_$t")
 done
-wait "${pids[@]}"
+for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    rcs[${names[$i]}]=$?
+done
+# alone: its soak case counts the whole device's memory in use
+timeout -k 5 140 "$build/tests/test_reliability" >"$logs/test_reliability.log" 2>&1
+rcs[test_reliability]=$?
 count() { grep -c "$1" "$2"; }
+# cmocka names a failed case twice (again under "listed below")
+failures() { grep -E '^\[  FAILED  \] [a-z]' "$1" | sort -u; }
+exited() { # exited NAME: its exit status, and whether timeout stopped it
+    local rc=${rcs[$1]:-?}
+    case $rc in 124 | 137) echo "exit $rc (timed out)" ;; *) echo "exit $rc" ;; esac
+}
 for t in $suites; do
     f=$logs/$t.log
-    failed=$(count '^\[  FAILED  \] [a-z]' "$f")
+    failed=$(failures "$f" | wc -l)
     passed=$(grep -q '^\[  PASSED  \]' "$f" && echo yes || echo no)
     skipped=$(grep '^\[  SKIPPED \] [a-z]' "$f" | sort -u | wc -l)
-    log "$t: $(count '^\[       OK' "$f") ok, $failed failed, $skipped skipped, passed: $passed"
-    grep -E '^\[  FAILED  \] [a-z]' "$f" | head -5 | tee -a "$summary"
+    log "$t: $(count '^\[       OK' "$f") ok, $failed failed, $skipped skipped, passed: $passed, $(exited "$t")"
+    failures "$f" | head -5 | tee -a "$summary"
     [ "$failed" = 0 ] && [ "$passed" = yes ] || ok=0
 done
 for s in $sanitized; do
@@ -147,39 +172,65 @@ for s in $sanitized; do
     f=$logs/${tool}_$t.log
     verdict=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -n 1)
     cases=$(count '^\[       OK' "$f")
-    log "$tool $t: ${verdict:-no summary} ($cases cases ok, $(count '^\[  FAILED  \] [a-z]' "$f") failed)"
-    # a filter that ran no case proves nothing
-    echo "$verdict" | grep -qE ': 0 (errors|hazards)' && [ "$cases" -gt 0 ] || ok=0
+    failed=$(failures "$f" | wc -l)
+    log "$tool $t: ${verdict:-no summary} ($cases cases ok, $failed failed, $(exited "${tool}_$t"))"
+    # a filter that ran no case proves nothing; a failed case is a failure
+    echo "$verdict" | grep -qE ': 0 (errors|hazards)' && [ "$cases" -gt 0 ] && [ "$failed" = 0 ] || ok=0
 done
 without=()
 kept=""
-for v in $variants; do
-    if [ "$v" != --producer_0 ]; then
-        # shellcheck disable=SC2086 # the flags, and the variant's flag and its value
-        timeout -k 2 20 "$build/bench/blocks" $canary ${v/_/ } >"$logs/canary_$v.log" 2>&1
-        rc=$?
-        log "canary ${v/_/ }: exit $rc"
-        if [ "$rc" != 0 ]; then
-            tail -n 3 "$logs/canary_$v.log" | tee -a "$summary"
-            n=${v#--}
-            without+=("${n%_1}")
-            ok=0
-            continue
-        fi
+mma_only=0   # the default wgmma forward or the backward failed its canary
+for v in $variants --pass_bwd; do
+    pass="--pass fwd"
+    [ "$v" = --pass_bwd ] && pass=""
+    # shellcheck disable=SC2086 # the flags, and the variant's flag and its value
+    timeout -k 2 20 "$build/bench/blocks" $canary $pass ${v/_/ } >"$logs/canary_$v.log" 2>&1
+    rc=$?
+    log "canary ${v/_/ }: exit $rc"
+    if [ "$rc" != 0 ]; then
+        tail -n 3 "$logs/canary_$v.log" | tee -a "$summary"
+        ok=0
+        case $v in
+        --producer_0 | --pass_bwd) mma_only=1 ;;
+        *) n=${v#--}; without+=("${n%_1}") ;;
+        esac
+        continue
     fi
-    kept="$kept $v"
+    [ "$v" = --pass_bwd ] || kept="$kept $v"
 done
 variants=$kept
+if [ "$mma_only" = 1 ]; then
+    log "the wgmma kernels failed a canary: the rest measures the mma kernels only"
+    variants=""
+fi
 tar czf "$out/tests.tgz" -C "$logs" . && rm -rf "$logs"
 
+# cap WANT: WANT seconds, or what the budget has left before issue8.py's
+# ISSUE8_MIN if that is less
+cap() {
+    local left=$((budget - SECONDS - 15 - issue8_min))
+    [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
 : >"$out/ring_cost.txt"
-for v in $variants; do
-    echo "# bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 ${v/_/ }" \
+ring_runs=$variants
+[ "$mma_only" = 1 ] && ring_runs=mma
+for v in $ring_runs; do
+    c=$(cap 60)
+    if [ "$c" -lt 15 ]; then
+        log "issue 4 (c) ${v/_/ }: skipped, ${c}s left before issue8.py's ${issue8_min}s"
+        ok=0
+        continue
+    fi
+    flag=${v/_/ }
+    kernel=auto
+    [ "$v" = mma ] && flag="" && kernel=mma
+    echo "# DT_ATTN_KERNEL=$kernel bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 $flag" \
         >>"$out/ring_cost.txt"
     # shellcheck disable=SC2086 # the flag and its value, two words
-    timeout -k 5 60 "$build/bench/attention" --backend cuda --section c --pass fwd,bwd --iters 5 \
-        ${v/_/ } >>"$out/ring_cost.txt" 2>&1
-    log "issue 4 (c): bench/attention --section c ${v/_/ }, exit $?"
+    DT_ATTN_KERNEL=$kernel timeout -k 5 "$c" "$build/bench/attention" --backend cuda --section c \
+        --pass fwd,bwd --iters 5 $flag >>"$out/ring_cost.txt" 2>&1
+    rcs[ring]=$?
+    log "issue 4 (c): DT_ATTN_KERNEL=$kernel bench/attention --section c $flag, $(exited ring)"
 done
 grep -E '^ +[248] |^# ' "$out/ring_cost.txt" | tee -a "$summary"
 
@@ -203,19 +254,31 @@ elif [ "$profile" = 1 ]; then
     done | paste -sd,)
     for v in $variants; do
         n=${v#--}   # producer_0, producer_1, bulk_1
-        # the 4th launch of the kernel: the causal block's timed run
+        c=$(cap 60)
+        if [ "$c" -lt 20 ]; then
+            log "ncu source counters, ${v/_/ }: skipped, ${c}s left before issue8.py's ${issue8_min}s"
+            continue
+        fi
+        # the 5th launch of the kernel: the causal block's timed run (after
+        # bench/blocks' set-up pass, the full block's warm-up and timed run,
+        # and the causal block's warm-up)
         # shellcheck disable=SC2086 # the flag and its value, two words
-        timeout -k 5 60 "$ncu" --clock-control none --section SourceCounters --import-source yes \
-            -k regex:fwd_wgmma --launch-skip 3 -c 1 -f -o "$prof/rep_$n" "$build/prof/blocks" \
+        timeout -k 5 "$c" "$ncu" --clock-control none --section SourceCounters --import-source yes \
+            -k regex:fwd_wgmma --launch-skip 4 -c 1 -f -o "$prof/rep_$n" "$build/prof/blocks" \
             --backend cuda --kernel wgmma --section r --pass fwd --heads 32 --kv-heads 32 --dim 128 \
             --dtype bf16 --c 4096 --iters 1 ${v/_/ } >"$prof/ncu_$n.log" 2>&1 &&
-            "$ncu" -i "$prof/rep_$n.ncu-rep" --page source --csv --print-source cuda,sass \
-                >"$prof/source_$n.csv" 2>>"$prof/ncu_$n.log"
-        log "ncu source counters, ${v/_/ }: exit $?"
-        python3 bench/ncu_source.py "$prof/source_$n.csv" --top 12 --split "$cuts" 2>&1 | tee -a "$summary"
-        gzip -f "$prof/source_$n.csv"
+            timeout -k 5 60 "$ncu" -i "$prof/rep_$n.ncu-rep" --page source --csv \
+                --print-source cuda,sass >"$prof/source_$n.csv" 2>>"$prof/ncu_$n.log"
+        rcs[ncu]=$?
+        log "ncu source counters, ${v/_/ }: $(exited ncu)"
+        if [ -s "$prof/source_$n.csv" ]; then
+            python3 bench/ncu_source.py "$prof/source_$n.csv" --top 12 --split "$cuts" 2>&1 |
+                tee -a "$summary"
+            gzip -f "$prof/source_$n.csv"
+        fi
+        tar czf "$out/ncu_source.tgz" -C "$prof" .   # what there is, should a later step be cut
     done
-    tar czf "$out/ncu_source.tgz" -C "$prof" . && rm -rf "$prof"
+    rm -rf "$prof"
 fi
 
 left=$((budget - SECONDS - 15))
@@ -223,12 +286,17 @@ if [ "$left" -lt 30 ]; then
     log "issue8.py: skipped, ${left}s of the budget left"
     ok=0
 else
-    without_flag=()
-    [ ${#without[@]} -gt 0 ] && without_flag=(--without "$(IFS=,; echo "${without[*]}")")
-    python3 bench/issue8.py --build "$build" --budget "$left" "${without_flag[@]}" --json-out "$out/issue8.json" \
-        >"$out/issue8.md" 2>"$out/issue8.err"
+    flags=()
+    [ ${#without[@]} -gt 0 ] && flags+=(--without "$(IFS=,; echo "${without[*]}")")
+    [ "$mma_only" = 1 ] && flags+=(--kernels mma)
+    # a hung step costs at most a third of what is left (90 to 150 s)
+    step=$((left / 3))
+    [ "$step" -lt 90 ] && step=90
+    [ "$step" -gt 150 ] && step=150
+    python3 bench/issue8.py --build "$build" --budget "$left" --step-timeout "$step" "${flags[@]}" \
+        --json-out "$out/issue8.json" >"$out/issue8.md" 2>"$out/issue8.err"
     rc=$?
-    log "issue8.py --budget $left: exit $rc"
+    log "issue8.py --budget $left --step-timeout $step ${flags[*]}: exit $rc"
     sed -n '/^## summary/,$p' "$out/issue8.md" | tee -a "$summary"
     [ "$rc" = 0 ] || ok=0
 fi
