@@ -101,7 +101,12 @@ dt_status dt_attn_trace_summarize(const dt_attn_cta_trace *rec, int64_t n, dt_at
     const double span = (double)(last - first);
     out->span_us = span / 1e3;
     out->drain_us = (double)(last - last_start) / 1e3;
-    out->fill = span > 0 ? busy_ns / ((double)out->slots * span) : NAN;
+    /* fill from the SMs' busy time, not the records': a persistent CTA's
+     * query tiles overlap in time (the overlapped order), so the most
+     * records at once (slots) can pass the CTAs the SMs hold */
+    dt_attn_trace_timeline tl;
+    DT_TRY(dt_attn_trace_timeline_of(rec, n, &tl));
+    out->fill = span > 0 ? tl.busy_us / tl.wall_us : NAN;
     out->ghz = busy_ns > 0 ? cycles / busy_ns : NAN;
     fit_line(&all, &out->cycles_per_tile, &out->overhead_cycles);
     fit_line(&loop, &out->loop_cycles_per_tile, &out->loop_fixed_cycles);

@@ -24,10 +24,13 @@ extern "C" {
 typedef struct dt_attn_trace_stats {
     int64_t ctas;            /* records written (ns[1] != 0) */
     int64_t sms;             /* distinct SMs among them */
-    int64_t slots;           /* the most CTAs running at one time */
+    int64_t slots;           /* the most records running at one time (a persistent
+                                CTA's query tiles may overlap: more than the CTAs) */
     int64_t work;            /* their work (tiles), summed */
     double span_us;          /* the first start to the last end */
-    double fill;             /* CTA time summed / (slots x span): 1 when no slot is ever idle */
+    double fill;             /* the SMs' busy time / (SMs x span), an SM busy while any
+                                record on it runs (the timeline's busy / wall): 1 when no
+                                SM is ever idle */
     double drain_us;         /* the last start to the last end: nothing left to launch */
     /* Least squares over the CTAs with work > 0: cycles = cycles_per_tile
      * x work + overhead_cycles (the intercept holds whatever a CTA spends

@@ -85,9 +85,15 @@ def make_inputs(t, b, h, s, d, grad, dev):
     return q, k, v, dout
 
 
+BUSY_CYCLES = 2_000_000   # about 1 ms of the GPU's clock
+
+
 def median_time(t, call, iters, warmup):
     """Median seconds of call() over iters calls after warmup ones, CUDA events
-    around each."""
+    around each. The stream spins for about 1 ms before the first event, so
+    that Python's and PyTorch's work for the call happens while the GPU is
+    busy and the events hold the GPU's time alone (bench/blocks does the
+    same for dtensor's kernels)."""
     for _ in range(warmup):
         call()
     t.torch.cuda.synchronize()
@@ -95,6 +101,7 @@ def median_time(t, call, iters, warmup):
     for _ in range(iters):
         e0 = t.torch.cuda.Event(enable_timing=True)
         e1 = t.torch.cuda.Event(enable_timing=True)
+        t.torch.cuda._sleep(BUSY_CYCLES)
         e0.record()
         call()
         e1.record()

@@ -25,13 +25,19 @@
  *       or dQ, dK, dV (backward, as dt_attention_backward runs a rank's
  *       blocks: dq added into, dk and dv written into a buffer of the
  *       block's own; back to back, step P-1's block in two launches, one
- *       per half of its keys, the second adding into dk, dv).
+ *       per half of its keys, the second adding into dk, dv; a block after
+ *       step 0 with no pair the mask allows is skipped, as the forward's
+ *       launch nothing). Each rank's rows sit in buffers of their own (rank
+ *       j's queries, state and gradients from row j c, the keys of rank
+ *       src from row src c), as the ranks' memory on one device.
  *         critical path  sum over steps of the slowest rank's block;
  *         total          sum of every block (the ring's work on one device);
  *         ratio          contiguous critical path / this order's;
  *         ceiling        (r + P - 1) / (P r), the striped/contiguous ratio a
  *                        kernel with causal efficiency r allows (r measured
- *                        here at c = --ring-c); achieved = ratio / ceiling;
+ *                        here at c = --ring-c, in the launch of the ring's
+ *                        steps before its last: beside a transfer, on CUDA
+ *                        a CTA per query tile); achieved = ratio / ceiling;
  *         vs one call    total / the time of one causal call on the whole
  *                        sequence S = P c (forward: one block that starts
  *                        and finishes its rows; the cost of the ring's fused
@@ -47,9 +53,11 @@
  * --pass fwd,bwd picks the forward and/or backward block kernel. Backward
  * blocks use the lse of a forward pass over the same rows, so P stays
  * finite, and write their dk, dv (block.h's first) as a ring's steps do
- * (until 2026-11-27 they added into them: a read of dk, dv more). Timing (time_block): the device idle before each block; CUDA
- * events around its kernels on a GPU, CLOCK_MONOTONIC on the CPU; one
- * warm-up, then --iters repetitions; the median. On the CPU, OpenBLAS uses
+ * (until 2026-11-27 they added into them: a read of dk, dv more). Timing (time_block): the device drained before each block; CUDA
+ * events around its kernels on a GPU, the stream kept busy for 200 us
+ * before the first event (the host's work for the first launch is then
+ * not timed), CLOCK_MONOTONIC on the CPU; one warm-up, then --iters
+ * repetitions; the median. On the CPU, OpenBLAS uses
  * its own thread count (one rank, every core).
  * Inputs are fill_random values; the timed code does not depend on them.
  *
@@ -64,7 +72,7 @@
  * write-back; backward: dK and dV out; the wgmma forward marks at D = 128
  * only, the wgmma backward at both, the mma backward not). (p): per
  * order, every launch of its blocks summed (span, drain, packed time: the
- * CTAs' time / slots), and the same for the one call; then the b2b ring
+ * SMs' mean busy time), and the same for the one call; then the b2b ring
  * run once more with every launch recording into its own slice, as one
  * device timeline (timeline_run): the mean SM's busy time and its idle
  * time before its first record, between records and after its last, so
@@ -131,7 +139,7 @@ typedef struct launch_sum {
     int launches;                          /* those whose CTAs recorded (a block with nothing
                                               to do launches none: block_cuda.cu's fwd_idle) */
     int64_t ctas;
-    double span_us, drain_us, packed_us;   /* summed; packed: the CTAs' time / slots */
+    double span_us, drain_us, packed_us;   /* summed; packed: the SMs' mean busy time */
     dt_attn_trace_stats last;              /* the last launch's */
     dt_attn_trace_timeline last_timeline;  /* the last launch's, as a timeline */
 } launch_sum;
@@ -279,6 +287,33 @@ static dt_attn_cta_trace *trace_of(const bufs *b) {
     return b->tracing ? b->trace : NULL;
 }
 
+/* b as rank j's blocks of a ring see it: its queries, running state,
+ * outputs and gradients from row qrow, the keys and values it holds (rank
+ * src's) from row krow, as P ranks' buffers would sit side by side on one
+ * device (the one call's are rows 0 to S). Per-row buffers are [row, head,
+ * d]; m, l, lse, delta and the forward's lse are [head, row] with head
+ * stride b->rows, which stays. */
+static bufs bufs_at(const bufs *b, int64_t qrow, int64_t krow) {
+    bufs r = *b;
+    const size_t es = dt_dtype_size(b->dtype);
+    const int64_t qe = qrow * b->H * b->D, ke = krow * b->G * b->D;
+    r.q = (char *)b->q + (size_t)qe * es;
+    r.dout = (char *)b->dout + (size_t)qe * es;
+    r.o = (char *)b->o + (size_t)qe * es;
+    r.k = (char *)b->k + (size_t)ke * es;
+    r.v = (char *)b->v + (size_t)ke * es;
+    r.acc = b->acc + qe;
+    r.dq = b->dq + qe;
+    r.dk = b->dk + qrow * b->G * b->D;
+    r.dv = b->dv + qrow * b->G * b->D;
+    r.m = b->m + qrow;
+    r.l = b->l + qrow;
+    r.lse = b->lse + qrow;
+    r.delta = b->delta + qrow;
+    r.lse_out = b->lse_out + qrow;
+    return r;
+}
+
 /* The backward block of qs against rows [y0, y1) of ks (the whole block,
  * or a part of the keys of a ring's last step), as attention/backward.c
  * runs it: dq added into, dk and dv written (first) into buffer `buf` (0
@@ -324,12 +359,16 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, dt_attn_se
 }
 
 /* Median seconds of run_block over o->iters repetitions after one warm-up,
- * the device idle before each. On CUDA the time between two events on the
- * compute stream around the block's kernels (the backend's marks), so the
- * launch latency and the host's synchronisation are left out, as PyTorch's
- * CUDA-event timings leave them out; on the CPU the wall clock (OpenBLAS
- * runs the block on every core, which the rank thread's CPU time of the
- * CPU backend's marks would not count). */
+ * the device drained before each. On CUDA the time between two events on
+ * the compute stream around the block's kernels (the backend's marks),
+ * the stream kept busy for BUSY_US before the first (the host prepares and
+ * launches the first kernel meanwhile: on an idle GPU the start event
+ * would fire at once and the span hold that host work, some 10 us a
+ * launch), so the launch latency and the host's synchronisation are left
+ * out, as bench/attention_sdpa.py leaves them out of PyTorch's; on the
+ * CPU the wall clock (OpenBLAS runs the block on every core, which the
+ * rank thread's CPU time of the CPU backend's marks would not count). */
+#define BUSY_US 200.0
 typedef struct timed {   /* what time_runs runs: run_block's blocks, or a ring's */
     int bwd, ring, first, last, transfer;
     dt_attn_mask mask;
@@ -352,6 +391,10 @@ static dt_status time_runs(const bufs *b, const opts *o, const timed *w, double 
     for (int i = -1; i < o->iters; i++) {
         DT_TRY(b->be->ops->sync(b->be));
         double t0 = ex_now_s();
+#ifdef DT_HAVE_CUDA
+        /* the GPU busy while the host prepares the first launch */
+        if (b->events) DT_TRY(dt_backend_cuda_busy(b->be, BUSY_US));
+#endif
         if (b->events) DT_TRY(b->be->ops->mark(b->be, 0));
         DT_TRY(run_timed(b, w));
         if (b->events) DT_TRY(b->be->ops->mark(b->be, 1));
@@ -463,6 +506,14 @@ typedef struct p_row {
     dt_attn_trace_timeline ring_tl[3];   /* --trace: b2b's (the one call's: single) */
 } p_row;
 
+/* A backward block the ring skips, as dt_attention_backward does: after
+ * step 0 (whose block starts the sums), one with no pair the mask allows
+ * (a contiguous ring's blocks from later ranks). The forward's launch
+ * nothing by themselves. */
+static int bwd_idle(int t, dt_attn_segment qs, dt_attn_segment ks) {
+    return t > 0 && dt_attn_no_pairs(DT_ATTN_CAUSAL, qs, ks);
+}
+
 /* Every (rank j, step t) block of the ring, steps in turn, the ranks'
  * blocks of a step one after another, as measure_p times them alone.
  * Backward as backward.c runs a rank's: each block writes dk, dv into a
@@ -471,19 +522,25 @@ typedef struct p_row {
  * block after the first continues the one before. */
 static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t c) {
     const int64_t S = (int64_t)P * c;
-    int n = 0;   /* blocks so far */
+    int n = 0;   /* backward blocks launched so far */
     for (int t = 0; t < P; t++)
-        for (int j = 0; j < P; j++, n++) {
+        for (int j = 0; j < P; j++) {
+            const int src = (j - t + P) % P;
             const dt_attn_segment qs = dt_attn_segment_of(order, S, P, j);
-            const dt_attn_segment ks = dt_attn_segment_of(order, S, P, (j - t + P) % P);
+            const dt_attn_segment ks = dt_attn_segment_of(order, S, P, src);
             const int last = t == dt_attn_ring_last_step(order, DT_ATTN_CAUSAL, S, P, j);
-            if (!bwd) {
-                DT_TRY(run_block(b, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P));
+            const bufs rb = bufs_at(b, j * c, src * c);
+            if (!bwd) {   /* an idle block launches nothing (block_cuda.cu) */
+                DT_TRY(run_block(&rb, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P));
+            } else if (bwd_idle(t, qs, ks)) {
+                continue;
             } else if (P > 1 && t == P - 1) {
-                DT_TRY(run_bwd_rows(b, DT_ATTN_CAUSAL, qs, ks, 0, c / 2, 1, n % 2, n > 0));
-                DT_TRY(run_bwd_rows(b, DT_ATTN_CAUSAL, qs, ks, c / 2, c, 0, n % 2, 1));
+                DT_TRY(run_bwd_rows(&rb, DT_ATTN_CAUSAL, qs, ks, 0, c / 2, 1, n % 2, n > 0));
+                DT_TRY(run_bwd_rows(&rb, DT_ATTN_CAUSAL, qs, ks, c / 2, c, 0, n % 2, 1));
+                n++;
             } else {
-                DT_TRY(run_bwd_rows(b, DT_ATTN_CAUSAL, qs, ks, 0, c, 1, n % 2, n > 0));
+                DT_TRY(run_bwd_rows(&rb, DT_ATTN_CAUSAL, qs, ks, 0, c, 1, n % 2, n > 0));
+                n++;
             }
         }
     return DT_SUCCESS;
@@ -498,13 +555,17 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
         for (int t = 0; t < P; t++) {
             double slowest = 0;
             for (int j = 0; j < P; j++) {
+                const int src = (j - t + P) % P;
                 const dt_attn_segment qs = dt_attn_segment_of(orders[oi], S, P, j);
-                const dt_attn_segment ks = dt_attn_segment_of(orders[oi], S, P, (j - t + P) % P);
+                const dt_attn_segment ks = dt_attn_segment_of(orders[oi], S, P, src);
                 const int last = t == dt_attn_ring_last_step(orders[oi], DT_ATTN_CAUSAL, S, P, j);
+                const bufs rb = bufs_at(b, j * c, src * c);
+                if (bwd && bwd_idle(t, qs, ks)) continue;
                 double s;
-                DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P, &s));
+                DT_TRY(time_block(&rb, o, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P,
+                                  &s));
                 if (o->trace)
-                    DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P,
+                    DT_TRY(trace_run(&rb, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P,
                                      &out->ring[oi]));
                 slowest = s > slowest ? s : slowest;
                 out->total_s[oi] += s;
@@ -527,9 +588,12 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
     dt_attn_segment whole = {0, 1, S, 0, 0}, one = {0, 1, c, 0, 0};
     DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single_s));
     if (o->trace) DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single));
+    /* r for the ceiling in the launch the ring's blocks before its last
+     * step take (beside a transfer: on CUDA a CTA per query tile, where
+     * (r) times the persistent launch) */
     double full_s, causal_s;
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, one, one, 0, 0, 0, &full_s));
-    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, one, one, 0, 0, 0, &causal_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_FULL, one, one, 0, 0, 1, &full_s));
+    DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, one, one, 0, 0, 1, &causal_s));
     out->r = causal_s / full_s;
     return DT_SUCCESS;
 }
@@ -610,8 +674,8 @@ static void text_trace(const r_row *rows, int n, const char *pass) {
                "wgmma, keep them)\n", pass);
         return;
     }
-    printf("\n(t) CTA timeline of one more run of each (r) block, pass %s: fill = CTA time / "
-           "(slots x span),\n    drain = last CTA start to the end; a CTA's cycles = "
+    printf("\n(t) CTA timeline of one more run of each (r) block, pass %s: fill = the SMs' busy "
+           "time /\n    (SMs x span), drain = last CTA start to the end; a CTA's cycles = "
            "cyc/tile x tiles + fixed (least squares);\n    the fixed cost split by the forward "
            "kernels' marks (nan: none): start = to the first\n    key tile landed, loop = the "
            "main loop's own fixed cycles (on its own line), end = after\n    the last key tile "
@@ -661,7 +725,7 @@ static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
         return;
     }
     printf("    (t) traced once more (--trace): every launch of the order's blocks, its span,\n"
-           "        drain and packed time (the CTAs' time / slots) summed; fill = packed / span\n"
+           "        drain and packed time (the SMs' mean busy time) summed; fill = packed / span\n"
            "        %-11s %8s %10s %10s %10s %6s\n", "order", "launches", "span ms", "drain ms",
            "packed ms", "fill");
     for (int oi = 0; oi <= 3; oi++) {

@@ -413,6 +413,23 @@ __global__ void gelu_kernel(const T *x, T *out, int64_t n, int tanh_form) {
         out[i] = from_f<T>(gelu_f32(to_f(x[i]), tanh_form));
 }
 
+/* ------------------------------------------------------------------- busy */
+
+/* One thread keeping its stream busy for ns nanoseconds of the GPU's
+ * timer (dt_backend_cuda_busy). */
+__global__ void busy_kernel(uint64_t ns) {
+#ifdef DT_CUDA_EMULATE
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    nanosleep(&ts, NULL);
+#else
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+#endif
+}
+
 /* ---------------------------------------------------------- rmsnorm, rotary */
 
 /* RMSNorm, one block per row (grid-stride over rows): each thread sums the
@@ -1436,6 +1453,17 @@ extern "C" int dt_backend_cuda_bulk(const dt_backend *b) {
 
 extern "C" void dt_backend_cuda_set_bulk(dt_backend *b, int on) {
     if (dt_backend_is_cuda(b)) impl_of(b)->bulk = on != 0;
+}
+
+extern "C" dt_status dt_backend_cuda_busy(dt_backend *b, double us) {
+    if (!dt_backend_is_cuda(b)) return DT_SUCCESS;
+    if (!(us >= 0 && us <= 1e6))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: cuda busy: %g us is not in [0, 1e6]",
+                        b->rank, us);
+    DT_TRY(enter(b, "busy"));
+    dt_cuda_launch(busy_kernel, 1, 1, 0, impl_of(b)->compute, (uint64_t)(us * 1e3));
+    CU_LAUNCHED(b, "busy", "busy_kernel");
+    return DT_SUCCESS;
 }
 
 extern "C" void dt_backend_cuda_set_tf32(dt_backend *b, int on) {

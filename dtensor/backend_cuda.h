@@ -104,6 +104,12 @@ void dt_backend_cuda_set_producer(dt_backend *b, int on);
  * it, only speed. */
 int dt_backend_cuda_bulk(const dt_backend *b);
 void dt_backend_cuda_set_bulk(dt_backend *b, int on);
+/* Keeps the compute stream busy for `us` microseconds (at most 1 s; one
+ * thread spinning on the GPU's timer), for benchmarks: enqueued before a
+ * start event, it lets the host prepare and launch the work it times
+ * while the GPU is busy, so that the events hold the GPU's time and not
+ * the host's. Does nothing on another backend. */
+dt_status dt_backend_cuda_busy(dt_backend *b, double us);
 void *dt_backend_cuda_compute_stream(const dt_backend *b);
 void *dt_backend_cuda_comm_stream(const dt_backend *b);
 void dt_backend_cuda_set_tf32(dt_backend *b, int on);

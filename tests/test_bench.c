@@ -465,6 +465,13 @@ static void test_trace_summary(void **state) {
     assert_int_equal(t.slots, 3);
     assert_int_equal(t.marked, 3);
 
+    /* one SM whose records overlap (a persistent CTA's query tiles in the
+     * overlapped order): 2 slots, and the SM never idle */
+    dt_attn_cta_trace overlapping[2] = {cta(5, 0, 2000, 2), cta(5, 1500, 3000, 1)};
+    assert_int_equal(dt_attn_trace_summarize(overlapping, 2, &t), DT_SUCCESS);
+    assert_int_equal(t.slots, 2);
+    assert_true(fabs(t.fill - 1.0) < 1e-12);
+
     dt_attn_cta_trace same[3] = {cta(0, 0, 5000, 4), cta(1, 0, 5200, 4), cta(0, 5000, 9000, 4)};
     assert_int_equal(dt_attn_trace_summarize(same, 3, &t), DT_SUCCESS);
     assert_int_equal(t.slots, 2);
