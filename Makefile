@@ -397,7 +397,7 @@ valgrind: $(TESTS) $(EXAMPLES) $(BENCHES) $(STAGE_PC)
 	    MPIRUN='$(MPIRUN)' $(DOCS_ENV) bash tests/run_tests.sh $(BUILD)/tests
 endif
 
-run: $(BUILD)/examples/striped_attention
+run: $(EXAMPLES)
 	$(BUILD)/examples/striped_attention $(ARGS)
 
 # Written at parse time; this rule only covers it going missing mid-run.

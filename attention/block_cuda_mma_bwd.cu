@@ -87,9 +87,9 @@
  * iteration i's math; the __syncthreads closing iteration i keeps
  * iteration i+1's copies off the stage still being read.
  *
- * Resources (ptxas -v, CUDA 13, sm_90): 244 registers at D = 64, no spills;
- * 255 registers at D = 128 with an 88-byte stack frame (88 bytes of spill
- * stores, 104 of loads; sm_80: 148 and 172): the 2 x 16 x 128 fp32 dK, dV
+ * Resources (ptxas -v, CUDA 13, sm_90; 2026-11-27): 243 registers at D = 64,
+ * no spills; 255 registers at D = 128 with an 80-byte stack frame (76 bytes
+ * of spill stores, 108 of loads): the 2 x 16 x 128 fp32 dK, dV
  * accumulators per warp plus S and dP leave no room. One CTA (8 warps) per
  * SM either way, the occupancy of the 4-warp version's two CTAs.
  *

@@ -1,6 +1,15 @@
 /* attention/mask.c — segments of a shard and pair counts (pure). */
 #include "mask.h"
 
+const char *dt_attn_tile_name(dt_attn_tile tile) {
+    switch (tile) {
+    case DT_TILE_EMPTY: return "empty";
+    case DT_TILE_PARTIAL: return "partial";
+    case DT_TILE_FULL: return "full";
+    default: return "unknown";
+    }
+}
+
 const char *dt_attn_mask_name(dt_attn_mask mask) {
     switch (mask) {
     case DT_ATTN_CAUSAL: return "causal";

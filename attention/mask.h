@@ -81,6 +81,9 @@ typedef enum dt_attn_tile {
     DT_TILE_FULL         /* all may: no mask */
 } dt_attn_tile;
 
+/* "empty", "partial", "full"; "unknown" otherwise. */
+const char *dt_attn_tile_name(dt_attn_tile tile);
+
 /* Class of the tile of rows [x0, x1) of q and [y0, y1) of k (non-empty ranges). */
 static inline DT_ATTN_HD dt_attn_tile dt_attn_tile_class(dt_attn_mask mask, dt_attn_segment q, int64_t x0,
                                               int64_t x1, dt_attn_segment k, int64_t y0,

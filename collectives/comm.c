@@ -19,6 +19,14 @@ const char *dt_reduce_op_name(dt_reduce_op op) {
     }
 }
 
+const char *dt_p2p_kind_name(dt_p2p_kind kind) {
+    switch (kind) {
+    case DT_P2P_SEND: return "send";
+    case DT_P2P_RECV: return "recv";
+    default: return "unknown";
+    }
+}
+
 const char *dt_coll_kind_name(dt_coll_kind kind) {
     static const char *const names[DT_COLL_KIND_COUNT] = {
         "all_reduce", "all_gather", "reduce_scatter", "broadcast",

@@ -120,6 +120,9 @@ dt_status dt_comm_barrier(dt_comm *comm);
  * from itself. */
 typedef enum dt_p2p_kind { DT_P2P_SEND = 0, DT_P2P_RECV } dt_p2p_kind;
 
+/* "send", "recv"; "unknown" otherwise. */
+const char *dt_p2p_kind_name(dt_p2p_kind kind);
+
 typedef struct dt_p2p_op {
     dt_p2p_kind kind;
     int peer;          /* rank in comm */
@@ -144,8 +147,9 @@ dt_status dt_comm_sendrecv(dt_comm *comm, const dt_p2p_op *ops, int n_ops);
  * names[i], for the message) before an operation that would hang or corrupt
  * data if they did not. Returns DT_SUCCESS, or DT_ERR_MISMATCH on every rank
  * with a message naming the op, the first rank and value that differ from
- * rank 0, and both values ("attention_forward: rank 2 has q.shape[1] = 96
- * but rank 0 has 64"). Costs one all_gather of n int64. */
+ * rank 0, and both values ("rank 0: attention_forward: ranks disagree: comm
+ * rank 2 has q.shape[1] = 96 but comm rank 0 has 64"). Costs one all_gather
+ * of n int64. */
 dt_status dt_comm_check_agreement(dt_comm *comm, const char *op, const int64_t *values,
                                   const char *const *names, int n);
 

@@ -63,6 +63,15 @@ const char *dt_backend_kind_name(dt_backend_kind kind) {
     }
 }
 
+const char *dt_check_mode_name(dt_check_mode mode) {
+    switch (mode) {
+    case DT_CHECK_AUTO: return "auto";
+    case DT_CHECK_OFF: return "off";
+    case DT_CHECK_ON: return "on";
+    default: return "unknown";
+    }
+}
+
 const char *dt_transport_kind_name(dt_transport_kind kind) {
     switch (kind) {
     case DT_TRANSPORT_AUTO: return "auto";

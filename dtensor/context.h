@@ -93,6 +93,9 @@ typedef enum dt_check_mode {
     DT_CHECK_MODE_COUNT
 } dt_check_mode;
 
+/* "auto", "off", "on"; "unknown" otherwise. */
+const char *dt_check_mode_name(dt_check_mode mode);
+
 typedef struct dt_launch_options {
     dt_backend_kind backend;      /* AUTO: DT_BACKEND, else the best available */
     dt_transport_kind transport;  /* AUTO: DT_TRANSPORT, else the best available */

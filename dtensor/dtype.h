@@ -3,8 +3,9 @@
  * fp32 is the reference type. bf16 and fp16 are stored as 16 bits and
  * computed in fp32 (convert with dt_bf16_to_f32 / dt_f32_to_bf16 and
  * dt_f16_to_f32 / dt_f32_to_f16, round-to-nearest-even), on every backend.
- * u8 is raw bytes, for transfers (communicators, the ring rotator); tensors
- * do not take it. dt_value_get / dt_value_set / dt_value_round read, write
+ * u8 is raw bytes, for transfers (communicators, the ring rotator) and for
+ * a tensor that is only memory of the backend (an attention workspace):
+ * no op or primitive takes it (DT_ERR_NOT_SUPPORTED). dt_value_get / dt_value_set / dt_value_round read, write
  * and round one element of any of these on the host; dt_values_get /
  * dt_values_set convert a whole host array to and from fp32.
  *

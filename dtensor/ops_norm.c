@@ -135,6 +135,7 @@ static dt_status nn_reshape_impl(const dt_tensor *t, int ndim, const int64_t *sh
     DT_REQUIRE(shape != NULL, "%s: shape is NULL", op);
     DT_REQUIRE(ndim >= 1 && ndim <= DT_MAX_DIMS, "%s: ndim %d is out of range 1..%d", op, ndim,
                DT_MAX_DIMS);
+    DT_TRY(nn_check_dtype(op, t));
     int on = dt_tensor_ndim(t);
     const int64_t *os = dt_tensor_shape(t);
     char obuf[160], nbuf[160];

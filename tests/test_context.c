@@ -16,6 +16,8 @@
 #include <xmmintrin.h>
 #endif
 
+#include "attention/mask.h"
+#include "collectives/comm.h"
 #include "dtensor/context.h"
 
 #define MAXR 64
@@ -180,6 +182,12 @@ static void test_status_and_dtype_names(void **state) {
     assert_int_equal(dt_dtype_size((dt_dtype)77), 0);
     assert_string_equal(dt_backend_kind_name(DT_BACKEND_CUDA), "cuda");
     assert_string_equal(dt_transport_kind_name(DT_TRANSPORT_NCCL), "nccl");
+    assert_string_equal(dt_check_mode_name(DT_CHECK_ON), "on");
+    assert_string_equal(dt_check_mode_name(DT_CHECK_MODE_COUNT), "unknown");
+    assert_string_equal(dt_p2p_kind_name(DT_P2P_RECV), "recv");
+    assert_string_equal(dt_p2p_kind_name((dt_p2p_kind)5), "unknown");
+    assert_string_equal(dt_attn_tile_name(DT_TILE_PARTIAL), "partial");
+    assert_string_equal(dt_attn_tile_name((dt_attn_tile)-1), "unknown");
     /* bf16 rounding: nearest even, NaN stays NaN, exact values round-trip. */
     assert_int_equal(dt_f32_to_bf16(1.0f), 0x3f80);
     assert_int_equal(dt_f32_to_bf16(1.00390625f), 0x3f80);   /* tie -> even */

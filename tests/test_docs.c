@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -355,6 +356,19 @@ static void test_api_names_installed(void **state) {
                         name, stage);
         }
         p += n - 1;
+    }
+    /* ... and no installed header calls itself private (the Makefile
+     * leaves out those whose first line says PRIVATE; another spelling
+     * slipped through) */
+    for (int i = 0; i < nh; i++) {
+        const char *eol = strchr(hdr[i].raw, '\n');
+        const size_t len = eol ? (size_t)(eol - hdr[i].raw) : strlen(hdr[i].raw);
+        for (size_t x = 0; x + 7 <= len; x++)
+            if (strncasecmp(hdr[i].raw + x, "private", 7) == 0) {
+                missing++;
+                print_error("%s is installed but its first line says it is private\n", hdr[i].path);
+                break;
+            }
     }
     print_message("%d names of docs/API.md against %d installed headers\n", names, nh);
     free(md);

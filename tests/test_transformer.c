@@ -33,8 +33,8 @@
  *   backend/cuda-vs-cpu/...  the same inputs through both backends: reshape
  *                 bit-exact; rotary fp32 within 2e-7 + 2e-7|cpu| (cos and sin
  *                 are rounded from double on both sides, the rotation has no
- *                 FMA); rmsnorm fp32 1e-6 + 1e-6|cpu| (the CPU sums squares
- *                 in double, CUDA in fp32); bf16 one bf16 ulp (2^-7 |cpu|).
+ *                 FMA); rmsnorm fp32 1e-6 + 1e-6|cpu| (both sum squares in
+ *                 double, in different orders); bf16 one bf16 ulp (2^-7 |cpu|).
  *
  * Tolerances |got - ref| <= atol + rtol*|ref|:
  *   reshape            exact (bytes move)
@@ -502,7 +502,7 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_BF16, 1, &E, &R, 2, 1, 0.5f, &wb), out);
     DT_TRY_GOTO(st, h_make_tensor(ctx, mesh, DT_F32, 1, &E1, &R, 2, 1, 0.5f, &wlong), out);
     DT_TRY_GOTO(st, h_make_tensor(ctx, mesh_b, DT_F32, 1, &E, &R, 2, 1, 0.5f, &wother), out);
-    /* A dtype RMSNorm and rotary refuse: u8 (raw bytes), on every backend. */
+    /* A dtype every op refuses: u8 (raw bytes), on every backend. */
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, DT_U8, 3, s3, &R, &xh), out);
     DT_TRY_GOTO(st, h_make_tensor(ctx, NULL, DT_F32, 3, s3, NULL, 1, 0, 1, &loc), out);
     before = h_local_floats(flat);
@@ -510,7 +510,7 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     dt_tensor *sentinel = (dt_tensor *)(uintptr_t)0x1, *o = sentinel;
     const int64_t to_flat[3] = {2, 8, 32}, to_heads3[4] = {2, 8, 3, 16}, to_heads2[4] = {2, 8, 2, 24};
     const int64_t bad_numel[3] = {2, 8, 31}, zero_dim[3] = {2, 0, 48}, neg_dim[3] = {2, -8, -48};
-    const int64_t big[2] = {INT64_MAX / 2, 4};
+    const int64_t big[2] = {INT64_MAX / 2, 4}, s2u8[2] = {16, 48};
     int64_t pos8[8] = {0, 1, 2, 3, 4, -5, 6, 7};
     dt_rotary_options ro = DT_ROTARY_OPTIONS_INIT;
     int k = 0;
@@ -575,6 +575,7 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
     REJ(dt_rotary(NULL, &ro, &o));                    /* 35 */
     REJ(dt_rotary(q, &ro, NULL));                     /* 36 */
     REJ(dt_rotary(xh, NULL, &o));                     /* 37: u8 */
+    REJ(dt_tensor_reshape(xh, 2, s2u8, &o));          /* 38: u8 */
 #undef REJ
     if (r == 0) c->n = k;
     /* ... while a Partial tensor reshapes fine (it stays Partial) */
@@ -618,6 +619,7 @@ static void test_errors(void **state) {
         I, N, N, N, N, I, I, I, I, I, I, I, I,          /* reshape 0..12 */
         N, N, N, I, I, I, I, I, I, I, I, N, I,          /* rmsnorm 13..25 */
         I, N, I, I, I, I, I, I, I, I, I, N,             /* rotary 26..37 */
+        N,                                              /* reshape of u8, 38 */
     };
     const int n_expect = (int)(sizeof expect / sizeof expect[0]);
     assert_int_equal(c->n, n_expect);
@@ -652,6 +654,7 @@ static void test_errors(void **state) {
         {31, "n_positions is 8 but positions is NULL"},
         {32, "base -1"},
         {34, "unknown style 7"},
+        {38, "dtype u8"},
     };
     for (size_t i = 0; i < sizeof msgs / sizeof msgs[0]; i++) {
         if (!strstr(c->msg[msgs[i].k], msgs[i].text))
