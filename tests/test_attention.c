@@ -2100,9 +2100,10 @@ int main(void) {
                  dt_order_name(c->order), c->tp, c->tp == 1 ? " (Shard(2, striped))" : "", c->P,
                  (long long)c->s.S);
     }
-    /* The same on the CUDA backend (ranks sharing one GPU): skipped without a GPU. */
+    /* The same on the CUDA backend (ranks sharing one GPU): skipped without a
+     * GPU. P = 8 shares the emulator's 4 devices too (make CUDA=emu test). */
     for (int o = 0; o < DT_ORDER_COUNT; o++)
-        for (int p = 1; p <= 4; p *= 2)
+        for (int p = 1; p <= 8; p *= 2)
             for (int v = 0; v < 2; v++) {
                 fwd_case *c = &cases[nc++];
                 c->P = p;

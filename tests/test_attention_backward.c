@@ -514,13 +514,14 @@ int main(void) {
     *c = (bwd_case){.s = {1, 48, 8, 4, 16}, .P = 3, .tp = 2, .order = DT_ORDER_STRIPED,
                     .mask = DT_ATTN_CAUSAL, .dtype = DT_F32, .seed = 5};
     snprintf(c->name, sizeof c->name, "backward/striped/tp=2,sp=3,S=48,H=8,HKV=4,D=16,causal,fp32");
-    /* The same on the CUDA backend (ranks sharing one GPU): skipped without a GPU. */
+    /* The same on the CUDA backend (ranks sharing one GPU): skipped without a
+     * GPU. P = 8 shares the emulator's 4 devices too (make CUDA=emu test). */
     for (int o = 0; o < DT_ORDER_COUNT; o++)
-        for (int p = 1; p <= 4; p *= 2) {
+        for (int p = 1; p <= 8; p *= 2) {
             bwd_case *cc = &cases[nc++];
             *cc = (bwd_case){.s = {1, 40 * p, 4, 2, 64}, .P = p, .tp = 1, .order = (dt_order)o,
                              .mask = p == 2 ? DT_ATTN_FULL : DT_ATTN_CAUSAL,
-                             .dtype = p == 4 ? DT_BF16 : DT_F32, .seed = 700 + (uint64_t)nc,
+                             .dtype = p >= 4 ? DT_BF16 : DT_F32, .seed = 700 + (uint64_t)nc,
                              .backend = DT_BACKEND_CUDA};
             snprintf(cc->name, sizeof cc->name, "backward/cuda/%s/P=%d,S=%lld,H=4,HKV=2,D=64,%s,%s",
                      dt_order_name(cc->order), p, (long long)cc->s.S, dt_attn_mask_name(cc->mask),
