@@ -593,15 +593,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if ((o->shapes = ex_parse_choice(a, v, shapes, 3)) < 0) return 2;
             i++;
         } else if (!strcmp(a, "--section")) {
-            if (!v || !*v || strspn(v, "abc,") != strlen(v)) {
-                fprintf(stderr, "bench/attention: --section takes letters a, b, c (e.g. a,c)\n");
-                return 2;
-            }
-            for (int s = 0; s < 3; s++) o->sections[s] = strchr(v, 'a' + s) != NULL;
-            if (!o->sections[0] && !o->sections[1] && !o->sections[2]) {
-                fprintf(stderr, "bench/attention: --section names no section (a, b, c)\n");
-                return 2;
-            }
+            static const char *const names[3] = {"a", "b", "c"};
+            if (!ex_parse_choices(a, v, names, 3, o->sections)) return 2;
             i++;
         } else if (!strcmp(a, "--pass")) {
             static const char *const names[PASS_COUNT] = {"fwd", "bwd"};

@@ -1017,23 +1017,10 @@ static void usage(FILE *f) {
 }
 
 static int parse_list(const char *flag, const char *v, int64_t *out, int *n) {
-    char buf[256];
-    *n = 0;
-    if (v && strlen(v) < sizeof buf) {
-        snprintf(buf, sizeof buf, "%s", v);
-        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-             tok = strtok_r(NULL, ",", &save)) {
-            long x;
-            if (*n == MAX_LIST) {
-                fprintf(stderr, NAME ": %s takes at most %d entries\n", flag, MAX_LIST);
-                return 0;
-            }
-            if (!ex_parse_int(flag, tok, 1, 1L << 20, &x)) return 0;
-            out[(*n)++] = x;
-        }
-    }
-    if (*n == 0) fprintf(stderr, NAME ": %s takes a list like 1024,2048\n", flag);
-    return *n > 0;
+    long x[MAX_LIST];
+    if (!ex_parse_ints(flag, v, 1, 1L << 20, MAX_LIST, x, n)) return 0;
+    for (int i = 0; i < *n; i++) out[i] = x[i];
+    return 1;
 }
 
 static int parse(int argc, char **argv, opts *o) {

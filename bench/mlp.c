@@ -283,22 +283,10 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--backend")) {
             if (!ex_parse_backend(a, v, &o->backend)) return 2;
         } else if (!strcmp(a, "--ranks")) {
-            o->n_ranks = 0, o->ranks_set = 1;
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", v ? v : "");
-            for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-                 tok = strtok_r(NULL, ",", &save)) {
-                if (o->n_ranks == MAX_P) {
-                    fprintf(stderr, NAME ": --ranks takes at most %d entries\n", MAX_P);
-                    return 2;
-                }
-                if (!ex_parse_int(a, tok, 1, MAX_P, &x)) return 2;
-                o->ranks[o->n_ranks++] = (int)x;
-            }
-            if (o->n_ranks == 0) {
-                fprintf(stderr, NAME ": --ranks takes a list such as 1,2,4\n");
-                return 2;
-            }
+            long r[MAX_P];
+            if (!ex_parse_ints(a, v, 1, MAX_P, MAX_P, r, &o->n_ranks)) return 2;
+            for (int k = 0; k < o->n_ranks; k++) o->ranks[k] = (int)r[k];
+            o->ranks_set = 1;
         } else {
             fprintf(stderr, NAME ": unknown flag '%s' (--help lists them)\n", a);
             return 2;

@@ -11,8 +11,8 @@
  *   results      ex_to_host_f32, ex_check_result
  *   the MLP      ex_mlp_forward (through the library), ex_ref_matmul and
  *                ex_ref_gelu (the double-precision reference)
- *   flags        ex_parse_int, ex_parse_choice, ex_parse_choices, ex_parse_seed,
- *                ex_parse_dtype, ex_parse_backend
+ *   flags        ex_parse_int, ex_parse_ints, ex_parse_choice, ex_parse_choices,
+ *                ex_parse_seed, ex_parse_dtype, ex_parse_backend
  */
 #ifndef DT_EXAMPLE_UTIL_H
 #define DT_EXAMPLE_UTIL_H
@@ -218,6 +218,28 @@ static inline int ex_parse_choice(const char *flag, const char *v, const char *c
     for (int i = 0; i < n; i++) fprintf(stderr, "%s %s", i ? "," : "", names[i]);
     fprintf(stderr, "; got '%s'\n", v ? v : "(nothing)");
     return -1;
+}
+
+/* A list "1,2,4" of at most max integers in [lo, hi]: 1 and out[0..*n),
+ * else 0 with a message (an empty list, too many entries, a bad one). */
+static inline int ex_parse_ints(const char *flag, const char *v, long lo, long hi, int max,
+                                long *out, int *n) {
+    char buf[256];
+    *n = 0;
+    if (v && strlen(v) < sizeof buf) {
+        snprintf(buf, sizeof buf, "%s", v);
+        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+             tok = strtok_r(NULL, ",", &save)) {
+            if (*n == max) {
+                fprintf(stderr, NAME ": %s takes at most %d entries\n", flag, max);
+                return 0;
+            }
+            if (!ex_parse_int(flag, tok, lo, hi, &out[*n])) return 0;
+            ++*n;
+        }
+    }
+    if (*n == 0) fprintf(stderr, NAME ": %s takes a list of integers such as %ld,%ld\n", flag, lo, hi);
+    return *n > 0;
 }
 
 /* A list "a,b" of names[0..n): 1 and on[i] = 1 for each named, else 0
