@@ -55,7 +55,9 @@ typedef struct dt_attention_timing {
                                              pass) */
     double blocks_ms[DT_ATTN_MAX_STEPS];  /* step t's block kernels (the backward's
                                              last step: its two parts and the wait
-                                             for the sums between them) */
+                                             for the sums between them; 0 when the
+                                             mask leaves its block no pair, the wait
+                                             then in wait_ms) */
     double wait_ms[DT_ATTN_MAX_STEPS];    /* from the end of step t's kernels to the
                                              start of step t+1's: the transfer the
                                              kernels did not hide, plus the loop's own

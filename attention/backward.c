@@ -359,7 +359,10 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
                           r.grad[LOC], 1, t > 0, 0, t < last ? rows : half);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;
-        if (t < last || !comm) DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
+        /* The last step's block ends after its second part, unless it is
+         * idle: then the wait for the sums below is a wait, not a block. */
+        if (t < last || !comm || idle)
+            DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
         if (!comm) break;   /* one step; grad[LOC] holds the final sums */
         if (pending) {
             pending = 0;
@@ -381,7 +384,7 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
                               sums, 0, 1, half, rows);
             DT_TRACE_POP();
             if (st != DT_SUCCESS) goto fail;
-            DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
+            if (!idle) DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
             DT_TRY_GOTO(st, bwd_round_rows(&p, &w, &r, sums, NULL, half, rows), fail);
             break;
         }

@@ -98,12 +98,10 @@ int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size
  * waits for the one before also before it takes from the queue. overlap:
  * at D = 128, the overlapped order (block_cuda_wgmma.cu: a query tile's
  * rows written back by one warpgroup while the other computes); producer:
- * at D = 128, the loads by a producer warpgroup (block_cuda_wgmma.cu); bulk:
- * at D = 128 in the overlapped order without the producer, a query tile's
- * end through shared memory and TMA (block_cuda_wgmma.cu, BULK); the same
- * results either way, only the speed may differ. */
+ * at D = 128, the loads by a producer warpgroup (block_cuda_wgmma.cu); the
+ * same results either way, only the speed may differ. */
 dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
-                            void *queue, int dependent, int overlap, int producer, int bulk);
+                            void *queue, int dependent, int overlap, int producer);
 
 /* Runs one backward block on `stream` with the wgmma backward kernel
  * (block_cuda_wgmma_bwd.cu), as dt_attn_mma_bwd (same contract, l2_bytes,

@@ -70,8 +70,8 @@
  * each in wgmma_device.cuh's 128-byte swizzled column-block layout (a Q
  * buffer at D = 128 as each warpgroup's 64 rows in a tile of their own,
  * wg_load_first), (2 BM + 4 BN) D 2 bytes (96 KiB at D = 64, 192 KiB at D =
- * 128; BULK: 32 KiB more, its boxes), then ten mbarriers (full, empty,
- * pub, qfree and rfull, two each) and four words, plus 1 KiB to put the
+ * 128), then eight mbarriers (full, empty, pub and qfree, two each) and
+ * four words, plus 1 KiB to put the
  * first tile on a 1024-byte boundary of the shared window. A CTA's query
  * tiles take the Q buffers in turn, its key tiles (over all its query
  * tiles) the stages.
@@ -100,13 +100,11 @@
  * ptxas (sm_90a, CUDA 13.0): 128 registers at D = 64 (two CTAs per SM:
  * launch bounds), 185 at D = 128 (255 in the overlapped order, whose
  * warpgroups load their rows' stored state before their last product's
- * wait: EARLY below; 204 with BULK, whose stored state goes to shared
- * memory), no
- * spills, no serialised wgmma; with the producer warpgroup 168 at the
- * entry, 232 for the consumers and 40 for the producer (setmaxnreg), no
- * spills. The batch and kv head of the current tile sit in shared memory
- * for thread 0's loads instead of in every thread's registers (at D = 64
- * they spilled). A tile's index math divides by multiplication
+ * wait: EARLY below), no spills, no serialised wgmma; with the producer
+ * warpgroup 168 at the entry, 232 for the consumers and 40 for the
+ * producer (setmaxnreg), no spills. The batch and kv head of the current
+ * tile sit in shared memory for thread 0's loads instead of in every
+ * thread's registers (at D = 64 they spilled). A tile's index math divides by multiplication
  * (mma_device.cuh's dt_mma_grid, made on the host).
  *
  * Measured on an H200 (docs/PERFORMANCE.md, 2026-11-26): the persistent
@@ -124,16 +122,14 @@
  * (dt_backend_cuda_set_overlap(b, 0)); its tests passed there, racecheck
  * and synccheck clean. What is left besides: a third stage; the overlap
  * of a tile's S with the previous tile's P V inside a warpgroup.
- * Prepared, not yet measured: the producer warpgroup (PRODUCER below;
- * dt_attn_wgmma_fwd's producer, dt_backend_cuda_set_producer; D = 128),
- * which takes every load and the tile queue off thread 0, so that no
- * consumer thread waits for a release or a ticket (FlashAttention-3); and
- * the bulk end (BULK below; dt_attn_wgmma_fwd's bulk,
- * dt_backend_cuda_set_bulk; D = 128, overlapped, without the producer):
- * the rows' stored state brought into shared memory by TMA during their
- * last product and the merged rows written out by a TMA store, where a
- * query tile's end read and wrote 128 KiB of fp32 with each thread's
- * loads and stores, the largest part of its fixed cost (ARCHITECTURE.md).
+ * The producer warpgroup (PRODUCER below; dt_attn_wgmma_fwd's producer,
+ * dt_backend_cuda_set_producer; D = 128) takes every load and the tile
+ * queue off thread 0, so that no consumer thread waits for a release or a
+ * ticket (FlashAttention-3). The default since an H200 run (2026-11-27):
+ * 4 to 10% faster than thread 0's loads in every forward row, single call
+ * and ring (docs/PERFORMANCE.md). The same run measured a query tile's end
+ * through shared memory and TMA bulk copies 20 to 30% slower on full
+ * blocks, and it was removed.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -166,12 +162,9 @@ constexpr int WG_THREADS = 256;       /* two warpgroups */
  * [B][nk][G][D] as 4-D maps {D, heads, rows, batch} with the segment's rows
  * only, so that the rows past its end arrive as zeros; boxes of 64 columns
  * (128 bytes, the 128-byte swizzle's row) x 1 head x a warpgroup's 64
- * query rows or BN key rows. BULK (the rows' state through shared memory,
- * below): acc [B][nq][H][D] fp32 in boxes of 32 columns (128 bytes) x 1 x
- * 64 rows, and (the call's last block) o, q's layout, in q's boxes; the
- * rows past the segment are neither read nor written. */
+ * query rows or BN key rows. */
 struct wg_params {
-    CUtensorMap q, k, v, acc, o;
+    CUtensorMap q, k, v;
     dt_attn_block_args a;
     dt_mma_grid grid;  /* the launch's index math (mma_device.cuh) */
     uint32_t tiles;    /* query tiles of the block: ceil(nq / BM) x heads x batch */
@@ -209,22 +202,13 @@ __device__ __forceinline__ void wg_load_kv(const wg_params &p, int bi, int gi, i
 /* Thread 0: query tile c's queries into Q buffer sq and its first key
  * tile into a stage, all on *bar, if it has a key tile. The buffer holds
  * warpgroup w's 64 rows at sq + w TILE_Q / 2, each warpgroup's a tile of
- * its own (column blocks of 64 rows), so that it can reuse its rows' bytes
- * once its own last S has read them (BULK). qrel (BULK): the buffer's
- * release by warpgroup 1's stores from it (phase parity qpar), waited for
- * before the queries are loaded into it, after thread 0's own stores (it
- * is warpgroup 0's storer) have read it. */
+ * its own (column blocks of 64 rows). */
 template <int D>
 __device__ __forceinline__ void wg_load_first(const wg_params &p, const fwd_cta &c,
                                               unsigned char *sq, unsigned char *sk,
-                                              unsigned char *sv, uint64_t *bar,
-                                              uint64_t *qrel = nullptr, uint32_t qpar = 0) {
+                                              unsigned char *sv, uint64_t *bar) {
     constexpr int TILE_Q = WG_BM * D * 2;
     if (wg_tiles_of(p, c) == 0) return;
-    if (qrel) {
-        bulk_wait_read<0>();
-        mbar_wait(qrel, qpar);
-    }
     wg_load_kv<D>(p, (int)c.b, (int)c.g, 0, sk, sv, bar, TILE_Q);
     if constexpr (D == 64) {   /* one column block: the warpgroups' tiles are one box */
         tma_load_4d(sq, &p.q, 0, (int)c.h, (int)c.x0, (int)c.b, bar);
@@ -272,13 +256,12 @@ __device__ __forceinline__ uint32_t wg_ticket(const wg_params &p, bool first) {
 template <int D>
 __device__ __forceinline__ void wg_next(const wg_params &p, bool first, uint32_t *slot,
                                         unsigned char *sq, unsigned char *sk, unsigned char *sv,
-                                        uint64_t *bar, uint64_t *pub = nullptr,
-                                        uint64_t *qrel = nullptr, uint32_t qpar = 0) {
+                                        uint64_t *bar, uint64_t *pub = nullptr) {
     const uint32_t next = wg_ticket(p, first);
     *slot = next;
     if (pub) mbar_arrive(pub);   /* release: the slot's write before the arrival */
     if (next < p.tiles)
-        wg_load_first<D>(p, fwd_cta_of(p.a, p.grid, next, WG_BM), sq, sk, sv, bar, qrel, qpar);
+        wg_load_first<D>(p, fwd_cta_of(p.a, p.grid, next, WG_BM), sq, sk, sv, bar);
 }
 
 /* The producer warpgroup's first thread (PRODUCER, D = 128): every load of the CTA
@@ -317,162 +300,6 @@ __device__ __forceinline__ void wg_produce(const wg_params &p, unsigned char *sq
     }
 }
 
-
-/* BULK: a query tile's end through shared memory (D = 128, the overlapped
- * order without the producer warpgroup). Warpgroup w's rows' fp32 state,
- * 64 rows x D, lives for its end in D / 32 boxes of 32 columns (8 KiB,
- * 128-byte rows, the 128-byte swizzle), the first D / 64 in its own rows
- * of the Q buffer (qw: its 16-bit queries there take the same bytes, free
- * once its own last S has read them), the others in a region of its own
- * beside the stages (fw). The acc map's TMA brings the stored state there
- * during its last key tile (its softmax and P V); the merge reads it and
- * writes the result back in place; a TMA store takes it to acc (or, by
- * the call's last block, o in T goes into qw in Q's layout and o's map
- * stores it). So the end's
- * 64 KiB a query tile cross the load/store units as shared-memory accesses
- * (a thread's float2 at row r, column c: conflict-free over a warp but
- * the two 8-byte halves of each 16-byte chunk) instead of 64 float2
- * global loads and stores per thread, and neither the loads nor the
- * stores hold a thread: ARCHITECTURE.md, "the overlapped order". The
- * warpgroup's first thread (its storer: 0 or 128) issues its TMA. */
-template <int D>
-__device__ __forceinline__ unsigned char *bulk_box(unsigned char *qw, unsigned char *fw, int cb) {
-    return cb < D / 64 ? qw + cb * WG_RM * 128 : fw + (cb - D / 64) * WG_RM * 128;
-}
-/* The float2 of row r (of the warpgroup's 64), columns col and col + 1. */
-template <int D>
-__device__ __forceinline__ float2 *bulk_f32(unsigned char *qw, unsigned char *fw, int r, int col) {
-    return reinterpret_cast<float2 *>(bulk_box<D>(qw, fw, col / 32) + r * 128 +
-                                      ((((col % 32) / 4) ^ (r % 8)) << 4) + (col % 4) * 4);
-}
-
-/* The storer: boxes cb0 .. cb1 - 1 of the warpgroup's stored acc on
- * *rfull (expect: with the phase's expect_tx of all D / 32), once its
- * stores of the query tile before have read them. */
-template <int D>
-__device__ __forceinline__ void bulk_fetch_boxes(const wg_params &p, const fwd_cta &c, int w,
-                                                 unsigned char *qw, unsigned char *fw,
-                                                 uint64_t *rfull, int cb0, int cb1, bool expect) {
-    bulk_wait_read<0>();
-    if (expect) mbar_arrive_expect_tx(rfull, WG_RM * D * 4);
-#pragma unroll
-    for (int cb = 0; cb < D / 32; cb++)
-        if (cb >= cb0 && cb < cb1)
-            tma_load_4d(bulk_box<D>(qw, fw, cb), &p.acc, 32 * cb, (int)c.h,
-                        (int)c.x0 + WG_RM * w, (int)c.b, rfull);
-}
-
-/* The warpgroup's stored state: every thread waits for the grid before
- * (what it wrote), loads its rows' m and l (sm, sl; -inf, 0 past the
- * segment), and the storer brings their acc into the boxes on *rfull (the
- * boxes in qw, where early has brought the others already). Not in a
- * call's first block (nothing stored). */
-template <int D>
-__device__ __forceinline__ void bulk_fetch(const wg_params &p, const fwd_cta &c, int w, bool storer,
-                                           unsigned char *qw, unsigned char *fw, uint64_t *rfull,
-                                           int64_t row0, int lane, float (&sm)[2], float (&sl)[2],
-                                           bool early) {
-    const dt_attn_block_args &a = p.a;
-    grid_dep_wait();
-    if (a.first) return;
-    if (storer) bulk_fetch_boxes<D>(p, c, w, qw, fw, rfull, 0, early ? D / 64 : D / 32, !early);
-    dependent_access("the rows' running state");
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int64_t row = row0 + dt_mma_c_row(lane, 2 * half);
-        const bool live = row < a.qseg.len;
-        sm[half] = live ? a.m[ml_of(a, c) + row] : -INFINITY;
-        sl[half] = live ? a.l[ml_of(a, c) + row] : 0.0f;
-    }
-}
-
-/* The warpgroup's end (every thread of warpgroup w, whose rows start at
- * x0 + 64 w; the lane's at row0 + its fragment rows): its rows (m, l, o)
- * merged with the stored state (bulk_fetch; unless a.first; the stored
- * acc once *rfull's phase of parity rpar is complete), as write_rows
- * merges them, then written back: m and l by plain stores; acc (or, a.last,
- * o = acc / l in T, and lse) through the boxes and a TMA store, which the
- * storer issues once every thread's stores are in (fence.proxy.async, the
- * warpgroup's named barrier ENDB + w) and leaves in flight. Before the
- * boxes are written: in a first block (no fetch) the storer's stores of
- * the tile before must have read them, and in a last block every thread
- * must have read its stored acc from qw, which o overwrites. */
-template <typename T, int D, int ENDB>
-__device__ __forceinline__ void bulk_end(const wg_params &p, const fwd_cta &c, int w, bool storer,
-                                         unsigned char *qw, unsigned char *fw, uint64_t *rfull,
-                                         uint32_t rpar, int64_t row0, int lane, float (&m)[2],
-                                         float (&l)[2], float (&o)[D / 8][4], const float (&sm)[2],
-                                         const float (&sl)[2]) {
-    const dt_attn_block_args &a = p.a;
-    int r[2];
-    int64_t row[2];
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        row[half] = row0 + dt_mma_c_row(lane, 2 * half);
-        r[half] = (int)(row[half] - c.x0) - WG_RM * w;
-    }
-    if (!a.first) {
-        mbar_wait(rfull, rpar);
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            if (row[half] >= a.qseg.len) continue;
-            const float mn = fmaxf(m[half], sm[half]), mu = mn == -INFINITY ? 0.0f : mn;
-            const float al = exp2f((m[half] - mu) * LOG2E), be = exp2f((sm[half] - mu) * LOG2E);
-            m[half] = mn;
-            l[half] = l[half] * al + sl[half] * be;
-#pragma unroll
-            for (int j = 0; j < D / 8; j++) {
-                const float2 st = *bulk_f32<D>(qw, fw, r[half], 8 * j + dt_mma_c_col(lane, 2 * half));
-                o[j][2 * half] = o[j][2 * half] * al + st.x * be;
-                o[j][2 * half + 1] = o[j][2 * half + 1] * al + st.y * be;
-            }
-        }
-    }
-    if (a.first || a.last) {
-        if (storer) bulk_wait_read<0>();
-        bar_sync<ENDB>(w, WG_THREADS / 2);
-    }
-    float inv[2];
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        inv[half] = l[half] > 0.0f ? 1.0f / l[half] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            const int col = 8 * j + dt_mma_c_col(lane, 2 * half);
-            if (a.last)
-                *reinterpret_cast<uint32_t *>(qw + wg_tile_off(r[half], col, WG_RM)) =
-                    elem<T>::pack(o[j][2 * half] * inv[half], o[j][2 * half + 1] * inv[half]);
-            else
-                *bulk_f32<D>(qw, fw, r[half], col) = make_float2(o[j][2 * half], o[j][2 * half + 1]);
-        }
-    }
-    fence_proxy_async();
-    bar_sync<ENDB>(w, WG_THREADS / 2);
-    if (storer) {
-        const int x = (int)c.x0 + WG_RM * w;
-        if (a.last) {
-#pragma unroll
-            for (int cb = 0; cb < D / 64; cb++)
-                tma_store_4d(qw + cb * WG_RM * 128, &p.o, 64 * cb, (int)c.h, x, (int)c.b);
-        } else {
-#pragma unroll
-            for (int cb = 0; cb < D / 32; cb++)
-                tma_store_4d(bulk_box<D>(qw, fw, cb), &p.acc, 32 * cb, (int)c.h, x, (int)c.b);
-        }
-        bulk_commit();
-    }
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        if (row[half] >= a.qseg.len || (lane & 3)) continue;
-        if (a.last) {
-            a.lse[ml_of(a, c) + row[half]] = l[half] > 0.0f ? m[half] + logf(l[half]) : -INFINITY;
-        } else {
-            a.m[ml_of(a, c) + row[half]] = m[half];
-            a.l[ml_of(a, c) + row[half]] = l[half];
-        }
-    }
-}
-
 #endif /* !DT_WGMMA_STUB */
 
 /* CTAs per SM: the kernel's launch bounds, and a persistent launch's CTAs
@@ -496,7 +323,7 @@ constexpr int WG_PRODUCER_REGS = 40, WG_CONSUMER_REGS = 232;
  * memory 1024 + (2 BM + 4 BN) D sizeof(T) + 80. OVERLAP: the overlapped
  * order; PRODUCER: the loads by a producer warpgroup (both at D = 128; the
  * same kernel at D = 64). */
-template <typename T, int D, bool OVERLAP, bool PRODUCER, bool BULK>
+template <typename T, int D, bool OVERLAP, bool PRODUCER>
 __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
 #ifdef DT_WGMMA_STUB
     (void)p;
@@ -539,29 +366,15 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
      * published it, and release its Q buffer on qfree; a tile without keys
      * needs no meeting. */
     constexpr bool PW = PRODUCER && RELEASE;
-    /* The rows' end through shared memory and TMA (BULK, dt_attn_wgmma_fwd's
-     * bulk; the overlapped order without the producer warpgroup): each
-     * warpgroup's stored state comes into boxes of its own during its last
-     * product (bulk_fetch), and its merged rows go out of them by a TMA
-     * store (bulk_end); see there. Each warpgroup's first thread (its
-     * storer) issues its TMA; warpgroup 1's storer releases a Q buffer
-     * (qfree, one arrival per query tile) once its stores from it have
-     * read it, during its next query tile (release_q), and thread 0 waits
-     * for that before it loads queries there again (its own stores it
-     * waits for itself). */
-    constexpr bool BK = BULK && OV && !PW;
-    constexpr int TILE_F = BK ? WG_BM * D * 2 : 0;   /* the boxes beside the stages: D / 64 a warpgroup */
     DT_DYNAMIC_SMEM(unsigned char, smem_raw);
     unsigned char *const sq = smem_raw + ((1024u - (wg_smem_addr(smem_raw) & 1023u)) & 1023u);
     unsigned char *const sk = sq + 2 * TILE_Q;   /* Q buffer b at sq + b TILE_Q */
     unsigned char *const sv = sk + 2 * TILE_KV;  /* stage s at sk + s TILE_KV, sv + s TILE_KV */
-    unsigned char *const sf = sv + 2 * TILE_KV;  /* BK: warpgroup w's boxes at sf + w TILE_F / 2 */
-    uint64_t *const full = reinterpret_cast<uint64_t *>(sf + TILE_F);       /* [2] */
+    uint64_t *const full = reinterpret_cast<uint64_t *>(sv + 2 * TILE_KV);  /* [2] */
     uint64_t *const empty = full + 2;                                        /* [2] */
     uint64_t *const pub = empty + 2;     /* [2]: publications of next (OV: pub[0] alone) */
-    uint64_t *const qfree = pub + 2;     /* [2]: PW and BK, the Q buffers' releases */
-    uint64_t *const rfull = qfree + 2;   /* [2]: BK, warpgroup w's stored state landed */
-    uint32_t *const next = reinterpret_cast<uint32_t *>(rfull + 2);          /* [2] */
+    uint64_t *const qfree = pub + 2;     /* [2]: PW, the Q buffers' releases */
+    uint32_t *const next = reinterpret_cast<uint32_t *>(qfree + 2);          /* [2] */
     /* Thread 0's alone, read where needed instead of held in registers */
     volatile int *const at = reinterpret_cast<volatile int *>(next + 2);      /* [2] */
 
@@ -591,12 +404,6 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
             mbar_init(&qfree[0], WG_THREADS);
             mbar_init(&qfree[1], WG_THREADS);
         }
-        if (BK) {
-            mbar_init(&qfree[0], 1);
-            mbar_init(&qfree[1], 1);
-            mbar_init(&rfull[0], 1);
-            mbar_init(&rfull[1], 1);
-        }
         fence_mbar_init();
         if (!PW) wg_next<D>(p, true, &next[1], sq, sk, sv, &full[0]);
     }
@@ -618,30 +425,8 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
 
     /* Named barrier TURN + w is "warpgroup w's turn" (the ping-pong below) */
     constexpr int TURN = 1, PAIR = WG_THREADS;
-    constexpr int ENDB = TURN + 3;   /* BK: ENDB + w, warpgroup w's own (bulk_end) */
     if (OV && wg == 1) bar_arrive<TURN>(0, PAIR);   /* the first turn, once */
     uint32_t pubs = 0;   /* OV: the publications this thread has waited for */
-    /* BK: query tiles so far (thread 0: which phase of qfree to wait for;
-     * warpgroup 1's storer: whether it owes a release), and the warpgroup's
-     * waits on rfull so far */
-    uint32_t qn = 0, rfn = 0;
-    const bool storer = BK && (threadIdx.x & (WG_THREADS / 2 - 1)) == 0;
-    /* BK: warpgroup 1's storer releases the Q buffer of the query tile
-     * before (qn > 0) once its stores from there have read it: where the
-     * query tile has two key tiles or more, after its first (by then they
-     * have; waited for at the tile's start, the reads would hold warpgroup
-     * 1's first S back, and the tensor cores with it), before its last
-     * key tile's loads (thread 0 waits for the release there, after every
-     * thread's release of the key tile before); with one key tile or none
-     * at the tile's start, before any turn or meeting the release could
-     * hold back (thread 0's wait for it would otherwise deadlock) */
-    const auto release_q = [&](uint32_t prev) {
-        if (BK && qn > 0 && threadIdx.x == WG_THREADS / 2) {
-            bulk_wait_read<0>();
-            mbar_arrive(&qfree[prev]);
-        }
-    };
-
     /* f: key tiles so far (stage f % 2, the use's parity (f / 2) % 2); ti:
      * query tiles so far, mod 2. Query tile ti's index is in next[ti ^ 1]
      * (the first's in next[1]): thread 0 writes it during tile ti - 1's last
@@ -698,46 +483,21 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * take the kernel to 255 (from 187), no spills; within the
          * producer's 232 for the consumers (setmaxnreg) they spilled 180
          * bytes. */
-        constexpr bool EARLY = OV && !PW && !BK;
+        constexpr bool EARLY = OV && !PW;
         const bool early = EARLY && n_tiles > 0 && wg_tiles == n_tiles;
-        /* BK: this warpgroup's end through its boxes (a tile with keys, and
-         * rows in the segment), their stored state fetched during its last
-         * product of the tile (or the first key tile, where its rows see
-         * none; sm, sl: its rows' stored m and l), the boxes beside the
-         * stages (fw) early, during its first product, where that is not
-         * its last and every thread has waited for the grid before already
-         * (in a query tile before); Q buffer ti ^ 1 (the query tile
-         * before's) released; thread 0 waits for the release of the buffer
-         * it loads the next query tile into (the tile before's, qn - 1;
-         * release_q says where) */
-        const bool bulk_rows = BK && n_tiles > 0 && w0 < x1;
-        const int fetch_kt = wg_tiles > 0 ? wg_tiles - 1 : 0;
-        /* ... and where every thread has waited for the grid before already,
-         * the rest (the boxes in qw, sm, sl) as soon as its last S is done
-         * (a barrier of the warpgroup: every thread's wait, as Q's rows are
-         * free only then), so that they fly during the softmax too; else
-         * after the last P V is issued (its wait for the grid then holds
-         * no product back) */
-        const bool fetch_soon = bulk_rows && qn > 0 && !a.first;
-        const bool fetch_early = fetch_soon && fetch_kt > 0;
-        /* this warpgroup's rows of Q buffer ti (BK: and its boxes there), and its boxes beside the stages */
-        unsigned char *const qw = sq + ti * TILE_Q + wg * (TILE_Q / 2), *const fw = sf + wg * (TILE_F / 2);
-        float sm[2], sl[2];
-        if (n_tiles <= 1) release_q(ti ^ 1);
-        uint64_t *const qrel = BK && qn > 0 ? &qfree[ti ^ 1] : nullptr;
-        const uint32_t qpar = ((qn - 1) >> 1) & 1u;
         if (!PW && n_tiles == 0) {
             /* OV: the warpgroups did not meet after the tile before; they
              * must before thread 0 refills its Q buffer and stage */
             if (OV) __syncthreads();
             if (threadIdx.x == 0)
                 wg_next<D>(p, false, &next[ti], sq + (ti ^ 1) * TILE_Q, sk + (f & 1) * TILE_KV,
-                           sv + (f & 1) * TILE_KV, &full[f & 1], nullptr, qrel, qpar);
+                           sv + (f & 1) * TILE_KV, &full[f & 1]);
             __syncthreads();
         }
 
-        /* this warpgroup's queries: qw's address, made from the shared
-         * window's (as wg_smem_addr(qw) ptxas spilled 12 bytes at D = 64) */
+        /* this warpgroup's queries (its rows of Q buffer ti): their address,
+         * made from the shared window's (as the address of its rows there
+         * ptxas spilled 12 bytes at D = 64) */
         const uint32_t q_addr = wg_smem_addr(sq + ti * TILE_Q) + (uint32_t)wg * (TILE_Q / 2);
         /* Ping-pong: the warpgroups take turns issuing their wgmma, so that one's
          * softmax runs while the other's products keep the tensor cores busy.
@@ -772,7 +532,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                     wg_load_kv<D>(p, at[0], at[1], kt + 1, nk, nv, &full[stage ^ 1], 0);
                 else
                     wg_next<D>(p, false, &next[ti], sq + (ti ^ 1) * TILE_Q, nk, nv, &full[stage ^ 1],
-                               OV ? pub : nullptr, qrel, qpar);
+                               OV ? pub : nullptr);
             };
             if (!RELEASE) produce();
             mbar_wait(&full[stage], (uint32_t)(f >> 1) & 1u);   /* tile kt (and Q) have landed */
@@ -810,13 +570,6 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                 if (RELEASE) produce();
                 bar_arrive<TURN>(wg ^ 1, PAIR);
                 wgmma_wait<0>();
-                if constexpr (BK) {
-                    if (fetch_soon && kt == fetch_kt) {
-                        bar_sync<ENDB>(wg, WG_THREADS / 2);
-                        bulk_fetch<D>(p, c, wg, storer, qw, fw, &rfull[wg], row0, lane, sm, sl,
-                                      fetch_early);
-                    }
-                }
                 if (kt < wg_unmasked)
                     online_softmax<false, NT, D>(s, m, l, o, lim, kt * WG_BN, lane, a.scale);
                 else
@@ -838,28 +591,16 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                     grid_dep_wait();
                     load_rows<D>(a, c, row0, lane, stored);
                 }
-                if constexpr (BK) {
-                    if (fetch_early && kt == 0 && storer)
-                        bulk_fetch_boxes<D>(p, c, wg, qw, fw, &rfull[wg], D / 64, D / 32, true);
-                    if (bulk_rows && kt == fetch_kt && !fetch_soon)
-                        bulk_fetch<D>(p, c, wg, storer, qw, fw, &rfull[wg], row0, lane, sm, sl,
-                                      fetch_early);
-                }
                 wgmma_wait<0>();
             } else {
                 if (RELEASE) produce();
                 bar_arrive<TURN>(wg ^ 1, PAIR);
                 bar_sync<TURN>(wg, PAIR);
                 if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
-                if constexpr (BK)
-                    if (bulk_rows && kt == fetch_kt)   /* wg_tiles = 0: not early */
-                        bulk_fetch<D>(p, c, wg, storer, qw, fw, &rfull[wg], row0, lane, sm, sl,
-                                      false);
             }
             /* OV: next[ti], published during this last key tile, seen
              * before this thread lets thread 0 go on to the next publication */
             if (OV && !PW && kt + 1 == n_tiles) mbar_wait(&pub[0], pubs++ & 1u);
-            if (BK && kt == 0 && n_tiles > 1) release_q(ti ^ 1);
             /* this thread is done with the stage (and with Q after the last) */
             if (RELEASE) mbar_arrive(&empty[stage]);
             else __syncthreads();
@@ -889,13 +630,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * stored rows) and before it exits: this grid then completes after
          * that one, as the next grid's own wait needs. */
         grid_dep_wait();
-        if (bulk_rows) {
-            if constexpr (BK) {
-                bulk_end<T, D, ENDB>(p, c, wg, storer, qw, fw, &rfull[wg], rfn & 1u, row0, lane,
-                                         m, l, o, sm, sl);
-                rfn += !a.first;
-            }
-        } else if (!early && !(BK && n_tiles > 0) && (n_tiles > 0 || a.first || a.last)) {
+        if (!early && (n_tiles > 0 || a.first || a.last)) {
             /* c: at D = 64 made again (opaque says why); at D = 128 held */
             const fwd_cta e = D == 128 ? c : fwd_cta_of(a, p.grid, opaque(tile), WG_BM);
             write_rows<T, D>(a, e, e.x0 + 64 * wg + 16 * wl, lane, m, l, o);
@@ -903,43 +638,19 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
         /* OV: the tile ends when warpgroup 1 (the later) has written its
          * rows; no barrier, so a traced run keeps the overlap */
         cta_trace(a, 1, n_tiles, tile, OV ? WG_THREADS - 1 : PW ? 0 : -1);
-        qn++;
     }
     if (OV && wg == 0) bar_sync<TURN>(0, PAIR);   /* the turn warpgroup 1 left over */
-    /* BK: the last query tile's Q buffer released (nobody waits for it, but
-     * the release's wait is what the exit needs), and every store complete
-     * before the CTA's shared memory goes and the grid completes (the next
-     * block's grid_dep_wait relies on that) */
-    release_q(ti ^ 1);
-    if (storer) bulk_wait<0>();
 #endif
 }
 
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
-                 void *queue, int dependent, int overlap, int producer, int bulk) {
+                 void *queue, int dependent, int overlap, int producer) {
     wg_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
     p.grid = dt_mma_fwd_grid(*a, WG_BM, l2_bytes);
     DT_TRY(make_block_maps(*a, wg_q_box<D>(), WG_BN, &p.q, &p.k, &p.v));
-    /* BULK: the end's maps, acc (unless the call has one block, which
-     * neither reads nor writes it) and o (its last block). TMA wants their
-     * addresses and strides in multiples of 16 bytes, where the ordinary
-     * end wants 8 (acc) and 4 (o): a block whose acc or o is not so aligned
-     * ends the ordinary way (the same results; a call's blocks may mix). */
-    const auto tma_aligned = [](const void *base, int64_t batch_stride_bytes) {
-        return (uintptr_t)base % 16 == 0 && batch_stride_bytes % 16 == 0;
-    };
-    bulk = bulk && overlap && !producer && D == 128 &&
-           ((a->first && a->last) || tma_aligned(a->acc, a->acc_batch_stride * 4)) &&
-           (!a->last || tma_aligned(a->o, a->q_batch_stride * (int64_t)sizeof(T)));
-    if (bulk && !(a->first && a->last))
-        DT_TRY(make_map(encode_fn(), &p.acc, "acc", a->acc, DT_F32, a->dim, a->heads, a->qseg.len,
-                        a->batch, a->acc_batch_stride, WG_RM));
-    if (bulk && a->last)
-        DT_TRY(make_map(encode_fn(), &p.o, "o", a->o, a->dtype, a->dim, a->heads, a->qseg.len,
-                        a->batch, a->q_batch_stride, WG_RM));
     const int64_t tiles = (a->qseg.len + WG_BM - 1) / WG_BM * a->heads * a->batch;
     const int64_t resident = (int64_t)sms * wg_ctas_per_sm<D>();
     p.tiles = (uint32_t)tiles;
@@ -961,27 +672,22 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
      * block before finishes: it reads nothing that block writes before
      * grid_dep_wait (its q, k, v were there before the call's first block
      * started, or came by an event the stream waited for). */
-    /* the tiles (BULK: and its boxes beside them), ten mbarriers, four words */
-    const size_t smem = 1024 + (size_t)(2 * WG_BM + 4 * WG_BN + (bulk ? WG_BM : 0)) * D * sizeof(T) +
-                        10 * sizeof(uint64_t) + 4 * sizeof(uint32_t);
+    const size_t smem = 1024 + (size_t)(2 * WG_BM + 4 * WG_BN) * D * sizeof(T) +
+                        8 * sizeof(uint64_t) + 4 * sizeof(uint32_t);
     const int dep = dependent && !a->first;
     const dim3 grid((unsigned)ctas);
     if constexpr (D == 128) {
         if (overlap && producer)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, true, false>, grid, wg_threads<true>(),
-                                 smem, stream, "forward (wgmma, overlapped, producer)", D, a->dtype,
-                                 dep, p);
-        if (bulk)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, false, true>, grid, WG_THREADS, smem,
-                                 stream, "forward (wgmma, overlapped, bulk end)", D, a->dtype, dep, p);
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, true>, grid, wg_threads<true>(), smem,
+                                 stream, "forward (wgmma, overlapped, producer)", D, a->dtype, dep, p);
         if (overlap)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, false, false>, grid, WG_THREADS, smem,
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, false>, grid, WG_THREADS, smem,
                                  stream, "forward (wgmma, overlapped)", D, a->dtype, dep, p);
         if (producer)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, false, true, false>, grid, wg_threads<true>(),
-                                 smem, stream, "forward (wgmma, producer)", D, a->dtype, dep, p);
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, false, true>, grid, wg_threads<true>(), smem,
+                                 stream, "forward (wgmma, producer)", D, a->dtype, dep, p);
     }
-    return dt_mma_launch(fwd_wgmma_kernel<T, D, false, false, false>, grid, WG_THREADS, smem, stream,
+    return dt_mma_launch(fwd_wgmma_kernel<T, D, false, false>, grid, WG_THREADS, smem, stream,
                          "forward (wgmma)", D, a->dtype, dep, p);
 }
 
@@ -1010,10 +716,10 @@ extern "C" int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char
 
 extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
                                       int sms, void *queue, int dependent, int overlap,
-                                      int producer, int bulk) {
+                                      int producer) {
     return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
         return launch<typename decltype(t)::type, decltype(d)::value>(
             static_cast<cudaStream_t>(stream), a, l2_bytes, sms, queue, dependent, overlap,
-            producer, bulk);
+            producer);
     });
 }

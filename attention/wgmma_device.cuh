@@ -2,11 +2,10 @@
  * the wgmma kernels (block_cuda_wgmma.cu forward, block_cuda_wgmma_bwd.cu
  * backward): warpgroup MMA (wgmma.mma_async m64nNk16 with f32 accumulators,
  * A from shared memory or registers, B from shared memory), its fence /
- * commit / wait, the async-proxy fence, named barriers, mbarriers, TMA
- * tile loads and stores (cp.async.bulk.tensor) and their bulk
- * async-groups, the shared-memory matrix descriptors of the 128-byte
- * swizzled layout the kernels keep their tiles in, and on the host the
- * tensor maps of those copies. CUDA C++ only.
+ * commit / wait, the async-proxy fence, named barriers, mbarriers and TMA
+ * tile loads (cp.async.bulk.tensor), the shared-memory matrix descriptors
+ * of the 128-byte swizzled layout the kernels keep their tiles in, and on
+ * the host the tensor maps of those loads. CUDA C++ only.
  *
  * wgmma needs the architecture-specific target sm_90a: the Makefile builds
  * block_cuda_wgmma.cu and block_cuda_wgmma_bwd.cu for it (when NVCC_ARCH is
@@ -151,20 +150,6 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
     const int32_t c[4] = {c0, c1, c2, c3};
     dt_emu_tma_load(dst, map, c, 4, bar);
 }
-__device__ __forceinline__ void tma_store_4d(const void *src, const CUtensorMap *map, int c0, int c1,
-                                             int c2, int c3) {
-    const int32_t c[4] = {c0, c1, c2, c3};
-    dt_emu_tma_store(src, map, c, 4);
-}
-__device__ __forceinline__ void bulk_commit() { dt_emu_bulk_commit(); }
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-    dt_emu_bulk_wait(N, 1);
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-    dt_emu_bulk_wait(N, 0);
-}
 __device__ __forceinline__ void fence_proxy_async() { dt_emu_fence_proxy_async(); }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -267,33 +252,6 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
         "r"(wg_smem_addr(bar))
         : "memory");
-}
-/* TMA store: the box of `map` at element coordinates (c0 innermost .. c3)
- * from shared memory at src (1024-aligned for the 128-byte swizzle, the
- * layout a load of the box writes), its elements outside the tensor not
- * written; the calling thread's bulk async-group, which it commits
- * (bulk_commit) and waits for: bulk_wait_read<N> until the source of all
- * its groups but the newest N has been read (the shared memory may be
- * written again), bulk_wait<N> until their writes are done. Plain stores
- * into the source reach it through the async proxy: fence_proxy_async by
- * each writer, then a barrier, then the store. */
-__device__ __forceinline__ void tma_store_4d(const void *src, const CUtensorMap *map, int c0, int c1,
-                                             int c2, int c3) {
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group "
-                 "[%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(wg_smem_addr(src))
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 /* This thread's shared-memory stores become visible to the async proxy
  * (the wgmma reading them), once a barrier has ordered them. */
@@ -429,22 +387,19 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
     return f;
 }
 
-/* The 4-D map of a [batch][rows][heads][D] tensor at base (batch stride in
- * elements) of bf16, fp16 or (DT_F32) fp32, boxes of 128 bytes x 1 x
- * box_rows x 1 (64 16-bit or 32 fp32 columns), 128-byte swizzle. */
+/* The 4-D map of a [batch][rows][heads][D] 16-bit tensor at base (batch
+ * stride in elements), boxes of 64 x 1 x box_rows x 1, 128-byte swizzle. */
 dt_status make_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, const char *name,
                    const void *base, dt_dtype dtype, int64_t dim, int64_t heads, int64_t rows,
                    int64_t batch, int64_t batch_stride, int box_rows) {
-    const int64_t es = dtype == DT_F32 ? 4 : 2;
+    const int64_t es = 2;
     /* one batch: any stride will do, and the driver wants one that is not 0 */
     const int64_t bs = batch > 1 ? batch_stride : rows * heads * dim;
     cuuint64_t dims[4] = {(cuuint64_t)dim, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batch};
     cuuint64_t strides[3] = {(cuuint64_t)(dim * es), (cuuint64_t)(heads * dim * es), (cuuint64_t)(bs * es)};
-    cuuint32_t box[4] = {(cuuint32_t)(128 / es), 1, (cuuint32_t)box_rows, 1},
-               elem_strides[4] = {1, 1, 1, 1};
-    const CUresult r = encode(map, dtype == DT_F32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                                   : dtype == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, elem_strides[4] = {1, 1, 1, 1};
+    const CUresult r = encode(map, dtype == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                               4, const_cast<void *>(base), dims, strides, box, elem_strides,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -57,7 +57,7 @@
  * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
  *      [--dtype bf16,fp32,fp16] [--dependent 0|1] [--persistent 0|1|2] [--overlap 0|1]
- *      [--producer 0|1] [--bulk 0|1] [--copies 0|1] [--pass fwd,bwd]
+ *      [--producer 0|1] [--copies 0|1] [--pass fwd,bwd]
  *
  * --copies 0 sets DT_LOCAL_COPIES=0 for its launches (context.h): the local
  * transport's transfers then move no data, so (b) times the ring without
@@ -112,8 +112,7 @@ typedef struct bench_opts {
     int dependent;             /* --dependent: CUDA's dependent launches (default 1) */
     int persistent;            /* --persistent: CUDA's persistent mode (backend_cuda.h; 1) */
     int overlap;               /* --overlap: the wgmma forward's overlapped order (1) */
-    int producer;              /* --producer: the wgmma forward's producer warpgroup (0) */
-    int bulk;                  /* --bulk: the wgmma forward's end through TMA (0) */
+    int producer;              /* --producer: the wgmma forward's producer warpgroup (1) */
     int copies;                /* --copies 0: DT_LOCAL_COPIES=0 for the launches (1) */
 } bench_opts;
 
@@ -121,8 +120,7 @@ static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
 static int g_dependent = 1;   /* bench_opts.dependent, for every rank's backend */
 static int g_persistent = 1;  /* bench_opts.persistent, likewise */
 static int g_overlap = 1;     /* bench_opts.overlap, likewise */
-static int g_producer = 0;    /* bench_opts.producer, likewise */
-static int g_bulk = 0;        /* bench_opts.bulk, likewise */
+static int g_producer = 1;    /* bench_opts.producer, likewise */
 
 static double cpu_s(void) {
     struct timespec ts;
@@ -188,7 +186,6 @@ static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layo
     dt_backend_cuda_set_persistent(ctx->backend, g_persistent);
     dt_backend_cuda_set_overlap(ctx->backend, g_overlap);
     dt_backend_cuda_set_producer(ctx->backend, g_producer);
-    dt_backend_cuda_set_bulk(ctx->backend, g_bulk);
 #endif
     c->pass = pass;
     c->opts = init;
@@ -524,9 +521,8 @@ static void usage(FILE *f) {
             "  --overlap 0|1        CUDA: whether the wgmma forward at D = 128 runs its\n"
             "                       overlapped order (default 1)\n"
             "  --producer 0|1       CUDA: whether the wgmma forward at D = 128 issues its\n"
-            "                       loads from a producer warpgroup of its own (default 0)\n"
-            "  --bulk 0|1           CUDA: whether the wgmma forward at D = 128 ends a query\n"
-            "                       tile through shared memory and TMA (default 0)\n"
+            "                       loads from a producer warpgroup of its own (default 1;\n"
+            "                       0: from thread 0)\n"
             "  --help\n");
 }
 
@@ -583,11 +579,6 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
             o->producer = (int)x;
             i++;
-        } else if (!strcmp(a, "--bulk")) {
-            long x;
-            if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
-            o->bulk = (int)x;
-            i++;
         } else if (!strcmp(a, "--shapes")) {
             static const char *const shapes[] = {"auto", "scaled", "full"};
             if ((o->shapes = ex_parse_choice(a, v, shapes, 3)) < 0) return 2;
@@ -614,7 +605,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
 
 
 int main(int argc, char **argv) {
-    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}, 1, 1, 1, 0, 0, 1};
+    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}, 1, 1, 1, 1, 1};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
     if (!o.copies) setenv("DT_LOCAL_COPIES", "0", 1);
@@ -622,7 +613,6 @@ int main(int argc, char **argv) {
     g_persistent = o.persistent;
     g_overlap = o.overlap;
     g_producer = o.producer;
-    g_bulk = o.bulk;
     if (o.iters == 0) o.iters = o.quick ? 2 : 5;
     bench_pass passes[PASS_COUNT];   /* the selected ones, in order */
     int npass = 0;
@@ -654,9 +644,9 @@ int main(int argc, char **argv) {
         fprintf(out, "{\n  \"bench\": \"attention\", \"date\": \"%s\", \"backend\": \"%s\", "
                      "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s, "
                      "\"passes\": [%s], \"dependent\": %s, \"persistent\": %d, \"overlap\": %d, "
-                     "\"producer\": %d, \"bulk\": %d, \"copies\": %s,\n",
+                     "\"producer\": %d, \"copies\": %s,\n",
                 date, be, cores, model, o.iters, o.quick ? "true" : "false", pass_json,
-                o.dependent ? "true" : "false", o.persistent, o.overlap, o.producer, o.bulk,
+                o.dependent ? "true" : "false", o.persistent, o.overlap, o.producer,
                 o.copies ? "true" : "false");
     if (o.json)
         fprintf(out, "  \"notes\": [\"ranks are threads of one process; with fewer cores than "

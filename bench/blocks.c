@@ -88,7 +88,7 @@
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
  *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--persistent 0|1|2]
- *      [--dependent 0|1] [--overlap 0|1] [--producer 0|1] [--bulk 0|1] [--rows merge|own]
+ *      [--dependent 0|1] [--overlap 0|1] [--producer 0|1] [--rows merge|own]
  *      [--trace]
  *      [--json]
  */
@@ -127,8 +127,7 @@ typedef struct opts {
     int persistent;                 /* --persistent: the backend's mode (backend_cuda.h) */
     int dependent;                  /* --dependent: 0 no programmatic dependent launches */
     int overlap;                    /* --overlap: the wgmma forward's overlapped order (1) */
-    int producer;                   /* --producer: the wgmma forward's producer warpgroup (0) */
-    int bulk;                       /* --bulk: the wgmma forward's end through TMA (0) */
+    int producer;                   /* --producer: the wgmma forward's producer warpgroup (1) */
     int own;                        /* --rows own: (r)'s forward blocks start and finish their rows */
 } opts;
 
@@ -641,12 +640,11 @@ static void text_header(const run *r, const bufs *b) {
            b->kern->name, dt_attn_kernel_choice_name(o->kernel), (long long)o->heads, (long long)o->kv_heads, (long long)o->dim,
            dt_dtype_name(o->dtype), o->ranks, o->iters);
     if (l2_of(b) >= 0)
-        printf("CTA launch order for an L2 of %lld bytes; wgmma forward %s%s%s%s, %s\n", l2_of(b),
+        printf("CTA launch order for an L2 of %lld bytes; wgmma forward %s%s%s, %s\n", l2_of(b),
                (const char *[]){"a CTA per query tile", "persistent (a CTA per query tile "
                                 "beside a ring transfer)", "persistent"}[o->persistent],
                o->overlap ? ", overlapped (D = 128)" : ", warpgroups meeting after each tile",
-               o->producer ? ", producer warpgroup" : "",
-               o->bulk && o->overlap && !o->producer ? ", its end through TMA (bulk)" : "",
+               o->producer ? ", producer warpgroup" : ", loads by thread 0",
                o->dependent ? "dependent launches" : "no dependent launches");
     if (o->own) printf("(r): forward blocks that start and finish their rows (--rows own)\n");
 }
@@ -848,8 +846,8 @@ static void json_print(const run *r, const bufs *b) {
     json_list("ring_c", o->ring_c, o->sections[1] ? o->n_ring_c : 0);
     if (l2_of(b) >= 0)   /* CUDA */
         printf(", \"l2_bytes\": %lld, \"persistent\": %d, \"dependent\": %s, \"overlap\": %d, "
-               "\"producer\": %d, \"bulk\": %d", l2_of(b), o->persistent,
-               o->dependent ? "true" : "false", o->overlap, o->producer, o->bulk);
+               "\"producer\": %d", l2_of(b), o->persistent,
+               o->dependent ? "true" : "false", o->overlap, o->producer);
     printf(", \"rows\": \"%s\"", o->own ? "own" : "merge");
     printf(",\n  \"timing\": \"%s; median\",\n  \"r\": [",
            r->backend == DT_BACKEND_CUDA ? "CUDA events around each block's kernels"
@@ -929,7 +927,6 @@ static dt_status rank_main(dt_context *ctx, void *arg) {
     dt_backend_cuda_set_dependent_launch(b.be, o->dependent);
     dt_backend_cuda_set_overlap(b.be, o->overlap);
     dt_backend_cuda_set_producer(b.be, o->producer);
-    dt_backend_cuda_set_bulk(b.be, o->bulk);
 #endif
     if (!o->json) text_header(r, &b);
     for (int bwd = 0; bwd < 2; bwd++) {
@@ -998,10 +995,8 @@ static void usage(FILE *f) {
             "                    back while the other computes (default 1; 0: the\n"
             "                    warpgroups meet after each query tile)\n"
             "  --producer 0|1    CUDA: whether the wgmma forward at D = 128 issues its loads\n"
-            "                    from a producer warpgroup of its own (default 0: from thread 0)\n"
-            "  --bulk 0|1        CUDA: whether the wgmma forward at D = 128, overlapped and\n"
-            "                    without the producer, ends a query tile through shared memory\n"
-            "                    and TMA (default 0: each thread's loads and stores)\n"
+            "                    from a producer warpgroup of its own (default 1; 0: from\n"
+            "                    thread 0 between its warpgroup's products)\n"
             "  --rows merge|own  (r)'s forward blocks: merge (default) as a ring's middle\n"
             "                    step, merging into the rows' stored state; own as a\n"
             "                    call's only block, which starts and finishes its rows\n"
@@ -1045,6 +1040,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->persistent = 1;
     o->dependent = 1;
     o->overlap = 1;
+    o->producer = 1;
     o->passes[0] = o->passes[1] = o->sections[0] = o->sections[1] = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1102,9 +1098,6 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--producer")) {
             if (!ex_parse_int(a, v, 0, 1, &x)) return 0;
             o->producer = (int)x;
-        } else if (!strcmp(a, "--bulk")) {
-            if (!ex_parse_int(a, v, 0, 1, &x)) return 0;
-            o->bulk = (int)x;
         } else if (!strcmp(a, "--rows")) {
             if ((k = ex_parse_choice(a, v, rows_names, 2)) < 0) return 0;
             o->own = k;

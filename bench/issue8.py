@@ -8,20 +8,15 @@ what matters most comes first when --budget runs out:
           build/bench/blocks section (r) per --kernels entry (the forward
           block kernel alone on one full and one causal S x S block) beside
           SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION; target >= 1.0x FA2.
-          The wgmma kernel once more with --producer 1 (at D = 128 its loads
-          and tile queue by a producer warpgroup of its own, to compare with
-          thread 0's, the default) and with --bulk 1 (at D = 128 a query
-          tile's end through shared memory and TMA copies).
   item 2  causal efficiency r = causal time / full time, c = 1024..16384,
           H = 32, D = 128: bench/blocks (r) (also striped blocks) beside SDPA
-          on [1, 32, c, 128]; target r <= 0.55 for c >= 4096. The same
-          launch variants as item 1, and heads one after another (--l2 0).
+          on [1, 32, c, 128]; target r <= 0.55 for c >= 4096. Again with the
+          heads one after another (--l2 0).
   item 2, CTA timelines  the same run's --trace: each full and causal block
           run once more with its CTAs recording themselves: the SMs' idle
           share, the drain after the last CTA start, a CTA's cycles per key
           tile and fixed cost, split into its start, its loop's own and its
-          end (no target: where item 2's time goes); also for --producer 1
-          and --bulk 1.
+          end (no target: where item 2's time goes).
   item 5  backward TFLOPS (2.5x the forward flops): bench/blocks (r) --pass
           bwd beside SDPA's backward; target >= 0.9x FA2.
   item 5, CTA timelines  the same runs' --trace: a backward CTA's cycles
@@ -30,8 +25,7 @@ what matters most comes first when --budget runs out:
           long blocks (no target: where the backward ring's extra work goes).
   items 3 and 4  bench/blocks (p): P = 8 ranks on one device; striped /
           contiguous critical path >= 0.95 of (r + P - 1) / (P r) and >= 1.75
-          at c = 8192; all blocks <= 1.05x one causal call at S = 32768. The
-          wgmma kernel also with --producer 1 and with --bulk 1.
+          at c = 8192; all blocks <= 1.05x one causal call at S = 32768.
   items 3 and 4, CTA timelines  the same runs' --trace: the ring's launches
           summed (span, drain, packed time) beside the one call's.
   items 3 and 4, one timeline  the same runs' --trace: the ring's launches
@@ -48,18 +42,23 @@ what matters most comes first when --budget runs out:
           one backward call (no target: issue 4 (c)'s backward rows).
   item 1 through the public API: bench/attention (a) --dtype bf16 with
           DT_ATTN_KERNEL set to each kernel: the whole dt_attention_forward.
+The wgmma forward runs with the benches' default launch (at D = 128 the
+overlapped order and the producer warpgroup); bench/blocks' and
+bench/attention's --overlap and --producer compare it with the others
+(scripts/gpu_session.sh's issue 4 (c) and --profile runs do).
+
 Every dtensor figure comes from a subprocess (its command is printed) under a
 timeout; PyTorch runs in this process with bench/attention_sdpa.py's timing
 functions. The output is markdown, to paste into docs/PERFORMANCE.md as is.
 
     python3 bench/issue8.py [--build DIR] [--kernels mma,wgmma] [--iters N]
-        [--budget SECONDS] [--step-timeout SECONDS] [--without producer,bulk]
+        [--budget SECONDS] [--step-timeout SECONDS]
         [--json] [--json-out FILE] [--quick] [--backend cuda|cpu] [--no-torch]
 
 A bench that runs past --step-timeout is killed and its launch (the kernel
-and its variant flags: --producer, --bulk, --persistent) not run again, so a
-variant that hangs leaves the kernel's other launches their budget. Exits 1
-when a step failed or timed out, 0 otherwise.
+and its variant flags: --persistent) not run again, so a variant that hangs
+leaves the kernel's other launches their budget. Exits 1 when a step failed
+or timed out, 0 otherwise.
 
 Python 3 standard library only; torch where it is importable (never needed).
 """
@@ -198,8 +197,6 @@ class Session:
         self.start = time.monotonic()
         self.steps, self.commands = [], []
         self.hung = set()   # launches (launch_of) whose bench ran past its timeout once
-        self.left_out = {launch_of("wgmma", flags) for _, key, flags in WGMMA_FWD_VARIANTS
-                         if key in args.without}   # --without's launches
         self.torch = TorchSide(self)
 
     def left(self):
@@ -226,8 +223,7 @@ class Session:
         """Run one dtensor bench of `kernel` with --json: its object, or an NA
         saying why not. A launch (a kernel with its variant flags, launch_of)
         that ran past its timeout once (hung, most likely) is not run again:
-        the budget goes to the others, that kernel's other variants included.
-        The wgmma forward's variants named by --without are not run."""
+        the budget goes to the others, that kernel's other variants included."""
         env = {k: v for k, v in os.environ.items() if k != "DT_ATTN_KERNEL"}
         prefix = ""
         if kernel_env:
@@ -238,8 +234,6 @@ class Session:
         skip = self.out_of_budget()
         if launch in self.hung:
             skip = NA("skipped", f"{launch} timed out in an earlier step")
-        if launch in self.left_out:
-            skip = NA("skipped", f"--without: {launch} left out")
         if skip:
             self.steps.append({"command": command, "status": skip.short, "seconds": 0,
                                "detail": skip.detail})
@@ -298,11 +292,11 @@ class Session:
 
 # The flags that make another launch of a kernel: a variant that hangs does
 # not take the kernel's other launches with it.
-VARIANT_FLAGS = ("--producer", "--bulk", "--persistent")
+VARIANT_FLAGS = ("--persistent",)
 
 
 def launch_of(kernel, argv):
-    """'wgmma', or 'wgmma --bulk 1': the kernel and the variant flags argv gives it."""
+    """'wgmma', or 'wgmma --persistent 2': the kernel and the variant flags argv gives it."""
     words = [kernel]
     for i, a in enumerate(argv[:-1]):
         if a in VARIANT_FLAGS:
@@ -475,24 +469,16 @@ def item_throughput(session, pass_):
     target = FWD_VS_FA2 if fwd else BWD_VS_FA2
     kernels = session.args.kernels if fwd else bwd_choices(session.args.kernels)
     labels = [kernel_label(k, pass_) for k in kernels]
-    # the wgmma forward again with other launch switches, for comparison
-    variants = WGMMA_FWD_VARIANTS if fwd and "wgmma" in kernels else ()
     header = ["B,H,S,D", "mask"] + labels + ["FA2", "cuDNN"]
     header += [f"{k} / FA2" for k in labels] + [f"{k} / cuDNN" for k in labels]
-    for label, _, _ in variants:
-        header += [f"wgmma, {label}", f"wgmma / {label}"]
     if fwd:
         title = "item 1: forward TFLOPS, bf16"
         method = ("dtensor: build/bench/blocks section (r), the forward block kernel alone "
                   "(--kernel K) on one full and one causal S x S block, B = 1, H_kv = H; "
                   "CUDA events around each block's kernels (the host clock on the CPU), "
-                  "median of the iterations after 1 warm-up; 'producer': the wgmma kernel "
-                  "again with --producer 1 (at D = 128 a producer warpgroup issues "
-                  "the loads and takes the tile queue's tickets, instead of thread 0 "
-                  "between its warpgroup's products, the default; the same kernel at D = "
-                  "64); 'bulk': again with --bulk 1 (at D = 128 a query tile's end through "
-                  "shared memory: the stored state brought in and the merged rows written "
-                  "out by TMA copies, instead of each thread's loads and stores). torch: F.scaled_dot_product_attention with one backend "
+                  "median of the iterations after 1 warm-up; the wgmma kernel in its default "
+                  "launch (at D = 128 the overlapped order, its loads by a producer "
+                  "warpgroup). torch: F.scaled_dot_product_attention with one backend "
                   "forced (FA2 = FLASH_ATTENTION), CUDA events, median. TFLOPS = "
                   "4*B*H*S*S*D / time, halved for causal.")
     else:
@@ -507,16 +493,15 @@ def item_throughput(session, pass_):
                   "and mask, measured in this run)", header, method)
     shapes = session.size["shapes"]
     dt = {}
-    runs = [(k, k, ()) for k in kernels] + [(key, "wgmma", flags) for _, key, flags in variants]
     session.bwd_outs = {}   # the backward's traced runs, for item_trace_bwd
-    for key, k, flags in runs:
+    for k in kernels:
         for (h, d), seqs in by_heads_dim(shapes).items():
             out = run_blocks(session, table, k, "r", pass_, h, d, seqs,
-                             extra=flags + (() if fwd else ("--trace",)))
+                             extra=() if fwd else ("--trace",))
             if not fwd:
                 session.bwd_outs[(k, h, d)] = out
             for s in seqs:
-                dt[(key, h, s, d)] = r_row(out, pass_, s)
+                dt[(k, h, s, d)] = r_row(out, pass_, s)
     torch = {shape: session.torch.cases(shape, pass_, table) for shape in shapes}
     for shape in shapes:
         _, h, s, d = shape
@@ -531,18 +516,11 @@ def item_throughput(session, pass_):
             cells += [(x, TF) for x in ours] + [(fa2, TF), (cudnn, TF)]
             cells += [with_mark(v, lambda x: x >= target) for v in vs_fa2]
             cells += [(v, ".2f") for v in vs_cudnn]
-            extras = {}
-            for _, vkey, _ in variants:
-                other = field(dt[(vkey, h, s, d)], key)
-                gain = ratio(ours[kernels.index("wgmma")], other)
-                cells += [(other, TF), (gain, ".2f")]
-                extras.update({f"wgmma_{vkey}_tflops": other, f"wgmma_vs_{vkey}": gain})
             data = {"shape": list(shape), "causal": causal, "FA2_tflops": fa2,
                     "cuDNN_tflops": cudnn}
             for k, x, a, b in zip(kernels, ours, vs_fa2, vs_cudnn):
                 data.update({f"{k}_tflops": x, f"{k}_vs_FA2": a, f"{k}_vs_cuDNN": b,
                              f"{k}_mark": mark(a, lambda v: v >= target)})
-            data.update(extras)
             table.add(cells, data)
     return table
 
@@ -554,17 +532,8 @@ def with_mark(value, ok, spec=".2f"):
     return f"{value:{spec}} {mark(value, ok)}"
 
 
-# The wgmma forward with another launch switch: (label, key, bench/blocks flags).
-WGMMA_FWD_VARIANTS = (("producer", "producer", ("--producer", "1")),
-                      ("bulk", "bulk", ("--bulk", "1")))
-
-
-def r_variants(kernel):
-    """Item 2's causal r again with another launch, per kernel: (label, key, flags)."""
-    out = [("heads in turn", "heads_in_turn", ("--l2", "0"))]
-    if kernel == "wgmma":
-        out += list(WGMMA_FWD_VARIANTS)
-    return out
+# Item 2's causal r again with another launch: (label, key, bench/blocks flags).
+R_VARIANTS = (("heads in turn", "heads_in_turn", ("--l2", "0")),)
 
 
 def item_r(session):
@@ -574,7 +543,7 @@ def item_r(session):
     header = ["c"]
     for k in kernels:
         header += [f"{k} r", f"{k} striped<= r", f"{k} striped< r", f"{k} mark"]
-        header += [f"{k} r, {label}" for label, _, _ in r_variants(k)]
+        header += [f"{k} r, {label}" for label, _, _ in R_VARIANTS]
     header += ["FA2 r", "cuDNN r"]
     table = Table("2", "item 2: causal efficiency r = causal time / full time, forward",
                   f"r <= {R_MAX} for c >= {R_FROM_C}, for the causal block and both striped "
@@ -585,20 +554,15 @@ def item_r(session):
                   "over a full block; 'heads in turn': the causal r again with --l2 0, the "
                   "CTAs launched one head after another (the order before commit 631b7f2, "
                   "for comparison with the default: heaviest tiles first across the "
-                  "heads of an L2-sized section); 'producer' (wgmma): with --producer 1; "
-                  "'bulk' (wgmma): with --bulk 1. torch: SDPA "
+                  "heads of an L2-sized section). torch: SDPA "
                   "forward on [1, H, c, D] causal over not causal, with the backend forced.")
     outs = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=("--trace",))
             for k in kernels}
-    session.r_outs = dict(outs)   # for item_trace, with the wgmma forward's variants'
+    session.r_outs = dict(outs)   # for item_trace
     variants = {}
     for k in kernels:
-        for _, key, flags in r_variants(k):
-            traced = key in ("producer", "bulk")
-            variants[(k, key)] = run_blocks(session, table, k, "r", "fwd", h, d, cs,
-                                            extra=flags + (("--trace",) if traced else ()))
-            if traced:
-                session.r_outs[f"{k}, {key}"] = variants[(k, key)]
+        for _, key, flags in R_VARIANTS:
+            variants[(k, key)] = run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=flags)
     for c in cs:
         torch = session.torch.cases((1, h, c, d), "fwd", table)
         cells, data = [str(c)], {"c": c}
@@ -610,7 +574,7 @@ def item_r(session):
             cells += [(x, ".3f") for x in rs] + [m]
             data.update({f"{k}_r": rs[0], f"{k}_striped_le_r": rs[1],
                          f"{k}_striped_lt_r": rs[2], f"{k}_mark": m})
-            for _, key, _ in r_variants(k):
+            for _, key, _ in R_VARIANTS:
                 other = field(r_row(variants[(k, key)], "fwd", c), "r")
                 cells.append((other, ".3f"))
                 data[f"{k}_r_{key}"] = other
@@ -647,8 +611,6 @@ def item_trace(session):
                   "fixed = the main loop's own fixed cycles, a line fitted through the "
                   "loops' cycles against their tiles; end = after its last key tile (the "
                   "rows' merge and write-back). The wgmma kernel marks at D = 128 only. "
-                  "'wgmma, producer' and 'wgmma, bulk': item 2's --producer 1 and --bulk 1 "
-                  "runs of the wgmma kernel, traced. "
                   "By default (the overlapped order) a wgmma CTA's query tiles' records "
                   "overlap in time (a tile ends when its second warpgroup has written its "
                   "rows, after the first began the next).")
@@ -735,21 +697,15 @@ def item_ring(session):
                   "call on S = P c; b2b/call = the same blocks launched back to back (steps "
                   "in turn, as the ranks run them one after another on one GPU), timed as "
                   "one, / that call: item 3's ring; serial/call = the same without "
-                  "dependent launches (--dependent 0); 'wgmma, producer' and 'wgmma, "
-                  "bulk': the wgmma kernel with --producer 1 and --bulk 1. PyTorch has no "
-                  "ring to compare with.")
-    # (label, kernel, flags): each kernel, and the wgmma forward's variants
-    runs = [(k, k, ()) for k in kernels]
-    if "wgmma" in kernels:
-        runs += [(f"wgmma, {key}", "wgmma", flags) for _, key, flags in WGMMA_FWD_VARIANTS]
+                  "dependent launches (--dependent 0). PyTorch has no ring to compare "
+                  "with.")
     outs = {}
     for c in session.size["ring_c"]:   # every kernel at the first c before the next c
-        for k, kernel, flags in runs:
-            outs[(k, c)] = run_blocks(session, table, kernel, "p", "fwd", h, d, [c],
-                                      extra=("--trace",) + flags)
+        for k in kernels:
+            outs[(k, c)] = run_blocks(session, table, k, "p", "fwd", h, d, [c],
+                                      extra=("--trace",))
     session.ring_outs = outs   # for item_ring_trace
-    session.ring_labels = [k for k, _, _ in runs]
-    for k, _, _ in runs:
+    for k in kernels:
         for c in session.size["ring_c"]:
             rows = rows_of(outs[(k, c)], "p", "fwd")
             if is_na(rows) or not rows:
@@ -769,7 +725,7 @@ def ring_traces(session, key, single_key, pass_="fwd"):
     with order "-" and the NA where a run is missing."""
     if pass_ == "fwd":
         outs = getattr(session, "ring_outs", {})
-        labels = getattr(session, "ring_labels", session.args.kernels)
+        labels = session.args.kernels
         cs, missing = session.size["ring_c"], "items 3 and 4 did not run"
     else:
         outs = getattr(session, "bwd_ring_outs", {})
@@ -1093,9 +1049,7 @@ def header_lines(session, info):
         f"- iterations: {session.iters} (dtensor after 1 warm-up; torch after "
         f"{session.size['warmup']}), medians; budget {a.budget:.0f} s, each step under a "
         f"{a.step_timeout:.0f} s timeout",
-    ] + ([f"- --without {','.join(a.without)}: the wgmma forward's launches with those "
-          "flags not run"] if a.without else []) + \
-        (["- --quick: tiny shapes, a smoke test: no figure or mark here says anything "
+    ] + (["- --quick: tiny shapes, a smoke test: no figure or mark here says anything "
           "about issue 8"] if a.quick else []) + \
         (["- --backend cpu: the CPU kernels run whatever --kernels says"]
          if a.backend == "cpu" else []) + [""]
@@ -1129,14 +1083,6 @@ def parse_kernels(text):
     return list(dict.fromkeys(names))
 
 
-def parse_variants(text):
-    keys = [key for _, key, _ in WGMMA_FWD_VARIANTS]
-    names = [v for v in text.split(",") if v]
-    if any(v not in keys for v in names):
-        raise argparse.ArgumentTypeError(f"takes a list of {', '.join(keys)}; got '{text}'")
-    return names
-
-
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.relpath(os.path.join(ROOT, "build")),
@@ -1156,11 +1102,6 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     ap.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--no-torch", action="store_true", help="no PyTorch columns")
-    ap.add_argument("--without", type=parse_variants, default=[], metavar="LIST",
-                    help="the wgmma forward's launch variants not to run (" +
-                         ", ".join(key for _, key, _ in WGMMA_FWD_VARIANTS) +
-                         "): their cells say skipped (scripts/gpu_session.sh names those "
-                         "that failed its canary)")
     args = ap.parse_args(argv)
     if args.iters < 0 or args.iters > 100:
         ap.error("--iters takes 1 to 100")

@@ -95,7 +95,6 @@ struct cuda_impl {
     int dependent_launch;       /* dt_backend_cuda_set_dependent_launch */
     int overlap;                /* dt_backend_cuda_set_overlap */
     int producer;               /* dt_backend_cuda_set_producer */
-    int bulk;                   /* dt_backend_cuda_set_bulk */
     int cc;                     /* compute capability, major * 10 + minor */
     int64_t l2_bytes;           /* L2 cache size, for the attention kernels' launch order */
     int failed;                 /* a wait ran out or the device failed: never wait again */
@@ -1345,6 +1344,7 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
     im->persistent = 1;
     im->dependent_launch = 1;
     im->overlap = 1;
+    im->producer = 1;
     {
         int major = 0, minor = 0;
         CREATE_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o->device));
@@ -1445,14 +1445,6 @@ extern "C" int dt_backend_cuda_producer(const dt_backend *b) {
 
 extern "C" void dt_backend_cuda_set_producer(dt_backend *b, int on) {
     if (dt_backend_is_cuda(b)) impl_of(b)->producer = on != 0;
-}
-
-extern "C" int dt_backend_cuda_bulk(const dt_backend *b) {
-    return dt_backend_is_cuda(b) ? impl_of(b)->bulk : 0;
-}
-
-extern "C" void dt_backend_cuda_set_bulk(dt_backend *b, int on) {
-    if (dt_backend_is_cuda(b)) impl_of(b)->bulk = on != 0;
 }
 
 extern "C" dt_status dt_backend_cuda_busy(dt_backend *b, double us) {

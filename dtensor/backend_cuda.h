@@ -90,20 +90,12 @@ void dt_backend_cuda_set_overlap(dt_backend *b, int on);
 /* Whether the wgmma attention forward at head dim 128 issues its loads
  * and takes its tile queue's tickets from a producer warpgroup of its own
  * (attention/block_cuda_wgmma.cu), instead of from thread 0 between its
- * warpgroup's products. 0, the default, until a GPU has measured it
- * against 1 (docs/PERFORMANCE.md). Results never depend on it, only
- * speed. */
+ * warpgroup's products. 1, the default since an H200 measurement
+ * (2026-11-27): faster by 4 to 10% in every forward row, single call and
+ * ring (docs/PERFORMANCE.md); 0: thread 0's loads (benchmarks compare).
+ * Results never depend on it, only speed. */
 int dt_backend_cuda_producer(const dt_backend *b);
 void dt_backend_cuda_set_producer(dt_backend *b, int on);
-/* Whether the wgmma attention forward at head dim 128, in its overlapped
- * order without the producer warpgroup, ends a query tile through shared
- * memory: its rows' stored state brought in and the merged rows written
- * out by TMA bulk copies (attention/block_cuda_wgmma.cu, BULK), instead of
- * by each thread's loads and stores. 0, the default, until a GPU has
- * measured it against 1 (docs/PERFORMANCE.md). Results never depend on
- * it, only speed. */
-int dt_backend_cuda_bulk(const dt_backend *b);
-void dt_backend_cuda_set_bulk(dt_backend *b, int on);
 /* Keeps the compute stream busy for `us` microseconds (at most 1 s; one
  * thread spinning on the GPU's timer), for benchmarks: enqueued before a
  * start event, it lets the host prepare and launch the work it times

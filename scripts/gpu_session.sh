@@ -3,35 +3,37 @@
 # minutes of device time (the machine's start included): the packed
 # programs' CUDA suites side by side, compute-sanitizer on the tensor-core
 # attention kernels beside them (test_reliability after them, alone: its
-# soak case reads the whole device's memory), a canary of each of the
-# wgmma forward's launch variants and of the wgmma backward (a small
-# block; a variant that fails or hangs is left out of the rest, and if
-# the default forward or the backward does, the rest measures the mma
-# kernels only), issue 4 (c) (the ring's cost; again with the wgmma
-# forward's producer warpgroup, and with its end through TMA), then
-# bench/issue8.py with what is left of the budget. Every step before
-# issue8.py is cut to leave it ISSUE8_MIN (200) seconds.
+# soak case reads the whole device's memory), a canary of the wgmma
+# forward in its default launch (at D = 128 the producer warpgroup's
+# loads) and with --producer 0 (thread 0's loads), and of the wgmma
+# backward (a small block; --producer 0 failing or hanging is left out
+# of the rest, and if the default forward or the backward does, the rest
+# measures the mma kernels only), issue 4 (c) (the ring's cost; again
+# with --producer 0), then bench/issue8.py with what is left of the
+# budget. Every step before issue8.py is cut to leave it ISSUE8_MIN (200)
+# seconds.
 #
 #   scripts/gpu_session.sh [--dry-run] [--profile] [--prebuilt DIR] [BUDGET_SECONDS]
 #
 #   BUDGET_SECONDS  the whole run (default 480). The suites and the
 #                   sanitizers take about 40 s on an H200, the canaries a
-#                   few, issue 4 (c) about 15 s thrice, --profile about 45 s,
-#                   issue8.py about 300 s (an estimate: 241 s on 0de56cb,
-#                   since then item 5's and 6's traces and item 6's runs
-#                   without the copies; its later steps are skipped when
-#                   the budget runs out). Give the device call a timeout_s
-#                   of the budget plus 20: with a machine's start, about
-#                   9 of the session's 15 minutes, leaving room for a
-#                   shorter second call.
+#                   few, issue 4 (c) about 15 s twice, --profile about 30 s,
+#                   issue8.py about 250 s (an estimate: on 2026-11-27 it
+#                   ran 299 s of a 317 s budget, its last 6 steps skipped,
+#                   with 10 steps of the wgmma forward's --producer 1 and
+#                   --bulk 1 runs that it no longer has; its later steps
+#                   are skipped when the budget runs out). Give the device
+#                   call a timeout_s of the budget plus 20: with a
+#                   machine's start, about 9 of the session's 15 minutes,
+#                   leaving room for a shorter second call.
 #   --prebuilt DIR  the programs (default .gpu/build, as scripts/gpu_pack.sh
 #                   makes them here; the call carries [".deps", ".gpu"]).
 #   --profile       also Nsight Compute's source counters on the wgmma
 #                   forward's causal 4096 x 4096 block (H = 32, D = 128,
-#                   bf16), by default, with its producer warpgroup and with
-#                   its end through TMA, before issue8.py (about 37 s): needs
-#                   DIR/prof/blocks, a LINEINFO=1 build (scripts/gpu_pack.sh
-#                   --profile); its exports come back in ncu_source.tgz and
+#                   bf16), by default and with --producer 0, before
+#                   issue8.py (about 25 s): needs DIR/prof/blocks, a
+#                   LINEINFO=1 build (scripts/gpu_pack.sh --profile); its
+#                   exports come back in ncu_source.tgz and
 #                   bench/ncu_source.py's summary, split at the tile loop,
 #                   the key tile loop and the end, in summary.txt.
 #   --dry-run       print what would run, run nothing.
@@ -47,7 +49,7 @@
 # 540 s, a call of its own).
 set -u
 
-usage() { sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,49p' "$0" | sed 's/^# \{0,1\}//'; }
 dry=0
 profile=0
 budget=480
@@ -75,13 +77,16 @@ suites="test_cuda test_attention test_attention_backward test_mlp test_transform
 # forward and backward kernel, the wgmma forward's variants at D = 128)
 sanitized="racecheck:test_attention:forward racecheck:test_attention_backward:backward
 synccheck:test_attention:forward synccheck:test_attention_backward:backward"
-# the wgmma forward's launch variants that issue 4 (c) and --profile compare
-variants="--producer_0 --producer_1 --bulk_1"
-# A canary for each variant (--producer_0 is the default) and the
-# backward: a block small enough to take milliseconds, with more query
-# tiles (256) than SMs, so that persistent CTAs take several. A variant
-# that fails or runs past 20 s is left out of everything after it
-# (issue8.py --without), where a hang would cost each step its timeout.
+# the wgmma forward's launches that issue 4 (c) and --profile compare:
+# the default (at D = 128 the producer warpgroup's loads) and
+# --producer 0 (thread 0's); each is its flags with '_' for the space
+variants="default --producer_0"
+flags_of() { [ "$1" = default ] || echo "${1/_/ }"; }   # the bench flags of a variant
+# A canary for each variant and the backward: a block small enough to
+# take milliseconds, with more query tiles (256) than SMs, so that
+# persistent CTAs take several. --producer 0 failing or running past 20 s
+# is left out of everything after it, where a hang would cost each step
+# its timeout; issue8.py runs the default launch only.
 canary="--backend cuda --kernel wgmma --section r --heads 16 --kv-heads 16 --dim 128 --dtype bf16
 --c 2048 --iters 1"
 issue8_min=${ISSUE8_MIN:-200}
@@ -97,12 +102,13 @@ if [ "$dry" = 1 ]; then
     done
     echo "  then       $build/tests/test_reliability (140 s at most; alone)"
     for v in $variants --pass_bwd; do
+        if [ "$v" = --pass_bwd ]; then f="--pass bwd"; else f=$(flags_of "$v"); f="--pass fwd${f:+ $f}"; fi
         # shellcheck disable=SC2086 # the flags, word by word
-        echo "  canary     $build/bench/blocks" $canary "$( [ "$v" = --pass_bwd ] || echo --pass fwd)" "${v/_/ } (20 s at most)"
+        echo "  canary     $build/bench/blocks" $canary $f "(20 s at most)"
     done
     echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: ${variants//_/ } (60 s at most each, less if issue8.py would get under ${issue8_min} s)"
     [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096) with each of: ${variants//_/ } (likewise)"
-    echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --step-timeout <a third of it, 90 to 150> --without <the variants that failed their canary> [--kernels mma] --json-out \$OUT/issue8.json"
+    echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --step-timeout <a third of it, 90 to 150> [--kernels mma] --json-out \$OUT/issue8.json"
     exit 0
 fi
 
@@ -177,22 +183,19 @@ for s in $sanitized; do
     # a filter that ran no case proves nothing; a failed case is a failure
     echo "$verdict" | grep -qE ': 0 (errors|hazards)' && [ "$cases" -gt 0 ] && [ "$failed" = 0 ] || ok=0
 done
-without=()
 kept=""
 mma_only=0   # the default wgmma forward or the backward failed its canary
 for v in $variants --pass_bwd; do
-    pass="--pass fwd"
-    [ "$v" = --pass_bwd ] && pass=""
-    # shellcheck disable=SC2086 # the flags, and the variant's flag and its value
-    timeout -k 2 20 "$build/bench/blocks" $canary $pass ${v/_/ } >"$logs/canary_$v.log" 2>&1
+    if [ "$v" = --pass_bwd ]; then f="--pass bwd"; else f=$(flags_of "$v"); f="--pass fwd${f:+ $f}"; fi
+    # shellcheck disable=SC2086 # the flags, word by word
+    timeout -k 2 20 "$build/bench/blocks" $canary $f >"$logs/canary_${v#--}.log" 2>&1
     rc=$?
-    log "canary ${v/_/ }: exit $rc"
+    log "canary $f: exit $rc"
     if [ "$rc" != 0 ]; then
-        tail -n 3 "$logs/canary_$v.log" | tee -a "$summary"
+        tail -n 3 "$logs/canary_${v#--}.log" | tee -a "$summary"
         ok=0
         case $v in
-        --producer_0 | --pass_bwd) mma_only=1 ;;
-        *) n=${v#--}; without+=("${n%_1}") ;;
+        default | --pass_bwd) mma_only=1 ;;
         esac
         continue
     fi
@@ -221,16 +224,16 @@ for v in $ring_runs; do
         ok=0
         continue
     fi
-    flag=${v/_/ }
+    flag=$(flags_of "$v")
     kernel=auto
     [ "$v" = mma ] && flag="" && kernel=mma
     echo "# DT_ATTN_KERNEL=$kernel bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 $flag" \
         >>"$out/ring_cost.txt"
-    # shellcheck disable=SC2086 # the flag and its value, two words
+    # shellcheck disable=SC2086 # the flag and its value, two words (none by default)
     DT_ATTN_KERNEL=$kernel timeout -k 5 "$c" "$build/bench/attention" --backend cuda --section c \
         --pass fwd,bwd --iters 5 $flag >>"$out/ring_cost.txt" 2>&1
     rcs[ring]=$?
-    log "issue 4 (c): DT_ATTN_KERNEL=$kernel bench/attention --section c $flag, $(exited ring)"
+    log "issue 4 (c): DT_ATTN_KERNEL=$kernel bench/attention --section c${flag:+ $flag}, $(exited ring)"
 done
 grep -E '^ +[248] |^# ' "$out/ring_cost.txt" | tee -a "$summary"
 
@@ -253,7 +256,7 @@ elif [ "$profile" = 1 ]; then
         echo "block_cuda_wgmma.cu:$(grep -nF -- "$pat" "$src" | tail -n 1 | cut -d: -f1)"
     done | paste -sd,)
     for v in $variants; do
-        n=${v#--}   # producer_0, producer_1, bulk_1
+        n=${v#--}   # default, producer_0
         c=$(cap 60)
         if [ "$c" -lt 20 ]; then
             log "ncu source counters, ${v/_/ }: skipped, ${c}s left before issue8.py's ${issue8_min}s"
@@ -262,11 +265,12 @@ elif [ "$profile" = 1 ]; then
         # the 5th launch of the kernel: the causal block's timed run (after
         # bench/blocks' set-up pass, the full block's warm-up and timed run,
         # and the causal block's warm-up)
-        # shellcheck disable=SC2086 # the flag and its value, two words
+        f=$(flags_of "$v")
+        # shellcheck disable=SC2086 # the flag and its value, two words (none by default)
         timeout -k 5 "$c" "$ncu" --clock-control none --section SourceCounters --import-source yes \
             -k regex:fwd_wgmma --launch-skip 4 -c 1 -f -o "$prof/rep_$n" "$build/prof/blocks" \
             --backend cuda --kernel wgmma --section r --pass fwd --heads 32 --kv-heads 32 --dim 128 \
-            --dtype bf16 --c 4096 --iters 1 ${v/_/ } >"$prof/ncu_$n.log" 2>&1 &&
+            --dtype bf16 --c 4096 --iters 1 $f >"$prof/ncu_$n.log" 2>&1 &&
             timeout -k 5 60 "$ncu" -i "$prof/rep_$n.ncu-rep" --page source --csv \
                 --print-source cuda,sass >"$prof/source_$n.csv" 2>>"$prof/ncu_$n.log"
         rcs[ncu]=$?
@@ -287,7 +291,6 @@ if [ "$left" -lt 30 ]; then
     ok=0
 else
     flags=()
-    [ ${#without[@]} -gt 0 ] && flags+=(--without "$(IFS=,; echo "${without[*]}")")
     [ "$mma_only" = 1 ] && flags+=(--kernels mma)
     # a hung step costs at most a third of what is left (90 to 150 s)
     step=$((left / 3))

@@ -16,9 +16,10 @@
  * here and the "backward/cuda-kernels/..." cases of
  * test_attention_backward.c run the distributed passes with
  * DT_ATTN_KERNEL=simple, =mma and =wgmma (where it can run: a 9.0 device;
- * the forward at D = 128 in its overlapped order, the default, and again
- * with its warpgroups meeting after each query tile and with its loads by
- * a producer warpgroup) against the double reference. */
+ * the forward at D = 128 in its overlapped order with its loads by a
+ * producer warpgroup, the defaults, and again with its warpgroups meeting
+ * after each query tile and with its loads by thread 0) against the
+ * double reference. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -61,11 +62,11 @@ typedef struct fwd_case {
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
     int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma (and wgmma
-                                  with its overlapped order off, with its producer
-                                  warpgroup, and with its end through TMA), each checked */
+                                  with its overlapped order off, and with its producer
+                                  warpgroup off), each checked */
     int meet;                  /* cuda: the wgmma forward's overlapped order off (set by the test) */
-    int producer;              /* cuda: the wgmma forward's producer warpgroup on (set by the test) */
-    int bulk;                  /* cuda: the wgmma forward's end through TMA on (set by the test) */
+    int thread0;               /* cuda: the wgmma forward's producer warpgroup off, its loads
+                                  by thread 0 (set by the test) */
     int huge;                  /* q, k multiples of 25: logits of magnitude 1e4 (exact in fp32) */
     /* filled by the test */
     double *q, *k, *v, *o_ref, *lse_ref;
@@ -92,8 +93,7 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     int sizes[2] = {c->tp, c->P};
 #ifdef DT_HAVE_CUDA
     dt_backend_cuda_set_overlap(ctx->backend, !c->meet);   /* no-op off CUDA */
-    dt_backend_cuda_set_producer(ctx->backend, c->producer);
-    dt_backend_cuda_set_bulk(ctx->backend, c->bulk);
+    dt_backend_cuda_set_producer(ctx->backend, !c->thread0);
 #endif
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, sizes, NULL, &mesh), out);
     dt_placement heads = c->tp > 1 || c->head_order != DT_ORDER_CONTIGUOUS
@@ -206,7 +206,9 @@ static int wgmma_case(fwd_case *c, dt_backend_kind backend, int *refused) {
         *refused = c->st[r] == DT_ERR_NOT_SUPPORTED &&
                    (strstr(c->msg[r], "needs a compute capability 9.0") ||
                     strstr(c->msg[r], "wgmma kernel was not built"));
-    return *refused || judge_case(c, st, c->meet ? "wgmma, warpgroups meeting" : "wgmma");
+    return *refused || judge_case(c, st, c->meet      ? "wgmma, warpgroups meeting"
+                                         : c->thread0 ? "wgmma, loads by thread 0"
+                                                      : "wgmma");
 }
 
 static void run_forward_case(void **state) {
@@ -239,17 +241,14 @@ static void run_forward_case(void **state) {
         setenv("DT_ATTN_KERNEL", "wgmma", 1);
         int refused = 0;
         ok_wgmma = wgmma_case(c, backend, &refused);
-        if (!refused && c->s.D == 128) {   /* without its overlapped order; with the producer
-                                              warpgroup; with its end through TMA */
+        if (!refused && c->s.D == 128) {   /* without its overlapped order; without the
+                                              producer warpgroup (thread 0's loads) */
             c->meet = 1;
             ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
             c->meet = 0;
-            c->producer = 1;
+            c->thread0 = 1;
             ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
-            c->producer = 0;
-            c->bulk = 1;
-            ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
-            c->bulk = 0;
+            c->thread0 = 0;
         }
         h_env_restore("DT_ATTN_KERNEL", saved);
         if (refused) print_message("wgmma kernel not run: %s\n", c->msg[0]);
@@ -1766,21 +1765,21 @@ static void test_cuda_stateless_workspace(void **state) {
  * and on the mma kernel. Large enough on a GPU that blocks overlap; small
  * on the CPU emulator, which runs a dependent launch after the one before
  * and checks its waits instead (test_mma_emu). The first three runs have
- * the wgmma forward's overlapped order (the default; D = 128 on a GPU: its
- * warpgroups do not meet at a query tile's end, so a missing wait there
- * is a race too); a fourth, dependent launches on, has it off
- * (dt_backend_cuda_set_overlap(b, 0)), a fifth has it on with the
- * loads by a producer warpgroup (dt_backend_cuda_set_producer(b, 1)), and a
- * sixth with the end through TMA (dt_backend_cuda_set_bulk(b, 1)): the
- * same bits again. Each run's backward too: its blocks after the call's
+ * the wgmma forward's overlapped order and its loads by a producer
+ * warpgroup (the defaults; D = 128 on a GPU: its warpgroups do not meet
+ * at a query tile's end, so a missing wait there is a race too); a
+ * fourth, dependent launches on, has the overlapped order off
+ * (dt_backend_cuda_set_overlap(b, 0)), and a fifth has it on with the
+ * loads by thread 0 (dt_backend_cuda_set_producer(b, 0)): the same bits
+ * again. Each run's backward too: its blocks after the call's
  * first start while the one before finishes (they add into the same dQ
  * and write other dK, dV rows or buffers), so dK and dV must agree bit
  * for bit as well (dQ's atomics may add in another order). */
-enum { DEP_P = 2, DEP_RUNS = 6, DEP_SUMS = 4 };
+enum { DEP_P = 2, DEP_RUNS = 5, DEP_SUMS = 4 };
 
 typedef struct dep_case {
     uint64_t sum[DEP_P][DEP_RUNS][DEP_SUMS];   /* rank, run (on, off, on, on meeting, on
-                                                  producer, on bulk), o / lse / dk / dv */
+                                                  thread 0's loads), o / lse / dk / dv */
     dt_status st[DEP_P];
     char msg[DEP_P][512];
 } dep_case;
@@ -1812,8 +1811,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
 #ifdef DT_HAVE_CUDA
         dt_backend_cuda_set_dependent_launch(ctx->backend, run != 1);
         dt_backend_cuda_set_overlap(ctx->backend, run != 3);
-        dt_backend_cuda_set_producer(ctx->backend, run == 4);
-        dt_backend_cuda_set_bulk(ctx->backend, run == 5);
+        dt_backend_cuda_set_producer(ctx->backend, run != 4);
 #endif
         dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
         opts.mask = DT_ATTN_CAUSAL;
@@ -1835,8 +1833,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
 #ifdef DT_HAVE_CUDA
     dt_backend_cuda_set_dependent_launch(ctx->backend, 1);
     dt_backend_cuda_set_overlap(ctx->backend, 1);
-    dt_backend_cuda_set_producer(ctx->backend, 0);
-    dt_backend_cuda_set_bulk(ctx->backend, 0);
+    dt_backend_cuda_set_producer(ctx->backend, 1);
 #endif
     dt_tensor_destroy(q);
     dt_tensor_destroy(k);
@@ -1875,19 +1872,16 @@ static void test_cuda_dependent_launch(void **state) {
         for (int r = 0; r < DEP_P; r++)
             for (int x = 0; x < DEP_SUMS; x++)
                 if (c.sum[r][0][x] != c.sum[r][1][x] || c.sum[r][2][x] != c.sum[r][1][x] ||
-                    c.sum[r][3][x] != c.sum[r][1][x] || c.sum[r][4][x] != c.sum[r][1][x] ||
-                    c.sum[r][5][x] != c.sum[r][1][x]) {
+                    c.sum[r][3][x] != c.sum[r][1][x] || c.sum[r][4][x] != c.sum[r][1][x]) {
                     print_error("DT_ATTN_KERNEL=%s, rank %d: %s with dependent launches on, "
-                                "off, on, on with the warpgroups meeting, on with the producer "
-                                "warp, on with the end through TMA: checksums %016llx, %016llx, "
-                                "%016llx, %016llx, %016llx, %016llx\n",
+                                "off, on, on with the warpgroups meeting, on with thread 0's "
+                                "loads: checksums %016llx, %016llx, %016llx, %016llx, %016llx\n",
                                 kernels[i], r, (const char *[]){"o", "lse", "dk", "dv"}[x],
                                 (unsigned long long)c.sum[r][0][x],
                                 (unsigned long long)c.sum[r][1][x],
                                 (unsigned long long)c.sum[r][2][x],
                                 (unsigned long long)c.sum[r][3][x],
-                                (unsigned long long)c.sum[r][4][x],
-                                (unsigned long long)c.sum[r][5][x]);
+                                (unsigned long long)c.sum[r][4][x]);
                     bad++;
                 }
     }

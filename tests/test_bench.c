@@ -30,8 +30,9 @@
  *     parts adding up to its wall;
  *   - bench/issue8.py --backend cpu --quick --no-torch (when python3 is on
  *     PATH; else skipped): exit 0, every item's heading, every step run;
- *     and with a bench/blocks that hangs on --bulk 1: that launch's first
- *     step timed out, its later ones skipped, every other step run;
+ *     and with a bench/attention that hangs on --persistent 2: that
+ *     launch's first step timed out, its later one skipped, every other
+ *     step run;
  *   - bench/ncu_source.py on a small Nsight Compute source export written
  *     here, its shares and spans worked out by hand (python3 too);
  *   - bench/mlp --quick: the baseline rows and one row per mode and P, every
@@ -525,18 +526,19 @@ static void test_trace_timeline(void **state) {
  * with a record per query tile of every block that runs (P = 2, c = 128,
  * one head: contiguous's step-1 block of rank 0 has no pair and does not
  * launch, so 3 records, striped and zigzag 4, the call on S = 256 2), and
- * the mean SM's busy and idle parts adding up to the wall; again with the
- * end through TMA (--bulk 1, which the JSON reports), the same records.
- * Skipped where no CUDA device answers. */
+ * the mean SM's busy and idle parts adding up to the wall; with the
+ * producer warpgroup (the default) and again with thread 0's loads
+ * (--producer 0, which the JSON reports), the same records. Skipped where
+ * no CUDA device answers. */
 #ifdef DT_HAVE_CUDA
-/* One run of the above with --bulk `bulk`: 1 if it printed what it should,
- * 0 if not, -1 if no CUDA device answered. */
-static int blocks_trace_timeline(int bulk) {
+/* One run of the above with --producer `producer`: 1 if it printed what it
+ * should, 0 if not, -1 if no CUDA device answered. */
+static int blocks_trace_timeline(int producer) {
     char *out = NULL;
     char args[256];
     snprintf(args, sizeof args, "--backend cuda --kernel wgmma --section p --pass fwd --ranks 2 "
              "--ring-c 128 --heads 1 --kv-heads 1 --dim 128 --dtype bf16 --iters 1 --trace "
-             "--json --bulk %d", bulk);
+             "--json --producer %d", producer);
     int rc = h_run_program(g_blocks, args, &out);
     if (rc != 0 && out && strstr(out, "needs a CUDA device")) {
         free(out);
@@ -545,7 +547,8 @@ static int blocks_trace_timeline(int bulk) {
     static const char *const orders[] = {"contiguous", "striped", "zigzag"};
     static const double records[] = {3, 4, 4};
     double reported = -1;
-    int ok = rc == 0 && out != NULL && json_num(out, "bulk", &reported) && reported == bulk;
+    int ok = rc == 0 && out != NULL && json_num(out, "producer", &reported) &&
+             reported == producer;
     for (int i = 0; ok && i < 3; i++) {
         char key[64];
         snprintf(key, sizeof key, "\"order\": \"%s\"", orders[i]);
@@ -577,8 +580,8 @@ static void test_blocks_trace_timeline(void **state) {
     print_message("skipped: a build without CUDA (the CTA records are the CUDA kernels')\n");
     skip();
 #else
-    for (int bulk = 0; bulk < 2; bulk++) {
-        const int ok = blocks_trace_timeline(bulk);
+    for (int producer = 1; producer >= 0; producer--) {
+        const int ok = blocks_trace_timeline(producer);
         if (ok < 0) {
             print_message("skipped: no CUDA device (make CUDA=emu test runs it on the emulator)\n");
             skip();
@@ -679,11 +682,12 @@ static int write_script(const char *path, const char *text) {
 }
 
 /* A launch variant that hangs takes only its own later steps with it: a
- * build directory whose bench/blocks sleeps on --bulk 1 (and runs the real
- * one otherwise), issue8.py with a 10 s step timeout (each step here takes
- * under a second). The first bulk step times out, every later one is
- * skipped and says why, and every other step (the wgmma kernel by default
- * and with --producer 1) runs. */
+ * build directory whose bench/attention sleeps on --persistent 2 (and runs
+ * the real one otherwise), issue8.py with a 10 s step timeout (each step
+ * here takes under a second). Item 6's first --persistent 2 step (bench/
+ * attention (b)) times out, its later one (the same without the copies)
+ * is skipped and says why, and every other step (the wgmma kernel's
+ * default launch, bench/blocks among them) runs. */
 static void test_issue8_hung_variant(void **state) {
     (void)state;
     REQUIRE(g_blocks);
@@ -697,12 +701,12 @@ static void test_issue8_hung_variant(void **state) {
     snprintf(path, sizeof path, "%s/bench", dir);
     assert_int_equal(mkdir(path, 0755), 0);
     snprintf(path, sizeof path, "%s/bench/blocks", dir);
-    snprintf(text, sizeof text,
-             "#!/bin/sh\ncase \" $* \" in *\" --bulk 1 \"*) exec sleep 100 ;; esac\n"
-             "exec '%s' \"$@\"\n", real_blocks);
+    snprintf(text, sizeof text, "#!/bin/sh\nexec '%s' \"$@\"\n", real_blocks);
     assert_int_equal(write_script(path, text), 0);
     snprintf(path, sizeof path, "%s/bench/attention", dir);
-    snprintf(text, sizeof text, "#!/bin/sh\nexec '%s' \"$@\"\n", real_bench);
+    snprintf(text, sizeof text,
+             "#!/bin/sh\ncase \" $* \" in *\" --persistent 2 \"*) exec sleep 100 ;; esac\n"
+             "exec '%s' \"$@\"\n", real_bench);
     assert_int_equal(write_script(path, text), 0);
 
     char args[9000];
@@ -722,14 +726,14 @@ static void test_issue8_hung_variant(void **state) {
         ln += len + (ln[len] != 0);
         sscanf(line, "- steps: %d ok", &ok_steps);
         if (!strstr(line, dir)) continue;
-        const int bulk = strstr(line, " --bulk 1") != NULL;
-        if (bulk && strncmp(line, "- timed out: ", 13) == 0) timed_out++;
-        else if (bulk && strncmp(line, "- skipped: ", 11) == 0 &&
-                 strstr(line, "(wgmma --bulk 1 timed out in an earlier step)"))
+        const int variant = strstr(line, " --persistent 2") != NULL;
+        if (variant && strncmp(line, "- timed out: ", 13) == 0) timed_out++;
+        else if (variant && strncmp(line, "- skipped: ", 11) == 0 &&
+                 strstr(line, "(wgmma --persistent 2 timed out in an earlier step)"))
             skipped++;
         else others++;
     }
-    const int ok = summary && rc == 1 && timed_out == 1 && skipped >= 3 && others == 0 &&
+    const int ok = summary && rc == 1 && timed_out == 1 && skipped == 1 && others == 0 &&
                    ok_steps > 10 && !strstr(out, "Traceback");
     if (!ok)
         print_error("python3 %s (rc %d; %d timed out, %d skipped, %d others, %d ok) printed:\n%s\n",

@@ -74,7 +74,6 @@ typedef struct emu_case {
                        after a query rank's first; backward, all but the first */
     int overlap;    /* the wgmma forward at D = 128: its overlapped order */
     int producer;   /* the wgmma forward at D = 128: its loads by a producer warpgroup */
-    int bulk;       /* the wgmma forward at D = 128: its end through TMA (the overlapped order) */
 } emu_case;
 
 /* The L2 size passed with a block whose units each re-read unit_bytes. */
@@ -243,11 +242,9 @@ static void run_forward(void **state) {
     const uint64_t dependent_before = dt_emu_get_counts().dependent;
 
     const size_t nrow = (size_t)(B * H * n), nacc = nrow * (size_t)D;
-    float *m = zeros_f32(nrow), *l = zeros_f32(nrow), *o = zeros_f32(nacc);
-    float *lse = zeros_f32(nrow), *acc = NULL;   /* acc: read and written by the bulk end's TMA */
+    float *m = zeros_f32(nrow), *l = zeros_f32(nrow), *acc = zeros_f32(nacc), *o = zeros_f32(nacc);
+    float *lse = zeros_f32(nrow);
     void *ot = NULL, *queue = NULL;   /* the kernel's o, in the dtype; the wgmma tile queue */
-    assert_int_equal(cudaMalloc((void **)&acc, nacc * sizeof *acc), cudaSuccess);
-    memset(acc, 0, nacc * sizeof *acc);   /* emulated device memory is host memory */
     assert_int_equal(cudaMalloc(&ot, nacc * dt_dtype_size(c->dtype)), cudaSuccess);
     assert_int_equal(cudaMalloc(&queue, DT_ATTN_WGMMA_QUEUE_BYTES), cudaSuccess);
     uint32_t *const qw = queue;   /* emulated device memory is host memory */
@@ -282,7 +279,7 @@ static void run_forward(void **state) {
                 bad = 1;
             } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
                                                       c->sms, queue, c->dependent, c->overlap,
-                                                      c->producer, c->bulk)
+                                                      c->producer)
                               : dt_emu_attn_mma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
                                                     c->dependent)) != DT_SUCCESS) {
                 print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
@@ -314,8 +311,7 @@ static void run_forward(void **state) {
     const uint64_t dependent_ran = dt_emu_get_counts().dependent - dependent_before;
     free_ranks(c, &R);
     free(q), free(k), free(v), free(o_ref), free(lse_ref), free(ref), free(ref_lse);
-    free(m), free(l), free(o), free(lse), free(trace);
-    cudaFree(acc);
+    free(m), free(l), free(acc), free(o), free(lse), free(trace);
     cudaFree(ot);
     cudaFree(queue);
     assert_int_equal(bad, 0);
@@ -488,7 +484,7 @@ static void test_key_span_bound(void **state) {
  * loads the keyless tile issues. One block (first and last: o and lse),
  * against a double-precision reference; then the same block beside a ring
  * transfer, which runs a CTA per tile, and both in the overlapped order,
- * with the producer warpgroup, with both, and with the end through TMA. */
+ * with the producer warpgroup, and with both. */
 static void test_wgmma_persistent_keyless(void **state) {
     (void)state;
     const int64_t H = 4, G = 2, nq = 400, nk = 300, kstart = 200;
@@ -512,8 +508,7 @@ static void test_wgmma_persistent_keyless(void **state) {
         assert_true(dt_emu_attn_mma_block_ok(&a, why, sizeof why));
         const int64_t unit_bytes = 2 * nk * D * 2 / (H / G);   /* dt_mma_fwd_grid's section */
         const uint64_t ctas_before = dt_emu_get_counts().blocks;
-        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, 0, 0),
-                         DT_SUCCESS);
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, 0), DT_SUCCESS);
         /* persistent: the CTAs one SM holds (two at D = 64), not one per tile */
         const int64_t tiles = (nq + 127) / 128 * H;
         assert_int_equal(dt_emu_get_counts().blocks - ctas_before, D == 64 ? 2 : 1);
@@ -525,36 +520,22 @@ static void test_wgmma_persistent_keyless(void **state) {
                          cudaSuccess);
         a.transfer = 1;
         const uint64_t ctas_beside = dt_emu_get_counts().blocks;
-        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, 0, 0),
-                         DT_SUCCESS);
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, 0), DT_SUCCESS);
         assert_int_equal(dt_emu_get_counts().blocks - ctas_beside, tiles);
         assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
-        /* The overlapped order, the producer warpgroup, both, and the
-         * overlapped order with the end through TMA (D = 128; at D = 64 the
-         * switches change nothing), persistent past the keyless tile and a
-         * CTA per tile: the same o, bit for bit (each row's arithmetic is the
-         * same). */
-        for (int variant = 1; variant <= 4; variant++)
+        /* The overlapped order, the producer warpgroup, and both (D = 128; at
+         * D = 64 the switches change nothing), persistent past the keyless
+         * tile and a CTA per tile: the same o, bit for bit (each row's
+         * arithmetic is the same). */
+        for (int variant = 1; variant <= 3; variant++)
             for (int transfer = 0; transfer <= 1; transfer++) {
                 a.transfer = transfer;
                 memset(od, 0xff, (size_t)(nq * H * D) * 2);   /* emulated device memory is host memory */
                 assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1,
-                                                       variant & 1 || variant == 4,
-                                                       variant == 2 || variant == 3, variant == 4),
+                                                       variant & 1, variant >> 1),
                                  DT_SUCCESS);
                 assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
             }
-        /* The end through TMA with o 4 bytes off a 16-byte boundary (TMA
-         * wants 16, the kernel 4): the ordinary end, the same o. */
-        unsigned char *od4 = NULL;
-        assert_int_equal(cudaMalloc((void **)&od4, (size_t)(nq * H * D) * 2 + 16), cudaSuccess);
-        a.o = od4 + 4;
-        a.transfer = 0;
-        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 1, 0, 1),
-                         DT_SUCCESS);
-        assert_memory_equal(od4 + 4, o_persistent, (size_t)(nq * H * D) * 2);
-        a.o = od;
-        cudaFree(od4);
         free(o_persistent);
 
         double *ref = calloc((size_t)(nq * H * D), sizeof *ref), *ref_lse = malloc((size_t)(H * nq) * sizeof *ref_lse);
@@ -856,23 +837,16 @@ static PFN_cuTensorMapEncodeTiled_v12000 tma_encoder(void) {
     return (PFN_cuTensorMapEncodeTiled_v12000)fn;
 }
 
-/* A tensor map of element type `type` with swizzle sw: dims[0] innermost,
- * strides in bytes for dims 1.., box of `rank` extents. */
-static void tma_map_typed(CUtensorMap *map, CUtensorMapDataType type, void *base, int rank,
-                          const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
-                          CUtensorMapSwizzle sw) {
+/* A bf16 tensor map with swizzle sw: dims[0] innermost, strides in bytes
+ * for dims 1.., box of `rank` extents. */
+static void tma_map(CUtensorMap *map, void *base, int rank, const uint64_t *dims,
+                    const uint64_t *strides, const uint32_t *box, CUtensorMapSwizzle sw) {
     const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
-    assert_int_equal(tma_encoder()(map, type, (cuuint32_t)rank, base, dims, strides, box, ones,
-                                   CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+    assert_int_equal(tma_encoder()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, base,
+                                   dims, strides, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
                                    CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
                      CUDA_SUCCESS);
-}
-
-/* A bf16 tensor map (as tma_map_typed). */
-static void tma_map(CUtensorMap *map, void *base, int rank, const uint64_t *dims,
-                    const uint64_t *strides, const uint32_t *box, CUtensorMapSwizzle sw) {
-    tma_map_typed(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, rank, dims, strides, box, sw);
 }
 
 enum { TMA_SMEM = 12288, TMA_BOX = 64 * 32 * 2, TMA_MAXLOADS = 2 };
@@ -1161,8 +1135,8 @@ static void k_tma_ldmatrix(void *arg) {
     dt_emu_ldmatrix_x4(r, smem + MB_DST + 16 * lane(), 0);
 }
 
-/* The 2D tensor of test_tma and test_tma_store in emulated device memory:
- * 100 x 50, rows padded to 104 elements (0xdead, never to be read). */
+/* test_tma's 2D tensor in emulated device memory: 100 x 50, rows padded
+ * to 104 elements (0xdead, never to be read). */
 static uint16_t *tma_2d_tensor(void) {
     uint16_t *g2 = NULL;
     assert_int_equal(cudaMalloc((void **)&g2, 50 * 208), cudaSuccess);
@@ -1365,418 +1339,6 @@ static void test_tma(void **state) {
     assert_int_equal(cudaFree(g2), cudaSuccess);
     assert_int_equal(cudaFree(g4), cudaSuccess);
     assert_int_equal(cudaFree(gp), cudaSuccess);
-}
-
-/* ------------------------------------------ the emulator's TMA store
- *
- * cp.async.bulk.tensor shared -> global with bulk async-groups. The boxes
- * come from a TMA load (the round trip) or from plain stores into shared
- * memory laid out here from the PTX ISA's 128-byte swizzle (16-byte chunk
- * c of 128-byte row r of a 1024-aligned box at chunk c ^ (r % 8)); the
- * destination tensor is compared with one computed here, every byte of its
- * allocation: the box's elements inside the tensor stored, everything else
- * (the elements the store clips, the padding, the rows past the tensor)
- * untouched. Then the order of the bulk groups, and each misuse's message. */
-
-enum {
-    ST_BOX0 = 1008,            /* address 1024 */
-    ST_BOX1 = ST_BOX0 + 4096,  /* address 5120 */
-    ST_BAR = 11008,
-    ST_SMEM = 12288,
-    ST_BOX = 4096,             /* 32 rows of 128 bytes: 64 bf16 or 32 fp32 */
-    ST_GBYTES = 16384,         /* the destination allocations' size, at most */
-};
-
-typedef enum {
-    ST_ROUND_TRIP,        /* a TMA load of the box, then the store */
-    ST_PLAIN,             /* plain stores, fence.proxy.async, __syncthreads, the store */
-    ST_GROUPS_FIRST,      /* two groups; wait_group.read 1, then the first's source written */
-    ST_GROUPS_SECOND,     /* ... the second's source written */
-    ST_EMPTY_GROUP,       /* the store, two commits; wait_group.read 1; its source written */
-    ST_NO_FENCE,          /* __syncthreads without fence.proxy.async */
-    ST_NO_BARRIER,        /* thread 0 stores and fences, thread 1 issues: no barrier */
-    ST_WRITE_PENDING,     /* a plain store into the source before the wait */
-    ST_LOAD_PENDING,      /* a TMA load into the source before the wait */
-    ST_CP_ASYNC_PENDING,  /* a cp.async into the source before the wait */
-    ST_CP_ASYNC_UNDER,    /* the store from a cp.async's destination in flight */
-    ST_OVER_LOAD,         /* the store from a pending TMA load's destination */
-    ST_EXIT_PENDING,      /* two groups, wait_group.read 1, exit */
-    ST_EXIT_UNCOMMITTED,  /* the store, no commit, exit */
-    ST_MAP_ALIGN,         /* the map's address 16 bytes off */
-    ST_SRC_ALIGN,         /* the source 64 bytes off */
-    ST_RANK,              /* .3d with a map of rank 2 */
-} st_how;
-
-typedef struct st_case {
-    st_how how;
-    int read;                      /* the last wait: wait_group.read (1) or wait_group (0) */
-    int esize;                     /* 2: bf16 boxes of 64 x 32; 4: fp32 of 32 x 32 */
-    const CUtensorMap *map;        /* the store's */
-    int32_t at[2][2];              /* the stores' coordinates (the second: groups) */
-    const CUtensorMap *load_map;   /* the tensor loads read */
-    int32_t load_at[2];
-    const unsigned char *gdst;     /* the destination's allocation */
-    size_t gbytes;
-    unsigned char seen_issue[ST_GBYTES];   /* the destination after the commits */
-    unsigned char seen_mid[ST_GBYTES];     /* ... after the first wait (groups) */
-    unsigned char src16[16] __attribute__((aligned(16)));   /* a cp.async's source */
-} st_case;
-
-/* Element (e, r) of plain-store box `which` (0, 1): bits that are neither
- * the destination's sentinel nor zero. */
-static uint32_t st_plain(int esize, int which, int e, int r) {
-    return esize == 2 ? (uint32_t)(0x2000 + 0x1000 * which + 64 * r + e)
-                      : 0x40000000u + 0x100000u * (uint32_t)which + 0x100u * (uint32_t)r +
-                            (uint32_t)e;
-}
-
-/* Row r of box `which` at shared offset box (1024-aligned by address) by
- * plain stores, 128-byte swizzled. */
-static void st_write_row(unsigned char *smem, uint32_t box, int esize, int which, int r) {
-    for (int e = 0; e < 128 / esize; e++) {
-        const uint32_t b = (uint32_t)(e * esize);
-        const uint32_t at =
-            box + 128u * (uint32_t)r + 16u * ((b / 16u) ^ ((uint32_t)r % 8u)) + b % 16u;
-        const uint32_t v = st_plain(esize, which, e, r);
-        const uint16_t h = (uint16_t)v;
-        memcpy(smem + at, esize == 2 ? (const void *)&h : (const void *)&v, (size_t)esize);
-    }
-}
-
-/* A TMA load of the load map's box at (0, 0) into dst on the fresh
- * mbarrier bar, left pending. */
-static void st_load_pending(const st_case *c, unsigned char *dst, uint64_t *bar) {
-    const int32_t at0[2] = {0, 0};
-    dt_emu_mbar_init(bar, 1);
-    dt_emu_fence_mbarrier_init();
-    dt_emu_mbar_arrive_expect_tx(bar, ST_BOX);
-    dt_emu_tma_load(dst, c->load_map, at0, 2, bar);
-}
-
-static void k_store(void *arg) {
-    st_case *c = arg;
-    const int tid = lane();
-    unsigned char *smem = dt_emu_dynamic_smem();
-    unsigned char *box[2] = {smem + ST_BOX0, smem + ST_BOX1};
-    void *bar = smem + ST_BAR;
-    const st_how how = c->how;
-    if (how == ST_ROUND_TRIP) {
-        if (tid) return;
-        dt_emu_mbar_init(bar, 1);
-        dt_emu_fence_mbarrier_init();
-        dt_emu_mbar_arrive_expect_tx(bar, ST_BOX);
-        dt_emu_tma_load(box[0], c->load_map, c->load_at, 2, bar);
-        dt_emu_mbar_wait(bar, 0);
-        /* written through the async proxy: no fence.proxy.async, no barrier */
-        dt_emu_tma_store(box[0], c->map, c->at[0], 2);
-        dt_emu_bulk_commit();
-        memcpy(c->seen_issue, c->gdst, c->gbytes);
-        dt_emu_bulk_wait(0, c->read);
-        return;
-    }
-    if (how == ST_NO_BARRIER) {   /* thread 0 runs first, to its end */
-        if (tid == 0) {
-            for (int r = 0; r < 32; r++) st_write_row(smem, ST_BOX0, c->esize, 0, r);
-            dt_emu_fence_proxy_async();
-        } else if (tid == 1) {
-            dt_emu_tma_store(box[0], c->map, c->at[0], 2);
-            dt_emu_bulk_commit();
-            dt_emu_bulk_wait(0, 1);
-        }
-        return;
-    }
-    /* thread r writes row r of both boxes */
-    if (tid < 32)
-        for (int b = 0; b < 2; b++) st_write_row(smem, b ? ST_BOX1 : ST_BOX0, c->esize, b, tid);
-    if (how != ST_NO_FENCE) dt_emu_fence_proxy_async();
-    dt_emu_syncthreads();
-    if (tid) return;
-    switch (how) {
-    case ST_MAP_ALIGN:
-        dt_emu_tma_store(box[0], (const unsigned char *)c->map + 16, c->at[0], 2);
-        return;
-    case ST_SRC_ALIGN: dt_emu_tma_store(box[0] + 64, c->map, c->at[0], 2); return;
-    case ST_RANK: {
-        const int32_t at3[3] = {0, 0, 0};
-        dt_emu_tma_store(box[0], c->map, at3, 3);
-        return;
-    }
-    case ST_CP_ASYNC_UNDER:
-        dt_emu_cp_async16(box[0] + 512, c->src16, 16);
-        dt_emu_tma_store(box[0], c->map, c->at[0], 2);
-        return;
-    case ST_OVER_LOAD:
-        st_load_pending(c, box[0], bar);
-        dt_emu_tma_store(box[0], c->map, c->at[0], 2);
-        return;
-    case ST_EXIT_UNCOMMITTED: dt_emu_tma_store(box[0], c->map, c->at[0], 2); return;
-    case ST_EXIT_PENDING:
-    case ST_GROUPS_FIRST:
-    case ST_GROUPS_SECOND:
-    case ST_EMPTY_GROUP:
-        dt_emu_tma_store(box[0], c->map, c->at[0], 2);
-        dt_emu_bulk_commit();
-        if (how != ST_EMPTY_GROUP) dt_emu_tma_store(box[1], c->map, c->at[1], 2);
-        dt_emu_bulk_commit();   /* ST_EMPTY_GROUP: a group of none */
-        memcpy(c->seen_issue, c->gdst, c->gbytes);
-        dt_emu_bulk_wait(1, 1);   /* the first group, not the newest */
-        if (how == ST_EXIT_PENDING) return;
-        memcpy(c->seen_mid, c->gdst, c->gbytes);
-        box[how == ST_GROUPS_SECOND][100] ^= 0xff;
-        dt_emu_bulk_wait(0, c->read);
-        return;
-    default: break;
-    }
-    dt_emu_tma_store(box[0], c->map, c->at[0], 2);
-    dt_emu_bulk_commit();
-    memcpy(c->seen_issue, c->gdst, c->gbytes);
-    switch (how) {
-    case ST_WRITE_PENDING: box[0][100] ^= 0xff; break;
-    case ST_LOAD_PENDING: st_load_pending(c, box[0], bar); break;
-    case ST_CP_ASYNC_PENDING: dt_emu_cp_async16(box[0] + 512, c->src16, 16); break;
-    default: break;
-    }
-    dt_emu_bulk_wait(0, c->read);
-}
-
-/* A destination tensor: dims[0] x dims[1] elements of esize bytes, rows
- * `pitch` elements apart, in a cudaMalloc allocation of alloc_rows rows. */
-typedef struct st_tensor {
-    int esize, dims[2], pitch, alloc_rows;
-    unsigned char *g;
-} st_tensor;
-
-static size_t st_bytes(const st_tensor *t) {
-    return (size_t)t->alloc_rows * (size_t)t->pitch * (size_t)t->esize;
-}
-
-/* What the destination holds where no store wrote. */
-static uint32_t st_sentinel(int esize) { return esize == 2 ? 0xdeadu : 0xdeadbeefu; }
-
-static void st_reset(const st_tensor *t) {
-    const uint32_t v = st_sentinel(t->esize);
-    const uint16_t h = (uint16_t)v;
-    for (size_t i = 0; i < st_bytes(t) / (size_t)t->esize; i++)
-        memcpy(t->g + i * (size_t)t->esize, t->esize == 2 ? (const void *)&h : (const void *)&v,
-               (size_t)t->esize);
-}
-
-/* Box element (e, r) as case c's boxes hold it: loaded (the 2D tensor of
- * test_tma at load_at + (e, r), zero out of bounds) or plain (st_plain). */
-static uint32_t st_box_value(const st_case *c, int which, int e, int r) {
-    if (c->how != ST_ROUND_TRIP) return st_plain(c->esize, which, e, r);
-    const int64_t at[5] = {c->load_at[0] + e, c->load_at[1] + r, 0, 0, 0};
-    return tma_2d_value(NULL, at);
-}
-
-/* Compares `got` (a copy of t's allocation) with what it should hold after
- * the stores of boxes which[0 .. n) at c->at[which[i]]: their elements
- * inside the tensor, the sentinel everywhere else. Returns the mismatches
- * (printing the first few). */
-static long st_check(const char *what, const st_case *c, const st_tensor *t,
-                     const unsigned char *got, int n, const int *which) {
-    long bad = 0;
-    const int bw = 128 / t->esize;
-    for (int y = 0; y < t->alloc_rows; y++)
-        for (int x = 0; x < t->pitch; x++) {
-            uint32_t want = st_sentinel(t->esize);
-            for (int i = 0; i < n; i++) {
-                const int e = x - c->at[which[i]][0], r = y - c->at[which[i]][1];
-                if (x < t->dims[0] && y < t->dims[1] && e >= 0 && e < bw && r >= 0 && r < 32)
-                    want = st_box_value(c, which[i], e, r);
-            }
-            uint32_t v = 0;
-            memcpy(&v, got + ((size_t)y * (size_t)t->pitch + (size_t)x) * (size_t)t->esize,
-                   (size_t)t->esize);
-            if (v != want && bad++ < 5)
-                print_error("%s: element (%d, %d): %#x, want %#x\n", what, x, y, v, want);
-        }
-    return bad;
-}
-
-/* Runs case c on `threads` threads, storing into t (reset first). */
-static const char *st_run(st_case *c, const st_tensor *t, unsigned threads) {
-    st_reset(t);
-    c->gdst = t->g;
-    c->gbytes = st_bytes(t);
-    c->esize = t->esize;
-    memset(c->seen_issue, 0, sizeof c->seen_issue);
-    memset(c->seen_mid, 0, sizeof c->seen_mid);
-    return emu_run((dt_emu_dim3){threads, 1, 1}, ST_SMEM, k_store, c);
-}
-
-static void test_tma_store(void **state) {
-    (void)state;
-    const uint64_t stores_before = dt_emu_get_counts().tma_stores;
-    const int first[1] = {0}, both[2] = {0, 1};
-    /* the source of the loads: test_tma's 2D tensor, 100 x 50, rows of 104 */
-    uint16_t *g2 = tma_2d_tensor();
-    static CUtensorMap src_map, dst_map, f32_map, past_map;
-    const uint64_t src_dims[2] = {100, 50}, pitch2[1] = {208};
-    const uint32_t box2[2] = {64, 32};
-    tma_map(&src_map, g2, 2, src_dims, pitch2, box2, CU_TENSOR_MAP_SWIZZLE_128B);
-    /* the destinations: bf16 100 x 60 in rows of 104, 64 rows allocated;
-     * fp32 40 x 50 in rows of 48, 56 rows allocated */
-    st_tensor d2 = {2, {100, 60}, 104, 64, NULL}, d4 = {4, {40, 50}, 48, 56, NULL};
-    assert_int_equal(cudaMalloc((void **)&d2.g, st_bytes(&d2)), cudaSuccess);
-    assert_int_equal(cudaMalloc((void **)&d4.g, st_bytes(&d4)), cudaSuccess);
-    assert_true(st_bytes(&d2) <= ST_GBYTES && st_bytes(&d4) <= ST_GBYTES);
-    const uint64_t d2_dims[2] = {100, 60}, d4_dims[2] = {40, 50}, pitch4[1] = {192};
-    const uint32_t box4[2] = {32, 32};
-    tma_map(&dst_map, d2.g, 2, d2_dims, pitch2, box2, CU_TENSOR_MAP_SWIZZLE_128B);
-    tma_map_typed(&f32_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, d4.g, 2, d4_dims, pitch4, box4,
-                  CU_TENSOR_MAP_SWIZZLE_128B);
-    static st_case c;
-
-    /* the round trip: boxes loaded at (60, 10) (columns 100.. zero) and
-     * (-16, 30) (columns -16..-1, rows 50.. zero) stored whole at (20, 20)
-     * and (30, 5); global memory unwritten until the wait */
-    static const struct {
-        int32_t load[2], at[2];
-        int read;
-    } trips[] = {{{60, 10}, {20, 20}, 1}, {{-16, 30}, {30, 5}, 0}};
-    for (size_t i = 0; i < sizeof trips / sizeof trips[0]; i++) {
-        memset(&c, 0, sizeof c);
-        c.how = ST_ROUND_TRIP;
-        c.read = trips[i].read;
-        c.map = &dst_map;
-        c.load_map = &src_map;
-        memcpy(c.load_at, trips[i].load, sizeof c.load_at);
-        memcpy(c.at[0], trips[i].at, sizeof c.at[0]);
-        assert_string_equal(st_run(&c, &d2, 32), "");
-        assert_int_equal(st_check("round trip", &c, &d2, d2.g, 1, first), 0);
-        assert_int_equal(st_check("round trip, before the wait", &c, &d2, c.seen_issue, 0, NULL),
-                         0);
-    }
-    assert_true(dt_emu_get_counts().tma_stores - stores_before == 2);
-
-    /* plain stores by 32 threads, fenced and published by __syncthreads:
-     * bf16 at (36, 28), fp32 at (8, 10), all inside */
-    memset(&c, 0, sizeof c);
-    c.how = ST_PLAIN;
-    c.read = 1;
-    c.map = &dst_map;
-    c.at[0][0] = 36, c.at[0][1] = 28;
-    assert_string_equal(st_run(&c, &d2, 64), "");
-    assert_int_equal(st_check("plain bf16", &c, &d2, d2.g, 1, first), 0);
-    assert_int_equal(st_check("plain bf16, before the wait", &c, &d2, c.seen_issue, 0, NULL), 0);
-    c.map = &f32_map;
-    c.read = 0;
-    c.at[0][0] = 8, c.at[0][1] = 10;
-    assert_string_equal(st_run(&c, &d4, 64), "");
-    assert_int_equal(st_check("plain fp32", &c, &d4, d4.g, 1, first), 0);
-
-    /* clipping: boxes partly outside the tensor write only their
-     * elements inside it; the padding columns and the allocated rows past
-     * the tensor stay untouched */
-    static const struct {
-        int f32;
-        int32_t at[2];
-    } clips[] = {{0, {60, 40}}, {0, {-16, -8}}, {0, {90, 58}}, {1, {20, 30}}, {1, {-8, 45}}};
-    for (size_t i = 0; i < sizeof clips / sizeof clips[0]; i++) {
-        memset(&c, 0, sizeof c);
-        c.how = ST_PLAIN;
-        c.read = 1;
-        c.map = clips[i].f32 ? &f32_map : &dst_map;
-        memcpy(c.at[0], clips[i].at, sizeof c.at[0]);
-        const st_tensor *t = clips[i].f32 ? &d4 : &d2;
-        assert_string_equal(st_run(&c, t, 32), "");
-        char what[64];
-        snprintf(what, sizeof what, "clipped at (%d, %d)", clips[i].at[0], clips[i].at[1]);
-        assert_int_equal(st_check(what, &c, t, t->g, 1, first), 0);
-    }
-
-    /* the groups, oldest first: wait_group.read 1 completes the first
-     * of two (its box written, the second's not yet) and leaves the
-     * second pending, whose source must then stay as it was; an empty
-     * group counts as one */
-    memset(&c, 0, sizeof c);
-    c.map = &dst_map;
-    c.at[0][0] = 0, c.at[0][1] = 0;
-    c.at[1][0] = 36, c.at[1][1] = 28;
-    c.how = ST_GROUPS_FIRST;
-    c.read = 1;
-    assert_string_equal(st_run(&c, &d2, 32), "");
-    assert_int_equal(st_check("groups, before the waits", &c, &d2, c.seen_issue, 0, NULL), 0);
-    assert_int_equal(st_check("groups, after wait_group.read 1", &c, &d2, c.seen_mid, 1, first), 0);
-    /* box 0 as it was at its wait; box 1 over it where they overlap (columns
-     * 36..63 of rows 28..31): the groups complete in order */
-    assert_int_equal(st_check("groups", &c, &d2, d2.g, 2, both), 0);
-    c.how = ST_GROUPS_SECOND;
-    c.read = 0;
-    const char *err = st_run(&c, &d2, 32);
-    assert_non_null(strstr(err, "shared memory at offset 5204, the source of a cp.async.bulk.tensor "
-                                "store (issued by thread 0), was written before the "
-                                "cp.async.bulk.wait_group that completes it"));
-    assert_int_equal(st_check("groups, second written", &c, &d2, d2.g, 1, first), 0);
-    c.how = ST_EMPTY_GROUP;
-    c.read = 1;
-    assert_string_equal(st_run(&c, &d2, 32), "");
-    assert_int_equal(st_check("empty group, wait_group.read 1", &c, &d2, c.seen_mid, 1, first), 0);
-    assert_int_equal(st_check("empty group", &c, &d2, d2.g, 1, first), 0);
-
-    /* misuse, each failing the launch with its message; none of them
-     * writes global memory but ST_EXIT_PENDING's first group */
-    const uint64_t past_dims[2] = {100, 80};   /* 80 rows declared over the 64 allocated */
-    tma_map(&past_map, d2.g, 2, past_dims, pitch2, box2, CU_TENSOR_MAP_SWIZZLE_128B);
-    static const struct {
-        st_how how;
-        int past, read;
-        const char *msg, *msg2;   /* both in the message (msg2 NULL: none) */
-    } bad[] = {
-        {ST_NO_FENCE, 0, 1,
-         "cp.async.bulk.tensor store: its source at shared offset 1008 (shared address 0x400) was "
-         "written by ordinary stores (or cp.async) that no fence.proxy.async and barrier after "
-         "them made visible to the async proxy", NULL},
-        {ST_NO_BARRIER, 0, 1, "its source at shared offset 1008 (shared address 0x400) was written "
-                              "by ordinary stores", NULL},
-        {ST_WRITE_PENDING, 0, 1,
-         "shared memory at offset 1108, the source of a cp.async.bulk.tensor store (issued by "
-         "thread 0), was written before the cp.async.bulk.wait_group.read that completes it", NULL},
-        {ST_LOAD_PENDING, 0, 0,
-         "shared memory at offset 1008, the source of a cp.async.bulk.tensor store (issued by "
-         "thread 0), was written before the cp.async.bulk.wait_group that completes it", NULL},
-        {ST_CP_ASYNC_PENDING, 0, 1,
-         "shared memory at offset 1520, the source of a cp.async.bulk.tensor store (issued by "
-         "thread 0), was written before", NULL},
-        {ST_CP_ASYNC_UNDER, 0, 1, "cp.async.bulk.tensor store: its source covers shared offset "
-                                  "1520, where a cp.async of thread 0 is in flight", NULL},
-        {ST_OVER_LOAD, 0, 1, "cp.async.bulk.tensor store from shared offset 1008: inside the "
-                             "destination of a cp.async.bulk.tensor (issued by thread 0", NULL},
-        {ST_EXIT_PENDING, 0, 1, "exited with 1 cp.async.bulk.tensor store pending (0 of them "
-                                "uncommitted): cp.async.bulk.commit_group and "
-                                "cp.async.bulk.wait_group.read must complete them first", NULL},
-        {ST_EXIT_UNCOMMITTED, 0, 1, "exited with 1 cp.async.bulk.tensor store pending (1 of them "
-                                    "uncommitted)", NULL},
-        {ST_PLAIN, 1, 1, "cp.async.bulk.tensor store: the box at coordinates (0, 40) writes global "
-                         "bytes", NULL},
-        {ST_MAP_ALIGN, 0, 1, "cp.async.bulk.tensor store: tensor map address 0x",
-         "is not 64-byte aligned"},
-        {ST_SRC_ALIGN, 0, 1, "cp.async.bulk.tensor store: source 0x",
-         "(a box of 4096 bytes) is not 128-byte aligned (by shared address) inside the 12288 "
-         "bytes of dynamic shared memory"},
-        {ST_RANK, 0, 1, "cp.async.bulk.tensor.3d (store) with a tensor map of rank 2", NULL},
-    };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        memset(&c, 0, sizeof c);
-        c.how = bad[i].how;
-        c.read = bad[i].read;
-        c.map = bad[i].past ? &past_map : &dst_map;
-        c.load_map = &src_map;
-        c.at[0][0] = 0, c.at[0][1] = bad[i].past ? 40 : 0;
-        c.at[1][0] = 36, c.at[1][1] = 28;
-        err = st_run(&c, &d2, 32);
-        if (!strstr(err, bad[i].msg) || (bad[i].msg2 && !strstr(err, bad[i].msg2)))
-            print_error("case %zu: got \"%s\"\n", i, err);
-        assert_non_null(strstr(err, bad[i].msg));
-        if (bad[i].msg2) assert_non_null(strstr(err, bad[i].msg2));
-        char what[64];
-        snprintf(what, sizeof what, "misuse case %zu", i);
-        assert_int_equal(st_check(what, &c, &d2, d2.g, bad[i].how == ST_EXIT_PENDING, first), 0);
-    }
-    assert_int_equal(cudaFree(g2), cudaSuccess);
-    assert_int_equal(cudaFree(d2.g), cudaSuccess);
-    assert_int_equal(cudaFree(d4.g), cudaSuccess);
 }
 
 /* ---------------------------------------------- the emulator's wgmma
@@ -2146,8 +1708,8 @@ int main(void) {
     enum { NROWS = sizeof rows / sizeof rows[0] };
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
-    static emu_case cases[4 * 2 * NROWS + 3 * 4];   /* + the variants beyond the first (below) */
-    struct CMUnitTest tests[4 * 2 * NROWS + 3 * 4 + 3 + 7];
+    static emu_case cases[4 * 2 * NROWS + 3 * 3];   /* + the variants beyond the first (below) */
+    struct CMUnitTest tests[4 * 2 * NROWS + 3 * 3 + 3 + 6];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
@@ -2157,9 +1719,8 @@ int main(void) {
                  * rows, bf16 (persistent with dependent launches, and a CTA
                  * per tile without): v = 0 the warpgroups meeting, 1 the
                  * overlapped order, 2 that with the producer warpgroup, 3 the
-                 * producer warpgroup with the warpgroups meeting, 4 the
-                 * overlapped order with the end through TMA */
-                for (int v = 0; v <= (dir == 2 && !dt && (i == 1 || i == 3 || i == 5) ? 4 : 0); v++) {
+                 * producer warpgroup with the warpgroups meeting */
+                for (int v = 0; v <= (dir == 2 && !dt && (i == 1 || i == 3 || i == 5) ? 3 : 0); v++) {
                     if (quick && (dt || i || v)) continue;   /* valgrind: one case per direction */
                     if (dt && !fp16_rows[i]) continue;
                     if (dir % 2 && rows[i].huge) continue;  /* the forward's numerics case */
@@ -2184,10 +1745,9 @@ int main(void) {
                      * 4; every kernel with dependent launches but on row 3 */
                     c->sms = i <= 2 || i == 5;
                     c->dependent = i != 3;
-                    c->overlap = v == 1 || v == 2 || v == 4;
+                    c->overlap = v == 1 || v == 2;
                     c->producer = v == 2 || v == 3;
-                    c->bulk = v == 4;
-                    snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s%s%s",
+                    snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s%s",
                              (const char *[]){"forward", "backward", "forward-wgmma",
                                               "backward-wgmma"}[dir],
                              dt_order_name(c->order), c->P,
@@ -2196,7 +1756,7 @@ int main(void) {
                              dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "",
                              dir == 2 && c->sms ? ",persistent" : "",
                              c->dependent ? ",dependent" : "", c->overlap ? ",overlapped" : "",
-                             c->producer ? ",producer" : "", c->bulk ? ",bulk" : "");
+                             c->producer ? ",producer" : "");
                     tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                     nt++;
                 }
@@ -2211,8 +1771,6 @@ int main(void) {
     tests[nt++] = (struct CMUnitTest){"emulator/checks-and-semantics", test_emulator, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/wgmma", test_wgmma, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/mbarrier-and-tma", test_tma, NULL, NULL, NULL};
-    tests[nt++] = (struct CMUnitTest){"emulator/tma-store-and-bulk-groups", test_tma_store, NULL,
-                                      NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/named-barriers", test_named_barriers, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/setmaxnreg", test_setmaxnreg, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/programmatic-dependent-launch", test_griddep, NULL,

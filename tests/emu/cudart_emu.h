@@ -52,8 +52,8 @@ int dt_emu_cuda_device_range(const void *p, size_t bytes);
 
 /* 1 if p lies inside an allocation CUDA knows (cudaMalloc, or pinned host
  * memory), with its first byte in *base and its size in *bytes; else 0.
- * The emulated TMA (runtime.c) bounds a tensor's reads (loads) and writes
- * (stores) by the allocation holding the tensor map's global address. */
+ * The emulated TMA (runtime.c) bounds a tensor's reads by the allocation
+ * holding the tensor map's global address. */
 int dt_emu_cuda_allocation(const void *p, const void **base, size_t *bytes);
 
 /* A launch failed (dt_emu_launch returned -1 with `msg`): prints msg to

@@ -40,11 +40,6 @@
  *     tiled boxes of a tensor map from cuTensorMapEncodeTiled, zero fill out
  *     of bounds, 32/64/128-byte swizzle), the copies deferred until a wait
  *     on their mbarrier needs them (see dt_emu_tma_load);
- *   - the TMA store (cp.async.bulk.tensor shared -> global, bulk_group:
- *     the same boxes, clipped to the tensor) with bulk async-groups
- *     (cp.async.bulk.commit_group, wait_group [.read] N), each store
- *     deferred until the wait_group that completes its group, its source
- *     checked against what the async proxy sees (see dt_emu_tma_store);
  *   - dynamic shared memory: one heap block of exactly the launch's size,
  *     filled with 0xff bytes before each block (AddressSanitizer sees any
  *     access past it);
@@ -58,7 +53,7 @@
  * instructions; a deadlock (no thread can run: a __syncthreads some threads
  * never reach, say; an mbarrier wait that nothing can complete); __trap;
  * for wgmma what dt_emu_wgmma lists, and for mbarriers and TMA what
- * dt_emu_mbar_wait, dt_emu_tma_load and dt_emu_tma_store list.
+ * dt_emu_mbar_wait and dt_emu_tma_load list.
  *
  * Not emulated: timing, memory ordering between blocks (blocks are
  * sequential), and everything the kernels do not use.
@@ -93,12 +88,10 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, int de
 /* Counts since the process started (tests use them to see that work ran):
  * blocks run; warp and warpgroup instructions completed (warp_ops); matrix
  * instructions, mma.sync and wgmma.mma_async (mma); cp.async copies
- * (copies); wgmma.mma_async alone (wgmma); cp.async.bulk.tensor loads
- * (global -> shared) issued (tma); programmatic dependent launches run
- * (dependent); cp.async.bulk.tensor stores (shared -> global) issued
- * (tma_stores). */
+ * (copies); wgmma.mma_async alone (wgmma); cp.async.bulk.tensor issued
+ * (tma); programmatic dependent launches run (dependent). */
 typedef struct dt_emu_counts {
-    uint64_t blocks, warp_ops, mma, copies, wgmma, tma, dependent, tma_stores;
+    uint64_t blocks, warp_ops, mma, copies, wgmma, tma, dependent;
 } dt_emu_counts;
 dt_emu_counts dt_emu_get_counts(void);
 
@@ -142,8 +135,7 @@ void dt_emu_mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t 
 uint32_t dt_emu_smem_addr(const void *p);
 /* fence.proxy.async.shared::cta: this thread's completed cp.async copies
  * and ordinary shared-memory stores become visible to the async proxy
- * (wgmma's and the TMA store's shared-memory reads), once a barrier
- * publishes them. */
+ * (wgmma's shared-memory reads), once a barrier publishes them. */
 void dt_emu_fence_proxy_async(void);
 /* setmaxnreg.{inc,dec}.sync.aligned.u32 count (inc: 1 or 0): every thread
  * of the calling warpgroup, the same count (24 .. 256, a multiple of 8);
@@ -248,44 +240,6 @@ void dt_emu_mbar_wait(void *bar, uint32_t parity);
  * TMA, ldmatrix and wgmma.mma_async reads fail at once). TMA writes come
  * through the async proxy: no fence.proxy.async is needed before wgmma. */
 void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, int rank, void *bar);
-/* cp.async.bulk.tensor.{1..5}d.global.shared::cta.tile.bulk_group
- * [tensor_map, {coords}], [src], issued by the calling thread alone: the
- * box of the tensor map at element coordinates coords[0 .. rank), read
- * from shared memory at src in the layout a load of that box writes (box
- * order, dimension 0 fastest, with the map's swizzle; src a 128-byte
- * aligned shared-window address in dynamic shared memory), and its
- * elements inside the tensor written to global memory; the elements
- * outside it (negative coordinates, or past the end) are not written (the
- * store clips). It joins the calling thread's uncommitted bulk stores
- * (dt_emu_bulk_commit makes them a bulk async-group).
- * Deferred: global memory is written, from the source as it was at the
- * issue, only when a cp.async.bulk.wait_group (either form) completes the
- * store's group. Checked: the map (as dt_emu_tma_load: written by
- * cuTensorMapEncodeTiled, unchanged, 64-byte aligned, of rank `rank`);
- * src; a source free of pending TMA loads and cp.async and of mbarriers;
- * at the issue, that the async proxy sees the source as the thread does
- * (plain stores into it need fence.proxy.async by each writer and then a
- * barrier, __syncthreads or bar.sync, before the issue; TMA loads into it,
- * waited for, need neither); the global writes inside the cudaMalloc /
- * cudaHostAlloc allocation holding the tensor's address; at the
- * completion, that the source has not been written since the issue
- * (plain stores, a TMA load or a cp.async into it: the hardware reads it
- * at some moment before the wait_group.read); a thread exiting with
- * stores pending, committed or not (its CTA's shared memory may be gone
- * before the hardware reads it). Stricter than the hardware in one case:
- * a thread that wrote the whole source itself needs only its own
- * fence.proxy.async before the store; the emulator asks for the barrier
- * too (it cannot tell which thread wrote a byte). */
-void dt_emu_tma_store(const void *src, const void *tensor_map, const int32_t *coords, int rank);
-/* cp.async.bulk.commit_group: this thread's uncommitted bulk stores become
- * one bulk async-group (an empty one if there are none). */
-void dt_emu_bulk_commit(void);
-/* cp.async.bulk.wait_group n (read 0) or cp.async.bulk.wait_group.read n
- * (read 1): completes this thread's committed bulk async-groups but the
- * newest n, oldest first, performing their stores. Both forms complete a
- * store whole (source read and global written): the emulator does not
- * show global writes still in flight after a .read wait. */
-void dt_emu_bulk_wait(int n, int read);
 
 /* Programmatic dependent launch (griddepcontrol). The emulator runs a
  * dependent launch after the one before, as any other, so it cannot show

@@ -1,15 +1,14 @@
 /* tests/emu/runtime.c — the CPU emulator of emu.h: fibers, barriers, the
  * warp-wide instructions, cp.async, the warpgroup MMA, mbarriers and the
- * tensor copy (TMA) in both directions. The instruction semantics are
- * written from the PTX ISA ("Matrix Fragments for mma.m16n8k16 with
- * floating point type", "ldmatrix", "cp.async", "shfl.sync"; for wgmma
- * "Register Fragments and Shared Memory Matrix Layouts", "wgmma.mma_async",
- * "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group"; for the TMA
- * "mbarrier" and its subsections, "cp.async.bulk.tensor",
- * "cp.async.bulk.commit_group", "cp.async.bulk.wait_group", "Tensors"
- * (tiled mode, bounding box, out-of-bound access, swizzling modes)) and the
- * CUDA driver API (cuTensorMapEncodeTiled), not from the kernels' index
- * helpers (attention/mma_layout.h), which they test. */
+ * tensor copy (TMA). The instruction semantics are written from the PTX ISA
+ * ("Matrix Fragments for mma.m16n8k16 with floating point type",
+ * "ldmatrix", "cp.async", "shfl.sync"; for wgmma "Register Fragments and
+ * Shared Memory Matrix Layouts", "wgmma.mma_async", "wgmma.fence",
+ * "wgmma.commit_group", "wgmma.wait_group"; for the TMA "mbarrier" and its
+ * subsections, "cp.async.bulk.tensor", "Tensors" (tiled mode, bounding box,
+ * out-of-bound access, swizzling modes)) and the CUDA driver API
+ * (cuTensorMapEncodeTiled), not from the kernels' index helpers
+ * (attention/mma_layout.h), which they test. */
 #define _GNU_SOURCE
 #include "emu.h"
 
@@ -111,17 +110,6 @@ typedef struct emu_copy {
     long group;  /* commit group; -1 until committed */
 } emu_copy;
 
-/* A cp.async.bulk.tensor store (shared -> global) in flight: its source
- * as it was at the issue, written to global memory only when a
- * cp.async.bulk.wait_group completes its group (dt_emu_bulk_wait). */
-typedef struct emu_bulk_store {
-    uint32_t src, bytes;   /* the box's shared offset (before the swizzle), its size */
-    long group;            /* bulk async-group; -1 until committed */
-    dt_emu_tmap map;
-    int64_t coord[DT_EMU_TMAP_MAX_RANK];
-    unsigned char *snap;   /* the box's bytes at the issue, in box order (unswizzled) */
-} emu_bulk_store;
-
 /* One wgmma.mma_async of a warpgroup, shared by the 128 threads' pending
  * records: the raw 16-bit elements it read from shared memory, so that the
  * first wgmma.wait_group completing it can see whether that memory changed
@@ -178,10 +166,6 @@ typedef struct emu_thread {
     uint32_t mbar_off, mbar_parity;
     int bar_id;   /* the named barrier it waits in (T_WAIT_BAR) */
     int griddep_waited;   /* ran griddepcontrol.wait */
-    /* cp.async.bulk.tensor stores in flight, in issue order */
-    emu_bulk_store *stores;
-    int nstores, storecap;
-    long bulk_next_group;
 } emu_thread;
 
 /* An mbarrier object of the block (PTX ISA "Contents of the mbarrier
@@ -441,10 +425,9 @@ static void release(thread_state waiting, int first, int n) {
  * barrier's phase) that completes after any thread's fence.proxy.async
  * copies the block's shared memory into it, TMA writes go into both, and a
  * wgmma.mma_async whose operand differs between shared memory and that
- * view fails: something wrote it without a fence and a barrier after; so
- * does a TMA store (dt_emu_tma_store) whose source differs. Not caught: a
- * thread that stores without fencing while another thread's fence
- * precedes the same barrier (one fence publishes all).
+ * view fails: something wrote it without a fence and a barrier after. Not
+ * caught: a thread that stores without fencing while another thread's
+ * fence precedes the same barrier (one fence publishes all).
  *
  * A completed __syncthreads also orders every mbarrier.init before it with
  * every later use of the barrier, by any thread or the async proxy
@@ -1080,8 +1063,7 @@ void dt_emu_wgmma_wait(int n) {
  * overflow"); a tx-count outside +-(2^20 - 1); a parity other than 0 or 1;
  * a deadlock (every live thread blocked, in mbarrier waits, __syncthreads or
  * warp instructions), naming a thread and its barrier. For the copies, see
- * dt_emu_tma_load; for the stores (shared -> global), "the tensor store and
- * bulk async-groups" below. */
+ * dt_emu_tma_load. */
 
 enum { MBAR_MAX = (1 << 20) - 1 };   /* arrival count and |tx-count| limit */
 
@@ -1223,21 +1205,16 @@ void dt_emu_mbar_wait(void *bar, uint32_t parity) {
  * boundaries of the window ("the swizzle base offset is 0 when the dstMem
  * shared memory address is located at" such a boundary, "(dstMem / 128) %
  * 8" otherwise: the same rule). An involution that keeps bytes in their
- * 128-byte line. A store reads its source in the same layout. */
+ * 128-byte line. */
 static uint32_t tma_swizzle(uint32_t off, uint32_t sw) {
     const uint32_t a = EMU_SMEM_BASE + off, mask = sw == 3 ? 7u : sw == 2 ? 3u : sw == 1 ? 1u : 0u;
     return (a ^ ((a >> 7 & mask) << 4)) - EMU_SMEM_BASE;
 }
 
-/* 1 if shared byte off is in the box of `bytes` at shared offset box with
- * swizzle sw (the swizzle is its own inverse). */
-static int box_covers(uint32_t box, uint32_t bytes, uint32_t sw, uint32_t off) {
-    return tma_swizzle(off, sw) - box < bytes;
-}
-
-/* 1 if shared byte off is in pending copy x's destination. */
+/* 1 if shared byte off is in pending copy x's destination (the swizzle
+ * is its own inverse). */
 static int tma_covers(const emu_tma *x, uint32_t off) {
-    return box_covers(x->dst, x->bytes, x->map.swizzle, off);
+    return tma_swizzle(off, x->map.swizzle) - x->dst < x->bytes;
 }
 
 /* Fails if [off, off + bytes) meets the destination of a pending copy. */
@@ -1255,23 +1232,6 @@ static void tma_check_idle(uint32_t off, uint32_t bytes, const char *what) {
     }
 }
 
-/* Row r of a box at coordinates coord (rows of box[0] elements, r the
- * row's place in dimensions 1.. of the box, dimension 1 fastest): 1 and,
- * in *goff, the row's byte offset in the tensor less that of dimension 0,
- * if the row is inside the tensor in dimensions 1..; else 0. */
-static int tma_row(const dt_emu_tmap *m, const int64_t *coord, uint32_t r, uint64_t *goff) {
-    uint64_t rem = r;
-    int inside = 1;
-    *goff = 0;
-    for (uint32_t i = 1; i < m->rank; i++) {
-        const int64_t c = coord[i] + (int64_t)(rem % m->box[i]);
-        rem /= m->box[i];
-        if (c < 0 || (uint64_t)c >= m->dim[i]) inside = 0;
-        else *goff += (uint64_t)c * m->stride[i];
-    }
-    return inside;
-}
-
 /* Performs pending copy x: the in-bounds elements of its box from global
  * memory, zeros for the others, in box order (dimension 0 fastest) at the
  * swizzled places; clears its busy marks. Returns -1, or (writing nothing)
@@ -1286,8 +1246,15 @@ static long tma_perform(const emu_tma *x) {
     }
     const uint32_t esize = (uint32_t)m->stride[0], row_bytes = m->box[0] * esize;
     for (uint32_t r = 0; r < x->bytes / row_bytes; r++) {
-        uint64_t goff;
-        const int inside = tma_row(m, x->coord, r, &goff);
+        /* this row's place in dimensions 1.. of the box */
+        uint64_t rem = r, goff = 0;
+        int inside = 1;
+        for (uint32_t i = 1; i < m->rank; i++) {
+            const int64_t c = x->coord[i] + (int64_t)(rem % m->box[i]);
+            rem /= m->box[i];
+            if (c < 0 || (uint64_t)c >= m->dim[i]) inside = 0;
+            else goff += (uint64_t)c * m->stride[i];
+        }
         for (uint32_t j = 0; j < m->box[0]; j++) {
             const int64_t c = x->coord[0] + (int64_t)j;
             const uint32_t at = tma_swizzle(x->dst + r * row_bytes + j * esize, m->swizzle);
@@ -1327,13 +1294,8 @@ static void tma_complete(int i) {
     mbar_advance(b);
 }
 
-/* The checks a tensor copy in either direction makes of its operands (op
- * names it in the messages; store: the shared -> global form). */
-
-/* The tensor map at tensor_map, decoded: 64-byte aligned, written by
- * cuTensorMapEncodeTiled and unchanged since, of rank `rank`. */
-static dt_emu_tmap tma_read_map(const void *tensor_map, const int32_t *coords, int rank, int store,
-                                const char *op) {
+void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, int rank, void *bar) {
+    const char *op = "cp.async.bulk.tensor";
     dt_emu_tmap m;
     if (!tensor_map || (uintptr_t)tensor_map % 64)
         dt_emu_fail("%s: tensor map address %p is not 64-byte aligned", op, tensor_map);
@@ -1341,96 +1303,18 @@ static dt_emu_tmap tma_read_map(const void *tensor_map, const int32_t *coords, i
         dt_emu_fail("%s: %p is not a tensor map that cuTensorMapEncodeTiled wrote (or it was "
                     "changed since)", op, tensor_map);
     if (rank != (int)m.rank)
-        dt_emu_fail("cp.async.bulk.tensor.%dd%s with a tensor map of rank %u", rank,
-                    store ? " (store)" : "", m.rank);
+        dt_emu_fail("%s.%dd with a tensor map of rank %u", op, rank, m.rank);
     if (!coords) dt_emu_fail("%s without coordinates", op);
-    return m;
-}
-
-static uint64_t tma_box_bytes(const dt_emu_tmap *m) {
-    uint64_t bytes = m->stride[0];
-    for (uint32_t i = 0; i < m->rank; i++) bytes *= m->box[i];
-    return bytes;
-}
-
-/* The shared offset of the box of `bytes` at p (what: "destination" or
- * "source"), which must be 128-byte aligned by shared address (PTX ISA,
- * cp.async.bulk.tensor) inside the dynamic shared memory. */
-static uint32_t tma_box_offset(const void *p, uint64_t bytes, const char *op, const char *what) {
-    const unsigned char *d = p;
+    /* the box: its bytes, the destination */
+    uint64_t bytes = m.stride[0];
+    for (uint32_t i = 0; i < m.rank; i++) bytes *= m.box[i];
+    const unsigned char *d = dst;
     if (!in_smem(d, 1) || bytes > E.smem_bytes - (size_t)(d - E.smem) ||
         (EMU_SMEM_BASE + (d - E.smem)) % 128)
-        dt_emu_fail("%s: %s %p (a box of %llu bytes) is not 128-byte aligned (by shared "
-                    "address) inside the %zu bytes of dynamic shared memory", op, what, p,
+        dt_emu_fail("%s: destination %p (a box of %llu bytes) is not 128-byte aligned (by shared "
+                    "address) inside the %zu bytes of dynamic shared memory", op, dst,
                     (unsigned long long)bytes, E.smem_bytes);
-    return (uint32_t)(d - E.smem);
-}
-
-/* The global bytes the box at coords reads (a load) or writes (a store):
- * its part inside the tensor, which must lie inside the cudaMalloc /
- * cudaHostAlloc allocation holding the tensor's address (the hardware
- * checks the tensor's bounds, not the allocation's: a map declaring more
- * rows than were allocated reads or writes past them). */
-static void tma_check_global(const dt_emu_tmap *m, const int32_t *coords, const char *op,
-                             const char *verb) {
-    const void *alloc;
-    size_t alloc_bytes;
-    if (!dt_emu_cuda_allocation((const void *)(uintptr_t)m->addr, &alloc, &alloc_bytes))
-        dt_emu_fail("%s: the tensor map's global address %#llx is not in memory CUDA knows "
-                    "(cudaMalloc, cudaHostAlloc)", op, (unsigned long long)m->addr);
-    uint64_t lo = 0, hi = 0;
-    int empty = 0, overflow = 0;
-    for (uint32_t i = 0; i < m->rank; i++) {
-        const int64_t first = coords[i] > 0 ? coords[i] : 0;
-        const int64_t end = (int64_t)coords[i] + m->box[i] < (int64_t)m->dim[i]
-                                ? (int64_t)coords[i] + m->box[i] : (int64_t)m->dim[i];
-        if (first >= end) {
-            empty = 1;
-            break;
-        }
-        uint64_t a, z;
-        overflow |= __builtin_mul_overflow((uint64_t)first, m->stride[i], &a) |
-                    __builtin_mul_overflow((uint64_t)(end - 1), m->stride[i], &z) |
-                    __builtin_add_overflow(lo, a, &lo) | __builtin_add_overflow(hi, z, &hi);
-    }
-    const uint64_t start = m->addr - (uint64_t)(uintptr_t)alloc;   /* the tensor in its allocation */
-    if (!empty && (overflow || __builtin_add_overflow(hi, m->stride[0], &hi) ||
-                   start + hi > alloc_bytes || start + hi < start)) {
-        char at[80] = "";
-        for (uint32_t i = 0, n = 0; i < m->rank && n < sizeof at; i++)
-            n += (uint32_t)snprintf(at + n, sizeof at - n, "%s%d", i ? ", " : "", coords[i]);
-        dt_emu_fail("%s: the box at coordinates (%s) %s global bytes [%#llx, %#llx), past the "
-                    "end of the %zu-byte allocation at %p that holds the tensor's address", op, at,
-                    verb, (unsigned long long)(m->addr + lo), (unsigned long long)(m->addr + hi),
-                    alloc_bytes, alloc);
-    }
-}
-
-/* The box's 16-byte chunks at shared offset off, swizzled (sw): inside
- * the dynamic shared memory, free of pending loads' destinations and of
- * mbarriers (what: "lands at" for a load's destination, "is read from"
- * for a store's source; idle_what names the copy for tma_check_idle). */
-static void tma_check_box_chunks(uint32_t off, uint64_t bytes, uint32_t sw, const char *op,
-                                 const char *what, const char *idle_what, const char *side) {
-    for (uint32_t o = 0; o < bytes; o += 16) {
-        const uint32_t c = tma_swizzle(off + o, sw);
-        if (c + 16 > E.smem_bytes)
-            dt_emu_fail("%s: byte %u of the box %s shared offset %u (swizzled), past the %zu "
-                        "bytes of dynamic shared memory", op, o, what, c, E.smem_bytes);
-        tma_check_idle(c, 16, idle_what);
-        for (int i = 0; i < E.nmbar; i++)
-            if (E.mbars[i].off / 16 * 16 == c)
-                dt_emu_fail("%s: its %s covers the mbarrier at shared offset %u", op, side,
-                            E.mbars[i].off);
-    }
-}
-
-void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, int rank, void *bar) {
-    const char *op = "cp.async.bulk.tensor";
-    const dt_emu_tmap m = tma_read_map(tensor_map, coords, rank, 0, op);
-    /* the box: its bytes, the destination */
-    const uint64_t bytes = tma_box_bytes(&m);
-    const uint32_t off = tma_box_offset(dst, bytes, op, "destination");
+    const uint32_t off = (uint32_t)(d - E.smem);
     emu_mbar *b = mbar_use(bar, op);
     if (!b->fenced && !b->synced)
         dt_emu_fail("%s completing on the mbarrier at shared offset %u, whose mbarrier.init (by "
@@ -1440,9 +1324,18 @@ void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, i
     const uint32_t bar_off = b->off;
     /* the destination's chunks, swizzled: in shared memory, free of pending
      * copies (TMA or cp.async) and of barriers */
-    tma_check_box_chunks(off, bytes, m.swizzle, op, "lands at", "cp.async.bulk.tensor into",
-                         "destination");
-    for (uint32_t o = 0; o < bytes; o += 16) memset(E.tma_busy + tma_swizzle(off + o, m.swizzle), 1, 16);
+    for (uint32_t o = 0; o < bytes; o += 16) {
+        const uint32_t c = tma_swizzle(off + o, m.swizzle);
+        if (c + 16 > E.smem_bytes)
+            dt_emu_fail("%s: byte %u of the box lands at shared offset %u (swizzled), past the %zu "
+                        "bytes of dynamic shared memory", op, o, c, E.smem_bytes);
+        tma_check_idle(c, 16, "cp.async.bulk.tensor into");
+        for (int i = 0; i < E.nmbar; i++)
+            if (E.mbars[i].off / 16 * 16 == c)
+                dt_emu_fail("%s: its destination covers the mbarrier at shared offset %u", op,
+                            E.mbars[i].off);
+        memset(E.tma_busy + c, 1, 16);
+    }
     for (int i = 0; i < E.nthreads; i++)
         for (int j = 0; j < E.threads[i].ncopies; j++) {
             const uint32_t c = (uint32_t)(E.threads[i].copies[j].dst - E.smem);
@@ -1464,8 +1357,39 @@ void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, i
                                 (unsigned long long)(off + bytes), w->lo[ab], w->hi[ab],
                                 ab ? "B" : "A", i);
         }
-    /* the global reads: the in-bounds part of the box */
-    tma_check_global(&m, coords, op, "reads");
+    /* the global reads: the in-bounds part of the box, inside the allocation
+     * holding the tensor's address */
+    const void *alloc;
+    size_t alloc_bytes;
+    if (!dt_emu_cuda_allocation((const void *)(uintptr_t)m.addr, &alloc, &alloc_bytes))
+        dt_emu_fail("%s: the tensor map's global address %#llx is not in memory CUDA knows "
+                    "(cudaMalloc, cudaHostAlloc)", op, (unsigned long long)m.addr);
+    uint64_t lo = 0, hi = 0;
+    int empty = 0, overflow = 0;
+    for (uint32_t i = 0; i < m.rank; i++) {
+        const int64_t first = coords[i] > 0 ? coords[i] : 0;
+        const int64_t end = (int64_t)coords[i] + m.box[i] < (int64_t)m.dim[i]
+                                ? (int64_t)coords[i] + m.box[i] : (int64_t)m.dim[i];
+        if (first >= end) {
+            empty = 1;
+            break;
+        }
+        uint64_t a, z;
+        overflow |= __builtin_mul_overflow((uint64_t)first, m.stride[i], &a) |
+                    __builtin_mul_overflow((uint64_t)(end - 1), m.stride[i], &z) |
+                    __builtin_add_overflow(lo, a, &lo) | __builtin_add_overflow(hi, z, &hi);
+    }
+    const uint64_t start = m.addr - (uint64_t)(uintptr_t)alloc;   /* the tensor in its allocation */
+    if (!empty && (overflow || __builtin_add_overflow(hi, m.stride[0], &hi) ||
+                   start + hi > alloc_bytes || start + hi < start)) {
+        char at[80] = "";
+        for (uint32_t i = 0, n = 0; i < m.rank && n < sizeof at; i++)
+            n += (uint32_t)snprintf(at + n, sizeof at - n, "%s%d", i ? ", " : "", coords[i]);
+        dt_emu_fail("%s: the box at coordinates (%s) reads global bytes [%#llx, %#llx), past the "
+                    "end of the %zu-byte allocation at %p that holds the tensor's address", op, at,
+                    (unsigned long long)(m.addr + lo), (unsigned long long)(m.addr + hi),
+                    alloc_bytes, alloc);
+    }
     E.tmas = room(E.tmas, E.ntma, &E.tmacap, sizeof *E.tmas);
     emu_tma *x = &E.tmas[E.ntma++];
     *x = (emu_tma){off, (uint32_t)bytes, bar_off, E.cur->linear, m, {0}};
@@ -1474,155 +1398,6 @@ void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, i
         memset(E.smem + tma_swizzle(off + o, m.swizzle), EMU_POISON, 16);
     E.counts.tma++;
     mbar_wake(bar_off);
-}
-
-/* ---- the tensor store and bulk async-groups
- *
- * cp.async.bulk.tensor.Nd.global.shared::cta.tile.bulk_group (PTX ISA
- * "cp.async.bulk.tensor", "Tensors": tiled mode, bounding box, "Out of
- * Bound Access"): the box of the tensor map at the coordinates, read from
- * shared memory in the layout a load of the box writes (tma_swizzle), its
- * elements inside the tensor written to global memory; the elements out
- * of bounds are not written. Completion is by bulk async-group, per
- * thread: cp.async.bulk.commit_group makes the thread's stores since its
- * last commit one group (an empty one if none); cp.async.bulk.wait_group
- * N waits until at most the newest N of its groups are pending, .read
- * until their sources have been read (so that the shared memory may be
- * written again), the plain form until the writes are done too.
- *
- * The store reads shared memory through the async proxy ("Proxies" in the
- * memory consistency model): plain stores into the source reach it only
- * after a fence.proxy.async by the writer (cutlass's tma_store_fence) and,
- * for stores by other threads than the issuing one, a barrier between the
- * writers and the issuing thread. The emulator's model of that is
- * smem_async (see publish_to_async): at the issue the source's bytes in
- * shared memory must equal the async proxy's view of them, which TMA loads
- * update as they write, so a TMA load's box, once waited for, may be
- * stored back as it is. Stricter than the hardware for a thread that wrote
- * the source itself: its own fence.proxy.async would do, but the emulator,
- * not knowing who wrote a byte, asks for the barrier after it too (as for
- * wgmma's operands). Not checked at the issue (the comparison covers it):
- * the block-wide async_stale flag, which a cp.async elsewhere in shared
- * memory may set without touching the source. A pending cp.async into the
- * source, or a pending TMA load's destination over it, fails at once (the
- * store would read bytes in flight).
- *
- * Deferred as late as the ISA allows: at the issue the source's bytes are
- * kept (emu_bulk_store.snap); the store is performed, from those bytes,
- * only when a wait_group of either form completes its group, after
- * checking that the source still holds them. The hardware reads the
- * source at some moment between the issue and that wait: a write into it
- * meanwhile (a plain store, a TMA load, whose destination holds 0xff from
- * its issue, or a cp.async) is a race, and fails. So does a thread that
- * exits with stores pending, committed or not (fiber_main): its CTA's
- * shared memory may be reused before the hardware reads it. Global memory
- * holds its old contents until the wait, so a read of the destination
- * before it, by any thread of the block, sees them. Not modelled: the gap
- * a .read wait leaves between the source read and the global writes (both
- * happen at the wait), and the async proxy's ordering of the global writes
- * with later generic reads of them. */
-
-/* Fails if the source box of `bytes` at shared offset off (swizzle sw)
- * meets a cp.async in flight. */
-static void bulk_check_no_cp_async(uint32_t off, uint32_t bytes, uint32_t sw, const char *op) {
-    for (int i = 0; i < E.nthreads; i++)
-        for (int j = 0; j < E.threads[i].ncopies; j++) {
-            const uint32_t c = (uint32_t)(E.threads[i].copies[j].dst - E.smem);
-            if (box_covers(off, bytes, sw, c))
-                dt_emu_fail("%s: its source covers shared offset %u, where a cp.async of thread "
-                            "%d is in flight", op, c, i);
-        }
-}
-
-void dt_emu_tma_store(const void *src, const void *tensor_map, const int32_t *coords, int rank) {
-    const char *op = "cp.async.bulk.tensor store";
-    emu_thread *t = E.cur;
-    const dt_emu_tmap m = tma_read_map(tensor_map, coords, rank, 1, op);
-    const uint64_t bytes = tma_box_bytes(&m);
-    const uint32_t off = tma_box_offset(src, bytes, op, "source");
-    /* the source's chunks, swizzled: in shared memory, free of pending
-     * loads, cp.async and barriers */
-    tma_check_box_chunks(off, bytes, m.swizzle, op, "is read from",
-                         "cp.async.bulk.tensor store from", "source");
-    bulk_check_no_cp_async(off, (uint32_t)bytes, m.swizzle, op);
-    /* what the async proxy reads: the source as the thread sees it */
-    for (uint32_t o = 0; o < bytes; o += 16) {
-        const uint32_t c = tma_swizzle(off + o, m.swizzle);
-        for (uint32_t k = 0; k < 16; k++)
-            if (E.smem[c + k] != E.smem_async[c + k])
-                dt_emu_fail("%s: its source at shared offset %u (shared address %#x) was written "
-                            "by ordinary stores (or cp.async) that no fence.proxy.async and "
-                            "barrier after them made visible to the async proxy, through which "
-                            "the store reads it: each writer runs fence.proxy.async, then a "
-                            "barrier (__syncthreads, bar.sync) publishes the writes, then the "
-                            "store is issued", op, c + k, (unsigned)EMU_SMEM_BASE + c + k);
-    }
-    /* the global writes: the in-bounds part of the box */
-    tma_check_global(&m, coords, op, "writes");
-    t->stores = room(t->stores, t->nstores, &t->storecap, sizeof *t->stores);
-    emu_bulk_store *s = &t->stores[t->nstores];
-    *s = (emu_bulk_store){off, (uint32_t)bytes, -1, m, {0}, malloc(bytes)};
-    if (!s->snap) dt_emu_fail("out of memory");
-    t->nstores++;
-    for (uint32_t i = 0; i < m.rank; i++) s->coord[i] = coords[i];
-    for (uint32_t o = 0; o < bytes; o += 16)
-        memcpy(s->snap + o, E.smem + tma_swizzle(off + o, m.swizzle), 16);
-    E.counts.tma_stores++;
-}
-
-void dt_emu_bulk_commit(void) {
-    emu_thread *t = E.cur;
-    for (int i = 0; i < t->nstores; i++)
-        if (t->stores[i].group < 0) t->stores[i].group = t->bulk_next_group;
-    t->bulk_next_group++;
-}
-
-/* Performs pending store s of thread t (wait: the wait_group's name):
- * fails if its source changed since the issue, else writes the box's
- * in-bounds elements to global memory. */
-static void bulk_perform(const emu_thread *t, const emu_bulk_store *s, const char *wait) {
-    const dt_emu_tmap *m = &s->map;
-    for (uint32_t o = 0; o < s->bytes; o += 16) {
-        const uint32_t c = tma_swizzle(s->src + o, m->swizzle);
-        for (uint32_t k = 0; k < 16; k++)
-            if (E.smem[c + k] != s->snap[o + k])
-                dt_emu_fail("shared memory at offset %u, the source of a cp.async.bulk.tensor "
-                            "store (issued by thread %d), was written before the %s that "
-                            "completes it", c + k, t->linear, wait);
-    }
-    const uint32_t esize = (uint32_t)m->stride[0], row_bytes = m->box[0] * esize;
-    for (uint32_t r = 0; r < s->bytes / row_bytes; r++) {
-        uint64_t goff;
-        if (!tma_row(m, s->coord, r, &goff)) continue;   /* out of bounds: not written */
-        for (uint32_t j = 0; j < m->box[0]; j++) {
-            const int64_t c = s->coord[0] + (int64_t)j;
-            if (c >= 0 && (uint64_t)c < m->dim[0])
-                memcpy((void *)(uintptr_t)(m->addr + goff + (uint64_t)c * esize),
-                       s->snap + r * row_bytes + j * esize, esize);
-        }
-    }
-}
-
-void dt_emu_bulk_wait(int n, int read) {
-    emu_thread *t = E.cur;
-    const char *wait = read ? "cp.async.bulk.wait_group.read" : "cp.async.bulk.wait_group";
-    if (read != 0 && read != 1)
-        dt_emu_fail("cp.async.bulk.wait_group with read = %d (0 or 1)", read);
-    if (n < 0) dt_emu_fail("%s %d", wait, n);
-    /* groups number in issue order: the committed ones older than the
-     * newest n, oldest first */
-    const long cutoff = t->bulk_next_group - n;
-    for (int i = 0; i < t->nstores; i++) {
-        emu_bulk_store *s = &t->stores[i];
-        if (s->group < 0 || s->group >= cutoff) continue;
-        bulk_perform(t, s, wait);
-        free(s->snap);
-        s->snap = NULL;   /* completed (the launch's clean-up skips it if a later one fails) */
-    }
-    int kept = 0;
-    for (int i = 0; i < t->nstores; i++)
-        if (t->stores[i].snap) t->stores[kept++] = t->stores[i];
-    t->nstores = kept;
 }
 
 /* ------------------------------------------------------------- launch */
@@ -1647,14 +1422,6 @@ static void fiber_main(void) {
         dt_emu_fail("exited with %d wgmma.mma_async pending (%d of them uncommitted): "
                     "wgmma.commit_group and wgmma.wait_group must complete them first", t->nwg,
                     uncommitted);
-    }
-    if (t->nstores) {
-        int uncommitted = 0;
-        for (int i = 0; i < t->nstores; i++) uncommitted += t->stores[i].group < 0;
-        dt_emu_fail("exited with %d cp.async.bulk.tensor store%s pending (%d of them uncommitted): "
-                    "cp.async.bulk.commit_group and cp.async.bulk.wait_group.read must complete "
-                    "them first (the CTA's shared memory, their source, may be gone before the "
-                    "hardware reads it)", t->nstores, t->nstores == 1 ? "" : "s", uncommitted);
     }
     thread_exits(t);
     /* a __syncthreads the others wait in may now be complete; a warp
@@ -1688,10 +1455,6 @@ static void start_fiber(emu_thread *t) {
     t->cp_unfenced = 0;
     t->mbar_off = t->mbar_parity = 0;
     t->griddep_waited = 0;
-    for (int i = 0; i < t->nstores; i++) free(t->stores[i].snap);   /* none: an exit with
-                                                                        stores pending fails */
-    t->nstores = 0;
-    t->bulk_next_group = 0;
 #ifdef EMU_ASAN
     /* a fiber of a failed launch was abandoned mid-call: its frames' redzones
      * are still poisoned on the reused stack */
@@ -1899,8 +1662,6 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, int de
             if (t->wg[j].op) release_op(t->wg[j].op);
         free(t->wg);
         free(t->copies);
-        for (int j = 0; j < t->nstores; j++) free(t->stores[j].snap);
-        free(t->stores);
     }
     free(E.threads);
     free(E.smem);

@@ -1,8 +1,7 @@
 /* tests/emu/tmap_emu.h — the emulator's private encoding of a tensor map
  * (CUtensorMap: 16 opaque 64-bit words), shared by its encoder, the
  * emulated driver function cuTensorMapEncodeTiled (cudart.c), and its
- * reader, the emulated cp.async.bulk.tensor (dt_emu_tma_load and
- * dt_emu_tma_store, runtime.c).
+ * reader, the emulated cp.async.bulk.tensor (dt_emu_tma_load, runtime.c).
  * Header only, so that test_emu_cudart (cudart.c without runtime.c) and
  * test_mma_emu link the same code. Plain C; also C++.
  *
