@@ -18,11 +18,10 @@
 #   BUDGET_SECONDS  the whole run (default 480). The suites and the
 #                   sanitizers take about 40 s on an H200, the canaries a
 #                   few, issue 4 (c) about 15 s twice, --profile about 30 s,
-#                   issue8.py about 250 s (an estimate: on 2026-11-27 it
-#                   ran 299 s of a 317 s budget, its last 6 steps skipped,
-#                   with 10 steps of the wgmma forward's --producer 1 and
-#                   --bulk 1 runs that it no longer has; its later steps
-#                   are skipped when the budget runs out). Give the device
+#                   issue8.py about 270 s (on an H200, 2026-11-27: with a
+#                   budget of 221 s it ran 37 steps in 203 s and skipped
+#                   its last 10, about 60 s of them; its later steps are
+#                   skipped when the budget runs out). Give the device
 #                   call a timeout_s of the budget plus 20: with a
 #                   machine's start, about 9 of the session's 15 minutes,
 #                   leaving room for a shorter second call.
