@@ -481,7 +481,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * rows see one key tile fewer: its rows written before that last
          * tile would hold back thread 0's loads). The loads' 68 registers
          * take the kernel to 255 (from 187), no spills; within the
-         * producer's 232 for the consumers (setmaxnreg) they spilled 180
+         * producer's 232 for the consumers (setmaxnreg) they spilled 212
          * bytes. */
         constexpr bool EARLY = OV && !PW;
         const bool early = EARLY && n_tiles > 0 && wg_tiles == n_tiles;

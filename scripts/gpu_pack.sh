@@ -12,8 +12,9 @@
 # It runs `make all bench` (tests included where cmocka is found), copies
 # every program of build/bench, build/tests and build/examples into DIR's
 # bench/, tests/ and examples/ without their debug symbols (strip; about
-# 43 MiB in all, 50 with --profile, under the device tool's 64 MiB; it
-# says so if it is more), and unpacks cmocka into
+# 41 MiB in all on 2026-11-27, 51 with --profile before the bulk end went,
+# under the device tool's 64 MiB; it says so if it is more), and unpacks
+# cmocka into
 # .deps/root/usr if it is not there (the GPU machines have none), then adds
 # /.gpu/ and /.deps/ to .git/info/exclude so that neither travels as
 # untracked files. The device call then carries [".deps", ".gpu"] and runs

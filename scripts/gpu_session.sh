@@ -48,7 +48,7 @@
 # 540 s, a call of its own).
 set -u
 
-usage() { sed -n '2,49p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; }
 dry=0
 profile=0
 budget=480
