@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../dtensor/context.h"
 #include "../dtensor/context_internal.h"
@@ -25,14 +26,15 @@ const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k) {
     }
 }
 
-/* DT_ATTN_KERNEL: unset or empty is auto. Read here, once per attention
- * call (not per block), so a program or test may change it between calls. */
+/* DT_ATTN_KERNEL: unset or empty is auto; the names in any case, as
+ * DT_BACKEND's. Read here, once per attention call (not per block), so a
+ * program or test may change it between calls. */
 static int kernel_from_env(dt_attn_kernel_choice *out) {
     const char *v = getenv("DT_ATTN_KERNEL");
     *out = DT_ATTN_KERNEL_AUTO;
     if (!v || !*v) return 1;
     for (int k = 0; k < DT_ATTN_KERNEL_COUNT; k++)
-        if (strcmp(v, dt_attn_kernel_choice_name((dt_attn_kernel_choice)k)) == 0) {
+        if (strcasecmp(v, dt_attn_kernel_choice_name((dt_attn_kernel_choice)k)) == 0) {
             *out = (dt_attn_kernel_choice)k;
             return 1;
         }

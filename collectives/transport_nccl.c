@@ -517,6 +517,8 @@ static dt_status enqueue(dt_comm *c, const dt_coll_args *a, const char *send, ch
         NC_TRY(c, what, ncclBroadcast(send, recv, a->count, t, a->root, im->nc, im->stream));
         return DT_SUCCESS;
     case DT_COLL_BARRIER:
+        /* a zero summed, so that no rank sends memory it never wrote */
+        CU_TRY(c, what, cudaMemsetAsync(recv, 0, sizeof(float), im->stream));
         NC_TRY(c, what, ncclAllReduce(recv, recv, 1, ncclFloat32, ncclSum, im->nc, im->stream));
         return DT_SUCCESS;
     case DT_COLL_SCATTER:

@@ -1216,10 +1216,11 @@ static void test_kernel_env(void **state) {
     dt_status st0 = h_launch(2, rank_env, &base);
     setenv("DT_ATTN_KERNEL", "bogus", 1);
     dt_status st1 = h_launch(2, rank_env, &c);
-    env_case ok[4] = {{.P = 2}, {.P = 2}, {.P = 2}, {.P = 2}};
-    dt_status st2[4];
-    const char *vals[4] = {"auto", "simple", "mma", "wgmma"};
-    for (int i = 0; i < 4; i++) {
+    enum { VALS = 6 };   /* every name, and two in other cases (as DT_BACKEND's) */
+    env_case ok[VALS] = {{.P = 2}, {.P = 2}, {.P = 2}, {.P = 2}, {.P = 2}, {.P = 2}};
+    dt_status st2[VALS];
+    const char *vals[VALS] = {"auto", "simple", "mma", "wgmma", "Simple", "WGMMA"};
+    for (int i = 0; i < VALS; i++) {
         setenv("DT_ATTN_KERNEL", vals[i], 1);
         st2[i] = h_launch(2, rank_env, &ok[i]);
     }
@@ -1230,7 +1231,7 @@ static void test_kernel_env(void **state) {
         assert_int_equal(c.st[r], DT_ERR_INVALID_ARGUMENT);
         assert_non_null(strstr(c.msg[r], "DT_ATTN_KERNEL=bogus is not auto, simple, mma or wgmma"));
     }
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < VALS; i++) {
         assert_int_equal(st2[i], DT_SUCCESS);
         for (int r = 0; r < 2; r++) assert_true(ok[i].sum[r] == base.sum[r]);
     }
