@@ -63,8 +63,12 @@
  * tile S of 0, S of 1 beside 0's softmax, PV of 0 beside 1's softmax, PV of
  * 1. A warpgroup whose rows see none of a
  * tile's keys (the first 64 rows of a diagonal tile, or rows past the
- * segment) skips the tile's math; the mask and skipping rules are the
- * mma.sync kernel's (mask.h, closed form), with BN = 128.
+ * segment) skips the tile's math, and at D = 128 one whose rows see only
+ * the first 64 keys of their last tile (the diagonal tile's first 64 rows
+ * under an aligned causal mask, a segment's last 64 keys or fewer) runs
+ * both products of that tile on those 64 keys (narrow below: a quarter of
+ * a diagonal tile's tensor work, the same sums); the mask and skipping
+ * rules are the mma.sync kernel's (mask.h, closed form), with BN = 128.
  *
  * Shared memory: [Q 0][Q 1][K stage 0][K stage 1][V stage 0][V stage 1],
  * each in wgmma_device.cuh's 128-byte swizzled column-block layout (a Q
@@ -98,7 +102,7 @@
  * never a hung GPU).
  *
  * ptxas (sm_90a, CUDA 13.0): 128 registers at D = 64 (two CTAs per SM:
- * launch bounds), 185 at D = 128 (255 in the overlapped order, whose
+ * launch bounds), 180 at D = 128 (246 in the overlapped order, whose
  * warpgroups load their rows' stored state before their last product's
  * wait: EARLY below), no spills, no serialised wgmma; with the producer
  * warpgroup 168 at the entry, 232 for the consumers and 40 for the
@@ -178,6 +182,13 @@ struct wg_params {
  * BN = 128). */
 __device__ __forceinline__ int wg_key_tiles(int64_t limit) { return (int)((limit + WG_BN - 1) / WG_BN); }
 __device__ __forceinline__ int wg_unmasked_tiles(int64_t limit) { return (int)(limit / WG_BN); }
+
+/* A width of a product's N (or its keys) as a type, for the generic
+ * lambdas that issue and wait for a product of either width. */
+template <int N>
+struct wg_n {
+    static constexpr int value = N;
+};
 
 /* The key tiles of a CTA's query tile c: those its last row sees. */
 __device__ __forceinline__ int wg_tiles_of(const wg_params &p, const fwd_cta &c) {
@@ -459,8 +470,18 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
             if constexpr (D == 64) return dt_attn_keys_upto(a.mask, a.kseg, dt_attn_pos(a.qseg, x));
             else return dt_mma_keys_upto(&p.grid.keys, dt_attn_pos(a.qseg, x));
         };
-        const int wg_tiles = w0 < x1 ? wg_key_tiles(limit(w1 - 1)) : 0;
+        const int64_t wg_limit = w0 < x1 ? limit(w1 - 1) : 0;
+        const int wg_tiles = wg_key_tiles(wg_limit);
         const int wg_unmasked = w0 < x1 ? wg_unmasked_tiles(limit(w0)) : 0;
+        /* Its rows see only the first half of their last key tile (the
+         * diagonal tile's first 64 rows under an aligned causal mask): both
+         * products of that tile run on those 64 keys alone, half the
+         * tensor-core work, the same results. At D = 128 (at D = 64 the
+         * second form of each product spilled 248 bytes at its 128
+         * registers). */
+        constexpr bool NARROW = D == 128;
+        const bool wg_narrow = NARROW && wg_tiles > 0 &&
+                               wg_limit - (int64_t)(wg_tiles - 1) * WG_BN <= WG_BN / 2;
 
         /* The lane's two query rows, their state started empty (merged with
          * the stored one at the end: mma_device.cuh); a tile without keys
@@ -480,9 +501,9 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * the others after the key tiles, as before (warpgroup 0 where its
          * rows see one key tile fewer: its rows written before that last
          * tile would hold back thread 0's loads). The loads' 68 registers
-         * take the kernel to 255 (from 187), no spills; within the
-         * producer's 232 for the consumers (setmaxnreg) they spilled 212
-         * bytes. */
+         * took the kernel to 255 (from 187; 246 with narrow tiles), no
+         * spills; within the producer's 232 for the consumers
+         * (setmaxnreg) they spilled 212 bytes. */
         constexpr bool EARLY = OV && !PW;
         const bool early = EARLY && n_tiles > 0 && wg_tiles == n_tiles;
         if (!PW && n_tiles == 0) {
@@ -542,56 +563,82 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
              * serialising the wgmma (it does when an issue and its wait sit in
              * different branches). */
             const bool mine = kt < wg_tiles;   /* uniform over the warpgroup */
+            const bool narrow = kt + 1 == wg_tiles && wg_narrow;   /* likewise */
             const bool pass_on = OV || wg == 0 || kt + 1 < n_tiles;
             const bool ends = early && kt + 1 == n_tiles;   /* its rows' last product */
             stored_rows<D> stored;   /* ends: the rows' stored state */
             bar_sync<TURN>(wg, PAIR);
             if (mine) {
                 /* S = Q K^T: Q's 64 rows of this warpgroup (tile rows of the Q
-                 * tile, BM rows per column block), the tile's 128 keys. */
+                 * tile, BM rows per column block), the tile's first N keys
+                 * (N = 128, or 64 where its rows see no more: narrow). */
                 float s[NT][4];
                 const uint32_t k_addr = wg_smem_addr(sk + stage * TILE_KV);
                 /* The k-steps' descriptors: at D = 128 the first one's
                  * plus a constant each (wg_desc_plus); at D = 64 each
                  * made from its address (there the other form made
-                 * ptxas spill at the 128 registers of two CTAs an SM) */
+                 * ptxas spill at the 128 registers of two CTAs an SM).
+                 * The first N keys of the tile are the first N rows of
+                 * each of its column blocks: the same descriptors. */
                 const uint64_t qd = wg_desc_k_major(q_addr, wg_q_box<D>(), 0), kd = wg_desc_k_major(k_addr, WG_BN, 0);
-                wgmma_fence();
+                const auto s_product = [&](auto n, float(&sn)[decltype(n)::value / 8][4]) {
+                    constexpr int N = decltype(n)::value;
+                    wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < D / 16; kk++) {
-                    if constexpr (D == 128)
-                        wgmma_ss<T, WG_BN>(s, wg_desc_plus(qd, wg_k_major_off(wg_q_box<D>(), kk)),
+                    for (int kk = 0; kk < D / 16; kk++) {
+                        if constexpr (D == 128)
+                            wgmma_ss<T, N>(sn, wg_desc_plus(qd, wg_k_major_off(wg_q_box<D>(), kk)),
                                            wg_desc_plus(kd, wg_k_major_off(WG_BN, kk)), kk > 0);
-                    else
-                        wgmma_ss<T, WG_BN>(s, wg_desc_k_major(q_addr, wg_q_box<D>(), kk),
+                        else
+                            wgmma_ss<T, N>(sn, wg_desc_k_major(q_addr, wg_q_box<D>(), kk),
                                            wg_desc_k_major(k_addr, WG_BN, kk), kk > 0);
+                    }
+                    wgmma_commit();
+                    if (RELEASE) produce();
+                    bar_arrive<TURN>(wg ^ 1, PAIR);
+                    wgmma_wait<0>();
+                };
+                /* narrow: the keys past the first 64, masked for every
+                 * row, are 0 here and -inf after the (masked) softmax */
+                if (narrow) {
+                    float s_lo[NT / 2][4];
+                    s_product(wg_n<WG_BN / 2>{}, s_lo);
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) s[j][i] = j < NT / 2 ? s_lo[j][i] : 0.0f;
+                } else {
+                    s_product(wg_n<WG_BN>{}, s);
                 }
-                wgmma_commit();
-                if (RELEASE) produce();
-                bar_arrive<TURN>(wg ^ 1, PAIR);
-                wgmma_wait<0>();
                 if (kt < wg_unmasked)
                     online_softmax<false, NT, D>(s, m, l, o, lim, kt * WG_BN, lane, a.scale);
                 else
                     online_softmax<true, NT, D>(s, m, l, o, lim, kt * WG_BN, lane, a.scale);
 
-                /* O += P V: P rounded to T as A fragments, V MN-major. */
+                /* O += P V: P rounded to T as A fragments, V MN-major; the
+                 * k-steps of the first 64 keys alone where narrow (the
+                 * others' P is 0: the same sums). */
                 uint32_t pa[WG_BN / 16][4];
 #pragma unroll
                 for (int kk = 0; kk < WG_BN / 16; kk++) p_fragment<T>(pa[kk], s, kk);
                 const uint32_t v_addr = wg_smem_addr(sv + stage * TILE_KV);
-                bar_sync<TURN>(wg, PAIR);
-                wgmma_fence();   /* o and pa were written by ordinary instructions */
+                const auto pv_product = [&](auto n) {
+                    constexpr int N = decltype(n)::value;
+                    bar_sync<TURN>(wg, PAIR);
+                    wgmma_fence();   /* o and pa were written by ordinary instructions */
 #pragma unroll
-                for (int kk = 0; kk < WG_BN / 16; kk++)
-                    wgmma_rs<T, D>(o, pa[kk], wg_desc_mn_major(v_addr, WG_BN, kk), 1);
-                wgmma_commit();
-                if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
-                if (ends) {   /* before what the grid before wrote: its wait */
-                    grid_dep_wait();
-                    load_rows<D>(a, c, row0, lane, stored);
-                }
-                wgmma_wait<0>();
+                    for (int kk = 0; kk < N / 16; kk++)
+                        wgmma_rs<T, D>(o, pa[kk], wg_desc_mn_major(v_addr, WG_BN, kk), 1);
+                    wgmma_commit();
+                    if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
+                    if (ends) {   /* before what the grid before wrote: its wait */
+                        grid_dep_wait();
+                        load_rows<D>(a, c, row0, lane, stored);
+                    }
+                    wgmma_wait<0>();
+                };
+                if (narrow) pv_product(wg_n<WG_BN / 2>{});
+                else pv_product(wg_n<WG_BN>{});
             } else {
                 if (RELEASE) produce();
                 bar_arrive<TURN>(wg ^ 1, PAIR);

@@ -482,7 +482,8 @@ static void test_key_span_bound(void **state) {
  * (the narrower, head 0, first), on one SM: the CTA that takes head 0's
  * keyless tile (the last of its section) goes on to head 1's first, whose
  * loads the keyless tile issues. One block (first and last: o and lse),
- * against a double-precision reference; then the same block beside a ring
+ * against a double-precision reference, its wgmma counted against the
+ * warpgroups' key tiles (narrow ones at D = 128); then the same block beside a ring
  * transfer, which runs a CTA per tile, and both in the overlapped order,
  * with the producer warpgroup, and with both. */
 static void test_wgmma_persistent_keyless(void **state) {
@@ -508,10 +509,24 @@ static void test_wgmma_persistent_keyless(void **state) {
         assert_true(dt_emu_attn_mma_block_ok(&a, why, sizeof why));
         const int64_t unit_bytes = 2 * nk * D * 2 / (H / G);   /* dt_mma_fwd_grid's section */
         const uint64_t ctas_before = dt_emu_get_counts().blocks;
+        const uint64_t wgmma_before = dt_emu_get_counts().wgmma;
         assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, 0), DT_SUCCESS);
         /* persistent: the CTAs one SM holds (two at D = 64), not one per tile */
         const int64_t tiles = (nq + 127) / 128 * H;
         assert_int_equal(dt_emu_get_counts().blocks - ctas_before, D == 64 ? 2 : 1);
+        /* The tensor-core work: each warpgroup (64 query rows) runs D / 16
+         * k-steps of S and 8 of P V (128 keys, 16 each) per key tile its
+         * last row sees, none for the others; at D = 128 only 4 of P V
+         * where that row sees no more than the first 64 keys of its last
+         * tile (S there on 64 keys: as many wgmma, each half as wide). */
+        int64_t expect = 0;
+        for (int64_t w0 = 0; w0 < nq; w0 += 64) {
+            const int64_t last = w0 + 63 < nq ? w0 + 63 : nq - 1;
+            const int64_t seen = last - kstart + 1 < 0 ? 0 : last - kstart + 1;
+            const int64_t kt = (seen + 127) / 128;
+            expect += kt * (D / 16 + 8) - (D == 128 && kt > 0 && seen - 128 * (kt - 1) <= 64 ? 4 : 0);
+        }
+        assert_int_equal(dt_emu_get_counts().wgmma - wgmma_before, expect * H);
         for (size_t i = 0; i < (size_t)(nq * H * D); i++) o[i] = dt_value_get(od, DT_BF16, i);
         /* Beside a ring transfer, a CTA per tile (block.h's transfer), and
          * the same o, bit for bit. */
