@@ -152,14 +152,14 @@
 
 namespace {
 
-constexpr int WG_BM = 128;            /* query rows per CTA: 64 per warpgroup */
+constexpr int WG_BM = DT_WGMMA_BM;    /* query rows per CTA: 64 per warpgroup */
 constexpr int WG_RM = WG_BM / 2;      /* a warpgroup's query rows */
 /* The rows of a Q buffer's column blocks and of the q map's boxes: at D =
  * 128 each warpgroup's 64 rows a tile of their own (wg_load_first), at D =
  * 64 (one column block) the two tiles one box of 128 rows. */
 template <int D>
 __host__ __device__ constexpr int wg_q_box() { return D == 64 ? WG_BM : WG_RM; }
-constexpr int WG_BN = 128;            /* keys per tile */
+constexpr int WG_BN = DT_WGMMA_BN;    /* keys per tile */
 constexpr int WG_THREADS = 256;       /* two warpgroups */
 
 /* The tensor maps of one block (TMA): q [B][nq][H][D], k and v

@@ -37,6 +37,19 @@ int dt_attn_ring_last_step(dt_order order, dt_attn_mask mask, int64_t seq, int p
     return 0;
 }
 
+int64_t dt_attn_tiles(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k, int64_t bm,
+                      int64_t bn, int64_t *visits) {
+    int64_t tiles = 0, v = 0;
+    for (int64_t x0 = 0; x0 < q.len; x0 += bm) {
+        const int64_t last = x0 + bm < q.len ? x0 + bm - 1 : q.len - 1;
+        const int64_t n = (dt_attn_keys_upto(mask, k, dt_attn_pos(q, last)) + bn - 1) / bn;
+        tiles += n;
+        v += n > 0;
+    }
+    if (visits) *visits = v;
+    return tiles;
+}
+
 int64_t dt_attn_pairs(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {
     if (mask == DT_ATTN_FULL) return q.len * k.len;
     int64_t n = 0;

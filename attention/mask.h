@@ -148,6 +148,15 @@ int dt_attn_ring_last_step(dt_order order, dt_attn_mask mask, int64_t seq, int p
  * work of a block, in closed form per query row. */
 int64_t dt_attn_pairs(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k);
 
+/* The tiles a forward kernel of bm query rows x bn keys per tile visits in
+ * a block: per query tile, the key tiles up to its last row's last key
+ * (dt_attn_keys_upto; every tile with a pair the mask allows, as keys are
+ * a prefix per row and grow with it), summed; *visits (if not NULL) the
+ * query tiles with at least one. bench/blocks' tile model (item 3 of
+ * issue 8: a ring's time against one call's as K + F V). */
+int64_t dt_attn_tiles(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k, int64_t bm,
+                      int64_t bn, int64_t *visits);
+
 #ifdef __cplusplus
 }
 #endif

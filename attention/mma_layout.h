@@ -56,6 +56,10 @@ extern "C" {
 #define DT_MMA_BN 64
 #define DT_MMA_WARPS 4
 #define DT_MMA_THREADS (32 * DT_MMA_WARPS)
+/* The wgmma forward's (block_cuda_wgmma.cu): 128 query rows, 64 per
+ * warpgroup, and key tiles of 128 */
+#define DT_WGMMA_BM 128
+#define DT_WGMMA_BN 128
 
 /* ------------------------------------------------------------ swizzle */
 

@@ -49,6 +49,11 @@
  *                        as above. On CUDA with dependent launches on
  *                        (--dependent 1, the default): once more without
  *                        them, "b2b serial".
+ *         (m)            forward, --kernel mma or wgmma: the tile model,
+ *                        time as K key tiles + F per query tile's visit
+ *                        of a block (dt_attn_tiles); the F that b2b/call
+ *                        implies, and the largest F that would allow
+ *                        b2b/call <= 1.05 (issue 8's item 3).
  *
  * --pass fwd,bwd picks the forward and/or backward block kernel. Backward
  * blocks use the lse of a forward pass over the same rows, so P stays
@@ -102,6 +107,7 @@
 #include "attention/block.h"
 #include "attention/cta_trace.h"
 #include "attention/mask.h"
+#include "attention/mma_layout.h"
 #include "dtensor/context_internal.h"
 #include "dtensor/dtensor.h"
 #ifdef DT_HAVE_CUDA
@@ -503,6 +509,11 @@ typedef struct p_row {
     int traced;
     launch_sum ring[3], single;   /* --trace: every block's launches; the one call's */
     dt_attn_trace_timeline ring_tl[3];   /* --trace: b2b's (the one call's: single) */
+    /* The tile model (forward, --kernel mma or wgmma; model = 0 otherwise):
+     * per (batch, head) the key tiles K and query tiles' visits V of every
+     * block of the order, and of the one call (dt_attn_tiles) */
+    int model;
+    int64_t bm, bn, tiles[3], visits[3], single_tiles, single_visits;
 } p_row;
 
 /* A backward block the ring skips, as dt_attention_backward does: after
@@ -545,11 +556,39 @@ static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t
     return DT_SUCCESS;
 }
 
+/* The forward kernel's tile (query rows x keys) for the tile model: the
+ * kernels --kernel names (mma, wgmma); 0 for the others, whose cost does
+ * not go by such tiles (the simple kernel's thread per row, the CPU's
+ * slices of the diagonal band). */
+static int fwd_tile_of(const opts *o, int64_t *bm, int64_t *bn) {
+    if (o->kernel == DT_ATTN_KERNEL_MMA) {
+        *bm = DT_MMA_BM;
+        *bn = DT_MMA_BN;
+        return 1;
+    }
+    if (o->kernel == DT_ATTN_KERNEL_WGMMA) {
+        *bm = DT_WGMMA_BM;
+        *bn = DT_WGMMA_BN;
+        return 1;
+    }
+    return 0;
+}
+
+/* The per-visit cost F, in key tiles, with which a ring of K tiles and V
+ * visits takes `ratio` times one call of Kc and Vc, if time goes as K + F
+ * V: F = (ratio Kc - K) / (V - ratio Vc); NAN where V <= ratio Vc (no such
+ * F). */
+static double model_f(double ratio, const p_row *x, int oi) {
+    const double den = (double)x->visits[oi] - ratio * (double)x->single_visits;
+    return den > 0 ? (ratio * (double)x->single_tiles - (double)x->tiles[oi]) / den : NAN;
+}
+
 static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_row *out) {
     int P = o->ranks;
     int64_t S = (int64_t)P * c;
     memset(out, 0, sizeof *out);
     out->traced = o->trace;
+    out->model = !bwd && fwd_tile_of(o, &out->bm, &out->bn);
     for (int oi = 0; oi < 3; oi++) {
         for (int t = 0; t < P; t++) {
             double slowest = 0;
@@ -559,6 +598,11 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
                 const dt_attn_segment ks = dt_attn_segment_of(orders[oi], S, P, src);
                 const int last = t == dt_attn_ring_last_step(orders[oi], DT_ATTN_CAUSAL, S, P, j);
                 const bufs rb = bufs_at(b, j * c, src * c);
+                if (out->model) {
+                    int64_t v = 0;
+                    out->tiles[oi] += dt_attn_tiles(DT_ATTN_CAUSAL, qs, ks, out->bm, out->bn, &v);
+                    out->visits[oi] += v;
+                }
                 if (bwd && bwd_idle(t, qs, ks)) continue;
                 double s;
                 DT_TRY(time_block(&rb, o, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P,
@@ -585,6 +629,9 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
 #endif
     }
     dt_attn_segment whole = {0, 1, S, 0, 0}, one = {0, 1, c, 0, 0};
+    if (out->model)
+        out->single_tiles = dt_attn_tiles(DT_ATTN_CAUSAL, whole, whole, out->bm, out->bn,
+                                          &out->single_visits);
     DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single_s));
     if (o->trace) DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single));
     /* r for the ceiling in the launch the ring's blocks before its last
@@ -716,6 +763,29 @@ static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
     }
     printf("    (r = %.3f at c = %lld; one causal call on S = %lld: %.3f ms)\n", x->r,
            (long long)c, (long long)(c * o->ranks), 1e3 * x->single_s);
+    if (x->model) {
+        printf("    (m) tile model, %lld x %lld tiles: per (batch, head) K key tiles and V query\n"
+               "        tiles' visits of the blocks (one call: of its one block); if time goes\n"
+               "        as K + F V, F = a visit's cost beyond its key tiles (its start and end),\n"
+               "        in key tiles, that b2b/call implies (busy: that busy ring / busy call\n"
+               "        implies, --trace); F for 1.05 = the largest F with b2b/call <= 1.05\n"
+               "        (issue 8's item 3; below 0: none)\n"
+               "        %-11s %10s %8s %10s %10s %10s\n", (long long)x->bm, (long long)x->bn,
+               "order", "K", "V", "F b2b", "F busy", "F for 1.05");
+        for (int oi = 0; oi <= 3; oi++) {
+            char busy[16] = "-";
+            if (oi < 3 && x->traced && x->single.ctas > 0)
+                snprintf(busy, sizeof busy, "%.2f",
+                         model_f(x->ring_tl[oi].busy_us / x->single.last_timeline.busy_us, x, oi));
+            if (oi < 3)
+                printf("        %-11s %10lld %8lld %10.2f %10s %10.2f\n", dt_order_name(orders[oi]),
+                       (long long)x->tiles[oi], (long long)x->visits[oi],
+                       model_f(x->b2b_s[oi] / x->single_s, x, oi), busy, model_f(1.05, x, oi));
+            else
+                printf("        %-11s %10lld %8lld\n", "one call", (long long)x->single_tiles,
+                       (long long)x->single_visits);
+        }
+    }
     if (!x->traced) return;
     if (x->single.ctas == 0) {
         printf("    (t) no CTA records (only the CUDA tensor-core kernels, mma and wgmma, keep "
@@ -893,6 +963,19 @@ static void json_print(const run *r, const bufs *b) {
                 json_num("b2b_serial_vs_1_call", x->b2b_serial_s[oi] / x->single_s);
                 json_num("r", x->r);
                 json_num("single_ms", 1e3 * x->single_s);
+                if (x->model) {
+                    printf(", \"model\": {\"bm\": %lld, \"bn\": %lld, \"tiles\": %lld, "
+                           "\"visits\": %lld, \"single_tiles\": %lld, \"single_visits\": %lld",
+                           (long long)x->bm, (long long)x->bn, (long long)x->tiles[oi],
+                           (long long)x->visits[oi], (long long)x->single_tiles,
+                           (long long)x->single_visits);
+                    json_num("f_b2b", model_f(x->b2b_s[oi] / x->single_s, x, oi));
+                    if (x->traced && x->single.ctas > 0)
+                        json_num("f_busy", model_f(x->ring_tl[oi].busy_us /
+                                                   x->single.last_timeline.busy_us, x, oi));
+                    json_num("f_for_1_05", model_f(1.05, x, oi));
+                    printf("}");
+                }
                 if (x->traced) {
                     json_launches("trace", &x->ring[oi]);
                     json_launches("single_trace", &x->single);

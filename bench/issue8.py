@@ -683,7 +683,8 @@ def item_ring(session):
     h, d = session.size["r_h"], session.size["r_d"]
     kernels = session.args.kernels
     header = ["kernel", "c", "S", "order", "crit ms", "total ms", "ratio", "ceiling",
-              "achieved", "vs 1 call", "b2b/call", "serial/call", "r at c", "item 4", "item 3"]
+              "achieved", "vs 1 call", "b2b/call", "serial/call", "r at c", "F b2b",
+              "F for 1.05", "item 4", "item 3"]
     table = Table("3,4", "items 3 and 4: the ring on one device, forward",
                   f"item 4: striped achieved >= {ACHIEVED_MIN} (ratio / ceiling) and ratio >= "
                   f"{RATIO_MIN} at c = {RATIO_AT_C}; item 3: b2b/call <= {VS_ONE_CALL_MAX} "
@@ -697,7 +698,11 @@ def item_ring(session):
                   "call on S = P c; b2b/call = the same blocks launched back to back (steps "
                   "in turn, as the ranks run them one after another on one GPU), timed as "
                   "one, / that call: item 3's ring; serial/call = the same without "
-                  "dependent launches (--dependent 0). PyTorch has no ring to compare "
+                  "dependent launches (--dependent 0). The tile model (bench/blocks (m): "
+                  "K key tiles and V query tiles' visits of the blocks, and of the one call, "
+                  "time as K + F V): F b2b = the cost of a visit beyond its key tiles, in key "
+                  "tiles, that b2b/call implies; F for 1.05 = the largest F with which "
+                  "b2b/call is at most 1.05 (below 0: none). PyTorch has no ring to compare "
                   "with.")
     outs = {}
     for c in session.size["ring_c"]:   # every kernel at the first c before the next c
@@ -710,7 +715,7 @@ def item_ring(session):
             rows = rows_of(outs[(k, c)], "p", "fwd")
             if is_na(rows) or not rows:
                 na = rows if is_na(rows) else NA("missing", f"no (p) row for c = {c}")
-                table.add([k, str(c), str(RING_P * c), "-"] + [na] * 11,
+                table.add([k, str(c), str(RING_P * c), "-"] + [na] * 13,
                           {"kernel": k, "c": c, "result": na})
                 continue
             for row in rows:
@@ -837,10 +842,16 @@ def ring_row(kernel, row):
     serial = row.get("b2b_serial_vs_1_call")
     serial = NA("none", "no dependent launches on this backend") if serial is None else serial
     m3 = mark(b2b, lambda x: x <= VS_ONE_CALL_MAX) if row["S"] == VS_ONE_CALL_AT_S else "-"
+    model = row.get("model")
+    if model is None:
+        f = [NA("none", "no tile model for this kernel (bench/blocks (m): mma and wgmma)")] * 2
+    else:
+        f = [NA("none", "no F gives that ratio") if model.get(key) is None else model[key]
+             for key in ("f_b2b", "f_for_1_05")]
     cells = [kernel, str(row["c"]), str(row["S"]), row["order"], (row["crit_ms"], ".3f"),
              (row["total_ms"], ".3f"), (row["ratio"], ".3f"), (row["ceiling"], ".3f"),
              (row["achieved"], ".3f"), (row["vs_1_call"], ".3f"), (b2b, ".3f"),
-             (serial, ".3f"), (row["r"], ".3f"), m4, m3]
+             (serial, ".3f"), (row["r"], ".3f"), (f[0], ".2f"), (f[1], ".2f"), m4, m3]
     data = dict(row, kernel=kernel, item4_mark=m4, item3_mark=m3)
     return cells, data
 

@@ -306,6 +306,28 @@ static void check_mask_rule(dt_attn_segment q, dt_attn_segment k) {
     assert_int_equal(dt_attn_pairs(DT_ATTN_FULL, q, k), q.len * k.len);
     assert_int_equal(dt_attn_no_pairs(DT_ATTN_CAUSAL, q, k), pairs == 0);
     assert_false(dt_attn_no_pairs(DT_ATTN_FULL, q, k));
+    /* A kernel's tiles: those with a pair the mask allows, and the query
+     * tiles with any */
+    static const int64_t tile_sizes[][2] = {{1, 1}, {2, 3}, {4, 4}, {3, 5}, {8, 2}};
+    for (int i = 0; i < 5; i++)
+        for (int mask = 0; mask < 2; mask++) {
+            const int64_t bm = tile_sizes[i][0], bn = tile_sizes[i][1];
+            int64_t tiles = 0, visits = 0, got_visits = -1;
+            for (int64_t x0 = 0; x0 < q.len; x0 += bm) {
+                int64_t n = 0;
+                for (int64_t y0 = 0; y0 < k.len; y0 += bn) {
+                    int any = 0;
+                    for (int64_t x = x0; x < x0 + bm && x < q.len; x++)
+                        for (int64_t y = y0; y < y0 + bn && y < k.len; y++)
+                            any |= mask == DT_ATTN_FULL || dt_attn_pos(q, x) >= dt_attn_pos(k, y);
+                    n += any;
+                }
+                tiles += n;
+                visits += n > 0;
+            }
+            assert_int_equal(dt_attn_tiles((dt_attn_mask)mask, q, k, bm, bn, &got_visits), tiles);
+            assert_int_equal(got_visits, visits);
+        }
     /* The loop bounds kernels use: a prefix of keys per query position, a
      * suffix of queries per key position (any p). */
     for (int64_t pos = -2; pos < 64; pos++) {

@@ -27,7 +27,8 @@
  *     blocks (p) --trace on the wgmma forward where CUDA runs (the
  *     emulator under make CUDA=emu, a GPU): a timeline per order and for
  *     the one call, a record per query tile of each block that runs, its
- *     parts adding up to its wall;
+ *     parts adding up to its wall; and the tile model's key tiles and
+ *     visits (worked out by hand) and its F's (each giving back its ratio);
  *   - bench/issue8.py --backend cpu --quick --no-torch (when python3 is on
  *     PATH; else skipped): exit 0, every item's heading, every step run;
  *     and with a bench/attention that hangs on --persistent 2: that
@@ -546,6 +547,11 @@ static int blocks_trace_timeline(int producer) {
     }
     static const char *const orders[] = {"contiguous", "striped", "zigzag"};
     static const double records[] = {3, 4, 4};
+    /* The tile model's counts, worked out by hand for P = 2, c = 128 and
+     * 128 x 128 tiles: every block that has a pair takes one key tile in
+     * its one query tile (contiguous: rank 0 against rank 1's keys has
+     * none); the one call on 256 positions 1 + 2 key tiles, 2 visits. */
+    static const double tiles[] = {3, 4, 4};
     double reported = -1;
     int ok = rc == 0 && out != NULL && json_num(out, "producer", &reported) &&
              reported == producer;
@@ -555,6 +561,21 @@ static int blocks_trace_timeline(int producer) {
         const char *row = strstr(out, key);
         const char *tl[2] = {row ? strstr(row, "\"b2b_timeline\"") : NULL,
                              row ? strstr(row, "\"single_timeline\"") : NULL};
+        const char *model = row ? strstr(row, "\"model\"") : NULL;
+        double bm, bn, kr, vr, kc, vc, f_b2b, f_busy, f_105, b2b_vs, busy_ms[2];
+        ok = model && json_num(model, "bm", &bm) && json_num(model, "bn", &bn) &&
+             json_num(model, "tiles", &kr) && json_num(model, "visits", &vr) &&
+             json_num(model, "single_tiles", &kc) && json_num(model, "single_visits", &vc) &&
+             json_num(model, "f_b2b", &f_b2b) && json_num(model, "f_busy", &f_busy) &&
+             json_num(model, "f_for_1_05", &f_105) && json_num(row, "b2b_vs_1_call", &b2b_vs) &&
+             tl[0] && tl[1] && json_num(tl[0], "busy_ms", &busy_ms[0]) &&
+             json_num(tl[1], "busy_ms", &busy_ms[1]);
+        /* F: the per-visit cost with which K + F V over the call's Kc + F Vc
+         * is the ratio (b2b's; the traced busy times'; 1.05) */
+        ok = ok && bm == 128 && bn == 128 && kr == tiles[i] && vr == tiles[i] && kc == 3 &&
+             vc == 2 && near((kr + f_b2b * vr) / (kc + f_b2b * vc), b2b_vs) &&
+             near((kr + f_busy * vr) / (kc + f_busy * vc), busy_ms[0] / busy_ms[1]) &&
+             near((kr + f_105 * vr) / (kc + f_105 * vc), 1.05);
         for (int k = 0; ok && k < 2; k++) {
             double n, sms, wall, busy, idle, start, between, end;
             ok = tl[k] && json_num(tl[k], "records", &n) && json_num(tl[k], "sms", &sms) &&
