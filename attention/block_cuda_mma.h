@@ -98,8 +98,10 @@ int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size
  * waits for the one before also before it takes from the queue. overlap:
  * at D = 128, the overlapped order (block_cuda_wgmma.cu: a query tile's
  * rows written back by one warpgroup while the other computes); producer:
- * at D = 128, the loads by a producer warpgroup (block_cuda_wgmma.cu); the
- * same results either way, only the speed may differ. */
+ * at D = 128, the loads by a producer warpgroup (block_cuda_wgmma.cu), 1,
+ * or 2 with its consumers staging their rows' stored state in shared
+ * memory early (in the overlapped order; wg_stage_rows); the same results
+ * every way, only the speed may differ. */
 dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
                             void *queue, int dependent, int overlap, int producer);
 

@@ -106,7 +106,8 @@
  * warpgroups load their rows' stored state before their last product's
  * wait: EARLY below), no spills, no serialised wgmma; with the producer
  * warpgroup 168 at the entry, 232 for the consumers and 40 for the
- * producer (setmaxnreg), no spills. The batch and kv head of the current
+ * producer (setmaxnreg), no spills, with its early loads staged
+ * (PRODUCER 2) too. The batch and kv head of the current
  * tile sit in shared memory for thread 0's loads instead of in every
  * thread's registers (at D = 64 they spilled). A tile's index math divides by multiplication
  * (mma_device.cuh's dt_mma_grid, made on the host).
@@ -133,7 +134,14 @@
  * 4 to 10% faster than thread 0's loads in every forward row, single call
  * and ring (docs/PERFORMANCE.md). The same run measured a query tile's end
  * through shared memory and TMA bulk copies 20 to 30% slower on full
- * blocks, and it was removed.
+ * blocks, and it was removed. Its end costs 5,767 cycles against thread
+ * 0's 4,059, whose early loads of the rows' stored state (EARLY) do not fit
+ * the producer's consumers' registers: PRODUCER 2 (producer 2 of
+ * dt_attn_wgmma_fwd; 2026-11-28, not yet measured on a GPU) stages them in
+ * shared memory instead by cp.async during the last product
+ * (wg_stage_rows), with the ordinary merge and stores; 32 KiB more shared
+ * memory (225 KiB in all), as the removed bulk end took, whose key tiles
+ * were slower for a cause not found.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -189,6 +197,71 @@ template <int N>
 struct wg_n {
     static constexpr int value = N;
 };
+
+/* The staged early loads (dt_attn_wgmma_fwd's producer 2; D = 128, the
+ * overlapped order with the producer warpgroup). Early loads of the rows'
+ * stored state into registers (EARLY in the kernel) need 68 more per thread
+ * than the producer's consumers have (ptxas spilled); staged, each warp
+ * copies its 16 rows' stored acc into 8 KiB of shared memory by cp.async
+ * during its last product (16 copies of 16 bytes per lane, a row of 512
+ * bytes per copy instruction, and m and l into registers), and reads its
+ * lanes' pieces back after it. A warpgroup's first two warps stage in its
+ * half of the query tile's Q buffer (its rows' Q, which its last S product
+ * has read; the producer refills the buffer only once every consumer has
+ * released it, after the write-back), its last two in 16 KiB past the
+ * barriers (32 KiB more shared memory for the CTA). Row r's 16-byte chunk
+ * q sits at chunk q ^ 2 (r mod 8) of the row, so that a half-warp's 8-byte
+ * reads (rows g, 4 quads, chunks 2j and 2j + 1) meet no bank twice. */
+constexpr int WG_STAGE_WARP = 16 * 128 * 4;   /* a warp's rows at D = 128 */
+__device__ __forceinline__ uint32_t wg_stage_off(int r, int q) {
+    return (uint32_t)(r * 512 + ((q ^ ((r & 7) << 1)) << 4));
+}
+
+/* The warp's stored rows (the warp's first row0) into st, and m, l of the
+ * lane's two rows into s; none for a call's first block (s empty). */
+__device__ __forceinline__ void wg_stage_rows(const dt_attn_block_args &a, const fwd_cta &c,
+                                              int64_t row0, int lane, unsigned char *st,
+                                              stored_rows<128> &s) {
+    dependent_access("the rows' running state");
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t row = row0 + dt_mma_c_row(lane, 2 * half);
+        const bool live = !a.first && row < a.qseg.len;
+        s.m[half] = live ? a.m[ml_of(a, c) + row] : -INFINITY;
+        s.l[half] = live ? a.l[ml_of(a, c) + row] : 0.0f;
+    }
+    if (a.first) return;
+    const float *const acc = acc_of<128>(a, c);
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        const bool live = row0 + r < a.qseg.len;   /* else 16 zero bytes */
+        cp_async_16(st + wg_stage_off(r, lane), acc + (live ? row0 + r : 0) * a.heads * 128 + 4 * lane,
+                    live);
+    }
+    cp_async_commit();
+}
+
+/* ... and the lane's pieces of acc back from st into s, once the copies
+ * have landed (every lane's: a lane reads what its quad's others copied). */
+__device__ __forceinline__ void wg_unstage_rows(const dt_attn_block_args &a, int lane,
+                                                const unsigned char *st, stored_rows<128> &s) {
+#pragma unroll
+    for (int half = 0; half < 2; half++)
+#pragma unroll
+        for (int j = 0; j < 16; j++) s.acc[half][j] = make_float2(0.0f, 0.0f);
+    if (a.first) return;
+    cp_async_wait<0>();
+    __syncwarp();
+    const int t = lane & 3;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int r = dt_mma_c_row(lane, 2 * half);
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            s.acc[half][j] = *reinterpret_cast<const float2 *>(st + wg_stage_off(r, 2 * j + (t >> 1)) +
+                                                               8 * (t & 1));
+    }
+}
 
 /* The key tiles of a CTA's query tile c: those its last row sees. */
 __device__ __forceinline__ int wg_tiles_of(const wg_params &p, const fwd_cta &c) {
@@ -324,17 +397,18 @@ constexpr int wg_ctas_per_sm() { return D == 64 ? 2 : 1; }
  * consumers, within each SM sub-partition's 16,384 registers (its three
  * warps: two consumers' and one producer's, 2 x 232 + 40 = 504 x 32 =
  * 16,128). */
-template <bool PRODUCER>
-constexpr int wg_threads() { return PRODUCER ? WG_THREADS + 128 : WG_THREADS; }
+template <int PRODUCER>
+constexpr int wg_threads() { return PRODUCER > 0 ? WG_THREADS + 128 : WG_THREADS; }
 constexpr int WG_PRODUCER_REGS = 40, WG_CONSUMER_REGS = 232;
 
 /* grid: a CTA per query tile (ceil(qseg.len / 128) x heads x batch), or
  * fewer, persistent, with p.queue; tiles in mma_layout.h's launch order
  * (p.grid.order); block: wg_threads<PRODUCER>() threads; dynamic shared
  * memory 1024 + (2 BM + 4 BN) D sizeof(T) + 80. OVERLAP: the overlapped
- * order; PRODUCER: the loads by a producer warpgroup (both at D = 128; the
- * same kernel at D = 64). */
-template <typename T, int D, bool OVERLAP, bool PRODUCER>
+ * order; PRODUCER: the loads by a producer warpgroup, 1, or 2 with its
+ * consumers' early loads staged (wg_stage_rows; with OVERLAP), both at D =
+ * 128 (the same kernel at D = 64); 0 thread 0's. */
+template <typename T, int D, bool OVERLAP, int PRODUCER>
 __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
 #ifdef DT_WGMMA_STUB
     (void)p;
@@ -376,7 +450,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
      * consumers take each query tile's index from its slot once pub has
      * published it, and release its Q buffer on qfree; a tile without keys
      * needs no meeting. */
-    constexpr bool PW = PRODUCER && RELEASE;
+    constexpr bool PW = PRODUCER > 0 && RELEASE;
     DT_DYNAMIC_SMEM(unsigned char, smem_raw);
     unsigned char *const sq = smem_raw + ((1024u - (wg_smem_addr(smem_raw) & 1023u)) & 1023u);
     unsigned char *const sk = sq + 2 * TILE_Q;   /* Q buffer b at sq + b TILE_Q */
@@ -388,6 +462,8 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
     uint32_t *const next = reinterpret_cast<uint32_t *>(qfree + 2);          /* [2] */
     /* Thread 0's alone, read where needed instead of held in registers */
     volatile int *const at = reinterpret_cast<volatile int *>(next + 2);      /* [2] */
+    /* STAGE: the last two warps of each warpgroup stage here (wg_stage_rows) */
+    unsigned char *const sx = reinterpret_cast<unsigned char *>(next + 4);  /* [4][WG_STAGE_WARP] */
 
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int wg = warp >> 2, wl = warp & 3;   /* warpgroup, warp within it */
@@ -492,19 +568,21 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
         const int64_t row0 = x0 + 64 * wg + 16 * wl;   /* the warp's first row */
         start_rows<D>(a, p.grid, row0, lane, lim, m, l, o);
         if (n_tiles > 0 || a.last) prefetch_rows<D>(a, c, row0, lane);
-        /* EARLY (the overlapped order, without the producer warpgroup): a
-         * warpgroup whose rows see the query tile's last key tile issues
-         * the loads of its rows' stored state before it waits for its
-         * product of that tile, which hides their latency, and merges and
-         * writes its rows back once it has released the tile's stage
-         * (after thread 0 has issued the next query tile's loads there);
-         * the others after the key tiles, as before (warpgroup 0 where its
-         * rows see one key tile fewer: its rows written before that last
-         * tile would hold back thread 0's loads). The loads' 68 registers
-         * took the kernel to 255 (from 187; 246 with narrow tiles), no
-         * spills; within the producer's 232 for the consumers
-         * (setmaxnreg) they spilled 212 bytes. */
-        constexpr bool EARLY = OV && !PW;
+        /* EARLY (the overlapped order): a warpgroup whose rows see the
+         * query tile's last key tile issues the loads of its rows' stored
+         * state before it waits for its product of that tile, which hides
+         * their latency, and merges and writes its rows back once it has
+         * released the tile's stage (after thread 0 has issued the next
+         * query tile's loads there); the others after the key tiles, as
+         * before (warpgroup 0 where its rows see one key tile fewer: its
+         * rows written before that last tile would hold back thread 0's
+         * loads). The loads' 68 registers took the kernel to 255 (from
+         * 187; 246 with narrow tiles), no spills; within the producer's
+         * 232 for the consumers (setmaxnreg) they spilled 212 bytes, so
+         * with the producer they are staged in shared memory (STAGE,
+         * wg_stage_rows) or not early at all. */
+        constexpr bool STAGE = OV && PW && PRODUCER == 2;
+        constexpr bool EARLY = OV && (!PW || STAGE);
         const bool early = EARLY && n_tiles > 0 && wg_tiles == n_tiles;
         if (!PW && n_tiles == 0) {
             /* OV: the warpgroups did not meet after the tile before; they
@@ -520,6 +598,10 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * made from the shared window's (as the address of its rows there
          * ptxas spilled 12 bytes at D = 64) */
         const uint32_t q_addr = wg_smem_addr(sq + ti * TILE_Q) + (uint32_t)wg * (TILE_Q / 2);
+        /* STAGE: this warp's 16 rows' staging (wg_stage_rows), at D = 128 */
+        unsigned char *const wst = !STAGE ? nullptr
+                                   : wl < 2 ? sq + ti * TILE_Q + wg * (TILE_Q / 2) + wl * WG_STAGE_WARP
+                                            : sx + (2 * wg + wl - 2) * WG_STAGE_WARP;
         /* Ping-pong: the warpgroups take turns issuing their wgmma, so that one's
          * softmax runs while the other's products keep the tensor cores busy.
          * Named barrier TURN + w is "warpgroup w's turn": w syncs on it (its 128
@@ -633,7 +715,8 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                     if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
                     if (ends) {   /* before what the grid before wrote: its wait */
                         grid_dep_wait();
-                        load_rows<D>(a, c, row0, lane, stored);
+                        if constexpr (STAGE) wg_stage_rows(a, c, row0, lane, wst, stored);
+                        else load_rows<D>(a, c, row0, lane, stored);
                     }
                     wgmma_wait<0>();
                 };
@@ -655,6 +738,10 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                 /* --trace: warpgroup 1, the later of the two, is done with
                  * the keys (its rows' last product is the tile's last) */
                 if (threadIdx.x == WG_THREADS - 1) cta_mark(a, 1, tile);
+                if constexpr (STAGE) {
+                    wg_unstage_rows(a, lane, wst, stored);
+                    fence_proxy_async();   /* before the producer's TMA refills the Q buffer */
+                }
                 write_rows<T, D>(a, c, row0, lane, m, l, o, stored);
             }
         }
@@ -719,22 +806,30 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
      * block before finishes: it reads nothing that block writes before
      * grid_dep_wait (its q, k, v were there before the call's first block
      * started, or came by an event the stream waited for). */
+    /* producer 2: staged early loads (the overlapped order at D = 128), in
+     * 32 KiB more shared memory */
+    const bool stage = D == 128 && overlap && producer == 2;
     const size_t smem = 1024 + (size_t)(2 * WG_BM + 4 * WG_BN) * D * sizeof(T) +
-                        8 * sizeof(uint64_t) + 4 * sizeof(uint32_t);
+                        8 * sizeof(uint64_t) + 4 * sizeof(uint32_t) +
+                        (stage ? 4 * WG_STAGE_WARP : 0);
     const int dep = dependent && !a->first;
     const dim3 grid((unsigned)ctas);
     if constexpr (D == 128) {
+        if (stage)
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, 2>, grid, wg_threads<1>(), smem,
+                                 stream, "forward (wgmma, overlapped, producer, staged)", D,
+                                 a->dtype, dep, p);
         if (overlap && producer)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, true>, grid, wg_threads<true>(), smem,
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, 1>, grid, wg_threads<1>(), smem,
                                  stream, "forward (wgmma, overlapped, producer)", D, a->dtype, dep, p);
         if (overlap)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, false>, grid, WG_THREADS, smem,
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, 0>, grid, WG_THREADS, smem,
                                  stream, "forward (wgmma, overlapped)", D, a->dtype, dep, p);
         if (producer)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, false, true>, grid, wg_threads<true>(), smem,
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, false, 1>, grid, wg_threads<1>(), smem,
                                  stream, "forward (wgmma, producer)", D, a->dtype, dep, p);
     }
-    return dt_mma_launch(fwd_wgmma_kernel<T, D, false, false>, grid, WG_THREADS, smem, stream,
+    return dt_mma_launch(fwd_wgmma_kernel<T, D, false, 0>, grid, WG_THREADS, smem, stream,
                          "forward (wgmma)", D, a->dtype, dep, p);
 }
 

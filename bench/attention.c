@@ -57,7 +57,7 @@
  * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
  *      [--dtype bf16,fp32,fp16] [--dependent 0|1] [--persistent 0|1|2] [--overlap 0|1]
- *      [--producer 0|1] [--copies 0|1] [--pass fwd,bwd]
+ *      [--producer 0|1|2] [--copies 0|1] [--pass fwd,bwd]
  *
  * --copies 0 sets DT_LOCAL_COPIES=0 for its launches (context.h): the local
  * transport's transfers then move no data, so (b) times the ring without
@@ -520,9 +520,10 @@ static void usage(FILE *f) {
             "                       there), 2 there too, 0 never\n"
             "  --overlap 0|1        CUDA: whether the wgmma forward at D = 128 runs its\n"
             "                       overlapped order (default 1)\n"
-            "  --producer 0|1       CUDA: whether the wgmma forward at D = 128 issues its\n"
+            "  --producer 0|1|2     CUDA: whether the wgmma forward at D = 128 issues its\n"
             "                       loads from a producer warpgroup of its own (default 1;\n"
-            "                       0: from thread 0)\n"
+            "                       0: from thread 0; 2: the producer, its consumers\n"
+            "                       staging their rows' stored state early)\n"
             "  --help\n");
 }
 
@@ -576,7 +577,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
             i++;
         } else if (!strcmp(a, "--producer")) {
             long x;
-            if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
+            if (!ex_parse_int(a, v, 0, 2, &x)) return 2;
             o->producer = (int)x;
             i++;
         } else if (!strcmp(a, "--shapes")) {

@@ -532,8 +532,11 @@ def with_mark(value, ok, spec=".2f"):
     return f"{value:{spec}} {mark(value, ok)}"
 
 
-# Item 2's causal r again with another launch: (label, key, bench/blocks flags).
-R_VARIANTS = (("heads in turn", "heads_in_turn", ("--l2", "0")),)
+# Item 2's causal r again with another launch: (label, key, bench/blocks
+# flags, the kernels it applies to or None for all). A traced one's CTA
+# timelines join item 2's (item_trace) as "kernel, label".
+R_VARIANTS = (("heads in turn", "heads_in_turn", ("--l2", "0"), None),
+              ("staged", "staged", ("--producer", "2", "--trace"), ("wgmma",)))
 
 
 def item_r(session):
@@ -543,7 +546,8 @@ def item_r(session):
     header = ["c"]
     for k in kernels:
         header += [f"{k} r", f"{k} striped<= r", f"{k} striped< r", f"{k} mark"]
-        header += [f"{k} r, {label}" for label, _, _ in R_VARIANTS]
+        header += [f"{k} r, {label}" for label, _, _, only in R_VARIANTS
+                   if only is None or k in only]
     header += ["FA2 r", "cuDNN r"]
     table = Table("2", "item 2: causal efficiency r = causal time / full time, forward",
                   f"r <= {R_MAX} for c >= {R_FROM_C}, for the causal block and both striped "
@@ -554,15 +558,21 @@ def item_r(session):
                   "over a full block; 'heads in turn': the causal r again with --l2 0, the "
                   "CTAs launched one head after another (the order before commit 631b7f2, "
                   "for comparison with the default: heaviest tiles first across the "
-                  "heads of an L2-sized section). torch: SDPA "
+                  "heads of an L2-sized section); 'staged': the wgmma kernel with "
+                  "--producer 2 (its consumers stage their rows' stored state in shared "
+                  "memory during their last product). torch: SDPA "
                   "forward on [1, H, c, D] causal over not causal, with the backend forced.")
     outs = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=("--trace",))
             for k in kernels}
     session.r_outs = dict(outs)   # for item_trace
     variants = {}
     for k in kernels:
-        for _, key, flags in R_VARIANTS:
-            variants[(k, key)] = run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=flags)
+        for label, key, flags, only in R_VARIANTS:
+            if only is None or k in only:
+                variants[(k, key)] = run_blocks(session, table, k, "r", "fwd", h, d, cs,
+                                                extra=flags)
+                if "--trace" in flags:
+                    session.r_outs[f"{k}, {label}"] = variants[(k, key)]
     for c in cs:
         torch = session.torch.cases((1, h, c, d), "fwd", table)
         cells, data = [str(c)], {"c": c}
@@ -574,10 +584,11 @@ def item_r(session):
             cells += [(x, ".3f") for x in rs] + [m]
             data.update({f"{k}_r": rs[0], f"{k}_striped_le_r": rs[1],
                          f"{k}_striped_lt_r": rs[2], f"{k}_mark": m})
-            for _, key, _ in R_VARIANTS:
-                other = field(r_row(variants[(k, key)], "fwd", c), "r")
-                cells.append((other, ".3f"))
-                data[f"{k}_r_{key}"] = other
+            for _, key, _, only in R_VARIANTS:
+                if only is None or k in only:
+                    other = field(r_row(variants[(k, key)], "fwd", c), "r")
+                    cells.append((other, ".3f"))
+                    data[f"{k}_r_{key}"] = other
         for name, label in TORCH_NAMES.items():
             full, causal = torch[(name, False)], torch[(name, True)]
             r = first_na(full, causal) or causal["median_ms"] / full["median_ms"]

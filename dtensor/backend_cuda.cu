@@ -94,7 +94,7 @@ struct cuda_impl {
     int persistent;             /* dt_backend_cuda_set_persistent */
     int dependent_launch;       /* dt_backend_cuda_set_dependent_launch */
     int overlap;                /* dt_backend_cuda_set_overlap */
-    int producer;               /* dt_backend_cuda_set_producer */
+    int producer;               /* dt_backend_cuda_set_producer: 0, 1 or 2 */
     int cc;                     /* compute capability, major * 10 + minor */
     int64_t l2_bytes;           /* L2 cache size, for the attention kernels' launch order */
     int failed;                 /* a wait ran out or the device failed: never wait again */
@@ -1443,8 +1443,8 @@ extern "C" int dt_backend_cuda_producer(const dt_backend *b) {
     return dt_backend_is_cuda(b) ? impl_of(b)->producer : 0;
 }
 
-extern "C" void dt_backend_cuda_set_producer(dt_backend *b, int on) {
-    if (dt_backend_is_cuda(b)) impl_of(b)->producer = on != 0;
+extern "C" void dt_backend_cuda_set_producer(dt_backend *b, int mode) {
+    if (dt_backend_is_cuda(b)) impl_of(b)->producer = mode == 2 ? 2 : mode != 0;
 }
 
 extern "C" dt_status dt_backend_cuda_busy(dt_backend *b, double us) {

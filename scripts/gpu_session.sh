@@ -5,11 +5,12 @@
 # attention kernels beside them (test_reliability after them, alone: its
 # soak case reads the whole device's memory), a canary of the wgmma
 # forward in its default launch (at D = 128 the producer warpgroup's
-# loads) and with --producer 0 (thread 0's loads), and of the wgmma
-# backward (a small block; --producer 0 failing or hanging is left out
-# of the rest, and if the default forward or the backward does, the rest
-# measures the mma kernels only), issue 4 (c) (the ring's cost; again
-# with --producer 0), then bench/issue8.py with what is left of the
+# loads), with --producer 0 (thread 0's loads) and --producer 2 (the
+# producer's consumers staging their rows' stored state early), and of
+# the wgmma backward (a small block; a variant failing or hanging is left
+# out of the rest, and if the default forward or the backward does, the
+# rest measures the mma kernels only), issue 4 (c) (the ring's cost; again
+# with each variant), then bench/issue8.py with what is left of the
 # budget. Every step before issue8.py is cut to leave it ISSUE8_MIN (200)
 # seconds.
 #
@@ -17,7 +18,7 @@
 #
 #   BUDGET_SECONDS  the whole run (default 480). The suites and the
 #                   sanitizers take about 40 s on an H200, the canaries a
-#                   few, issue 4 (c) about 15 s twice, --profile about 30 s,
+#                   few, issue 4 (c) about 15 s thrice, --profile about 45 s,
 #                   issue8.py about 270 s (on an H200, 2026-11-27: with a
 #                   budget of 221 s it ran 37 steps in 203 s and skipped
 #                   its last 10, about 60 s of them; its later steps are
@@ -29,8 +30,8 @@
 #                   makes them here; the call carries [".deps", ".gpu"]).
 #   --profile       also Nsight Compute's source counters on the wgmma
 #                   forward's causal 4096 x 4096 block (H = 32, D = 128,
-#                   bf16), by default and with --producer 0, before
-#                   issue8.py (about 25 s): needs DIR/prof/blocks, a
+#                   bf16), by default and with each variant, before
+#                   issue8.py (about 40 s): needs DIR/prof/blocks, a
 #                   LINEINFO=1 build (scripts/gpu_pack.sh --profile); its
 #                   exports come back in ncu_source.tgz and
 #                   bench/ncu_source.py's summary, split at the tile loop,
@@ -77,13 +78,14 @@ suites="test_cuda test_attention test_attention_backward test_mlp test_transform
 sanitized="racecheck:test_attention:forward racecheck:test_attention_backward:backward
 synccheck:test_attention:forward synccheck:test_attention_backward:backward"
 # the wgmma forward's launches that issue 4 (c) and --profile compare:
-# the default (at D = 128 the producer warpgroup's loads) and
-# --producer 0 (thread 0's); each is its flags with '_' for the space
-variants="default --producer_0"
+# the default (at D = 128 the producer warpgroup's loads), --producer 0
+# (thread 0's) and --producer 2 (the producer, its consumers' early loads
+# staged); each is its flags with '_' for the space
+variants="default --producer_0 --producer_2"
 flags_of() { [ "$1" = default ] || echo "${1/_/ }"; }   # the bench flags of a variant
 # A canary for each variant and the backward: a block small enough to
 # take milliseconds, with more query tiles (256) than SMs, so that
-# persistent CTAs take several. --producer 0 failing or running past 20 s
+# persistent CTAs take several. A variant failing or running past 20 s
 # is left out of everything after it, where a hang would cost each step
 # its timeout; issue8.py runs the default launch only.
 canary="--backend cuda --kernel wgmma --section r --heads 16 --kv-heads 16 --dim 128 --dtype bf16
@@ -255,7 +257,7 @@ elif [ "$profile" = 1 ]; then
         echo "block_cuda_wgmma.cu:$(grep -nF -- "$pat" "$src" | tail -n 1 | cut -d: -f1)"
     done | paste -sd,)
     for v in $variants; do
-        n=${v#--}   # default, producer_0
+        n=${v#--}   # default, producer_0, producer_2
         c=$(cap 60)
         if [ "$c" -lt 20 ]; then
             log "ncu source counters, ${v/_/ }: skipped, ${c}s left before issue8.py's ${issue8_min}s"

@@ -62,11 +62,14 @@ typedef struct fwd_case {
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
     int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma (and wgmma
-                                  with its overlapped order off, and with its producer
-                                  warpgroup off), each checked */
+                                  with its overlapped order off, with its producer
+                                  warpgroup off, and with its early loads staged), each
+                                  checked */
     int meet;                  /* cuda: the wgmma forward's overlapped order off (set by the test) */
     int thread0;               /* cuda: the wgmma forward's producer warpgroup off, its loads
                                   by thread 0 (set by the test) */
+    int staged;                /* cuda: the wgmma forward's producer with staged early loads
+                                  (dt_backend_cuda_set_producer 2; set by the test) */
     int huge;                  /* q, k multiples of 25: logits of magnitude 1e4 (exact in fp32) */
     /* filled by the test */
     double *q, *k, *v, *o_ref, *lse_ref;
@@ -93,7 +96,7 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     int sizes[2] = {c->tp, c->P};
 #ifdef DT_HAVE_CUDA
     dt_backend_cuda_set_overlap(ctx->backend, !c->meet);   /* no-op off CUDA */
-    dt_backend_cuda_set_producer(ctx->backend, !c->thread0);
+    dt_backend_cuda_set_producer(ctx->backend, c->thread0 ? 0 : c->staged ? 2 : 1);
 #endif
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, sizes, NULL, &mesh), out);
     dt_placement heads = c->tp > 1 || c->head_order != DT_ORDER_CONTIGUOUS
@@ -208,6 +211,7 @@ static int wgmma_case(fwd_case *c, dt_backend_kind backend, int *refused) {
                     strstr(c->msg[r], "wgmma kernel was not built"));
     return *refused || judge_case(c, st, c->meet      ? "wgmma, warpgroups meeting"
                                          : c->thread0 ? "wgmma, loads by thread 0"
+                                         : c->staged  ? "wgmma, staged early loads"
                                                       : "wgmma");
 }
 
@@ -242,13 +246,17 @@ static void run_forward_case(void **state) {
         int refused = 0;
         ok_wgmma = wgmma_case(c, backend, &refused);
         if (!refused && c->s.D == 128) {   /* without its overlapped order; without the
-                                              producer warpgroup (thread 0's loads) */
+                                              producer warpgroup (thread 0's loads); with
+                                              the producer's early loads staged */
             c->meet = 1;
             ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
             c->meet = 0;
             c->thread0 = 1;
             ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
             c->thread0 = 0;
+            c->staged = 1;
+            ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
+            c->staged = 0;
         }
         h_env_restore("DT_ATTN_KERNEL", saved);
         if (refused) print_message("wgmma kernel not run: %s\n", c->msg[0]);
@@ -1793,16 +1801,19 @@ static void test_cuda_stateless_workspace(void **state) {
  * at a query tile's end, so a missing wait there is a race too); a
  * fourth, dependent launches on, has the overlapped order off
  * (dt_backend_cuda_set_overlap(b, 0)), and a fifth has it on with the
- * loads by thread 0 (dt_backend_cuda_set_producer(b, 0)): the same bits
+ * loads by thread 0 (dt_backend_cuda_set_producer(b, 0)), and a sixth
+ * has it on with the producer's consumers staging their rows' stored
+ * state early (dt_backend_cuda_set_producer(b, 2)): the same bits
  * again. Each run's backward too: its blocks after the call's
  * first start while the one before finishes (they add into the same dQ
  * and write other dK, dV rows or buffers), so dK and dV must agree bit
  * for bit as well (dQ's atomics may add in another order). */
-enum { DEP_P = 2, DEP_RUNS = 5, DEP_SUMS = 4 };
+enum { DEP_P = 2, DEP_RUNS = 6, DEP_SUMS = 4 };
 
 typedef struct dep_case {
     uint64_t sum[DEP_P][DEP_RUNS][DEP_SUMS];   /* rank, run (on, off, on, on meeting, on
-                                                  thread 0's loads), o / lse / dk / dv */
+                                                  thread 0's loads, on staged), o / lse /
+                                                  dk / dv */
     dt_status st[DEP_P];
     char msg[DEP_P][512];
 } dep_case;
@@ -1834,7 +1845,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
 #ifdef DT_HAVE_CUDA
         dt_backend_cuda_set_dependent_launch(ctx->backend, run != 1);
         dt_backend_cuda_set_overlap(ctx->backend, run != 3);
-        dt_backend_cuda_set_producer(ctx->backend, run != 4);
+        dt_backend_cuda_set_producer(ctx->backend, run == 5 ? 2 : run != 4);
 #endif
         dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
         opts.mask = DT_ATTN_CAUSAL;
@@ -1894,18 +1905,21 @@ static void test_cuda_dependent_launch(void **state) {
         }
         for (int r = 0; r < DEP_P; r++)
             for (int x = 0; x < DEP_SUMS; x++)
-                if (c.sum[r][0][x] != c.sum[r][1][x] || c.sum[r][2][x] != c.sum[r][1][x] ||
-                    c.sum[r][3][x] != c.sum[r][1][x] || c.sum[r][4][x] != c.sum[r][1][x]) {
+            for (int run = 0; run < DEP_RUNS; run++)
+                if (c.sum[r][run][x] != c.sum[r][1][x]) {
                     print_error("DT_ATTN_KERNEL=%s, rank %d: %s with dependent launches on, "
                                 "off, on, on with the warpgroups meeting, on with thread 0's "
-                                "loads: checksums %016llx, %016llx, %016llx, %016llx, %016llx\n",
+                                "loads, on staged: checksums %016llx, %016llx, %016llx, "
+                                "%016llx, %016llx, %016llx\n",
                                 kernels[i], r, (const char *[]){"o", "lse", "dk", "dv"}[x],
                                 (unsigned long long)c.sum[r][0][x],
                                 (unsigned long long)c.sum[r][1][x],
                                 (unsigned long long)c.sum[r][2][x],
                                 (unsigned long long)c.sum[r][3][x],
-                                (unsigned long long)c.sum[r][4][x]);
+                                (unsigned long long)c.sum[r][4][x],
+                                (unsigned long long)c.sum[r][5][x]);
                     bad++;
+                    break;
                 }
     }
     h_env_restore("DT_ATTN_KERNEL", saved);

@@ -528,8 +528,9 @@ static void test_trace_timeline(void **state) {
  * one head: contiguous's step-1 block of rank 0 has no pair and does not
  * launch, so 3 records, striped and zigzag 4, the call on S = 256 2), and
  * the mean SM's busy and idle parts adding up to the wall; with the
- * producer warpgroup (the default) and again with thread 0's loads
- * (--producer 0, which the JSON reports), the same records. Skipped where
+ * producer warpgroup (the default), with its staged early loads
+ * (--producer 2) and with thread 0's loads (--producer 0), which the
+ * JSON reports, the same records. Skipped where
  * no CUDA device answers. */
 #ifdef DT_HAVE_CUDA
 /* One run of the above with --producer `producer`: 1 if it printed what it
@@ -601,7 +602,7 @@ static void test_blocks_trace_timeline(void **state) {
     print_message("skipped: a build without CUDA (the CTA records are the CUDA kernels')\n");
     skip();
 #else
-    for (int producer = 1; producer >= 0; producer--) {
+    for (int producer = 2; producer >= 0; producer--) {
         const int ok = blocks_trace_timeline(producer);
         if (ok < 0) {
             print_message("skipped: no CUDA device (make CUDA=emu test runs it on the emulator)\n");

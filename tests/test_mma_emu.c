@@ -73,7 +73,8 @@ typedef struct emu_case {
     int dependent;  /* blocks launched as programmatic dependents: forward, those
                        after a query rank's first; backward, all but the first */
     int overlap;    /* the wgmma forward at D = 128: its overlapped order */
-    int producer;   /* the wgmma forward at D = 128: its loads by a producer warpgroup */
+    int producer;   /* the wgmma forward at D = 128: its loads by a producer warpgroup
+                       (2: and staged early loads) */
 } emu_case;
 
 /* The L2 size passed with a block whose units each re-read unit_bytes. */
@@ -485,7 +486,8 @@ static void test_key_span_bound(void **state) {
  * against a double-precision reference, its wgmma counted against the
  * warpgroups' key tiles (narrow ones at D = 128); then the same block beside a ring
  * transfer, which runs a CTA per tile, and both in the overlapped order,
- * with the producer warpgroup, and with both. */
+ * with the producer warpgroup, with both, and with both and staged early
+ * loads. */
 static void test_wgmma_persistent_keyless(void **state) {
     (void)state;
     const int64_t H = 4, G = 2, nq = 400, nk = 300, kstart = 200;
@@ -538,11 +540,12 @@ static void test_wgmma_persistent_keyless(void **state) {
         assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, 0), DT_SUCCESS);
         assert_int_equal(dt_emu_get_counts().blocks - ctas_beside, tiles);
         assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
-        /* The overlapped order, the producer warpgroup, and both (D = 128; at
-         * D = 64 the switches change nothing), persistent past the keyless
-         * tile and a CTA per tile: the same o, bit for bit (each row's
-         * arithmetic is the same). */
-        for (int variant = 1; variant <= 3; variant++)
+        /* The overlapped order, the producer warpgroup, both, and both with
+         * the staged early loads (producer 2; D = 128; at D = 64 the
+         * switches change nothing), persistent past the keyless tile and a
+         * CTA per tile: the same o, bit for bit (each row's arithmetic is
+         * the same). */
+        for (int variant = 1; variant <= 5; variant++)
             for (int transfer = 0; transfer <= 1; transfer++) {
                 a.transfer = transfer;
                 memset(od, 0xff, (size_t)(nq * H * D) * 2);   /* emulated device memory is host memory */
@@ -1723,8 +1726,8 @@ int main(void) {
     enum { NROWS = sizeof rows / sizeof rows[0] };
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
-    static emu_case cases[4 * 2 * NROWS + 3 * 3];   /* + the variants beyond the first (below) */
-    struct CMUnitTest tests[4 * 2 * NROWS + 3 * 3 + 3 + 6];
+    static emu_case cases[4 * 2 * NROWS + 3 * 4];   /* + the variants beyond the first (below) */
+    struct CMUnitTest tests[4 * 2 * NROWS + 3 * 4 + 3 + 6];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
@@ -1734,8 +1737,9 @@ int main(void) {
                  * rows, bf16 (persistent with dependent launches, and a CTA
                  * per tile without): v = 0 the warpgroups meeting, 1 the
                  * overlapped order, 2 that with the producer warpgroup, 3 the
-                 * producer warpgroup with the warpgroups meeting */
-                for (int v = 0; v <= (dir == 2 && !dt && (i == 1 || i == 3 || i == 5) ? 3 : 0); v++) {
+                 * producer warpgroup with the warpgroups meeting, 4 the
+                 * overlapped order with the producer and staged early loads */
+                for (int v = 0; v <= (dir == 2 && !dt && (i == 1 || i == 3 || i == 5) ? 4 : 0); v++) {
                     if (quick && (dt || i || v)) continue;   /* valgrind: one case per direction */
                     if (dt && !fp16_rows[i]) continue;
                     if (dir % 2 && rows[i].huge) continue;  /* the forward's numerics case */
@@ -1760,8 +1764,8 @@ int main(void) {
                      * 4; every kernel with dependent launches but on row 3 */
                     c->sms = i <= 2 || i == 5;
                     c->dependent = i != 3;
-                    c->overlap = v == 1 || v == 2;
-                    c->producer = v == 2 || v == 3;
+                    c->overlap = v == 1 || v == 2 || v == 4;
+                    c->producer = v == 4 ? 2 : v == 2 || v == 3;
                     snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s%s",
                              (const char *[]){"forward", "backward", "forward-wgmma",
                                               "backward-wgmma"}[dir],
@@ -1771,7 +1775,7 @@ int main(void) {
                              dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "",
                              dir == 2 && c->sms ? ",persistent" : "",
                              c->dependent ? ",dependent" : "", c->overlap ? ",overlapped" : "",
-                             c->producer ? ",producer" : "");
+                             c->producer == 2 ? ",producer,staged" : c->producer ? ",producer" : "");
                     tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                     nt++;
                 }
