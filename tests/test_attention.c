@@ -1905,22 +1905,22 @@ static void test_cuda_dependent_launch(void **state) {
         }
         for (int r = 0; r < DEP_P; r++)
             for (int x = 0; x < DEP_SUMS; x++)
-            for (int run = 0; run < DEP_RUNS; run++)
-                if (c.sum[r][run][x] != c.sum[r][1][x]) {
-                    print_error("DT_ATTN_KERNEL=%s, rank %d: %s with dependent launches on, "
-                                "off, on, on with the warpgroups meeting, on with thread 0's "
-                                "loads, on staged: checksums %016llx, %016llx, %016llx, "
-                                "%016llx, %016llx, %016llx\n",
-                                kernels[i], r, (const char *[]){"o", "lse", "dk", "dv"}[x],
-                                (unsigned long long)c.sum[r][0][x],
-                                (unsigned long long)c.sum[r][1][x],
-                                (unsigned long long)c.sum[r][2][x],
-                                (unsigned long long)c.sum[r][3][x],
-                                (unsigned long long)c.sum[r][4][x],
-                                (unsigned long long)c.sum[r][5][x]);
-                    bad++;
-                    break;
-                }
+                for (int run = 0; run < DEP_RUNS; run++)
+                    if (c.sum[r][run][x] != c.sum[r][1][x]) {
+                        print_error("DT_ATTN_KERNEL=%s, rank %d: %s with dependent launches on, "
+                                    "off, on, on with the warpgroups meeting, on with thread 0's "
+                                    "loads, on staged: checksums %016llx, %016llx, %016llx, "
+                                    "%016llx, %016llx, %016llx\n",
+                                    kernels[i], r, (const char *[]){"o", "lse", "dk", "dv"}[x],
+                                    (unsigned long long)c.sum[r][0][x],
+                                    (unsigned long long)c.sum[r][1][x],
+                                    (unsigned long long)c.sum[r][2][x],
+                                    (unsigned long long)c.sum[r][3][x],
+                                    (unsigned long long)c.sum[r][4][x],
+                                    (unsigned long long)c.sum[r][5][x]);
+                        bad++;
+                        break;
+                    }
     }
     h_env_restore("DT_ATTN_KERNEL", saved);
     assert_int_equal(bad, 0);

@@ -540,9 +540,10 @@ static void test_wgmma_persistent_keyless(void **state) {
         assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, 0), DT_SUCCESS);
         assert_int_equal(dt_emu_get_counts().blocks - ctas_beside, tiles);
         assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
-        /* The overlapped order, the producer warpgroup, both, and both with
-         * the staged early loads (producer 2; D = 128; at D = 64 the
-         * switches change nothing), persistent past the keyless tile and a
+        /* The overlapped order (variant 1), the producer warpgroup (2),
+         * both (3), producer 2 without the overlapped order (4: runs as 2)
+         * and with it (5: the staged early loads); D = 128, at D = 64 the
+         * switches change nothing; persistent past the keyless tile and a
          * CTA per tile: the same o, bit for bit (each row's arithmetic is
          * the same). */
         for (int variant = 1; variant <= 5; variant++)
