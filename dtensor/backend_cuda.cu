@@ -95,6 +95,7 @@ struct cuda_impl {
     int dependent_launch;       /* dt_backend_cuda_set_dependent_launch */
     int overlap;                /* dt_backend_cuda_set_overlap */
     int producer;               /* dt_backend_cuda_set_producer: 0, 1 or 2 */
+    int copy_ctas;              /* dt_backend_cuda_set_copy_ctas: 0, the driver's copies */
     int cc;                     /* compute capability, major * 10 + minor */
     int64_t l2_bytes;           /* L2 cache size, for the attention kernels' launch order */
     int failed;                 /* a wait ran out or the device failed: never wait again */
@@ -1165,10 +1166,57 @@ dt_status mem_alloc(void *arg, size_t bytes, void **out) { return cuda_alloc(bac
 
 void mem_free(void *arg, void *p) { cuda_free(backend_of(arg), p); }
 
+/* A same-device copy in a few CTAs (dt_backend_cuda_set_copy_ctas): n
+ * 16-byte units, each thread moving COPY_UNROLL of them, a block's width
+ * apart, per round (all loads before the stores: a CTA keeps 128 KiB in
+ * flight, which one SM needs to approach its share of the memory's
+ * bandwidth), cache-streaming loads and stores (evicted first: the copy
+ * passes through L2 without pushing out the tiles the kernel beside it
+ * reuses). */
+constexpr int COPY_THREADS = 1024, COPY_UNROLL = 8;
+__global__ void __launch_bounds__(COPY_THREADS) copy_kernel(uint4 *dst, const uint4 *src, int64_t n) {
+    const int64_t round = (int64_t)COPY_THREADS * COPY_UNROLL;
+    for (int64_t base = blockIdx.x * round + threadIdx.x; base < n; base += gridDim.x * round) {
+        uint4 r[COPY_UNROLL];
+#pragma unroll
+        for (int u = 0; u < COPY_UNROLL; u++)
+            if (base + u * COPY_THREADS < n) r[u] = __ldcs(src + base + u * COPY_THREADS);
+#pragma unroll
+        for (int u = 0; u < COPY_UNROLL; u++)
+            if (base + u * COPY_THREADS < n) __stcs(dst + base + u * COPY_THREADS, r[u]);
+    }
+}
+
+/* dst := src on this device's communication stream: copy_kernel in at
+ * most copy_ctas CTAs where both lie on this device and copy_ctas > 0 (16-byte
+ * aligned; a tail of fewer bytes by cudaMemcpyAsync), else cudaMemcpyAsync
+ * (the driver's copy: as many blocks as the SMs take). */
+dt_status comm_copy(dt_backend *b, void *dst, const void *src, size_t bytes, int same_device) {
+    cuda_impl *im = impl_of(b);
+    const size_t body = im->copy_ctas > 0 && same_device &&
+                                ((uintptr_t)dst | (uintptr_t)src) % sizeof(uint4) == 0
+                            ? bytes / sizeof(uint4) * sizeof(uint4)
+                            : 0;
+    if (body > 0) {
+        const int64_t n = (int64_t)(body / sizeof(uint4));
+        const int64_t need = (n + COPY_THREADS * COPY_UNROLL - 1) / (COPY_THREADS * COPY_UNROLL);
+        const unsigned grid = (unsigned)(need < im->copy_ctas ? need : im->copy_ctas);
+        dt_cuda_launch(copy_kernel, grid, COPY_THREADS, 0, im->comm, static_cast<uint4 *>(dst),
+                       static_cast<const uint4 *>(src), n);
+        CU_LAUNCHED(b, "transport copy", "copy_kernel");
+    }
+    if (body < bytes)
+        CU_TRY(b, "transport copy", cudaMemcpyAsync(static_cast<char *>(dst) + body,
+                                                    static_cast<const char *>(src) + body,
+                                                    bytes - body, cudaMemcpyDefault, im->comm));
+    return DT_SUCCESS;
+}
+
 dt_status mem_copy(void *arg, void *dst, const void *src, size_t bytes, const void *dst_ready,
                    const void *src_ready) {
     if (bytes == 0 || dst == src) return DT_SUCCESS;
-    const int host_dst = device_of(dst) < 0, host_src = device_of(src) < 0;
+    const int dev_dst = device_of(dst), dev_src = device_of(src);
+    const int host_dst = dev_dst < 0, host_src = dev_src < 0;
     if (host_dst && host_src) {
         memmove(dst, src, bytes); /* host to host: agreement tables, user host buffers */
         return DT_SUCCESS;
@@ -1195,7 +1243,7 @@ dt_status mem_copy(void *arg, void *dst, const void *src, size_t bytes, const vo
         else
             CU_TRY(b, "transport copy", cudaStreamWaitEvent(im->comm, ev, 0));
     }
-    CU_TRY(b, "transport copy", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, im->comm));
+    DT_TRY(comm_copy(b, dst, src, bytes, dev_dst == im->device && dev_src == im->device));
     return wait_stream(b, im->comm, "transport copy");
 }
 
@@ -1445,6 +1493,14 @@ extern "C" int dt_backend_cuda_producer(const dt_backend *b) {
 
 extern "C" void dt_backend_cuda_set_producer(dt_backend *b, int mode) {
     if (dt_backend_is_cuda(b)) impl_of(b)->producer = mode == 2 ? 2 : mode != 0;
+}
+
+extern "C" int dt_backend_cuda_copy_ctas(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? impl_of(b)->copy_ctas : 0;
+}
+
+extern "C" void dt_backend_cuda_set_copy_ctas(dt_backend *b, int ctas) {
+    if (dt_backend_is_cuda(b)) impl_of(b)->copy_ctas = ctas > 0 ? ctas : 0;
 }
 
 extern "C" dt_status dt_backend_cuda_busy(dt_backend *b, double us) {

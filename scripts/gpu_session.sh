@@ -10,7 +10,8 @@
 # the wgmma backward (a small block; a variant failing or hanging is left
 # out of the rest, and if the default forward or the backward does, the
 # rest measures the mma kernels only), issue 4 (c) (the ring's cost; again
-# with each variant), then bench/issue8.py with what is left of the
+# with each variant, and with the local transport's copies by a kernel of 4
+# CTAs: --copy-ctas 4), then bench/issue8.py with what is left of the
 # budget. Every step before issue8.py is cut to leave it ISSUE8_MIN (200)
 # seconds.
 #
@@ -18,7 +19,7 @@
 #
 #   BUDGET_SECONDS  the whole run (default 480). The suites and the
 #                   sanitizers take about 40 s on an H200, the canaries a
-#                   few, issue 4 (c) about 15 s thrice, --profile about 45 s,
+#                   few, issue 4 (c) about 15 s four times, --profile about 45 s,
 #                   issue8.py about 270 s (on an H200, 2026-11-27: with a
 #                   budget of 221 s it ran 37 steps in 203 s and skipped
 #                   its last 10, about 60 s of them; its later steps are
@@ -83,6 +84,10 @@ synccheck:test_attention:forward synccheck:test_attention_backward:backward"
 # staged); each is its flags with '_' for the space
 variants="default --producer_0 --producer_2"
 flags_of() { [ "$1" = default ] || echo "${1/_/ }"; }   # the bench flags of a variant
+# issue 4 (c) once more with the default kernel launch: the local
+# transport's same-device copies by a copy kernel of 4 CTAs instead of the
+# driver's copy (dt_backend_cuda_set_copy_ctas)
+ring_extra="--copy-ctas_4"
 # A canary for each variant and the backward: a block small enough to
 # take milliseconds, with more query tiles (256) than SMs, so that
 # persistent CTAs take several. A variant failing or running past 20 s
@@ -107,7 +112,7 @@ if [ "$dry" = 1 ]; then
         # shellcheck disable=SC2086 # the flags, word by word
         echo "  canary     $build/bench/blocks" $canary $f "(20 s at most)"
     done
-    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: ${variants//_/ } (60 s at most each, less if issue8.py would get under ${issue8_min} s)"
+    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: ${variants//_/ } ${ring_extra//_/ } (60 s at most each, less if issue8.py would get under ${issue8_min} s)"
     [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096) with each of: ${variants//_/ } (likewise)"
     echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --step-timeout <a third of it, 90 to 150> [--kernels mma] --json-out \$OUT/issue8.json"
     exit 0
@@ -216,7 +221,7 @@ cap() {
     [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
 }
 : >"$out/ring_cost.txt"
-ring_runs=$variants
+ring_runs="$variants $ring_extra"
 [ "$mma_only" = 1 ] && ring_runs=mma
 for v in $ring_runs; do
     c=$(cap 60)

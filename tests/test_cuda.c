@@ -37,6 +37,10 @@
 
 #ifdef DT_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#include "dtensor/backend_cuda.h"
+#endif
+#ifdef DT_CUDA_EMULATE
+#include "emu/emu.h"
 #endif
 
 #include "harness.h"
@@ -830,6 +834,7 @@ typedef struct coll_case {
     dt_transport_kind transport;
     int p;              /* 0: as many ranks as NCCL can take (2..8), found at run time */
     int checks;
+    int copy_ctas;      /* dt_backend_cuda_set_copy_ctas of every rank (0: the driver's copies) */
     results r;
 } coll_case;
 
@@ -924,6 +929,9 @@ static dt_status rank_collectives(dt_context *ctx, void *arg) {
     void *a = NULL, *b = NULL, *big = NULL, *r2 = NULL;
     dt_status st = DT_SUCCESS;
     if (strcmp(k.be->ops->name, "cuda") != 0) note_bad(k.r, j, "backend is %s", k.be->ops->name);
+#ifdef DT_HAVE_CUDA
+    dt_backend_cuda_set_copy_ctas(k.be, c->copy_ctas);
+#endif
 
     for (int dti = 0; dti < 3; dti++) {
         dt_dtype dt = (const dt_dtype[]){DT_F32, DT_BF16, DT_F16}[dti];
@@ -1128,6 +1136,82 @@ static void test_collectives(void **state) {
     o.timeout_ms = getenv("DT_TIMEOUT_MS") ? 0 : 60000;
     dt_status st = dt_launch(p, rank_collectives, c, &o);
     assert_results(&c->r, p, st);
+}
+
+/* The local transport's copies by the copy kernel
+ * (dt_backend_cuda_set_copy_ctas): P = 2 ranks on one GPU each send the
+ * next rank, in one group, a long bf16 message (3 x 8192 x 8 + 5 values:
+ * past two CTAs' rounds of 8192 16-byte units, and 10 bytes past the
+ * last whole 16, which the driver copies) and the same values less the
+ * first from 2 bytes into the buffer (not 16-byte aligned: the driver's
+ * copy). Bit-exact on arrival, with the driver's copies (0) and with a
+ * kernel of 2 CTAs; on the emulator the CTAs that ran are counted too: the
+ * long message's 2 per rank more than with the driver's copies. */
+typedef struct copy_case {
+    int ctas;
+    results r;
+} copy_case;
+
+#define LONG_N ((size_t)3 * 8192 * 8 + 5)
+
+static float want_peer_from_1(const rank_ctx *k, size_t i, const void *arg) {
+    return want_peer(k, i + 1, arg);
+}
+
+static dt_status rank_long_copies(dt_context *ctx, void *arg) {
+    copy_case *c = arg;
+    rank_ctx k = {ctx, ctx->backend, &c->r, dt_context_rank(ctx), dt_context_world_size(ctx)};
+    const int j = k.rank, P = k.p;
+    void *a = NULL, *b = NULL, *b2 = NULL;
+    want_args w = {700, LONG_N, 0, 0, (j + P - 1) % P};
+#ifdef DT_HAVE_CUDA
+    dt_backend_cuda_set_copy_ctas(k.be, c->ctas);
+#endif
+    dt_status st = dev_fill(&k, DT_BF16, LONG_N, w.seed, j, &a);
+    if (st == DT_SUCCESS) st = k.be->ops->alloc(k.be, LONG_N * 2, &b);
+    if (st == DT_SUCCESS) st = k.be->ops->alloc(k.be, LONG_N * 2, &b2);
+    if (st == DT_SUCCESS) {
+        dt_p2p_op ops[4] = {
+            {DT_P2P_SEND, (j + 1) % P, a, LONG_N, DT_BF16},
+            {DT_P2P_RECV, (j + P - 1) % P, b, LONG_N, DT_BF16},
+            {DT_P2P_SEND, (j + 1) % P, (char *)a + 2, LONG_N - 1, DT_BF16},
+            {DT_P2P_RECV, (j + P - 1) % P, b2, LONG_N - 1, DT_BF16},
+        };
+        st = dt_comm_sendrecv(dt_context_comm(ctx), ops, 4);
+    }
+    if (st == DT_SUCCESS) st = dev_check(&k, "long message", b, DT_BF16, LONG_N, want_peer, &w);
+    if (st == DT_SUCCESS)
+        st = dev_check(&k, "long message from 2 bytes in", b2, DT_BF16, LONG_N - 1, want_peer_from_1, &w);
+    k.be->ops->free(k.be, a);
+    k.be->ops->free(k.be, b);
+    k.be->ops->free(k.be, b2);
+    record_status(k.r, j, st);
+    return st;
+}
+
+static void test_long_copies(void **state) {
+    (void)state;
+    REQUIRE_PAIR(2, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
+    static copy_case cases[2] = {{.ctas = 0}, {.ctas = 2}};
+    uint64_t ran[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        memset(&cases[i].r, 0, sizeof cases[i].r);
+#ifdef DT_CUDA_EMULATE
+        const uint64_t before = dt_emu_get_counts().blocks;
+#endif
+        dt_status st = h_launch_on(2, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_long_copies, &cases[i]);
+        assert_results(&cases[i].r, 2, st);
+#ifdef DT_CUDA_EMULATE
+        ran[i] = dt_emu_get_counts().blocks - before;
+#endif
+    }
+#ifdef DT_CUDA_EMULATE
+    print_message("  CTAs run: %llu with the driver's copies, %llu with a copy kernel of 2 CTAs\n",
+                  (unsigned long long)ran[0], (unsigned long long)ran[1]);
+    assert_int_equal(ran[1] - ran[0], 2 * 2);
+#else
+    (void)ran;
+#endif
 }
 
 /* A rank that never calls: the last rank returns without the barrier the
@@ -1441,7 +1525,8 @@ int main(void) {
     static coll_case colls[] = {
         {.transport = DT_TRANSPORT_LOCAL, .p = 1, .checks = 0}, {.transport = DT_TRANSPORT_LOCAL, .p = 2, .checks = 0},
         {.transport = DT_TRANSPORT_LOCAL, .p = 3, .checks = 0}, {.transport = DT_TRANSPORT_LOCAL, .p = 4, .checks = 0},
-        {.transport = DT_TRANSPORT_LOCAL, .p = 3, .checks = 1}, {.transport = DT_TRANSPORT_NCCL, .p = 1, .checks = 0},
+        {.transport = DT_TRANSPORT_LOCAL, .p = 3, .checks = 1}, {.transport = DT_TRANSPORT_LOCAL, .p = 3, .copy_ctas = 3},
+        {.transport = DT_TRANSPORT_NCCL, .p = 1, .checks = 0},
         {.transport = DT_TRANSPORT_NCCL, .p = 1, .checks = 1},  {.transport = DT_TRANSPORT_NCCL, .p = 0, .checks = 0},
     };
     for (size_t i = 0; i < sizeof colls / sizeof colls[0]; i++) {
@@ -1449,9 +1534,13 @@ int main(void) {
         char p[32];
         if (c->p) snprintf(p, sizeof p, "%d", c->p);
         else snprintf(p, sizeof p, "all GPUs");
-        add(&tb, test_collectives, c, "collectives/cuda+%s,P=%s%s",
-            c->transport == DT_TRANSPORT_NCCL ? "nccl" : "local", p, c->checks ? ",DT_CHECK" : "");
+        char ctas[32] = "";
+        if (c->copy_ctas) snprintf(ctas, sizeof ctas, ",copies by %d CTAs", c->copy_ctas);
+        add(&tb, test_collectives, c, "collectives/cuda+%s,P=%s%s%s",
+            c->transport == DT_TRANSPORT_NCCL ? "nccl" : "local", p, c->checks ? ",DT_CHECK" : "", ctas);
     }
+    add(&tb, test_long_copies, NULL,
+        "collectives/cuda+local,P=2: a long message by the driver's copies and by a copy kernel of 2 CTAs");
 
     static ring_case rings[] = {
         {.transport = DT_TRANSPORT_LOCAL, .p = 1, .dir = DT_RING_FORWARD}, {.transport = DT_TRANSPORT_LOCAL, .p = 2, .dir = DT_RING_FORWARD},

@@ -2,7 +2,7 @@
  * compiler builds it for the emulator (emu.h): qualifiers that mean nothing
  * on the CPU, static __shared__ arrays, dim3, the built-in indices,
  * __syncthreads and the warp shuffle (fp32, fp64), fp32 and float2 atomicAdd, float2 / uint2 /
- * uint4, the bf16 / fp16 types with their round-to-nearest-even
+ * uint4 and their cache-streaming loads and stores, the bf16 / fp16 types with their round-to-nearest-even
  * conversions (dtensor/dtype.h's), the arithmetic intrinsics used, and the
  * host API (cuda_runtime_api.h, cudart.c). Reached through
  * tests/emu/include/{cuda_runtime,cuda_bf16,cuda_fp16}.h. Only what the
@@ -107,6 +107,12 @@ struct __attribute__((aligned(8))) uint2 {
 struct __attribute__((aligned(16))) uint4 {
     unsigned x, y, z, w;
 };
+/* Cache-streaming load and store (ld.global.cs, st.global.cs): a cache
+ * hint, nothing to emulate. */
+template <typename T>
+inline T __ldcs(const T *p) { return *p; }
+template <typename T>
+inline void __stcs(T *p, T v) { *p = v; }
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
 struct __nv_bfloat16 {
