@@ -260,8 +260,10 @@ typedef struct kernel_case {
     dt_attn_mask mask;
     bench_pass pass;
     int iters;
+    int b2b;                   /* (c): also the calls back to back */
     double t[MAX_ITERS];
     double median_s, tflops;
+    double b2b_s;              /* per call, iters calls back to back, one read-back (b2b) */
 } kernel_case;
 
 /* Forward 4*B*H*S*S*D, backward 2.5x; halved for causal (see the top). */
@@ -285,6 +287,15 @@ static dt_status rank_kernel(dt_context *ctx, void *arg) {
         double t1 = ex_now_s();
         if (i >= 0) k->t[i] = t1 - t0;
         call_release(&c);
+    }
+    if (k->b2b) {   /* as rank_ring's b2b */
+        double b0 = ex_now_s();
+        for (int i = 0; i < k->iters; i++) {
+            DT_TRY_GOTO(st, call_enqueue(&c), out);
+            call_release(&c);
+        }
+        DT_TRY_GOTO(st, wait_done(&c), out);
+        k->b2b_s = (ex_now_s() - b0) / k->iters;
     }
 out:
     call_destroy(&c);
@@ -435,9 +446,10 @@ static void ring_summarise(ring_case *r) {
  * work is the block kernels' event times, summed over ranks and steps,
  * where each rank has a GPU of its own; ranks sharing GPUs (dt_launch puts
  * rank r on GPU r mod n) also share their SMs, which stretches each one's
- * events, and then the bound is the GPUs' time: the call's wall time times
- * the GPUs in use, within which all of the ring's work ran. */
-static double ring_work(const ring_case *c, int gpu, const char **from) {
+ * events, and then the bound is the GPUs' time: a call's time (call_s: its
+ * wall time, or b2b's per call) times the GPUs in use, within which all of
+ * the ring's work ran. */
+static double ring_work(const ring_case *c, int gpu, double call_s, const char **from) {
     if (!gpu) {
         *from = "cpu time";
         return c->cpu_sum_s;
@@ -452,7 +464,7 @@ static double ring_work(const ring_case *c, int gpu, const char **from) {
         return c->kernels_sum_s;
     }
     *from = "devices x wall";
-    return (ndev > 0 ? ndev : 1) * c->wall_s;
+    return (ndev > 0 ? ndev : 1) * call_s;
 }
 
 /* Text output of (b): a line per P with two figures of each order's ring,
@@ -921,9 +933,18 @@ int main(int argc, char **argv) {
                          "ranks sharing GPUs)\n"
                          "    medians over iterations; overhead = work / single - 1: ring "
                          "transfers, per-step setup,\n"
-                         "    smaller blocks\n\n");
-            fprintf(out, "    %-3s %-6s %-10s %-4s %11s %11s %-15s %9s\n", "P", "S", "order",
-                    "pass", "single ms", "work ms", "from", "overhead");
+                         "    smaller blocks\n"
+                         "    b2b (CUDA): the same from the calls back to back, the iterations' "
+                         "calls enqueued one\n"
+                         "    after another and one read-back after the last (per call; a "
+                         "pipeline's figure: a call's\n"
+                         "    host work overlaps the device's on the call before): single b2b, "
+                         "work b2b (devices x\n"
+                         "    b2b where ranks share GPUs, the kernel events otherwise), overhead "
+                         "b2b\n\n");
+            fprintf(out, "    %-3s %-6s %-10s %-4s %11s %11s %-15s %9s %11s %11s %9s\n", "P",
+                    "S", "order", "pass", "single ms", "work ms", "from", "overhead",
+                    "single b2b", "work b2b", "over b2b");
         } else {
             fprintf(out, "  \"ring_cost\": [\n");
         }
@@ -937,27 +958,46 @@ int main(int argc, char **argv) {
                 k->mask = DT_ATTN_CAUSAL;
                 k->pass = passes[q];
                 k->iters = o.iters;
+                k->b2b = gpu;
                 st = launch(2, rank_kernel, k, &o);
                 if (st != DT_SUCCESS) die(pass_call(k->pass), st);
                 k->median_s = ex_median(k->t, k->iters);
                 for (int r = 0; r < 3; r++) {
                     const ring_case *c = rings[q][p][r];
                     const char *from;
-                    double work = ring_work(c, gpu, &from);
+                    double work = ring_work(c, gpu, c->wall_s, &from);
                     double over = work / k->median_s - 1.0;
-                    if (o.json)
+                    /* b2b: CUDA only (on the CPU the work is CPU time) */
+                    double work_b2b = gpu ? ring_work(c, gpu, c->b2b_s, &from) : NAN;
+                    double over_b2b = work_b2b / k->b2b_s - 1.0;
+                    char b2b[3][32] = {"-", "-", "-"};
+                    if (gpu) {
+                        snprintf(b2b[0], sizeof b2b[0], "%.2f", 1e3 * k->b2b_s);
+                        snprintf(b2b[1], sizeof b2b[1], "%.2f", 1e3 * work_b2b);
+                        snprintf(b2b[2], sizeof b2b[2], "%.1f%%", 100 * over_b2b);
+                    }
+                    if (o.json) {
                         fprintf(out, "%s    {\"pass\": \"%s\", \"P\": %d, \"S\": %lld, "
                                      "\"order\": \"%s\", \"single_ms\": %.4f, "
                                      "\"work_ms\": %.4f, \"work_from\": \"%s\", "
-                                     "\"overhead\": %.4f}",
+                                     "\"overhead\": %.4f",
                                 first ? "" : ",\n", pass_name(k->pass), c->P, (long long)k->s.S,
                                 dt_order_name(c->order), 1e3 * k->median_s, 1e3 * work, from,
                                 over);
-                    else
-                        fprintf(out, "%s    %-3d %-6lld %-10s %-4s %11.2f %11.2f %-15s %8.1f%%\n",
+                        if (gpu)
+                            fprintf(out, ", \"single_b2b_ms\": %.4f, \"work_b2b_ms\": %.4f, "
+                                         "\"overhead_b2b\": %.4f}",
+                                    1e3 * k->b2b_s, 1e3 * work_b2b, over_b2b);
+                        else
+                            fprintf(out, ", \"single_b2b_ms\": null, \"work_b2b_ms\": null, "
+                                         "\"overhead_b2b\": null}");
+                    } else {
+                        fprintf(out, "%s    %-3d %-6lld %-10s %-4s %11.2f %11.2f %-15s %8.1f%% "
+                                     "%11s %11s %9s\n",
                                 q > 0 && p == 0 && r == 0 ? "\n" : "", c->P, (long long)k->s.S,
                                 dt_order_name(c->order), pass_name(k->pass), 1e3 * k->median_s,
-                                1e3 * work, from, 100 * over);
+                                1e3 * work, from, 100 * over, b2b[0], b2b[1], b2b[2]);
+                    }
                     first = 0;
                 }
                 free(k);
