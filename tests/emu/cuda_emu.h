@@ -2,8 +2,9 @@
  * compiler builds it for the emulator (emu.h): qualifiers that mean nothing
  * on the CPU, static __shared__ arrays, dim3, the built-in indices,
  * __syncthreads and the warp shuffle (fp32, fp64), fp32 and float2 atomicAdd, float2 / uint2 /
- * uint4 and their cache-streaming loads and stores, the bf16 / fp16 types with their round-to-nearest-even
- * conversions (dtensor/dtype.h's), the arithmetic intrinsics used, and the
+ * uint4, cache-streaming loads and stores, the bf16 / fp16 types with
+ * their round-to-nearest-even conversions (dtensor/dtype.h's), the
+ * arithmetic intrinsics used, and the
  * host API (cuda_runtime_api.h, cudart.c). Reached through
  * tests/emu/include/{cuda_runtime,cuda_bf16,cuda_fp16}.h. Only what the
  * CUDA sources use. */
