@@ -57,15 +57,16 @@
  * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
  *      [--dtype bf16,fp32,fp16] [--dependent 0|1] [--persistent 0|1|2] [--overlap 0|1]
- *      [--producer 0|1|2] [--copies 0|1] [--copy-ctas N] [--pass fwd,bwd]
+ *      [--producer 0|1|2] [--copies 0|1] [--comm-ctas N] [--pass fwd,bwd]
  *
  * --copies 0 sets DT_LOCAL_COPIES=0 for its launches (context.h): the local
  * transport's transfers then move no data, so (b) times the ring without
  * its copies (issue 8 item 6's "without the copies"; every output that
- * depends on a transfer is wrong, and none is checked here). --copy-ctas N
- * (CUDA) moves the local transport's same-device copies by a copy kernel of
- * at most N CTAs instead of the driver's copy (dt_backend_cuda_set_copy_ctas;
- * 0, the default: the driver's).
+ * depends on a transfer is wrong, and none is checked here). --comm-ctas N
+ * (CUDA) runs the communication stream's own work (the local transport's
+ * same-device copies, the backward's add beside) in kernels of at most N
+ * CTAs (dt_backend_cuda_set_comm_ctas; 0, the default: the driver's copy
+ * and a kernel on as many SMs as it gets).
  */
 #include <errno.h>
 #include <math.h>
@@ -117,7 +118,7 @@ typedef struct bench_opts {
     int overlap;               /* --overlap: the wgmma forward's overlapped order (1) */
     int producer;              /* --producer: the wgmma forward's producer warpgroup (1) */
     int copies;                /* --copies 0: DT_LOCAL_COPIES=0 for the launches (1) */
-    int copy_ctas;             /* --copy-ctas: the transport's copy kernel's CTAs (0: the driver's) */
+    int comm_ctas;             /* --comm-ctas: the comm stream's kernels' CTAs (0: as many as they get) */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
@@ -125,7 +126,7 @@ static int g_dependent = 1;   /* bench_opts.dependent, for every rank's backend 
 static int g_persistent = 1;  /* bench_opts.persistent, likewise */
 static int g_overlap = 1;     /* bench_opts.overlap, likewise */
 static int g_producer = 1;    /* bench_opts.producer, likewise */
-static int g_copy_ctas = 0;   /* bench_opts.copy_ctas, likewise */
+static int g_comm_ctas = 0;   /* bench_opts.comm_ctas, likewise */
 
 static double cpu_s(void) {
     struct timespec ts;
@@ -191,7 +192,7 @@ static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layo
     dt_backend_cuda_set_persistent(ctx->backend, g_persistent);
     dt_backend_cuda_set_overlap(ctx->backend, g_overlap);
     dt_backend_cuda_set_producer(ctx->backend, g_producer);
-    dt_backend_cuda_set_copy_ctas(ctx->backend, g_copy_ctas);
+    dt_backend_cuda_set_comm_ctas(ctx->backend, g_comm_ctas);
 #endif
     c->pass = pass;
     c->opts = init;
@@ -533,9 +534,10 @@ static void usage(FILE *f) {
             "                       dependent launches (default 1)\n"
             "  --copies 0|1         0: the local transport moves no data (DT_LOCAL_COPIES=0):\n"
             "                       the ring's time without its copies; outputs wrong (default 1)\n"
-            "  --copy-ctas N        CUDA: the local transport's copies between buffers of one GPU\n"
-            "                       by a copy kernel of at most N CTAs (default 0: the driver's\n"
-            "                       copy, on as many SMs as it takes)\n"
+            "  --comm-ctas N        CUDA: the communication stream's own work (the local\n"
+            "                       transport's copies within one GPU, the backward's add\n"
+            "                       beside) in kernels of at most N CTAs (default 0: the\n"
+            "                       driver's copy and kernels on as many SMs as they get)\n"
             "  --persistent 0|1|2   CUDA: whether the wgmma forward runs persistent: 1 (default)\n"
             "                       but beside the ring's transfers (a CTA per query tile\n"
             "                       there), 2 there too, 0 never\n"
@@ -586,10 +588,10 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
             o->copies = (int)x;
             i++;
-        } else if (!strcmp(a, "--copy-ctas")) {
+        } else if (!strcmp(a, "--comm-ctas")) {
             long x;
             if (!ex_parse_int(a, v, 0, 1024, &x)) return 2;
-            o->copy_ctas = (int)x;
+            o->comm_ctas = (int)x;
             i++;
         } else if (!strcmp(a, "--persistent")) {
             long x;
@@ -640,7 +642,7 @@ int main(int argc, char **argv) {
     g_persistent = o.persistent;
     g_overlap = o.overlap;
     g_producer = o.producer;
-    g_copy_ctas = o.copy_ctas;
+    g_comm_ctas = o.comm_ctas;
     if (o.iters == 0) o.iters = o.quick ? 2 : 5;
     bench_pass passes[PASS_COUNT];   /* the selected ones, in order */
     int npass = 0;
@@ -672,10 +674,10 @@ int main(int argc, char **argv) {
         fprintf(out, "{\n  \"bench\": \"attention\", \"date\": \"%s\", \"backend\": \"%s\", "
                      "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s, "
                      "\"passes\": [%s], \"dependent\": %s, \"persistent\": %d, \"overlap\": %d, "
-                     "\"producer\": %d, \"copies\": %s, \"copy_ctas\": %d,\n",
+                     "\"producer\": %d, \"copies\": %s, \"comm_ctas\": %d,\n",
                 date, be, cores, model, o.iters, o.quick ? "true" : "false", pass_json,
                 o.dependent ? "true" : "false", o.persistent, o.overlap, o.producer,
-                o.copies ? "true" : "false", o.copy_ctas);
+                o.copies ? "true" : "false", o.comm_ctas);
     if (o.json)
         fprintf(out, "  \"notes\": [\"ranks are threads of one process; with fewer cores than "
                      "ranks they contend for the cores\", \"OpenBLAS runs one thread per call\", "
@@ -697,9 +699,9 @@ int main(int argc, char **argv) {
                          "forward %s (--persistent)\n", o.dependent ? "on" : "off",
                     (const char *[]){"a CTA per query tile", "persistent but beside the ring's "
                                      "transfers", "persistent"}[o.persistent]);
-        if (gpu && o.copy_ctas)
-            fprintf(out, "CUDA: the local transport's same-device copies by a kernel of at most %d "
-                         "CTAs (--copy-ctas)\n", o.copy_ctas);
+        if (gpu && o.comm_ctas)
+            fprintf(out, "CUDA: the communication stream's copies and adds in kernels of at most "
+                         "%d CTAs (--comm-ctas)\n", o.comm_ctas);
         if (!o.copies)
             fprintf(out, "--copies 0: the local transport moves no data (DT_LOCAL_COPIES=0); "
                          "times only\n");

@@ -36,10 +36,11 @@ what matters most comes first when --budget runs out:
           local transport moves no data); exposed = (with - without) / with
           <= 5% for C >= 4096. Beside it bench/blocks (p) with the same P,
           C, H, D: the ring's blocks alone, back to back. The wgmma kernel
-          once more with --copy-ctas 4 (the local transport's copies by a
-          kernel of 4 CTAs instead of the driver's copy: its no-copy and
-          blocks times are the default's, which copies do not change), and
-          with --persistent 2 (persistent beside the copies too).
+          once more with --comm-ctas 4 (the communication stream's copies
+          and adds in kernels of 4 CTAs instead of the driver's copy and a
+          kernel on as many SMs as it gets; the ring's blocks alone are the
+          default's, which they do not change), and with --persistent 2
+          (persistent beside the copies too).
   item 6, one timeline  the backward's bench/blocks (p) run at P = 8 with
           --trace: its blocks back to back as one device timeline against
           one backward call (no target: issue 4 (c)'s backward rows).
@@ -105,7 +106,7 @@ R_MAX, R_FROM_C = 0.55, 4096
 ACHIEVED_MIN, RATIO_MIN, RATIO_AT_C = 0.95, 1.75, 8192
 VS_ONE_CALL_MAX, VS_ONE_CALL_AT_S = 1.05, 32768
 WAITS_MAX, WAITS_FROM_C = 0.05, 4096
-COPY_CTAS = "4"   # item 6's copy kernel variant: --copy-ctas
+COMM_CTAS = "4"   # item 6's variant with the comm stream's work in few CTAs: --comm-ctas
 
 
 # ------------------------------------------------------------------ values
@@ -296,7 +297,7 @@ class Session:
 
 # The flags that make another launch of a kernel: a variant that hangs does
 # not take the kernel's other launches with it.
-VARIANT_FLAGS = ("--persistent", "--copy-ctas")
+VARIANT_FLAGS = ("--persistent", "--comm-ctas")
 
 
 def launch_of(kernel, argv):
@@ -911,37 +912,39 @@ def item_waits(session):
                   "after = the largest per-rank wait after the last step's kernels (the last "
                   "transfers and the stores; also in waits). auto's "
                   "backward is wgmma's, so its bwd rows come from the first kernel only. "
-                  "\"wgmma, copy kernel\": the same calls with the local transport's "
-                  "same-device copies by a kernel of at most " + COPY_CTAS + " CTAs (--copy-ctas "
-                  + COPY_CTAS + "; by default the driver's copy, which takes as many SMs as it "
-                  "can): no-copy ms and blocks ms are the default's (no copy moves data there). "
+                  "\"wgmma, comm in " + COMM_CTAS + " CTAs\": the same calls with the "
+                  "communication stream's work (the local transport's same-device copies, the "
+                  "backward's add beside) in kernels of at most " + COMM_CTAS + " CTAs "
+                  "(--comm-ctas " + COMM_CTAS + "; by default the driver's copy and kernels on "
+                  "as many SMs as they get); blocks ms are the default's. "
                   "\"wgmma, persistent 2\": the wgmma forward persistent beside the ring's "
                   "copies too (--persistent 2, both benches; by default its blocks with a "
                   "copy in flight run a CTA per query tile, whose CTAs leave SMs to the "
                   "copy as their tiles end).")
     session.bwd_ring_outs = {}   # for item_ring_timeline(session, "bwd")
-    # (kernel, passes, extra flags, label, whether the copies alone differ
-    # from the kernel's default run: its no-copy and blocks times reused)
+    # (kernel, passes, extra flags, label, whether the ring's blocks alone
+    # are the kernel's default run's: flags bench/blocks does not take)
     variants = [(k, "fwd,bwd" if k in with_bwd else "fwd", (), k, False) for k in kernels]
     if "wgmma" in kernels:
-        variants.append(("wgmma", "fwd,bwd", ("--copy-ctas", COPY_CTAS), "wgmma, copy kernel", True))
+        variants.append(("wgmma", "fwd,bwd", ("--comm-ctas", COMM_CTAS),
+                         f"wgmma, comm in {COMM_CTAS} CTAs", True))
         variants.append(("wgmma", "fwd", ("--persistent", "2"), "wgmma, persistent 2", False))
-    base = {}   # kernel -> (without, alone) of its default run
-    for k, passes, extra, label, copies_only in variants:
+    base = {}   # kernel -> its default run's blocks alone
+    for k, passes, extra, label, same_blocks in variants:
         n = len(session.commands)
         out = session.attention(k, "b", passes, extra)
-        bare = None if copies_only else session.attention(k, "b", passes, extra + ("--copies", "0"))
+        bare = session.attention(k, "b", passes, extra + ("--copies", "0"))
         table.commands += session.commands[n:]
         if is_na(out):
             table.add([label, passes, "-", "-", "-"] + [out] * 13, {"kernel": label, "result": out})
             continue
         rows = out.get("ring", [])
-        if copies_only:
-            without, alone = base.get(k, (NA("missing", f"{k}'s default run gave none"), {}))
+        # (pass, P, C, order) -> b2b ms without the copies
+        without = bare if is_na(bare) else \
+            {(r["pass"], r["P"], r["C"], r["order"]): r.get("b2b_ms") for r in bare.get("ring", [])}
+        if same_blocks:
+            alone = base.get(k, {})
         else:
-            # (pass, P, C, order) -> b2b ms without the copies
-            without = bare if is_na(bare) else \
-                {(r["pass"], r["P"], r["C"], r["order"]): r.get("b2b_ms") for r in bare.get("ring", [])}
             alone = {}   # (pass, P, C) -> {order: b2b ms} from bench/blocks (p)
             for key in sorted({(r["pass"], r["P"], r["C"], r["H"], r["D"]) for r in rows}):
                 pass_, p, c, h, d = key
@@ -955,7 +958,7 @@ def item_waits(session):
                 alone[key[:3]] = got_rows if is_na(got_rows) else \
                     {x["order"]: x.get("b2b_ms") for x in got_rows if x["c"] == c}
             if not extra:
-                base[k] = (without, alone)
+                base[k] = alone
         for row in rows:
             a = alone.get((row["pass"], row["P"], row["C"]))
             w = without if is_na(without) else \

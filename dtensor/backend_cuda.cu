@@ -95,7 +95,7 @@ struct cuda_impl {
     int dependent_launch;       /* dt_backend_cuda_set_dependent_launch */
     int overlap;                /* dt_backend_cuda_set_overlap */
     int producer;               /* dt_backend_cuda_set_producer: 0, 1 or 2 */
-    int copy_ctas;              /* dt_backend_cuda_set_copy_ctas: 0, the driver's copies */
+    int comm_ctas;              /* dt_backend_cuda_set_comm_ctas: 0, the driver's copies */
     int cc;                     /* compute capability, major * 10 + minor */
     int64_t l2_bytes;           /* L2 cache size, for the attention kernels' launch order */
     int failed;                 /* a wait ran out or the device failed: never wait again */
@@ -398,6 +398,60 @@ __global__ void add_round_kernel(const float *x, const float *y, T *out, int64_t
         out[i] = from_f<T>(y ? x[i] + y[i] : x[i]);
 }
 
+/* The communication stream's kernels in a few CTAs
+ * (dt_backend_cuda_set_comm_ctas): COMM_THREADS threads, each with
+ * COMM_UNROLL 16-byte loads of every input in flight (a block's width
+ * apart, all before the stores): 128 KiB a CTA for a copy, for one CTA to
+ * move several times an SM's share of the memory's bandwidth (by Little's
+ * law at a microsecond's latency about 130 GB/s, against 4 TB/s / 132 SMs
+ * = 30 GB/s: an estimate). Cache-streaming loads and stores (evicted
+ * first): the work passes through L2 without pushing out the tiles the
+ * kernel beside it reuses. */
+constexpr int COMM_THREADS = 1024, COMM_UNROLL = 8;
+
+/* Four values rounded to T into p (16 bytes of fp32, 8 of bf16 or fp16,
+ * as aligned), evicted first. */
+template <typename T>
+__device__ __forceinline__ void store4(T *p, float4 v) {
+    if constexpr (sizeof(T) == 4) {
+        __stcs(reinterpret_cast<float4 *>(p), v);
+    } else {
+        const T q[4] = {from_f<T>(v.x), from_f<T>(v.y), from_f<T>(v.z), from_f<T>(v.w)};
+        uint2 u;
+        memcpy(&u, q, sizeof u);
+        __stcs(reinterpret_cast<uint2 *>(p), u);
+    }
+}
+
+/* add_round_kernel in gridDim.x CTAs of COMM_THREADS: n4 groups of four
+ * (x, y 16-byte aligned, out 4 sizeof(T)), the same sums and rounding;
+ * half the copy's groups a round, as it loads two inputs. */
+constexpr int ADD_UNROLL = COMM_UNROLL / 2;
+constexpr int64_t ADD_ROUND = (int64_t)COMM_THREADS * ADD_UNROLL;
+template <typename T>
+__global__ void __launch_bounds__(COMM_THREADS)
+    add_round_comm_kernel(const float4 *x, const float4 *y, T *out, int64_t n4) {
+    for (int64_t base = blockIdx.x * ADD_ROUND + threadIdx.x; base < n4; base += gridDim.x * ADD_ROUND) {
+        float4 a[ADD_UNROLL], b[ADD_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ADD_UNROLL; u++) {
+            const int64_t i = base + u * COMM_THREADS;
+            if (i < n4) {
+                a[u] = __ldcs(x + i);
+                b[u] = y ? __ldcs(y + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ADD_UNROLL; u++) {
+            const int64_t i = base + u * COMM_THREADS;
+            if (i < n4)
+                store4<T>(out + 4 * i, y ? make_float4(a[u].x + b[u].x, a[u].y + b[u].y,
+                                                       a[u].z + b[u].z, a[u].w + b[u].w)
+                                         : a[u]);
+        }
+    }
+}
+
 __device__ __forceinline__ float gelu_f32(float x, int tanh_form) {
     const float inv_sqrt2 = 0.70710678118654752440f;
     const float sqrt_2_over_pi = 0.79788456080286535588f;
@@ -527,6 +581,13 @@ unsigned grid_for(const cuda_impl *im, int64_t n, int threads) {
     int64_t blocks = (n + threads - 1) / threads;
     int64_t cap = (int64_t)im->sms * 32;
     return (unsigned)(blocks < cap ? blocks : (cap > 0 ? cap : 1));
+}
+
+/* CTAs of a communication-stream kernel (comm_ctas > 0) over n units,
+ * `round` a CTA's round: as many as the rounds need, at most comm_ctas. */
+unsigned comm_grid(const cuda_impl *im, int64_t n, int64_t round) {
+    const int64_t need = (n + round - 1) / round;
+    return (unsigned)(need < im->comm_ctas ? need : im->comm_ctas);
 }
 
 /* --------------------------------------------------------------- the table */
@@ -962,6 +1023,32 @@ dt_status cuda_add_beside(dt_backend *b, dt_dtype dtype, int64_t n, const float 
     if (n == 0) return DT_SUCCESS;
     DT_TRY(comm_after_compute(b, what));
     cuda_impl *im = impl_of(b);
+    /* in a few CTAs (comm_ctas): the groups of four, then the rest by the
+     * kernel below; inputs 16-byte aligned, out 4 values' width */
+    const size_t es = dt_dtype_size(dtype);
+    const int64_t n4 = im->comm_ctas > 0 && ((uintptr_t)x | (uintptr_t)y) % 16 == 0 &&
+                               (uintptr_t)out % (4 * es) == 0
+                           ? n / 4
+                           : 0;
+    if (n4 > 0) {
+        const unsigned g = comm_grid(im, n4, ADD_ROUND);
+        const float4 *x4 = reinterpret_cast<const float4 *>(x), *y4 = reinterpret_cast<const float4 *>(y);
+        if (dtype == DT_F32)
+            dt_cuda_launch(add_round_comm_kernel<float>, g, COMM_THREADS, 0, im->comm, x4, y4,
+                           static_cast<float *>(out), n4);
+        else if (dtype == DT_BF16)
+            dt_cuda_launch(add_round_comm_kernel<__nv_bfloat16>, g, COMM_THREADS, 0, im->comm, x4,
+                           y4, static_cast<__nv_bfloat16 *>(out), n4);
+        else
+            dt_cuda_launch(add_round_comm_kernel<__half>, g, COMM_THREADS, 0, im->comm, x4, y4,
+                           static_cast<__half *>(out), n4);
+        CU_LAUNCHED(b, what, "add_round_comm_kernel");
+        x += 4 * n4;
+        y = y ? y + 4 * n4 : y;
+        out = static_cast<char *>(out) + 4 * n4 * es;
+        n -= 4 * n4;
+        if (n == 0) return DT_SUCCESS;
+    }
     unsigned grid = grid_for(im, n, 256);
     if (dtype == DT_F32)
         dt_cuda_launch(add_round_kernel<float>, grid, 256, 0, im->comm, x, y,
@@ -1166,43 +1253,34 @@ dt_status mem_alloc(void *arg, size_t bytes, void **out) { return cuda_alloc(bac
 
 void mem_free(void *arg, void *p) { cuda_free(backend_of(arg), p); }
 
-/* A same-device copy in a few CTAs (dt_backend_cuda_set_copy_ctas): n
- * 16-byte units, each thread moving COPY_UNROLL of them, a block's width
- * apart, per round, all loads before the stores: 128 KiB in flight a CTA,
- * for one CTA to move several times an SM's share of the memory's
- * bandwidth (by Little's law at a microsecond's latency about 130 GB/s,
- * against 4 TB/s / 132 SMs = 30 GB/s: an estimate). Cache-streaming loads
- * and stores (evicted first): the copy passes through L2 without pushing
- * out the tiles the kernel beside it reuses. */
-constexpr int COPY_THREADS = 1024, COPY_UNROLL = 8;
-__global__ void __launch_bounds__(COPY_THREADS) copy_kernel(uint4 *dst, const uint4 *src, int64_t n) {
-    const int64_t round = (int64_t)COPY_THREADS * COPY_UNROLL;
-    for (int64_t base = blockIdx.x * round + threadIdx.x; base < n; base += gridDim.x * round) {
-        uint4 r[COPY_UNROLL];
+/* A same-device copy in a few CTAs (the communication stream's kernels,
+ * above add_beside's): n 16-byte units. */
+constexpr int64_t COPY_ROUND = (int64_t)COMM_THREADS * COMM_UNROLL;
+__global__ void __launch_bounds__(COMM_THREADS) copy_kernel(uint4 *dst, const uint4 *src, int64_t n) {
+    for (int64_t base = blockIdx.x * COPY_ROUND + threadIdx.x; base < n; base += gridDim.x * COPY_ROUND) {
+        uint4 r[COMM_UNROLL];
 #pragma unroll
-        for (int u = 0; u < COPY_UNROLL; u++)
-            if (base + u * COPY_THREADS < n) r[u] = __ldcs(src + base + u * COPY_THREADS);
+        for (int u = 0; u < COMM_UNROLL; u++)
+            if (base + u * COMM_THREADS < n) r[u] = __ldcs(src + base + u * COMM_THREADS);
 #pragma unroll
-        for (int u = 0; u < COPY_UNROLL; u++)
-            if (base + u * COPY_THREADS < n) __stcs(dst + base + u * COPY_THREADS, r[u]);
+        for (int u = 0; u < COMM_UNROLL; u++)
+            if (base + u * COMM_THREADS < n) __stcs(dst + base + u * COMM_THREADS, r[u]);
     }
 }
 
 /* dst := src on this device's communication stream: copy_kernel in at
- * most copy_ctas CTAs where both lie on this device and copy_ctas > 0 (16-byte
+ * most comm_ctas CTAs where both lie on this device and comm_ctas > 0 (16-byte
  * aligned; a tail of fewer bytes by cudaMemcpyAsync), else cudaMemcpyAsync
  * (the driver's copy: as many blocks as the SMs take). */
 dt_status comm_copy(dt_backend *b, void *dst, const void *src, size_t bytes, int same_device) {
     cuda_impl *im = impl_of(b);
-    const size_t body = im->copy_ctas > 0 && same_device &&
+    const size_t body = im->comm_ctas > 0 && same_device &&
                                 ((uintptr_t)dst | (uintptr_t)src) % sizeof(uint4) == 0
                             ? bytes / sizeof(uint4) * sizeof(uint4)
                             : 0;
     if (body > 0) {
         const int64_t n = (int64_t)(body / sizeof(uint4));
-        const int64_t need = (n + COPY_THREADS * COPY_UNROLL - 1) / (COPY_THREADS * COPY_UNROLL);
-        const unsigned grid = (unsigned)(need < im->copy_ctas ? need : im->copy_ctas);
-        dt_cuda_launch(copy_kernel, grid, COPY_THREADS, 0, im->comm, static_cast<uint4 *>(dst),
+        dt_cuda_launch(copy_kernel, comm_grid(im, n, COPY_ROUND), COMM_THREADS, 0, im->comm, static_cast<uint4 *>(dst),
                        static_cast<const uint4 *>(src), n);
         CU_LAUNCHED(b, "transport copy", "copy_kernel");
     }
@@ -1496,12 +1574,12 @@ extern "C" void dt_backend_cuda_set_producer(dt_backend *b, int mode) {
     if (dt_backend_is_cuda(b)) impl_of(b)->producer = mode == 2 ? 2 : mode != 0;
 }
 
-extern "C" int dt_backend_cuda_copy_ctas(const dt_backend *b) {
-    return dt_backend_is_cuda(b) ? impl_of(b)->copy_ctas : 0;
+extern "C" int dt_backend_cuda_comm_ctas(const dt_backend *b) {
+    return dt_backend_is_cuda(b) ? impl_of(b)->comm_ctas : 0;
 }
 
-extern "C" void dt_backend_cuda_set_copy_ctas(dt_backend *b, int ctas) {
-    if (dt_backend_is_cuda(b)) impl_of(b)->copy_ctas = ctas > 0 ? ctas : 0;
+extern "C" void dt_backend_cuda_set_comm_ctas(dt_backend *b, int ctas) {
+    if (dt_backend_is_cuda(b)) impl_of(b)->comm_ctas = ctas > 0 ? ctas : 0;
 }
 
 extern "C" dt_status dt_backend_cuda_busy(dt_backend *b, double us) {

@@ -100,19 +100,21 @@ void dt_backend_cuda_set_overlap(dt_backend *b, int on);
  * depend on it, only speed. */
 int dt_backend_cuda_producer(const dt_backend *b);
 void dt_backend_cuda_set_producer(dt_backend *b, int mode);
-/* How the transport moves data between two buffers of this device (the
- * local transport's sends and collectives between ranks sharing a GPU, on
- * the communication stream): 0, the default, by cudaMemcpyAsync, the
- * driver's copy, which runs as blocks on as many SMs as it takes; n > 0 by
- * a copy kernel of at most n CTAs (16-byte units, cache-streaming), so
- * that a ring's transfer takes a few SMs for longer beside the kernel it
- * overlaps instead of most of them for a short time, as NCCL's send and
- * receive take a channel's few (not yet measured on a GPU). Copies to or
- * from the host or another device, and a tail past the last whole 16
- * bytes, stay the driver's. Negative values count as 0. Results never
- * depend on it, only speed. */
-int dt_backend_cuda_copy_ctas(const dt_backend *b);
-void dt_backend_cuda_set_copy_ctas(dt_backend *b, int ctas);
+/* How the communication stream's own work runs beside the compute
+ * stream's kernels: the transport's copies between two buffers of this
+ * device (the local transport's sends and collectives between ranks
+ * sharing a GPU) and add_beside (the backward ring's sums of dK, dV). 0,
+ * the default: the driver's copy (cudaMemcpyAsync) and a kernel of as many
+ * blocks as the SMs take, each on as many SMs as it gets; n > 0: kernels
+ * of at most n CTAs (16-byte units, cache-streaming), so that such work
+ * takes a few SMs for longer beside the kernel it overlaps instead of most
+ * of them for a short time, as NCCL's send and receive take a channel's
+ * few (not yet measured on a GPU). Copies to or from the host or another
+ * device, and what is not 16-byte aligned or past the last whole 16 bytes
+ * (four values of an add), stay as with 0. Negative values count as 0.
+ * Results never depend on it, only speed. */
+int dt_backend_cuda_comm_ctas(const dt_backend *b);
+void dt_backend_cuda_set_comm_ctas(dt_backend *b, int ctas);
 /* Keeps the compute stream busy for `us` microseconds (at most 1 s; one
  * thread spinning on the GPU's timer), for benchmarks: enqueued before a
  * start event, it lets the host prepare and launch the work it times

@@ -10,8 +10,9 @@
 # the wgmma backward (a small block; a variant failing or hanging is left
 # out of the rest, and if the default forward or the backward does, the
 # rest measures the mma kernels only), issue 4 (c) (the ring's cost; again
-# with each variant, and with the local transport's copies by a kernel of 4
-# CTAs: --copy-ctas 4), then bench/issue8.py with what is left of the
+# with each variant, and with the communication stream's copies and adds
+# in kernels of 4 CTAs: --comm-ctas 4), then bench/issue8.py with what is
+# left of the
 # budget. Every step before issue8.py is cut to leave it ISSUE8_MIN (200)
 # seconds.
 #
@@ -84,10 +85,11 @@ synccheck:test_attention:forward synccheck:test_attention_backward:backward"
 # staged); each is its flags with '_' for the space
 variants="default --producer_0 --producer_2"
 flags_of() { [ "$1" = default ] || echo "${1/_/ }"; }   # the bench flags of a variant
-# issue 4 (c) once more with the default kernel launch: the local
-# transport's same-device copies by a copy kernel of 4 CTAs instead of the
-# driver's copy (dt_backend_cuda_set_copy_ctas)
-ring_extra="--copy-ctas_4"
+# issue 4 (c) once more with the default kernel launch: the communication
+# stream's work (the local transport's same-device copies, the backward's
+# add beside) in kernels of 4 CTAs instead of the driver's copy and kernels
+# on as many SMs as they get (dt_backend_cuda_set_comm_ctas)
+ring_extra="--comm-ctas_4"
 # A canary for each variant and the backward: a block small enough to
 # take milliseconds, with more query tiles (256) than SMs, so that
 # persistent CTAs take several. A variant failing or running past 20 s

@@ -926,7 +926,7 @@ int main(int argc, char **argv) {
         {"", "--section a,a", "--section takes one or more of a, b, c"},
         {"", "--iters 0", "--iters takes an integer"},
         {"", "--copies 2", "--copies takes an integer"},
-        {"", "--copy-ctas -1", "--copy-ctas takes an integer"},
+        {"", "--comm-ctas -1", "--comm-ctas takes an integer"},
         {"", "--frobnicate", "unknown flag '--frobnicate'"},
     };
     struct CMUnitTest tests[32];

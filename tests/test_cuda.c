@@ -525,13 +525,16 @@ typedef struct ew_case {
     dt_gelu_approx approx;
     dt_dtype dtype;
     int64_t n;
+    int comm_ctas;           /* add_beside: dt_backend_cuda_set_comm_ctas (0: the default) */
     results r;
 } ew_case;
 
 /* add_beside: fp32 x and y (full fp32 values, most not of the dtype), their
  * fp32 sum rounded once to the dtype, bit for bit; y NULL: x rounded. It
  * runs after the compute stream's work queued before it (the zeroing) and
- * is read once a sync has waited for it. */
+ * is read once a sync has waited for it. With comm_ctas (CUDA) in a kernel
+ * of at most that many CTAs and one more for the values past the last
+ * four: on the emulator the CTAs that ran are counted. */
 static dt_status check_add_beside(dt_backend *be, ew_case *c) {
     size_t es = dt_dtype_size(c->dtype), n = (size_t)c->n;
     float *fx = malloc(n * sizeof(float) + 1), *fy = malloc(n * sizeof(float) + 1);
@@ -551,9 +554,20 @@ static dt_status check_add_beside(dt_backend *be, ew_case *c) {
     DT_TRY_GOTO(st, be->ops->alloc(be, n * es, &dout), out);
     for (int with_y = 1; with_y >= 0; with_y--) {
         DT_TRY_GOTO(st, be->ops->zero(be, dout, n * es), out);
+#ifdef DT_CUDA_EMULATE
+        DT_TRY_GOTO(st, be->ops->sync(be), out);
+        const uint64_t before = dt_emu_get_counts().blocks;
+#endif
         DT_TRY_GOTO(st, be->ops->add_beside(be, c->dtype, c->n, dx, with_y ? dy : NULL, dout),
                     out);
         DT_TRY_GOTO(st, be->ops->sync(be), out);
+#ifdef DT_CUDA_EMULATE
+        const uint64_t ran = dt_emu_get_counts().blocks - before;
+        if (c->comm_ctas > 0 && strcmp(be->ops->name, "cuda") == 0 &&
+            (ran < 1 || ran > (uint64_t)c->comm_ctas + 1))
+            note_bad(&c->r, 0, "add_beside with comm_ctas %d ran %llu CTAs", c->comm_ctas,
+                     (unsigned long long)ran);
+#endif
         DT_TRY_GOTO(st, be->ops->download(be, got, dout, n * es), out);
         for (size_t i = 0; i < n; i++) put_val(want, c->dtype, i, with_y ? fx[i] + fy[i] : fx[i]);
         for (size_t i = 0; i < n; i++)
@@ -578,6 +592,9 @@ out:
 static dt_status rank_elementwise(dt_context *ctx, void *arg) {
     ew_case *c = arg;
     dt_backend *gpu = ctx->backend, *cpu = NULL;
+#ifdef DT_HAVE_CUDA
+    dt_backend_cuda_set_comm_ctas(gpu, c->comm_ctas);
+#endif
     size_t es = dt_dtype_size(c->dtype), n = (size_t)c->n;
     void *hx = malloc(n * es + 1), *hy = malloc(n * es + 1), *hwant = malloc(n * es + 1),
          *hgot = malloc(n * es + 1);
@@ -834,7 +851,7 @@ typedef struct coll_case {
     dt_transport_kind transport;
     int p;              /* 0: as many ranks as NCCL can take (2..8), found at run time */
     int checks;
-    int copy_ctas;      /* dt_backend_cuda_set_copy_ctas of every rank (0: the driver's copies) */
+    int comm_ctas;      /* dt_backend_cuda_set_comm_ctas of every rank (0: the driver's copies) */
     results r;
 } coll_case;
 
@@ -930,7 +947,7 @@ static dt_status rank_collectives(dt_context *ctx, void *arg) {
     dt_status st = DT_SUCCESS;
     if (strcmp(k.be->ops->name, "cuda") != 0) note_bad(k.r, j, "backend is %s", k.be->ops->name);
 #ifdef DT_HAVE_CUDA
-    dt_backend_cuda_set_copy_ctas(k.be, c->copy_ctas);
+    dt_backend_cuda_set_comm_ctas(k.be, c->comm_ctas);
 #endif
 
     for (int dti = 0; dti < 3; dti++) {
@@ -1138,8 +1155,8 @@ static void test_collectives(void **state) {
     assert_results(&c->r, p, st);
 }
 
-/* The local transport's copies by the copy kernel
- * (dt_backend_cuda_set_copy_ctas): P = 2 ranks on one GPU each send the
+/* The local transport's copies by the communication stream's copy kernel
+ * (dt_backend_cuda_set_comm_ctas): P = 2 ranks on one GPU each send the
  * next rank, in one group, a long bf16 message (3 x 8192 x 8 + 5 values:
  * past two CTAs' rounds of 8192 16-byte units, and 10 bytes past the
  * last whole 16, which the driver copies) and the same values less the
@@ -1165,7 +1182,7 @@ static dt_status rank_long_copies(dt_context *ctx, void *arg) {
     void *a = NULL, *b = NULL, *b2 = NULL;
     want_args w = {700, LONG_N, 0, 0, (j + P - 1) % P};
 #ifdef DT_HAVE_CUDA
-    dt_backend_cuda_set_copy_ctas(k.be, c->ctas);
+    dt_backend_cuda_set_comm_ctas(k.be, c->ctas);
 #endif
     dt_status st = dev_fill(&k, DT_BF16, LONG_N, w.seed, j, &a);
     if (st == DT_SUCCESS) st = k.be->ops->alloc(k.be, LONG_N * 2, &b);
@@ -1481,6 +1498,11 @@ int main(void) {
         {.gelu = 1, .approx = DT_GELU_ERF, .dtype = DT_F32, .n = 100003}, {.gelu = 1, .approx = DT_GELU_TANH, .dtype = DT_F32, .n = 100003},
         {.gelu = 1, .approx = DT_GELU_ERF, .dtype = DT_BF16, .n = 4097},  {.gelu = 1, .approx = DT_GELU_TANH, .dtype = DT_BF16, .n = 4097},
         {.gelu = 1, .approx = DT_GELU_ERF, .dtype = DT_F16, .n = 4097},   {.gelu = 1, .approx = DT_GELU_TANH, .dtype = DT_F16, .n = 4097},
+        /* add_beside by the communication stream's few CTAs: rounds of
+         * 4096 groups of four, and 3, 1 or no values past the last four */
+        {.gelu = 0, .approx = DT_GELU_ERF, .dtype = DT_F32, .n = 100003, .comm_ctas = 2},
+        {.gelu = 0, .approx = DT_GELU_ERF, .dtype = DT_BF16, .n = 4097, .comm_ctas = 3},
+        {.gelu = 0, .approx = DT_GELU_ERF, .dtype = DT_F16, .n = 40960, .comm_ctas = 1},
     };
     for (size_t i = 0; i < sizeof ews / sizeof ews[0]; i++) {
         ew_case *c = &ews[i];
@@ -1488,6 +1510,9 @@ int main(void) {
             add(&tb, test_elementwise, c, "gelu/%s,%s,n=%lld: %s", dt_gelu_approx_name(c->approx),
                 dt_dtype_name(c->dtype), (long long)c->n,
                 c->dtype == DT_F32 ? "atol 1e-6 rtol 1e-5 vs cpu" : "one output ulp vs cpu");
+        else if (c->comm_ctas)
+            add(&tb, test_elementwise, c, "add/%s,n=%lld,add_beside in %d CTAs: bit-exact vs cpu",
+                dt_dtype_name(c->dtype), (long long)c->n, c->comm_ctas);
         else
             add(&tb, test_elementwise, c, "add/%s,n=%lld: bit-exact vs cpu", dt_dtype_name(c->dtype),
                 (long long)c->n);
@@ -1525,7 +1550,7 @@ int main(void) {
     static coll_case colls[] = {
         {.transport = DT_TRANSPORT_LOCAL, .p = 1, .checks = 0}, {.transport = DT_TRANSPORT_LOCAL, .p = 2, .checks = 0},
         {.transport = DT_TRANSPORT_LOCAL, .p = 3, .checks = 0}, {.transport = DT_TRANSPORT_LOCAL, .p = 4, .checks = 0},
-        {.transport = DT_TRANSPORT_LOCAL, .p = 3, .checks = 1}, {.transport = DT_TRANSPORT_LOCAL, .p = 3, .copy_ctas = 3},
+        {.transport = DT_TRANSPORT_LOCAL, .p = 3, .checks = 1}, {.transport = DT_TRANSPORT_LOCAL, .p = 3, .comm_ctas = 3},
         {.transport = DT_TRANSPORT_NCCL, .p = 1, .checks = 0},
         {.transport = DT_TRANSPORT_NCCL, .p = 1, .checks = 1},  {.transport = DT_TRANSPORT_NCCL, .p = 0, .checks = 0},
     };
@@ -1535,7 +1560,7 @@ int main(void) {
         if (c->p) snprintf(p, sizeof p, "%d", c->p);
         else snprintf(p, sizeof p, "all GPUs");
         char ctas[32] = "";
-        if (c->copy_ctas) snprintf(ctas, sizeof ctas, ",copies by %d CTAs", c->copy_ctas);
+        if (c->comm_ctas) snprintf(ctas, sizeof ctas, ",comm kernels of %d CTAs", c->comm_ctas);
         add(&tb, test_collectives, c, "collectives/cuda+%s,P=%s%s%s",
             c->transport == DT_TRANSPORT_NCCL ? "nccl" : "local", p, c->checks ? ",DT_CHECK" : "", ctas);
     }

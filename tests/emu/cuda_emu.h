@@ -2,7 +2,7 @@
  * compiler builds it for the emulator (emu.h): qualifiers that mean nothing
  * on the CPU, static __shared__ arrays, dim3, the built-in indices,
  * __syncthreads and the warp shuffle (fp32, fp64), fp32 and float2 atomicAdd, float2 / uint2 /
- * uint4, cache-streaming loads and stores, the bf16 / fp16 types with
+ * uint4 / float4, cache-streaming loads and stores, the bf16 / fp16 types with
  * their round-to-nearest-even conversions (dtensor/dtype.h's), the
  * arithmetic intrinsics used, and the
  * host API (cuda_runtime_api.h, cudart.c). Reached through
@@ -108,6 +108,10 @@ struct __attribute__((aligned(8))) uint2 {
 struct __attribute__((aligned(16))) uint4 {
     unsigned x, y, z, w;
 };
+struct __attribute__((aligned(16))) float4 {
+    float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 /* Cache-streaming load and store (ld.global.cs, st.global.cs): a cache
  * hint, nothing to emulate. */
 template <typename T>
