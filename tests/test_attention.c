@@ -1803,17 +1803,20 @@ static void test_cuda_stateless_workspace(void **state) {
  * (dt_backend_cuda_set_overlap(b, 0)), and a fifth has it on with the
  * loads by thread 0 (dt_backend_cuda_set_producer(b, 0)), and a sixth
  * has it on with the producer's consumers staging their rows' stored
- * state early (dt_backend_cuda_set_producer(b, 2)): the same bits
+ * state early (dt_backend_cuda_set_producer(b, 2)), and a seventh the
+ * defaults with the communication stream's copies and adds in kernels of
+ * 2 CTAs (dt_backend_cuda_set_comm_ctas(b, 2): the ring's transfers of K,
+ * V and of dK, dV and the backward's add beside): the same bits
  * again. Each run's backward too: its blocks after the call's
  * first start while the one before finishes (they add into the same dQ
  * and write other dK, dV rows or buffers), so dK and dV must agree bit
  * for bit as well (dQ's atomics may add in another order). */
-enum { DEP_P = 2, DEP_RUNS = 6, DEP_SUMS = 4 };
+enum { DEP_P = 2, DEP_RUNS = 7, DEP_SUMS = 4 };
 
 typedef struct dep_case {
     uint64_t sum[DEP_P][DEP_RUNS][DEP_SUMS];   /* rank, run (on, off, on, on meeting, on
-                                                  thread 0's loads, on staged), o / lse /
-                                                  dk / dv */
+                                                  thread 0's loads, on staged, on with the
+                                                  comm kernels), o / lse / dk / dv */
     dt_status st[DEP_P];
     char msg[DEP_P][512];
 } dep_case;
@@ -1846,6 +1849,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
         dt_backend_cuda_set_dependent_launch(ctx->backend, run != 1);
         dt_backend_cuda_set_overlap(ctx->backend, run != 3);
         dt_backend_cuda_set_producer(ctx->backend, run == 5 ? 2 : run != 4);
+        dt_backend_cuda_set_comm_ctas(ctx->backend, run == 6 ? 2 : 0);
 #endif
         dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
         opts.mask = DT_ATTN_CAUSAL;
@@ -1868,6 +1872,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     dt_backend_cuda_set_dependent_launch(ctx->backend, 1);
     dt_backend_cuda_set_overlap(ctx->backend, 1);
     dt_backend_cuda_set_producer(ctx->backend, 1);
+    dt_backend_cuda_set_comm_ctas(ctx->backend, 0);
 #endif
     dt_tensor_destroy(q);
     dt_tensor_destroy(k);
@@ -1909,15 +1914,17 @@ static void test_cuda_dependent_launch(void **state) {
                     if (c.sum[r][run][x] != c.sum[r][1][x]) {
                         print_error("DT_ATTN_KERNEL=%s, rank %d: %s with dependent launches on, "
                                     "off, on, on with the warpgroups meeting, on with thread 0's "
-                                    "loads, on staged: checksums %016llx, %016llx, %016llx, "
-                                    "%016llx, %016llx, %016llx\n",
+                                    "loads, on staged, on with the comm kernels: checksums "
+                                    "%016llx, %016llx, %016llx, %016llx, %016llx, %016llx, "
+                                    "%016llx\n",
                                     kernels[i], r, (const char *[]){"o", "lse", "dk", "dv"}[x],
                                     (unsigned long long)c.sum[r][0][x],
                                     (unsigned long long)c.sum[r][1][x],
                                     (unsigned long long)c.sum[r][2][x],
                                     (unsigned long long)c.sum[r][3][x],
                                     (unsigned long long)c.sum[r][4][x],
-                                    (unsigned long long)c.sum[r][5][x]);
+                                    (unsigned long long)c.sum[r][5][x],
+                                    (unsigned long long)c.sum[r][6][x]);
                         bad++;
                         break;
                     }
