@@ -1805,9 +1805,9 @@ static void test_cuda_stateless_workspace(void **state) {
  * has it on with the producer's consumers staging their rows' stored
  * state early (dt_backend_cuda_set_producer(b, 2)), and a seventh the
  * defaults with the communication stream's copies and adds in kernels of
- * 2 CTAs (dt_backend_cuda_set_comm_ctas(b, 2): the ring's transfers of K,
- * V and of dK, dV and the backward's add beside): the same bits
- * again. Each run's backward too: its blocks after the call's
+ * 2 CTAs (dt_backend_cuda_set_comm_ctas(b, 2): the backward's add beside,
+ * and where the ranks share a GPU the ring's transfers of K, V and of dK,
+ * dV): the same bits again. Each run's backward too: its blocks after the call's
  * first start while the one before finishes (they add into the same dQ
  * and write other dK, dV rows or buffers), so dK and dV must agree bit
  * for bit as well (dQ's atomics may add in another order). */

@@ -1156,16 +1156,20 @@ static void test_collectives(void **state) {
 }
 
 /* The local transport's copies by the communication stream's copy kernel
- * (dt_backend_cuda_set_comm_ctas): P = 2 ranks on one GPU each send the
- * next rank, in one group, a long bf16 message (3 x 8192 x 8 + 5 values:
- * past two CTAs' rounds of 8192 16-byte units, and 10 bytes past the
- * last whole 16, which the driver copies) and the same values less the
- * first from 2 bytes into the buffer (not 16-byte aligned: the driver's
- * copy). Bit-exact on arrival, with the driver's copies (0) and with a
- * kernel of 2 CTAs; on the emulator the CTAs that ran are counted too: the
- * long message's 2 per rank more than with the driver's copies. */
+ * (dt_backend_cuda_set_comm_ctas): P ranks each send the next rank, in one
+ * group, a long bf16 message (3 x 8192 x 8 + 5 values: past two CTAs'
+ * rounds of 8192 16-byte units, and 10 bytes past the last whole 16, which
+ * the driver copies) and the same values less the first from 2 bytes into
+ * the buffer (not 16-byte aligned: the driver's copy). Bit-exact on
+ * arrival, with the driver's copies (0) and with a kernel of 2 CTAs. The
+ * kernel moves a copy within one GPU only (rank r runs on GPU r mod the
+ * GPUs): P = 2 on one GPU, else one rank more than the GPUs (at most 8),
+ * so that the last rank shares GPU 0 with the first. On the emulator the
+ * CTAs that ran are counted too: 2 per long message within a GPU more
+ * than with the driver's copies. */
 typedef struct copy_case {
     int ctas;
+    int device[MAXP];
     results r;
 } copy_case;
 
@@ -1181,6 +1185,7 @@ static dt_status rank_long_copies(dt_context *ctx, void *arg) {
     const int j = k.rank, P = k.p;
     void *a = NULL, *b = NULL, *b2 = NULL;
     want_args w = {700, LONG_N, 0, 0, (j + P - 1) % P};
+    c->device[j] = dt_context_cuda_device(ctx);
 #ifdef DT_HAVE_CUDA
     dt_backend_cuda_set_comm_ctas(k.be, c->ctas);
 #endif
@@ -1208,7 +1213,12 @@ static dt_status rank_long_copies(dt_context *ctx, void *arg) {
 
 static void test_long_copies(void **state) {
     (void)state;
-    REQUIRE_PAIR(2, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
+    int gpus = 0;
+#ifdef DT_HAVE_CUDA
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+#endif
+    const int p = gpus <= 1 || gpus + 1 > MAXP ? 2 : gpus + 1;
+    REQUIRE_PAIR(p, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
     static copy_case cases[2] = {{.ctas = 0}, {.ctas = 2}};
     uint64_t ran[2] = {0, 0};
     for (int i = 0; i < 2; i++) {
@@ -1216,16 +1226,20 @@ static void test_long_copies(void **state) {
 #ifdef DT_CUDA_EMULATE
         const uint64_t before = dt_emu_get_counts().blocks;
 #endif
-        dt_status st = h_launch_on(2, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_long_copies, &cases[i]);
-        assert_results(&cases[i].r, 2, st);
+        dt_status st = h_launch_on(p, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_long_copies, &cases[i]);
+        assert_results(&cases[i].r, p, st);
 #ifdef DT_CUDA_EMULATE
         ran[i] = dt_emu_get_counts().blocks - before;
 #endif
     }
+    int within = 0;   /* long messages within one GPU */
+    for (int j = 0; j < p; j++) within += cases[1].device[j] == cases[1].device[(j + 1) % p];
+    print_message("  %d ranks on %d GPU(s): %d long message(s) within one GPU\n", p, gpus, within);
 #ifdef DT_CUDA_EMULATE
     print_message("  CTAs run: %llu with the driver's copies, %llu with a copy kernel of 2 CTAs\n",
                   (unsigned long long)ran[0], (unsigned long long)ran[1]);
-    assert_int_equal(ran[1] - ran[0], 2 * 2);
+    assert_true(within > 0);
+    assert_int_equal(ran[1] - ran[0], 2 * within);
 #else
     (void)ran;
 #endif
@@ -1547,10 +1561,12 @@ int main(void) {
                 (long long)c->rows, (long long)c->n, c->weighted ? "weight" : "no weight", vs);
     }
 
+    /* comm kernels: P = 5 ranks put two on one GPU of up to 4 (rank r on
+     * GPU r mod the GPUs), where the copy kernel moves their data */
     static coll_case colls[] = {
         {.transport = DT_TRANSPORT_LOCAL, .p = 1, .checks = 0}, {.transport = DT_TRANSPORT_LOCAL, .p = 2, .checks = 0},
         {.transport = DT_TRANSPORT_LOCAL, .p = 3, .checks = 0}, {.transport = DT_TRANSPORT_LOCAL, .p = 4, .checks = 0},
-        {.transport = DT_TRANSPORT_LOCAL, .p = 3, .checks = 1}, {.transport = DT_TRANSPORT_LOCAL, .p = 3, .comm_ctas = 3},
+        {.transport = DT_TRANSPORT_LOCAL, .p = 3, .checks = 1}, {.transport = DT_TRANSPORT_LOCAL, .p = 5, .comm_ctas = 3},
         {.transport = DT_TRANSPORT_NCCL, .p = 1, .checks = 0},
         {.transport = DT_TRANSPORT_NCCL, .p = 1, .checks = 1},  {.transport = DT_TRANSPORT_NCCL, .p = 0, .checks = 0},
     };
@@ -1565,7 +1581,7 @@ int main(void) {
             c->transport == DT_TRANSPORT_NCCL ? "nccl" : "local", p, c->checks ? ",DT_CHECK" : "", ctas);
     }
     add(&tb, test_long_copies, NULL,
-        "collectives/cuda+local,P=2: a long message by the driver's copies and by a copy kernel of 2 CTAs");
+        "collectives/cuda+local: long messages by the driver's copies and by a copy kernel of 2 CTAs");
 
     static ring_case rings[] = {
         {.transport = DT_TRANSPORT_LOCAL, .p = 1, .dir = DT_RING_FORWARD}, {.transport = DT_TRANSPORT_LOCAL, .p = 2, .dir = DT_RING_FORWARD},
