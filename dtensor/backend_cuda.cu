@@ -95,7 +95,7 @@ struct cuda_impl {
     int dependent_launch;       /* dt_backend_cuda_set_dependent_launch */
     int overlap;                /* dt_backend_cuda_set_overlap */
     int producer;               /* dt_backend_cuda_set_producer: 0, 1 or 2 */
-    int comm_ctas;              /* dt_backend_cuda_set_comm_ctas: 0, the driver's copies */
+    int comm_ctas;              /* dt_backend_cuda_set_comm_ctas: 0, the driver's copy, wide kernels */
     int cc;                     /* compute capability, major * 10 + minor */
     int64_t l2_bytes;           /* L2 cache size, for the attention kernels' launch order */
     int failed;                 /* a wait ran out or the device failed: never wait again */
@@ -399,14 +399,15 @@ __global__ void add_round_kernel(const float *x, const float *y, T *out, int64_t
 }
 
 /* The communication stream's kernels in a few CTAs
- * (dt_backend_cuda_set_comm_ctas): COMM_THREADS threads, each with
- * COMM_UNROLL 16-byte loads of every input in flight (a block's width
- * apart, all before the stores): 128 KiB a CTA for a copy, for one CTA to
- * move several times an SM's share of the memory's bandwidth (by Little's
- * law at a microsecond's latency about 130 GB/s, against 4 TB/s / 132 SMs
- * = 30 GB/s: an estimate). Cache-streaming loads and stores (evicted
- * first): the work passes through L2 without pushing out the tiles the
- * kernel beside it reuses. */
+ * (dt_backend_cuda_set_comm_ctas; add_round_comm_kernel below and the
+ * transport's copy_kernel): COMM_THREADS threads, each with COMM_UNROLL
+ * 16-byte loads in flight (of its one input, or half as many of each of
+ * two; a block's width apart, all before the stores): 128 KiB a CTA, for
+ * one CTA to move several times an SM's share of the memory's bandwidth
+ * (by Little's law at a microsecond's latency about 130 GB/s, against 4
+ * TB/s / 132 SMs = 30 GB/s: an estimate). Cache-streaming loads and
+ * stores (evicted first): the work passes through L2 without pushing out
+ * the tiles the kernel beside it reuses. */
 constexpr int COMM_THREADS = 1024, COMM_UNROLL = 8;
 
 /* Four values rounded to T into p (16 bytes of fp32, 8 of bf16 or fp16,
@@ -1253,8 +1254,8 @@ dt_status mem_alloc(void *arg, size_t bytes, void **out) { return cuda_alloc(bac
 
 void mem_free(void *arg, void *p) { cuda_free(backend_of(arg), p); }
 
-/* A same-device copy in a few CTAs (the communication stream's kernels,
- * above add_beside's): n 16-byte units. */
+/* A same-device copy in a few CTAs (one of the communication stream's
+ * kernels: see COMM_THREADS): n 16-byte units. */
 constexpr int64_t COPY_ROUND = (int64_t)COMM_THREADS * COMM_UNROLL;
 __global__ void __launch_bounds__(COMM_THREADS) copy_kernel(uint4 *dst, const uint4 *src, int64_t n) {
     for (int64_t base = blockIdx.x * COPY_ROUND + threadIdx.x; base < n; base += gridDim.x * COPY_ROUND) {
@@ -1280,8 +1281,8 @@ dt_status comm_copy(dt_backend *b, void *dst, const void *src, size_t bytes, int
                             : 0;
     if (body > 0) {
         const int64_t n = (int64_t)(body / sizeof(uint4));
-        dt_cuda_launch(copy_kernel, comm_grid(im, n, COPY_ROUND), COMM_THREADS, 0, im->comm, static_cast<uint4 *>(dst),
-                       static_cast<const uint4 *>(src), n);
+        dt_cuda_launch(copy_kernel, comm_grid(im, n, COPY_ROUND), COMM_THREADS, 0, im->comm,
+                       static_cast<uint4 *>(dst), static_cast<const uint4 *>(src), n);
         CU_LAUNCHED(b, "transport copy", "copy_kernel");
     }
     if (body < bytes)
