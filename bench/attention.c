@@ -248,6 +248,22 @@ static dt_status call_run(attn_call *c) {
     return wait_done(c);
 }
 
+/* The same calls back to back, as a training step enqueues them: no
+ * read-back and no timing marks between them, one read-back after the
+ * last; *s the time per call. What a call does on the host (checks,
+ * set-up, launches) then overlaps the device's work on the call before,
+ * unless it waits for it. */
+static dt_status call_b2b(attn_call *c, int iters, double *s) {
+    const double t0 = ex_now_s();
+    for (int i = 0; i < iters; i++) {
+        DT_TRY(call_enqueue(c));
+        call_release(c);
+    }
+    DT_TRY(wait_done(c));
+    *s = (ex_now_s() - t0) / iters;
+    return DT_SUCCESS;
+}
+
 /* ------------------------------------------------------- (a) kernel throughput */
 
 typedef struct shape {
@@ -289,15 +305,7 @@ static dt_status rank_kernel(dt_context *ctx, void *arg) {
         if (i >= 0) k->t[i] = t1 - t0;
         call_release(&c);
     }
-    if (k->b2b) {   /* as rank_ring's b2b */
-        double b0 = ex_now_s();
-        for (int i = 0; i < k->iters; i++) {
-            DT_TRY_GOTO(st, call_enqueue(&c), out);
-            call_release(&c);
-        }
-        DT_TRY_GOTO(st, wait_done(&c), out);
-        k->b2b_s = (ex_now_s() - b0) / k->iters;
-    }
+    if (k->b2b) DT_TRY_GOTO(st, call_b2b(&c, k->iters, &k->b2b_s), out);
 out:
     call_destroy(&c);
     return st;
@@ -362,19 +370,10 @@ static dt_status rank_ring(dt_context *ctx, void *arg) {
         }
         call_release(&c);
     }
-    /* The same calls back to back, as a training step enqueues them: no
-     * read-back and no timing marks between them, one read-back after the
-     * last. What a call does on the host (checks, set-up, launches) then
-     * overlaps the device's work on the call before, unless it waits for it. */
+    /* back to back, without the timing marks */
     c.opts.timing = NULL;
     DT_TRY_GOTO(st, dt_comm_barrier(dt_context_comm(ctx)), out);
-    double b0 = ex_now_s();
-    for (int i = 0; i < r->iters; i++) {
-        DT_TRY_GOTO(st, call_enqueue(&c), out);
-        call_release(&c);
-    }
-    DT_TRY_GOTO(st, wait_done(&c), out);
-    r->b2b[rank] = (ex_now_s() - b0) / r->iters;
+    DT_TRY_GOTO(st, call_b2b(&c, r->iters, &r->b2b[rank]), out);
 out:
     free(tm);
     call_destroy(&c);

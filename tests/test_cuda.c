@@ -555,7 +555,7 @@ static dt_status check_add_beside(dt_backend *be, ew_case *c) {
     for (int with_y = 1; with_y >= 0; with_y--) {
         DT_TRY_GOTO(st, be->ops->zero(be, dout, n * es), out);
 #ifdef DT_CUDA_EMULATE
-        DT_TRY_GOTO(st, be->ops->sync(be), out);
+        /* no sync first: the zeroing (a memset, no CTAs) must stay queued */
         const uint64_t before = dt_emu_get_counts().blocks;
 #endif
         DT_TRY_GOTO(st, be->ops->add_beside(be, c->dtype, c->n, dx, with_y ? dy : NULL, dout),
