@@ -282,21 +282,6 @@ static int near(double a, double b) {
     return fabs(a - b) <= 1e-3 * fmax(fabs(a), fabs(b)) + 1e-5;
 }
 
-/* The tile model's per-visit cost F under `key` of the (m) object at
- * `model`, for a ring of K tiles and V visits against a call of Kc and Vc
- * that takes `ratio` times the call: K + F V = ratio (Kc + F Vc). No such
- * F where V <= ratio Vc (a ratio that timing on the emulator can give): then
- * null. */
-static int model_f_ok(const char *model, const char *key, double ratio, double k, double v,
-                      double kc, double vc) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": null", key);
-    const char *null = strstr(model, pat), *end = strchr(model, '}');
-    if (null && (!end || null < end)) return v <= ratio * vc * (1 + 1e-6);
-    double f;
-    return json_num(model, key, &f) && v > ratio * vc && near((k + f * v) / (kc + f * vc), ratio);
-}
-
 /* One (r) row: r = causal / full, each striped r its ms over full, and the
  * TFLOPS the flop count of bench/blocks (4 H c c D, 2.5x for bwd, halved for
  * causal; H = 2, D = 64 with --quick) gives for the times. */
@@ -537,6 +522,22 @@ static void test_trace_timeline(void **state) {
     assert_true(t.sms == 0 && t.wall_us == 0 && t.busy_us == 0);
 }
 
+#ifdef DT_HAVE_CUDA
+/* The tile model's per-visit cost F under `key` of the (m) object at
+ * `model`, for a ring of K tiles and V visits against a call of Kc and Vc
+ * that takes `ratio` times the call: K + F V = ratio (Kc + F Vc). No such
+ * F where V <= ratio Vc (a ratio that timing on the emulator can give): then
+ * null. */
+static int model_f_ok(const char *model, const char *key, double ratio, double k, double v,
+                      double kc, double vc) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": null", key);
+    const char *null = strstr(model, pat), *end = strchr(model, '}');
+    if (null && (!end || null < end)) return v <= ratio * vc * (1 + 1e-6);
+    double f;
+    return json_num(model, key, &f) && v > ratio * vc && near((k + f * v) / (kc + f * vc), ratio);
+}
+
 /* bench/blocks (p) --trace on the wgmma forward (the CUDA emulator, or a
  * GPU): every p row carries the b2b ring's timeline and the one call's,
  * with a record per query tile of every block that runs (P = 2, c = 128,
@@ -546,10 +547,8 @@ static void test_trace_timeline(void **state) {
  * producer warpgroup (the default), with its staged early loads
  * (--producer 2) and with thread 0's loads (--producer 0), which the
  * JSON reports, the same records. Skipped where
- * no CUDA device answers. */
-#ifdef DT_HAVE_CUDA
-/* One run of the above with --producer `producer`: 1 if it printed what it
- * should, 0 if not, -1 if no CUDA device answered. */
+ * no CUDA device answers. One run with --producer `producer`: 1 if it
+ * printed what it should, 0 if not, -1 if no CUDA device answered. */
 static int blocks_trace_timeline(int producer) {
     char *out = NULL;
     char args[256];
