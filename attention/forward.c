@@ -114,10 +114,8 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     if (local == DT_SUCCESS) local = attn_plan_check_kernel(&p, op);
     fwd_workspace w = {0};
     if (local == DT_SUCCESS) w = fwd_workspace_of(&p, q, k, v);
-    if (local == DT_SUCCESS && opts && opts->workspace && opts->workspace_bytes < w.total)
-        local = dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: %s: workspace of %zu bytes is smaller "
-                         "than the %zu needed (dt_attention_workspace_size)",
-                         dt_context_rank(p.ctx), op, opts->workspace_bytes, w.total);
+    if (local == DT_SUCCESS)
+        local = attn_plan_check_workspace(&p, op, opts, w.total, "dt_attention_workspace_size");
     dt_attention_timing *timing = opts ? opts->timing : NULL;
     if (local == DT_SUCCESS) local = attn_timing_begin(&p, timing);
     DT_TRY(attn_plan_check_agreement(&p, op, local));

@@ -183,6 +183,16 @@ dt_status attn_plan_check_kernel(const attn_plan *p, const char *op) {
 }
 
 /* All ranks must run the same call: compare everything the plan depends on. */
+dt_status attn_plan_check_workspace(const attn_plan *p, const char *op,
+                                    const dt_attention_options *opts, size_t needed,
+                                    const char *size_fn) {
+    if (!opts || !opts->workspace || opts->workspace_bytes >= needed) return DT_SUCCESS;
+    char msg[200];
+    snprintf(msg, sizeof msg, "workspace of %zu bytes is smaller than the %zu needed (%s)",
+             opts->workspace_bytes, needed, size_fn);
+    return attn_error(p, DT_ERR_INVALID_ARGUMENT, op, msg);
+}
+
 dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_status local) {
     if (!p->mesh) return local;
     static const char *const names[] = {

@@ -37,6 +37,13 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
  * fold it into the status given to attn_plan_check_agreement. */
 dt_status attn_plan_check_kernel(const attn_plan *p, const char *op);
 
+/* Whether the caller's workspace (opts->workspace, if any) holds the
+ * `needed` bytes the call asks of it: DT_SUCCESS, or DT_ERR_INVALID_ARGUMENT
+ * naming the rank, op and size_fn (the size query). Local, as above. */
+dt_status attn_plan_check_workspace(const attn_plan *p, const char *op,
+                                    const dt_attention_options *opts, size_t needed,
+                                    const char *size_fn);
+
 /* COLLECTIVE over the world when q is on a mesh: every rank shares whether
  * its arguments passed its own checks (`local`) and the call's shapes,
  * dtype, mask, scale and Layout, so that a call that is bad or different on

@@ -47,6 +47,7 @@
  * Test: tests/test_collectives.c, tests/test_ring.c (make test).
  */
 #include "transport_local.h"
+#include "failure.h"
 
 #include <errno.h>
 #include <math.h>
@@ -98,10 +99,7 @@ struct dt_local_world {
     pthread_cond_t cv;
     int size;
     dt_comm_config cfg;
-    int aborted;
-    dt_status abort_status;
-    int abort_rank;
-    char abort_msg[1024];
+    dt_failure failure;           /* the first failure: the world is aborted once set */
     dt_local_group *groups;       /* every live group, the world group included */
     dt_local_group *world_group;  /* holds a reference of the world's own */
 };
@@ -325,13 +323,8 @@ dt_status dt_local_world_comm(dt_local_world *w, int rank, const dt_mem *mem, dt
 
 /* Caller holds the lock. Keeps the first abort. */
 static void world_abort_locked(dt_local_world *w, int rank, dt_status status, const char *msg) {
-    if (!w->aborted) {
-        w->aborted = 1;
-        w->abort_status = status;
-        w->abort_rank = rank;
-        snprintf(w->abort_msg, sizeof w->abort_msg, "%s", msg);
+    if (dt_failure_record(&w->failure, rank, status, msg))
         dt_log_write(w->cfg.log_level, rank, DT_LOG_WARN, "aborting the world: %s", msg);
-    }
     pthread_cond_broadcast(&w->cv);
 }
 
@@ -345,9 +338,7 @@ void dt_local_world_abort(dt_local_world *w, int rank, dt_status status, const c
 dt_status dt_local_world_first_failure(dt_local_world *w, int *rank, char *msg, size_t size) {
     if (!w) return DT_SUCCESS;
     pthread_mutex_lock(&w->mu);
-    dt_status st = w->aborted ? w->abort_status : DT_SUCCESS;
-    if (rank) *rank = w->aborted ? w->abort_rank : -1;
-    if (msg && size) snprintf(msg, size, "%s", w->aborted ? w->abort_msg : "");
+    dt_status st = dt_failure_get(&w->failure, rank, msg, size);
     pthread_mutex_unlock(&w->mu);
     return st;
 }
@@ -390,25 +381,19 @@ static int wait_for(dt_local_world *w, const struct timespec *deadline, wait_pre
                     const void *arg, int drain) {
     for (;;) {
         if (pred(arg)) return WAIT_OK;
-        if (w->aborted && !drain) return WAIT_ABORTED;
+        if (w->failure.set && !drain) return WAIT_ABORTED;
         int rc = pthread_cond_timedwait(&w->cv, &w->mu, deadline);
         if (rc == ETIMEDOUT) {
             if (pred(arg)) return WAIT_OK;
-            return w->aborted ? WAIT_ABORTED : WAIT_TIMEOUT;
+            return w->failure.set ? WAIT_ABORTED : WAIT_TIMEOUT;
         }
     }
 }
 
 /* The status a rank returns when it stops waiting because the world was
- * aborted. Caller holds the lock. A mismatch is reported as such by every
- * rank: it is a property of the program, not of one rank. */
+ * aborted (failure.h). Caller holds the lock. */
 static dt_status aborted_error(dt_comm *c, const char *op) {
-    dt_local_world *w = ((dt_local_group *)c->impl)->world;
-    dt_status st = w->abort_status == DT_ERR_MISMATCH ? DT_ERR_MISMATCH : DT_ERR_PEER_FAILED;
-    if (w->abort_rank == c->world_rank)
-        return dt_error(w->abort_status, "%s", w->abort_msg);
-    return dt_error(st, "rank %d: %s stopped: rank %d failed: %s", c->world_rank, op,
-                    w->abort_rank, w->abort_msg);
+    return dt_failure_error(&((dt_local_group *)c->impl)->world->failure, c->world_rank, op);
 }
 
 /* Append "rank R (in OP)" for member m to buf, comma-separated unless buf
@@ -654,7 +639,7 @@ static dt_status local_collective(dt_comm *c, const dt_coll_args *a, dt_comm **s
         return st;
     }
     pthread_mutex_lock(&w->mu);
-    if (w->aborted) {
+    if (w->failure.set) {
         st = aborted_error(c, name);
         goto unlock;
     }
@@ -717,7 +702,7 @@ static dt_status local_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n) {
         return st;
     }
     pthread_mutex_lock(&w->mu);
-    if (w->aborted) {
+    if (w->failure.set) {
         st = aborted_error(c, "sendrecv");
         goto unlock;
     }
@@ -788,7 +773,7 @@ static dt_status local_p2p_wait(dt_comm *c) {
         local_slot *peer = &g->slots[op->peer];
         send_wait sw = {peer, c->rank, me->op_seq[k]};
         int rc = wait_for(w, &deadline, send_posted, &sw, 0);
-        if (rc == WAIT_OK && w->aborted) rc = WAIT_ABORTED; /* start no copy after an abort */
+        if (rc == WAIT_OK && w->failure.set) rc = WAIT_ABORTED; /* start no copy after an abort */
         if (rc != WAIT_OK) {
             snprintf(who, sizeof who, "message #%llu from ", (unsigned long long)sw.seq);
             describe_member(g, op->peer, who, sizeof who);
@@ -872,7 +857,7 @@ static void local_abort(dt_comm *c, dt_status status, const char *reason) {
 static int local_aborted(const dt_comm *c) {
     dt_local_world *w = ((const dt_local_group *)c->impl)->world;
     pthread_mutex_lock(&w->mu);
-    int a = w->aborted;
+    int a = w->failure.set;
     pthread_mutex_unlock(&w->mu);
     return a;
 }

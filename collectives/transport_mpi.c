@@ -61,6 +61,7 @@
  * Test: tests/test_mpi.c, run by `make test` under mpirun -np 1..4.
  */
 #include "transport_mpi.h"
+#include "failure.h"
 
 #include <limits.h>
 #include <mpi.h>
@@ -212,10 +213,7 @@ struct dt_mpi_world {
     MPI_Comm data, ctrl;
     int rank, size;
     dt_comm_config cfg;
-    int aborted;
-    dt_status abort_status;
-    int abort_rank;
-    char abort_msg[NOTICE_MSG + 64];
+    dt_failure failure;      /* the first failure: the world is aborted once set */
     int notified;            /* this rank has sent its notice */
     char *notice;            /* the notice sent (must live until the sends complete) */
     MPI_Request *notice_reqs;
@@ -227,14 +225,6 @@ struct dt_mpi_world {
 typedef struct notice_head {
     int32_t status, rank;
 } notice_head;
-
-static void world_record(dt_mpi_world *w, int rank, dt_status st, const char *msg) {
-    if (w->aborted) return;
-    w->aborted = 1;
-    w->abort_status = st;
-    w->abort_rank = rank;
-    copy_str(w->abort_msg, sizeof w->abort_msg, msg);
-}
 
 /* Reads every notice that has arrived; 1 if the world has failed. Never
  * blocks: a notice is small and already here when MPI_Improbe finds it. A
@@ -270,7 +260,8 @@ static int world_poll(dt_mpi_world *w) {
             char *keep = malloc(1);
             bury(keep);
             w->leak = 1;
-            world_record(w, s.MPI_SOURCE, DT_ERR_PEER_FAILED, "a failure notice could not be read");
+            dt_failure_record(&w->failure, s.MPI_SOURCE, DT_ERR_PEER_FAILED,
+                              "a failure notice could not be read");
             break;
         }
         notice_head h;
@@ -278,30 +269,28 @@ static int world_poll(dt_mpi_world *w) {
         buf[sizeof buf - 1] = '\0';
         dt_status st = h.status > 0 && h.status < DT_STATUS_COUNT ? (dt_status)h.status
                                                                    : DT_ERR_PEER_FAILED;
-        world_record(w, h.rank, st, buf + sizeof h);
+        dt_failure_record(&w->failure, h.rank, st, buf + sizeof h);
     }
-    return w->aborted;
+    return w->failure.set;
 }
 
 void dt_mpi_world_abort(dt_mpi_world *w, dt_status status, const char *reason) {
     if (!w) return;
     world_poll(w);
-    if (!w->aborted) {
-        world_record(w, w->rank, status, reason ? reason : "aborted");
+    if (dt_failure_record(&w->failure, w->rank, status, reason ? reason : "aborted"))
         dt_log_write(w->cfg.log_level, w->rank, DT_LOG_WARN, "aborting the world: %s",
-                     w->abort_msg);
-    }
-    if (w->notified || w->abort_rank != w->rank || w->size == 1 || w->ctrl == MPI_COMM_NULL)
+                     w->failure.msg);
+    if (w->notified || w->failure.rank != w->rank || w->size == 1 || w->ctrl == MPI_COMM_NULL)
         return;
     /* Tell the peers once. Small messages: MPI sends them eagerly. */
     w->notified = 1;
-    size_t len = strnlen(w->abort_msg, NOTICE_MSG - 1);
+    size_t len = strnlen(w->failure.msg, NOTICE_MSG - 1);
     w->notice = calloc(1, sizeof(notice_head) + len + 1);
     w->notice_reqs = malloc((size_t)w->size * sizeof *w->notice_reqs);
     if (!w->notice || !w->notice_reqs) return;
-    notice_head h = {(int32_t)w->abort_status, (int32_t)w->rank};
+    notice_head h = {(int32_t)w->failure.status, (int32_t)w->rank};
     memcpy(w->notice, &h, sizeof h);
-    memcpy(w->notice + sizeof h, w->abort_msg, len);
+    memcpy(w->notice + sizeof h, w->failure.msg, len);
     for (int q = 0; q < w->size; q++) {
         if (q == w->rank) continue;
         MPI_Request r = MPI_REQUEST_NULL;
@@ -423,7 +412,7 @@ void dt_mpi_world_destroy(dt_mpi_world *w) {
     }
     free(w->notice);
     free(w->notice_reqs);
-    if (!w->leak && !w->aborted) {
+    if (!w->leak && !w->failure.set) {
         if (w->data != MPI_COMM_NULL) MPI_Comm_free(&w->data);
         if (w->ctrl != MPI_COMM_NULL) MPI_Comm_free(&w->ctrl);
     }
@@ -434,10 +423,7 @@ void dt_mpi_world_destroy(dt_mpi_world *w) {
 
 static dt_status world_wait_fail(dt_mpi_world *w, int wr, int rc, const char *what) {
     if (wr == W_ABORTED) {
-        if (w->abort_rank == w->rank) return dt_error(w->abort_status, "%s", w->abort_msg);
-        return dt_error(w->abort_status == DT_ERR_MISMATCH ? DT_ERR_MISMATCH : DT_ERR_PEER_FAILED,
-                        "rank %d: %s stopped: rank %d failed: %s", w->rank, what, w->abort_rank,
-                        w->abort_msg);
+        return dt_failure_error(&w->failure, w->rank, what);
     }
     char msg[700];
     if (wr == W_TIMEOUT) {
@@ -490,12 +476,12 @@ dt_status dt_mpi_world_finish(dt_mpi_world *w, dt_status mine, const char *my_ms
     memset(&me, 0, sizeof me);
     /* An abort made here (dt_comm_abort) counts even if the function then
      * returned success, as in the local transport. */
-    if (mine == DT_SUCCESS && w->aborted && w->abort_rank == w->rank) {
-        mine = w->abort_status;
-        my_msg = w->abort_msg;
+    if (mine == DT_SUCCESS && w->failure.set && w->failure.rank == w->rank) {
+        mine = w->failure.status;
+        my_msg = w->failure.msg;
     }
     me.status = (int32_t)mine;
-    me.origin = mine == DT_SUCCESS ? -1 : w->aborted ? w->abort_rank : w->rank;
+    me.origin = mine == DT_SUCCESS ? -1 : w->failure.set ? w->failure.rank : w->rank;
     copy_str(me.msg, sizeof me.msg, mine != DT_SUCCESS && my_msg ? my_msg : "");
     finish_rec *all = calloc((size_t)w->size, sizeof *all);
     if (!all) return dt_error(DT_ERR_OUT_OF_MEMORY, "mpi world: out of memory for the exit exchange");
@@ -551,10 +537,8 @@ dt_status dt_mpi_world_finish(dt_mpi_world *w, dt_status mine, const char *my_ms
 
 static int channel_poll(void *arg, dt_status *status, int *rank, char *msg, size_t size) {
     dt_mpi_world *w = arg;
-    if (!world_poll(w) || w->abort_rank == w->rank) return 0;
-    *status = w->abort_status;
-    *rank = w->abort_rank;
-    snprintf(msg, size, "%s", w->abort_msg);
+    if (!world_poll(w) || w->failure.rank == w->rank) return 0;
+    *status = dt_failure_get(&w->failure, rank, msg, size);
     return 1;
 }
 
@@ -1155,7 +1139,7 @@ static void mpi_destroy(dt_comm *c) {
     if (im->n) p2p_drop(c); /* a group started and never waited for */
     if (im->failed) bury(im->scratch);
     else free(im->scratch);
-    if (im->owns_mc && im->mc != MPI_COMM_NULL && !w->leak && !w->aborted) MPI_Comm_free(&im->mc);
+    if (im->owns_mc && im->mc != MPI_COMM_NULL && !w->leak && !w->failure.set) MPI_Comm_free(&im->mc);
     w->comms--;
     free(im->world_ranks);
     free(im->v);

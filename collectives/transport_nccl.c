@@ -52,6 +52,7 @@
  * NCCL of tests/emu/nccl.c, 4 emulated GPUs).
  */
 #include "transport_nccl.h"
+#include "failure.h"
 #include "idle_clock.h"
 #include "../dtensor/backoff.h"
 #include "../dtensor/trace.h"
@@ -80,12 +81,8 @@ struct dt_nccl_world {
     int size;
     dt_comm_config cfg;
     ncclUniqueId id;
-    int processes;          /* ranks are processes: one rank lives here */
     dt_peer_channel channel;/* process mode: failures of ranks elsewhere (may be empty) */
-    int aborted;
-    dt_status abort_status;
-    int abort_rank;
-    char abort_msg[1024];
+    dt_failure failure;     /* the first failure: the world is aborted once set */
     dt_idle_clock idle;     /* bounds teardown waits (idle_clock.h) */
     stage_grave *graves;
 };
@@ -130,14 +127,8 @@ static size_t align_up(size_t x) { return (x + STAGE_ALIGN - 1) / STAGE_ALIGN * 
  * processes are told through the channel (process mode). */
 static void world_abort_ex(dt_nccl_world *w, int rank, dt_status st, const char *msg, int notify) {
     pthread_mutex_lock(&w->mu);
-    int first = !w->aborted;
-    if (first) {
-        w->aborted = 1;
-        w->abort_status = st;
-        w->abort_rank = rank;
-        snprintf(w->abort_msg, sizeof w->abort_msg, "%s", msg);
-        dt_log_write(w->cfg.log_level, rank, DT_LOG_WARN, "aborting the world: %s", msg);
-    }
+    const int first = dt_failure_record(&w->failure, rank, st, msg);
+    if (first) dt_log_write(w->cfg.log_level, rank, DT_LOG_WARN, "aborting the world: %s", msg);
     pthread_mutex_unlock(&w->mu);
     /* Only the rank's own thread lives in this process: no lock needed. */
     if (first && notify && w->channel.notify) w->channel.notify(w->channel.arg, st, msg);
@@ -149,7 +140,7 @@ static void world_abort(dt_nccl_world *w, int rank, dt_status st, const char *ms
 
 static int world_aborted(dt_nccl_world *w) {
     pthread_mutex_lock(&w->mu);
-    int a = w->aborted;
+    int a = w->failure.set;
     pthread_mutex_unlock(&w->mu);
     if (!a && w->channel.poll) {
         /* A rank in another process reported a failure (polled, non-blocking). */
@@ -164,7 +155,9 @@ static int world_aborted(dt_nccl_world *w) {
     return a;
 }
 
-dt_status dt_nccl_world_create(int size, const dt_comm_config *cfg, dt_nccl_world **out) {
+/* A world of `size` ranks, `here` of them threads of this process: what
+ * both ways of making one share. */
+static dt_status world_new(int size, int here, const dt_comm_config *cfg, dt_nccl_world **out) {
     if (!out || !cfg) return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: out or cfg is NULL");
     *out = NULL;
     if (size < 1) return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: size %d < 1", size);
@@ -178,16 +171,19 @@ dt_status dt_nccl_world_create(int size, const dt_comm_config *cfg, dt_nccl_worl
     }
     w->size = size;
     w->cfg = *cfg;
-    dt_idle_clock_init(&w->idle, size); /* every rank is a thread of this process */
-    ncclResult_t r = ncclGetUniqueId(&w->id);
-    if (r != ncclSuccess) {
-        const char *last = ncclGetLastError(NULL);
-        dt_nccl_world_destroy(w);
-        return dt_error(DT_ERR_BACKEND, "nccl world of %d ranks: ncclGetUniqueId failed: %s%s%s",
-                        size, ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
-    }
+    dt_idle_clock_init(&w->idle, here);
     *out = w;
     return DT_SUCCESS;
+}
+
+dt_status dt_nccl_world_create(int size, const dt_comm_config *cfg, dt_nccl_world **out) {
+    DT_TRY(world_new(size, size, cfg, out));   /* every rank is a thread of this process */
+    const dt_status st = dt_nccl_unique_id(&(*out)->id, sizeof (*out)->id);
+    if (st != DT_SUCCESS) {
+        dt_nccl_world_destroy(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 void dt_nccl_world_abort(dt_nccl_world *w, int rank, dt_status status, const char *reason) {
@@ -197,9 +193,7 @@ void dt_nccl_world_abort(dt_nccl_world *w, int rank, dt_status status, const cha
 dt_status dt_nccl_world_first_failure(dt_nccl_world *w, int *rank, char *msg, size_t size) {
     if (!w) return DT_SUCCESS;
     pthread_mutex_lock(&w->mu);
-    dt_status st = w->aborted ? w->abort_status : DT_SUCCESS;
-    if (rank) *rank = w->aborted ? w->abort_rank : -1;
-    if (msg && size) snprintf(msg, size, "%s", w->aborted ? w->abort_msg : "");
+    dt_status st = dt_failure_get(&w->failure, rank, msg, size);
     pthread_mutex_unlock(&w->mu);
     return st;
 }
@@ -221,21 +215,8 @@ dt_status dt_nccl_unique_id(void *id, size_t bytes) {
 
 dt_status dt_nccl_world_create_process(int size, const void *id, const dt_comm_config *cfg,
                                        const dt_peer_channel *channel, dt_nccl_world **out) {
-    if (!out || !cfg) return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: out or cfg is NULL");
-    *out = NULL;
-    if (size < 1) return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: size %d < 1", size);
-    if (cfg->timeout_ms <= 0)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: timeout %ld ms <= 0", cfg->timeout_ms);
-    dt_nccl_world *w = calloc(1, sizeof *w);
-    if (!w) return dt_error(DT_ERR_OUT_OF_MEMORY, "nccl world: out of memory");
-    if (pthread_mutex_init(&w->mu, NULL) != 0) {
-        free(w);
-        return dt_error(DT_ERR_SYSTEM, "nccl world: cannot create a mutex");
-    }
-    w->size = size;
-    w->cfg = *cfg;
-    w->processes = 1;
-    dt_idle_clock_init(&w->idle, 1); /* one rank lives here */
+    DT_TRY(world_new(size, 1, cfg, out));   /* one rank lives here */
+    dt_nccl_world *w = *out;
     if (channel) w->channel = *channel;
     /* Without an id, every process makes its own: with NCCL_COMM_ID set they
      * all encode the same address, and rank 0's init listens there. */
@@ -243,10 +224,9 @@ dt_status dt_nccl_world_create_process(int size, const void *id, const dt_comm_c
                       : dt_nccl_unique_id(&w->id, sizeof w->id);
     if (st != DT_SUCCESS) {
         dt_nccl_world_destroy(w);
-        return st;
+        *out = NULL;
     }
-    *out = w;
-    return DT_SUCCESS;
+    return st;
 }
 
 void dt_nccl_world_destroy(dt_nccl_world *w) {
@@ -307,14 +287,9 @@ static dt_status peer_failed(dt_comm *c, const char *what) {
     dt_nccl_world *w = im->world;
     abort_handle(im);
     pthread_mutex_lock(&w->mu);
-    dt_status ast = w->abort_status;
-    int arank = w->abort_rank;
-    char amsg[1024];
-    snprintf(amsg, sizeof amsg, "%s", w->abort_msg);
+    const dt_failure f = w->failure;   /* the message is made outside the lock */
     pthread_mutex_unlock(&w->mu);
-    if (arank == c->world_rank) return dt_error(ast, "%s", amsg);
-    return dt_error(ast == DT_ERR_MISMATCH ? DT_ERR_MISMATCH : DT_ERR_PEER_FAILED,
-                    "rank %d: %s stopped: rank %d failed: %s", c->world_rank, what, arank, amsg);
+    return dt_failure_error(&f, c->world_rank, what);
 }
 
 #define CU_TRY(c, what, call)                                                 \

@@ -155,6 +155,7 @@ static dt_status a09(fixture *f) { dt_tensor *dk = NULL, *dv = NULL; return dt_a
 static dt_status a10(fixture *f) { dt_tensor *dk = NULL, *dv = NULL; return dt_attention_backward(f->q, f->kv, f->kv, f->o, f->o, f->o, NULL, &f->out, &dk, &dv); }
 static dt_status a11(fixture *f) { dt_tensor *dk = NULL, *dv = NULL; return dt_attention_backward(f->q, f->kv, f->kv, f->q12, f->lse, f->o, NULL, &f->out, &dk, &dv); }
 static dt_status a12(fixture *f) { size_t b; return dt_attention_workspace_size(f->q, f->kv3, f->kv3, NULL, &b); }
+static dt_status a13(fixture *f) { char ws[8]; dt_attention_options o = DT_ATTENTION_OPTIONS_INIT; o.workspace = ws; o.workspace_bytes = sizeof ws; dt_tensor *dk = NULL, *dv = NULL; return dt_attention_backward(f->q, f->kv, f->kv, f->o, f->lse, f->o, &o, &f->out, &dk, &dv); }
 
 #define BAD(fn, st, needle) {#fn, fn, st, needle}
 #define INV DT_ERR_INVALID_ARGUMENT
@@ -187,6 +188,7 @@ static const bad_case cases[] = {
     BAD(a04, INV, "one Layout"), BAD(a05, INV, "unknown mask 4"), BAD(a06, INV, "scale"),
     BAD(a07, INV, "workspace of 8 bytes"), BAD(a08, INV, "[B, S, H, D]"), BAD(a09, INV, "NULL"),
     BAD(a10, INV, "lse must be"), BAD(a11, INV, "o must have"), BAD(a12, INV, "do not divide"),
+    BAD(a13, INV, "workspace of 8 bytes is smaller than the"),
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 

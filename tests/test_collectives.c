@@ -19,6 +19,7 @@
 #endif
 
 #include "collectives/comm.h"
+#include "collectives/failure.h"
 #include "collectives/idle_clock.h"
 #include "collectives/transport_local.h"
 #include "dtensor/backoff.h"
@@ -725,6 +726,58 @@ static void test_idle_clock(void **state) {
     assert_int_equal(dt_idle_clock_waited(&k, 40, 640), 600);
 }
 
+/* A world's first failure (failure.h; every transport's record, pure): the
+ * first is kept, and each rank's error follows from it: the failure itself
+ * where it happened, DT_ERR_PEER_FAILED naming it elsewhere, a mismatch as
+ * a mismatch everywhere. */
+static void test_failure_record(void **state) {
+    (void)state;
+    dt_failure f;
+    memset(&f, 0, sizeof f);
+    int rank = 7;
+    char msg[64] = "stale";
+    assert_int_equal(dt_failure_get(&f, &rank, msg, sizeof msg), DT_SUCCESS);
+    assert_int_equal(rank, -1);
+    assert_string_equal(msg, "");
+    assert_int_equal(dt_failure_error(&f, 0, "allreduce"), DT_ERR_INTERNAL);
+
+    assert_int_equal(dt_failure_record(&f, 2, DT_ERR_TIMEOUT, "rank 2: recv timed out"), 1);
+    assert_int_equal(dt_failure_record(&f, 1, DT_ERR_BACKEND, "later"), 0);   /* kept: the first */
+    assert_int_equal(dt_failure_get(&f, &rank, msg, sizeof msg), DT_ERR_TIMEOUT);
+    assert_int_equal(rank, 2);
+    assert_string_equal(msg, "rank 2: recv timed out");
+    assert_int_equal(dt_failure_get(&f, NULL, NULL, 0), DT_ERR_TIMEOUT);
+    assert_int_equal(dt_failure_get(&f, NULL, msg, 5), DT_ERR_TIMEOUT);   /* cut to fit */
+    assert_string_equal(msg, "rank");
+
+    /* where it happened: the failure itself; elsewhere: the peer's */
+    assert_int_equal(dt_failure_error(&f, 2, "allreduce"), DT_ERR_TIMEOUT);
+    assert_string_equal(dt_last_error(), "rank 2: recv timed out");
+    assert_int_equal(dt_failure_error(&f, 0, "allreduce"), DT_ERR_PEER_FAILED);
+    assert_string_equal(dt_last_error(),
+                        "rank 0: allreduce stopped: rank 2 failed: rank 2: recv timed out");
+
+    /* a mismatch is the program's: every rank says so */
+    memset(&f, 0, sizeof f);
+    assert_int_equal(dt_failure_record(&f, 3, DT_ERR_MISMATCH, "sizes differ"), 1);
+    assert_int_equal(dt_failure_error(&f, 1, "sendrecv"), DT_ERR_MISMATCH);
+    assert_non_null(strstr(dt_last_error(), "rank 3 failed: sizes differ"));
+    assert_int_equal(dt_failure_error(&f, 3, "sendrecv"), DT_ERR_MISMATCH);
+
+    /* a message longer than the record is cut, never overflowed; NULL is "" */
+    char big[3000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    memset(&f, 0, sizeof f);
+    assert_int_equal(dt_failure_record(&f, 0, DT_ERR_SYSTEM, big), 1);
+    assert_int_equal(strlen(f.msg), sizeof f.msg - 1);
+    memset(&f, 0, sizeof f);
+    assert_int_equal(dt_failure_record(&f, 0, DT_ERR_SYSTEM, NULL), 1);
+    assert_int_equal(dt_failure_get(&f, &rank, msg, sizeof msg), DT_ERR_SYSTEM);
+    assert_int_equal(rank, 0);
+    assert_string_equal(msg, "");
+}
+
 /* Host memory hooks that count publish calls and can slow a rank's copies
  * down: a rank thread of a world made here (not by dt_launch) passes
  * {&hooked_ops, its hook_rank} as its communicator's memory. */
@@ -883,6 +936,7 @@ static void test_departure_outlasts_arrival(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idle_clock),
+        cmocka_unit_test(test_failure_record),
         cmocka_unit_test(test_backoff),
         cmocka_unit_test(test_all_reduce),
         cmocka_unit_test(test_all_reduce_same_bits_on_every_rank),

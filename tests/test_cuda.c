@@ -1291,6 +1291,58 @@ static void test_never_calls(void **state) {
     assert_true(s < 30.0);
 }
 
+/* A rank aborts (dt_comm_abort) while the others wait for it in a barrier:
+ * each of them returns DT_ERR_PEER_FAILED naming that rank and its reason,
+ * the rank itself its own failure on its next call, and the launch the
+ * abort's status (collectives/failure.h's rule, the local transport's in
+ * test_collectives). */
+static dt_status rank_aborts(dt_context *ctx, void *arg) {
+    results *r = arg;
+    int j = dt_context_rank(ctx), P = dt_context_world_size(ctx);
+    dt_comm *comm = dt_context_comm(ctx);
+    if (j == P - 1) dt_comm_abort(comm, DT_ERR_BACKEND, "injected abort");
+    dt_status st = dt_comm_barrier(comm);
+    r->st[j] = st;
+    if (st != DT_SUCCESS) snprintf(r->msg[j], sizeof r->msg[j], "%s", dt_last_error());
+    return st;
+}
+
+static void test_peer_aborts(void **state) {
+    (void)state;
+    char why[768];
+    int p = nccl_all_gpus(why, sizeof why);
+    if (p == 0) {
+        print_message("skipped: %s\n", why);
+        skip();
+        return;
+    }
+    results r;
+    memset(&r, 0, sizeof r);
+    dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+    o.backend = DT_BACKEND_CUDA;
+    o.transport = DT_TRANSPORT_NCCL;
+    o.timeout_ms = 30000;   /* the abort, not the timeout, must end the waits */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    dt_status st = dt_launch(p, rank_aborts, &r, &o);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    print_message("  %d ranks over NCCL, rank %d aborts: %s after %.2f s: %s\n", p, p - 1,
+                  dt_status_name(st), s, dt_last_error());
+    assert_int_equal(st, DT_ERR_BACKEND);
+    assert_non_null(strstr(dt_last_error(), "injected abort"));
+    char want[64];
+    snprintf(want, sizeof want, "stopped: rank %d failed: ", p - 1);
+    for (int j = 0; j < p; j++) {
+        const dt_status ws = j == p - 1 ? DT_ERR_BACKEND : DT_ERR_PEER_FAILED;
+        if (r.st[j] != ws) print_error("rank %d: %s: %s\n", j, dt_status_name(r.st[j]), r.msg[j]);
+        assert_int_equal(r.st[j], ws);
+        assert_non_null(strstr(r.msg[j], "injected abort"));
+        if (j != p - 1) assert_non_null(strstr(r.msg[j], want));
+    }
+    assert_true(s < 20.0);
+}
+
 /* ================================================================ the ring */
 
 #define RING_BYTES 1001 /* odd: the ring moves bytes */
@@ -1599,6 +1651,7 @@ int main(void) {
     }
 
     add(&tb, test_never_calls, NULL, "faults/cuda+nccl,P=all GPUs,last rank never calls: all return, timeout 1 s");
+    add(&tb, test_peer_aborts, NULL, "faults/cuda+nccl,P=all GPUs,last rank aborts: the others stopped, naming it");
 
     int failed = h_run_cases("cuda", tb.tests, tb.n);
     free(tb.tests);
