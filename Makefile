@@ -56,8 +56,8 @@ EMU_ON := $(filter emu,$(CUDA))
 
 # Each variant gets its own tree so objects built with different flags never
 # mix: build/, build-debug/, build-san/, build-emu/, build-emu-debug-san/,
-# build-lineinfo/ (LINEINFO=1), ...
-BUILD := build$(if $(EMU_ON),-emu)$(if $(DEBUG_ON),-debug)$(if $(SANITIZE),-san)$(if $(filter 1,$(LINEINFO)),-lineinfo)
+# build-tsan/ (SANITIZE=thread), build-lineinfo/ (LINEINFO=1), ...
+BUILD := build$(if $(EMU_ON),-emu)$(if $(DEBUG_ON),-debug)$(if $(SANITIZE),$(if $(findstring thread,$(SANITIZE)),-tsan,-san))$(if $(filter 1,$(LINEINFO)),-lineinfo)
 
 # ---------------------------------------------------------------------------
 # Sources
@@ -557,7 +557,7 @@ help:
 	@echo "  CUDA=$(CUDA) (auto|0|1|emu)  CUDA_HOME=$(CUDA_HOME)  NCCL_HOME=$(NCCL_HOME)  NVCC_ARCH=$(NVCC_ARCH)"
 	@echo "  MPI=$(MPI) (auto|0|1)  MPI_HOME=$(MPI_HOME)"
 	@echo "  CMOCKA_ROOT=$(CMOCKA_ROOT)  OPENBLAS_ROOT=$(OPENBLAS_ROOT)  (prefix with include/ and lib/[<multiarch>/])"
-	@echo "  SANITIZE=$(SANITIZE) (e.g. address,undefined or 1; builds in build-san/)"
+	@echo "  SANITIZE=$(SANITIZE) (e.g. address,undefined or 1; builds in build-san/; thread in build-tsan/)"
 	@echo "  DEBUG=$(DEBUG) (1: -O0 -g3 -DDT_DEBUG; builds in build-debug/)"
 	@echo "  LINEINFO=$(LINEINFO) (1: nvcc -lineinfo, source lines for profilers)"
 	@echo "  SPILL_CHECK=$(SPILL_CHECK) (0: a register spill in the attention forward kernels or the wgmma backward is no build error)"

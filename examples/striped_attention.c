@@ -99,7 +99,7 @@ static dt_status rank_demo(dt_context *ctx, void *arg) {
     dt_layout contiguous = dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS));
     DT_TRY_GOTO(st, dt_tensor_shard(mesh, 0, ids, &striped, &a), out);
     DT_TRY_GOTO(st, dt_tensor_shard(mesh, 0, perm, &contiguous, &b), out);
-    d->local_len = (int)dt_tensor_local_numel(a);
+    if (rank == 0) d->local_len = (int)dt_tensor_local_numel(a);   /* every rank holds as many */
     DT_TRY_GOTO(st, dt_tensor_get_local(a, d->striped[rank], dt_tensor_local_bytes(a)), out);
     DT_TRY_GOTO(st, dt_tensor_get_local(b, d->permuted[rank], dt_tensor_local_bytes(b)), out);
 out:

@@ -219,8 +219,9 @@ static dt_status rank_block(dt_context *ctx, void *arg) {
     const int sp_coord = dt_mesh_coord(mesh, 1);
     if (dt_mesh_coord(mesh, 0) == 0) {
         const int64_t local = dt_tensor_local_shape(x)[1];
-        r->n_tokens = local < SHOW_TOKENS ? local : SHOW_TOKENS;
-        for (int64_t i = 0; i < r->n_tokens; i++)
+        const int64_t n = local < SHOW_TOKENS ? local : SHOW_TOKENS;
+        if (sp_coord == 0) r->n_tokens = n;   /* one writer: every sp rank holds as many */
+        for (int64_t i = 0; i < n; i++)
             r->tokens[sp_coord][i] = dt_order_global(c->order, c->seq, c->sp, sp_coord, i);
     }
 

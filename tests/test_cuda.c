@@ -1245,100 +1245,101 @@ static void test_long_copies(void **state) {
 #endif
 }
 
+/* The fault cases over NCCL, on every GPU: the last rank misbehaves while
+ * the others wait for it in a barrier (faults below). */
+typedef struct fault_case {
+    int aborts;   /* the last rank aborts (dt_comm_abort), else it never calls */
+    results r;
+} fault_case;
+
+static dt_status rank_fault(dt_context *ctx, void *arg) {
+    fault_case *f = arg;
+    int j = dt_context_rank(ctx), P = dt_context_world_size(ctx);
+    dt_comm *comm = dt_context_comm(ctx);
+    dt_status st = DT_SUCCESS;
+    if (j == P - 1 && f->aborts) dt_comm_abort(comm, DT_ERR_BACKEND, "injected abort");
+    if (j != P - 1 || f->aborts) st = dt_comm_barrier(comm);
+    f->r.st[j] = st;
+    if (st != DT_SUCCESS) snprintf(f->r.msg[j], sizeof f->r.msg[j], "%s", dt_last_error());
+    return st;
+}
+
+/* Runs the case with the given timeout; the launch's status, P in *p and
+ * the seconds it took in *s. *p is 0, and the test skipped, where NCCL or
+ * two GPUs are missing. */
+static dt_status fault_launch(fault_case *f, long timeout_ms, int *p, double *s) {
+    char why[768];
+    *p = nccl_all_gpus(why, sizeof why);
+    if (*p == 0) {
+        print_message("skipped: %s\n", why);
+        return DT_SUCCESS;
+    }
+    memset(&f->r, 0, sizeof f->r);
+    dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+    o.backend = DT_BACKEND_CUDA;
+    o.transport = DT_TRANSPORT_NCCL;
+    o.timeout_ms = timeout_ms;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    dt_status st = dt_launch(*p, rank_fault, f, &o);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    print_message("  %d ranks over NCCL, rank %d %s: %s after %.2f s: %s\n", *p, *p - 1,
+                  f->aborts ? "aborts" : "never calls", dt_status_name(st), *s,
+                  st == DT_SUCCESS ? "" : dt_last_error());
+    return st;
+}
+
 /* A rank that never calls: the last rank returns without the barrier the
  * others wait in. Every waiting rank must return within the timeout (1 s
  * here) with DT_ERR_TIMEOUT or DT_ERR_PEER_FAILED, and the launch reports
  * the failure. On NCCL the waiting ranks time out polling their event and
  * abort; the early rank, in its teardown, sees the abort. */
-static dt_status rank_never_calls(dt_context *ctx, void *arg) {
-    results *r = arg;
-    int j = dt_context_rank(ctx), P = dt_context_world_size(ctx);
-    dt_status st = DT_SUCCESS;
-    if (j != P - 1) st = dt_comm_barrier(dt_context_comm(ctx));
-    r->st[j] = st;
-    if (st != DT_SUCCESS) snprintf(r->msg[j], sizeof r->msg[j], "%s", dt_last_error());
-    return st;
-}
-
 static void test_never_calls(void **state) {
     (void)state;
-    char why[768];
-    int p = nccl_all_gpus(why, sizeof why);
+    fault_case f = {.aborts = 0};
+    int p;
+    double s = 0;
+    dt_status st = fault_launch(&f, 1000, &p, &s);
     if (p == 0) {
-        print_message("skipped: %s\n", why);
         skip();
         return;
     }
-    results r;
-    memset(&r, 0, sizeof r);
-    dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
-    o.backend = DT_BACKEND_CUDA;
-    o.transport = DT_TRANSPORT_NCCL;
-    o.timeout_ms = 1000;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    dt_status st = dt_launch(p, rank_never_calls, &r, &o);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    print_message("  %d ranks over NCCL, rank %d never calls: %s after %.2f s: %s\n", p, p - 1,
-                  dt_status_name(st), s, st == DT_SUCCESS ? "" : dt_last_error());
     assert_int_not_equal(st, DT_SUCCESS);
     for (int j = 0; j < p - 1; j++) {
-        if (r.st[j] != DT_ERR_TIMEOUT && r.st[j] != DT_ERR_PEER_FAILED)
-            print_error("rank %d: %s: %s\n", j, dt_status_name(r.st[j]), r.msg[j]);
-        assert_true(r.st[j] == DT_ERR_TIMEOUT || r.st[j] == DT_ERR_PEER_FAILED);
+        if (f.r.st[j] != DT_ERR_TIMEOUT && f.r.st[j] != DT_ERR_PEER_FAILED)
+            print_error("rank %d: %s: %s\n", j, dt_status_name(f.r.st[j]), f.r.msg[j]);
+        assert_true(f.r.st[j] == DT_ERR_TIMEOUT || f.r.st[j] == DT_ERR_PEER_FAILED);
     }
     assert_true(s < 30.0);
 }
 
-/* A rank aborts (dt_comm_abort) while the others wait for it in a barrier:
- * each of them returns DT_ERR_PEER_FAILED naming that rank and its reason,
- * the rank itself its own failure on its next call, and the launch the
- * abort's status (collectives/failure.h's rule, the local transport's in
- * test_collectives). */
-static dt_status rank_aborts(dt_context *ctx, void *arg) {
-    results *r = arg;
-    int j = dt_context_rank(ctx), P = dt_context_world_size(ctx);
-    dt_comm *comm = dt_context_comm(ctx);
-    if (j == P - 1) dt_comm_abort(comm, DT_ERR_BACKEND, "injected abort");
-    dt_status st = dt_comm_barrier(comm);
-    r->st[j] = st;
-    if (st != DT_SUCCESS) snprintf(r->msg[j], sizeof r->msg[j], "%s", dt_last_error());
-    return st;
-}
-
+/* A rank aborts (dt_comm_abort) while the others wait for it: each of them
+ * returns DT_ERR_PEER_FAILED naming that rank and its reason, the rank
+ * itself its own failure from its next call, and the launch the abort's
+ * status (collectives/failure.h's rule; the local transport's in
+ * test_collectives). The timeout is long: the abort must end the waits. */
 static void test_peer_aborts(void **state) {
     (void)state;
-    char why[768];
-    int p = nccl_all_gpus(why, sizeof why);
+    fault_case f = {.aborts = 1};
+    int p;
+    double s = 0;
+    dt_status st = fault_launch(&f, 30000, &p, &s);
     if (p == 0) {
-        print_message("skipped: %s\n", why);
         skip();
         return;
     }
-    results r;
-    memset(&r, 0, sizeof r);
-    dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
-    o.backend = DT_BACKEND_CUDA;
-    o.transport = DT_TRANSPORT_NCCL;
-    o.timeout_ms = 30000;   /* the abort, not the timeout, must end the waits */
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    dt_status st = dt_launch(p, rank_aborts, &r, &o);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    print_message("  %d ranks over NCCL, rank %d aborts: %s after %.2f s: %s\n", p, p - 1,
-                  dt_status_name(st), s, dt_last_error());
     assert_int_equal(st, DT_ERR_BACKEND);
     assert_non_null(strstr(dt_last_error(), "injected abort"));
     char want[64];
     snprintf(want, sizeof want, "stopped: rank %d failed: ", p - 1);
     for (int j = 0; j < p; j++) {
         const dt_status ws = j == p - 1 ? DT_ERR_BACKEND : DT_ERR_PEER_FAILED;
-        if (r.st[j] != ws) print_error("rank %d: %s: %s\n", j, dt_status_name(r.st[j]), r.msg[j]);
-        assert_int_equal(r.st[j], ws);
-        assert_non_null(strstr(r.msg[j], "injected abort"));
-        if (j != p - 1) assert_non_null(strstr(r.msg[j], want));
+        if (f.r.st[j] != ws)
+            print_error("rank %d: %s: %s\n", j, dt_status_name(f.r.st[j]), f.r.msg[j]);
+        assert_int_equal(f.r.st[j], ws);
+        assert_non_null(strstr(f.r.msg[j], "injected abort"));
+        if (j != p - 1) assert_non_null(strstr(f.r.msg[j], want));
     }
     assert_true(s < 20.0);
 }

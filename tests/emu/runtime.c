@@ -62,6 +62,28 @@ __asm__(".text\n"
 #include <sanitizer/common_interface_defs.h>
 #define EMU_ASAN 1
 #endif
+/* ThreadSanitizer follows the fibers' switches only when told of them: a
+ * TSan fiber per emulated thread of a launch, and each switch announced
+ * just before it (with a happens-before edge: the emulated threads of a
+ * block are one host thread's work, their races the emulator's own
+ * checks'). A fiber runs one block's thread after another, each from
+ * fiber_main, which never returns: it and yield_fiber, the frames a
+ * finished thread leaves on its stack, are not instrumented (EMU_NO_TSAN),
+ * so that TSan's record of the fiber's calls stays balanced. (A failed
+ * launch leaves deeper frames; its fibers go with it.) */
+#if defined(__SANITIZE_THREAD__)
+#define EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_TSAN 1
+#endif
+#endif
+#ifdef EMU_TSAN
+#include <sanitizer/tsan_interface.h>
+#define EMU_NO_TSAN __attribute__((no_sanitize("thread")))
+#else
+#define EMU_NO_TSAN
+#endif
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)
 #include <valgrind/valgrind.h>
@@ -148,6 +170,7 @@ typedef struct emu_thread {
     int linear;
     thread_state state;
     void *asan_fake;
+    void *tsan_fiber;   /* EMU_TSAN */
     /* cp.async in flight */
     emu_copy *copies;
     int ncopies, cap;
@@ -228,6 +251,7 @@ static struct {
 #endif
     const void *sched_stack;
     size_t sched_stack_size;
+    void *tsan_sched;   /* EMU_TSAN: the scheduler's fiber (the launching thread) */
     wgmma_op *wg_new;  /* a wgmma being completed: freed by the launch if that fails */
     /* the block's mbarriers and pending TMAs (in issue order); tma_busy[i]
      * is 1 while shared byte i is in a pending TMA's destination */
@@ -252,6 +276,10 @@ static void run_fiber(emu_thread *t) {
     void *fake = NULL;
     __sanitizer_start_switch_fiber(&fake, t->stack, EMU_STACK);
 #endif
+#ifdef EMU_TSAN
+    E.tsan_sched = __tsan_get_current_fiber();
+    __tsan_switch_to_fiber(t->tsan_fiber, 0);
+#endif
 #ifdef EMU_ASM_SWITCH
     dt_emu_switch_(&E.sched_sp, t->sp);
 #else
@@ -264,12 +292,15 @@ static void run_fiber(emu_thread *t) {
 }
 
 /* Fiber -> scheduler. `dying`: the fiber is never resumed. */
-static void yield_fiber(int dying) {
+static EMU_NO_TSAN void yield_fiber(int dying) {
     emu_thread *t = E.cur;
 #ifdef EMU_ASAN
     __sanitizer_start_switch_fiber(dying ? NULL : &t->asan_fake, E.sched_stack, E.sched_stack_size);
 #else
     (void)dying;
+#endif
+#ifdef EMU_TSAN
+    __tsan_switch_to_fiber(E.tsan_sched, 0);
 #endif
 #ifdef EMU_ASM_SWITCH
     dt_emu_switch_(&t->sp, E.sched_sp);
@@ -1408,7 +1439,7 @@ const dt_emu_dim3 *dt_emu_block_dim(void) { return &E.block; }
 const dt_emu_dim3 *dt_emu_grid_dim(void) { return &E.grid; }
 unsigned char *dt_emu_dynamic_smem(void) { return E.smem; }
 
-static void fiber_main(void) {
+static EMU_NO_TSAN void fiber_main(void) {
 #ifdef EMU_ASAN
     __sanitizer_finish_switch_fiber(NULL, &E.sched_stack, &E.sched_stack_size);
 #endif
@@ -1640,6 +1671,9 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, int de
         t->idx = (dt_emu_dim3){(unsigned)(i % block.x), (unsigned)(i / block.x % block.y),
                                (unsigned)(i / block.x / block.y)};
         t->stack = fiber_stack(i);
+#ifdef EMU_TSAN
+        t->tsan_fiber = __tsan_create_fiber(0);
+#endif
         if (!t->stack) {
             snprintf(E.err, sizeof E.err, "out of memory");
             rc = -1;
@@ -1662,6 +1696,9 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, int de
             if (t->wg[j].op) release_op(t->wg[j].op);
         free(t->wg);
         free(t->copies);
+#ifdef EMU_TSAN
+        if (t->tsan_fiber) __tsan_destroy_fiber(t->tsan_fiber);
+#endif
     }
     free(E.threads);
     free(E.smem);
