@@ -299,7 +299,8 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     if (local == DT_SUCCESS) local = attn_plan_check_kernel(&p, op);
     bwd_workspace w = bwd_workspace_of(&p);
     if (local == DT_SUCCESS)
-        local = attn_plan_check_workspace(&p, op, opts, w.total, "dt_attention_backward_workspace_size");
+        local = attn_plan_check_workspace(&p, op, opts, w.total,
+                                          "dt_attention_backward_workspace_size");
     dt_attention_timing *timing = opts ? opts->timing : NULL;
     if (local == DT_SUCCESS) local = attn_timing_begin(&p, timing);
     DT_TRY(attn_plan_check_agreement(&p, op, local));

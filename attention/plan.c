@@ -182,7 +182,6 @@ dt_status attn_plan_check_kernel(const attn_plan *p, const char *op) {
     return attn_error(p, DT_ERR_NOT_SUPPORTED, op, msg);
 }
 
-/* All ranks must run the same call: compare everything the plan depends on. */
 dt_status attn_plan_check_workspace(const attn_plan *p, const char *op,
                                     const dt_attention_options *opts, size_t needed,
                                     const char *size_fn) {
@@ -193,6 +192,7 @@ dt_status attn_plan_check_workspace(const attn_plan *p, const char *op,
     return attn_error(p, DT_ERR_INVALID_ARGUMENT, op, msg);
 }
 
+/* All ranks must run the same call: compare everything the plan depends on. */
 dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_status local) {
     if (!p->mesh) return local;
     static const char *const names[] = {

@@ -155,9 +155,11 @@ static int world_aborted(dt_nccl_world *w) {
     return a;
 }
 
-/* A world of `size` ranks, `here` of them threads of this process: what
- * both ways of making one share. */
-static dt_status world_new(int size, int here, const dt_comm_config *cfg, dt_nccl_world **out) {
+/* A world of `size` ranks, `here` of them threads of this process, with
+ * NCCL's unique id (NULL: this process makes one) and the channel of
+ * failures elsewhere (NULL: none): both ways of making one. */
+static dt_status world_new(int size, int here, const void *id, const dt_peer_channel *channel,
+                           const dt_comm_config *cfg, dt_nccl_world **out) {
     if (!out || !cfg) return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: out or cfg is NULL");
     *out = NULL;
     if (size < 1) return dt_error(DT_ERR_INVALID_ARGUMENT, "nccl world: size %d < 1", size);
@@ -172,18 +174,21 @@ static dt_status world_new(int size, int here, const dt_comm_config *cfg, dt_ncc
     w->size = size;
     w->cfg = *cfg;
     dt_idle_clock_init(&w->idle, here);
+    if (channel) w->channel = *channel;
+    /* Without an id, every process makes its own: with NCCL_COMM_ID set they
+     * all encode the same address, and rank 0's init listens there. */
+    dt_status st = id ? (memcpy(&w->id, id, sizeof w->id), DT_SUCCESS)
+                      : dt_nccl_unique_id(&w->id, sizeof w->id);
+    if (st != DT_SUCCESS) {
+        dt_nccl_world_destroy(w);
+        return st;
+    }
     *out = w;
     return DT_SUCCESS;
 }
 
 dt_status dt_nccl_world_create(int size, const dt_comm_config *cfg, dt_nccl_world **out) {
-    DT_TRY(world_new(size, size, cfg, out));   /* every rank is a thread of this process */
-    const dt_status st = dt_nccl_unique_id(&(*out)->id, sizeof (*out)->id);
-    if (st != DT_SUCCESS) {
-        dt_nccl_world_destroy(*out);
-        *out = NULL;
-    }
-    return st;
+    return world_new(size, size, NULL, NULL, cfg, out);   /* every rank a thread here */
 }
 
 void dt_nccl_world_abort(dt_nccl_world *w, int rank, dt_status status, const char *reason) {
@@ -215,18 +220,7 @@ dt_status dt_nccl_unique_id(void *id, size_t bytes) {
 
 dt_status dt_nccl_world_create_process(int size, const void *id, const dt_comm_config *cfg,
                                        const dt_peer_channel *channel, dt_nccl_world **out) {
-    DT_TRY(world_new(size, 1, cfg, out));   /* one rank lives here */
-    dt_nccl_world *w = *out;
-    if (channel) w->channel = *channel;
-    /* Without an id, every process makes its own: with NCCL_COMM_ID set they
-     * all encode the same address, and rank 0's init listens there. */
-    dt_status st = id ? (memcpy(&w->id, id, sizeof w->id), DT_SUCCESS)
-                      : dt_nccl_unique_id(&w->id, sizeof w->id);
-    if (st != DT_SUCCESS) {
-        dt_nccl_world_destroy(w);
-        *out = NULL;
-    }
-    return st;
+    return world_new(size, 1, id, channel, cfg, out);   /* one rank lives here */
 }
 
 void dt_nccl_world_destroy(dt_nccl_world *w) {
