@@ -19,7 +19,12 @@
  * 2 MiB from 1 MiB up) and a cached block serves a request of at least half
  * its size. The cache is emptied (after draining the streams) when cudaMalloc
  * runs out of memory, then the allocation is tried again, and at destroy.
- * It is per rank: ranks sharing a device do not reclaim each other's cache.
+ * It is per rank; ranks of one launch sharing a device (a pool,
+ * dt_cuda_pool) reclaim each other's when that is not enough: the
+ * reclaiming rank takes another's cached blocks under that cache's lock,
+ * waits (bounded) for an event recorded on each of that rank's streams,
+ * which follows every use of them queued before they were freed, and frees
+ * them.
  *
  * copy_runs (every pack, unpack, slice and permutation): the host offset
  * tables go through a pinned staging buffer into a device scratch that only
@@ -48,11 +53,19 @@
 #include <limits.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* The ranks whose caches reclaim each other (backend_cuda.h; pool_reclaim). */
+struct dt_cuda_pool {
+    pthread_mutex_t lock;   /* members, and a reclaim from start to end */
+    dt_backend **members;
+    int n, cap;
+};
 
 namespace {
 
@@ -112,9 +125,14 @@ struct cuda_impl {
     /* transport staging: reduce inputs from elsewhere, bf16 rounding, overlapping copies */
     void *stage;
     size_t stage_bytes;
-    /* the caching allocator: blocks handed out, and blocks kept for reuse */
+    /* the caching allocator: blocks handed out, and blocks kept for reuse;
+     * cached and cached_bytes under cache_lock (a rank of the pool that
+     * reclaims them takes them from another thread) */
     dev_blocks live, cached;
     size_t cached_bytes;
+    pthread_mutex_t cache_lock;
+    dt_cuda_pool *pool;         /* NULL, or the pool this backend joined */
+    cudaEvent_t reclaim_ev;     /* recorded on another rank's stream by pool_reclaim */
     cudaEvent_t free_ev;        /* orders the comm stream before a freed block's reuse */
     cudaEvent_t mark_ev;        /* transport mark: the point a p2p start has reached (mem_mark) */
     cudaEvent_t join_ev;        /* the compute stream's point the comm stream waits for next */
@@ -256,6 +274,7 @@ dt_status wait_all(const dt_backend *b, const char *op) {
 
 /* The caching allocator (below). */
 dt_status cache_flush(dt_backend *b, const char *op);
+void pool_leave(dt_backend *b);
 void cuda_free(dt_backend *b, void *p);
 
 /* Makes the backend's device current for the calling thread. */
@@ -597,6 +616,7 @@ void cuda_destroy(dt_backend *b) {
     if (!b) return;
     cuda_impl *im = impl_of(b);
     if (im) {
+        pool_leave(b);   /* no other rank reclaims its cache from now on */
         char saved[1024];
         dt_error_save_(saved, sizeof saved);
         int idle = !im->failed && enter(b, "destroy") == DT_SUCCESS &&
@@ -608,6 +628,7 @@ void cuda_destroy(dt_backend *b) {
             if (im->free_ev) (void)cudaEventDestroy(im->free_ev);
             if (im->mark_ev) (void)cudaEventDestroy(im->mark_ev);
             if (im->join_ev) (void)cudaEventDestroy(im->join_ev);
+            if (im->reclaim_ev) (void)cudaEventDestroy(im->reclaim_ev);
             if (im->tab_dev) (void)cudaFree(im->tab_dev);
             if (im->stage) (void)cudaFree(im->stage);
             if (im->tab_host) (void)cudaFreeHost(im->tab_host);
@@ -622,39 +643,154 @@ void cuda_destroy(dt_backend *b) {
         free(im->marks);
         free(im->live.v);
         free(im->cached.v);
+        pthread_mutex_destroy(&im->cache_lock);
         free(im);
     }
     free(b);
+}
+
+/* Every block of im's cache, taken off it (under its lock). */
+dev_blocks cache_take_all(cuda_impl *im) {
+    pthread_mutex_lock(&im->cache_lock);
+    const dev_blocks all = im->cached;
+    im->cached = dev_blocks{};
+    im->cached_bytes = 0;
+    pthread_mutex_unlock(&im->cache_lock);
+    return all;
+}
+
+/* Puts a block into im's cache; 0 if there is no host memory for it. */
+int cache_put(cuda_impl *im, void *p, size_t bytes) {
+    pthread_mutex_lock(&im->cache_lock);
+    const int ok = blocks_push(&im->cached, p, bytes);
+    if (ok) im->cached_bytes += bytes;
+    pthread_mutex_unlock(&im->cache_lock);
+    return ok;
+}
+
+/* cudaFree of every block of `blocks`, which it then releases. */
+void free_blocks(dev_blocks *blocks) {
+    for (size_t i = 0; i < blocks->n; i++)
+        if (cudaFree(blocks->v[i].p) != cudaSuccess) (void)cudaGetLastError();
+    free(blocks->v);
+    *blocks = dev_blocks{};
 }
 
 /* Frees every cached block, after draining the rank's streams (queued work
  * may still use them). */
 dt_status cache_flush(dt_backend *b, const char *op) {
     cuda_impl *im = impl_of(b);
-    if (im->cached.n == 0) return DT_SUCCESS;
+    pthread_mutex_lock(&im->cache_lock);
+    const size_t n = im->cached.n;
+    pthread_mutex_unlock(&im->cache_lock);
+    if (n == 0) return DT_SUCCESS;
     DT_TRY(wait_all(b, op));
-    while (im->cached.n) {
-        dev_block blk = blocks_take(&im->cached, im->cached.n - 1);
-        im->cached_bytes -= blk.bytes;
-        if (cudaFree(blk.p) != cudaSuccess) (void)cudaGetLastError();
-    }
+    dev_blocks all = cache_take_all(im);
+    free_blocks(&all);
     return DT_SUCCESS;
 }
 
 /* The smallest cached block of want to 2 * want bytes, taken off the cache;
  * NULL if there is none. */
 void *cache_take(cuda_impl *im, size_t want, size_t *bytes) {
+    pthread_mutex_lock(&im->cache_lock);
     size_t best = im->cached.n;
     for (size_t i = 0; i < im->cached.n; i++) {
         size_t have = im->cached.v[i].bytes;
         int fits = have >= want && have / 2 <= want;
         if (fits && (best == im->cached.n || have < im->cached.v[best].bytes)) best = i;
     }
-    if (best == im->cached.n) return NULL;
-    dev_block blk = blocks_take(&im->cached, best);
-    im->cached_bytes -= blk.bytes;
-    *bytes = blk.bytes;
-    return blk.p;
+    void *p = NULL;
+    if (best < im->cached.n) {
+        dev_block blk = blocks_take(&im->cached, best);
+        im->cached_bytes -= blk.bytes;
+        *bytes = blk.bytes;
+        p = blk.p;
+    }
+    pthread_mutex_unlock(&im->cache_lock);
+    return p;
+}
+
+/* ------------------------------------------------------------- the pool */
+
+/* b joins its pool (im->pool): 0 if there is no host memory for it. */
+int pool_join(dt_backend *b) {
+    dt_cuda_pool *p = impl_of(b)->pool;
+    pthread_mutex_lock(&p->lock);
+    int ok = 1;
+    if (p->n == p->cap) {
+        const int cap = p->cap ? 2 * p->cap : 8;
+        dt_backend **m = static_cast<dt_backend **>(realloc(p->members, (size_t)cap * sizeof *m));
+        if (m) {
+            p->members = m;
+            p->cap = cap;
+        } else {
+            ok = 0;
+        }
+    }
+    if (ok) p->members[p->n++] = b;
+    pthread_mutex_unlock(&p->lock);
+    return ok;
+}
+
+/* b leaves its pool, if it joined: no other rank reclaims its cache after. */
+void pool_leave(dt_backend *b) {
+    dt_cuda_pool *p = impl_of(b)->pool;
+    if (!p) return;
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < p->n; i++)
+        if (p->members[i] == b) {
+            p->members[i] = p->members[--p->n];
+            break;
+        }
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* Out of memory with its own cache empty: frees the blocks that the other
+ * ranks of b's pool on its device keep cached. A rank's blocks are taken
+ * off its cache (under its lock: from then on it cannot hand them out),
+ * then freed once an event recorded on each of its two streams has
+ * completed: every use of a block was queued there before the block was
+ * freed into the cache, so before the record. The waits are b's (its
+ * timeout; one that runs out fails b, as any wait of b's does, and the
+ * rank's blocks go back to its cache). *freed: how many were freed. One
+ * reclaim at a time per pool. */
+dt_status pool_reclaim(dt_backend *b, const char *op, size_t *freed) {
+    cuda_impl *im = impl_of(b);
+    *freed = 0;
+    dt_cuda_pool *p = im->pool;
+    if (!p) return DT_SUCCESS;
+    dt_status st = DT_SUCCESS;
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < p->n && st == DT_SUCCESS; i++) {
+        const dt_backend *other = p->members[i];
+        cuda_impl *om = impl_of(other);
+        if (other == b || om->device != im->device) continue;
+        dev_blocks took = cache_take_all(om);
+        if (took.n == 0) {
+            free(took.v);
+            continue;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "rank %d's work queued before its frees", other->rank);
+        for (cudaStream_t s : {om->compute, om->comm}) {
+            if (st != DT_SUCCESS) break;
+            const cudaError_t e = cudaEventRecord(im->reclaim_ev, s);
+            st = e == cudaSuccess
+                     ? poll_until(b, op, "cudaEventQuery", what,
+                                  [im] { return cudaEventQuery(im->reclaim_ev); })
+                     : cuda_error(b, op, "cudaEventRecord", e);
+        }
+        if (st == DT_SUCCESS) {
+            *freed += took.n;
+            free_blocks(&took);
+        } else {   /* back where they were (leaked where the host has no room) */
+            for (size_t j = 0; j < took.n; j++) (void)cache_put(om, took.v[j].p, took.v[j].bytes);
+            free(took.v);
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    return st;
 }
 
 /* cuda_alloc and cuda_alloc_uninit: zero says whether the memory is zeroed
@@ -675,10 +811,16 @@ dt_status alloc_of(dt_backend *b, size_t bytes, void **out, bool zero) {
     if (!p) {
         have = want;
         cudaError_t e = cudaMalloc(&p, want);
-        if (e == cudaErrorMemoryAllocation && im->cached.n) {
+        if (e == cudaErrorMemoryAllocation) {   /* this rank's cache, then its pool's */
             (void)cudaGetLastError();
             DT_TRY(cache_flush(b, "alloc"));
             e = cudaMalloc(&p, want);
+        }
+        size_t reclaimed = 0;
+        if (e == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            DT_TRY(pool_reclaim(b, "alloc", &reclaimed));
+            if (reclaimed) e = cudaMalloc(&p, want);
         }
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
@@ -689,8 +831,7 @@ dt_status alloc_of(dt_backend *b, size_t bytes, void **out, bool zero) {
         }
     }
     if (!blocks_push(&im->live, p, have)) {
-        if (blocks_push(&im->cached, p, have)) im->cached_bytes += have;
-        else (void)cudaFree(p); /* not used yet: nothing to wait for */
+        if (!cache_put(im, p, have)) (void)cudaFree(p); /* not used yet: nothing to wait for */
         return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: cuda alloc: out of host memory",
                         b->rank);
     }
@@ -726,12 +867,10 @@ void cuda_free(dt_backend *b, void *p) {
         dev_block blk = i > 0 ? blocks_take(&im->live, i - 1) : dev_block{p, 0};
         int ordered = blk.bytes > 0 && cudaEventRecord(im->free_ev, im->comm) == cudaSuccess &&
                       cudaStreamWaitEvent(im->compute, im->free_ev, 0) == cudaSuccess;
-        if (ordered && blocks_push(&im->cached, blk.p, blk.bytes)) {
-            im->cached_bytes += blk.bytes;
-        } else if (wait_all(b, "free") == DT_SUCCESS) {
-            /* Not from cuda_alloc, or the cache could not take it. */
-            if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
-        }
+        const int cached = ordered && cache_put(im, blk.p, blk.bytes);
+        /* Not from cuda_alloc, or the cache could not take it: freed now. */
+        if (!cached && wait_all(b, "free") == DT_SUCCESS && cudaFree(p) != cudaSuccess)
+            (void)cudaGetLastError();
     }
     (void)cudaGetLastError();
     dt_error_restore_(saved);
@@ -1416,6 +1555,26 @@ const dt_mem_ops cuda_mem_ops = {
 
 /* ---------------------------------------------------------------- public */
 
+extern "C" dt_status dt_cuda_pool_create(dt_cuda_pool **out) {
+    if (!out) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_cuda_pool_create: out is NULL");
+    *out = NULL;
+    dt_cuda_pool *p = static_cast<dt_cuda_pool *>(calloc(1, sizeof *p));
+    if (!p) return dt_error(DT_ERR_OUT_OF_MEMORY, "dt_cuda_pool_create: out of host memory");
+    if (pthread_mutex_init(&p->lock, NULL) != 0) {
+        free(p);
+        return dt_error(DT_ERR_SYSTEM, "dt_cuda_pool_create: pthread_mutex_init failed");
+    }
+    *out = p;
+    return DT_SUCCESS;
+}
+
+extern "C" void dt_cuda_pool_destroy(dt_cuda_pool *p) {
+    if (!p) return;
+    pthread_mutex_destroy(&p->lock);
+    free(p->members);
+    free(p);
+}
+
 extern "C" int dt_cuda_device_count(char *reason, size_t reason_size) {
     int n = 0; /* cudaGetDeviceCount leaves it untouched when it fails */
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -1454,6 +1613,11 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
     im->timeout_ms = o->timeout_ms;
     im->tf32 = o->tf32 != 0;
     dt_status st = DT_SUCCESS;
+    if (pthread_mutex_init(&im->cache_lock, NULL) != 0) {
+        free(b);
+        free(im);
+        return dt_error(DT_ERR_SYSTEM, "rank %d: cuda backend: pthread_mutex_init failed", rank);
+    }
     cudaError_t e = cudaSetDevice(o->device);
     cublasStatus_t s;
     if (e != cudaSuccess) {
@@ -1498,6 +1662,7 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
     CREATE_TRY(cudaEventCreateWithFlags(&im->free_ev, cudaEventDisableTiming));
     CREATE_TRY(cudaEventCreateWithFlags(&im->mark_ev, cudaEventDisableTiming));
     CREATE_TRY(cudaEventCreateWithFlags(&im->join_ev, cudaEventDisableTiming));
+    CREATE_TRY(cudaEventCreateWithFlags(&im->reclaim_ev, cudaEventDisableTiming));
 #undef CREATE_TRY
     s = cublasCreate(&im->blas);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(im->blas, im->compute);
@@ -1505,6 +1670,15 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
     if (s != CUBLAS_STATUS_SUCCESS) {
         st = cublas_error(b, "create", "cublasCreate", s);
         goto fail;
+    }
+    if (o->pool) {
+        im->pool = o->pool;
+        if (!pool_join(b)) {
+            im->pool = NULL;
+            st = dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: cuda backend: out of host memory "
+                          "joining its pool", rank);
+            goto fail;
+        }
     }
     *out = b;
     return DT_SUCCESS;

@@ -31,10 +31,22 @@
 extern "C" {
 #endif
 
+/* The ranks of one process whose CUDA backends may reclaim each other's
+ * cached device memory (dt_launch makes one for its ranks): a rank whose
+ * cudaMalloc runs out with its own cache empty frees the blocks that the
+ * other ranks on its device keep cached, once the work each queued before
+ * has run (waited for under the reclaiming rank's timeout), and tries
+ * again. Without a pool a backend reclaims only its own cache. Thread-safe;
+ * destroyed after every backend that joined it. */
+typedef struct dt_cuda_pool dt_cuda_pool;
+dt_status dt_cuda_pool_create(dt_cuda_pool **out);
+void dt_cuda_pool_destroy(dt_cuda_pool *pool);
+
 typedef struct dt_cuda_options {
-    int device;        /* CUDA device index (after CUDA_VISIBLE_DEVICES) */
-    long timeout_ms;   /* bound on every host wait (> 0) */
-    int tf32;          /* 1: fp32 gemm may use TF32 */
+    int device;            /* CUDA device index (after CUDA_VISIBLE_DEVICES) */
+    long timeout_ms;       /* bound on every host wait (> 0) */
+    int tf32;              /* 1: fp32 gemm may use TF32 */
+    dt_cuda_pool *pool;    /* NULL, or the pool the backend joins (it must outlive it) */
 } dt_cuda_options;
 
 /* Number of visible CUDA devices. Without a driver (or without a device)

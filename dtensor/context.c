@@ -431,15 +431,29 @@ typedef struct launch_world {
 #ifdef DT_HAVE_MPI
     dt_mpi_world *mpi;
 #endif
+#ifdef DT_HAVE_CUDA
+    dt_cuda_pool *cuda_pool;   /* ranks as threads on CUDA: their caches reclaim each other's */
+#endif
 } launch_world;
+
+static void world_destroy(launch_world *w);
 
 static dt_status world_create(launch_world *w, int size, const launch_config *cfg) {
     memset(w, 0, sizeof *w);
     w->kind = cfg->transport;
-#ifdef DT_HAVE_NCCL
-    if (w->kind == DT_TRANSPORT_NCCL) return dt_nccl_world_create(size, &cfg->comm, &w->nccl);
+#ifdef DT_HAVE_CUDA
+    if (cfg->backend == DT_BACKEND_CUDA) DT_TRY(dt_cuda_pool_create(&w->cuda_pool));
 #endif
-    return dt_local_world_create(size, &cfg->comm, &w->local);
+#ifdef DT_HAVE_NCCL
+    if (w->kind == DT_TRANSPORT_NCCL) {
+        dt_status st = dt_nccl_world_create(size, &cfg->comm, &w->nccl);
+        if (st != DT_SUCCESS) world_destroy(w);
+        return st;
+    }
+#endif
+    dt_status st = dt_local_world_create(size, &cfg->comm, &w->local);
+    if (st != DT_SUCCESS) world_destroy(w);
+    return st;
 }
 
 static void world_abort(launch_world *w, int rank, dt_status st, const char *msg) {
@@ -474,6 +488,10 @@ static void world_destroy(launch_world *w) {
     dt_mpi_world_destroy(w->mpi);
 #endif
     dt_local_world_destroy(w->local);
+#ifdef DT_HAVE_CUDA
+    dt_cuda_pool_destroy(w->cuda_pool);
+#endif
+    memset(w, 0, sizeof *w);
 }
 
 /* ------------------------------------------------------------- launch */
@@ -524,7 +542,8 @@ static dt_status context_create(const rank_job *job, dt_context **out) {
 #ifdef DT_HAVE_CUDA
     dt_mem cuda_mem;
     if (ctx->backend_kind == DT_BACKEND_CUDA) {
-        dt_cuda_options o = {job->device, ctx->timeout_ms, job->cfg->tf32};
+        dt_cuda_options o = {job->device, ctx->timeout_ms, job->cfg->tf32,
+                             job->world->cuda_pool};
         DT_TRY_GOTO(st, dt_backend_cuda_create(job->rank, &o, &ctx->backend), fail);
         cuda_mem = dt_backend_cuda_mem(ctx->backend);
         mem = &cuda_mem;

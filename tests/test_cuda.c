@@ -344,6 +344,75 @@ static void test_cache(void **state) {
     assert_results(&r, 1, st);
 }
 
+/* Ranks sharing a device reclaim each other's cached blocks (the launch's
+ * dt_cuda_pool, backend_cuda.cu). World = GPUs + 1, so that ranks 0 and
+ * `last` (= GPUs) share device 0: both read its free memory, rank 0
+ * allocates 60% of it and frees it (its cache keeps the block), then rank
+ * `last` asks for 70%, which it gets only by reclaiming rank 0's block.
+ * Then rank 0 asks for 60% again: out of memory, as rank last's block is
+ * live, not cached (a reclaim takes cached blocks only). */
+typedef struct pool_case {
+    results r;
+    int gpus;
+} pool_case;
+
+static dt_status rank_pool(dt_context *ctx, void *arg) {
+    pool_case *c = arg;
+    const int rank = dt_context_rank(ctx), last = c->gpus;
+    dt_backend *be = ctx->backend;
+    dt_comm *comm = dt_context_comm(ctx);
+    void *big = NULL;
+    size_t free_b = 0, total_b = 0;
+    dt_status st = DT_SUCCESS;
+#ifdef DT_HAVE_CUDA
+    if ((rank == 0 || rank == last) && cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
+        st = dt_error(DT_ERR_BACKEND, "test: cudaMemGetInfo failed");
+#endif
+    if (st == DT_SUCCESS) st = dt_comm_barrier(comm);   /* both read it before rank 0 allocates */
+    if (st == DT_SUCCESS && rank == 0) {
+        st = be->ops->alloc(be, free_b / 10 * 6, &big);
+        be->ops->free(be, big);
+        big = NULL;
+    }
+    if (st == DT_SUCCESS) st = dt_comm_barrier(comm);
+    if (st == DT_SUCCESS && rank == last && be->ops->alloc(be, free_b / 10 * 7, &big) != DT_SUCCESS)
+        note_bad(&c->r, rank, "70%% of %zu free bytes with 60%% cached by rank 0 on the same "
+                 "device: %s", free_b, dt_last_error());
+    if (st == DT_SUCCESS) st = dt_comm_barrier(comm);
+    if (st == DT_SUCCESS && rank == 0) {
+        void *again = NULL;
+        const dt_status got = be->ops->alloc(be, free_b / 10 * 6, &again);
+        if (got != DT_ERR_OUT_OF_MEMORY)
+            note_bad(&c->r, rank, "60%% of %zu free bytes with 70%% live on rank %d: %s, not "
+                     "DT_ERR_OUT_OF_MEMORY", free_b, last, dt_status_name(got));
+        be->ops->free(be, again);
+    }
+    if (st == DT_SUCCESS) st = dt_comm_barrier(comm);
+    be->ops->free(be, big);
+    record_status(&c->r, rank, st);
+    return st;
+}
+
+static void test_cache_pool(void **state) {
+    (void)state;
+    pool_case c;
+    memset(&c, 0, sizeof c);
+#ifdef DT_HAVE_CUDA
+    if (cudaGetDeviceCount(&c.gpus) != cudaSuccess) c.gpus = 0;
+#endif
+    if (c.gpus + 1 > MAXP) {
+        print_message("skipped: %d GPUs: the case runs GPUs + 1 ranks, at most %d\n", c.gpus, MAXP);
+        skip();
+        return;
+    }
+    REQUIRE_PAIR(c.gpus + 1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
+    /* On the emulator 256 MiB devices, as test_cache */
+    setenv("DT_EMU_DEVICE_MIB", "256", 1);
+    dt_status st = h_launch_on(c.gpus + 1, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_pool, &c);
+    unsetenv("DT_EMU_DEVICE_MIB");
+    assert_results(&c.r, c.gpus + 1, st);
+}
+
 /* --------------------------------------------------------------- copy_runs */
 
 typedef enum { TAB_NONE, TAB_SRC, TAB_DST, TAB_BOTH } tab_kind;
@@ -1508,6 +1577,7 @@ int main(void) {
     add(&tb, test_selection, NULL, "selection/auto,env,refusals");
     add(&tb, test_memory, NULL, "backend/memory: alloc,upload,download,copy,zero,sync");
     add(&tb, test_cache, NULL, "backend/memory: the caching allocator: reuse, zeroing, out of memory");
+    add(&tb, test_cache_pool, NULL, "backend/memory: ranks sharing a device reclaim each other's caches");
     add(&tb, test_backend_errors, NULL, "backend/errors");
     add(&tb, test_no_stream_on_cpu, NULL, "context/stream: none on the cpu backend");
     for (intptr_t p = 1; p <= 2; p++)
