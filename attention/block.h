@@ -118,6 +118,27 @@ typedef struct dt_attn_block_args {
      * tensor-core kernels only; the others ignore it. */
     dt_attn_cta_trace *trace;
     int64_t trace_len;
+    /* The rows' waits (CUDA: the tensor-core forward kernels, dependent
+     * launch mode 2, dt_backend_cuda_set_dependent_launch). A block
+     * launched as the programmatic dependent of the block before waits for
+     * the rows it merges, not for that whole block: visits counts, per 16
+     * query rows of each (batch, head) (rows 16i .. 16i+15 of (b, h) at
+     * visits[(b heads + h) ceil(qseg.len / 16) + i]), the call's counted
+     * blocks that are done with them; a block waits until its rows' count
+     * reaches `visit` (the counted blocks launched before it in the call),
+     * merges them, and adds 1; also for rows it has no key for and leaves
+     * as they are, so that a block completes only once every block before
+     * it is done with every row, as with whole-block waits. Such a block
+     * never waits for the block before as a whole. launches:
+     * the caller's count of the call's counted blocks so far (host memory,
+     * 0 before the first block), which the CUDA backend reads and advances:
+     * it sets visit, and visits in its scratch, zeroed on the stream before
+     * the call's first block. NULL (or visits NULL at the kernels): every
+     * dependent block waits for the whole block before (mode 1). The CPU
+     * kernels ignore all three. */
+    uint32_t *launches;
+    uint32_t *visits;
+    uint32_t visit;
 } dt_attn_block_args;
 
 /* Backward of one block, from the forward's log-sum-exp (FlashAttention-2):
@@ -169,8 +190,9 @@ struct dt_backend;
  * [b][h][x] with `rows` rows; acc and dq are [b][x][h][d] fp32. */
 typedef struct dt_attn_kernels {
     const char *name;
-    /* Scratch bytes the block kernels need for head dim `dim`. */
-    size_t (*fwd_scratch)(int64_t dim);
+    /* Scratch bytes the forward blocks of a call need: head dim `dim`,
+     * `seqs` (batch x heads) query sequences of at most `len` rows. */
+    size_t (*fwd_scratch)(int64_t dim, int64_t seqs, int64_t len);
     size_t (*bwd_scratch)(int64_t dim);
     /* May be NULL (one kernel per direction only). Whether the kernel
      * `want` (forward and backward alike) can run blocks of this dtype and

@@ -37,7 +37,9 @@
 #define TK 128
 #define TS 16   /* rows of a slice of the diagonal band */
 
-static size_t fwd_scratch(int64_t dim) {
+static size_t fwd_scratch(int64_t dim, int64_t seqs, int64_t len) {
+    (void)seqs;
+    (void)len;
     return (size_t)(TQ * dim + 2 * TK * dim + TQ * TK) * sizeof(float);
 }
 

@@ -261,8 +261,14 @@ unsigned blocks_for(size_t n, unsigned threads) {
     return (unsigned)(b < 65535 ? (b ? b : 1) : 65535);
 }
 
-/* The forward's scratch: the persistent wgmma kernel's tile queue. */
-size_t fwd_scratch(int64_t dim) { (void)dim; return DT_ATTN_WGMMA_QUEUE_BYTES; }
+/* The forward's scratch: the persistent wgmma kernel's tile queue, then
+ * the rows' counts of dependent launch mode 2 (block.h's visits), one
+ * per 16 query rows of each query sequence. */
+int64_t rows_counts(int64_t seqs, int64_t len) { return seqs * ((len + 15) / 16); }
+size_t fwd_scratch(int64_t dim, int64_t seqs, int64_t len) {
+    (void)dim;
+    return DT_ATTN_WGMMA_QUEUE_BYTES + (size_t)rows_counts(seqs, len) * sizeof(uint32_t);
+}
 size_t bwd_scratch(int64_t dim) { (void)dim; return 0; }
 
 /* Plan time (once per call): can the requested kernel run this dtype and
@@ -301,10 +307,12 @@ int path_of(dt_backend *be, dt_attn_kernel_choice k, dt_dtype dtype, int64_t dim
     return 1;
 }
 
-/* Whether the tensor-core kernels' blocks that continue a call are
- * launched as programmatic dependents: compute capability 9.0 on. */
+/* How the tensor-core kernels' blocks that continue a call are launched
+ * (dt_backend_cuda_set_dependent_launch): 0 after the block before has
+ * completed, 1 as its programmatic dependents, 2 the same with the
+ * forward's rows' waits; dependent launches need compute capability 9.0. */
 int dependent_launches(dt_backend *be) {
-    return dt_backend_cuda_dependent_launch(be) && dt_backend_cuda_compute_capability(be) >= 90;
+    return dt_backend_cuda_compute_capability(be) >= 90 ? dt_backend_cuda_dependent_launch(be) : 0;
 }
 
 /* The forward's: path_of, but a block with no key (its rows only started
@@ -329,6 +337,18 @@ bool fwd_idle(const dt_attn_block_args *a) {
     return !a->first && !a->last && dt_attn_no_pairs(a->mask, a->qseg, a->kseg);
 }
 
+/* Dependent launch mode 2 (the rows' waits): the counts in scratch,
+ * zeroed on the stream before the call's first block, and the call's
+ * count of counted blocks so far restarted there (block.h's launches). */
+dt_status rows_start(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
+    *a->launches = 0;
+    const size_t bytes = (size_t)rows_counts(a->batch * a->heads, a->qseg.len) * sizeof(uint32_t);
+    if (cudaMemsetAsync(static_cast<char *>(scratch) + DT_ATTN_WGMMA_QUEUE_BYTES, 0, bytes,
+                        stream_of(be)) == cudaSuccess)
+        return DT_SUCCESS;
+    return launched("forward block: clearing the rows' counts");
+}
+
 dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     if (fwd_idle(a)) return DT_SUCCESS;
     kernel_path path;
@@ -337,16 +357,23 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=%s: %s",
                         be->rank, dt_attn_kernel_choice_name(a->kernel), why);
     const int dependent = dependent_launches(be);
+    const bool counted = dependent == 2 && a->launches;
+    if (counted && a->first) DT_TRY(rows_start(be, a, scratch));
+    dt_attn_block_args b = *a;
+    if (counted && path != PATH_SIMPLE) {   /* the simple kernel's blocks do not count */
+        b.visits = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) +
+                                                DT_ATTN_WGMMA_QUEUE_BYTES);
+        b.visit = (*a->launches)++;
+    }
     if (path == PATH_WGMMA) {
         const int persistent = dt_backend_cuda_persistent(be);
-        dt_attn_block_args b = *a;
         if (persistent == 2) b.transfer = 0;   /* persistent even beside a transfer */
         return dt_attn_wgmma_fwd(stream_of(be), &b, dt_backend_cuda_l2_bytes(be),
                                  persistent ? dt_backend_cuda_sms(be) : 0, scratch, dependent,
                                  dt_backend_cuda_overlap(be), dt_backend_cuda_producer(be));
     }
     if (path == PATH_MMA)
-        return dt_attn_mma_fwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be), dependent);
+        return dt_attn_mma_fwd(stream_of(be), &b, dt_backend_cuda_l2_bytes(be), dependent);
     if (!a->acc || !a->m || !a->l)   /* fwd_stateless promised a tensor-core kernel */
         return dt_error(DT_ERR_INTERNAL, "rank %d: attention (cuda): a block without running "
                         "state reached the simple forward kernel", be->rank);

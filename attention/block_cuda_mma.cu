@@ -193,7 +193,9 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     const int64_t n_tiles = dt_mma_key_tiles(dt_mma_keys_upto(&grid.keys, dt_attn_pos(a.qseg, x1 - 1)));
     const int64_t n_unmasked = dt_mma_unmasked_tiles(dt_mma_keys_upto(&grid.keys, dt_attn_pos(a.qseg, x0)));
     if (n_tiles == 0 && !a.first && !a.last) {   /* m, l, acc unchanged */
-        grid_dep_wait();   /* ends after the block before, as below */
+        rows_wait(a, c, x0 + 16 * warp);   /* ends after the block before, as below */
+        rows_done(a, c, x0 + 16 * warp, lane);
+        grid_dep_exit(a);
         return cta_trace(a, 1);
     }
 
@@ -247,10 +249,13 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
 
     /* A dependent launch (a block after the call's first, compute
      * capability 9.0) waits for the block before only here, before the
-     * rows' merge, and every thread waits: the block then ends after it. */
-    grid_dep_wait();
+     * rows' merge: every thread for the whole block (mode 1: this block
+     * then ends after it), or each warp for its rows' count (mode 2). */
     const fwd_cta e = fwd_cta_of(a, grid, cta_index(), BM);   /* c, made again: cta_index */
+    rows_wait(a, e, e.x0 + 16 * warp);
     write_rows<T, D>(a, e, e.x0 + 16 * warp, lane, m, l, o);
+    rows_done(a, e, e.x0 + 16 * warp, lane);
+    grid_dep_exit(a);
     cta_trace(a, 1, n_tiles);
 #endif
 }

@@ -57,7 +57,8 @@ int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *why, size_t 
  * call's first is launched as a programmatic dependent of the kernel
  * before it on the stream (the call's block before): it starts while that
  * one finishes and waits for it only before its rows' merge
- * (block_cuda_wgmma.cu says more). Returns DT_ERR_BACKEND with CUDA's
+ * (block_cuda_wgmma.cu says more), or with a->visits only for its rows'
+ * counts (block.h). Returns DT_ERR_BACKEND with CUDA's
  * message if the launch fails. */
 dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
                           int dependent);
@@ -95,7 +96,8 @@ int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size
  * cleared on `stream` before a call's first block (a->first) and left
  * clear by every launch: the blocks of a call share it, one after another
  * on one stream. dependent: as for dt_attn_mma_fwd; a dependent block
- * waits for the one before also before it takes from the queue. overlap:
+ * waits for the one before also before it takes from the queue, and one
+ * with a->visits (the rows' waits, block.h) runs a CTA per query tile. overlap:
  * at D = 128, the overlapped order (block_cuda_wgmma.cu: a query tile's
  * rows written back by one warpgroup while the other computes); producer:
  * at D = 128, the loads by a producer warpgroup (block_cuda_wgmma.cu), 1,

@@ -46,7 +46,10 @@
  * completes after the block before, as the next one's wait needs. What
  * such a block reads before its wait (q, k, v) was written before the
  * call's first block, or came by an event the stream waited for (the
- * ring's next K, V).
+ * ring's next K, V). With the rows' waits (block.h's visits; dependent
+ * launch mode 2) each warp waits instead for its 16 rows' count
+ * (mma_device.cuh's rows_wait, rows_done), no thread for the grid before,
+ * and such a block runs a CTA per query tile (launch() says why).
  *
  * A CTA of two warpgroups
  * (256 threads) owns BM = 128 query rows, warpgroup w rows 64w .. 64w+63
@@ -222,7 +225,7 @@ __device__ __forceinline__ uint32_t wg_stage_off(int r, int q) {
 __device__ __forceinline__ void wg_stage_rows(const dt_attn_block_args &a, const fwd_cta &c,
                                               int64_t row0, int lane, unsigned char *st,
                                               stored_rows<128> &s) {
-    dependent_access("the rows' running state");
+    if (row0 < a.qseg.len) dependent_access("the rows' running state", rows_count(a, c, row0));
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int64_t row = row0 + dt_mma_c_row(lane, 2 * half);
@@ -504,7 +507,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
         if (wg == 2) {   /* the producer */
             setmaxnreg_dec<WG_PRODUCER_REGS>();
             if (threadIdx.x == WG_THREADS) wg_produce<D>(p, sq, sk, sv, full, empty, pub, qfree, next);
-            grid_dep_wait();   /* every thread, before it exits (below) */
+            grid_dep_exit(p.a);   /* every thread, before it exits (below) */
             return;
         }
         setmaxnreg_inc<WG_CONSUMER_REGS>();
@@ -714,7 +717,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                     wgmma_commit();
                     if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
                     if (ends) {   /* before what the grid before wrote: its wait */
-                        grid_dep_wait();
+                        rows_wait(a, c, row0);
                         if constexpr (STAGE) wg_stage_rows(a, c, row0, lane, wst, stored);
                         else load_rows<D>(a, c, row0, lane, stored);
                     }
@@ -743,6 +746,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                     fence_proxy_async();   /* before the producer's TMA refills the Q buffer */
                 }
                 write_rows<T, D>(a, c, row0, lane, m, l, o, stored);
+                rows_done(a, c, row0, lane);
             }
         }
         /* next[ti], written during the last key tile (at D = 64 that tile's
@@ -760,20 +764,27 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
         if (RELEASE && n_tiles > 0 && threadIdx.x == (OV ? WG_THREADS - 1 : 0) && !early)
             cta_mark(a, 1, tile);
 
-        /* Every thread, before it reads what the grid before wrote (the
-         * stored rows) and before it exits: this grid then completes after
-         * that one, as the next grid's own wait needs. */
-        grid_dep_wait();
-        if (!early && (n_tiles > 0 || a.first || a.last)) {
+        /* Before it reads what the grid before wrote (the stored rows),
+         * and also where it has no key for them: rows_wait (block.h's
+         * visits say why); its rows counted once it is done with them. */
+        if (!early) {
             /* c: at D = 64 made again (opaque says why); at D = 128 held */
             const fwd_cta e = D == 128 ? c : fwd_cta_of(a, p.grid, opaque(tile), WG_BM);
-            write_rows<T, D>(a, e, e.x0 + 64 * wg + 16 * wl, lane, m, l, o);
+            const int64_t rows0 = e.x0 + 64 * wg + 16 * wl;
+            rows_wait(a, e, rows0);
+            if (n_tiles > 0 || a.first || a.last) write_rows<T, D>(a, e, rows0, lane, m, l, o);
+            rows_done(a, e, rows0, lane);
         }
         /* OV: the tile ends when warpgroup 1 (the later) has written its
-         * rows; no barrier, so a traced run keeps the overlap */
-        cta_trace(a, 1, n_tiles, tile, OV ? WG_THREADS - 1 : PW ? 0 : -1);
+         * rows; no barrier, so a traced run keeps the overlap (a tile
+         * without keys: thread 0's, which stamped its start, as nothing
+         * orders warpgroup 1 after that) */
+        cta_trace(a, 1, n_tiles, tile, OV && n_tiles > 0 ? WG_THREADS - 1 : PW || OV ? 0 : -1);
     }
     if (OV && wg == 0) bar_sync<TURN>(0, PAIR);   /* the turn warpgroup 1 left over */
+    /* Every thread, before it exits: without visits this grid then
+     * completes after the one before, as the next grid's own wait needs */
+    grid_dep_exit(a);
 #endif
 }
 
@@ -797,8 +808,12 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
                             "its tile queue: %s", cudaGetErrorString(e));
         }
     }
-    /* persistent, unless a ring transfer needs SMs beside the block */
-    if (queue && resident > 0 && resident < tiles && !a->transfer) {
+    const int dep = dependent && !a->first;
+    /* persistent, unless a ring transfer needs SMs beside the block, or
+     * the block waits for its rows' counts (visits) as a dependent launch:
+     * its CTAs do not wait for the block before, which may still run,
+     * while persistent ones share a queue with it */
+    if (queue && resident > 0 && resident < tiles && !a->transfer && !(dep && a->visits)) {
         ctas = resident;
         p.queue = static_cast<uint32_t *>(queue);
     }
@@ -812,7 +827,6 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
     const size_t smem = 1024 + (size_t)(2 * WG_BM + 4 * WG_BN) * D * sizeof(T) +
                         8 * sizeof(uint64_t) + 4 * sizeof(uint32_t) +
                         (stage ? 4 * WG_STAGE_WARP : 0);
-    const int dep = dependent && !a->first;
     const dim3 grid((unsigned)ctas);
     if constexpr (D == 128) {
         if (stage)

@@ -43,7 +43,7 @@
  * running state, NULL in a stateless call (fwd_stateless). */
 static dt_attn_block_args block_args(const attn_plan *p, int t, int last, int src, const void *q,
                                      const char *k, const char *v, float *acc, float *m, float *l,
-                                     void *o, float *lse) {
+                                     void *o, float *lse, uint32_t *launches) {
     dt_attn_segment qs, ks;
     attn_plan_segments(p, src, &qs, &ks);
     return (dt_attn_block_args){
@@ -57,6 +57,7 @@ static dt_attn_block_args block_args(const attn_plan *p, int t, int last, int sr
         .o = o, .lse = lse,
         .kernel = p->kernel,
         .transfer = t + 1 < p->parts,   /* step t+1's K, V are in flight (dt_ring_start) */
+        .launches = launches,
     };
 }
 
@@ -69,7 +70,7 @@ static int fwd_stateless(const attn_plan *p, const dt_tensor *q, const dt_tensor
     if (p->parts != 1 || !p->kern || !p->kern->fwd_stateless) return 0;
     const dt_attn_block_args a =   /* one rank: its own keys */
         block_args(p, 0, 0, 0, dt_tensor_data_const(q), dt_tensor_data_const(k),
-                   dt_tensor_data_const(v), NULL, NULL, NULL, NULL, NULL);
+                   dt_tensor_data_const(v), NULL, NULL, NULL, NULL, NULL, NULL);
     return p->kern->fwd_stateless(p->ctx->backend, &a);
 }
 
@@ -90,7 +91,7 @@ static fwd_workspace fwd_workspace_of(const attn_plan *p, const dt_tensor *q, co
     w.off_m = w.off_acc + attn_align(rows * (size_t)p->D * sizeof(float));
     w.off_l = w.off_m + attn_align(rows * sizeof(float));
     w.off_scratch = w.off_l + attn_align(rows * sizeof(float));
-    w.total = w.off_scratch + attn_align(p->kern ? p->kern->fwd_scratch(p->D) : 0);
+    w.total = w.off_scratch + attn_align(p->kern ? p->kern->fwd_scratch(p->D, p->b * p->h, p->c) : 0);
     return w;
 }
 
@@ -152,6 +153,7 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     const size_t kv_sizes[2] = {p.kv_bytes, p.kv_bytes};
 
     const int last = p.parts > 1 ? dt_attn_ring_last_step(p.order, p.mask, p.S, p.parts, p.rank) : 0;
+    uint32_t launches = 0;   /* the call's blocks that count their rows (block.h) */
     for (int t = 0; t < p.parts; t++) {
         int more = t + 1 < p.parts;
         if (more)
@@ -164,7 +166,7 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
         const char *vb = t == 0 ? own_kv[1] : kb + p.kv_bytes;
         const dt_attn_block_args a = block_args(&p, t, last, src, dt_tensor_data_const(q), kb, vb,
                                                 acc, m, l, dt_tensor_data(out),
-                                                dt_tensor_data(out_lse));
+                                                dt_tensor_data(out_lse), &launches);
         st = p.kern->fwd(be, &a, ws + w.off_scratch);
         DT_TRACE_POP();
         if (st != DT_SUCCESS) goto fail;

@@ -163,8 +163,8 @@ __device__ __forceinline__ uint32_t sm_id() {
  * and its writes are visible. Both do nothing in a grid launched without
  * the attribute. dependent_access marks a read of what the grid before
  * may have written (the rows' running state): on the emulator, a check
- * that the thread has waited if the launch is a dependent one; nothing on
- * a GPU. */
+ * that the thread has waited if the launch is a dependent one (for the
+ * grid, or for the rows' count `rows`: rows_wait); nothing on a GPU. */
 __device__ __forceinline__ void grid_dep_launch() {
 #ifdef DT_CUDA_EMULATE
     dt_emu_griddep_launch();
@@ -187,11 +187,12 @@ __device__ __forceinline__ void prefetch_l2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 #endif
 }
-__device__ __forceinline__ void dependent_access(const char *what) {
+__device__ __forceinline__ void dependent_access(const char *what, const uint32_t *rows = nullptr) {
 #ifdef DT_CUDA_EMULATE
-    dt_emu_griddep_require(what);
+    dt_emu_griddep_require_rows(what, rows);
 #else
     (void)what;
+    (void)rows;
 #endif
 }
 
@@ -353,6 +354,83 @@ __device__ __forceinline__ int64_t ml_of(const dt_attn_block_args &a, const fwd_
     return c.b * a.ml_batch_stride + c.h * a.ml_head_stride;
 }
 
+/* The rows' waits (dependent launch mode 2: block.h's visits). A warp's 16
+ * query rows, from row0 (a multiple of 16) of c's batch and head, have a
+ * count of the call's blocks done with them; NULL without visits, or for
+ * rows past the segment (a warp of the last query tile). */
+__device__ __forceinline__ uint32_t *rows_count(const dt_attn_block_args &a, const fwd_cta &c,
+                                                int64_t row0) {
+    if (!a.visits || row0 >= a.qseg.len) return nullptr;
+    return a.visits + (c.b * a.heads + c.h) * ((a.qseg.len + 15) / 16) + row0 / 16;
+}
+
+/* Fails the launch: a count that does not come within DT_ROWS_WAIT_NS of
+ * the global timer (a broken call, never a hung GPU). A call, not the trap
+ * inlined (wgmma_device.cuh's wg_fail says why). */
+#ifndef DT_CUDA_EMULATE
+#define DT_ROWS_WAIT_NS 10000000000ull
+__device__ __noinline__ void rows_fail() { __trap(); }
+#endif
+
+/* Every lane of the warp, before it reads or writes its rows' stored
+ * state: with visits, until their count reaches a.visit (ld.acquire: the
+ * lane's later reads see what the blocks before wrote there); without,
+ * until the grid before has completed (grid_dep_wait). */
+__device__ __forceinline__ void rows_wait(const dt_attn_block_args &a, const fwd_cta &c,
+                                          int64_t row0) {
+    if (!a.visits) {
+        grid_dep_wait();
+        return;
+    }
+    const uint32_t *const n = rows_count(a, c, row0);
+    if (!n) return;
+#ifdef DT_CUDA_EMULATE
+    dt_emu_rows_acquire(n, a.visit);
+#else
+    uint64_t t0 = 0;
+    for (;;) {
+        uint32_t v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(n) : "memory");
+        if (v >= a.visit) return;
+        const uint64_t now = global_ns();
+        if (!t0) t0 = now;
+        else if (now - t0 > DT_ROWS_WAIT_NS) rows_fail();
+    }
+#endif
+}
+
+/* The warp is done with its rows (written back, or without a key for
+ * them, left as they were): with visits, their count goes up by 1, after
+ * every lane's stores (each lane's fence, the warp's barrier, then lane
+ * 0's add). Every lane of the warp. */
+__device__ __forceinline__ void rows_done(const dt_attn_block_args &a, const fwd_cta &c,
+                                          int64_t row0, int lane) {
+    uint32_t *const n = rows_count(a, c, row0);
+    if (!n) return;
+    __threadfence();
+    __syncwarp();
+#ifdef DT_CUDA_EMULATE
+    if (lane == 0) dt_emu_rows_release(n, a.visit);
+#else
+    if (lane == 0) atomicAdd(n, 1u);
+#endif
+}
+
+/* A thread of a block with visits is about to exit: nothing after it needs
+ * the grid before complete (the blocks after wait for their rows' counts),
+ * so it does not wait for that grid; without visits it waits
+ * (grid_dep_wait), so that this grid completes after that one, as the next
+ * grid's wait needs. */
+__device__ __forceinline__ void grid_dep_exit(const dt_attn_block_args &a) {
+    if (a.visits) {
+#ifdef DT_CUDA_EMULATE
+        dt_emu_griddep_waive();
+#endif
+        return;
+    }
+    grid_dep_wait();
+}
+
 template <int D>
 __device__ __forceinline__ void start_rows(const dt_attn_block_args &a, const dt_mma_grid &grid,
                                            int64_t row0, int lane, int (&lim)[2], float (&m)[2],
@@ -423,7 +501,7 @@ struct stored_rows {
 template <int D>
 __device__ __forceinline__ void load_rows(const dt_attn_block_args &a, const fwd_cta &c, int64_t row0,
                                           int lane, stored_rows<D> &s) {
-    dependent_access("the rows' running state");
+    if (row0 < a.qseg.len) dependent_access("the rows' running state", rows_count(a, c, row0));
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         s.m[half] = -INFINITY;

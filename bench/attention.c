@@ -56,7 +56,7 @@
  *
  * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
- *      [--dtype bf16,fp32,fp16] [--dependent 0|1] [--persistent 0|1|2] [--overlap 0|1]
+ *      [--dtype bf16,fp32,fp16] [--dependent 0|1|2] [--persistent 0|1|2] [--overlap 0|1]
  *      [--producer 0|1|2] [--copies 0|1] [--comm-ctas N] [--pass fwd,bwd]
  *
  * --copies 0 sets DT_LOCAL_COPIES=0 for its launches (context.h): the local
@@ -529,8 +529,9 @@ static void usage(FILE *f) {
             "  --pass LIST          which passes each section times: fwd (dt_attention_forward),\n"
             "                       bwd (dt_attention_backward alone), or fwd,bwd (default)\n"
             "  --dtype LIST         (a): bf16, fp32, fp16 or a list (default bf16,fp32)\n"
-            "  --dependent 0|1      CUDA: whether the blocks after a call's first are programmatic\n"
-            "                       dependent launches (default 1)\n"
+            "  --dependent 0|1|2    CUDA: whether the blocks after a call's first are programmatic\n"
+            "                       dependent launches (default 1); 2: the forward's with the\n"
+            "                       rows' waits (dt_backend_cuda_set_dependent_launch)\n"
             "  --copies 0|1         0: the local transport moves no data (DT_LOCAL_COPIES=0):\n"
             "                       the ring's time without its copies; outputs wrong (default 1)\n"
             "  --comm-ctas N        CUDA: the communication stream's own work (the local\n"
@@ -579,7 +580,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
             i++;
         } else if (!strcmp(a, "--dependent")) {
             long x;
-            if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
+            if (!ex_parse_int(a, v, 0, 2, &x)) return 2;
             o->dependent = (int)x;
             i++;
         } else if (!strcmp(a, "--copies")) {
@@ -672,10 +673,11 @@ int main(int argc, char **argv) {
     if (o.json)
         fprintf(out, "{\n  \"bench\": \"attention\", \"date\": \"%s\", \"backend\": \"%s\", "
                      "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s, "
-                     "\"passes\": [%s], \"dependent\": %s, \"persistent\": %d, \"overlap\": %d, "
-                     "\"producer\": %d, \"copies\": %s, \"comm_ctas\": %d,\n",
+                     "\"passes\": [%s], \"dependent\": %s, \"rows_waits\": %s, \"persistent\": %d, "
+                     "\"overlap\": %d, \"producer\": %d, \"copies\": %s, \"comm_ctas\": %d,\n",
                 date, be, cores, model, o.iters, o.quick ? "true" : "false", pass_json,
-                o.dependent ? "true" : "false", o.persistent, o.overlap, o.producer,
+                o.dependent ? "true" : "false", o.dependent == 2 ? "true" : "false",
+                o.persistent, o.overlap, o.producer,
                 o.copies ? "true" : "false", o.comm_ctas);
     if (o.json)
         fprintf(out, "  \"notes\": [\"ranks are threads of one process; with fewer cores than "

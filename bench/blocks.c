@@ -47,8 +47,10 @@
  *                        after another), timed as one: the ring on one
  *                        device with nothing between its blocks; / one call
  *                        as above. On CUDA with dependent launches on
- *                        (--dependent 1, the default): once more without
- *                        them, "b2b serial".
+ *                        (--dependent 1, the default, or 2: each rank's
+ *                        blocks with their rows' waits, a scratch and a
+ *                        count of counted blocks per rank, as its calls
+ *                        have): once more without them, "b2b serial".
  *         (m)            forward, --kernel mma or wgmma: the tile model,
  *                        time as K key tiles + F per query tile's visit
  *                        of a block (dt_attn_tiles); the F that b2b/call
@@ -93,7 +95,7 @@
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
  *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--persistent 0|1|2]
- *      [--dependent 0|1] [--overlap 0|1] [--producer 0|1|2] [--rows merge|own]
+ *      [--dependent 0|1|2] [--overlap 0|1] [--producer 0|1|2] [--rows merge|own]
  *      [--trace]
  *      [--json]
  */
@@ -131,7 +133,8 @@ typedef struct opts {
     dt_attn_kernel_choice kernel;   /* --kernel: which CUDA block kernel */
     int64_t l2;                     /* --l2: the L2 size the CTA order plans for (-1: the device's) */
     int persistent;                 /* --persistent: the backend's mode (backend_cuda.h) */
-    int dependent;                  /* --dependent: 0 no programmatic dependent launches */
+    int dependent;                  /* --dependent: 0 no programmatic dependent launches, 2
+                                       the forward's with the rows' waits (backend_cuda.h) */
     int overlap;                    /* --overlap: the wgmma forward's overlapped order (1) */
     int producer;                   /* --producer: the wgmma forward's producer warpgroup (1) */
     int own;                        /* --rows own: (r)'s forward blocks start and finish their rows */
@@ -161,7 +164,10 @@ typedef struct bufs {
     float *acc, *m, *l, *lse, *delta;  /* fp32; lse: of a full pass, for the backward blocks */
     float *lse_out;                    /* the forward blocks' lse (the last of a ring's) */
     float *dq, *dk, *dv;               /* fp32; dk, dv: two buffers of rows x G x D each */
-    void *scratch;
+    void *scratch;                     /* rank j's at scratch + j scratch_bytes ((p)'s ring) */
+    size_t scratch_bytes;
+    uint32_t *ring_launches;           /* (p)'s ring: rank j's count of its counted blocks */
+    uint32_t *launches;                /* block.h's launches: NULL, or (run_ring) rank j's */
     dt_attn_cta_trace *trace;          /* --trace: backend memory for trace_slices slices */
     int64_t trace_len, trace_slices;   /* of trace_len records each: a launch's records */
     launch_sum *tracing;               /* non-NULL: run_block traces each launch into it */
@@ -181,6 +187,7 @@ static void bufs_free(bufs *b) {
                    b->lse_out, b->dq, b->dk, b->dv, b->scratch, b->trace};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i]) b->be->ops->free(b->be, all[i]);
+    free(b->ring_launches);
 }
 
 /* Backend memory of n elements of dtype, filled with fill_random values. */
@@ -221,8 +228,14 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
                      &b->dv};
     size_t n32[] = {nq, nq, nr, nr, nr, nr, nr, 2 * nk, 2 * nk};
     for (int i = 0; i < 9; i++) DT_TRY(be->ops->alloc(be, n32[i] * sizeof(float), (void **)f32[i]));
-    size_t sb = b->kern->fwd_scratch(b->D), bb = b->kern->bwd_scratch(b->D);
-    DT_TRY(be->ops->alloc(be, sb > bb ? sb : bb, &b->scratch));
+    /* a scratch per rank of (p)'s ring (its rows' counts: block.h), each for
+     * all the rows, as (r)'s blocks take them */
+    const int ranks = o->sections[1] ? o->ranks : 1;
+    size_t sb = b->kern->fwd_scratch(b->D, b->H, rows), bb = b->kern->bwd_scratch(b->D);
+    b->scratch_bytes = ((sb > bb ? sb : bb) + 255) / 256 * 256;
+    DT_TRY(be->ops->alloc(be, b->scratch_bytes * (size_t)ranks, &b->scratch));
+    b->ring_launches = calloc((size_t)ranks, sizeof *b->ring_launches);
+    if (!b->ring_launches) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of host memory");
     if (o->trace) {   /* a CTA per 64 query rows (or 128 keys) and head at most */
         b->trace_len = (rows / 64 + 1) * b->H;
         /* a slice per launch of (p)'s ring: P^2 blocks, P more backward */
@@ -358,6 +371,7 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, dt_attn_se
         .scale = 1.0f / sqrtf((float)b->D), .m = b->m, .l = b->l, .ml_head_stride = b->rows,
         .acc = b->acc, .first = first, .last = last, .o = b->o, .lse = b->lse_out,
         .kernel = b->kernel, .transfer = transfer, .trace = trace_of(b), .trace_len = b->trace_len,
+        .launches = b->launches,
     };
     DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
     return b->tracing ? trace_launch(b) : DT_SUCCESS;
@@ -539,7 +553,11 @@ static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t
             const dt_attn_segment qs = dt_attn_segment_of(order, S, P, j);
             const dt_attn_segment ks = dt_attn_segment_of(order, S, P, src);
             const int last = t == dt_attn_ring_last_step(order, DT_ATTN_CAUSAL, S, P, j);
-            const bufs rb = bufs_at(b, j * c, src * c);
+            bufs rb = bufs_at(b, j * c, src * c);
+            /* the rank's scratch and count of counted blocks, as its own
+             * calls' (dependent launch mode 2: block.h's launches) */
+            rb.scratch = (char *)b->scratch + (size_t)j * b->scratch_bytes;
+            rb.launches = b->ring_launches + j;
             if (!bwd) {   /* an idle block launches nothing (block_cuda.cu) */
                 DT_TRY(run_block(&rb, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P));
             } else if (bwd_idle(t, qs, ks)) {
@@ -620,10 +638,11 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
         if (o->trace) DT_TRY(timeline_run(b, &w, &out->ring_tl[oi]));
         out->b2b_serial_s[oi] = NAN;
 #ifdef DT_HAVE_CUDA
-        if (dt_backend_cuda_dependent_launch(b->be)) {   /* the same without them */
+        const int mode = dt_backend_cuda_dependent_launch(b->be);
+        if (mode) {   /* the same without them */
             dt_backend_cuda_set_dependent_launch(b->be, 0);
             dt_status st = time_runs(b, o, &w, &out->b2b_serial_s[oi]);
-            dt_backend_cuda_set_dependent_launch(b->be, 1);
+            dt_backend_cuda_set_dependent_launch(b->be, mode);
             DT_TRY(st);
         }
 #endif
@@ -693,7 +712,8 @@ static void text_header(const run *r, const bufs *b) {
                o->overlap ? ", overlapped (D = 128)" : ", warpgroups meeting after each tile",
                (const char *[]){", loads by thread 0", ", producer warpgroup",
                                 ", producer warpgroup, staged early loads"}[o->producer],
-               o->dependent ? "dependent launches" : "no dependent launches");
+               (const char *[]){"no dependent launches", "dependent launches",
+                                "dependent launches with the rows' waits"}[o->dependent]);
     if (o->own) printf("(r): forward blocks that start and finish their rows (--rows own)\n");
 }
 
@@ -916,9 +936,10 @@ static void json_print(const run *r, const bufs *b) {
     printf(", ");
     json_list("ring_c", o->ring_c, o->sections[1] ? o->n_ring_c : 0);
     if (l2_of(b) >= 0)   /* CUDA */
-        printf(", \"l2_bytes\": %lld, \"persistent\": %d, \"dependent\": %s, \"overlap\": %d, "
-               "\"producer\": %d", l2_of(b), o->persistent,
-               o->dependent ? "true" : "false", o->overlap, o->producer);
+        printf(", \"l2_bytes\": %lld, \"persistent\": %d, \"dependent\": %s, \"rows_waits\": %s, "
+               "\"overlap\": %d, \"producer\": %d", l2_of(b), o->persistent,
+               o->dependent ? "true" : "false", o->dependent == 2 ? "true" : "false", o->overlap,
+               o->producer);
     printf(", \"rows\": \"%s\"", o->own ? "own" : "merge");
     printf(",\n  \"timing\": \"%s; median\",\n  \"r\": [",
            r->backend == DT_BACKEND_CUDA ? "CUDA events around each block's kernels"
@@ -1070,10 +1091,12 @@ static void usage(FILE *f) {
             "                    1 (default) but for (p)'s blocks with the ring's next K, V\n"
             "                    in flight beside them (every step's but the last), 2 there\n"
             "                    too, 0 never (a CTA per query tile)\n"
-            "  --dependent 0|1   CUDA: whether the tensor-core kernels' blocks after a\n"
+            "  --dependent 0|1|2 CUDA: whether the tensor-core kernels' blocks after a\n"
             "                    call's first are launched as programmatic dependents of\n"
             "                    the block before (compute capability 9.0; default 1;\n"
-            "                    (p)'s b2b is then also timed with 0)\n"
+            "                    (p)'s b2b is then also timed with 0); 2: the forward's\n"
+            "                    with the rows' waits (a block waits for the counts of\n"
+            "                    its rows, not for the block before: (p)'s b2b ring)\n"
             "  --overlap 0|1     CUDA: whether the wgmma forward at D = 128 runs its\n"
             "                    overlapped order, one warpgroup writing a query tile's rows\n"
             "                    back while the other computes (default 1; 0: the\n"
@@ -1176,7 +1199,7 @@ static int parse(int argc, char **argv, opts *o) {
             if (!ex_parse_int(a, v, 0, 2, &x)) return 0;
             o->persistent = (int)x;
         } else if (!strcmp(a, "--dependent")) {
-            if (!ex_parse_int(a, v, 0, 1, &x)) return 0;
+            if (!ex_parse_int(a, v, 0, 2, &x)) return 0;
             o->dependent = (int)x;
         } else if (!strcmp(a, "--overlap")) {
             if (!ex_parse_int(a, v, 0, 1, &x)) return 0;

@@ -297,7 +297,7 @@ class Session:
 
 # The flags that make another launch of a kernel: a variant that hangs does
 # not take the kernel's other launches with it.
-VARIANT_FLAGS = ("--persistent", "--comm-ctas")
+VARIANT_FLAGS = ("--persistent", "--comm-ctas", "--dependent")
 
 
 def launch_of(kernel, argv):
@@ -714,7 +714,9 @@ def item_ring(session):
                   "call on S = P c; b2b/call = the same blocks launched back to back (steps "
                   "in turn, as the ranks run them one after another on one GPU), timed as "
                   "one, / that call: item 3's ring; serial/call = the same without "
-                  "dependent launches (--dependent 0). The tile model (bench/blocks (m): "
+                  "dependent launches (--dependent 0); 'wgmma, rows' waits': the wgmma "
+                  "kernel with --dependent 2 (a block waits for the counts of the rows it "
+                  "merges, not for the block before; at item 3's c only). The tile model (bench/blocks (m): "
                   "K key tiles and V query tiles' visits of the blocks, and of the one call, "
                   "time as K + F V): F b2b = the cost of a visit beyond its key tiles, in key "
                   "tiles, that b2b/call implies; F for 1.05 = the largest F with which "
@@ -726,16 +728,22 @@ def item_ring(session):
             outs[(k, c)] = run_blocks(session, table, k, "p", "fwd", h, d, [c],
                                       extra=("--trace",))
     session.ring_outs = outs   # for item_ring_trace
-    for k in kernels:
-        for c in session.size["ring_c"]:
-            rows = rows_of(outs[(k, c)], "p", "fwd")
-            if is_na(rows) or not rows:
-                na = rows if is_na(rows) else NA("missing", f"no (p) row for c = {c}")
-                table.add([k, str(c), str(RING_P * c), "-"] + [na] * 13,
-                          {"kernel": k, "c": c, "result": na})
-                continue
-            for row in rows:
-                table.add(*ring_row(k, row))
+    # the wgmma forward with the rows' waits, at item 3's c (untraced)
+    c3 = VS_ONE_CALL_AT_S // RING_P
+    rows_label = "wgmma, rows' waits"
+    runs = [(k, c, outs[(k, c)]) for k in kernels for c in session.size["ring_c"]]
+    if "wgmma" in kernels and c3 in session.size["ring_c"]:
+        runs.append((rows_label, c3, run_blocks(session, table, "wgmma", "p", "fwd", h, d, [c3],
+                                                extra=("--dependent", "2"))))
+    for k, c, out in runs:
+        rows = rows_of(out, "p", "fwd")
+        if is_na(rows) or not rows:
+            na = rows if is_na(rows) else NA("missing", f"no (p) row for c = {c}")
+            table.add([k, str(c), str(RING_P * c), "-"] + [na] * 13,
+                      {"kernel": k, "c": c, "result": na})
+            continue
+        for row in rows:
+            table.add(*ring_row(k, row))
     return table
 
 

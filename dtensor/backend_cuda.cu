@@ -1729,8 +1729,8 @@ extern "C" int dt_backend_cuda_dependent_launch(const dt_backend *b) {
     return dt_backend_is_cuda(b) ? impl_of(b)->dependent_launch : 0;
 }
 
-extern "C" void dt_backend_cuda_set_dependent_launch(dt_backend *b, int on) {
-    if (dt_backend_is_cuda(b)) impl_of(b)->dependent_launch = on != 0;
+extern "C" void dt_backend_cuda_set_dependent_launch(dt_backend *b, int mode) {
+    if (dt_backend_is_cuda(b)) impl_of(b)->dependent_launch = mode == 2 ? 2 : mode != 0;
 }
 
 extern "C" int dt_backend_cuda_overlap(const dt_backend *b) {

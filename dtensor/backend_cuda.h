@@ -86,10 +86,15 @@ void dt_backend_cuda_set_persistent(dt_backend *b, int mode);
  * while the one before finishes, its CTAs taking the SMs that one leaves,
  * and waits for it only where it reads what that one wrote (compute
  * capability 9.0 on; attention/block_cuda_wgmma.cu). set_dependent_launch(b, 0) launches it
- * after the one before has completed (benchmarks compare). Results never
- * depend on it, only speed. */
+ * after the one before has completed (benchmarks compare). 2: the same,
+ * but a forward block's warp waits only until the blocks before are done
+ * with its own 16 query rows (a count per 16 rows: attention/block.h's
+ * visits), not for the whole block before, and such a block runs a CTA
+ * per query tile (not yet measured on a GPU); the backward as with 1.
+ * Other values count as 1 (on) or 0. Results never depend on it, only
+ * speed. */
 int dt_backend_cuda_dependent_launch(const dt_backend *b);
-void dt_backend_cuda_set_dependent_launch(dt_backend *b, int on);
+void dt_backend_cuda_set_dependent_launch(dt_backend *b, int mode);
 /* Whether the wgmma attention forward at head dim 128 runs its overlapped
  * order (attention/block_cuda_wgmma.cu: a warpgroup writes a query tile's
  * rows back while the other one computes, instead of both meeting at the

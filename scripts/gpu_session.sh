@@ -10,17 +10,16 @@
 # the wgmma backward (a small block; a variant failing or hanging is left
 # out of the rest, and if the default forward or the backward does, the
 # rest measures the mma kernels only), issue 4 (c) (the ring's cost; again
-# with each variant, and with the communication stream's copies and adds
-# in kernels of 4 CTAs: --comm-ctas 4), then bench/issue8.py with what is
-# left of the
-# budget. Every step before issue8.py is cut to leave it ISSUE8_MIN (200)
+# with each variant, with the communication stream's copies and adds in
+# kernels of 4 CTAs: --comm-ctas 4, and with the forward's rows' waits:
+# --dependent 2), then bench/issue8.py with what is left of the budget. Every step before issue8.py is cut to leave it ISSUE8_MIN (200)
 # seconds.
 #
 #   scripts/gpu_session.sh [--dry-run] [--profile] [--prebuilt DIR] [BUDGET_SECONDS]
 #
 #   BUDGET_SECONDS  the whole run (default 480). The suites and the
 #                   sanitizers take about 40 s on an H200, the canaries a
-#                   few, issue 4 (c) about 15 s four times, --profile about 45 s,
+#                   few, issue 4 (c) about 15 s five times, --profile about 45 s,
 #                   issue8.py about 270 s (on an H200, 2026-11-27: with a
 #                   budget of 221 s it ran 37 steps in 203 s and skipped
 #                   its last 10, about 60 s of them; its later steps are
@@ -88,8 +87,10 @@ flags_of() { [ "$1" = default ] || echo "${1/_/ }"; }   # the bench flags of a v
 # issue 4 (c) once more with the default kernel launch: the communication
 # stream's work (the local transport's same-device copies, the backward's
 # add beside) in kernels of 4 CTAs instead of the driver's copy and kernels
-# on as many SMs as they get (dt_backend_cuda_set_comm_ctas)
-ring_extra="--comm-ctas_4"
+# on as many SMs as they get (dt_backend_cuda_set_comm_ctas); and again
+# with the forward's blocks waiting for their rows' counts instead of the
+# block before (dt_backend_cuda_set_dependent_launch(b, 2))
+ring_extra="--comm-ctas_4 --dependent_2"
 # A canary for each variant and the backward: a block small enough to
 # take milliseconds, with more query tiles (256) than SMs, so that
 # persistent CTAs take several. A variant failing or running past 20 s

@@ -419,7 +419,7 @@ static void test_fully_masked_block(void **state) {
     float q[N * D], k[N * D], v[N * D], m[N], l[N], acc[N * D], o[N * D], lse[N];
     for (int i = 0; i < N * D; i++) q[i] = k[i] = v[i] = 0.5f;
     char scratch[1 << 16];
-    assert_true(dt_attn_kernels_cpu.fwd_scratch(D) <= sizeof scratch);
+    assert_true(dt_attn_kernels_cpu.fwd_scratch(D, 1, N) <= sizeof scratch);
     for (int split = 0; split < 2; split++) {
         for (int i = 0; i < N; i++) m[i] = l[i] = lse[i] = NAN;
         for (int i = 0; i < N * D; i++) acc[i] = o[i] = NAN;
@@ -1807,16 +1807,20 @@ static void test_cuda_stateless_workspace(void **state) {
  * defaults with the communication stream's copies and adds in kernels of
  * 2 CTAs (dt_backend_cuda_set_comm_ctas(b, 2): the backward's add beside,
  * and where the ranks share a GPU the ring's transfers of K, V and of dK,
- * dV): the same bits again. Each run's backward too: its blocks after the call's
+ * dV), and an eighth the defaults with the forward's rows' waits
+ * (dt_backend_cuda_set_dependent_launch(b, 2): a block waits for the
+ * counts of the rows it merges, not for the block before): the same bits
+ * again. Each run's backward too: its blocks after the call's
  * first start while the one before finishes (they add into the same dQ
  * and write other dK, dV rows or buffers), so dK and dV must agree bit
  * for bit as well (dQ's atomics may add in another order). */
-enum { DEP_P = 2, DEP_RUNS = 7, DEP_SUMS = 4 };
+enum { DEP_P = 2, DEP_RUNS = 8, DEP_SUMS = 4 };
 
 typedef struct dep_case {
     uint64_t sum[DEP_P][DEP_RUNS][DEP_SUMS];   /* rank, run (on, off, on, on meeting, on
                                                   thread 0's loads, on staged, on with the
-                                                  comm kernels), o / lse / dk / dv */
+                                                  comm kernels, the rows' waits), o / lse /
+                                                  dk / dv */
     dt_status st[DEP_P];
     char msg[DEP_P][512];
 } dep_case;
@@ -1846,7 +1850,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     if (st == DT_SUCCESS) st = dt_tensor_fill_random(dout, 64);
     for (int run = 0; run < DEP_RUNS && st == DT_SUCCESS; run++) {
 #ifdef DT_HAVE_CUDA
-        dt_backend_cuda_set_dependent_launch(ctx->backend, run != 1);
+        dt_backend_cuda_set_dependent_launch(ctx->backend, run == 7 ? 2 : run != 1);
         dt_backend_cuda_set_overlap(ctx->backend, run != 3);
         dt_backend_cuda_set_producer(ctx->backend, run == 5 ? 2 : run != 4);
         dt_backend_cuda_set_comm_ctas(ctx->backend, run == 6 ? 2 : 0);
@@ -1914,9 +1918,9 @@ static void test_cuda_dependent_launch(void **state) {
                     if (c.sum[r][run][x] != c.sum[r][1][x]) {
                         print_error("DT_ATTN_KERNEL=%s, rank %d: %s with dependent launches on, "
                                     "off, on, on with the warpgroups meeting, on with thread 0's "
-                                    "loads, on staged, on with the comm kernels: checksums "
-                                    "%016llx, %016llx, %016llx, %016llx, %016llx, %016llx, "
-                                    "%016llx\n",
+                                    "loads, on staged, on with the comm kernels, the rows' "
+                                    "waits: checksums %016llx, %016llx, %016llx, %016llx, "
+                                    "%016llx, %016llx, %016llx, %016llx\n",
                                     kernels[i], r, (const char *[]){"o", "lse", "dk", "dv"}[x],
                                     (unsigned long long)c.sum[r][0][x],
                                     (unsigned long long)c.sum[r][1][x],
@@ -1924,7 +1928,8 @@ static void test_cuda_dependent_launch(void **state) {
                                     (unsigned long long)c.sum[r][3][x],
                                     (unsigned long long)c.sum[r][4][x],
                                     (unsigned long long)c.sum[r][5][x],
-                                    (unsigned long long)c.sum[r][6][x]);
+                                    (unsigned long long)c.sum[r][6][x],
+                                    (unsigned long long)c.sum[r][7][x]);
                         bad++;
                         break;
                     }
@@ -1960,7 +1965,7 @@ static dt_status rank_idle_block(dt_context *ctx, void *arg) {
     if (st == DT_SUCCESS) st = be->ops->alloc(be, kv, &q);
     if (st == DT_SUCCESS) st = be->ops->alloc(be, kv, &k);
     if (st == DT_SUCCESS) st = be->ops->alloc(be, kv, &v);
-    if (st == DT_SUCCESS) st = be->ops->alloc(be, dt_attn_kernels_cuda.fwd_scratch(D) + 1, &scratch);
+    if (st == DT_SUCCESS) st = be->ops->alloc(be, dt_attn_kernels_cuda.fwd_scratch(D, H, N) + 1, &scratch);
     if (st == DT_SUCCESS) st = be->ops->alloc(be, nacc * sizeof(float), (void **)&acc);
     if (st == DT_SUCCESS) st = be->ops->alloc(be, nrow * sizeof(float), (void **)&m);
     if (st == DT_SUCCESS) st = be->ops->alloc(be, nrow * sizeof(float), (void **)&l);

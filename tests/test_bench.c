@@ -545,16 +545,17 @@ static int model_f_ok(const char *model, const char *key, double ratio, double k
  * launch, so 3 records, striped and zigzag 4, the call on S = 256 2), and
  * the mean SM's busy and idle parts adding up to the wall; with the
  * producer warpgroup (the default), with its staged early loads
- * (--producer 2) and with thread 0's loads (--producer 0), which the
- * JSON reports, the same records. Skipped where
- * no CUDA device answers. One run with --producer `producer`: 1 if it
- * printed what it should, 0 if not, -1 if no CUDA device answered. */
-static int blocks_trace_timeline(int producer) {
+ * (--producer 2) and with thread 0's loads (--producer 0), and the
+ * default with the rows' waits (--dependent 2), which the JSON reports,
+ * the same records. Skipped where no CUDA device answers. One run with
+ * --producer `producer` --dependent `dependent`: 1 if it printed what it
+ * should, 0 if not, -1 if no CUDA device answered. */
+static int blocks_trace_timeline(int producer, int dependent) {
     char *out = NULL;
     char args[256];
     snprintf(args, sizeof args, "--backend cuda --kernel wgmma --section p --pass fwd --ranks 2 "
              "--ring-c 128 --heads 1 --kv-heads 1 --dim 128 --dtype bf16 --iters 1 --trace "
-             "--json --producer %d", producer);
+             "--json --producer %d --dependent %d", producer, dependent);
     int rc = h_run_program(g_blocks, args, &out);
     if (rc != 0 && out && strstr(out, "needs a CUDA device")) {
         free(out);
@@ -569,7 +570,8 @@ static int blocks_trace_timeline(int producer) {
     static const double tiles[] = {3, 4, 4};
     double reported = -1;
     int ok = rc == 0 && out != NULL && json_num(out, "producer", &reported) &&
-             reported == producer;
+             reported == producer &&
+             strstr(out, dependent == 2 ? "\"rows_waits\": true" : "\"rows_waits\": false");
     for (int i = 0; ok && i < 3; i++) {
         char key[64];
         snprintf(key, sizeof key, "\"order\": \"%s\"", orders[i]);
@@ -614,8 +616,8 @@ static void test_blocks_trace_timeline(void **state) {
     print_message("skipped: a build without CUDA (the CTA records are the CUDA kernels')\n");
     skip();
 #else
-    for (int producer = 2; producer >= 0; producer--) {
-        const int ok = blocks_trace_timeline(producer);
+    for (int run = 0; run < 4; run++) {   /* producer 2, 1, 0; 1 with the rows' waits */
+        const int ok = blocks_trace_timeline(run < 3 ? 2 - run : 1, run < 3 ? 1 : 2);
         if (ok < 0) {
             print_message("skipped: no CUDA device (make CUDA=emu test runs it on the emulator)\n");
             skip();

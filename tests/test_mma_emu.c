@@ -71,7 +71,8 @@ typedef struct emu_case {
     int sections;   /* > 0: instead, an L2 that gives sections of this many units */
     int sms;        /* the wgmma forward: > 0 persistent on this many SMs, 0 a CTA per tile */
     int dependent;  /* blocks launched as programmatic dependents: forward, those
-                       after a query rank's first; backward, all but the first */
+                       after a query rank's first; backward, all but the first;
+                       2 (forward): with the rows' waits (block.h's visits) */
     int overlap;    /* the wgmma forward at D = 128: its overlapped order */
     int producer;   /* the wgmma forward at D = 128: its loads by a producer warpgroup
                        (2: and staged early loads) */
@@ -274,6 +275,11 @@ static void run_forward(void **state) {
     assert_int_equal(cudaMalloc(&ot, nacc * dt_dtype_size(c->dtype)), cudaSuccess);
     assert_int_equal(cudaMalloc(&queue, DT_ATTN_WGMMA_QUEUE_BYTES), cudaSuccess);
     uint32_t *const qw = queue;   /* emulated device memory is host memory */
+    /* dependent 2: the rows' counts, one per 16 query rows of each (batch, head) */
+    const size_t ncount = (size_t)(B * H * ((n + 15) / 16));
+    uint32_t *visits = NULL;
+    if (c->dependent == 2)
+        assert_int_equal(cudaMalloc((void **)&visits, ncount * sizeof *visits), cudaSuccess);
     double *ref = malloc(nacc * sizeof *ref), *ref_lse = malloc(nrow * sizeof *ref_lse);
     /* the kernels' query and key tiles (their files' comments) */
     const int64_t bm = wgmma ? 128 : DT_MMA_BM, bn = wgmma ? 128 : DT_MMA_BN;
@@ -287,6 +293,8 @@ static void run_forward(void **state) {
         for (size_t i = 0; i < nacc; i++) acc[i] = NAN;
         /* the queue as new memory: the call's first block must clear it */
         qw[0] = qw[1] = 0xdeadbeefu;
+        /* the counts as the call's first block finds them: cleared by the caller */
+        if (visits) memset(visits, 0, ncount * sizeof *visits);
         for (int step = 0; step < c->P && !bad; step++) {   /* key ranks in ring order */
             const int r = (j - step + c->P) % c->P;
             dt_attn_block_args a = {
@@ -297,7 +305,8 @@ static void run_forward(void **state) {
                 .ml_batch_stride = H * n, .ml_head_stride = n, .acc = acc,
                 .acc_batch_stride = n * H * D, .first = step == 0,
                 .last = step == c->P - 1, .o = ot, .lse = lse, .kernel = c->kernel,
-                .trace = trace, .trace_len = trace_len};
+                .trace = trace, .trace_len = trace_len, .visits = visits,
+                .visit = (uint32_t)step};
             memset(trace, 0, (size_t)trace_len * sizeof *trace);
             continuing += !a.first;
             if (!dt_emu_attn_mma_block_ok(&a, why, sizeof why)) {
@@ -324,6 +333,19 @@ static void run_forward(void **state) {
             }
         }
         if (bad) break;
+        /* every block counted every 16 rows of the rank's once (rows past
+         * its segment have no count) */
+        for (size_t i = 0; visits && i < ncount; i++) {
+            const int64_t per = (R.seg[j].len + 15) / 16;
+            const uint32_t want = (int64_t)i < B * H * per ? (uint32_t)c->P : 0u;
+            if (visits[i] != want) {
+                print_error("%s: query rank %d: rows' count %zu is %u, not %u\n", c->name, j, i,
+                            visits[i], want);
+                bad++;
+                break;
+            }
+        }
+        if (bad) break;
         for (size_t i = 0; i < nacc; i++) o[i] = dt_value_get(ot, c->dtype, i);
         ref_local_rows(o_ref, B, s->S, H, D, c->order, c->P, j, 0, H, ref);
         ref_local_lse(lse_ref, B, s->S, H, c->order, c->P, j, 0, H, ref_lse);
@@ -340,6 +362,7 @@ static void run_forward(void **state) {
     free(m), free(l), free(acc), free(o), free(lse), free(trace);
     cudaFree(ot);
     cudaFree(queue);
+    cudaFree(visits);
     assert_int_equal(bad, 0);
     assert_true(mma_ran > 0);
     assert_int_equal(dependent_ran, c->dependent ? continuing : 0);
@@ -1791,9 +1814,11 @@ int main(void) {
                     /* the wgmma forward persistent (one SM: one or two CTAs, each
                      * taking many query tiles, tiles without keys among them on
                      * the zigzag rows) on rows 0 to 2 and 5, a CTA per tile on 3,
-                     * 4; every kernel with dependent launches but on row 3 */
+                     * 4; every kernel with dependent launches but on row 3, the
+                     * forward's on the zigzag rows 2 and 5 with the rows' waits
+                     * (whose blocks after the first then run a CTA per tile) */
                     c->sms = i <= 2 || i == 5;
-                    c->dependent = i != 3;
+                    c->dependent = i == 3 ? 0 : dir % 2 == 0 && (i == 2 || i == 5) ? 2 : 1;
                     c->overlap = v == 1 || v == 2 || v == 4;
                     c->producer = v == 4 ? 2 : v == 2 || v == 3;
                     snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s%s",
@@ -1804,7 +1829,8 @@ int main(void) {
                              (long long)c->s.Hkv, (long long)c->s.D, dt_attn_mask_name(c->mask),
                              dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "",
                              dir == 2 && c->sms ? ",persistent" : "",
-                             c->dependent ? ",dependent" : "", c->overlap ? ",overlapped" : "",
+                             c->dependent == 2 ? ",dependent,rows" : c->dependent ? ",dependent" : "",
+                             c->overlap ? ",overlapped" : "",
                              c->producer == 2 ? ",producer,staged" : c->producer ? ",producer" : "");
                     tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                     nt++;

@@ -255,6 +255,22 @@ void dt_emu_griddep_launch(void);
 void dt_emu_griddep_wait(void);
 void dt_emu_griddep_require(const char *what);
 
+/* The rows' waits of the forward kernels (attention/block.h, visits): a
+ * thread in a dependent launch may also read what the grid before wrote
+ * to rows whose count it has acquired (dt_emu_griddep_require_rows with
+ * that count), and exit without griddepcontrol.wait where the kernel
+ * declares that nothing after it needs the grid before complete
+ * (dt_emu_griddep_waive: the later blocks wait for the rows' counts).
+ * Launches run one after another, so at an acquire (a wait until the count
+ * reaches `visit`) and at a release (an add of 1 by the block of that
+ * visit) the count must be `visit` exactly: else the launch fails, naming
+ * the count (one left uncounted would leave a GPU waiting; one counted
+ * twice would let a block read rows too early). */
+void dt_emu_griddep_require_rows(const char *what, const uint32_t *count);
+void dt_emu_griddep_waive(void);
+void dt_emu_rows_acquire(const uint32_t *count, uint32_t visit);
+void dt_emu_rows_release(uint32_t *count, uint32_t visit);
+
 /* Ends the launch with an error (__trap, or a failed check). */
 void dt_emu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 

@@ -189,6 +189,8 @@ typedef struct emu_thread {
     uint32_t mbar_off, mbar_parity;
     int bar_id;   /* the named barrier it waits in (T_WAIT_BAR) */
     int griddep_waited;   /* ran griddepcontrol.wait */
+    int griddep_waived;   /* declared it exits without that wait (dt_emu_griddep_waive) */
+    const uint32_t *rows_acquired;   /* the rows' count it waited for (dt_emu_rows_acquire) */
 } emu_thread;
 
 /* An mbarrier object of the block (PTX ISA "Contents of the mbarrier
@@ -345,6 +347,33 @@ void dt_emu_griddep_require(const char *what) {
     if (E.dependent && !E.cur->griddep_waited)
         dt_emu_fail("%s in a programmatic dependent launch before griddepcontrol.wait: the grid "
                     "before may still be running", what);
+}
+
+void dt_emu_griddep_require_rows(const char *what, const uint32_t *count) {
+    if (count && E.cur->rows_acquired == count) return;
+    dt_emu_griddep_require(what);
+}
+
+void dt_emu_griddep_waive(void) { E.cur->griddep_waived = 1; }
+
+/* Launches run one after another here, so every earlier block is done with
+ * the rows: their count is the blocks before this one, exactly. */
+void dt_emu_rows_acquire(const uint32_t *count, uint32_t visit) {
+    if (*count != visit)
+        dt_emu_fail("the rows' count at %p is %u where the block, visit %u of the call, waits "
+                    "for %u: %s", (const void *)count, *count, visit, visit,
+                    *count < visit ? "an earlier block did not count them (on a GPU this "
+                                     "wait would run until its trap)"
+                                   : "a block counted them twice, or the count was not cleared");
+    E.cur->rows_acquired = count;
+}
+
+void dt_emu_rows_release(uint32_t *count, uint32_t visit) {
+    if (*count != visit)
+        dt_emu_fail("the rows' count at %p is %u when the block, visit %u of the call, adds "
+                    "its 1: a block counted them twice, or one before did not count them",
+                    (const void *)count, *count, visit);
+    (*count)++;
 }
 
 /* Room for one more element of an array (n in use, *cap allocated, each
@@ -1445,7 +1474,7 @@ static EMU_NO_TSAN void fiber_main(void) {
 #endif
     E.body(E.arg);
     emu_thread *t = E.cur;
-    dt_emu_griddep_require("exiting");
+    if (!t->griddep_waived) dt_emu_griddep_require("exiting");
     wait_groups(t, 0);   /* copies still in flight land anyway */
     if (t->nwg) {
         int uncommitted = 0;
@@ -1486,6 +1515,8 @@ static void start_fiber(emu_thread *t) {
     t->cp_unfenced = 0;
     t->mbar_off = t->mbar_parity = 0;
     t->griddep_waited = 0;
+    t->griddep_waived = 0;
+    t->rows_acquired = NULL;
 #ifdef EMU_ASAN
     /* a fiber of a failed launch was abandoned mid-call: its frames' redzones
      * are still poisoned on the reused stack */
