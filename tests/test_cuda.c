@@ -362,9 +362,10 @@ static dt_status rank_pool(dt_context *ctx, void *arg) {
     dt_backend *be = ctx->backend;
     dt_comm *comm = dt_context_comm(ctx);
     void *big = NULL;
-    size_t free_b = 0, total_b = 0;
+    size_t free_b = 0;
     dt_status st = DT_SUCCESS;
 #ifdef DT_HAVE_CUDA
+    size_t total_b = 0;
     if ((rank == 0 || rank == last) && cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
         st = dt_error(DT_ERR_BACKEND, "test: cudaMemGetInfo failed");
 #endif
