@@ -15,7 +15,8 @@
  * - docs/API.md documents what a user gets: every dt_* / DT_* name in it is
  *   in a header that `make install` installs, or is an environment variable
  *   the library reads (a string literal of its sources: getenv("DT_LOG")).
- *   Internal names stay out of the reference.
+ *   Internal names stay out of the reference. The other way round, every
+ *   dt_* function those headers declare or call is in it.
  * - README.md's first program, built as its text says a user builds it: the
  *   build's compiler with -Wall -Wextra -Werror and `pkg-config --cflags
  *   --libs dtensor` against what `make install` puts under a prefix, then
@@ -97,6 +98,30 @@ static char *md_block(const char *md, const char *lang, int k, int *at) {
             return s;
         }
         p = end + 4;
+    }
+}
+
+/* Blanks out comments and string and character literals of C / CUDA
+ * source, in place, keeping its newlines. */
+static void blank_comments_and_literals(char *s) {
+    for (char *p = s; *p; p++) {
+        if (p[0] == '/' && p[1] == '*') {
+            char *e = strstr(p + 2, "*/");
+            char *end = e ? e + 2 : p + strlen(p);
+            for (; p < end; p++)
+                if (*p != '\n') *p = ' ';
+            p--;
+        } else if (p[0] == '/' && p[1] == '/') {
+            for (; *p && *p != '\n'; p++) *p = ' ';
+            p--;
+        } else if (*p == '"' || *p == '\'') {
+            const char q = *p;
+            for (p++; *p && *p != q && *p != '\n'; p++) {
+                if (*p == '\\' && p[1]) *p++ = ' ';
+                *p = ' ';
+            }
+            if (!*p) p--;
+        }
     }
 }
 
@@ -357,6 +382,35 @@ static void test_api_names_installed(void **state) {
         }
         p += n - 1;
     }
+    /* ... every function an installed header declares (or calls in an
+     * inline body or a macro: a user's code compiles those calls) is in the
+     * reference, but for the helpers named with a trailing underscore (not
+     * for direct use) */
+    int functions = 0;
+    for (int i = 0; i < nh; i++) {
+        char *code = strdup(hdr[i].raw);
+        assert_non_null(code);
+        blank_comments_and_literals(code);
+        for (const char *p = code; (p = strstr(p, "dt_")) != NULL; p++) {
+            if (p > code && (isalnum((unsigned char)p[-1]) || p[-1] == '_')) continue;
+            size_t n = 0;
+            while (isalnum((unsigned char)p[n]) || p[n] == '_') n++;
+            size_t after = n;
+            while (p[after] == ' ' || p[after] == '\t' || p[after] == '\n') after++;
+            if (p[after] != '(' || p[n - 1] == '_' || n >= 128) continue;
+            char name[128];
+            memcpy(name, p, n);
+            name[n] = '\0';
+            functions++;
+            if (!has_word(md, name)) {
+                missing++;
+                print_error("%s declares or calls %s, which docs/API.md does not name\n",
+                            hdr[i].path, name);
+            }
+            p += n - 1;
+        }
+        free(code);
+    }
     /* ... and no installed header calls itself private (the Makefile
      * leaves out those whose first line says PRIVATE; another spelling
      * slipped through) */
@@ -370,11 +424,13 @@ static void test_api_names_installed(void **state) {
                 break;
             }
     }
-    print_message("%d names of docs/API.md against %d installed headers\n", names, nh);
+    print_message("%d names of docs/API.md against %d installed headers, %d function names "
+                  "of those against docs/API.md\n", names, nh, functions);
     free(md);
     free_sources(hdr, nh);
     free_sources(src, nsrc);
-    assert_true(names > 100);   /* the reference names the API */
+    assert_true(names > 100);      /* the reference names the API */
+    assert_true(functions > 100);  /* and the headers declare it */
     assert_int_equal(missing, 0);
 }
 
@@ -446,30 +502,6 @@ static const char *const forbidden_calls[] = {
     "MPI_Sendrecv", "MPI_Probe", "MPI_Barrier", "MPI_Bcast", "MPI_Reduce", "MPI_Allreduce",
     "MPI_Gather", "MPI_Allgather", "MPI_Scatter", "MPI_Alltoall", "MPI_Reduce_scatter",
 };
-
-/* Blanks out comments and string and character literals of C / CUDA
- * source, in place, keeping its newlines. */
-static void blank_comments_and_literals(char *s) {
-    for (char *p = s; *p; p++) {
-        if (p[0] == '/' && p[1] == '*') {
-            char *e = strstr(p + 2, "*/");
-            char *end = e ? e + 2 : p + strlen(p);
-            for (; p < end; p++)
-                if (*p != '\n') *p = ' ';
-            p--;
-        } else if (p[0] == '/' && p[1] == '/') {
-            for (; *p && *p != '\n'; p++) *p = ' ';
-            p--;
-        } else if (*p == '"' || *p == '\'') {
-            const char q = *p;
-            for (p++; *p && *p != q && *p != '\n'; p++) {
-                if (*p == '\\' && p[1]) *p++ = ' ';
-                *p = ' ';
-            }
-            if (!*p) p--;
-        }
-    }
-}
 
 static void test_library_never_aborts_or_waits_unbounded(void **state) {
     (void)state;
