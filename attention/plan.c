@@ -47,10 +47,16 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
                                 attn_plan *p) {
     char msg[512];
     memset(p, 0, sizeof *p);
+    /* The context and mesh of any of them, so that a rank that passed a
+     * NULL among them still shows its peers its failure at the entry check
+     * (attn_plan_check_agreement) instead of leaving them to time out. */
+    const dt_tensor *any = q ? q : k ? k : v;
+    if (any) {
+        p->ctx = dt_tensor_context(any);
+        p->mesh = dt_tensor_mesh(any);
+    }
     DT_REQUIRE(q && k && v, "%s: q, k and v must not be NULL (got %p, %p, %p)", op, (const void *)q,
                (const void *)k, (const void *)v);
-    p->ctx = dt_tensor_context(q);
-    p->mesh = dt_tensor_mesh(q);
 #define FAIL(st, ...)                                 \
     do {                                              \
         snprintf(msg, sizeof msg, __VA_ARGS__);       \

@@ -1492,6 +1492,65 @@ static void test_ranks_that_disagree_fail_together(void **state) {
     }
 }
 
+/* Rank 1 passes NULL for q (k and v as the others): it fails with
+ * DT_ERR_INVALID_ARGUMENT, and it still takes part in the entry check
+ * through k's context, so the others fail at once, naming the failed
+ * check, instead of waiting for the timeout (a minute here, for the slow
+ * builds' sake: they would return DT_ERR_TIMEOUT then). The forward and
+ * the backward. */
+static dt_status rank_null_q(dt_context *ctx, void *arg) {
+    err_case *c = arg;
+    int r = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    dt_tensor *q = NULL, *k = NULL, *o = NULL, *lse = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+    int sizes[1] = {c->P};
+    dt_status st = dt_mesh_create(ctx, 1, sizes, NULL, &mesh);
+    dt_layout lay = dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED));
+    int64_t qs[4] = {1, 8 * c->P, 4, 16}, ks[4] = {1, 8 * c->P, 2, 16};
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 4, qs, &lay, &q);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 4, ks, &lay, &k);
+    if (st == DT_SUCCESS) st = dt_attention_forward(q, k, k, NULL, &o, &lse);
+    const dt_tensor *qb = r == 1 ? NULL : q;
+    if (st == DT_SUCCESS) {
+        dt_tensor *o2 = NULL;
+        c->st[r] = dt_attention_forward(qb, k, k, NULL, &o2, NULL);
+        snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
+        dt_tensor_destroy(o2);
+        c->bad[r] = dt_attention_backward(qb, k, k, o, lse, o, NULL, &dq, &dk, &dv);
+        snprintf(c->msg[r] + strlen(c->msg[r]), sizeof c->msg[r] - strlen(c->msg[r]), " | %s",
+                 dt_last_error());
+    }
+    dt_tensor_destroy(dq);
+    dt_tensor_destroy(dk);
+    dt_tensor_destroy(dv);
+    dt_tensor_destroy(o);
+    dt_tensor_destroy(lse);
+    dt_tensor_destroy(q);
+    dt_tensor_destroy(k);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_rank_with_null_q_fails_its_peers_at_once(void **state) {
+    (void)state;
+    for (int p = 2; p <= 3; p++) {
+        err_case c = {.P = p};
+        dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+        o.backend = DT_BACKEND_CPU;
+        o.transport = DT_TRANSPORT_LOCAL;
+        o.timeout_ms = 60 * 1000L;
+        assert_int_equal(dt_launch(p, rank_null_q, &c, &o), DT_SUCCESS);
+        for (int r = 0; r < p; r++) {
+            print_message("P = %d rank %d: %s, %s: %s\n", p, r, dt_status_name(c.st[r]),
+                          dt_status_name((dt_status)c.bad[r]), c.msg[r]);
+            const dt_status want = r == 1 ? DT_ERR_INVALID_ARGUMENT : DT_ERR_MISMATCH;
+            assert_int_equal(c.st[r], want);
+            assert_int_equal(c.bad[r], want);
+            assert_non_null(strstr(c.msg[r], r == 1 ? "must not be NULL" : "valid arguments"));
+        }
+    }
+}
+
 static uint64_t checksum(const dt_tensor *t) {
     size_t n = dt_tensor_local_bytes(t);
     unsigned char *buf = malloc(n ? n : 1);
@@ -2071,6 +2130,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest){"timing/cuda", test_timing, NULL, NULL, (void *)&timing_backends[1]};
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_huge_logits);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ranks_that_disagree_fail_together);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_rank_with_null_q_fails_its_peers_at_once);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_workspace_reuse);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_stateless_workspace);
