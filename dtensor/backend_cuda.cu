@@ -60,6 +60,23 @@
 #include <string.h>
 #include <time.h>
 
+/* Under AddressSanitizer on the CPU emulator of CUDA (tests/emu), where
+ * device memory is host memory and kernels run as host code: the bytes of
+ * a fresh block past the request are poisoned (alloc_of), so that a
+ * kernel's access past a tensor shows as it would past a cudaMalloc of its
+ * exact size, instead of landing in the allocator's rounding; a block taken
+ * from the cache is unpoisoned whole (no finer: its last owner's queued
+ * work may still run on it, later in the emulated streams' order). Nothing
+ * on a GPU. */
+#if defined(DT_CUDA_EMULATE) && defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define DT_DEVICE_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define DT_DEVICE_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define DT_DEVICE_POISON(p, n) ((void)(p), (void)(n))
+#define DT_DEVICE_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 /* The ranks whose caches reclaim each other (backend_cuda.h; pool_reclaim). */
 struct dt_cuda_pool {
     pthread_mutex_t lock;   /* members, and a reclaim from start to end */
@@ -829,6 +846,9 @@ dt_status alloc_of(dt_backend *b, size_t bytes, void **out, bool zero) {
                             "%s (%s)", b->rank, want, im->device, cudaGetErrorString(e),
                             cudaGetErrorName(e));
         }
+        DT_DEVICE_POISON(static_cast<char *>(p) + bytes, want - bytes);
+    } else {
+        DT_DEVICE_UNPOISON(p, have);
     }
     if (!blocks_push(&im->live, p, have)) {
         if (!cache_put(im, p, have)) (void)cudaFree(p); /* not used yet: nothing to wait for */
