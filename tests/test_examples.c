@@ -61,6 +61,7 @@ static void show_output_on_failure(const char *args, const char *out) {
 typedef struct pass_case {
     char name[128];
     char args[256];
+    const char *expect; /* a line the output must hold too, or NULL */
 } pass_case;
 
 static void test_passes(void **state) {
@@ -70,7 +71,8 @@ static void test_passes(void **state) {
     int rc = run_example(c->args, &out);
     int ok = rc == 0 && strstr(out, "result: PASS") && !strstr(out, "FAIL") &&
              strstr(out, "critical path") && strstr(out, "next: build/examples/tensor_parallel_mlp") &&
-             strstr(out, "next: build/examples/transformer_block");
+             strstr(out, "next: build/examples/transformer_block") &&
+             (!c->expect || strstr(out, c->expect));
     if (!ok) show_output_on_failure(c->args, out);
     free(out);
     assert_int_equal(rc, 0);
@@ -392,7 +394,7 @@ int main(int argc, char **argv) {
 
     static const char *const order_names[] = {"contiguous", "striped", "zigzag"};
     static const char *const dtype_names[] = {"fp32", "bf16", "fp16"};
-    static pass_case passes[11], bad[7], unsupported[1];
+    static pass_case passes[12], bad[7], unsupported[1];
     struct CMUnitTest tests[40];
     size_t n = 0, np = 0;
     for (int o = 0; o < 3; o++)
@@ -413,6 +415,12 @@ int main(int argc, char **argv) {
         snprintf(c->args, sizeof c->args, "--ranks 3 --batch 2 --seq 48 --heads 6 --kv-heads 1 "
                  "--dim 16 --order striped --no-causal --seed 9");
         snprintf(c->name, sizeof c->name, "striped_attention/pass/striped,no-causal,P=3,MQA");
+        tests[n++] = (struct CMUnitTest){c->name, test_passes, NULL, NULL, c};
+        /* --heads alone, odd: K and V default to H heads (2 would not divide it) */
+        c = &passes[np++];
+        snprintf(c->args, sizeof c->args, "--ranks 2 --seq 16 --heads 3 --dim 8");
+        snprintf(c->name, sizeof c->name, "striped_attention/pass/odd-heads,default-kv-heads");
+        c->expect = "k and v [1, 16, 3, 8]";
         tests[n++] = (struct CMUnitTest){c->name, test_passes, NULL, NULL, c};
     }
     static const char *const bad_args[] = {
