@@ -12,7 +12,8 @@
  *   the MLP      ex_mlp_forward (through the library), ex_ref_matmul and
  *                ex_ref_gelu (the double-precision reference)
  *   flags        ex_parse_int, ex_parse_ints, ex_parse_choice, ex_parse_choices,
- *                ex_parse_seed, ex_parse_dtype, ex_parse_backend
+ *                ex_parse_seed, ex_parse_dtype, ex_parse_backend,
+ *                ex_default_kv_heads
  */
 #ifndef DT_EXAMPLE_UTIL_H
 #define DT_EXAMPLE_UTIL_H
@@ -278,6 +279,14 @@ static inline int ex_parse_seed(const char *v, uint64_t *out) {
     }
     *out = s;
     return 1;
+}
+
+/* --kv-heads not given: groups of two query heads (H / 2 key/value heads)
+ * where that fits H and the tensor-parallel ranks tp (whole kv heads per
+ * rank), else H (no grouping), so that --heads alone never clashes with a
+ * default the user did not choose. */
+static inline int64_t ex_default_kv_heads(int64_t heads, int64_t tp) {
+    return heads % 2 == 0 && (heads / 2) % tp == 0 ? heads / 2 : heads;
 }
 
 /* --dtype fp32 | bf16 | fp16: 1 and *out, else 0. */

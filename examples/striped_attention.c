@@ -712,7 +712,7 @@ static void usage(FILE *f) {
             "  --batch B          batch, default 1\n"
             "  --seq S            tokens, a multiple of P (of 2P for zigzag), default 256\n"
             "  --heads H          query heads, default 4\n"
-            "  --kv-heads HKV     key/value heads, dividing H (GQA/MQA), default 2 (H if H is odd)\n"
+            "  --kv-heads HKV     key/value heads, dividing H (GQA/MQA), default H/2 (H if odd)\n"
             "  --dim D            head dim, a multiple of 8 up to %d, default 64\n"
             "  --order O          contiguous (Ring Attention) | striped | zigzag, default striped\n"
             "  --causal           causal mask (default)\n"
@@ -797,7 +797,7 @@ static int parse_flags(int argc, char **argv, config *c) {
     }
 
     /* Shapes, before anything is launched. */
-    if (!c->kv_heads) c->kv_heads = c->heads % 2 ? c->heads : 2;   /* not given */
+    if (!c->kv_heads) c->kv_heads = ex_default_kv_heads(c->heads, 1);   /* not given */
     if (c->seq % c->ranks) {
         fprintf(stderr, "striped_attention: --seq %lld is not divisible by --ranks %d\n",
                 (long long)c->seq, c->ranks);

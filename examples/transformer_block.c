@@ -372,7 +372,8 @@ static void usage(FILE *f) {
             "  --seq S            tokens, a multiple of sp (of 2*sp for zigzag), default 48\n"
             "  --embed E          hidden size, E = heads * D, default 256\n"
             "  --heads H          query heads, default 8 (D = E/H: a multiple of 8 up to %d)\n"
-            "  --kv-heads HKV     key/value heads, dividing H and divisible by tp, default 4\n"
+            "  --kv-heads HKV     key/value heads, dividing H and divisible by tp, default H/2\n"
+            "                     (H where H/2 is not a multiple of tp)\n"
             "  --order O          contiguous | striped | zigzag (the sp sharding), default striped\n"
             "  --dtype T          fp32 | bf16 | fp16, default fp32\n"
             "  --backend K        auto | cpu | cuda, default auto (DT_BACKEND, else the best built)\n"
@@ -398,6 +399,9 @@ static const char *shape_problem(const config *c, char *buf, size_t size) {
     } else if (H % G) {
         snprintf(buf, size, "--kv-heads %lld does not divide --heads %lld", (long long)G,
                  (long long)H);
+    } else if (H % c->tp) {
+        snprintf(buf, size, "--heads %lld is not divisible by --tp %d (heads are split over tp)",
+                 (long long)H, c->tp);
     } else if (G % c->tp) {
         snprintf(buf, size, "--kv-heads %lld is not divisible by --tp %d (heads are split over "
                  "tp, whole kv groups per rank)", (long long)G, c->tp);
@@ -461,6 +465,7 @@ static int parse_flags(int argc, char **argv, config *c) {
         }
         i++;
     }
+    if (!c->kv_heads) c->kv_heads = ex_default_kv_heads(c->heads, c->tp);   /* not given */
     /* A sweep picks its meshes and orders; the shapes must still suit one
      * rank (the reference needs whole heads and kv groups). */
     config one = *c;
@@ -534,7 +539,7 @@ static int run_one(const config *c, const double *ref, int quiet, double *max_er
 int main(int argc, char **argv) {
     config c = {
         .tp = 2, .sp = 2, .sweep = 0, .batch = 2, .seq = 48, .embed = 256, .heads = 8,
-        .kv_heads = 4, .dtype = DT_F32, .order = DT_ORDER_STRIPED, .backend = DT_BACKEND_AUTO,
+        .kv_heads = 0, .dtype = DT_F32, .order = DT_ORDER_STRIPED, .backend = DT_BACKEND_AUTO,
         .seed = 1,
     };
     int rc = parse_flags(argc, argv, &c);

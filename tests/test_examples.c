@@ -416,7 +416,7 @@ int main(int argc, char **argv) {
                  "--dim 16 --order striped --no-causal --seed 9");
         snprintf(c->name, sizeof c->name, "striped_attention/pass/striped,no-causal,P=3,MQA");
         tests[n++] = (struct CMUnitTest){c->name, test_passes, NULL, NULL, c};
-        /* --heads alone, odd: K and V default to H heads (2 would not divide it) */
+        /* --heads alone, odd: K and V default to H heads (H/2 is no whole number) */
         c = &passes[np++];
         snprintf(c->args, sizeof c->args, "--ranks 2 --seq 16 --heads 3 --dim 8");
         snprintf(c->name, sizeof c->name, "striped_attention/pass/odd-heads,default-kv-heads");

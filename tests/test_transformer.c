@@ -1326,7 +1326,12 @@ int main(int argc, char **argv) {
         {"--sweep --batch 1 --seq 24 --embed 64 --heads 8 --kv-heads 4", 0, "result: PASS"},
         {"--tp 2 --sp 3 --order zigzag --dtype bf16 --seq 36 --embed 128 --heads 4 --kv-heads 2", 0,
          "result: PASS"},
-        {"--tp 3", 2, "--kv-heads 4 is not divisible by --tp 3"},
+        {"--tp 3", 2, "--heads 8 is not divisible by --tp 3"},
+        {"--tp 2 --kv-heads 1", 2, "--kv-heads 1 is not divisible by --tp 2"},
+        /* --kv-heads not given: H/2 where that fits H and tp, else H */
+        {"--tp 3 --sp 1 --seq 24 --embed 96 --heads 6", 0, "6 heads (3 kv heads)"},
+        {"--tp 2 --sp 2 --seq 24 --embed 64 --heads 2", 0, "2 heads (2 kv heads)"},
+        {"--tp 1 --sp 2 --seq 24 --embed 48 --heads 3", 0, "3 heads (3 kv heads)"},
         {"--order diagonal", 2, "--order takes one of contiguous, striped, zigzag"},
         {"--sp 4 --seq 10", 2, "--seq 10 is not divisible by --sp 4"},
         {"--heads 5", 2, "--heads 5 does not divide --embed 256"},
