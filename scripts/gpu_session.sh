@@ -89,8 +89,11 @@ flags_of() { [ "$1" = default ] || echo "${1/_/ }"; }   # the bench flags of a v
 # add beside) in kernels of 4 CTAs instead of the driver's copy and kernels
 # on as many SMs as they get (dt_backend_cuda_set_comm_ctas); and again
 # with the forward's blocks waiting for their rows' counts instead of the
-# block before (dt_backend_cuda_set_dependent_launch(b, 2))
-ring_extra="--comm-ctas_4 --dependent_2"
+# block before (dt_backend_cuda_set_dependent_launch(b, 2)); and once with
+# the local transport moving no data (--copies 0, DT_LOCAL_COPIES=0): the
+# ring's cost without the same-device copies that ranks sharing one GPU
+# add, which on a GPU per rank travel between GPUs (outputs wrong there)
+ring_extra="--comm-ctas_4 --dependent_2 --copies_0"
 # A canary for each variant and the backward: a block small enough to
 # take milliseconds, with more query tiles (256) than SMs, so that
 # persistent CTAs take several. A variant failing or running past 20 s
