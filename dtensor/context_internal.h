@@ -37,4 +37,12 @@ static inline dt_status dt_context_note(dt_context *ctx, dt_status st) {
 dt_status dt_tensor_create_uninit(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,
                                   const int64_t *shape, const dt_layout *layout, dt_tensor **out);
 
+/* An op's last step: with st DT_SUCCESS hands o to the caller (*out = o),
+ * else destroys o; returns st. */
+static inline dt_status dt_op_output(dt_status st, dt_tensor *o, dt_tensor **out) {
+    if (st == DT_SUCCESS) *out = o;
+    else dt_tensor_destroy(o);
+    return st;
+}
+
 #endif /* DT_CONTEXT_INTERNAL_H */

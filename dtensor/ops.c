@@ -175,12 +175,7 @@ static dt_status dt_matmul_impl(const dt_tensor *x, const dt_tensor *w, dt_tenso
     dt_backend *be = ctx->backend;
     dt_status st = be->ops->gemm(be, dt_tensor_dtype(x), M, wL[1], wL[0], dt_tensor_data_const(x),
                                  dt_tensor_data_const(w), dt_tensor_data(o));
-    if (st != DT_SUCCESS) {
-        dt_tensor_destroy(o);
-        return st;
-    }
-    *out = o;
-    return DT_SUCCESS;
+    return dt_op_output(st, o, out);
 }
 
 dt_status dt_matmul(const dt_tensor *x, const dt_tensor *w, dt_tensor **out) {
@@ -235,12 +230,7 @@ static dt_status dt_add_impl(const dt_tensor *a, const dt_tensor *b, dt_tensor *
     dt_status st = be->ops->add(be, dt_tensor_dtype(a), dt_tensor_local_numel(a),
                                 dt_tensor_data_const(a), dt_tensor_data_const(b),
                                 dt_tensor_data(o));
-    if (st != DT_SUCCESS) {
-        dt_tensor_destroy(o);
-        return st;
-    }
-    *out = o;
-    return DT_SUCCESS;
+    return dt_op_output(st, o, out);
 }
 
 dt_status dt_add(const dt_tensor *a, const dt_tensor *b, dt_tensor **out) {
@@ -274,12 +264,7 @@ static dt_status dt_gelu_impl(const dt_tensor *x, dt_gelu_approx approx, dt_tens
     dt_backend *be = ctx->backend;
     dt_status st = be->ops->gelu(be, dt_tensor_dtype(x), dt_tensor_local_numel(x),
                                  dt_tensor_data_const(x), dt_tensor_data(o), approx);
-    if (st != DT_SUCCESS) {
-        dt_tensor_destroy(o);
-        return st;
-    }
-    *out = o;
-    return DT_SUCCESS;
+    return dt_op_output(st, o, out);
 }
 
 dt_status dt_gelu(const dt_tensor *x, dt_gelu_approx approx, dt_tensor **out) {

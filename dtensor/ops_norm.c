@@ -228,12 +228,7 @@ static dt_status nn_reshape_impl(const dt_tensor *t, int ndim, const int64_t *sh
         dt_backend *be = dt_tensor_context(t)->backend;
         st = be->ops->copy(be, dt_tensor_data(o), dt_tensor_data_const(t), bytes);
     }
-    if (st != DT_SUCCESS) {
-        dt_tensor_destroy(o);
-        return st;
-    }
-    *out = o;
-    return DT_SUCCESS;
+    return dt_op_output(st, o, out);
 }
 
 dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape, dt_tensor **out) {
@@ -308,12 +303,7 @@ static dt_status nn_rmsnorm_impl(const dt_tensor *x, const dt_tensor *weight, fl
     dt_status st = be->ops->rmsnorm(be, dt_tensor_dtype(x), rows, E, dt_tensor_data_const(x),
                                     weight ? dt_tensor_data_const(weight) : NULL, eps,
                                     dt_tensor_data(o));
-    if (st != DT_SUCCESS) {
-        dt_tensor_destroy(o);
-        return st;
-    }
-    *out = o;
-    return DT_SUCCESS;
+    return dt_op_output(st, o, out);
 }
 
 dt_status dt_rmsnorm(const dt_tensor *x, const dt_tensor *weight, float eps, dt_tensor **out) {
@@ -408,12 +398,7 @@ static dt_status nn_rotary_impl(const dt_tensor *x, const dt_rotary_options *opt
                              opts->style, dt_tensor_data_const(x), dt_tensor_data(o));
     }
     free(pos);
-    if (st != DT_SUCCESS) {
-        dt_tensor_destroy(o);
-        return st;
-    }
-    *out = o;
-    return DT_SUCCESS;
+    return dt_op_output(st, o, out);
 }
 
 dt_status dt_rotary(const dt_tensor *x, const dt_rotary_options *opts, dt_tensor **out) {
