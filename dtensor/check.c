@@ -13,6 +13,10 @@
 dt_status dt_context_check_call(dt_context *ctx, const char *op, dt_status local,
                                 const int64_t *values, const char *const *names, int n,
                                 dt_check_mode mode) {
+    /* A rank whose call has no tensor (NULL) has no context of its own
+     * there: it still shows its peers that its arguments were bad, through
+     * its thread's, so that they fail at once instead of at the timeout. */
+    if (!ctx) ctx = dt_context_current();
     if (!ctx) return local;
     int on = mode == DT_CHECK_ON || (mode == DT_CHECK_AUTO && ctx->check);
     if (!on) return local;

@@ -597,6 +597,14 @@ static void note_failure(rank_job *job, dt_status st) {
         snprintf(job->msg, sizeof job->msg, "%s: %s", prefix, *e ? e : dt_status_name(st));
 }
 
+/* The context dt_launch passed to the function this thread runs, while it
+ * runs (dt_context_current). */
+static _Thread_local dt_context *dt_current_ctx;
+
+dt_context *dt_context_current(void) {
+    return dt_current_ctx;
+}
+
 /* One rank: its context, its function, and on failure the world's abort. */
 static dt_status run_rank(rank_job *job) {
     dt_context *ctx = NULL;
@@ -610,7 +618,9 @@ static dt_status run_rank(rank_job *job) {
                            dt_transport_kind_name(ctx->transport_kind), job->cfg->why,
                            ctx->timeout_ms, ctx->check ? "on" : "off",
                            ctx->backend_kind == DT_BACKEND_CUDA && job->cfg->tf32 ? ", TF32 on" : "");
+        dt_current_ctx = ctx;
         st = job->fn(ctx, job->arg);
+        dt_current_ctx = NULL;
     }
     if (st != DT_SUCCESS) {
         note_failure(job, st);

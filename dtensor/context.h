@@ -175,7 +175,10 @@ dt_status dt_context_last_status(const dt_context *ctx);
  * so a call that is bad on one rank, or that differs between ranks, fails on
  * every rank at once (DT_ERR_MISMATCH naming the first rank and value that
  * differ) instead of leaving the others waiting. A rank whose own checks
- * failed returns `local` with its own message. */
+ * failed returns `local` with its own message. ctx NULL (a call that had
+ * no tensor to take it from): the context dt_launch passed to the function
+ * this thread runs, so that such a rank still shows its peers its bad call;
+ * on other threads, `local` without a check. */
 dt_status dt_context_check_call(dt_context *ctx, const char *op, dt_status local,
                                 const int64_t *values, const char *const *names, int n,
                                 dt_check_mode mode);

@@ -32,6 +32,11 @@ static inline dt_status dt_context_note(dt_context *ctx, dt_status st) {
     return st == DT_SUCCESS || !ctx ? st : dt_context_note_failure(ctx, st);
 }
 
+/* The context of the rank this thread runs (the one dt_launch passed to
+ * its function, while that runs), or NULL: other threads, and outside
+ * dt_launch. dt_context_check_call's context where the call has none. */
+dt_context *dt_context_current(void);
+
 /* dt_tensor_create without zeroing the local buffer (dt_backend_ops
  * alloc_uninit): for an op's output that the op writes in full. */
 dt_status dt_tensor_create_uninit(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,

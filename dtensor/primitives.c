@@ -606,7 +606,9 @@ dt_status dt_tensor_redistribute(const dt_tensor *t, const dt_layout *layout, dt
 
 dt_status dt_tensor_replicate(const dt_tensor *t, dt_tensor **out) {
     dt_status st = dt_check_distributed("dt_tensor_replicate", t);
-    if (st != DT_SUCCESS) return dt_context_note(dt_tensor_context(t), st);
+    if (st != DT_SUCCESS)   /* the others learn of it at their redistribute's check */
+        return dt_context_note(dt_tensor_context(t), dt_call_entry(dt_tensor_context(t),
+                               "dt_tensor_replicate", st, NULL, NULL, 0));
     dt_layout rep = dt_layout_replicated(dt_mesh_ndim(dt_tensor_mesh(t)));
     return dt_tensor_redistribute(t, &rep, out);
 }

@@ -210,6 +210,77 @@ static void test_entry_checks_fail_every_rank_at_once(void **state) {
     }
 }
 
+/* Rank 1 alone passes NULL where the others pass their tensor (or mesh):
+ * it has no context there, yet takes the entry check through its thread's
+ * (the one dt_launch gave it), so the others fail at once. */
+static const char *const null_ops[] = {"redistribute", "replicate", "gather", "shard"};
+
+typedef struct null_case {
+    check_case c;
+    int op;   /* index into null_ops */
+} null_case;
+
+static dt_status rank_one_null(dt_context *ctx, void *arg) {
+    null_case *n = arg;
+    check_case *c = &n->c;
+    int r = dt_context_rank(ctx);
+    int sizes[1] = {c->p};
+    dt_mesh *mesh = NULL;
+    dt_tensor *t = NULL, *full = NULL, *out = NULL;
+    dt_status st = dt_mesh_create(ctx, 1, sizes, NULL, &mesh);
+    int64_t shape[2] = {4 * c->p, 3};
+    dt_layout lay = dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS));
+    dt_layout rep = dt_layout_1d(dt_replicate());
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 2, shape, &lay, &t);
+    if (st == DT_SUCCESS && r == 0) st = dt_tensor_create(ctx, NULL, DT_F32, 2, shape, NULL, &full);
+    const dt_tensor *mine = r == 1 ? NULL : t;
+    double t0 = now_ms();
+    if (st == DT_SUCCESS) {
+        switch (n->op) {
+        case 0: st = dt_tensor_redistribute(mine, &rep, &out); break;
+        case 1: st = dt_tensor_replicate(mine, &out); break;
+        case 2: st = dt_tensor_gather(mine, 0, &out); break;
+        default: st = dt_tensor_shard(r == 1 ? NULL : mesh, 0, full, &lay, &out); break;
+        }
+    }
+    c->ms[r] = now_ms() - t0;
+    c->st[r] = st;
+    snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
+    dt_tensor_destroy(out);
+    dt_tensor_destroy(full);
+    dt_tensor_destroy(t);
+    dt_mesh_destroy(mesh);
+    /* Rank 1 goes on (its launch does not fail the world for it): the
+     * others learn of its bad call only from the call itself. */
+    return r == 1 ? DT_SUCCESS : st;
+}
+
+static void test_rank_with_null_tensor_fails_its_peers_at_once(void **state) {
+    (void)state;
+    for (int op = 0; op < 4; op++)
+        for (int p = 2; p <= 4; p++) {
+            null_case n = {.c = {.p = p}, .op = op};
+            /* A long timeout: with checks on nobody may wait for it. */
+            assert_int_not_equal(launch(p, rank_one_null, &n, 20000, DT_CHECK_ON), DT_SUCCESS);
+            print_message("%s, P = %d: rank 1 %.1f ms: %s\n", null_ops[op], p, n.c.ms[1],
+                          n.c.msg[1]);
+            for (int r = 0; r < p; r++) {
+                if (n.c.ms[r] >= 2000 || (r == 1 ? n.c.st[r] != DT_ERR_INVALID_ARGUMENT
+                                                 : n.c.st[r] != DT_ERR_MISMATCH))
+                    print_error("%s, P = %d, rank %d: %s after %.0f ms: %s\n", null_ops[op], p, r,
+                                dt_status_name(n.c.st[r]), n.c.ms[r], n.c.msg[r]);
+                assert_true(n.c.ms[r] < 2000);
+                if (r == 1) {
+                    assert_int_equal(n.c.st[r], DT_ERR_INVALID_ARGUMENT);
+                } else {
+                    assert_int_equal(n.c.st[r], DT_ERR_MISMATCH);
+                    assert_non_null(
+                        strstr(n.c.msg[r], "comm rank 1 has valid arguments (1) or not (0) = 0"));
+                }
+            }
+        }
+}
+
 /* Ranks calling collectives in a different order: with checks on, the
  * message names the collective and the call number. */
 static dt_status rank_swapped(dt_context *ctx, void *arg) {
@@ -527,6 +598,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fault_injection),
         cmocka_unit_test(test_entry_checks_fail_every_rank_at_once),
+        cmocka_unit_test(test_rank_with_null_tensor_fails_its_peers_at_once),
         cmocka_unit_test(test_checked_collectives_name_the_call),
         {"test_soak_1000_attention_calls/cpu", test_soak_1000_attention_calls, NULL, NULL,
          &soak_cpu},
