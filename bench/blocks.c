@@ -1264,11 +1264,22 @@ int main(int argc, char **argv) {
     dt_status st = dt_launch(1, probe_rank, &kind, &lo);
     if (st == DT_SUCCESS) {
         defaults(&o, kind);
-        int odd = 0;
-        for (int i = 0; i < o.n_ring_c; i++) odd |= (int)(o.ring_c[i] % 2);
-        if (o.heads % o.kv_heads || o.dim % 8 || o.dim > DT_ATTN_MAX_HEAD_DIM || odd) {
-            fprintf(stderr, NAME ": --kv-heads must divide --heads, --dim be a multiple of 8 up "
-                    "to %d, and --ring-c even (zigzag halves each shard)\n", DT_ATTN_MAX_HEAD_DIM);
+        int64_t odd = 0;
+        for (int i = 0; i < o.n_ring_c && !odd; i++)
+            if (o.ring_c[i] % 2) odd = o.ring_c[i];
+        if (o.heads % o.kv_heads) {
+            fprintf(stderr, NAME ": --kv-heads must divide --heads (%lld, %lld)\n",
+                    (long long)o.kv_heads, (long long)o.heads);
+            return 2;
+        }
+        if (o.dim % 8 || o.dim > DT_ATTN_MAX_HEAD_DIM) {
+            fprintf(stderr, NAME ": --dim %lld: the attention kernels take head dims that are "
+                    "multiples of 8 up to %d\n", (long long)o.dim, DT_ATTN_MAX_HEAD_DIM);
+            return 2;
+        }
+        if (odd) {
+            fprintf(stderr, NAME ": --ring-c %lld: the tokens per rank must be even (zigzag halves "
+                    "each shard)\n", (long long)odd);
             return 2;
         }
         run r = {.o = &o, .backend = kind};

@@ -250,9 +250,11 @@ static void test_blocks_bad_flags(void **state) {
     static const char *const bad[][2] = {
         {"--pass up", "--pass takes one or more of"}, {"--section q", "--section takes one or more of"},
         {"--pass ,", "--pass takes one or more of"}, {"--c 1,2,3,4,5,6,7,8,9", "at most 8 entries"},
-        {"--ring-c 0", "--ring-c takes an integer"}, {"--ring-c 33", "--ring-c even"},
+        {"--ring-c 0", "--ring-c takes an integer"},
+        {"--ring-c 32,33", "--ring-c 33: the tokens per rank must be even"},
+        {"--dim 12", "--dim 12: the attention kernels take head dims"},
         {"--c", "--c takes a list"}, {"--dtype fp8", "--dtype takes one of"},
-        {"--heads 6 --kv-heads 4", "--kv-heads must divide --heads"},
+        {"--heads 6 --kv-heads 4", "--kv-heads must divide --heads (4, 6)"},
         {"--rows all", "--rows takes one of"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
