@@ -618,9 +618,10 @@ static dt_status run_rank(rank_job *job) {
                            dt_transport_kind_name(ctx->transport_kind), job->cfg->why,
                            ctx->timeout_ms, ctx->check ? "on" : "off",
                            ctx->backend_kind == DT_BACKEND_CUDA && job->cfg->tf32 ? ", TF32 on" : "");
+        dt_context *outer = dt_current_ctx;   /* a launch within a rank's function */
         dt_current_ctx = ctx;
         st = job->fn(ctx, job->arg);
-        dt_current_ctx = NULL;
+        dt_current_ctx = outer;
     }
     if (st != DT_SUCCESS) {
         note_failure(job, st);
