@@ -1268,7 +1268,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < o.n_ring_c && !odd; i++)
             if (o.ring_c[i] % 2) odd = o.ring_c[i];
         if (o.heads % o.kv_heads) {
-            fprintf(stderr, NAME ": --kv-heads must divide --heads (%lld, %lld)\n",
+            fprintf(stderr, NAME ": --kv-heads %lld does not divide --heads %lld\n",
                     (long long)o.kv_heads, (long long)o.heads);
             return 2;
         }

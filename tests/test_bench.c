@@ -254,7 +254,7 @@ static void test_blocks_bad_flags(void **state) {
         {"--ring-c 32,33", "--ring-c 33: the tokens per rank must be even"},
         {"--dim 12", "--dim 12: the attention kernels take head dims"},
         {"--c", "--c takes a list"}, {"--dtype fp8", "--dtype takes one of"},
-        {"--heads 6 --kv-heads 4", "--kv-heads must divide --heads (4, 6)"},
+        {"--heads 6 --kv-heads 4", "--kv-heads 4 does not divide --heads 6"},
         {"--rows all", "--rows takes one of"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

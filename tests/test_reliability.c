@@ -158,71 +158,22 @@ static void test_fault_injection(void **state) {
 
 typedef struct check_case {
     int p;
+    int bad;   /* rank_one_bad: what rank 1 gets wrong (bad_calls) */
     dt_status st[MAXR];
     double ms[MAXR];
     char msg[MAXR][320];
 } check_case;
 
-/* Rank 1 alone passes a target Layout that shards dim 3 (out of range). */
+/* What rank 1 alone gets wrong: a target Layout that shards dim 3 (out of
+ * range), or NULL where the others pass their tensor (or mesh), so that it
+ * has no context there and takes the entry check through its thread's (the
+ * one dt_launch gave it). */
+enum { BAD_TARGET, NULL_REDISTRIBUTE, NULL_REPLICATE, NULL_GATHER, NULL_SHARD, BAD_COUNT };
+static const char *const bad_calls[BAD_COUNT] = {"redistribute to Shard(3)", "redistribute NULL",
+                                                 "replicate NULL", "gather NULL", "shard, mesh NULL"};
+
 static dt_status rank_one_bad(dt_context *ctx, void *arg) {
     check_case *c = arg;
-    int r = dt_context_rank(ctx);
-    int sizes[1] = {c->p};
-    dt_mesh *mesh = NULL;
-    dt_tensor *t = NULL, *out = NULL;
-    dt_status st = dt_mesh_create(ctx, 1, sizes, NULL, &mesh);
-    int64_t shape[2] = {4 * c->p, 3};
-    dt_layout lay = dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS));
-    dt_layout to = dt_layout_1d(r == 1 ? dt_shard(3, DT_ORDER_CONTIGUOUS) : dt_replicate());
-    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 2, shape, &lay, &t);
-    double t0 = now_ms();
-    if (st == DT_SUCCESS) st = dt_tensor_redistribute(t, &to, &out);
-    c->ms[r] = now_ms() - t0;
-    c->st[r] = st;
-    snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
-    dt_tensor_destroy(out);
-    dt_tensor_destroy(t);
-    dt_mesh_destroy(mesh);
-    return st;
-}
-
-static void test_entry_checks_fail_every_rank_at_once(void **state) {
-    (void)state;
-    for (int p = 2; p <= 5; p++) {
-        check_case c = {.p = p};
-        /* A long timeout: with checks on nobody may wait for it. */
-        assert_int_not_equal(launch(p, rank_one_bad, &c, 20000, DT_CHECK_ON), DT_SUCCESS);
-        if (p == 2) print_message("rank 0: %s\nrank 1: %s\n", c.msg[0], c.msg[1]);
-        for (int r = 0; r < p; r++) {
-            assert_true(c.ms[r] < 2000);
-            if (r == 1) {
-                assert_int_equal(c.st[r], DT_ERR_INVALID_ARGUMENT);
-                assert_non_null(strstr(c.msg[r], "dim 3"));
-            } else {
-                assert_int_equal(c.st[r], DT_ERR_MISMATCH);
-                assert_non_null(strstr(c.msg[r], "comm rank 1 has valid arguments (1) or not (0) = 0"));
-            }
-        }
-        /* Without checks the others still come back, after the timeout. */
-        check_case d = {.p = p};
-        assert_int_not_equal(launch(p, rank_one_bad, &d, 300, DT_CHECK_OFF), DT_SUCCESS);
-        for (int r = 0; r < p; r++) assert_true(d.ms[r] < 300 + 1500);
-    }
-}
-
-/* Rank 1 alone passes NULL where the others pass their tensor (or mesh):
- * it has no context there, yet takes the entry check through its thread's
- * (the one dt_launch gave it), so the others fail at once. */
-static const char *const null_ops[] = {"redistribute", "replicate", "gather", "shard"};
-
-typedef struct null_case {
-    check_case c;
-    int op;   /* index into null_ops */
-} null_case;
-
-static dt_status rank_one_null(dt_context *ctx, void *arg) {
-    null_case *n = arg;
-    check_case *c = &n->c;
     int r = dt_context_rank(ctx);
     int sizes[1] = {c->p};
     dt_mesh *mesh = NULL;
@@ -230,17 +181,18 @@ static dt_status rank_one_null(dt_context *ctx, void *arg) {
     dt_status st = dt_mesh_create(ctx, 1, sizes, NULL, &mesh);
     int64_t shape[2] = {4 * c->p, 3};
     dt_layout lay = dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS));
-    dt_layout rep = dt_layout_1d(dt_replicate());
+    dt_layout to = dt_layout_1d(r == 1 && c->bad == BAD_TARGET ? dt_shard(3, DT_ORDER_CONTIGUOUS)
+                                                              : dt_replicate());
     if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 2, shape, &lay, &t);
     if (st == DT_SUCCESS && r == 0) st = dt_tensor_create(ctx, NULL, DT_F32, 2, shape, NULL, &full);
-    const dt_tensor *mine = r == 1 ? NULL : t;
+    const dt_tensor *mine = r == 1 && c->bad != BAD_TARGET ? NULL : t;
     double t0 = now_ms();
     if (st == DT_SUCCESS) {
-        switch (n->op) {
-        case 0: st = dt_tensor_redistribute(mine, &rep, &out); break;
-        case 1: st = dt_tensor_replicate(mine, &out); break;
-        case 2: st = dt_tensor_gather(mine, 0, &out); break;
-        default: st = dt_tensor_shard(r == 1 ? NULL : mesh, 0, full, &lay, &out); break;
+        switch (c->bad) {
+        case NULL_REPLICATE: st = dt_tensor_replicate(mine, &out); break;
+        case NULL_GATHER: st = dt_tensor_gather(mine, 0, &out); break;
+        case NULL_SHARD: st = dt_tensor_shard(r == 1 ? NULL : mesh, 0, full, &lay, &out); break;
+        default: st = dt_tensor_redistribute(mine, &to, &out); break;
         }
     }
     c->ms[r] = now_ms() - t0;
@@ -255,29 +207,49 @@ static dt_status rank_one_null(dt_context *ctx, void *arg) {
     return r == 1 ? DT_SUCCESS : st;
 }
 
+/* With checks on every rank of c returned within 2 s: rank 1 its own
+ * error (its message holding rank1_says), the others DT_ERR_MISMATCH
+ * naming rank 1. */
+static void assert_rank_1_failed_everyone_at_once(const check_case *c, const char *rank1_says) {
+    for (int r = 0; r < c->p; r++) {
+        if (c->ms[r] >= 2000 || c->st[r] != (r == 1 ? DT_ERR_INVALID_ARGUMENT : DT_ERR_MISMATCH))
+            print_error("%s, P = %d, rank %d: %s after %.0f ms: %s\n", bad_calls[c->bad], c->p, r,
+                        dt_status_name(c->st[r]), c->ms[r], c->msg[r]);
+        assert_true(c->ms[r] < 2000);
+        if (r == 1) {
+            assert_int_equal(c->st[r], DT_ERR_INVALID_ARGUMENT);
+            assert_non_null(strstr(c->msg[r], rank1_says));
+        } else {
+            assert_int_equal(c->st[r], DT_ERR_MISMATCH);
+            assert_non_null(strstr(c->msg[r], "comm rank 1 has valid arguments (1) or not (0) = 0"));
+        }
+    }
+}
+
+static void test_entry_checks_fail_every_rank_at_once(void **state) {
+    (void)state;
+    for (int p = 2; p <= 5; p++) {
+        check_case c = {.p = p, .bad = BAD_TARGET};
+        /* A long timeout: with checks on nobody may wait for it. */
+        assert_int_not_equal(launch(p, rank_one_bad, &c, 20000, DT_CHECK_ON), DT_SUCCESS);
+        if (p == 2) print_message("rank 0: %s\nrank 1: %s\n", c.msg[0], c.msg[1]);
+        assert_rank_1_failed_everyone_at_once(&c, "dim 3");
+        /* Without checks the others still come back, after the timeout. */
+        check_case d = {.p = p, .bad = BAD_TARGET};
+        assert_int_not_equal(launch(p, rank_one_bad, &d, 300, DT_CHECK_OFF), DT_SUCCESS);
+        for (int r = 0; r < p; r++) assert_true(d.ms[r] < 300 + 1500);
+    }
+}
+
 static void test_rank_with_null_tensor_fails_its_peers_at_once(void **state) {
     (void)state;
-    for (int op = 0; op < 4; op++)
+    for (int bad = NULL_REDISTRIBUTE; bad < BAD_COUNT; bad++)
         for (int p = 2; p <= 4; p++) {
-            null_case n = {.c = {.p = p}, .op = op};
-            /* A long timeout: with checks on nobody may wait for it. */
-            assert_int_not_equal(launch(p, rank_one_null, &n, 20000, DT_CHECK_ON), DT_SUCCESS);
-            print_message("%s, P = %d: rank 1 %.1f ms: %s\n", null_ops[op], p, n.c.ms[1],
-                          n.c.msg[1]);
-            for (int r = 0; r < p; r++) {
-                if (n.c.ms[r] >= 2000 || (r == 1 ? n.c.st[r] != DT_ERR_INVALID_ARGUMENT
-                                                 : n.c.st[r] != DT_ERR_MISMATCH))
-                    print_error("%s, P = %d, rank %d: %s after %.0f ms: %s\n", null_ops[op], p, r,
-                                dt_status_name(n.c.st[r]), n.c.ms[r], n.c.msg[r]);
-                assert_true(n.c.ms[r] < 2000);
-                if (r == 1) {
-                    assert_int_equal(n.c.st[r], DT_ERR_INVALID_ARGUMENT);
-                } else {
-                    assert_int_equal(n.c.st[r], DT_ERR_MISMATCH);
-                    assert_non_null(
-                        strstr(n.c.msg[r], "comm rank 1 has valid arguments (1) or not (0) = 0"));
-                }
-            }
+            check_case c = {.p = p, .bad = bad};
+            assert_int_not_equal(launch(p, rank_one_bad, &c, 20000, DT_CHECK_ON), DT_SUCCESS);
+            print_message("%s, P = %d: rank 1 %.1f ms: %s\n", bad_calls[bad], p, c.ms[1], c.msg[1]);
+            assert_rank_1_failed_everyone_at_once(&c, bad == NULL_SHARD ? "mesh is NULL"
+                                                                        : "tensor is NULL");
         }
 }
 
