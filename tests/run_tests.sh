@@ -71,8 +71,10 @@ run_one() {
     # the MPI suite, whose command is mpirun itself (no_wrap).
     local wrap=()
     if [ -n "${DT_TEST_WRAPPER:-}" ] && [ -z "${no_wrap:-}" ]; then read -ra wrap <<<"$DT_TEST_WRAPPER"; fi
+    local t0=$SECONDS
     { timeout -k 10 "$limit" "${buf[@]}" "${wrap[@]}" "$@" 2>&1 | tee "$log"; } 2>/dev/null
     local rc=${PIPESTATUS[0]}
+    local secs=$((SECONDS - t0))
 
     local hdr_fail='^\[  FAILED  \] [0-9]+ test\(s\), listed below:'
     local hdr_skip='^\[  SKIPPED \] [0-9]+ test\(s\), listed below:'
@@ -117,7 +119,7 @@ run_one() {
         failures+=("$name: $why$during")
     fi
 
-    echo "--- $name: $pass passed, $fail failed, $skip skipped"
+    echo "--- $name: $pass passed, $fail failed, $skip skipped in $secs s"
     total_pass=$((total_pass + pass))
     total_fail=$((total_fail + fail))
     total_skip=$((total_skip + skip))
@@ -193,5 +195,6 @@ if [ "${#failures[@]}" -gt 0 ]; then
     echo "failed:"
     printf '  %s\n' "${failures[@]}"
 fi
+echo "(the suites took $SECONDS s)"
 echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 [ "$total_fail" -eq 0 ]

@@ -245,6 +245,9 @@ static struct {
     unsigned char *smem_async;
     int proxy_fenced;   /* a fence.proxy.async since the last barrier completed */
     int done;                                /* threads of the block that exited */
+    /* the scheduler's order starts at thread `lead`; no thread before
+     * position `cursor` of that order is runnable (wake keeps it so) */
+    int lead, cursor;
     int warp_exited[EMU_MAX_THREADS / 32];
 #ifdef EMU_ASM_SWITCH
     void *sched_sp;
@@ -453,10 +456,17 @@ void dt_emu_cp_wait(int n) {
 
 static int alive_in_block(void) { return E.nthreads - E.done; }
 
+/* Thread t may run again: every blocked thread becomes runnable here. */
+static void wake(emu_thread *t) {
+    t->state = T_RUNNABLE;
+    const int pos = (t->linear - E.lead + E.nthreads) % E.nthreads;
+    if (pos < E.cursor) E.cursor = pos;
+}
+
 /* Threads first .. first + n - 1 waiting in `waiting` may run again. */
 static void release(thread_state waiting, int first, int n) {
     for (int i = first; i < first + n; i++)
-        if (E.threads[i].state == waiting) E.threads[i].state = T_RUNNABLE;
+        if (E.threads[i].state == waiting) wake(&E.threads[i]);
 }
 
 /* A block barrier is complete when every thread still alive arrived.
@@ -546,7 +556,7 @@ static void named_barrier(int id, int n, int wait) {
         publish_to_async();
         for (int i = 0; i < E.nthreads; i++)
             if (E.threads[i].state == T_WAIT_BAR && E.threads[i].bar_id == id)
-                E.threads[i].state = T_RUNNABLE;
+                wake(&E.threads[i]);
         /* the scheduler goes on with the first runnable thread from the
          * leading warp: the threads this phase released run first where
          * they lead, before this one's next steps (a warpgroup that passes
@@ -1169,7 +1179,7 @@ static emu_mbar *mbar_use(const void *bar, const char *op) {
 static void mbar_wake(uint32_t off) {
     for (int i = 0; i < E.nthreads; i++)
         if (E.threads[i].state == T_WAIT_MBAR && E.threads[i].mbar_off == off)
-            E.threads[i].state = T_RUNNABLE;
+            wake(&E.threads[i]);
 }
 
 /* Completes b's current phase if its arrivals and transactions are in. */
@@ -1615,13 +1625,18 @@ static int run_block(void) {
     const int nwarps = (E.nthreads + 31) / 32;
     const long block_linear =
         ((long)E.block_idx.z * E.grid.y + E.block_idx.y) * E.grid.x + E.block_idx.x;
-    const int lead = 32 * (int)(block_linear % nwarps);
+    E.lead = 32 * (int)(block_linear % nwarps);
+    E.cursor = 0;
     for (;;) {
         if (E.done == E.nthreads) return block_end();
         emu_thread *next = NULL;
-        for (int i = 0; i < E.nthreads && !next; i++) {
-            emu_thread *t = &E.threads[(lead + i) % E.nthreads];
-            if (t->state == T_RUNNABLE) next = t;
+        for (; E.cursor < E.nthreads; E.cursor++) {
+            const int i = E.lead + E.cursor;
+            emu_thread *t = &E.threads[i < E.nthreads ? i : i - E.nthreads];
+            if (t->state == T_RUNNABLE) {
+                next = t;
+                break;
+            }
         }
         if (next) {
             run_fiber(next);
