@@ -384,7 +384,8 @@ test: $(TESTS) $(EXAMPLES) $(BENCHES) $(STAGE_PC)
 
 # valgrind memcheck over every test binary (the MPI suite excepted): no
 # invalid access and no definite or indirect leak, else the test fails.
-# Slow (about 10 minutes here); DT_TEST_QUICK skips the 65,536-token run.
+# Slow (about 13 minutes on a 2-core machine, 2026-11-29); DT_TEST_QUICK skips the
+# 65,536-token run and runs a few long cases smaller.
 # valgrind runs one thread at a time, unfairly, and OpenBLAS's kernels some
 # hundred times slower than natively: a rank can wait for a peer far beyond
 # the tests' 30 s bound (harness.c) without any hang, so the waits get the
