@@ -6,7 +6,9 @@
 # Each binary runs under `timeout` (DT_TEST_TIMEOUT seconds, default 300); a
 # binary that hangs is killed and counted as one failure. DT_TIMEOUT_MS, if
 # set, reaches the tests unchanged (they use it for their own waits). Output
-# is streamed as it comes. The last line is always
+# is streamed as it comes. Each binary ends with a line
+#     --- NAME: N passed, N failed, N skipped in S s
+# and the whole run with "(the suites took S s)"; the last line is always
 #     N passed, N failed, N skipped
 # and the exit status is non-zero if anything failed.
 #
