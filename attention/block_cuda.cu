@@ -370,7 +370,7 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
         if (persistent == 2) b.transfer = 0;   /* persistent even beside a transfer */
         return dt_attn_wgmma_fwd(stream_of(be), &b, dt_backend_cuda_l2_bytes(be),
                                  persistent ? dt_backend_cuda_sms(be) : 0, scratch, dependent,
-                                 dt_backend_cuda_overlap(be), dt_backend_cuda_producer(be));
+                                 dt_backend_cuda_producer(be));
     }
     if (path == PATH_MMA)
         return dt_attn_mma_fwd(stream_of(be), &b, dt_backend_cuda_l2_bytes(be), dependent);

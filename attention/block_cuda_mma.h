@@ -97,15 +97,13 @@ int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size
  * clear by every launch: the blocks of a call share it, one after another
  * on one stream. dependent: as for dt_attn_mma_fwd; a dependent block
  * waits for the one before also before it takes from the queue, and one
- * with a->visits (the rows' waits, block.h) runs a CTA per query tile. overlap:
- * at D = 128, the overlapped order (block_cuda_wgmma.cu: a query tile's
- * rows written back by one warpgroup while the other computes); producer:
- * at D = 128, the loads by a producer warpgroup (block_cuda_wgmma.cu), 1,
- * or 2 with its consumers staging their rows' stored state in shared
- * memory early (in the overlapped order; wg_stage_rows); the same results
- * every way, only the speed may differ. */
+ * with a->visits (the rows' waits, block.h) runs a CTA per query tile.
+ * producer: at D = 128, the loads by a producer warpgroup
+ * (block_cuda_wgmma.cu), 1, or 2 with its consumers staging their rows'
+ * stored state in shared memory early (wg_stage_rows), 0 by thread 0; the
+ * same results every way, only the speed may differ. */
 dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
-                            void *queue, int dependent, int overlap, int producer);
+                            void *queue, int dependent, int producer);
 
 /* Runs one backward block on `stream` with the wgmma backward kernel
  * (block_cuda_wgmma_bwd.cu), as dt_attn_mma_bwd (same contract, l2_bytes,

@@ -98,22 +98,22 @@
  * product of the tile is issued, so that the warpgroups keep their
  * ping-pong from tile to tile; at D = 64 (two CTAs per SM cover each
  * other's waits, and 128 registers leave no room for the rest) a
- * __syncthreads after each key tile. A __syncthreads after a query tile's
- * last key tile frees its Q buffer for the TMA two query tiles on. TMA
- * writes through the async proxy, which wgmma reads through: no proxy
- * fence. A wait that does not complete within 10 s traps (a failed launch,
- * never a hung GPU).
+ * __syncthreads after each key tile. A query tile's last key tile's
+ * release frees its Q buffer too, for the TMA two query tiles on (with
+ * the producer, an arrival of every thread on qfree). TMA writes through
+ * the async proxy, which wgmma reads through: no proxy fence. A wait that
+ * does not complete within 10 s traps (a failed launch, never a hung GPU).
  *
- * ptxas (sm_90a, CUDA 13.0): 128 registers at D = 64 (two CTAs per SM:
- * launch bounds), 180 at D = 128 (246 in the overlapped order, whose
- * warpgroups load their rows' stored state before their last product's
- * wait: EARLY below), no spills, no serialised wgmma; with the producer
- * warpgroup 168 at the entry, 232 for the consumers and 40 for the
- * producer (setmaxnreg), no spills, with its early loads staged
- * (PRODUCER 2) too. The batch and kv head of the current
- * tile sit in shared memory for thread 0's loads instead of in every
- * thread's registers (at D = 64 they spilled). A tile's index math divides by multiplication
- * (mma_device.cuh's dt_mma_grid, made on the host).
+ * ptxas (sm_90a, CUDA 13.0, 2026-11-29): 128 registers at D = 64 (two
+ * CTAs per SM: launch bounds), 250 at D = 128 (whose warpgroups load their
+ * rows' stored state before their last product's wait: EARLY below), no
+ * spills, no serialised wgmma; with the producer warpgroup 168 at the
+ * entry, 232 for the consumers and 40 for the producer (setmaxnreg), no
+ * spills, with its early loads staged (PRODUCER 2) too. The batch and kv
+ * head of the current tile sit in shared memory for thread 0's loads
+ * instead of in every thread's registers (at D = 64 they spilled). A
+ * tile's index math divides by multiplication (mma_device.cuh's
+ * dt_mma_grid, made on the host).
  *
  * Measured on an H200 (docs/PERFORMANCE.md, 2026-11-26): the persistent
  * launch no faster than a CTA per tile (0.98x to 1.03x), and a CTA's fixed
@@ -121,15 +121,15 @@
  * which keeps a causal 4096 x 4096 block at r = 0.57 of a full one; the
  * rows' merge is 0.4 to 0.5 of a key tile of it (bench/blocks --rows own),
  * the rest the query tile's start and end while no other CTA shares the SM.
- * The overlapped order (OVERLAP below; dt_attn_wgmma_fwd's overlap,
- * dt_backend_cuda_set_overlap; D = 128) overlaps one query tile's end with
- * the next one's start: the warpgroups do not meet after a query tile, so
- * one writes its rows back while the other computes (ARCHITECTURE.md). The
- * default: on an H200 (2026-11-26) 5 to 10% faster on full blocks and 4 to
- * 8% on causal ones than the warpgroups meeting after each query tile
- * (dt_backend_cuda_set_overlap(b, 0)); its tests passed there, racecheck
- * and synccheck clean. What is left besides: a third stage; the overlap
- * of a tile's S with the previous tile's P V inside a warpgroup.
+ * The overlapped order (OV below; D = 128) overlaps one query tile's end
+ * with the next one's start: the warpgroups do not meet after a query
+ * tile, so one writes its rows back while the other computes
+ * (ARCHITECTURE.md). On an H200 (2026-11-26) 5 to 10% faster on full
+ * blocks and 4 to 8% on causal ones than the warpgroups meeting after each
+ * query tile, its tests passed there, racecheck and synccheck clean; the
+ * meeting order and its switch were removed on 2026-11-29. What is left
+ * besides: a third stage; the overlap of a tile's S with the previous
+ * tile's P V inside a warpgroup.
  * The producer warpgroup (PRODUCER below; dt_attn_wgmma_fwd's producer,
  * dt_backend_cuda_set_producer; D = 128) takes every load and the tile
  * queue off thread 0, so that no consumer thread waits for a release or a
@@ -407,11 +407,11 @@ constexpr int WG_PRODUCER_REGS = 40, WG_CONSUMER_REGS = 232;
 /* grid: a CTA per query tile (ceil(qseg.len / 128) x heads x batch), or
  * fewer, persistent, with p.queue; tiles in mma_layout.h's launch order
  * (p.grid.order); block: wg_threads<PRODUCER>() threads; dynamic shared
- * memory 1024 + (2 BM + 4 BN) D sizeof(T) + 80. OVERLAP: the overlapped
- * order; PRODUCER: the loads by a producer warpgroup, 1, or 2 with its
- * consumers' early loads staged (wg_stage_rows; with OVERLAP), both at D =
- * 128 (the same kernel at D = 64); 0 thread 0's. */
-template <typename T, int D, bool OVERLAP, int PRODUCER>
+ * memory 1024 + (2 BM + 4 BN) D sizeof(T) + 80. PRODUCER: the loads by a
+ * producer warpgroup, 1, or 2 with its consumers' early loads staged
+ * (wg_stage_rows), both at D = 128 (the same kernel at D = 64); 0 thread
+ * 0's. */
+template <typename T, int D, int PRODUCER>
 __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
 #ifdef DT_WGMMA_STUB
     (void)p;
@@ -430,8 +430,9 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
      * barrier, would not fit in the 128 registers of two CTAs per SM (ptxas
      * spills), and the other CTA's math covers the barrier's wait. */
     constexpr bool RELEASE = D == 128;
-    /* The overlapped order (OVERLAP, dt_attn_wgmma_fwd's overlap; D = 128
-     * only): the warpgroups do not meet after a query tile's last key tile.
+    /* The overlapped order (D = 128; at D = 64 the warpgroups meet after
+     * every key tile, RELEASE says why): the warpgroups do not meet after a
+     * query tile's last key tile.
      * Warpgroup 0 merges and writes its rows back while warpgroup 1 runs
      * its last products, then starts the next query tile's first while
      * warpgroup 1 writes its rows: the turns go on from one query tile to
@@ -441,8 +442,9 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
      * arrives once it has written the slot, during the last key tile; every
      * thread waits there before it releases that tile's stage, so that no
      * thread is two publications behind). Tiles without keys still meet
-     * (a __syncthreads, as before). */
-    constexpr bool OV = OVERLAP && RELEASE;
+     * (a __syncthreads). On an H200 (2026-11-26) 5 to 10% faster than the
+     * warpgroups meeting after each query tile, which it replaced. */
+    constexpr bool OV = RELEASE;
     /* The producer warpgroup (PRODUCER, dt_attn_wgmma_fwd's producer; D =
      * 128 only): a third warpgroup, whose first thread issues every load and
      * takes the queue's tickets (wg_produce), where thread 0 did so between
@@ -580,11 +582,11 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * before (warpgroup 0 where its rows see one key tile fewer: its
          * rows written before that last tile would hold back thread 0's
          * loads). The loads' 68 registers took the kernel to 255 (from
-         * 187; 246 with narrow tiles), no spills; within the producer's
-         * 232 for the consumers (setmaxnreg) they spilled 212 bytes, so
-         * with the producer they are staged in shared memory (STAGE,
-         * wg_stage_rows) or not early at all. */
-        constexpr bool STAGE = OV && PW && PRODUCER == 2;
+         * 187; 250 with narrow tiles and the rows' waits), no spills;
+         * within the producer's 232 for the consumers (setmaxnreg) they
+         * spilled 212 bytes, so with the producer they are staged in
+         * shared memory (STAGE, wg_stage_rows) or not early at all. */
+        constexpr bool STAGE = PW && PRODUCER == 2;
         constexpr bool EARLY = OV && (!PW || STAGE);
         const bool early = EARLY && n_tiles > 0 && wg_tiles == n_tiles;
         if (!PW && n_tiles == 0) {
@@ -749,20 +751,13 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                 rows_done(a, c, row0, lane);
             }
         }
-        /* next[ti], written during the last key tile (at D = 64 that tile's
-         * __syncthreads published it; OV: pub did). PW: no publication
-         * (the producer's pub), the warpgroups meet on named barrier MEET
-         * (the producer is not there), and they are done with Q buffer ti. */
-        constexpr int MEET = TURN + 2;
-        if (!OV && RELEASE && n_tiles > 0) {
-            if (PW) bar_sync<MEET>(0, WG_THREADS);
-            else __syncthreads();
-        }
+        /* next[ti] was written during the last key tile (at D = 64 that
+         * tile's __syncthreads published it; OV: pub did; PW: the
+         * producer's pub). PW: this thread is done with Q buffer ti. */
         if (PW) mbar_arrive(&qfree[ti]);
-        /* --trace: every thread is done with the keys (OV: warpgroup 1, the
-         * later of the two, is; with its rows written early, marked there) */
-        if (RELEASE && n_tiles > 0 && threadIdx.x == (OV ? WG_THREADS - 1 : 0) && !early)
-            cta_mark(a, 1, tile);
+        /* --trace: warpgroup 1, the later of the two, is done with the keys
+         * (with its rows written early, marked there) */
+        if (OV && n_tiles > 0 && threadIdx.x == WG_THREADS - 1 && !early) cta_mark(a, 1, tile);
 
         /* Before it reads what the grid before wrote (the stored rows),
          * and also where it has no key for them: rows_wait (block.h's
@@ -779,7 +774,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * rows; no barrier, so a traced run keeps the overlap (a tile
          * without keys: thread 0's, which stamped its start, as nothing
          * orders warpgroup 1 after that) */
-        cta_trace(a, 1, n_tiles, tile, OV && n_tiles > 0 ? WG_THREADS - 1 : PW || OV ? 0 : -1);
+        cta_trace(a, 1, n_tiles, tile, OV ? (n_tiles > 0 ? WG_THREADS - 1 : 0) : -1);
     }
     if (OV && wg == 0) bar_sync<TURN>(0, PAIR);   /* the turn warpgroup 1 left over */
     /* Every thread, before it exits: without visits this grid then
@@ -790,7 +785,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
 
 template <typename T, int D>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
-                 void *queue, int dependent, int overlap, int producer) {
+                 void *queue, int dependent, int producer) {
     wg_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
@@ -821,29 +816,21 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
      * block before finishes: it reads nothing that block writes before
      * grid_dep_wait (its q, k, v were there before the call's first block
      * started, or came by an event the stream waited for). */
-    /* producer 2: staged early loads (the overlapped order at D = 128), in
-     * 32 KiB more shared memory */
-    const bool stage = D == 128 && overlap && producer == 2;
+    /* producer 2: staged early loads (D = 128), in 32 KiB more shared memory */
+    const bool stage = D == 128 && producer == 2;
     const size_t smem = 1024 + (size_t)(2 * WG_BM + 4 * WG_BN) * D * sizeof(T) +
                         8 * sizeof(uint64_t) + 4 * sizeof(uint32_t) +
                         (stage ? 4 * WG_STAGE_WARP : 0);
     const dim3 grid((unsigned)ctas);
     if constexpr (D == 128) {
         if (stage)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, 2>, grid, wg_threads<1>(), smem,
-                                 stream, "forward (wgmma, overlapped, producer, staged)", D,
-                                 a->dtype, dep, p);
-        if (overlap && producer)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, 1>, grid, wg_threads<1>(), smem,
-                                 stream, "forward (wgmma, overlapped, producer)", D, a->dtype, dep, p);
-        if (overlap)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, true, 0>, grid, WG_THREADS, smem,
-                                 stream, "forward (wgmma, overlapped)", D, a->dtype, dep, p);
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, 2>, grid, wg_threads<2>(), smem, stream,
+                                 "forward (wgmma, producer, staged)", D, a->dtype, dep, p);
         if (producer)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, false, 1>, grid, wg_threads<1>(), smem,
-                                 stream, "forward (wgmma, producer)", D, a->dtype, dep, p);
+            return dt_mma_launch(fwd_wgmma_kernel<T, D, 1>, grid, wg_threads<1>(), smem, stream,
+                                 "forward (wgmma, producer)", D, a->dtype, dep, p);
     }
-    return dt_mma_launch(fwd_wgmma_kernel<T, D, false, 0>, grid, WG_THREADS, smem, stream,
+    return dt_mma_launch(fwd_wgmma_kernel<T, D, 0>, grid, WG_THREADS, smem, stream,
                          "forward (wgmma)", D, a->dtype, dep, p);
 }
 
@@ -871,11 +858,9 @@ extern "C" int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char
 }
 
 extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
-                                      int sms, void *queue, int dependent, int overlap,
-                                      int producer) {
+                                      int sms, void *queue, int dependent, int producer) {
     return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
         return launch<typename decltype(t)::type, decltype(d)::value>(
-            static_cast<cudaStream_t>(stream), a, l2_bytes, sms, queue, dependent, overlap,
-            producer);
+            static_cast<cudaStream_t>(stream), a, l2_bytes, sms, queue, dependent, producer);
     });
 }

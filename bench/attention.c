@@ -56,7 +56,7 @@
  *
  * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
- *      [--dtype bf16,fp32,fp16] [--dependent 0|1|2] [--persistent 0|1|2] [--overlap 0|1]
+ *      [--dtype bf16,fp32,fp16] [--dependent 0|1|2] [--persistent 0|1|2]
  *      [--producer 0|1|2] [--copies 0|1] [--comm-ctas N] [--pass fwd,bwd]
  *
  * --copies 0 sets DT_LOCAL_COPIES=0 for its launches (context.h): the local
@@ -115,7 +115,6 @@ typedef struct bench_opts {
     int dtypes[3];             /* (a): bf16, fp32, fp16 (--dtype); none set: bf16, fp32 */
     int dependent;             /* --dependent: CUDA's dependent launches (default 1) */
     int persistent;            /* --persistent: CUDA's persistent mode (backend_cuda.h; 1) */
-    int overlap;               /* --overlap: the wgmma forward's overlapped order (1) */
     int producer;              /* --producer: the wgmma forward's producer warpgroup (1) */
     int copies;                /* --copies 0: DT_LOCAL_COPIES=0 for the launches (1) */
     int comm_ctas;             /* --comm-ctas: the comm stream's kernels' CTAs (0: as many as they get) */
@@ -124,7 +123,6 @@ typedef struct bench_opts {
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
 static int g_dependent = 1;   /* bench_opts.dependent, for every rank's backend */
 static int g_persistent = 1;  /* bench_opts.persistent, likewise */
-static int g_overlap = 1;     /* bench_opts.overlap, likewise */
 static int g_producer = 1;    /* bench_opts.producer, likewise */
 static int g_comm_ctas = 0;   /* bench_opts.comm_ctas, likewise */
 
@@ -190,7 +188,6 @@ static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layo
 #ifdef DT_HAVE_CUDA
     dt_backend_cuda_set_dependent_launch(ctx->backend, g_dependent);   /* no-op off CUDA */
     dt_backend_cuda_set_persistent(ctx->backend, g_persistent);
-    dt_backend_cuda_set_overlap(ctx->backend, g_overlap);
     dt_backend_cuda_set_producer(ctx->backend, g_producer);
     dt_backend_cuda_set_comm_ctas(ctx->backend, g_comm_ctas);
 #endif
@@ -541,8 +538,6 @@ static void usage(FILE *f) {
             "  --persistent 0|1|2   CUDA: whether the wgmma forward runs persistent: 1 (default)\n"
             "                       but beside the ring's transfers (a CTA per query tile\n"
             "                       there), 2 there too, 0 never\n"
-            "  --overlap 0|1        CUDA: whether the wgmma forward at D = 128 runs its\n"
-            "                       overlapped order (default 1)\n"
             "  --producer 0|1|2     CUDA: whether the wgmma forward at D = 128 issues its\n"
             "                       loads from a producer warpgroup of its own (default 1;\n"
             "                       0: from thread 0; 2: the producer, its consumers\n"
@@ -598,11 +593,6 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (!ex_parse_int(a, v, 0, 2, &x)) return 2;
             o->persistent = (int)x;
             i++;
-        } else if (!strcmp(a, "--overlap")) {
-            long x;
-            if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
-            o->overlap = (int)x;
-            i++;
         } else if (!strcmp(a, "--producer")) {
             long x;
             if (!ex_parse_int(a, v, 0, 2, &x)) return 2;
@@ -634,13 +624,13 @@ static int parse(int argc, char **argv, bench_opts *o) {
 
 
 int main(int argc, char **argv) {
-    bench_opts o = {DT_BACKEND_AUTO, 0, 0, 0, 0, 0, {1, 1, 1}, {1, 1}, {0, 0, 0}, 1, 1, 1, 1, 1, 0};
+    bench_opts o = {.backend = DT_BACKEND_AUTO, .sections = {1, 1, 1}, .passes = {1, 1},
+                    .dependent = 1, .persistent = 1, .producer = 1, .copies = 1};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
     if (!o.copies) setenv("DT_LOCAL_COPIES", "0", 1);
     g_dependent = o.dependent;
     g_persistent = o.persistent;
-    g_overlap = o.overlap;
     g_producer = o.producer;
     g_comm_ctas = o.comm_ctas;
     if (o.iters == 0) o.iters = o.quick ? 2 : 5;
@@ -674,10 +664,10 @@ int main(int argc, char **argv) {
         fprintf(out, "{\n  \"bench\": \"attention\", \"date\": \"%s\", \"backend\": \"%s\", "
                      "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s, "
                      "\"passes\": [%s], \"dependent\": %s, \"rows_waits\": %s, \"persistent\": %d, "
-                     "\"overlap\": %d, \"producer\": %d, \"copies\": %s, \"comm_ctas\": %d,\n",
+                     "\"producer\": %d, \"copies\": %s, \"comm_ctas\": %d,\n",
                 date, be, cores, model, o.iters, o.quick ? "true" : "false", pass_json,
                 o.dependent ? "true" : "false", o.dependent == 2 ? "true" : "false",
-                o.persistent, o.overlap, o.producer,
+                o.persistent, o.producer,
                 o.copies ? "true" : "false", o.comm_ctas);
     if (o.json)
         fprintf(out, "  \"notes\": [\"ranks are threads of one process; with fewer cores than "

@@ -95,7 +95,7 @@
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
  *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--persistent 0|1|2]
- *      [--dependent 0|1|2] [--overlap 0|1] [--producer 0|1|2] [--rows merge|own]
+ *      [--dependent 0|1|2] [--producer 0|1|2] [--rows merge|own]
  *      [--trace]
  *      [--json]
  */
@@ -135,7 +135,6 @@ typedef struct opts {
     int persistent;                 /* --persistent: the backend's mode (backend_cuda.h) */
     int dependent;                  /* --dependent: 0 no programmatic dependent launches, 2
                                        the forward's with the rows' waits (backend_cuda.h) */
-    int overlap;                    /* --overlap: the wgmma forward's overlapped order (1) */
     int producer;                   /* --producer: the wgmma forward's producer warpgroup (1) */
     int own;                        /* --rows own: (r)'s forward blocks start and finish their rows */
 } opts;
@@ -706,10 +705,9 @@ static void text_header(const run *r, const bufs *b) {
            b->kern->name, dt_attn_kernel_choice_name(o->kernel), (long long)o->heads, (long long)o->kv_heads, (long long)o->dim,
            dt_dtype_name(o->dtype), o->ranks, o->iters);
     if (l2_of(b) >= 0)
-        printf("CTA launch order for an L2 of %lld bytes; wgmma forward %s%s%s, %s\n", l2_of(b),
+        printf("CTA launch order for an L2 of %lld bytes; wgmma forward %s%s, %s\n", l2_of(b),
                (const char *[]){"a CTA per query tile", "persistent (a CTA per query tile "
                                 "beside a ring transfer)", "persistent"}[o->persistent],
-               o->overlap ? ", overlapped (D = 128)" : ", warpgroups meeting after each tile",
                (const char *[]){", loads by thread 0", ", producer warpgroup",
                                 ", producer warpgroup, staged early loads"}[o->producer],
                (const char *[]){"no dependent launches", "dependent launches",
@@ -937,9 +935,8 @@ static void json_print(const run *r, const bufs *b) {
     json_list("ring_c", o->ring_c, o->sections[1] ? o->n_ring_c : 0);
     if (l2_of(b) >= 0)   /* CUDA */
         printf(", \"l2_bytes\": %lld, \"persistent\": %d, \"dependent\": %s, \"rows_waits\": %s, "
-               "\"overlap\": %d, \"producer\": %d", l2_of(b), o->persistent,
-               o->dependent ? "true" : "false", o->dependent == 2 ? "true" : "false", o->overlap,
-               o->producer);
+               "\"producer\": %d", l2_of(b), o->persistent,
+               o->dependent ? "true" : "false", o->dependent == 2 ? "true" : "false", o->producer);
     printf(", \"rows\": \"%s\"", o->own ? "own" : "merge");
     printf(",\n  \"timing\": \"%s; median\",\n  \"r\": [",
            r->backend == DT_BACKEND_CUDA ? "CUDA events around each block's kernels"
@@ -1030,7 +1027,6 @@ static dt_status rank_main(dt_context *ctx, void *arg) {
     if (o->l2 >= 0) dt_backend_cuda_set_l2_bytes(b.be, o->l2);   /* no-op off CUDA */
     dt_backend_cuda_set_persistent(b.be, o->persistent);
     dt_backend_cuda_set_dependent_launch(b.be, o->dependent);
-    dt_backend_cuda_set_overlap(b.be, o->overlap);
     dt_backend_cuda_set_producer(b.be, o->producer);
 #endif
     if (!o->json) text_header(r, &b);
@@ -1097,15 +1093,11 @@ static void usage(FILE *f) {
             "                    (p)'s b2b is then also timed with 0); 2: the forward's\n"
             "                    with the rows' waits (a block waits for the counts of\n"
             "                    its rows, not for the block before: (p)'s b2b ring)\n"
-            "  --overlap 0|1     CUDA: whether the wgmma forward at D = 128 runs its\n"
-            "                    overlapped order, one warpgroup writing a query tile's rows\n"
-            "                    back while the other computes (default 1; 0: the\n"
-            "                    warpgroups meet after each query tile)\n"
             "  --producer 0|1|2  CUDA: whether the wgmma forward at D = 128 issues its loads\n"
             "                    from a producer warpgroup of its own (default 1; 0: from\n"
             "                    thread 0 between its warpgroup's products; 2: the producer,\n"
             "                    its consumers staging their rows' stored state in shared\n"
-            "                    memory early, in the overlapped order)\n"
+            "                    memory early)\n"
             "  --rows merge|own  (r)'s forward blocks: merge (default) as a ring's middle\n"
             "                    step, merging into the rows' stored state; own as a\n"
             "                    call's only block, which starts and finishes its rows\n"
@@ -1148,7 +1140,6 @@ static int parse(int argc, char **argv, opts *o) {
     o->l2 = -1;
     o->persistent = 1;
     o->dependent = 1;
-    o->overlap = 1;
     o->producer = 1;
     o->passes[0] = o->passes[1] = o->sections[0] = o->sections[1] = 1;
     for (int i = 1; i < argc; i++) {
@@ -1201,9 +1192,6 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--dependent")) {
             if (!ex_parse_int(a, v, 0, 2, &x)) return 0;
             o->dependent = (int)x;
-        } else if (!strcmp(a, "--overlap")) {
-            if (!ex_parse_int(a, v, 0, 1, &x)) return 0;
-            o->overlap = (int)x;
         } else if (!strcmp(a, "--producer")) {
             if (!ex_parse_int(a, v, 0, 2, &x)) return 0;
             o->producer = (int)x;

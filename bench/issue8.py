@@ -48,7 +48,7 @@ what matters most comes first when --budget runs out:
           DT_ATTN_KERNEL set to each kernel: the whole dt_attention_forward.
 The wgmma forward runs with the benches' default launch (at D = 128 the
 overlapped order and the producer warpgroup); bench/blocks' and
-bench/attention's --overlap and --producer compare it with the others
+bench/attention's --producer compare it with the others
 (scripts/gpu_session.sh's issue 4 (c) and --profile runs do).
 
 Every dtensor figure comes from a subprocess (its command is printed) under a

@@ -123,7 +123,6 @@ struct cuda_impl {
     int sms;                    /* multiprocessors, for grid sizes */
     int persistent;             /* dt_backend_cuda_set_persistent */
     int dependent_launch;       /* dt_backend_cuda_set_dependent_launch */
-    int overlap;                /* dt_backend_cuda_set_overlap */
     int producer;               /* dt_backend_cuda_set_producer: 0, 1 or 2 */
     int comm_ctas;              /* dt_backend_cuda_set_comm_ctas: 0, the driver's copy, wide kernels */
     int cc;                     /* compute capability, major * 10 + minor */
@@ -1655,7 +1654,6 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
     CREATE_TRY(cudaDeviceGetAttribute(&im->sms, cudaDevAttrMultiProcessorCount, o->device));
     im->persistent = 1;
     im->dependent_launch = 1;
-    im->overlap = 1;
     im->producer = 1;
     {
         int major = 0, minor = 0;
@@ -1751,14 +1749,6 @@ extern "C" int dt_backend_cuda_dependent_launch(const dt_backend *b) {
 
 extern "C" void dt_backend_cuda_set_dependent_launch(dt_backend *b, int mode) {
     if (dt_backend_is_cuda(b)) impl_of(b)->dependent_launch = mode == 2 ? 2 : mode != 0;
-}
-
-extern "C" int dt_backend_cuda_overlap(const dt_backend *b) {
-    return dt_backend_is_cuda(b) ? impl_of(b)->overlap : 0;
-}
-
-extern "C" void dt_backend_cuda_set_overlap(dt_backend *b, int on) {
-    if (dt_backend_is_cuda(b)) impl_of(b)->overlap = on != 0;
 }
 
 extern "C" int dt_backend_cuda_producer(const dt_backend *b) {

@@ -95,25 +95,15 @@ void dt_backend_cuda_set_persistent(dt_backend *b, int mode);
  * speed. */
 int dt_backend_cuda_dependent_launch(const dt_backend *b);
 void dt_backend_cuda_set_dependent_launch(dt_backend *b, int mode);
-/* Whether the wgmma attention forward at head dim 128 runs its overlapped
- * order (attention/block_cuda_wgmma.cu: a warpgroup writes a query tile's
- * rows back while the other one computes, instead of both meeting at the
- * tile's end). 1, the default: faster on an H200 by 5 to 10% (full
- * blocks) and 4 to 8% (causal blocks; docs/PERFORMANCE.md, 2026-11-26);
- * 0: both warpgroups meet after each query tile (benchmarks compare).
- * Results never depend on it, only speed. */
-int dt_backend_cuda_overlap(const dt_backend *b);
-void dt_backend_cuda_set_overlap(dt_backend *b, int on);
 /* Whether the wgmma attention forward at head dim 128 issues its loads
  * and takes its tile queue's tickets from a producer warpgroup of its own
  * (attention/block_cuda_wgmma.cu), instead of from thread 0 between its
  * warpgroup's products. 1, the default since an H200 measurement
  * (2026-11-27): faster by 4 to 10% in every forward row, single call and
  * ring (docs/PERFORMANCE.md); 0: thread 0's loads (benchmarks compare);
- * 2: the producer warpgroup, and in the overlapped order its consumers
- * stage their rows' stored state in 32 KiB more shared memory during their
- * last product, as thread 0's variant loads it into registers (not yet
- * measured on a GPU). Other values count as 1 (on) or 0. Results never
+ * 2: the producer warpgroup, and its consumers stage their rows' stored
+ * state in 32 KiB more shared memory during their last product, as
+ * thread 0's variant loads it into registers (not yet measured on a GPU). Other values count as 1 (on) or 0. Results never
  * depend on it, only speed. */
 int dt_backend_cuda_producer(const dt_backend *b);
 void dt_backend_cuda_set_producer(dt_backend *b, int mode);

@@ -16,10 +16,9 @@
  * here and the "backward/cuda-kernels/..." cases of
  * test_attention_backward.c run the distributed passes with
  * DT_ATTN_KERNEL=simple, =mma and =wgmma (where it can run: a 9.0 device;
- * the forward at D = 128 in its overlapped order with its loads by a
- * producer warpgroup, the defaults, and again with its warpgroups meeting
- * after each query tile and with its loads by thread 0) against the
- * double reference. */
+ * the forward at D = 128 with its loads by a producer warpgroup, the
+ * default, and again with its loads by thread 0 and with the producer's
+ * early loads staged) against the double reference. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -62,10 +61,8 @@ typedef struct fwd_case {
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
     int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma (and wgmma
-                                  with its overlapped order off, with its producer
-                                  warpgroup off, and with its early loads staged), each
-                                  checked */
-    int meet;                  /* cuda: the wgmma forward's overlapped order off (set by the test) */
+                                  with its producer warpgroup off, and with its early
+                                  loads staged), each checked */
     int thread0;               /* cuda: the wgmma forward's producer warpgroup off, its loads
                                   by thread 0 (set by the test) */
     int staged;                /* cuda: the wgmma forward's producer with staged early loads
@@ -95,8 +92,7 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     dt_status st;
     int sizes[2] = {c->tp, c->P};
 #ifdef DT_HAVE_CUDA
-    dt_backend_cuda_set_overlap(ctx->backend, !c->meet);   /* no-op off CUDA */
-    dt_backend_cuda_set_producer(ctx->backend, c->thread0 ? 0 : c->staged ? 2 : 1);
+    dt_backend_cuda_set_producer(ctx->backend, c->thread0 ? 0 : c->staged ? 2 : 1);   /* no-op off CUDA */
 #endif
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, sizes, NULL, &mesh), out);
     dt_placement heads = c->tp > 1 || c->head_order != DT_ORDER_CONTIGUOUS
@@ -209,10 +205,9 @@ static int wgmma_case(fwd_case *c, dt_backend_kind backend, int *refused) {
         *refused = c->st[r] == DT_ERR_NOT_SUPPORTED &&
                    (strstr(c->msg[r], "needs a compute capability 9.0") ||
                     strstr(c->msg[r], "wgmma kernel was not built"));
-    return *refused || judge_case(c, st, c->meet      ? "wgmma, warpgroups meeting"
-                                         : c->thread0 ? "wgmma, loads by thread 0"
-                                         : c->staged  ? "wgmma, staged early loads"
-                                                      : "wgmma");
+    return *refused || judge_case(c, st, c->thread0  ? "wgmma, loads by thread 0"
+                                         : c->staged ? "wgmma, staged early loads"
+                                                     : "wgmma");
 }
 
 static void run_forward_case(void **state) {
@@ -245,12 +240,9 @@ static void run_forward_case(void **state) {
         setenv("DT_ATTN_KERNEL", "wgmma", 1);
         int refused = 0;
         ok_wgmma = wgmma_case(c, backend, &refused);
-        if (!refused && c->s.D == 128) {   /* without its overlapped order; without the
-                                              producer warpgroup (thread 0's loads); with
-                                              the producer's early loads staged */
-            c->meet = 1;
-            ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
-            c->meet = 0;
+        if (!refused && c->s.D == 128) {   /* without the producer warpgroup (thread 0's
+                                              loads); with the producer's early loads
+                                              staged */
             c->thread0 = 1;
             ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
             c->thread0 = 0;
@@ -1866,28 +1858,27 @@ static void test_cuda_stateless_workspace(void **state) {
  * the wgmma forward's overlapped order and its loads by a producer
  * warpgroup (the defaults; D = 128 on a GPU: its warpgroups do not meet
  * at a query tile's end, so a missing wait there is a race too); a
- * fourth, dependent launches on, has the overlapped order off
- * (dt_backend_cuda_set_overlap(b, 0)), and a fifth has it on with the
- * loads by thread 0 (dt_backend_cuda_set_producer(b, 0)), and a sixth
- * has it on with the producer's consumers staging their rows' stored
- * state early (dt_backend_cuda_set_producer(b, 2)), and a seventh the
- * defaults with the communication stream's copies and adds in kernels of
- * 2 CTAs (dt_backend_cuda_set_comm_ctas(b, 2): the backward's add beside,
- * and where the ranks share a GPU the ring's transfers of K, V and of dK,
- * dV), and an eighth the defaults with the forward's rows' waits
+ * fourth, dependent launches on, has the loads by thread 0
+ * (dt_backend_cuda_set_producer(b, 0)), and a fifth has the producer's
+ * consumers staging their rows' stored state early
+ * (dt_backend_cuda_set_producer(b, 2)), and a sixth the defaults with
+ * the communication stream's copies and adds in kernels of 2 CTAs
+ * (dt_backend_cuda_set_comm_ctas(b, 2): the backward's add beside, and
+ * where the ranks share a GPU the ring's transfers of K, V and of dK,
+ * dV), and a seventh the defaults with the forward's rows' waits
  * (dt_backend_cuda_set_dependent_launch(b, 2): a block waits for the
  * counts of the rows it merges, not for the block before): the same bits
  * again. Each run's backward too: its blocks after the call's
  * first start while the one before finishes (they add into the same dQ
  * and write other dK, dV rows or buffers), so dK and dV must agree bit
  * for bit as well (dQ's atomics may add in another order). */
-enum { DEP_P = 2, DEP_RUNS = 8, DEP_SUMS = 4 };
+enum { DEP_P = 2, DEP_RUNS = 7, DEP_SUMS = 4 };
 
 typedef struct dep_case {
-    uint64_t sum[DEP_P][DEP_RUNS][DEP_SUMS];   /* rank, run (on, off, on, on meeting, on
-                                                  thread 0's loads, on staged, on with the
-                                                  comm kernels, the rows' waits), o / lse /
-                                                  dk / dv */
+    uint64_t sum[DEP_P][DEP_RUNS][DEP_SUMS];   /* rank, run (on, off, on, on with thread
+                                                  0's loads, on staged, on with the comm
+                                                  kernels, the rows' waits), o / lse / dk /
+                                                  dv */
     dt_status st[DEP_P];
     char msg[DEP_P][512];
 } dep_case;
@@ -1917,10 +1908,9 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     if (st == DT_SUCCESS) st = dt_tensor_fill_random(dout, 64);
     for (int run = 0; run < DEP_RUNS && st == DT_SUCCESS; run++) {
 #ifdef DT_HAVE_CUDA
-        dt_backend_cuda_set_dependent_launch(ctx->backend, run == 7 ? 2 : run != 1);
-        dt_backend_cuda_set_overlap(ctx->backend, run != 3);
-        dt_backend_cuda_set_producer(ctx->backend, run == 5 ? 2 : run != 4);
-        dt_backend_cuda_set_comm_ctas(ctx->backend, run == 6 ? 2 : 0);
+        dt_backend_cuda_set_dependent_launch(ctx->backend, run == 6 ? 2 : run != 1);
+        dt_backend_cuda_set_producer(ctx->backend, run == 4 ? 2 : run != 3);
+        dt_backend_cuda_set_comm_ctas(ctx->backend, run == 5 ? 2 : 0);
 #endif
         dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
         opts.mask = DT_ATTN_CAUSAL;
@@ -1941,7 +1931,6 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     }
 #ifdef DT_HAVE_CUDA
     dt_backend_cuda_set_dependent_launch(ctx->backend, 1);
-    dt_backend_cuda_set_overlap(ctx->backend, 1);
     dt_backend_cuda_set_producer(ctx->backend, 1);
     dt_backend_cuda_set_comm_ctas(ctx->backend, 0);
 #endif
@@ -1984,10 +1973,9 @@ static void test_cuda_dependent_launch(void **state) {
                 for (int run = 0; run < DEP_RUNS; run++)
                     if (c.sum[r][run][x] != c.sum[r][1][x]) {
                         print_error("DT_ATTN_KERNEL=%s, rank %d: %s with dependent launches on, "
-                                    "off, on, on with the warpgroups meeting, on with thread 0's "
-                                    "loads, on staged, on with the comm kernels, the rows' "
-                                    "waits: checksums %016llx, %016llx, %016llx, %016llx, "
-                                    "%016llx, %016llx, %016llx, %016llx\n",
+                                    "off, on, on with thread 0's loads, on staged, on with the "
+                                    "comm kernels, the rows' waits: checksums %016llx, %016llx, "
+                                    "%016llx, %016llx, %016llx, %016llx, %016llx\n",
                                     kernels[i], r, (const char *[]){"o", "lse", "dk", "dv"}[x],
                                     (unsigned long long)c.sum[r][0][x],
                                     (unsigned long long)c.sum[r][1][x],
@@ -1995,8 +1983,7 @@ static void test_cuda_dependent_launch(void **state) {
                                     (unsigned long long)c.sum[r][3][x],
                                     (unsigned long long)c.sum[r][4][x],
                                     (unsigned long long)c.sum[r][5][x],
-                                    (unsigned long long)c.sum[r][6][x],
-                                    (unsigned long long)c.sum[r][7][x]);
+                                    (unsigned long long)c.sum[r][6][x]);
                         bad++;
                         break;
                     }

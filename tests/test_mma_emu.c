@@ -73,7 +73,6 @@ typedef struct emu_case {
     int dependent;  /* blocks launched as programmatic dependents: forward, those
                        after a query rank's first; backward, all but the first;
                        2 (forward): with the rows' waits (block.h's visits) */
-    int overlap;    /* the wgmma forward at D = 128: its overlapped order */
     int producer;   /* the wgmma forward at D = 128: its loads by a producer warpgroup
                        (2: and staged early loads) */
 } emu_case;
@@ -313,8 +312,7 @@ static void run_forward(void **state) {
                 print_error("%s: block refused: %s\n", c->name, why);
                 bad = 1;
             } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
-                                                      c->sms, queue, c->dependent, c->overlap,
-                                                      c->producer)
+                                                      c->sms, queue, c->dependent, c->producer)
                               : dt_emu_attn_mma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
                                                     c->dependent)) != DT_SUCCESS) {
                 print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
@@ -537,9 +535,8 @@ static void test_key_span_bound(void **state) {
  * loads the keyless tile issues. One block (first and last: o and lse),
  * against a double-precision reference, its wgmma counted against the
  * warpgroups' key tiles (narrow ones at D = 128); then the same block beside a ring
- * transfer, which runs a CTA per tile, and both in the overlapped order,
- * with the producer warpgroup, with both, and with both and staged early
- * loads. */
+ * transfer, which runs a CTA per tile, and both with the producer
+ * warpgroup, and with it and staged early loads. */
 static void test_wgmma_persistent_keyless(void **state) {
     (void)state;
     if (skipped_under_tsan()) {
@@ -568,7 +565,7 @@ static void test_wgmma_persistent_keyless(void **state) {
         const int64_t unit_bytes = 2 * nk * D * 2 / (H / G);   /* dt_mma_fwd_grid's section */
         const uint64_t ctas_before = dt_emu_get_counts().blocks;
         const uint64_t wgmma_before = dt_emu_get_counts().wgmma;
-        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, 0), DT_SUCCESS);
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0), DT_SUCCESS);
         /* persistent: the CTAs one SM holds (two at D = 64), not one per tile */
         const int64_t tiles = (nq + 127) / 128 * H;
         assert_int_equal(dt_emu_get_counts().blocks - ctas_before, D == 64 ? 2 : 1);
@@ -593,21 +590,19 @@ static void test_wgmma_persistent_keyless(void **state) {
                          cudaSuccess);
         a.transfer = 1;
         const uint64_t ctas_beside = dt_emu_get_counts().blocks;
-        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, 0), DT_SUCCESS);
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0), DT_SUCCESS);
         assert_int_equal(dt_emu_get_counts().blocks - ctas_beside, tiles);
         assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
-        /* The overlapped order (variant 1), the producer warpgroup (2),
-         * both (3), producer 2 without the overlapped order (4: runs as 2)
-         * and with it (5: the staged early loads); D = 128, at D = 64 the
-         * switches change nothing; persistent past the keyless tile and a
-         * CTA per tile: the same o, bit for bit (each row's arithmetic is
-         * the same). */
-        for (int variant = 1; variant <= 5; variant++)
+        /* The producer warpgroup (producer 1) and its staged early loads
+         * (2); D = 128, at D = 64 the switch changes nothing; persistent
+         * past the keyless tile and a CTA per tile: the same o, bit for bit
+         * (each row's arithmetic is the same). */
+        for (int producer = 1; producer <= 2; producer++)
             for (int transfer = 0; transfer <= 1; transfer++) {
                 a.transfer = transfer;
                 memset(od, 0xff, (size_t)(nq * H * D) * 2);   /* emulated device memory is host memory */
                 assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1,
-                                                       variant & 1, variant >> 1),
+                                                       producer),
                                  DT_SUCCESS);
                 assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
             }
@@ -1783,8 +1778,8 @@ int main(void) {
     enum { NROWS = sizeof rows / sizeof rows[0] };
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
-    static emu_case cases[4 * 2 * NROWS + 3 * 4];   /* + the variants beyond the first (below) */
-    struct CMUnitTest tests[4 * 2 * NROWS + 3 * 4 + 3 + 6];
+    static emu_case cases[4 * 2 * NROWS + 3 * 2];   /* + the variants beyond the first (below) */
+    struct CMUnitTest tests[4 * 2 * NROWS + 3 * 2 + 3 + 6];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
@@ -1792,11 +1787,10 @@ int main(void) {
             for (int i = 0; i < NROWS; i++)
                 /* the wgmma forward's variants at D = 128 on the three D = 128
                  * rows, bf16 (persistent with dependent launches, and a CTA
-                 * per tile without): v = 0 the warpgroups meeting, 1 the
-                 * overlapped order, 2 that with the producer warpgroup, 3 the
-                 * producer warpgroup with the warpgroups meeting, 4 the
-                 * overlapped order with the producer and staged early loads */
-                for (int v = 0; v <= (dir == 2 && !dt && (i == 1 || i == 3 || i == 5) ? 4 : 0); v++) {
+                 * per tile without): v = 0 thread 0's loads, 1 the producer
+                 * warpgroup, 2 the producer and staged early loads (the
+                 * producer mode) */
+                for (int v = 0; v <= (dir == 2 && !dt && (i == 1 || i == 3 || i == 5) ? 2 : 0); v++) {
                     if (quick && (dt || i || v)) continue;   /* valgrind: one case per direction */
                     if (dt && !fp16_rows[i]) continue;
                     if (dir % 2 && rows[i].huge) continue;  /* the forward's numerics case */
@@ -1823,9 +1817,8 @@ int main(void) {
                      * (whose blocks after the first then run a CTA per tile) */
                     c->sms = i <= 2 || i == 5;
                     c->dependent = i == 3 ? 0 : dir % 2 == 0 && (i == 2 || i == 5) ? 2 : 1;
-                    c->overlap = v == 1 || v == 2 || v == 4;
-                    c->producer = v == 4 ? 2 : v == 2 || v == 3;
-                    snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s%s",
+                    c->producer = v;
+                    snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s",
                              (const char *[]){"forward", "backward", "forward-wgmma",
                                               "backward-wgmma"}[dir],
                              dt_order_name(c->order), c->P,
@@ -1834,7 +1827,6 @@ int main(void) {
                              dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "",
                              dir == 2 && c->sms ? ",persistent" : "",
                              c->dependent == 2 ? ",dependent,rows" : c->dependent ? ",dependent" : "",
-                             c->overlap ? ",overlapped" : "",
                              c->producer == 2 ? ",producer,staged" : c->producer ? ",producer" : "");
                     tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                     nt++;
