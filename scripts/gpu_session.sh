@@ -10,29 +10,33 @@
 # the wgmma backward (a small block; a variant failing or hanging is left
 # out of the rest, and if the default forward or the backward does, the
 # rest measures the mma kernels only), issue 4 (c) (the ring's cost; again
-# with each variant, with the communication stream's copies and adds in
-# kernels of 4 CTAs: --comm-ctas 4, and with the forward's rows' waits:
-# --dependent 2), then bench/issue8.py with what is left of the budget. Every step before issue8.py is cut to leave it ISSUE8_MIN (200)
-# seconds.
+# with --producer 2, with the communication stream's copies and adds in
+# kernels of 4 CTAs: --comm-ctas 4, with the forward's rows' waits:
+# --dependent 2, and without the copies: --copies 0), then bench/issue8.py
+# with what is left of the budget. Every step before issue8.py is cut to
+# leave it ISSUE8_MIN (200) seconds.
 #
 #   scripts/gpu_session.sh [--dry-run] [--profile] [--prebuilt DIR] [BUDGET_SECONDS]
 #
 #   BUDGET_SECONDS  the whole run (default 480). The suites and the
-#                   sanitizers take about 40 s on an H200, the canaries a
-#                   few, issue 4 (c) about 15 s five times, --profile about 45 s,
-#                   issue8.py about 270 s (on an H200, 2026-11-27: with a
-#                   budget of 221 s it ran 37 steps in 203 s and skipped
-#                   its last 10, about 60 s of them; its later steps are
-#                   skipped when the budget runs out). Give the device
-#                   call a timeout_s of the budget plus 20: with a
-#                   machine's start, about 9 of the session's 15 minutes,
-#                   leaving room for a shorter second call.
+#                   sanitizers take about 45 s on an H200, the canaries
+#                   about 8, issue 4 (c) about 20 s each of its five
+#                   runs, --profile about 45 s, issue8.py about 300 s (on
+#                   an H200, 2026-11-27: with a budget of 317 s it ran 54
+#                   steps in 299 s and skipped its last 6, for the budget;
+#                   its rows added since take more; it runs the targets
+#                   still open first, and its later steps are skipped when
+#                   the budget runs out). Give the device call a
+#                   timeout_s of the budget plus 20: with a machine's
+#                   start, about 9 of the session's 15 minutes, leaving
+#                   room for a shorter second call.
 #   --prebuilt DIR  the programs (default .gpu/build, as scripts/gpu_pack.sh
 #                   makes them here; the call carries [".deps", ".gpu"]).
 #   --profile       also Nsight Compute's source counters on the wgmma
 #                   forward's causal 4096 x 4096 block (H = 32, D = 128,
 #                   bf16), by default and with each variant, before
-#                   issue8.py (about 40 s): needs DIR/prof/blocks, a
+#                   issue8.py (about 40 s, which issue8.py then lacks at
+#                   a budget of 480): needs DIR/prof/blocks, a
 #                   LINEINFO=1 build (scripts/gpu_pack.sh --profile); its
 #                   exports come back in ncu_source.tgz and
 #                   bench/ncu_source.py's summary, split at the tile loop,
@@ -78,7 +82,8 @@ suites="test_cuda test_attention test_attention_backward test_mlp test_transform
 # forward and backward kernel, the wgmma forward's variants at D = 128)
 sanitized="racecheck:test_attention:forward racecheck:test_attention_backward:backward
 synccheck:test_attention:forward synccheck:test_attention_backward:backward"
-# the wgmma forward's launches that issue 4 (c) and --profile compare:
+# the wgmma forward's launches that the canaries, issue 4 (c) (but
+# --producer 0: ring_runs_of) and --profile compare:
 # the default (at D = 128 the producer warpgroup's loads), --producer 0
 # (thread 0's) and --producer 2 (the producer, its consumers' early loads
 # staged); each is its flags with '_' for the space
@@ -94,6 +99,15 @@ flags_of() { [ "$1" = default ] || echo "${1/_/ }"; }   # the bench flags of a v
 # ring's cost without the same-device copies that ranks sharing one GPU
 # add, which on a GPU per rank travel between GPUs (outputs wrong there)
 ring_extra="--comm-ctas_4 --dependent_2 --copies_0"
+# issue 4 (c)'s runs: the variants left (the canaries'), --producer 0
+# aside (measured there twice on the H200 of 2026-11-27), then ring_extra
+ring_runs_of() {
+    local v out=""
+    for v in "$@" $ring_extra; do
+        [ "$v" = --producer_0 ] || out="$out $v"
+    done
+    echo "${out# }"
+}
 # A canary for each variant and the backward: a block small enough to
 # take milliseconds, with more query tiles (256) than SMs, so that
 # persistent CTAs take several. A variant failing or running past 20 s
@@ -118,7 +132,8 @@ if [ "$dry" = 1 ]; then
         # shellcheck disable=SC2086 # the flags, word by word
         echo "  canary     $build/bench/blocks" $canary $f "(20 s at most)"
     done
-    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: ${variants//_/ } ${ring_extra//_/ } (60 s at most each, less if issue8.py would get under ${issue8_min} s)"
+    # shellcheck disable=SC2086 # the variants, word by word
+    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: $(ring_runs_of $variants | sed 's/_/ /g') (60 s at most each, less if issue8.py would get under ${issue8_min} s)"
     [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096) with each of: ${variants//_/ } (likewise)"
     echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --step-timeout <a third of it, 90 to 150> [--kernels mma] --json-out \$OUT/issue8.json"
     exit 0
@@ -227,7 +242,8 @@ cap() {
     [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
 }
 : >"$out/ring_cost.txt"
-ring_runs="$variants $ring_extra"
+# shellcheck disable=SC2086 # the variants, word by word
+ring_runs=$(ring_runs_of $variants)
 [ "$mma_only" = 1 ] && ring_runs=mma
 for v in $ring_runs; do
     c=$(cap 60)

@@ -678,11 +678,11 @@ static void test_issue8_quick(void **state) {
     int rc = h_run_program("python3", args, &out);
     static const char *const headings[] = {
         "# issue 8 figures (bench/issue8.py)\n",
-        "\n## item 1: forward TFLOPS, bf16\n",
         "\n## item 2: causal efficiency r = causal time / full time, forward\n",
-        "\n## item 5: backward TFLOPS, bf16\n",
         "\n## items 3 and 4: the ring on one device, forward\n",
         "\n## item 6: exposed communication of the ring\n",
+        "\n## item 1: forward TFLOPS, bf16\n",
+        "\n## item 5: backward TFLOPS, bf16\n",
         "\n## item 1 through the public API: dt_attention_forward, bf16\n",
         "\n## summary\n",
     };
