@@ -103,8 +103,9 @@ void dt_backend_cuda_set_dependent_launch(dt_backend *b, int mode);
  * ring (docs/PERFORMANCE.md); 0: thread 0's loads (benchmarks compare);
  * 2: the producer warpgroup, and its consumers stage their rows' stored
  * state in 32 KiB more shared memory during their last product, as
- * thread 0's variant loads it into registers (not yet measured on a GPU). Other values count as 1 (on) or 0. Results never
- * depend on it, only speed. */
+ * thread 0's variant loads it into registers (not yet measured on a GPU).
+ * Other values count as 1 (on) or 0. Results never depend on it, only
+ * speed. */
 int dt_backend_cuda_producer(const dt_backend *b);
 void dt_backend_cuda_set_producer(dt_backend *b, int mode);
 /* How the communication stream's own work runs beside the compute
