@@ -482,8 +482,12 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
      * turn, the ti-th in buffer ti % 2. Thread 0 issues every TMA, a query
      * tile's first key tile with the query tile itself, during the previous
      * query tile's last key tile (PW: the producer, wg_produce, as soon as
-     * the buffers are free). */
+     * the buffers are free). The tensor maps go into the SM's descriptor
+     * cache first (a hint, beside the set-up before the first loads). */
     if (threadIdx.x == 0) {
+        tma_prefetch_map(&p.q);
+        tma_prefetch_map(&p.k);
+        tma_prefetch_map(&p.v);
         mbar_init(&full[0], 1);
         mbar_init(&full[1], 1);
         if (RELEASE) {

@@ -211,6 +211,12 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     const dt_attn_block_bwd_args &a = p.a;
     cta_trace(a, 0);
     grid_dep_launch();   /* a continuing block after this one may start (dependent) */
+    if (threadIdx.x == 0) {   /* the tensor maps into the SM's descriptor cache (a hint) */
+        tma_prefetch_map(&p.q);
+        tma_prefetch_map(&p.dout);
+        tma_prefetch_map(&p.k);
+        tma_prefetch_map(&p.v);
+    }
     DT_DYNAMIC_SMEM(unsigned char, smem_raw);
     unsigned char *const sm = smem_raw + ((1024u - (wg_smem_addr(smem_raw) & 1023u)) & 1023u);
     wb_rows<BM> *const rows = reinterpret_cast<wb_rows<BM> *>(sm + L::ROWS);   /* [2] */

@@ -150,6 +150,7 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
     const int32_t c[4] = {c0, c1, c2, c3};
     dt_emu_tma_load(dst, map, c, 4, bar);
 }
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) { dt_emu_tma_prefetch(map); }
 __device__ __forceinline__ void fence_proxy_async() { dt_emu_fence_proxy_async(); }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -252,6 +253,12 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
         "r"(wg_smem_addr(bar))
         : "memory");
+}
+/* A hint: the tensor map (a kernel parameter) into the SM's descriptor
+ * cache, so that the first TMA through it need not fetch it (CUTLASS's
+ * kernels prefetch theirs at their start likewise). */
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 /* This thread's shared-memory stores become visible to the async proxy
  * (the wgmma reading them), once a barrier has ordered them. */

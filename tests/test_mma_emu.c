@@ -1069,7 +1069,7 @@ typedef enum {
     MB_OVERWRITTEN, MB_NO_SYNC_OTHER, MB_BAD_PARITY, TMA_WRITE_PENDING, TMA_OVERLAP,
     TMA_CP_ASYNC_INTO, TMA_CP_ASYNC_UNDER, TMA_DST_ALIGN, TMA_NOT_A_MAP, TMA_RANK,
     TMA_PAST_ALLOCATION, TMA_HOST_MEMORY, TMA_NEVER_WAITED, TMA_NEVER_WAITED_WRITTEN,
-    TMA_COVERS_BAR, TMA_CHANGED_MAP,
+    TMA_COVERS_BAR, TMA_CHANGED_MAP, TMA_PREFETCH, TMA_PREFETCH_NOT_A_MAP,
 } mb_misuse;
 
 typedef struct mb_case {
@@ -1173,6 +1173,8 @@ static void k_misuse(void *arg) {
     }
     case TMA_HOST_MEMORY: dt_emu_tma_load(dst, c->host_map, at, 2, bar); return;
     case TMA_CHANGED_MAP: dt_emu_tma_load(dst, c->changed_map, at, 2, bar); return;
+    case TMA_PREFETCH: dt_emu_tma_prefetch(c->map); return;   /* a hint: nothing else */
+    case TMA_PREFETCH_NOT_A_MAP: dt_emu_tma_prefetch(c->changed_map); return;
     case TMA_COVERS_BAR: dt_emu_tma_load(smem + 3056, c->map, at, 2, bar); return;   /* [3056, 7152) */
     default: break;
     }
@@ -1383,6 +1385,8 @@ static void test_tma(void **state) {
         {TMA_COVERS_BAR, 1, "its destination covers the mbarrier at shared offset 6000"},
         {TMA_CHANGED_MAP, 1, "is not a tensor map that cuTensorMapEncodeTiled wrote (or it was "
                              "changed since)"},
+        {TMA_PREFETCH, 1, ""},
+        {TMA_PREFETCH_NOT_A_MAP, 1, "prefetch.tensormap: 0x"},
     };
     static mb_case m;
     memset(&m, 0, sizeof m);

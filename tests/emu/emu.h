@@ -240,6 +240,11 @@ void dt_emu_mbar_wait(void *bar, uint32_t parity);
  * TMA, ldmatrix and wgmma.mma_async reads fail at once). TMA writes come
  * through the async proxy: no fence.proxy.async is needed before wgmma. */
 void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, int rank, void *bar);
+/* prefetch.tensormap: a hint on the GPU (the map into the SM's cache
+ * before its first cp.async.bulk.tensor); here it checks the map as
+ * dt_emu_tma_load does (written by cuTensorMapEncodeTiled, unchanged,
+ * 64-byte aligned) and does nothing else. */
+void dt_emu_tma_prefetch(const void *tensor_map);
 
 /* Programmatic dependent launch (griddepcontrol). The emulator runs a
  * dependent launch after the one before, as any other, so it cannot show

@@ -1364,14 +1364,24 @@ static void tma_complete(int i) {
     mbar_advance(b);
 }
 
+/* The map at tensor_map, decoded into *m, for the instruction op. */
+static void tmap_read(const char *op, const void *tensor_map, dt_emu_tmap *m) {
+    if (!tensor_map || (uintptr_t)tensor_map % 64)
+        dt_emu_fail("%s: tensor map address %p is not 64-byte aligned", op, tensor_map);
+    if (dt_emu_tmap_unpack(tensor_map, m))
+        dt_emu_fail("%s: %p is not a tensor map that cuTensorMapEncodeTiled wrote (or it was "
+                    "changed since)", op, tensor_map);
+}
+
+void dt_emu_tma_prefetch(const void *tensor_map) {
+    dt_emu_tmap m;
+    tmap_read("prefetch.tensormap", tensor_map, &m);
+}
+
 void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, int rank, void *bar) {
     const char *op = "cp.async.bulk.tensor";
     dt_emu_tmap m;
-    if (!tensor_map || (uintptr_t)tensor_map % 64)
-        dt_emu_fail("%s: tensor map address %p is not 64-byte aligned", op, tensor_map);
-    if (dt_emu_tmap_unpack(tensor_map, &m))
-        dt_emu_fail("%s: %p is not a tensor map that cuTensorMapEncodeTiled wrote (or it was "
-                    "changed since)", op, tensor_map);
+    tmap_read(op, tensor_map, &m);
     if (rank != (int)m.rank)
         dt_emu_fail("%s.%dd with a tensor map of rank %u", op, rank, m.rank);
     if (!coords) dt_emu_fail("%s without coordinates", op);
