@@ -41,17 +41,6 @@ static dt_status dt_check_same_place(const char *op, const char *an, const dt_te
     return DT_SUCCESS;
 }
 
-static void dt_shape_format(int ndim, const int64_t *shape, char *buf, size_t size) {
-    size_t pos = 0;
-    buf[0] = '\0';
-    for (int d = 0; d < ndim && pos < size; d++) {
-        int w = snprintf(buf + pos, size - pos, "%s%" PRId64, d ? ", " : "[", shape[d]);
-        if (w < 0) return;
-        pos += (size_t)w;
-    }
-    if (pos < size) snprintf(buf + pos, size - pos, "]");
-}
-
 /* `l` with mesh dim m set to p, formatted, if that Layout is valid for the
  * shape; otherwise returns 0. */
 static int dt_suggest(const dt_layout *l, int m, dt_placement p, int ndim, const int64_t *shape,

@@ -53,17 +53,6 @@ static dt_status nn_check_dtype(const char *op, const dt_tensor *t) {
     return dt_context_check_dtype(dt_tensor_context(t), op, dt_tensor_dtype(t));
 }
 
-static void nn_shape_format(int ndim, const int64_t *shape, char *buf, size_t size) {
-    size_t pos = 0;
-    buf[0] = '\0';
-    for (int d = 0; d < ndim && pos < size; d++) {
-        int w = snprintf(buf + pos, size - pos, "%s%" PRId64, d ? ", " : "[", shape[d]);
-        if (w < 0) return;
-        pos += (size_t)w;
-    }
-    if (pos < size) snprintf(buf + pos, size - pos, "%s", ndim > 0 ? "]" : "[]");
-}
-
 /* `l` with every Partial and every Shard of dim `last` replaced by
  * Replicate, formatted: the redistribution an error message suggests. */
 static void nn_suggest(const dt_layout *l, int last, char *buf, size_t size) {
@@ -139,8 +128,8 @@ static dt_status nn_reshape_impl(const dt_tensor *t, int ndim, const int64_t *sh
     int on = dt_tensor_ndim(t);
     const int64_t *os = dt_tensor_shape(t);
     char obuf[160], nbuf[160];
-    nn_shape_format(on, os, obuf, sizeof obuf);
-    nn_shape_format(ndim, shape, nbuf, sizeof nbuf);
+    dt_shape_format(on, os, obuf, sizeof obuf);
+    dt_shape_format(ndim, shape, nbuf, sizeof nbuf);
     int64_t n_old = 1, n_new = 1;
     for (int d = 0; d < on; d++) {
         DT_REQUIRE(os[d] >= 1, "%s: t %s has an empty dim %d", op, obuf, d);
@@ -278,7 +267,7 @@ static dt_status nn_rmsnorm_impl(const dt_tensor *x, const dt_tensor *weight, fl
         DT_REQUIRE(dt_tensor_dtype(weight) == dt_tensor_dtype(x), "%s: x is %s but weight is %s",
                    op, dt_dtype_name(dt_tensor_dtype(x)), dt_dtype_name(dt_tensor_dtype(weight)));
         char ws[160];
-        nn_shape_format(dt_tensor_ndim(weight), dt_tensor_shape(weight), ws, sizeof ws);
+        dt_shape_format(dt_tensor_ndim(weight), dt_tensor_shape(weight), ws, sizeof ws);
         DT_REQUIRE(dt_tensor_ndim(weight) == 1 && dt_tensor_shape(weight)[0] == E,
                    "%s: weight must be [%" PRId64 "] (the last dim of x), got %s", op, E, ws);
         if (mesh != NULL) {
@@ -323,7 +312,7 @@ static dt_status nn_rotary_impl(const dt_tensor *x, const dt_rotary_options *opt
     const int nd = dt_tensor_ndim(x), last = nd - 1;
     const int64_t *shape = dt_tensor_shape(x);
     char xs[160];
-    nn_shape_format(nd, shape, xs, sizeof xs);
+    dt_shape_format(nd, shape, xs, sizeof xs);
     DT_REQUIRE(nd >= 3, "%s: x must be [B, S, ..., D] (ndim >= 3), got %s", op, xs);
     const int64_t S = shape[1], D = shape[last];
     DT_REQUIRE(D % 2 == 0, "%s: x %s: the rotated dim D = %" PRId64 " must be even", op, xs, D);

@@ -11,6 +11,7 @@
 #include "tensor.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,6 +119,17 @@ dt_status dt_tensor_create_uninit(dt_context *ctx, const dt_mesh *mesh, dt_dtype
                                   const int64_t *shape, const dt_layout *layout, dt_tensor **out) {
     return dt_context_note(ctx,
                            dt_tensor_create_impl(ctx, mesh, dtype, ndim, shape, layout, 0, out));
+}
+
+void dt_shape_format(int ndim, const int64_t *shape, char *buf, size_t size) {
+    size_t pos = 0;
+    buf[0] = '\0';
+    for (int d = 0; d < ndim && pos < size; d++) {
+        int w = snprintf(buf + pos, size - pos, "%s%" PRId64, d ? ", " : "[", shape[d]);
+        if (w < 0) return;
+        pos += (size_t)w;
+    }
+    if (pos < size) snprintf(buf + pos, size - pos, "%s", ndim > 0 ? "]" : "[]");
 }
 
 void dt_tensor_destroy(dt_tensor *t) {
