@@ -28,16 +28,19 @@
  *                   has shown that every member is there and no notice
  *                   has come (MPI-3 has no non-blocking split; this is the
  *                   one blocking call; RELIABILITY.md says what is left)
- * Collectives receive into the communicator's scratch and copy out on
- * success, so an abandoned request (timeout, peer failure) can never write
- * into a caller's buffer later; that scratch is then never freed (see the
- * graveyard below).
+ * Collectives copy their input into the communicator's scratch, receive
+ * into it and copy out on success, so an abandoned request (timeout, peer
+ * failure) can never write into a caller's buffer later, nor read one;
+ * that scratch is then never freed (see the graveyard below).
  *
- * Point-to-point. p2p_start posts every send (MPI_Isend, tag = base +
- * dtype). p2p_wait matches receives in order per peer with MPI_Improbe,
- * checks the message's dtype (its tag) and size (MPI_Get_count) -- a
- * disagreement fails with DT_ERR_MISMATCH naming both ranks instead of
- * truncating -- and receives it with MPI_Imrecv. Zero-length messages are
+ * Point-to-point. The same for a group's data: it goes through the
+ * communicator's stage (sends copied in, receives copied out once the group
+ * has completed; a stage abandoned requests still use is buried).
+ * p2p_start posts every send (MPI_Isend, tag = base + dtype). p2p_wait
+ * matches receives in order per peer with MPI_Improbe, checks the
+ * message's dtype (its tag) and size (MPI_Get_count) -- a disagreement
+ * fails with DT_ERR_MISMATCH naming both ranks instead of truncating --
+ * and receives it with MPI_Imrecv. Zero-length messages are
  * sent too, so numbering and checks match the local transport. A sender may
  * return before its message is received (MPI buffers small messages); a
  * mismatch found by the receiver reaches the sender as a failure notice.
@@ -579,6 +582,9 @@ typedef struct mpi_impl {
     MPI_Request *reqs;
     unsigned char *matched;
     uint64_t *op_seq;
+    size_t *stage_off;         /* [cap] each op's place in stage */
+    char *stage;               /* the group's data: sends copied in, receives copied out */
+    size_t stage_bytes;
     uint64_t *sent, *received; /* [size] messages posted to / from each peer */
     unsigned char *blocked;    /* [size] scratch for p2p_wait */
 } mpi_impl;
@@ -808,14 +814,25 @@ static dt_status reduce_blocks(dt_comm *c, float *acc, const char *blocks, size_
 
 static size_t align16(size_t x) { return (x + 15) / 16 * 16; }
 
+/* The call's input copied into the scratch at byte `at`: what a request
+ * reads is the communicator's, as what it writes, so that one abandoned
+ * after a failure never reads a caller's buffer after the call returned. */
+static const char *stage_input(dt_comm *c, size_t at, const void *src, size_t bytes) {
+    mpi_impl *im = c->impl;
+    if (bytes) memcpy(im->scratch + at, src, bytes);
+    return im->scratch + at;
+}
+
 static dt_status all_reduce(dt_comm *c, const dt_coll_args *a, const char *what) {
     mpi_impl *im = c->impl;
     size_t P = (size_t)c->size, me = (size_t)c->rank, n = a->count, es = dt_dtype_size(a->dtype);
     size_t off_me = n * me / P, len_me = n * (me + 1) / P - off_me;
     size_t b_bytes = align16(P * len_me * es), acc_bytes = align16(len_me * sizeof(float));
-    DT_TRY(scratch_reserve(c, b_bytes + acc_bytes + n * es, what));
+    size_t out_bytes = align16(n * es);
+    DT_TRY(scratch_reserve(c, b_bytes + acc_bytes + out_bytes + n * es, what));
     char *blocks = im->scratch, *out = im->scratch + b_bytes + acc_bytes;
     float *acc = (float *)(im->scratch + b_bytes);
+    const char *in = stage_input(c, b_bytes + acc_bytes + out_bytes, a->send, n * es);
     int *sc = im->v, *sd = im->v + P, *rcn = im->v + 2 * P, *rd = im->v + 3 * P;
     for (size_t q = 0; q < P; q++) {
         size_t off = n * q / P;
@@ -826,7 +843,7 @@ static dt_status all_reduce(dt_comm *c, const dt_coll_args *a, const char *what)
     }
     MPI_Datatype t = unit_type(a->dtype);
     MPI_Request r = MPI_REQUEST_NULL;
-    int rc = MPI_Ialltoallv(a->send, sc, sd, t, blocks, rcn, rd, t, im->mc, &r);
+    int rc = MPI_Ialltoallv(in, sc, sd, t, blocks, rcn, rd, t, im->mc, &r);
     if (rc != MPI_SUCCESS) return call_fail(c, what, "MPI_Ialltoallv", rc);
     DT_TRY(coll_wait(c, &r, what));
     DT_TRY(reduce_blocks(c, acc, blocks, len_me, a));
@@ -843,13 +860,14 @@ static dt_status all_reduce(dt_comm *c, const dt_coll_args *a, const char *what)
 static dt_status reduce_scatter(dt_comm *c, const dt_coll_args *a, const char *what) {
     mpi_impl *im = c->impl;
     size_t P = (size_t)c->size, n = a->count, es = dt_dtype_size(a->dtype);
-    size_t b_bytes = align16(P * n * es);
-    DT_TRY(scratch_reserve(c, b_bytes + n * sizeof(float), what));
+    size_t b_bytes = align16(P * n * es), acc_bytes = align16(n * sizeof(float));
+    DT_TRY(scratch_reserve(c, b_bytes + acc_bytes + P * n * es, what));
     char *blocks = im->scratch;
     float *acc = (float *)(im->scratch + b_bytes);
+    const char *in = stage_input(c, b_bytes + acc_bytes, a->send, P * n * es);
     MPI_Datatype t = unit_type(a->dtype);
     MPI_Request r = MPI_REQUEST_NULL;
-    int rc = MPI_Ialltoall(a->send, (int)n, t, blocks, (int)n, t, im->mc, &r);
+    int rc = MPI_Ialltoall(in, (int)n, t, blocks, (int)n, t, im->mc, &r);
     if (rc != MPI_SUCCESS) return call_fail(c, what, "MPI_Ialltoall", rc);
     DT_TRY(coll_wait(c, &r, what));
     DT_TRY(reduce_blocks(c, acc, blocks, n, a));
@@ -868,27 +886,37 @@ static dt_status move_data(dt_comm *c, const dt_coll_args *a, const char *what) 
     switch (a->kind) {
     case DT_COLL_ALL_REDUCE: return all_reduce(c, a, what);
     case DT_COLL_REDUCE_SCATTER: return reduce_scatter(c, a, what);
-    case DT_COLL_ALL_GATHER:
-        DT_TRY(scratch_reserve(c, P * bytes, what));
+    /* Received data lands at the scratch's start, the input (staged) after it. */
+    case DT_COLL_ALL_GATHER: {
+        size_t at = align16(P * bytes);
+        DT_TRY(scratch_reserve(c, at + bytes, what));
+        const char *in = stage_input(c, at, a->send, bytes);
         call = "MPI_Iallgather";
-        rc = MPI_Iallgather(a->send, (int)n, t, im->scratch, (int)n, t, im->mc, &r);
+        rc = MPI_Iallgather(in, (int)n, t, im->scratch, (int)n, t, im->mc, &r);
         break;
+    }
     case DT_COLL_BROADCAST:
         DT_TRY(scratch_reserve(c, bytes, what));
+        if (root) stage_input(c, 0, a->recv, bytes);
         call = "MPI_Ibcast";
-        /* The root only reads its buffer; the others receive into scratch. */
-        rc = MPI_Ibcast(root ? a->recv : im->scratch, (int)n, t, a->root, im->mc, &r);
+        rc = MPI_Ibcast(im->scratch, (int)n, t, a->root, im->mc, &r);
         break;
-    case DT_COLL_SCATTER:
-        DT_TRY(scratch_reserve(c, bytes, what));
+    case DT_COLL_SCATTER: {
+        size_t at = align16(bytes);
+        DT_TRY(scratch_reserve(c, at + (root ? P * bytes : 0), what));
+        const char *in = root ? stage_input(c, at, a->send, P * bytes) : NULL;
         call = "MPI_Iscatter";
-        rc = MPI_Iscatter(root ? a->send : NULL, (int)n, t, im->scratch, (int)n, t, a->root, im->mc, &r);
+        rc = MPI_Iscatter(in, (int)n, t, im->scratch, (int)n, t, a->root, im->mc, &r);
         break;
-    case DT_COLL_GATHER:
-        DT_TRY(scratch_reserve(c, root ? P * bytes : 1, what));
+    }
+    case DT_COLL_GATHER: {
+        size_t at = root ? align16(P * bytes) : 0;
+        DT_TRY(scratch_reserve(c, at + bytes, what));
+        const char *in = stage_input(c, at, a->send, bytes);
         call = "MPI_Igather";
-        rc = MPI_Igather(a->send, (int)n, t, root ? im->scratch : NULL, (int)n, t, a->root, im->mc, &r);
+        rc = MPI_Igather(in, (int)n, t, root ? im->scratch : NULL, (int)n, t, a->root, im->mc, &r);
         break;
+    }
     default:
         return dt_error(DT_ERR_INTERNAL, "rank %d: mpi: unexpected collective %s", c->world_rank, what);
     }
@@ -963,6 +991,12 @@ static void p2p_drop(dt_comm *c) {
             for (int k = 0; k < im->n; k++)
                 if (im->reqs[k] != MPI_REQUEST_NULL) MPI_Request_free(&im->reqs[k]);
             im->world->leak = 1;
+            /* What those requests still read or write is the stage, never
+             * a caller's buffer: it stays allocated; the next group gets
+             * another. */
+            bury(im->stage);
+            im->stage = NULL;
+            im->stage_bytes = 0;
         }
     }
     im->ops = NULL;
@@ -986,10 +1020,33 @@ static dt_status mpi_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n) {
         if (m) im->matched = m;
         uint64_t *s = realloc(im->op_seq, (size_t)n * sizeof *s);
         if (s) im->op_seq = s;
-        if (!r || !m || !s)
+        size_t *o = realloc(im->stage_off, (size_t)n * sizeof *o);
+        if (o) im->stage_off = o;
+        if (!r || !m || !s || !o)
             return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: sendrecv: out of memory for %d ops",
                             c->world_rank, n);
         im->cap = n;
+    }
+    /* Every op's data goes through the stage (sends copied in here,
+     * receives copied out in p2p_wait), as collectives' through the
+     * scratch: a request abandoned after a failure (p2p_drop) can then
+     * neither write into a caller's buffer nor read one after this call
+     * has returned. One copy each way, against MPI's own. */
+    size_t total = 0;
+    for (int k = 0; k < n; k++) {
+        im->stage_off[k] = total;
+        total += align16(ops[k].count * dt_dtype_size(ops[k].dtype));
+    }
+    if (!im->stage || total > im->stage_bytes) {
+        /* No request uses the old one: its group completed, or it was
+         * buried. Never NULL, for zero-length messages' pointers too. */
+        size_t bytes = total > 16 ? total : 16;
+        free(im->stage);
+        im->stage = malloc(bytes);
+        im->stage_bytes = im->stage ? bytes : 0;
+        if (!im->stage)
+            return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: sendrecv: out of memory for %zu bytes "
+                            "of staging", c->world_rank, bytes);
     }
     im->ops = ops;
     im->n = n;
@@ -1004,7 +1061,9 @@ static dt_status mpi_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n) {
             continue;
         }
         im->op_seq[k] = im->sent[o->peer]++;
-        int rc = MPI_Isend(o->buf, (int)o->count, unit_type(o->dtype), o->peer, TAG_P2P + o->dtype,
+        char *at = im->stage + im->stage_off[k];
+        if (o->count) memcpy(at, o->buf, o->count * dt_dtype_size(o->dtype));
+        int rc = MPI_Isend(at, (int)o->count, unit_type(o->dtype), o->peer, TAG_P2P + o->dtype,
                            im->mc, &im->reqs[k]);
         if (rc != MPI_SUCCESS) {
             dt_status st = call_fail(c, what, "MPI_Isend", rc);
@@ -1096,7 +1155,8 @@ static dt_status mpi_p2p_wait(dt_comm *c) {
                 st = dt_error(DT_ERR_MISMATCH, "rank %d: %s", c->world_rank, msg);
                 goto fail;
             }
-            rc = MPI_Imrecv(o->buf, (int)o->count, unit_type(o->dtype), &m, &im->reqs[k]);
+            rc = MPI_Imrecv(im->stage + im->stage_off[k], (int)o->count, unit_type(o->dtype), &m,
+                            &im->reqs[k]);
             if (rc != MPI_SUCCESS) {
                 st = call_fail(c, what, "MPI_Imrecv", rc);
                 goto fail;
@@ -1121,6 +1181,11 @@ static dt_status mpi_p2p_wait(dt_comm *c) {
             goto fail;
         }
         backoff(spin);
+    }
+    for (int k = 0; k < im->n; k++) {
+        const dt_p2p_op *o = &im->ops[k];
+        if (o->kind == DT_P2P_RECV && o->count)
+            memcpy(o->buf, im->stage + im->stage_off[k], o->count * dt_dtype_size(o->dtype));
     }
     im->ops = NULL;
     im->n = 0;
@@ -1149,6 +1214,7 @@ static void mpi_destroy(dt_comm *c) {
     if (im->n) p2p_drop(c); /* a group started and never waited for */
     if (im->failed) bury(im->scratch);
     else free(im->scratch);
+    free(im->stage); /* NULL if p2p_drop left it to a request */
     if (im->owns_mc && im->mc != MPI_COMM_NULL && !w->leak && !w->failure.set) MPI_Comm_free(&im->mc);
     w->comms--;
     free(im->world_ranks);
@@ -1156,6 +1222,7 @@ static void mpi_destroy(dt_comm *c) {
     free(im->reqs);
     free(im->matched);
     free(im->op_seq);
+    free(im->stage_off);
     free(im->sent);
     free(im->received);
     free(im->blocked);

@@ -23,8 +23,10 @@
  * backward (o, dq, dk, dv) bit for bit against the local transport, collective mismatches, a timeout, a peer's
  * failure and dt_comm_abort reaching the others before the timeout (an
  * abort whose status is DT_SUCCESS too), a rank that comes to a split after
- * the others timed out, the bootstrap broadcast after its root failed, and a
- * healthy launch after all of that.
+ * the others timed out, a receive that stalls after MPI matched it (what
+ * arrives after the timeout never lands in the caller's buffer), the
+ * bootstrap broadcast after its root failed, and a healthy launch after all
+ * of that.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -646,14 +648,23 @@ static void test_attention_vs_local(void **state) {
 typedef struct fault_case {
     outcome o;
     int kind;
+    float *big;            /* F_P2P_STALL: STALL_N elements, the test's */
     dt_status st;          /* this process's status from the call under test */
     char msg[1024];
     double ms;             /* how long that call took */
 } fault_case;
 
-enum { F_COUNT, F_KIND, F_TIMEOUT, F_PEER, F_ABORT, F_ABORT_OK, F_SPLIT_LATE };
+enum { F_COUNT, F_KIND, F_TIMEOUT, F_PEER, F_ABORT, F_ABORT_OK, F_SPLIT_LATE, F_P2P_STALL };
 
 #define SPLIT_LATE_MS 1600 /* F_SPLIT_LATE: after the others' 1000 ms timeout */
+#define STALL_MS 4000      /* F_P2P_STALL: after rank 0's 1500 ms timeout and 1 s drain */
+#define STALL_N (1 << 20)  /* F_P2P_STALL: floats, far above any eager limit */
+#define SENTINEL 1234.5f
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
 
 static dt_status rank_fault(dt_context *ctx, void *arg) {
     fault_case *c = arg;
@@ -694,8 +705,7 @@ static dt_status rank_fault(dt_context *ctx, void *arg) {
     case F_SPLIT_LATE: { /* the last rank reaches a split after the others
                           * gave up on it: it must not wait in MPI's split */
         if (r == last) {
-            struct timespec ts = {SPLIT_LATE_MS / 1000, (SPLIT_LATE_MS % 1000) * 1000000L};
-            nanosleep(&ts, NULL);
+            sleep_ms(SPLIT_LATE_MS);
             t0 = now_ms();
         }
         dt_comm *sub = NULL;
@@ -703,6 +713,24 @@ static dt_status rank_fault(dt_context *ctx, void *arg) {
         dt_comm_destroy(sub);
         break;
     }
+    case F_P2P_STALL: /* the last rank's large message to rank 0 starts (MPI
+                       * matches it) and then stalls: the last rank does not
+                       * call MPI again before rank 0 has given up on it */
+        if (r == last) {
+            for (size_t i = 0; i < STALL_N; i++) c->big[i] = (float)i;
+            dt_p2p_op op = {DT_P2P_SEND, 0, c->big, STALL_N, DT_F32};
+            st = dt_comm_p2p_start(comm, &op, 1);
+            sleep_ms(STALL_MS);
+            if (st == DT_SUCCESS) st = dt_comm_p2p_wait(comm);
+        } else if (r == 0) {
+            dt_p2p_op op = {DT_P2P_RECV, last, c->big, STALL_N, DT_F32};
+            st = dt_comm_sendrecv(comm, &op, 1);
+            /* What the abandoned receive may still bring must not land here. */
+            for (size_t i = 0; i < STALL_N; i++) c->big[i] = SENTINEL;
+        } else {
+            sleep_ms(STALL_MS); /* at the exit exchange with the last rank */
+        }
+        break;
     }
     c->ms = now_ms() - t0;
     c->st = st;
@@ -812,6 +840,45 @@ static void test_split_after_timeout(void **state) {
         assert_true(c.ms < 1000);
     } else {
         assert_int_equal(c.st, DT_ERR_TIMEOUT);
+    }
+}
+
+/* A receive MPI has matched but that does not finish before the timeout
+ * is abandoned; the rest of its message, sent once the sender calls MPI
+ * again (here while rank 0 is in dt_launch's exit exchange), lands in the
+ * communicator's stage, never in the buffer rank 0 passed, which it is
+ * free to reuse (or free) once the call has returned. */
+static void test_stalled_receive(void **state) {
+    (void)state;
+    if (g_size < 2) {
+        print_message("a stalled message needs 2 ranks or more\n");
+        skip();
+    }
+    fault_case c;
+    float *big = malloc(STALL_N * sizeof *big);
+    assert_non_null(big);
+    memset(&c, 0, sizeof c);
+    c.kind = F_P2P_STALL;
+    c.st = DT_SUCCESS;
+    c.big = big;
+    launch_mpi(rank_fault, &c, 1500, DT_CHECK_OFF, &c.o);
+    long changed = 0;
+    if (g_rank == 0)
+        for (size_t i = 0; i < STALL_N; i++) changed += big[i] != SENTINEL;
+    free(big);
+    if (c.o.st != DT_ERR_TIMEOUT) print_error("%s: %s\n", dt_status_name(c.o.st), c.o.msg);
+    assert_int_equal(c.o.st, DT_ERR_TIMEOUT);
+    assert_non_null(strstr(c.o.msg, "rank 0: sendrecv timed out after 1500 ms"));
+    if (g_rank == 0) {
+        assert_int_equal(c.st, DT_ERR_TIMEOUT);
+        if (changed) print_error("%ld of %d elements written after the call returned\n", changed,
+                                 STALL_N);
+        assert_int_equal(changed, 0);
+    }
+    if (g_rank == g_size - 1) {
+        if (c.st != DT_ERR_PEER_FAILED)
+            print_error("last rank: %s: %s\n", dt_status_name(c.st), c.msg);
+        assert_int_equal(c.st, DT_ERR_PEER_FAILED);
     }
 }
 
@@ -927,6 +994,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_peer_failure_is_prompt),
         cmocka_unit_test(test_abort_without_error),
         cmocka_unit_test(test_split_after_timeout),
+        cmocka_unit_test(test_stalled_receive),
         cmocka_unit_test(test_bootstrap_after_root_failure),
         cmocka_unit_test(test_healthy_after_failures),
     };
