@@ -12,7 +12,8 @@
 # rest measures the mma kernels only), issue 4 (c) (the ring's cost; again
 # with --producer 2, with the communication stream's copies and adds in
 # kernels of 4 CTAs: --comm-ctas 4, with the forward's rows' waits:
-# --dependent 2, and without the copies: --copies 0), then bench/issue8.py
+# --dependent 2, and without the copies: --copies 0), a ring step's copies
+# alone (bench/ring, P = 2 and 8), then bench/issue8.py
 # with what is left of the budget. Every step before issue8.py is cut to
 # leave it ISSUE8_MIN (200) seconds.
 #
@@ -134,6 +135,7 @@ if [ "$dry" = 1 ]; then
     done
     # shellcheck disable=SC2086 # the variants, word by word
     echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: $(ring_runs_of $variants | sed 's/_/ /g') (60 s at most each, less if issue8.py would get under ${issue8_min} s)"
+    echo "  then       $build/bench/ring --backend cuda --ranks P --mib 8,32 --iters 10 for P = 2, 8 (a ring step's same-device copies alone; 20 s at most in all)"
     [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096) with each of: ${variants//_/ } (likewise)"
     echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --step-timeout <a third of it, 90 to 150> [--kernels mma] --json-out \$OUT/issue8.json"
     exit 0
@@ -263,7 +265,19 @@ for v in $ring_runs; do
     rcs[ring]=$?
     log "issue 4 (c): DT_ATTN_KERNEL=$kernel bench/attention --section c${flag:+ $flag}, $(exited ring)"
 done
-grep -E '^ +[248] |^# ' "$out/ring_cost.txt" | tee -a "$summary"
+# A ring step's copies alone: what the local transport's same-device copy
+# of a rank's K|V costs (32 MiB at issue 4 (c)'s H = 16, D = 128, bf16),
+# with nothing computing beside it (item 6's exposed share, issue 4 (c))
+for P in 2 8; do
+    c=$(cap 10)
+    [ "$c" -lt 5 ] && { log "bench/ring --ranks $P: skipped, ${c}s left before issue8.py's ${issue8_min}s"; continue; }
+    echo "# bench/ring --backend cuda --ranks $P --mib 8,32 --iters 10" >>"$out/ring_cost.txt"
+    timeout -k 5 "$c" "$build/bench/ring" --backend cuda --ranks "$P" --mib 8,32 --iters 10 \
+        >>"$out/ring_cost.txt" 2>&1
+    rcs[ring]=$?
+    log "bench/ring --backend cuda --ranks $P: $(exited ring)"
+done
+grep -E '^ +[248] |^# |^\| [0-9]' "$out/ring_cost.txt" | tee -a "$summary"
 
 # Where the wgmma forward's warps wait, per source line (bench/ncu_source.py)
 if [ "$profile" = 1 ] && [ ! -x "$build/prof/blocks" ]; then

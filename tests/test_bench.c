@@ -37,7 +37,10 @@
  *   - bench/ncu_source.py on a small Nsight Compute source export written
  *     here, its shares and spans worked out by hand (python3 too);
  *   - bench/mlp --quick: the baseline rows and one row per mode and P, every
- *     figure finite and positive (fp32, and fp16 on the CPU); bad flags exit 2.
+ *     figure finite and positive (fp32, and fp16 on the CPU); bad flags exit 2;
+ *   - bench/ring: the configuration it ran, one row per block size, each
+ *     row's best no more than its median and its GB/s the size over that
+ *     median; bad flags exit 2.
  * The binary is found beside this test's build tree (build/tests/test_bench
  * -> build/bench/attention; make test builds it). When it is missing every
  * case is skipped with the reason (run `make`).
@@ -59,7 +62,7 @@
 #include "harness.h"
 
 static char g_bench[4096] = "build/bench/attention", g_blocks[4096] = "build/bench/blocks",
-            g_mlp[4096] = "build/bench/mlp";
+            g_mlp[4096] = "build/bench/mlp", g_ring[4096] = "build/bench/ring";
 
 #define REQUIRE(path)                                                                     \
     do {                                                                                  \
@@ -900,6 +903,50 @@ static void test_mlp_bad_flags(void **state) {
     }
 }
 
+/* ----------------------------------------------------------- bench/ring */
+
+static void test_ring_rows(void **state) {
+    (void)state;
+    REQUIRE(g_ring);
+    char *out = NULL;
+    int rc = h_run_program(g_ring, "--ranks 3 --mib 2,4 --iters 3 --backend cpu", &out);
+    int ok = rc == 0 && strstr(out, "3 ranks, backend cpu, transport local, 3 steps per size") &&
+             all_positive(out);
+    static const long mib[] = {2, 4};
+    for (int k = 0; ok && k < 2; k++) {
+        char head[16];
+        snprintf(head, sizeof head, "\n| %ld | ", mib[k]);
+        const char *row = strstr(out, head);
+        double med = 0, best = 0, gbs = 0;
+        ok = row && sscanf(row + strlen(head), "%lf | %lf | %lf |", &med, &best, &gbs) == 3 &&
+             med > 0 && best > 0 && best <= med &&
+             fabs(gbs - (double)(mib[k] << 20) / (med * 1e-3) * 1e-9) <= 0.02 * gbs + 0.01;
+    }
+    if (!ok) print_error("bench/ring printed (rc %d):\n%s\n", rc, out);
+    free(out);
+    assert_true(ok);
+}
+
+static void test_ring_bad_flags(void **state) {
+    (void)state;
+    REQUIRE(g_ring);
+    static const struct { const char *args, *message; } bad[] = {
+        {"--mib 0", "--mib takes an integer in [1, 4096]"},
+        {"--ranks 65", "--ranks takes an integer in [0, 64]"},
+        {"--iters 0", "--iters takes an integer in [1, 1000]"},
+        {"--transport pigeon", "--transport takes one of auto, local, mpi, nccl"},
+        {"--frobnicate", "unknown flag '--frobnicate'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *out = NULL;
+        int rc = h_run_program(g_ring, bad[i].args, &out);
+        int ok = rc == 2 && strstr(out, bad[i].message);
+        if (!ok) print_error("bench/ring %s (rc %d) printed:\n%s\n", bad[i].args, rc, out);
+        free(out);
+        assert_true(ok);
+    }
+}
+
 /* build[-variant]/tests/test_bench -> build[-variant]/bench/NAME */
 static void locate(char *path, size_t size, const char *argv0, const char *name) {
     const char *slash = argv0 ? strrchr(argv0, '/') : NULL;
@@ -931,6 +978,7 @@ int main(int argc, char **argv) {
     locate(g_bench, sizeof g_bench, argv[0], "attention");
     locate(g_blocks, sizeof g_blocks, argv[0], "blocks");
     locate(g_mlp, sizeof g_mlp, argv[0], "mlp");
+    locate(g_ring, sizeof g_ring, argv[0], "ring");
     static bad_case bad[] = {
         {"", "--pass", "--pass takes one or more of fwd, bwd"},
         {"", "--pass sideways", "--pass takes one or more of fwd, bwd"},
@@ -945,7 +993,7 @@ int main(int argc, char **argv) {
         {"", "--comm-ctas -1", "--comm-ctas takes an integer"},
         {"", "--frobnicate", "unknown flag '--frobnicate'"},
     };
-    struct CMUnitTest tests[32];
+    struct CMUnitTest tests[40];
     size_t n = 0;
     tests[n++] = (struct CMUnitTest){"bench_attention/quick/json,pass=fwd+bwd",
                                      test_quick_json_both_passes, NULL, NULL, NULL};
@@ -985,5 +1033,7 @@ int main(int argc, char **argv) {
     tests[n++] = (struct CMUnitTest){"bench_mlp/quick,fp16", test_mlp_quick, NULL, NULL,
                                      (void *)mlp_quick[1]};
     tests[n++] = (struct CMUnitTest){"bench_mlp/exit2", test_mlp_bad_flags, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_ring/rows", test_ring_rows, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_ring/exit2", test_ring_bad_flags, NULL, NULL, NULL};
     return h_run_cases("bench", tests, n) ? 1 : 0;
 }
