@@ -247,6 +247,19 @@ static void test_blocks_quick(void **state) {
     assert_true(ok);
 }
 
+/* A bench run with bad flags: 1 if it exits 2 and says `message` (and,
+ * absent not NULL, prints no `absent`: no table was started); else
+ * prints what it said and returns 0. */
+static int exits_2(const char *program, const char *args, const char *message,
+                   const char *absent) {
+    char *out = NULL;
+    int rc = h_run_program(program, args, &out);
+    int ok = rc == 2 && strstr(out, message) && !(absent && strstr(out, absent));
+    if (!ok) print_error("%s %s (rc %d) printed:\n%s\n", program, args, rc, out);
+    free(out);
+    return ok;
+}
+
 static void test_blocks_bad_flags(void **state) {
     (void)state;
     REQUIRE(g_blocks);
@@ -260,14 +273,8 @@ static void test_blocks_bad_flags(void **state) {
         {"--heads 6 --kv-heads 4", "--kv-heads 4 does not divide --heads 6"},
         {"--rows all", "--rows takes one of"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        char *out = NULL;
-        int rc = h_run_program(g_blocks, bad[i][0], &out);
-        int ok = rc == 2 && strstr(out, bad[i][1]) && !strstr(out, "(r) ");
-        if (!ok) print_error("bench/blocks %s (rc %d) printed:\n%s\n", bad[i][0], rc, out);
-        free(out);
-        assert_true(ok);
-    }
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        assert_true(exits_2(g_blocks, bad[i][0], bad[i][1], "(r) "));
 }
 
 /* The number after "key": at or after `from`, within the row that starts
@@ -885,22 +892,16 @@ static void test_mlp_quick(void **state) {
 static void test_mlp_bad_flags(void **state) {
     (void)state;
     REQUIRE(g_mlp);
-    static const struct { const char *args, *message; int rc; } bad[] = {
-        {"--dtype fp64", "--dtype takes one of fp32, bf16, fp16", 2},
-        {"--ranks 3 --quick", "P = 3 must divide --seq 64", 2},
-        {"--iters 0", "--iters takes an integer", 2},
-        {"--ranks 1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "--ranks takes at most 16 entries", 2},
-        {"--batch 65536 --seq 65536", "rows, more than 2147483647", 2},
-        {"--frobnicate", "unknown flag '--frobnicate'", 2},
+    static const char *const bad[][2] = {
+        {"--dtype fp64", "--dtype takes one of fp32, bf16, fp16"},
+        {"--ranks 3 --quick", "P = 3 must divide --seq 64"},
+        {"--iters 0", "--iters takes an integer"},
+        {"--ranks 1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "--ranks takes at most 16 entries"},
+        {"--batch 65536 --seq 65536", "rows, more than 2147483647"},
+        {"--frobnicate", "unknown flag '--frobnicate'"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        char *out = NULL;
-        int rc = h_run_program(g_mlp, bad[i].args, &out);
-        int ok = rc == bad[i].rc && strstr(out, bad[i].message);
-        if (!ok) print_error("bench/mlp %s (rc %d) printed:\n%s\n", bad[i].args, rc, out);
-        free(out);
-        assert_true(ok);
-    }
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        assert_true(exits_2(g_mlp, bad[i][0], bad[i][1], NULL));
 }
 
 /* ----------------------------------------------------------- bench/ring */
@@ -930,21 +931,15 @@ static void test_ring_rows(void **state) {
 static void test_ring_bad_flags(void **state) {
     (void)state;
     REQUIRE(g_ring);
-    static const struct { const char *args, *message; } bad[] = {
+    static const char *const bad[][2] = {
         {"--mib 0", "--mib takes an integer in [1, 4096]"},
         {"--ranks 65", "--ranks takes an integer in [0, 64]"},
         {"--iters 0", "--iters takes an integer in [1, 1000]"},
         {"--transport pigeon", "--transport takes one of auto, local, mpi, nccl"},
         {"--frobnicate", "unknown flag '--frobnicate'"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        char *out = NULL;
-        int rc = h_run_program(g_ring, bad[i].args, &out);
-        int ok = rc == 2 && strstr(out, bad[i].message);
-        if (!ok) print_error("bench/ring %s (rc %d) printed:\n%s\n", bad[i].args, rc, out);
-        free(out);
-        assert_true(ok);
-    }
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        assert_true(exits_2(g_ring, bad[i][0], bad[i][1], NULL));
 }
 
 /* build[-variant]/tests/test_bench -> build[-variant]/bench/NAME */
