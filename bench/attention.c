@@ -65,8 +65,9 @@
  * depends on a transfer is wrong, and none is checked here). --comm-ctas N
  * (CUDA) runs the communication stream's own work (the local transport's
  * same-device copies, the backward's add beside) in kernels of at most N
- * CTAs (dt_backend_cuda_set_comm_ctas; 0, the default: the driver's copy
- * and a kernel on as many SMs as it gets).
+ * CTAs (dt_backend_cuda_set_comm_ctas; 0: the driver's copy and a kernel
+ * on as many SMs as it gets; not given: the backend's default, its
+ * DT_CUDA_COMM_CTAS shared by the ranks on a device).
  */
 #include <errno.h>
 #include <math.h>
@@ -117,14 +118,14 @@ typedef struct bench_opts {
     int persistent;            /* --persistent: CUDA's persistent mode (backend_cuda.h; 1) */
     int producer;              /* --producer: the wgmma forward's producer warpgroup (1) */
     int copies;                /* --copies 0: DT_LOCAL_COPIES=0 for the launches (1) */
-    int comm_ctas;             /* --comm-ctas: the comm stream's kernels' CTAs (0: as many as they get) */
+    int comm_ctas;             /* --comm-ctas: the comm stream's kernels' CTAs (-1: the backend's) */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
 static int g_dependent = 1;   /* bench_opts.dependent, for every rank's backend */
 static int g_persistent = 1;  /* bench_opts.persistent, likewise */
 static int g_producer = 1;    /* bench_opts.producer, likewise */
-static int g_comm_ctas = 0;   /* bench_opts.comm_ctas, likewise */
+static int g_comm_ctas = -1;  /* bench_opts.comm_ctas, likewise (-1: left as it is) */
 
 static double cpu_s(void) {
     struct timespec ts;
@@ -189,7 +190,7 @@ static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layo
     dt_backend_cuda_set_dependent_launch(ctx->backend, g_dependent);   /* no-op off CUDA */
     dt_backend_cuda_set_persistent(ctx->backend, g_persistent);
     dt_backend_cuda_set_producer(ctx->backend, g_producer);
-    dt_backend_cuda_set_comm_ctas(ctx->backend, g_comm_ctas);
+    if (g_comm_ctas >= 0) dt_backend_cuda_set_comm_ctas(ctx->backend, g_comm_ctas);
 #endif
     c->pass = pass;
     c->opts = init;
@@ -533,8 +534,10 @@ static void usage(FILE *f) {
             "                       the ring's time without its copies; outputs wrong (default 1)\n"
             "  --comm-ctas N        CUDA: the communication stream's own work (the local\n"
             "                       transport's copies within one GPU, the backward's add\n"
-            "                       beside) in kernels of at most N CTAs (default 0: the\n"
-            "                       driver's copy and kernels on as many SMs as they get)\n"
+            "                       beside) in kernels of at most N CTAs (0: the driver's\n"
+            "                       copy and kernels on as many SMs as they get; default:\n"
+            "                       the backend's, DT_CUDA_COMM_CTAS shared by the ranks\n"
+            "                       on a GPU, 0 for a rank alone)\n"
             "  --persistent 0|1|2   CUDA: whether the wgmma forward runs persistent: 1 (default)\n"
             "                       but beside the ring's transfers (a CTA per query tile\n"
             "                       there), 2 there too, 0 never\n"
@@ -625,7 +628,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
 
 int main(int argc, char **argv) {
     bench_opts o = {.backend = DT_BACKEND_AUTO, .sections = {1, 1, 1}, .passes = {1, 1},
-                    .dependent = 1, .persistent = 1, .producer = 1, .copies = 1};
+                    .dependent = 1, .persistent = 1, .producer = 1, .copies = 1,
+                    .comm_ctas = -1};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
     if (!o.copies) setenv("DT_LOCAL_COPIES", "0", 1);
@@ -659,16 +663,18 @@ int main(int argc, char **argv) {
                  pass_name(passes[q]));
     }
     FILE *out = stdout;
+    char comm_ctas_json[16] = "null";   /* not given: the backend's default */
+    if (o.comm_ctas >= 0) snprintf(comm_ctas_json, sizeof comm_ctas_json, "%d", o.comm_ctas);
 
     if (o.json)
         fprintf(out, "{\n  \"bench\": \"attention\", \"date\": \"%s\", \"backend\": \"%s\", "
                      "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s, "
                      "\"passes\": [%s], \"dependent\": %s, \"rows_waits\": %s, \"persistent\": %d, "
-                     "\"producer\": %d, \"copies\": %s, \"comm_ctas\": %d,\n",
+                     "\"producer\": %d, \"copies\": %s, \"comm_ctas\": %s,\n",
                 date, be, cores, model, o.iters, o.quick ? "true" : "false", pass_json,
                 o.dependent ? "true" : "false", o.dependent == 2 ? "true" : "false",
                 o.persistent, o.producer,
-                o.copies ? "true" : "false", o.comm_ctas);
+                o.copies ? "true" : "false", comm_ctas_json);
     if (o.json)
         fprintf(out, "  \"notes\": [\"ranks are threads of one process; with fewer cores than "
                      "ranks they contend for the cores\", \"OpenBLAS runs one thread per call\", "
@@ -690,9 +696,12 @@ int main(int argc, char **argv) {
                          "forward %s (--persistent)\n", o.dependent ? "on" : "off",
                     (const char *[]){"a CTA per query tile", "persistent but beside the ring's "
                                      "transfers", "persistent"}[o.persistent]);
-        if (gpu && o.comm_ctas)
+        if (gpu && o.comm_ctas > 0)
             fprintf(out, "CUDA: the communication stream's copies and adds in kernels of at most "
                          "%d CTAs (--comm-ctas)\n", o.comm_ctas);
+        else if (gpu && o.comm_ctas == 0)
+            fprintf(out, "CUDA: the communication stream's copies by the driver, its adds on as "
+                         "many SMs as they get (--comm-ctas 0)\n");
         if (!o.copies)
             fprintf(out, "--copies 0: the local transport moves no data (DT_LOCAL_COPIES=0); "
                          "times only\n");

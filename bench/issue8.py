@@ -27,10 +27,11 @@ the H200 of 2026-11-27 met items 1, 4 and 5):
           local transport moves no data); exposed = (with - without) / with
           <= 5% for C >= 4096. Beside it bench/blocks (p) with the same P,
           C, H, D: the ring's blocks alone, back to back. The wgmma kernel
-          once more with --comm-ctas 4 (the communication stream's copies
-          and adds in kernels of 4 CTAs instead of the driver's copy and a
-          kernel on as many SMs as it gets; the ring's blocks alone are the
-          default's, which they do not change), and with --persistent 2
+          once more with --comm-ctas 0 (the communication stream's copies by
+          the driver and its adds on as many SMs as they get instead of the
+          default's kernels of a few CTAs, 32 shared by the ranks on a GPU;
+          the ring's blocks alone are the default's, which they do not
+          change), and with --persistent 2
           (persistent beside the copies too).
   item 6, one timeline  the backward's bench/blocks (p) run at P = 8 with
           --trace: its blocks back to back as one device timeline against
@@ -107,7 +108,7 @@ R_MAX, R_FROM_C = 0.55, 4096
 ACHIEVED_MIN, RATIO_MIN, RATIO_AT_C = 0.95, 1.75, 8192
 VS_ONE_CALL_MAX, VS_ONE_CALL_AT_S = 1.05, 32768
 WAITS_MAX, WAITS_FROM_C = 0.05, 4096
-COMM_CTAS = "4"   # item 6's variant with the comm stream's work in few CTAs: --comm-ctas
+COMM_CTAS = "0"   # item 6's variant of the comm stream's work: --comm-ctas (0: the driver's)
 
 
 # ------------------------------------------------------------------ values
@@ -921,11 +922,11 @@ def item_waits(session):
                   "after = the largest per-rank wait after the last step's kernels (the last "
                   "transfers and the stores; also in waits). auto's "
                   "backward is wgmma's, so its bwd rows come from the first kernel only. "
-                  "\"wgmma, comm in " + COMM_CTAS + " CTAs\": the same calls with the "
-                  "communication stream's work (the local transport's same-device copies, the "
-                  "backward's add beside) in kernels of at most " + COMM_CTAS + " CTAs "
-                  "(--comm-ctas " + COMM_CTAS + "; by default the driver's copy and kernels on "
-                  "as many SMs as they get); blocks ms are the default's. "
+                  "\"wgmma, driver's copies\": the same calls with the communication stream's "
+                  "work (the local transport's same-device copies, the backward's add beside) "
+                  "by the driver's copy and kernels on as many SMs as they get (--comm-ctas "
+                  + COMM_CTAS + ", the default until 2026-11-29; by default kernels of at most "
+                  "32 / P CTAs, the ranks sharing one GPU); blocks ms are the default's. "
                   "\"wgmma, persistent 2\": the wgmma forward persistent beside the ring's "
                   "copies too (--persistent 2, both benches; by default its blocks with a "
                   "copy in flight run a CTA per query tile, whose CTAs leave SMs to the "
@@ -936,7 +937,7 @@ def item_waits(session):
     variants = [(k, "fwd,bwd" if k in with_bwd else "fwd", (), k, False) for k in kernels]
     if "wgmma" in kernels:
         variants.append(("wgmma", "fwd,bwd", ("--comm-ctas", COMM_CTAS),
-                         f"wgmma, comm in {COMM_CTAS} CTAs", True))
+                         "wgmma, driver's copies", True))
         variants.append(("wgmma", "fwd", ("--persistent", "2"), "wgmma, persistent 2", False))
     base = {}   # kernel -> its default run's blocks alone
     for k, passes, extra, label, same_blocks in variants:

@@ -14,10 +14,13 @@
  * Ranks: --ranks P threads of this process (transport local, or nccl with
  * a GPU per rank), or --ranks 0 under mpirun, one rank per process
  * (transport mpi on the CPU, nccl with GPUs). On one GPU the ranks share
- * it (cuda+local), and a step's copies are same-device copies.
+ * it (cuda+local), and a step's copies are same-device copies: --comm-ctas
+ * N runs them in kernels of at most N CTAs a rank, 0 by the driver's copy
+ * (dt_backend_cuda_set_comm_ctas; not given: the backend's default).
  *
  * Run: build/bench/ring [--ranks P] [--mib 1,8,32] [--iters N]
  *      [--backend auto|cpu|cuda] [--transport auto|local|mpi|nccl]
+ *      [--comm-ctas N]
  *      mpirun -np 2 build/bench/ring --ranks 0
  */
 #include <errno.h>
@@ -29,6 +32,9 @@
 #include "collectives/ring.h"
 #include "dtensor/context_internal.h"
 #include "dtensor/dtensor.h"
+#ifdef DT_HAVE_CUDA
+#include "dtensor/backend_cuda.h"
+#endif
 
 #define NAME "bench/ring"
 #define MAX_SIZES 8
@@ -39,6 +45,7 @@
 
 typedef struct opts {
     int ranks, iters, n_sizes;
+    int comm_ctas;   /* --comm-ctas (-1: the backend's default) */
     long mib[MAX_SIZES];
     dt_backend_kind backend;
     dt_transport_kind transport;
@@ -49,7 +56,7 @@ typedef struct result {
     double step_s[MAX_SIZES][MAX_ITERS]; /* the slowest rank's, per step (rank 0 writes) */
     dt_backend_kind backend;
     dt_transport_kind transport;
-    int world;
+    int world, comm_ctas;   /* rank 0's comm CTAs (CUDA), as the steps ran */
 } result;
 
 /* One size: the steps' times on this rank, then each step's slowest rank
@@ -89,6 +96,10 @@ out:
 
 static dt_status rank_main(dt_context *ctx, void *arg) {
     result *r = arg;
+#ifdef DT_HAVE_CUDA
+    if (r->o->comm_ctas >= 0) dt_backend_cuda_set_comm_ctas(ctx->backend, r->o->comm_ctas);
+    if (dt_context_rank(ctx) == 0) r->comm_ctas = dt_backend_cuda_comm_ctas(ctx->backend);
+#endif
     if (dt_context_rank(ctx) == 0) {
         r->backend = dt_context_backend(ctx);
         r->transport = dt_context_transport(ctx);
@@ -101,10 +112,13 @@ static dt_status rank_main(dt_context *ctx, void *arg) {
 static void usage(FILE *f) {
     fprintf(f, "usage: " NAME " [--ranks P] [--mib 1,8,32] [--iters N]\n"
                "       [--backend auto|cpu|cuda] [--transport auto|local|mpi|nccl]\n"
+               "       [--comm-ctas N]\n"
                "  --ranks P     ranks as threads of this process (default 2); 0: one rank per\n"
                "                process, as many as mpirun started\n"
                "  --mib LIST    block sizes in MiB (default 1,8,32)\n"
-               "  --iters N     timed steps per size after one warm-up (default 20)\n");
+               "  --iters N     timed steps per size after one warm-up (default 20)\n"
+               "  --comm-ctas N CUDA: same-device copies in kernels of at most N CTAs a rank,\n"
+               "                0 the driver's copy (default: the backend's)\n");
 }
 
 static int parse(int argc, char **argv, opts *o) {
@@ -112,7 +126,7 @@ static int parse(int argc, char **argv, opts *o) {
     static const dt_transport_kind tkinds[] = {DT_TRANSPORT_AUTO, DT_TRANSPORT_LOCAL,
                                                DT_TRANSPORT_MPI, DT_TRANSPORT_NCCL};
     *o = (opts){.ranks = 2, .iters = 20, .n_sizes = 3, .mib = {1, 8, 32},
-                .backend = DT_BACKEND_AUTO, .transport = DT_TRANSPORT_AUTO};
+                .backend = DT_BACKEND_AUTO, .transport = DT_TRANSPORT_AUTO, .comm_ctas = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long x;
@@ -130,6 +144,9 @@ static int parse(int argc, char **argv, opts *o) {
             if (!ex_parse_ints(a, v, 1, 4096, MAX_SIZES, o->mib, &o->n_sizes)) return 0;
         } else if (!strcmp(a, "--backend")) {
             if (!ex_parse_backend(a, v, &o->backend)) return 0;
+        } else if (!strcmp(a, "--comm-ctas")) {
+            if (!ex_parse_int(a, v, 0, 1024, &x)) return 0;
+            o->comm_ctas = (int)x;
         } else if (!strcmp(a, "--transport")) {
             if ((k = ex_parse_choice(a, v, transports, 4)) < 0) return 0;
             o->transport = tkinds[k];
@@ -158,8 +175,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, NAME ": %s: %s\n", dt_status_name(st), dt_last_error());
     } else if (printer) {
         printf(NAME ": a ring step's transfer alone, %d ranks, backend %s, transport %s, "
-               "%d steps per size\n", r->world, dt_backend_kind_name(r->backend),
+               "%d steps per size", r->world, dt_backend_kind_name(r->backend),
                dt_transport_kind_name(r->transport), o.iters);
+        if (r->backend == DT_BACKEND_CUDA && r->comm_ctas > 0)
+            printf(", same-device copies in kernels of at most %d CTAs a rank", r->comm_ctas);
+        else if (r->backend == DT_BACKEND_CUDA)
+            printf(", same-device copies by the driver");
+        printf("\n");
         printf("| MiB | step median (ms) | step best (ms) | GB/s (median) |\n");
         printf("|---|---|---|---|\n");
         for (int k = 0; k < o.n_sizes; k++) {

@@ -1655,6 +1655,11 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
     im->persistent = 1;
     im->dependent_launch = 1;
     im->producer = 1;
+    /* the ranks sharing this device share DT_CUDA_COMM_CTAS (backend_cuda.h) */
+    if (o->device_ranks > 1) {
+        const int share = DT_CUDA_COMM_CTAS / o->device_ranks;
+        im->comm_ctas = share > 0 ? share : 1;
+    }
     {
         int major = 0, minor = 0;
         CREATE_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o->device));

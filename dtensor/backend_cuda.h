@@ -47,6 +47,8 @@ typedef struct dt_cuda_options {
     long timeout_ms;       /* bound on every host wait (> 0) */
     int tf32;              /* 1: fp32 gemm may use TF32 */
     dt_cuda_pool *pool;    /* NULL, or the pool the backend joins (it must outlive it) */
+    int device_ranks;      /* ranks of the launch on this device, this one included (0
+                            * counts as 1): the default of dt_backend_cuda_set_comm_ctas */
 } dt_cuda_options;
 
 /* Number of visible CUDA devices. Without a driver (or without a device)
@@ -111,16 +113,20 @@ void dt_backend_cuda_set_producer(dt_backend *b, int mode);
 /* How the communication stream's own work runs beside the compute
  * stream's kernels: the transport's copies between two buffers of this
  * device (the local transport's sends and collectives between ranks
- * sharing a GPU) and add_beside (the backward ring's sums of dK, dV). 0,
- * the default: the driver's copy (cudaMemcpyAsync) and a kernel of as many
- * blocks as the SMs take, each on as many SMs as it gets; n > 0: kernels
- * of at most n CTAs (16-byte units, cache-streaming), so that such work
- * takes a few SMs for longer beside the kernel it overlaps instead of most
- * of them for a short time, as NCCL's send and receive take a channel's
- * few (not yet measured on a GPU). Copies to or from the host or another
- * device, and what is not 16-byte aligned or past the last whole 16 bytes
- * (four values of an add), stay as with 0. Negative values count as 0.
- * Results never depend on it, only speed. */
+ * sharing a GPU) and add_beside (the backward ring's sums of dK, dV). 0:
+ * the driver's copy (cudaMemcpyAsync) and a kernel of as many blocks as
+ * the SMs take, each on as many SMs as it gets; n > 0: kernels of at most
+ * n CTAs (16-byte units, cache-streaming), so that such work takes a few
+ * SMs for longer beside the kernel it overlaps instead of most of them for
+ * a short time, as NCCL's send and receive take a channel's few. The
+ * default shares DT_CUDA_COMM_CTAS between the ranks of a launch on one
+ * device (dt_cuda_options.device_ranks): DT_CUDA_COMM_CTAS / ranks each,
+ * at least 1, where two or more share it; 0 for a rank alone on its
+ * device (measured on an H200, docs/PERFORMANCE.md). Copies to or from
+ * the host or another device, and what is not 16-byte aligned or past the
+ * last whole 16 bytes (four values of an add), stay as with 0. Negative
+ * values count as 0. Results never depend on it, only speed. */
+#define DT_CUDA_COMM_CTAS 32
 int dt_backend_cuda_comm_ctas(const dt_backend *b);
 void dt_backend_cuda_set_comm_ctas(dt_backend *b, int ctas);
 /* Keeps the compute stream busy for `us` microseconds (at most 1 s; one

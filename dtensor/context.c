@@ -542,8 +542,12 @@ static dt_status context_create(const rank_job *job, dt_context **out) {
 #ifdef DT_HAVE_CUDA
     dt_mem cuda_mem;
     if (ctx->backend_kind == DT_BACKEND_CUDA) {
+        /* ranks as threads take the GPUs in turn (dt_launch); a process is alone */
+        const int gpus = job->cfg->gpus > 0 ? job->cfg->gpus : 1;
+        const int device_ranks = job->cfg->process ? 1
+                                 : job->world_size / gpus + (job->device < job->world_size % gpus);
         dt_cuda_options o = {job->device, ctx->timeout_ms, job->cfg->tf32,
-                             job->world->cuda_pool};
+                             job->world->cuda_pool, device_ranks};
         DT_TRY_GOTO(st, dt_backend_cuda_create(job->rank, &o, &ctx->backend), fail);
         cuda_mem = dt_backend_cuda_mem(ctx->backend);
         mem = &cuda_mem;

@@ -10,8 +10,8 @@
 # the wgmma backward (a small block; a variant failing or hanging is left
 # out of the rest, and if the default forward or the backward does, the
 # rest measures the mma kernels only), issue 4 (c) (the ring's cost; again
-# with --producer 2, with the communication stream's copies and adds in
-# kernels of 4 CTAs: --comm-ctas 4, with the forward's rows' waits:
+# with --producer 2, with the communication stream's copies by the driver
+# and its adds wide: --comm-ctas 0, with the forward's rows' waits:
 # --dependent 2, and without the copies: --copies 0), a ring step's copies
 # alone (bench/ring, P = 2 and 8), then bench/issue8.py
 # with what is left of the budget. Every step before issue8.py is cut to
@@ -92,14 +92,15 @@ variants="default --producer_0 --producer_2"
 flags_of() { [ "$1" = default ] || echo "${1/_/ }"; }   # the bench flags of a variant
 # issue 4 (c) once more with the default kernel launch: the communication
 # stream's work (the local transport's same-device copies, the backward's
-# add beside) in kernels of 4 CTAs instead of the driver's copy and kernels
-# on as many SMs as they get (dt_backend_cuda_set_comm_ctas); and again
-# with the forward's blocks waiting for their rows' counts instead of the
+# add beside) by the driver's copy and kernels on as many SMs as they get
+# instead of the default's kernels of a few CTAs, 32 shared by the ranks on
+# the GPU (dt_backend_cuda_set_comm_ctas; the default since 2026-11-29);
+# and again with the forward's blocks waiting for their rows' counts instead of the
 # block before (dt_backend_cuda_set_dependent_launch(b, 2)); and once with
 # the local transport moving no data (--copies 0, DT_LOCAL_COPIES=0): the
 # ring's cost without the same-device copies that ranks sharing one GPU
 # add, which on a GPU per rank travel between GPUs (outputs wrong there)
-ring_extra="--comm-ctas_4 --dependent_2 --copies_0"
+ring_extra="--comm-ctas_0 --dependent_2 --copies_0"
 # issue 4 (c)'s runs: the variants left (the canaries'), --producer 0
 # aside (measured there twice on the H200 of 2026-11-27), then ring_extra
 ring_runs_of() {

@@ -1861,11 +1861,13 @@ static void test_cuda_stateless_workspace(void **state) {
  * fourth, dependent launches on, has the loads by thread 0
  * (dt_backend_cuda_set_producer(b, 0)), and a fifth has the producer's
  * consumers staging their rows' stored state early
- * (dt_backend_cuda_set_producer(b, 2)), and a sixth the defaults with
- * the communication stream's copies and adds in kernels of 2 CTAs
- * (dt_backend_cuda_set_comm_ctas(b, 2): the backward's add beside, and
- * where the ranks share a GPU the ring's transfers of K, V and of dK,
- * dV), and a seventh the defaults with the forward's rows' waits
+ * (dt_backend_cuda_set_producer(b, 2)), and a sixth the defaults but the
+ * communication stream's copies and adds run the other way
+ * (dt_backend_cuda_set_comm_ctas: in kernels of 2 CTAs where the default
+ * is the driver's copy and wide kernels, a rank alone on its GPU; those
+ * where the default is kernels of a few CTAs, ranks sharing one; the
+ * backward's add beside, and where the ranks share a GPU the ring's
+ * transfers of K, V and of dK, dV), and a seventh the defaults with the forward's rows' waits
  * (dt_backend_cuda_set_dependent_launch(b, 2): a block waits for the
  * counts of the rows it merges, not for the block before): the same bits
  * again. Each run's backward too: its blocks after the call's
@@ -1906,11 +1908,14 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
     if (st == DT_SUCCESS) st = dt_tensor_fill_random(v, 63);
     if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_BF16, 4, qs, &lay, &dout);
     if (st == DT_SUCCESS) st = dt_tensor_fill_random(dout, 64);
+#ifdef DT_HAVE_CUDA
+    const int comm_ctas = dt_backend_cuda_comm_ctas(ctx->backend);   /* the default */
+#endif
     for (int run = 0; run < DEP_RUNS && st == DT_SUCCESS; run++) {
 #ifdef DT_HAVE_CUDA
         dt_backend_cuda_set_dependent_launch(ctx->backend, run == 6 ? 2 : run != 1);
         dt_backend_cuda_set_producer(ctx->backend, run == 4 ? 2 : run != 3);
-        dt_backend_cuda_set_comm_ctas(ctx->backend, run == 5 ? 2 : 0);
+        dt_backend_cuda_set_comm_ctas(ctx->backend, run != 5 ? comm_ctas : comm_ctas ? 0 : 2);
 #endif
         dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
         opts.mask = DT_ATTN_CAUSAL;
@@ -1932,7 +1937,7 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
 #ifdef DT_HAVE_CUDA
     dt_backend_cuda_set_dependent_launch(ctx->backend, 1);
     dt_backend_cuda_set_producer(ctx->backend, 1);
-    dt_backend_cuda_set_comm_ctas(ctx->backend, 0);
+    dt_backend_cuda_set_comm_ctas(ctx->backend, comm_ctas);
 #endif
     dt_tensor_destroy(q);
     dt_tensor_destroy(k);

@@ -595,7 +595,7 @@ typedef struct ew_case {
     dt_gelu_approx approx;
     dt_dtype dtype;
     int64_t n;
-    int comm_ctas;           /* add_beside: dt_backend_cuda_set_comm_ctas (0: the default) */
+    int comm_ctas;           /* add_beside: dt_backend_cuda_set_comm_ctas (0: wide kernels) */
     results r;
 } ew_case;
 
@@ -1315,6 +1315,52 @@ static void test_long_copies(void **state) {
 #endif
 }
 
+/* The communication stream's default (dt_backend_cuda_comm_ctas as a
+ * backend starts): the ranks of a launch on one device share
+ * DT_CUDA_COMM_CTAS, DT_CUDA_COMM_CTAS / ranks each (at least 1), and a
+ * rank alone on its device has 0 (the driver's copy). Each rank records
+ * its device and its default; the ranks per device are counted from the
+ * devices recorded. P = 2, 3, 5 and 8: on one GPU (2, 3, 5, 8 sharing it),
+ * on the CI emulator's 4 (alone, alone, GPU 0 shared by two, each by two). */
+typedef struct default_ctas_case {
+    int p;
+    int device[MAXP], ctas[MAXP];
+    results r;
+} default_ctas_case;
+
+static dt_status rank_default_ctas(dt_context *ctx, void *arg) {
+    default_ctas_case *c = arg;
+    const int j = dt_context_rank(ctx);
+    c->device[j] = dt_context_cuda_device(ctx);
+#ifdef DT_HAVE_CUDA
+    c->ctas[j] = dt_backend_cuda_comm_ctas(ctx->backend);
+#endif
+    record_status(&c->r, j, DT_SUCCESS);
+    return DT_SUCCESS;
+}
+
+static void test_default_comm_ctas(void **state) {
+    default_ctas_case *c = *state;
+    REQUIRE_PAIR(c->p, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL);
+    memset(c->device, -1, sizeof c->device);
+    memset(c->ctas, -1, sizeof c->ctas);
+    memset(&c->r, 0, sizeof c->r);
+    dt_status st = h_launch_on(c->p, DT_BACKEND_CUDA, DT_TRANSPORT_LOCAL, rank_default_ctas, c);
+    assert_results(&c->r, c->p, st);
+#ifdef DT_HAVE_CUDA
+    for (int j = 0; j < c->p; j++) {
+        int sharing = 0;
+        for (int q = 0; q < c->p; q++) sharing += c->device[q] == c->device[j];
+        const int share = DT_CUDA_COMM_CTAS / sharing, want = sharing < 2 ? 0 : share > 0 ? share : 1;
+        if (j == 0)
+            print_message("  rank 0: GPU %d, %d of the %d ranks on it: %d CTAs\n", c->device[0],
+                          sharing, c->p, c->ctas[0]);
+        assert_true(c->device[j] >= 0);
+        assert_int_equal(c->ctas[j], want);
+    }
+#endif
+}
+
 /* The fault cases over NCCL, on every GPU: the last rank misbehaves while
  * the others wait for it in a barrier (faults below). */
 typedef struct fault_case {
@@ -1706,6 +1752,10 @@ int main(void) {
     }
     add(&tb, test_long_copies, NULL,
         "collectives/cuda+local: long messages by the driver's copies and by a copy kernel of 2 CTAs");
+    static default_ctas_case default_ctas[] = {{.p = 2}, {.p = 3}, {.p = 5}, {.p = 8}};
+    for (size_t i = 0; i < sizeof default_ctas / sizeof default_ctas[0]; i++)
+        add(&tb, test_default_comm_ctas, &default_ctas[i],
+            "collectives/cuda+local,P=%d: the communication stream's default CTAs", default_ctas[i].p);
 
     static ring_case rings[] = {
         {.transport = DT_TRANSPORT_LOCAL, .p = 1, .dir = DT_RING_FORWARD}, {.transport = DT_TRANSPORT_LOCAL, .p = 2, .dir = DT_RING_FORWARD},
