@@ -438,11 +438,13 @@ __global__ void add_round_kernel(const float *x, const float *y, T *out, int64_t
  * transport's copy_kernel): COMM_THREADS threads, each with COMM_UNROLL
  * 16-byte loads in flight (of its one input, or half as many of each of
  * two; a block's width apart, all before the stores): 128 KiB a CTA, for
- * one CTA to move several times an SM's share of the memory's bandwidth
- * (by Little's law at a microsecond's latency about 130 GB/s, against 4
- * TB/s / 132 SMs = 30 GB/s: an estimate). Cache-streaming loads and
- * stores (evicted first): the work passes through L2 without pushing out
- * the tiles the kernel beside it reuses. */
+ * one CTA to move more than an SM's share of the memory's bandwidth (4
+ * TB/s / 132 SMs = 30 GB/s; the copy measured 28 to 37 GB/s a CTA on an
+ * H200, 2026-11-29, not Little's law's 130 at a microsecond's latency).
+ * The default count is DT_CUDA_COMM_CTAS shared by the ranks on a GPU
+ * (backend_cuda.h). Cache-streaming loads and stores (evicted first): the
+ * work passes through L2 without pushing out the tiles the kernel beside
+ * it reuses. */
 constexpr int COMM_THREADS = 1024, COMM_UNROLL = 8;
 
 /* Four values rounded to T into p (16 bytes of fp32, 8 of bf16 or fp16,

@@ -2,7 +2,15 @@
 # scripts/gpu_pack.sh — build here and pack what a device call on a lent GPU
 # machine needs to run the tests and benches without building there:
 #
-#   scripts/gpu_pack.sh [--profile] [DIR]      (DIR default .gpu/build)
+#   scripts/gpu_pack.sh [--profile] [--bisect "REV ..."] [DIR]   (DIR default .gpu/build)
+#
+# --bisect also builds bench/blocks at each git revision REV (a detached
+# worktree under /tmp, `make bench` there, removed after) into
+# DIR/bisect/REV/blocks
+# (about 2.7 MiB each), for scripts/gpu_session.sh to time the wgmma
+# forward of each beside this build's: which commit changed its speed
+# (the H200 of 2026-11-29 measured it 22% slower at D = 128 than on
+# 2026-11-27).
 #
 # --profile also builds bench/blocks with the device code's source lines
 # (make LINEINFO=1, in build-lineinfo/) into DIR/prof/blocks, for
@@ -31,12 +39,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 profile=0
-if [ "${1:-}" = --profile ]; then
-    profile=1
+revs=""
+while [ $# -gt 0 ]; do
+    case $1 in
+    --profile) profile=1 ;;
+    --bisect)
+        [ $# -ge 2 ] || { echo "gpu_pack: --bisect needs revisions" >&2; exit 2; }
+        revs=$2
+        shift
+        ;;
+    *) break ;;
+    esac
     shift
-fi
+done
 dest=${1:-.gpu/build}
-case $dest in -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case $dest in -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 make -j"$(nproc)" all bench
 [ -d build/tests ] && ls build/tests/test_* >/dev/null 2>&1 ||
@@ -55,6 +72,16 @@ if [ "$profile" = 1 ]; then
     strip -o "$dest/prof/blocks" build-lineinfo/bench/blocks
     pwd >"$dest/ROOT"
 fi
+for rev in $revs; do
+    sha=$(git rev-parse --short "$rev^{commit}") || { echo "gpu_pack: no revision '$rev'" >&2; exit 2; }
+    wt=/tmp/gpu_pack_bisect_$sha
+    [ -d "$wt" ] || git worktree add --detach "$wt" "$sha" >/dev/null
+    make -C "$wt" -j"$(nproc)" bench >"$wt.log" 2>&1 ||
+        { echo "gpu_pack: bench at $sha did not build ($wt.log)" >&2; exit 1; }
+    mkdir -p "$dest/bisect/$sha"
+    strip -o "$dest/bisect/$sha/blocks" "$wt/build/bench/blocks"
+    git worktree remove --force "$wt"
+done
 git rev-parse --short HEAD >"$dest/COMMIT" 2>/dev/null || true
 git diff --quiet HEAD 2>/dev/null || echo "with uncommitted changes" >>"$dest/COMMIT"
 

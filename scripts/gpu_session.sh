@@ -9,7 +9,9 @@
 # producer's consumers staging their rows' stored state early), and of
 # the wgmma backward (a small block; a variant failing or hanging is left
 # out of the rest, and if the default forward or the backward does, the
-# rest measures the mma kernels only), issue 4 (c) (the ring's cost; again
+# rest measures the mma kernels only), the wgmma forward of the revisions
+# that scripts/gpu_pack.sh --bisect packed beside this build's (if any),
+# issue 4 (c) (the ring's cost; again
 # with --producer 2, with the communication stream's copies by the driver
 # and its adds wide: --comm-ctas 0, with the forward's rows' waits:
 # --dependent 2, and without the copies: --copies 0), a ring step's copies
@@ -134,6 +136,8 @@ if [ "$dry" = 1 ]; then
         # shellcheck disable=SC2086 # the flags, word by word
         echo "  canary     $build/bench/blocks" $canary $f "(20 s at most)"
     done
+    [ -d "$build/bisect" ] && echo "  then       bench/blocks --kernel wgmma --section r, item 1's D = 128 shapes, of each of:" \
+        "$(cd "$build/bisect" && echo *) and this build (30 s at most each)"
     # shellcheck disable=SC2086 # the variants, word by word
     echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: $(ring_runs_of $variants | sed 's/_/ /g') (60 s at most each, less if issue8.py would get under ${issue8_min} s)"
     echo "  then       $build/bench/ring --backend cuda --ranks P --mib 8,32 --iters 10 for P = 2, 8 (a ring step's same-device copies alone; 20 s at most in all)"
@@ -237,6 +241,22 @@ if [ "$mma_only" = 1 ]; then
     variants=""
 fi
 tar czf "$out/tests.tgz" -C "$logs" . && rm -rf "$logs"
+# The wgmma forward of other revisions (scripts/gpu_pack.sh --bisect) beside
+# this build's: item 1's D = 128 shapes, each about 3 s
+if [ -d "$build/bisect" ] && [ "$mma_only" = 0 ]; then
+    echo "# item 1's D = 128 blocks, the wgmma forward by revision (bench/blocks" \
+        "--backend cuda --kernel wgmma --section r --pass fwd --heads 16 --kv-heads 16 --dim 128" \
+        "--dtype bf16 --ranks 8 --c 4096,16384 --iters 10)" >>"$summary"
+    for blocks in "$build"/bisect/*/blocks "$build/bench/blocks"; do
+        rev=$(basename "$(dirname "$blocks")")
+        [ "$rev" = bench ] && rev="$(head -n 1 "$build/COMMIT" 2>/dev/null) (this build)"
+        echo "## $rev" >>"$summary"
+        timeout -k 2 30 "$blocks" --backend cuda --kernel wgmma --section r --pass fwd --heads 16 \
+            --kv-heads 16 --dim 128 --dtype bf16 --ranks 8 --c 4096,16384 --iters 10 2>&1 |
+            tail -n +3 | head -n 8 >>"$summary"
+        log "bisect: bench/blocks of $rev, exit ${PIPESTATUS[0]}"
+    done
+fi
 
 # cap WANT: WANT seconds, or what the budget has left before issue8.py's
 # ISSUE8_MIN if that is less
