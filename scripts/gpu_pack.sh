@@ -6,11 +6,10 @@
 #
 # --bisect also builds bench/blocks at each git revision REV (a detached
 # worktree under /tmp, `make bench` there, removed after) into
-# DIR/bisect/REV/blocks
-# (about 2.7 MiB each), for scripts/gpu_session.sh to time the wgmma
-# forward of each beside this build's: which commit changed its speed
-# (the H200 of 2026-11-29 measured it 22% slower at D = 128 than on
-# 2026-11-27).
+# DIR/bisect/SHA/blocks, SHA its short hash (about 2.7 MiB each), for
+# scripts/gpu_session.sh to time the wgmma forward of each beside this
+# build's: which commit changed its speed (the H200 of 2026-11-29
+# measured it 22% slower at D = 128 than on 2026-11-27).
 #
 # --profile also builds bench/blocks with the device code's source lines
 # (make LINEINFO=1, in build-lineinfo/) into DIR/prof/blocks, for
@@ -53,7 +52,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 dest=${1:-.gpu/build}
-case $dest in -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case $dest in -h | --help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 make -j"$(nproc)" all bench
 [ -d build/tests ] && ls build/tests/test_* >/dev/null 2>&1 ||

@@ -1867,7 +1867,8 @@ static void test_cuda_stateless_workspace(void **state) {
  * is the driver's copy and wide kernels, a rank alone on its GPU; those
  * where the default is kernels of a few CTAs, ranks sharing one; the
  * backward's add beside, and where the ranks share a GPU the ring's
- * transfers of K, V and of dK, dV), and a seventh the defaults with the forward's rows' waits
+ * transfers of K, V and of dK, dV), and a seventh the defaults with the
+ * forward's rows' waits
  * (dt_backend_cuda_set_dependent_launch(b, 2): a block waits for the
  * counts of the rows it merges, not for the block before): the same bits
  * again. Each run's backward too: its blocks after the call's
