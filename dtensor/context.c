@@ -501,6 +501,7 @@ typedef struct rank_job {
     const launch_config *cfg;
     int rank, world_size;
     int device;             /* cuda: the rank's GPU */
+    int device_ranks;       /* cuda: the launch's ranks on that GPU, this one included */
     dt_rank_fn fn;
     void *arg;
     dt_status status;
@@ -542,12 +543,8 @@ static dt_status context_create(const rank_job *job, dt_context **out) {
 #ifdef DT_HAVE_CUDA
     dt_mem cuda_mem;
     if (ctx->backend_kind == DT_BACKEND_CUDA) {
-        /* ranks as threads take the GPUs in turn (dt_launch); a process is alone */
-        const int gpus = job->cfg->gpus > 0 ? job->cfg->gpus : 1;
-        const int device_ranks = job->cfg->process ? 1
-                                 : job->world_size / gpus + (job->device < job->world_size % gpus);
         dt_cuda_options o = {job->device, ctx->timeout_ms, job->cfg->tf32,
-                             job->world->cuda_pool, device_ranks};
+                             job->world->cuda_pool, job->device_ranks};
         DT_TRY_GOTO(st, dt_backend_cuda_create(job->rank, &o, &ctx->backend), fail);
         cuda_mem = dt_backend_cuda_mem(ctx->backend);
         mem = &cuda_mem;
@@ -732,7 +729,7 @@ static dt_status launch_process(int world_size, dt_rank_fn fn, void *arg, const 
 #endif
     if (st == DT_SUCCESS) {
         share_blas_threads(&cfg->env);
-        rank_job job = {world, cfg, rank, size, cfg->device, fn, arg, DT_SUCCESS, ""};
+        rank_job job = {world, cfg, rank, size, cfg->device, 1, fn, arg, DT_SUCCESS, ""};
         st = run_rank(&job);
         if (st != DT_SUCCESS) snprintf(msg, sizeof msg, "%s", job.msg);
     }
@@ -778,9 +775,13 @@ dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg, const dt_launch_op
 
     int started = 0;
     dt_status st = DT_SUCCESS;
+    /* CUDA: the ranks take the GPUs in turn, rank r GPU r mod gpus */
+    const int gpus = cfg.gpus > 0 ? cfg.gpus : 1;
     for (; started < world_size; started++) {
-        jobs[started] = (rank_job){world, &cfg, started, world_size,
-                                   cfg.gpus > 0 ? started % cfg.gpus : 0, fn, arg, DT_SUCCESS, ""};
+        const int device = started % gpus;
+        const int device_ranks = world_size / gpus + (device < world_size % gpus);
+        jobs[started] = (rank_job){world, &cfg, started, world_size, device, device_ranks,
+                                   fn, arg, DT_SUCCESS, ""};
         int rc = pthread_create(&threads[started], NULL, rank_main, &jobs[started]);
         if (rc != 0) {
             char msg[256];
