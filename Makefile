@@ -30,6 +30,7 @@ DEPS          ?= auto
 NVCC_ARCH     ?= sm_90
 SPILL_CHECK   ?= 1
 LINEINFO      ?= 0
+WGMMA_NARROW  ?= 1
 VERSION       ?= 0.1.0
 # Extra user flags, appended after ours (so CFLAGS=-O3 wins over -O2).
 CFLAGS        ?=
@@ -235,7 +236,11 @@ OPT_CFLAGS := $(if $(DEBUG_ON),-O0 -g3,-O2 -g)
 WARN_CFLAGS := -Wall -Wextra -Werror -Wshadow
 SAN_FLAGS := $(if $(SANITIZE),-fsanitize=$(SANITIZE) -fno-sanitize-recover=all -fno-omit-frame-pointer)
 
-DT_CPPFLAGS := -I. -D_POSIX_C_SOURCE=200809L $(if $(DEBUG_ON),-DDT_DEBUG) \
+# WGMMA_NARROW=0 compiles the wgmma forward's narrow tiles out
+# (attention/block_cuda_mma.h), in the kernels and in the tests that count
+# their instructions alike; for measuring the kernel without them.
+KERNEL_DEFS := $(if $(filter 0,$(WGMMA_NARROW)),-DDT_WGMMA_NARROW=0)
+DT_CPPFLAGS := -I. -D_POSIX_C_SOURCE=200809L $(if $(DEBUG_ON),-DDT_DEBUG) $(KERNEL_DEFS) \
     $(filter -I%,$(OPENBLAS_FLAGS)) $(CPPFLAGS)
 DT_CFLAGS := -std=c11 $(OPT_CFLAGS) $(WARN_CFLAGS) -pthread -fPIC $(SAN_FLAGS) $(CFLAGS)
 DT_LDFLAGS := -pthread $(SAN_FLAGS) $(filter-out -I%,$(OPENBLAS_FLAGS)) $(ROOT_LDFLAGS) $(LDFLAGS)
@@ -248,7 +253,7 @@ TEST_LDFLAGS := $(filter-out -I%,$(CMOCKA_FLAGS))
 # are passed.
 EMU_CXXFLAGS := -std=c++17 $(OPT_CFLAGS) -Wall -Wextra -Werror -Wno-unknown-pragmas -Wno-psabi \
     -fno-strict-aliasing -ffp-contract=off -fno-exceptions -fno-rtti -fno-threadsafe-statics \
-    -fPIC -pthread $(SAN_FLAGS) \
+    -fPIC -pthread $(SAN_FLAGS) $(KERNEL_DEFS) \
     -DDT_CUDA_EMULATE -Itests/emu/include -Itests/emu -I. $(filter -I%,$(OPENBLAS_FLAGS))
 
 # --- CUDA hook --------------------------------------------------------------
@@ -284,7 +289,7 @@ DT_LDLIBS += -lcublas -lcudart
 # what a device call carries (64 MiB).
 NVCC_FLAGS := -std=c++17 $(if $(DEBUG_ON),-O0 -g -G,-O2 -g) $(if $(filter 1,$(LINEINFO)),-lineinfo) \
     -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-fno-exceptions,-fno-rtti,-fno-threadsafe-statics \
-    -Werror all-warnings -I. -DDT_HAVE_CUDA \
+    -Werror all-warnings -I. -DDT_HAVE_CUDA $(KERNEL_DEFS) \
     $(if $(BUILD_NCCL),-DDT_HAVE_NCCL) $(if $(DEBUG_ON),-DDT_DEBUG)
 ifneq ($(BUILD_NCCL),)
 NCCL_FLAGS := $(call probe_flags,$(NCCL_PROBE))
@@ -561,6 +566,7 @@ help:
 	@echo "  SANITIZE=$(SANITIZE) (e.g. address,undefined or 1; builds in build-san/; thread in build-tsan/)"
 	@echo "  DEBUG=$(DEBUG) (1: -O0 -g3 -DDT_DEBUG; builds in build-debug/)"
 	@echo "  LINEINFO=$(LINEINFO) (1: nvcc -lineinfo, source lines for profilers)"
+	@echo "  WGMMA_NARROW=$(WGMMA_NARROW) (0: the wgmma forward without its narrow tiles, to measure it so)"
 	@echo "  SPILL_CHECK=$(SPILL_CHECK) (0: a register spill in the attention forward kernels or the wgmma backward is no build error)"
 	@echo "  DEPS=$(DEPS) (auto: scripts/deps.sh installs missing cmocka/OpenBLAS/Open MPI; 0: probe only)"
 	@echo "  PREFIX=$(PREFIX)  DESTDIR=$(DESTDIR)"

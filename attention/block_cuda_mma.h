@@ -82,6 +82,13 @@ dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t
  * have the needs of dt_attn_mma_block_ok. */
 int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size_t why_size);
 
+/* The wgmma forward's narrow tiles at D = 128 (docs/ARCHITECTURE.md): 1,
+ * or 0 to compile them out (make WGMMA_NARROW=0), for measuring the kernel
+ * without them (scripts/gpu_pack.sh --bisect "HEAD:WGMMA_NARROW=0"). */
+#ifndef DT_WGMMA_NARROW
+#define DT_WGMMA_NARROW 1
+#endif
+
 /* Bytes of the wgmma forward's tile queue. */
 #define DT_ATTN_WGMMA_QUEUE_BYTES 8
 

@@ -563,8 +563,8 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * products of that tile run on those 64 keys alone, half the
          * tensor-core work, the same results. At D = 128 (at D = 64 the
          * second form of each product spilled 248 bytes at its 128
-         * registers). */
-        constexpr bool NARROW = D == 128;
+         * registers). DT_WGMMA_NARROW = 0 compiles them out. */
+        constexpr bool NARROW = D == 128 && DT_WGMMA_NARROW;
         const bool wg_narrow = NARROW && wg_tiles > 0 &&
                                wg_limit - (int64_t)(wg_tiles - 1) * WG_BN <= WG_BN / 2;
 

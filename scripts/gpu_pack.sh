@@ -9,7 +9,10 @@
 # DIR/bisect/SHA/blocks, SHA its short hash (about 2.7 MiB each), for
 # scripts/gpu_session.sh to time the wgmma forward of each beside this
 # build's: which commit changed its speed (the H200 of 2026-11-29
-# measured it 22% slower at D = 128 than on 2026-11-27).
+# measured it 22% slower at D = 128 than on 2026-11-27). REV:VAR=VAL
+# builds REV with that make variable (several: REV:A=1:B=2), into
+# DIR/bisect/SHA_VAR_VAL; the variable must be in REV's Makefile. So
+# "HEAD:WGMMA_NARROW=0" is this tree's kernel without its narrow tiles.
 #
 # --profile also builds bench/blocks with the device code's source lines
 # (make LINEINFO=1, in build-lineinfo/) into DIR/prof/blocks, for
@@ -52,7 +55,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 dest=${1:-.gpu/build}
-case $dest in -h | --help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case $dest in -h | --help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 make -j"$(nproc)" all bench
 [ -d build/tests ] && ls build/tests/test_* >/dev/null 2>&1 ||
@@ -71,14 +74,23 @@ if [ "$profile" = 1 ]; then
     strip -o "$dest/prof/blocks" build-lineinfo/bench/blocks
     pwd >"$dest/ROOT"
 fi
-for rev in $revs; do
+for spec in $revs; do
+    rev=${spec%%:*}
+    vars=()
+    [ "$rev" = "$spec" ] || IFS=: read -r -a vars <<<"${spec#*:}"
     sha=$(git rev-parse --short "$rev^{commit}") || { echo "gpu_pack: no revision '$rev'" >&2; exit 2; }
-    wt=/tmp/gpu_pack_bisect_$sha
+    name=$sha
+    for v in ${vars[@]+"${vars[@]}"}; do name=${name}_$(printf '%s' "$v" | tr -c 'A-Za-z0-9' _); done
+    wt=/tmp/gpu_pack_bisect_$name
     [ -d "$wt" ] || git worktree add --detach "$wt" "$sha" >/dev/null
-    make -C "$wt" -j"$(nproc)" bench >"$wt.log" 2>&1 ||
-        { echo "gpu_pack: bench at $sha did not build ($wt.log)" >&2; exit 1; }
-    mkdir -p "$dest/bisect/$sha"
-    strip -o "$dest/bisect/$sha/blocks" "$wt/build/bench/blocks"
+    for v in ${vars[@]+"${vars[@]}"}; do
+        grep -q "^${v%%=*}\b" "$wt/Makefile" ||
+            { echo "gpu_pack: $sha's Makefile has no ${v%%=*}" >&2; git worktree remove --force "$wt"; exit 2; }
+    done
+    make -C "$wt" -j"$(nproc)" ${vars[@]+"${vars[@]}"} bench >"$wt.log" 2>&1 ||
+        { echo "gpu_pack: bench at $spec did not build ($wt.log)" >&2; exit 1; }
+    mkdir -p "$dest/bisect/$name"
+    strip -o "$dest/bisect/$name/blocks" "$wt/build/bench/blocks"
     git worktree remove --force "$wt"
 done
 git rev-parse --short HEAD >"$dest/COMMIT" 2>/dev/null || true
