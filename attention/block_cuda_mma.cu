@@ -30,7 +30,8 @@
  *   O[16xD]   = alpha O + P V        P re-packed from the S accumulators
  *                                    into A fragments; V via ldmatrix.trans
  * with O in fp32 registers (from 0; the acc rows merged at the end). Exponentials
- * are exp2f((x - m) * log2(e)): m and the scores stay in natural-log units,
+ * are exp2_ftz((x - m) * log2(e)) (mma_device.cuh: exp2f's instruction
+ * without its subnormal results): m and the scores stay in natural-log units,
  * exactly what block.h stores, so nothing is converted at the boundaries
  * and logits of 1e4 lose nothing but the final subtraction's rounding. (FA2
  * instead folds scale * log2(e) into one FFMA with a rounded m * scale *

@@ -93,7 +93,7 @@
  * accumulators per warp plus S and dP leave no room. One CTA (8 warps) per
  * SM either way, the occupancy of the 4-warp version's two CTAs.
  *
- * Numerics: scores and lse in natural-log units, exp as exp2f((scale s -
+ * Numerics: scores and lse in natural-log units, exp as exp2_ftz((scale s -
  * lse) log2 e) (as the forward); P and dS are rounded to T for the tensor
  * cores (as FA2 does), every accumulation is fp32.
  *
@@ -206,7 +206,7 @@ __device__ __forceinline__ void probabilities(float (&s)[NT][4], float (&dp)[NT]
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int half = dt_mma_c_half(i);
-            float p = exp2f((s[j][i] * scale - lse[half]) * LOG2E);   /* 0 when lse = +inf */
+            float p = exp2_ftz((s[j][i] * scale - lse[half]) * LOG2E);   /* 0 when lse = +inf */
             if (MASKED && key0 + 8 * j + dt_mma_c_col(lane, i) >= lim[half]) p = 0.0f;
             s[j][i] = p;
             dp[j][i] = p * (dp[j][i] - delta[half]);

@@ -701,17 +701,21 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                 } else {
                     s_product(wg_n<WG_BN>{}, s);
                 }
-                if (kt < wg_unmasked)
-                    online_softmax<false, NT, D>(s, m, l, o, lim, kt * WG_BN, lane, a.scale);
-                else
-                    online_softmax<true, NT, D>(s, m, l, o, lim, kt * WG_BN, lane, a.scale);
-
-                /* O += P V: P rounded to T as A fragments, V MN-major; the
-                 * k-steps of the first 64 keys alone where narrow (the
-                 * others' P is 0: the same sums). */
+                /* P rounded to T as A fragments (pa), by the softmax's
+                 * form of it that ptxas spills none of the kernels with */
+                constexpr softmax_exp EXP = D == 64 ? SFU_PACKED : PRODUCER == 0 ? EXP2F : SFU;
                 uint32_t pa[WG_BN / 16][4];
+                if (kt < wg_unmasked)
+                    online_softmax<false, NT, D, EXP, T>(s, m, l, o, lim, kt * WG_BN, lane, a.scale, pa);
+                else
+                    online_softmax<true, NT, D, EXP, T>(s, m, l, o, lim, kt * WG_BN, lane, a.scale, pa);
+                if constexpr (EXP != SFU_PACKED) {
 #pragma unroll
-                for (int kk = 0; kk < WG_BN / 16; kk++) p_fragment<T>(pa[kk], s, kk);
+                    for (int kk = 0; kk < WG_BN / 16; kk++) p_fragment<T>(pa[kk], s, kk);
+                }
+
+                /* O += P V: V MN-major; the k-steps of the first 64 keys
+                 * alone where narrow (the others' P is 0: the same sums). */
                 const uint32_t v_addr = wg_smem_addr(sv + stage * TILE_KV);
                 const auto pv_product = [&](auto n) {
                     constexpr int N = decltype(n)::value;

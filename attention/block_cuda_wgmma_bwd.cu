@@ -76,7 +76,7 @@
  *
  * Registers per thread: dK, dV D (64 at D = 64, 128 at D = 128), S^T and
  * dP^T BM / 2 each, P^T and dS^T as A fragments BM / 4 each, the dQ piece
- * 32. ptxas (CUDA 13, sm_90a): 230 registers at D = 64, 250 at D = 128, no
+ * 32. ptxas (CUDA 13, sm_90a): 235 registers at D = 64, 241 at D = 128, no
  * spills, no serialised wgmma; one CTA (8 warps) per SM.
  *
  * What is left for an H100 (docs/PERFORMANCE.md): run and measure it
@@ -171,7 +171,7 @@ __device__ __forceinline__ void probabilities_t(float (&s)[BM / 8][4], float (&d
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int c = 8 * j + dt_mma_c_col(lane, i);
-            float p = exp2f(s[j][i] * scale_log2 - r->lse2[c]);   /* 0 when lse2 = +inf */
+            float p = exp2_ftz(s[j][i] * scale_log2 - r->lse2[c]);   /* 0 when lse2 = +inf */
             if (MASKED && key0 + dt_mma_c_row(lane, i) >= r->lim[c]) p = 0.0f;
             s[j][i] = p;
             dp[j][i] = p * (dp[j][i] - r->delta[c]);

@@ -267,6 +267,24 @@ struct elem<__half> {
 
 constexpr float LOG2E = 1.4426950408889634f;
 
+/* 2^x by the SFU alone (ex2.approx.ftz), the instruction exp2f itself
+ * computes with: exp2f (without fast math) wraps it in a test and two
+ * predicated multiplies per value, to return the results below 2^-126 as
+ * subnormals, and its last multiply waits for the SFU's result at once;
+ * here those are 0, and every other value is exp2f's, bit for bit. The
+ * kernels' exponents are a score less its row's running maximum (forward)
+ * or log-sum-exp (backward), so what is flushed is below 2^-126 where the
+ * row's largest term is 1, or at least 1 over its keys. */
+__device__ __forceinline__ float exp2_ftz(float x) {
+#ifdef DT_CUDA_EMULATE
+    return dt_emu_ex2_ftz(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
 /* Reductions over the 4 lanes of a quad (lanes 4g .. 4g+3 hold row g). */
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -543,7 +561,7 @@ __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fw
         for (int half = 0; half < 2; half++) {
             if (!live[half]) continue;
             const float mn = fmaxf(m[half], s.m[half]), mu = mn == -INFINITY ? 0.0f : mn;
-            const float al = exp2f((m[half] - mu) * LOG2E), be = exp2f((s.m[half] - mu) * LOG2E);
+            const float al = exp2_ftz((m[half] - mu) * LOG2E), be = exp2_ftz((s.m[half] - mu) * LOG2E);
             m[half] = mn;
             l[half] = l[half] * al + s.l[half] * be;
 #pragma unroll
@@ -594,18 +612,31 @@ __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fw
     write_rows<T, D>(a, c, row0, lane, m, l, o, s);
 }
 
+/* How online_softmax makes P (its EXP): by exp2_ftz into s (SFU, the
+ * kernels' default), the same and each pair also packed into the A
+ * fragments of the P V product as it is made (SFU_PACKED: the wgmma
+ * forward at D = 64, which ptxas spills at its 128 registers when the
+ * fragments are packed after), or by exp2f into s (EXP2F: the wgmma
+ * forward's thread-0 variant at D = 128, which ptxas spills at its 255
+ * registers with exp2_ftz). The same P every way but for the values
+ * exp2_ftz flushes; ptxas (CUDA 13.0) spills none of the kernels so. */
+enum softmax_exp { SFU, SFU_PACKED, EXP2F };
+
 /* The online softmax of one key tile of NT n-tiles (8 keys each), on the
  * lane's two rows (half 0: row g, half 1: row g+8 of the warp's 16), for
  * both forward kernels (mma.sync: block_cuda_mma.cu; wgmma:
  * block_cuda_wgmma.cu, whose accumulators have the same per-warp layout).
- * In: s = raw Q K^T. Out: s = P (fp32), m, l updated, o rescaled by alpha.
- * MASKED: keys y >= lim[half] of the row become -inf (key0 is the tile's
- * first key). Exponentials are exp2f((x - m) * log2(e)) with m in natural-
+ * In: s = raw Q K^T. Out: s = P (fp32), and with SFU_PACKED also pa[NT /
+ * 2] = P rounded to T as p_fragment makes it; m, l updated, o rescaled by
+ * alpha. MASKED: keys y >= lim[half] of the row become -inf (key0 is the
+ * tile's first key). Exponentials are 2^((x - m) log2(e)), m in natural-
  * log units (block_cuda_mma.cu says why). */
-template <bool MASKED, int NT, int D>
+template <bool MASKED, int NT, int D, softmax_exp EXP = SFU, typename T = float>
 __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2],
                                                float (&o)[D / 8][4], const int (&lim)[2],
-                                               int key0, int lane, float scale) {
+                                               int key0, int lane, float scale,
+                                               uint32_t (*pa)[4] = nullptr) {
+    const auto ex2 = [](float x) { return EXP == EXP2F ? exp2f(x) : exp2_ftz(x); };
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -622,9 +653,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2],
     for (int half = 0; half < 2; half++) {
         const float m_new = fmaxf(m[half], quad_max(mx[half]));
         /* exponent base: 0 while the row has no allowed key (m_new = -inf),
-         * so every exp2f below sees -inf - 0, never -inf - -inf */
+         * so every exponent below is -inf - 0, never -inf - -inf */
         mu[half] = m_new == -INFINITY ? 0.0f : m_new;
-        alpha[half] = exp2f((m[half] - mu[half]) * LOG2E);   /* 0 when m was -inf */
+        alpha[half] = ex2((m[half] - mu[half]) * LOG2E);   /* 0 when m was -inf */
         m[half] = m_new;
     }
 #pragma unroll
@@ -632,9 +663,11 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2],
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int half = dt_mma_c_half(i);
-            const float p = exp2f((s[j][i] - mu[half]) * LOG2E);
+            const float p = ex2((s[j][i] - mu[half]) * LOG2E);
             s[j][i] = p;
             sum[half] += p;
+            if constexpr (EXP == SFU_PACKED)   /* n-tile j's pair of this half (dt_mma_p_tile) */
+                if (i & 1) pa[j >> 1][2 * (j & 1) + (i >> 1)] = elem<T>::pack(s[j][i - 1], p);
         }
 #pragma unroll
     for (int half = 0; half < 2; half++) l[half] = l[half] * alpha[half] + quad_sum(sum[half]);

@@ -778,6 +778,26 @@ static void test_named_barriers(void **state) {
     assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_named_count, NULL), "that counts 64 threads"));
 }
 
+/* ex2.approx.ftz (the kernels' exp2_ftz, mma_device.cuh): 2^x for normal
+ * results, against ldexp's exact powers and the host's exp2f; a result
+ * below the smallest normal float, 2^-126, is 0, not exp2f's subnormal; a
+ * subnormal x counts as 0; -inf gives 0 and NaN stays NaN. */
+static void test_ex2_ftz(void **state) {
+    (void)state;
+    for (int e = -126; e <= 127; e++) assert_true(dt_emu_ex2_ftz((float)e) == ldexpf(1.0f, e));
+    const float xs[] = {-125.9f, -87.3f, -1.5f, -1e-3f, 0.3f, 10.25f};
+    for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++)
+        assert_true(dt_emu_ex2_ftz(xs[i]) == exp2f(xs[i]));
+    const float below = nextafterf(-126.0f, -INFINITY);   /* exp2f: a subnormal */
+    assert_true(exp2f(below) > 0.0f && exp2f(below) < ldexpf(1.0f, -126));
+    assert_true(dt_emu_ex2_ftz(below) == 0.0f);
+    assert_true(dt_emu_ex2_ftz(-140.0f) == 0.0f && exp2f(-140.0f) > 0.0f);
+    assert_true(dt_emu_ex2_ftz(-1e4f) == 0.0f);
+    assert_true(dt_emu_ex2_ftz(-INFINITY) == 0.0f);
+    assert_true(dt_emu_ex2_ftz(ldexpf(1.0f, -140)) == 1.0f);   /* subnormal x: 2^0 */
+    assert_true(isnan(dt_emu_ex2_ftz(NAN)));
+}
+
 /* setmaxnreg (the wgmma forward's producer warpgroup gives its registers
  * to the two consumers): arg[0], arg[1] the counts warpgroups 0, 1 take
  * with .inc, granted once warpgroup 2 has given up all but arg[2] with
@@ -1785,7 +1805,7 @@ int main(void) {
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
     static emu_case cases[4 * 2 * NROWS + 3 * 2];   /* + the variants beyond the first (below) */
-    struct CMUnitTest tests[4 * 2 * NROWS + 3 * 2 + 3 + 6];
+    struct CMUnitTest tests[4 * 2 * NROWS + 3 * 2 + 3 + 7];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
@@ -1850,6 +1870,7 @@ int main(void) {
     tests[nt++] = (struct CMUnitTest){"emulator/mbarrier-and-tma", test_tma, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/named-barriers", test_named_barriers, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/setmaxnreg", test_setmaxnreg, NULL, NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"emulator/ex2-approx-ftz", test_ex2_ftz, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/programmatic-dependent-launch", test_griddep, NULL,
                                       NULL, NULL};
     return h_run_cases("tensor-core kernels on the CPU emulator", tests, nt);

@@ -123,6 +123,10 @@ void dt_emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
 /* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32, d += A B
  * (ab: DT_BF16 or DT_F16). */
 void dt_emu_mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, dt_dtype ab);
+/* ex2.approx.ftz.f32: 2^x, a result below 2^-126 (subnormal) flushed to 0,
+ * a subnormal x taken as 0; otherwise the host's exp2f (the GPU's SFU
+ * approximates it within 2 ulp). Any thread, no warp involved. */
+float dt_emu_ex2_ftz(float x);
 
 /* ---- Hopper warpgroup MMA (sm_90a), from the PTX ISA's "Asynchronous
  * Warpgroup Level Matrix Multiply-Accumulate" sections ----

@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include "emu.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -781,6 +782,12 @@ void dt_emu_mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t 
     if (ab != DT_BF16 && ab != DT_F16) dt_emu_fail("mma with operand type %d", (int)ab);
     mma_in in = {a, b0, b1};
     collective_op(ab == DT_BF16 ? OP_MMA_BF16 : OP_MMA_F16, 32, 0, &in, d);
+}
+
+float dt_emu_ex2_ftz(float x) {
+    if (fpclassify(x) == FP_SUBNORMAL) x = 0.0f;
+    const float y = exp2f(x);
+    return fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
 }
 
 /* ------------------------------------------------ warpgroup MMA (wgmma) */
