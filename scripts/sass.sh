@@ -2,8 +2,8 @@
 # scripts/sass.sh: the SASS (machine code) of the CUDA kernels, on a machine
 # without a GPU.
 #
-#   scripts/sass.sh [--kernel PAT] [--summary] FILE.cu [NVCC_FLAG...]
-#   scripts/sass.sh [--kernel PAT] [--summary] FILE.cubin
+#   scripts/sass.sh [--kernel PAT] [--summary | --loops] FILE.cu [NVCC_FLAG...]
+#   scripts/sass.sh [--kernel PAT] [--summary | --loops] FILE.cubin
 #
 # A .cu is compiled to a cubin as the Makefile compiles it (nvcc -O2, sm_90a
 # for the files that use wgmma, else NVCC_ARCH, default sm_90), with any
@@ -14,7 +14,11 @@
 # are c++filt's where binutils is installed); --summary prints, instead
 # of the code, a line per function: its instructions, tensor-core
 # instructions (HGMMA, HMMA), local memory accesses (LDL, STL: spills) and
-# named barriers (BAR).
+# named barriers (BAR); --loops, a line per loop (a backward branch and
+# what it jumps back over) that holds tensor-core or SFU instructions: its
+# instructions, tensor-core instructions, MUFU (the exponentials) and
+# shared-memory accesses (a kernel's key-tile loop is the one with its
+# products and exponentials, the softmax's two copies inside it).
 #
 # The disassembler: $CUDA_HOME/bin/nvdisasm where the toolkit has one. The
 # CUDA 13 toolkit installed here has none, so the script otherwise uses the
@@ -39,16 +43,17 @@ DEB_URL=http://deb.debian.org/debian/pool/non-free/n/nvidia-cuda-toolkit/$DEB
 DEB_SHA256=d1156026e704fe0368b6295db06224ed00a727966fb13454f34e3f3102db0457
 
 usage() {
-    sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
 kernel=
-summary=0
+mode=code
 while [ $# -gt 0 ]; do
     case $1 in
     --kernel) [ $# -ge 2 ] || usage; kernel=$2; shift 2 ;;
-    --summary) summary=1; shift ;;
+    --summary) mode=summary; shift ;;
+    --loops) mode=loops; shift ;;
     -h | --help) usage ;;
     -*) echo "sass.sh: unknown option $1" >&2; usage ;;
     *) break ;;
@@ -114,10 +119,10 @@ fi
 
 "$dis" -c "$tmp/k.cubin" >"$tmp/k.sass" || exit 1
 
-python3 - "$tmp/k.sass" "$kernel" "$summary" <<'EOF'
+python3 - "$tmp/k.sass" "$kernel" "$mode" <<'EOF'
 import re, shutil, signal, subprocess, sys
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # quiet under head
-path, pat, summary = sys.argv[1], sys.argv[2], sys.argv[3] == '1'
+path, pat, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 funcs, name = [], None
 for line in open(path):
     m = re.match(r'^(\S+):$', line)
@@ -137,16 +142,40 @@ names = [n.replace('(anonymous namespace)::', '') for n in names]
 funcs = [(n, f[1]) for n, f in zip(names, funcs) if pat in f[0] or pat in n]
 if not funcs:
     sys.exit('sass.sh: no function matches %r' % pat)
-op = re.compile(r'\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)')
-if summary:
+op = re.compile(r'\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)(.*)')
+if mode == 'summary':
     print('%8s %6s %6s %5s  %s' % ('instrs', 'tensor', 'local', 'bar', 'function'))
 for fname, lines in funcs:
-    if not summary:
+    if mode == 'code':
         print('// ' + fname)
         print('\n'.join(lines))
         continue
-    ops = [m.group(1) for m in map(op.match, lines) if m]
-    count = lambda *names: sum(o in names for o in ops)
-    print('%8d %6d %6d %5d  %s' % (len(ops), count('HGMMA', 'HMMA'), count('LDL', 'STL'),
-                                    count('BAR'), fname))
+    ins, labels, pending = [], {}, []   # (address, opcode, operands); label: address
+    for line in lines:
+        m = re.match(r'^(\.L_x_\d+):', line)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = op.match(line)
+        if m:
+            for lab in pending:
+                labels[lab] = int(m.group(1), 16)
+            pending = []
+            ins.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    count = lambda ops, *names: sum(o[1] in names for o in ops)
+    if mode == 'summary':
+        print('%8d %6d %6d %5d  %s' % (len(ins), count(ins, 'HGMMA', 'HMMA'),
+                                        count(ins, 'LDL', 'STL'), count(ins, 'BAR'), fname))
+        continue
+    print('// ' + fname)
+    print('%15s %8s %6s %5s %5s' % ('loop', 'instrs', 'tensor', 'MUFU', 'smem'))
+    for addr, opc, rest in ins:
+        m = re.search(r'`\((\.L_x_\d+)\)', rest)
+        if opc != 'BRA' or not m or labels.get(m.group(1), addr + 1) > addr:
+            continue
+        body = [o for o in ins if labels[m.group(1)] <= o[0] <= addr]
+        tensor, mufu = count(body, 'HGMMA', 'HMMA'), count(body, 'MUFU')
+        if tensor or mufu:
+            print('%#7x-%#7x %8d %6d %5d %5d' % (labels[m.group(1)], addr, len(body), tensor, mufu,
+                                                sum(o[1] in ('LDS', 'STS', 'LDSM', 'STSM') for o in body)))
 EOF
