@@ -39,7 +39,7 @@
  *   dK  += dS^T Q    likewise, A = dS^T, B = Q
  * with dK and dV in fp32 registers through the whole loop. dS^T goes to
  * shared memory as dS [query][key] (each warpgroup its 64 keys: one column
- * block), and after a barrier each warpgroup computes a 64 x 64 piece of
+ * block; stmatrix.trans of the A fragments above), and after a barrier each warpgroup computes a 64 x 64 piece of
  * dQ = dS K over all 128 keys:
  *   dQ piece = dS K  wgmma m64n64k16, A = dS rows (K-major), B = K MN-major
  * rows 64w .. (BM = 128, D = 64) or head-dim columns 64w .. (BM = 64,
@@ -70,8 +70,8 @@
  * 0: K, V and the first query tile's Q, dO on full[0]; the next query
  * tile's Q, dO into the other stage at the top of each iteration, flying
  * during its math; the __syncthreads closing an iteration frees its stage,
- * its row values and the dS tile. dS is written by ordinary stores and
- * read by wgmma (the async proxy): each writer runs fence.proxy.async
+ * its row values and the dS tile. dS is written by stmatrix (the generic
+ * proxy) and read by wgmma (the async proxy): each writer runs fence.proxy.async
  * before the barrier. A wait that does not complete within 10 s traps.
  *
  * Registers per thread: dK, dV D (64 at D = 64, 128 at D = 128), S^T and
@@ -178,20 +178,24 @@ __device__ __forceinline__ void probabilities_t(float (&s)[BM / 8][4], float (&d
         }
 }
 
-/* Stores the warpgroup's dS^T (its 64 keys x BM queries, rounded to T) as
- * dS [query][key] into column block `wg` of the dS tile at sds. */
-template <typename T, int BM>
-__device__ __forceinline__ void store_ds(unsigned char *sds, const float (&ds)[BM / 8][4], int wg,
+/* Stores the warpgroup's dS^T (its 64 keys x BM queries) as dS [query][key]
+ * into column block `wg` of the dS tile at sds, from dsa, the A fragments
+ * of dK += dS^T Q (dS^T rounded to T). Register m of fragment kk is the
+ * 8x8 matrix of the warp's keys 8 (m % 2) .. and the queries of n-tile
+ * j = dt_mma_p_tile(kk, m) (elements dt_mma_p_elem(m) of the accumulators),
+ * in the layout stmatrix takes; stored transposed, each of its queries'
+ * rows is 8 keys, one 16-byte chunk of the tile, whose address lane
+ * 8m + i gives for query 8j + i. Four instructions a fragment, where
+ * element by element the warp's every thread stored BM / 2 values of 16
+ * bits. */
+template <int BM>
+__device__ __forceinline__ void store_ds(unsigned char *sds, const uint32_t (&dsa)[BM / 16][4], int wg,
                                          int wl, int lane) {
+    const int m = lane / 8, i = lane % 8;
+    const int key = 64 * wg + 16 * wl + 8 * (m % 2);
 #pragma unroll
-    for (int j = 0; j < BM / 8; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int key = 64 * wg + 16 * wl + dt_mma_c_row(lane, i);
-            const int query = 8 * j + dt_mma_c_col(lane, i);
-            *reinterpret_cast<uint16_t *>(sds + wg_tile_off(query, key, BM)) =
-                (uint16_t)(elem<T>::pack(ds[j][i], 0.0f) & 0xFFFFu);
-        }
+    for (int kk = 0; kk < BM / 16; kk++)
+        stmatrix_x4_trans(sds + wg_tile_off(8 * dt_mma_p_tile(kk, m) + i, key, BM), dsa[kk]);
 }
 
 #endif /* !DT_WGMMA_STUB */
@@ -336,7 +340,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         wgmma_commit();
 
         /* dS to shared memory for dQ = dS K, which needs every key's. */
-        store_ds<T, BM>(sm + L::DS, dp, wg, wl, lane);
+        store_ds<BM>(sm + L::DS, dsa, wg, wl, lane);
         fence_proxy_async();
         __syncthreads();   /* the dS tile is complete */
 

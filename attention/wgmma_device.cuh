@@ -2,8 +2,8 @@
  * the wgmma kernels (block_cuda_wgmma.cu forward, block_cuda_wgmma_bwd.cu
  * backward): warpgroup MMA (wgmma.mma_async m64nNk16 with f32 accumulators,
  * A from shared memory or registers, B from shared memory), its fence /
- * commit / wait, the async-proxy fence, named barriers, mbarriers and TMA
- * tile loads (cp.async.bulk.tensor), the shared-memory matrix descriptors
+ * commit / wait, the async-proxy fence, named barriers, mbarriers, TMA
+ * tile loads (cp.async.bulk.tensor) and stmatrix, the shared-memory matrix descriptors
  * of the 128-byte swizzled layout the kernels keep their tiles in, and on
  * the host the tensor maps of those loads. CUDA C++ only.
  *
@@ -152,6 +152,9 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
 }
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) { dt_emu_tma_prefetch(map); }
 __device__ __forceinline__ void fence_proxy_async() { dt_emu_fence_proxy_async(); }
+__device__ __forceinline__ void stmatrix_x4_trans(void *row, const uint32_t (&r)[4]) {
+    dt_emu_stmatrix_x4(row, r, 1);
+}
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
     dt_emu_setmaxnreg(1, N);
@@ -264,6 +267,16 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
  * (the wgmma reading them), once a barrier has ordered them. */
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* The warp's four 8x8 matrices of 16-bit elements, register m of lane l
+ * holding row l/4, columns 2(l%4) (low half) and +1 of matrix m (an mma
+ * fragment's layout, as ldmatrix loads it), stored transposed: column c of
+ * matrix m as the 16 bytes at the address of lane 8m + c (`row`, 16-byte
+ * aligned in shared memory). */
+__device__ __forceinline__ void stmatrix_x4_trans(void *row, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 ::"r"(wg_smem_addr(row)), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
 }
 /* The calling warpgroup's registers per thread become N (24 .. 256, a
  * multiple of 8; every thread of the warpgroup executes the same one):

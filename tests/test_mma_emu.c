@@ -733,6 +733,29 @@ static void k_ldmatrix(void *arg) {
     }
 }
 
+/* stmatrix .x4 stores the registers as the PTX ISA's figure shows them
+ * (ldmatrix's layout: lane l holds row l/4, columns 2(l%4), +1 of each
+ * matrix; .trans stores the transpose), each matrix row at its lane's
+ * address: matrix m's row r at element 64 m + 8 (7 - r), the plain store
+ * in the first 256 elements, the transposed one in the next 256. Lane l's
+ * register m holds 64 m + 2 l (low half) and 64 m + 2 l + 1 (high). With
+ * `misaligned`, lane 13's row is 8 bytes off: the error instead. */
+typedef struct st_state {
+    int misaligned;
+    uint16_t out[512];   /* the shared memory after both stores */
+} st_state;
+static void k_stmatrix(void *arg) {
+    st_state *st = arg;
+    uint16_t *smem = (uint16_t *)dt_emu_dynamic_smem();
+    const int m = lane() / 8, r = lane() % 8;
+    uint32_t reg[4];
+    for (int j = 0; j < 4; j++) reg[j] = (64u * j + 2u * lane()) | (64u * j + 2u * lane() + 1) << 16;
+    uint16_t *row = smem + 64 * m + 8 * (7 - r) + (st->misaligned && lane() == 13 ? 4 : 0);
+    dt_emu_stmatrix_x4(row, reg, 0);
+    dt_emu_stmatrix_x4(row + 256, reg, 1);
+    if (lane() == 0) memcpy(st->out, smem, sizeof st->out);   /* both are complete */
+}
+
 /* Named barriers: warp 1 waits in bar.sync 1 until warp 0's bar.arrive,
  * and sees what warp 0 stored before it; warp 0 never waits. Three rounds,
  * so the barrier's phases restart. */
@@ -905,6 +928,21 @@ static void test_emulator(void **state) {
                 assert_int_equal((ld[8 * l + m] >> (16 * h)) & 0xffff, plain);
                 assert_int_equal((ld[8 * l + 4 + m] >> (16 * h)) & 0xffff, trans);
             }
+
+    /* stmatrix: element (row, col) of matrix m is lane 4 row + col / 2's,
+     * half col % 2, that is 64 m + 8 row + col; transposed, (col, row)'s */
+    static st_state st;
+    assert_string_equal(emu_run(WARP, sizeof st.out, k_stmatrix, &st), "");
+    for (int m = 0; m < 4; m++)
+        for (int row = 0; row < 8; row++)
+            for (int col = 0; col < 8; col++) {
+                const int at = 64 * m + 8 * (7 - row) + col;
+                assert_int_equal(st.out[at], 64 * m + 8 * row + col);
+                assert_int_equal(st.out[256 + at], 64 * m + 8 * col + row);
+            }
+    st.misaligned = 1;
+    assert_non_null(strstr(emu_run(WARP, sizeof st.out, k_stmatrix, &st),
+                           "stmatrix.x4: lane 13's row address"));
 }
 
 /* ------------------------------------------ the emulator's mbarrier and TMA

@@ -19,7 +19,7 @@
  *   - __syncthreads: waits for every thread of the block that has not
  *     exited; named barriers (bar.sync / bar.arrive with an id and a thread
  *     count);
- *   - warp-wide instructions (shfl.bfly, ldmatrix .x4 [.trans],
+ *   - warp-wide instructions (shfl.bfly, ldmatrix and stmatrix .x4 [.trans],
  *     mma.sync.m16n8k16 bf16/f16 -> f32): every lane of the warp must reach
  *     the same instruction; the last to arrive computes all 32 results
  *     from the 32 lanes' operands;
@@ -47,8 +47,8 @@
  *   - __syncwarp (every lane of the warp at the same one);
  *   - programmatic dependent launches: run after the launch before, as any,
  *     with their waits checked instead (dt_emu_griddep_require).
- * What is checked, each failing the launch with a message: ldmatrix and
- * cp.async addresses inside shared memory and 16-byte aligned; a warp
+ * What is checked, each failing the launch with a message: ldmatrix,
+ * stmatrix and cp.async addresses inside shared memory and 16-byte aligned; a warp
  * instruction with lanes missing (exited) or lanes at different
  * instructions; a deadlock (no thread can run: a __syncthreads some threads
  * never reach, say; an mbarrier wait that nothing can complete); __trap;
@@ -120,6 +120,9 @@ void dt_emu_cp_commit(void);
 void dt_emu_cp_wait(int n);
 /* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16; row: this lane's row address. */
 void dt_emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
+/* stmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (sm_90): the inverse of
+ * ldmatrix; row: this lane's row address. */
+void dt_emu_stmatrix_x4(void *row, const uint32_t r[4], int trans);
 /* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32, d += A B
  * (ab: DT_BF16 or DT_F16). */
 void dt_emu_mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, dt_dtype ab);

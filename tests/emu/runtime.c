@@ -108,8 +108,9 @@ enum { WG_M = 64, WG_K = 16, WG_NMAX = 256, WG_DMAX = WG_NMAX / 2 };
 typedef enum { T_RUNNABLE, T_WAIT_WARP, T_WAIT_BLOCK, T_WAIT_BAR, T_WAIT_MBAR, T_WAIT_REGS, T_DONE } thread_state;
 
 typedef enum {
-    OP_SHFL_XOR = 1, OP_LDMATRIX, OP_LDMATRIX_T, OP_MMA_BF16, OP_MMA_F16, OP_SYNCWARP, /* per warp */
-    OP_WGMMA, OP_SETMAXNREG                                                /* per warpgroup */
+    OP_SHFL_XOR = 1, OP_LDMATRIX, OP_LDMATRIX_T, OP_STMATRIX, OP_STMATRIX_T, OP_MMA_BF16,
+    OP_MMA_F16, OP_SYNCWARP,     /* per warp */
+    OP_WGMMA, OP_SETMAXNREG      /* per warpgroup */
 } warp_op_kind;
 
 static const char *op_name(int op) {
@@ -117,6 +118,8 @@ static const char *op_name(int op) {
     case OP_SHFL_XOR: return "shfl.sync.bfly";
     case OP_LDMATRIX: return "ldmatrix.x4";
     case OP_LDMATRIX_T: return "ldmatrix.x4.trans";
+    case OP_STMATRIX: return "stmatrix.x4";
+    case OP_STMATRIX_T: return "stmatrix.x4.trans";
     case OP_MMA_BF16: return "mma.m16n8k16.bf16";
     case OP_MMA_F16: return "mma.m16n8k16.f16";
     case OP_SYNCWARP: return "bar.warp.sync";
@@ -633,32 +636,41 @@ static void complete_warp_op(emu_thread *lanes, int n, int op) {
         }
         break;
     case OP_LDMATRIX:
-    case OP_LDMATRIX_T: {
+    case OP_LDMATRIX_T:
+    case OP_STMATRIX:
+    case OP_STMATRIX_T: {
         /* Lane 8m + r gives the address of row r of 8x8 matrix m (16
-         * bytes); register m of lane l gets M_m[l/4][2(l%4) + h] (h = 0 in
-         * the low half), or with .trans M_m[2(l%4) + h][l/4]. */
-        const int trans = op == OP_LDMATRIX_T;
+         * bytes); register m of lane l holds M_m[l/4][2(l%4) + h] (h = 0
+         * in the low half), or with .trans M_m[2(l%4) + h][l/4]: ldmatrix
+         * loads the registers from the rows, stmatrix stores them there. */
+        const int store = op == OP_STMATRIX || op == OP_STMATRIX_T;
+        const int trans = op == OP_LDMATRIX_T || op == OP_STMATRIX_T;
+        unsigned char *rows[32];
         for (int l = 0; l < 32; l++) {
-            const unsigned char *p = lanes[l].in;
-            if (!in_smem(p, 16) || (uintptr_t)(p - E.smem) % 16)
+            rows[l] = store ? lanes[l].out : (unsigned char *)lanes[l].in;
+            if (!in_smem(rows[l], 16) || (uintptr_t)(rows[l] - E.smem) % 16)
                 dt_emu_fail("%s: lane %d's row address (shared offset %td) is not 16 aligned "
                             "bytes inside the %zu bytes of shared memory", op_name(op), l,
-                            p - E.smem, E.smem_bytes);
-            tma_check_idle((uint32_t)(p - E.smem), 16, op_name(op));
+                            rows[l] - E.smem, E.smem_bytes);
+            tma_check_idle((uint32_t)(rows[l] - E.smem), 16, op_name(op));
         }
         for (int l = 0; l < 32; l++) {
-            uint32_t *r = lanes[l].out;
-            for (int m = 0; m < 4; m++) {
-                uint32_t v = 0;
+            const uint32_t *src = lanes[l].in;   /* stmatrix's registers */
+            uint32_t *dst = lanes[l].out;        /* ldmatrix's */
+            for (int m = 0; m < 4; m++)
                 for (int h = 0; h < 2; h++) {
                     const int row = trans ? 2 * (l % 4) + h : l / 4;
                     const int col = trans ? l / 4 : 2 * (l % 4) + h;
-                    uint16_t e;
-                    memcpy(&e, (const unsigned char *)lanes[8 * m + row].in + 2 * col, 2);
-                    v |= (uint32_t)e << (16 * h);
+                    unsigned char *e = rows[8 * m + row] + 2 * col;
+                    uint16_t x;
+                    if (store) {
+                        x = (uint16_t)(src[m] >> (16 * h));
+                        memcpy(e, &x, 2);
+                    } else {
+                        memcpy(&x, e, 2);
+                        dst[m] = (h ? dst[m] : 0) | (uint32_t)x << (16 * h);
+                    }
                 }
-                r[m] = v;
-            }
         }
         break;
     }
@@ -776,6 +788,10 @@ void dt_emu_syncwarp(unsigned mask) {
 
 void dt_emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans) {
     collective_op(trans ? OP_LDMATRIX_T : OP_LDMATRIX, 32, 0, row, r);
+}
+
+void dt_emu_stmatrix_x4(void *row, const uint32_t r[4], int trans) {
+    collective_op(trans ? OP_STMATRIX_T : OP_STMATRIX, 32, 0, r, row);
 }
 
 void dt_emu_mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, dt_dtype ab) {
