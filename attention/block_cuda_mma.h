@@ -106,9 +106,8 @@ int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size
  * waits for the one before also before it takes from the queue, and one
  * with a->visits (the rows' waits, block.h) runs a CTA per query tile.
  * producer: at D = 128, the loads by a producer warpgroup
- * (block_cuda_wgmma.cu), 1, or 2 with its consumers staging their rows'
- * stored state in shared memory early (wg_stage_rows), 0 by thread 0; the
- * same results every way, only the speed may differ. */
+ * (block_cuda_wgmma.cu), nonzero, or by thread 0, 0; the same results
+ * either way, only the speed may differ. */
 dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
                             void *queue, int dependent, int producer);
 

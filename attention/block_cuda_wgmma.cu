@@ -109,7 +109,7 @@
  * rows' stored state before their last product's wait: EARLY below), no
  * spills, no serialised wgmma; with the producer warpgroup 168 at the
  * entry, 232 for the consumers and 40 for the producer (setmaxnreg), no
- * spills, with its early loads staged (PRODUCER 2) too. The batch and kv
+ * spills. The batch and kv
  * head of the current tile sit in shared memory for thread 0's loads
  * instead of in every thread's registers (at D = 64 they spilled). A
  * tile's index math divides by multiplication (mma_device.cuh's
@@ -139,12 +139,12 @@
  * through shared memory and TMA bulk copies 20 to 30% slower on full
  * blocks, and it was removed. Its end costs 5,767 cycles against thread
  * 0's 4,059, whose early loads of the rows' stored state (EARLY) do not fit
- * the producer's consumers' registers: PRODUCER 2 (producer 2 of
- * dt_attn_wgmma_fwd; 2026-11-28, not yet measured on a GPU) stages them in
- * shared memory instead by cp.async during the last product
- * (wg_stage_rows), with the ordinary merge and stores; 32 KiB more shared
- * memory (225 KiB in all), as the removed bulk end took, whose key tiles
- * were slower for a cause not found.
+ * the producer's consumers' registers. Staged in shared memory instead (by
+ * cp.async during the last product, in 32 KiB more of it: producer 2,
+ * 2026-11-28) they shortened that end on an H200 (4,440 cycles against
+ * 5,672, 2026-11-29) but left r as it was and made issue 4 (c)'s ring
+ * slower (forward P = 8 18.6 / 25.4 / 21.6% over one call against 16.7 /
+ * 22.2 / 19.5%); removed on 2026-12-01.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -200,71 +200,6 @@ template <int N>
 struct wg_n {
     static constexpr int value = N;
 };
-
-/* The staged early loads (dt_attn_wgmma_fwd's producer 2; D = 128, the
- * overlapped order with the producer warpgroup). Early loads of the rows'
- * stored state into registers (EARLY in the kernel) need 68 more per thread
- * than the producer's consumers have (ptxas spilled); staged, each warp
- * copies its 16 rows' stored acc into 8 KiB of shared memory by cp.async
- * during its last product (16 copies of 16 bytes per lane, a row of 512
- * bytes per copy instruction, and m and l into registers), and reads its
- * lanes' pieces back after it. A warpgroup's first two warps stage in its
- * half of the query tile's Q buffer (its rows' Q, which its last S product
- * has read; the producer refills the buffer only once every consumer has
- * released it, after the write-back), its last two in 16 KiB past the
- * barriers (32 KiB more shared memory for the CTA). Row r's 16-byte chunk
- * q sits at chunk q ^ 2 (r mod 8) of the row, so that a half-warp's 8-byte
- * reads (rows g, 4 quads, chunks 2j and 2j + 1) meet no bank twice. */
-constexpr int WG_STAGE_WARP = 16 * 128 * 4;   /* a warp's rows at D = 128 */
-__device__ __forceinline__ uint32_t wg_stage_off(int r, int q) {
-    return (uint32_t)(r * 512 + ((q ^ ((r & 7) << 1)) << 4));
-}
-
-/* The warp's stored rows (the warp's first row0) into st, and m, l of the
- * lane's two rows into s; none for a call's first block (s empty). */
-__device__ __forceinline__ void wg_stage_rows(const dt_attn_block_args &a, const fwd_cta &c,
-                                              int64_t row0, int lane, unsigned char *st,
-                                              stored_rows<128> &s) {
-    if (row0 < a.qseg.len) dependent_access("the rows' running state", rows_count(a, c, row0));
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int64_t row = row0 + dt_mma_c_row(lane, 2 * half);
-        const bool live = !a.first && row < a.qseg.len;
-        s.m[half] = live ? a.m[ml_of(a, c) + row] : -INFINITY;
-        s.l[half] = live ? a.l[ml_of(a, c) + row] : 0.0f;
-    }
-    if (a.first) return;
-    const float *const acc = acc_of<128>(a, c);
-#pragma unroll
-    for (int r = 0; r < 16; r++) {
-        const bool live = row0 + r < a.qseg.len;   /* else 16 zero bytes */
-        cp_async_16(st + wg_stage_off(r, lane), acc + (live ? row0 + r : 0) * a.heads * 128 + 4 * lane,
-                    live);
-    }
-    cp_async_commit();
-}
-
-/* ... and the lane's pieces of acc back from st into s, once the copies
- * have landed (every lane's: a lane reads what its quad's others copied). */
-__device__ __forceinline__ void wg_unstage_rows(const dt_attn_block_args &a, int lane,
-                                                const unsigned char *st, stored_rows<128> &s) {
-#pragma unroll
-    for (int half = 0; half < 2; half++)
-#pragma unroll
-        for (int j = 0; j < 16; j++) s.acc[half][j] = make_float2(0.0f, 0.0f);
-    if (a.first) return;
-    cp_async_wait<0>();
-    __syncwarp();
-    const int t = lane & 3;
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int r = dt_mma_c_row(lane, 2 * half);
-#pragma unroll
-        for (int j = 0; j < 16; j++)
-            s.acc[half][j] = *reinterpret_cast<const float2 *>(st + wg_stage_off(r, 2 * j + (t >> 1)) +
-                                                               8 * (t & 1));
-    }
-}
 
 /* The key tiles of a CTA's query tile c: those its last row sees. */
 __device__ __forceinline__ int wg_tiles_of(const wg_params &p, const fwd_cta &c) {
@@ -408,9 +343,8 @@ constexpr int WG_PRODUCER_REGS = 40, WG_CONSUMER_REGS = 232;
  * fewer, persistent, with p.queue; tiles in mma_layout.h's launch order
  * (p.grid.order); block: wg_threads<PRODUCER>() threads; dynamic shared
  * memory 1024 + (2 BM + 4 BN) D sizeof(T) + 80. PRODUCER: the loads by a
- * producer warpgroup, 1, or 2 with its consumers' early loads staged
- * (wg_stage_rows), both at D = 128 (the same kernel at D = 64); 0 thread
- * 0's. */
+ * producer warpgroup (1, at D = 128; the same kernel at D = 64) or thread
+ * 0's (0). */
 template <typename T, int D, int PRODUCER>
 __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
 #ifdef DT_WGMMA_STUB
@@ -467,8 +401,6 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
     uint32_t *const next = reinterpret_cast<uint32_t *>(qfree + 2);          /* [2] */
     /* Thread 0's alone, read where needed instead of held in registers */
     volatile int *const at = reinterpret_cast<volatile int *>(next + 2);      /* [2] */
-    /* STAGE: the last two warps of each warpgroup stage here (wg_stage_rows) */
-    unsigned char *const sx = reinterpret_cast<unsigned char *>(next + 4);  /* [4][WG_STAGE_WARP] */
 
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int wg = warp >> 2, wl = warp & 3;   /* warpgroup, warp within it */
@@ -588,10 +520,8 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * loads). The loads' 68 registers took the kernel to 255 (from
          * 187; 250 with narrow tiles and the rows' waits), no spills;
          * within the producer's 232 for the consumers (setmaxnreg) they
-         * spilled 212 bytes, so with the producer they are staged in
-         * shared memory (STAGE, wg_stage_rows) or not early at all. */
-        constexpr bool STAGE = PW && PRODUCER == 2;
-        constexpr bool EARLY = OV && (!PW || STAGE);
+         * spilled 212 bytes, so with the producer they are not early. */
+        constexpr bool EARLY = OV && !PW;
         const bool early = EARLY && n_tiles > 0 && wg_tiles == n_tiles;
         if (!PW && n_tiles == 0) {
             /* OV: the warpgroups did not meet after the tile before; they
@@ -607,10 +537,6 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
          * made from the shared window's (as the address of its rows there
          * ptxas spilled 12 bytes at D = 64) */
         const uint32_t q_addr = wg_smem_addr(sq + ti * TILE_Q) + (uint32_t)wg * (TILE_Q / 2);
-        /* STAGE: this warp's 16 rows' staging (wg_stage_rows), at D = 128 */
-        unsigned char *const wst = !STAGE ? nullptr
-                                   : wl < 2 ? sq + ti * TILE_Q + wg * (TILE_Q / 2) + wl * WG_STAGE_WARP
-                                            : sx + (2 * wg + wl - 2) * WG_STAGE_WARP;
         /* Ping-pong: the warpgroups take turns issuing their wgmma, so that one's
          * softmax runs while the other's products keep the tensor cores busy.
          * Named barrier TURN + w is "warpgroup w's turn": w syncs on it (its 128
@@ -728,8 +654,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                     if (pass_on) bar_arrive<TURN>(wg ^ 1, PAIR);
                     if (ends) {   /* before what the grid before wrote: its wait */
                         rows_wait(a, c, row0);
-                        if constexpr (STAGE) wg_stage_rows(a, c, row0, lane, wst, stored);
-                        else load_rows<D>(a, c, row0, lane, stored);
+                        load_rows<D>(a, c, row0, lane, stored);
                     }
                     wgmma_wait<0>();
                 };
@@ -751,10 +676,6 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                 /* --trace: warpgroup 1, the later of the two, is done with
                  * the keys (its rows' last product is the tile's last) */
                 if (threadIdx.x == WG_THREADS - 1) cta_mark(a, 1, tile);
-                if constexpr (STAGE) {
-                    wg_unstage_rows(a, lane, wst, stored);
-                    fence_proxy_async();   /* before the producer's TMA refills the Q buffer */
-                }
                 write_rows<T, D>(a, c, row0, lane, m, l, o, stored);
                 rows_done(a, c, row0, lane);
             }
@@ -824,16 +745,10 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
      * block before finishes: it reads nothing that block writes before
      * grid_dep_wait (its q, k, v were there before the call's first block
      * started, or came by an event the stream waited for). */
-    /* producer 2: staged early loads (D = 128), in 32 KiB more shared memory */
-    const bool stage = D == 128 && producer == 2;
     const size_t smem = 1024 + (size_t)(2 * WG_BM + 4 * WG_BN) * D * sizeof(T) +
-                        8 * sizeof(uint64_t) + 4 * sizeof(uint32_t) +
-                        (stage ? 4 * WG_STAGE_WARP : 0);
+                        8 * sizeof(uint64_t) + 4 * sizeof(uint32_t);
     const dim3 grid((unsigned)ctas);
     if constexpr (D == 128) {
-        if (stage)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, 2>, grid, wg_threads<2>(), smem, stream,
-                                 "forward (wgmma, producer, staged)", D, a->dtype, dep, p);
         if (producer)
             return dt_mma_launch(fwd_wgmma_kernel<T, D, 1>, grid, wg_threads<1>(), smem, stream,
                                  "forward (wgmma, producer)", D, a->dtype, dep, p);

@@ -57,7 +57,7 @@
  * Run: build/bench/attention [--quick] [--json] [--backend cpu] [--iters N]
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
  *      [--dtype bf16,fp32,fp16] [--dependent 0|1|2] [--persistent 0|1|2]
- *      [--producer 0|1|2] [--copies 0|1] [--comm-ctas N] [--pass fwd,bwd]
+ *      [--producer 0|1] [--copies 0|1] [--comm-ctas N] [--pass fwd,bwd]
  *
  * --copies 0 sets DT_LOCAL_COPIES=0 for its launches (context.h): the local
  * transport's transfers then move no data, so (b) times the ring without
@@ -541,10 +541,9 @@ static void usage(FILE *f) {
             "  --persistent 0|1|2   CUDA: whether the wgmma forward runs persistent: 1 (default)\n"
             "                       but beside the ring's transfers (a CTA per query tile\n"
             "                       there), 2 there too, 0 never\n"
-            "  --producer 0|1|2     CUDA: whether the wgmma forward at D = 128 issues its\n"
+            "  --producer 0|1       CUDA: whether the wgmma forward at D = 128 issues its\n"
             "                       loads from a producer warpgroup of its own (default 1;\n"
-            "                       0: from thread 0; 2: the producer, its consumers\n"
-            "                       staging their rows' stored state early)\n"
+            "                       0: from thread 0)\n"
             "  --help\n");
 }
 
@@ -598,7 +597,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
             i++;
         } else if (!strcmp(a, "--producer")) {
             long x;
-            if (!ex_parse_int(a, v, 0, 2, &x)) return 2;
+            if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
             o->producer = (int)x;
             i++;
         } else if (!strcmp(a, "--shapes")) {

@@ -95,7 +95,7 @@
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
  *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--persistent 0|1|2]
- *      [--dependent 0|1|2] [--producer 0|1|2] [--rows merge|own]
+ *      [--dependent 0|1|2] [--producer 0|1] [--rows merge|own]
  *      [--trace]
  *      [--json]
  */
@@ -708,8 +708,7 @@ static void text_header(const run *r, const bufs *b) {
         printf("CTA launch order for an L2 of %lld bytes; wgmma forward %s%s, %s\n", l2_of(b),
                (const char *[]){"a CTA per query tile", "persistent (a CTA per query tile "
                                 "beside a ring transfer)", "persistent"}[o->persistent],
-               (const char *[]){", loads by thread 0", ", producer warpgroup",
-                                ", producer warpgroup, staged early loads"}[o->producer],
+               o->producer ? ", producer warpgroup" : ", loads by thread 0",
                (const char *[]){"no dependent launches", "dependent launches",
                                 "dependent launches with the rows' waits"}[o->dependent]);
     if (o->own) printf("(r): forward blocks that start and finish their rows (--rows own)\n");
@@ -1093,11 +1092,9 @@ static void usage(FILE *f) {
             "                    (p)'s b2b is then also timed with 0); 2: the forward's\n"
             "                    with the rows' waits (a block waits for the counts of\n"
             "                    its rows, not for the block before: (p)'s b2b ring)\n"
-            "  --producer 0|1|2  CUDA: whether the wgmma forward at D = 128 issues its loads\n"
+            "  --producer 0|1    CUDA: whether the wgmma forward at D = 128 issues its loads\n"
             "                    from a producer warpgroup of its own (default 1; 0: from\n"
-            "                    thread 0 between its warpgroup's products; 2: the producer,\n"
-            "                    its consumers staging their rows' stored state in shared\n"
-            "                    memory early)\n"
+            "                    thread 0 between its warpgroup's products)\n"
             "  --rows merge|own  (r)'s forward blocks: merge (default) as a ring's middle\n"
             "                    step, merging into the rows' stored state; own as a\n"
             "                    call's only block, which starts and finishes its rows\n"
@@ -1193,7 +1190,7 @@ static int parse(int argc, char **argv, opts *o) {
             if (!ex_parse_int(a, v, 0, 2, &x)) return 0;
             o->dependent = (int)x;
         } else if (!strcmp(a, "--producer")) {
-            if (!ex_parse_int(a, v, 0, 2, &x)) return 0;
+            if (!ex_parse_int(a, v, 0, 1, &x)) return 0;
             o->producer = (int)x;
         } else if (!strcmp(a, "--rows")) {
             if ((k = ex_parse_choice(a, v, rows_names, 2)) < 0) return 0;

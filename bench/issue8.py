@@ -542,8 +542,7 @@ def with_mark(value, ok, spec=".2f"):
 # Item 2's causal r again with another launch: (label, key, bench/blocks
 # flags, the kernels it applies to or None for all). A traced one's CTA
 # timelines join item 2's (item_trace) as "kernel, label".
-R_VARIANTS = (("heads in turn", "heads_in_turn", ("--l2", "0"), None),
-              ("staged", "staged", ("--producer", "2", "--trace"), ("wgmma",)))
+R_VARIANTS = (("heads in turn", "heads_in_turn", ("--l2", "0"), None),)
 
 
 def item_r(session):
@@ -565,9 +564,7 @@ def item_r(session):
                   "over a full block; 'heads in turn': the causal r again with --l2 0, the "
                   "CTAs launched one head after another (the order before commit 631b7f2, "
                   "for comparison with the default: heaviest tiles first across the "
-                  "heads of an L2-sized section); 'staged': the wgmma kernel with "
-                  "--producer 2 (its consumers stage their rows' stored state in shared "
-                  "memory during their last product). torch: SDPA "
+                  "heads of an L2-sized section). torch: SDPA "
                   "forward on [1, H, c, D] causal over not causal, with the backend forced.")
     outs = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=("--trace",))
             for k in kernels}

@@ -123,7 +123,7 @@ struct cuda_impl {
     int sms;                    /* multiprocessors, for grid sizes */
     int persistent;             /* dt_backend_cuda_set_persistent */
     int dependent_launch;       /* dt_backend_cuda_set_dependent_launch */
-    int producer;               /* dt_backend_cuda_set_producer: 0, 1 or 2 */
+    int producer;               /* dt_backend_cuda_set_producer: 0 or 1 */
     int comm_ctas;              /* dt_backend_cuda_set_comm_ctas: 0, the driver's copy, wide kernels */
     int cc;                     /* compute capability, major * 10 + minor */
     int64_t l2_bytes;           /* L2 cache size, for the attention kernels' launch order */
@@ -1763,7 +1763,7 @@ extern "C" int dt_backend_cuda_producer(const dt_backend *b) {
 }
 
 extern "C" void dt_backend_cuda_set_producer(dt_backend *b, int mode) {
-    if (dt_backend_is_cuda(b)) impl_of(b)->producer = mode == 2 ? 2 : mode != 0;
+    if (dt_backend_is_cuda(b)) impl_of(b)->producer = mode != 0;
 }
 
 extern "C" int dt_backend_cuda_comm_ctas(const dt_backend *b) {

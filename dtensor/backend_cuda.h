@@ -102,12 +102,8 @@ void dt_backend_cuda_set_dependent_launch(dt_backend *b, int mode);
  * (attention/block_cuda_wgmma.cu), instead of from thread 0 between its
  * warpgroup's products. 1, the default since an H200 measurement
  * (2026-11-27): faster by 4 to 10% in every forward row, single call and
- * ring (docs/PERFORMANCE.md); 0: thread 0's loads (benchmarks compare);
- * 2: the producer warpgroup, and its consumers stage their rows' stored
- * state in 32 KiB more shared memory during their last product, as
- * thread 0's variant loads it into registers (not yet measured on a GPU).
- * Other values count as 1 (on) or 0. Results never depend on it, only
- * speed. */
+ * ring (docs/PERFORMANCE.md); 0: thread 0's loads (benchmarks compare).
+ * Other values count as 1. Results never depend on it, only speed. */
 int dt_backend_cuda_producer(const dt_backend *b);
 void dt_backend_cuda_set_producer(dt_backend *b, int mode);
 /* How the communication stream's own work runs beside the compute

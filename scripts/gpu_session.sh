@@ -5,14 +5,13 @@
 # attention kernels beside them (test_reliability after them, alone: its
 # soak case reads the whole device's memory), a canary of the wgmma
 # forward in its default launch (at D = 128 the producer warpgroup's
-# loads), with --producer 0 (thread 0's loads) and --producer 2 (the
-# producer's consumers staging their rows' stored state early), and of
+# loads) and with --producer 0 (thread 0's loads), and of
 # the wgmma backward (a small block; a variant failing or hanging is left
 # out of the rest, and if the default forward or the backward does, the
 # rest measures the mma kernels only), the wgmma forward of the revisions
 # that scripts/gpu_pack.sh --bisect packed beside this build's (if any),
 # issue 4 (c) (the ring's cost; again
-# with --producer 2, with the communication stream's copies by the driver
+# with the communication stream's copies by the driver
 # and its adds wide: --comm-ctas 0, with the forward's rows' waits:
 # --dependent 2, and without the copies: --copies 0), a ring step's copies
 # alone (bench/ring, P = 2 and 8), then bench/issue8.py
@@ -23,7 +22,7 @@
 #
 #   BUDGET_SECONDS  the whole run (default 480). The suites and the
 #                   sanitizers take about 45 s on an H200, the canaries
-#                   about 8, issue 4 (c) about 20 s each of its five
+#                   about 8, issue 4 (c) about 20 s each of its four
 #                   runs, --profile about 45 s, issue8.py about 300 s (on
 #                   an H200, 2026-11-27: with a budget of 317 s it ran 54
 #                   steps in 299 s and skipped its last 6, for the budget;
@@ -87,10 +86,9 @@ sanitized="racecheck:test_attention:forward racecheck:test_attention_backward:ba
 synccheck:test_attention:forward synccheck:test_attention_backward:backward"
 # the wgmma forward's launches that the canaries, issue 4 (c) (but
 # --producer 0: ring_runs_of) and --profile compare:
-# the default (at D = 128 the producer warpgroup's loads), --producer 0
-# (thread 0's) and --producer 2 (the producer, its consumers' early loads
-# staged); each is its flags with '_' for the space
-variants="default --producer_0 --producer_2"
+# the default (at D = 128 the producer warpgroup's loads) and --producer 0
+# (thread 0's); each is its flags with '_' for the space
+variants="default --producer_0"
 flags_of() { [ "$1" = default ] || echo "${1/_/ }"; }   # the bench flags of a variant
 # issue 4 (c) once more with the default kernel launch: the communication
 # stream's work (the local transport's same-device copies, the backward's
@@ -319,7 +317,7 @@ elif [ "$profile" = 1 ]; then
         echo "block_cuda_wgmma.cu:$(grep -nF -- "$pat" "$src" | tail -n 1 | cut -d: -f1)"
     done | paste -sd,)
     for v in $variants; do
-        n=${v#--}   # default, producer_0, producer_2
+        n=${v#--}   # default, producer_0
         c=$(cap 60)
         if [ "$c" -lt 20 ]; then
             log "ncu source counters, ${v/_/ }: skipped, ${c}s left before issue8.py's ${issue8_min}s"

@@ -17,8 +17,8 @@
  * test_attention_backward.c run the distributed passes with
  * DT_ATTN_KERNEL=simple, =mma and =wgmma (where it can run: a 9.0 device;
  * the forward at D = 128 with its loads by a producer warpgroup, the
- * default, and again with its loads by thread 0 and with the producer's
- * early loads staged) against the double reference. */
+ * default, and again with its loads by thread 0) against the double
+ * reference. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -61,12 +61,9 @@ typedef struct fwd_case {
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
     int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma (and wgmma
-                                  with its producer warpgroup off, and with its early
-                                  loads staged), each checked */
+                                  with its producer warpgroup off), each checked */
     int thread0;               /* cuda: the wgmma forward's producer warpgroup off, its loads
                                   by thread 0 (set by the test) */
-    int staged;                /* cuda: the wgmma forward's producer with staged early loads
-                                  (dt_backend_cuda_set_producer 2; set by the test) */
     int huge;                  /* q, k multiples of 25: logits of magnitude 1e4 (exact in fp32) */
     /* filled by the test */
     double *q, *k, *v, *o_ref, *lse_ref;
@@ -92,7 +89,7 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     dt_status st;
     int sizes[2] = {c->tp, c->P};
 #ifdef DT_HAVE_CUDA
-    dt_backend_cuda_set_producer(ctx->backend, c->thread0 ? 0 : c->staged ? 2 : 1);   /* no-op off CUDA */
+    dt_backend_cuda_set_producer(ctx->backend, !c->thread0);   /* no-op off CUDA */
 #endif
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, sizes, NULL, &mesh), out);
     dt_placement heads = c->tp > 1 || c->head_order != DT_ORDER_CONTIGUOUS
@@ -205,9 +202,7 @@ static int wgmma_case(fwd_case *c, dt_backend_kind backend, int *refused) {
         *refused = c->st[r] == DT_ERR_NOT_SUPPORTED &&
                    (strstr(c->msg[r], "needs a compute capability 9.0") ||
                     strstr(c->msg[r], "wgmma kernel was not built"));
-    return *refused || judge_case(c, st, c->thread0  ? "wgmma, loads by thread 0"
-                                         : c->staged ? "wgmma, staged early loads"
-                                                     : "wgmma");
+    return *refused || judge_case(c, st, c->thread0 ? "wgmma, loads by thread 0" : "wgmma");
 }
 
 static void run_forward_case(void **state) {
@@ -241,14 +236,10 @@ static void run_forward_case(void **state) {
         int refused = 0;
         ok_wgmma = wgmma_case(c, backend, &refused);
         if (!refused && c->s.D == 128) {   /* without the producer warpgroup (thread 0's
-                                              loads); with the producer's early loads
-                                              staged */
+                                              loads) */
             c->thread0 = 1;
             ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
             c->thread0 = 0;
-            c->staged = 1;
-            ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
-            c->staged = 0;
         }
         h_env_restore("DT_ATTN_KERNEL", saved);
         if (refused) print_message("wgmma kernel not run: %s\n", c->msg[0]);
@@ -1859,15 +1850,13 @@ static void test_cuda_stateless_workspace(void **state) {
  * warpgroup (the defaults; D = 128 on a GPU: its warpgroups do not meet
  * at a query tile's end, so a missing wait there is a race too); a
  * fourth, dependent launches on, has the loads by thread 0
- * (dt_backend_cuda_set_producer(b, 0)), and a fifth has the producer's
- * consumers staging their rows' stored state early
- * (dt_backend_cuda_set_producer(b, 2)), and a sixth the defaults but the
+ * (dt_backend_cuda_set_producer(b, 0)), a fifth the defaults but the
  * communication stream's copies and adds run the other way
  * (dt_backend_cuda_set_comm_ctas: in kernels of 2 CTAs where the default
  * is the driver's copy and wide kernels, a rank alone on its GPU; those
  * where the default is kernels of a few CTAs, ranks sharing one; the
  * backward's add beside, and where the ranks share a GPU the ring's
- * transfers of K, V and of dK, dV), and a seventh the defaults with the
+ * transfers of K, V and of dK, dV), and a sixth the defaults with the
  * forward's rows' waits
  * (dt_backend_cuda_set_dependent_launch(b, 2): a block waits for the
  * counts of the rows it merges, not for the block before): the same bits
@@ -1875,13 +1864,12 @@ static void test_cuda_stateless_workspace(void **state) {
  * first start while the one before finishes (they add into the same dQ
  * and write other dK, dV rows or buffers), so dK and dV must agree bit
  * for bit as well (dQ's atomics may add in another order). */
-enum { DEP_P = 2, DEP_RUNS = 7, DEP_SUMS = 4 };
+enum { DEP_P = 2, DEP_RUNS = 6, DEP_SUMS = 4 };
 
 typedef struct dep_case {
     uint64_t sum[DEP_P][DEP_RUNS][DEP_SUMS];   /* rank, run (on, off, on, on with thread
-                                                  0's loads, on staged, on with the comm
-                                                  kernels, the rows' waits), o / lse / dk /
-                                                  dv */
+                                                  0's loads, on with the comm kernels, the
+                                                  rows' waits), o / lse / dk / dv */
     dt_status st[DEP_P];
     char msg[DEP_P][512];
 } dep_case;
@@ -1914,9 +1902,9 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
 #endif
     for (int run = 0; run < DEP_RUNS && st == DT_SUCCESS; run++) {
 #ifdef DT_HAVE_CUDA
-        dt_backend_cuda_set_dependent_launch(ctx->backend, run == 6 ? 2 : run != 1);
-        dt_backend_cuda_set_producer(ctx->backend, run == 4 ? 2 : run != 3);
-        dt_backend_cuda_set_comm_ctas(ctx->backend, run != 5 ? comm_ctas : comm_ctas ? 0 : 2);
+        dt_backend_cuda_set_dependent_launch(ctx->backend, run == 5 ? 2 : run != 1);
+        dt_backend_cuda_set_producer(ctx->backend, run != 3);
+        dt_backend_cuda_set_comm_ctas(ctx->backend, run != 4 ? comm_ctas : comm_ctas ? 0 : 2);
 #endif
         dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
         opts.mask = DT_ATTN_CAUSAL;
@@ -1979,17 +1967,16 @@ static void test_cuda_dependent_launch(void **state) {
                 for (int run = 0; run < DEP_RUNS; run++)
                     if (c.sum[r][run][x] != c.sum[r][1][x]) {
                         print_error("DT_ATTN_KERNEL=%s, rank %d: %s with dependent launches on, "
-                                    "off, on, on with thread 0's loads, on staged, on with the "
-                                    "comm kernels, the rows' waits: checksums %016llx, %016llx, "
-                                    "%016llx, %016llx, %016llx, %016llx, %016llx\n",
+                                    "off, on, on with thread 0's loads, on with the comm "
+                                    "kernels, the rows' waits: checksums %016llx, %016llx, "
+                                    "%016llx, %016llx, %016llx, %016llx\n",
                                     kernels[i], r, (const char *[]){"o", "lse", "dk", "dv"}[x],
                                     (unsigned long long)c.sum[r][0][x],
                                     (unsigned long long)c.sum[r][1][x],
                                     (unsigned long long)c.sum[r][2][x],
                                     (unsigned long long)c.sum[r][3][x],
                                     (unsigned long long)c.sum[r][4][x],
-                                    (unsigned long long)c.sum[r][5][x],
-                                    (unsigned long long)c.sum[r][6][x]);
+                                    (unsigned long long)c.sum[r][5][x]);
                         bad++;
                         break;
                     }

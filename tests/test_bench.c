@@ -556,8 +556,8 @@ static int model_f_ok(const char *model, const char *key, double ratio, double k
  * one head: contiguous's step-1 block of rank 0 has no pair and does not
  * launch, so 3 records, striped and zigzag 4, the call on S = 256 2), and
  * the mean SM's busy and idle parts adding up to the wall; with the
- * producer warpgroup (the default), with its staged early loads
- * (--producer 2) and with thread 0's loads (--producer 0), and the
+ * producer warpgroup (the default) and with thread 0's loads (--producer
+ * 0), and the
  * default with the rows' waits (--dependent 2), which the JSON reports,
  * the same records. Skipped where no CUDA device answers. One run with
  * --producer `producer` --dependent `dependent`: 1 if it printed what it
@@ -628,8 +628,8 @@ static void test_blocks_trace_timeline(void **state) {
     print_message("skipped: a build without CUDA (the CTA records are the CUDA kernels')\n");
     skip();
 #else
-    for (int run = 0; run < 4; run++) {   /* producer 2, 1, 0; 1 with the rows' waits */
-        const int ok = blocks_trace_timeline(run < 3 ? 2 - run : 1, run < 3 ? 1 : 2);
+    for (int run = 0; run < 3; run++) {   /* producer 1, 0; 1 with the rows' waits */
+        const int ok = blocks_trace_timeline(run < 2 ? 1 - run : 1, run < 2 ? 1 : 2);
         if (ok < 0) {
             print_message("skipped: no CUDA device (make CUDA=emu test runs it on the emulator)\n");
             skip();

@@ -73,8 +73,7 @@ typedef struct emu_case {
     int dependent;  /* blocks launched as programmatic dependents: forward, those
                        after a query rank's first; backward, all but the first;
                        2 (forward): with the rows' waits (block.h's visits) */
-    int producer;   /* the wgmma forward at D = 128: its loads by a producer warpgroup
-                       (2: and staged early loads) */
+    int producer;   /* the wgmma forward at D = 128: its loads by a producer warpgroup */
 } emu_case;
 
 /* The L2 size passed with a block whose units each re-read unit_bytes. */
@@ -536,7 +535,7 @@ static void test_key_span_bound(void **state) {
  * against a double-precision reference, its wgmma counted against the
  * warpgroups' key tiles (narrow ones at D = 128); then the same block beside a ring
  * transfer, which runs a CTA per tile, and both with the producer
- * warpgroup, and with it and staged early loads. */
+ * warpgroup. */
 static void test_wgmma_persistent_keyless(void **state) {
     (void)state;
     if (skipped_under_tsan()) {
@@ -595,19 +594,16 @@ static void test_wgmma_persistent_keyless(void **state) {
         assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0), DT_SUCCESS);
         assert_int_equal(dt_emu_get_counts().blocks - ctas_beside, tiles);
         assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
-        /* The producer warpgroup (producer 1) and its staged early loads
-         * (2), at D = 128 (at D = 64 the switch changes nothing);
-         * persistent past the keyless tile and a CTA per tile: the same o,
-         * bit for bit (each row's arithmetic is the same). */
-        for (int producer = 1; producer <= (D == 128 ? 2 : 0); producer++)
-            for (int transfer = 0; transfer <= 1; transfer++) {
-                a.transfer = transfer;
-                memset(od, 0xff, (size_t)(nq * H * D) * 2);   /* emulated device memory is host memory */
-                assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1,
-                                                       producer),
-                                 DT_SUCCESS);
-                assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
-            }
+        /* The producer warpgroup, at D = 128 (at D = 64 the switch changes
+         * nothing); persistent past the keyless tile and a CTA per tile:
+         * the same o, bit for bit (each row's arithmetic is the same). */
+        for (int transfer = 0; D == 128 && transfer <= 1; transfer++) {
+            a.transfer = transfer;
+            memset(od, 0xff, (size_t)(nq * H * D) * 2);   /* emulated device memory is host memory */
+            assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 1),
+                             DT_SUCCESS);
+            assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
+        }
         free(o_persistent);
 
         double *ref = calloc((size_t)(nq * H * D), sizeof *ref), *ref_lse = malloc((size_t)(H * nq) * sizeof *ref_lse);
@@ -1842,8 +1838,8 @@ int main(void) {
     enum { NROWS = sizeof rows / sizeof rows[0] };
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
-    static emu_case cases[4 * 2 * NROWS + 3 * 2];   /* + the variants beyond the first (below) */
-    struct CMUnitTest tests[4 * 2 * NROWS + 3 * 2 + 3 + 7];
+    static emu_case cases[4 * 2 * NROWS + 3];   /* + the variants beyond the first (below) */
+    struct CMUnitTest tests[4 * 2 * NROWS + 3 + 3 + 7];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
@@ -1852,9 +1848,8 @@ int main(void) {
                 /* the wgmma forward's variants at D = 128 on the three D = 128
                  * rows, bf16 (persistent with dependent launches, and a CTA
                  * per tile without): v = 0 thread 0's loads, 1 the producer
-                 * warpgroup, 2 the producer and staged early loads (the
-                 * producer mode) */
-                for (int v = 0; v <= (dir == 2 && !dt && (i == 1 || i == 3 || i == 5) ? 2 : 0); v++) {
+                 * warpgroup (the producer mode) */
+                for (int v = 0; v <= (dir == 2 && !dt && (i == 1 || i == 3 || i == 5) ? 1 : 0); v++) {
                     if (quick && (dt || i || v)) continue;   /* valgrind: one case per direction */
                     if (dt && !fp16_rows[i]) continue;
                     if (dir % 2 && rows[i].huge) continue;  /* the forward's numerics case */
@@ -1891,7 +1886,7 @@ int main(void) {
                              dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "",
                              dir == 2 && c->sms ? ",persistent" : "",
                              c->dependent == 2 ? ",dependent,rows" : c->dependent ? ",dependent" : "",
-                             c->producer == 2 ? ",producer,staged" : c->producer ? ",producer" : "");
+                             c->producer ? ",producer" : "");
                     tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                     nt++;
                 }
