@@ -370,10 +370,14 @@ extern "C" int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *w
                      a->kseg, a->kseg.len, a->kv_heads, a->batch, "kv heads", why, why_size))
         return 0;
     /* dk, dv: float2 read-add-write (their batch stride is kv_batch_stride,
-     * checked above); dq: float2 atomics. */
-    if (((uintptr_t)a->dk | (uintptr_t)a->dv | (uintptr_t)a->dq) % 8 || a->dq_batch_stride % 2) {
-        say(why, why_size, "dk %p, dv %p or dq %p (batch stride %lld) is not 8-byte aligned",
-            (void *)a->dk, (void *)a->dv, (void *)a->dq, (long long)a->dq_batch_stride);
+     * checked above); dq: float2 atomics (mma.sync), bulk reductions of
+     * 16-byte aligned rows (wgmma: a row is heads x dim values, dim a
+     * multiple of 8). */
+    if (((uintptr_t)a->dk | (uintptr_t)a->dv) % 8 || (uintptr_t)a->dq % 16 ||
+        a->dq_batch_stride % 4) {
+        say(why, why_size, "dk %p or dv %p is not 8-byte aligned, or dq %p (batch stride %lld) "
+            "not 16-byte aligned", (void *)a->dk, (void *)a->dv, (void *)a->dq,
+            (long long)a->dq_batch_stride);
         return 0;
     }
     /* A CTA walks its GQA group's query tiles (of 64 rows at the least)

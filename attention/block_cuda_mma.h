@@ -44,7 +44,8 @@ int dt_attn_mma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size_t
 int dt_attn_mma_block_ok(const dt_attn_block_args *a, char *why, size_t why_size);
 
 /* The same for one backward block: q, dout, k, v 16-byte aligned with
- * batch strides of whole 16-byte rows, dk, dv and dq 8-byte aligned,
+ * batch strides of whole 16-byte rows, dk, dv 8-byte aligned, dq 16-byte
+ * aligned with a batch stride of whole 16 bytes,
  * segment lengths below 2^31 - 64, a grid within 2^31 - 1 blocks, and
  * heads / kv_heads x ceil(qseg.len / 64) within 2^31 - 1 (a CTA's walk). */
 int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *why, size_t why_size);

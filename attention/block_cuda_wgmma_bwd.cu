@@ -13,8 +13,8 @@
  * query segment against one key/value segment, GQA, the position mask of
  * mask.h; P = exp(scale q.k - lse) (0 where masked and on rows with lse =
  * -inf), dP = dO V^T, dS = P (dP - delta); dV += P^T dO, dK += scale dS^T
- * Q, dQ += scale dS K, all three ADDED into the fp32 outputs, dq with
- * atomics (its last bits may differ from run to run; dk, dv's do not);
+ * Q, dQ += scale dS K, all three ADDED into the fp32 outputs, dq by bulk
+ * reductions (its last bits may differ from run to run; dk, dv's do not);
  * a `first` call writes dk, dv instead (0 where no query attends a key).
  *
  * Work split. A CTA per (key tile of BN = 128 keys, kv head, batch), in the
@@ -39,18 +39,28 @@
  *   dK  += dS^T Q    likewise, A = dS^T, B = Q
  * with dK and dV in fp32 registers through the whole loop. dS^T goes to
  * shared memory as dS [query][key] (each warpgroup its 64 keys: one column
- * block; stmatrix.trans of the A fragments above), and after a barrier each warpgroup computes a 64 x 64 piece of
- * dQ = dS K over all 128 keys:
+ * block; stmatrix.trans of the A fragments above), and after a barrier
+ * each warpgroup computes a 64 x 64 piece of dQ = dS K over all 128 keys:
  *   dQ piece = dS K  wgmma m64n64k16, A = dS rows (K-major), B = K MN-major
  * rows 64w .. (BM = 128, D = 64) or head-dim columns 64w .. (BM = 64,
- * D = 128), one mechanism for both head dims; the piece is scaled and added
- * into the fp32 dq with float2 atomics (mma_device.cuh's add_dq).
+ * D = 128), one mechanism for both head dims. The piece, scaled, goes into
+ * the warpgroup's staging rows in shared memory (stage_dq), and after the
+ * barrier that closes the iteration the warpgroup's first 64 threads add a
+ * row each (256 bytes) into the fp32 dq by a bulk reduction
+ * (cp.reduce.async.bulk .add.f32, the TMA unit's: FlashAttention-3's dQ),
+ * which reads the rows during the next iteration's math; those threads
+ * wait for the reads (cp.async.bulk.wait_group.read) before the next
+ * iteration's dS barrier, after which the rows are written again, and for
+ * the adds before they exit. Where float2 atomics (mma_device.cuh's
+ * add_dq, which the mma.sync backward keeps) took every thread 16
+ * reductions and their 64-bit addresses a query tile, that thread stores
+ * 16 float2 into shared memory and half of them issue one instruction.
  *
  * Dependent launch (compute capability 9.0; block.h's continues): every
  * CTA runs griddepcontrol.launch_dependents at its start and
  * griddepcontrol.wait only before it exits, so that a block continuing
  * the call may run beside the end of the one before (it adds into the
- * same dq, with atomics, and touches nothing else that block does) and
+ * same dq, by reductions, and touches nothing else that block does) and
  * completes after it.
  *
  * Mask and skipped tiles: the mma.sync backward's rule (mma_layout.h's
@@ -64,27 +74,30 @@
  * Shared memory, every tile in wgmma_device.cuh's 128-byte swizzled
  * column-block layout on a 1024-byte boundary: [K][V] of [BN][D], [Q 0]
  * [Q 1][dO 0][dO 1] of [BM][D], [dS] of [BM][BN], then per stage the
- * query rows' lse log2e, delta and key limits, then two mbarriers: 146 KiB
- * at D = 128, 130 KiB at D = 64. Loads: TMA from 4-D tensor maps of the
+ * query rows' lse log2e, delta and key limits, two mbarriers, and the two
+ * warpgroups' dQ staging rows (36 KiB): 182 KiB at D = 128, 168 KiB at
+ * D = 64. Loads: TMA from 4-D tensor maps of the
  * block's segments (rows past a segment arrive as zeros), issued by thread
  * 0: K, V and the first query tile's Q, dO on full[0]; the next query
  * tile's Q, dO into the other stage at the top of each iteration, flying
  * during its math; the __syncthreads closing an iteration frees its stage,
- * its row values and the dS tile. dS is written by stmatrix (the generic
- * proxy) and read by wgmma (the async proxy): each writer runs fence.proxy.async
- * before the barrier. A wait that does not complete within 10 s traps.
+ * its row values and the dS tile. dS and the dQ staging rows are written
+ * by the generic proxy (stmatrix, stores) and read by the async proxy
+ * (wgmma, the bulk reductions): each writer runs fence.proxy.async before
+ * the barrier. A wait that does not complete within 10 s traps.
  *
  * Registers per thread: dK, dV D (64 at D = 64, 128 at D = 128), S^T and
  * dP^T BM / 2 each, P^T and dS^T as A fragments BM / 4 each, the dQ piece
- * 32. ptxas (CUDA 13, sm_90a): 235 registers at D = 64, 241 at D = 128, no
- * spills, no serialised wgmma; one CTA (8 warps) per SM.
+ * 32. ptxas (CUDA 13, sm_90a, 2026-12-01): 236 registers at D = 64, 241
+ * at D = 128, no spills, no serialised wgmma; one CTA (8 warps) per SM.
  *
- * What is left for an H100 (docs/PERFORMANCE.md): run and measure it
- * (bench/issue8.py item 5 shows it beside the mma.sync kernel and
- * FlashAttention-2); then FlashAttention-3's refinements: a producer warp
- * and register reallocation (setmaxnreg), dQ through shared memory and a
- * bulk reduce-add (cp.reduce.async.bulk) instead of per-element atomics,
- * skipping a warpgroup's products on query tiles its keys do not see.
+ * What is left for an H100 (docs/PERFORMANCE.md): measure the stmatrix
+ * stores and the bulk reductions of dQ (2026-12-01, the key-tile loop's
+ * SASS: 1,629 instructions with exp2_ftz, 1,570 with stmatrix, 1,216 with
+ * the bulk reductions at D = 128; 2,068, 1,953, 1,595 at D = 64); then
+ * FlashAttention-3's other refinements:
+ * a producer warp and register reallocation (setmaxnreg), skipping a
+ * warpgroup's products on query tiles its keys do not see.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -123,6 +136,11 @@ struct wb_rows {
     int64_t lim[BM];
 };
 
+/* A staging row of a warpgroup's dQ piece: its 64 fp32 and 32 bytes more,
+ * so that row r starts 8 r banks on (mod 32) and a half-warp's float2
+ * stores (4 rows, 4 column pairs: stage_dq) meet no bank twice. */
+constexpr uint32_t WB_DQ_ROW = 64 * 4 + 32;
+
 /* Byte offsets of the shared-memory regions (from the 1024-aligned base). */
 template <int D>
 struct wb_smem {
@@ -130,7 +148,8 @@ struct wb_smem {
     static constexpr uint32_t KV = WB_BN * D * 2, QT = BM * D * 2;   /* tile bytes */
     static constexpr uint32_t K = 0, V = K + KV, Q = V + KV, DO = Q + 2 * QT, DS = DO + 2 * QT,
                               ROWS = DS + BM * WB_BN * 2, BARS = ROWS + 2 * sizeof(wb_rows<BM>),
-                              END = BARS + 2 * 8;
+                              DQ = (BARS + 2 * 8 + 127) / 128 * 128,   /* [2][64][WB_DQ_ROW] */
+                              END = DQ + 2 * 64 * WB_DQ_ROW;
     /* dynamic shared memory to ask for: the regions plus the alignment slack */
     static constexpr size_t BYTES = 1024 + END;
 };
@@ -196,6 +215,23 @@ __device__ __forceinline__ void store_ds(unsigned char *sds, const uint32_t (&ds
 #pragma unroll
     for (int kk = 0; kk < BM / 16; kk++)
         stmatrix_x4_trans(sds + wg_tile_off(8 * dt_mma_p_tile(kk, m) + i, key, BM), dsa[kk]);
+}
+
+/* The warpgroup's dQ piece (64 x 64, wgmma's accumulator layout: n-tile
+ * j is columns 8j ..; the warp's rows 16 wl ..), scaled, into its staging
+ * rows at sdq: row 16 wl + g (+ 8) gets columns 2t, 2t + 1 of each n-tile,
+ * a float2. */
+__device__ __forceinline__ void stage_dq(unsigned char *sdq, const float (&dq)[8][4], int wl,
+                                         int lane, float scale) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int row = 16 * wl + dt_mma_c_row(lane, 2 * half);
+            const int col = 8 * j + dt_mma_c_col(lane, 2 * half);
+            *reinterpret_cast<float2 *>(sdq + row * WB_DQ_ROW + col * 4) =
+                make_float2(scale * dq[j][2 * half], scale * dq[j][2 * half + 1]);
+        }
 }
 
 #endif /* !DT_WGMMA_STUB */
@@ -278,6 +314,11 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     const int r0 = BM == 128 ? 64 * wg : 0, c0 = D == 128 ? 64 * wg : 0;
     const int64_t key0 = y0 + 64 * wg + 16 * wl;   /* the warp's first key */
     const float scale_log2 = a.scale * LOG2E;
+    /* dQ goes through shared memory: the warpgroup stages its piece there,
+     * and its first 64 threads add a row of it each into dq by a bulk
+     * reduction (the TMA unit's, FlashAttention-3's dQ). */
+    unsigned char *const sdq = sm + L::DQ + (uint32_t)wg * 64u * WB_DQ_ROW;
+    const int wt = (int)threadIdx.x & 127;   /* the thread within its warpgroup */
 
     /* dk[j][i], dv[j][i]: accumulator element i of n-tile j (head-dim
      * columns 8j .. 8j+7) of the warp's 16 keys. */
@@ -342,7 +383,8 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         /* dS to shared memory for dQ = dS K, which needs every key's. */
         store_ds<BM>(sm + L::DS, dsa, wg, wl, lane);
         fence_proxy_async();
-        __syncthreads();   /* the dS tile is complete */
+        if (wt < 64) bulk_wait_read<0>();   /* the last iteration's reductions read their rows */
+        __syncthreads();   /* the dS tile is complete, the staging rows free */
 
         float dq[8][4];
         wgmma_fence();
@@ -354,16 +396,20 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
                                kk > 0);
         wgmma_commit();
         wgmma_wait<0>();   /* dV, dK and the dQ piece */
-        int64_t qrow[2];
-        bool live[2];
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            qrow[half] = qt * BM + r0 + 16 * wl + dt_mma_c_row(lane, 2 * half);
-            live[half] = qrow[half] < nq;
+        stage_dq(sdq, dq, wl, lane, a.scale);
+        fence_proxy_async();
+        /* this stage, its row values and dS are rewritten by what follows;
+         * the staging rows are complete */
+        __syncthreads();
+        if (wt < 64) {   /* query row qt BM + r0 + wt, columns c0 .. c0 + 63 */
+            const int64_t x = qt * BM + r0 + wt;
+            if (x < nq)
+                bulk_reduce_add_f32(a.dq + b * a.dq_batch_stride + x * H * D + h * D + c0,
+                                    sdq + wt * WB_DQ_ROW, 64 * 4);
+            bulk_commit();
         }
-        add_dq<8>(a.dq + b * a.dq_batch_stride + h * D, H * D, c0, dq, qrow, live, lane, a.scale);
-        __syncthreads();   /* this stage, its row values and dS are rewritten by what follows */
     }
+    if (wt < 64) bulk_wait<0>();   /* before the CTA's shared memory goes */
 
     /* --trace: every thread is done with the loop (its last __syncthreads) */
     if (threadIdx.x == 0) cta_mark(a, 1);

@@ -3,7 +3,8 @@
  * backward): warpgroup MMA (wgmma.mma_async m64nNk16 with f32 accumulators,
  * A from shared memory or registers, B from shared memory), its fence /
  * commit / wait, the async-proxy fence, named barriers, mbarriers, TMA
- * tile loads (cp.async.bulk.tensor) and stmatrix, the shared-memory matrix descriptors
+ * tile loads (cp.async.bulk.tensor), bulk reductions (cp.reduce.async.bulk)
+ * and stmatrix, the shared-memory matrix descriptors
  * of the 128-byte swizzled layout the kernels keep their tiles in, and on
  * the host the tensor maps of those loads. CUDA C++ only.
  *
@@ -155,6 +156,18 @@ __device__ __forceinline__ void fence_proxy_async() { dt_emu_fence_proxy_async()
 __device__ __forceinline__ void stmatrix_x4_trans(void *row, const uint32_t (&r)[4]) {
     dt_emu_stmatrix_x4(row, r, 1);
 }
+__device__ __forceinline__ void bulk_reduce_add_f32(float *dst, const void *src, uint32_t bytes) {
+    dt_emu_bulk_reduce_add_f32(dst, src, bytes);
+}
+__device__ __forceinline__ void bulk_commit() { dt_emu_bulk_commit(); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    dt_emu_bulk_wait(N);
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+    dt_emu_bulk_wait(N);
+}
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
     dt_emu_setmaxnreg(1, N);
@@ -277,6 +290,29 @@ __device__ __forceinline__ void stmatrix_x4_trans(void *row, const uint32_t (&r)
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
                  ::"r"(wg_smem_addr(row)), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
                  : "memory");
+}
+/* dst[i] += src[i] for the `bytes` (a multiple of 16) of fp32 at src
+ * (shared memory) and dst (global), both 16-byte aligned: one bulk
+ * reduction by the TMA unit, which reads src through the async proxy (its
+ * writers' fence.proxy.async and a barrier come first) and completes in
+ * this thread's bulk groups: bulk_commit closes a group, bulk_wait_read<N>
+ * waits until all but the newest N groups have read their sources (free
+ * to be written again), bulk_wait<N> until their adds are done too. */
+__device__ __forceinline__ void bulk_reduce_add_f32(float *dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 ::"l"(dst), "r"(wg_smem_addr(src)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 /* The calling warpgroup's registers per thread become N (24 .. 256, a
  * multiple of 8; every thread of the warpgroup executes the same one):

@@ -105,6 +105,15 @@ static float *zeros_f32(size_t n) {
     return p;
 }
 
+/* The same in emulated device memory (cudaMalloc, cudaFree): what a bulk
+ * copy's global side must be (the wgmma backward's dq). */
+static float *device_zeros_f32(size_t n) {
+    float *p = NULL;
+    assert_int_equal(cudaMalloc((void **)&p, n * sizeof(float)), cudaSuccess);
+    memset(p, 0, n * sizeof(float));   /* emulated device memory is host memory */
+    return p;
+}
+
 /* One rank's local rows of a full [B, S, heads, D] array, as dtype. */
 static void *local_rows(const emu_case *c, const double *full, int64_t heads, int j) {
     const attn_shape *s = &c->s;
@@ -416,12 +425,13 @@ static void run_backward(void **state) {
         for (size_t i = 0; i < nrow; i++) lse[j][i] = (float)tmp[i];
         ref_local_lse(delta_full, B, s->S, H, c->order, c->P, j, 0, H, tmp);
         for (size_t i = 0; i < nrow; i++) delta[j][i] = (float)tmp[i];
-        dq[j] = zeros_f32(nql);
+        dq[j] = device_zeros_f32(nql);
         dk[j] = zeros_f32(nkl);
         dv[j] = zeros_f32(nkl);
         for (size_t i = 0; i < nkl; i++)   /* the first block on a key rank writes them */
             dk[j][i] = dv[j][i] = NAN;
     }
+    const uint64_t bulk_before = dt_emu_get_counts().bulk;
     const uint64_t mma_before = dt_emu_get_counts().mma;
     const uint64_t dependent_before = dt_emu_get_counts().dependent;
     /* the kernels' key tiles (a CTA each) and query tiles (their files' comments) */
@@ -476,8 +486,10 @@ static void run_backward(void **state) {
     }
     const uint64_t mma_ran = dt_emu_get_counts().mma - mma_before;
     const uint64_t dependent_ran = dt_emu_get_counts().dependent - dependent_before;
+    /* the wgmma kernel's dQ by bulk reductions (the mma kernel's by float2 ones) */
+    const uint64_t bulk_ran = dt_emu_get_counts().bulk - bulk_before;
     for (int j = 0; j < c->P; j++) {
-        cudaFree(dor[j]), free(lse[j]), free(delta[j]), free(dq[j]), free(dk[j]), free(dv[j]);
+        cudaFree(dor[j]), free(lse[j]), free(delta[j]), cudaFree(dq[j]), free(dk[j]), free(dv[j]);
     }
     free_ranks(c, &R);
     free(q), free(k), free(v), free(dout), free(o), free(lse_full), free(delta_full);
@@ -485,11 +497,13 @@ static void run_backward(void **state) {
     assert_int_equal(bad, 0);
     assert_true(mma_ran > 0);
     assert_int_equal(dependent_ran, c->dependent ? continuing : 0);
+    assert_true(wgmma ? bulk_ran > 0 : bulk_ran == 0);
 }
 
 /* The backward kernels walk a CTA's query heads and tiles with 32-bit
  * counters: a block whose group x query tiles passes 2^31 - 1 is refused,
- * one just below is not. (Only the arguments: no kernel runs.) */
+ * one just below is not; and dq must be 16-byte aligned. (Only the
+ * arguments: no kernel runs.) */
 static void test_bwd_walk_bound(void **state) {
     (void)state;
     char why[256] = "";
@@ -501,6 +515,19 @@ static void test_bwd_walk_bound(void **state) {
     a.qseg.len = (int64_t)1 << 17;   /* 2^31 */
     assert_false(dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why));
     assert_non_null(strstr(why, "more than 2^31 - 1 iterations"));
+    /* dq's rows go by 16-byte bulk reductions (the wgmma kernel): an
+     * 8-byte aligned dq, or a batch stride of 2 values more, is refused */
+    a.qseg.len = 64;
+    static float dq[68] __attribute__((aligned(16)));
+    a.dq = dq;
+    a.dq_batch_stride = 64;
+    assert_true(dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why));
+    a.dq = dq + 2;
+    assert_false(dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why));
+    assert_non_null(strstr(why, "not 16-byte aligned"));
+    a.dq = dq;
+    a.dq_batch_stride = 66;
+    assert_false(dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why));
 }
 
 /* The tensor-core kernels divide by the key stride in 32 bits
@@ -801,6 +828,59 @@ static void test_named_barriers(void **state) {
  * results, against ldexp's exact powers and the host's exp2f; a result
  * below the smallest normal float, 2^-126, is 0, not exp2f's subnormal; a
  * subnormal x counts as 0; -inf gives 0 and NaN stays NaN. */
+/* cp.reduce.async.bulk.add.f32 (emu.h): lane l of a warp stores 4 fp32
+ * values of 512 bytes of shared memory, 4 l + i each, and lane 0 adds them
+ * into dst in two bulk reductions of 256 bytes, a commit group each, then
+ * waits. mode 0: as it should be (fence.proxy.async, a barrier, the
+ * reductions, wait_group 1 then 0, the first half of the source rewritten
+ * between them: its reduction was complete); 1: no fence before the
+ * barrier; 2: the second half rewritten before the wait that completes
+ * its reduction; 3: no wait at all (the thread exits reading). */
+typedef struct bulk_case {
+    int mode;
+    float *dst;   /* 128 values in emulated device memory */
+} bulk_case;
+static void k_bulk(void *arg) {
+    const bulk_case *c = arg;
+    float *smem = (float *)dt_emu_dynamic_smem();
+    for (int i = 0; i < 4; i++) smem[4 * lane() + i] = (float)(4 * lane() + i);
+    if (c->mode != 1) dt_emu_fence_proxy_async();
+    dt_emu_syncthreads();
+    if (lane() != 0) return;
+    dt_emu_bulk_reduce_add_f32(c->dst, smem, 256);
+    dt_emu_bulk_commit();
+    dt_emu_bulk_reduce_add_f32(c->dst + 64, smem + 64, 256);
+    dt_emu_bulk_commit();
+    if (c->mode == 3) return;
+    dt_emu_bulk_wait(1);   /* the first is complete, the second may still read */
+    smem[0] = -1.0f;       /* the first's source: free again */
+    if (c->mode == 2) smem[64] = -1.0f;
+    dt_emu_bulk_wait(0);
+}
+
+static void test_bulk_reduce(void **state) {
+    (void)state;
+    static const char *const want[4] = {"", "no fence.proxy.async and barrier",
+                                        "was written while a cp.reduce.async.bulk read it",
+                                        "exited with 2 cp.reduce.async.bulk"};
+    const uint64_t before = dt_emu_get_counts().bulk;
+    for (int mode = 0; mode < 4; mode++) {
+        bulk_case c = {mode, NULL};
+        assert_int_equal(cudaMalloc((void **)&c.dst, 128 * sizeof(float)), cudaSuccess);
+        for (int i = 0; i < 128; i++) c.dst[i] = 1000.0f + (float)i;   /* host memory here */
+        const char *err = emu_run(WARP, 512, k_bulk, &c);
+        if (mode == 0) {
+            assert_string_equal(err, "");
+            for (int i = 0; i < 128; i++) assert_true(c.dst[i] == 1000.0f + 2.0f * (float)i);
+        } else if (!strstr(err, want[mode])) {
+            print_error("mode %d: got \"%s\"\n", mode, err);
+            fail();
+        }
+        cudaFree(c.dst);
+    }
+    assert_int_equal(dt_emu_get_counts().bulk - before, 2 + 0 + 2 + 2);
+}
+
 static void test_ex2_ftz(void **state) {
     (void)state;
     for (int e = -126; e <= 127; e++) assert_true(dt_emu_ex2_ftz((float)e) == ldexpf(1.0f, e));
@@ -1839,7 +1919,7 @@ int main(void) {
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
      * (wgmma), 3: backward (wgmma) */
     static emu_case cases[4 * 2 * NROWS + 3];   /* + the variants beyond the first (below) */
-    struct CMUnitTest tests[4 * 2 * NROWS + 3 + 3 + 7];
+    struct CMUnitTest tests[4 * 2 * NROWS + 3 + 3 + 8];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int dir = 0; dir < 4; dir++)
@@ -1904,6 +1984,7 @@ int main(void) {
     tests[nt++] = (struct CMUnitTest){"emulator/named-barriers", test_named_barriers, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/setmaxnreg", test_setmaxnreg, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/ex2-approx-ftz", test_ex2_ftz, NULL, NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"emulator/bulk-reduce-add", test_bulk_reduce, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/programmatic-dependent-launch", test_griddep, NULL,
                                       NULL, NULL};
     return h_run_cases("tensor-core kernels on the CPU emulator", tests, nt);

@@ -35,6 +35,8 @@
  *     instruction; the last to arrive computes all 128 results, which reach
  *     the accumulator registers only at the wgmma.wait_group that completes
  *     them (until then the registers hold a NaN);
+ *   - the bulk reduction cp.reduce.async.bulk .add.f32 from shared to
+ *     global memory, with its bulk groups (dt_emu_bulk_reduce_add_f32);
  *   - Hopper mbarriers (init, arrive, arrive.expect_tx, try_wait.parity,
  *     fence.mbarrier_init) and the tensor copy cp.async.bulk.tensor (TMA:
  *     tiled boxes of a tensor map from cuTensorMapEncodeTiled, zero fill out
@@ -89,9 +91,10 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, int de
  * blocks run; warp and warpgroup instructions completed (warp_ops); matrix
  * instructions, mma.sync and wgmma.mma_async (mma); cp.async copies
  * (copies); wgmma.mma_async alone (wgmma); cp.async.bulk.tensor issued
- * (tma); programmatic dependent launches run (dependent). */
+ * (tma); programmatic dependent launches run (dependent); cp.reduce.async.bulk
+ * issued (bulk). */
 typedef struct dt_emu_counts {
-    uint64_t blocks, warp_ops, mma, copies, wgmma, tma, dependent;
+    uint64_t blocks, warp_ops, mma, copies, wgmma, tma, dependent, bulk;
 } dt_emu_counts;
 dt_emu_counts dt_emu_get_counts(void);
 
@@ -252,6 +255,23 @@ void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, i
  * dt_emu_tma_load does (written by cuTensorMapEncodeTiled, unchanged,
  * 64-byte aligned) and does nothing else. */
 void dt_emu_tma_prefetch(const void *tensor_map);
+/* cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32: the `bytes`
+ * (a multiple of 16) of fp32 at src (shared memory, 16-byte aligned) added
+ * into dst (global, 16-byte aligned, inside one cudaMalloc allocation),
+ * element by element, as the float2 reductions add (a reduction: allowed
+ * before griddepcontrol.wait, as dt_emu_reduce_add). The bulk copy reads
+ * shared memory through the async proxy, so it reads what a barrier
+ * published after a fence.proxy.async (emulated: the add is made at the
+ * issue, from that view); checked: that view and shared memory agree on
+ * src at the issue (a store not yet published fails), and src is unchanged
+ * until the thread's cp.async.bulk.wait_group[.read] completes the op (a
+ * store before fails there), and no thread exits before that wait.
+ * Completed by groups: dt_emu_bulk_commit (cp.async.bulk.commit_group),
+ * dt_emu_bulk_wait (cp.async.bulk.wait_group N, .read or not: the same
+ * here) completes all but the newest n committed groups. */
+void dt_emu_bulk_reduce_add_f32(float *dst, const void *src, uint32_t bytes);
+void dt_emu_bulk_commit(void);
+void dt_emu_bulk_wait(int n);
 
 /* Programmatic dependent launch (griddepcontrol). The emulator runs a
  * dependent launch after the one before, as any other, so it cannot show

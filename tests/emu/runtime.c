@@ -151,6 +151,15 @@ typedef struct wgmma_op {
     uint16_t b[WG_K * WG_NMAX];  /* B[k][j] at n k + j */
 } wgmma_op;
 
+/* One thread's cp.reduce.async.bulk whose read of shared memory no
+ * cp.async.bulk.wait_group has completed: its source, as it read it. */
+typedef struct emu_bulk {
+    uint32_t src;          /* shared offset */
+    uint32_t bytes;
+    long group;            /* commit group; -1 until committed */
+    unsigned char *seen;   /* the source's bytes at the issue (malloc) */
+} emu_bulk;
+
 /* One thread's pending wgmma.mma_async. */
 typedef struct emu_wgmma {
     float *d;
@@ -189,6 +198,10 @@ typedef struct emu_thread {
     long wg_next_group;
     int wg_fenced;     /* wgmma.fence since the start or the last wgmma.wait_group */
     int cp_unfenced;   /* completed cp.async copies since its last fence.proxy.async */
+    /* cp.reduce.async.bulk reading shared memory, in issue order */
+    struct emu_bulk *bulks;
+    int nbulk, bulkcap;
+    long bulk_next_group;
     /* the mbarrier wait it is blocked in (T_WAIT_MBAR) */
     uint32_t mbar_off, mbar_parity;
     int bar_id;   /* the named barrier it waits in (T_WAIT_BAR) */
@@ -1503,6 +1516,69 @@ void dt_emu_tma_load(void *dst, const void *tensor_map, const int32_t *coords, i
     mbar_wake(bar_off);
 }
 
+/* ---- the bulk reduction */
+
+void dt_emu_bulk_reduce_add_f32(float *dst, const void *src, uint32_t bytes) {
+    const char *op = "cp.reduce.async.bulk.add.f32";
+    emu_thread *t = E.cur;
+    const unsigned char *s = src;
+    if (bytes == 0 || bytes % 16 || !in_smem(s, bytes) || (uintptr_t)(s - E.smem) % 16)
+        dt_emu_fail("%s: source %p, %u bytes: not a multiple of 16 bytes, 16-byte aligned, inside "
+                    "the %zu bytes of dynamic shared memory", op, src, bytes, E.smem_bytes);
+    const void *alloc;
+    size_t alloc_bytes;
+    if ((uintptr_t)dst % 16 || !dt_emu_cuda_allocation(dst, &alloc, &alloc_bytes) ||
+        (const char *)dst + bytes > (const char *)alloc + alloc_bytes)
+        dt_emu_fail("%s: destination %p, %u bytes: not 16-byte aligned inside one allocation "
+                    "CUDA knows (cudaMalloc, cudaHostAlloc)", op, (void *)dst, bytes);
+    const uint32_t off = (uint32_t)(s - E.smem);
+    tma_check_idle(off, bytes, op);
+    if (memcmp(E.smem + off, E.smem_async + off, bytes))
+        dt_emu_fail("%s: its source, shared offsets [%u, %u), holds stores that no "
+                    "fence.proxy.async and barrier after it published to the async proxy", op,
+                    off, off + bytes);
+    /* a reduction that commutes with the grid before's (dt_emu_reduce_add) */
+    for (uint32_t i = 0; i < bytes; i += 4) {
+        float x, y;
+        memcpy(&x, E.smem_async + off + i, 4);
+        memcpy(&y, (char *)dst + i, 4);
+        y += x;
+        memcpy((char *)dst + i, &y, 4);
+    }
+    unsigned char *seen = malloc(bytes);
+    if (!seen) dt_emu_fail("%s: out of host memory", op);
+    memcpy(seen, E.smem + off, bytes);
+    t->bulks = room(t->bulks, t->nbulk, &t->bulkcap, sizeof *t->bulks);
+    t->bulks[t->nbulk++] = (emu_bulk){off, bytes, -1, seen};
+    E.counts.bulk++;
+}
+
+void dt_emu_bulk_commit(void) {
+    emu_thread *t = E.cur;
+    for (int i = 0; i < t->nbulk; i++)
+        if (t->bulks[i].group < 0) t->bulks[i].group = t->bulk_next_group;
+    t->bulk_next_group++;
+}
+
+void dt_emu_bulk_wait(int n) {
+    emu_thread *t = E.cur;
+    if (n < 0) dt_emu_fail("cp.async.bulk.wait_group %d", n);
+    int kept = 0;
+    for (int i = 0; i < t->nbulk; i++) {
+        emu_bulk *b = &t->bulks[i];
+        if (b->group < 0 || b->group >= t->bulk_next_group - n) {   /* not this wait's */
+            t->bulks[kept++] = *b;
+            continue;
+        }
+        if (memcmp(E.smem + b->src, b->seen, b->bytes))
+            dt_emu_fail("shared memory in [%u, %u) was written while a cp.reduce.async.bulk "
+                        "read it: cp.async.bulk.wait_group.read must complete it first", b->src,
+                        b->src + b->bytes);
+        free(b->seen);
+    }
+    t->nbulk = kept;
+}
+
 /* ------------------------------------------------------------- launch */
 
 const dt_emu_dim3 *dt_emu_thread_idx(void) { return &E.cur->idx; }
@@ -1519,6 +1595,10 @@ static EMU_NO_TSAN void fiber_main(void) {
     emu_thread *t = E.cur;
     if (!t->griddep_waived) dt_emu_griddep_require("exiting");
     wait_groups(t, 0);   /* copies still in flight land anyway */
+    if (t->nbulk)
+        dt_emu_fail("exited with %d cp.reduce.async.bulk still reading shared memory: "
+                    "cp.async.bulk.commit_group and cp.async.bulk.wait_group[.read] 0 must "
+                    "complete them first", t->nbulk);
     if (t->nwg) {
         int uncommitted = 0;
         for (int i = 0; i < t->nwg; i++) uncommitted += t->wg[i].group < 0;
@@ -1551,6 +1631,8 @@ static void start_fiber(emu_thread *t) {
     t->state = T_RUNNABLE;
     t->ncopies = 0;
     t->next_group = 0;
+    t->nbulk = 0;   /* none left by an exit (checked there) */
+    t->bulk_next_group = 0;
     t->op = 0;
     t->nwg = 0;   /* all completed by the previous block's exits */
     t->wg_next_group = 0;
@@ -1775,6 +1857,8 @@ int dt_emu_launch(dt_emu_dim3 grid, dt_emu_dim3 block, size_t smem_bytes, int de
             if (t->wg[j].op) release_op(t->wg[j].op);
         free(t->wg);
         free(t->copies);
+        for (int j = 0; j < t->nbulk; j++) free(t->bulks[j].seen);   /* a failed launch's */
+        free(t->bulks);
 #ifdef EMU_TSAN
         if (t->tsan_fiber) __tsan_destroy_fiber(t->tsan_fiber);
 #endif
