@@ -88,13 +88,16 @@
  *
  * Registers per thread: dK, dV D (64 at D = 64, 128 at D = 128), S^T and
  * dP^T BM / 2 each, P^T and dS^T as A fragments BM / 4 each, the dQ piece
- * 32. ptxas (CUDA 13, sm_90a, 2026-12-01): 236 registers at D = 64, 241
+ * 32. ptxas (CUDA 13, sm_90a, 2026-12-01): 238 registers at D = 64, 240
  * at D = 128, no spills, no serialised wgmma; one CTA (8 warps) per SM.
  *
  * What is left for an H100 (docs/PERFORMANCE.md): measure the stmatrix
- * stores and the bulk reductions of dQ (2026-12-01, the key-tile loop's
- * SASS: 1,629 instructions with exp2_ftz, 1,570 with stmatrix, 1,216 with
- * the bulk reductions at D = 128; 2,068, 1,953, 1,595 at D = 64); then
+ * stores, the bulk reductions of dQ, the k-steps' descriptors made by
+ * wg_desc_plus and the row values loaded in pairs (2026-12-01, the
+ * key-tile loop's SASS: 1,629 instructions with exp2_ftz, 1,570 with
+ * stmatrix, 1,216 with the bulk reductions, 1,108 with the descriptors,
+ * 1,067 with the pairs at D = 128; 2,068, 1,953, 1,595, 1,536, 1,471 at
+ * D = 64); then
  * FlashAttention-3's other refinements:
  * a producer warp and register reallocation (setmaxnreg), skipping a
  * warpgroup's products on query tiles its keys do not see.
@@ -186,15 +189,20 @@ __device__ __forceinline__ void probabilities_t(float (&s)[BM / 8][4], float (&d
                                                 const wb_rows<BM> *r, int64_t key0, int lane,
                                                 float scale_log2) {
 #pragma unroll
-    for (int j = 0; j < BM / 8; j++)
+    for (int j = 0; j < BM / 8; j++) {
+        /* the lane's two columns' values, each pair in one load */
+        const int c0 = 8 * j + dt_mma_c_col(lane, 0);
+        const float2 lse2 = *reinterpret_cast<const float2 *>(&r->lse2[c0]);
+        const float2 delta = *reinterpret_cast<const float2 *>(&r->delta[c0]);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int c = 8 * j + dt_mma_c_col(lane, i);
-            float p = exp2_ftz(s[j][i] * scale_log2 - r->lse2[c]);   /* 0 when lse2 = +inf */
+            const int c = c0 + (i & 1);   /* dt_mma_c_col(lane, i) */
+            float p = exp2_ftz(s[j][i] * scale_log2 - (i & 1 ? lse2.y : lse2.x));   /* 0 when +inf */
             if (MASKED && key0 + dt_mma_c_row(lane, i) >= r->lim[c]) p = 0.0f;
             s[j][i] = p;
-            dp[j][i] = p * (dp[j][i] - r->delta[c]);
+            dp[j][i] = p * (dp[j][i] - (i & 1 ? delta.y : delta.x));
         }
+    }
 }
 
 /* Stores the warpgroup's dS^T (its 64 keys x BM queries) as dS [query][key]
@@ -347,15 +355,20 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         /* S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys (rows 64w
          * of the K and V tiles) against the tile's BM queries. */
         float s[BM / 8][4], dp[BM / 8][4];
+        /* The k-steps' descriptors: the first one's plus a constant each
+         * (wg_desc_plus), as the forward's S product at D = 128. */
+        const uint64_t kd = wg_desc_k_major(k_addr + 64u * 128u * wg, WB_BN, 0),
+                       vd = wg_desc_k_major(v_addr + 64u * 128u * wg, WB_BN, 0),
+                       qd = wg_desc_k_major(q_addr, BM, 0), dod = wg_desc_k_major(do_addr, BM, 0);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<T, BM>(s, wg_desc_k_major(k_addr + 64u * 128u * wg, WB_BN, kk),
-                            wg_desc_k_major(q_addr, BM, kk), kk > 0);
+            wgmma_ss<T, BM>(s, wg_desc_plus(kd, wg_k_major_off(WB_BN, kk)),
+                            wg_desc_plus(qd, wg_k_major_off(BM, kk)), kk > 0);
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<T, BM>(dp, wg_desc_k_major(v_addr + 64u * 128u * wg, WB_BN, kk),
-                            wg_desc_k_major(do_addr, BM, kk), kk > 0);
+            wgmma_ss<T, BM>(dp, wg_desc_plus(vd, wg_k_major_off(WB_BN, kk)),
+                            wg_desc_plus(dod, wg_k_major_off(BM, kk)), kk > 0);
         wgmma_commit();
         wgmma_wait<0>();
         if (qt < c.qt_unmasked)
@@ -387,10 +400,11 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         __syncthreads();   /* the dS tile is complete, the staging rows free */
 
         float dq[8][4];
+        const uint64_t dsd = wg_desc_k_major(ds_addr + (uint32_t)r0 * 128u, BM, 0);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < WB_BN / 16; kk++)   /* B MN-major: TRANS_B = 1 */
-            wgmma_ss<T, 64, 1>(dq, wg_desc_k_major(ds_addr + (uint32_t)r0 * 128u, BM, kk),
+            wgmma_ss<T, 64, 1>(dq, wg_desc_plus(dsd, wg_k_major_off(BM, kk)),
                                wg_desc_mn_major(k_addr + (uint32_t)(c0 / 64) * WB_BN * 128u,
                                                 WB_BN, kk),
                                kk > 0);
