@@ -106,9 +106,9 @@ int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size
  * on one stream. dependent: as for dt_attn_mma_fwd; a dependent block
  * waits for the one before also before it takes from the queue, and one
  * with a->visits (the rows' waits, block.h) runs a CTA per query tile.
- * producer: at D = 128, the loads by a producer warpgroup
- * (block_cuda_wgmma.cu), nonzero, or by thread 0, 0; the same results
- * either way, only the speed may differ. */
+ * producer: at D = 128, nonzero for the loads by a producer warpgroup
+ * (block_cuda_wgmma.cu), 0 for thread 0's; the same results either way,
+ * only the speed may differ. */
 dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
                             void *queue, int dependent, int producer);
 

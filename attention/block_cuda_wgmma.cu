@@ -109,9 +109,9 @@
  * rows' stored state before their last product's wait: EARLY below), no
  * spills, no serialised wgmma; with the producer warpgroup 168 at the
  * entry, 232 for the consumers and 40 for the producer (setmaxnreg), no
- * spills. The batch and kv
- * head of the current tile sit in shared memory for thread 0's loads
- * instead of in every thread's registers (at D = 64 they spilled). A
+ * spills. The batch and kv head of the current tile sit in shared memory
+ * for thread 0's loads instead of in every thread's registers (at D = 64
+ * they spilled). A
  * tile's index math divides by multiplication (mma_device.cuh's
  * dt_mma_grid, made on the host).
  *

@@ -97,10 +97,9 @@
  * key-tile loop's SASS: 1,629 instructions with exp2_ftz, 1,570 with
  * stmatrix, 1,216 with the bulk reductions, 1,108 with the descriptors,
  * 1,067 with the pairs at D = 128; 2,068, 1,953, 1,595, 1,536, 1,471 at
- * D = 64); then
- * FlashAttention-3's other refinements:
- * a producer warp and register reallocation (setmaxnreg), skipping a
- * warpgroup's products on query tiles its keys do not see.
+ * D = 64); then FlashAttention-3's other refinements: a producer warp and
+ * register reallocation (setmaxnreg), skipping a warpgroup's products on
+ * query tiles its keys do not see.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
