@@ -5,16 +5,15 @@
 # attention kernels beside them (test_reliability after them, alone: its
 # soak case reads the whole device's memory), a canary of the wgmma
 # forward in its default launch (at D = 128 the producer warpgroup's
-# loads) and with --producer 0 (thread 0's loads), and of
-# the wgmma backward (a small block; a variant failing or hanging is left
+# loads) and with --producer 0 (thread 0's loads), and of the wgmma
+# backward (a small block; a variant failing or hanging is left
 # out of the rest, and if the default forward or the backward does, the
 # rest measures the mma kernels only), the wgmma forward of the revisions
 # that scripts/gpu_pack.sh --bisect packed beside this build's (if any),
-# issue 4 (c) (the ring's cost; again
-# with the communication stream's copies by the driver
-# and its adds wide: --comm-ctas 0, with the forward's rows' waits:
-# --dependent 2, and without the copies: --copies 0), a ring step's copies
-# alone (bench/ring, P = 2 and 8), then bench/issue8.py
+# issue 4 (c) (the ring's cost; again with the communication stream's
+# copies by the driver and its adds wide: --comm-ctas 0, with the
+# forward's rows' waits: --dependent 2, and without the copies: --copies
+# 0), a ring step's copies alone (bench/ring, P = 2 and 8), then bench/issue8.py
 # with what is left of the budget. Every step before issue8.py is cut to
 # leave it ISSUE8_MIN (200) seconds.
 #

@@ -50,10 +50,11 @@
  *   - programmatic dependent launches: run after the launch before, as any,
  *     with their waits checked instead (dt_emu_griddep_require).
  * What is checked, each failing the launch with a message: ldmatrix,
- * stmatrix and cp.async addresses inside shared memory and 16-byte aligned; a warp
- * instruction with lanes missing (exited) or lanes at different
- * instructions; a deadlock (no thread can run: a __syncthreads some threads
- * never reach, say; an mbarrier wait that nothing can complete); __trap;
+ * stmatrix and cp.async addresses inside shared memory and 16-byte
+ * aligned; a warp instruction with lanes missing (exited) or lanes at
+ * different instructions; a deadlock (no thread can run: a __syncthreads
+ * some threads never reach, say; an mbarrier wait that nothing can
+ * complete); __trap;
  * for wgmma what dt_emu_wgmma lists, and for mbarriers and TMA what
  * dt_emu_mbar_wait and dt_emu_tma_load list.
  *
