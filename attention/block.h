@@ -153,8 +153,9 @@ typedef struct dt_attn_block_args {
  * set, dk and dv (the kseg.len rows of every kv head and batch) are written
  * instead, 0 where no query attends a key, so that they need not be zeroed
  * before (what they held is never read). On CUDA the
- * tensor-core kernel adds dq with atomics, so the order of dq's sums (not
- * dk's or dv's) may differ from run to run. */
+ * tensor-core kernels add into dq by reductions (float2 atomics, or bulk
+ * reductions of whole rows), so the order of dq's sums (not dk's or dv's)
+ * may differ from run to run. */
 typedef struct dt_attn_block_bwd_args {
     dt_dtype dtype;
     int64_t batch, heads, kv_heads, dim;

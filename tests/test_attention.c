@@ -1863,7 +1863,7 @@ static void test_cuda_stateless_workspace(void **state) {
  * again. Each run's backward too: its blocks after the call's
  * first start while the one before finishes (they add into the same dQ
  * and write other dK, dV rows or buffers), so dK and dV must agree bit
- * for bit as well (dQ's atomics may add in another order). */
+ * for bit as well (dQ's reductions may add in another order). */
 enum { DEP_P = 2, DEP_RUNS = 6, DEP_SUMS = 4 };
 
 typedef struct dep_case {
