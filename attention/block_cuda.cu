@@ -35,7 +35,8 @@
  * dt_attn_mma_bwd_block_ok for alignment):
  *   - wgmma (block_cuda_wgmma_bwd.cu): Hopper warpgroup MMA fed by TMA, a
  *     CTA per 128 keys of a kv head. The default backward where it can run
- *     (1.5x to 1.8x the mma one, docs/PERFORMANCE.md, H200 2026-11-26).
+ *     (1.5x to 1.8x the mma one on an H200, 2026-11-26:
+ *     docs/PERFORMANCE_HISTORY.md).
  *   - mma (block_cuda_mma_bwd.cu): FlashAttention-2 structure on tensor
  *     cores (a CTA per 128 keys of a kv head, dK and dV in registers over
  *     the query tiles of its group's heads, dQ added with atomics). The

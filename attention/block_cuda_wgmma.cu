@@ -1,13 +1,13 @@
 /* attention/block_cuda_wgmma.cu — the Hopper forward block kernel: warpgroup
- * MMA (wgmma, sm_90a) for bf16 and fp16, head dims 64 and 128. STATUS:
- * passes its tests on the CPU emulator of CUDA (tests/emu, test_mma_emu,
- * against the double reference on ring, striped and zigzag blocks), on an
- * H100 (2026-11-22, before it ran persistent) and on an H200 (2026-11-26),
- * where it ran at 1.16x to 1.62x FlashAttention-2's forward
- * (docs/PERFORMANCE.md). The default forward on compute capability 9.0
- * (block.h). The portable
- * mma.sync kernel (block_cuda_mma.cu) is the default on the other GPUs of
- * compute capability 8.0 or newer.
+ * MMA (wgmma, sm_90a) for bf16 and fp16, head dims 64 and 128. The default
+ * forward on compute capability 9.0 (block.h); the portable mma.sync
+ * kernel (block_cuda_mma.cu) is the default on the other GPUs of compute
+ * capability 8.0 or newer. Tested on the CPU emulator of CUDA (tests/emu,
+ * test_mma_emu: ring, striped and zigzag blocks against the double
+ * reference) and on H100 and H200 GPUs. Its speed is in
+ * docs/PERFORMANCE.md; the designs measured and kept or dropped, with
+ * their figures, in docs/ARCHITECTURE.md ("CUDA attention kernels", the
+ * third forward kernel).
  *
  * Contract: dt_attn_kernels.fwd of block.h, as block_cuda_mma.cu: one query
  * segment against one key/value segment, GQA, the position mask of mask.h,
@@ -115,36 +115,14 @@
  * tile's index math divides by multiplication (mma_device.cuh's
  * dt_mma_grid, made on the host).
  *
- * Measured on an H200 (docs/PERFORMANCE.md, 2026-11-26): the persistent
- * launch no faster than a CTA per tile (0.98x to 1.03x), and a CTA's fixed
- * cost per query tile about 3.3 key tiles (13.9 k cycles at c = 4096),
- * which keeps a causal 4096 x 4096 block at r = 0.57 of a full one; the
- * rows' merge is 0.4 to 0.5 of a key tile of it (bench/blocks --rows own),
- * the rest the query tile's start and end while no other CTA shares the SM.
- * The overlapped order (OV below; D = 128) overlaps one query tile's end
- * with the next one's start: the warpgroups do not meet after a query
- * tile, so one writes its rows back while the other computes
- * (ARCHITECTURE.md). On an H200 (2026-11-26) 5 to 10% faster on full
- * blocks and 4 to 8% on causal ones than the warpgroups meeting after each
- * query tile, its tests passed there, racecheck and synccheck clean; the
- * meeting order and its switch were removed on 2026-11-29. What is left
- * besides: a third stage; the overlap of a tile's S with the previous
- * tile's P V inside a warpgroup.
- * The producer warpgroup (PRODUCER below; dt_attn_wgmma_fwd's producer,
- * dt_backend_cuda_set_producer; D = 128) takes every load and the tile
- * queue off thread 0, so that no consumer thread waits for a release or a
- * ticket (FlashAttention-3). The default since an H200 run (2026-11-27):
- * 4 to 10% faster than thread 0's loads in every forward row, single call
- * and ring (docs/PERFORMANCE.md). The same run measured a query tile's end
- * through shared memory and TMA bulk copies 20 to 30% slower on full
- * blocks, and it was removed. Its end costs 5,767 cycles against thread
- * 0's 4,059, whose early loads of the rows' stored state (EARLY) do not fit
- * the producer's consumers' registers. Staged in shared memory instead (by
- * cp.async during the last product, in 32 KiB more of it: producer 2,
- * 2026-11-28) they shortened that end on an H200 (4,440 cycles against
- * 5,672, 2026-11-29) but left r as it was and made issue 4 (c)'s ring
- * slower (forward P = 8 18.6 / 25.4 / 21.6% over one call against 16.7 /
- * 22.2 / 19.5%); removed on 2026-12-01.
+ * The overlapped order (OV below; D = 128): the warpgroups do not meet
+ * after a query tile, so one merges and writes its rows back while the
+ * other computes, and one query tile's end overlaps the next one's start.
+ * The producer warpgroup (PRODUCER below; the default at D = 128) takes
+ * every load and the tile queue off thread 0, so that no consumer thread
+ * waits for a release or a ticket (FlashAttention-3's warp
+ * specialisation). Not tried yet: a third stage; the overlap of a tile's
+ * S with the previous tile's P V inside a warpgroup.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -376,8 +354,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
      * arrives once it has written the slot, during the last key tile; every
      * thread waits there before it releases that tile's stage, so that no
      * thread is two publications behind). Tiles without keys still meet
-     * (a __syncthreads). On an H200 (2026-11-26) 5 to 10% faster than the
-     * warpgroups meeting after each query tile, which it replaced. */
+     * (a __syncthreads). */
     constexpr bool OV = RELEASE;
     /* The producer warpgroup (PRODUCER, dt_attn_wgmma_fwd's producer; D =
      * 128 only): a third warpgroup, whose first thread issues every load and
