@@ -56,11 +56,18 @@
  *                        of a block (dt_attn_tiles); the F that b2b/call
  *                        implies, and the largest F that would allow
  *                        b2b/call <= 1.05 (issue 8's item 3).
+ *         (g)            forward, --group LIST: the contiguous ring once
+ *                        more with a rank's steps after its first G to a
+ *                        launch (group_block: their keys sit side by side,
+ *                        one key segment, so each query tile merges into
+ *                        its rows' state once for G steps), back to back
+ *                        as b2b, its outputs checked against the ring's;
+ *                        with the tile model's K, V and F.
  *
  * --pass fwd,bwd picks the forward and/or backward block kernel. Backward
  * blocks use the lse of a forward pass over the same rows, so P stays
- * finite, and write their dk, dv (block.h's first) as a ring's steps do
- * (until 2026-11-27 they added into them: a read of dk, dv more). Timing (time_block): the device drained before each block; CUDA
+ * finite, and write their dk, dv (block.h's first) as a ring's steps do.
+ * Timing (time_block): the device drained before each block; CUDA
  * events around its kernels on a GPU, the stream kept busy for 200 us
  * before the first event (the host's work for the first launch is then
  * not timed), CLOCK_MONOTONIC on the CPU; one warm-up, then --iters
@@ -96,7 +103,7 @@
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
  *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--persistent 0|1|2]
  *      [--dependent 0|1|2] [--producer 0|1] [--rows merge|own]
- *      [--trace]
+ *      [--group LIST] [--trace]
  *      [--json]
  */
 #include <math.h>
@@ -137,6 +144,8 @@ typedef struct opts {
                                        the forward's with the rows' waits (backend_cuda.h) */
     int producer;                   /* --producer: the wgmma forward's producer warpgroup (1) */
     int own;                        /* --rows own: (r)'s forward blocks start and finish their rows */
+    int n_group;                    /* --group: (p)'s contiguous forward ring with a rank's */
+    int64_t group[MAX_LIST];        /* steps after its first G to a launch (G >= 2) */
 } opts;
 
 /* ------------------------------------------------------------ the buffers */
@@ -394,11 +403,14 @@ typedef struct timed {   /* what time_runs runs: run_block's blocks, or a ring's
     dt_order order;   /* ring: P ranks of c tokens */
     int P;
     int64_t c;
+    int group;        /* ring: 1, or a contiguous forward ring's steps grouped (group_block) */
 } timed;
 
 static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t c);
+static dt_status run_grouped(const bufs *b, int P, int64_t c, int G);
 
 static dt_status run_timed(const bufs *b, const timed *w) {
+    if (w->ring && w->group > 1) return run_grouped(b, w->P, w->c, w->group);
     if (w->ring) return run_ring(b, w->bwd, w->order, w->P, w->c);
     return run_block(b, w->bwd, w->mask, w->qs, w->ks, w->first, w->last, w->transfer);
 }
@@ -527,6 +539,15 @@ typedef struct p_row {
      * block of the order, and of the one call (dt_attn_tiles) */
     int model;
     int64_t bm, bn, tiles[3], visits[3], single_tiles, single_visits;
+    /* --group (forward): the contiguous ring with a rank's steps after its
+     * first G to a launch (group_block), G = 1 the ring as above */
+    int n_groups;
+    struct p_group {
+        int G, launches;           /* blocks launched (those with a pair the mask allows) */
+        int64_t tiles, visits;     /* the tile model's K and V, as above (model) */
+        double b2b_s;              /* back to back, as b2b */
+        double o_err, lse_err;     /* against the ring's outputs (ring_outputs) */
+    } groups[MAX_LIST + 1];
 } p_row;
 
 /* A backward block the ring skips, as dt_attention_backward does: after
@@ -573,6 +594,57 @@ static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t
     return DT_SUCCESS;
 }
 
+/* --group: a contiguous forward ring whose steps after a rank's first go G
+ * to a launch. At step t rank j holds rank (j - t)'s keys, the shard just
+ * before step t - 1's, so the keys of steps t0 .. t1 - 1 sit side by side
+ * in sequence order, rows (j - t1 + 1) c to (j - t0 + 1) c: one key
+ * segment, one block, in which each query tile merges into its rows'
+ * stored state once for the G steps instead of once a step (the tile
+ * model's steps per launch, docs/PERFORMANCE.md). Round 0 is step 0 (the
+ * rank's own keys); round g >= 1 holds steps 1 + (g - 1) G to g G, those
+ * with a source at or after rank 0 (a later rank's keys come after every
+ * query: no pair the mask allows, and the ring launches nothing for
+ * them). Returns 0 where the round has none for rank j; else its keys in
+ * *ks (from row ks->start, as the ranks' key buffers sit side by side in
+ * b), whether the block holds the rank's last step with a pair (it writes
+ * o and lse) and whether steps follow (their keys would be in flight
+ * beside it). Striped and zigzag shards of adjacent steps do not make one
+ * segment (striped's interleave, zigzag's chunks sit apart): they would
+ * need a kernel over several key segments, which is not built. */
+static int group_block(int P, int64_t c, int G, int j, int g, dt_attn_segment *ks, int *last,
+                       int *transfer) {
+    const int t0 = g == 0 ? 0 : 1 + (g - 1) * G;
+    const int t1 = g == 0 ? 1 : t0 + G < P ? t0 + G : P;   /* steps t0 .. t1 - 1 */
+    const int live = t1 < j + 1 ? t1 : j + 1;                /* and t <= j */
+    if (t0 >= live) return 0;
+    *ks = (dt_attn_segment){(int64_t)(j - live + 1) * c, 1, (int64_t)(live - t0) * c, 0, 0};
+    const int lt = dt_attn_ring_last_step(DT_ORDER_CONTIGUOUS, DT_ATTN_CAUSAL, (int64_t)P * c, P, j);
+    *last = t0 <= lt && lt < live;
+    *transfer = t1 < P;
+    return 1;
+}
+
+static int group_rounds(int P, int G) { return 1 + (P - 1 + G - 1) / G; }
+
+/* run_ring's contiguous forward with --group G: the rounds in turn, the
+ * ranks' blocks of a round one after another. */
+static dt_status run_grouped(const bufs *b, int P, int64_t c, int G) {
+    const int64_t S = (int64_t)P * c;
+    for (int g = 0; g < group_rounds(P, G); g++)
+        for (int j = 0; j < P; j++) {
+            dt_attn_segment ks;
+            int last, transfer;
+            if (!group_block(P, c, G, j, g, &ks, &last, &transfer)) continue;
+            bufs rb = bufs_at(b, j * c, ks.start);
+            rb.scratch = (char *)b->scratch + (size_t)j * b->scratch_bytes;
+            rb.launches = b->ring_launches + j;
+            DT_TRY(run_block(&rb, 0, DT_ATTN_CAUSAL,
+                             dt_attn_segment_of(DT_ORDER_CONTIGUOUS, S, P, j), ks, g == 0, last,
+                             transfer));
+        }
+    return DT_SUCCESS;
+}
+
 /* The forward kernel's tile (query rows x keys) for the tile model: the
  * kernels --kernel names (mma, wgmma); 0 for the others, whose cost does
  * not go by such tiles (the simple kernel's thread per row, the CPU's
@@ -595,9 +667,117 @@ static int fwd_tile_of(const opts *o, int64_t *bm, int64_t *bn) {
  * visits takes `ratio` times one call of Kc and Vc, if time goes as K + F
  * V: F = (ratio Kc - K) / (V - ratio Vc); NAN where V <= ratio Vc (no such
  * F). */
+static double model_f_of(double ratio, int64_t tiles, int64_t visits, const p_row *x) {
+    const double den = (double)visits - ratio * (double)x->single_visits;
+    return den > 0 ? (ratio * (double)x->single_tiles - (double)tiles) / den : NAN;
+}
+
 static double model_f(double ratio, const p_row *x, int oi) {
-    const double den = (double)x->visits[oi] - ratio * (double)x->single_visits;
-    return den > 0 ? (ratio * (double)x->single_tiles - (double)x->tiles[oi]) / den : NAN;
+    return model_f_of(ratio, x->tiles[oi], x->visits[oi], x);
+}
+
+/* One untimed run of w's ring (forward), then its outputs on the host as
+ * floats: o [S][H][D] and lse [H][S] (the rows 0 to S of every head). */
+static dt_status ring_outputs(const bufs *b, const timed *w, float *o, float *lse) {
+    const int64_t S = (int64_t)w->P * w->c, n = S * b->H * b->D;
+    const size_t es = dt_dtype_size(b->dtype);
+    void *host = malloc((size_t)n * es);
+    float *all = malloc((size_t)(b->H * b->rows) * sizeof *all);
+    dt_status st = host && all ? DT_SUCCESS
+                               : dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of host memory");
+    if (st == DT_SUCCESS) st = run_timed(b, w);
+    if (st == DT_SUCCESS) st = b->be->ops->sync(b->be);
+    if (st == DT_SUCCESS) st = b->be->ops->download(b->be, host, b->o, (size_t)n * es);
+    if (st == DT_SUCCESS)
+        st = b->be->ops->download(b->be, all, b->lse_out, (size_t)(b->H * b->rows) * sizeof *all);
+    if (st == DT_SUCCESS) {
+        for (int64_t i = 0; i < n; i++) o[i] = dt_value_get(host, b->dtype, (size_t)i);
+        for (int64_t h = 0; h < b->H; h++)
+            memcpy(lse + h * S, all + h * b->rows, (size_t)S * sizeof *lse);
+    }
+    free(host);
+    free(all);
+    return st;
+}
+
+/* The largest difference of got from ref, over ref's largest magnitude
+ * (o), or each over 1 + |ref| (lse); infinite where one is finite and the
+ * other not, or they are infinities of different signs. */
+static double max_err(const float *got, const float *ref, int64_t n, int relative_each) {
+    double scale = 0, err = 0;
+    for (int64_t i = 0; i < n && !relative_each; i++)
+        scale = fabs(ref[i]) > scale ? fabs(ref[i]) : scale;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]) || !isfinite(ref[i])) {
+            if (got[i] != ref[i]) return INFINITY;
+            continue;
+        }
+        double d = fabs((double)got[i] - ref[i]) / (relative_each ? 1 + fabs(ref[i]) : 1);
+        err = d > err ? d : err;
+    }
+    return relative_each ? err : err / (scale > 0 ? scale : 1);
+}
+
+/* --group: for G = 1 (the ring as run_ring runs it) and each G of the
+ * list, the blocks launched and the tile model's K and V; for each G >= 2
+ * its time back to back and its outputs against the ring's (the same sums
+ * in another order: within 1e-5 in fp32, 2e-2 in bf16 and fp16 for o, as
+ * the attention tests allow, 1e-4 for lse, whose sums are fp32 in every
+ * dtype). A difference past that fails the bench (a wrong block would
+ * time something else). */
+static dt_status measure_groups(const bufs *b, const opts *o, int64_t c, p_row *out) {
+    const int P = o->ranks;
+    const int64_t S = (int64_t)P * c, n = S * b->H * b->D;
+    const double o_tol = b->dtype == DT_F32 ? 1e-5 : 2e-2, lse_tol = 1e-4;
+    float *ref_o = malloc((size_t)n * sizeof *ref_o), *got_o = malloc((size_t)n * sizeof *got_o);
+    float *ref_lse = malloc((size_t)(S * b->H) * sizeof *ref_lse);
+    float *got_lse = malloc((size_t)(S * b->H) * sizeof *got_lse);
+    dt_status st = ref_o && got_o && ref_lse && got_lse
+                       ? DT_SUCCESS
+                       : dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of host memory");
+    timed w = {.ring = 1, .order = DT_ORDER_CONTIGUOUS, .P = P, .c = c, .group = 1};
+    if (st == DT_SUCCESS) st = ring_outputs(b, &w, ref_o, ref_lse);
+    out->n_groups = 0;
+    for (int i = -1; st == DT_SUCCESS && i < o->n_group; i++) {
+        const int G = i < 0 ? 1 : (int)o->group[i];
+        if (i >= 0 && G < 2) continue;   /* G = 1 is the ring itself, row 0 */
+        struct p_group *e = &out->groups[out->n_groups++];
+        memset(e, 0, sizeof *e);
+        e->G = G;
+        for (int g = 0; g < group_rounds(P, G); g++)
+            for (int j = 0; j < P; j++) {
+                dt_attn_segment ks;
+                int last, transfer;
+                if (!group_block(P, c, G, j, g, &ks, &last, &transfer)) continue;
+                e->launches++;
+                if (out->model) {
+                    int64_t v = 0;
+                    e->tiles += dt_attn_tiles(DT_ATTN_CAUSAL,
+                                              dt_attn_segment_of(DT_ORDER_CONTIGUOUS, S, P, j),
+                                              ks, out->bm, out->bn, &v);
+                    e->visits += v;
+                }
+            }
+        if (G == 1) {   /* the contiguous row's own */
+            e->b2b_s = out->b2b_s[0];
+            continue;
+        }
+        w.group = G;
+        st = time_runs(b, o, &w, &e->b2b_s);
+        if (st == DT_SUCCESS) st = ring_outputs(b, &w, got_o, got_lse);
+        if (st != DT_SUCCESS) break;
+        e->o_err = max_err(got_o, ref_o, n, 0);
+        e->lse_err = max_err(got_lse, ref_lse, S * b->H, 1);
+        if (!(e->o_err <= o_tol && e->lse_err <= lse_tol))
+            st = dt_error(DT_ERR_INTERNAL, "bench: the contiguous ring with its steps grouped %d "
+                          "to a launch differs from the ring: o by %.3g (limit %.0e), lse by "
+                          "%.3g (limit %.0e)", G, e->o_err, o_tol, e->lse_err, lse_tol);
+    }
+    free(ref_o);
+    free(got_o);
+    free(ref_lse);
+    free(got_lse);
+    return st;
 }
 
 static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_row *out) {
@@ -646,6 +826,7 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
         }
 #endif
     }
+    if (!bwd && o->n_group > 0) DT_TRY(measure_groups(b, o, c, out));
     dt_attn_segment whole = {0, 1, S, 0, 0}, one = {0, 1, c, 0, 0};
     if (out->model)
         out->single_tiles = dt_attn_tiles(DT_ATTN_CAUSAL, whole, whole, out->bm, out->bn,
@@ -804,6 +985,26 @@ static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
                        (long long)x->single_visits);
         }
     }
+    if (x->n_groups > 0) {
+        printf("    (g) contiguous, a rank's steps after its first G to a launch (--group: their\n"
+               "        keys one segment, each query tile's rows merged once a launch); G = 1\n"
+               "        is the ring above; err: the outputs' largest difference from the ring's\n"
+               "        %4s %8s %10s %8s %10s %10s %10s %10s %10s\n", "G", "launches", "K", "V",
+               "b2b ms", "b2b/call", "F b2b", "o err", "lse err");
+        for (int i = 0; i < x->n_groups; i++) {
+            const struct p_group *e = &x->groups[i];
+            char k[24] = "-", v[24] = "-", f[24] = "-";
+            if (x->model) {
+                snprintf(k, sizeof k, "%lld", (long long)e->tiles);
+                snprintf(v, sizeof v, "%lld", (long long)e->visits);
+                snprintf(f, sizeof f, "%.2f",
+                         model_f_of(e->b2b_s / x->single_s, e->tiles, e->visits, x));
+            }
+            printf("        %4d %8d %10s %8s %10.3f %10.3f %10s %10.2e %10.2e\n", e->G,
+                   e->launches, k, v, 1e3 * e->b2b_s, e->b2b_s / x->single_s, f, e->o_err,
+                   e->lse_err);
+        }
+    }
     if (!x->traced) return;
     if (x->single.ctas == 0) {
         printf("    (t) no CTA records (only the CUDA tensor-core kernels, mma and wgmma, keep "
@@ -932,6 +1133,8 @@ static void json_print(const run *r, const bufs *b) {
     json_list("c", o->c, o->sections[0] ? o->n_c : 0);
     printf(", ");
     json_list("ring_c", o->ring_c, o->sections[1] ? o->n_ring_c : 0);
+    printf(", ");
+    json_list("group", o->group, o->n_group);
     if (l2_of(b) >= 0)   /* CUDA */
         printf(", \"l2_bytes\": %lld, \"persistent\": %d, \"dependent\": %s, \"rows_waits\": %s, "
                "\"producer\": %d", l2_of(b), o->persistent,
@@ -993,6 +1196,26 @@ static void json_print(const run *r, const bufs *b) {
                                                    x->single.last_timeline.busy_us, x, oi));
                     json_num("f_for_1_05", model_f(1.05, x, oi));
                     printf("}");
+                }
+                if (oi == 0 && x->n_groups > 0) {   /* --group: the contiguous ring's */
+                    printf(", \"groups\": [");
+                    for (int g = 0; g < x->n_groups; g++) {
+                        const struct p_group *e = &x->groups[g];
+                        printf("%s{\"G\": %d, \"launches\": %d", g ? ", " : "", e->G,
+                               e->launches);
+                        json_num("b2b_ms", 1e3 * e->b2b_s);
+                        json_num("b2b_vs_1_call", e->b2b_s / x->single_s);
+                        if (x->model) {
+                            printf(", \"tiles\": %lld, \"visits\": %lld", (long long)e->tiles,
+                                   (long long)e->visits);
+                            json_num("f_b2b", model_f_of(e->b2b_s / x->single_s, e->tiles,
+                                                         e->visits, x));
+                        }
+                        json_num("o_err", e->o_err);
+                        json_num("lse_err", e->lse_err);
+                        printf("}");
+                    }
+                    printf("]");
                 }
                 if (x->traced) {
                     json_launches("trace", &x->ring[oi]);
@@ -1099,6 +1322,10 @@ static void usage(FILE *f) {
             "                    step, merging into the rows' stored state; own as a\n"
             "                    call's only block, which starts and finishes its rows\n"
             "                    (reads no state, writes o and lse)\n"
+            "  --group LIST      (p), forward: the contiguous ring once more with a rank's\n"
+            "                    steps after its first G to a launch, for each G of the\n"
+            "                    list (2 to P - 1; their keys are one segment), timed back\n"
+            "                    to back and checked against the ring's outputs\n"
             "  --trace           one more run of each block with its CTAs recording\n"
             "                    their start, end, SM and tiles (CUDA mma and wgmma\n"
             "                    kernels): (r) the launch's idle SM time, its drain, a\n"
@@ -1168,6 +1395,8 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--c")) {
             if (!parse_list(a, v, o->c, &o->n_c)) return 0;
             o->set_c = 1;
+        } else if (!strcmp(a, "--group")) {
+            if (!parse_list(a, v, o->group, &o->n_group)) return 0;
         } else if (!strcmp(a, "--ring-c")) {
             if (!parse_list(a, v, o->ring_c, &o->n_ring_c)) return 0;
             o->set_ring_c = 1;
@@ -1262,6 +1491,12 @@ int main(int argc, char **argv) {
                     "multiples of 8 up to %d\n", (long long)o.dim, DT_ATTN_MAX_HEAD_DIM);
             return 2;
         }
+        for (int i = 0; i < o.n_group; i++)
+            if (o.group[i] > o.ranks - 1) {
+                fprintf(stderr, NAME ": --group %lld: a group holds 1 to P - 1 = %d steps\n",
+                        (long long)o.group[i], o.ranks - 1);
+                return 2;
+            }
         if (odd) {
             fprintf(stderr, NAME ": --ring-c %lld: the tokens per rank must be even (zigzag halves "
                     "each shard)\n", (long long)odd);

@@ -17,6 +17,11 @@ the H200 of 2026-11-27 met items 1, 4 and 5):
   items 3 and 4  bench/blocks (p): P = 8 ranks on one device; striped /
           contiguous critical path >= 0.95 of (r + P - 1) / (P r) and >= 1.75
           at c = 8192; all blocks <= 1.05x one causal call at S = 32768.
+  items 3 and 4, steps grouped  the same runs at the first ring c with
+          --group 2,3,4,7: the contiguous ring once more with a rank's steps
+          after its first G to a launch (their keys one segment: fewer query
+          tiles' visits), its b2b/call and the F it implies (no target: the
+          tile model's steps per launch, measured).
   items 3 and 4, CTA timelines  the same runs' --trace: the ring's launches
           summed (span, drain, packed time) beside the one call's.
   items 3 and 4, one timeline  the same runs' --trace: the ring's launches
@@ -107,6 +112,10 @@ BWD_VS_FA2 = 0.9
 R_MAX, R_FROM_C = 0.55, 4096
 ACHIEVED_MIN, RATIO_MIN, RATIO_AT_C = 0.95, 1.75, 8192
 VS_ONE_CALL_MAX, VS_ONE_CALL_AT_S = 1.05, 32768
+# bench/blocks --group: the contiguous ring with a rank's steps after its
+# first G to a launch, at the first ring c (the tile model's steps per
+# launch: 1 then pairs, 1 3 3 1, 1 4 3, 1 7; docs/PERFORMANCE.md)
+RING_GROUPS = "2,3,4,7"
 WAITS_MAX, WAITS_FROM_C = 0.05, 4096
 COMM_CTAS = "0"   # item 6's variant of the comm stream's work: --comm-ctas (0: the driver's)
 
@@ -724,8 +733,9 @@ def item_ring(session):
     outs = {}
     for c in session.size["ring_c"]:   # every kernel at the first c before the next c
         for k in kernels:
+            group = ("--group", RING_GROUPS) if c == session.size["ring_c"][0] else ()
             outs[(k, c)] = run_blocks(session, table, k, "p", "fwd", h, d, [c],
-                                      extra=("--trace",))
+                                      extra=("--trace",) + group)
     session.ring_outs = outs   # for item_ring_trace
     # the wgmma forward with the rows' waits, at item 3's c (untraced)
     c3 = VS_ONE_CALL_AT_S // RING_P
@@ -743,6 +753,42 @@ def item_ring(session):
             continue
         for row in rows:
             table.add(*ring_row(k, row))
+    return table
+
+
+def item_ring_groups(session):
+    """Items 3 and 4's contiguous ring with a rank's steps grouped, from the
+    same (p) runs' --group (at the first ring c)."""
+    header = ["kernel", "c", "G", "launches", "K", "V", "b2b/call", "F b2b", "o err", "lse err"]
+    c = session.size["ring_c"][0]
+    table = Table("3,4g", "items 3 and 4, steps grouped: the contiguous ring with fewer visits",
+                  "none (the tile model's steps per launch, measured)", header,
+                  f"The (p) runs of items 3 and 4 at c = {c} with --group {RING_GROUPS}: the "
+                  "contiguous forward ring once more with a rank's steps after its first G to "
+                  "a launch (their keys sit side by side: one key segment), timed back to back "
+                  "as b2b; G = 1 is the ring itself. K, V: the tile model's key tiles and query "
+                  "tiles' visits of its blocks; F b2b: a visit's cost, in key tiles, that its "
+                  "b2b/call implies (the same model as items 3 and 4); o err, lse err: its "
+                  "outputs' largest difference from the ring's (bench/blocks fails past 1e-5 "
+                  "in fp32, 2e-2 in bf16 for o, 1e-4 for lse). Striped and zigzag steps do not "
+                  "make one key segment (a kernel over several is not built).")
+    outs = getattr(session, "ring_outs", {})
+    for k in session.args.kernels:
+        rows = rows_of(outs.get((k, c), NA("missing", "items 3 and 4 did not run")), "p", "fwd")
+        row = None if is_na(rows) else next((r for r in rows if r["order"] == "contiguous"), None)
+        groups = rows if is_na(rows) else (row or {}).get("groups")
+        if is_na(groups) or not groups:
+            na = groups if is_na(groups) else NA("missing", "bench/blocks printed no groups")
+            table.add([k, str(c), "-"] + [na] * 7, {"kernel": k, "c": c, "result": na})
+            continue
+        for g in groups:
+            none = NA("none", "no tile model for this kernel (bench/blocks (m): mma and wgmma)")
+            f = g.get("f_b2b", none)
+            f = NA("none", "no F gives that ratio") if f is None else f
+            cells = [k, str(c), str(g["G"]), str(g["launches"]), str(g.get("tiles", "-")),
+                     str(g.get("visits", "-")), (g["b2b_vs_1_call"], ".3f"), (f, ".2f"),
+                     (g["o_err"], ".1e"), (g["lse_err"], ".1e")]
+            table.add(cells, dict(g, kernel=k, c=c))
     return table
 
 
@@ -1176,7 +1222,8 @@ def main(argv):
     tables = []
     # the open targets first (the module's docstring)
     for make in (lambda: item_r(session), lambda: item_trace(session),
-                 lambda: item_ring(session), lambda: item_ring_trace(session),
+                 lambda: item_ring(session), lambda: item_ring_groups(session),
+                 lambda: item_ring_trace(session),
                  lambda: item_ring_timeline(session),
                  lambda: item_waits(session), lambda: item_ring_timeline(session, "bwd"),
                  lambda: item_throughput(session, "fwd"), lambda: item_throughput(session, "bwd"),

@@ -272,6 +272,9 @@ static void test_blocks_bad_flags(void **state) {
         {"--c", "--c takes a list"}, {"--dtype fp8", "--dtype takes one of"},
         {"--heads 6 --kv-heads 4", "--kv-heads 4 does not divide --heads 6"},
         {"--rows all", "--rows takes one of"},
+        {"--group 8", "--group 8: a group holds 1 to P - 1 = 7 steps"},
+        {"--ranks 4 --group 2,4", "--group 4: a group holds 1 to P - 1 = 3 steps"},
+        {"--group 0", "--group takes"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         assert_true(exits_2(g_blocks, bad[i][0], bad[i][1], "(r) "));
@@ -407,6 +410,58 @@ static void test_blocks_rows_own(void **state) {
     rc = h_run_program(g_blocks, "--quick --backend cpu --section r --pass fwd --rows own", &out);
     ok = rc == 0 && strstr(out, "forward blocks that start and finish their rows (--rows own)");
     if (!ok) print_error("bench/blocks --rows own printed (rc %d):\n%s\n", rc, out);
+    free(out);
+    assert_true(ok);
+}
+
+/* The "groups" entry of G in the (p) row of the contiguous order: its
+ * launches and, where `model`, K and V; its time finite and positive, its
+ * ratio to the one call its time over the row's single_ms, and its outputs
+ * within `tol` of the ring's (G = 1: exactly the ring's, 0). */
+static int group_ok(const char *out, int G, double launches, int model, double k, double v,
+                    double tol) {
+    const char *row = strstr(out, "\"order\": \"contiguous\"");
+    char key[32];
+    snprintf(key, sizeof key, "{\"G\": %d,", G);
+    const char *e = row ? strstr(row, key) : NULL, *next = row ? strstr(row + 1, "\"order\": ") : NULL;
+    double n, ms, vs, single, o_err, lse_err, kk, vv;
+    int ok = e && (!next || e < next) && json_num(e, "launches", &n) && n == launches &&
+             json_num(e, "b2b_ms", &ms) && ms > 0 && json_num(e, "b2b_vs_1_call", &vs) &&
+             json_num(row, "single_ms", &single) && near(vs, ms / single) &&
+             json_num(e, "o_err", &o_err) && json_num(e, "lse_err", &lse_err) &&
+             o_err >= 0 && o_err <= tol && lse_err >= 0 && lse_err <= 1e-4 &&
+             (G > 1 || (o_err == 0 && lse_err == 0));
+    if (ok && model)
+        ok = json_num(e, "tiles", &kk) && kk == k && json_num(e, "visits", &vv) && vv == v;
+    return ok;
+}
+
+/* --group (forward): the contiguous ring once more with a rank's steps
+ * after its first G to a launch (bench/blocks' group_block), on the CPU's
+ * block kernel. P = 4 ranks: the ring launches the 10 blocks with a pair
+ * (rank j's steps 0 to j); G = 2 launches step 0's 4, then steps 1 and 2
+ * of ranks 1 to 3 as 3 blocks and step 3 of rank 3 as 1: 8; G = 3 the 4,
+ * then steps 1 to 3 of ranks 1 to 3 as 3: 7. The bench itself fails where
+ * a grouped ring's outputs differ from the ring's by more than the
+ * tolerance; the JSON shows that they were compared (fp32: 1e-5). */
+static void test_blocks_group(void **state) {
+    (void)state;
+    REQUIRE(g_blocks);
+    char *out = NULL;
+    int rc = h_run_program(g_blocks, "--backend cpu --section p --pass fwd --ranks 4 --ring-c 32 "
+                           "--iters 1 --group 2,3 --json", &out);
+    int ok = rc == 0 && out && strstr(out, "\"group\": [2, 3]") &&
+             strstr(out, "\n  \"complete\": true\n}\n") && no_nonfinite(out) &&
+             group_ok(out, 1, 10, 0, 0, 0, 0) && group_ok(out, 2, 8, 0, 0, 0, 1e-5) &&
+             group_ok(out, 3, 7, 0, 0, 0, 1e-5) && !strstr(strstr(out, "\"order\": \"striped\""),
+                                                          "\"groups\"");
+    if (!ok) print_error("bench/blocks --group 2,3 --json printed (rc %d):\n%s\n", rc, out);
+    free(out);
+    assert_true(ok);
+    rc = h_run_program(g_blocks, "--backend cpu --section p --pass fwd --ranks 4 --ring-c 32 "
+                       "--iters 1 --group 3", &out);
+    ok = rc == 0 && strstr(out, "(g) contiguous, a rank's steps after its first G to a launch");
+    if (!ok) print_error("bench/blocks --group 3 printed (rc %d):\n%s\n", rc, out);
     free(out);
     assert_true(ok);
 }
@@ -619,7 +674,46 @@ static int blocks_trace_timeline(int producer, int dependent) {
     free(out);
     return ok;
 }
+
+/* --group on the wgmma forward where CUDA runs: P = 4 ranks of c = 128,
+ * one head, so that every block of the contiguous ring is one query tile
+ * against its keys' 128-key tiles: the ring's 10 blocks (rank j's steps 0
+ * to j) 10 key tiles and 10 visits; with G = 3 step 0's 4 diagonal blocks,
+ * then rank j's steps 1 to j as one block of j key tiles: 7 launches, 10
+ * key tiles, 7 visits; the outputs within bf16's 2e-2 of the ring's. 1 if
+ * it printed that, 0 if not, -1 if no CUDA device answered. */
+static int blocks_group_wgmma(void) {
+    char *out = NULL;
+    const char *args = "--backend cuda --kernel wgmma --section p --pass fwd --ranks 4 --ring-c 128 "
+                       "--heads 1 --kv-heads 1 --dim 128 --dtype bf16 --iters 1 --group 3 --json";
+    int rc = h_run_program(g_blocks, args, &out);
+    if (rc != 0 && out && strstr(out, "needs a CUDA device")) {
+        free(out);
+        return -1;
+    }
+    int ok = rc == 0 && out && group_ok(out, 1, 10, 1, 10, 10, 0) &&
+             group_ok(out, 3, 7, 1, 10, 7, 2e-2);
+    if (!ok) print_error("bench/blocks %s printed (rc %d):\n%s\n", args, rc, out ? out : "");
+    free(out);
+    return ok;
+}
 #endif
+
+static void test_blocks_group_wgmma(void **state) {
+    (void)state;
+    REQUIRE(g_blocks);
+#ifndef DT_HAVE_CUDA
+    print_message("skipped: a build without CUDA (the wgmma kernel is CUDA's)\n");
+    skip();
+#else
+    const int ok = blocks_group_wgmma();
+    if (ok < 0) {
+        print_message("skipped: no CUDA device (make CUDA=emu test runs it on the emulator)\n");
+        skip();
+    }
+    assert_int_equal(ok, 1);
+#endif
+}
 
 static void test_blocks_trace_timeline(void **state) {
     (void)state;
@@ -1008,6 +1102,10 @@ int main(int argc, char **argv) {
     tests[n++] = (struct CMUnitTest){"bench_blocks/quick/rows=own", test_blocks_rows_own, NULL,
                                      NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/quick/one-shape-flag", test_blocks_one_shape_flag,
+                                     NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_blocks/group,backend=cpu", test_blocks_group, NULL,
+                                     NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_blocks/group,kernel=wgmma", test_blocks_group_wgmma,
                                      NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/trace-summary", test_trace_summary, NULL, NULL,
                                      NULL};
