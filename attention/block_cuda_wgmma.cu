@@ -6,8 +6,8 @@
  * test_mma_emu: ring, striped and zigzag blocks against the double
  * reference) and on H100 and H200 GPUs. Its speed is in
  * docs/PERFORMANCE.md; the designs measured and kept or dropped, with
- * their figures, in docs/ARCHITECTURE.md ("CUDA attention kernels", the
- * third forward kernel).
+ * their figures, in docs/ARCHITECTURE.md ("The wgmma forward" and the
+ * sections after it).
  *
  * Contract: dt_attn_kernels.fwd of block.h, as block_cuda_mma.cu: one query
  * segment against one key/value segment, GQA, the position mask of mask.h,
