@@ -56,9 +56,9 @@
  *                        of a block (dt_attn_tiles); the F that b2b/call
  *                        implies, and the largest F that would allow
  *                        b2b/call <= 1.05 (issue 8's item 3).
- *         (g)            forward, --group LIST: the contiguous ring once
- *                        more with a rank's steps after its first G to a
- *                        launch (group_block: their keys sit side by side,
+ *         (g)            forward, --group LIST: the contiguous and zigzag
+ *                        rings once more with a rank's steps after its
+ *                        first G to a launch (group_plan_make: their keys
  *                        one key segment, so each query tile merges into
  *                        its rows' state once for G steps), back to back
  *                        as b2b, its outputs checked against the ring's;
@@ -128,6 +128,7 @@
 
 #define MAX_ITERS 100
 #define MAX_LIST 8
+#define MAX_RANKS 64   /* --ranks */
 
 typedef struct opts {
     dt_backend_kind backend;
@@ -144,7 +145,7 @@ typedef struct opts {
                                        the forward's with the rows' waits (backend_cuda.h) */
     int producer;                   /* --producer: the wgmma forward's producer warpgroup (1) */
     int own;                        /* --rows own: (r)'s forward blocks start and finish their rows */
-    int n_group;                    /* --group: (p)'s contiguous forward ring with a rank's */
+    int n_group;                    /* --group: (p)'s contiguous and zigzag forward rings with a rank's */
     int64_t group[MAX_LIST];        /* steps after its first G to a launch (G >= 2) */
 } opts;
 
@@ -403,14 +404,14 @@ typedef struct timed {   /* what time_runs runs: run_block's blocks, or a ring's
     dt_order order;   /* ring: P ranks of c tokens */
     int P;
     int64_t c;
-    int group;        /* ring: 1, or a contiguous forward ring's steps grouped (group_block) */
+    const struct group_plan *plan;   /* ring: NULL, or a forward ring's steps grouped */
 } timed;
 
 static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t c);
-static dt_status run_grouped(const bufs *b, int P, int64_t c, int G);
+static dt_status run_grouped(const bufs *b, const struct group_plan *plan);
 
 static dt_status run_timed(const bufs *b, const timed *w) {
-    if (w->ring && w->group > 1) return run_grouped(b, w->P, w->c, w->group);
+    if (w->ring && w->plan) return run_grouped(b, w->plan);
     if (w->ring) return run_ring(b, w->bwd, w->order, w->P, w->c);
     return run_block(b, w->bwd, w->mask, w->qs, w->ks, w->first, w->last, w->transfer);
 }
@@ -539,15 +540,16 @@ typedef struct p_row {
      * block of the order, and of the one call (dt_attn_tiles) */
     int model;
     int64_t bm, bn, tiles[3], visits[3], single_tiles, single_visits;
-    /* --group (forward): the contiguous ring with a rank's steps after its
-     * first G to a launch (group_block), G = 1 the ring as above */
+    /* --group (forward): the contiguous and zigzag rings with a rank's steps
+     * after its first G to a launch (group_plan_make), G = 1 the ring as
+     * above; groups[oi] for order oi (striped: none) */
     int n_groups;
     struct p_group {
         int G, launches;           /* blocks launched (those with a pair the mask allows) */
         int64_t tiles, visits;     /* the tile model's K and V, as above (model) */
         double b2b_s;              /* back to back, as b2b */
         double o_err, lse_err;     /* against the ring's outputs (ring_outputs) */
-    } groups[MAX_LIST + 1];
+    } groups[3][MAX_LIST + 1];
 } p_row;
 
 /* A backward block the ring skips, as dt_attention_backward does: after
@@ -594,54 +596,141 @@ static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t
     return DT_SUCCESS;
 }
 
-/* --group: a contiguous forward ring whose steps after a rank's first go G
- * to a launch. At step t rank j holds rank (j - t)'s keys, the shard just
- * before step t - 1's, so the keys of steps t0 .. t1 - 1 sit side by side
- * in sequence order, rows (j - t1 + 1) c to (j - t0 + 1) c: one key
- * segment, one block, in which each query tile merges into its rows'
- * stored state once for the G steps instead of once a step (the tile
- * model's steps per launch, docs/PERFORMANCE.md). Round 0 is step 0 (the
- * rank's own keys); round g >= 1 holds steps 1 + (g - 1) G to g G, those
- * with a source at or after rank 0 (a later rank's keys come after every
- * query: no pair the mask allows, and the ring launches nothing for
- * them). Returns 0 where the round has none for rank j; else its keys in
- * *ks (from row ks->start, as the ranks' key buffers sit side by side in
- * b), whether the block holds the rank's last step with a pair (it writes
- * o and lse) and whether steps follow (their keys would be in flight
- * beside it). Striped and zigzag shards of adjacent steps do not make one
- * segment (striped's interleave, zigzag's chunks sit apart): they would
- * need a kernel over several key segments, which is not built. */
-static int group_block(int P, int64_t c, int G, int j, int g, dt_attn_segment *ks, int *last,
-                       int *transfer) {
-    const int t0 = g == 0 ? 0 : 1 + (g - 1) * G;
-    const int t1 = g == 0 ? 1 : t0 + G < P ? t0 + G : P;   /* steps t0 .. t1 - 1 */
-    const int live = t1 < j + 1 ? t1 : j + 1;                /* and t <= j */
-    if (t0 >= live) return 0;
-    *ks = (dt_attn_segment){(int64_t)(j - live + 1) * c, 1, (int64_t)(live - t0) * c, 0, 0};
-    const int lt = dt_attn_ring_last_step(DT_ORDER_CONTIGUOUS, DT_ATTN_CAUSAL, (int64_t)P * c, P, j);
-    *last = t0 <= lt && lt < live;
-    *transfer = t1 < P;
-    return 1;
+/* --group: a forward ring whose steps after a rank's first go G to a
+ * launch, its keys one segment (mask.h), so that each query tile merges
+ * into its rows' stored state once for the G steps instead of once a step
+ * (the tile model's steps per launch, docs/PERFORMANCE.md), with the
+ * kernels as they are. At step t rank j holds rank s = (j - t) mod P's
+ * keys, so its remote steps run in two runs of descending sources: steps 1
+ * to j (sources j - 1 down to 0), then steps j + 1 to P - 1 (P - 1 down to
+ * j + 1); each run goes G steps to a launch, in step order, and no launch
+ * crosses from one run to the other (sources 0 and P - 1 are not
+ * neighbours in the sequence). Consecutive sources s_lo .. s_hi make one
+ * segment:
+ *   contiguous  the shards s_lo .. s_hi side by side, in sequence order
+ *               and in the ranks' buffers of b (no copy); the second run's
+ *               keys come after every query and launch nothing, as in the
+ *               ring;
+ *   zigzag      source s holds chunks s and 2P - 1 - s (of h = c / 2
+ *               tokens), so the group's chunks are s_lo .. s_hi and
+ *               2P - 1 - s_hi .. 2P - 1 - s_lo: two runs of adjacent
+ *               chunks, one segment with one jump, once its rows are
+ *               nested in one buffer (the first halves in ascending
+ *               source order, then the second halves in descending), a
+ *               copy made before timing, as a ring would receive each
+ *               step's two halves into their places;
+ *   striped     G stripes interleave: not one segment (not built).
+ * The launches run rounds in turn (a rank's round 0 its step 0, round r
+ * its r-th launch after), the ranks' launches of a round one after
+ * another, as run_ring runs the steps. */
+typedef struct group_launch {
+    int j, t0, t1;                 /* rank j's steps t0 .. t1 - 1 */
+    int first, last, transfer;     /* as run_block's, for those steps */
+    dt_attn_segment ks;            /* their keys, rows from 0 of k, v */
+    const void *k, *v;
+} group_launch;
+
+typedef struct group_plan {
+    dt_order order;
+    int P, G, n;                   /* P ranks of c tokens; n launches, in run order */
+    int64_t c;
+    group_launch *l;
+    void *kv;                      /* zigzag: the nested rows of the groups (b's memory) */
+} group_plan;
+
+static void group_plan_free(const bufs *b, group_plan *gp) {
+    if (gp->kv) b->be->ops->free(b->be, gp->kv);
+    free(gp->l);
+    memset(gp, 0, sizeof *gp);
 }
 
-static int group_rounds(int P, int G) { return 1 + (P - 1 + G - 1) / G; }
-
-/* run_ring's contiguous forward with --group G: the rounds in turn, the
- * ranks' blocks of a round one after another. */
-static dt_status run_grouped(const bufs *b, int P, int64_t c, int G) {
-    const int64_t S = (int64_t)P * c;
-    for (int g = 0; g < group_rounds(P, G); g++)
-        for (int j = 0; j < P; j++) {
-            dt_attn_segment ks;
-            int last, transfer;
-            if (!group_block(P, c, G, j, g, &ks, &last, &transfer)) continue;
-            bufs rb = bufs_at(b, j * c, ks.start);
-            rb.scratch = (char *)b->scratch + (size_t)j * b->scratch_bytes;
-            rb.launches = b->ring_launches + j;
-            DT_TRY(run_block(&rb, 0, DT_ATTN_CAUSAL,
-                             dt_attn_segment_of(DT_ORDER_CONTIGUOUS, S, P, j), ks, g == 0, last,
-                             transfer));
+/* Rank j's launches with steps grouped G to one: steps t0s[i] .. t1s[i]
+ * - 1 (at most P launches; their count returned), step 0, then each run's
+ * steps G at a time. */
+static int group_steps(dt_order order, int P, int G, int j, int t0s[], int t1s[]) {
+    int n = 0;
+    t0s[n] = 0;
+    t1s[n++] = 1;
+    const int runs[2][2] = {{1, j + 1}, {j + 1, P}};   /* steps [from, to) */
+    for (int r = 0; r < 2; r++) {
+        if (r == 1 && order == DT_ORDER_CONTIGUOUS) break;   /* keys after every query */
+        for (int t = runs[r][0]; t < runs[r][1]; t += G) {
+            t0s[n] = t;
+            t1s[n++] = t + G < runs[r][1] ? t + G : runs[r][1];
         }
+    }
+    return n;
+}
+
+static dt_status group_plan_make(const bufs *b, dt_order order, int P, int64_t c, int G,
+                                 group_plan *gp) {
+    memset(gp, 0, sizeof *gp);
+    gp->order = order;
+    gp->P = P;
+    gp->c = c;
+    gp->G = G;
+    const int64_t S = (int64_t)P * c, h = c / 2;
+    const size_t row = (size_t)(b->G * b->D) * dt_dtype_size(b->dtype);
+    int t0s[MAX_RANKS][MAX_RANKS + 1], t1s[MAX_RANKS][MAX_RANKS + 1], nr[MAX_RANKS], most = 0;
+    int64_t copied = 0;   /* zigzag: rows of the groups of more than one source */
+    for (int j = 0; j < P; j++) {
+        nr[j] = group_steps(order, P, G, j, t0s[j], t1s[j]);
+        most = nr[j] > most ? nr[j] : most;
+        for (int i = 1; i < nr[j]; i++)
+            if (order == DT_ORDER_ZIGZAG && t1s[j][i] - t0s[j][i] > 1)
+                copied += (t1s[j][i] - t0s[j][i]) * c;
+    }
+    gp->l = calloc((size_t)(P * most), sizeof *gp->l);
+    if (!gp->l) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of host memory");
+    if (copied) DT_TRY(b->be->ops->alloc(b->be, 2 * (size_t)copied * row, &gp->kv));
+    char *kdst = gp->kv, *vdst = kdst ? kdst + (size_t)copied * row : NULL;
+    for (int r = 0; r < most; r++)   /* rounds in turn, ranks in turn */
+        for (int j = 0; j < P; j++) {
+            if (r >= nr[j]) continue;
+            group_launch *e = &gp->l[gp->n++];
+            const int t0 = t0s[j][r], t1 = t1s[j][r], n = t1 - t0;
+            const int s_hi = ((j - t0) % P + P) % P, s_lo = s_hi - n + 1;   /* a run: no wrap */
+            const int lt = dt_attn_ring_last_step(order, DT_ATTN_CAUSAL, S, P, j);
+            *e = (group_launch){.j = j, .t0 = t0, .t1 = t1, .first = t0 == 0,
+                                .last = t0 <= lt && lt < t1, .transfer = t1 < P};
+            const char *k = b->k, *v = b->v;   /* rank s's shard at row s c */
+            if (order == DT_ORDER_CONTIGUOUS || n == 1) {
+                e->ks = n == 1 ? dt_attn_segment_of(order, S, P, s_lo)
+                               : (dt_attn_segment){s_lo * c, 1, n * c, 0, 0};
+                e->k = k + (size_t)(s_lo * c) * row;
+                e->v = v + (size_t)(s_lo * c) * row;
+                continue;
+            }
+            /* zigzag: chunks s_lo .. s_hi, then 2P - 1 - s_hi .. 2P - 1 - s_lo */
+            e->ks = (dt_attn_segment){s_lo * h, 1, 2 * n * h, n * h, (2 * P - 2 - 2 * s_hi) * h};
+            e->k = kdst;
+            e->v = vdst;
+            for (int x = 0; x < 2 * n; x++) {
+                const int src = x < n ? s_lo + x : s_hi - (x - n);   /* its half x < n ? 0 : 1 */
+                const size_t from = (size_t)(src * c + (x < n ? 0 : h)) * row;
+                DT_TRY(b->be->ops->copy(b->be, kdst, k + from, (size_t)h * row));
+                DT_TRY(b->be->ops->copy(b->be, vdst, v + from, (size_t)h * row));
+                kdst += (size_t)h * row;
+                vdst += (size_t)h * row;
+            }
+        }
+    return b->be->ops->sync(b->be);
+}
+
+/* run_ring's forward with its steps grouped: the plan's launches in turn. */
+static dt_status run_grouped(const bufs *b, const group_plan *gp) {
+    const int P = gp->P;
+    const int64_t c = gp->c, S = (int64_t)P * c;
+    for (int i = 0; i < gp->n; i++) {
+        const group_launch *e = &gp->l[i];
+        bufs rb = bufs_at(b, e->j * c, 0);
+        rb.k = (void *)e->k;
+        rb.v = (void *)e->v;
+        rb.scratch = (char *)b->scratch + (size_t)e->j * b->scratch_bytes;
+        rb.launches = b->ring_launches + e->j;
+        DT_TRY(run_block(&rb, 0, DT_ATTN_CAUSAL, dt_attn_segment_of(gp->order, S, P, e->j), e->ks,
+                         e->first, e->last, e->transfer));
+    }
     return DT_SUCCESS;
 }
 
@@ -718,13 +807,13 @@ static double max_err(const float *got, const float *ref, int64_t n, int relativ
     return relative_each ? err : err / (scale > 0 ? scale : 1);
 }
 
-/* --group: for G = 1 (the ring as run_ring runs it) and each G of the
- * list, the blocks launched and the tile model's K and V; for each G >= 2
- * its time back to back and its outputs against the ring's (the same sums
- * in another order: within 1e-5 in fp32, 2e-2 in bf16 and fp16 for o, as
- * the attention tests allow, 1e-4 for lse, whose sums are fp32 in every
- * dtype). A difference past that fails the bench (a wrong block would
- * time something else). */
+/* --group, for contiguous and zigzag: for G = 1 (the ring as run_ring runs
+ * it) and each G of the list, the blocks launched and the tile model's K
+ * and V; for each G >= 2 its time back to back and its outputs against
+ * the ring's (the same sums in another order: within 1e-5 in fp32, 2e-2
+ * in bf16 and fp16 for o, as the attention tests allow, 1e-4 for lse,
+ * whose sums are fp32 in every dtype). A difference past that fails the
+ * bench (a wrong block would time something else). */
 static dt_status measure_groups(const bufs *b, const opts *o, int64_t c, p_row *out) {
     const int P = o->ranks;
     const int64_t S = (int64_t)P * c, n = S * b->H * b->D;
@@ -735,43 +824,50 @@ static dt_status measure_groups(const bufs *b, const opts *o, int64_t c, p_row *
     dt_status st = ref_o && got_o && ref_lse && got_lse
                        ? DT_SUCCESS
                        : dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of host memory");
-    timed w = {.ring = 1, .order = DT_ORDER_CONTIGUOUS, .P = P, .c = c, .group = 1};
-    if (st == DT_SUCCESS) st = ring_outputs(b, &w, ref_o, ref_lse);
     out->n_groups = 0;
-    for (int i = -1; st == DT_SUCCESS && i < o->n_group; i++) {
-        const int G = i < 0 ? 1 : (int)o->group[i];
-        if (i >= 0 && G < 2) continue;   /* G = 1 is the ring itself, row 0 */
-        struct p_group *e = &out->groups[out->n_groups++];
-        memset(e, 0, sizeof *e);
-        e->G = G;
-        for (int g = 0; g < group_rounds(P, G); g++)
-            for (int j = 0; j < P; j++) {
-                dt_attn_segment ks;
-                int last, transfer;
-                if (!group_block(P, c, G, j, g, &ks, &last, &transfer)) continue;
-                e->launches++;
+    for (int oi = 0; st == DT_SUCCESS && oi < 3; oi += 2) {   /* contiguous, zigzag */
+        timed w = {.ring = 1, .order = orders[oi], .P = P, .c = c};
+        st = ring_outputs(b, &w, ref_o, ref_lse);
+        int ng = 0;
+        for (int i = -1; st == DT_SUCCESS && i < o->n_group; i++) {
+            const int G = i < 0 ? 1 : (int)o->group[i];
+            if (i >= 0 && G < 2) continue;   /* G = 1 is the ring itself, row 0 */
+            struct p_group *e = &out->groups[oi][ng++];
+            memset(e, 0, sizeof *e);
+            e->G = G;
+            group_plan gp;
+            st = group_plan_make(b, orders[oi], P, c, G, &gp);
+            for (int l = 0; st == DT_SUCCESS && l < gp.n; l++) {
+                const group_launch *gl = &gp.l[l];
+                const dt_attn_segment qs = dt_attn_segment_of(orders[oi], S, P, gl->j);
+                /* a block with no pair that neither starts nor finishes
+                 * the rows launches nothing (block_cuda.cu), as in the ring */
+                e->launches += gl->first || gl->last || !dt_attn_no_pairs(DT_ATTN_CAUSAL, qs, gl->ks);
                 if (out->model) {
                     int64_t v = 0;
-                    e->tiles += dt_attn_tiles(DT_ATTN_CAUSAL,
-                                              dt_attn_segment_of(DT_ORDER_CONTIGUOUS, S, P, j),
-                                              ks, out->bm, out->bn, &v);
+                    e->tiles += dt_attn_tiles(DT_ATTN_CAUSAL, qs, gl->ks, out->bm, out->bn, &v);
                     e->visits += v;
                 }
             }
-        if (G == 1) {   /* the contiguous row's own */
-            e->b2b_s = out->b2b_s[0];
-            continue;
+            if (st == DT_SUCCESS && G == 1) {
+                e->b2b_s = out->b2b_s[oi];   /* the order's own row */
+            } else if (st == DT_SUCCESS) {
+                w.plan = &gp;
+                st = time_runs(b, o, &w, &e->b2b_s);
+                if (st == DT_SUCCESS) st = ring_outputs(b, &w, got_o, got_lse);
+                w.plan = NULL;
+            }
+            group_plan_free(b, &gp);
+            if (st != DT_SUCCESS || G == 1) continue;
+            e->o_err = max_err(got_o, ref_o, n, 0);
+            e->lse_err = max_err(got_lse, ref_lse, S * b->H, 1);
+            if (!(e->o_err <= o_tol && e->lse_err <= lse_tol))
+                st = dt_error(DT_ERR_INTERNAL, "bench: the %s ring with its steps grouped %d to a "
+                              "launch differs from the ring: o by %.3g (limit %.0e), lse by %.3g "
+                              "(limit %.0e)", dt_order_name(orders[oi]), G, e->o_err, o_tol,
+                              e->lse_err, lse_tol);
         }
-        w.group = G;
-        st = time_runs(b, o, &w, &e->b2b_s);
-        if (st == DT_SUCCESS) st = ring_outputs(b, &w, got_o, got_lse);
-        if (st != DT_SUCCESS) break;
-        e->o_err = max_err(got_o, ref_o, n, 0);
-        e->lse_err = max_err(got_lse, ref_lse, S * b->H, 1);
-        if (!(e->o_err <= o_tol && e->lse_err <= lse_tol))
-            st = dt_error(DT_ERR_INTERNAL, "bench: the contiguous ring with its steps grouped %d "
-                          "to a launch differs from the ring: o by %.3g (limit %.0e), lse by "
-                          "%.3g (limit %.0e)", G, e->o_err, o_tol, e->lse_err, lse_tol);
+        out->n_groups = ng;
     }
     free(ref_o);
     free(got_o);
@@ -986,24 +1082,25 @@ static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
         }
     }
     if (x->n_groups > 0) {
-        printf("    (g) contiguous, a rank's steps after its first G to a launch (--group: their\n"
-               "        keys one segment, each query tile's rows merged once a launch); G = 1\n"
-               "        is the ring above; err: the outputs' largest difference from the ring's\n"
-               "        %4s %8s %10s %8s %10s %10s %10s %10s %10s\n", "G", "launches", "K", "V",
-               "b2b ms", "b2b/call", "F b2b", "o err", "lse err");
-        for (int i = 0; i < x->n_groups; i++) {
-            const struct p_group *e = &x->groups[i];
-            char k[24] = "-", v[24] = "-", f[24] = "-";
-            if (x->model) {
-                snprintf(k, sizeof k, "%lld", (long long)e->tiles);
-                snprintf(v, sizeof v, "%lld", (long long)e->visits);
-                snprintf(f, sizeof f, "%.2f",
-                         model_f_of(e->b2b_s / x->single_s, e->tiles, e->visits, x));
+        printf("    (g) a rank's steps after its first G to a launch (--group: their keys one\n"
+               "        segment, each query tile's rows merged once a launch); G = 1 is the\n"
+               "        ring above; err: the outputs' largest difference from the ring's\n"
+               "        %-11s %4s %8s %10s %8s %10s %10s %10s %10s %10s\n", "order", "G",
+               "launches", "K", "V", "b2b ms", "b2b/call", "F b2b", "o err", "lse err");
+        for (int oi = 0; oi < 3; oi += 2)
+            for (int i = 0; i < x->n_groups; i++) {
+                const struct p_group *e = &x->groups[oi][i];
+                char k[24] = "-", v[24] = "-", f[24] = "-";
+                if (x->model) {
+                    snprintf(k, sizeof k, "%lld", (long long)e->tiles);
+                    snprintf(v, sizeof v, "%lld", (long long)e->visits);
+                    snprintf(f, sizeof f, "%.2f",
+                             model_f_of(e->b2b_s / x->single_s, e->tiles, e->visits, x));
+                }
+                printf("        %-11s %4d %8d %10s %8s %10.3f %10.3f %10s %10.2e %10.2e\n",
+                       dt_order_name(orders[oi]), e->G, e->launches, k, v, 1e3 * e->b2b_s,
+                       e->b2b_s / x->single_s, f, e->o_err, e->lse_err);
             }
-            printf("        %4d %8d %10s %8s %10.3f %10.3f %10s %10.2e %10.2e\n", e->G,
-                   e->launches, k, v, 1e3 * e->b2b_s, e->b2b_s / x->single_s, f, e->o_err,
-                   e->lse_err);
-        }
     }
     if (!x->traced) return;
     if (x->single.ctas == 0) {
@@ -1197,10 +1294,10 @@ static void json_print(const run *r, const bufs *b) {
                     json_num("f_for_1_05", model_f(1.05, x, oi));
                     printf("}");
                 }
-                if (oi == 0 && x->n_groups > 0) {   /* --group: the contiguous ring's */
+                if (oi != 1 && x->n_groups > 0) {   /* --group: contiguous, zigzag */
                     printf(", \"groups\": [");
                     for (int g = 0; g < x->n_groups; g++) {
-                        const struct p_group *e = &x->groups[g];
+                        const struct p_group *e = &x->groups[oi][g];
                         printf("%s{\"G\": %d, \"launches\": %d", g ? ", " : "", e->G,
                                e->launches);
                         json_num("b2b_ms", 1e3 * e->b2b_s);
@@ -1322,10 +1419,11 @@ static void usage(FILE *f) {
             "                    step, merging into the rows' stored state; own as a\n"
             "                    call's only block, which starts and finishes its rows\n"
             "                    (reads no state, writes o and lse)\n"
-            "  --group LIST      (p), forward: the contiguous ring once more with a rank's\n"
-            "                    steps after its first G to a launch, for each G of the\n"
-            "                    list (2 to P - 1; their keys are one segment), timed back\n"
-            "                    to back and checked against the ring's outputs\n"
+            "  --group LIST      (p), forward: the contiguous and zigzag rings once more\n"
+            "                    with a rank's steps after its first G to a launch, for\n"
+            "                    each G of the list (2 to P - 1; their keys are one\n"
+            "                    segment), timed back to back and checked against the\n"
+            "                    ring's outputs\n"
             "  --trace           one more run of each block with its CTAs recording\n"
             "                    their start, end, SM and tiles (CUDA mma and wgmma\n"
             "                    kernels): (r) the launch's idle SM time, its drain, a\n"
@@ -1401,7 +1499,7 @@ static int parse(int argc, char **argv, opts *o) {
             if (!parse_list(a, v, o->ring_c, &o->n_ring_c)) return 0;
             o->set_ring_c = 1;
         } else if (!strcmp(a, "--ranks")) {
-            if (!ex_parse_int(a, v, 2, 64, &x)) return 0;
+            if (!ex_parse_int(a, v, 2, MAX_RANKS, &x)) return 0;
             o->ranks = (int)x;
         } else if (!strcmp(a, "--heads") || !strcmp(a, "--kv-heads") || !strcmp(a, "--dim")) {
             if (!ex_parse_int(a, v, 1, DT_ATTN_MAX_HEAD_DIM * 16, &x)) return 0;

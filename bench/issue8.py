@@ -18,10 +18,10 @@ the H200 of 2026-11-27 met items 1, 4 and 5):
           contiguous critical path >= 0.95 of (r + P - 1) / (P r) and >= 1.75
           at c = 8192; all blocks <= 1.05x one causal call at S = 32768.
   items 3 and 4, steps grouped  the same runs at the first ring c with
-          --group 2,3,4,7: the contiguous ring once more with a rank's steps
-          after its first G to a launch (their keys one segment: fewer query
-          tiles' visits), its b2b/call and the F it implies (no target: the
-          tile model's steps per launch, measured).
+          --group 2,3,4,7: the contiguous and zigzag rings once more with a
+          rank's steps after its first G to a launch (their keys one
+          segment: fewer query tiles' visits), its b2b/call and the F it
+          implies (no target: the tile model's steps per launch, measured).
   items 3 and 4, CTA timelines  the same runs' --trace: the ring's launches
           summed (span, drain, packed time) beside the one call's.
   items 3 and 4, one timeline  the same runs' --trace: the ring's launches
@@ -757,38 +757,44 @@ def item_ring(session):
 
 
 def item_ring_groups(session):
-    """Items 3 and 4's contiguous ring with a rank's steps grouped, from the
-    same (p) runs' --group (at the first ring c)."""
-    header = ["kernel", "c", "G", "launches", "K", "V", "b2b/call", "F b2b", "o err", "lse err"]
+    """Items 3 and 4's contiguous and zigzag rings with a rank's steps
+    grouped, from the same (p) runs' --group (at the first ring c)."""
+    header = ["kernel", "c", "order", "G", "launches", "K", "V", "b2b/call", "F b2b", "o err",
+              "lse err"]
     c = session.size["ring_c"][0]
-    table = Table("3,4g", "items 3 and 4, steps grouped: the contiguous ring with fewer visits",
+    table = Table("3,4g", "items 3 and 4, steps grouped: the ring with fewer visits",
                   "none (the tile model's steps per launch, measured)", header,
                   f"The (p) runs of items 3 and 4 at c = {c} with --group {RING_GROUPS}: the "
-                  "contiguous forward ring once more with a rank's steps after its first G to "
-                  "a launch (their keys sit side by side: one key segment), timed back to back "
-                  "as b2b; G = 1 is the ring itself. K, V: the tile model's key tiles and query "
-                  "tiles' visits of its blocks; F b2b: a visit's cost, in key tiles, that its "
-                  "b2b/call implies (the same model as items 3 and 4); o err, lse err: its "
-                  "outputs' largest difference from the ring's (bench/blocks fails past 1e-5 "
-                  "in fp32, 2e-2 in bf16 for o, 1e-4 for lse). Striped and zigzag steps do not "
-                  "make one key segment (a kernel over several is not built).")
+                  "contiguous and zigzag forward rings once more with a rank's steps after its "
+                  "first G to a launch, their keys one segment (contiguous: the shards side by "
+                  "side; zigzag: the chunks nested, one jump; a launch does not cross where a "
+                  "rank's sources wrap from 0 to P - 1), timed back to back as b2b; G = 1 is the "
+                  "ring itself. K, V: the tile model's key tiles and query tiles' visits of its "
+                  "blocks; F b2b: a visit's cost, in key tiles, that its b2b/call implies (the "
+                  "same model as items 3 and 4); o err, lse err: its outputs' largest difference "
+                  "from the ring's (bench/blocks fails past 1e-5 in fp32, 2e-2 in bf16 for o, "
+                  "1e-4 for lse). Striped's steps interleave (not one segment: not built).")
     outs = getattr(session, "ring_outs", {})
     for k in session.args.kernels:
         rows = rows_of(outs.get((k, c), NA("missing", "items 3 and 4 did not run")), "p", "fwd")
-        row = None if is_na(rows) else next((r for r in rows if r["order"] == "contiguous"), None)
-        groups = rows if is_na(rows) else (row or {}).get("groups")
-        if is_na(groups) or not groups:
-            na = groups if is_na(groups) else NA("missing", "bench/blocks printed no groups")
-            table.add([k, str(c), "-"] + [na] * 7, {"kernel": k, "c": c, "result": na})
-            continue
-        for g in groups:
-            none = NA("none", "no tile model for this kernel (bench/blocks (m): mma and wgmma)")
-            f = g.get("f_b2b", none)
-            f = NA("none", "no F gives that ratio") if f is None else f
-            cells = [k, str(c), str(g["G"]), str(g["launches"]), str(g.get("tiles", "-")),
-                     str(g.get("visits", "-")), (g["b2b_vs_1_call"], ".3f"), (f, ".2f"),
-                     (g["o_err"], ".1e"), (g["lse_err"], ".1e")]
-            table.add(cells, dict(g, kernel=k, c=c))
+        for order in ("contiguous", "zigzag"):
+            row = None if is_na(rows) else next((r for r in rows if r["order"] == order), None)
+            groups = rows if is_na(rows) else (row or {}).get("groups")
+            if is_na(groups) or not groups:
+                na = groups if is_na(groups) else NA("missing", "bench/blocks printed no groups")
+                table.add([k, str(c), order, "-"] + [na] * 7,
+                          {"kernel": k, "c": c, "order": order, "result": na})
+                continue
+            for g in groups:
+                none = NA("none", "no tile model for this kernel (bench/blocks (m): mma and "
+                          "wgmma)")
+                f = g.get("f_b2b", none)
+                f = NA("none", "no F gives that ratio") if f is None else f
+                cells = [k, str(c), order, str(g["G"]), str(g["launches"]),
+                         str(g.get("tiles", "-")), str(g.get("visits", "-")),
+                         (g["b2b_vs_1_call"], ".3f"), (f, ".2f"), (g["o_err"], ".1e"),
+                         (g["lse_err"], ".1e")]
+                table.add(cells, dict(g, kernel=k, c=c, order=order))
     return table
 
 

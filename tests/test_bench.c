@@ -414,13 +414,15 @@ static void test_blocks_rows_own(void **state) {
     assert_true(ok);
 }
 
-/* The "groups" entry of G in the (p) row of the contiguous order: its
- * launches and, where `model`, K and V; its time finite and positive, its
- * ratio to the one call its time over the row's single_ms, and its outputs
- * within `tol` of the ring's (G = 1: exactly the ring's, 0). */
-static int group_ok(const char *out, int G, double launches, int model, double k, double v,
-                    double tol) {
-    const char *row = strstr(out, "\"order\": \"contiguous\"");
+/* The "groups" entry of G in the (p) row of `order`: its launches and,
+ * where `model`, K and V; its time finite and positive, its ratio to the
+ * one call its time over the row's single_ms, and its outputs within `tol`
+ * of the ring's (G = 1: exactly the ring's, 0). */
+static int group_ok(const char *out, const char *order, int G, double launches, int model,
+                    double k, double v, double tol) {
+    char at[64];
+    snprintf(at, sizeof at, "\"order\": \"%s\"", order);
+    const char *row = strstr(out, at);
     char key[32];
     snprintf(key, sizeof key, "{\"G\": %d,", G);
     const char *e = row ? strstr(row, key) : NULL, *next = row ? strstr(row + 1, "\"order\": ") : NULL;
@@ -436,14 +438,18 @@ static int group_ok(const char *out, int G, double launches, int model, double k
     return ok;
 }
 
-/* --group (forward): the contiguous ring once more with a rank's steps
- * after its first G to a launch (bench/blocks' group_block), on the CPU's
- * block kernel. P = 4 ranks: the ring launches the 10 blocks with a pair
- * (rank j's steps 0 to j); G = 2 launches step 0's 4, then steps 1 and 2
- * of ranks 1 to 3 as 3 blocks and step 3 of rank 3 as 1: 8; G = 3 the 4,
- * then steps 1 to 3 of ranks 1 to 3 as 3: 7. The bench itself fails where
- * a grouped ring's outputs differ from the ring's by more than the
- * tolerance; the JSON shows that they were compared (fp32: 1e-5). */
+/* --group (forward): the contiguous and zigzag rings once more with a
+ * rank's steps after its first G to a launch (bench/blocks'
+ * group_plan_make), on the CPU's block kernel, P = 4 ranks. Contiguous:
+ * the ring launches the 10 blocks with a pair (rank j's steps 0 to j); G
+ * = 2 launches step 0's 4, then steps 1 and 2 of ranks 1 to 3 as 3 blocks
+ * and step 3 of rank 3 as 1: 8; G = 3 the 4, then steps 1 to 3 of ranks 1
+ * to 3 as 3: 7. Zigzag: the ring's 16; a rank's remote steps split where
+ * its sources wrap from 0 to 3 (rank 0: 3 2 1; 1: 0 | 3 2; 2: 1 0 | 3; 3:
+ * 2 1 0), so G = 2 launches 4 + 2 + 2 + 2 + 2 = 12 and G = 3 4 + 1 + 2 +
+ * 2 + 1 = 10. The bench itself fails where a grouped ring's outputs differ
+ * from the ring's by more than the tolerance; the JSON shows that they
+ * were compared (fp32: 1e-5). */
 static void test_blocks_group(void **state) {
     (void)state;
     REQUIRE(g_blocks);
@@ -452,15 +458,23 @@ static void test_blocks_group(void **state) {
                            "--iters 1 --group 2,3 --json", &out);
     int ok = rc == 0 && out && strstr(out, "\"group\": [2, 3]") &&
              strstr(out, "\n  \"complete\": true\n}\n") && no_nonfinite(out) &&
-             group_ok(out, 1, 10, 0, 0, 0, 0) && group_ok(out, 2, 8, 0, 0, 0, 1e-5) &&
-             group_ok(out, 3, 7, 0, 0, 0, 1e-5) && !strstr(strstr(out, "\"order\": \"striped\""),
-                                                          "\"groups\"");
+             group_ok(out, "contiguous", 1, 10, 0, 0, 0, 0) &&
+             group_ok(out, "contiguous", 2, 8, 0, 0, 0, 1e-5) &&
+             group_ok(out, "contiguous", 3, 7, 0, 0, 0, 1e-5) &&
+             group_ok(out, "zigzag", 1, 16, 0, 0, 0, 0) &&
+             group_ok(out, "zigzag", 2, 12, 0, 0, 0, 1e-5) &&
+             group_ok(out, "zigzag", 3, 10, 0, 0, 0, 1e-5);
+    /* striped's row (between contiguous's and zigzag's) has none */
+    const char *striped = ok ? strstr(out, "\"order\": \"striped\"") : NULL;
+    const char *zigzag = striped ? strstr(striped, "\"order\": \"zigzag\"") : NULL;
+    const char *g = striped ? strstr(striped, "\"groups\"") : NULL;
+    ok = ok && zigzag && g && g > zigzag;
     if (!ok) print_error("bench/blocks --group 2,3 --json printed (rc %d):\n%s\n", rc, out);
     free(out);
     assert_true(ok);
     rc = h_run_program(g_blocks, "--backend cpu --section p --pass fwd --ranks 4 --ring-c 32 "
                        "--iters 1 --group 3", &out);
-    ok = rc == 0 && strstr(out, "(g) contiguous, a rank's steps after its first G to a launch");
+    ok = rc == 0 && strstr(out, "(g) a rank's steps after its first G to a launch");
     if (!ok) print_error("bench/blocks --group 3 printed (rc %d):\n%s\n", rc, out);
     free(out);
     assert_true(ok);
@@ -676,12 +690,16 @@ static int blocks_trace_timeline(int producer, int dependent) {
 }
 
 /* --group on the wgmma forward where CUDA runs: P = 4 ranks of c = 128,
- * one head, so that every block of the contiguous ring is one query tile
- * against its keys' 128-key tiles: the ring's 10 blocks (rank j's steps 0
- * to j) 10 key tiles and 10 visits; with G = 3 step 0's 4 diagonal blocks,
- * then rank j's steps 1 to j as one block of j key tiles: 7 launches, 10
- * key tiles, 7 visits; the outputs within bf16's 2e-2 of the ring's. 1 if
- * it printed that, 0 if not, -1 if no CUDA device answered. */
+ * one head, 128 x 128 tiles. Contiguous: every block of the ring is one
+ * query tile against its keys' one tile: 10 blocks, 10 key tiles, 10
+ * visits; with G = 3 step 0's 4 diagonal blocks, then rank j's steps 1 to
+ * j as one block of j key tiles: 7 launches, 10 key tiles, 7 visits.
+ * Zigzag (chunks of 64 tokens): the ring's 16 blocks of one key tile and
+ * one visit each; with G = 3 (launches as in test_blocks_group) 10 blocks
+ * and visits, 14 key tiles (a group's two runs of 64-row chunks share
+ * tiles), as mask.h's dt_attn_tiles counts them. The outputs within
+ * bf16's 2e-2 of the ring's. 1 if it printed that, 0 if not, -1 if no
+ * CUDA device answered. */
 static int blocks_group_wgmma(void) {
     char *out = NULL;
     const char *args = "--backend cuda --kernel wgmma --section p --pass fwd --ranks 4 --ring-c 128 "
@@ -691,8 +709,10 @@ static int blocks_group_wgmma(void) {
         free(out);
         return -1;
     }
-    int ok = rc == 0 && out && group_ok(out, 1, 10, 1, 10, 10, 0) &&
-             group_ok(out, 3, 7, 1, 10, 7, 2e-2);
+    int ok = rc == 0 && out && group_ok(out, "contiguous", 1, 10, 1, 10, 10, 0) &&
+             group_ok(out, "contiguous", 3, 7, 1, 10, 7, 2e-2) &&
+             group_ok(out, "zigzag", 1, 16, 1, 16, 16, 0) &&
+             group_ok(out, "zigzag", 3, 10, 1, 14, 10, 2e-2);
     if (!ok) print_error("bench/blocks %s printed (rc %d):\n%s\n", args, rc, out ? out : "");
     free(out);
     return ok;
