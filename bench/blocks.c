@@ -145,8 +145,10 @@ typedef struct opts {
                                        the forward's with the rows' waits (backend_cuda.h) */
     int producer;                   /* --producer: the wgmma forward's producer warpgroup (1) */
     int own;                        /* --rows own: (r)'s forward blocks start and finish their rows */
-    int n_group;                    /* --group: (p)'s contiguous and zigzag forward rings with a rank's */
-    int64_t group[MAX_LIST];        /* steps after its first G to a launch (G >= 2) */
+    /* --group: (p)'s contiguous and zigzag forward rings with a rank's
+     * steps after its first G to a launch (G >= 2) */
+    int n_group;
+    int64_t group[MAX_LIST];
 } opts;
 
 /* ------------------------------------------------------------ the buffers */
