@@ -844,7 +844,8 @@ static dt_status measure_groups(const bufs *b, const opts *o, int64_t c, p_row *
                 const dt_attn_segment qs = dt_attn_segment_of(orders[oi], S, P, gl->j);
                 /* a block with no pair that neither starts nor finishes
                  * the rows launches nothing (block_cuda.cu), as in the ring */
-                e->launches += gl->first || gl->last || !dt_attn_no_pairs(DT_ATTN_CAUSAL, qs, gl->ks);
+                e->launches +=
+                    gl->first || gl->last || !dt_attn_no_pairs(DT_ATTN_CAUSAL, qs, gl->ks);
                 if (out->model) {
                     int64_t v = 0;
                     e->tiles += dt_attn_tiles(DT_ATTN_CAUSAL, qs, gl->ks, out->bm, out->bn, &v);
