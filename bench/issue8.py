@@ -17,11 +17,6 @@ the H200 of 2026-11-27 met items 1, 4 and 5):
   items 3 and 4  bench/blocks (p): P = 8 ranks on one device; striped /
           contiguous critical path >= 0.95 of (r + P - 1) / (P r) and >= 1.75
           at c = 8192; all blocks <= 1.05x one causal call at S = 32768.
-  items 3 and 4, steps grouped  the same runs at the first ring c with
-          --group 2,3,4,7: the contiguous and zigzag rings once more with a
-          rank's steps after its first G to a launch (their keys one
-          segment: fewer query tiles' visits), its b2b/call and the F it
-          implies (no target: the tile model's steps per launch, measured).
   items 3 and 4, CTA timelines  the same runs' --trace: the ring's launches
           summed (span, drain, packed time) beside the one call's.
   items 3 and 4, one timeline  the same runs' --trace: the ring's launches
@@ -53,6 +48,12 @@ the H200 of 2026-11-27 met items 1, 4 and 5):
           long blocks (no target: where the backward ring's extra work goes).
   item 1 through the public API: bench/attention (a) --dtype bf16 with
           DT_ATTN_KERNEL set to each kernel: the whole dt_attention_forward.
+  items 3 and 4, steps grouped  last (a diagnosis): bench/blocks (p) at
+          the first ring c with --group 2,3,4,7, a run of its own: the
+          contiguous and zigzag rings once more with a rank's steps after
+          its first G to a launch (their keys one segment: fewer query
+          tiles' visits), its b2b/call and the F it implies (no target:
+          the tile model's steps per launch, measured).
 The wgmma forward runs with the benches' default launch (at D = 128 the
 overlapped order and the producer warpgroup); bench/blocks' and
 bench/attention's --producer compare it with the others
@@ -733,9 +734,8 @@ def item_ring(session):
     outs = {}
     for c in session.size["ring_c"]:   # every kernel at the first c before the next c
         for k in kernels:
-            group = ("--group", RING_GROUPS) if c == session.size["ring_c"][0] else ()
             outs[(k, c)] = run_blocks(session, table, k, "p", "fwd", h, d, [c],
-                                      extra=("--trace",) + group)
+                                      extra=("--trace",))
     session.ring_outs = outs   # for item_ring_trace
     # the wgmma forward with the rows' waits, at item 3's c (untraced)
     c3 = VS_ONE_CALL_AT_S // RING_P
@@ -758,13 +758,16 @@ def item_ring(session):
 
 def item_ring_groups(session):
     """Items 3 and 4's contiguous and zigzag rings with a rank's steps
-    grouped, from the same (p) runs' --group (at the first ring c)."""
+    grouped: bench/blocks (p) --group at the first ring c, a run of its own
+    per kernel (a grouped ring that failed its check would otherwise take
+    items 3 and 4's rows with it)."""
     header = ["kernel", "c", "order", "G", "launches", "K", "V", "b2b/call", "F b2b", "o err",
               "lse err"]
     c = session.size["ring_c"][0]
     table = Table("3,4g", "items 3 and 4, steps grouped: the ring with fewer visits",
                   "none (the tile model's steps per launch, measured)", header,
-                  f"The (p) runs of items 3 and 4 at c = {c} with --group {RING_GROUPS}: the "
+                  f"bench/blocks (p) at c = {c} with --group {RING_GROUPS}, as items 3 and 4 "
+                  "run it otherwise (P, H, D, bf16): the "
                   "contiguous and zigzag forward rings once more with a rank's steps after its "
                   "first G to a launch, their keys one segment (contiguous: the shards side by "
                   "side; zigzag: the chunks nested, one jump; a launch does not cross where a "
@@ -774,9 +777,11 @@ def item_ring_groups(session):
                   "same model as items 3 and 4); o err, lse err: its outputs' largest difference "
                   "from the ring's (bench/blocks fails past 1e-5 in fp32, 2e-2 in bf16 for o, "
                   "1e-4 for lse). Striped's steps interleave (not one segment: not built).")
-    outs = getattr(session, "ring_outs", {})
+    h, d = session.size["r_h"], session.size["r_d"]
     for k in session.args.kernels:
-        rows = rows_of(outs.get((k, c), NA("missing", "items 3 and 4 did not run")), "p", "fwd")
+        out = run_blocks(session, table, k, "p", "fwd", h, d, [c],
+                         extra=("--group", RING_GROUPS))
+        rows = rows_of(out, "p", "fwd")
         for order in ("contiguous", "zigzag"):
             row = None if is_na(rows) else next((r for r in rows if r["order"] == order), None)
             groups = rows if is_na(rows) else (row or {}).get("groups")
@@ -1228,12 +1233,12 @@ def main(argv):
     tables = []
     # the open targets first (the module's docstring)
     for make in (lambda: item_r(session), lambda: item_trace(session),
-                 lambda: item_ring(session), lambda: item_ring_groups(session),
-                 lambda: item_ring_trace(session),
+                 lambda: item_ring(session), lambda: item_ring_trace(session),
                  lambda: item_ring_timeline(session),
                  lambda: item_waits(session), lambda: item_ring_timeline(session, "bwd"),
                  lambda: item_throughput(session, "fwd"), lambda: item_throughput(session, "bwd"),
-                 lambda: item_trace_bwd(session), lambda: item_api(session)):
+                 lambda: item_trace_bwd(session), lambda: item_api(session),
+                 lambda: item_ring_groups(session)):
         tables.append(make())
         emit(session, tables[-1].markdown())
     emit(session, "\n".join(summary_lines(session, tables)))
