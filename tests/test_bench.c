@@ -14,6 +14,11 @@
  *     and c and one (p) row per pass and order, each row's figures
  *     consistent with its times (r = causal / full, the flop count,
  *     ceiling = (r + P - 1) / (P r), achieved = ratio / ceiling, ...);
+ *   - bench/blocks --group: the contiguous and zigzag rings with a rank's
+ *     steps G to a launch, their launches counted by hand, their outputs
+ *     compared with the ring's (on the CPU, and on the wgmma forward where
+ *     CUDA runs, the emulator included, with the tile model's K and V);
+ *     bad --group values exit 2;
  *   - the summary of a traced launch (attention/cta_trace.c, bench/blocks
  *     --trace) on a timeline worked out by hand: CTAs, SMs, slots (a CTA
  *     starting as another ends takes its slot), span, drain, fill, the
