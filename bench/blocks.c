@@ -56,10 +56,10 @@
  *                        of a block (dt_attn_tiles); the F that b2b/call
  *                        implies, and the largest F that would allow
  *                        b2b/call <= 1.05 (issue 8's item 3).
- *         (g)            forward, --group LIST: the contiguous and zigzag
- *                        rings once more with a rank's steps after its
- *                        first G to a launch (group_plan_make: their keys
- *                        one key segment, so each query tile merges into
+ *         (g)            forward, --group LIST: each order's ring once
+ *                        more with a rank's steps after its first G to a
+ *                        launch (group_plan_make: their keys one key
+ *                        segment, so each query tile merges into
  *                        its rows' state once for G steps), back to back
  *                        as b2b, its outputs checked against the ring's;
  *                        with the tile model's K, V and F.
@@ -145,8 +145,8 @@ typedef struct opts {
                                        the forward's with the rows' waits (backend_cuda.h) */
     int producer;                   /* --producer: the wgmma forward's producer warpgroup (1) */
     int own;                        /* --rows own: (r)'s forward blocks start and finish their rows */
-    /* --group: (p)'s contiguous and zigzag forward rings with a rank's
-     * steps after its first G to a launch (G >= 2) */
+    /* --group: (p)'s forward rings with a rank's steps after its first G
+     * to a launch (G >= 2) */
     int n_group;
     int64_t group[MAX_LIST];
 } opts;
@@ -542,9 +542,9 @@ typedef struct p_row {
      * block of the order, and of the one call (dt_attn_tiles) */
     int model;
     int64_t bm, bn, tiles[3], visits[3], single_tiles, single_visits;
-    /* --group (forward): the contiguous and zigzag rings with a rank's steps
-     * after its first G to a launch (group_plan_make), G = 1 the ring as
-     * above; groups[oi] for order oi (striped: none) */
+    /* --group (forward): the rings with a rank's steps after its first G
+     * to a launch (group_plan_make), G = 1 the ring as above; groups[oi]
+     * for order oi */
     int n_groups;
     struct p_group {
         int G, launches;           /* blocks launched (those with a pair the mask allows) */
@@ -605,30 +605,39 @@ static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t
  * kernels as they are. At step t rank j holds rank s = (j - t) mod P's
  * keys, so its remote steps run in two runs of descending sources: steps 1
  * to j (sources j - 1 down to 0), then steps j + 1 to P - 1 (P - 1 down to
- * j + 1); each run goes G steps to a launch, in step order, and no launch
- * crosses from one run to the other (sources 0 and P - 1 are not
- * neighbours in the sequence). Consecutive sources s_lo .. s_hi make one
- * segment:
- *   contiguous  the shards s_lo .. s_hi side by side, in sequence order
- *               and in the ranks' buffers of b (no copy); the second run's
- *               keys come after every query and launch nothing, as in the
- *               ring;
+ * j + 1). Each group's keys make one segment, its rows copied into one
+ * buffer before timing (as a ring would receive each step's rows into
+ * their places) where they do not sit so already:
+ *   contiguous  the shards s_lo .. s_hi of consecutive sources side by
+ *               side, in sequence order and in the ranks' buffers of b (no
+ *               copy); G steps to a launch within the first run; the
+ *               second run's keys come after every query and launch
+ *               nothing, as in the ring;
  *   zigzag      source s holds chunks s and 2P - 1 - s (of h = c / 2
- *               tokens), so the group's chunks are s_lo .. s_hi and
- *               2P - 1 - s_hi .. 2P - 1 - s_lo: two runs of adjacent
- *               chunks, one segment with one jump, once its rows are
+ *               tokens), so consecutive sources s_lo .. s_hi hold chunks
+ *               s_lo .. s_hi and 2P - 1 - s_hi .. 2P - 1 - s_lo: two runs
+ *               of adjacent chunks, one segment with one jump, its rows
  *               nested in one buffer (the first halves in ascending
- *               source order, then the second halves in descending), a
- *               copy made before timing, as a ring would receive each
- *               step's two halves into their places;
- *   striped     G stripes interleave: not one segment (not built).
+ *               source order, then the second halves in descending); G
+ *               steps to a launch within each run (sources 0 and P - 1
+ *               are not neighbours in the sequence);
+ *   striped     any n stripes o_0 < .. < o_{n-1} interleave: row i of
+ *               stripe o_r sits at row i n + r of the buffer. The mask
+ *               compares positions only, so positions that keep every
+ *               comparison of the block serve: the keys' segment {1, 1,
+ *               n c} (key (i, o_r) at 1 + i n + r) and the queries' {w, n,
+ *               c} (query row i of stripe j at w + i n), w the count of
+ *               the o_r <= j. Query row i sees key (i', o_r) under both
+ *               iff i' < i, or i' = i and o_r <= j, as i' P + o_r <= i P
+ *               + j. G steps to a launch over steps 1 to P - 1 (stripes
+ *               need not be neighbours).
  * The launches run rounds in turn (a rank's round 0 its step 0, round r
  * its r-th launch after), the ranks' launches of a round one after
  * another, as run_ring runs the steps. */
 typedef struct group_launch {
     int j, t0, t1;                 /* rank j's steps t0 .. t1 - 1 */
     int first, last, transfer;     /* as run_block's, for those steps */
-    dt_attn_segment ks;            /* their keys, rows from 0 of k, v */
+    dt_attn_segment qs, ks;        /* rank j's queries; their keys, rows from 0 of k, v */
     const void *k, *v;
 } group_launch;
 
@@ -637,7 +646,7 @@ typedef struct group_plan {
     int P, G, n;                   /* P ranks of c tokens; n launches, in run order */
     int64_t c;
     group_launch *l;
-    void *kv;                      /* zigzag: the nested rows of the groups (b's memory) */
+    void *kv;                      /* the groups' rows where copied (b's memory) */
 } group_plan;
 
 static void group_plan_free(const bufs *b, group_plan *gp) {
@@ -654,6 +663,13 @@ static int group_steps(dt_order order, int P, int G, int j, int t0s[], int t1s[]
     t0s[n] = 0;
     t1s[n++] = 1;
     const int runs[2][2] = {{1, j + 1}, {j + 1, P}};   /* steps [from, to) */
+    if (order == DT_ORDER_STRIPED) {   /* one run: any stripes make a segment */
+        for (int t = 1; t < P; t += G) {
+            t0s[n] = t;
+            t1s[n++] = t + G < P ? t + G : P;
+        }
+        return n;
+    }
     for (int r = 0; r < 2; r++) {
         if (r == 1 && order == DT_ORDER_CONTIGUOUS) break;   /* keys after every query */
         for (int t = runs[r][0]; t < runs[r][1]; t += G) {
@@ -674,39 +690,70 @@ static dt_status group_plan_make(const bufs *b, dt_order order, int P, int64_t c
     const int64_t S = (int64_t)P * c, h = c / 2;
     const size_t row = (size_t)(b->G * b->D) * dt_dtype_size(b->dtype);
     int t0s[MAX_RANKS][MAX_RANKS + 1], t1s[MAX_RANKS][MAX_RANKS + 1], nr[MAX_RANKS], most = 0;
-    int64_t copied = 0;   /* zigzag: rows of the groups of more than one source */
+    int64_t copied = 0;   /* rows of the groups of more than one source, but contiguous's */
     for (int j = 0; j < P; j++) {
         nr[j] = group_steps(order, P, G, j, t0s[j], t1s[j]);
         most = nr[j] > most ? nr[j] : most;
         for (int i = 1; i < nr[j]; i++)
-            if (order == DT_ORDER_ZIGZAG && t1s[j][i] - t0s[j][i] > 1)
+            if (order != DT_ORDER_CONTIGUOUS && t1s[j][i] - t0s[j][i] > 1)
                 copied += (t1s[j][i] - t0s[j][i]) * c;
     }
     gp->l = calloc((size_t)(P * most), sizeof *gp->l);
     if (!gp->l) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of host memory");
     if (copied) DT_TRY(b->be->ops->alloc(b->be, 2 * (size_t)copied * row, &gp->kv));
     char *kdst = gp->kv, *vdst = kdst ? kdst + (size_t)copied * row : NULL;
-    for (int r = 0; r < most; r++)   /* rounds in turn, ranks in turn */
+    for (int round = 0; round < most; round++)   /* rounds in turn, ranks in turn */
         for (int j = 0; j < P; j++) {
-            if (r >= nr[j]) continue;
+            if (round >= nr[j]) continue;
             group_launch *e = &gp->l[gp->n++];
-            const int t0 = t0s[j][r], t1 = t1s[j][r], n = t1 - t0;
-            const int s_hi = ((j - t0) % P + P) % P, s_lo = s_hi - n + 1;   /* a run: no wrap */
+            const int t0 = t0s[j][round], t1 = t1s[j][round], n = t1 - t0;
+            /* contiguous and zigzag: a run, no wrap (striped: s_lo unused) */
+            const int s_hi = ((j - t0) % P + P) % P, s_lo = s_hi - n + 1;
             const int lt = dt_attn_ring_last_step(order, DT_ATTN_CAUSAL, S, P, j);
             *e = (group_launch){.j = j, .t0 = t0, .t1 = t1, .first = t0 == 0,
                                 .last = t0 <= lt && lt < t1, .transfer = t1 < P};
             const char *k = b->k, *v = b->v;   /* rank s's shard at row s c */
+            e->qs = dt_attn_segment_of(order, S, P, j);
             if (order == DT_ORDER_CONTIGUOUS || n == 1) {
-                e->ks = n == 1 ? dt_attn_segment_of(order, S, P, s_lo)
+                e->ks = n == 1 ? dt_attn_segment_of(order, S, P, s_hi)
                                : (dt_attn_segment){s_lo * c, 1, n * c, 0, 0};
                 e->k = k + (size_t)(s_lo * c) * row;
                 e->v = v + (size_t)(s_lo * c) * row;
                 continue;
             }
-            /* zigzag: chunks s_lo .. s_hi, then 2P - 1 - s_hi .. 2P - 1 - s_lo */
-            e->ks = (dt_attn_segment){s_lo * h, 1, 2 * n * h, n * h, (2 * P - 2 - 2 * s_hi) * h};
             e->k = kdst;
             e->v = vdst;
+            if (order == DT_ORDER_STRIPED) {
+                /* the stripes in ascending order, interleaved row by row */
+                int o[MAX_RANKS], below = 0;
+                for (int r = 0; r < n; r++) o[r] = ((j - t0 - r) % P + P) % P;
+                for (int a = 1; a < n; a++)   /* insertion sort: n <= P - 1 */
+                    for (int x = a; x > 0 && o[x - 1] > o[x]; x--) {
+                        const int y = o[x];
+                        o[x] = o[x - 1];
+                        o[x - 1] = y;
+                    }
+                for (int r = 0; r < n; r++) {
+                    below += o[r] <= j;
+                    const int64_t rowe = b->G * b->D;
+                    for (int kv = 0; kv < 2; kv++) {
+                        const dt_runs runs = {
+                            .dtype = b->dtype, .op = DT_RUNS_COPY,
+                            .dst = (kv ? vdst : kdst) + (size_t)r * row,
+                            .src = (kv ? v : k) + (size_t)(o[r] * c) * row,
+                            .outer = c, .n = 1, .run_elems = rowe,
+                            .dst_outer = n * rowe, .src_outer = rowe};
+                        DT_TRY(b->be->ops->copy_runs(b->be, &runs));
+                    }
+                }
+                e->qs = (dt_attn_segment){below, n, c, 0, 0};
+                e->ks = (dt_attn_segment){1, 1, n * c, 0, 0};
+                kdst += (size_t)(n * c) * row;
+                vdst += (size_t)(n * c) * row;
+                continue;
+            }
+            /* zigzag: chunks s_lo .. s_hi, then 2P - 1 - s_hi .. 2P - 1 - s_lo */
+            e->ks = (dt_attn_segment){s_lo * h, 1, 2 * n * h, n * h, (2 * P - 2 - 2 * s_hi) * h};
             for (int x = 0; x < 2 * n; x++) {
                 const int src = x < n ? s_lo + x : s_hi - (x - n);   /* its half x < n ? 0 : 1 */
                 const size_t from = (size_t)(src * c + (x < n ? 0 : h)) * row;
@@ -721,8 +768,7 @@ static dt_status group_plan_make(const bufs *b, dt_order order, int P, int64_t c
 
 /* run_ring's forward with its steps grouped: the plan's launches in turn. */
 static dt_status run_grouped(const bufs *b, const group_plan *gp) {
-    const int P = gp->P;
-    const int64_t c = gp->c, S = (int64_t)P * c;
+    const int64_t c = gp->c;
     for (int i = 0; i < gp->n; i++) {
         const group_launch *e = &gp->l[i];
         bufs rb = bufs_at(b, e->j * c, 0);
@@ -730,8 +776,7 @@ static dt_status run_grouped(const bufs *b, const group_plan *gp) {
         rb.v = (void *)e->v;
         rb.scratch = (char *)b->scratch + (size_t)e->j * b->scratch_bytes;
         rb.launches = b->ring_launches + e->j;
-        DT_TRY(run_block(&rb, 0, DT_ATTN_CAUSAL, dt_attn_segment_of(gp->order, S, P, e->j), e->ks,
-                         e->first, e->last, e->transfer));
+        DT_TRY(run_block(&rb, 0, DT_ATTN_CAUSAL, e->qs, e->ks, e->first, e->last, e->transfer));
     }
     return DT_SUCCESS;
 }
@@ -809,7 +854,7 @@ static double max_err(const float *got, const float *ref, int64_t n, int relativ
     return relative_each ? err : err / (scale > 0 ? scale : 1);
 }
 
-/* --group, for contiguous and zigzag: for G = 1 (the ring as run_ring runs
+/* --group, for each order: for G = 1 (the ring as run_ring runs
  * it) and each G of the list, the blocks launched and the tile model's K
  * and V; for each G >= 2 its time back to back and its outputs against
  * the ring's (the same sums in another order: within 1e-5 in fp32, 2e-2
@@ -827,7 +872,7 @@ static dt_status measure_groups(const bufs *b, const opts *o, int64_t c, p_row *
                        ? DT_SUCCESS
                        : dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of host memory");
     out->n_groups = 0;
-    for (int oi = 0; st == DT_SUCCESS && oi < 3; oi += 2) {   /* contiguous, zigzag */
+    for (int oi = 0; st == DT_SUCCESS && oi < 3; oi++) {
         timed w = {.ring = 1, .order = orders[oi], .P = P, .c = c};
         st = ring_outputs(b, &w, ref_o, ref_lse);
         int ng = 0;
@@ -841,14 +886,14 @@ static dt_status measure_groups(const bufs *b, const opts *o, int64_t c, p_row *
             st = group_plan_make(b, orders[oi], P, c, G, &gp);
             for (int l = 0; st == DT_SUCCESS && l < gp.n; l++) {
                 const group_launch *gl = &gp.l[l];
-                const dt_attn_segment qs = dt_attn_segment_of(orders[oi], S, P, gl->j);
                 /* a block with no pair that neither starts nor finishes
                  * the rows launches nothing (block_cuda.cu), as in the ring */
                 e->launches +=
-                    gl->first || gl->last || !dt_attn_no_pairs(DT_ATTN_CAUSAL, qs, gl->ks);
+                    gl->first || gl->last || !dt_attn_no_pairs(DT_ATTN_CAUSAL, gl->qs, gl->ks);
                 if (out->model) {
                     int64_t v = 0;
-                    e->tiles += dt_attn_tiles(DT_ATTN_CAUSAL, qs, gl->ks, out->bm, out->bn, &v);
+                    e->tiles +=
+                        dt_attn_tiles(DT_ATTN_CAUSAL, gl->qs, gl->ks, out->bm, out->bn, &v);
                     e->visits += v;
                 }
             }
@@ -1090,7 +1135,7 @@ static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
                "        ring above; err: the outputs' largest difference from the ring's\n"
                "        %-11s %4s %8s %10s %8s %10s %10s %10s %10s %10s\n", "order", "G",
                "launches", "K", "V", "b2b ms", "b2b/call", "F b2b", "o err", "lse err");
-        for (int oi = 0; oi < 3; oi += 2)
+        for (int oi = 0; oi < 3; oi++)
             for (int i = 0; i < x->n_groups; i++) {
                 const struct p_group *e = &x->groups[oi][i];
                 char k[24] = "-", v[24] = "-", f[24] = "-";
@@ -1297,7 +1342,7 @@ static void json_print(const run *r, const bufs *b) {
                     json_num("f_for_1_05", model_f(1.05, x, oi));
                     printf("}");
                 }
-                if (oi != 1 && x->n_groups > 0) {   /* --group: contiguous, zigzag */
+                if (x->n_groups > 0) {   /* --group */
                     printf(", \"groups\": [");
                     for (int g = 0; g < x->n_groups; g++) {
                         const struct p_group *e = &x->groups[oi][g];
@@ -1422,11 +1467,10 @@ static void usage(FILE *f) {
             "                    step, merging into the rows' stored state; own as a\n"
             "                    call's only block, which starts and finishes its rows\n"
             "                    (reads no state, writes o and lse)\n"
-            "  --group LIST      (p), forward: the contiguous and zigzag rings once more\n"
-            "                    with a rank's steps after its first G to a launch, for\n"
-            "                    each G of the list (2 to P - 1; their keys are one\n"
-            "                    segment), timed back to back and checked against the\n"
-            "                    ring's outputs\n"
+            "  --group LIST      (p), forward: each order's ring once more with a rank's\n"
+            "                    steps after its first G to a launch, for each G of the\n"
+            "                    list (2 to P - 1; their keys are one segment), timed\n"
+            "                    back to back and checked against the ring's outputs\n"
             "  --trace           one more run of each block with its CTAs recording\n"
             "                    their start, end, SM and tiles (CUDA mma and wgmma\n"
             "                    kernels): (r) the launch's idle SM time, its drain, a\n"

@@ -49,11 +49,11 @@ the H200 of 2026-11-27 met items 1, 4 and 5):
   item 1 through the public API: bench/attention (a) --dtype bf16 with
           DT_ATTN_KERNEL set to each kernel: the whole dt_attention_forward.
   items 3 and 4, steps grouped  last (a diagnosis): bench/blocks (p) at
-          the first ring c with --group 2,3,4,7, a run of its own: the
-          contiguous and zigzag rings once more with a rank's steps after
-          its first G to a launch (their keys one segment: fewer query
-          tiles' visits), its b2b/call and the F it implies (no target:
-          the tile model's steps per launch, measured).
+          the first ring c with --group 2,3,4,7, a run of its own: each
+          order's ring once more with a rank's steps after its first G to
+          a launch (their keys one segment: fewer query tiles' visits), its
+          b2b/call and the F it implies (no target: the tile model's steps
+          per launch, measured).
 The wgmma forward runs with the benches' default launch (at D = 128 the
 overlapped order and the producer warpgroup); bench/blocks' and
 bench/attention's --producer compare it with the others
@@ -757,8 +757,8 @@ def item_ring(session):
 
 
 def item_ring_groups(session):
-    """Items 3 and 4's contiguous and zigzag rings with a rank's steps
-    grouped: bench/blocks (p) --group at the first ring c, a run of its own
+    """Items 3 and 4's rings with a rank's steps grouped: bench/blocks (p)
+    --group at the first ring c, a run of its own
     per kernel (a grouped ring that failed its check would otherwise take
     items 3 and 4's rows with it)."""
     header = ["kernel", "c", "order", "G", "launches", "K", "V", "b2b/call", "F b2b", "o err",
@@ -767,22 +767,23 @@ def item_ring_groups(session):
     table = Table("3,4g", "items 3 and 4, steps grouped: the ring with fewer visits",
                   "none (the tile model's steps per launch, measured)", header,
                   f"bench/blocks (p) at c = {c} with --group {RING_GROUPS}, as items 3 and 4 "
-                  "run it otherwise (P, H, D, bf16): the "
-                  "contiguous and zigzag forward rings once more with a rank's steps after its "
-                  "first G to a launch, their keys one segment (contiguous: the shards side by "
-                  "side; zigzag: the chunks nested, one jump; a launch does not cross where a "
-                  "rank's sources wrap from 0 to P - 1), timed back to back as b2b; G = 1 is the "
+                  "run it otherwise (P, H, D, bf16): each order's forward ring once more with a "
+                  "rank's steps after its first G to a launch, their keys one segment "
+                  "(contiguous: the shards side by side; zigzag: the chunks nested, one jump, "
+                  "a launch not crossing where a rank's sources wrap from 0 to P - 1; striped: "
+                  "the stripes interleaved, positions that keep the mask's every comparison), "
+                  "timed back to back as b2b; G = 1 is the "
                   "ring itself. K, V: the tile model's key tiles and query tiles' visits of its "
                   "blocks; F b2b: a visit's cost, in key tiles, that its b2b/call implies (the "
                   "same model as items 3 and 4); o err, lse err: its outputs' largest difference "
                   "from the ring's (bench/blocks fails past 1e-5 in fp32, 2e-2 in bf16 for o, "
-                  "1e-4 for lse). Striped's steps interleave (not one segment: not built).")
+                  "1e-4 for lse).")
     h, d = session.size["r_h"], session.size["r_d"]
     for k in session.args.kernels:
         out = run_blocks(session, table, k, "p", "fwd", h, d, [c],
                          extra=("--group", RING_GROUPS))
         rows = rows_of(out, "p", "fwd")
-        for order in ("contiguous", "zigzag"):
+        for order in ("contiguous", "striped", "zigzag"):
             row = None if is_na(rows) else next((r for r in rows if r["order"] == order), None)
             groups = rows if is_na(rows) else (row or {}).get("groups")
             if is_na(groups) or not groups:
