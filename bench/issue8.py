@@ -114,9 +114,9 @@ BWD_VS_FA2 = 0.9
 R_MAX, R_FROM_C = 0.55, 4096
 ACHIEVED_MIN, RATIO_MIN, RATIO_AT_C = 0.95, 1.75, 8192
 VS_ONE_CALL_MAX, VS_ONE_CALL_AT_S = 1.05, 32768
-# bench/blocks --group: the contiguous ring with a rank's steps after its
-# first G to a launch, at the first ring c (the tile model's steps per
-# launch: 1 then pairs, 1 3 3 1, 1 4 3, 1 7; docs/PERFORMANCE.md)
+# bench/blocks --group: the rings with a rank's steps after its first G
+# to a launch, at the first ring c (the tile model's steps per launch: 1
+# then pairs, 1 3 3 1, 1 4 3, 1 7; docs/PERFORMANCE.md)
 RING_GROUPS = "2,3,4,7"
 WAITS_MAX, WAITS_FROM_C = 0.05, 4096
 COMM_CTAS = "0"   # item 6's variant of the comm stream's work: --comm-ctas (0: the driver's)
@@ -759,23 +759,22 @@ def item_ring(session):
 
 def item_ring_groups(session):
     """Items 3 and 4's rings with a rank's steps grouped: bench/blocks (p)
-    --group at the first ring c, a run of its own
-    per kernel (a grouped ring that failed its check would otherwise take
-    items 3 and 4's rows with it)."""
+    --group at the first ring c, a run of its own (a grouped ring that
+    failed its check would otherwise take items 3 and 4's rows with it)."""
     header = ["kernel", "c", "order", "G", "launches", "K", "V", "b2b/call", "F b2b", "o err",
               "lse err"]
     c = session.size["ring_c"][0]
     table = Table("3,4g", "items 3 and 4, steps grouped: the ring with fewer visits",
                   "none (the tile model's steps per launch, measured)", header,
                   f"bench/blocks (p) at c = {c} with --group {RING_GROUPS} for the wgmma kernel "
-                  "(or the first of --kernels without it), as items 3 and 4 "
-                  "run it otherwise (P, H, D, bf16): each order's forward ring once more with a "
+                  "(or the first of --kernels without it), as items 3 and 4 run it otherwise "
+                  "(P, H, D, bf16): each order's forward ring once more with a "
                   "rank's steps after its first G to a launch, their keys one segment "
                   "(contiguous: the shards side by side; zigzag: the chunks nested, one jump, "
                   "a launch not crossing where a rank's sources wrap from 0 to P - 1; striped: "
                   "the stripes interleaved, positions that keep the mask's every comparison), "
-                  "timed back to back as b2b; G = 1 is the "
-                  "ring itself. K, V: the tile model's key tiles and query tiles' visits of its "
+                  "timed back to back as b2b; G = 1 is the ring itself. K, V: the tile model's "
+                  "key tiles and query tiles' visits of its "
                   "blocks; F b2b: a visit's cost, in key tiles, that its b2b/call implies (the "
                   "same model as items 3 and 4); o err, lse err: its outputs' largest difference "
                   "from the ring's (bench/blocks fails past 1e-5 in fp32, 2e-2 in bf16 for o, "
