@@ -551,6 +551,7 @@ typedef struct p_row {
         int64_t tiles, visits;     /* the tile model's K and V, as above (model) */
         double b2b_s;              /* back to back, as b2b */
         double o_err, lse_err;     /* against the ring's outputs (ring_outputs) */
+        dt_attn_trace_timeline tl; /* --trace: b2b as one timeline, as ring_tl */
     } groups[3][MAX_LIST + 1];
 } p_row;
 
@@ -897,11 +898,13 @@ static dt_status measure_groups(const bufs *b, const opts *o, int64_t c, p_row *
                     e->visits += v;
                 }
             }
-            if (st == DT_SUCCESS && G == 1) {
-                e->b2b_s = out->b2b_s[oi];   /* the order's own row */
+            if (st == DT_SUCCESS && G == 1) {   /* the order's own row */
+                e->b2b_s = out->b2b_s[oi];
+                e->tl = out->ring_tl[oi];
             } else if (st == DT_SUCCESS) {
                 w.plan = &gp;
                 st = time_runs(b, o, &w, &e->b2b_s);
+                if (st == DT_SUCCESS && o->trace) st = timeline_run(b, &w, &e->tl);
                 if (st == DT_SUCCESS) st = ring_outputs(b, &w, got_o, got_lse);
                 w.plan = NULL;
             }
@@ -1132,22 +1135,30 @@ static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
     if (x->n_groups > 0) {
         printf("    (g) a rank's steps after its first G to a launch (--group: their keys one\n"
                "        segment, each query tile's rows merged once a launch); G = 1 is the\n"
-               "        ring above; err: the outputs' largest difference from the ring's\n"
-               "        %-11s %4s %8s %10s %8s %10s %10s %10s %10s %10s\n", "order", "G",
-               "launches", "K", "V", "b2b ms", "b2b/call", "F b2b", "o err", "lse err");
+               "        ring above; err: the outputs' largest difference from the ring's;\n"
+               "        --trace: F busy as (m)'s, and wall / busy of its b2b timeline\n"
+               "        %-11s %4s %8s %10s %8s %10s %10s %10s %10s %10s %10s %10s\n", "order",
+               "G", "launches", "K", "V", "b2b ms", "b2b/call", "F b2b", "F busy", "wall/busy",
+               "o err", "lse err");
         for (int oi = 0; oi < 3; oi++)
             for (int i = 0; i < x->n_groups; i++) {
                 const struct p_group *e = &x->groups[oi][i];
-                char k[24] = "-", v[24] = "-", f[24] = "-";
+                const int traced = x->traced && x->single.ctas > 0 && e->tl.busy_us > 0;
+                char k[24] = "-", v[24] = "-", f[24] = "-", fb[24] = "-", wb[24] = "-";
                 if (x->model) {
                     snprintf(k, sizeof k, "%lld", (long long)e->tiles);
                     snprintf(v, sizeof v, "%lld", (long long)e->visits);
                     snprintf(f, sizeof f, "%.2f",
                              model_f_of(e->b2b_s / x->single_s, e->tiles, e->visits, x));
                 }
-                printf("        %-11s %4d %8d %10s %8s %10.3f %10.3f %10s %10.2e %10.2e\n",
-                       dt_order_name(orders[oi]), e->G, e->launches, k, v, 1e3 * e->b2b_s,
-                       e->b2b_s / x->single_s, f, e->o_err, e->lse_err);
+                if (x->model && traced)
+                    snprintf(fb, sizeof fb, "%.2f",
+                             model_f_of(e->tl.busy_us / x->single.last_timeline.busy_us,
+                                        e->tiles, e->visits, x));
+                if (traced) snprintf(wb, sizeof wb, "%.3f", e->tl.wall_us / e->tl.busy_us);
+                printf("        %-11s %4d %8d %10s %8s %10.3f %10.3f %10s %10s %10s %10.2e "
+                       "%10.2e\n", dt_order_name(orders[oi]), e->G, e->launches, k, v,
+                       1e3 * e->b2b_s, e->b2b_s / x->single_s, f, fb, wb, e->o_err, e->lse_err);
             }
     }
     if (!x->traced) return;
@@ -1350,14 +1361,22 @@ static void json_print(const run *r, const bufs *b) {
                                e->launches);
                         json_num("b2b_ms", 1e3 * e->b2b_s);
                         json_num("b2b_vs_1_call", e->b2b_s / x->single_s);
+                        const int traced =
+                            x->traced && x->single.ctas > 0 && e->tl.busy_us > 0;
                         if (x->model) {
                             printf(", \"tiles\": %lld, \"visits\": %lld", (long long)e->tiles,
                                    (long long)e->visits);
                             json_num("f_b2b", model_f_of(e->b2b_s / x->single_s, e->tiles,
                                                          e->visits, x));
+                            if (traced)
+                                json_num("f_busy",
+                                         model_f_of(e->tl.busy_us /
+                                                        x->single.last_timeline.busy_us,
+                                                    e->tiles, e->visits, x));
                         }
                         json_num("o_err", e->o_err);
                         json_num("lse_err", e->lse_err);
+                        if (x->traced) json_timeline("b2b_timeline", &e->tl);
                         printf("}");
                     }
                     printf("]");

@@ -49,12 +49,12 @@ the H200 of 2026-11-27 met items 1, 4 and 5):
   item 1 through the public API: bench/attention (a) --dtype bf16 with
           DT_ATTN_KERNEL set to each kernel: the whole dt_attention_forward.
   items 3 and 4, steps grouped  last (a diagnosis): bench/blocks (p) at
-          the first ring c with --group 2,3,4,7, a run of its own (the
-          wgmma kernel, or the first of --kernels without it): each
+          the first ring c with --group 2,3,4,7 --trace, a run of its own
+          (the wgmma kernel, or the first of --kernels without it): each
           order's ring once more with a rank's steps after its first G to
           a launch (their keys one segment: fewer query tiles' visits), its
-          b2b/call and the F it implies (no target: the tile model's steps
-          per launch, measured).
+          b2b/call, the F it implies and its timeline's (no target: the
+          tile model's steps per launch, measured).
 The wgmma forward runs with the benches' default launch (at D = 128 the
 overlapped order and the producer warpgroup); bench/blocks' and
 bench/attention's --producer compare it with the others
@@ -761,8 +761,8 @@ def item_ring_groups(session):
     """Items 3 and 4's rings with a rank's steps grouped: bench/blocks (p)
     --group at the first ring c, a run of its own (a grouped ring that
     failed its check would otherwise take items 3 and 4's rows with it)."""
-    header = ["kernel", "c", "order", "G", "launches", "K", "V", "b2b/call", "F b2b", "o err",
-              "lse err"]
+    header = ["kernel", "c", "order", "G", "launches", "K", "V", "b2b/call", "F b2b", "F busy",
+              "wall / busy", "o err", "lse err"]
     c = session.size["ring_c"][0]
     table = Table("3,4g", "items 3 and 4, steps grouped: the ring with fewer visits",
                   "none (the tile model's steps per launch, measured)", header,
@@ -776,7 +776,10 @@ def item_ring_groups(session):
                   "timed back to back as b2b; G = 1 is the ring itself. K, V: the tile model's "
                   "key tiles and query tiles' visits of its "
                   "blocks; F b2b: a visit's cost, in key tiles, that its b2b/call implies (the "
-                  "same model as items 3 and 4); o err, lse err: its outputs' largest difference "
+                  "same model as items 3 and 4); with --trace the b2b run once more as one device "
+                  "timeline: F busy, the F its busy time over the one call's implies, and wall / "
+                  "busy, its idle share where launches meet; o err, lse err: its outputs' largest "
+                  "difference "
                   "from the ring's (bench/blocks fails past 1e-5 in fp32, 2e-2 in bf16 for o, "
                   "1e-4 for lse).")
     h, d = session.size["r_h"], session.size["r_d"]
@@ -784,25 +787,31 @@ def item_ring_groups(session):
     kernels = [k for k in session.args.kernels if k == "wgmma"] or session.args.kernels[:1]
     for k in kernels:
         out = run_blocks(session, table, k, "p", "fwd", h, d, [c],
-                         extra=("--group", RING_GROUPS))
+                         extra=("--group", RING_GROUPS, "--trace"))
         rows = rows_of(out, "p", "fwd")
         for order in ("contiguous", "striped", "zigzag"):
             row = None if is_na(rows) else next((r for r in rows if r["order"] == order), None)
             groups = rows if is_na(rows) else (row or {}).get("groups")
             if is_na(groups) or not groups:
                 na = groups if is_na(groups) else NA("missing", "bench/blocks printed no groups")
-                table.add([k, str(c), order, "-"] + [na] * 7,
+                table.add([k, str(c), order, "-"] + [na] * 9,
                           {"kernel": k, "c": c, "order": order, "result": na})
                 continue
             for g in groups:
                 none = NA("none", "no tile model for this kernel (bench/blocks (m): mma and "
                           "wgmma)")
-                f = g.get("f_b2b", none)
-                f = NA("none", "no F gives that ratio") if f is None else f
+                no_records = NA("no CTA records", "only the CUDA mma and wgmma kernels keep "
+                                "them") if "tiles" in g else none
+                f = [g.get("f_b2b", none), g.get("f_busy", no_records)]
+                f = [NA("none", "no F gives that ratio") if x is None else x for x in f]
+                tl = g.get("b2b_timeline")
+                wb = NA("no trace", "bench/blocks printed no timeline") if not tl else (
+                    NA("no CTA records", "only the CUDA mma and wgmma kernels keep them")
+                    if not tl["records"] or not tl["busy_ms"] else tl["wall_ms"] / tl["busy_ms"])
                 cells = [k, str(c), order, str(g["G"]), str(g["launches"]),
                          str(g.get("tiles", "-")), str(g.get("visits", "-")),
-                         (g["b2b_vs_1_call"], ".3f"), (f, ".2f"), (g["o_err"], ".1e"),
-                         (g["lse_err"], ".1e")]
+                         (g["b2b_vs_1_call"], ".3f"), (f[0], ".2f"), (f[1], ".2f"), (wb, ".3f"),
+                         (g["o_err"], ".1e"), (g["lse_err"], ".1e")]
                 table.add(cells, dict(g, kernel=k, c=c, order=order))
     return table
 

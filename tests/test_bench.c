@@ -705,12 +705,15 @@ static int blocks_trace_timeline(int producer, int dependent) {
  * tiles), as mask.h's dt_attn_tiles counts them. Striped: the ring's 16
  * blocks of one key tile each; with G = 3 rank j's stripes interleaved in
  * one block of 3 key tiles: 8 launches, 16 key tiles, 8 visits. The
- * outputs within bf16's 2e-2 of the ring's. 1 if it printed that, 0 if
- * not, -1 if no CUDA device answered. */
+ * outputs within bf16's 2e-2 of the ring's. With --trace each G's back to
+ * back run as one timeline: a record per query tile's visit (the wgmma
+ * forward's), so as many records as visits, and its F busy. 1 if it
+ * printed that, 0 if not, -1 if no CUDA device answered. */
 static int blocks_group_wgmma(void) {
     char *out = NULL;
     const char *args = "--backend cuda --kernel wgmma --section p --pass fwd --ranks 4 --ring-c 128 "
-                       "--heads 1 --kv-heads 1 --dim 128 --dtype bf16 --iters 1 --group 3 --json";
+                       "--heads 1 --kv-heads 1 --dim 128 --dtype bf16 --iters 1 --group 3 --json "
+                       "--trace";
     int rc = h_run_program(g_blocks, args, &out);
     if (rc != 0 && out && strstr(out, "needs a CUDA device")) {
         free(out);
@@ -722,6 +725,20 @@ static int blocks_group_wgmma(void) {
              group_ok(out, "zigzag", 3, 10, 1, 14, 10, 2e-2) &&
              group_ok(out, "striped", 1, 16, 1, 16, 16, 0) &&
              group_ok(out, "striped", 3, 8, 1, 16, 8, 2e-2);
+    static const char *const orders[] = {"contiguous", "striped", "zigzag"};
+    static const double visits[3][2] = {{10, 7}, {16, 8}, {16, 10}};   /* G = 1, 3 */
+    for (int i = 0; ok && i < 3; i++)
+        for (int g = 0; ok && g < 2; g++) {
+            char at[64], key[32];
+            snprintf(at, sizeof at, "\"order\": \"%s\"", orders[i]);
+            snprintf(key, sizeof key, "{\"G\": %d,", g ? 3 : 1);
+            const char *row = strstr(out, at), *e = row ? strstr(row, key) : NULL;
+            const char *tl = e ? strstr(e, "\"b2b_timeline\"") : NULL;
+            double records, busy, wall, f;
+            ok = tl && json_num(tl, "records", &records) && records == visits[i][g] &&
+                 json_num(tl, "busy_ms", &busy) && busy > 0 && json_num(tl, "wall_ms", &wall) &&
+                 wall >= busy && (json_num(e, "f_busy", &f) || strstr(e, "\"f_busy\": null"));
+        }
     if (!ok) print_error("bench/blocks %s printed (rc %d):\n%s\n", args, rc, out ? out : "");
     free(out);
     return ok;
