@@ -636,16 +636,15 @@ static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t
  * its r-th launch after), the ranks' launches of a round one after
  * another, as run_ring runs the steps. */
 typedef struct group_launch {
-    int j, t0, t1;                 /* rank j's steps t0 .. t1 - 1 */
+    int j;                         /* rank j's steps of the launch: */
     int first, last, transfer;     /* as run_block's, for those steps */
     dt_attn_segment qs, ks;        /* rank j's queries; their keys, rows from 0 of k, v */
     const void *k, *v;
 } group_launch;
 
 typedef struct group_plan {
-    dt_order order;
-    int P, G, n;                   /* P ranks of c tokens; n launches, in run order */
-    int64_t c;
+    int n;                         /* launches, in run order */
+    int64_t c;                     /* tokens per rank */
     group_launch *l;
     void *kv;                      /* the groups' rows where copied (b's memory) */
 } group_plan;
@@ -684,10 +683,7 @@ static int group_steps(dt_order order, int P, int G, int j, int t0s[], int t1s[]
 static dt_status group_plan_make(const bufs *b, dt_order order, int P, int64_t c, int G,
                                  group_plan *gp) {
     memset(gp, 0, sizeof *gp);
-    gp->order = order;
-    gp->P = P;
     gp->c = c;
-    gp->G = G;
     const int64_t S = (int64_t)P * c, h = c / 2;
     const size_t row = (size_t)(b->G * b->D) * dt_dtype_size(b->dtype);
     int t0s[MAX_RANKS][MAX_RANKS + 1], t1s[MAX_RANKS][MAX_RANKS + 1], nr[MAX_RANKS], most = 0;
@@ -711,7 +707,7 @@ static dt_status group_plan_make(const bufs *b, dt_order order, int P, int64_t c
             /* contiguous and zigzag: a run, no wrap (striped: s_lo unused) */
             const int s_hi = ((j - t0) % P + P) % P, s_lo = s_hi - n + 1;
             const int lt = dt_attn_ring_last_step(order, DT_ATTN_CAUSAL, S, P, j);
-            *e = (group_launch){.j = j, .t0 = t0, .t1 = t1, .first = t0 == 0,
+            *e = (group_launch){.j = j, .first = t0 == 0,
                                 .last = t0 <= lt && lt < t1, .transfer = t1 < P};
             const char *k = b->k, *v = b->v;   /* rank s's shard at row s c */
             e->qs = dt_attn_segment_of(order, S, P, j);
