@@ -57,7 +57,9 @@ typedef struct dt_attention_timing {
                                              last step: its two parts and the wait
                                              for the sums between them; 0 when the
                                              mask leaves its block no pair, the wait
-                                             then in wait_ms) */
+                                             then in wait_ms; a launch over several
+                                             steps, opts.group: on its first step,
+                                             0 on the others) */
     double wait_ms[DT_ATTN_MAX_STEPS];    /* from the end of step t's kernels to the
                                              start of step t+1's: the transfer the
                                              kernels did not hide, plus the loop's own
@@ -76,9 +78,21 @@ typedef struct dt_attention_options {
     size_t workspace_bytes;
     dt_attention_timing *timing; /* optional, this rank's: filled by the call
                                     (two marks per step; NULL: none) */
+    int group;                /* forward: ring steps per kernel launch after the
+                                 rank's own block (0 or 1: one, the default; at
+                                 most P - 1 take effect). G > 1 launches the
+                                 block kernel over G blocks at once, received
+                                 side by side, so each query tile is visited
+                                 once per launch instead of once per step; the
+                                 ring runs up to G hops ahead of the kernels, in
+                                 2G K, V buffers instead of 2. Contiguous and
+                                 zigzag orders, and any order under the full
+                                 mask; striped causal returns
+                                 DT_ERR_NOT_SUPPORTED. The backward runs a
+                                 launch per step whatever it is. */
 } dt_attention_options;
 
-#define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0, NULL }
+#define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0, NULL, 0 }
 
 /* Bytes of workspace a forward call on these inputs needs (not collective;
  * it depends on the backend's kernel for them, DT_ATTN_KERNEL included: a

@@ -28,6 +28,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../collectives/ring.h"
@@ -36,29 +37,147 @@
 #include "block.h"
 #include "plan.h"
 
-/* The arguments of ring step t's block (0 .. parts-1), on the K and V of
- * rank src: step 0's starts the rows, step `last`'s writes o and lse (the
- * rank's last block with a pair the mask allows: dt_attn_ring_last_step;
- * the blocks after it add nothing and launch nothing). acc, m, l: the
- * running state, NULL in a stateless call (fwd_stateless). */
-static dt_attn_block_args block_args(const attn_plan *p, int t, int last, int src, const void *q,
-                                     const char *k, const char *v, float *acc, float *m, float *l,
-                                     void *o, float *lse, uint32_t *launches) {
+/* A launch's keys: k, v with kv_batch_stride elements between batch
+ * entries, and their segment (mask.h). */
+typedef struct launch_keys {
+    const void *k, *v;
+    int64_t kv_batch_stride;
+    dt_attn_segment kseg;
+} launch_keys;
+
+/* The arguments of a launch's block: `first` starts the rows, `last`
+ * writes o and lse (the launch holding the rank's last block with a pair
+ * the mask allows: dt_attn_ring_last_step; the blocks after it add nothing
+ * and launch nothing); `transfer`: the ring's next hops run beside it.
+ * acc, m, l: the running state, NULL in a stateless call (fwd_stateless). */
+static dt_attn_block_args block_args(const attn_plan *p, int first, int last, int transfer,
+                                     const void *q, launch_keys keys, float *acc, float *m,
+                                     float *l, void *o, float *lse, uint32_t *launches) {
     dt_attn_segment qs, ks;
-    attn_plan_segments(p, src, &qs, &ks);
+    attn_plan_segments(p, p->rank, &qs, &ks);
     return (dt_attn_block_args){
         .dtype = p->dtype, .batch = p->b, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
         .q = q, .q_batch_stride = p->c * p->h * p->D,
-        .k = k, .v = v, .kv_batch_stride = p->c * p->hkv * p->D,
-        .qseg = qs, .kseg = ks, .mask = p->mask, .scale = p->scale,
+        .k = keys.k, .v = keys.v, .kv_batch_stride = keys.kv_batch_stride,
+        .qseg = qs, .kseg = keys.kseg, .mask = p->mask, .scale = p->scale,
         .m = m, .l = l, .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
         .acc = acc, .acc_batch_stride = p->c * p->h * p->D,
-        .first = t == 0, .last = t == last,
+        .first = first, .last = last,
         .o = o, .lse = lse,
         .kernel = p->kernel,
-        .transfer = t + 1 < p->parts,   /* step t+1's K, V are in flight (dt_ring_start) */
+        .transfer = transfer,
         .launches = launches,
     };
+}
+
+/* The ring's steps in launches (G = p->group steps at most each): run 0 is
+ * step 0 alone (the rank's own K and V, read where they are), then runs of
+ * consecutive steps t = first[r] .. first[r+1] - 1, whose sources
+ * (rank - t) mod P descend by one, so that their shards are neighbours in
+ * the sequence and their keys, laid side by side, one segment (mask.h):
+ *   contiguous: lowest source first, (s_lo c, 1, n c);
+ *   zigzag: the n first chunks lowest source first, then the n second ones
+ *     highest source first: (s_lo h, 1, 2 n h), split n h, gap (2P - 2 -
+ *     2 s_hi) h, h = c / 2 (one step: the shard's own segment);
+ *   the full mask reads no position: any order groups, laid out as
+ *   contiguous. (Striped causal does not group: a group's keys interleave
+ *   row by row; plan.c refuses it.)
+ * A run never crosses the sources' wrap from 0 to P - 1 (step rank + 1),
+ * nor the rank's last step with pairs (`last`); runs after that launch
+ * nothing but still land their blocks, which the next rank needs.
+ *
+ * Each run's blocks land in one of two buffer sets, alternating, each
+ * [K | V] of [b][G c][hkv][D]; a block moves in pieces of the same sizes on
+ * every rank (a rank-independent rule): with G = 1 whole K and whole V (the
+ * set is a shard's layout), else per batch entry (and per zigzag chunk) the
+ * rows that land apart. */
+typedef struct fwd_runs {
+    int n;                              /* runs */
+    int first[DT_ATTN_MAX_STEPS + 1];   /* run r: steps first[r] .. first[r+1] - 1 */
+    int launched;                       /* runs 0 .. launched - 1 launch a block */
+    int halves;                         /* pieces per batch entry and tensor: 2 for
+                                           grouped zigzag chunks, else 1 */
+    int pieces;                         /* per block */
+    size_t piece_bytes, row_bytes, set_kv_bytes;
+    char *set[2];                       /* the two buffer sets */
+    const char *own[2];                 /* this rank's K and V */
+} fwd_runs;
+
+static void fwd_runs_make(const attn_plan *p, int last, char *sets, const void *k, const void *v,
+                          fwd_runs *f) {
+    memset(f, 0, sizeof *f);
+    const int P = p->parts, G = p->group;
+    f->first[f->n++] = 0;   /* run 0: step 0 */
+    for (int t = 1; t < P; t++)
+        if (t == 1 || t - f->first[f->n - 1] == G || t == p->rank + 1 || t == last + 1)
+            f->first[f->n++] = t;
+    f->first[f->n] = P;
+    while (f->launched < f->n && f->first[f->launched] <= last) f->launched++;
+    f->halves = G > 1 && p->order == DT_ORDER_ZIGZAG ? 2 : 1;
+    f->row_bytes = (size_t)(p->hkv * p->D) * dt_dtype_size(p->dtype);
+    f->pieces = G > 1 ? 2 * (int)p->b * f->halves : 2;
+    f->piece_bytes = G > 1 ? (size_t)(p->c / f->halves) * f->row_bytes : p->kv_bytes;
+    f->set_kv_bytes = (size_t)G * p->kv_bytes;
+    f->set[0] = sets;
+    f->set[1] = sets ? sets + 2 * f->set_kv_bytes : NULL;
+    f->own[0] = k;
+    f->own[1] = v;
+}
+
+static int fwd_run_of(const fwd_runs *f, int t) {
+    int r = 0;
+    while (f->first[r + 1] <= t) r++;
+    return r;
+}
+
+/* The source of step t. */
+static int fwd_source(const attn_plan *p, int t) { return ((p->rank - t) % p->parts + p->parts) % p->parts; }
+
+/* Where piece i of step t's block lies on this rank. */
+static char *fwd_piece(const attn_plan *p, const fwd_runs *f, int t, int i) {
+    const int per_kv = f->pieces / 2, kv = i / per_kv;
+    if (p->group == 1)   /* whole K or V, in the tensor or a set laid out as one */
+        return t == 0 ? (char *)f->own[kv] : f->set[fwd_run_of(f, t) & 1] + kv * f->set_kv_bytes;
+    const int64_t b = (i % per_kv) / f->halves, half = i % f->halves;
+    const int64_t rows = p->c / f->halves;   /* a piece's */
+    if (t == 0) return (char *)f->own[kv] + (size_t)(b * p->c + half * rows) * f->row_bytes;
+    const int r = fwd_run_of(f, t);
+    const int64_t n = f->first[r + 1] - f->first[r];
+    const int64_t from_low = f->first[r + 1] - 1 - t, from_high = t - f->first[r];
+    const int64_t row = half == 0 ? from_low * rows : n * rows + from_high * rows;
+    return f->set[r & 1] + kv * f->set_kv_bytes +
+           (size_t)(b * p->group * p->c + row) * f->row_bytes;
+}
+
+/* The keys of run r's launch. */
+static launch_keys fwd_keys(const attn_plan *p, const fwd_runs *f, int r) {
+    dt_attn_segment qs, ks;
+    if (r == 0) {
+        attn_plan_segments(p, p->rank, &qs, &ks);
+        return (launch_keys){f->own[0], f->own[1], p->c * p->hkv * p->D, ks};
+    }
+    const int n = f->first[r + 1] - f->first[r];
+    const int64_t s_hi = fwd_source(p, f->first[r]), s_lo = fwd_source(p, f->first[r + 1] - 1);
+    const int64_t c = p->c, h = c / 2;
+    dt_attn_segment seg = {s_lo * c, 1, n * c, 0, 0};
+    if (p->order == DT_ORDER_ZIGZAG)
+        seg = (dt_attn_segment){s_lo * h, 1, 2 * n * h, n * h, (2 * p->parts - 2 - 2 * s_hi) * h};
+    else if (p->order == DT_ORDER_STRIPED && n == 1)
+        seg = dt_attn_segment_of(p->order, p->S, p->parts, (int)s_lo);
+    return (launch_keys){f->set[r & 1], f->set[r & 1] + f->set_kv_bytes,
+                         p->group * p->c * p->hkv * p->D, seg};
+}
+
+/* Posts the hop that brings step t's block (t >= 1): it sends step t - 1's
+ * from where it lies and lands step t's where its run wants it. */
+static dt_status fwd_hop(const attn_plan *p, const fwd_runs *f, dt_ring *ring, int t, int chained,
+                         const void **send, void **into, size_t *sizes) {
+    for (int i = 0; i < f->pieces; i++) {
+        send[i] = fwd_piece(p, f, t - 1, i);
+        into[i] = fwd_piece(p, f, t, i);
+        sizes[i] = f->piece_bytes;
+    }
+    return dt_ring_start_into(ring, send, into, sizes, f->pieces, chained);
 }
 
 /* Whether the call runs without the fp32 running state (acc, m, l): one
@@ -68,15 +187,16 @@ static dt_attn_block_args block_args(const attn_plan *p, int t, int last, int sr
 static int fwd_stateless(const attn_plan *p, const dt_tensor *q, const dt_tensor *k,
                          const dt_tensor *v) {
     if (p->parts != 1 || !p->kern || !p->kern->fwd_stateless) return 0;
-    const dt_attn_block_args a =   /* one rank: its own keys */
-        block_args(p, 0, 0, 0, dt_tensor_data_const(q), dt_tensor_data_const(k),
-                   dt_tensor_data_const(v), NULL, NULL, NULL, NULL, NULL, NULL);
+    fwd_runs f;   /* one rank: its own keys */
+    fwd_runs_make(p, 0, NULL, dt_tensor_data_const(k), dt_tensor_data_const(v), &f);
+    const dt_attn_block_args a = block_args(p, 1, 1, 0, dt_tensor_data_const(q), fwd_keys(p, &f, 0),
+                                            NULL, NULL, NULL, NULL, NULL, NULL);
     return p->kern->fwd_stateless(p->ctx->backend, &a);
 }
 
-/* Workspace of a forward call: [ring: 2 x (K | V)] [acc] [m] [l] [kernel
- * scratch]. With one rank on the sequence there is no ring: the kernels
- * read K and V where they are; a stateless call has no acc, m, l. */
+/* Workspace of a forward call: [ring: 2 sets x (K | V) x G] [acc] [m] [l]
+ * [kernel scratch]. With one rank on the sequence there is no ring: the
+ * kernels read K and V where they are; a stateless call has no acc, m, l. */
 typedef struct fwd_workspace {
     int stateless;
     size_t off_acc, off_m, off_l, off_scratch, total;
@@ -87,7 +207,7 @@ static fwd_workspace fwd_workspace_of(const attn_plan *p, const dt_tensor *q, co
     fwd_workspace w;
     w.stateless = fwd_stateless(p, q, k, v);
     const size_t rows = w.stateless ? 0 : attn_plan_rows(p);
-    w.off_acc = p->parts > 1 ? attn_align(4 * p->kv_bytes) : 0;
+    w.off_acc = p->parts > 1 ? attn_align(4 * (size_t)p->group * p->kv_bytes) : 0;
     w.off_m = w.off_acc + attn_align(rows * (size_t)p->D * sizeof(float));
     w.off_l = w.off_m + attn_align(rows * sizeof(float));
     w.off_scratch = w.off_l + attn_align(rows * sizeof(float));
@@ -125,6 +245,7 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     dt_backend *be = p.ctx->backend;
     dt_tensor *out = NULL, *out_lse = NULL;
     dt_ring *ring = NULL;
+    void *hop_args = NULL;
     char *ws = opts ? opts->workspace : NULL;
     int own_ws = ws == NULL;
     dt_status st;
@@ -142,40 +263,65 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     float *m = w.stateless ? NULL : (float *)(ws + w.off_m);
     float *l = w.stateless ? NULL : (float *)(ws + w.off_l);
 
-    /* The agreement check above covered the ring's bytes (from the shapes
-     * and Layout) and direction (always forward). */
-    if (comm)
-        DT_TRY_GOTO(st, dt_ring_create_in_agreed(comm, 2 * p.kv_bytes, DT_RING_FORWARD, ws, &ring),
-                    fail);
-    /* Step 0 computes on this rank's K and V where they are and sends them
-     * from there; they arrive packed (K | V) in the ring's other buffer. */
-    const void *const own_kv[2] = {dt_tensor_data_const(k), dt_tensor_data_const(v)};
-    const size_t kv_sizes[2] = {p.kv_bytes, p.kv_bytes};
-
     const int last = p.parts > 1 ? dt_attn_ring_last_step(p.order, p.mask, p.S, p.parts, p.rank) : 0;
+    fwd_runs f;
+    fwd_runs_make(&p, last, comm ? ws : NULL, dt_tensor_data_const(k), dt_tensor_data_const(v), &f);
+    const void **send = NULL;
+    void **into = NULL;
+    size_t *sizes = NULL;
+    if (comm) {
+        /* A ring of no buffers of its own: every hop lands where its run
+         * wants it (fwd_piece). The agreement check above covered what the
+         * pieces follow from (shapes, Layout, group) and the direction
+         * (always forward). */
+        DT_TRY_GOTO(st, dt_ring_create_in_agreed(comm, 0, DT_RING_FORWARD, ws, &ring), fail);
+        DT_TRY_GOTO(st, dt_ring_reserve(ring, f.pieces), fail);
+        hop_args = malloc((size_t)f.pieces * (2 * sizeof(void *) + sizeof(size_t)));
+        if (!hop_args) {
+            st = dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: %s: out of memory for %d pieces a hop",
+                          dt_context_rank(p.ctx), op, f.pieces);
+            goto fail;
+        }
+        send = hop_args;
+        into = (void **)(send + f.pieces);
+        sizes = (size_t *)(into + f.pieces);
+    }
+
+    /* Run r's blocks landed while run r - 1 ran. Run r + 1's first hop is
+     * posted before run r's launch, so it is ordered after the launches
+     * before (the last to read its landing set) and runs beside this one;
+     * its other hops follow it chained (each forwards what the one before
+     * landed), beside this launch too. */
     uint32_t launches = 0;   /* the call's blocks that count their rows (block.h) */
-    for (int t = 0; t < p.parts; t++) {
-        int more = t + 1 < p.parts;
-        if (more)
-            DT_TRY_GOTO(st, t == 0 ? dt_ring_start_from(ring, own_kv, kv_sizes, 2)
-                                   : dt_ring_start(ring), fail);
-        int src = ring ? dt_ring_source(ring) : 0;
-        DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
-        DT_TRACE_PUSH("attention fwd blocks");
-        const char *kb = t == 0 ? own_kv[0] : dt_ring_current(ring);
-        const char *vb = t == 0 ? own_kv[1] : kb + p.kv_bytes;
-        const dt_attn_block_args a = block_args(&p, t, last, src, dt_tensor_data_const(q), kb, vb,
-                                                acc, m, l, dt_tensor_data(out),
-                                                dt_tensor_data(out_lse), &launches);
-        st = p.kern->fwd(be, &a, ws + w.off_scratch);
-        DT_TRACE_POP();
-        if (st != DT_SUCCESS) goto fail;
-        DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
-        if (more) DT_TRY_GOTO(st, dt_ring_wait(ring), fail);
+    for (int r = 0; r < f.n; r++) {
+        const int t0 = f.first[r], t1 = f.first[r + 1], more = r + 1 < f.n;
+        if (more) DT_TRY_GOTO(st, fwd_hop(&p, &f, ring, t1, 0, send, into, sizes), fail);
+        DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t0), fail);
+        if (r < f.launched) {
+            DT_TRACE_PUSH("attention fwd blocks");
+            const dt_attn_block_args a =
+                block_args(&p, r == 0, r == f.launched - 1, more, dt_tensor_data_const(q),
+                           fwd_keys(&p, &f, r), acc, m, l, dt_tensor_data(out),
+                           dt_tensor_data(out_lse), &launches);
+            st = p.kern->fwd(be, &a, ws + w.off_scratch);
+            DT_TRACE_POP();
+            if (st != DT_SUCCESS) goto fail;
+        }
+        for (int t = t0; t < t1; t++) {   /* a launch's time on its first step */
+            if (t > t0) DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
+            DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t + 1), fail);
+        }
+        if (!more) continue;
+        DT_TRY_GOTO(st, dt_ring_wait(ring), fail);
+        for (int t = t1 + 1; t < f.first[r + 2]; t++) {
+            DT_TRY_GOTO(st, fwd_hop(&p, &f, ring, t, 1, send, into, sizes), fail);
+            DT_TRY_GOTO(st, dt_ring_wait(ring), fail);
+        }
     }
     DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * p.parts), fail);
     DT_TRY_GOTO(st, attn_timing_end(&p, timing), fail);
     dt_ring_destroy(ring);
+    free(hop_args);
     if (own_ws) be->ops->free(be, ws);
     *o = out;
     if (lse) *lse = out_lse;
@@ -185,6 +331,7 @@ fail:
     /* Peers may be waiting for this rank's next block: release them. */
     if (comm) dt_comm_abort(comm, st, dt_last_error());
     dt_ring_destroy(ring);
+    free(hop_args);
     if (own_ws && ws) be->ops->free(be, ws);
     dt_tensor_destroy(out);
     dt_tensor_destroy(out_lse);

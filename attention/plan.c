@@ -112,6 +112,9 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     if (!(opts->scale >= 0.0f) || isinf(opts->scale))
         FAIL(DT_ERR_INVALID_ARGUMENT, "scale %g must be finite and >= 0 (0: 1/sqrt(D))",
              (double)opts->scale);
+    if (opts->group < 0)
+        FAIL(DT_ERR_INVALID_ARGUMENT, "group %d must be >= 0 (0 or 1: a launch per ring step)",
+             opts->group);
     p->mask = opts->mask;
     p->scale = opts->scale > 0.0f ? opts->scale : 1.0f / sqrtf((float)p->D);
 
@@ -163,6 +166,14 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
             FAIL(DT_ERR_INVALID_ARGUMENT, "zigzag needs S (%lld) divisible by 2P (%d)",
                  (long long)p->S, 2 * p->parts);
     }
+    /* Steps per launch: a ring has parts - 1 after its own block. */
+    p->group = 1;
+    if (opts->group > 1 && p->parts > 2)
+        p->group = opts->group < p->parts - 1 ? opts->group : p->parts - 1;
+    if (p->group > 1 && p->order == DT_ORDER_STRIPED && p->mask == DT_ATTN_CAUSAL)
+        FAIL(DT_ERR_NOT_SUPPORTED, "group %d on a striped causal ring: its blocks' keys "
+             "interleave row by row, which no kernel reads yet (contiguous, zigzag, or the full "
+             "mask can group)", opts->group);
     /* A row of q, o or the fp32 acc holds the local heads: its stride is an
      * int for BLAS and the CUDA kernels alike. */
     if (p->h * p->D > INT_MAX)
@@ -202,18 +213,18 @@ dt_status attn_plan_check_workspace(const attn_plan *p, const char *op,
 dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_status local) {
     if (!p->mesh) return local;
     static const char *const names[] = {
-        "dtype", "B", "S", "H", "H_kv", "D", "mask", "scale (bits)", "mesh dims",
+        "dtype", "B", "S", "H", "H_kv", "D", "mask", "scale (bits)", "group", "mesh dims",
         "placement[0]", "placement[1]", "placement[2]",
     };
     int32_t scale_bits;
     memcpy(&scale_bits, &p->scale, sizeof scale_bits);
     const dt_layout *l = &p->lse_layout;
-    int64_t v[12] = {p->dtype, p->B, p->S, p->H, p->Hkv, p->D, p->mask, scale_bits, l->ndim,
-                     0, 0, 0};
+    int64_t v[13] = {p->dtype, p->B, p->S, p->H, p->Hkv, p->D, p->mask, scale_bits, p->group,
+                     l->ndim, 0, 0, 0};
     for (int m = 0; m < l->ndim; m++)
-        v[9 + m] = l->placements[m].kind * 10000 + l->placements[m].dim * 100 +
-                   l->placements[m].order;
-    return dt_context_check_call(p->ctx, op, local, v, names, 12, DT_CHECK_ON);
+        v[10 + m] = l->placements[m].kind * 10000 + l->placements[m].dim * 100 +
+                    l->placements[m].order;
+    return dt_context_check_call(p->ctx, op, local, v, names, 13, DT_CHECK_ON);
 }
 
 

@@ -228,8 +228,8 @@ void dt_comm_destroy(dt_comm *comm) {
     if (comm) comm->ops->destroy(comm);
 }
 
-dt_status dt_comm_p2p_start(dt_comm *comm, const dt_p2p_op *ops, int n_ops) {
-    const char *name = "p2p_start";
+static dt_status p2p_start(dt_comm *comm, const dt_p2p_op *ops, int n_ops, int chained) {
+    const char *name = chained ? "p2p_start_chained" : "p2p_start";
     DT_TRY(check_comm(comm, name));
     if (n_ops < 0 || (n_ops > 0 && !ops))
         return comm_error(comm, DT_ERR_INVALID_ARGUMENT, name, "%d operations at %p", n_ops,
@@ -247,11 +247,19 @@ dt_status dt_comm_p2p_start(dt_comm *comm, const dt_p2p_op *ops, int n_ops) {
                             o->count, o->dtype, 1));
     }
     DT_TRACE_PUSH("p2p_start");
-    dt_status st = comm->ops->p2p_start(comm, ops, n_ops);
+    dt_status st = comm->ops->p2p_start(comm, ops, n_ops, chained);
     DT_TRACE_POP();
     DT_TRY(st);
     comm->p2p_pending = 1;
     return DT_SUCCESS;
+}
+
+dt_status dt_comm_p2p_start(dt_comm *comm, const dt_p2p_op *ops, int n_ops) {
+    return p2p_start(comm, ops, n_ops, 0);
+}
+
+dt_status dt_comm_p2p_start_chained(dt_comm *comm, const dt_p2p_op *ops, int n_ops) {
+    return p2p_start(comm, ops, n_ops, 1);
 }
 
 dt_status dt_comm_p2p_wait(dt_comm *comm) {

@@ -136,6 +136,18 @@ typedef struct dt_p2p_op {
  * dt_comm_p2p_wait returns. */
 dt_status dt_comm_p2p_start(dt_comm *comm, const dt_p2p_op *ops, int n_ops);
 
+/* dt_comm_p2p_start, ordered after this rank's earlier groups on comm
+ * only: not after the device work it queued since its last group posted
+ * by dt_comm_p2p_start (CUDA: the kernels on its compute stream; the CPU
+ * backend queues nothing, so there the two are one). For a ring running
+ * steps ahead of its kernels: the step after one ordered after the kernels
+ * that last read its landing buffers forwards what that step received and
+ * lands in buffers that step's ordering freed, beside the kernel launched
+ * between them. The caller guarantees that no work queued since the last
+ * dt_comm_p2p_start writes the group's send buffers or touches its receive
+ * buffers. */
+dt_status dt_comm_p2p_start_chained(dt_comm *comm, const dt_p2p_op *ops, int n_ops);
+
 /* Complete the outstanding group: after it returns, received data is visible
  * to work on the compute stream and send buffers may be reused. */
 dt_status dt_comm_p2p_wait(dt_comm *comm);

@@ -84,7 +84,31 @@ dt_status dt_ring_start(dt_ring *ring);
  * dt_ring_wait. */
 dt_status dt_ring_start_from(dt_ring *ring, const void *const *parts, const size_t *sizes,
                              int n_parts);
-/* Complete the posted transfer (bounded by the timeout) and swap buffers. */
+/* The most parts dt_ring_reserve takes. */
+#define DT_RING_RESERVE_MAX 65536
+
+/* Make room for steps of up to max_parts parts (dt_ring_start_into; a ring
+ * takes DT_RING_MAX_PARTS from its creation). It may allocate: call it
+ * before the loop. Not collective. */
+dt_status dt_ring_reserve(dt_ring *ring, int max_parts);
+
+/* COLLECTIVE. A step over the caller's memory on both sides: parts[i]
+ * (sizes[i] bytes) go to the next rank, and the previous rank's parts land
+ * in into[i]; the ring's buffers are neither read nor written and
+ * dt_ring_wait does not swap them (a ring made with 0 bytes has none). For
+ * a caller that places each block where its computation wants it (the
+ * attention forward's grouped steps: several blocks side by side, one
+ * launch over them), its pieces scattered (every rank must pass the same
+ * sizes at the same step). chained: the step is ordered after the ring's
+ * earlier steps only, not after the device work queued since
+ * (dt_comm_p2p_start_chained, whose guarantee the caller gives): the
+ * second and later steps a ring runs ahead of a kernel. Parts and into must
+ * stay untouched until dt_ring_wait. */
+dt_status dt_ring_start_into(dt_ring *ring, const void *const *parts, void *const *into,
+                             const size_t *sizes, int n_parts, int chained);
+
+/* Complete the posted transfer (bounded by the timeout) and swap buffers
+ * (not after a dt_ring_start_into step). */
 dt_status dt_ring_wait(dt_ring *ring);
 /* dt_ring_start then dt_ring_wait. */
 dt_status dt_ring_step(dt_ring *ring);

@@ -46,7 +46,9 @@ typedef struct dt_transport_ops {
     const char *name;
     /* Runs one collective; for DT_COLL_SPLIT stores the new comm in *split_out. */
     dt_status (*collective)(dt_comm *comm, const dt_coll_args *args, dt_comm **split_out);
-    dt_status (*p2p_start)(dt_comm *comm, const dt_p2p_op *ops, int n_ops);
+    /* chained: ordered after this rank's earlier groups on comm only, not
+     * after the device work it queued since (dt_comm_p2p_start_chained). */
+    dt_status (*p2p_start)(dt_comm *comm, const dt_p2p_op *ops, int n_ops, int chained);
     dt_status (*p2p_wait)(dt_comm *comm);
     void (*abort)(dt_comm *comm, dt_status status, const char *reason);
     int (*aborted)(const dt_comm *comm);
@@ -89,9 +91,11 @@ typedef struct dt_mem_ops {
      * *ready is the token a copy passes to start after that work (cuda: an
      * event recorded on the communication stream once it has waited for the
      * compute stream's queued work, so that an add_beside queued before
-     * counts too, backend.h; host: NULL, nothing is queued). A token stays
-     * valid until the caller's next mark. */
-    dt_status (*mark)(void *arg, const void **ready);
+     * counts too, backend.h; host: NULL, nothing is queued). chained: the
+     * point the communication stream has reached, without waiting for the
+     * compute stream's work queued since (a chained p2p group's). A token
+     * stays valid until the caller's next mark. */
+    dt_status (*mark)(void *arg, int chained, const void **ready);
     /* acc[i] := x[i] (first) or op(acc[i], x[i]) for i < n, in fp32; acc is
      * this memory's fp32 scratch, x (fp32, bf16 or fp16) may live anywhere. */
     dt_status (*reduce)(void *arg, float *acc, const void *x, size_t n, dt_dtype dtype,

@@ -136,8 +136,9 @@ static dt_status host_publish(void *arg) {
     return DT_SUCCESS;
 }
 
-static dt_status host_mark(void *arg, const void **ready) {
+static dt_status host_mark(void *arg, int chained, const void **ready) {
     (void)arg;
+    (void)chained;
     *ready = NULL;
     return DT_SUCCESS;
 }
@@ -687,16 +688,18 @@ unlock:
 
 /* -------------------------------------------------------- point-to-point */
 
-static dt_status local_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n) {
+static dt_status local_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n, int chained) {
     dt_local_group *g = c->impl;
     dt_local_world *w = g->world;
     local_slot *me = &g->slots[c->rank];
     /* No wait: the copies of the group start after the work queued so far
      * on the buffers of both ends (their marks), and a ring step's copy runs
-     * beside the kernel the rank launches next. Mark before taking the lock:
-     * peers read the token only once the group is published below. */
+     * beside the kernel the rank launches next (a chained group's mark:
+     * after the rank's earlier copies only, so it also runs beside kernels
+     * launched before it). Mark before taking the lock: peers read the
+     * token only once the group is published below. */
     const void *ready = NULL;
-    dt_status st = c->mem.ops->mark(c->mem.arg, &ready);
+    dt_status st = c->mem.ops->mark(c->mem.arg, chained, &ready);
     if (st != DT_SUCCESS) {
         dt_local_world_abort(w, c->world_rank, st, dt_last_error());
         return st;

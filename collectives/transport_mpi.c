@@ -1003,7 +1003,8 @@ static void p2p_drop(dt_comm *c) {
     im->n = 0;
 }
 
-static dt_status mpi_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n) {
+static dt_status mpi_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n, int chained) {
+    (void)chained;   /* host memory: nothing is queued */
     mpi_impl *im = c->impl;
     const char *what = "sendrecv";
     for (int k = 0; k < n; k++)

@@ -16,7 +16,9 @@
  *   split           -> ncclCommSplit (non-blocking, polled)
  *   p2p_start       -> one ncclGroupStart/End with the sends and receives,
  *                      then `done` recorded; p2p_wait makes the compute
- *                      stream wait on it
+ *                      stream wait on it (a chained group is not ordered
+ *                      after the compute stream: after the communication
+ *                      stream's earlier work only)
  *
  * Host buffers (agreement checks, DT_CHECK, a user's host arrays) are staged
  * through a pinned host buffer and a device buffer that only grow; a call
@@ -626,7 +628,7 @@ static dt_status nccl_collective(dt_comm *c, const dt_coll_args *a, dt_comm **sp
 
 /* -------------------------------------------------------- point-to-point */
 
-static dt_status p2p_post(dt_comm *c, const dt_p2p_op *ops, int n) {
+static dt_status p2p_post(dt_comm *c, const dt_p2p_op *ops, int n, int chained) {
     nccl_impl *im = c->impl;
     const char *what = "sendrecv";
     DT_TRY(enter(c, what));
@@ -656,7 +658,9 @@ static dt_status p2p_post(dt_comm *c, const dt_p2p_op *ops, int n) {
         }
     }
     if (need) DT_TRY(stage_reserve(c, need, what));
-    DT_TRY(order_after_compute(c, what));
+    /* A chained group follows the communication stream's earlier work
+     * only; a staged one (host buffers) is ordered as any. */
+    if (!chained || need) DT_TRY(order_after_compute(c, what));
     im->n_backs = 0;
     size_t off = 0;
     for (int k = 0; k < n; k++) {
@@ -693,9 +697,9 @@ static dt_status p2p_post(dt_comm *c, const dt_p2p_op *ops, int n) {
     return DT_SUCCESS;
 }
 
-static dt_status nccl_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n) {
+static dt_status nccl_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n, int chained) {
     DT_TRY(check_alive(c, "sendrecv"));
-    return p2p_post(c, ops, n);
+    return p2p_post(c, ops, n, chained);
 }
 
 static dt_status nccl_p2p_wait(dt_comm *c) {

@@ -1495,14 +1495,16 @@ dt_status mem_publish(void *arg) {
     return wait_stream(b, impl_of(b)->comm, "transport publish");
 }
 
-dt_status mem_mark(void *arg, const void **ready) {
+dt_status mem_mark(void *arg, int chained, const void **ready) {
     dt_backend *b = backend_of(arg);
     cuda_impl *im = impl_of(b);
     *ready = NULL;
-    /* On the communication stream, after the compute stream's queued work:
-     * a copy from this rank's buffers then also waits for an add_beside
-     * queued before (the backward's dK|dV sums). */
-    DT_TRY(comm_after_compute(b, "transport mark"));
+    /* On the communication stream, after the compute stream's queued work
+     * (chained: only after the communication stream's own): a copy from
+     * this rank's buffers then also waits for an add_beside queued before
+     * (the backward's dK|dV sums). */
+    if (!chained) DT_TRY(comm_after_compute(b, "transport mark"));
+    else DT_TRY(enter(b, "transport mark"));
     CU_TRY(b, "transport mark", cudaEventRecord(im->mark_ev, im->comm));
     *ready = im->mark_ev;
     return DT_SUCCESS;

@@ -65,6 +65,8 @@ typedef struct fwd_case {
     int thread0;               /* cuda: the wgmma forward's producer warpgroup off, its loads
                                   by thread 0 (set by the test) */
     int huge;                  /* q, k multiples of 25: logits of magnitude 1e4 (exact in fp32) */
+    int group;                 /* dt_attention_options.group: ring steps per launch */
+    int nccl;                  /* cuda: the NCCL transport (a GPU a rank), not the local one */
     /* filled by the test */
     double *q, *k, *v, *o_ref, *lse_ref;
     dt_status st[MAXP * 2];
@@ -122,6 +124,7 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     }
     dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
     opts.mask = c->mask;
+    opts.group = c->group;
     DT_TRY_GOTO(st, dt_attention_forward(q, k, v, &opts, &o, &lse), out);
 
     got = malloc(n * sizeof *got);
@@ -168,7 +171,8 @@ static dt_status launch_ranks(fwd_case *c, dt_backend_kind backend) {
     memset(c->st, 0, sizeof c->st);
     memset(c->bad, 0, sizeof c->bad);
     memset(c->max_err, 0, sizeof c->max_err);
-    return h_launch_on(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, rank_forward, c);
+    return h_launch_on(c->P * c->tp, backend, c->nccl ? DT_TRANSPORT_NCCL : DT_TRANSPORT_LOCAL,
+                       rank_forward, c);
 }
 
 static int judge_case(fwd_case *c, dt_status st, const char *kernel) {
@@ -210,7 +214,8 @@ static void run_forward_case(void **state) {
     const attn_shape *s = &c->s;
     dt_backend_kind backend = c->backend ? c->backend : DT_BACKEND_CPU;
     char why[512];
-    if (!h_pair_available(c->P * c->tp, backend, DT_TRANSPORT_LOCAL, why, sizeof why)) {
+    if (!h_pair_available(c->P * c->tp, backend, c->nccl ? DT_TRANSPORT_NCCL : DT_TRANSPORT_LOCAL,
+                          why, sizeof why)) {
         print_message("skipped: %s\n", why);
         skip();
     }
@@ -1471,6 +1476,30 @@ static dt_status rank_disagree(dt_context *ctx, void *arg) {
     return st;
 }
 
+/* Rank 1 asks for groups of 2 ring steps where the others ask for 3:
+ * their hops' pieces would not match, so every rank fails with
+ * DT_ERR_MISMATCH naming the group before any block moves. */
+static dt_status rank_group_disagree(dt_context *ctx, void *arg) {
+    err_case *c = arg;
+    int r = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    dt_tensor *q = NULL, *o = NULL;
+    int sizes[1] = {c->P};
+    dt_status st = dt_mesh_create(ctx, 1, sizes, NULL, &mesh);
+    dt_layout lay = dt_layout_1d(dt_shard(1, DT_ORDER_CONTIGUOUS));
+    int64_t qs[4] = {2, 8 * c->P, 2, 16};
+    dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
+    opts.group = r == 1 ? 2 : 3;
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 4, qs, &lay, &q);
+    if (st == DT_SUCCESS) st = dt_attention_forward(q, q, q, &opts, &o, NULL);
+    c->st[r] = st;
+    snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
+    dt_tensor_destroy(o);
+    dt_tensor_destroy(q);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
 static void test_ranks_that_disagree_fail_together(void **state) {
     (void)state;
     for (int p = 2; p <= 4; p++) {
@@ -1480,6 +1509,14 @@ static void test_ranks_that_disagree_fail_together(void **state) {
             assert_int_equal(c.st[r], DT_ERR_MISMATCH);
             assert_non_null(strstr(c.msg[r], "H = 2 but comm rank 0 has 4"));
         }
+    }
+    err_case g = {.P = 4};
+    assert_int_equal(h_launch(4, rank_group_disagree, &g), DT_ERR_MISMATCH);
+    for (int r = 0; r < 4; r++) {
+        if (!strstr(g.msg[r], "group = 2 but comm rank 0 has 3"))
+            print_error("rank %d: %s\n", r, g.msg[r]);
+        assert_int_equal(g.st[r], DT_ERR_MISMATCH);
+        assert_non_null(strstr(g.msg[r], "group = 2 but comm rank 0 has 3"));
     }
 }
 
@@ -1580,9 +1617,10 @@ static dt_status rank_bad_inputs(dt_context *ctx, void *arg) {
     dt_tensor_fill_random(kv, 2);
     uint64_t cq = checksum(q), ckv = checksum(kv);
     dt_attention_options bad_mask = DT_ATTENTION_OPTIONS_INIT, bad_scale = DT_ATTENTION_OPTIONS_INIT,
-                         small_ws = DT_ATTENTION_OPTIONS_INIT;
+                         small_ws = DT_ATTENTION_OPTIONS_INIT, bad_group = DT_ATTENTION_OPTIONS_INIT;
     bad_mask.mask = (dt_attn_mask)5;
     bad_scale.scale = -1.0f;
+    bad_group.group = -1;
     char ws[16];
     small_ws.workspace = ws;
     small_ws.workspace_bytes = sizeof ws;
@@ -1596,6 +1634,7 @@ static dt_status rank_bad_inputs(dt_context *ctx, void *arg) {
         {dt_attention_forward(q, qb, qb, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "dtypes differ"},
         {dt_attention_forward(q, kv, kv, &bad_mask, &o, &lse), DT_ERR_INVALID_ARGUMENT, "unknown mask"},
         {dt_attention_forward(q, kv, kv, &bad_scale, &o, &lse), DT_ERR_INVALID_ARGUMENT, "scale"},
+        {dt_attention_forward(q, kv, kv, &bad_group, &o, &lse), DT_ERR_INVALID_ARGUMENT, "group -1"},
         {dt_attention_forward(q, kv, kv, &small_ws, &o, &lse), DT_ERR_INVALID_ARGUMENT, "workspace"},
         {dt_attention_forward(qr, kv, kv, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "one Layout"},
         {dt_attention_forward(qp, qp, qp, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "Partial"},
@@ -1607,6 +1646,21 @@ static dt_status rank_bad_inputs(dt_context *ctx, void *arg) {
             snprintf(c->msg[r], sizeof c->msg[r], "case %zu: got %s", i, dt_status_name(t[i].got));
         }
     if (checksum(q) != cq || checksum(kv) != ckv) c->bad[r]++;
+    /* Striped causal steps do not group: refused where a group would take
+     * effect (P >= 3), run one step a launch where it cannot (P <= 2). */
+    dt_attention_options group2 = DT_ATTENTION_OPTIONS_INIT;
+    group2.group = 2;
+    st = dt_attention_forward(q, kv, kv, &group2, &o, &lse);
+    if (P >= 3 ? st != DT_ERR_NOT_SUPPORTED || !strstr(dt_last_error(), "striped causal")
+               : st != DT_SUCCESS) {
+        c->bad[r]++;
+        snprintf(c->msg[r], sizeof c->msg[r], "striped causal, group 2, P = %d: %s", P,
+                 dt_status_name(st));
+    }
+    if (st == DT_SUCCESS) {
+        dt_tensor_destroy(o);
+        dt_tensor_destroy(lse);
+    }
     /* o NULL: lse is still reset, and every rank fails (after the check) */
     lse = (dt_tensor *)1;
     if (dt_attention_forward(q, kv, kv, NULL, NULL, &lse) != DT_ERR_INVALID_ARGUMENT || lse != NULL)
@@ -1712,18 +1766,30 @@ static dt_status rank_workspace(dt_context *ctx, void *arg) {
     int64_t shape[4] = {2, 12 * c->P, 2, 8};
     if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 4, shape, &lay, &q);
     if (st == DT_SUCCESS) st = dt_tensor_fill_random(q, 9);
-    dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
-    if (st == DT_SUCCESS) st = dt_attention_workspace_size(q, q, q, &opts, &opts.workspace_bytes);
-    if (st == DT_SUCCESS) opts.workspace = ws = malloc(opts.workspace_bytes);
-    if (st == DT_SUCCESS && !ws) st = DT_ERR_OUT_OF_MEMORY;
-    if (st == DT_SUCCESS) memset(ws, 0xff, opts.workspace_bytes);   /* NaN floats */
-    for (int rep = 0; st == DT_SUCCESS && rep < 3; rep++) {
-        dt_tensor_destroy(o2);
-        o2 = NULL;
-        st = dt_attention_forward(q, q, q, &opts, &o2, NULL);
+    /* one step a launch, then groups of 2 (the ring's 2 sets of 2 slots) */
+    size_t bytes[2] = {0, 0};
+    for (int g = 1; g <= 2 && st == DT_SUCCESS; g++) {
+        dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT, own = DT_ATTENTION_OPTIONS_INIT;
+        opts.group = own.group = g;
+        st = dt_attention_workspace_size(q, q, q, &opts, &opts.workspace_bytes);
+        bytes[g - 1] = opts.workspace_bytes;
+        free(ws);
+        if (st == DT_SUCCESS) opts.workspace = ws = malloc(opts.workspace_bytes);
+        if (st == DT_SUCCESS && !ws) st = DT_ERR_OUT_OF_MEMORY;
+        if (st == DT_SUCCESS) memset(ws, 0xff, opts.workspace_bytes);   /* NaN floats */
+        for (int rep = 0; st == DT_SUCCESS && rep < 3; rep++) {
+            dt_tensor_destroy(o2);
+            o2 = NULL;
+            st = dt_attention_forward(q, q, q, &opts, &o2, NULL);
+        }
+        dt_tensor_destroy(o1);
+        o1 = NULL;
+        if (st == DT_SUCCESS) st = dt_attention_forward(q, q, q, &own, &o1, NULL);
+        if (st == DT_SUCCESS && checksum(o1) != checksum(o2)) c->bad[r]++;
     }
-    if (st == DT_SUCCESS) st = dt_attention_forward(q, q, q, NULL, &o1, NULL);
-    if (st == DT_SUCCESS && checksum(o1) != checksum(o2)) c->bad[r]++;
+    /* the two extra slots: 2 sets x (K | V) x one more block of 2 x 12 x 2 x 8 fp32 */
+    if (st == DT_SUCCESS && bytes[1] != bytes[0] + 4 * (size_t)(2 * 12 * 2 * 8) * sizeof(float))
+        c->bad[r]++;
     c->st[r] = st;
     free(ws);
     dt_tensor_destroy(q);
@@ -2105,7 +2171,7 @@ static void test_cuda_idle_block(void **state) {
 /* ------------------------------------------------------------------ main */
 
 int main(void) {
-    enum { MAXC = 256 };
+    enum { MAXC = 320 };
     static fwd_case cases[MAXC];
     static struct CMUnitTest tests[MAXC + 32];
     int n = 0, nc = 0;
@@ -2252,6 +2318,83 @@ int main(void) {
         snprintf(c->name, sizeof c->name,
                  "forward/cuda-kernels/striped/P=2,B=1,S=268,H=4,HKV=2,D=64,causal,%s,logits=1e4",
                  dt_dtype_name(c->dtype));
+    }
+    /* Ring steps grouped per launch (dt_attention_options.group): the
+     * contiguous and zigzag orders causal and full, striped full (striped
+     * causal does not group), P = 3, 5, 8, G = 2, 3 and 7 (at most P - 1
+     * take effect; runs end at the sources' wrap and at the rank's last
+     * step with pairs, so every rank's runs differ), two batch entries
+     * (the pieces per batch entry and chunk), GQA, lengths that are no
+     * multiple of a tile. */
+    for (int o = 0; o < DT_ORDER_COUNT; o++)
+        for (int pi = 0; pi < 3; pi++)
+            for (int gi = 0; gi < 3; gi++) {
+                fwd_case *c = &cases[nc++];
+                const int p = (int[]){3, 5, 8}[pi], g = (int[]){2, 3, 7}[gi];
+                c->s = (attn_shape){2, (o == DT_ORDER_ZIGZAG ? 34 : 17) * p, 4, 2, 16};
+                c->P = p;
+                c->tp = 1;
+                c->order = (dt_order)o;
+                c->mask = o == DT_ORDER_STRIPED || (pi + gi) % 3 == 2 ? DT_ATTN_FULL
+                                                                      : DT_ATTN_CAUSAL;
+                c->dtype = (pi + gi) % 2 ? DT_BF16 : DT_F32;
+                c->group = g;
+                c->seed = 2100 + (uint64_t)nc;
+                snprintf(c->name, sizeof c->name,
+                         "forward/group=%d/%s/P=%d,B=2,S=%lld,H=4,HKV=2,D=16,%s,%s", g,
+                         dt_order_name(c->order), p, (long long)c->s.S,
+                         dt_attn_mask_name(c->mask), dt_dtype_name(c->dtype));
+            }
+    {   /* grouped with the heads sharded too */
+        fwd_case *c = &cases[nc++];
+        c->tp = 2;
+        c->P = 4;
+        c->s = (attn_shape){1, 10 * c->P, 8, 4, 16};
+        c->order = DT_ORDER_ZIGZAG;
+        c->mask = DT_ATTN_CAUSAL;
+        c->dtype = DT_F32;
+        c->group = 2;
+        c->seed = 2300;
+        snprintf(c->name, sizeof c->name, "forward/group=2/zigzag/tp=2,sp=4,S=40,H=8,HKV=4,D=16,causal,fp32");
+    }
+    /* Grouped on every CUDA forward kernel (skipped without a GPU; the
+     * emulator runs them): the launches over several blocks side by side,
+     * their batch stride G c rows, their segment's jump (zigzag). */
+    for (int o = 0; o < DT_ORDER_COUNT; o++)
+        for (int gi = 0; gi < 2; gi++) {
+            fwd_case *c = &cases[nc++];
+            c->P = 4;
+            c->tp = 1;
+            c->order = (dt_order)o;
+            c->mask = o == DT_ORDER_STRIPED || gi ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
+            c->dtype = gi ? DT_F16 : DT_BF16;
+            c->group = 2 + gi;
+            c->s = (attn_shape){2, (o == DT_ORDER_ZIGZAG ? 140 : 70) * c->P, 4, 2, gi ? 128 : 64};
+            c->seed = 2400 + (uint64_t)nc;
+            c->backend = DT_BACKEND_CUDA;
+            c->kernels = 1;
+            snprintf(c->name, sizeof c->name,
+                     "forward/cuda-kernels/group=%d/%s/P=4,B=2,S=%lld,H=4,HKV=2,D=%lld,%s,%s",
+                     c->group, dt_order_name(c->order), (long long)c->s.S, (long long)c->s.D,
+                     dt_attn_mask_name(c->mask), dt_dtype_name(c->dtype));
+        }
+    /* Grouped over NCCL (a GPU a rank: 4 GPUs, or the emulator's), whose
+     * chained hops are ordered after the communication stream only. */
+    for (int o = 0; o < DT_ORDER_COUNT; o += 2) {
+        fwd_case *c = &cases[nc++];
+        c->P = 4;
+        c->tp = 1;
+        c->order = (dt_order)o;
+        c->mask = DT_ATTN_CAUSAL;
+        c->dtype = DT_BF16;
+        c->group = o ? 3 : 2;
+        c->s = (attn_shape){2, 70 * c->P, 4, 2, 64};
+        c->seed = 2500 + (uint64_t)nc;
+        c->backend = DT_BACKEND_CUDA;
+        c->nccl = 1;
+        snprintf(c->name, sizeof c->name,
+                 "forward/cuda-nccl/group=%d/%s/P=4,B=2,S=280,H=4,HKV=2,D=64,causal,bf16",
+                 c->group, dt_order_name(c->order));
     }
     for (int i = 0; i < nc; i++) {
         tests[n] = (struct CMUnitTest){cases[i].name, run_forward_case, NULL, NULL, &cases[i]};

@@ -808,9 +808,9 @@ static dt_status hooked_copy(void *arg, void *dst, const void *src, size_t bytes
     sleep_ms(((hook_rank *)arg)->copy_delay_ms);
     return dt_mem_host.ops->copy(dt_mem_host.arg, dst, src, bytes, dst_ready, src_ready);
 }
-static dt_status hooked_mark(void *arg, const void **ready) {
+static dt_status hooked_mark(void *arg, int chained, const void **ready) {
     (void)arg;
-    return dt_mem_host.ops->mark(dt_mem_host.arg, ready);
+    return dt_mem_host.ops->mark(dt_mem_host.arg, chained, ready);
 }
 static dt_status hooked_reduce(void *arg, float *acc, const void *x, size_t n, dt_dtype dtype,
                                dt_reduce_op op, int first) {

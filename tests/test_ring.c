@@ -4,7 +4,8 @@
  * ring's buffer or sent from three buffers of the caller's
  * (dt_ring_start_from): at step t rank j holds the block rank (j -/+ t) mod
  * P filled in, every block is seen exactly once in P steps, the two buffers
- * are the only ones ever handed out, and misuse is rejected. Rank threads
+ * are the only ones ever handed out, and misuse is rejected; and steps
+ * over the caller's memory (dt_ring_start_into), scattered. Rank threads
  * only record; the main thread asserts. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -153,6 +154,94 @@ static void test_ring_delivers_every_block_once(void **state) {
             }
 }
 
+/* dt_ring_start_into on a ring of no buffers (0 bytes): each block moves
+ * in INTO_PARTS uneven parts (more than DT_RING_MAX_PARTS: dt_ring_reserve),
+ * sent from where the step before landed them and landing scattered,
+ * reversed, in a slot of the step's own; every other step chained. At step
+ * t rank j's slot t holds rank (j -/+ t) mod P's block, after P steps its
+ * own again, and the slots the ring did not write keep their poison. */
+#define INTO_PARTS 6
+static const size_t into_sizes[INTO_PARTS] = {300, 1, 200, 0, 250, BYTES - 751};
+
+/* Offset of part i within a slot: the parts in reverse order. */
+static size_t into_offset(int i) {
+    size_t off = 0;
+    for (int k = INTO_PARTS - 1; k > i; k--) off += into_sizes[k];
+    return off;
+}
+
+/* The block a slot holds, put back in order (-1: none exactly). */
+static int into_owner(const unsigned char *slot, int p) {
+    unsigned char block[BYTES];
+    for (int i = 0, off = 0; i < INTO_PARTS; off += (int)into_sizes[i++])
+        memcpy(block + off, slot + into_offset(i), into_sizes[i]);
+    return owner_of(block, p);
+}
+
+static dt_status rank_into(dt_context *ctx, void *arg) {
+    ring_case *c = arg;
+    int j = dt_context_rank(ctx), p = c->p;
+    dt_ring *ring = NULL;
+    unsigned char *slots = malloc((size_t)(p + 2) * BYTES), *own = malloc(BYTES);
+    dt_status st = slots && own ? DT_SUCCESS : DT_ERR_OUT_OF_MEMORY;
+    if (st == DT_SUCCESS) {
+        memset(slots, POISON, (size_t)(p + 2) * BYTES);
+        for (size_t i = 0; i < BYTES; i++) own[i] = pattern(j, i);
+        st = dt_ring_create_in_agreed(dt_context_comm(ctx), 0, c->dir, own, &ring);
+    }
+    const void *from[INTO_PARTS];
+    void *into[INTO_PARTS];
+    if (st == DT_SUCCESS) {   /* one part too many before the reserve */
+        for (int i = 0; i < INTO_PARTS; i++) from[i] = into[i] = own;
+        if (dt_ring_start_into(ring, from, into, into_sizes, INTO_PARTS, 0) !=
+            DT_ERR_INVALID_ARGUMENT)
+            c->wrong_block[j]++;
+        st = dt_ring_reserve(ring, INTO_PARTS);
+    }
+    for (int t = 1; st == DT_SUCCESS && t <= p; t++) {
+        for (int i = 0, off = 0; i < INTO_PARTS; off += (int)into_sizes[i++]) {
+            from[i] = t == 1 ? own + off : slots + (size_t)(t - 1) * BYTES + into_offset(i);
+            into[i] = slots + (size_t)t * BYTES + into_offset(i);
+        }
+        st = dt_ring_start_into(ring, from, into, into_sizes, INTO_PARTS, t % 2);
+        if (st == DT_SUCCESS) st = dt_ring_wait(ring);
+        if (st != DT_SUCCESS) break;
+        int want = c->dir == DT_RING_FORWARD ? ((j - t) % p + p) % p : (j + t) % p;
+        if (into_owner(slots + (size_t)t * BYTES, p) != want) c->wrong_block[j]++;
+        if (dt_ring_source(ring) != (t == p ? j : want) || dt_ring_step_index(ring) != t)
+            c->wrong_source[j]++;
+    }
+    if (st == DT_SUCCESS)   /* slot 0 and the one past the last: never landed in */
+        for (size_t i = 0; i < BYTES; i++)
+            if (slots[i] != POISON || slots[(size_t)(p + 1) * BYTES + i] != POISON) {
+                c->wrong_block[j]++;
+                break;
+            }
+    c->st[j] = st;
+    if (st != DT_SUCCESS) snprintf(c->msg[j], sizeof c->msg[j], "%s", dt_last_error());
+    dt_ring_destroy(ring);
+    free(slots);
+    free(own);
+    return st;
+}
+
+static void test_ring_start_into(void **state) {
+    (void)state;
+    for (int dir = 0; dir < DT_RING_DIRECTION_COUNT; dir++)
+        for (int p = 1; p <= MAXP; p++) {
+            ring_case c = {.p = p, .dir = (dt_ring_direction)dir};
+            dt_status st = launch_cpu(p, rank_into, &c);
+            if (st != DT_SUCCESS)
+                print_error("ring/into/%s/P=%d: %s\n", dt_ring_direction_name(c.dir), p, c.msg[0]);
+            assert_int_equal(st, DT_SUCCESS);
+            for (int j = 0; j < p; j++) {
+                assert_int_equal(c.st[j], DT_SUCCESS);
+                assert_int_equal(c.wrong_block[j], 0);
+                assert_int_equal(c.wrong_source[j], 0);
+            }
+        }
+}
+
 /* 10,000 steps on 3 ranks: the rotation stays exact. */
 static dt_status rank_many_steps(dt_context *ctx, void *arg) {
     ring_case *c = arg;
@@ -232,6 +321,25 @@ static dt_status rank_misuse(dt_context *ctx, void *arg) {
         fails += dt_ring_start(ring) != DT_ERR_INVALID_ARGUMENT;
         fails += dt_ring_wait(ring) != DT_SUCCESS;
         fails += dt_ring_step_index(ring) != 2;
+        /* dt_ring_start_into and dt_ring_reserve: 1 to the reserved parts,
+         * none NULL on either side where it moves bytes. */
+        void *dst[2] = {z, a}, *dst_holed[2] = {z, NULL};
+        fails += dt_ring_start_into(NULL, two, dst, halves, 2, 0) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_start_into(ring, two, NULL, halves, 2, 0) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_start_into(ring, two, dst, halves, 0, 0) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_start_into(ring, two, dst_holed, halves, 2, 0) != DT_ERR_INVALID_ARGUMENT;
+        fails += !strstr(dt_last_error(), "receiving");
+        fails += dt_ring_start_into(ring, holed, dst, halves, 2, 1) != DT_ERR_INVALID_ARGUMENT;
+        fails += !strstr(dt_last_error(), "sending");
+        fails += dt_ring_reserve(NULL, 2) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_reserve(ring, 0) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_reserve(ring, DT_RING_RESERVE_MAX + 1) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_step_index(ring) != 2;   /* none of those started a step */
+        fails += dt_ring_start_into(ring, two, dst, halves, 2, 1) != DT_SUCCESS;
+        fails += dt_ring_reserve(ring, 8) != DT_ERR_INVALID_ARGUMENT;   /* a step in flight */
+        fails += dt_ring_start_into(ring, two, dst, halves, 2, 0) != DT_ERR_INVALID_ARGUMENT;
+        fails += dt_ring_wait(ring) != DT_SUCCESS;
+        fails += dt_ring_step_index(ring) != 3;
     }
     dt_ring_destroy(ring);
     ring = NULL;
@@ -257,6 +365,7 @@ static void test_ring_misuse(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ring_delivers_every_block_once),
+        cmocka_unit_test(test_ring_start_into),
         cmocka_unit_test(test_ring_10000_steps),
         cmocka_unit_test(test_ring_misuse),
     };
