@@ -58,6 +58,13 @@
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
  *      [--dtype bf16,fp32,fp16] [--dependent 0|1|2] [--persistent 0|1|2]
  *      [--producer 0|1] [--copies 0|1] [--comm-ctas N] [--pass fwd,bwd]
+ *      [--group G]
+ *
+ * --group G runs the forward rings of (b) and (c) with up to G ring steps
+ * per launch (dt_attention_options.group) where their order groups
+ * (contiguous, zigzag; striped causal runs a launch per step, and the
+ * output says so); a launch's time counts on its first step. The backward
+ * runs a launch per step whatever it is.
  *
  * --copies 0 sets DT_LOCAL_COPIES=0 for its launches (context.h): the local
  * transport's transfers then move no data, so (b) times the ring without
@@ -119,6 +126,7 @@ typedef struct bench_opts {
     int producer;              /* --producer: the wgmma forward's producer warpgroup (1) */
     int copies;                /* --copies 0: DT_LOCAL_COPIES=0 for the launches (1) */
     int comm_ctas;             /* --comm-ctas: the comm stream's kernels' CTAs (-1: the backend's) */
+    int group;                 /* --group: the forward rings' steps per launch (1) */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
@@ -126,6 +134,11 @@ static int g_dependent = 1;   /* bench_opts.dependent, for every rank's backend 
 static int g_persistent = 1;  /* bench_opts.persistent, likewise */
 static int g_producer = 1;    /* bench_opts.producer, likewise */
 static int g_comm_ctas = -1;  /* bench_opts.comm_ctas, likewise (-1: left as it is) */
+static int g_group = 1;       /* bench_opts.group */
+
+/* The steps per launch a ring of this order runs with --group (striped
+ * causal does not group). */
+static int ring_group(dt_order order) { return order == DT_ORDER_STRIPED ? 1 : g_group; }
 
 static double cpu_s(void) {
     struct timespec ts;
@@ -183,7 +196,7 @@ static void call_destroy(attn_call *c) {
  * call_destroy. */
 static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layout *lay,
                              dt_dtype dtype, const int64_t shp[4], dt_attn_mask mask,
-                             bench_pass pass, attn_call *c) {
+                             bench_pass pass, int group, attn_call *c) {
     const dt_attention_options init = DT_ATTENTION_OPTIONS_INIT;
     memset(c, 0, sizeof *c);
 #ifdef DT_HAVE_CUDA
@@ -195,6 +208,7 @@ static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layo
     c->pass = pass;
     c->opts = init;
     c->opts.mask = mask;
+    c->opts.group = group;
     DT_TRY(dt_tensor_create(ctx, mesh, dtype, 4, shp, lay, &c->q));
     DT_TRY(dt_tensor_create(ctx, mesh, dtype, 4, shp, lay, &c->k));
     DT_TRY(dt_tensor_create(ctx, mesh, dtype, 4, shp, lay, &c->v));
@@ -295,7 +309,7 @@ static dt_status rank_kernel(dt_context *ctx, void *arg) {
     int64_t shp[4] = {k->s.B, k->s.S, k->s.H, k->s.D};
     attn_call c;
     dt_status st;
-    DT_TRY_GOTO(st, call_create(ctx, NULL, NULL, k->dtype, shp, k->mask, k->pass, &c), out);
+    DT_TRY_GOTO(st, call_create(ctx, NULL, NULL, k->dtype, shp, k->mask, k->pass, 1, &c), out);
     for (int i = -1; i < k->iters; i++) {  /* i = -1: warmup */
         double t0 = ex_now_s();
         DT_TRY_GOTO(st, call_run(&c), out);
@@ -348,7 +362,8 @@ static dt_status rank_ring(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, sizes, NULL, &mesh), out);
     dt_layout lay = dt_layout_1d(dt_shard(1, r->order));
     int64_t shp[4] = {r->B, r->P * r->C, r->H, r->D};
-    DT_TRY_GOTO(st, call_create(ctx, mesh, &lay, r->dtype, shp, DT_ATTN_CAUSAL, r->pass, &c), out);
+    DT_TRY_GOTO(st, call_create(ctx, mesh, &lay, r->dtype, shp, DT_ATTN_CAUSAL, r->pass,
+                                ring_group(r->order), &c), out);
     tm = malloc(sizeof *tm);
     if (!tm) DT_TRY_GOTO(st, dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of memory"), out);
     c.opts.timing = tm;
@@ -544,6 +559,9 @@ static void usage(FILE *f) {
             "  --producer 0|1       CUDA: whether the wgmma forward at D = 128 issues its\n"
             "                       loads from a producer warpgroup of its own (default 1;\n"
             "                       0: from thread 0)\n"
+            "  --group G            (b), (c): the forward rings' ring steps per launch\n"
+            "                       (dt_attention_options.group; default 1); contiguous and\n"
+            "                       zigzag only, striped runs a launch per step\n"
             "  --help\n");
 }
 
@@ -595,6 +613,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (!ex_parse_int(a, v, 0, 2, &x)) return 2;
             o->persistent = (int)x;
             i++;
+        } else if (!strcmp(a, "--group")) {
+            long x;
+            if (!ex_parse_int(a, v, 1, MAX_P, &x)) return 2;
+            o->group = (int)x;
+            i++;
         } else if (!strcmp(a, "--producer")) {
             long x;
             if (!ex_parse_int(a, v, 0, 1, &x)) return 2;
@@ -628,7 +651,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
 int main(int argc, char **argv) {
     bench_opts o = {.backend = DT_BACKEND_AUTO, .sections = {1, 1, 1}, .passes = {1, 1},
                     .dependent = 1, .persistent = 1, .producer = 1, .copies = 1,
-                    .comm_ctas = -1};
+                    .comm_ctas = -1, .group = 1};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
     if (!o.copies) setenv("DT_LOCAL_COPIES", "0", 1);
@@ -636,6 +659,7 @@ int main(int argc, char **argv) {
     g_persistent = o.persistent;
     g_producer = o.producer;
     g_comm_ctas = o.comm_ctas;
+    g_group = o.group;
     if (o.iters == 0) o.iters = o.quick ? 2 : 5;
     bench_pass passes[PASS_COUNT];   /* the selected ones, in order */
     int npass = 0;
@@ -669,11 +693,11 @@ int main(int argc, char **argv) {
         fprintf(out, "{\n  \"bench\": \"attention\", \"date\": \"%s\", \"backend\": \"%s\", "
                      "\"cores\": %ld, \"cpu\": \"%s\", \"iters\": %d, \"quick\": %s, "
                      "\"passes\": [%s], \"dependent\": %s, \"rows_waits\": %s, \"persistent\": %d, "
-                     "\"producer\": %d, \"copies\": %s, \"comm_ctas\": %s,\n",
+                     "\"producer\": %d, \"copies\": %s, \"comm_ctas\": %s, \"group\": %d,\n",
                 date, be, cores, model, o.iters, o.quick ? "true" : "false", pass_json,
                 o.dependent ? "true" : "false", o.dependent == 2 ? "true" : "false",
                 o.persistent, o.producer,
-                o.copies ? "true" : "false", comm_ctas_json);
+                o.copies ? "true" : "false", comm_ctas_json, o.group);
     if (o.json)
         fprintf(out, "  \"notes\": [\"ranks are threads of one process; with fewer cores than "
                      "ranks they contend for the cores\", \"OpenBLAS runs one thread per call\", "
@@ -704,6 +728,10 @@ int main(int argc, char **argv) {
         if (!o.copies)
             fprintf(out, "--copies 0: the local transport moves no data (DT_LOCAL_COPIES=0); "
                          "times only\n");
+        if (o.group > 1)
+            fprintf(out, "--group %d: the forward rings of (b) and (c) launch up to %d ring steps "
+                         "at once, contiguous and zigzag (striped: a launch a step); a launch's "
+                         "time on its first step\n", o.group, o.group);
         if (o.passes[PASS_FWD]) fprintf(out, "  fwd: dt_attention_forward\n");
         if (o.passes[PASS_BWD])
             fprintf(out, "  bwd: dt_attention_backward alone; its forward runs once per rank "

@@ -188,6 +188,7 @@ typedef struct config {
     float scale;               /* the softmax scale passed to the library: 1/sqrt(D) */
     const char *svg, *dump;
     int backward;              /* --backward: also the gradients, from dout of seed N+3 */
+    int group;                 /* --group: the forward's ring steps per launch */
 } config;
 
 typedef struct attn_run {
@@ -234,6 +235,7 @@ static dt_status rank_attention(dt_context *ctx, void *arg) {
     dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
     opts.mask = c->mask;
     opts.scale = c->scale;
+    opts.group = c->group;
     /* Validates the call (dtype, backend, head dim) without touching
      * anything, so an unsupported configuration is named by the attention
      * code itself rather than by the first op that happens to refuse it. */
@@ -720,6 +722,8 @@ static void usage(FILE *f) {
             "  --dtype T          fp32 | bf16 | fp16, default fp32\n"
             "  --backend K        auto | cpu | cuda, default auto (DT_BACKEND, else the best built)\n"
             "  --seed N           q, k, v from seeds N, N+1, N+2, default 1\n"
+            "  --group G          the forward launches its kernel over up to G ring steps at\n"
+            "                     once (contiguous, zigzag, or --no-causal), default 1\n"
             "  --backward         also run the backward pass (dout from seed N+3) and check\n"
             "                     dq, dk, dv against double-precision reference gradients\n"
             "  --svg FILE         write the work-per-step heat maps (section 5) as SVG\n"
@@ -781,6 +785,9 @@ static int parse_flags(int argc, char **argv, config *c) {
             if (!ex_parse_backend(a, v, &c->backend)) return 2;
         } else if (!strcmp(a, "--seed")) {
             if (!ex_parse_seed(v, &c->seed)) return 2;
+        } else if (!strcmp(a, "--group")) {
+            if (!ex_parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
+            c->group = (int)x;
         } else if (!strcmp(a, "--svg") || !strcmp(a, "--dump")) {
             if (!v || !*v) {
                 fprintf(stderr, "striped_attention: %s needs a %s\n", a,

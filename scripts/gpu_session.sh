@@ -11,9 +11,9 @@
 # rest measures the mma kernels only), the wgmma forward of the revisions
 # that scripts/gpu_pack.sh --bisect packed beside this build's (if any),
 # issue 4 (c) (the ring's cost; again with the communication stream's
-# copies by the driver and its adds wide: --comm-ctas 0, with the
-# forward's rows' waits: --dependent 2, and without the copies: --copies
-# 0), a ring step's copies alone (bench/ring, P = 2 and 8), then bench/issue8.py
+# copies by the driver and its adds wide: --comm-ctas 0, without the
+# copies: --copies 0, and the forward with its steps grouped: --group 2
+# and 4), a ring step's copies alone (bench/ring, P = 2 and 8), then bench/issue8.py
 # with what is left of the budget. Every step before issue8.py is cut to
 # leave it ISSUE8_MIN (200) seconds.
 #
@@ -88,18 +88,20 @@ synccheck:test_attention:forward synccheck:test_attention_backward:backward"
 # the default (at D = 128 the producer warpgroup's loads) and --producer 0
 # (thread 0's); each is its flags with '_' for the space
 variants="default --producer_0"
-flags_of() { [ "$1" = default ] || echo "${1/_/ }"; }   # the bench flags of a variant
+flags_of() { [ "$1" = default ] || echo "${1//_/ }"; }   # the bench flags of a variant
 # issue 4 (c) once more with the default kernel launch: the communication
 # stream's work (the local transport's same-device copies, the backward's
 # add beside) by the driver's copy and kernels on as many SMs as they get
 # instead of the default's kernels of a few CTAs, 32 shared by the ranks on
 # the GPU (dt_backend_cuda_set_comm_ctas; the default since 2026-11-29);
-# and again with the forward's blocks waiting for their rows' counts instead of the
-# block before (dt_backend_cuda_set_dependent_launch(b, 2)); and once with
-# the local transport moving no data (--copies 0, DT_LOCAL_COPIES=0): the
-# ring's cost without the same-device copies that ranks sharing one GPU
-# add, which on a GPU per rank travel between GPUs (outputs wrong there)
-ring_extra="--comm-ctas_0 --dependent_2 --copies_0"
+# once with the local transport moving no data (--copies 0,
+# DT_LOCAL_COPIES=0): the ring's cost without the same-device copies that
+# ranks sharing one GPU add, which on a GPU per rank travel between GPUs
+# (outputs wrong there); and the forward with its ring steps grouped 2 and
+# 4 to a launch (--group, dt_attention_options.group; contiguous and
+# zigzag, striped a launch a step). (--dependent 2, the rows' waits, was
+# measured on 2026-11-29 and left off.)
+ring_extra="--comm-ctas_0 --copies_0 --group_2_--pass_fwd --group_4_--pass_fwd"
 # issue 4 (c)'s runs: the variants left (the canaries'), --producer 0
 # aside (measured there twice on the H200 of 2026-11-27), then ring_extra
 ring_runs_of() {
