@@ -5,10 +5,13 @@
  * segment (mask.h; a zigzag shard's two chunks are one segment with a
  * jump). K and V travel the ring packed in one buffer; step 0 computes on
  * this rank's where they are and sends them from there, so nothing is
- * copied into the ring. For t = 0..P-1: the ring's current block is that of
- * rank src = (j - t) mod P; the transfer of the next block is posted before
+ * copied into the ring. For t = 0..P-1: step t's block is that of rank
+ * src = (j - t) mod P; the transfer of the next block is posted before
  * the block kernel runs on the current one (this rank's q segment against
- * src's k segment), and completed after. The kernel accumulates m, l and acc
+ * src's k segment), and completed after. With opts->group = G > 1 the
+ * steps after step 0 run in launches of up to G blocks side by side (one
+ * key segment; fwd_runs below), the ring's hops running up to G ahead of
+ * the launches. The kernel accumulates m, l and acc
  * in fp32; step 0's block starts them, the rank's last block with a pair the
  * mask allows (step P-1's but in a contiguous causal ring, where it is step
  * j's: dt_attn_ring_last_step) writes the normalised output and the
