@@ -394,7 +394,7 @@ int main(int argc, char **argv) {
 
     static const char *const order_names[] = {"contiguous", "striped", "zigzag"};
     static const char *const dtype_names[] = {"fp32", "bf16", "fp16"};
-    static pass_case passes[12], bad[7], unsupported[1];
+    static pass_case passes[13], bad[8], unsupported[2];
     struct CMUnitTest tests[40];
     size_t n = 0, np = 0;
     for (int o = 0; o < 3; o++)
@@ -422,10 +422,16 @@ int main(int argc, char **argv) {
         snprintf(c->name, sizeof c->name, "striped_attention/pass/odd-heads,default-kv-heads");
         c->expect = "k and v [1, 16, 3, 8]";
         tests[n++] = (struct CMUnitTest){c->name, test_passes, NULL, NULL, c};
+        /* ring steps grouped 3 to a launch (zigzag's chunks nested) */
+        c = &passes[np++];
+        snprintf(c->args, sizeof c->args, "--ranks 5 --batch 2 --seq 100 --order zigzag --group 3");
+        snprintf(c->name, sizeof c->name, "striped_attention/pass/zigzag,group=3,P=5,B=2");
+        tests[n++] = (struct CMUnitTest){c->name, test_passes, NULL, NULL, c};
     }
     static const char *const bad_args[] = {
         "--seq 10 --ranks 4", "--order diagonal", "--kv-heads 3 --heads 4",
         "--order zigzag --seq 12 --ranks 4", "--dim 12", "--frobnicate", "--seed ' -1'",
+        "--group 0",
     };
     for (size_t i = 0; i < sizeof bad_args / sizeof *bad_args; i++) {
         pass_case *c = &bad[i];
@@ -433,7 +439,8 @@ int main(int argc, char **argv) {
         snprintf(c->name, sizeof c->name, "striped_attention/exit2/%s", bad_args[i]);
         tests[n++] = (struct CMUnitTest){c->name, test_bad_flags, NULL, NULL, c};
     }
-    static const char *const unsupported_args[] = {"--backend cuda"};
+    /* striped causal steps do not group (a group's keys interleave) */
+    static const char *const unsupported_args[] = {"--backend cuda", "--order striped --group 2"};
     for (size_t i = 0; i < sizeof unsupported_args / sizeof *unsupported_args; i++) {
         pass_case *c = &unsupported[i];
         snprintf(c->args, sizeof c->args, "%s", unsupported_args[i]);
