@@ -1590,6 +1590,20 @@ static uint64_t checksum(const dt_tensor *t) {
 }
 
 /* Rejected calls: the right status, a message, no output, inputs intact. */
+/* One refused call of rank_bad_inputs: status `want`, a message holding
+ * `needle`, and the handles it was given (o may be NULL: not given) set to
+ * NULL; they are set to a non-NULL poison again for the next call. */
+static void refused(err_case *c, int r, int i, dt_status got, dt_status want, const char *needle,
+                    dt_tensor **o, dt_tensor **lse) {
+    if (got != want || !strstr(dt_last_error(), needle) || (o && *o) || *lse) {
+        c->bad[r]++;
+        snprintf(c->msg[r], sizeof c->msg[r], "case %d: got %s, want %s naming \"%s\": %s", i,
+                 dt_status_name(got), dt_status_name(want), needle, dt_last_error());
+    }
+    if (o) *o = (dt_tensor *)1;
+    *lse = (dt_tensor *)1;
+}
+
 static dt_status rank_bad_inputs(dt_context *ctx, void *arg) {
     err_case *c = arg;
     int r = dt_context_rank(ctx), P = c->P;
@@ -1601,7 +1615,7 @@ static dt_status rank_bad_inputs(dt_context *ctx, void *arg) {
     dt_layout part = dt_layout_1d(dt_partial()), dsh = dt_layout_1d(dt_shard(3, DT_ORDER_CONTIGUOUS));
     int64_t S = 8 * P;
     int64_t sq[4] = {1, S, 4, 16}, skv[4] = {1, S, 2, 16}, s3[4] = {1, S, 3, 16},
-            s12[4] = {1, S, 4, 12}, s264[4] = {1, S, 4, 264}, s2d[4] = {1, S, 2, 16};
+            s12[4] = {1, S, 4, 12}, s264[4] = {1, S, 4, 264}, s2d[4] = {1, S, 2, 24};
     dt_tensor *q = NULL, *kv = NULL, *kv3 = NULL, *q12 = NULL, *q264 = NULL, *qb = NULL,
               *qr = NULL, *qp = NULL, *qd = NULL, *o = (dt_tensor *)1, *lse = (dt_tensor *)1;
     dt_tensor_create(ctx, mesh, DT_F32, 4, sq, &sp, &q);
@@ -1624,27 +1638,22 @@ static dt_status rank_bad_inputs(dt_context *ctx, void *arg) {
     char ws[16];
     small_ws.workspace = ws;
     small_ws.workspace_bytes = sizeof ws;
-    struct { dt_status got, want; const char *needle; } t[] = {
-        {dt_attention_forward(NULL, kv, kv, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "NULL"},
-        {dt_attention_forward(q, kv, kv, NULL, NULL, &lse), DT_ERR_INVALID_ARGUMENT, "o is NULL"},
-        {dt_attention_forward(q, kv3, kv3, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "do not divide"},
-        {dt_attention_forward(q, kv, kv3, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "k and v shapes differ"},
-        {dt_attention_forward(q12, q12, q12, NULL, &o, &lse), DT_ERR_NOT_SUPPORTED, "head dim 12"},
-        {dt_attention_forward(q264, q264, q264, NULL, &o, &lse), DT_ERR_NOT_SUPPORTED, "head dim 264"},
-        {dt_attention_forward(q, qb, qb, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "dtypes differ"},
-        {dt_attention_forward(q, kv, kv, &bad_mask, &o, &lse), DT_ERR_INVALID_ARGUMENT, "unknown mask"},
-        {dt_attention_forward(q, kv, kv, &bad_scale, &o, &lse), DT_ERR_INVALID_ARGUMENT, "scale"},
-        {dt_attention_forward(q, kv, kv, &bad_group, &o, &lse), DT_ERR_INVALID_ARGUMENT, "group -1"},
-        {dt_attention_forward(q, kv, kv, &small_ws, &o, &lse), DT_ERR_INVALID_ARGUMENT, "workspace"},
-        {dt_attention_forward(qr, kv, kv, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "one Layout"},
-        {dt_attention_forward(qp, qp, qp, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "Partial"},
-        {dt_attention_forward(qd, qd, qd, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "head dim D"},
-    };
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        if (t[i].got != t[i].want || !strstr(dt_last_error(), "") || o != NULL) {
-            c->bad[r]++;
-            snprintf(c->msg[r], sizeof c->msg[r], "case %zu: got %s", i, dt_status_name(t[i].got));
-        }
+    /* Each call's status, message and reset handles, checked at once (the
+     * message is the last error's: read before the next call). */
+    refused(c, r, 0, dt_attention_forward(NULL, kv, kv, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "NULL", &o, &lse);
+    refused(c, r, 1, dt_attention_forward(q, kv, kv, NULL, NULL, &lse), DT_ERR_INVALID_ARGUMENT, "o is NULL", NULL, &lse);
+    refused(c, r, 2, dt_attention_forward(q, kv3, kv3, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "do not divide", &o, &lse);
+    refused(c, r, 3, dt_attention_forward(q, kv, kv3, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "k and v shapes differ", &o, &lse);
+    refused(c, r, 4, dt_attention_forward(q12, q12, q12, NULL, &o, &lse), DT_ERR_NOT_SUPPORTED, "head dim 12", &o, &lse);
+    refused(c, r, 5, dt_attention_forward(q264, q264, q264, NULL, &o, &lse), DT_ERR_NOT_SUPPORTED, "head dim 264", &o, &lse);
+    refused(c, r, 6, dt_attention_forward(q, qb, qb, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "dtypes differ", &o, &lse);
+    refused(c, r, 7, dt_attention_forward(q, kv, kv, &bad_mask, &o, &lse), DT_ERR_INVALID_ARGUMENT, "unknown mask", &o, &lse);
+    refused(c, r, 8, dt_attention_forward(q, kv, kv, &bad_scale, &o, &lse), DT_ERR_INVALID_ARGUMENT, "scale", &o, &lse);
+    refused(c, r, 9, dt_attention_forward(q, kv, kv, &bad_group, &o, &lse), DT_ERR_INVALID_ARGUMENT, "group -1", &o, &lse);
+    refused(c, r, 10, dt_attention_forward(q, kv, kv, &small_ws, &o, &lse), DT_ERR_INVALID_ARGUMENT, "workspace", &o, &lse);
+    refused(c, r, 11, dt_attention_forward(qr, kv, kv, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "one Layout", &o, &lse);
+    refused(c, r, 12, dt_attention_forward(qp, qp, qp, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "Partial", &o, &lse);
+    refused(c, r, 13, dt_attention_forward(qd, qd, qd, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "head dim D", &o, &lse);
     if (checksum(q) != cq || checksum(kv) != ckv) c->bad[r]++;
     /* Striped causal steps do not group: refused where a group would take
      * effect (P >= 3), run one step a launch where it cannot (P <= 2). */
