@@ -322,8 +322,10 @@ static dt_status rank_misuse(dt_context *ctx, void *arg) {
         fails += dt_ring_wait(ring) != DT_SUCCESS;
         fails += dt_ring_step_index(ring) != 2;
         /* dt_ring_start_into and dt_ring_reserve: 1 to the reserved parts,
-         * none NULL on either side where it moves bytes. */
-        void *dst[2] = {z, a}, *dst_holed[2] = {z, NULL};
+         * none NULL on either side where it moves bytes (landing apart
+         * from the parts sent: a peer reads those meanwhile). */
+        char ra[64], rz[64];
+        void *dst[2] = {ra, rz}, *dst_holed[2] = {ra, NULL};
         fails += dt_ring_start_into(NULL, two, dst, halves, 2, 0) != DT_ERR_INVALID_ARGUMENT;
         fails += dt_ring_start_into(ring, two, NULL, halves, 2, 0) != DT_ERR_INVALID_ARGUMENT;
         fails += dt_ring_start_into(ring, two, dst, halves, 0, 0) != DT_ERR_INVALID_ARGUMENT;
