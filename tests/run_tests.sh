@@ -8,7 +8,8 @@
 # set, reaches the tests unchanged (they use it for their own waits). Output
 # is streamed as it comes. Each binary ends with a line
 #     --- NAME: N passed, N failed, N skipped in S s
-# and the whole run with "(the suites took S s)"; the last line is always
+# and the whole run with "failed:" and each failed test, with the last lines
+# it printed, if any failed, then "(the suites took S s)"; the last line is always
 #     N passed, N failed, N skipped
 # and the exit status is non-zero if anything failed.
 #
@@ -57,6 +58,16 @@ sum() { # sum REGEX: sum of the first number on matching lines in $log
         awk '{ s += $1 } END { print s + 0 }'
 }
 
+# why_failed NAME: the last lines test NAME printed in $log before its
+# FAILED line (at most 8, each on its own indented line; nothing if its RUN
+# line is missing).
+why_failed() {
+    awk -v run="[ RUN      ] $1" -v end="[  FAILED  ] $1" '
+        $0 == run { n = 0; on = 1; next }
+        $0 == end && on { for (i = (n > 8 ? n - 8 : 0); i < n; i++) printf "\n      | %s", b[i]; exit }
+        on { b[n++] = $0 }' "$log"
+}
+
 total_pass=0 total_fail=0 total_skip=0 nbin=0
 failures=()
 
@@ -92,9 +103,11 @@ run_one() {
     ((fail < 0)) && fail=0
     ((skip < 0)) && skip=0
 
-    # Names of the failed tests, once each, for the list at the end.
+    # Names of the failed tests, once each, for the list at the end, each
+    # with the last lines it printed (its assertion's message among them):
+    # where only the end of a run's output is kept, the reason is still there.
     while IFS= read -r t; do
-        failures+=("$name: $t")
+        failures+=("$name: $t$(why_failed "$t")")
     done < <(grep -E '^\[  (FAILED  |ERROR   )\] ' "$log" |
         grep -vE "$hdr_fail|$grp" | grep -vE '^\[  ERROR   \] ---' |
         sed -E 's/^\[[^]]*\] //' | awk '!seen[$0]++')
