@@ -85,11 +85,12 @@ typedef struct dt_attention_options {
                                  side by side, so each query tile is visited
                                  once per launch instead of once per step; the
                                  ring runs up to G hops ahead of the kernels, in
-                                 2G K, V buffers instead of 2. Contiguous and
-                                 zigzag orders, and any order under the full
-                                 mask; striped causal returns
-                                 DT_ERR_NOT_SUPPORTED. The backward runs a
-                                 launch per step whatever it is. */
+                                 2G K, V buffers instead of 2. Every order;
+                                 a striped causal ring, whose kernels read a
+                                 launch's blocks row by row in turns, takes
+                                 the greatest power of two up to G and 64.
+                                 The backward runs a launch per step
+                                 whatever it is. */
 } dt_attention_options;
 
 #define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0, NULL, 0 }

@@ -87,6 +87,13 @@ typedef struct dt_attn_block_args {
     int64_t q_batch_stride;
     const void *k, *v;
     int64_t kv_batch_stride;
+    /* Keys interleaved from kv_slots slots (0 or 1: none): key row y lies
+     * at row dt_attn_key_row(y, kv_slots, kv_slot_rows) of k and v, slot s
+     * being rows s kv_slot_rows .. of each batch entry (a grouped striped
+     * ring's launch, whose shards' keys take turns: forward.c). The
+     * forward kernels only; the wgmma kernel wants kv_slots to divide its
+     * key tile's rows (a power of two up to 64 does). */
+    int64_t kv_slots, kv_slot_rows;
     dt_attn_segment qseg, kseg;     /* rows and positions */
     dt_attn_mask mask;
     float scale;
@@ -183,6 +190,12 @@ typedef struct dt_attn_block_bwd_args {
     dt_attn_cta_trace *trace;          /* as dt_attn_block_args.trace */
     int64_t trace_len;
 } dt_attn_block_bwd_args;
+
+/* Where key row y of a block lies among its rows of k and v
+ * (dt_attn_block_args.kv_slots). */
+static inline DT_ATTN_HD int64_t dt_attn_key_row(int64_t y, int64_t slots, int64_t slot_rows) {
+    return slots > 1 ? y % slots * slot_rows + y / slots : y;
+}
 
 struct dt_backend;
 

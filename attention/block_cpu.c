@@ -52,6 +52,19 @@ static void pack_rows(float *dst, const void *base, dt_dtype dtype, int64_t row_
                       (size_t)dim, dst + i * dim);
 }
 
+/* Key rows [y0, y0+n) of one kv head (interleaved from slots: block.h)
+ * into a contiguous fp32 [n, dim] tile. */
+static void pack_keys(float *dst, const void *base, const dt_attn_block_args *a, int64_t y0,
+                      int64_t n) {
+    const size_t es = dt_dtype_size(a->dtype);
+    const int64_t row_stride = a->kv_heads * a->dim;
+    for (int64_t i = 0; i < n; i++)
+        dt_values_get((const char *)base +
+                          (size_t)(dt_attn_key_row(y0 + i, a->kv_slots, a->kv_slot_rows) *
+                                   row_stride) * es,
+                      a->dtype, (size_t)a->dim, dst + i * a->dim);
+}
+
 /* Scores row[0, tk) of keys y .. y+tk-1 of segment k, seen from a query at
  * position pq: -inf for the keys the mask forbids, which follow the ones
  * it allows (mask.h: the allowed keys are a prefix of the segment). */
@@ -73,10 +86,10 @@ typedef struct fwd_head {
 static void fwd_tile(const fwd_head *f, const float *qt, int64_t x0, int64_t tq, int64_t y0,
                      int64_t tk, int masked) {
     const dt_attn_block_args *a = f->a;
-    const int64_t H = a->heads, G = a->kv_heads, D = a->dim;
+    const int64_t H = a->heads, D = a->dim;
     float *s = f->s;
-    pack_rows(f->kt, f->kb, a->dtype, G * D, y0, tk, D);
-    pack_rows(f->vt, f->vb, a->dtype, G * D, y0, tk, D);
+    pack_keys(f->kt, f->kb, a, y0, tk);
+    pack_keys(f->vt, f->vb, a, y0, tk);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tq, (int)tk, (int)D, a->scale, qt,
                 (int)D, f->kt, (int)D, 0.0f, s, (int)tk);
     for (int64_t i = 0; i < tq; i++) {

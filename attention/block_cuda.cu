@@ -110,7 +110,8 @@ __global__ void fwd_kernel(dt_attn_block_args a) {
         if (cls == DT_TILE_EMPTY) continue;   /* uniform across the block */
         __syncthreads();
         for (int64_t e = threadIdx.x; e < tk * D; e += blockDim.x) {
-            const int64_t j = e / D, d = e % D, off = kvb + (y0 + j) * G * D + d;
+            const int64_t j = e / D, d = e % D;
+            const int64_t off = kvb + dt_attn_key_row(y0 + j, a.kv_slots, a.kv_slot_rows) * G * D + d;
             ks[e] = load(a.k, a.dtype, off);
             vs[e] = load(a.v, a.dtype, off);
         }

@@ -200,7 +200,8 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
         return cta_trace(a, 1);
     }
 
-    /* row x of q at qg + x H D, row y of k and v at kg, vg + y G D */
+    /* row x of q at qg + x H D, row y of k and v at kg, vg + y G D (keys
+     * interleaved: at their row dt_attn_key_row(y, ...), block.h) */
     const T *qg = static_cast<const T *>(a.q) + c.b * a.q_batch_stride + c.h * D;
     const T *kg = static_cast<const T *>(a.k) + c.b * a.kv_batch_stride + c.g * D;
     const T *vg = static_cast<const T *>(a.v) + c.b * a.kv_batch_stride + c.g * D;
@@ -208,8 +209,8 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     /* Group 0: the Q tile and key tile 0 (stage 0). */
     if (n_tiles > 0) {
         load_tile<T, D>(q_tile<T, D>(smem), qg, H * D, x0, nq);
-        load_tile<T, D>(k_stage<T, D>(smem, 0), kg, G * D, 0, nk);
-        load_tile<T, D>(v_stage<T, D>(smem, 0), vg, G * D, 0, nk);
+        load_tile<T, D>(k_stage<T, D>(smem, 0), kg, G * D, 0, nk, a.kv_slots, a.kv_slot_rows);
+        load_tile<T, D>(v_stage<T, D>(smem, 0), vg, G * D, 0, nk, a.kv_slots, a.kv_slot_rows);
         cp_async_commit();
     }
 
@@ -224,8 +225,10 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     for (int64_t kt = 0; kt < n_tiles; kt++) {
         const int stage = (int)(kt & 1);
         if (kt + 1 < n_tiles) {
-            load_tile<T, D>(k_stage<T, D>(smem, stage ^ 1), kg, G * D, (kt + 1) * BN, nk);
-            load_tile<T, D>(v_stage<T, D>(smem, stage ^ 1), vg, G * D, (kt + 1) * BN, nk);
+            load_tile<T, D>(k_stage<T, D>(smem, stage ^ 1), kg, G * D, (kt + 1) * BN, nk,
+                            a.kv_slots, a.kv_slot_rows);
+            load_tile<T, D>(v_stage<T, D>(smem, stage ^ 1), vg, G * D, (kt + 1) * BN, nk,
+                            a.kv_slots, a.kv_slot_rows);
             cp_async_commit();
             cp_async_wait<1>();   /* all but tile kt+1's group: tile kt (and Q) have landed */
         } else {
@@ -357,6 +360,12 @@ extern "C" int dt_attn_mma_block_ok(const dt_attn_block_args *a, char *why, size
     }
     if (a->last && (uintptr_t)a->o % 4) {   /* pairs of 16-bit outputs (q's strides: even) */
         say(why, why_size, "o %p is not 4-byte aligned", a->o);
+        return 0;
+    }
+    /* the wgmma kernel's boxes take the same rows of every slot */
+    if (a->kv_slots > 1 && (a->kv_slots > 64 || (a->kv_slots & (a->kv_slots - 1)))) {
+        say(why, why_size, "keys interleaved from %lld slots: the tensor-core kernels take a power "
+            "of two up to 64", (long long)a->kv_slots);
         return 0;
     }
     return 1;

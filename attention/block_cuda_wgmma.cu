@@ -192,10 +192,17 @@ __device__ __forceinline__ void wg_load_kv(const wg_params &p, int bi, int gi, i
                                            int more) {
     constexpr int TILE_KV = WG_BN * D * 2;
     mbar_arrive_expect_tx(bar, 2 * TILE_KV + more);
+    const int slots = (int)p.a.kv_slots;   /* > 1: keys interleaved (make_map) */
 #pragma unroll
     for (int cb = 0; cb < D / 64; cb++) {
-        tma_load_4d(sk + cb * WG_BN * 128, &p.k, 64 * cb, gi, kt * WG_BN, bi, bar);
-        tma_load_4d(sv + cb * WG_BN * 128, &p.v, 64 * cb, gi, kt * WG_BN, bi, bar);
+        if (slots > 1) {
+            const int r0 = kt * (WG_BN / slots);
+            tma_load_5d(sk + cb * WG_BN * 128, &p.k, 64 * cb, gi, 0, r0, bi, bar);
+            tma_load_5d(sv + cb * WG_BN * 128, &p.v, 64 * cb, gi, 0, r0, bi, bar);
+        } else {
+            tma_load_4d(sk + cb * WG_BN * 128, &p.k, 64 * cb, gi, kt * WG_BN, bi, bar);
+            tma_load_4d(sv + cb * WG_BN * 128, &p.v, 64 * cb, gi, kt * WG_BN, bi, bar);
+        }
     }
 }
 
@@ -696,7 +703,8 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
     memset(&p, 0, sizeof p);
     p.a = *a;
     p.grid = dt_mma_fwd_grid(*a, WG_BM, l2_bytes);
-    DT_TRY(make_block_maps(*a, wg_q_box<D>(), WG_BN, &p.q, &p.k, &p.v));
+    DT_TRY(make_block_maps(*a, wg_q_box<D>(), WG_BN, &p.q, &p.k, &p.v, nullptr, nullptr,
+                           a->kv_slots > 1 ? a->kv_slots : 0, a->kv_slot_rows));
     const int64_t tiles = (a->qseg.len + WG_BM - 1) / WG_BM * a->heads * a->batch;
     const int64_t resident = (int64_t)sms * wg_ctas_per_sm<D>();
     p.tiles = (uint32_t)tiles;

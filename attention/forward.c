@@ -41,11 +41,12 @@
 #include "plan.h"
 
 /* A launch's keys: k, v with kv_batch_stride elements between batch
- * entries, and their segment (mask.h). */
+ * entries, interleaved from `slots` slots of c rows (block.h; 1: not), and
+ * their segment (mask.h), with the segment the queries take against them. */
 typedef struct launch_keys {
     const void *k, *v;
-    int64_t kv_batch_stride;
-    dt_attn_segment kseg;
+    int64_t kv_batch_stride, slots;
+    dt_attn_segment qseg, kseg;
 } launch_keys;
 
 /* The arguments of a launch's block: `first` starts the rows, `last`
@@ -56,13 +57,12 @@ typedef struct launch_keys {
 static dt_attn_block_args block_args(const attn_plan *p, int first, int last, int transfer,
                                      const void *q, launch_keys keys, float *acc, float *m,
                                      float *l, void *o, float *lse, uint32_t *launches) {
-    dt_attn_segment qs, ks;
-    attn_plan_segments(p, p->rank, &qs, &ks);
     return (dt_attn_block_args){
         .dtype = p->dtype, .batch = p->b, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
         .q = q, .q_batch_stride = p->c * p->h * p->D,
         .k = keys.k, .v = keys.v, .kv_batch_stride = keys.kv_batch_stride,
-        .qseg = qs, .kseg = keys.kseg, .mask = p->mask, .scale = p->scale,
+        .kv_slots = keys.slots, .kv_slot_rows = p->c,
+        .qseg = keys.qseg, .kseg = keys.kseg, .mask = p->mask, .scale = p->scale,
         .m = m, .l = l, .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
         .acc = acc, .acc_batch_stride = p->c * p->h * p->D,
         .first = first, .last = last,
@@ -82,9 +82,16 @@ static dt_attn_block_args block_args(const attn_plan *p, int first, int last, in
  *   zigzag: the n first chunks lowest source first, then the n second ones
  *     highest source first: (s_lo h, 1, 2 n h), split n h, gap (2P - 2 -
  *     2 s_hi) h, h = c / 2 (one step: the shard's own segment);
+ *   striped causal: the n blocks are not one segment (shard s holds
+ *     positions s, s + P, ..), but their keys taken in turns are: key row
+ *     y of the launch is row y / n of the block in slot y mod n (block.h's
+ *     interleave), and since a run's sources all lie below this rank (key
+ *     row i visible to query row x iff i <= x) or all above it (iff i <
+ *     x), virtual positions (0, 1, n c) for the keys and (n - 1, n, c) or
+ *     (-1, n, c) for the queries give the mask exactly; n a power of two
+ *     (the wgmma kernel's key boxes take the same rows of each slot);
  *   the full mask reads no position: any order groups, laid out as
- *   contiguous. (Striped causal does not group: a group's keys interleave
- *   row by row; plan.c refuses it.)
+ *   contiguous.
  * A run never crosses the sources' wrap from 0 to P - 1 (step rank + 1),
  * nor the rank's last step with pairs (`last`); runs after that launch
  * nothing but still land their blocks, which the next rank needs.
@@ -110,10 +117,18 @@ static void fwd_runs_make(const attn_plan *p, int last, char *sets, const void *
                           fwd_runs *f) {
     memset(f, 0, sizeof *f);
     const int P = p->parts, G = p->group;
+    const int pow2 = p->order == DT_ORDER_STRIPED && p->mask == DT_ATTN_CAUSAL;
     f->first[f->n++] = 0;   /* run 0: step 0 */
-    for (int t = 1; t < P; t++)
-        if (t == 1 || t - f->first[f->n - 1] == G || t == p->rank + 1 || t == last + 1)
-            f->first[f->n++] = t;
+    for (int t = 1; t < P;) {
+        /* up to the next step a run may not cross into */
+        int end = P;
+        if (t <= p->rank) end = p->rank + 1;
+        if (t <= last && last + 1 < end) end = last + 1;
+        int n = end - t < G ? end - t : G;
+        while (pow2 && (n & (n - 1))) n &= n - 1;   /* the highest power of two in n */
+        f->first[f->n++] = t;
+        t += n;
+    }
     f->first[f->n] = P;
     while (f->launched < f->n && f->first[f->launched] <= last) f->launched++;
     f->halves = G > 1 && p->order == DT_ORDER_ZIGZAG ? 2 : 1;
@@ -155,20 +170,24 @@ static char *fwd_piece(const attn_plan *p, const fwd_runs *f, int t, int i) {
 /* The keys of run r's launch. */
 static launch_keys fwd_keys(const attn_plan *p, const fwd_runs *f, int r) {
     dt_attn_segment qs, ks;
-    if (r == 0) {
-        attn_plan_segments(p, p->rank, &qs, &ks);
-        return (launch_keys){f->own[0], f->own[1], p->c * p->hkv * p->D, ks};
-    }
+    attn_plan_segments(p, p->rank, &qs, &ks);
+    if (r == 0) return (launch_keys){f->own[0], f->own[1], p->c * p->hkv * p->D, 1, qs, ks};
     const int n = f->first[r + 1] - f->first[r];
     const int64_t s_hi = fwd_source(p, f->first[r]), s_lo = fwd_source(p, f->first[r + 1] - 1);
     const int64_t c = p->c, h = c / 2;
+    int64_t slots = 1;
     dt_attn_segment seg = {s_lo * c, 1, n * c, 0, 0};
-    if (p->order == DT_ORDER_ZIGZAG)
+    if (p->order == DT_ORDER_ZIGZAG) {
         seg = (dt_attn_segment){s_lo * h, 1, 2 * n * h, n * h, (2 * p->parts - 2 - 2 * s_hi) * h};
-    else if (p->order == DT_ORDER_STRIPED && n == 1)
+    } else if (p->order == DT_ORDER_STRIPED && n == 1) {
         seg = dt_attn_segment_of(p->order, p->S, p->parts, (int)s_lo);
+    } else if (p->order == DT_ORDER_STRIPED && p->mask == DT_ATTN_CAUSAL) {
+        slots = n;   /* virtual positions (fwd_runs); sources below the rank: from step 1 on */
+        qs = (dt_attn_segment){f->first[r] <= p->rank ? n - 1 : -1, n, c, 0, 0};
+        seg = (dt_attn_segment){0, 1, n * c, 0, 0};
+    }
     return (launch_keys){f->set[r & 1], f->set[r & 1] + f->set_kv_bytes,
-                         p->group * p->c * p->hkv * p->D, seg};
+                         p->group * p->c * p->hkv * p->D, slots, qs, seg};
 }
 
 /* Posts the hop that brings step t's block (t >= 1): it sends step t - 1's

@@ -824,11 +824,13 @@ __device__ __forceinline__ void zero_dk_dv(float *dkg, float *dvg, int64_t rs, i
 /* ------------------------------------------------------------ tile copies */
 
 /* Issue the copies of rows [row0, row0 + ROWS) of a row-major matrix (row r
- * at base + r * row_stride, D contiguous elements) into a swizzled tile;
- * rows >= nrows are zero-filled. All THREADS threads of the CTA take part. */
+ * at base + r * row_stride, D contiguous elements; with slots > 1 row r at
+ * base + dt_attn_key_row(r, slots, slot_rows) * row_stride, keys
+ * interleaved: block.h) into a swizzled tile; rows >= nrows are
+ * zero-filled. All THREADS threads of the CTA take part. */
 template <typename T, int D, int ROWS = 64, int THREADS = DT_MMA_THREADS>
 __device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_stride, int64_t row0,
-                                          int64_t nrows) {
+                                          int64_t nrows, int64_t slots = 1, int64_t slot_rows = 0) {
     constexpr int COPIES = ROWS * D / 8;   /* 16-byte copies per tile */
     static_assert(COPIES % THREADS == 0, "every thread issues the same number of copies");
 #pragma unroll
@@ -836,7 +838,7 @@ __device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_st
         const int e = n * THREADS + (int)threadIdx.x;
         const int r = dt_mma_copy_row(e, D), c = dt_mma_copy_col(e, D);
         const bool valid = row0 + r < nrows;
-        const T *src = valid ? base + (row0 + r) * row_stride + c : base;
+        const T *src = valid ? base + dt_attn_key_row(row0 + r, slots, slot_rows) * row_stride + c : base;
         cp_async_16(tile + dt_mma_swz(r, c, D), src, valid);
     }
 }

@@ -170,10 +170,12 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     p->group = 1;
     if (opts->group > 1 && p->parts > 2)
         p->group = opts->group < p->parts - 1 ? opts->group : p->parts - 1;
-    if (p->group > 1 && p->order == DT_ORDER_STRIPED && p->mask == DT_ATTN_CAUSAL)
-        FAIL(DT_ERR_NOT_SUPPORTED, "group %d on a striped causal ring: its blocks' keys "
-             "interleave row by row, which no kernel reads yet (contiguous, zigzag, or the full "
-             "mask can group)", opts->group);
+    /* Striped causal runs interleave their keys (forward.c): a power of
+     * two of blocks, at most 64 (the tensor-core kernels' slots). */
+    if (p->order == DT_ORDER_STRIPED && p->mask == DT_ATTN_CAUSAL) {
+        if (p->group > 64) p->group = 64;
+        while (p->group & (p->group - 1)) p->group &= p->group - 1;
+    }
     /* A row of q, o or the fp32 acc holds the local heads: its stride is an
      * int for BLAS and the CUDA kernels alike. */
     if (p->h * p->D > INT_MAX)

@@ -151,6 +151,11 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
     const int32_t c[4] = {c0, c1, c2, c3};
     dt_emu_tma_load(dst, map, c, 4, bar);
 }
+__device__ __forceinline__ void tma_load_5d(void *dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                            int c3, int c4, uint64_t *bar) {
+    const int32_t c[5] = {c0, c1, c2, c3, c4};
+    dt_emu_tma_load(dst, map, c, 5, bar);
+}
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) { dt_emu_tma_prefetch(map); }
 __device__ __forceinline__ void fence_proxy_async() { dt_emu_fence_proxy_async(); }
 __device__ __forceinline__ void stmatrix_x4_trans(void *row, const uint32_t (&r)[4]) {
@@ -267,6 +272,16 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
         "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
         "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(wg_smem_addr(dst)),
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+        "r"(wg_smem_addr(bar))
+        : "memory");
+}
+/* The same through a 5-D map (c0 innermost .. c4). */
+__device__ __forceinline__ void tma_load_5d(void *dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                            int c3, int c4, uint64_t *bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(wg_smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
         "r"(wg_smem_addr(bar))
         : "memory");
 }
@@ -443,38 +458,54 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
     return f;
 }
 
-/* The 4-D map of a [batch][rows][heads][D] 16-bit tensor at base (batch
- * stride in elements), boxes of 64 x 1 x box_rows x 1, 128-byte swizzle. */
+/* The map of a [batch][rows][heads][D] 16-bit tensor at base (batch
+ * stride in elements), 128-byte swizzle. slots = 0: 4-D, {D, heads, rows,
+ * batch}, boxes of 64 x 1 x box_rows x 1. slots >= 1: its rows are
+ * interleaved from `slots` slots of `rows` rows each (block.h's
+ * dt_attn_key_row; slot s at rows s rows ..), 5-D, {D, heads, slots, rows,
+ * batch}, boxes of 64 x 1 x slots x box_rows / slots x 1, which land in
+ * shared memory in the interleaved order: row j of a box at coordinate
+ * (.., 0, r0, ..) is row r0 + j / slots of slot j % slots. */
 dt_status make_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, const char *name,
                    const void *base, dt_dtype dtype, int64_t dim, int64_t heads, int64_t rows,
-                   int64_t batch, int64_t batch_stride, int box_rows) {
-    const int64_t es = 2;
+                   int64_t batch, int64_t batch_stride, int box_rows, int64_t slots = 0) {
+    const int64_t es = 2, row_bytes = heads * dim * es;
     /* one batch: any stride will do, and the driver wants one that is not 0 */
-    const int64_t bs = batch > 1 ? batch_stride : rows * heads * dim;
-    cuuint64_t dims[4] = {(cuuint64_t)dim, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batch};
-    cuuint64_t strides[3] = {(cuuint64_t)(dim * es), (cuuint64_t)(heads * dim * es), (cuuint64_t)(bs * es)};
-    cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, elem_strides[4] = {1, 1, 1, 1};
+    const int64_t bs = batch > 1 ? batch_stride : rows * heads * dim * (slots > 1 ? slots : 1);
+    const cuuint32_t rank = slots ? 5 : 4;
+    cuuint64_t dims[5] = {(cuuint64_t)dim, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batch, 0};
+    cuuint64_t strides[4] = {(cuuint64_t)(dim * es), (cuuint64_t)row_bytes, (cuuint64_t)(bs * es), 0};
+    cuuint32_t box[5] = {64, 1, (cuuint32_t)box_rows, 1, 0}, elem_strides[5] = {1, 1, 1, 1, 1};
+    if (slots) {
+        dims[2] = (cuuint64_t)slots, dims[3] = (cuuint64_t)rows, dims[4] = (cuuint64_t)batch;
+        strides[1] = (cuuint64_t)(rows * row_bytes), strides[2] = (cuuint64_t)row_bytes;
+        strides[3] = (cuuint64_t)(bs * es);
+        box[2] = (cuuint32_t)slots, box[3] = (cuuint32_t)(box_rows / slots), box[4] = 1;
+    }
     const CUresult r = encode(map, dtype == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                              4, const_cast<void *>(base), dims, strides, box, elem_strides,
+                              rank, const_cast<void *>(base), dims, strides, box, elem_strides,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return dt_error(DT_ERR_BACKEND, "attention (cuda wgmma): cuTensorMapEncodeTiled refused %s "
-                        "(%p, [%lld, %lld, %lld, %lld], batch stride %lld): CUresult %d", name, base,
-                        (long long)batch, (long long)rows, (long long)heads, (long long)dim,
-                        (long long)batch_stride, (int)r);
+                        "(%p, [%lld, %lld, %lld, %lld], batch stride %lld, %lld slots): CUresult %d",
+                        name, base, (long long)batch, (long long)rows, (long long)heads,
+                        (long long)dim, (long long)batch_stride, (long long)slots, (int)r);
     return DT_SUCCESS;
 }
 
 /* The maps of one block's operands (A: dt_attn_block_args or
  * dt_attn_block_bwd_args): q (and dout, when asked for) over the query
  * segment's rows in boxes of q_box rows, k and v over the key segment's in
- * boxes of kv_box rows. DT_ERR_NOT_SUPPORTED if the driver has no
- * cuTensorMapEncodeTiled. */
+ * boxes of kv_box rows: 4-D maps, or with kv_slots >= 1 5-D ones of keys
+ * interleaved from kv_slots slots of kv_slot_rows rows (make_map; kv_slots
+ * divides kv_box). DT_ERR_NOT_SUPPORTED if the
+ * driver has no cuTensorMapEncodeTiled. */
 template <class A>
 dt_status make_block_maps(const A &a, int q_box, int kv_box, CUtensorMap *q, CUtensorMap *k,
-                          CUtensorMap *v, const void *dout = nullptr, CUtensorMap *dout_map = nullptr) {
+                          CUtensorMap *v, const void *dout = nullptr, CUtensorMap *dout_map = nullptr,
+                          int64_t kv_slots = 0, int64_t kv_slot_rows = 0) {
     PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
     if (!encode)
         return dt_error(DT_ERR_NOT_SUPPORTED, "attention (cuda wgmma): the CUDA driver has no "
@@ -484,10 +515,11 @@ dt_status make_block_maps(const A &a, int q_box, int kv_box, CUtensorMap *q, CUt
     if (dout_map)
         DT_TRY(make_map(encode, dout_map, "dout", dout, a.dtype, a.dim, a.heads, a.qseg.len,
                         a.batch, a.q_batch_stride, q_box));
-    DT_TRY(make_map(encode, k, "k", a.k, a.dtype, a.dim, a.kv_heads, a.kseg.len, a.batch,
-                    a.kv_batch_stride, kv_box));
-    return make_map(encode, v, "v", a.v, a.dtype, a.dim, a.kv_heads, a.kseg.len, a.batch,
-                    a.kv_batch_stride, kv_box);
+    const int64_t kv_rows = kv_slots ? kv_slot_rows : a.kseg.len;
+    DT_TRY(make_map(encode, k, "k", a.k, a.dtype, a.dim, a.kv_heads, kv_rows, a.batch,
+                    a.kv_batch_stride, kv_box, kv_slots));
+    return make_map(encode, v, "v", a.v, a.dtype, a.dim, a.kv_heads, kv_rows, a.batch,
+                    a.kv_batch_stride, kv_box, kv_slots);
 }
 
 }  // namespace

@@ -61,10 +61,9 @@
  *      [--group G]
  *
  * --group G runs the forward rings of (b) and (c) with up to G ring steps
- * per launch (dt_attention_options.group) where their order groups
- * (contiguous, zigzag; striped causal runs a launch per step, and the
- * output says so); a launch's time counts on its first step. The backward
- * runs a launch per step whatever it is.
+ * per launch (dt_attention_options.group; striped causal: the greatest
+ * power of two up to G); a launch's time counts on its first step. The
+ * backward runs a launch per step whatever it is.
  *
  * --copies 0 sets DT_LOCAL_COPIES=0 for its launches (context.h): the local
  * transport's transfers then move no data, so (b) times the ring without
@@ -135,10 +134,6 @@ static int g_persistent = 1;  /* bench_opts.persistent, likewise */
 static int g_producer = 1;    /* bench_opts.producer, likewise */
 static int g_comm_ctas = -1;  /* bench_opts.comm_ctas, likewise (-1: left as it is) */
 static int g_group = 1;       /* bench_opts.group */
-
-/* The steps per launch a ring of this order runs with --group (striped
- * causal does not group). */
-static int ring_group(dt_order order) { return order == DT_ORDER_STRIPED ? 1 : g_group; }
 
 static double cpu_s(void) {
     struct timespec ts;
@@ -363,7 +358,7 @@ static dt_status rank_ring(dt_context *ctx, void *arg) {
     dt_layout lay = dt_layout_1d(dt_shard(1, r->order));
     int64_t shp[4] = {r->B, r->P * r->C, r->H, r->D};
     DT_TRY_GOTO(st, call_create(ctx, mesh, &lay, r->dtype, shp, DT_ATTN_CAUSAL, r->pass,
-                                ring_group(r->order), &c), out);
+                                g_group, &c), out);
     tm = malloc(sizeof *tm);
     if (!tm) DT_TRY_GOTO(st, dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of memory"), out);
     c.opts.timing = tm;
@@ -560,8 +555,8 @@ static void usage(FILE *f) {
             "                       loads from a producer warpgroup of its own (default 1;\n"
             "                       0: from thread 0)\n"
             "  --group G            (b), (c): the forward rings' ring steps per launch\n"
-            "                       (dt_attention_options.group; default 1); contiguous and\n"
-            "                       zigzag only, striped runs a launch per step\n"
+            "                       (dt_attention_options.group; default 1; striped: the\n"
+            "                       greatest power of two up to G)\n"
             "  --help\n");
 }
 

@@ -1655,21 +1655,6 @@ static dt_status rank_bad_inputs(dt_context *ctx, void *arg) {
     refused(c, r, 12, dt_attention_forward(qp, qp, qp, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "Partial", &o, &lse);
     refused(c, r, 13, dt_attention_forward(qd, qd, qd, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "head dim D", &o, &lse);
     if (checksum(q) != cq || checksum(kv) != ckv) c->bad[r]++;
-    /* Striped causal steps do not group: refused where a group would take
-     * effect (P >= 3), run one step a launch where it cannot (P <= 2). */
-    dt_attention_options group2 = DT_ATTENTION_OPTIONS_INIT;
-    group2.group = 2;
-    st = dt_attention_forward(q, kv, kv, &group2, &o, &lse);
-    if (P >= 3 ? st != DT_ERR_NOT_SUPPORTED || !strstr(dt_last_error(), "striped causal")
-               : st != DT_SUCCESS) {
-        c->bad[r]++;
-        snprintf(c->msg[r], sizeof c->msg[r], "striped causal, group 2, P = %d: %s", P,
-                 dt_status_name(st));
-    }
-    if (st == DT_SUCCESS) {
-        dt_tensor_destroy(o);
-        dt_tensor_destroy(lse);
-    }
     /* o NULL: lse is still reset, and every rank fails (after the check) */
     lse = (dt_tensor *)1;
     if (dt_attention_forward(q, kv, kv, NULL, NULL, &lse) != DT_ERR_INVALID_ARGUMENT || lse != NULL)
@@ -2328,13 +2313,13 @@ int main(void) {
                  "forward/cuda-kernels/striped/P=2,B=1,S=268,H=4,HKV=2,D=64,causal,%s,logits=1e4",
                  dt_dtype_name(c->dtype));
     }
-    /* Ring steps grouped per launch (dt_attention_options.group): the
-     * contiguous and zigzag orders causal and full, striped full (striped
-     * causal does not group), P = 3, 5, 8, G = 2, 3 and 7 (at most P - 1
-     * take effect; runs end at the sources' wrap and at the rank's last
-     * step with pairs, so every rank's runs differ), two batch entries
-     * (the pieces per batch entry and chunk), GQA, lengths that are no
-     * multiple of a tile. */
+    /* Ring steps grouped per launch (dt_attention_options.group): every
+     * order causal and full, P = 3, 5, 8, G = 2, 3 and 7 (at most P - 1
+     * take effect, and striped causal the greatest power of two up to
+     * that, 4 slots interleaved at P = 8; runs end at the sources' wrap
+     * and at the rank's last step with pairs, so every rank's runs
+     * differ), two batch entries (the pieces per batch entry and chunk),
+     * GQA, lengths that are no multiple of a tile. */
     for (int o = 0; o < DT_ORDER_COUNT; o++)
         for (int pi = 0; pi < 3; pi++)
             for (int gi = 0; gi < 3; gi++) {
@@ -2344,8 +2329,7 @@ int main(void) {
                 c->P = p;
                 c->tp = 1;
                 c->order = (dt_order)o;
-                c->mask = o == DT_ORDER_STRIPED || (pi + gi) % 3 == 2 ? DT_ATTN_FULL
-                                                                      : DT_ATTN_CAUSAL;
+                c->mask = (pi + gi) % 3 == 2 ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
                 c->dtype = (pi + gi) % 2 ? DT_BF16 : DT_F32;
                 c->group = g;
                 c->seed = 2100 + (uint64_t)nc;
@@ -2368,28 +2352,31 @@ int main(void) {
     }
     /* Grouped on every CUDA forward kernel (skipped without a GPU; the
      * emulator runs them): the launches over several blocks side by side,
-     * their batch stride G c rows, their segment's jump (zigzag). */
+     * their batch stride G c rows, their segment's jump (zigzag), striped
+     * causal keys interleaved from 2 slots (P = 4) and 4 (P = 8; the wgmma
+     * kernel's 5-D tensor maps), 70 rows a slot: its last key tile's rows
+     * past the slots' ends. */
     for (int o = 0; o < DT_ORDER_COUNT; o++)
-        for (int gi = 0; gi < 2; gi++) {
+        for (int gi = 0; gi < 2 + (o == DT_ORDER_STRIPED); gi++) {
             fwd_case *c = &cases[nc++];
-            c->P = 4;
+            c->P = gi == 2 ? 8 : 4;
             c->tp = 1;
             c->order = (dt_order)o;
-            c->mask = o == DT_ORDER_STRIPED || gi ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
+            c->mask = gi == 1 ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
             c->dtype = gi ? DT_F16 : DT_BF16;
-            c->group = 2 + gi;
+            c->group = gi == 2 ? 4 : 2 + gi;
             c->s = (attn_shape){2, (o == DT_ORDER_ZIGZAG ? 140 : 70) * c->P, 4, 2, gi ? 128 : 64};
             c->seed = 2400 + (uint64_t)nc;
             c->backend = DT_BACKEND_CUDA;
             c->kernels = 1;
             snprintf(c->name, sizeof c->name,
-                     "forward/cuda-kernels/group=%d/%s/P=4,B=2,S=%lld,H=4,HKV=2,D=%lld,%s,%s",
-                     c->group, dt_order_name(c->order), (long long)c->s.S, (long long)c->s.D,
+                     "forward/cuda-kernels/group=%d/%s/P=%d,B=2,S=%lld,H=4,HKV=2,D=%lld,%s,%s",
+                     c->group, dt_order_name(c->order), c->P, (long long)c->s.S, (long long)c->s.D,
                      dt_attn_mask_name(c->mask), dt_dtype_name(c->dtype));
         }
     /* Grouped over NCCL (a GPU a rank: 4 GPUs, or the emulator's), whose
      * chained hops are ordered after the communication stream only. */
-    for (int o = 0; o < DT_ORDER_COUNT; o += 2) {
+    for (int o = 0; o < DT_ORDER_COUNT; o++) {
         fwd_case *c = &cases[nc++];
         c->P = 4;
         c->tp = 1;

@@ -394,7 +394,7 @@ int main(int argc, char **argv) {
 
     static const char *const order_names[] = {"contiguous", "striped", "zigzag"};
     static const char *const dtype_names[] = {"fp32", "bf16", "fp16"};
-    static pass_case passes[13], bad[8], unsupported[2];
+    static pass_case passes[14], bad[8], unsupported[1];
     struct CMUnitTest tests[40];
     size_t n = 0, np = 0;
     for (int o = 0; o < 3; o++)
@@ -427,6 +427,11 @@ int main(int argc, char **argv) {
         snprintf(c->args, sizeof c->args, "--ranks 5 --batch 2 --seq 100 --order zigzag --group 3");
         snprintf(c->name, sizeof c->name, "striped_attention/pass/zigzag,group=3,P=5,B=2");
         tests[n++] = (struct CMUnitTest){c->name, test_passes, NULL, NULL, c};
+        /* striped causal, grouped 4 to a launch (their keys interleaved) */
+        c = &passes[np++];
+        snprintf(c->args, sizeof c->args, "--ranks 6 --seq 96 --order striped --group 4");
+        snprintf(c->name, sizeof c->name, "striped_attention/pass/striped,group=4,P=6");
+        tests[n++] = (struct CMUnitTest){c->name, test_passes, NULL, NULL, c};
     }
     static const char *const bad_args[] = {
         "--seq 10 --ranks 4", "--order diagonal", "--kv-heads 3 --heads 4",
@@ -439,8 +444,7 @@ int main(int argc, char **argv) {
         snprintf(c->name, sizeof c->name, "striped_attention/exit2/%s", bad_args[i]);
         tests[n++] = (struct CMUnitTest){c->name, test_bad_flags, NULL, NULL, c};
     }
-    /* striped causal steps do not group (a group's keys interleave) */
-    static const char *const unsupported_args[] = {"--backend cuda", "--order striped --group 2"};
+    static const char *const unsupported_args[] = {"--backend cuda"};
     for (size_t i = 0; i < sizeof unsupported_args / sizeof *unsupported_args; i++) {
         pass_case *c = &unsupported[i];
         snprintf(c->args, sizeof c->args, "%s", unsupported_args[i]);
