@@ -324,8 +324,15 @@ int fwd_path_of(dt_backend *be, const dt_attn_block_args *a, kernel_path *path, 
                 size_t why_size) {
     *path = PATH_SIMPLE;
     if (a->kernel == DT_ATTN_KERNEL_SIMPLE || a->kseg.len == 0) return 1;
-    return path_of(be, a->kernel, a->dtype, a->dim, dt_attn_mma_block_ok(a, why, why_size), path,
-                   why, why_size);
+    const int ok = path_of(be, a->kernel, a->dtype, a->dim, dt_attn_mma_block_ok(a, why, why_size),
+                           path, why, why_size);
+    /* keys interleaved (a grouped striped ring) where the driver takes no
+     * tensor map of them: the mma kernel, or for a forced wgmma none */
+    if (ok && *path == PATH_WGMMA && a->kv_slots > 1 && !dt_attn_wgmma_slots_ok(why, why_size)) {
+        if (a->kernel == DT_ATTN_KERNEL_WGMMA) return 0;
+        *path = PATH_MMA;
+    }
+    return ok;
 }
 
 /* Nothing to do: no row, or no pair the mask allows (no key, or every key

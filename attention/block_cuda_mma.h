@@ -24,6 +24,7 @@
 #define dt_attn_mma_fwd dt_emu_attn_mma_fwd
 #define dt_attn_mma_bwd dt_emu_attn_mma_bwd
 #define dt_attn_wgmma_supported dt_emu_attn_wgmma_supported
+#define dt_attn_wgmma_slots_ok dt_emu_attn_wgmma_slots_ok
 #define dt_attn_wgmma_fwd dt_emu_attn_wgmma_fwd
 #define dt_attn_wgmma_bwd dt_emu_attn_wgmma_bwd
 #endif
@@ -82,6 +83,13 @@ dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t
  * device code is for sm_90 (NVCC_ARCH); otherwise 0 and why. Its blocks
  * have the needs of dt_attn_mma_block_ok. */
 int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size_t why_size);
+
+/* 1 if the wgmma forward can read keys interleaved from slots
+ * (dt_attn_block_args.kv_slots): whether the CUDA driver takes the 5-D
+ * tensor maps they need (wgmma_device.cuh's encode_map), asked once per
+ * process. Otherwise 0 and the reason in why (may be NULL); the forward's
+ * auto choice then runs such blocks on the mma kernel. */
+int dt_attn_wgmma_slots_ok(char *why, size_t why_size);
 
 /* The wgmma forward's narrow tiles at D = 128 (docs/ARCHITECTURE.md): 1,
  * or 0 to compile them out (make WGMMA_NARROW=0), for measuring the kernel

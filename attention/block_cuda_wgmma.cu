@@ -765,6 +765,27 @@ extern "C" int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char
 #endif
 }
 
+extern "C" int dt_attn_wgmma_slots_ok(char *why, size_t why_size) {
+    static int verdict;   /* 0: not asked yet, 1: takes them, else the CUresult + 2 */
+    int v = __atomic_load_n(&verdict, __ATOMIC_ACQUIRE);
+    if (!v) {
+        PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
+        /* the shape of a striped ring's launch of 2 blocks of 70 rows, at a
+         * 16-byte aligned address the driver only records */
+        alignas(128) static const unsigned char probe[16] = {0};
+        CUtensorMap map;
+        const CUresult r = encode ? encode_map(encode, &map, probe, DT_BF16, 128, 2, 70, 2,
+                                               2 * 70 * 2 * 128, WG_BN, 2)
+                                  : CUDA_ERROR_NOT_SUPPORTED;
+        v = r == CUDA_SUCCESS ? 1 : (int)r + 2;
+        __atomic_store_n(&verdict, v, __ATOMIC_RELEASE);   /* racing probes store the same */
+    }
+    if (v != 1 && why && why_size)
+        snprintf(why, why_size, "the CUDA driver refuses the wgmma kernel's tensor maps of keys "
+                 "interleaved from slots (cuTensorMapEncodeTiled: CUresult %d)", v - 2);
+    return v == 1;
+}
+
 extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
                                       int sms, void *queue, int dependent, int producer) {
     return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {

@@ -465,10 +465,13 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
  * dt_attn_key_row; slot s at rows s rows ..), 5-D, {D, heads, slots, rows,
  * batch}, boxes of 64 x 1 x slots x box_rows / slots x 1, which land in
  * shared memory in the interleaved order: row j of a box at coordinate
- * (.., 0, r0, ..) is row r0 + j / slots of slot j % slots. */
-dt_status make_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, const char *name,
-                   const void *base, dt_dtype dtype, int64_t dim, int64_t heads, int64_t rows,
-                   int64_t batch, int64_t batch_stride, int box_rows, int64_t slots = 0) {
+ * (.., 0, r0, ..) is row r0 + j / slots of slot j % slots. Its strides do
+ * not grow with the dimension (a slot's is rows times a row's), which the
+ * driver's documentation neither promises nor rules out:
+ * dt_attn_wgmma_slots_ok asks it once. The driver's verdict. */
+CUresult encode_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, const void *base,
+                    dt_dtype dtype, int64_t dim, int64_t heads, int64_t rows, int64_t batch,
+                    int64_t batch_stride, int box_rows, int64_t slots) {
     const int64_t es = 2, row_bytes = heads * dim * es;
     /* one batch: any stride will do, and the driver wants one that is not 0 */
     const int64_t bs = batch > 1 ? batch_stride : rows * heads * dim * (slots > 1 ? slots : 1);
@@ -482,11 +485,19 @@ dt_status make_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, c
         strides[3] = (cuuint64_t)(bs * es);
         box[2] = (cuuint32_t)slots, box[3] = (cuuint32_t)(box_rows / slots), box[4] = 1;
     }
-    const CUresult r = encode(map, dtype == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                              rank, const_cast<void *>(base), dims, strides, box, elem_strides,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return encode(map, dtype == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                  rank, const_cast<void *>(base), dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+/* encode_map, its refusal an error naming the tensor. */
+dt_status make_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, const char *name,
+                   const void *base, dt_dtype dtype, int64_t dim, int64_t heads, int64_t rows,
+                   int64_t batch, int64_t batch_stride, int box_rows, int64_t slots = 0) {
+    const CUresult r =
+        encode_map(encode, map, base, dtype, dim, heads, rows, batch, batch_stride, box_rows, slots);
     if (r != CUDA_SUCCESS)
         return dt_error(DT_ERR_BACKEND, "attention (cuda wgmma): cuTensorMapEncodeTiled refused %s "
                         "(%p, [%lld, %lld, %lld, %lld], batch stride %lld, %lld slots): CUresult %d",
