@@ -1800,6 +1800,54 @@ static void test_workspace_reuse(void **state) {
     for (int r = 0; r < 3; r++) assert_int_equal(c.bad[r], 0);
 }
 
+/* The group a striped causal ring takes: the greatest power of two up to
+ * G and P - 1 (its launches' keys interleave: forward.c), where the full
+ * mask takes G itself; seen in the workspace, 4 blocks of K a step of the
+ * group (2 sets x K | V). P = 5: G = 2, 3, 4, 7 take 2, 2, 4, 4 causal and
+ * 2, 3, 4, 4 under the full mask. */
+static dt_status rank_striped_group(dt_context *ctx, void *arg) {
+    err_case *c = arg;
+    const int r = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    dt_tensor *q = NULL;
+    int sizes[1] = {c->P};
+    dt_status st = dt_mesh_create(ctx, 1, sizes, NULL, &mesh);
+    dt_layout lay = dt_layout_1d(dt_shard(1, DT_ORDER_STRIPED));
+    int64_t shape[4] = {1, 6 * c->P, 2, 8};
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 4, shape, &lay, &q);
+    const int groups[4] = {2, 3, 4, 7}, want[2][4] = {{2, 2, 4, 4}, {2, 3, 4, 4}};
+    const size_t block = (size_t)(6 * 2 * 8) * sizeof(float);
+    for (int m = 0; m < 2 && st == DT_SUCCESS; m++) {
+        size_t bytes[4] = {0};
+        for (int i = 0; i < 4 && st == DT_SUCCESS; i++) {
+            dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
+            opts.mask = m ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
+            opts.group = groups[i];
+            st = dt_attention_workspace_size(q, q, q, &opts, &bytes[i]);
+        }
+        for (int i = 1; i < 4 && st == DT_SUCCESS; i++)
+            if (bytes[i] != bytes[0] + 4 * (size_t)(want[m][i] - want[m][0]) * block) {
+                c->bad[r]++;
+                snprintf(c->msg[r], sizeof c->msg[r], "%s, group %d: %zu bytes, group 2: %zu",
+                         m ? "full" : "causal", groups[i], bytes[i], bytes[0]);
+            }
+    }
+    c->st[r] = st;
+    dt_tensor_destroy(q);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_striped_group(void **state) {
+    (void)state;
+    err_case c = {.P = 5};
+    assert_int_equal(h_launch(5, rank_striped_group, &c), DT_SUCCESS);
+    for (int r = 0; r < 5; r++) {
+        if (c.bad[r]) print_error("rank %d: %s\n", r, c.msg[r]);
+        assert_int_equal(c.bad[r], 0);
+    }
+}
+
 /* A call of one block (one rank) on a tensor-core kernel keeps no
  * fp32 running state (forward.c, fwd_stateless): on CUDA its workspace is
  * at least the B S H D fp32 of acc smaller than the simple kernel's, and a
@@ -2181,6 +2229,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_rank_with_null_q_fails_its_peers_at_once);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_inputs);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_workspace_reuse);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_striped_group);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_stateless_workspace);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_dependent_launch);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_idle_block);
