@@ -120,6 +120,47 @@ static void test_not_supported(void **state) {
     assert_true(ok);
 }
 
+/* A grouped striped ring on CUDA where the driver refuses the wgmma
+ * kernel's tensor maps of interleaved keys (the emulator's
+ * DT_EMU_TMAP_SORTED=1, tests/emu/cudart.c): the library's auto choice
+ * runs those launches on the mma kernel and the example PASSes; with the
+ * wgmma kernel forced (DT_ATTN_KERNEL=wgmma) it stops, exit 3, naming the
+ * refusal. A real driver ignores the variable: there the forced run may
+ * PASS too. Without CUDA both are refused (exit 3, not supported). */
+static void test_wgmma_refused_maps(void **state) {
+    (void)state;
+    REQUIRE_EXAMPLE();
+    const char *args = "--backend cuda --ranks 5 --seq 160 --order striped --group 4 --dtype bf16 "
+                       "--dim 64";
+    char *sorted = h_env_set("DT_EMU_TMAP_SORTED", "1");
+    char *out = NULL;
+    int rc = run_example(args, &out);
+    const int no_cuda = rc == 3 && strstr(out, "not supported") && !strstr(out, "interleaved");
+    int ok = no_cuda || (rc == 0 && strstr(out, "result: PASS"));
+    if (!ok) show_output_on_failure(args, out);
+    free(out);
+    out = NULL;
+    if (ok && !no_cuda) {
+        char *kernel = h_env_set("DT_ATTN_KERNEL", "wgmma");
+        rc = run_example(args, &out);
+        h_env_restore("DT_ATTN_KERNEL", kernel);
+#ifdef DT_CUDA_EMULATE
+        ok = rc == 3 && strstr(out, "refuses the wgmma kernel's tensor maps of keys interleaved");
+#else
+        ok = (rc == 0 && strstr(out, "result: PASS")) ||
+             (rc == 3 && strstr(out, "refuses the wgmma kernel's tensor maps of keys interleaved"));
+#endif
+        if (!ok) show_output_on_failure(args, out);
+        free(out);
+    }
+    h_env_restore("DT_EMU_TMAP_SORTED", sorted);
+    if (no_cuda) {
+        print_message("skipped: --backend cuda is not supported here (no CUDA device)\n");
+        skip();
+    }
+    assert_true(ok);
+}
+
 /* ------------------------------------------------------------------ dump */
 
 typedef struct dump_case {
@@ -451,6 +492,7 @@ int main(int argc, char **argv) {
         snprintf(c->name, sizeof c->name, "striped_attention/not_supported/%s", unsupported_args[i]);
         tests[n++] = (struct CMUnitTest){c->name, test_not_supported, NULL, NULL, c};
     }
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_wgmma_refused_maps);
     static dump_case dumps[] = {
         {"", 3, 1, 2, 48, 4, 2, 16, "zigzag", "fp32", 7},
         {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 11},

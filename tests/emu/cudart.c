@@ -977,7 +977,12 @@ cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t 
  * swizzle's 32- and 64-byte atomicity modes, element strides other than 1
  * in dimensions 1.., the OOB-NaN fill, and the FLOAT32_FTZ, TFLOAT32* and
  * packed sub-byte data types. Also rejected (the documentation leaves it
- * open): a NULL globalAddress, and NULL arrays of a non-zero length. */
+ * open): a NULL globalAddress, and NULL arrays of a non-zero length.
+ * The documentation also shows strides that each include the one before
+ * (globalStrides[i] >= globalStrides[i - 1] globalDim[i]), without saying
+ * whether a driver refuses others: DT_EMU_TMAP_SORTED=1 (read at each
+ * call) makes this one refuse them, CUDA_ERROR_INVALID_VALUE, for tests of
+ * a caller's way around such a driver. */
 CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType,
                                         cuuint32_t tensorRank, void *globalAddress,
                                         const cuuint64_t *globalDim,
@@ -1020,6 +1025,12 @@ CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataT
         if (globalStrides[i] % 16 || globalStrides[i] >= (1ull << 40) ||
             (il == CU_TENSOR_MAP_INTERLEAVE_32B && globalStrides[i] % 32))
             return CUDA_ERROR_INVALID_VALUE;
+    const char *sorted = getenv("DT_EMU_TMAP_SORTED");
+    if (sorted && !strcmp(sorted, "1"))
+        for (cuuint32_t i = 0; i + 1 < tensorRank; i++) {
+            const uint64_t before = i ? globalStrides[i - 1] : esize;
+            if (globalStrides[i] < before * globalDim[i]) return CUDA_ERROR_INVALID_VALUE;
+        }
     /* boxDim[i] in 1 .. 256; without interleave the inner box a multiple of
      * 16 bytes */
     for (cuuint32_t i = 0; i < tensorRank; i++)
