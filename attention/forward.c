@@ -88,8 +88,10 @@ static dt_attn_block_args block_args(const attn_plan *p, int first, int last, in
  *     interleave), and since a run's sources all lie below this rank (key
  *     row i visible to query row x iff i <= x) or all above it (iff i <
  *     x), virtual positions (0, 1, n c) for the keys and (n - 1, n, c) or
- *     (-1, n, c) for the queries give the mask exactly; n a power of two
- *     (the wgmma kernel's key boxes take the same rows of each slot);
+ *     (-1, n, c) for the queries give the mask exactly (n = 1 too: one
+ *     block, the ungrouped ring's, at positions that keep its mask's
+ *     comparisons); n a power of two (the wgmma kernel's key boxes take the
+ *     same rows of each slot);
  *   the full mask reads no position: any order groups, laid out as
  *   contiguous.
  * A run never crosses the sources' wrap from 0 to P - 1 (step rank + 1),
@@ -179,8 +181,6 @@ static launch_keys fwd_keys(const attn_plan *p, const fwd_runs *f, int r) {
     dt_attn_segment seg = {s_lo * c, 1, n * c, 0, 0};
     if (p->order == DT_ORDER_ZIGZAG) {
         seg = (dt_attn_segment){s_lo * h, 1, 2 * n * h, n * h, (2 * p->parts - 2 - 2 * s_hi) * h};
-    } else if (p->order == DT_ORDER_STRIPED && n == 1) {
-        seg = dt_attn_segment_of(p->order, p->S, p->parts, (int)s_lo);
     } else if (p->order == DT_ORDER_STRIPED && p->mask == DT_ATTN_CAUSAL) {
         slots = n;   /* virtual positions (fwd_runs); sources below the rank: from step 1 on */
         qs = (dt_attn_segment){f->first[r] <= p->rank ? n - 1 : -1, n, c, 0, 0};
