@@ -73,30 +73,12 @@ static dt_attn_block_args block_args(const attn_plan *p, int first, int last, in
     };
 }
 
-/* The ring's steps in launches (G = p->group steps at most each): run 0 is
- * step 0 alone (the rank's own K and V, read where they are), then runs of
- * consecutive steps t = first[r] .. first[r+1] - 1, whose sources
- * (rank - t) mod P descend by one, so that their shards are neighbours in
- * the sequence and their keys, laid side by side, one segment (mask.h):
- *   contiguous: lowest source first, (s_lo c, 1, n c);
- *   zigzag: the n first chunks lowest source first, then the n second ones
- *     highest source first: (s_lo h, 1, 2 n h), split n h, gap (2P - 2 -
- *     2 s_hi) h, h = c / 2 (one step: the shard's own segment);
- *   striped causal: the n blocks are not one segment (shard s holds
- *     positions s, s + P, ..), but their keys taken in turns are: key row
- *     y of the launch is row y / n of the block in slot y mod n (block.h's
- *     interleave), and since a run's sources all lie below this rank (key
- *     row i visible to query row x iff i <= x) or all above it (iff i <
- *     x), virtual positions (0, 1, n c) for the keys and (n - 1, n, c) or
- *     (-1, n, c) for the queries give the mask exactly (n = 1 too: one
- *     block, the ungrouped ring's, at positions that keep its mask's
- *     comparisons); n a power of two (the wgmma kernel's key boxes take the
- *     same rows of each slot);
- *   the full mask reads no position: any order groups, laid out as
- *   contiguous.
- * A run never crosses the sources' wrap from 0 to P - 1 (step rank + 1),
- * nor the rank's last step with pairs (`last`); runs after that launch
- * nothing but still land their blocks, which the next rank needs.
+/* The ring's steps in launches of up to G = p->group blocks: mask.h's
+ * dt_attn_ring_runs (run 0 is step 0 alone, the rank's own K and V, read
+ * where they are; then runs of consecutive steps whose sources are
+ * neighbours in the sequence) and dt_attn_ring_run_keys (a run's keys laid
+ * side by side, nested or in slots as one key segment, and the segment its
+ * queries take against them).
  *
  * Each run's blocks land in one of two buffer sets, alternating, each
  * [K | V] of [b][G c][hkv][D]; a block moves in pieces of the same sizes on
@@ -118,20 +100,8 @@ typedef struct fwd_runs {
 static void fwd_runs_make(const attn_plan *p, int last, char *sets, const void *k, const void *v,
                           fwd_runs *f) {
     memset(f, 0, sizeof *f);
-    const int P = p->parts, G = p->group;
-    const int pow2 = p->order == DT_ORDER_STRIPED && p->mask == DT_ATTN_CAUSAL;
-    f->first[f->n++] = 0;   /* run 0: step 0 */
-    for (int t = 1; t < P;) {
-        /* up to the next step a run may not cross into */
-        int end = P;
-        if (t <= p->rank) end = p->rank + 1;
-        if (t <= last && last + 1 < end) end = last + 1;
-        int n = end - t < G ? end - t : G;
-        while (pow2 && (n & (n - 1))) n &= n - 1;   /* the highest power of two in n */
-        f->first[f->n++] = t;
-        t += n;
-    }
-    f->first[f->n] = P;
+    const int G = p->group;
+    f->n = dt_attn_ring_runs(p->order, p->mask, p->S, p->parts, p->rank, G, f->first);
     while (f->launched < f->n && f->first[f->launched] <= last) f->launched++;
     f->halves = G > 1 && p->order == DT_ORDER_ZIGZAG ? 2 : 1;
     f->row_bytes = (size_t)(p->hkv * p->D) * dt_dtype_size(p->dtype);
@@ -150,9 +120,6 @@ static int fwd_run_of(const fwd_runs *f, int t) {
     return r;
 }
 
-/* The source of step t. */
-static int fwd_source(const attn_plan *p, int t) { return ((p->rank - t) % p->parts + p->parts) % p->parts; }
-
 /* Where piece i of step t's block lies on this rank. */
 static char *fwd_piece(const attn_plan *p, const fwd_runs *f, int t, int i) {
     const int per_kv = f->pieces / 2, kv = i / per_kv;
@@ -169,25 +136,15 @@ static char *fwd_piece(const attn_plan *p, const fwd_runs *f, int t, int i) {
            (size_t)(b * p->group * p->c + row) * f->row_bytes;
 }
 
-/* The keys of run r's launch. */
+/* The keys of run r's launch: run 0's, this rank's own, where they are. */
 static launch_keys fwd_keys(const attn_plan *p, const fwd_runs *f, int r) {
-    dt_attn_segment qs, ks;
-    attn_plan_segments(p, p->rank, &qs, &ks);
-    if (r == 0) return (launch_keys){f->own[0], f->own[1], p->c * p->hkv * p->D, 1, qs, ks};
-    const int n = f->first[r + 1] - f->first[r];
-    const int64_t s_hi = fwd_source(p, f->first[r]), s_lo = fwd_source(p, f->first[r + 1] - 1);
-    const int64_t c = p->c, h = c / 2;
-    int64_t slots = 1;
-    dt_attn_segment seg = {s_lo * c, 1, n * c, 0, 0};
-    if (p->order == DT_ORDER_ZIGZAG) {
-        seg = (dt_attn_segment){s_lo * h, 1, 2 * n * h, n * h, (2 * p->parts - 2 - 2 * s_hi) * h};
-    } else if (p->order == DT_ORDER_STRIPED && p->mask == DT_ATTN_CAUSAL) {
-        slots = n;   /* virtual positions (fwd_runs); sources below the rank: from step 1 on */
-        qs = (dt_attn_segment){f->first[r] <= p->rank ? n - 1 : -1, n, c, 0, 0};
-        seg = (dt_attn_segment){0, 1, n * c, 0, 0};
-    }
-    return (launch_keys){f->set[r & 1], f->set[r & 1] + f->set_kv_bytes,
-                         p->group * p->c * p->hkv * p->D, slots, qs, seg};
+    launch_keys keys = {f->own[0], f->own[1], p->c * p->hkv * p->D, 1, {0}, {0}};
+    if (r > 0)
+        keys = (launch_keys){f->set[r & 1], f->set[r & 1] + f->set_kv_bytes,
+                             p->group * p->c * p->hkv * p->D, 1, {0}, {0}};
+    keys.slots = dt_attn_ring_run_keys(p->order, p->mask, p->S, p->parts, p->rank, f->first[r],
+                                       f->first[r + 1], &keys.qseg, &keys.kseg);
+    return keys;
 }
 
 /* Posts the hop that brings step t's block (t >= 1): it sends step t - 1's

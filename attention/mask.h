@@ -144,6 +144,50 @@ static inline DT_ATTN_HD int64_t dt_attn_queries_from(dt_attn_mask mask, dt_attn
  * rings and for the full mask. */
 int dt_attn_ring_last_step(dt_order order, dt_attn_mask mask, int64_t seq, int parts, int rank);
 
+/* A ring's steps in launches (dt_attention_options.group; the forward
+ * pass's launches, attention/forward.c, and bench/blocks' (g) rows).
+ *
+ * dt_attn_ring_group: the steps per launch a ring of `parts` ranks takes
+ * when `requested` are asked for (0 or 1: one): at most parts - 1 (the
+ * steps after a rank's own block; a ring of two takes one), and for a
+ * striped causal ring the greatest power of two up to that and 64 (its
+ * launches' keys are interleaved from slots: dt_attn_ring_run_keys).
+ *
+ * dt_attn_ring_runs: rank `rank`'s steps in launches of up to `group`
+ * (dt_attn_ring_group's) steps: launch r takes steps first[r] ..
+ * first[r+1] - 1; returns their count n, first[n] = parts (first has room
+ * for parts + 1). Launch 0 is step 0 alone (the rank's own block), then
+ * runs of consecutive steps, whose sources (rank - t) mod parts descend by
+ * one, so that their shards are neighbours in the sequence. A run never
+ * crosses the sources' wrap from 0 to parts - 1 (step rank + 1), nor the
+ * ring's last step with pairs (dt_attn_ring_last_step); a striped causal
+ * run holds a power of two of steps. The runs after the one holding that
+ * last step add nothing (their first step is past it).
+ *
+ * dt_attn_ring_run_keys: the segments of the launch of steps t0 .. t1 - 1
+ * (one of those runs, or t0 = 0, t1 = 1): *qs the rank's queries', *ks
+ * that of the launch's keys, the n = t1 - t0 blocks laid in one buffer
+ * lowest source first (source s_lo + i in place i); returns the slots
+ * (block.h's kv_slots: 1, the blocks side by side):
+ *   contiguous (and the full mask, which reads no position, in any order
+ *     but zigzag): (s_lo c, 1, n c), the rank's own queries;
+ *   zigzag: the n first chunks lowest source first, then the n second
+ *     ones highest source first (one jump): (s_lo h, 1, 2 n h), split n h,
+ *     gap (2 parts - 2 - 2 s_hi) h, h = c / 2;
+ *   striped causal, t0 >= 1: n slots of c rows, key row y row y / n of the
+ *     slot y mod n. Shard s holds positions s, s + parts, .., so a run's
+ *     keys taken in turns are in sequence order; and since the sources of
+ *     a run lie all below the rank (key row i visible to query row x iff i
+ *     <= x) or all above it (iff i < x), the keys at virtual positions (0,
+ *     1, n c) and the queries at (n - 1, n, c) (below) or (-1, n, c)
+ *     (above) keep every comparison of the mask.
+ * Step 0's launch is the rank's own block, at the shards' own segments. */
+int dt_attn_ring_group(dt_order order, dt_attn_mask mask, int parts, int requested);
+int dt_attn_ring_runs(dt_order order, dt_attn_mask mask, int64_t seq, int parts, int rank,
+                      int group, int *first);
+int64_t dt_attn_ring_run_keys(dt_order order, dt_attn_mask mask, int64_t seq, int parts, int rank,
+                              int t0, int t1, dt_attn_segment *qs, dt_attn_segment *ks);
+
 /* Number of (query, key) pairs that may attend between two segments: the
  * work of a block, in closed form per query row. */
 int64_t dt_attn_pairs(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k);

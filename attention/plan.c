@@ -166,16 +166,7 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
             FAIL(DT_ERR_INVALID_ARGUMENT, "zigzag needs S (%lld) divisible by 2P (%d)",
                  (long long)p->S, 2 * p->parts);
     }
-    /* Steps per launch: a ring has parts - 1 after its own block. */
-    p->group = 1;
-    if (opts->group > 1 && p->parts > 2)
-        p->group = opts->group < p->parts - 1 ? opts->group : p->parts - 1;
-    /* Striped causal runs interleave their keys (forward.c): a power of
-     * two of blocks, at most 64 (the tensor-core kernels' slots). */
-    if (p->order == DT_ORDER_STRIPED && p->mask == DT_ATTN_CAUSAL) {
-        if (p->group > 64) p->group = 64;
-        while (p->group & (p->group - 1)) p->group &= p->group - 1;
-    }
+    p->group = dt_attn_ring_group(p->order, p->mask, p->parts, opts->group);
     /* A row of q, o or the fp32 acc holds the local heads: its stride is an
      * int for BLAS and the CUDA kernels alike. */
     if (p->h * p->D > INT_MAX)

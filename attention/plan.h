@@ -18,8 +18,7 @@ typedef struct attn_plan {
     int sp_dim;                       /* mesh dim sharding S; -1 if none */
     int parts, rank;                  /* its size and this rank's coordinate */
     dt_order order;
-    int group;                        /* ring steps per launch (opts->group, at most parts - 1;
-                                         striped causal: a power of two, at most 64) */
+    int group;                        /* ring steps per launch: mask.h's dt_attn_ring_group */
     dt_attn_mask mask;
     float scale;
     dt_layout lse_layout;             /* of the [B, H, S] log-sum-exp */

@@ -57,11 +57,12 @@
  *                        implies, and the largest F that would allow
  *                        b2b/call <= 1.05 (issue 8's item 3).
  *         (g)            forward, --group LIST: each order's ring once
- *                        more with a rank's steps after its first G to a
- *                        launch (group_plan_make: their keys one key
- *                        segment, so each query tile merges into
- *                        its rows' state once for G steps), back to back
- *                        as b2b, its outputs checked against the ring's;
+ *                        more with a rank's steps grouped as the library
+ *                        groups them for dt_attention_options.group = G
+ *                        (group_plan_make: a launch's keys one key
+ *                        segment, so each query tile merges into its
+ *                        rows' state once a launch), back to back as
+ *                        b2b, its outputs checked against the ring's;
  *                        with the tile model's K, V and F.
  *
  * --pass fwd,bwd picks the forward and/or backward block kernel. Backward
@@ -172,6 +173,7 @@ typedef struct bufs {
     dt_dtype dtype;
     int64_t rows, H, G, D;
     void *q, *k, *v, *dout, *o;        /* dtype */
+    int64_t kv_slots, kv_slot_rows;    /* k, v's rows in turns from slots (block.h; 0: not) */
     float *acc, *m, *l, *lse, *delta;  /* fp32; lse: of a full pass, for the backward blocks */
     float *lse_out;                    /* the forward blocks' lse (the last of a ring's) */
     float *dq, *dk, *dv;               /* fp32; dk, dv: two buffers of rows x G x D each */
@@ -378,7 +380,8 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, dt_attn_se
     if (bwd) return run_bwd_rows(b, mask, qs, ks, 0, ks.len, 1, 0, 0);
     dt_attn_block_args a = {
         .dtype = b->dtype, .batch = 1, .heads = b->H, .kv_heads = b->G, .dim = b->D,
-        .q = b->q, .k = b->k, .v = b->v, .qseg = qs, .kseg = ks, .mask = mask,
+        .q = b->q, .k = b->k, .v = b->v, .kv_slots = b->kv_slots, .kv_slot_rows = b->kv_slot_rows,
+        .qseg = qs, .kseg = ks, .mask = mask,
         .scale = 1.0f / sqrtf((float)b->D), .m = b->m, .l = b->l, .ml_head_stride = b->rows,
         .acc = b->acc, .first = first, .last = last, .o = b->o, .lse = b->lse_out,
         .kernel = b->kernel, .transfer = transfer, .trace = trace_of(b), .trace_len = b->trace_len,
@@ -547,7 +550,8 @@ typedef struct p_row {
      * for order oi */
     int n_groups;
     struct p_group {
-        int G, launches;           /* blocks launched (those with a pair the mask allows) */
+        int G, group, launches;    /* asked, taken (dt_attn_ring_group); blocks launched
+                                      (those with a pair the mask allows) */
         int64_t tiles, visits;     /* the tile model's K and V, as above (model) */
         double b2b_s;              /* back to back, as b2b */
         double o_err, lse_err;     /* against the ring's outputs (ring_outputs) */
@@ -599,39 +603,21 @@ static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t
     return DT_SUCCESS;
 }
 
-/* --group: a forward ring whose steps after a rank's first go G to a
- * launch, its keys one segment (mask.h), so that each query tile merges
- * into its rows' stored state once for the G steps instead of once a step
- * (the tile model's steps per launch, docs/PERFORMANCE.md), with the
- * kernels as they are. At step t rank j holds rank s = (j - t) mod P's
- * keys, so its remote steps run in two runs of descending sources: steps 1
- * to j (sources j - 1 down to 0), then steps j + 1 to P - 1 (P - 1 down to
- * j + 1). Each group's keys make one segment, its rows copied into one
- * buffer before timing (as a ring would receive each step's rows into
- * their places) where they do not sit so already:
- *   contiguous  the shards s_lo .. s_hi of consecutive sources side by
- *               side, in sequence order and in the ranks' buffers of b (no
- *               copy); G steps to a launch within the first run; the
- *               second run's keys come after every query and launch
- *               nothing, as in the ring;
- *   zigzag      source s holds chunks s and 2P - 1 - s (of h = c / 2
- *               tokens), so consecutive sources s_lo .. s_hi hold chunks
- *               s_lo .. s_hi and 2P - 1 - s_hi .. 2P - 1 - s_lo: two runs
- *               of adjacent chunks, one segment with one jump, its rows
- *               nested in one buffer (the first halves in ascending
- *               source order, then the second halves in descending); G
- *               steps to a launch within each run (sources 0 and P - 1
- *               are not neighbours in the sequence);
- *   striped     any n stripes o_0 < .. < o_{n-1} interleave: row i of
- *               stripe o_r sits at row i n + r of the buffer. The mask
- *               compares positions only, so positions that keep every
- *               comparison of the block serve: the keys' segment {1, 1,
- *               n c} (key (i, o_r) at 1 + i n + r) and the queries' {w, n,
- *               c} (query row i of stripe j at w + i n), w the count of
- *               the o_r <= j. Query row i sees key (i', o_r) under both
- *               iff i' < i, or i' = i and o_r <= j, as i' P + o_r <= i P
- *               + j. G steps to a launch over steps 1 to P - 1 (stripes
- *               need not be neighbours).
+/* --group: a forward ring with a rank's steps grouped as
+ * dt_attention_forward groups them for dt_attention_options.group = G
+ * (mask.h: dt_attn_ring_group, dt_attn_ring_runs, dt_attn_ring_run_keys),
+ * the kernels as they are: after step 0, runs of consecutive steps whose
+ * sources are neighbours in the sequence, each one launch whose keys make
+ * one key segment, so that each query tile merges into its rows' stored
+ * state once a launch instead of once a step (the tile model's steps per
+ * launch, docs/PERFORMANCE.md). A run's n blocks lie lowest source first,
+ * as the ring lands them: contiguous, side by side; striped causal, in n
+ * slots of c rows read in turns (block.h's kv_slots, at the virtual
+ * positions of dt_attn_ring_run_keys); zigzag, the first chunks then the
+ * second ones nested (one jump). The ranks' shards side by side in b's
+ * buffers (rank s's at row s c) already hold the first two so; zigzag's
+ * rows are copied into place before timing. The runs after the one with a
+ * rank's last step with pairs launch nothing, as in the ring.
  * The launches run rounds in turn (a rank's round 0 its step 0, round r
  * its r-th launch after), the ranks' launches of a round one after
  * another, as run_ring runs the steps. */
@@ -640,13 +626,14 @@ typedef struct group_launch {
     int first, last, transfer;     /* as run_block's, for those steps */
     dt_attn_segment qs, ks;        /* rank j's queries; their keys, rows from 0 of k, v */
     const void *k, *v;
+    int64_t slots;                 /* the keys' (block.h's kv_slots), of c rows each */
 } group_launch;
 
 typedef struct group_plan {
     int n;                         /* launches, in run order */
     int64_t c;                     /* tokens per rank */
     group_launch *l;
-    void *kv;                      /* the groups' rows where copied (b's memory) */
+    void *kv;                      /* zigzag's rows where copied (b's memory) */
 } group_plan;
 
 static void group_plan_free(const bufs *b, group_plan *gp) {
@@ -655,45 +642,22 @@ static void group_plan_free(const bufs *b, group_plan *gp) {
     memset(gp, 0, sizeof *gp);
 }
 
-/* Rank j's launches with steps grouped G to one: steps t0s[i] .. t1s[i]
- * - 1 (at most P launches; their count returned), step 0, then each run's
- * steps G at a time. */
-static int group_steps(dt_order order, int P, int G, int j, int t0s[], int t1s[]) {
-    int n = 0;
-    t0s[n] = 0;
-    t1s[n++] = 1;
-    const int runs[2][2] = {{1, j + 1}, {j + 1, P}};   /* steps [from, to) */
-    if (order == DT_ORDER_STRIPED) {   /* one run: any stripes make a segment */
-        for (int t = 1; t < P; t += G) {
-            t0s[n] = t;
-            t1s[n++] = t + G < P ? t + G : P;
-        }
-        return n;
-    }
-    for (int r = 0; r < 2; r++) {
-        if (r == 1 && order == DT_ORDER_CONTIGUOUS) break;   /* keys after every query */
-        for (int t = runs[r][0]; t < runs[r][1]; t += G) {
-            t0s[n] = t;
-            t1s[n++] = t + G < runs[r][1] ? t + G : runs[r][1];
-        }
-    }
-    return n;
-}
-
 static dt_status group_plan_make(const bufs *b, dt_order order, int P, int64_t c, int G,
                                  group_plan *gp) {
     memset(gp, 0, sizeof *gp);
     gp->c = c;
     const int64_t S = (int64_t)P * c, h = c / 2;
     const size_t row = (size_t)(b->G * b->D) * dt_dtype_size(b->dtype);
-    int t0s[MAX_RANKS][MAX_RANKS + 1], t1s[MAX_RANKS][MAX_RANKS + 1], nr[MAX_RANKS], most = 0;
-    int64_t copied = 0;   /* rows of the groups of more than one source, but contiguous's */
+    const int group = dt_attn_ring_group(order, DT_ATTN_CAUSAL, P, G);
+    int first[MAX_RANKS][MAX_RANKS + 1], nr[MAX_RANKS], last[MAX_RANKS], most = 0;
+    int64_t copied = 0;   /* rows of zigzag's launches of more than one block */
     for (int j = 0; j < P; j++) {
-        nr[j] = group_steps(order, P, G, j, t0s[j], t1s[j]);
+        nr[j] = dt_attn_ring_runs(order, DT_ATTN_CAUSAL, S, P, j, group, first[j]);
+        last[j] = dt_attn_ring_last_step(order, DT_ATTN_CAUSAL, S, P, j);
+        while (first[j][nr[j] - 1] > last[j]) nr[j]--;   /* they launch nothing */
         most = nr[j] > most ? nr[j] : most;
-        for (int i = 1; i < nr[j]; i++)
-            if (order != DT_ORDER_CONTIGUOUS && t1s[j][i] - t0s[j][i] > 1)
-                copied += (t1s[j][i] - t0s[j][i]) * c;
+        for (int r = 1; r < nr[j] && order == DT_ORDER_ZIGZAG; r++)
+            if (first[j][r + 1] - first[j][r] > 1) copied += (first[j][r + 1] - first[j][r]) * c;
     }
     gp->l = calloc((size_t)(P * most), sizeof *gp->l);
     if (!gp->l) return dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of host memory");
@@ -703,59 +667,23 @@ static dt_status group_plan_make(const bufs *b, dt_order order, int P, int64_t c
         for (int j = 0; j < P; j++) {
             if (round >= nr[j]) continue;
             group_launch *e = &gp->l[gp->n++];
-            const int t0 = t0s[j][round], t1 = t1s[j][round], n = t1 - t0;
-            /* contiguous and zigzag: a run, no wrap (striped: s_lo unused) */
-            const int s_hi = ((j - t0) % P + P) % P, s_lo = s_hi - n + 1;
-            const int lt = dt_attn_ring_last_step(order, DT_ATTN_CAUSAL, S, P, j);
+            const int t0 = first[j][round], t1 = first[j][round + 1], n = t1 - t0;
+            const int s_hi = ((j - t0) % P + P) % P, s_lo = s_hi - n + 1;   /* no wrap */
             *e = (group_launch){.j = j, .first = t0 == 0,
-                                .last = t0 <= lt && lt < t1, .transfer = t1 < P};
-            const char *k = b->k, *v = b->v;   /* rank s's shard at row s c */
-            e->qs = dt_attn_segment_of(order, S, P, j);
-            if (order == DT_ORDER_CONTIGUOUS || n == 1) {
-                e->ks = n == 1 ? dt_attn_segment_of(order, S, P, s_hi)
-                               : (dt_attn_segment){s_lo * c, 1, n * c, 0, 0};
-                e->k = k + (size_t)(s_lo * c) * row;
-                e->v = v + (size_t)(s_lo * c) * row;
-                continue;
-            }
+                                .last = t0 <= last[j] && last[j] < t1, .transfer = t1 < P};
+            e->slots = dt_attn_ring_run_keys(order, DT_ATTN_CAUSAL, S, P, j, t0, t1, &e->qs,
+                                             &e->ks);
+            e->k = (const char *)b->k + (size_t)(s_lo * c) * row;   /* rank s's at row s c */
+            e->v = (const char *)b->v + (size_t)(s_lo * c) * row;
+            if (order != DT_ORDER_ZIGZAG || n == 1) continue;
+            /* zigzag: chunks s_lo .. s_hi, then 2P - 1 - s_hi .. 2P - 1 - s_lo */
             e->k = kdst;
             e->v = vdst;
-            if (order == DT_ORDER_STRIPED) {
-                /* the stripes in ascending order, interleaved row by row */
-                int o[MAX_RANKS], below = 0;
-                for (int r = 0; r < n; r++) o[r] = ((j - t0 - r) % P + P) % P;
-                for (int a = 1; a < n; a++)   /* insertion sort: n <= P - 1 */
-                    for (int x = a; x > 0 && o[x - 1] > o[x]; x--) {
-                        const int y = o[x];
-                        o[x] = o[x - 1];
-                        o[x - 1] = y;
-                    }
-                for (int r = 0; r < n; r++) {
-                    below += o[r] <= j;
-                    const int64_t rowe = b->G * b->D;
-                    for (int kv = 0; kv < 2; kv++) {
-                        const dt_runs runs = {
-                            .dtype = b->dtype, .op = DT_RUNS_COPY,
-                            .dst = (kv ? vdst : kdst) + (size_t)r * row,
-                            .src = (kv ? v : k) + (size_t)(o[r] * c) * row,
-                            .outer = c, .n = 1, .run_elems = rowe,
-                            .dst_outer = n * rowe, .src_outer = rowe};
-                        DT_TRY(b->be->ops->copy_runs(b->be, &runs));
-                    }
-                }
-                e->qs = (dt_attn_segment){below, n, c, 0, 0};
-                e->ks = (dt_attn_segment){1, 1, n * c, 0, 0};
-                kdst += (size_t)(n * c) * row;
-                vdst += (size_t)(n * c) * row;
-                continue;
-            }
-            /* zigzag: chunks s_lo .. s_hi, then 2P - 1 - s_hi .. 2P - 1 - s_lo */
-            e->ks = (dt_attn_segment){s_lo * h, 1, 2 * n * h, n * h, (2 * P - 2 - 2 * s_hi) * h};
             for (int x = 0; x < 2 * n; x++) {
                 const int src = x < n ? s_lo + x : s_hi - (x - n);   /* its half x < n ? 0 : 1 */
                 const size_t from = (size_t)(src * c + (x < n ? 0 : h)) * row;
-                DT_TRY(b->be->ops->copy(b->be, kdst, k + from, (size_t)h * row));
-                DT_TRY(b->be->ops->copy(b->be, vdst, v + from, (size_t)h * row));
+                DT_TRY(b->be->ops->copy(b->be, kdst, (const char *)b->k + from, (size_t)h * row));
+                DT_TRY(b->be->ops->copy(b->be, vdst, (const char *)b->v + from, (size_t)h * row));
                 kdst += (size_t)h * row;
                 vdst += (size_t)h * row;
             }
@@ -771,6 +699,8 @@ static dt_status run_grouped(const bufs *b, const group_plan *gp) {
         bufs rb = bufs_at(b, e->j * c, 0);
         rb.k = (void *)e->k;
         rb.v = (void *)e->v;
+        rb.kv_slots = e->slots;
+        rb.kv_slot_rows = c;
         rb.scratch = (char *)b->scratch + (size_t)e->j * b->scratch_bytes;
         rb.launches = b->ring_launches + e->j;
         DT_TRY(run_block(&rb, 0, DT_ATTN_CAUSAL, e->qs, e->ks, e->first, e->last, e->transfer));
@@ -879,6 +809,7 @@ static dt_status measure_groups(const bufs *b, const opts *o, int64_t c, p_row *
             struct p_group *e = &out->groups[oi][ng++];
             memset(e, 0, sizeof *e);
             e->G = G;
+            e->group = dt_attn_ring_group(orders[oi], DT_ATTN_CAUSAL, P, G);
             group_plan gp;
             st = group_plan_make(b, orders[oi], P, c, G, &gp);
             for (int l = 0; st == DT_SUCCESS && l < gp.n; l++) {
@@ -1129,13 +1060,14 @@ static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
         }
     }
     if (x->n_groups > 0) {
-        printf("    (g) a rank's steps after its first G to a launch (--group: their keys one\n"
-               "        segment, each query tile's rows merged once a launch); G = 1 is the\n"
-               "        ring above; err: the outputs' largest difference from the ring's;\n"
-               "        --trace: F busy as (m)'s, and wall / busy of its b2b timeline\n"
-               "        %-11s %4s %8s %10s %8s %10s %10s %10s %10s %10s %10s %10s\n", "order",
-               "G", "launches", "K", "V", "b2b ms", "b2b/call", "F b2b", "F busy", "wall/busy",
-               "o err", "lse err");
+        printf("    (g) a rank's steps grouped as dt_attention_options.group = G groups them\n"
+               "        (taken: the group the order takes; their keys one segment, each query\n"
+               "        tile's rows merged once a launch); G = 1 is the ring above; err: the\n"
+               "        outputs' largest difference from the ring's; --trace: F busy as (m)'s,\n"
+               "        and wall / busy of its b2b timeline\n"
+               "        %-11s %4s %5s %8s %10s %8s %10s %10s %10s %10s %10s %10s %10s\n", "order",
+               "G", "taken", "launches", "K", "V", "b2b ms", "b2b/call", "F b2b", "F busy",
+               "wall/busy", "o err", "lse err");
         for (int oi = 0; oi < 3; oi++)
             for (int i = 0; i < x->n_groups; i++) {
                 const struct p_group *e = &x->groups[oi][i];
@@ -1152,8 +1084,8 @@ static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
                              model_f_of(e->tl.busy_us / x->single.last_timeline.busy_us,
                                         e->tiles, e->visits, x));
                 if (traced) snprintf(wb, sizeof wb, "%.3f", e->tl.wall_us / e->tl.busy_us);
-                printf("        %-11s %4d %8d %10s %8s %10.3f %10.3f %10s %10s %10s %10.2e "
-                       "%10.2e\n", dt_order_name(orders[oi]), e->G, e->launches, k, v,
+                printf("        %-11s %4d %5d %8d %10s %8s %10.3f %10.3f %10s %10s %10s %10.2e "
+                       "%10.2e\n", dt_order_name(orders[oi]), e->G, e->group, e->launches, k, v,
                        1e3 * e->b2b_s, e->b2b_s / x->single_s, f, fb, wb, e->o_err, e->lse_err);
             }
     }
@@ -1353,8 +1285,8 @@ static void json_print(const run *r, const bufs *b) {
                     printf(", \"groups\": [");
                     for (int g = 0; g < x->n_groups; g++) {
                         const struct p_group *e = &x->groups[oi][g];
-                        printf("%s{\"G\": %d, \"launches\": %d", g ? ", " : "", e->G,
-                               e->launches);
+                        printf("%s{\"G\": %d, \"group\": %d, \"launches\": %d", g ? ", " : "",
+                               e->G, e->group, e->launches);
                         json_num("b2b_ms", 1e3 * e->b2b_s);
                         json_num("b2b_vs_1_call", e->b2b_s / x->single_s);
                         const int traced =
@@ -1483,9 +1415,10 @@ static void usage(FILE *f) {
             "                    call's only block, which starts and finishes its rows\n"
             "                    (reads no state, writes o and lse)\n"
             "  --group LIST      (p), forward: each order's ring once more with a rank's\n"
-            "                    steps after its first G to a launch, for each G of the\n"
-            "                    list (2 to P - 1; their keys are one segment), timed\n"
-            "                    back to back and checked against the ring's outputs\n"
+            "                    steps grouped as dt_attention_options.group = G groups\n"
+            "                    them, for each G of the list (2 to P - 1; striped takes\n"
+            "                    a power of two), timed back to back and checked\n"
+            "                    against the ring's outputs\n"
             "  --trace           one more run of each block with its CTAs recording\n"
             "                    their start, end, SM and tiles (CUDA mma and wgmma\n"
             "                    kernels): (r) the launch's idle SM time, its drain, a\n"

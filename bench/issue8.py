@@ -51,8 +51,9 @@ the H200 of 2026-11-27 met items 1, 4 and 5):
   items 3 and 4, steps grouped  last (a diagnosis): bench/blocks (p) at
           the first ring c with --group 2,3,4,7 --trace, a run of its own
           (the wgmma kernel, or the first of --kernels without it): each
-          order's ring once more with a rank's steps after its first G to
-          a launch (their keys one segment: fewer query tiles' visits), its
+          order's ring once more with a rank's steps grouped as the
+          library groups them for dt_attention_options.group = G (their
+          keys one segment: fewer query tiles' visits), its
           b2b/call, the F it implies and its timeline's (no target: the
           tile model's steps per launch, measured).
 The wgmma forward runs with the benches' default launch (at D = 128 the
@@ -114,9 +115,9 @@ BWD_VS_FA2 = 0.9
 R_MAX, R_FROM_C = 0.55, 4096
 ACHIEVED_MIN, RATIO_MIN, RATIO_AT_C = 0.95, 1.75, 8192
 VS_ONE_CALL_MAX, VS_ONE_CALL_AT_S = 1.05, 32768
-# bench/blocks --group: the rings with a rank's steps after its first G
-# to a launch, at the first ring c (the tile model's steps per launch: 1
-# then pairs, 1 3 3 1, 1 4 3, 1 7; docs/PERFORMANCE.md)
+# bench/blocks --group: the rings with a rank's steps grouped as the
+# library groups them for dt_attention_options.group = G, at the first
+# ring c (the tile model's steps per launch; docs/PERFORMANCE.md)
 RING_GROUPS = "2,3,4,7"
 WAITS_MAX, WAITS_FROM_C = 0.05, 4096
 COMM_CTAS = "0"   # item 6's variant of the comm stream's work: --comm-ctas (0: the driver's)
@@ -761,19 +762,21 @@ def item_ring_groups(session):
     """Items 3 and 4's rings with a rank's steps grouped: bench/blocks (p)
     --group at the first ring c, a run of its own (a grouped ring that
     failed its check would otherwise take items 3 and 4's rows with it)."""
-    header = ["kernel", "c", "order", "G", "launches", "K", "V", "b2b/call", "F b2b", "F busy",
-              "wall / busy", "o err", "lse err"]
+    header = ["kernel", "c", "order", "G", "taken", "launches", "K", "V", "b2b/call", "F b2b",
+              "F busy", "wall / busy", "o err", "lse err"]
     c = session.size["ring_c"][0]
     table = Table("3,4g", "items 3 and 4, steps grouped: the ring with fewer visits",
                   "none (the tile model's steps per launch, measured)", header,
                   f"bench/blocks (p) at c = {c} with --group {RING_GROUPS} for the wgmma kernel "
                   "(or the first of --kernels without it), as items 3 and 4 run it otherwise "
                   "(P, H, D, bf16): each order's forward ring once more with a "
-                  "rank's steps after its first G to a launch, their keys one segment "
-                  "(contiguous: the shards side by side; zigzag: the chunks nested, one jump, "
-                  "a launch not crossing where a rank's sources wrap from 0 to P - 1; striped: "
-                  "the stripes interleaved, positions that keep the mask's every comparison), "
-                  "timed back to back as b2b; G = 1 is the ring itself. K, V: the tile model's "
+                  "rank's steps grouped as the library groups them for "
+                  "dt_attention_options.group = G (mask.h's rule), their keys one segment "
+                  "(contiguous: the shards side by side; zigzag: the chunks nested, one jump; "
+                  "striped: a power of two of blocks in slots read in turns, at positions that "
+                  "keep the mask's every comparison; no launch crossing where a rank's sources "
+                  "wrap from 0 to P - 1), timed back to back as b2b; G = 1 is the ring itself; "
+                  "taken: the group the order takes. K, V: the tile model's "
                   "key tiles and query tiles' visits of its "
                   "blocks; F b2b: a visit's cost, in key tiles, that its b2b/call implies (the "
                   "same model as items 3 and 4); with --trace the b2b run once more as one device "
@@ -794,7 +797,7 @@ def item_ring_groups(session):
             groups = rows if is_na(rows) else (row or {}).get("groups")
             if is_na(groups) or not groups:
                 na = groups if is_na(groups) else NA("missing", "bench/blocks printed no groups")
-                table.add([k, str(c), order, "-"] + [na] * 9,
+                table.add([k, str(c), order, "-"] + [na] * 10,
                           {"kernel": k, "c": c, "order": order, "result": na})
                 continue
             for g in groups:
@@ -808,7 +811,8 @@ def item_ring_groups(session):
                 wb = NA("no trace", "bench/blocks printed no timeline") if not tl else (
                     NA("no CTA records", "only the CUDA mma and wgmma kernels keep them")
                     if not tl["records"] or not tl["busy_ms"] else tl["wall_ms"] / tl["busy_ms"])
-                cells = [k, str(c), order, str(g["G"]), str(g["launches"]),
+                cells = [k, str(c), order, str(g["G"]), str(g.get("group", "-")),
+                         str(g["launches"]),
                          str(g.get("tiles", "-")), str(g.get("visits", "-")),
                          (g["b2b_vs_1_call"], ".3f"), (f[0], ".2f"), (f[1], ".2f"), (wb, ".3f"),
                          (g["o_err"], ".1e"), (g["lse_err"], ".1e")]

@@ -292,6 +292,107 @@ static void test_segments_follow_the_orders(void **state) {
             }
 }
 
+/* A ring's steps in launches (mask.h's dt_attn_ring_group, _runs and
+ * _run_keys), for every order, mask, P, rank and group asked for: the
+ * group is at most what was asked and P - 1 (for striped causal the
+ * greatest power of two up to those and 64); the launches take every step
+ * once, step 0 alone, then runs of at most the group's steps (a power of
+ * two for striped causal) that cross neither the sources' wrap from 0 to
+ * P - 1 nor the last step with pairs; and every (query, key) pair of a
+ * launch, its keys laid as the forward pass lands them (lowest source
+ * first; zigzag's second chunks highest source first; striped causal's
+ * rows in turns from n slots), gets the causal mask's verdict on the
+ * tokens' own positions (h_order_indices), the keys' positions growing
+ * with the row as the kernels' bounds need. */
+static void test_ring_runs_keep_the_mask(void **state) {
+    (void)state;
+    static const int asked[] = {0, 1, 2, 3, 4, 5, 7, 8, 100};
+    const int64_t c = 4, h = c / 2;
+    for (int p = 1; p <= MAXP; p++)
+        for (int o = 0; o < DT_ORDER_COUNT; o++)
+            for (int mask = 0; mask < 2; mask++)
+                for (size_t a = 0; a < sizeof asked / sizeof *asked; a++) {
+                    const int64_t S = c * p;
+                    const int striped = o == DT_ORDER_STRIPED && mask == DT_ATTN_CAUSAL;
+                    const int g = dt_attn_ring_group((dt_order)o, (dt_attn_mask)mask, p, asked[a]);
+                    const int most = asked[a] < p - 1 ? asked[a] : p - 1;   /* at most */
+                    assert_true(g >= 1 && (g == 1 || g <= most));
+                    if (striped) {
+                        assert_int_equal(g & (g - 1), 0);
+                        assert_true(g <= 64 && (2 * g > (most < 64 ? most : 64) || g == 1));
+                    } else {
+                        assert_int_equal(g, most > 1 ? most : 1);
+                    }
+                    for (int j = 0; j < p; j++) {
+                        int first[MAXP + 1];
+                        const int n = dt_attn_ring_runs((dt_order)o, (dt_attn_mask)mask, S, p, j,
+                                                        g, first);
+                        const int last =
+                            dt_attn_ring_last_step((dt_order)o, (dt_attn_mask)mask, S, p, j);
+                        assert_true(n >= 1 && n <= p);
+                        assert_int_equal(first[0], 0);
+                        assert_int_equal(first[1], 1);
+                        assert_int_equal(first[n], p);
+                        int64_t qidx[96];
+                        h_order_indices((dt_order)o, S, p, j, qidx);
+                        for (int r = 0; r < n; r++) {
+                            const int t0 = first[r], t1 = first[r + 1], len = t1 - t0;
+                            assert_true(len >= 1 && len <= g);
+                            if (striped) assert_int_equal(len & (len - 1), 0);
+                            assert_false(t0 <= j && j < t1 - 1);         /* the wrap */
+                            assert_false(t0 <= last && last < t1 - 1);   /* the last step */
+                            dt_attn_segment qs, ks;
+                            const int64_t slots = dt_attn_ring_run_keys(
+                                (dt_order)o, (dt_attn_mask)mask, S, p, j, t0, t1, &qs, &ks);
+                            assert_int_equal(slots, striped && t0 > 0 ? len : 1);
+                            assert_int_equal(qs.len, c);
+                            assert_int_equal(ks.len, len * c);
+                            const int s_hi = ((j - t0) % p + p) % p, s_lo = s_hi - len + 1;
+                            assert_true(s_lo >= 0);
+                            int64_t prev = -1;
+                            for (int64_t y = 0; y < ks.len; y++) {
+                                int64_t src, row;   /* where key row y of the launch lies */
+                                if (slots > 1) {
+                                    src = s_lo + y % slots;
+                                    row = y / slots;
+                                } else if (o == DT_ORDER_ZIGZAG && y >= len * h) {
+                                    src = s_hi - (y - len * h) / h;
+                                    row = h + (y - len * h) % h;
+                                } else if (o == DT_ORDER_ZIGZAG) {
+                                    src = s_lo + y / h;
+                                    row = y % h;
+                                } else {
+                                    src = s_lo + y / c;
+                                    row = y % c;
+                                }
+                                int64_t kidx[96];
+                                h_order_indices((dt_order)o, S, p, (int)src, kidx);
+                                if (mask == DT_ATTN_CAUSAL) {
+                                    assert_true(kidx[row] > prev);
+                                    assert_true(y == 0 ||
+                                                dt_attn_pos(ks, y) > dt_attn_pos(ks, y - 1));
+                                }
+                                prev = kidx[row];
+                                for (int64_t x = 0; x < c; x++)
+                                    if (mask == DT_ATTN_CAUSAL &&
+                                        (qidx[x] >= kidx[row]) !=
+                                            (dt_attn_pos(qs, x) >= dt_attn_pos(ks, y)))
+                                        fail_msg("%s P=%d rank %d group %d, steps %d..%d: query "
+                                                 "%lld (token %lld), key %lld (token %lld of rank "
+                                                 "%lld): the launch's positions disagree",
+                                                 dt_order_name((dt_order)o), p, j, g, t0, t1 - 1,
+                                                 (long long)x, (long long)qidx[x], (long long)y,
+                                                 (long long)kidx[row], (long long)src);
+                            }
+                        }
+                    }
+                }
+    /* striped causal slots: 64 at most (the tensor-core kernels' limit) */
+    assert_int_equal(dt_attn_ring_group(DT_ORDER_STRIPED, DT_ATTN_CAUSAL, 200, 100), 64);
+    assert_int_equal(dt_attn_ring_group(DT_ORDER_STRIPED, DT_ATTN_FULL, 200, 100), 100);
+    assert_int_equal(dt_attn_ring_group(DT_ORDER_CONTIGUOUS, DT_ATTN_CAUSAL, 200, 100), 100);
+}
+
 /* Tile classes and loop bounds agree with the element-wise rule, and pair
  * counts with a brute-force count; striped blocks follow the paper's masks. */
 static void check_mask_rule(dt_attn_segment q, dt_attn_segment k) {
@@ -2218,6 +2319,7 @@ int main(void) {
     static struct CMUnitTest tests[MAXC + 32];
     int n = 0, nc = 0;
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_segments_follow_the_orders);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ring_runs_keep_the_mask);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_tile_classes_and_pairs);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_fully_masked_block);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_backward_block_without_pairs);

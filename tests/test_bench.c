@@ -419,20 +419,21 @@ static void test_blocks_rows_own(void **state) {
     assert_true(ok);
 }
 
-/* The "groups" entry of G in the (p) row of `order`: its launches and,
- * where `model`, K and V; its time finite and positive, its ratio to the
- * one call its time over the row's single_ms, and its outputs within `tol`
- * of the ring's (G = 1: exactly the ring's, 0). */
-static int group_ok(const char *out, const char *order, int G, double launches, int model,
-                    double k, double v, double tol) {
+/* The "groups" entry of G in the (p) row of `order`: the group it took,
+ * its launches and, where `model`, K and V; its time finite and positive,
+ * its ratio to the one call its time over the row's single_ms, and its
+ * outputs within `tol` of the ring's (G = 1: exactly the ring's, 0). */
+static int group_ok(const char *out, const char *order, int G, double taken, double launches,
+                    int model, double k, double v, double tol) {
     char at[64];
     snprintf(at, sizeof at, "\"order\": \"%s\"", order);
     const char *row = strstr(out, at);
     char key[32];
     snprintf(key, sizeof key, "{\"G\": %d,", G);
     const char *e = row ? strstr(row, key) : NULL, *next = row ? strstr(row + 1, "\"order\": ") : NULL;
-    double n, ms, vs, single, o_err, lse_err, kk, vv;
-    int ok = e && (!next || e < next) && json_num(e, "launches", &n) && n == launches &&
+    double g, n, ms, vs, single, o_err, lse_err, kk, vv;
+    int ok = e && (!next || e < next) && json_num(e, "group", &g) && g == taken &&
+             json_num(e, "launches", &n) && n == launches &&
              json_num(e, "b2b_ms", &ms) && ms > 0 && json_num(e, "b2b_vs_1_call", &vs) &&
              json_num(row, "single_ms", &single) && near(vs, ms / single) &&
              json_num(e, "o_err", &o_err) && json_num(e, "lse_err", &lse_err) &&
@@ -444,17 +445,17 @@ static int group_ok(const char *out, const char *order, int G, double launches, 
 }
 
 /* --group (forward): each order's ring once more with a rank's steps
- * after its first G to a launch (bench/blocks' group_plan_make), on the
- * CPU's block kernel, P = 4 ranks. Striped: steps 1 to 3 G at a time
- * (stripes interleave, whichever they are): 16 blocks, G = 2 4 + 4 x 2 =
- * 12, G = 3 4 + 4 = 8. Contiguous:
+ * grouped as the library groups them (bench/blocks' group_plan_make), on
+ * the CPU's block kernel, P = 4 ranks. A rank's remote steps split where
+ * its sources wrap from 0 to 3 (rank 0: 3 2 1; 1: 0 | 3 2; 2: 1 0 | 3; 3:
+ * 2 1 0). Striped takes a power of two, 2 for G = 2 and 3 alike: 16
+ * blocks, 4 + 2 + 2 + 2 + 2 = 12 launches (rank 0: 3 2 | 1; 1: 0 | 3 2;
+ * 2: 1 0 | 3; 3: 2 1 | 0), the JSON's "group" 2. Contiguous:
  * the ring launches the 10 blocks with a pair (rank j's steps 0 to j); G
  * = 2 launches step 0's 4, then steps 1 and 2 of ranks 1 to 3 as 3 blocks
  * and step 3 of rank 3 as 1: 8; G = 3 the 4, then steps 1 to 3 of ranks 1
- * to 3 as 3: 7. Zigzag: the ring's 16; a rank's remote steps split where
- * its sources wrap from 0 to 3 (rank 0: 3 2 1; 1: 0 | 3 2; 2: 1 0 | 3; 3:
- * 2 1 0), so G = 2 launches 4 + 2 + 2 + 2 + 2 = 12 and G = 3 4 + 1 + 2 +
- * 2 + 1 = 10. The bench itself fails where a grouped ring's outputs differ
+ * to 3 as 3: 7. Zigzag: the ring's 16; G = 2 launches 4 + 2 + 2 + 2 + 2
+ * = 12 and G = 3 4 + 1 + 2 + 2 + 1 = 10. The bench itself fails where a grouped ring's outputs differ
  * from the ring's by more than the tolerance; the JSON shows that they
  * were compared (fp32: 1e-5). */
 static void test_blocks_group(void **state) {
@@ -465,21 +466,21 @@ static void test_blocks_group(void **state) {
                            "--iters 1 --group 2,3 --json", &out);
     int ok = rc == 0 && out && strstr(out, "\"group\": [2, 3]") &&
              strstr(out, "\n  \"complete\": true\n}\n") && no_nonfinite(out) &&
-             group_ok(out, "contiguous", 1, 10, 0, 0, 0, 0) &&
-             group_ok(out, "contiguous", 2, 8, 0, 0, 0, 1e-5) &&
-             group_ok(out, "contiguous", 3, 7, 0, 0, 0, 1e-5) &&
-             group_ok(out, "zigzag", 1, 16, 0, 0, 0, 0) &&
-             group_ok(out, "zigzag", 2, 12, 0, 0, 0, 1e-5) &&
-             group_ok(out, "zigzag", 3, 10, 0, 0, 0, 1e-5) &&
-             group_ok(out, "striped", 1, 16, 0, 0, 0, 0) &&
-             group_ok(out, "striped", 2, 12, 0, 0, 0, 1e-5) &&
-             group_ok(out, "striped", 3, 8, 0, 0, 0, 1e-5);
+             group_ok(out, "contiguous", 1, 1, 10, 0, 0, 0, 0) &&
+             group_ok(out, "contiguous", 2, 2, 8, 0, 0, 0, 1e-5) &&
+             group_ok(out, "contiguous", 3, 3, 7, 0, 0, 0, 1e-5) &&
+             group_ok(out, "zigzag", 1, 1, 16, 0, 0, 0, 0) &&
+             group_ok(out, "zigzag", 2, 2, 12, 0, 0, 0, 1e-5) &&
+             group_ok(out, "zigzag", 3, 3, 10, 0, 0, 0, 1e-5) &&
+             group_ok(out, "striped", 1, 1, 16, 0, 0, 0, 0) &&
+             group_ok(out, "striped", 2, 2, 12, 0, 0, 0, 1e-5) &&
+             group_ok(out, "striped", 3, 2, 12, 0, 0, 0, 1e-5);
     if (!ok) print_error("bench/blocks --group 2,3 --json printed (rc %d):\n%s\n", rc, out);
     free(out);
     assert_true(ok);
     rc = h_run_program(g_blocks, "--backend cpu --section p --pass fwd --ranks 4 --ring-c 32 "
                        "--iters 1 --group 3", &out);
-    ok = rc == 0 && strstr(out, "(g) a rank's steps after its first G to a launch");
+    ok = rc == 0 && strstr(out, "(g) a rank's steps grouped as dt_attention_options.group = G");
     if (!ok) print_error("bench/blocks --group 3 printed (rc %d):\n%s\n", rc, out);
     free(out);
     assert_true(ok);
@@ -703,8 +704,9 @@ static int blocks_trace_timeline(int producer, int dependent) {
  * one visit each; with G = 3 (launches as in test_blocks_group) 10 blocks
  * and visits, 14 key tiles (a group's two runs of 64-row chunks share
  * tiles), as mask.h's dt_attn_tiles counts them. Striped: the ring's 16
- * blocks of one key tile each; with G = 3 rank j's stripes interleaved in
- * one block of 3 key tiles: 8 launches, 16 key tiles, 8 visits. The
+ * blocks of one key tile each; with G = 3 (taking 2, launches as in
+ * test_blocks_group) a launch of two blocks reads their keys in turns
+ * from two slots, two key tiles: 12 launches, 16 key tiles, 12 visits. The
  * outputs within bf16's 2e-2 of the ring's. With --trace each G's back to
  * back run as one timeline: a record per query tile's visit (the wgmma
  * forward's), so as many records as visits, and its F busy. 1 if it
@@ -719,14 +721,14 @@ static int blocks_group_wgmma(void) {
         free(out);
         return -1;
     }
-    int ok = rc == 0 && out && group_ok(out, "contiguous", 1, 10, 1, 10, 10, 0) &&
-             group_ok(out, "contiguous", 3, 7, 1, 10, 7, 2e-2) &&
-             group_ok(out, "zigzag", 1, 16, 1, 16, 16, 0) &&
-             group_ok(out, "zigzag", 3, 10, 1, 14, 10, 2e-2) &&
-             group_ok(out, "striped", 1, 16, 1, 16, 16, 0) &&
-             group_ok(out, "striped", 3, 8, 1, 16, 8, 2e-2);
+    int ok = rc == 0 && out && group_ok(out, "contiguous", 1, 1, 10, 1, 10, 10, 0) &&
+             group_ok(out, "contiguous", 3, 3, 7, 1, 10, 7, 2e-2) &&
+             group_ok(out, "zigzag", 1, 1, 16, 1, 16, 16, 0) &&
+             group_ok(out, "zigzag", 3, 3, 10, 1, 14, 10, 2e-2) &&
+             group_ok(out, "striped", 1, 1, 16, 1, 16, 16, 0) &&
+             group_ok(out, "striped", 3, 2, 12, 1, 16, 12, 2e-2);
     static const char *const orders[] = {"contiguous", "striped", "zigzag"};
-    static const double visits[3][2] = {{10, 7}, {16, 8}, {16, 10}};   /* G = 1, 3 */
+    static const double visits[3][2] = {{10, 7}, {16, 12}, {16, 10}};   /* G = 1, 3 */
     for (int i = 0; ok && i < 3; i++)
         for (int g = 0; ok && g < 2; g++) {
             char at[64], key[32];
