@@ -12,8 +12,8 @@
 # that scripts/gpu_pack.sh --bisect packed beside this build's (if any),
 # issue 4 (c) (the ring's cost; again with the communication stream's
 # copies by the driver and its adds wide: --comm-ctas 0, without the
-# copies: --copies 0, and the forward with its steps grouped: --group 2
-# and 4), a ring step's copies alone (bench/ring, P = 2 and 8), then bench/issue8.py
+# copies: --copies 0, and the forward with its steps grouped: --group 4
+# and 7), a ring step's copies alone (bench/ring, P = 2 and 8), then bench/issue8.py
 # with what is left of the budget. Every step before issue8.py is cut to
 # leave it ISSUE8_MIN (200) seconds.
 #
@@ -97,11 +97,13 @@ flags_of() { [ "$1" = default ] || echo "${1//_/ }"; }   # the bench flags of a 
 # once with the local transport moving no data (--copies 0,
 # DT_LOCAL_COPIES=0): the ring's cost without the same-device copies that
 # ranks sharing one GPU add, which on a GPU per rank travel between GPUs
-# (outputs wrong there); and the forward with its ring steps grouped 2 and
-# 4 to a launch (--group, dt_attention_options.group; contiguous and
-# zigzag, striped a launch a step). (--dependent 2, the rows' waits, was
-# measured on 2026-11-29 and left off.)
-ring_extra="--comm-ctas_0 --copies_0 --group_2_--pass_fwd --group_4_--pass_fwd"
+# (outputs wrong there); and the forward with its ring steps grouped 4 and
+# 7 to a launch (--group, dt_attention_options.group; at P = 8 striped
+# takes 4 for both, a power of two, and 7 is every step after a rank's
+# own for contiguous and zigzag, where the tile model puts contiguous
+# within issue 8's item 3). (--dependent 2, the rows' waits, was measured
+# on 2026-11-29 and left off.)
+ring_extra="--comm-ctas_0 --copies_0 --group_4_--pass_fwd --group_7_--pass_fwd"
 # issue 4 (c)'s runs: the variants left (the canaries'), --producer 0
 # aside (measured there twice on the H200 of 2026-11-27), then ring_extra
 ring_runs_of() {
