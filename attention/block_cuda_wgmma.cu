@@ -704,7 +704,7 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
     p.a = *a;
     p.grid = dt_mma_fwd_grid(*a, WG_BM, l2_bytes);
     DT_TRY(make_block_maps(*a, wg_q_box<D>(), WG_BN, &p.q, &p.k, &p.v, nullptr, nullptr,
-                           a->kv_slots > 1 ? a->kv_slots : 0, a->kv_slot_rows));
+                           a->kv_slots, a->kv_slot_rows));
     const int64_t tiles = (a->qseg.len + WG_BM - 1) / WG_BM * a->heads * a->batch;
     const int64_t resident = (int64_t)sms * wg_ctas_per_sm<D>();
     p.tiles = (uint32_t)tiles;

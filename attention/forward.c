@@ -138,10 +138,10 @@ static char *fwd_piece(const attn_plan *p, const fwd_runs *f, int t, int i) {
 
 /* The keys of run r's launch: run 0's, this rank's own, where they are. */
 static launch_keys fwd_keys(const attn_plan *p, const fwd_runs *f, int r) {
-    launch_keys keys = {f->own[0], f->own[1], p->c * p->hkv * p->D, 1, {0}, {0}};
+    launch_keys keys = {.k = f->own[0], .v = f->own[1], .kv_batch_stride = p->c * p->hkv * p->D};
     if (r > 0)
-        keys = (launch_keys){f->set[r & 1], f->set[r & 1] + f->set_kv_bytes,
-                             p->group * p->c * p->hkv * p->D, 1, {0}, {0}};
+        keys = (launch_keys){.k = f->set[r & 1], .v = f->set[r & 1] + f->set_kv_bytes,
+                             .kv_batch_stride = p->group * p->c * p->hkv * p->D};
     keys.slots = dt_attn_ring_run_keys(p->order, p->mask, p->S, p->parts, p->rank, f->first[r],
                                        f->first[r + 1], &keys.qseg, &keys.kseg);
     return keys;

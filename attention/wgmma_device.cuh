@@ -459,8 +459,9 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }
 
 /* The map of a [batch][rows][heads][D] 16-bit tensor at base (batch
- * stride in elements), 128-byte swizzle. slots = 0: 4-D, {D, heads, rows,
- * batch}, boxes of 64 x 1 x box_rows x 1. slots >= 1: its rows are
+ * stride in elements), 128-byte swizzle. slots 0 or 1 (as block.h's
+ * kv_slots): 4-D, {D, heads, rows, batch}, boxes of 64 x 1 x box_rows x 1.
+ * slots > 1: its rows are
  * interleaved from `slots` slots of `rows` rows each (block.h's
  * dt_attn_key_row; slot s at rows s rows ..), 5-D, {D, heads, slots, rows,
  * batch}, boxes of 64 x 1 x slots x box_rows / slots x 1, which land in
@@ -474,12 +475,13 @@ CUresult encode_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, 
                     int64_t batch_stride, int box_rows, int64_t slots) {
     const int64_t es = 2, row_bytes = heads * dim * es;
     /* one batch: any stride will do, and the driver wants one that is not 0 */
-    const int64_t bs = batch > 1 ? batch_stride : rows * heads * dim * (slots > 1 ? slots : 1);
-    const cuuint32_t rank = slots ? 5 : 4;
+    const int interleaved = slots > 1;
+    const int64_t bs = batch > 1 ? batch_stride : rows * heads * dim * (interleaved ? slots : 1);
+    const cuuint32_t rank = interleaved ? 5 : 4;
     cuuint64_t dims[5] = {(cuuint64_t)dim, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batch, 0};
     cuuint64_t strides[4] = {(cuuint64_t)(dim * es), (cuuint64_t)row_bytes, (cuuint64_t)(bs * es), 0};
     cuuint32_t box[5] = {64, 1, (cuuint32_t)box_rows, 1, 0}, elem_strides[5] = {1, 1, 1, 1, 1};
-    if (slots) {
+    if (interleaved) {
         dims[2] = (cuuint64_t)slots, dims[3] = (cuuint64_t)rows, dims[4] = (cuuint64_t)batch;
         strides[1] = (cuuint64_t)(rows * row_bytes), strides[2] = (cuuint64_t)row_bytes;
         strides[3] = (cuuint64_t)(bs * es);
@@ -509,7 +511,7 @@ dt_status make_map(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap *map, c
 /* The maps of one block's operands (A: dt_attn_block_args or
  * dt_attn_block_bwd_args): q (and dout, when asked for) over the query
  * segment's rows in boxes of q_box rows, k and v over the key segment's in
- * boxes of kv_box rows: 4-D maps, or with kv_slots >= 1 5-D ones of keys
+ * boxes of kv_box rows: 4-D maps, or with kv_slots > 1 5-D ones of keys
  * interleaved from kv_slots slots of kv_slot_rows rows (make_map; kv_slots
  * divides kv_box). DT_ERR_NOT_SUPPORTED if the
  * driver has no cuTensorMapEncodeTiled. */
@@ -526,7 +528,7 @@ dt_status make_block_maps(const A &a, int q_box, int kv_box, CUtensorMap *q, CUt
     if (dout_map)
         DT_TRY(make_map(encode, dout_map, "dout", dout, a.dtype, a.dim, a.heads, a.qseg.len,
                         a.batch, a.q_batch_stride, q_box));
-    const int64_t kv_rows = kv_slots ? kv_slot_rows : a.kseg.len;
+    const int64_t kv_rows = kv_slots > 1 ? kv_slot_rows : a.kseg.len;
     DT_TRY(make_map(encode, k, "k", a.k, a.dtype, a.dim, a.kv_heads, kv_rows, a.batch,
                     a.kv_batch_stride, kv_box, kv_slots));
     return make_map(encode, v, "v", a.v, a.dtype, a.dim, a.kv_heads, kv_rows, a.batch,
