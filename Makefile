@@ -63,7 +63,9 @@ BUILD := build$(if $(EMU_ON),-emu)$(if $(DEBUG_ON),-debug)$(if $(SANITIZE),$(if 
 # ---------------------------------------------------------------------------
 # Sources
 # ---------------------------------------------------------------------------
-LIB_SRCS     := $(sort $(wildcard dtensor/*.c collectives/*.c attention/*.c))
+# The library's layers, lowest first (tests/test_layers.c keeps includes to this order).
+LIB_DIRS     := base collectives dtensor attention attention/cuda
+LIB_SRCS     := $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS))))
 EXAMPLE_SRCS := $(sort $(wildcard examples/*.c))
 BENCH_SRCS   := $(sort $(wildcard bench/*.c))
 TEST_SRCS    := $(sort $(wildcard tests/test_*.c))
@@ -89,7 +91,7 @@ STAGE_PC := $(STAGE)/lib/pkgconfig/dtensor.pc
 # Headers that `make install` leaves out: the ones named here, and any whose
 # first comment line says PRIVATE. Recursive (=) so the greps run only for
 # install and its stage (make test).
-ALL_HEADERS := $(sort $(wildcard dtensor/*.h collectives/*.h attention/*.h))
+ALL_HEADERS := $(sort $(wildcard $(addsuffix /*.h,$(LIB_DIRS))))
 PRIVATE_HEADERS = dtensor/backend.h dtensor/context_internal.h \
     collectives/transport.h collectives/transport_local.h \
     $(shell for f in $(ALL_HEADERS); do \
@@ -237,7 +239,7 @@ WARN_CFLAGS := -Wall -Wextra -Werror -Wshadow
 SAN_FLAGS := $(if $(SANITIZE),-fsanitize=$(SANITIZE) -fno-sanitize-recover=all -fno-omit-frame-pointer)
 
 # WGMMA_NARROW=0 compiles the wgmma forward's narrow tiles out
-# (attention/block_cuda_mma.h), in the kernels and in the tests that count
+# (attention/cuda/kernels.h), in the kernels and in the tests that count
 # their instructions alike; for measuring the kernel without them.
 KERNEL_DEFS := $(if $(filter 0,$(WGMMA_NARROW)),-DDT_WGMMA_NARROW=0)
 DT_CPPFLAGS := -I. -D_POSIX_C_SOURCE=200809L $(if $(DEBUG_ON),-DDT_DEBUG) $(KERNEL_DEFS) \
@@ -264,7 +266,7 @@ EMU_CXXFLAGS := -std=c++17 $(OPT_CFLAGS) -Wall -Wextra -Werror -Wno-unknown-prag
 # DT_HAVE_NCCL defined; otherwise that file is left out. One GPU
 # architecture (NVCC_ARCH, sm_90 by default; sm_80 for A100) keeps nvcc fast.
 NCCL_SRCS := collectives/transport_nccl.c
-CU_SRCS := $(if $(and $(HAVE_CUDA),$(HAVE_CUBLAS)),$(sort $(wildcard dtensor/*.cu collectives/*.cu attention/*.cu)))
+CU_SRCS := $(if $(and $(HAVE_CUDA),$(HAVE_CUBLAS)),$(sort $(wildcard $(addsuffix /*.cu,$(LIB_DIRS)))))
 BUILD_NCCL := $(if $(CU_SRCS),$(HAVE_NCCL))
 ifeq ($(BUILD_NCCL),)
 LIB_OBJS := $(filter-out $(call obj,$(NCCL_SRCS)),$(LIB_OBJS))
@@ -351,7 +353,7 @@ $(info $(_)  MPI       disabled (MPI=0))
 else
 $(info $(_)  MPI       $(call found,$(HAVE_MPI)) $(if $(HAVE_MPI),$(call probe_header,$(MPI_PROBE)) ($(call probe_lib,$(MPI_PROBE))) via $(MPICC); MPI transport built; mpirun: $(or $(MPIRUN),none (test_mpi will be skipped)),$(if $(MPICC),$(CC) cannot build an MPI program with the flags of $(MPICC),no mpicc in PATH or MPI_HOME/bin (scripts/deps.sh installs Open MPI))))
 endif
-$(info $(_)  library   $(if $(LIB_SRCS),$(LIB_A) $(LIB_SO) from $(words $(LIB_SRCS)) C file(s),NO SOURCES YET (dtensor/*.c collectives/*.c attention/*.c)))
+$(info $(_)  library   $(if $(LIB_SRCS),$(LIB_A) $(LIB_SO) from $(words $(LIB_SRCS)) C file(s),NO SOURCES YET ($(addsuffix /*.c,$(LIB_DIRS)))))
 $(info $(_)  examples  $(call names,$(EXAMPLES)))
 $(info $(_)  bench     $(call names,$(BENCHES)))
 $(info $(_)  tests     $(if $(HAVE_CMOCKA),$(call names,$(TESTS)),SKIPPED: cmocka not found (apt-get install libcmocka-dev)))
@@ -433,8 +435,8 @@ CU_ARCH_FLAGS = -arch=$(NVCC_ARCH)
 # debug build. SPILL_CHECK=0 turns the check off (another nvcc than the
 # CUDA 13.0 the figures in the kernels' comments come from may allocate
 # registers differently).
-$(BUILD)/obj/attention/block_cuda_mma.cu.o $(BUILD)/obj/attention/block_cuda_wgmma.cu.o \
-$(BUILD)/obj/attention/block_cuda_wgmma_bwd.cu.o: CU_SPILL_FLAGS = \
+$(BUILD)/obj/attention/cuda/mma_fwd.cu.o $(BUILD)/obj/attention/cuda/wgmma_fwd.cu.o \
+$(BUILD)/obj/attention/cuda/wgmma_bwd.cu.o: CU_SPILL_FLAGS = \
     $(if $(or $(DEBUG_ON),$(filter 0 no,$(SPILL_CHECK))),,-Xptxas -warn-spills)
 # The Hopper attention kernels use wgmma, which exists only for the
 # architecture-specific target sm_90a (its cubin runs on 9.0 devices: H100,
@@ -444,20 +446,20 @@ $(BUILD)/obj/attention/block_cuda_wgmma_bwd.cu.o: CU_SPILL_FLAGS = \
 # -arch=sm_90a shorthand: newer nvcc also runs a plain sm_90 pass for the
 # shorthand, and that pass rejects wgmma.
 SM90A_GENCODE := -gencode=arch=compute_90a,code=sm_90a
-$(BUILD)/obj/attention/block_cuda_wgmma.cu.o $(BUILD)/obj/attention/block_cuda_wgmma_bwd.cu.o: CU_ARCH_FLAGS = \
+$(BUILD)/obj/attention/cuda/wgmma_fwd.cu.o $(BUILD)/obj/attention/cuda/wgmma_bwd.cu.o: CU_ARCH_FLAGS = \
     $(if $(filter sm_90 sm_90a,$(NVCC_ARCH)),$(SM90A_GENCODE) -DDT_WGMMA_SM90A,-arch=$(NVCC_ARCH))
 $(BUILD)/obj/%.cu.o: %.cu $(STAMP)
 	@mkdir -p $(@D)
 	$(CU_COMPILE) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(LIB_A): $(LIB_OBJS)
-	$(if $(LIB_OBJS),,@echo "error: no library sources (dtensor/*.c collectives/*.c attention/*.c)" >&2; exit 1)
+	$(if $(LIB_OBJS),,@echo "error: no library sources ($(addsuffix /*.c,$(LIB_DIRS)))" >&2; exit 1)
 	@mkdir -p $(@D)
 	rm -f $@
 	$(AR) rcs $@ $^
 
 $(LIB_SO): $(LIB_OBJS)
-	$(if $(LIB_OBJS),,@echo "error: no library sources (dtensor/*.c collectives/*.c attention/*.c)" >&2; exit 1)
+	$(if $(LIB_OBJS),,@echo "error: no library sources ($(addsuffix /*.c,$(LIB_DIRS)))" >&2; exit 1)
 	@mkdir -p $(@D)
 	$(CC) -shared -Wl,-soname,libdtensor.so -o $@ $^ $(DT_LDFLAGS) $(DT_LDLIBS)
 
@@ -484,9 +486,7 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/test_%.o $(TEST_HELPER_OBJS) $(LIB_A)
 # the library's, into test_mma_emu. No C++ runtime is needed (as with nvcc's
 # objects), so cc links it. Without a C++ compiler the test is built without
 # them and skips its cases.
-EMU_KERNEL_OBJS := $(BUILD)/obj/emu/attention/block_cuda_mma.o \
-    $(BUILD)/obj/emu/attention/block_cuda_mma_bwd.o $(BUILD)/obj/emu/attention/block_cuda_wgmma.o \
-    $(BUILD)/obj/emu/attention/block_cuda_wgmma_bwd.o
+EMU_KERNEL_OBJS := $(patsubst %,$(BUILD)/obj/emu/attention/cuda/%.o,mma_fwd mma_bwd wgmma_fwd wgmma_bwd)
 EMU_OBJS := $(BUILD)/obj/tests/emu/runtime.o $(BUILD)/obj/tests/emu/cudart.o \
     $(if $(HAVE_CXX),$(EMU_KERNEL_OBJS))
 .SECONDARY: $(EMU_OBJS)

@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include "../dtensor/tensor.h"
 #include "mask.h"
+#include "tuning.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -91,9 +92,10 @@ typedef struct dt_attention_options {
                                  the greatest power of two up to G and 64.
                                  The backward runs a launch per step
                                  whatever it is. */
+    const dt_attention_tuning *tuning; /* NULL: DT_ATTENTION_TUNING_INIT (tuning.h) */
 } dt_attention_options;
 
-#define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0, NULL, 0 }
+#define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0, NULL, 0, NULL }
 
 /* Bytes of workspace a forward call on these inputs needs (not collective;
  * it depends on the backend's kernel for them, DT_ATTN_KERNEL included: a

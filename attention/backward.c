@@ -61,8 +61,8 @@
 #include <string.h>
 
 #include "../collectives/comm.h"
-#include "../dtensor/context_internal.h"
-#include "../dtensor/trace.h"
+#include "../dtensor/tensor_internal.h"
+#include "../base/trace.h"
 #include "block.h"
 #include "plan.h"
 
@@ -274,7 +274,7 @@ static dt_status run_rows(const attn_plan *p, const bwd_workspace *w, const bwd_
             .ml_batch_stride = p->h * p->c, .ml_head_stride = p->c,
             .dq = bq->dq + q_off, .dq_batch_stride = p->c * p->h * p->D,
             .dk = dkv + kv_off, .dv = dkv + w->grad_bytes / sizeof(float) + kv_off,
-            .kernel = p->kernel, .first = first, .continues = continues,
+            .tuning = p->tuning, .first = first, .continues = continues,
         };
         DT_TRY(p->kern->bwd(p->ctx->backend, &a, bq->scratch));
         r0 += nb * (y1 - y0);

@@ -16,10 +16,10 @@
  * acc (dt_attn_block_args.first, .last): no pass before or after the ring.
  *
  * The CUDA backend has three kernels for each direction: simple scalar
- * ones (block_cuda.cu, every dtype and head dim), tensor-core ones
- * (block_cuda_mma.cu forward, block_cuda_mma_bwd.cu backward: bf16 / fp16,
+ * ones (cuda/block.cu, every dtype and head dim), tensor-core ones
+ * (cuda/mma_fwd.cu forward, cuda/mma_bwd.cu backward: bf16 / fp16,
  * head dim 64 or 128, compute capability >= 8.0) and Hopper ones
- * (block_cuda_wgmma.cu forward, block_cuda_wgmma_bwd.cu backward:
+ * (cuda/wgmma_fwd.cu forward, cuda/wgmma_bwd.cu backward:
  * warpgroup MMA and TMA, compute capability 9.0, an sm_90 build).
  * DT_ATTN_KERNEL (auto | simple | mma | wgmma), read once per attention
  * call when its plan is made (plan.c), picks between them for the forward
@@ -34,25 +34,14 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "../dtensor/dtype.h"
-#include "../dtensor/status.h"
+#include "../base/dtype.h"
+#include "../base/status.h"
 #include "mask.h"
+#include "tuning.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum dt_attn_kernel_choice {
-    DT_ATTN_KERNEL_AUTO = 0,   /* the tensor-core kernel where it can run, else the simple one */
-    DT_ATTN_KERNEL_SIMPLE,     /* always the simple kernel */
-    DT_ATTN_KERNEL_MMA,        /* the tensor-core kernel, or DT_ERR_NOT_SUPPORTED */
-    DT_ATTN_KERNEL_WGMMA,      /* the Hopper wgmma kernel, or DT_ERR_NOT_SUPPORTED */
-    DT_ATTN_KERNEL_COUNT
-} dt_attn_kernel_choice;
-
-/* Which CUDA kernel runs a block, forward and backward alike (DT_ATTN_KERNEL).
- * "auto", "simple", "mma", "wgmma"; "unknown" otherwise (plan.c). */
-const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k);
 
 /* One CTA of a tensor-core kernel's launch, as it recorded itself when the
  * block's args carry a trace (bench only: bench/blocks --trace, analysed by
@@ -112,7 +101,8 @@ typedef struct dt_attn_block_args {
     int first, last;
     void *o;
     float *lse;
-    dt_attn_kernel_choice kernel;      /* CUDA only: which forward kernel (0 = auto) */
+    dt_attention_tuning tuning;        /* CUDA only: the kernel (resolved: never from the
+                                          environment here) and its launch */
     /* A ring transfer (the next step's K and V) runs beside this block, on
      * the communication stream: a same-device copy's blocks or NCCL's
      * kernel, which need SMs while the block runs. CUDA: a kernel that
@@ -126,7 +116,7 @@ typedef struct dt_attn_block_args {
     dt_attn_cta_trace *trace;
     int64_t trace_len;
     /* The rows' waits (CUDA: the tensor-core forward kernels, dependent
-     * launch mode 2, dt_backend_cuda_set_dependent_launch). A block
+     * launch mode 2, dt_attention_tuning). A block
      * launched as the programmatic dependent of the block before waits for
      * the rows it merges, not for that whole block: visits counts, per 16
      * query rows of each (batch, head) (rows 16i .. 16i+15 of (b, h) at
@@ -184,9 +174,9 @@ typedef struct dt_attn_block_bwd_args {
      * reads none of what this one writes (a ring's next step: dk, dv of
      * another buffer or other rows). CUDA, compute capability 9.0: this
      * block is launched as that one's programmatic dependent, and may
-     * start while it finishes (dt_backend_cuda_set_dependent_launch). */
+     * start while it finishes (dt_attention_tuning.dependent_launch). */
     int continues;
-    dt_attn_kernel_choice kernel;      /* CUDA only: which backward kernel (0 = auto) */
+    dt_attention_tuning tuning;        /* as dt_attn_block_args.tuning */
     dt_attn_cta_trace *trace;          /* as dt_attn_block_args.trace */
     int64_t trace_len;
 } dt_attn_block_bwd_args;
@@ -232,7 +222,7 @@ typedef struct dt_attn_kernels {
 
 extern const dt_attn_kernels dt_attn_kernels_cpu;
 #ifdef DT_HAVE_CUDA
-extern const dt_attn_kernels dt_attn_kernels_cuda;   /* block_cuda.cu */
+extern const dt_attn_kernels dt_attn_kernels_cuda;   /* cuda/block.cu */
 #endif
 
 #ifdef __cplusplus

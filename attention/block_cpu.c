@@ -27,7 +27,7 @@
  * Test: tests/test_attention.c, tests/test_attention_backward.c (make test).
  */
 #include "block.h"
-#include "../dtensor/cpu_vec.h"
+#include "../base/cpu_vec.h"
 
 #include <cblas.h>
 #include <math.h>

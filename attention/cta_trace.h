@@ -14,7 +14,7 @@
 #define DT_ATTN_CTA_TRACE_H
 
 #include <stdint.h>
-#include "../dtensor/status.h"
+#include "../base/status.h"
 #include "block.h"
 
 #ifdef __cplusplus

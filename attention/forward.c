@@ -35,8 +35,8 @@
 #include <string.h>
 
 #include "../collectives/ring.h"
-#include "../dtensor/context_internal.h"
-#include "../dtensor/trace.h"
+#include "../dtensor/tensor_internal.h"
+#include "../base/trace.h"
 #include "block.h"
 #include "plan.h"
 
@@ -67,7 +67,7 @@ static dt_attn_block_args block_args(const attn_plan *p, int first, int last, in
         .acc = acc, .acc_batch_stride = p->c * p->h * p->D,
         .first = first, .last = last,
         .o = o, .lse = lse,
-        .kernel = p->kernel,
+        .tuning = p->tuning,
         .transfer = transfer,
         .launches = launches,
     };

@@ -101,12 +101,15 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     if (!p->kern)
         FAIL(DT_ERR_NOT_SUPPORTED, "no attention kernel for the %s backend in this build",
              dt_backend_kind_name(dt_context_backend(p->ctx)));
-    if (!kernel_from_env(&p->kernel))
-        FAIL(DT_ERR_INVALID_ARGUMENT, "DT_ATTN_KERNEL=%s is not auto, simple, mma or wgmma",
-             getenv("DT_ATTN_KERNEL"));
-
     dt_attention_options def = DT_ATTENTION_OPTIONS_INIT;
     if (!opts) opts = &def;
+    const dt_attention_tuning tdef = DT_ATTENTION_TUNING_INIT;
+    p->tuning = opts->tuning ? *opts->tuning : tdef;
+    if ((int)p->tuning.kernel < 0 || p->tuning.kernel >= DT_ATTN_KERNEL_COUNT)
+        FAIL(DT_ERR_INVALID_ARGUMENT, "unknown kernel choice %d", (int)p->tuning.kernel);
+    if (p->tuning.kernel == DT_ATTN_KERNEL_AUTO && !kernel_from_env(&p->tuning.kernel))
+        FAIL(DT_ERR_INVALID_ARGUMENT, "DT_ATTN_KERNEL=%s is not auto, simple, mma or wgmma",
+             getenv("DT_ATTN_KERNEL"));
     if ((int)opts->mask < 0 || opts->mask >= DT_ATTN_MASK_COUNT)
         FAIL(DT_ERR_INVALID_ARGUMENT, "unknown mask %d", (int)opts->mask);
     if (!(opts->scale >= 0.0f) || isinf(opts->scale))
@@ -184,11 +187,11 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
 dt_status attn_plan_check_kernel(const attn_plan *p, const char *op) {
     char why[256] = "";
     if (!p->kern || !p->kern->kernel_check) return DT_SUCCESS;
-    if (p->kern->kernel_check(p->ctx->backend, p->dtype, p->D, p->kernel, why, sizeof why) ==
+    if (p->kern->kernel_check(p->ctx->backend, p->dtype, p->D, p->tuning.kernel, why, sizeof why) ==
         DT_SUCCESS)
         return DT_SUCCESS;
     char msg[320];
-    snprintf(msg, sizeof msg, "DT_ATTN_KERNEL=%s: %s", dt_attn_kernel_choice_name(p->kernel), why);
+    snprintf(msg, sizeof msg, "DT_ATTN_KERNEL=%s: %s", dt_attn_kernel_choice_name(p->tuning.kernel), why);
     return attn_error(p, DT_ERR_NOT_SUPPORTED, op, msg);
 }
 

@@ -24,7 +24,7 @@ typedef struct attn_plan {
     dt_layout lse_layout;             /* of the [B, H, S] log-sum-exp */
     size_t kv_bytes;                  /* one local K (or V) block in its dtype */
     const dt_attn_kernels *kern;      /* the context's backend's kernels */
-    dt_attn_kernel_choice kernel;   /* DT_ATTN_KERNEL, read once by attn_plan_make */
+    dt_attention_tuning tuning;       /* opts->tuning, its kernel AUTO resolved from DT_ATTN_KERNEL */
 } attn_plan;
 
 /* Validate q, k, v and opts (NULL: defaults) and fill p. Touches nothing. */

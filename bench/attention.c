@@ -170,6 +170,7 @@ typedef struct attn_call {
     dt_tensor *o, *lse, *dout;   /* bwd only */
     dt_tensor *out[3];           /* fwd: o, lse; bwd: dq, dk, dv */
     dt_attention_options opts;
+    dt_attention_tuning tuning;  /* opts.tuning */
 } attn_call;
 
 static void call_release(attn_call *c) {
@@ -195,15 +196,14 @@ static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layo
     const dt_attention_options init = DT_ATTENTION_OPTIONS_INIT;
     memset(c, 0, sizeof *c);
 #ifdef DT_HAVE_CUDA
-    dt_backend_cuda_set_dependent_launch(ctx->backend, g_dependent);   /* no-op off CUDA */
-    dt_backend_cuda_set_persistent(ctx->backend, g_persistent);
-    dt_backend_cuda_set_producer(ctx->backend, g_producer);
     if (g_comm_ctas >= 0) dt_backend_cuda_set_comm_ctas(ctx->backend, g_comm_ctas);
 #endif
     c->pass = pass;
     c->opts = init;
     c->opts.mask = mask;
     c->opts.group = group;
+    c->tuning = (dt_attention_tuning){DT_ATTN_KERNEL_AUTO, g_persistent, g_dependent, g_producer};
+    c->opts.tuning = &c->tuning;
     DT_TRY(dt_tensor_create(ctx, mesh, dtype, 4, shp, lay, &c->q));
     DT_TRY(dt_tensor_create(ctx, mesh, dtype, 4, shp, lay, &c->k));
     DT_TRY(dt_tensor_create(ctx, mesh, dtype, 4, shp, lay, &c->v));
@@ -539,7 +539,7 @@ static void usage(FILE *f) {
             "  --dtype LIST         (a): bf16, fp32, fp16 or a list (default bf16,fp32)\n"
             "  --dependent 0|1|2    CUDA: whether the blocks after a call's first are programmatic\n"
             "                       dependent launches (default 1); 2: the forward's with the\n"
-            "                       rows' waits (dt_backend_cuda_set_dependent_launch)\n"
+            "                       rows' waits (dt_attention_tuning)\n"
             "  --copies 0|1         0: the local transport moves no data (DT_LOCAL_COPIES=0):\n"
             "                       the ring's time without its copies; outputs wrong (default 1)\n"
             "  --comm-ctas N        CUDA: the communication stream's own work (the local\n"

@@ -117,7 +117,7 @@
 #include "attention/block.h"
 #include "attention/cta_trace.h"
 #include "attention/mask.h"
-#include "attention/mma_layout.h"
+#include "attention/cuda/mma_layout.h"
 #include "dtensor/context_internal.h"
 #include "dtensor/dtensor.h"
 #ifdef DT_HAVE_CUDA
@@ -157,7 +157,7 @@ typedef struct opts {
 /* --trace: what traced launches add up to (attention/cta_trace.h). */
 typedef struct launch_sum {
     int launches;                          /* those whose CTAs recorded (a block with nothing
-                                              to do launches none: block_cuda.cu's fwd_idle) */
+                                              to do launches none: attention/cuda/block.cu's fwd_idle) */
     int64_t ctas;
     double span_us, drain_us, packed_us;   /* summed; packed: the SMs' mean busy time */
     dt_attn_trace_stats last;              /* the last launch's */
@@ -169,7 +169,7 @@ typedef struct bufs {
     dt_backend *be;
     int events;                        /* CUDA: time blocks with events (time_block) */
     const dt_attn_kernels *kern;
-    dt_attn_kernel_choice kernel;
+    dt_attention_tuning tuning;     /* the kernel and its launch, from the options */
     dt_dtype dtype;
     int64_t rows, H, G, D;
     void *q, *k, *v, *dout, *o;        /* dtype */
@@ -223,7 +223,7 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
     b->kern = kernels_of(ctx);
     if (!b->kern) return dt_error(DT_ERR_NOT_SUPPORTED, "bench: no attention kernels here");
     b->dtype = o->dtype;
-    b->kernel = o->kernel;
+    b->tuning = (dt_attention_tuning){o->kernel, o->persistent, o->dependent, o->producer};
     b->rows = rows;
     b->H = o->heads;
     b->G = o->kv_heads;
@@ -265,7 +265,7 @@ static dt_status bufs_make(dt_context *ctx, const opts *o, int64_t rows, bufs *b
         .qseg = all, .kseg = all, .mask = DT_ATTN_FULL, .scale = 1.0f / sqrtf((float)b->D),
         .m = b->m, .l = b->l, .ml_batch_stride = 0, .ml_head_stride = rows,
         .acc = b->acc, .acc_batch_stride = 0, .first = 1, .last = 1, .o = b->o, .lse = b->lse,
-        .kernel = b->kernel,
+        .tuning = b->tuning,
     };
     DT_TRY(b->kern->fwd(be, &a, b->scratch));
     DT_TRY(b->kern->delta(be, b->dtype, 1, rows, b->H, b->D, b->o, b->dout, b->delta));
@@ -363,7 +363,7 @@ static dt_status run_bwd_rows(const bufs *b, dt_attn_mask mask, dt_attn_segment 
         .qseg = qs, .kseg = dt_attn_segment_rows(ks, y0, y1 - y0), .mask = mask,
         .scale = 1.0f / sqrtf((float)b->D), .lse = b->lse, .delta = b->delta,
         .ml_head_stride = b->rows, .dq = b->dq, .dk = b->dk + goff, .dv = b->dv + goff,
-        .first = first, .continues = continues, .kernel = b->kernel, .trace = trace_of(b),
+        .first = first, .continues = continues, .tuning = b->tuning, .trace = trace_of(b),
         .trace_len = b->trace_len,
     };
     DT_TRY(b->kern->bwd(b->be, &a, b->scratch));
@@ -384,7 +384,7 @@ static dt_status run_block(const bufs *b, int bwd, dt_attn_mask mask, dt_attn_se
         .qseg = qs, .kseg = ks, .mask = mask,
         .scale = 1.0f / sqrtf((float)b->D), .m = b->m, .l = b->l, .ml_head_stride = b->rows,
         .acc = b->acc, .first = first, .last = last, .o = b->o, .lse = b->lse_out,
-        .kernel = b->kernel, .transfer = transfer, .trace = trace_of(b), .trace_len = b->trace_len,
+        .tuning = b->tuning, .transfer = transfer, .trace = trace_of(b), .trace_len = b->trace_len,
         .launches = b->launches,
     };
     DT_TRY(b->kern->fwd(b->be, &a, b->scratch));
@@ -587,7 +587,7 @@ static dt_status run_ring(const bufs *b, int bwd, dt_order order, int P, int64_t
              * calls' (dependent launch mode 2: block.h's launches) */
             rb.scratch = (char *)b->scratch + (size_t)j * b->scratch_bytes;
             rb.launches = b->ring_launches + j;
-            if (!bwd) {   /* an idle block launches nothing (block_cuda.cu) */
+            if (!bwd) {   /* an idle block launches nothing (attention/cuda/block.cu) */
                 DT_TRY(run_block(&rb, bwd, DT_ATTN_CAUSAL, qs, ks, t == 0, last, t + 1 < P));
             } else if (bwd_idle(t, qs, ks)) {
                 continue;
@@ -815,7 +815,7 @@ static dt_status measure_groups(const bufs *b, const opts *o, int64_t c, p_row *
             for (int l = 0; st == DT_SUCCESS && l < gp.n; l++) {
                 const group_launch *gl = &gp.l[l];
                 /* a block with no pair that neither starts nor finishes
-                 * the rows launches nothing (block_cuda.cu), as in the ring */
+                 * the rows launches nothing (attention/cuda/block.cu), as in the ring */
                 e->launches +=
                     gl->first || gl->last || !dt_attn_no_pairs(DT_ATTN_CAUSAL, gl->qs, gl->ks);
                 if (out->model) {
@@ -890,15 +890,11 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
         DT_TRY(time_runs(b, o, &w, &out->b2b_s[oi]));
         if (o->trace) DT_TRY(timeline_run(b, &w, &out->ring_tl[oi]));
         out->b2b_serial_s[oi] = NAN;
-#ifdef DT_HAVE_CUDA
-        const int mode = dt_backend_cuda_dependent_launch(b->be);
-        if (mode) {   /* the same without them */
-            dt_backend_cuda_set_dependent_launch(b->be, 0);
-            dt_status st = time_runs(b, o, &w, &out->b2b_serial_s[oi]);
-            dt_backend_cuda_set_dependent_launch(b->be, mode);
-            DT_TRY(st);
+        if (b->events && b->tuning.dependent_launch) {   /* CUDA: the same without them */
+            bufs serial = *b;
+            serial.tuning.dependent_launch = 0;
+            DT_TRY(time_runs(&serial, o, &w, &out->b2b_serial_s[oi]));
         }
-#endif
     }
     if (!bwd && o->n_group > 0) DT_TRY(measure_groups(b, o, c, out));
     dt_attn_segment whole = {0, 1, S, 0, 0}, one = {0, 1, c, 0, 0};
@@ -1339,9 +1335,6 @@ static dt_status rank_main(dt_context *ctx, void *arg) {
     if (st != DT_SUCCESS) goto out;
 #ifdef DT_HAVE_CUDA
     if (o->l2 >= 0) dt_backend_cuda_set_l2_bytes(b.be, o->l2);   /* no-op off CUDA */
-    dt_backend_cuda_set_persistent(b.be, o->persistent);
-    dt_backend_cuda_set_dependent_launch(b.be, o->dependent);
-    dt_backend_cuda_set_producer(b.be, o->producer);
 #endif
     if (!o->json) text_header(r, &b);
     for (int bwd = 0; bwd < 2; bwd++) {
@@ -1394,7 +1387,7 @@ static void usage(FILE *f) {
             "                    DT_ATTN_KERNEL environment variable, else auto); the\n"
             "                    backward of auto is wgmma's where it runs\n"
             "  --l2 BYTES        CUDA: the L2 size the tensor-core kernels order their CTAs\n"
-            "                    for (attention/mma_layout.h; default the device's; 0: one\n"
+            "                    for (attention/cuda/mma_layout.h; default the device's; 0: one\n"
             "                    head after another)\n"
             "  --persistent 0|1|2  CUDA: whether the wgmma forward runs persistent, as many\n"
             "                    CTAs as the SMs hold taking query tiles from a queue:\n"

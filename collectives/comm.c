@@ -3,7 +3,7 @@
  * Arguments are checked before anything is posted, so a rejected call has
  * touched no buffer and left the communicator as it was. */
 #include "transport.h"
-#include "../dtensor/trace.h"
+#include "../base/trace.h"
 
 #include <inttypes.h>
 #include <stdarg.h>

@@ -28,8 +28,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "../dtensor/dtype.h"
-#include "../dtensor/status.h"
+#include "../base/dtype.h"
+#include "../base/status.h"
 
 #ifdef __cplusplus
 extern "C" {

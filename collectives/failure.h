@@ -17,7 +17,7 @@
 
 #include <stddef.h>
 
-#include "../dtensor/status.h"
+#include "../base/status.h"
 
 #ifdef __cplusplus
 extern "C" {

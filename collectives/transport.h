@@ -5,7 +5,7 @@
 #define DT_TRANSPORT_H
 
 #include "comm.h"
-#include "../dtensor/log.h"
+#include "../base/log.h"
 
 #ifdef __cplusplus
 extern "C" {

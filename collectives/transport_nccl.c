@@ -56,8 +56,8 @@
 #include "transport_nccl.h"
 #include "failure.h"
 #include "idle_clock.h"
-#include "../dtensor/backoff.h"
-#include "../dtensor/trace.h"
+#include "../base/backoff.h"
+#include "../base/trace.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

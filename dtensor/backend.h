@@ -15,10 +15,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "dtype.h"
-#include "ops.h"
-#include "ops_nn.h"
-#include "status.h"
+#include "../base/dtype.h"
+#include "op_kinds.h"
+#include "../base/status.h"
 
 #ifdef __cplusplus
 extern "C" {

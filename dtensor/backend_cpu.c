@@ -9,7 +9,7 @@
  * Test: tests/test_ops.c and tests/test_tensor.c (make test).
  */
 #include "backend.h"
-#include "cpu_vec.h"
+#include "../base/cpu_vec.h"
 
 #include <cblas.h>
 #include <inttypes.h>

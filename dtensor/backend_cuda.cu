@@ -41,8 +41,8 @@
  * Test: tests/test_cuda.c (make test; skipped without a GPU).
  */
 #include "backend_cuda.h"
-#include "backoff.h"
-#include "cuda_launch.cuh"
+#include "../base/backoff.h"
+#include "../base/cuda_launch.cuh"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -121,9 +121,6 @@ struct cuda_impl {
     long timeout_ms;
     int tf32;
     int sms;                    /* multiprocessors, for grid sizes */
-    int persistent;             /* dt_backend_cuda_set_persistent */
-    int dependent_launch;       /* dt_backend_cuda_set_dependent_launch */
-    int producer;               /* dt_backend_cuda_set_producer: 0 or 1 */
     int comm_ctas;              /* dt_backend_cuda_set_comm_ctas: 0, the driver's copy, wide kernels */
     int cc;                     /* compute capability, major * 10 + minor */
     int64_t l2_bytes;           /* L2 cache size, for the attention kernels' launch order */
@@ -1656,9 +1653,6 @@ extern "C" dt_status dt_backend_cuda_create(int rank, const dt_cuda_options *o, 
         }                                                                     \
     } while (0)
     CREATE_TRY(cudaDeviceGetAttribute(&im->sms, cudaDevAttrMultiProcessorCount, o->device));
-    im->persistent = 1;
-    im->dependent_launch = 1;
-    im->producer = 1;
     /* the ranks sharing this device share DT_CUDA_COMM_CTAS (backend_cuda.h) */
     if (o->device_ranks > 1) {
         const int share = DT_CUDA_COMM_CTAS / o->device_ranks;
@@ -1742,30 +1736,6 @@ extern "C" void dt_backend_cuda_set_l2_bytes(dt_backend *b, int64_t bytes) {
 
 extern "C" int dt_backend_cuda_sms(const dt_backend *b) {
     return dt_backend_is_cuda(b) ? impl_of(b)->sms : 0;
-}
-
-extern "C" int dt_backend_cuda_persistent(const dt_backend *b) {
-    return dt_backend_is_cuda(b) ? impl_of(b)->persistent : 0;
-}
-
-extern "C" void dt_backend_cuda_set_persistent(dt_backend *b, int mode) {
-    if (dt_backend_is_cuda(b)) impl_of(b)->persistent = mode == 0 || mode == 2 ? mode : 1;
-}
-
-extern "C" int dt_backend_cuda_dependent_launch(const dt_backend *b) {
-    return dt_backend_is_cuda(b) ? impl_of(b)->dependent_launch : 0;
-}
-
-extern "C" void dt_backend_cuda_set_dependent_launch(dt_backend *b, int mode) {
-    if (dt_backend_is_cuda(b)) impl_of(b)->dependent_launch = mode == 2 ? 2 : mode != 0;
-}
-
-extern "C" int dt_backend_cuda_producer(const dt_backend *b) {
-    return dt_backend_is_cuda(b) ? impl_of(b)->producer : 0;
-}
-
-extern "C" void dt_backend_cuda_set_producer(dt_backend *b, int mode) {
-    if (dt_backend_is_cuda(b)) impl_of(b)->producer = mode != 0;
 }
 
 extern "C" int dt_backend_cuda_comm_ctas(const dt_backend *b) {

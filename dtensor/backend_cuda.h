@@ -66,46 +66,13 @@ int dt_backend_cuda_device(const dt_backend *b);
  * read once when the backend is created. */
 int dt_backend_cuda_compute_capability(const dt_backend *b);
 /* The device's L2 size in bytes, read once when the backend is created:
- * the attention kernels order their CTAs by it (attention/mma_layout.h).
+ * the attention kernels order their CTAs by it (attention/cuda/mma_layout.h).
  * set_l2_bytes replaces it (benchmarks compare orders: 0 gives one head
  * at a time); results never depend on it, only speed. */
 int64_t dt_backend_cuda_l2_bytes(const dt_backend *b);
 void dt_backend_cuda_set_l2_bytes(dt_backend *b, int64_t bytes);
 /* The device's multiprocessors, read once when the backend is created. */
 int dt_backend_cuda_sms(const dt_backend *b);
-/* Whether kernels that can run persistent do: the wgmma attention forward
- * then launches as many CTAs as the SMs hold, which take their query tiles
- * from a queue (attention/block_cuda_wgmma.cu). 1, the default: except
- * beside a ring transfer, whose copy or NCCL kernel needs SMs while the
- * block runs (attention/block.h, transfer); 2: there too; 0: never, a CTA
- * per query tile (benchmarks compare; other values are taken as 1).
- * Results never depend on it, only speed. */
-int dt_backend_cuda_persistent(const dt_backend *b);
-void dt_backend_cuda_set_persistent(dt_backend *b, int mode);
-/* Whether a kernel that continues another's work on the compute stream
- * (the tensor-core attention forward's blocks after a call's first) is
- * launched as its programmatic dependent (1, the default): it then starts
- * while the one before finishes, its CTAs taking the SMs that one leaves,
- * and waits for it only where it reads what that one wrote (compute
- * capability 9.0 on; attention/block_cuda_wgmma.cu). set_dependent_launch(b, 0) launches it
- * after the one before has completed (benchmarks compare). 2: the same,
- * but a forward block's warp waits only until the blocks before are done
- * with its own 16 query rows (a count per 16 rows: attention/block.h's
- * visits), not for the whole block before, and such a block runs a CTA
- * per query tile (not yet measured on a GPU); the backward as with 1.
- * Other values count as 1 (on) or 0. Results never depend on it, only
- * speed. */
-int dt_backend_cuda_dependent_launch(const dt_backend *b);
-void dt_backend_cuda_set_dependent_launch(dt_backend *b, int mode);
-/* Whether the wgmma attention forward at head dim 128 issues its loads
- * and takes its tile queue's tickets from a producer warpgroup of its own
- * (attention/block_cuda_wgmma.cu), instead of from thread 0 between its
- * warpgroup's products. 1, the default since an H200 measurement
- * (2026-11-27): faster by 4 to 10% in every forward row, single call and
- * ring (docs/PERFORMANCE.md); 0: thread 0's loads (benchmarks compare).
- * Other values count as 1. Results never depend on it, only speed. */
-int dt_backend_cuda_producer(const dt_backend *b);
-void dt_backend_cuda_set_producer(dt_backend *b, int mode);
 /* How the communication stream's own work runs beside the compute
  * stream's kernels: the transport's copies between two buffers of this
  * device (the local transport's sends and collectives between ranks

@@ -53,8 +53,8 @@
 
 #include <stdint.h>
 
-#include "log.h"
-#include "status.h"
+#include "../base/log.h"
+#include "../base/status.h"
 #include "../collectives/comm.h"
 
 #ifdef __cplusplus

@@ -1,11 +1,10 @@
-/* dtensor/context_internal.h — PRIVATE. The context's fields, for the
- * dtensor/ layer (tensors, primitives and ops reach the backend through it). */
+/* dtensor/context_internal.h — PRIVATE. The context's fields and failure
+ * notes, for the tensor layer and above (ops reach the backend through it). */
 #ifndef DT_CONTEXT_INTERNAL_H
 #define DT_CONTEXT_INTERNAL_H
 
 #include "backend.h"
 #include "context.h"
-#include "tensor.h"
 
 struct dt_context {
     int rank, world_size;
@@ -36,21 +35,7 @@ static inline dt_status dt_context_note(dt_context *ctx, dt_status st) {
  * its function, while that runs), or NULL: other threads, and outside
  * dt_launch. dt_context_check_call's context where the call has none. */
 dt_context *dt_context_current(void);
-
-/* dt_tensor_create without zeroing the local buffer (dt_backend_ops
- * alloc_uninit): for an op's output that the op writes in full. */
-dt_status dt_tensor_create_uninit(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,
-                                  const int64_t *shape, const dt_layout *layout, dt_tensor **out);
-
-/* shape as "[2, 3]" ("[]" for ndim 0) into buf, cut to size: for messages. */
-void dt_shape_format(int ndim, const int64_t *shape, char *buf, size_t size);
-
-/* An op's last step: with st DT_SUCCESS hands o to the caller (*out = o),
- * else destroys o; returns st. */
-static inline dt_status dt_op_output(dt_status st, dt_tensor *o, dt_tensor **out) {
-    if (st == DT_SUCCESS) *out = o;
-    else dt_tensor_destroy(o);
-    return st;
-}
+/* Sets it for this thread (dt_launch, around the rank's function). */
+void dt_context_set_current(dt_context *ctx);
 
 #endif /* DT_CONTEXT_INTERNAL_H */

@@ -16,9 +16,9 @@
 #ifndef DT_DTENSOR_H
 #define DT_DTENSOR_H
 
-#include "status.h"
-#include "dtype.h"
-#include "log.h"
+#include "../base/status.h"
+#include "../base/dtype.h"
+#include "../base/log.h"
 #include "context.h"
 #include "../collectives/comm.h"
 #include "../collectives/ring.h"

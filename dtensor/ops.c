@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "context_internal.h"
+#include "tensor_internal.h"
 
 const char *dt_gelu_approx_name(dt_gelu_approx approx) {
     switch (approx) {

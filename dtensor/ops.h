@@ -7,6 +7,7 @@
 #ifndef DT_OPS_H
 #define DT_OPS_H
 
+#include "op_kinds.h"
 #include "tensor.h"
 
 #ifdef __cplusplus
@@ -27,14 +28,6 @@ dt_status dt_matmul(const dt_tensor *x, const dt_tensor *w, dt_tensor **out);
 /* out = a + b: same mesh, dtype, shape and Layout. Partial + Partial stays
  * Partial; Partial mixed with anything else is rejected. */
 dt_status dt_add(const dt_tensor *a, const dt_tensor *b, dt_tensor **out);
-
-typedef enum dt_gelu_approx {
-    DT_GELU_ERF = 0,     /* x/2 * (1 + erf(x / sqrt 2)) */
-    DT_GELU_TANH,        /* x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-    DT_GELU_APPROX_COUNT
-} dt_gelu_approx;
-
-const char *dt_gelu_approx_name(dt_gelu_approx approx);
 
 /* out = gelu(x), elementwise; same Layout. Partial input is rejected (GELU is
  * not linear: replicate or reduce first). */

@@ -26,6 +26,7 @@
 #ifndef DT_OPS_NN_H
 #define DT_OPS_NN_H
 
+#include "op_kinds.h"
 #include "tensor.h"
 
 #ifdef __cplusplus
@@ -74,15 +75,6 @@ dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape,
  * is formed in double; with eps 0 a row of subnormals is normalised too
  * (its inverse applied as x 2^64 times inv 2^-64). */
 dt_status dt_rmsnorm(const dt_tensor *x, const dt_tensor *weight, float eps, dt_tensor **out);
-
-typedef enum dt_rotary_style {
-    DT_ROTARY_HALF = 0,       /* rotate pairs (i, i + D/2): GPT-NeoX, Llama */
-    DT_ROTARY_INTERLEAVED,    /* rotate pairs (2i, 2i + 1): RoFormer, GPT-J */
-    DT_ROTARY_STYLE_COUNT
-} dt_rotary_style;
-
-/* "half", "interleaved"; "unknown" otherwise. */
-const char *dt_rotary_style_name(dt_rotary_style style);
 
 typedef struct dt_rotary_options {
     float base;               /* theta_i = base^(-2i/D), i < D/2; 0 means 10000 */

@@ -36,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "context_internal.h"
+#include "tensor_internal.h"
 #include "mesh.h"
 
 const char *dt_rotary_style_name(dt_rotary_style style) {

@@ -39,7 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "context_internal.h"
+#include "tensor_internal.h"
 
 /* ---------------------------------------------------------------------- */
 /* The one copy mechanism                                                  */

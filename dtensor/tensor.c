@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "context_internal.h"
+#include "tensor_internal.h"
 
 struct dt_tensor {
     dt_context *ctx;          /* borrowed */

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "context.h"
-#include "dtype.h"
+#include "../base/dtype.h"
 #include "layout.h"
 #include "mesh.h"
 

@@ -314,10 +314,10 @@ elif [ "$profile" = 1 ]; then
     if [ -n "$root" ] && [ ! -e "$root" ]; then
         mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"
     fi
-    src=attention/block_cuda_wgmma.cu
+    src=attention/cuda/wgmma_fwd.cu
     # the tile loop, the key tile loop and the end begin at these lines
     cuts=$(for pat in 'const uint32_t tile = next[ti ^ 1];' 'mbar_wait(&full[stage]' '        grid_dep_wait();'; do
-        echo "block_cuda_wgmma.cu:$(grep -nF -- "$pat" "$src" | tail -n 1 | cut -d: -f1)"
+        echo "attention/cuda/wgmma_fwd.cu:$(grep -nF -- "$pat" "$src" | tail -n 1 | cut -d: -f1)"
     done | paste -sd,)
     for v in $variants; do
         n=${v#--}   # default, producer_0

@@ -69,7 +69,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 case $src in
 *.cu)
-    if grep -q 'wgmma_device\.cuh\|DT_WGMMA_SM90A' "$src"; then   # the Makefile's sm_90a files
+    if grep -q 'ptx_sm90\.cuh\|DT_WGMMA_SM90A' "$src"; then   # the Makefile's sm_90a files
         arch="-gencode=arch=compute_90a,code=sm_90a -DDT_WGMMA_SM90A"
     else
         arch="-arch=$NVCC_ARCH"

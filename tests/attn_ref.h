@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "dtensor/dtype.h"
+#include "base/dtype.h"
 #include "dtensor/layout.h"
 
 typedef struct attn_shape {

@@ -25,6 +25,11 @@
 
 #define H_MAX_RANKS 8
 
+/* The library's source folders, lowest layer first (the Makefile's LIB_DIRS;
+ * tests/test_layers.c keeps every #include to this order). */
+#define H_LIB_DIRS {"base", "collectives", "dtensor", "attention", "attention/cuda"}
+#define H_LIB_NDIRS 5
+
 /* dt_launch(world, fn, arg) on cpu + local with the test timeout. */
 dt_status h_launch(int world, dt_rank_fn fn, void *arg);
 

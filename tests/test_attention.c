@@ -7,9 +7,9 @@
  * own rows, located with the test's own index maps (harness.c). Rank threads
  * record; the main thread asserts.
  *
- * The CUDA tensor-core kernels (attention/block_cuda_mma.cu forward,
- * block_cuda_mma_bwd.cu backward) are covered three ways: their index math
- * (attention/mma_layout.h) against an emulation of ldmatrix and mma.sync
+ * The CUDA tensor-core kernels (attention/cuda/mma_fwd.cu forward,
+ * attention/cuda/mma_bwd.cu backward) are covered three ways: their index math
+ * (attention/cuda/mma_layout.h) against an emulation of ldmatrix and mma.sync
  * written here from the PTX ISA (test_mma_fragments, test_mma_bwd_fragments),
  * and their tile bounds against dt_attn_tile_class (test_mma_tile_bounds) —
  * all run everywhere; and, on a GPU, the "forward/cuda-kernels/..." cases
@@ -33,7 +33,7 @@
 
 #include "attention/attention.h"
 #include "attention/block.h"
-#include "attention/mma_layout.h"
+#include "attention/cuda/mma_layout.h"
 #include "dtensor/dtensor.h"
 #ifdef DT_HAVE_CUDA
 #include "dtensor/backend_cuda.h"
@@ -90,9 +90,6 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     double *ref = NULL, *ref_lse = NULL;
     dt_status st;
     int sizes[2] = {c->tp, c->P};
-#ifdef DT_HAVE_CUDA
-    dt_backend_cuda_set_producer(ctx->backend, !c->thread0);   /* no-op off CUDA */
-#endif
     DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, sizes, NULL, &mesh), out);
     dt_placement heads = c->tp > 1 || c->head_order != DT_ORDER_CONTIGUOUS
                              ? dt_shard(2, c->head_order) : dt_replicate();
@@ -122,9 +119,12 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
         DT_TRY_GOTO(st, dt_tensor_fill_random(k, c->seed + 1), out);
         DT_TRY_GOTO(st, dt_tensor_fill_random(v, c->seed + 2), out);
     }
+    dt_attention_tuning tuning = DT_ATTENTION_TUNING_INIT;
+    tuning.producer = !c->thread0;   /* ignored off CUDA */
     dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
     opts.mask = c->mask;
     opts.group = c->group;
+    opts.tuning = &tuning;
     DT_TRY_GOTO(st, dt_attention_forward(q, k, v, &opts, &o, &lse), out);
 
     got = malloc(n * sizeof *got);
@@ -602,9 +602,9 @@ static void test_huge_logits(void **state) {
 /* ------------------------------------- tensor-core kernel, on the CPU */
 
 /* An emulation of the two warp-wide PTX instructions the tensor-core kernel
- * (attention/block_cuda_mma.cu) is built on, written here from the PTX
- * ISA's tables, independently of attention/mma_layout.h. Running the
- * kernel's loops with the kernel's index functions (mma_layout.h) over it
+ * (attention/cuda/mma_fwd.cu) is built on, written here from the PTX
+ * ISA's tables, independently of attention/cuda/mma_layout.h. Running the
+ * kernel's loops with the kernel's index functions (attention/cuda/mma_layout.h) over it
  * must give plain matmuls. A .b32 register is a pair of 16-bit halves, held
  * as floats (low half first); values are whatever the tile holds. */
 typedef struct emu_reg {
@@ -793,7 +793,7 @@ static void test_mma_fragments(void **state) {
     }
 }
 
-/* The tensor-core BACKWARD kernel's index math (block_cuda_mma_bwd.cu), one
+/* The tensor-core BACKWARD kernel's index math (attention/cuda/mma_bwd.cu), one
  * (head, query tile) iteration of one CTA (8 warps, 64 query rows, 128
  * keys) for head dim D, over the emulator:
  *   phase 1, per warp (16 query rows from 16 (w % 4), 64 keys from
@@ -999,7 +999,7 @@ static void check_bwd_bounds(dt_attn_mask mask, dt_attn_segment q, dt_attn_segme
     }
 }
 
-/* The launch order's premise (mma_layout.h): rank 0 is the heaviest tile.
+/* The launch order's premise (attention/cuda/mma_layout.h): rank 0 is the heaviest tile.
  * The forward's key tiles per query tile never fall as the query tile
  * rises, the backward's query tiles per key tile never rise as the key tile
  * rises. */
@@ -1110,7 +1110,7 @@ static void test_mma_launch_order(void **state) {
     assert_int_equal(dt_mma_sched_section(5, 0, 50 * MiB), 5);
 }
 
-/* The kernels' division by a launch's constants (mma_layout.h: dt_udiv,
+/* The kernels' division by a launch's constants (attention/cuda/mma_layout.h: dt_udiv,
  * dt_mma_keys_upto) against C's `/` and `%` and mask.h's dt_attn_keys_upto:
  * every divisor up to 4096 and the powers of 2 and their neighbours up to
  * 2^32 - 1, with dividends at and around its multiples, the ends of the
@@ -1229,7 +1229,7 @@ static double sched_tail(int64_t n_ranks, int64_t n_units, int64_t section, int 
     return span / (total / slots);
 }
 
-/* The launch order's tail (mma_layout.h): on an H100's 132 SMs (one CTA
+/* The launch order's tail (attention/cuda/mma_layout.h): on an H100's 132 SMs (one CTA
  * each at D = 128, two at D = 64) and its 50 MiB L2, every causal forward
  * launch at least four CTAs deep per slot ends within 3.5% of its average
  * load. With the narrower section last, a heavy tile of it starts among
@@ -2046,7 +2046,7 @@ static void test_cuda_stateless_workspace(void **state) {
 }
 
 /* The forward's blocks after a call's first as programmatic dependent
- * launches (dt_backend_cuda_set_dependent_launch; compute capability 9.0):
+ * launches (dt_attention_tuning.dependent_launch; compute capability 9.0):
  * they start while the block before finishes and wait for it only before
  * they read what it wrote, so a missing or misplaced wait is a race. The
  * kernels compute the same thing either way, so the outputs must agree bit
@@ -2059,7 +2059,7 @@ static void test_cuda_stateless_workspace(void **state) {
  * warpgroup (the defaults; D = 128 on a GPU: its warpgroups do not meet
  * at a query tile's end, so a missing wait there is a race too); a
  * fourth, dependent launches on, has the loads by thread 0
- * (dt_backend_cuda_set_producer(b, 0)), a fifth the defaults but the
+ * (tuning.producer = 0), a fifth the defaults but the
  * communication stream's copies and adds run the other way
  * (dt_backend_cuda_set_comm_ctas: in kernels of 2 CTAs where the default
  * is the driver's copy and wide kernels, a rank alone on its GPU; those
@@ -2067,7 +2067,7 @@ static void test_cuda_stateless_workspace(void **state) {
  * backward's add beside, and where the ranks share a GPU the ring's
  * transfers of K, V and of dK, dV), and a sixth the defaults with the
  * forward's rows' waits
- * (dt_backend_cuda_set_dependent_launch(b, 2): a block waits for the
+ * (tuning.dependent_launch = 2: a block waits for the
  * counts of the rows it merges, not for the block before): the same bits
  * again. Each run's backward too: its blocks after the call's
  * first start while the one before finishes (they add into the same dQ
@@ -2111,12 +2111,14 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
 #endif
     for (int run = 0; run < DEP_RUNS && st == DT_SUCCESS; run++) {
 #ifdef DT_HAVE_CUDA
-        dt_backend_cuda_set_dependent_launch(ctx->backend, run == 5 ? 2 : run != 1);
-        dt_backend_cuda_set_producer(ctx->backend, run != 3);
         dt_backend_cuda_set_comm_ctas(ctx->backend, run != 4 ? comm_ctas : comm_ctas ? 0 : 2);
 #endif
+        dt_attention_tuning tuning = DT_ATTENTION_TUNING_INIT;
+        tuning.dependent_launch = run == 5 ? 2 : run != 1;
+        tuning.producer = run != 3;
         dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
         opts.mask = DT_ATTN_CAUSAL;
+        opts.tuning = &tuning;
         st = dt_attention_forward(q, k, v, &opts, &o, &lse);
         if (st == DT_SUCCESS) st = dt_attention_backward(q, k, v, o, lse, dout, &opts, &dq, &dk, &dv);
         if (st == DT_SUCCESS) {
@@ -2133,8 +2135,6 @@ static dt_status rank_dependent(dt_context *ctx, void *arg) {
         o = lse = dq = dk = dv = NULL;
     }
 #ifdef DT_HAVE_CUDA
-    dt_backend_cuda_set_dependent_launch(ctx->backend, 1);
-    dt_backend_cuda_set_producer(ctx->backend, 1);
     dt_backend_cuda_set_comm_ctas(ctx->backend, comm_ctas);
 #endif
     dt_tensor_destroy(q);
@@ -2196,7 +2196,7 @@ static void test_cuda_dependent_launch(void **state) {
 
 /* A forward block whose keys all come after its queries, neither a call's
  * first block nor its last (a contiguous ring's middle block from a later
- * rank: 28 of the 64 at P = 8), launches nothing on CUDA (block_cuda.cu's
+ * rank: 28 of the 64 at P = 8), launches nothing on CUDA (attention/cuda/block.cu's
  * fwd_idle) and leaves the running state as it was; the same block with
  * its keys before the queries launches and merges into it. Likewise a
  * backward block that adds into dq, dk, dv (not `first`). On the CPU

@@ -22,7 +22,7 @@
 #include "collectives/failure.h"
 #include "collectives/idle_clock.h"
 #include "collectives/transport_local.h"
-#include "dtensor/backoff.h"
+#include "base/backoff.h"
 #include "dtensor/context.h"
 
 #define MAXP 8

@@ -192,9 +192,10 @@ static int best_match(const lines *ex, const source *src, int nsrc, const char *
 
 static void test_tutorial_excerpts(void **state) {
     (void)state;
-    const char *const dirs[] = {"examples", "dtensor", "collectives", "attention"};
+    const char *const dirs[] = {"examples", "base", "collectives", "dtensor", "attention",
+                                "attention/cuda"};
     static source src[512];
-    const int nsrc = load_sources(dirs, 4, src, 512);
+    const int nsrc = load_sources(dirs, 6, src, 512);
     char *md = h_read_text("docs/TUTORIAL.md");
     assert_non_null(md);
     int blocks = 0, stale = 0, at = 0;
@@ -285,9 +286,9 @@ static void test_architecture_map(void **state) {
             wrong++;
             print_error("docs/ARCHITECTURE.md's file map names %s, which does not exist\n", named[i]);
         }
-    const char *const dirs[] = {"dtensor", "collectives", "attention"};
+    const char *const dirs[] = H_LIB_DIRS;
     int files = 0;
-    for (int d = 0; d < 3; d++) {
+    for (int d = 0; d < H_LIB_NDIRS; d++) {
         DIR *dp = opendir(dirs[d]);
         assert_non_null(dp);
         struct dirent *e;
@@ -345,15 +346,17 @@ static void test_api_names_installed(void **state) {
     const char *stage = require_stage();
     /* The installed headers, and the library's sources (for the
      * environment variables it reads). */
-    const char *const sub[] = {"dtensor", "collectives", "attention"};
-    char hdirs[3][4096];
-    const char *hdir[3];
-    for (int d = 0; d < 3; d++) {
-        snprintf(hdirs[d], sizeof hdirs[d], "%s/include/dtensor/%s", stage, sub[d]);
-        hdir[d] = hdirs[d];
+    const char *const sub[] = H_LIB_DIRS;
+    char hdirs[H_LIB_NDIRS][4096];
+    const char *hdir[H_LIB_NDIRS];
+    int nhdir = 0;   /* the folders with an installed header */
+    for (int d = 0; d < H_LIB_NDIRS; d++) {
+        snprintf(hdirs[nhdir], sizeof hdirs[nhdir], "%s/include/dtensor/%s", stage, sub[d]);
+        if (access(hdirs[nhdir], F_OK) == 0) hdir[nhdir] = hdirs[nhdir], nhdir++;
     }
     static source hdr[512], src[512];
-    const int nh = load_sources(hdir, 3, hdr, 512), nsrc = load_sources(sub, 3, src, 512);
+    const int nh = load_sources(hdir, nhdir, hdr, 512),
+              nsrc = load_sources(sub, H_LIB_NDIRS, src, 512);
     char *md = h_read_text("docs/API.md");
     assert_non_null(md);
     int names = 0, missing = 0;
@@ -505,9 +508,9 @@ static const char *const forbidden_calls[] = {
 
 static void test_library_never_aborts_or_waits_unbounded(void **state) {
     (void)state;
-    const char *const dirs[] = {"dtensor", "collectives", "attention"};
+    const char *const dirs[] = H_LIB_DIRS;
     static source src[512];
-    const int nsrc = load_sources(dirs, 3, src, 512);
+    const int nsrc = load_sources(dirs, H_LIB_NDIRS, src, 512);
     int calls = 0, found = 0;
     for (int i = 0; i < nsrc; i++) {
         char *code = src[i].raw;

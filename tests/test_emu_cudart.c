@@ -27,7 +27,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "dtensor/dtype.h"
+#include "base/dtype.h"
 #include "emu/cudart_emu.h"
 #include "emu/include/cublas_v2.h"
 #include "emu/include/cuda.h"

@@ -44,7 +44,7 @@ int main(void) {
 
 #else
 
-#include "dtensor/dtype.h"
+#include "base/dtype.h"
 #include "emu/include/cuda_runtime_api.h"
 #include "emu/include/nccl.h"
 

@@ -1,6 +1,6 @@
 /* tests/test_mma_emu.c — the tensor-core attention kernels
- * (attention/block_cuda_mma.cu forward, block_cuda_mma_bwd.cu backward,
- * block_cuda_wgmma.cu and block_cuda_wgmma_bwd.cu the Hopper forward and
+ * (attention/cuda/mma_fwd.cu forward, attention/cuda/mma_bwd.cu backward,
+ * attention/cuda/wgmma_fwd.cu and attention/cuda/wgmma_bwd.cu the Hopper forward and
  * backward), compiled from their unchanged
  * sources by the host C++ compiler and run on the CPU emulator of tests/emu
  * (emu.h: fibers for the CUDA threads, ldmatrix / mma.sync / wgmma /
@@ -46,8 +46,8 @@
 #include <string.h>
 
 #define DT_MMA_EMU_PREFIX 1
-#include "attention/block_cuda_mma.h"
-#include "attention/mma_layout.h"
+#include "attention/cuda/kernels.h"
+#include "attention/cuda/mma_layout.h"
 #include "attn_ref.h"
 #include "emu/emu.h"
 #include "emu/include/cuda.h"
@@ -67,7 +67,7 @@ typedef struct emu_case {
     uint64_t seed;
     int huge;   /* logits of magnitude 1e4 */
     dt_attn_kernel_choice kernel;   /* forward: DT_ATTN_KERNEL_MMA or _WGMMA */
-    int64_t l2;     /* the L2 size the launch order plans for (mma_layout.h) */
+    int64_t l2;     /* the L2 size the launch order plans for (attention/cuda/mma_layout.h) */
     int sections;   /* > 0: instead, an L2 that gives sections of this many units */
     int sms;        /* the wgmma forward: > 0 persistent on this many SMs, 0 a CTA per tile */
     int dependent;  /* blocks launched as programmatic dependents: forward, those
@@ -311,7 +311,7 @@ static void run_forward(void **state) {
                 .mask = c->mask, .scale = (float)(1.0 / sqrt((double)D)), .m = m, .l = l,
                 .ml_batch_stride = H * n, .ml_head_stride = n, .acc = acc,
                 .acc_batch_stride = n * H * D, .first = step == 0,
-                .last = step == c->P - 1, .o = ot, .lse = lse, .kernel = c->kernel,
+                .last = step == c->P - 1, .o = ot, .lse = lse, .tuning = {c->kernel, 1, 1, 1},
                 .trace = trace, .trace_len = trace_len, .visits = visits,
                 .visit = (uint32_t)step};
             memset(trace, 0, (size_t)trace_len * sizeof *trace);
@@ -452,7 +452,7 @@ static void run_backward(void **state) {
                 .kseg = R.seg[r], .mask = c->mask, .scale = (float)scale, .lse = lse[j],
                 .delta = delta[j], .ml_batch_stride = H * n, .ml_head_stride = n,
                 .dq = dq[j], .dq_batch_stride = n * H * D, .dk = dk[r], .dv = dv[r],
-                .first = j == 0, .continues = j > 0 || r > 0, .kernel = c->kernel,
+                .first = j == 0, .continues = j > 0 || r > 0, .tuning = {c->kernel, 1, 1, 1},
                 .trace = trace, .trace_len = trace_len};
             memset(trace, 0, (size_t)trace_len * sizeof *trace);
             continuing += a.continues;
@@ -531,7 +531,7 @@ static void test_bwd_walk_bound(void **state) {
 }
 
 /* The tensor-core kernels divide by the key stride in 32 bits
- * (mma_layout.h's dt_mma_keys): a block whose key positions span more than
+ * (attention/cuda/mma_layout.h's dt_mma_keys): a block whose key positions span more than
  * 2^32 - 1 is refused, forward and backward, one that spans exactly that
  * is not. (Only the arguments: no kernel runs.) */
 static void test_key_span_bound(void **state) {
@@ -585,7 +585,7 @@ static void test_wgmma_persistent_keyless(void **state) {
             .dtype = DT_BF16, .batch = 1, .heads = H, .kv_heads = G, .dim = D, .q = qd,
             .k = kd, .v = vd, .qseg = {0, 1, nq, 0, 0}, .kseg = {kstart, 1, nk, 0, 0},
             .mask = DT_ATTN_CAUSAL, .scale = (float)scale, .ml_head_stride = nq, .first = 1,
-            .last = 1, .o = od, .lse = lse, .kernel = DT_ATTN_KERNEL_WGMMA};
+            .last = 1, .o = od, .lse = lse, .tuning = {DT_ATTN_KERNEL_WGMMA, 1, 1, 1}};
         char why[256];
         assert_true(dt_emu_attn_mma_block_ok(&a, why, sizeof why));
         const int64_t unit_bytes = 2 * nk * D * 2 / (H / G);   /* dt_mma_fwd_grid's section */
@@ -824,7 +824,7 @@ static void test_named_barriers(void **state) {
     assert_non_null(strstr(emu_run(TWO_WARPS, 0, k_named_count, NULL), "that counts 64 threads"));
 }
 
-/* ex2.approx.ftz (the kernels' exp2_ftz, mma_device.cuh): 2^x for normal
+/* ex2.approx.ftz (the kernels' exp2_ftz, attention/cuda/common.cuh): 2^x for normal
  * results, against ldexp's exact powers and the host's exp2f; a result
  * below the smallest normal float, 2^-126, is 0, not exp2f's subnormal; a
  * subnormal x counts as 0; -inf gives 0 and NaN stays NaN. */

@@ -37,7 +37,7 @@
 #include <string.h>
 
 #include "dtensor/context.h"
-#include "dtensor/dtype.h"
+#include "base/dtype.h"
 #include "dtensor/mesh.h"
 #include "dtensor/ops.h"
 #include "dtensor/primitives.h"

@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "dtensor/context.h"
-#include "dtensor/dtype.h"
+#include "base/dtype.h"
 #include "dtensor/mesh.h"
 #include "dtensor/primitives.h"
 #include "dtensor/tensor.h"

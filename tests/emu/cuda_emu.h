@@ -3,7 +3,7 @@
  * on the CPU, static __shared__ arrays, dim3, the built-in indices,
  * __syncthreads and the warp shuffle (fp32, fp64), fp32 and float2 atomicAdd, float2 / uint2 /
  * uint4 / float4, cache-streaming loads and stores, the bf16 / fp16 types with
- * their round-to-nearest-even conversions (dtensor/dtype.h's), the
+ * their round-to-nearest-even conversions (base/dtype.h's), the
  * arithmetic intrinsics used, and the
  * host API (cuda_runtime_api.h, cudart.c). Reached through
  * tests/emu/include/{cuda_runtime,cuda_bf16,cuda_fp16}.h. Only what the

@@ -52,7 +52,7 @@
 #include <cblas.h>
 
 #include "cudart_emu.h"
-#include "dtensor/dtype.h"
+#include "base/dtype.h"
 #include "include/cublas_v2.h"
 #include "include/cuda.h"
 #include "include/cuda_runtime_api.h"

@@ -14,7 +14,7 @@ extern "C" {
  * (tests/emu/cudart.c), exactly once, and frees ctx. It returns 0, or -1
  * with a message in err: the stream then reports cudaErrorLaunchFailure.
  * An invalid stream: the error, and run is never called. The kernel
- * launches of dtensor/cuda_launch.cuh come through here. run returns 0
+ * launches of base/cuda_launch.cuh come through here. run returns 0
  * here (1, "not ready", is for dt_emu_cuda_enqueue_locked's users). */
 cudaError_t dt_emu_cuda_enqueue(cudaStream_t stream, int (*run)(void *ctx, char *err, size_t size),
                                 void *ctx);

@@ -6,8 +6,8 @@
  * -DDT_CUDA_EMULATE and tests/emu/include first on the include path: there
  * cuda_runtime.h, cuda_bf16.h and cuda_fp16.h are this emulator's
  * (cuda_emu.h; the host API: cuda_runtime_api.h, cublas_v2.h and
- * cudart.c), dtensor/cuda_launch.cuh launches kernels with dt_emu_launch,
- * and attention/mma_device.cuh calls the functions below in place of its
+ * cudart.c), base/cuda_launch.cuh launches kernels with dt_emu_launch,
+ * and attention/cuda/common.cuh calls the functions below in place of its
  * inline PTX. Every CUDA thread of a block is a fiber
  * (ucontext) with its own stack; the blocks of a grid run one after
  * another, the fibers of a block each until it waits (or completes a named
@@ -69,7 +69,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dtensor/dtype.h"
+#include "base/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

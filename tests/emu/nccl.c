@@ -75,7 +75,7 @@
 #include <unistd.h>
 
 #include "cudart_emu.h"
-#include "dtensor/dtype.h"
+#include "base/dtype.h"
 #include "include/cuda_runtime_api.h"
 #include "include/nccl.h"
 

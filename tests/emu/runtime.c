@@ -8,7 +8,7 @@
  * subsections, "cp.async.bulk.tensor", "Tensors" (tiled mode, bounding box,
  * out-of-bound access, swizzling modes)) and the CUDA driver API
  * (cuTensorMapEncodeTiled), not from the kernels' index helpers
- * (attention/mma_layout.h), which they test. */
+ * (attention/cuda/mma_layout.h), which they test. */
 #define _GNU_SOURCE
 #include "emu.h"
 

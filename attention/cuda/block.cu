@@ -1,4 +1,4 @@
-/* attention/block_cuda.cu — the CUDA attention kernels.
+/* attention/cuda/block.cu — the CUDA attention kernels.
  *
  * STATUS: everything here is built (nvcc, sm_90 by default), runs on the
  * CPU emulator of CUDA (tests/emu: `make CUDA=emu test`, and test_mma_emu
@@ -9,11 +9,11 @@
  *
  * Same contract and mask rule as block_cpu.c (block.h). Forward: three
  * kernels, chosen per block by fwd():
- *   - wgmma (block_cuda_wgmma.cu): Hopper warpgroup MMA fed by TMA, bf16 /
+ *   - wgmma (wgmma_fwd.cu): Hopper warpgroup MMA fed by TMA, bf16 /
  *     fp16, head dim 64 or 128, compute capability 9.0 and an sm_90 build,
  *     16-byte aligned q, k, v; used by default where it can run (1.16x to
  *     1.62x FlashAttention-2's forward on an H200: docs/PERFORMANCE.md).
- *   - mma (block_cuda_mma.cu): FlashAttention-2 style on tensor cores, for
+ *   - mma (mma_fwd.cu): FlashAttention-2 style on tensor cores, for
  *     bf16 / fp16, head dim 64 or 128, compute capability >= 8.0, with
  *     16-byte aligned q, k, v; used by default where wgmma cannot run.
  *   - simple (here): one thread per query row of one (batch, head), blocks
@@ -33,11 +33,11 @@
  * Backward: three kernels too, chosen per block by bwd() with the
  * forward's checks (dt_attn_mma_supported or dt_attn_wgmma_supported, and
  * dt_attn_mma_bwd_block_ok for alignment):
- *   - wgmma (block_cuda_wgmma_bwd.cu): Hopper warpgroup MMA fed by TMA, a
+ *   - wgmma (wgmma_bwd.cu): Hopper warpgroup MMA fed by TMA, a
  *     CTA per 128 keys of a kv head. The default backward where it can run
  *     (1.5x to 1.8x the mma one on an H200, 2026-11-26:
  *     docs/PERFORMANCE_HISTORY.md).
- *   - mma (block_cuda_mma_bwd.cu): FlashAttention-2 structure on tensor
+ *   - mma (mma_bwd.cu): FlashAttention-2 structure on tensor
  *     cores (a CTA per 128 keys of a kv head, dK and dV in registers over
  *     the query tiles of its group's heads, dQ added with atomics). The
  *     default backward elsewhere from compute capability 8.0.
@@ -59,11 +59,11 @@
 #include <math.h>
 
 extern "C" {
-#include "block.h"
-#include "block_cuda_mma.h"
-#include "../dtensor/backend_cuda.h"
+#include "../block.h"
+#include "kernels.h"
+#include "../../dtensor/backend_cuda.h"
 }
-#include "../dtensor/cuda_launch.cuh"
+#include "../../base/cuda_launch.cuh"
 
 #define TQ 64
 #define TK 64
@@ -310,11 +310,11 @@ int path_of(dt_backend *be, dt_attn_kernel_choice k, dt_dtype dtype, int64_t dim
 }
 
 /* How the tensor-core kernels' blocks that continue a call are launched
- * (dt_backend_cuda_set_dependent_launch): 0 after the block before has
+ * (dt_attention_tuning.dependent_launch): 0 after the block before has
  * completed, 1 as its programmatic dependents, 2 the same with the
  * forward's rows' waits; dependent launches need compute capability 9.0. */
-int dependent_launches(dt_backend *be) {
-    return dt_backend_cuda_compute_capability(be) >= 90 ? dt_backend_cuda_dependent_launch(be) : 0;
+int dependent_launches(dt_backend *be, const dt_attention_tuning &t) {
+    return dt_backend_cuda_compute_capability(be) >= 90 ? t.dependent_launch : 0;
 }
 
 /* The forward's: path_of, but a block with no key (its rows only started
@@ -323,13 +323,13 @@ int dependent_launches(dt_backend *be) {
 int fwd_path_of(dt_backend *be, const dt_attn_block_args *a, kernel_path *path, char *why,
                 size_t why_size) {
     *path = PATH_SIMPLE;
-    if (a->kernel == DT_ATTN_KERNEL_SIMPLE || a->kseg.len == 0) return 1;
-    const int ok = path_of(be, a->kernel, a->dtype, a->dim, dt_attn_mma_block_ok(a, why, why_size),
+    if (a->tuning.kernel == DT_ATTN_KERNEL_SIMPLE || a->kseg.len == 0) return 1;
+    const int ok = path_of(be, a->tuning.kernel, a->dtype, a->dim, dt_attn_mma_block_ok(a, why, why_size),
                            path, why, why_size);
     /* keys interleaved (a grouped striped ring) where the driver takes no
      * tensor map of them: the mma kernel, or for a forced wgmma none */
     if (ok && *path == PATH_WGMMA && a->kv_slots > 1 && !dt_attn_wgmma_slots_ok(why, why_size)) {
-        if (a->kernel == DT_ATTN_KERNEL_WGMMA) return 0;
+        if (a->tuning.kernel == DT_ATTN_KERNEL_WGMMA) return 0;
         *path = PATH_MMA;
     }
     return ok;
@@ -364,8 +364,8 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     char why[256] = "";
     if (!fwd_path_of(be, a, &path, why, sizeof why))
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=%s: %s",
-                        be->rank, dt_attn_kernel_choice_name(a->kernel), why);
-    const int dependent = dependent_launches(be);
+                        be->rank, dt_attn_kernel_choice_name(a->tuning.kernel), why);
+    const int dependent = dependent_launches(be, a->tuning);
     const bool counted = dependent == 2 && a->launches;
     if (counted && a->first) DT_TRY(rows_start(be, a, scratch));
     dt_attn_block_args b = *a;
@@ -375,11 +375,11 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
         b.visit = (*a->launches)++;
     }
     if (path == PATH_WGMMA) {
-        const int persistent = dt_backend_cuda_persistent(be);
+        const int persistent = a->tuning.persistent;
         if (persistent == 2) b.transfer = 0;   /* persistent even beside a transfer */
         return dt_attn_wgmma_fwd(stream_of(be), &b, dt_backend_cuda_l2_bytes(be),
                                  persistent ? dt_backend_cuda_sms(be) : 0, scratch, dependent,
-                                 dt_backend_cuda_producer(be));
+                                 a->tuning.producer);
     }
     if (path == PATH_MMA)
         return dt_attn_mma_fwd(stream_of(be), &b, dt_backend_cuda_l2_bytes(be), dependent);
@@ -396,7 +396,7 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
 }
 
 /* The tensor-core kernels start and finish a block's rows in registers
- * (block_cuda_mma.cu, block_cuda_wgmma.cu); the simple one works in acc. */
+ * (mma_fwd.cu, wgmma_fwd.cu); the simple one works in acc. */
 int fwd_stateless(dt_backend *be, const dt_attn_block_args *a) {
     if (!a->first || !a->last) return 0;
     if (fwd_idle(a)) return 1;
@@ -422,12 +422,12 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     if (!no_query) {
         kernel_path path;
         char why[256] = "";
-        if (!path_of(be, a->kernel, a->dtype, a->dim, dt_attn_mma_bwd_block_ok(a, why, sizeof why),
+        if (!path_of(be, a->tuning.kernel, a->dtype, a->dim, dt_attn_mma_bwd_block_ok(a, why, sizeof why),
                      &path, why, sizeof why))
             return dt_error(DT_ERR_NOT_SUPPORTED,
                             "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=%s: %s", be->rank,
-                            dt_attn_kernel_choice_name(a->kernel), why);
-        const int dependent = dependent_launches(be);
+                            dt_attn_kernel_choice_name(a->tuning.kernel), why);
+        const int dependent = dependent_launches(be, a->tuning);
         if (path == PATH_WGMMA)
             return dt_attn_wgmma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be), dependent);
         if (path == PATH_MMA)

@@ -1,5 +1,5 @@
-/* attention/mma_layout.h — PRIVATE. The index math of the tensor-core
- * attention kernels (block_cuda_mma.cu: forward, block_cuda_mma_bwd.cu:
+/* attention/cuda/mma_layout.h — PRIVATE. The index math of the tensor-core
+ * attention kernels (mma_fwd.cu: forward, mma_bwd.cu:
  * backward), as small pure functions of ints.
  *
  * Plain C that also compiles under nvcc, where every function is
@@ -38,7 +38,7 @@
 #define DT_ATTN_MMA_LAYOUT_H
 
 #include <stdint.h>
-#include "mask.h"
+#include "../mask.h"
 
 #ifdef __CUDACC__
 #define DT_MMA_HD static inline __host__ __device__
@@ -56,7 +56,7 @@ extern "C" {
 #define DT_MMA_BN 64
 #define DT_MMA_WARPS 4
 #define DT_MMA_THREADS (32 * DT_MMA_WARPS)
-/* The wgmma forward's (block_cuda_wgmma.cu): 128 query rows, 64 per
+/* The wgmma forward's (wgmma_fwd.cu): 128 query rows, 64 per
  * warpgroup, and key tiles of 128 */
 #define DT_WGMMA_BM 128
 #define DT_WGMMA_BN 128
@@ -129,7 +129,7 @@ DT_MMA_HD int64_t dt_mma_unmasked_tiles(int64_t limit_first_row) {
     return limit_first_row / DT_MMA_BN;
 }
 
-/* ------------------------------------------- backward (block_cuda_mma_bwd.cu)
+/* ------------------------------------------- backward (mma_bwd.cu)
  *
  * A CTA of DT_MMA_BWD_WARPS = 8 warps owns a tile of DT_MMA_BWD_BN = 128
  * keys and walks the query tiles (DT_MMA_BM = 64 rows) that may attend

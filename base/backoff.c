@@ -1,4 +1,4 @@
-/* dtensor/backoff.c — see backoff.h. */
+/* base/backoff.c — see backoff.h. */
 #include "backoff.h"
 
 #include <sched.h>

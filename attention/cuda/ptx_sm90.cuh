@@ -1,5 +1,5 @@
-/* attention/wgmma_device.cuh — PRIVATE. The Hopper (sm_90a) instructions of
- * the wgmma kernels (block_cuda_wgmma.cu forward, block_cuda_wgmma_bwd.cu
+/* attention/cuda/ptx_sm90.cuh — PRIVATE. The Hopper (sm_90a) instructions of
+ * the wgmma kernels (wgmma_fwd.cu forward, wgmma_bwd.cu
  * backward): warpgroup MMA (wgmma.mma_async m64nNk16 with f32 accumulators,
  * A from shared memory or registers, B from shared memory), its fence /
  * commit / wait, the async-proxy fence, named barriers, mbarriers, TMA
@@ -9,7 +9,7 @@
  * the host the tensor maps of those loads. CUDA C++ only.
  *
  * wgmma needs the architecture-specific target sm_90a: the Makefile builds
- * block_cuda_wgmma.cu and block_cuda_wgmma_bwd.cu for it (when NVCC_ARCH is
+ * wgmma_fwd.cu and wgmma_bwd.cu for it (when NVCC_ARCH is
  * sm_90) and defines DT_WGMMA_SM90A; device code for any other target keeps
  * trapping stubs (DT_WGMMA_STUB) and the host never launches them
  * (dt_attn_wgmma_supported).
@@ -52,8 +52,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "../dtensor/dtype.h"
-#include "../dtensor/status.h"
+#include "../../base/dtype.h"
+#include "../../base/status.h"
 
 #if !defined(DT_CUDA_EMULATE) && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DT_WGMMA_STUB 1   /* device pass for a target without wgmma */

@@ -1,4 +1,4 @@
-/* dtensor/log.c — rank-prefixed log lines on stderr. One fprintf per line so
+/* base/log.c — rank-prefixed log lines on stderr. One fprintf per line so
  * lines of concurrent ranks do not interleave mid-line. */
 #include "log.h"
 

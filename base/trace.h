@@ -1,4 +1,4 @@
-/* dtensor/trace.h — PRIVATE. Named ranges for profilers: NVTX (header-only
+/* base/trace.h — PRIVATE. Named ranges for profilers: NVTX (header-only
  * nvtx3, shipped with CUDA), so Nsight Systems shows every collective,
  * send/recv group and attention ring step on its rank's thread, beside the
  * kernels and copies. Costs nothing without a profiler attached (NVTX calls

@@ -1,4 +1,4 @@
-/* dtensor/log.h — rank-prefixed logging to stderr.
+/* base/log.h — rank-prefixed logging to stderr.
  *
  * The level comes from the environment variable DT_LOG (error, warn, info,
  * debug; default warn), read when a context or communicator is created and

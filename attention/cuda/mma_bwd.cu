@@ -1,4 +1,4 @@
-/* attention/block_cuda_mma_bwd.cu — the tensor-core backward block kernel
+/* attention/cuda/mma_bwd.cu — the tensor-core backward block kernel
  * (FlashAttention-2 structure and tile sizes) for bf16 and fp16, head dims
  * 64 and 128, compute capability >= 8.0. STATUS: this version (8 warps,
  * 128 keys per CTA, float2 dQ atomics) passes its tests on the CPU emulator
@@ -9,7 +9,7 @@
  * commit c14bbb9: 0.42x to 0.57x FA2, the L2 busy with its dQ atomics;
  * docs/PERFORMANCE.md). The default backward on compute capability 8.x;
  * on 9.0 the wgmma one is faster (block.h). The simple kernels in
- * block_cuda.cu stay as the fallback and the cross-check
+ * block.cu stay as the fallback and the cross-check
  * (DT_ATTN_KERNEL=simple|mma|auto, block.h).
  *
  * Contract: dt_attn_kernels.bwd of block.h, the same as block_cpu.c and the
@@ -111,8 +111,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "block_cuda_mma.h"
-#include "mma_device.cuh"
+#include "kernels.h"
+#include "common.cuh"
 #include "mma_layout.h"
 
 namespace {

@@ -1,4 +1,4 @@
-/* dtensor/status.h — status codes, the thread-local last-error message, and
+/* base/status.h — status codes, the thread-local last-error message, and
  * the one family of check macros used by every layer.
  *
  * Every public function returns a dt_status. On failure it also sets a

@@ -1,4 +1,4 @@
-/* attention/block_cuda_wgmma_bwd.cu — the Hopper backward block kernel:
+/* attention/cuda/wgmma_bwd.cu — the Hopper backward block kernel:
  * warpgroup MMA (wgmma, sm_90a) fed by TMA, bf16 and fp16, head dims 64
  * and 128 (FlashAttention-3's structure, simplified: no producer warp, no
  * ping-pong). Passes its tests on the CPU emulator of CUDA (tests/emu,
@@ -9,7 +9,7 @@
  * (docs/PERFORMANCE.md): the default backward on compute capability 9.0
  * (block.h).
  *
- * Contract: dt_attn_kernels.bwd of block.h, as block_cuda_mma_bwd.cu: one
+ * Contract: dt_attn_kernels.bwd of block.h, as mma_bwd.cu: one
  * query segment against one key/value segment, GQA, the position mask of
  * mask.h; P = exp(scale q.k - lse) (0 where masked and on rows with lse =
  * -inf), dP = dO V^T, dS = P (dP - delta); dV += P^T dO, dK += scale dS^T
@@ -23,7 +23,7 @@
  * grid. Two warpgroups (256 threads); warpgroup w owns keys 64w .. 64w+63
  * of the tile, its warp v keys 16v .. 16v+15 of those (so warp 4w + v of
  * the CTA holds keys 16 (4w + v) .., the mma.sync backward's per-warp
- * layout of dK and dV, and mma_device.cuh's add_dk_dv serves both). The
+ * layout of dK and dV, and common.cuh's add_dk_dv serves both). The
  * CTA loops over the query heads of its kv head's group and, per head,
  * over the query tiles of BM = 8192 / D rows (128 at D = 64, 64 at D = 128)
  * that may attend its keys. Per query tile, each warpgroup, "transposed"
@@ -51,7 +51,7 @@
  * which reads the rows during the next iteration's math; those threads
  * wait for the reads (cp.async.bulk.wait_group.read) before the next
  * iteration's dS barrier, after which the rows are written again, and for
- * the adds before they exit. Where float2 atomics (mma_device.cuh's
+ * the adds before they exit. Where float2 atomics (common.cuh's
  * add_dq, which the mma.sync backward keeps) took every thread 16
  * reductions and their 64-bit addresses a query tile, that thread stores
  * 16 float2 into shared memory and half of them issue one instruction.
@@ -71,7 +71,7 @@
  * Query rows past the segment and rows whose lse is -inf take lse = +inf:
  * P = 0 exactly, so nothing they touch changes.
  *
- * Shared memory, every tile in wgmma_device.cuh's 128-byte swizzled
+ * Shared memory, every tile in ptx_sm90.cuh's 128-byte swizzled
  * column-block layout on a 1024-byte boundary: [K][V] of [BN][D], [Q 0]
  * [Q 1][dO 0][dO 1] of [BM][D], [dS] of [BM][BN], then per stage the
  * query rows' lse log2e, delta and key limits, two mbarriers, and the two
@@ -111,10 +111,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "block_cuda_mma.h"
-#include "mma_device.cuh"
+#include "kernels.h"
+#include "common.cuh"
 #include "mma_layout.h"
-#include "wgmma_device.cuh"
+#include "ptx_sm90.cuh"
 
 namespace {
 
@@ -159,7 +159,7 @@ struct wb_smem {
 struct wb_params {
     CUtensorMap q, dout, k, v;
     dt_attn_block_bwd_args a;
-    dt_mma_grid grid;   /* the launch's index math (mma_device.cuh) */
+    dt_mma_grid grid;   /* the launch's index math (common.cuh) */
 };
 
 #ifndef DT_WGMMA_STUB

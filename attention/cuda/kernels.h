@@ -1,8 +1,8 @@
-/* attention/block_cuda_mma.h — PRIVATE. The tensor-core block kernels,
- * forward (block_cuda_mma.cu, and for Hopper block_cuda_wgmma.cu) and
- * backward (block_cuda_mma_bwd.cu, and for Hopper block_cuda_wgmma_bwd.cu),
+/* attention/cuda/kernels.h — PRIVATE. The tensor-core block kernels,
+ * forward (mma_fwd.cu, and for Hopper wgmma_fwd.cu) and
+ * backward (mma_bwd.cu, and for Hopper wgmma_bwd.cu),
  * for the
- * CUDA kernel table in block_cuda.cu, which chooses between them and the
+ * CUDA kernel table in block.cu, which chooses between them and the
  * simple kernels (DT_ATTN_KERNEL, block.h). All pass their tests on the
  * CPU emulator of CUDA (tests/emu) and on an H200 (2026-11-26).
  * Plain C; the stream crosses as void * (a cudaStream_t).
@@ -12,10 +12,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "block.h"
+#include "../block.h"
 
 /* Built a second time for test_mma_emu (DT_MMA_EMU_PREFIX, with
- * DT_CUDA_EMULATE: see mma_device.cuh), the same functions carry an emu
+ * DT_CUDA_EMULATE: see common.cuh), the same functions carry an emu
  * prefix, so that they link beside the library's. */
 #ifdef DT_MMA_EMU_PREFIX
 #define dt_attn_mma_supported dt_emu_attn_mma_supported
@@ -59,14 +59,14 @@ int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *why, size_t 
  * call's first is launched as a programmatic dependent of the kernel
  * before it on the stream (the call's block before): it starts while that
  * one finishes and waits for it only before its rows' merge
- * (block_cuda_wgmma.cu says more), or with a->visits only for its rows'
+ * (wgmma_fwd.cu says more), or with a->visits only for its rows'
  * counts (block.h). Returns DT_ERR_BACKEND with CUDA's
  * message if the launch fails. */
 dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
                           int dependent);
 
 /* Runs one backward block (same contract as dt_attn_kernels.bwd, dq added
- * with atomics) on `stream` (block_cuda_mma_bwd.cu). The caller has checked
+ * with atomics) on `stream` (mma_bwd.cu). The caller has checked
  * dt_attn_mma_supported and dt_attn_mma_bwd_block_ok; l2_bytes as for the
  * forward. With dependent != 0 (only on a device of compute capability 9.0
  * or newer), a block that continues a call (a->continues) is launched as a
@@ -77,7 +77,7 @@ dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_
 dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes,
                           int dependent);
 
-/* The Hopper forward kernel (block_cuda_wgmma.cu: wgmma, sm_90a). 1 if it
+/* The Hopper forward kernel (wgmma_fwd.cu: wgmma, sm_90a). 1 if it
  * handles this dtype and head dim on a device of compute capability cc:
  * what dt_attn_mma_supported takes, on a 9.0 device, in a build whose
  * device code is for sm_90 (NVCC_ARCH); otherwise 0 and why. Its blocks
@@ -86,7 +86,7 @@ int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size
 
 /* 1 if the wgmma forward can read keys interleaved from slots
  * (dt_attn_block_args.kv_slots): whether the CUDA driver takes the 5-D
- * tensor maps they need (wgmma_device.cuh's encode_map), asked once per
+ * tensor maps they need (ptx_sm90.cuh's encode_map), asked once per
  * process. Otherwise 0 and the reason in why (may be NULL); the forward's
  * auto choice then runs such blocks on the mma kernel. */
 int dt_attn_wgmma_slots_ok(char *why, size_t why_size);
@@ -115,13 +115,13 @@ int dt_attn_wgmma_slots_ok(char *why, size_t why_size);
  * waits for the one before also before it takes from the queue, and one
  * with a->visits (the rows' waits, block.h) runs a CTA per query tile.
  * producer: at D = 128, nonzero for the loads by a producer warpgroup
- * (block_cuda_wgmma.cu), 0 for thread 0's; the same results either way,
+ * (wgmma_fwd.cu), 0 for thread 0's; the same results either way,
  * only the speed may differ. */
 dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
                             void *queue, int dependent, int producer);
 
 /* Runs one backward block on `stream` with the wgmma backward kernel
- * (block_cuda_wgmma_bwd.cu), as dt_attn_mma_bwd (same contract, l2_bytes,
+ * (wgmma_bwd.cu), as dt_attn_mma_bwd (same contract, l2_bytes,
  * dependent and error). It runs where dt_attn_wgmma_supported says the
  * forward does; its blocks have the needs of dt_attn_mma_bwd_block_ok. */
 dt_status dt_attn_wgmma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes,

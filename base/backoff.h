@@ -1,4 +1,4 @@
-/* dtensor/backoff.h — PRIVATE. How the library's bounded waits poll: the
+/* base/backoff.h — PRIVATE. How the library's bounded waits poll: the
  * CUDA backend's waits for the device (backend_cuda.cu's poll_until) and
  * the NCCL transport's (transport_nccl.c; it slept 50 us a poll before).
  * The MPI transport keeps its own longer sleeps (processes that share

@@ -1,4 +1,4 @@
-/* dtensor/status.c — status names and the thread-local last-error message,
+/* base/status.c — status names and the thread-local last-error message,
  * the one piece of thread-local state in the library. */
 #include "status.h"
 

@@ -1,4 +1,4 @@
-/* dtensor/cuda_launch.cuh — PRIVATE. The one way the CUDA sources launch a
+/* base/cuda_launch.cuh — PRIVATE. The one way the CUDA sources launch a
  * kernel and declare dynamic shared memory, so that the same sources also
  * run on the CPU emulator of tests/emu (emu.h) when the host C++ compiler
  * builds them with DT_CUDA_EMULATE (make CUDA=emu, and test_mma_emu).
@@ -19,7 +19,7 @@
  *       griddepcontrol.wait before it reads what that one wrote. A kernel
  *       whose device code for this GPU was compiled for an architecture
  *       before 9.0 (an sm_80 build JIT-compiled on an H100) has no
- *       griddepcontrol.wait, which mma_device.cuh emits from 9.0 on: it is
+ *       griddepcontrol.wait, which attention/cuda/common.cuh emits from 9.0 on: it is
  *       launched as an ordinary one. The emulator runs a dependent launch
  *       after the kernel before, as any launch, and checks what the kernel
  *       marks (emu.h, dt_emu_griddep_require).

@@ -1,7 +1,7 @@
-/* attention/block_cuda_wgmma.cu — the Hopper forward block kernel: warpgroup
+/* attention/cuda/wgmma_fwd.cu — the Hopper forward block kernel: warpgroup
  * MMA (wgmma, sm_90a) for bf16 and fp16, head dims 64 and 128. The default
  * forward on compute capability 9.0 (block.h); the portable mma.sync
- * kernel (block_cuda_mma.cu) is the default on the other GPUs of compute
+ * kernel (mma_fwd.cu) is the default on the other GPUs of compute
  * capability 8.0 or newer. Tested on the CPU emulator of CUDA (tests/emu,
  * test_mma_emu: ring, striped and zigzag blocks against the double
  * reference) and on H100 and H200 GPUs. Its speed is in
@@ -9,11 +9,11 @@
  * their figures, in docs/ARCHITECTURE.md ("The wgmma forward" and the
  * sections after it).
  *
- * Contract: dt_attn_kernels.fwd of block.h, as block_cuda_mma.cu: one query
+ * Contract: dt_attn_kernels.fwd of block.h, as mma_fwd.cu: one query
  * segment against one key/value segment, GQA, the position mask of mask.h,
  * the fp32 running max m, sum l and unnormalised output acc of each query
  * row merged with the block's own at the end and written back (fused
- * accumulation; mma_device.cuh's start_rows and write_rows).
+ * accumulation; common.cuh's start_rows and write_rows).
  *
  * Work split. A query tile per (128 query rows, head, batch), taken in the
  * order of mma_layout.h (the last query tiles, the most keys under a
@@ -48,7 +48,7 @@
  * call's first block, or came by an event the stream waited for (the
  * ring's next K, V). With the rows' waits (block.h's visits; dependent
  * launch mode 2) each warp waits instead for its 16 rows' count
- * (mma_device.cuh's rows_wait, rows_done), no thread for the grid before,
+ * (common.cuh's rows_wait, rows_done), no thread for the grid before,
  * and such a block runs a CTA per query tile (launch() says why).
  *
  * A CTA of two warpgroups
@@ -57,7 +57,7 @@
  * fragment layout); key tiles of BN = 128. Per key tile, each warpgroup:
  *   S[64x128] = Q K^T   wgmma m64n128k16, A = Q and B = K from shared
  *                       memory (K-major), D/16 k-steps chained, one commit
- *   online softmax      mma_device.cuh's, on the same per-warp layout
+ *   online softmax      common.cuh's, on the same per-warp layout
  *   O[64xD]  += P V     wgmma m64nDk16, A = P from registers (the S
  *                       accumulators rounded to T), B = V from shared memory
  *                       (MN-major: V is stored [key][d]), 8 k-steps chained
@@ -74,7 +74,7 @@
  * rules are the mma.sync kernel's (mask.h, closed form), with BN = 128.
  *
  * Shared memory: [Q 0][Q 1][K stage 0][K stage 1][V stage 0][V stage 1],
- * each in wgmma_device.cuh's 128-byte swizzled column-block layout (a Q
+ * each in ptx_sm90.cuh's 128-byte swizzled column-block layout (a Q
  * buffer at D = 128 as each warpgroup's 64 rows in a tile of their own,
  * wg_load_first), (2 BM + 4 BN) D 2 bytes (96 KiB at D = 64, 192 KiB at D =
  * 128), then eight mbarriers (full, empty, pub and qfree, two each) and
@@ -112,7 +112,7 @@
  * spills. The batch and kv head of the current tile sit in shared memory
  * for thread 0's loads instead of in every thread's registers (at D = 64
  * they spilled). A
- * tile's index math divides by multiplication (mma_device.cuh's
+ * tile's index math divides by multiplication (common.cuh's
  * dt_mma_grid, made on the host).
  *
  * The overlapped order (OV below; D = 128): the warpgroups do not meet
@@ -134,10 +134,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "block_cuda_mma.h"
-#include "mma_device.cuh"
+#include "kernels.h"
+#include "common.cuh"
 #include "mma_layout.h"
-#include "wgmma_device.cuh"
+#include "ptx_sm90.cuh"
 
 namespace {
 
@@ -159,7 +159,7 @@ constexpr int WG_THREADS = 256;       /* two warpgroups */
 struct wg_params {
     CUtensorMap q, k, v;
     dt_attn_block_args a;
-    dt_mma_grid grid;  /* the launch's index math (mma_device.cuh) */
+    dt_mma_grid grid;  /* the launch's index math (common.cuh) */
     uint32_t tiles;    /* query tiles of the block: ceil(nq / BM) x heads x batch */
     uint32_t *queue;   /* the tile queue (wg_next); NULL: a CTA per tile */
 };
@@ -485,7 +485,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                                wg_limit - (int64_t)(wg_tiles - 1) * WG_BN <= WG_BN / 2;
 
         /* The lane's two query rows, their state started empty (merged with
-         * the stored one at the end: mma_device.cuh); a tile without keys
+         * the stored one at the end: common.cuh); a tile without keys
          * (every key after every query) only starts or finishes its rows
          * (a.first, a.last), or does nothing. */
         int lim[2];

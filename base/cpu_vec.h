@@ -1,4 +1,4 @@
-/* dtensor/cpu_vec.h — PRIVATE. fp32 vector math for the CPU kernels.
+/* base/cpu_vec.h — PRIVATE. fp32 vector math for the CPU kernels.
  *
  * Four floats at a time with GCC/Clang vector extensions (SSE2 on x86-64,
  * NEON on arm64), so that a kernel's exp and reductions stay in vector

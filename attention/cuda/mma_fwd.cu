@@ -1,10 +1,10 @@
-/* attention/block_cuda_mma.cu — the tensor-core forward block kernel
+/* attention/cuda/mma_fwd.cu — the tensor-core forward block kernel
  * (FlashAttention-2 style) for bf16 and fp16, head dims 64 and 128, compute
  * capability >= 8.0. STATUS: passes its tests on the CPU emulator of CUDA
  * (tests/emu, test_mma_emu: against the double reference on ring, striped
  * and zigzag blocks) and on an H100 (0.81x to 1.11x FlashAttention-2 there,
  * docs/PERFORMANCE.md); the default forward where the wgmma kernel cannot
- * run (before compute capability 9.0); the simple kernel in block_cuda.cu
+ * run (before compute capability 9.0); the simple kernel in block.cu
  * stays as the fallback and the cross-check (DT_ATTN_KERNEL, block.h).
  *
  * Contract: dt_attn_kernels.fwd of block.h, the same as block_cpu.c and the
@@ -12,10 +12,10 @@
  * head h reads kv head h / (H/G)), the position mask of mask.h; the fp32
  * running max m, sum l and unnormalised output acc of each query row are
  * merged with the block's own at the end and written back (fused
- * accumulation, no merge pass; mma_device.cuh's write_rows). On compute
+ * accumulation, no merge pass; common.cuh's write_rows). On compute
  * capability 9.0 a block after a call's first is a programmatic dependent
  * launch, which waits for the block before only before that merge
- * (block_cuda_wgmma.cu says why).
+ * (wgmma_fwd.cu says why).
  *
  * Work split. A CTA per (query tile, head, batch), launched in the order of
  * mma_layout.h (the heaviest query tiles of a section of heads first); a
@@ -30,7 +30,7 @@
  *   O[16xD]   = alpha O + P V        P re-packed from the S accumulators
  *                                    into A fragments; V via ldmatrix.trans
  * with O in fp32 registers (from 0; the acc rows merged at the end). Exponentials
- * are exp2_ftz((x - m) * log2(e)) (mma_device.cuh: exp2f's instruction
+ * are exp2_ftz((x - m) * log2(e)) (common.cuh: exp2f's instruction
  * without its subnormal results): m and the scores stay in natural-log units,
  * exactly what block.h stores, so nothing is converted at the boundaries
  * and logits of 1e4 lose nothing but the final subtraction's rounding. (FA2
@@ -62,8 +62,8 @@
  * keeps the next iteration's copies off the stage still being read.
  *
  * The PTX wrappers and the tile copy are shared with the backward kernel
- * (block_cuda_mma_bwd.cu), the online softmax with the Hopper forward kernel
- * (block_cuda_wgmma.cu), all in mma_device.cuh.
+ * (mma_bwd.cu), the online softmax with the Hopper forward kernel
+ * (wgmma_fwd.cu), all in common.cuh.
  *
  * Every index comes from mma_layout.h, whose functions tests/test_attention.c
  * runs on the CPU against an ldmatrix / mma.sync emulation written from the
@@ -80,8 +80,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "block_cuda_mma.h"
-#include "mma_device.cuh"
+#include "kernels.h"
+#include "common.cuh"
 #include "mma_layout.h"
 
 namespace {
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     __trap();   /* never launched: the host requires compute capability >= 8.0 */
 #else
     cta_trace(a, 0);
-    grid_dep_launch();   /* the next block may start (block_cuda_wgmma.cu says how) */
+    grid_dep_launch();   /* the next block may start (wgmma_fwd.cu says how) */
     DT_DYNAMIC_SMEM(unsigned char, smem);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     const int64_t H = a.heads, G = a.kv_heads, nq = a.qseg.len, nk = a.kseg.len;
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
     }
 
     /* The lane's two query rows, their state started empty (merged with
-     * the stored one at the end: mma_device.cuh). */
+     * the stored one at the end: common.cuh). */
     int lim[2];
     float m[2], l[2], o[D / 8][4];
     start_rows<D>(a, grid, x0 + 16 * warp, lane, lim, m, l, o);
@@ -390,7 +390,7 @@ extern "C" int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *w
         return 0;
     }
     /* A CTA walks its GQA group's query tiles (of 64 rows at the least)
-     * with 32-bit counters (mma_device.cuh's bwd_cta). */
+     * with 32-bit counters (common.cuh's bwd_cta). */
     const int64_t group = a->kv_heads > 0 ? a->heads / a->kv_heads : 0;
     if (group * ((a->qseg.len + DT_MMA_BM - 1) / DT_MMA_BM) > INT32_MAX) {
         say(why, why_size, "%lld query heads per kv head x %lld query tiles of 64 rows is more "

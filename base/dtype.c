@@ -1,4 +1,4 @@
-/* dtensor/dtype.c — element type sizes and names, array conversions. */
+/* base/dtype.c — element type sizes and names, array conversions. */
 #include "dtype.h"
 
 size_t dt_dtype_size(dt_dtype dtype) {

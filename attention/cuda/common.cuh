@@ -1,200 +1,34 @@
-/* attention/mma_device.cuh — PRIVATE. The device helpers the tensor-core
- * attention kernels share (block_cuda_mma.cu: forward, block_cuda_mma_bwd.cu:
- * backward, block_cuda_wgmma.cu and block_cuda_wgmma_bwd.cu: the Hopper
- * forward and backward): thin PTX wrappers (cp.async, ldmatrix, mma.sync
- * m16n8k16), the per-element-type packing, quad reductions, the online
- * softmax of the forward kernels, P as an A fragment, the backward kernels'
- * CTA plan and dQ / dK / dV additions, the swizzled tile copy, a CTA's
- * trace record (bench/blocks --trace), and on the host the launch and the
- * dtype / head-dim dispatch.
- * CUDA C++ only. Every index they are given comes from mma_layout.h (tested
- * on the CPU by tests/test_attention.c).
+/* attention/cuda/common.cuh — PRIVATE. What the tensor-core attention
+ * kernels share (mma_fwd.cu, mma_bwd.cu, wgmma_fwd.cu, wgmma_bwd.cu): the
+ * per-element-type packing, the online softmax of the forward kernels, P as
+ * an A fragment, the backward kernels' CTA plan and dQ / dK / dV additions,
+ * the swizzled tile copy, a CTA's trace record, and on the host the launch
+ * grids and the dtype / head-dim dispatch. CUDA C++ only; the instructions
+ * come from ptx.cuh. Every index comes from mma_layout.h (tested on the CPU
+ * by tests/test_attention.c).
  *
- * Device code for compute capability < 8.0 (NVCC_ARCH=sm_75, say) keeps only
- * trapping stubs of the kernels: bf16 mma.sync and cp.async need sm_80, and
- * the host never launches them on such a device (dt_attn_mma_supported). So
- * everything below is compiled only where DT_MMA_STUB is not defined.
- *
- * DT_CUDA_EMULATE: the kernel sources are being compiled by the host C++
- * compiler for the CPU emulator of tests/emu (emu.h), which `make test`
- * runs on machines without a GPU. The PTX wrappers then call the emulator
- * instead (and dt_cuda_launch runs the grid there); nothing else in the
- * kernels changes.
+ * Device code for compute capability < 8.0 keeps only trapping stubs of the
+ * kernels (DT_MMA_STUB, ptx.cuh); the host never launches them there
+ * (dt_attn_mma_supported).
  */
-#ifndef DT_ATTN_MMA_DEVICE_CUH
-#define DT_ATTN_MMA_DEVICE_CUH
+#ifndef DT_ATTN_CUDA_COMMON_CUH
+#define DT_ATTN_CUDA_COMMON_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef DT_CUDA_EMULATE
-#include <time.h>
-#endif
 
-#include "../dtensor/cuda_launch.cuh"
-#include "../dtensor/dtype.h"
-#include "../dtensor/status.h"
-#include "block.h"
+#include "../../base/dtype.h"
+#include "../../base/status.h"
+#include "../block.h"
 #include "mma_layout.h"
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define DT_MMA_STUB 1
-#endif
+#include "ptx.cuh"
 
 #ifndef DT_MMA_STUB
 namespace {
 
-
-/* ------------------------------------------------------------ PTX wrappers */
-
-#ifdef DT_CUDA_EMULATE
-/* The same operations on the CPU emulator (tests/emu/emu.h). */
-__device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
-    dt_emu_cp_async16(smem, gmem, valid ? 16 : 0);
-}
-__device__ __forceinline__ void cp_async_commit() { dt_emu_cp_commit(); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    dt_emu_cp_wait(N);
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *row) {
-    dt_emu_ldmatrix_x4(r, row, 0);
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *row) {
-    dt_emu_ldmatrix_x4(r, row, 1);
-}
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-    dt_emu_mma_m16n8k16(d, a, b0, b1, DT_BF16);
-}
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-    dt_emu_mma_m16n8k16(d, a, b0, b1, DT_F16);
-}
-/* The clocks of a CTA trace: the host's monotonic clock, one "SM". */
-__device__ __forceinline__ uint64_t global_ns() {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-__device__ __forceinline__ uint64_t sm_clock() { return global_ns(); }
-__device__ __forceinline__ uint32_t sm_id() { return 0; }
-#else
-/* 32-bit shared-memory address of a generic pointer into shared memory. */
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/* 16 bytes global -> shared, asynchronously; 16 zero bytes if !valid (the
- * source is then not read, but is still a valid address). */
-__device__ __forceinline__ void cp_async_16(void *smem, const void *gmem, bool valid) {
-    const int src_bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-                 "l"(gmem), "r"(src_bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/* Wait until at most N of this thread's commit groups are still in flight. */
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/* Four 8x8 b16 matrices; lane l gives the row address for matrix l / 8. */
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(row))
-                 : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(row))
-                 : "memory");
-}
-
-/* d = A B + d, A 16x16 (4 regs), B 16x8 (2 regs), d 16x8 fp32. */
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* The GPU's global nanosecond timer, this SM's cycle counter, this SM. */
-__device__ __forceinline__ uint64_t global_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ uint64_t sm_clock() { return (uint64_t)clock64(); }
-__device__ __forceinline__ uint32_t sm_id() {
-    uint32_t s;
-    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(s));
-    return s;
-}
-#endif /* DT_CUDA_EMULATE */
-
-/* Programmatic dependent launch (compute capability 9.0 on; nothing on
- * older targets, where the host never asks for it: dt_cuda_launch_ex).
- * grid_dep_launch lets the grid launched after this one as its
- * programmatic dependent start once every CTA of this grid has called it
- * or exited (its CTAs then take SMs as this grid's free them);
- * grid_dep_wait waits until the grid this one depends on has completed
- * and its writes are visible. Both do nothing in a grid launched without
- * the attribute. dependent_access marks a read of what the grid before
- * may have written (the rows' running state): on the emulator, a check
- * that the thread has waited if the launch is a dependent one (for the
- * grid, or for the rows' count `rows`: rows_wait); nothing on a GPU. */
-__device__ __forceinline__ void grid_dep_launch() {
-#ifdef DT_CUDA_EMULATE
-    dt_emu_griddep_launch();
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void grid_dep_wait() {
-#ifdef DT_CUDA_EMULATE
-    dt_emu_griddep_wait();
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-/* A hint: the 128-byte line at p into L2 (no effect on any result). */
-__device__ __forceinline__ void prefetch_l2(const void *p) {
-#ifdef DT_CUDA_EMULATE
-    (void)p;
-#else
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-#endif
-}
-__device__ __forceinline__ void dependent_access(const char *what, const uint32_t *rows = nullptr) {
-#ifdef DT_CUDA_EMULATE
-    dt_emu_griddep_require_rows(what, rows);
-#else
-    (void)what;
-    (void)rows;
-#endif
-}
 
 /* The CTA's record of a traced launch (dt_attn_block_args.trace, block.h;
  * bench only): thread 0 stamps record `index` (blockIdx.x where < 0; the
@@ -267,35 +101,6 @@ struct elem<__half> {
 
 constexpr float LOG2E = 1.4426950408889634f;
 
-/* 2^x by the SFU alone (ex2.approx.ftz), the instruction exp2f itself
- * computes with: exp2f (without fast math) wraps it in a test and two
- * predicated multiplies per value, to return the results below 2^-126 as
- * subnormals, and its last multiply waits for the SFU's result at once;
- * here those are 0, and every other value is exp2f's, bit for bit. The
- * kernels' exponents are a score less its row's running maximum (forward)
- * or log-sum-exp (backward), so what is flushed is below 2^-126 where the
- * row's largest term is 1, or at least 1 over its keys. */
-__device__ __forceinline__ float exp2_ftz(float x) {
-#ifdef DT_CUDA_EMULATE
-    return dt_emu_ex2_ftz(x);
-#else
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
-
-/* Reductions over the 4 lanes of a quad (lanes 4g .. 4g+3 hold row g). */
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 /* A launch's index math, made on the host (dt_mma_fwd_grid,
  * dt_mma_bwd_grid) so that the kernels divide by multiplication
  * (mma_layout.h: dt_udiv): the launch order of its blocks (or query tiles,
@@ -356,7 +161,7 @@ __device__ __forceinline__ uint32_t cta_index() { return opaque(blockIdx.x); }
  * accumulation; a.first: the call's first block, nothing to merge). The
  * merge comes at the end, not a read at the start, so that nothing before
  * it reads what an earlier block wrote: the wgmma forward, launched as a
- * programmatic dependent of the block before (block_cuda_wgmma.cu), runs
+ * programmatic dependent of the block before (wgmma_fwd.cu), runs
  * its keys while that block still finishes. o[j][i] is accumulator element
  * i of n-tile j (head-dim columns 8j .. 8j+7): row dt_mma_c_row(lane, i),
  * column 8j + dt_mma_c_col(lane, i); elements 2 half and 2 half + 1 are
@@ -384,7 +189,7 @@ __device__ __forceinline__ uint32_t *rows_count(const dt_attn_block_args &a, con
 
 /* Fails the launch: a count that does not come within DT_ROWS_WAIT_NS of
  * the global timer (a broken call, never a hung GPU). A call, not the trap
- * inlined (wgmma_device.cuh's wg_fail says why). */
+ * inlined (ptx_sm90.cuh's wg_fail says why). */
 #ifndef DT_CUDA_EMULATE
 #define DT_ROWS_WAIT_NS 10000000000ull
 __device__ __noinline__ void rows_fail() { __trap(); }
@@ -514,7 +319,7 @@ struct stored_rows {
  * source counters, causal 4096 x 4096 block, 2026-11-26, those waits held
  * half of the warps' samples after the last key tile). The wgmma forward
  * at D = 128 issues them before its last product's wait, so that the
- * product hides their latency (block_cuda_wgmma.cu, EARLY). Reads what an
+ * product hides their latency (wgmma_fwd.cu, EARLY). Reads what an
  * earlier block wrote: after grid_dep_wait. */
 template <int D>
 __device__ __forceinline__ void load_rows(const dt_attn_block_args &a, const fwd_cta &c, int64_t row0,
@@ -624,13 +429,13 @@ enum softmax_exp { SFU, SFU_PACKED, EXP2F };
 
 /* The online softmax of one key tile of NT n-tiles (8 keys each), on the
  * lane's two rows (half 0: row g, half 1: row g+8 of the warp's 16), for
- * both forward kernels (mma.sync: block_cuda_mma.cu; wgmma:
- * block_cuda_wgmma.cu, whose accumulators have the same per-warp layout).
+ * both forward kernels (mma.sync: mma_fwd.cu; wgmma:
+ * wgmma_fwd.cu, whose accumulators have the same per-warp layout).
  * In: s = raw Q K^T. Out: s = P (fp32), and with SFU_PACKED also pa[NT /
  * 2] = P rounded to T as p_fragment makes it; m, l updated, o rescaled by
  * alpha. MASKED: keys y >= lim[half] of the row become -inf (key0 is the
  * tile's first key). Exponentials are 2^((x - m) log2(e)), m in natural-
- * log units (block_cuda_mma.cu says why). */
+ * log units (mma_fwd.cu says why). */
 template <bool MASKED, int NT, int D, softmax_exp EXP = SFU, typename T = float>
 __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2],
                                                float (&o)[D / 8][4], const int (&lim)[2],
@@ -693,8 +498,8 @@ __device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (*p)[4
 
 /* ------------------------------------------------- backward accumulators
  *
- * Both backward kernels (mma.sync: block_cuda_mma_bwd.cu; wgmma:
- * block_cuda_wgmma_bwd.cu) hold dK and dV in the per-warp accumulator
+ * Both backward kernels (mma.sync: mma_bwd.cu; wgmma:
+ * wgmma_bwd.cu) hold dK and dV in the per-warp accumulator
  * layout (warp w of the CTA: keys 16 w .. 16 w + 15 of the key tile; lane
  * rows g and g + 8, n-tile j = head-dim columns 8j .. 8j+7) and add dQ from
  * accumulators of the same layout. */
@@ -922,4 +727,4 @@ inline dt_mma_grid dt_mma_bwd_grid(const dt_attn_block_bwd_args &a, int64_t l2_b
 }
 
 }  // namespace
-#endif /* DT_ATTN_MMA_DEVICE_CUH */
+#endif /* DT_ATTN_CUDA_COMMON_CUH */

@@ -1,4 +1,4 @@
-/* dtensor/dtype.h — element types.
+/* base/dtype.h — element types.
  *
  * fp32 is the reference type. bf16 and fp16 are stored as 16 bits and
  * computed in fp32 (convert with dt_bf16_to_f32 / dt_f32_to_bf16 and
