@@ -111,7 +111,7 @@ dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, co
  *         may attend to no key, whose output is 0), sharded like q with the
  *         dims moved: q's Shard(1) becomes Shard(2), Shard(2) becomes Shard(1).
  * lse may be NULL if not wanted. opts may be NULL (defaults). On failure
- * *o and *lse (if given) are set to NULL, nothing else is changed. */
+ * nothing is written or changed. */
 dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                const dt_attention_options *opts, dt_tensor **o, dt_tensor **lse);
 
@@ -130,8 +130,7 @@ dt_status dt_attention_backward_workspace_size(const dt_tensor *q, const dt_tens
  * the fp32 lse, so with logits of magnitude L the gradients carry a
  * relative error of up to about L x 2^-24 beyond the forward's (6e-4 at
  * L = 1e4; FlashAttention's backward, with its fp32 lse, is alike). On
- * failure *dq, *dk and *dv are set to
- * NULL, nothing else is changed. */
+ * failure nothing is written or changed. */
 dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                 const dt_tensor *o, const dt_tensor *lse, const dt_tensor *dout,
                                 const dt_attention_options *opts, dt_tensor **dq, dt_tensor **dk,

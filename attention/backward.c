@@ -288,9 +288,6 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
                                 const dt_attention_options *opts, dt_tensor **dq, dt_tensor **dk,
                                 dt_tensor **dv) {
     const char *op = "dt_attention_backward";
-    if (dq) *dq = NULL;
-    if (dk) *dk = NULL;
-    if (dv) *dv = NULL;
     attn_plan p;
     dt_status local = attn_plan_make(op, q, k, v, opts, &p);
     if (local == DT_SUCCESS && !(dq && dk && dv))

@@ -206,8 +206,6 @@ dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, co
 dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                const dt_attention_options *opts, dt_tensor **o, dt_tensor **lse) {
     const char *op = "dt_attention_forward";
-    if (o) *o = NULL;
-    if (lse) *lse = NULL;
     attn_plan p;
     dt_status local = attn_plan_make(op, q, k, v, opts, &p);
     if (local == DT_SUCCESS && !o) local = dt_error(DT_ERR_INVALID_ARGUMENT, "%s: o is NULL", op);

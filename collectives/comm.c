@@ -217,11 +217,13 @@ dt_status dt_comm_barrier(dt_comm *comm) {
 dt_status dt_comm_split(dt_comm *comm, int color, int key, dt_comm **out) {
     const char *name = "split";
     if (!out) return comm_error(comm, DT_ERR_INVALID_ARGUMENT, name, "out is NULL");
-    *out = NULL;
     DT_TRY(check_comm(comm, name));
     dt_coll_args a = {.kind = DT_COLL_SPLIT, .color = color, .key = key};
     comm->calls++;
-    return comm->ops->collective(comm, &a, out);
+    dt_comm *c = NULL;
+    dt_status st = comm->ops->collective(comm, &a, &c);
+    if (st == DT_SUCCESS) *out = c;
+    return st;
 }
 
 void dt_comm_destroy(dt_comm *comm) {

@@ -44,7 +44,6 @@ const char *dt_ring_direction_name(dt_ring_direction direction) {
 static dt_status ring_create(dt_comm *comm, size_t bytes, dt_ring_direction direction,
                              void *buffers, int check, dt_ring **out) {
     if (!out) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_create: out is NULL");
-    *out = NULL;
     if (!comm) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_ring_create: comm is NULL");
     if ((int)direction < 0 || direction >= DT_RING_DIRECTION_COUNT)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: dt_ring_create: unknown direction %d",

@@ -94,11 +94,13 @@ typedef struct grave {
 
 static struct {
     pthread_mutex_t mu;
-    int we_initialised;     /* dt_mpi_init called MPI_Init_thread */
+    int we_initialised;     /* dt_mpi_init started MPI (the lifecycle thread) */
     int finalized;          /* dt_mpi_finalize called MPI_Finalize */
     char unusable[512];     /* why MPI_COMM_WORLD cannot make worlds any more ("" if it can) */
+    char no_finalize[512];  /* why MPI_Finalize could wait forever ("" if it cannot) */
+    long timeout_ms;        /* the last dt_mpi_init's: bounds MPI_Finalize */
     grave *graves;
-} g_mpi = {PTHREAD_MUTEX_INITIALIZER, 0, 0, "", NULL};
+} g_mpi = {PTHREAD_MUTEX_INITIALIZER, 0, 0, "", "", 0, NULL};
 
 /* Keeps p alive (reachable) until dt_mpi_finalize: an abandoned MPI request
  * may still write to it. */
@@ -139,14 +141,65 @@ static const char *thread_level_name(int level) {
     }
 }
 
-dt_status dt_mpi_init(int *rank, int *size) {
-    int inited = 0, fin = 0;
+/* MPI's start and end run on a thread of their own (the lifecycle thread),
+ * which the caller waits for under its timeout: MPI_Init_thread waits for
+ * every process of the job to start MPI, and MPI_Finalize for every process
+ * to reach it, and neither can be interrupted. The standard asks that the
+ * thread that initialised MPI finalizes it; this thread does both and calls
+ * nothing else (MPI_THREAD_SERIALIZED lets the rank's thread call the rest).
+ * A wait that runs out leaves the thread where it is: the process can still
+ * return an error and exit. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int started, init_done, init_rc, fin_asked, fin_done, fin_rc;
+} g_life = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0};
+
+static void *life_main(void *arg) {
+    (void)arg;
+    int provided = 0;
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+    pthread_mutex_lock(&g_life.mu);
+    g_life.init_done = 1;
+    g_life.init_rc = rc;
+    pthread_cond_broadcast(&g_life.cv);
+    while (rc == MPI_SUCCESS && !g_life.fin_asked) pthread_cond_wait(&g_life.cv, &g_life.mu);
+    pthread_mutex_unlock(&g_life.mu);
+    if (rc != MPI_SUCCESS) return NULL;
+    rc = MPI_Finalize();
+    pthread_mutex_lock(&g_life.mu);
+    g_life.fin_done = 1;
+    g_life.fin_rc = rc;
+    pthread_cond_broadcast(&g_life.cv);
+    pthread_mutex_unlock(&g_life.mu);
+    return NULL;
+}
+
+/* Waits (g_life.mu held) until *flag is set or timeout_ms pass: 1 if set. */
+static int life_wait(const int *flag, long timeout_ms) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    while (!*flag)
+        if (pthread_cond_timedwait(&g_life.cv, &g_life.mu, &until) != 0) break;
+    return *flag;
+}
+
+/* Remembers why MPI_Finalize must not be entered (the first reason). */
+static void finalize_unsafe(const char *why) {
+    pthread_mutex_lock(&g_mpi.mu);
+    if (!g_mpi.no_finalize[0]) copy_str(g_mpi.no_finalize, sizeof g_mpi.no_finalize, why);
+    pthread_mutex_unlock(&g_mpi.mu);
+}
+
+dt_status dt_mpi_init(long timeout_ms, int *rank, int *size) {
     dt_status st = DT_SUCCESS;
     char why[MPI_MAX_ERROR_STRING];
     pthread_mutex_lock(&g_mpi.mu);
-    MPI_Initialized(&inited);
-    MPI_Finalized(&fin);
-    if (fin) {
+    g_mpi.timeout_ms = timeout_ms;
+    if (g_mpi.finalized) {
         st = dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: MPI was already finalized (dt_finalize or "
                       "MPI_Finalize): no launch over MPI can follow");
         goto out;
@@ -156,15 +209,50 @@ dt_status dt_mpi_init(int *rank, int *size) {
                       "process: %s", g_mpi.unusable);
         goto out;
     }
-    if (!inited) {
-        int provided = 0;
-        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+    pthread_mutex_lock(&g_life.mu);
+    int started = g_life.started;
+    pthread_mutex_unlock(&g_life.mu);
+    int inited = 0;
+    if (!started) {
+        int fin = 0;
+        MPI_Initialized(&inited);
+        MPI_Finalized(&fin);
+        if (fin) {
+            st = dt_error(DT_ERR_NOT_SUPPORTED, "dt_launch: MPI was already finalized "
+                          "(MPI_Finalize): no launch over MPI can follow");
+            goto out;
+        }
+    }
+    if (!inited) {   /* ours to start (or started by an earlier call) */
+        pthread_mutex_lock(&g_life.mu);
+        if (!g_life.started) {
+            pthread_t th;
+            if (pthread_create(&th, NULL, life_main, NULL) != 0) {
+                pthread_mutex_unlock(&g_life.mu);
+                st = dt_error(DT_ERR_SYSTEM, "dt_launch: cannot start a thread for MPI_Init_thread");
+                goto out;
+            }
+            pthread_detach(th);
+            g_life.started = 1;
+            g_mpi.we_initialised = 1;
+        }
+        const int done = life_wait(&g_life.init_done, timeout_ms);
+        const int rc = g_life.init_rc;
+        pthread_mutex_unlock(&g_life.mu);
+        if (!done) {
+            snprintf(why, sizeof why, "MPI_Init_thread had not returned after %ld ms", timeout_ms);
+            st = dt_error(DT_ERR_TIMEOUT, "dt_launch: MPI_Init_thread did not return within %ld ms "
+                          "(DT_TIMEOUT_MS): it waits for every process of the job to start MPI, "
+                          "and one is late, failed before dt_launch, or is missing", timeout_ms);
+            pthread_mutex_unlock(&g_mpi.mu);
+            finalize_unsafe(why);
+            return st;
+        }
         if (rc != MPI_SUCCESS) {
             mpi_string(rc, why, sizeof why);
             st = dt_error(DT_ERR_BACKEND, "dt_launch: MPI_Init_thread failed: %s", why);
             goto out;
         }
-        g_mpi.we_initialised = 1;
     }
     int level = MPI_THREAD_SINGLE, is_main = 0;
     MPI_Query_thread(&level);
@@ -186,16 +274,32 @@ out:
 dt_status dt_mpi_finalize(void) {
     dt_status st = DT_SUCCESS;
     pthread_mutex_lock(&g_mpi.mu);
+    const long timeout_ms = g_mpi.timeout_ms;
     if (g_mpi.we_initialised && !g_mpi.finalized) {
-        int fin = 0;
-        MPI_Finalized(&fin);
-        if (!fin) {
-            int rc = MPI_Finalize();
-            if (rc != MPI_SUCCESS) {
-                char why[MPI_MAX_ERROR_STRING];
-                mpi_string(rc, why, sizeof why);
-                st = dt_error(DT_ERR_BACKEND, "dt_finalize: MPI_Finalize failed: %s", why);
-            }
+        if (g_mpi.no_finalize[0]) {
+            st = dt_error(DT_ERR_PEER_FAILED, "dt_finalize: MPI_Finalize not entered: it waits for "
+                          "every process of the job, and %s; the process may exit (its launcher "
+                          "reports it)", g_mpi.no_finalize);
+            pthread_mutex_unlock(&g_mpi.mu);
+            return st;
+        }
+        pthread_mutex_lock(&g_life.mu);
+        g_life.fin_asked = 1;
+        pthread_cond_broadcast(&g_life.cv);
+        const int done = life_wait(&g_life.fin_done, timeout_ms);
+        const int rc = g_life.fin_rc;
+        pthread_mutex_unlock(&g_life.mu);
+        if (!done) {
+            st = dt_error(DT_ERR_TIMEOUT, "dt_finalize: MPI_Finalize did not return within %ld ms "
+                          "(DT_TIMEOUT_MS): a process of the job has not reached it", timeout_ms);
+            copy_str(g_mpi.no_finalize, sizeof g_mpi.no_finalize, "an earlier MPI_Finalize did not return");
+            pthread_mutex_unlock(&g_mpi.mu);
+            return st;
+        }
+        if (rc != MPI_SUCCESS) {
+            char why[MPI_MAX_ERROR_STRING];
+            mpi_string(rc, why, sizeof why);
+            st = dt_error(DT_ERR_BACKEND, "dt_finalize: MPI_Finalize failed: %s", why);
         }
         g_mpi.finalized = 1;
         /* No request can run any more: what they might have touched is free. */
@@ -401,6 +505,7 @@ dt_status dt_mpi_world_create(const dt_comm_config *cfg, dt_mpi_world **out) {
         pthread_mutex_lock(&g_mpi.mu);
         snprintf(g_mpi.unusable, sizeof g_mpi.unusable, "%s", msg);
         pthread_mutex_unlock(&g_mpi.mu);
+        finalize_unsafe(msg);
         bury(w); /* the idups write into w->data and w->ctrl */
         return dt_error(wr == W_TIMEOUT ? DT_ERR_TIMEOUT : DT_ERR_BACKEND, "%s", msg);
     }
@@ -481,46 +586,50 @@ typedef struct finish_rec {
     char msg[FINISH_MSG];
 } finish_rec;
 
-dt_status dt_mpi_world_finish(dt_mpi_world *w, dt_status mine, const char *my_msg, char *msg,
-                              size_t msg_size) {
-    if (!w) return dt_error(DT_ERR_INVALID_ARGUMENT, "mpi world: NULL");
-    world_poll(w);
+/* The exit exchange's grace (at most the timeout): see dt_mpi_world_finish. */
+#define FINISH_GRACE_MS 1000L
+
+/* COLLECTIVE over the control communicator: every rank shares `mine` (with
+ * its message) and gets the same verdict: DT_SUCCESS, or the status and
+ * message of the lowest rank whose failure was its own (not
+ * DT_ERR_PEER_FAILED). Not stopped by notices. Waits at most `bound` ms;
+ * then this rank returns `mine` if it failed, else DT_ERR_TIMEOUT, and MPI
+ * may not be finalized (a process is missing). */
+static dt_status exchange(dt_mpi_world *w, dt_status mine, const char *my_msg, long bound,
+                          const char *what, char *msg, size_t msg_size) {
     finish_rec me;
     memset(&me, 0, sizeof me);
-    /* An abort made here (dt_comm_abort) counts even if the function then
-     * returned success, as in the local transport. */
-    if (mine == DT_SUCCESS && w->failure.set && w->failure.rank == w->rank) {
-        mine = w->failure.status;
-        my_msg = w->failure.msg;
-    }
     me.status = (int32_t)mine;
     me.origin = mine == DT_SUCCESS ? -1 : w->failure.set ? w->failure.rank : w->rank;
     copy_str(me.msg, sizeof me.msg, mine != DT_SUCCESS && my_msg ? my_msg : "");
     finish_rec *all = calloc((size_t)w->size, sizeof *all);
-    if (!all) return dt_error(DT_ERR_OUT_OF_MEMORY, "mpi world: out of memory for the exit exchange");
+    if (!all) return dt_error(DT_ERR_OUT_OF_MEMORY, "mpi world: out of memory for %s", what);
     MPI_Request r = MPI_REQUEST_NULL;
     int rc = MPI_Iallgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, w->ctrl,
                             &r);
-    /* Not stopped by notices: every rank comes here, failed or not. Twice
-     * the timeout: a peer still inside a library wait gives up within one
-     * timeout and then comes here to report. */
-    long bound = w->cfg.timeout_ms > LONG_MAX / 2 ? LONG_MAX : 2 * w->cfg.timeout_ms;
     int wr = rc == MPI_SUCCESS ? wait_reqs(w, 1, &r, bound, 0, &rc) : W_ERROR;
     if (wr != W_OK) {
         w->leak = 1;
         bury(all);
         dt_status st;
-        if (wr == W_TIMEOUT) {
-            char m[300];
-            snprintf(m, sizeof m, "rank %d: dt_launch: its function returned %s, and not every "
-                     "rank finished within %ld ms (twice DT_TIMEOUT_MS) after it: a rank hangs, "
-                     "died, or computes for longer", w->rank, dt_status_name(mine), bound);
+        char m[700];
+        if (wr == W_TIMEOUT && mine != DT_SUCCESS) {
+            snprintf(m, sizeof m, "%s (and not every rank reached %s within %ld ms after it)",
+                     my_msg && *my_msg ? my_msg : dt_status_name(mine), what, bound);
+            st = mine;
+            dt_error(st, "%s", m);
+        } else if (wr == W_TIMEOUT) {
+            snprintf(m, sizeof m, "rank %d: %s: not every rank reached it within %ld ms "
+                     "(DT_TIMEOUT_MS): a rank hangs, died, or computes for longer", w->rank, what,
+                     bound);
             st = DT_ERR_TIMEOUT;
             dt_mpi_world_abort(w, st, m);
             dt_error(st, "%s", m);
         } else {
-            st = world_wait_fail(w, wr, rc, "dt_launch (the exit exchange)");
+            st = world_wait_fail(w, wr, rc, what);
         }
+        snprintf(m, sizeof m, "%s did not complete on rank %d", what, w->rank);
+        finalize_unsafe(m);
         if (msg && msg_size) snprintf(msg, msg_size, "%s", dt_last_error());
         return st;
     }
@@ -546,6 +655,33 @@ dt_status dt_mpi_world_finish(dt_mpi_world *w, dt_status mine, const char *my_ms
     }
     free(all);
     return st;
+}
+
+dt_status dt_mpi_world_agree(dt_mpi_world *w, dt_status mine, const char *my_msg, char *msg,
+                             size_t msg_size) {
+    if (!w) return dt_error(DT_ERR_INVALID_ARGUMENT, "mpi world: NULL");
+    return exchange(w, mine, my_msg, w->cfg.timeout_ms, "dt_launch (the start agreement)", msg,
+                    msg_size);
+}
+
+dt_status dt_mpi_world_finish(dt_mpi_world *w, dt_status mine, const char *my_msg, char *msg,
+                              size_t msg_size) {
+    if (!w) return dt_error(DT_ERR_INVALID_ARGUMENT, "mpi world: NULL");
+    world_poll(w);
+    /* An abort made here (dt_comm_abort) counts even if the function then
+     * returned success, as in the local transport. */
+    if (mine == DT_SUCCESS && w->failure.set && w->failure.rank == w->rank) {
+        mine = w->failure.status;
+        my_msg = w->failure.msg;
+    }
+    /* A peer still in a library wait gives up within one timeout of that
+     * wait's start, before this rank came here, and then reports: the
+     * timeout and a grace are enough for it. A failure known here: the
+     * grace alone (the others learn of it within a few polls). */
+    const long t = w->cfg.timeout_ms, grace = t < FINISH_GRACE_MS ? t : FINISH_GRACE_MS;
+    const long bound = w->failure.set || mine != DT_SUCCESS ? grace
+                       : t > LONG_MAX - grace ? LONG_MAX : t + grace;
+    return exchange(w, mine, my_msg, bound, "dt_launch (the exit exchange)", msg, msg_size);
 }
 
 static int channel_poll(void *arg, dt_status *status, int *rank, char *msg, size_t size) {

@@ -24,15 +24,19 @@ extern "C" {
 
 typedef struct dt_mpi_world dt_mpi_world;
 
-/* Initialises MPI if nobody has (MPI_Init_thread, MPI_THREAD_SERIALIZED)
- * and returns this process's rank and the size of MPI_COMM_WORLD. Fails if
- * MPI was finalized, if a previous world left MPI_COMM_WORLD unusable, or if
- * the thread level MPI gives does not allow calls from this thread. */
-dt_status dt_mpi_init(int *rank, int *size);
+/* Initialises MPI if nobody has (MPI_Init_thread, MPI_THREAD_SERIALIZED, on
+ * a thread of its own that also finalizes it) and returns this process's
+ * rank and the size of MPI_COMM_WORLD. MPI's start waits for every process
+ * of the job: DT_ERR_TIMEOUT after timeout_ms (a later call waits again).
+ * Fails if MPI was finalized, if a previous world left MPI_COMM_WORLD
+ * unusable, or if MPI's thread level does not allow calls from this thread. */
+dt_status dt_mpi_init(long timeout_ms, int *rank, int *size);
 
 /* MPI_Finalize if dt_mpi_init initialised MPI (else nothing), then frees
- * what abandoned requests held. MPI_Finalize is collective over every
- * process. */
+ * what abandoned requests held. MPI_Finalize waits for every process: after
+ * a world that did not complete (a process may be missing) it is not
+ * entered (DT_ERR_PEER_FAILED), else it is waited for at most the last
+ * dt_mpi_init's timeout (DT_ERR_TIMEOUT). */
 dt_status dt_mpi_finalize(void);
 
 /* COLLECTIVE over MPI_COMM_WORLD (every process, in the same order): a new
@@ -54,11 +58,18 @@ int dt_mpi_world_aborted(dt_mpi_world *world);
  * failed one too, and a notice does not stop it: a failure of the root
  * travels in buf, as the caller puts it there. */
 dt_status dt_mpi_world_bcast(dt_mpi_world *world, void *buf, size_t bytes, int root);
+/* COLLECTIVE over the world, once, before a launch runs its function: every
+ * rank shares whether its own start went well (`mine`, with its message) and
+ * gets the verdict, as dt_mpi_world_finish; bounded by the timeout. */
+dt_status dt_mpi_world_agree(dt_mpi_world *world, dt_status mine, const char *my_msg, char *msg,
+                             size_t msg_size);
 /* COLLECTIVE over the world, once, at the end of a launch: every rank
  * shares the status its function returned (`mine`, with its message) and
  * every rank gets the same verdict: DT_SUCCESS, or the status and message of
  * the lowest rank whose failure was its own (not DT_ERR_PEER_FAILED). Bounded
- * by the timeout (DT_ERR_TIMEOUT if a rank never gets there). */
+ * by the timeout plus a grace of one second (at most the timeout):
+ * DT_ERR_TIMEOUT if a rank never gets there; by the grace alone once a
+ * failure is known here (this rank then keeps that failure). */
 dt_status dt_mpi_world_finish(dt_mpi_world *world, dt_status mine, const char *my_msg,
                               char *msg, size_t msg_size);
 /* A channel other transports (NCCL in process mode) use for failures that

@@ -582,17 +582,25 @@ static dt_status launch_process(int world_size, dt_rank_fn fn, void *arg, const 
 #ifdef DT_HAVE_MPI
     int use_mpi = cfg->transport == DT_TRANSPORT_MPI || cfg->env.launcher == DT_LAUNCHER_MPI;
     if (use_mpi) {
-        DT_TRY(dt_mpi_init(&rank, &size));
-        /* Every process sees the same size: all fail alike, nobody waits. */
-        if (world_size != 0 && world_size != size)
-            return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: world size %d, but MPI_COMM_WORLD "
-                            "has %d processes: pass 0 (or %d) to run one rank per process, or set "
-                            "DT_TRANSPORT=local to run %d ranks as threads in every process",
-                            world_size, size, size, world_size);
-        if (cfg->env.rank >= 0 && cfg->env.rank != rank)
-            return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: the launcher says rank %d (%s) "
-                            "but MPI says rank %d", cfg->env.rank, cfg->env.source, rank);
+        DT_TRY(dt_mpi_init(cfg->comm.timeout_ms, &rank, &size));
         DT_TRY(dt_mpi_world_create(&cfg->comm, &world->mpi));
+        /* This process's own checks, agreed with the others before any
+         * rank runs: a process that cannot go on fails them all at once. */
+        if (world_size != 0 && world_size != size)
+            st = dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: world size %d, but MPI_COMM_WORLD "
+                          "has %d processes: pass 0 (or %d) to run one rank per process, or set "
+                          "DT_TRANSPORT=local to run %d ranks as threads in every process",
+                          world_size, size, size, world_size);
+        else if (cfg->env.rank >= 0 && cfg->env.rank != rank)
+            st = dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: the launcher says rank %d (%s) "
+                          "but MPI says rank %d", cfg->env.rank, cfg->env.source, rank);
+        char verdict[1200];
+        snprintf(msg, sizeof msg, "rank %d: %s", rank, st != DT_SUCCESS ? dt_last_error() : "");
+        dt_status agreed = dt_mpi_world_agree(world->mpi, st, msg, verdict, sizeof verdict);
+        if (agreed != DT_SUCCESS) {
+            world_destroy(world);
+            return st != DT_SUCCESS ? dt_error(st, "%s", msg) : dt_error(agreed, "%s", verdict);
+        }
     }
 #endif
     if (size < 1 || rank < 0 || rank >= size)
@@ -673,6 +681,39 @@ static dt_status launch_process(int world_size, dt_rank_fn fn, void *arg, const 
     return DT_SUCCESS;
 }
 
+#ifdef DT_HAVE_MPI
+/* A process that mpirun started (one rank per process, world size 0) but
+ * whose own configuration is bad: it still starts MPI and joins the start
+ * agreement, so that every process returns its failure at once instead of
+ * waiting for it; then it returns `st` with its message. */
+static dt_status launch_refused_process(dt_status st) {
+    char msg[1200];
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
+    dt_launch_env env;
+    if (dt_launch_env_read(NULL, NULL, &env) != DT_SUCCESS || env.launcher != DT_LAUNCHER_MPI)
+        return dt_error(st, "%s", msg);
+    dt_comm_config comm;
+    memset(&comm, 0, sizeof comm);
+    comm.timeout_ms = DT_DEFAULT_TIMEOUT_MS;   /* DT_TIMEOUT_MS may be what is bad */
+    comm.log_level = dt_log_level_from_env();
+    const char *v = getenv("DT_TIMEOUT_MS");
+    char *end = NULL;
+    long ms = v && *v ? strtol(v, &end, 10) : 0;
+    if (v && *v && end && !*end && ms > 0) comm.timeout_ms = ms;
+    int rank = -1, size = 0;
+    dt_mpi_world *w = NULL;
+    if (dt_mpi_init(comm.timeout_ms, &rank, &size) == DT_SUCCESS &&
+        dt_mpi_world_create(&comm, &w) == DT_SUCCESS) {
+        char full[1300], verdict[1200];
+        snprintf(full, sizeof full, "rank %d: %s", rank, msg);
+        (void)dt_mpi_world_agree(w, st, full, verdict, sizeof verdict);
+        dt_mpi_world_destroy(w);
+        return dt_error(st, "%s", full);
+    }
+    return dt_error(st, "%s", msg);
+}
+#endif
+
 dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg, const dt_launch_options *opts) {
     if (world_size < 0 || world_size > DT_MAX_WORLD_SIZE)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: world size %d is outside [0, %d] "
@@ -680,7 +721,11 @@ dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg, const dt_launch_op
                         DT_MAX_WORLD_SIZE);
     if (!fn) return dt_error(DT_ERR_INVALID_ARGUMENT, "dt_launch: rank function is NULL");
     launch_config cfg;
-    DT_TRY(resolve_config(world_size, opts, &cfg));
+    dt_status cst = resolve_config(world_size, opts, &cfg);
+#ifdef DT_HAVE_MPI
+    if (cst != DT_SUCCESS && world_size == 0) return launch_refused_process(cst);
+#endif
+    DT_TRY(cst);
     if (cfg.process) return launch_process(world_size, fn, arg, &cfg);
 
     launch_world wstore, *world = &wstore;

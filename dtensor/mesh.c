@@ -26,35 +26,81 @@ struct dt_mesh {
     dt_comm *comms[DT_MAX_MESH_DIMS];  /* owned */
 };
 
-static dt_status dt_mesh_create_impl(dt_context *ctx, int ndim, const int *sizes,
-                                     const char *const *names, dt_mesh **out) {
+/* "2 x 2" into buf. */
+static void format_sizes(int ndim, const int64_t *sizes, char *buf, size_t size) {
+    int pos = 0;
+    buf[0] = '\0';
+    for (int m = 0; m < ndim && pos < (int)size; m++)
+        pos += snprintf(buf + pos, size - (size_t)pos, m ? " x %lld" : "%lld", (long long)sizes[m]);
+}
+
+/* This rank's own checks of the arguments, communicating nothing. */
+static dt_status mesh_args_check(dt_context *ctx, int ndim, const int *sizes, dt_mesh **out) {
     DT_REQUIRE(ctx != NULL, "dt_mesh_create: ctx is NULL");
     DT_REQUIRE(out != NULL, "dt_mesh_create: out is NULL");
     DT_REQUIRE(ndim >= 1 && ndim <= DT_MAX_MESH_DIMS,
                "dt_mesh_create: ndim %d is out of range 1..%d", ndim, DT_MAX_MESH_DIMS);
     DT_REQUIRE(sizes != NULL, "dt_mesh_create: sizes is NULL");
-    int world = dt_context_world_size(ctx);
-    int rank = dt_context_rank(ctx);
+    int64_t s[DT_MAX_MESH_DIMS];
     long long product = 1;
     for (int m = 0; m < ndim; m++) {
         DT_REQUIRE(sizes[m] >= 1, "dt_mesh_create: mesh dim %d has size %d (must be >= 1)", m,
                    sizes[m]);
-        product *= sizes[m];
+        s[m] = sizes[m];
         /* world <= DT_MAX_WORLD_SIZE, so stop multiplying before overflow */
-        if (product > (long long)DT_MAX_WORLD_SIZE) break;
+        if (product <= (long long)DT_MAX_WORLD_SIZE) product *= sizes[m];
     }
+    const int world = dt_context_world_size(ctx);
     if (product != world) {
-        char desc[64];
-        int pos = 0;
-        desc[0] = '\0';
-        for (int m = 0; m < ndim && pos < (int)sizeof desc; m++)
-            pos += snprintf(desc + pos, sizeof desc - (size_t)pos, m ? " x %d" : "%d", sizes[m]);
+        char desc[96];
+        format_sizes(ndim, s, desc, sizeof desc);
         return dt_error(DT_ERR_INVALID_ARGUMENT,
                         "dt_mesh_create: mesh %s has %lld ranks but the world size is %d", desc,
                         product, world);
     }
+    DT_REQUIRE(dt_context_comm(ctx) != NULL, "dt_mesh_create: the context has no world communicator");
+    return DT_SUCCESS;
+}
+
+/* COLLECTIVE over the world: every rank shows the others whether its
+ * arguments passed its own checks and the sizes it asks for, so that ranks
+ * that disagree all fail (DT_ERR_MISMATCH naming the ranks and their
+ * meshes; a rank whose own checks failed keeps its own error) before any
+ * communicator is split. */
+#define MESH_VALUES (2 + DT_MAX_MESH_DIMS)
+static dt_status mesh_agree(dt_context *ctx, dt_status local, int ndim, const int *sizes) {
+    dt_context *c = ctx ? ctx : dt_context_current();
+    dt_comm *comm = c ? dt_context_comm(c) : NULL;
+    if (!comm) return local;
+    const int world = dt_comm_size(comm);
+    int64_t mine[MESH_VALUES] = {local == DT_SUCCESS, local == DT_SUCCESS ? ndim : 0};
+    for (int m = 0; local == DT_SUCCESS && m < ndim; m++) mine[2 + m] = sizes[m];
+    int64_t *all = malloc((size_t)world * sizeof mine);
+    if (!all) return dt_error(DT_ERR_OUT_OF_MEMORY, "dt_mesh_create: out of host memory");
+    char keep[1024];
+    dt_error_save_(keep, sizeof keep);
+    dt_status st = dt_comm_all_gather(comm, mine, all, sizeof mine, DT_U8);
+    dt_error_restore_(keep);
+    if (st == DT_SUCCESS && local == DT_SUCCESS) {
+        for (int r = 1; r < world && st == DT_SUCCESS; r++) {
+            const int64_t *a = all, *b = all + (size_t)r * MESH_VALUES;
+            if (!memcmp(a, b, sizeof mine)) continue;
+            char da[96] = "invalid arguments", db[96] = "invalid arguments";
+            if (a[0]) format_sizes((int)a[1], a + 2, da, sizeof da);
+            if (b[0]) format_sizes((int)b[1], b + 2, db, sizeof db);
+            st = dt_error(DT_ERR_MISMATCH, "rank %d: dt_mesh_create: ranks disagree on the mesh: "
+                          "rank %d asks for %s but rank 0 for %s", dt_comm_rank(comm), r, db, da);
+        }
+    }
+    free(all);
+    return local != DT_SUCCESS ? local : st;
+}
+
+static dt_status dt_mesh_create_impl(dt_context *ctx, int ndim, const int *sizes,
+                                     const char *const *names, dt_mesh **out) {
+    DT_TRY(mesh_agree(ctx, mesh_args_check(ctx, ndim, sizes, out), ndim, sizes));
+    const int rank = dt_context_rank(ctx);
     dt_comm *world_comm = dt_context_comm(ctx);
-    DT_REQUIRE(world_comm != NULL, "dt_mesh_create: the context has no world communicator");
 
     dt_mesh *mesh = calloc(1, sizeof *mesh);
     if (mesh == NULL)

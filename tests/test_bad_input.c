@@ -36,8 +36,16 @@ typedef struct fixture {
     dt_tensor *qb;     /* [1, 8P, 4, 16] bf16 */
     dt_tensor *qrep;   /* [1, 8P, 4, 16] Replicate */
     dt_tensor *o, *lse;
-    dt_tensor *out;    /* must stay NULL */
+    /* Output handles of the calls, set to SENTINEL before each: a rejected
+     * call must leave them so (it writes no output handle, not even NULL). */
+    dt_tensor *out, *out2, *out3;
+    dt_ring *ring;
+    dt_comm *comm_out;
+    dt_mesh *mesh_out;
 } fixture;
+
+static char g_sentinel;
+#define SENTINEL ((void *)&g_sentinel)
 
 #define N_FIX 13
 
@@ -82,19 +90,21 @@ static dt_status c11(fixture *f) { float x[2] = {1, 2}; dt_p2p_op op = {(dt_p2p_
 static dt_status c12(fixture *f) { return dt_comm_sendrecv(f->comm, NULL, 3); }
 static dt_status c13(fixture *f) { return dt_comm_p2p_wait(f->comm); }
 static dt_status c14(fixture *f) { return dt_comm_split(f->comm, 0, 0, NULL); }
+static dt_status c22(fixture *f) { return dt_comm_split(NULL, 0, 0, &f->comm_out); }
+static dt_status c23(fixture *f) { return dt_ring_create(f->comm, SIZE_MAX / 2, DT_RING_FORWARD, &f->ring); }
 static dt_status c15(fixture *f) { return dt_comm_check_agreement(f->comm, "op", NULL, NULL, 2); }
-static dt_status c16(fixture *f) { (void)f; dt_ring *r; return dt_ring_create(NULL, 8, DT_RING_FORWARD, &r); }
+static dt_status c16(fixture *f) { return dt_ring_create(NULL, 8, DT_RING_FORWARD, &f->ring); }
 static dt_status c17(fixture *f) { return dt_ring_create(f->comm, 8, DT_RING_FORWARD, NULL); }
-static dt_status c18(fixture *f) { dt_ring *r; return dt_ring_create(f->comm, 8, (dt_ring_direction)5, &r); }
+static dt_status c18(fixture *f) { return dt_ring_create(f->comm, 8, (dt_ring_direction)5, &f->ring); }
 static dt_status c19(fixture *f) { (void)f; return dt_ring_start(NULL); }
 static dt_status c20(fixture *f) { (void)f; return dt_ring_wait(NULL); }
-static dt_status c21(fixture *f) { dt_ring *r; return dt_ring_create_in(f->comm, 8, DT_RING_FORWARD, NULL, &r); }
+static dt_status c21(fixture *f) { return dt_ring_create_in(f->comm, 8, DT_RING_FORWARD, NULL, &f->ring); }
 /* ---- meshes ---- */
-static dt_status m01(fixture *f) { (void)f; int s[1] = {P}; dt_mesh *m; return dt_mesh_create(NULL, 1, s, NULL, &m); }
-static dt_status m02(fixture *f) { int s[1] = {P}; dt_mesh *m; return dt_mesh_create(f->ctx, 0, s, NULL, &m); }
-static dt_status m03(fixture *f) { int s[4] = {1, 1, 1, P}; dt_mesh *m; return dt_mesh_create(f->ctx, 4, s, NULL, &m); }
-static dt_status m04(fixture *f) { int s[2] = {P, 0}; dt_mesh *m; return dt_mesh_create(f->ctx, 2, s, NULL, &m); }
-static dt_status m05(fixture *f) { int s[2] = {P, 3}; dt_mesh *m; return dt_mesh_create(f->ctx, 2, s, NULL, &m); }
+static dt_status m01(fixture *f) { int s[1] = {P}; return dt_mesh_create(NULL, 1, s, NULL, &f->mesh_out); }
+static dt_status m02(fixture *f) { int s[1] = {P}; return dt_mesh_create(f->ctx, 0, s, NULL, &f->mesh_out); }
+static dt_status m03(fixture *f) { int s[4] = {1, 1, 1, P}; return dt_mesh_create(f->ctx, 4, s, NULL, &f->mesh_out); }
+static dt_status m04(fixture *f) { int s[2] = {P, 0}; return dt_mesh_create(f->ctx, 2, s, NULL, &f->mesh_out); }
+static dt_status m05(fixture *f) { int s[2] = {P, 3}; return dt_mesh_create(f->ctx, 2, s, NULL, &f->mesh_out); }
 static dt_status m06(fixture *f) { int s[1] = {P}; return dt_mesh_create(f->ctx, 1, s, NULL, NULL); }
 /* ---- tensors ---- */
 static int64_t sh2[2] = {4 * P, 6};
@@ -143,7 +153,7 @@ static dt_status o06(fixture *f) { return dt_gelu(f->part, DT_GELU_ERF, &f->out)
 static dt_status o07(fixture *f) { return dt_gelu(f->x, (dt_gelu_approx)5, &f->out); }
 static dt_status o08(fixture *f) { return dt_matmul(NULL, f->w, &f->out); }
 /* ---- attention ---- */
-static dt_status a01(fixture *f) { return dt_attention_forward(f->q, f->kv3, f->kv3, NULL, &f->out, NULL); }
+static dt_status a01(fixture *f) { return dt_attention_forward(f->q, f->kv3, f->kv3, NULL, &f->out, &f->out2); }
 static dt_status a02(fixture *f) { return dt_attention_forward(f->q12, f->q12, f->q12, NULL, &f->out, NULL); }
 static dt_status a03(fixture *f) { return dt_attention_forward(f->q, f->qb, f->qb, NULL, &f->out, NULL); }
 static dt_status a04(fixture *f) { return dt_attention_forward(f->qrep, f->kv, f->kv, NULL, &f->out, NULL); }
@@ -151,11 +161,11 @@ static dt_status a05(fixture *f) { dt_attention_options o = DT_ATTENTION_OPTIONS
 static dt_status a06(fixture *f) { dt_attention_options o = DT_ATTENTION_OPTIONS_INIT; o.scale = -2.0f; return dt_attention_forward(f->q, f->kv, f->kv, &o, &f->out, NULL); }
 static dt_status a07(fixture *f) { char ws[8]; dt_attention_options o = DT_ATTENTION_OPTIONS_INIT; o.workspace = ws; o.workspace_bytes = sizeof ws; return dt_attention_forward(f->q, f->kv, f->kv, &o, &f->out, NULL); }
 static dt_status a08(fixture *f) { return dt_attention_forward(f->x, f->x, f->x, NULL, &f->out, NULL); }
-static dt_status a09(fixture *f) { dt_tensor *dk = NULL, *dv = NULL; return dt_attention_backward(f->q, f->kv, f->kv, f->o, f->lse, NULL, NULL, &f->out, &dk, &dv); }
-static dt_status a10(fixture *f) { dt_tensor *dk = NULL, *dv = NULL; return dt_attention_backward(f->q, f->kv, f->kv, f->o, f->o, f->o, NULL, &f->out, &dk, &dv); }
-static dt_status a11(fixture *f) { dt_tensor *dk = NULL, *dv = NULL; return dt_attention_backward(f->q, f->kv, f->kv, f->q12, f->lse, f->o, NULL, &f->out, &dk, &dv); }
+static dt_status a09(fixture *f) { return dt_attention_backward(f->q, f->kv, f->kv, f->o, f->lse, NULL, NULL, &f->out, &f->out2, &f->out3); }
+static dt_status a10(fixture *f) { return dt_attention_backward(f->q, f->kv, f->kv, f->o, f->o, f->o, NULL, &f->out, &f->out2, &f->out3); }
+static dt_status a11(fixture *f) { return dt_attention_backward(f->q, f->kv, f->kv, f->q12, f->lse, f->o, NULL, &f->out, &f->out2, &f->out3); }
 static dt_status a12(fixture *f) { size_t b; return dt_attention_workspace_size(f->q, f->kv3, f->kv3, NULL, &b); }
-static dt_status a13(fixture *f) { char ws[8]; dt_attention_options o = DT_ATTENTION_OPTIONS_INIT; o.workspace = ws; o.workspace_bytes = sizeof ws; dt_tensor *dk = NULL, *dv = NULL; return dt_attention_backward(f->q, f->kv, f->kv, f->o, f->lse, f->o, &o, &f->out, &dk, &dv); }
+static dt_status a13(fixture *f) { char ws[8]; dt_attention_options o = DT_ATTENTION_OPTIONS_INIT; o.workspace = ws; o.workspace_bytes = sizeof ws; return dt_attention_backward(f->q, f->kv, f->kv, f->o, f->lse, f->o, &o, &f->out, &f->out2, &f->out3); }
 
 #define BAD(fn, st, needle) {#fn, fn, st, needle}
 #define INV DT_ERR_INVALID_ARGUMENT
@@ -168,6 +178,7 @@ static const bad_case cases[] = {
     BAD(c13, INV, "no send/recv group"), BAD(c14, INV, "out is NULL"), BAD(c15, INV, "2 values"),
     BAD(c16, INV, "comm is NULL"), BAD(c17, INV, "out is NULL"), BAD(c18, INV, "unknown direction 5"),
     BAD(c19, INV, "ring is NULL"), BAD(c20, INV, "ring is NULL"), BAD(c21, INV, "buffers is NULL"),
+    BAD(c22, INV, "comm is NULL"), BAD(c23, DT_ERR_OUT_OF_MEMORY, "bytes"),
     BAD(m01, INV, "ctx is NULL"), BAD(m02, INV, "ndim 0"), BAD(m03, INV, "ndim 4"),
     BAD(m04, INV, "size 0"), BAD(m05, INV, "6"), BAD(m06, INV, "out is NULL"),
     BAD(t01, INV, "ctx is NULL"), BAD(t02, INV, "ndim 0"), BAD(t03, INV, "ndim 9"),
@@ -224,9 +235,28 @@ static dt_status make_fixture(dt_context *ctx, fixture *f) {
     return dt_attention_forward(f->q, f->kv, f->kv, NULL, &f->o, &f->lse);
 }
 
+static void outs_reset(fixture *f) {
+    f->out = f->out2 = f->out3 = SENTINEL;
+    f->ring = SENTINEL;
+    f->comm_out = SENTINEL;
+    f->mesh_out = SENTINEL;
+}
+
+/* Whether a call wrote any output handle; destroys what it made. */
+static int outs_written(fixture *f) {
+    int wrote = 0;
+    dt_tensor **t[3] = {&f->out, &f->out2, &f->out3};
+    for (int i = 0; i < 3; i++)
+        if (*t[i] != SENTINEL) wrote = 1, dt_tensor_destroy(*t[i]);
+    if (f->ring != SENTINEL) wrote = 1, dt_ring_destroy(f->ring);
+    if (f->comm_out != SENTINEL) wrote = 1, dt_comm_destroy(f->comm_out);
+    if (f->mesh_out != SENTINEL) wrote = 1, dt_mesh_destroy(f->mesh_out);
+    outs_reset(f);
+    return wrote;
+}
+
 static void free_fixture(fixture *f) {
     for (int i = 0; i < N_FIX; i++) dt_tensor_destroy(*fixture_tensors(f, i));
-    dt_tensor_destroy(f->out);
     dt_mesh_destroy(f->mesh);
 }
 
@@ -239,13 +269,11 @@ static dt_status rank_table(dt_context *ctx, void *arg) {
     for (size_t i = 0; st == DT_SUCCESS && i < N_CASES; i++) {
         uint64_t before[N_FIX];
         for (int k = 0; k < N_FIX; k++) before[k] = checksum(*fixture_tensors(&f, k));
-        f.out = NULL;
+        outs_reset(&f);
         dt_clear_error();
         res->got[r][i] = cases[i].call(&f);
         snprintf(res->msg[r][i], sizeof res->msg[r][i], "%s", dt_last_error());
-        res->wrote[r][i] = f.out != NULL;
-        dt_tensor_destroy(f.out);
-        f.out = NULL;
+        res->wrote[r][i] = outs_written(&f);
         for (int k = 0; k < N_FIX; k++) res->changed[r][i] += before[k] != checksum(*fixture_tensors(&f, k));
     }
     free_fixture(&f);

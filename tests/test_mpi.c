@@ -652,9 +652,10 @@ typedef struct fault_case {
     dt_status st;          /* this process's status from the call under test */
     char msg[1024];
     double ms;             /* how long that call took */
+    int wrote;             /* F_MESH: the call wrote its output handle */
 } fault_case;
 
-enum { F_COUNT, F_KIND, F_TIMEOUT, F_PEER, F_ABORT, F_ABORT_OK, F_SPLIT_LATE, F_P2P_STALL };
+enum { F_COUNT, F_KIND, F_TIMEOUT, F_PEER, F_ABORT, F_ABORT_OK, F_SPLIT_LATE, F_P2P_STALL, F_MESH };
 
 #define SPLIT_LATE_MS 1600 /* F_SPLIT_LATE: after the others' 1000 ms timeout */
 #define STALL_MS 4000      /* F_P2P_STALL: after rank 0's 1500 ms timeout and 1 s drain */
@@ -713,6 +714,14 @@ static dt_status rank_fault(dt_context *ctx, void *arg) {
         dt_comm_destroy(sub);
         break;
     }
+    case F_MESH: { /* rank 0 asks for a {1, P} mesh, the others for {P} */
+        int two[2] = {1, p}, one[1] = {p};
+        dt_mesh *mesh = NULL;
+        st = r == 0 ? dt_mesh_create(ctx, 2, two, NULL, &mesh) : dt_mesh_create(ctx, 1, one, NULL, &mesh);
+        if (mesh) c->wrote = 1;
+        dt_mesh_destroy(mesh);
+        break;
+    }
     case F_P2P_STALL: /* the last rank's large message to rank 0 starts (MPI
                        * matches it) and then stalls: the last rank does not
                        * call MPI again before rank 0 has given up on it */
@@ -738,11 +747,15 @@ static dt_status rank_fault(dt_context *ctx, void *arg) {
     return c->kind == F_ABORT_OK ? DT_SUCCESS : st;
 }
 
-static void run_fault(fault_case *c, int kind, long timeout_ms) {
+static void run_fault_checked(fault_case *c, int kind, long timeout_ms, dt_check_mode checks) {
     memset(c, 0, sizeof *c);
     c->kind = kind;
     c->st = DT_SUCCESS;
-    launch_mpi(rank_fault, c, timeout_ms, DT_CHECK_OFF, &c->o);
+    launch_mpi(rank_fault, c, timeout_ms, checks, &c->o);
+}
+
+static void run_fault(fault_case *c, int kind, long timeout_ms) {
+    run_fault_checked(c, kind, timeout_ms, DT_CHECK_OFF);
 }
 
 static void test_collective_mismatch(void **state) {
@@ -762,6 +775,30 @@ static void test_collective_mismatch(void **state) {
     assert_int_equal(c.o.st, DT_ERR_MISMATCH);
     assert_int_equal(c.st, DT_ERR_MISMATCH);
     assert_non_null(strstr(c.o.msg, "calls broadcast of 4 fp32 from root 0 but rank 0 calls barrier"));
+}
+
+/* Processes that ask for different meshes all fail with DT_ERR_MISMATCH
+ * naming the rank and both meshes, checks on or off. */
+static void test_disagreeing_meshes(void **state) {
+    (void)state;
+    if (g_size < 2) {
+        print_message("disagreeing meshes need 2 ranks or more\n");
+        skip();
+    }
+    for (int checks = 0; checks < 2; checks++) {
+        fault_case c;
+        double t0 = now_ms();
+        run_fault_checked(&c, F_MESH, 20000, checks ? DT_CHECK_ON : DT_CHECK_OFF);
+        char want[96];
+        snprintf(want, sizeof want, "rank 1 asks for %d but rank 0 for 1 x %d", g_size, g_size);
+        if (c.st != DT_ERR_MISMATCH || !strstr(c.msg, want))
+            print_error("rank %d: %s: %s\n", g_rank, dt_status_name(c.st), c.msg);
+        assert_int_equal(c.o.st, DT_ERR_MISMATCH);
+        assert_int_equal(c.st, DT_ERR_MISMATCH);
+        assert_non_null(strstr(c.msg, want));
+        assert_false(c.wrote);
+        assert_true(now_ms() - t0 < 10000);
+    }
 }
 
 static void test_timeout(void **state) {
@@ -891,7 +928,7 @@ static void test_bootstrap_after_root_failure(void **state) {
     dt_comm_config cfg = {.timeout_ms = 10000, .log_level = DT_LOG_ERROR};
     dt_mpi_world *w = NULL;
     int rank = -1, size = 0;
-    assert_int_equal(dt_mpi_init(&rank, &size), DT_SUCCESS);
+    assert_int_equal(dt_mpi_init(20000, &rank, &size), DT_SUCCESS);
     assert_int_equal(dt_mpi_world_create(&cfg, &w), DT_SUCCESS);
     char buf[64] = "";
     const char *why = "rank 0 could not make the id";
@@ -990,6 +1027,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tensor_roundtrip),
         cmocka_unit_test(test_attention_vs_local),
         cmocka_unit_test(test_collective_mismatch),
+        cmocka_unit_test(test_disagreeing_meshes),
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_peer_failure_is_prompt),
         cmocka_unit_test(test_abort_without_error),

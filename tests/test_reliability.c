@@ -162,6 +162,7 @@ typedef struct check_case {
     dt_status st[MAXR];
     double ms[MAXR];
     char msg[MAXR][320];
+    int wrote[MAXR];   /* an output handle was written */
 } check_case;
 
 /* What rank 1 alone gets wrong: a target Layout that shards dim 3 (out of
@@ -250,6 +251,49 @@ static void test_rank_with_null_tensor_fails_its_peers_at_once(void **state) {
             print_message("%s, P = %d: rank 1 %.1f ms: %s\n", bad_calls[bad], p, c.ms[1], c.msg[1]);
             assert_rank_1_failed_everyone_at_once(&c, bad == NULL_SHARD ? "mesh is NULL"
                                                                         : "tensor is NULL");
+        }
+}
+
+/* Ranks asking for different meshes: rank 0 for {P/2, 2} (or {1, P} at odd
+ * P), the others for {P}. Every rank fails with DT_ERR_MISMATCH naming the
+ * rank that differs and both meshes, checks on or off, before any split. */
+static dt_status rank_mesh(dt_context *ctx, void *arg) {
+    check_case *c = arg;
+    const int r = dt_context_rank(ctx);
+    int two[2] = {c->p % 2 ? 1 : c->p / 2, c->p % 2 ? c->p : 2}, one[1] = {c->p};
+    dt_mesh *mesh = NULL;
+    const double t0 = now_ms();
+    dt_status st = r == 0 ? dt_mesh_create(ctx, 2, two, NULL, &mesh)
+                          : dt_mesh_create(ctx, 1, one, NULL, &mesh);
+    c->ms[r] = now_ms() - t0;
+    c->st[r] = st;
+    snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
+    c->wrote[r] = mesh != NULL;
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_disagreeing_meshes_fail_every_rank(void **state) {
+    (void)state;
+    for (int checks = 0; checks < 2; checks++)
+        for (int p = 2; p <= 5; p++) {
+            check_case c = {.p = p};
+            const dt_status st = launch(p, rank_mesh, &c, 20000, checks ? DT_CHECK_ON : DT_CHECK_OFF);
+            assert_int_equal(st, DT_ERR_MISMATCH);
+            char want[96];
+            snprintf(want, sizeof want, "asks for %d but rank 0 for %d x %d", p, p % 2 ? 1 : p / 2,
+                     p % 2 ? p : 2);
+            if (p == 2 && checks) print_message("rank 1: %s\n", c.msg[1]);
+            for (int r = 0; r < p; r++) {
+                if (c.st[r] != DT_ERR_MISMATCH || !strstr(c.msg[r], want) || c.wrote[r] ||
+                    c.ms[r] > 5000)
+                    print_error("P = %d, checks %d, rank %d: %s in %.0f ms: %s\n", p, checks, r,
+                                dt_status_name(c.st[r]), c.ms[r], c.msg[r]);
+                assert_int_equal(c.st[r], DT_ERR_MISMATCH);
+                assert_non_null(strstr(c.msg[r], want));
+                assert_false(c.wrote[r]);
+                assert_true(c.ms[r] < 5000);
+            }
         }
 }
 
@@ -572,6 +616,7 @@ int main(void) {
         cmocka_unit_test(test_entry_checks_fail_every_rank_at_once),
         cmocka_unit_test(test_rank_with_null_tensor_fails_its_peers_at_once),
         cmocka_unit_test(test_checked_collectives_name_the_call),
+        cmocka_unit_test(test_disagreeing_meshes_fail_every_rank),
         {"test_soak_1000_attention_calls/cpu", test_soak_1000_attention_calls, NULL, NULL,
          &soak_cpu},
         {"test_soak_1000_attention_calls/cuda", test_soak_1000_attention_calls, NULL, NULL,
