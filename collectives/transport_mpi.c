@@ -155,26 +155,6 @@ static struct {
     int started, init_done, init_rc, fin_asked, fin_done, fin_rc;
 } g_life = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0};
 
-static void *life_main(void *arg) {
-    (void)arg;
-    int provided = 0;
-    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
-    pthread_mutex_lock(&g_life.mu);
-    g_life.init_done = 1;
-    g_life.init_rc = rc;
-    pthread_cond_broadcast(&g_life.cv);
-    while (rc == MPI_SUCCESS && !g_life.fin_asked) pthread_cond_wait(&g_life.cv, &g_life.mu);
-    pthread_mutex_unlock(&g_life.mu);
-    if (rc != MPI_SUCCESS) return NULL;
-    rc = MPI_Finalize();
-    pthread_mutex_lock(&g_life.mu);
-    g_life.fin_done = 1;
-    g_life.fin_rc = rc;
-    pthread_cond_broadcast(&g_life.cv);
-    pthread_mutex_unlock(&g_life.mu);
-    return NULL;
-}
-
 /* Waits (g_life.mu held) until *flag is set or timeout_ms pass: 1 if set. */
 static int life_wait(const int *flag, long timeout_ms) {
     struct timespec until;
@@ -185,6 +165,27 @@ static int life_wait(const int *flag, long timeout_ms) {
     while (!*flag)
         if (pthread_cond_timedwait(&g_life.cv, &g_life.mu, &until) != 0) break;
     return *flag;
+}
+
+static void *life_main(void *arg) {
+    (void)arg;
+    int provided = 0;
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+    pthread_mutex_lock(&g_life.mu);
+    g_life.init_done = 1;
+    g_life.init_rc = rc;
+    pthread_cond_broadcast(&g_life.cv);
+    /* idle until dt_finalize asks (the process may also exit first) */
+    while (rc == MPI_SUCCESS && !life_wait(&g_life.fin_asked, 1000)) continue;
+    pthread_mutex_unlock(&g_life.mu);
+    if (rc != MPI_SUCCESS) return NULL;
+    rc = MPI_Finalize();
+    pthread_mutex_lock(&g_life.mu);
+    g_life.fin_done = 1;
+    g_life.fin_rc = rc;
+    pthread_cond_broadcast(&g_life.cv);
+    pthread_mutex_unlock(&g_life.mu);
+    return NULL;
 }
 
 /* Remembers why MPI_Finalize must not be entered (the first reason). */

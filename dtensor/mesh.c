@@ -79,8 +79,11 @@ static dt_status mesh_agree(dt_context *ctx, dt_status local, int ndim, const in
     if (!all) return dt_error(DT_ERR_OUT_OF_MEMORY, "dt_mesh_create: out of host memory");
     char keep[1024];
     dt_error_save_(keep, sizeof keep);
+    /* a peer that found the disagreement first may abort the world while
+     * this rank still waits: then its notice, which names both meshes, is
+     * this rank's error */
     dt_status st = dt_comm_all_gather(comm, mine, all, sizeof mine, DT_U8);
-    dt_error_restore_(keep);
+    if (local != DT_SUCCESS) dt_error_restore_(keep);
     if (st == DT_SUCCESS && local == DT_SUCCESS) {
         for (int r = 1; r < world && st == DT_SUCCESS; r++) {
             const int64_t *a = all, *b = all + (size_t)r * MESH_VALUES;

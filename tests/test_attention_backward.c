@@ -366,14 +366,14 @@ static dt_status rank_bad(dt_context *ctx, void *arg) {
     if (st == DT_SUCCESS) st = dt_attention_forward(q, q, q, NULL, &o, &lse);
     if (st != DT_SUCCESS) return st;
     *bad += dt_attention_backward(q, q, q, o, lse, NULL, NULL, &dq, &dk, &dv) != DT_ERR_INVALID_ARGUMENT;
-    *bad += dq != NULL;
+    *bad += dq != (dt_tensor *)1;
     *bad += dt_attention_backward(q, q, q, o, lse, wrong, NULL, &dq, &dk, &dv) != DT_ERR_INVALID_ARGUMENT;
     *bad += strstr(dt_last_error(), "dout must have") == NULL;
     *bad += dt_attention_backward(q, q, q, o, o, o, NULL, &dq, &dk, &dv) != DT_ERR_INVALID_ARGUMENT;
     *bad += strstr(dt_last_error(), "lse must be") == NULL;
-    dk = dv = (dt_tensor *)1; /* dq NULL: dk and dv are still reset */
+    dk = dv = (dt_tensor *)1; /* dq NULL: dk and dv are left as they were too */
     *bad += dt_attention_backward(q, q, q, o, lse, o, NULL, NULL, &dk, &dv) != DT_ERR_INVALID_ARGUMENT;
-    *bad += dk != NULL || dv != NULL;
+    *bad += dk != (dt_tensor *)1 || dv != (dt_tensor *)1;
     dt_tensor_destroy(q), dt_tensor_destroy(o), dt_tensor_destroy(lse), dt_tensor_destroy(wrong);
     return DT_SUCCESS;
 }
