@@ -634,6 +634,11 @@ static dt_status exchange(dt_mpi_world *w, dt_status mine, const char *my_msg, l
         if (msg && msg_size) snprintf(msg, msg_size, "%s", dt_last_error());
         return st;
     }
+    /* Every process reached this exchange: none is missing, so MPI_Finalize
+     * can complete again, whatever an earlier world left. */
+    pthread_mutex_lock(&g_mpi.mu);
+    g_mpi.no_finalize[0] = '\0';
+    pthread_mutex_unlock(&g_mpi.mu);
     int pick = -1;
     /* The lowest rank whose failure was its own; else the lowest failure. */
     for (int q = 0; q < w->size && pick < 0; q++)

@@ -34,8 +34,8 @@ dt_status dt_mpi_init(long timeout_ms, int *rank, int *size);
 
 /* MPI_Finalize if dt_mpi_init initialised MPI (else nothing), then frees
  * what abandoned requests held. MPI_Finalize waits for every process: after
- * a world that did not complete (a process may be missing) it is not
- * entered (DT_ERR_PEER_FAILED), else it is waited for at most the last
+ * a world that did not complete (a process may be missing), unless a later
+ * one did, it is not entered (DT_ERR_PEER_FAILED), else it is waited for at most the last
  * dt_mpi_init's timeout (DT_ERR_TIMEOUT). */
 dt_status dt_mpi_finalize(void);
 

@@ -1758,7 +1758,7 @@ static dt_status rank_bad_inputs(dt_context *ctx, void *arg) {
     refused(c, r, 12, dt_attention_forward(qp, qp, qp, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "Partial", &o, &lse);
     refused(c, r, 13, dt_attention_forward(qd, qd, qd, NULL, &o, &lse), DT_ERR_INVALID_ARGUMENT, "head dim D", &o, &lse);
     if (checksum(q) != cq || checksum(kv) != ckv) c->bad[r]++;
-    /* o NULL: lse is still reset, and every rank fails (after the check) */
+    /* o NULL: lse is left as it was, and every rank fails (after the check) */
     lse = (dt_tensor *)1;
     if (dt_attention_forward(q, kv, kv, NULL, NULL, &lse) != DT_ERR_INVALID_ARGUMENT || lse != NULL)
         c->bad[r]++;
