@@ -1760,7 +1760,8 @@ static dt_status rank_bad_inputs(dt_context *ctx, void *arg) {
     if (checksum(q) != cq || checksum(kv) != ckv) c->bad[r]++;
     /* o NULL: lse is left as it was, and every rank fails (after the check) */
     lse = (dt_tensor *)1;
-    if (dt_attention_forward(q, kv, kv, NULL, NULL, &lse) != DT_ERR_INVALID_ARGUMENT || lse != NULL)
+    if (dt_attention_forward(q, kv, kv, NULL, NULL, &lse) != DT_ERR_INVALID_ARGUMENT ||
+        lse != (dt_tensor *)1)
         c->bad[r]++;
     dt_tensor *all[] = {q, kv, kv3, q12, q264, qb, qr, qp, qd};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_destroy(all[i]);
