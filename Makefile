@@ -2,14 +2,17 @@
 #
 #   make              library, examples, bench and (if cmocka is found) tests
 #   make test         build and run the cmocka suites (tests/run_tests.sh)
-#   make run          build and run build/examples/striped_attention
-#   make install      headers, libraries and dtensor.pc under $(DESTDIR)$(PREFIX)
+#   make run          build, then train a small model (build/examples/train_gpt)
+#   make install      headers, libraries, dtensor.pc and the CMake package
+#                     (lib/cmake/dtensor) under $(DESTDIR)$(PREFIX); as root
+#                     with DESTDIR empty, then ldconfig
 #   make help         targets and variables
 #
 # Dependencies are found by try-compile probes only (never by asking a
-# package manager); scripts/deps.sh installs cmocka, OpenBLAS and (unless
-# MPI=0) Open MPI first when they are missing. In this file always use $(shell ...): $(cmd ...) is not a
-# make function and silently expands to nothing.
+# package manager); scripts/deps.sh installs cmocka, OpenBLAS, CMake (for a
+# test) and (unless MPI=0) Open MPI first when they are missing. In this
+# file always use $(shell ...): $(cmd ...) is not a make function and
+# silently expands to nothing.
 
 # ---------------------------------------------------------------------------
 # Options (override on the command line: make CUDA=0 DEBUG=1 ...)
@@ -411,8 +414,12 @@ valgrind: $(TESTS) $(EXAMPLES) $(BENCHES) $(STAGE_PC)
 	    MPIRUN='$(MPIRUN)' $(DOCS_ENV) bash tests/run_tests.sh $(BUILD)/tests
 endif
 
+# make run: about a minute of training on the CPU (4 ranks as threads, tp 2 x
+# cp 2, striped attention); ARGS=... replaces these flags.
+RUN_ARGS := --ranks 4 --tp 2 --cp 2 --order striped --layers 4 --dim 128 --heads 4 --seq 128 \
+    --batch 16 --steps 300 --warmup 20 --cosine --lr 3e-3 --log-every 25 --sample 160
 run: $(EXAMPLES)
-	$(BUILD)/examples/striped_attention $(ARGS)
+	$(BUILD)/examples/train_gpt $(or $(ARGS),$(RUN_ARGS))
 
 # Written at parse time; this rule only covers it going missing mid-run.
 $(STAMP): ;
@@ -431,7 +438,7 @@ CU_ARCH_FLAGS = -arch=$(NVCC_ARCH)
 # spill there is a build error (ptxas -warn-spills under -Werror
 # all-warnings), so a change that brings one back shows at once (one came in
 # unseen with commit 631b7f2: 220 bytes in the wgmma forward at D = 64).
-# Not the mma backward (80 bytes at D = 128, docs/ARCHITECTURE.md), nor a
+# Not the mma backward (80 bytes at D = 128, docs/KERNELS.md), nor a
 # debug build. SPILL_CHECK=0 turns the check off (another nvcc than the
 # CUDA 13.0 the figures in the kernels' comments come from may allocate
 # registers differently).
@@ -522,10 +529,14 @@ endif
 # Each installed header is then compiled alone, as a user would include it.
 # What a static link needs besides libdtensor.a: the libraries this build
 # found (OpenBLAS, and CUDA, NCCL, MPI when built in) with their -L / rpath.
+# dtensor.pc's Libs.private and dtensor::dtensor_static's link interface.
 PC_LIBS_PRIVATE = $(filter -L% -Wl%,$(DT_LDFLAGS)) $(DT_LDLIBS)
-# $(call install_into,ROOT,PREFIX): the files under ROOT, dtensor.pc naming PREFIX.
+# The CMake package: lib/cmake/dtensor/ holds these, generated like dtensor.pc.
+CMAKE_TEMPLATES := cmake/dtensorConfig.cmake.in cmake/dtensorConfigVersion.cmake.in
+# $(call install_into,ROOT,PREFIX): the files under ROOT, dtensor.pc naming
+# PREFIX (the CMake files find their prefix from where they lie).
 define install_into
-	install -d $(1)/lib/pkgconfig
+	install -d $(1)/lib/pkgconfig $(1)/lib/cmake/dtensor
 	install -m 644 $(LIB_A) $(1)/lib/
 	install -m 755 $(LIB_SO) $(1)/lib/
 	@for h in $(PUBLIC_HEADERS); do \
@@ -534,19 +545,37 @@ define install_into
 	done
 	sed -e 's|@PREFIX@|$(2)|g' -e 's|@VERSION@|$(VERSION)|g' \
 	    -e 's|@LIBS_PRIVATE@|$(PC_LIBS_PRIVATE)|g' dtensor.pc.in >$(1)/lib/pkgconfig/dtensor.pc
+	@for t in $(CMAKE_TEMPLATES); do \
+	    f=$(1)/lib/cmake/dtensor/$$(basename $$t .in); echo "generate $$f from $$t"; \
+	    sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@LIBS_PRIVATE@|$(PC_LIBS_PRIVATE)|g' $$t >$$f || exit 1; \
+	done
 	@for h in $(PUBLIC_HEADERS); do \
 	    printf '$(H)include "%s"\nint dt_header_check;\n' $$h | \
 	    $(CC) -std=c11 -Wall -Wextra -Werror -fsyntax-only -I$(1)/include/dtensor -x c - || \
 	    { echo "error: installed header $$h does not compile on its own" >&2; exit 1; }; \
 	done
-	@echo "installed $(words $(PUBLIC_HEADERS)) headers, libdtensor.{a,so}, dtensor.pc under $(1)"
+	@echo "installed $(words $(PUBLIC_HEADERS)) headers, libdtensor.{a,so}, dtensor.pc, dtensorConfig.cmake under $(1)"
 endef
+# Then, installing for real (DESTDIR empty) as root, ldconfig, so that the
+# loader finds libdtensor.so at once under a prefix it searches (/usr/local
+# on Debian); under any other prefix it says how programs will find it.
 install: $(LIB_A) $(LIB_SO)
 	$(call install_into,$(DESTDIR)$(PREFIX),$(PREFIX))
+	@if [ -n "$(DESTDIR)" ]; then exit 0; fi; \
+	libdir='$(PREFIX)/lib'; \
+	if [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null 2>&1; then \
+	    echo ldconfig; ldconfig || exit 1; \
+	    ldconfig -p | grep -q "=> $$libdir/libdtensor.so$$" && exit 0; \
+	    echo "note: $$libdir is not among the loader's directories (/etc/ld.so.conf):"; \
+	else \
+	    echo "note: ldconfig not run (needs root); programs may not find $$libdir/libdtensor.so:"; \
+	fi; \
+	echo "  link with -Wl,-rpath,$$libdir (README.md shows the line), or set LD_LIBRARY_PATH=$$libdir"
 
 # What `make install` gives a user, under $(BUILD)/stage for tests/test_docs.c
-# (README.md's program built against it with pkg-config); make test makes it.
-$(STAGE_PC): $(LIB_A) $(LIB_SO) $(ALL_HEADERS) dtensor.pc.in
+# (README.md's program built against it with pkg-config and with CMake);
+# make test makes it.
+$(STAGE_PC): $(LIB_A) $(LIB_SO) $(ALL_HEADERS) dtensor.pc.in $(CMAKE_TEMPLATES)
 	@rm -rf $(STAGE)
 	$(call install_into,$(STAGE),$(STAGE))
 # The environment test_docs reads: the stage, and how to compile against it.
@@ -561,8 +590,9 @@ help:
 	@echo "  lib examples bench tests   build just that part"
 	@echo "  test           build and run the cmocka suites (DT_TEST_TIMEOUT=s per binary, DT_TIMEOUT_MS passed on)"
 	@echo "  valgrind       the test suites under valgrind memcheck (slow)"
-	@echo "  run            build and run build/examples/striped_attention (ARGS=... passed on)"
-	@echo "  install        public headers, libdtensor.{a,so}, dtensor.pc into DESTDIR/PREFIX"
+	@echo "  run            build, then train a small model: build/examples/train_gpt (ARGS=... replaces its flags)"
+	@echo "  install        public headers, libdtensor.{a,so}, dtensor.pc, lib/cmake/dtensor/ into DESTDIR/PREFIX;"
+	@echo "                 then ldconfig when root and DESTDIR is empty"
 	@echo "  clean          remove build/ and build-*/"
 	@echo "variables (current value):"
 	@echo "  CC=$(CC)  CFLAGS/CPPFLAGS/LDFLAGS/LDLIBS (appended to ours)"
@@ -574,7 +604,7 @@ help:
 	@echo "  LINEINFO=$(LINEINFO) (1: nvcc -lineinfo, source lines for profilers)"
 	@echo "  WGMMA_NARROW=$(WGMMA_NARROW) (0: the wgmma forward without its narrow tiles, to measure it so)"
 	@echo "  SPILL_CHECK=$(SPILL_CHECK) (0: a register spill in the attention forward kernels or the wgmma backward is no build error)"
-	@echo "  DEPS=$(DEPS) (auto: scripts/deps.sh installs missing cmocka/OpenBLAS/Open MPI; 0: probe only)"
+	@echo "  DEPS=$(DEPS) (auto: scripts/deps.sh installs missing cmocka/OpenBLAS/CMake/Open MPI; 0: probe only)"
 	@echo "  PREFIX=$(PREFIX)  DESTDIR=$(DESTDIR)"
 
 -include $(LIB_OBJS:.o=.d) $(EXAMPLE_OBJS:.o=.d) $(BENCH_OBJS:.o=.d) \

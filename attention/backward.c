@@ -1,53 +1,27 @@
 /* attention/backward.c — the distributed attention backward pass.
  *
- * Algorithm (DESIGN.md section 6). delta = rowsum(dO * O) is computed once
- * per local query row. For t = 0..P-1 rank j computes on the K|V block of
- * rank src(t) = (j - t) mod P: the backward block kernel recomputes the
- * probabilities from the forward's log-sum-exp and accumulates dQ (which
- * stays home) and the block's dK, dV contributions. K|V travel the ring one
- * step ahead of the compute, as in the forward pass; the fp32 dK|dV of a
- * block travel one step behind it, because they are final on a rank only
- * after its compute. One grouped send/recv per step carries both:
+ * Algorithm (docs/ARCHITECTURE.md, "The backward ring"). delta = rowsum(dO*O)
+ * once per local query row. For t = 0..P-1 rank j computes on the K|V block of
+ * src(t) = (j - t) mod P: the block kernel recomputes the probabilities from
+ * the forward's lse and accumulates dQ (stays home) and the block's dK, dV.
+ * K|V travel one step ahead of the compute; the fp32 dK|dV of a block one step
+ * behind it (final only after its compute). One group per step carries both:
  *
- *   step t posts: K|V of src(t)       -> j+1,  K|V of src(t+1)      <- j-1  (t < P-1)
- *                 dK|dV of src(t-1)   -> j+1,  dK|dV so far of src(t) <- j-1  (t > 0)
- *   then computes src(t)'s contributions into a buffer `loc` (written by
- *   the kernels, which need no zeroed buffer: block.h's `first`),
- *   completes the group, and adds `loc` into the partial sums received
- *   (at step 0 nothing arrives: `loc` holds src(0)'s sums so far).
+ *   step t posts: K|V of src(t)     -> j+1,  K|V of src(t+1)        <- j-1  (t < P-1)
+ *                 dK|dV of src(t-1) -> j+1,  dK|dV so far of src(t) <- j-1  (t > 0)
+ *   computes src(t)'s contributions into `loc`, completes the group, and adds
+ *   `loc` into the sums received (add_beside: beside the next kernel, so the
+ *   next kernel writes the spare `loc`).
  *
- * so the transfers of both overlap the block kernel. The add runs beside
- * the next step's kernel (the backend's add_beside: on CUDA the
- * communication stream, which the next group's send of its result follows),
- * not between the two kernels; so the next kernel writes another `loc`,
- * and the one after it the first again, by then ordered after the add by
- * that step's completed group. A step whose block has no pair the mask
- * allows (a contiguous ring's blocks from later ranks, t > 0) runs neither
- * kernel nor add: the partial sums it received leave unchanged, and `loc`
- * keeps its role for the next step. After step P-1 every block's dK|dV go
- * home (P transfers of gradients, P-1 of K|V). That last hop has no kernel
- * after it to hide behind, so step P-1's block runs in two parts of its
- * key rows (batch-major over the b * c rows, split in half), and the hop
- * carries the finished gradients in their own dtype (half the bytes of
- * fp32 in bf16 and fp16; they are rounded once either way, so the bits are
- * those of rounding at home), straight into dk and dv:
+ * A block with no pair the mask allows runs neither kernel nor add. The last
+ * hop home has no kernel to hide behind, so step P-1's block runs in two
+ * halves of its key rows, and the hop carries finished gradients in their own
+ * dtype (rounded once, as at home) straight into dk and dv: part 0, complete,
+ * round and post its half home; part 1 into the sums, round, post; store dQ.
  *
- *   part 0 into `loc`, beside the group bringing src(P-1)'s sums so far;
- *   complete the group; round part 0 of `loc` plus the sums into the
- *     stage (beside part 1) and post its hop home;
- *   part 1 added into the sums themselves (they are here: no add), then
- *     rounded into the stage (beside what follows);
- *   complete part 0's hop, post part 1's, store dQ while it travels.
- *
- * So what follows the last kernel is half the hop, in the gradients'
- * dtype, after one rounding pass over half the rows; not an add, all of
- * the hop in fp32 and the stores. K and V go as two messages that land
- * packed; step 0 computes on this rank's where they are and sends them
- * from there. Buffers: two for K|V (current, landing), four for dK|dV (loc
- * and a spare loc, the partial sums arriving, the finished sums leaving,
- * at the end the stage); roles rotate, nothing is copied. With one rank on
- * the sequence there is no ring: the kernels read K and V where they are
- * and write one dK|dV buffer, which is final.
+ * Buffers: two for K|V (current, landing), four for dK|dV (LOC, SPARE, RCV,
+ * SND; the stage at the end); roles rotate, nothing is copied. One rank on the
+ * sequence: no ring, one dK|dV buffer, final.
  *
  * Invariants: as in forward.c: one workspace, allocated before the loop or
  * given; ranks agree before any block moves; a failing rank aborts.
@@ -241,14 +215,11 @@ typedef struct bwd_queries {
     void *scratch;
 } bwd_queries;
 
-/* The backward block kernels of one step on rows [r0, r1) of its block's
- * keys, counted batch-major over the b * c rows of K (and of dK|dV): this
- * rank's queries (qs) against the K and V at k, v (ks: rank src's), the
- * rows' dK|dV contributions written into dkv (`first`: dkv needs no
- * zeroing) or added into it. One launch per run of whole batches, one per
- * part of a batch; a whole block is one launch. Each continues the call's
- * launch before it (block.h: it touches other rows, or another buffer),
- * but the call's first (continues = 0: step 0's). */
+/* The backward block kernels of one step on key rows [r0, r1) (batch-major
+ * over the b * c rows of K and dK|dV): this rank's queries against k, v (ks:
+ * src's segment), contributions written (`first`) or added into dkv. One launch
+ * per run of whole batches or part of one; each but the call's first continues
+ * the launch before it (block.h). */
 static dt_status run_rows(const attn_plan *p, const bwd_workspace *w, const bwd_queries *bq,
                           const char *k, const char *v, dt_attn_segment qs, dt_attn_segment ks,
                           float *dkv, int first, int continues, int64_t r0, int64_t r1) {
@@ -262,7 +233,8 @@ static dt_status run_rows(const attn_plan *p, const bwd_workspace *w, const bwd_
         const int64_t kv_off = b0 * p->c * row + y0 * row, q_off = b0 * p->c * p->h * p->D,
                       ml_off = b0 * p->h * p->c;
         const dt_attn_block_bwd_args a = {
-            .dtype = p->dtype, .batch = nb, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
+            .dtype = p->dtype, .nonfinite = p->inputs_nonfinite,
+            .batch = nb, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
             .q = (const char *)dt_tensor_data_const(bq->q) + (size_t)q_off * es,
             .dout = (const char *)dt_tensor_data_const(bq->dout) + (size_t)q_off * es,
             .q_batch_stride = p->c * p->h * p->D,
@@ -300,7 +272,9 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
                                           "dt_attention_backward_workspace_size");
     dt_attention_timing *timing = opts ? opts->timing : NULL;
     if (local == DT_SUCCESS) local = attn_timing_begin(&p, timing);
-    DT_TRY(attn_plan_check_agreement(&p, op, local));
+    const dt_tensor *in[4] = {q, k, v, dout};
+    static const char *const in_names[4] = {"q", "k", "v", "dout"};
+    DT_TRY(attn_plan_check_call(&p, op, local, in, in_names, 4));
     dt_comm *comm = p.sp_dim >= 0 && p.parts > 1 ? dt_mesh_comm(p.mesh, p.sp_dim) : NULL;
 
     dt_backend *be = p.ctx->backend;
@@ -365,11 +339,9 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
             DT_TRY_GOTO(st, dt_comm_p2p_wait(comm), fail);
         }
         if (t == last) {
-            /* src(P-1) = j+1's gradients: rows [0, half) are loc's plus
-             * the sums received, rounded beside the kernel of rows [half,
-             * rows), which adds into the received sums themselves (here
-             * by now); each part goes home once rounded, and this rank's
-             * own land in dk and dv. */
+            /* src(P-1) = j+1's gradients: rows [0, half) are loc plus the sums,
+             * rounded beside the kernel of rows [half, rows), which adds into
+             * the sums themselves; each part goes home once rounded. */
             float *const sums = r.grad[RCV];
             DT_TRY_GOTO(st, bwd_round_rows(&p, &w, &r, sums, idle ? NULL : r.grad[LOC], 0, half),
                         fail);
@@ -426,6 +398,17 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * p.parts), fail);
     DT_TRY_GOTO(st, attn_timing_end(&p, timing), fail);
     if (own_ws) be->ops->free(be, ws);
+    /* kernels that may lose a NaN or Inf of the inputs: all of dq, dk, dv NaN */
+    dt_tensor *const outs[3] = {gq, gk, gv};
+    st = attn_plan_nonfinite_outputs(&p, outs, 3);
+    /* DT_CHECK: finite inputs gave finite gradients (the ring is done: no abort) */
+    if (st == DT_SUCCESS) st = attn_plan_check_output(&p, op, gq, "dq", 0);
+    if (st == DT_SUCCESS) st = attn_plan_check_output(&p, op, gk, "dk", 0);
+    if (st == DT_SUCCESS) st = attn_plan_check_output(&p, op, gv, "dv", 0);
+    if (st != DT_SUCCESS) {
+        dt_tensor_destroy(gq), dt_tensor_destroy(gk), dt_tensor_destroy(gv);
+        return st;
+    }
     *dq = gq;
     *dk = gk;
     *dv = gv;

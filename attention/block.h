@@ -15,19 +15,23 @@
  * the last writes the normalised output and log-sum-exp instead of m, l and
  * acc (dt_attn_block_args.first, .last): no pass before or after the ring.
  *
- * The CUDA backend has three kernels for each direction: simple scalar
- * ones (cuda/block.cu, every dtype and head dim), tensor-core ones
- * (cuda/mma_fwd.cu forward, cuda/mma_bwd.cu backward: bf16 / fp16,
- * head dim 64 or 128, compute capability >= 8.0) and Hopper ones
- * (cuda/wgmma_fwd.cu forward, cuda/wgmma_bwd.cu backward:
- * warpgroup MMA and TMA, compute capability 9.0, an sm_90 build).
- * DT_ATTN_KERNEL (auto | simple | mma | wgmma), read once per attention
- * call when its plan is made (plan.c), picks between them for the forward
- * and the backward alike; the CPU kernels ignore it. auto means, in both
- * directions, wgmma where it can run, else mma, else simple. The
- * tensor-core kernels run on the CPU emulator of CUDA (tests/emu), and
- * have passed their tests on an H100 (2026-11-22) and an H200
- * (2026-11-26; the wgmma backward there first).
+ * Non-finite values: an allowed logit that is NaN or +-inf makes its row's
+ * m, l, o and lse NaN (the row max keeps NaN); a row with no allowed key
+ * ends as o = 0, lse = -inf whatever its masked keys and values hold; an
+ * infinite o becomes NaN. A NaN or Inf of v or dout, and in the backward
+ * of any input (a row's lse included), may also reach rows or keys of the
+ * same computed tile that the mask keeps from it (0 x NaN, 0 x Inf in a
+ * matrix product: dQ = dS K multiplies a masked pair's dS = 0 by its key),
+ * never beyond. Kernels that do not keep this say so
+ * (dt_attn_kernels.exact_nonfinite).
+ *
+ * CUDA kernels per direction: simple (cuda/block.cu, every dtype and head
+ * dim), mma (cuda/mma_*.cu: bf16/fp16, head dim 64 or 128, sm_80+) and wgmma
+ * (cuda/wgmma_*.cu: sm_90). DT_ATTN_KERNEL (tuning.h), read once per call
+ * (plan.c), picks one for both directions; auto takes the first path verified
+ * on the device's architecture that can run the block (cuda/block.cu's
+ * table), else simple. The CPU kernels ignore it. docs/KERNELS.md has the
+ * design; the tensor-core kernels also run on the emulator (tests/emu).
  */
 #ifndef DT_ATTN_BLOCK_H
 #define DT_ATTN_BLOCK_H
@@ -43,45 +47,33 @@
 extern "C" {
 #endif
 
-/* One CTA of a tensor-core kernel's launch, as it recorded itself when the
- * block's args carry a trace (bench only: bench/blocks --trace, analysed by
- * cta_trace.h). Written by the CTA's thread 0 at its first instruction (ns[0],
- * clock[0], sm) and once every thread has issued its last store (ns[1],
- * clock[1], work): ns from
- * %globaltimer (one clock for the whole GPU, ns), clock from clock64 (the
- * SM's cycle counter), sm from %smid. work: the iterations of the CTA's
- * main loop, its tiles: key tiles of one query tile forward, query tiles
- * (times the GQA group's heads) of one key tile backward. The kernels
- * also mark (the low 32 bits of clock64) where their main loop runs:
- * mark[0] once its first tile has landed (before its math), mark[1] once
- * every thread is done with its last (forward: before the rows' merge and
- * write-back; backward: before dK and dV go out), so that a CTA's time
- * splits into its start, its loop and its end; both 0 in a CTA without
- * tiles, in the wgmma forward at D = 64 (its registers have no room for
- * them) and in the mma backward (one of its loads' waits would hold them:
- * not made).
- * (The persistent wgmma forward writes a record per query tile: the
- * tile's own start and end.) On the CPU emulator ns and clock are
- * CLOCK_MONOTONIC and sm is 0. */
+/* One CTA's record of itself in a tensor-core launch (bench/blocks --trace;
+ * cta_trace.h reads them; docs/KERNELS.md, "The CTA trace"). [0] at its first
+ * instruction, [1] after its last store; the persistent wgmma forward writes
+ * one per query tile. Emulator: CLOCK_MONOTONIC, sm 0. */
 typedef struct dt_attn_cta_trace {
-    uint64_t ns[2], clock[2];
-    uint32_t sm, work;
-    uint32_t mark[2];
+    uint64_t ns[2], clock[2];   /* %globaltimer (ns, GPU-wide); clock64 (SM cycles) */
+    uint32_t sm, work;          /* %smid; main-loop tiles (key tiles fwd, query tiles bwd) */
+    uint32_t mark[2];           /* low clock64 bits: first tile landed, last tile done
+                                   (0: no tiles, wgmma fwd at D = 64, mma bwd) */
 } dt_attn_cta_trace;
 
 typedef struct dt_attn_block_args {
     dt_dtype dtype;                 /* of q, k, v */
+    /* 1 when some input of the call may be NaN or Inf: the kernels must then
+     * keep the non-finite rules above; 0: every input is finite and within
+     * plan.c's range, nothing non-finite can arise. The CPU kernels keep the
+     * rules either way. (In the padding after dtype, so that every other
+     * field keeps its offset and the VERIFIED kernels' code is unchanged.) */
+    int nonfinite;
     int64_t batch, heads, kv_heads, dim;
     const void *q;
     int64_t q_batch_stride;
     const void *k, *v;
     int64_t kv_batch_stride;
-    /* Keys interleaved from kv_slots slots (0 or 1: none): key row y lies
-     * at row dt_attn_key_row(y, kv_slots, kv_slot_rows) of k and v, slot s
-     * being rows s kv_slot_rows .. of each batch entry (a grouped striped
-     * ring's launch, whose shards' keys take turns: forward.c). The
-     * forward kernels only; the wgmma kernel wants kv_slots to divide its
-     * key tile's rows (a power of two up to 64 does). */
+    /* Forward only: keys interleaved from kv_slots slots (0, 1: none), key row
+     * y at row dt_attn_key_row(y, ...) of k, v (a grouped striped launch); the
+     * wgmma kernel needs kv_slots to divide its key tile (a power of two <= 64). */
     int64_t kv_slots, kv_slot_rows;
     dt_attn_segment qseg, kseg;     /* rows and positions */
     dt_attn_mask mask;
@@ -90,71 +82,43 @@ typedef struct dt_attn_block_args {
     int64_t ml_batch_stride, ml_head_stride;
     float *acc;
     int64_t acc_batch_stride;
-    /* first: the block starts its rows from m = -inf, l = 0, acc = 0 and
-     * does not read them. last: the block finishes its rows: it writes
-     * o = acc / l (0 where l = 0) in dtype with q's layout and strides,
-     * o[b][x][h][d] at o + b*q_batch_stride + (x*heads + h)*dim + d, and
-     * lse = m + log l (-inf where l = 0), fp32 with m's layout; what m, l
-     * and acc hold afterwards is undefined (the CUDA kernels leave them,
-     * the CPU kernel works in them). Every row of qseg is started or
-     * finished, whether or not the block has a key for it. */
+    /* first: start every row from m = -inf, l = 0, acc = 0 without reading them.
+     * last: finish every row: o = acc / l (0 where l = 0) in dtype with q's
+     * layout, lse = m + log l (-inf where l = 0) fp32 with m's; m, l, acc are
+     * then undefined. Rows with no key in the block are started/finished too. */
     int first, last;
     void *o;
     float *lse;
-    dt_attention_tuning tuning;        /* CUDA only: the kernel (resolved: never from the
-                                          environment here) and its launch */
-    /* A ring transfer (the next step's K and V) runs beside this block, on
-     * the communication stream: a same-device copy's blocks or NCCL's
-     * kernel, which need SMs while the block runs. CUDA: a kernel that
-     * would hold every SM until the block ends (the persistent wgmma
-     * forward) runs a CTA per tile instead, whose CTAs leave SMs as their
-     * tiles end, to the transfer first (its stream's greater priority). */
+    dt_attention_tuning tuning;        /* CUDA only: kernel (resolved) and launch knobs */
+    /* A ring transfer runs beside this block and needs SMs: a kernel that would
+     * hold every SM (the persistent wgmma forward) runs a CTA per tile instead. */
     int transfer;
-    /* NULL, or room for trace_len records: CTA i of the launch (its launch
-     * order, blockIdx.x) fills trace[i] if i < trace_len. The CUDA
-     * tensor-core kernels only; the others ignore it. */
+    /* NULL, or trace_len records: CTA i (blockIdx.x) fills trace[i] if i <
+     * trace_len. CUDA tensor-core kernels only. */
     dt_attn_cta_trace *trace;
     int64_t trace_len;
-    /* The rows' waits (CUDA: the tensor-core forward kernels, dependent
-     * launch mode 2, dt_attention_tuning). A block
-     * launched as the programmatic dependent of the block before waits for
-     * the rows it merges, not for that whole block: visits counts, per 16
-     * query rows of each (batch, head) (rows 16i .. 16i+15 of (b, h) at
-     * visits[(b heads + h) ceil(qseg.len / 16) + i]), the call's counted
-     * blocks that are done with them; a block waits until its rows' count
-     * reaches `visit` (the counted blocks launched before it in the call),
-     * merges them, and adds 1; also for rows it has no key for and leaves
-     * as they are, so that a block completes only once every block before
-     * it is done with every row, as with whole-block waits. Such a block
-     * never waits for the block before as a whole. launches:
-     * the caller's count of the call's counted blocks so far (host memory,
-     * 0 before the first block), which the CUDA backend reads and advances:
-     * it sets visit, and visits in its scratch, zeroed on the stream before
-     * the call's first block. NULL (or visits NULL at the kernels): every
-     * dependent block waits for the whole block before (mode 1). The CPU
-     * kernels ignore all three. */
+    /* Per-row waits (CUDA tensor-core forward, dependent launch mode 2): a
+     * dependent block waits until visits[(b heads + h) ceil(qseg.len / 16) + i]
+     * (rows 16i..16i+15 of (b, h)) reaches `visit`, merges, adds 1 (rows it has
+     * no key for too). launches: the caller's host count of the call's blocks
+     * (0 at first), which the backend reads and advances; NULL: whole-block
+     * waits (mode 1). CPU kernels ignore all three. */
     uint32_t *launches;
     uint32_t *visits;
     uint32_t visit;
 } dt_attn_block_args;
 
-/* Backward of one block, from the forward's log-sum-exp (FlashAttention-2):
+/* Backward of one block from the forward's lse (FlashAttention-2):
  *   P  = exp(scale q.k - lse)        (0 where masked, and on rows with lse = -inf)
  *   dV += P^T dO      dP = dO V^T      dS = P (dP - delta)
  *   dQ += scale dS K  dK += scale dS^T Q
- * with delta = rowsum(dO * O). dout has q's layout and dtype; lse and delta
- * are [b][h][x] fp32 with the ml strides; dq has acc's layout; dk and dv are
- * fp32 with k's layout (kv_batch_stride). GQA: dk, dv of kv head g sum over
- * the query heads of its group. dq, dk and dv are accumulated into (read,
- * add, write): the ring calls the kernel once per block; but with `first`
- * set, dk and dv (the kseg.len rows of every kv head and batch) are written
- * instead, 0 where no query attends a key, so that they need not be zeroed
- * before (what they held is never read). On CUDA the
- * tensor-core kernels add into dq by reductions (float2 atomics, or bulk
- * reductions of whole rows), so the order of dq's sums (not dk's or dv's)
- * may differ from run to run. */
+ * delta = rowsum(dO * O). dout: q's layout and dtype; lse, delta [b][h][x] fp32;
+ * dq: acc's layout; dk, dv fp32 with k's (GQA: summed over the group's heads).
+ * All accumulate, except dk, dv with `first` (written, no zeroing needed). CUDA
+ * tensor-core kernels add into dq atomically: its sum order may vary by run. */
 typedef struct dt_attn_block_bwd_args {
     dt_dtype dtype;
+    int nonfinite;                     /* as dt_attn_block_args.nonfinite */
     int64_t batch, heads, kv_heads, dim;
     const void *q, *dout;
     int64_t q_batch_stride;
@@ -169,12 +133,9 @@ typedef struct dt_attn_block_bwd_args {
     int64_t dq_batch_stride;
     float *dk, *dv;
     int first;                         /* write dk, dv instead of adding into them */
-    /* The work queued before this block ends with another backward block,
-     * which writes none of what this one reads or writes but dq, and
-     * reads none of what this one writes (a ring's next step: dk, dv of
-     * another buffer or other rows). CUDA, compute capability 9.0: this
-     * block is launched as that one's programmatic dependent, and may
-     * start while it finishes (dt_attention_tuning.dependent_launch). */
+    /* The work queued before ends with a backward block that shares only dq
+     * with this one (other dk, dv rows or buffer): on sm_90 this block may
+     * launch as its programmatic dependent (tuning.dependent_launch). */
     int continues;
     dt_attention_tuning tuning;        /* as dt_attn_block_args.tuning */
     dt_attn_cta_trace *trace;          /* as dt_attn_block_args.trace */
@@ -198,19 +159,21 @@ typedef struct dt_attn_kernels {
      * `seqs` (batch x heads) query sequences of at most `len` rows. */
     size_t (*fwd_scratch)(int64_t dim, int64_t seqs, int64_t len);
     size_t (*bwd_scratch)(int64_t dim);
-    /* May be NULL (one kernel per direction only). Whether the kernel
-     * `want` (forward and backward alike) can run blocks of this dtype and
-     * head dim on this backend's device: DT_SUCCESS, or DT_ERR_NOT_SUPPORTED
-     * with the reason in why (dt_last_error untouched). Called once per
-     * call, before any block. */
+    /* May be NULL. DT_SUCCESS if kernel `want` can run this dtype and head dim
+     * on this device, else DT_ERR_NOT_SUPPORTED with the reason in why
+     * (dt_last_error untouched). Once per call, before any block. */
     dt_status (*kernel_check)(struct dt_backend *be, dt_dtype dtype, int64_t dim,
                               dt_attn_kernel_choice want, char *why, size_t why_size);
+    /* May be NULL (1). 1 if the blocks kernel `want` runs for this dtype and
+     * head dim, forward and backward, keep the non-finite rules above; 0 if
+     * they may lose a NaN or Inf (a form that predates the rules):
+     * a call whose inputs are not all finite then writes NaN to all of its
+     * outputs instead (plan.h). */
+    int (*exact_nonfinite)(struct dt_backend *be, dt_dtype dtype, int64_t dim,
+                           dt_attn_kernel_choice want);
     dt_status (*fwd)(struct dt_backend *be, const dt_attn_block_args *a, void *scratch);
-    /* May be NULL (always 0). 1 if fwd on this block, whose first and last
-     * are both set (a call of one block), reads and
-     * writes none of m, l and acc, which may then be NULL: the tensor-core
-     * kernels keep a block's running state in registers. Asked before the
-     * workspace is sized (forward.c). */
+    /* May be NULL (0). 1 if fwd on this one-block call (first and last set)
+     * touches none of m, l, acc, which may then be NULL (state in registers). */
     int (*fwd_stateless)(struct dt_backend *be, const dt_attn_block_args *a);
     /* delta = rowsum(dout * o), fp32. */
     dt_status (*delta)(struct dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows,

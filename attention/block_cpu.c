@@ -7,22 +7,17 @@
  *   l  = l * exp(m - m') + rowsum P
  *   acc = acc * exp(m - m') + P V_t         (sgemm into the strided acc rows)
  * (the row max, the exp and its sum four lanes at a time: cpu_vec.h).
- * Rows that have seen no allowed key keep m = -inf, l = 0 and acc = 0, and
- * are never touched by exp(-inf - -inf). Tiles are packed into contiguous
- * fp32 scratch (which also converts bf16 and fp16), so one path serves
- * every dtype.
- * A call's first block sets its rows' m, l, acc to -inf, 0, 0 before the
- * tiles, its last one turns them into o and lse after (block.h).
+ * Rows with no allowed key keep m = -inf, l = 0, acc = 0 (never exp(-inf -
+ * -inf)) and end as o = 0, lse = -inf. An allowed score that is NaN or +-inf
+ * makes its row's m, l, o and lse NaN: non-finite values never vanish. Tiles
+ * are packed into fp32 scratch (converting bf16, fp16): one path for every
+ * dtype. The first block starts the rows, the last writes o and lse (block.h).
  *
- * Which tiles run (mask.h): the keys a query may attend are a prefix of the
- * key segment, so for a query tile every key before the first row's bound
- * is unmasked (full tiles) and none after the last row's bound is allowed
- * (nothing visited there). The band between, where the mask cuts through,
- * is computed in slices of TS rows, each only up to its own last row's
- * bound: a masked block then costs about its allowed pairs plus TS/2 keys
- * per row, instead of whole TQ x TK tiles. The backward kernel does the
- * same with the roles of queries and keys exchanged (key tiles outer, so
- * that dK and dV accumulate in scratch), slicing the band by TS keys.
+ * Which tiles run (mask.h): a query's keys are a prefix, so keys before a
+ * query tile's first-row bound are unmasked and keys past its last-row bound
+ * are skipped; the band between runs in slices of TS rows, each up to its own
+ * bound (about the allowed pairs plus TS/2 keys a row). The backward swaps the
+ * roles (key tiles outer, dK and dV accumulate in scratch), slicing by TS keys.
  *
  * Test: tests/test_attention.c, tests/test_attention_backward.c (make test).
  */
@@ -94,10 +89,11 @@ static void fwd_tile(const fwd_head *f, const float *qt, int64_t x0, int64_t tq,
                 (int)D, f->kt, (int)D, 0.0f, s, (int)tk);
     for (int64_t i = 0; i < tq; i++) {
         float *row = s + i * tk;
+        dt_nonfinite_nan(row, tk);   /* an allowed score of +-inf poisons its row too */
         if (masked) mask_row(a->mask, a->kseg, dt_attn_pos(a->qseg, x0 + i), y0, row, tk);
         const float mx = dt_row_max(row, tk);
         const float m_old = f->m[x0 + i];
-        const float m_new = mx > m_old ? mx : m_old;
+        const float m_new = dt_max_nan(mx, m_old);
         float *acc_row = f->acc + (x0 + i) * H * D;
         if (m_new == -INFINITY) {
             /* nothing allowed yet for this row: P = 0 */
@@ -133,10 +129,15 @@ static void finish_rows(const fwd_head *f, int64_t n, void *ob, float *lse) {
     const dt_attn_block_args *a = f->a;
     const int64_t D = a->dim, HD = a->heads * D;
     for (int64_t x = 0; x < n; x++) {
-        const float l = f->l[x], inv = l > 0.0f ? 1.0f / l : 0.0f;
-        lse[x] = l > 0.0f ? f->m[x] + logf(l) : -INFINITY;
-        for (int64_t d = 0; d < D; d++)
-            dt_value_set(ob, a->dtype, (size_t)(x * HD + d), f->acc[x * HD + d] * inv);
+        /* l = 0: no allowed key, o = 0 (whatever acc picked up from masked
+         * values); l NaN: a non-finite input reached the row, o and lse NaN;
+         * an infinite o (an infinite value) becomes NaN (o + 0 o) */
+        const float l = f->l[x], inv = 1.0f / l;
+        lse[x] = l == 0.0f ? -INFINITY : f->m[x] + logf(l);
+        for (int64_t d = 0; d < D; d++) {
+            const float o = l == 0.0f ? 0.0f : f->acc[x * HD + d] * inv;
+            dt_value_set(ob, a->dtype, (size_t)(x * HD + d), o + 0.0f * o);
+        }
     }
 }
 
@@ -247,6 +248,7 @@ static void bwd_tile(const bwd_head *f, int64_t x0, int64_t tq, int64_t y0, int6
             memset(row, 0, (size_t)tk * sizeof *row);
             continue;
         }
+        dt_nonfinite_nan(row, tk);
         if (masked) mask_row(a->mask, a->kseg, dt_attn_pos(a->qseg, x0 + i), y, row, tk);
         (void)dt_exp_shift(row, tk, li);
     }

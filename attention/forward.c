@@ -1,29 +1,22 @@
 /* attention/forward.c — the distributed attention forward pass.
  *
- * Algorithm (DESIGN.md section 6). Rank j of the P ranks of the sequence
- * mesh dim holds a query shard and a key/value shard, each one position
- * segment (mask.h; a zigzag shard's two chunks are one segment with a
- * jump). K and V travel the ring packed in one buffer; step 0 computes on
- * this rank's where they are and sends them from there, so nothing is
- * copied into the ring. For t = 0..P-1: step t's block is that of rank
- * src = (j - t) mod P; the transfer of the next block is posted before
- * the block kernel runs on the current one (this rank's q segment against
- * src's k segment), and completed after. With opts->group = G > 1 the
- * steps after step 0 run in launches of up to G blocks side by side (one
- * key segment; fwd_runs below), the ring's hops running up to G ahead of
- * the launches. The kernel accumulates m, l and acc
- * in fp32; step 0's block starts them, the rank's last block with a pair the
- * mask allows (step P-1's but in a contiguous causal ring, where it is step
- * j's: dt_attn_ring_last_step) writes the normalised output and the
- * log-sum-exp (kept for the backward pass) instead: no pass over the rows
- * before or after the ring, and none for the blocks after it, which add
- * nothing.
+ * Algorithm (docs/ARCHITECTURE.md, "One attention call"). Rank j of the P ranks of the
+ * sequence mesh dim holds a query and a key/value shard, each one position
+ * segment (mask.h; a zigzag shard's two chunks are one segment with a jump).
+ * For t = 0..P-1, step t's block is rank (j - t) mod P's K and V: the hop
+ * that brings the next block is posted before the block kernel runs on the
+ * current one and completed after. Step 0 reads this rank's K and V where
+ * they are and sends them from there (no copy into the ring). With
+ * opts->group = G > 1, steps after 0 run in launches of up to G blocks side by
+ * side (fwd_runs), the ring up to G hops ahead. The kernel keeps m, l, acc in
+ * fp32; the first block starts them, and the rank's last block with a pair the
+ * mask allows (dt_attn_ring_last_step) writes o and lse: no pass over the rows
+ * before or after the ring, and no launch for the empty blocks after it.
  *
- * Invariants: everything the loop touches (ring buffers, accumulators,
- * kernel scratch) lives in one workspace sized by dt_attention_workspace_size
- * and allocated before the loop, or given by the caller; ranks agree on the
- * call (checked by one small all_gather) before any block moves; a rank that
- * fails after that aborts the communicators, so no peer waits for it.
+ * Invariants: everything the loop touches lives in one workspace sized by
+ * dt_attention_workspace_size, allocated before the loop or given; ranks agree
+ * on the call (one small all_gather) before any block moves; a rank that fails
+ * after that aborts the communicator, so no peer waits for it.
  *
  * Test: tests/test_attention.c (make test).
  */
@@ -58,7 +51,8 @@ static dt_attn_block_args block_args(const attn_plan *p, int first, int last, in
                                      const void *q, launch_keys keys, float *acc, float *m,
                                      float *l, void *o, float *lse, uint32_t *launches) {
     return (dt_attn_block_args){
-        .dtype = p->dtype, .batch = p->b, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
+        .dtype = p->dtype, .nonfinite = p->inputs_nonfinite,
+        .batch = p->b, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
         .q = q, .q_batch_stride = p->c * p->h * p->D,
         .k = keys.k, .v = keys.v, .kv_batch_stride = keys.kv_batch_stride,
         .kv_slots = keys.slots, .kv_slot_rows = p->c,
@@ -73,18 +67,12 @@ static dt_attn_block_args block_args(const attn_plan *p, int first, int last, in
     };
 }
 
-/* The ring's steps in launches of up to G = p->group blocks: mask.h's
- * dt_attn_ring_runs (run 0 is step 0 alone, the rank's own K and V, read
- * where they are; then runs of consecutive steps whose sources are
- * neighbours in the sequence) and dt_attn_ring_run_keys (a run's keys laid
- * side by side, nested or in slots as one key segment, and the segment its
- * queries take against them).
- *
- * Each run's blocks land in one of two buffer sets, alternating, each
- * [K | V] of [b][G c][hkv][D]; a block moves in pieces of the same sizes on
- * every rank (a rank-independent rule): with G = 1 whole K and whole V (the
- * set is a shard's layout), else per batch entry (and per zigzag chunk) the
- * rows that land apart. */
+/* The ring's steps in launches of up to G = p->group blocks (mask.h's
+ * dt_attn_ring_runs: run 0 is step 0 alone, on the rank's own K and V; then
+ * runs of steps whose sources are neighbours in the sequence). Runs land in
+ * two alternating buffer sets, each [K | V] of [b][G c][hkv][D], in pieces of
+ * the same sizes on every rank: whole K and V for G = 1, else per batch entry
+ * (and per zigzag chunk). */
 typedef struct fwd_runs {
     int n;                              /* runs */
     int first[DT_ATTN_MAX_STEPS + 1];   /* run r: steps first[r] .. first[r+1] - 1 */
@@ -216,7 +204,9 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
         local = attn_plan_check_workspace(&p, op, opts, w.total, "dt_attention_workspace_size");
     dt_attention_timing *timing = opts ? opts->timing : NULL;
     if (local == DT_SUCCESS) local = attn_timing_begin(&p, timing);
-    DT_TRY(attn_plan_check_agreement(&p, op, local));
+    const dt_tensor *in[3] = {q, k, v};
+    static const char *const in_names[3] = {"q", "k", "v"};
+    DT_TRY(attn_plan_check_call(&p, op, local, in, in_names, 3));
     dt_comm *comm = p.sp_dim >= 0 && p.parts > 1 ? dt_mesh_comm(p.mesh, p.sp_dim) : NULL;
 
     dt_backend *be = p.ctx->backend;
@@ -264,11 +254,9 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
         sizes = (size_t *)(into + f.pieces);
     }
 
-    /* Run r's blocks landed while run r - 1 ran. Run r + 1's first hop is
-     * posted before run r's launch, so it is ordered after the launches
-     * before (the last to read its landing set) and runs beside this one;
-     * its other hops follow it chained (each forwards what the one before
-     * landed), beside this launch too. */
+    /* Run r + 1's first hop is posted before run r's launch: ordered after the
+     * launches before (the last readers of its landing set), beside this one;
+     * its other hops follow chained, also beside this launch. */
     uint32_t launches = 0;   /* the call's blocks that count their rows (block.h) */
     for (int r = 0; r < f.n; r++) {
         const int t0 = f.first[r], t1 = f.first[r + 1], more = r + 1 < f.n;
@@ -300,6 +288,17 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     dt_ring_destroy(ring);
     free(hop_args);
     if (own_ws) be->ops->free(be, ws);
+    /* kernels that may lose a NaN or Inf of the inputs: all of o, lse NaN */
+    dt_tensor *const outs[2] = {out, out_lse};
+    st = attn_plan_nonfinite_outputs(&p, outs, 2);
+    /* DT_CHECK: finite inputs gave finite outputs (the ring is done: no abort) */
+    if (st == DT_SUCCESS) st = attn_plan_check_output(&p, op, out, "o", 0);
+    if (st == DT_SUCCESS) st = attn_plan_check_output(&p, op, out_lse, "lse", 1);
+    if (st != DT_SUCCESS) {
+        dt_tensor_destroy(out);
+        dt_tensor_destroy(out_lse);
+        return st;
+    }
     *o = out;
     if (lse) *lse = out_lse;
     else dt_tensor_destroy(out_lse);

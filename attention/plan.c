@@ -2,6 +2,7 @@
  * forward and backward passes (see plan.h). */
 #include "plan.h"
 
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 
 #include "../dtensor/context.h"
 #include "../dtensor/context_internal.h"
+#include "../dtensor/mesh.h"
 
 static dt_status attn_error(const attn_plan *p, dt_status st, const char *op, const char *msg) {
     return dt_error(st, "rank %d: %s: %s", p->ctx ? dt_context_rank(p->ctx) : -1, op, msg);
@@ -22,6 +24,9 @@ const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k) {
     case DT_ATTN_KERNEL_SIMPLE: return "simple";
     case DT_ATTN_KERNEL_MMA: return "mma";
     case DT_ATTN_KERNEL_WGMMA: return "wgmma";
+    case DT_ATTN_KERNEL_MMA_LATEST: return "mma-latest";
+    case DT_ATTN_KERNEL_WGMMA_LATEST: return "wgmma-latest";
+    case DT_ATTN_KERNEL_SIMPLE_LATEST: return "simple-latest";
     default: return "unknown";
     }
 }
@@ -108,8 +113,8 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     if ((int)p->tuning.kernel < 0 || p->tuning.kernel >= DT_ATTN_KERNEL_COUNT)
         FAIL(DT_ERR_INVALID_ARGUMENT, "unknown kernel choice %d", (int)p->tuning.kernel);
     if (p->tuning.kernel == DT_ATTN_KERNEL_AUTO && !kernel_from_env(&p->tuning.kernel))
-        FAIL(DT_ERR_INVALID_ARGUMENT, "DT_ATTN_KERNEL=%s is not auto, simple, mma or wgmma",
-             getenv("DT_ATTN_KERNEL"));
+        FAIL(DT_ERR_INVALID_ARGUMENT, "DT_ATTN_KERNEL=%s is not auto, simple, mma, wgmma, "
+             "mma-latest, wgmma-latest or simple-latest", getenv("DT_ATTN_KERNEL"));
     if ((int)opts->mask < 0 || opts->mask >= DT_ATTN_MASK_COUNT)
         FAIL(DT_ERR_INVALID_ARGUMENT, "unknown mask %d", (int)opts->mask);
     if (!(opts->scale >= 0.0f) || isinf(opts->scale))
@@ -184,8 +189,10 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     return DT_SUCCESS;
 }
 
-dt_status attn_plan_check_kernel(const attn_plan *p, const char *op) {
+dt_status attn_plan_check_kernel(attn_plan *p, const char *op) {
     char why[256] = "";
+    p->exact_nonfinite = !p->kern || !p->kern->exact_nonfinite ||
+                         p->kern->exact_nonfinite(p->ctx->backend, p->dtype, p->D, p->tuning.kernel);
     if (!p->kern || !p->kern->kernel_check) return DT_SUCCESS;
     if (p->kern->kernel_check(p->ctx->backend, p->dtype, p->D, p->tuning.kernel, why, sizeof why) ==
         DT_SUCCESS)
@@ -223,6 +230,151 @@ dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_statu
     return dt_context_check_call(p->ctx, op, local, v, names, 13, DT_CHECK_ON);
 }
 
+/* "[b, s, h, d]": the global index of local element i of t. */
+static void global_index(const dt_tensor *t, int64_t i, char *buf, size_t size) {
+    const int nd = dt_tensor_ndim(t);
+    const int64_t *ls = dt_tensor_local_shape(t);
+    int64_t x[DT_MAX_DIMS];
+    for (int d = nd - 1; d >= 0; d--) {
+        x[d] = ls[d] ? i % ls[d] : 0;
+        i = ls[d] ? i / ls[d] : 0;
+    }
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int d = 0; d < nd && at < size; d++) {
+        int64_t *g = malloc((size_t)(ls[d] ? ls[d] : 1) * sizeof *g);
+        int64_t gi = x[d];
+        if (g && dt_tensor_global_indices(t, d, g) == DT_SUCCESS) gi = g[x[d]];
+        free(g);
+        at += (size_t)snprintf(buf + at, size - at, "%s%lld", d ? ", " : "[", (long long)gi);
+    }
+    if (at < size) snprintf(buf + at, size - at, "]");
+}
+
+/* The first local element of t that is NaN or infinite (-inf allowed where
+ * `neg_inf_ok`), through the host; -1 if none. */
+static dt_status first_nonfinite(const dt_tensor *t, int neg_inf_ok, int64_t *first) {
+    *first = -1;
+    const size_t n = (size_t)dt_tensor_local_numel(t), bytes = dt_tensor_local_bytes(t);
+    if (!n) return DT_SUCCESS;
+    void *h = malloc(bytes);
+    if (!h) return dt_error(DT_ERR_OUT_OF_MEMORY, "out of host memory");
+    dt_status st = dt_tensor_get_local(t, h, bytes);
+    for (size_t i = 0; st == DT_SUCCESS && i < n; i++) {
+        const float v = dt_value_get(h, dt_tensor_dtype(t), i);
+        if (!isfinite(v) && !(neg_inf_ok && v == -INFINITY)) {
+            *first = (int64_t)i;
+            break;
+        }
+    }
+    free(h);
+    return st;
+}
+
+dt_status attn_plan_check_output(const attn_plan *p, const char *op, const dt_tensor *t,
+                                 const char *name, int neg_inf_ok) {
+    if (!dt_context_checks(p->ctx)) return DT_SUCCESS;
+    int64_t first = -1;
+    DT_TRY(first_nonfinite(t, neg_inf_ok, &first));
+    if (first < 0) return DT_SUCCESS;
+    char at[160];
+    global_index(t, first, at, sizeof at);
+    return dt_error(DT_ERR_NONFINITE, "rank %d: %s: %s holds a NaN or Inf at %s (its inputs were "
+                    "finite; DT_CHECK)", dt_context_rank(p->ctx), op, name, at);
+}
+
+/* The bounds within which the kernels' fp32 arithmetic stays finite
+ * (docs/RELIABILITY.md states them): from the largest |q|, |k|, |v| and,
+ * backward, |dout| of every rank. */
+static dt_status check_range(const attn_plan *p, const char *op, const float *mx, int n) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(mx[i])) return DT_SUCCESS;   /* non-finite inputs propagate */
+    /* max(scale, 1): a kernel may form q.k before scaling it, or after */
+    const double lim = FLT_MAX / 4.0, S = (double)p->S, D = (double)p->D,
+                 sc = fmax((double)p->scale, 1.0);
+    const double logits = sc * D * (double)mx[0] * (double)mx[1] * 1.4426950408889634;
+    const double acc = S * (double)mx[2];
+    char msg[400];
+    if (logits >= lim) {
+        snprintf(msg, sizeof msg, "the logits may leave fp32's range: max(scale %g, 1) x D %lld x "
+                 "max|q| %g x max|k| %g x log2(e) = %.3g is not below %.3g; scale q or k down",
+                 (double)p->scale, (long long)p->D, (double)mx[0], (double)mx[1], logits, lim);
+        return attn_error(p, DT_ERR_OUT_OF_RANGE, op, msg);
+    }
+    if (acc >= lim) {
+        snprintf(msg, sizeof msg, "the output's sums may leave fp32's range: S %lld x max|v| %g = "
+                 "%.3g is not below %.3g; scale v down", (long long)p->S, (double)mx[2], acc, lim);
+        return attn_error(p, DT_ERR_OUT_OF_RANGE, op, msg);
+    }
+    if (n > 3) {   /* dQ, dK: max(scale, 1) S 2D |dout| |v| max(|k|, |q|); dV: S |dout| */
+        const double g = sc * S * 2.0 * D * (double)mx[3] * (double)mx[2] *
+                         fmax((double)mx[0], (double)mx[1]);
+        if (g >= lim || S * (double)mx[3] >= lim) {
+            snprintf(msg, sizeof msg, "the gradients may leave fp32's range: max(scale %g, 1) x S "
+                     "%lld x 2D %lld x max|dout| %g x max|v| %g x max(max|q|, max|k|) = %.3g is "
+                     "not below %.3g; scale the inputs down", (double)p->scale, (long long)p->S,
+                     (long long)(2 * p->D), (double)mx[3], (double)mx[2], g, lim);
+            return attn_error(p, DT_ERR_OUT_OF_RANGE, op, msg);
+        }
+    }
+    return DT_SUCCESS;
+}
+
+/* The largest of mx[0..n) over the world's ranks (through backend memory:
+ * a transport may take device memory only); a NaN counts as +inf, which
+ * every transport's max keeps. */
+static dt_status world_max(const attn_plan *p, float *mx, int n) {
+    dt_backend *be = p->ctx->backend;
+    for (int i = 0; i < n; i++)
+        if (isnan(mx[i])) mx[i] = INFINITY;
+    void *buf = NULL;
+    DT_TRY(be->ops->alloc(be, (size_t)n * sizeof *mx, &buf));
+    dt_status st = be->ops->upload(be, buf, mx, (size_t)n * sizeof *mx);
+    if (st == DT_SUCCESS)
+        st = dt_comm_all_reduce(dt_context_comm(p->ctx), buf, buf, (size_t)n, DT_F32,
+                                DT_REDUCE_MAX);
+    if (st == DT_SUCCESS) st = be->ops->download(be, mx, buf, (size_t)n * sizeof *mx);
+    be->ops->free(be, buf);
+    return st;
+}
+
+dt_status attn_plan_check_call(attn_plan *p, const char *op, dt_status local,
+                               const dt_tensor *const *in, const char *const *names, int n) {
+    float mx[4] = {0, 0, 0, 0};
+    dt_backend *be = p->ctx ? p->ctx->backend : NULL;
+    for (int i = 0; local == DT_SUCCESS && i < n; i++) {
+        local = be->ops->absmax(be, dt_tensor_dtype(in[i]), dt_tensor_local_numel(in[i]),
+                                dt_tensor_data_const(in[i]), &mx[i]);
+        if (local != DT_SUCCESS || isfinite(mx[i]) || !dt_context_checks(p->ctx)) continue;
+        int64_t first = -1;
+        local = first_nonfinite(in[i], 0, &first);
+        if (local != DT_SUCCESS || first < 0) continue;
+        char at[160], msg[300];
+        global_index(in[i], first, at, sizeof at);
+        snprintf(msg, sizeof msg, "%s holds a NaN or Inf at %s (DT_CHECK)", names[i], at);
+        local = attn_error(p, DT_ERR_NONFINITE, op, msg);
+    }
+    DT_TRY(attn_plan_check_agreement(p, op, local));
+    if (p->mesh) DT_TRY(world_max(p, mx, n));
+    p->inputs_nonfinite = 0;
+    for (int i = 0; i < n; i++) p->inputs_nonfinite |= !isfinite(mx[i]);
+    return check_range(p, op, mx, n);
+}
+
+dt_status attn_plan_nonfinite_outputs(const attn_plan *p, dt_tensor *const *out, int n) {
+    if (!p->inputs_nonfinite || p->exact_nonfinite) return DT_SUCCESS;
+    for (int i = 0; i < n; i++) {
+        /* all bits set: a NaN in fp32, bf16 and fp16 alike */
+        const size_t bytes = dt_tensor_local_bytes(out[i]);
+        void *h = malloc(bytes ? bytes : 1);
+        if (!h) return dt_error(DT_ERR_OUT_OF_MEMORY, "out of host memory");
+        memset(h, 0xff, bytes);
+        const dt_status st = dt_tensor_set_local(out[i], h, bytes);
+        free(h);
+        DT_TRY(st);
+    }
+    return DT_SUCCESS;
+}
 
 void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment *qs, dt_attn_segment *ks) {
     if (p->parts > 1) {

@@ -25,18 +25,18 @@ typedef struct attn_plan {
     size_t kv_bytes;                  /* one local K (or V) block in its dtype */
     const dt_attn_kernels *kern;      /* the context's backend's kernels */
     dt_attention_tuning tuning;       /* opts->tuning, its kernel AUTO resolved from DT_ATTN_KERNEL */
+    int exact_nonfinite;              /* the kernels propagate NaN, Inf exactly (block.h) */
+    int inputs_nonfinite;             /* some rank's input holds a NaN or Inf (check_call) */
 } attn_plan;
 
 /* Validate q, k, v and opts (NULL: defaults) and fill p. Touches nothing. */
 dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
                          const dt_tensor *v, const dt_attention_options *opts, attn_plan *p);
 
-/* Whether the kernel the plan asks for (DT_ATTN_KERNEL; forward and
- * backward share the rule) can run
- * this call on this rank's backend: DT_SUCCESS, or DT_ERR_NOT_SUPPORTED
- * naming the rank, op and reason (DT_ATTN_KERNEL=mma on fp32, say). Local:
- * fold it into the status given to attn_plan_check_agreement. */
-dt_status attn_plan_check_kernel(const attn_plan *p, const char *op);
+/* Local. DT_SUCCESS if the kernel asked for (DT_ATTN_KERNEL) can run this call
+ * on this rank's backend, else DT_ERR_NOT_SUPPORTED with the reason; fold it
+ * into the status given to attn_plan_check_agreement. Sets p->exact_nonfinite. */
+dt_status attn_plan_check_kernel(attn_plan *p, const char *op);
 
 /* Whether the caller's workspace (opts->workspace, if any) holds the
  * `needed` bytes the call asks of it: DT_SUCCESS, or DT_ERR_INVALID_ARGUMENT
@@ -45,17 +45,33 @@ dt_status attn_plan_check_workspace(const attn_plan *p, const char *op,
                                     const dt_attention_options *opts, size_t needed,
                                     const char *size_fn);
 
-/* COLLECTIVE over the world when q is on a mesh: every rank shares whether
- * its arguments passed its own checks (`local`) and the call's shapes,
- * dtype, mask, scale and Layout, so that a call that is bad or different on
- * one rank fails on all of them before any block moves. Returns `local` on a
- * rank whose own checks failed. */
+/* COLLECTIVE over the world when q is on a mesh: ranks share `local` and the
+ * call's shapes, dtype, mask, scale and Layout, so a call bad or different on
+ * one rank fails on all before any block moves (that rank returns `local`). */
 dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_status local);
 
-/* The segments (mask.h) of this rank's query rows and of rank src's key
- * rows: a ring step's one block. With one rank on the sequence, (0, 1, S):
- * every order keeps a lone rank's tokens in sequence order (zigzag's two
- * chunks are adjacent). */
+/* The call's entry check: each input's largest |value| (a read of the local
+ * shard; CUDA: waits for the queued work), with DT_CHECK a NaN or Inf among
+ * them named (DT_ERR_NONFINITE), the agreement above, then, COLLECTIVE over
+ * the world, the ranks' largest values against the bounds of fp32's range
+ * (DT_ERR_OUT_OF_RANGE on every rank; non-finite inputs are not judged:
+ * they propagate, and set p->inputs_nonfinite on every rank). in: q, k, v
+ * and, backward, dout. */
+dt_status attn_plan_check_call(attn_plan *p, const char *op, dt_status local,
+                               const dt_tensor *const *in, const char *const *names, int n);
+
+/* Where the inputs hold a NaN or Inf and the kernels do not propagate them
+ * exactly (p->inputs_nonfinite && !p->exact_nonfinite): every element of the
+ * n outputs becomes NaN, so that none is lost. Else nothing. Local. */
+dt_status attn_plan_nonfinite_outputs(const attn_plan *p, dt_tensor *const *out, int n);
+
+/* With DT_CHECK: an output holds no NaN or Inf (-inf allowed where
+ * neg_inf_ok: lse), else DT_ERR_NONFINITE naming it and the global index. */
+dt_status attn_plan_check_output(const attn_plan *p, const char *op, const dt_tensor *t,
+                                 const char *name, int neg_inf_ok);
+
+/* Segments (mask.h) of this rank's queries and rank src's keys: one ring
+ * step's block. One rank on the sequence: (0, 1, S) in every order. */
 void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment *qs, dt_attn_segment *ks);
 
 /* Profiling of the ring loop (opts->timing; every call does nothing when it

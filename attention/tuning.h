@@ -8,16 +8,31 @@
 extern "C" {
 #endif
 
-/* Which CUDA kernel runs a block, forward and backward alike. */
+/* Which CUDA kernel runs a block, forward and backward alike. Each kernel
+ * has two forms: VERIFIED (has passed the CUDA suites and compute-sanitizer
+ * on a GPU) and LATEST (changes no GPU has run yet; tested on the CPU
+ * emulator). Only the LATEST forms keep NaN and Inf inputs exactly
+ * (docs/RELIABILITY.md, "Non-finite values never vanish"); a call on
+ * VERIFIED ones with a non-finite input gets NaN in every output.
+ * docs/PERFORMANCE.md says which ran where.
+ * Grouped launches (dt_attention_options.group > 1) are verified on no GPU
+ * in any form. */
 typedef enum dt_attn_kernel_choice {
-    DT_ATTN_KERNEL_AUTO = 0,   /* the fastest verified kernel that can run, else the simple one */
-    DT_ATTN_KERNEL_SIMPLE,     /* always the simple kernel */
-    DT_ATTN_KERNEL_MMA,        /* the sm_80 tensor-core kernel, or DT_ERR_NOT_SUPPORTED */
-    DT_ATTN_KERNEL_WGMMA,      /* the Hopper wgmma kernel, or DT_ERR_NOT_SUPPORTED */
+    DT_ATTN_KERNEL_AUTO = 0,     /* the fastest path verified on this GPU's architecture
+                                    that can run the block, else the simple kernel */
+    DT_ATTN_KERNEL_SIMPLE,       /* always the simple kernel */
+    DT_ATTN_KERNEL_MMA,          /* the sm_80 tensor-core kernel, VERIFIED form, or
+                                    DT_ERR_NOT_SUPPORTED */
+    DT_ATTN_KERNEL_WGMMA,        /* the Hopper wgmma kernel, VERIFIED form, or
+                                    DT_ERR_NOT_SUPPORTED */
+    DT_ATTN_KERNEL_MMA_LATEST,   /* the mma kernel, LATEST form, or DT_ERR_NOT_SUPPORTED */
+    DT_ATTN_KERNEL_WGMMA_LATEST, /* the wgmma kernel, LATEST form, or DT_ERR_NOT_SUPPORTED */
+    DT_ATTN_KERNEL_SIMPLE_LATEST, /* always the simple kernel, LATEST form */
     DT_ATTN_KERNEL_COUNT
 } dt_attn_kernel_choice;
 
-/* "auto", "simple", "mma", "wgmma"; "unknown" otherwise. */
+/* "auto", "simple", "mma", "wgmma", "mma-latest", "wgmma-latest",
+ * "simple-latest"; "unknown" otherwise. */
 const char *dt_attn_kernel_choice_name(dt_attn_kernel_choice k);
 
 typedef struct dt_attention_tuning {

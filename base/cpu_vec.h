@@ -1,24 +1,27 @@
-/* base/cpu_vec.h — PRIVATE. fp32 vector math for the CPU kernels.
+/* base/cpu_vec.h — PRIVATE. Vector math for the CPU kernels: four floats (or
+ * doubles) at a time with GCC/Clang vector extensions (SSE2, AVX, NEON), so
+ * that exp and reductions stay in registers with no libm call per element;
+ * other compilers get the same functions element by element through libm.
  *
- * Four floats at a time with GCC/Clang vector extensions (SSE2 on x86-64,
- * NEON on arm64), so that a kernel's exp and reductions stay in vector
- * registers with no libm call per element; other compilers get the same
- * functions written element by element through libm.
+ *   dt_vexpf(a)             e^a for a in [-87, 88] (callers clamp): Cody-Waite
+ *                           to 2^n e^r, |r| <= ln(2)/2, Taylor to r^7; within
+ *                           1.22 ulp of e^a over the range
+ *   dt_row_max(x, n)        max of x[0..n) (-inf for n = 0; NaN if any is NaN)
+ *   dt_nonfinite_nan(x, n)  x[j] = NaN where x[j] is +-inf or NaN (x + 0x)
+ *   dt_exp_shift(x, n, s)   x[j] = e^(x[j] - s) in place for x[j] - s <= 88
+ *                           (below -87 gives 0, NaN stays NaN); returns the sum
+ *   dt_vsilu_d4(g, silu, dsilu)  silu(g) = g s(g) and silu'(g) =
+ *                           s(g) (1 + g s(-g)), s the logistic, of four finite
+ *                           doubles (dt_vfinite_d4 says), in double: one
+ *                           e^-|g| (dt_vexp_d4: Cody-Waite to 2^n e^r, Taylor
+ *                           to r^12, within 4 ulp of double), s(|g|) =
+ *                           1 / (1 + e), s(-|g|) = e s(|g|); GCC/Clang only
+ *   DT_VEC_AVX2, dt_cpu_avx2()  a function compiled for AVX2 as well (x86),
+ *                           and whether this CPU may run it; DT_VEC_INLINE
+ *                           inlines a loop into each such copy
  *
- *   dt_vexpf(a)          e^a for a in [-87, 88] (callers clamp): Cody-Waite
- *                        reduction to 2^n e^r, |r| <= ln(2)/2, Taylor to r^7;
- *                        at most 1.22 ulp from e^a in double over every fp32
- *                        a of the range (checked once, 2026-11-23; the tests
- *                        check it through GELU and the attention kernels)
- *   dt_row_max(x, n)     the largest of x[0..n) (-inf for n = 0; x holds no NaN)
- *   dt_exp_shift(x, n, s)
- *                        x[j] = e^(x[j] - s) in place, for x[j] - s <= 88
- *                        (-inf gives 0, and so does anything below -87,
- *                        where e^ is under 2^-125; NaN stays NaN); returns
- *                        the sum of the results (added in four lanes, then
- *                        across them)
- *
- * Users: backend_cpu.c (GELU), attention/block_cpu.c (softmax).
+ * Users: dtensor/backend_cpu.c (GELU, SwiGLU), attention/block_cpu.c
+ * (softmax); tested through them.
  */
 #ifndef DT_CPU_VEC_H
 #define DT_CPU_VEC_H
@@ -65,18 +68,30 @@ static inline dt_vf dt_vexp_or_zero(dt_vf a) {
     return dt_vmask(~dead, dt_vexpf(dt_vsel(dead, dt_vsplat(0.0f), a)));
 }
 
+/* The larger of a and b; NaN if either is NaN. */
+static inline float dt_max_nan(float a, float b) { return a > b || a != a ? a : b; }
+
 static inline float dt_row_max(const float *x, int64_t n) {
     dt_vf m = dt_vsplat(-INFINITY), v;
     int64_t j = 0;
     for (; j + DT_VW <= n; j += DT_VW) {
         memcpy(&v, x + j, sizeof v);
-        m = dt_vsel(v > m, v, m);
+        m = dt_vsel((v > m) | (v != v), v, m);   /* a NaN lane stays NaN */
     }
-    float mx = m[0] > m[1] ? m[0] : m[1];
-    const float m23 = m[2] > m[3] ? m[2] : m[3];
-    mx = mx > m23 ? mx : m23;
-    for (; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    float mx = dt_max_nan(dt_max_nan(m[0], m[1]), dt_max_nan(m[2], m[3]));
+    for (; j < n; j++) mx = dt_max_nan(x[j], mx);
     return mx;
+}
+
+static inline void dt_nonfinite_nan(float *x, int64_t n) {
+    dt_vf v;
+    int64_t j = 0;
+    for (; j + DT_VW <= n; j += DT_VW) {
+        memcpy(&v, x + j, sizeof v);
+        v += 0.0f * v;
+        memcpy(x + j, &v, sizeof v);
+    }
+    for (; j < n; j++) x[j] += 0.0f * x[j];
 }
 
 static inline float dt_exp_shift(float *x, int64_t n, float s) {
@@ -99,11 +114,142 @@ static inline float dt_exp_shift(float *x, int64_t n, float s) {
     }
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
+
+/* Four doubles: one AVX register, or two SSE2 ones (GCC and Clang split the
+ * operations). Passed by pointer: by value the ABI would differ with AVX. */
+typedef double dt_vd4 __attribute__((vector_size(32)));
+typedef uint64_t dt_vu4 __attribute__((vector_size(32)));   /* bit patterns, masks */
+
+#define DT_VEC_INLINE static inline __attribute__((always_inline))
+
+/* x := e^x for x in [-708, 0] (callers clamp): 2^n stays a normal double. */
+DT_VEC_INLINE void dt_vexp_d4(dt_vd4 *x) {
+    const dt_vd4 a = *x;
+    const double shift = 6755399441055744.0;        /* 1.5 * 2^52 */
+    dt_vd4 kd = a * 1.4426950408889634 + shift;     /* n = round(a / ln 2) in the low bits */
+    const dt_vu4 ki = (dt_vu4)kd;
+    kd -= shift;
+    /* ln 2 = hi + lo, hi with 32 trailing zero bits: n hi is exact */
+    const dt_vd4 r = (a - kd * 6.93147180369123816490e-01) - kd * 1.90821492927058770002e-10;
+    dt_vd4 p = r * (1.0 / 479001600.0) + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    *x = p * (dt_vd4)((ki + 1023u) << 52);   /* 2^n: n + 1023 in the exponent field */
+}
+
+/* 1 if all four are finite. */
+DT_VEC_INLINE int dt_vfinite_d4(const dt_vd4 *g) {
+    const dt_vu4 ok = (dt_vu4)(*g - *g == 0.0);   /* inf - inf and NaN are NaN */
+    return (ok[0] & ok[1] & ok[2] & ok[3]) != 0;
+}
+
+DT_VEC_INLINE void dt_vsilu_d4(const dt_vd4 *g, dt_vd4 *silu, dt_vd4 *dsilu) {
+    const dt_vd4 v = *g;
+    const dt_vd4 a = -(dt_vd4)((dt_vu4)v & 0x7fffffffffffffffu);   /* -|g| */
+    const dt_vu4 live = (dt_vu4)(a >= -708.0);   /* below, e^a < 2^-1021 is taken as 0 */
+    const dt_vd4 lowest = {-708.0, -708.0, -708.0, -708.0};
+    dt_vd4 e = (dt_vd4)(((dt_vu4)a & live) | ((dt_vu4)lowest & ~live));
+    dt_vexp_d4(&e);
+    e = (dt_vd4)((dt_vu4)e & live);
+    const dt_vd4 d = 1.0 / (1.0 + e), ed = e * d;   /* s(|g|), s(-|g|) */
+    const dt_vu4 pos = (dt_vu4)(v >= 0.0);
+    const dt_vd4 s = (dt_vd4)(((dt_vu4)d & pos) | ((dt_vu4)ed & ~pos));
+    const dt_vd4 sc = (dt_vd4)(((dt_vu4)ed & pos) | ((dt_vu4)d & ~pos));
+    *silu = v * s;
+    *dsilu = s * (1.0 + v * sc);
+}
+
+/* sqrt of each lane (IEEE, as sqrtf). */
+#if defined(__SSE__)
+#include <xmmintrin.h>
+static inline dt_vf dt_vsqrt(dt_vf a) { return (dt_vf)_mm_sqrt_ps((__m128)a); }
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+static inline dt_vf dt_vsqrt(dt_vf a) { return (dt_vf)vsqrtq_f32((float32x4_t)a); }
 #else
+static inline dt_vf dt_vsqrt(dt_vf a) {
+    return (dt_vf){sqrtf(a[0]), sqrtf(a[1]), sqrtf(a[2]), sqrtf(a[3])};
+}
+#endif
+
+/* One AdamW step over n fp32 values (backend.h's adamw: g = grad gscale;
+ * m = b1 m + omb1 g; v = b2 v + omb2 g^2; w = w decay - step (m / (sqrt(v) /
+ * bc2s + eps)); param = w), four lanes at a time, each lane's operations
+ * those of the scalar tail. param may be master. */
+static inline void dt_adamw_f32(size_t n, float *param, float *master, float *m, float *v,
+                                const float *grad, float gscale, float b1, float omb1, float b2,
+                                float omb2, float bc2s, float eps, float decay, float step) {
+    size_t i = 0;
+    for (; i + DT_VW <= n; i += DT_VW) {
+        dt_vf g, mv, vv, w;
+        memcpy(&g, grad + i, sizeof g);
+        memcpy(&mv, m + i, sizeof mv);
+        memcpy(&vv, v + i, sizeof vv);
+        memcpy(&w, master + i, sizeof w);
+        g = g * gscale;
+        mv = mv * b1 + omb1 * g;
+        vv = vv * b2 + omb2 * (g * g);
+        const dt_vf den = dt_vsqrt(vv) / bc2s + eps;
+        w = w * decay - step * (mv / den);
+        memcpy(m + i, &mv, sizeof mv);
+        memcpy(v + i, &vv, sizeof vv);
+        memcpy(master + i, &w, sizeof w);
+        memcpy(param + i, &w, sizeof w);
+    }
+    for (; i < n; i++) {
+        const float g = grad[i] * gscale;
+        const float mi = m[i] * b1 + omb1 * g;
+        const float vi = v[i] * b2 + omb2 * (g * g);
+        const float w = master[i] * decay - step * (mi / (sqrtf(vi) / bc2s + eps));
+        m[i] = mi;
+        v[i] = vi;
+        master[i] = w;
+        param[i] = w;
+    }
+}
+
+/* DT_VEC_AVX2 marks a function to be compiled for AVX2 as well: where it
+ * is defined, dt_cpu_avx2() says whether this CPU has it (a function
+ * with the attribute may only run when it does). */
+#if defined(__x86_64__) || defined(__i386__)
+#define DT_VEC_AVX2 __attribute__((target("avx2")))
+static inline int dt_cpu_avx2(void) { return __builtin_cpu_supports("avx2"); }
+#endif
+#else
+static inline float dt_max_nan(float a, float b) { return a > b || a != a ? a : b; }
+
+static inline void dt_adamw_f32(size_t n, float *param, float *master, float *m, float *v,
+                                const float *grad, float gscale, float b1, float omb1, float b2,
+                                float omb2, float bc2s, float eps, float decay, float step) {
+    for (size_t i = 0; i < n; i++) {
+        const float g = grad[i] * gscale;
+        const float mi = m[i] * b1 + omb1 * g;
+        const float vi = v[i] * b2 + omb2 * (g * g);
+        const float w = master[i] * decay - step * (mi / (sqrtf(vi) / bc2s + eps));
+        m[i] = mi;
+        v[i] = vi;
+        master[i] = w;
+        param[i] = w;
+    }
+}
+
 static inline float dt_row_max(const float *x, int64_t n) {
     float mx = -INFINITY;
-    for (int64_t j = 0; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int64_t j = 0; j < n; j++) mx = dt_max_nan(x[j], mx);
     return mx;
+}
+
+static inline void dt_nonfinite_nan(float *x, int64_t n) {
+    for (int64_t j = 0; j < n; j++) x[j] += 0.0f * x[j];
 }
 
 static inline float dt_exp_shift(float *x, int64_t n, float s) {
@@ -115,6 +261,7 @@ static inline float dt_exp_shift(float *x, int64_t n, float s) {
     }
     return total;
 }
+
 #endif
 
 #endif /* DT_CPU_VEC_H */

@@ -7,6 +7,7 @@ size_t dt_dtype_size(dt_dtype dtype) {
     case DT_BF16: return 2;
     case DT_F16: return 2;
     case DT_U8: return 1;
+    case DT_I32: return 4;
     default: return 0;
     }
 }
@@ -17,6 +18,7 @@ const char *dt_dtype_name(dt_dtype dtype) {
     case DT_BF16: return "bf16";
     case DT_F16: return "fp16";
     case DT_U8: return "u8";
+    case DT_I32: return "i32";
     default: return "unknown";
     }
 }

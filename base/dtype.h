@@ -1,16 +1,8 @@
-/* base/dtype.h — element types.
- *
- * fp32 is the reference type. bf16 and fp16 are stored as 16 bits and
- * computed in fp32 (convert with dt_bf16_to_f32 / dt_f32_to_bf16 and
- * dt_f16_to_f32 / dt_f32_to_f16, round-to-nearest-even), on every backend.
- * u8 is raw bytes, for transfers (communicators, the ring rotator) and for
- * a tensor that is only memory of the backend (an attention workspace):
- * no op or primitive takes it (DT_ERR_NOT_SUPPORTED). dt_value_get / dt_value_set / dt_value_round read, write
- * and round one element of any of these on the host; dt_values_get /
- * dt_values_set convert a whole host array to and from fp32.
- *
- * Test: tests/test_context.c (every fp16 value and the rounding of fp32 to
- * fp16 against an independent reference).
+/* base/dtype.h — element types. fp32 is the reference; bf16 and fp16 are
+ * stored as 16 bits and computed in fp32 on every backend (conversions round
+ * to nearest even). u8 is raw bytes for transfers and workspaces: no op or
+ * primitive takes it (DT_ERR_NOT_SUPPORTED).
+ * Test: tests/test_context.c (every fp16 value, fp32 -> fp16 rounding).
  */
 #ifndef DT_DTYPE_H
 #define DT_DTYPE_H
@@ -28,12 +20,13 @@ typedef enum dt_dtype {
     DT_BF16,
     DT_F16,
     DT_U8,
+    DT_I32,      /* token ids and other integers: moved and indexed, never computed on */
     DT_DTYPE_COUNT
 } dt_dtype;
 
 /* Size of one element in bytes; 0 for an unknown dtype. */
 size_t dt_dtype_size(dt_dtype dtype);
-/* "fp32", "bf16", "fp16", "u8"; "unknown" otherwise. */
+/* "fp32", "bf16", "fp16", "u8", "i32"; "unknown" otherwise. */
 const char *dt_dtype_name(dt_dtype dtype);
 /* 1 if dtype is a known value. */
 int dt_dtype_valid(dt_dtype dtype);
@@ -63,11 +56,9 @@ static inline dt_bf16 dt_f32_to_bf16(float f) {
 
 typedef uint16_t dt_f16;
 
-/* Exact, without branches (so that loops of it vectorize), and without
- * subnormal fp32 operands (so that it stays exact with the CPU's
- * denormals-are-zero mode on). The exponent is rebiased 15 -> 127 (twice
- * for inf and NaN, to 255); a zero or subnormal h with mantissa m becomes
- * 2^-14 (1 + m/1024) - 2^-14 = m 2^-24, both operands normal. */
+/* Exact and branch-free (loops of it vectorize), with no subnormal fp32
+ * operand (exact under denormals-are-zero): a zero or subnormal h with
+ * mantissa m is 2^-14 (1 + m/1024) - 2^-14 = m 2^-24. */
 static inline float dt_f16_to_f32(dt_f16 h) {
     const uint32_t em = (uint32_t)(h & 0x7fffu) << 13, e = em & 0x0f800000u;
     const uint32_t special = 0u - (uint32_t)(e == 0x0f800000u), low = 0u - (uint32_t)(e == 0);

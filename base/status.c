@@ -15,7 +15,7 @@ const char *dt_status_name(dt_status status) {
         "DT_SUCCESS",        "DT_ERR_INVALID_ARGUMENT", "DT_ERR_NOT_SUPPORTED",
         "DT_ERR_OUT_OF_MEMORY", "DT_ERR_TIMEOUT",       "DT_ERR_PEER_FAILED",
         "DT_ERR_MISMATCH",   "DT_ERR_BACKEND",          "DT_ERR_SYSTEM",
-        "DT_ERR_INTERNAL",
+        "DT_ERR_INTERNAL",   "DT_ERR_NONFINITE",        "DT_ERR_OUT_OF_RANGE",
     };
     if ((int)status < 0 || status >= DT_STATUS_COUNT) return "DT_STATUS_UNKNOWN";
     return names[status];

@@ -24,6 +24,8 @@ typedef enum dt_status {
     DT_ERR_BACKEND,          /* CUDA / cuBLAS / NCCL / MPI / BLAS returned an error */
     DT_ERR_SYSTEM,           /* the OS refused: thread creation, clocks */
     DT_ERR_INTERNAL,         /* a bug in dtensor: please report it */
+    DT_ERR_NONFINITE,        /* DT_CHECK: a tensor or buffer holds NaN or Inf (named, with an index) */
+    DT_ERR_OUT_OF_RANGE,     /* finite inputs whose result would leave fp32's range (it says which) */
     DT_STATUS_COUNT
 } dt_status;
 

@@ -23,7 +23,7 @@ PyTorch is not a dependency of dtensor; this script only runs where torch
 with CUDA is installed:
     python3 bench/attention_sdpa.py [--iters 20] [--pass fwd,bwd] [--json]
 
-bench/issue8.py imports the timing functions (load_torch, sdpa_backends,
+bench/attention_report.py imports the timing functions (load_torch, sdpa_backends,
 make_inputs, median_time, time_sdpa, sdpa_row, flops) from here; importing
 this module does not import torch.
 """

@@ -1,5 +1,5 @@
 /* bench/blocks.c — the attention block kernel alone, on one device: the
- * measurements of issue 8 (docs/PERFORMANCE.md).
+ * block-level measurements of docs/PERFORMANCE.md.
  *
  * bench/attention goes through the public API; this drives the backend's
  * block kernels (attention/block.h, private) one block at a time, with the
@@ -55,7 +55,7 @@
  *                        time as K key tiles + F per query tile's visit
  *                        of a block (dt_attn_tiles); the F that b2b/call
  *                        implies, and the largest F that would allow
- *                        b2b/call <= 1.05 (issue 8's item 3).
+ *                        b2b/call <= 1.05.
  *         (g)            forward, --group LIST: each order's ring once
  *                        more with a rank's steps grouped as the library
  *                        groups them for dt_attention_options.group = G
@@ -102,8 +102,8 @@
  * Run: build/bench/blocks [--backend auto|cpu|cuda] [--quick] [--iters N]
  *      [--pass fwd,bwd] [--section r,p] [--c LIST] [--ring-c LIST]
  *      [--ranks P] [--heads H] [--kv-heads G] [--dim D] [--dtype T]
- *      [--kernel auto|simple|mma|wgmma] [--l2 BYTES] [--persistent 0|1|2]
- *      [--dependent 0|1|2] [--producer 0|1] [--rows merge|own]
+ *      [--kernel auto|simple|mma|wgmma|simple-latest|mma-latest|wgmma-latest] [--l2 BYTES]
+ *      [--persistent 0|1|2] [--dependent 0|1|2] [--producer 0|1] [--rows merge|own]
  *      [--group LIST] [--trace]
  *      [--json]
  */
@@ -709,16 +709,16 @@ static dt_status run_grouped(const bufs *b, const group_plan *gp) {
 }
 
 /* The forward kernel's tile (query rows x keys) for the tile model: the
- * kernels --kernel names (mma, wgmma); 0 for the others, whose cost does
- * not go by such tiles (the simple kernel's thread per row, the CPU's
- * slices of the diagonal band). */
+ * kernels --kernel names (mma, wgmma, in either form); 0 for the others,
+ * whose cost does not go by such tiles (the simple kernel's thread per
+ * row, the CPU's slices of the diagonal band). */
 static int fwd_tile_of(const opts *o, int64_t *bm, int64_t *bn) {
-    if (o->kernel == DT_ATTN_KERNEL_MMA) {
+    if (o->kernel == DT_ATTN_KERNEL_MMA || o->kernel == DT_ATTN_KERNEL_MMA_LATEST) {
         *bm = DT_MMA_BM;
         *bn = DT_MMA_BN;
         return 1;
     }
-    if (o->kernel == DT_ATTN_KERNEL_WGMMA) {
+    if (o->kernel == DT_ATTN_KERNEL_WGMMA || o->kernel == DT_ATTN_KERNEL_WGMMA_LATEST) {
         *bm = DT_WGMMA_BM;
         *bn = DT_WGMMA_BN;
         return 1;
@@ -1038,7 +1038,7 @@ static void text_p_rows(const opts *o, int64_t c, const p_row *x) {
                "        as K + F V, F = a visit's cost beyond its key tiles (its start and end),\n"
                "        in key tiles, that b2b/call implies (busy: that busy ring / busy call\n"
                "        implies, --trace); F for 1.05 = the largest F with b2b/call <= 1.05\n"
-               "        (issue 8's item 3; below 0: none)\n"
+               "        (below 0: none)\n"
                "        %-11s %10s %8s %10s %10s %10s\n", (long long)x->bm, (long long)x->bn,
                "order", "K", "V", "F b2b", "F busy", "F for 1.05");
         for (int oi = 0; oi <= 3; oi++) {
@@ -1383,9 +1383,10 @@ static void usage(FILE *f) {
             "  --ranks P         ranks of (p) and the stride of (r)'s striped blocks (default 8)\n"
             "  --heads H --kv-heads G --dim D   (GPU default 32, 32, 128; CPU 2, 2, 64)\n"
             "  --dtype T         fp32 | bf16 | fp16 (GPU default bf16; CPU fp32)\n"
-            "  --kernel K        CUDA block kernel: auto | simple | mma | wgmma (default: the\n"
-            "                    DT_ATTN_KERNEL environment variable, else auto); the\n"
-            "                    backward of auto is wgmma's where it runs\n"
+            "  --kernel K        CUDA block kernel: auto | simple | mma | wgmma | simple-latest |\n"
+            "                    mma-latest | wgmma-latest (default: the DT_ATTN_KERNEL environment\n"
+            "                    variable, else auto); the backward of auto is wgmma's where\n"
+            "                    it runs\n"
             "  --l2 BYTES        CUDA: the L2 size the tensor-core kernels order their CTAs\n"
             "                    for (attention/cuda/mma_layout.h; default the device's; 0: one\n"
             "                    head after another)\n"

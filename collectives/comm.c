@@ -99,7 +99,7 @@ static dt_status check_op(const dt_comm *comm, const char *op, dt_reduce_op rop)
 typedef void (*row_format)(const int64_t *row, char *buf, size_t size);
 
 static dt_status agree(dt_comm *comm, const char *op, const int64_t *values,
-                       const char *const *names, int n, row_format fmt);
+                       const char *const *names, int n, row_format fmt, int status_col);
 
 static void format_call(const int64_t *v, char *buf, size_t size) {
     dt_coll_kind kind = (dt_coll_kind)v[0];
@@ -115,26 +115,65 @@ static void format_call(const int64_t *v, char *buf, size_t size) {
     if (n >= 0 && (size_t)n < size) snprintf(buf + n, size - (size_t)n, " as call #%" PRId64, v[5]);
 }
 
+/* DT_CHECK: a float buffer of n values holds no NaN or Inf, else
+ * DT_ERR_NONFINITE naming the call, the buffer and the first index. */
+static dt_status check_finite(dt_comm *comm, const char *op, const char *what, const void *buf,
+                              size_t n, dt_dtype dtype) {
+    if (!n || !buf || !comm->mem.ops->find_nonfinite) return DT_SUCCESS;
+    int64_t first = -1;
+    DT_TRY(comm->mem.ops->find_nonfinite(comm->mem.arg, buf, n, dtype, &first));
+    if (first < 0) return DT_SUCCESS;
+    return comm_error(comm, DT_ERR_NONFINITE, op, "the %s buffer holds a NaN or Inf at index %"
+                      PRId64 " of %zu %s (DT_CHECK)", what, first, n, dt_dtype_name(dtype));
+}
+
+/* The elements this rank's send (or recv) buffer of a collective holds. */
+static size_t coll_elems(const dt_comm *comm, const dt_coll_args *a, int recv) {
+    const size_t all = (size_t)comm->size * a->count;
+    const int root = comm->rank == a->root;
+    switch (a->kind) {
+    case DT_COLL_ALL_REDUCE: return a->count;
+    case DT_COLL_ALL_GATHER: return recv ? all : a->count;
+    case DT_COLL_REDUCE_SCATTER: return recv ? a->count : all;
+    case DT_COLL_BROADCAST: return recv || root ? a->count : 0;
+    case DT_COLL_SCATTER: return recv ? a->count : root ? all : 0;
+    case DT_COLL_GATHER: return recv ? (root ? all : 0) : a->count;
+    default: return 0;
+    }
+}
+
 /* With checks on (DT_CHECK=1), every rank first shows the others what it is
- * about to call: a disagreement fails all of them with a message, where the
- * transport might hang (NCCL) or mix up data. */
+ * about to call and whether its send buffer is finite: a disagreement or a
+ * NaN or Inf fails all of them with a message (agree), where the transport
+ * might hang (NCCL) or mix up data; after the call they show the same of
+ * their receive buffers (an overflowing sum, a peer's value). Float dtypes
+ * only; the ring's sends are not checked. */
 static dt_status run(dt_comm *comm, dt_coll_args *a) {
+    const int finite_check = comm->check && !a->host_only && dt_dtype_is_float(a->dtype);
+    const char *name = dt_coll_kind_name(a->kind);
     if (comm->check) {
+        const dt_status sent = finite_check ? check_finite(comm, name, "send", a->send,
+                                                           coll_elems(comm, a, 0), a->dtype)
+                                            : DT_SUCCESS;
         static const char *const names[] = {"collective", "count", "dtype", "op", "root",
-                                            "call number"};
-        int64_t v[6] = {a->kind, (int64_t)a->count, a->dtype,
+                                            "call number", "send buffer check"};
+        int64_t v[7] = {a->kind, (int64_t)a->count, a->dtype,
                         a->kind == DT_COLL_ALL_REDUCE || a->kind == DT_COLL_REDUCE_SCATTER ? a->op : 0,
                         a->kind == DT_COLL_BROADCAST || a->kind == DT_COLL_SCATTER ||
                                 a->kind == DT_COLL_GATHER ? a->root : 0,
-                        (int64_t)comm->calls};
+                        (int64_t)comm->calls, sent};
         if (a->kind == DT_COLL_BARRIER || a->kind == DT_COLL_SPLIT) v[1] = v[2] = 0;
-        DT_TRY(agree(comm, dt_coll_kind_name(a->kind), v, names, 6, format_call));
+        DT_TRY(agree(comm, name, v, names, 7, format_call, 6));
     }
     comm->calls++;
-    DT_TRACE_PUSH(dt_coll_kind_name(a->kind));
+    DT_TRACE_PUSH(name);
     dt_status st = comm->ops->collective(comm, a, NULL);
     DT_TRACE_POP();
-    return st;
+    if (st != DT_SUCCESS || !finite_check) return st;
+    static const char *const names[] = {"receive buffer check"};
+    const int64_t v[1] = {check_finite(comm, name, "recv", a->recv, coll_elems(comm, a, 1),
+                                       a->dtype)};
+    return agree(comm, name, v, names, 1, NULL, 0);
 }
 
 dt_status dt_comm_all_reduce(dt_comm *comm, const void *send, void *recv, size_t count,
@@ -297,20 +336,87 @@ dt_status dt_comm_check_agreement(dt_comm *comm, const char *op, const int64_t *
     if (n < 0 || (n > 0 && (!values || !names)))
         return comm_error(comm, DT_ERR_INVALID_ARGUMENT, name, "%d values at %p", n,
                           (const void *)values);
-    return agree(comm, name, values, names, n, NULL);
+    return agree(comm, name, values, names, n, NULL, -1);
+}
+
+dt_status dt_comm_check_call(dt_comm *comm, const char *op, dt_status local,
+                             const int64_t *values, const char *const *names, int n) {
+    const char *name = op ? op : "check_call";
+    DT_TRY(check_comm(comm, name));
+    if (n < 0 || n + 1 > DT_COMM_CHECK_MAX || (n > 0 && (!values || !names)))
+        return comm_error(comm, DT_ERR_INVALID_ARGUMENT, name, "%d values at %p", n,
+                          (const void *)values);
+    int64_t v[DT_COMM_CHECK_MAX];
+    const char *nm[DT_COMM_CHECK_MAX];
+    v[0] = local;
+    nm[0] = "own checks";
+    for (int i = 0; i < n; i++) {
+        /* a rank whose own checks failed may not know its values */
+        v[i + 1] = local == DT_SUCCESS ? values[i] : 0;
+        nm[i + 1] = names[i];
+    }
+    return agree(comm, name, v, nm, n + 1, NULL, 0);
 }
 
 /* The exchange itself goes straight to the transport: it must not be checked
- * in turn. */
+ * in turn.
+ *
+ * Column status_col (-1: none) holds each rank's own verdict before the
+ * call, a dt_status, with dt_last_error() its message. If any rank's is not
+ * DT_SUCCESS, every rank fails: a failing rank with its own status and
+ * message, the others with the first failing rank's message and its status
+ * where that is a finding about the shared data (DT_ERR_NONFINITE,
+ * DT_ERR_OUT_OF_RANGE), else DT_ERR_MISMATCH; the messages take a second
+ * all_gather, on that path only. Otherwise the values are compared. */
+#define VERDICT_MSG 512
+static dt_status verdict(dt_comm *comm, const char *op, const int64_t *all, int n, int status_col) {
+    int first = -1;
+    for (int r = 0; first < 0 && r < comm->size; r++)
+        if (all[(size_t)r * (size_t)n + (size_t)status_col] != DT_SUCCESS) first = r;
+    if (first < 0) return DT_SUCCESS;
+    const dt_status mine = (dt_status)all[(size_t)comm->rank * (size_t)n + (size_t)status_col];
+    char *msgs = malloc((size_t)comm->size * VERDICT_MSG), own[VERDICT_MSG] = "";
+    if (mine != DT_SUCCESS) snprintf(own, sizeof own, "%s", dt_last_error());
+    dt_status st = msgs ? DT_SUCCESS : comm_error(comm, DT_ERR_OUT_OF_MEMORY, op, "out of memory");
+    if (st == DT_SUCCESS) {
+        dt_coll_args a = {.kind = DT_COLL_ALL_GATHER, .send = own, .recv = msgs,
+                          .count = VERDICT_MSG, .dtype = DT_U8, .host_only = 1};
+        st = comm->ops->collective(comm, &a, NULL);
+    }
+    if (mine != DT_SUCCESS) {
+        dt_error(mine, "%s", own);
+    } else if (st == DT_SUCCESS) {
+        const dt_status theirs = (dt_status)all[(size_t)first * (size_t)n + (size_t)status_col];
+        char *m = msgs + (size_t)first * VERDICT_MSG;
+        m[VERDICT_MSG - 1] = '\0';
+        st = comm_error(comm, theirs == DT_ERR_NONFINITE || theirs == DT_ERR_OUT_OF_RANGE
+                                  ? theirs : DT_ERR_MISMATCH,
+                        op, "comm rank %d failed its own checks: %s", first, m);
+    }
+    free(msgs);
+    return mine != DT_SUCCESS ? mine : st;
+}
+
 static dt_status agree(dt_comm *comm, const char *op, const int64_t *values,
-                       const char *const *names, int n, row_format fmt) {
+                       const char *const *names, int n, row_format fmt, int status_col) {
     size_t row_bytes = (size_t)n * sizeof(int64_t);
     int64_t *all = malloc(row_bytes * (size_t)comm->size + 1);
     if (!all) return comm_error(comm, DT_ERR_OUT_OF_MEMORY, op, "out of memory");
+    char own[VERDICT_MSG];   /* this rank's failure, kept across the exchange */
+    if (status_col >= 0 && values[status_col] != DT_SUCCESS)
+        snprintf(own, sizeof own, "%s", dt_last_error());
     dt_coll_args a = {.kind = DT_COLL_ALL_GATHER, .send = values, .recv = all,
                       .count = row_bytes, .dtype = DT_U8, .host_only = 1};
     dt_status st = comm->ops->collective(comm, &a, NULL);
+    if (status_col >= 0 && values[status_col] != DT_SUCCESS) {
+        if (st != DT_SUCCESS) {   /* the exchange failed: this rank's own error stands */
+            free(all);
+            return dt_error((dt_status)values[status_col], "%s", own);
+        }
+        dt_error((dt_status)values[status_col], "%s", own);
+    }
     /* Every rank sees the same table, so every rank reaches the same verdict. */
+    if (st == DT_SUCCESS && status_col >= 0) st = verdict(comm, op, all, n, status_col);
     for (int r = 1; st == DT_SUCCESS && r < comm->size; r++)
         for (int i = 0; i < n; i++) {
             const int64_t *row = all + (size_t)r * (size_t)n;

@@ -1,27 +1,17 @@
 /* collectives/comm.h — communicators and collectives.
  *
- * A dt_comm is one rank's handle on a group of ranks. It knows bytes, dtypes,
- * streams and ranks; nothing of tensors or Layouts. Every call below is
- * enqueued on the rank's communication stream; on the CPU backend that means
- * it has completed when the call returns.
- *
- * Calls marked COLLECTIVE must be made by every rank of the communicator, in
- * the same order, with agreeing arguments (count, dtype, op, root). The local
- * transport checks this: a disagreement returns DT_ERR_MISMATCH on every rank
- * with a message naming both ranks, where NCCL would hang.
- *
- * Every blocking wait is bounded by the communicator's timeout (DT_TIMEOUT_MS,
- * see context.h). A wait that runs out, or that sees another rank fail, aborts
- * the whole world: every rank blocked in, or later entering, a call on any of
- * its communicators returns DT_ERR_TIMEOUT (the rank that timed out) or
- * DT_ERR_PEER_FAILED (the others) instead of waiting. An aborted world stays
- * aborted; start a new launch to continue.
- *
- * Buffers: host pointers on the CPU backend, device pointers on CUDA. The
- * caller owns them; they must stay valid until the call (or, for
- * dt_comm_p2p_start, the matching dt_comm_p2p_wait) returns.
- *
- * Test: tests/test_collectives.c (make test).
+ * A dt_comm is one rank's handle on a group of ranks: bytes, dtypes, streams,
+ * ranks; no tensors. Every call is enqueued on the rank's communication stream
+ * (on the CPU backend: complete when it returns).
+ * COLLECTIVE: every rank of the communicator calls it, in the same order, with
+ * agreeing arguments (count, dtype, op, root); the local transport checks and
+ * returns DT_ERR_MISMATCH on every rank where NCCL would hang.
+ * Every wait is bounded by DT_TIMEOUT_MS (context.h). A timeout or a failed peer
+ * aborts the world: every call on any of its communicators returns
+ * DT_ERR_TIMEOUT (the rank that timed out) or DT_ERR_PEER_FAILED, for good.
+ * Buffers: host pointers on CPU, device pointers on CUDA, owned by the caller,
+ * valid until the call (for dt_comm_p2p_start: dt_comm_p2p_wait) returns.
+ * Test: tests/test_collectives.c.
  */
 #ifndef DT_COMM_H
 #define DT_COMM_H
@@ -58,29 +48,16 @@ long dt_comm_timeout_ms(const dt_comm *comm);
  * The new communicator shares the parent's world (abort, timeout). */
 dt_status dt_comm_split(dt_comm *comm, int color, int key, dt_comm **out);
 
-/* Destroy a communicator made by dt_comm_split. Accepts NULL. Do not destroy
- * a communicator while a call on it is in progress. Not collective on the
- * local and mpi transports; on nccl it waits until every rank of the
- * communicator destroys it too (ncclCommFinalize), so destroy shared
- * communicators in the same order on every rank. That wait is bounded by
- * the timeout, counted (ranks as threads) only while every rank of the
- * process is itself in a teardown: a peer that is still working is not late. */
+/* Destroy a dt_comm_split result; accepts NULL; no call on it may be running.
+ * Local, mpi: not collective. nccl: waits until every rank destroys it too, so
+ * destroy shared communicators in the same order on every rank; the timeout
+ * counts only while every rank of the process is in a teardown (idle_clock.h). */
 void dt_comm_destroy(dt_comm *comm);
 
-/* COLLECTIVE. recv[i] = op over ranks of send[i], i < count. send may equal
- * recv (in place). How a sum is formed depends on the transport:
- *   local, mpi: accumulated in fp32 in rank order (rank 0 first), bf16
- *     rounded once at the end: every rank gets the same bits, and both
- *     transports give the same bits for the same inputs.
- *   nccl: NCCL's own reduction, in an order its algorithm picks (ring,
- *     tree, NVLS; it varies with size, world size and topology), not rank
- *     order, in the element type: bf16 and fp16 sums are rounded at every
- *     step, so they may differ from the local transport's (and fp32 sums
- *     too, by their order). Every rank still gets the same bits: NCCL
- *     forwards each reduced element unchanged (its maintainers' word, not a
- *     documented guarantee).
- * max rounds nothing on any transport. Dtypes: fp32, bf16 and fp16 on every
- * transport (u8 moves but does not reduce). */
+/* COLLECTIVE. recv[i] = op over ranks of send[i], i < count; send may equal recv.
+ * Sums: local and mpi add in fp32 in rank order and round once (the same bits on
+ * both); nccl adds in its own order in the element type, so sums may differ from
+ * local's, yet every rank gets the same bits. Dtypes fp32, bf16, fp16 (u8: no). */
 dt_status dt_comm_all_reduce(dt_comm *comm, const void *send, void *recv,
                              size_t count, dt_dtype dtype, dt_reduce_op op);
 
@@ -112,12 +89,9 @@ dt_status dt_comm_gather(dt_comm *comm, const void *send, void *recv,
 /* COLLECTIVE. Returns when every rank has entered it. */
 dt_status dt_comm_barrier(dt_comm *comm);
 
-/* Point-to-point, grouped (NCCL's ncclGroupStart / ncclSend / ncclRecv /
- * ncclGroupEnd). A group is one array of operations; every send must be
- * matched, in order per pair of ranks, by a receive of the same size and
- * dtype on the peer (the local transport checks this and fails both ranks
- * with DT_ERR_MISMATCH when they disagree). A rank may send to or receive
- * from itself. */
+/* Point-to-point, grouped as ncclGroupStart/End: each send is matched, in order
+ * per pair of ranks, by a receive of the same count and dtype on the peer (local
+ * checks: DT_ERR_MISMATCH on both). A rank may send to itself. */
 typedef enum dt_p2p_kind { DT_P2P_SEND = 0, DT_P2P_RECV } dt_p2p_kind;
 
 /* "send", "recv"; "unknown" otherwise. */
@@ -131,45 +105,45 @@ typedef struct dt_p2p_op {
     dt_dtype dtype;
 } dt_p2p_op;
 
-/* Post a group of operations without waiting for them. At most one group is
- * outstanding per communicator and rank; `ops` must stay valid until
- * dt_comm_p2p_wait returns. */
+/* Post a group without waiting. At most one group outstanding per comm and rank;
+ * ops and their buffers stay valid until dt_comm_p2p_wait returns. */
 dt_status dt_comm_p2p_start(dt_comm *comm, const dt_p2p_op *ops, int n_ops);
 
-/* dt_comm_p2p_start, ordered after this rank's earlier groups on comm
- * only: not after the device work it queued since its last group posted
- * by dt_comm_p2p_start (CUDA: the kernels on its compute stream; the CPU
- * backend queues nothing, so there the two are one). For a ring running
- * steps ahead of its kernels: the step after one ordered after the kernels
- * that last read its landing buffers forwards what that step received and
- * lands in buffers that step's ordering freed, beside the kernel launched
- * between them. The caller guarantees that no work queued since the last
- * dt_comm_p2p_start writes the group's send buffers or touches its receive
- * buffers. */
+/* dt_comm_p2p_start ordered after this rank's earlier groups on comm only, not
+ * after device work queued since (CUDA: compute-stream kernels; on CPU the same
+ * as p2p_start): lets a ring run steps ahead of its kernels. The caller ensures
+ * no work queued since the last p2p_start writes the sends or touches the recvs. */
 dt_status dt_comm_p2p_start_chained(dt_comm *comm, const dt_p2p_op *ops, int n_ops);
 
-/* Complete the outstanding group: after it returns, received data is visible
- * to work on the compute stream and send buffers may be reused. */
+/* Complete the outstanding group: received data is then visible to the compute
+ * stream and send buffers reusable (nccl: a stream wait, not a host wait). */
 dt_status dt_comm_p2p_wait(dt_comm *comm);
 
 /* dt_comm_p2p_start followed by dt_comm_p2p_wait. */
 dt_status dt_comm_sendrecv(dt_comm *comm, const dt_p2p_op *ops, int n_ops);
 
-/* COLLECTIVE. Check that every rank passes the same n values (named by
- * names[i], for the message) before an operation that would hang or corrupt
- * data if they did not. Returns DT_SUCCESS, or DT_ERR_MISMATCH on every rank
- * with a message naming the op, the first rank and value that differ from
- * rank 0, and both values ("rank 0: attention_forward: ranks disagree: comm
- * rank 2 has q.shape[1] = 96 but comm rank 0 has 64"). Costs one all_gather
- * of n int64. */
+/* COLLECTIVE. Check that every rank passes the same n values (names[i] label
+ * them); else DT_ERR_MISMATCH on every rank, naming the op, the first rank and
+ * value that differ from rank 0, and both values. One all_gather of n int64. */
 dt_status dt_comm_check_agreement(dt_comm *comm, const char *op, const int64_t *values,
                                   const char *const *names, int n);
 
-/* Abort the world this communicator belongs to: every rank's pending and
- * future calls return DT_ERR_PEER_FAILED with `reason`. `status` is what
- * this rank's own later calls and dt_launch return (a status that is no
- * error, such as DT_SUCCESS, counts as DT_ERR_PEER_FAILED). Safe to call
- * from any rank at any time, more than once (the first reason is kept). */
+/* COLLECTIVE. dt_comm_check_agreement after each rank's own checks of a call:
+ * `local` is this rank's verdict (its message in dt_last_error()), n <
+ * DT_COMM_CHECK_MAX. If any rank's failed, every rank fails at once: that
+ * rank with its own status and message; the others with the first failing
+ * rank's message ("comm rank R failed its own checks: ...") and its status
+ * where that is a finding about the data all ranks share (DT_ERR_NONFINITE,
+ * DT_ERR_OUT_OF_RANGE), else DT_ERR_MISMATCH. Else the values are compared
+ * as dt_comm_check_agreement does. One all_gather of n + 1 int64; a second,
+ * of the messages, only when a rank failed. */
+#define DT_COMM_CHECK_MAX 64
+dt_status dt_comm_check_call(dt_comm *comm, const char *op, dt_status local,
+                             const int64_t *values, const char *const *names, int n);
+
+/* Abort comm's world: other ranks' pending and later calls return
+ * DT_ERR_PEER_FAILED with `reason`; this rank's and dt_launch return `status`
+ * (DT_SUCCESS counts as PEER_FAILED). Any rank, any time; the first reason wins. */
 void dt_comm_abort(dt_comm *comm, dt_status status, const char *reason);
 
 /* 1 if the world of this communicator has been aborted. */

@@ -2,12 +2,10 @@
  * that every transport (local, NCCL, MPI) keeps of it, and the error a rank
  * returns when it stops because of it.
  *
- * The rule (docs/RELIABILITY.md): the first failure of a world is kept and
- * later ones are not; a rank that stops because of it returns, on the rank
- * where it happened, that failure itself, and on every other rank
- * DT_ERR_PEER_FAILED naming that rank and its message ("rank 1: allreduce
- * stopped: rank 2 failed: ..."), except a mismatch: DT_ERR_MISMATCH on
- * every rank, a property of the program rather than of one rank.
+ * The rule (docs/RELIABILITY.md): the first failure of a world is kept. The
+ * rank where it happened returns it; every other rank returns
+ * DT_ERR_PEER_FAILED naming that rank and its message, except a mismatch:
+ * DT_ERR_MISMATCH everywhere (a property of the program, not of one rank).
  *
  * Pure bookkeeping: the caller holds its world's lock (or has the world to
  * itself). Test: tests/test_collectives.c (failure_record).

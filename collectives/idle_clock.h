@@ -2,19 +2,13 @@
  * of the NCCL transport (transport_nccl.c) when ranks are threads of one
  * process.
  *
- * Why. Destroying an NCCL communicator waits for its peers (ncclCommFinalize
- * ends in a barrier of the ranks on the node), but a peer gets there only
- * when its own function reaches the teardown: a rank that finishes long
- * before the others is not waiting for a failed peer, it is early. So a
- * teardown wait counts toward DT_TIMEOUT_MS only while every rank of this
- * process is itself waiting in a teardown (or has finished); while one of
- * them still runs its function, the clock stands still. That wait stays
- * bounded: a running rank either reaches its teardown, or fails (its own
- * waits are bounded, and a failure aborts the world, which ends every
- * teardown wait at once), or never returns -- and then dt_launch, which
- * joins every rank thread, could not return anyway. With one rank per
- * process (ranks: 1) the clock runs from the moment the rank arrives, as
- * any other wait.
+ * Destroying an NCCL communicator waits for its peers, which arrive only when
+ * their own functions reach teardown: a rank that finishes first is early, not
+ * waiting for a failed peer. So a teardown wait counts toward DT_TIMEOUT_MS
+ * only while every rank of the process is in a teardown (or done). It stays
+ * bounded: a running rank reaches teardown, or fails (aborting the world ends
+ * every wait), or never returns, and then dt_launch could not return anyway.
+ * With one rank per process the clock runs from arrival, as any wait.
  *
  * Pure bookkeeping: the caller holds the lock and passes the time
  * (milliseconds of a monotonic clock). Test: tests/test_collectives.c

@@ -1,23 +1,12 @@
 /* collectives/ring.h — the ring rotator.
  *
- * A dt_ring owns two buffers of `bytes` bytes each, allocated once at
- * creation. The "current" buffer holds the block the caller computes on. A
- * step posts, in one group, a send of the current buffer to the next rank and
- * a receive of the next block into the other buffer; dt_ring_wait completes
- * the step and swaps the buffers. Between dt_ring_start and dt_ring_wait the
- * caller may read the current buffer (compute overlaps the transfer) but must
- * not write it. Nothing is allocated per step.
- *
- * Direction DT_RING_FORWARD sends to rank+1 and receives from rank-1, so at
- * step t (t = 0 before any transfer) rank j holds the block that rank
- * (j - t) mod P filled in at step 0; DT_RING_BACKWARD sends to rank-1, and
- * rank j holds the block of rank (j + t) mod P. After P-1 steps every rank
- * has seen every block exactly once; one more step brings each block home.
- *
- * Buffers live where the communicator's backend keeps data (host memory on
- * the CPU backend).
- *
- * Test: tests/test_ring.c (make test).
+ * A dt_ring owns two buffers of `bytes` bytes (backend memory), allocated once.
+ * A step sends the current buffer to the next rank and receives into the other;
+ * dt_ring_wait completes it and swaps. Between start and wait the caller may
+ * read the current buffer (compute overlaps transfer) but not write it.
+ * FORWARD: at step t rank j holds the block rank (j - t) mod P filled at step 0;
+ * BACKWARD: (j + t) mod P. After P-1 steps each rank has seen every block once.
+ * Test: tests/test_ring.c.
  */
 #ifndef DT_RING_H
 #define DT_RING_H
@@ -48,11 +37,9 @@ dt_status dt_ring_create(dt_comm *comm, size_t bytes, dt_ring_direction directio
  * preallocate a workspace once and run many calls. */
 dt_status dt_ring_create_in(dt_comm *comm, size_t bytes, dt_ring_direction direction,
                             void *buffers, dt_ring **out);
-/* NOT collective. dt_ring_create_in without the agreement check, for a
- * caller whose ranks have just agreed on everything bytes and direction
- * follow from, in a check of their own (dt_attention_forward checks its
- * whole call once): one rendezvous of the ranks less per call. Ranks that
- * disagree anyway hang or fail at the first step. */
+/* NOT collective. dt_ring_create_in without the agreement check, for callers
+ * that already checked what bytes and direction follow from (the attention
+ * calls); ranks that disagree hang or fail at the first step. */
 dt_status dt_ring_create_in_agreed(dt_comm *comm, size_t bytes, dt_ring_direction direction,
                                    void *buffers, dt_ring **out);
 /* Accepts NULL. */
@@ -73,42 +60,28 @@ dt_status dt_ring_start(dt_ring *ring);
 /* The most parts dt_ring_start_from takes. */
 #define DT_RING_MAX_PARTS 4
 
-/* COLLECTIVE. dt_ring_start, but the block sent is the concatenation of
- * parts[0 .. n_parts) (sizes[i] bytes each, summing to the ring's bytes),
- * read where they are, instead of the current buffer: a caller's first step
- * sends its data without first copying it into the ring (the attention
- * passes send K and V straight from their tensors). The block lands packed
- * in the other buffer as any step's, and the current buffer is neither read
- * nor written. Each part travels as its own message, so every rank must
- * pass the same sizes at the same step; the parts must stay unwritten until
- * dt_ring_wait. */
+/* COLLECTIVE. dt_ring_start sending parts[0..n_parts) (sizes[i] bytes, summing
+ * to bytes) from where they are, not the current buffer (a first step without a
+ * copy); they land packed in the other buffer. Every rank passes the same sizes;
+ * parts stay unwritten until dt_ring_wait. */
 dt_status dt_ring_start_from(dt_ring *ring, const void *const *parts, const size_t *sizes,
                              int n_parts);
 /* The most parts dt_ring_reserve takes. */
 #define DT_RING_RESERVE_MAX 65536
 
-/* Make room for steps of up to max_parts parts (dt_ring_start_into; a ring
- * takes DT_RING_MAX_PARTS from its creation). It may allocate: call it
- * before the loop. Not collective. */
+/* Not collective. Room for dt_ring_start_into steps of up to max_parts parts
+ * (DT_RING_MAX_PARTS from creation). May allocate: call it before the loop. */
 dt_status dt_ring_reserve(dt_ring *ring, int max_parts);
 
-/* COLLECTIVE. A step over the caller's memory on both sides: parts[i]
- * (sizes[i] bytes) go to the next rank, and the previous rank's parts land
- * in into[i]; the ring's buffers are neither read nor written and
- * dt_ring_wait does not swap them (a ring made with 0 bytes has none). For
- * a caller that places each block where its computation wants it (the
- * attention forward's grouped steps: several blocks side by side, one
- * launch over them), its pieces scattered (every rank must pass the same
- * sizes at the same step). chained: the step is ordered after the ring's
- * earlier steps only, not after the device work queued since
- * (dt_comm_p2p_start_chained, whose guarantee the caller gives): the
- * second and later steps a ring runs ahead of a kernel. Parts and into must
- * stay untouched until dt_ring_wait. */
+/* COLLECTIVE. A step over caller memory: parts[i] (sizes[i] bytes, the same on
+ * every rank) go to the next rank, the previous rank's land in into[i]; the
+ * ring's buffers are untouched and not swapped. chained: ordered after earlier
+ * ring steps only (dt_comm_p2p_start_chained's contract). Untouched until wait. */
 dt_status dt_ring_start_into(dt_ring *ring, const void *const *parts, void *const *into,
                              const size_t *sizes, int n_parts, int chained);
 
-/* Complete the posted transfer (bounded by the timeout) and swap buffers
- * (not after a dt_ring_start_into step). */
+/* Complete the posted step (dt_comm_p2p_wait; bounded by the timeout) and swap
+ * buffers (not after dt_ring_start_into). */
 dt_status dt_ring_wait(dt_ring *ring);
 /* dt_ring_start then dt_ring_wait. */
 dt_status dt_ring_step(dt_ring *ring);

@@ -35,10 +35,8 @@ typedef struct dt_coll_args {
     dt_reduce_op op;   /* reductions only */
     int root;          /* rooted collectives only */
     int color, key;    /* split only */
-    /* send and recv are host memory that only this rank's thread writes and
-     * reads (the agreement tables of checks): the collective is not ordered
-     * after the rank's queued device work, nor that work after it, so a
-     * check does not drain a GPU's queue. */
+    /* send/recv are host memory of this rank's thread only (agreement tables):
+     * not ordered against queued device work, so a check does not drain a GPU. */
     int host_only;
 } dt_coll_args;
 
@@ -60,41 +58,30 @@ typedef struct dt_comm_config {
     long timeout_ms;          /* bound on every wait */
     dt_log_level log_level;   /* DT_LOG */
     int check;                /* DT_CHECK: verify cross-rank agreement before each call */
-    /* DT_LOCAL_COPIES=0: the local transport's sends and receives match,
-     * check and complete as ever but move no data (a receive's buffer
-     * keeps what it held): a ring's time without its copies, for
-     * benchmarks; every result that depends on a transfer is then wrong.
-     * 0 (the default) moves the data. The other transports ignore it. */
+    /* DT_LOCAL_COPIES=0 (benchmarks only): the local transport matches and
+     * completes sends but moves no data, so results are wrong. Others ignore it. */
     int skip_copies;
 } dt_comm_config;
 
 /* Where a rank's communication buffers live and how a transport moves and
- * reduces them: host memory for the CPU backend (dt_mem_host), device memory
- * for CUDA (backend_cuda.cu). Chosen when the world is created; a split
- * communicator inherits its parent's. Every call is made by the owning
- * rank's thread with its own `arg`, and has completed when it returns. */
+ * reduces them: dt_mem_host, or device memory (the CUDA backend). Fixed at world
+ * creation, inherited by splits; called by the owning rank's thread, synchronous. */
 typedef struct dt_mem_ops {
     const char *name;
     /* Zeroed memory of `bytes` (0: a valid unique pointer). */
     dt_status (*alloc)(void *arg, size_t bytes, void **out);
     void (*free)(void *arg, void *p);
-    /* dst := src, bytes; either may be host or device memory. The copy
-     * starts after the work that dst_ready and src_ready mark (tokens of
-     * `mark`, this rank's or a peer's; NULL: nothing to wait for). */
+    /* dst := src (host or device), after the work that dst_ready/src_ready
+     * mark (tokens of `mark`, this rank's or a peer's; NULL: none). */
     dt_status (*copy)(void *arg, void *dst, const void *src, size_t bytes, const void *dst_ready,
                       const void *src_ready);
-    /* Make the caller's earlier writes to its buffers readable by other
-     * ranks' threads (cuda: wait for the compute and communication streams,
-     * the latter for an add_beside). */
+    /* Make the caller's earlier writes readable by other ranks' threads (cuda:
+     * waits for the compute and communication streams). */
     dt_status (*publish)(void *arg);
-    /* Mark, without waiting, the point the caller's queued work has reached:
-     * *ready is the token a copy passes to start after that work (cuda: an
-     * event recorded on the communication stream once it has waited for the
-     * compute stream's queued work, so that an add_beside queued before
-     * counts too, backend.h; host: NULL, nothing is queued). chained: the
-     * point the communication stream has reached, without waiting for the
-     * compute stream's work queued since (a chained p2p group's). A token
-     * stays valid until the caller's next mark. */
+    /* Without waiting, a token (*ready) for the point the caller's queued work
+     * has reached, for `copy` (cuda: an event on the communication stream after
+     * the compute stream; host: NULL). chained: the communication stream's point
+     * only. Valid until the caller's next mark. */
     dt_status (*mark)(void *arg, int chained, const void **ready);
     /* acc[i] := x[i] (first) or op(acc[i], x[i]) for i < n, in fp32; acc is
      * this memory's fp32 scratch, x (fp32, bf16 or fp16) may live anywhere. */
@@ -102,6 +89,11 @@ typedef struct dt_mem_ops {
                         dt_reduce_op op, int first);
     /* Round acc (n fp32 values) to dtype in place (bf16, fp16: packed at the start). */
     dt_status (*finish)(void *arg, void *acc, size_t n, dt_dtype dtype);
+    /* *first = the index of the first of n values of a float dtype at x (this
+     * memory or host memory) that is NaN or infinite, else -1. For DT_CHECK:
+     * waits for the rank's queued work. */
+    dt_status (*find_nonfinite)(void *arg, const void *x, size_t n, dt_dtype dtype,
+                                int64_t *first);
 } dt_mem_ops;
 
 typedef struct dt_mem {

@@ -1,50 +1,35 @@
 /* collectives/transport_local.c — the in-process transport: ranks are
  * threads of one process and share a "world".
  *
- * Algorithm. One mutex and one condition variable per world guard all
- * shared state; data is copied outside the lock. Every communicator is a
- * "group" with one slot per member.
+ * Algorithm. One mutex and condition variable per world guard all shared
+ * state; data is copied outside the lock. A communicator is a "group" with one
+ * slot per member.
  *
- * Collectives are rendezvous. A rank entering its k-th collective on a group
- * publishes its arguments in its slot (coll_seq = k) and waits until every
- * member has published k ("arrival"). It then checks that all members agree
- * on kind, count, dtype, op and root -- a disagreement fails every member
- * with DT_ERR_MISMATCH naming both ranks -- and reads its peers' buffers
- * directly (pull model: each rank writes only its own outputs). Last, it
- * marks k done and waits until every member has ("departure"), because
- * peers may still be reading its send buffer; a rank that fails after
- * arrival also marks k done and departs, and departure has a deadline of
- * its own (not what arrival left). Reductions are computed into a
- * per-rank scratch buffer and copied out after departure, which makes
- * in-place calls safe; they sum in rank order, so every rank gets the same
- * bits.
+ * Collectives are rendezvous. A rank entering its k-th collective publishes its
+ * arguments (coll_seq = k) and waits until every member has ("arrival"); checks
+ * that all agree on kind, count, dtype, op, root (else DT_ERR_MISMATCH on every
+ * member); reads its peers' buffers (pull: each rank writes only its outputs);
+ * then marks k done and waits until every member has ("departure"), since peers
+ * may still read its send buffer. Reductions go to a per-rank scratch copied
+ * out after departure (in place is safe), summed in rank order (same bits).
  *
- * Point-to-point groups: dt_comm_p2p_start publishes the caller's array of
- * operations and numbers every send and receive per pair of ranks; in
- * dt_comm_p2p_wait a receiver finds the send with its number in the peer's
- * published array, checks size and dtype (a disagreement fails both with
- * DT_ERR_MISMATCH), copies (not with dt_comm_config.skip_copies, a
- * benchmark's DT_LOCAL_COPIES=0), and marks it consumed; a sender returns
- * once all its sends are consumed, so its buffers are then free again.
+ * Point-to-point: dt_comm_p2p_start publishes the op array, numbering sends and
+ * receives per pair; in dt_comm_p2p_wait a receiver finds the matching send in
+ * the peer's array, checks count and dtype, copies (unless skip_copies), marks
+ * it consumed; a sender returns once all its sends are consumed.
  *
- * Invariants: a rank is never more than one collective ahead of a peer on a
- * group (departure); a published p2p array stays valid until all its sends
- * are consumed. Every wait has a deadline; a wait that runs out aborts the
- * world, and an aborted world wakes every waiter, which then returns an
- * error. Nothing here knows of tensors.
+ * Invariants: a rank is at most one collective ahead of a peer on a group; a
+ * published p2p array stays valid until its sends are consumed; every wait has
+ * a deadline (departure its own), and a timeout aborts the world, which wakes
+ * every waiter.
  *
- * Memory: every byte is moved, reduced and allocated through the rank's
- * dt_mem hooks (comm->mem, chosen when the world's communicators are made):
- * plain memcpy and C loops on host memory, cudaMemcpy and device kernels for
- * CUDA ranks sharing GPUs. Before a collective a rank publishes (cuda: waits
- * for its streams), so peers may read its buffers, unless the
- * collective is host_only (an agreement check's tables); a p2p group only
- * marks (cuda: records an event), and each copy of the group starts on the
- * device after the marks of both its ends, so a ring step's copy overlaps
- * the kernel launched after dt_comm_p2p_start. Each hook call has completed
- * when it returns, so the algorithm above is the same for host and device.
+ * Memory goes through the rank's dt_mem hooks (host memcpy, or device copies
+ * for CUDA ranks sharing GPUs). A collective first publishes (unless
+ * host_only); a p2p group only marks, and each copy starts after the marks of
+ * both ends, so a ring step's copy overlaps the next kernel. Hooks are
+ * synchronous, so the algorithm is the same on host and device.
  *
- * Test: tests/test_collectives.c, tests/test_ring.c (make test).
+ * Test: tests/test_collectives.c, tests/test_ring.c.
  */
 #include "transport_local.h"
 #include "failure.h"
@@ -183,8 +168,21 @@ static dt_status host_finish(void *arg, void *acc, size_t n, dt_dtype dtype) {
     return DT_SUCCESS;
 }
 
+static dt_status host_find_nonfinite(void *arg, const void *x, size_t n, dt_dtype dtype,
+                                     int64_t *first) {
+    (void)arg;
+    *first = -1;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(dt_value_get(x, dtype, i))) {
+            *first = (int64_t)i;
+            break;
+        }
+    return DT_SUCCESS;
+}
+
 static const dt_mem_ops host_mem_ops = {
     .name = "host",
+    .find_nonfinite = host_find_nonfinite,
     .alloc = host_alloc,
     .free = host_free,
     .copy = host_copy,
@@ -666,10 +664,8 @@ static dt_status local_collective(dt_comm *c, const dt_coll_args *a, dt_comm **s
     me->coll_done = seq;
     pthread_cond_broadcast(&w->cv);
     if (part != DT_SUCCESS) world_abort_locked(w, c->world_rank, part, dt_last_error());
-    /* Departure: the peers still copying from this rank's buffers finish in
-     * bounded time (they only copy), so the wait has a bound of its own,
-     * not what arrival left of the first: a rank that got its buffers back
-     * while a peer still read them would corrupt that peer's result. */
+    /* Departure gets a bound of its own (peers only copy): returning buffers
+     * a peer still reads would corrupt that peer's result. */
     struct timespec leave = deadline_after(c->timeout_ms);
     st = part;
     DT_KEEP_FIRST(st, wait_all(c, &leave, seq, 1, what));
@@ -692,12 +688,9 @@ static dt_status local_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n, int ch
     dt_local_group *g = c->impl;
     dt_local_world *w = g->world;
     local_slot *me = &g->slots[c->rank];
-    /* No wait: the copies of the group start after the work queued so far
-     * on the buffers of both ends (their marks), and a ring step's copy runs
-     * beside the kernel the rank launches next (a chained group's mark:
-     * after the rank's earlier copies only, so it also runs beside kernels
-     * launched before it). Mark before taking the lock: peers read the
-     * token only once the group is published below. */
+    /* No wait: the group's copies start after both ends' marks, beside the
+     * kernel launched next. Mark before the lock: peers read the token only
+     * once the group is published below. */
     const void *ready = NULL;
     dt_status st = c->mem.ops->mark(c->mem.arg, chained, &ready);
     if (st != DT_SUCCESS) {

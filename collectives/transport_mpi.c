@@ -1,65 +1,35 @@
 /* collectives/transport_mpi.c — the MPI transport: ranks are processes
  * started by mpirun, buffers are host memory.
  *
- * Algorithm. A world (one dt_launch) holds two duplicates of
- * MPI_COMM_WORLD made with MPI_Comm_idup: `data` for the world
- * communicator's collectives and point-to-point traffic, `ctrl` for failure
- * notices, the exit exchange and bootstrap broadcasts. Every communicator
- * has MPI_ERRORS_RETURN. Only non-blocking MPI calls are waited for, each by
- * an MPI_Testall loop that also polls the control communicator for a
- * peer's failure notice (MPI_Improbe on a dedicated tag) and gives up after
- * the communicator's timeout, sleeping briefly between polls.
+ * Algorithm. A world (one dt_launch) holds two MPI_Comm_idup duplicates of
+ * MPI_COMM_WORLD: `data` (collectives, p2p) and `ctrl` (failure notices, the
+ * exit exchange, bootstrap). Errors return (MPI_ERRORS_RETURN). Only
+ * non-blocking calls are made, each waited for by an MPI_Testall loop that
+ * also probes ctrl for a peer's notice and gives up after the timeout.
  *
- * Collectives. Every collective first exchanges a small header (kind,
- * count, dtype, op, root, color, key) with MPI_Iallgather: a disagreement
- * fails every member with DT_ERR_MISMATCH naming both ranks, where MPI
- * would hang, truncate or mix up data, and a barrier is that exchange alone.
- * Then:
- *   all_reduce      MPI_Ialltoallv (each rank gets one segment from all),
- *                   reduce that segment in fp32 in rank order and round once
- *                   (the dt_mem hooks, as the local transport), then
- *                   MPI_Iallgatherv of the reduced segments: every rank gets
- *                   the same bits as from the local transport, with the
- *                   traffic of a ring all-reduce
- *   reduce_scatter  MPI_Ialltoall, then the same rank-order reduction
- *   all_gather, broadcast, scatter, gather -> MPI_Iallgather, MPI_Ibcast,
- *                   MPI_Iscatter, MPI_Igather
- *   split           MPI_Comm_split, entered only after the header exchange
- *                   has shown that every member is there and no notice
- *                   has come (MPI-3 has no non-blocking split; this is the
- *                   one blocking call; RELIABILITY.md says what is left)
- * Collectives copy their input into the communicator's scratch, receive
- * into it and copy out on success, so an abandoned request (timeout, peer
- * failure) can never write into a caller's buffer later, nor read one;
- * that scratch is then never freed (see the graveyard below).
+ * Collectives first MPI_Iallgather a header (kind, count, dtype, op, root,
+ * color, key): a disagreement is DT_ERR_MISMATCH on every member, where MPI
+ * would hang or mix data; a barrier is that exchange alone. all_reduce is
+ * MPI_Ialltoallv, a segment reduction in fp32 in rank order rounded once (the
+ * local transport's bits), then MPI_Iallgatherv; reduce_scatter the same
+ * without the gather; the others map to MPI_I*. split is MPI_Comm_split, the
+ * one blocking call, entered only once the header shows every member there
+ * (docs/RELIABILITY.md). Data goes through the communicator's scratch, so an
+ * abandoned request never touches a caller's buffer.
  *
- * Point-to-point. The same for a group's data: it goes through the
- * communicator's stage (sends copied in, receives copied out once the group
- * has completed; a stage abandoned requests still use is buried).
- * p2p_start posts every send (MPI_Isend, tag = base + dtype). p2p_wait
- * matches receives in order per peer with MPI_Improbe, checks the
- * message's dtype (its tag) and size (MPI_Get_count) -- a disagreement
- * fails with DT_ERR_MISMATCH naming both ranks instead of truncating --
- * and receives it with MPI_Imrecv. Zero-length messages are
- * sent too, so numbering and checks match the local transport. A sender may
- * return before its message is received (MPI buffers small messages); a
- * mismatch found by the receiver reaches the sender as a failure notice.
+ * Point-to-point: p2p_start posts every send (MPI_Isend, tag = base + dtype);
+ * p2p_wait matches receives in order per peer with MPI_Improbe, checks dtype
+ * (tag) and size (else DT_ERR_MISMATCH, not truncation), then MPI_Imrecv.
+ * Zero-length messages are sent too, so numbering matches the local transport.
  *
- * Failures. A rank that times out, hits an MPI error or a mismatch, or whose
- * function fails marks the world failed and sends every other rank one
- * notice (MPI_Isend on the control communicator); their next poll returns
- * DT_ERR_PEER_FAILED (DT_ERR_MISMATCH for a mismatch) with the failing rank's
- * message. Covered: failures this library sees in a live process. Not
- * covered: a process that dies or hangs outside the library sends nothing;
- * its peers return DT_ERR_TIMEOUT after the timeout. The library never calls
- * MPI_Abort: after a failure the application decides (return non-zero from
- * main, which makes mpirun stop the others, or call MPI_Abort).
+ * Failures. A rank that times out, errs, mismatches or whose function fails
+ * marks the world failed and sends each peer one notice; their next poll
+ * returns DT_ERR_PEER_FAILED (DT_ERR_MISMATCH for a mismatch). A process that
+ * dies outside the library sends nothing: peers time out. Never MPI_Abort.
  *
- * Process-wide state, because MPI is process-wide: whether this library
- * initialised MPI (dt_finalize then finalizes it), whether MPI_COMM_WORLD is
- * still usable (a world whose creation timed out leaves a pending
- * MPI_Comm_idup on it), and a "graveyard" of memory that abandoned requests
- * may still touch, freed after MPI_Finalize.
+ * Process-wide state: who initialised MPI, whether MPI_COMM_WORLD is usable
+ * (a timed-out creation leaves an idup pending), and a graveyard of memory
+ * that abandoned requests may touch, freed after MPI_Finalize.
  *
  * Test: tests/test_mpi.c, run by `make test` under mpirun -np 1..4.
  */
@@ -141,14 +111,10 @@ static const char *thread_level_name(int level) {
     }
 }
 
-/* MPI's start and end run on a thread of their own (the lifecycle thread),
- * which the caller waits for under its timeout: MPI_Init_thread waits for
- * every process of the job to start MPI, and MPI_Finalize for every process
- * to reach it, and neither can be interrupted. The standard asks that the
- * thread that initialised MPI finalizes it; this thread does both and calls
- * nothing else (MPI_THREAD_SERIALIZED lets the rank's thread call the rest).
- * A wait that runs out leaves the thread where it is: the process can still
- * return an error and exit. */
+/* MPI_Init_thread and MPI_Finalize wait for every process and cannot be
+ * interrupted, so they run on a lifecycle thread of their own that the caller
+ * waits for under its timeout (the same thread must do both). A timed-out wait
+ * leaves it there: the process can still return an error and exit. */
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -335,11 +301,8 @@ typedef struct notice_head {
 } notice_head;
 
 /* Reads every notice that has arrived; 1 if the world has failed. Never
- * blocks: a notice is small and already here when MPI_Improbe finds it. A
- * probe that finds nothing drives MPI's progress before it returns, so a
- * notice that had arrived but was not yet matched is found by a second
- * one: a poll outside a wait loop (a call's entry, the check before a
- * split) probes twice. */
+ * blocks (a notice is small). An empty probe drives MPI's progress, so a poll
+ * outside a wait loop probes twice to find a notice not yet matched. */
 static int world_poll(dt_mpi_world *w) {
     for (int misses = 0; w->ctrl != MPI_COMM_NULL;) {
         int flag = 0;
@@ -590,11 +553,8 @@ typedef struct finish_rec {
 /* The exit exchange's grace (at most the timeout): see dt_mpi_world_finish. */
 #define FINISH_GRACE_MS 1000L
 
-/* COLLECTIVE over the control communicator: every rank shares `mine` (with
- * its message) and gets the same verdict: DT_SUCCESS, or the status and
- * message of the lowest rank whose failure was its own (not
- * DT_ERR_PEER_FAILED). Not stopped by notices. Waits at most `bound` ms;
- * then this rank returns `mine` if it failed, else DT_ERR_TIMEOUT, and MPI
+/* COLLECTIVE over ctrl: the verdict of dt_mpi_world_finish, not stopped by
+ * notices. After `bound` ms: `mine` if it failed, else DT_ERR_TIMEOUT, and MPI
  * may not be finalized (a process is missing). */
 static dt_status exchange(dt_mpi_world *w, dt_status mine, const char *my_msg, long bound,
                           const char *what, char *msg, size_t msg_size) {
@@ -920,13 +880,9 @@ static dt_status exchange_header(dt_comm *c, const dt_coll_args *a, const char *
     MPI_Request r = MPI_REQUEST_NULL;
     int rc = MPI_Iallgather(h, HDR_N, MPI_INT64_T, all, HDR_N, MPI_INT64_T, im->mc, &r);
     if (rc != MPI_SUCCESS) return call_fail(c, what, "MPI_Iallgather", rc);
-    /* A split's members go on into the blocking MPI_Comm_split once their
-     * exchange completes, which it does on every member once all have
-     * posted: so no member may leave this wait on a failure notice then
-     * (the others would wait in MPI_Comm_split for it, unbounded). Only
-     * its timeout ends it, and its notice stops a member that arrives
-     * later (split's check); what is left is a member posting at the very
-     * moment another's timeout ends: MPI has no non-blocking split. */
+    /* A split's header wait ignores notices: once all have posted, the others
+     * enter the blocking MPI_Comm_split and would wait for this member forever.
+     * Only its timeout ends it (MPI has no non-blocking split). */
     DT_TRY(coll_wait_watch(c, &r, what, a->kind != DT_COLL_SPLIT));
     for (int m = 1; m < c->size; m++) {
         if (hdr_agree(all, all + (size_t)m * HDR_N)) continue;
@@ -1077,11 +1033,8 @@ static dt_status move_data(dt_comm *c, const dt_coll_args *a, const char *what) 
 static dt_status split(dt_comm *c, const dt_coll_args *a, dt_comm **out) {
     mpi_impl *im = c->impl;
     MPI_Comm nc = MPI_COMM_NULL;
-    /* Every member has posted the header exchange, and this one's has
-     * completed. A member that gave up on it (its timeout) has told the
-     * others by then: a member arriving after that completes the exchange
-     * from what was posted, and must not go on into a split the other will
-     * never call. Past this check every member is entering this call now. */
+    /* A member that gave up on the header exchange has sent its notice by now:
+     * check it, so that no one enters a split that member will never call. */
     DT_TRY(check_alive(c, "split"));
     int rc = MPI_Comm_split(im->mc, a->color >= 0 ? a->color : MPI_UNDEFINED, a->key, &nc);
     if (rc != MPI_SUCCESS) return call_fail(c, "split", "MPI_Comm_split", rc);
@@ -1170,11 +1123,9 @@ static dt_status mpi_p2p_start(dt_comm *c, const dt_p2p_op *ops, int n, int chai
                             c->world_rank, n);
         im->cap = n;
     }
-    /* Every op's data goes through the stage (sends copied in here,
-     * receives copied out in p2p_wait), as collectives' through the
-     * scratch: a request abandoned after a failure (p2p_drop) can then
-     * neither write into a caller's buffer nor read one after this call
-     * has returned. One copy each way, against MPI's own. */
+    /* Data goes through the stage (sends copied in, receives copied out in
+     * p2p_wait), so that a request abandoned after a failure never touches a
+     * caller's buffer after the call returned. */
     size_t total = 0;
     for (int k = 0; k < n; k++) {
         im->stage_off[k] = total;

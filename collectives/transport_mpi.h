@@ -1,17 +1,11 @@
 /* collectives/transport_mpi.h — PRIVATE. The MPI transport: ranks are
- * processes started by mpirun, buffers are host memory. Built only when the
- * Makefile finds a working mpicc (it then defines DT_HAVE_MPI); this header
- * has no MPI types, so dtensor/context.c includes it without mpi.h.
- *
- * A "world" is one dt_launch in this process: two duplicates of
- * MPI_COMM_WORLD, one for the world communicator's traffic and one for
- * control (failure notices, the exit exchange, bootstrap broadcasts). Every
- * wait is an MPI_Test loop bounded by the timeout; nothing here calls a
- * blocking MPI wait, MPI_Abort or exit.
- *
- * Process-wide state (MPI itself is process-wide): whether this library
- * initialised MPI, whether MPI_COMM_WORLD is still usable, and memory that
- * an abandoned MPI request may still touch (freed by dt_mpi_finalize).
+ * processes started by mpirun, buffers are host memory. Built with DT_HAVE_MPI;
+ * no MPI types here, so callers need no mpi.h.
+ * A world is one dt_launch: two duplicates of MPI_COMM_WORLD (traffic, and
+ * control: failure notices, exit exchange, bootstrap). Every wait is an MPI_Test
+ * loop bounded by the timeout; no blocking MPI wait, MPI_Abort or exit.
+ * Process-wide state (as MPI's): who initialised MPI, whether MPI_COMM_WORLD is
+ * usable, memory abandoned requests may touch (freed by dt_mpi_finalize).
  */
 #ifndef DT_TRANSPORT_MPI_H
 #define DT_TRANSPORT_MPI_H
@@ -32,11 +26,9 @@ typedef struct dt_mpi_world dt_mpi_world;
  * unusable, or if MPI's thread level does not allow calls from this thread. */
 dt_status dt_mpi_init(long timeout_ms, int *rank, int *size);
 
-/* MPI_Finalize if dt_mpi_init initialised MPI (else nothing), then frees
- * what abandoned requests held. MPI_Finalize waits for every process: after
- * a world that did not complete (a process may be missing), unless a later
- * one did, it is not entered (DT_ERR_PEER_FAILED), else it is waited for at most the last
- * dt_mpi_init's timeout (DT_ERR_TIMEOUT). */
+/* MPI_Finalize if dt_mpi_init initialised MPI, then frees what abandoned
+ * requests held. Skipped (DT_ERR_PEER_FAILED) when the last world did not
+ * complete; else bounded by dt_mpi_init's timeout (DT_ERR_TIMEOUT). */
 dt_status dt_mpi_finalize(void);
 
 /* COLLECTIVE over MPI_COMM_WORLD (every process, in the same order): a new
@@ -53,23 +45,18 @@ dt_status dt_mpi_world_comm(dt_mpi_world *world, const dt_mem *mem, dt_comm **ou
 void dt_mpi_world_abort(dt_mpi_world *world, dt_status status, const char *reason);
 /* 1 if the world failed here or a peer's notice has arrived (polls). */
 int dt_mpi_world_aborted(dt_mpi_world *world);
-/* COLLECTIVE over the world: `bytes` of buf on `root` reach every rank
- * (control communicator; bounded by the timeout). Every rank calls it, a
- * failed one too, and a notice does not stop it: a failure of the root
- * travels in buf, as the caller puts it there. */
+/* COLLECTIVE over the world: `bytes` of buf on root reach every rank (control
+ * communicator, bounded). Failed ranks call it too; a notice does not stop it. */
 dt_status dt_mpi_world_bcast(dt_mpi_world *world, void *buf, size_t bytes, int root);
 /* COLLECTIVE over the world, once, before a launch runs its function: every
  * rank shares whether its own start went well (`mine`, with its message) and
  * gets the verdict, as dt_mpi_world_finish; bounded by the timeout. */
 dt_status dt_mpi_world_agree(dt_mpi_world *world, dt_status mine, const char *my_msg, char *msg,
                              size_t msg_size);
-/* COLLECTIVE over the world, once, at the end of a launch: every rank
- * shares the status its function returned (`mine`, with its message) and
- * every rank gets the same verdict: DT_SUCCESS, or the status and message of
- * the lowest rank whose failure was its own (not DT_ERR_PEER_FAILED). Bounded
- * by the timeout plus a grace of one second (at most the timeout):
- * DT_ERR_TIMEOUT if a rank never gets there; by the grace alone once a
- * failure is known here (this rank then keeps that failure). */
+/* COLLECTIVE over the world, once at the end of a launch: every rank shares
+ * its status and gets the same verdict (DT_SUCCESS, or the lowest rank's own
+ * failure). Bounded by the timeout plus a 1 s grace (the grace alone once a
+ * failure is known here); DT_ERR_TIMEOUT if a rank never arrives. */
 dt_status dt_mpi_world_finish(dt_mpi_world *world, dt_status mine, const char *my_msg,
                               char *msg, size_t msg_size);
 /* A channel other transports (NCCL in process mode) use for failures that

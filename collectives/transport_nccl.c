@@ -1,57 +1,33 @@
 /* collectives/transport_nccl.c — the NCCL transport: one GPU per rank.
  *
- * Algorithm. Every communicator is non-blocking (ncclConfig_t.blocking = 0):
- * no NCCL call blocks the host, and a call that returns ncclInProgress is
- * settled by polling ncclCommGetAsyncError. Each rank has a compute stream
- * and a communication stream (its CUDA backend's). A collective or a
- * send/recv group is ordered after the compute stream's queued work (event
- * `ready`), enqueued on the communication stream, and the compute stream
- * then waits on event `done`: the result is in stream order for the next
- * kernel, and the host does not wait. Mapping:
- *
+ * Algorithm. Communicators are non-blocking (ncclConfig_t.blocking = 0): no
+ * NCCL call blocks the host; ncclInProgress is settled by polling
+ * ncclCommGetAsyncError. A collective or send/recv group is ordered after the
+ * compute stream (event `ready`), enqueued on the communication stream, and
+ * the compute stream then waits on event `done`: stream order, no host wait.
  *   all_reduce, all_gather, reduce_scatter, broadcast -> the NCCL collective
- *   scatter, gather -> one group of ncclSend/ncclRecv (the root's own part by
- *                      cudaMemcpyAsync); all-to-all is a p2p group from above
+ *   scatter, gather -> one ncclSend/ncclRecv group (root's part: a memcpy)
  *   barrier         -> a one-element ncclAllReduce, waited for on the host
- *   split           -> ncclCommSplit (non-blocking, polled)
- *   p2p_start       -> one ncclGroupStart/End with the sends and receives,
- *                      then `done` recorded; p2p_wait makes the compute
- *                      stream wait on it (a chained group is not ordered
- *                      after the compute stream: after the communication
- *                      stream's earlier work only)
+ *   split           -> ncclCommSplit;  p2p -> one ncclGroupStart/End
+ *   (a chained group is ordered after the communication stream only)
+ * Host buffers are staged through grow-only pinned and device buffers, and
+ * the call waits for completion. A host_only collective (agreement tables)
+ * waits for the communication stream only, not every queued kernel.
  *
- * Host buffers (agreement checks, DT_CHECK, a user's host arrays) are staged
- * through a pinned host buffer and a device buffer that only grow; a call
- * that touched host memory waits for completion before it returns (the host
- * holds the data only then). A host_only collective (an agreement check's
- * tables) is neither ordered after the compute stream nor waited for by it:
- * the host then waits for the communication stream's earlier work only, not
- * for every kernel queued before the check.
+ * Invariants. No wait is unbounded: each polls the async error, the event and
+ * the world's abort flag under the timeout. On error, timeout or a peer's
+ * abort the rank ncclCommAbort's the communicator (ending kernels stuck on a
+ * peer), records the world's first failure and returns; an aborted
+ * communicator is never used again. Across processes the world also polls a
+ * peer channel (the MPI world's notices).
  *
- * Invariants. No wait is unbounded: every wait polls the communicator's
- * async error, the event, and the world's abort flag, and gives up after the
- * timeout. On an NCCL or CUDA error, on timeout, or when another rank has
- * aborted the world, the rank calls ncclCommAbort on the communicator (which
- * also ends kernels stuck waiting for a peer), records the first failure in
- * the world, and returns an error; an aborted communicator is never used
- * again. The world's abort flag is what stops peers promptly in-process;
- * across processes (one rank per process, dt_nccl_world_create_process) the
- * world polls a peer channel -- the MPI world's failure notices when mpirun
- * started the processes -- and otherwise the timeout does.
+ * Teardown: drain, ncclCommFinalize (waits for every rank of the node), then
+ * ncclCommDestroy; with ranks as threads these waits count only while every
+ * rank of the process is in a teardown (idle_clock.h). Staging buffers are
+ * freed once the stream has drained (release_staging).
  *
- * Teardown. Destroying a live communicator waits for its queued work, then
- * ncclCommFinalize, whose completion waits for every rank of the node to
- * finalize it too, then ncclCommDestroy. With ranks as threads a rank that
- * ends early would wait there for peers that are merely still working, so
- * these waits count toward the timeout only while every rank of this
- * process is in a teardown (idle_clock.h); with one rank per process they
- * count from its arrival. An aborted communicator is ncclCommAbort'ed
- * instead. Staging buffers are freed only once the stream has drained
- * (release_staging says why and when).
- *
- * Test: tests/test_cuda.c (NCCL cases run with one GPU per rank; they skip
- * without GPUs; make CUDA=emu test runs them on the CPU over the emulated
- * NCCL of tests/emu/nccl.c, 4 emulated GPUs).
+ * Test: tests/test_cuda.c (one GPU per rank; skipped without GPUs; run on the
+ * emulated NCCL of tests/emu/nccl.c by make CUDA=emu test).
  */
 #include "transport_nccl.h"
 #include "failure.h"
@@ -460,6 +436,7 @@ static ncclDataType_t nccl_type(dt_dtype t) {
     case DT_F32: return ncclFloat32;
     case DT_BF16: return ncclBfloat16;
     case DT_F16: return ncclFloat16;
+    case DT_I32: return ncclInt32;
     default: return ncclUint8;
     }
 }
@@ -742,13 +719,9 @@ static int nccl_aborted(const dt_comm *c) {
     return im->aborted || world_aborted(im->world);
 }
 
-/* Teardown of a live communicator: wait for the work queued on its stream,
- * then ncclCommFinalize (non-blocking here; it settles once NCCL has flushed
- * and the node's ranks have met in its closing barrier) and ncclCommDestroy,
- * which then only frees local resources. Both waits run on the idle clock:
- * time while a peer is still busy in its function does not count against
- * the timeout (idle_clock.h). Any failure aborts the communicator and the
- * world, as in every other wait. */
+/* Teardown of a live communicator: drain its stream, ncclCommFinalize
+ * (settles once the node's ranks meet in its closing barrier), ncclCommDestroy.
+ * Both waits run on the idle clock; a failure aborts as in every wait. */
 static dt_status teardown_live(dt_comm *c) {
     nccl_impl *im = c->impl;
     dt_nccl_world *w = im->world;
@@ -795,20 +768,12 @@ static int stream_drained(dt_comm *c) {
     }
 }
 
-/* Frees the staging buffers, and for a rank's world communicator also those
- * its aborted sub-communicators left behind, once nothing queued can touch
- * them. Freeing earlier is not safe: cudaFree and cudaFreeHost wait for the
- * device, so behind a kernel that never ends (a peer that never posted its
- * half) they would block for good, and memory a queued copy still writes
- * could be handed out again. A live teardown drained the stream already.
- * After an abort this communicator's kernels end, but work of the rank's
- * other communicators, on the same stream, may stay stuck until those are
- * aborted too -- at the latest the world communicator, destroyed last (by
- * the context). So a sub-communicator that finds the stream busy leaves its
- * buffers with the world, and the world communicator of its rank waits
- * (bounded) for the stream and frees them with its own. If even that wait
- * runs out -- a kernel that never ends, e.g. of a communicator never
- * destroyed -- the buffers stay allocated and a warning says so. */
+/* Frees the staging buffers (for a world communicator, also those its aborted
+ * sub-communicators left) once nothing queued can touch them: cudaFree waits
+ * for the device, so behind a kernel that never ends it would block for good.
+ * A sub-communicator that finds the shared stream busy after an abort leaves
+ * its buffers to the world communicator (destroyed last), which waits, bounded,
+ * and frees them; if that wait runs out they stay allocated, with a warning. */
 static void release_staging(dt_comm *c) {
     nccl_impl *im = c->impl;
     dt_nccl_world *w = im->world;

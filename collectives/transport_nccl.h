@@ -1,21 +1,9 @@
 /* collectives/transport_nccl.h — PRIVATE. The NCCL transport: one GPU per
- * rank, ranks are threads of this process (dt_launch) sharing a "world"
- * that holds the ncclUniqueId and the first failure, or processes started
- * by a launcher (mpirun, torchrun), one rank each. Built only when the
- * Makefile finds NCCL (it then defines DT_HAVE_NCCL).
- *
- * Streams: collectives and send/recv groups run on the rank's communication
- * stream, ordered after the work already queued on its compute stream (an
- * event), and the compute stream is made to wait for them (another event),
- * so results are ready for the next kernel without a host wait. The host
- * waits only where it must: barrier, and calls whose buffers are host
- * memory (they are staged through device memory). Every wait polls
- * ncclCommGetAsyncError, the event, and the world's abort flag under the
- * communicator's timeout, and aborts the communicator (ncclCommAbort) and
- * the world on error or timeout. Destroying a communicator waits for its
- * peers to destroy it too (ncclCommFinalize); with ranks as threads that
- * wait is timed only while every rank of the process is in a teardown
- * (idle_clock.h), so a rank that ends early does not time out.
+ * rank; ranks are threads of this process sharing a world (ncclUniqueId, first
+ * failure), or processes started by a launcher, one rank each. Built with
+ * DT_HAVE_NCCL. Calls run on the communication stream, ordered after the
+ * compute stream and before its next kernel, without a host wait (except
+ * barrier and host buffers). Streams, waits, teardown: transport_nccl.c.
  */
 #ifndef DT_TRANSPORT_NCCL_H
 #define DT_TRANSPORT_NCCL_H
@@ -49,18 +37,13 @@ dt_status dt_nccl_world_create(int size, const dt_comm_config *cfg, dt_nccl_worl
  * and rank 0's communicator init listens there. */
 dt_status dt_nccl_unique_id(void *id, size_t bytes);
 
-/* Process mode: a world of `size` ranks of which only one lives in this
- * process (dt_nccl_world_comm is then called once, with that rank). id is
- * the world's ncclUniqueId (DT_NCCL_ID_BYTES, broadcast by the launcher;
- * NULL: dt_nccl_unique_id here, for NCCL_COMM_ID bootstrap). channel (may
- * be NULL) carries failures between processes: waits poll it, and a failure
- * here is reported through it. */
+/* Process mode: one rank of `size` lives here (one dt_nccl_world_comm call).
+ * id: the ncclUniqueId (DT_NCCL_ID_BYTES; NULL: dt_nccl_unique_id, for
+ * NCCL_COMM_ID). channel (may be NULL) carries failures between processes. */
 dt_status dt_nccl_world_create_process(int size, const void *id, const dt_comm_config *cfg,
                                        const dt_peer_channel *channel, dt_nccl_world **out);
-/* COLLECTIVE over the world's threads: the world communicator of `rank`
- * (caller owns it: dt_comm_destroy). Creation is non-blocking underneath
- * (ncclCommInitRankConfig with blocking = 0) and polled under the timeout;
- * a rank that fails to get here aborts the world and the others give up. */
+/* COLLECTIVE over the world's threads: rank's world communicator (caller owns
+ * it: dt_comm_destroy); init is polled under the timeout, a failure aborts all. */
 dt_status dt_nccl_world_comm(dt_nccl_world *world, int rank, const dt_nccl_rank *r,
                              dt_comm **out);
 /* Abort from outside a communicator (a rank whose function failed): every

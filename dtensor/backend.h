@@ -46,6 +46,8 @@ typedef struct dt_runs {
 } dt_runs;
 
 typedef struct dt_backend dt_backend;
+typedef struct dt_memory_stats dt_memory_stats;   /* context.h */
+enum { DT_MEMORY_RESET_PEAK = 1, DT_MEMORY_RELEASE = 2 };
 
 typedef struct dt_backend_ops {
     const char *name;
@@ -115,6 +117,98 @@ typedef struct dt_backend_ops {
     dt_status (*marks_reserve)(dt_backend *b, int n);
     dt_status (*mark)(dt_backend *b, int i);
     dt_status (*mark_ms)(dt_backend *b, int i, int j, double *ms);
+
+    /* ---- gradients, losses and the optimizer. Every pointer is backend
+     * memory unless it says host; `accumulate` 1 adds into the output
+     * (read, add in fp32, round once), 0 overwrites it. 16-bit dtypes are
+     * computed in fp32 and rounded once. Calls that return a host value
+     * wait for the work queued before them (bounded by the timeout). */
+
+    /* C[M,N] = alpha op(A) op(B) + beta C, row-major and contiguous: op(A) is
+     * A [M,K] or, with trans_a, A^T of A [K,M]; op(B) is B [K,N] or, with
+     * trans_b, B^T of B [N,K]. beta 0 never reads C. fp32 accumulation. */
+    dt_status (*gemm_ex)(dt_backend *b, dt_dtype dtype, int trans_a, int trans_b, int64_t m,
+                         int64_t n, int64_t k, float alpha, const void *a, const void *bm,
+                         float beta, void *c);
+    /* dx = dy * gelu'(x), elementwise over n. */
+    dt_status (*gelu_backward)(dt_backend *b, dt_dtype dtype, int64_t n, const void *x,
+                               const void *dy, void *dx, dt_gelu_approx approx, int accumulate);
+    /* out = silu(gate) * up, silu(g) = g / (1 + e^-g), elementwise over n. */
+    dt_status (*swiglu)(dt_backend *b, dt_dtype dtype, int64_t n, const void *gate,
+                        const void *up, void *out);
+    /* dgate = dy * up * silu'(gate), dup = dy * silu(gate); either may be NULL. */
+    dt_status (*swiglu_backward)(dt_backend *b, dt_dtype dtype, int64_t n, const void *gate,
+                                 const void *up, const void *dy, void *dgate, void *dup,
+                                 int accumulate);
+    /* The gradients of rmsnorm (same x [rows, n], w [n] or NULL, eps), with
+     * r = 1 / sqrt(mean(x^2) + eps) per row and g = dy * w (dy without w):
+     *   dx = r g - x r^3 mean(g x)        (dx NULL: skipped)
+     *   dw = sum over rows of dy x r      (dw [n], NULL: skipped; w NULL: no dw)
+     * accumulate applies to both. */
+    dt_status (*rmsnorm_backward)(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n,
+                                  const void *x, const void *w, float eps, const void *dy,
+                                  void *dx, void *dw, int accumulate);
+    /* The rotary op's inverse: rotates by -angle (its gradient), the same
+     * arguments and numerics as rotary. */
+    dt_status (*rotary_inverse)(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows,
+                                int64_t inner, int64_t d, const int64_t *positions, double base,
+                                dt_rotary_style style, const void *x, void *out);
+    /* Embedding rows: out[i, :] = table[tok[i] - lo, :] where lo <= tok[i] <
+     * lo + rows, else 0; tok int32 [n], table [rows, d], out [n, d]. */
+    dt_status (*embedding)(dt_backend *b, dt_dtype dtype, int64_t n, int64_t d,
+                           const int32_t *tok, int64_t lo, int64_t rows, const void *table,
+                           void *out);
+    /* dtable[tok[i] - lo, :] += dy[i, :] for the tokens in [lo, lo + rows),
+     * summed in fp32 (with accumulate 0 the rows no token hits become 0). */
+    dt_status (*embedding_backward)(dt_backend *b, dt_dtype dtype, int64_t n, int64_t d,
+                                    const int32_t *tok, int64_t lo, int64_t rows, const void *dy,
+                                    void *dtable, int accumulate);
+    /* Over int32 x [n]: *valid (host) = how many are in [0, limit) and not
+     * equal to `ignore` (an ignored target that is a class does not count),
+     * *bad (host) = the first index of a value neither in [0, limit) nor
+     * equal to `ignore`, or -1. */
+    dt_status (*i32_check)(dt_backend *b, int64_t n, const int32_t *x, int64_t limit,
+                           int32_t ignore, int64_t *valid, int64_t *bad);
+    /* Cross-entropy over rows of logits x [rows, n] whose columns are the
+     * classes [lo, lo + n) of the vocabulary; tgt int32 [rows], fp32 row
+     * arrays [rows]:
+     *   ce_max:  m[r] = max_j x[r, j] (NaN if any is NaN)
+     *   ce_sum:  se[r] = sum_j e^(x[r, j] - m[r]); tl[r] = x[r, tgt[r] - lo] if
+     *            tgt[r] is in [lo, lo + n), else 0
+     *   ce_grad: dx[r, j] = (e^(x[r, j] - m[r]) / se[r] - [j == tgt[r] - lo]) *
+     *            scale for rows with tgt[r] != ignore, 0 for the others (dx
+     *            NULL: skipped); loss[r] = m[r] + log se[r] - tl[r] there, 0
+     *            for the others */
+    dt_status (*ce_max)(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n, const void *x,
+                        float *m);
+    dt_status (*ce_sum)(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n, const void *x,
+                        const float *m, const int32_t *tgt, int64_t lo, float *se, float *tl);
+    dt_status (*ce_grad)(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n, const void *x,
+                         const float *m, const float *se, const float *tl, const int32_t *tgt,
+                         int64_t lo, int32_t ignore, float scale, void *dx, float *loss);
+    /* *out (host) = max |x[i]| over n values: NaN if any is NaN, else +inf if
+     * any is infinite, 0 for n = 0. */
+    dt_status (*absmax)(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, float *out);
+    /* *out (host) = sum of x[i]^2 over n values, accumulated in double. */
+    dt_status (*sumsq)(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, double *out);
+    /* dst[i] = src[i] converted (rounded to nearest even) for i < n; any two
+     * float dtypes, or equal dtypes (a copy). */
+    dt_status (*convert)(dt_backend *b, int64_t n, dt_dtype src_dtype, const void *src,
+                         dt_dtype dst_dtype, void *dst);
+    /* One AdamW step over n parameters, PyTorch's semantics, on the fp32
+     * master copy `master` and moments m, v (fp32), with g = grad * gscale:
+     *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+     *   master -= lr wd master;  master -= lr (m / bc1) / (sqrt(v / bc2) + eps)
+     * (bc1 = 1 - b1^step, bc2 = 1 - b2^step); then param = master rounded to
+     * dtype (param may be master itself when dtype is fp32). */
+    dt_status (*adamw)(dt_backend *b, dt_dtype dtype, int64_t n, void *param, float *master,
+                       float *m, float *v, const void *grad, float gscale, float lr, float b1,
+                       float b2, float eps, float wd, int64_t step);
+    /* The backend's memory counters (context.h's dt_memory_stats), after
+     * what asks (DT_MEMORY_* bits): RELEASE frees the caching allocator's
+     * blocks (CUDA: after the rank's queued work, bounded), RESET_PEAK sets
+     * peak to in_use. */
+    dt_status (*memory)(dt_backend *b, dt_memory_stats *out, int what);
 } dt_backend_ops;
 
 struct dt_backend {

@@ -1,14 +1,17 @@
 /* dtensor/backend_cpu.c — the CPU compute backend: host memory, OpenBLAS.
  *
- * Tensor data is plain host memory from calloc. bf16 and fp16 are stored
+ * Tensor data is host memory from a caching allocator (below), each block
+ * after a 16-byte head holding its rounded size. bf16 and fp16 are stored
  * as 16 bits and computed in fp32: every result is rounded to its dtype
  * exactly once (round to nearest even), so the CPU backend is the
  * reference the CUDA backend is checked against. The backend keeps no
  * global state; the table below is constant.
  *
- * Test: tests/test_ops.c and tests/test_tensor.c (make test).
+ * Test: tests/test_ops.c and tests/test_tensor.c, and tests/test_grad_kernels.c
+ * for the gradient, loss and optimizer entries (make test).
  */
 #include "backend.h"
+#include "context.h"   /* dt_memory_stats */
 #include "../base/cpu_vec.h"
 
 #include <cblas.h>
@@ -21,46 +24,157 @@
 #include <time.h>
 
 /* Per-backend state: the profiling marks (16-bit gemm scratch is made per
- * call, which is fine because gemm is not called inside a hot loop). */
+ * call, which is fine because gemm is not called inside a hot loop), the
+ * caching allocator's free blocks and the memory counters (the rank's
+ * thread only). */
 typedef struct dt_cpu_impl {
     double *marks;   /* the rank thread's CPU seconds; NAN until recorded */
     int n_marks;
+    void **cached;   /* raw blocks kept for reuse, the newest last */
+    size_t n_cached, cap_cached, cached_bytes;
+    size_t in_use, peak;   /* bytes of live blocks (their rounded sizes) */
+    uint64_t mallocs;
 } dt_cpu_impl;
+
+/* Memory is a caching allocator, as the CUDA backend's: a freed block is
+ * kept and serves the next request of its rounded size (512 B, 2 MiB from
+ * 1 MiB up), so a loop that repeats its requests (a training step) takes
+ * no memory from the system after its first pass and no page faults. A
+ * block is CPU_HEAD bytes holding its rounded size, then the caller's
+ * (malloc's 16-byte alignment kept). Under AddressSanitizer and valgrind a
+ * cached block is off limits, as freed memory is. The cache is emptied
+ * when malloc fails (then tried again), on request (memory op) and at
+ * destroy. */
+#define CPU_HEAD 16
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define CPU_NOACCESS(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define CPU_UNDEFINED(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#define CPU_DEFINED(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#elif defined(__has_include)
+#if __has_include(<valgrind/memcheck.h>)
+#include <valgrind/memcheck.h>
+#define CPU_NOACCESS(p, n) VALGRIND_MAKE_MEM_NOACCESS(p, n)
+#define CPU_UNDEFINED(p, n) VALGRIND_MAKE_MEM_UNDEFINED(p, n)
+#define CPU_DEFINED(p, n) VALGRIND_MAKE_MEM_DEFINED(p, n)
+#endif
+#endif
+#ifndef CPU_NOACCESS
+#define CPU_NOACCESS(p, n) ((void)(p), (void)(n))
+#define CPU_UNDEFINED(p, n) ((void)(p), (void)(n))
+#define CPU_DEFINED(p, n) ((void)(p), (void)(n))
+#endif
+
+static size_t cpu_rounded(size_t bytes) {
+    const size_t unit = bytes < ((size_t)1 << 20) ? 512 : (size_t)2 << 20;
+    const size_t want = (bytes + unit - 1) / unit * unit;
+    return want ? want : unit;
+}
+
+static size_t cpu_size_of(const void *raw) {
+    size_t n;
+    memcpy(&n, raw, sizeof n);
+    return n;
+}
+
+static void cpu_cache_empty(dt_cpu_impl *im) {
+    for (size_t i = 0; i < im->n_cached; i++) {
+        CPU_DEFINED(im->cached[i], CPU_HEAD);
+        free(im->cached[i]);
+    }
+    im->n_cached = im->cached_bytes = 0;
+}
+
+/* A raw block of `want` bytes (rounded) for the caller, counted in; NULL
+ * if the host is out of memory. */
+static void *cpu_block(dt_cpu_impl *im, size_t want) {
+    void *raw = NULL;
+    for (size_t i = im->n_cached; i > 0 && !raw; i--) {
+        CPU_DEFINED(im->cached[i - 1], CPU_HEAD);
+        if (cpu_size_of(im->cached[i - 1]) == want) {
+            raw = im->cached[i - 1];
+            im->cached[i - 1] = im->cached[--im->n_cached];
+            im->cached_bytes -= want;
+            CPU_UNDEFINED((char *)raw + CPU_HEAD, want);
+        } else {
+            CPU_NOACCESS(im->cached[i - 1], CPU_HEAD);
+        }
+    }
+    if (!raw) {
+        raw = malloc(CPU_HEAD + want);
+        if (!raw && im->n_cached) {
+            cpu_cache_empty(im);
+            raw = malloc(CPU_HEAD + want);
+        }
+        if (!raw) return NULL;
+        im->mallocs++;
+        memcpy(raw, &want, sizeof want);
+    }
+    im->in_use += want;
+    if (im->in_use > im->peak) im->peak = im->in_use;
+    return raw;
+}
+
+static dt_status cpu_alloc(dt_backend *b, size_t bytes, void **out, int zero) {
+    if (out == NULL) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu alloc: out is NULL");
+    void *raw = bytes <= SIZE_MAX - CPU_HEAD - ((size_t)2 << 20) ? cpu_block(b->impl, cpu_rounded(bytes))
+                                                               : NULL;
+    if (raw == NULL)
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "cpu alloc: out of host memory for %zu bytes",
+                        bytes);
+    if (zero) memset((char *)raw + CPU_HEAD, 0, bytes);
+    *out = (char *)raw + CPU_HEAD;
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_alloc(dt_backend *b, size_t bytes, void **out) {
+    return cpu_alloc(b, bytes, out, 1);
+}
+
+static dt_status dt_cpu_alloc_uninit(dt_backend *b, size_t bytes, void **out) {
+    return cpu_alloc(b, bytes, out, 0);
+}
+
+static void dt_cpu_free(dt_backend *b, void *p) {
+    if (!p) return;
+    dt_cpu_impl *im = b->impl;
+    char *raw = (char *)p - CPU_HEAD;
+    const size_t n = cpu_size_of(raw);
+    im->in_use -= n < im->in_use ? n : im->in_use;
+    if (im->n_cached == im->cap_cached) {
+        const size_t cap = im->cap_cached ? 2 * im->cap_cached : 64;
+        void **v = realloc(im->cached, cap * sizeof *v);
+        if (!v) {   /* no room to keep it: back to the system */
+            free(raw);
+            return;
+        }
+        im->cached = v;
+        im->cap_cached = cap;
+    }
+    im->cached[im->n_cached++] = raw;
+    im->cached_bytes += n;
+    CPU_NOACCESS(raw, CPU_HEAD + n);
+}
+
+static dt_status dt_cpu_memory(dt_backend *b, dt_memory_stats *out, int what) {
+    dt_cpu_impl *im = b->impl;
+    if (what & DT_MEMORY_RELEASE) cpu_cache_empty(im);
+    if (what & DT_MEMORY_RESET_PEAK) im->peak = im->in_use;
+    *out = (dt_memory_stats){im->in_use, im->peak, im->cached_bytes, im->mallocs};
+    return DT_SUCCESS;
+}
 
 static void dt_cpu_destroy(dt_backend *b) {
     if (!b) return;
     dt_cpu_impl *im = b->impl;
-    if (im) free(im->marks);
+    if (im) {
+        cpu_cache_empty(im);
+        free(im->cached);
+        free(im->marks);
+    }
     free(im);
     free(b);
-}
-
-static dt_status dt_cpu_alloc(dt_backend *b, size_t bytes, void **out) {
-    (void)b;
-    if (out == NULL) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu alloc: out is NULL");
-    /* calloc(0) may return NULL; one byte keeps every pointer valid and unique. */
-    void *p = calloc(bytes > 0 ? bytes : 1, 1);
-    if (p == NULL)
-        return dt_error(DT_ERR_OUT_OF_MEMORY, "cpu alloc: out of host memory for %zu bytes",
-                        bytes);
-    *out = p;
-    return DT_SUCCESS;
-}
-
-static dt_status dt_cpu_alloc_uninit(dt_backend *b, size_t bytes, void **out) {
-    (void)b;
-    if (out == NULL) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu alloc: out is NULL");
-    void *p = malloc(bytes > 0 ? bytes : 1);   /* valgrind sees a read before a write */
-    if (p == NULL)
-        return dt_error(DT_ERR_OUT_OF_MEMORY, "cpu alloc: out of host memory for %zu bytes",
-                        bytes);
-    *out = p;
-    return DT_SUCCESS;
-}
-
-static void dt_cpu_free(dt_backend *b, void *p) {
-    (void)b;
-    free(p);
 }
 
 static dt_status dt_cpu_memcpy(const char *what, void *dst, const void *src, size_t bytes) {
@@ -397,30 +511,33 @@ static dt_status dt_cpu_rmsnorm(dt_backend *b, dt_dtype dtype, int64_t rows, int
     return DT_SUCCESS;
 }
 
-static dt_status dt_cpu_rotary(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows,
-                               int64_t inner, int64_t d, const int64_t *positions, double base,
-                               dt_rotary_style style, const void *x, void *out) {
-    (void)b;
-    DT_TRY(dt_check_float_dtype("rotary", dtype));
+/* rotary (sign 1) and rotary_inverse (sign -1, the rotation by -angle):
+ * the same angles, cos and sin; the inverse negates the fp32 sine, which
+ * rounds the same either way, so its products are the forward's up to sign. */
+static dt_status dt_cpu_rotate(const char *what, double sign, dt_dtype dtype, int64_t outer,
+                               int64_t rows, int64_t inner, int64_t d, const int64_t *positions,
+                               double base, dt_rotary_style style, const void *x, void *out) {
+    DT_TRY(dt_check_float_dtype(what, dtype));
     if (outer < 0 || rows < 0 || inner < 0 || d < 0 || d % 2 != 0)
         return dt_error(DT_ERR_INVALID_ARGUMENT,
-                        "cpu rotary: bad size outer %" PRId64 " rows %" PRId64 " inner %" PRId64
-                        " d %" PRId64 " (d must be even)", outer, rows, inner, d);
+                        "cpu %s: bad size outer %" PRId64 " rows %" PRId64 " inner %" PRId64
+                        " d %" PRId64 " (d must be even)", what, outer, rows, inner, d);
     if (!isfinite(base) || base <= 0.0)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu rotary: base %g must be finite and > 0",
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu %s: base %g must be finite and > 0", what,
                         base);
     if ((int)style < 0 || style >= DT_ROTARY_STYLE_COUNT)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu rotary: unknown style %d", (int)style);
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu %s: unknown style %d", what, (int)style);
     if (outer == 0 || rows == 0 || inner == 0 || d == 0) return DT_SUCCESS;
     if (x == NULL || out == NULL || positions == NULL)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu rotary: NULL buffer or positions");
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu %s: NULL buffer or positions", what);
     const int64_t half = d / 2;
     double *theta = malloc((size_t)half * sizeof *theta);
     float *cs = malloc((size_t)half * 2 * sizeof *cs);
     if (!theta || !cs) {
         free(theta);
         free(cs);
-        return dt_error(DT_ERR_OUT_OF_MEMORY, "cpu rotary: out of host memory (d %" PRId64 ")", d);
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "cpu %s: out of host memory (d %" PRId64 ")", what,
+                        d);
     }
     for (int64_t i = 0; i < half; i++) theta[i] = pow(base, -2.0 * (double)i / (double)d);
     const int interleaved = style == DT_ROTARY_INTERLEAVED;
@@ -429,7 +546,7 @@ static dt_status dt_cpu_rotary(dt_backend *b, dt_dtype dtype, int64_t outer, int
         for (int64_t i = 0; i < half; i++) {
             const double a = pos * theta[i];
             cs[2 * i] = (float)cos(a);
-            cs[2 * i + 1] = (float)sin(a);
+            cs[2 * i + 1] = (float)(sign * sin(a));
         }
         for (int64_t o = 0; o < outer; o++)
             for (int64_t h = 0; h < inner; h++) {
@@ -447,6 +564,643 @@ static dt_status dt_cpu_rotary(dt_backend *b, dt_dtype dtype, int64_t outer, int
     }
     free(theta);
     free(cs);
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_rotary(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows,
+                               int64_t inner, int64_t d, const int64_t *positions, double base,
+                               dt_rotary_style style, const void *x, void *out) {
+    (void)b;
+    return dt_cpu_rotate("rotary", 1.0, dtype, outer, rows, inner, d, positions, base, style, x,
+                         out);
+}
+
+/* ------------------------------------------- gradients, losses, optimizer
+ *
+ * backend.h's contracts. Elementwise values are formed in double from the
+ * stored inputs and rounded to fp32 once; with `accumulate` the stored
+ * output is then added in fp32 and the sum rounded to the dtype once. Sums
+ * over many values (rmsnorm_backward, ce_sum, sumsq) are accumulated in
+ * double; the gradients of embedding rows in fp32, in token order. */
+
+static dt_status dt_cpu_rotary_inverse(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows,
+                                       int64_t inner, int64_t d, const int64_t *positions,
+                                       double base, dt_rotary_style style, const void *x,
+                                       void *out) {
+    (void)b;
+    return dt_cpu_rotate("rotary inverse", -1.0, dtype, outer, rows, inner, d, positions, base,
+                         style, x, out);
+}
+
+/* Element i of out becomes v, plus (accumulate) what it holds, added in
+ * fp32; rounded to dtype once. */
+static inline void dt_put(void *out, dt_dtype dtype, size_t i, float v, int accumulate) {
+    if (accumulate) v += dt_value_get(out, dtype, i);
+    dt_value_set(out, dtype, i, v);
+}
+
+static dt_status dt_cpu_gemm_ex(dt_backend *b, dt_dtype dtype, int trans_a, int trans_b,
+                                int64_t m, int64_t n, int64_t k, float alpha, const void *a,
+                                const void *bm, float beta, void *c) {
+    (void)b;
+    DT_TRY(dt_check_float_dtype("gemm_ex", dtype));
+    if ((trans_a != 0 && trans_a != 1) || (trans_b != 0 && trans_b != 1))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu gemm_ex: trans_a %d, trans_b %d (0 or 1)",
+                        trans_a, trans_b);
+    if (m < 0 || n < 0 || k < 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "cpu gemm_ex: negative size m %" PRId64 " n %" PRId64 " k %" PRId64, m, n,
+                        k);
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
+        return dt_error(DT_ERR_NOT_SUPPORTED,
+                        "cpu gemm_ex: m %" PRId64 " n %" PRId64 " k %" PRId64
+                        " exceeds the BLAS int range", m, n, k);
+    if (m == 0 || n == 0) return DT_SUCCESS;
+    if (c == NULL || (k > 0 && (a == NULL || bm == NULL)))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu gemm_ex: NULL buffer");
+    const size_t mn = (size_t)m * (size_t)n;
+    if (k == 0) {
+        /* C = beta C (beta 0: zeros, C unread), rounded once */
+        for (size_t i = 0; i < mn; i++)
+            dt_value_set(c, dtype, i, beta == 0.0f ? 0.0f : beta * dt_value_get(c, dtype, i));
+        return DT_SUCCESS;
+    }
+    const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+    const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+    const int lda = (int)(trans_a ? m : k), ldb = (int)(trans_b ? k : n);
+    if (dtype == DT_F32) {
+        /* beta 0: BLAS stores alpha A B without reading C */
+        cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, alpha, a, lda, bm, ldb, beta, c,
+                    (int)n);
+        return DT_SUCCESS;
+    }
+    dt_status st = DT_SUCCESS;
+    float *fa = dt_array_to_f32(dtype, a, m * k);
+    float *fb = dt_array_to_f32(dtype, bm, k * n);
+    float *fc = beta != 0.0f ? dt_array_to_f32(dtype, c, m * n) : malloc(mn * sizeof *fc);
+    if (fa == NULL || fb == NULL || fc == NULL) {
+        st = dt_error(DT_ERR_OUT_OF_MEMORY,
+                      "cpu gemm_ex: out of host memory for %s scratch (m %" PRId64 " n %" PRId64
+                      " k %" PRId64 ")", dt_dtype_name(dtype), m, n, k);
+        goto out;
+    }
+    cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, alpha, fa, lda, fb, ldb, beta, fc,
+                (int)n);
+    dt_values_set(c, dtype, mn, fc);
+out:
+    free(fa);
+    free(fb);
+    free(fc);
+    return st;
+}
+
+/* gelu'(x) in double; its limits at -inf and +inf are 0 and 1. */
+static double dt_gelu_grad(double x, dt_gelu_approx approx) {
+    if (isinf(x)) return x > 0.0 ? 1.0 : 0.0;
+    if (approx == DT_GELU_ERF) {
+        /* Phi(x) + x phi(x); erfc keeps Phi's relative accuracy for x < 0 */
+        const double cdf = 0.5 * erfc(-x * 0.70710678118654752440);
+        return cdf + x * (0.39894228040143267794 * exp(-0.5 * x * x));
+    }
+    /* x s(2u) with u = sqrt(2/pi) (x + 0.044715 x^3): s + 2 x s (1 - s) u';
+     * 1 - s formed as its own sigmoid, and the second term 0 where s (1 - s)
+     * underflows (u' may overflow there) */
+    const double k = 0.79788456080286535588, c3 = 0.044715;
+    const double u = k * (x + c3 * x * x * x);
+    const double s = 1.0 / (1.0 + exp(-2.0 * u)), sc = 1.0 / (1.0 + exp(2.0 * u));
+    const double ss = s * sc;
+    return s + (ss == 0.0 ? 0.0 : 2.0 * x * ss * (k * (1.0 + 3.0 * c3 * x * x)));
+}
+
+static dt_status dt_cpu_gelu_backward(dt_backend *b, dt_dtype dtype, int64_t n, const void *x,
+                                      const void *dy, void *dx, dt_gelu_approx approx,
+                                      int accumulate) {
+    (void)b;
+    if ((int)approx < 0 || approx >= DT_GELU_APPROX_COUNT)
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu gelu backward: unknown approximation %d",
+                        (int)approx);
+    DT_TRY(dt_cpu_elementwise_args("gelu backward", dtype, n, x, dy, 0, dx));
+    for (size_t i = 0; i < (size_t)n; i++) {
+        const double g = dt_gelu_grad(dt_value_get(x, dtype, i), approx);
+        dt_put(dx, dtype, i, (float)(dt_value_get(dy, dtype, i) * g), accumulate);
+    }
+    return DT_SUCCESS;
+}
+
+/* silu(g) = g s(g) and silu'(g) = s(g) (1 + g (1 - s(g))) in double, with
+ * 1 - s(g) = s(-g) formed on its own; at -inf: 0 and 0, at +inf: inf and 1. */
+static void dt_silu(double g, double *silu, double *dsilu) {
+    if (isinf(g)) {
+        *silu = g > 0.0 ? g : -0.0;
+        *dsilu = g > 0.0 ? 1.0 : 0.0;
+        return;
+    }
+    const double s = 1.0 / (1.0 + exp(-g)), sc = 1.0 / (1.0 + exp(g));
+    *silu = g * s;
+    *dsilu = s * (1.0 + g * sc);
+}
+
+/* Element i of SwiGLU and of its backward, any dtype: silu in double
+ * (dt_silu), each result rounded once. dgate or dup may be gate, up or dy:
+ * all are read before either is written. */
+static inline void dt_swiglu_at(dt_dtype dtype, size_t i, const void *gate, const void *up,
+                                void *out) {
+    double silu, dsilu;
+    dt_silu(dt_value_get(gate, dtype, i), &silu, &dsilu);
+    dt_value_set(out, dtype, i, (float)(silu * dt_value_get(up, dtype, i)));
+}
+
+static inline void dt_swiglu_backward_at(dt_dtype dtype, size_t i, const void *gate,
+                                         const void *up, const void *dy, void *dgate, void *dup,
+                                         int accumulate) {
+    double silu, dsilu;
+    dt_silu(dt_value_get(gate, dtype, i), &silu, &dsilu);
+    const double g = dt_value_get(dy, dtype, i);
+    const float vg = (float)(g * dt_value_get(up, dtype, i) * dsilu), vu = (float)(g * silu);
+    if (dgate) dt_put(dgate, dtype, i, vg, accumulate);
+    if (dup) dt_put(dup, dtype, i, vu, accumulate);
+}
+
+#if defined(__GNUC__)
+/* fp32 in blocks of four: the same double operations as the _at functions,
+ * four lanes at once (dt_vsilu_d4, cpu_vec.h, in place of libm's exp), so
+ * the same results but where e^-|g| and libm's differ in the last bits of
+ * double. A block with a gate that is not finite goes element by element.
+ * Each loop is written once and inlined into a plain copy and, on x86, an
+ * AVX2 copy for CPUs that have it (no FMA: the same results either way).
+ * Outputs may be inputs: a block reads all its inputs before it writes. */
+DT_VEC_INLINE int dt_swiglu4(const float *gate, const float *up, float *out) {
+    dt_vf gf, uf;
+    memcpy(&gf, gate, sizeof gf);
+    memcpy(&uf, up, sizeof uf);
+    const dt_vd4 g = __builtin_convertvector(gf, dt_vd4);
+    if (!dt_vfinite_d4(&g)) return 0;
+    dt_vd4 silu, dsilu;
+    dt_vsilu_d4(&g, &silu, &dsilu);
+    const dt_vf y = __builtin_convertvector(silu * __builtin_convertvector(uf, dt_vd4), dt_vf);
+    memcpy(out, &y, sizeof y);
+    return 1;
+}
+
+DT_VEC_INLINE int dt_swiglu_backward4(const float *gate, const float *up, const float *dy,
+                                      float *dgate, float *dup, int accumulate) {
+    dt_vf gf, uf, yf, old;
+    memcpy(&gf, gate, sizeof gf);
+    memcpy(&uf, up, sizeof uf);
+    memcpy(&yf, dy, sizeof yf);
+    const dt_vd4 g = __builtin_convertvector(gf, dt_vd4);
+    if (!dt_vfinite_d4(&g)) return 0;
+    dt_vd4 silu, dsilu;
+    dt_vsilu_d4(&g, &silu, &dsilu);
+    const dt_vd4 d = __builtin_convertvector(yf, dt_vd4), u = __builtin_convertvector(uf, dt_vd4);
+    dt_vf vg = __builtin_convertvector(d * u * dsilu, dt_vf);
+    dt_vf vu = __builtin_convertvector(d * silu, dt_vf);
+    if (accumulate && dgate) memcpy(&old, dgate, sizeof old), vg += old;   /* fp32, as dt_put */
+    if (accumulate && dup) memcpy(&old, dup, sizeof old), vu += old;
+    if (dgate) memcpy(dgate, &vg, sizeof vg);
+    if (dup) memcpy(dup, &vu, sizeof vu);
+    return 1;
+}
+
+DT_VEC_INLINE void dt_swiglu_loop(dt_dtype dtype, size_t n, const void *gate, const void *up,
+                                  void *out) {
+    size_t i = 0;
+    for (; dtype == DT_F32 && i + 4 <= n; i += 4)
+        if (!dt_swiglu4((const float *)gate + i, (const float *)up + i, (float *)out + i))
+            for (size_t j = i; j < i + 4; j++) dt_swiglu_at(dtype, j, gate, up, out);
+    for (; i < n; i++) dt_swiglu_at(dtype, i, gate, up, out);
+}
+
+DT_VEC_INLINE void dt_swiglu_backward_loop(dt_dtype dtype, size_t n, const void *gate,
+                                           const void *up, const void *dy, void *dgate, void *dup,
+                                           int accumulate) {
+    size_t i = 0;
+    for (; dtype == DT_F32 && i + 4 <= n; i += 4)
+        if (!dt_swiglu_backward4((const float *)gate + i, (const float *)up + i,
+                                 (const float *)dy + i, dgate ? (float *)dgate + i : NULL,
+                                 dup ? (float *)dup + i : NULL, accumulate))
+            for (size_t j = i; j < i + 4; j++)
+                dt_swiglu_backward_at(dtype, j, gate, up, dy, dgate, dup, accumulate);
+    for (; i < n; i++) dt_swiglu_backward_at(dtype, i, gate, up, dy, dgate, dup, accumulate);
+}
+
+static void dt_swiglu_plain(dt_dtype dtype, size_t n, const void *gate, const void *up,
+                            void *out) {
+    dt_swiglu_loop(dtype, n, gate, up, out);
+}
+
+static void dt_swiglu_backward_plain(dt_dtype dtype, size_t n, const void *gate, const void *up,
+                                     const void *dy, void *dgate, void *dup, int accumulate) {
+    dt_swiglu_backward_loop(dtype, n, gate, up, dy, dgate, dup, accumulate);
+}
+
+#ifdef DT_VEC_AVX2
+DT_VEC_AVX2 static void dt_swiglu_avx2(dt_dtype dtype, size_t n, const void *gate,
+                                       const void *up, void *out) {
+    dt_swiglu_loop(dtype, n, gate, up, out);
+}
+
+DT_VEC_AVX2 static void dt_swiglu_backward_avx2(dt_dtype dtype, size_t n, const void *gate,
+                                                const void *up, const void *dy, void *dgate,
+                                                void *dup, int accumulate) {
+    dt_swiglu_backward_loop(dtype, n, gate, up, dy, dgate, dup, accumulate);
+}
+#endif
+#endif
+
+static dt_status dt_cpu_swiglu(dt_backend *b, dt_dtype dtype, int64_t n, const void *gate,
+                               const void *up, void *out) {
+    (void)b;
+    DT_TRY(dt_cpu_elementwise_args("swiglu", dtype, n, gate, up, 0, out));
+#ifdef DT_VEC_AVX2
+    if (dt_cpu_avx2()) dt_swiglu_avx2(dtype, (size_t)n, gate, up, out);
+    else dt_swiglu_plain(dtype, (size_t)n, gate, up, out);
+#elif defined(__GNUC__)
+    dt_swiglu_plain(dtype, (size_t)n, gate, up, out);
+#else
+    for (size_t i = 0; i < (size_t)n; i++) dt_swiglu_at(dtype, i, gate, up, out);
+#endif
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_swiglu_backward(dt_backend *b, dt_dtype dtype, int64_t n,
+                                        const void *gate, const void *up, const void *dy,
+                                        void *dgate, void *dup, int accumulate) {
+    (void)b;
+    DT_TRY(dt_cpu_elementwise_args("swiglu backward", dtype, n, gate, up, 0, dy));
+    if (!dgate && !dup) return DT_SUCCESS;
+#ifdef DT_VEC_AVX2
+    if (dt_cpu_avx2())
+        dt_swiglu_backward_avx2(dtype, (size_t)n, gate, up, dy, dgate, dup, accumulate);
+    else
+        dt_swiglu_backward_plain(dtype, (size_t)n, gate, up, dy, dgate, dup, accumulate);
+#elif defined(__GNUC__)
+    dt_swiglu_backward_plain(dtype, (size_t)n, gate, up, dy, dgate, dup, accumulate);
+#else
+    for (size_t i = 0; i < (size_t)n; i++)
+        dt_swiglu_backward_at(dtype, i, gate, up, dy, dgate, dup, accumulate);
+#endif
+    return DT_SUCCESS;
+}
+
+/* dt_cpu_rmsnorm_backward's rows for fp32: dx (when not NULL) written or
+ * added into, dw's sums added into acc (when not NULL), in double. */
+static void rmsnorm_backward_f32(int64_t rows, int64_t n, const float *x, const float *w,
+                                 float eps, const float *dy, float *dx, double *acc,
+                                 int accumulate) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n, *gr = dy + r * n;
+        double ss = 0.0, sgx = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const double v = xr[i], g = w ? (double)gr[i] * w[i] : (double)gr[i];
+            ss += v * v;
+            sgx += g * v;
+        }
+        const double inv = 1.0 / sqrt(ss / (double)n + (double)eps);
+        const double k3 = inv * inv * inv * (sgx / (double)n);
+        for (int64_t i = 0; acc && i < n; i++) acc[i] += (double)gr[i] * xr[i] * inv;
+        if (!dx) continue;
+        float *dr = dx + r * n;
+        for (int64_t i = 0; i < n; i++) {
+            const double g = w ? (double)gr[i] * w[i] : (double)gr[i];
+            const float v = (float)(inv * g - (double)xr[i] * k3);
+            dr[i] = accumulate ? v + dr[i] : v;
+        }
+    }
+}
+
+static dt_status dt_cpu_rmsnorm_backward(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n,
+                                         const void *x, const void *w, float eps, const void *dy,
+                                         void *dx, void *dw, int accumulate) {
+    (void)b;
+    DT_TRY(dt_check_float_dtype("rmsnorm backward", dtype));
+    if (rows < 0 || n < 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "cpu rmsnorm backward: negative size rows %" PRId64 " n %" PRId64, rows,
+                        n);
+    if (!isfinite(eps) || eps < 0.0f)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "cpu rmsnorm backward: eps %g must be finite and >= 0", (double)eps);
+    if (w == NULL) dw = NULL;   /* no weight: no weight gradient */
+    if (n == 0 || (dx == NULL && dw == NULL)) return DT_SUCCESS;
+    if ((rows > 0 && (x == NULL || dy == NULL)) || (dw != NULL && w == NULL))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu rmsnorm backward: NULL buffer");
+    double *acc = NULL;
+    if (dw) {
+        acc = calloc((size_t)n, sizeof *acc);
+        if (acc == NULL)
+            return dt_error(DT_ERR_OUT_OF_MEMORY,
+                            "cpu rmsnorm backward: out of host memory (n %" PRId64 ")", n);
+    }
+    if (dtype == DT_F32) {   /* the same arithmetic on float pointers */
+        rmsnorm_backward_f32(rows, n, x, w, eps, dy, dx, dw ? acc : NULL, accumulate);
+        rows = 0;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const size_t o = (size_t)(r * n);
+        double ss = 0.0, sgx = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const double v = dt_value_get(x, dtype, o + (size_t)i);
+            double g = dt_value_get(dy, dtype, o + (size_t)i);
+            if (w) g *= dt_value_get(w, dtype, (size_t)i);
+            ss += v * v;
+            sgx += g * v;
+        }
+        /* r and r^3 mean(g x) in double, as the forward's r */
+        const double inv = 1.0 / sqrt(ss / (double)n + (double)eps);
+        const double k3 = inv * inv * inv * (sgx / (double)n);
+        for (int64_t i = 0; dw && i < n; i++)
+            acc[i] += (double)dt_value_get(dy, dtype, o + (size_t)i) *
+                      dt_value_get(x, dtype, o + (size_t)i) * inv;
+        for (int64_t i = 0; dx && i < n; i++) {
+            const double v = dt_value_get(x, dtype, o + (size_t)i);
+            double g = dt_value_get(dy, dtype, o + (size_t)i);
+            if (w) g *= dt_value_get(w, dtype, (size_t)i);
+            dt_put(dx, dtype, o + (size_t)i, (float)(inv * g - v * k3), accumulate);
+        }
+    }
+    for (int64_t i = 0; dw && i < n; i++) dt_put(dw, dtype, (size_t)i, (float)acc[i], accumulate);
+    free(acc);
+    return DT_SUCCESS;
+}
+
+/* The arguments of embedding and embedding_backward: tok and the [n, d]
+ * buffer (out, dy) are needed for n > 0, the table (table, dtable) for
+ * rows > 0. */
+static dt_status dt_cpu_embedding_args(const char *what, dt_dtype dtype, int64_t n, int64_t d,
+                                       const int32_t *tok, int64_t rows, const void *rows_nd,
+                                       const void *table) {
+    DT_TRY(dt_check_float_dtype(what, dtype));
+    if (n < 0 || d < 0 || rows < 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "cpu %s: negative size n %" PRId64 " d %" PRId64 " rows %" PRId64, what,
+                        n, d, rows);
+    if (d > 0 && ((n > 0 && (tok == NULL || rows_nd == NULL)) || (rows > 0 && table == NULL)))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu %s: NULL buffer", what);
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_embedding(dt_backend *b, dt_dtype dtype, int64_t n, int64_t d,
+                                  const int32_t *tok, int64_t lo, int64_t rows, const void *table,
+                                  void *out) {
+    (void)b;
+    DT_TRY(dt_cpu_embedding_args("embedding", dtype, n, d, tok, rows, out, table));
+    if (n == 0 || d == 0) return DT_SUCCESS;
+    const size_t row_bytes = (size_t)d * dt_dtype_size(dtype);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t r = (int64_t)tok[i] - lo;
+        char *o = (char *)out + (size_t)i * row_bytes;
+        if (r >= 0 && r < rows) memcpy(o, (const char *)table + (size_t)r * row_bytes, row_bytes);
+        else memset(o, 0, row_bytes);   /* +0 in every float dtype */
+    }
+    return DT_SUCCESS;
+}
+
+/* (table row, token index) pairs, ordered by row, then index. */
+typedef struct dt_row_tok {
+    int64_t row, i;
+} dt_row_tok;
+
+static int dt_row_tok_cmp(const void *pa, const void *pb) {
+    const dt_row_tok *a = pa, *b = pb;
+    if (a->row != b->row) return a->row < b->row ? -1 : 1;
+    return a->i < b->i ? -1 : a->i > b->i;
+}
+
+/* The tokens grouped by their row (a sort), so that each row is summed in
+ * fp32 in token order with one row of scratch, and the rows no token hits
+ * are zeroed (accumulate 0) or left as they are. */
+static dt_status dt_cpu_embedding_backward(dt_backend *b, dt_dtype dtype, int64_t n, int64_t d,
+                                           const int32_t *tok, int64_t lo, int64_t rows,
+                                           const void *dy, void *dtable, int accumulate) {
+    (void)b;
+    DT_TRY(dt_cpu_embedding_args("embedding backward", dtype, n, d, tok, rows, dy, dtable));
+    if (d == 0 || rows == 0) return DT_SUCCESS;
+    dt_row_tok *hit = malloc((size_t)(n > 0 ? n : 1) * sizeof *hit);
+    float *acc = malloc((size_t)d * sizeof *acc);
+    if (hit == NULL || acc == NULL) {
+        free(hit);
+        free(acc);
+        return dt_error(DT_ERR_OUT_OF_MEMORY,
+                        "cpu embedding backward: out of host memory (n %" PRId64 " d %" PRId64 ")",
+                        n, d);
+    }
+    int64_t nh = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t r = (int64_t)tok[i] - lo;
+        if (r >= 0 && r < rows) hit[nh++] = (dt_row_tok){r, i};
+    }
+    qsort(hit, (size_t)nh, sizeof *hit, dt_row_tok_cmp);
+    const size_t es = dt_dtype_size(dtype);
+    int64_t next = 0;   /* rows below it are done */
+    for (int64_t h = 0; h <= nh; h++) {
+        const int64_t r = h < nh ? hit[h].row : rows;
+        if (!accumulate && r > next)
+            memset((char *)dtable + (size_t)(next * d) * es, 0, (size_t)((r - next) * d) * es);
+        if (h == nh) break;
+        const size_t o = (size_t)(r * d);
+        for (int64_t j = 0; j < d; j++)
+            acc[j] = accumulate ? dt_value_get(dtable, dtype, o + (size_t)j) : 0.0f;
+        for (; h < nh && hit[h].row == r; h++) {
+            const size_t oi = (size_t)(hit[h].i * d);
+            for (int64_t j = 0; j < d; j++) acc[j] += dt_value_get(dy, dtype, oi + (size_t)j);
+        }
+        h--;
+        dt_values_set((char *)dtable + o * es, dtype, (size_t)d, acc);
+        next = r + 1;
+    }
+    free(hit);
+    free(acc);
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_i32_check(dt_backend *b, int64_t n, const int32_t *x, int64_t limit,
+                                  int32_t ignore, int64_t *valid, int64_t *bad) {
+    (void)b;
+    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu i32_check: negative count %" PRId64, n);
+    if (valid == NULL || bad == NULL || (n > 0 && x == NULL))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu i32_check: NULL buffer");
+    int64_t nv = 0, first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        if (x[i] == ignore) continue;
+        if (x[i] >= 0 && x[i] < limit) nv++;
+        else if (first < 0) first = i;
+    }
+    *valid = nv;
+    *bad = first;
+    return DT_SUCCESS;
+}
+
+/* The sizes of the cross-entropy calls. */
+static dt_status dt_cpu_ce_args(const char *what, dt_dtype dtype, int64_t rows, int64_t n,
+                                int nonnull) {
+    DT_TRY(dt_check_float_dtype(what, dtype));
+    if (rows < 0 || n < 0)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "cpu %s: negative size rows %" PRId64 " n %" PRId64, what, rows, n);
+    if (rows > 0 && !nonnull) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu %s: NULL buffer", what);
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_ce_max(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n,
+                               const void *x, float *m) {
+    (void)b;
+    DT_TRY(dt_cpu_ce_args("ce_max", dtype, rows, n, m != NULL && (n == 0 || x != NULL)));
+    for (int64_t r = 0; r < rows; r++) {
+        float v = -INFINITY;
+        for (int64_t j = 0; j < n; j++) v = dt_max_nan(v, dt_value_get(x, dtype, (size_t)(r * n + j)));
+        m[r] = v;
+    }
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_ce_sum(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n,
+                               const void *x, const float *m, const int32_t *tgt, int64_t lo,
+                               float *se, float *tl) {
+    (void)b;
+    DT_TRY(dt_cpu_ce_args("ce_sum", dtype, rows, n,
+                          m && tgt && se && tl && (n == 0 || x != NULL)));
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0.0;
+        for (int64_t j = 0; j < n; j++)
+            s += exp((double)dt_value_get(x, dtype, (size_t)(r * n + j)) - (double)m[r]);
+        se[r] = (float)s;
+        const int64_t t = (int64_t)tgt[r] - lo;
+        tl[r] = t >= 0 && t < n ? dt_value_get(x, dtype, (size_t)(r * n + t)) : 0.0f;
+    }
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_ce_grad(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n,
+                                const void *x, const float *m, const float *se, const float *tl,
+                                const int32_t *tgt, int64_t lo, int32_t ignore, float scale,
+                                void *dx, float *loss) {
+    (void)b;
+    DT_TRY(dt_cpu_ce_args("ce_grad", dtype, rows, n,
+                          m && se && tl && tgt && loss && (n == 0 || dx == NULL || x != NULL)));
+    for (int64_t r = 0; r < rows; r++) {
+        const size_t o = (size_t)(r * n);
+        if (tgt[r] == ignore) {
+            for (int64_t j = 0; dx && j < n; j++) dt_value_set(dx, dtype, o + (size_t)j, 0.0f);
+            loss[r] = 0.0f;
+            continue;
+        }
+        const int64_t t = (int64_t)tgt[r] - lo;
+        for (int64_t j = 0; dx && j < n; j++) {
+            const double p =
+                exp((double)dt_value_get(x, dtype, o + (size_t)j) - (double)m[r]) / (double)se[r];
+            dt_value_set(dx, dtype, o + (size_t)j, (float)((p - (j == t ? 1.0 : 0.0)) * scale));
+        }
+        loss[r] = (float)((double)m[r] + log((double)se[r]) - (double)tl[r]);
+    }
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_absmax(dt_backend *b, dt_dtype dtype, int64_t n, const void *x,
+                               float *out) {
+    (void)b;
+    DT_TRY(dt_check_float_dtype("absmax", dtype));
+    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu absmax: negative count %" PRId64, n);
+    if (out == NULL || (n > 0 && x == NULL))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu absmax: NULL buffer");
+    float v = 0.0f;
+    for (size_t i = 0; i < (size_t)n; i++) v = dt_max_nan(v, fabsf(dt_value_get(x, dtype, i)));
+    *out = v;
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_sumsq(dt_backend *b, dt_dtype dtype, int64_t n, const void *x,
+                              double *out) {
+    (void)b;
+    DT_TRY(dt_check_float_dtype("sumsq", dtype));
+    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu sumsq: negative count %" PRId64, n);
+    if (out == NULL || (n > 0 && x == NULL))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu sumsq: NULL buffer");
+    double s = 0.0;
+    if (dtype == DT_F32) {   /* four sums in double, lane by lane, then added */
+        const float *f = x;
+        double a[4] = {0.0, 0.0, 0.0, 0.0};
+        size_t i = 0;
+        for (; i + 4 <= (size_t)n; i += 4)
+            for (int k = 0; k < 4; k++) a[k] += (double)f[i + k] * (double)f[i + k];
+        for (; i < (size_t)n; i++) a[0] += (double)f[i] * (double)f[i];
+        s = (a[0] + a[1]) + (a[2] + a[3]);
+    } else {
+        for (size_t i = 0; i < (size_t)n; i++) {
+            const double v = dt_value_get(x, dtype, i);
+            s += v * v;
+        }
+    }
+    *out = s;
+    return DT_SUCCESS;
+}
+
+static dt_status dt_cpu_convert(dt_backend *b, int64_t n, dt_dtype src_dtype, const void *src,
+                                dt_dtype dst_dtype, void *dst) {
+    (void)b;
+    if (!dt_dtype_valid(src_dtype) || !dt_dtype_valid(dst_dtype) ||
+        (src_dtype != dst_dtype && (!dt_dtype_is_float(src_dtype) || !dt_dtype_is_float(dst_dtype))))
+        return dt_error(DT_ERR_NOT_SUPPORTED,
+                        "cpu convert: %s to %s is not supported (float dtypes, or equal ones)",
+                        dt_dtype_name(src_dtype), dt_dtype_name(dst_dtype));
+    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu convert: negative count %" PRId64, n);
+    if (n > 0 && (src == NULL || dst == NULL))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu convert: NULL buffer");
+    if (src_dtype == dst_dtype) {
+        if (n > 0) memmove(dst, src, (size_t)n * dt_dtype_size(src_dtype));
+        return DT_SUCCESS;
+    }
+    /* through fp32 in blocks: bf16 and fp16 are exact in fp32, so each
+     * value is rounded once, to the destination */
+    float buf[256];
+    const size_t ss = dt_dtype_size(src_dtype), ds = dt_dtype_size(dst_dtype);
+    for (size_t i = 0; i < (size_t)n; i += 256) {
+        const size_t k = (size_t)n - i < 256 ? (size_t)n - i : 256;
+        dt_values_get((const char *)src + i * ss, src_dtype, k, buf);
+        dt_values_set((char *)dst + i * ds, dst_dtype, k, buf);
+    }
+    return DT_SUCCESS;
+}
+
+/* The step's constants, formed in double on the host and rounded to fp32
+ * (as PyTorch passes its Python floats to the fp32 kernels); backend_cuda_ops.cu
+ * forms the same ones. The per-element arithmetic is a fixed sequence of
+ * fp32 operations, each rounded (no fused multiply-add). */
+static dt_status dt_cpu_adamw(dt_backend *b, dt_dtype dtype, int64_t n, void *param, float *master,
+                              float *m, float *v, const void *grad, float gscale, float lr,
+                              float b1, float b2, float eps, float wd, int64_t step) {
+    (void)b;
+    DT_TRY(dt_check_float_dtype("adamw", dtype));
+    if (n < 0) return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu adamw: negative count %" PRId64, n);
+    if (!isfinite(lr) || !(b1 >= 0.0f && b1 < 1.0f) || !(b2 >= 0.0f && b2 < 1.0f) ||
+        !(eps >= 0.0f && isfinite(eps)) || !(wd >= 0.0f && isfinite(wd)) || step < 1)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "cpu adamw: lr %g, betas %g %g, eps %g, weight decay %g, step %" PRId64
+                        " (lr finite, betas in [0, 1), eps and weight decay finite and >= 0, "
+                        "step >= 1)", (double)lr, (double)b1, (double)b2, (double)eps, (double)wd,
+                        step);
+    if (n > 0 && (param == NULL || master == NULL || m == NULL || v == NULL || grad == NULL))
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu adamw: NULL buffer");
+    const float decay = (float)(1.0 - (double)lr * (double)wd);
+    const float omb1 = (float)(1.0 - (double)b1), omb2 = (float)(1.0 - (double)b2);
+    const float step_size = (float)((double)lr / (1.0 - pow((double)b1, (double)step)));
+    const float bc2_sqrt = (float)sqrt(1.0 - pow((double)b2, (double)step));
+    if (dtype == DT_F32) {   /* the same operations, four lanes at a time */
+        dt_adamw_f32((size_t)n, param, master, m, v, grad, gscale, b1, omb1, b2, omb2, bc2_sqrt,
+                     eps, decay, step_size);
+        return DT_SUCCESS;
+    }
+    for (size_t i = 0; i < (size_t)n; i++) {
+        const float g = dt_value_get(grad, dtype, i) * gscale;
+        const float mi = m[i] * b1 + omb1 * g;
+        const float vi = v[i] * b2 + omb2 * (g * g);
+        const float den = sqrtf(vi) / bc2_sqrt + eps;
+        const float p = master[i] * decay - step_size * (mi / den);
+        m[i] = mi;
+        v[i] = vi;
+        master[i] = p;
+        dt_value_set(param, dtype, i, p);
+    }
     return DT_SUCCESS;
 }
 
@@ -511,6 +1265,23 @@ static const dt_backend_ops dt_cpu_ops = {
     .marks_reserve = dt_cpu_marks_reserve,
     .mark = dt_cpu_mark,
     .mark_ms = dt_cpu_mark_ms,
+    .gemm_ex = dt_cpu_gemm_ex,
+    .gelu_backward = dt_cpu_gelu_backward,
+    .swiglu = dt_cpu_swiglu,
+    .swiglu_backward = dt_cpu_swiglu_backward,
+    .rmsnorm_backward = dt_cpu_rmsnorm_backward,
+    .rotary_inverse = dt_cpu_rotary_inverse,
+    .embedding = dt_cpu_embedding,
+    .embedding_backward = dt_cpu_embedding_backward,
+    .i32_check = dt_cpu_i32_check,
+    .ce_max = dt_cpu_ce_max,
+    .ce_sum = dt_cpu_ce_sum,
+    .ce_grad = dt_cpu_ce_grad,
+    .absmax = dt_cpu_absmax,
+    .sumsq = dt_cpu_sumsq,
+    .convert = dt_cpu_convert,
+    .adamw = dt_cpu_adamw,
+    .memory = dt_cpu_memory,
 };
 
 dt_status dt_backend_cpu_create(int rank, dt_backend **out) {

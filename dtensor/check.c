@@ -8,8 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DT_CHECK_MAX_VALUES 64
-
 dt_status dt_context_check_call(dt_context *ctx, const char *op, dt_status local,
                                 const int64_t *values, const char *const *names, int n,
                                 dt_check_mode mode) {
@@ -20,26 +18,7 @@ dt_status dt_context_check_call(dt_context *ctx, const char *op, dt_status local
     if (!ctx) return local;
     int on = mode == DT_CHECK_ON || (mode == DT_CHECK_AUTO && ctx->check);
     if (!on) return local;
-    if (n < 0 || n + 1 > DT_CHECK_MAX_VALUES || (n > 0 && (!values || !names)))
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "rank %d: %s: bad check table (%d values)",
-                        ctx->rank, op, n);
-    int64_t v[DT_CHECK_MAX_VALUES];
-    const char *nm[DT_CHECK_MAX_VALUES];
-    v[0] = local == DT_SUCCESS;
-    nm[0] = "valid arguments (1) or not (0)";
-    for (int i = 0; i < n; i++) {
-        /* A rank with bad arguments may not know its values: do not compare them. */
-        v[i + 1] = local == DT_SUCCESS ? values[i] : 0;
-        nm[i + 1] = names[i];
-    }
-    if (local != DT_SUCCESS) {
-        char msg[1024];
-        dt_error_save_(msg, sizeof msg);
-        (void)dt_comm_check_agreement(ctx->comm, op, v, nm, n + 1);
-        dt_error_restore_(msg);
-        return local;
-    }
-    return dt_comm_check_agreement(ctx->comm, op, v, nm, n + 1);
+    return dt_comm_check_call(ctx->comm, op, local, values, names, n);
 }
 
 dt_status dt_context_note_failure(dt_context *ctx, dt_status st) {

@@ -68,6 +68,27 @@ dt_status dt_context_last_status(const dt_context *ctx) {
     return ctx ? ctx->last_status : DT_ERR_INVALID_ARGUMENT;
 }
 
+static dt_status memory_of(const dt_context *ctx, dt_memory_stats *out, int what, const char *fn) {
+    if (!ctx || !out) return dt_error(DT_ERR_INVALID_ARGUMENT, "%s: NULL %s", fn, ctx ? "out" : "ctx");
+    if (!ctx->backend->ops->memory) {
+        *out = (dt_memory_stats){0, 0, 0, 0};
+        return DT_SUCCESS;
+    }
+    return ctx->backend->ops->memory(ctx->backend, out, what);
+}
+
+dt_status dt_context_memory(const dt_context *ctx, dt_memory_stats *out) {
+    return memory_of(ctx, out, 0, "dt_context_memory");
+}
+
+dt_status dt_context_memory_reset_peak(dt_context *ctx, dt_memory_stats *out) {
+    return memory_of(ctx, out, DT_MEMORY_RESET_PEAK, "dt_context_memory_reset_peak");
+}
+
+dt_status dt_context_memory_release(dt_context *ctx, dt_memory_stats *out) {
+    return dt_context_note(ctx, memory_of(ctx, out, DT_MEMORY_RELEASE, "dt_context_memory_release"));
+}
+
 void dt_context_log(const dt_context *ctx, dt_log_level level, const char *fmt, ...) {
     if (!ctx || level > ctx->log_level) return;
     char msg[1024];

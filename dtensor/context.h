@@ -1,52 +1,28 @@
 /* dtensor/context.h — ranks, their contexts, and launching them.
  *
- * Execution is SPMD: every rank runs the same function on its own shard,
- * with its own dt_context (rank, world size, compute backend, world
- * communicator, last status). The contexts are created before and destroyed
- * after `fn`; fn must not keep them. Ranks are either
+ * SPMD: every rank runs the same function with its own dt_context (rank, world
+ * size, backend, world communicator), created before and destroyed after fn;
+ * fn must not keep it. Ranks are threads of this process (dt_launch(N, ...):
+ * local transport, or NCCL with one GPU per thread), or processes started by a
+ * launcher (mpirun, srun, torchrun): each calls dt_launch(0 or N, ...) and runs
+ * fn for its own rank (mpi on CPU, nccl on CUDA with one GPU per process).
+ * dt_launch initialises MPI if nobody has; call dt_finalize() at the end.
  *
- *   threads of this process: dt_launch(N, ...) runs fn on N threads (the
- *   local transport, or NCCL with one GPU per thread); or
- *
- *   processes started by a launcher: under `mpirun -np N prog` (or srun,
- *   torchrun) every process calls dt_launch(0, ...) -- or dt_launch(N, ...)
- *   with the launcher's N -- and it runs fn once, for this process's own
- *   rank (transport mpi on the CPU backend; nccl on CUDA, one GPU per
- *   process, picked from the local rank). dt_launch initialises MPI when
- *   nobody has (MPI_Init_thread, MPI_THREAD_SERIALIZED); call dt_finalize()
- *   once at the end of main, which finalizes MPI if dt_launch initialised it.
- *   A program that initialised MPI itself finalizes it itself.
- *
- * Environment (read by dt_launch; explicit options win over it):
+ * Environment (read by dt_launch; explicit options win):
  *   DT_TIMEOUT_MS   bound on every wait, default 600000 (10 minutes)
  *   DT_LOG          error | warn | info | debug (default warn)
- *   DT_BACKEND      cpu | cuda            (used when options say AUTO)
- *   DT_TRANSPORT    local | nccl | mpi    (used when options say AUTO)
- *   DT_CHECK        0 | 1: before every collective call, check that all ranks
- *                   agree on op, dtype, shape, Layout and call number (one
- *                   small all_gather per call; default 1 in DEBUG builds)
- *   DT_LOCAL_COPIES 1 | 0: 0 makes the local transport's point-to-point
- *                   transfers move no data (benchmarks only: a ring's time
- *                   without its copies; results that depend on them are
- *                   wrong; a warning says so); default 1
- * and the launcher's (see dtensor/launch_env.h): OMPI_COMM_WORLD_RANK/SIZE
- * (Open MPI), PMI_RANK/PMI_SIZE (MPICH), PMIX_RANK, or torchrun's RANK,
- * WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. With
- * transport AUTO, a process started by a launcher runs one rank per process:
- * cuda+nccl when NCCL is built in and this node has a GPU per local rank,
- * else cpu+mpi when mpirun started it and MPI is built in, else an error
- * that says why (DT_TRANSPORT=local runs threads in each process instead).
- * NCCL bootstraps over MPI under mpirun (rank 0's ncclUniqueId is
- * broadcast), else from NCCL_COMM_ID, set (unless already set) to
- * MASTER_ADDR:<MASTER_PORT + 1>: torchrun's store holds MASTER_PORT itself.
+ *   DT_BACKEND      cpu | cuda            (when options say AUTO)
+ *   DT_TRANSPORT    local | nccl | mpi    (when options say AUTO)
+ *   DT_CHECK        0 | 1: check cross-rank agreement before every collective
+ *                   call (one small all_gather; default 1 in DEBUG builds)
+ *   DT_LOCAL_COPIES 1 | 0: 0 makes local p2p move no data (benchmarks only;
+ *                   results are wrong, a warning says so); default 1
+ * and the launcher's (dtensor/launch_env.h). Under a launcher, AUTO picks
+ * cuda+nccl with a GPU per local rank, else cpu+mpi under mpirun, else fails
+ * saying why. NCCL bootstraps over MPI, else from NCCL_COMM_ID (default
+ * MASTER_ADDR:MASTER_PORT+1). With threads, OpenBLAS runs one thread per call.
  *
- * When ranks are threads (world size > 1), dt_launch sets OpenBLAS to one
- * thread per call for the launch (N ranks use N cores rather than N x cores)
- * and restores the previous setting when it returns; when ranks are
- * processes, to the node's cores divided by its processes.
- *
- * Test: tests/test_context.c, tests/test_launch_env.c, tests/test_mpi.c
- * (make test; the last runs under mpirun -np 1..4).
+ * Test: tests/test_context.c, tests/test_launch_env.c, tests/test_mpi.c.
  */
 #ifndef DT_CONTEXT_H
 #define DT_CONTEXT_H
@@ -110,33 +86,16 @@ typedef struct dt_launch_options {
  * DT_ERR_PEER_FAILED instead of waiting. */
 typedef dt_status (*dt_rank_fn)(dt_context *ctx, void *arg);
 
-/* Run fn on world_size ranks and wait for all of them. Blocks the calling
- * thread. Returns DT_SUCCESS if every rank did, else the status of the first
- * rank that failed, whose message (prefixed with its rank) becomes this
- * thread's dt_last_error(). opts may be NULL (defaults).
- *
- * world_size: 1..DT_MAX_WORLD_SIZE ranks as threads of this process; or,
- * in a process a launcher started (mpirun, srun, torchrun), 0 or the
- * launcher's size: one rank here, the others in the other processes (see
- * the top of this file). 0 anywhere else is DT_ERR_INVALID_ARGUMENT.
- *
- * As processes, dt_launch is COLLECTIVE over all of them: each process
- * calls it the same number of times. It ends with an exchange (bounded by
- * the timeout) in which every rank learns how every other did, so every
- * process returns the same status and message; "first" is then the lowest
- * rank whose failure was its own (not DT_ERR_PEER_FAILED). A rank that fails
- * tells the others at once (a message), so they stop with
- * DT_ERR_PEER_FAILED instead of waiting for the timeout; a process that
- * dies or hangs outside the library is noticed only by the timeout. The
- * library never calls MPI_Abort or exit(): after a failure, return non-zero
- * from main (mpirun then stops the other processes) or call MPI_Abort. */
+/* Run fn on world_size ranks (1..DT_MAX_WORLD_SIZE threads; under a launcher 0
+ * or its size: this process's rank) and block until all return. DT_SUCCESS, or
+ * the first failing rank's status and message (dt_last_error). opts may be NULL.
+ * As processes it is COLLECTIVE: every process calls it as often and returns the
+ * same status (the lowest rank whose failure was its own). Never exits. */
 dt_status dt_launch(int world_size, dt_rank_fn fn, void *arg,
                     const dt_launch_options *opts);
 
-/* Call once at the end of main, after the last dt_launch, in a program that
- * may run under mpirun: finalizes MPI if dt_launch initialised it (MPI_Finalize
- * waits for every process to call it); otherwise does nothing. No dt_launch
- * over MPI may follow. Not needed, and harmless, without MPI. */
+/* Once at the end of main: MPI_Finalize if dt_launch initialised MPI (waits,
+ * bounded, for every process), else nothing. No MPI dt_launch may follow. */
 dt_status dt_finalize(void);
 
 int dt_context_rank(const dt_context *ctx);
@@ -149,36 +108,40 @@ long dt_context_timeout_ms(const dt_context *ctx);
 int dt_context_checks(const dt_context *ctx);
 /* The world communicator; owned by the context. */
 dt_comm *dt_context_comm(dt_context *ctx);
-/* Where the rank's tensors live and its work runs, for a caller's own
- * kernels on tensor buffers (dt_tensor_data): on the CUDA backend the CUDA
- * device index and the compute stream (a cudaStream_t), on which the
- * library queues all of the rank's work (ops, primitives, attention; the
- * transports' copies are ordered with it by events) in call order. Work
- * the caller queues there on that device, from the rank's thread, is
- * ordered with the library's calls made before and after it, with no other
- * synchronisation; results are read back with dt_tensor_get_local, which
- * waits for the stream. On the CPU backend: -1 and NULL (each call's work
- * is done when it returns; buffers are host memory). */
+/* CUDA device index and compute stream (cudaStream_t) on which the library
+ * queues all of the rank's work in call order; the caller's kernels queued
+ * there from the rank's thread are ordered with it (dt_tensor_get_local waits
+ * for it). CPU backend: -1 and NULL, every call done when it returns. */
 int dt_context_cuda_device(const dt_context *ctx);
 void *dt_context_cuda_stream(const dt_context *ctx);
 /* The status of the last failing library call made with this context. */
 dt_status dt_context_last_status(const dt_context *ctx);
 
-/* The entry check of a collective op, for the library's primitives and for
- * users' own sharded ops. `local` is the result of this rank's own argument
- * checks; `values` (n of them, named for messages) describe the call (dtype,
- * shapes, Layouts, root...).
- *   mode DT_CHECK_AUTO: check only if the context's checks are on
- *   (DT_CHECK); DT_CHECK_ON: always; DT_CHECK_OFF: never.
- * Without a check it returns `local`. With one it is COLLECTIVE over the
- * world: every rank shares whether its arguments were valid and its values,
- * so a call that is bad on one rank, or that differs between ranks, fails on
- * every rank at once (DT_ERR_MISMATCH naming the first rank and value that
- * differ) instead of leaving the others waiting. A rank whose own checks
- * failed returns `local` with its own message. ctx NULL (a call that had
- * no tensor to take it from): the context dt_launch passed to the function
- * this thread runs, so that such a rank still shows its peers its bad call;
- * on other threads, `local` without a check. */
+/* The rank's backend memory (tensors and workspaces, in the backend's
+ * caching allocator's rounded sizes): bytes held now, the most held at once
+ * since the context started or the last reset, bytes the allocator keeps
+ * for reuse, and how many blocks it has taken from the system (malloc,
+ * cudaMalloc): flat once a loop has run once. Host counters, not
+ * collective, no wait. */
+typedef struct dt_memory_stats {
+    size_t in_use, peak, cached;
+    uint64_t system_allocs;
+} dt_memory_stats;
+dt_status dt_context_memory(const dt_context *ctx, dt_memory_stats *out);
+/* dt_context_memory, then peak := in_use. */
+dt_status dt_context_memory_reset_peak(dt_context *ctx, dt_memory_stats *out);
+/* Frees the blocks the allocator keeps for reuse (CUDA: after the rank's
+ * queued work, within the timeout), then dt_context_memory. */
+dt_status dt_context_memory_release(dt_context *ctx, dt_memory_stats *out);
+
+/* Entry check of a collective op. `local`: this rank's own argument check
+ * (its message in dt_last_error()); values[n] (names[n], n < 64) describe the
+ * call. mode AUTO follows DT_CHECK. Checked, it is COLLECTIVE over the world
+ * (dt_comm_check_call): a call bad on one rank or differing between ranks
+ * fails on all, not leaving them waiting: the bad rank returns `local`, the
+ * others DT_ERR_MISMATCH (DT_ERR_NONFINITE, DT_ERR_OUT_OF_RANGE: the same)
+ * with the bad rank's message. Unchecked: `local`. ctx NULL: this thread's
+ * launch's. */
 dt_status dt_context_check_call(dt_context *ctx, const char *op, dt_status local,
                                 const int64_t *values, const char *const *names, int n,
                                 dt_check_mode mode);

@@ -10,8 +10,9 @@
  *   mesh.h        device meshes of 1 to 3 dims
  *   tensor.h      the DTensor
  *   primitives.h  shard, gather, redistribute, replicate, permute_striped
- *   ops.h         matmul, add, gelu reading Layouts
- *   ops_nn.h      reshape, RMSNorm, rotary embedding (positions from the Layout)
+ *   ops.h         matmul, add, gelu, swiglu reading Layouts, with their backward
+ *   ops_nn.h      reshape, RMSNorm, rotary, embedding, cross-entropy, with their backward
+ *   optim.h       the gradient norm, dtype conversion, AdamW
  */
 #ifndef DT_DTENSOR_H
 #define DT_DTENSOR_H
@@ -28,5 +29,6 @@
 #include "primitives.h"
 #include "ops.h"
 #include "ops_nn.h"
+#include "optim.h"
 
 #endif /* DT_DTENSOR_H */

@@ -111,6 +111,42 @@ static dt_status read_master(const reader *r, dt_launch_env *e) {
     return DT_SUCCESS;
 }
 
+/* A launcher that only names the ids (torchrun's RANK / WORLD_SIZE, srun's
+ * SLURM_PROCID / SLURM_NTASKS): alone it is the launcher; beside one found
+ * before, it must agree with it and fills what that one left unknown. */
+static dt_status env_ids(const ids *t, const id_vars *n, const char *who, dt_launch_env *out) {
+    if (t->has_rank || t->has_size) {
+        if (!t->has_rank || !t->has_size)
+            return dt_error(DT_ERR_INVALID_ARGUMENT, "launcher environment: %s is set but %s is "
+                            "not (%s sets both)", t->has_rank ? n->rank : n->size,
+                            t->has_rank ? n->size : n->rank, who);
+        if (out->launcher == DT_LAUNCHER_NONE) {
+            out->launcher = DT_LAUNCHER_ENV;
+            out->rank = t->rank;
+            out->size = t->size;
+            out->local_rank = t->local_rank;
+            out->local_size = t->local_size;
+            snprintf(out->source, sizeof out->source, "%s/%s", n->rank, n->size);
+        } else {
+            if (t->rank != out->rank || (out->size >= 0 && t->size != out->size))
+                return dt_error(DT_ERR_INVALID_ARGUMENT, "launcher environment: %s=%d %s=%d "
+                                "disagree with %s (rank %d of %d)", n->rank, t->rank, n->size,
+                                t->size, out->source, out->rank, out->size);
+            if (out->size < 0) out->size = t->size;
+            if (out->local_rank < 0) out->local_rank = t->local_rank;
+            if (out->local_size < 0) out->local_size = t->local_size;
+        }
+    } else if (t->has_local_rank || t->has_local_size) {
+        if (out->launcher == DT_LAUNCHER_NONE)
+            return dt_error(DT_ERR_INVALID_ARGUMENT, "launcher environment: %s is set without "
+                            "%s and %s", t->has_local_rank ? n->local_rank : n->local_size,
+                            n->rank, n->size);
+        if (out->local_rank < 0) out->local_rank = t->local_rank;
+        if (out->local_size < 0) out->local_size = t->local_size;
+    }
+    return DT_SUCCESS;
+}
+
 dt_status dt_launch_env_read(dt_getenv_fn get, void *arg, dt_launch_env *out) {
     if (!out) return dt_error(DT_ERR_INVALID_ARGUMENT, "launcher environment: out is NULL");
     memset(out, 0, sizeof *out);
@@ -121,10 +157,12 @@ dt_status dt_launch_env_read(dt_getenv_fn get, void *arg, dt_launch_env *out) {
                                  "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
     static const id_vars pmi = {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"};
     static const id_vars torch = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
-    ids o, p, t;
+    static const id_vars slurm = {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL};
+    ids o, p, t, sl;
     DT_TRY(read_ids(&r, &ompi, &o));
     DT_TRY(read_ids(&r, &pmi, &p));
     DT_TRY(read_ids(&r, &torch, &t));
+    DT_TRY(read_ids(&r, &slurm, &sl));
     int pmix_rank = -1, has_pmix = 0;
     DT_TRY(read_int(&r, "PMIX_RANK", 0, DT_MAX_WORLD_SIZE - 1, &pmix_rank, &has_pmix));
     DT_TRY(read_master(&r, out));
@@ -158,36 +196,10 @@ dt_status dt_launch_env_read(dt_getenv_fn get, void *arg, dt_launch_env *out) {
                         "%s and %s", n->local_rank, n->local_size, n->rank, n->size);
     }
 
-    /* torchrun's variables: alone they are the launcher; beside an MPI
-     * launcher's they must agree with it and fill what it left unknown. */
-    if (t.has_rank || t.has_size) {
-        if (!t.has_rank || !t.has_size)
-            return dt_error(DT_ERR_INVALID_ARGUMENT, "launcher environment: %s is set but %s is "
-                            "not (a launcher such as torchrun sets both)",
-                            t.has_rank ? "RANK" : "WORLD_SIZE", t.has_rank ? "WORLD_SIZE" : "RANK");
-        if (out->launcher == DT_LAUNCHER_NONE) {
-            out->launcher = DT_LAUNCHER_ENV;
-            out->rank = t.rank;
-            out->size = t.size;
-            out->local_rank = t.local_rank;
-            out->local_size = t.local_size;
-            snprintf(out->source, sizeof out->source, "RANK/WORLD_SIZE");
-        } else {
-            if (t.rank != out->rank || (out->size >= 0 && t.size != out->size))
-                return dt_error(DT_ERR_INVALID_ARGUMENT, "launcher environment: RANK=%d "
-                                "WORLD_SIZE=%d disagree with the MPI launcher's %s (rank %d of "
-                                "%d)", t.rank, t.size, out->source, out->rank, out->size);
-            if (out->size < 0) out->size = t.size;
-            if (out->local_rank < 0) out->local_rank = t.local_rank;
-            if (out->local_size < 0) out->local_size = t.local_size;
-        }
-    } else if (t.has_local_rank || t.has_local_size) {
-        if (out->launcher == DT_LAUNCHER_NONE)
-            return dt_error(DT_ERR_INVALID_ARGUMENT, "launcher environment: %s is set without "
-                            "RANK and WORLD_SIZE", t.has_local_rank ? "LOCAL_RANK" : "LOCAL_WORLD_SIZE");
-        if (out->local_rank < 0) out->local_rank = t.local_rank;
-        if (out->local_size < 0) out->local_size = t.local_size;
-    }
+    /* torchrun's variables, then SLURM's (srun), as one launcher or agreeing
+     * with the one found before */
+    DT_TRY(env_ids(&t, &torch, "a launcher such as torchrun", out));
+    DT_TRY(env_ids(&sl, &slurm, "srun", out));
     if (out->local_rank >= 0 && out->local_size >= 0 && out->local_rank >= out->local_size)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "launcher environment: local rank %d is not "
                         "below the local size %d", out->local_rank, out->local_size);

@@ -1,10 +1,9 @@
 /* dtensor/launch_env.h — PRIVATE. What started this process: reading the
  * launcher's environment variables (mpirun, srun with PMI/PMIx, torchrun).
  *
- * dt_launch uses it to decide whether ranks are processes (one rank here,
- * the others elsewhere) and, for NCCL, how to bootstrap and which GPU this
- * process drives. Pure functions of the environment: no MPI, no CUDA, so it
- * is built and tested in every configuration.
+ * dt_launch uses it to decide whether ranks are processes, and for NCCL how
+ * to bootstrap and which GPU to drive. Pure functions of the environment (no
+ * MPI, no CUDA): built and tested in every configuration.
  *
  * Variables, by launcher:
  *   Open MPI mpirun   OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
@@ -13,6 +12,8 @@
  *   PMIx (srun, prun) PMIX_RANK (the size then comes from MPI itself)
  *   torchrun & co.    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
  *                     MASTER_ADDR, MASTER_PORT
+ *   SLURM srun        SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (read as RANK,
+ *                     WORLD_SIZE, LOCAL_RANK)
  * The MPI launchers' variables mark the process as started by mpirun; the
  * torchrun ones alone mark an MPI-free launch (NCCL bootstraps from
  * MASTER_ADDR:MASTER_PORT). When both are present they must agree.
@@ -56,25 +57,20 @@ typedef struct dt_launch_env {
 /* Looks up one variable: like getenv (NULL when unset). */
 typedef const char *(*dt_getenv_fn)(const char *name, void *arg);
 
-/* Reads the launcher's variables through `get` (NULL: getenv). A variable
- * that is set must be valid: a decimal integer in range (rank in [0, size),
- * size in [1, DT_MAX_WORLD_SIZE], port in [1, 65535]), the pairs complete
- * (RANK without WORLD_SIZE is an error), and the launchers consistent;
- * otherwise DT_ERR_INVALID_ARGUMENT naming the variable and its value.
- * Nothing set gives launcher NONE. */
+/* Reads the launcher's variables through `get` (NULL: getenv); nothing set:
+ * launcher NONE. Each set variable must be a decimal in range (rank in [0, size),
+ * size in [1, DT_MAX_WORLD_SIZE], port in [1, 65535]), pairs complete, launchers
+ * consistent; else DT_ERR_INVALID_ARGUMENT naming the variable and value. */
 dt_status dt_launch_env_read(dt_getenv_fn get, void *arg, dt_launch_env *out);
 
-/* NCCL's bootstrap address "MASTER_ADDR:<MASTER_PORT + 1>" (NCCL_COMM_ID
- * format; an IPv6 address is bracketed). The port after MASTER_PORT, because
- * torchrun's own store already listens on MASTER_PORT. Fails, naming what is
- * missing, when either variable is unset, or MASTER_PORT is 65535. */
+/* NCCL_COMM_ID "MASTER_ADDR:<MASTER_PORT + 1>" (IPv6 bracketed; +1 because
+ * torchrun's store listens on MASTER_PORT). Fails when either is unset or the
+ * port is 65535. */
 dt_status dt_launch_env_nccl_comm_id(const dt_launch_env *env, char *buf, size_t size);
 
-/* The GPU this process drives: its local rank, when there are at least as
- * many visible GPUs as processes on this node. One visible GPU when
- * CUDA_VISIBLE_DEVICES names a single device (`restricted`) means the
- * launcher gave each process its own: device 0. Otherwise
- * DT_ERR_NOT_SUPPORTED says how many GPUs and local ranks there are. */
+/* The GPU this process drives: its local rank when gpus >= local size; device 0
+ * when CUDA_VISIBLE_DEVICES names a single device (`restricted`); else
+ * DT_ERR_NOT_SUPPORTED with the counts. */
 dt_status dt_launch_env_device(const dt_launch_env *env, int gpus, int restricted, int *device);
 
 #ifdef __cplusplus

@@ -44,6 +44,13 @@ dt_layout dt_layout_replicated(int mesh_ndim) {
     return l;
 }
 
+dt_layout dt_layout_grad(const dt_layout *l) {
+    dt_layout g = *l;
+    for (int m = 0; m < g.ndim && m < DT_MAX_MESH_DIMS; m++)
+        if (g.placements[m].kind == DT_PARTIAL) g.placements[m] = dt_replicate();
+    return g;
+}
+
 int dt_placement_equal(dt_placement a, dt_placement b) {
     if (a.kind != b.kind) return 0;
     if (a.kind == DT_SHARD) return a.dim == b.dim && a.order == b.order;

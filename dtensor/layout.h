@@ -85,6 +85,10 @@ static inline dt_layout dt_layout_3d(dt_placement a, dt_placement b, dt_placemen
 /* Every mesh dim Replicate. */
 dt_layout dt_layout_replicated(int mesh_ndim);
 
+/* The Layout of a gradient of a tensor under `l`: l with every Partial
+ * read as Replicate (the gradient of a sum reaches every summand whole). */
+dt_layout dt_layout_grad(const dt_layout *l);
+
 /* 1 if equal (fields ignored by a placement's kind are not compared). */
 int dt_placement_equal(dt_placement a, dt_placement b);
 int dt_layout_equal(const dt_layout *a, const dt_layout *b);
@@ -92,11 +96,9 @@ int dt_layout_equal(const dt_layout *a, const dt_layout *b);
 /* Writes e.g. "[Shard(1, striped), Replicate]" (always NUL-terminated). */
 void dt_layout_format(const dt_layout *layout, char *buf, size_t size);
 
-/* Check a Layout against a tensor shape and the mesh sizes: placement kinds,
- * orders and dims in range, no tensor dim sharded twice, every sharded length
- * divisible. On failure returns DT_ERR_INVALID_ARGUMENT with a message such
- * as "tensor dim 1 of length 1000 is not divisible by 3 (mesh dim 0,
- * Shard(1, contiguous))". */
+/* Check a Layout against a shape and mesh sizes: kinds, orders and dims in
+ * range, no tensor dim sharded twice, sharded lengths divisible; else
+ * DT_ERR_INVALID_ARGUMENT naming the dim, length and placement. */
 dt_status dt_layout_check(const dt_layout *layout, int ndim, const int64_t *shape,
                           const int *mesh_sizes);
 

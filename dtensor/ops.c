@@ -56,19 +56,34 @@ static int dt_suggest(const dt_layout *l, int m, dt_placement p, int ndim, const
     return 1;
 }
 
-/* The output placement of one mesh dim, or -1 (kind) if unsupported. */
-static dt_placement dt_matmul_rule(dt_placement a, dt_placement b, int xlast) {
-    dt_placement bad = { (dt_placement_kind)-1, 0, DT_ORDER_CONTIGUOUS };
-    if (a.kind == DT_REPLICATE && b.kind == DT_REPLICATE) return dt_replicate();
-    if (a.kind == DT_REPLICATE && b.kind == DT_SHARD && b.dim == 1) return dt_shard(xlast, b.order);
-    if (a.kind == DT_SHARD && a.dim == xlast && b.kind == DT_SHARD && b.dim == 0 &&
-        a.order == b.order)
-        return dt_partial();
-    if (a.kind == DT_SHARD && a.dim < xlast && b.kind == DT_REPLICATE) return a;
-    if ((a.kind == DT_PARTIAL && b.kind == DT_REPLICATE) ||
-        (a.kind == DT_REPLICATE && b.kind == DT_PARTIAL))
-        return dt_partial();
-    return bad;
+/* The rules of out = x @ w on one mesh dim, forward and backward, written
+ * once (ops.h has the table): from x's and w's placements (xlast: x's last
+ * dim), out's placement, the placement dy must have (out's, Partial read
+ * as Replicate), and dx's and dw's (dx = dy w^T, dw = x^T dy, each local
+ * product meaningful because K, or the rows, are whole or split alike).
+ * 0 if the pair is unsupported. */
+typedef struct matmul_rule {
+    dt_placement out, dy, dx, dw;
+} matmul_rule;
+
+static int dt_matmul_rule(dt_placement a, dt_placement b, int xlast, matmul_rule *r) {
+    const dt_placement R = dt_replicate(), P = dt_partial();
+    if (a.kind == DT_REPLICATE && b.kind == DT_REPLICATE)
+        *r = (matmul_rule){R, R, R, R};
+    else if (a.kind == DT_REPLICATE && b.kind == DT_SHARD && b.dim == 1)   /* column-parallel */
+        *r = (matmul_rule){dt_shard(xlast, b.order), dt_shard(xlast, b.order), P, b};
+    else if (a.kind == DT_SHARD && a.dim == xlast && b.kind == DT_SHARD && b.dim == 0 &&
+             a.order == b.order)   /* row-parallel */
+        *r = (matmul_rule){P, R, a, b};
+    else if (a.kind == DT_SHARD && a.dim < xlast && b.kind == DT_REPLICATE)   /* batch, sequence */
+        *r = (matmul_rule){a, a, a, P};
+    else if (a.kind == DT_PARTIAL && b.kind == DT_REPLICATE)
+        *r = (matmul_rule){P, R, R, P};
+    else if (a.kind == DT_REPLICATE && b.kind == DT_PARTIAL)
+        *r = (matmul_rule){P, R, P, R};
+    else
+        return 0;
+    return 1;
 }
 
 static dt_status dt_matmul_unsupported(const dt_tensor *x, const dt_tensor *w, int m) {
@@ -133,9 +148,10 @@ static dt_status dt_matmul_impl(const dt_tensor *x, const dt_tensor *w, dt_tenso
         const dt_layout *xl = dt_tensor_layout(x), *wl = dt_tensor_layout(w);
         ol.ndim = xl->ndim;
         for (int m = 0; m < xl->ndim; m++) {
-            dt_placement p = dt_matmul_rule(xl->placements[m], wl->placements[m], xn - 1);
-            if ((int)p.kind < 0) return dt_matmul_unsupported(x, w, m);
-            ol.placements[m] = p;
+            matmul_rule r;
+            if (!dt_matmul_rule(xl->placements[m], wl->placements[m], xn - 1, &r))
+                return dt_matmul_unsupported(x, w, m);
+            ol.placements[m] = r.out;
         }
         /* e.g. x [Shard(0), Replicate] @ w [Replicate, Shard(1)] is fine, but
          * the rules could in principle shard an output dim twice. */
@@ -169,6 +185,72 @@ static dt_status dt_matmul_impl(const dt_tensor *x, const dt_tensor *w, dt_tenso
 
 dt_status dt_matmul(const dt_tensor *x, const dt_tensor *w, dt_tensor **out) {
     return dt_context_note(dt_tensor_context(x), dt_matmul_impl(x, w, out));
+}
+
+static dt_status dt_matmul_backward_impl(const dt_tensor *x, const dt_tensor *w,
+                                         const dt_tensor *dy, dt_tensor **dx, dt_tensor **dw) {
+    const char *op = "dt_matmul_backward";
+    DT_REQUIRE(x && w && dy, "%s: x, w and dy must not be NULL", op);
+    DT_TRY(dt_check_same_place(op, "x", x, "w", w));
+    DT_TRY(dt_check_same_place(op, "x", x, "dy", dy));
+    DT_TRY(dt_context_check_dtype(dt_tensor_context(x), op, dt_tensor_dtype(x)));
+    const int xn = dt_tensor_ndim(x);
+    const int64_t *xs = dt_tensor_shape(x), *ws = dt_tensor_shape(w);
+    char xbuf[160], wbuf[160], ybuf[160];
+    dt_shape_format(xn, xs, xbuf, sizeof xbuf);
+    dt_shape_format(dt_tensor_ndim(w), ws, wbuf, sizeof wbuf);
+    DT_REQUIRE(dt_tensor_ndim(w) == 2, "%s: w must be 2-dim [K, N], got shape %s", op, wbuf);
+    DT_REQUIRE(xs[xn - 1] == ws[0], "%s: x %s and w %s disagree on K (%" PRId64 " vs %" PRId64 ")",
+               op, xbuf, wbuf, xs[xn - 1], ws[0]);
+    int same = dt_tensor_ndim(dy) == xn && dt_tensor_shape(dy)[xn - 1] == ws[1];
+    for (int d = 0; same && d < xn - 1; d++) same = dt_tensor_shape(dy)[d] == xs[d];
+    dt_shape_format(dt_tensor_ndim(dy), dt_tensor_shape(dy), ybuf, sizeof ybuf);
+    DT_REQUIRE(same, "%s: dy %s must have the shape of x %s @ w %s", op, ybuf, xbuf, wbuf);
+
+    const dt_mesh *mesh = dt_tensor_mesh(x);
+    dt_layout dyl = dt_layout_replicated(0), dxl = dyl, dwl = dyl;
+    if (mesh) {
+        const dt_layout *xl = dt_tensor_layout(x), *wl = dt_tensor_layout(w);
+        dyl.ndim = dxl.ndim = dwl.ndim = xl->ndim;
+        for (int m = 0; m < xl->ndim; m++) {
+            matmul_rule r;
+            if (!dt_matmul_rule(xl->placements[m], wl->placements[m], xn - 1, &r))
+                return dt_matmul_unsupported(x, w, m);
+            dyl.placements[m] = r.dy, dxl.placements[m] = r.dx, dwl.placements[m] = r.dw;
+        }
+        DT_TRY(dt_layout_require(op, "dy", dy, &dyl,
+                                 "the gradient's Layout of x @ w: its Layout, Partial read as "
+                                 "Replicate"));
+    }
+    dt_grad gx, gw;
+    DT_TRY(dt_grad_check(op, "dx", dx, x, xn, xs, mesh ? &dxl : NULL, &gx));
+    DT_TRY(dt_grad_check(op, "dw", dw, x, 2, ws, mesh ? &dwl : NULL, &gw));
+
+    const int64_t *xL = dt_tensor_local_shape(x), *wL = dt_tensor_local_shape(w);
+    int64_t M = 1;
+    for (int d = 0; d < xn - 1; d++) M *= xL[d];
+    const int64_t K = wL[0], N = wL[1];
+    dt_backend *be = dt_tensor_context(x)->backend;
+    const dt_dtype dt = dt_tensor_dtype(x);
+    /* a product over nothing (N or M local 0) writes zeros only if made zero */
+    dt_status st = dt_grad_make(&gx, N == 0);
+    if (st == DT_SUCCESS) st = dt_grad_make(&gw, M == 0);
+    if (st == DT_SUCCESS && gx.t && N > 0)   /* dx [M, K] = dy [M, N] @ w^T */
+        st = be->ops->gemm_ex(be, dt, 0, 1, M, K, N, 1.0f, dt_tensor_data_const(dy),
+                              dt_tensor_data_const(w), gx.accumulate ? 1.0f : 0.0f,
+                              dt_tensor_data(gx.t));
+    if (st == DT_SUCCESS && gw.t && M > 0)   /* dw [K, N] = x^T @ dy */
+        st = be->ops->gemm_ex(be, dt, 1, 0, K, N, M, 1.0f, dt_tensor_data_const(x),
+                              dt_tensor_data_const(dy), gw.accumulate ? 1.0f : 0.0f,
+                              dt_tensor_data(gw.t));
+    dt_grad_finish(st, &gx);
+    return dt_grad_finish(st, &gw);
+}
+
+dt_status dt_matmul_backward(const dt_tensor *x, const dt_tensor *w, const dt_tensor *dy,
+                             dt_tensor **dx, dt_tensor **dw) {
+    return dt_context_note(x ? dt_tensor_context(x) : NULL,
+                           dt_matmul_backward_impl(x, w, dy, dx, dw));
 }
 
 static int dt_layout_has_partial(const dt_layout *l) {
@@ -226,6 +308,20 @@ dt_status dt_add(const dt_tensor *a, const dt_tensor *b, dt_tensor **out) {
     return dt_context_note(dt_tensor_context(a), dt_add_impl(a, b, out));
 }
 
+/* x is not Partial (the elementwise ops that are not linear). */
+static dt_status dt_require_not_partial(const char *op, const char *name, const dt_tensor *x,
+                                        const char *what) {
+    const dt_layout *xl = dt_tensor_layout(x);
+    if (!dt_layout_has_partial(xl)) return DT_SUCCESS;
+    const dt_layout r = dt_layout_grad(xl);
+    char xs[128], rs[128];
+    dt_layout_format(xl, xs, sizeof xs);
+    dt_layout_format(&r, rs, sizeof rs);
+    return dt_error(DT_ERR_NOT_SUPPORTED,
+                    "%s: %s %s is Partial and %s is not linear; redistribute %s to %s first", op,
+                    name, xs, what, name, rs);
+}
+
 static dt_status dt_gelu_impl(const dt_tensor *x, dt_gelu_approx approx, dt_tensor **out) {
     const char *op = "dt_gelu";
     DT_REQUIRE(x != NULL, "%s: x is NULL", op);
@@ -233,18 +329,8 @@ static dt_status dt_gelu_impl(const dt_tensor *x, dt_gelu_approx approx, dt_tens
     DT_REQUIRE((int)approx >= 0 && approx < DT_GELU_APPROX_COUNT,
                "%s: unknown approximation %d", op, (int)approx);
     DT_TRY(dt_context_check_dtype(dt_tensor_context(x), op, dt_tensor_dtype(x)));
+    DT_TRY(dt_require_not_partial(op, "x", x, "GELU"));
     const dt_layout *xl = dt_tensor_layout(x);
-    if (dt_layout_has_partial(xl)) {
-        dt_layout r = *xl;
-        for (int m = 0; m < r.ndim; m++)
-            if (r.placements[m].kind == DT_PARTIAL) r.placements[m] = dt_replicate();
-        char xs[128], rs[128];
-        dt_layout_format(xl, xs, sizeof xs);
-        dt_layout_format(&r, rs, sizeof rs);
-        return dt_error(DT_ERR_NOT_SUPPORTED,
-                        "%s: x %s is Partial and GELU is not linear; redistribute x to %s first",
-                        op, xs, rs);
-    }
     dt_context *ctx = dt_tensor_context(x);
     const dt_mesh *mesh = dt_tensor_mesh(x);
     dt_tensor *o = NULL;
@@ -258,4 +344,141 @@ static dt_status dt_gelu_impl(const dt_tensor *x, dt_gelu_approx approx, dt_tens
 
 dt_status dt_gelu(const dt_tensor *x, dt_gelu_approx approx, dt_tensor **out) {
     return dt_context_note(dt_tensor_context(x), dt_gelu_impl(x, approx, out));
+}
+
+static dt_status dt_add_backward_impl(const dt_tensor *a, const dt_tensor *b, const dt_tensor *dy,
+                                      dt_tensor **da, dt_tensor **db) {
+    const char *op = "dt_add_backward";
+    DT_REQUIRE(a && b && dy, "%s: a, b and dy must not be NULL", op);
+    DT_TRY(dt_check_same_place(op, "a", a, "b", b));
+    DT_TRY(dt_context_check_dtype(dt_tensor_context(a), op, dt_tensor_dtype(a)));
+    DT_TRY(dt_grad_check_dy(op, "a", a, dy));
+    DT_REQUIRE(dt_layout_equal(dt_tensor_layout(a), dt_tensor_layout(b)) &&
+                   dt_tensor_ndim(a) == dt_tensor_ndim(b),
+               "%s: a and b must have dt_add's equal shapes and Layouts", op);
+    const dt_layout gl = dt_layout_grad(dt_tensor_layout(a));
+    const int n = dt_tensor_ndim(a);
+    dt_grad ga, gb;
+    DT_TRY(dt_grad_check(op, "da", da, a, n, dt_tensor_shape(a), dt_tensor_mesh(a) ? &gl : NULL, &ga));
+    DT_TRY(dt_grad_check(op, "db", db, a, n, dt_tensor_shape(a), dt_tensor_mesh(a) ? &gl : NULL, &gb));
+    dt_backend *be = dt_tensor_context(a)->backend;
+    const int64_t len = dt_tensor_local_numel(dy);
+    dt_status st = dt_grad_make(&ga, 0);
+    if (st == DT_SUCCESS) st = dt_grad_make(&gb, 0);
+    dt_grad *g[2] = {&ga, &gb};
+    for (int i = 0; i < 2 && st == DT_SUCCESS; i++) {
+        if (!g[i]->t) continue;
+        if (g[i]->accumulate)
+            st = be->ops->add(be, dt_tensor_dtype(dy), len, dt_tensor_data_const(g[i]->t),
+                              dt_tensor_data_const(dy), dt_tensor_data(g[i]->t));
+        else
+            st = be->ops->copy(be, dt_tensor_data(g[i]->t), dt_tensor_data_const(dy),
+                               dt_tensor_local_bytes(dy));
+    }
+    dt_grad_finish(st, &ga);
+    return dt_grad_finish(st, &gb);
+}
+
+dt_status dt_add_backward(const dt_tensor *a, const dt_tensor *b, const dt_tensor *dy,
+                          dt_tensor **da, dt_tensor **db) {
+    return dt_context_note(a ? dt_tensor_context(a) : NULL, dt_add_backward_impl(a, b, dy, da, db));
+}
+
+static dt_status dt_gelu_backward_impl(const dt_tensor *x, dt_gelu_approx approx,
+                                       const dt_tensor *dy, dt_tensor **dx) {
+    const char *op = "dt_gelu_backward";
+    DT_REQUIRE(x && dy, "%s: x and dy must not be NULL", op);
+    DT_REQUIRE((int)approx >= 0 && approx < DT_GELU_APPROX_COUNT, "%s: unknown approximation %d",
+               op, (int)approx);
+    DT_TRY(dt_context_check_dtype(dt_tensor_context(x), op, dt_tensor_dtype(x)));
+    DT_TRY(dt_require_not_partial(op, "x", x, "GELU"));
+    DT_TRY(dt_grad_check_dy(op, "x", x, dy));
+    dt_grad g;
+    DT_TRY(dt_grad_check(op, "dx", dx, x, dt_tensor_ndim(x), dt_tensor_shape(x),
+                         dt_tensor_mesh(x) ? dt_tensor_layout(x) : NULL, &g));
+    dt_backend *be = dt_tensor_context(x)->backend;
+    dt_status st = dt_grad_make(&g, 0);
+    if (st == DT_SUCCESS && g.t)
+        st = be->ops->gelu_backward(be, dt_tensor_dtype(x), dt_tensor_local_numel(x),
+                                    dt_tensor_data_const(x), dt_tensor_data_const(dy),
+                                    dt_tensor_data(g.t), approx, g.accumulate);
+    return dt_grad_finish(st, &g);
+}
+
+dt_status dt_gelu_backward(const dt_tensor *x, dt_gelu_approx approx, const dt_tensor *dy,
+                           dt_tensor **dx) {
+    return dt_context_note(x ? dt_tensor_context(x) : NULL, dt_gelu_backward_impl(x, approx, dy, dx));
+}
+
+/* gate and up: one op's two inputs of equal shape and Layout, not Partial. */
+static dt_status dt_check_swiglu_inputs(const char *op, const dt_tensor *gate, const dt_tensor *up) {
+    DT_REQUIRE(gate && up, "%s: gate and up must not be NULL", op);
+    DT_TRY(dt_check_same_place(op, "gate", gate, "up", up));
+    DT_TRY(dt_context_check_dtype(dt_tensor_context(gate), op, dt_tensor_dtype(gate)));
+    int same = dt_tensor_ndim(gate) == dt_tensor_ndim(up) &&
+               dt_layout_equal(dt_tensor_layout(gate), dt_tensor_layout(up));
+    for (int d = 0; same && d < dt_tensor_ndim(gate); d++)
+        same = dt_tensor_shape(gate)[d] == dt_tensor_shape(up)[d];
+    if (!same) {
+        char a[160], b[160], al[128], bl[128];
+        dt_shape_format(dt_tensor_ndim(gate), dt_tensor_shape(gate), a, sizeof a);
+        dt_shape_format(dt_tensor_ndim(up), dt_tensor_shape(up), b, sizeof b);
+        dt_layout_format(dt_tensor_layout(gate), al, sizeof al);
+        dt_layout_format(dt_tensor_layout(up), bl, sizeof bl);
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "%s: gate %s %s and up %s %s must have one shape "
+                        "and one Layout", op, a, al, b, bl);
+    }
+    return dt_require_not_partial(op, "gate", gate, "SwiGLU");
+}
+
+static dt_status dt_swiglu_impl(const dt_tensor *gate, const dt_tensor *up, dt_tensor **out) {
+    const char *op = "dt_swiglu";
+    DT_TRY(dt_check_swiglu_inputs(op, gate, up));
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    dt_context *ctx = dt_tensor_context(gate);
+    const dt_mesh *mesh = dt_tensor_mesh(gate);
+    dt_tensor *o = NULL;
+    DT_TRY(dt_tensor_create_uninit(ctx, mesh, dt_tensor_dtype(gate), dt_tensor_ndim(gate),
+                                   dt_tensor_shape(gate), mesh ? dt_tensor_layout(gate) : NULL, &o));
+    dt_backend *be = ctx->backend;
+    dt_status st = be->ops->swiglu(be, dt_tensor_dtype(gate), dt_tensor_local_numel(gate),
+                                   dt_tensor_data_const(gate), dt_tensor_data_const(up),
+                                   dt_tensor_data(o));
+    return dt_op_output(st, o, out);
+}
+
+dt_status dt_swiglu(const dt_tensor *gate, const dt_tensor *up, dt_tensor **out) {
+    return dt_context_note(gate ? dt_tensor_context(gate) : NULL, dt_swiglu_impl(gate, up, out));
+}
+
+static dt_status dt_swiglu_backward_impl(const dt_tensor *gate, const dt_tensor *up,
+                                         const dt_tensor *dy, dt_tensor **dgate, dt_tensor **dup) {
+    const char *op = "dt_swiglu_backward";
+    DT_TRY(dt_check_swiglu_inputs(op, gate, up));
+    DT_REQUIRE(dy != NULL, "%s: dy is NULL", op);
+    DT_TRY(dt_grad_check_dy(op, "gate", gate, dy));
+    const dt_layout *l = dt_tensor_mesh(gate) ? dt_tensor_layout(gate) : NULL;
+    const int n = dt_tensor_ndim(gate);
+    dt_grad gg, gu;
+    DT_TRY(dt_grad_check(op, "dgate", dgate, gate, n, dt_tensor_shape(gate), l, &gg));
+    DT_TRY(dt_grad_check(op, "dup", dup, gate, n, dt_tensor_shape(gate), l, &gu));
+    DT_REQUIRE(gg.accumulate == gu.accumulate || !dgate || !dup,
+               "%s: dgate and dup must both be new or both be added into", op);
+    dt_backend *be = dt_tensor_context(gate)->backend;
+    dt_status st = dt_grad_make(&gg, 0);
+    if (st == DT_SUCCESS) st = dt_grad_make(&gu, 0);
+    if (st == DT_SUCCESS && (gg.t || gu.t))
+        st = be->ops->swiglu_backward(be, dt_tensor_dtype(gate), dt_tensor_local_numel(gate),
+                                      dt_tensor_data_const(gate), dt_tensor_data_const(up),
+                                      dt_tensor_data_const(dy), gg.t ? dt_tensor_data(gg.t) : NULL,
+                                      gu.t ? dt_tensor_data(gu.t) : NULL,
+                                      gg.t ? gg.accumulate : gu.accumulate);
+    dt_grad_finish(st, &gg);
+    return dt_grad_finish(st, &gu);
+}
+
+dt_status dt_swiglu_backward(const dt_tensor *gate, const dt_tensor *up, const dt_tensor *dy,
+                             dt_tensor **dgate, dt_tensor **dup) {
+    return dt_context_note(gate ? dt_tensor_context(gate) : NULL,
+                           dt_swiglu_backward_impl(gate, up, dy, dgate, dup));
 }

@@ -5,8 +5,11 @@
  *   dt_tensor_reshape  split / merge dims, carrying the Layout across
  *   dt_rmsnorm         RMSNorm over the last dim (optional weight)
  *   dt_rotary          rotary position embedding at GLOBAL token positions
+ *   dt_embedding       token embedding, vocab-parallel when the table is
+ *   dt_cross_entropy   the mean loss and its gradient, vocab-parallel (COLLECTIVE)
+ * each with its backward (ops.h says how gradients are passed and added).
  *
- * None communicates and none is collective: each reads its inputs' Layouts,
+ * None but dt_cross_entropy communicates or is collective: each reads its inputs' Layouts,
  * derives the output Layout mesh dim by mesh dim, and works on the local
  * buffer. A Layout with no local meaning is rejected with
  * DT_ERR_NOT_SUPPORTED and a message naming a redistribution that works.
@@ -61,6 +64,10 @@ extern "C" {
 dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape,
                             dt_tensor **out);
 
+/* dx = dy reshaped to x's shape, with x's Layout (Partial read as
+ * Replicate): dy must be the gradient of dt_tensor_reshape(x, ...)'s output. */
+dt_status dt_tensor_reshape_backward(const dt_tensor *x, const dt_tensor *dy, dt_tensor **dx);
+
 /* out = x / sqrt(mean(x^2) + eps) * weight, the mean over the last dim E
  * of x [..., E]; weight [E] may be NULL (no scaling).
  *
@@ -75,6 +82,12 @@ dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape,
  * is formed in double; with eps 0 a row of subnormals is normalised too
  * (its inverse applied as x 2^64 times inv 2^-64). */
 dt_status dt_rmsnorm(const dt_tensor *x, const dt_tensor *weight, float eps, dt_tensor **out);
+
+/* dx (x's Layout) and dweight ([E]: Partial on the mesh dims that shard x's
+ * rows, whose ranks each sum their own, Replicate elsewhere; reduce it with
+ * dt_tensor_grad_reduce). dy has x's Layout. dweight needs a weight. */
+dt_status dt_rmsnorm_backward(const dt_tensor *x, const dt_tensor *weight, float eps,
+                              const dt_tensor *dy, dt_tensor **dx, dt_tensor **dweight);
 
 typedef struct dt_rotary_options {
     float base;               /* theta_i = base^(-2i/D), i < D/2; 0 means 10000 */
@@ -108,6 +121,58 @@ typedef struct dt_rotary_options {
  * != S, n_positions != 0 without positions, a negative position:
  * DT_ERR_INVALID_ARGUMENT naming the value. */
 dt_status dt_rotary(const dt_tensor *x, const dt_rotary_options *opts, dt_tensor **out);
+
+/* dx = dy rotated back (by -angle) at the same positions; the forward's x and
+ * opts, dy with x's Layout (Partial read as Replicate), dx likewise. */
+dt_status dt_rotary_backward(const dt_tensor *x, const dt_rotary_options *opts,
+                             const dt_tensor *dy, dt_tensor **dx);
+
+/* out [..., E] = the rows of table [V, E] at tokens [...] (DT_I32, each in
+ * [0, V): DT_ERR_INVALID_ARGUMENT names the first that is not). Per mesh dim
+ * (table, tokens) -> out:
+ *   (Replicate, Replicate)          -> Replicate
+ *   (Replicate, Shard(d, o))        -> Shard(d, o)       batch / sequence
+ *   (Shard(0, contiguous), Replicate) -> Partial         vocab-parallel: a rank
+ *                                      looks up the tokens in its rows, 0 elsewhere
+ *   (Shard(1, o), Replicate)        -> Shard(last, o)
+ * Reads the tokens' range on the host (CUDA: waits for the work queued before). */
+dt_status dt_embedding(const dt_tensor *table, const dt_tensor *tokens, dt_tensor **out);
+
+/* dtable [V, E] += the rows of dy [..., E] scattered to their tokens (into the
+ * rank's own rows only): table's Layout where it shards, Partial where the
+ * tokens are sharded and the table is not, Replicate elsewhere. dy has
+ * out's Layout with Partial read as Replicate. */
+dt_status dt_embedding_backward(const dt_tensor *table, const dt_tensor *tokens,
+                                const dt_tensor *dy, dt_tensor **dtable);
+
+typedef enum dt_loss_reduction {
+    DT_LOSS_MEAN = 0,   /* over the targets that are not ignored, of the global batch */
+    DT_LOSS_SUM,
+    DT_LOSS_REDUCTION_COUNT
+} dt_loss_reduction;
+
+typedef struct dt_cross_entropy_options {
+    int32_t ignore_index;         /* targets equal to it count nowhere; -1 by default */
+    dt_loss_reduction reduction;
+} dt_cross_entropy_options;
+
+#define DT_CROSS_ENTROPY_OPTIONS_INIT { -1, DT_LOSS_MEAN }
+
+/* COLLECTIVE over the mesh of logits. The cross-entropy of logits [..., V]
+ * against targets [...] (DT_I32, each in [0, V) or the ignore index): *loss
+ * (host, may be NULL) = the mean (or sum) over the global batch of
+ * log-sum-exp(row) - row[target], the same on every rank (NaN when no target
+ * counts, as PyTorch); *dlogits (NULL: not wanted; must point to NULL) its
+ * gradient, logits' Layout. Per mesh dim (logits, targets):
+ *   (Shard(last, contiguous), Replicate)  vocab-parallel: max and sum
+ *                                         all-reduced over the dim, fp32
+ *   (Shard(d, o), Shard(d, o)), d < last  rows split: counts and sums reduced
+ *   (Replicate, Replicate)
+ * anything else DT_ERR_NOT_SUPPORTED. Every rank checks its targets first and
+ * all agree before any data moves (a bad target on one rank fails all). */
+dt_status dt_cross_entropy(const dt_tensor *logits, const dt_tensor *targets,
+                           const dt_cross_entropy_options *opts, float *loss,
+                           dt_tensor **dlogits);
 
 #ifdef __cplusplus
 }

@@ -116,6 +116,72 @@ static int nn_groups(int on, const int64_t *os, int nn, const int64_t *ns, nn_gr
     return k;
 }
 
+/* The Layout that a tensor of shape os (on dims) with Layout l on mesh has
+ * after dt_tensor_reshape to shape (ndim dims; element counts checked by
+ * the caller): the rule above, or DT_ERR_NOT_SUPPORTED naming the
+ * redistribution that would work. */
+static dt_status nn_reshape_layout(const char *op, const dt_mesh *mesh, const dt_layout *l, int on,
+                                   const int64_t *os, int ndim, const int64_t *shape,
+                                   dt_layout *out) {
+    char obuf[160], nbuf[160];
+    dt_shape_format(on, os, obuf, sizeof obuf);
+    dt_shape_format(ndim, shape, nbuf, sizeof nbuf);
+    nn_group g[2 * DT_MAX_DIMS];
+    int ng = nn_groups(on, os, ndim, shape, g);
+    if (ng < 0) return dt_error(DT_ERR_INTERNAL, "%s: cannot group %s and %s", op, obuf, nbuf);
+    char ls[128];
+    dt_layout_format(l, ls, sizeof ls);
+    dt_layout nl = *l;
+    for (int m = 0; m < l->ndim; m++) {
+        dt_placement p = l->placements[m];
+        if (p.kind != DT_SHARD) continue;
+        const nn_group *G = NULL;
+        for (int k = 0; k < ng; k++)
+            if (p.dim >= g[k].o0 && p.dim < g[k].o0 + g[k].on) G = &g[k];
+        int parts = dt_mesh_size(mesh, m);
+        const char *why = NULL;
+        int n = -1; /* the new sharded dim */
+        const int64_t div = (int64_t)parts * (p.order == DT_ORDER_ZIGZAG ? 2 : 1);
+        if (G == NULL || G->nn == 0) {
+            why = "it disappears from the new shape";
+        } else {
+            for (int e = G->o0; e < p.dim && why == NULL; e++)
+                if (os[e] != 1)
+                    why = "it is an inner dim of the dims it merges or splits with (only the "
+                          "outer dim of such a group may be sharded)";
+            /* The outer new dim of the group, skipping dims of length 1
+             * that the shard cannot divide. */
+            n = G->n0;
+            while (n + 1 < G->n0 + G->nn && shape[n] == 1 && shape[n] % div != 0) n++;
+            if (why == NULL && p.order == DT_ORDER_STRIPED && os[p.dim] != shape[n])
+                why = "it is striped, and a striped dim cannot be split or merged in place";
+        }
+        /* On one rank the shard is the whole dim: where it cannot be
+         * carried, or its new dim is not divisible (zigzag's 2 chunks),
+         * it is Replicate, the same data. */
+        if (why == NULL && (parts > 1 || shape[n] % div == 0)) {
+            nl.placements[m] = dt_shard(n, p.order);
+        } else if (parts == 1) {
+            nl.placements[m] = dt_replicate();
+        } else {
+            return dt_error(DT_ERR_NOT_SUPPORTED,
+                            "%s: t %s %s -> %s: tensor dim %d is sharded on mesh dim %d and %s;"
+                            " redistribute t to Replicate on mesh dim %d first", op, obuf, ls,
+                            nbuf, p.dim, m, why, m);
+        }
+    }
+    if (dt_layout_check(&nl, ndim, shape, dt_mesh_sizes(mesh)) != DT_SUCCESS) {
+        char msg[768], ns[128];
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+        dt_layout_format(&nl, ns, sizeof ns);
+        return dt_error(DT_ERR_NOT_SUPPORTED,
+                        "%s: t %s %s -> %s would need the Layout %s, which is invalid (%s); "
+                        "redistribute t first", op, obuf, ls, nbuf, ns, msg);
+    }
+    *out = nl;
+    return DT_SUCCESS;
+}
+
 static dt_status nn_reshape_impl(const dt_tensor *t, int ndim, const int64_t *shape,
                                  dt_tensor **out) {
     const char *op = "dt_tensor_reshape";
@@ -145,64 +211,9 @@ static dt_status nn_reshape_impl(const dt_tensor *t, int ndim, const int64_t *sh
     DT_REQUIRE(n_new == n_old, "%s: t %s has %" PRId64 " elements but the new shape %s has %" PRId64,
                op, obuf, n_old, nbuf, n_new);
 
-    nn_group g[2 * DT_MAX_DIMS];
-    int ng = nn_groups(on, os, ndim, shape, g);
-    if (ng < 0) return dt_error(DT_ERR_INTERNAL, "%s: cannot group %s and %s", op, obuf, nbuf);
-
     const dt_mesh *mesh = dt_tensor_mesh(t);
     dt_layout nl = dt_layout_replicated(0);
-    if (mesh != NULL) {
-        const dt_layout *l = dt_tensor_layout(t);
-        char ls[128];
-        dt_layout_format(l, ls, sizeof ls);
-        nl = *l;
-        for (int m = 0; m < l->ndim; m++) {
-            dt_placement p = l->placements[m];
-            if (p.kind != DT_SHARD) continue;
-            const nn_group *G = NULL;
-            for (int k = 0; k < ng; k++)
-                if (p.dim >= g[k].o0 && p.dim < g[k].o0 + g[k].on) G = &g[k];
-            int parts = dt_mesh_size(mesh, m);
-            const char *why = NULL;
-            int n = -1; /* the new sharded dim */
-            const int64_t div = (int64_t)parts * (p.order == DT_ORDER_ZIGZAG ? 2 : 1);
-            if (G == NULL || G->nn == 0) {
-                why = "it disappears from the new shape";
-            } else {
-                for (int e = G->o0; e < p.dim && why == NULL; e++)
-                    if (os[e] != 1)
-                        why = "it is an inner dim of the dims it merges or splits with (only the "
-                              "outer dim of such a group may be sharded)";
-                /* The outer new dim of the group, skipping dims of length 1
-                 * that the shard cannot divide. */
-                n = G->n0;
-                while (n + 1 < G->n0 + G->nn && shape[n] == 1 && shape[n] % div != 0) n++;
-                if (why == NULL && p.order == DT_ORDER_STRIPED && os[p.dim] != shape[n])
-                    why = "it is striped, and a striped dim cannot be split or merged in place";
-            }
-            /* On one rank the shard is the whole dim: where it cannot be
-             * carried, or its new dim is not divisible (zigzag's 2 chunks),
-             * it is Replicate, the same data. */
-            if (why == NULL && (parts > 1 || shape[n] % div == 0)) {
-                nl.placements[m] = dt_shard(n, p.order);
-            } else if (parts == 1) {
-                nl.placements[m] = dt_replicate();
-            } else {
-                return dt_error(DT_ERR_NOT_SUPPORTED,
-                                "%s: t %s %s -> %s: tensor dim %d is sharded on mesh dim %d and %s;"
-                                " redistribute t to Replicate on mesh dim %d first", op, obuf, ls,
-                                nbuf, p.dim, m, why, m);
-            }
-        }
-        if (dt_layout_check(&nl, ndim, shape, dt_mesh_sizes(mesh)) != DT_SUCCESS) {
-            char msg[768], ns[128];
-            snprintf(msg, sizeof msg, "%s", dt_last_error());
-            dt_layout_format(&nl, ns, sizeof ns);
-            return dt_error(DT_ERR_NOT_SUPPORTED,
-                            "%s: t %s %s -> %s would need the Layout %s, which is invalid (%s); "
-                            "redistribute t first", op, obuf, ls, nbuf, ns, msg);
-        }
-    }
+    if (mesh) DT_TRY(nn_reshape_layout(op, mesh, dt_tensor_layout(t), on, os, ndim, shape, &nl));
 
     dt_tensor *o = NULL;
     DT_TRY(dt_tensor_create_uninit(dt_tensor_context(t), mesh, dt_tensor_dtype(t), ndim, shape,
@@ -224,13 +235,79 @@ dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape, 
     return dt_context_note(dt_tensor_context(t), nn_reshape_impl(t, ndim, shape, out));
 }
 
+/* a and b hold the same data on mesh: equal once a Shard on a mesh dim of
+ * size 1 (the whole dim) reads as Replicate. */
+static int nn_same_data(const dt_mesh *mesh, const dt_layout *a, const dt_layout *b) {
+    if (a->ndim != b->ndim) return 0;
+    dt_layout x = *a, y = *b;
+    for (int m = 0; m < x.ndim; m++)
+        if (dt_mesh_size(mesh, m) == 1) x.placements[m] = y.placements[m] = dt_replicate();
+    return dt_layout_equal(&x, &y);
+}
+
+/* dx = dy reshaped to x's shape: dy must have the Layout the forward gives
+ * x's gradient Layout (Partial read as Replicate), and dx has that Layout;
+ * the local data is dy's, copied (or added into *dx). */
+static dt_status nn_reshape_backward_impl(const dt_tensor *x, const dt_tensor *dy,
+                                          dt_tensor **dx) {
+    const char *op = "dt_tensor_reshape_backward";
+    DT_REQUIRE(x && dy, "%s: x and dy must not be NULL", op);
+    DT_REQUIRE(dt_tensor_context(dy) == dt_tensor_context(x) && dt_tensor_mesh(dy) ==
+                   dt_tensor_mesh(x) && dt_tensor_dtype(dy) == dt_tensor_dtype(x),
+               "%s: dy must have x's context, mesh and dtype", op);
+    int64_t nx = 1, ny = 1;
+    for (int d = 0; d < dt_tensor_ndim(x); d++) nx *= dt_tensor_shape(x)[d];
+    for (int d = 0; d < dt_tensor_ndim(dy); d++) ny *= dt_tensor_shape(dy)[d];
+    DT_REQUIRE(nx == ny, "%s: dy has %" PRId64 " elements, x %" PRId64, op, ny, nx);
+    const dt_mesh *mesh = dt_tensor_mesh(x);
+    const dt_layout gl = mesh ? dt_layout_grad(dt_tensor_layout(x)) : dt_layout_replicated(0);
+    dt_grad g;
+    DT_TRY(dt_grad_check(op, "dx", dx, x, dt_tensor_ndim(x), dt_tensor_shape(x),
+                         mesh ? &gl : NULL, &g));
+    if (!dx) return DT_SUCCESS;
+    if (mesh) {
+        dt_layout want;
+        DT_TRY(nn_reshape_layout(op, mesh, &gl, dt_tensor_ndim(x), dt_tensor_shape(x),
+                                 dt_tensor_ndim(dy), dt_tensor_shape(dy), &want));
+        if (!nn_same_data(mesh, dt_tensor_layout(dy), &want)) {
+            char a[160], b[160];
+            dt_layout_format(dt_tensor_layout(dy), a, sizeof a);
+            dt_layout_format(&want, b, sizeof b);
+            return dt_error(DT_ERR_NOT_SUPPORTED, "%s: dy is %s; redistribute dy to %s, the Layout "
+                            "the reshape gives x's gradient Layout", op, a, b);
+        }
+    }
+    dt_backend *be = dt_tensor_context(x)->backend;
+    const size_t bytes = dt_tensor_local_bytes(dy);
+    dt_tensor *t = NULL;
+    dt_status st = DT_SUCCESS;
+    if (g.accumulate) {
+        st = be->ops->add(be, dt_tensor_dtype(x), dt_tensor_local_numel(dy),
+                          dt_tensor_data_const(g.t), dt_tensor_data_const(dy), dt_tensor_data(g.t));
+    } else {
+        st = dt_tensor_create_uninit(dt_tensor_context(x), mesh, dt_tensor_dtype(x),
+                                     dt_tensor_ndim(x), dt_tensor_shape(x), mesh ? &gl : NULL, &t);
+        if (st == DT_SUCCESS && dt_tensor_local_bytes(t) != bytes)
+            st = dt_error(DT_ERR_INTERNAL, "%s: local sizes differ (%zu vs %zu bytes)", op, bytes,
+                          dt_tensor_local_bytes(t));
+        if (st == DT_SUCCESS) st = be->ops->copy(be, dt_tensor_data(t), dt_tensor_data_const(dy), bytes);
+        if (st == DT_SUCCESS) g.t = t, t = NULL;
+    }
+    dt_tensor_destroy(t);
+    return dt_grad_finish(st, &g);
+}
+
+dt_status dt_tensor_reshape_backward(const dt_tensor *x, const dt_tensor *dy, dt_tensor **dx) {
+    return dt_context_note(x ? dt_tensor_context(x) : NULL, nn_reshape_backward_impl(x, dy, dx));
+}
+
 /* ------------------------------------------------------------------ rmsnorm */
 
-static dt_status nn_rmsnorm_impl(const dt_tensor *x, const dt_tensor *weight, float eps,
-                                 dt_tensor **out) {
-    const char *op = "dt_rmsnorm";
+/* x and weight as dt_rmsnorm takes them: the reduced (last) dim whole on
+ * every rank, weight [E] Replicate everywhere (or NULL). */
+static dt_status nn_rmsnorm_check(const char *op, const dt_tensor *x, const dt_tensor *weight,
+                                  float eps) {
     DT_REQUIRE(x != NULL, "%s: x is NULL", op);
-    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
     DT_REQUIRE(isfinite(eps) && eps >= 0.0f, "%s: eps %g must be finite and >= 0", op, (double)eps);
     DT_TRY(nn_check_dtype(op, x));
     const int nd = dt_tensor_ndim(x), last = nd - 1;
@@ -283,8 +360,17 @@ static dt_status nn_rmsnorm_impl(const dt_tensor *x, const dt_tensor *weight, fl
             }
         }
     }
+    return DT_SUCCESS;
+}
+
+static dt_status nn_rmsnorm_impl(const dt_tensor *x, const dt_tensor *weight, float eps,
+                                 dt_tensor **out) {
+    const char *op = "dt_rmsnorm";
+    DT_TRY(nn_rmsnorm_check(op, x, weight, eps));
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
     /* 3. The output has x's Layout; 4. the local kernel on the local [rows, E]
      * (the last dim is whole, so local rows are whole rows). */
+    const int64_t E = dt_tensor_shape(x)[dt_tensor_ndim(x) - 1];
     dt_tensor *o = NULL;
     DT_TRY(nn_like(x, &o));
     const int64_t rows = E > 0 ? dt_tensor_local_numel(x) / E : 0;
@@ -295,19 +381,84 @@ static dt_status nn_rmsnorm_impl(const dt_tensor *x, const dt_tensor *weight, fl
     return dt_op_output(st, o, out);
 }
 
+/* dweight's Layout: Partial on the mesh dims that shard x (its rows: each
+ * rank sums its own), Replicate where x is whole. */
+static dt_layout nn_weight_grad_layout(const dt_tensor *x) {
+    dt_layout l = dt_layout_replicated(dt_tensor_layout(x)->ndim);
+    for (int m = 0; m < l.ndim; m++)
+        if (dt_tensor_layout(x)->placements[m].kind == DT_SHARD) l.placements[m] = dt_partial();
+    return l;
+}
+
+static dt_status nn_rmsnorm_backward_impl(const dt_tensor *x, const dt_tensor *weight, float eps,
+                                          const dt_tensor *dy, dt_tensor **dx, dt_tensor **dweight) {
+    const char *op = "dt_rmsnorm_backward";
+    DT_TRY(nn_rmsnorm_check(op, x, weight, eps));
+    DT_REQUIRE(dy != NULL, "%s: dy is NULL", op);
+    DT_REQUIRE(!dweight || weight, "%s: dweight asked for without a weight", op);
+    DT_TRY(dt_grad_check_dy(op, "x", x, dy));
+    const dt_mesh *mesh = dt_tensor_mesh(x);
+    const int nd = dt_tensor_ndim(x);
+    const int64_t E = dt_tensor_shape(x)[nd - 1];
+    const dt_layout wl = mesh ? nn_weight_grad_layout(x) : dt_layout_replicated(0);
+    dt_grad gx, gw;
+    DT_TRY(dt_grad_check(op, "dx", dx, x, nd, dt_tensor_shape(x), mesh ? dt_tensor_layout(x) : NULL,
+                         &gx));
+    DT_TRY(dt_grad_check(op, "dweight", dweight, x, 1, &E, mesh ? &wl : NULL, &gw));
+    const int64_t rows = E > 0 ? dt_tensor_local_numel(x) / E : 0;
+    dt_backend *be = dt_tensor_context(x)->backend;
+    const void *w = weight ? dt_tensor_data_const(weight) : NULL;
+    /* Both wanted: one pass. When one is new and the other added into (dx
+     * into the residual's gradient, dweight new), the new one starts zeroed
+     * and is added into as well: v + 0 is v. */
+    const int zero = gx.slot && gw.slot && gx.accumulate != gw.accumulate;
+    dt_status st = dt_grad_make(&gx, zero);
+    if (st == DT_SUCCESS) st = dt_grad_make(&gw, zero);
+    if (st == DT_SUCCESS && gx.t && gw.t) {
+        st = be->ops->rmsnorm_backward(be, dt_tensor_dtype(x), rows, E, dt_tensor_data_const(x), w,
+                                       eps, dt_tensor_data_const(dy), dt_tensor_data(gx.t),
+                                       dt_tensor_data(gw.t), gx.accumulate || gw.accumulate);
+    } else {
+        if (st == DT_SUCCESS && gx.t)
+            st = be->ops->rmsnorm_backward(be, dt_tensor_dtype(x), rows, E, dt_tensor_data_const(x),
+                                           w, eps, dt_tensor_data_const(dy), dt_tensor_data(gx.t),
+                                           NULL, gx.accumulate);
+        if (st == DT_SUCCESS && gw.t)
+            st = be->ops->rmsnorm_backward(be, dt_tensor_dtype(x), rows, E, dt_tensor_data_const(x),
+                                           w, eps, dt_tensor_data_const(dy), NULL,
+                                           dt_tensor_data(gw.t), gw.accumulate);
+    }
+    dt_grad_finish(st, &gx);
+    return dt_grad_finish(st, &gw);
+}
+
+dt_status dt_rmsnorm_backward(const dt_tensor *x, const dt_tensor *weight, float eps,
+                              const dt_tensor *dy, dt_tensor **dx, dt_tensor **dweight) {
+    return dt_context_note(x ? dt_tensor_context(x) : NULL,
+                           nn_rmsnorm_backward_impl(x, weight, eps, dy, dx, dweight));
+}
+
 dt_status dt_rmsnorm(const dt_tensor *x, const dt_tensor *weight, float eps, dt_tensor **out) {
     return dt_context_note(dt_tensor_context(x), nn_rmsnorm_impl(x, weight, eps, out));
 }
 
 /* ------------------------------------------------------------------ rotary */
 
-static dt_status nn_rotary_impl(const dt_tensor *x, const dt_rotary_options *opts,
-                                dt_tensor **out) {
-    const char *op = "dt_rotary";
+/* What a rotary call runs: the local buffer as [outer, s_loc, inner, D]
+ * and each local row's position (pos: malloc'd, the caller frees it). */
+typedef struct nn_rotary_plan {
+    int64_t outer, s_loc, inner, D;
+    int64_t *pos;
+    double base;
+    dt_rotary_style style;
+} nn_rotary_plan;
+
+/* Checks x and opts as dt_rotary takes them and makes the plan. */
+static dt_status nn_rotary_plan_make(const char *op, const dt_tensor *x,
+                                     const dt_rotary_options *opts, nn_rotary_plan *rp) {
     dt_rotary_options def = DT_ROTARY_OPTIONS_INIT;
     if (opts == NULL) opts = &def;
     DT_REQUIRE(x != NULL, "%s: x is NULL", op);
-    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
     DT_TRY(nn_check_dtype(op, x));
     const int nd = dt_tensor_ndim(x), last = nd - 1;
     const int64_t *shape = dt_tensor_shape(x);
@@ -377,17 +528,67 @@ static dt_status nn_rotary_impl(const dt_tensor *x, const dt_rotary_options *opt
             seq_parts > 1 ? dt_order_global(seq_order, S, seq_parts, seq_coord, s) : s;
         pos[s] = opts->positions ? opts->positions[g] : g;
     }
-    const double base = opts->base > 0.0f ? (double)opts->base : 10000.0;
+    *rp = (nn_rotary_plan){outer, s_loc, inner, D, pos,
+                           opts->base > 0.0f ? (double)opts->base : 10000.0, opts->style};
+    return DT_SUCCESS;
+}
 
+static dt_status nn_rotary_impl(const dt_tensor *x, const dt_rotary_options *opts,
+                                dt_tensor **out) {
+    const char *op = "dt_rotary";
+    DT_REQUIRE(out != NULL, "%s: out is NULL", op);
+    nn_rotary_plan rp;
+    DT_TRY(nn_rotary_plan_make(op, x, opts, &rp));
     dt_tensor *o = NULL;
     dt_status st = nn_like(x, &o);
     if (st == DT_SUCCESS) {
         dt_backend *be = dt_tensor_context(x)->backend;
-        st = be->ops->rotary(be, dt_tensor_dtype(x), outer, s_loc, inner, D, pos, base,
-                             opts->style, dt_tensor_data_const(x), dt_tensor_data(o));
+        st = be->ops->rotary(be, dt_tensor_dtype(x), rp.outer, rp.s_loc, rp.inner, rp.D, rp.pos,
+                             rp.base, rp.style, dt_tensor_data_const(x), dt_tensor_data(o));
     }
-    free(pos);
+    free(rp.pos);
     return dt_op_output(st, o, out);
+}
+
+/* dx = the inverse rotation of dy at the same positions (the rotation is
+ * orthogonal). Into a gradient to add into: rotated into a new tensor, then
+ * added. */
+static dt_status nn_rotary_backward_impl(const dt_tensor *x, const dt_rotary_options *opts,
+                                         const dt_tensor *dy, dt_tensor **dx) {
+    const char *op = "dt_rotary_backward";
+    DT_REQUIRE(dy != NULL, "%s: dy is NULL", op);
+    nn_rotary_plan rp;
+    DT_TRY(nn_rotary_plan_make(op, x, opts, &rp));
+    dt_status st = dt_grad_check_dy(op, "x", x, dy);
+    const dt_layout gl = dt_tensor_mesh(x) ? dt_layout_grad(dt_tensor_layout(x)) : dt_layout_replicated(0);
+    dt_grad g;
+    if (st == DT_SUCCESS)
+        st = dt_grad_check(op, "dx", dx, x, dt_tensor_ndim(x), dt_tensor_shape(x),
+                           dt_tensor_mesh(x) ? &gl : NULL, &g);
+    if (st != DT_SUCCESS || !dx) {
+        free(rp.pos);
+        return st;
+    }
+    dt_backend *be = dt_tensor_context(x)->backend;
+    const dt_dtype dt = dt_tensor_dtype(x);
+    dt_tensor *tmp = NULL;
+    st = g.accumulate ? nn_like(dy, &tmp) : dt_grad_make(&g, 0);
+    dt_tensor *into = g.accumulate ? tmp : g.t;
+    if (st == DT_SUCCESS)
+        st = be->ops->rotary_inverse(be, dt, rp.outer, rp.s_loc, rp.inner, rp.D, rp.pos, rp.base,
+                                     rp.style, dt_tensor_data_const(dy), dt_tensor_data(into));
+    if (st == DT_SUCCESS && g.accumulate)
+        st = be->ops->add(be, dt, dt_tensor_local_numel(dy), dt_tensor_data_const(g.t),
+                          dt_tensor_data_const(tmp), dt_tensor_data(g.t));
+    dt_tensor_destroy(tmp);
+    free(rp.pos);
+    return dt_grad_finish(st, &g);
+}
+
+dt_status dt_rotary_backward(const dt_tensor *x, const dt_rotary_options *opts,
+                             const dt_tensor *dy, dt_tensor **dx) {
+    return dt_context_note(x ? dt_tensor_context(x) : NULL,
+                           nn_rotary_backward_impl(x, opts, dy, dx));
 }
 
 dt_status dt_rotary(const dt_tensor *x, const dt_rotary_options *opts, dt_tensor **out) {

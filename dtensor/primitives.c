@@ -26,11 +26,8 @@
  * Replicate a direct step is always legal (the target Layout is legal).
  *
  * Every public function validates all arguments before it allocates or
- * communicates (the arguments of a collective call agree on every rank, so
- * all ranks reject together), returns a new tensor and never modifies its
- * input.
- *
- * Test: tests/test_tensor.c (make test).
+ * communicates (all ranks reject together), returns a new tensor and never
+ * modifies its input. Test: tests/test_tensor.c.
  */
 #include "primitives.h"
 
@@ -235,7 +232,6 @@ static void dt_mesh_coords_of(const dt_mesh *mesh, int w, int *coords) {
     }
 }
 
-/* 1 if no tensor dim is sharded by two mesh dims. */
 /* For the rank at `coords`: global indices of its local rows along every
  * dim sharded by `lay`, written into `tables` (room for the sum of the local
  * extents L) and pointed to by idx[dim]; idx of unsharded dims is NULL. The
@@ -255,6 +251,7 @@ static void dt_global_tables(const dt_mesh *mesh, const dt_layout *lay, const in
     }
 }
 
+/* 1 if no tensor dim is sharded by two mesh dims. */
 static int dt_layout_legal(const dt_layout *l) {
     for (int a = 0; a < l->ndim; a++)
         for (int b = a + 1; b < l->ndim; b++)

@@ -44,6 +44,14 @@ dt_status dt_tensor_gather(const dt_tensor *t, int root, dt_tensor **out);
 dt_status dt_tensor_redistribute(const dt_tensor *t, const dt_layout *layout,
                                  dt_tensor **out);
 
+/* COLLECTIVE. grad, a gradient of t (t's shape, as a backward function left
+ * it: Partial where it is a sum of the ranks' parts), redistributed to the
+ * Layout t's gradient has: t's Layout with Partial read as Replicate
+ * (dt_layout_grad). All-reduce where grad is Partial and t Replicate,
+ * reduce-scatter where t is Shard: Megatron's backward all-reduce, and
+ * sequence parallelism's reduce-scatter, in one call. */
+dt_status dt_tensor_grad_reduce(const dt_tensor *grad, const dt_tensor *t, dt_tensor **out);
+
 /* COLLECTIVE. dt_tensor_redistribute to every mesh dim Replicate. */
 dt_status dt_tensor_replicate(const dt_tensor *t, dt_tensor **out);
 

@@ -192,21 +192,15 @@ float dt_random_value(uint64_t seed, uint64_t i) {
     return (float)k * (1.0f / 8388608.0f) - 1.0f;
 }
 
-static dt_status dt_tensor_fill_random_impl(dt_tensor *t, uint64_t seed) {
-    DT_REQUIRE(t != NULL, "dt_tensor_fill_random: tensor is NULL");
-    if (!dt_dtype_is_float(t->dtype))
-        return dt_error(DT_ERR_NOT_SUPPORTED, "dt_tensor_fill_random: dtype %s is not supported",
-                        dt_dtype_name(t->dtype));
-    int zero = 0; /* a non-zero coordinate on a Partial mesh dim holds zeros */
-    for (int m = 0; m < t->layout.ndim; m++)
-        if (t->layout.placements[m].kind == DT_PARTIAL && dt_mesh_coord(t->mesh, m) != 0) zero = 1;
-
-    dt_status st = DT_SUCCESS;
-    int64_t *gidx[DT_MAX_DIMS] = { 0 };
-    void *host = NULL;
+/* gidx[d] (malloc'd, the caller frees each) = the global index of each local
+ * index along dim d, from the Layout's index maps. */
+static dt_status global_indices(const dt_tensor *t, int64_t **gidx) {
     for (int d = 0; d < t->ndim; d++) {
         gidx[d] = malloc((size_t)(t->local_shape[d] > 0 ? t->local_shape[d] : 1) * sizeof(int64_t));
-        if (gidx[d] == NULL) goto oom;
+        if (gidx[d] == NULL) {
+            for (int e = 0; e < d; e++) free(gidx[e]), gidx[e] = NULL;
+            return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: out of host memory", t->ctx->rank);
+        }
         for (int64_t x = 0; x < t->local_shape[d]; x++) gidx[d][x] = x;
     }
     for (int m = 0; m < t->layout.ndim; m++) {
@@ -216,28 +210,100 @@ static dt_status dt_tensor_fill_random_impl(dt_tensor *t, uint64_t seed) {
         for (int64_t x = 0; x < t->local_shape[p->dim]; x++)
             gidx[p->dim][x] = dt_order_global(p->order, t->shape[p->dim], parts, coord, x);
     }
-    host = malloc(t->local_bytes > 0 ? t->local_bytes : 1);
-    if (host == NULL) goto oom;
-    if (zero) {
-        memset(host, 0, t->local_bytes);
-    } else if (t->local_numel > 0) {
-        int64_t gstride[DT_MAX_DIMS];
-        int64_t s = 1;
-        for (int d = t->ndim - 1; d >= 0; d--) {
-            gstride[d] = s;
-            s *= t->shape[d];
-        }
-        int64_t x[DT_MAX_DIMS] = { 0 };
-        for (int64_t i = 0; i < t->local_numel; i++) {
-            int64_t g = 0;
-            for (int d = 0; d < t->ndim; d++) g += gidx[d][x[d]] * gstride[d];
-            dt_value_set(host, t->dtype, (size_t)i, dt_random_value(seed, (uint64_t)g));
-            for (int d = t->ndim - 1; d >= 0; d--) { /* odometer, last dim fastest */
-                if (++x[d] < t->local_shape[d]) break;
-                x[d] = 0;
-            }
+    return DT_SUCCESS;
+}
+
+dt_status dt_tensor_global_indices(const dt_tensor *t, int dim, int64_t *out) {
+    DT_REQUIRE(t != NULL && out != NULL, "dt_tensor_global_indices: t and out must not be NULL");
+    DT_REQUIRE(dim >= 0 && dim < t->ndim, "dt_tensor_global_indices: dim %d is out of range for "
+               "a %d-dim tensor", dim, t->ndim);
+    int64_t *gidx[DT_MAX_DIMS] = { 0 };
+    DT_TRY(global_indices(t, gidx));
+    memcpy(out, gidx[dim], (size_t)t->local_shape[dim] * sizeof *out);
+    for (int d = 0; d < DT_MAX_DIMS; d++) free(gidx[d]);
+    return DT_SUCCESS;
+}
+
+/* Walks the local elements through the index maps, each with its offset g
+ * in the row-major full tensor: FROM_FULL copies full[g] to the host copy
+ * `local`, TO_FULL local to full[g], RANDOM sets local to
+ * dt_random_value(seed, g). */
+enum { TO_FULL, FROM_FULL, RANDOM };
+static void local_walk(const dt_tensor *t, int64_t *const *gidx, char *local, char *full,
+                       int mode, uint64_t seed) {
+    const size_t es = dt_dtype_size(t->dtype);
+    int64_t gstride[DT_MAX_DIMS];
+    int64_t s = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        gstride[d] = s;
+        s *= t->shape[d];
+    }
+    int64_t x[DT_MAX_DIMS] = { 0 };
+    for (int64_t i = 0; i < t->local_numel; i++) {
+        int64_t g = 0;
+        for (int d = 0; d < t->ndim; d++) g += gidx[d][x[d]] * gstride[d];
+        if (mode == TO_FULL) memcpy(full + (size_t)g * es, local + (size_t)i * es, es);
+        else if (mode == FROM_FULL) memcpy(local + (size_t)i * es, full + (size_t)g * es, es);
+        else dt_value_set(local, t->dtype, (size_t)i, dt_random_value(seed, (uint64_t)g));
+        for (int d = t->ndim - 1; d >= 0; d--) { /* odometer, last dim fastest */
+            if (++x[d] < t->local_shape[d]) break;
+            x[d] = 0;
         }
     }
+}
+
+/* 1 where a non-zero coordinate on a Partial mesh dim makes the local part
+ * a zero summand. */
+static int is_partial_nonzero(const dt_tensor *t) {
+    for (int m = 0; m < t->layout.ndim; m++)
+        if (t->layout.placements[m].kind == DT_PARTIAL && dt_mesh_coord(t->mesh, m) != 0) return 1;
+    return 0;
+}
+
+static dt_status global_copy(dt_tensor *t, void *full, int to_full) {
+    const char *op = to_full ? "dt_tensor_get_global" : "dt_tensor_set_global";
+    DT_REQUIRE(t != NULL && full != NULL, "%s: t and full must not be NULL", op);
+    for (int m = 0; to_full && m < t->layout.ndim; m++)
+        DT_REQUIRE(t->layout.placements[m].kind != DT_PARTIAL,
+                   "%s: the tensor is Partial on mesh dim %d (its local part is a summand): "
+                   "redistribute it first", op, m);
+    int64_t *gidx[DT_MAX_DIMS] = { 0 };
+    DT_TRY(global_indices(t, gidx));
+    dt_backend *be = t->ctx->backend;
+    char *host = malloc(t->local_bytes > 0 ? t->local_bytes : 1);
+    dt_status st = host ? DT_SUCCESS : dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    if (st == DT_SUCCESS && to_full) st = be->ops->download(be, host, t->data, t->local_bytes);
+    if (st == DT_SUCCESS) {
+        if (!to_full && is_partial_nonzero(t)) memset(host, 0, t->local_bytes);
+        else local_walk(t, gidx, host, full, to_full ? TO_FULL : FROM_FULL, 0);
+    }
+    if (st == DT_SUCCESS && !to_full) st = be->ops->upload(be, t->data, host, t->local_bytes);
+    free(host);
+    for (int d = 0; d < DT_MAX_DIMS; d++) free(gidx[d]);
+    return st;
+}
+
+dt_status dt_tensor_set_global(dt_tensor *t, const void *full) {
+    return dt_context_note(t ? t->ctx : NULL, global_copy(t, (void *)full, 0));
+}
+
+dt_status dt_tensor_get_global(const dt_tensor *t, void *full) {
+    return dt_context_note(t ? t->ctx : NULL, global_copy((dt_tensor *)t, full, 1));
+}
+
+static dt_status dt_tensor_fill_random_impl(dt_tensor *t, uint64_t seed) {
+    DT_REQUIRE(t != NULL, "dt_tensor_fill_random: tensor is NULL");
+    if (!dt_dtype_is_float(t->dtype))
+        return dt_error(DT_ERR_NOT_SUPPORTED, "dt_tensor_fill_random: dtype %s is not supported",
+                        dt_dtype_name(t->dtype));
+    dt_status st = DT_SUCCESS;
+    int64_t *gidx[DT_MAX_DIMS] = { 0 };
+    void *host = NULL;
+    if (global_indices(t, gidx) != DT_SUCCESS) goto oom;
+    host = malloc(t->local_bytes > 0 ? t->local_bytes : 1);
+    if (host == NULL) goto oom;
+    if (is_partial_nonzero(t)) memset(host, 0, t->local_bytes);
+    else local_walk(t, gidx, host, NULL, RANDOM, seed);
     st = t->ctx->backend->ops->upload(t->ctx->backend, t->data, host, t->local_bytes);
     goto out;
 oom:

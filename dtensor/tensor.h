@@ -51,18 +51,27 @@ size_t dt_tensor_local_bytes(const dt_tensor *t);
 void *dt_tensor_data(dt_tensor *t);
 const void *dt_tensor_data_const(const dt_tensor *t);
 
-/* Copy `bytes` (must equal dt_tensor_local_bytes) from host memory into the
- * local buffer, or out of it. Not collective; no communication. */
+/* Not collective. Copy `bytes` (= dt_tensor_local_bytes) of host memory into
+ * the local buffer, or out of it; returns once the host buffer is free (get: holds
+ * the data, after the rank's queued work). */
 dt_status dt_tensor_set_local(dt_tensor *t, const void *host, size_t bytes);
 dt_status dt_tensor_get_local(const dt_tensor *t, void *host, size_t bytes);
 
-/* Fill every element with a value in [-1, 1) that depends only on (seed,
- * global linear index): every rank writes its own part of the same global
- * tensor, whatever the Layout. On a Partial mesh dim the rank at coordinate
- * 0 holds the value and the others zero. bf16 and fp16 store the value
- * rounded (dt_value_round; bf16 may reach 1.0). fp32, bf16 and fp16 (on
- * every backend: filling is not computing). Not collective. */
+/* Not collective. Each element := a value in [-1, 1) of (seed, global linear
+ * index) only, so ranks fill their parts of one global tensor (Partial: coord 0
+ * holds it, others 0; bf16/fp16 rounded, bf16 may reach 1.0). fp32/bf16/fp16. */
 dt_status dt_tensor_fill_random(dt_tensor *t, uint64_t seed);
+
+/* The global index along dim of each of this rank's local indices along it
+ * (the Layout's index map); out holds dt_tensor_local_shape(t)[dim] entries.
+ * Not collective. */
+dt_status dt_tensor_global_indices(const dt_tensor *t, int dim, int64_t *out);
+
+/* Not collective. full: a host array of the global shape and dtype. set copies
+ * this rank's part in (Partial: as fill_random); get writes the local elements
+ * to their places in full, others untouched (t not Partial). Blocks the host. */
+dt_status dt_tensor_set_global(dt_tensor *t, const void *full);
+dt_status dt_tensor_get_global(const dt_tensor *t, void *full);
 
 /* The value dt_tensor_fill_random writes at global linear index i. */
 float dt_random_value(uint64_t seed, uint64_t i);

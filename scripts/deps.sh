@@ -1,7 +1,7 @@
 #!/bin/sh
 # scripts/deps.sh — make sure the build dependencies of dtensor are present.
 #
-#   scripts/deps.sh                 probe cmocka, OpenBLAS and Open MPI; install what is missing
+#   scripts/deps.sh                 probe cmocka, OpenBLAS, CMake and Open MPI; install what is missing
 #   scripts/deps.sh --without-mpi   leave MPI out (make MPI=0 passes this)
 #   scripts/deps.sh --check         probe only, never install (exit 1 if missing)
 #   (--with-mpi is accepted for older callers: MPI is in by default)
@@ -11,10 +11,13 @@
 # include/ and lib/ or lib/<multiarch>/, e.g. unpacked .debs) and MPI_HOME
 # (an MPI installation with bin/mpicc and bin/mpirun; when given, it is
 # probed and never installed over). Open MPI's packages are openmpi-bin
-# (mpirun) and libopenmpi-dev (mpicc, mpi.h). Silent and
-# fast when everything is present. Otherwise, as root (or with passwordless
-# sudo) it runs `apt-get update` once and `apt-get install` for the missing
-# packages only; without either it prints what to install and exits 1.
+# (mpirun) and libopenmpi-dev (mpicc, mpi.h). CMake (package cmake; found
+# when `cmake --version` runs) serves one test: tests/test_docs.c builds
+# README.md's program with find_package(dtensor), and skips without it.
+# Silent and fast when everything is present. Otherwise, as root (or with
+# passwordless sudo) it runs `apt-get update` once and `apt-get install` for
+# the missing packages only; without either it prints what to install and
+# exits 1.
 # All messages go to stderr: the Makefile calls this inside $(shell ...).
 #
 # Exit status: 0 all present (after installing if needed), 1 something is
@@ -35,7 +38,7 @@ for arg in "$@"; do
     --without-mpi) with_mpi=0 ;;
     --check) check_only=1 ;;
     -h | --help)
-        sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
+        sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
         exit 0
         ;;
     *)
@@ -135,10 +138,16 @@ have_mpi() {
         "$mpicc" "$tmp/mpi.c" -o "$tmp/mpi" >"$tmp/mpi.log" 2>&1
 }
 
+# cmake in PATH that runs.
+have_cmake() {
+    command -v cmake >/dev/null 2>&1 && cmake --version >"$tmp/cmake.log" 2>&1
+}
+
 probe() {
     missing=
     have_cmocka || missing="$missing libcmocka-dev"
     have_openblas || missing="$missing libopenblas-dev"
+    have_cmake || missing="$missing cmake"
     mpi_missing=0
     if [ "$with_mpi" = 1 ] && ! have_mpi; then
         mpi_missing=1

@@ -3,7 +3,7 @@
 # in a few minutes: the machine, the build, the CUDA-relevant suites one by
 # one, compute-sanitizer (memcheck on test_cuda; racecheck and synccheck on
 # the tensor-core attention kernels), the examples on --backend cuda, the
-# benches' --quick runs (bench/issue8.py's too), and last the whole
+# benches' --quick runs (bench/attention_report.py's too), and last the whole
 # `make test`.
 #
 #   scripts/gpu_check.sh [--dry-run] [--skip GROUPS] [--prebuilt DIR] [BUDGET_SECONDS]
@@ -32,11 +32,11 @@
 # Dependencies: the device machine has CUDA and NCCL but no cmocka. Carry a
 # prefix of unpacked .debs at .deps/root/usr (DEPS_PREFIX overrides it): it is
 # passed as CMOCKA_ROOT (and as OPENBLAS_ROOT when it holds OpenBLAS), with
-# DEPS=0 so make never tries a package manager. See README.md, "Running on a
-# GPU", for how to make the prefix and the device call.
+# DEPS=0 so make never tries a package manager. See scripts/README.md for
+# how to make the prefix and the device call.
 set -u -o pipefail
 
-usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; }
 
 dry=0
 budget=540
@@ -323,9 +323,9 @@ step bench bench_attention_quick 120 15 plain "$build/bench/attention" --backend
 step bench bench_blocks_quick 60 10 plain "$build/bench/blocks" --backend cuda --quick
 step bench bench_blocks_quick_wgmma 60 10 plain "$build/bench/blocks" --backend cuda --quick --kernel wgmma
 step bench bench_mlp 120 20 plain "$build/bench/mlp" --backend cuda --ranks 1,2 --iters 10
-# The issue 8 measurement script on tiny shapes, PyTorch included where it
-# is installed: checks every path of the measuring call (bench/issue8.py).
-step bench issue8_quick 150 20 plain python3 bench/issue8.py --quick --budget 120 --build "$build"
+# The GPU report on tiny shapes, PyTorch included where it is installed:
+# checks every path of the measuring call (bench/attention_report.py).
+step bench attention_report_quick 150 20 plain python3 bench/attention_report.py --quick --budget 120 --build "$build"
 
 # -------------------------------------------------------- the whole suite
 # Last: the suites above already ran the CUDA cases; this catches the rest

@@ -29,7 +29,7 @@
 # /.gpu/ and /.deps/ to .git/info/exclude so that neither travels as
 # untracked files. The device call then carries [".deps", ".gpu"] and runs
 #
-#   scripts/gpu_session.sh --prebuilt .gpu/build 480   (tests, issue8.py)
+#   scripts/gpu_session.sh --prebuilt .gpu/build 480   (tests, attention_report.py)
 #   scripts/gpu_check.sh --prebuilt .gpu/build 540     (the thorough check)
 #
 # A build made on this project's Debian 12 machine (nvcc 13.0, sm_90) ran

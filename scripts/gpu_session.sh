@@ -6,56 +6,56 @@
 # soak case reads the whole device's memory), a canary of the wgmma
 # forward in its default launch (at D = 128 the producer warpgroup's
 # loads) and with --producer 0 (thread 0's loads), and of the wgmma
-# backward (a small block; a variant failing or hanging is left
-# out of the rest, and if the default forward or the backward does, the
-# rest measures the mma kernels only), the wgmma forward of the revisions
-# that scripts/gpu_pack.sh --bisect packed beside this build's (if any),
-# issue 4 (c) (the ring's cost; again with the communication stream's
+# backward (a small block; a variant failing or hanging is left out of
+# the rest, and if the default forward or the backward does, the rest
+# measures the mma kernels only), the wgmma forward of the revisions that
+# scripts/gpu_pack.sh --bisect packed beside this build's (if any), the
+# ring cost (bench/attention (c); again with the communication stream's
 # copies by the driver and its adds wide: --comm-ctas 0, without the
 # copies: --copies 0, and the forward with its steps grouped: --group 4
-# and 7), a ring step's copies alone (bench/ring, P = 2 and 8), then bench/issue8.py
-# with what is left of the budget. Every step before issue8.py is cut to
-# leave it ISSUE8_MIN (200) seconds.
+# and 7), a ring step's copies alone (bench/ring, P = 2 and 8), then
+# bench/attention_report.py with what is left of the budget. Every step
+# before it is cut to leave it REPORT_MIN (200) seconds.
 #
 #   scripts/gpu_session.sh [--dry-run] [--profile] [--prebuilt DIR] [BUDGET_SECONDS]
 #
 #   BUDGET_SECONDS  the whole run (default 480). The suites and the
 #                   sanitizers take about 45 s on an H200, the canaries
-#                   about 8, issue 4 (c) about 20 s each of its four
-#                   runs, --profile about 45 s, issue8.py about 300 s (on
-#                   an H200, 2026-11-27: with a budget of 317 s it ran 54
-#                   steps in 299 s and skipped its last 6, for the budget;
-#                   its rows added since take more; it runs the targets
-#                   still open first, and its later steps are skipped when
-#                   the budget runs out). Give the device call a
-#                   timeout_s of the budget plus 20: with a machine's
-#                   start, about 9 of the session's 15 minutes, leaving
-#                   room for a shorter second call.
+#                   about 8, the ring cost about 20 s each of its runs,
+#                   --profile about 45 s, attention_report.py about 300 s
+#                   (on an H200, 2026-11-27: with a budget of 317 s it ran
+#                   54 steps in 299 s and skipped its last 6, for the
+#                   budget; its tables added since take more; it runs the
+#                   figures short of their targets first, and its later
+#                   steps are skipped when the budget runs out). Give the
+#                   device call a timeout_s of the budget plus 20: with a
+#                   machine's start, about 9 of the session's 15 minutes,
+#                   leaving room for a shorter second call.
 #   --prebuilt DIR  the programs (default .gpu/build, as scripts/gpu_pack.sh
 #                   makes them here; the call carries [".deps", ".gpu"]).
 #   --profile       also Nsight Compute's source counters on the wgmma
 #                   forward's causal 4096 x 4096 block (H = 32, D = 128,
 #                   bf16), by default and with each variant, before
-#                   issue8.py (about 40 s, which issue8.py then lacks at
-#                   a budget of 480): needs DIR/prof/blocks, a
+#                   attention_report.py (about 40 s, which it then lacks
+#                   at a budget of 480): needs DIR/prof/blocks, a
 #                   LINEINFO=1 build (scripts/gpu_pack.sh --profile); its
 #                   exports come back in ncu_source.tgz and
 #                   bench/ncu_source.py's summary, split at the tile loop,
 #                   the key tile loop and the end, in summary.txt.
 #   --dry-run       print what would run, run nothing.
 #
-# Output, in $OUT (at most 8 files, as the device tool brings back): the
-# summary (summary.txt: one line per suite with its cmocka counts, each
-# sanitizer's verdict, issue 4 (c)'s rows, issue8.py's summary), the
-# suites' and sanitizers' logs packed in tests.tgz, ring_cost.txt,
-# issue8.md, issue8.json, issue8.err (and ncu_source.tgz). Exits 0 when
-# every suite, sanitizer and canary passed and issue8.py ran whole, 1
+# Output, in $OUT (at most 8 files, as the device tool brings back):
+# summary.txt (one line per suite with its cmocka counts, each
+# sanitizer's verdict, the ring cost's rows, the report's summary),
+# tests.tgz (the suites' and sanitizers' logs), ring_cost.txt,
+# attention_report.md, .json and .err (and ncu_source.tgz). Exits 0 when
+# every suite, sanitizer and canary passed and the report ran whole, 1
 # otherwise. scripts/gpu_check.sh is the thorough check (every suite one by
 # one, the examples, the benches' --quick runs, the whole suite last:
 # 540 s, a call of its own).
 set -u
 
-usage() { sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,55p' "$0" | sed 's/^# \{0,1\}//'; }
 dry=0
 profile=0
 budget=480
@@ -78,18 +78,19 @@ done
 
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-$PWD/gpu_session_out}
-suites="test_cuda test_attention test_attention_backward test_mlp test_transformer test_collectives test_ring test_reliability"
+suites="test_cuda test_attention test_attention_backward test_nonfinite test_grad test_grad_kernels test_train test_mlp test_transformer test_collectives test_ring test_reliability"
 # compute-sanitizer on the one-rank cases of the kernel tests (every
-# forward and backward kernel, the wgmma forward's variants at D = 128)
+# forward and backward kernel in both forms, cuda-kernels/ and
+# cuda-latest/; the wgmma forward's variants at D = 128)
 sanitized="racecheck:test_attention:forward racecheck:test_attention_backward:backward
 synccheck:test_attention:forward synccheck:test_attention_backward:backward"
-# the wgmma forward's launches that the canaries, issue 4 (c) (but
+# the wgmma forward's launches that the canaries, the ring cost (but
 # --producer 0: ring_runs_of) and --profile compare:
 # the default (at D = 128 the producer warpgroup's loads) and --producer 0
 # (thread 0's); each is its flags with '_' for the space
 variants="default --producer_0"
 flags_of() { [ "$1" = default ] || echo "${1//_/ }"; }   # the bench flags of a variant
-# issue 4 (c) once more with the default kernel launch: the communication
+# the ring cost once more with the default kernel launch: the communication
 # stream's work (the local transport's same-device copies, the backward's
 # add beside) by the driver's copy and kernels on as many SMs as they get
 # instead of the default's kernels of a few CTAs, 32 shared by the ranks on
@@ -101,10 +102,10 @@ flags_of() { [ "$1" = default ] || echo "${1//_/ }"; }   # the bench flags of a 
 # 7 to a launch (--group, dt_attention_options.group; at P = 8 striped
 # takes 4 for both, a power of two, and 7 is every step after a rank's
 # own for contiguous and zigzag, where the tile model puts contiguous
-# within issue 8's item 3). (--dependent 2, the rows' waits, was measured
+# within 1.05x of one call). (--dependent 2, the rows' waits, was measured
 # on 2026-11-29 and left off.)
 ring_extra="--comm-ctas_0 --copies_0 --group_4_--pass_fwd --group_7_--pass_fwd"
-# issue 4 (c)'s runs: the variants left (the canaries'), --producer 0
+# the ring cost's runs: the variants left (the canaries'), --producer 0
 # aside (measured there twice on the H200 of 2026-11-27), then ring_extra
 ring_runs_of() {
     local v out=""
@@ -117,10 +118,10 @@ ring_runs_of() {
 # take milliseconds, with more query tiles (256) than SMs, so that
 # persistent CTAs take several. A variant failing or running past 20 s
 # is left out of everything after it, where a hang would cost each step
-# its timeout; issue8.py runs the default launch only.
+# its timeout; attention_report.py runs the default launch only.
 canary="--backend cuda --kernel wgmma --section r --heads 16 --kv-heads 16 --dim 128 --dtype bf16
 --c 2048 --iters 1"
-issue8_min=${ISSUE8_MIN:-200}
+report_min=${REPORT_MIN:-200}
 
 if [ "$dry" = 1 ]; then
     echo "gpu_session dry run: budget ${budget}s, programs of $build, output in $out"
@@ -129,7 +130,7 @@ if [ "$dry" = 1 ]; then
     done
     for s in $sanitized; do
         IFS=: read -r tool t pass <<<"$s"
-        echo "  sanitizer  DT_TEST_FILTER='$pass/cuda-kernels/*P=1*' compute-sanitizer --tool $tool $build/tests/$t"
+        echo "  sanitizer  DT_TEST_FILTER='$pass/cuda-*/*P=1*' compute-sanitizer --tool $tool $build/tests/$t"
     done
     echo "  then       $build/tests/test_reliability (140 s at most; alone)"
     for v in $variants --pass_bwd; do
@@ -137,13 +138,13 @@ if [ "$dry" = 1 ]; then
         # shellcheck disable=SC2086 # the flags, word by word
         echo "  canary     $build/bench/blocks" $canary $f "(20 s at most)"
     done
-    [ -d "$build/bisect" ] && echo "  then       bench/blocks --kernel wgmma --section r, item 1's D = 128 shapes, of each of:" \
+    [ -d "$build/bisect" ] && echo "  then       bench/blocks --kernel wgmma --section r, the D = 128 reference shapes, of each of:" \
         "$(cd "$build/bisect" && echo *) and this build (30 s at most each)"
     # shellcheck disable=SC2086 # the variants, word by word
-    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: $(ring_runs_of $variants | sed 's/_/ /g') (60 s at most each, less if issue8.py would get under ${issue8_min} s)"
+    echo "  then       $build/bench/attention --backend cuda --section c --pass fwd,bwd --iters 5 with each of: $(ring_runs_of $variants | sed 's/_/ /g') (60 s at most each, less if attention_report.py would get under ${report_min} s)"
     echo "  then       $build/bench/ring --backend cuda --ranks P --mib 8,32 --iters 10 for P = 2, 8 (a ring step's same-device copies alone; 20 s at most in all)"
     [ "$profile" = 1 ] && echo "  then       ncu --section SourceCounters on $build/prof/blocks (the wgmma forward, causal 4096) with each of: ${variants//_/ } (likewise)"
-    echo "  then       python3 bench/issue8.py --build $build --budget <what is left - 15> --step-timeout <a third of it, 90 to 150> [--kernels mma] --json-out \$OUT/issue8.json"
+    echo "  then       python3 bench/attention_report.py --build $build --budget <what is left - 15> --step-timeout <a third of it, 90 to 150> [--kernels mma] --json-out \$OUT/attention_report.json"
     exit 0
 fi
 
@@ -180,7 +181,7 @@ for t in $suites; do
 done
 for s in $sanitized; do
     IFS=: read -r tool t pass <<<"$s"
-    DT_TEST_FILTER="$pass/cuda-kernels/*P=1*" timeout -k 5 150 "$san" --tool "$tool" --error-exitcode 99 \
+    DT_TEST_FILTER="$pass/cuda-*/*P=1*" timeout -k 5 150 "$san" --tool "$tool" --error-exitcode 99 \
         --print-limit 20 "$build/tests/$t" >"$logs/${tool}_$t.log" 2>&1 &
     pids+=($!)
     names+=("${tool}_$t")
@@ -243,9 +244,9 @@ if [ "$mma_only" = 1 ]; then
 fi
 tar czf "$out/tests.tgz" -C "$logs" . && rm -rf "$logs"
 # The wgmma forward of other revisions (scripts/gpu_pack.sh --bisect) beside
-# this build's: item 1's D = 128 shapes, each about 3 s
+# this build's: the D = 128 reference shapes, each about 3 s
 if [ -d "$build/bisect" ] && [ "$mma_only" = 0 ]; then
-    echo "# item 1's D = 128 blocks, the wgmma forward by revision (bench/blocks" \
+    echo "# the D = 128 reference blocks, the wgmma forward by revision (bench/blocks" \
         "--backend cuda --kernel wgmma --section r --pass fwd --heads 16 --kv-heads 16 --dim 128" \
         "--dtype bf16 --ranks 8 --c 4096,16384 --iters 10)" >>"$summary"
     for blocks in "$build"/bisect/*/blocks "$build/bench/blocks"; do
@@ -259,10 +260,10 @@ if [ -d "$build/bisect" ] && [ "$mma_only" = 0 ]; then
     done
 fi
 
-# cap WANT: WANT seconds, or what the budget has left before issue8.py's
-# ISSUE8_MIN if that is less
+# cap WANT: WANT seconds, or what the budget has left before the report's
+# REPORT_MIN if that is less
 cap() {
-    local left=$((budget - SECONDS - 15 - issue8_min))
+    local left=$((budget - SECONDS - 15 - report_min))
     [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
 }
 : >"$out/ring_cost.txt"
@@ -272,7 +273,7 @@ ring_runs=$(ring_runs_of $variants)
 for v in $ring_runs; do
     c=$(cap 60)
     if [ "$c" -lt 15 ]; then
-        log "issue 4 (c) ${v/_/ }: skipped, ${c}s left before issue8.py's ${issue8_min}s"
+        log "ring cost ${v/_/ }: skipped, ${c}s left before attention_report.py's ${report_min}s"
         ok=0
         continue
     fi
@@ -285,14 +286,14 @@ for v in $ring_runs; do
     DT_ATTN_KERNEL=$kernel timeout -k 5 "$c" "$build/bench/attention" --backend cuda --section c \
         --pass fwd,bwd --iters 5 $flag >>"$out/ring_cost.txt" 2>&1
     rcs[ring]=$?
-    log "issue 4 (c): DT_ATTN_KERNEL=$kernel bench/attention --section c${flag:+ $flag}, $(exited ring)"
+    log "ring cost: DT_ATTN_KERNEL=$kernel bench/attention --section c${flag:+ $flag}, $(exited ring)"
 done
 # A ring step's copies alone: what the local transport's same-device copy
-# of a rank's K|V costs (32 MiB at issue 4 (c)'s H = 16, D = 128, bf16),
-# with nothing computing beside it (item 6's exposed share, issue 4 (c))
+# of a rank's K|V costs (32 MiB at the ring cost's H = 16, D = 128, bf16),
+# with nothing computing beside it (the exposed communication, the ring cost)
 for P in 2 8; do
     c=$(cap 10)
-    [ "$c" -lt 5 ] && { log "bench/ring --ranks $P: skipped, ${c}s left before issue8.py's ${issue8_min}s"; continue; }
+    [ "$c" -lt 5 ] && { log "bench/ring --ranks $P: skipped, ${c}s left before attention_report.py's ${report_min}s"; continue; }
     echo "# bench/ring --backend cuda --ranks $P --mib 8,32 --iters 10" >>"$out/ring_cost.txt"
     timeout -k 5 "$c" "$build/bench/ring" --backend cuda --ranks "$P" --mib 8,32 --iters 10 \
         >>"$out/ring_cost.txt" 2>&1
@@ -323,7 +324,7 @@ elif [ "$profile" = 1 ]; then
         n=${v#--}   # default, producer_0
         c=$(cap 60)
         if [ "$c" -lt 20 ]; then
-            log "ncu source counters, ${v/_/ }: skipped, ${c}s left before issue8.py's ${issue8_min}s"
+            log "ncu source counters, ${v/_/ }: skipped, ${c}s left before attention_report.py's ${report_min}s"
             continue
         fi
         # the 5th launch of the kernel: the causal block's timed run (after
@@ -351,7 +352,7 @@ fi
 
 left=$((budget - SECONDS - 15))
 if [ "$left" -lt 30 ]; then
-    log "issue8.py: skipped, ${left}s of the budget left"
+    log "attention_report.py: skipped, ${left}s of the budget left"
     ok=0
 else
     flags=()
@@ -360,11 +361,11 @@ else
     step=$((left / 3))
     [ "$step" -lt 90 ] && step=90
     [ "$step" -gt 150 ] && step=150
-    python3 bench/issue8.py --build "$build" --budget "$left" --step-timeout "$step" "${flags[@]}" \
-        --json-out "$out/issue8.json" >"$out/issue8.md" 2>"$out/issue8.err"
+    python3 bench/attention_report.py --build "$build" --budget "$left" --step-timeout "$step" "${flags[@]}" \
+        --json-out "$out/attention_report.json" >"$out/attention_report.md" 2>"$out/attention_report.err"
     rc=$?
-    log "issue8.py --budget $left --step-timeout $step ${flags[*]}: exit $rc"
-    sed -n '/^## summary/,$p' "$out/issue8.md" | tee -a "$summary"
+    log "attention_report.py --budget $left --step-timeout $step ${flags[*]}: exit $rc"
+    sed -n '/^## summary/,$p' "$out/attention_report.md" | tee -a "$summary"
     [ "$rc" = 0 ] || ok=0
 fi
 [ "$ok" = 1 ]

@@ -5,9 +5,10 @@
  *   fails a test instead of hanging the suite.
  * - h_compare: the stated tolerance |got - ref| <= atol + rtol*|ref|, with
  *   NaN/Inf checked explicitly; prints the first mismatches and the max error.
- * - Test-local index maps (h_order_indices) written from the definitions in
- *   DESIGN.md by enumeration, independent of dtensor/layout.c, so that the
- *   expected data of a test never comes from the code under test.
+ * - Test-local index maps (h_order_indices) written from the orders'
+ *   definitions (docs/ARCHITECTURE.md) by enumeration, independent of
+ *   dtensor/layout.c, so that the expected data of a test never comes from
+ *   the code under test.
  * - Case tables: tests build arrays of struct CMUnitTest whose names carry
  *   their parameters ("redistribute/P=3,...") and run them with h_run_cases.
  *

@@ -68,6 +68,13 @@ why_failed() {
         on { b[n++] = $0 }' "$log"
 }
 
+# last_lines: the last 8 lines of $log, each on its own indented line: what a
+# binary that died or hung printed last (a dependency's message among them),
+# kept for the list at the end, which is what survives a truncated log.
+last_lines() {
+    tail -n 8 "$log" | awk '{ printf "\n      | %s", $0 }'
+}
+
 total_pass=0 total_fail=0 total_skip=0 nbin=0
 failures=()
 
@@ -121,7 +128,7 @@ run_one() {
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
         echo "*** $name: HUNG$during — killed after ${limit}s (DT_TEST_TIMEOUT); counted as a failure"
         fail=$((fail + 1))
-        failures+=("$name: hung$during, killed after ${limit}s")
+        failures+=("$name: hung$during, killed after ${limit}s$(last_lines)")
     elif [ "$rc" -ne 0 ] && [ "$fail" -eq 0 ]; then
         local why
         if [ "$rc" -gt 128 ]; then
@@ -131,7 +138,7 @@ run_one() {
         fi
         echo "*** $name: $why$during without a failed test line; counted as a failure"
         fail=1
-        failures+=("$name: $why$during")
+        failures+=("$name: $why$during$(last_lines)")
     fi
 
     echo "--- $name: $pass passed, $fail failed, $skip skipped in $secs s"

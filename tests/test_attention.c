@@ -33,6 +33,7 @@
 
 #include "attention/attention.h"
 #include "attention/block.h"
+#include "attention/cuda/kernels.h"
 #include "attention/cuda/mma_layout.h"
 #include "dtensor/dtensor.h"
 #ifdef DT_HAVE_CUDA
@@ -64,6 +65,7 @@ typedef struct fwd_case {
                                   with its producer warpgroup off), each checked */
     int thread0;               /* cuda: the wgmma forward's producer warpgroup off, its loads
                                   by thread 0 (set by the test) */
+    dt_attn_kernel_choice kernel;   /* cuda: dt_attention_tuning.kernel (0: auto) */
     int huge;                  /* q, k multiples of 25: logits of magnitude 1e4 (exact in fp32) */
     int group;                 /* dt_attention_options.group: ring steps per launch */
     int nccl;                  /* cuda: the NCCL transport (a GPU a rank), not the local one */
@@ -102,7 +104,7 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     int t = dt_mesh_coord(mesh, 0), j = dt_mesh_coord(mesh, 1);
     int64_t c_rows = s->S / c->P, h = s->H / c->tp, hkv = s->Hkv / c->tp;
     size_t n = (size_t)(s->B * c_rows * h * s->D), nl = (size_t)(s->B * h * c_rows);
-    if (c->kernels) {
+    if (c->kernels || c->kernel) {
         /* fp16 and chosen values: each rank sets its rows of the test's inputs */
         size_t nkv = (size_t)(s->B * c_rows * hkv * s->D);
         ref = malloc((n > nkv ? n : nkv) * sizeof *ref);
@@ -121,6 +123,7 @@ static dt_status rank_forward(dt_context *ctx, void *arg) {
     }
     dt_attention_tuning tuning = DT_ATTENTION_TUNING_INIT;
     tuning.producer = !c->thread0;   /* ignored off CUDA */
+    tuning.kernel = c->kernel;
     dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
     opts.mask = c->mask;
     opts.group = c->group;
@@ -196,9 +199,10 @@ static int launch_case(fwd_case *c, dt_backend_kind backend, const char *kernel)
     return judge_case(c, launch_ranks(c, backend), kernel);
 }
 
-/* launch_case with DT_ATTN_KERNEL=wgmma in force: 1 if it passed, or if
- * every rank refused with DT_ERR_NOT_SUPPORTED for a reason outside the
- * case (not a 9.0 device, or no sm_90 build: *refused = 1). */
+/* launch_case with the wgmma kernel forced (DT_ATTN_KERNEL=wgmma, or
+ * c->kernel wgmma-latest): 1 if it passed, or if every rank refused with
+ * DT_ERR_NOT_SUPPORTED for a reason outside the case (not a 9.0 device, or
+ * no sm_90 build: *refused = 1). */
 static int wgmma_case(fwd_case *c, dt_backend_kind backend, int *refused) {
     const dt_status st = launch_ranks(c, backend);
     *refused = st == DT_ERR_NOT_SUPPORTED;
@@ -206,7 +210,10 @@ static int wgmma_case(fwd_case *c, dt_backend_kind backend, int *refused) {
         *refused = c->st[r] == DT_ERR_NOT_SUPPORTED &&
                    (strstr(c->msg[r], "needs a compute capability 9.0") ||
                     strstr(c->msg[r], "wgmma kernel was not built"));
-    return *refused || judge_case(c, st, c->thread0 ? "wgmma, loads by thread 0" : "wgmma");
+    char kernel[64];
+    snprintf(kernel, sizeof kernel, "%s%s", c->kernel ? dt_attn_kernel_choice_name(c->kernel) : "wgmma",
+             c->thread0 ? ", loads by thread 0" : "");
+    return *refused || judge_case(c, st, kernel);
 }
 
 static void run_forward_case(void **state) {
@@ -248,8 +255,17 @@ static void run_forward_case(void **state) {
         }
         h_env_restore("DT_ATTN_KERNEL", saved);
         if (refused) print_message("wgmma kernel not run: %s\n", c->msg[0]);
+    } else if (c->kernel == DT_ATTN_KERNEL_WGMMA_LATEST) {   /* where it can run, as =wgmma */
+        int refused = 0;
+        ok_wgmma = wgmma_case(c, backend, &refused);
+        if (!refused && c->s.D == 128) {   /* and with thread 0's loads */
+            c->thread0 = 1;
+            ok_wgmma = wgmma_case(c, backend, &refused) && ok_wgmma;
+            c->thread0 = 0;
+        }
+        if (refused) print_message("wgmma kernel not run: %s\n", c->msg[0]);
     } else {
-        ok = launch_case(c, backend, NULL);
+        ok = launch_case(c, backend, c->kernel ? dt_attn_kernel_choice_name(c->kernel) : NULL);
     }
     free(c->q);
     free(c->k);
@@ -1296,10 +1312,12 @@ static void test_mma_tile_bounds(void **state) {
                                      dt_attn_segment_of((dt_order)o, 2 * p * h, p, src));
 }
 
-/* DT_ATTN_KERNEL: a bad value is refused on every rank, before anything
+/* DT_ATTN_KERNEL and dt_attention_tuning.kernel: a bad value (a name
+ * near a valid one among them) is refused on every rank, before anything
  * moves; on the CPU backend the valid values change nothing. */
 typedef struct env_case {
     int P;
+    const dt_attention_tuning *tuning;   /* opts.tuning (NULL: none, no options) */
     dt_status st[MAXP];
     char msg[MAXP][512];
     uint64_t sum[MAXP];
@@ -1318,7 +1336,9 @@ static dt_status rank_env(dt_context *ctx, void *arg) {
     int64_t shape[4] = {1, 10 * c->P, 2, 16};
     if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_BF16, 4, shape, &lay, &q);
     if (st == DT_SUCCESS) st = dt_tensor_fill_random(q, 5);
-    if (st == DT_SUCCESS) st = dt_attention_forward(q, q, q, NULL, &o, NULL);
+    dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
+    opts.tuning = c->tuning;
+    if (st == DT_SUCCESS) st = dt_attention_forward(q, q, q, c->tuning ? &opts : NULL, &o, NULL);
     c->st[r] = st;
     snprintf(c->msg[r], sizeof c->msg[r], "%s", st == DT_SUCCESS ? "" : dt_last_error());
     c->sum[r] = st == DT_SUCCESS ? checksum(o) : 0;
@@ -1333,12 +1353,30 @@ static void test_kernel_env(void **state) {
     env_case base = {.P = 2}, c = {.P = 2};
     char *saved = h_env_set("DT_ATTN_KERNEL", NULL);
     dt_status st0 = h_launch(2, rank_env, &base);
+    /* the choice in the options: a forced LATEST form (the CPU ignores it),
+     * and one past the enum */
+    const dt_attention_tuning latest = {DT_ATTN_KERNEL_WGMMA_LATEST, 1, 1, 1},
+                              past = {DT_ATTN_KERNEL_COUNT, 1, 1, 1};
+    env_case by_opts = {.P = 2, .tuning = &latest}, bad_opts = {.P = 2, .tuning = &past};
+    const dt_status st_opts = h_launch(2, rank_env, &by_opts);
+    const dt_status st_bad_opts = h_launch(2, rank_env, &bad_opts);
+    enum { NEAR = 3 };
+    const char *near[NEAR] = {"mma_latest", "latest", "wgmma-verified"};
+    env_case near_c[NEAR];
+    dt_status st_near[NEAR];
+    for (int i = 0; i < NEAR; i++) {
+        near_c[i] = (env_case){.P = 2};
+        setenv("DT_ATTN_KERNEL", near[i], 1);
+        st_near[i] = h_launch(2, rank_env, &near_c[i]);
+    }
     setenv("DT_ATTN_KERNEL", "bogus", 1);
     dt_status st1 = h_launch(2, rank_env, &c);
-    enum { VALS = 6 };   /* every name, and two in other cases (as DT_BACKEND's) */
-    env_case ok[VALS] = {{.P = 2}, {.P = 2}, {.P = 2}, {.P = 2}, {.P = 2}, {.P = 2}};
+    enum { VALS = 10 };   /* every name, and three in other cases (as DT_BACKEND's) */
+    env_case ok[VALS];
+    for (int i = 0; i < VALS; i++) ok[i] = (env_case){.P = 2};
     dt_status st2[VALS];
-    const char *vals[VALS] = {"auto", "simple", "mma", "wgmma", "Simple", "WGMMA"};
+    const char *vals[VALS] = {"auto", "simple", "mma", "wgmma", "mma-latest", "wgmma-latest",
+                              "simple-latest", "Simple", "WGMMA", "MMA-Latest"};
     for (int i = 0; i < VALS; i++) {
         setenv("DT_ATTN_KERNEL", vals[i], 1);
         st2[i] = h_launch(2, rank_env, &ok[i]);
@@ -1348,12 +1386,103 @@ static void test_kernel_env(void **state) {
     assert_int_equal(st1, DT_ERR_INVALID_ARGUMENT);
     for (int r = 0; r < 2; r++) {
         assert_int_equal(c.st[r], DT_ERR_INVALID_ARGUMENT);
-        assert_non_null(strstr(c.msg[r], "DT_ATTN_KERNEL=bogus is not auto, simple, mma or wgmma"));
+        assert_non_null(strstr(c.msg[r], "DT_ATTN_KERNEL=bogus is not auto, simple, mma, wgmma, "
+                                         "mma-latest, wgmma-latest or simple-latest"));
     }
     for (int i = 0; i < VALS; i++) {
         assert_int_equal(st2[i], DT_SUCCESS);
         for (int r = 0; r < 2; r++) assert_true(ok[i].sum[r] == base.sum[r]);
     }
+    for (int i = 0; i < NEAR; i++) {
+        assert_int_equal(st_near[i], DT_ERR_INVALID_ARGUMENT);
+        for (int r = 0; r < 2; r++) assert_non_null(strstr(near_c[i].msg[r], "is not auto, simple"));
+    }
+    assert_int_equal(st_opts, DT_SUCCESS);
+    for (int r = 0; r < 2; r++) assert_true(by_opts.sum[r] == base.sum[r]);
+    assert_int_equal(st_bad_opts, DT_ERR_INVALID_ARGUMENT);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(bad_opts.st[r], DT_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(bad_opts.msg[r], "unknown kernel choice"));
+    }
+}
+
+/* The CUDA kernel choice itself (attention/cuda/block.cu's table of the
+ * paths verified on a GPU, through dt_attn_cuda_path_of; no GPU needed):
+ * auto on compute capability 9.0 takes the wgmma kernel's VERIFIED form
+ * (the mma kernel's in a build without the wgmma kernel), on an
+ * architecture the table does not list (8.0, 8.9, 10.0) the simple kernel,
+ * and the simple kernel where no tensor-core kernel can run the block;
+ * mma and wgmma force the VERIFIED forms, mma-latest and wgmma-latest the
+ * LATEST ones, wherever they can run, and elsewhere refuse, saying why;
+ * simple-latest takes the simple kernel's LATEST form for every block; an
+ * unknown choice is refused. Skipped in a build without the CUDA
+ * backend. */
+static void test_cuda_kernel_table(void **state) {
+    (void)state;
+#ifndef DT_HAVE_CUDA
+    print_message("skipped: this build has no CUDA backend (attention/cuda/block.cu)\n");
+    skip();
+#else
+    enum { V = DT_ATTN_FORM_VERIFIED, L = DT_ATTN_FORM_LATEST };
+    enum { S = DT_ATTN_CUDA_SIMPLE, M = DT_ATTN_CUDA_MMA, W = DT_ATTN_CUDA_WGMMA };
+    /* the wgmma kernel is in this build (NVCC_ARCH=sm_90, or the emulator) */
+    const int built = dt_attn_wgmma_supported(DT_BF16, 64, 90, NULL, 0);
+    const int w = built ? W : M;   /* auto's kernel on 9.0 */
+    const char *const no_wgmma = built ? "needs a compute capability 9.0" : "was not built";
+    static const char misaligned[] = "q is not 16-byte aligned (the block's own reason)";
+    const struct {
+        dt_attn_kernel_choice k;
+        int cc;
+        dt_dtype dtype;
+        int64_t dim;
+        int aligned, backward;
+        int ok, kernel, form;   /* the path, or refused (ok 0) with why containing `why` */
+        const char *why;
+    } t[] = {
+        {DT_ATTN_KERNEL_AUTO, 90, DT_BF16, 64, 1, 0, 1, w, V, NULL},
+        {DT_ATTN_KERNEL_AUTO, 90, DT_F16, 128, 1, 1, 1, w, V, NULL},
+        {DT_ATTN_KERNEL_AUTO, 90, DT_BF16, 128, 0, 0, 1, S, V, NULL},
+        {DT_ATTN_KERNEL_AUTO, 90, DT_F32, 64, 1, 0, 1, S, V, NULL},
+        {DT_ATTN_KERNEL_AUTO, 90, DT_BF16, 96, 1, 1, 1, S, V, NULL},
+        {DT_ATTN_KERNEL_AUTO, 80, DT_BF16, 64, 1, 0, 1, S, V, NULL},
+        {DT_ATTN_KERNEL_AUTO, 80, DT_F16, 128, 1, 1, 1, S, V, NULL},
+        {DT_ATTN_KERNEL_AUTO, 89, DT_BF16, 64, 1, 0, 1, S, V, NULL},
+        {DT_ATTN_KERNEL_AUTO, 100, DT_BF16, 64, 1, 0, 1, S, V, NULL},
+        {DT_ATTN_KERNEL_SIMPLE, 90, DT_BF16, 64, 1, 0, 1, S, V, NULL},
+        {DT_ATTN_KERNEL_SIMPLE_LATEST, 90, DT_BF16, 64, 1, 0, 1, S, L, NULL},
+        {DT_ATTN_KERNEL_SIMPLE_LATEST, 90, DT_F32, 96, 0, 1, 1, S, L, NULL},
+        {DT_ATTN_KERNEL_SIMPLE_LATEST, 80, DT_F16, 128, 1, 1, 1, S, L, NULL},
+        {DT_ATTN_KERNEL_MMA, 90, DT_BF16, 64, 1, 0, 1, M, V, NULL},
+        {DT_ATTN_KERNEL_MMA, 80, DT_F16, 128, 1, 1, 1, M, V, NULL},
+        {DT_ATTN_KERNEL_MMA_LATEST, 90, DT_BF16, 128, 1, 1, 1, M, L, NULL},
+        {DT_ATTN_KERNEL_MMA_LATEST, 80, DT_F16, 64, 1, 0, 1, M, L, NULL},
+        {DT_ATTN_KERNEL_WGMMA, 90, DT_BF16, 64, 1, 1, built, W, V, no_wgmma},
+        {DT_ATTN_KERNEL_WGMMA_LATEST, 90, DT_F16, 128, 1, 0, built, W, L, no_wgmma},
+        {DT_ATTN_KERNEL_WGMMA_LATEST, 80, DT_BF16, 64, 1, 0, 0, S, V, no_wgmma},
+        {DT_ATTN_KERNEL_WGMMA, 89, DT_BF16, 64, 1, 1, 0, S, V, no_wgmma},
+        {DT_ATTN_KERNEL_MMA_LATEST, 90, DT_F32, 64, 1, 0, 0, S, V, "takes bf16 or fp16, not fp32"},
+        {DT_ATTN_KERNEL_MMA, 75, DT_BF16, 64, 1, 0, 0, S, V, "needs compute capability 8.0"},
+        {DT_ATTN_KERNEL_MMA_LATEST, 90, DT_BF16, 64, 0, 0, 0, S, V, misaligned},
+        {DT_ATTN_KERNEL_COUNT, 90, DT_BF16, 64, 1, 0, 0, S, V, "unknown kernel choice"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", t[i].aligned ? "" : misaligned);
+        dt_attn_cuda_path p = {DT_ATTN_CUDA_KERNEL_COUNT, DT_ATTN_FORM_COUNT};
+        const int ok = dt_attn_cuda_path_of(t[i].k, t[i].cc, t[i].dtype, t[i].dim, t[i].aligned,
+                                            t[i].backward, 0, &p, why, sizeof why);
+        const int good = ok == t[i].ok &&
+                         (ok ? (int)p.kernel == t[i].kernel && (int)p.form == t[i].form
+                             : strstr(why, t[i].why) != NULL);
+        if (!good)
+            print_error("row %zu: %s on %d.%d, %s, D = %lld%s: got %s (%s %s, \"%s\")\n", i,
+                        dt_attn_kernel_choice_name(t[i].k), t[i].cc / 10, t[i].cc % 10,
+                        dt_dtype_name(t[i].dtype), (long long)t[i].dim,
+                        t[i].backward ? ", backward" : "", ok ? "a path" : "a refusal",
+                        dt_attn_cuda_kernel_name(p.kernel), dt_attn_form_name(p.form), why);
+        assert_true(good);
+    }
+#endif
 }
 
 /* opts.timing: every step filled on every rank, forward and backward (and
@@ -1675,7 +1804,9 @@ static void test_rank_with_null_q_fails_its_peers_at_once(void **state) {
             const dt_status want = r == 1 ? DT_ERR_INVALID_ARGUMENT : DT_ERR_MISMATCH;
             assert_int_equal(c.st[r], want);
             assert_int_equal(c.bad[r], want);
-            assert_non_null(strstr(c.msg[r], r == 1 ? "must not be NULL" : "valid arguments"));
+            /* the others carry rank 1's message */
+            assert_non_null(strstr(c.msg[r], "must not be NULL"));
+            if (r != 1) assert_non_null(strstr(c.msg[r], "comm rank 1 failed its own checks"));
         }
     }
 }
@@ -2346,6 +2477,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_launch_tail);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mma_bwd_fragments);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_env);
+    tests[n++] = (struct CMUnitTest){"cuda-kernel-table", test_cuda_kernel_table, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda_forced_mma_refused);
     /* Every order, P = 1..8, causal and full, fp32, bf16 and fp16; local
      * lengths on both sides of the kernel's 64-row tile; GQA ratios 1, 2, 4. */
@@ -2467,6 +2599,40 @@ int main(void) {
                  "forward/cuda-kernels/striped/P=2,B=1,S=268,H=4,HKV=2,D=64,causal,%s,logits=1e4",
                  dt_dtype_name(c->dtype));
     }
+    /* The tensor-core kernels' LATEST forms (attention/cuda/kernels.h),
+     * which auto does not run until a GPU has passed them, forced through
+     * dt_attention_options.tuning (mma-latest, wgmma-latest; the wgmma
+     * forward at D = 128 with its producer warpgroup and with thread 0's
+     * loads): every order, causal bf16 at D = 64 over 2 ranks (v 0), full
+     * fp16 at D = 128 over 3 (v 1; GQA 2, 4); logits of magnitude 1e4
+     * (v 2, striped); one rank, causal bf16 at D = 128 (v 3, contiguous: a
+     * case for compute-sanitizer's one-rank runs). Skipped without a GPU;
+     * the emulator runs them. */
+    for (int kc = 0; kc < 2; kc++)
+        for (int o = 0; o < DT_ORDER_COUNT; o++)
+            for (int v = 0; v < 4; v++) {
+                if ((v == 2 && o != DT_ORDER_STRIPED) || (v == 3 && o != DT_ORDER_CONTIGUOUS))
+                    continue;
+                fwd_case *c = &cases[nc++];
+                const int p = (int[]){2, 3, 2, 1}[v];
+                const int64_t D = v % 2 ? 128 : 64, hkv = v == 1 ? 1 : 2;
+                c->kernel = kc ? DT_ATTN_KERNEL_WGMMA_LATEST : DT_ATTN_KERNEL_MMA_LATEST;
+                c->s = (attn_shape){v % 2 ? 2 : 1, (int64_t[]){70, 134, 70, 200}[v] * p, 4, hkv, D};
+                c->P = p;
+                c->tp = 1;
+                c->order = (dt_order)o;
+                c->mask = v == 1 ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
+                c->dtype = v == 1 ? DT_F16 : DT_BF16;
+                c->huge = v == 2;
+                c->seed = 2600 + (uint64_t)nc;
+                c->backend = DT_BACKEND_CUDA;
+                snprintf(c->name, sizeof c->name,
+                         "forward/cuda-latest/%s/%s/P=%d,B=%lld,S=%lld,H=4,HKV=%lld,D=%lld,%s,%s%s",
+                         dt_attn_kernel_choice_name(c->kernel), dt_order_name(c->order), p,
+                         (long long)c->s.B, (long long)c->s.S, (long long)hkv, (long long)D,
+                         dt_attn_mask_name(c->mask), dt_dtype_name(c->dtype),
+                         c->huge ? ",logits=1e4" : "");
+            }
     /* Ring steps grouped per launch (dt_attention_options.group): every
      * order causal and full, P = 3, 5, 8, G = 2, 3 and 7 (at most P - 1
      * take effect, and striped causal the greatest power of two up to

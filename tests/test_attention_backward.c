@@ -10,7 +10,11 @@
  * Hopper kernels, block_cuda_wgmma*.cu, where they can run: a 9.0 device
  * and an sm_90 build), each against the reference at its dtype's tolerance;
  * skipped without a GPU. Run just them
- * with DT_TEST_FILTER='backward/cuda-kernels*'. */
+ * with DT_TEST_FILTER='backward/cuda-kernels*'. Those force the kernels'
+ * VERIFIED forms (attention/cuda/kernels.h); the "backward/cuda-latest/..."
+ * cases force their LATEST forms through dt_attention_options.tuning
+ * (mma-latest, wgmma-latest), forward and backward alike. The emulator
+ * (make CUDA=emu test) runs all of them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,6 +30,9 @@
 #include "attn_ref.h"
 #include "dtensor/dtensor.h"
 #include "harness.h"
+#ifdef DT_CUDA_EMULATE
+#include "emu/emu.h"
+#endif
 
 #define MAXR 8
 
@@ -39,6 +46,7 @@ typedef struct bwd_case {
     uint64_t seed;
     dt_backend_kind backend;   /* cpu (0 means cpu too) or cuda; cuda cases skip without a GPU */
     int kernels;               /* cuda: run with DT_ATTN_KERNEL=simple, =mma, =wgmma, each checked */
+    dt_attn_kernel_choice kernel;   /* cuda: dt_attention_tuning.kernel of both passes (0: auto) */
     double *q, *k, *v, *g;     /* the full inputs (set by run_case) */
     double *dq_ref, *dk_ref, *dv_ref;
     dt_status st[MAXR];
@@ -90,7 +98,7 @@ static dt_status rank_backward(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, ks, &lay, &v), out);
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, qs, &lay, &dout), out);
     int t = dt_mesh_coord(mesh, 0), j = dt_mesh_coord(mesh, 1);
-    if (c->kernels) {
+    if (c->kernels || c->kernel) {
         /* each rank sets its rows of the test's own inputs (any dtype) */
         int64_t rows = s->S / c->P, hl = s->H / c->tp, hkvl = s->Hkv / c->tp;
         double *mine = malloc((size_t)(s->B * rows * hl * s->D) * sizeof *mine);
@@ -112,6 +120,9 @@ static dt_status rank_backward(dt_context *ctx, void *arg) {
     }
     dt_attention_options opts = DT_ATTENTION_OPTIONS_INIT;
     opts.mask = c->mask;
+    dt_attention_tuning tuning = DT_ATTENTION_TUNING_INIT;
+    tuning.kernel = c->kernel;
+    if (c->kernel) opts.tuning = &tuning;
     DT_TRY_GOTO(st, dt_attention_forward(q, k, v, &opts, &o, &lse), out);
     /* The backward in a workspace of the caller's full of NaN: the call must
      * write whatever it reads of it (its dK|dV buffers are never zeroed). */
@@ -175,9 +186,10 @@ static int launch_case(bwd_case *c, dt_backend_kind backend, const char *kernel,
     return judge_case(c, launch_ranks(c, backend), kernel, worst);
 }
 
-/* launch_case with DT_ATTN_KERNEL=wgmma in force: 1 if it passed, or if
- * every rank refused with DT_ERR_NOT_SUPPORTED for a reason outside the
- * case (not a 9.0 device, or no sm_90 build: *refused = 1). */
+/* launch_case with the wgmma kernels forced (DT_ATTN_KERNEL=wgmma, or
+ * c->kernel wgmma-latest): 1 if it passed, or if every rank refused with
+ * DT_ERR_NOT_SUPPORTED for a reason outside the case (not a 9.0 device, or
+ * no sm_90 build: *refused = 1). */
 static int wgmma_case(bwd_case *c, dt_backend_kind backend, double *worst, int *refused) {
     const dt_status st = launch_ranks(c, backend);
     *refused = st == DT_ERR_NOT_SUPPORTED;
@@ -186,7 +198,19 @@ static int wgmma_case(bwd_case *c, dt_backend_kind backend, double *worst, int *
                    (strstr(c->msg[r], "needs a compute capability 9.0") ||
                     strstr(c->msg[r], "wgmma kernel was not built"));
     *worst = 0;
-    return *refused || judge_case(c, st, "wgmma", worst);
+    return *refused ||
+           judge_case(c, st, c->kernel ? dt_attn_kernel_choice_name(c->kernel) : "wgmma", worst);
+}
+
+/* The bulk reductions run so far (the emulator counts them: make CUDA=emu),
+ * by which the wgmma backward's LATEST form adds dQ and its VERIFIED form
+ * does not: which form a forced choice reached. -1 without the emulator. */
+static int64_t bulk_reductions(void) {
+#ifdef DT_CUDA_EMULATE
+    return (int64_t)dt_emu_get_counts().bulk;
+#else
+    return -1;
+#endif
 }
 
 /* Runs one case; returns the largest error over ranks (for the P sweep). */
@@ -219,11 +243,28 @@ static double run_case(bwd_case *c) {
         ok = launch_case(c, backend, "mma", &worst);
         setenv("DT_ATTN_KERNEL", "wgmma", 1);
         int refused = 0;
+        const int64_t bulk0 = bulk_reductions();
         ok_wgmma = wgmma_case(c, backend, &worst_wgmma, &refused);
+        if (bulk0 >= 0 && !refused && bulk_reductions() != bulk0) {   /* the VERIFIED form */
+            print_error("DT_ATTN_KERNEL=wgmma ran %lld bulk reductions: the LATEST form\n",
+                        (long long)(bulk_reductions() - bulk0));
+            ok_wgmma = 0;
+        }
         h_env_restore("DT_ATTN_KERNEL", saved);
         if (refused) print_message("wgmma kernels not run: %s\n", c->msg[0]);
         print_message("%s: max |error| simple %.3g, mma %.3g, wgmma %.3g\n", c->name, worst_simple,
                       worst, worst_wgmma);
+    } else if (c->kernel == DT_ATTN_KERNEL_WGMMA_LATEST) {   /* where it can run, as =wgmma */
+        int refused = 0;
+        const int64_t bulk0 = bulk_reductions();
+        ok = wgmma_case(c, backend, &worst, &refused);
+        if (bulk0 >= 0 && !refused && bulk_reductions() == bulk0) {   /* the LATEST form */
+            print_error("wgmma-latest ran no bulk reduction: not the LATEST form\n");
+            ok = 0;
+        }
+        if (refused) print_message("wgmma kernels not run: %s\n", c->msg[0]);
+    } else if (c->kernel) {
+        ok = launch_case(c, backend, dt_attn_kernel_choice_name(c->kernel), &worst);
     } else {
         ok = launch_case(c, backend, NULL, &worst);
     }
@@ -365,6 +406,7 @@ static dt_status rank_bad(dt_context *ctx, void *arg) {
     if (st == DT_SUCCESS) st = dt_tensor_create(ctx, NULL, DT_F32, 4, ws, NULL, &wrong);
     if (st == DT_SUCCESS) st = dt_attention_forward(q, q, q, NULL, &o, &lse);
     if (st != DT_SUCCESS) return st;
+    /* a rejected call writes no output handle */
     *bad += dt_attention_backward(q, q, q, o, lse, NULL, NULL, &dq, &dk, &dv) != DT_ERR_INVALID_ARGUMENT;
     *bad += dq != (dt_tensor *)1;
     *bad += dt_attention_backward(q, q, q, o, lse, wrong, NULL, &dq, &dk, &dv) != DT_ERR_INVALID_ARGUMENT;
@@ -465,7 +507,7 @@ static void test_bad_inputs(void **state) {
 }
 
 int main(void) {
-    enum { MAXC = 96 };
+    enum { MAXC = 112 };
     static bwd_case cases[MAXC];
     static struct CMUnitTest tests[MAXC + 8];
     int n = 0, nc = 0;
@@ -555,6 +597,32 @@ int main(void) {
                              (long long)hkv, (long long)D, dt_attn_mask_name(cc->mask),
                              dt_dtype_name(cc->dtype));
                 }
+    /* The tensor-core kernels' LATEST forms (attention/cuda/kernels.h),
+     * which auto does not run until a GPU has passed them, forced through
+     * dt_attention_options.tuning (mma-latest, wgmma-latest): every order,
+     * causal bf16 at D = 64 over 2 ranks (v 0), full fp16 at D = 128 over
+     * 3 (v 1; GQA 2, 4); one rank, causal bf16 at D = 128 (v 2, contiguous:
+     * a case for compute-sanitizer's one-rank runs). Skipped without a GPU;
+     * the emulator runs them. */
+    for (int kc = 0; kc < 2; kc++)
+        for (int o = 0; o < DT_ORDER_COUNT; o++)
+            for (int v = 0; v < 3; v++) {
+                if (v == 2 && o != DT_ORDER_CONTIGUOUS) continue;
+                bwd_case *cc = &cases[nc++];
+                const int p = (int[]){2, 3, 1}[v];
+                const int64_t D = v ? 128 : 64, hkv = v == 1 ? 1 : 2;
+                *cc = (bwd_case){.s = {v ? 2 : 1, (int64_t[]){70, 134, 200}[v] * p, 4, hkv, D},
+                                 .P = p, .tp = 1, .order = (dt_order)o,
+                                 .mask = v == 1 ? DT_ATTN_FULL : DT_ATTN_CAUSAL,
+                                 .dtype = v == 1 ? DT_F16 : DT_BF16, .seed = 1500 + (uint64_t)nc,
+                                 .backend = DT_BACKEND_CUDA,
+                                 .kernel = kc ? DT_ATTN_KERNEL_WGMMA_LATEST : DT_ATTN_KERNEL_MMA_LATEST};
+                snprintf(cc->name, sizeof cc->name,
+                         "backward/cuda-latest/%s/%s/P=%d,B=%lld,S=%lld,H=4,HKV=%lld,D=%lld,%s,%s",
+                         dt_attn_kernel_choice_name(cc->kernel), dt_order_name(cc->order), p,
+                         (long long)cc->s.B, (long long)cc->s.S, (long long)hkv, (long long)D,
+                         dt_attn_mask_name(cc->mask), dt_dtype_name(cc->dtype));
+            }
     for (int i = 0; i < nc; i++)
         tests[n++] = (struct CMUnitTest){cases[i].name, run_backward_case, NULL, NULL, &cases[i]};
     return h_run_cases("attention backward (cpu)", tests, (size_t)n);

@@ -1,6 +1,6 @@
 /* tests/test_bench.c — a smoke test of build/bench/attention,
- * build/bench/blocks, build/bench/mlp and bench/issue8.py: every section and
- * both passes run with --quick, and the flags are checked. It checks that the benchmarks run and report what
+ * build/bench/blocks, build/bench/mlp and bench/attention_report.py: every
+ * section and both passes run with --quick, and the flags are checked. It checks that the benchmarks run and report what
  * they say they report, not their figures.
  *
  *   - --quick --json: exit 0, a closed object whose kernel, ring and
@@ -34,8 +34,9 @@
  *     the one call, a record per query tile of each block that runs, its
  *     parts adding up to its wall; and the tile model's key tiles and
  *     visits (worked out by hand) and its F's (each giving back its ratio);
- *   - bench/issue8.py --backend cpu --quick --no-torch (when python3 is on
- *     PATH; else skipped): exit 0, every item's heading, every step run;
+ *   - bench/attention_report.py --backend cpu --quick --no-torch (when
+ *     python3 is on PATH; else skipped): exit 0, every table's heading in
+ *     order, every step run;
  *     and with a bench/attention that hangs on --persistent 2: that
  *     launch's first step timed out, its later one skipped, every other
  *     step run;
@@ -781,9 +782,9 @@ static void test_blocks_trace_timeline(void **state) {
 #endif
 }
 
-/* ------------------------------------------------------------ bench/issue8.py */
+/* -------------------------------------------------- bench/attention_report.py */
 
-static char g_issue8[4096] = "bench/issue8.py", g_build[4096] = "build";
+static char g_report[4096] = "bench/attention_report.py", g_build[4096] = "build";
 
 /* Whether an executable `name` is on PATH. */
 static int on_path(const char *name) {
@@ -815,27 +816,34 @@ static void require_python3(void) {
     }
 }
 
-/* The smoke test of issue 8's one command: the CPU backend, tiny shapes,
- * no PyTorch. Every item's table, every step run (none refused, failed or
- * skipped), the torch columns n/a. */
-static void test_issue8_quick(void **state) {
+/* The smoke test of the GPU report's one command: the CPU backend, tiny
+ * shapes, no PyTorch. Every table in the order run, every step run (none
+ * refused, failed or skipped), the torch columns n/a. */
+static void test_report_quick(void **state) {
     (void)state;
     REQUIRE(g_blocks);
     REQUIRE(g_bench);
     require_python3();
     char args[9000];
-    snprintf(args, sizeof args, "'%s' --backend cpu --quick --no-torch --build '%s'", g_issue8,
+    snprintf(args, sizeof args, "'%s' --backend cpu --quick --no-torch --build '%s'", g_report,
              g_build);
     char *out = NULL;
     int rc = h_run_program("python3", args, &out);
     static const char *const headings[] = {
-        "# issue 8 figures (bench/issue8.py)\n",
-        "\n## item 2: causal efficiency r = causal time / full time, forward\n",
-        "\n## items 3 and 4: the ring on one device, forward\n",
-        "\n## item 6: exposed communication of the ring\n",
-        "\n## item 1: forward TFLOPS, bf16\n",
-        "\n## item 5: backward TFLOPS, bf16\n",
-        "\n## item 1 through the public API: dt_attention_forward, bf16\n",
+        "# dtensor attention report (bench/attention_report.py)\n",
+        "\n## causal efficiency: r = causal time / full time, forward\n",
+        "\n## causal efficiency, CTA timelines: where a block's time goes\n",
+        "\n## the ring on one device, forward\n",
+        "\n## the ring, CTA timelines: its launches against one call\n",
+        "\n## the ring, one timeline: back to back against one call\n",
+        "\n## exposed communication of the ring\n",
+        "\n## exposed communication, one timeline: the backward ring (P = 8) back to back "
+        "against one call\n",
+        "\n## forward TFLOPS, bf16\n",
+        "\n## backward TFLOPS, bf16\n",
+        "\n## backward CTA timelines: where a backward block's time goes\n",
+        "\n## forward through the public API: dt_attention_forward, bf16\n",
+        "\n## the ring, steps grouped: fewer visits\n",
         "\n## summary\n",
     };
     const char *at = NULL;   /* where the last heading, the summary, begins */
@@ -873,17 +881,18 @@ static int write_script(const char *path, const char *text) {
 
 /* A launch variant that hangs takes only its own later steps with it: a
  * build directory whose bench/attention sleeps on --persistent 2 (and runs
- * the real one otherwise), issue8.py with a 10 s step timeout (each step
- * here takes under a second). Item 6's first --persistent 2 step (bench/
- * attention (b)) times out, its later one (the same without the copies)
+ * the real one otherwise), attention_report.py with a 10 s step timeout
+ * (each step here takes under a second). The exposed communication's first
+ * --persistent 2 step (bench/attention (b)) times out, its later one (the
+ * same without the copies)
  * is skipped and says why, and every other step (the wgmma kernel's
  * default launch, bench/blocks among them) runs. */
-static void test_issue8_hung_variant(void **state) {
+static void test_report_hung_variant(void **state) {
     (void)state;
     REQUIRE(g_blocks);
     REQUIRE(g_bench);
     require_python3();
-    char dir[] = "/tmp/dt_issue8_XXXXXX", real_blocks[4096], real_bench[4096];
+    char dir[] = "/tmp/dt_report_XXXXXX", real_blocks[4096], real_bench[4096];
     assert_non_null(mkdtemp(dir));
     assert_int_equal(absolute(real_blocks, sizeof real_blocks, g_blocks), 0);
     assert_int_equal(absolute(real_bench, sizeof real_bench, g_bench), 0);
@@ -902,7 +911,7 @@ static void test_issue8_hung_variant(void **state) {
     char args[9000];
     snprintf(args, sizeof args,
              "'%s' --backend cpu --quick --no-torch --kernels wgmma --step-timeout 10 --build '%s'",
-             g_issue8, dir);
+             g_report, dir);
     char *out = NULL;
     int rc = h_run_program("python3", args, &out);
     /* The summary: "- steps: N ok, ..." and a line "- STATUS: COMMAND
@@ -968,10 +977,10 @@ static const char ncu_export[] =
 static void test_ncu_source(void **state) {
     (void)state;
     require_python3();
-    char script[sizeof g_issue8 + 32], csv[] = "/tmp/dt_ncu_source_XXXXXX";
-    const char *slash = strrchr(g_issue8, '/');
-    snprintf(script, sizeof script, "%.*sncu_source.py", slash ? (int)(slash - g_issue8 + 1) : 0,
-             g_issue8);
+    char script[sizeof g_report + 32], csv[] = "/tmp/dt_ncu_source_XXXXXX";
+    const char *slash = strrchr(g_report, '/');
+    snprintf(script, sizeof script, "%.*sncu_source.py", slash ? (int)(slash - g_report + 1) : 0,
+             g_report);
     const int fd = mkstemp(csv);
     assert_true(fd >= 0);
     FILE *f = fdopen(fd, "w");
@@ -1095,14 +1104,15 @@ static void locate(char *path, size_t size, const char *argv0, const char *name)
 }
 
 /* build[-variant]/tests/test_bench -> build[-variant] and, beside it,
- * bench/issue8.py; else build and bench/issue8.py from here. */
-static void locate_issue8(const char *argv0) {
+ * bench/attention_report.py; else build and bench/attention_report.py from
+ * here. */
+static void locate_report(const char *argv0) {
     const char *slash = argv0 ? strrchr(argv0, '/') : NULL;
     if (!slash || slash - argv0 >= 4000) return;
     snprintf(g_build, sizeof g_build, "%.*s/..", (int)(slash - argv0), argv0);
-    char script[sizeof g_issue8];
-    snprintf(script, sizeof script, "%.4000s/../bench/issue8.py", g_build);
-    if (access(script, R_OK) == 0) memcpy(g_issue8, script, sizeof script);
+    char script[sizeof g_report];
+    snprintf(script, sizeof script, "%.4000s/../bench/attention_report.py", g_build);
+    if (access(script, R_OK) == 0) memcpy(g_report, script, sizeof script);
 }
 
 int main(int argc, char **argv) {
@@ -1111,7 +1121,7 @@ int main(int argc, char **argv) {
      * library's info lines (DT_LOG=info, as scripts/gpu_check.sh sets for
      * its logs) are not part of it; a warning still is, and fails. */
     setenv("DT_LOG", "warn", 1);
-    locate_issue8(argv[0]);
+    locate_report(argv[0]);
     locate(g_bench, sizeof g_bench, argv[0], "attention");
     locate(g_blocks, sizeof g_blocks, argv[0], "blocks");
     locate(g_mlp, sizeof g_mlp, argv[0], "mlp");
@@ -1161,10 +1171,10 @@ int main(int argc, char **argv) {
                                      NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/trace-timeline-run",
                                      test_blocks_trace_timeline, NULL, NULL, NULL};
-    tests[n++] = (struct CMUnitTest){"bench_issue8/quick,backend=cpu,no-torch", test_issue8_quick,
-                                     NULL, NULL, NULL};
-    tests[n++] = (struct CMUnitTest){"bench_issue8/hung-variant", test_issue8_hung_variant, NULL,
-                                     NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_attention_report/quick,backend=cpu,no-torch",
+                                     test_report_quick, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_attention_report/hung-variant",
+                                     test_report_hung_variant, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_ncu_source/export-by-hand", test_ncu_source, NULL,
                                      NULL, NULL};
     static const char *const mlp_quick[] = {"--quick --backend cpu",

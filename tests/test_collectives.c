@@ -821,8 +821,14 @@ static dt_status hooked_finish(void *arg, void *acc, size_t n, dt_dtype dtype) {
     (void)arg;
     return dt_mem_host.ops->finish(dt_mem_host.arg, acc, n, dtype);
 }
+static dt_status hooked_find_nonfinite(void *arg, const void *x, size_t n, dt_dtype dtype,
+                                       int64_t *first) {
+    (void)arg;
+    return dt_mem_host.ops->find_nonfinite(dt_mem_host.arg, x, n, dtype, first);
+}
 static const dt_mem_ops hooked_ops = {"hooked", hooked_alloc, hooked_free, hooked_copy,
-                                      hooked_publish, hooked_mark, hooked_reduce, hooked_finish};
+                                      hooked_publish, hooked_mark, hooked_reduce, hooked_finish,
+                                      hooked_find_nonfinite};
 
 /* Runs main(r) on a thread per rank of a new world of p ranks, each with its
  * hooked memory; r[j] is set up by the caller but for world, rank, size.

@@ -1,6 +1,7 @@
 /* tests/test_context.c — dt_launch and contexts: world sizes 1..64, the
  * first failing status and its message, environment (DT_TIMEOUT_MS, DT_LOG,
- * DT_BACKEND, DT_TRANSPORT), bad arguments, and the status/dtype basics. */
+ * DT_BACKEND, DT_TRANSPORT), bad arguments, the status/dtype basics, and
+ * the memory counters (dt_context_memory) on the CPU and CUDA backends. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +20,8 @@
 #include "attention/mask.h"
 #include "collectives/comm.h"
 #include "dtensor/context.h"
+#include "dtensor/tensor.h"
+#include "harness.h"
 
 #define MAXR 64
 
@@ -336,6 +339,73 @@ static void test_array_conversions(void **state) {
     free(src);
 }
 
+/* dt_context_memory: a tensor's bytes count in while it lives and out when
+ * destroyed; the peak keeps the most; reset_peak brings it to in_use; a
+ * second tensor of the same size after a destroy takes no new system block
+ * (the caching allocator); release empties the cache; per rank. */
+typedef struct mem_case {
+    dt_memory_stats s[4][2];
+    dt_status st[2];
+    char msg[2][256];
+} mem_case;
+
+static dt_status rank_memory(dt_context *ctx, void *arg) {
+    mem_case *c = arg;
+    const int r = dt_context_rank(ctx);
+    dt_tensor *t = NULL, *u = NULL;
+    const int64_t shape[2] = {1000 + 1000 * (int64_t)r, 3};   /* 12 kB, 24 kB of fp32 */
+    dt_status st = dt_context_memory(ctx, &c->s[0][r]);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, NULL, DT_F32, 2, shape, NULL, &t);
+    if (st == DT_SUCCESS) st = dt_context_memory(ctx, &c->s[1][r]);
+    dt_tensor_destroy(t);
+    if (st == DT_SUCCESS) st = dt_context_memory(ctx, &c->s[2][r]);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, NULL, DT_F32, 2, shape, NULL, &u);
+    dt_tensor_destroy(u);
+    if (st == DT_SUCCESS) st = dt_context_memory_reset_peak(ctx, &c->s[3][r]);
+    dt_memory_stats after;
+    if (st == DT_SUCCESS) st = dt_context_memory(ctx, &after);
+    if (st == DT_SUCCESS && after.peak != after.in_use)
+        st = dt_error(DT_ERR_INTERNAL, "test: peak %zu after a reset, in use %zu", after.peak,
+                      after.in_use);
+    if (st == DT_SUCCESS) st = dt_context_memory_release(ctx, &after);
+    if (st == DT_SUCCESS && after.cached != 0)
+        st = dt_error(DT_ERR_INTERNAL, "test: %zu bytes cached after a release", after.cached);
+    c->st[r] = st;
+    if (st != DT_SUCCESS) snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
+    return st;
+}
+
+static void test_memory_counters(void **state) {
+    (void)state;
+    const dt_backend_kind kinds[2] = {DT_BACKEND_CPU, DT_BACKEND_CUDA};
+    for (int k = 0; k < 2; k++) {
+        char why[512];
+        if (!h_pair_available(2, kinds[k], DT_TRANSPORT_LOCAL, why, sizeof why)) {
+            print_message("%s: skipped: %s\n", dt_backend_kind_name(kinds[k]), why);
+            continue;
+        }
+        mem_case c;
+        memset(&c, 0, sizeof c);
+        assert_int_equal(h_launch_on(2, kinds[k], DT_TRANSPORT_LOCAL, rank_memory, &c), DT_SUCCESS);
+        for (int r = 0; r < 2; r++) {
+            const size_t bytes = (size_t)(1000 + 1000 * r) * 3 * sizeof(float);
+            const dt_memory_stats *s = c.s[0] + r, *live = c.s[1] + r, *gone = c.s[2] + r,
+                                  *again = c.s[3] + r;
+            print_message("%s rank %d: in use %zu -> %zu -> %zu, peak %zu, cached %zu, "
+                          "system blocks %llu -> %llu\n", dt_backend_kind_name(kinds[k]), r,
+                          s->in_use, live->in_use, gone->in_use, live->peak, gone->cached,
+                          (unsigned long long)live->system_allocs,
+                          (unsigned long long)again->system_allocs);
+            assert_true(live->in_use >= s->in_use + bytes);   /* CUDA rounds up to 512 B */
+            assert_true(live->in_use <= s->in_use + bytes + 512);
+            assert_true(gone->in_use == s->in_use);
+            assert_true(live->peak >= live->in_use && gone->peak == live->peak);
+            assert_true(gone->cached >= bytes);                        /* kept for reuse */
+            assert_true(again->system_allocs == live->system_allocs);  /* and reused */
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_launch_world_sizes),
@@ -346,6 +416,7 @@ int main(void) {
         cmocka_unit_test(test_status_and_dtype_names),
         cmocka_unit_test(test_fp16_conversions),
         cmocka_unit_test(test_array_conversions),
+        cmocka_unit_test(test_memory_counters),
     };
     return cmocka_run_group_tests_name("context and launch", tests, NULL, NULL);
 }

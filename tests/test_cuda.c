@@ -284,9 +284,9 @@ static void test_no_stream_on_cpu(void **state) {
     assert_null(dt_context_cuda_stream(NULL));
 }
 
-/* The caching allocator (backend_cuda.cu): a freed block comes back for a
- * request of its size, zeroed like a new one, and not for one under half its
- * size; a request the device can only meet once the cache is emptied
+/* The caching allocator (backend_cuda_alloc.cu): a freed block comes back
+ * for a request of its rounded size, zeroed like a new one, and not for one
+ * of another size; a request the device can only meet once the cache is emptied
  * succeeds (the cache is flushed and cudaMalloc tried again). */
 static dt_status rank_cache(dt_context *ctx, void *arg) {
     results *r = arg;

@@ -17,15 +17,17 @@
  *   the library reads (a string literal of its sources: getenv("DT_LOG")).
  *   Internal names stay out of the reference. The other way round, every
  *   dt_* function those headers declare or call is in it.
- * - README.md's first program, built as its text says a user builds it: the
- *   build's compiler with -Wall -Wextra -Werror and `pkg-config --cflags
- *   --libs dtensor` against what `make install` puts under a prefix, then
- *   run (exit 0: it shards a tensor over 4 ranks and gathers it back).
+ * - README.md's first program, built with the README's own commands (read
+ *   from it) against what `make install` puts under a prefix the loader does
+ *   not search: its pkg-config line, and its CMakeLists.txt with
+ *   find_package(dtensor); each program must start without LD_LIBRARY_PATH,
+ *   load that prefix's libdtensor.so and exit 0 (it shards a tensor over 4
+ *   ranks and gathers it back).
  *
- * Run from the repository root (make test does). The last two read the
+ * Run from the repository root (make test does). The last three read the
  * prefix that make test installs into (BUILD/stage, $DT_DOCS_STAGE, with
  * $DT_DOCS_CC and $DT_DOCS_CFLAGS: how the build compiles) and skip, with
- * the reason, without it or without pkg-config.
+ * the reason, without it, without pkg-config or without cmake.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -39,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -546,6 +549,110 @@ static void test_library_never_aborts_or_waits_unbounded(void **state) {
     assert_int_equal(found, 0);
 }
 
+/* README.md's code, run as its text says. The first ```c block is the
+ * program (prog.c); the first ```sh block with `pkg-config` builds it against
+ * an installed prefix and runs it, the first with `cmake -B` builds it with
+ * the first ```cmake block as CMakeLists.txt. The prefix in the README is
+ * $HOME/.local: here HOME is a temporary directory whose .local is the stage
+ * (what `make install` gives), and the block's `make install` lines are left
+ * out. `cc` and CMake compile with the build's compiler, -Wall -Wextra
+ * -Werror and its sanitizer flags (a sanitized library needs its runtime in
+ * the program). LD_LIBRARY_PATH is unset: the program must find the stage's
+ * libdtensor.so by itself, and the test checks that it is that one (not a
+ * copy under /usr/local). */
+typedef struct readme_run {
+    char dir[64];     /* temporary: prog.c, CMakeLists.txt, home/.local -> stage */
+    char *prog;       /* README's first ```c block */
+    int prog_line;    /* its first line in README.md */
+} readme_run;
+
+/* The first ```sh block of md that contains needle (malloc'd), or NULL. */
+static char *md_sh_block_with(const char *md, const char *needle, int *at) {
+    for (int k = 0;; k++) {
+        char *b = md_block(md, "sh", k, at);
+        if (!b || strstr(b, needle)) return b;
+        free(b);
+    }
+}
+
+static void readme_setup(readme_run *r, const char *stage) {
+    char *md = h_read_text("README.md");
+    assert_non_null(md);
+    r->prog = md_block(md, "c", 0, &r->prog_line);
+    free(md);
+    assert_non_null(r->prog);
+    assert_non_null(strstr(r->prog, "int main"));
+    snprintf(r->dir, sizeof r->dir, "/tmp/dt_test_docs.XXXXXX");
+    assert_non_null(mkdtemp(r->dir));
+    char path[256], local[256];
+    snprintf(path, sizeof path, "%s/prog.c", r->dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(r->prog, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/home", r->dir);
+    assert_int_equal(mkdir(path, 0700), 0);
+    snprintf(local, sizeof local, "%s/home/.local", r->dir);
+    assert_int_equal(symlink(stage, local), 0);
+}
+
+/* Runs the README lines `block` (minus `make ...` lines) in r->dir after
+ * the setup above, then checks that `bin` loads the stage's libdtensor.so.
+ * Returns the exit status; prints the script and its output on failure. */
+static int readme_run_block(readme_run *r, const char *stage, const char *what, const char *block,
+                            int at, const char *bin) {
+    const char *cc = getenv("DT_DOCS_CC"), *san = getenv("DT_DOCS_CFLAGS");
+    cc = cc && *cc ? cc : "cc";
+    san = san ? san : "";
+    char script[256];
+    snprintf(script, sizeof script, "%s/run.sh", r->dir);
+    FILE *f = fopen(script, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "set -e\n"
+            "cd '%s'\n"
+            "unset LD_LIBRARY_PATH PKG_CONFIG_PATH CMAKE_PREFIX_PATH\n"
+            "export HOME='%s/home'\n"
+            "cc() { command %s -std=c11 -Wall -Wextra -Werror %s \"$@\"; }\n"
+            "export CC='%s' CFLAGS='-Wall -Wextra -Werror %s'\n"
+            "# README.md line %d:\n",
+            r->dir, r->dir, cc, san, cc, san, at);
+    char *copy = strdup(block);
+    assert_non_null(copy);
+    lines l = split_trimmed(copy);
+    for (int i = 0; i < l.n; i++)
+        if (strncmp(l.line[i], "make ", 5) != 0) fprintf(f, "%s\n", l.line[i]);
+    free(l.line);
+    free(copy);
+    fprintf(f,
+            "lib=$(LD_TRACE_LOADED_OBJECTS=1 %s | sed -n 's/.*libdtensor.so => \\([^ ]*\\).*/\\1/p')\n"
+            "if [ \"$(readlink -f \"$lib\")\" != \"$(readlink -f '%s/lib/libdtensor.so')\" ]; then\n"
+            "    echo \"%s loads libdtensor.so from '$lib', not from the prefix %s\"; exit 1\n"
+            "fi\n",
+            bin, stage, bin, stage);
+    fclose(f);
+    char *out = NULL;
+    const int rc = h_run_program("/bin/sh", script, &out);
+    if (rc != 0) {
+        char *text = h_read_text(script);
+        print_error("README.md's %s (program at line %d, commands at line %d): exit %d from\n%s"
+                    "printing:\n%s\n",
+                    what, r->prog_line, at, rc, text ? text : script, out ? out : "");
+        free(text);
+    }
+    free(out);
+    return rc;
+}
+
+static void readme_cleanup(readme_run *r) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", r->dir);
+    if (system(cmd) != 0) print_message("could not remove %s\n", r->dir);
+    free(r->prog);
+}
+
+/* README.md's program, built with its pkg-config line against the stage,
+ * starts without LD_LIBRARY_PATH and exits 0 (4 ranks shard and gather). */
 static void test_readme_program(void **state) {
     (void)state;
     const char *stage = require_stage();
@@ -556,46 +663,60 @@ static void test_readme_program(void **state) {
     char *md = h_read_text("README.md");
     assert_non_null(md);
     int at = 0;
-    char *prog = md_block(md, "c", 0, &at);
+    char *block = md_sh_block_with(md, "pkg-config", &at);
     free(md);
-    assert_non_null(prog);
-    assert_non_null(strstr(prog, "int main"));
+    if (!block) fail_msg("README.md has no ```sh block that builds with pkg-config");
+    readme_run r;
+    readme_setup(&r, stage);
+    const int rc = readme_run_block(&r, stage, "pkg-config build", block, at, "./prog");
+    free(block);
+    readme_cleanup(&r);
+    assert_int_equal(rc, 0);
+}
 
-    char dir[] = "/tmp/dt_test_docs.XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    char path[256], script[256], bin[256];
-    snprintf(path, sizeof path, "%s/first.c", dir);
-    snprintf(script, sizeof script, "%s/build.sh", dir);
-    snprintf(bin, sizeof bin, "%s/first", dir);
+/* The same program built with CMake: README.md's CMakeLists.txt
+ * (find_package(dtensor), dtensor::dtensor: the shared library) and its
+ * cmake lines; then a second program from the same source linked to
+ * dtensor::dtensor_static, which must run as well. */
+static void test_readme_cmake(void **state) {
+    (void)state;
+    const char *stage = require_stage();
+    if (system("cmake --version >/dev/null 2>&1") != 0) {
+        print_message("skipped: cmake is not installed (scripts/deps.sh installs it; README.md's "
+                      "CMake build needs it)\n");
+        skip();
+    }
+    char *md = h_read_text("README.md");
+    assert_non_null(md);
+    int at = 0, lists_at = 0;
+    char *lists = md_block(md, "cmake", 0, &lists_at);
+    char *block = md_sh_block_with(md, "cmake -B", &at);
+    free(md);
+    if (!lists || !block) fail_msg("README.md lacks a ```cmake block or a ```sh block with `cmake -B`");
+    assert_non_null(strstr(lists, "dtensor::dtensor"));
+    readme_run r;
+    readme_setup(&r, stage);
+    char path[256];
+    snprintf(path, sizeof path, "%s/CMakeLists.txt", r.dir);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fputs(prog, f);
+    fprintf(f, "%s\n# test_docs: the static target too\n"
+               "add_executable(prog_static prog.c)\n"
+               "target_link_libraries(prog_static PRIVATE dtensor::dtensor_static)\n",
+            lists);
     fclose(f);
-    free(prog);
-    /* As README.md says, with the build's compiler and its sanitizer flags
-     * (a sanitized library needs its runtime in the program). */
-    const char *cc = getenv("DT_DOCS_CC"), *cflags = getenv("DT_DOCS_CFLAGS");
-    char cmds[8192];
-    snprintf(cmds, sizeof cmds,
-             "set -e\n"
-             "export PKG_CONFIG_PATH='%s/lib/pkgconfig'\n"
-             "%s -std=c11 -Wall -Wextra -Werror %s '%s' $(pkg-config --cflags --libs dtensor) -o '%s'\n"
-             "LD_LIBRARY_PATH='%s/lib' '%s'\n",
-             stage, cc && *cc ? cc : "cc", cflags ? cflags : "", path, bin, stage, bin);
-    f = fopen(script, "w");
-    assert_non_null(f);
-    fputs(cmds, f);
-    fclose(f);
-    char *out = NULL;
-    const int rc = h_run_program("/bin/sh", script, &out);
-    if (rc != 0)
-        print_error("README.md's program (line %d): exit %d from\n%sprinting:\n%s\n", at, rc, cmds,
-                    out);
-    free(out);
-    unlink(bin);
-    unlink(path);
-    unlink(script);
-    rmdir(dir);
+    free(lists);
+    int rc = readme_run_block(&r, stage, "CMake build", block, at, "build/prog");
+    if (rc == 0) {
+        /* The static program has no libdtensor.so to check: just run it. */
+        char cmd[512], *out = NULL;
+        snprintf(cmd, sizeof cmd, "-c 'cd %s && build/prog_static'", r.dir);
+        rc = h_run_program("/bin/sh", cmd, &out);
+        if (rc != 0) print_error("prog_static (dtensor::dtensor_static): exit %d:\n%s\n", rc, out);
+        free(out);
+    }
+    free(block);
+    readme_cleanup(&r);
     assert_int_equal(rc, 0);
 }
 
@@ -607,6 +728,7 @@ int main(void) {
         cmocka_unit_test(test_architecture_map),
         cmocka_unit_test(test_api_names_installed),
         cmocka_unit_test(test_readme_program),
+        cmocka_unit_test(test_readme_cmake),
     };
     return h_run_cases("docs", tests, sizeof tests / sizeof tests[0]);
 }

@@ -104,6 +104,32 @@ static void test_torchrun(void **state) {
     assert_non_null(strstr(dt_last_error(), "MASTER_PORT + 1"));
 }
 
+/* srun without an MPI plugin: SLURM's ids alone are the launcher; with
+ * PMI (srun --mpi=pmix) they must agree with it; with torchrun's too. */
+static void test_slurm(void **state) {
+    (void)state;
+    const char *kv[] = {"SLURM_PROCID", "3", "SLURM_NTASKS", "8", "SLURM_LOCALID", "1", NULL};
+    dt_launch_env e;
+    assert_int_equal(read_env(kv, &e), DT_SUCCESS);
+    assert_int_equal(e.launcher, DT_LAUNCHER_ENV);
+    assert_int_equal(e.rank, 3);
+    assert_int_equal(e.size, 8);
+    assert_int_equal(e.local_rank, 1);
+    assert_int_equal(e.local_size, -1);
+    assert_string_equal(e.source, "SLURM_PROCID/SLURM_NTASKS");
+    const char *with_pmi[] = {"PMI_RANK", "3", "PMI_SIZE", "8", "SLURM_PROCID", "3",
+                              "SLURM_NTASKS", "8", "SLURM_LOCALID", "1", NULL};
+    assert_int_equal(read_env(with_pmi, &e), DT_SUCCESS);
+    assert_int_equal(e.launcher, DT_LAUNCHER_MPI);
+    assert_int_equal(e.local_rank, 1);   /* SLURM's fills what PMI left out */
+    const char *bad[] = {"PMIX_RANK", "2", "SLURM_PROCID", "3", "SLURM_NTASKS", "8", NULL};
+    assert_int_equal(read_env(bad, &e), DT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dt_last_error(), "SLURM_PROCID=3 SLURM_NTASKS=8 disagree"));
+    const char *half[] = {"SLURM_PROCID", "3", NULL};
+    assert_int_equal(read_env(half, &e), DT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dt_last_error(), "SLURM_PROCID is set but SLURM_NTASKS is not"));
+}
+
 static void test_mpi_and_torchrun_together(void **state) {
     (void)state;
     /* mpirun -x RANK ...: they must agree; torchrun's fill what MPI left out. */
@@ -266,6 +292,7 @@ int main(void) {
         cmocka_unit_test(test_open_mpi),
         cmocka_unit_test(test_mpich_and_pmix),
         cmocka_unit_test(test_torchrun),
+        cmocka_unit_test(test_slurm),
         cmocka_unit_test(test_mpi_and_torchrun_together),
         cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_nccl_bootstrap_needs_master),

@@ -32,8 +32,18 @@
  * order, for one) or shows only in figures (the emulator's reading of
  * wgmma's fragment layouts is its own, runtime.c says from what).
  *
- * DT_TEST_QUICK (the valgrind run) keeps one case per direction and kernel
- * (forward and backward, mma.sync and wgmma). */
+ * forward/nonfinite/latest and backward/nonfinite/latest run each kernel's
+ * LATEST form on blocks with a NaN or an Inf in q, k, v or dout and
+ * dt_attn_block_args.nonfinite set (attention/block.h's rules): what the
+ * poison reaches is NaN, a row with no allowed key o = 0 and lse = -inf,
+ * every other output the clean run's bits (nonfinite 0), and clean inputs
+ * give the same bits with nonfinite set as without.
+ *
+ * Every kernel case runs in both of the kernels' forms
+ * (attention/cuda/kernels.h's dt_attn_form: VERIFIED, what auto runs on a
+ * GPU, and LATEST, which only this emulator has run), its name ending in
+ * the form's. DT_TEST_QUICK (the valgrind run) keeps one case per
+ * direction, kernel and form (forward and backward, mma.sync and wgmma). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -74,6 +84,7 @@ typedef struct emu_case {
                        after a query rank's first; backward, all but the first;
                        2 (forward): with the rows' waits (block.h's visits) */
     int producer;   /* the wgmma forward at D = 128: its loads by a producer warpgroup */
+    dt_attn_form form;   /* the kernel's form (attention/cuda/kernels.h) */
 } emu_case;
 
 /* The L2 size passed with a block whose units each re-read unit_bytes. */
@@ -320,9 +331,10 @@ static void run_forward(void **state) {
                 print_error("%s: block refused: %s\n", c->name, why);
                 bad = 1;
             } else if ((wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
-                                                      c->sms, queue, c->dependent, c->producer)
+                                                      c->sms, queue, c->dependent, c->producer,
+                                                      c->form)
                               : dt_emu_attn_mma_fwd(NULL, &a, l2_for(c, 4 * a.kseg.len * D / (H / G)),
-                                                    c->dependent)) != DT_SUCCESS) {
+                                                    c->dependent, c->form)) != DT_SUCCESS) {
                 print_error("%s: rank %d, keys of rank %d: %s\n", c->name, j, r, dt_last_error());
                 bad = 1;
             } else {
@@ -460,8 +472,8 @@ static void run_backward(void **state) {
             if (!bad && !dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why)) {
                 print_error("%s: block refused: %s\n", c->name, why);
                 bad = 1;
-            } else if (!bad && (wgmma ? dt_emu_attn_wgmma_bwd(NULL, &a, l2, c->dependent)
-                                      : dt_emu_attn_mma_bwd(NULL, &a, l2, c->dependent)) !=
+            } else if (!bad && (wgmma ? dt_emu_attn_wgmma_bwd(NULL, &a, l2, c->dependent, c->form)
+                                      : dt_emu_attn_mma_bwd(NULL, &a, l2, c->dependent, c->form)) !=
                                    DT_SUCCESS) {
                 print_error("%s: queries of rank %d, keys of rank %d: %s\n", c->name, j,
                             r, dt_last_error());
@@ -486,7 +498,8 @@ static void run_backward(void **state) {
     }
     const uint64_t mma_ran = dt_emu_get_counts().mma - mma_before;
     const uint64_t dependent_ran = dt_emu_get_counts().dependent - dependent_before;
-    /* the wgmma kernel's dQ by bulk reductions (the mma kernel's by float2 ones) */
+    /* the wgmma kernel's dQ by bulk reductions in its LATEST form (its
+     * VERIFIED form's and the mma kernel's by float2 ones) */
     const uint64_t bulk_ran = dt_emu_get_counts().bulk - bulk_before;
     for (int j = 0; j < c->P; j++) {
         cudaFree(dor[j]), free(lse[j]), free(delta[j]), cudaFree(dq[j]), free(dk[j]), free(dv[j]);
@@ -497,7 +510,7 @@ static void run_backward(void **state) {
     assert_int_equal(bad, 0);
     assert_true(mma_ran > 0);
     assert_int_equal(dependent_ran, c->dependent ? continuing : 0);
-    assert_true(wgmma ? bulk_ran > 0 : bulk_ran == 0);
+    assert_true(wgmma && c->form == DT_ATTN_FORM_LATEST ? bulk_ran > 0 : bulk_ran == 0);
 }
 
 /* The backward kernels walk a CTA's query heads and tiles with 32-bit
@@ -562,7 +575,7 @@ static void test_key_span_bound(void **state) {
  * against a double-precision reference, its wgmma counted against the
  * warpgroups' key tiles (narrow ones at D = 128); then the same block beside a ring
  * transfer, which runs a CTA per tile, and both with the producer
- * warpgroup. */
+ * warpgroup; all of it in both of the kernel's forms. */
 static void test_wgmma_persistent_keyless(void **state) {
     (void)state;
     if (skipped_under_tsan()) {
@@ -570,7 +583,9 @@ static void test_wgmma_persistent_keyless(void **state) {
         return;
     }
     const int64_t H = 4, G = 2, nq = 400, nk = 300, kstart = 200;
-    for (int64_t D = 64; D <= 128; D += 64) {
+    for (int run = 0; run < 2 * DT_ATTN_FORM_COUNT; run++) {   /* D = 64, 128; each form */
+        const int64_t D = run < DT_ATTN_FORM_COUNT ? 64 : 128;
+        const dt_attn_form form = (dt_attn_form)(run % DT_ATTN_FORM_COUNT);
         double *q = ref_input(71, nq * H * D, DT_BF16), *k = ref_input(72, nk * G * D, DT_BF16);
         double *v = ref_input(73, nk * G * D, DT_BF16);
         void *qd = as_dtype(q, (size_t)(nq * H * D), DT_BF16);
@@ -591,7 +606,8 @@ static void test_wgmma_persistent_keyless(void **state) {
         const int64_t unit_bytes = 2 * nk * D * 2 / (H / G);   /* dt_mma_fwd_grid's section */
         const uint64_t ctas_before = dt_emu_get_counts().blocks;
         const uint64_t wgmma_before = dt_emu_get_counts().wgmma;
-        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0), DT_SUCCESS);
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, form),
+                         DT_SUCCESS);
         /* persistent: the CTAs one SM holds (two at D = 64), not one per tile */
         const int64_t tiles = (nq + 127) / 128 * H;
         assert_int_equal(dt_emu_get_counts().blocks - ctas_before, D == 64 ? 2 : 1);
@@ -618,7 +634,8 @@ static void test_wgmma_persistent_keyless(void **state) {
                          cudaSuccess);
         a.transfer = 1;
         const uint64_t ctas_beside = dt_emu_get_counts().blocks;
-        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0), DT_SUCCESS);
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 0, form),
+                         DT_SUCCESS);
         assert_int_equal(dt_emu_get_counts().blocks - ctas_beside, tiles);
         assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
         /* The producer warpgroup, at D = 128 (at D = 64 the switch changes
@@ -627,7 +644,7 @@ static void test_wgmma_persistent_keyless(void **state) {
         for (int transfer = 0; D == 128 && transfer <= 1; transfer++) {
             a.transfer = transfer;
             memset(od, 0xff, (size_t)(nq * H * D) * 2);   /* emulated device memory is host memory */
-            assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 1),
+            assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &a, 2 * 3 * unit_bytes, 1, queue, 1, 1, form),
                              DT_SUCCESS);
             assert_memory_equal(od, o_persistent, (size_t)(nq * H * D) * 2);
         }
@@ -652,11 +669,325 @@ static void test_wgmma_persistent_keyless(void **state) {
             }
         long bad = h_compare("o", o, ref, (size_t)(nq * H * D), 2e-2, 2e-2, NULL);
         bad += h_compare("lse", lse, ref_lse, (size_t)(H * nq), 2e-2, 2e-2, NULL);
-        if (bad) print_error("D = %lld\n", (long long)D);
+        if (bad) print_error("D = %lld, %s form\n", (long long)D, dt_attn_form_name(form));
         free(q), free(k), free(v), free(o), free(lse), free(ref), free(ref_lse), free(p);
         cudaFree(qd), cudaFree(kd), cudaFree(vd), cudaFree(od), cudaFree(queue);
         assert_int_equal(bad, 0);
     }
+}
+
+/* ------------------------------------------ non-finite inputs (LATEST) */
+
+/* Blocks of one query segment of NF_N rows (batch 1, NF_H query heads on
+ * one kv head, causal, bf16) with a NaN or an Inf in their inputs, run by
+ * a kernel's LATEST form with dt_attn_block_args.nonfinite = 1 (the
+ * instance that keeps attention/block.h's non-finite rules), against the
+ * same blocks on clean inputs with nonfinite = 0: what the poison reaches
+ * must be NaN, a row with no allowed key o = 0 and lse = -inf, and every
+ * other output the clean run's bit for bit (a row's arithmetic does not
+ * depend on other rows, and the rules' instance does the same arithmetic
+ * on finite values). */
+enum { NF_N = 200, NF_H = 2 };
+
+typedef struct nf_blocks {
+    int wgmma;                  /* the kernel: wgmma (1) or mma.sync (0) */
+    int64_t D;
+    int nb;                     /* key blocks (1 or 2), the query segment's first to last */
+    dt_attn_segment kseg[2];    /* the query segment is (0, 1, NF_N) */
+    double *q, *dout;           /* [NF_N][NF_H][D], bf16 values */
+    double *k[2], *v[2];        /* [NF_N][1][D] each */
+} nf_blocks;
+
+static const dt_attn_segment NF_QSEG = {0, 1, NF_N, 0, 0};
+
+static nf_blocks nf_make(int wgmma, int64_t D, uint64_t seed) {
+    nf_blocks f = {.wgmma = wgmma, .D = D, .nb = 1, .kseg = {NF_QSEG, NF_QSEG}};
+    f.q = ref_input(seed, NF_N * NF_H * D, DT_BF16);
+    f.dout = ref_input(seed + 1, NF_N * NF_H * D, DT_BF16);
+    for (int i = 0; i < 2; i++) {
+        f.k[i] = ref_input(seed + 2 + 2 * (uint64_t)i, NF_N * D, DT_BF16);
+        f.v[i] = ref_input(seed + 3 + 2 * (uint64_t)i, NF_N * D, DT_BF16);
+    }
+    return f;
+}
+
+static void nf_free(nf_blocks *f) {
+    free(f->q), free(f->dout);
+    for (int i = 0; i < 2; i++) free(f->k[i]), free(f->v[i]);
+}
+
+/* The forward over the key blocks: o [NF_N][NF_H][D] (as stored, bf16),
+ * lse [NF_H][NF_N]. */
+static void nf_forward(const nf_blocks *f, int nonfinite, float *o, float *lse) {
+    const int64_t D = f->D, nq = NF_N * NF_H * D;
+    void *qd = as_dtype(f->q, (size_t)nq, DT_BF16), *kd[2], *vd[2], *od = NULL, *queue = NULL;
+    for (int i = 0; i < f->nb; i++) {
+        kd[i] = as_dtype(f->k[i], NF_N * (size_t)D, DT_BF16);
+        vd[i] = as_dtype(f->v[i], NF_N * (size_t)D, DT_BF16);
+    }
+    assert_int_equal(cudaMalloc(&od, (size_t)nq * 2), cudaSuccess);
+    assert_int_equal(cudaMalloc(&queue, DT_ATTN_WGMMA_QUEUE_BYTES), cudaSuccess);
+    float *m = zeros_f32(NF_H * NF_N), *l = zeros_f32(NF_H * NF_N), *acc = zeros_f32((size_t)nq);
+    char why[256];
+    for (int i = 0; i < f->nb; i++) {
+        dt_attn_block_args a = {
+            .dtype = DT_BF16, .nonfinite = nonfinite, .batch = 1, .heads = NF_H, .kv_heads = 1,
+            .dim = D, .q = qd, .q_batch_stride = nq, .k = kd[i], .v = vd[i],
+            .kv_batch_stride = NF_N * D, .qseg = NF_QSEG, .kseg = f->kseg[i],
+            .mask = DT_ATTN_CAUSAL, .scale = (float)(1.0 / sqrt((double)D)), .m = m, .l = l,
+            .ml_batch_stride = NF_H * NF_N, .ml_head_stride = NF_N, .acc = acc,
+            .acc_batch_stride = nq, .first = i == 0, .last = i == f->nb - 1, .o = od,
+            .lse = lse,
+            .tuning = {f->wgmma ? DT_ATTN_KERNEL_WGMMA_LATEST : DT_ATTN_KERNEL_MMA_LATEST, 1, 1, 1}};
+        assert_true(dt_emu_attn_mma_block_ok(&a, why, sizeof why));
+        const dt_status st =
+            f->wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, 0, 1, queue, 0, 1, DT_ATTN_FORM_LATEST)
+                     : dt_emu_attn_mma_fwd(NULL, &a, 0, 0, DT_ATTN_FORM_LATEST);
+        if (st != DT_SUCCESS) fail_msg("forward block %d: %s", i, dt_last_error());
+    }
+    for (int64_t i = 0; i < nq; i++) o[i] = dt_value_get(od, DT_BF16, (size_t)i);
+    cudaFree(qd), cudaFree(od), cudaFree(queue);
+    for (int i = 0; i < f->nb; i++) cudaFree(kd[i]), cudaFree(vd[i]);
+    free(m), free(l), free(acc);
+}
+
+/* The backward over the key blocks from the forward's o and lse (delta =
+ * rowsum(dout o) here): dq [NF_N][NF_H][D], dk, dv of block 0 [NF_N][D]. */
+static void nf_backward(const nf_blocks *f, int nonfinite, const float *o, const float *lse,
+                        float *dq_out, float *dk_out, float *dv_out) {
+    const int64_t D = f->D, nq = NF_N * NF_H * D;
+    void *qd = as_dtype(f->q, (size_t)nq, DT_BF16), *gd = as_dtype(f->dout, (size_t)nq, DT_BF16);
+    float *delta = zeros_f32(NF_H * NF_N), *dq = device_zeros_f32((size_t)nq);
+    for (int64_t x = 0; x < NF_N; x++)
+        for (int64_t h = 0; h < NF_H; h++) {
+            float sum = 0.0f;
+            for (int64_t d = 0; d < D; d++)
+                sum += o[(x * NF_H + h) * D + d] * (float)f->dout[(x * NF_H + h) * D + d];
+            delta[h * NF_N + x] = sum;
+        }
+    char why[256];
+    for (int i = 0; i < f->nb; i++) {
+        void *kd = as_dtype(f->k[i], NF_N * (size_t)D, DT_BF16);
+        void *vd = as_dtype(f->v[i], NF_N * (size_t)D, DT_BF16);
+        float *dk = zeros_f32(NF_N * (size_t)D), *dv = zeros_f32(NF_N * (size_t)D);
+        dt_attn_block_bwd_args a = {
+            .dtype = DT_BF16, .nonfinite = nonfinite, .batch = 1, .heads = NF_H, .kv_heads = 1,
+            .dim = D, .q = qd, .dout = gd, .q_batch_stride = nq, .k = kd, .v = vd,
+            .kv_batch_stride = NF_N * D, .qseg = NF_QSEG, .kseg = f->kseg[i],
+            .mask = DT_ATTN_CAUSAL, .scale = (float)(1.0 / sqrt((double)D)), .lse = lse,
+            .delta = delta, .ml_batch_stride = NF_H * NF_N, .ml_head_stride = NF_N, .dq = dq,
+            .dq_batch_stride = nq, .dk = dk, .dv = dv, .first = 1, .continues = i > 0,
+            .tuning = {f->wgmma ? DT_ATTN_KERNEL_WGMMA_LATEST : DT_ATTN_KERNEL_MMA_LATEST, 1, 1, 1}};
+        assert_true(dt_emu_attn_mma_bwd_block_ok(&a, why, sizeof why));
+        const dt_status st = f->wgmma ? dt_emu_attn_wgmma_bwd(NULL, &a, 0, 0, DT_ATTN_FORM_LATEST)
+                                      : dt_emu_attn_mma_bwd(NULL, &a, 0, 0, DT_ATTN_FORM_LATEST);
+        if (st != DT_SUCCESS) fail_msg("backward block %d: %s", i, dt_last_error());
+        if (i == 0) {
+            memcpy(dk_out, dk, NF_N * (size_t)D * sizeof *dk);
+            memcpy(dv_out, dv, NF_N * (size_t)D * sizeof *dv);
+        }
+        cudaFree(kd), cudaFree(vd), free(dk), free(dv);
+    }
+    memcpy(dq_out, dq, (size_t)nq * sizeof *dq);
+    cudaFree(qd), cudaFree(gd), cudaFree(dq), free(delta);
+}
+
+/* got against want over rows [0, rows) of `width` values: rows where
+ * reached(row) must be all NaN, the others want's bits, but that column
+ * maybe_col (>= 0) may also be NaN. Returns the failures, printing the
+ * first few. */
+typedef int (*nf_reach)(int64_t row);
+static long nf_judge(const char *what, const float *got, const float *want, int64_t rows,
+                     int64_t width, nf_reach reached, int64_t maybe_col) {
+    long bad = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < width; c++) {
+            const float g = got[r * width + c], w = want[r * width + c];
+            const int nan_wanted = reached && reached(r);
+            const int ok = nan_wanted ? isnan(g)
+                                      : memcmp(&g, &w, sizeof g) == 0 || (c == maybe_col && isnan(g));
+            if (!ok && bad++ < 4)
+                print_error("%s[%lld][%lld] = %g, want %s%g\n", what, (long long)r, (long long)c,
+                            (double)g, nan_wanted ? "NaN, not " : "the clean run's ", (double)w);
+        }
+    return bad;
+}
+
+/* o rows [x][h] (NF_N x NF_H rows of D), lse rows [h][x] (one value each:
+ * judged with a reach on x = row % NF_N). */
+static int64_t nf_row_at;   /* the poisoned query row, for the reaches below */
+static int reach_o_row(int64_t r) { return r == nf_row_at * NF_H + 1; }      /* head 1 */
+static int reach_lse_row(int64_t r) { return r == NF_N + nf_row_at; }       /* head 1 */
+static int reach_o_from(int64_t r) { return r / NF_H >= nf_row_at; }        /* rows x >= y */
+static int reach_lse_from(int64_t r) { return r % NF_N >= nf_row_at; }
+static int reach_key(int64_t r) { return r == nf_row_at; }
+static int reach_dq_row0(int64_t r) { return r == nf_row_at * NF_H; }        /* head 0 */
+
+static void test_nonfinite_forward(void **state) {
+    (void)state;
+    if (skipped_under_tsan()) {
+        skip();
+        return;
+    }
+    long bad = 0;
+    const int64_t D_max = getenv("DT_TEST_QUICK") ? 64 : 128;   /* valgrind: D = 64 */
+    for (int kc = 0; kc < 2; kc++)
+        for (int64_t D = 64; D <= D_max; D += 64) {
+            nf_blocks f = nf_make(kc, D, 8100 + 10 * (uint64_t)kc + (uint64_t)D);
+            const int64_t nq = NF_N * NF_H * D, nl = NF_H * NF_N;
+            float *o0 = malloc((size_t)nq * 4), *lse0 = malloc((size_t)nl * 4);
+            float *o = malloc((size_t)nq * 4), *lse = malloc((size_t)nl * 4);
+            const char *kn = kc ? "wgmma" : "mma";
+            long b0 = bad;
+            /* clean inputs: the rules' instance gives the finite path's bits */
+            nf_forward(&f, 0, o0, lse0);
+            nf_forward(&f, 1, o, lse);
+            bad += nf_judge("clean o", o, o0, NF_N * NF_H, D, NULL, -1);
+            bad += nf_judge("clean lse", lse, lse0, nl, 1, NULL, -1);
+            /* NaN in q[150][1][3]: that row's o and lse */
+            nf_row_at = 150;
+            const size_t qi = (size_t)((150 * NF_H + 1) * D + 3);
+            const double q_saved = f.q[qi];
+            f.q[qi] = NAN;
+            nf_forward(&f, 1, o, lse);
+            f.q[qi] = q_saved;
+            bad += nf_judge("q NaN: o", o, o0, NF_N * NF_H, D, reach_o_row, -1);
+            bad += nf_judge("q NaN: lse", lse, lse0, nl, 1, reach_lse_row, -1);
+            /* +inf, -inf in k[70][0][5]: every row that may attend key 70
+             * (x >= 70, both heads) NaN, a logit of either sign */
+            nf_row_at = 70;
+            for (int sign = 1; sign >= -1; sign -= 2) {
+                const size_t ki = (size_t)(70 * D + 5);
+                const double k_saved = f.k[0][ki];
+                f.k[0][ki] = sign * INFINITY;
+                nf_forward(&f, 1, o, lse);
+                f.k[0][ki] = k_saved;
+                bad += nf_judge(sign > 0 ? "k +inf: o" : "k -inf: o", o, o0, NF_N * NF_H, D,
+                                reach_o_from, -1);
+                bad += nf_judge(sign > 0 ? "k +inf: lse" : "k -inf: lse", lse, lse0, nl, 1,
+                                reach_lse_from, -1);
+            }
+            /* Keys at positions 100 .. 299, all NaN in k and v: rows 0 ..
+             * 99 have no allowed key (o = 0, lse = -inf; rows 64 .. 99 in
+             * a computed tile with them), the others NaN. */
+            nf_blocks g = f;
+            g.kseg[0] = (dt_attn_segment){100, 1, NF_N, 0, 0};
+            double *kn_saved = g.k[0], *vn_saved = g.v[0];
+            g.k[0] = malloc(NF_N * (size_t)D * sizeof(double));
+            g.v[0] = malloc(NF_N * (size_t)D * sizeof(double));
+            for (int64_t i = 0; i < NF_N * D; i++) g.k[0][i] = g.v[0][i] = NAN;
+            nf_forward(&g, 1, o, lse);
+            float *zeros = calloc((size_t)nq, 4), *ninf = malloc((size_t)nl * 4);
+            for (int64_t i = 0; i < nl; i++) ninf[i] = -INFINITY;
+            nf_row_at = 100;
+            bad += nf_judge("masked NaN keys: o", o, zeros, NF_N * NF_H, D, reach_o_from, -1);
+            bad += nf_judge("masked NaN keys: lse", lse, ninf, nl, 1, reach_lse_from, -1);
+            /* Two blocks: clean keys, then keys at 100 .. 299 with NaN in
+             * every k (v clean): rows 0 .. 99 see none of those, and keep
+             * the clean two blocks' bits through the merge; the others NaN. */
+            for (int64_t i = 0; i < NF_N * D; i++) g.k[0][i] = kn_saved[i];
+            for (int64_t i = 0; i < NF_N * D; i++) g.v[0][i] = vn_saved[i];
+            g.nb = 2;
+            g.kseg[0] = NF_QSEG;
+            g.kseg[1] = (dt_attn_segment){100, 1, NF_N, 0, 0};
+            nf_forward(&g, 0, o0, lse0);
+            double *k1_saved = g.k[1];
+            g.k[1] = malloc(NF_N * (size_t)D * sizeof(double));
+            for (int64_t i = 0; i < NF_N * D; i++) g.k[1][i] = NAN;
+            nf_forward(&g, 1, o, lse);
+            bad += nf_judge("second block NaN keys: o", o, o0, NF_N * NF_H, D, reach_o_from, -1);
+            bad += nf_judge("second block NaN keys: lse", lse, lse0, nl, 1, reach_lse_from, -1);
+            free(g.k[0]), free(g.v[0]), free(g.k[1]);
+            g.k[1] = k1_saved;
+            if (bad > b0) print_error("%s forward, D = %lld: %ld failures\n", kn, (long long)D, bad - b0);
+            free(o0), free(lse0), free(o), free(lse), free(zeros), free(ninf);
+            nf_free(&f);
+        }
+    assert_int_equal(bad, 0);
+}
+
+static void test_nonfinite_backward(void **state) {
+    (void)state;
+    if (skipped_under_tsan()) {
+        skip();
+        return;
+    }
+    long bad = 0;
+    const int64_t D_max = getenv("DT_TEST_QUICK") ? 64 : 128;   /* valgrind: D = 64 */
+    for (int kc = 0; kc < 2; kc++)
+        for (int64_t D = 64; D <= D_max; D += 64) {
+            nf_blocks f = nf_make(kc, D, 8300 + 10 * (uint64_t)kc + (uint64_t)D);
+            const int64_t nq = NF_N * NF_H * D, nl = NF_H * NF_N, nk = NF_N * D;
+            float *o0 = malloc((size_t)nq * 4), *lse0 = malloc((size_t)nl * 4);
+            float *o = malloc((size_t)nq * 4), *lse = malloc((size_t)nl * 4);
+            float *dq0 = malloc((size_t)nq * 4), *dk0 = malloc((size_t)nk * 4), *dv0 = malloc((size_t)nk * 4);
+            float *dq = malloc((size_t)nq * 4), *dk = malloc((size_t)nk * 4), *dv = malloc((size_t)nk * 4);
+            const char *kn = kc ? "wgmma" : "mma";
+            long b0 = bad;
+            nf_forward(&f, 0, o0, lse0);
+            /* clean inputs: the rules' instance gives the finite path's bits */
+            nf_backward(&f, 0, o0, lse0, dq0, dk0, dv0);
+            nf_backward(&f, 1, o0, lse0, dq, dk, dv);
+            bad += nf_judge("clean dq", dq, dq0, NF_N * NF_H, D, NULL, -1);
+            bad += nf_judge("clean dk", dk, dk0, NF_N, D, NULL, -1);
+            bad += nf_judge("clean dv", dv, dv0, NF_N, D, NULL, -1);
+            /* NaN in dout[120][0][7] (delta of that row NaN): its dq row;
+             * dk of every key it attends (y <= 120), dv of those in column
+             * 7; the other dq rows keep their bits */
+            nf_row_at = 120;
+            const size_t gi = (size_t)((120 * NF_H + 0) * D + 7);
+            const double g_saved = f.dout[gi];
+            f.dout[gi] = NAN;
+            nf_backward(&f, 1, o0, lse0, dq, dk, dv);
+            f.dout[gi] = g_saved;
+            bad += nf_judge("dout NaN: dq", dq, dq0, NF_N * NF_H, D, reach_dq_row0, -1);
+            for (int64_t y = 0; y <= 120; y++)
+                for (int64_t d = 0; d < D; d++)
+                    if (!isnan(dk[y * D + d]) || (d == 7 && !isnan(dv[y * D + d]))) {
+                        if (bad++ < 4)
+                            print_error("dout NaN: dk[%lld][%lld] = %g, dv = %g: want NaN\n",
+                                        (long long)y, (long long)d, (double)dk[y * D + d],
+                                        (double)dv[y * D + d]);
+                    }
+            /* NaN in q[150][1][3], through the forward (o, lse of the row
+             * NaN): its dq row, and dk, dv of every key it attends */
+            nf_row_at = 150;
+            const size_t qi = (size_t)((150 * NF_H + 1) * D + 3);
+            const double q_saved = f.q[qi];
+            f.q[qi] = NAN;
+            nf_forward(&f, 1, o, lse);
+            nf_backward(&f, 1, o, lse, dq, dk, dv);
+            f.q[qi] = q_saved;
+            bad += nf_judge("q NaN: dq", dq, dq0, NF_N * NF_H, D, reach_o_row, -1);
+            for (int64_t y = 0; y <= 150; y++)
+                for (int64_t d = 0; d < D; d++)
+                    if (!isnan(dk[y * D + d]) || !isnan(dv[y * D + d])) {
+                        if (bad++ < 4)
+                            print_error("q NaN: dk[%lld][%lld] = %g, dv = %g: want NaN\n",
+                                        (long long)y, (long long)d, (double)dk[y * D + d],
+                                        (double)dv[y * D + d]);
+                    }
+            /* -inf in k[70][0][5] with the clean forward's lse: the logits
+             * of key 70 are infinite, so P of every row that attends it
+             * (x >= 70) is NaN: those dq rows, and dk, dv of key 70; the
+             * other dq rows keep their bits but in column 5, where a row of
+             * a tile computed with key 70 may get its 0 x -inf (dQ = dS K:
+             * block.h), and dk, dv of the other keys keep theirs */
+            nf_row_at = 70;
+            const size_t ki = (size_t)(70 * D + 5);
+            const double k_saved = f.k[0][ki];
+            f.k[0][ki] = -INFINITY;
+            nf_backward(&f, 1, o0, lse0, dq, dk, dv);
+            f.k[0][ki] = k_saved;
+            bad += nf_judge("k -inf: dq", dq, dq0, NF_N * NF_H, D, reach_o_from, 5);
+            bad += nf_judge("k -inf: dk", dk, dk0, NF_N, D, reach_key, -1);
+            bad += nf_judge("k -inf: dv", dv, dv0, NF_N, D, reach_key, -1);
+            if (bad > b0) print_error("%s backward, D = %lld: %ld failures\n", kn, (long long)D, bad - b0);
+            free(o0), free(lse0), free(o), free(lse), free(dq0), free(dk0), free(dv0);
+            free(dq), free(dk), free(dv);
+            nf_free(&f);
+        }
+    assert_int_equal(bad, 0);
 }
 
 #endif /* DT_EMU_NO_CXX */
@@ -879,6 +1210,26 @@ static void test_bulk_reduce(void **state) {
         cudaFree(c.dst);
     }
     assert_int_equal(dt_emu_get_counts().bulk - before, 2 + 0 + 2 + 2);
+}
+
+/* max.NaN.f32: the larger value, +0 above -0, the canonical NaN if either
+ * operand is NaN (fmaxf would return the other operand). */
+static void test_max_nan(void **state) {
+    (void)state;
+    const float canonical = dt_emu_max_nan(NAN, 1.0f);
+    uint32_t bits;
+    memcpy(&bits, &canonical, sizeof bits);
+    assert_int_equal(bits, 0x7fffffffu);
+    assert_true(isnan(dt_emu_max_nan(1.0f, NAN)) && isnan(dt_emu_max_nan(-INFINITY, NAN)));
+    assert_true(isnan(dt_emu_max_nan(NAN, INFINITY)) && isnan(dt_emu_max_nan(-NAN, -NAN)));
+    assert_true(!isnan(fmaxf(-INFINITY, NAN)));   /* what the kernels' finite path does */
+    assert_true(dt_emu_max_nan(2.0f, -3.0f) == 2.0f && dt_emu_max_nan(-3.0f, 2.0f) == 2.0f);
+    assert_true(dt_emu_max_nan(-INFINITY, -1e30f) == -1e30f);
+    assert_true(dt_emu_max_nan(INFINITY, 1.0f) == INFINITY);
+    assert_true(dt_emu_max_nan(-INFINITY, -INFINITY) == -INFINITY);
+    assert_false(signbit(dt_emu_max_nan(-0.0f, 0.0f)));
+    assert_false(signbit(dt_emu_max_nan(0.0f, -0.0f)));
+    assert_true(signbit(dt_emu_max_nan(-0.0f, -0.0f)));
 }
 
 static void test_ex2_ftz(void **state) {
@@ -1917,11 +2268,15 @@ int main(void) {
     static const int fp16_rows[] = {0, 1, 1, 0, 1, 0};
     enum { NROWS = sizeof rows / sizeof rows[0] };
     /* dir 0: forward (mma.sync), 1: backward (mma.sync), 2: forward
-     * (wgmma), 3: backward (wgmma) */
-    static emu_case cases[4 * 2 * NROWS + 3];   /* + the variants beyond the first (below) */
-    struct CMUnitTest tests[4 * 2 * NROWS + 3 + 3 + 8];
+     * (wgmma), 3: backward (wgmma); every case in each of the kernels'
+     * forms (attention/cuda/kernels.h: VERIFIED, what auto runs, and
+     * LATEST) */
+    enum { PER_FORM = 4 * 2 * NROWS + 3 };   /* + the variants beyond the first (below) */
+    static emu_case cases[DT_ATTN_FORM_COUNT * PER_FORM];
+    struct CMUnitTest tests[DT_ATTN_FORM_COUNT * PER_FORM + 5 + 9];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
+    for (int form = 0; form < DT_ATTN_FORM_COUNT; form++)
     for (int dir = 0; dir < 4; dir++)
         for (int dt = 0; dt < 2; dt++)
             for (int i = 0; i < NROWS; i++)
@@ -1957,7 +2312,8 @@ int main(void) {
                     c->sms = i <= 2 || i == 5;
                     c->dependent = i == 3 ? 0 : dir % 2 == 0 && (i == 2 || i == 5) ? 2 : 1;
                     c->producer = v;
-                    snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s",
+                    c->form = (dt_attn_form)form;
+                    snprintf(c->name, sizeof c->name, "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s%s%s,%s",
                              (const char *[]){"forward", "backward", "forward-wgmma",
                                               "backward-wgmma"}[dir],
                              dt_order_name(c->order), c->P,
@@ -1966,7 +2322,7 @@ int main(void) {
                              dt_dtype_name(c->dtype), c->huge ? ",logits=1e4" : "",
                              dir == 2 && c->sms ? ",persistent" : "",
                              c->dependent == 2 ? ",dependent,rows" : c->dependent ? ",dependent" : "",
-                             c->producer ? ",producer" : "");
+                             c->producer ? ",producer" : "", dt_attn_form_name(c->form));
                     tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                     nt++;
                 }
@@ -1977,6 +2333,10 @@ int main(void) {
                                       NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"forward-wgmma/persistent/past-a-keyless-tile",
                                       test_wgmma_persistent_keyless, NULL, NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"forward/nonfinite/latest", test_nonfinite_forward, NULL,
+                                      NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"backward/nonfinite/latest", test_nonfinite_backward, NULL,
+                                      NULL, NULL};
 #endif
     tests[nt++] = (struct CMUnitTest){"emulator/checks-and-semantics", test_emulator, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/wgmma", test_wgmma, NULL, NULL, NULL};
@@ -1984,6 +2344,7 @@ int main(void) {
     tests[nt++] = (struct CMUnitTest){"emulator/named-barriers", test_named_barriers, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/setmaxnreg", test_setmaxnreg, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/ex2-approx-ftz", test_ex2_ftz, NULL, NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"emulator/max-nan", test_max_nan, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/bulk-reduce-add", test_bulk_reduce, NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"emulator/programmatic-dependent-launch", test_griddep, NULL,
                                       NULL, NULL};

@@ -1,21 +1,20 @@
-/* attention/cuda/block.cu — the CUDA attention kernels.
+/* attention/cuda/block.cu — the CUDA attention kernels, and which of them
+ * runs a block.
  *
- * STATUS: everything here is built (nvcc, sm_90 by default), runs on the
+ * STATUS: everything here is built (nvcc, sm_90 by default) and runs on the
  * CPU emulator of CUDA (tests/emu: `make CUDA=emu test`, and test_mma_emu
- * for the tensor-core kernels in every `make test`), and passed the
- * "forward/cuda-kernels/..." and "backward/cuda-kernels/..." cases on an
- * H100 (2026-11-22) and an H200 (2026-11-26; racecheck and synccheck
- * too).
+ * for the tensor-core kernels in every `make test`). What has passed on a
+ * GPU, and in which form, is the table verified_paths below.
  *
  * Same contract and mask rule as block_cpu.c (block.h). Forward: three
  * kernels, chosen per block by fwd():
  *   - wgmma (wgmma_fwd.cu): Hopper warpgroup MMA fed by TMA, bf16 /
  *     fp16, head dim 64 or 128, compute capability 9.0 and an sm_90 build,
- *     16-byte aligned q, k, v; used by default where it can run (1.16x to
- *     1.62x FlashAttention-2's forward on an H200: docs/PERFORMANCE.md).
+ *     16-byte aligned q, k, v (1.16x to 1.62x FlashAttention-2's forward
+ *     on an H200: docs/PERFORMANCE.md).
  *   - mma (mma_fwd.cu): FlashAttention-2 style on tensor cores, for
  *     bf16 / fp16, head dim 64 or 128, compute capability >= 8.0, with
- *     16-byte aligned q, k, v; used by default where wgmma cannot run.
+ *     16-byte aligned q, k, v.
  *   - simple (here): one thread per query row of one (batch, head), blocks
  *     of 64 rows; key tiles of 64 whose class (mask.h) is computed once per
  *     thread block: empty tiles are skipped, full tiles are not masked.
@@ -24,23 +23,30 @@
  *     and V tiles are staged in shared memory as fp32 (bf16 / fp16 are
  *     widened on load). Every dtype and head dim; the fallback, and the
  *     in-tree cross-check of the tensor-core kernels.
- * DT_ATTN_KERNEL=auto|simple|mma|wgmma (read by the attention plan, once
- * per call, and passed in dt_attn_block_args.kernel) picks: auto as above,
- * simple always, mma or wgmma or DT_ERR_NOT_SUPPORTED naming what is
- * missing (checked before the ring loop by kernel_check; alignment per
- * block).
+ * Each kernel comes in two forms (kernels.h's dt_attn_form): VERIFIED,
+ * which has passed on a GPU, and LATEST, with the changes no GPU has run
+ * yet; a LATEST form keeps block.h's non-finite rules in a second
+ * instance, launched for a block with non-finite inputs
+ * (dt_attn_block_args.nonfinite), and otherwise the same code as without
+ * the rules (for the simple kernels, the VERIFIED code). DT_ATTN_KERNEL
+ * (tuning.h; read by the attention plan, once per call, and passed in
+ * dt_attn_block_args.tuning) picks: auto the first path of verified_paths
+ * for the device's compute capability that can run the block, else
+ * simple; simple always; mma or wgmma the VERIFIED form; simple-latest,
+ * mma-latest or wgmma-latest the LATEST form; or DT_ERR_NOT_SUPPORTED
+ * naming what is missing (checked before the ring loop by kernel_check;
+ * alignment per block). dt_attn_cuda_path_of is that choice, tested
+ * without a GPU (test_attention's cuda-kernel-table case); exact_nonfinite
+ * tells the plan whether that choice keeps the non-finite rules.
  *
- * Backward: three kernels too, chosen per block by bwd() with the
- * forward's checks (dt_attn_mma_supported or dt_attn_wgmma_supported, and
- * dt_attn_mma_bwd_block_ok for alignment):
+ * Backward: three kernels too, chosen per block by bwd() the same way
+ * (dt_attn_mma_bwd_block_ok for alignment):
  *   - wgmma (wgmma_bwd.cu): Hopper warpgroup MMA fed by TMA, a
- *     CTA per 128 keys of a kv head. The default backward where it can run
- *     (1.5x to 1.8x the mma one on an H200, 2026-11-26:
+ *     CTA per 128 keys of a kv head (1.5x to 1.8x the mma one on an H200:
  *     docs/PERFORMANCE_HISTORY.md).
  *   - mma (mma_bwd.cu): FlashAttention-2 structure on tensor
  *     cores (a CTA per 128 keys of a kv head, dK and dV in registers over
- *     the query tiles of its group's heads, dQ added with atomics). The
- *     default backward elsewhere from compute capability 8.0.
+ *     the query tiles of its group's heads, dQ added with atomics).
  *   - simple (here; FlashAttention-2 math, no atomics): one kernel in which
  *     each thread owns a query row and accumulates dQ over the keys; one in
  *     which each thread owns a key row of a kv head and accumulates dK, dV
@@ -51,12 +57,15 @@
  * read with cudaGetLastError and returned as DT_ERR_BACKEND.
  *
  * Test: tests/test_attention.c, tests/test_attention_backward.c on a GPU
- * (make test), against the CPU backend's results and the double reference.
+ * or the emulator (make test), against the CPU backend's results and the
+ * double reference: every kernel forced in its VERIFIED form
+ * ("cuda-kernels" cases) and its LATEST form ("cuda-latest" cases).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdio.h>
 
 extern "C" {
 #include "../block.h"
@@ -84,8 +93,19 @@ __device__ __forceinline__ void store_val(void *p, dt_dtype dt, int64_t i, float
 
 __device__ __forceinline__ int64_t pos(dt_attn_segment s, int64_t x) { return dt_attn_pos(s, x); }
 
-/* grid: (ceil(nq / TQ), heads, batch); block: TQ threads; shared: 2 * TK * D floats. */
+/* The larger of a and b, NaN if either is NaN (fmaxf returns the other
+ * operand): by a select, on any architecture. */
+__device__ __forceinline__ float max_nan(float a, float b) { return a > b || a != a ? a : b; }
+
+/* grid: (ceil(nq / TQ), heads, batch); block: TQ threads; shared: 2 * TK * D floats.
+ * F: the form (kernels.h); NF: the LATEST form's instance for a block with
+ * non-finite inputs (block.h's nonfinite), which keeps the rules: a logit
+ * of +-inf becomes NaN (x + 0 x, before the mask's select), the row
+ * maxima keep a NaN, and the last block writes o = 0 and lse = -inf where
+ * l = 0, NaN where l is NaN, and NaN for an infinite o. */
+template <dt_attn_form F, bool NF>
 __global__ void fwd_kernel(dt_attn_block_args a) {
+    static_assert(!NF || F == DT_ATTN_FORM_LATEST, "only LATEST forms keep the non-finite rules");
     DT_DYNAMIC_SMEM(float, smem);
     const int64_t D = a.dim, H = a.heads, G = a.kv_heads;
     const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (H / G);
@@ -122,11 +142,12 @@ __global__ void fwd_kernel(dt_attn_block_args a) {
             float dot = 0.0f;
             for (int64_t d = 0; d < D; d++) dot += load(a.q, a.dtype, qoff + d) * ks[j * D + d];
             dot *= a.scale;
+            if constexpr (NF) dot += 0.0f * dot;
             if (cls == DT_TILE_PARTIAL && pq < pos(a.kseg, y0 + j)) dot = -INFINITY;
             s[j] = dot;
-            mx = fmaxf(mx, dot);
+            mx = NF ? max_nan(mx, dot) : fmaxf(mx, dot);
         }
-        const float m_new = fmaxf(mi, mx);
+        const float m_new = NF ? max_nan(mi, mx) : fmaxf(mi, mx);
         if (m_new == -INFINITY) continue;
         const float alpha = mi == -INFINITY ? 0.0f : __expf(mi - m_new);
         float sum = 0.0f;
@@ -144,10 +165,21 @@ __global__ void fwd_kernel(dt_attn_block_args a) {
     }
     if (!active) return;
     if (a.last) {   /* the call's last block: o and lse instead of m, l, acc */
-        const float inv = li > 0.0f ? 1.0f / li : 0.0f;
-        a.lse[b * a.ml_batch_stride + h * a.ml_head_stride + x] =
-            li > 0.0f ? mi + logf(li) : -INFINITY;
-        for (int64_t d = 0; d < D; d++) store_val(a.o, a.dtype, qoff + d, acc[d] * inv);
+        if constexpr (NF) {
+            const bool none = li == 0.0f;   /* no allowed key; NaN li: NaN o, lse */
+            const float inv = 1.0f / li;
+            a.lse[b * a.ml_batch_stride + h * a.ml_head_stride + x] =
+                none ? -INFINITY : mi + logf(li);
+            for (int64_t d = 0; d < D; d++) {
+                const float o = none ? 0.0f : acc[d] * inv;
+                store_val(a.o, a.dtype, qoff + d, o + 0.0f * o);
+            }
+        } else {
+            const float inv = li > 0.0f ? 1.0f / li : 0.0f;
+            a.lse[b * a.ml_batch_stride + h * a.ml_head_stride + x] =
+                li > 0.0f ? mi + logf(li) : -INFINITY;
+            for (int64_t d = 0; d < D; d++) store_val(a.o, a.dtype, qoff + d, acc[d] * inv);
+        }
     } else {
         m[x] = mi;
         l[x] = li;
@@ -184,7 +216,9 @@ __global__ void store_kernel(dt_dtype dt, size_t n, const float *src, void *dst)
         store_val(dst, dt, (int64_t)i, src[i]);
 }
 
-/* P and dS of one (query x of head h, key y) pair; returns 0 for masked pairs. */
+/* P and dS of one (query x of head h, key y) pair; returns 0 for masked
+ * pairs and rows with lse = -inf. NF: a logit of +-inf becomes NaN. */
+template <bool NF>
 __device__ __forceinline__ void pair_grad(const dt_attn_block_bwd_args &a, int64_t b, int64_t h,
                                           int64_t g, int64_t x, int64_t y, float lse, float delta,
                                           float *p_out, float *ds_out) {
@@ -199,13 +233,23 @@ __device__ __forceinline__ void pair_grad(const dt_attn_block_bwd_args &a, int64
         dot += load(a.q, a.dtype, qo + d) * load(a.k, a.dtype, ko + d);
         dp += load(a.dout, a.dtype, qo + d) * load(a.v, a.dtype, ko + d);
     }
-    const float p = __expf(a.scale * dot - lse);
+    float p;
+    if constexpr (NF) {
+        float x = a.scale * dot;
+        x += 0.0f * x;
+        p = __expf(x - lse);
+    } else {
+        p = __expf(a.scale * dot - lse);
+    }
     *p_out = p;
     *ds_out = p * (dp - delta);
 }
 
-/* grid: (ceil(nq / 128), heads, batch): each thread owns dQ of one query row. */
+/* grid: (ceil(nq / 128), heads, batch): each thread owns dQ of one query row.
+ * F, NF: as fwd_kernel's (pair_grad keeps the rules). */
+template <dt_attn_form F, bool NF>
 __global__ void bwd_dq_kernel(dt_attn_block_bwd_args a) {
+    static_assert(!NF || F == DT_ATTN_FORM_LATEST, "only LATEST forms keep the non-finite rules");
     const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (a.heads / a.kv_heads);
     const int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (x >= a.qseg.len) return;
@@ -217,15 +261,18 @@ __global__ void bwd_dq_kernel(dt_attn_block_bwd_args a) {
         /* Skip keys after the query's position (causal) without touching memory. */
         if (a.mask == DT_ATTN_CAUSAL && pos(a.qseg, x) < pos(a.kseg, y)) continue;
         float p, ds;
-        pair_grad(a, b, h, g, x, y, lse, delta, &p, &ds);
+        pair_grad<NF>(a, b, h, g, x, y, lse, delta, &p, &ds);
         if (ds == 0.0f) continue;
         const int64_t ko = b * a.kv_batch_stride + (y * G + g) * D;
         for (int64_t d = 0; d < D; d++) dq[d] += a.scale * ds * load(a.k, a.dtype, ko + d);
     }
 }
 
-/* grid: (ceil(nk / 128), kv_heads, batch): each thread owns dK, dV of one key row. */
+/* grid: (ceil(nk / 128), kv_heads, batch): each thread owns dK, dV of one key row.
+ * F, NF: as fwd_kernel's (pair_grad keeps the rules). */
+template <dt_attn_form F, bool NF>
 __global__ void bwd_dkv_kernel(dt_attn_block_bwd_args a) {
+    static_assert(!NF || F == DT_ATTN_FORM_LATEST, "only LATEST forms keep the non-finite rules");
     const int64_t b = blockIdx.z, g = blockIdx.y, group = a.heads / a.kv_heads;
     const int64_t y = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (y >= a.kseg.len) return;
@@ -239,7 +286,7 @@ __global__ void bwd_dkv_kernel(dt_attn_block_bwd_args a) {
             if (a.mask == DT_ATTN_CAUSAL && pos(a.qseg, x) < pos(a.kseg, y)) continue;
             const int64_t r = b * a.ml_batch_stride + h * a.ml_head_stride + x;
             float p, ds;
-            pair_grad(a, b, h, g, x, y, a.lse[r], a.delta[r], &p, &ds);
+            pair_grad<NF>(a, b, h, g, x, y, a.lse[r], a.delta[r], &p, &ds);
             const int64_t qo = b * a.q_batch_stride + (x * H + h) * D;
             for (int64_t d = 0; d < D; d++) {
                 dv[d] += p * load(a.dout, a.dtype, qo + d);
@@ -273,40 +320,60 @@ size_t fwd_scratch(int64_t dim, int64_t seqs, int64_t len) {
 }
 size_t bwd_scratch(int64_t dim) { (void)dim; return 0; }
 
-/* Plan time (once per call): can the requested kernel run this dtype and
- * head dim on this device? Only a forced mma or wgmma can fail (the same
- * answer for the forward and the backward). */
-dt_status kernel_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_kernel_choice want,
-                       char *why, size_t why_size) {
-    const int cc = dt_backend_cuda_compute_capability(be);
-    int ok = 1;
-    if (want == DT_ATTN_KERNEL_MMA) ok = dt_attn_mma_supported(dtype, dim, cc, why, why_size);
-    if (want == DT_ATTN_KERNEL_WGMMA) ok = dt_attn_wgmma_supported(dtype, dim, cc, why, why_size);
-    return ok ? DT_SUCCESS : DT_ERR_NOT_SUPPORTED;
+/* The kernel paths that have passed the CUDA suites (test_attention's
+ * "forward/cuda-kernels/..." and test_attention_backward's
+ * "backward/cuda-kernels/..." among them) and compute-sanitizer on a GPU:
+ * the only paths auto takes, per compute capability, the first entry that
+ * can run the block (the fastest first); the simple kernel where none can
+ * (an architecture with no entry: the tensor-core kernels have never run on
+ * compute capability 8.x). A form not listed for an architecture runs
+ * there only when forced (DT_ATTN_KERNEL=mma, wgmma, simple-latest,
+ * mma-latest or wgmma-latest). docs/PERFORMANCE.md ("Which kernel paths
+ * are verified on which GPU") has the runs.
+ * When a GPU run passes a kernel's LATEST form, making it the default there
+ * is a one-line change: that entry's form, in the commit that records the
+ * run (and its `run`). */
+struct verified_path {
+    int cc;                     /* compute capability, major * 10 + minor */
+    dt_attn_cuda_kernel kernel;
+    dt_attn_form form;
+    unsigned passes;            /* PASS_FWD | PASS_BWD: the passes that ran there */
+    const char *run;            /* the GPU run that passed it: device, date, revision */
+};
+constexpr unsigned PASS_FWD = 1, PASS_BWD = 2;
+constexpr verified_path verified_paths[] = {
+    {90, DT_ATTN_CUDA_WGMMA, DT_ATTN_FORM_VERIFIED, PASS_FWD | PASS_BWD, "H200, 2026-11-29, 38a59b5"},
+    {90, DT_ATTN_CUDA_MMA, DT_ATTN_FORM_VERIFIED, PASS_FWD | PASS_BWD, "H200, 2026-11-29, 38a59b5"},
+};
+
+/* Whether tensor-core kernel k handles dtype and dim on a device of
+ * compute capability cc (the forward's interleaved keys, kv_slots > 1, the
+ * wgmma kernel only where the driver takes their tensor maps); otherwise 0
+ * and why. */
+int kernel_runs(dt_attn_cuda_kernel k, int cc, dt_dtype dtype, int64_t dim, int64_t kv_slots,
+                char *why, size_t why_size) {
+    if (k == DT_ATTN_CUDA_MMA) return dt_attn_mma_supported(dtype, dim, cc, why, why_size);
+    if (k != DT_ATTN_CUDA_WGMMA || !dt_attn_wgmma_supported(dtype, dim, cc, why, why_size)) return 0;
+    return kv_slots <= 1 || dt_attn_wgmma_slots_ok(why, why_size);
 }
 
-/* The kernel that runs a block, forward and backward alike: the choice's
- * (auto: wgmma where it can run, else mma, else simple). `aligned`: the
- * block's pointers suit the tensor-core kernels (dt_attn_mma_block_ok or
- * dt_attn_mma_bwd_block_ok, its reason in why otherwise). 0 if a forced
- * mma or wgmma cannot run it, with the reason in why. */
-enum kernel_path { PATH_SIMPLE, PATH_MMA, PATH_WGMMA };
+/* Plan time (once per call): can the requested kernel run this dtype and
+ * head dim on this device? Only a forced tensor-core kernel can fail (the
+ * same answer for the forward and the backward). */
+dt_status kernel_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_kernel_choice want,
+                       char *why, size_t why_size) {
+    dt_attn_cuda_path path;
+    return dt_attn_cuda_path_of(want, dt_backend_cuda_compute_capability(be), dtype, dim, 1, 0, 0,
+                                &path, why, why_size)
+               ? DT_SUCCESS
+               : DT_ERR_NOT_SUPPORTED;
+}
 
+/* dt_attn_cuda_path_of on this backend's device. */
 int path_of(dt_backend *be, dt_attn_kernel_choice k, dt_dtype dtype, int64_t dim, int aligned,
-            kernel_path *path, char *why, size_t why_size) {
-    *path = PATH_SIMPLE;
-    if (k == DT_ATTN_KERNEL_SIMPLE) return 1;
-    const int cc = dt_backend_cuda_compute_capability(be);
-    const int auto_ = k == DT_ATTN_KERNEL_AUTO;
-    if ((auto_ || k == DT_ATTN_KERNEL_WGMMA) &&
-        dt_attn_wgmma_supported(dtype, dim, cc, why, why_size) && aligned)
-        *path = PATH_WGMMA;
-    else if ((auto_ || k == DT_ATTN_KERNEL_MMA) &&
-             dt_attn_mma_supported(dtype, dim, cc, why, why_size) && aligned)
-        *path = PATH_MMA;
-    else if (!auto_)
-        return 0;
-    return 1;
+            int backward, int64_t kv_slots, dt_attn_cuda_path *path, char *why, size_t why_size) {
+    return dt_attn_cuda_path_of(k, dt_backend_cuda_compute_capability(be), dtype, dim, aligned,
+                                backward, kv_slots, path, why, why_size);
 }
 
 /* How the tensor-core kernels' blocks that continue a call are launched
@@ -317,22 +384,24 @@ int dependent_launches(dt_backend *be, const dt_attention_tuning &t) {
     return dt_backend_cuda_compute_capability(be) >= 90 ? t.dependent_launch : 0;
 }
 
+/* The form a choice forces: LATEST for the _LATEST choices, else VERIFIED
+ * (auto's own come from the table). */
+dt_attn_form form_of(dt_attn_kernel_choice k) {
+    return k == DT_ATTN_KERNEL_MMA_LATEST || k == DT_ATTN_KERNEL_WGMMA_LATEST ||
+                   k == DT_ATTN_KERNEL_SIMPLE_LATEST
+               ? DT_ATTN_FORM_LATEST
+               : DT_ATTN_FORM_VERIFIED;
+}
+
 /* The forward's: path_of, but a block with no key (its rows only started
- * or finished) takes the simple kernel: a tensor map of 0 rows cannot even
- * be made. */
-int fwd_path_of(dt_backend *be, const dt_attn_block_args *a, kernel_path *path, char *why,
+ * or finished) takes the simple kernel, in the form of the choice: a
+ * tensor map of 0 rows cannot even be made. */
+int fwd_path_of(dt_backend *be, const dt_attn_block_args *a, dt_attn_cuda_path *path, char *why,
                 size_t why_size) {
-    *path = PATH_SIMPLE;
+    *path = dt_attn_cuda_path{DT_ATTN_CUDA_SIMPLE, form_of(a->tuning.kernel)};
     if (a->tuning.kernel == DT_ATTN_KERNEL_SIMPLE || a->kseg.len == 0) return 1;
-    const int ok = path_of(be, a->tuning.kernel, a->dtype, a->dim, dt_attn_mma_block_ok(a, why, why_size),
-                           path, why, why_size);
-    /* keys interleaved (a grouped striped ring) where the driver takes no
-     * tensor map of them: the mma kernel, or for a forced wgmma none */
-    if (ok && *path == PATH_WGMMA && a->kv_slots > 1 && !dt_attn_wgmma_slots_ok(why, why_size)) {
-        if (a->tuning.kernel == DT_ATTN_KERNEL_WGMMA) return 0;
-        *path = PATH_MMA;
-    }
-    return ok;
+    return path_of(be, a->tuning.kernel, a->dtype, a->dim, dt_attn_mma_block_ok(a, why, why_size),
+                   0, a->kv_slots, path, why, why_size);
 }
 
 /* Nothing to do: no row, or no pair the mask allows (no key, or every key
@@ -360,7 +429,7 @@ dt_status rows_start(dt_backend *be, const dt_attn_block_args *a, void *scratch)
 
 dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     if (fwd_idle(a)) return DT_SUCCESS;
-    kernel_path path;
+    dt_attn_cuda_path path;
     char why[256] = "";
     if (!fwd_path_of(be, a, &path, why, sizeof why))
         return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d: attention (cuda): DT_ATTN_KERNEL=%s: %s",
@@ -369,29 +438,35 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
     const bool counted = dependent == 2 && a->launches;
     if (counted && a->first) DT_TRY(rows_start(be, a, scratch));
     dt_attn_block_args b = *a;
-    if (counted && path != PATH_SIMPLE) {   /* the simple kernel's blocks do not count */
+    if (counted && path.kernel != DT_ATTN_CUDA_SIMPLE) {   /* the simple kernel's blocks do not count */
         b.visits = reinterpret_cast<uint32_t *>(static_cast<char *>(scratch) +
                                                 DT_ATTN_WGMMA_QUEUE_BYTES);
         b.visit = (*a->launches)++;
     }
-    if (path == PATH_WGMMA) {
+    if (path.kernel == DT_ATTN_CUDA_WGMMA) {
         const int persistent = a->tuning.persistent;
         if (persistent == 2) b.transfer = 0;   /* persistent even beside a transfer */
         return dt_attn_wgmma_fwd(stream_of(be), &b, dt_backend_cuda_l2_bytes(be),
                                  persistent ? dt_backend_cuda_sms(be) : 0, scratch, dependent,
-                                 a->tuning.producer);
+                                 a->tuning.producer, path.form);
     }
-    if (path == PATH_MMA)
-        return dt_attn_mma_fwd(stream_of(be), &b, dt_backend_cuda_l2_bytes(be), dependent);
+    if (path.kernel == DT_ATTN_CUDA_MMA)
+        return dt_attn_mma_fwd(stream_of(be), &b, dt_backend_cuda_l2_bytes(be), dependent,
+                               path.form);
     if (!a->acc || !a->m || !a->l)   /* fwd_stateless promised a tensor-core kernel */
         return dt_error(DT_ERR_INTERNAL, "rank %d: attention (cuda): a block without running "
                         "state reached the simple forward kernel", be->rank);
     dim3 grid((unsigned)((a->qseg.len + TQ - 1) / TQ), (unsigned)a->heads, (unsigned)a->batch);
     size_t smem = 2 * TK * (size_t)a->dim * sizeof(float);   /* up to 128 KiB at D = 256 */
-    if (cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+    const bool latest = path.form == DT_ATTN_FORM_LATEST;
+    void (*const kernel)(dt_attn_block_args) =
+        !latest ? fwd_kernel<DT_ATTN_FORM_VERIFIED, false>
+        : a->nonfinite ? fwd_kernel<DT_ATTN_FORM_LATEST, true>
+                       : fwd_kernel<DT_ATTN_FORM_LATEST, false>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
         cudaSuccess)
         return launched("forward block: shared memory size");
-    dt_cuda_launch(fwd_kernel, grid, TQ, smem, stream_of(be), *a);
+    dt_cuda_launch(kernel, grid, TQ, smem, stream_of(be), *a);
     return launched("forward block");
 }
 
@@ -400,9 +475,9 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
 int fwd_stateless(dt_backend *be, const dt_attn_block_args *a) {
     if (!a->first || !a->last) return 0;
     if (fwd_idle(a)) return 1;
-    kernel_path path;
+    dt_attn_cuda_path path;
     char why[256];
-    return fwd_path_of(be, a, &path, why, sizeof why) && path != PATH_SIMPLE;
+    return fwd_path_of(be, a, &path, why, sizeof why) && path.kernel != DT_ATTN_CUDA_SIMPLE;
 }
 
 dt_status delta_rows(dt_backend *be, dt_dtype dtype, int64_t batch, int64_t rows, int64_t heads,
@@ -419,27 +494,40 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     /* no pair: dq, dk, dv unchanged (nothing launched), or (first) dk, dv 0 */
     if (!a->first && dt_attn_no_pairs(a->mask, a->qseg, a->kseg)) return DT_SUCCESS;
     const bool no_query = a->qseg.len == 0;
+    dt_attn_cuda_path path = {DT_ATTN_CUDA_SIMPLE, form_of(a->tuning.kernel)};
     if (!no_query) {
-        kernel_path path;
         char why[256] = "";
         if (!path_of(be, a->tuning.kernel, a->dtype, a->dim, dt_attn_mma_bwd_block_ok(a, why, sizeof why),
-                     &path, why, sizeof why))
+                     1, 0, &path, why, sizeof why))
             return dt_error(DT_ERR_NOT_SUPPORTED,
                             "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=%s: %s", be->rank,
                             dt_attn_kernel_choice_name(a->tuning.kernel), why);
         const int dependent = dependent_launches(be, a->tuning);
-        if (path == PATH_WGMMA)
-            return dt_attn_wgmma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be), dependent);
-        if (path == PATH_MMA)
-            return dt_attn_mma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be), dependent);
+        if (path.kernel == DT_ATTN_CUDA_WGMMA)
+            return dt_attn_wgmma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be), dependent,
+                                     path.form);
+        if (path.kernel == DT_ATTN_CUDA_MMA)
+            return dt_attn_mma_bwd(stream_of(be), a, dt_backend_cuda_l2_bytes(be), dependent,
+                                   path.form);
     }
+    /* the simple kernels, in the path's form; with non-finite inputs the
+     * LATEST form's instances that keep the rules */
+    const bool latest = path.form == DT_ATTN_FORM_LATEST;
+    void (*const dq_kernel)(dt_attn_block_bwd_args) =
+        !latest ? bwd_dq_kernel<DT_ATTN_FORM_VERIFIED, false>
+        : a->nonfinite ? bwd_dq_kernel<DT_ATTN_FORM_LATEST, true>
+                       : bwd_dq_kernel<DT_ATTN_FORM_LATEST, false>;
+    void (*const dkv_kernel)(dt_attn_block_bwd_args) =
+        !latest ? bwd_dkv_kernel<DT_ATTN_FORM_VERIFIED, false>
+        : a->nonfinite ? bwd_dkv_kernel<DT_ATTN_FORM_LATEST, true>
+                       : bwd_dkv_kernel<DT_ATTN_FORM_LATEST, false>;
     if (!no_query) {
         dim3 gq((unsigned)((a->qseg.len + 127) / 128), (unsigned)a->heads, (unsigned)a->batch);
-        dt_cuda_launch(bwd_dq_kernel, gq, 128, 0, stream_of(be), *a);
+        dt_cuda_launch(dq_kernel, gq, 128, 0, stream_of(be), *a);
         DT_TRY(launched("backward dq"));
     }
     dim3 gk((unsigned)((a->kseg.len + 127) / 128), (unsigned)a->kv_heads, (unsigned)a->batch);
-    dt_cuda_launch(bwd_dkv_kernel, gk, 128, 0, stream_of(be), *a);
+    dt_cuda_launch(dkv_kernel, gk, 128, 0, stream_of(be), *a);
     return launched("backward dk dv");
 }
 
@@ -450,6 +538,63 @@ dt_status store(dt_backend *be, dt_dtype dtype, size_t n, const float *src, void
 
 }  // namespace
 
+extern "C" int dt_attn_cuda_path_of(dt_attn_kernel_choice k, int cc, dt_dtype dtype, int64_t dim,
+                                    int aligned, int backward, int64_t kv_slots,
+                                    dt_attn_cuda_path *path, char *why, size_t why_size) {
+    *path = dt_attn_cuda_path{DT_ATTN_CUDA_SIMPLE, DT_ATTN_FORM_VERIFIED};
+    dt_attn_cuda_kernel forced = DT_ATTN_CUDA_SIMPLE;
+    dt_attn_form form = DT_ATTN_FORM_VERIFIED;
+    switch (k) {
+    case DT_ATTN_KERNEL_AUTO: {
+        const unsigned pass = backward ? PASS_BWD : PASS_FWD;
+        for (const verified_path &e : verified_paths)
+            if (e.cc == cc && (e.passes & pass) &&
+                kernel_runs(e.kernel, cc, dtype, dim, kv_slots, nullptr, 0) && aligned) {
+                *path = dt_attn_cuda_path{e.kernel, e.form};
+                break;
+            }
+        return 1;
+    }
+    case DT_ATTN_KERNEL_SIMPLE: return 1;
+    case DT_ATTN_KERNEL_SIMPLE_LATEST:
+        *path = dt_attn_cuda_path{DT_ATTN_CUDA_SIMPLE, DT_ATTN_FORM_LATEST};
+        return 1;
+    case DT_ATTN_KERNEL_MMA: forced = DT_ATTN_CUDA_MMA; break;
+    case DT_ATTN_KERNEL_WGMMA: forced = DT_ATTN_CUDA_WGMMA; break;
+    case DT_ATTN_KERNEL_MMA_LATEST: forced = DT_ATTN_CUDA_MMA, form = DT_ATTN_FORM_LATEST; break;
+    case DT_ATTN_KERNEL_WGMMA_LATEST: forced = DT_ATTN_CUDA_WGMMA, form = DT_ATTN_FORM_LATEST; break;
+    default:
+        if (why && why_size) snprintf(why, why_size, "unknown kernel choice %d", (int)k);
+        return 0;
+    }
+    /* a forced kernel: its reason if it cannot run, else the block's (in
+     * why already) if it is not aligned */
+    if (!kernel_runs(forced, cc, dtype, dim, kv_slots, why, why_size) || !aligned) return 0;
+    *path = dt_attn_cuda_path{forced, form};
+    return 1;
+}
+
+/* Plan time (once per call): 1 if the paths `want` takes for this dtype and
+ * head dim on this device, forward and backward, are LATEST forms, which
+ * keep block.h's non-finite rules (with dt_attn_block_args.nonfinite);
+ * VERIFIED forms may lose a NaN or Inf: 0, and a call with a non-finite
+ * input writes NaN to all of its outputs (plan.h). auto takes VERIFIED
+ * forms only. A forced choice never falls back to another form: a block it
+ * cannot run fails, and a forward block with no key takes the simple
+ * kernel in the choice's form (fwd_path_of). */
+static int exact_nonfinite(dt_backend *be, dt_dtype dtype, int64_t dim,
+                           dt_attn_kernel_choice want) {
+    const int cc = dt_backend_cuda_compute_capability(be);
+    for (int backward = 0; backward < 2; backward++) {
+        dt_attn_cuda_path path;
+        if (!dt_attn_cuda_path_of(want, cc, dtype, dim, 1, backward, 0, &path, nullptr, 0) ||
+            path.form != DT_ATTN_FORM_LATEST)
+            return 0;
+    }
+    return 1;
+}
+
 extern "C" const dt_attn_kernels dt_attn_kernels_cuda = {
-    "cuda", fwd_scratch, bwd_scratch, kernel_check, fwd, fwd_stateless, delta_rows, bwd, store,
+    "cuda", fwd_scratch, bwd_scratch, kernel_check, exact_nonfinite, fwd, fwd_stateless,
+    delta_rows, bwd, store,
 };

@@ -23,6 +23,7 @@
 #include "../../base/dtype.h"
 #include "../../base/status.h"
 #include "../block.h"
+#include "kernels.h"
 #include "mma_layout.h"
 #include "ptx.cuh"
 
@@ -100,6 +101,15 @@ struct elem<__half> {
 };
 
 constexpr float LOG2E = 1.4426950408889634f;
+
+/* 2^x as a kernel's form F computes it (kernels.h's dt_attn_form): exp2f
+ * (VERIFIED) or exp2_ftz (LATEST: exp2f's instruction alone, results below
+ * 2^-126 flushed to 0, ptx.cuh). */
+template <dt_attn_form F>
+__device__ __forceinline__ float exp2_of(float x) {
+    if constexpr (F == DT_ATTN_FORM_LATEST) return exp2_ftz(x);
+    else return exp2f(x);
+}
 
 /* A launch's index math, made on the host (dt_mma_fwd_grid,
  * dt_mma_bwd_grid) so that the kernels divide by multiplication
@@ -315,9 +325,7 @@ struct stored_rows {
 
 /* Loads the stored state of the lane's rows (unless a.first), every load
  * issued before any is used: one wait for the memory instead of four (each
- * row's m and l, then its acc, one row after the other; on an H200, ncu
- * source counters, causal 4096 x 4096 block, 2026-11-26, those waits held
- * half of the warps' samples after the last key tile). The wgmma forward
+ * row's m and l, then its acc, one row after the other). The wgmma forward
  * at D = 128 issues them before its last product's wait, so that the
  * product hides their latency (wgmma_fwd.cu, EARLY). Reads what an
  * earlier block wrote: after grid_dep_wait. */
@@ -348,11 +356,16 @@ __device__ __forceinline__ void load_rows(const dt_attn_block_args &a, const fwd
  * where l = 0) with m's. The merge of (m, l, o) with the stored (m', l',
  * acc'): M = max(m, m'), l = l e^(m - M) + l' e^(m' - M), o = o e^(m - M)
  * + acc' e^(m' - M), with the online softmax's exponent base (0 while M =
- * -inf, so no -inf - -inf). The 4 lanes of a quad hold the same m and l. */
-template <typename T, int D>
+ * -inf, so no -inf - -inf), its exponentials the kernel's form F's. The 4
+ * lanes of a quad hold the same m and l. NF (block.h's nonfinite, LATEST
+ * forms only): block.h's non-finite rules: M keeps a NaN (max_nan), l NaN
+ * gives o and lse NaN, l = 0 gives o = 0 and lse = -inf whatever acc holds
+ * (masked values' 0 x NaN), and an infinite o becomes NaN (o + 0 o). */
+template <typename T, int D, dt_attn_form F, bool NF = false>
 __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fwd_cta &c,
                                            int64_t row0, int lane, float (&m)[2], float (&l)[2],
                                            float (&o)[D / 8][4], const stored_rows<D> &s) {
+    static_assert(!NF || F == DT_ATTN_FORM_LATEST, "only LATEST forms keep the non-finite rules");
     const int64_t heads = a.heads;
     int64_t row[2];
     bool live[2];
@@ -365,8 +378,9 @@ __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fw
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             if (!live[half]) continue;
-            const float mn = fmaxf(m[half], s.m[half]), mu = mn == -INFINITY ? 0.0f : mn;
-            const float al = exp2_ftz((m[half] - mu) * LOG2E), be = exp2_ftz((s.m[half] - mu) * LOG2E);
+            const float mn = NF ? max_nan(m[half], s.m[half]) : fmaxf(m[half], s.m[half]);
+            const float mu = mn == -INFINITY ? 0.0f : mn;
+            const float al = exp2_of<F>((m[half] - mu) * LOG2E), be = exp2_of<F>((s.m[half] - mu) * LOG2E);
             m[half] = mn;
             l[half] = l[half] * al + s.l[half] * be;
 #pragma unroll
@@ -385,6 +399,21 @@ __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fw
         if (!live[half]) continue;
         if (a.last) {
             T *og = static_cast<T *>(a.o) + c.b * a.q_batch_stride + (row[half] * heads + c.h) * D;
+            if constexpr (NF) {
+                const bool none = l[half] == 0.0f;   /* no allowed key; NaN l: NaN o, lse */
+                const float inv = 1.0f / l[half];
+                const auto out = [&](float x) {
+                    const float y = none ? 0.0f : x * inv;
+                    return y + 0.0f * y;
+                };
+#pragma unroll
+                for (int j = 0; j < D / 8; j++)
+                    *reinterpret_cast<uint32_t *>(og + 8 * j + dt_mma_c_col(lane, 2 * half)) =
+                        elem<T>::pack(out(o[j][2 * half]), out(o[j][2 * half + 1]));
+                if ((lane & 3) == 0)
+                    a.lse[ml_of(a, c) + row[half]] = none ? -INFINITY : m[half] + logf(l[half]);
+                continue;
+            }
             const float inv = l[half] > 0.0f ? 1.0f / l[half] : 0.0f;
 #pragma unroll
             for (int j = 0; j < D / 8; j++)
@@ -408,23 +437,24 @@ __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fw
 
 /* load_rows and write_rows back to back: the mma forward's end, and the
  * wgmma forward's where it does not load early. */
-template <typename T, int D>
+template <typename T, int D, dt_attn_form F, bool NF = false>
 __device__ __forceinline__ void write_rows(const dt_attn_block_args &a, const fwd_cta &c,
                                            int64_t row0, int lane, float (&m)[2], float (&l)[2],
                                            float (&o)[D / 8][4]) {
     stored_rows<D> s;
     load_rows<D>(a, c, row0, lane, s);
-    write_rows<T, D>(a, c, row0, lane, m, l, o, s);
+    write_rows<T, D, F, NF>(a, c, row0, lane, m, l, o, s);
 }
 
 /* How online_softmax makes P (its EXP): by exp2_ftz into s (SFU, the
- * kernels' default), the same and each pair also packed into the A
+ * LATEST form's), the same and each pair also packed into the A
  * fragments of the P V product as it is made (SFU_PACKED: the wgmma
- * forward at D = 64, which ptxas spills at its 128 registers when the
- * fragments are packed after), or by exp2f into s (EXP2F: the wgmma
- * forward's thread-0 variant at D = 128, which ptxas spills at its 255
- * registers with exp2_ftz). The same P every way but for the values
- * exp2_ftz flushes; ptxas (CUDA 13.0) spills none of the kernels so. */
+ * forward's LATEST form at D = 64, which ptxas spills at its 128 registers
+ * when the fragments are packed after), or by exp2f into s (EXP2F: every
+ * VERIFIED form, and the wgmma forward's thread-0 variant at D = 128,
+ * which ptxas spills at its 255 registers with exp2_ftz). The same P every
+ * way but for the values exp2_ftz flushes; ptxas (CUDA 13.0) spills none
+ * of the kernels so. */
 enum softmax_exp { SFU, SFU_PACKED, EXP2F };
 
 /* The online softmax of one key tile of NT n-tiles (8 keys each), on the
@@ -435,8 +465,11 @@ enum softmax_exp { SFU, SFU_PACKED, EXP2F };
  * 2] = P rounded to T as p_fragment makes it; m, l updated, o rescaled by
  * alpha. MASKED: keys y >= lim[half] of the row become -inf (key0 is the
  * tile's first key). Exponentials are 2^((x - m) log2(e)), m in natural-
- * log units (mma_fwd.cu says why). */
-template <bool MASKED, int NT, int D, softmax_exp EXP = SFU, typename T = float>
+ * log units (mma_fwd.cu says why). NF (block.h's nonfinite): an allowed
+ * score of +-inf becomes NaN (x + 0 x, before the mask's select) and the
+ * row maxima keep a NaN (max_nan), so that a NaN row max makes every
+ * exponent of the row, alpha, l and o NaN. */
+template <bool MASKED, int NT, int D, softmax_exp EXP = SFU, typename T = float, bool NF = false>
 __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2],
                                                float (&o)[D / 8][4], const int (&lim)[2],
                                                int key0, int lane, float scale,
@@ -449,14 +482,17 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2],
         for (int i = 0; i < 4; i++) {
             const int half = dt_mma_c_half(i);
             float v = s[j][i] * scale;
+            if constexpr (NF) v += 0.0f * v;
             if (MASKED && key0 + 8 * j + dt_mma_c_col(lane, i) >= lim[half]) v = -INFINITY;
             s[j][i] = v;
-            mx[half] = fmaxf(mx[half], v);
+            if constexpr (NF) mx[half] = max_nan(mx[half], v);
+            else mx[half] = fmaxf(mx[half], v);
         }
     float mu[2], alpha[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        const float m_new = fmaxf(m[half], quad_max(mx[half]));
+        const float m_new = NF ? max_nan(m[half], quad_max_nan(mx[half]))
+                               : fmaxf(m[half], quad_max(mx[half]));
         /* exponent base: 0 while the row has no allowed key (m_new = -inf),
          * so every exponent below is -inf - 0, never -inf - -inf */
         mu[half] = m_new == -INFINITY ? 0.0f : m_new;
@@ -654,10 +690,11 @@ __device__ __forceinline__ void load_tile(T *tile, const T *base, int64_t row_st
 
 namespace {
 
-/* Host: the four instances of a tensor-core kernel's launch: f(type tag,
- * head dim) for bf16 or fp16 (dtype) and head dim 64 or 128 (dim), as
- * f(dt_mma_type<T>{}, dt_mma_dim<D>{}); f reads T as
- * decltype(tag)::type and D as decltype(dim)::value. */
+/* Host: the eight instances of a tensor-core kernel's launch: f(type tag,
+ * head dim, form) for bf16 or fp16 (dtype), head dim 64 or 128 (dim) and
+ * the form (kernels.h's dt_attn_form), as f(dt_mma_type<T>{},
+ * dt_mma_dim<D>{}, dt_mma_form<F>{}); f reads T as decltype(tag)::type, D
+ * as decltype(dim)::value and F as decltype(form)::value. */
 template <typename T>
 struct dt_mma_type {
     using type = T;
@@ -666,13 +703,23 @@ template <int D>
 struct dt_mma_dim {
     static constexpr int value = D;
 };
-template <typename F>
-dt_status dt_mma_dispatch(dt_dtype dtype, int64_t dim, F f) {
+template <dt_attn_form F>
+struct dt_mma_form {
+    static constexpr dt_attn_form value = F;
+};
+template <typename T, int D, typename Fn>
+dt_status dt_mma_dispatch_form(dt_attn_form form, Fn f) {
+    if (form == DT_ATTN_FORM_LATEST)
+        return f(dt_mma_type<T>{}, dt_mma_dim<D>{}, dt_mma_form<DT_ATTN_FORM_LATEST>{});
+    return f(dt_mma_type<T>{}, dt_mma_dim<D>{}, dt_mma_form<DT_ATTN_FORM_VERIFIED>{});
+}
+template <typename Fn>
+dt_status dt_mma_dispatch(dt_dtype dtype, int64_t dim, dt_attn_form form, Fn f) {
     if (dtype == DT_BF16)
-        return dim == 64 ? f(dt_mma_type<__nv_bfloat16>{}, dt_mma_dim<64>{})
-                         : f(dt_mma_type<__nv_bfloat16>{}, dt_mma_dim<128>{});
-    return dim == 64 ? f(dt_mma_type<__half>{}, dt_mma_dim<64>{})
-                     : f(dt_mma_type<__half>{}, dt_mma_dim<128>{});
+        return dim == 64 ? dt_mma_dispatch_form<__nv_bfloat16, 64>(form, f)
+                         : dt_mma_dispatch_form<__nv_bfloat16, 128>(form, f);
+    return dim == 64 ? dt_mma_dispatch_form<__half, 64>(form, f)
+                     : dt_mma_dispatch_form<__half, 128>(form, f);
 }
 
 /* Host: kernel<<<grid, threads, smem, stream>>>(args...) after raising its

@@ -1,10 +1,11 @@
 /* attention/cuda/kernels.h — PRIVATE. The tensor-core block kernels,
  * forward (mma_fwd.cu, and for Hopper wgmma_fwd.cu) and
- * backward (mma_bwd.cu, and for Hopper wgmma_bwd.cu),
- * for the
- * CUDA kernel table in block.cu, which chooses between them and the
- * simple kernels (DT_ATTN_KERNEL, block.h). All pass their tests on the
- * CPU emulator of CUDA (tests/emu) and on an H200 (2026-11-26).
+ * backward (mma_bwd.cu, and for Hopper wgmma_bwd.cu), each in two forms
+ * (dt_attn_form), for the CUDA kernel table in block.cu, which chooses
+ * between them and the simple kernels (DT_ATTN_KERNEL, tuning.h) by its
+ * table of the paths verified on a GPU (dt_attn_cuda_path_of). All pass
+ * their tests on the CPU emulator of CUDA (tests/emu); which passed on
+ * which GPU, block.cu's table says.
  * Plain C; the stream crosses as void * (a cudaStream_t).
  */
 #ifndef DT_ATTN_BLOCK_CUDA_MMA_H
@@ -33,6 +34,68 @@
 extern "C" {
 #endif
 
+/* The two forms of every kernel, one source each (`if constexpr` where
+ * they differ): VERIFIED, the code that has passed the CUDA suites and
+ * compute-sanitizer on a GPU (block.cu's table says where), and LATEST,
+ * the code with the changes no GPU has run yet. Where they differ: LATEST's
+ * exponentials are exp2_ftz's, VERIFIED's exp2f's (common.cuh), in every
+ * tensor-core kernel; the wgmma backward's LATEST stores dS by stmatrix,
+ * adds dQ by bulk reductions, makes its k-steps' descriptors by
+ * wg_desc_plus and loads lse and delta in pairs (wgmma_bwd.cu). The same
+ * results either way up to rounding, for finite inputs. Non-finite
+ * inputs: a LATEST block with nonfinite set (block.h) runs a second
+ * instance of its kernel, which keeps block.h's non-finite rules (NaN row
+ * maxima, non-finite logits made NaN, masking by select, o = 0 and lse =
+ * -inf where l = 0); with nonfinite 0 it runs the same code as without
+ * the rules. VERIFIED forms may lose a NaN or Inf (block.cu's
+ * exact_nonfinite says 0 for them). The simple kernels' forms differ only
+ * there. */
+typedef enum dt_attn_form {
+    DT_ATTN_FORM_VERIFIED = 0,
+    DT_ATTN_FORM_LATEST,
+    DT_ATTN_FORM_COUNT
+} dt_attn_form;
+
+/* "verified", "latest"; "unknown" otherwise. */
+static inline const char *dt_attn_form_name(dt_attn_form f) {
+    return f == DT_ATTN_FORM_VERIFIED ? "verified" : f == DT_ATTN_FORM_LATEST ? "latest" : "unknown";
+}
+
+/* The CUDA kernels that can run a block. */
+typedef enum dt_attn_cuda_kernel {
+    DT_ATTN_CUDA_SIMPLE = 0,   /* block.cu's: every dtype and head dim */
+    DT_ATTN_CUDA_MMA,          /* mma_fwd.cu, mma_bwd.cu */
+    DT_ATTN_CUDA_WGMMA,        /* wgmma_fwd.cu, wgmma_bwd.cu */
+    DT_ATTN_CUDA_KERNEL_COUNT
+} dt_attn_cuda_kernel;
+
+/* "simple", "mma", "wgmma"; "unknown" otherwise. */
+static inline const char *dt_attn_cuda_kernel_name(dt_attn_cuda_kernel k) {
+    return k == DT_ATTN_CUDA_SIMPLE ? "simple" : k == DT_ATTN_CUDA_MMA ? "mma"
+           : k == DT_ATTN_CUDA_WGMMA ? "wgmma" : "unknown";
+}
+
+/* A kernel and its form. */
+typedef struct dt_attn_cuda_path {
+    dt_attn_cuda_kernel kernel;
+    dt_attn_form form;
+} dt_attn_cuda_path;
+
+/* Which path runs a block (block.cu): choice k (tuning.h; AUTO as
+ * resolved, not the environment) on a device of compute capability cc, for
+ * dtype and head dim; `aligned`: the block's pointers suit the tensor-core
+ * kernels (dt_attn_mma_block_ok or dt_attn_mma_bwd_block_ok, its reason
+ * already in why otherwise); `backward`: the backward pass; kv_slots the
+ * forward block's (block.h; 0 for the backward). AUTO takes the first entry
+ * of block.cu's table of verified paths for cc that can run the block,
+ * else the simple kernel; SIMPLE, MMA, WGMMA their VERIFIED forms, the
+ * _LATEST choices their LATEST forms. 1 and *path; 0 if a forced kernel
+ * cannot run the block, the reason in why (may be NULL). Host only, no device call
+ * but the driver's tensor-map check where kv_slots > 1. */
+int dt_attn_cuda_path_of(dt_attn_kernel_choice k, int cc, dt_dtype dtype, int64_t dim, int aligned,
+                         int backward, int64_t kv_slots, dt_attn_cuda_path *path, char *why,
+                         size_t why_size);
+
 /* 1 if the kernels handle this dtype and head dim on a device of compute
  * capability cc (major * 10 + minor): bf16 or fp16, dim 64 or 128, cc >= 80.
  * Otherwise 0 and the reason in why (may be NULL). */
@@ -60,10 +123,11 @@ int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *why, size_t 
  * before it on the stream (the call's block before): it starts while that
  * one finishes and waits for it only before its rows' merge
  * (wgmma_fwd.cu says more), or with a->visits only for its rows'
- * counts (block.h). Returns DT_ERR_BACKEND with CUDA's
- * message if the launch fails. */
+ * counts (block.h). form: which of the kernel's forms runs
+ * (dt_attn_form). Returns DT_ERR_BACKEND with CUDA's message if the
+ * launch fails. */
 dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
-                          int dependent);
+                          int dependent, dt_attn_form form);
 
 /* Runs one backward block (same contract as dt_attn_kernels.bwd, dq added
  * with atomics) on `stream` (mma_bwd.cu). The caller has checked
@@ -72,10 +136,11 @@ dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_
  * or newer), a block that continues a call (a->continues) is launched as a
  * programmatic dependent of the block before it: every CTA lets the next
  * block start at its own start and waits for the block before only before
- * it exits, so that a block completes after the one before. Returns
- * DT_ERR_BACKEND with CUDA's message if the launch fails. */
+ * it exits, so that a block completes after the one before. form: as for
+ * the forward. Returns DT_ERR_BACKEND with CUDA's message if the launch
+ * fails. */
 dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes,
-                          int dependent);
+                          int dependent, dt_attn_form form);
 
 /* The Hopper forward kernel (wgmma_fwd.cu: wgmma, sm_90a). 1 if it
  * handles this dtype and head dim on a device of compute capability cc:
@@ -88,10 +153,11 @@ int dt_attn_wgmma_supported(dt_dtype dtype, int64_t dim, int cc, char *why, size
  * (dt_attn_block_args.kv_slots): whether the CUDA driver takes the 5-D
  * tensor maps they need (ptx_sm90.cuh's encode_map), asked once per
  * process. Otherwise 0 and the reason in why (may be NULL); the forward's
- * auto choice then runs such blocks on the mma kernel. */
+ * auto choice then runs such blocks on the next verified path (the mma
+ * kernel). */
 int dt_attn_wgmma_slots_ok(char *why, size_t why_size);
 
-/* The wgmma forward's narrow tiles at D = 128 (docs/ARCHITECTURE.md): 1,
+/* The wgmma forward's narrow tiles at D = 128 (docs/KERNELS.md): 1,
  * or 0 to compile them out (make WGMMA_NARROW=0), for measuring the kernel
  * without them (scripts/gpu_pack.sh --bisect "HEAD:WGMMA_NARROW=0"). */
 #ifndef DT_WGMMA_NARROW
@@ -102,7 +168,7 @@ int dt_attn_wgmma_slots_ok(char *why, size_t why_size);
 #define DT_ATTN_WGMMA_QUEUE_BYTES 8
 
 /* Runs one forward block on `stream` with the wgmma kernel, as
- * dt_attn_mma_fwd (same contract, l2_bytes and error). With sms > 0 and a
+ * dt_attn_mma_fwd (same contract, l2_bytes, form and error). With sms > 0 and a
  * queue (DT_ATTN_WGMMA_QUEUE_BYTES of device memory, 4-byte aligned), the
  * kernel runs persistent where the block has more query tiles than the
  * device holds CTAs: as many CTAs as sms SMs hold, each taking the next
@@ -118,14 +184,14 @@ int dt_attn_wgmma_slots_ok(char *why, size_t why_size);
  * (wgmma_fwd.cu), 0 for thread 0's; the same results either way,
  * only the speed may differ. */
 dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
-                            void *queue, int dependent, int producer);
+                            void *queue, int dependent, int producer, dt_attn_form form);
 
 /* Runs one backward block on `stream` with the wgmma backward kernel
  * (wgmma_bwd.cu), as dt_attn_mma_bwd (same contract, l2_bytes,
- * dependent and error). It runs where dt_attn_wgmma_supported says the
+ * dependent, form and error). It runs where dt_attn_wgmma_supported says the
  * forward does; its blocks have the needs of dt_attn_mma_bwd_block_ok. */
 dt_status dt_attn_wgmma_bwd(void *stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes,
-                            int dependent);
+                            int dependent, dt_attn_form form);
 
 #ifdef __cplusplus
 }

@@ -1,16 +1,13 @@
 /* attention/cuda/mma_bwd.cu — the tensor-core backward block kernel
  * (FlashAttention-2 structure and tile sizes) for bf16 and fp16, head dims
- * 64 and 128, compute capability >= 8.0. STATUS: this version (8 warps,
- * 128 keys per CTA, float2 dQ atomics) passes its tests on the CPU emulator
- * of CUDA (tests/emu, test_mma_emu: against the double reference on ring,
- * striped and zigzag blocks) and on an H200 (2026-11-26), where it ran at
- * 0.67x to 1.19x FlashAttention-2's backward, 1.34x to 1.87x the H100
- * figures of the version before it (4 warps, 64 keys, scalar dQ atomics;
- * commit c14bbb9: 0.42x to 0.57x FA2, the L2 busy with its dQ atomics;
- * docs/PERFORMANCE.md). The default backward on compute capability 8.x;
- * on 9.0 the wgmma one is faster (block.h). The simple kernels in
- * block.cu stay as the fallback and the cross-check
- * (DT_ATTN_KERNEL=simple|mma|auto, block.h).
+ * 64 and 128, compute capability >= 8.0: 8 warps, 128 keys per CTA, float2
+ * dQ atomics. Tested on the CPU emulator of CUDA (tests/emu, test_mma_emu:
+ * against the double reference on ring, striped and zigzag blocks) and on
+ * GPUs as block.cu's table of verified paths records (speed:
+ * docs/PERFORMANCE.md). What auto runs where block.cu's table of
+ * verified paths lists it and the wgmma kernel cannot run the block (on
+ * 9.0 the wgmma one is faster). The simple kernels in block.cu stay as the
+ * fallback and the cross-check (DT_ATTN_KERNEL, tuning.h).
  *
  * Contract: dt_attn_kernels.bwd of block.h, the same as block_cpu.c and the
  * simple kernels: one query segment against one key/value segment, GQA
@@ -87,23 +84,27 @@
  * iteration i's math; the __syncthreads closing iteration i keeps
  * iteration i+1's copies off the stage still being read.
  *
- * Resources (ptxas -v, CUDA 13, sm_90; 2026-11-27): 243 registers at D = 64,
+ * Resources (ptxas -v, CUDA 13, sm_90): 243 registers at D = 64,
  * no spills; 255 registers at D = 128 with an 80-byte stack frame (76 bytes
  * of spill stores, 108 of loads): the 2 x 16 x 128 fp32 dK, dV
  * accumulators per warp plus S and dP leave no room. One CTA (8 warps) per
  * SM either way, the occupancy of the 4-warp version's two CTAs.
  *
- * Numerics: scores and lse in natural-log units, exp as exp2_ftz((scale s -
- * lse) log2 e) (as the forward); P and dS are rounded to T for the tensor
- * cores (as FA2 does), every accumulation is fp32.
+ * Numerics: scores and lse in natural-log units, exp as 2^((scale s -
+ * lse) log2 e), by exp2f in the VERIFIED form and exp2_ftz in the LATEST
+ * (kernels.h's dt_attn_form: the only difference between the forms here,
+ * as in the forward); P and dS are rounded to T for the tensor cores (as
+ * FA2 does), every accumulation is fp32.
  *
  * Every index comes from mma_layout.h, whose functions tests/test_attention.c
  * runs on the CPU against an ldmatrix / mma.sync emulation written from the
  * PTX ISA (test_mma_bwd_fragments: this kernel's three phases against plain
  * matmuls; test_mma_tile_bounds: its query-tile bounds against
  * dt_attn_tile_class). GPU test: tests/test_attention_backward.c,
- * "backward/cuda-kernels/..." cases, DT_ATTN_KERNEL=simple and =mma against
- * the double reference (make test; skipped without a GPU).
+ * "backward/cuda-kernels/..." cases, DT_ATTN_KERNEL=simple and =mma (the
+ * VERIFIED form), and "backward/cuda-latest/..." (the LATEST form) against
+ * the double reference (make test; skipped without a GPU; the emulator
+ * runs them, and tests/test_mma_emu.c both forms directly).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -195,8 +196,11 @@ __device__ __forceinline__ void warp_abt(float (&s)[NT][4], const T *sa, const T
 
 /* In: s = Q K^T, dp = dO V^T of the warp's rows. Out: s = P, dp = dS (fp32).
  * lse[half] is +inf for a row that must contribute nothing. MASKED: keys
- * y >= lim[half] of the row give P = 0 (key0: the warp's first key). */
-template <bool MASKED>
+ * y >= lim[half] of the row give P = 0 (key0: the warp's first key). F: the
+ * kernel's form (its exponentials). NF (block.h's nonfinite): a score of
+ * +-inf becomes NaN (x + 0 x), and a row with lse = +inf gets P = 0 by a
+ * select, whatever its scores hold. */
+template <bool MASKED, dt_attn_form F, bool NF>
 __device__ __forceinline__ void probabilities(float (&s)[NT][4], float (&dp)[NT][4],
                                               const float (&lse)[2], const float (&delta)[2],
                                               const int64_t (&lim)[2], int64_t key0, int lane,
@@ -206,7 +210,14 @@ __device__ __forceinline__ void probabilities(float (&s)[NT][4], float (&dp)[NT]
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int half = dt_mma_c_half(i);
-            float p = exp2_ftz((s[j][i] * scale - lse[half]) * LOG2E);   /* 0 when lse = +inf */
+            float p;
+            if constexpr (NF) {
+                float x = s[j][i] * scale;
+                x += 0.0f * x;
+                p = lse[half] == INFINITY ? 0.0f : exp2_of<F>((x - lse[half]) * LOG2E);
+            } else {
+                p = exp2_of<F>((s[j][i] * scale - lse[half]) * LOG2E);   /* 0 when lse = +inf */
+            }
             if (MASKED && key0 + 8 * j + dt_mma_c_col(lane, i) >= lim[half]) p = 0.0f;
             s[j][i] = p;
             dp[j][i] = p * (dp[j][i] - delta[half]);
@@ -293,10 +304,13 @@ __device__ __forceinline__ void warp_dq(float *dqg, int64_t rs, const T *sds, co
 
 /* grid: ceil(kseg.len / 128) x kv_heads x batch blocks, in mma_layout.h's
  * launch order (grid.order); block: 256 threads;
- * dynamic shared memory bwd_smem_bytes<T, D>(). */
-template <typename T, int D>
+ * dynamic shared memory bwd_smem_bytes<T, D>(). F: the form; NF: the
+ * LATEST form's instance for a block with non-finite inputs (block.h's
+ * nonfinite: probabilities keeps the rules). */
+template <typename T, int D, dt_attn_form F, bool NF>
 __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block_bwd_args a,
                                                              const dt_mma_grid grid) {
+    static_assert(!NF || F == DT_ATTN_FORM_LATEST, "only LATEST forms keep the non-finite rules");
 #ifdef DT_MMA_STUB
     (void)a;
     (void)grid;
@@ -388,9 +402,9 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
             warp_abt<T, D>(s, sq, k_tile<T, D>(smem) + 64 * hf * D, rg, lane);
             warp_abt<T, D>(dp, sdo, v_tile<T, D>(smem) + 64 * hf * D, rg, lane);
             if (masked)
-                probabilities<true>(s, dp, lse, delta, lim, y0 + 64 * hf, lane, a.scale);
+                probabilities<true, F, NF>(s, dp, lse, delta, lim, y0 + 64 * hf, lane, a.scale);
             else
-                probabilities<false>(s, dp, lse, delta, lim, y0 + 64 * hf, lane, a.scale);
+                probabilities<false, F, NF>(s, dp, lse, delta, lim, y0 + 64 * hf, lane, a.scale);
             store_p_ds<T>(p_tile<T, D>(smem), ds_tile<T, D>(smem), s, dp, warp, lane);
         }
         __syncthreads();   /* the P and dS tiles are complete */
@@ -411,21 +425,23 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
 #endif
 }
 
-template <typename T, int D>
+template <typename T, int D, dt_attn_form F>
 dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes,
                  int dependent) {
     const dim3 grid((unsigned)((a->kseg.len + BN - 1) / BN * a->kv_heads * a->batch));
-    return dt_mma_launch(bwd_mma_kernel<T, D>, grid, THREADS, bwd_smem_bytes<T, D>(), stream,
-                         "backward", D, a->dtype, dependent && a->continues, *a,
-                         dt_mma_bwd_grid(*a, l2_bytes));
+    auto kernel = bwd_mma_kernel<T, D, F, false>;
+    if constexpr (F == DT_ATTN_FORM_LATEST)
+        if (a->nonfinite) kernel = bwd_mma_kernel<T, D, F, true>;
+    return dt_mma_launch(kernel, grid, THREADS, bwd_smem_bytes<T, D>(), stream, "backward", D,
+                         a->dtype, dependent && a->continues, *a, dt_mma_bwd_grid(*a, l2_bytes));
 }
 
 }  // namespace
 
 extern "C" dt_status dt_attn_mma_bwd(void *stream, const dt_attn_block_bwd_args *a,
-                                     int64_t l2_bytes, int dependent) {
-    return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
-        return launch<typename decltype(t)::type, decltype(d)::value>(
+                                     int64_t l2_bytes, int dependent, dt_attn_form form) {
+    return dt_mma_dispatch(a->dtype, a->dim, form, [&](auto t, auto d, auto f) {
+        return launch<typename decltype(t)::type, decltype(d)::value, decltype(f)::value>(
             static_cast<cudaStream_t>(stream), a, l2_bytes, dependent);
     });
 }

@@ -3,9 +3,10 @@
  * capability >= 8.0. STATUS: passes its tests on the CPU emulator of CUDA
  * (tests/emu, test_mma_emu: against the double reference on ring, striped
  * and zigzag blocks) and on an H100 (0.81x to 1.11x FlashAttention-2 there,
- * docs/PERFORMANCE.md); the default forward where the wgmma kernel cannot
- * run (before compute capability 9.0); the simple kernel in block.cu
- * stays as the fallback and the cross-check (DT_ATTN_KERNEL, block.h).
+ * docs/PERFORMANCE.md); what auto runs where block.cu's table of
+ * verified paths lists it and the wgmma kernel cannot run the block; the
+ * simple kernel in block.cu stays as the fallback and the cross-check
+ * (DT_ATTN_KERNEL, tuning.h).
  *
  * Contract: dt_attn_kernels.fwd of block.h, the same as block_cpu.c and the
  * simple kernel. One query segment against one key/value segment, GQA (query
@@ -30,8 +31,10 @@
  *   O[16xD]   = alpha O + P V        P re-packed from the S accumulators
  *                                    into A fragments; V via ldmatrix.trans
  * with O in fp32 registers (from 0; the acc rows merged at the end). Exponentials
- * are exp2_ftz((x - m) * log2(e)) (common.cuh: exp2f's instruction
- * without its subnormal results): m and the scores stay in natural-log units,
+ * are 2^((x - m) * log2(e)), by exp2f in the kernel's VERIFIED form and by
+ * exp2_ftz in its LATEST (kernels.h's dt_attn_form; common.cuh: exp2f's
+ * instruction without its subnormal results; the only difference between
+ * the forms here): m and the scores stay in natural-log units,
  * exactly what block.h stores, so nothing is converted at the boundaries
  * and logits of 1e4 lose nothing but the final subtraction's rounding. (FA2
  * instead folds scale * log2(e) into one FFMA with a rounded m * scale *
@@ -68,8 +71,10 @@
  * Every index comes from mma_layout.h, whose functions tests/test_attention.c
  * runs on the CPU against an ldmatrix / mma.sync emulation written from the
  * PTX ISA. GPU test: tests/test_attention.c, "forward/cuda-kernels/..."
- * cases, DT_ATTN_KERNEL=simple and =mma against the double reference (make
- * test; skipped without a GPU).
+ * cases, DT_ATTN_KERNEL=simple and =mma (the VERIFIED form), and
+ * "forward/cuda-latest/..." (the LATEST form) against the double reference
+ * (make test; skipped without a GPU; the emulator runs them, and
+ * tests/test_mma_emu.c both forms directly).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -170,10 +175,13 @@ __device__ __forceinline__ void tile_pv(float (&o)[D / 8][4], const float (&p)[N
 
 /* grid: ceil(qseg.len / 64) x heads x batch blocks, in mma_layout.h's
  * launch order (grid.order); block: 128 threads;
- * dynamic shared memory (BM + 4 BN) * D * sizeof(T). */
-template <typename T, int D>
+ * dynamic shared memory (BM + 4 BN) * D * sizeof(T). F: the form; NF: the
+ * LATEST form's instance for a block with non-finite inputs (block.h's
+ * nonfinite: common.cuh's online_softmax and write_rows keep the rules). */
+template <typename T, int D, dt_attn_form F, bool NF>
 __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_args a,
                                                           const dt_mma_grid grid) {
+    static_assert(!NF || F == DT_ATTN_FORM_LATEST, "only LATEST forms keep the non-finite rules");
 #ifdef DT_MMA_STUB
     (void)a;
     (void)grid;
@@ -242,10 +250,11 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
 
         float s[NT_S][4];
         tile_scores<T, D>(s, qf, k_stage<T, D>(smem, stage), lane);
+        constexpr softmax_exp EXP = F == DT_ATTN_FORM_LATEST ? SFU : EXP2F;
         if (kt < n_unmasked)
-            online_softmax<false, NT_S, D>(s, m, l, o, lim, kt * BN, lane, a.scale);
+            online_softmax<false, NT_S, D, EXP, float, NF>(s, m, l, o, lim, kt * BN, lane, a.scale);
         else
-            online_softmax<true, NT_S, D>(s, m, l, o, lim, kt * BN, lane, a.scale);
+            online_softmax<true, NT_S, D, EXP, float, NF>(s, m, l, o, lim, kt * BN, lane, a.scale);
         tile_pv<T, D>(o, s, v_stage<T, D>(smem, stage), lane);
         __syncthreads();   /* stage is refilled by iteration kt+1's copies */
     }
@@ -257,20 +266,23 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
      * then ends after it), or each warp for its rows' count (mode 2). */
     const fwd_cta e = fwd_cta_of(a, grid, cta_index(), BM);   /* c, made again: cta_index */
     rows_wait(a, e, e.x0 + 16 * warp);
-    write_rows<T, D>(a, e, e.x0 + 16 * warp, lane, m, l, o);
+    write_rows<T, D, F, NF>(a, e, e.x0 + 16 * warp, lane, m, l, o);
     rows_done(a, e, e.x0 + 16 * warp, lane);
     grid_dep_exit(a);
     cta_trace(a, 1, n_tiles);
 #endif
 }
 
-template <typename T, int D>
+template <typename T, int D, dt_attn_form F>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes,
                  int dependent) {
     const dim3 grid((unsigned)(dt_mma_query_tiles(a->qseg.len, DT_MMA_BM) * a->heads * a->batch));
-    return dt_mma_launch(fwd_mma_kernel<T, D>, grid, DT_MMA_THREADS,
-                         (size_t)(BM + 4 * BN) * D * sizeof(T), stream, "forward", D, a->dtype,
-                         dependent && !a->first, *a, dt_mma_fwd_grid(*a, BM, l2_bytes));
+    auto kernel = fwd_mma_kernel<T, D, F, false>;
+    if constexpr (F == DT_ATTN_FORM_LATEST)
+        if (a->nonfinite) kernel = fwd_mma_kernel<T, D, F, true>;
+    return dt_mma_launch(kernel, grid, DT_MMA_THREADS, (size_t)(BM + 4 * BN) * D * sizeof(T),
+                         stream, "forward", D, a->dtype, dependent && !a->first, *a,
+                         dt_mma_fwd_grid(*a, BM, l2_bytes));
 }
 
 void say(char *why, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -402,9 +414,9 @@ extern "C" int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *w
 }
 
 extern "C" dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
-                                    int dependent) {
-    return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
-        return launch<typename decltype(t)::type, decltype(d)::value>(
+                                    int dependent, dt_attn_form form) {
+    return dt_mma_dispatch(a->dtype, a->dim, form, [&](auto t, auto d, auto f) {
+        return launch<typename decltype(t)::type, decltype(d)::value, decltype(f)::value>(
             static_cast<cudaStream_t>(stream), a, l2_bytes, dependent);
     });
 }

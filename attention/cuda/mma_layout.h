@@ -222,7 +222,7 @@ DT_MMA_HD int64_t dt_mma_bwd_unmasked_qtile(int64_t x_full, int whole, int64_t n
  * come, while put last they are among the last to start with too few
  * CTAs around them to fill the other SMs (a greedy simulation of 132 SMs
  * over H = 8 to 64, c = 1024 to 16384: the narrow section last costs up to
- * 21% over the average load, first at most 3%; docs/ARCHITECTURE.md).
+ * 21% over the average load, first at most 3%; docs/KERNELS.md).
  * section = 1 is one unit after another. Consecutive units of one batch are
  * consecutive heads: GQA groups stay together.
  *

@@ -1,7 +1,8 @@
 /* attention/cuda/ptx.cuh — PRIVATE. The PTX the sm_80 tensor-core kernels
  * use, one inline wrapper per instruction: cp.async, ldmatrix, mma.sync
  * m16n8k16 (bf16, fp16), the timers and SM id, programmatic dependent launch
- * (griddepcontrol), L2 prefetch, ex2.approx.ftz and the quad shuffles.
+ * (griddepcontrol), L2 prefetch, ex2.approx.ftz, max.NaN and the quad
+ * shuffles.
  *
  * DT_CUDA_EMULATE (the CPU emulator, tests/emu/emu.h): each wrapper calls the
  * emulator's implementation of the instruction instead; nothing else changes.
@@ -195,10 +196,29 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 #endif
 }
 
-/* Reductions over the 4 lanes of a quad (lanes 4g .. 4g+3 hold row g). */
+/* The larger of a and b, NaN if either is NaN (max.NaN.f32, sm_80: fmaxf
+ * returns the other operand): the row maxima of the kernels' instances
+ * that keep NaN (block.h's nonfinite). */
+__device__ __forceinline__ float max_nan(float a, float b) {
+#ifdef DT_CUDA_EMULATE
+    return dt_emu_max_nan(a, b);
+#else
+    float y;
+    asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
+    return y;
+#endif
+}
+
+/* Reductions over the 4 lanes of a quad (lanes 4g .. 4g+3 hold row g);
+ * quad_max_nan keeps a NaN of any lane. */
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_max_nan(float x) {
+    x = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return max_nan(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
 __device__ __forceinline__ float quad_sum(float x) {

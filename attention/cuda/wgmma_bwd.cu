@@ -1,20 +1,26 @@
 /* attention/cuda/wgmma_bwd.cu — the Hopper backward block kernel:
  * warpgroup MMA (wgmma, sm_90a) fed by TMA, bf16 and fp16, head dims 64
  * and 128 (FlashAttention-3's structure, simplified: no producer warp, no
- * ping-pong). Passes its tests on the CPU emulator of CUDA (tests/emu,
- * test_mma_emu: against the double reference on ring, striped and zigzag
- * blocks) and on an H200 (test_attention_backward, racecheck and
- * synccheck clean, 2026-11-26), where it ran at 1.17x to 1.80x
- * FlashAttention-2's backward and 1.5x to 1.8x the mma.sync kernel
- * (docs/PERFORMANCE.md): the default backward on compute capability 9.0
- * (block.h).
+ * ping-pong). Tested on the CPU emulator of CUDA (tests/emu, test_mma_emu:
+ * against the double reference on ring, striped and zigzag blocks) and on
+ * GPUs as block.cu's table of verified paths records (speed:
+ * docs/PERFORMANCE.md): auto's first choice on compute capability 9.0, in
+ * the form that table names.
+ *
+ * Two forms (kernels.h's dt_attn_form), one body: LATEST as described
+ * below; VERIFIED with exp2f for exp2_ftz, dS stored element by element
+ * (store_ds), dQ added by float2 atomics (common.cuh's add_dq) with no
+ * staging rows, each k-step's descriptor made from its address, and lse
+ * and delta loaded one value at a time (probabilities_t). "LATEST:" marks
+ * what only that form does.
  *
  * Contract: dt_attn_kernels.bwd of block.h, as mma_bwd.cu: one
  * query segment against one key/value segment, GQA, the position mask of
  * mask.h; P = exp(scale q.k - lse) (0 where masked and on rows with lse =
  * -inf), dP = dO V^T, dS = P (dP - delta); dV += P^T dO, dK += scale dS^T
  * Q, dQ += scale dS K, all three ADDED into the fp32 outputs, dq by bulk
- * reductions (its last bits may differ from run to run; dk, dv's do not);
+ * reductions or atomics (its last bits may differ from run to run; dk,
+ * dv's do not);
  * a `first` call writes dk, dv instead (0 where no query attends a key).
  *
  * Work split. A CTA per (key tile of BN = 128 keys, kv head, batch), in the
@@ -39,11 +45,11 @@
  *   dK  += dS^T Q    likewise, A = dS^T, B = Q
  * with dK and dV in fp32 registers through the whole loop. dS^T goes to
  * shared memory as dS [query][key] (each warpgroup its 64 keys: one column
- * block; stmatrix.trans of the A fragments above), and after a barrier
+ * block; LATEST: stmatrix.trans of the A fragments above), and after a barrier
  * each warpgroup computes a 64 x 64 piece of dQ = dS K over all 128 keys:
  *   dQ piece = dS K  wgmma m64n64k16, A = dS rows (K-major), B = K MN-major
  * rows 64w .. (BM = 128, D = 64) or head-dim columns 64w .. (BM = 64,
- * D = 128), one mechanism for both head dims. The piece, scaled, goes into
+ * D = 128), one mechanism for both head dims. LATEST: the piece, scaled, goes into
  * the warpgroup's staging rows in shared memory (stage_dq), and after the
  * barrier that closes the iteration the warpgroup's first 64 threads add a
  * row each (256 bytes) into the fp32 dq by a bulk reduction
@@ -74,9 +80,10 @@
  * Shared memory, every tile in ptx_sm90.cuh's 128-byte swizzled
  * column-block layout on a 1024-byte boundary: [K][V] of [BN][D], [Q 0]
  * [Q 1][dO 0][dO 1] of [BM][D], [dS] of [BM][BN], then per stage the
- * query rows' lse log2e, delta and key limits, two mbarriers, and the two
- * warpgroups' dQ staging rows (36 KiB): 182 KiB at D = 128, 168 KiB at
- * D = 64. Loads: TMA from 4-D tensor maps of the
+ * query rows' lse log2e, delta and key limits, two mbarriers, and (LATEST)
+ * the two warpgroups' dQ staging rows (36 KiB): 182 KiB at D = 128, 168
+ * KiB at D = 64 (146 and 130 KiB without the staging rows: VERIFIED).
+ * Loads: TMA from 4-D tensor maps of the
  * block's segments (rows past a segment arrive as zeros), issued by thread
  * 0: K, V and the first query tile's Q, dO on full[0]; the next query
  * tile's Q, dO into the other stage at the top of each iteration, flying
@@ -88,18 +95,13 @@
  *
  * Registers per thread: dK, dV D (64 at D = 64, 128 at D = 128), S^T and
  * dP^T BM / 2 each, P^T and dS^T as A fragments BM / 4 each, the dQ piece
- * 32. ptxas (CUDA 13, sm_90a, 2026-12-01): 238 registers at D = 64, 240
- * at D = 128, no spills, no serialised wgmma; one CTA (8 warps) per SM.
+ * 32. ptxas (CUDA 13, sm_90a): 238 registers at D = 64, 240 at D = 128
+ * (VERIFIED: 228 and 250), no spills, no serialised wgmma; one CTA (8
+ * warps) per SM.
  *
- * What is left for an H100 (docs/PERFORMANCE.md): measure the stmatrix
- * stores, the bulk reductions of dQ, the k-steps' descriptors made by
- * wg_desc_plus and the row values loaded in pairs (2026-12-01, the
- * key-tile loop's SASS: 1,629 instructions with exp2_ftz, 1,570 with
- * stmatrix, 1,216 with the bulk reductions, 1,108 with the descriptors,
- * 1,067 with the pairs at D = 128; 2,068, 1,953, 1,595, 1,536, 1,471 at
- * D = 64); then FlashAttention-3's other refinements: a producer warp and
- * register reallocation (setmaxnreg), skipping a warpgroup's products on
- * query tiles its keys do not see.
+ * Not done (docs/PERFORMANCE.md): FlashAttention-3's producer warp and
+ * register reallocation (setmaxnreg), and skipping a warpgroup's products
+ * on query tiles its keys do not see.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -143,15 +145,17 @@ struct wb_rows {
  * stores (4 rows, 4 column pairs: stage_dq) meet no bank twice. */
 constexpr uint32_t WB_DQ_ROW = 64 * 4 + 32;
 
-/* Byte offsets of the shared-memory regions (from the 1024-aligned base). */
-template <int D>
+/* Byte offsets of the shared-memory regions (from the 1024-aligned base);
+ * the dQ staging rows in the LATEST form only. */
+template <int D, dt_attn_form F>
 struct wb_smem {
     static constexpr int BM = wb_bm<D>();
     static constexpr uint32_t KV = WB_BN * D * 2, QT = BM * D * 2;   /* tile bytes */
     static constexpr uint32_t K = 0, V = K + KV, Q = V + KV, DO = Q + 2 * QT, DS = DO + 2 * QT,
                               ROWS = DS + BM * WB_BN * 2, BARS = ROWS + 2 * sizeof(wb_rows<BM>),
                               DQ = (BARS + 2 * 8 + 127) / 128 * 128,   /* [2][64][WB_DQ_ROW] */
-                              END = DQ + 2 * 64 * WB_DQ_ROW;
+                              END = F == DT_ATTN_FORM_LATEST ? DQ + 2 * 64 * WB_DQ_ROW
+                                                             : BARS + 2 * 8;
     /* dynamic shared memory to ask for: the regions plus the alignment slack */
     static constexpr size_t BYTES = 1024 + END;
 };
@@ -182,49 +186,79 @@ __device__ __forceinline__ void fill_rows(wb_rows<BM> *r, const dt_attn_block_bw
 
 /* In: s = S^T, dp = dP^T of the warp's 16 keys (rows) x BM queries
  * (columns: n-tile j = queries 8j .. 8j+7). Out: s = P^T, dp = dS^T (fp32).
- * MASKED: key `key0 + row` >= its query's limit gives P = 0. */
-template <bool MASKED, int BM>
+ * MASKED: key `key0 + row` >= its query's limit gives P = 0. F: the form
+ * (its exponentials; LATEST loads the lane's lse and delta in pairs). NF
+ * (block.h's nonfinite): a score of +-inf becomes NaN (x + 0 x), and a
+ * query with lse2 = +inf gets P = 0 by a select, whatever its scores hold. */
+template <bool MASKED, int BM, dt_attn_form F, bool NF>
 __device__ __forceinline__ void probabilities_t(float (&s)[BM / 8][4], float (&dp)[BM / 8][4],
                                                 const wb_rows<BM> *r, int64_t key0, int lane,
                                                 float scale_log2) {
+    constexpr bool PAIRS = F == DT_ATTN_FORM_LATEST;
 #pragma unroll
     for (int j = 0; j < BM / 8; j++) {
-        /* the lane's two columns' values, each pair in one load */
+        /* PAIRS: the lane's two columns' values, each pair in one load */
         const int c0 = 8 * j + dt_mma_c_col(lane, 0);
-        const float2 lse2 = *reinterpret_cast<const float2 *>(&r->lse2[c0]);
-        const float2 delta = *reinterpret_cast<const float2 *>(&r->delta[c0]);
+        float2 lse2 = make_float2(0.0f, 0.0f), delta = lse2;
+        if constexpr (PAIRS) {
+            lse2 = *reinterpret_cast<const float2 *>(&r->lse2[c0]);
+            delta = *reinterpret_cast<const float2 *>(&r->delta[c0]);
+        }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int c = c0 + (i & 1);   /* dt_mma_c_col(lane, i) */
-            float p = exp2_ftz(s[j][i] * scale_log2 - (i & 1 ? lse2.y : lse2.x));   /* 0 when +inf */
+            /* dt_mma_c_col(lane, i)'s column, as each form has it made */
+            const int c = PAIRS ? c0 + (i & 1) : 8 * j + dt_mma_c_col(lane, i);
+            const float lc = PAIRS ? (i & 1 ? lse2.y : lse2.x) : r->lse2[c];
+            const float dc = PAIRS ? (i & 1 ? delta.y : delta.x) : r->delta[c];
+            float p;
+            if constexpr (NF) {
+                float x = s[j][i] * scale_log2;
+                x += 0.0f * x;
+                p = lc == INFINITY ? 0.0f : exp2_of<F>(x - lc);
+            } else {
+                p = exp2_of<F>(s[j][i] * scale_log2 - lc);   /* 0 when lse2 = +inf */
+            }
             if (MASKED && key0 + dt_mma_c_row(lane, i) >= r->lim[c]) p = 0.0f;
             s[j][i] = p;
-            dp[j][i] = p * (dp[j][i] - (i & 1 ? delta.y : delta.x));
+            dp[j][i] = p * (dp[j][i] - dc);
         }
     }
 }
 
-/* Stores the warpgroup's dS^T (its 64 keys x BM queries) as dS [query][key]
- * into column block `wg` of the dS tile at sds, from dsa, the A fragments
- * of dK += dS^T Q (dS^T rounded to T). Register m of fragment kk is the
- * 8x8 matrix of the warp's keys 8 (m % 2) .. and the queries of n-tile
- * j = dt_mma_p_tile(kk, m) (elements dt_mma_p_elem(m) of the accumulators),
- * in the layout stmatrix takes; stored transposed, each of its queries'
- * rows is 8 keys, one 16-byte chunk of the tile, whose address lane
- * 8m + i gives for query 8j + i. Four instructions a fragment, where
- * element by element the warp's every thread stored BM / 2 values of 16
- * bits. */
-template <int BM>
-__device__ __forceinline__ void store_ds(unsigned char *sds, const uint32_t (&dsa)[BM / 16][4], int wg,
-                                         int wl, int lane) {
-    const int m = lane / 8, i = lane % 8;
-    const int key = 64 * wg + 16 * wl + 8 * (m % 2);
+/* Stores the warpgroup's dS^T (its 64 keys x BM queries, rounded to T) as
+ * dS [query][key] into column block `wg` of the dS tile at sds.
+ * LATEST: from dsa, the A fragments of dK += dS^T Q (dS^T rounded to T).
+ * Register m of fragment kk is the 8x8 matrix of the warp's keys 8 (m % 2)
+ * .. and the queries of n-tile j = dt_mma_p_tile(kk, m) (elements
+ * dt_mma_p_elem(m) of the accumulators), in the layout stmatrix takes;
+ * stored transposed, each of its queries' rows is 8 keys, one 16-byte
+ * chunk of the tile, whose address lane 8m + i gives for query 8j + i:
+ * four instructions a fragment. VERIFIED: from ds, the fp32 accumulators,
+ * each thread its BM / 2 values 16 bits at a time. */
+template <typename T, int BM, dt_attn_form F>
+__device__ __forceinline__ void store_ds(unsigned char *sds, const float (&ds)[BM / 8][4],
+                                         const uint32_t (&dsa)[BM / 16][4], int wg, int wl,
+                                         int lane) {
+    if constexpr (F == DT_ATTN_FORM_LATEST) {
+        const int m = lane / 8, i = lane % 8;
+        const int key = 64 * wg + 16 * wl + 8 * (m % 2);
 #pragma unroll
-    for (int kk = 0; kk < BM / 16; kk++)
-        stmatrix_x4_trans(sds + wg_tile_off(8 * dt_mma_p_tile(kk, m) + i, key, BM), dsa[kk]);
+        for (int kk = 0; kk < BM / 16; kk++)
+            stmatrix_x4_trans(sds + wg_tile_off(8 * dt_mma_p_tile(kk, m) + i, key, BM), dsa[kk]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < BM / 8; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int key = 64 * wg + 16 * wl + dt_mma_c_row(lane, i);
+                const int query = 8 * j + dt_mma_c_col(lane, i);
+                *reinterpret_cast<uint16_t *>(sds + wg_tile_off(query, key, BM)) =
+                    (uint16_t)(elem<T>::pack(ds[j][i], 0.0f) & 0xFFFFu);
+            }
+    }
 }
 
-/* The warpgroup's dQ piece (64 x 64, wgmma's accumulator layout: n-tile
+/* LATEST: the warpgroup's dQ piece (64 x 64, wgmma's accumulator layout: n-tile
  * j is columns 8j ..; the warp's rows 16 wl ..), scaled, into its staging
  * rows at sdq: row 16 wl + g (+ 8) gets columns 2t, 2t + 1 of each n-tile,
  * a float2. */
@@ -245,16 +279,20 @@ __device__ __forceinline__ void stage_dq(unsigned char *sdq, const float (&dq)[8
 
 /* grid: ceil(kseg.len / 128) x kv_heads x batch blocks, in mma_layout.h's
  * launch order (p.grid.order); block: 256 threads; dynamic
- * shared memory wb_smem<D>::BYTES. */
-template <typename T, int D>
+ * shared memory wb_smem<D, F>::BYTES. F: the form; NF: the LATEST form's
+ * instance for a block with non-finite inputs (block.h's nonfinite:
+ * probabilities_t keeps the rules). */
+template <typename T, int D, dt_attn_form F, bool NF>
 __global__ void __launch_bounds__(WB_THREADS, 1)
     bwd_wgmma_kernel(const __grid_constant__ wb_params p) {
+    static_assert(!NF || F == DT_ATTN_FORM_LATEST, "only LATEST forms keep the non-finite rules");
 #ifdef DT_WGMMA_STUB
     (void)p;
     __trap();   /* never launched: the host requires an sm_90a build and a 9.0 device */
 #else
-    using L = wb_smem<D>;
+    using L = wb_smem<D, F>;
     constexpr int BM = L::BM;
+    constexpr bool LATEST = F == DT_ATTN_FORM_LATEST;
     const dt_attn_block_bwd_args &a = p.a;
     cta_trace(a, 0);
     grid_dep_launch();   /* a continuing block after this one may start (dependent) */
@@ -321,10 +359,10 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     const int r0 = BM == 128 ? 64 * wg : 0, c0 = D == 128 ? 64 * wg : 0;
     const int64_t key0 = y0 + 64 * wg + 16 * wl;   /* the warp's first key */
     const float scale_log2 = a.scale * LOG2E;
-    /* dQ goes through shared memory: the warpgroup stages its piece there,
-     * and its first 64 threads add a row of it each into dq by a bulk
-     * reduction (the TMA unit's, FlashAttention-3's dQ). */
-    unsigned char *const sdq = sm + L::DQ + (uint32_t)wg * 64u * WB_DQ_ROW;
+    /* LATEST: dQ goes through shared memory: the warpgroup stages its
+     * piece there, and its first 64 threads add a row of it each into dq by
+     * a bulk reduction (the TMA unit's, FlashAttention-3's dQ). */
+    [[maybe_unused]] unsigned char *const sdq = sm + L::DQ + (uint32_t)wg * 64u * WB_DQ_ROW;
     const int wt = (int)threadIdx.x & 127;   /* the thread within its warpgroup */
 
     /* dk[j][i], dv[j][i]: accumulator element i of n-tile j (head-dim
@@ -354,26 +392,29 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         /* S^T = K Q^T and dP^T = V dO^T: this warpgroup's 64 keys (rows 64w
          * of the K and V tiles) against the tile's BM queries. */
         float s[BM / 8][4], dp[BM / 8][4];
-        /* The k-steps' descriptors: the first one's plus a constant each
-         * (wg_desc_plus), as the forward's S product at D = 128. */
-        const uint64_t kd = wg_desc_k_major(k_addr + 64u * 128u * wg, WB_BN, 0),
-                       vd = wg_desc_k_major(v_addr + 64u * 128u * wg, WB_BN, 0),
+        /* The k-steps' descriptors: LATEST the first one's plus a constant
+         * each (wg_desc_plus), as the forward's S product at D = 128;
+         * VERIFIED each made from its address. */
+        const uint32_t ka = k_addr + 64u * 128u * wg, va = v_addr + 64u * 128u * wg;
+        const uint64_t kd = wg_desc_k_major(ka, WB_BN, 0), vd = wg_desc_k_major(va, WB_BN, 0),
                        qd = wg_desc_k_major(q_addr, BM, 0), dod = wg_desc_k_major(do_addr, BM, 0);
+        const auto k_step = [](uint32_t addr, uint64_t first, int rows, int kk) {
+            if constexpr (LATEST) return wg_desc_plus(first, wg_k_major_off(rows, kk));
+            else return wg_desc_k_major(addr, rows, kk);
+        };
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<T, BM>(s, wg_desc_plus(kd, wg_k_major_off(WB_BN, kk)),
-                            wg_desc_plus(qd, wg_k_major_off(BM, kk)), kk > 0);
+            wgmma_ss<T, BM>(s, k_step(ka, kd, WB_BN, kk), k_step(q_addr, qd, BM, kk), kk > 0);
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss<T, BM>(dp, wg_desc_plus(vd, wg_k_major_off(WB_BN, kk)),
-                            wg_desc_plus(dod, wg_k_major_off(BM, kk)), kk > 0);
+            wgmma_ss<T, BM>(dp, k_step(va, vd, WB_BN, kk), k_step(do_addr, dod, BM, kk), kk > 0);
         wgmma_commit();
         wgmma_wait<0>();
         if (qt < c.qt_unmasked)
-            probabilities_t<true, BM>(s, dp, r, key0, lane, scale_log2);
+            probabilities_t<true, BM, F, NF>(s, dp, r, key0, lane, scale_log2);
         else
-            probabilities_t<false, BM>(s, dp, r, key0, lane, scale_log2);
+            probabilities_t<false, BM, F, NF>(s, dp, r, key0, lane, scale_log2);
 
         /* dV += P^T dO, dK += dS^T Q: A from registers (k-step kk: queries
          * 16kk ..), B MN-major from the dO and Q tiles. */
@@ -393,36 +434,51 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         wgmma_commit();
 
         /* dS to shared memory for dQ = dS K, which needs every key's. */
-        store_ds<BM>(sm + L::DS, dsa, wg, wl, lane);
+        store_ds<T, BM, F>(sm + L::DS, dp, dsa, wg, wl, lane);
         fence_proxy_async();
-        if (wt < 64) bulk_wait_read<0>();   /* the last iteration's reductions read their rows */
-        __syncthreads();   /* the dS tile is complete, the staging rows free */
+        /* LATEST: the last iteration's reductions have read their rows */
+        if (LATEST && wt < 64) bulk_wait_read<0>();
+        __syncthreads();   /* the dS tile is complete (LATEST: the staging rows free) */
 
         float dq[8][4];
-        const uint64_t dsd = wg_desc_k_major(ds_addr + (uint32_t)r0 * 128u, BM, 0);
+        const uint32_t dsa0 = ds_addr + (uint32_t)r0 * 128u;
+        const uint64_t dsd = wg_desc_k_major(dsa0, BM, 0);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < WB_BN / 16; kk++)   /* B MN-major: TRANS_B = 1 */
-            wgmma_ss<T, 64, 1>(dq, wg_desc_plus(dsd, wg_k_major_off(BM, kk)),
+            wgmma_ss<T, 64, 1>(dq, k_step(dsa0, dsd, BM, kk),
                                wg_desc_mn_major(k_addr + (uint32_t)(c0 / 64) * WB_BN * 128u,
                                                 WB_BN, kk),
                                kk > 0);
         wgmma_commit();
         wgmma_wait<0>();   /* dV, dK and the dQ piece */
-        stage_dq(sdq, dq, wl, lane, a.scale);
-        fence_proxy_async();
-        /* this stage, its row values and dS are rewritten by what follows;
-         * the staging rows are complete */
-        __syncthreads();
-        if (wt < 64) {   /* query row qt BM + r0 + wt, columns c0 .. c0 + 63 */
-            const int64_t x = qt * BM + r0 + wt;
-            if (x < nq)
-                bulk_reduce_add_f32(a.dq + b * a.dq_batch_stride + x * H * D + h * D + c0,
-                                    sdq + wt * WB_DQ_ROW, 64 * 4);
-            bulk_commit();
+        if constexpr (LATEST) {
+            stage_dq(sdq, dq, wl, lane, a.scale);
+            fence_proxy_async();
+            /* this stage, its row values and dS are rewritten by what
+             * follows; the staging rows are complete */
+            __syncthreads();
+            if (wt < 64) {   /* query row qt BM + r0 + wt, columns c0 .. c0 + 63 */
+                const int64_t x = qt * BM + r0 + wt;
+                if (x < nq)
+                    bulk_reduce_add_f32(a.dq + b * a.dq_batch_stride + x * H * D + h * D + c0,
+                                        sdq + wt * WB_DQ_ROW, 64 * 4);
+                bulk_commit();
+            }
+        } else {
+            int64_t qrow[2];
+            bool live[2];
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                qrow[half] = qt * BM + r0 + 16 * wl + dt_mma_c_row(lane, 2 * half);
+                live[half] = qrow[half] < nq;
+            }
+            add_dq<8>(a.dq + b * a.dq_batch_stride + h * D, H * D, c0, dq, qrow, live, lane,
+                      a.scale);
+            __syncthreads();   /* this stage, its row values and dS are rewritten by what follows */
         }
     }
-    if (wt < 64) bulk_wait<0>();   /* before the CTA's shared memory goes */
+    if (LATEST && wt < 64) bulk_wait<0>();   /* before the CTA's shared memory goes */
 
     /* --trace: every thread is done with the loop (its last __syncthreads) */
     if (threadIdx.x == 0) cta_mark(a, 1);
@@ -436,7 +492,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
 #endif
 }
 
-template <typename T, int D>
+template <typename T, int D, dt_attn_form F>
 dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes,
                  int dependent) {
     wb_params p;
@@ -445,16 +501,19 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l
     p.grid = dt_mma_bwd_grid(*a, l2_bytes);
     DT_TRY(make_block_maps(*a, wb_bm<D>(), WB_BN, &p.q, &p.k, &p.v, a->dout, &p.dout));
     const dim3 grid((unsigned)((a->kseg.len + WB_BN - 1) / WB_BN * a->kv_heads * a->batch));
-    return dt_mma_launch(bwd_wgmma_kernel<T, D>, grid, WB_THREADS, wb_smem<D>::BYTES, stream,
+    auto kernel = bwd_wgmma_kernel<T, D, F, false>;
+    if constexpr (F == DT_ATTN_FORM_LATEST)
+        if (a->nonfinite) kernel = bwd_wgmma_kernel<T, D, F, true>;
+    return dt_mma_launch(kernel, grid, WB_THREADS, wb_smem<D, F>::BYTES, stream,
                          "backward (wgmma)", D, a->dtype, dependent && a->continues, p);
 }
 
 }  // namespace
 
 extern "C" dt_status dt_attn_wgmma_bwd(void *stream, const dt_attn_block_bwd_args *a,
-                                       int64_t l2_bytes, int dependent) {
-    return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
-        return launch<typename decltype(t)::type, decltype(d)::value>(
+                                       int64_t l2_bytes, int dependent, dt_attn_form form) {
+    return dt_mma_dispatch(a->dtype, a->dim, form, [&](auto t, auto d, auto f) {
+        return launch<typename decltype(t)::type, decltype(d)::value, decltype(f)::value>(
             static_cast<cudaStream_t>(stream), a, l2_bytes, dependent);
     });
 }

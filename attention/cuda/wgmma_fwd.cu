@@ -1,13 +1,14 @@
 /* attention/cuda/wgmma_fwd.cu — the Hopper forward block kernel: warpgroup
- * MMA (wgmma, sm_90a) for bf16 and fp16, head dims 64 and 128. The default
- * forward on compute capability 9.0 (block.h); the portable mma.sync
- * kernel (mma_fwd.cu) is the default on the other GPUs of compute
- * capability 8.0 or newer. Tested on the CPU emulator of CUDA (tests/emu,
+ * MMA (wgmma, sm_90a) for bf16 and fp16, head dims 64 and 128. Auto's
+ * first choice on compute capability 9.0, in the form block.cu's table of
+ * verified paths names; the portable mma.sync kernel (mma_fwd.cu) where
+ * this one cannot run the block. Two forms (kernels.h's dt_attn_form):
+ * their exponentials, exp2f (VERIFIED) or exp2_ftz where ptxas fits it
+ * (LATEST), are the only difference. Tested on the CPU emulator of CUDA (tests/emu,
  * test_mma_emu: ring, striped and zigzag blocks against the double
  * reference) and on H100 and H200 GPUs. Its speed is in
- * docs/PERFORMANCE.md; the designs measured and kept or dropped, with
- * their figures, in docs/ARCHITECTURE.md ("The wgmma forward" and the
- * sections after it).
+ * docs/PERFORMANCE.md; its design in docs/KERNELS.md ("The wgmma
+ * forward").
  *
  * Contract: dt_attn_kernels.fwd of block.h, as mma_fwd.cu: one query
  * segment against one key/value segment, GQA, the position mask of mask.h,
@@ -104,8 +105,8 @@
  * the async proxy, which wgmma reads through: no proxy fence. A wait that
  * does not complete within 10 s traps (a failed launch, never a hung GPU).
  *
- * ptxas (sm_90a, CUDA 13.0, 2026-11-29): 128 registers at D = 64 (two
- * CTAs per SM: launch bounds), 250 at D = 128 (whose warpgroups load their
+ * ptxas (sm_90a, CUDA 13.0), both forms: 128 registers at D = 64 (two
+ * CTAs per SM: launch bounds), 252 at D = 128 (whose warpgroups load their
  * rows' stored state before their last product's wait: EARLY below), no
  * spills, no serialised wgmma; with the producer warpgroup 168 at the
  * entry, 232 for the consumers and 40 for the producer (setmaxnreg), no
@@ -329,9 +330,12 @@ constexpr int WG_PRODUCER_REGS = 40, WG_CONSUMER_REGS = 232;
  * (p.grid.order); block: wg_threads<PRODUCER>() threads; dynamic shared
  * memory 1024 + (2 BM + 4 BN) D sizeof(T) + 80. PRODUCER: the loads by a
  * producer warpgroup (1, at D = 128; the same kernel at D = 64) or thread
- * 0's (0). */
-template <typename T, int D, int PRODUCER>
+ * 0's (0). F: the form (kernels.h's dt_attn_form: the exponentials); NF:
+ * the LATEST form's instance for a block with non-finite inputs (block.h's
+ * nonfinite: common.cuh's online_softmax and write_rows keep the rules). */
+template <typename T, int D, int PRODUCER, dt_attn_form F, bool NF>
 __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) fwd_wgmma_kernel(const __grid_constant__ wg_params p) {
+    static_assert(!NF || F == DT_ATTN_FORM_LATEST, "only LATEST forms keep the non-finite rules");
 #ifdef DT_WGMMA_STUB
     (void)p;
     __trap();   /* never launched: the host requires an sm_90a build and a 9.0 device */
@@ -612,13 +616,15 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                     s_product(wg_n<WG_BN>{}, s);
                 }
                 /* P rounded to T as A fragments (pa), by the softmax's
-                 * form of it that ptxas spills none of the kernels with */
-                constexpr softmax_exp EXP = D == 64 ? SFU_PACKED : PRODUCER == 0 ? EXP2F : SFU;
+                 * form of it that ptxas spills none of the kernels with:
+                 * VERIFIED exp2f, LATEST exp2_ftz where it fits */
+                constexpr softmax_exp EXP = F == DT_ATTN_FORM_VERIFIED ? EXP2F
+                                            : D == 64 ? SFU_PACKED : PRODUCER == 0 ? EXP2F : SFU;
                 uint32_t pa[WG_BN / 16][4];
                 if (kt < wg_unmasked)
-                    online_softmax<false, NT, D, EXP, T>(s, m, l, o, lim, kt * WG_BN, lane, a.scale, pa);
+                    online_softmax<false, NT, D, EXP, T, NF>(s, m, l, o, lim, kt * WG_BN, lane, a.scale, pa);
                 else
-                    online_softmax<true, NT, D, EXP, T>(s, m, l, o, lim, kt * WG_BN, lane, a.scale, pa);
+                    online_softmax<true, NT, D, EXP, T, NF>(s, m, l, o, lim, kt * WG_BN, lane, a.scale, pa);
                 if constexpr (EXP != SFU_PACKED) {
 #pragma unroll
                     for (int kk = 0; kk < WG_BN / 16; kk++) p_fragment<T>(pa[kk], s, kk);
@@ -660,7 +666,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
                 /* --trace: warpgroup 1, the later of the two, is done with
                  * the keys (its rows' last product is the tile's last) */
                 if (threadIdx.x == WG_THREADS - 1) cta_mark(a, 1, tile);
-                write_rows<T, D>(a, c, row0, lane, m, l, o, stored);
+                write_rows<T, D, F, NF>(a, c, row0, lane, m, l, o, stored);
                 rows_done(a, c, row0, lane);
             }
         }
@@ -680,7 +686,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
             const fwd_cta e = D == 128 ? c : fwd_cta_of(a, p.grid, opaque(tile), WG_BM);
             const int64_t rows0 = e.x0 + 64 * wg + 16 * wl;
             rows_wait(a, e, rows0);
-            if (n_tiles > 0 || a.first || a.last) write_rows<T, D>(a, e, rows0, lane, m, l, o);
+            if (n_tiles > 0 || a.first || a.last) write_rows<T, D, F, NF>(a, e, rows0, lane, m, l, o);
             rows_done(a, e, rows0, lane);
         }
         /* OV: the tile ends when warpgroup 1 (the later) has written its
@@ -696,7 +702,7 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
 #endif
 }
 
-template <typename T, int D>
+template <typename T, int D, dt_attn_form F>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
                  void *queue, int dependent, int producer) {
     wg_params p;
@@ -733,13 +739,22 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
     const size_t smem = 1024 + (size_t)(2 * WG_BM + 4 * WG_BN) * D * sizeof(T) +
                         8 * sizeof(uint64_t) + 4 * sizeof(uint32_t);
     const dim3 grid((unsigned)ctas);
+    /* with non-finite inputs, the LATEST form's instance that keeps the
+     * rules (block.h's nonfinite) */
     if constexpr (D == 128) {
-        if (producer)
-            return dt_mma_launch(fwd_wgmma_kernel<T, D, 1>, grid, wg_threads<1>(), smem, stream,
+        if (producer) {
+            auto kernel = fwd_wgmma_kernel<T, D, 1, F, false>;
+            if constexpr (F == DT_ATTN_FORM_LATEST)
+                if (a->nonfinite) kernel = fwd_wgmma_kernel<T, D, 1, F, true>;
+            return dt_mma_launch(kernel, grid, wg_threads<1>(), smem, stream,
                                  "forward (wgmma, producer)", D, a->dtype, dep, p);
+        }
     }
-    return dt_mma_launch(fwd_wgmma_kernel<T, D, 0>, grid, WG_THREADS, smem, stream,
-                         "forward (wgmma)", D, a->dtype, dep, p);
+    auto kernel = fwd_wgmma_kernel<T, D, 0, F, false>;
+    if constexpr (F == DT_ATTN_FORM_LATEST)
+        if (a->nonfinite) kernel = fwd_wgmma_kernel<T, D, 0, F, true>;
+    return dt_mma_launch(kernel, grid, WG_THREADS, smem, stream, "forward (wgmma)", D, a->dtype,
+                         dep, p);
 }
 
 }  // namespace
@@ -787,9 +802,10 @@ extern "C" int dt_attn_wgmma_slots_ok(char *why, size_t why_size) {
 }
 
 extern "C" dt_status dt_attn_wgmma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
-                                      int sms, void *queue, int dependent, int producer) {
-    return dt_mma_dispatch(a->dtype, a->dim, [&](auto t, auto d) {
-        return launch<typename decltype(t)::type, decltype(d)::value>(
+                                      int sms, void *queue, int dependent, int producer,
+                                      dt_attn_form form) {
+    return dt_mma_dispatch(a->dtype, a->dim, form, [&](auto t, auto d, auto f) {
+        return launch<typename decltype(t)::type, decltype(d)::value, decltype(f)::value>(
             static_cast<cudaStream_t>(stream), a, l2_bytes, sms, queue, dependent, producer);
     });
 }

@@ -46,6 +46,7 @@
  *     filled with 0xff bytes before each block (AddressSanitizer sees any
  *     access past it);
  *   - atomicAdd on fp32 (fibers never run at the same time);
+ *   - ex2.approx.ftz.f32 and max.NaN.f32 (dt_emu_ex2_ftz, dt_emu_max_nan);
  *   - __syncwarp (every lane of the warp at the same one);
  *   - programmatic dependent launches: run after the launch before, as any,
  *     with their waits checked instead (dt_emu_griddep_require).
@@ -134,6 +135,9 @@ void dt_emu_mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t 
  * a subnormal x taken as 0; otherwise the host's exp2f (the GPU's SFU
  * approximates it within 2 ulp). Any thread, no warp involved. */
 float dt_emu_ex2_ftz(float x);
+/* max.NaN.f32 (sm_80): the larger of a and b (+0 above -0); the canonical
+ * NaN (0x7fffffff) if either is NaN. Any thread, no warp involved. */
+float dt_emu_max_nan(float a, float b);
 
 /* ---- Hopper warpgroup MMA (sm_90a), from the PTX ISA's "Asynchronous
  * Warpgroup Level Matrix Multiply-Accumulate" sections ----

@@ -819,6 +819,17 @@ float dt_emu_ex2_ftz(float x) {
     return fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
 }
 
+float dt_emu_max_nan(float a, float b) {
+    if (isnan(a) || isnan(b)) {
+        const uint32_t canonical = 0x7fffffffu;
+        float y;
+        memcpy(&y, &canonical, sizeof y);
+        return y;
+    }
+    if (a == b) return signbit(a) ? b : a;   /* max(-0, +0) = +0 */
+    return a > b ? a : b;
+}
+
 /* ------------------------------------------------ warpgroup MMA (wgmma) */
 
 uint32_t dt_emu_smem_addr(const void *p) {

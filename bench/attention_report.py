@@ -1,71 +1,80 @@
 #!/usr/bin/env python3
-"""bench/issue8.py — issue 8's figures in one run, beside PyTorch's measured in
-the same run on the same GPU, each with the issue's target and a mark.
+"""bench/attention_report.py — dtensor's attention figures on a GPU in one run.
 
-What runs (docs/PERFORMANCE.md, "bench/issue8.py"), in this order, so that
-the targets still open come first when --budget runs out (items 2, 3 and 6;
-the H200 of 2026-11-27 met items 1, 4 and 5):
-  item 2  causal efficiency r = causal time / full time, c = 1024..16384,
-          H = 32, D = 128: bench/blocks (r) (also striped blocks) beside SDPA
-          on [1, 32, c, 128]; target r <= 0.55 for c >= 4096. Again with the
+The kernels' and the ring's figures, beside PyTorch's measured in the same
+run on the same GPU, each with its target and a PASS / FAIL mark.
+
+What runs, in this order, so that the figures still short of their targets
+come first when --budget runs out (forward and backward speed, met on the
+H200, come after them):
+  causal efficiency  r = causal time / full time, c = 1024..16384, H = 32,
+          D = 128: bench/blocks (r) (also striped blocks) beside SDPA on
+          [1, 32, c, 128]; target r <= 0.55 for c >= 4096. Again with the
           heads one after another (--l2 0).
-  item 2, CTA timelines  the same run's --trace: each full and causal block
-          run once more with its CTAs recording themselves: the SMs' idle
-          share, the drain after the last CTA start, a CTA's cycles per key
-          tile and fixed cost, split into its start, its loop's own and its
-          end (no target: where item 2's time goes).
-  items 3 and 4  bench/blocks (p): P = 8 ranks on one device; striped /
-          contiguous critical path >= 0.95 of (r + P - 1) / (P r) and >= 1.75
-          at c = 8192; all blocks <= 1.05x one causal call at S = 32768.
-  items 3 and 4, CTA timelines  the same runs' --trace: the ring's launches
-          summed (span, drain, packed time) beside the one call's.
-  items 3 and 4, one timeline  the same runs' --trace: the ring's launches
-          back to back as one device timeline, the SMs' busy and idle time
-          beside the one call's: b2b/call split into extra work and idle.
-  item 6  bench/attention (b) with DT_ATTN_KERNEL set, the ring's calls
-          back to back, with the copies and without them (--copies 0: the
-          local transport moves no data); exposed = (with - without) / with
-          <= 5% for C >= 4096. Beside it bench/blocks (p) with the same P,
-          C, H, D: the ring's blocks alone, back to back. The wgmma kernel
-          once more with --comm-ctas 0 (the communication stream's copies by
-          the driver and its adds on as many SMs as they get instead of the
-          default's kernels of a few CTAs, 32 shared by the ranks on a GPU;
-          the ring's blocks alone are the default's, which they do not
-          change), and with --persistent 2
-          (persistent beside the copies too).
-  item 6, one timeline  the backward's bench/blocks (p) run at P = 8 with
-          --trace: its blocks back to back as one device timeline against
-          one backward call (no target: issue 4 (c)'s backward rows).
-  item 1  forward TFLOPS on the issue's shapes, causal and not, bf16:
+  causal efficiency, CTA timelines  the same run's --trace: each full and
+          causal block run once more with its CTAs recording themselves:
+          the SMs' idle share, the drain after the last CTA start, a CTA's
+          cycles per key tile and fixed cost, split into its start, its
+          loop's own and its end (no target: where r's time goes).
+  the ring on one device  bench/blocks (p): P = 8 ranks on one device;
+          ring balance: striped / contiguous critical path >= 0.95 of
+          (r + P - 1) / (P r) and >= 1.75 at c = 8192; ring cost: all
+          blocks back to back <= 1.05x one causal call at S = 32768.
+  the ring on one device, CTA timelines  the same runs' --trace: the ring's
+          launches summed (span, drain, packed time) beside the one call's.
+  the ring on one device, one timeline  the same runs' --trace: the ring's
+          launches back to back as one device timeline, the SMs' busy and
+          idle time beside the one call's: b2b/call split into extra work
+          and idle time.
+  exposed communication  bench/attention (b) with DT_ATTN_KERNEL set, the
+          ring's calls back to back, with the copies and without them
+          (--copies 0: the local transport moves no data); exposed =
+          (with - without) / with <= 5% for C >= 4096. Beside it
+          bench/blocks (p) with the same P, C, H, D: the ring's blocks
+          alone, back to back. The wgmma kernel once more with
+          --comm-ctas 0 (the communication stream's copies by the driver
+          and its adds on as many SMs as they get instead of the default's
+          kernels of a few CTAs, 32 shared by the ranks on a GPU; the
+          ring's blocks alone are the default's, which they do not
+          change), and with --persistent 2 (persistent beside the copies
+          too).
+  exposed communication, one timeline  the backward's bench/blocks (p) run
+          at P = 8 with --trace: its blocks back to back as one device
+          timeline against one backward call (no target: the backward
+          ring's cost).
+  forward TFLOPS  on the three reference shapes, causal and not, bf16:
           build/bench/blocks section (r) per --kernels entry (the forward
           block kernel alone on one full and one causal S x S block) beside
-          SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION; target >= 1.0x FA2.
-  item 5  backward TFLOPS (2.5x the forward flops): bench/blocks (r) --pass
-          bwd beside SDPA's backward; target >= 0.9x FA2.
-  item 5, CTA timelines  the same runs' --trace: a backward CTA's cycles
+          SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION; target >= 1.0x
+          FA2.
+  backward TFLOPS  (2.5x the forward flops): bench/blocks (r) --pass bwd
+          beside SDPA's backward; target >= 0.9x FA2.
+  backward CTA timelines  the same runs' --trace: a backward CTA's cycles
           per query tile and fixed cost (start, loop, end: the wgmma
           backward's marks), at c = 4096 (a ring step's block) against the
-          long blocks (no target: where the backward ring's extra work goes).
-  item 1 through the public API: bench/attention (a) --dtype bf16 with
+          long blocks (no target: where the backward ring's extra work
+          goes).
+  forward through the public API  bench/attention (a) --dtype bf16 with
           DT_ATTN_KERNEL set to each kernel: the whole dt_attention_forward.
-  items 3 and 4, steps grouped  last (a diagnosis): bench/blocks (p) at
+  the ring with its steps grouped  last (a diagnosis): bench/blocks (p) at
           the first ring c with --group 2,3,4,7 --trace, a run of its own
           (the wgmma kernel, or the first of --kernels without it): each
           order's ring once more with a rank's steps grouped as the
           library groups them for dt_attention_options.group = G (their
-          keys one segment: fewer query tiles' visits), its
-          b2b/call, the F it implies and its timeline's (no target: the
-          tile model's steps per launch, measured).
+          keys one segment: fewer query tiles' visits), its b2b/call, the
+          F it implies and its timeline's (no target: the tile model's
+          steps per launch, measured).
 The wgmma forward runs with the benches' default launch (at D = 128 the
 overlapped order and the producer warpgroup); bench/blocks' and
 bench/attention's --producer compare it with the others
-(scripts/gpu_session.sh's issue 4 (c) and --profile runs do).
+(scripts/gpu_session.sh's ring-cost and --profile runs do).
 
 Every dtensor figure comes from a subprocess (its command is printed) under a
 timeout; PyTorch runs in this process with bench/attention_sdpa.py's timing
-functions. The output is markdown, to paste into docs/PERFORMANCE.md as is.
+functions. The output is markdown, with the machine, the date, the commit
+and every command (docs/PERFORMANCE.md takes its figures from it).
 
-    python3 bench/issue8.py [--build DIR] [--kernels mma,wgmma] [--iters N]
+    python3 bench/attention_report.py [--build DIR] [--kernels mma,wgmma] [--iters N]
         [--budget SECONDS] [--step-timeout SECONDS]
         [--json] [--json-out FILE] [--quick] [--backend cuda|cpu] [--no-torch]
 
@@ -97,7 +106,7 @@ KERNELS = ("auto", "simple", "mma", "wgmma")
 TORCH_NAMES = {"flash": "FA2", "cudnn": "cuDNN"}
 RING_P = 8
 
-# (B, H, S, D). The issue's shapes are attention_sdpa's; --quick stands in
+# (B, H, S, D). The reference shapes are attention_sdpa's; --quick stands in
 # tiny ones for them (a smoke test: its marks say nothing).
 SIZES = {
     False: {"shapes": sdpa.SHAPES, "r_c": [1024, 2048, 4096, 8192, 16384], "r_h": 32,
@@ -109,7 +118,7 @@ SIZES = {
 STEP_TIMEOUT_S = 150.0   # the longest any one subprocess may run (--step-timeout)
 TF = ".4g"           # TFLOPS: 324.5 on a GPU, 0.02345 on the CPU
 
-# The issue's targets.
+# The targets the marks are against.
 FWD_VS_FA2 = 1.0
 BWD_VS_FA2 = 0.9
 R_MAX, R_FROM_C = 0.55, 4096
@@ -117,10 +126,10 @@ ACHIEVED_MIN, RATIO_MIN, RATIO_AT_C = 0.95, 1.75, 8192
 VS_ONE_CALL_MAX, VS_ONE_CALL_AT_S = 1.05, 32768
 # bench/blocks --group: the rings with a rank's steps grouped as the
 # library groups them for dt_attention_options.group = G, at the first
-# ring c (the tile model's steps per launch; docs/PERFORMANCE.md)
+# ring c (the tile model's steps per launch; bench/blocks --help)
 RING_GROUPS = "2,3,4,7"
 WAITS_MAX, WAITS_FROM_C = 0.05, 4096
-COMM_CTAS = "0"   # item 6's variant of the comm stream's work: --comm-ctas (0: the driver's)
+COMM_CTAS = "0"   # exposed communication's variant of the comm stream's work: --comm-ctas (0: the driver's)
 
 
 # ------------------------------------------------------------------ values
@@ -163,7 +172,7 @@ def jsonable(x):
 # ------------------------------------------------------------------ tables
 
 class Table:
-    """One item's table: markdown cells for the text, numbers for --json."""
+    """One measurement's table: markdown cells for the text, numbers for --json."""
 
     def __init__(self, key, title, target, header, method):
         self.key, self.title, self.target, self.header = key, title, target, header
@@ -342,7 +351,7 @@ def run_with_timeout(argv, env, timeout):
 
 def progress(session, text):
     elapsed = time.monotonic() - session.start
-    print(f"issue8 [{elapsed:6.1f} s] {text}", file=sys.stderr, flush=True)
+    print(f"attention_report [{elapsed:6.1f} s] {text}", file=sys.stderr, flush=True)
 
 
 def last_line(text):
@@ -480,10 +489,10 @@ def by_heads_dim(shapes):
     return groups
 
 
-# ------------------------------------------------------------------- items
+# ------------------------------------------------------------------ tables
 
-def item_throughput(session, pass_):
-    """Items 1 (fwd) and 5 (bwd): TFLOPS per shape and mask beside FA2 and cuDNN."""
+def table_throughput(session, pass_):
+    """Forward or backward speed: TFLOPS per shape and mask beside FA2 and cuDNN."""
     fwd = pass_ == "fwd"
     target = FWD_VS_FA2 if fwd else BWD_VS_FA2
     kernels = session.args.kernels if fwd else bwd_choices(session.args.kernels)
@@ -491,7 +500,7 @@ def item_throughput(session, pass_):
     header = ["B,H,S,D", "mask"] + labels + ["FA2", "cuDNN"]
     header += [f"{k} / FA2" for k in labels] + [f"{k} / cuDNN" for k in labels]
     if fwd:
-        title = "item 1: forward TFLOPS, bf16"
+        title = "forward TFLOPS, bf16"
         method = ("dtensor: build/bench/blocks section (r), the forward block kernel alone "
                   "(--kernel K) on one full and one causal S x S block, B = 1, H_kv = H; "
                   "CUDA events around each block's kernels (the host clock on the CPU), "
@@ -501,18 +510,18 @@ def item_throughput(session, pass_):
                   "forced (FA2 = FLASH_ATTENTION), CUDA events, median. TFLOPS = "
                   "4*B*H*S*S*D / time, halved for causal.")
     else:
-        title = "item 5: backward TFLOPS, bf16"
+        title = "backward TFLOPS, bf16"
         method = ("dtensor: build/bench/blocks section (r) --pass bwd, the backward block "
                   "kernel alone (lse and delta from a forward pass made before timing); "
                   "auto's backward is wgmma's, so it runs once. torch: "
                   "torch.autograd.grad of SDPA's output with the backend forced, its forward "
                   "untimed, CUDA events. TFLOPS count 2.5x the forward flops "
                   "(10*B*H*S*S*D), halved for causal.")
-    table = Table("1" if fwd else "5", title, f"dtensor >= {target}x FA2 (the same shape "
+    table = Table("forward_tflops" if fwd else "backward_tflops", title, f"dtensor >= {target}x FA2 (the same shape "
                   "and mask, measured in this run)", header, method)
     shapes = session.size["shapes"]
     dt = {}
-    session.bwd_outs = {}   # the backward's traced runs, for item_trace_bwd
+    session.bwd_outs = {}   # the backward's traced runs, for table_trace_bwd
     for k in kernels:
         for (h, d), seqs in by_heads_dim(shapes).items():
             out = run_blocks(session, table, k, "r", pass_, h, d, seqs,
@@ -551,14 +560,14 @@ def with_mark(value, ok, spec=".2f"):
     return f"{value:{spec}} {mark(value, ok)}"
 
 
-# Item 2's causal r again with another launch: (label, key, bench/blocks
+# The causal r again with another launch: (label, key, bench/blocks
 # flags, the kernels it applies to or None for all). A traced one's CTA
-# timelines join item 2's (item_trace) as "kernel, label".
+# timelines join the causal efficiency's (table_trace) as "kernel, label".
 R_VARIANTS = (("heads in turn", "heads_in_turn", ("--l2", "0"), None),)
 
 
-def item_r(session):
-    """Item 2: causal efficiency r for c in the list, per kernel, beside SDPA's."""
+def table_r(session):
+    """Causal efficiency r for c in the list, per kernel, beside SDPA's."""
     h, d, cs = session.size["r_h"], session.size["r_d"], session.size["r_c"]
     kernels = session.args.kernels
     header = ["c"]
@@ -567,20 +576,19 @@ def item_r(session):
         header += [f"{k} r, {label}" for label, _, _, only in R_VARIANTS
                    if only is None or k in only]
     header += ["FA2 r", "cuDNN r"]
-    table = Table("2", "item 2: causal efficiency r = causal time / full time, forward",
+    table = Table("causal_efficiency", "causal efficiency: r = causal time / full time, forward",
                   f"r <= {R_MAX} for c >= {R_FROM_C}, for the causal block and both striped "
                   "blocks (marks only there)", header,
                   f"A c x c block, B = 1, H = {h}, D = {d}, bf16. dtensor: build/bench/blocks "
                   "section (r): the causal diagonal block and the striped blocks of "
                   f"P = {RING_P} ranks with the diagonal included (<=) and excluded (<), each "
                   "over a full block; 'heads in turn': the causal r again with --l2 0, the "
-                  "CTAs launched one head after another (the order before commit 631b7f2, "
-                  "for comparison with the default: heaviest tiles first across the "
-                  "heads of an L2-sized section). torch: SDPA "
+                  "CTAs launched one head after another, for comparison with the default "
+                  "(heaviest tiles first across the heads of an L2-sized section). torch: SDPA "
                   "forward on [1, H, c, D] causal over not causal, with the backend forced.")
     outs = {k: run_blocks(session, table, k, "r", "fwd", h, d, cs, extra=("--trace",))
             for k in kernels}
-    session.r_outs = dict(outs)   # for item_trace
+    session.r_outs = dict(outs)   # for table_trace
     variants = {}
     for k in kernels:
         for label, key, flags, only in R_VARIANTS:
@@ -617,15 +625,15 @@ def item_r(session):
 TRACE_BLOCKS = ("full", "causal")
 
 
-def item_trace(session):
-    """Item 2's blocks, where their time goes: the CTA timelines of --trace."""
+def table_trace(session):
+    """The causal efficiency's blocks, where their time goes: the CTA timelines of --trace."""
     h, d, cs = session.size["r_h"], session.size["r_d"], session.size["r_c"]
     header = ["kernel", "c", "block", "CTAs", "slots", "span us", "fill", "drain us",
               "drain share", "tiles", "cycles / tile", "fixed cycles", "fixed / tile", "GHz",
               "start cycles", "loop fixed cycles", "end cycles"]
-    table = Table("2t", "item 2, CTA timelines: where a block's time goes", "none (a "
-                  "diagnosis of item 2)", header,
-                  f"The (r) blocks of item 2 (B = 1, H = {h}, D = {d}, bf16), each run once "
+    table = Table("causal_efficiency_trace", "causal efficiency, CTA timelines: where a "
+                  "block's time goes", "none (a diagnosis of the causal efficiency)", header,
+                  f"The (r) blocks of the causal efficiency (B = 1, H = {h}, D = {d}, bf16), each run once "
                   "more by the same command with --trace: every CTA records its start and "
                   "end (%globaltimer), SM and key tiles (attention/cta_trace.h). slots = the "
                   "most records running at once; fill = the SMs' busy time / (SMs x span), 1 "
@@ -644,7 +652,7 @@ def item_trace(session):
     outs = getattr(session, "r_outs", {})
     for k in outs or session.args.kernels:
         for c in cs:
-            row = r_row(outs.get(k, NA("missing", "item 2 did not run")), "fwd", c)
+            row = r_row(outs.get(k, NA("missing", "the causal efficiency did not run")), "fwd", c)
             for block in TRACE_BLOCKS:
                 table.add(*trace_row([k, str(c), block], row, block, dict(kernel=k, c=c)))
     return table
@@ -674,15 +682,15 @@ def trace_row(first, row, block, data):
     return cells, dict(data, block=block, drain_share=share, **v)
 
 
-def item_trace_bwd(session):
-    """Item 5's blocks, where their time goes: the backward's CTA timelines."""
+def table_trace_bwd(session):
+    """The backward speed's blocks, where their time goes: the backward's CTA timelines."""
     header = ["kernel", "B,H,S,D", "block", "CTAs", "slots", "span us", "fill", "drain us",
               "drain share", "query tiles", "cycles / tile", "fixed cycles", "fixed / tile",
               "GHz", "start cycles", "loop fixed cycles", "end cycles"]
-    table = Table("5t", "item 5, CTA timelines: where a backward block's time goes", "none (a "
-                  "diagnosis of the backward ring's cost: issue 4 (c))", header,
-                  "The (r) --pass bwd blocks of item 5, each run once more by the same command "
-                  "with --trace, as item 2's CTA timelines: a CTA per key tile (of 128 keys) "
+    table = Table("backward_trace", "backward CTA timelines: where a backward block's time "
+                  "goes", "none (a diagnosis of the backward ring's cost)", header,
+                  "The (r) --pass bwd blocks of the backward TFLOPS, each run once more by the "
+                  "same command with --trace, as the causal efficiency's CTA timelines: a CTA per key tile (of 128 keys) "
                   "and kv head, its tiles the query tiles it visits (of 64 rows at D = 128, "
                   "128 at D = 64, times the GQA group's heads); fixed / tile = a CTA's fixed "
                   "cost in query tiles (from the causal block, whose CTAs visit different "
@@ -693,8 +701,8 @@ def item_trace_bwd(session):
                   "blocks' is the backward ring's extra work over one call.")
     outs = getattr(session, "bwd_outs", {})
     if not outs:
-        table.add(["-", "-", "-"] + [NA("missing", "item 5 did not run")] * 14,
-                  {"result": NA("missing", "item 5 did not run")})
+        table.add(["-", "-", "-"] + [NA("missing", "the backward TFLOPS did not run")] * 14,
+                  {"result": NA("missing", "the backward TFLOPS did not run")})
     for (k, h, d), out in outs.items():
         for s_ in by_heads_dim(session.size["shapes"])[(h, d)]:
             row = r_row(out, "bwd", s_)
@@ -705,16 +713,16 @@ def item_trace_bwd(session):
     return table
 
 
-def item_ring(session):
-    """Items 3 and 4: the ring of P ranks on one device, from bench/blocks (p)."""
+def table_ring(session):
+    """Ring balance and ring cost: the ring of P ranks on one device, from bench/blocks (p)."""
     h, d = session.size["r_h"], session.size["r_d"]
     kernels = session.args.kernels
     header = ["kernel", "c", "S", "order", "crit ms", "total ms", "ratio", "ceiling",
               "achieved", "vs 1 call", "b2b/call", "serial/call", "r at c", "F b2b",
-              "F for 1.05", "item 4", "item 3"]
-    table = Table("3,4", "items 3 and 4: the ring on one device, forward",
-                  f"item 4: striped achieved >= {ACHIEVED_MIN} (ratio / ceiling) and ratio >= "
-                  f"{RATIO_MIN} at c = {RATIO_AT_C}; item 3: b2b/call <= {VS_ONE_CALL_MAX} "
+              "F for 1.05", "balance", "cost"]
+    table = Table("ring", "the ring on one device, forward",
+                  f"balance: striped achieved >= {ACHIEVED_MIN} (ratio / ceiling) and ratio >= "
+                  f"{RATIO_MIN} at c = {RATIO_AT_C}; cost: b2b/call <= {VS_ONE_CALL_MAX} "
                   f"at S = {VS_ONE_CALL_AT_S}", header,
                   f"build/bench/blocks section (p): P = {RING_P} ranks of c tokens, B = 1, "
                   f"H = {h}, D = {d}, bf16; every (rank, step) block alone on one device, "
@@ -724,10 +732,10 @@ def item_ring(session):
                   "vs 1 call = all blocks' time, each alone on an idle device, / one causal "
                   "call on S = P c; b2b/call = the same blocks launched back to back (steps "
                   "in turn, as the ranks run them one after another on one GPU), timed as "
-                  "one, / that call: item 3's ring; serial/call = the same without "
+                  "one, / that call: the ring's cost; serial/call = the same without "
                   "dependent launches (--dependent 0); 'wgmma, rows' waits': the wgmma "
                   "kernel with --dependent 2 (a block waits for the counts of the rows it "
-                  "merges, not for the block before; at item 3's c only). The tile model (bench/blocks (m): "
+                  "merges, not for the block before; at the cost's c only). The tile model (bench/blocks (m): "
                   "K key tiles and V query tiles' visits of the blocks, and of the one call, "
                   "time as K + F V): F b2b = the cost of a visit beyond its key tiles, in key "
                   "tiles, that b2b/call implies; F for 1.05 = the largest F with which "
@@ -738,8 +746,8 @@ def item_ring(session):
         for k in kernels:
             outs[(k, c)] = run_blocks(session, table, k, "p", "fwd", h, d, [c],
                                       extra=("--trace",))
-    session.ring_outs = outs   # for item_ring_trace
-    # the wgmma forward with the rows' waits, at item 3's c (untraced)
+    session.ring_outs = outs   # for table_ring_trace
+    # the wgmma forward with the rows' waits, at the cost's c (untraced)
     c3 = VS_ONE_CALL_AT_S // RING_P
     rows_label = "wgmma, rows' waits"
     runs = [(k, c, outs[(k, c)]) for k in kernels for c in session.size["ring_c"]]
@@ -758,17 +766,17 @@ def item_ring(session):
     return table
 
 
-def item_ring_groups(session):
-    """Items 3 and 4's rings with a rank's steps grouped: bench/blocks (p)
-    --group at the first ring c, a run of its own (a grouped ring that
-    failed its check would otherwise take items 3 and 4's rows with it)."""
+def table_ring_groups(session):
+    """The rings with a rank's steps grouped: bench/blocks (p) --group at
+    the first ring c, a run of its own (a grouped ring that failed its
+    check would otherwise take the ring's rows with it)."""
     header = ["kernel", "c", "order", "G", "taken", "launches", "K", "V", "b2b/call", "F b2b",
               "F busy", "wall / busy", "o err", "lse err"]
     c = session.size["ring_c"][0]
-    table = Table("3,4g", "items 3 and 4, steps grouped: the ring with fewer visits",
+    table = Table("ring_groups", "the ring, steps grouped: fewer visits",
                   "none (the tile model's steps per launch, measured)", header,
                   f"bench/blocks (p) at c = {c} with --group {RING_GROUPS} for the wgmma kernel "
-                  "(or the first of --kernels without it), as items 3 and 4 run it otherwise "
+                  "(or the first of --kernels without it), as the ring's table runs it otherwise "
                   "(P, H, D, bf16): each order's forward ring once more with a "
                   "rank's steps grouped as the library groups them for "
                   "dt_attention_options.group = G (mask.h's rule), their keys one segment "
@@ -779,7 +787,7 @@ def item_ring_groups(session):
                   "taken: the group the order takes. K, V: the tile model's "
                   "key tiles and query tiles' visits of its "
                   "blocks; F b2b: a visit's cost, in key tiles, that its b2b/call implies (the "
-                  "same model as items 3 and 4); with --trace the b2b run once more as one device "
+                  "same model as the ring's table); with --trace the b2b run once more as one device "
                   "timeline: F busy, the F its busy time over the one call's implies, and wall / "
                   "busy, its idle share where launches meet; o err, lse err: its outputs' largest "
                   "difference "
@@ -821,19 +829,19 @@ def item_ring_groups(session):
 
 
 def ring_traces(session, key, single_key, pass_="fwd"):
-    """(kernel, c, order, trace) for every traced (p) row of items 3 and 4
-    (pass_ "bwd": item 6's backward ring at P = RING_P), the rows' `key`
+    """(kernel, c, order, trace) for every traced (p) row of the ring's table
+    (pass_ "bwd": the exposed communication's backward ring at P = RING_P), the rows' `key`
     object, and the one call's (`single_key`) after each c's rows; one row
     with order "-" and the NA where a run is missing."""
     if pass_ == "fwd":
         outs = getattr(session, "ring_outs", {})
         labels = session.args.kernels
-        cs, missing = session.size["ring_c"], "items 3 and 4 did not run"
+        cs, missing = session.size["ring_c"], "the ring on one device did not run"
     else:
         outs = getattr(session, "bwd_ring_outs", {})
         labels = list(dict.fromkeys(k for k, _ in outs)) or bwd_choices(session.args.kernels)
         cs = sorted({c for _, c in outs}) or [session.size["ring_c"][0]]
-        missing = "item 6 did not run"
+        missing = "the exposed communication did not run"
     for k in labels:
         for c in cs:
             rows = rows_of(outs.get((k, c), NA("missing", missing)), "p", pass_)
@@ -856,19 +864,19 @@ def trace_values(t, keys, count):
     return {key: NA("none") if x is None else x for key, x in v.items()}
 
 
-def item_ring_trace(session):
-    """Items 3 and 4's ring, where its time goes: the launches of --trace summed."""
+def table_ring_trace(session):
+    """The ring on one device, where its time goes: the launches of --trace summed."""
     header = ["kernel", "c", "order", "launches", "span ms", "drain ms", "drain share",
               "packed ms", "fill"]
-    table = Table("3,4t", "items 3 and 4, CTA timelines: the ring's launches against one call",
-                  "none (a diagnosis of item 3)", header,
-                  "The (p) runs of items 3 and 4 with --trace: every block of the order run "
+    table = Table("ring_trace", "the ring, CTA timelines: its launches against one call",
+                  "none (a diagnosis of the ring's cost)", header,
+                  "The (p) runs of the ring's table with --trace: every block of the order run "
                   "once more, each of its launches' CTAs recording their start and end "
                   "(attention/cta_trace.h), summed over the launches: span (first CTA start "
                   "to last end), drain (last CTA start to the end: SMs going idle), packed "
                   "(the SMs' mean busy time: the span with no SM ever idle), "
                   "fill = packed / span; 'one call' is the causal call on the whole "
-                  "sequence that item 3 compares with. packed ring / packed call is the "
+                  "sequence that the ring's cost compares with. packed ring / packed call is the "
                   "ring's extra work (each CTA's fixed cost, more CTAs of fewer tiles); "
                   "span / packed its idle time.")
     keys = ("launches", "ctas", "span_ms", "drain_ms", "packed_ms", "fill")
@@ -881,33 +889,33 @@ def item_ring_trace(session):
     return table
 
 
-def item_ring_timeline(session, pass_="fwd"):
-    """Items 3 and 4's ring back to back as one timeline: its extra work
-    and its idle time against the one call's (pass_ "bwd": item 6's
+def table_ring_timeline(session, pass_="fwd"):
+    """The ring back to back as one timeline: its extra work and its idle
+    time against the one call's (pass_ "bwd": the exposed communication's
     backward ring at P = RING_P, against one backward call)."""
     header = ["kernel", "c", "order", "wall ms", "busy ms", "idle", "idle start ms",
               "idle between ms", "idle end ms", "busy / call's", "wall / busy"]
     if pass_ == "bwd":
-        table = Table("6b", f"item 6, one timeline: the backward ring (P = {RING_P}) back to "
-                      "back against one call", "none (a diagnosis of issue 4 (c)'s backward "
-                      "rows)", header,
-                      f"Item 6's bench/blocks (p) --pass bwd run at P = {RING_P} with --trace: "
+        table = Table("exposed_bwd_timeline", f"exposed communication, one timeline: the "
+                      f"backward ring (P = {RING_P}) back to back against one call", "none (a "
+                      "diagnosis of the backward ring's cost)", header,
+                      f"The exposed communication's bench/blocks (p) --pass bwd run at P = {RING_P} with --trace: "
                       "its 'no-copy' ring (every block of the backward ring, steps in turn, "
-                      "back to back) run once more as one device timeline, as items 3 and 4's "
+                      "back to back) run once more as one device timeline, as the ring's "
                       "'one timeline' does for the forward; 'one call' is the backward on the whole "
                       "sequence. busy / call's = the backward ring's extra work (each key "
-                      "tile's fixed cost per block: item 5's CTA timelines), wall / busy its "
+                      "tile's fixed cost per block: the backward CTA timelines), wall / busy its "
                       "idle time; their product is about the blocks' b2b / one call.")
     else:
-        table = Table("3,4b", "items 3 and 4, one timeline: the ring back to back against one "
-                      "call", "none (a diagnosis of item 3)", header,
-                      "The (p) runs of items 3 and 4 with --trace: the b2b ring (every block, steps "
+        table = Table("ring_timeline", "the ring, one timeline: back to back against one "
+                      "call", "none (a diagnosis of the ring's cost)", header,
+                      "The (p) runs of the ring's table with --trace: the b2b ring (every block, steps "
                       "in turn, back to back) run once more with each launch's CTAs recording their "
                       "start, end and SM, as one device timeline (attention/cta_trace.h): per SM "
                       "(the mean over the SMs) busy = running a record (a dependent launch's wait "
                       "for the launch before inside one included), idle before its first record, "
                       "between two and after its last; wall = first start to last end. 'one call' "
-                      "is the causal call on the whole sequence that item 3 compares with. busy / "
+                      "is the causal call on the whole sequence that the ring's cost compares with. busy / "
                       "call's = the ring's extra work (each query tile's fixed cost per block), "
                       "wall / busy its idle time (launch boundaries, the last launch's drain); "
                       "their product is about b2b/call.")
@@ -949,12 +957,12 @@ def ring_row(kernel, row):
              (row["total_ms"], ".3f"), (row["ratio"], ".3f"), (row["ceiling"], ".3f"),
              (row["achieved"], ".3f"), (row["vs_1_call"], ".3f"), (b2b, ".3f"),
              (serial, ".3f"), (row["r"], ".3f"), (f[0], ".2f"), (f[1], ".2f"), m4, m3]
-    data = dict(row, kernel=kernel, item4_mark=m4, item3_mark=m3)
+    data = dict(row, kernel=kernel, balance_mark=m4, cost_mark=m3)
     return cells, data
 
 
-def item_waits(session):
-    """Item 6: exposed communication of the ring, from bench/attention (b)
+def table_waits(session):
+    """Exposed communication of the ring, from bench/attention (b)
     with the copies and without them, and the ring's blocks alone from
     bench/blocks (p)."""
     kernels = session.args.kernels
@@ -962,7 +970,7 @@ def item_waits(session):
     header = ["kernel", "pass", "P", "order", "C", "wall ms", "b2b ms", "no-copy ms", "exposed",
               "mark", "blocks ms", "exposed (blocks)", "exposed (wall)", "kernels ms", "waits ms",
               "waits share", "before ms", "after ms"]
-    table = Table("6", "item 6: exposed communication of the ring",
+    table = Table("exposed", "exposed communication of the ring",
                   f"exposed <= {WAITS_MAX:.0%} of the step for C >= {WAITS_FROM_C} (marks only "
                   "there)", header,
                   "build/bench/attention section (b) with DT_ATTN_KERNEL=K: the causal "
@@ -975,14 +983,13 @@ def item_waits(session):
                   "(DT_LOCAL_COPIES=0: the local transport matches and completes every send "
                   "and receive but moves no data; the calls are otherwise the same). "
                   "exposed = (b2b - no-copy) / b2b: what the copies add to the calls, the "
-                  "exposed communication; the mark is on it (since 2026-11-27). The ring's "
+                  "exposed communication; the mark is on it. The ring's "
                   "blocks alone: build/bench/blocks section (p) with the same P, C, H and D "
                   "runs every (rank, step) block of that ring back to back on this device, "
                   "timed as one; blocks ms = that time; exposed (blocks) = (b2b - blocks) / "
                   "b2b also counts the call's own work outside its blocks (the agreement, "
-                  "the backward's zeroing, delta pass and stores: the judge from 2026-11-23 "
-                  "to 2026-11-27), exposed (wall) = (wall - blocks) / wall also each call's "
-                  "start on an idle device (the judge until 2026-11-23). They are "
+                  "the backward's zeroing, delta pass and stores), exposed (wall) = (wall - "
+                  "blocks) / wall also each call's start on an idle device. They are "
                   "below 0 where ranks' kernels ran side by side. Also shown: kernels = sum "
                   "over steps of the slowest rank's block kernels and waits = the largest "
                   "per-rank sum of the gaps between one step's kernels and the next "
@@ -996,13 +1003,13 @@ def item_waits(session):
                   "\"wgmma, driver's copies\": the same calls with the communication stream's "
                   "work (the local transport's same-device copies, the backward's add beside) "
                   "by the driver's copy and kernels on as many SMs as they get (--comm-ctas "
-                  + COMM_CTAS + ", the default until 2026-11-29; by default kernels of at most "
+                  + COMM_CTAS + "; by default kernels of at most "
                   "32 / P CTAs, the ranks sharing one GPU); blocks ms are the default's. "
                   "\"wgmma, persistent 2\": the wgmma forward persistent beside the ring's "
                   "copies too (--persistent 2, both benches; by default its blocks with a "
                   "copy in flight run a CTA per query tile, whose CTAs leave SMs to the "
                   "copy as their tiles end).")
-    session.bwd_ring_outs = {}   # for item_ring_timeline(session, "bwd")
+    session.bwd_ring_outs = {}   # for table_ring_timeline(session, "bwd")
     # (kernel, passes, extra flags, label, whether the ring's blocks alone
     # are the kernel's default run's: flags bench/blocks does not take)
     variants = [(k, "fwd,bwd" if k in with_bwd else "fwd", (), k, False) for k in kernels]
@@ -1086,15 +1093,15 @@ def waits_row(kernel, row, alone, without, variant=None):
     return cells, data
 
 
-def item_api(session):
-    """Item 1 through the public API: bench/attention (a), bf16, per kernel."""
+def table_api(session):
+    """The forward through the public API: bench/attention (a), bf16, per kernel."""
     header = ["kernel", "B,H,S,D", "mask", "ms", "TFLOPS", "FA2", "/ FA2"]
-    table = Table("1-api", "item 1 through the public API: dt_attention_forward, bf16",
+    table = Table("forward_api", "forward through the public API: dt_attention_forward, bf16",
                   f"dtensor >= {FWD_VS_FA2}x FA2", header,
                   "build/bench/attention section (a) --dtype bf16 with DT_ATTN_KERNEL=K: one "
                   "single-device dt_attention_forward call (one block, which starts and "
                   "finishes the rows), a "
-                  "read-back after it; median after 1 warm-up. FA2: as in item 1 (the same "
+                  "read-back after it; median after 1 warm-up. FA2: as in the forward TFLOPS (the same "
                   "measurement where the shape is the same).")
     torch = {}
     for k in session.args.kernels:
@@ -1161,7 +1168,7 @@ def commit():
 def header_lines(session, info):
     a = session.args
     return [
-        "# issue 8 figures (bench/issue8.py)", "",
+        "# dtensor attention report (bench/attention_report.py)", "",
         f"- date: {info['date']}",
         f"- machine: {info['machine']}",
         f"- dtensor: commit {info['commit']}, build dir {a.build}, backend {a.backend}, "
@@ -1172,7 +1179,7 @@ def header_lines(session, info):
         f"{session.size['warmup']}), medians; budget {a.budget:.0f} s, each step under a "
         f"{a.step_timeout:.0f} s timeout",
     ] + (["- --quick: tiny shapes, a smoke test: no figure or mark here says anything "
-          "about issue 8"] if a.quick else []) + \
+          "about the kernels' speed"] if a.quick else []) + \
         (["- --backend cpu: the CPU kernels run whatever --kernels says"]
          if a.backend == "cpu" else []) + [""]
 
@@ -1232,7 +1239,7 @@ def parse_args(argv):
     if args.step_timeout <= 0:
         ap.error("--step-timeout takes a positive number of seconds")
     if args.backend == "cpu" and not args.quick:
-        ap.error("--backend cpu runs the issue's shapes for hours: add --quick")
+        ap.error("--backend cpu runs the reference shapes for hours: add --quick")
     for name in ("blocks", "attention"):
         path = os.path.join(args.build, "bench", name)
         if not os.access(path, os.X_OK):
@@ -1249,22 +1256,22 @@ def main(argv):
     emit(session, "\n".join(header_lines(session, info)))
     tables = []
     # the open targets first (the module's docstring)
-    for make in (lambda: item_r(session), lambda: item_trace(session),
-                 lambda: item_ring(session), lambda: item_ring_trace(session),
-                 lambda: item_ring_timeline(session),
-                 lambda: item_waits(session), lambda: item_ring_timeline(session, "bwd"),
-                 lambda: item_throughput(session, "fwd"), lambda: item_throughput(session, "bwd"),
-                 lambda: item_trace_bwd(session), lambda: item_api(session),
-                 lambda: item_ring_groups(session)):
+    for make in (lambda: table_r(session), lambda: table_trace(session),
+                 lambda: table_ring(session), lambda: table_ring_trace(session),
+                 lambda: table_ring_timeline(session),
+                 lambda: table_waits(session), lambda: table_ring_timeline(session, "bwd"),
+                 lambda: table_throughput(session, "fwd"), lambda: table_throughput(session, "bwd"),
+                 lambda: table_trace_bwd(session), lambda: table_api(session),
+                 lambda: table_ring_groups(session)):
         tables.append(make())
         emit(session, tables[-1].markdown())
     emit(session, "\n".join(summary_lines(session, tables)))
     failed = [s for s in session.steps if s["status"].startswith("failed")
               or s["status"] == "timed out"]
-    result = dict(info, bench="issue8", build=args.build, backend=args.backend,
+    result = dict(info, bench="attention_report", build=args.build, backend=args.backend,
                   kernels=args.kernels, iters=session.iters, quick=args.quick,
                   budget_s=args.budget, elapsed_s=round(time.monotonic() - session.start, 1),
-                  torch=session.torch.about, items={t.key: t.json() for t in tables},
+                  torch=session.torch.about, tables={t.key: t.json() for t in tables},
                   torch_rows=session.torch.rows, steps=session.steps,
                   complete=not failed)
     if args.json:
