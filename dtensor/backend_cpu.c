@@ -365,21 +365,15 @@ static dt_status dt_cpu_add_beside(dt_backend *b, dt_dtype dtype, int64_t n, con
  *         t = 9.3 erfc < 1e-38 is taken as 0) and Phi = 1 - erfc/2 (x >= 0) or
  *         erfc/2 (x < 0), which keeps the relative accuracy in the left tail
  *         that 1 + erff(z) loses.
- *   tanh: (1 + tanh(u)) / 2 = 1 / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3)
- *         formed as before.
+ *   tanh: (1 + tanh(u)) / 2 = 1 / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3).
  *   exp:  dt_vexpf (cpu_vec.h).
  *
  * Accuracy against x * Phi(x) in double rounded to fp32, every fp32 value
- * of each range (the previous erff / tanhf loop in brackets): x in [1e-4, 6] at most
- * 2 ulp erf [2], 3 ulp tanh [2]; x in [-3, -1e-4] at most 15 ulp erf [103],
- * 16 ulp tanh [206]; x in [-6, -3] at most 62 ulp [every bit lost: erff
- * rounds 1 + erf to 0 below x = -5.5]. tests/test_ops.c's 1e-6 + 1e-6|ref|
- * holds there and on every 37th bit pattern of the whole fp32 range. NaN
- * gives NaN, +inf gives inf, -inf gives NaN (as
- * before). fp32 on one x86-64 core (SSE2): erf 4-5 ns, tanh 3 ns per element,
- * where the per-element erff loop took 6.5-19 ns (depending on the range of
- * x) and the tanhf loop 22-30 ns; bf16 adds 1-2 ns of conversions (not
- * measured for fp16, whose conversions branch). */
+ * of each range: x in [1e-4, 6] at most 2 ulp erf, 3 ulp tanh; x in
+ * [-3, -1e-4] at most 15 ulp erf, 16 ulp tanh; x in [-6, -3] at most 62 ulp
+ * (erff's 1 + erf loses every bit there). tests/test_ops.c's 1e-6 +
+ * 1e-6|ref| holds there and on every 37th bit pattern of the whole fp32
+ * range. NaN gives NaN, +inf gives inf, -inf gives NaN. */
 #define DT_GELU_BLOCK 64
 
 #if defined(__GNUC__)

@@ -87,9 +87,7 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
  * (2^18, the field's reach). So the k-steps of a product can share one
  * descriptor made from the tile's address and each add a constant to it:
  * one integer add where making each from its address takes the masks and
- * shifts of wg_desc (on an H200, 2026-11-26, ncu's samples put 10% of the
- * wgmma forward's warps' time in those, in the issue slots its softmax
- * needs). */
+ * shifts of wg_desc, in the issue slots the softmax needs. */
 __device__ __forceinline__ uint64_t wg_desc_plus(uint64_t d, uint32_t off) {
     const uint32_t lo = (uint32_t)d + (off >> 4), hi = (uint32_t)(d >> 32);
     return (uint64_t)hi << 32 | lo;
