@@ -48,9 +48,10 @@ if command -v stdbuf >/dev/null 2>&1; then
 fi
 
 # Sanitizer builds: an allocation too large to make returns NULL, as it does
-# without ASan (which aborts by default): the tests ask for some on purpose,
+# without them (they abort by default): the tests ask for some on purpose,
 # to see the library return DT_ERR_OUT_OF_MEMORY.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1"
+export TSAN_OPTIONS="${TSAN_OPTIONS:+$TSAN_OPTIONS:}allocator_may_return_null=1"
 
 log=$(mktemp "${TMPDIR:-/tmp}/dt_run_tests.XXXXXX") || exit 2
 trap 'rm -f "$log"' EXIT
