@@ -8,8 +8,11 @@
  *                           1.22 ulp of e^a over the range
  *   dt_row_max(x, n)        max of x[0..n) (-inf for n = 0; NaN if any is NaN)
  *   dt_nonfinite_nan(x, n)  x[j] = NaN where x[j] is +-inf or NaN (x + 0x)
- *   dt_exp_shift(x, n, s)   x[j] = e^(x[j] - s) in place for x[j] - s <= 88
- *                           (below -87 gives 0, NaN stays NaN); returns the sum
+ *   dt_exp_shift(x, n, s)   x[j] = e^min(x[j] - s, 0) in place (below -87
+ *                           gives 0, NaN stays NaN); returns the sum. s is
+ *                           the row's max or its log-sum-exp, so the exponent
+ *                           is <= 0 but for rounding: a logit recomputed in
+ *                           another order must not overflow
  *   dt_vsilu_d4(g, silu, dsilu)  silu(g) = g s(g) and silu'(g) =
  *                           s(g) (1 + g s(-g)), s the logistic, of four finite
  *                           doubles (dt_vfinite_d4 says), in double: one
@@ -68,6 +71,9 @@ static inline dt_vf dt_vexp_or_zero(dt_vf a) {
     return dt_vmask(~dead, dt_vexpf(dt_vsel(dead, dt_vsplat(0.0f), a)));
 }
 
+/* min(a, 0) in each lane; a NaN lane stays NaN. */
+static inline dt_vf dt_vmin0(dt_vf a) { return dt_vsel(a > 0.0f, dt_vsplat(0.0f), a); }
+
 /* The larger of a and b; NaN if either is NaN. */
 static inline float dt_max_nan(float a, float b) { return a > b || a != a ? a : b; }
 
@@ -99,7 +105,7 @@ static inline float dt_exp_shift(float *x, int64_t n, float s) {
     int64_t j = 0;
     for (; j + DT_VW <= n; j += DT_VW) {
         memcpy(&v, x + j, sizeof v);
-        v = dt_vexp_or_zero(v - s);
+        v = dt_vexp_or_zero(dt_vmin0(v - s));
         memcpy(x + j, &v, sizeof v);
         acc += v;
     }
@@ -107,7 +113,7 @@ static inline float dt_exp_shift(float *x, int64_t n, float s) {
         float t[DT_VW] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
         memcpy(t, x + j, (size_t)(n - j) * sizeof *t);
         memcpy(&v, t, sizeof v);
-        v = dt_vexp_or_zero(v - s);
+        v = dt_vexp_or_zero(dt_vmin0(v - s));
         memcpy(t, &v, sizeof v);
         memcpy(x + j, t, (size_t)(n - j) * sizeof *t);
         acc += v;
@@ -255,7 +261,7 @@ static inline void dt_nonfinite_nan(float *x, int64_t n) {
 static inline float dt_exp_shift(float *x, int64_t n, float s) {
     float total = 0.0f;
     for (int64_t j = 0; j < n; j++) {
-        const float a = x[j] - s;
+        const float a = x[j] - s > 0.0f ? 0.0f : x[j] - s;   /* NaN stays NaN */
         x[j] = a < -87.0f ? 0.0f : expf(a);
         total += x[j];
     }

@@ -481,6 +481,7 @@ typedef struct range_case {
                                         value of [0.5, 1) */
     float scale;
     int backward;
+    int lse_low;   /* backward: lse lowered by one ulp, as a forward that rounds otherwise */
     int P;
     dt_status st[MAXR];
     char msg[MAXR][512];
@@ -528,6 +529,16 @@ static dt_status rank_range(dt_context *ctx, void *arg) {
     o = lse = dq = dk = dv = NULL;
     if (c->backward) {
         DT_TRY_GOTO(st, dt_attention_forward(t[0], t[1], t[2], &opts, &o, &lse), out);
+        if (c->lse_low) {
+            const size_t nb = dt_tensor_local_bytes(lse);
+            float *l = malloc(nb);
+            st = l ? dt_tensor_get_local(lse, l, nb) : DT_ERR_OUT_OF_MEMORY;
+            for (size_t x = 0; st == DT_SUCCESS && x < nb / sizeof *l; x++)
+                l[x] = nextafterf(l[x], -INFINITY);
+            if (st == DT_SUCCESS) st = dt_tensor_set_local(lse, l, nb);
+            free(l);
+            if (st != DT_SUCCESS) goto out;
+        }
         st = dt_attention_backward(t[0], t[1], t[2], o, lse, t[3], &opts, &dq, &dk, &dv);
         c->wrote[r] = st != DT_SUCCESS && (dq || dk || dv);
     } else {
@@ -612,6 +623,28 @@ static void test_range_rejects(void **state) {
         c = range(1, 1, 1, 1e35, 0.25f, 1, P);
         expect_rejected(&c, "gradients may leave fp32's range");
     }
+}
+
+/* Logits of 1e15 and more within the bound: one ulp of lse is far more
+ * than 88, so a backward that recomputes a logit rounded otherwise than the
+ * forward's sees exp(logit - lse) overflow unless it holds P <= 1. Here lse
+ * is one ulp low: the gradients stay finite. */
+static void test_range_rounded_lse(void **state) {
+    (void)state;
+    const double mags[] = {1e15, 1e17};
+    for (size_t a = 0; a < sizeof mags / sizeof mags[0]; a++)
+        for (int P = 1; P <= 2; P++) {
+            range_case c = range(1, mags[a], mags[a], 1, 0.25f, 1, P);
+            c.lse_low = 1;
+            launch_range(&c);
+            for (int r = 0; r < P; r++) {
+                if (c.st[r] != DT_SUCCESS)
+                    fail_msg("k, v %g P %d rank %d: %s", mags[a], P, r, c.msg[r]);
+                if (c.nonfinite[r])
+                    fail_msg("k, v %g P %d rank %d: %ld non-finite gradients", mags[a], P, r,
+                             c.nonfinite[r]);
+            }
+        }
 }
 
 /* Over magnitudes and scales: success means finite outputs (matching the
@@ -861,6 +894,7 @@ int main(void) {
                                      test_masked_cuda_block_with_nan, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"range/rejects", test_range_rejects, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"range/grid", test_range_grid, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"range/rounded-lse", test_range_rounded_lse, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"check/attention", test_check_attention, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"check/collectives", test_check_collectives, NULL, NULL, NULL};
     return h_run_cases("nonfinite", tests, n);
