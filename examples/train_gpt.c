@@ -95,7 +95,7 @@ static void usage(FILE *f) {
         "                     (and grad0.bin: the first step's gradients, as init.bin)\n"
         "  --save DIR --save-every N   checkpoints (each rank's shards and a manifest)\n"
         "  --resume DIR       continue a checkpoint, on this mesh or another (the model's\n"
-        "                     flags not given are the checkpoint's)\n"
+        "                     flags and --seed not given are the checkpoint's)\n"
         "  --export FILE      the unsharded parameters in the safetensors format\n"
         "  --svg FILE         the loss curve\n"
         "  --log-every N      a line every N steps (default: about 50 lines a run)\n"
@@ -119,10 +119,11 @@ static int parse_float(const char *flag, const char *v, double lo, double hi, fl
     return 1;
 }
 
-/* --resume without the model's flags: the checkpoint's (layers, dim, heads,
- * kv_heads, ffn, dtype) for each flag not given; an unreadable manifest is
- * left to checkpoint_load to report. */
-enum { GIVEN_LAYERS = 1, GIVEN_DIM = 2, GIVEN_HEADS = 4, GIVEN_KV = 8, GIVEN_FFN = 16, GIVEN_DTYPE = 32 };
+/* --resume without the model's flags or --seed: the checkpoint's (layers,
+ * dim, heads, kv_heads, ffn, dtype, seed) for each flag not given; an
+ * unreadable manifest is left to checkpoint_load to report. */
+enum { GIVEN_LAYERS = 1, GIVEN_DIM = 2, GIVEN_HEADS = 4, GIVEN_KV = 8, GIVEN_FFN = 16, GIVEN_DTYPE = 32,
+       GIVEN_SEED = 64 };
 static void resume_model(config *c, unsigned given) {
     char path[4096];
     snprintf(path, sizeof path, "%s/manifest.txt", c->resume);
@@ -143,6 +144,7 @@ static void resume_model(config *c, unsigned given) {
     if (!(given & GIVEN_KV)) c->kv_heads = Hkv;
     if (!(given & GIVEN_FFN)) c->ffn = F;
     if (!(given & GIVEN_DTYPE)) (void)ex_parse_dtype("--dtype", dtype, &c->dtype);
+    if (!(given & GIVEN_SEED)) c->seed = seed;
 }
 
 /* 0 and the config, or 2 (a message printed), or 1 for --help. */
@@ -158,7 +160,7 @@ static int parse_args(int argc, char **argv, config *c) {
     c->dtype = DT_F32;
     c->backend = DT_BACKEND_AUTO;
     long v;
-    unsigned given = 0;   /* the model's flags given (GIVEN_*) */
+    unsigned given = 0;   /* the model's flags and --seed given (GIVEN_*) */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         int ok = 1, takes = 1;
@@ -226,8 +228,8 @@ static int parse_args(int argc, char **argv, config *c) {
             return 2;
         }
         static const char *const model_flags[] = {"--layers", "--dim", "--heads", "--kv-heads",
-                                                  "--ffn", "--dtype"};
-        for (unsigned k = 0; k < 6; k++)
+                                                  "--ffn", "--dtype", "--seed"};
+        for (unsigned k = 0; k < 7; k++)
             if (!strcmp(a, model_flags[k])) given |= 1u << k;
         i += takes;
     }
