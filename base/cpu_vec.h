@@ -33,6 +33,27 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The larger of a and b; NaN if either is NaN. */
+static inline float dt_max_nan(float a, float b) { return a > b || a != a ? a : b; }
+
+/* dt_adamw_f32's elements i0..n-1, one at a time (the reference the
+ * vector lanes follow, operation for operation). */
+static inline void dt_adamw_f32_from(size_t i0, size_t n, float *param, float *master, float *m,
+                                     float *v, const float *grad, float gscale, float b1,
+                                     float omb1, float b2, float omb2, float bc2s, float eps,
+                                     float decay, float step) {
+    for (size_t i = i0; i < n; i++) {
+        const float g = grad[i] * gscale;
+        const float mi = m[i] * b1 + omb1 * g;
+        const float vi = v[i] * b2 + omb2 * (g * g);
+        const float w = master[i] * decay - step * (mi / (sqrtf(vi) / bc2s + eps));
+        m[i] = mi;
+        v[i] = vi;
+        master[i] = w;
+        param[i] = w;
+    }
+}
+
 #if defined(__GNUC__)
 typedef float dt_vf __attribute__((vector_size(16)));
 typedef int32_t dt_vi __attribute__((vector_size(16)));   /* comparison masks */
@@ -73,9 +94,6 @@ static inline dt_vf dt_vexp_or_zero(dt_vf a) {
 
 /* min(a, 0) in each lane; a NaN lane stays NaN. */
 static inline dt_vf dt_vmin0(dt_vf a) { return dt_vsel(a > 0.0f, dt_vsplat(0.0f), a); }
-
-/* The larger of a and b; NaN if either is NaN. */
-static inline float dt_max_nan(float a, float b) { return a > b || a != a ? a : b; }
 
 static inline float dt_row_max(const float *x, int64_t n) {
     dt_vf m = dt_vsplat(-INFINITY), v;
@@ -211,16 +229,8 @@ static inline void dt_adamw_f32(size_t n, float *param, float *master, float *m,
         memcpy(master + i, &w, sizeof w);
         memcpy(param + i, &w, sizeof w);
     }
-    for (; i < n; i++) {
-        const float g = grad[i] * gscale;
-        const float mi = m[i] * b1 + omb1 * g;
-        const float vi = v[i] * b2 + omb2 * (g * g);
-        const float w = master[i] * decay - step * (mi / (sqrtf(vi) / bc2s + eps));
-        m[i] = mi;
-        v[i] = vi;
-        master[i] = w;
-        param[i] = w;
-    }
+    dt_adamw_f32_from(i, n, param, master, m, v, grad, gscale, b1, omb1, b2, omb2, bc2s, eps,
+                      decay, step);
 }
 
 /* DT_VEC_AVX2 marks a function to be compiled for AVX2 as well: where it
@@ -231,21 +241,11 @@ static inline void dt_adamw_f32(size_t n, float *param, float *master, float *m,
 static inline int dt_cpu_avx2(void) { return __builtin_cpu_supports("avx2"); }
 #endif
 #else
-static inline float dt_max_nan(float a, float b) { return a > b || a != a ? a : b; }
-
 static inline void dt_adamw_f32(size_t n, float *param, float *master, float *m, float *v,
                                 const float *grad, float gscale, float b1, float omb1, float b2,
                                 float omb2, float bc2s, float eps, float decay, float step) {
-    for (size_t i = 0; i < n; i++) {
-        const float g = grad[i] * gscale;
-        const float mi = m[i] * b1 + omb1 * g;
-        const float vi = v[i] * b2 + omb2 * (g * g);
-        const float w = master[i] * decay - step * (mi / (sqrtf(vi) / bc2s + eps));
-        m[i] = mi;
-        v[i] = vi;
-        master[i] = w;
-        param[i] = w;
-    }
+    dt_adamw_f32_from(0, n, param, master, m, v, grad, gscale, b1, omb1, b2, omb2, bc2s, eps,
+                      decay, step);
 }
 
 static inline float dt_row_max(const float *x, int64_t n) {
