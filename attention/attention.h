@@ -13,7 +13,10 @@
  * attention.
  *
  * The mask is one rule on global token positions (mask.h): a query attends to
- * a key iff pos(q) >= pos(k) (DT_ATTN_CAUSAL), or always (DT_ATTN_FULL).
+ * a key of its own document (opts.doc_lens; one per batch row by default)
+ * iff pos(q) >= pos(k) (DT_ATTN_CAUSAL) or always (DT_ATTN_FULL), and, with
+ * a window W (opts.window), |pos(q) - pos(k)| < W. Every order takes it:
+ * tiles and whole ring steps the rule leaves empty run nothing.
  * K and V travel the ring packed in one buffer, with H_kv heads (never
  * expanded), the next block in flight while the current one is computed.
  *
@@ -62,11 +65,20 @@ typedef struct dt_attention_options {
     int group;                /* forward: G ring steps per kernel launch (0, 1: one;
                                  at most P - 1), ring up to G hops ahead in 2G K,V
                                  buffers; striped causal rounds G down to a power
-                                 of two <= 64. Backward ignores it. */
+                                 of two <= 64, striped with documents or a window
+                                 takes 1. Backward ignores it. */
     const dt_attention_tuning *tuning; /* NULL: DT_ATTENTION_TUNING_INIT (tuning.h) */
+    /* Packed documents (docs.h): NULL and 0, one document per batch row; else
+     * doc_count lengths >= 1 in sequence order, summing to S (the same
+     * documents in every row) or to B x S (row 0's, then row 1's, ...).
+     * Global rows and positions whatever the Layout; host memory, borrowed
+     * for the call, the same on every rank. */
+    const int64_t *doc_lens;
+    int64_t doc_count;
+    int64_t window;           /* 0: none; else |pos(q) - pos(k)| < window */
 } dt_attention_options;
 
-#define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0, NULL, 0, NULL }
+#define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0, NULL, 0, NULL, NULL, 0, 0 }
 
 /* Not collective. Workspace bytes a forward call on these inputs needs (depends
  * on the backend's kernel, DT_ATTN_KERNEL included; may be 0). */

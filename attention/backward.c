@@ -13,7 +13,7 @@
  *   `loc` into the sums received (add_beside: beside the next kernel, so the
  *   next kernel writes the spare `loc`).
  *
- * A block with no pair the mask allows runs neither kernel nor add. The last
+ * A block with no pair the rule allows (mask.h) runs neither kernel nor add. The last
  * hop home has no kernel to hide behind, so step P-1's block runs in two
  * halves of its key rows, and the hop carries finished gradients in their own
  * dtype (rounded once, as at home) straight into dk and dv: part 0, complete,
@@ -44,11 +44,11 @@
 enum { LOC, SPARE, RCV, SND, BWD_GRAD_BUFS };
 
 /* Workspace: [K|V: 2 blocks] [dK|dV: 4 blocks] [dq] [delta] [kernel
- * scratch]; with one rank on the sequence (no ring) [dK|dV: 1 block] [dq]
- * [delta] [kernel scratch]. */
+ * scratch] [document bounds]; with one rank on the sequence (no ring)
+ * [dK|dV: 1 block] [dq] [delta] [kernel scratch] [document bounds]. */
 typedef struct bwd_workspace {
     size_t grad_bytes;                /* one fp32 dK (or dV) */
-    size_t off_grads, off_dq, off_delta, off_scratch, total;
+    size_t off_grads, off_dq, off_delta, off_scratch, off_docs, total;
 } bwd_workspace;
 
 static bwd_workspace bwd_workspace_of(const attn_plan *p) {
@@ -60,7 +60,8 @@ static bwd_workspace bwd_workspace_of(const attn_plan *p) {
     w.off_dq = w.off_grads + attn_align((ring ? 2 * BWD_GRAD_BUFS : 2) * w.grad_bytes);
     w.off_delta = w.off_dq + attn_align(rows * (size_t)p->D * sizeof(float));
     w.off_scratch = w.off_delta + attn_align(rows * sizeof(float));
-    w.total = w.off_scratch + attn_align(p->kern ? p->kern->bwd_scratch(p->D) : 0);
+    w.off_docs = w.off_scratch + attn_align(p->kern ? p->kern->bwd_scratch(p->D) : 0);
+    w.total = w.off_docs + attn_docs_bytes(p);
     return w;
 }
 
@@ -213,6 +214,7 @@ typedef struct bwd_queries {
     const float *lse, *delta;
     float *dq;
     void *scratch;
+    const attn_docs *docs;
 } bwd_queries;
 
 /* The backward block kernels of one step on key rows [r0, r1) (batch-major
@@ -247,6 +249,9 @@ static dt_status run_rows(const attn_plan *p, const bwd_workspace *w, const bwd_
             .dq = bq->dq + q_off, .dq_batch_stride = p->c * p->h * p->D,
             .dk = dkv + kv_off, .dv = dkv + w->grad_bytes / sizeof(float) + kv_off,
             .tuning = p->tuning, .first = first, .continues = continues,
+            .window = p->window,
+            .docs = bq->docs->dev ? bq->docs->dev + b0 * bq->docs->batch_stride : NULL,
+            .docs_batch_stride = bq->docs->batch_stride,
         };
         DT_TRY(p->kern->bwd(p->ctx->backend, &a, bq->scratch));
         r0 += nb * (y1 - y0);
@@ -282,6 +287,7 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     char *ws = opts ? opts->workspace : NULL;
     int own_ws = ws == NULL;
     int pending = 0;                  /* a group is posted and not completed */
+    attn_docs docs = {0};
     dt_status st;
     /* Not zeroed: what the loop adds into it zeroes first (as it must in a
      * caller's workspace), and the stores write all of dq, dk, dv. */
@@ -305,8 +311,10 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     DT_TRY_GOTO(st, p.kern->delta(be, p.dtype, p.b, p.c, p.h, p.D, dt_tensor_data_const(o),
                                   dt_tensor_data_const(dout), delta), fail);
 
+    DT_TRY_GOTO(st, attn_docs_make(&p, q, ws + w.off_docs, &docs), fail);
     const bwd_queries bq = {.q = q, .dout = dout, .lse = dt_tensor_data_const(lse),
-                            .delta = delta, .dq = dqa, .scratch = ws + w.off_scratch};
+                            .delta = delta, .dq = dqa, .scratch = ws + w.off_scratch,
+                            .docs = &docs};
     /* A block's key rows, batch-major; the last step's block runs in two
      * parts, rows [0, half) and [half, rows) (see the header). Every rank
      * splits alike, so that each part's messages match on both ends. */
@@ -314,13 +322,13 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     const int j = comm ? dt_comm_rank(comm) : 0, last = p.parts - 1;
     for (int t = 0; t < p.parts; t++) {
         int src = (j - t + p.parts) % p.parts;
-        /* A block with no pair the mask allows (a contiguous ring's blocks
-         * from later ranks) adds nothing: no kernel, no add; the sums
+        /* A block with no pair the rule allows (a causal contiguous ring's
+         * blocks from later ranks) adds nothing: no kernel, no add; the sums
          * received leave as they came. Step 0's always runs: its block
          * starts the sums. */
         dt_attn_segment qs, ks;
         attn_plan_segments(&p, src, &qs, &ks);
-        const int idle = t > 0 && dt_attn_no_pairs(p.mask, qs, ks);
+        const int idle = t > 0 && !attn_plan_block_live(&p, &docs, qs, ks);
         DT_TRY_GOTO(st, bwd_ring_start(&r, &p, &w, t, &pending), fail);
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t), fail);
         DT_TRACE_PUSH("attention bwd blocks");
@@ -397,6 +405,7 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
     }
     DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * p.parts), fail);
     DT_TRY_GOTO(st, attn_timing_end(&p, timing), fail);
+    attn_docs_free(&docs);
     if (own_ws) be->ops->free(be, ws);
     /* kernels that may lose a NaN or Inf of the inputs: all of dq, dk, dv NaN */
     dt_tensor *const outs[3] = {gq, gk, gv};
@@ -418,6 +427,7 @@ fail:
      * posted is completed (with the abort's error) before its buffers go. */
     if (comm) dt_comm_abort(comm, st, dt_last_error());
     if (pending) (void)dt_comm_p2p_wait(comm);
+    attn_docs_free(&docs);
     if (own_ws && ws) be->ops->free(be, ws);
     dt_tensor_destroy(gq);
     dt_tensor_destroy(gk);

@@ -106,6 +106,12 @@ typedef struct dt_attn_block_args {
     uint32_t *launches;
     uint32_t *visits;
     uint32_t visit;
+    /* Documents and window (mask.h's dt_attn_rule with `mask`): docs NULL,
+     * window 0 leave the mask alone. Else batch entry b's rule reads docs +
+     * b * docs_batch_stride (0: one table for every entry); backend memory. */
+    int64_t window;
+    const int64_t *docs;
+    int64_t docs_batch_stride;
 } dt_attn_block_args;
 
 /* Backward of one block from the forward's lse (FlashAttention-2):
@@ -140,7 +146,20 @@ typedef struct dt_attn_block_bwd_args {
     dt_attention_tuning tuning;        /* as dt_attn_block_args.tuning */
     dt_attn_cta_trace *trace;          /* as dt_attn_block_args.trace */
     int64_t trace_len;
+    int64_t window;                    /* as dt_attn_block_args.window, docs, */
+    const int64_t *docs;               /* docs_batch_stride */
+    int64_t docs_batch_stride;
 } dt_attn_block_bwd_args;
+
+/* Batch entry b's rule (mask.h) of a forward or backward block. */
+static inline DT_ATTN_HD dt_attn_rule dt_attn_block_rule(const dt_attn_block_args *a, int64_t b) {
+    dt_attn_rule r = {a->mask, a->window, a->docs ? a->docs + b * a->docs_batch_stride : 0};
+    return r;
+}
+static inline DT_ATTN_HD dt_attn_rule dt_attn_block_bwd_rule(const dt_attn_block_bwd_args *a, int64_t b) {
+    dt_attn_rule r = {a->mask, a->window, a->docs ? a->docs + b * a->docs_batch_stride : 0};
+    return r;
+}
 
 /* Where key row y of a block lies among its rows of k and v
  * (dt_attn_block_args.kv_slots). */
@@ -160,10 +179,11 @@ typedef struct dt_attn_kernels {
     size_t (*fwd_scratch)(int64_t dim, int64_t seqs, int64_t len);
     size_t (*bwd_scratch)(int64_t dim);
     /* May be NULL. DT_SUCCESS if kernel `want` can run this dtype and head dim
-     * on this device, else DT_ERR_NOT_SUPPORTED with the reason in why
+     * on this device, with documents or a window when `ruled` (mask.h's rule
+     * beyond the mask), else DT_ERR_NOT_SUPPORTED with the reason in why
      * (dt_last_error untouched). Once per call, before any block. */
     dt_status (*kernel_check)(struct dt_backend *be, dt_dtype dtype, int64_t dim,
-                              dt_attn_kernel_choice want, char *why, size_t why_size);
+                              dt_attn_kernel_choice want, int ruled, char *why, size_t why_size);
     /* May be NULL (1). 1 if the blocks kernel `want` runs for this dtype and
      * head dim, forward and backward, keep the non-finite rules above; 0 if
      * they may lose a NaN or Inf (a form that predates the rules):

@@ -13,11 +13,13 @@
  * are packed into fp32 scratch (converting bf16, fp16): one path for every
  * dtype. The first block starts the rows, the last writes o and lse (block.h).
  *
- * Which tiles run (mask.h): a query's keys are a prefix, so keys before a
- * query tile's first-row bound are unmasked and keys past its last-row bound
- * are skipped; the band between runs in slices of TS rows, each up to its own
- * bound (about the allowed pairs plus TS/2 keys a row). The backward swaps the
- * roles (key tiles outer, dK and dV accumulate in scratch), slicing by TS keys.
+ * Which tiles run (mask.h): a query's keys are one range of key rows whose
+ * ends never decrease with the query, so a query tile's keys that every row
+ * may attend (from its corner rows' spans) run unmasked, keys outside its
+ * first row's start and last row's end are skipped, and the bands between run
+ * in slices of TS rows, each within its own range (about the allowed pairs
+ * plus TS/2 keys a row at each end). The backward swaps the roles (key tiles
+ * outer, dK and dV accumulate in scratch), slicing by TS keys.
  *
  * Test: tests/test_attention.c, tests/test_attention_backward.c (make test).
  */
@@ -61,17 +63,33 @@ static void pack_keys(float *dst, const void *base, const dt_attn_block_args *a,
 }
 
 /* Scores row[0, tk) of keys y .. y+tk-1 of segment k, seen from a query at
- * position pq: -inf for the keys the mask forbids, which follow the ones
- * it allows (mask.h: the allowed keys are a prefix of the segment). */
-static void mask_row(dt_attn_mask mask, dt_attn_segment k, int64_t pq, int64_t y, float *row,
+ * position pq: -inf for the keys rule r forbids, those outside the query's
+ * range of key rows (mask.h). */
+static void mask_row(dt_attn_rule r, dt_attn_segment k, int64_t pq, int64_t y, float *row,
                      int64_t tk) {
-    const int64_t lim = dt_attn_keys_upto(mask, k, pq) - y;
-    for (int64_t j = lim < 0 ? 0 : lim; j < tk; j++) row[j] = -INFINITY;
+    int64_t lo, hi;
+    dt_attn_rule_rows(r, 1, pq, k, &lo, &hi);
+    lo -= y, hi -= y;
+    if (hi < lo) hi = lo;
+    for (int64_t j = 0; j < tk && j < lo; j++) row[j] = -INFINITY;
+    for (int64_t j = hi < 0 ? 0 : hi; j < tk; j++) row[j] = -INFINITY;
+}
+
+/* [lo, hi) less [flo, fhi) (the rows every row of a tile takes, run
+ * unmasked; none when flo >= fhi): the masked band's sides, into part[0..1]
+ * as [from, to) (possibly empty). */
+static void band_sides(int64_t lo, int64_t hi, int64_t flo, int64_t fhi, int64_t part[2][2]) {
+    if (flo >= fhi) flo = fhi = hi;
+    part[0][0] = lo;
+    part[0][1] = hi < flo ? hi : flo;
+    part[1][0] = lo > fhi ? lo : fhi;
+    part[1][1] = hi;
 }
 
 /* One (batch, head) of a forward call, and the scratch tiles. */
 typedef struct fwd_head {
     const dt_attn_block_args *a;
+    dt_attn_rule rule;           /* of the head's batch entry */
     const char *kb, *vb;         /* k, v of the head's kv head */
     float *m, *l, *acc;
     float *kt, *vt, *s;
@@ -90,7 +108,7 @@ static void fwd_tile(const fwd_head *f, const float *qt, int64_t x0, int64_t tq,
     for (int64_t i = 0; i < tq; i++) {
         float *row = s + i * tk;
         dt_nonfinite_nan(row, tk);   /* an allowed score of +-inf poisons its row too */
-        if (masked) mask_row(a->mask, a->kseg, dt_attn_pos(a->qseg, x0 + i), y0, row, tk);
+        if (masked) mask_row(f->rule, a->kseg, dt_attn_pos(a->qseg, x0 + i), y0, row, tk);
         const float mx = dt_row_max(row, tk);
         const float m_old = f->m[x0 + i];
         const float m_new = dt_max_nan(mx, m_old);
@@ -156,27 +174,32 @@ static dt_status fwd(struct dt_backend *be, const dt_attn_block_args *a, void *s
             const size_t kvo = (size_t)(b * a->kv_batch_stride + g * D) * es;
             const int64_t ml = b * a->ml_batch_stride + h * a->ml_head_stride;
             const fwd_head f = {
-                .a = a, .kb = (const char *)a->k + kvo, .vb = (const char *)a->v + kvo,
+                .a = a, .rule = dt_attn_block_rule(a, b),
+                .kb = (const char *)a->k + kvo, .vb = (const char *)a->v + kvo,
                 .m = a->m + ml, .l = a->l + ml, .acc = a->acc + b * a->acc_batch_stride + h * D,
                 .kt = kt, .vt = vt, .s = s,
             };
             if (a->first) start_rows(&f, nq);
             for (int64_t x0 = 0; x0 < nq; x0 += TQ) {
                 const int64_t tq = min64(TQ, nq - x0);
-                /* keys [0, full) are allowed for every row of the tile */
-                const int64_t full = dt_attn_keys_upto(a->mask, a->kseg, dt_attn_pos(a->qseg, x0));
-                const int64_t any =
-                    dt_attn_keys_upto(a->mask, a->kseg, dt_attn_pos(a->qseg, x0 + tq - 1));
-                if (any == 0) continue;
+                /* keys [lo, hi) some row of the tile may attend, [flo, fhi) every one */
+                int64_t lo, hi, flo, fhi;
+                dt_attn_rule_range(f.rule, 1, a->qseg, x0, x0 + tq, a->kseg, &lo, &hi, &flo, &fhi);
+                if (hi <= lo) continue;
                 pack_rows(qt, qb, a->dtype, H * D, x0, tq, D);
-                for (int64_t y0 = 0; y0 < full; y0 += TK)
-                    fwd_tile(&f, qt, x0, tq, y0, min64(TK, full - y0), 0);
+                for (int64_t y0 = flo; y0 < fhi; y0 += TK)
+                    fwd_tile(&f, qt, x0, tq, y0, min64(TK, fhi - y0), 0);
                 for (int64_t xs = x0; xs < x0 + tq; xs += TS) {
                     const int64_t ts = min64(TS, x0 + tq - xs);
-                    const int64_t end =
-                        dt_attn_keys_upto(a->mask, a->kseg, dt_attn_pos(a->qseg, xs + ts - 1));
-                    for (int64_t y0 = full; y0 < end; y0 += TK)
-                        fwd_tile(&f, qt + (xs - x0) * D, xs, ts, y0, min64(TK, end - y0), 1);
+                    int64_t slo, shi, sflo, sfhi;
+                    dt_attn_rule_range(f.rule, 1, a->qseg, xs, xs + ts, a->kseg, &slo, &shi, &sflo,
+                                       &sfhi);
+                    int64_t side[2][2];
+                    band_sides(slo, shi, flo, fhi, side);
+                    for (int i = 0; i < 2; i++)
+                        for (int64_t y0 = side[i][0]; y0 < side[i][1]; y0 += TK)
+                            fwd_tile(&f, qt + (xs - x0) * D, xs, ts, y0,
+                                     min64(TK, side[i][1] - y0), 1);
                 }
             }
             if (a->last) finish_rows(&f, nq, (char *)a->o + qo, a->lse + ml);
@@ -222,6 +245,7 @@ static void put_rows(float *dst, int64_t row_stride, const float *src, int64_t n
 /* One (batch, head) of a backward call, and the scratch tiles. */
 typedef struct bwd_head {
     const dt_attn_block_bwd_args *a;
+    dt_attn_rule rule;           /* of the head's batch entry */
     const char *qb, *gb;         /* q and dO of the head */
     const float *lse, *delta;
     float *dq;
@@ -249,7 +273,7 @@ static void bwd_tile(const bwd_head *f, int64_t x0, int64_t tq, int64_t y0, int6
             continue;
         }
         dt_nonfinite_nan(row, tk);
-        if (masked) mask_row(a->mask, a->kseg, dt_attn_pos(a->qseg, x0 + i), y, row, tk);
+        if (masked) mask_row(f->rule, a->kseg, dt_attn_pos(a->qseg, x0 + i), y, row, tk);
         (void)dt_exp_shift(row, tk, li);
     }
     /* dP = dO V^T, then dS = P (dP - delta) */
@@ -271,7 +295,7 @@ static void bwd_tile(const bwd_head *f, int64_t x0, int64_t tq, int64_t y0, int6
 static dt_status bwd(struct dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     (void)be;
     const int64_t H = a->heads, G = a->kv_heads, D = a->dim, group = H / G;
-    const int64_t nq = a->qseg.len, nk = a->kseg.len;
+    const int64_t nk = a->kseg.len;
     const size_t es = dt_dtype_size(a->dtype);
     float *qt = scratch, *dot = qt + TQ * D, *kt = dot + TQ * D, *vt = kt + TK * D;
     float *dkt = vt + TK * D, *dvt = dkt + TK * D, *p = dvt + TK * D, *ds = p + TQ * TK;
@@ -288,7 +312,7 @@ static dt_status bwd(struct dt_backend *be, const dt_attn_block_bwd_args *a, voi
             /* the group's first head writes dk, dv of a `first` call */
             const int set = a->first && h % group == 0;
             const bwd_head f = {
-                .a = a, .qb = (const char *)a->q + qoff, .gb = (const char *)a->dout + qoff,
+                .a = a, .rule = dt_attn_block_bwd_rule(a, b), .qb = (const char *)a->q + qoff, .gb = (const char *)a->dout + qoff,
                 .lse = a->lse + ml, .delta = a->delta + ml,
                 .dq = a->dq + b * a->dq_batch_stride + h * D,
                 .qt = qt, .dot = dot, .kt = kt, .vt = vt, .dkt = dkt, .dvt = dvt, .p = p, .ds = ds,
@@ -296,11 +320,10 @@ static dt_status bwd(struct dt_backend *be, const dt_attn_block_bwd_args *a, voi
             /* Key tiles outer: dK and dV of a tile accumulate over all query tiles. */
             for (int64_t y0 = 0; y0 < nk; y0 += TK) {
                 const int64_t tk = min64(TK, nk - y0);
-                /* queries [full, nq) attend every key of the tile */
-                const int64_t any = dt_attn_queries_from(a->mask, a->qseg, dt_attn_pos(a->kseg, y0));
-                const int64_t full =
-                    dt_attn_queries_from(a->mask, a->qseg, dt_attn_pos(a->kseg, y0 + tk - 1));
-                if (any == nq) {   /* no query attends these keys */
+                /* queries [lo, hi) some key of the tile pairs with, [flo, fhi) every one */
+                int64_t lo, hi, flo, fhi;
+                dt_attn_rule_range(f.rule, 0, a->kseg, y0, y0 + tk, a->qseg, &lo, &hi, &flo, &fhi);
+                if (hi <= lo) {   /* no query attends these keys */
                     if (set) {
                         put_rows(dk + y0 * G * D, G * D, NULL, tk, D, 1);
                         put_rows(dv + y0 * G * D, G * D, NULL, tk, D, 1);
@@ -310,14 +333,18 @@ static dt_status bwd(struct dt_backend *be, const dt_attn_block_bwd_args *a, voi
                 pack_rows(kt, kb, a->dtype, G * D, y0, tk, D);
                 pack_rows(vt, vb, a->dtype, G * D, y0, tk, D);
                 memset(dkt, 0, (size_t)(2 * TK * D) * sizeof(float));
-                for (int64_t x0 = full; x0 < nq; x0 += TQ)
-                    bwd_tile(&f, x0, min64(TQ, nq - x0), y0, y0, tk, 0);
+                for (int64_t x0 = flo; x0 < fhi; x0 += TQ)
+                    bwd_tile(&f, x0, min64(TQ, fhi - x0), y0, y0, tk, 0);
                 for (int64_t ys = y0; ys < y0 + tk; ys += TS) {
                     const int64_t ts = min64(TS, y0 + tk - ys);
-                    const int64_t start =
-                        dt_attn_queries_from(a->mask, a->qseg, dt_attn_pos(a->kseg, ys));
-                    for (int64_t x0 = start; x0 < full; x0 += TQ)
-                        bwd_tile(&f, x0, min64(TQ, full - x0), y0, ys, ts, 1);
+                    int64_t slo, shi, sflo, sfhi;
+                    dt_attn_rule_range(f.rule, 0, a->kseg, ys, ys + ts, a->qseg, &slo, &shi, &sflo,
+                                       &sfhi);
+                    int64_t side[2][2];
+                    band_sides(slo, shi, flo, fhi, side);
+                    for (int i = 0; i < 2; i++)
+                        for (int64_t x0 = side[i][0]; x0 < side[i][1]; x0 += TQ)
+                            bwd_tile(&f, x0, min64(TQ, side[i][1] - x0), y0, ys, ts, 1);
                 }
                 put_rows(dk + y0 * G * D, G * D, dkt, tk, D, set);
                 put_rows(dv + y0 * G * D, G * D, dvt, tk, D, set);

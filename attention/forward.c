@@ -10,8 +10,8 @@
  * opts->group = G > 1, steps after 0 run in launches of up to G blocks side by
  * side (fwd_runs), the ring up to G hops ahead. The kernel keeps m, l, acc in
  * fp32; the first block starts them, and the rank's last block with a pair the
- * mask allows (dt_attn_ring_last_step) writes o and lse: no pass over the rows
- * before or after the ring, and no launch for the empty blocks after it.
+ * rule allows (mask.h) writes o and lse: no pass over the rows before or after
+ * the ring, and no launch for a block without such a pair.
  *
  * Invariants: everything the loop touches lives in one workspace sized by
  * dt_attention_workspace_size, allocated before the loop or given; ranks agree
@@ -44,12 +44,12 @@ typedef struct launch_keys {
 
 /* The arguments of a launch's block: `first` starts the rows, `last`
  * writes o and lse (the launch holding the rank's last block with a pair
- * the mask allows: dt_attn_ring_last_step; the blocks after it add nothing
- * and launch nothing); `transfer`: the ring's next hops run beside it.
+ * the rule allows; a block without one adds nothing and launches nothing); `transfer`: the ring's next hops run beside it.
  * acc, m, l: the running state, NULL in a stateless call (fwd_stateless). */
-static dt_attn_block_args block_args(const attn_plan *p, int first, int last, int transfer,
-                                     const void *q, launch_keys keys, float *acc, float *m,
-                                     float *l, void *o, float *lse, uint32_t *launches) {
+static dt_attn_block_args block_args(const attn_plan *p, const attn_docs *docs, int first,
+                                     int last, int transfer, const void *q, launch_keys keys,
+                                     float *acc, float *m, float *l, void *o, float *lse,
+                                     uint32_t *launches) {
     return (dt_attn_block_args){
         .dtype = p->dtype, .nonfinite = p->inputs_nonfinite,
         .batch = p->b, .heads = p->h, .kv_heads = p->hkv, .dim = p->D,
@@ -64,6 +64,7 @@ static dt_attn_block_args block_args(const attn_plan *p, int first, int last, in
         .tuning = p->tuning,
         .transfer = transfer,
         .launches = launches,
+        .window = p->window, .docs = docs->dev, .docs_batch_stride = docs->batch_stride,
     };
 }
 
@@ -76,7 +77,9 @@ static dt_attn_block_args block_args(const attn_plan *p, int first, int last, in
 typedef struct fwd_runs {
     int n;                              /* runs */
     int first[DT_ATTN_MAX_STEPS + 1];   /* run r: steps first[r] .. first[r+1] - 1 */
-    int launched;                       /* runs 0 .. launched - 1 launch a block */
+    int live[DT_ATTN_MAX_STEPS];        /* run r launches: a block of it has a pair the
+                                           rule allows (run 0 always: it starts the rows) */
+    int last;                           /* the last run that launches: it finishes them */
     int halves;                         /* pieces per batch entry and tensor: 2 for
                                            grouped zigzag chunks, else 1 */
     int pieces;                         /* per block */
@@ -85,12 +88,19 @@ typedef struct fwd_runs {
     const char *own[2];                 /* this rank's K and V */
 } fwd_runs;
 
-static void fwd_runs_make(const attn_plan *p, int last, char *sets, const void *k, const void *v,
-                          fwd_runs *f) {
+static void fwd_runs_make(const attn_plan *p, const attn_docs *docs, char *sets, const void *k,
+                          const void *v, fwd_runs *f) {
     memset(f, 0, sizeof *f);
     const int G = p->group;
     f->n = dt_attn_ring_runs(p->order, p->mask, p->S, p->parts, p->rank, G, f->first);
-    while (f->launched < f->n && f->first[f->launched] <= last) f->launched++;
+    for (int r = 0; r < f->n; r++) {
+        for (int t = f->first[r]; t < f->first[r + 1] && !f->live[r]; t++) {
+            dt_attn_segment qs, ks;
+            attn_plan_segments(p, (p->rank - t + p->parts) % p->parts, &qs, &ks);
+            f->live[r] = r == 0 || attn_plan_block_live(p, docs, qs, ks);
+        }
+        if (f->live[r]) f->last = r;
+    }
     f->halves = G > 1 && p->order == DT_ORDER_ZIGZAG ? 2 : 1;
     f->row_bytes = (size_t)(p->hkv * p->D) * dt_dtype_size(p->dtype);
     f->pieces = G > 1 ? 2 * (int)p->b * f->halves : 2;
@@ -132,6 +142,9 @@ static launch_keys fwd_keys(const attn_plan *p, const fwd_runs *f, int r) {
                              .kv_batch_stride = p->group * p->c * p->hkv * p->D};
     keys.slots = dt_attn_ring_run_keys(p->order, p->mask, p->S, p->parts, p->rank, f->first[r],
                                        f->first[r + 1], &keys.qseg, &keys.kseg);
+    if (p->ruled && p->order == DT_ORDER_STRIPED)   /* one step a launch (plan.c), at the */
+        attn_plan_segments(p, (p->rank - f->first[r] + p->parts) % p->parts, &keys.qseg,
+                           &keys.kseg);             /* positions the rule compares */
     return keys;
 }
 
@@ -153,20 +166,23 @@ static dt_status fwd_hop(const attn_plan *p, const fwd_runs *f, dt_ring *ring, i
  * fp32 less. */
 static int fwd_stateless(const attn_plan *p, const dt_tensor *q, const dt_tensor *k,
                          const dt_tensor *v) {
-    if (p->parts != 1 || !p->kern || !p->kern->fwd_stateless) return 0;
-    fwd_runs f;   /* one rank: its own keys */
-    fwd_runs_make(p, 0, NULL, dt_tensor_data_const(k), dt_tensor_data_const(v), &f);
-    const dt_attn_block_args a = block_args(p, 1, 1, 0, dt_tensor_data_const(q), fwd_keys(p, &f, 0),
-                                            NULL, NULL, NULL, NULL, NULL, NULL);
+    /* with documents or a window the state stays in the workspace */
+    if (p->parts != 1 || p->ruled || !p->kern || !p->kern->fwd_stateless) return 0;
+    const attn_docs none = {0};
+    fwd_runs f;                   /* one rank: its own keys */
+    fwd_runs_make(p, &none, NULL, dt_tensor_data_const(k), dt_tensor_data_const(v), &f);
+    const dt_attn_block_args a = block_args(p, &none, 1, 1, 0, dt_tensor_data_const(q),
+                                            fwd_keys(p, &f, 0), NULL, NULL, NULL, NULL, NULL, NULL);
     return p->kern->fwd_stateless(p->ctx->backend, &a);
 }
 
 /* Workspace of a forward call: [ring: 2 sets x (K | V) x G] [acc] [m] [l]
- * [kernel scratch]. With one rank on the sequence there is no ring: the
- * kernels read K and V where they are; a stateless call has no acc, m, l. */
+ * [kernel scratch] [document bounds]. With one rank on the sequence there
+ * is no ring: the kernels read K and V where they are; a stateless call has
+ * no acc, m, l. */
 typedef struct fwd_workspace {
     int stateless;
-    size_t off_acc, off_m, off_l, off_scratch, total;
+    size_t off_acc, off_m, off_l, off_scratch, off_docs, total;
 } fwd_workspace;
 
 static fwd_workspace fwd_workspace_of(const attn_plan *p, const dt_tensor *q, const dt_tensor *k,
@@ -178,7 +194,8 @@ static fwd_workspace fwd_workspace_of(const attn_plan *p, const dt_tensor *q, co
     w.off_m = w.off_acc + attn_align(rows * (size_t)p->D * sizeof(float));
     w.off_l = w.off_m + attn_align(rows * sizeof(float));
     w.off_scratch = w.off_l + attn_align(rows * sizeof(float));
-    w.total = w.off_scratch + attn_align(p->kern ? p->kern->fwd_scratch(p->D, p->b * p->h, p->c) : 0);
+    w.off_docs = w.off_scratch + attn_align(p->kern ? p->kern->fwd_scratch(p->D, p->b * p->h, p->c) : 0);
+    w.total = w.off_docs + attn_docs_bytes(p);
     return w;
 }
 
@@ -213,6 +230,7 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     dt_tensor *out = NULL, *out_lse = NULL;
     dt_ring *ring = NULL;
     void *hop_args = NULL;
+    attn_docs docs = {0};
     char *ws = opts ? opts->workspace : NULL;
     int own_ws = ws == NULL;
     dt_status st;
@@ -230,9 +248,9 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     float *m = w.stateless ? NULL : (float *)(ws + w.off_m);
     float *l = w.stateless ? NULL : (float *)(ws + w.off_l);
 
-    const int last = p.parts > 1 ? dt_attn_ring_last_step(p.order, p.mask, p.S, p.parts, p.rank) : 0;
+    DT_TRY_GOTO(st, attn_docs_make(&p, q, ws + w.off_docs, &docs), fail);
     fwd_runs f;
-    fwd_runs_make(&p, last, comm ? ws : NULL, dt_tensor_data_const(k), dt_tensor_data_const(v), &f);
+    fwd_runs_make(&p, &docs, comm ? ws : NULL, dt_tensor_data_const(k), dt_tensor_data_const(v), &f);
     const void **send = NULL;
     void **into = NULL;
     size_t *sizes = NULL;
@@ -262,10 +280,10 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
         const int t0 = f.first[r], t1 = f.first[r + 1], more = r + 1 < f.n;
         if (more) DT_TRY_GOTO(st, fwd_hop(&p, &f, ring, t1, 0, send, into, sizes), fail);
         DT_TRY_GOTO(st, attn_timing_mark(&p, timing, 2 * t0), fail);
-        if (r < f.launched) {
+        if (f.live[r]) {
             DT_TRACE_PUSH("attention fwd blocks");
             const dt_attn_block_args a =
-                block_args(&p, r == 0, r == f.launched - 1, more, dt_tensor_data_const(q),
+                block_args(&p, &docs, r == 0, r == f.last, more, dt_tensor_data_const(q),
                            fwd_keys(&p, &f, r), acc, m, l, dt_tensor_data(out),
                            dt_tensor_data(out_lse), &launches);
             st = p.kern->fwd(be, &a, ws + w.off_scratch);
@@ -287,6 +305,7 @@ dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     DT_TRY_GOTO(st, attn_timing_end(&p, timing), fail);
     dt_ring_destroy(ring);
     free(hop_args);
+    attn_docs_free(&docs);
     if (own_ws) be->ops->free(be, ws);
     /* kernels that may lose a NaN or Inf of the inputs: all of o, lse NaN */
     dt_tensor *const outs[2] = {out, out_lse};
@@ -308,6 +327,7 @@ fail:
     if (comm) dt_comm_abort(comm, st, dt_last_error());
     dt_ring_destroy(ring);
     free(hop_args);
+    attn_docs_free(&docs);
     if (own_ws && ws) be->ops->free(be, ws);
     dt_tensor_destroy(out);
     dt_tensor_destroy(out_lse);

@@ -88,12 +88,16 @@ int64_t dt_attn_ring_run_keys(dt_order order, dt_attn_mask mask, int64_t seq, in
     return 1;
 }
 
-int64_t dt_attn_tiles(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k, int64_t bm,
+int64_t dt_attn_tiles(dt_attn_rule r, dt_attn_segment q, dt_attn_segment k, int64_t bm,
                       int64_t bn, int64_t *visits) {
     int64_t tiles = 0, v = 0;
     for (int64_t x0 = 0; x0 < q.len; x0 += bm) {
-        const int64_t last = x0 + bm < q.len ? x0 + bm - 1 : q.len - 1;
-        const int64_t n = (dt_attn_keys_upto(mask, k, dt_attn_pos(q, last)) + bn - 1) / bn;
+        const int64_t x1 = x0 + bm < q.len ? x0 + bm : q.len;
+        int64_t lo, hi, flo, fhi, n = 0;
+        dt_attn_rule_range(r, 1, q, x0, x1, k, &lo, &hi, &flo, &fhi);
+        for (int64_t y0 = lo / bn * bn; y0 < hi; y0 += bn)
+            n += dt_attn_rule_tile(r, q, x0, x1, k, y0, y0 + bn < k.len ? y0 + bn : k.len) !=
+                 DT_TILE_EMPTY;
         tiles += n;
         v += n > 0;
     }
@@ -101,9 +105,21 @@ int64_t dt_attn_tiles(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k, i
     return tiles;
 }
 
-int64_t dt_attn_pairs(dt_attn_mask mask, dt_attn_segment q, dt_attn_segment k) {
-    if (mask == DT_ATTN_FULL) return q.len * k.len;
+int64_t dt_attn_pairs(dt_attn_rule r, dt_attn_segment q, dt_attn_segment k) {
     int64_t n = 0;
-    for (int64_t x = 0; x < q.len; x++) n += dt_attn_keys_upto(mask, k, dt_attn_pos(q, x));
+    for (int64_t x = 0; x < q.len; x++) {
+        int64_t lo, hi;
+        dt_attn_rule_rows(r, 1, dt_attn_pos(q, x), k, &lo, &hi);
+        if (hi > lo) n += hi - lo;
+    }
     return n;
+}
+
+int dt_attn_has_pairs(dt_attn_rule r, dt_attn_segment q, dt_attn_segment k) {
+    for (int64_t x = 0; x < q.len; x++) {
+        int64_t lo, hi;
+        dt_attn_rule_rows(r, 1, dt_attn_pos(q, x), k, &lo, &hi);
+        if (hi > lo) return 1;
+    }
+    return 0;
 }

@@ -123,7 +123,14 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     if (opts->group < 0)
         FAIL(DT_ERR_INVALID_ARGUMENT, "group %d must be >= 0 (0 or 1: a launch per ring step)",
              opts->group);
+    if (opts->window < 0)
+        FAIL(DT_ERR_INVALID_ARGUMENT, "window %lld must be >= 0 (0: none)", (long long)opts->window);
     p->mask = opts->mask;
+    p->window = opts->window;
+    p->doc_lens = opts->doc_lens;
+    p->doc_count = opts->doc_count;
+    DT_TRY(dt_docs_check(op, p->doc_lens, p->doc_count, p->B, p->S, &p->docs_per_row));
+    p->ruled = p->doc_lens != NULL || p->window > 0;
     p->scale = opts->scale > 0.0f ? opts->scale : 1.0f / sqrtf((float)p->D);
 
     /* Layouts: one for all three; S over at most one mesh dim; heads only
@@ -174,7 +181,10 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
             FAIL(DT_ERR_INVALID_ARGUMENT, "zigzag needs S (%lld) divisible by 2P (%d)",
                  (long long)p->S, 2 * p->parts);
     }
-    p->group = dt_attn_ring_group(p->order, p->mask, p->parts, opts->group);
+    /* a grouped striped launch compares made-up positions (mask.h): causal only */
+    p->group = p->ruled && p->order == DT_ORDER_STRIPED
+                   ? 1
+                   : dt_attn_ring_group(p->order, p->mask, p->parts, opts->group);
     /* A row of q, o or the fp32 acc holds the local heads: its stride is an
      * int for BLAS and the CUDA kernels alike. */
     if (p->h * p->D > INT_MAX)
@@ -194,8 +204,8 @@ dt_status attn_plan_check_kernel(attn_plan *p, const char *op) {
     p->exact_nonfinite = !p->kern || !p->kern->exact_nonfinite ||
                          p->kern->exact_nonfinite(p->ctx->backend, p->dtype, p->D, p->tuning.kernel);
     if (!p->kern || !p->kern->kernel_check) return DT_SUCCESS;
-    if (p->kern->kernel_check(p->ctx->backend, p->dtype, p->D, p->tuning.kernel, why, sizeof why) ==
-        DT_SUCCESS)
+    if (p->kern->kernel_check(p->ctx->backend, p->dtype, p->D, p->tuning.kernel, p->ruled, why,
+                              sizeof why) == DT_SUCCESS)
         return DT_SUCCESS;
     char msg[320];
     snprintf(msg, sizeof msg, "DT_ATTN_KERNEL=%s: %s", dt_attn_kernel_choice_name(p->tuning.kernel), why);
@@ -217,17 +227,22 @@ dt_status attn_plan_check_agreement(const attn_plan *p, const char *op, dt_statu
     if (!p->mesh) return local;
     static const char *const names[] = {
         "dtype", "B", "S", "H", "H_kv", "D", "mask", "scale (bits)", "group", "mesh dims",
-        "placement[0]", "placement[1]", "placement[2]",
+        "placement[0]", "placement[1]", "placement[2]", "window", "documents", "documents (hash)",
     };
     int32_t scale_bits;
     memcpy(&scale_bits, &p->scale, sizeof scale_bits);
     const dt_layout *l = &p->lse_layout;
-    int64_t v[13] = {p->dtype, p->B, p->S, p->H, p->Hkv, p->D, p->mask, scale_bits, p->group,
-                     l->ndim, 0, 0, 0};
+    /* the document lengths by FNV-1a, as a non-negative int64 */
+    uint64_t hash = 14695981039346656037ull;
+    for (int64_t i = 0; p->doc_lens && i < p->doc_count; i++)
+        for (int byte = 0; byte < 8; byte++)
+            hash = (hash ^ (((uint64_t)p->doc_lens[i] >> (8 * byte)) & 0xff)) * 1099511628211ull;
+    int64_t v[16] = {p->dtype, p->B, p->S, p->H, p->Hkv, p->D, p->mask, scale_bits, p->group,
+                     l->ndim, 0, 0, 0, p->window, p->doc_count, (int64_t)(hash >> 1)};
     for (int m = 0; m < l->ndim; m++)
         v[10 + m] = l->placements[m].kind * 10000 + l->placements[m].dim * 100 +
                     l->placements[m].order;
-    return dt_context_check_call(p->ctx, op, local, v, names, 13, DT_CHECK_ON);
+    return dt_context_check_call(p->ctx, op, local, v, names, 16, DT_CHECK_ON);
 }
 
 /* "[b, s, h, d]": the global index of local element i of t. */
@@ -383,6 +398,56 @@ void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment *qs, dt_att
     } else {   /* one rank holds the sequence in order, whatever the order's name */
         *qs = *ks = (dt_attn_segment){0, 1, p->S, 0, 0};
     }
+}
+
+size_t attn_docs_bytes(const attn_plan *p) {
+    if (!p->doc_lens) return 0;
+    return attn_align((size_t)((p->docs_per_row ? p->b : 1) * p->S) * 2 * sizeof(int64_t));
+}
+
+dt_status attn_docs_make(const attn_plan *p, const dt_tensor *q, void *dev, attn_docs *d) {
+    memset(d, 0, sizeof *d);
+    if (!p->doc_lens) return DT_SUCCESS;
+    const int64_t rows = p->docs_per_row ? p->b : 1, S = p->S;
+    const size_t bytes = (size_t)(rows * S) * 2 * sizeof(int64_t);
+    int64_t *host = malloc(bytes ? bytes : 1), *g = malloc((size_t)(p->b ? p->b : 1) * sizeof *g);
+    dt_status st = host && g ? DT_SUCCESS
+                             : dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: out of host memory for "
+                                        "%zu bytes of document bounds", dt_context_rank(p->ctx),
+                                        bytes);
+    /* local batch entry i is global row g[i] */
+    if (st == DT_SUCCESS) {
+        if (p->mesh) st = dt_tensor_global_indices(q, 0, g);
+        else
+            for (int64_t i = 0; i < p->b; i++) g[i] = i;
+    }
+    for (int64_t i = 0; st == DT_SUCCESS && i < rows; i++)
+        dt_docs_bounds(p->doc_lens, p->doc_count, S, g[i], host + i * 2 * S);
+    if (st == DT_SUCCESS) st = p->ctx->backend->ops->upload(p->ctx->backend, dev, host, bytes);
+    free(g);
+    if (st != DT_SUCCESS) {
+        free(host);
+        return st;
+    }
+    *d = (attn_docs){.host = host, .dev = dev, .rows = rows,
+                     .batch_stride = p->docs_per_row ? 2 * S : 0};
+    return DT_SUCCESS;
+}
+
+void attn_docs_free(attn_docs *d) {
+    free(d->host);
+    memset(d, 0, sizeof *d);
+}
+
+dt_attn_rule attn_plan_rule(const attn_plan *p, const attn_docs *d, int64_t b) {
+    return (dt_attn_rule){p->mask, p->window, d->host ? d->host + b * d->batch_stride : NULL};
+}
+
+int attn_plan_block_live(const attn_plan *p, const attn_docs *d, dt_attn_segment qs,
+                         dt_attn_segment ks) {
+    for (int64_t b = 0; b < (d->host ? d->rows : 1); b++)
+        if (dt_attn_has_pairs(attn_plan_rule(p, d, b), qs, ks)) return 1;
+    return 0;
 }
 
 /* Marks 0 .. 2P: the steps' (attn_timing_mark); 2P + 1: the call's start. */

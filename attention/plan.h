@@ -8,6 +8,7 @@
 #include "attention.h"
 #include "block.h"
 #include "../collectives/comm.h"
+#include "../dtensor/docs.h"
 
 typedef struct attn_plan {
     dt_context *ctx;
@@ -20,6 +21,11 @@ typedef struct attn_plan {
     dt_order order;
     int group;                        /* ring steps per launch: mask.h's dt_attn_ring_group */
     dt_attn_mask mask;
+    int64_t window;                   /* opts->window */
+    const int64_t *doc_lens;          /* opts->doc_lens, doc_count (docs.h), borrowed */
+    int64_t doc_count;
+    int docs_per_row;                 /* a list per batch row (else one for all) */
+    int ruled;                        /* documents or a window (mask.h's rule) */
     float scale;
     dt_layout lse_layout;             /* of the [B, H, S] log-sum-exp */
     size_t kv_bytes;                  /* one local K (or V) block in its dtype */
@@ -73,6 +79,33 @@ dt_status attn_plan_check_output(const attn_plan *p, const char *op, const dt_te
 /* Segments (mask.h) of this rank's queries and rank src's keys: one ring
  * step's block. One rank on the sequence: (0, 1, S) in every order. */
 void attn_plan_segments(const attn_plan *p, int src, dt_attn_segment *qs, dt_attn_segment *ks);
+
+/* A call's documents as mask.h's rule reads them: per-position bounds of
+ * `rows` tables (this rank's batch entries, or 1 for a list shared by all)
+ * of S positions, on the host (for deciding which blocks run) and in backend
+ * memory (for the kernels). Without documents both are NULL. */
+typedef struct attn_docs {
+    int64_t *host;      /* owned: malloc */
+    int64_t *dev;       /* the same in the call's workspace (attn_docs_bytes) */
+    int64_t rows, batch_stride;   /* batch_stride: elements between entries' tables, 0 if shared */
+} attn_docs;
+
+/* Workspace bytes of the call's document tables (0 without documents). */
+size_t attn_docs_bytes(const attn_plan *p);
+
+/* Builds the tables of q's local batch entries on the host and uploads them
+ * to dev (attn_docs_bytes of backend memory; unused without documents).
+ * Local. On failure d holds nothing to free. */
+dt_status attn_docs_make(const attn_plan *p, const dt_tensor *q, void *dev, attn_docs *d);
+void attn_docs_free(attn_docs *d);
+
+/* The rule of the call for batch entry b, on the host's table. */
+dt_attn_rule attn_plan_rule(const attn_plan *p, const attn_docs *d, int64_t b);
+
+/* 1 if the rule allows some pair of the segments in some local batch entry:
+ * a block that must run. */
+int attn_plan_block_live(const attn_plan *p, const attn_docs *d, dt_attn_segment qs,
+                         dt_attn_segment ks);
 
 /* Profiling of the ring loop (opts->timing; every call does nothing when it
  * is NULL): marks 2t and 2t+1 around step t's blocks, 2P after the loop.

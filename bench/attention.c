@@ -39,6 +39,14 @@
  *   (c) ring cost: the distributed call's work summed over ranks (thread CPU
  *       time on the CPU backend) against one single-device causal call of the
  *       same pass on the whole sequence.
+ *   (d) work from the mask, COUNTED, nothing run (not in the default list):
+ *       for P ranks (--ranks, default 8) and S tokens (--seq, default 65536),
+ *       each order's critical path in query-key pairs (sum over ring steps
+ *       of the busiest rank, from dt_attn_pairs) and total, under the causal
+ *       mask with packed documents (--docs) and a sliding window (--window)
+ *       as attention/mask.h's rule takes them; ideal = total / P. Given
+ *       --docs, --window, --seq, --ranks or --seed without --section, (d)
+ *       alone runs.
  * Timing: CLOCK_MONOTONIC (and CLOCK_THREAD_CPUTIME_ID), one warmup, then
  * --iters iterations; the median is reported. Each timed call ends with a
  * read-back of a one-element tensor of the rank (wait_done): the public API
@@ -58,7 +66,8 @@
  *      [--tokens-per-rank C] [--shapes auto|scaled|full] [--section a,b,c]
  *      [--dtype bf16,fp32,fp16] [--dependent 0|1|2] [--persistent 0|1|2]
  *      [--producer 0|1] [--copies 0|1] [--comm-ctas N] [--pass fwd,bwd]
- *      [--group G]
+ *      [--group G] [--seq S] [--ranks P] [--docs L1,L2,...|random:MEAN]
+ *      [--window W] [--seed N]
  *
  * --group G runs the forward rings of (b) and (c) with up to G ring steps
  * per launch (dt_attention_options.group; striped causal: the greatest
@@ -86,6 +95,7 @@
 #include <unistd.h>
 
 #include "attention/attention.h"
+#include "dtensor/docs.h"
 #include "dtensor/dtensor.h"
 #ifdef DT_HAVE_CUDA
 #include "dtensor/backend_cuda.h"
@@ -117,7 +127,7 @@ typedef struct bench_opts {
     dt_backend_kind backend;
     int json, quick, iters, tokens_per_rank;
     int shapes;                /* 0 auto, 1 scaled, 2 full */
-    int sections[3];           /* a, b, c */
+    int sections[4];           /* a, b, c, d */
     int passes[PASS_COUNT];    /* fwd, bwd */
     int dtypes[3];             /* (a): bf16, fp32, fp16 (--dtype); none set: bf16, fp32 */
     int dependent;             /* --dependent: CUDA's dependent launches (default 1) */
@@ -126,6 +136,14 @@ typedef struct bench_opts {
     int copies;                /* --copies 0: DT_LOCAL_COPIES=0 for the launches (1) */
     int comm_ctas;             /* --comm-ctas: the comm stream's kernels' CTAs (-1: the backend's) */
     int group;                 /* --group: the forward rings' steps per launch (1) */
+    /* (d) */
+    int64_t seq;               /* --seq: tokens (65536) */
+    int ranks;                 /* --ranks: P (8) */
+    const char *docs;          /* --docs as given; NULL: one document */
+    int64_t window;            /* --window: 0 none */
+    uint64_t seed;             /* --seed: --docs random:MEAN draws from seed + 4 (1) */
+    int sections_given;        /* --section was given */
+    int mask_flags;            /* one of (d)'s flags was given */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
@@ -390,20 +408,27 @@ out:
 }
 
 /* Critical path (sum over steps of the busiest rank) and total of the
- * causal query-key pairs, per (batch, head), from the mask rule. */
-static void ring_pairs(dt_order order, int64_t S, int P, int64_t *crit, int64_t *total) {
+ * query-key pairs rule r allows, per (batch, head): at step t rank j holds
+ * the keys of rank (j - t) mod P. */
+static void ring_pairs_rule(dt_attn_rule r, dt_order order, int64_t S, int P, int64_t *crit,
+                            int64_t *total) {
     *crit = *total = 0;
     for (int t = 0; t < P; t++) {
         int64_t mx = 0;
         for (int j = 0; j < P; j++) {
             int src = ((j - t) % P + P) % P;
-            const int64_t n = dt_attn_pairs(DT_ATTN_CAUSAL, dt_attn_segment_of(order, S, P, j),
+            const int64_t n = dt_attn_pairs(r, dt_attn_segment_of(order, S, P, j),
                                             dt_attn_segment_of(order, S, P, src));
             if (n > mx) mx = n;
             *total += n;
         }
         *crit += mx;
     }
+}
+
+/* The same for the causal mask alone. */
+static void ring_pairs(dt_order order, int64_t S, int P, int64_t *crit, int64_t *total) {
+    ring_pairs_rule(dt_attn_rule_of(DT_ATTN_CAUSAL), order, S, P, crit, total);
 }
 
 static void ring_summarise(ring_case *r) {
@@ -496,6 +521,79 @@ static void print_ring_figures(FILE *out, const char *title, const char *fmt, in
     }
 }
 
+/* ------------------------------------------------- (d) work from the mask */
+
+/* (d): each order's pairs under the causal mask with o's documents (one
+ * batch row of o->seq tokens) and window, as text or JSON rows. */
+static void mask_work(FILE *out, const bench_opts *o, const int64_t *lens, int64_t count,
+                      double mean) {
+    const int64_t S = o->seq;
+    const int P = o->ranks;
+    int64_t *bounds = NULL;
+    if (lens) {
+        bounds = malloc((size_t)(2 * S) * sizeof *bounds);
+        if (!bounds) die("(d): the documents' bounds", DT_ERR_OUT_OF_MEMORY);
+        dt_docs_bounds(lens, count, S, 0, bounds);
+    }
+    const dt_attn_rule rule = {DT_ATTN_CAUSAL, o->window, bounds};
+    int64_t longest = 0;
+    for (int64_t i = 0; i < count; i++) longest = lens[i] > longest ? lens[i] : longest;
+    char docs[160], window[48] = "no window";
+    if (!lens) snprintf(docs, sizeof docs, "one document");
+    else if (mean > 0)
+        snprintf(docs, sizeof docs, "%lld documents drawn log-normal (mean %g, sigma 1) from seed "
+                 "%llu, the longest %lld", (long long)count, mean,
+                 (unsigned long long)o->seed + 4, (long long)longest);
+    else
+        snprintf(docs, sizeof docs, "%lld documents (--docs), the longest %lld", (long long)count,
+                 (long long)longest);
+    if (o->window) snprintf(window, sizeof window, "window %lld", (long long)o->window);
+    if (o->json)
+        fprintf(out, "  \"mask_work\": [\n");
+    else
+        fprintf(out, "\n(d) work from the mask: query-key pairs per (batch, head) the causal "
+                     "rule allows, COUNTED from\n"
+                     "    dt_attn_pairs, nothing run; critical = sum over ring steps of the "
+                     "busiest rank's pairs,\n"
+                     "    ideal = total / P\n"
+                     "    S = %lld, P = %d, causal, %s, %s\n\n"
+                     "    %-10s %16s %16s %10s %10s\n",
+                (long long)S, P, docs, window, "order", "critical pairs", "total pairs",
+                "crit/ideal", "contig/this");
+    int64_t crit0 = 0;
+    for (int r = 0; r < 3; r++) {
+        const int have = S % (orders[r] == DT_ORDER_ZIGZAG ? 2 * P : P) == 0;
+        int64_t crit = 0, total = 0;
+        if (have) ring_pairs_rule(rule, orders[r], S, P, &crit, &total);
+        if (r == 0) crit0 = crit;
+        const double ideal = (double)total / P, ratio = total ? (double)crit / ideal : 0;
+        if (o->json && have)
+            fprintf(out, "%s    {\"order\": \"%s\", \"S\": %lld, \"P\": %d, \"mask\": "
+                         "\"causal\", \"docs\": %s%s%s, \"doc_count\": %lld, "
+                         "\"longest_doc\": %lld, \"window\": %lld, \"critical_pairs\": %lld, "
+                         "\"total_pairs\": %lld, \"ideal_pairs\": %.1f, \"ratio_ideal\": %.4f, "
+                         "\"ratio_contiguous\": %.4f}",
+                    r ? ",\n" : "", dt_order_name(orders[r]), (long long)S, P,
+                    o->docs ? "\"" : "", o->docs ? o->docs : "null", o->docs ? "\"" : "",
+                    (long long)(lens ? count : 1),
+                    (long long)(lens ? longest : S), (long long)o->window, (long long)crit,
+                    (long long)total, ideal, ratio, crit ? (double)crit0 / (double)crit : 0.0);
+        else if (o->json)
+            fprintf(out, "%s    {\"order\": \"%s\", \"S\": %lld, \"P\": %d, \"n/a\": "
+                         "\"S is not divisible by 2P\"}", r ? ",\n" : "",
+                    dt_order_name(orders[r]), (long long)S, P);
+        else if (have)
+            fprintf(out, "    %-10s %16lld %16lld %10.3f %10.3f\n", dt_order_name(orders[r]),
+                    (long long)crit, (long long)total, ratio,
+                    crit ? (double)crit0 / (double)crit : 0.0);
+        else
+            fprintf(out, "    %-10s n/a: S = %lld is not divisible by 2P = %d\n",
+                    dt_order_name(orders[r]), (long long)S, 2 * P);
+    }
+    if (o->json) fprintf(out, "\n  ]\n");
+    free(bounds);
+}
+
 /* ------------------------------------------------------------ machine info */
 
 static void cpu_model(char *buf, size_t size) {
@@ -533,7 +631,7 @@ static void usage(FILE *f) {
             "  --tokens-per-rank C  (b), (c): tokens per rank (default 4096 on a GPU, 512 on the CPU)\n"
             "  --shapes W           (a): auto (the issue's shapes on a GPU, scaled-down on the CPU),\n"
             "                       scaled, or full (the issue's shapes anywhere)\n"
-            "  --section LIST       which sections to run, e.g. a,b (default a,b,c)\n"
+            "  --section LIST       which sections to run, e.g. a,b (default a,b,c; d: see below)\n"
             "  --pass LIST          which passes each section times: fwd (dt_attention_forward),\n"
             "                       bwd (dt_attention_backward alone), or fwd,bwd (default)\n"
             "  --dtype LIST         (a): bf16, fp32, fp16 or a list (default bf16,fp32)\n"
@@ -557,6 +655,18 @@ static void usage(FILE *f) {
             "  --group G            (b), (c): the forward rings' ring steps per launch\n"
             "                       (dt_attention_options.group; default 1; striped: the\n"
             "                       greatest power of two up to G)\n"
+            "  (d) work from the mask, counted (nothing run); any of these without --section\n"
+            "  runs (d) alone:\n"
+            "  --seq S              tokens, default 65536\n"
+            "  --ranks P            ranks, 1..64, default 8; S a multiple of P (of 2P for zigzag)\n"
+            "  --docs L1,L2,...     packed documents: lengths >= 1 summing to S\n"
+            "  --docs random:MEAN   documents of log-normal lengths (sigma 1, mean MEAN tokens),\n"
+            "                       rounded, at least 1, the last cut to end at S, drawn from\n"
+            "                       seed N+4 (--seed N; the draws examples/striped_attention\n"
+            "                       makes for one batch row with the same --seed)\n"
+            "  --window W           sliding window: keys less than W positions away (0: none,\n"
+            "                       default)\n"
+            "  --seed N             default 1\n"
             "  --help\n");
 }
 
@@ -623,8 +733,39 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if ((o->shapes = ex_parse_choice(a, v, shapes, 3)) < 0) return 2;
             i++;
         } else if (!strcmp(a, "--section")) {
-            static const char *const names[3] = {"a", "b", "c"};
-            if (!ex_parse_choices(a, v, names, 3, o->sections)) return 2;
+            static const char *const names[4] = {"a", "b", "c", "d"};
+            if (!ex_parse_choices(a, v, names, 4, o->sections)) return 2;
+            o->sections_given = 1;
+            i++;
+        } else if (!strcmp(a, "--seq")) {
+            long x;
+            if (!ex_parse_int(a, v, 1, 1L << 22, &x)) return 2;
+            o->seq = x;
+            o->mask_flags = 1;
+            i++;
+        } else if (!strcmp(a, "--ranks")) {
+            long x;
+            if (!ex_parse_int(a, v, 1, 64, &x)) return 2;
+            o->ranks = (int)x;
+            o->mask_flags = 1;
+            i++;
+        } else if (!strcmp(a, "--docs")) {
+            if (!v || !*v) {
+                fprintf(stderr, "bench/attention: --docs needs lengths L1,L2,... or random:MEAN\n");
+                return 2;
+            }
+            o->docs = v;
+            o->mask_flags = 1;
+            i++;
+        } else if (!strcmp(a, "--window")) {
+            long x;
+            if (!ex_parse_int(a, v, 0, 1L << 30, &x)) return 2;
+            o->window = x;
+            o->mask_flags = 1;
+            i++;
+        } else if (!strcmp(a, "--seed")) {
+            if (!ex_parse_seed(v, &o->seed)) return 2;
+            o->mask_flags = 1;
             i++;
         } else if (!strcmp(a, "--pass")) {
             static const char *const names[PASS_COUNT] = {"fwd", "bwd"};
@@ -639,16 +780,68 @@ static int parse(int argc, char **argv, bench_opts *o) {
             return 2;
         }
     }
+    if (o->mask_flags && !o->sections_given) {
+        memset(o->sections, 0, sizeof o->sections);
+        o->sections[3] = 1;
+    } else if (o->mask_flags && !o->sections[3]) {
+        fprintf(stderr, "bench/attention: --seq, --ranks, --docs, --window and --seed set section "
+                        "(d); --section leaves it out\n");
+        return 2;
+    }
+    if (o->sections[3] && o->seq % o->ranks) {
+        fprintf(stderr, "bench/attention: --seq %lld is not divisible by --ranks %d\n",
+                (long long)o->seq, o->ranks);
+        return 2;
+    }
     return -1;
+}
+
+/* o->docs (--docs) as lengths summing to o->seq: 1 and a new *lens of
+ * *count (with *mean the drawn ones' mean, 0 for a list), 1 and NULL with
+ * no --docs, else 0 with a message. */
+static int docs_resolve(const bench_opts *o, int64_t **lens, int64_t *count, double *mean) {
+    const char *v = o->docs;
+    *lens = NULL;
+    *count = 0;
+    *mean = 0;
+    if (!v) return 1;
+    if (!strncmp(v, "random:", 7)) {
+        char *end = NULL;
+        errno = 0;
+        const double m = strtod(v + 7, &end);
+        if (end == v + 7 || *end || errno || !(m >= 1 && m <= 1e12)) {
+            fprintf(stderr, NAME ": --docs random:MEAN takes a mean length of at least 1 token; "
+                    "got '%s'\n", v);
+            return 0;
+        }
+        *mean = m;
+        *lens = ex_docs_draw(m, o->seed + 4, 1, o->seq, count);
+        if (!*lens) fprintf(stderr, NAME ": out of memory for --docs\n");
+        return *lens != NULL;
+    }
+    if (!ex_docs_parse_list(v, lens, count)) return 0;
+    int64_t sum = 0;
+    for (int64_t i = 0; i < *count; i++) sum += (*lens)[i];
+    if (sum != o->seq) {
+        fprintf(stderr, NAME ": --docs lengths sum to %lld, not --seq %lld\n", (long long)sum,
+                (long long)o->seq);
+        free(*lens);
+        *lens = NULL;
+        return 0;
+    }
+    return 1;
 }
 
 
 int main(int argc, char **argv) {
-    bench_opts o = {.backend = DT_BACKEND_AUTO, .sections = {1, 1, 1}, .passes = {1, 1},
+    bench_opts o = {.backend = DT_BACKEND_AUTO, .sections = {1, 1, 1, 0}, .passes = {1, 1},
                     .dependent = 1, .persistent = 1, .producer = 1, .copies = 1,
-                    .comm_ctas = -1, .group = 1};
+                    .comm_ctas = -1, .group = 1, .seq = 65536, .ranks = 8, .seed = 1};
     int rc = parse(argc, argv, &o);
     if (rc >= 0) return rc;
+    int64_t *doc_lens = NULL, doc_count = 0;
+    double doc_mean = 0;
+    if (o.sections[3] && !docs_resolve(&o, &doc_lens, &doc_count, &doc_mean)) return 2;
     if (!o.copies) setenv("DT_LOCAL_COPIES", "0", 1);
     g_dependent = o.dependent;
     g_persistent = o.persistent;
@@ -703,6 +896,8 @@ int main(int argc, char **argv) {
                      "\"cpu_max_ms and cpu_sum_ms are per-rank thread CPU times of the timed "
                      "call\", \"critical_pairs and total_pairs are computed from dt_attn_pairs, "
                      "not measured, and are the same for fwd and bwd\"],\n");
+    else if (!o.sections[0] && !o.sections[1] && !o.sections[2])   /* (d) alone: nothing timed */
+        fprintf(out, "bench/attention  %s  backend %s  %ld cores (%s)\n", date, be, cores, model);
     else {
         fprintf(out, "bench/attention  %s  backend %s  %ld cores (%s)\n"
                      "timing: CLOCK_MONOTONIC, 1 warmup + %d iterations, median; OpenBLAS 1 thread "
@@ -935,7 +1130,7 @@ int main(int argc, char **argv) {
                                    offsetof(ring_case, wall_s));
             }
         }
-        if (o.json) fprintf(out, "\n  ]%s\n", o.sections[2] ? "," : "");
+        if (o.json) fprintf(out, "\n  ]%s\n", o.sections[2] || o.sections[3] ? "," : "");
     }
     if (o.sections[2]) {
         if (!o.json) {
@@ -1026,12 +1221,15 @@ int main(int argc, char **argv) {
                 }
                 free(k);
             }
-        if (o.json) fprintf(out, "\n  ]\n");
+        if (o.json) fprintf(out, "\n  ]%s\n", o.sections[3] ? "," : "");
     }
+    if (o.sections[3]) mask_work(out, &o, doc_lens, doc_count, doc_mean);
+    free(doc_lens);
     if (o.json) {
         /* Close the object whatever sections ran (a trailing member keeps
          * the commas simple). */
-        fprintf(out, "%s  \"complete\": true\n}\n", o.sections[1] || o.sections[2] ? "," : "");
+        fprintf(out, "%s  \"complete\": true\n}\n",
+                o.sections[1] || o.sections[2] || o.sections[3] ? "," : "");
     }
     for (int q = 0; q < PASS_COUNT; q++)
         for (int p = 0; p < 3; p++)

@@ -821,7 +821,7 @@ static dt_status measure_groups(const bufs *b, const opts *o, int64_t c, p_row *
                 if (out->model) {
                     int64_t v = 0;
                     e->tiles +=
-                        dt_attn_tiles(DT_ATTN_CAUSAL, gl->qs, gl->ks, out->bm, out->bn, &v);
+                        dt_attn_tiles(dt_attn_rule_of(DT_ATTN_CAUSAL), gl->qs, gl->ks, out->bm, out->bn, &v);
                     e->visits += v;
                 }
             }
@@ -871,7 +871,7 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
                 const bufs rb = bufs_at(b, j * c, src * c);
                 if (out->model) {
                     int64_t v = 0;
-                    out->tiles[oi] += dt_attn_tiles(DT_ATTN_CAUSAL, qs, ks, out->bm, out->bn, &v);
+                    out->tiles[oi] += dt_attn_tiles(dt_attn_rule_of(DT_ATTN_CAUSAL), qs, ks, out->bm, out->bn, &v);
                     out->visits[oi] += v;
                 }
                 if (bwd && bwd_idle(t, qs, ks)) continue;
@@ -899,7 +899,7 @@ static dt_status measure_p(const bufs *b, const opts *o, int bwd, int64_t c, p_r
     if (!bwd && o->n_group > 0) DT_TRY(measure_groups(b, o, c, out));
     dt_attn_segment whole = {0, 1, S, 0, 0}, one = {0, 1, c, 0, 0};
     if (out->model)
-        out->single_tiles = dt_attn_tiles(DT_ATTN_CAUSAL, whole, whole, out->bm, out->bn,
+        out->single_tiles = dt_attn_tiles(dt_attn_rule_of(DT_ATTN_CAUSAL), whole, whole, out->bm, out->bn,
                                           &out->single_visits);
     DT_TRY(time_block(b, o, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single_s));
     if (o->trace) DT_TRY(trace_run(b, bwd, DT_ATTN_CAUSAL, whole, whole, 1, 1, 0, &out->single));

@@ -93,18 +93,21 @@ typedef struct dt_backend_ops {
     dt_status (*rmsnorm)(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n, const void *x,
                          const void *w, float eps, void *out);
     /* Rotary embedding of x [outer, rows, inner, d] (d even) into out, same
-     * shape: the pair (a, b) of local row s (dim 1), index i < d/2 (half:
-     * elements i and i + d/2; interleaved: 2i and 2i + 1) is rotated by the
-     * angle positions[s] * theta_i, theta_i = base^(-2i/d):
+     * shape: the pair (a, b) of outer row o, row s (dim 1), index i < d/2
+     * (half: elements i and i + d/2; interleaved: 2i and 2i + 1) is rotated
+     * by the angle positions[o * pos_stride + s] * theta_i,
+     * theta_i = base^(-2i/d):
      *     a' = a cos - b sin,   b' = a sin + b cos.
-     * positions: a HOST array of `rows` entries (>= 0), borrowed for the call
-     * (the CUDA backend stages it into device scratch). base > 0. Angles,
+     * positions: a HOST array (>= 0), borrowed for the call (the CUDA
+     * backend stages it into device scratch): with pos_stride 0 `rows`
+     * entries shared by every outer row, else pos_stride >= rows and
+     * (outer - 1) pos_stride + rows entries. base > 0. Angles,
      * cos and sin in double, rounded to fp32; the rotation in fp32, each
      * product rounded (no fused multiply-add), so fp32 results agree across
      * backends up to the last bit of cos/sin. */
     dt_status (*rotary)(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows, int64_t inner,
-                        int64_t d, const int64_t *positions, double base, dt_rotary_style style,
-                        const void *x, void *out);
+                        int64_t d, const int64_t *positions, int64_t pos_stride, double base,
+                        dt_rotary_style style, const void *x, void *out);
     /* Wait for all work of this rank on the device. */
     dt_status (*sync)(dt_backend *b);
     /* Timestamps for profiling a loop from the inside: marks_reserve(n)
@@ -151,8 +154,9 @@ typedef struct dt_backend_ops {
     /* The rotary op's inverse: rotates by -angle (its gradient), the same
      * arguments and numerics as rotary. */
     dt_status (*rotary_inverse)(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows,
-                                int64_t inner, int64_t d, const int64_t *positions, double base,
-                                dt_rotary_style style, const void *x, void *out);
+                                int64_t inner, int64_t d, const int64_t *positions,
+                                int64_t pos_stride, double base, dt_rotary_style style,
+                                const void *x, void *out);
     /* Embedding rows: out[i, :] = table[tok[i] - lo, :] where lo <= tok[i] <
      * lo + rows, else 0; tok int32 [n], table [rows, d], out [n, d]. */
     dt_status (*embedding)(dt_backend *b, dt_dtype dtype, int64_t n, int64_t d,

@@ -507,15 +507,22 @@ static dt_status dt_cpu_rmsnorm(dt_backend *b, dt_dtype dtype, int64_t rows, int
 
 /* rotary (sign 1) and rotary_inverse (sign -1, the rotation by -angle):
  * the same angles, cos and sin; the inverse negates the fp32 sine, which
- * rounds the same either way, so its products are the forward's up to sign. */
+ * rounds the same either way, so its products are the forward's up to sign.
+ * cos/sin are made once per position and reused across the outer rows that
+ * share it (all of them with pos_stride 0). */
 static dt_status dt_cpu_rotate(const char *what, double sign, dt_dtype dtype, int64_t outer,
                                int64_t rows, int64_t inner, int64_t d, const int64_t *positions,
-                               double base, dt_rotary_style style, const void *x, void *out) {
+                               int64_t pos_stride, double base, dt_rotary_style style,
+                               const void *x, void *out) {
     DT_TRY(dt_check_float_dtype(what, dtype));
     if (outer < 0 || rows < 0 || inner < 0 || d < 0 || d % 2 != 0)
         return dt_error(DT_ERR_INVALID_ARGUMENT,
                         "cpu %s: bad size outer %" PRId64 " rows %" PRId64 " inner %" PRId64
                         " d %" PRId64 " (d must be even)", what, outer, rows, inner, d);
+    if (pos_stride != 0 && pos_stride < rows)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "cpu %s: pos_stride %" PRId64 " must be 0 (shared) or >= rows %" PRId64,
+                        what, pos_stride, rows);
     if (!isfinite(base) || base <= 0.0)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu %s: base %g must be finite and > 0", what,
                         base);
@@ -535,14 +542,16 @@ static dt_status dt_cpu_rotate(const char *what, double sign, dt_dtype dtype, in
     }
     for (int64_t i = 0; i < half; i++) theta[i] = pow(base, -2.0 * (double)i / (double)d);
     const int interleaved = style == DT_ROTARY_INTERLEAVED;
-    for (int64_t s = 0; s < rows; s++) {
-        const double pos = (double)positions[s];
-        for (int64_t i = 0; i < half; i++) {
-            const double a = pos * theta[i];
-            cs[2 * i] = (float)cos(a);
-            cs[2 * i + 1] = (float)(sign * sin(a));
-        }
-        for (int64_t o = 0; o < outer; o++)
+    for (int64_t s = 0; s < rows; s++)
+        for (int64_t o = 0; o < outer; o++) {
+            if (o == 0 || pos_stride != 0) {
+                const double pos = (double)positions[o * pos_stride + s];
+                for (int64_t i = 0; i < half; i++) {
+                    const double a = pos * theta[i];
+                    cs[2 * i] = (float)cos(a);
+                    cs[2 * i + 1] = (float)(sign * sin(a));
+                }
+            }
             for (int64_t h = 0; h < inner; h++) {
                 const int64_t row = ((o * rows + s) * inner + h) * d;
                 for (int64_t i = 0; i < half; i++) {
@@ -555,18 +564,19 @@ static dt_status dt_cpu_rotate(const char *what, double sign, dt_dtype dtype, in
                     dt_value_set(out, dtype, (size_t)ib, va * sn + vb * c);
                 }
             }
-    }
+        }
     free(theta);
     free(cs);
     return DT_SUCCESS;
 }
 
 static dt_status dt_cpu_rotary(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows,
-                               int64_t inner, int64_t d, const int64_t *positions, double base,
-                               dt_rotary_style style, const void *x, void *out) {
+                               int64_t inner, int64_t d, const int64_t *positions,
+                               int64_t pos_stride, double base, dt_rotary_style style,
+                               const void *x, void *out) {
     (void)b;
-    return dt_cpu_rotate("rotary", 1.0, dtype, outer, rows, inner, d, positions, base, style, x,
-                         out);
+    return dt_cpu_rotate("rotary", 1.0, dtype, outer, rows, inner, d, positions, pos_stride, base,
+                         style, x, out);
 }
 
 /* ------------------------------------------- gradients, losses, optimizer
@@ -579,11 +589,11 @@ static dt_status dt_cpu_rotary(dt_backend *b, dt_dtype dtype, int64_t outer, int
 
 static dt_status dt_cpu_rotary_inverse(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows,
                                        int64_t inner, int64_t d, const int64_t *positions,
-                                       double base, dt_rotary_style style, const void *x,
-                                       void *out) {
+                                       int64_t pos_stride, double base, dt_rotary_style style,
+                                       const void *x, void *out) {
     (void)b;
-    return dt_cpu_rotate("rotary inverse", -1.0, dtype, outer, rows, inner, d, positions, base,
-                         style, x, out);
+    return dt_cpu_rotate("rotary inverse", -1.0, dtype, outer, rows, inner, d, positions,
+                         pos_stride, base, style, x, out);
 }
 
 /* Element i of out becomes v, plus (accumulate) what it holds, added in

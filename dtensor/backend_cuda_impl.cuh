@@ -151,8 +151,8 @@ dt_status cuda_gelu(dt_backend *b, dt_dtype dtype, int64_t n, const void *x, voi
 dt_status cuda_rmsnorm(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n, const void *x,
                        const void *w, float eps, void *out);
 dt_status cuda_rotary(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows, int64_t inner,
-                      int64_t d, const int64_t *positions, double base, dt_rotary_style style,
-                      const void *x, void *out);
+                      int64_t d, const int64_t *positions, int64_t pos_stride, double base,
+                      dt_rotary_style style, const void *x, void *out);
 /* Gradients, losses and the optimizer (backend.h's contracts). */
 dt_status cuda_gemm_ex(dt_backend *b, dt_dtype dtype, int trans_a, int trans_b, int64_t m,
                        int64_t n, int64_t k, float alpha, const void *a, const void *bm, float beta,
@@ -168,8 +168,9 @@ dt_status cuda_rmsnorm_backward(dt_backend *b, dt_dtype dtype, int64_t rows, int
                                 const void *x, const void *w, float eps, const void *dy, void *dx,
                                 void *dw, int accumulate);
 dt_status cuda_rotary_inverse(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows,
-                              int64_t inner, int64_t d, const int64_t *positions, double base,
-                              dt_rotary_style style, const void *x, void *out);
+                              int64_t inner, int64_t d, const int64_t *positions,
+                              int64_t pos_stride, double base, dt_rotary_style style,
+                              const void *x, void *out);
 dt_status cuda_embedding(dt_backend *b, dt_dtype dtype, int64_t n, int64_t d, const int32_t *tok,
                          int64_t lo, int64_t rows, const void *table, void *out);
 dt_status cuda_embedding_backward(dt_backend *b, dt_dtype dtype, int64_t n, int64_t d,

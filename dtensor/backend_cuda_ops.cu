@@ -259,23 +259,31 @@ __global__ void rmsnorm_kernel(const T *x, const T *w, T *out, int64_t rows, int
 /* Rotary: one thread per (local row s, pair i), grid-stride over the
  * rows * d/2 pairs in x; blockIdx.y strides over the outer * inner
  * d-vectors that share the row, so cos/sin (double, from the staged
- * positions and angles) are computed once per thread and reused. The
+ * positions and angles) are computed once per thread and reused, and again
+ * only where an outer row's position differs (pos_stride != 0). The
  * products are rounded separately (__fmul_rn: no contraction into an FMA),
  * as on the CPU. */
 template <typename T>
-__global__ void rotary_kernel(const T *x, T *out, const int64_t *pos, const double *theta,
-                              int64_t outer, int64_t rows, int64_t inner, int64_t d,
-                              int interleaved, double sign) {
+__global__ void rotary_kernel(const T *x, T *out, const int64_t *pos, int64_t pos_stride,
+                              const double *theta, int64_t outer, int64_t rows, int64_t inner,
+                              int64_t d, int interleaved, double sign) {
     const int64_t half = d / 2, pairs = rows * half, vecs = outer * inner;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += stride) {
         const int64_t s = p / half, i = p - s * half;
-        double sd, cd;
-        sincos((double)pos[s] * theta[i], &sd, &cd);
-        const float c = (float)cd, sn = (float)(sign * sd);   /* sign -1: rotary_inverse */
         const int64_t oa = interleaved ? 2 * i : i, ob = interleaved ? 2 * i + 1 : i + half;
+        int64_t at = -1;   /* the position c and sn are for; positions are >= 0 */
+        float c = 0.0f, sn = 0.0f;
         for (int64_t v = blockIdx.y; v < vecs; v += gridDim.y) {
             const int64_t o = v / inner, h = v - o * inner;
+            const int64_t ps = pos[o * pos_stride + s];
+            if (ps != at) {
+                double sd, cd;
+                sincos((double)ps * theta[i], &sd, &cd);
+                c = (float)cd;
+                sn = (float)(sign * sd);   /* sign -1: rotary_inverse */
+                at = ps;
+            }
             const int64_t row = ((o * rows + s) * inner + h) * d;
             const float va = to_f(x[row + oa]), vb = to_f(x[row + ob]);
             out[row + oa] = from_f<T>(__fsub_rn(__fmul_rn(va, c), __fmul_rn(vb, sn)));
@@ -674,14 +682,19 @@ namespace {
 /* rotary (sign 1) and rotary_inverse (sign -1: the rotation by -angle, the
  * same cos and the fp32 sine negated, so the same products up to sign). */
 dt_status rotary_run(dt_backend *b, const char *what, double sign, dt_dtype dtype, int64_t outer,
-                     int64_t rows, int64_t inner, int64_t d, const int64_t *positions, double base,
-                     dt_rotary_style style, const void *x, void *out) {
+                     int64_t rows, int64_t inner, int64_t d, const int64_t *positions,
+                     int64_t pos_stride, double base, dt_rotary_style style, const void *x,
+                     void *out) {
     DT_TRY(check_float(b, what, dtype));
     if (outer < 0 || rows < 0 || inner < 0 || d < 0 || d % 2 != 0)
         return dt_error(DT_ERR_INVALID_ARGUMENT,
                         "rank %d: cuda %s: bad size outer %" PRId64 " rows %" PRId64
                         " inner %" PRId64 " d %" PRId64 " (d must be even)", b->rank, what, outer,
                         rows, inner, d);
+    if (pos_stride != 0 && pos_stride < rows)
+        return dt_error(DT_ERR_INVALID_ARGUMENT,
+                        "rank %d: cuda %s: pos_stride %" PRId64 " must be 0 (shared) or >= rows %"
+                        PRId64, b->rank, what, pos_stride, rows);
     if (!isfinite(base) || base <= 0.0)
         return dt_error(DT_ERR_INVALID_ARGUMENT,
                         "rank %d: cuda %s: base %g must be finite and > 0", b->rank, what, base);
@@ -703,7 +716,8 @@ dt_status rotary_run(dt_backend *b, const char *what, double sign, dt_dtype dtyp
                         PRId64 ")", b->rank, what, d);
     for (int64_t i = 0; i < half; i++) theta[i] = pow(base, -2.0 * (double)i / (double)d);
     const void *dpos = NULL, *dtheta = NULL;
-    table_part parts[2] = {{positions, (size_t)rows * sizeof(int64_t), &dpos},
+    const int64_t n_pos = pos_stride ? (outer - 1) * pos_stride + rows : rows;
+    table_part parts[2] = {{positions, (size_t)n_pos * sizeof(int64_t), &dpos},
                            {theta, (size_t)half * sizeof(double), &dtheta}};
     dt_status st = stage_tables(b, what, parts, 2);
     free(theta); /* copied into the pinned buffer */
@@ -722,16 +736,16 @@ dt_status rotary_run(dt_backend *b, const char *what, double sign, dt_dtype dtyp
     const int il = style == DT_ROTARY_INTERLEAVED;
     if (dtype == DT_F32)
         dt_cuda_launch(rotary_kernel<float>, grid, threads, 0, im->compute,
-                       static_cast<const float *>(x), static_cast<float *>(out), p, th, outer, rows,
-                       inner, d, il, sign);
+                       static_cast<const float *>(x), static_cast<float *>(out), p, pos_stride,
+                       th, outer, rows, inner, d, il, sign);
     else if (dtype == DT_BF16)
         dt_cuda_launch(rotary_kernel<__nv_bfloat16>, grid, threads, 0, im->compute,
                        static_cast<const __nv_bfloat16 *>(x), static_cast<__nv_bfloat16 *>(out), p,
-                       th, outer, rows, inner, d, il, sign);
+                       pos_stride, th, outer, rows, inner, d, il, sign);
     else
         dt_cuda_launch(rotary_kernel<__half>, grid, threads, 0, im->compute,
-                       static_cast<const __half *>(x), static_cast<__half *>(out), p, th, outer,
-                       rows, inner, d, il, sign);
+                       static_cast<const __half *>(x), static_cast<__half *>(out), p,
+                       pos_stride, th, outer, rows, inner, d, il, sign);
     CU_LAUNCHED(b, what, "rotary_kernel");
     return DT_SUCCESS;
 }
@@ -739,10 +753,10 @@ dt_status rotary_run(dt_backend *b, const char *what, double sign, dt_dtype dtyp
 } /* namespace */
 
 dt_status cuda_rotary(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows, int64_t inner,
-                      int64_t d, const int64_t *positions, double base, dt_rotary_style style,
-                      const void *x, void *out) {
-    return rotary_run(b, "rotary", 1.0, dtype, outer, rows, inner, d, positions, base, style, x,
-                      out);
+                      int64_t d, const int64_t *positions, int64_t pos_stride, double base,
+                      dt_rotary_style style, const void *x, void *out) {
+    return rotary_run(b, "rotary", 1.0, dtype, outer, rows, inner, d, positions, pos_stride, base,
+                      style, x, out);
 }
 
 /* ----------------------------------------- gradients, losses, optimizer
@@ -1322,10 +1336,11 @@ out:
 }
 
 dt_status cuda_rotary_inverse(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows,
-                              int64_t inner, int64_t d, const int64_t *positions, double base,
-                              dt_rotary_style style, const void *x, void *out) {
-    return rotary_run(b, "rotary inverse", -1.0, dtype, outer, rows, inner, d, positions, base,
-                      style, x, out);
+                              int64_t inner, int64_t d, const int64_t *positions,
+                              int64_t pos_stride, double base, dt_rotary_style style,
+                              const void *x, void *out) {
+    return rotary_run(b, "rotary inverse", -1.0, dtype, outer, rows, inner, d, positions,
+                      pos_stride, base, style, x, out);
 }
 
 namespace {

@@ -96,13 +96,20 @@ typedef struct dt_rotary_options {
                                  the position of global token g is positions[g]
                                  (>= 0); NULL: position g */
     int64_t n_positions;      /* entries in positions: S, or 0 when NULL */
+    /* Packed documents (docs.h), as dt_attention_options takes them: NULL
+     * and 0, none; else doc_count lengths >= 1 in sequence order, summing to
+     * S (the same documents in every batch row) or to B x S (row 0's, then
+     * row 1's, ...); each document starts at position 0. Host memory,
+     * borrowed for the call. Not together with positions. */
+    const int64_t *doc_lens;
+    int64_t doc_count;
 } dt_rotary_options;
 
-#define DT_ROTARY_OPTIONS_INIT { 10000.0f, DT_ROTARY_HALF, NULL, 0 }
+#define DT_ROTARY_OPTIONS_INIT { 10000.0f, DT_ROTARY_HALF, NULL, 0, NULL, 0 }
 
-/* Rotary position embedding: x [B, S, ..., D] (ndim >= 3; dim 1 is the
- * sequence, the last dim is rotated, D even). Each pair (a, b) of a token at
- * position p is rotated by the angle p * theta_i:
+/* Rotary position embedding: x [B, S, ..., D] (ndim >= 3; dim 0 is the
+ * batch, dim 1 the sequence, the last dim is rotated, D even). Each pair
+ * (a, b) of a token at position p is rotated by the angle p * theta_i:
  *     a' = a cos - b sin,   b' = a sin + b cos.
  *
  * Positions come from the Layout, so the op is right under any order: if a
@@ -110,6 +117,9 @@ typedef struct dt_rotary_options {
  * rank at coordinate c on m is global token
  *     g = dt_order_global(o, S, P, c, x)
  * (striped: token c + x*P, not x) and its position is positions[g] (or g).
+ * With documents, token g of global batch row b (dim 0 may be sharded too)
+ * is at position g - start, start the first token of its document in row b
+ * (dt_docs_bounds), so a packed sequence sees each document from 0.
  * The last dim D must not be sharded (a pair must be local):
  * DT_ERR_NOT_SUPPORTED. Partial is allowed (the rotation is linear) and,
  * like every other placement, passes through: out has x's Layout.
@@ -118,12 +128,15 @@ typedef struct dt_rotary_options {
  * multiply-add, so the CPU and CUDA backends agree to the last bit of
  * cos/sin). opts may be NULL (defaults). Errors: D odd, ndim < 3,
  * base not finite or < 0, unknown style, positions given with n_positions
- * != S, n_positions != 0 without positions, a negative position:
- * DT_ERR_INVALID_ARGUMENT naming the value. */
+ * != S, n_positions != 0 without positions, a negative position, documents
+ * that dt_docs_check refuses (a length < 1, a sum other than S or B x S, a
+ * document across a row boundary, lens and count not both given), documents
+ * and positions both given: DT_ERR_INVALID_ARGUMENT naming the value. */
 dt_status dt_rotary(const dt_tensor *x, const dt_rotary_options *opts, dt_tensor **out);
 
-/* dx = dy rotated back (by -angle) at the same positions; the forward's x and
- * opts, dy with x's Layout (Partial read as Replicate), dx likewise. */
+/* dx = dy rotated back (by -angle) at the same positions (documents too);
+ * the forward's x and opts, dy with x's Layout (Partial read as Replicate),
+ * dx likewise. */
 dt_status dt_rotary_backward(const dt_tensor *x, const dt_rotary_options *opts,
                              const dt_tensor *dy, dt_tensor **dx);
 

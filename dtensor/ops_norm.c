@@ -21,12 +21,16 @@
  *            striped and zigzag sharding alike. Linear, so Partial passes.
  *            The table of the local rows' positions is built here on the host
  *            from the Layout and handed to the backend's rotary kernel (the
- *            CUDA backend stages it into device scratch).
+ *            CUDA backend stages it into device scratch). With one document
+ *            list per batch row the positions differ per row: the table is
+ *            [local batch rows, local seq rows] (the global batch row of each
+ *            from dim 0's index map), passed with a row stride; otherwise it
+ *            is one [local seq rows] shared by every batch row.
  *
  * No loop here touches tensor data: every byte is read and written by the
  * backend.
  *
- * Test: tests/test_transformer.c (make test).
+ * Test: tests/test_transformer.c; rotary with documents: tests/test_grad.c (make test).
  */
 #include "ops_nn.h"
 
@@ -36,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "docs.h"
 #include "tensor_internal.h"
 #include "mesh.h"
 
@@ -445,10 +450,12 @@ dt_status dt_rmsnorm(const dt_tensor *x, const dt_tensor *weight, float eps, dt_
 /* ------------------------------------------------------------------ rotary */
 
 /* What a rotary call runs: the local buffer as [outer, s_loc, inner, D]
- * and each local row's position (pos: malloc'd, the caller frees it). */
+ * and each local row's position: pos[o * pos_stride + s] for local batch row
+ * o, local seq row s (pos_stride 0: one list for every o; pos: malloc'd, the
+ * caller frees it). */
 typedef struct nn_rotary_plan {
     int64_t outer, s_loc, inner, D;
-    int64_t *pos;
+    int64_t *pos, pos_stride;
     double base;
     dt_rotary_style style;
 } nn_rotary_plan;
@@ -465,7 +472,7 @@ static dt_status nn_rotary_plan_make(const char *op, const dt_tensor *x,
     char xs[160];
     dt_shape_format(nd, shape, xs, sizeof xs);
     DT_REQUIRE(nd >= 3, "%s: x must be [B, S, ..., D] (ndim >= 3), got %s", op, xs);
-    const int64_t S = shape[1], D = shape[last];
+    const int64_t B = shape[0], S = shape[1], D = shape[last];
     DT_REQUIRE(D % 2 == 0, "%s: x %s: the rotated dim D = %" PRId64 " must be even", op, xs, D);
     DT_REQUIRE(isfinite(opts->base) && opts->base >= 0.0f,
                "%s: base %g must be finite and >= 0 (0: 10000)", op, (double)opts->base);
@@ -483,6 +490,11 @@ static dt_status nn_rotary_plan_make(const char *op, const dt_tensor *x,
             DT_REQUIRE(opts->positions[g] >= 0, "%s: positions[%" PRId64 "] = %" PRId64
                        " is negative", op, g, opts->positions[g]);
     }
+    int per_row = 0;
+    DT_TRY(dt_docs_check(op, opts->doc_lens, opts->doc_count, B, S, &per_row));
+    const int docs = opts->doc_lens != NULL;
+    DT_REQUIRE(!(docs && opts->positions), "%s: positions and documents (doc_lens) are both "
+               "given; give one (documents restart the positions at 0)", op);
 
     /* What the op reads from the Layout: which mesh dim (if any) shards the
      * sequence, and how; the rotated dim must be whole. */
@@ -514,23 +526,45 @@ static dt_status nn_rotary_plan_make(const char *op, const dt_tensor *x,
     }
 
     /* The local buffer is [outer, s_loc, inner, D]; the position of each
-     * local row of dim 1, from the Layout's index map. */
+     * local row of dim 1 (of each local batch row with a list per row),
+     * from the Layout's index maps. */
     const int64_t *ls = dt_tensor_local_shape(x);
     const int64_t s_loc = ls[1], outer = ls[0];
     int64_t inner = 1; /* D-vectors between two local rows of dim 1 */
     for (int d = 2; d < last; d++) inner *= ls[d];
-    int64_t *pos = malloc((size_t)(s_loc > 0 ? s_loc : 1) * sizeof *pos);
-    if (pos == NULL)
-        return dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory for %" PRId64 " positions",
-                        op, s_loc);
+    const int64_t rows = per_row ? outer : 1; /* position lists to make */
+    int64_t *pos = malloc((size_t)(rows * s_loc > 0 ? rows * s_loc : 1) * sizeof *pos);
+    int64_t *bounds = docs ? malloc((size_t)(2 * S) * sizeof *bounds) : NULL;
+    int64_t *brow = per_row ? malloc((size_t)(outer > 0 ? outer : 1) * sizeof *brow) : NULL;
+    dt_status st = DT_SUCCESS;
+    if (pos == NULL || (docs && bounds == NULL) || (per_row && brow == NULL)) {
+        st = dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory for %" PRId64 " positions",
+                      op, rows * s_loc);
+        goto fail;
+    }
+    if (per_row && outer > 0) DT_TRY_GOTO(st, dt_tensor_global_indices(x, 0, brow), fail);
     for (int64_t s = 0; s < s_loc; s++) {
         const int64_t g =
             seq_parts > 1 ? dt_order_global(seq_order, S, seq_parts, seq_coord, s) : s;
         pos[s] = opts->positions ? opts->positions[g] : g;
     }
-    *rp = (nn_rotary_plan){outer, s_loc, inner, D, pos,
+    /* Documents (positions not given, so pos[s] holds global token g): token
+     * g of batch row b is at g - the start of its document in row b. The
+     * last list first, so that row 0's g are read before they are replaced. */
+    for (int64_t o = docs ? rows - 1 : -1; o >= 0; o--) {
+        dt_docs_bounds(opts->doc_lens, opts->doc_count, S, per_row ? brow[o] : 0, bounds);
+        for (int64_t s = 0; s < s_loc; s++) pos[o * s_loc + s] = pos[s] - bounds[2 * pos[s]];
+    }
+    free(bounds);
+    free(brow);
+    *rp = (nn_rotary_plan){outer, s_loc, inner, D, pos, per_row ? s_loc : 0,
                            opts->base > 0.0f ? (double)opts->base : 10000.0, opts->style};
     return DT_SUCCESS;
+fail:
+    free(pos);
+    free(bounds);
+    free(brow);
+    return st;
 }
 
 static dt_status nn_rotary_impl(const dt_tensor *x, const dt_rotary_options *opts,
@@ -544,7 +578,8 @@ static dt_status nn_rotary_impl(const dt_tensor *x, const dt_rotary_options *opt
     if (st == DT_SUCCESS) {
         dt_backend *be = dt_tensor_context(x)->backend;
         st = be->ops->rotary(be, dt_tensor_dtype(x), rp.outer, rp.s_loc, rp.inner, rp.D, rp.pos,
-                             rp.base, rp.style, dt_tensor_data_const(x), dt_tensor_data(o));
+                             rp.pos_stride, rp.base, rp.style, dt_tensor_data_const(x),
+                             dt_tensor_data(o));
     }
     free(rp.pos);
     return dt_op_output(st, o, out);
@@ -575,8 +610,9 @@ static dt_status nn_rotary_backward_impl(const dt_tensor *x, const dt_rotary_opt
     st = g.accumulate ? nn_like(dy, &tmp) : dt_grad_make(&g, 0);
     dt_tensor *into = g.accumulate ? tmp : g.t;
     if (st == DT_SUCCESS)
-        st = be->ops->rotary_inverse(be, dt, rp.outer, rp.s_loc, rp.inner, rp.D, rp.pos, rp.base,
-                                     rp.style, dt_tensor_data_const(dy), dt_tensor_data(into));
+        st = be->ops->rotary_inverse(be, dt, rp.outer, rp.s_loc, rp.inner, rp.D, rp.pos,
+                                     rp.pos_stride, rp.base, rp.style, dt_tensor_data_const(dy),
+                                     dt_tensor_data(into));
     if (st == DT_SUCCESS && g.accumulate)
         st = be->ops->add(be, dt, dt_tensor_local_numel(dy), dt_tensor_data_const(g.t),
                           dt_tensor_data_const(tmp), dt_tensor_data(g.t));

@@ -14,6 +14,8 @@
  *   flags        ex_parse_int, ex_parse_ints, ex_parse_choice, ex_parse_choices,
  *                ex_parse_seed, ex_parse_dtype, ex_parse_backend,
  *                ex_default_kv_heads
+ *   documents    ex_docs_parse_list, ex_docs_draw (--docs L1,L2,... and
+ *                random:MEAN of striped_attention and bench/attention)
  */
 #ifndef DT_EXAMPLE_UTIL_H
 #define DT_EXAMPLE_UTIL_H
@@ -307,6 +309,72 @@ static inline int ex_parse_backend(const char *flag, const char *v, dt_backend_k
     if (k < 0) return 0;
     *out = kinds[k];
     return 1;
+}
+
+/* ------------------------------------------------------------------------
+ * Packed documents (--docs).
+ * ---------------------------------------------------------------------- */
+
+/* --docs L1,L2,...: 1 and a new array *lens of *count lengths >= 1, else 0
+ * with a message naming the entry that is not one. */
+static inline int ex_docs_parse_list(const char *v, int64_t **lens, int64_t *count) {
+    int64_t n = 1;
+    for (const char *p = v; *p; p++) n += *p == ',';
+    int64_t *l = malloc((size_t)n * sizeof *l);
+    if (!l) {
+        fprintf(stderr, NAME ": out of memory for --docs\n");
+        return 0;
+    }
+    const char *p = v;
+    for (int64_t i = 0; i < n; i++) {
+        char *end = NULL;
+        errno = 0;
+        long long x = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : 0;
+        if (!end || errno || x < 1 || x > (1LL << 40) || (*end != ',' && *end != '\0')) {
+            const size_t len = strcspn(p, ",");
+            fprintf(stderr, NAME ": --docs takes lengths L1,L2,... (integers >= 1) or random:MEAN; "
+                    "entry %lld is '%.*s' in '%s'\n", (long long)i + 1, (int)len, p, v);
+            free(l);
+            return 0;
+        }
+        l[i] = x;
+        p = *end ? end + 1 : end;
+    }
+    *lens = l;
+    *count = n;
+    return 1;
+}
+
+/* --docs random:MEAN: the lengths of documents for B rows of S tokens, a
+ * row after the other, each log-normal with mean `mean` and sigma 1 (mu =
+ * ln mean - 1/2) rounded to the nearest integer, at least 1, and the row's
+ * last cut to end at S. A draw takes two uniforms, u = (dt_random_value(seed,
+ * i) + 1) / 2 for i = 0, 1, 2, ..., to one normal (Box-Muller). A new
+ * array of *count lengths summing to B*S, or NULL when out of memory. */
+static inline int64_t *ex_docs_draw(double mean, uint64_t seed, int64_t B, int64_t S,
+                                     int64_t *count) {
+    const double mu = log(mean) - 0.5, two_pi = 6.283185307179586;
+    int64_t n = 0, cap = 64;
+    int64_t *lens = malloc((size_t)cap * sizeof *lens);
+    uint64_t i = 0;
+    for (int64_t b = 0; b < B && lens; b++)
+        for (int64_t at = 0; at < S && lens; n++) {
+            const double u1 = 1.0 - 0.5 * ((double)dt_random_value(seed, i++) + 1.0);   /* (0, 1] */
+            const double u2 = 0.5 * ((double)dt_random_value(seed, i++) + 1.0);
+            const double x = exp(mu + sqrt(-2.0 * log(u1)) * cos(two_pi * u2));
+            int64_t len = x >= (double)(S - at) ? S - at : (int64_t)llround(x);
+            if (len < 1) len = 1;
+            if (n == cap) {
+                int64_t *more = realloc(lens, (size_t)(cap *= 2) * sizeof *lens);
+                if (!more) free(lens);
+                lens = more;
+                if (!lens) break;
+            }
+            lens[n] = len;
+            at += len;
+        }
+    *count = n;
+    return lens;
 }
 
 #endif /* DT_EXAMPLE_UTIL_H */

@@ -21,8 +21,13 @@
  *   5. the work of every rank on every ring step (query-key pairs that the
  *      mask allows, from dt_attn_pairs) for contiguous, striped and zigzag
  *      sharding, and the critical path of each: why striping is faster.
+ * The mask is attention/mask.h's rule: causal or none, and optionally packed
+ * documents (--docs: a query attends keys of its own document only) and a
+ * sliding window (--window W: keys less than W positions away); (4) and (5)
+ * both follow it, so (5) shows how each order balances packed documents.
  * Optionally an SVG heat map of (5) (--svg) and a dump of q, k, v, o in
- * global token order for checking elsewhere (--dump).
+ * global token order, with the documents and the window, for checking
+ * elsewhere (--dump).
  *
  * Exit status: 0 PASS, 1 FAIL or a library error, 2 bad flags or shapes,
  * 3 the library returned DT_ERR_NOT_SUPPORTED (--backend cuda without a GPU
@@ -41,6 +46,7 @@
 #include <time.h>
 
 #include "attention/attention.h"
+#include "dtensor/docs.h"
 #include "dtensor/dtensor.h"
 
 #define NAME "striped_attention"
@@ -189,6 +195,13 @@ typedef struct config {
     const char *svg, *dump;
     int backward;              /* --backward: also the gradients, from dout of seed N+3 */
     int group;                 /* --group: the forward's ring steps per launch */
+    const char *docs;          /* --docs as given; NULL: one document per batch row */
+    int64_t *doc_lens;         /* the documents' lengths (docs.h): summing to S, the same in
+                                  every row, or to B*S, a list per row; NULL with no --docs */
+    int64_t doc_count;
+    int docs_per_row;          /* 1: doc_lens is a list per row (B*S), 0: one list for all */
+    double docs_mean;          /* --docs random:MEAN; 0 for a list */
+    int64_t window;            /* --window: |i - j| < window; 0 none */
 } config;
 
 typedef struct attn_run {
@@ -236,6 +249,9 @@ static dt_status rank_attention(dt_context *ctx, void *arg) {
     opts.mask = c->mask;
     opts.scale = c->scale;
     opts.group = c->group;
+    opts.doc_lens = c->doc_lens;
+    opts.doc_count = c->doc_count;
+    opts.window = c->window;
     /* Validates the call (dtype, backend, head dim) without touching
      * anything, so an unsupported configuration is named by the attention
      * code itself rather than by the first op that happens to refuse it. */
@@ -292,27 +308,58 @@ static double *full_input(uint64_t seed, int64_t n, dt_dtype dtype) {
     return x;
 }
 
+/* The document of each token, [B, S]: its index in its row's list, from
+ * the lengths alone (all 0 with no --docs). NULL when out of memory. */
+static int64_t *doc_index(const config *c) {
+    const int64_t B = c->batch, S = c->seq;
+    int64_t *doc = malloc((size_t)(B * S) * sizeof *doc);
+    if (!doc) return NULL;
+    int64_t i = 0, left = c->doc_lens ? c->doc_lens[0] : B * S;   /* tokens left in document i */
+    for (int64_t b = 0; b < B; b++) {
+        if (!c->docs_per_row) i = 0, left = c->doc_lens ? c->doc_lens[0] : S;
+        else if (b > 0) left = c->doc_lens[++i];   /* row b - 1 ended its last document */
+        for (int64_t p = 0, n = 0; p < S; p++) {
+            if (left == 0) left = c->doc_lens[++i], n++;
+            doc[b * S + p] = n;
+            left--;
+        }
+    }
+    return doc;
+}
+
+/* The mask rule, written out: query i may attend key j of batch row b. */
+static int allowed(const config *c, const int64_t *doc, int64_t b, int64_t i, int64_t j) {
+    const int64_t S = c->seq;
+    return doc[b * S + i] == doc[b * S + j] && (c->mask != DT_ATTN_CAUSAL || j <= i) &&
+           (c->window == 0 || llabs(i - j) < c->window);
+}
+
 /* o [B, S, H, D] and lse [B, H, S] in double, from the definition:
  * o[b,i,h] = sum_j softmax_j(scale q[b,i,h].k[b,j,g]) v[b,j,g], g = h / (H / HKV),
- * over keys j <= i (causal) or all j. Returns 0 when out of memory. */
+ * over the keys j that allowed() gives query i (every row has one: itself).
+ * Returns 0 when out of memory. */
 static int reference(const config *c, const double *q, const double *k, const double *v,
                      double *o, double *lse) {
     const int64_t B = c->batch, S = c->seq, H = c->heads, G = c->kv_heads, D = c->dim;
     const int64_t group = H / G;
     const double scale = c->scale;
     double *w = malloc((size_t)S * sizeof *w), *acc = malloc((size_t)D * sizeof *acc);
-    if (!w || !acc) {
+    int64_t *doc = doc_index(c);
+    if (!w || !acc || !doc) {
         free(w);
         free(acc);
+        free(doc);
         return 0;
     }
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < S; i++) {
-                const int64_t g = h / group, n = c->mask == DT_ATTN_CAUSAL ? i + 1 : S;
+                const int64_t g = h / group;
                 const double *qi = q + ((b * S + i) * H + h) * D;
                 double mx = -INFINITY;
-                for (int64_t j = 0; j < n; j++) {
+                for (int64_t j = 0; j < S; j++) {
+                    w[j] = -INFINITY;
+                    if (!allowed(c, doc, b, i, j)) continue;
                     const double *kj = k + ((b * S + j) * G + g) * D;
                     double dot = 0;
                     for (int64_t d = 0; d < D; d++) dot += qi[d] * kj[d];
@@ -321,7 +368,8 @@ static int reference(const config *c, const double *q, const double *k, const do
                 }
                 double sum = 0;
                 for (int64_t d = 0; d < D; d++) acc[d] = 0;
-                for (int64_t j = 0; j < n; j++) {
+                for (int64_t j = 0; j < S; j++) {
+                    if (w[j] == -INFINITY) continue;
                     const double p = exp(w[j] - mx);
                     const double *vj = v + ((b * S + j) * G + g) * D;
                     sum += p;
@@ -333,6 +381,7 @@ static int reference(const config *c, const double *q, const double *k, const do
             }
     free(w);
     free(acc);
+    free(doc);
     return 1;
 }
 
@@ -348,25 +397,33 @@ static int reference_backward(const config *c, const double *q, const double *k,
     const int64_t group = H / G;
     const double scale = c->scale;
     double *p = malloc((size_t)S * sizeof *p);
-    if (!p) return 0;
+    int64_t *doc = doc_index(c);
+    if (!p || !doc) {
+        free(p);
+        free(doc);
+        return 0;
+    }
     memset(dq, 0, (size_t)(B * S * H * D) * sizeof *dq);
     memset(dk, 0, (size_t)(B * S * G * D) * sizeof *dk);
     memset(dv, 0, (size_t)(B * S * G * D) * sizeof *dv);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < S; i++) {
-                const int64_t g = h / group, n = c->mask == DT_ATTN_CAUSAL ? i + 1 : S;
+                const int64_t g = h / group;
                 const int64_t qi = ((b * S + i) * H + h) * D;
                 double mx = -INFINITY, sum = 0, delta = 0;
-                for (int64_t j = 0; j < n; j++) {
+                for (int64_t j = 0; j < S; j++) {
+                    p[j] = -INFINITY;
+                    if (!allowed(c, doc, b, i, j)) continue;
                     double dot = 0;
                     for (int64_t d = 0; d < D; d++) dot += q[qi + d] * k[((b * S + j) * G + g) * D + d];
                     p[j] = scale * dot;
                     if (p[j] > mx) mx = p[j];
                 }
-                for (int64_t j = 0; j < n; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int64_t j = 0; j < S; j++) sum += (p[j] = exp(p[j] - mx));
                 for (int64_t d = 0; d < D; d++) delta += dout[qi + d] * o[qi + d];
-                for (int64_t j = 0; j < n; j++) {
+                for (int64_t j = 0; j < S; j++) {
+                    if (p[j] == 0) continue;   /* not allowed, or no weight */
                     const int64_t kj = ((b * S + j) * G + g) * D;
                     double dp = 0;
                     for (int64_t d = 0; d < D; d++) dp += dout[qi + d] * v[kj + d];
@@ -379,6 +436,7 @@ static int reference_backward(const config *c, const double *q, const double *k,
                 }
             }
     free(p);
+    free(doc);
     return 1;
 }
 
@@ -415,12 +473,53 @@ static const char *mask_phrase(dt_attn_mask mask) {
     return mask == DT_ATTN_CAUSAL ? "causal mask" : "no mask";
 }
 
-/* Pairs rank j computes when it holds the K/V block of rank src, per
- * (batch, head). */
-static int64_t block_pairs(dt_order order, dt_attn_mask mask, int64_t seq, int parts, int j,
-                           int src) {
-    return dt_attn_pairs(mask, dt_attn_segment_of(order, seq, parts, j),
-                         dt_attn_segment_of(order, seq, parts, src));
+/* The whole rule for headers: the mask, then the documents and the window. */
+static void rule_phrase(const config *c, char *buf, size_t size) {
+    char docs[112] = "", window[48] = "";
+    if (c->doc_lens && c->docs_mean > 0) {
+        snprintf(docs, sizeof docs, ", documents drawn log-normal (mean %g): %lld in %lld row%s",
+                 c->docs_mean, (long long)c->doc_count, (long long)c->batch,
+                 c->batch > 1 ? "s" : "");
+    } else if (c->doc_lens) {
+        const int n = snprintf(docs, sizeof docs, ", %lld documents %s (%s)",
+                               (long long)c->doc_count, c->docs_per_row ? "in the rows" : "per row",
+                               c->docs);
+        if (n >= (int)sizeof docs) memcpy(docs + sizeof docs - 5, "...)", 5);   /* a long list */
+    }
+    if (c->window) snprintf(window, sizeof window, ", window %lld", (long long)c->window);
+    snprintf(buf, size, "%s%s%s", mask_phrase(c->mask), docs, window);
+}
+
+/* The rule's tables of document bounds (docs.h's dt_docs_bounds): *rows
+ * tables of 2S entries, one per batch row with a list per row, else one for
+ * every row; NULL (and *rows 1) with no documents. */
+static int64_t *rule_bounds(const config *c, int64_t *rows, int *oom) {
+    *rows = c->docs_per_row ? c->batch : 1;
+    *oom = 0;
+    if (!c->doc_lens) return NULL;
+    int64_t *bounds = malloc((size_t)(*rows * 2 * c->seq) * sizeof *bounds);
+    if (!bounds) {
+        *oom = 1;
+        return NULL;
+    }
+    for (int64_t r = 0; r < *rows; r++)
+        dt_docs_bounds(c->doc_lens, c->doc_count, c->seq, r, bounds + r * 2 * c->seq);
+    return bounds;
+}
+
+/* Pairs the rule allows rank j when it holds the K/V block of rank src, per
+ * head: per batch row with one list of documents (or none), summed over
+ * the rows with a list per row. */
+static int64_t block_pairs(const config *c, const int64_t *bounds, int64_t rows, dt_order order,
+                           int j, int src) {
+    const dt_attn_segment q = dt_attn_segment_of(order, c->seq, c->ranks, j);
+    const dt_attn_segment k = dt_attn_segment_of(order, c->seq, c->ranks, src);
+    int64_t n = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        dt_attn_rule rule = {c->mask, c->window, bounds ? bounds + r * 2 * c->seq : NULL};
+        n += dt_attn_pairs(rule, q, k);
+    }
+    return n;
 }
 
 typedef struct work_table {
@@ -428,28 +527,34 @@ typedef struct work_table {
     int64_t *pairs;            /* [P ranks][P steps]: pairs[j * P + t] */
     int64_t *step_max;         /* [P]: the busiest rank of each step */
     int64_t critical;          /* sum over steps of step_max */
+    int64_t total;             /* sum over ranks and steps */
 } work_table;
 
 static int work_tables(const config *c, work_table w[3]) {
     const int P = c->ranks;
+    int64_t rows;
+    int oom;
+    int64_t *bounds = rule_bounds(c, &rows, &oom);
     for (int o = 0; o < 3; o++) {
         w[o].have = c->seq % (orders[o] == DT_ORDER_ZIGZAG ? 2 * P : P) == 0;
         w[o].pairs = calloc((size_t)P * P, sizeof *w[o].pairs);
         w[o].step_max = calloc((size_t)P, sizeof *w[o].step_max);
-        w[o].critical = 0;
-        if (!w[o].pairs || !w[o].step_max) return 0;
-        if (!w[o].have) continue;
+        w[o].critical = w[o].total = 0;
+        if (!w[o].pairs || !w[o].step_max) oom = 1;
+        if (oom || !w[o].have) continue;
         for (int t = 0; t < P; t++) {
             for (int j = 0; j < P; j++) {
                 int src = ((j - t) % P + P) % P;
-                int64_t n = block_pairs(orders[o], c->mask, c->seq, P, j, src);
+                int64_t n = block_pairs(c, bounds, rows, orders[o], j, src);
                 w[o].pairs[j * P + t] = n;
+                w[o].total += n;
                 if (n > w[o].step_max[t]) w[o].step_max[t] = n;
             }
             w[o].critical += w[o].step_max[t];
         }
     }
-    return 1;
+    free(bounds);
+    return !oom;
 }
 
 static void work_tables_free(work_table w[3]) {
@@ -470,8 +575,10 @@ static void print_work(const config *c, const work_table w[3]) {
     const int64_t cc = c->seq / P;
     int width = digits(cc * cc) + 2;
     if (width < 8) width = 8;
-    printf("\n5. work per ring step: query-key pairs each rank computes, per (batch, head), %s\n",
-           mask_phrase(c->mask));
+    char rule[256];
+    rule_phrase(c, rule, sizeof rule);
+    printf("\n5. work per ring step: query-key pairs each rank computes, %s, %s\n",
+           c->docs_per_row ? "per head, summed over the batch rows" : "per (batch, head)", rule);
     printf("   c = S/P = %lld tokens per rank, a full block is c*c = %lld pairs; at step t rank j\n"
            "   holds the K/V block of rank (j - t) mod P. Counted from dt_attn_pairs, not timed.\n",
            (long long)cc, (long long)(cc * cc));
@@ -515,6 +622,20 @@ static void print_work(const config *c, const work_table w[3]) {
         else printf(" %s n/a", dt_order_name(orders[o]));
         printf(o < 2 ? "," : "\n");
     }
+    printf("   total pairs (over ranks and steps):");
+    for (int o = 0; o < 3; o++) {
+        if (w[o].have) printf(" %s %lld", dt_order_name(orders[o]), (long long)w[o].total);
+        else printf(" %s n/a", dt_order_name(orders[o]));
+        printf(o < 2 ? "," : "\n");
+    }
+    printf("   critical path / ideal (total / P):");
+    for (int o = 0; o < 3; o++) {
+        if (w[o].have && w[o].total > 0)
+            printf(" %s %.3f", dt_order_name(orders[o]),
+                   (double)w[o].critical * P / (double)w[o].total);
+        else printf(" %s n/a", dt_order_name(orders[o]));
+        printf(o < 2 ? "," : "\n");
+    }
     printf("   speedup of the critical path:");
     for (int o = 1; o < 3; o++) {
         if (w[o].have && w[o].critical > 0)
@@ -523,7 +644,9 @@ static void print_work(const config *c, const work_table w[3]) {
         else
             printf(" contiguous/%s n/a%s", dt_order_name(orders[o]), o == 1 ? "," : "");
     }
-    printf("\n   theory for causal striping, 2(1 - 1/(2P)) = %.3f at P = %d (approached as c grows)\n",
+    printf("\n");
+    if (c->doc_lens || c->window) return;   /* the figures below are for the mask alone */
+    printf("   theory for causal striping, 2(1 - 1/(2P)) = %.3f at P = %d (approached as c grows)\n",
            2.0 * (1.0 - 1.0 / (2.0 * P)), P);
     if (c->mask == DT_ATTN_FULL)
         printf("   (no mask: every block is full, so every order does the same work)\n");
@@ -562,12 +685,14 @@ static int write_svg(const char *path, const config *c, const work_table w[3]) {
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n",
             width, height, width, height);
-    fprintf(f, "<title>Work per ring step: attention with %s, P = %d, S = %lld</title>\n",
-            mask_phrase(c->mask), P, (long long)c->seq);
+    char rule[256];
+    rule_phrase(c, rule, sizeof rule);
+    fprintf(f, "<title>Work per ring step: attention with %s, P = %d, S = %lld</title>\n", rule,
+            P, (long long)c->seq);
     fprintf(f, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"white\"/>\n", width, height);
     fprintf(f, "<text x=\"%d\" y=\"22\" font-size=\"15\" font-weight=\"bold\">Query-key pairs per "
                "rank and ring step (%s, P = %d, S = %lld, c = %lld)</text>\n",
-            left, mask_phrase(c->mask), P, (long long)c->seq, (long long)(c->seq / P));
+            left, rule, P, (long long)c->seq, (long long)(c->seq / P));
     fprintf(f, "<text x=\"%d\" y=\"40\" fill=\"#444\">colour = pairs / (c*c); at step t rank j holds "
                "the K/V block of rank (j - t) mod P; each step waits for its busiest rank</text>\n",
             left);
@@ -688,10 +813,30 @@ static int write_dump(const config *c, const attn_run *r) {
         fprintf(stderr, "striped_attention: cannot write %s: %s\n", path, strerror(errno));
         return 0;
     }
-    fprintf(f, "%lld %lld %lld %lld %lld %d %.9g\n", (long long)c->batch, (long long)c->seq,
+    fprintf(f, "%lld %lld %lld %lld %lld %d %.9g %lld\n", (long long)c->batch, (long long)c->seq,
             (long long)c->heads, (long long)c->kv_heads, (long long)c->dim,
-            c->mask == DT_ATTN_CAUSAL, (double)c->scale);
+            c->mask == DT_ATTN_CAUSAL, (double)c->scale, (long long)c->window);
     if (fclose(f) != 0) return 0;
+    /* docs.txt: each batch row's document lengths, a line per row. */
+    snprintf(path, sizeof path, "%s/docs.txt", c->dump);
+    if (!(f = fopen(path, "w"))) {
+        fprintf(stderr, "striped_attention: cannot write %s: %s\n", path, strerror(errno));
+        return 0;
+    }
+    for (int64_t b = 0, i = 0; b < c->batch; b++) {
+        if (!c->doc_lens) {
+            fprintf(f, "%lld\n", (long long)c->seq);
+            continue;
+        }
+        if (!c->docs_per_row) i = 0;
+        for (int64_t sum = 0; sum < c->seq; sum += c->doc_lens[i++])
+            fprintf(f, "%s%lld", sum ? " " : "", (long long)c->doc_lens[i]);
+        fprintf(f, "\n");
+    }
+    if (ferror(f) | (fclose(f) != 0)) {
+        fprintf(stderr, "striped_attention: error writing %s\n", path);
+        return 0;
+    }
     const size_t nq = (size_t)(c->batch * c->seq * c->heads * c->dim);
     const size_t nk = (size_t)(c->batch * c->seq * c->kv_heads * c->dim);
     int ok = write_f32_le(c->dump, "q.bin", r->q, nq) && write_f32_le(c->dump, "k.bin", r->k, nk) &&
@@ -707,6 +852,48 @@ static int write_dump(const config *c, const attn_run *r) {
  * Flags.
  * ---------------------------------------------------------------------- */
 
+/* c->docs (the --docs flag) as c->doc_lens, once B, S and the seed are
+ * known: 1, else 0 with a message. */
+static int docs_resolve(config *c) {
+    const char *v = c->docs;
+    if (!strncmp(v, "random:", 7)) {
+        char *end = NULL;
+        errno = 0;
+        const double mean = strtod(v + 7, &end);
+        if (end == v + 7 || *end || errno || !(mean >= 1 && mean <= 1e12)) {
+            fprintf(stderr, NAME ": --docs random:MEAN takes a mean length of at least 1 token; "
+                    "got '%s'\n", v);
+            return 0;
+        }
+        c->docs_mean = mean;
+        c->doc_lens = ex_docs_draw(mean, c->seed + 4, c->batch, c->seq, &c->doc_count);
+        if (!c->doc_lens) {
+            fprintf(stderr, NAME ": out of memory for --docs\n");
+            return 0;
+        }
+        c->docs_per_row = c->batch > 1;
+        return 1;
+    }
+    if (!ex_docs_parse_list(v, &c->doc_lens, &c->doc_count)) return 0;
+    int64_t sum = 0;
+    for (int64_t i = 0; i < c->doc_count; i++) sum += c->doc_lens[i];
+    if (sum != c->seq && sum != c->batch * c->seq) {
+        char per_row[64] = "";
+        if (c->batch > 1)
+            snprintf(per_row, sizeof per_row, " nor B*S = %lld (a list per row)",
+                     (long long)(c->batch * c->seq));
+        fprintf(stderr, NAME ": --docs lengths sum to %lld, not --seq %lld (one list for every "
+                "batch row)%s\n", (long long)sum, (long long)c->seq, per_row);
+        return 0;
+    }
+    if (dt_docs_check("--docs", c->doc_lens, c->doc_count, c->batch, c->seq, &c->docs_per_row) !=
+        DT_SUCCESS) {
+        fprintf(stderr, NAME ": %s\n", dt_last_error());
+        return 0;
+    }
+    return 1;
+}
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: striped_attention [flags]\n"
@@ -719,6 +906,14 @@ static void usage(FILE *f) {
             "  --order O          contiguous (Ring Attention) | striped | zigzag, default striped\n"
             "  --causal           causal mask (default)\n"
             "  --no-causal        no mask\n"
+            "  --docs L1,L2,...   packed documents: a query attends keys of its own document\n"
+            "                     only; lengths >= 1 summing to S (the same documents in\n"
+            "                     every batch row) or to B*S (row 0's, then row 1's, ...)\n"
+            "  --docs random:MEAN documents of log-normal lengths (sigma 1, mean MEAN tokens),\n"
+            "                     rounded, at least 1, each row's last cut to end at S; drawn\n"
+            "                     for each batch row in turn from seed N+4 (--seed N)\n"
+            "  --window W         sliding window: a query attends keys less than W positions\n"
+            "                     away (0: none, default)\n"
             "  --dtype T          fp32 | bf16 | fp16, default fp32\n"
             "  --backend K        auto | cpu | cuda, default auto (DT_BACKEND, else the best built)\n"
             "  --seed N           q, k, v from seeds N, N+1, N+2, default 1\n"
@@ -728,9 +923,11 @@ static void usage(FILE *f) {
             "  --backward         also run the backward pass (dout from seed N+3) and check\n"
             "                     dq, dk, dv against double-precision reference gradients\n"
             "  --svg FILE         write the work-per-step heat maps (section 5) as SVG\n"
-            "  --dump DIR         write DIR/meta.txt (B S H HKV D causal scale) and q.bin k.bin\n"
-            "                     v.bin o.bin (and with --backward dout.bin dq.bin dk.bin\n"
-            "                     dv.bin): little-endian fp32, global token order\n"
+            "  --dump DIR         write DIR/meta.txt (B S H HKV D causal scale window),\n"
+            "                     DIR/docs.txt (each batch row's document lengths, a line\n"
+            "                     per row; S with no --docs) and q.bin k.bin v.bin o.bin\n"
+            "                     (and with --backward dout.bin dq.bin dk.bin dv.bin):\n"
+            "                     little-endian fp32, global token order\n"
             "  --help             this text\n"
             "exit status: 0 PASS, 1 FAIL or a library error, 2 bad flags or shapes,\n"
             "3 not supported here (the library returned DT_ERR_NOT_SUPPORTED)\n",
@@ -789,6 +986,16 @@ static int parse_flags(int argc, char **argv, config *c) {
         } else if (!strcmp(a, "--group")) {
             if (!ex_parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
             c->group = (int)x;
+        } else if (!strcmp(a, "--docs")) {
+            if (!v || !*v) {
+                fprintf(stderr, "striped_attention: --docs needs lengths L1,L2,... or "
+                        "random:MEAN\n");
+                return 2;
+            }
+            c->docs = v;
+        } else if (!strcmp(a, "--window")) {
+            if (!ex_parse_int(a, v, 0, 1L << 30, &x)) return 2;
+            c->window = x;
         } else if (!strcmp(a, "--svg") || !strcmp(a, "--dump")) {
             if (!v || !*v) {
                 fprintf(stderr, "striped_attention: %s needs a %s\n", a,
@@ -833,7 +1040,7 @@ static int parse_flags(int argc, char **argv, config *c) {
                 "memory (%d); use bench/attention for large shapes\n", numel, 1 << 26);
         return 2;
     }
-    return -1;
+    return c->docs && !docs_resolve(c) ? 2 : -1;
 }
 
 int main(int argc, char **argv) {
@@ -879,6 +1086,11 @@ int main(int argc, char **argv) {
            (long long)G, (long long)D, dt_dtype_name(c.dtype), mask_phrase(c.mask),
            dt_order_name(c.order), c.ranks, (unsigned long long)c.seed,
            (unsigned long long)c.seed + 1, (unsigned long long)c.seed + 2, (double)c.scale);
+    if (c.doc_lens || c.window) {
+        char rule[256];
+        rule_phrase(&c, rule, sizeof rule);
+        printf("   mask rule: %s\n", rule);
+    }
     fflush(stdout);
     attn_run *run = calloc(1, sizeof *run);
     if (!run) {
@@ -976,8 +1188,9 @@ int main(int argc, char **argv) {
         int dump_ok = write_dump(&c, run);
         files_ok &= dump_ok;
         if (dump_ok)
-            printf("   wrote %s/{meta.txt,q.bin,k.bin,v.bin,o.bin%s}: fp32 little-endian, global "
-                   "token order\n", c.dump, c.backward ? ",dout.bin,dq.bin,dk.bin,dv.bin" : "");
+            printf("   wrote %s/{meta.txt,docs.txt,q.bin,k.bin,v.bin,o.bin%s}: fp32 "
+                   "little-endian, global token order\n", c.dump,
+                   c.backward ? ",dout.bin,dq.bin,dk.bin,dv.bin" : "");
     }
     free(run->o);
     free(run->lse);
@@ -989,6 +1202,7 @@ int main(int argc, char **argv) {
     free(run->dk);
     free(run->dv);
     free(run);
+    free(c.doc_lens);
 
     printf("\nnext: build/examples/tensor_parallel_mlp\n");
     printf("next: build/examples/transformer_block\n");

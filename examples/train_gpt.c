@@ -60,6 +60,9 @@
 
 typedef struct config {
     int ranks, dp, tp, cp, sp, recompute, profile;
+    int packed;                /* documents end after each separator (sep_len bytes) */
+    char sep[64];
+    int sep_len;
     dt_order order;
     int64_t layers, dim, heads, kv_heads, ffn, seq, batch, steps, warmup, save_every, log_every;
     int64_t sample_chars;
@@ -91,7 +94,12 @@ static void usage(FILE *f) {
         "  --data FILE        bytes to train on (default examples/data/tinyshakespeare.txt,\n"
         "                     from the working directory or the source tree of this binary)\n"
         "  --recompute        keep only each layer's input; recompute the rest in the backward\n"
+        "  --packed           each sequence packs documents, which end after each separator:\n"
+        "                     attention stays inside a document, rotary positions restart\n"
+        "  --separator TEXT   the documents' separator (default \"\\n\\n\", a blank line; the\n"
+        "                     escapes \\n \\t \\\\ are read)\n"
         "  --dump DIR         config.txt params.txt init.bin final.bin tokens.bin loss.txt\n"
+        "                     (and separator.bin with --packed)\n"
         "                     (and grad0.bin: the first step's gradients, as init.bin)\n"
         "  --save DIR --save-every N   checkpoints (each rank's shards and a manifest)\n"
         "  --resume DIR       continue a checkpoint, on this mesh or another (the model's\n"
@@ -147,6 +155,19 @@ static void resume_model(config *c, unsigned given) {
     if (!(given & GIVEN_SEED)) c->seed = seed;
 }
 
+/* --separator's TEXT with \n, \t and \\ read: 1, or 0 if empty or too long. */
+static int parse_separator(const char *v, config *c) {
+    c->sep_len = 0;
+    for (const char *p = v; p && *p; p++) {
+        char ch = *p;
+        if (ch == '\\' && (p[1] == 'n' || p[1] == 't' || p[1] == '\\'))
+            ch = *++p == 'n' ? '\n' : *p == 't' ? '\t' : '\\';
+        if (c->sep_len == (int)sizeof c->sep) return 0;
+        c->sep[c->sep_len++] = ch;
+    }
+    return c->sep_len > 0;
+}
+
 /* 0 and the config, or 2 (a message printed), or 1 for --help. */
 static int parse_args(int argc, char **argv, config *c) {
     memset(c, 0, sizeof *c);
@@ -159,6 +180,7 @@ static int parse_args(int argc, char **argv, config *c) {
     c->seed = 1;
     c->dtype = DT_F32;
     c->backend = DT_BACKEND_AUTO;
+    (void)parse_separator("\\n\\n", c);
     long v;
     unsigned given = 0;   /* the model's flags and --seed given (GIVEN_*) */
     for (int i = 1; i < argc; i++) {
@@ -212,6 +234,14 @@ static int parse_args(int argc, char **argv, config *c) {
         else if (!strcmp(a, "--export")) c->export_path = val, ok = val != NULL;
         else if (!strcmp(a, "--svg")) c->svg = val, ok = val != NULL;
         else if (!strcmp(a, "--prompt")) c->prompt = val, ok = val != NULL && *val;
+        else if (!strcmp(a, "--separator")) {
+            ok = parse_separator(val, c);
+            if (!ok && val) {
+                fprintf(stderr, NAME ": --separator takes 1 to %d bytes\n", (int)sizeof c->sep);
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--packed")) c->packed = 1, takes = 0;
         else if (!strcmp(a, "--sp")) c->sp = 1, takes = 0;
         else if (!strcmp(a, "--recompute")) c->recompute = 1, takes = 0;
         else if (!strcmp(a, "--cosine")) c->cosine = 1, takes = 0;
@@ -319,6 +349,9 @@ typedef struct model {
     int np;
     int64_t Dh;
     op_log *log;   /* --profile: the matmul and attention calls are recorded here; else NULL */
+    /* --packed: the documents of the batch in x (batch_tensors), as attention
+     * and rotary take them (docs.h): a list per row, summing to B x S. */
+    int64_t *docs, ndocs, docs_cap;
 } model;
 
 static param *P(model *M, int layer, int which) { return &M->p[1 + layer * PER_LAYER + which]; }
@@ -457,6 +490,9 @@ static void model_destroy(model *M) {
         dt_tensor_destroy(p->v), dt_tensor_destroy(p->g);
         p->w = p->master = p->m = p->v = p->g = NULL;
     }
+    free(M->docs);
+    M->docs = NULL;
+    M->ndocs = M->docs_cap = 0;
 }
 
 /* ------------------------------------------------------------------ data */
@@ -501,10 +537,41 @@ static void batch_tokens(const config *c, const corpus *d, int64_t step, int32_t
     }
 }
 
-/* x (and y, if wanted) [B, S]: the tokens and targets of B sequences of S + 1. */
+/* --packed: M->docs, the lengths of the documents of the B rows of S tokens
+ * of seq (rows of S + 1): a document ends after each separator, and at the
+ * row's end. */
+static dt_status batch_docs(model *M, int64_t B, const int32_t *seq) {
+    const config *c = M->c;
+    const int64_t S = c->seq, L = c->sep_len;
+    M->ndocs = 0;
+    if (!c->packed) return DT_SUCCESS;
+    if (M->docs_cap < B * S) {
+        int64_t *d = realloc(M->docs, (size_t)(B * S) * sizeof *d);
+        if (!d) return dt_error(DT_ERR_OUT_OF_MEMORY, "out of host memory");
+        M->docs = d;
+        M->docs_cap = B * S;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        const int32_t *row = seq + b * (S + 1);
+        int64_t start = 0;
+        for (int64_t t = 1; t <= S; t++) {   /* does a document end before token t? */
+            int ends = t == S || t >= L;
+            for (int64_t i = 0; t < S && ends && i < L; i++)
+                ends = row[t - L + i] == (unsigned char)c->sep[i];
+            if (!ends) continue;
+            M->docs[M->ndocs++] = t - start;
+            start = t;
+        }
+    }
+    return DT_SUCCESS;
+}
+
+/* x (and y, if wanted) [B, S]: the tokens and targets of B sequences of S + 1;
+ * with --packed, their documents in M->docs. */
 static dt_status batch_tensors(model *M, int64_t B, const int32_t *seq, dt_tensor **x,
                                dt_tensor **y) {
     const config *c = M->c;
+    DT_TRY(batch_docs(M, B, seq));
     const int64_t shape[2] = {B, c->seq};
     const dt_layout l = token_layout(c);
     int32_t *xs = malloc((size_t)(B * c->seq) * 2 * sizeof *xs);
@@ -657,16 +724,22 @@ static void cache_drop(cache *c) {
     }
 }
 
-static dt_rotary_options rope(void) {
+/* Both take the batch's documents (--packed: each from position 0, and
+ * attention inside each). */
+static dt_rotary_options rope(const model *M) {
     dt_rotary_options r = DT_ROTARY_OPTIONS_INIT;
     r.base = ROPE_BASE;
     r.style = DT_ROTARY_HALF;
+    r.doc_lens = M->ndocs ? M->docs : NULL;
+    r.doc_count = M->ndocs;
     return r;
 }
 
-static dt_attention_options attn_opts(void) {
+static dt_attention_options attn_opts(const model *M) {
     dt_attention_options o = DT_ATTENTION_OPTIONS_INIT;
     o.mask = DT_ATTN_CAUSAL;   /* scale 0: 1/sqrt(Dh) */
+    o.doc_lens = M->ndocs ? M->docs : NULL;
+    o.doc_count = M->ndocs;
     return o;
 }
 
@@ -694,8 +767,8 @@ static dt_status layer_forward(model *M, int i, cache *c, dt_tensor **out) {
     const config *cf = M->c;
     const int64_t B = dt_tensor_shape(c->h)[0], S = dt_tensor_shape(c->h)[1], Dh = M->Dh;
     const int64_t q4[4] = {B, S, cf->heads, Dh}, kv4[4] = {B, S, cf->kv_heads, Dh};
-    const dt_rotary_options r = rope();
-    const dt_attention_options ao = attn_opts();
+    const dt_rotary_options r = rope(M);
+    const dt_attention_options ao = attn_opts(M);
     dt_status st;
     DT_TRY(dt_rmsnorm(c->h, P(M, i, ATTN_NORM)->w, NORM_EPS, &c->a));
     DT_TRY(whole_over_tp(cf, c->a, &c->af));
@@ -735,8 +808,8 @@ static dt_status row_parallel_grad(const dt_tensor *dy, dt_tensor **out) {
  * *dx, that of its input; the weights' gradients are added into their g. */
 static dt_status layer_backward(model *M, int i, cache *c, dt_tensor *dy, dt_tensor **dx) {
     const config *cf = M->c;
-    const dt_rotary_options r = rope();
-    const dt_attention_options ao = attn_opts();
+    const dt_rotary_options r = rope(M);
+    const dt_attention_options ao = attn_opts(M);
     dt_tensor *t = NULL, *d1 = NULL, *d2 = NULL, *d3 = NULL, *dk = NULL, *dv = NULL, *dq = NULL;
     dt_tensor *dqr = NULL, *dkr = NULL, *dq3 = NULL, *dk3 = NULL, *dv3 = NULL;
     dt_status st = DT_SUCCESS;
@@ -1255,7 +1328,16 @@ static dt_status dump_begin(model *M) {
                 (long long)c->steps, (double)c->lr, (double)c->beta1, (double)c->beta2,
                 (double)c->eps, (double)c->weight_decay, (double)c->clip, (double)ROPE_BASE,
                 (double)NORM_EPS);
+        if (c->packed) fprintf(f, "packed 1\n");
         fclose(f);
+        if (c->packed) {
+            f = open_in(c->dump, "separator.bin", "wb");
+            if (!f || fwrite(c->sep, 1, (size_t)c->sep_len, f) != (size_t)c->sep_len) {
+                if (f) fclose(f);
+                return dt_error(DT_ERR_SYSTEM, "cannot write %s/separator.bin", c->dump);
+            }
+            fclose(f);
+        }
         f = open_in(c->dump, "params.txt", "w");
         if (!f) return dt_error(DT_ERR_SYSTEM, "cannot write %s/params.txt", c->dump);
         for (int i = 0; i < M->np; i++) {

@@ -1,7 +1,7 @@
 /* tests/attn_ref.h — double-precision reference attention on a whole
  * sequence, written from the definitions (not from the library):
  *   s[i,j] = scale q[b,i,h].k[b,j,g], g = h / (H / Hkv), over keys j <= i
- *   (causal) or all j; p = softmax_j s; o = p v; lse = log sum_j exp s;
+ *   (causal) or all j (and, with attn_ref_rule, of i's document and window); p = softmax_j s; o = p v; lse = log sum_j exp s;
  *   dv[j] += p[i,j] do[i]; dp = do.v; ds = p (dp - rowsum(do * o));
  *   dq = scale ds k; dk += scale ds^T q.
  * Shapes: q, o, dq [B, S, H, D]; k, v, dk, dv [B, S, Hkv, D]; lse [B, H, S]. */
@@ -28,6 +28,27 @@ void ref_attention_forward(const attn_shape *s, const double *q, const double *k
 void ref_attention_backward(const attn_shape *s, const double *q, const double *k,
                             const double *v, const double *dout, int causal, double scale,
                             double *dq, double *dk, double *dv);
+
+/* The mask rule with documents and a window, written out: query i and key j
+ * of batch row b pair iff (j <= i when causal), (|i - j| < window when
+ * window > 0) and they lie in the same document. doc_lens (NULL: one
+ * document a row): doc_count lengths summing to S (the same documents in
+ * every row) or to B x S (row 0's, then row 1's, ...). A row with no key
+ * has o = 0, lse = -inf. */
+typedef struct attn_ref_rule {
+    int causal;
+    int64_t window;
+    const int64_t *doc_lens;
+    int64_t doc_count;
+} attn_ref_rule;
+
+int ref_rule_allows(const attn_shape *s, const attn_ref_rule *r, int64_t b, int64_t i, int64_t j);
+void ref_attention_forward_rule(const attn_shape *s, const attn_ref_rule *r, const double *q,
+                                const double *k, const double *v, double scale, double *o,
+                                double *lse);
+void ref_attention_backward_rule(const attn_shape *s, const attn_ref_rule *r, const double *q,
+                                 const double *k, const double *v, const double *dout,
+                                 double scale, double *dq, double *dk, double *dv);
 
 
 

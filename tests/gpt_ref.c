@@ -30,13 +30,22 @@ int gpt_ref_load(gpt_ref *r, const char *dir) {
         K("kv_heads", kv_heads) K("ffn", ffn) K("seq", seq) K("batch", batch) K("steps", steps)
         K("lr", lr) K("beta1", beta1) K("beta2", beta2) K("eps", eps)
         K("weight_decay", weight_decay) K("clip", clip) K("rope_base", rope_base)
-        K("norm_eps", norm_eps)
+        K("norm_eps", norm_eps) K("packed", packed)
 #undef K
     }
     fclose(f);
-    if (keys != 17) {
-        fprintf(stderr, "gpt_ref: %s/config.txt has %d keys, not 17\n", dir, keys);
+    if (keys != 17 + (r->packed != 0)) {
+        fprintf(stderr, "gpt_ref: %s/config.txt has %d keys, not 17 (18 with packed)\n", dir, keys);
         return -1;
+    }
+    if (r->packed) {
+        f = open_in(dir, "separator.bin", "rb");
+        r->sep_len = f ? (int)fread(r->sep, 1, sizeof r->sep, f) : 0;
+        if (f) fclose(f);
+        if (r->sep_len < 1) {
+            fprintf(stderr, "gpt_ref: packed, but no separator in %s/separator.bin\n", dir);
+            return -1;
+        }
     }
     r->np = (int)(2 + 9 * r->layers + 1);
     r->name = calloc((size_t)r->np, sizeof *r->name);
@@ -139,13 +148,14 @@ static void rmsnorm_back(const double *x, const double *w, const double *r, cons
     }
 }
 
-/* Rotates pairs (i, i + Dh/2) of each head of x [n][heads * Dh] at position
- * t by sign * t * base^(-2i/Dh), in place. */
-static void rotary(double *x, int64_t n, int64_t heads, int64_t Dh, double base, double sign) {
+/* Rotates pairs (i, i + Dh/2) of each head of x [n][heads * Dh] of token t
+ * by sign * (t - start[t]) * base^(-2i/Dh), in place. */
+static void rotary(double *x, int64_t n, int64_t heads, int64_t Dh, double base, double sign,
+                   const int64_t *start) {
     for (int64_t t = 0; t < n; t++)
         for (int64_t h = 0; h < heads; h++)
             for (int64_t i = 0; i < Dh / 2; i++) {
-                const double th = sign * (double)t * pow(base, -2.0 * (double)i / (double)Dh);
+                const double th = sign * (double)(t - start[t]) * pow(base, -2.0 * (double)i / (double)Dh);
                 double *a = x + t * heads * Dh + h * Dh + i, *b = a + Dh / 2;
                 const double c = cos(th), s = sin(th), a0 = *a, b0 = *b;
                 *a = a0 * c - b0 * s;
@@ -168,6 +178,13 @@ static double sequence(gpt_ref *r, const int32_t *tok, int want_grad, double inv
     const int64_t S = r->seq, d = r->dim, H = r->heads, Hkv = r->kv_heads, Dh = d / H, F = r->ffn;
     const int64_t V = r->vocab, L = r->layers, qd = H * Dh, kvd = Hkv * Dh, grp = H / Hkv;
     const double scale = 1.0 / sqrt((double)Dh);
+    /* start[t]: the first token of t's document; token t attends u in [start[t], t] */
+    int64_t *start = calloc((size_t)S, sizeof *start);
+    for (int64_t t = 1; t < S; t++) {
+        int sep = r->packed && t >= r->sep_len;
+        for (int i = 0; sep && i < r->sep_len; i++) sep = tok[t - r->sep_len + i] == r->sep[i];
+        start[t] = sep ? t : start[t - 1];
+    }
     acts *A = calloc((size_t)L, sizeof *A);
     double *hL = calloc((size_t)(S * d), sizeof(double)), *n = calloc((size_t)(S * d), sizeof(double));
     double *rn = calloc((size_t)S, sizeof(double)), *lg = calloc((size_t)(S * V), sizeof(double));
@@ -186,23 +203,23 @@ static double sequence(gpt_ref *r, const int32_t *tok, int want_grad, double inv
         mm(x->a, P(r, b + 1), x->q, S, d, qd, 0);
         mm(x->a, P(r, b + 2), x->k, S, d, kvd, 0);
         mm(x->a, P(r, b + 3), x->v, S, d, kvd, 0);
-        rotary(x->q, S, H, Dh, r->rope_base, 1.0);
-        rotary(x->k, S, Hkv, Dh, r->rope_base, 1.0);
+        rotary(x->q, S, H, Dh, r->rope_base, 1.0, start);
+        rotary(x->k, S, Hkv, Dh, r->rope_base, 1.0, start);
         for (int64_t hd = 0; hd < H; hd++) {
             const int64_t kh = hd / grp;
             for (int64_t t = 0; t < S; t++) {
                 double *pr = x->p + (hd * S + t) * S, mx = -INFINITY, sum = 0.0;
-                for (int64_t u = 0; u <= t; u++) {
+                for (int64_t u = start[t]; u <= t; u++) {
                     double s = 0.0;
                     for (int64_t e = 0; e < Dh; e++) s += x->q[t * qd + hd * Dh + e] * x->k[u * kvd + kh * Dh + e];
                     pr[u] = scale * s;
                     mx = fmax(mx, pr[u]);
                 }
-                for (int64_t u = 0; u <= t; u++) sum += (pr[u] = exp(pr[u] - mx));
-                for (int64_t u = 0; u <= t; u++) pr[u] /= sum;
+                for (int64_t u = start[t]; u <= t; u++) sum += (pr[u] = exp(pr[u] - mx));
+                for (int64_t u = start[t]; u <= t; u++) pr[u] /= sum;
                 for (int64_t e = 0; e < Dh; e++) {
                     double s = 0.0;
-                    for (int64_t u = 0; u <= t; u++) s += pr[u] * x->v[u * kvd + kh * Dh + e];
+                    for (int64_t u = start[t]; u <= t; u++) s += pr[u] * x->v[u * kvd + kh * Dh + e];
                     x->o[t * qd + hd * Dh + e] = s;
                 }
             }
@@ -265,14 +282,14 @@ static double sequence(gpt_ref *r, const int32_t *tok, int want_grad, double inv
                 for (int64_t t = 0; t < S; t++) {
                     const double *pr = x->p + (hd * S + t) * S;
                     double dp[4096], dsum = 0.0;
-                    for (int64_t u = 0; u <= t; u++) {
+                    for (int64_t u = start[t]; u <= t; u++) {
                         double s = 0.0;
                         for (int64_t e = 0; e < Dh; e++) s += dO[t * qd + hd * Dh + e] * x->v[u * kvd + kh * Dh + e];
                         dp[u] = s;
                         dsum += pr[u] * s;
                         for (int64_t e = 0; e < Dh; e++) dv[u * kvd + kh * Dh + e] += pr[u] * dO[t * qd + hd * Dh + e];
                     }
-                    for (int64_t u = 0; u <= t; u++) {
+                    for (int64_t u = start[t]; u <= t; u++) {
                         const double ds = pr[u] * (dp[u] - dsum) * scale;
                         for (int64_t e = 0; e < Dh; e++) {
                             dq[t * qd + hd * Dh + e] += ds * x->k[u * kvd + kh * Dh + e];
@@ -281,8 +298,8 @@ static double sequence(gpt_ref *r, const int32_t *tok, int want_grad, double inv
                     }
                 }
             }
-            rotary(dq, S, H, Dh, r->rope_base, -1.0);
-            rotary(dk, S, Hkv, Dh, r->rope_base, -1.0);
+            rotary(dq, S, H, Dh, r->rope_base, -1.0, start);
+            rotary(dk, S, Hkv, Dh, r->rope_base, -1.0, start);
             mm_back(x->a, P(r, b + 1), dq, da, G(r, b + 1), S, d, qd, 0);
             mm_back(x->a, P(r, b + 2), dk, da, G(r, b + 2), S, d, kvd, 1);
             mm_back(x->a, P(r, b + 3), dv, da, G(r, b + 3), S, d, kvd, 1);
@@ -297,7 +314,7 @@ static double sequence(gpt_ref *r, const int32_t *tok, int want_grad, double inv
         free(x->h), free(x->a), free(x->ra), free(x->q), free(x->k), free(x->v), free(x->p);
         free(x->o), free(x->h1), free(x->m), free(x->rm), free(x->g), free(x->u), free(x->sw);
     }
-    free(A), free(hL), free(n), free(rn), free(lg), free(cur);
+    free(A), free(hL), free(n), free(rn), free(lg), free(cur), free(start);
     return loss;
 }
 

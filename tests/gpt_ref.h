@@ -13,6 +13,12 @@
 typedef struct gpt_ref {
     int64_t vocab, layers, dim, heads, kv_heads, ffn, seq, batch, steps;
     double lr, beta1, beta2, eps, weight_decay, clip, rope_base, norm_eps;
+    /* config.txt's optional `packed 1` and separator.bin: a document ends
+     * after each separator (and at the sequence's end); attention stays in
+     * a document and rotary positions count from its first token */
+    int packed;
+    unsigned char sep[64];
+    int sep_len;
     int np;                       /* parameters, in params.txt's order */
     char (*name)[64];
     int *ndim;
@@ -21,8 +27,8 @@ typedef struct gpt_ref {
     double *w, *grad, *m, *v;     /* [total] */
 } gpt_ref;
 
-/* Reads dir/config.txt, params.txt and init.bin: 0 on success, else -1
- * with a message on stderr. */
+/* Reads dir/config.txt (and separator.bin when packed), params.txt and
+ * init.bin: 0 on success, else -1 with a message on stderr. */
 int gpt_ref_load(gpt_ref *r, const char *dir);
 void gpt_ref_free(gpt_ref *r);
 

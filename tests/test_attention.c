@@ -297,7 +297,7 @@ static void test_segments_follow_the_orders(void **state) {
                 for (int mask = 0; mask < 2; mask++) {
                     int last = 0;
                     for (int t = 1; t < p; t++)
-                        if (dt_attn_pairs((dt_attn_mask)mask, seg,
+                        if (dt_attn_pairs(dt_attn_rule_of((dt_attn_mask)mask), seg,
                                           dt_attn_segment_of((dt_order)o, S, p, (j - t + p) % p)) > 0)
                             last = t;
                     assert_int_equal(dt_attn_ring_last_step((dt_order)o, (dt_attn_mask)mask, S, p, j),
@@ -415,8 +415,8 @@ static void check_mask_rule(dt_attn_segment q, dt_attn_segment k) {
     int64_t pairs = 0;
     for (int64_t x = 0; x < q.len; x++)
         for (int64_t y = 0; y < k.len; y++) pairs += dt_attn_pos(q, x) >= dt_attn_pos(k, y);
-    assert_int_equal(dt_attn_pairs(DT_ATTN_CAUSAL, q, k), pairs);
-    assert_int_equal(dt_attn_pairs(DT_ATTN_FULL, q, k), q.len * k.len);
+    assert_int_equal(dt_attn_pairs(dt_attn_rule_of(DT_ATTN_CAUSAL), q, k), pairs);
+    assert_int_equal(dt_attn_pairs(dt_attn_rule_of(DT_ATTN_FULL), q, k), q.len * k.len);
     assert_int_equal(dt_attn_no_pairs(DT_ATTN_CAUSAL, q, k), pairs == 0);
     assert_false(dt_attn_no_pairs(DT_ATTN_FULL, q, k));
     /* A kernel's tiles: those with a pair the mask allows, and the query
@@ -438,7 +438,7 @@ static void check_mask_rule(dt_attn_segment q, dt_attn_segment k) {
                 tiles += n;
                 visits += n > 0;
             }
-            assert_int_equal(dt_attn_tiles((dt_attn_mask)mask, q, k, bm, bn, &got_visits), tiles);
+            assert_int_equal(dt_attn_tiles(dt_attn_rule_of((dt_attn_mask)mask), q, k, bm, bn, &got_visits), tiles);
             assert_int_equal(got_visits, visits);
         }
     /* The loop bounds kernels use: a prefix of keys per query position, a

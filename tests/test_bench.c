@@ -8,6 +8,12 @@
  *   - --quick --pass bwd (text and JSON): the backward alone, with the
  *     computed pairs columns in its table since it is the only one;
  *   - exit 2 with a message for bad --pass, --section and other flags;
+ *   - (d), the work from the mask with packed documents and a window: each
+ *     order's critical path and total in pairs equal the ones counted here by
+ *     enumeration from the ranks' tokens (h_order_indices) and the rule
+ *     written out (same document, j <= i, |i - j| < W); drawn documents: the
+ *     same total for every order, a critical path of at least total / P;
+ *     exit 2 for bad --docs, --window, --seq and --section d's flags;
  *   - bench/blocks --quick: both sections and passes, one row per c and per
  *     order, every figure finite and positive; bad flags exit 2;
  *   - bench/blocks --quick --json: the configuration, one (r) row per pass
@@ -782,6 +788,138 @@ static void test_blocks_trace_timeline(void **state) {
 #endif
 }
 
+/* --------------------------------------------- bench/attention (d) mask work */
+
+/* Critical path (sum over ring steps of the busiest rank) and total of the
+ * causal pairs of a sequence of S tokens, documents `lens` (count of them,
+ * summing to S) and a window (0: none) on P ranks of `order`, counted by
+ * enumeration: at step t rank j pairs its tokens with those of rank
+ * (j - t) mod P. */
+static void count_mask_work(dt_order order, int64_t S, int P, const int64_t *lens, int count,
+                            int64_t window, long long *crit, long long *total) {
+    const int64_t n = S / P;
+    int64_t *doc = malloc((size_t)S * sizeof *doc), *idx = malloc((size_t)S * sizeof *idx);
+    assert_true(doc && idx);
+    for (int64_t d = 0, at = 0; d < count; at += lens[d++])
+        for (int64_t t = at; t < at + lens[d]; t++) doc[t] = d;
+    if (count == 0)
+        for (int64_t t = 0; t < S; t++) doc[t] = 0;
+    for (int j = 0; j < P; j++) h_order_indices(order, S, P, j, idx + j * n);
+    *crit = *total = 0;
+    for (int t = 0; t < P; t++) {
+        long long busiest = 0;
+        for (int j = 0; j < P; j++) {
+            const int src = ((j - t) % P + P) % P;
+            long long pairs = 0;
+            for (int64_t x = 0; x < n; x++)
+                for (int64_t y = 0; y < n; y++) {
+                    const int64_t qi = idx[j * n + x], kj = idx[src * n + y];
+                    pairs += doc[qi] == doc[kj] && kj <= qi && (window == 0 || qi - kj < window);
+                }
+            *total += pairs;
+            if (pairs > busiest) busiest = pairs;
+        }
+        *crit += busiest;
+    }
+    free(doc);
+    free(idx);
+}
+
+typedef struct mask_case {
+    char name[96];
+    int64_t S;
+    int P;
+    const char *docs;   /* a list, or NULL */
+    int64_t window;
+} mask_case;
+
+/* --section d --json on an explicit list: every order's row agrees with
+ * count_mask_work, its ratio_ideal is critical * P / total. */
+static void test_mask_work(void **state) {
+    const mask_case *c = *state;
+    REQUIRE_BENCH();
+    char args[256], docs[128] = "", window[32] = "";
+    if (c->docs) snprintf(docs, sizeof docs, " --docs %s", c->docs);
+    if (c->window) snprintf(window, sizeof window, " --window %lld", (long long)c->window);
+    snprintf(args, sizeof args, "--section d --json --seq %lld --ranks %d%s%s", (long long)c->S,
+             c->P, docs, window);
+    char *out = NULL;
+    int rc = run_bench(args, &out);
+    int64_t lens[64];
+    int count = 0;
+    for (const char *p = c->docs; p && *p && count < 64;) {
+        char *end = NULL;
+        lens[count++] = strtoll(p, &end, 10);
+        p = *end ? end + 1 : end;
+    }
+    static const dt_order ords[3] = {DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG};
+    int ok = rc == 0 && strstr(out, "\"mask_work\": [") && strstr(out, "\"complete\": true\n}") &&
+             no_nonfinite(out);
+    for (int o = 0; o < 3 && ok; o++) {
+        char key[64];
+        snprintf(key, sizeof key, "{\"order\": \"%s\"", dt_order_name(ords[o]));
+        const char *row = strstr(out, key);
+        double crit = -1, total = -1, ratio = -1, window_got = -1;
+        long long want_crit, want_total;
+        count_mask_work(ords[o], c->S, c->P, lens, count, c->window, &want_crit, &want_total);
+        ok = row && json_num(row, "critical_pairs", &crit) && json_num(row, "total_pairs", &total) &&
+             json_num(row, "ratio_ideal", &ratio) && json_num(row, "window", &window_got) &&
+             crit == (double)want_crit && total == (double)want_total &&
+             fabs(ratio - want_crit * (double)c->P / want_total) < 1e-4 &&
+             window_got == (double)c->window;
+        if (!ok)
+            print_error("%s: %s: critical %.0f total %.0f ratio %.4f, counted here %lld, %lld\n",
+                        c->name, dt_order_name(ords[o]), crit, total, ratio, want_crit, want_total);
+    }
+    if (!ok) show(args, out);
+    free(out);
+    assert_int_equal(rc, 0);
+    assert_true(ok);
+}
+
+/* (d) with drawn documents: the text table (its three rows and what it
+ * counts), and in JSON the same total for every order (the rule's pairs do
+ * not depend on the sharding), a critical path of at least total / P, the
+ * draws the seed's (the same twice). */
+static void test_mask_work_random(void **state) {
+    (void)state;
+    REQUIRE_BENCH();
+    const char *args = "--seq 4096 --ranks 8 --docs random:256 --seed 3 --window 300";
+    char *out = NULL;
+    int rc = run_bench(args, &out);
+    int ok = rc == 0 && strstr(out, "(d) work from the mask") && strstr(out, "COUNTED") &&
+             strstr(out, "documents drawn log-normal (mean 256, sigma 1) from seed 7") &&
+             strstr(out, "window 300") && strstr(out, "\n    contiguous ") &&
+             strstr(out, "\n    striped ") && strstr(out, "\n    zigzag ") && !strstr(out, "(a) ") &&
+             !strstr(out, "(b) ");
+    if (!ok) show(args, out);
+    free(out);
+    assert_int_equal(rc, 0);
+    assert_true(ok);
+
+    char *runs[2] = {NULL, NULL};
+    const char *jargs = "--json --seq 4096 --ranks 8 --docs random:256 --seed 3";
+    for (int r = 0; r < 2; r++) rc |= run_bench(jargs, &runs[r]);
+    double total[3], crit[3], docs = 0;
+    static const char *const names[3] = {"contiguous", "striped", "zigzag"};
+    ok = rc == 0;
+    for (int o = 0; o < 3 && ok; o++) {
+        char key[64];
+        snprintf(key, sizeof key, "{\"order\": \"%s\"", names[o]);
+        const char *row = strstr(runs[0], key), *again = strstr(runs[1], key);
+        double crit2 = -1;
+        ok = row && again && json_num(row, "critical_pairs", &crit[o]) &&
+             json_num(row, "total_pairs", &total[o]) && json_num(row, "doc_count", &docs) &&
+             json_num(again, "critical_pairs", &crit2) && crit2 == crit[o] &&
+             total[o] == total[0] && crit[o] * 8 >= total[o] && docs > 1 &&
+             total[o] >= 4096 && total[o] <= 4096.0 * 4097 / 2;
+    }
+    if (!ok) show(jargs, runs[0]);
+    free(runs[0]);
+    free(runs[1]);
+    assert_true(ok);
+}
+
 /* -------------------------------------------------- bench/attention_report.py */
 
 static char g_report[4096] = "bench/attention_report.py", g_build[4096] = "build";
@@ -1132,15 +1270,32 @@ int main(int argc, char **argv) {
         {"", "--pass fwd,fwd", "--pass takes one or more of fwd, bwd"},
         {"", "--pass fwd,", "--pass takes one or more of fwd, bwd"},
         {"", "--dtype ,,", "--dtype takes one or more of bf16, fp32, fp16"},
-        {"", "--section d", "--section takes one or more of a, b, c"},
-        {"", "--section ,", "--section takes one or more of a, b, c"},
-        {"", "--section a,a", "--section takes one or more of a, b, c"},
+        {"", "--section e", "--section takes one or more of a, b, c, d"},
+        {"", "--section ,", "--section takes one or more of a, b, c, d"},
+        {"", "--section a,a", "--section takes one or more of a, b, c, d"},
+        {"", "--docs 1,x", "--docs takes lengths L1,L2,... (integers >= 1) or random:MEAN; entry "
+                           "2 is 'x'"},
+        {"", "--docs 10,20", "--docs lengths sum to 30, not --seq 65536"},
+        {"", "--seq 64 --docs 0,64", "entry 1 is '0'"},
+        {"", "--docs random:x", "--docs random:MEAN takes a mean length of at least 1 token"},
+        {"", "--window -1", "--window takes an integer in [0, "},
+        {"", "--seq 100", "--seq 100 is not divisible by --ranks 8"},
+        {"", "--ranks 0", "--ranks takes an integer in [1, 64]"},
+        {"", "--section a,b --window 8", "--section leaves it out"},
         {"", "--iters 0", "--iters takes an integer"},
         {"", "--copies 2", "--copies takes an integer"},
         {"", "--comm-ctas -1", "--comm-ctas takes an integer"},
         {"", "--frobnicate", "unknown flag '--frobnicate'"},
     };
-    struct CMUnitTest tests[40];
+    static mask_case masks[] = {
+        {"", 48, 3, "1,20,27", 9},      /* a document of 1, one longer than a shard; W < shard */
+        {"", 64, 4, "1,40,23", 0},
+        {"", 64, 4, NULL, 24},          /* W > shard */
+        {"", 96, 6, "30,1,1,64", 40},
+        {"", 64, 1, "3,61", 5},
+        {"", 56, 7, NULL, 0},
+    };
+    struct CMUnitTest tests[64];
     size_t n = 0;
     tests[n++] = (struct CMUnitTest){"bench_attention/quick/json,pass=fwd+bwd",
                                      test_quick_json_both_passes, NULL, NULL, NULL};
@@ -1152,6 +1307,17 @@ int main(int argc, char **argv) {
         snprintf(bad[i].name, sizeof bad[i].name, "bench_attention/exit2/%s", bad[i].args);
         tests[n++] = (struct CMUnitTest){bad[i].name, test_bad_flags, NULL, NULL, &bad[i]};
     }
+    for (size_t i = 0; i < sizeof masks / sizeof *masks; i++) {
+        mask_case *c = &masks[i];
+        char docs[64] = "none";
+        if (c->docs) snprintf(docs, sizeof docs, "%s", c->docs);
+        for (char *p = docs; *p; p++) *p = *p == ',' ? '+' : *p;
+        snprintf(c->name, sizeof c->name, "bench_attention/mask-work/S=%lld,P=%d,docs=%s,window=%lld",
+                 (long long)c->S, c->P, docs, (long long)c->window);
+        tests[n++] = (struct CMUnitTest){c->name, test_mask_work, NULL, NULL, c};
+    }
+    tests[n++] = (struct CMUnitTest){"bench_attention/mask-work/S=4096,P=8,docs=random:256",
+                                     test_mask_work_random, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/quick,section=r+p,pass=fwd+bwd",
                                      test_blocks_quick, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/exit2", test_blocks_bad_flags, NULL, NULL, NULL};

@@ -755,6 +755,8 @@ typedef struct nn_case {
     int weighted;               /* rmsnorm */
     dt_rotary_style style;      /* rotary */
     double base;                /* rotary */
+    int64_t pos_stride;         /* rotary: 0, one position list for every outer row; else
+                                   outer row o's at positions + o * pos_stride */
     results r;
 } nn_case;
 
@@ -774,8 +776,9 @@ static dt_status rank_nn(dt_context *ctx, void *arg) {
     void *hwant = malloc(n * es + 1);
     float *gotf = malloc(n * sizeof(float) + 1);
     double *ref = malloc(n * sizeof(double) + 1);
-    int64_t *pos[2] = {malloc((size_t)c->rows * sizeof(int64_t) + 8),
-                       malloc((size_t)c->rows * sizeof(int64_t) + 8)};
+    const int64_t n_pos = c->pos_stride ? (c->outer - 1) * c->pos_stride + c->rows : c->rows;
+    int64_t *pos[2] = {malloc((size_t)n_pos * sizeof(int64_t) + 8),
+                       malloc((size_t)n_pos * sizeof(int64_t) + 8)};
     void *dx = NULL, *dw = NULL, *dout[2] = {NULL, NULL};
     dt_status st = DT_SUCCESS;
     if (!hx || !hw || !hgot[0] || !hgot[1] || !hwant || !gotf || !ref || !pos[0] || !pos[1]) {
@@ -785,7 +788,7 @@ static dt_status rank_nn(dt_context *ctx, void *arg) {
     for (size_t i = 0; i < n; i++) put_val(hx, c->dtype, i, 3.0f * dt_random_value(41, i));
     for (size_t i = 0; i < nw; i++) put_val(hw, c->dtype, i, 1.0f + 0.5f * dt_random_value(42, i));
     for (int k = 0; k < 2; k++)
-        for (int64_t s = 0; s < c->rows; s++) pos[k][s] = nn_pos(k, s);
+        for (int64_t j = 0; j < n_pos; j++) pos[k][j] = nn_pos(k, j);
     DT_TRY_GOTO(st, to_dev(gpu, hx, n * es, &dx), out);
     if (nw) DT_TRY_GOTO(st, to_dev(gpu, hw, nw * es, &dw), out);
     for (int k = 0; k < 2; k++) DT_TRY_GOTO(st, gpu->ops->alloc(gpu, n * es, &dout[k]), out);
@@ -794,7 +797,8 @@ static dt_status rank_nn(dt_context *ctx, void *arg) {
     for (int k = 0; k < 2; k++) {
         if (c->rotary)
             DT_TRY_GOTO(st, gpu->ops->rotary(gpu, c->dtype, c->outer, c->rows, c->inner, c->n,
-                                             pos[k], c->base, c->style, dx, dout[k]), out);
+                                             pos[k], c->pos_stride, c->base, c->style, dx,
+                                             dout[k]), out);
         else
             DT_TRY_GOTO(st, gpu->ops->rmsnorm(gpu, c->dtype, c->rows, c->n, dx, dw, 1e-5f,
                                               dout[k]), out);
@@ -807,7 +811,8 @@ static dt_status rank_nn(dt_context *ctx, void *arg) {
         if (!cpu) DT_TRY_GOTO(st, dt_backend_cpu_create(0, &cpu), out);
         if (c->rotary)
             DT_TRY_GOTO(st, cpu->ops->rotary(cpu, c->dtype, c->outer, c->rows, c->inner, c->n,
-                                             pos[k], c->base, c->style, hx, hwant), out);
+                                             pos[k], c->pos_stride, c->base, c->style, hx,
+                                             hwant), out);
         else
             DT_TRY_GOTO(st, cpu->ops->rmsnorm(cpu, c->dtype, c->rows, c->n, hx, nw ? hw : NULL,
                                               1e-5f, hwant), out);
@@ -830,7 +835,7 @@ static dt_status rank_nn(dt_context *ctx, void *arg) {
     /* In place (out == x) gives the same result. */
     if (c->rotary)
         DT_TRY_GOTO(st, gpu->ops->rotary(gpu, c->dtype, c->outer, c->rows, c->inner, c->n, pos[0],
-                                         c->base, c->style, dx, dx), out);
+                                         c->pos_stride, c->base, c->style, dx, dx), out);
     else
         DT_TRY_GOTO(st, gpu->ops->rmsnorm(gpu, c->dtype, c->rows, c->n, dx, dw, 1e-5f, dx), out);
     DT_TRY_GOTO(st, gpu->ops->download(gpu, hwant, dx, n * es), out);
@@ -879,16 +884,20 @@ static dt_status rank_backend_errors(dt_context *ctx, void *arg) {
          "rmsnorm eps -1"},
         {be->ops->rmsnorm(be, DT_F32, -1, 2, p, NULL, 1e-5f, p), DT_ERR_INVALID_ARGUMENT,
          "rmsnorm rows -1"},
-        {be->ops->rotary(be, DT_F32, 1, 1, 1, 3, pos, 1e4, DT_ROTARY_HALF, p, p),
+        {be->ops->rotary(be, DT_F32, 1, 1, 1, 3, pos, 0, 1e4, DT_ROTARY_HALF, p, p),
          DT_ERR_INVALID_ARGUMENT, "rotary d=3"},
-        {be->ops->rotary(be, DT_F32, 1, 1, 1, 4, pos, 1e4, (dt_rotary_style)7, p, p),
+        {be->ops->rotary(be, DT_F32, 1, 1, 1, 4, pos, 0, 1e4, (dt_rotary_style)7, p, p),
          DT_ERR_INVALID_ARGUMENT, "rotary style 7"},
-        {be->ops->rotary(be, DT_F32, 1, 1, 1, 4, NULL, 1e4, DT_ROTARY_HALF, p, p),
+        {be->ops->rotary(be, DT_F32, 1, 1, 1, 4, NULL, 0, 1e4, DT_ROTARY_HALF, p, p),
          DT_ERR_INVALID_ARGUMENT, "rotary positions NULL"},
-        {be->ops->rotary(be, DT_F32, 1, 1, 1, 4, pos, 0.0, DT_ROTARY_HALF, p, p),
+        {be->ops->rotary(be, DT_F32, 1, 1, 1, 4, pos, 0, 0.0, DT_ROTARY_HALF, p, p),
          DT_ERR_INVALID_ARGUMENT, "rotary base 0"},
-        {be->ops->rotary(be, DT_U8, 1, 1, 1, 4, pos, 1e4, DT_ROTARY_HALF, p, p),
+        {be->ops->rotary(be, DT_U8, 1, 1, 1, 4, pos, 0, 1e4, DT_ROTARY_HALF, p, p),
          DT_ERR_NOT_SUPPORTED, "rotary u8"},
+        {be->ops->rotary(be, DT_F32, 2, 2, 1, 4, pos, 1, 1e4, DT_ROTARY_HALF, p, p),
+         DT_ERR_INVALID_ARGUMENT, "rotary pos_stride 1 < rows 2"},
+        {be->ops->rotary(be, DT_F32, 2, 1, 1, 4, pos, -1, 1e4, DT_ROTARY_HALF, p, p),
+         DT_ERR_INVALID_ARGUMENT, "rotary pos_stride -1"},
         {be->ops->copy_runs(be, &(dt_runs){DT_U8, DT_RUNS_ADD, p, p, 1, 1, 4, 0, 0, NULL, NULL}),
          DT_ERR_NOT_SUPPORTED, "copy_runs add u8"},
         {be->ops->copy_runs(be, &(dt_runs){DT_F32, DT_RUNS_COPY, p, p, 1, -1, 4, 0, 0, NULL, NULL}),
@@ -1705,7 +1714,9 @@ int main(void) {
     /* rmsnorm: one row and many (more than the grid's blocks: rows loop),
      * short rows (one warp) and long ones (threads loop, not a multiple of
      * 32); rotary: d = 2 up to 128, few pairs with many heads (blockIdx.y
-     * loops), both styles. Two rotary calls per case, different tables. */
+     * loops), both styles, positions shared by the outer rows or a list
+     * per outer row (pos_stride = rows, and a gap between the lists). Two
+     * rotary calls per case, different tables. */
     static nn_case nns[] = {
         {.rotary = 0, .dtype = DT_F32, .rows = 1, .n = 1, .weighted = 1},
         {.rotary = 0, .dtype = DT_F32, .rows = 37, .n = 4097, .weighted = 1},
@@ -1717,15 +1728,19 @@ int main(void) {
         {.rotary = 1, .dtype = DT_F32, .outer = 1, .rows = 7, .inner = 1, .n = 2, .style = DT_ROTARY_HALF, .base = 10000.0},
         {.rotary = 1, .dtype = DT_BF16, .outer = 2, .rows = 24, .inner = 4, .n = 32, .style = DT_ROTARY_INTERLEAVED, .base = 10000.0},
         {.rotary = 1, .dtype = DT_F16, .outer = 2, .rows = 24, .inner = 4, .n = 32, .style = DT_ROTARY_HALF, .base = 10000.0},
+        {.rotary = 1, .dtype = DT_F32, .outer = 3, .rows = 48, .inner = 3, .n = 64, .style = DT_ROTARY_HALF, .base = 10000.0, .pos_stride = 48},
+        {.rotary = 1, .dtype = DT_F32, .outer = 4, .rows = 5, .inner = 40, .n = 16, .style = DT_ROTARY_INTERLEAVED, .base = 500.0, .pos_stride = 9},
+        {.rotary = 1, .dtype = DT_BF16, .outer = 2, .rows = 24, .inner = 4, .n = 32, .style = DT_ROTARY_HALF, .base = 10000.0, .pos_stride = 24},
     };
     for (size_t i = 0; i < sizeof nns / sizeof nns[0]; i++) {
         nn_case *c = &nns[i];
         const char *vs = c->dtype != DT_F32 ? "one output ulp vs cpu"
                          : c->rotary ? "2e-7 + 2e-7|ref| vs cpu" : "1e-6 + 1e-6|ref| vs cpu";
         if (c->rotary)
-            add(&tb, test_nn, c, "rotary/%s,x=[%lld,%lld,%lld,%lld],%s,base=%g: %s",
+            add(&tb, test_nn, c, "rotary/%s,x=[%lld,%lld,%lld,%lld],%s,base=%g,pos_stride=%lld: %s",
                 dt_dtype_name(c->dtype), (long long)c->outer, (long long)c->rows,
-                (long long)c->inner, (long long)c->n, dt_rotary_style_name(c->style), c->base, vs);
+                (long long)c->inner, (long long)c->n, dt_rotary_style_name(c->style), c->base,
+                (long long)c->pos_stride, vs);
         else
             add(&tb, test_nn, c, "rmsnorm/%s,x=[%lld,%lld],%s: %s", dt_dtype_name(c->dtype),
                 (long long)c->rows, (long long)c->n, c->weighted ? "weight" : "no weight", vs);

@@ -4,11 +4,22 @@
  * examples/striped_attention:
  *   - exit 0 and "result: PASS" for fp32, bf16 and fp16 on every order;
  *   - exit 2, before launching anything, for bad flags and shapes;
- *   - --dump: files of exactly the right sizes, a meta.txt that parses, inputs
- *     in global token order (q.bin[i] is dt_random_value(seed, i)), and an
- *     o.bin that matches attention computed here, in double precision, from
- *     the dumped q, k, v with the causal mask by position: an independent
- *     check of both the dump and the library;
+ *   - --dump: files of exactly the right sizes, a meta.txt that parses (its
+ *     eighth field the window), a docs.txt with each batch row's document
+ *     lengths (the --docs list on every row, or each row's slice of a list per
+ *     row, or S; drawn ones summing to S), inputs in global token order
+ *     (q.bin[i] is dt_random_value(seed, i)), and an o.bin (with --backward
+ *     dq, dk, dv) that matches attention computed here, in double precision,
+ *     from the dumped q, k, v under the mask rule written out from docs.txt
+ *     and meta.txt (same document, j <= i when causal, |i - j| < window): an
+ *     independent check of both the dump and the library, over packed
+ *     documents (one of length 1, one longer than a shard, drawn ones) and
+ *     windows smaller and larger than a shard, on every order and several P;
+ *   - the work table (section 5) of those runs: each order's total and
+ *     critical path in pairs equal the ones counted here by enumeration from
+ *     the ranks' tokens (h_order_indices) and the rule;
+ *   - --docs random:MEAN: the same draws from the same seed, others from
+ *     another, a draw per batch row, and a sample mean near MEAN;
  *   - --svg: a complete SVG document with the three heat maps.
  * The binary is found beside this test's build tree (build/tests/test_examples
  * -> build/examples/striped_attention; make test runs from the repo root).
@@ -86,9 +97,10 @@ static void test_bad_flags(void **state) {
     REQUIRE_EXAMPLE();
     char *out = NULL;
     int rc = run_example(c->args, &out);
-    /* Refused before anything ran: no demo, no attention, and a message. */
+    /* Refused before anything ran: no demo, no attention, and a message
+     * (c->expect: what it must say). */
     int ok = rc == 2 && !strstr(out, "permute_striped") && !strstr(out, "4. attention") &&
-             strstr(out, "striped_attention: ");
+             strstr(out, "striped_attention: ") && (!c->expect || strstr(out, c->expect));
     if (!ok) show_output_on_failure(c->args, out);
     free(out);
     assert_int_equal(rc, 2);
@@ -100,7 +112,10 @@ static void test_help(void **state) {
     REQUIRE_EXAMPLE();
     char *out = NULL;
     int rc = run_example("--help", &out);
-    int ok = rc == 0 && strstr(out, "usage: striped_attention") && strstr(out, "--dump DIR");
+    int ok = rc == 0 && strstr(out, "usage: striped_attention") && strstr(out, "--dump DIR") &&
+             strstr(out, "--docs L1,L2,...") && strstr(out, "--docs random:MEAN") &&
+             strstr(out, "log-normal") && strstr(out, "--window W") &&
+             strstr(out, "(B S H HKV D causal scale window)") && strstr(out, "docs.txt");
     if (!ok) show_output_on_failure("--help", out);
     free(out);
     assert_true(ok);
@@ -164,11 +179,13 @@ static void test_wgmma_refused_maps(void **state) {
 /* ------------------------------------------------------------------ dump */
 
 typedef struct dump_case {
-    char name[128];
+    char name[160];
     int P, causal;
     int64_t B, S, H, Hkv, D;
     const char *order, *dtype;
     uint64_t seed;
+    const char *docs;   /* --docs, or NULL */
+    int64_t window;     /* --window, 0 for none */
 } dump_case;
 
 /* n little-endian fp32 values from dir/name, which must be exactly 4n bytes. */
@@ -203,10 +220,21 @@ static float *read_f32_le(const char *dir, const char *name, size_t n) {
     return x;
 }
 
-/* o [B, S, H, D] from the definition, in double: query i attends key j iff
- * j <= i (positions are the global token indices of the dump) or always. */
-static void attention_from_dump(const dump_case *c, const float *q, const float *k,
-                                const float *v, double scale, double *o) {
+/* The mask rule, written out: query i may attend key j of batch row b iff
+ * they are in the same document (doc [B, S]: a label per token), j <= i
+ * when causal, and |i - j| < window when a window is set. */
+static int allows(const dump_case *c, const int64_t *doc, int64_t window, int64_t b, int64_t i,
+                  int64_t j) {
+    return doc[b * c->S + i] == doc[b * c->S + j] && (!c->causal || j <= i) &&
+           (window == 0 || (i > j ? i - j : j - i) < window);
+}
+
+/* o [B, S, H, D] from the definition, in double, over the keys allows()
+ * gives each query (positions are the global token indices of the dump;
+ * every query has one: itself). */
+static void attention_from_dump(const dump_case *c, const int64_t *doc, int64_t window,
+                                const float *q, const float *k, const float *v, double scale,
+                                double *o) {
     const int64_t B = c->B, S = c->S, H = c->H, G = c->Hkv, D = c->D;
     double *w = malloc((size_t)S * sizeof *w);
     assert_non_null(w);
@@ -217,7 +245,7 @@ static void attention_from_dump(const dump_case *c, const float *q, const float 
                 double mx = -INFINITY, sum = 0;
                 for (int64_t j = 0; j < S; j++) {
                     w[j] = -INFINITY;
-                    if (c->causal && j > i) continue;
+                    if (!allows(c, doc, window, b, i, j)) continue;
                     double dot = 0;
                     for (int64_t d = 0; d < D; d++)
                         dot += (double)q[((b * S + i) * H + h) * D + d] *
@@ -233,6 +261,165 @@ static void attention_from_dump(const dump_case *c, const float *q, const float 
                 }
             }
     free(w);
+}
+
+/* The lengths of a --docs list "L1,L2,..." (at most max); their number. */
+static int64_t parse_lengths(const char *list, int64_t *lens, int64_t max) {
+    int64_t n = 0;
+    for (const char *p = list; *p && n < max;) {
+        char *end = NULL;
+        lens[n++] = strtoll(p, &end, 10);
+        p = *end == ',' ? end + 1 : end;
+        if (end == p && *p) break;
+    }
+    return n;
+}
+
+/* 1 if the case's documents are a list per batch row (drawn ones, or a list
+ * summing to B*S with B > 1): the work table then sums over the rows. */
+static int docs_per_row(const dump_case *c) {
+    if (!c->docs || c->B == 1) return 0;
+    if (!strncmp(c->docs, "random:", 7)) return 1;
+    int64_t lens[512], n = parse_lengths(c->docs, lens, 512), sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += lens[i];
+    return sum == c->B * c->S;
+}
+
+/* dir/docs.txt: B lines of lengths >= 1 summing to S each, as the case asks
+ * (with no --docs "S"; a list summing to S on every line; one summing to B*S
+ * cut at the rows; drawn ones a draw per row, so rows 0 and 1 differ). 1 and
+ * doc [B, S], each token's document label (its index in the row), and
+ * (lens not NULL) *lens, the lengths row after row (new, summing to B*S),
+ * and *count, else 0 with a message. */
+static int read_docs(const dump_case *c, const char *dir, int64_t *doc, int64_t **lens,
+                     int64_t *count) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/docs.txt", dir);
+    char *text = h_read_text(path);
+    if (!text) {
+        print_error("%s: cannot read it\n", path);
+        return 0;
+    }
+    const int64_t S = c->S;
+    int64_t *rows = malloc((size_t)(c->B * S) * sizeof *rows);   /* lengths, row after row */
+    int64_t *first = calloc((size_t)c->B + 1, sizeof *first);    /* row b: rows[first[b] ..] */
+    assert_true(rows && first);
+    int ok = 1;
+    int64_t n = 0, b = 0;
+    const char *p = text;
+    for (; ok && b < c->B && *p; b++) {
+        int64_t sum = 0;
+        first[b] = n;
+        while (ok && *p && *p != '\n') {
+            char *end = NULL;
+            const long long x = strtoll(p, &end, 10);
+            ok = end != p && x >= 1 && x <= S - sum && (*end == ' ' || *end == '\n');
+            if (ok) rows[n++] = x, sum += x;
+            p = *end == ' ' ? end + 1 : end;
+        }
+        ok = ok && sum == S && *p == '\n';
+        if (ok) p++;
+        /* labels: the token's document, from the lengths of its row */
+        for (int64_t i = first[b], at = 0; ok && i < n; at += rows[i], i++)
+            for (int64_t t = at; t < at + rows[i]; t++) doc[b * S + t] = i - first[b];
+    }
+    first[b] = n;
+    ok = ok && b == c->B && *p == '\0';
+    if (!ok) print_error("%s is not %lld lines of lengths summing to S = %lld:\n%s\n", path,
+                         (long long)c->B, (long long)S, text);
+    /* What the case asked for. */
+    int64_t want[512], nwant = 0;
+    if (ok && !c->docs) {
+        want[0] = S, nwant = 1;
+    } else if (ok && strncmp(c->docs, "random:", 7)) {
+        nwant = parse_lengths(c->docs, want, 512);
+    }
+    for (int64_t r = 0; ok && nwant && r < c->B; r++) {
+        /* a list for every row: the whole list on each; a list per row: its slice */
+        const int64_t *w = want, nr = first[r + 1] - first[r];
+        int64_t nw = nwant;
+        if (docs_per_row(c)) {
+            w = want + first[r];
+            nw = nr;
+            ok = first[c->B] == nwant;
+        }
+        ok = ok && nr == nw && !memcmp(rows + first[r], w, (size_t)nw * sizeof *w);
+        if (!ok) print_error("%s: row %lld is not the --docs list %s:\n%s\n", path, (long long)r,
+                             c->docs ? c->docs : "(none: S)", text);
+    }
+    if (ok && c->docs && !strncmp(c->docs, "random:", 7) && c->B > 1) {
+        ok = first[1] - first[0] != first[2] - first[1] ||
+             memcmp(rows, rows + first[1], (size_t)(first[1] - first[0]) * sizeof *rows);
+        if (!ok) print_error("%s: rows 0 and 1 hold the same draw:\n%s\n", path, text);
+    }
+    if (lens) {
+        *lens = rows;
+        *count = n;
+    } else {
+        free(rows);
+    }
+    free(first);
+    free(text);
+    return ok;
+}
+
+/* Each order's critical path (sum over ring steps of the busiest rank) and
+ * total of the work table, counted here: at step t rank j holds the keys of
+ * rank (j - t) mod P; its pairs are those of its queries and those keys that
+ * allows() gives, per head, for row 0 (one list of documents for every row)
+ * or summed over the rows (a list per row). Tokens of a rank from
+ * h_order_indices. */
+static void count_work(const dump_case *c, const int64_t *doc, int64_t window, dt_order order,
+                       long long *crit, long long *total) {
+    const int P = c->P;
+    const int64_t n = c->S / P, rows = docs_per_row(c) ? c->B : 1;
+    int64_t *idx = malloc((size_t)(P * n) * sizeof *idx);
+    assert_non_null(idx);
+    for (int j = 0; j < P; j++) h_order_indices(order, c->S, P, j, idx + j * n);
+    *crit = *total = 0;
+    for (int t = 0; t < P; t++) {
+        long long busiest = 0;
+        for (int j = 0; j < P; j++) {
+            const int src = ((j - t) % P + P) % P;
+            long long pairs = 0;
+            for (int64_t b = 0; b < rows; b++)
+                for (int64_t x = 0; x < n; x++)
+                    for (int64_t y = 0; y < n; y++)
+                        pairs += allows(c, doc, window, b, idx[j * n + x], idx[src * n + y]);
+            *total += pairs;
+            if (pairs > busiest) busiest = pairs;
+        }
+        *crit += busiest;
+    }
+    free(idx);
+}
+
+/* The example's work table agrees with count_work on every order. */
+static int check_work(const dump_case *c, const int64_t *doc, int64_t window, const char *out) {
+    static const char *const lines[2] = {"critical path (sum over steps of the busiest rank):",
+                                         "total pairs (over ranks and steps):"};
+    static const dt_order ords[3] = {DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG};
+    long long got[2][3], want[2][3];
+    const char *a = out ? strstr(out, lines[0]) : NULL, *b = out ? strstr(out, lines[1]) : NULL;
+    if (!a || !b ||
+        sscanf(a + strlen(lines[0]), " contiguous %lld, striped %lld, zigzag %lld", &got[0][0],
+               &got[0][1], &got[0][2]) != 3 ||
+        sscanf(b + strlen(lines[1]), " contiguous %lld, striped %lld, zigzag %lld", &got[1][0],
+               &got[1][1], &got[1][2]) != 3) {
+        print_error("%s: no work table totals in the output\n", c->name);
+        return 0;
+    }
+    int ok = 1;
+    for (int o = 0; o < 3; o++) {
+        count_work(c, doc, window, ords[o], &want[0][o], &want[1][o]);
+        for (int w = 0; w < 2; w++)
+            if (got[w][o] != want[w][o]) {
+                print_error("%s: %s %s %lld, counted here %lld\n", c->name, dt_order_name(ords[o]),
+                            w ? "total pairs" : "critical path", got[w][o], want[w][o]);
+                ok = 0;
+            }
+    }
+    return ok;
 }
 
 /* "fp32", "bf16" or "fp16" as its dtype. */
@@ -255,8 +442,8 @@ static long check_input(const char *what, const float *x, size_t n, uint64_t see
 }
 
 static void remove_dump(const char *top, const char *dir) {
-    static const char *const files[] = {"meta.txt", "q.bin", "k.bin", "v.bin", "o.bin",
-                                        "dout.bin", "dq.bin", "dk.bin", "dv.bin"};
+    static const char *const files[] = {"meta.txt", "docs.txt", "q.bin", "k.bin", "v.bin",
+                                        "o.bin", "dout.bin", "dq.bin", "dk.bin", "dv.bin"};
     char path[4200];
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
@@ -266,43 +453,82 @@ static void remove_dump(const char *top, const char *dir) {
     rmdir(top);
 }
 
-static void test_dump(void **state) {
-    const dump_case *c = *state;
-    REQUIRE_EXAMPLE();
-    char top[256], dir[512], args[1024];
-    snprintf(top, sizeof top, "%s/dt_example_dump.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+/* meta.txt: "B S H HKV D causal scale window". */
+typedef struct dump_meta {
+    int fields;          /* how many parsed: 8 */
+    long long shape[5];  /* B S H HKV D */
+    int causal;
+    double scale;
+    long long window;
+} dump_meta;
+
+/* Runs the example on case c (--backward if backward) with --dump into
+ * top/sub, a directory it must create, and reads its meta.txt. Returns the
+ * exit status, the output in *out (the caller frees it). */
+static int run_dump(const dump_case *c, int backward, char top[256], char dir[512], char **out,
+                    dump_meta *meta) {
+    char args[1024], rule[256] = "";
+    snprintf(top, 256, "%s/dt_example_dump.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     assert_non_null(mkdtemp(top));
-    snprintf(dir, sizeof dir, "%s/sub", top); /* missing: the example must create it */
+    snprintf(dir, 512, "%s/sub", top);
+    if (c->docs) snprintf(rule, sizeof rule, " --docs %s", c->docs);
+    if (c->window)
+        snprintf(rule + strlen(rule), sizeof rule - strlen(rule), " --window %lld",
+                 (long long)c->window);
     snprintf(args, sizeof args,
              "--ranks %d --batch %lld --seq %lld --heads %lld --kv-heads %lld --dim %lld "
-             "--order %s --dtype %s --seed %llu %s --dump '%s'",
+             "--order %s --dtype %s --seed %llu %s%s%s --dump '%s'",
              c->P, (long long)c->B, (long long)c->S, (long long)c->H, (long long)c->Hkv,
              (long long)c->D, c->order, c->dtype, (unsigned long long)c->seed,
-             c->causal ? "--causal" : "--no-causal", dir);
-    char *out = NULL;
-    int rc = run_example(args, &out);
-    if (rc != 0) show_output_on_failure(args, out);
-    free(out);
-
-    float *q = NULL, *k = NULL, *v = NULL, *o = NULL;
-    double *ref = NULL;
-    long long m[5];
-    int causal = -1;
-    double scale = 0;
-    int parsed = 0;
+             c->causal ? "--causal" : "--no-causal", rule, backward ? " --backward" : "", dir);
+    int rc = run_example(args, out);
+    if (rc != 0) show_output_on_failure(args, *out);
+    memset(meta, 0, sizeof *meta);
+    meta->causal = -1;
     char path[600];
     snprintf(path, sizeof path, "%s/meta.txt", dir);
     FILE *f = fopen(path, "r");
     if (f) {
-        parsed = fscanf(f, "%lld %lld %lld %lld %lld %d %lf", &m[0], &m[1], &m[2], &m[3], &m[4],
-                        &causal, &scale);
+        meta->fields = fscanf(f, "%lld %lld %lld %lld %lld %d %lf %lld", &meta->shape[0],
+                              &meta->shape[1], &meta->shape[2], &meta->shape[3], &meta->shape[4],
+                              &meta->causal, &meta->scale, &meta->window);
         fclose(f);
     }
+    return rc;
+}
+
+/* meta.txt holds the case's shape, mask, scale and window. */
+static void assert_meta(const dump_case *c, const dump_meta *m) {
+    assert_int_equal(m->fields, 8);
+    assert_int_equal(m->shape[0], c->B);
+    assert_int_equal(m->shape[1], c->S);
+    assert_int_equal(m->shape[2], c->H);
+    assert_int_equal(m->shape[3], c->Hkv);
+    assert_int_equal(m->shape[4], c->D);
+    assert_int_equal(m->causal, c->causal);
+    assert_true(fabs(m->scale - 1.0 / sqrt((double)c->D)) < 1e-7);
+    assert_int_equal(m->window, c->window);
+}
+
+static void test_dump(void **state) {
+    const dump_case *c = *state;
+    REQUIRE_EXAMPLE();
+    char top[256], dir[512];
+    char *out = NULL;
+    dump_meta meta;
+    int rc = run_dump(c, 0, top, dir, &out, &meta);
+
+    float *q = NULL, *k = NULL, *v = NULL, *o = NULL;
+    double *ref = NULL;
+    int64_t *doc = malloc((size_t)(c->B * c->S) * sizeof *doc);
+    assert_non_null(doc);
     const size_t nq = (size_t)(c->B * c->S * c->H * c->D), nk = (size_t)(c->B * c->S * c->Hkv * c->D);
     const dt_dtype dt = dtype_of(c->dtype);
     long bad_in = -1, bad_o = -1;
     double max_err = 0;
-    if (rc == 0 && parsed == 7) {
+    const int docs_ok = rc == 0 && read_docs(c, dir, doc, NULL, NULL);
+    const int work_ok = docs_ok && check_work(c, doc, meta.window, out);
+    if (docs_ok && meta.fields == 8) {
         q = read_f32_le(dir, "q.bin", nq);
         k = read_f32_le(dir, "k.bin", nk);
         v = read_f32_le(dir, "v.bin", nk);
@@ -313,58 +539,49 @@ static void test_dump(void **state) {
                  check_input("v", v, nk, c->seed + 2, dt);
         ref = malloc(nq * sizeof *ref);
         assert_non_null(ref);
-        attention_from_dump(c, q, k, v, scale, ref);
+        attention_from_dump(c, doc, meta.window, q, k, v, meta.scale, ref);
         const double tol = dt == DT_BF16 ? 2e-2 : dt == DT_F16 ? 2e-3 : 1e-5;
         bad_o = h_compare(c->name, o, ref, nq, tol, tol, &max_err);
     }
+    free(out);
     free(q);
     free(k);
     free(v);
     free(o);
     free(ref);
+    free(doc);
     remove_dump(top, dir);
 
     assert_int_equal(rc, 0);
-    assert_int_equal(parsed, 7);
-    assert_int_equal(m[0], c->B);
-    assert_int_equal(m[1], c->S);
-    assert_int_equal(m[2], c->H);
-    assert_int_equal(m[3], c->Hkv);
-    assert_int_equal(m[4], c->D);
-    assert_int_equal(causal, c->causal);
-    assert_true(fabs(scale - 1.0 / sqrt((double)c->D)) < 1e-7);
+    assert_meta(c, &meta);
+    assert_true(docs_ok);
+    assert_true(work_ok);
     assert_int_equal(bad_in, 0);   /* also -1 if a file was missing or had the wrong size */
     assert_int_equal(bad_o, 0);
 }
 
-/* ------------------------------------------------------------------- svg */
-
 /* --backward --dump: the dumped gradients match reference gradients
- * computed here, in double, from the dumped q, k, v and dout (attn_ref.c):
- * an independent check of the backward pass and of its dump. */
+ * computed here, in double, from the dumped q, k, v and dout under the rule
+ * of docs.txt and meta.txt (attn_ref.c): an independent check of the
+ * backward pass and of its dump. */
 static void test_dump_backward(void **state) {
     const dump_case *c = *state;
     REQUIRE_EXAMPLE();
-    char top[256], dir[512], args[1024];
-    snprintf(top, sizeof top, "%s/dt_example_dump.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    assert_non_null(mkdtemp(top));
-    snprintf(dir, sizeof dir, "%s/sub", top);
-    snprintf(args, sizeof args,
-             "--ranks %d --batch %lld --seq %lld --heads %lld --kv-heads %lld --dim %lld "
-             "--order %s --dtype %s --seed %llu %s --backward --dump '%s'",
-             c->P, (long long)c->B, (long long)c->S, (long long)c->H, (long long)c->Hkv,
-             (long long)c->D, c->order, c->dtype, (unsigned long long)c->seed,
-             c->causal ? "--causal" : "--no-causal", dir);
+    char top[256], dir[512];
     char *out = NULL;
-    int rc = run_example(args, &out);
-    if (rc != 0) show_output_on_failure(args, out);
+    dump_meta meta;
+    int rc = run_dump(c, 1, top, dir, &out, &meta);
     int said_pass = out && strstr(out, "backward result: PASS") != NULL;
     free(out);
     const size_t nq = (size_t)(c->B * c->S * c->H * c->D), nk = (size_t)(c->B * c->S * c->Hkv * c->D);
     const char *names[7] = {"q.bin", "k.bin", "v.bin", "dout.bin", "dq.bin", "dk.bin", "dv.bin"};
     const size_t sizes[7] = {nq, nk, nk, nq, nq, nk, nk};
     float *x[7] = {NULL};
-    int all = rc == 0;
+    int64_t *doc = malloc((size_t)(c->B * c->S) * sizeof *doc);
+    assert_non_null(doc);
+    int64_t *lens = NULL, count = 0;
+    const int docs_ok = rc == 0 && read_docs(c, dir, doc, &lens, &count);
+    int all = docs_ok && meta.fields == 8;
     for (int i = 0; i < 7 && all; i++) all = (x[i] = read_f32_le(dir, names[i], sizes[i])) != NULL;
     long bad = -1;
     if (all) {
@@ -375,8 +592,10 @@ static void test_dump_backward(void **state) {
         }
         for (int i = 0; i < 3; i++) ref[i] = malloc(sizes[4 + i] * sizeof(double));
         attn_shape s = {c->B, c->S, c->H, c->Hkv, c->D};
-        ref_attention_backward(&s, in[0], in[1], in[2], in[3], c->causal, 1.0 / sqrt((double)c->D),
-                               ref[0], ref[1], ref[2]);
+        /* docs.txt's lengths row after row: a list per row (B*S) */
+        attn_ref_rule r = {meta.causal, meta.window, lens, count};
+        ref_attention_backward_rule(&s, &r, in[0], in[1], in[2], in[3], 1.0 / sqrt((double)c->D),
+                                    ref[0], ref[1], ref[2]);
         const dt_dtype dt = dtype_of(c->dtype);
         const double tol = dt == DT_BF16 ? 3e-2 : dt == DT_F16 ? 4e-3 : 1e-4;
         bad = 0;
@@ -385,12 +604,69 @@ static void test_dump_backward(void **state) {
         for (int i = 0; i < 3; i++) free(ref[i]);
     }
     for (int i = 0; i < 7; i++) free(x[i]);
+    free(doc);
+    free(lens);
     remove_dump(top, dir);
     assert_int_equal(rc, 0);
+    assert_meta(c, &meta);
     assert_true(said_pass);
+    assert_true(docs_ok);
     assert_true(all);
     assert_int_equal(bad, 0);
 }
+
+/* --docs random:MEAN: the draws are the seed's (the same twice, others from
+ * another seed), a draw per batch row, each row's lengths >= 1 summing to S
+ * (read_docs), and their mean, less each row's last (cut to fit), within a
+ * quarter of MEAN: 8 rows of 512 tokens, about 400 draws, whose sample mean
+ * has a standard deviation near 0.07 MEAN for sigma 1. */
+static void test_docs_random(void **state) {
+    (void)state;
+    REQUIRE_EXAMPLE();
+    dump_case c = {"striped_attention/docs-random/mean=8,B=8,S=512", 2, 1, 8, 512, 1, 1, 8,
+                   "contiguous", "fp32", 5, "random:8", 0};
+    char *text[3] = {NULL, NULL, NULL};
+    int ok = 1;
+    int64_t *doc = malloc((size_t)(c.B * c.S) * sizeof *doc);
+    assert_non_null(doc);
+    for (int r = 0; r < 3; r++) {
+        c.seed = r < 2 ? 5 : 6;   /* runs 0 and 1 the same seed, run 2 another */
+        char top[256], dir[512], path[600];
+        char *out = NULL;
+        dump_meta meta;
+        int rc = run_dump(&c, 0, top, dir, &out, &meta);
+        free(out);
+        ok = ok && rc == 0 && read_docs(&c, dir, doc, NULL, NULL);
+        snprintf(path, sizeof path, "%s/docs.txt", dir);
+        text[r] = h_read_text(path);
+        remove_dump(top, dir);
+    }
+    ok = ok && text[0] && text[1] && text[2] && !strcmp(text[0], text[1]) &&
+         strcmp(text[0], text[2]);
+    double sum = 0;
+    long n = 0;
+    for (const char *line = ok ? text[0] : NULL; line && *line;) {
+        const char *eol = strchr(line, '\n');
+        for (const char *p = line; p < eol;) {
+            char *end = NULL;
+            const long long x = strtoll(p, &end, 10);
+            if (end < eol) sum += (double)x, n++;   /* not the row's last */
+            p = end;
+        }
+        line = eol + 1;
+    }
+    const double mean = n ? sum / (double)n : 0;
+    if (!ok || !(mean >= 6 && mean <= 10))
+        print_error("%s: draws (mean %.3f over %ld):\n%s\nseed 6:\n%s\n", c.name, mean, n,
+                    text[0] ? text[0] : "(none)", text[2] ? text[2] : "(none)");
+    for (int r = 0; r < 3; r++) free(text[r]);
+    free(doc);
+    assert_true(ok);
+    assert_true(n > 200);
+    assert_true(mean >= 6 && mean <= 10);
+}
+
+/* ------------------------------------------------------------------- svg */
 
 static void test_svg(void **state) {
     (void)state;
@@ -435,8 +711,8 @@ int main(int argc, char **argv) {
 
     static const char *const order_names[] = {"contiguous", "striped", "zigzag"};
     static const char *const dtype_names[] = {"fp32", "bf16", "fp16"};
-    static pass_case passes[14], bad[8], unsupported[1];
-    struct CMUnitTest tests[40];
+    static pass_case passes[20], bad[24], unsupported[1];
+    struct CMUnitTest tests[80];
     size_t n = 0, np = 0;
     for (int o = 0; o < 3; o++)
         for (int d = 0; d < 3; d++) {
@@ -474,15 +750,51 @@ int main(int argc, char **argv) {
         snprintf(c->name, sizeof c->name, "striped_attention/pass/striped,group=4,P=6");
         tests[n++] = (struct CMUnitTest){c->name, test_passes, NULL, NULL, c};
     }
-    static const char *const bad_args[] = {
-        "--seq 10 --ranks 4", "--order diagonal", "--kv-heads 3 --heads 4",
-        "--order zigzag --seq 12 --ranks 4", "--dim 12", "--frobnicate", "--seed ' -1'",
-        "--group 0",
+    /* Packed documents and a window (the example's own reference follows the
+     * rule); grouped rings with them, and the 16-bit dtypes. */
+    static const struct {
+        const char *args, *name, *expect;
+    } rule_passes[] = {
+        {"--ranks 5 --batch 2 --seq 100 --order zigzag --group 3 --docs random:15 --window 30",
+         "zigzag,group=3,docs=random:15,window=30,P=5,B=2",
+         "documents drawn log-normal (mean 15)"},
+        {"--ranks 6 --seq 96 --order striped --group 4 --docs 1,50,45 --window 10",
+         "striped,group=4,docs=1+50+45,window=10,P=6", "3 documents per row (1,50,45), window 10"},
+        {"--ranks 4 --seq 128 --heads 4 --kv-heads 2 --dim 32 --order striped --dtype bf16 "
+         "--docs 7,1,100,20 --window 24", "striped,bf16,docs=7+1+100+20,window=24,P=4", NULL},
+        {"--ranks 4 --seq 128 --heads 4 --kv-heads 2 --dim 32 --order zigzag --dtype fp16 "
+         "--no-causal --docs random:20", "zigzag,fp16,no-causal,docs=random:20,P=4", NULL},
+        {"--ranks 3 --batch 2 --seq 48 --order contiguous --window 7 --backward",
+         "contiguous,window=7,backward,P=3,B=2", "causal mask, window 7"},
+    };
+    for (size_t i = 0; i < sizeof rule_passes / sizeof *rule_passes; i++) {
+        pass_case *c = &passes[np++];
+        snprintf(c->args, sizeof c->args, "%s", rule_passes[i].args);
+        snprintf(c->name, sizeof c->name, "striped_attention/pass/%s", rule_passes[i].name);
+        c->expect = rule_passes[i].expect;
+        tests[n++] = (struct CMUnitTest){c->name, test_passes, NULL, NULL, c};
+    }
+    static const char *const bad_args[][2] = {
+        {"--seq 10 --ranks 4", NULL}, {"--order diagonal", NULL},
+        {"--kv-heads 3 --heads 4", NULL}, {"--order zigzag --seq 12 --ranks 4", NULL},
+        {"--dim 12", NULL}, {"--frobnicate", NULL}, {"--seed ' -1'", NULL}, {"--group 0", NULL},
+        {"--seq 64 --docs 1,2,x", "--docs takes lengths L1,L2,... (integers >= 1) or random:MEAN; "
+                                  "entry 3 is 'x'"},
+        {"--seq 64 --docs 10,20", "--docs lengths sum to 30, not --seq 64"},
+        {"--seq 64 --batch 2 --docs 10,20", "not --seq 64 (one list for every batch row) nor B*S = 128"},
+        {"--seq 64 --docs 0,64", "entry 1 is '0'"},
+        {"--seq 64 --docs 32,,32", "entry 2 is ''"},
+        {"--seq 64 --batch 2 --docs 60,8,60", "crosses the end of batch row 0"},
+        {"--docs random:0.5", "--docs random:MEAN takes a mean length of at least 1"},
+        {"--docs random:", "--docs random:MEAN takes a mean length of at least 1"},
+        {"--window -1", "--window takes an integer in [0, "},
+        {"--window 2x", "--window takes an integer"},
     };
     for (size_t i = 0; i < sizeof bad_args / sizeof *bad_args; i++) {
         pass_case *c = &bad[i];
-        snprintf(c->args, sizeof c->args, "%s", bad_args[i]);
-        snprintf(c->name, sizeof c->name, "striped_attention/exit2/%s", bad_args[i]);
+        snprintf(c->args, sizeof c->args, "%s", bad_args[i][0]);
+        snprintf(c->name, sizeof c->name, "striped_attention/exit2/%s", bad_args[i][0]);
+        c->expect = bad_args[i][1];
         tests[n++] = (struct CMUnitTest){c->name, test_bad_flags, NULL, NULL, c};
     }
     static const char *const unsupported_args[] = {"--backend cuda"};
@@ -493,33 +805,58 @@ int main(int argc, char **argv) {
         tests[n++] = (struct CMUnitTest){c->name, test_not_supported, NULL, NULL, c};
     }
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_wgmma_refused_maps);
+    /* Documents: lists with a document of length 1 and one longer than a
+     * shard (S/P), a list per row (summing to B*S), drawn ones; windows
+     * smaller and larger than a shard. */
     static dump_case dumps[] = {
-        {"", 3, 1, 2, 48, 4, 2, 16, "zigzag", "fp32", 7},
-        {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 11},
-        {"", 2, 1, 1, 32, 4, 1, 8, "contiguous", "fp32", 5},
-        {"", 3, 0, 1, 36, 2, 1, 16, "striped", "bf16", 3},
-        {"", 2, 1, 2, 32, 4, 2, 16, "zigzag", "fp16", 13},
+        {"", 3, 1, 2, 48, 4, 2, 16, "zigzag", "fp32", 7, NULL, 0},
+        {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 11, NULL, 0},
+        {"", 2, 1, 1, 32, 4, 1, 8, "contiguous", "fp32", 5, NULL, 0},
+        {"", 3, 0, 1, 36, 2, 1, 16, "striped", "bf16", 3, NULL, 0},
+        {"", 2, 1, 2, 32, 4, 2, 16, "zigzag", "fp16", 13, NULL, 0},
+        {"", 4, 1, 2, 64, 2, 1, 16, "striped", "fp32", 41, "1,40,23", 0},
+        {"", 3, 1, 1, 48, 4, 2, 8, "zigzag", "fp32", 43, "1,5,30,12", 7},
+        {"", 2, 0, 2, 64, 2, 2, 8, "contiguous", "fp32", 47, "random:48", 40},
+        {"", 5, 0, 1, 80, 2, 1, 8, "striped", "fp32", 53, NULL, 5},
+        {"", 4, 1, 1, 128, 2, 1, 16, "zigzag", "bf16", 59, "random:64", 48},
+        {"", 6, 1, 2, 96, 2, 2, 8, "contiguous", "fp32", 61, "1,63,32,50,46", 0},
+        {"", 1, 1, 1, 32, 2, 1, 8, "striped", "fp32", 67, "3,1,28", 4},
+        {"", 7, 0, 1, 112, 2, 1, 8, "zigzag", "fp32", 71, "20,1,1,90", 20},
     };
     static dump_case bdumps[] = {
-        {"", 3, 1, 2, 48, 4, 2, 16, "zigzag", "fp32", 17},
-        {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 19},
-        {"", 2, 0, 1, 32, 4, 1, 8, "contiguous", "fp32", 23},
-        {"", 3, 1, 1, 36, 2, 1, 16, "striped", "bf16", 29},
-        {"", 4, 1, 1, 32, 2, 2, 8, "contiguous", "fp16", 31},
+        {"", 3, 1, 2, 48, 4, 2, 16, "zigzag", "fp32", 17, NULL, 0},
+        {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 19, NULL, 0},
+        {"", 2, 0, 1, 32, 4, 1, 8, "contiguous", "fp32", 23, NULL, 0},
+        {"", 3, 1, 1, 36, 2, 1, 16, "striped", "bf16", 29, NULL, 0},
+        {"", 4, 1, 1, 32, 2, 2, 8, "contiguous", "fp16", 31, NULL, 0},
+        {"", 4, 1, 1, 64, 2, 1, 16, "zigzag", "fp32", 73, "1,40,23", 12},
+        {"", 3, 0, 2, 48, 2, 2, 8, "striped", "fp32", 79, "random:8", 0},
+        {"", 2, 1, 1, 64, 2, 1, 8, "contiguous", "fp32", 83, NULL, 40},
+        {"", 5, 0, 1, 80, 2, 1, 8, "zigzag", "fp32", 89, "16,1,63", 20},
+        {"", 3, 1, 2, 48, 2, 1, 8, "contiguous", "fp32", 97, "random:6", 5},
+        {"", 8, 1, 1, 64, 2, 1, 8, "striped", "fp32", 101, "1,2,61", 3},
     };
     /* The forward dumps, then the backward ones (--backward --dump). */
-    for (size_t i = 0; i < 2 * sizeof dumps / sizeof *dumps; i++) {
-        size_t nd = sizeof dumps / sizeof *dumps;
+    const size_t nd = sizeof dumps / sizeof *dumps, nbd = sizeof bdumps / sizeof *bdumps;
+    for (size_t i = 0; i < nd + nbd; i++) {
         int backward = i >= nd;
         dump_case *c = backward ? &bdumps[i - nd] : &dumps[i];
+        char rule[96] = "";
+        if (c->docs) snprintf(rule, sizeof rule, ",docs=%s", c->docs);
+        for (char *p = rule; *p; p++) *p = p > rule && *p == ',' ? '+' : *p;   /* one parameter */
+        if (c->window)
+            snprintf(rule + strlen(rule), sizeof rule - strlen(rule), ",window=%lld",
+                     (long long)c->window);
         snprintf(c->name, sizeof c->name,
-                 "striped_attention/%s/%s,%s,%s,P=%d,B=%lld,S=%lld,H=%lld,Hkv=%lld,D=%lld",
+                 "striped_attention/%s/%s,%s,%s%s,P=%d,B=%lld,S=%lld,H=%lld,Hkv=%lld,D=%lld",
                  backward ? "backward-dump" : "dump", c->order, c->dtype,
-                 c->causal ? "causal" : "no-causal", c->P, (long long)c->B, (long long)c->S,
+                 c->causal ? "causal" : "no-causal", rule, c->P, (long long)c->B, (long long)c->S,
                  (long long)c->H, (long long)c->Hkv, (long long)c->D);
         tests[n++] = (struct CMUnitTest){c->name, backward ? test_dump_backward : test_dump, NULL,
                                          NULL, c};
     }
+    tests[n++] = (struct CMUnitTest){"striped_attention/docs-random/mean=8,B=8,S=512",
+                                     test_docs_random, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"striped_attention/help", test_help, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"striped_attention/svg/P=5,S=80", test_svg, NULL, NULL, NULL};
     return h_run_cases("examples", tests, n) ? 1 : 0;

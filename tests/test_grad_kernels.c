@@ -113,7 +113,8 @@ typedef struct gk_case {
  *   swiglu            s = n
  *   swiglu_backward   s = n;                  p = accumulate, outputs (0 both, 1 dgate, 2 dup)
  *   rmsnorm_backward  s = rows, n;            p = weighted, accumulate, outputs (as above: dx, dw)
- *   rotary_inverse    s = outer, rows, inner, d; p = style, large positions, round trip
+ *   rotary_inverse    s = outer, rows, inner, d; p = style, large positions, round trip,
+ *                     pos_stride (0: one position list for every outer row)
  *   embedding(_bwd)   s = n, d, rows, lo;     p = accumulate
  *   i32_check         s = n, limit;           p = bad values (0 none, 1 three, 2 many),
  *                                             ignore (0: -100, 1: 7, a class)
@@ -353,15 +354,16 @@ static void setup(const gk_case *c, io *o) {
         buf *x = add_buf(o, "x", dt, n, 0);
         buf *out = add_buf(o, "out", dt, n, 1);
         if (c->p[2]) add_buf(o, "rotated", dt, n, 0);   /* the round trip's middle */
-        o->pos = malloc((size_t)(rows + 1) * sizeof *o->pos);
+        const int64_t n_pos = c->p[3] ? (outer - 1) * c->p[3] + rows : rows;
+        o->pos = malloc((size_t)(n_pos + 1) * sizeof *o->pos);
         if (o->alloc_failed || !o->pos) {
             o->alloc_failed = 1;
             return;
         }
         fill(x, sd, 1, 3.0, 0.0);
         fill_nan(out);
-        for (int64_t s = 0; s < rows; s++)
-            o->pos[s] = c->p[1] ? 1000000 + (s * 7919 % 1000) * 997 : 3 * s + 5;
+        for (int64_t j = 0; j < n_pos; j++)
+            o->pos[j] = c->p[1] ? 1000000 + (j * 7919 % 1000) * 997 : 3 * j + 5;
         if (nf && n >= 4) {
             hset(x, 0, NAN);
             hset(x, n - 1, INFINITY);
@@ -563,13 +565,13 @@ static dt_status call(dt_backend *be, const gk_case *c, io *o) {
     }
     case OP_ROTARY_INV:
         if (c->p[2]) {
-            TRY(f->rotary(be, dt, c->s[0], c->s[1], c->s[2], c->s[3], o->pos, ROPE_BASE,
+            TRY(f->rotary(be, dt, c->s[0], c->s[1], c->s[2], c->s[3], o->pos, c->p[3], ROPE_BASE,
                           (dt_rotary_style)c->p[0], b[0].d, b[2].d));
-            return f->rotary_inverse(be, dt, c->s[0], c->s[1], c->s[2], c->s[3], o->pos,
+            return f->rotary_inverse(be, dt, c->s[0], c->s[1], c->s[2], c->s[3], o->pos, c->p[3],
                                      ROPE_BASE, (dt_rotary_style)c->p[0], b[2].d, b[1].d);
         }
-        return f->rotary_inverse(be, dt, c->s[0], c->s[1], c->s[2], c->s[3], o->pos, ROPE_BASE,
-                                 (dt_rotary_style)c->p[0], b[0].d, b[1].d);
+        return f->rotary_inverse(be, dt, c->s[0], c->s[1], c->s[2], c->s[3], o->pos, c->p[3],
+                                 ROPE_BASE, (dt_rotary_style)c->p[0], b[0].d, b[1].d);
     case OP_EMBEDDING:
         return f->embedding(be, dt, c->s[0], c->s[1], b[0].d, c->s[3], c->s[2], b[1].d, b[2].d);
     case OP_EMBEDDING_BWD:
@@ -855,7 +857,8 @@ static void reference(const gk_case *c, io *o, int cuda, int tf32) {
                                 8 * U32 * mag + 3 * u_of(dt) * mag + s_of(dt);
                             continue;
                         }
-                        const double ang = (double)o->pos[s] * pow(ROPE_BASE, -2.0 * (double)i / (double)d);
+                        const double ang = (double)o->pos[o0 * c->p[3] + s] *
+                                           pow(ROPE_BASE, -2.0 * (double)i / (double)d);
                         const double cs = cos(ang), sn = sin(ang);
                         out->ref[ia] = a * cs + bb * sn;   /* rotation by -angle */
                         out->ref[ib] = -a * sn + bb * cs;
@@ -1152,8 +1155,10 @@ static dt_status rank_errors(dt_context *ctx, void *arg) {
         {f->swiglu_backward(be, DT_F32, 4, p, p, NULL, p, p, 0), DT_ERR_INVALID_ARGUMENT, "swiglu_backward dy NULL"},
         {f->rmsnorm_backward(be, DT_F32, 2, 2, p, p, -1.0f, p, p, p, 0), DT_ERR_INVALID_ARGUMENT, "rmsnorm_backward eps -1"},
         {f->rmsnorm_backward(be, DT_F32, -1, 2, p, p, 1e-5f, p, p, p, 0), DT_ERR_INVALID_ARGUMENT, "rmsnorm_backward rows -1"},
-        {f->rotary_inverse(be, DT_F32, 1, 1, 1, 3, pos, 1e4, DT_ROTARY_HALF, p, p), DT_ERR_INVALID_ARGUMENT, "rotary_inverse d 3"},
-        {f->rotary_inverse(be, DT_F32, 1, 1, 1, 4, NULL, 1e4, DT_ROTARY_HALF, p, p), DT_ERR_INVALID_ARGUMENT, "rotary_inverse positions NULL"},
+        {f->rotary_inverse(be, DT_F32, 1, 1, 1, 3, pos, 0, 1e4, DT_ROTARY_HALF, p, p), DT_ERR_INVALID_ARGUMENT, "rotary_inverse d 3"},
+        {f->rotary_inverse(be, DT_F32, 1, 1, 1, 4, NULL, 0, 1e4, DT_ROTARY_HALF, p, p), DT_ERR_INVALID_ARGUMENT, "rotary_inverse positions NULL"},
+        {f->rotary_inverse(be, DT_F32, 2, 2, 1, 4, pos, 1, 1e4, DT_ROTARY_HALF, p, p), DT_ERR_INVALID_ARGUMENT, "rotary_inverse pos_stride 1 < rows 2"},
+        {f->rotary_inverse(be, DT_F32, 2, 1, 1, 4, pos, -1, 1e4, DT_ROTARY_HALF, p, p), DT_ERR_INVALID_ARGUMENT, "rotary_inverse pos_stride -1"},
         {f->embedding(be, DT_F32, -1, 4, p, 0, 4, p, p), DT_ERR_INVALID_ARGUMENT, "embedding n -1"},
         {f->embedding_backward(be, DT_U8, 2, 4, p, 0, 4, p, p, 0), DT_ERR_NOT_SUPPORTED, "embedding_backward u8"},
         {f->i32_check(be, 4, p, 10, -100, NULL, &ib), DT_ERR_INVALID_ARGUMENT, "i32_check valid NULL"},
@@ -1362,6 +1367,16 @@ static void add_cases(table *t, dt_backend_kind be) {
             c = add_case(t, OP_ROTARY_INV, be, dt, "style=%s,pos=large,roundtrip,shape=2x3x2x8", sn);
             SET4(c->s, 2, 3, 2, 8);
             SET4(c->p, st, 1, 1, 0);
+            /* a position list per outer row, back to back and with a gap */
+            for (int gap = 0; gap < 2; gap++) {
+                c = add_case(t, OP_ROTARY_INV, be, dt, "style=%s,pos=%s,pos_stride=%d,shape=3x5x2x8", sn,
+                             gap ? "large" : "small", 5 + 2 * gap);
+                SET4(c->s, 3, 5, 2, 8);
+                SET4(c->p, st, gap, 0, 5 + 2 * gap);
+            }
+            c = add_case(t, OP_ROTARY_INV, be, dt, "style=%s,pos=large,pos_stride=3,roundtrip,shape=2x3x2x8", sn);
+            SET4(c->s, 2, 3, 2, 8);
+            SET4(c->p, st, 1, 1, 3);
         }
         c = add_case(t, OP_ROTARY_INV, be, dt, "style=half,pos=small,shape=0x3x2x8");
         SET4(c->s, 0, 3, 2, 8);

@@ -268,6 +268,70 @@ static void test_one_rank_matches_reference(void **state) {
     assert_true(ok);
 }
 
+/* ------------------------------------------------------------ packed */
+
+/* --packed, documents ending after each newline (rows of 24 bytes hold
+ * several): one rank's losses, norms and first gradients against the double
+ * reference, which splits the tokens itself; then tp 2 x cp 2 (striped and
+ * zigzag, each document spread over both cp ranks) against the one rank. */
+static void test_packed(void **state) {
+    (void)state;
+    REQUIRE_BIN();
+    char *one = dir_of("packed_one");
+    assert_int_equal(train(TINY " --ranks 1 --steps 3 --packed --separator '\\n'", one, 0), 0);
+    gpt_ref r;
+    assert_int_equal(gpt_ref_load(&r, one), 0);
+    assert_true(r.packed && r.sep_len == 1 && r.sep[0] == '\n');
+    int32_t *tok = read_tokens(one, &r, r.steps);
+    assert_non_null(tok);
+    long inner = 0;   /* separators inside the rows' inputs: documents that start mid-row */
+    for (int64_t i = 0; i < r.steps * r.batch; i++)
+        for (int64_t t = 0; t + 1 < r.seq; t++) inner += tok[i * (r.seq + 1) + t] == '\n';
+    assert_true(inner >= r.steps * r.batch / 2);
+    double loss[16], norm[16];
+    assert_int_equal(read_losses(one, loss, norm, 16), (int)r.steps);
+    size_t ng = 0;
+    float *g0 = read_floats(one, "grad0.bin", &ng);
+    assert_true(g0 && ng == (size_t)r.total);
+    int ok = 1;
+    for (int64_t s = 0; s < r.steps; s++) {
+        double n = 0;
+        const double l = gpt_ref_step(&r, tok + s * r.batch * (r.seq + 1), s + 1, r.lr, &n);
+        if (s == 0) {
+            float *ref = malloc((size_t)r.total * sizeof *ref);
+            double gmax = 0;
+            for (int64_t j = 0; j < r.total; j++) gmax = fmax(gmax, fabs(r.grad[j]));
+            for (int64_t j = 0; j < r.total; j++) ref[j] = (float)r.grad[j];
+            ok &= close_all("grad0.bin", g0, ref, ng, 1e-3, 1e-5 * gmax);
+            free(ref);
+        }
+        if (fabs(l - loss[s]) > 1e-5 * fabs(l) || fabs(n - norm[s]) > 1e-4 * fabs(n)) {
+            ok = 0;
+            print_error("packed step %lld: loss %.9g (reference %.9g), norm %.9g (reference "
+                        "%.9g)\n", (long long)s, loss[s], l, norm[s], n);
+        }
+    }
+    free(g0), free(tok);
+    gpt_ref_free(&r);
+    static const char *const orders[2] = {"striped", "zigzag"};
+    for (int o = 0; o < 2; o++) {
+        char name[64], args[512];
+        snprintf(name, sizeof name, "packed_tp2_cp2_%s", orders[o]);
+        char *dir = dir_of(name);
+        snprintf(args, sizeof args, TINY " --steps 3 --packed --separator '\\n' --tp 2 --cp 2 "
+                 "--order %s", orders[o]);
+        assert_int_equal(train(args, dir, 0), 0);
+        double a[16];
+        assert_int_equal(read_losses(dir, a, NULL, 16), 3);
+        for (int s = 0; s < 3; s++)
+            if (fabs(a[s] - loss[s]) > 1e-5 * fabs(loss[s])) {
+                ok = 0;
+                print_error("%s step %d: loss %.9g, one rank %.9g\n", name, s, a[s], loss[s]);
+            }
+    }
+    assert_true(ok);
+}
+
 /* ------------------------------------------------------------ meshes */
 
 typedef struct mesh_case {
@@ -748,6 +812,7 @@ int main(int argc, char **argv) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_reference_finite_differences);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_one_rank_matches_reference);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_dump_format);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_packed);
     for (size_t m = 0; m < sizeof meshes / sizeof meshes[0]; m++)
         for (int o = 0; o < 3; o++) {
             const int has_cp = strstr(meshes[m].args, "--cp") != NULL;

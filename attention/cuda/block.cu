@@ -56,10 +56,27 @@
  * Everything runs on the backend's compute stream; errors of a launch are
  * read with cudaGetLastError and returned as DT_ERR_BACKEND.
  *
+ * Documents and windows (mask.h's rule beyond the mask: block.h's docs,
+ * window) run only in the simple kernels' LATEST form, in kernels of their
+ * own (fwd_rule_kernel, bwd_dq_rule_kernel, bwd_dkv_rule_kernel), so that
+ * the code of every other path is the same with or without them. They
+ * follow block_cpu.c's design: per 64 query rows the range of key rows
+ * some row may attend (dt_attn_rule_range), in tiles that
+ * dt_attn_rule_tile calls empty (skipped), full or partial; each row runs
+ * only the keys of its own span (dt_attn_rule_rows, once per row), which
+ * masks a partial tile without a select. The backward's threads loop over
+ * their row's span: the keys a query pairs with (dQ), the queries that pair
+ * with a key (keys = 0: dK, dV). kernel_check refuses a ruled call for
+ * any other DT_ATTN_KERNEL choice, and the paths send every ruled block
+ * there; the host skips a block whose mask and window leave no pair (the
+ * documents, in device memory, are the plan's to skip: forward.c,
+ * backward.c).
+ *
  * Test: tests/test_attention.c, tests/test_attention_backward.c on a GPU
  * or the emulator (make test), against the CPU backend's results and the
  * double reference: every kernel forced in its VERIFIED form
- * ("cuda-kernels" cases) and its LATEST form ("cuda-latest" cases).
+ * ("cuda-kernels" cases) and its LATEST form ("cuda-latest" cases);
+ * documents and windows: tests/test_attention_docs_cuda.c.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -160,6 +177,109 @@ __global__ void fwd_kernel(dt_attn_block_args a) {
         for (int64_t d = 0; d < D; d++) {
             float o = acc[d] * alpha;
             for (int64_t j = 0; j < tk; j++) o += s[j] * vs[j * D + d];
+            acc[d] = o;
+        }
+    }
+    if (!active) return;
+    if (a.last) {   /* the call's last block: o and lse instead of m, l, acc */
+        if constexpr (NF) {
+            const bool none = li == 0.0f;   /* no allowed key; NaN li: NaN o, lse */
+            const float inv = 1.0f / li;
+            a.lse[b * a.ml_batch_stride + h * a.ml_head_stride + x] =
+                none ? -INFINITY : mi + logf(li);
+            for (int64_t d = 0; d < D; d++) {
+                const float o = none ? 0.0f : acc[d] * inv;
+                store_val(a.o, a.dtype, qoff + d, o + 0.0f * o);
+            }
+        } else {
+            const float inv = li > 0.0f ? 1.0f / li : 0.0f;
+            a.lse[b * a.ml_batch_stride + h * a.ml_head_stride + x] =
+                li > 0.0f ? mi + logf(li) : -INFINITY;
+            for (int64_t d = 0; d < D; d++) store_val(a.o, a.dtype, qoff + d, acc[d] * inv);
+        }
+    } else {
+        m[x] = mi;
+        l[x] = li;
+    }
+}
+
+/* The forward of a block with documents or a window (block.h's docs,
+ * window): fwd_kernel's grid, shared memory and per-row state, in the
+ * LATEST form only (NF as fwd_kernel's). The block's rows [x0, x1) may
+ * attend key rows [lo, hi) at most (the first row's span start to the last
+ * row's end: dt_attn_rule_range), run in tiles of TK from lo; a tile that
+ * dt_attn_rule_tile calls empty is skipped by the whole block, and each
+ * row takes the keys of its own span [klo, khi) within a tile (all of a
+ * full one): keys outside it are never read, so that masked keys and
+ * values reach no row, and a row with none keeps m = -inf, l = 0, acc = 0
+ * (o = 0, lse = -inf). */
+template <dt_attn_form F, bool NF>
+__global__ void fwd_rule_kernel(dt_attn_block_args a) {
+    static_assert(F == DT_ATTN_FORM_LATEST, "documents and windows run only in LATEST forms");
+    DT_DYNAMIC_SMEM(float, smem);
+    const int64_t D = a.dim, H = a.heads, G = a.kv_heads;
+    const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (H / G);
+    const int64_t x0 = (int64_t)blockIdx.x * TQ, x = x0 + threadIdx.x;
+    const int64_t nq = a.qseg.len;
+    const int64_t x1 = x0 + TQ < nq ? x0 + TQ : nq;
+    const bool active = x < nq;
+    const dt_attn_rule rule = dt_attn_block_rule(&a, b);
+    float *ks = smem, *vs = smem + TK * D;
+    const int64_t qoff = b * a.q_batch_stride + (x * H + h) * D;
+    const int64_t kvb = b * a.kv_batch_stride + g * D;
+    float *m = a.m + b * a.ml_batch_stride + h * a.ml_head_stride;
+    float *l = a.l + b * a.ml_batch_stride + h * a.ml_head_stride;
+    float *acc = a.acc + b * a.acc_batch_stride + (x * H + h) * D;
+    float mi = active && !a.first ? m[x] : -INFINITY, li = active && !a.first ? l[x] : 0.0f;
+    if (active && a.first)
+        for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
+    /* this row's keys [klo, khi); the block's [lo, hi) (uniform across it) */
+    int64_t klo = 0, khi = 0, lo, hi, flo, fhi;
+    if (active) dt_attn_rule_rows(rule, 1, pos(a.qseg, x), a.kseg, &klo, &khi);
+    dt_attn_rule_range(rule, 1, a.qseg, x0, x1, a.kseg, &lo, &hi, &flo, &fhi);
+    float s[TK];
+    for (int64_t y0 = lo; y0 < hi; y0 += TK) {
+        const int64_t y1 = y0 + TK < hi ? y0 + TK : hi, tk = y1 - y0;
+        const dt_attn_tile cls = dt_attn_rule_tile(rule, a.qseg, x0, x1, a.kseg, y0, y1);
+        if (cls == DT_TILE_EMPTY) continue;   /* uniform across the block */
+        __syncthreads();
+        for (int64_t e = threadIdx.x; e < tk * D; e += blockDim.x) {
+            const int64_t j = e / D, d = e % D;
+            const int64_t off = kvb + dt_attn_key_row(y0 + j, a.kv_slots, a.kv_slot_rows) * G * D + d;
+            ks[e] = load(a.k, a.dtype, off);
+            vs[e] = load(a.v, a.dtype, off);
+        }
+        __syncthreads();
+        if (!active) continue;
+        /* the row's keys of the tile: [j0, j1) */
+        int64_t j0 = 0, j1 = tk;
+        if (cls == DT_TILE_PARTIAL) {
+            j0 = klo - y0 < 0 ? 0 : klo - y0 < tk ? klo - y0 : tk;
+            j1 = khi - y0 < j0 ? j0 : khi - y0 < tk ? khi - y0 : tk;
+        }
+        if (j0 == j1) continue;
+        float mx = -INFINITY;
+        for (int64_t j = j0; j < j1; j++) {
+            float dot = 0.0f;
+            for (int64_t d = 0; d < D; d++) dot += load(a.q, a.dtype, qoff + d) * ks[j * D + d];
+            dot *= a.scale;
+            if constexpr (NF) dot += 0.0f * dot;
+            s[j] = dot;
+            mx = NF ? max_nan(mx, dot) : fmaxf(mx, dot);
+        }
+        const float m_new = NF ? max_nan(mi, mx) : fmaxf(mi, mx);
+        if (m_new == -INFINITY) continue;
+        const float alpha = mi == -INFINITY ? 0.0f : __expf(mi - m_new);
+        float sum = 0.0f;
+        for (int64_t j = j0; j < j1; j++) {
+            s[j] = __expf(s[j] - m_new);
+            sum += s[j];
+        }
+        li = li * alpha + sum;
+        mi = m_new;
+        for (int64_t d = 0; d < D; d++) {
+            float o = acc[d] * alpha;
+            for (int64_t j = j0; j < j1; j++) o += s[j] * vs[j * D + d];
             acc[d] = o;
         }
     }
@@ -295,6 +415,59 @@ __global__ void bwd_dkv_kernel(dt_attn_block_bwd_args a) {
         }
 }
 
+/* bwd_dq_kernel with documents or a window (LATEST only; NF as its): the
+ * thread's query row runs the keys of its span alone (dt_attn_rule_rows). */
+template <dt_attn_form F, bool NF>
+__global__ void bwd_dq_rule_kernel(dt_attn_block_bwd_args a) {
+    static_assert(F == DT_ATTN_FORM_LATEST, "documents and windows run only in LATEST forms");
+    const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (a.heads / a.kv_heads);
+    const int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (x >= a.qseg.len) return;
+    const int64_t D = a.dim, G = a.kv_heads;
+    const float lse = a.lse[b * a.ml_batch_stride + h * a.ml_head_stride + x];
+    if (lse == -INFINITY) return;   /* the row attends nothing: P = 0 */
+    const float delta = a.delta[b * a.ml_batch_stride + h * a.ml_head_stride + x];
+    float *dq = a.dq + b * a.dq_batch_stride + (x * a.heads + h) * D;
+    int64_t lo, hi;
+    dt_attn_rule_rows(dt_attn_block_bwd_rule(&a, b), 1, pos(a.qseg, x), a.kseg, &lo, &hi);
+    for (int64_t y = lo; y < hi; y++) {
+        float p, ds;
+        pair_grad<NF>(a, b, h, g, x, y, lse, delta, &p, &ds);
+        if (ds == 0.0f) continue;
+        const int64_t ko = b * a.kv_batch_stride + (y * G + g) * D;
+        for (int64_t d = 0; d < D; d++) dq[d] += a.scale * ds * load(a.k, a.dtype, ko + d);
+    }
+}
+
+/* bwd_dkv_kernel with documents or a window (LATEST only; NF as its): the
+ * thread's key row runs the queries that may attend it alone
+ * (dt_attn_rule_rows with keys = 0), of every head of its group. */
+template <dt_attn_form F, bool NF>
+__global__ void bwd_dkv_rule_kernel(dt_attn_block_bwd_args a) {
+    static_assert(F == DT_ATTN_FORM_LATEST, "documents and windows run only in LATEST forms");
+    const int64_t b = blockIdx.z, g = blockIdx.y, group = a.heads / a.kv_heads;
+    const int64_t y = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (y >= a.kseg.len) return;
+    const int64_t D = a.dim, H = a.heads;
+    float *dk = a.dk + b * a.kv_batch_stride + (y * a.kv_heads + g) * D;
+    float *dv = a.dv + b * a.kv_batch_stride + (y * a.kv_heads + g) * D;
+    if (a.first)   /* written, not added into: this thread owns the row */
+        for (int64_t d = 0; d < D; d++) dk[d] = dv[d] = 0.0f;
+    int64_t lo, hi;
+    dt_attn_rule_rows(dt_attn_block_bwd_rule(&a, b), 0, pos(a.kseg, y), a.qseg, &lo, &hi);
+    for (int64_t h = g * group; h < (g + 1) * group; h++)
+        for (int64_t x = lo; x < hi; x++) {
+            const int64_t r = b * a.ml_batch_stride + h * a.ml_head_stride + x;
+            float p, ds;
+            pair_grad<NF>(a, b, h, g, x, y, a.lse[r], a.delta[r], &p, &ds);
+            const int64_t qo = b * a.q_batch_stride + (x * H + h) * D;
+            for (int64_t d = 0; d < D; d++) {
+                dv[d] += p * load(a.dout, a.dtype, qo + d);
+                dk[d] += a.scale * ds * load(a.q, a.dtype, qo + d);
+            }
+        }
+}
+
 dt_status launched(const char *what) {
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) return DT_SUCCESS;
@@ -357,11 +530,46 @@ int kernel_runs(dt_attn_cuda_kernel k, int cc, dt_dtype dtype, int64_t dim, int6
     return kv_slots <= 1 || dt_attn_wgmma_slots_ok(why, why_size);
 }
 
+/* Documents and windows: the simple kernels' LATEST form alone takes them
+ * (rule kernels above), and only when asked for by name, since no GPU has
+ * run it yet. 1 and *path if choice k runs a ruled block, else 0 and why. */
+int ruled_path(dt_attn_kernel_choice k, dt_attn_cuda_path *path, char *why, size_t why_size) {
+    if (k == DT_ATTN_KERNEL_SIMPLE_LATEST) {
+        *path = dt_attn_cuda_path{DT_ATTN_CUDA_SIMPLE, DT_ATTN_FORM_LATEST};
+        return 1;
+    }
+    if (why && why_size)
+        snprintf(why, why_size, "documents and windows run only in the LATEST simple kernel, "
+                 "which no GPU has passed yet: set DT_ATTN_KERNEL=simple-latest (or "
+                 "dt_attention_tuning.kernel)");
+    return 0;
+}
+
+/* A block with documents or a window (mask.h's rule beyond the mask). */
+bool block_ruled(const dt_attn_block_args *a) { return a->docs != nullptr || a->window > 0; }
+bool block_ruled(const dt_attn_block_bwd_args *a) { return a->docs != nullptr || a->window > 0; }
+
+/* 1 if no pair of the segments may attend under the mask and the window
+ * (exactly the mask's dt_attn_no_pairs without a window). The documents
+ * only remove pairs, so a block this calls empty is empty under the whole
+ * rule; one it does not may still be (forward.c and backward.c skip those
+ * from the host's table of the documents). */
+bool no_pairs(dt_attn_mask mask, int64_t window, dt_attn_segment q, dt_attn_segment k) {
+    if (dt_attn_no_pairs(mask, q, k)) return true;
+    return window > 0 && !dt_attn_has_pairs(dt_attn_rule{mask, window, nullptr}, q, k);
+}
+
 /* Plan time (once per call): can the requested kernel run this dtype and
- * head dim on this device? Only a forced tensor-core kernel can fail (the
- * same answer for the forward and the backward). */
+ * head dim on this device, with documents or a window when ruled? Only a
+ * forced tensor-core kernel can fail without them (the same answer for
+ * the forward and the backward); with them, every choice but
+ * simple-latest (ruled_path). */
 dt_status kernel_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_kernel_choice want,
-                       char *why, size_t why_size) {
+                       int ruled, char *why, size_t why_size) {
+    if (ruled) {
+        dt_attn_cuda_path path;
+        return ruled_path(want, &path, why, why_size) ? DT_SUCCESS : DT_ERR_NOT_SUPPORTED;
+    }
     dt_attn_cuda_path path;
     return dt_attn_cuda_path_of(want, dt_backend_cuda_compute_capability(be), dtype, dim, 1, 0, 0,
                                 &path, why, why_size)
@@ -395,9 +603,10 @@ dt_attn_form form_of(dt_attn_kernel_choice k) {
 
 /* The forward's: path_of, but a block with no key (its rows only started
  * or finished) takes the simple kernel, in the form of the choice: a
- * tensor map of 0 rows cannot even be made. */
+ * tensor map of 0 rows cannot even be made. A ruled block: ruled_path. */
 int fwd_path_of(dt_backend *be, const dt_attn_block_args *a, dt_attn_cuda_path *path, char *why,
                 size_t why_size) {
+    if (block_ruled(a)) return ruled_path(a->tuning.kernel, path, why, why_size);
     *path = dt_attn_cuda_path{DT_ATTN_CUDA_SIMPLE, form_of(a->tuning.kernel)};
     if (a->tuning.kernel == DT_ATTN_KERNEL_SIMPLE || a->kseg.len == 0) return 1;
     return path_of(be, a->tuning.kernel, a->dtype, a->dim, dt_attn_mma_block_ok(a, why, why_size),
@@ -412,7 +621,7 @@ int fwd_path_of(dt_backend *be, const dt_attn_block_args *a, dt_attn_cuda_path *
  * before are the same without the launch, which would write nothing. */
 bool fwd_idle(const dt_attn_block_args *a) {
     if (a->qseg.len == 0 || a->batch == 0 || a->heads == 0) return true;
-    return !a->first && !a->last && dt_attn_no_pairs(a->mask, a->qseg, a->kseg);
+    return !a->first && !a->last && no_pairs(a->mask, a->window, a->qseg, a->kseg);
 }
 
 /* Dependent launch mode 2 (the rows' waits): the counts in scratch,
@@ -458,9 +667,14 @@ dt_status fwd(dt_backend *be, const dt_attn_block_args *a, void *scratch) {
                         "state reached the simple forward kernel", be->rank);
     dim3 grid((unsigned)((a->qseg.len + TQ - 1) / TQ), (unsigned)a->heads, (unsigned)a->batch);
     size_t smem = 2 * TK * (size_t)a->dim * sizeof(float);   /* up to 128 KiB at D = 256 */
-    const bool latest = path.form == DT_ATTN_FORM_LATEST;
+    const bool latest = path.form == DT_ATTN_FORM_LATEST, ruled = block_ruled(a);
+    if (ruled && !latest)   /* fwd_path_of sends them to the LATEST form */
+        return dt_error(DT_ERR_INTERNAL, "rank %d: attention (cuda): a block with documents or "
+                        "a window reached a VERIFIED kernel", be->rank);
     void (*const kernel)(dt_attn_block_args) =
-        !latest ? fwd_kernel<DT_ATTN_FORM_VERIFIED, false>
+        ruled ? (a->nonfinite ? fwd_rule_kernel<DT_ATTN_FORM_LATEST, true>
+                              : fwd_rule_kernel<DT_ATTN_FORM_LATEST, false>)
+        : !latest ? fwd_kernel<DT_ATTN_FORM_VERIFIED, false>
         : a->nonfinite ? fwd_kernel<DT_ATTN_FORM_LATEST, true>
                        : fwd_kernel<DT_ATTN_FORM_LATEST, false>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
@@ -492,10 +706,16 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     (void)scratch;
     if (a->kseg.len == 0 || a->batch == 0 || a->heads == 0) return DT_SUCCESS;   /* no rows */
     /* no pair: dq, dk, dv unchanged (nothing launched), or (first) dk, dv 0 */
-    if (!a->first && dt_attn_no_pairs(a->mask, a->qseg, a->kseg)) return DT_SUCCESS;
-    const bool no_query = a->qseg.len == 0;
+    if (!a->first && no_pairs(a->mask, a->window, a->qseg, a->kseg)) return DT_SUCCESS;
+    const bool no_query = a->qseg.len == 0, ruled = block_ruled(a);
     dt_attn_cuda_path path = {DT_ATTN_CUDA_SIMPLE, form_of(a->tuning.kernel)};
-    if (!no_query) {
+    if (ruled) {   /* the simple kernels' LATEST form, or refused */
+        char why[256] = "";
+        if (!ruled_path(a->tuning.kernel, &path, why, sizeof why))
+            return dt_error(DT_ERR_NOT_SUPPORTED,
+                            "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=%s: %s", be->rank,
+                            dt_attn_kernel_choice_name(a->tuning.kernel), why);
+    } else if (!no_query) {
         char why[256] = "";
         if (!path_of(be, a->tuning.kernel, a->dtype, a->dim, dt_attn_mma_bwd_block_ok(a, why, sizeof why),
                      1, 0, &path, why, sizeof why))
@@ -514,11 +734,15 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
      * LATEST form's instances that keep the rules */
     const bool latest = path.form == DT_ATTN_FORM_LATEST;
     void (*const dq_kernel)(dt_attn_block_bwd_args) =
-        !latest ? bwd_dq_kernel<DT_ATTN_FORM_VERIFIED, false>
+        ruled ? (a->nonfinite ? bwd_dq_rule_kernel<DT_ATTN_FORM_LATEST, true>
+                              : bwd_dq_rule_kernel<DT_ATTN_FORM_LATEST, false>)
+        : !latest ? bwd_dq_kernel<DT_ATTN_FORM_VERIFIED, false>
         : a->nonfinite ? bwd_dq_kernel<DT_ATTN_FORM_LATEST, true>
                        : bwd_dq_kernel<DT_ATTN_FORM_LATEST, false>;
     void (*const dkv_kernel)(dt_attn_block_bwd_args) =
-        !latest ? bwd_dkv_kernel<DT_ATTN_FORM_VERIFIED, false>
+        ruled ? (a->nonfinite ? bwd_dkv_rule_kernel<DT_ATTN_FORM_LATEST, true>
+                              : bwd_dkv_rule_kernel<DT_ATTN_FORM_LATEST, false>)
+        : !latest ? bwd_dkv_kernel<DT_ATTN_FORM_VERIFIED, false>
         : a->nonfinite ? bwd_dkv_kernel<DT_ATTN_FORM_LATEST, true>
                        : bwd_dkv_kernel<DT_ATTN_FORM_LATEST, false>;
     if (!no_query) {

@@ -48,8 +48,9 @@ extern "C" {
  * maxima, non-finite logits made NaN, masking by select, o = 0 and lse =
  * -inf where l = 0); with nonfinite 0 it runs the same code as without
  * the rules. VERIFIED forms may lose a NaN or Inf (block.cu's
- * exact_nonfinite says 0 for them). The simple kernels' forms differ only
- * there. */
+ * exact_nonfinite says 0 for them). Documents and windows (mask.h's rule
+ * beyond the mask) run only in LATEST forms: block.cu's ruled_path says
+ * which. The simple kernels' forms differ only in these two. */
 typedef enum dt_attn_form {
     DT_ATTN_FORM_VERIFIED = 0,
     DT_ATTN_FORM_LATEST,
