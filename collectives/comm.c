@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 const char *dt_reduce_op_name(dt_reduce_op op) {
     switch (op) {
@@ -29,10 +30,19 @@ const char *dt_p2p_kind_name(dt_p2p_kind kind) {
 
 const char *dt_coll_kind_name(dt_coll_kind kind) {
     static const char *const names[DT_COLL_KIND_COUNT] = {
-        "all_reduce", "all_gather", "reduce_scatter", "broadcast",
-        "scatter",    "gather",     "barrier",        "split",
+        "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+        "broadcast",  "scatter",    "gather",         "barrier",    "split",
     };
     if ((int)kind < 0 || kind >= DT_COLL_KIND_COUNT) return "unknown";
+    return names[kind];
+}
+
+const char *dt_comm_kind_name(dt_comm_kind kind) {
+    static const char *const names[DT_COMM_KIND_COUNT] = {
+        "p2p",        "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+        "broadcast",  "scatter",    "gather",     "barrier",
+    };
+    if ((int)kind < 0 || kind >= DT_COMM_KIND_COUNT) return "unknown";
     return names[kind];
 }
 
@@ -135,11 +145,51 @@ static size_t coll_elems(const dt_comm *comm, const dt_coll_args *a, int recv) {
     case DT_COLL_ALL_REDUCE: return a->count;
     case DT_COLL_ALL_GATHER: return recv ? all : a->count;
     case DT_COLL_REDUCE_SCATTER: return recv ? a->count : all;
+    case DT_COLL_ALL_TO_ALL: return all;
     case DT_COLL_BROADCAST: return recv || root ? a->count : 0;
     case DT_COLL_SCATTER: return recv ? a->count : root ? all : 0;
     case DT_COLL_GATHER: return recv ? (root ? all : 0) : a->count;
     default: return 0;
     }
+}
+
+/* Adds a call that succeeded to comm's counters, with the bytes comm.h
+ * defines for its kind. */
+static void count_call(dt_comm *comm, const dt_coll_args *a) {
+    const uint64_t P = (uint64_t)comm->size, es = dt_dtype_size(a->dtype);
+    const uint64_t n = (uint64_t)a->count * es, others = P - 1;
+    const int root = comm->rank == a->root;
+    uint64_t sent = 0, recv = 0;
+    dt_comm_kind k;
+    switch (a->kind) {
+    case DT_COLL_ALL_REDUCE:
+        k = DT_COMM_ALL_REDUCE;
+        sent = recv = 2 * others * (((uint64_t)a->count + P - 1) / P) * es;
+        break;
+    case DT_COLL_ALL_GATHER: k = DT_COMM_ALL_GATHER; sent = recv = others * n; break;
+    case DT_COLL_REDUCE_SCATTER: k = DT_COMM_REDUCE_SCATTER; sent = recv = others * n; break;
+    case DT_COLL_ALL_TO_ALL: k = DT_COMM_ALL_TO_ALL; sent = recv = others * n; break;
+    case DT_COLL_BROADCAST:
+        k = DT_COMM_BROADCAST;
+        sent = root ? others * n : 0;
+        recv = root ? 0 : n;
+        break;
+    case DT_COLL_SCATTER:
+        k = DT_COMM_SCATTER;
+        sent = root ? others * n : 0;
+        recv = root ? 0 : n;
+        break;
+    case DT_COLL_GATHER:
+        k = DT_COMM_GATHER;
+        sent = root ? 0 : n;
+        recv = root ? others * n : 0;
+        break;
+    case DT_COLL_BARRIER: k = DT_COMM_BARRIER; break;
+    default: return;
+    }
+    comm->counters.calls[k]++;
+    comm->counters.bytes_sent[k] += sent;
+    comm->counters.bytes_recv[k] += recv;
 }
 
 /* With checks on (DT_CHECK=1), every rank first shows the others what it is
@@ -169,11 +219,14 @@ static dt_status run(dt_comm *comm, dt_coll_args *a) {
     DT_TRACE_PUSH(name);
     dt_status st = comm->ops->collective(comm, a, NULL);
     DT_TRACE_POP();
-    if (st != DT_SUCCESS || !finite_check) return st;
-    static const char *const names[] = {"receive buffer check"};
-    const int64_t v[1] = {check_finite(comm, name, "recv", a->recv, coll_elems(comm, a, 1),
-                                       a->dtype)};
-    return agree(comm, name, v, names, 1, NULL, 0);
+    if (st == DT_SUCCESS && finite_check) {
+        static const char *const names[] = {"receive buffer check"};
+        const int64_t v[1] = {check_finite(comm, name, "recv", a->recv, coll_elems(comm, a, 1),
+                                           a->dtype)};
+        st = agree(comm, name, v, names, 1, NULL, 0);
+    }
+    if (st == DT_SUCCESS) count_call(comm, a);
+    return st;
 }
 
 dt_status dt_comm_all_reduce(dt_comm *comm, const void *send, void *recv, size_t count,
@@ -208,6 +261,24 @@ dt_status dt_comm_reduce_scatter(dt_comm *comm, const void *send, void *recv, si
     DT_TRY(check_buffer(comm, name, "recv", recv, count, dtype, 1));
     dt_coll_args a = {.kind = DT_COLL_REDUCE_SCATTER, .send = send, .recv = recv,
                       .count = count, .dtype = dtype, .op = op};
+    return run(comm, &a);
+}
+
+dt_status dt_comm_all_to_all(dt_comm *comm, const void *send, void *recv, size_t count,
+                             dt_dtype dtype) {
+    const char *name = "all_to_all";
+    DT_TRY(check_comm(comm, name));
+    DT_TRY(check_buffer(comm, name, "send", send, count, dtype, (size_t)comm->size));
+    DT_TRY(check_buffer(comm, name, "recv", recv, count, dtype, (size_t)comm->size));
+    /* Every rank reads its peers' blocks of send while they write recv:
+     * in place would need a copy of send, which the caller can make. */
+    const size_t bytes = (size_t)comm->size * count * dt_dtype_size(dtype);
+    const uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
+    if (bytes && s < r + bytes && r < s + bytes)
+        return comm_error(comm, DT_ERR_INVALID_ARGUMENT, name, "send %p and recv %p overlap (%zu "
+                          "bytes each): all_to_all is not in place", send, (void *)recv, bytes);
+    dt_coll_args a = {.kind = DT_COLL_ALL_TO_ALL, .send = send, .recv = recv, .count = count,
+                      .dtype = dtype};
     return run(comm, &a);
 }
 
@@ -291,6 +362,16 @@ static dt_status p2p_start(dt_comm *comm, const dt_p2p_op *ops, int n_ops, int c
     dt_status st = comm->ops->p2p_start(comm, ops, n_ops, chained);
     DT_TRACE_POP();
     DT_TRY(st);
+    /* Counted when the group completes (dt_comm_p2p_wait). */
+    uint64_t sent = 0, recv = 0;
+    for (int i = 0; i < n_ops; i++) {
+        if (ops[i].peer == comm->rank) continue;   /* moves nothing between ranks */
+        const uint64_t b = (uint64_t)ops[i].count * dt_dtype_size(ops[i].dtype);
+        if (ops[i].kind == DT_P2P_SEND) sent += b;
+        else recv += b;
+    }
+    comm->p2p_sent = sent;
+    comm->p2p_recv = recv;
     comm->p2p_pending = 1;
     return DT_SUCCESS;
 }
@@ -312,7 +393,24 @@ dt_status dt_comm_p2p_wait(dt_comm *comm) {
     DT_TRACE_PUSH("p2p_wait");
     dt_status st = comm->ops->p2p_wait(comm);
     DT_TRACE_POP();
+    if (st == DT_SUCCESS) {
+        comm->counters.calls[DT_COMM_P2P]++;
+        comm->counters.bytes_sent[DT_COMM_P2P] += comm->p2p_sent;
+        comm->counters.bytes_recv[DT_COMM_P2P] += comm->p2p_recv;
+    }
     return st;
+}
+
+dt_status dt_comm_counters_get(const dt_comm *comm, dt_comm_counters *out) {
+    if (!comm || !out)
+        return comm_error(comm, DT_ERR_INVALID_ARGUMENT, "counters_get", "%s is NULL",
+                          comm ? "out" : "comm");
+    *out = comm->counters;
+    return DT_SUCCESS;
+}
+
+void dt_comm_counters_reset(dt_comm *comm) {
+    if (comm) memset(&comm->counters, 0, sizeof comm->counters);
 }
 
 dt_status dt_comm_sendrecv(dt_comm *comm, const dt_p2p_op *ops, int n_ops) {

@@ -72,6 +72,13 @@ dt_status dt_comm_all_gather(dt_comm *comm, const void *send, void *recv,
 dt_status dt_comm_reduce_scatter(dt_comm *comm, const void *send, void *recv,
                                  size_t count, dt_dtype dtype, dt_reduce_op op);
 
+/* COLLECTIVE. recv[r*count + i] := send of rank r [rank*count + i]: block r of
+ * this rank's recv is block `rank` of rank r's send; send and recv hold
+ * size*count each. Any dtype (bytes are moved, never combined). Not in place:
+ * send and recv must not overlap (DT_ERR_INVALID_ARGUMENT). */
+dt_status dt_comm_all_to_all(dt_comm *comm, const void *send, void *recv,
+                             size_t count, dt_dtype dtype);
+
 /* COLLECTIVE. buf on every rank := buf on root. */
 dt_status dt_comm_broadcast(dt_comm *comm, void *buf, size_t count,
                             dt_dtype dtype, int root);
@@ -140,6 +147,70 @@ dt_status dt_comm_check_agreement(dt_comm *comm, const char *op, const int64_t *
 #define DT_COMM_CHECK_MAX 64
 dt_status dt_comm_check_call(dt_comm *comm, const char *op, dt_status local,
                              const int64_t *values, const char *const *names, int n);
+
+/* Communication counters of one communicator (a split's start at zero and
+ * are its own). Host bookkeeping of the rank's thread: no lock, no wait, not
+ * collective; read and reset them from that thread, as every call on comm.
+ *
+ * calls: calls that returned DT_SUCCESS (CUDA: enqueued), by kind; a rejected
+ * or failed call counts nothing. A p2p group counts once, when
+ * dt_comm_p2p_wait (or dt_comm_sendrecv) returns DT_SUCCESS. dt_comm_split and
+ * the agreement exchanges (DT_CHECK, dt_comm_check_agreement/_call) count no
+ * call and no byte.
+ *
+ * bytes_sent, bytes_recv: what this rank's part of a call moves to and from
+ * the other ranks by the operation's definition, whatever algorithm the
+ * transport runs (so the same on every transport); a rank's own block never
+ * counts. With P = size and n = count * dt_dtype_size(dtype) bytes:
+ *   p2p                                    the group's sends to other ranks;
+ *                                          its receives from other ranks
+ *   all_gather, reduce_scatter, all_to_all sent = recv = (P-1) n
+ *   all_reduce                             sent = recv = 2 (P-1) ceil(count/P)
+ *                                          * dtype size: a reduce_scatter and
+ *                                          an all_gather of count padded to a
+ *                                          multiple of P
+ *   broadcast, scatter                     root sends (P-1) n; others receive n
+ *   gather                                 others send n; root receives (P-1) n
+ *   barrier                                nothing
+ * With P = 1 every call counts 0 bytes.
+ *
+ * wait_ms: host time, in milliseconds, the rank's thread spent blocked in the
+ * transport's waits on this communicator (for peers, or for its own
+ * communication to complete), in every call on it, failed ones and agreement
+ * exchanges included; copies, reductions and staging do not count. local:
+ * its condition waits (arrival, departure, messages); mpi: polling MPI
+ * requests; nccl: polling NCCL and CUDA events on the host (host buffers,
+ * barrier, settling ncclInProgress). A call on device buffers is queued, not
+ * waited for: the time the device spends waiting for a late peer is not seen. */
+typedef enum dt_comm_kind {
+    DT_COMM_P2P = 0,       /* a group of sends and receives */
+    DT_COMM_ALL_REDUCE,
+    DT_COMM_ALL_GATHER,
+    DT_COMM_REDUCE_SCATTER,
+    DT_COMM_ALL_TO_ALL,
+    DT_COMM_BROADCAST,
+    DT_COMM_SCATTER,
+    DT_COMM_GATHER,
+    DT_COMM_BARRIER,
+    DT_COMM_KIND_COUNT
+} dt_comm_kind;
+
+/* "p2p" (a send/recv group), "all_reduce", ... (the collective's name);
+ * "unknown" otherwise. */
+const char *dt_comm_kind_name(dt_comm_kind kind);
+
+typedef struct dt_comm_counters {
+    uint64_t calls[DT_COMM_KIND_COUNT];       /* successful calls */
+    uint64_t bytes_sent[DT_COMM_KIND_COUNT];  /* to other ranks, as defined above */
+    uint64_t bytes_recv[DT_COMM_KIND_COUNT];  /* from other ranks */
+    double wait_ms;                           /* host time blocked in the transport's waits */
+} dt_comm_counters;
+
+/* *out := comm's counters. DT_ERR_INVALID_ARGUMENT if comm or out is NULL. */
+dt_status dt_comm_counters_get(const dt_comm *comm, dt_comm_counters *out);
+
+/* Zero comm's counters; accepts NULL. */
+void dt_comm_counters_reset(dt_comm *comm);
 
 /* Abort comm's world: other ranks' pending and later calls return
  * DT_ERR_PEER_FAILED with `reason`; this rank's and dt_launch return `status`

@@ -7,6 +7,8 @@
 #include "comm.h"
 #include "../base/log.h"
 
+#include <time.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -15,6 +17,7 @@ typedef enum dt_coll_kind {
     DT_COLL_ALL_REDUCE = 0,
     DT_COLL_ALL_GATHER,
     DT_COLL_REDUCE_SCATTER,
+    DT_COLL_ALL_TO_ALL,
     DT_COLL_BROADCAST,
     DT_COLL_SCATTER,
     DT_COLL_GATHER,
@@ -30,7 +33,7 @@ typedef struct dt_coll_args {
     dt_coll_kind kind;
     const void *send;
     void *recv;
-    size_t count;      /* per rank for all_gather / reduce_scatter / scatter / gather */
+    size_t count;      /* per rank for all_gather / reduce_scatter / all_to_all / scatter / gather */
     dt_dtype dtype;
     dt_reduce_op op;   /* reductions only */
     int root;          /* rooted collectives only */
@@ -125,8 +128,25 @@ struct dt_comm {
     int check;                /* see dt_comm_config */
     unsigned long calls;      /* collective calls made, for agreement checks */
     int p2p_pending;          /* a group was started and not yet waited for */
+    uint64_t p2p_sent, p2p_recv; /* bytes of the pending group to and from other ranks */
     dt_mem mem;               /* where this rank's buffers live (ring buffers, scratch) */
+    /* comm.h's counters: comm.c counts calls and bytes, the transport adds
+     * the time its waits block (dt_comm_wait_end). */
+    dt_comm_counters counters;
 };
+
+/* Times a transport's wait for comm.h's wait_ms: t0 = dt_comm_wait_begin()
+ * before it, dt_comm_wait_end(comm, t0) after it, on every way out. */
+static inline double dt_comm_wait_begin(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static inline void dt_comm_wait_end(dt_comm *comm, double t0) {
+    const double ms = dt_comm_wait_begin() - t0;
+    if (ms > 0) comm->counters.wait_ms += ms;
+}
 
 #define DT_COMM_LOG(comm, level, ...) \
     dt_log_write((comm)->log_level, (comm)->world_rank, (level), __VA_ARGS__)

@@ -375,18 +375,30 @@ static struct timespec deadline_after(long ms) {
 /* Caller holds the lock. The predicate wins over an abort that came later.
  * `drain` waits out an abort too: used where peers may still be reading this
  * rank's buffers, which must not be handed back to the caller before they
- * finish (they finish in bounded time: they only copy). */
-static int wait_for(dt_local_world *w, const struct timespec *deadline, wait_pred pred,
+ * finish (they finish in bounded time: they only copy). The time blocked
+ * goes to c's wait_ms (comm.h). */
+static int wait_for(dt_comm *c, const struct timespec *deadline, wait_pred pred,
                     const void *arg, int drain) {
+    dt_local_world *w = ((dt_local_group *)c->impl)->world;
+    if (pred(arg)) return WAIT_OK;
+    const double t0 = dt_comm_wait_begin();
+    int rc;
     for (;;) {
-        if (pred(arg)) return WAIT_OK;
-        if (w->failure.set && !drain) return WAIT_ABORTED;
-        int rc = pthread_cond_timedwait(&w->cv, &w->mu, deadline);
-        if (rc == ETIMEDOUT) {
-            if (pred(arg)) return WAIT_OK;
-            return w->failure.set ? WAIT_ABORTED : WAIT_TIMEOUT;
+        if (pred(arg)) {
+            rc = WAIT_OK;
+            break;
+        }
+        if (w->failure.set && !drain) {
+            rc = WAIT_ABORTED;
+            break;
+        }
+        if (pthread_cond_timedwait(&w->cv, &w->mu, deadline) == ETIMEDOUT) {
+            rc = pred(arg) ? WAIT_OK : w->failure.set ? WAIT_ABORTED : WAIT_TIMEOUT;
+            break;
         }
     }
+    dt_comm_wait_end(c, t0);
+    return rc;
 }
 
 /* The status a rank returns when it stops waiting because the world was
@@ -445,7 +457,7 @@ static dt_status wait_all(dt_comm *c, const struct timespec *deadline, unsigned 
                           int done, const char *what) {
     dt_local_group *g = c->impl;
     seq_wait s = {g, seq, done};
-    int rc = wait_for(g->world, deadline, all_reached, &s, done);
+    int rc = wait_for(c, deadline, all_reached, &s, done);
     if (rc == WAIT_OK) return DT_SUCCESS;
     char who[768] = "";
     for (int m = 0; m < g->size; m++)
@@ -545,6 +557,15 @@ static dt_status move_data(dt_comm *c, const dt_coll_args *a) {
             char *dst = (char *)a->recv + (size_t)m * bytes;
             if (bytes && dst != s[m].args.send)
                 DT_TRY(mem->ops->copy(mem->arg, dst, s[m].args.send, bytes, NULL, NULL));
+        }
+        return DT_SUCCESS;
+    case DT_COLL_ALL_TO_ALL:
+        /* block m of recv := block r of member m's send (never the same memory) */
+        for (int m = 0; m < g->size; m++) {
+            const char *src = (const char *)s[m].args.send + (size_t)r * bytes;
+            if (bytes)
+                DT_TRY(mem->ops->copy(mem->arg, (char *)a->recv + (size_t)m * bytes, src, bytes,
+                                      NULL, NULL));
         }
         return DT_SUCCESS;
     case DT_COLL_BROADCAST:
@@ -768,7 +789,7 @@ static dt_status local_p2p_wait(dt_comm *c) {
         if (op->kind != DT_P2P_RECV) continue;
         local_slot *peer = &g->slots[op->peer];
         send_wait sw = {peer, c->rank, me->op_seq[k]};
-        int rc = wait_for(w, &deadline, send_posted, &sw, 0);
+        int rc = wait_for(c, &deadline, send_posted, &sw, 0);
         if (rc == WAIT_OK && w->failure.set) rc = WAIT_ABORTED; /* start no copy after an abort */
         if (rc != WAIT_OK) {
             snprintf(who, sizeof who, "message #%llu from ", (unsigned long long)sw.seq);
@@ -821,7 +842,7 @@ static dt_status local_p2p_wait(dt_comm *c) {
             goto unlock;
         }
     }
-    int rc = wait_for(w, &deadline, sends_consumed, me, 0);
+    int rc = wait_for(c, &deadline, sends_consumed, me, 0);
     if (rc != WAIT_OK) {
         snprintf(who, sizeof who, "its sends to be received: ");
         for (int k = 0; k < me->p2p_n; k++)
@@ -833,7 +854,7 @@ unlock:
     /* Receivers mid-copy from this rank's buffers finish before they go back
      * to the caller; no new copy starts once the group is withdrawn. */
     struct timespec drain_deadline = deadline_after(c->timeout_ms);
-    wait_for(w, &drain_deadline, no_readers, me, 1);
+    wait_for(c, &drain_deadline, no_readers, me, 1);
     me->p2p_ops = NULL;
     me->p2p_n = 0;
     me->state = NULL;

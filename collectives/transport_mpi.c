@@ -817,7 +817,9 @@ static dt_status scratch_reserve(dt_comm *c, size_t bytes, const char *what) {
 static dt_status coll_wait_watch(dt_comm *c, MPI_Request *r, const char *what, int watch) {
     mpi_impl *im = c->impl;
     int rc = MPI_SUCCESS;
+    const double t0 = dt_comm_wait_begin();
     int wr = wait_reqs(im->world, 1, r, c->timeout_ms, watch, &rc);
+    dt_comm_wait_end(c, t0);
     if (wr == W_OK) return DT_SUCCESS;
     im->failed = 1;
     im->world->leak = 1;
@@ -993,6 +995,14 @@ static dt_status move_data(dt_comm *c, const dt_coll_args *a, const char *what) 
         rc = MPI_Iallgather(in, (int)n, t, im->scratch, (int)n, t, im->mc, &r);
         break;
     }
+    case DT_COLL_ALL_TO_ALL: {
+        size_t at = align16(P * bytes);
+        DT_TRY(scratch_reserve(c, at + P * bytes, what));
+        const char *in = stage_input(c, at, a->send, P * bytes);
+        call = "MPI_Ialltoall";
+        rc = MPI_Ialltoall(in, (int)n, t, im->scratch, (int)n, t, im->mc, &r);
+        break;
+    }
     case DT_COLL_BROADCAST:
         DT_TRY(scratch_reserve(c, bytes, what));
         if (root) stage_input(c, 0, a->recv, bytes);
@@ -1022,6 +1032,7 @@ static dt_status move_data(dt_comm *c, const dt_coll_args *a, const char *what) 
     DT_TRY(coll_wait(c, &r, what));
     switch (a->kind) {
     case DT_COLL_ALL_GATHER: memcpy(a->recv, im->scratch, P * bytes); break;
+    case DT_COLL_ALL_TO_ALL: memcpy(a->recv, im->scratch, P * bytes); break;
     case DT_COLL_BROADCAST: if (!root) memcpy(a->recv, im->scratch, bytes); break;
     case DT_COLL_SCATTER: memmove(a->recv, im->scratch, bytes); break;
     case DT_COLL_GATHER: if (root) memcpy(a->recv, im->scratch, P * bytes); break;
@@ -1082,7 +1093,10 @@ static void p2p_drop(dt_comm *c) {
     if (any) {
         int rc = 0;
         long drain = c->timeout_ms < 1000 ? c->timeout_ms : 1000;
-        if (wait_reqs(im->world, im->n, im->reqs, drain, 0, &rc) != W_OK) {
+        const double t0 = dt_comm_wait_begin();
+        const int wr = wait_reqs(im->world, im->n, im->reqs, drain, 0, &rc);
+        dt_comm_wait_end(c, t0);
+        if (wr != W_OK) {
             for (int k = 0; k < im->n; k++)
                 if (im->reqs[k] != MPI_REQUEST_NULL) MPI_Request_free(&im->reqs[k]);
             im->world->leak = 1;
@@ -1203,6 +1217,7 @@ static dt_status mpi_p2p_wait(dt_comm *c) {
     }
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double waited0 = dt_comm_wait_begin();   /* the whole loop is the wait */
     for (unsigned spin = 0;; spin++) {
         /* Match receives in order per peer: a peer whose earlier receive
          * found nothing this pass is not probed again, or a later receive
@@ -1276,6 +1291,7 @@ static dt_status mpi_p2p_wait(dt_comm *c) {
         }
         backoff(spin);
     }
+    dt_comm_wait_end(c, waited0);
     for (int k = 0; k < im->n; k++) {
         const dt_p2p_op *o = &im->ops[k];
         if (o->kind == DT_P2P_RECV && o->count)
@@ -1285,6 +1301,7 @@ static dt_status mpi_p2p_wait(dt_comm *c) {
     im->n = 0;
     return DT_SUCCESS;
 fail:
+    dt_comm_wait_end(c, waited0);
     p2p_drop(c);
     return st;
 }

@@ -6,6 +6,7 @@
  * compute stream (event `ready`), enqueued on the communication stream, and
  * the compute stream then waits on event `done`: stream order, no host wait.
  *   all_reduce, all_gather, reduce_scatter, broadcast -> the NCCL collective
+ *   all_to_all      -> ncclAlltoAll (NCCL >= 2.28; before, a send/recv group)
  *   scatter, gather -> one ncclSend/ncclRecv group (root's part: a memcpy)
  *   barrier         -> a one-element ncclAllReduce, waited for on the host
  *   split           -> ncclCommSplit;  p2p -> one ncclGroupStart/End
@@ -297,8 +298,20 @@ static void backoff(unsigned spin) { dt_backoff(spin, 200, 20); }
  * has completed. Every pass checks the async error and the world's abort
  * flag; the timeout bounds it (for a teardown wait, on the idle clock).
  * Aborts the communicator on any failure. */
+static dt_status nccl_wait_poll(dt_comm *c, ncclComm_t nc, cudaEvent_t ev, const char *what,
+                                int teardown);
+
+/* nccl_wait_poll, its time added to c's wait_ms (comm.h). */
 static dt_status nccl_wait_for(dt_comm *c, ncclComm_t nc, cudaEvent_t ev, const char *what,
                                int teardown) {
+    const double t0 = dt_comm_wait_begin();
+    dt_status st = nccl_wait_poll(c, nc, ev, what, teardown);
+    dt_comm_wait_end(c, t0);
+    return st;
+}
+
+static dt_status nccl_wait_poll(dt_comm *c, ncclComm_t nc, cudaEvent_t ev, const char *what,
+                                int teardown) {
     nccl_impl *im = c->impl;
     int64_t t0 = now_ms();
     for (unsigned spin = 0;; spin++) {
@@ -464,6 +477,27 @@ static dt_status enqueue(dt_comm *c, const dt_coll_args *a, const char *send, ch
     case DT_COLL_BROADCAST:
         NC_TRY(c, what, ncclBroadcast(send, recv, a->count, t, a->root, im->nc, im->stream));
         return DT_SUCCESS;
+    case DT_COLL_ALL_TO_ALL: {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+        NC_TRY(c, what, ncclAlltoAll(send, recv, a->count, t, im->nc, im->stream));
+        return DT_SUCCESS;
+#else
+        /* Block p of send to rank p, block p of recv from it (the own one too). */
+        ncclResult_t r = ncclGroupStart();
+        if (r != ncclSuccess) return nccl_fail(c, what, "ncclGroupStart", r);
+        for (int p = 0; r == ncclSuccess && p < P && bytes; p++) {
+            r = ncclSend(send + (size_t)p * bytes, a->count, t, p, im->nc, im->stream);
+            if (r == ncclSuccess)
+                r = ncclRecv(recv + (size_t)p * bytes, a->count, t, p, im->nc, im->stream);
+        }
+        ncclResult_t e = ncclGroupEnd(); /* always closes the group */
+        if (r != ncclSuccess && r != ncclInProgress)
+            return nccl_fail(c, what, "ncclSend/ncclRecv (all_to_all)", r);
+        if (e == ncclInProgress) DT_TRY(nccl_wait(c, im->nc, NULL, what));
+        else if (e != ncclSuccess) return nccl_fail(c, what, "ncclGroupEnd", e);
+        return DT_SUCCESS;
+#endif
+    }
     case DT_COLL_BARRIER:
         /* a zero summed, so that no rank sends memory it never wrote */
         CU_TRY(c, what, cudaMemsetAsync(recv, 0, sizeof(float), im->stream));
@@ -513,6 +547,7 @@ static void coll_bytes(const dt_comm *c, const dt_coll_args *a, size_t *sbytes, 
     case DT_COLL_ALL_REDUCE: *sbytes = bytes, *rbytes = bytes; break;
     case DT_COLL_ALL_GATHER: *sbytes = bytes, *rbytes = P * bytes; break;
     case DT_COLL_REDUCE_SCATTER: *sbytes = P * bytes, *rbytes = bytes; break;
+    case DT_COLL_ALL_TO_ALL: *sbytes = P * bytes, *rbytes = P * bytes; break;
     case DT_COLL_BROADCAST: *sbytes = bytes, *rbytes = bytes; break;
     case DT_COLL_SCATTER: *sbytes = root ? P * bytes : 0, *rbytes = bytes; break;
     case DT_COLL_GATHER: *sbytes = bytes, *rbytes = root ? P * bytes : 0; break;
@@ -934,6 +969,8 @@ dt_status dt_nccl_world_comm(dt_nccl_world *w, int rank, const dt_nccl_rank *r, 
     }
     DT_COMM_LOG(c, DT_LOG_DEBUG, "nccl communicator ready: rank %d of %d on device %d", rank,
                 w->size, r->device);
+    /* Its counters start here: the init's wait was no call on it. */
+    memset(&c->counters, 0, sizeof c->counters);
     *out = c;
     return DT_SUCCESS;
 }

@@ -1,4 +1,5 @@
-/* tests/test_collectives.c — collectives and grouped send/recv on the local
+/* tests/test_collectives.c — collectives (all_to_all in every dtype among
+ * them), grouped send/recv and the communication counters on the local
  * transport, world sizes 1..8, against references computed here from
  * (seed, rank, index). Rank threads only record; the main thread asserts
  * (a failed cmocka assert in a rank thread would kill the binary silently). */
@@ -46,6 +47,8 @@ typedef struct coll_case {
     dt_dtype dtype;
     uint64_t seed;
     int in_place;
+    size_t count;       /* all_to_all: elements per block */
+    dt_check_mode checks;
     /* results, per rank */
     dt_status st[MAXP];
     int bad[MAXP];      /* elements that differ from the reference */
@@ -80,6 +83,7 @@ static dt_status launch(coll_case *c, dt_rank_fn fn, long timeout_ms) {
     o.backend = DT_BACKEND_CPU;
     o.transport = DT_TRANSPORT_LOCAL;
     o.timeout_ms = timeout_ms;
+    o.checks = c->checks;
     return dt_launch(c->p, fn, c, &o);
 }
 
@@ -198,6 +202,68 @@ static void test_all_gather_reduce_scatter(void **state) {
             for (int ip = 0; ip < 2; ip++) {
                 coll_case c = {.p = p, .dtype = float_types[dt], .seed = 3, .in_place = ip};
                 assert_int_equal(launch(&c, rank_gather_scatter, 10000), DT_SUCCESS);
+                assert_all_ok(&c);
+            }
+}
+
+/* --------------------------------------------------------------- all_to_all */
+
+/* The dtypes all_to_all moves: every one (it moves bytes). */
+static const dt_dtype all_types[] = {DT_F32, DT_BF16, DT_F16, DT_U8, DT_I32};
+
+/* Stores at index `at` of buf the element i of rank r's data (seed): the
+ * value() as the float types hold it, integers made from it for u8, i32. */
+static void put_any(void *buf, dt_dtype dt, size_t at, uint64_t seed, int r, size_t i) {
+    const int v = (int)(value(seed, r, i) * 4.0f);   /* in [-512, 512] */
+    switch (dt) {
+    case DT_U8: ((uint8_t *)buf)[at] = (uint8_t)(v & 0xff); break;
+    case DT_I32: ((int32_t *)buf)[at] = v * 65537 + r; break;
+    default: put(buf, dt, at, value(seed, r, i)); break;
+    }
+}
+
+/* Rank r's recv block q must be rank q's send block r, element for element
+ * (bytes compared), and nothing past recv written; two calls in a row. */
+static dt_status rank_all_to_all(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx), p = c->p;
+    dt_comm *comm = dt_context_comm(ctx);
+    const size_t n = c->count, es = dt_dtype_size(c->dtype), all = (size_t)p * n;
+    char *send = malloc(all * es + 1), *recv = malloc(all * es + 1), want[8];
+    dt_status st = DT_SUCCESS;
+    for (uint64_t seed = c->seed; seed < c->seed + 2 && st == DT_SUCCESS; seed++) {
+        for (size_t i = 0; i < all; i++) put_any(send, c->dtype, i, seed, r, i);
+        memset(recv, 0xa5, all * es + 1);
+        st = dt_comm_all_to_all(comm, send, recv, n, c->dtype);
+        record(c, r, st);
+        if (st != DT_SUCCESS) break;
+        for (int q = 0; q < p; q++)
+            for (size_t i = 0; i < n; i++) {
+                put_any(want, c->dtype, 0, seed, q, (size_t)r * n + i);
+                if (memcmp(recv + ((size_t)q * n + i) * es, want, es) != 0) c->bad[r]++;
+                put_any(want, c->dtype, 0, seed, r, (size_t)q * n + i);   /* send untouched */
+                if (memcmp(send + ((size_t)q * n + i) * es, want, es) != 0) c->bad[r]++;
+            }
+        if ((unsigned char)recv[all * es] != 0xa5) c->bad[r]++;
+    }
+    free(send);
+    free(recv);
+    return st;
+}
+
+static void test_all_to_all(void **state) {
+    (void)state;
+    const size_t counts[] = {N, 1, 0};
+    for (int p = 1; p <= MAXP; p++)
+        for (size_t t = 0; t < sizeof all_types / sizeof all_types[0]; t++)
+            for (size_t k = 0; k < 3; k++) {
+                if (k > 0 && all_types[t] != DT_F32) continue;
+                coll_case c = {.p = p, .dtype = all_types[t], .seed = 21 + k, .count = counts[k]};
+                dt_status st = launch(&c, rank_all_to_all, 10000);
+                if (st != DT_SUCCESS || c.bad[0])
+                    print_error("all_to_all/P=%d,%s,count=%zu\n", p, dt_dtype_name(c.dtype),
+                                c.count);
+                assert_int_equal(st, DT_SUCCESS);
                 assert_all_ok(&c);
             }
 }
@@ -455,6 +521,34 @@ static void test_mismatched_send_recv(void **state) {
                       "rank 0 sends 4 fp32 to rank 1");
 }
 
+/* Rank 1 moves one element more per block (or another dtype) than the
+ * others: DT_ERR_MISMATCH on every rank naming both calls, checks off
+ * (the transport's own check) and on (DT_CHECK's). */
+static dt_status rank_all_to_all_mismatch(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx);
+    float x[8 * MAXP] = {0}, y[8 * MAXP];
+    const size_t n = r == 1 && c->in_place == 0 ? 5 : 4;
+    const dt_dtype dt = r == 1 && c->in_place == 1 ? DT_BF16 : DT_F32;
+    dt_status st = dt_comm_all_to_all(dt_context_comm(ctx), x, y, n, dt);
+    record(c, r, st);
+    return st;
+}
+
+static void test_all_to_all_mismatch(void **state) {
+    (void)state;
+    for (int p = 2; p <= 4; p++)
+        for (int what = 0; what < 2; what++)   /* 0: count, 1: dtype (in_place field) */
+            for (int checks = 0; checks < 2; checks++) {
+                coll_case c = {.p = p, .in_place = what,
+                               .checks = checks ? DT_CHECK_ON : DT_CHECK_OFF};
+                assert_int_equal(launch(&c, rank_all_to_all_mismatch, 5000), DT_ERR_MISMATCH);
+                assert_every_rank(&c, DT_ERR_MISMATCH,
+                                  what ? "all_to_all of 4 bf16" : "all_to_all of 5 fp32",
+                                  "all_to_all of 4 fp32");
+            }
+}
+
 /* DT_LOCAL_COPIES=0 (benchmarks: a ring's time without its copies): the
  * sends and receives still match and complete, a receive's buffer keeps
  * what it held, collectives still move their data, and a mismatch still
@@ -523,9 +617,16 @@ static void sleep_ms(long ms) {
 typedef struct fail_case {
     coll_case c;
     int mode, victim;
+    int a2a;       /* the collective: 0 all_reduce, 1 all_to_all */
     double elapsed_ms[MAXP];
     dt_status own; /* mode 4: the victim's collective after its abort */
 } fail_case;
+
+/* The collective under test: all_reduce of 16 or all_to_all of 2 per rank. */
+static dt_status fail_call(const fail_case *f, dt_comm *comm, float *x, float *y) {
+    return f->a2a ? dt_comm_all_to_all(comm, x, y, 2, DT_F32)
+                  : dt_comm_all_reduce(comm, x, y, 16, DT_F32, DT_REDUCE_SUM);
+}
 
 static dt_status rank_fail(dt_context *ctx, void *arg) {
     fail_case *f = arg;
@@ -543,12 +644,12 @@ static dt_status rank_fail(dt_context *ctx, void *arg) {
             }
             if (f->mode == 4 && round == 3) {
                 dt_comm_abort(dt_context_comm(ctx), DT_SUCCESS, "aborted with DT_SUCCESS");
-                f->own = dt_comm_all_reduce(dt_context_comm(ctx), x, y, 16, DT_F32, DT_REDUCE_SUM);
+                f->own = fail_call(f, dt_context_comm(ctx), x, y);
                 return DT_SUCCESS;
             }
             if (f->mode == 3) sleep_ms(30);
         }
-        st = dt_comm_all_reduce(dt_context_comm(ctx), x, y, 16, DT_F32, DT_REDUCE_SUM);
+        st = fail_call(f, dt_context_comm(ctx), x, y);
     }
     f->elapsed_ms[r] = now_ms() - t0;
     record(&f->c, r, st);
@@ -558,39 +659,255 @@ static dt_status rank_fail(dt_context *ctx, void *arg) {
 static void test_failures_do_not_hang(void **state) {
     (void)state;
     const long timeout = 300;
-    for (int mode = 0; mode < 5; mode++)
-        for (int p = 2; p <= MAXP; p += 3) {
-            fail_case f = {.c = {.p = p}, .mode = mode, .victim = p - 1};
-            double t0 = now_ms();
-            dt_status st = launch(&f.c, rank_fail, timeout);
-            double total = now_ms() - t0;
-            if (mode == 3) {
-                assert_int_equal(st, DT_SUCCESS);
-                assert_all_ok(&f.c);
-                continue;
+    for (int a2a = 0; a2a < 2; a2a++)
+        for (int mode = 0; mode < 5; mode++)
+            for (int p = 2; p <= MAXP; p += 3) {
+                fail_case f = {.c = {.p = p}, .mode = mode, .victim = p - 1, .a2a = a2a};
+                double t0 = now_ms();
+                dt_status st = launch(&f.c, rank_fail, timeout);
+                double total = now_ms() - t0;
+                if (mode == 3) {
+                    assert_int_equal(st, DT_SUCCESS);
+                    assert_all_ok(&f.c);
+                    continue;
+                }
+                assert_int_not_equal(st, DT_SUCCESS);
+                /* Failing peers are noticed at once; a missing peer after the timeout. */
+                assert_true(total < (mode == 1 ? timeout + 1000 : timeout));
+                for (int r = 0; r < p; r++) {
+                    if (r == f.victim) continue;
+                    dt_status want = mode == 1 ? DT_ERR_TIMEOUT : DT_ERR_PEER_FAILED;
+                    if (mode == 1 && f.c.st[r] == DT_ERR_PEER_FAILED) want = DT_ERR_PEER_FAILED;
+                    assert_int_equal(f.c.st[r], want);
+                    assert_true(f.elapsed_ms[r] < timeout + 1000);
+                }
+                if (mode == 1) assert_int_equal(st, DT_ERR_TIMEOUT);
+                if (mode == 0) {
+                    assert_int_equal(st, DT_ERR_INVALID_ARGUMENT);
+                    assert_non_null(strstr(dt_last_error(), "injected failure"));
+                }
+                if (mode == 2) assert_non_null(strstr(f.c.msg[0], "injected abort"));
+                if (mode == 4) {
+                    assert_int_equal(st, DT_ERR_PEER_FAILED);
+                    assert_int_equal(f.own, DT_ERR_PEER_FAILED);
+                    assert_non_null(strstr(f.c.msg[0], "aborted with DT_SUCCESS"));
+                }
             }
-            assert_int_not_equal(st, DT_SUCCESS);
-            /* Failing peers are noticed at once; a missing peer after the timeout. */
-            assert_true(total < (mode == 1 ? timeout + 1000 : timeout));
-            for (int r = 0; r < p; r++) {
-                if (r == f.victim) continue;
-                dt_status want = mode == 1 ? DT_ERR_TIMEOUT : DT_ERR_PEER_FAILED;
-                if (mode == 1 && f.c.st[r] == DT_ERR_PEER_FAILED) want = DT_ERR_PEER_FAILED;
-                assert_int_equal(f.c.st[r], want);
-                assert_true(f.elapsed_ms[r] < timeout + 1000);
-            }
-            if (mode == 1) assert_int_equal(st, DT_ERR_TIMEOUT);
-            if (mode == 0) {
-                assert_int_equal(st, DT_ERR_INVALID_ARGUMENT);
-                assert_non_null(strstr(dt_last_error(), "injected failure"));
-            }
-            if (mode == 2) assert_non_null(strstr(f.c.msg[0], "injected abort"));
-            if (mode == 4) {
-                assert_int_equal(st, DT_ERR_PEER_FAILED);
-                assert_int_equal(f.own, DT_ERR_PEER_FAILED);
-                assert_non_null(strstr(f.c.msg[0], "aborted with DT_SUCCESS"));
-            }
+}
+
+/* ----------------------------------------------------------------- counters */
+
+/* Compares one kind's counters with what comm.h defines; a difference is
+ * counted in c->bad[r] with the first one's message. */
+static void expect_kind(coll_case *c, int r, const dt_comm_counters *k, dt_comm_kind kind,
+                        uint64_t calls, uint64_t sent, uint64_t recv) {
+    if (k->calls[kind] == calls && k->bytes_sent[kind] == sent && k->bytes_recv[kind] == recv)
+        return;
+    if (c->bad[r]++ == 0)
+        snprintf(c->msg[r], sizeof c->msg[r], "%s: %llu calls, %llu sent, %llu received; want "
+                 "%llu, %llu, %llu", dt_comm_kind_name(kind), (unsigned long long)k->calls[kind],
+                 (unsigned long long)k->bytes_sent[kind], (unsigned long long)k->bytes_recv[kind],
+                 (unsigned long long)calls, (unsigned long long)sent, (unsigned long long)recv);
+}
+
+static int counters_zero(const dt_comm_counters *k) {
+    for (int kind = 0; kind < DT_COMM_KIND_COUNT; kind++)
+        if (k->calls[kind] || k->bytes_sent[kind] || k->bytes_recv[kind]) return 0;
+    return k->wait_ms == 0;
+}
+
+/* A known sequence of calls of every kind (rejected ones among them) gives
+ * the exact calls and bytes comm.h defines, on every rank; a reset zeroes
+ * them and the next call counts alone. */
+static dt_status rank_counters(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    const int r = dt_context_rank(ctx), p = c->p, root = p - 1;
+    const uint64_t P1 = (uint64_t)p - 1;
+    dt_comm *comm = dt_context_comm(ctx);
+    float f[64 * MAXP] = {0}, g[64 * MAXP] = {0}, h[8] = {0};
+    uint16_t b[64 * MAXP] = {0};
+    uint8_t u[8 * MAXP] = {0}, v[8 * MAXP];
+    dt_comm_counters k;
+    dt_status st = dt_comm_counters_get(comm, &k);
+    if (st == DT_SUCCESS && !counters_zero(&k)) c->bad[r]++;   /* a new communicator: zero */
+    const int next = (r + 1) % p, prev = (r + p - 1) % p;
+    dt_p2p_op g1[4] = {{DT_P2P_SEND, next, f, 5, DT_F32}, {DT_P2P_RECV, prev, g, 5, DT_F32},
+                       {DT_P2P_SEND, r, f, 3, DT_F32}, {DT_P2P_RECV, r, h, 3, DT_F32}};
+    dt_p2p_op g2[2] = {{DT_P2P_RECV, prev, b + 8, 2, DT_BF16}, {DT_P2P_SEND, next, b, 2, DT_BF16}};
+#define DO(call) if (st == DT_SUCCESS) st = (call)
+    DO(dt_comm_all_reduce(comm, f, g, N, DT_F32, DT_REDUCE_SUM));
+    DO(dt_comm_all_reduce(comm, f, f, N, DT_F32, DT_REDUCE_MAX));
+    DO(dt_comm_all_gather(comm, b, b + 64, N, DT_BF16));
+    DO(dt_comm_reduce_scatter(comm, b, b + 5 * MAXP, 5, DT_F16, DT_REDUCE_SUM));
+    DO(dt_comm_all_to_all(comm, f, g, 3, DT_F32));
+    DO(dt_comm_all_to_all(comm, u, v, 7, DT_U8));
+    DO(dt_comm_broadcast(comm, f, N, DT_F32, root));
+    DO(dt_comm_scatter(comm, r == 0 ? f : NULL, g, 4, DT_F32, 0));
+    DO(dt_comm_gather(comm, b, r == root ? b + 64 : NULL, 6, DT_BF16, root));
+    for (int i = 0; i < 3; i++) DO(dt_comm_barrier(comm));
+    DO(dt_comm_sendrecv(comm, g1, 4));
+    DO(dt_comm_p2p_start(comm, g2, 2));
+    DO(dt_comm_p2p_wait(comm));
+#undef DO
+    /* rejected before any transport: not counted */
+    if (st == DT_SUCCESS && (dt_comm_all_to_all(comm, f, f, 1, DT_F32) != DT_ERR_INVALID_ARGUMENT ||
+                             dt_comm_broadcast(comm, f, 1, DT_F32, -1) != DT_ERR_INVALID_ARGUMENT))
+        c->bad[r]++;
+    record(c, r, st);
+    if (st != DT_SUCCESS) return st;
+    st = dt_comm_counters_get(comm, &k);
+    record(c, r, st);
+    if (st != DT_SUCCESS) return st;
+    const uint64_t ar = 2 * P1 * ((N + (uint64_t)p - 1) / (uint64_t)p) * 4;
+    const uint64_t p2p = p > 1 ? 5 * 4 + 2 * 2 : 0;   /* the sends to itself move nothing */
+    expect_kind(c, r, &k, DT_COMM_P2P, 2, p2p, p2p);
+    expect_kind(c, r, &k, DT_COMM_ALL_REDUCE, 2, 2 * ar, 2 * ar);
+    expect_kind(c, r, &k, DT_COMM_ALL_GATHER, 1, P1 * N * 2, P1 * N * 2);
+    expect_kind(c, r, &k, DT_COMM_REDUCE_SCATTER, 1, P1 * 5 * 2, P1 * 5 * 2);
+    expect_kind(c, r, &k, DT_COMM_ALL_TO_ALL, 2, P1 * (3 * 4 + 7), P1 * (3 * 4 + 7));
+    expect_kind(c, r, &k, DT_COMM_BROADCAST, 1, r == root ? P1 * N * 4 : 0, r == root ? 0 : N * 4);
+    expect_kind(c, r, &k, DT_COMM_SCATTER, 1, r == 0 ? P1 * 16 : 0, r == 0 ? 0 : 16);
+    expect_kind(c, r, &k, DT_COMM_GATHER, 1, r == root ? 0 : 12, r == root ? P1 * 12 : 0);
+    expect_kind(c, r, &k, DT_COMM_BARRIER, 3, 0, 0);
+    if (!(k.wait_ms >= 0) || (p == 1 && k.wait_ms != 0)) c->bad[r]++;   /* alone: never blocked */
+    /* reset: zero; the next call counts alone */
+    dt_comm_counters_reset(comm);
+    dt_comm_counters_reset(NULL);
+    st = dt_comm_counters_get(comm, &k);
+    if (st == DT_SUCCESS && !counters_zero(&k)) c->bad[r]++;
+    if (st == DT_SUCCESS) st = dt_comm_all_to_all(comm, f, g, 2, DT_F32);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k);
+    record(c, r, st);
+    if (st != DT_SUCCESS) return st;
+    for (int kind = 0; kind < DT_COMM_KIND_COUNT; kind++)
+        if (kind != DT_COMM_ALL_TO_ALL) expect_kind(c, r, &k, (dt_comm_kind)kind, 0, 0, 0);
+    expect_kind(c, r, &k, DT_COMM_ALL_TO_ALL, 1, P1 * 8, P1 * 8);
+    return DT_SUCCESS;
+}
+
+static void test_counters(void **state) {
+    (void)state;
+    static const char *const names[DT_COMM_KIND_COUNT] = {
+        "p2p", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+        "broadcast", "scatter", "gather", "barrier"};
+    for (int kind = 0; kind < DT_COMM_KIND_COUNT; kind++)
+        assert_string_equal(dt_comm_kind_name((dt_comm_kind)kind), names[kind]);
+    assert_string_equal(dt_comm_kind_name(DT_COMM_KIND_COUNT), "unknown");
+    assert_string_equal(dt_comm_kind_name((dt_comm_kind)-1), "unknown");
+    /* Checks on: their agreement exchanges count no call and no byte. */
+    for (int checks = 0; checks < 2; checks++)
+        for (int p = 1; p <= MAXP; p++) {
+            coll_case c = {.p = p, .checks = checks ? DT_CHECK_ON : DT_CHECK_OFF};
+            dt_status st = launch(&c, rank_counters, 10000);
+            if (st != DT_SUCCESS) print_error("counters/P=%d,checks=%d\n", p, checks);
+            assert_int_equal(st, DT_SUCCESS);
+            for (int r = 0; r < p; r++)
+                if (c.bad[r]) print_error("counters/P=%d,checks=%d: rank %d: %s\n", p, checks, r, c.msg[r]);
+            assert_all_ok(&c);
         }
+}
+
+/* A sub-communicator has counters of its own, from zero: calls on it do
+ * not show in its parent's, nor the parent's in its own; the split itself
+ * counts nowhere. */
+static dt_status rank_counters_split(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    const int r = dt_context_rank(ctx), p = c->p;
+    dt_comm *world = dt_context_comm(ctx), *sub = NULL;
+    float x[4 * MAXP] = {0}, y[4 * MAXP];
+    dt_comm_counters kw, ks;
+    dt_status st = dt_comm_split(world, r % 2, r, &sub);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(sub, &ks);
+    if (st == DT_SUCCESS && !counters_zero(&ks)) c->bad[r]++;
+    if (st == DT_SUCCESS) st = dt_comm_all_to_all(sub, x, y, 4, DT_F32);
+    if (st == DT_SUCCESS) st = dt_comm_barrier(sub);
+    if (st == DT_SUCCESS) st = dt_comm_all_gather(world, x, y, 2, DT_F32);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(sub, &ks);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(world, &kw);
+    record(c, r, st);
+    if (st == DT_SUCCESS) {
+        const uint64_t sub1 = (uint64_t)dt_comm_size(sub) - 1, w1 = (uint64_t)p - 1;
+        for (int kind = 0; kind < DT_COMM_KIND_COUNT; kind++) {
+            const dt_comm_kind kd = (dt_comm_kind)kind;
+            if (kd == DT_COMM_ALL_TO_ALL) expect_kind(c, r, &ks, kd, 1, sub1 * 16, sub1 * 16);
+            else if (kd == DT_COMM_BARRIER) expect_kind(c, r, &ks, kd, 1, 0, 0);
+            else expect_kind(c, r, &ks, kd, 0, 0, 0);
+            if (kd == DT_COMM_ALL_GATHER) expect_kind(c, r, &kw, kd, 1, w1 * 8, w1 * 8);
+            else expect_kind(c, r, &kw, kd, 0, 0, 0);
+        }
+    }
+    dt_comm_destroy(sub);
+    return st;
+}
+
+static void test_counters_split(void **state) {
+    (void)state;
+    for (int p = 1; p <= MAXP; p++) {
+        coll_case c = {.p = p};
+        assert_int_equal(launch(&c, rank_counters_split, 10000), DT_SUCCESS);
+        for (int r = 0; r < p; r++)
+            if (c.bad[r]) print_error("counters_split/P=%d: rank %d: %s\n", p, r, c.msg[r]);
+        assert_all_ok(&c);
+    }
+}
+
+/* wait_ms grows by the time a rank is blocked for a late peer: after a
+ * barrier, the last rank sleeps LATE_MS before an all_to_all, and then
+ * before its send to rank 0; the others' all_to_all and rank 0's receive
+ * wait for it. */
+enum { LATE_MS = 50 };
+
+typedef struct wait_case {
+    coll_case c;
+    double a2a_ms[MAXP];   /* wait_ms over the all_to_all */
+    double p2p_ms[MAXP];   /* over the p2p group */
+} wait_case;
+
+static dt_status rank_counters_wait(dt_context *ctx, void *arg) {
+    wait_case *w = arg;
+    const int r = dt_context_rank(ctx), p = w->c.p, late = p - 1;
+    dt_comm *comm = dt_context_comm(ctx);
+    float x[2 * MAXP] = {0}, y[2 * MAXP];
+    dt_comm_counters k0, k1, k2;
+    dt_status st = dt_comm_barrier(comm);
+    dt_comm_counters_reset(comm);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k0);
+    if (st == DT_SUCCESS && r == late) sleep_ms(LATE_MS);
+    if (st == DT_SUCCESS) st = dt_comm_all_to_all(comm, x, y, 2, DT_F32);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k1);
+    if (st == DT_SUCCESS && r == late) sleep_ms(LATE_MS);
+    if (st == DT_SUCCESS && (r == 0 || r == late)) {
+        dt_p2p_op op = r == 0 ? (dt_p2p_op){DT_P2P_RECV, late, y, 2, DT_F32}
+                              : (dt_p2p_op){DT_P2P_SEND, 0, x, 2, DT_F32};
+        st = dt_comm_sendrecv(comm, &op, 1);
+    }
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k2);
+    record(&w->c, r, st);
+    if (st == DT_SUCCESS) {
+        w->a2a_ms[r] = k1.wait_ms - k0.wait_ms;
+        w->p2p_ms[r] = k2.wait_ms - k1.wait_ms;
+        if (k0.wait_ms != 0) w->c.bad[r]++;
+    }
+    return st;
+}
+
+static void test_counters_wait_time(void **state) {
+    (void)state;
+    const int ps[] = {2, 3, 8};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+        wait_case w = {.c = {.p = ps[i]}};
+        assert_int_equal(launch(&w.c, rank_counters_wait, 10000), DT_SUCCESS);
+        assert_all_ok(&w.c);
+        for (int r = 0; r < w.c.p; r++) {
+            const int late = r == w.c.p - 1;
+            if (!late && w.a2a_ms[r] < LATE_MS - 10)
+                print_error("P=%d: rank %d waited %.1f ms for the late rank's all_to_all\n",
+                            w.c.p, r, w.a2a_ms[r]);
+            assert_true(w.a2a_ms[r] >= 0 && w.p2p_ms[r] >= 0);
+            if (!late) assert_true(w.a2a_ms[r] >= LATE_MS - 10);
+            if (r == 0) assert_true(w.p2p_ms[r] >= LATE_MS - 10);
+        }
+    }
 }
 
 /* ---------------------------------------------------------- bad arguments */
@@ -617,6 +934,14 @@ static dt_status rank_bad_args(dt_context *ctx, void *arg) {
     EXPECT(dt_comm_all_reduce(comm, x, y, SIZE_MAX / 2, DT_F32, DT_REDUCE_SUM), DT_ERR_INVALID_ARGUMENT);
     EXPECT(dt_comm_all_reduce(comm, x, y, 4, DT_U8, DT_REDUCE_SUM), DT_ERR_NOT_SUPPORTED);
     EXPECT(dt_comm_all_gather(comm, x, NULL, 1, DT_F32), DT_ERR_INVALID_ARGUMENT);
+    /* all_to_all is not in place: send and recv may not overlap at all */
+    EXPECT(dt_comm_all_to_all(comm, x, x, 1, DT_F32), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_all_to_all(comm, x, x + 1, 2, DT_F32), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_all_to_all(comm, x, NULL, 1, DT_F32), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_all_to_all(comm, x, y, SIZE_MAX / 2, DT_F32), DT_ERR_INVALID_ARGUMENT);
+    EXPECT(dt_comm_counters_get(comm, NULL), DT_ERR_INVALID_ARGUMENT);
+    dt_comm_counters none;
+    EXPECT(dt_comm_counters_get(NULL, &none), DT_ERR_INVALID_ARGUMENT);
     EXPECT(dt_comm_broadcast(comm, x, 4, DT_F32, c->p), DT_ERR_INVALID_ARGUMENT);
     EXPECT(dt_comm_broadcast(comm, x, 4, DT_F32, -1), DT_ERR_INVALID_ARGUMENT);
     EXPECT(dt_comm_gather(comm, x, NULL, 1, DT_F32, 0), r == 0 ? DT_ERR_INVALID_ARGUMENT : DT_SUCCESS);
@@ -638,6 +963,20 @@ static dt_status rank_bad_args(dt_context *ctx, void *arg) {
      * world, the others then stop with DT_ERR_PEER_FAILED. */
     dt_status waited = dt_comm_p2p_wait(comm);
     EXPECT(waited == DT_ERR_PEER_FAILED ? DT_ERR_TIMEOUT : waited, DT_ERR_TIMEOUT);
+    /* Of all these calls only the valid gather counted (comm.h): rejected
+     * and failed calls count nothing. */
+    dt_comm_counters k;
+    EXPECT(dt_comm_counters_get(comm, &k), DT_SUCCESS);
+    for (int kind = 0; kind < DT_COMM_KIND_COUNT; kind++)
+        if (k.calls[kind] != (kind == DT_COMM_GATHER) ||
+            k.bytes_sent[kind] != (kind == DT_COMM_GATHER && r > 0 ? 4u : 0u) ||
+            k.bytes_recv[kind] != (kind == DT_COMM_GATHER && r == 0 ? 4u * (c->p - 1) : 0u)) {
+            c->bad[r]++;
+            snprintf(c->msg[r], sizeof c->msg[r], "counters of %s: %llu calls, %llu sent, %llu "
+                     "received", dt_comm_kind_name((dt_comm_kind)kind),
+                     (unsigned long long)k.calls[kind], (unsigned long long)k.bytes_sent[kind],
+                     (unsigned long long)k.bytes_recv[kind]);
+        }
 #undef EXPECT
     /* Rejected calls wrote nothing: x is intact, and y only holds what the
      * valid gather put on rank 0 (x[0] of every rank). */
@@ -947,6 +1286,7 @@ int main(void) {
         cmocka_unit_test(test_all_reduce),
         cmocka_unit_test(test_all_reduce_same_bits_on_every_rank),
         cmocka_unit_test(test_all_gather_reduce_scatter),
+        cmocka_unit_test(test_all_to_all),
         cmocka_unit_test(test_broadcast_scatter_gather_every_root),
         cmocka_unit_test(test_barrier),
         cmocka_unit_test(test_split),
@@ -955,8 +1295,12 @@ int main(void) {
         cmocka_unit_test(test_local_copies_off),
         cmocka_unit_test(test_mismatched_collectives),
         cmocka_unit_test(test_mismatched_send_recv),
+        cmocka_unit_test(test_all_to_all_mismatch),
         cmocka_unit_test(test_failures_do_not_hang),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_counters),
+        cmocka_unit_test(test_counters_split),
+        cmocka_unit_test(test_counters_wait_time),
         cmocka_unit_test(test_checks_do_not_publish),
         cmocka_unit_test(test_departure_outlasts_arrival),
     };

@@ -5,14 +5,16 @@
  * non-blocking, so one thread can post every rank's part), which makes the
  * order of posts and waits exact: init is in progress until the last rank
  * joins; collectives (all_reduce sum/max/avg, reduce, all_gather,
- * reduce_scatter, broadcast) and send/receive groups for P = 1..4 give, on
+ * reduce_scatter, broadcast, all_to_all) and send/receive groups for P = 1..4 give, on
  * every rank, exactly the rank-order reduction computed here (bf16 and
  * fp16 rounded at every step, as nccl.c documents), written only when a
  * wait runs the work; a rank whose peer has not posted stays not ready
  * until the peer posts, or until it aborts (then its stream drains); split
  * (colors, keys, NCCL_SPLIT_NOCOLOR); finalize; a mismatch fails every
- * rank's stream. One case runs 4 rank threads at once. Values come from
- * (seed, rank, index). Skipped unless built with CUDA=emu. */
+ * rank's stream. One case runs 4 rank threads at once. The last cases run
+ * dtensor's NCCL transport on it through dt_launch (all_to_all, the
+ * communication counters, failures). Values come from (seed, rank, index).
+ * Skipped unless built with CUDA=emu. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -45,6 +47,10 @@ int main(void) {
 #else
 
 #include "base/dtype.h"
+#include "collectives/comm.h"
+#include "dtensor/backend.h"
+#include "dtensor/context_internal.h"
+#include "dtensor/dtensor.h"
 #include "emu/include/cuda_runtime_api.h"
 #include "emu/include/nccl.h"
 
@@ -274,6 +280,10 @@ static float w_root(size_t i, const void *arg) {
     const wa *a = arg;
     return round_to(a->t, val(a->seed, a->root, i));
 }
+static float w_a2a(size_t i, const void *arg) {   /* block s: rank s's block `rank` */
+    const wa *a = arg;
+    return round_to(a->t, val(a->seed, (int)(i / N), (size_t)a->rank * N + i % N));
+}
 
 static void fill(void *p, ncclDataType_t t, int seed, int rank, size_t n) {
     for (size_t i = 0; i < n; i++) put(p, t, i, val(seed, rank, i));
@@ -374,6 +384,16 @@ static void test_collectives(void **state) {
     for (int r = 0; r < P; r++) {
         wa a = {t, ncclSum, 17, P, P - 1, r};
         bad += check("broadcast", r, b.in[r], t, N, w_root, &a);
+    }
+
+    /* all_to_all, queued in reverse rank order */
+    for (int r = 0; r < P; r++) upload(&w, r, b.in[r], t, 19, (size_t)P * N);
+    for (int r = P - 1; r >= 0; r--)
+        assert_int_equal(ncclAlltoAll(b.in[r], b.out[r], N, t, w.c[r], w.s[r]), ncclSuccess);
+    run_all(&w);
+    for (int r = 0; r < P; r++) {
+        wa a = {t, ncclSum, 19, P, 0, r};
+        bad += check("all_to_all", r, b.out[r], t, (size_t)P * N, w_a2a, &a);
     }
 
     /* send/recv group: to r+1, from r-1, and to/from itself */
@@ -670,9 +690,268 @@ static void test_threads(void **state) {
     assert_int_equal(bad, 0);
 }
 
+/* ------------------------------------- the NCCL transport on the emulator */
+
+/* dtensor's NCCL transport (collectives/transport_nccl.c) on this emulator,
+ * through dt_launch on the CUDA backend, one emulated device per rank:
+ * all_to_all (ncclAlltoAll) on device and on host (staged) buffers, every
+ * dtype, against (seed, rank, index); the counters' exact calls and bytes;
+ * wait_ms, which sees a late peer through a host buffer's wait but not
+ * through a device buffer's queued call; a peer's failure; a mismatch under
+ * DT_CHECK. Rank functions record, the main thread asserts. */
+enum { TP_N = 37, TP_LATE_MS = 50 };
+
+typedef struct tp_case {
+    int P;
+    dt_dtype dtype;
+    int host;               /* host buffers (staged) instead of device ones */
+    int mismatch;           /* rank_tp_fail: 0 a peer fails, 1 a count differs */
+    dt_status st[MAXP];
+    int bad[MAXP];
+    char msg[MAXP][256];
+    double host_wait[MAXP], dev_wait[MAXP], ms[MAXP];
+    char name[96];
+} tp_case;
+
+static double tp_now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static void tp_sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void tp_note(tp_case *c, int r, const char *fmt, ...) {
+    if (c->bad[r]++) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->msg[r], sizeof c->msg[r], fmt, ap);
+    va_end(ap);
+}
+
+static void tp_record(tp_case *c, int r, dt_status st) {
+    c->st[r] = st;
+    if (st != DT_SUCCESS && !c->bad[r]) snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
+}
+
+/* Element i of rank r's data, stored at index `at`: val() as the float
+ * types hold it, integers made from it for u8 and i32. */
+static void tp_put(void *buf, dt_dtype dt, size_t at, int seed, int r, size_t i) {
+    const int v = (int)(val(seed, r, i) * 7.0f);
+    switch (dt) {
+    case DT_U8: ((uint8_t *)buf)[at] = (uint8_t)(v & 0xff); break;
+    case DT_I32: ((int32_t *)buf)[at] = v * 65537 + r; break;
+    default: dt_value_set(buf, dt, at, val(seed, r, i)); break;
+    }
+}
+
+static dt_status tp_launch(tp_case *c, dt_rank_fn fn, long timeout_ms, dt_check_mode checks) {
+    dt_launch_options o = DT_LAUNCH_OPTIONS_INIT;
+    o.backend = DT_BACKEND_CUDA;
+    o.transport = DT_TRANSPORT_NCCL;
+    o.timeout_ms = timeout_ms;
+    o.checks = checks;
+    return dt_launch(c->P, fn, c, &o);
+}
+
+/* The call on the rank's buffers: host ones as they are, or device copies
+ * (uploaded before, downloaded after, through the rank's backend). */
+static dt_status tp_all_to_all(dt_context *ctx, int host, const void *send, void *recv, size_t n,
+                               dt_dtype dt) {
+    dt_backend *be = ctx->backend;
+    const size_t bytes = (size_t)dt_context_world_size(ctx) * n * dt_dtype_size(dt);
+    if (host) return dt_comm_all_to_all(dt_context_comm(ctx), send, recv, n, dt);
+    void *ds = NULL, *dr = NULL;
+    dt_status st = be->ops->alloc(be, bytes, &ds);
+    if (st == DT_SUCCESS) st = be->ops->alloc(be, bytes, &dr);
+    if (st == DT_SUCCESS) st = be->ops->upload(be, ds, send, bytes);
+    if (st == DT_SUCCESS) st = dt_comm_all_to_all(dt_context_comm(ctx), ds, dr, n, dt);
+    if (st == DT_SUCCESS) st = be->ops->download(be, recv, dr, bytes);
+    be->ops->free(be, ds);
+    be->ops->free(be, dr);
+    return st;
+}
+
+static dt_status rank_tp_all_to_all(dt_context *ctx, void *arg) {
+    tp_case *c = arg;
+    const int r = dt_context_rank(ctx), P = c->P, next = (r + 1) % P, prev = (r + P - 1) % P;
+    const size_t es = dt_dtype_size(c->dtype), all = (size_t)P * TP_N;
+    const uint64_t P1 = (uint64_t)P - 1;
+    dt_comm *comm = dt_context_comm(ctx);
+    char *send = malloc(all * es), *recv = malloc(all * es + 1), want[8];
+    float x[TP_N] = {0}, y[TP_N];
+    dt_status st = send && recv ? DT_SUCCESS : dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
+    for (size_t i = 0; st == DT_SUCCESS && i < all; i++) tp_put(send, c->dtype, i, 41, r, i);
+    if (st == DT_SUCCESS) memset(recv, 0xa5, all * es + 1);
+    if (st == DT_SUCCESS) st = tp_all_to_all(ctx, c->host, send, recv, TP_N, c->dtype);
+    for (int q = 0; st == DT_SUCCESS && q < P; q++)
+        for (size_t i = 0; i < TP_N; i++) {
+            tp_put(want, c->dtype, 0, 41, q, (size_t)r * TP_N + i);
+            if (memcmp(recv + ((size_t)q * TP_N + i) * es, want, es) != 0)
+                tp_note(c, r, "block %d [%zu] is not rank %d's block %d", q, i, q, r);
+        }
+    if (st == DT_SUCCESS && (unsigned char)recv[all * es] != 0xa5) tp_note(c, r, "wrote past recv");
+    /* Counters: the calls and bytes comm.h defines, as on every transport. */
+    dt_p2p_op ops[2] = {{DT_P2P_SEND, next, x, 5, DT_F32}, {DT_P2P_RECV, prev, y, 5, DT_F32}};
+    if (st == DT_SUCCESS) st = dt_comm_all_reduce(comm, x, y, TP_N, DT_F32, DT_REDUCE_SUM);
+    if (st == DT_SUCCESS) st = dt_comm_barrier(comm);
+    if (st == DT_SUCCESS) st = dt_comm_sendrecv(comm, ops, 2);
+    dt_comm_counters k;
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k);
+    if (st == DT_SUCCESS) {
+        const uint64_t a2a = P1 * TP_N * es, ar = 2 * P1 * ((TP_N + (uint64_t)P - 1) / (uint64_t)P) * 4;
+        const uint64_t p2p = P > 1 ? 20 : 0;
+        for (int kind = 0; kind < DT_COMM_KIND_COUNT; kind++) {
+            const uint64_t calls = kind == DT_COMM_ALL_TO_ALL || kind == DT_COMM_ALL_REDUCE ||
+                                   kind == DT_COMM_BARRIER || kind == DT_COMM_P2P;
+            const uint64_t b = kind == DT_COMM_ALL_TO_ALL ? a2a : kind == DT_COMM_ALL_REDUCE ? ar
+                               : kind == DT_COMM_P2P ? p2p : 0;
+            if (k.calls[kind] != calls || k.bytes_sent[kind] != b || k.bytes_recv[kind] != b)
+                tp_note(c, r, "%s: %llu calls, %llu sent, %llu received; want %llu, %llu",
+                        dt_comm_kind_name((dt_comm_kind)kind), (unsigned long long)k.calls[kind],
+                        (unsigned long long)k.bytes_sent[kind],
+                        (unsigned long long)k.bytes_recv[kind], (unsigned long long)calls,
+                        (unsigned long long)b);
+        }
+    }
+    tp_record(c, r, st);
+    free(send);
+    free(recv);
+    return st;
+}
+
+static int tp_available(int P) {
+    char why[512];
+    if (h_pair_available(P, DT_BACKEND_CUDA, DT_TRANSPORT_NCCL, why, sizeof why)) return 1;
+    print_message("skipped: %s\n", why);
+    return 0;
+}
+
+static void tp_assert_ok(const tp_case *c) {
+    for (int r = 0; r < c->P; r++) {
+        if (c->st[r] != DT_SUCCESS || c->bad[r])
+            print_error("%s: rank %d: %s: %s\n", c->name, r, dt_status_name(c->st[r]), c->msg[r]);
+        assert_int_equal(c->st[r], DT_SUCCESS);
+        assert_int_equal(c->bad[r], 0);
+    }
+}
+
+static void test_tp_all_to_all(void **state) {
+    tp_case *c = *state;
+    if (!tp_available(c->P)) skip();
+    memset(c->st, 0, sizeof c->st);
+    memset(c->bad, 0, sizeof c->bad);
+    assert_int_equal(tp_launch(c, rank_tp_all_to_all, 30000, DT_CHECK_OFF), DT_SUCCESS);
+    tp_assert_ok(c);
+}
+
+/* After a barrier the last rank sleeps TP_LATE_MS before an all_to_all
+ * on host buffers (the others' calls wait on the host: wait_ms), then,
+ * after another barrier, before one on device buffers (the others' calls
+ * are queued and return: no wait_ms; the download waits). */
+static dt_status rank_tp_late(dt_context *ctx, void *arg) {
+    tp_case *c = arg;
+    const int r = dt_context_rank(ctx), late = c->P - 1;
+    dt_comm *comm = dt_context_comm(ctx);
+    float x[2 * MAXP] = {0}, y[2 * MAXP];
+    dt_comm_counters k0, k1, k2, k3;
+    dt_status st = dt_comm_barrier(comm);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k0);
+    if (st == DT_SUCCESS && r == late) tp_sleep_ms(TP_LATE_MS);
+    if (st == DT_SUCCESS) st = tp_all_to_all(ctx, 1, x, y, 2, DT_F32);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k1);
+    if (st == DT_SUCCESS) st = dt_comm_barrier(comm);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k2);
+    if (st == DT_SUCCESS && r == late) tp_sleep_ms(TP_LATE_MS);
+    if (st == DT_SUCCESS) st = tp_all_to_all(ctx, 0, x, y, 2, DT_F32);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k3);
+    if (st == DT_SUCCESS) {
+        c->host_wait[r] = k1.wait_ms - k0.wait_ms;
+        c->dev_wait[r] = k3.wait_ms - k2.wait_ms;
+    }
+    tp_record(c, r, st);
+    return st;
+}
+
+static void test_tp_wait_time(void **state) {
+    (void)state;
+    for (int P = 2; P <= MAXP; P += 2) {
+        if (!tp_available(P)) skip();
+        tp_case c;
+        memset(&c, 0, sizeof c);
+        c.P = P;
+        snprintf(c.name, sizeof c.name, "wait_time/P=%d", P);
+        assert_int_equal(tp_launch(&c, rank_tp_late, 30000, DT_CHECK_OFF), DT_SUCCESS);
+        tp_assert_ok(&c);
+        for (int r = 0; r < P - 1; r++) {
+            if (c.host_wait[r] < TP_LATE_MS - 10 || c.dev_wait[r] >= TP_LATE_MS - 10)
+                print_error("P=%d: rank %d waited %.1f ms (host buffers), %.1f ms (device)\n", P, r,
+                            c.host_wait[r], c.dev_wait[r]);
+            assert_true(c.host_wait[r] >= TP_LATE_MS - 10);
+            assert_true(c.dev_wait[r] >= 0 && c.dev_wait[r] < TP_LATE_MS - 10);
+        }
+    }
+}
+
+/* The last rank fails before the call: the others, waiting in an
+ * all_to_all on host buffers, stop with DT_ERR_PEER_FAILED long before the
+ * timeout. Under DT_CHECK, rank 1 moving one element more per block fails
+ * every rank with DT_ERR_MISMATCH naming both calls. */
+static dt_status rank_tp_fail(dt_context *ctx, void *arg) {
+    tp_case *c = arg;
+    const int r = dt_context_rank(ctx), P = c->P;
+    float x[8 * MAXP] = {0}, y[8 * MAXP];
+    const double t0 = tp_now_ms();
+    dt_status st;
+    if (!c->mismatch) {
+        if (r == P - 1) return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d gives up on purpose", r);
+        st = dt_comm_all_to_all(dt_context_comm(ctx), x, y, 4, DT_F32);
+    } else {
+        st = dt_comm_all_to_all(dt_context_comm(ctx), x, y, r == 1 ? 5 : 4, DT_F32);
+    }
+    c->ms[r] = tp_now_ms() - t0;
+    tp_record(c, r, st);
+    return st;
+}
+
+static void test_tp_failures(void **state) {
+    (void)state;
+    for (int P = 2; P <= MAXP; P++) {
+        if (!tp_available(P)) skip();
+        for (int mismatch = 0; mismatch < 2; mismatch++) {
+            tp_case c;
+            memset(&c, 0, sizeof c);
+            c.P = P;
+            c.mismatch = mismatch;
+            for (int r = 0; r < P; r++) c.st[r] = DT_SUCCESS;
+            const double t0 = tp_now_ms();
+            dt_status st = tp_launch(&c, rank_tp_fail, 10000, mismatch ? DT_CHECK_ON : DT_CHECK_OFF);
+            const double total = tp_now_ms() - t0;
+            assert_int_equal(st, mismatch ? DT_ERR_MISMATCH : DT_ERR_NOT_SUPPORTED);
+            assert_true(total < 5000);
+            for (int r = 0; r < (mismatch ? P : P - 1); r++) {
+                const dt_status want = mismatch ? DT_ERR_MISMATCH : DT_ERR_PEER_FAILED;
+                if (c.st[r] != want) print_error("P=%d: rank %d: %s: %s\n", P, r,
+                                                 dt_status_name(c.st[r]), c.msg[r]);
+                assert_int_equal(c.st[r], want);
+                assert_true(c.ms[r] < 5000);
+                if (mismatch) {
+                    assert_non_null(strstr(c.msg[r], "all_to_all of 5 fp32"));
+                    assert_non_null(strstr(c.msg[r], "all_to_all of 4 fp32"));
+                } else {
+                    assert_non_null(strstr(c.msg[r], "gives up on purpose"));
+                }
+            }
+        }
+    }
+}
+
 int main(void) {
     static coll_case colls[12];
-    struct CMUnitTest tests[24];
+    struct CMUnitTest tests[64];
     size_t n = 0;
     tests[n++] = (struct CMUnitTest){"init/rendezvous,in-progress,refusals", test_init, NULL, NULL, NULL};
     static const ncclDataType_t types[3] = {ncclFloat32, ncclBfloat16, ncclFloat16};
@@ -694,6 +973,23 @@ int main(void) {
     tests[n++] = (struct CMUnitTest){"errors/count-mismatch-fails-every-rank", test_mismatch, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"split/colors,keys,nocolor;finalize", test_split_finalize, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"threads/P=4,all_reduce+ring,40-rounds", test_threads, NULL, NULL, NULL};
+    static tp_case tps[MAXP * 7];
+    static const dt_dtype tp_types[5] = {DT_F32, DT_BF16, DT_F16, DT_U8, DT_I32};
+    size_t m = 0;
+    for (int P = 1; P <= MAXP; P++)
+        for (int host = 0; host < 2; host++)
+            for (int t = 0; t < 5; t++) {
+                if (host && tp_types[t] != DT_F32 && tp_types[t] != DT_BF16) continue;
+                tp_case *c = &tps[m++];
+                c->P = P;
+                c->dtype = tp_types[t];
+                c->host = host;
+                snprintf(c->name, sizeof c->name, "nccl_transport/all_to_all/P=%d,%s,%s,counters", P,
+                         dt_dtype_name(c->dtype), host ? "host" : "device");
+                tests[n++] = (struct CMUnitTest){c->name, test_tp_all_to_all, NULL, NULL, c};
+            }
+    tests[n++] = (struct CMUnitTest){"nccl_transport/wait_time/P=2,4,late-rank,host-vs-device", test_tp_wait_time, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"nccl_transport/failures/P=2..4,peer-failed,mismatch-under-DT_CHECK", test_tp_failures, NULL, NULL, NULL};
     for (size_t i = 0; i < n; i++) {
         tests[i].setup_func = setup;
         tests[i].teardown_func = teardown;

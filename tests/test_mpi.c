@@ -17,7 +17,9 @@
  * Covered: launch (world size 0 / N / wrong), every collective (fp32 and
  * bf16, in place, every root, zero and uneven counts) against references
  * from (seed, rank, index) and the local transport's bits, checks on
- * (DT_CHECK), grouped send/recv (self, many per pair, zero length) and
+ * (DT_CHECK), all_to_all (every dtype; its mismatch, a peer's failure, a
+ * missing member), the communication counters (exact calls and bytes per
+ * kind, reset, a split's own, wait time for a late rank), grouped send/recv (self, many per pair, zero length) and
  * mismatches of size and dtype, split, the ring rotator, shard / gather /
  * redistribute round trips (1-D, and 2-D at N = 4), attention forward and
  * backward (o, dq, dk, dv) bit for bit against the local transport, collective mismatches, a timeout, a peer's
@@ -306,6 +308,195 @@ static void test_gather_broadcast_scatter(void **state) {
         c.seed = 5;
         launch_mpi(rank_moves, &c, 20000, checks ? DT_CHECK_ON : DT_CHECK_OFF, &c.o);
         assert_clean(&c.o, checks ? "moves with DT_CHECK" : "moves");
+    }
+}
+
+/* --------------------------------------------------------- all_to_all */
+
+static void sleep_ms(long ms);
+
+/* Element i of rank r's data (seed), stored at index `at`: value() as the
+ * float types hold it, integers made from it for u8 and i32. */
+static void put_any(void *buf, dt_dtype dt, size_t at, uint64_t seed, int r, size_t i) {
+    const int v = (int)(value(seed, r, i) * 4.0f);
+    switch (dt) {
+    case DT_U8: ((uint8_t *)buf)[at] = (uint8_t)(v & 0xff); break;
+    case DT_I32: ((int32_t *)buf)[at] = v * 65537 + r; break;
+    default: put(buf, dt, at, value(seed, r, i)); break;
+    }
+}
+
+/* Every dtype, counts 0, 1, N and 1000: rank r's recv block q is rank q's
+ * send block r, bytes compared, nothing past recv written, send untouched. */
+static dt_status rank_all_to_all(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    int r = dt_context_rank(ctx), p = dt_context_world_size(ctx);
+    static const dt_dtype types[] = {DT_F32, DT_BF16, DT_F16, DT_U8, DT_I32};
+    static const size_t counts[] = {N, 0, 1, 1000};
+    int bad = 0;
+    dt_status st = DT_SUCCESS;
+    for (size_t t = 0; t < sizeof types / sizeof types[0] && st == DT_SUCCESS; t++)
+        for (size_t k = 0; k < sizeof counts / sizeof counts[0] && st == DT_SUCCESS; k++) {
+            const dt_dtype dt = types[t];
+            const size_t n = counts[k], es = dt_dtype_size(dt), all = (size_t)p * n;
+            const uint64_t seed = c->seed + 10 * t + k;
+            char *send = malloc(all * es + 1), *recv = malloc(all * es + 1), want[8];
+            if (!send || !recv) st = dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
+            for (size_t i = 0; st == DT_SUCCESS && i < all; i++) put_any(send, dt, i, seed, r, i);
+            if (st == DT_SUCCESS) memset(recv, 0xa5, all * es + 1);
+            if (st == DT_SUCCESS) st = dt_comm_all_to_all(dt_context_comm(ctx), send, recv, n, dt);
+            for (int q = 0; st == DT_SUCCESS && q < p; q++)
+                for (size_t i = 0; i < n; i++) {
+                    put_any(want, dt, 0, seed, q, (size_t)r * n + i);
+                    bad += memcmp(recv + ((size_t)q * n + i) * es, want, es) != 0;
+                    put_any(want, dt, 0, seed, r, (size_t)q * n + i);
+                    bad += memcmp(send + ((size_t)q * n + i) * es, want, es) != 0;
+                }
+            if (st == DT_SUCCESS) bad += (unsigned char)recv[all * es] != 0xa5;
+            free(send);
+            free(recv);
+        }
+    if (st != DT_SUCCESS) return st;
+    return share_bad(ctx, &c->o, bad);
+}
+
+static void test_all_to_all(void **state) {
+    (void)state;
+    for (int checks = 0; checks < 2; checks++) {
+        coll_case c;
+        memset(&c, 0, sizeof c);
+        c.seed = 31;
+        launch_mpi(rank_all_to_all, &c, 20000, checks ? DT_CHECK_ON : DT_CHECK_OFF, &c.o);
+        assert_clean(&c.o, checks ? "all_to_all with DT_CHECK" : "all_to_all");
+    }
+}
+
+/* ----------------------------------------------------------- counters */
+
+/* One kind's counters against comm.h's definition: 1 if they differ. */
+static int kind_differs(int r, const dt_comm_counters *k, dt_comm_kind kind, uint64_t calls,
+                        uint64_t sent, uint64_t recv) {
+    if (k->calls[kind] == calls && k->bytes_sent[kind] == sent && k->bytes_recv[kind] == recv)
+        return 0;
+    print_error("rank %d: %s: %llu calls, %llu sent, %llu received; want %llu, %llu, %llu\n", r,
+                dt_comm_kind_name(kind), (unsigned long long)k->calls[kind],
+                (unsigned long long)k->bytes_sent[kind], (unsigned long long)k->bytes_recv[kind],
+                (unsigned long long)calls, (unsigned long long)sent, (unsigned long long)recv);
+    return 1;
+}
+
+static int counters_zero(const dt_comm_counters *k) {
+    for (int kind = 0; kind < DT_COMM_KIND_COUNT; kind++)
+        if (k->calls[kind] || k->bytes_sent[kind] || k->bytes_recv[kind]) return 0;
+    return k->wait_ms == 0;
+}
+
+#define LATE_MS 50
+
+/* The calls and bytes comm.h defines after a known sequence of every kind
+ * (rejected calls among them), the same as on the local transport; reset;
+ * a split's counters its own; and wait_ms: after a barrier the last rank
+ * sleeps LATE_MS before an all_to_all, which the others wait for. */
+static dt_status rank_counters(dt_context *ctx, void *arg) {
+    coll_case *c = arg;
+    const int r = dt_context_rank(ctx), p = dt_context_world_size(ctx), root = p - 1;
+    const uint64_t P1 = (uint64_t)p - 1;
+    dt_comm *comm = dt_context_comm(ctx), *sub = NULL;
+    float *f = calloc(64 * (size_t)p, sizeof *f), *g = calloc(64 * (size_t)p, sizeof *g), h[8];
+    uint16_t *b = calloc(128 * (size_t)p, sizeof *b);
+    uint8_t *u = calloc(8 * (size_t)p, 1), *v = calloc(8 * (size_t)p, 1);
+    int bad = 0;
+    dt_comm_counters k, ks;
+    dt_status st = f && g && b && u && v ? dt_comm_counters_get(comm, &k)
+                                         : dt_error(DT_ERR_OUT_OF_MEMORY, "test: out of memory");
+    if (st == DT_SUCCESS) bad += !counters_zero(&k);
+    const int next = (r + 1) % p, prev = (r + p - 1) % p;
+    dt_p2p_op g1[4] = {{DT_P2P_SEND, next, f, 5, DT_F32}, {DT_P2P_RECV, prev, g, 5, DT_F32},
+                       {DT_P2P_SEND, r, f, 3, DT_F32}, {DT_P2P_RECV, r, h, 3, DT_F32}};
+    dt_p2p_op g2[2] = {{DT_P2P_RECV, prev, b + 8, 2, DT_BF16}, {DT_P2P_SEND, next, b, 2, DT_BF16}};
+#define DO(call) if (st == DT_SUCCESS) st = (call)
+    DO(dt_comm_all_reduce(comm, f, g, N, DT_F32, DT_REDUCE_SUM));
+    DO(dt_comm_all_reduce(comm, f, f, N, DT_F32, DT_REDUCE_MAX));
+    DO(dt_comm_all_gather(comm, b, b + 64, N, DT_BF16));
+    DO(dt_comm_reduce_scatter(comm, b, b + 64 * (size_t)p, 5, DT_F16, DT_REDUCE_SUM));
+    DO(dt_comm_all_to_all(comm, f, g, 3, DT_F32));
+    DO(dt_comm_all_to_all(comm, u, v, 7, DT_U8));
+    DO(dt_comm_broadcast(comm, f, N, DT_F32, root));
+    DO(dt_comm_scatter(comm, r == 0 ? f : NULL, g, 4, DT_F32, 0));
+    DO(dt_comm_gather(comm, b, r == root ? b + 64 : NULL, 6, DT_BF16, root));
+    for (int i = 0; i < 3; i++) DO(dt_comm_barrier(comm));
+    DO(dt_comm_sendrecv(comm, g1, 4));
+    DO(dt_comm_p2p_start(comm, g2, 2));
+    DO(dt_comm_p2p_wait(comm));
+#undef DO
+    if (st == DT_SUCCESS)   /* rejected before the transport: not counted */
+        bad += dt_comm_all_to_all(comm, f, f, 1, DT_F32) != DT_ERR_INVALID_ARGUMENT;
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k);
+    if (st == DT_SUCCESS) {
+        const uint64_t ar = 2 * P1 * ((N + (uint64_t)p - 1) / (uint64_t)p) * 4;
+        const uint64_t p2p = p > 1 ? 5 * 4 + 2 * 2 : 0;
+        bad += kind_differs(r, &k, DT_COMM_P2P, 2, p2p, p2p);
+        bad += kind_differs(r, &k, DT_COMM_ALL_REDUCE, 2, 2 * ar, 2 * ar);
+        bad += kind_differs(r, &k, DT_COMM_ALL_GATHER, 1, P1 * N * 2, P1 * N * 2);
+        bad += kind_differs(r, &k, DT_COMM_REDUCE_SCATTER, 1, P1 * 5 * 2, P1 * 5 * 2);
+        bad += kind_differs(r, &k, DT_COMM_ALL_TO_ALL, 2, P1 * (3 * 4 + 7), P1 * (3 * 4 + 7));
+        bad += kind_differs(r, &k, DT_COMM_BROADCAST, 1, r == root ? P1 * N * 4 : 0,
+                            r == root ? 0 : N * 4);
+        bad += kind_differs(r, &k, DT_COMM_SCATTER, 1, r == 0 ? P1 * 16 : 0, r == 0 ? 0 : 16);
+        bad += kind_differs(r, &k, DT_COMM_GATHER, 1, r == root ? 0 : 12, r == root ? P1 * 12 : 0);
+        bad += kind_differs(r, &k, DT_COMM_BARRIER, 3, 0, 0);
+        bad += !(k.wait_ms >= 0);
+    }
+    /* reset, then a split: its counters start at zero and are its own */
+    dt_comm_counters_reset(comm);
+    if (st == DT_SUCCESS) st = dt_comm_split(comm, r % 2, r, &sub);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(sub, &ks);
+    if (st == DT_SUCCESS) bad += !counters_zero(&ks);
+    if (st == DT_SUCCESS) st = dt_comm_all_to_all(sub, f, g, 4, DT_F32);
+    if (st == DT_SUCCESS) st = dt_comm_all_gather(comm, f, g, 2, DT_F32);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(sub, &ks);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k);
+    if (st == DT_SUCCESS) {
+        const uint64_t s1 = (uint64_t)dt_comm_size(sub) - 1;
+        for (int kind = 0; kind < DT_COMM_KIND_COUNT; kind++) {
+            const dt_comm_kind kd = (dt_comm_kind)kind;
+            bad += kind_differs(r, &ks, kd, kd == DT_COMM_ALL_TO_ALL, kd == DT_COMM_ALL_TO_ALL ? s1 * 16 : 0,
+                                kd == DT_COMM_ALL_TO_ALL ? s1 * 16 : 0);
+            bad += kind_differs(r, &k, kd, kd == DT_COMM_ALL_GATHER, kd == DT_COMM_ALL_GATHER ? P1 * 8 : 0,
+                                kd == DT_COMM_ALL_GATHER ? P1 * 8 : 0);
+        }
+    }
+    dt_comm_destroy(sub);
+    /* wait_ms: the others wait for the late rank */
+    dt_comm_counters k0, k1;
+    if (st == DT_SUCCESS) st = dt_comm_barrier(comm);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k0);
+    if (st == DT_SUCCESS && r == root && p > 1) sleep_ms(LATE_MS);
+    if (st == DT_SUCCESS) st = dt_comm_all_to_all(comm, f, g, 2, DT_F32);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(comm, &k1);
+    if (st == DT_SUCCESS) {
+        const double waited = k1.wait_ms - k0.wait_ms;
+        if (waited < 0 || (r != root && waited < LATE_MS - 10)) {
+            print_error("rank %d: waited %.1f ms for the late rank's all_to_all\n", r, waited);
+            bad++;
+        }
+    }
+    free(f);
+    free(g);
+    free(b);
+    free(u);
+    free(v);
+    if (st != DT_SUCCESS) return st;
+    return share_bad(ctx, &c->o, bad);
+}
+
+static void test_counters(void **state) {
+    (void)state;
+    for (int checks = 0; checks < 2; checks++) {
+        coll_case c;
+        memset(&c, 0, sizeof c);
+        launch_mpi(rank_counters, &c, 20000, checks ? DT_CHECK_ON : DT_CHECK_OFF, &c.o);
+        assert_clean(&c.o, checks ? "counters with DT_CHECK" : "counters");
     }
 }
 
@@ -655,7 +846,8 @@ typedef struct fault_case {
     int wrote;             /* F_MESH: the call wrote its output handle */
 } fault_case;
 
-enum { F_COUNT, F_KIND, F_TIMEOUT, F_PEER, F_ABORT, F_ABORT_OK, F_SPLIT_LATE, F_P2P_STALL, F_MESH };
+enum { F_COUNT, F_KIND, F_TIMEOUT, F_PEER, F_ABORT, F_ABORT_OK, F_SPLIT_LATE, F_P2P_STALL, F_MESH,
+       F_A2A_COUNT, F_A2A_PEER, F_A2A_MISSING };
 
 #define SPLIT_LATE_MS 1600 /* F_SPLIT_LATE: after the others' 1000 ms timeout */
 #define STALL_MS 4000      /* F_P2P_STALL: after rank 0's 1500 ms timeout and 1 s drain */
@@ -671,12 +863,23 @@ static dt_status rank_fault(dt_context *ctx, void *arg) {
     fault_case *c = arg;
     int r = dt_context_rank(ctx), p = dt_context_world_size(ctx), last = p - 1;
     dt_comm *comm = dt_context_comm(ctx);
-    float x[8] = {0}, y[8];
+    float x[2 * MAXP] = {0}, y[2 * MAXP];
     double t0 = now_ms();
     dt_status st = DT_SUCCESS;
     switch (c->kind) {
     case F_COUNT: /* rank 0 reduces 5 elements, the others 6 */
         st = dt_comm_all_reduce(comm, x, y, r == 0 ? 5 : 6, DT_F32, DT_REDUCE_SUM);
+        break;
+    case F_A2A_COUNT: /* rank 0 moves 1 element per block, the others 2 */
+        st = dt_comm_all_to_all(comm, x, y, r == 0 ? 1 : 2, DT_F32);
+        break;
+    case F_A2A_PEER: /* the last rank fails at once; the others wait in an all_to_all */
+        if (r == last) return dt_error(DT_ERR_NOT_SUPPORTED, "rank %d gives up on purpose", r);
+        st = dt_comm_all_to_all(comm, x, y, 1, DT_F32);
+        break;
+    case F_A2A_MISSING: /* the last rank returns without the all_to_all the others call */
+        if (r == last) return DT_SUCCESS;
+        st = dt_comm_all_to_all(comm, x, y, 1, DT_F32);
         break;
     case F_KIND: /* the last rank broadcasts, the others meet in a barrier */
         st = r == last ? dt_comm_broadcast(comm, x, 4, DT_F32, 0) : dt_comm_barrier(comm);
@@ -775,6 +978,11 @@ static void test_collective_mismatch(void **state) {
     assert_int_equal(c.o.st, DT_ERR_MISMATCH);
     assert_int_equal(c.st, DT_ERR_MISMATCH);
     assert_non_null(strstr(c.o.msg, "calls broadcast of 4 fp32 from root 0 but rank 0 calls barrier"));
+    run_fault(&c, F_A2A_COUNT, 20000);
+    if (c.o.st != DT_ERR_MISMATCH) print_error("%s: %s\n", dt_status_name(c.o.st), c.o.msg);
+    assert_int_equal(c.o.st, DT_ERR_MISMATCH);
+    assert_int_equal(c.st, DT_ERR_MISMATCH);
+    assert_non_null(strstr(c.o.msg, "calls all_to_all of 2 fp32 but rank 0 calls all_to_all of 1 fp32"));
 }
 
 /* Processes that ask for different meshes all fail with DT_ERR_MISMATCH
@@ -817,6 +1025,27 @@ static void test_timeout(void **state) {
     }
 }
 
+/* Ranks in an all_to_all a rank never calls time out (or hear that
+ * another did) after the timeout, and the launch says which call. */
+static void test_all_to_all_timeout(void **state) {
+    (void)state;
+    if (g_size < 2) {
+        print_message("a missing member needs 2 ranks or more\n");
+        skip();
+    }
+    fault_case c;
+    run_fault(&c, F_A2A_MISSING, 1000);
+    if (c.o.st != DT_ERR_TIMEOUT) print_error("%s: %s\n", dt_status_name(c.o.st), c.o.msg);
+    assert_int_equal(c.o.st, DT_ERR_TIMEOUT);
+    assert_non_null(strstr(c.o.msg, "all_to_all (collective #1) timed out after 1000 ms"));
+    if (g_rank != g_size - 1) {
+        if (c.st != DT_ERR_TIMEOUT && c.st != DT_ERR_PEER_FAILED)
+            print_error("rank %d: %s: %s\n", g_rank, dt_status_name(c.st), c.msg);
+        assert_true(c.st == DT_ERR_TIMEOUT || c.st == DT_ERR_PEER_FAILED);
+        assert_true(c.ms >= 900 && c.ms < 6000);
+    }
+}
+
 static void test_peer_failure_is_prompt(void **state) {
     (void)state;
     fault_case c;
@@ -826,6 +1055,20 @@ static void test_peer_failure_is_prompt(void **state) {
     double total = now_ms() - t0;
     char want[64];
     snprintf(want, sizeof want, "rank %d gives up on purpose", g_size - 1);
+    assert_int_equal(c.o.st, DT_ERR_NOT_SUPPORTED);
+    assert_non_null(strstr(c.o.msg, want));
+    if (g_rank != g_size - 1) {
+        if (c.st != DT_ERR_PEER_FAILED) print_error("rank %d: %s\n", g_rank, c.msg);
+        assert_int_equal(c.st, DT_ERR_PEER_FAILED);
+        assert_non_null(strstr(c.msg, want));
+        assert_true(c.ms < 5000);
+    }
+    assert_true(total < 8000);
+
+    /* The same for ranks waiting in an all_to_all. */
+    t0 = now_ms();
+    run_fault(&c, F_A2A_PEER, 10000);
+    total = now_ms() - t0;
     assert_int_equal(c.o.st, DT_ERR_NOT_SUPPORTED);
     assert_non_null(strstr(c.o.msg, want));
     if (g_rank != g_size - 1) {
@@ -1020,6 +1263,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_reductions),
         cmocka_unit_test(test_reduction_bits),
         cmocka_unit_test(test_gather_broadcast_scatter),
+        cmocka_unit_test(test_all_to_all),
+        cmocka_unit_test(test_counters),
         cmocka_unit_test(test_sendrecv),
         cmocka_unit_test(test_sendrecv_mismatch),
         cmocka_unit_test(test_split),
@@ -1029,6 +1274,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_collective_mismatch),
         cmocka_unit_test(test_disagreeing_meshes),
         cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_all_to_all_timeout),
         cmocka_unit_test(test_peer_failure_is_prompt),
         cmocka_unit_test(test_abort_without_error),
         cmocka_unit_test(test_split_after_timeout),

@@ -299,16 +299,18 @@ static void test_disagreeing_meshes_fail_every_rank(void **state) {
 }
 
 /* Ranks calling collectives in a different order: with checks on, the
- * message names the collective and the call number. */
+ * message names the collective and the call number. c->bad = 1: rank 0's
+ * call is an all_to_all instead. */
 static dt_status rank_swapped(dt_context *ctx, void *arg) {
     check_case *c = arg;
     int r = dt_context_rank(ctx);
-    float x[4] = {1, 2, 3, 4}, y[4 * MAXR];
+    float x[4 * MAXR] = {1, 2, 3, 4}, y[4 * MAXR];
     dt_comm *comm = dt_context_comm(ctx);
     dt_status st = dt_comm_barrier(comm);
     if (st == DT_SUCCESS)
-        st = r == 0 ? dt_comm_all_gather(comm, x, y, 4, DT_F32)
-                    : dt_comm_all_reduce(comm, x, y, 4, DT_F32, DT_REDUCE_SUM);
+        st = r != 0   ? dt_comm_all_reduce(comm, x, y, 4, DT_F32, DT_REDUCE_SUM)
+             : c->bad ? dt_comm_all_to_all(comm, x, y, 4, DT_F32)
+                      : dt_comm_all_gather(comm, x, y, 4, DT_F32);
     c->st[r] = st;
     snprintf(c->msg[r], sizeof c->msg[r], "%s", dt_last_error());
     return st;
@@ -316,12 +318,15 @@ static dt_status rank_swapped(dt_context *ctx, void *arg) {
 
 static void test_checked_collectives_name_the_call(void **state) {
     (void)state;
-    check_case c = {.p = 3};
-    assert_int_equal(launch(3, rank_swapped, &c, 5000, DT_CHECK_ON), DT_ERR_MISMATCH);
-    for (int r = 0; r < 3; r++) {
-        assert_int_equal(c.st[r], DT_ERR_MISMATCH);
-        assert_non_null(strstr(c.msg[r], "comm rank 1 calls all_reduce of 4 fp32 (sum) as call #1"));
-        assert_non_null(strstr(c.msg[r], "comm rank 0 calls all_gather of 4 fp32 as call #1"));
+    for (int a2a = 0; a2a < 2; a2a++) {
+        check_case c = {.p = 3, .bad = a2a};
+        assert_int_equal(launch(3, rank_swapped, &c, 5000, DT_CHECK_ON), DT_ERR_MISMATCH);
+        for (int r = 0; r < 3; r++) {
+            assert_int_equal(c.st[r], DT_ERR_MISMATCH);
+            assert_non_null(strstr(c.msg[r], "comm rank 1 calls all_reduce of 4 fp32 (sum) as call #1"));
+            assert_non_null(strstr(c.msg[r], a2a ? "comm rank 0 calls all_to_all of 4 fp32 as call #1"
+                                                 : "comm rank 0 calls all_gather of 4 fp32 as call #1"));
+        }
     }
 }
 

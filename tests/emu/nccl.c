@@ -145,9 +145,10 @@ typedef struct item {
     struct item *next;
 } item;
 
-enum { K_ALL_REDUCE, K_REDUCE, K_ALL_GATHER, K_REDUCE_SCATTER, K_BROADCAST, K_GROUP };
+enum { K_ALL_REDUCE, K_REDUCE, K_ALL_GATHER, K_REDUCE_SCATTER, K_BROADCAST, K_ALL_TO_ALL, K_GROUP };
 static const char *const kind_names[] = {"ncclAllReduce", "ncclReduce", "ncclAllGather",
-                                         "ncclReduceScatter", "ncclBroadcast", "ncclSend/ncclRecv"};
+                                         "ncclReduceScatter", "ncclBroadcast", "ncclAlltoAll",
+                                         "ncclSend/ncclRecv"};
 
 /* One collective of a clique: its ranks' parts, matched by call order. */
 typedef struct coll {
@@ -800,7 +801,8 @@ static void coll_execute(coll *c, clique *cl) {
     }
     size_t es = type_size(p0->dt), count = p0->count;
     size_t total = p0->kind == K_ALL_GATHER || p0->kind == K_REDUCE_SCATTER ? (size_t)n * count
-                                                                             : count;
+                   : p0->kind == K_ALL_TO_ALL ? (size_t)n * n * count
+                                              : count;
     char *tmp = (char *)malloc(total * es + 1);
     if (!tmp) {
         coll_fail(c, n, "NCCL emulator: out of host memory");
@@ -824,6 +826,16 @@ static void coll_execute(coll *c, clique *cl) {
     case K_BROADCAST:
         memcpy(tmp, c->parts[p0->root]->send, count * es);
         for (int r = 0; r < n; r++) memcpy(c->parts[r]->recv, tmp, count * es);
+        break;
+    case K_ALL_TO_ALL:
+        /* every send read before any recv is written: rank d's recv block s
+         * is rank s's send block d */
+        for (int d = 0; d < n; d++)
+            for (int src = 0; src < n; src++)
+                memcpy(tmp + ((size_t)d * n + src) * count * es,
+                       (const char *)c->parts[src]->send + (size_t)d * count * es, count * es);
+        for (int d = 0; d < n; d++)
+            memcpy(c->parts[d]->recv, tmp + (size_t)d * n * count * es, (size_t)n * count * es);
         break;
     default: break;
     }
@@ -1017,7 +1029,8 @@ static ncclResult_t post_coll(int kind, const void *send, void *recv, size_t cou
     size_t es = type_size(dt);
     if (es == 0)
         return nfail(ncclInvalidArgument, "%s: datatype %d is not emulated", fn, (int)dt);
-    if (kind != K_ALL_GATHER && kind != K_BROADCAST && (unsigned)op >= (unsigned)ncclNumOps)
+    if (kind != K_ALL_GATHER && kind != K_BROADCAST && kind != K_ALL_TO_ALL &&
+        (unsigned)op >= (unsigned)ncclNumOps)
         return nfail(ncclInvalidArgument, "%s: op %d is not a built-in reduction", fn, (int)op);
     lock();
     ncclResult_t r = usable(comm, fn);
@@ -1027,8 +1040,8 @@ static ncclResult_t post_coll(int kind, const void *send, void *recv, size_t cou
         r = nfail(ncclInvalidArgument, "%s: root %d not in [0, %d)", fn, root, n);
     if (r == ncclSuccess) {
         size_t sb = count * es, rb = count * es;
-        if (kind == K_REDUCE_SCATTER) sb *= (size_t)n;
-        if (kind == K_ALL_GATHER) rb *= (size_t)n;
+        if (kind == K_REDUCE_SCATTER || kind == K_ALL_TO_ALL) sb *= (size_t)n;
+        if (kind == K_ALL_GATHER || kind == K_ALL_TO_ALL) rb *= (size_t)n;
         if (kind == K_BROADCAST && me != root) sb = 0;
         if (kind == K_REDUCE && me != root) rb = 0;
         r = check_buffer(send, sb, fn, "sendbuff");
@@ -1073,6 +1086,11 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
     return post_coll(K_ALL_GATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm,
                      stream);
+}
+
+ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+                          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+    return post_coll(K_ALL_TO_ALL, sendbuff, recvbuff, count, datatype, ncclSum, 0, comm, stream);
 }
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
