@@ -149,6 +149,12 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
             FAIL(DT_ERR_INVALID_ARGUMENT, "q, k and v must share one Layout: q %s, k %s, v %s", fq,
                  fk, fv);
         p->lse_layout = *lq;
+        for (int d = 0; d < 4; d++) {
+            int mdims[DT_MAX_MESH_DIMS];
+            if (dt_layout_shard_dims(lq, d, mdims) > 1)
+                FAIL(DT_ERR_NOT_SUPPORTED, "Layout %s shards dim %d over several mesh dims: "
+                     "attention takes each dim over one", fq, d);
+        }
         for (int m = 0; m < lq->ndim; m++) {
             dt_placement pl = lq->placements[m];
             int size = dt_mesh_size(p->mesh, m);

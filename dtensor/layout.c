@@ -3,11 +3,16 @@
  * Pure functions only: no allocation, no communication, no state. The index
  * maps are the single source of truth for "which global index does rank j
  * hold": tensor.c (fill_random), primitives.c (pack/unpack tables) and ops.c
- * all derive their offsets from dt_order_owner/local/global.
+ * all derive their offsets from dt_order_owner/local/global, or from their
+ * composition for a dim sharded over several mesh dims.
  *
  * Invariants (for n divisible by P, by 2P for zigzag; c = n/P, h = n/(2P)):
  *   global(j, local(g)) == g with owner(g) == j, for every g < n;
  *   each rank holds exactly c indices, and local is a bijection onto 0..c-1.
+ * A dim sharded over several mesh dims composes these maps, outer (lower
+ * mesh dim) first: dt_layout_global_index applies the innermost map first
+ * and dt_layout_owner peels the outermost first, so the invariants carry
+ * over to the composition (tests/test_layout.c checks both ways).
  *
  * Test: tests/test_layout.c (make test).
  */
@@ -132,8 +137,12 @@ dt_status dt_layout_check(const dt_layout *layout, int ndim, const int64_t *shap
         DT_REQUIRE(shape[d] >= 0, "dt_layout_check: tensor dim %d has negative length %" PRId64,
                    d, shape[d]);
 
-    int sharded_by[DT_MAX_DIMS];
-    for (int d = 0; d < DT_MAX_DIMS; d++) sharded_by[d] = -1;
+    /* The length each tensor dim still has where the next mesh dim splits
+     * it, and the first and last mesh dims that split it. */
+    int64_t left[DT_MAX_DIMS];
+    int first_by[DT_MAX_DIMS], sharded_by[DT_MAX_DIMS];
+    for (int d = 0; d < ndim; d++) left[d] = shape[d];
+    for (int d = 0; d < DT_MAX_DIMS; d++) first_by[d] = sharded_by[d] = -1;
 
     for (int m = 0; m < layout->ndim; m++) {
         dt_placement p = layout->placements[m];
@@ -152,23 +161,31 @@ dt_status dt_layout_check(const dt_layout *layout, int ndim, const int64_t *shap
         DT_REQUIRE(p.dim >= 0 && p.dim < ndim,
                    "dt_layout_check: mesh dim %d shards tensor dim %d, out of range for a "
                    "%d-dim tensor (%s)", m, p.dim, ndim, pl);
-        DT_REQUIRE(sharded_by[p.dim] < 0,
-                   "dt_layout_check: tensor dim %d is sharded by mesh dims %d and %d (a tensor "
-                   "dim may be sharded by one mesh dim only)", p.dim, sharded_by[p.dim], m);
-        sharded_by[p.dim] = m;
-        int64_t len = shape[p.dim];
+        int64_t len = left[p.dim];
         int64_t div = p.order == DT_ORDER_ZIGZAG ? 2 * (int64_t)mesh_sizes[m] : mesh_sizes[m];
         if (len % div != 0) {
+            /* Sharded before by an outer mesh dim: name what that left. */
+            char what[160];
+            if (sharded_by[p.dim] >= 0 && first_by[p.dim] != sharded_by[p.dim])
+                snprintf(what, sizeof what, "tensor dim %d of length %" PRId64 " is cut to %"
+                         PRId64 " by outer mesh dims %d and %d, and %" PRId64, p.dim,
+                         shape[p.dim], len, first_by[p.dim], sharded_by[p.dim], len);
+            else if (sharded_by[p.dim] >= 0)
+                snprintf(what, sizeof what, "tensor dim %d of length %" PRId64 " is cut to %"
+                         PRId64 " by outer mesh dim %d, and %" PRId64, p.dim, shape[p.dim], len,
+                         sharded_by[p.dim], len);
+            else
+                snprintf(what, sizeof what, "tensor dim %d of length %" PRId64, p.dim, len);
             if (p.order == DT_ORDER_ZIGZAG)
                 return dt_error(DT_ERR_INVALID_ARGUMENT,
-                                "tensor dim %d of length %" PRId64 " is not divisible by %" PRId64
-                                " = 2 x %d (mesh dim %d, %s)",
-                                p.dim, len, div, mesh_sizes[m], m, pl);
-            return dt_error(DT_ERR_INVALID_ARGUMENT,
-                            "tensor dim %d of length %" PRId64 " is not divisible by %" PRId64
-                            " (mesh dim %d, %s)",
-                            p.dim, len, div, m, pl);
+                                "%s is not divisible by %" PRId64 " = 2 x %d (mesh dim %d, %s)",
+                                what, div, mesh_sizes[m], m, pl);
+            return dt_error(DT_ERR_INVALID_ARGUMENT, "%s is not divisible by %" PRId64
+                            " (mesh dim %d, %s)", what, div, m, pl);
         }
+        left[p.dim] = len / mesh_sizes[m];
+        if (first_by[p.dim] < 0) first_by[p.dim] = m;
+        sharded_by[p.dim] = m;
     }
     return DT_SUCCESS;
 }
@@ -236,4 +253,45 @@ int64_t dt_order_global(dt_order order, int64_t n, int parts, int rank, int64_t 
     }
     default: return 0;
     }
+}
+
+int dt_layout_shard_dims(const dt_layout *layout, int dim, int *mesh_dims) {
+    int k = 0;
+    if (layout == NULL) return 0;
+    for (int m = 0; m < layout->ndim && m < DT_MAX_MESH_DIMS; m++)
+        if (layout->placements[m].kind == DT_SHARD && layout->placements[m].dim == dim) {
+            if (mesh_dims) mesh_dims[k] = m;
+            k++;
+        }
+    return k;
+}
+
+int64_t dt_layout_global_index(const dt_layout *layout, const int *mesh_sizes, const int *coords,
+                               int dim, int64_t n, int64_t x) {
+    int ms[DT_MAX_MESH_DIMS];
+    int k = dt_layout_shard_dims(layout, dim, ms);
+    int64_t len[DT_MAX_MESH_DIMS]; /* the length mesh dim ms[i] splits */
+    for (int i = 0; i < k; i++) {
+        len[i] = n;
+        n = mesh_sizes[ms[i]] > 0 ? n / mesh_sizes[ms[i]] : 0;
+    }
+    for (int i = k - 1; i >= 0; i--) {
+        const dt_placement *p = &layout->placements[ms[i]];
+        x = dt_order_global(p->order, len[i], mesh_sizes[ms[i]], coords[ms[i]], x);
+    }
+    return x;
+}
+
+int64_t dt_layout_owner(const dt_layout *layout, const int *mesh_sizes, int dim, int64_t n,
+                        int64_t g, int *coords) {
+    int ms[DT_MAX_MESH_DIMS];
+    int k = dt_layout_shard_dims(layout, dim, ms);
+    for (int i = 0; i < k; i++) {
+        const dt_placement *p = &layout->placements[ms[i]];
+        int parts = mesh_sizes[ms[i]];
+        if (coords) coords[ms[i]] = (int)dt_order_owner(p->order, n, parts, g);
+        g = dt_order_local(p->order, n, parts, g);
+        n = parts > 0 ? n / parts : 0;
+    }
+    return g;
 }

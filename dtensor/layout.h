@@ -9,8 +9,19 @@
  *   contiguous  j*c .. j*c + c-1
  *   striped     j, j+P, j+2P, ...            (einops "(n d) -> (d n)")
  *   zigzag      chunks j and 2P-1-j of 2P chunks of n/(2P)
- * A tensor dim may be sharded by at most one mesh dim. n must be divisible by
- * P (by 2P for zigzag).
+ * n must be divisible by P (by 2P for zigzag).
+ *
+ * A tensor dim may be sharded over several mesh dims in turn, outer first
+ * (lower mesh dim index first, as PyTorch DTensor's Shard(d) on several mesh
+ * dims), each with its own order. For dim d of length n sharded by mesh dims
+ * m1 < m2 (sizes P1, P2, orders o1, o2): the dim is split over m1 by o1 into
+ * pieces of n1 = n/P1, then the rank's piece over m2 by o2 into n1/P2, so the
+ * global index of local x on coordinates (r1, r2) is
+ *   dt_order_global(o1, n, P1, r1, dt_order_global(o2, n1, P2, r2, x))
+ * (dt_layout_global_index). Each length along the way must be divisible:
+ * n by P1 (2 P1 for zigzag), n1 by P2 (2 P2 for zigzag), and so on.
+ * [Shard(1, striped), Shard(1, contiguous)] stripes the sequence over mesh
+ * dim 0 and cuts each rank's stripes into contiguous runs over mesh dim 1.
  *
  * Everything here is a pure function of its arguments.
  * Test: tests/test_layout.c (make test).
@@ -97,12 +108,14 @@ int dt_layout_equal(const dt_layout *a, const dt_layout *b);
 void dt_layout_format(const dt_layout *layout, char *buf, size_t size);
 
 /* Check a Layout against a shape and mesh sizes: kinds, orders and dims in
- * range, no tensor dim sharded twice, sharded lengths divisible; else
- * DT_ERR_INVALID_ARGUMENT naming the dim, length and placement. */
+ * range, every sharded length divisible (for a dim sharded over several mesh
+ * dims, the length each mesh dim splits, as above); else
+ * DT_ERR_INVALID_ARGUMENT naming the dim, length, mesh dim and placement. */
 dt_status dt_layout_check(const dt_layout *layout, int ndim, const int64_t *shape,
                           const int *mesh_sizes);
 
-/* Local shape of the rank at any coordinate (the same on every rank). */
+/* Local shape of the rank at any coordinate (the same on every rank): each
+ * dim's length divided by the sizes of the mesh dims that shard it. */
 dt_status dt_layout_local_shape(const dt_layout *layout, int ndim, const int64_t *shape,
                                 const int *mesh_sizes, int64_t *local_shape);
 
@@ -115,6 +128,27 @@ dt_status dt_layout_local_shape(const dt_layout *layout, int ndim, const int64_t
 int64_t dt_order_owner(dt_order order, int64_t n, int parts, int64_t g);
 int64_t dt_order_local(dt_order order, int64_t n, int parts, int64_t g);
 int64_t dt_order_global(dt_order order, int64_t n, int parts, int rank, int64_t x);
+
+/* The mesh dims that shard tensor dim `dim` under `layout`, outer first, into
+ * mesh_dims (room for DT_MAX_MESH_DIMS; may be NULL); returns how many (0:
+ * the dim is whole on every rank; 2 or more: sharded over several). */
+int dt_layout_shard_dims(const dt_layout *layout, int dim, int *mesh_dims);
+
+/* The composed index maps of tensor dim `dim` (global length n) under a
+ * Layout that dt_layout_check accepted for mesh_sizes (no checks here, as
+ * for dt_order_*). coords[m] is a rank's coordinate on mesh dim m; only the
+ * mesh dims that shard `dim` are read or written. A dim no mesh dim shards
+ * maps x to x.
+ *   global: global index of local index x on the rank at coords
+ *   owner:  writes into coords the coordinates (on the mesh dims that shard
+ *           `dim`) of the ranks holding global index g; returns g's local
+ *           index there (coords may be NULL: the local index only)
+ * so dt_layout_global_index(l, s, c, dim, n, dt_layout_owner(l, s, dim, n, g,
+ * c)) == g for every g < n. */
+int64_t dt_layout_global_index(const dt_layout *layout, const int *mesh_sizes, const int *coords,
+                               int dim, int64_t n, int64_t x);
+int64_t dt_layout_owner(const dt_layout *layout, const int *mesh_sizes, int dim, int64_t n,
+                        int64_t g, int *coords);
 
 #ifdef __cplusplus
 }

@@ -153,8 +153,9 @@ static dt_status dt_matmul_impl(const dt_tensor *x, const dt_tensor *w, dt_tenso
                 return dt_matmul_unsupported(x, w, m);
             ol.placements[m] = r.out;
         }
-        /* e.g. x [Shard(0), Replicate] @ w [Replicate, Shard(1)] is fine, but
-         * the rules could in principle shard an output dim twice. */
+        /* e.g. x [Shard(0), Replicate] @ w [Replicate, Shard(1)] is fine; an
+         * output dim sharded over several mesh dims repeats an input's chain
+         * of them (same mesh dims, same orders), so its data lines up. */
         dt_status st = dt_layout_check(&ol, xn, oshape, dt_mesh_sizes(mesh));
         if (st != DT_SUCCESS) {
             char msg[768];

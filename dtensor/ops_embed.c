@@ -82,6 +82,10 @@ static dt_status embed_plan_make(const char *op, const dt_tensor *table, const d
             return dt_error(DT_ERR_NOT_SUPPORTED, "%s: table %s shards the vocabulary %s on mesh "
                             "dim %d; vocab-parallel tables are contiguous", op, as,
                             dt_order_name(a.order), m);
+        if (a.kind == DT_SHARD && a.dim == 0 && dt_layout_shard_dims(tl, 0, NULL) > 1)
+            return dt_error(DT_ERR_NOT_SUPPORTED, "%s: table %s shards the vocabulary over "
+                            "several mesh dims; vocab-parallel tables use one: redistribute the "
+                            "table to shard dim 0 on one mesh dim", op, as);
         if (a.kind == DT_SHARD && a.dim == 0) {   /* vocab-parallel */
             p->out.placements[m] = dt_partial();
             p->lo = (int64_t)dt_mesh_coord(mesh, m) * (V / dt_mesh_size(mesh, m));
@@ -236,6 +240,14 @@ static dt_status ce_plan_make(const char *op, const dt_tensor *logits, const dt_
     for (int m = 0; m < ll->ndim; m++) {
         const dt_placement a = ll->placements[m], b = tl->placements[m];
         if (a.kind == DT_REPLICATE && b.kind == DT_REPLICATE) continue;
+        if (a.kind == DT_SHARD && a.dim == last && dt_layout_shard_dims(ll, last, NULL) > 1) {
+            char as[160];
+            dt_layout_format(ll, as, sizeof as);
+            return dt_error(DT_ERR_NOT_SUPPORTED,
+                            "%s: logits %s shard the vocabulary (dim %d) over several mesh dims; "
+                            "the vocab-parallel loss splits it over one: redistribute the logits "
+                            "to shard dim %d on one mesh dim", op, as, last, last);
+        }
         if (a.kind == DT_SHARD && a.dim == last && a.order == DT_ORDER_CONTIGUOUS &&
             b.kind == DT_REPLICATE) {
             p->vocab_dim = m;

@@ -116,7 +116,9 @@ typedef struct dt_rotary_options {
  * mesh dim m shards dim 1 as Shard(1, o) over P ranks, local row x of the
  * rank at coordinate c on m is global token
  *     g = dt_order_global(o, S, P, c, x)
- * (striped: token c + x*P, not x) and its position is positions[g] (or g).
+ * (striped: token c + x*P, not x) and its position is positions[g] (or g);
+ * sequences sharded over several mesh dims map through their composition
+ * (dt_layout_global_index).
  * With documents, token g of global batch row b (dim 0 may be sharded too)
  * is at position g - start, start the first token of its document in row b
  * (dt_docs_bounds), so a packed sequence sees each document from 0.
@@ -148,6 +150,7 @@ dt_status dt_rotary_backward(const dt_tensor *x, const dt_rotary_options *opts,
  *   (Shard(0, contiguous), Replicate) -> Partial         vocab-parallel: a rank
  *                                      looks up the tokens in its rows, 0 elsewhere
  *   (Shard(1, o), Replicate)        -> Shard(last, o)
+ * A vocabulary sharded over several mesh dims: DT_ERR_NOT_SUPPORTED.
  * Reads the tokens' range on the host (CUDA: waits for the work queued before). */
 dt_status dt_embedding(const dt_tensor *table, const dt_tensor *tokens, dt_tensor **out);
 
@@ -181,7 +184,8 @@ typedef struct dt_cross_entropy_options {
  *                                         all-reduced over the dim, fp32
  *   (Shard(d, o), Shard(d, o)), d < last  rows split: counts and sums reduced
  *   (Replicate, Replicate)
- * anything else DT_ERR_NOT_SUPPORTED. Every rank checks its targets first and
+ * anything else (a vocabulary split over several mesh dims included)
+ * DT_ERR_NOT_SUPPORTED. Every rank checks its targets first and
  * all agree before any data moves (a bad target on one rank fails all). */
 dt_status dt_cross_entropy(const dt_tensor *logits, const dt_tensor *targets,
                            const dt_cross_entropy_options *opts, float *loss,

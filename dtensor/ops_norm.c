@@ -17,7 +17,8 @@
  *            local [rows, E].
  *   rotary   Needs each token's global position: local row x of dim 1 is
  *            global token dt_order_global(order, S, P, coord, x) when a mesh
- *            dim shards dim 1, which makes the op correct under contiguous,
+ *            dim shards dim 1 (their composition, dt_layout_global_index,
+ *            when several do), which makes the op correct under contiguous,
  *            striped and zigzag sharding alike. Linear, so Partial passes.
  *            The table of the local rows' positions is built here on the host
  *            from the Layout and handed to the backend's rotary kernel (the
@@ -496,11 +497,9 @@ static dt_status nn_rotary_plan_make(const char *op, const dt_tensor *x,
     DT_REQUIRE(!(docs && opts->positions), "%s: positions and documents (doc_lens) are both "
                "given; give one (documents restart the positions at 0)", op);
 
-    /* What the op reads from the Layout: which mesh dim (if any) shards the
-     * sequence, and how; the rotated dim must be whole. */
+    /* What the op reads from the Layout: the rotated dim must be whole; the
+     * sequence's positions come from its index map below. */
     const dt_mesh *mesh = dt_tensor_mesh(x);
-    dt_order seq_order = DT_ORDER_CONTIGUOUS;
-    int seq_parts = 1, seq_coord = 0;
     if (mesh != NULL) {
         const dt_layout *l = dt_tensor_layout(x);
         for (int m = 0; m < l->ndim; m++) {
@@ -517,17 +516,13 @@ static dt_status nn_rotary_plan_make(const char *op, const dt_tensor *x,
                                 "rotated pair must be local; redistribute x to %s first", op, ls,
                                 last, m, sug);
             }
-            if (p.dim == 1) {
-                seq_order = p.order;
-                seq_parts = dt_mesh_size(mesh, m);
-                seq_coord = dt_mesh_coord(mesh, m);
-            }
         }
     }
 
     /* The local buffer is [outer, s_loc, inner, D]; the position of each
      * local row of dim 1 (of each local batch row with a list per row),
-     * from the Layout's index maps. */
+     * from the Layout's index maps (composed where several mesh dims shard
+     * the sequence: dt_tensor_global_indices). */
     const int64_t *ls = dt_tensor_local_shape(x);
     const int64_t s_loc = ls[1], outer = ls[0];
     int64_t inner = 1; /* D-vectors between two local rows of dim 1 */
@@ -543,11 +538,8 @@ static dt_status nn_rotary_plan_make(const char *op, const dt_tensor *x,
         goto fail;
     }
     if (per_row && outer > 0) DT_TRY_GOTO(st, dt_tensor_global_indices(x, 0, brow), fail);
-    for (int64_t s = 0; s < s_loc; s++) {
-        const int64_t g =
-            seq_parts > 1 ? dt_order_global(seq_order, S, seq_parts, seq_coord, s) : s;
-        pos[s] = opts->positions ? opts->positions[g] : g;
-    }
+    if (s_loc > 0) DT_TRY_GOTO(st, dt_tensor_global_indices(x, 1, pos), fail);
+    for (int64_t s = 0; s < s_loc && opts->positions; s++) pos[s] = opts->positions[pos[s]];
     /* Documents (positions not given, so pos[s] holds global token g): token
      * g of batch row b is at g - the start of its document in row b. The
      * last list first, so that row 0's g are read before they are replaced. */

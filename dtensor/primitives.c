@@ -18,12 +18,21 @@
  *   Shard(i, o1) -> Shard(j, o2) all-to-all: pack per destination along the
  *                               new dim (or, for i == j, by new owner),
  *                               grouped send/recv, unpack per source
- * Invariant kept between steps: no tensor dim is sharded by two mesh dims, so
- * each tensor dim has a single index map. The planner applies a direct step
- * whenever its result keeps that invariant; otherwise it first turns a
- * differing Shard/Partial mesh dim into Replicate. This always terminates:
- * direct steps only ever fix mesh dims, and once every differing mesh dim is
- * Replicate a direct step is always legal (the target Layout is legal).
+ * A tensor dim may be sharded over several mesh dims, outer (lower) first.
+ * A step on mesh dim m is direct when m is the innermost mesh dim of the
+ * tensor dim it shards, before and after: the ranks of m's communicator then
+ * share every other coordinate, so they hold one piece of that dim (the
+ * outer mesh dims' cut) sharded over m alone, and the step is the
+ * one-mesh-dim step above on that piece (its order lists over the piece's
+ * length). An outer mesh dim's split cannot move while inner ones remain:
+ * it changes which piece they cut.
+ * The plan (dt_plan_*): between Layouts that shard no tensor dim twice, the
+ * greedy one-mesh-dim plan: a direct step whenever its result still shards
+ * no dim twice, else a differing Shard/Partial mesh dim to Replicate first.
+ * Otherwise, the cheapest path of direct steps (elements sent, then passes
+ * over the data) over the Layouts whose mesh dims hold their source, target
+ * or Replicate placement: at most 27, and all-Replicate between the two
+ * always gives one.
  *
  * Every public function validates all arguments before it allocates or
  * communicates (all ranks reject together), returns a new tensor and never
@@ -233,25 +242,26 @@ static void dt_mesh_coords_of(const dt_mesh *mesh, int w, int *coords) {
 }
 
 /* For the rank at `coords`: global indices of its local rows along every
- * dim sharded by `lay`, written into `tables` (room for the sum of the local
- * extents L) and pointed to by idx[dim]; idx of unsharded dims is NULL. The
- * one place that maps a whole shard to global positions (shard and gather). */
+ * dim sharded by `lay` (through every mesh dim that shards it, composed:
+ * dt_layout_global_index), written into `tables` (room for the sum of the
+ * local extents L) and pointed to by idx[dim]; idx of unsharded dims is
+ * NULL. The one place that maps a whole shard to global positions (shard
+ * and gather). */
 static void dt_global_tables(const dt_mesh *mesh, const dt_layout *lay, const int *coords,
-                             const int64_t *shape, const int64_t *L, int64_t *tables,
+                             int ndim, const int64_t *shape, const int64_t *L, int64_t *tables,
                              const int64_t **idx) {
+    const int *sizes = dt_mesh_sizes(mesh);
     for (int d = 0; d < DT_MAX_DIMS; d++) idx[d] = NULL;
-    for (int m = 0; m < lay->ndim; m++) {
-        dt_placement p = lay->placements[m];
-        if (p.kind != DT_SHARD) continue;
-        int parts = dt_mesh_size(mesh, m);
-        for (int64_t x = 0; x < L[p.dim]; x++)
-            tables[x] = dt_order_global(p.order, shape[p.dim], parts, coords[m], x);
-        idx[p.dim] = tables;
-        tables += L[p.dim];
+    for (int d = 0; d < ndim; d++) {
+        if (dt_layout_shard_dims(lay, d, NULL) == 0) continue;
+        for (int64_t x = 0; x < L[d]; x++)
+            tables[x] = dt_layout_global_index(lay, sizes, coords, d, shape[d], x);
+        idx[d] = tables;
+        tables += L[d];
     }
 }
 
-/* 1 if no tensor dim is sharded by two mesh dims. */
+/* 1 if no tensor dim is sharded by two mesh dims (a one-mesh-dim Layout). */
 static int dt_layout_legal(const dt_layout *l) {
     for (int a = 0; a < l->ndim; a++)
         for (int b = a + 1; b < l->ndim; b++)
@@ -295,7 +305,6 @@ static dt_status dt_step_shard_to_shard(const dt_tensor *in, dt_tensor *out, int
     dt_placement from = dt_tensor_layout(in)->placements[m];
     dt_placement to = dt_tensor_layout(out)->placements[m];
     int nd = dt_tensor_ndim(in);
-    const int64_t *shape = dt_tensor_shape(in);
     const int64_t *L = dt_tensor_local_shape(in), *L2 = dt_tensor_local_shape(out);
     dt_dtype dtype = dt_tensor_dtype(in);
     size_t es = dt_dtype_size(dtype);
@@ -308,15 +317,16 @@ static dt_status dt_step_shard_to_shard(const dt_tensor *in, dt_tensor *out, int
 
     if (from.dim != to.dim) {
         /* Send to s the indices of the new dim j that s will own; receive from
-         * r the indices of the old dim i that r owned. */
-        DT_TRY_GOTO(st, dt_order_lists(op, to.order, shape[to.dim], P, &sflat, &soffs), out);
-        DT_TRY_GOTO(st, dt_order_lists(op, from.order, shape[from.dim], P, &rflat, &roffs), out);
+         * r the indices of the old dim i that r owned (within the piece of j
+         * the input holds whole on m, and the piece of i the output does). */
+        DT_TRY_GOTO(st, dt_order_lists(op, to.order, L[to.dim], P, &sflat, &soffs), out);
+        DT_TRY_GOTO(st, dt_order_lists(op, from.order, L2[from.dim], P, &rflat, &roffs), out);
     } else {
         /* Same dim, new order: element x goes to the new owner of its global
          * index, in increasing x; the receiver places it at its new local
          * index. Counts differ per pair, and both sides derive them. */
         int d = from.dim;
-        int64_t n = shape[d], cnt = L[d];
+        int64_t n = L[d] * P, cnt = L[d];
         DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(cnt > 0 ? cnt : 1) * sizeof(int64_t),
                                       (void **)&sflat), out);
         DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(P + 1) * sizeof(int64_t), (void **)&soffs), out);
@@ -389,7 +399,13 @@ out:
     return st;
 }
 
-/* Applies the step that changes mesh dim m of in's Layout to `to`. */
+/* Applies the step that changes mesh dim m of in's Layout to `to` (one that
+ * dt_plan_step_cost allows). Along a dim that m shards, before or after, the
+ * ranks of m's communicator share every other coordinate, so between them
+ * the dim is a one-mesh-dim shard of the piece the outer mesh dims leave:
+ * its length is the dim's local length without m's split (L[d] where the
+ * input holds it whole on m, L2[d] where the output does), and the order
+ * lists below are over that piece. */
 static dt_status dt_redistribute_step(const dt_tensor *in, int m, dt_placement to,
                                       dt_tensor **out) {
     dt_context *ctx = dt_tensor_context(in);
@@ -425,25 +441,25 @@ static dt_status dt_redistribute_step(const dt_tensor *in, int m, dt_placement t
         DT_TRY_GOTO(st, dt_comm_all_reduce(comm, src, dst, (size_t)numel, dtype, DT_REDUCE_SUM),
                     fail);
     } else if (from.kind == DT_PARTIAL && to.kind == DT_SHARD) {
-        DT_TRY_GOTO(st, dt_order_lists(op, to.order, shape[to.dim], P, &flat, &offs), fail);
+        DT_TRY_GOTO(st, dt_order_lists(op, to.order, L[to.dim], P, &flat, &offs), fail);
         DT_TRY_GOTO(st, dt_dev_alloc(be, (size_t)numel * es, &tmp), fail);
         DT_TRY_GOTO(st, dt_pack_chunks(be, dtype, nd, src, L, to.dim, flat, offs, P, tmp), fail);
         DT_TRY_GOTO(st, dt_comm_reduce_scatter(comm, tmp, dst, (size_t)numel2, dtype,
                                                DT_REDUCE_SUM), fail);
     } else if (from.kind == DT_SHARD && to.kind == DT_REPLICATE) {
-        DT_TRY_GOTO(st, dt_order_lists(op, from.order, shape[from.dim], P, &flat, &offs), fail);
+        DT_TRY_GOTO(st, dt_order_lists(op, from.order, L2[from.dim], P, &flat, &offs), fail);
         DT_TRY_GOTO(st, dt_dev_alloc(be, (size_t)numel2 * es, &tmp), fail);
         DT_TRY_GOTO(st, dt_comm_all_gather(comm, src, tmp, (size_t)numel, dtype), fail);
         DT_TRY_GOTO(st, dt_unpack_chunks(be, dtype, nd, tmp, dst, L2, from.dim, flat, offs, P),
                     fail);
     } else if (from.kind == DT_REPLICATE && to.kind == DT_SHARD) {
-        DT_TRY_GOTO(st, dt_order_lists(op, to.order, shape[to.dim], P, &flat, &offs), fail);
+        DT_TRY_GOTO(st, dt_order_lists(op, to.order, L[to.dim], P, &flat, &offs), fail);
         dt_select sel;
         dt_select_init(&sel, nd, L, L2, L2);
         sel.src_idx[to.dim] = flat + offs[c];
         DT_TRY_GOTO(st, dt_select_copy(be, dtype, DT_RUNS_COPY, dst, src, &sel), fail);
     } else if (from.kind == DT_SHARD && to.kind == DT_PARTIAL) {
-        DT_TRY_GOTO(st, dt_order_lists(op, from.order, shape[from.dim], P, &flat, &offs), fail);
+        DT_TRY_GOTO(st, dt_order_lists(op, from.order, L2[from.dim], P, &flat, &offs), fail);
         dt_select sel;
         dt_select_init(&sel, nd, L, L2, L);
         sel.dst_idx[from.dim] = flat + offs[c];
@@ -529,6 +545,168 @@ static dt_status dt_redistribute_check(const dt_tensor *t, const dt_layout *layo
     return dt_check_tensor_dtype(op, t);
 }
 
+/* ---------------------------------------------------------------------- */
+/* The plan: which mesh dim changes to what, in which order                */
+/* ---------------------------------------------------------------------- */
+
+typedef struct dt_plan_step {
+    int m;            /* the mesh dim that changes */
+    dt_placement to;  /* its new placement */
+} dt_plan_step;
+
+/* Sizes of the search below: 3 placements per mesh dim (source, target,
+ * Replicate), so at most 27 Layouts, and a path visits each at most once. */
+enum { DT_PLAN_CHOICES = 3, DT_PLAN_STATES = 27, DT_PLAN_MAX_STEPS = DT_PLAN_STATES };
+
+/* Local element count under l; *divides: 0 if some split length does not
+ * divide (dt_layout_check's test without a message, for intermediates). */
+static int64_t dt_plan_numel(const dt_layout *l, int ndim, const int64_t *shape, const int *sizes,
+                             int *divides) {
+    int64_t left[DT_MAX_DIMS];
+    for (int d = 0; d < ndim; d++) left[d] = shape[d];
+    *divides = 1;
+    for (int m = 0; m < l->ndim; m++) {
+        dt_placement p = l->placements[m];
+        if (p.kind != DT_SHARD) continue;
+        int64_t div = p.order == DT_ORDER_ZIGZAG ? 2 * (int64_t)sizes[m] : sizes[m];
+        if (left[p.dim] % div != 0) *divides = 0;
+        left[p.dim] /= sizes[m];
+    }
+    return dt_numel(ndim, left);
+}
+
+/* 1 if no mesh dim after m shards tensor dim d under l. */
+static int dt_plan_innermost(const dt_layout *l, int m, int d) {
+    for (int k = m + 1; k < l->ndim; k++)
+        if (l->placements[k].kind == DT_SHARD && l->placements[k].dim == d) return 0;
+    return 1;
+}
+
+/* The cost of the step that changes mesh dim m of cl to `to`, or -1 if
+ * dt_redistribute_step cannot make it: the result must divide, and m must be
+ * the innermost mesh dim of the tensor dim it shards before and of the one
+ * it shards after (then m's communicator sees a one-mesh-dim shard; an
+ * outer mesh dim's split changes what the inner ones hold, so it moves only
+ * once they are gone). The cost is the elements a rank sends or reduces
+ * ((P-1)/P of the data, twice for an all-reduce) weighted 64, plus a pass
+ * over its input and output and 1 for the step. */
+static int64_t dt_plan_step_cost(const dt_layout *cl, int m, dt_placement to, int ndim,
+                                 const int64_t *shape, const int *sizes) {
+    dt_placement from = cl->placements[m];
+    dt_layout cand = *cl;
+    cand.placements[m] = to;
+    if (from.kind == DT_SHARD && !dt_plan_innermost(cl, m, from.dim)) return -1;
+    if (to.kind == DT_SHARD && !dt_plan_innermost(&cand, m, to.dim)) return -1;
+    int ok_in, ok_out;
+    int64_t n_in = dt_plan_numel(cl, ndim, shape, sizes, &ok_in);
+    int64_t n_out = dt_plan_numel(&cand, ndim, shape, sizes, &ok_out);
+    if (!ok_out) return -1;
+    int64_t moved = 0;
+    if (from.kind == DT_PARTIAL && to.kind == DT_REPLICATE) moved = 2 * n_in;
+    else if (from.kind == DT_PARTIAL && to.kind == DT_SHARD) moved = n_in;
+    else if (from.kind == DT_SHARD && to.kind == DT_REPLICATE) moved = n_out;
+    else if (from.kind == DT_SHARD && to.kind == DT_SHARD) moved = n_in;
+    int P = sizes[m];
+    return 64 * (moved / P * (P - 1)) + n_in + n_out + 1;
+}
+
+/* One-mesh-dim Layouts (neither shards a tensor dim over two mesh dims):
+ * change the first mesh dim whose target placement keeps that so; if none,
+ * turn the first differing Shard/Partial mesh dim into Replicate. Direct
+ * steps only ever fix mesh dims, and once every differing mesh dim is
+ * Replicate a direct step is always legal, so this ends within
+ * nd * (nd + 2) steps. Returns the number of steps. */
+static int dt_plan_greedy(const dt_layout *src, const dt_layout *target, dt_plan_step *steps) {
+    dt_layout cl = *src;
+    int nd = target->ndim, n = 0;
+    for (int iter = 0; iter <= nd * (nd + 2) && n < DT_PLAN_MAX_STEPS; iter++) {
+        if (dt_layout_equal(&cl, target)) break;
+        int pick = -1;
+        dt_placement to = dt_replicate();
+        for (int m = 0; m < nd && pick < 0; m++) {
+            if (dt_placement_equal(cl.placements[m], target->placements[m])) continue;
+            dt_layout cand = cl;
+            cand.placements[m] = target->placements[m];
+            if (dt_layout_legal(&cand)) {
+                pick = m;
+                to = target->placements[m];
+            }
+        }
+        for (int m = 0; m < nd && pick < 0; m++)
+            if (!dt_placement_equal(cl.placements[m], target->placements[m]) &&
+                cl.placements[m].kind != DT_REPLICATE)
+                pick = m; /* to stays Replicate */
+        if (pick < 0) return -1;
+        steps[n++] = (dt_plan_step){ pick, to };
+        cl.placements[pick] = to;
+    }
+    return dt_layout_equal(&cl, target) ? n : -1;
+}
+
+/* Layouts that shard a tensor dim over several mesh dims: the cheapest
+ * path (dt_plan_step_cost; ties to the lower state, so every rank plans
+ * alike) over the Layouts whose every mesh dim holds its source, target or
+ * Replicate placement. One always exists: Replicate the mesh dims from the
+ * last to the first (each then innermost), then place the target's from
+ * the first to the last (each then innermost, and a prefix of a valid
+ * chain divides). Returns the number of steps, -1 if none was found. */
+static int dt_plan_search(const dt_layout *src, const dt_layout *target, int ndim,
+                          const int64_t *shape, const int *sizes, dt_plan_step *steps) {
+    const int nm = src->ndim;
+    dt_placement choice[DT_MAX_MESH_DIMS][DT_PLAN_CHOICES];
+    int nc[DT_MAX_MESH_DIMS], stride[DT_MAX_MESH_DIMS], goal = 0, nstates = 1;
+    for (int m = 0; m < nm; m++) {
+        dt_placement cand[3] = { src->placements[m], target->placements[m], dt_replicate() };
+        nc[m] = 0;
+        for (int k = 0; k < 3; k++) {
+            int seen = 0;
+            for (int j = 0; j < nc[m]; j++) seen |= dt_placement_equal(choice[m][j], cand[k]);
+            if (!seen) choice[m][nc[m]++] = cand[k];
+        }
+        stride[m] = nstates;
+        nstates *= nc[m];
+        for (int j = 0; j < nc[m]; j++)
+            if (dt_placement_equal(choice[m][j], target->placements[m])) goal += j * stride[m];
+    }
+    int64_t dist[DT_PLAN_STATES];
+    int prev[DT_PLAN_STATES], prev_m[DT_PLAN_STATES], done[DT_PLAN_STATES];
+    for (int k = 0; k < nstates; k++) dist[k] = -1, prev[k] = -1, prev_m[k] = -1, done[k] = 0;
+    dist[0] = 0; /* state 0: every mesh dim at its source placement */
+    for (;;) {
+        int u = -1;
+        for (int k = 0; k < nstates; k++)
+            if (!done[k] && dist[k] >= 0 && (u < 0 || dist[k] < dist[u])) u = k;
+        if (u < 0 || u == goal) break;
+        done[u] = 1;
+        dt_layout cl = *src;
+        int digit[DT_MAX_MESH_DIMS];
+        for (int m = 0; m < nm; m++) {
+            digit[m] = (u / stride[m]) % nc[m];
+            cl.placements[m] = choice[m][digit[m]];
+        }
+        for (int m = 0; m < nm; m++)
+            for (int j = 0; j < nc[m]; j++) {
+                if (j == digit[m]) continue;
+                int64_t c = dt_plan_step_cost(&cl, m, choice[m][j], ndim, shape, sizes);
+                int v = u + (j - digit[m]) * stride[m];
+                if (c < 0 || done[v] || (dist[v] >= 0 && dist[v] <= dist[u] + c)) continue;
+                dist[v] = dist[u] + c;
+                prev[v] = u;
+                prev_m[v] = m;
+            }
+    }
+    if (dist[goal] < 0) return -1;
+    int n = 0;
+    for (int v = goal; v != 0; v = prev[v]) n++;
+    if (n > DT_PLAN_MAX_STEPS) return -1;
+    int k = n;
+    for (int v = goal; v != 0; v = prev[v]) {
+        int m = prev_m[v];
+        steps[--k] = (dt_plan_step){ m, choice[m][(v / stride[m]) % nc[m]] };
+    }
+    return n;
+}
+
 /* Arguments checked by dt_redistribute_check. */
 static dt_status dt_redistribute_impl(const dt_tensor *t, const dt_layout *layout,
                                       dt_tensor **out) {
@@ -540,36 +718,21 @@ static dt_status dt_redistribute_impl(const dt_tensor *t, const dt_layout *layou
         if (target.placements[m].kind != DT_SHARD) target.placements[m] = (dt_placement){
                 target.placements[m].kind, 0, DT_ORDER_CONTIGUOUS };
 
+    const dt_layout *src = dt_tensor_layout(t);
+    dt_plan_step steps[DT_PLAN_MAX_STEPS];
+    int nsteps = dt_layout_legal(src) && dt_layout_legal(&target)
+                     ? dt_plan_greedy(src, &target, steps)
+                     : dt_plan_search(src, &target, dt_tensor_ndim(t), dt_tensor_shape(t),
+                                      dt_mesh_sizes(mesh), steps);
+    if (nsteps < 0)
+        return dt_error(DT_ERR_INTERNAL, "%s: no plan found (please report)", op);
+
     dt_status st = DT_SUCCESS;
     dt_tensor *owned = NULL;
     const dt_tensor *cur = t;
-    int nd = target.ndim;
-    /* Each direct step fixes a mesh dim for good; at most nd detours to
-     * Replicate come between two of them. */
-    for (int iter = 0; iter <= nd * (nd + 2); iter++) {
-        dt_layout cl = *dt_tensor_layout(cur);
-        if (dt_layout_equal(&cl, &target)) break;
-        int pick = -1;
-        dt_placement to = dt_replicate();
-        for (int m = 0; m < nd && pick < 0; m++) {
-            if (dt_placement_equal(cl.placements[m], target.placements[m])) continue;
-            dt_layout cand = cl;
-            cand.placements[m] = target.placements[m];
-            if (dt_layout_legal(&cand)) {
-                pick = m;
-                to = target.placements[m];
-            }
-        }
-        for (int m = 0; m < nd && pick < 0; m++)
-            if (!dt_placement_equal(cl.placements[m], target.placements[m]) &&
-                cl.placements[m].kind != DT_REPLICATE)
-                pick = m; /* to stays Replicate */
-        if (pick < 0) {
-            st = dt_error(DT_ERR_INTERNAL, "%s: no step found (please report)", op);
-            goto fail;
-        }
+    for (int k = 0; k < nsteps; k++) {
         dt_tensor *next = NULL;
-        DT_TRY_GOTO(st, dt_redistribute_step(cur, pick, to, &next), fail);
+        DT_TRY_GOTO(st, dt_redistribute_step(cur, steps[k].m, steps[k].to, &next), fail);
         dt_tensor_destroy(owned);
         owned = next;
         cur = next;
@@ -719,7 +882,7 @@ static dt_status dt_shard_impl(const dt_mesh *mesh, int root, const dt_tensor *f
                     if (lay->placements[m].kind == DT_PARTIAL && coords[m] != 0) zero = 1;
                 dt_select sel;
                 dt_select_init(&sel, nd, shape, L, L);
-                dt_global_tables(mesh, lay, coords, shape, L, tables, sel.src_idx);
+                dt_global_tables(mesh, lay, coords, nd, shape, L, tables, sel.src_idx);
                 if (!zero) /* a Partial summand away from coordinate 0 stays zero */
                     DT_TRY_GOTO(st, dt_select_copy(be, dtype, DT_RUNS_COPY, chunk,
                                                    dt_tensor_data_const(full), &sel), out);
@@ -812,7 +975,7 @@ static dt_status dt_gather_impl(const dt_tensor *t, int root, dt_tensor **out) {
         if (skip) continue;
         dt_select sel;
         dt_select_init(&sel, nd, L, shape, L);
-        dt_global_tables(mesh, lay, coords, shape, L, tables, sel.dst_idx);
+        dt_global_tables(mesh, lay, coords, nd, shape, L, tables, sel.dst_idx);
         /* Summands of Partial mesh dims add up in the zeroed output. */
         DT_TRY_GOTO(st, dt_select_copy(be, dtype, partial ? DT_RUNS_ADD : DT_RUNS_COPY,
                                        dt_tensor_data(o),

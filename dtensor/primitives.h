@@ -18,6 +18,12 @@
  * | Shard(i) -> Shard(j), any orders  | all-to-all (grouped send/recv)     |
  * | permute_striped / unpermute       | none (local gather along one dim)  |
  *
+ * A tensor dim sharded over several mesh dims (layout.h) moves the same way,
+ * one mesh dim at a time: a mesh dim's placement changes in one step only
+ * while no later mesh dim shards the tensor dims involved, so an outer split
+ * changes after the inner ones are undone (and redone after); the plan is
+ * the cheapest such sequence (primitives.c).
+ *
  * Test: tests/test_tensor.c (make test).
  */
 #ifndef DT_PRIMITIVES_H

@@ -3,8 +3,8 @@
  * A tensor never communicates. fill_random is the self-verifying data source
  * of the tests and benchmarks: each element's value depends only on (seed,
  * global linear index), and the global index of a local element comes from
- * the Layout index maps, one tensor dim at a time (a tensor dim is sharded
- * by at most one mesh dim, so each dim has a single map).
+ * the Layout index maps, one tensor dim at a time (a dim sharded over
+ * several mesh dims maps through their composition, dt_layout_global_index).
  *
  * Test: tests/test_tensor.c (make test).
  */
@@ -201,14 +201,16 @@ static dt_status global_indices(const dt_tensor *t, int64_t **gidx) {
             for (int e = 0; e < d; e++) free(gidx[e]), gidx[e] = NULL;
             return dt_error(DT_ERR_OUT_OF_MEMORY, "rank %d: out of host memory", t->ctx->rank);
         }
-        for (int64_t x = 0; x < t->local_shape[d]; x++) gidx[d][x] = x;
     }
-    for (int m = 0; m < t->layout.ndim; m++) {
-        const dt_placement *p = &t->layout.placements[m];
-        if (p->kind != DT_SHARD) continue;
-        int parts = dt_mesh_size(t->mesh, m), coord = dt_mesh_coord(t->mesh, m);
-        for (int64_t x = 0; x < t->local_shape[p->dim]; x++)
-            gidx[p->dim][x] = dt_order_global(p->order, t->shape[p->dim], parts, coord, x);
+    int coords[DT_MAX_MESH_DIMS] = { 0 };
+    for (int m = 0; m < t->layout.ndim; m++) coords[m] = dt_mesh_coord(t->mesh, m);
+    const int *sizes = t->mesh ? dt_mesh_sizes(t->mesh) : NULL;
+    for (int d = 0; d < t->ndim; d++) {
+        int sharded = t->mesh && dt_layout_shard_dims(&t->layout, d, NULL) > 0;
+        for (int64_t x = 0; x < t->local_shape[d]; x++)
+            gidx[d][x] = sharded ? dt_layout_global_index(&t->layout, sizes, coords, d,
+                                                          t->shape[d], x)
+                                 : x;
     }
     return DT_SUCCESS;
 }

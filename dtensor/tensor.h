@@ -63,7 +63,8 @@ dt_status dt_tensor_get_local(const dt_tensor *t, void *host, size_t bytes);
 dt_status dt_tensor_fill_random(dt_tensor *t, uint64_t seed);
 
 /* The global index along dim of each of this rank's local indices along it
- * (the Layout's index map); out holds dt_tensor_local_shape(t)[dim] entries.
+ * (the Layout's index map, composed over every mesh dim that shards dim:
+ * dt_layout_global_index); out holds dt_tensor_local_shape(t)[dim] entries.
  * Not collective. */
 dt_status dt_tensor_global_indices(const dt_tensor *t, int dim, int64_t *out);
 

@@ -306,8 +306,8 @@ static int parse_args(int argc, char **argv, config *c) {
                  dt_order_name(c->order));
         why = buf;
     } else if (c->sp && c->cp > 1) {
-        why = "--sp with --cp > 1 shards the sequence over two mesh dims, which the library does "
-              "not do yet: use one of them";
+        why = "--sp with --cp > 1 shards the sequence over two mesh dims, which attention does "
+              "not take yet: use one of them";
     } else if (c->sp && c->seq % c->tp) {
         snprintf(buf, sizeof buf, "--sp: --tp %d does not divide --seq %lld", c->tp,
                  (long long)c->seq);

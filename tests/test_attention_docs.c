@@ -418,6 +418,40 @@ static dt_status rank_bad(dt_context *ctx, void *arg) {
     return DT_SUCCESS;
 }
 
+/* The sequence sharded over two mesh dims (a Layout the primitives take):
+ * refused by attention on every rank, naming it, before anything moves. */
+static dt_status rank_two_dims(dt_context *ctx, void *arg) {
+    bad_case *c = arg;
+    const int r = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    dt_tensor *q = NULL, *o = (dt_tensor *)&c, *lse = NULL;
+    int sizes[2] = {2, 2};
+    dt_status st = dt_mesh_create(ctx, 2, sizes, NULL, &mesh);
+    const dt_layout lay =
+        dt_layout_2d(dt_shard(1, DT_ORDER_STRIPED), dt_shard(1, DT_ORDER_CONTIGUOUS));
+    int64_t shape[4] = {1, 16, 2, 8};
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 4, shape, &lay, &q);
+    if (st == DT_SUCCESS) st = dt_attention_forward(q, q, q, NULL, &o, &lse);
+    c->untouched[r] = o == (dt_tensor *)&c && lse == NULL;
+    c->st[r] = st;
+    if (st == DT_ERR_NOT_SUPPORTED && !strstr(dt_last_error(), "over several mesh dims"))
+        c->st[r] = DT_ERR_INTERNAL;   /* refused, but not for this */
+    dt_tensor_destroy(q);
+    dt_mesh_destroy(mesh);
+    return DT_SUCCESS;
+}
+
+static void test_sequence_over_two_mesh_dims_refused(void **state) {
+    (void)state;
+    bad_case c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(h_launch(4, rank_two_dims, &c), DT_SUCCESS);
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(c.st[r], DT_ERR_NOT_SUPPORTED);
+        assert_true(c.untouched[r]);
+    }
+}
+
 static void test_bad_documents(void **state) {
     (void)state;
     static const dt_status want[3] = {DT_ERR_INVALID_ARGUMENT, DT_ERR_INVALID_ARGUMENT,
@@ -442,12 +476,13 @@ static const char *order_short(dt_order o) { return dt_order_name(o); }
 int main(void) {
     enum { NCASES = 160 };
     static doc_case cases[NCASES];
-    struct CMUnitTest tests[NCASES + 5];
+    struct CMUnitTest tests[NCASES + 6];
     size_t n = 0, nc = 0;
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_docs_bounds);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_rule_against_brute_force);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_bad_documents);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_empty_steps_launch_nothing);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_sequence_over_two_mesh_dims_refused);
     static const dt_order orders[3] = {DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG};
     static const dt_dtype dtypes[3] = {DT_F32, DT_BF16, DT_F16};
     /* P = 1 to 8, each order, causal and full alternating, the dtypes in

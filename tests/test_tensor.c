@@ -1,10 +1,18 @@
 /* tests/test_tensor.c — meshes, tensors and the primitives (shard, gather,
  * redistribute, replicate, permute) on world sizes 1..8 and 2-D/3-D meshes,
- * fp32, bf16 and fp16.
+ * fp32, bf16 and fp16; then Layouts that shard a tensor dim over two or three
+ * mesh dims (every order combination on meshes 2x2, 2x3, 3x2, 2x4, 4x2 and
+ * 2x2x2, with the other mesh dim Replicate, Partial or sharding another dim):
+ * fill_random, global indices, set/get_global, shard, gather, replicate, and
+ * redistribute from each to every Layout of its mesh (the one-dim ones
+ * included) and back; and the ops that read positions or Layouts per dim
+ * (rotary, with documents; matmul; reshape) against the same op on
+ * Replicate data.
  *
  * Expected data never comes from the code under test: every rank builds the
  * global tensor from (seed, global index) with dt_random_value and cuts its
- * own part with the test-local index maps of tests/harness.c. Partial data is
+ * own part with test-local index maps (local_of below: tests/harness.c's
+ * one-dim maps, composed over the mesh dims that shard a dim). Partial data is
  * a set of rank-dependent summands quantised to multiples of 1/16, so their
  * sums are exact in fp32, bf16 and fp16 and every check below is exact (pure data
  * movement is bit-exact; sums of such summands are too).
@@ -26,6 +34,8 @@
 #include "dtensor/context.h"
 #include "base/dtype.h"
 #include "dtensor/mesh.h"
+#include "dtensor/ops.h"
+#include "dtensor/ops_nn.h"
 #include "dtensor/primitives.h"
 #include "dtensor/tensor.h"
 #include "harness.h"
@@ -33,6 +43,54 @@
 
 #define MAXW H_MAX_RANKS
 #define MAX_DST 64
+
+/* ------------------------------------------------------------------ */
+/* Test-local index maps                                               */
+/* ------------------------------------------------------------------ */
+
+/* The global indices the rank at coords holds along dim (length n) under
+ * l, in local order, from the definitions: the first mesh dim that shards
+ * the dim picks its list of the whole dim (h_order_indices), the next picks
+ * positions within that list, and so on (outer mesh dim first). out holds
+ * the local length; returns it. */
+static int64_t dim_indices(const dt_layout *l, const int *mesh, const int *coords, int dim,
+                           int64_t n, int64_t *out) {
+    int64_t *pick = malloc((size_t)(n + 1) * sizeof *pick);
+    int64_t len = n;
+    for (int64_t g = 0; g < n; g++) out[g] = g;
+    for (int m = 0; l && m < l->ndim; m++) {
+        if (l->placements[m].kind != DT_SHARD || l->placements[m].dim != dim) continue;
+        h_order_indices(l->placements[m].order, len, mesh[m], coords[m], pick);
+        for (int64_t x = 0; x < len / mesh[m]; x++) pick[x] = out[pick[x]];
+        len /= mesh[m];
+        memcpy(out, pick, (size_t)len * sizeof *out);
+    }
+    free(pick);
+    return len;
+}
+
+/* The part of `full` (global shape) the rank at coords holds under l, in
+ * local row-major order (Partial dims: the whole values). */
+static void local_of(const float *full, int ndim, const int64_t *shape, const dt_layout *l,
+                     const int *mesh, const int *coords, float *out) {
+    int64_t *idx[DT_MAX_DIMS], ls[DT_MAX_DIMS], n = 1;
+    for (int d = 0; d < ndim; d++) {
+        idx[d] = malloc((size_t)(shape[d] + 1) * sizeof(int64_t));
+        ls[d] = dim_indices(l, mesh, coords, d, shape[d], idx[d]);
+        n *= ls[d];
+    }
+    int64_t x[DT_MAX_DIMS] = { 0 };
+    for (int64_t i = 0; i < n; i++) {
+        int64_t g = 0;
+        for (int d = 0; d < ndim; d++) g = g * shape[d] + idx[d][x[d]];
+        out[i] = full[g];
+        for (int d = ndim - 1; d >= 0; d--) {
+            if (++x[d] < ls[d]) break;
+            x[d] = 0;
+        }
+    }
+    for (int d = 0; d < ndim; d++) free(idx[d]);
+}
 
 static const dt_dtype k_dtypes[3] = {DT_F32, DT_BF16, DT_F16};
 
@@ -94,8 +152,7 @@ static long check_local_part(const char *what, const dt_tensor *t, const float *
         free(got);
         return -1;
     }
-    h_local_of(full, dt_tensor_ndim(t), dt_tensor_shape(t), dt_tensor_layout(t), mesh, coords, exp,
-               NULL);
+    local_of(full, dt_tensor_ndim(t), dt_tensor_shape(t), dt_tensor_layout(t), mesh, coords, exp);
     for (int64_t i = 0; i < n; i++) ref[i] = exp[i];
     long bad = h_compare(what, got, ref, (size_t)n, 0.0, 0.0, NULL);
     free(exp);
@@ -120,7 +177,7 @@ static dt_status make_source(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtyp
     dt_status st = DT_ERR_OUT_OF_MEMORY;
     if (full == NULL || loc == NULL || raw == NULL) goto out;
     source_full(src, ms, dtype, seed, h_partial_index(src, ms, coords), numel, full);
-    h_local_of(full, ndim, shape, src, ms, coords, loc, NULL);
+    local_of(full, ndim, shape, src, ms, coords, loc);
     st = dt_tensor_create(ctx, mesh, dtype, ndim, shape, src, &t);
     if (st != DT_SUCCESS) goto out;
     to_dtype(dtype, loc, dt_tensor_local_numel(t), raw);
@@ -413,6 +470,7 @@ static void test_random_value(void **state) {
 
 typedef struct fill_case {
     int ndim_mesh, mesh[3], world;
+    int64_t shape[3];   /* 0: [4 W, 3, 2 W] */
     dt_layout layout;
     dt_dtype dtype;
     long bad[MAXW];
@@ -424,6 +482,7 @@ static dt_status rank_fill(dt_context *ctx, void *arg) {
     dt_mesh *mesh = NULL;
     dt_tensor *t = NULL;
     int64_t shape[] = { 4 * c->world, 3, 2 * c->world };
+    if (c->shape[0]) memcpy(shape, c->shape, sizeof shape);
     int64_t numel = h_numel(3, shape);
     float *full = malloc((size_t)numel * sizeof *full);
     dt_status st = DT_SUCCESS;
@@ -458,6 +517,7 @@ static void test_fill(void **state) {
 
 typedef struct sg_case {
     int ndim_mesh, mesh[3], world, root;
+    int64_t shape[3];   /* 0: [2 W, 3, 4 W] */
     dt_layout layout;
     dt_dtype dtype;
     long bad_shard[MAXW], bad_gather[MAXW];
@@ -468,6 +528,7 @@ static dt_status rank_shard_gather(dt_context *ctx, void *arg) {
     sg_case *c = arg;
     int r = dt_context_rank(ctx);
     int64_t shape[] = { 2 * c->world, 3, 4 * c->world };
+    if (c->shape[0]) memcpy(shape, c->shape, sizeof shape);
     int64_t numel = h_numel(3, shape);
     dt_mesh *mesh = NULL;
     dt_tensor *full = NULL, *t = NULL, *back = NULL;
@@ -866,8 +927,8 @@ static dt_status rank_bad_inputs(dt_context *ctx, void *arg) {
     BAD(dt_tensor_redistribute(t, NULL, &o));                  /* 6 */
     BAD(dt_tensor_redistribute(t, &l, NULL));                  /* 7 */
     BAD(dt_tensor_redistribute(loc, &l, &o));                  /* 8: local tensor */
-    l = dt_layout_2d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_shard(0, DT_ORDER_STRIPED));
-    BAD(dt_tensor_redistribute(t2, &l, &o));                   /* 9: dim 0 sharded twice */
+    l = dt_layout_2d(dt_shard(1, DT_ORDER_CONTIGUOUS), dt_shard(1, DT_ORDER_STRIPED));
+    BAD(dt_tensor_redistribute(t2, &l, &o));                   /* 9: 6 / 2 = 3, 3 % 2 */
     l = dt_layout_1d(dt_shard(2, DT_ORDER_ZIGZAG));            /* 4 % 8 != 0 */
     BAD(dt_tensor_redistribute(t, &l, &o));                    /* 10 */
     BAD(dt_tensor_replicate(NULL, &o));                        /* 11 */
@@ -928,7 +989,7 @@ static void test_bad_inputs(void **state) {
         { 3, "order 9" },
         { 4, "layout has 2 mesh dims but the mesh has 1" },
         { 8, "local" },
-        { 9, "sharded by mesh dims 0 and 1" },
+        { 9, "tensor dim 1 of length 6 is cut to 3 by outer mesh dim 0, and 3 is not divisible by 2" },
         { 10, "not divisible by 8 = 2 x 4" },
         { 13, "root -1 is out of range" },
         { 14, "root 4 is out of range" },
@@ -959,6 +1020,335 @@ static void test_bad_inputs(void **state) {
     assert_non_null(strstr(c->msg[18][0], "root 2 rejected"));
     assert_non_null(strstr(c->msg[19][3], "local"));
     free(c);
+}
+
+/* ------------------------------------------------------------------ */
+/* A tensor dim sharded over several mesh dims                         */
+/* ------------------------------------------------------------------ */
+
+static int has_partial(const dt_layout *l) {
+    for (int m = 0; m < l->ndim; m++)
+        if (l->placements[m].kind == DT_PARTIAL) return 1;
+    return 0;
+}
+
+/* One source Layout on a mesh: its global indices, set/get_global,
+ * replicate, and redistribute to each of dst[0..n_dst). */
+typedef struct multi_case {
+    int ndim_mesh, mesh[3], world;
+    dt_dtype dtype;
+    int64_t shape[3];
+    dt_layout src;
+    const dt_layout *dst; /* owned by main */
+    int n_dst;
+    long *bad;            /* [n_dst * MAXW]: wrong data, wrong sums, input changed */
+    long bad_idx[MAXW], bad_set[MAXW], bad_get[MAXW], bad_rep[MAXW];
+} multi_case;
+
+static dt_status rank_multi(dt_context *ctx, void *arg) {
+    multi_case *c = arg;
+    const int r = dt_context_rank(ctx);
+    const uint64_t seed = 3000 + (uint64_t)c->world;
+    const int64_t numel = h_numel(3, c->shape);
+    int coords[3];
+    h_coords(r, c->ndim_mesh, c->mesh, coords);
+    dt_mesh *mesh = NULL;
+    dt_tensor *src = NULL, *t = NULL, *rep = NULL;
+    float *ref = malloc((size_t)numel * sizeof *ref), *idxf = calloc((size_t)numel, sizeof *idxf);
+    float *mine = calloc((size_t)numel, sizeof *mine);
+    int64_t *got = malloc((size_t)(numel + 1) * sizeof *got);
+    int64_t *exp = malloc((size_t)(numel + 1) * sizeof *exp);
+    void *raw = malloc((size_t)numel * sizeof(float)), *saved = NULL;
+    dt_status st = DT_SUCCESS;
+    if (!ref || !idxf || !mine || !got || !exp || !raw) {
+        st = DT_ERR_OUT_OF_MEMORY;
+        goto out;
+    }
+    reference_full(&c->src, c->mesh, c->dtype, seed, numel, ref);
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, c->ndim_mesh, c->mesh, NULL, &mesh), out);
+    DT_TRY_GOTO(st, make_source(ctx, mesh, c->dtype, 3, c->shape, &c->src, seed, &src), out);
+    saved = save_local(src);
+
+    /* global indices along every dim */
+    for (int d = 0; d < 3; d++) {
+        DT_TRY_GOTO(st, dt_tensor_global_indices(src, d, got), out);
+        int64_t n = dim_indices(&c->src, c->mesh, coords, d, c->shape[d], exp);
+        c->bad_idx[r] += n != dt_tensor_local_shape(src)[d];
+        for (int64_t x = 0; x < n && x < dt_tensor_local_shape(src)[d]; x++)
+            c->bad_idx[r] += got[x] != exp[x];
+    }
+
+    /* set_global: this rank's part (Partial: coordinate 0's, zero elsewhere);
+     * get_global: the local elements to their places, nothing else */
+    const float *value = ref;
+    float *plain = NULL;
+    if (has_partial(&c->src)) {  /* set_global takes plain values */
+        plain = malloc((size_t)numel * sizeof *plain);
+        if (!plain) {
+            st = DT_ERR_OUT_OF_MEMORY;
+            goto out;
+        }
+        for (int64_t g = 0; g < numel; g++)
+            plain[g] = h_stored(c->dtype, dt_random_value(seed + 1, (uint64_t)g));
+        value = plain;
+    }
+    to_dtype(c->dtype, value, numel, raw);
+    st = dt_tensor_create(ctx, mesh, c->dtype, 3, c->shape, &c->src, &t);
+    if (st == DT_SUCCESS) st = dt_tensor_set_global(t, raw);
+    if (st == DT_SUCCESS) {
+        int zero = 0;
+        for (int m = 0; m < c->ndim_mesh; m++)
+            if (c->src.placements[m].kind == DT_PARTIAL && coords[m] != 0) zero = 1;
+        for (int64_t g = 0; g < numel; g++) mine[g] = zero ? 0.0f : value[g];
+        c->bad_set[r] = check_local_part("set_global", t, mine, c->mesh, coords);
+    }
+    if (st == DT_SUCCESS && !has_partial(&c->src)) {
+        for (int64_t g = 0; g < numel; g++) dt_value_set(raw, c->dtype, (size_t)g, -9.0f);
+        st = dt_tensor_get_global(t, raw);
+        for (int64_t g = 0; g < numel; g++) idxf[g] = (float)g; /* exact: numel < 2^24 */
+        local_of(idxf, 3, c->shape, &c->src, c->mesh, coords, mine);
+        for (int64_t g = 0; g < numel; g++) idxf[g] = -9.0f;
+        for (int64_t i = 0; i < dt_tensor_local_numel(t); i++) idxf[(int64_t)mine[i]] = value[(int64_t)mine[i]];
+        for (int64_t g = 0; st == DT_SUCCESS && g < numel; g++)
+            c->bad_get[r] += dt_value_get(raw, c->dtype, (size_t)g) != idxf[g];
+    }
+    free(plain);
+    if (st != DT_SUCCESS) goto out;
+
+    /* replicate */
+    DT_TRY_GOTO(st, dt_tensor_replicate(src, &rep), out);
+    dt_layout all = dt_layout_replicated(c->ndim_mesh);
+    c->bad_rep[r] = check_local_part("replicate", rep, ref, c->mesh, coords) +
+                    !dt_layout_equal(dt_tensor_layout(rep), &all);
+
+    /* redistribute to every target */
+    for (int k = 0; k < c->n_dst; k++) {
+        dt_tensor *o = NULL, *sum = NULL;
+        long *bad = &c->bad[(size_t)k * MAXW + (size_t)r];
+        DT_TRY_GOTO(st, dt_tensor_redistribute(src, &c->dst[k], &o), out);
+        *bad += saved ? changed_since(src, saved) : 1;
+        *bad += !dt_layout_equal(dt_tensor_layout(o), &c->dst[k]);
+        if (!has_partial(&c->dst[k])) {
+            *bad += check_local_part("redistribute", o, ref, c->mesh, coords);
+        } else {   /* the summands must add up to the value */
+            st = dt_tensor_replicate(o, &sum);
+            if (st == DT_SUCCESS)
+                *bad += check_local_part("redistribute+replicate", sum, ref, c->mesh, coords);
+        }
+        dt_tensor_destroy(sum);
+        dt_tensor_destroy(o);
+        if (st != DT_SUCCESS) goto out;
+    }
+out:
+    free(ref);
+    free(idxf);
+    free(mine);
+    free(got);
+    free(exp);
+    free(raw);
+    free(saved);
+    dt_tensor_destroy(rep);
+    dt_tensor_destroy(t);
+    dt_tensor_destroy(src);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_multi(void **state) {
+    multi_case *c = *state;
+    c->bad = calloc((size_t)c->n_dst * MAXW, sizeof *c->bad);
+    assert_non_null(c->bad);
+    dt_status st = h_launch(c->world, rank_multi, c);
+    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    assert_int_equal(st, DT_SUCCESS);
+    long total = 0;
+    for (int k = 0; k < c->n_dst; k++) {
+        long bad = 0;
+        for (int r = 0; r < c->world; r++) bad += c->bad[(size_t)k * MAXW + (size_t)r];
+        if (bad) {
+            char a[96], b[96];
+            h_layout_short(&c->src, a, sizeof a);
+            h_layout_short(&c->dst[k], b, sizeof b);
+            fprintf(stderr, "  %s -> %s: %ld bad\n", a, b, bad);
+        }
+        total += bad;
+    }
+    free(c->bad);
+    c->bad = NULL;
+    for (int r = 0; r < c->world; r++) {
+        if (c->bad_idx[r] + c->bad_set[r] + c->bad_get[r] + c->bad_rep[r])
+            fprintf(stderr, "  rank %d: indices %ld set %ld get %ld replicate %ld\n", r,
+                    c->bad_idx[r], c->bad_set[r], c->bad_get[r], c->bad_rep[r]);
+        total += c->bad_idx[r] + c->bad_set[r] + c->bad_get[r] + c->bad_rep[r];
+    }
+    assert_int_equal(total, 0);
+}
+
+/* The ops that read Layouts per dim, with the sequence (dim 1) sharded over
+ * both dims of a 2-D mesh: each against the op on Replicate data,
+ * redistributed to the output's Layout. Rotary and reshape move no
+ * arithmetic across rows: bit-exact; matmul within 1e-5. */
+typedef struct ops_case {
+    int mesh[2], world;
+    dt_order o1, o2;
+    long bad_rot[3][MAXW], bad_rs[2][MAXW], bad_mm[2][MAXW];
+    dt_status refuse[2][MAXW];
+} ops_case;
+
+/* Max |a - b| over the local elements (a, b: same shape and Layout). */
+static double local_diff(const dt_tensor *a, const dt_tensor *b) {
+    float *x = h_local_floats(a), *y = h_local_floats(b);
+    double worst = (x && y) ? 0.0 : INFINITY;
+    for (int64_t i = 0; x && y && i < dt_tensor_local_numel(a); i++) {
+        double e = fabs((double)x[i] - (double)y[i]);
+        if (!(e <= worst)) worst = e;
+    }
+    free(x);
+    free(y);
+    return worst;
+}
+
+/* t against ref (Replicate) redistributed to t's Layout: max |difference|,
+ * -1 if the call fails. */
+static double against(const dt_tensor *t, const dt_tensor *ref) {
+    dt_tensor *e = NULL;
+    if (dt_tensor_redistribute(ref, dt_tensor_layout(t), &e) != DT_SUCCESS) return -1.0;
+    double d = local_diff(t, e);
+    dt_tensor_destroy(e);
+    return d;
+}
+
+static dt_status rank_ops(dt_context *ctx, void *arg) {
+    ops_case *c = arg;
+    const int r = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    dt_tensor *x = NULL, *xr = NULL, *t[8] = { 0 };
+    dt_status st = DT_SUCCESS;
+    const dt_layout L = dt_layout_2d(dt_shard(1, c->o1), dt_shard(1, c->o2));
+    const dt_layout R = dt_layout_replicated(2);
+    const int64_t B = 2, S = 48, H = 2, D = 4;
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, 2, c->mesh, NULL, &mesh), out);
+
+    /* rotary [B, S, H, D]: default positions, a positions table, documents per row */
+    const int64_t xs[] = { B, S, H, D };
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, DT_F32, 4, xs, &L, &x), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(x, 91), out);
+    DT_TRY_GOTO(st, dt_tensor_redistribute(x, &R, &xr), out);
+    int64_t positions[48], docs[] = { 10, 14, 24, 5, 43 };
+    for (int64_t g = 0; g < S; g++) positions[g] = (g * 7) % 50;
+    for (int v = 0; v < 3; v++) {
+        dt_rotary_options o = DT_ROTARY_OPTIONS_INIT;
+        if (v == 1) o.positions = positions, o.n_positions = S;
+        if (v == 2) o.doc_lens = docs, o.doc_count = 5;
+        DT_TRY_GOTO(st, dt_rotary(x, &o, &t[0]), out);
+        DT_TRY_GOTO(st, dt_rotary(xr, &o, &t[1]), out);
+        c->bad_rot[v][r] = against(t[0], t[1]) != 0.0 || !dt_layout_equal(dt_tensor_layout(t[0]), &L);
+        dt_tensor_destroy(t[0]);
+        dt_tensor_destroy(t[1]);
+        t[0] = t[1] = NULL;
+    }
+
+    /* reshape: split the last dim (the Layout carries over), merge S with
+     * the rest (only block orders carry over; striped is refused) */
+    const int64_t split[] = { B, S, H * D / 2, 2 }, merged[] = { B, S * H * D };
+    const int64_t x3s[] = { B, S, H * D };
+    dt_tensor *x3 = NULL, *x3r = NULL;
+    st = dt_tensor_reshape(x, 3, x3s, &x3);
+    if (st == DT_SUCCESS) st = dt_tensor_reshape(xr, 3, x3s, &x3r);
+    if (st == DT_SUCCESS) c->bad_rs[0][r] += against(x3, x3r) != 0.0;
+    if (st == DT_SUCCESS) st = dt_tensor_reshape(x3, 4, split, &t[0]);
+    if (st == DT_SUCCESS) st = dt_tensor_reshape(x3r, 4, split, &t[1]);
+    if (st == DT_SUCCESS)
+        c->bad_rs[0][r] += against(t[0], t[1]) != 0.0 || !dt_layout_equal(dt_tensor_layout(t[0]), &L);
+    if (st == DT_SUCCESS) {
+        dt_status ms = dt_tensor_reshape(x3, 2, merged, &t[2]);
+        if (c->o1 == DT_ORDER_STRIPED || c->o2 == DT_ORDER_STRIPED) {
+            c->bad_rs[1][r] = ms != DT_ERR_NOT_SUPPORTED;
+        } else if (ms != DT_SUCCESS) {
+            c->bad_rs[1][r] = 1;
+        } else {
+            st = dt_tensor_reshape(x3r, 2, merged, &t[3]);
+            if (st == DT_SUCCESS) c->bad_rs[1][r] = against(t[2], t[3]) != 0.0;
+        }
+    }
+    for (int k = 0; k < 4; k++) dt_tensor_destroy(t[k]), t[k] = NULL;
+    if (st != DT_SUCCESS) {
+        dt_tensor_destroy(x3);
+        dt_tensor_destroy(x3r);
+        goto out;
+    }
+
+    /* matmul: x3 [B, S, E] (rows sharded over both) @ w [E, 6] Replicate
+     * keeps the rows' Layout; x [B, 4, K] with K sharded over both @ w [K, 6]
+     * with K sharded alike is Partial on both */
+    const int64_t ws[] = { H * D, 6 }, xk[] = { B, 4, 24 }, wk[] = { 24, 6 };
+    const dt_layout LK = dt_layout_2d(dt_shard(2, c->o1), dt_shard(2, c->o2));
+    const dt_layout LW = dt_layout_2d(dt_shard(0, c->o1), dt_shard(0, c->o2));
+    const dt_layout PP = dt_layout_2d(dt_partial(), dt_partial());
+    st = dt_tensor_create(ctx, mesh, DT_F32, 2, ws, &R, &t[0]);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_random(t[0], 5);
+    if (st == DT_SUCCESS) st = dt_matmul(x3, t[0], &t[1]);
+    if (st == DT_SUCCESS) st = dt_matmul(x3r, t[0], &t[2]);
+    if (st == DT_SUCCESS) {
+        double e = against(t[1], t[2]);
+        c->bad_mm[0][r] = !(e >= 0.0 && e <= 1e-5) || !dt_layout_equal(dt_tensor_layout(t[1]), &L);
+    }
+    dt_tensor_destroy(x3);
+    dt_tensor_destroy(x3r);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 3, xk, &LK, &t[3]);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_random(t[3], 6);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 2, wk, &LW, &t[4]);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_random(t[4], 7);
+    if (st == DT_SUCCESS) st = dt_matmul(t[3], t[4], &t[5]);
+    if (st == DT_SUCCESS) {
+        dt_tensor *ar = NULL, *br = NULL, *yr = NULL, *ys = NULL;
+        st = dt_tensor_redistribute(t[3], &R, &ar);
+        if (st == DT_SUCCESS) st = dt_tensor_redistribute(t[4], &R, &br);
+        if (st == DT_SUCCESS) st = dt_matmul(ar, br, &yr);
+        if (st == DT_SUCCESS) st = dt_tensor_redistribute(t[5], &R, &ys);
+        if (st == DT_SUCCESS) {
+            double e = local_diff(ys, yr);
+            c->bad_mm[1][r] = !(e <= 1e-5) || !dt_layout_equal(dt_tensor_layout(t[5]), &PP);
+        }
+        dt_tensor_destroy(ar);
+        dt_tensor_destroy(br);
+        dt_tensor_destroy(yr);
+        dt_tensor_destroy(ys);
+    }
+    for (int k = 0; k < 6; k++) dt_tensor_destroy(t[k]), t[k] = NULL;
+    if (st != DT_SUCCESS) goto out;
+
+    /* refused: a vocabulary over two mesh dims (embedding, cross-entropy) */
+    const int64_t tab[] = { 24, 4 }, tok[] = { 3 }, lg[] = { 3, 24 };
+    const dt_layout LV = dt_layout_2d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_shard(0, DT_ORDER_CONTIGUOUS));
+    const dt_layout LL = dt_layout_2d(dt_shard(1, DT_ORDER_CONTIGUOUS), dt_shard(1, DT_ORDER_CONTIGUOUS));
+    st = dt_tensor_create(ctx, mesh, DT_F32, 2, tab, &LV, &t[0]);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_I32, 1, tok, &R, &t[1]);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 2, lg, &LL, &t[2]);
+    if (st == DT_SUCCESS) {
+        c->refuse[0][r] = dt_embedding(t[0], t[1], &t[3]);
+        float loss = 0.0f;
+        c->refuse[1][r] = dt_cross_entropy(t[2], t[1], NULL, &loss, NULL);
+    }
+out:
+    for (int k = 0; k < 8; k++) dt_tensor_destroy(t[k]);
+    dt_tensor_destroy(x);
+    dt_tensor_destroy(xr);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_ops_multi(void **state) {
+    ops_case *c = *state;
+    dt_status st = h_launch(c->world, rank_ops, c);
+    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    assert_int_equal(st, DT_SUCCESS);
+    for (int r = 0; r < c->world; r++) {
+        for (int v = 0; v < 3; v++) assert_int_equal(c->bad_rot[v][r], 0);
+        for (int v = 0; v < 2; v++) assert_int_equal(c->bad_rs[v][r], 0);
+        for (int v = 0; v < 2; v++) assert_int_equal(c->bad_mm[v][r], 0);
+        for (int v = 0; v < 2; v++) assert_int_equal(c->refuse[v][r], DT_ERR_NOT_SUPPORTED);
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -1004,7 +1394,7 @@ static void add_test(table *t, const char *name, CMUnitTestFunction fn, void *st
 
 int main(void) {
     table tb;
-    tb.cap = 4096;
+    tb.cap = 8192;
     tb.n = 0;
     tb.tests = calloc(tb.cap, sizeof *tb.tests);
     tb.names = calloc(tb.cap, sizeof *tb.names);
@@ -1012,7 +1402,7 @@ int main(void) {
     void **owned = calloc(tb.cap, sizeof *owned);
     size_t n_owned = 0;
     if (!tb.tests || !tb.names || !owned) return 1;
-    char name[200], ms[16], a[64], b[64];
+    char name[320], ms[16], a[96], b[96];
 #define NEW(type) ((type *)(owned[n_owned++] = calloc(1, sizeof(type))))
 
     /* meshes */
@@ -1284,6 +1674,133 @@ int main(void) {
                          parts, dt_dtype_name(c->dtype));
                 add_test(&tb, name, test_permute, c);
             }
+    }
+    /* Layouts that shard a tensor dim over several mesh dims: per mesh, the
+     * multi-sharded Layouts and the one-dim ones; each multi-sharded source
+     * to every Layout, each one-dim source to every multi-sharded one. */
+    {
+        static const dt_order ords[3] = { DT_ORDER_CONTIGUOUS, DT_ORDER_STRIPED, DT_ORDER_ZIGZAG };
+        const int m2[][2] = { { 2, 2 }, { 2, 3 }, { 3, 2 }, { 2, 4 }, { 4, 2 } };
+        int np;
+        const dt_placement *p = placements_2d(&np);
+        for (size_t mi = 0; mi < 6; mi++) {
+            const int nm = mi < 5 ? 2 : 3;
+            int sizes[3] = { 2, 2, 2 };
+            if (nm == 2) sizes[0] = m2[mi][0], sizes[1] = m2[mi][1];
+            const int world = sizes[0] * sizes[1] * (nm == 3 ? sizes[2] : 1);
+            dt_layout *all = (dt_layout *)(owned[n_owned++] = calloc(160, sizeof(dt_layout)));
+            int na = 0, n_multi;
+            int64_t shape[3];
+            if (nm == 2) {
+                shape[0] = shape[1] = 4 * world;
+                shape[2] = 2;
+                for (int d = 0; d < 2; d++)
+                    for (int oa = 0; oa < 3; oa++)
+                        for (int ob = 0; ob < 3; ob++)
+                            all[na++] = dt_layout_2d(dt_shard(d, ords[oa]), dt_shard(d, ords[ob]));
+                n_multi = na;
+                for (int i = 0; i < np; i++)
+                    for (int j = 0; j < np; j++)
+                        if (!(p[i].kind == DT_SHARD && p[j].kind == DT_SHARD && p[i].dim == p[j].dim))
+                            all[na++] = dt_layout_2d(p[i], p[j]);
+            } else {
+                /* [B, S, H] = [4, 64, 4]: S over two mesh dims (the third
+                 * Replicate, Partial, or sharding B or H) or over all three */
+                shape[0] = 4;
+                shape[1] = 64;
+                shape[2] = 4;
+                const dt_placement others[4] = { dt_replicate(), dt_partial(),
+                                                 dt_shard(0, DT_ORDER_ZIGZAG),
+                                                 dt_shard(2, DT_ORDER_STRIPED) };
+                for (int skip = 0; skip < 3; skip++)
+                    for (int oa = 0; oa < 3; oa++)
+                        for (int ob = 0; ob < 3; ob++) {
+                            dt_layout l = dt_layout_replicated(3);
+                            int k = 0;
+                            for (int m = 0; m < 3; m++)
+                                l.placements[m] = m == skip ? others[(3 * oa + ob + skip) % 4]
+                                                            : dt_shard(1, ords[k++ ? ob : oa]);
+                            all[na++] = l;
+                        }
+                for (int oa = 0; oa < 3; oa++)
+                    for (int ob = 0; ob < 3; ob++)
+                        for (int c3 = 0; c3 < 3; c3++)
+                            all[na++] = dt_layout_3d(dt_shard(1, ords[oa]), dt_shard(1, ords[ob]),
+                                                     dt_shard(1, ords[c3]));
+                n_multi = na;
+                const dt_layout one[] = {
+                    dt_layout_replicated(3),
+                    dt_layout_3d(dt_shard(1, DT_ORDER_ZIGZAG), dt_replicate(), dt_replicate()),
+                    dt_layout_3d(dt_replicate(), dt_shard(1, DT_ORDER_STRIPED), dt_partial()),
+                    dt_layout_3d(dt_partial(), dt_replicate(), dt_shard(1, DT_ORDER_CONTIGUOUS)),
+                    dt_layout_3d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_shard(1, DT_ORDER_STRIPED),
+                                 dt_partial()),
+                    dt_layout_3d(dt_partial(), dt_shard(0, DT_ORDER_ZIGZAG),
+                                 dt_shard(1, DT_ORDER_CONTIGUOUS)),
+                    dt_layout_3d(dt_shard(2, DT_ORDER_STRIPED), dt_shard(1, DT_ORDER_CONTIGUOUS),
+                                 dt_shard(0, DT_ORDER_STRIPED)),
+                    dt_layout_3d(dt_shard(1, DT_ORDER_STRIPED), dt_shard(2, DT_ORDER_CONTIGUOUS),
+                                 dt_shard(0, DT_ORDER_ZIGZAG)),
+                };
+                for (size_t i = 0; i < sizeof one / sizeof one[0]; i++) all[na++] = one[i];
+            }
+            for (int s = 0; s < na; s++) {
+                multi_case *c = NEW(multi_case);
+                c->ndim_mesh = nm;
+                c->world = world;
+                for (int m = 0; m < 3; m++) c->mesh[m] = sizes[m];
+                c->dtype = k_dtypes[s % 3];
+                memcpy(c->shape, shape, sizeof shape);
+                c->src = all[s];
+                c->dst = all;
+                c->n_dst = s < n_multi ? na : n_multi;
+                h_layout_short(&c->src, a, sizeof a);
+                snprintf(name, sizeof name, "multi/mesh=%s,[%s]->%s,%s",
+                         mesh_name(nm, c->mesh, ms, sizeof ms), a,
+                         s < n_multi ? "all" : "multi", dt_dtype_name(c->dtype));
+                add_test(&tb, name, test_multi, c);
+            }
+            /* fill_random and shard/gather under each multi-sharded Layout */
+            for (int s = 0; s < n_multi; s++) {
+                fill_case *f = NEW(fill_case);
+                f->ndim_mesh = nm;
+                f->world = world;
+                for (int m = 0; m < 3; m++) f->mesh[m] = sizes[m];
+                memcpy(f->shape, shape, sizeof shape);
+                f->layout = all[s];
+                f->dtype = k_dtypes[(s + 1) % 3];
+                h_layout_short(&f->layout, a, sizeof a);
+                snprintf(name, sizeof name, "fill_random/mesh=%s,%s,%s",
+                         mesh_name(nm, f->mesh, ms, sizeof ms), a, dt_dtype_name(f->dtype));
+                add_test(&tb, name, test_fill, f);
+                sg_case *g = NEW(sg_case);
+                g->ndim_mesh = nm;
+                g->world = world;
+                for (int m = 0; m < 3; m++) g->mesh[m] = sizes[m];
+                memcpy(g->shape, shape, sizeof shape);
+                g->root = s % world;
+                g->layout = all[s];
+                g->dtype = k_dtypes[(s + 2) % 3];
+                snprintf(name, sizeof name, "shard_gather/mesh=%s,root=%d,%s,%s",
+                         mesh_name(nm, g->mesh, ms, sizeof ms), g->root, a,
+                         dt_dtype_name(g->dtype));
+                add_test(&tb, name, test_shard_gather, g);
+            }
+        }
+        const int mo[][2] = { { 2, 2 }, { 2, 3 } };
+        for (int mi = 0; mi < 2; mi++)
+            for (int a2 = 0; a2 < 3; a2++)
+                for (int b2 = 0; b2 < 3; b2++) {
+                    ops_case *c = NEW(ops_case);
+                    c->mesh[0] = mo[mi][0];
+                    c->mesh[1] = mo[mi][1];
+                    c->world = mo[mi][0] * mo[mi][1];
+                    c->o1 = ords[a2];
+                    c->o2 = ords[b2];
+                    snprintf(name, sizeof name, "ops_multi/mesh=%dx%d,S(1,%s),S(1,%s)",
+                             mo[mi][0], mo[mi][1], dt_order_name(c->o1), dt_order_name(c->o2));
+                    add_test(&tb, name, test_ops_multi, c);
+                }
     }
     add_test(&tb, "bad_inputs/P=4", test_bad_inputs, NULL);
 #undef NEW
