@@ -2,8 +2,9 @@
  * (mask.h's rule: a query at i attends a key at j iff same document, j <= i
  * under the causal mask, and |i - j| < W with a window W) in the CUDA
  * backend's kernels: dt_attention_forward and dt_attention_backward with
- * DT_ATTN_KERNEL=simple-latest (attention/cuda/block.cu's rule kernels, the
- * only CUDA path that takes the rule), on one device without a mesh and on
+ * DT_ATTN_KERNEL=simple-latest (attention/cuda/block.cu's rule kernels), and
+ * on bf16 / fp16 cases at D = 64 and 128 also mma-latest and wgmma-latest
+ * (the tensor-core kernels' rule kernels), on one device without a mesh and on
  * 2 to 8 ranks of the local transport, every order, causal and full,
  * random document lengths (a document of one token, one longer than a
  * shard; one list for every batch row, or one per row), windows of 1,
@@ -17,9 +18,9 @@
  * sequence, with the rule written out from its definition (doc_id below),
  * at |got - ref| <= tol + tol |ref| (fp32 1e-5 forward, 1e-4 backward;
  * bf16 2e-2, 3e-2; fp16 2e-3, 4e-3: test_attention's and
- * test_attention_backward's bounds). Also: on CUDA, any other
- * DT_ATTN_KERNEL choice refuses a call with documents or a window
- * (DT_ERR_NOT_SUPPORTED, naming simple-latest) and changes nothing.
+ * test_attention_backward's bounds). Also: on CUDA, auto and the VERIFIED
+ * choices refuse a call with documents or a window (DT_ERR_NOT_SUPPORTED,
+ * naming the LATEST ones) and change nothing.
  *
  * Without a CUDA backend (a CUDA=0 build, no GPU) every case says skipped.
  * The emulator (make CUDA=emu) runs them all. Rank threads record; the main
@@ -57,6 +58,7 @@ typedef struct docs_case {
     int64_t window;            /* 0: none */
     int docs;                  /* 0: none; 1: one list for every row; 2: a list per row */
     int group;                 /* dt_attention_options.group */
+    int tensor_cores;          /* also run mma-latest and wgmma-latest (bf16 / fp16, D 64, 128) */
     uint64_t seed;
     /* filled by the test */
     int64_t lens[MAXDOCS], nlens;
@@ -313,11 +315,13 @@ static void run_case(void **state) {
     reference(c);
     memset(c->cpu, 0, sizeof c->cpu);
     const int ok_cpu = launch(c, DT_BACKEND_CPU);
-    int ok_cuda = 0;
-    if (ok_cpu) {
-        char *saved = h_env_set("DT_ATTN_KERNEL", "simple-latest");
+    int ok_cuda = ok_cpu;
+    static const char *const kernels[3] = {"simple-latest", "mma-latest", "wgmma-latest"};
+    for (int k = 0; ok_cuda && k < (c->tensor_cores ? 3 : 1); k++) {
+        char *saved = h_env_set("DT_ATTN_KERNEL", kernels[k]);
         ok_cuda = launch(c, DT_BACKEND_CUDA);
         h_env_restore("DT_ATTN_KERNEL", saved);
+        if (!ok_cuda) print_error("with DT_ATTN_KERNEL=%s\n", kernels[k]);
     }
     free(c->q);
     free(c->k);
@@ -334,7 +338,7 @@ static void run_case(void **state) {
 
 /* ------------------------------------------------------------- refusal */
 
-/* Any choice but simple-latest refuses a ruled call on CUDA: the forward
+/* Any choice but a LATEST form refuses a ruled call on CUDA: the forward
  * leaves o, lse unset, the backward (after a forward with simple-latest)
  * dq, dk, dv, and neither touches its inputs. */
 typedef struct refusal {
@@ -404,8 +408,7 @@ static void test_other_kernels_refuse(void **state) {
     }
     /* auto with DT_ATTN_KERNEL unset, and each other forced choice */
     const dt_attn_kernel_choice kernels[] = {DT_ATTN_KERNEL_AUTO, DT_ATTN_KERNEL_SIMPLE,
-                                             DT_ATTN_KERNEL_MMA, DT_ATTN_KERNEL_MMA_LATEST,
-                                             DT_ATTN_KERNEL_WGMMA_LATEST};
+                                             DT_ATTN_KERNEL_MMA, DT_ATTN_KERNEL_WGMMA};
     char *saved = h_env_set("DT_ATTN_KERNEL", NULL);
     int ok = 1;
     for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
@@ -442,8 +445,10 @@ static void name_case(docs_case *c) {
     char docs[32] = "none";
     if (c->docs) snprintf(docs, sizeof docs, "%s(%lld)", c->docs == 2 ? "per-row" : "shared",
                           (long long)c->nlens);
-    char group[32] = "";
+    char group[48] = "";
     if (c->group > 1) snprintf(group, sizeof group, ",group=%d", c->group);
+    if (c->tensor_cores)
+        snprintf(group + strlen(group), sizeof group - strlen(group), ",tensor-cores");
     snprintf(c->name, sizeof c->name,
              "docs-cuda/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s,docs=%s,W=%lld%s",
              c->P == 1 ? "single" : dt_order_name(c->order), c->P, (long long)c->s.B,
@@ -522,6 +527,24 @@ int main(void) {
                 make_docs(c, c_rows);
                 name_case(c);
             }
+    /* The tensor-core kernels' LATEST forms too (mma-latest, wgmma-latest):
+     * bf16 and fp16 at D = 64 and 128, one device and rings of 2 to 4. */
+    for (int v = 0; v < 5; v++) {
+        docs_case *c = &cases[nc++];
+        c->P = (int[]){1, 2, 3, 4, 2}[v];
+        const int64_t S = (int64_t[]){192, 128, 144, 128, 192}[v];
+        c->s = (attn_shape){1 + v % 2, S, 4, (int64_t[]){2, 1, 4, 2, 2}[v], v == 3 ? 128 : 64};
+        c->order = (dt_order)(v % 3);
+        c->mask = v == 2 ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
+        c->dtype = v % 2 ? DT_F16 : DT_BF16;
+        c->window = (int64_t[]){40, 0, S / 3 / 2, 80, 0}[v];
+        c->docs = (int[]){1, 2, 2, 0, 1}[v];
+        c->group = v == 4 ? 2 : 0;
+        c->tensor_cores = 1;
+        c->seed = 7800 + (uint64_t)nc;
+        make_docs(c, c->P == 1 ? S / 3 : S / c->P);
+        name_case(c);
+    }
     for (int i = 0; i < nc; i++)
         tests[n++] = (struct CMUnitTest){cases[i].name, run_case, NULL, NULL, &cases[i]};
     return h_run_cases("attention with documents and windows (cuda)", tests, (size_t)n);

@@ -43,7 +43,18 @@
  * (attention/cuda/kernels.h's dt_attn_form: VERIFIED, what auto runs on a
  * GPU, and LATEST, which only this emulator has run), its name ending in
  * the form's. DT_TEST_QUICK (the valgrind run) keeps one case per
- * direction, kernel and form (forward and backward, mma.sync and wgmma). */
+ * direction, kernel and form (forward and backward, mma.sync and wgmma).
+ *
+ * Documents and windows (attention/mask.h's rule beyond the mask) run in
+ * the LATEST forms only: forward-rule/..., backward-rule/...,
+ * forward-wgmma-rule/... and backward-wgmma-rule/... split sequences with
+ * documents of random lengths (one of length 1, one longer than a shard;
+ * one list for every batch row or one per row) and windows shorter and
+ * longer than a shard as above, against the reference of the whole
+ * sequence under the rule, their traces' tiles counted pair by pair under
+ * the rule; rule/keyless-rows/latest takes rows with no allowed key to o =
+ * 0, lse = -inf, and rule/verified-refuses checks that every VERIFIED
+ * form refuses such a block. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -59,6 +70,7 @@
 #include "attention/cuda/kernels.h"
 #include "attention/cuda/mma_layout.h"
 #include "attn_ref.h"
+#include "dtensor/docs.h"
 #include "emu/emu.h"
 #include "emu/include/cuda.h"
 #include "emu/include/cuda_runtime_api.h"
@@ -85,7 +97,56 @@ typedef struct emu_case {
                        2 (forward): with the rows' waits (block.h's visits) */
     int producer;   /* the wgmma forward at D = 128: its loads by a producer warpgroup */
     dt_attn_form form;   /* the kernel's form (attention/cuda/kernels.h) */
+    /* Documents and a window (attention/mask.h's rule; LATEST forms only):
+     * window 0 none; docs 0 none, 1 one list of lengths for every batch
+     * row, 2 a list per row (emu_doc_lengths) */
+    int64_t window;
+    int docs;
 } emu_case;
+
+/* Document lengths summing to S, from seed: random ones of 1 .. S/4,
+ * the (seed % 3)-th of length 1 and the (3 + seed / 3 % 3)-th longer than
+ * a shard (S / P rows). Returns the count (at most S). */
+static int64_t emu_doc_lengths(uint64_t seed, int64_t S, int64_t shard, int64_t *lens) {
+    const int64_t at_one = (int64_t)(seed % 3), at_long = 3 + (int64_t)(seed / 3 % 3);
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    int64_t n = 0, left = S;
+    while (left > 0) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int64_t len = n == at_one    ? 1
+                      : n == at_long ? shard + 1 + (int64_t)((x >> 40) % 8)
+                                     : 1 + (int64_t)((x >> 33) % (uint64_t)(S / 4));
+        if (len > left) len = left;
+        lens[n++] = len;
+        left -= len;
+    }
+    return n;
+}
+
+/* A case's rule: the reference's (*rr; its doc_lens in *lens, to free)
+ * and the kernels' (the documents' table in emulated device memory, one
+ * [S][2] table per batch row or one for all: *stride 2 S or 0; NULL
+ * without documents). */
+static int64_t *emu_rule(const emu_case *c, attn_ref_rule *rr, int64_t **lens, int64_t *stride) {
+    const int64_t S = c->s.S, B = c->s.B, rows = c->docs == 2 ? B : 1;
+    *rr = (attn_ref_rule){.causal = c->mask == DT_ATTN_CAUSAL, .window = c->window};
+    *lens = NULL;
+    *stride = 0;
+    if (!c->docs) return NULL;
+    *lens = malloc((size_t)(rows * S) * sizeof **lens);
+    int64_t count = 0;
+    for (int64_t b = 0; b < rows; b++)
+        count += emu_doc_lengths(c->seed + 7 * (uint64_t)b, S, S / c->P, *lens + count);
+    rr->doc_lens = *lens;
+    rr->doc_count = count;
+    int64_t *table = NULL;
+    assert_int_equal(cudaMalloc((void **)&table, (size_t)(rows * 2 * S) * sizeof *table),
+                     cudaSuccess);
+    for (int64_t b = 0; b < rows; b++)   /* emulated device memory is host memory */
+        dt_docs_bounds(*lens, count, S, b, table + b * 2 * S);
+    *stride = rows > 1 ? 2 * S : 0;
+    return table;
+}
 
 /* The L2 size passed with a block whose units each re-read unit_bytes. */
 static int64_t l2_for(const emu_case *c, int64_t unit_bytes) {
@@ -173,25 +234,22 @@ static void run_forward(void **state) {
 #else
 /* ------------------------------------------------------------ CTA traces */
 
-/* Whether query row x of segment q and key row y of segment k may attend. */
-static int visible(dt_attn_mask mask, dt_attn_segment q, int64_t x, dt_attn_segment k, int64_t y) {
-    return mask == DT_ATTN_FULL || dt_attn_pos(q, x) >= dt_attn_pos(k, y);
-}
-
-/* Tiles of bq query rows x bk key rows with at least one pair that may
- * attend, counted pair by pair, times `units` (batch x heads). */
-static int64_t tiles_with_pairs(dt_attn_mask mask, dt_attn_segment q, int64_t bq, dt_attn_segment k,
-                                int64_t bk, int64_t units) {
+/* Tiles of bq query rows x bk key rows with at least one pair that the
+ * case's rule rr lets attend (attn_ref.h, from the global positions),
+ * counted pair by pair, summed over the batch rows, times `heads`. */
+static int64_t tiles_with_pairs(const attn_shape *s, const attn_ref_rule *rr, dt_attn_segment q,
+                                int64_t bq, dt_attn_segment k, int64_t bk, int64_t heads) {
     int64_t n = 0;
-    for (int64_t x0 = 0; x0 < q.len; x0 += bq)
-        for (int64_t y0 = 0; y0 < k.len; y0 += bk) {
-            int any = 0;
-            for (int64_t x = x0; x < x0 + bq && x < q.len && !any; x++)
-                for (int64_t y = y0; y < y0 + bk && y < k.len && !any; y++)
-                    any = visible(mask, q, x, k, y);
-            n += any;
-        }
-    return n * units;
+    for (int64_t b = 0; b < s->B; b++)
+        for (int64_t x0 = 0; x0 < q.len; x0 += bq)
+            for (int64_t y0 = 0; y0 < k.len; y0 += bk) {
+                int any = 0;
+                for (int64_t x = x0; x < x0 + bq && x < q.len && !any; x++)
+                    for (int64_t y = y0; y < y0 + bk && y < k.len && !any; y++)
+                        any = ref_rule_allows(s, rr, b, dt_attn_pos(q, x), dt_attn_pos(k, y));
+                n += any;
+            }
+    return n * heads;
 }
 
 /* Whether a record's marks are in order between its start and end: the
@@ -280,7 +338,10 @@ static void run_forward(void **state) {
     double *k = c->huge ? huge_input(nk, 1) : ref_input(c->seed + 1, nk, c->dtype);
     double *v = ref_input(c->seed + 2, nk, c->dtype);
     double *o_ref = malloc((size_t)nq * sizeof *o_ref), *lse_ref = malloc((size_t)(B * H * s->S) * sizeof *lse_ref);
-    ref_attention_forward(s, q, k, v, c->mask == DT_ATTN_CAUSAL, 1.0 / sqrt((double)D), o_ref, lse_ref);
+    attn_ref_rule rr;
+    int64_t *doc_lens, docs_stride;
+    int64_t *const docs = emu_rule(c, &rr, &doc_lens, &docs_stride);
+    ref_attention_forward_rule(s, &rr, q, k, v, 1.0 / sqrt((double)D), o_ref, lse_ref);
     ranks R;
     make_ranks(c, q, k, v, &R);
     const uint64_t mma_before = dt_emu_get_counts().mma;
@@ -324,7 +385,8 @@ static void run_forward(void **state) {
                 .acc_batch_stride = n * H * D, .first = step == 0,
                 .last = step == c->P - 1, .o = ot, .lse = lse, .tuning = {c->kernel, 1, 1, 1},
                 .trace = trace, .trace_len = trace_len, .visits = visits,
-                .visit = (uint32_t)step};
+                .visit = (uint32_t)step, .window = c->window, .docs = docs,
+                .docs_batch_stride = docs_stride};
             memset(trace, 0, (size_t)trace_len * sizeof *trace);
             continuing += !a.first;
             if (!dt_emu_attn_mma_block_ok(&a, why, sizeof why)) {
@@ -340,7 +402,7 @@ static void run_forward(void **state) {
             } else {
                 /* marks: the forward's, but the wgmma kernel's at D = 128 only */
                 bad += check_trace(c->name, trace, (a.qseg.len + bm - 1) / bm * H * B,
-                                   tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H),
+                                   tiles_with_pairs(s, &rr, a.qseg, bm, a.kseg, bn, H),
                                    !wgmma || D == 128);
                 /* every launch leaves the queue clear for the next block's */
                 if (wgmma && (qw[0] || qw[1])) {
@@ -377,10 +439,11 @@ static void run_forward(void **state) {
     const uint64_t dependent_ran = dt_emu_get_counts().dependent - dependent_before;
     free_ranks(c, &R);
     free(q), free(k), free(v), free(o_ref), free(lse_ref), free(ref), free(ref_lse);
-    free(m), free(l), free(acc), free(o), free(lse), free(trace);
+    free(m), free(l), free(acc), free(o), free(lse), free(trace), free(doc_lens);
     cudaFree(ot);
     cudaFree(queue);
     cudaFree(visits);
+    cudaFree(docs);
     assert_int_equal(bad, 0);
     assert_true(mma_ran > 0);
     assert_int_equal(dependent_ran, c->dependent ? continuing : 0);
@@ -407,9 +470,11 @@ static void run_backward(void **state) {
     double *o = malloc((size_t)nq * sizeof *o), *lse_full = malloc((size_t)(B * H * s->S) * sizeof *lse_full);
     double *dq_ref = malloc((size_t)nq * sizeof *dq_ref), *dk_ref = malloc((size_t)nk * sizeof *dk_ref);
     double *dv_ref = malloc((size_t)nk * sizeof *dv_ref);
-    const int causal = c->mask == DT_ATTN_CAUSAL;
-    ref_attention_forward(s, q, k, v, causal, scale, o, lse_full);
-    ref_attention_backward(s, q, k, v, dout, causal, scale, dq_ref, dk_ref, dv_ref);
+    attn_ref_rule rr;
+    int64_t *doc_lens, docs_stride;
+    int64_t *const docs = emu_rule(c, &rr, &doc_lens, &docs_stride);
+    ref_attention_forward_rule(s, &rr, q, k, v, scale, o, lse_full);
+    ref_attention_backward_rule(s, &rr, q, k, v, dout, scale, dq_ref, dk_ref, dv_ref);
     /* delta = rowsum(dout * o) with o as the forward stores it (rounded to
      * the dtype), the way the library's delta kernel computes it */
     double *delta_full = malloc((size_t)(B * H * s->S) * sizeof *delta_full);
@@ -465,7 +530,8 @@ static void run_backward(void **state) {
                 .delta = delta[j], .ml_batch_stride = H * n, .ml_head_stride = n,
                 .dq = dq[j], .dq_batch_stride = n * H * D, .dk = dk[r], .dv = dv[r],
                 .first = j == 0, .continues = j > 0 || r > 0, .tuning = {c->kernel, 1, 1, 1},
-                .trace = trace, .trace_len = trace_len};
+                .trace = trace, .trace_len = trace_len, .window = c->window, .docs = docs,
+                .docs_batch_stride = docs_stride};
             memset(trace, 0, (size_t)trace_len * sizeof *trace);
             continuing += a.continues;
             const int64_t l2 = l2_for(c, (H / G) * a.qseg.len * D * 8);
@@ -481,8 +547,7 @@ static void run_backward(void **state) {
             } else if (!bad) {   /* a tile of keys per CTA, its query tiles its work;
                                   * marks by the wgmma backward only (block.h) */
                 bad += check_trace(c->name, trace, (a.kseg.len + bn - 1) / bn * G * B,
-                                   tiles_with_pairs(c->mask, a.qseg, bm, a.kseg, bn, B * H),
-                                   wgmma);
+                                   tiles_with_pairs(s, &rr, a.qseg, bm, a.kseg, bn, H), wgmma);
             }
         }
     const double tol = 3e-2;
@@ -506,11 +571,237 @@ static void run_backward(void **state) {
     }
     free_ranks(c, &R);
     free(q), free(k), free(v), free(dout), free(o), free(lse_full), free(delta_full);
-    free(dq_ref), free(dk_ref), free(dv_ref), free(tmp), free(ref), free(trace);
+    free(dq_ref), free(dk_ref), free(dv_ref), free(tmp), free(ref), free(trace), free(doc_lens);
+    cudaFree(docs);
     assert_int_equal(bad, 0);
     assert_true(mma_ran > 0);
     assert_int_equal(dependent_ran, c->dependent ? continuing : 0);
     assert_true(wgmma && c->form == DT_ATTN_FORM_LATEST ? bulk_ran > 0 : bulk_ran == 0);
+}
+
+/* Documents and windows run in the kernels' LATEST forms only: a VERIFIED
+ * form refuses a block with a window or with documents (DT_ERR_NOT_SUPPORTED,
+ * no CTA launched), forward and backward, mma.sync and wgmma. */
+static void test_rule_verified_refused(void **state) {
+    (void)state;
+    const int64_t n = 64, D = 64;
+    void *q = NULL, *k = NULL, *v = NULL, *ot = NULL, *queue = NULL;
+    int64_t *docs = NULL;
+    assert_int_equal(cudaMalloc(&q, (size_t)(n * D) * 2), cudaSuccess);
+    assert_int_equal(cudaMalloc(&k, (size_t)(n * D) * 2), cudaSuccess);
+    assert_int_equal(cudaMalloc(&v, (size_t)(n * D) * 2), cudaSuccess);
+    assert_int_equal(cudaMalloc(&ot, (size_t)(n * D) * 2), cudaSuccess);
+    assert_int_equal(cudaMalloc(&queue, DT_ATTN_WGMMA_QUEUE_BYTES), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&docs, (size_t)(2 * n) * sizeof *docs), cudaSuccess);
+    const int64_t lens[2] = {20, 44};
+    dt_docs_bounds(lens, 2, n, 0, docs);
+    float *lse = zeros_f32((size_t)n), *delta = zeros_f32((size_t)n);
+    float *dq = device_zeros_f32((size_t)(n * D)), *dk = zeros_f32((size_t)(n * D));
+    float *dv = zeros_f32((size_t)(n * D));
+    const dt_attn_segment seg = {0, 1, n, 0, 0};
+    for (int which = 0; which < 2; which++) {   /* a window; documents */
+        const int64_t window = which ? 0 : 5;
+        const int64_t *const dd = which ? docs : NULL;
+        dt_attn_block_args f = {
+            .dtype = DT_BF16, .batch = 1, .heads = 1, .kv_heads = 1, .dim = D, .q = q,
+            .q_batch_stride = n * D, .k = k, .v = v, .kv_batch_stride = n * D, .qseg = seg,
+            .kseg = seg, .mask = DT_ATTN_CAUSAL, .scale = 0.125f, .ml_head_stride = n,
+            .first = 1, .last = 1, .o = ot, .lse = lse, .window = window, .docs = dd};
+        dt_attn_block_bwd_args b = {
+            .dtype = DT_BF16, .batch = 1, .heads = 1, .kv_heads = 1, .dim = D, .q = q,
+            .dout = ot, .q_batch_stride = n * D, .k = k, .v = v, .kv_batch_stride = n * D,
+            .qseg = seg, .kseg = seg, .mask = DT_ATTN_CAUSAL, .scale = 0.125f, .lse = lse,
+            .delta = delta, .ml_head_stride = n, .dq = dq, .dq_batch_stride = n * D, .dk = dk,
+            .dv = dv, .first = 1, .window = window, .docs = dd};
+        const uint64_t ctas = dt_emu_get_counts().blocks;
+        assert_int_equal(dt_emu_attn_mma_fwd(NULL, &f, 0, 0, DT_ATTN_FORM_VERIFIED),
+                         DT_ERR_NOT_SUPPORTED);
+        assert_non_null(strstr(dt_last_error(), "LATEST"));
+        assert_int_equal(dt_emu_attn_mma_bwd(NULL, &b, 0, 0, DT_ATTN_FORM_VERIFIED),
+                         DT_ERR_NOT_SUPPORTED);
+        assert_int_equal(dt_emu_attn_wgmma_fwd(NULL, &f, 0, 1, queue, 0, 0, DT_ATTN_FORM_VERIFIED),
+                         DT_ERR_NOT_SUPPORTED);
+        assert_int_equal(dt_emu_attn_wgmma_bwd(NULL, &b, 0, 0, DT_ATTN_FORM_VERIFIED),
+                         DT_ERR_NOT_SUPPORTED);
+        assert_int_equal(dt_emu_get_counts().blocks, ctas);
+    }
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(ot), cudaFree(queue), cudaFree(docs);
+    free(lse), free(delta), free(dk), free(dv);
+    cudaFree(dq);
+}
+
+/* Rows with no allowed key, under documents and a window: one block (a
+ * call's first and last) of queries at positions 0 .. 127 against keys at
+ * 128 .. 255 of a sequence of 256, and the other way round (full mask,
+ * window 40, documents of lengths 110, 1, 145): queries at 0 .. 110 see no
+ * later key (too far, in a document that ends before 128, or alone in
+ * theirs), those at 167 .. 255 no earlier one (too far). Those rows must
+ * end as o = 0, lse = -inf, never NaN; the others as a double-precision
+ * reference of the block; then the backward from the kernel's o and lse:
+ * the keyless rows' dq exactly 0, and dq, dk, dv as the reference. The
+ * instances for non-finite inputs (nonfinite set) give the same bits on
+ * these inputs, forward and backward, and keep a NaN or an Inf in key 64,
+ * which the rule keeps from every query, out of every forward output
+ * (masked by select, by either end of the rows' ranges: a computed tile
+ * may hold it). Each kernel's LATEST
+ * form, bf16, D = 64 and 128, two query heads on one kv head. */
+enum { KL_N = 128, KL_H = 2 };
+
+static int keyless_allows(const int64_t *docs, int64_t pq, int64_t pk) {
+    return (pq - pk < 40 && pk - pq < 40) && docs[2 * pq] <= pk && pk < docs[2 * pq + 1];
+}
+
+static void test_rule_keyless_rows(void **state) {
+    (void)state;
+    if (skipped_under_tsan()) {
+        skip();
+        return;
+    }
+    const int64_t lens[3] = {110, 1, 145};
+    int64_t *docs = NULL;
+    assert_int_equal(cudaMalloc((void **)&docs, 2 * 2 * KL_N * sizeof *docs), cudaSuccess);
+    dt_docs_bounds(lens, 3, 2 * KL_N, 0, docs);
+    long bad = 0;
+    for (int run = 0; run < 8; run++) {   /* mma, wgmma; D = 64, 128; keys after, before */
+        if (getenv("DT_TEST_QUICK") && run & 2) continue;   /* valgrind: D = 64 */
+        const int wgmma = run & 1, after = run < 4;
+        const int64_t D = run & 2 ? 128 : 64, nq = KL_N * KL_H * D, nk = KL_N * D;
+        const dt_attn_segment qseg = {after ? 0 : KL_N, 1, KL_N, 0, 0};
+        const dt_attn_segment kseg = {after ? KL_N : 0, 1, KL_N, 0, 0};
+        const double scale = 1.0 / sqrt((double)D);
+        double *q = ref_input(610 + (uint64_t)run, nq, DT_BF16), *k = ref_input(620, nk, DT_BF16);
+        double *v = ref_input(630, nk, DT_BF16), *dout = ref_input(640, nq, DT_BF16);
+        void *qd = as_dtype(q, (size_t)nq, DT_BF16), *kd = as_dtype(k, (size_t)nk, DT_BF16);
+        void *vd = as_dtype(v, (size_t)nk, DT_BF16), *gd = as_dtype(dout, (size_t)nq, DT_BF16);
+        void *od = NULL, *queue = NULL;
+        assert_int_equal(cudaMalloc(&od, (size_t)nq * 2), cudaSuccess);
+        assert_int_equal(cudaMalloc(&queue, DT_ATTN_WGMMA_QUEUE_BYTES), cudaSuccess);
+        float *lse = zeros_f32(KL_H * KL_N), *o = zeros_f32((size_t)nq);
+        dt_attn_block_args a = {
+            .dtype = DT_BF16, .batch = 1, .heads = KL_H, .kv_heads = 1, .dim = D, .q = qd,
+            .q_batch_stride = nq, .k = kd, .v = vd, .kv_batch_stride = nk, .qseg = qseg,
+            .kseg = kseg, .mask = DT_ATTN_FULL, .scale = (float)scale,
+            .ml_batch_stride = KL_H * KL_N, .ml_head_stride = KL_N, .first = 1, .last = 1,
+            .o = od, .lse = lse, .window = 40, .docs = docs};
+        const dt_attn_form LATEST = DT_ATTN_FORM_LATEST;
+        assert_int_equal(wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, 0, 1, queue, 0, 0, LATEST)
+                               : dt_emu_attn_mma_fwd(NULL, &a, 0, 0, LATEST),
+                         DT_SUCCESS);
+        for (int64_t i = 0; i < nq; i++) o[i] = dt_value_get(od, DT_BF16, (size_t)i);
+        long b0 = bad;
+        /* nonfinite set: the same bits, and key 64's NaN or Inf nowhere */
+        uint16_t *const o_bits = malloc((size_t)nq * 2);
+        float *const lse_bits = malloc(KL_H * KL_N * sizeof *lse_bits);
+        memcpy(o_bits, od, (size_t)nq * 2);   /* emulated device memory is host memory */
+        memcpy(lse_bits, lse, KL_H * KL_N * sizeof *lse);
+        a.nonfinite = 1;
+        for (int poison = 0; poison < 3; poison++) {   /* none, NaN, +Inf in k[64][3] */
+            const float k64 = poison == 1 ? NAN : poison ? INFINITY : (float)k[64 * D + 3];
+            dt_value_set(kd, DT_BF16, (size_t)(64 * D + 3), k64);
+            memset(od, 0xff, (size_t)nq * 2);
+            assert_int_equal(wgmma ? dt_emu_attn_wgmma_fwd(NULL, &a, 0, 1, queue, 0, 0, LATEST)
+                                   : dt_emu_attn_mma_fwd(NULL, &a, 0, 0, LATEST),
+                             DT_SUCCESS);
+            if ((memcmp(od, o_bits, (size_t)nq * 2) ||
+                 memcmp(lse, lse_bits, KL_H * KL_N * sizeof *lse)) && bad++ == b0)
+                print_error("nonfinite forward (k[64][3] %s): not the clean bits\n",
+                            (const char *[]){"clean", "NaN", "+Inf"}[poison]);
+        }
+        dt_value_set(kd, DT_BF16, (size_t)(64 * D + 3), (float)k[64 * D + 3]);
+        memcpy(od, o_bits, (size_t)nq * 2);
+        memcpy(lse, lse_bits, KL_H * KL_N * sizeof *lse);
+        a.nonfinite = 0;
+        /* the block's reference, forward and backward (from o as stored) */
+        double *o_ref = calloc((size_t)nq, sizeof *o_ref);
+        double *lse_ref = malloc(KL_H * KL_N * sizeof *lse_ref);
+        double *dq_ref = calloc((size_t)nq, sizeof *dq_ref);
+        double *dk_ref = calloc((size_t)nk, sizeof *dk_ref);
+        double *dv_ref = calloc((size_t)nk, sizeof *dv_ref), *pr = malloc(KL_N * sizeof *pr);
+        float *delta = zeros_f32(KL_H * KL_N);
+        for (int64_t h = 0; h < KL_H; h++)
+            for (int64_t x = 0; x < KL_N; x++) {
+                const double *qx = q + (x * KL_H + h) * D, *gx = dout + (x * KL_H + h) * D;
+                double mx = -INFINITY, sum = 0, dl = 0;
+                for (int64_t y = 0; y < KL_N; y++) {
+                    pr[y] = -INFINITY;
+                    if (!keyless_allows(docs, qseg.start + x, kseg.start + y)) continue;
+                    double d = 0;
+                    for (int64_t c = 0; c < D; c++) d += qx[c] * k[y * D + c];
+                    mx = fmax(mx, pr[y] = d * scale);
+                }
+                for (int64_t y = 0; y < KL_N; y++)
+                    sum += pr[y] = pr[y] == -INFINITY ? 0 : exp(pr[y] - mx);
+                for (int64_t y = 0; y < KL_N && sum > 0; y++)
+                    for (int64_t c = 0; c < D; c++)
+                        o_ref[(x * KL_H + h) * D + c] += pr[y] / sum * v[y * D + c];
+                lse_ref[h * KL_N + x] = sum > 0 ? mx + log(sum) : -INFINITY;
+                for (int64_t c = 0; c < D; c++) dl += gx[c] * o[(x * KL_H + h) * D + c];
+                delta[h * KL_N + x] = (float)dl;
+                for (int64_t y = 0; y < KL_N && sum > 0; y++) {
+                    const double p = pr[y] / sum;
+                    if (p == 0) continue;
+                    double dp = 0;
+                    for (int64_t c = 0; c < D; c++) dp += gx[c] * v[y * D + c];
+                    const double ds = p * (dp - dl);
+                    for (int64_t c = 0; c < D; c++) {
+                        dv_ref[y * D + c] += p * gx[c];
+                        dq_ref[(x * KL_H + h) * D + c] += scale * ds * k[y * D + c];
+                        dk_ref[y * D + c] += scale * ds * qx[c];
+                    }
+                }
+            }
+        bad += h_compare("keyless o", o, o_ref, (size_t)nq, 2e-2, 2e-2, NULL);
+        bad += h_compare("keyless lse", lse, lse_ref, KL_H * KL_N, 2e-2, 2e-2, NULL);
+        for (int64_t i = 0; i < nq; i++)   /* exactly 0 (h_compare allows 2e-2) */
+            if (o_ref[i] == 0 && o[i] != 0 && bad++ == b0)
+                print_error("keyless o[%lld] = %g, not 0\n", (long long)i, (double)o[i]);
+        float *dq = device_zeros_f32((size_t)nq), *dk = zeros_f32((size_t)nk);
+        float *dv = zeros_f32((size_t)nk);
+        dt_attn_block_bwd_args g = {
+            .dtype = DT_BF16, .batch = 1, .heads = KL_H, .kv_heads = 1, .dim = D, .q = qd,
+            .dout = gd, .q_batch_stride = nq, .k = kd, .v = vd, .kv_batch_stride = nk,
+            .qseg = qseg, .kseg = kseg, .mask = DT_ATTN_FULL, .scale = (float)scale, .lse = lse,
+            .delta = delta, .ml_batch_stride = KL_H * KL_N, .ml_head_stride = KL_N, .dq = dq,
+            .dq_batch_stride = nq, .dk = dk, .dv = dv, .first = 1, .window = 40, .docs = docs};
+        assert_int_equal(wgmma ? dt_emu_attn_wgmma_bwd(NULL, &g, 0, 0, LATEST)
+                               : dt_emu_attn_mma_bwd(NULL, &g, 0, 0, LATEST),
+                         DT_SUCCESS);
+        /* nonfinite set, clean inputs: the same bits */
+        float *dq1 = device_zeros_f32((size_t)nq), *dk1 = zeros_f32((size_t)nk);
+        float *dv1 = zeros_f32((size_t)nk);
+        dt_attn_block_bwd_args g1 = g;
+        g1.nonfinite = 1, g1.dq = dq1, g1.dk = dk1, g1.dv = dv1;
+        assert_int_equal(wgmma ? dt_emu_attn_wgmma_bwd(NULL, &g1, 0, 0, LATEST)
+                               : dt_emu_attn_mma_bwd(NULL, &g1, 0, 0, LATEST),
+                         DT_SUCCESS);
+        if ((memcmp(dq1, dq, (size_t)nq * 4) || memcmp(dk1, dk, (size_t)nk * 4) ||
+             memcmp(dv1, dv, (size_t)nk * 4)) && bad++ == b0)
+            print_error("nonfinite backward: not the clean bits\n");
+        cudaFree(dq1), free(dk1), free(dv1);
+        bad += h_compare("keyless dq", dq, dq_ref, (size_t)nq, 3e-2, 3e-2, NULL);
+        bad += h_compare("keyless dk", dk, dk_ref, (size_t)nk, 3e-2, 3e-2, NULL);
+        bad += h_compare("keyless dv", dv, dv_ref, (size_t)nk, 3e-2, 3e-2, NULL);
+        int64_t keyless = 0;
+        for (int64_t i = 0; i < nq; i++)   /* a row without keys: dq untouched */
+            if (lse_ref[(i / D % KL_H) * KL_N + i / D / KL_H] == -INFINITY) {
+                keyless++;
+                if (dq[i] != 0 && bad++ == b0)
+                    print_error("keyless dq[%lld] = %g, not 0\n", (long long)i, (double)dq[i]);
+            }
+        if (keyless != (after ? 111 : 89) * KL_H * D && bad++ == b0)
+            print_error("%lld keyless values, not %d\n", (long long)keyless,
+                        (after ? 111 : 89) * KL_H * (int)D);
+        if (bad > b0)
+            print_error("%s, D = %lld, keys %s\n", wgmma ? "wgmma" : "mma", (long long)D,
+                        after ? "after" : "before");
+        free(q), free(k), free(v), free(dout), free(lse), free(o), free(o_ref), free(lse_ref);
+        free(dq_ref), free(dk_ref), free(dv_ref), free(pr), free(delta), free(dk), free(dv);
+        free(o_bits), free(lse_bits);
+        cudaFree(qd), cudaFree(kd), cudaFree(vd), cudaFree(gd), cudaFree(od), cudaFree(queue);
+        cudaFree(dq);
+    }
+    cudaFree(docs);
+    assert_int_equal(bad, 0);
 }
 
 /* The backward kernels walk a CTA's query heads and tiles with 32-bit
@@ -2236,6 +2527,17 @@ typedef struct shape_row {
     int huge;
 } shape_row;
 
+/* A case of documents and a window (emu_case's window, docs). */
+typedef struct rule_row {
+    int P;
+    dt_order order;
+    dt_attn_mask mask;
+    attn_shape s;
+    int64_t window;
+    int docs;
+    dt_dtype dtype;
+} rule_row;
+
 int main(void) {
     /* Local lengths that are not multiples of the 64-row tiles, GQA, batch
      * 2, every order, causal and full, both head dims. */
@@ -2273,7 +2575,47 @@ int main(void) {
      * LATEST) */
     enum { PER_FORM = 4 * 2 * NROWS + 3 };   /* + the variants beyond the first (below) */
     static emu_case cases[DT_ATTN_FORM_COUNT * PER_FORM];
-    struct CMUnitTest tests[DT_ATTN_FORM_COUNT * PER_FORM + 5 + 9];
+    /* Documents and windows (attention/mask.h's rule), the LATEST forms
+     * alone (the VERIFIED ones refuse them: rule/verified-refuses): every
+     * order over P = 1 .. 4, causal and full, documents of random lengths
+     * (emu_doc_lengths: one of length 1, one longer than a shard) in one
+     * list (docs=shared) or one per batch row (docs=per-row), windows
+     * shorter and longer than a shard (S / P rows), GQA, both dtypes and
+     * head dims, lengths that are not multiples of the tiles. */
+    static const rule_row rule_rows_mma[] = {
+        {1, DT_ORDER_CONTIGUOUS, DT_ATTN_CAUSAL, {1, 320, 2, 1, 64}, 0, 1, DT_BF16},
+        {2, DT_ORDER_STRIPED, DT_ATTN_CAUSAL, {2, 256, 4, 2, 128}, 9, 2, DT_F16},
+        {3, DT_ORDER_ZIGZAG, DT_ATTN_CAUSAL, {1, 384, 2, 1, 64}, 200, 0, DT_BF16},
+        {4, DT_ORDER_CONTIGUOUS, DT_ATTN_FULL, {2, 256, 2, 1, 128}, 100, 2, DT_BF16},
+        {4, DT_ORDER_ZIGZAG, DT_ATTN_FULL, {2, 384, 4, 1, 64}, 20, 1, DT_F16},
+        {3, DT_ORDER_STRIPED, DT_ATTN_FULL, {1, 300, 4, 1, 64}, 7, 0, DT_BF16},
+        {2, DT_ORDER_ZIGZAG, DT_ATTN_CAUSAL, {2, 264, 2, 2, 128}, 200, 2, DT_F16},
+        {1, DT_ORDER_CONTIGUOUS, DT_ATTN_FULL, {1, 200, 2, 1, 128}, 30, 1, DT_BF16},
+        /* zigzag chunks of 96 rows: a tile of 64 across the jump pairs with
+         * rows near both of its ends, and a whole tile between them with
+         * none (several runs of tiles: common.cuh) */
+        {2, DT_ORDER_ZIGZAG, DT_ATTN_FULL, {1, 384, 2, 1, 64}, 20, 0, DT_BF16},
+        {2, DT_ORDER_ZIGZAG, DT_ATTN_FULL, {2, 384, 4, 2, 128}, 0, 2, DT_F16},
+    };
+    /* The same for the wgmma kernels' tiles (forward 128 x 128, backward
+     * 128 keys x 8192 / D queries): several tiles a block, and the jumps of
+     * zigzag chunks of 192 rows inside a tile. */
+    static const rule_row rule_rows_wg[] = {
+        {1, DT_ORDER_CONTIGUOUS, DT_ATTN_CAUSAL, {1, 400, 2, 1, 64}, 0, 1, DT_BF16},
+        {2, DT_ORDER_STRIPED, DT_ATTN_CAUSAL, {2, 512, 4, 2, 128}, 9, 2, DT_F16},
+        {3, DT_ORDER_ZIGZAG, DT_ATTN_CAUSAL, {1, 768, 2, 1, 64}, 300, 0, DT_BF16},
+        {4, DT_ORDER_CONTIGUOUS, DT_ATTN_FULL, {2, 512, 2, 1, 128}, 200, 2, DT_BF16},
+        {4, DT_ORDER_ZIGZAG, DT_ATTN_FULL, {2, 512, 4, 1, 64}, 20, 1, DT_F16},
+        {3, DT_ORDER_STRIPED, DT_ATTN_FULL, {1, 390, 4, 1, 128}, 7, 0, DT_BF16},
+        {2, DT_ORDER_ZIGZAG, DT_ATTN_CAUSAL, {2, 520, 2, 2, 128}, 300, 2, DT_F16},
+        {1, DT_ORDER_CONTIGUOUS, DT_ATTN_FULL, {1, 300, 2, 1, 128}, 30, 1, DT_BF16},
+        {2, DT_ORDER_ZIGZAG, DT_ATTN_FULL, {1, 768, 2, 1, 64}, 20, 0, DT_BF16},
+        {2, DT_ORDER_ZIGZAG, DT_ATTN_FULL, {2, 768, 4, 2, 128}, 0, 2, DT_F16},
+    };
+    enum { NRULE = sizeof rule_rows_mma / sizeof rule_rows_mma[0] };
+    _Static_assert(sizeof rule_rows_wg == sizeof rule_rows_mma, "one wgmma row per mma row");
+    static emu_case rule_cases[4 * NRULE];
+    struct CMUnitTest tests[DT_ATTN_FORM_COUNT * PER_FORM + 4 * NRULE + 7 + 9];
     const int quick = getenv("DT_TEST_QUICK") != NULL;
     size_t nt = 0;
     for (int form = 0; form < DT_ATTN_FORM_COUNT; form++)
@@ -2326,7 +2668,40 @@ int main(void) {
                     tests[nt] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL, NULL, c};
                     nt++;
                 }
+    /* dir as above */
+    for (int dir = 0; dir < 4; dir++)
+        for (int i = 0; i < NRULE; i++) {
+            if (quick && i) continue;   /* valgrind: one case per direction */
+            const rule_row *row = dir >= 2 ? &rule_rows_wg[i] : &rule_rows_mma[i];
+            emu_case *c = &rule_cases[dir * NRULE + i];
+            *c = (emu_case){.s = row->s, .P = row->P, .order = row->order, .mask = row->mask,
+                            .dtype = row->dtype, .seed = 9000 + 10 * (uint64_t)i,
+                            .kernel = dir >= 2 ? DT_ATTN_KERNEL_WGMMA : DT_ATTN_KERNEL_MMA,
+                            .l2 = 50 << 20, .sections = i == 1 ? 3 : 0,
+                            .form = DT_ATTN_FORM_LATEST, .window = row->window, .docs = row->docs};
+            /* dependent launches on half the rows, the forward's rows' waits
+             * on two; the wgmma forward offered the persistent launch (which
+             * a ruled block does not take: a CTA per tile) on some */
+            c->dependent = i % 2 == 0 ? 0 : dir % 2 == 0 && (i == 1 || i == 5) ? 2 : 1;
+            c->sms = dir == 2 && i % 3 == 0;
+            snprintf(c->name, sizeof c->name,
+                     "%s/%s/P=%d,B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,window=%lld,docs=%s,%s%s,%s",
+                     (const char *[]){"forward-rule", "backward-rule", "forward-wgmma-rule",
+                                      "backward-wgmma-rule"}[dir],
+                     dt_order_name(c->order), c->P,
+                     (long long)c->s.B, (long long)c->s.S, (long long)c->s.H, (long long)c->s.Hkv,
+                     (long long)c->s.D, dt_attn_mask_name(c->mask), (long long)c->window,
+                     (const char *[]){"none", "shared", "per-row"}[c->docs], dt_dtype_name(c->dtype),
+                     c->dependent == 2 ? ",dependent,rows" : c->dependent ? ",dependent" : "",
+                     dt_attn_form_name(c->form));
+            tests[nt++] = (struct CMUnitTest){c->name, dir % 2 ? run_backward : run_forward, NULL,
+                                              NULL, c};
+        }
 #ifndef DT_EMU_NO_CXX
+    tests[nt++] = (struct CMUnitTest){"rule/verified-refuses", test_rule_verified_refused, NULL,
+                                      NULL, NULL};
+    tests[nt++] = (struct CMUnitTest){"rule/keyless-rows/latest", test_rule_keyless_rows, NULL,
+                                      NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"backward/block-ok/walk-within-2^31", test_bwd_walk_bound,
                                       NULL, NULL, NULL};
     tests[nt++] = (struct CMUnitTest){"block-ok/key-span-within-2^32", test_key_span_bound, NULL,

@@ -530,18 +530,27 @@ int kernel_runs(dt_attn_cuda_kernel k, int cc, dt_dtype dtype, int64_t dim, int6
     return kv_slots <= 1 || dt_attn_wgmma_slots_ok(why, why_size);
 }
 
-/* Documents and windows: the simple kernels' LATEST form alone takes them
- * (rule kernels above), and only when asked for by name, since no GPU has
- * run it yet. 1 and *path if choice k runs a ruled block, else 0 and why. */
-int ruled_path(dt_attn_kernel_choice k, dt_attn_cuda_path *path, char *why, size_t why_size) {
-    if (k == DT_ATTN_KERNEL_SIMPLE_LATEST) {
+/* Documents and windows: the kernels' LATEST forms alone take them (the
+ * rule kernels above, mma_*.cu's and wgmma_*.cu's), and only when asked
+ * for by name, since no GPU has run them yet. 1 and *path if choice k runs
+ * a ruled block of this dtype, head dim and alignment (aligned: the
+ * tensor-core kernels' block check; kv_slots: the forward's), else 0 and
+ * why. A block without keys or queries takes the simple rule kernels. */
+int ruled_path(int cc, dt_attn_kernel_choice k, dt_dtype dtype, int64_t dim, int aligned,
+               int backward, int64_t kv_slots, bool simple_only, dt_attn_cuda_path *path,
+               char *why, size_t why_size) {
+    if (k == DT_ATTN_KERNEL_SIMPLE_LATEST ||
+        (simple_only && (k == DT_ATTN_KERNEL_MMA_LATEST || k == DT_ATTN_KERNEL_WGMMA_LATEST))) {
         *path = dt_attn_cuda_path{DT_ATTN_CUDA_SIMPLE, DT_ATTN_FORM_LATEST};
         return 1;
     }
+    if (k == DT_ATTN_KERNEL_MMA_LATEST || k == DT_ATTN_KERNEL_WGMMA_LATEST)
+        return dt_attn_cuda_path_of(k, cc, dtype, dim, aligned, backward, kv_slots, path, why,
+                                    why_size);
     if (why && why_size)
-        snprintf(why, why_size, "documents and windows run only in the LATEST simple kernel, "
-                 "which no GPU has passed yet: set DT_ATTN_KERNEL=simple-latest (or "
-                 "dt_attention_tuning.kernel)");
+        snprintf(why, why_size, "documents and windows run only in the kernels' LATEST forms, "
+                 "which no GPU has passed yet: set DT_ATTN_KERNEL=simple-latest, mma-latest or "
+                 "wgmma-latest (or dt_attention_tuning.kernel)");
     return 0;
 }
 
@@ -566,13 +575,14 @@ bool no_pairs(dt_attn_mask mask, int64_t window, dt_attn_segment q, dt_attn_segm
  * simple-latest (ruled_path). */
 dt_status kernel_check(dt_backend *be, dt_dtype dtype, int64_t dim, dt_attn_kernel_choice want,
                        int ruled, char *why, size_t why_size) {
-    if (ruled) {
-        dt_attn_cuda_path path;
-        return ruled_path(want, &path, why, why_size) ? DT_SUCCESS : DT_ERR_NOT_SUPPORTED;
-    }
+    const int cc = dt_backend_cuda_compute_capability(be);
     dt_attn_cuda_path path;
-    return dt_attn_cuda_path_of(want, dt_backend_cuda_compute_capability(be), dtype, dim, 1, 0, 0,
-                                &path, why, why_size)
+    if (ruled)   /* both passes */
+        return ruled_path(cc, want, dtype, dim, 1, 0, 0, false, &path, why, why_size) &&
+                       ruled_path(cc, want, dtype, dim, 1, 1, 0, false, &path, why, why_size)
+                   ? DT_SUCCESS
+                   : DT_ERR_NOT_SUPPORTED;
+    return dt_attn_cuda_path_of(want, cc, dtype, dim, 1, 0, 0, &path, why, why_size)
                ? DT_SUCCESS
                : DT_ERR_NOT_SUPPORTED;
 }
@@ -606,7 +616,10 @@ dt_attn_form form_of(dt_attn_kernel_choice k) {
  * tensor map of 0 rows cannot even be made. A ruled block: ruled_path. */
 int fwd_path_of(dt_backend *be, const dt_attn_block_args *a, dt_attn_cuda_path *path, char *why,
                 size_t why_size) {
-    if (block_ruled(a)) return ruled_path(a->tuning.kernel, path, why, why_size);
+    if (block_ruled(a))
+        return ruled_path(dt_backend_cuda_compute_capability(be), a->tuning.kernel, a->dtype,
+                          a->dim, dt_attn_mma_block_ok(a, why, why_size), 0, a->kv_slots,
+                          a->kseg.len == 0, path, why, why_size);
     *path = dt_attn_cuda_path{DT_ATTN_CUDA_SIMPLE, form_of(a->tuning.kernel)};
     if (a->tuning.kernel == DT_ATTN_KERNEL_SIMPLE || a->kseg.len == 0) return 1;
     return path_of(be, a->tuning.kernel, a->dtype, a->dim, dt_attn_mma_block_ok(a, why, why_size),
@@ -709,16 +722,15 @@ dt_status bwd(dt_backend *be, const dt_attn_block_bwd_args *a, void *scratch) {
     if (!a->first && no_pairs(a->mask, a->window, a->qseg, a->kseg)) return DT_SUCCESS;
     const bool no_query = a->qseg.len == 0, ruled = block_ruled(a);
     dt_attn_cuda_path path = {DT_ATTN_CUDA_SIMPLE, form_of(a->tuning.kernel)};
-    if (ruled) {   /* the simple kernels' LATEST form, or refused */
+    if (ruled || !no_query) {   /* a ruled block: a LATEST form (ruled_path), or refused */
         char why[256] = "";
-        if (!ruled_path(a->tuning.kernel, &path, why, sizeof why))
-            return dt_error(DT_ERR_NOT_SUPPORTED,
-                            "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=%s: %s", be->rank,
-                            dt_attn_kernel_choice_name(a->tuning.kernel), why);
-    } else if (!no_query) {
-        char why[256] = "";
-        if (!path_of(be, a->tuning.kernel, a->dtype, a->dim, dt_attn_mma_bwd_block_ok(a, why, sizeof why),
-                     1, 0, &path, why, sizeof why))
+        const int aligned = no_query || dt_attn_mma_bwd_block_ok(a, why, sizeof why);
+        const int ok = ruled ? ruled_path(dt_backend_cuda_compute_capability(be), a->tuning.kernel,
+                                          a->dtype, a->dim, aligned, 1, 0, no_query, &path, why,
+                                          sizeof why)
+                             : path_of(be, a->tuning.kernel, a->dtype, a->dim, aligned, 1, 0, &path,
+                                       why, sizeof why);
+        if (!ok)
             return dt_error(DT_ERR_NOT_SUPPORTED,
                             "rank %d: attention (cuda): backward: DT_ATTN_KERNEL=%s: %s", be->rank,
                             dt_attn_kernel_choice_name(a->tuning.kernel), why);

@@ -27,6 +27,21 @@
 #include "mma_layout.h"
 #include "ptx.cuh"
 
+namespace {
+
+/* Documents and windows (below): a CTA's rows' ranges and their runs of
+ * tiles, in shared memory past the kernel's tiles (the host sizes it):
+ * lo[i], hi[i] the range of the tile's row i (empty past the segment);
+ * runs k < n of tile indices [s[k], e[k]). */
+template <int ROWS>
+struct rule_runs {
+    int32_t lo[ROWS], hi[ROWS];
+    int32_t s[ROWS], e[ROWS];
+    int32_t n;
+};
+
+}  // namespace
+
 #ifndef DT_MMA_STUB
 namespace {
 
@@ -464,16 +479,19 @@ enum softmax_exp { SFU, SFU_PACKED, EXP2F };
  * In: s = raw Q K^T. Out: s = P (fp32), and with SFU_PACKED also pa[NT /
  * 2] = P rounded to T as p_fragment makes it; m, l updated, o rescaled by
  * alpha. MASKED: keys y >= lim[half] of the row become -inf (key0 is the
- * tile's first key). Exponentials are 2^((x - m) log2(e)), m in natural-
- * log units (mma_fwd.cu says why). NF (block.h's nonfinite): an allowed
- * score of +-inf becomes NaN (x + 0 x, before the mask's select) and the
- * row maxima keep a NaN (max_nan), so that a NaN row max makes every
- * exponent of the row, alpha, l and o NaN. */
-template <bool MASKED, int NT, int D, softmax_exp EXP = SFU, typename T = float, bool NF = false>
+ * tile's first key); RANGED (documents and windows, LATEST forms only:
+ * rule_rows below) also keys y < lim_lo[half]. Exponentials are 2^((x -
+ * m) log2(e)), m in natural-log units (mma_fwd.cu says why). NF (block.h's
+ * nonfinite): an allowed score of +-inf becomes NaN (x + 0 x, before the
+ * mask's select) and the row maxima keep a NaN (max_nan), so that a NaN row
+ * max makes every exponent of the row, alpha, l and o NaN. */
+template <bool MASKED, int NT, int D, softmax_exp EXP = SFU, typename T = float, bool NF = false,
+          bool RANGED = false>
 __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2],
                                                float (&o)[D / 8][4], const int (&lim)[2],
                                                int key0, int lane, float scale,
-                                               uint32_t (*pa)[4] = nullptr) {
+                                               uint32_t (*pa)[4] = nullptr,
+                                               const int *lim_lo = nullptr) {
     const auto ex2 = [](float x) { return EXP == EXP2F ? exp2f(x) : exp2_ftz(x); };
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -484,6 +502,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2],
             float v = s[j][i] * scale;
             if constexpr (NF) v += 0.0f * v;
             if (MASKED && key0 + 8 * j + dt_mma_c_col(lane, i) >= lim[half]) v = -INFINITY;
+            if constexpr (RANGED)
+                if (MASKED && key0 + 8 * j + dt_mma_c_col(lane, i) < lim_lo[half]) v = -INFINITY;
             s[j][i] = v;
             if constexpr (NF) mx[half] = max_nan(mx[half], v);
             else mx[half] = fmaxf(mx[half], v);
@@ -662,6 +682,85 @@ __device__ __forceinline__ void zero_dk_dv(float *dkg, float *dvg, int64_t rs, i
     }
 }
 
+/* ---------------------------------------------- documents and windows
+ *
+ * mask.h's rule beyond the mask (block.h's docs, window) runs in the
+ * LATEST forms only, in kernels of their own (each file's rule kernel),
+ * so that no other instance's code changes; block_cpu.c is the design.
+ * Each row of a CTA's tile (the forward's queries, the backward's keys)
+ * pairs with one range [lo, hi) of rows of the other segment
+ * (dt_attn_rule_rows), whose ends never decrease with the row. So the
+ * tiles of the other segment that hold a pair are the rows' ranges cut
+ * into tiles: a few runs of consecutive tiles (more than one only where a
+ * short document, a window or a zigzag jump leaves a gap), and a CTA
+ * visits exactly those. A tile inside [lo of the last row with a range,
+ * hi of the first) pairs every row with every one of its rows (full: no
+ * mask); the others are masked per element by each row's own range.
+ * Rows without a pair keep m = -inf, l = 0 (o = 0, lse = -inf). */
+
+/* Thread 0, once every lo and hi is written (a __syncthreads before it,
+ * and one after before the others read the runs): the runs of tiles of
+ * `tile` rows that hold a row of some range, merged where they meet (the
+ * ranges' starts grow with the row: the runs come sorted). */
+template <int ROWS>
+__device__ __forceinline__ void rule_runs_build(rule_runs<ROWS> &r, int tile) {
+    if (threadIdx.x != 0) return;
+    int n = 0;
+    for (int i = 0; i < ROWS; i++) {
+        const int lo = r.lo[i], hi = r.hi[i];
+        if (lo >= hi) continue;
+        const int s = lo / tile, e = (hi - 1) / tile + 1;
+        if (n > 0 && s <= r.e[n - 1]) {
+            if (e > r.e[n - 1]) r.e[n - 1] = e;
+        } else {
+            r.s[n] = s;
+            r.e[n] = e;
+            n++;
+        }
+    }
+    r.n = n;
+}
+
+/* The runs' first tile, -1 if none (*k: its run). */
+template <int ROWS>
+__device__ __forceinline__ int rule_first(const rule_runs<ROWS> &r, int &k) {
+    k = 0;
+    return r.n > 0 ? r.s[0] : -1;
+}
+
+/* The tile after tile t of run *k (*k follows it), -1 after the last. */
+template <int ROWS>
+__device__ __forceinline__ int rule_next(const rule_runs<ROWS> &r, int &k, int t) {
+    if (t + 1 < r.e[k]) return t + 1;
+    return ++k < r.n ? r.s[k] : -1;
+}
+
+/* The runs' count of tiles, and their k-th tile (k below that count). */
+template <int ROWS>
+__device__ __forceinline__ int rule_tile_count(const rule_runs<ROWS> &r) {
+    int n = 0;
+    for (int i = 0; i < r.n; i++) n += r.e[i] - r.s[i];
+    return n;
+}
+template <int ROWS>
+__device__ __forceinline__ int rule_tile_at(const rule_runs<ROWS> &r, int k) {
+    int i = 0;
+    while (k >= r.e[i] - r.s[i]) k -= r.e[i] - r.s[i], i++;
+    return r.s[i] + k;
+}
+
+/* mask.h's dt_attn_rule_rows, its divisions by multiplication: the rows
+ * [lo, hi) of the segment of k within rule r's span of position p (keys:
+ * as there). k must count the rows up to any position (made with a causal
+ * mask: dt_mma_rule_grid makes the ruled launches' so). */
+__device__ __forceinline__ void rule_rows(const dt_attn_rule &r, int keys, int64_t p,
+                                          const dt_mma_keys &k, int &lo, int &hi) {
+    int64_t a, b;
+    dt_attn_rule_span(r, keys, p, &a, &b);
+    lo = dt_mma_keys_upto(&k, a - 1);
+    hi = a > b ? lo : dt_mma_keys_upto(&k, b);
+}
+
 /* ------------------------------------------------------------ tile copies */
 
 /* Issue the copies of rows [row0, row0 + ROWS) of a row-major matrix (row r
@@ -744,6 +843,18 @@ dt_status dt_mma_launch(void (*kernel)(P...), dim3 grid, int threads, size_t sme
     return DT_SUCCESS;
 }
 
+/* Host: a block with documents or a window (block.h), which only the
+ * LATEST forms' rule kernels run; a VERIFIED form refuses it (what: the
+ * kernel and pass, for the message). */
+template <typename A>
+inline bool dt_mma_ruled(const A &a) {
+    return a.docs != nullptr || a.window > 0;
+}
+inline dt_status dt_mma_refuse_ruled(const char *what) {
+    return dt_error(DT_ERR_NOT_SUPPORTED, "attention (cuda %s): documents and windows run only "
+                    "in the kernel's LATEST form", what);
+}
+
 /* Host: the launch's dt_mma_grid for a forward block of query tiles of bm
  * rows (units: the query heads, which re-read their kv head's K and V,
  * shared by the GQA group) and for a backward block of key tiles of
@@ -771,6 +882,12 @@ inline dt_mma_grid dt_mma_bwd_grid(const dt_attn_block_bwd_args &a, int64_t l2_b
     g.group = dt_udiv_of((uint32_t)group);
     g.keys = dt_mma_keys_of(a.mask, a.kseg);
     return g;
+}
+
+/* Host: a ruled launch's grid g (either pass): its keys count the key
+ * rows up to any position, whatever the mask (rule_rows). */
+inline void dt_mma_rule_grid(dt_mma_grid &g, dt_attn_segment kseg) {
+    g.keys = dt_mma_keys_of(DT_ATTN_CAUSAL, kseg);
 }
 
 }  // namespace

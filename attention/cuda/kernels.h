@@ -125,8 +125,10 @@ int dt_attn_mma_bwd_block_ok(const dt_attn_block_bwd_args *a, char *why, size_t 
  * one finishes and waits for it only before its rows' merge
  * (wgmma_fwd.cu says more), or with a->visits only for its rows'
  * counts (block.h). form: which of the kernel's forms runs
- * (dt_attn_form). Returns DT_ERR_BACKEND with CUDA's message if the
- * launch fails. */
+ * (dt_attn_form); a block with documents or a window (block.h's docs,
+ * window) runs in the LATEST form only, the VERIFIED one returning
+ * DT_ERR_NOT_SUPPORTED before it launches (the same in the three kernels
+ * below). Returns DT_ERR_BACKEND with CUDA's message if the launch fails. */
 dt_status dt_attn_mma_fwd(void *stream, const dt_attn_block_args *a, int64_t l2_bytes,
                           int dependent, dt_attn_form form);
 

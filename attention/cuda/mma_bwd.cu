@@ -73,6 +73,16 @@
  * dq is not written at all). Masked elements are set to P = 0 after the
  * exp, so an overflowing exp there never reaches a product.
  *
+ * Documents and windows (block.h's docs, window: mask.h's whole rule), in
+ * the LATEST form only, run in a kernel of their own (bwd_mma_rule_kernel;
+ * the VERIFIED form's launch refuses such a block with
+ * DT_ERR_NOT_SUPPORTED): a key's queries are one range of query rows
+ * (dt_attn_rule_rows with keys = 0), made once per key; per head the CTA
+ * walks exactly the query tiles some key's range reaches (common.cuh's
+ * rule_runs), a tile inside every key's range unmasked when the key tile is
+ * whole, the others masked by both ends of each query row's range of key
+ * rows. Test: tests/test_mma_emu.c, backward-rule/... cases.
+ *
  * Shared memory (dynamic, (2 BN + 4 BM) D + 2 BM BN 16-bit elements: 96 KiB
  * at D = 64, 160 KiB at D = 128): [K][V] of [128][D], [Q stage 0][Q stage 1]
  * [dO stage 0][dO stage 1] of [64][D], then [P][dS] of [64][128], with the
@@ -196,15 +206,16 @@ __device__ __forceinline__ void warp_abt(float (&s)[NT][4], const T *sa, const T
 
 /* In: s = Q K^T, dp = dO V^T of the warp's rows. Out: s = P, dp = dS (fp32).
  * lse[half] is +inf for a row that must contribute nothing. MASKED: keys
- * y >= lim[half] of the row give P = 0 (key0: the warp's first key). F: the
- * kernel's form (its exponentials). NF (block.h's nonfinite): a score of
- * +-inf becomes NaN (x + 0 x), and a row with lse = +inf gets P = 0 by a
- * select, whatever its scores hold. */
-template <bool MASKED, dt_attn_form F, bool NF>
+ * y >= lim[half] of the row give P = 0 (key0: the warp's first key);
+ * RANGED (documents and windows: bwd_mma_rule_kernel) also keys y <
+ * lim_lo[half]. F: the kernel's form (its exponentials). NF (block.h's
+ * nonfinite): a score of +-inf becomes NaN (x + 0 x), and a row with lse =
+ * +inf gets P = 0 by a select, whatever its scores hold. */
+template <bool MASKED, dt_attn_form F, bool NF, bool RANGED = false>
 __device__ __forceinline__ void probabilities(float (&s)[NT][4], float (&dp)[NT][4],
                                               const float (&lse)[2], const float (&delta)[2],
                                               const int64_t (&lim)[2], int64_t key0, int lane,
-                                              float scale) {
+                                              float scale, const int64_t *lim_lo = nullptr) {
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -219,6 +230,8 @@ __device__ __forceinline__ void probabilities(float (&s)[NT][4], float (&dp)[NT]
                 p = exp2_of<F>((s[j][i] * scale - lse[half]) * LOG2E);   /* 0 when lse = +inf */
             }
             if (MASKED && key0 + 8 * j + dt_mma_c_col(lane, i) >= lim[half]) p = 0.0f;
+            if constexpr (RANGED)
+                if (MASKED && key0 + 8 * j + dt_mma_c_col(lane, i) < lim_lo[half]) p = 0.0f;
             s[j][i] = p;
             dp[j][i] = p * (dp[j][i] - delta[half]);
         }
@@ -425,10 +438,170 @@ __global__ void __launch_bounds__(THREADS, 1) bwd_mma_kernel(const dt_attn_block
 #endif
 }
 
+/* The LATEST form with documents or a window (block.h's docs, window;
+ * common.cuh, "documents and windows"): bwd_mma_kernel's grid, block,
+ * phases and pipeline, plus a rule_runs<BN> past its tiles in dynamic
+ * shared memory. Each key's range of query rows (keys = 0) is made once;
+ * the CTA walks its group's heads and, per head, the query tiles of their
+ * runs, a tile inside [lo of the last key, hi of the first) without a mask
+ * when the key tile is whole, the others masked by both ends of each query
+ * row's range of key rows. NF as bwd_mma_kernel's. */
+template <typename T, int D, bool NF>
+__global__ void __launch_bounds__(THREADS, 1) bwd_mma_rule_kernel(const dt_attn_block_bwd_args a,
+                                                                  const dt_mma_grid grid) {
+#ifdef DT_MMA_STUB
+    (void)a;
+    (void)grid;
+    __trap();
+#else
+    constexpr dt_attn_form F = DT_ATTN_FORM_LATEST;
+    cta_trace(a, 0);
+    grid_dep_launch();
+    DT_DYNAMIC_SMEM(unsigned char, smem);
+    rule_runs<BN> &runs = *reinterpret_cast<rule_runs<BN> *>(ds_tile<T, D>(smem) + BM * BN);
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int rg = dt_mma_bwd_rows(warp), hf = dt_mma_bwd_half(warp);
+    const int64_t H = a.heads, G = a.kv_heads;
+    const int64_t nq = a.qseg.len, nk = a.kseg.len;
+    uint32_t rank, unit;   /* bwd_cta_of's key tile, batch and kv head */
+    dt_mma_order_at(&grid.order, blockIdx.x, &rank, &unit);
+    const int64_t b = dt_udiv_q(unit, grid.heads), g = dt_udiv_r(unit, grid.heads);
+    const int64_t y0 = (int64_t)rank * BN;
+    const int group = (int)grid.group.d;
+    const dt_attn_rule rule = dt_attn_block_bwd_rule(&a, b);
+
+    /* Each key's range of query rows, then their runs of query tiles. */
+    if ((int)threadIdx.x < BN) {
+        const int64_t y = y0 + threadIdx.x;
+        int64_t lo = 0, hi = 0;
+        if (y < nk) dt_attn_rule_rows(rule, 0, dt_attn_pos(a.kseg, y), a.qseg, &lo, &hi);
+        runs.lo[threadIdx.x] = (int32_t)lo;
+        runs.hi[threadIdx.x] = (int32_t)hi;
+    }
+    __syncthreads();
+    rule_runs_build(runs, BM);
+    __syncthreads();
+    const bool whole = y0 + BN <= nk;
+    /* every key pairs with every query row of [flo, fhi) */
+    const int flo = runs.lo[(whole ? BN : nk - y0) - 1], fhi = runs.hi[0];
+    /* iteration it: head g group + it / per_head, the it % per_head-th
+     * query tile of the runs */
+    const int per_head = rule_tile_count(runs), n_iter = group * per_head;
+    if (n_iter == 0) {   /* no query attends these keys: dk, dv unchanged, or 0 */
+        if (a.first)
+            zero_dk_dv<D>(a.dk + b * a.kv_batch_stride + g * D,
+                          a.dv + b * a.kv_batch_stride + g * D, G * D, y0, nk);
+        grid_dep_wait();
+        return cta_trace(a, 1);
+    }
+
+    const T *kg = static_cast<const T *>(a.k) + b * a.kv_batch_stride + g * D;
+    const T *vg = static_cast<const T *>(a.v) + b * a.kv_batch_stride + g * D;
+    const T *qb = static_cast<const T *>(a.q) + b * a.q_batch_stride;
+    const T *dob = static_cast<const T *>(a.dout) + b * a.q_batch_stride;
+
+    /* Group 0: K, V and the first (head, query tile)'s Q, dO. */
+    load_tile<T, D, BN, THREADS>(k_tile<T, D>(smem), kg, G * D, y0, nk);
+    load_tile<T, D, BN, THREADS>(v_tile<T, D>(smem), vg, G * D, y0, nk);
+    load_tile<T, D, BM, THREADS>(q_stage<T, D>(smem, 0), qb + g * group * D, H * D,
+                                 (int64_t)runs.s[0] * BM, nq);
+    load_tile<T, D, BM, THREADS>(do_stage<T, D>(smem, 0), dob + g * group * D, H * D,
+                                 (int64_t)runs.s[0] * BM, nq);
+    cp_async_commit();
+
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) dk[j][i] = dv[j][i] = 0.0f;
+
+    for (int it = 0; it < n_iter; it++) {
+        const int stage = it & 1;
+        if (it + 1 < n_iter) {
+            const int64_t h = g * group + (it + 1) / per_head;
+            const int64_t x0 = (int64_t)rule_tile_at(runs, (it + 1) % per_head) * BM;
+            load_tile<T, D, BM, THREADS>(q_stage<T, D>(smem, stage ^ 1), qb + h * D, H * D, x0, nq);
+            load_tile<T, D, BM, THREADS>(do_stage<T, D>(smem, stage ^ 1), dob + h * D, H * D, x0,
+                                         nq);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+
+        const int qt = rule_tile_at(runs, it % per_head);
+        const int64_t h = g * group + it / per_head, x0 = (int64_t)qt * BM;
+        const float *lseg = a.lse + b * a.ml_batch_stride + h * a.ml_head_stride;
+        const float *deltag = a.delta + b * a.ml_batch_stride + h * a.ml_head_stride;
+        int64_t row[2], lim[2], lim_lo[2];
+        bool live[2];
+        float lse[2], delta[2];
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            row[half] = x0 + 16 * rg + dt_mma_c_row(lane, 2 * half);
+            live[half] = row[half] < nq;
+            const float l = live[half] ? lseg[row[half]] : -INFINITY;
+            lse[half] = l == -INFINITY ? INFINITY : l;   /* P = 0 on the whole row */
+            delta[half] = live[half] ? deltag[row[half]] : 0.0f;
+            lim[half] = lim_lo[half] = 0;
+        }
+        const bool masked = !(whole && qt * BM >= flo && (qt + 1) * BM <= fhi);
+        if (masked) {
+#pragma unroll
+            for (int half = 0; half < 2; half++)
+                if (live[half]) {
+                    int lo, hi;
+                    rule_rows(rule, 1, dt_attn_pos(a.qseg, row[half]), grid.keys, lo, hi);
+                    lim_lo[half] = lo;
+                    lim[half] = hi;
+                }
+        }
+        __syncthreads();   /* every thread's copies of this iteration are visible to all */
+
+        const T *sq = q_stage<T, D>(smem, stage), *sdo = do_stage<T, D>(smem, stage);
+        {   /* phase 1: the warp's 16 rows x 64 keys */
+            float s[NT][4], dp[NT][4];
+            warp_abt<T, D>(s, sq, k_tile<T, D>(smem) + 64 * hf * D, rg, lane);
+            warp_abt<T, D>(dp, sdo, v_tile<T, D>(smem) + 64 * hf * D, rg, lane);
+            if (masked)
+                probabilities<true, F, NF, true>(s, dp, lse, delta, lim, y0 + 64 * hf, lane,
+                                                 a.scale, lim_lo);
+            else
+                probabilities<false, F, NF>(s, dp, lse, delta, lim, y0 + 64 * hf, lane, a.scale);
+            store_p_ds<T>(p_tile<T, D>(smem), ds_tile<T, D>(smem), s, dp, warp, lane);
+        }
+        __syncthreads();   /* the P and dS tiles are complete */
+
+        warp_dkdv<T, D>(dk, dv, p_tile<T, D>(smem), ds_tile<T, D>(smem), sq, sdo, warp, lane);
+        warp_dq<T, D>(a.dq + b * a.dq_batch_stride + h * D, H * D, ds_tile<T, D>(smem),
+                      k_tile<T, D>(smem), rg, hf, row, live, lane, a.scale);
+        __syncthreads();   /* P, dS and this stage are rewritten by the next iterations */
+    }
+
+    add_dk_dv<D>(a.dk + b * a.kv_batch_stride + g * D, a.dv + b * a.kv_batch_stride + g * D,
+                 G * D, y0 + 16 * warp, nk, dk, dv, lane, a.scale, a.first);
+    grid_dep_wait();
+    cta_trace(a, 1, n_iter);
+#endif
+}
+
 template <typename T, int D, dt_attn_form F>
 dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes,
                  int dependent) {
     const dim3 grid((unsigned)((a->kseg.len + BN - 1) / BN * a->kv_heads * a->batch));
+    if (dt_mma_ruled(*a)) {   /* documents or a window: the LATEST form's rule kernel */
+        if constexpr (F != DT_ATTN_FORM_LATEST) {
+            return dt_mma_refuse_ruled("mma backward");
+        } else {
+            dt_mma_grid g = dt_mma_bwd_grid(*a, l2_bytes);
+            dt_mma_rule_grid(g, a->kseg);
+            return dt_mma_launch(a->nonfinite ? bwd_mma_rule_kernel<T, D, true>
+                                              : bwd_mma_rule_kernel<T, D, false>,
+                                 grid, THREADS, bwd_smem_bytes<T, D>() + sizeof(rule_runs<BN>),
+                                 stream, "backward", D, a->dtype, dependent && a->continues, *a,
+                                 g);
+        }
+    }
     auto kernel = bwd_mma_kernel<T, D, F, false>;
     if constexpr (F == DT_ATTN_FORM_LATEST)
         if (a->nonfinite) kernel = bwd_mma_kernel<T, D, F, true>;

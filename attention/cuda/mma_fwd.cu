@@ -54,6 +54,16 @@
  * short tile. Query rows past the end of the segment are zero-filled,
  * computed and never written.
  *
+ * Documents and windows (block.h's docs, window: mask.h's whole rule), in
+ * the LATEST form only, run in a kernel of their own (fwd_mma_rule_kernel;
+ * the VERIFIED form's launch refuses such a block with
+ * DT_ERR_NOT_SUPPORTED), so that the other instances' code is the same
+ * with or without them: a query row's keys are one range [lo, hi) of key
+ * rows (dt_attn_rule_rows), made once per row; the CTA visits exactly the
+ * key tiles that some row's range reaches (common.cuh's rule_runs), a tile
+ * inside every row's range without a mask, the others masked by both ends
+ * of each row's range. Test: tests/test_mma_emu.c, forward-rule/... cases.
+ *
  * Shared memory (dynamic, (BM + 4 BN) * D * 2 bytes: 40 KiB at D = 64,
  * 80 KiB at D = 128): [Q tile][K stage 0][K stage 1][V stage 0][V stage 1],
  * each [64][D] 16-bit with the XOR swizzle of mma_layout.h (chunk c of row
@@ -273,10 +283,134 @@ __global__ void __launch_bounds__(THREADS) fwd_mma_kernel(const dt_attn_block_ar
 #endif
 }
 
+/* The LATEST form with documents or a window (block.h's docs, window;
+ * common.cuh, "documents and windows"): fwd_mma_kernel's grid, block,
+ * pipeline and row state, plus a rule_runs<BM> past its tiles in dynamic
+ * shared memory. Each row's range of key rows [lo, hi) is made once; the
+ * CTA visits the key tiles of their runs, a tile inside [lo of the last
+ * row, hi of the first) without a mask, the others masked by both ends of
+ * each row's range. NF as fwd_mma_kernel's. */
+template <typename T, int D, bool NF>
+__global__ void __launch_bounds__(THREADS) fwd_mma_rule_kernel(const dt_attn_block_args a,
+                                                               const dt_mma_grid grid) {
+#ifdef DT_MMA_STUB
+    (void)a;
+    (void)grid;
+    __trap();
+#else
+    constexpr dt_attn_form F = DT_ATTN_FORM_LATEST;
+    cta_trace(a, 0);
+    grid_dep_launch();
+    DT_DYNAMIC_SMEM(unsigned char, smem);
+    rule_runs<BM> &runs = *reinterpret_cast<rule_runs<BM> *>(smem + (BM + 4 * BN) * D * sizeof(T));
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int64_t H = a.heads, G = a.kv_heads, nq = a.qseg.len, nk = a.kseg.len;
+    const fwd_cta c = fwd_cta_of(a, grid, blockIdx.x, BM);
+    const int64_t x0 = c.x0;
+    const dt_attn_rule rule = dt_attn_block_rule(&a, c.b);
+
+    /* The lane's two rows' ranges of key rows (lim: their ends), into the
+     * runs' table by the quad's first lane; then the runs. */
+    int lim[2], lo[2];
+    float m[2], l[2], o[D / 8][4];
+    start_rows<D>(a, grid, x0 + 16 * warp, lane, lim, m, l, o);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int i = 16 * warp + dt_mma_c_row(lane, 2 * half);
+        lo[half] = lim[half] = 0;
+        if (x0 + i < nq)
+            rule_rows(rule, 1, dt_attn_pos(a.qseg, x0 + i), grid.keys, lo[half], lim[half]);
+        if ((lane & 3) == 0) {
+            runs.lo[i] = lo[half];
+            runs.hi[i] = lim[half];
+        }
+    }
+    __syncthreads();
+    rule_runs_build(runs, BN);
+    __syncthreads();
+    /* every row pairs with every key of [flo, fhi) */
+    const int last = (int)((c.x1 - x0) - 1);
+    const int flo = runs.lo[last], fhi = runs.hi[0];
+    int run, cur = rule_first(runs, run);
+    if (cur < 0 && !a.first && !a.last) {   /* m, l, acc unchanged */
+        rows_wait(a, c, x0 + 16 * warp);
+        rows_done(a, c, x0 + 16 * warp, lane);
+        grid_dep_exit(a);
+        return cta_trace(a, 1);
+    }
+    int next_run = run, nxt = cur >= 0 ? rule_next(runs, next_run, cur) : -1;
+
+    const T *qg = static_cast<const T *>(a.q) + c.b * a.q_batch_stride + c.h * D;
+    const T *kg = static_cast<const T *>(a.k) + c.b * a.kv_batch_stride + c.g * D;
+    const T *vg = static_cast<const T *>(a.v) + c.b * a.kv_batch_stride + c.g * D;
+    if (cur >= 0) {   /* group 0: the Q tile and the first key tile (stage 0) */
+        load_tile<T, D>(q_tile<T, D>(smem), qg, H * D, x0, nq);
+        load_tile<T, D>(k_stage<T, D>(smem, 0), kg, G * D, (int64_t)cur * BN, nk, a.kv_slots,
+                        a.kv_slot_rows);
+        load_tile<T, D>(v_stage<T, D>(smem, 0), vg, G * D, (int64_t)cur * BN, nk, a.kv_slots,
+                        a.kv_slot_rows);
+        cp_async_commit();
+    }
+    prefetch_rows<D>(a, c, x0 + 16 * warp, lane);
+
+    uint32_t qf[D / 16][4];
+    int64_t n_tiles = 0;
+    for (int stage = 0; cur >= 0; stage ^= 1, n_tiles++) {
+        if (nxt >= 0) {
+            load_tile<T, D>(k_stage<T, D>(smem, stage ^ 1), kg, G * D, (int64_t)nxt * BN, nk,
+                            a.kv_slots, a.kv_slot_rows);
+            load_tile<T, D>(v_stage<T, D>(smem, stage ^ 1), vg, G * D, (int64_t)nxt * BN, nk,
+                            a.kv_slots, a.kv_slot_rows);
+            cp_async_commit();
+            cp_async_wait<1>();   /* all but the next tile's group: this one (and Q) landed */
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (n_tiles == 0) {
+            if (threadIdx.x == 0) cta_mark(a, 0);
+            load_q_fragments<T, D>(qf, q_tile<T, D>(smem), warp, lane);
+        }
+        float s[NT_S][4];
+        tile_scores<T, D>(s, qf, k_stage<T, D>(smem, stage), lane);
+        if (cur * BN >= flo && (cur + 1) * BN <= fhi)
+            online_softmax<false, NT_S, D, SFU, float, NF>(s, m, l, o, lim, cur * BN, lane, a.scale);
+        else
+            online_softmax<true, NT_S, D, SFU, float, NF, true>(s, m, l, o, lim, cur * BN, lane,
+                                                                a.scale, nullptr, lo);
+        tile_pv<T, D>(o, s, v_stage<T, D>(smem, stage), lane);
+        __syncthreads();   /* stage is refilled by the next iteration's copies */
+        cur = nxt;
+        if (nxt >= 0) nxt = rule_next(runs, next_run, nxt);
+    }
+    if (n_tiles > 0 && threadIdx.x == 0) cta_mark(a, 1);
+
+    const fwd_cta e = fwd_cta_of(a, grid, cta_index(), BM);
+    rows_wait(a, e, e.x0 + 16 * warp);
+    write_rows<T, D, F, NF>(a, e, e.x0 + 16 * warp, lane, m, l, o);
+    rows_done(a, e, e.x0 + 16 * warp, lane);
+    grid_dep_exit(a);
+    cta_trace(a, 1, n_tiles);
+#endif
+}
+
 template <typename T, int D, dt_attn_form F>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes,
                  int dependent) {
     const dim3 grid((unsigned)(dt_mma_query_tiles(a->qseg.len, DT_MMA_BM) * a->heads * a->batch));
+    if (dt_mma_ruled(*a)) {   /* documents or a window: the LATEST form's rule kernel */
+        if constexpr (F != DT_ATTN_FORM_LATEST) {
+            return dt_mma_refuse_ruled("mma forward");
+        } else {
+            dt_mma_grid g = dt_mma_fwd_grid(*a, BM, l2_bytes);
+            dt_mma_rule_grid(g, a->kseg);
+            return dt_mma_launch(a->nonfinite ? fwd_mma_rule_kernel<T, D, true>
+                                              : fwd_mma_rule_kernel<T, D, false>,
+                                 grid, DT_MMA_THREADS,
+                                 (size_t)(BM + 4 * BN) * D * sizeof(T) + sizeof(rule_runs<BM>),
+                                 stream, "forward", D, a->dtype, dependent && !a->first, *a, g);
+        }
+    }
     auto kernel = fwd_mma_kernel<T, D, F, false>;
     if constexpr (F == DT_ATTN_FORM_LATEST)
         if (a->nonfinite) kernel = fwd_mma_kernel<T, D, F, true>;

@@ -99,6 +99,14 @@
  * (VERIFIED: 228 and 250), no spills, no serialised wgmma; one CTA (8
  * warps) per SM.
  *
+ * Documents and windows (block.h's docs, window), in the LATEST form only:
+ * bwd_wgmma_rule_kernel, the same body (bwd_wgmma_body) with the mma.sync
+ * backward's rule design (common.cuh, "documents and windows"): per key
+ * its range of query rows, the query tiles of their runs, masks by both
+ * ends of each query row's range of key rows (wb_rule_smem: their starts
+ * per stage). The VERIFIED form's launch refuses such a block with
+ * DT_ERR_NOT_SUPPORTED. Test: tests/test_mma_emu.c, backward-wgmma-rule/...
+ *
  * Not done (docs/PERFORMANCE.md): FlashAttention-3's producer warp and
  * register reallocation (setmaxnreg), and skipping a warpgroup's products
  * on query tiles its keys do not see.
@@ -160,6 +168,17 @@ struct wb_smem {
     static constexpr size_t BYTES = 1024 + END;
 };
 
+/* The rule kernel's (documents and windows) regions past wb_smem's: per
+ * stage the query rows' key-row range starts (their ends are wb_rows'
+ * lim), then the keys' runs of query tiles (common.cuh). */
+template <int D>
+struct wb_rule_smem {
+    using L = wb_smem<D, DT_ATTN_FORM_LATEST>;
+    static constexpr uint32_t LO = (L::END + 7) / 8 * 8, RUNS = LO + 2 * L::BM * 8,
+                              END = RUNS + sizeof(rule_runs<WB_BN>);
+    static constexpr size_t BYTES = 1024 + END;
+};
+
 struct wb_params {
     CUtensorMap q, dout, k, v;
     dt_attn_block_bwd_args a;
@@ -184,16 +203,33 @@ __device__ __forceinline__ void fill_rows(wb_rows<BM> *r, const dt_attn_block_bw
     r->lim[i] = live ? dt_mma_keys_upto(&grid.keys, dt_attn_pos(a.qseg, x)) : 0;
 }
 
+/* The rule kernel's: a stage's query rows' ranges of key rows, [lo[i],
+ * r->lim[i]) (threads 0 .. BM - 1, after their fill_rows; grid.keys counts
+ * the rows up to any position: dt_mma_rule_grid). */
+template <int BM>
+__device__ __forceinline__ void fill_rule_rows(wb_rows<BM> *r, int64_t *lo,
+                                               const dt_attn_rule &rule,
+                                               const dt_attn_block_bwd_args &a,
+                                               const dt_mma_grid &grid, int64_t x0) {
+    const int i = (int)threadIdx.x;
+    if (i >= BM) return;
+    int l = 0, h = 0;
+    if (x0 + i < a.qseg.len) rule_rows(rule, 1, dt_attn_pos(a.qseg, x0 + i), grid.keys, l, h);
+    lo[i] = l;
+    r->lim[i] = h;
+}
+
 /* In: s = S^T, dp = dP^T of the warp's 16 keys (rows) x BM queries
  * (columns: n-tile j = queries 8j .. 8j+7). Out: s = P^T, dp = dS^T (fp32).
- * MASKED: key `key0 + row` >= its query's limit gives P = 0. F: the form
+ * MASKED: key `key0 + row` >= its query's limit gives P = 0 (RANGED,
+ * documents and windows: also key < lim_lo[its query]). F: the form
  * (its exponentials; LATEST loads the lane's lse and delta in pairs). NF
  * (block.h's nonfinite): a score of +-inf becomes NaN (x + 0 x), and a
  * query with lse2 = +inf gets P = 0 by a select, whatever its scores hold. */
-template <bool MASKED, int BM, dt_attn_form F, bool NF>
+template <bool MASKED, int BM, dt_attn_form F, bool NF, bool RANGED = false>
 __device__ __forceinline__ void probabilities_t(float (&s)[BM / 8][4], float (&dp)[BM / 8][4],
                                                 const wb_rows<BM> *r, int64_t key0, int lane,
-                                                float scale_log2) {
+                                                float scale_log2, const int64_t *lim_lo = nullptr) {
     constexpr bool PAIRS = F == DT_ATTN_FORM_LATEST;
 #pragma unroll
     for (int j = 0; j < BM / 8; j++) {
@@ -219,6 +255,8 @@ __device__ __forceinline__ void probabilities_t(float (&s)[BM / 8][4], float (&d
                 p = exp2_of<F>(s[j][i] * scale_log2 - lc);   /* 0 when lse2 = +inf */
             }
             if (MASKED && key0 + dt_mma_c_row(lane, i) >= r->lim[c]) p = 0.0f;
+            if constexpr (RANGED)
+                if (MASKED && key0 + dt_mma_c_row(lane, i) < lim_lo[c]) p = 0.0f;
             s[j][i] = p;
             dp[j][i] = p * (dp[j][i] - dc);
         }
@@ -277,19 +315,18 @@ __device__ __forceinline__ void stage_dq(unsigned char *sdq, const float (&dq)[8
 
 #endif /* !DT_WGMMA_STUB */
 
-/* grid: ceil(kseg.len / 128) x kv_heads x batch blocks, in mma_layout.h's
- * launch order (p.grid.order); block: 256 threads; dynamic
- * shared memory wb_smem<D, F>::BYTES. F: the form; NF: the LATEST form's
- * instance for a block with non-finite inputs (block.h's nonfinite:
- * probabilities_t keeps the rules). */
-template <typename T, int D, dt_attn_form F, bool NF>
-__global__ void __launch_bounds__(WB_THREADS, 1)
-    bwd_wgmma_kernel(const __grid_constant__ wb_params p) {
-    static_assert(!NF || F == DT_ATTN_FORM_LATEST, "only LATEST forms keep the non-finite rules");
-#ifdef DT_WGMMA_STUB
-    (void)p;
-    __trap();   /* never launched: the host requires an sm_90a build and a 9.0 device */
-#else
+#ifndef DT_WGMMA_STUB
+/* The kernels' body: bwd_wgmma_kernel's (R false), and with R (documents
+ * and windows: bwd_wgmma_rule_kernel, LATEST only; common.cuh, "documents
+ * and windows") the same with the CTA's walk over its keys' runs of query
+ * tiles: each key's range of query rows (keys = 0) made once, per head the
+ * query tiles of their runs (rule_tile_at), a tile inside [lo of the last
+ * key, hi of the first) unmasked when the key tile is whole, the others
+ * masked by both ends of each query row's range of key rows
+ * (fill_rule_rows, probabilities_t's RANGED). */
+template <typename T, int D, dt_attn_form F, bool NF, bool R>
+__device__ __forceinline__ void bwd_wgmma_body(const wb_params &p) {
+    static_assert(!R || F == DT_ATTN_FORM_LATEST, "documents and windows run only in LATEST forms");
     using L = wb_smem<D, F>;
     constexpr int BM = L::BM;
     constexpr bool LATEST = F == DT_ATTN_FORM_LATEST;
@@ -312,7 +349,43 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     const int64_t H = a.heads, G = a.kv_heads;
     const int64_t nq = a.qseg.len, nk = a.kseg.len;
     const bwd_cta c = bwd_cta_of(a, p.grid, BM);
-    if (c.n_iter == 0) {   /* no query attends these keys: dk, dv unchanged, or 0 */
+    /* R: the keys' runs of query tiles (c's walk is the mask's), the same
+     * for every head of the group; [flo, fhi): the query rows every key
+     * pairs with */
+    int n_iter = c.n_iter;
+    [[maybe_unused]] int per_head = 0, flo = 0, fhi = 0;
+    [[maybe_unused]] bool whole = false;
+    [[maybe_unused]] const dt_attn_rule rule = dt_attn_block_bwd_rule(&a, c.b);
+    [[maybe_unused]] rule_runs<WB_BN> *const runs =
+        reinterpret_cast<rule_runs<WB_BN> *>(sm + wb_rule_smem<D>::RUNS);
+    [[maybe_unused]] int64_t *const rlo = reinterpret_cast<int64_t *>(sm + wb_rule_smem<D>::LO);
+    if constexpr (R) {
+        if ((int)threadIdx.x < WB_BN) {
+            const int64_t y = c.y0 + threadIdx.x;
+            int64_t qlo = 0, qhi = 0;
+            if (y < nk) dt_attn_rule_rows(rule, 0, dt_attn_pos(a.kseg, y), a.qseg, &qlo, &qhi);
+            runs->lo[threadIdx.x] = (int32_t)qlo;
+            runs->hi[threadIdx.x] = (int32_t)qhi;
+        }
+        __syncthreads();
+        rule_runs_build(*runs, BM);
+        __syncthreads();
+        whole = c.y0 + WB_BN <= nk;
+        flo = runs->lo[(whole ? WB_BN : nk - c.y0) - 1];
+        fhi = runs->hi[0];
+        per_head = rule_tile_count(*runs);
+        n_iter = c.group * per_head;
+    }
+    /* iteration it's query head and query tile */
+    const auto head_of = [&](int it) -> int {
+        if constexpr (R) return c.g * c.group + it / per_head;
+        else return c.head(it);
+    };
+    const auto qtile_of = [&](int it) -> int {
+        if constexpr (R) return rule_tile_at(*runs, it % per_head);
+        else return c.qtile(it);
+    };
+    if (n_iter == 0) {   /* no query attends these keys: dk, dv unchanged, or 0 */
         if (a.first)
             zero_dk_dv<D>(a.dk + c.b * a.kv_batch_stride + c.g * D,
                           a.dv + c.b * a.kv_batch_stride + c.g * D, G * D, c.y0, nk);
@@ -332,7 +405,7 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     }
     __syncthreads();
     auto load_q = [&](int stage, int64_t it) {   /* thread 0: iteration it's Q and dO */
-        const int hi = (int)c.head(it), x0 = (int)(c.qtile(it) * BM);
+        const int hi = (int)head_of((int)it), x0 = (int)(qtile_of((int)it) * BM);
 #pragma unroll
         for (int cb = 0; cb < D / 64; cb++) {
             tma_load_4d(sm + L::Q + stage * L::QT + cb * BM * 128, &p.q, 64 * cb, hi, x0, bi,
@@ -350,7 +423,8 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
         }
         load_q(0, 0);
     }
-    fill_rows<BM>(&rows[0], a, p.grid, b, c.head(0), c.qtile(0) * BM);
+    fill_rows<BM>(&rows[0], a, p.grid, b, head_of(0), qtile_of(0) * BM);
+    if constexpr (R) fill_rule_rows<BM>(&rows[0], rlo, rule, a, p.grid, qtile_of(0) * BM);
     __syncthreads();   /* iteration 0's row values */
 
     const uint32_t k_addr = wg_smem_addr(sm + L::K), v_addr = wg_smem_addr(sm + L::V);
@@ -373,16 +447,19 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < 4; i++) dk[j][i] = dv[j][i] = 0.0f;
 
-    for (int it = 0; it < c.n_iter; it++) {
+    for (int it = 0; it < n_iter; it++) {
         const int stage = (int)(it & 1);
-        if (it + 1 < c.n_iter) {   /* iteration it+1's loads fly during this one */
+        if (it + 1 < n_iter) {   /* iteration it+1's loads fly during this one */
             if (threadIdx.x == 0) {
                 mbar_arrive_expect_tx(&full[stage ^ 1], 2 * L::QT);
                 load_q(stage ^ 1, it + 1);
             }
-            fill_rows<BM>(&rows[stage ^ 1], a, p.grid, b, c.head(it + 1), c.qtile(it + 1) * BM);
+            fill_rows<BM>(&rows[stage ^ 1], a, p.grid, b, head_of(it + 1), qtile_of(it + 1) * BM);
+            if constexpr (R)
+                fill_rule_rows<BM>(&rows[stage ^ 1], rlo + (stage ^ 1) * BM, rule, a, p.grid,
+                                   qtile_of(it + 1) * BM);
         }
-        const int64_t h = c.head(it), qt = c.qtile(it);
+        const int64_t h = head_of(it), qt = qtile_of(it);
         const wb_rows<BM> *r = &rows[stage];
         const uint32_t q_addr = wg_smem_addr(sm + L::Q + stage * L::QT);
         const uint32_t do_addr = wg_smem_addr(sm + L::DO + stage * L::QT);
@@ -411,10 +488,17 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
             wgmma_ss<T, BM>(dp, k_step(va, vd, WB_BN, kk), k_step(do_addr, dod, BM, kk), kk > 0);
         wgmma_commit();
         wgmma_wait<0>();
-        if (qt < c.qt_unmasked)
+        if constexpr (R) {
+            if (!(whole && qt * BM >= flo && (qt + 1) * BM <= fhi))
+                probabilities_t<true, BM, F, NF, true>(s, dp, r, key0, lane, scale_log2,
+                                                       rlo + stage * BM);
+            else
+                probabilities_t<false, BM, F, NF>(s, dp, r, key0, lane, scale_log2);
+        } else if (qt < c.qt_unmasked) {
             probabilities_t<true, BM, F, NF>(s, dp, r, key0, lane, scale_log2);
-        else
+        } else {
             probabilities_t<false, BM, F, NF>(s, dp, r, key0, lane, scale_log2);
+        }
 
         /* dV += P^T dO, dK += dS^T Q: A from registers (k-step kk: queries
          * 16kk ..), B MN-major from the dO and Q tiles. */
@@ -488,19 +572,63 @@ __global__ void __launch_bounds__(WB_THREADS, 1)
     /* A dependent block completes after the block before (it wrote none
      * of this one's inputs, so nothing waits earlier). */
     grid_dep_wait();
-    cta_trace(a, 1, c.n_iter);
+    cta_trace(a, 1, n_iter);
+}
+#endif /* !DT_WGMMA_STUB */
+
+/* grid: ceil(kseg.len / 128) x kv_heads x batch blocks, in mma_layout.h's
+ * launch order (p.grid.order); block: 256 threads; dynamic
+ * shared memory wb_smem<D, F>::BYTES. F: the form; NF: the LATEST form's
+ * instance for a block with non-finite inputs (block.h's nonfinite:
+ * probabilities_t keeps the rules). */
+template <typename T, int D, dt_attn_form F, bool NF>
+__global__ void __launch_bounds__(WB_THREADS, 1)
+    bwd_wgmma_kernel(const __grid_constant__ wb_params p) {
+    static_assert(!NF || F == DT_ATTN_FORM_LATEST, "only LATEST forms keep the non-finite rules");
+#ifdef DT_WGMMA_STUB
+    (void)p;
+    __trap();   /* never launched: the host requires an sm_90a build and a 9.0 device */
+#else
+    bwd_wgmma_body<T, D, F, NF, false>(p);
+#endif
+}
+
+/* The LATEST form with documents or a window (block.h's docs, window):
+ * bwd_wgmma_kernel's grid and block, dynamic shared memory
+ * wb_rule_smem<D>::BYTES; p.grid's keys count the rows up to any position
+ * (dt_mma_rule_grid). NF as bwd_wgmma_kernel's. */
+template <typename T, int D, bool NF>
+__global__ void __launch_bounds__(WB_THREADS, 1)
+    bwd_wgmma_rule_kernel(const __grid_constant__ wb_params p) {
+#ifdef DT_WGMMA_STUB
+    (void)p;
+    __trap();
+#else
+    bwd_wgmma_body<T, D, DT_ATTN_FORM_LATEST, NF, true>(p);
 #endif
 }
 
 template <typename T, int D, dt_attn_form F>
 dt_status launch(cudaStream_t stream, const dt_attn_block_bwd_args *a, int64_t l2_bytes,
                  int dependent) {
+    if constexpr (F != DT_ATTN_FORM_LATEST)   /* documents and windows: LATEST only */
+        if (dt_mma_ruled(*a)) return dt_mma_refuse_ruled("wgmma backward");
     wb_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
     p.grid = dt_mma_bwd_grid(*a, l2_bytes);
     DT_TRY(make_block_maps(*a, wb_bm<D>(), WB_BN, &p.q, &p.k, &p.v, a->dout, &p.dout));
     const dim3 grid((unsigned)((a->kseg.len + WB_BN - 1) / WB_BN * a->kv_heads * a->batch));
+    if constexpr (F == DT_ATTN_FORM_LATEST) {
+        if (dt_mma_ruled(*a)) {   /* documents or a window */
+            dt_mma_rule_grid(p.grid, a->kseg);
+            return dt_mma_launch(a->nonfinite ? bwd_wgmma_rule_kernel<T, D, true>
+                                              : bwd_wgmma_rule_kernel<T, D, false>,
+                                 grid, WB_THREADS, wb_rule_smem<D>::BYTES, stream,
+                                 "backward (wgmma, documents and windows)", D, a->dtype,
+                                 dependent && a->continues, p);
+        }
+    }
     auto kernel = bwd_wgmma_kernel<T, D, F, false>;
     if constexpr (F == DT_ATTN_FORM_LATEST)
         if (a->nonfinite) kernel = bwd_wgmma_kernel<T, D, F, true>;

@@ -73,6 +73,11 @@
  * both products of that tile on those 64 keys (narrow below: a quarter of
  * a diagonal tile's tensor work, the same sums); the mask and skipping
  * rules are the mma.sync kernel's (mask.h, closed form), with BN = 128.
+ * Documents and windows (block.h's docs, window), in the LATEST form only,
+ * run in a simpler kernel of their own (fwd_wgmma_rule_kernel: a CTA per
+ * query tile, thread 0's loads, no ping-pong; the VERIFIED form's launch
+ * refuses such a block with DT_ERR_NOT_SUPPORTED), with the mma.sync
+ * kernel's rule design (common.cuh, "documents and windows").
  *
  * Shared memory: [Q 0][Q 1][K stage 0][K stage 1][V stage 0][V stage 1],
  * each in ptx_sm90.cuh's 128-byte swizzled column-block layout (a Q
@@ -702,9 +707,169 @@ __global__ void __launch_bounds__(wg_threads<PRODUCER>(), wg_ctas_per_sm<D>()) f
 #endif
 }
 
+/* Dynamic shared memory of fwd_wgmma_rule_kernel: the alignment slack, Q,
+ * two stages of K and V, two mbarriers, the rows' runs (common.cuh). */
+template <int D>
+constexpr size_t wg_rule_smem() {
+    return 1024 + (size_t)(WG_BM + 4 * WG_BN) * D * 2 + 2 * sizeof(uint64_t) +
+           sizeof(rule_runs<WG_BM>);
+}
+
+/* The LATEST form with documents or a window (block.h's docs, window;
+ * common.cuh, "documents and windows"), a kernel of its own: a CTA per
+ * query tile of 128 rows (never persistent, no producer warpgroup, no
+ * ping-pong: the order of fwd_wgmma_kernel at D = 64), warpgroup w rows
+ * 64w .. 64w + 63. Thread 0 loads Q with the first key tile, and each
+ * next key tile into the other stage before the current one's math; a
+ * __syncthreads after each tile releases its stage. Each row's range of
+ * key rows is made once; the CTA visits the key tiles of its rows' runs;
+ * a warpgroup skips the math of a tile outside its rows' ranges (lo of its
+ * first row to hi of its last), runs one inside all of them (lo of its
+ * last row to hi of its first) without a mask, and masks the others by
+ * both ends of each row's range. Marks (--trace) at D = 128, as
+ * fwd_wgmma_kernel's. grid: ceil(qseg.len / 128) x heads x batch; block:
+ * 256 threads; dynamic shared memory wg_rule_smem<D>(). NF as
+ * fwd_wgmma_kernel's. */
+template <typename T, int D, bool NF>
+__global__ void __launch_bounds__(WG_THREADS, 1)
+    fwd_wgmma_rule_kernel(const __grid_constant__ wg_params p) {
+#ifdef DT_WGMMA_STUB
+    (void)p;
+    __trap();
+#else
+    constexpr dt_attn_form F = DT_ATTN_FORM_LATEST;
+    const dt_attn_block_args &a = p.a;
+    constexpr int NT = WG_BN / 8;
+    constexpr int TILE_Q = WG_BM * D * 2, TILE_KV = WG_BN * D * 2;
+    DT_DYNAMIC_SMEM(unsigned char, smem_raw);
+    unsigned char *const sq = smem_raw + ((1024u - (wg_smem_addr(smem_raw) & 1023u)) & 1023u);
+    unsigned char *const sk = sq + TILE_Q;        /* stage s at sk + s TILE_KV, sv + s TILE_KV */
+    unsigned char *const sv = sk + 2 * TILE_KV;
+    uint64_t *const full = reinterpret_cast<uint64_t *>(sv + 2 * TILE_KV);   /* [2] */
+    rule_runs<WG_BM> &runs = *reinterpret_cast<rule_runs<WG_BM> *>(full + 2);
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int wg = warp >> 2, wl = warp & 3;
+    cta_trace(a, 0);
+    const fwd_cta c = fwd_cta_of(a, p.grid, blockIdx.x, WG_BM);
+    const dt_attn_rule rule = dt_attn_block_rule(&a, c.b);
+    if (threadIdx.x == 0) {
+        tma_prefetch_map(&p.q);
+        tma_prefetch_map(&p.k);
+        tma_prefetch_map(&p.v);
+        mbar_init(&full[0], 1);
+        mbar_init(&full[1], 1);
+        fence_mbar_init();
+    }
+    grid_dep_launch();
+
+    /* The lane's two rows' ranges of key rows (lim: their ends), into the
+     * runs' table by the quad's first lane; then the runs. */
+    int lim[2], lo[2];
+    float m[2], l[2], o[D / 8][4];
+    const int64_t row0 = c.x0 + 64 * wg + 16 * wl;   /* the warp's first row */
+    start_rows<D>(a, p.grid, row0, lane, lim, m, l, o);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int i = 64 * wg + 16 * wl + dt_mma_c_row(lane, 2 * half);
+        lo[half] = lim[half] = 0;
+        if (c.x0 + i < a.qseg.len)
+            rule_rows(rule, 1, dt_attn_pos(a.qseg, c.x0 + i), p.grid.keys, lo[half], lim[half]);
+        if ((lane & 3) == 0) {
+            runs.lo[i] = lo[half];
+            runs.hi[i] = lim[half];
+        }
+    }
+    __syncthreads();
+    rule_runs_build(runs, WG_BN);
+    __syncthreads();
+    /* the warpgroup's rows (none past the segment): some pair with keys
+     * of [w_lo, w_hi), every one with those of [w_flo, w_fhi) */
+    const int last = (int)(c.x1 - c.x0) - 1, w_first = 64 * wg;
+    const int w_last = w_first + 63 < last ? w_first + 63 : last;
+    const bool w_rows = w_first <= last;
+    const int w_lo = w_rows ? runs.lo[w_first] : 0, w_hi = w_rows ? runs.hi[w_last] : 0;
+    const int w_flo = w_rows ? runs.lo[w_last] : 0, w_fhi = w_rows ? runs.hi[w_first] : 0;
+    int run, cur = rule_first(runs, run);
+    if (cur < 0 && !a.first && !a.last) {   /* m, l, acc unchanged */
+        rows_wait(a, c, row0);
+        rows_done(a, c, row0, lane);
+        grid_dep_exit(a);
+        return cta_trace(a, 1);
+    }
+    int next_run = run, nxt = cur >= 0 ? rule_next(runs, next_run, cur) : -1;
+    if (cur >= 0 && threadIdx.x == 0) {   /* Q with the first key tile, stage 0 */
+        wg_load_kv<D>(p, (int)c.b, (int)c.g, cur, sk, sv, &full[0], TILE_Q);
+        if constexpr (D == 64) {
+            tma_load_4d(sq, &p.q, 0, (int)c.h, (int)c.x0, (int)c.b, &full[0]);
+        } else {
+#pragma unroll
+            for (int w = 0; w < 2; w++)
+#pragma unroll
+                for (int cb = 0; cb < D / 64; cb++)
+                    tma_load_4d(sq + w * (TILE_Q / 2) + cb * WG_RM * 128, &p.q, 64 * cb, (int)c.h,
+                                (int)c.x0 + WG_RM * w, (int)c.b, &full[0]);
+        }
+    }
+    prefetch_rows<D>(a, c, row0, lane);
+
+    const uint32_t q_addr = wg_smem_addr(sq) + (uint32_t)wg * (TILE_Q / 2);
+    int64_t n_tiles = 0;
+    for (int stage = 0; cur >= 0; stage ^= 1, n_tiles++) {
+        /* thread 0: the next key tile into the stage the tile before used
+         * (free since the __syncthreads closing that tile) */
+        if (nxt >= 0 && threadIdx.x == 0)
+            wg_load_kv<D>(p, (int)c.b, (int)c.g, nxt, sk + (stage ^ 1) * TILE_KV,
+                          sv + (stage ^ 1) * TILE_KV, &full[stage ^ 1], 0);
+        mbar_wait(&full[stage], (uint32_t)(n_tiles >> 1) & 1u);   /* this tile (and Q) landed */
+        if (D == 128 && n_tiles == 0 && threadIdx.x == 0) cta_mark(a, 0);
+        const int y0 = cur * WG_BN;
+        if (w_lo < w_hi && w_lo < y0 + WG_BN && w_hi > y0) {   /* uniform over the warpgroup */
+            float s[NT][4];
+            const uint32_t k_addr = wg_smem_addr(sk + stage * TILE_KV);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)
+                wgmma_ss<T, WG_BN>(s, wg_desc_k_major(q_addr, wg_q_box<D>(), kk),
+                                   wg_desc_k_major(k_addr, WG_BN, kk), kk > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            if (y0 >= w_flo && y0 + WG_BN <= w_fhi)
+                online_softmax<false, NT, D, SFU, T, NF>(s, m, l, o, lim, y0, lane, a.scale);
+            else
+                online_softmax<true, NT, D, SFU, T, NF, true>(s, m, l, o, lim, y0, lane, a.scale,
+                                                              nullptr, lo);
+            uint32_t pa[WG_BN / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < WG_BN / 16; kk++) p_fragment<T>(pa[kk], s, kk);
+            const uint32_t v_addr = wg_smem_addr(sv + stage * TILE_KV);
+            wgmma_fence();   /* o and pa were written by ordinary instructions */
+#pragma unroll
+            for (int kk = 0; kk < WG_BN / 16; kk++)
+                wgmma_rs<T, D>(o, pa[kk], wg_desc_mn_major(v_addr, WG_BN, kk), 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+        }
+        __syncthreads();   /* every thread is done with the stage */
+        cur = nxt;
+        if (nxt >= 0) nxt = rule_next(runs, next_run, nxt);
+    }
+    if (D == 128 && n_tiles > 0 && threadIdx.x == 0) cta_mark(a, 1);
+
+    const fwd_cta e = fwd_cta_of(a, p.grid, cta_index(), WG_BM);   /* c, made again */
+    const int64_t rows0 = e.x0 + 64 * wg + 16 * wl;
+    rows_wait(a, e, rows0);
+    write_rows<T, D, F, NF>(a, e, rows0, lane, m, l, o);
+    rows_done(a, e, rows0, lane);
+    grid_dep_exit(a);
+    cta_trace(a, 1, n_tiles);
+#endif
+}
+
 template <typename T, int D, dt_attn_form F>
 dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_bytes, int sms,
                  void *queue, int dependent, int producer) {
+    if constexpr (F != DT_ATTN_FORM_LATEST)   /* documents and windows: LATEST only */
+        if (dt_mma_ruled(*a)) return dt_mma_refuse_ruled("wgmma forward");
     wg_params p;
     memset(&p, 0, sizeof p);
     p.a = *a;
@@ -724,6 +889,15 @@ dt_status launch(cudaStream_t stream, const dt_attn_block_args *a, int64_t l2_by
         }
     }
     const int dep = dependent && !a->first;
+    if constexpr (F == DT_ATTN_FORM_LATEST) {
+        if (dt_mma_ruled(*a)) {   /* documents or a window: a CTA per query tile */
+            dt_mma_rule_grid(p.grid, a->kseg);
+            return dt_mma_launch(a->nonfinite ? fwd_wgmma_rule_kernel<T, D, true>
+                                              : fwd_wgmma_rule_kernel<T, D, false>,
+                                 dim3((unsigned)tiles), WG_THREADS, wg_rule_smem<D>(), stream,
+                                 "forward (wgmma, documents and windows)", D, a->dtype, dep, p);
+        }
+    }
     /* persistent, unless a ring transfer needs SMs beside the block, or
      * the block waits for its rows' counts (visits) as a dependent launch:
      * its CTAs do not wait for the block before, which may still run,
