@@ -7,10 +7,13 @@
  * mesh dim, whose order picks the algorithm
  *     contiguous -> Ring Attention, striped -> Striped Attention,
  *     zigzag     -> dual-chunk balancing,
- * and optionally heads (dim 2) sharded contiguous over a tensor-parallel mesh
- * dim (H_kv divisible by its size) and batch (dim 0) over another; D is never
- * sharded and nothing is Partial. Local tensors (mesh NULL) run single-device
- * attention.
+ * and optionally heads (dim 2) sharded contiguous over tensor-parallel mesh
+ * dims (H_kv divisible by their sizes) and batch (dim 0) over others; D is
+ * never sharded and nothing is Partial. Local tensors (mesh NULL) run
+ * single-device attention. The sequence sharded over two mesh dims is the
+ * Ulysses x ring hybrid: opts.a2a_dim names the one whose shards move to
+ * the heads (all-to-all); the ring runs over the other. The algorithm
+ * follows from the Layouts and that one option.
  *
  * The mask is one rule on global token positions (mask.h): a query attends to
  * a key of its own document (opts.doc_lens; one per batch row by default)
@@ -76,9 +79,19 @@ typedef struct dt_attention_options {
     const int64_t *doc_lens;
     int64_t doc_count;
     int64_t window;           /* 0: none; else |pos(q) - pos(k)| < window */
+    /* -1 (DT_ATTENTION_OPTIONS_INIT): none. Else a mesh dim that shards the
+     * sequence of q, k, v: Ulysses attention over it (ulysses.c). The call
+     * redistributes q, k, v so that it shards the heads instead (one
+     * all-to-all), runs on the whole sequence, or over the ring of a second
+     * mesh dim that still shards it (the Ulysses x ring hybrid), and brings
+     * o, lse (backward: dq, dk, dv) back: the same results and Layouts. The
+     * heads must be divisible by its size times that of any mesh dim
+     * sharding them; kv heads that are not are repeated (their gradients
+     * summed). The workspace is not used (the inner call makes its own). */
+    int a2a_dim;
 } dt_attention_options;
 
-#define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0, NULL, 0, NULL, NULL, 0, 0 }
+#define DT_ATTENTION_OPTIONS_INIT { DT_ATTN_CAUSAL, 0.0f, NULL, 0, NULL, 0, NULL, NULL, 0, 0, -1 }
 
 /* Not collective. Workspace bytes a forward call on these inputs needs (depends
  * on the backend's kernel, DT_ATTN_KERNEL included; may be 0). */

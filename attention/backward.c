@@ -173,6 +173,10 @@ dt_status dt_attention_backward_workspace_size(const dt_tensor *q, const dt_tens
                                                const dt_tensor *v,
                                                const dt_attention_options *opts, size_t *bytes) {
     DT_REQUIRE(bytes != NULL, "dt_attention_backward_workspace_size: bytes is NULL");
+    if (opts && opts->a2a_dim >= 0) {   /* the workspace is not used (attention.h) */
+        *bytes = 0;
+        return DT_SUCCESS;
+    }
     attn_plan p;
     DT_TRY(attn_plan_make("dt_attention_backward_workspace_size", q, k, v, opts, &p));
     *bytes = bwd_workspace_of(&p).total;
@@ -264,6 +268,8 @@ dt_status dt_attention_backward(const dt_tensor *q, const dt_tensor *k, const dt
                                 const dt_tensor *o, const dt_tensor *lse, const dt_tensor *dout,
                                 const dt_attention_options *opts, dt_tensor **dq, dt_tensor **dk,
                                 dt_tensor **dv) {
+    if (opts && opts->a2a_dim >= 0)
+        return attn_ulysses_backward(q, k, v, o, lse, dout, opts, dq, dk, dv);
     const char *op = "dt_attention_backward";
     attn_plan p;
     dt_status local = attn_plan_make(op, q, k, v, opts, &p);

@@ -202,6 +202,10 @@ static fwd_workspace fwd_workspace_of(const attn_plan *p, const dt_tensor *q, co
 dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                       const dt_attention_options *opts, size_t *bytes) {
     DT_REQUIRE(bytes != NULL, "dt_attention_workspace_size: bytes is NULL");
+    if (opts && opts->a2a_dim >= 0) {   /* the workspace is not used (attention.h) */
+        *bytes = 0;
+        return DT_SUCCESS;
+    }
     attn_plan p;
     DT_TRY(attn_plan_make("dt_attention_workspace_size", q, k, v, opts, &p));
     *bytes = fwd_workspace_of(&p, q, k, v).total;
@@ -210,6 +214,7 @@ dt_status dt_attention_workspace_size(const dt_tensor *q, const dt_tensor *k, co
 
 dt_status dt_attention_forward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                const dt_attention_options *opts, dt_tensor **o, dt_tensor **lse) {
+    if (opts && opts->a2a_dim >= 0) return attn_ulysses_forward(q, k, v, opts, o, lse);
     const char *op = "dt_attention_forward";
     attn_plan p;
     dt_status local = attn_plan_make(op, q, k, v, opts, &p);

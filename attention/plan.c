@@ -133,8 +133,10 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
     p->ruled = p->doc_lens != NULL || p->window > 0;
     p->scale = opts->scale > 0.0f ? opts->scale : 1.0f / sqrtf((float)p->D);
 
-    /* Layouts: one for all three; S over at most one mesh dim; heads only
-     * contiguous and divisible in kv heads; D never; nothing Partial. */
+    /* Layouts: one for all three; S over at most one mesh dim (the
+     * all-to-all dim's call, attention.h, moves it to the heads first);
+     * heads, over any mesh dims, only contiguous and divisible in kv heads
+     * at each; D never; nothing Partial. */
     p->sp_dim = -1;
     p->parts = 1;
     p->order = DT_ORDER_CONTIGUOUS;
@@ -149,12 +151,11 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
             FAIL(DT_ERR_INVALID_ARGUMENT, "q, k and v must share one Layout: q %s, k %s, v %s", fq,
                  fk, fv);
         p->lse_layout = *lq;
-        for (int d = 0; d < 4; d++) {
-            int mdims[DT_MAX_MESH_DIMS];
-            if (dt_layout_shard_dims(lq, d, mdims) > 1)
-                FAIL(DT_ERR_NOT_SUPPORTED, "Layout %s shards dim %d over several mesh dims: "
-                     "attention takes each dim over one", fq, d);
-        }
+        int mdims[DT_MAX_MESH_DIMS];
+        if (dt_layout_shard_dims(lq, 1, mdims) > 1)
+            FAIL(DT_ERR_NOT_SUPPORTED, "Layout %s shards the sequence (dim 1) over several mesh "
+                 "dims: name the inner one dt_attention_options.a2a_dim (Ulysses), or shard it "
+                 "over one", fq);
         for (int m = 0; m < lq->ndim; m++) {
             dt_placement pl = lq->placements[m];
             int size = dt_mesh_size(p->mesh, m);
@@ -170,17 +171,17 @@ dt_status attn_plan_make(const char *op, const dt_tensor *q, const dt_tensor *k,
                 p->c = p->S / size;
                 p->lse_layout.placements[m].dim = 2;
             } else if (pl.dim == 2) {
-                if ((size > 1 && pl.order != DT_ORDER_CONTIGUOUS) || p->Hkv % size)
+                if ((size > 1 && pl.order != DT_ORDER_CONTIGUOUS) || p->hkv % size)
                     FAIL(DT_ERR_NOT_SUPPORTED, "heads sharded %s over %d ranks: need contiguous "
-                         "order and kv heads (%lld) divisible by %d", dt_order_name(pl.order),
-                         size, (long long)p->Hkv, size);
-                p->h = p->H / size;
-                p->hkv = p->Hkv / size;
+                         "order and kv heads (%lld there) divisible by %d",
+                         dt_order_name(pl.order), size, (long long)p->hkv, size);
+                p->h /= size;
+                p->hkv /= size;
                 p->lse_layout.placements[m].dim = 1;
             } else if (pl.dim == 3) {
                 FAIL(DT_ERR_INVALID_ARGUMENT, "Layout %s shards the head dim D", fq);
             } else {
-                p->b = p->B / size;   /* batch: independent rows */
+                p->b /= size;   /* batch: independent rows */
             }
         }
         if (p->sp_dim >= 0 && p->order == DT_ORDER_ZIGZAG && p->S % (2 * p->parts))

@@ -107,6 +107,15 @@ dt_attn_rule attn_plan_rule(const attn_plan *p, const attn_docs *d, int64_t b);
 int attn_plan_block_live(const attn_plan *p, const attn_docs *d, dt_attn_segment qs,
                          dt_attn_segment ks);
 
+/* dt_attention_forward and _backward with opts->a2a_dim >= 0 (ulysses.c):
+ * the same contract, COLLECTIVE over the world. */
+dt_status attn_ulysses_forward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
+                               const dt_attention_options *opts, dt_tensor **o, dt_tensor **lse);
+dt_status attn_ulysses_backward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
+                                const dt_tensor *o, const dt_tensor *lse, const dt_tensor *dout,
+                                const dt_attention_options *opts, dt_tensor **dq, dt_tensor **dk,
+                                dt_tensor **dv);
+
 /* Profiling of the ring loop (opts->timing; every call does nothing when it
  * is NULL): marks 2t and 2t+1 around step t's blocks, 2P after the loop.
  * begin reserves them before the loop; end reads them into *timing. */

@@ -16,8 +16,9 @@
  *   Shard(d, o) -> Partial      zero padding (own indices kept)
  *   Replicate -> Partial        coordinate 0 keeps the data, others zero
  *   Shard(i, o1) -> Shard(j, o2) all-to-all: pack per destination along the
- *                               new dim (or, for i == j, by new owner),
- *                               grouped send/recv, unpack per source
+ *                               new dim, dt_comm_all_to_all (i == j: by
+ *                               new owner, chunks of differing sizes by
+ *                               grouped send/recv), unpack per source
  * A tensor dim may be sharded over several mesh dims, outer (lower) first.
  * A step on mesh dim m is direct when m is the innermost mesh dim of the
  * tensor dim it shards, before and after: the ranks of m's communicator then
@@ -362,6 +363,13 @@ static dt_status dt_step_shard_to_shard(const dt_tensor *in, dt_tensor *out, int
     DT_TRY_GOTO(st, dt_pack_chunks(be, dtype, nd, dt_tensor_data_const(in), L, to.dim, sflat, soffs,
                                    P, sendbuf), out);
 
+    if (from.dim != to.dim) {   /* every rank's chunk for every other has one size */
+        const size_t n = (size_t)dt_tensor_local_numel(in) / (size_t)P;
+        if (n > 0) DT_TRY_GOTO(st, dt_comm_all_to_all(comm, sendbuf, recvbuf, n, dtype), out);
+        DT_TRY_GOTO(st, dt_unpack_chunks(be, dtype, nd, recvbuf, dt_tensor_data(out), L2, from.dim,
+                                         rflat, roffs, P), out);
+        goto out;
+    }
     DT_TRY_GOTO(st, dt_host_alloc(op, (size_t)(2 * P) * sizeof *ops, (void **)&ops), out);
     int nops = 0;
     int64_t sbase = 0, rbase = 0;
