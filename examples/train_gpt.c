@@ -59,7 +59,7 @@
 /* ------------------------------------------------------------------ config */
 
 typedef struct config {
-    int ranks, dp, tp, cp, sp, recompute, profile;
+    int ranks, dp, tp, cp, sp, recompute, profile, comm_counts;
     int packed;                /* documents end after each separator (sep_len bytes) */
     char sep[64];
     int sep_len;
@@ -111,7 +111,11 @@ static void usage(FILE *f) {
         "  --prompt TEXT      the sample's start (default the corpus's first line)\n"
         "  --peak-tflops X    the peak for MFU (default: measured with a matmul at the start)\n"
         "  --profile          at the end (it steps the parameters further), each rank times a\n"
-        "                     step, its matmuls alone and its attention calls alone (medians)\n");
+        "                     step, its matmuls alone and its attention calls alone (medians)\n"
+        "  --comm-counts      rank 0 prints what it moved in the first step (forward, backward,\n"
+        "                     optimizer; with --dump, grad0.bin's gathering too), a line per\n"
+        "                     communicator and kind used: comm dp|tp|cp|world KIND calls N sent\n"
+        "                     BYTES recv BYTES (bytes as collectives/comm.h counts them)\n");
 }
 
 static int parse_float(const char *flag, const char *v, double lo, double hi, float *out) {
@@ -246,6 +250,7 @@ static int parse_args(int argc, char **argv, config *c) {
         else if (!strcmp(a, "--recompute")) c->recompute = 1, takes = 0;
         else if (!strcmp(a, "--cosine")) c->cosine = 1, takes = 0;
         else if (!strcmp(a, "--profile")) c->profile = 1, takes = 0;
+        else if (!strcmp(a, "--comm-counts")) c->comm_counts = 1, takes = 0;
         else {
             fprintf(stderr, NAME ": unknown flag '%s' (--help lists them)\n", a);
             return 2;
@@ -1640,6 +1645,29 @@ static dt_status sample(model *M, const corpus *d, char *out, int64_t n_out) {
 
 /* ------------------------------------------------------------ the run */
 
+/* --comm-counts: communicator i of the mesh dims (dp, tp, cp), then the
+ * world's; their counters bracket the first step. */
+#define STEP_COMMS 4
+static const char *const step_comm_names[STEP_COMMS] = {"dp", "tp", "cp", "world"};
+static dt_comm *step_comm(const model *M, int i) {
+    return i < 3 ? dt_mesh_comm(M->mesh, i) : dt_context_comm(M->ctx);
+}
+
+/* Rank 0 prints a line per communicator and kind with calls since the reset. */
+static dt_status print_comm_counts(const model *M) {
+    for (int i = 0; i < STEP_COMMS && M->rank == 0; i++) {
+        dt_comm_counters k;
+        DT_TRY(dt_comm_counters_get(step_comm(M, i), &k));
+        for (int j = 0; j < DT_COMM_KIND_COUNT; j++)
+            if (k.calls[j])
+                printf("comm %s %s calls %llu sent %llu recv %llu\n", step_comm_names[i],
+                       dt_comm_kind_name((dt_comm_kind)j), (unsigned long long)k.calls[j],
+                       (unsigned long long)k.bytes_sent[j], (unsigned long long)k.bytes_recv[j]);
+    }
+    if (M->rank == 0) fflush(stdout);
+    return DT_SUCCESS;
+}
+
 typedef struct run {
     const config *cfg;
     int status;   /* the exit status rank 0 decides on */
@@ -1713,12 +1741,15 @@ static dt_status train(dt_context *ctx, void *arg) {
         double norm = 0.0;
         const float lr = lr_at(c, s);
         DT_TRY_GOTO(st, batch_tensors(&M, c->batch, seq, &x, &y), out);
+        const int counting = c->comm_counts && s == start;
+        for (int i = 0; counting && i < STEP_COMMS; i++) dt_comm_counters_reset(step_comm(&M, i));
         DT_TRY_GOTO(st, forward_backward(&M, x, y, &loss), out);
         const int dump_grads = c->dump && s == start;   /* the first step's, grad0.bin */
         FILE *grads = dump_grads && M.rank == 0 ? open_in(c->dump, "grad0.bin", "wb") : NULL;
         st = optimizer_step(&M, s, lr, dump_grads, grads, &norm);
         if (grads) fclose(grads);
         if (st != DT_SUCCESS) goto out;
+        if (counting) DT_TRY_GOTO(st, print_comm_counts(&M), out);
         dt_tensor_destroy(x), dt_tensor_destroy(y);
         x = y = NULL;
         if (s == start) {

@@ -528,17 +528,18 @@ int main(void) {
                 name_case(c);
             }
     /* The tensor-core kernels' LATEST forms too (mma-latest, wgmma-latest):
-     * bf16 and fp16 at D = 64 and 128, one device and rings of 2 to 4. */
-    for (int v = 0; v < 5; v++) {
+     * bf16 and fp16 at D = 64 and 128, one device and rings of 2 to 8. */
+    for (int v = 0; v < 7; v++) {
         docs_case *c = &cases[nc++];
-        c->P = (int[]){1, 2, 3, 4, 2}[v];
-        const int64_t S = (int64_t[]){192, 128, 144, 128, 192}[v];
-        c->s = (attn_shape){1 + v % 2, S, 4, (int64_t[]){2, 1, 4, 2, 2}[v], v == 3 ? 128 : 64};
+        c->P = (int[]){1, 2, 3, 4, 2, 6, 8}[v];
+        const int64_t S = (int64_t[]){192, 128, 144, 128, 192, 144, 128}[v];
+        c->s = (attn_shape){1 + v % 2, S, 4, (int64_t[]){2, 1, 4, 2, 2, 1, 2}[v],
+                            v == 3 ? 128 : 64};
         c->order = (dt_order)(v % 3);
-        c->mask = v == 2 ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
+        c->mask = v == 2 || v == 6 ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
         c->dtype = v % 2 ? DT_F16 : DT_BF16;
-        c->window = (int64_t[]){40, 0, S / 3 / 2, 80, 0}[v];
-        c->docs = (int[]){1, 2, 2, 0, 1}[v];
+        c->window = (int64_t[]){40, 0, S / 3 / 2, 80, 0, 30, 0}[v];
+        c->docs = (int[]){1, 2, 2, 0, 1, 2, 1}[v];
         c->group = v == 4 ? 2 : 0;
         c->tensor_cores = 1;
         c->seed = 7800 + (uint64_t)nc;

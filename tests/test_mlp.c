@@ -13,6 +13,11 @@
  * tolerances hold), which skips with the reason where cuda+local cannot run
  * (no GPU, or no CUDA build).
  *
+ * The communication of a forward and a backward, counted by the mesh dim's
+ * communicator (test_counts, "mlp/counts/..."): tp one all-reduce of the
+ * output each way; sp an all-gather and a reduce-scatter each way; exact
+ * bytes from the shapes, on P = 1..4, fp32 and bf16.
+ *
  * The example program examples/tensor_parallel_mlp is run as a user would:
  * PASS and exit 0 for good flags, exit 2 and a message for bad ones
  * (skipped when it is not built), on the CPU backend (DT_EXAMPLE_BACKEND
@@ -205,6 +210,150 @@ static void test_mlp(void **state) {
     }
 }
 
+/* ------------------------------------------------------------ the counters */
+
+/* The communication of one MLP forward and backward, from the mesh dim's
+ * communicator's counters (collectives/comm.h), on P = 1..4 ranks. Nothing
+ * in dt_matmul, dt_gelu or their backwards communicates (dtensor/ops.c);
+ * each dt_tensor_redistribute (dtensor/primitives.c) here is one step on
+ * mesh dim 0, one collective; its entry check is an agreement exchange,
+ * which counts nothing. With es = the dtype's size and P ranks:
+ *   tp (x, dY Replicate; n = B S E, the whole output):
+ *     forward   Y Partial -> Replicate            1 all_reduce of n:
+ *               sent = recv = 2 (P-1) ceil(n/P) es (a reduce-scatter and an
+ *               all-gather of n padded to a multiple of P)
+ *     backward  dY is Replicate already (the row-parallel matmul's dy);
+ *               dX Partial -> Replicate (grad_reduce) 1 all_reduce of n
+ *   sp (x, Y, dY Shard(1); m = B (S/P) E, a rank's block):
+ *     forward   X Shard(1) -> Replicate            1 all_gather of m
+ *               Y Partial -> Shard(1)             1 reduce_scatter of m
+ *     backward  dY Shard(1) -> Replicate           1 all_gather of m
+ *               dX Partial -> Shard(1)            1 reduce_scatter of m
+ *               each sent = recv = (P-1) m es
+ * and no other kind on the mesh dim, nothing at all on the world's
+ * communicator. P = 1 counts the same calls with 0 bytes. tp's n is chosen
+ * not divisible by P = 3 and 4, so the padding shows. */
+typedef struct count_case {
+    int P, sp;
+    dt_dtype dtype;
+    int64_t B, S, E, F;
+    dt_comm_counters fwd[MAXW], bwd[MAXW], world[MAXW];
+    dt_status st[MAXW];
+} count_case;
+
+static dt_status rank_count(dt_context *ctx, void *arg) {
+    count_case *c = arg;
+    const int r = dt_context_rank(ctx);
+    const int64_t xs[3] = {c->B, c->S, c->E}, w1s[2] = {c->E, c->F}, w2s[2] = {c->F, c->E};
+    const dt_layout rep = dt_layout_1d(dt_replicate());
+    const dt_layout seq = dt_layout_1d(dt_shard(1, DT_ORDER_CONTIGUOUS));
+    const dt_layout col = dt_layout_1d(dt_shard(1, DT_ORDER_CONTIGUOUS));
+    const dt_layout row = dt_layout_1d(dt_shard(0, DT_ORDER_CONTIGUOUS));
+    dt_mesh *mesh = NULL;
+    dt_tensor *x = NULL, *w1 = NULL, *w2 = NULL, *xr = NULL, *y = NULL, *dy = NULL, *dyr = NULL;
+    dt_tensor *h = NULL, *g = NULL, *yp = NULL, *dg = NULL, *dh = NULL, *dx = NULL, *dxr = NULL;
+    dt_tensor *dw1 = NULL, *dw2 = NULL;
+    dt_status st;
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, &c->P, NULL, &mesh), out);
+    const dt_layout *act = c->sp ? &seq : &rep;
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 3, xs, act, &x), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 3, xs, act, &dy), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 2, w1s, &col, &w1), out);
+    DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 2, w2s, &row, &w2), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(x, 1), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(dy, 2), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(w1, 3), out);
+    DT_TRY_GOTO(st, dt_tensor_fill_random(w2, 4), out);
+    dt_comm *comm = dt_mesh_comm(mesh, 0), *world = dt_context_comm(ctx);
+    dt_comm_counters_reset(comm);
+    dt_comm_counters_reset(world);
+    /* forward: as rank_mlp */
+    if (c->sp) DT_TRY_GOTO(st, dt_tensor_redistribute(x, &rep, &xr), out);
+    const dt_tensor *xin = c->sp ? xr : x;
+    DT_TRY_GOTO(st, dt_matmul(xin, w1, &h), out);
+    DT_TRY_GOTO(st, dt_gelu(h, DT_GELU_ERF, &g), out);
+    DT_TRY_GOTO(st, dt_matmul(g, w2, &yp), out);
+    DT_TRY_GOTO(st, dt_tensor_redistribute(yp, act, &y), out);
+    DT_TRY_GOTO(st, dt_comm_counters_get(comm, &c->fwd[r]), out);
+    dt_comm_counters_reset(comm);
+    /* backward: dY to the Layout the row-parallel matmul's dy takes
+     * (Replicate), then back through both matmuls; dX reduced to X's */
+    DT_TRY_GOTO(st, dt_tensor_redistribute(dy, &rep, &dyr), out);
+    DT_TRY_GOTO(st, dt_matmul_backward(g, w2, dyr, &dg, &dw2), out);
+    DT_TRY_GOTO(st, dt_gelu_backward(h, DT_GELU_ERF, dg, &dh), out);
+    DT_TRY_GOTO(st, dt_matmul_backward(xin, w1, dh, &dx, &dw1), out);
+    DT_TRY_GOTO(st, dt_tensor_grad_reduce(dx, x, &dxr), out);
+    DT_TRY_GOTO(st, dt_comm_counters_get(comm, &c->bwd[r]), out);
+    DT_TRY_GOTO(st, dt_comm_counters_get(world, &c->world[r]), out);
+    if (!dt_layout_equal(dt_tensor_layout(dxr), act) || !dt_layout_equal(dt_tensor_layout(y), act))
+        st = dt_error(DT_ERR_INTERNAL, "rank %d: Y or dX is not in X's Layout", r);
+out:
+    c->st[r] = st;
+    dt_tensor *all[] = {x, w1, w2, xr, y, dy, dyr, h, g, yp, dg, dh, dx, dxr, dw1, dw2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_destroy(all[i]);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+/* Asserts that k is the one kind with calls in *got: `calls` of them, each
+ * way `bytes`. */
+static void assert_only(const char *what, int r, const dt_comm_counters *got, dt_comm_kind k,
+                        uint64_t calls, uint64_t bytes) {
+    for (int i = 0; i < DT_COMM_KIND_COUNT; i++) {
+        const uint64_t wc = i == (int)k ? calls : 0, wb = i == (int)k ? bytes : 0;
+        if (got->calls[i] != wc || got->bytes_sent[i] != wb || got->bytes_recv[i] != wb)
+            print_error("%s, rank %d, %s: calls %llu sent %llu recv %llu; want %llu, %llu, %llu\n",
+                        what, r, dt_comm_kind_name((dt_comm_kind)i),
+                        (unsigned long long)got->calls[i], (unsigned long long)got->bytes_sent[i],
+                        (unsigned long long)got->bytes_recv[i], (unsigned long long)wc,
+                        (unsigned long long)wb, (unsigned long long)wb);
+        assert_int_equal(got->calls[i], wc);
+        assert_int_equal(got->bytes_sent[i], wb);
+        assert_int_equal(got->bytes_recv[i], wb);
+    }
+}
+
+/* As assert_only for two kinds with one call each, of `bytes` each way. */
+static void assert_pair(const char *what, int r, const dt_comm_counters *got, dt_comm_kind a,
+                        dt_comm_kind b, uint64_t bytes) {
+    for (int i = 0; i < DT_COMM_KIND_COUNT; i++) {
+        const int on = i == (int)a || i == (int)b;
+        if (got->calls[i] != (uint64_t)on || got->bytes_sent[i] != (on ? bytes : 0) ||
+            got->bytes_recv[i] != (on ? bytes : 0))
+            print_error("%s, rank %d, %s: calls %llu sent %llu recv %llu; want %d, %llu each way\n",
+                        what, r, dt_comm_kind_name((dt_comm_kind)i),
+                        (unsigned long long)got->calls[i], (unsigned long long)got->bytes_sent[i],
+                        (unsigned long long)got->bytes_recv[i], on,
+                        (unsigned long long)(on ? bytes : 0));
+        assert_int_equal(got->calls[i], on);
+        assert_int_equal(got->bytes_sent[i], on ? bytes : 0);
+        assert_int_equal(got->bytes_recv[i], on ? bytes : 0);
+    }
+}
+
+static void test_counts(void **state) {
+    count_case *c = *state;
+    for (int r = 0; r < MAXW; r++) c->st[r] = DT_SUCCESS;
+    dt_status st = h_launch(c->P, rank_count, c);
+    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    assert_int_equal(st, DT_SUCCESS);
+    const uint64_t P = (uint64_t)c->P, es = dt_dtype_size(c->dtype);
+    const uint64_t n = (uint64_t)(c->B * c->S * c->E), m = n / P;
+    for (int r = 0; r < c->P; r++) {
+        assert_int_equal(c->st[r], DT_SUCCESS);
+        if (c->sp) {
+            const uint64_t b = (P - 1) * m * es;
+            assert_pair("forward", r, &c->fwd[r], DT_COMM_ALL_GATHER, DT_COMM_REDUCE_SCATTER, b);
+            assert_pair("backward", r, &c->bwd[r], DT_COMM_ALL_GATHER, DT_COMM_REDUCE_SCATTER, b);
+        } else {
+            const uint64_t b = 2 * (P - 1) * ((n + P - 1) / P) * es;
+            assert_only("forward", r, &c->fwd[r], DT_COMM_ALL_REDUCE, 1, b);
+            assert_only("backward", r, &c->bwd[r], DT_COMM_ALL_REDUCE, 1, b);
+        }
+        assert_only("world", r, &c->world[r], DT_COMM_P2P, 0, 0);
+    }
+}
+
 /* ------------------------------------------------- the example program */
 
 static char g_example[4096] = "build/examples/tensor_parallel_mlp";
@@ -247,9 +396,10 @@ int main(int argc, char **argv) {
             snprintf(g_example, sizeof g_example, "build/examples/tensor_parallel_mlp");
     }
 
-    enum { N_CASES = 2 * 2 * 3 * MAXW };
+    enum { N_CASES = 2 * 2 * 3 * MAXW, N_COUNTS = 2 * 2 * 4 };
     static mlp_case cases[N_CASES];
-    static char names[N_CASES + 16][160];
+    static count_case counts[N_COUNTS];
+    static char names[N_CASES + N_COUNTS + 16][160];
     static const example_case examples[] = {
         {"", 0, "result: PASS"},
         {"--sp --ranks 3 --batch 1 --seq 48 --embed 48 --dtype bf16 --iters 3", 0, "result: PASS"},
@@ -262,7 +412,7 @@ int main(int argc, char **argv) {
         {"--ranks 3 --embed 10", 2, "4E = 40 is not divisible by --ranks 3"},
         {"--iters", 2, "--iters takes an integer"},
     };
-    struct CMUnitTest tests[N_CASES + 16];
+    struct CMUnitTest tests[N_CASES + N_COUNTS + 16];
     size_t n = 0;
     for (int bk = 0; bk < 2; bk++)
         for (int sp = 0; sp < 2; sp++)
@@ -285,6 +435,25 @@ int main(int argc, char **argv) {
                     tests[n] = (struct CMUnitTest){names[n], test_mlp, NULL, NULL, c};
                     n++;
                 }
+    /* tp: n = B S E = 70 is not divisible by P = 3 or 4 (the all-reduce's
+     * padding); sp: S = 12 divides over every P */
+    for (int sp = 0, k = 0; sp < 2; sp++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int P = 1; P <= 4; P++, k++) {
+                count_case *c = &counts[k];
+                c->P = P;
+                c->sp = sp;
+                c->dtype = dt ? DT_BF16 : DT_F32;
+                c->B = 2;
+                c->S = sp ? 12 : 5;
+                c->E = 7;
+                c->F = 24;
+                snprintf(names[n], sizeof names[n],
+                         "mlp/counts/%s,P=%d,B=%lld,S=%lld,E=%lld,F=%lld,%s", sp ? "sp" : "tp", P, (long long)c->B, (long long)c->S, (long long)c->E,
+                         (long long)c->F, dt_dtype_name(c->dtype));
+                tests[n] = (struct CMUnitTest){names[n], test_counts, NULL, NULL, c};
+                n++;
+            }
     for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) {
         snprintf(names[n], sizeof names[n], "example/tensor_parallel_mlp %s%s-> exit %d",
                  examples[i].args, *examples[i].args ? " " : "", examples[i].want_status);

@@ -17,6 +17,9 @@
  *               rows are the corpus's bytes in order
  *   export      a safetensors file that parses, with the final parameters
  *   flags       bad flags and meshes that do not divide the model: exit 2
+ *   comm counts --comm-counts: every communicator's calls and bytes in the
+ *               first step (dp, tp, cp and the world's) exactly as derived
+ *               from the model's shapes, on 7 meshes, --sp and bf16 among them
  *   mpirun      the same binary as 4 processes: the threads' losses and
  *               final parameters bit for bit
  *   memory      no step after the first takes new memory (backend
@@ -709,6 +712,190 @@ static void test_profile(void **state) {
     }
 }
 
+/* --comm-counts: rank 0's calls and bytes in the first step on each
+ * communicator, against counts derived here from TINY's shapes and the code
+ * path (examples/train_gpt.c and the library calls it makes). Bytes are
+ * collectives/comm.h's: AR(n, P, es) = 2 (P-1) ceil(n/P) es for an
+ * all_reduce of n elements of es bytes over P ranks; (P-1) n es for an
+ * all_gather or a reduce_scatter of n a rank; a p2p group its sends. A mesh
+ * dim of size 1 still gets its calls (0 bytes), and so does the world.
+ * TINY: L = 2 layers, d = 64, H = 8, Hkv = 4, Dh = d/H = 8, F = 96,
+ * S = 24, B = 4, V = 256 (train_gpt's vocabulary); es = the --dtype's size
+ * (activations and gradients), the loss's reductions fp32. On a mesh
+ * dp x tp x cp of W ranks: B_l = B/dp, S_l = S/cp, a rank's residual
+ * T = B_l S_l d, its logits' rows R = B_l S_l; NP = 9L + 3 = 21 parameters
+ * of local sizes n_i (tp shards tok_emb, the projections and lm_head).
+ *   dp, cp  all_reduce: each parameter's gradient, Partial over dp and cp,
+ *           to Replicate (dt_tensor_grad_reduce: one step a mesh dim, dp
+ *           then cp); the loss's two row sums (dt_cross_entropy: the count
+ *           of targets, then the loss, 4 fp32 pieces each)
+ *             calls NP + 2, bytes sum_i AR(n_i, P, es) + 2 AR(4, P, 4)
+ *   tp      all_reduce: forward, per layer the two row-parallel outputs
+ *           (wo, w_down: Partial -> Replicate) and the embedding's lookup;
+ *           backward, per layer the two column-parallel inputs' gradients
+ *           (Megatron's f) and the head's; the vocab-parallel loss's row max
+ *           (R fp32) and sum|target logit (2R fp32)
+ *             calls 4L + 4, bytes (4L + 2) AR(T, tp, es) + AR(R, tp, 4)
+ *                                  + AR(2R, tp, 4)
+ *   cp      p2p (cp > 1): the ring, per layer: forward cp - 1 hops of K|V;
+ *           backward (attention/backward.c) cp groups (K|V ahead, the fp32
+ *           dK|dV sums behind) and the finished dK|dV home in two halves;
+ *           kv = B_l S_l (Hkv/tp) Dh es a rank's K, g = the same in fp32
+ *             calls L (2cp + 1), bytes L ((cp-1) 2kv + (cp-1)(2kv + 2g) + 2kv)
+ *   world   all_reduce: attention's range check, the max of |q|, |k|, |v|
+ *           (and |dout| backward) over the world (attention/plan.c), one per
+ *           call, even with DT_CHECK off
+ *             calls 2L, bytes L (AR(3, W, 4) + AR(4, W, 4))
+ *           all_gather: the global norm, one double a parameter
+ *           (dt_tensor_sum_squares)
+ *             calls NP, bytes NP (W-1) 8
+ * Under --sp (cp = 1): tp all_gathers the norms' outputs before the
+ * column-parallel matmuls (2 a layer and the head's) and the row-parallel
+ * outputs' gradients (2 a layer) and the embedding's; it reduce_scatters the
+ * row-parallel outputs and the embedding's (forward) and the
+ * column-parallel inputs' gradients and the head's (backward): 4L + 2 each
+ * of B_l (S/tp) d a rank; all_reduce: the 2L + 1 norms' gradients (Partial
+ * over tp) and the loss's two (R = B_l S); cp: nothing. */
+enum { TL = 2, TD = 64, TH = 8, THKV = 4, TDH = TD / TH, TF = 96, TS = 24, TB = 4, TV = 256,
+       TNP = 9 * TL + 3 };
+enum { C_DP, C_TP, C_CP, C_WORLD, C_COMMS };
+static const char *const comm_names[C_COMMS] = {"dp", "tp", "cp", "world"};
+
+typedef struct comm_table {
+    uint64_t calls[C_COMMS][DT_COMM_KIND_COUNT], sent[C_COMMS][DT_COMM_KIND_COUNT],
+             recv[C_COMMS][DT_COMM_KIND_COUNT];
+} comm_table;
+
+static uint64_t ar(uint64_t n, uint64_t P, uint64_t es) {
+    return 2 * (P - 1) * ((n + P - 1) / P) * es;
+}
+
+static void put(comm_table *t, int c, dt_comm_kind k, uint64_t calls, uint64_t bytes) {
+    t->calls[c][k] = calls, t->sent[c][k] = bytes, t->recv[c][k] = bytes;
+}
+
+static void comm_expected(uint64_t dp, uint64_t tp, uint64_t cp, int sp, uint64_t es,
+                          comm_table *t) {
+    memset(t, 0, sizeof *t);
+    const uint64_t W = dp * tp * cp, Bl = TB / dp, Sl = TS / cp, T = Bl * Sl * TD;
+    uint64_t n[TNP], k = 0;
+    n[k++] = TV * TD / tp;                                    /* tok_emb */
+    for (int l = 0; l < TL; l++) {
+        n[k++] = TD;                                          /* attn_norm */
+        n[k++] = TD * TH * TDH / tp;                          /* wq */
+        n[k++] = TD * THKV * TDH / tp, n[k++] = TD * THKV * TDH / tp;   /* wk, wv */
+        n[k++] = TH * TDH * TD / tp;                          /* wo */
+        n[k++] = TD;                                          /* mlp_norm */
+        n[k++] = TD * TF / tp, n[k++] = TD * TF / tp, n[k++] = TF * TD / tp;   /* gate, up, down */
+    }
+    n[k++] = TD;                                              /* norm */
+    n[k++] = TD * TV / tp;                                    /* lm_head */
+    assert_int_equal(k, TNP);
+    static const int row_comms[2] = {C_DP, C_CP};
+    for (int j = 0; j < 2; j++) {
+        const int c = row_comms[j];
+        const uint64_t P = c == C_DP ? dp : cp;
+        if (c == C_CP && sp) continue;   /* --sp: nothing is sharded over cp */
+        uint64_t b = 2 * ar(4, P, 4);
+        for (int i = 0; i < TNP; i++) b += ar(n[i], P, es);
+        put(t, c, DT_COMM_ALL_REDUCE, TNP + 2, b);
+    }
+    if (!sp) {
+        const uint64_t R = Bl * Sl;
+        put(t, C_TP, DT_COMM_ALL_REDUCE, 4 * TL + 4,
+            (4 * TL + 2) * ar(T, tp, es) + ar(R, tp, 4) + ar(2 * R, tp, 4));
+        if (cp > 1) {
+            const uint64_t kv = Bl * Sl * (THKV / tp) * TDH * es, g = kv / es * 4;
+            put(t, C_CP, DT_COMM_P2P, TL * (2 * cp + 1),
+                TL * ((cp - 1) * 2 * kv + (cp - 1) * (2 * kv + 2 * g) + 2 * kv));
+        }
+    } else {
+        const uint64_t R = Bl * TS, blk = (tp - 1) * Bl * (TS / tp) * TD * es;
+        put(t, C_TP, DT_COMM_ALL_GATHER, 4 * TL + 2, (4 * TL + 2) * blk);
+        put(t, C_TP, DT_COMM_REDUCE_SCATTER, 4 * TL + 2, (4 * TL + 2) * blk);
+        put(t, C_TP, DT_COMM_ALL_REDUCE, 2 * TL + 3,
+            (2 * TL + 1) * ar(TD, tp, es) + ar(R, tp, 4) + ar(2 * R, tp, 4));
+    }
+    put(t, C_WORLD, DT_COMM_ALL_REDUCE, 2 * TL, TL * (ar(3, W, 4) + ar(4, W, 4)));
+    put(t, C_WORLD, DT_COMM_ALL_GATHER, TNP, TNP * (W - 1) * 8);
+}
+
+/* The "comm NAME KIND calls N sent N recv N" lines of out; 0 if one does
+ * not parse or repeats. */
+static int comm_parse(const char *out, comm_table *t) {
+    memset(t, 0, sizeof *t);
+    int lines = 0;
+    for (const char *p = out; (p = strstr(p, "comm ")) != NULL; p++) {
+        if (p != out && p[-1] != '\n') continue;
+        char name[16], kind[32];
+        unsigned long long calls, sent, recv;
+        if (sscanf(p, "comm %15s %31s calls %llu sent %llu recv %llu", name, kind, &calls, &sent,
+                   &recv) != 5) {
+            print_error("does not parse: %.80s\n", p);
+            return 0;
+        }
+        int c = -1, k = -1;
+        for (int i = 0; i < C_COMMS; i++)
+            if (!strcmp(name, comm_names[i])) c = i;
+        for (int i = 0; i < DT_COMM_KIND_COUNT; i++)
+            if (!strcmp(kind, dt_comm_kind_name((dt_comm_kind)i))) k = i;
+        if (c < 0 || k < 0 || t->calls[c][k] || !calls) {
+            print_error("unknown, repeated or empty: %.80s\n", p);
+            return 0;
+        }
+        t->calls[c][k] = calls, t->sent[c][k] = sent, t->recv[c][k] = recv;
+        lines++;
+    }
+    return lines > 0;
+}
+
+static void test_comm_counts(void **state) {
+    (void)state;
+    REQUIRE_BIN();
+    static const struct {
+        const char *args;
+        int dp, tp, cp, sp, es;
+    } runs[] = {
+        {"--tp 2 --cp 2", 1, 2, 2, 0, 4},
+        {"--tp 2 --cp 2 --order zigzag --dtype bf16", 1, 2, 2, 0, 2},
+        {"--dp 2 --tp 2", 2, 2, 1, 0, 4},
+        {"--dp 2 --tp 2 --cp 2 --order contiguous", 2, 2, 2, 0, 4},
+        {"--tp 2 --cp 3", 1, 2, 3, 0, 4},
+        {"--tp 2 --sp", 1, 2, 1, 1, 4},
+        {"--ranks 1", 1, 1, 1, 0, 4},
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        char args[1024];
+        snprintf(args, sizeof args, TINY " %s --steps 2 --comm-counts", runs[r].args);
+        char *out = train_output(args);
+        assert_non_null(out);
+        comm_table got, want;
+        const int parsed = comm_parse(out, &got);
+        free(out);
+        assert_true(parsed);
+        comm_expected((uint64_t)runs[r].dp, (uint64_t)runs[r].tp, (uint64_t)runs[r].cp, runs[r].sp,
+                      (uint64_t)runs[r].es, &want);
+        int bad = 0;
+        for (int c = 0; c < C_COMMS; c++)
+            for (int k = 0; k < DT_COMM_KIND_COUNT; k++) {
+                if (got.calls[c][k] == want.calls[c][k] && got.sent[c][k] == want.sent[c][k] &&
+                    got.recv[c][k] == want.recv[c][k])
+                    continue;
+                print_error("%s: comm %s %s: calls %llu sent %llu recv %llu, want %llu %llu %llu\n",
+                            runs[r].args, comm_names[c], dt_comm_kind_name((dt_comm_kind)k),
+                            (unsigned long long)got.calls[c][k], (unsigned long long)got.sent[c][k],
+                            (unsigned long long)got.recv[c][k],
+                            (unsigned long long)want.calls[c][k],
+                            (unsigned long long)want.sent[c][k],
+                            (unsigned long long)want.recv[c][k]);
+                bad++;
+            }
+        print_message("%s: every communicator's calls and bytes as derived%s\n", runs[r].args,
+                      bad ? " but for the above" : "");
+        assert_int_equal(bad, 0);
+    }
+}
+
 /* The same binary as processes under mpirun (MPIRUN, or mpirun from PATH;
  * skipped without): the threads' losses and final parameters to the bit
  * (both transports sum in rank order in fp32). */
@@ -832,6 +1019,7 @@ int main(int argc, char **argv) {
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_dump_replays_in_pytorch);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_memory);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_profile);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_comm_counts);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_mpirun);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_cuda);
     const int failed = h_run_cases("train_gpt", tests, (size_t)n);
