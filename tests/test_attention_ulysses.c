@@ -1,7 +1,9 @@
 /* tests/test_attention_ulysses.c — attention by Layout: Ulysses (the
  * sequence's shards moved to the heads by an all-to-all,
  * dt_attention_options.a2a_dim) and the Ulysses x ring hybrid (the sequence
- * sharded over two mesh dims), on the CPU backend:
+ * sharded over two mesh dims), on the CPU backend (and a few cases on the
+ * CUDA backend, over the local transport and NCCL's all-to-all, where
+ * there is one: a GPU or the emulator):
  *   - forward and backward, P = U x R from 2 to 8: pure Ulysses (R = 1),
  *     the hybrid with the ring outer or inner, every order on each dim,
  *     heads also sharded over a tensor-parallel mesh dim, GQA with kv heads
@@ -48,6 +50,8 @@ typedef struct u_case {
     int64_t window;
     int64_t lens[64], count;   /* documents (count 0: none) */
     uint64_t seed;
+    dt_backend_kind backend;   /* 0: cpu; cuda: skipped where there is none */
+    dt_transport_kind transport;
     /* filled by the test */
     double *ref[5];            /* o, lse, dq, dk, dv on the whole sequence */
     dt_status st[MAXR];
@@ -55,8 +59,8 @@ typedef struct u_case {
     char msg[MAXR][256];
 } u_case;
 
-static double fwd_tol(dt_dtype dt) { return dt == DT_F32 ? 1e-5 : 2e-2; }
-static double bwd_tol(dt_dtype dt) { return dt == DT_F32 ? 1e-4 : 3e-2; }
+static double fwd_tol(dt_dtype dt) { return dt == DT_F32 ? 1e-5 : dt == DT_F16 ? 2e-3 : 2e-2; }
+static double bwd_tol(dt_dtype dt) { return dt == DT_F32 ? 1e-4 : dt == DT_F16 ? 4e-3 : 3e-2; }
 
 /* t's local elements (got through dt_tensor_get_global into a full array
  * first filled with NaN) against ref at the same global places; the count
@@ -148,7 +152,15 @@ static void run_case(void **state) {
     ref_attention_backward_rule(s, &rule, q, k, v, g, scale, c->ref[2], c->ref[3], c->ref[4]);
     memset(c->bad, 0, sizeof c->bad);
     const int world = c->sizes[0] * (c->ndim > 1 ? c->sizes[1] : 1);
-    const dt_status st = h_launch(world, rank_case, c);
+    const dt_backend_kind backend = c->backend ? c->backend : DT_BACKEND_CPU;
+    char why[512];
+    if (!h_pair_available(world, backend, c->transport, why, sizeof why)) {
+        for (int i = 0; i < 5; i++) free(c->ref[i]);
+        free(q), free(k), free(v), free(g);
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    const dt_status st = h_launch_on(world, backend, c->transport, rank_case, c);
     int ok = st == DT_SUCCESS;
     for (int r = 0; r < world; r++) {
         if (c->st[r] != DT_SUCCESS) print_error("rank %d: %s\n", r, c->msg[r]);
@@ -314,7 +326,7 @@ static const char *on(dt_placement p) {
 }
 
 int main(void) {
-    enum { NC = 40 };
+    enum { NC = 48 };
     static u_case cases[NC];
     static struct CMUnitTest tests[NC + 2];
     int n = 0, nc = 0;
@@ -383,10 +395,31 @@ int main(void) {
             c->window = 7;
         }
     }
+    /* The CUDA backend (on a GPU or the emulator; skipped elsewhere): pure
+     * Ulysses over the local transport and over NCCL (its all-to-all), and
+     * a hybrid, in bf16 and fp16. */
+    for (int v = 0; v < 4; v++) {
+        u_case *c = &cases[nc++];
+        memset(c, 0, sizeof *c);
+        c->backend = DT_BACKEND_CUDA;
+        c->transport = v == 1 ? DT_TRANSPORT_NCCL : DT_TRANSPORT_LOCAL;
+        c->ndim = v == 3 ? 2 : 1;
+        c->sizes[0] = v == 3 ? 2 : 4;
+        c->sizes[1] = 2;
+        c->layout = v == 3 ? dt_layout_2d(dt_shard(1, DT_ORDER_ZIGZAG), dt_shard(1, DT_ORDER_CONTIGUOUS))
+                           : dt_layout_1d(dt_shard(1, orders[v]));
+        c->a2a_dim = v == 3 ? 1 : 0;
+        c->mask = v == 2 ? DT_ATTN_FULL : DT_ATTN_CAUSAL;
+        c->dtype = v % 2 ? DT_F16 : DT_BF16;
+        c->s = (attn_shape){1, 32, 8, v == 0 ? 2 : 4, 16};
+        c->seed = 600 + (uint64_t)nc;
+    }
     for (int i = 0; i < nc; i++) {
         u_case *c = &cases[i];
         snprintf(c->name, sizeof c->name,
-                 "ulysses/mesh=%dx%d,[%s,%s],a2a=%d/B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s",
+                 "ulysses/%s%s/mesh=%dx%d,[%s,%s],a2a=%d/B=%lld,S=%lld,H=%lld,HKV=%lld,D=%lld,%s,%s%s%s",
+                 c->backend == DT_BACKEND_CUDA ? "cuda" : "cpu",
+                 c->transport == DT_TRANSPORT_NCCL ? "-nccl" : "",
                  c->sizes[0], c->ndim > 1 ? c->sizes[1] : 1, on(c->layout.placements[0]),
                  c->ndim > 1 ? on(c->layout.placements[1]) : "-", c->a2a_dim, (long long)c->s.B,
                  (long long)c->s.S, (long long)c->s.H, (long long)c->s.Hkv, (long long)c->s.D,
