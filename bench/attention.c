@@ -47,6 +47,20 @@
  *       as attention/mask.h's rule takes them; ideal = total / P. Given
  *       --docs, --window, --seq, --ranks or --seed without --section, (d)
  *       alone runs.
+ *   (e) ring, Ulysses and the hybrid (not in the default list): on P ranks
+ *       (--ranks, default 8), causal, H = H_kv (the least multiple of P
+ *       from 8), the ring over all P contiguous and striped, Ulysses alone
+ *       (dt_attention_options.a2a_dim over all P) and the hybrids on a
+ *       (P/U ring) x (U Ulysses) mesh for U = 2, 4 below P, striped over
+ *       the ring: MEASURED each rank's bytes per kind, from the counters of
+ *       its mesh dims' communicators and the world's (collectives/comm.h),
+ *       reset before the timed call and read after, against the FORMULA
+ *       (ul_formula); MEASURED the call's wall time (slowest rank, median)
+ *       and the largest per-rank thread CPU time. On a GPU S = 32k, 64k,
+ *       128k; on the CPU S = 4096 and 8192, then 32k, 64k and 128k once
+ *       each with a sliding window of 128 (the bytes do not depend on the
+ *       mask; the CPU could not compute the full mask there in minutes).
+ *       --seq S runs that S alone (with --window W).
  * Timing: CLOCK_MONOTONIC (and CLOCK_THREAD_CPUTIME_ID), one warmup, then
  * --iters iterations; the median is reported. Each timed call ends with a
  * read-back of a one-element tensor of the rank (wait_done): the public API
@@ -67,7 +81,7 @@
  *      [--dtype bf16,fp32,fp16] [--dependent 0|1|2] [--persistent 0|1|2]
  *      [--producer 0|1] [--copies 0|1] [--comm-ctas N] [--pass fwd,bwd]
  *      [--group G] [--seq S] [--ranks P] [--docs L1,L2,...|random:MEAN]
- *      [--window W] [--seed N]
+ *      [--window W] [--seed N]     (--section e: --ranks, --seq, --window)
  *
  * --group G runs the forward rings of (b) and (c) with up to G ring steps
  * per launch (dt_attention_options.group; striped causal: the greatest
@@ -107,6 +121,10 @@
 
 #define MAX_ITERS 100
 #define MAX_P 8
+/* (e) on the CPU: the timed sequences, and the window of the issue's
+ * sequences (32k to 128k tokens), run once each for their bytes */
+static const int64_t ul_cpu_seqs[2] = {4096, 8192};
+#define UL_CPU_WINDOW 128
 
 /* ------------------------------------------------------------------- passes */
 
@@ -127,7 +145,7 @@ typedef struct bench_opts {
     dt_backend_kind backend;
     int json, quick, iters, tokens_per_rank;
     int shapes;                /* 0 auto, 1 scaled, 2 full */
-    int sections[4];           /* a, b, c, d */
+    int sections[5];           /* a, b, c, d, e */
     int passes[PASS_COUNT];    /* fwd, bwd */
     int dtypes[3];             /* (a): bf16, fp32, fp16 (--dtype); none set: bf16, fp32 */
     int dependent;             /* --dependent: CUDA's dependent launches (default 1) */
@@ -144,6 +162,9 @@ typedef struct bench_opts {
     uint64_t seed;             /* --seed: --docs random:MEAN draws from seed + 4 (1) */
     int sections_given;        /* --section was given */
     int mask_flags;            /* one of (d)'s flags was given */
+    int d_only_flags;          /* --docs or --seed: (d)'s alone ((e) takes --seq, --ranks,
+                                  --window too) */
+    int seq_given;             /* --seq was given */
 } bench_opts;
 
 static dt_backend_kind g_backend_used = DT_BACKEND_AUTO;
@@ -206,11 +227,13 @@ static void call_destroy(attn_call *c) {
 }
 
 /* q, k, v (and dout) of global shape [B, S, H, D] under `lay` on `mesh`, or
- * local tensors when mesh is NULL. On failure the caller still calls
- * call_destroy. */
+ * local tensors when mesh is NULL; a2a_dim and window as
+ * dt_attention_options takes them (-1, 0: none). On failure the caller
+ * still calls call_destroy. */
 static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layout *lay,
                              dt_dtype dtype, const int64_t shp[4], dt_attn_mask mask,
-                             bench_pass pass, int group, attn_call *c) {
+                             bench_pass pass, int group, int a2a_dim, int64_t window,
+                             attn_call *c) {
     const dt_attention_options init = DT_ATTENTION_OPTIONS_INIT;
     memset(c, 0, sizeof *c);
 #ifdef DT_HAVE_CUDA
@@ -220,6 +243,8 @@ static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layo
     c->opts = init;
     c->opts.mask = mask;
     c->opts.group = group;
+    c->opts.a2a_dim = a2a_dim;
+    c->opts.window = window;
     c->tuning = (dt_attention_tuning){DT_ATTN_KERNEL_AUTO, g_persistent, g_dependent, g_producer};
     c->opts.tuning = &c->tuning;
     DT_TRY(dt_tensor_create(ctx, mesh, dtype, 4, shp, lay, &c->q));
@@ -235,11 +260,14 @@ static dt_status call_create(dt_context *ctx, const dt_mesh *mesh, const dt_layo
         if (bwd_bytes > bytes) bytes = bwd_bytes;
     }
     /* Backend memory for the workspace: a local fp32 tensor is the public
-     * way to get some. */
+     * way to get some. None asked (an all-to-all dim: the call makes its
+     * own): none given. */
     int64_t n = (int64_t)((bytes + 3) / 4);
-    DT_TRY(dt_tensor_create(ctx, NULL, DT_F32, 1, &n, NULL, &c->ws));
-    c->opts.workspace = dt_tensor_data(c->ws);
-    c->opts.workspace_bytes = dt_tensor_local_bytes(c->ws);
+    if (n > 0) {
+        DT_TRY(dt_tensor_create(ctx, NULL, DT_F32, 1, &n, NULL, &c->ws));
+        c->opts.workspace = dt_tensor_data(c->ws);
+        c->opts.workspace_bytes = dt_tensor_local_bytes(c->ws);
+    }
     int64_t one = 1;
     DT_TRY(dt_tensor_create(ctx, NULL, DT_F32, 1, &one, NULL, &c->done));
     if (pass == PASS_BWD) {
@@ -322,7 +350,8 @@ static dt_status rank_kernel(dt_context *ctx, void *arg) {
     int64_t shp[4] = {k->s.B, k->s.S, k->s.H, k->s.D};
     attn_call c;
     dt_status st;
-    DT_TRY_GOTO(st, call_create(ctx, NULL, NULL, k->dtype, shp, k->mask, k->pass, 1, &c), out);
+    DT_TRY_GOTO(st, call_create(ctx, NULL, NULL, k->dtype, shp, k->mask, k->pass, 1, -1, 0, &c),
+                out);
     for (int i = -1; i < k->iters; i++) {  /* i = -1: warmup */
         double t0 = ex_now_s();
         DT_TRY_GOTO(st, call_run(&c), out);
@@ -376,7 +405,7 @@ static dt_status rank_ring(dt_context *ctx, void *arg) {
     dt_layout lay = dt_layout_1d(dt_shard(1, r->order));
     int64_t shp[4] = {r->B, r->P * r->C, r->H, r->D};
     DT_TRY_GOTO(st, call_create(ctx, mesh, &lay, r->dtype, shp, DT_ATTN_CAUSAL, r->pass,
-                                g_group, &c), out);
+                                g_group, -1, 0, &c), out);
     tm = malloc(sizeof *tm);
     if (!tm) DT_TRY_GOTO(st, dt_error(DT_ERR_OUT_OF_MEMORY, "bench: out of memory"), out);
     c.opts.timing = tm;
@@ -594,6 +623,310 @@ static void mask_work(FILE *out, const bench_opts *o, const int64_t *lens, int64
     free(bounds);
 }
 
+/* ------------------------------------ (e) ring, Ulysses and the hybrid */
+
+/* One algorithm of (e) on P ranks: U = 0 the ring over all P by `order`;
+ * U = P Ulysses alone (one mesh dim, a2a_dim 0); else the hybrid on a
+ * (P/U ring) x (U Ulysses) mesh, [Shard(1, order), Shard(1, contiguous)],
+ * a2a_dim 1. q, k, v [B, S, H, D] (H_kv = H), causal, an optional window. */
+typedef struct ul_case {
+    int P, U;
+    dt_order order;
+    int64_t B, S, H, D, window;
+    dt_dtype dtype;
+    bench_pass pass;
+    int iters;
+    double wall[MAX_ITERS][MAX_P], cpu[MAX_ITERS][MAX_P];
+    /* each rank's counters of its last timed call: [rank][UL_RING, UL_A2A, UL_WORLD] */
+    dt_comm_counters cnt[MAX_P][3];
+    /* results */
+    double wall_s, cpu_max_s;
+} ul_case;
+
+enum { UL_RING, UL_A2A, UL_WORLD };   /* the communicators, and the kind each carries */
+static const dt_comm_kind ul_kinds[3] = {DT_COMM_P2P, DT_COMM_ALL_TO_ALL, DT_COMM_ALL_REDUCE};
+
+typedef struct ul_mesh {
+    int ndim, sizes[2], ring, a2a;   /* the ring's and the all-to-all's mesh dims, -1: none */
+    dt_layout layout;
+} ul_mesh;
+
+static ul_mesh ul_mesh_of(const ul_case *u) {
+    ul_mesh m = {1, {u->P, 1}, 0, -1, dt_layout_1d(dt_shard(1, u->order))};
+    if (u->U == u->P) {
+        m.ring = -1;
+        m.a2a = 0;
+    } else if (u->U) {
+        m.ndim = 2;
+        m.sizes[0] = u->P / u->U;
+        m.sizes[1] = u->U;
+        m.a2a = 1;
+        m.layout = dt_layout_2d(dt_shard(1, u->order), dt_shard(1, DT_ORDER_CONTIGUOUS));
+    }
+    return m;
+}
+
+static dt_status rank_ulysses(dt_context *ctx, void *arg) {
+    ul_case *u = arg;
+    const int rank = dt_context_rank(ctx);
+    dt_mesh *mesh = NULL;
+    attn_call c;
+    memset(&c, 0, sizeof c);
+    dt_status st;
+    const ul_mesh m = ul_mesh_of(u);
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, m.ndim, m.sizes, NULL, &mesh), out);
+    const int64_t shp[4] = {u->B, u->S, u->H, u->D};
+    DT_TRY_GOTO(st, call_create(ctx, mesh, &m.layout, u->dtype, shp, DT_ATTN_CAUSAL, u->pass,
+                                g_group, m.a2a, u->window, &c), out);
+    dt_comm *comms[3] = {m.ring >= 0 ? dt_mesh_comm(mesh, m.ring) : NULL,
+                         m.a2a >= 0 ? dt_mesh_comm(mesh, m.a2a) : NULL, dt_context_comm(ctx)};
+    for (int i = -1; i < u->iters; i++) {   /* i = -1: warmup */
+        DT_TRY_GOTO(st, dt_comm_barrier(dt_context_comm(ctx)), out);
+        for (int k = 0; k < 3; k++) dt_comm_counters_reset(comms[k]);
+        const double w0 = ex_now_s(), c0 = cpu_s();
+        DT_TRY_GOTO(st, call_run(&c), out);
+        const double w1 = ex_now_s(), c1 = cpu_s();
+        for (int k = 0; k < 3; k++) {
+            memset(&u->cnt[rank][k], 0, sizeof u->cnt[rank][k]);
+            if (comms[k]) DT_TRY_GOTO(st, dt_comm_counters_get(comms[k], &u->cnt[rank][k]), out);
+        }
+        if (i >= 0) {
+            u->wall[i][rank] = w1 - w0;
+            u->cpu[i][rank] = c1 - c0;
+        }
+        call_release(&c);
+    }
+out:
+    call_destroy(&c);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+/* What one call moves per rank, by collectives/comm.h's definitions (a
+ * rank's own block never counts; sent = received), on each communicator:
+ *   UL_A2A   Ulysses: the all-to-alls of q, k, v out and o, lse back
+ *            (forward, 5), of q, k, v, o, lse, dout out and dq, dk, dv back
+ *            (backward, 9), each (U-1)/U of a rank's part;
+ *   UL_RING  the ring of R = P/U ranks (R = P without Ulysses): forward R-1
+ *            hops of the packed K|V block [2, B, S/R, H/U, D]; backward R-1
+ *            of it and R-1 of its fp32 dK|dV sums in R groups, then the
+ *            finished dK|dV home in the dtype in two groups (attention/
+ *            backward.c);
+ *   UL_WORLD the call's range check, one all_reduce (max) of n = 3 floats
+ *            (backward 4) over the world: 2 (P-1) ceil(n/P) x 4 bytes. */
+typedef struct ul_expect {
+    uint64_t calls[3], bytes[3];
+} ul_expect;
+
+static ul_expect ul_formula(const ul_case *u) {
+    ul_expect f;
+    memset(&f, 0, sizeof f);
+    const int bwd = u->pass == PASS_BWD;
+    const uint64_t es = dt_dtype_size(u->dtype), P = (uint64_t)u->P, U = (uint64_t)u->U;
+    const uint64_t R = U ? P / U : P, hu = (uint64_t)u->H / (U ? U : 1);
+    const uint64_t x = (uint64_t)(u->B * (u->S / u->P) * u->H * u->D) * es;   /* q, k, v, o */
+    const uint64_t lse = (uint64_t)(u->B * u->H * (u->S / u->P)) * sizeof(float);
+    if (U) {
+        const uint64_t sx = (U - 1) * (x / U), sl = (U - 1) * (lse / U);
+        f.calls[UL_A2A] = bwd ? 9 : 5;
+        f.bytes[UL_A2A] = (bwd ? 8 : 4) * sx + sl;
+    }
+    const uint64_t rows = (uint64_t)u->B * ((uint64_t)u->S / R);
+    const uint64_t block = 2 * rows * hu * (uint64_t)u->D * es;
+    const uint64_t grads = 2 * rows * hu * (uint64_t)u->D * sizeof(float);
+    if (R > 1) {
+        f.calls[UL_RING] = bwd ? R + (rows / 2 > 0) + 1 : R - 1;
+        f.bytes[UL_RING] = bwd ? (R - 1) * (block + grads) + block : (R - 1) * block;
+    }
+    const uint64_t n = bwd ? 4 : 3;
+    f.calls[UL_WORLD] = 1;
+    f.bytes[UL_WORLD] = 2 * (P - 1) * ((n + P - 1) / P) * sizeof(float);
+    return f;
+}
+
+/* 1 if every rank's counters are the formula's: on each communicator its
+ * kind's calls and bytes (both ways), nothing of any other kind. */
+static int ul_match(const ul_case *u, const ul_expect *f) {
+    for (int r = 0; r < u->P; r++)
+        for (int k = 0; k < 3; k++)
+            for (int kind = 0; kind < DT_COMM_KIND_COUNT; kind++) {
+                const dt_comm_counters *c = &u->cnt[r][k];
+                const int mine = kind == (int)ul_kinds[k];
+                if (c->calls[kind] != (mine ? f->calls[k] : 0) ||
+                    c->bytes_sent[kind] != (mine ? f->bytes[k] : 0) ||
+                    c->bytes_recv[kind] != (mine ? f->bytes[k] : 0))
+                    return 0;
+            }
+    return 1;
+}
+
+static void ul_summarise(ul_case *u) {
+    double w[MAX_ITERS], cm[MAX_ITERS];
+    for (int i = 0; i < u->iters; i++) {
+        w[i] = cm[i] = 0;
+        for (int j = 0; j < u->P; j++) {
+            w[i] = fmax(w[i], u->wall[i][j]);
+            cm[i] = fmax(cm[i], u->cpu[i][j]);
+        }
+    }
+    u->wall_s = ex_median(w, u->iters);
+    u->cpu_max_s = ex_median(cm, u->iters);
+}
+
+/* "ring contiguous", "ulysses U=8", "hybrid 4x2 striped". */
+static void ul_name(const ul_case *u, char *buf, size_t size) {
+    if (!u->U) snprintf(buf, size, "ring %s", dt_order_name(u->order));
+    else if (u->U == u->P) snprintf(buf, size, "ulysses U=%d", u->U);
+    else snprintf(buf, size, "hybrid %dx%d %s", u->P / u->U, u->U, dt_order_name(u->order));
+}
+
+/* The rows of (e): for each S (the timed ones, then the long ones, with a
+ * window) and pass, the ring contiguous and striped, Ulysses alone, and
+ * the hybrids with U = 2 and 4 where U < P divides P. */
+typedef struct ul_rows {
+    int P;
+    int64_t B, H, D;
+    dt_dtype dtype;
+    int n;                    /* sequences */
+    int64_t S[8], window[8];
+    int iters[8];
+} ul_rows;
+
+static void ulysses_section(FILE *out, const bench_opts *o, const ul_rows *rows,
+                            const bench_pass *passes, int npass, int gpu, long cores,
+                            int comma_before) {
+    const int P = rows->P;
+    if (o->json) {
+        fprintf(out, "%s  \"ulysses\": [\n", comma_before ? "," : "");
+    } else {
+        fprintf(out, "\n(e) ring, Ulysses and the hybrid: bytes and time per rank, P = %d, B = %lld, "
+                     "H = H_kv = %lld, D = %lld, %s,\n"
+                     "    causal; q, k, v sharded over the sequence (dim 1)\n"
+                     "    ring X          the ring over all P, Shard(1, X)\n"
+                     "    ulysses U=P     all-to-alls over all P (dt_attention_options.a2a_dim): "
+                     "no ring\n"
+                     "    hybrid RxU X    a (R = P/U ring) x (U Ulysses) mesh, [Shard(1, X), "
+                     "Shard(1, contiguous)],\n"
+                     "                    a2a_dim 1: all-to-alls over U, then the ring over R\n"
+                     "    MEASURED bytes: each rank's counters (collectives/comm.h) of its mesh "
+                     "dims' communicators and\n"
+                     "      the world's, reset before the timed call and read after; p2p is the "
+                     "ring's, a2a the\n"
+                     "      all-to-alls, all_reduce the call's range check (3 floats forward, 4 "
+                     "backward, on the world)\n"
+                     "    FORMULA: forward ring (R-1) x K|V block [2, B, S/R, H/U, D]; backward "
+                     "(R-1) x (K|V + fp32 dK|dV)\n"
+                     "      + dK|dV home; Ulysses forward 5 all-to-alls, (U-1)/U x (q + k + v + o "
+                     "+ lse), backward 9,\n"
+                     "      (U-1)/U x (q + k + v + o + lse + dout + dq + dk + dv); all_reduce "
+                     "2 (P-1) ceil(n/P) x 4\n"
+                     "    match: every rank's counters equal the formula, sent and received, "
+                     "every kind (rank 0's shown)\n"
+                     "    MEASURED wall: the slowest rank's wall time of the call (starts aligned "
+                     "by a barrier), median;\n"
+                     "      cpu-max: the largest per-rank thread CPU time of the call%s\n",
+                P, (long long)rows->B, (long long)rows->H, (long long)rows->D,
+                dt_dtype_name(rows->dtype),
+                gpu ? " (not meaningful on a GPU)" : "");
+        int windowed = 0;
+        for (int si = 0; si < rows->n; si++) windowed |= rows->window[si] > 0;
+        if (windowed)
+            fprintf(out, "    window > 0: causal with a sliding window, so that little is "
+                         "computed; every ring hop and\n      all-to-all still moves all its "
+                         "bytes (they do not depend on the mask); the times are not the\n"
+                         "      full mask's\n");
+        if (!gpu && cores < P)
+            fprintf(out, "    NOTE: ranks are threads on %ld cores: wall time tracks the total "
+                         "work of all ranks, and the\n      local transport's copies stand for "
+                         "the network; CPU times, not GPU figures\n", cores);
+        fprintf(out, "\n    %-7s %-6s %-4s %-20s %10s %10s %10s %11s %11s %-5s %9s %9s\n", "S",
+                "window", "pass", "algorithm", "p2p", "a2a", "all_reduce", "sent", "formula",
+                "match", "wall ms", "cpu-max");
+    }
+    int first = 1;
+    static const int us[2] = {2, 4};
+    for (int si = 0; si < rows->n; si++)
+        for (int q = 0; q < npass; q++) {
+            ul_case cases[5];
+            int nc = 0;
+            for (int r = 0; r < 2; r++)
+                cases[nc++] = (ul_case){.P = P, .U = 0, .order = orders[r]};
+            cases[nc++] = (ul_case){.P = P, .U = P, .order = DT_ORDER_CONTIGUOUS};
+            for (int i = 0; i < 2; i++)
+                if (us[i] < P && P % us[i] == 0)
+                    cases[nc++] = (ul_case){.P = P, .U = us[i], .order = DT_ORDER_STRIPED};
+            for (int a = 0; a < nc; a++) {
+                ul_case *u = calloc(1, sizeof *u);
+                if (!u) die("calloc", DT_ERR_OUT_OF_MEMORY);
+                *u = cases[a];
+                u->B = rows->B, u->S = rows->S[si], u->H = rows->H, u->D = rows->D;
+                u->window = rows->window[si];
+                u->dtype = rows->dtype;
+                u->pass = passes[q];
+                u->iters = rows->iters[si];
+                const dt_status st = launch(P, rank_ulysses, u, o);
+                if (st != DT_SUCCESS) die(pass_call(u->pass), st);
+                ul_summarise(u);
+                const ul_expect f = ul_formula(u);
+                const int match = ul_match(u, &f);
+                const dt_comm_counters *c = u->cnt[0];
+                uint64_t sent = 0, recv = 0, want = 0;
+                for (int k = 0; k < 3; k++) {
+                    sent += c[k].bytes_sent[ul_kinds[k]];
+                    recv += c[k].bytes_recv[ul_kinds[k]];
+                    want += f.bytes[k];
+                }
+                char name[48];
+                ul_name(u, name, sizeof name);
+                if (o->json)
+                    fprintf(out, "%s    {\"pass\": \"%s\", \"algorithm\": \"%s\", \"P\": %d, "
+                                 "\"R\": %d, \"U\": %d, \"order\": \"%s\", \"S\": %lld, "
+                                 "\"window\": %lld, \"B\": %lld, \"H\": %lld, \"H_kv\": %lld, "
+                                 "\"D\": %lld, \"dtype\": \"%s\", \"iters\": %d, "
+                                 "\"p2p_calls\": %llu, \"p2p_sent\": %llu, \"p2p_recv\": %llu, "
+                                 "\"a2a_calls\": %llu, \"a2a_sent\": %llu, \"a2a_recv\": %llu, "
+                                 "\"all_reduce_calls\": %llu, \"all_reduce_sent\": %llu, "
+                                 "\"all_reduce_recv\": %llu, \"sent\": %llu, \"recv\": %llu, "
+                                 "\"formula_p2p\": %llu, \"formula_a2a\": %llu, "
+                                 "\"formula_all_reduce\": %llu, \"formula\": %llu, "
+                                 "\"match\": %s, \"wall_ms\": %.4f, \"cpu_max_ms\": %.4f}",
+                            first ? "" : ",\n", pass_name(u->pass), name, P,
+                            u->U ? P / u->U : P, u->U ? u->U : 1, dt_order_name(u->order),
+                            (long long)u->S, (long long)u->window, (long long)u->B,
+                            (long long)u->H, (long long)u->H, (long long)u->D,
+                            dt_dtype_name(u->dtype), u->iters,
+                            (unsigned long long)c[UL_RING].calls[DT_COMM_P2P],
+                            (unsigned long long)c[UL_RING].bytes_sent[DT_COMM_P2P],
+                            (unsigned long long)c[UL_RING].bytes_recv[DT_COMM_P2P],
+                            (unsigned long long)c[UL_A2A].calls[DT_COMM_ALL_TO_ALL],
+                            (unsigned long long)c[UL_A2A].bytes_sent[DT_COMM_ALL_TO_ALL],
+                            (unsigned long long)c[UL_A2A].bytes_recv[DT_COMM_ALL_TO_ALL],
+                            (unsigned long long)c[UL_WORLD].calls[DT_COMM_ALL_REDUCE],
+                            (unsigned long long)c[UL_WORLD].bytes_sent[DT_COMM_ALL_REDUCE],
+                            (unsigned long long)c[UL_WORLD].bytes_recv[DT_COMM_ALL_REDUCE],
+                            (unsigned long long)sent, (unsigned long long)recv,
+                            (unsigned long long)f.bytes[UL_RING],
+                            (unsigned long long)f.bytes[UL_A2A],
+                            (unsigned long long)f.bytes[UL_WORLD], (unsigned long long)want,
+                            match ? "true" : "false", 1e3 * u->wall_s, 1e3 * u->cpu_max_s);
+                else
+                    fprintf(out, "%s    %-7lld %-6lld %-4s %-20s %10llu %10llu %10llu %11llu "
+                                 "%11llu %-5s %9.2f %9.2f\n",
+                            a == 0 && !first ? "\n" : "", (long long)u->S, (long long)u->window,
+                            pass_name(u->pass), name,
+                            (unsigned long long)c[UL_RING].bytes_sent[DT_COMM_P2P],
+                            (unsigned long long)c[UL_A2A].bytes_sent[DT_COMM_ALL_TO_ALL],
+                            (unsigned long long)c[UL_WORLD].bytes_sent[DT_COMM_ALL_REDUCE],
+                            (unsigned long long)sent, (unsigned long long)want,
+                            match ? "yes" : "NO", 1e3 * u->wall_s, 1e3 * u->cpu_max_s);
+                fflush(out);
+                first = 0;
+                free(u);
+            }
+        }
+    if (o->json) fprintf(out, "\n  ]\n");
+}
+
 /* ------------------------------------------------------------ machine info */
 
 static void cpu_model(char *buf, size_t size) {
@@ -631,7 +964,8 @@ static void usage(FILE *f) {
             "  --tokens-per-rank C  (b), (c): tokens per rank (default 4096 on a GPU, 512 on the CPU)\n"
             "  --shapes W           (a): auto (the issue's shapes on a GPU, scaled-down on the CPU),\n"
             "                       scaled, or full (the issue's shapes anywhere)\n"
-            "  --section LIST       which sections to run, e.g. a,b (default a,b,c; d: see below)\n"
+            "  --section LIST       which sections to run, e.g. a,b (default a,b,c; d, e: see\n"
+            "                       below)\n"
             "  --pass LIST          which passes each section times: fwd (dt_attention_forward),\n"
             "                       bwd (dt_attention_backward alone), or fwd,bwd (default)\n"
             "  --dtype LIST         (a): bf16, fp32, fp16 or a list (default bf16,fp32)\n"
@@ -667,6 +1001,11 @@ static void usage(FILE *f) {
             "  --window W           sliding window: keys less than W positions away (0: none,\n"
             "                       default)\n"
             "  --seed N             default 1\n"
+            "  (e) ring, Ulysses and the hybrid (--section e): bytes per rank from the\n"
+            "  communicators' counters against the formula, and the call's time, for the\n"
+            "  ring (contiguous, striped), Ulysses over all P and the (P/U ring) x (U Ulysses)\n"
+            "  hybrids, U = 2, 4; it takes --ranks P (at most 8, default 8), --seq S (one\n"
+            "  sequence instead of the default list) and --window W\n"
             "  --help\n");
 }
 
@@ -733,8 +1072,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if ((o->shapes = ex_parse_choice(a, v, shapes, 3)) < 0) return 2;
             i++;
         } else if (!strcmp(a, "--section")) {
-            static const char *const names[4] = {"a", "b", "c", "d"};
-            if (!ex_parse_choices(a, v, names, 4, o->sections)) return 2;
+            static const char *const names[5] = {"a", "b", "c", "d", "e"};
+            if (!ex_parse_choices(a, v, names, 5, o->sections)) return 2;
             o->sections_given = 1;
             i++;
         } else if (!strcmp(a, "--seq")) {
@@ -742,6 +1081,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (!ex_parse_int(a, v, 1, 1L << 22, &x)) return 2;
             o->seq = x;
             o->mask_flags = 1;
+            o->seq_given = 1;
             i++;
         } else if (!strcmp(a, "--ranks")) {
             long x;
@@ -755,7 +1095,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
                 return 2;
             }
             o->docs = v;
-            o->mask_flags = 1;
+            o->mask_flags = o->d_only_flags = 1;
             i++;
         } else if (!strcmp(a, "--window")) {
             long x;
@@ -765,7 +1105,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
             i++;
         } else if (!strcmp(a, "--seed")) {
             if (!ex_parse_seed(v, &o->seed)) return 2;
-            o->mask_flags = 1;
+            o->mask_flags = o->d_only_flags = 1;
             i++;
         } else if (!strcmp(a, "--pass")) {
             static const char *const names[PASS_COUNT] = {"fwd", "bwd"};
@@ -783,14 +1123,23 @@ static int parse(int argc, char **argv, bench_opts *o) {
     if (o->mask_flags && !o->sections_given) {
         memset(o->sections, 0, sizeof o->sections);
         o->sections[3] = 1;
-    } else if (o->mask_flags && !o->sections[3]) {
+    } else if (o->d_only_flags && !o->sections[3]) {
+        fprintf(stderr, "bench/attention: --docs and --seed set section (d); --section leaves it "
+                        "out\n");
+        return 2;
+    } else if (o->mask_flags && !o->sections[3] && !o->sections[4]) {
         fprintf(stderr, "bench/attention: --seq, --ranks, --docs, --window and --seed set section "
-                        "(d); --section leaves it out\n");
+                        "(d), and --seq, --ranks and --window (e); --section leaves them out\n");
         return 2;
     }
-    if (o->sections[3] && o->seq % o->ranks) {
+    if ((o->sections[3] || (o->sections[4] && o->seq_given)) && o->seq % o->ranks) {
         fprintf(stderr, "bench/attention: --seq %lld is not divisible by --ranks %d\n",
                 (long long)o->seq, o->ranks);
+        return 2;
+    }
+    if (o->sections[4] && o->ranks > MAX_P) {
+        fprintf(stderr, "bench/attention: (e) runs at most %d ranks; --ranks %d\n", MAX_P,
+                o->ranks);
         return 2;
     }
     return -1;
@@ -1225,11 +1574,41 @@ int main(int argc, char **argv) {
     }
     if (o.sections[3]) mask_work(out, &o, doc_lens, doc_count, doc_mean);
     free(doc_lens);
+    if (o.sections[4]) {
+        /* (e): on a GPU the issue's sequences, timed; on the CPU a shorter
+         * one timed and the issue's run once each with a window, so that
+         * little is computed: every ring hop and all-to-all still moves
+         * (the bytes do not depend on the mask), the times are not the
+         * full mask's. --seq: that one S (with --window); --quick: tiny. */
+        ul_rows rows = {.P = o.ranks, .B = 1, .D = gpu ? 128 : 64,
+                        .dtype = gpu ? DT_BF16 : DT_F32};
+        rows.H = (int64_t)o.ranks * ((8 + o.ranks - 1) / o.ranks);   /* P | H, at least 8 */
+        static const int64_t issue[3] = {32768, 65536, 131072};
+        if (o.seq_given || o.quick) {
+            rows.S[rows.n] = o.seq_given ? o.seq : 32 * o.ranks;
+            rows.window[rows.n] = o.window;
+            rows.iters[rows.n++] = o.iters;
+            if (o.quick) rows.D = 8;
+        } else {
+            for (int i = 0; !gpu && i < 2; i++) {
+                rows.S[rows.n] = ul_cpu_seqs[i];
+                rows.window[rows.n] = 0;
+                rows.iters[rows.n++] = o.iters;
+            }
+            for (int i = 0; i < 3; i++) {
+                rows.S[rows.n] = issue[i];
+                rows.window[rows.n] = gpu ? 0 : UL_CPU_WINDOW;
+                rows.iters[rows.n++] = gpu ? o.iters : 1;
+            }
+        }
+        ulysses_section(out, &o, &rows, passes, npass, gpu, cores,
+                        o.json && (o.sections[1] || o.sections[2] || o.sections[3]));
+    }
     if (o.json) {
         /* Close the object whatever sections ran (a trailing member keeps
          * the commas simple). */
         fprintf(out, "%s  \"complete\": true\n}\n",
-                o.sections[1] || o.sections[2] || o.sections[3] ? "," : "");
+                o.sections[1] || o.sections[2] || o.sections[3] || o.sections[4] ? "," : "");
     }
     for (int q = 0; q < PASS_COUNT; q++)
         for (int p = 0; p < 3; p++)

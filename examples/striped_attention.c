@@ -17,10 +17,18 @@
  *      gathered to rank 0 and checked against a double-precision reference
  *      on the full sequence: PASS or FAIL; with the measured time of each
  *      ring step's block kernels on the slowest rank and the waits between
- *      steps (dt_attention_options.timing);
+ *      steps (dt_attention_options.timing); and the bytes each rank moved,
+ *      read from the mesh dims' communicators' counters (collectives/comm.h)
+ *      and checked against the formula: PASS or FAIL. With --ulysses U the
+ *      mesh is (P/U ring) x (U Ulysses), the sequence sharded over the ring
+ *      dim by the order and then contiguous over the Ulysses dim, and
+ *      dt_attention_options.a2a_dim names the Ulysses dim: the call moves
+ *      the sequence's shards to the heads by all-to-alls and runs the ring
+ *      over the P/U ranks left (U = P: Ulysses alone);
  *   5. the work of every rank on every ring step (query-key pairs that the
  *      mask allows, from dt_attn_pairs) for contiguous, striped and zigzag
- *      sharding, and the critical path of each: why striping is faster.
+ *      sharding, and the critical path of each: why striping is faster
+ *      (with --ulysses, for the ring of P/U ranks).
  * The mask is attention/mask.h's rule: causal or none, and optionally packed
  * documents (--docs: a query attends keys of its own document only) and a
  * sliding window (--window W: keys less than W positions away); (4) and (5)
@@ -34,6 +42,7 @@
  * or a CUDA build).
  *
  * Run: make run   or   build/examples/striped_attention --ranks 4 --seq 256 --order striped
+ *      build/examples/striped_attention --ranks 8 --seq 256 --heads 4 --ulysses 2
  * Test: tests/test_examples.c (make test).
  */
 #include <errno.h>
@@ -202,7 +211,13 @@ typedef struct config {
     int docs_per_row;          /* 1: doc_lens is a list per row (B*S), 0: one list for all */
     double docs_mean;          /* --docs random:MEAN; 0 for a list */
     int64_t window;            /* --window: |i - j| < window; 0 none */
+    int ulysses;               /* --ulysses U: the Ulysses mesh dim's ranks; 0 none */
 } config;
+
+/* The ranks of the ring: P, or P/U with --ulysses U. */
+static int ring_ranks(const config *c) {
+    return c->ulysses ? c->ranks / c->ulysses : c->ranks;
+}
 
 typedef struct attn_run {
     const config *cfg;
@@ -215,7 +230,54 @@ typedef struct attn_run {
     double seconds[MAX_RANKS]; /* wall time of dt_attention_forward on each rank */
     double backward_seconds[MAX_RANKS];
     dt_attention_timing steps[MAX_RANKS]; /* each rank's forward, per ring step */
+    /* Each rank's communication counters (collectives/comm.h) of the forward
+     * [0] and the backward [1] calls: of its mesh dims' communicators
+     * [pass][rank][mesh dim], and of the world's [pass][rank]. */
+    dt_comm_counters dims[2][MAX_RANKS][2], world[2][MAX_RANKS];
 } attn_run;
+
+/* The mesh of a run: P ranks on one dim "sp"; with --ulysses U < P, the ring
+ * dim of R = P/U ranks, then the Ulysses dim of U ("ring", "ulysses");
+ * U = P: one dim "ulysses". a2a: the Ulysses dim (-1: none); ring: the
+ * ring's dim (-1: none, U = P). The Layout of q, k, v: the sequence (dim 1)
+ * over the ring dim by the order, then contiguous over the Ulysses dim. */
+typedef struct run_mesh {
+    int ndim, sizes[2];
+    const char *names[2];
+    int a2a, ring;
+    dt_layout layout;
+} run_mesh;
+
+static run_mesh run_mesh_of(const config *c) {
+    run_mesh m = {1, {c->ranks, 1}, {"sp", NULL}, -1, 0, dt_layout_1d(dt_shard(1, c->order))};
+    if (c->ulysses && c->ulysses == c->ranks) {
+        m.names[0] = "ulysses";
+        m.a2a = 0;
+        m.ring = -1;
+    } else if (c->ulysses) {
+        m.ndim = 2;
+        m.sizes[0] = ring_ranks(c);
+        m.sizes[1] = c->ulysses;
+        m.names[0] = "ring";
+        m.names[1] = "ulysses";
+        m.a2a = 1;
+        m.layout = dt_layout_2d(dt_shard(1, c->order), dt_shard(1, DT_ORDER_CONTIGUOUS));
+    }
+    return m;
+}
+
+/* Zero the counters of the mesh dims' and the world's communicators. */
+static void counters_reset(dt_context *ctx, const dt_mesh *mesh, int ndim) {
+    for (int m = 0; m < ndim; m++) dt_comm_counters_reset(dt_mesh_comm(mesh, m));
+    dt_comm_counters_reset(dt_context_comm(ctx));
+}
+
+/* Read them into dims[m] and *world. */
+static dt_status counters_read(dt_context *ctx, const dt_mesh *mesh, int ndim,
+                               dt_comm_counters dims[2], dt_comm_counters *world) {
+    for (int m = 0; m < ndim; m++) DT_TRY(dt_comm_counters_get(dt_mesh_comm(mesh, m), &dims[m]));
+    return dt_comm_counters_get(dt_context_comm(ctx), world);
+}
 
 /* Gather t to rank 0 and, there, widen it into *host. Collective. */
 static dt_status gather_to_host(const dt_tensor *t, float **host) {
@@ -236,10 +298,9 @@ static dt_status rank_attention(dt_context *ctx, void *arg) {
     dt_tensor *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL;
     dt_tensor *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
     dt_status st;
-    int sizes[1] = {c->ranks};
-    const char *names[1] = {"sp"};
-    DT_TRY_GOTO(st, dt_mesh_create(ctx, 1, sizes, names, &mesh), out);
-    dt_layout lay = dt_layout_1d(dt_shard(1, c->order));
+    const run_mesh rm = run_mesh_of(c);
+    DT_TRY_GOTO(st, dt_mesh_create(ctx, rm.ndim, rm.sizes, rm.names, &mesh), out);
+    const dt_layout lay = rm.layout;
     int64_t qshape[4] = {c->batch, c->seq, c->heads, c->dim};
     int64_t kshape[4] = {c->batch, c->seq, c->kv_heads, c->dim};
     DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, qshape, &lay, &q), out);
@@ -252,6 +313,7 @@ static dt_status rank_attention(dt_context *ctx, void *arg) {
     opts.doc_lens = c->doc_lens;
     opts.doc_count = c->doc_count;
     opts.window = c->window;
+    opts.a2a_dim = rm.a2a;   /* --ulysses: the Ulysses mesh dim; -1 without */
     /* Validates the call (dtype, backend, head dim) without touching
      * anything, so an unsupported configuration is named by the attention
      * code itself rather than by the first op that happens to refuse it. */
@@ -260,10 +322,12 @@ static dt_status rank_attention(dt_context *ctx, void *arg) {
     DT_TRY_GOTO(st, dt_tensor_fill_random(q, c->seed), out);
     DT_TRY_GOTO(st, dt_tensor_fill_random(k, c->seed + 1), out);
     DT_TRY_GOTO(st, dt_tensor_fill_random(v, c->seed + 2), out);
-    double t0 = ex_now_s();
     opts.timing = &r->steps[rank];
+    counters_reset(ctx, mesh, rm.ndim);
+    double t0 = ex_now_s();
     DT_TRY_GOTO(st, dt_attention_forward(q, k, v, &opts, &o, &lse), out);
     r->seconds[rank] = ex_now_s() - t0;
+    DT_TRY_GOTO(st, counters_read(ctx, mesh, rm.ndim, r->dims[0][rank], &r->world[0][rank]), out);
     opts.timing = NULL;
     DT_TRY_GOTO(st, gather_to_host(o, &r->o), out);
     DT_TRY_GOTO(st, gather_to_host(lse, &r->lse), out);
@@ -275,9 +339,12 @@ static dt_status rank_attention(dt_context *ctx, void *arg) {
     if (c->backward) {
         DT_TRY_GOTO(st, dt_tensor_create(ctx, mesh, c->dtype, 4, qshape, &lay, &dout), out);
         DT_TRY_GOTO(st, dt_tensor_fill_random(dout, c->seed + 3), out);
+        counters_reset(ctx, mesh, rm.ndim);
         t0 = ex_now_s();
         DT_TRY_GOTO(st, dt_attention_backward(q, k, v, o, lse, dout, &opts, &dq, &dk, &dv), out);
         r->backward_seconds[rank] = ex_now_s() - t0;
+        DT_TRY_GOTO(st, counters_read(ctx, mesh, rm.ndim, r->dims[1][rank], &r->world[1][rank]),
+                    out);
         DT_TRY_GOTO(st, gather_to_host(dq, &r->dq), out);
         DT_TRY_GOTO(st, gather_to_host(dk, &r->dk), out);
         DT_TRY_GOTO(st, gather_to_host(dv, &r->dv), out);
@@ -464,6 +531,206 @@ static long compare(const float *got, const double *ref, size_t n, double tol, d
 }
 
 /* ------------------------------------------------------------------------
+ * 4, communication: the bytes a rank moves, by collectives/comm.h's
+ * definitions (a rank's own block never counts), against the counters.
+ * ---------------------------------------------------------------------- */
+
+static int64_t gcd64(int64_t a, int64_t b) {
+    while (b) {
+        const int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* What one call moves per rank on P ranks, U of them on the Ulysses dim
+ * (0: none); every rank sends as many bytes as it receives. */
+typedef struct comm_formula {
+    int P, U, R;                /* R = P/U ring ranks (U = 0: R = P) */
+    int64_t e;                  /* kv heads repeated e times before the all-to-all
+                                   (attention.h: lcm(H_kv, U) / H_kv) */
+    uint64_t x[3];              /* one rank's q (= o, dout, dq), k (= v, dk, dv; repeated)
+                                   and lse, in bytes, sequence sharded over all P */
+    uint64_t kv_block;          /* the ring's packed K|V [2, B, S/R, H_kv e/U, D], dtype */
+    uint64_t grad_block;        /* its dK|dV in fp32 */
+    uint64_t a2a_calls[2], a2a[2];   /* [forward, backward] */
+    uint64_t p2p_calls[2], p2p[2];
+    /* the world's communicator: the call's range check takes the largest
+     * magnitude of each input over the world (attention/plan.c), one
+     * all_reduce of n = 3 floats (forward: q, k, v) or 4 (backward: dout
+     * too), 2 (P-1) ceil(n/P) x 4 bytes each way */
+    uint64_t world_calls[2], world[2];
+} comm_formula;
+
+static comm_formula comm_formula_of(const config *c, int P, int U) {
+    comm_formula f;
+    memset(&f, 0, sizeof f);
+    const uint64_t es = dt_dtype_size(c->dtype);
+    const int64_t B = c->batch, S = c->seq, H = c->heads, G = c->kv_heads, D = c->dim;
+    f.P = P, f.U = U, f.R = U ? P / U : P;
+    f.e = U ? U / gcd64(G, U) : 1;
+    const int64_t n = S / P, rows = B * (S / f.R), hk = U ? G * f.e / U : G;
+    f.x[0] = (uint64_t)(B * n * H * D) * es;
+    f.x[1] = (uint64_t)(B * n * G * f.e * D) * es;
+    f.x[2] = (uint64_t)(B * H * n) * sizeof(float);
+    if (U) {   /* an all-to-all of a tensor moves (U-1)/U of it */
+        uint64_t share[3];
+        for (int i = 0; i < 3; i++) share[i] = (uint64_t)(U - 1) * (f.x[i] / (uint64_t)U);
+        f.a2a_calls[0] = 5;   /* q, k, v out; o, lse back */
+        f.a2a[0] = 2 * share[0] + 2 * share[1] + share[2];
+        f.a2a_calls[1] = 9;   /* q, k, v, o, lse, dout out; dq, dk, dv back */
+        f.a2a[1] = 4 * share[0] + 4 * share[1] + share[2];
+    }
+    f.kv_block = 2 * (uint64_t)(rows * hk * D) * es;
+    f.grad_block = 2 * (uint64_t)(rows * hk * D) * sizeof(float);
+    if (f.R > 1) {
+        /* forward: R-1 hops of K|V; backward (attention/backward.c): R-1
+         * hops of K|V and R-1 of the fp32 sums in R groups, then the last
+         * sums home in the dtype in two groups (rows [0, rows/2), the rest) */
+        f.p2p_calls[0] = (uint64_t)(f.R - 1);
+        f.p2p[0] = (uint64_t)(f.R - 1) * f.kv_block;
+        f.p2p_calls[1] = (uint64_t)f.R + (rows / 2 > 0) + 1;
+        f.p2p[1] = (uint64_t)(f.R - 1) * (f.kv_block + f.grad_block) + f.kv_block;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        const uint64_t floats = 3 + (uint64_t)pass;
+        f.world_calls[pass] = 1;
+        f.world[pass] = 2 * (uint64_t)(P - 1) * ((floats + (uint64_t)P - 1) / (uint64_t)P) *
+                        sizeof(float);
+    }
+    return f;
+}
+
+/* 1 if every rank's counters (ranks 0..P-1 of cnt, stride `stride`) hold
+ * `calls` calls of `kind` moving `bytes` each way and nothing else (kind
+ * DT_COMM_KIND_COUNT: nothing at all); else 0 and the first difference in
+ * why. */
+static int counters_are(const dt_comm_counters *cnt, size_t stride, int P, dt_comm_kind kind,
+                        uint64_t calls, uint64_t bytes, char *why, size_t size) {
+    for (int r = 0; r < P; r++) {
+        const dt_comm_counters *x = (const dt_comm_counters *)((const char *)cnt + r * stride);
+        for (int k = 0; k < DT_COMM_KIND_COUNT; k++) {
+            const uint64_t wc = k == (int)kind ? calls : 0, wb = k == (int)kind ? bytes : 0;
+            if (x->calls[k] == wc && x->bytes_sent[k] == wb && x->bytes_recv[k] == wb) continue;
+            snprintf(why, size, "rank %d: %llu %s calls, %llu bytes sent, %llu received; "
+                     "expected %llu, %llu", r, (unsigned long long)x->calls[k],
+                     dt_comm_kind_name((dt_comm_kind)k), (unsigned long long)x->bytes_sent[k],
+                     (unsigned long long)x->bytes_recv[k], (unsigned long long)wc,
+                     (unsigned long long)wb);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Section 4's communication of one pass (0 forward, 1 backward): per mesh
+ * dim, rank 0's counters and the formula, PASS when every rank's equal it.
+ * Returns the number of FAILs. */
+static int print_comm(const config *c, const attn_run *r, int pass) {
+    const comm_formula f = comm_formula_of(c, c->ranks, c->ulysses);
+    const run_mesh rm = run_mesh_of(c);
+    const char *name = pass ? "backward" : "forward";
+    const size_t stride = sizeof r->dims[0][0];
+    char why[256];
+    int bad = 0;
+    printf("\n   %s: bytes per rank, from the counters of the mesh dims' communicators\n"
+           "   (dt_comm_counters_get: reset before the call, read after), every rank's against "
+           "the formula\n", name);
+    if (rm.a2a >= 0) {
+        const dt_comm_counters *x = &r->dims[pass][0][rm.a2a];
+        const int ok = counters_are(&r->dims[pass][0][rm.a2a], stride, c->ranks,
+                                    DT_COMM_ALL_TO_ALL, f.a2a_calls[pass], f.a2a[pass], why,
+                                    sizeof why);
+        printf("   %s Ulysses all-to-all over mesh dim %d (U = %d): %llu calls, %llu bytes sent, "
+               "%llu received\n", name, rm.a2a, f.U,
+               (unsigned long long)x->calls[DT_COMM_ALL_TO_ALL],
+               (unsigned long long)x->bytes_sent[DT_COMM_ALL_TO_ALL],
+               (unsigned long long)x->bytes_recv[DT_COMM_ALL_TO_ALL]);
+        char kv[96] = "";
+        if (f.e > 1)
+            snprintf(kv, sizeof kv, "; k, v: their %lld kv heads repeated %lld times",
+                     (long long)c->kv_heads, (long long)f.e);
+        const uint64_t *s = f.x;
+        if (pass == 0)
+            printf("     formula 5 all-to-alls, (U-1)/U x (q + k + v + o + lse)\n"
+                   "       = %d/%d x (%llu + %llu + %llu + %llu + %llu) = %llu%s: %s",
+                   f.U - 1, f.U, (unsigned long long)s[0], (unsigned long long)s[1],
+                   (unsigned long long)s[1], (unsigned long long)s[0], (unsigned long long)s[2],
+                   (unsigned long long)f.a2a[0], kv, ok ? "PASS\n" : "FAIL ");
+        else
+            printf("     formula 9 all-to-alls, (U-1)/U x (q + k + v + o + lse + dout, and back "
+                   "dq + dk + dv)\n"
+                   "       = %d/%d x (4 x %llu + 4 x %llu + %llu) = %llu%s: %s",
+                   f.U - 1, f.U, (unsigned long long)s[0], (unsigned long long)s[1],
+                   (unsigned long long)s[2], (unsigned long long)f.a2a[1], kv,
+                   ok ? "PASS\n" : "FAIL ");
+        if (!ok) printf("(%s)\n", why);
+        bad += !ok;
+    }
+    if (rm.ring >= 0) {
+        const dt_comm_counters *x = &r->dims[pass][0][rm.ring];
+        const int ok = counters_are(&r->dims[pass][0][rm.ring], stride, c->ranks, DT_COMM_P2P,
+                                    f.p2p_calls[pass], f.p2p[pass], why, sizeof why);
+        printf("   %s ring p2p over mesh dim %d (R = %d): %llu calls, %llu bytes sent, %llu "
+               "received\n", name, rm.ring, f.R, (unsigned long long)x->calls[DT_COMM_P2P],
+               (unsigned long long)x->bytes_sent[DT_COMM_P2P],
+               (unsigned long long)x->bytes_recv[DT_COMM_P2P]);
+        if (pass == 0)
+            printf("     formula (R-1) x K|V block = %d x %llu = %llu: %s", f.R - 1,
+                   (unsigned long long)f.kv_block, (unsigned long long)f.p2p[0],
+                   ok ? "PASS\n" : "FAIL ");
+        else
+            printf("     formula (R-1) x (K|V block + fp32 dK|dV) + dK|dV home\n"
+                   "       = %d x (%llu + %llu) + %llu = %llu: %s", f.R - 1,
+                   (unsigned long long)f.kv_block, (unsigned long long)f.grad_block,
+                   f.R > 1 ? (unsigned long long)f.kv_block : 0ULL,
+                   (unsigned long long)f.p2p[1], ok ? "PASS\n" : "FAIL ");
+        if (!ok) printf("(%s)\n", why);
+        bad += !ok;
+    } else {
+        printf("   %s ring: none (U = P: a rank attends the whole sequence for H/U = %lld "
+               "head%s)\n", name, (long long)(c->heads / f.U), c->heads / f.U > 1 ? "s" : "");
+    }
+    const dt_comm_counters *x = &r->world[pass][0];
+    const int ok = counters_are(r->world[pass], sizeof r->world[pass][0], c->ranks,
+                                DT_COMM_ALL_REDUCE, f.world_calls[pass], f.world[pass], why,
+                                sizeof why);
+    printf("   %s world communicator: %llu calls, %llu bytes sent, %llu received\n"
+           "     formula 1 all_reduce of the inputs' largest magnitudes (the range check),\n"
+           "       2 (P-1) ceil(%d/P) x 4 = %llu: %s", name,
+           (unsigned long long)x->calls[DT_COMM_ALL_REDUCE],
+           (unsigned long long)x->bytes_sent[DT_COMM_ALL_REDUCE],
+           (unsigned long long)x->bytes_recv[DT_COMM_ALL_REDUCE], 3 + pass,
+           (unsigned long long)f.world[pass], ok ? "PASS\n" : "FAIL ");
+    if (!ok) printf("(%s)\n", why);
+    return bad + !ok;
+}
+
+/* The other algorithm's bytes for the same problem, from the formula: the
+ * ring over all P ranks beside a --ulysses run; Ulysses over all P beside a
+ * ring. */
+static void print_comm_other(const config *c) {
+    const int P = c->ranks;
+    if (c->ulysses) {
+        const comm_formula f = comm_formula_of(c, P, 0);
+        printf("\n   the ring alone over all P = %d ranks (Shard(1, %s), run without --ulysses)"
+               " would move\n   per rank: forward (P-1) x K|V block = %d x %llu = %llu bytes",
+               P, dt_order_name(c->order), P - 1, (unsigned long long)f.kv_block,
+               (unsigned long long)f.p2p[0]);
+        if (c->backward)
+            printf(", backward %llu", (unsigned long long)f.p2p[1]);
+        printf(" (formula)\n");
+    } else if (P > 1 && c->heads % P == 0) {
+        const comm_formula f = comm_formula_of(c, P, P);
+        printf("\n   Ulysses alone over all P = %d ranks (--ulysses %d) would move per rank: "
+               "forward\n   5 all-to-alls, %llu bytes", P, P, (unsigned long long)f.a2a[0]);
+        if (c->backward) printf(", backward 9, %llu", (unsigned long long)f.a2a[1]);
+        printf(" (formula)\n");
+    }
+}
+
+/* ------------------------------------------------------------------------
  * 5. Work per rank and per ring step, from the mask rule alone.
  * ---------------------------------------------------------------------- */
 
@@ -579,6 +846,11 @@ static void print_work(const config *c, const work_table w[3]) {
     rule_phrase(c, rule, sizeof rule);
     printf("\n5. work per ring step: query-key pairs each rank computes, %s, %s\n",
            c->docs_per_row ? "per head, summed over the batch rows" : "per (batch, head)", rule);
+    if (c->ulysses)
+        printf("   --ulysses %d: the ring of R = P/U = %d rank%s after the all-to-all, each on its "
+               "S/R tokens\n   for its H/U = %lld heads: P below is R%s\n", c->ulysses, P,
+               P > 1 ? "s" : "", (long long)(c->heads / c->ulysses),
+               P > 1 ? "" : " (no ring: a rank attends the whole sequence in one step)");
     printf("   c = S/P = %lld tokens per rank, a full block is c*c = %lld pairs; at step t rank j\n"
            "   holds the K/V block of rank (j - t) mod P. Counted from dt_attn_pairs, not timed.\n",
            (long long)cc, (long long)(cc * cc));
@@ -922,6 +1194,15 @@ static void usage(FILE *f) {
             "                     default 1\n"
             "  --backward         also run the backward pass (dout from seed N+3) and check\n"
             "                     dq, dk, dv against double-precision reference gradients\n"
+            "  --ulysses U        the Ulysses x ring hybrid on a (P/U ring) x (U Ulysses) mesh:\n"
+            "                     S sharded over the ring dim by --order, then contiguous\n"
+            "                     over the Ulysses dim (dt_attention_options.a2a_dim):\n"
+            "                     all-to-alls move q, k, v from the sequence to the heads and\n"
+            "                     o, lse back; the ring runs over the P/U ranks left (U = P:\n"
+            "                     Ulysses alone, no ring). U divides P and H; kv heads that\n"
+            "                     U does not divide are repeated by the library. Default:\n"
+            "                     none, the ring over all P. Every run prints the bytes per\n"
+            "                     rank from the communicators' counters beside the formula\n"
             "  --svg FILE         write the work-per-step heat maps (section 5) as SVG\n"
             "  --dump DIR         write DIR/meta.txt (B S H HKV D causal scale window),\n"
             "                     DIR/docs.txt (each batch row's document lengths, a line\n"
@@ -986,6 +1267,9 @@ static int parse_flags(int argc, char **argv, config *c) {
         } else if (!strcmp(a, "--group")) {
             if (!ex_parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
             c->group = (int)x;
+        } else if (!strcmp(a, "--ulysses")) {
+            if (!ex_parse_int(a, v, 1, MAX_RANKS, &x)) return 2;
+            c->ulysses = (int)x;
         } else if (!strcmp(a, "--docs")) {
             if (!v || !*v) {
                 fprintf(stderr, "striped_attention: --docs needs lengths L1,L2,... or "
@@ -1021,6 +1305,17 @@ static int parse_flags(int argc, char **argv, config *c) {
     if (c->order == DT_ORDER_ZIGZAG && c->seq % (2 * c->ranks)) {
         fprintf(stderr, "striped_attention: zigzag cuts the sequence into 2P = %d chunks: --seq %lld "
                 "is not divisible by %d\n", 2 * c->ranks, (long long)c->seq, 2 * c->ranks);
+        return 2;
+    }
+    if (c->ulysses && c->ranks % c->ulysses) {
+        fprintf(stderr, "striped_attention: --ulysses %d does not divide --ranks %d: the mesh "
+                "is (P/U ring) x (U Ulysses) ranks\n", c->ulysses, c->ranks);
+        return 2;
+    }
+    if (c->ulysses && c->heads % c->ulysses) {
+        fprintf(stderr, "striped_attention: --ulysses %d does not divide --heads %lld: the "
+                "all-to-all shards the heads over the U Ulysses ranks\n", c->ulysses,
+                (long long)c->heads);
         return 2;
     }
     if (c->heads % c->kv_heads) {
@@ -1080,12 +1375,28 @@ int main(int argc, char **argv) {
 
     /* 4: the attention. */
     const int64_t B = c.batch, S = c.seq, H = c.heads, G = c.kv_heads, D = c.dim;
+    const int R = ring_ranks(&c);
+    char sharding[256];
+    if (!c.ulysses)
+        snprintf(sharding, sizeof sharding, "Shard(1, %s) over %d ranks", dt_order_name(c.order),
+                 c.ranks);
+    else if (R == 1)
+        snprintf(sharding, sizeof sharding, "Shard(1, %s) over %d ranks, the all-to-all dim "
+                 "(--ulysses %d: Ulysses alone)", dt_order_name(c.order), c.ranks, c.ulysses);
+    else
+        snprintf(sharding, sizeof sharding, "[Shard(1, %s), Shard(1, contiguous)] on a %d x %d "
+                 "mesh (ring x Ulysses, a2a_dim 1)", dt_order_name(c.order), R, c.ulysses);
     printf("\n4. attention: q [%lld, %lld, %lld, %lld], k and v [%lld, %lld, %lld, %lld], %s, %s,\n"
-           "   Shard(1, %s) over %d ranks, seeds %llu/%llu/%llu, scale %.9g\n",
+           "   %s, seeds %llu/%llu/%llu, scale %.9g\n",
            (long long)B, (long long)S, (long long)H, (long long)D, (long long)B, (long long)S,
-           (long long)G, (long long)D, dt_dtype_name(c.dtype), mask_phrase(c.mask),
-           dt_order_name(c.order), c.ranks, (unsigned long long)c.seed,
-           (unsigned long long)c.seed + 1, (unsigned long long)c.seed + 2, (double)c.scale);
+           (long long)G, (long long)D, dt_dtype_name(c.dtype), mask_phrase(c.mask), sharding,
+           (unsigned long long)c.seed, (unsigned long long)c.seed + 1,
+           (unsigned long long)c.seed + 2, (double)c.scale);
+    if (c.ulysses)
+        printf("   --ulysses %d: all-to-alls over the %d Ulysses ranks move q, k, v from the sequence "
+               "to the heads\n   (%lld a rank), o and lse back; %s\n", c.ulysses, c.ulysses,
+               (long long)(H / c.ulysses),
+               R > 1 ? "the ring runs over the other mesh dim" : "no ring (U = P)");
     if (c.doc_lens || c.window) {
         char rule[256];
         rule_phrase(&c, rule, sizeof rule);
@@ -1108,7 +1419,7 @@ int main(int argc, char **argv) {
      * rank's block kernels, and the waits between steps. */
     double crit = 0, waits = 0;
     printf("   block kernels per ring step, slowest rank (ms):");
-    for (int t = 0; t < c.ranks; t++) {
+    for (int t = 0; t < R; t++) {
         double step = 0;
         for (int r = 0; r < c.ranks; r++) step = fmax(step, run->steps[r].blocks_ms[t]);
         crit += step;
@@ -1116,11 +1427,11 @@ int main(int argc, char **argv) {
     }
     for (int r = 0; r < c.ranks; r++) {
         double w = 0;
-        for (int t = 0; t < c.ranks; t++) w += run->steps[r].wait_ms[t];
+        for (int t = 0; t < R; t++) w += run->steps[r].wait_ms[t];
         waits = fmax(waits, w);
     }
     printf("%s\n   their sum (the ring's critical path in kernel time) %.2f ms; the largest "
-           "per-rank wait between steps %.2f ms\n", c.ranks > 16 ? " ..." : "", crit, waits);
+           "per-rank wait between steps %.2f ms\n", R > 16 ? " ..." : "", crit, waits);
 
     const int64_t nq = B * S * H * D, nk = B * S * G * D, nl = B * H * S;
     double *q = full_input(c.seed, nq, c.dtype), *k = full_input(c.seed + 1, nk, c.dtype);
@@ -1138,6 +1449,7 @@ int main(int argc, char **argv) {
            "   max abs error: o %.3g, lse %.3g; %ld of %lld values outside the tolerance\n",
            tol, tol, err_o, err_lse, bad, (long long)(nq + nl));
     printf("   result: %s\n", bad ? "FAIL" : "PASS");
+    bad += print_comm(&c, run, 0);
     if (c.backward) {
         double slow_b = 0;
         for (int r = 0; r < c.ranks; r++)
@@ -1162,6 +1474,7 @@ int main(int argc, char **argv) {
                (unsigned long long)c.seed + 3, 1e3 * slow_b, gtol, gtol, err_dq, err_dk, err_dv, gbad,
                (long long)(nq + 2 * nk), gbad ? "FAIL" : "PASS");
         bad += gbad;
+        bad += print_comm(&c, run, 1);
         free(dout);
         free(dq_ref);
         free(dk_ref);
@@ -1172,15 +1485,19 @@ int main(int argc, char **argv) {
     free(v);
     free(o_ref);
     free(lse_ref);
+    print_comm_other(&c);
 
-    /* 5: work per rank and step, and the SVG. */
+    /* 5: work per rank and step, and the SVG; with --ulysses, of the ring
+     * of R ranks that runs after the all-to-all. */
+    config ring = c;
+    ring.ranks = R;
     work_table w[3];
-    int ok = work_tables(&c, w);
-    if (ok) print_work(&c, w);
+    int ok = work_tables(&ring, w);
+    if (ok) print_work(&ring, w);
     else fprintf(stderr, "striped_attention: out of memory for the work tables\n");
     int files_ok = 1;
     if (ok && c.svg) {
-        files_ok &= write_svg(c.svg, &c, w);
+        files_ok &= write_svg(c.svg, &ring, w);
         if (files_ok) printf("\n   wrote %s (the heat maps above as SVG)\n", c.svg);
     }
     work_tables_free(w);

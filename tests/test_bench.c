@@ -14,6 +14,14 @@
  *     written out (same document, j <= i, |i - j| < W); drawn documents: the
  *     same total for every order, a critical path of at least total / P;
  *     exit 2 for bad --docs, --window, --seq and --section d's flags;
+ *   - (e), ring, Ulysses and the hybrid (P = 4, S = 64, both passes, JSON
+ *     and text): a row per pass for the ring contiguous and striped,
+ *     Ulysses over all 4 and the 2 x 2 hybrid, each with the bytes per kind
+ *     the counters gave equal to the ones written out here (all-to-alls of
+ *     (U-1)/U of q, k, v, o, lse forward, of those, dout, dq, dk, dv
+ *     backward; the ring's R-1 K|V blocks, backward its fp32 dK|dV and the
+ *     last home; the range check's all_reduce), "match" true, and a time;
+ *     exit 2 for (d)'s flags with (e) alone and for --ranks above 8;
  *   - bench/blocks --quick: both sections and passes, one row per c and per
  *     order, every figure finite and positive; bad flags exit 2;
  *   - bench/blocks --quick --json: the configuration, one (r) row per pass
@@ -788,6 +796,91 @@ static void test_blocks_trace_timeline(void **state) {
 #endif
 }
 
+/* ------------------------------- bench/attention (e) ring, Ulysses, hybrid */
+
+/* The bytes per rank of an (e) row, written out (sent = received): [0]
+ * p2p (the ring), [1] all-to-all (Ulysses), [2] all_reduce (the call's
+ * range check over the world), and their calls. A rank's part x of q, k,
+ * v, o (B S/P H D elements) and lse (B H S/P fp32); an all-to-all over U
+ * ranks sends (U-1)/U of it. */
+static void ulysses_expected(int bwd, double P, double R, double U, double S, double B, double H,
+                             double D, double es, double bytes[3], double calls[3]) {
+    const double x = B * (S / P) * H * D * es, lse = B * H * (S / P) * 4;
+    bytes[1] = (U - 1) / U * ((bwd ? 8 : 4) * x + lse);   /* q k v o (dout dq dk dv) and lse */
+    calls[1] = U > 1 ? (bwd ? 9 : 5) : 0;
+    const double kv = 2 * B * (S / R) * (H / U) * D;      /* K|V after the all-to-all */
+    bytes[0] = bwd ? (R - 1) * kv * (es + 4) + (R > 1 ? kv * es : 0) : (R - 1) * kv * es;
+    calls[0] = R > 1 ? (bwd ? R + 2 : R - 1) : 0;
+    const double n = bwd ? 4 : 3;
+    bytes[2] = 2 * (P - 1) * ceil(n / P) * 4;
+    calls[2] = 1;
+}
+
+static void test_ulysses_json(void **state) {
+    (void)state;
+    REQUIRE_BENCH();
+    const char *args = "--section e --json --ranks 4 --seq 64";
+    char *out = NULL;
+    int rc = run_bench(args, &out);
+    const char *sec = strstr(out, "\"ulysses\": [");
+    int ok = rc == 0 && sec && strstr(out, "\"complete\": true\n}") && no_nonfinite(out) &&
+             count(out, "\"algorithm\": ") == 8 && count(out, "\"match\": true") == 8;
+    static const char *const algs[4] = {"ring contiguous", "ring striped", "ulysses U=4",
+                                        "hybrid 2x2 striped"};
+    static const char *const kinds[3] = {"p2p", "a2a", "all_reduce"};
+    for (int pass = 0; ok && pass < 2; pass++)
+        for (int a = 0; ok && a < 4; a++) {
+            char key[96];
+            snprintf(key, sizeof key, "{\"pass\": \"%s\", \"algorithm\": \"%s\"",
+                     pass ? "bwd" : "fwd", algs[a]);
+            const char *row = strstr(sec, key);
+            double P, R, U, S, B, H, D, got, total = 0, sent, recv, wall;
+            ok = row && json_num(row, "P", &P) && json_num(row, "R", &R) &&
+                 json_num(row, "U", &U) && json_num(row, "S", &S) && json_num(row, "B", &B) &&
+                 json_num(row, "H", &H) && json_num(row, "D", &D) && json_num(row, "sent", &sent) &&
+                 json_num(row, "recv", &recv) && json_num(row, "wall_ms", &wall) &&
+                 strstr(row, "\"dtype\": \"fp32\"") && P == 4 && S == 64 &&
+                 R * U == P && (a < 2 ? R == 4 : a == 2 ? U == 4 : U == 2) && wall > 0;
+            double bytes[3], calls[3];
+            if (ok) ulysses_expected(pass, P, R, U, S, B, H, D, 4, bytes, calls);
+            for (int k = 0; ok && k < 3; k++) {
+                char name[48];
+                double c, f;
+                snprintf(name, sizeof name, "%s_calls", kinds[k]);
+                ok = json_num(row, name, &c) && c == calls[k];
+                snprintf(name, sizeof name, "%s_sent", kinds[k]);
+                ok = ok && json_num(row, name, &got) && got == bytes[k];
+                snprintf(name, sizeof name, "%s_recv", kinds[k]);
+                ok = ok && json_num(row, name, &got) && got == bytes[k];
+                snprintf(name, sizeof name, "formula_%s", kinds[k]);
+                ok = ok && json_num(row, name, &f) && f == bytes[k];
+                total += bytes[k];
+                if (!ok)
+                    print_error("%s %s: %s: expected %.0f calls, %.0f bytes\n", pass ? "bwd" : "fwd",
+                                algs[a], kinds[k], calls[k], bytes[k]);
+            }
+            ok = ok && sent == total && recv == total && json_num(row, "formula", &got) &&
+                 got == total;
+        }
+    if (!ok) show(args, out);
+    free(out);
+    assert_int_equal(rc, 0);
+    assert_true(ok);
+
+    /* The text table: its rows and their "match" column. */
+    args = "--section e --ranks 4 --seq 64 --pass fwd";
+    rc = run_bench(args, &out);
+    ok = rc == 0 && strstr(out, "(e) ring, Ulysses and the hybrid") &&
+         strstr(out, "\n    64      0      fwd  ring contiguous ") &&
+         strstr(out, "\n    64      0      fwd  hybrid 2x2 striped ") &&
+         count(out, " yes ") == 4 && !strstr(out, " NO ") && !strstr(out, "(a) ") &&
+         !strstr(out, "(d) ");
+    if (!ok) show(args, out);
+    free(out);
+    assert_int_equal(rc, 0);
+    assert_true(ok);
+}
+
 /* --------------------------------------------- bench/attention (d) mask work */
 
 /* Critical path (sum over ring steps of the busiest rank) and total of the
@@ -1270,9 +1363,12 @@ int main(int argc, char **argv) {
         {"", "--pass fwd,fwd", "--pass takes one or more of fwd, bwd"},
         {"", "--pass fwd,", "--pass takes one or more of fwd, bwd"},
         {"", "--dtype ,,", "--dtype takes one or more of bf16, fp32, fp16"},
-        {"", "--section e", "--section takes one or more of a, b, c, d"},
-        {"", "--section ,", "--section takes one or more of a, b, c, d"},
-        {"", "--section a,a", "--section takes one or more of a, b, c, d"},
+        {"", "--section f", "--section takes one or more of a, b, c, d, e"},
+        {"", "--section ,", "--section takes one or more of a, b, c, d, e"},
+        {"", "--section a,a", "--section takes one or more of a, b, c, d, e"},
+        {"", "--section e --docs 1,63 --seq 64", "--docs and --seed set section (d)"},
+        {"", "--section e --ranks 16", "(e) runs at most 8 ranks"},
+        {"", "--section e --seq 100", "--seq 100 is not divisible by --ranks 8"},
         {"", "--docs 1,x", "--docs takes lengths L1,L2,... (integers >= 1) or random:MEAN; entry "
                            "2 is 'x'"},
         {"", "--docs 10,20", "--docs lengths sum to 30, not --seq 65536"},
@@ -1281,7 +1377,7 @@ int main(int argc, char **argv) {
         {"", "--window -1", "--window takes an integer in [0, "},
         {"", "--seq 100", "--seq 100 is not divisible by --ranks 8"},
         {"", "--ranks 0", "--ranks takes an integer in [1, 64]"},
-        {"", "--section a,b --window 8", "--section leaves it out"},
+        {"", "--section a,b --window 8", "--section leaves them out"},
         {"", "--iters 0", "--iters takes an integer"},
         {"", "--copies 2", "--copies takes an integer"},
         {"", "--comm-ctas -1", "--comm-ctas takes an integer"},
@@ -1318,6 +1414,8 @@ int main(int argc, char **argv) {
     }
     tests[n++] = (struct CMUnitTest){"bench_attention/mask-work/S=4096,P=8,docs=random:256",
                                      test_mask_work_random, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_attention/ulysses/P=4,S=64,pass=fwd+bwd",
+                                     test_ulysses_json, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/quick,section=r+p,pass=fwd+bwd",
                                      test_blocks_quick, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_blocks/exit2", test_blocks_bad_flags, NULL, NULL, NULL};

@@ -20,7 +20,18 @@
  *     the ranks' tokens (h_order_indices) and the rule;
  *   - --docs random:MEAN: the same draws from the same seed, others from
  *     another, a draw per batch row, and a sample mean near MEAN;
- *   - --svg: a complete SVG document with the three heat maps.
+ *   - --svg: a complete SVG document with the three heat maps;
+ *   - --ulysses U, the Ulysses x ring hybrid on a (P/U ring) x (U Ulysses)
+ *     mesh (U = P: Ulysses alone), for P = 4 (U = 2, 4), 8 (U = 2), 6
+ *     (U = 3), every order, causal and full, kv heads U divides and fewer
+ *     (repeated): exit 0, the PASS lines, and the bytes per rank the
+ *     example read from the communicators' counters equal to the ones
+ *     written out here (all-to-alls of (U-1)/U of q, k, v, o, lse forward,
+ *     of q, k, v, o, lse, dout and dq, dk, dv backward; the ring's (R-1)
+ *     K|V blocks, and backward its fp32 dK|dV and the last home); --dump
+ *     and --backward --dump checked against the reference here as above,
+ *     the work table against the ring of R = P/U ranks; a U that does not
+ *     divide P or H exits 2.
  * The binary is found beside this test's build tree (build/tests/test_examples
  * -> build/examples/striped_attention; make test runs from the repo root).
  * When it is missing every case is skipped with the reason (run `make`).
@@ -115,7 +126,8 @@ static void test_help(void **state) {
     int ok = rc == 0 && strstr(out, "usage: striped_attention") && strstr(out, "--dump DIR") &&
              strstr(out, "--docs L1,L2,...") && strstr(out, "--docs random:MEAN") &&
              strstr(out, "log-normal") && strstr(out, "--window W") &&
-             strstr(out, "(B S H HKV D causal scale window)") && strstr(out, "docs.txt");
+             strstr(out, "(B S H HKV D causal scale window)") && strstr(out, "docs.txt") &&
+             strstr(out, "--ulysses U") && strstr(out, "a2a_dim");
     if (!ok) show_output_on_failure("--help", out);
     free(out);
     assert_true(ok);
@@ -186,6 +198,7 @@ typedef struct dump_case {
     uint64_t seed;
     const char *docs;   /* --docs, or NULL */
     int64_t window;     /* --window, 0 for none */
+    int ulysses;        /* --ulysses U, 0 for none */
 } dump_case;
 
 /* n little-endian fp32 values from dir/name, which must be exactly 4n bytes. */
@@ -371,7 +384,7 @@ static int read_docs(const dump_case *c, const char *dir, int64_t *doc, int64_t 
  * h_order_indices. */
 static void count_work(const dump_case *c, const int64_t *doc, int64_t window, dt_order order,
                        long long *crit, long long *total) {
-    const int P = c->P;
+    const int P = c->ulysses ? c->P / c->ulysses : c->P;   /* the ring's ranks */
     const int64_t n = c->S / P, rows = docs_per_row(c) ? c->B : 1;
     int64_t *idx = malloc((size_t)(P * n) * sizeof *idx);
     assert_non_null(idx);
@@ -467,7 +480,7 @@ typedef struct dump_meta {
  * exit status, the output in *out (the caller frees it). */
 static int run_dump(const dump_case *c, int backward, char top[256], char dir[512], char **out,
                     dump_meta *meta) {
-    char args[1024], rule[256] = "";
+    char args[1024], rule[300] = "";
     snprintf(top, 256, "%s/dt_example_dump.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     assert_non_null(mkdtemp(top));
     snprintf(dir, 512, "%s/sub", top);
@@ -475,6 +488,8 @@ static int run_dump(const dump_case *c, int backward, char top[256], char dir[51
     if (c->window)
         snprintf(rule + strlen(rule), sizeof rule - strlen(rule), " --window %lld",
                  (long long)c->window);
+    if (c->ulysses)
+        snprintf(rule + strlen(rule), sizeof rule - strlen(rule), " --ulysses %d", c->ulysses);
     snprintf(args, sizeof args,
              "--ranks %d --batch %lld --seq %lld --heads %lld --kv-heads %lld --dim %lld "
              "--order %s --dtype %s --seed %llu %s%s%s --dump '%s'",
@@ -624,7 +639,7 @@ static void test_docs_random(void **state) {
     (void)state;
     REQUIRE_EXAMPLE();
     dump_case c = {"striped_attention/docs-random/mean=8,B=8,S=512", 2, 1, 8, 512, 1, 1, 8,
-                   "contiguous", "fp32", 5, "random:8", 0};
+                   "contiguous", "fp32", 5, "random:8", 0, 0};
     char *text[3] = {NULL, NULL, NULL};
     int ok = 1;
     int64_t *doc = malloc((size_t)(c.B * c.S) * sizeof *doc);
@@ -664,6 +679,96 @@ static void test_docs_random(void **state) {
     assert_true(ok);
     assert_true(n > 200);
     assert_true(mean >= 6 && mean <= 10);
+}
+
+/* --------------------------------------------------------------- ulysses */
+
+typedef struct ulysses_case {
+    char name[160];
+    char args[320];
+    int P, U, causal, backward, group;
+    int64_t B, S, H, Hkv, D;
+    const char *order, *dtype;
+} ulysses_case;
+
+/* The bytes a rank sends (and receives) per call, [0] forward, [1]
+ * backward, written out: U ranks all-to-all a tensor by sending each
+ * other rank 1/U of its part (collectives/comm.h: (U-1)/U of it); kv
+ * heads that U does not divide are repeated e = lcm(H_kv, U) / H_kv times
+ * first. The ring of R = P/U ranks (after the all-to-all: S/R tokens,
+ * H_kv e / U kv heads) sends its K and V R-1 times; backward also R-1
+ * fp32 dK|dV partial sums and the finished dK|dV home in the dtype. */
+typedef struct ulysses_bytes {
+    unsigned long long a2a[2], p2p[2];
+} ulysses_bytes;
+
+static ulysses_bytes ulysses_bytes_of(const ulysses_case *c) {
+    ulysses_bytes b = {{0, 0}, {0, 0}};
+    const unsigned long long es = dt_dtype_size(dtype_of(c->dtype)), U = (unsigned)c->U;
+    int64_t e = 1;
+    while ((c->Hkv * e) % c->U) e++;   /* the least e with U | H_kv e */
+    const unsigned long long q = (unsigned long long)(c->B * (c->S / c->P) * c->H * c->D) * es;
+    const unsigned long long kv =
+        (unsigned long long)(c->B * (c->S / c->P) * c->Hkv * e * c->D) * es;
+    const unsigned long long lse = (unsigned long long)(c->B * c->H * (c->S / c->P)) * 4;
+    b.a2a[0] = (q + kv + kv + q + lse) / U * (U - 1);                       /* q k v; o lse */
+    b.a2a[1] = (q + kv + kv + q + lse + q + q + kv + kv) / U * (U - 1);   /* + dout; dq dk dv */
+    const int64_t R = c->P / c->U;
+    const unsigned long long block = (unsigned long long)(c->B * (c->S / R) * (c->Hkv * e / c->U) *
+                                                          c->D);
+    b.p2p[0] = (unsigned long long)(R - 1) * 2 * block * es;
+    b.p2p[1] = R > 1 ? (unsigned long long)(R - 1) * 2 * block * (es + 4) + 2 * block * es : 0;
+    return b;
+}
+
+/* The counters line of a pass and kind the example printed: calls, bytes
+ * sent and received; 0 when it is missing. */
+static int read_counters(const char *out, const char *head, unsigned long long v[3]) {
+    const char *p = strstr(out, head);
+    if (!p) return 0;
+    p = strstr(p, "): ");
+    return p && sscanf(p, "): %llu calls, %llu bytes sent, %llu received", &v[0], &v[1], &v[2]) == 3;
+}
+
+static void test_ulysses(void **state) {
+    const ulysses_case *c = *state;
+    REQUIRE_EXAMPLE();
+    char *out = NULL;
+    int rc = run_example(c->args, &out);
+    const int R = c->P / c->U;
+    const ulysses_bytes want = ulysses_bytes_of(c);
+    int ok = rc == 0 && strstr(out, "result: PASS") && !strstr(out, "FAIL") &&
+             (!c->backward || strstr(out, "backward result: PASS")) &&
+             strstr(out, "the ring alone over all P = ") &&
+             strstr(out, "critical path (sum over steps of the busiest rank):");
+    for (int pass = 0; ok && pass < 1 + c->backward; pass++) {
+        static const char *const names[2] = {"forward", "backward"};
+        char head[128];
+        unsigned long long v[3];
+        /* every counters line of the pass said PASS: the all-to-all, the
+         * ring (R > 1) and the world's communicator */
+        snprintf(head, sizeof head, "\n   %s: bytes per rank", names[pass]);
+        const char *from = strstr(out, head), *to = from ? strstr(from + 1, "\n\n") : NULL;
+        int passes = 0;
+        for (const char *p = from; p && to && (p = strstr(p + 1, ": PASS\n")) && p < to;) passes++;
+        ok = from && passes == 2 + (R > 1);
+        snprintf(head, sizeof head, "%s Ulysses all-to-all over mesh dim %d (U = %d)", names[pass],
+                 R > 1 ? 1 : 0, c->U);
+        ok = ok && read_counters(out, head, v) && v[0] == (pass ? 9u : 5u) &&
+             v[1] == want.a2a[pass] && v[2] == want.a2a[pass];
+        if (!ok) print_error("%s: %s: expected %s, %llu bytes\n", c->name, names[pass], head,
+                             want.a2a[pass]);
+        if (ok && R > 1) {
+            snprintf(head, sizeof head, "%s ring p2p over mesh dim 0 (R = %d)", names[pass], R);
+            ok = read_counters(out, head, v) && v[1] == want.p2p[pass] && v[2] == want.p2p[pass];
+            if (!ok) print_error("%s: %s: expected %s, %llu bytes\n", c->name, names[pass], head,
+                                 want.p2p[pass]);
+        }
+    }
+    if (!ok) show_output_on_failure(c->args, out);
+    free(out);
+    assert_int_equal(rc, 0);
+    assert_true(ok);
 }
 
 /* ------------------------------------------------------------------- svg */
@@ -711,8 +816,8 @@ int main(int argc, char **argv) {
 
     static const char *const order_names[] = {"contiguous", "striped", "zigzag"};
     static const char *const dtype_names[] = {"fp32", "bf16", "fp16"};
-    static pass_case passes[20], bad[24], unsupported[1];
-    struct CMUnitTest tests[80];
+    static pass_case passes[20], bad[32], unsupported[1];
+    struct CMUnitTest tests[128];
     size_t n = 0, np = 0;
     for (int o = 0; o < 3; o++)
         for (int d = 0; d < 3; d++) {
@@ -789,6 +894,9 @@ int main(int argc, char **argv) {
         {"--docs random:", "--docs random:MEAN takes a mean length of at least 1"},
         {"--window -1", "--window takes an integer in [0, "},
         {"--window 2x", "--window takes an integer"},
+        {"--ulysses 3", "--ulysses 3 does not divide --ranks 4"},
+        {"--ranks 6 --seq 96 --heads 4 --ulysses 3", "--ulysses 3 does not divide --heads 4"},
+        {"--ulysses 0", "--ulysses takes an integer in [1, "},
     };
     for (size_t i = 0; i < sizeof bad_args / sizeof *bad_args; i++) {
         pass_case *c = &bad[i];
@@ -809,32 +917,32 @@ int main(int argc, char **argv) {
      * shard (S/P), a list per row (summing to B*S), drawn ones; windows
      * smaller and larger than a shard. */
     static dump_case dumps[] = {
-        {"", 3, 1, 2, 48, 4, 2, 16, "zigzag", "fp32", 7, NULL, 0},
-        {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 11, NULL, 0},
-        {"", 2, 1, 1, 32, 4, 1, 8, "contiguous", "fp32", 5, NULL, 0},
-        {"", 3, 0, 1, 36, 2, 1, 16, "striped", "bf16", 3, NULL, 0},
-        {"", 2, 1, 2, 32, 4, 2, 16, "zigzag", "fp16", 13, NULL, 0},
-        {"", 4, 1, 2, 64, 2, 1, 16, "striped", "fp32", 41, "1,40,23", 0},
-        {"", 3, 1, 1, 48, 4, 2, 8, "zigzag", "fp32", 43, "1,5,30,12", 7},
-        {"", 2, 0, 2, 64, 2, 2, 8, "contiguous", "fp32", 47, "random:48", 40},
-        {"", 5, 0, 1, 80, 2, 1, 8, "striped", "fp32", 53, NULL, 5},
-        {"", 4, 1, 1, 128, 2, 1, 16, "zigzag", "bf16", 59, "random:64", 48},
-        {"", 6, 1, 2, 96, 2, 2, 8, "contiguous", "fp32", 61, "1,63,32,50,46", 0},
-        {"", 1, 1, 1, 32, 2, 1, 8, "striped", "fp32", 67, "3,1,28", 4},
-        {"", 7, 0, 1, 112, 2, 1, 8, "zigzag", "fp32", 71, "20,1,1,90", 20},
+        {"", 3, 1, 2, 48, 4, 2, 16, "zigzag", "fp32", 7, NULL, 0, 0},
+        {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 11, NULL, 0, 0},
+        {"", 2, 1, 1, 32, 4, 1, 8, "contiguous", "fp32", 5, NULL, 0, 0},
+        {"", 3, 0, 1, 36, 2, 1, 16, "striped", "bf16", 3, NULL, 0, 0},
+        {"", 2, 1, 2, 32, 4, 2, 16, "zigzag", "fp16", 13, NULL, 0, 0},
+        {"", 4, 1, 2, 64, 2, 1, 16, "striped", "fp32", 41, "1,40,23", 0, 0},
+        {"", 3, 1, 1, 48, 4, 2, 8, "zigzag", "fp32", 43, "1,5,30,12", 7, 0},
+        {"", 2, 0, 2, 64, 2, 2, 8, "contiguous", "fp32", 47, "random:48", 40, 0},
+        {"", 5, 0, 1, 80, 2, 1, 8, "striped", "fp32", 53, NULL, 5, 0},
+        {"", 4, 1, 1, 128, 2, 1, 16, "zigzag", "bf16", 59, "random:64", 48, 0},
+        {"", 6, 1, 2, 96, 2, 2, 8, "contiguous", "fp32", 61, "1,63,32,50,46", 0, 0},
+        {"", 1, 1, 1, 32, 2, 1, 8, "striped", "fp32", 67, "3,1,28", 4, 0},
+        {"", 7, 0, 1, 112, 2, 1, 8, "zigzag", "fp32", 71, "20,1,1,90", 20, 0},
     };
     static dump_case bdumps[] = {
-        {"", 3, 1, 2, 48, 4, 2, 16, "zigzag", "fp32", 17, NULL, 0},
-        {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 19, NULL, 0},
-        {"", 2, 0, 1, 32, 4, 1, 8, "contiguous", "fp32", 23, NULL, 0},
-        {"", 3, 1, 1, 36, 2, 1, 16, "striped", "bf16", 29, NULL, 0},
-        {"", 4, 1, 1, 32, 2, 2, 8, "contiguous", "fp16", 31, NULL, 0},
-        {"", 4, 1, 1, 64, 2, 1, 16, "zigzag", "fp32", 73, "1,40,23", 12},
-        {"", 3, 0, 2, 48, 2, 2, 8, "striped", "fp32", 79, "random:8", 0},
-        {"", 2, 1, 1, 64, 2, 1, 8, "contiguous", "fp32", 83, NULL, 40},
-        {"", 5, 0, 1, 80, 2, 1, 8, "zigzag", "fp32", 89, "16,1,63", 20},
-        {"", 3, 1, 2, 48, 2, 1, 8, "contiguous", "fp32", 97, "random:6", 5},
-        {"", 8, 1, 1, 64, 2, 1, 8, "striped", "fp32", 101, "1,2,61", 3},
+        {"", 3, 1, 2, 48, 4, 2, 16, "zigzag", "fp32", 17, NULL, 0, 0},
+        {"", 4, 1, 1, 64, 2, 2, 32, "striped", "fp32", 19, NULL, 0, 0},
+        {"", 2, 0, 1, 32, 4, 1, 8, "contiguous", "fp32", 23, NULL, 0, 0},
+        {"", 3, 1, 1, 36, 2, 1, 16, "striped", "bf16", 29, NULL, 0, 0},
+        {"", 4, 1, 1, 32, 2, 2, 8, "contiguous", "fp16", 31, NULL, 0, 0},
+        {"", 4, 1, 1, 64, 2, 1, 16, "zigzag", "fp32", 73, "1,40,23", 12, 0},
+        {"", 3, 0, 2, 48, 2, 2, 8, "striped", "fp32", 79, "random:8", 0, 0},
+        {"", 2, 1, 1, 64, 2, 1, 8, "contiguous", "fp32", 83, NULL, 40, 0},
+        {"", 5, 0, 1, 80, 2, 1, 8, "zigzag", "fp32", 89, "16,1,63", 20, 0},
+        {"", 3, 1, 2, 48, 2, 1, 8, "contiguous", "fp32", 97, "random:6", 5, 0},
+        {"", 8, 1, 1, 64, 2, 1, 8, "striped", "fp32", 101, "1,2,61", 3, 0},
     };
     /* The forward dumps, then the backward ones (--backward --dump). */
     const size_t nd = sizeof dumps / sizeof *dumps, nbd = sizeof bdumps / sizeof *bdumps;
@@ -850,6 +958,60 @@ int main(int argc, char **argv) {
         snprintf(c->name, sizeof c->name,
                  "striped_attention/%s/%s,%s,%s%s,P=%d,B=%lld,S=%lld,H=%lld,Hkv=%lld,D=%lld",
                  backward ? "backward-dump" : "dump", c->order, c->dtype,
+                 c->causal ? "causal" : "no-causal", rule, c->P, (long long)c->B, (long long)c->S,
+                 (long long)c->H, (long long)c->Hkv, (long long)c->D);
+        tests[n++] = (struct CMUnitTest){c->name, backward ? test_dump_backward : test_dump, NULL,
+                                         NULL, c};
+    }
+    /* --ulysses: the counters against the bytes written out here. */
+    static ulysses_case ulysses[] = {
+        {"", "", 4, 2, 1, 1, 0, 1, 64, 4, 2, 16, "striped", "bf16"},
+        {"", "", 4, 4, 0, 0, 0, 2, 32, 4, 1, 8, "zigzag", "fp32"},
+        {"", "", 8, 2, 1, 1, 0, 1, 64, 4, 1, 8, "contiguous", "fp32"},
+        {"", "", 6, 3, 0, 1, 0, 1, 36, 6, 2, 8, "striped", "fp32"},
+        {"", "", 8, 2, 1, 0, 3, 1, 128, 2, 2, 8, "zigzag", "fp16"},
+    };
+    for (size_t i = 0; i < sizeof ulysses / sizeof *ulysses; i++) {
+        ulysses_case *c = &ulysses[i];
+        char group[32] = "";
+        if (c->group) snprintf(group, sizeof group, " --group %d", c->group);
+        snprintf(c->args, sizeof c->args,
+                 "--ranks %d --ulysses %d --batch %lld --seq %lld --heads %lld --kv-heads %lld "
+                 "--dim %lld --order %s --dtype %s %s%s%s", c->P, c->U, (long long)c->B,
+                 (long long)c->S, (long long)c->H, (long long)c->Hkv, (long long)c->D, c->order,
+                 c->dtype, c->causal ? "--causal" : "--no-causal", c->backward ? " --backward" : "",
+                 group);
+        snprintf(c->name, sizeof c->name,
+                 "striped_attention/ulysses/P=%d,U=%d,%s,%s,%s%s%s,B=%lld,S=%lld,H=%lld,Hkv=%lld,"
+                 "D=%lld", c->P, c->U, c->order, c->dtype, c->causal ? "causal" : "no-causal",
+                 c->backward ? ",backward" : "", c->group ? ",group=3" : "", (long long)c->B,
+                 (long long)c->S, (long long)c->H, (long long)c->Hkv, (long long)c->D);
+        tests[n++] = (struct CMUnitTest){c->name, test_ulysses, NULL, NULL, c};
+    }
+    /* --ulysses --dump and --backward --dump: the reference here, and the
+     * work table of the ring of P/U ranks. */
+    static dump_case udumps[] = {
+        {"", 4, 1, 1, 64, 4, 2, 16, "striped", "fp32", 107, NULL, 0, 2},
+        {"", 4, 0, 2, 32, 4, 1, 8, "contiguous", "fp32", 109, NULL, 0, 4},
+        {"", 8, 1, 1, 64, 2, 1, 8, "zigzag", "fp32", 113, "1,40,23", 12, 2},
+        {"", 6, 1, 1, 48, 3, 3, 8, "striped", "bf16", 127, NULL, 0, 3},
+        {"", 4, 1, 1, 64, 4, 1, 8, "zigzag", "fp32", 131, NULL, 0, 2},
+        {"", 4, 0, 1, 32, 4, 2, 8, "striped", "fp32", 137, NULL, 5, 4},
+        {"", 8, 1, 1, 64, 2, 2, 8, "striped", "fp32", 139, "random:8", 0, 2},
+        {"", 6, 0, 1, 36, 6, 2, 8, "contiguous", "fp32", 149, NULL, 0, 3},
+    };
+    for (size_t i = 0; i < sizeof udumps / sizeof *udumps; i++) {
+        dump_case *c = &udumps[i];
+        const int backward = i >= 4;
+        char rule[96] = "";
+        if (c->docs) snprintf(rule, sizeof rule, ",docs=%s", c->docs);
+        for (char *p = rule; *p; p++) *p = p > rule && *p == ',' ? '+' : *p;
+        if (c->window)
+            snprintf(rule + strlen(rule), sizeof rule - strlen(rule), ",window=%lld",
+                     (long long)c->window);
+        snprintf(c->name, sizeof c->name,
+                 "striped_attention/ulysses-%s/U=%d,%s,%s,%s%s,P=%d,B=%lld,S=%lld,H=%lld,Hkv=%lld,"
+                 "D=%lld", backward ? "backward-dump" : "dump", c->ulysses, c->order, c->dtype,
                  c->causal ? "causal" : "no-causal", rule, c->P, (long long)c->B, (long long)c->S,
                  (long long)c->H, (long long)c->Hkv, (long long)c->D);
         tests[n++] = (struct CMUnitTest){c->name, backward ? test_dump_backward : test_dump, NULL,
