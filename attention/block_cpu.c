@@ -312,7 +312,8 @@ static dt_status bwd(struct dt_backend *be, const dt_attn_block_bwd_args *a, voi
             /* the group's first head writes dk, dv of a `first` call */
             const int set = a->first && h % group == 0;
             const bwd_head f = {
-                .a = a, .rule = dt_attn_block_bwd_rule(a, b), .qb = (const char *)a->q + qoff, .gb = (const char *)a->dout + qoff,
+                .a = a, .rule = dt_attn_block_bwd_rule(a, b),
+                .qb = (const char *)a->q + qoff, .gb = (const char *)a->dout + qoff,
                 .lse = a->lse + ml, .delta = a->delta + ml,
                 .dq = a->dq + b * a->dq_batch_stride + h * D,
                 .qt = qt, .dot = dot, .kt = kt, .vt = vt, .dkt = dkt, .dvt = dvt, .p = p, .ds = ds,

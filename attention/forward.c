@@ -194,7 +194,8 @@ static fwd_workspace fwd_workspace_of(const attn_plan *p, const dt_tensor *q, co
     w.off_m = w.off_acc + attn_align(rows * (size_t)p->D * sizeof(float));
     w.off_l = w.off_m + attn_align(rows * sizeof(float));
     w.off_scratch = w.off_l + attn_align(rows * sizeof(float));
-    w.off_docs = w.off_scratch + attn_align(p->kern ? p->kern->fwd_scratch(p->D, p->b * p->h, p->c) : 0);
+    w.off_docs = w.off_scratch +
+                 attn_align(p->kern ? p->kern->fwd_scratch(p->D, p->b * p->h, p->c) : 0);
     w.total = w.off_docs + attn_docs_bytes(p);
     return w;
 }

@@ -52,7 +52,8 @@ static int64_t gcd64(int64_t a, int64_t b) {
 static dt_layout lse_layout_of(const dt_layout *l) {
     dt_layout r = *l;
     for (int m = 0; m < r.ndim; m++)
-        if (r.placements[m].kind == DT_SHARD && (r.placements[m].dim == 1 || r.placements[m].dim == 2))
+        if (r.placements[m].kind == DT_SHARD &&
+            (r.placements[m].dim == 1 || r.placements[m].dim == 2))
             r.placements[m].dim = 3 - r.placements[m].dim;
     return r;
 }
@@ -81,12 +82,14 @@ static dt_status plan_make(const char *op, const dt_tensor *q, const dt_tensor *
     const int64_t H = dt_tensor_shape(q)[2], Hkv = dt_tensor_shape(k)[2];
     int64_t T = 1;   /* the ranks of the mesh dims that shard the heads already */
     for (int m = 0; m < l->ndim; m++)
-        if (l->placements[m].kind == DT_SHARD && l->placements[m].dim == 2) T *= dt_mesh_size(mesh, m);
+        if (l->placements[m].kind == DT_SHARD && l->placements[m].dim == 2)
+            T *= dt_mesh_size(mesh, m);
     const int64_t TU = T * u->U;
     if (H % TU || Hkv < 1 || H % Hkv)
-        return dt_error(DT_ERR_INVALID_ARGUMENT, "%s: %lld heads (kv heads %lld) over the %lld ranks "
-                        "of a2a_dim %d%s: the heads must be divisible by them", op, (long long)H,
-                        (long long)Hkv, (long long)TU, u->u, T > 1 ? " and the heads' mesh dims" : "");
+        return dt_error(DT_ERR_INVALID_ARGUMENT, "%s: %lld heads (kv heads %lld) over the %lld "
+                        "ranks of a2a_dim %d%s: the heads must be divisible by them", op,
+                        (long long)H, (long long)Hkv, (long long)TU, u->u,
+                        T > 1 ? " and the heads' mesh dims" : "");
     u->e = TU / gcd64(Hkv, TU);   /* lcm(Hkv, TU) / Hkv */
     u->seq = *l;
     u->heads = *l;
@@ -146,7 +149,8 @@ static dt_status sum_heads(const dt_tensor *g, int64_t e, dt_tensor **out) {
     dt_status st = DT_SUCCESS;
     dt_backend *be = dt_tensor_context(g)->backend;
     int64_t *off = rows * h > 0 ? malloc((size_t)h * 2 * sizeof *off) : NULL;
-    if (rows * h > 0 && !off) st = dt_error(DT_ERR_OUT_OF_MEMORY, "summing kv heads: out of host memory");
+    if (rows * h > 0 && !off)
+        st = dt_error(DT_ERR_OUT_OF_MEMORY, "summing kv heads: out of host memory");
     for (int64_t i = 0; st == DT_SUCCESS && rows * h > 0 && i < e; i++) {
         for (int64_t j = 0; j < h; j++) {
             off[j] = j * D;                    /* head j of the sum */
@@ -184,6 +188,17 @@ static dt_attention_options inner_opts(const dt_attention_options *opts) {
     return o;
 }
 
+/* q, k, v with the heads over u (kv heads repeated first where u.e > 1):
+ * t[0], t[1] the repeated k, v (or NULL), t[2..4] q, k, v redistributed. */
+static dt_status heads_inputs(const ulysses_plan *u, const dt_tensor *q, const dt_tensor *k,
+                              const dt_tensor *v, dt_tensor **t) {
+    DT_TRY(repeat_heads(k, u->e, &t[0]));
+    DT_TRY(repeat_heads(v, u->e, &t[1]));
+    DT_TRY(to(q, &u->heads, &t[2]));
+    DT_TRY(to(t[0] ? t[0] : k, &u->heads, &t[3]));
+    return to(t[1] ? t[1] : v, &u->heads, &t[4]);
+}
+
 static void destroy_all(dt_tensor **t, int n) {
     for (int i = 0; i < n; i++) {
         dt_tensor_destroy(t[i]);
@@ -192,8 +207,7 @@ static void destroy_all(dt_tensor **t, int n) {
 }
 
 dt_status attn_ulysses_forward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
-                                       const dt_attention_options *opts, dt_tensor **o,
-                                       dt_tensor **lse) {
+                               const dt_attention_options *opts, dt_tensor **o, dt_tensor **lse) {
     const char *op = "dt_attention_forward";
     ulysses_plan u;
     dt_status local = plan_make(op, q, k, opts, &u);
@@ -205,11 +219,7 @@ dt_status attn_ulysses_forward(const dt_tensor *q, const dt_tensor *k, const dt_
     dt_status st;
     const dt_layout lse_seq = lse_layout_of(&u.seq);
     const dt_attention_options in = inner_opts(opts);
-    DT_TRY_GOTO(st, repeat_heads(k, u.e, &t[KR]), fail);
-    DT_TRY_GOTO(st, repeat_heads(v, u.e, &t[VR]), fail);
-    DT_TRY_GOTO(st, to(q, &u.heads, &t[QH]), fail);
-    DT_TRY_GOTO(st, to(t[KR] ? t[KR] : k, &u.heads, &t[KH]), fail);
-    DT_TRY_GOTO(st, to(t[VR] ? t[VR] : v, &u.heads, &t[VH]), fail);
+    DT_TRY_GOTO(st, heads_inputs(&u, q, k, v, &t[KR]), fail);
     DT_TRY_GOTO(st, dt_attention_forward(t[QH], t[KH], t[VH], &in, &t[OH], &t[LH]), fail);
     DT_TRY_GOTO(st, to(t[OH], &u.seq, &t[OUT]), fail);
     if (lse) DT_TRY_GOTO(st, to(t[LH], &lse_seq, &t[LSE]), fail);
@@ -223,9 +233,9 @@ fail:
 }
 
 dt_status attn_ulysses_backward(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
-                                        const dt_tensor *o, const dt_tensor *lse,
-                                        const dt_tensor *dout, const dt_attention_options *opts,
-                                        dt_tensor **dq, dt_tensor **dk, dt_tensor **dv) {
+                                const dt_tensor *o, const dt_tensor *lse, const dt_tensor *dout,
+                                const dt_attention_options *opts, dt_tensor **dq, dt_tensor **dk,
+                                dt_tensor **dv) {
     const char *op = "dt_attention_backward";
     ulysses_plan u;
     dt_status local = plan_make(op, q, k, opts, &u);
@@ -241,11 +251,7 @@ dt_status attn_ulysses_backward(const dt_tensor *q, const dt_tensor *k, const dt
     dt_status st;
     const dt_layout lse_heads = lse_layout_of(&u.heads);
     const dt_attention_options in = inner_opts(opts);
-    DT_TRY_GOTO(st, repeat_heads(k, u.e, &t[KR]), fail);
-    DT_TRY_GOTO(st, repeat_heads(v, u.e, &t[VR]), fail);
-    DT_TRY_GOTO(st, to(q, &u.heads, &t[QH]), fail);
-    DT_TRY_GOTO(st, to(t[KR] ? t[KR] : k, &u.heads, &t[KH]), fail);
-    DT_TRY_GOTO(st, to(t[VR] ? t[VR] : v, &u.heads, &t[VH]), fail);
+    DT_TRY_GOTO(st, heads_inputs(&u, q, k, v, &t[KR]), fail);
     DT_TRY_GOTO(st, to(o, &u.heads, &t[OH]), fail);
     DT_TRY_GOTO(st, to(lse, &lse_heads, &t[LH]), fail);
     DT_TRY_GOTO(st, to(dout, &u.heads, &t[GH]), fail);
