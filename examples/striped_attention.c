@@ -1156,14 +1156,16 @@ static int docs_resolve(config *c) {
                      (long long)(c->batch * c->seq));
         fprintf(stderr, NAME ": --docs lengths sum to %lld, not --seq %lld (one list for every "
                 "batch row)%s\n", (long long)sum, (long long)c->seq, per_row);
-        return 0;
-    }
-    if (dt_docs_check("--docs", c->doc_lens, c->doc_count, c->batch, c->seq, &c->docs_per_row) !=
-        DT_SUCCESS) {
+    } else if (dt_docs_check("--docs", c->doc_lens, c->doc_count, c->batch, c->seq,
+                             &c->docs_per_row) != DT_SUCCESS) {
         fprintf(stderr, NAME ": %s\n", dt_last_error());
-        return 0;
+    } else {
+        return 1;
     }
-    return 1;
+    free(c->doc_lens);
+    c->doc_lens = NULL;
+    c->doc_count = 0;
+    return 0;
 }
 
 static void usage(FILE *f) {
