@@ -78,7 +78,7 @@ done
 
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-$PWD/gpu_session_out}
-suites="test_cuda test_attention test_attention_backward test_nonfinite test_grad test_grad_kernels test_train test_mlp test_transformer test_collectives test_ring test_reliability"
+suites="test_cuda test_attention test_attention_backward test_attention_docs_cuda test_attention_ulysses test_nonfinite test_grad test_grad_kernels test_train test_mlp test_transformer test_collectives test_ring test_reliability"
 # compute-sanitizer on the one-rank cases of the kernel tests (every
 # forward and backward kernel in both forms, cuda-kernels/ and
 # cuda-latest/; the wgmma forward's variants at D = 128)
