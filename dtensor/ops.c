@@ -364,17 +364,16 @@ static dt_status dt_add_backward_impl(const dt_tensor *a, const dt_tensor *b, co
     DT_TRY(dt_grad_check(op, "db", db, a, n, dt_tensor_shape(a), dt_tensor_mesh(a) ? &gl : NULL, &gb));
     dt_backend *be = dt_tensor_context(a)->backend;
     const int64_t len = dt_tensor_local_numel(dy);
-    dt_status st = dt_grad_make(&ga, 0);
-    if (st == DT_SUCCESS) st = dt_grad_make(&gb, 0);
+    dt_status st = DT_SUCCESS;
     dt_grad *g[2] = {&ga, &gb};
     for (int i = 0; i < 2 && st == DT_SUCCESS; i++) {
-        if (!g[i]->t) continue;
+        if (!g[i]->slot) continue;
         if (g[i]->accumulate)
             st = be->ops->add(be, dt_tensor_dtype(dy), len, dt_tensor_data_const(g[i]->t),
                               dt_tensor_data_const(dy), dt_tensor_data(g[i]->t));
-        else
-            st = be->ops->copy(be, dt_tensor_data(g[i]->t), dt_tensor_data_const(dy),
-                               dt_tensor_local_bytes(dy));
+        else   /* dy itself: its buffer, shared */
+            st = dt_tensor_view(dy, n, dt_tensor_shape(a), dt_tensor_mesh(a) ? &gl : NULL,
+                                &g[i]->t);
     }
     dt_grad_finish(st, &ga);
     return dt_grad_finish(st, &gb);

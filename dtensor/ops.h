@@ -55,7 +55,7 @@ dt_status dt_matmul_backward(const dt_tensor *x, const dt_tensor *w, const dt_te
 dt_status dt_add(const dt_tensor *a, const dt_tensor *b, dt_tensor **out);
 
 /* da = db = dy (the residual's gradient passes through), with a's Layout
- * Partial read as Replicate. */
+ * Partial read as Replicate; new ones share dy's buffer (dt_tensor_data). */
 dt_status dt_add_backward(const dt_tensor *a, const dt_tensor *b, const dt_tensor *dy,
                           dt_tensor **da, dt_tensor **db);
 

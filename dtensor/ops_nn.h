@@ -37,7 +37,8 @@ extern "C" {
 #endif
 
 /* out = t viewed with a new global shape (ndim entries, each >= 1, same
- * number of elements), as a new tensor with its own copy of the data.
+ * number of elements), as a new tensor that shares t's local buffer (no
+ * copy; either gets a copy of its own when it is written: dt_tensor_data).
  *
  * Layout: the dims of both shapes are cut into the smallest groups of
  * consecutive dims with equal products ([B, S, E] -> [B, S, H, D]: {B}->{B},
@@ -54,7 +55,7 @@ extern "C" {
  * because blocks (contiguous) and chunk pairs (zigzag) of the outer dim of
  * a group are blocks and chunk pairs of the flattened group: every rank
  * already holds exactly its part, in row-major order, and the local buffer
- * is copied as it is. Shard(2) on [B, S, E] with E = H*D is Shard(2) on
+ * is the same bytes. Shard(2) on [B, S, E] with E = H*D is Shard(2) on
  * [B, S, H, D] (needs H divisible by the mesh size, 2x for zigzag), and
  * back. Anything else (an inner dim of a group sharded, a striped dim that
  * is split or merged, a new outer dim not divisible) is
@@ -65,7 +66,8 @@ dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape,
                             dt_tensor **out);
 
 /* dx = dy reshaped to x's shape, with x's Layout (Partial read as
- * Replicate): dy must be the gradient of dt_tensor_reshape(x, ...)'s output. */
+ * Replicate): dy must be the gradient of dt_tensor_reshape(x, ...)'s output.
+ * A new dx shares dy's buffer (dt_tensor_reshape's view). */
 dt_status dt_tensor_reshape_backward(const dt_tensor *x, const dt_tensor *dy, dt_tensor **dx);
 
 /* out = x / sqrt(mean(x^2) + eps) * weight, the mean over the last dim E

@@ -221,20 +221,7 @@ static dt_status nn_reshape_impl(const dt_tensor *t, int ndim, const int64_t *sh
     dt_layout nl = dt_layout_replicated(0);
     if (mesh) DT_TRY(nn_reshape_layout(op, mesh, dt_tensor_layout(t), on, os, ndim, shape, &nl));
 
-    dt_tensor *o = NULL;
-    DT_TRY(dt_tensor_create_uninit(dt_tensor_context(t), mesh, dt_tensor_dtype(t), ndim, shape,
-                                   mesh ? &nl : NULL, &o));   /* the copy writes all of it */
-    size_t bytes = dt_tensor_local_bytes(t);
-    dt_status st;
-    if (dt_tensor_local_bytes(o) != bytes) {
-        st = dt_error(DT_ERR_INTERNAL, "%s: local sizes differ (%zu vs %zu bytes)", op, bytes,
-                      dt_tensor_local_bytes(o));
-    } else {
-        /* Backend memory to backend memory (device to device on CUDA). */
-        dt_backend *be = dt_tensor_context(t)->backend;
-        st = be->ops->copy(be, dt_tensor_data(o), dt_tensor_data_const(t), bytes);
-    }
-    return dt_op_output(st, o, out);
+    return dt_tensor_view(t, ndim, shape, mesh ? &nl : NULL, out);   /* t's bytes as they are */
 }
 
 dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape, dt_tensor **out) {
@@ -253,7 +240,7 @@ static int nn_same_data(const dt_mesh *mesh, const dt_layout *a, const dt_layout
 
 /* dx = dy reshaped to x's shape: dy must have the Layout the forward gives
  * x's gradient Layout (Partial read as Replicate), and dx has that Layout;
- * the local data is dy's, copied (or added into *dx). */
+ * the local data is dy's, shared (or added into *dx). */
 static dt_status nn_reshape_backward_impl(const dt_tensor *x, const dt_tensor *dy,
                                           dt_tensor **dx) {
     const char *op = "dt_tensor_reshape_backward";
@@ -284,22 +271,12 @@ static dt_status nn_reshape_backward_impl(const dt_tensor *x, const dt_tensor *d
         }
     }
     dt_backend *be = dt_tensor_context(x)->backend;
-    const size_t bytes = dt_tensor_local_bytes(dy);
-    dt_tensor *t = NULL;
-    dt_status st = DT_SUCCESS;
-    if (g.accumulate) {
+    dt_status st;
+    if (g.accumulate)
         st = be->ops->add(be, dt_tensor_dtype(x), dt_tensor_local_numel(dy),
                           dt_tensor_data_const(g.t), dt_tensor_data_const(dy), dt_tensor_data(g.t));
-    } else {
-        st = dt_tensor_create_uninit(dt_tensor_context(x), mesh, dt_tensor_dtype(x),
-                                     dt_tensor_ndim(x), dt_tensor_shape(x), mesh ? &gl : NULL, &t);
-        if (st == DT_SUCCESS && dt_tensor_local_bytes(t) != bytes)
-            st = dt_error(DT_ERR_INTERNAL, "%s: local sizes differ (%zu vs %zu bytes)", op, bytes,
-                          dt_tensor_local_bytes(t));
-        if (st == DT_SUCCESS) st = be->ops->copy(be, dt_tensor_data(t), dt_tensor_data_const(dy), bytes);
-        if (st == DT_SUCCESS) g.t = t, t = NULL;
-    }
-    dt_tensor_destroy(t);
+    else   /* dy's bytes as they are */
+        st = dt_tensor_view(dy, dt_tensor_ndim(x), dt_tensor_shape(x), mesh ? &gl : NULL, &g.t);
     return dt_grad_finish(st, &g);
 }
 

@@ -128,6 +128,10 @@ static dt_status adamw_impl(dt_tensor *param, dt_tensor *master, dt_tensor *m, d
                (double)o->lr, (double)o->beta1, (double)o->beta2, (double)o->eps,
                (double)o->weight_decay);
     dt_backend *be = dt_tensor_context(param)->backend;
+    DT_TRY(dt_tensor_own(param));   /* written below: buffers of their own */
+    if (master) DT_TRY(dt_tensor_own(master));
+    DT_TRY(dt_tensor_own(m));
+    DT_TRY(dt_tensor_own(v));
     return be->ops->adamw(be, dt, dt_tensor_local_numel(param), dt_tensor_data(param),
                           master ? dt_tensor_data(master) : dt_tensor_data(param), dt_tensor_data(m),
                           dt_tensor_data(v), dt_tensor_data_const(grad), grad_scale, o->lr,

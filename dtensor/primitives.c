@@ -430,6 +430,12 @@ static dt_status dt_redistribute_step(const dt_tensor *in, int m, dt_placement t
     size_t es = dt_dtype_size(dtype);
     const char *op = "dt_tensor_redistribute";
 
+    /* On one rank, or between equal placements, the local data stays as it
+     * is: the output shares the input's buffer. */
+    if (P == 1 || (from.kind == to.kind && (to.kind != DT_SHARD || (from.dim == to.dim &&
+                                                                    from.order == to.order))))
+        return dt_tensor_view(in, nd, shape, &lay, out);
+
     dt_tensor *o = NULL;
     void *tmp = NULL;
     int64_t *flat = NULL, *offs = NULL;
@@ -474,11 +480,8 @@ static dt_status dt_redistribute_step(const dt_tensor *in, int m, dt_placement t
         DT_TRY_GOTO(st, dt_select_copy(be, dtype, DT_RUNS_COPY, dst, src, &sel), fail);
     } else if (from.kind == DT_REPLICATE && to.kind == DT_PARTIAL) {
         if (c == 0) DT_TRY_GOTO(st, be->ops->copy(be, dst, src, dt_tensor_local_bytes(in)), fail);
-    } else if (from.kind == DT_SHARD && to.kind == DT_SHARD) {
-        DT_TRY_GOTO(st, dt_step_shard_to_shard(in, o, m), fail);
     } else {
-        /* Same placement: nothing moves. */
-        DT_TRY_GOTO(st, be->ops->copy(be, dst, src, dt_tensor_local_bytes(in)), fail);
+        DT_TRY_GOTO(st, dt_step_shard_to_shard(in, o, m), fail);
     }
     goto out;
 fail:
@@ -749,14 +752,9 @@ static dt_status dt_redistribute_impl(const dt_tensor *t, const dt_layout *layou
         st = dt_error(DT_ERR_INTERNAL, "%s: the plan did not converge (please report)", op);
         goto fail;
     }
-    if (owned == NULL) { /* already in the target Layout: return a copy */
-        dt_context *ctx = dt_tensor_context(t);
-        DT_TRY_GOTO(st, dt_tensor_create_uninit(ctx, mesh, dt_tensor_dtype(t), dt_tensor_ndim(t),
-                                                dt_tensor_shape(t), &target, &owned), fail);
-        DT_TRY_GOTO(st, ctx->backend->ops->copy(ctx->backend, dt_tensor_data(owned),
-                                                dt_tensor_data_const(t), dt_tensor_local_bytes(t)),
+    if (owned == NULL)   /* already in the target Layout: t's buffer, shared */
+        DT_TRY_GOTO(st, dt_tensor_view(t, dt_tensor_ndim(t), dt_tensor_shape(t), &target, &owned),
                     fail);
-    }
     *out = owned;
     return DT_SUCCESS;
 fail:

@@ -11,6 +11,7 @@
 #include "tensor.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,14 +28,18 @@ struct dt_tensor {
     dt_layout layout;                  /* ndim 0 for local tensors */
     int64_t local_numel;
     size_t local_bytes;
-    void *data;                        /* backend memory, owned */
+    void *data;                        /* backend memory, owned or shared */
+    /* NULL: data is this tensor's alone. Else the count of the tensors that
+     * share data (dt_tensor_view), in one block each holds a reference to;
+     * the last to go frees data and the count. */
+    atomic_int *shared;
 };
 
-static dt_status dt_tensor_create_impl(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype,
-                                       int ndim, const int64_t *shape, const dt_layout *layout,
-                                       int zero, dt_tensor **out) {
+/* A tensor's header (no buffer: data NULL) for dt_tensor_create's
+ * arguments, checked as it documents. */
+static dt_status dt_tensor_header(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,
+                                  const int64_t *shape, const dt_layout *layout, dt_tensor **out) {
     DT_REQUIRE(ctx != NULL, "dt_tensor_create: ctx is NULL");
-    DT_REQUIRE(out != NULL, "dt_tensor_create: out is NULL");
     DT_REQUIRE(ctx->backend != NULL, "dt_tensor_create: the context has no compute backend");
     DT_REQUIRE(dt_dtype_valid(dtype), "dt_tensor_create: unknown dtype %d", (int)dtype);
     DT_REQUIRE(ndim >= 1 && ndim <= DT_MAX_DIMS, "dt_tensor_create: ndim %d is out of range 1..%d",
@@ -99,6 +104,16 @@ static dt_status dt_tensor_create_impl(dt_context *ctx, const dt_mesh *mesh, dt_
     }
     t->local_numel = numel;
     t->local_bytes = (size_t)numel * es;
+    *out = t;
+    return DT_SUCCESS;
+}
+
+static dt_status dt_tensor_create_impl(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype,
+                                       int ndim, const int64_t *shape, const dt_layout *layout,
+                                       int zero, dt_tensor **out) {
+    DT_REQUIRE(out != NULL, "dt_tensor_create: out is NULL");
+    dt_tensor *t = NULL;
+    DT_TRY(dt_tensor_header(ctx, mesh, dtype, ndim, shape, layout, &t));
     dt_status st = zero ? ctx->backend->ops->alloc(ctx->backend, t->local_bytes, &t->data)
                         : ctx->backend->ops->alloc_uninit(ctx->backend, t->local_bytes, &t->data);
     if (st != DT_SUCCESS) {
@@ -107,6 +122,76 @@ static dt_status dt_tensor_create_impl(dt_context *ctx, const dt_mesh *mesh, dt_
     }
     *out = t;
     return DT_SUCCESS;
+}
+
+static dt_status dt_tensor_view_impl(const dt_tensor *t, int ndim, const int64_t *shape,
+                                     const dt_layout *layout, dt_tensor **out) {
+    DT_REQUIRE(t != NULL && out != NULL, "dt_tensor_view: t and out must not be NULL");
+    dt_tensor *v = NULL;
+    DT_TRY(dt_tensor_header(t->ctx, t->mesh, t->dtype, ndim, shape, t->mesh ? layout : NULL, &v));
+    if (v->local_bytes != t->local_bytes) {
+        const size_t bytes = v->local_bytes;
+        free(v);
+        return dt_error(DT_ERR_INTERNAL, "dt_tensor_view: %zu local bytes, the buffer holds %zu",
+                        bytes, t->local_bytes);
+    }
+    dt_tensor *src = (dt_tensor *)t;   /* the sharing count, not t's value, changes */
+    if (src->shared == NULL) {
+        src->shared = malloc(sizeof *src->shared);
+        if (src->shared == NULL) {
+            free(v);
+            return dt_error(DT_ERR_OUT_OF_MEMORY, "dt_tensor_view: out of host memory (rank %d)",
+                            t->ctx->rank);
+        }
+        atomic_init(src->shared, 1);
+    }
+    atomic_fetch_add(src->shared, 1);
+    v->data = src->data;
+    v->shared = src->shared;
+    *out = v;
+    return DT_SUCCESS;
+}
+
+dt_status dt_tensor_view(const dt_tensor *t, int ndim, const int64_t *shape,
+                         const dt_layout *layout, dt_tensor **out) {
+    return dt_context_note(t ? t->ctx : NULL, dt_tensor_view_impl(t, ndim, shape, layout, out));
+}
+
+/* Drops t's reference to its buffer: frees it if no other tensor shares it. */
+static void dt_tensor_release(dt_tensor *t) {
+    if (t->shared != NULL && atomic_fetch_sub(t->shared, 1) > 1) {
+        t->data = NULL;
+        t->shared = NULL;
+        return;
+    }
+    free(t->shared);
+    t->shared = NULL;
+    if (t->data != NULL) t->ctx->backend->ops->free(t->ctx->backend, t->data);
+    t->data = NULL;
+}
+
+static dt_status dt_tensor_own_impl(dt_tensor *t) {
+    if (atomic_load(t->shared) == 1) {   /* the others are gone */
+        free(t->shared);
+        t->shared = NULL;
+        return DT_SUCCESS;
+    }
+    dt_backend *be = t->ctx->backend;
+    void *mine = NULL;
+    DT_TRY(be->ops->alloc_uninit(be, t->local_bytes, &mine));
+    dt_status st = be->ops->copy(be, mine, t->data, t->local_bytes);
+    if (st != DT_SUCCESS) {
+        be->ops->free(be, mine);
+        return st;
+    }
+    dt_tensor_release(t);
+    t->data = mine;
+    return DT_SUCCESS;
+}
+
+dt_status dt_tensor_own(dt_tensor *t) {
+    if (t == NULL || t->shared == NULL) return DT_SUCCESS;
+    return dt_context_note(t->ctx, dt_tensor_own_impl(t));
 }
 
 dt_status dt_tensor_create(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,
@@ -134,7 +219,7 @@ void dt_shape_format(int ndim, const int64_t *shape, char *buf, size_t size) {
 
 void dt_tensor_destroy(dt_tensor *t) {
     if (t == NULL) return;
-    if (t->data != NULL) t->ctx->backend->ops->free(t->ctx->backend, t->data);
+    dt_tensor_release(t);
     free(t);
 }
 
@@ -147,7 +232,9 @@ const int64_t *dt_tensor_local_shape(const dt_tensor *t) { return t ? t->local_s
 const dt_layout *dt_tensor_layout(const dt_tensor *t) { return t ? &t->layout : NULL; }
 int64_t dt_tensor_local_numel(const dt_tensor *t) { return t ? t->local_numel : 0; }
 size_t dt_tensor_local_bytes(const dt_tensor *t) { return t ? t->local_bytes : 0; }
-void *dt_tensor_data(dt_tensor *t) { return t ? t->data : NULL; }
+void *dt_tensor_data(dt_tensor *t) {
+    return t && dt_tensor_own(t) == DT_SUCCESS ? t->data : NULL;
+}
 const void *dt_tensor_data_const(const dt_tensor *t) { return t ? t->data : NULL; }
 
 dt_status dt_tensor_set_local(dt_tensor *t, const void *host, size_t bytes) {
@@ -160,6 +247,7 @@ dt_status dt_tensor_set_local(dt_tensor *t, const void *host, size_t bytes) {
         return dt_context_note(t->ctx, dt_error(DT_ERR_INVALID_ARGUMENT,
                                                 "dt_tensor_set_local: host buffer is NULL"));
     dt_backend *b = t->ctx->backend;
+    DT_TRY(dt_tensor_own(t));
     return dt_context_note(t->ctx, b->ops->upload(b, t->data, host, bytes));
 }
 
@@ -279,6 +367,7 @@ static dt_status global_copy(dt_tensor *t, void *full, int to_full) {
         if (!to_full && is_partial_nonzero(t)) memset(host, 0, t->local_bytes);
         else local_walk(t, gidx, host, full, to_full ? TO_FULL : FROM_FULL, 0);
     }
+    if (st == DT_SUCCESS && !to_full) st = dt_tensor_own(t);
     if (st == DT_SUCCESS && !to_full) st = be->ops->upload(be, t->data, host, t->local_bytes);
     free(host);
     for (int d = 0; d < DT_MAX_DIMS; d++) free(gidx[d]);
@@ -306,7 +395,9 @@ static dt_status dt_tensor_fill_random_impl(dt_tensor *t, uint64_t seed) {
     if (host == NULL) goto oom;
     if (is_partial_nonzero(t)) memset(host, 0, t->local_bytes);
     else local_walk(t, gidx, host, NULL, RANDOM, seed);
-    st = t->ctx->backend->ops->upload(t->ctx->backend, t->data, host, t->local_bytes);
+    st = dt_tensor_own(t);
+    if (st == DT_SUCCESS)
+        st = t->ctx->backend->ops->upload(t->ctx->backend, t->data, host, t->local_bytes);
     goto out;
 oom:
     st = dt_error(DT_ERR_OUT_OF_MEMORY, "dt_tensor_fill_random: out of host memory (rank %d)",

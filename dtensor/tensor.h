@@ -4,7 +4,8 @@
  * Shapes are row-major, last dim fastest; the local shape follows from the
  * global shape and the Layout (dt_layout_local_shape). The local buffer lives
  * where the context's backend keeps data (host memory on the CPU backend) and
- * is owned by the tensor.
+ * belongs to the tensor; tensors that ops return as views of their inputs
+ * share it until one of them is written (dt_tensor_data).
  *
  * Nothing here communicates: setting local data under a sharded Layout
  * trusts the caller. The primitives (primitives.h) move data.
@@ -47,7 +48,14 @@ const int64_t *dt_tensor_local_shape(const dt_tensor *t);
 const dt_layout *dt_tensor_layout(const dt_tensor *t);
 int64_t dt_tensor_local_numel(const dt_tensor *t);
 size_t dt_tensor_local_bytes(const dt_tensor *t);
-/* The local buffer (backend memory; owned by the tensor). */
+/* The local buffer (backend memory; the tensor's). Ops may return tensors
+ * that share their input's buffer (dt_tensor_reshape, a redistribution
+ * that moves nothing, a gradient that is its input's): both read the same
+ * memory until one is written. dt_tensor_data is for writing: where the
+ * buffer is shared it first gives t a copy of its own (NULL if that fails:
+ * out of memory, the message in dt_last_error), so the others keep their
+ * values; call it again after any op that took t as an input before
+ * writing through the pointer. dt_tensor_data_const only reads. */
 void *dt_tensor_data(dt_tensor *t);
 const void *dt_tensor_data_const(const dt_tensor *t);
 

@@ -11,6 +11,21 @@
 dt_status dt_tensor_create_uninit(dt_context *ctx, const dt_mesh *mesh, dt_dtype dtype, int ndim,
                                   const int64_t *shape, const dt_layout *layout, dt_tensor **out);
 
+/* A tensor of t's context, mesh and dtype with `shape` (ndim dims) and
+ * `layout` (ignored for a local tensor) whose local buffer is t's, shared:
+ * the two must hold the same local bytes (DT_ERR_INTERNAL if not). How ops
+ * return what is the input's data as it is (a reshape, a redistribution
+ * that moves nothing). A tensor that shares its buffer is written only
+ * after dt_tensor_own; each frees the buffer's last reference. t and its
+ * views belong to one rank. */
+dt_status dt_tensor_view(const dt_tensor *t, int ndim, const int64_t *shape,
+                         const dt_layout *layout, dt_tensor **out);
+
+/* Makes t's buffer its own before t is written: a copy where another tensor
+ * shares it (views stay as they were), nothing otherwise. Errors: the
+ * backend's, for the copy's memory; t unchanged then. */
+dt_status dt_tensor_own(dt_tensor *t);
+
 /* shape as "[2, 3]" ("[]" for ndim 0) into buf, cut to size: for messages. */
 void dt_shape_format(int ndim, const int64_t *shape, char *buf, size_t size);
 
@@ -41,8 +56,9 @@ typedef struct dt_grad {
 } dt_grad;
 
 /* Describes the gradient `name` of `op` and checks the caller's slot
- * against it (touches nothing). like: a tensor with the gradient's
- * context, mesh and dtype; layout NULL for a local tensor. */
+ * against it (touches no value; a tensor to add into gets a buffer of its
+ * own, dt_tensor_own). like: a tensor with the gradient's context, mesh and
+ * dtype; layout NULL for a local tensor. */
 dt_status dt_grad_check(const char *op, const char *name, dt_tensor **slot, const dt_tensor *like,
                         int ndim, const int64_t *shape, const dt_layout *layout, dt_grad *g);
 /* Makes g->t where the caller gave none (zeroed if `zero`). */

@@ -35,6 +35,7 @@
 #include "base/dtype.h"
 #include "dtensor/mesh.h"
 #include "dtensor/ops.h"
+#include "dtensor/optim.h"
 #include "dtensor/ops_nn.h"
 #include "dtensor/primitives.h"
 #include "dtensor/tensor.h"
@@ -447,6 +448,156 @@ static void test_tensor_basics(void **state) {
     assert_int_equal(c.local_shape[0], 3);
     assert_int_equal(c.local_shape[1], 8);
     assert_int_equal(c.bytes, 3 * 8 * 2);
+}
+
+/* ------------------------------------------------------------------ */
+/* Views: ops that return their input's data as it is share its buffer  */
+/* ------------------------------------------------------------------ */
+
+/* On a 2 x 1 mesh (the second mesh dim of one rank), each rank checks that
+ * reshape, a redistribution to the same Layout or over the mesh dim of one
+ * rank, and add_backward's new gradients share their input's buffer (same
+ * pointer, no memory taken, no call on that mesh dim's communicator), and
+ * that writing either tensor (set_local, fill_random, dt_tensor_data,
+ * gradients added into, dt_adamw_step) leaves the other's values as they
+ * were, whichever is destroyed first. Values are compared with host copies
+ * taken before; a failure names its check. */
+enum { V_CHECKS = 16 };
+typedef struct views_case {
+    long bad[MAXW][V_CHECKS];
+    dt_status st[MAXW];
+} views_case;
+
+static const char *const view_check_names[V_CHECKS] = {
+    "reshape shares the buffer",        "reshape takes no memory",
+    "set_local on the view: the original keeps its values",
+    "set_local on the view: the view has the new values and memory of its own",
+    "the view outlives the original",   "same Layout: shared",
+    "Partial -> Replicate on a mesh dim of one rank: shared, no call",
+    "its values",                       "dt_tensor_data: a pointer of its own",
+    "dt_tensor_data: the original keeps its values",
+    "add_backward: new gradients share dy",
+    "added into: dy and the other gradient keep their values",
+    "added into: da = 2 dy",            "adamw: the view of the param keeps its values",
+    "adamw: the param moved",           "fill_random on a view: the original keeps its values",
+};
+
+static long view_diff(const dt_tensor *t, const float *want, size_t n) {
+    float got[64];
+    if (n > 64 || dt_tensor_get_local(t, got, n * sizeof *got) != DT_SUCCESS) return 1;
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) bad += got[i] != want[i];
+    return bad;
+}
+
+static size_t view_in_use(dt_context *ctx) {
+    dt_memory_stats m;
+    return dt_context_memory(ctx, &m) == DT_SUCCESS ? m.in_use : 0;
+}
+
+static dt_status rank_views(dt_context *ctx, void *arg) {
+    views_case *c = arg;
+    long *bad = c->bad[dt_context_rank(ctx)];
+    const int sizes[2] = {2, 1};
+    dt_mesh *mesh = NULL;
+    DT_TRY(dt_mesh_create(ctx, 2, sizes, NULL, &mesh));
+    const int64_t s2[2] = {4, 6}, s3[3] = {4, 2, 3}, s1[1] = {24};
+    const dt_layout sr = dt_layout_2d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_replicate()),
+                    sp = dt_layout_2d(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_partial());
+    enum { N = 12 };   /* local elements: 2 rows of 6 */
+    float A[N], ones[N], D[N];
+    for (int i = 0; i < N; i++) ones[i] = 1.0f;
+    dt_tensor *a = NULL, *r = NULL, *b = NULL, *p = NULL, *q = NULL, *dy = NULL, *da = NULL,
+              *db = NULL, *m = NULL, *v = NULL;
+    dt_status st = dt_tensor_create(ctx, mesh, DT_F32, 2, s2, &sr, &a);
+    if (st == DT_SUCCESS) st = dt_tensor_fill_random(a, 3);
+    if (st == DT_SUCCESS) st = dt_tensor_get_local(a, A, sizeof A);
+    /* reshape */
+    const size_t mem0 = view_in_use(ctx);
+    if (st == DT_SUCCESS) st = dt_tensor_reshape(a, 3, s3, &r);
+    if (st != DT_SUCCESS) goto out;
+    bad[0] = dt_tensor_data_const(r) != dt_tensor_data_const(a);
+    bad[1] = view_in_use(ctx) != mem0;
+    if ((st = dt_tensor_set_local(r, ones, sizeof ones)) != DT_SUCCESS) goto out;
+    bad[2] = view_diff(a, A, N);
+    bad[3] = view_diff(r, ones, N) + (view_in_use(ctx) <= mem0) +
+             (dt_tensor_data_const(r) == dt_tensor_data_const(a));
+    dt_tensor_destroy(r);
+    if ((st = dt_tensor_reshape(a, 3, s3, &r)) != DT_SUCCESS) goto out;
+    dt_tensor_destroy(a);
+    a = NULL;
+    bad[4] = view_diff(r, A, N);
+    /* redistributions that move nothing */
+    if ((st = dt_tensor_redistribute(r, dt_tensor_layout(r), &b)) != DT_SUCCESS) goto out;
+    bad[5] = dt_tensor_data_const(b) != dt_tensor_data_const(r) || view_diff(b, A, N);
+    if ((st = dt_tensor_create(ctx, mesh, DT_F32, 2, s2, &sp, &p)) != DT_SUCCESS) goto out;
+    if ((st = dt_tensor_set_local(p, A, sizeof A)) != DT_SUCCESS) goto out;
+    dt_comm *c1 = dt_mesh_comm(mesh, 1);
+    dt_comm_counters cnt;
+    dt_comm_counters_reset(c1);
+    if ((st = dt_tensor_redistribute(p, &sr, &q)) != DT_SUCCESS) goto out;
+    if ((st = dt_comm_counters_get(c1, &cnt)) != DT_SUCCESS) goto out;
+    long calls = 0;
+    for (int k = 0; k < DT_COMM_KIND_COUNT; k++) calls += (long)cnt.calls[k];
+    bad[6] = dt_tensor_data_const(q) != dt_tensor_data_const(p) || calls != 0 ||
+             !dt_layout_equal(dt_tensor_layout(q), &sr);
+    bad[7] = view_diff(q, A, N);
+    /* dt_tensor_data on a shared buffer */
+    float *w = dt_tensor_data(q);
+    bad[8] = w == NULL || w == dt_tensor_data_const(p);
+    if (w) w[0] = 42.0f;
+    bad[9] = view_diff(p, A, N);
+    /* gradients: new ones share dy; one added into leaves the rest */
+    if ((st = dt_tensor_create(ctx, mesh, DT_F32, 2, s2, &sr, &dy)) != DT_SUCCESS) goto out;
+    if ((st = dt_tensor_fill_random(dy, 4)) != DT_SUCCESS) goto out;
+    if ((st = dt_tensor_get_local(dy, D, sizeof D)) != DT_SUCCESS) goto out;
+    if ((st = dt_add_backward(q, q, dy, &da, &db)) != DT_SUCCESS) goto out;
+    bad[10] = dt_tensor_data_const(da) != dt_tensor_data_const(dy) ||
+              dt_tensor_data_const(db) != dt_tensor_data_const(dy);
+    if ((st = dt_add_backward(q, q, dy, &da, NULL)) != DT_SUCCESS) goto out;
+    bad[11] = view_diff(dy, D, N) + view_diff(db, D, N);
+    float D2[N];
+    for (int i = 0; i < N; i++) D2[i] = 2.0f * D[i];
+    bad[12] = view_diff(da, D2, N);
+    /* the optimizer writes the param; a view of it stays */
+    dt_tensor *pv = NULL;
+    if ((st = dt_tensor_reshape(dy, 1, s1, &pv)) != DT_SUCCESS) goto out;
+    st = dt_tensor_create(ctx, mesh, DT_F32, 2, s2, &sr, &m);
+    if (st == DT_SUCCESS) st = dt_tensor_create(ctx, mesh, DT_F32, 2, s2, &sr, &v);
+    if (st == DT_SUCCESS) st = dt_adamw_step(dy, NULL, m, v, db, 1.0f, NULL, 1);
+    if (st == DT_SUCCESS) {
+        bad[13] = view_diff(pv, D, N);
+        bad[14] = view_diff(dy, D, N) == 0;
+    }
+    dt_tensor_destroy(pv);
+    if (st != DT_SUCCESS) goto out;
+    /* fill_random on a view */
+    dt_tensor_destroy(r);
+    if ((st = dt_tensor_reshape(db, 3, s3, &r)) != DT_SUCCESS) goto out;
+    if ((st = dt_tensor_fill_random(r, 9)) != DT_SUCCESS) goto out;
+    bad[15] = view_diff(db, D, N);
+out:
+    dt_tensor_destroy(a), dt_tensor_destroy(r), dt_tensor_destroy(b), dt_tensor_destroy(p);
+    dt_tensor_destroy(q), dt_tensor_destroy(dy), dt_tensor_destroy(da), dt_tensor_destroy(db);
+    dt_tensor_destroy(m), dt_tensor_destroy(v);
+    dt_mesh_destroy(mesh);
+    c->st[dt_context_rank(ctx)] = st;
+    return st;
+}
+
+static void test_views(void **state) {
+    (void)state;
+    views_case c;
+    memset(&c, 0, sizeof c);
+    const dt_status st = h_launch(2, rank_views, &c);
+    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    assert_int_equal(st, DT_SUCCESS);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < V_CHECKS; k++) {
+            if (c.bad[r][k]) print_error("rank %d: %s: %ld wrong\n", r, view_check_names[k],
+                                         c.bad[r][k]);
+            assert_int_equal(c.bad[r][k], 0);
+        }
 }
 
 static void test_random_value(void **state) {
@@ -1429,6 +1580,7 @@ int main(void) {
     }
     add_test(&tb, "mesh_errors", test_mesh_errors, NULL);
     add_test(&tb, "tensor_basics", test_tensor_basics, NULL);
+    add_test(&tb, "views", test_views, NULL);
     add_test(&tb, "random_value", test_random_value, NULL);
 
     /* fill_random under many Layouts */

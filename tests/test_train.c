@@ -717,8 +717,11 @@ static void test_profile(void **state) {
  * path (examples/train_gpt.c and the library calls it makes). Bytes are
  * collectives/comm.h's: AR(n, P, es) = 2 (P-1) ceil(n/P) es for an
  * all_reduce of n elements of es bytes over P ranks; (P-1) n es for an
- * all_gather or a reduce_scatter of n a rank; a p2p group its sends. A mesh
- * dim of size 1 still gets its calls (0 bytes), and so does the world.
+ * all_gather or a reduce_scatter of n a rank; a p2p group its sends. A
+ * redistribution on a mesh dim of size 1 makes no call (its output shares
+ * its input's buffer); the collectives the ops call themselves (the loss's
+ * sums, the range check, the norm) call there too, with 0 bytes, and so
+ * they do on the world of one rank.
  * TINY: L = 2 layers, d = 64, H = 8, Hkv = 4, Dh = d/H = 8, F = 96,
  * S = 24, B = 4, V = 256 (train_gpt's vocabulary); es = the --dtype's size
  * (activations and gradients), the loss's reductions fp32. On a mesh
@@ -727,16 +730,17 @@ static void test_profile(void **state) {
  * of local sizes n_i (tp shards tok_emb, the projections and lm_head).
  *   dp, cp  all_reduce: each parameter's gradient, Partial over dp and cp,
  *           to Replicate (dt_tensor_grad_reduce: one step a mesh dim, dp
- *           then cp); the loss's two row sums (dt_cross_entropy: the count
- *           of targets, then the loss, 4 fp32 pieces each)
- *             calls NP + 2, bytes sum_i AR(n_i, P, es) + 2 AR(4, P, 4)
+ *           then cp; none where P = 1); the loss's two row sums
+ *           (dt_cross_entropy: the count of targets, then the loss, 4 fp32
+ *           pieces each)
+ *             calls [P > 1] NP + 2, bytes sum_i AR(n_i, P, es) + 2 AR(4, P, 4)
  *   tp      all_reduce: forward, per layer the two row-parallel outputs
  *           (wo, w_down: Partial -> Replicate) and the embedding's lookup;
  *           backward, per layer the two column-parallel inputs' gradients
  *           (Megatron's f) and the head's; the vocab-parallel loss's row max
  *           (R fp32) and sum|target logit (2R fp32)
- *             calls 4L + 4, bytes (4L + 2) AR(T, tp, es) + AR(R, tp, 4)
- *                                  + AR(2R, tp, 4)
+ *             calls [tp > 1] (4L + 2) + 2, bytes (4L + 2) AR(T, tp, es)
+ *                                  + AR(R, tp, 4) + AR(2R, tp, 4)
  *   cp      p2p (cp > 1): the ring, per layer: forward cp - 1 hops of K|V;
  *           backward (attention/backward.c) cp groups (K|V ahead, the fp32
  *           dK|dV sums behind) and the finished dK|dV home in two halves;
@@ -798,11 +802,11 @@ static void comm_expected(uint64_t dp, uint64_t tp, uint64_t cp, int sp, uint64_
         if (c == C_CP && sp) continue;   /* --sp: nothing is sharded over cp */
         uint64_t b = 2 * ar(4, P, 4);
         for (int i = 0; i < TNP; i++) b += ar(n[i], P, es);
-        put(t, c, DT_COMM_ALL_REDUCE, TNP + 2, b);
+        put(t, c, DT_COMM_ALL_REDUCE, (P > 1) * TNP + 2, b);
     }
     if (!sp) {
         const uint64_t R = Bl * Sl;
-        put(t, C_TP, DT_COMM_ALL_REDUCE, 4 * TL + 4,
+        put(t, C_TP, DT_COMM_ALL_REDUCE, (tp > 1) * (4 * TL + 2) + 2,
             (4 * TL + 2) * ar(T, tp, es) + ar(R, tp, 4) + ar(2 * R, tp, 4));
         if (cp > 1) {
             const uint64_t kv = Bl * Sl * (THKV / tp) * TDH * es, g = kv / es * 4;
