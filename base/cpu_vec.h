@@ -1,5 +1,5 @@
-/* base/cpu_vec.h — PRIVATE. Vector math for the CPU kernels: four floats (or
- * doubles) at a time with GCC/Clang vector extensions (SSE2, AVX, NEON), so
+/* base/cpu_vec.h — PRIVATE. Vector math for the CPU kernels: four or eight
+ * floats at a time with GCC/Clang vector extensions (SSE2, AVX, NEON), so
  * that exp and reductions stay in registers with no libm call per element;
  * other compilers get the same functions element by element through libm.
  *
@@ -13,12 +13,18 @@
  *                           the row's max or its log-sum-exp, so the exponent
  *                           is <= 0 but for rounding: a logit recomputed in
  *                           another order must not overflow
- *   dt_vsilu_d4(g, silu, dsilu)  silu(g) = g s(g) and silu'(g) =
- *                           s(g) (1 + g s(-g)), s the logistic, of four finite
- *                           doubles (dt_vfinite_d4 says), in double: one
- *                           e^-|g| (dt_vexp_d4: Cody-Waite to 2^n e^r, Taylor
- *                           to r^12, within 4 ulp of double), s(|g|) =
- *                           1 / (1 + e), s(-|g|) = e s(|g|); GCC/Clang only
+ *   dt_vexpq_f8(x, t, q)    e^x = t (1 + q) for eight x in [-87, 87]: t =
+ *                           2^n, q = e^r - 1 (Cody-Waite, |r| < 0.3466,
+ *                           Taylor to r^8); t (1 + q) unrounded is within
+ *                           0.9u e^x, u = 2^-24 (1.9u once 1 + q is rounded)
+ *   dt_vsilu_ok_f8(g)       1 if dt_vsilu_f8 takes all eight: g = +-0 or
+ *                           2^-125 <= |g| <= 87 (so no NaN, no inf)
+ *   dt_vsilu_f8(g, silu, dsilu)  silu(g) = g s(g) and silu'(g) = s(g) (1 +
+ *                           g s(-g)), s the logistic, of eight floats, in
+ *                           fp32: silu = g / d, d = 1 + e^-g, within 3.32u
+ *                           |silu|; silu' = (1 + g (E / d1)) / d1, E = e^-g,
+ *                           d1 = 1 + E, within 7.9u s(g) (1 + |g| s(-g))
+ *                           (cancellation not credited); GCC/Clang only
  *   DT_VEC_AVX2, dt_cpu_avx2()  a function compiled for AVX2 as well (x86),
  *                           and whether this CPU may run it; DT_VEC_INLINE
  *                           inlines a loop into each such copy
@@ -139,57 +145,71 @@ static inline float dt_exp_shift(float *x, int64_t n, float s) {
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
-/* Four doubles: one AVX register, or two SSE2 ones (GCC and Clang split the
- * operations). Passed by pointer: by value the ABI would differ with AVX. */
-typedef double dt_vd4 __attribute__((vector_size(32)));
-typedef uint64_t dt_vu4 __attribute__((vector_size(32)));   /* bit patterns, masks */
-
 #define DT_VEC_INLINE static inline __attribute__((always_inline))
 
-/* x := e^x for x in [-708, 0] (callers clamp): 2^n stays a normal double. */
-DT_VEC_INLINE void dt_vexp_d4(dt_vd4 *x) {
-    const dt_vd4 a = *x;
-    const double shift = 6755399441055744.0;        /* 1.5 * 2^52 */
-    dt_vd4 kd = a * 1.4426950408889634 + shift;     /* n = round(a / ln 2) in the low bits */
-    const dt_vu4 ki = (dt_vu4)kd;
-    kd -= shift;
-    /* ln 2 = hi + lo, hi with 32 trailing zero bits: n hi is exact */
-    const dt_vd4 r = (a - kd * 6.93147180369123816490e-01) - kd * 1.90821492927058770002e-10;
-    dt_vd4 p = r * (1.0 / 479001600.0) + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    *x = p * (dt_vd4)((ki + 1023u) << 52);   /* 2^n: n + 1023 in the exponent field */
+/* Eight floats: one AVX register, or two SSE2 ones (GCC and Clang split the
+ * operations). Passed by pointer: by value the ABI would differ with AVX.
+ * dt_vi8 holds comparison masks, dt_vu8 bit patterns. */
+typedef float dt_vf8 __attribute__((vector_size(32)));
+typedef int32_t dt_vi8 __attribute__((vector_size(32)));
+typedef uint32_t dt_vu8 __attribute__((vector_size(32)));
+
+/* 1 if every lane of *m is set. */
+DT_VEC_INLINE int dt_vall8(const dt_vi8 *m) {
+    uint64_t w[4];
+    memcpy(w, m, sizeof w);
+    return (w[0] & w[1] & w[2] & w[3]) == ~(uint64_t)0;
 }
 
-/* 1 if all four are finite. */
-DT_VEC_INLINE int dt_vfinite_d4(const dt_vd4 *g) {
-    const dt_vu4 ok = (dt_vu4)(*g - *g == 0.0);   /* inf - inf and NaN are NaN */
-    return (ok[0] & ok[1] & ok[2] & ok[3]) != 0;
+/* e^x = t (1 + q) for x in [-87, 87]: t = 2^n, a normal float, and q = e^r - 1
+ * (|q| < 0.4145) for x = n ln 2 + r, |r| < 0.3466 (Cody-Waite: ln 2 = hi +
+ * lo, n hi and r0 = x - n hi exact), q = r0 + (h - n lo), h = r^2 P(r) with
+ * r = r0 - n lo rounded and P Taylor's 1/2 + r/6 + ... + r^6/8!. t (1 + q),
+ * unrounded, is within 0.9u e^x (u = 2^-24): at r = -0.3466, where 1 + q =
+ * 0.707 is least, q's rounding 0.293u, h's and h - n lo's 0.24u, r's through
+ * h 0.10u. The sum 1 + q is left to the caller: rounded, it is the exp's
+ * largest error (u). */
+DT_VEC_INLINE void dt_vexpq_f8(const dt_vf8 *x, dt_vf8 *t, dt_vf8 *q) {
+    const dt_vf8 a = *x;
+    dt_vf8 kd = a * 1.44269502f + 12582912.0f;   /* n in the low mantissa bits (1.5 * 2^23) */
+    const dt_vu8 ki = (dt_vu8)kd;
+    kd -= 12582912.0f;
+    const dt_vf8 r0 = a - kd * 0.693145751953125f, c = kd * 1.42860677e-06f, r = r0 - c;
+    dt_vf8 p = r * (1.0f / 40320.0f) + 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    *q = r0 + ((r * r) * p - c);
+    *t = (dt_vf8)((ki + 127u) << 23);   /* n + 127 in the exponent field */
 }
 
-DT_VEC_INLINE void dt_vsilu_d4(const dt_vd4 *g, dt_vd4 *silu, dt_vd4 *dsilu) {
-    const dt_vd4 v = *g;
-    const dt_vd4 a = -(dt_vd4)((dt_vu4)v & 0x7fffffffffffffffu);   /* -|g| */
-    const dt_vu4 live = (dt_vu4)(a >= -708.0);   /* below, e^a < 2^-1021 is taken as 0 */
-    const dt_vd4 lowest = {-708.0, -708.0, -708.0, -708.0};
-    dt_vd4 e = (dt_vd4)(((dt_vu4)a & live) | ((dt_vu4)lowest & ~live));
-    dt_vexp_d4(&e);
-    e = (dt_vd4)((dt_vu4)e & live);
-    const dt_vd4 d = 1.0 / (1.0 + e), ed = e * d;   /* s(|g|), s(-|g|) */
-    const dt_vu4 pos = (dt_vu4)(v >= 0.0);
-    const dt_vd4 s = (dt_vd4)(((dt_vu4)d & pos) | ((dt_vu4)ed & ~pos));
-    const dt_vd4 sc = (dt_vd4)(((dt_vu4)ed & pos) | ((dt_vu4)d & ~pos));
-    *silu = v * s;
-    *dsilu = s * (1.0 + v * sc);
+/* 1 if dt_vsilu_f8 takes every lane of g: g = +-0 or 2^-125 <= |g| <= 87
+ * (NaN and +-inf not): e^-g and silu stay normal floats. */
+DT_VEC_INLINE int dt_vsilu_ok_f8(const dt_vf8 *g) {
+    const dt_vf8 a = (dt_vf8)((dt_vu8)*g & 0x7fffffffu);
+    const dt_vi8 ok = (a <= 87.0f) & ((a >= 0x1p-125f) | (a == 0.0f));
+    return dt_vall8(&ok);
+}
+
+/* silu(g) = g / d and silu'(g) = (1 + g (E / d1)) / d1 in fp32, for g that
+ * dt_vsilu_ok_f8 takes (see the header for the bounds): E = e^-g = t (1 +
+ * q) (dt_vexpq_f8) with 1 + q rounded, d1 = 1 + E rounded, and d = 1 + t +
+ * t q rounded once where 1 + t is exact (|n| <= 23, t q exact), otherwise
+ * with the part of 1 + t that its rounding loses (Fast2Sum) added to t q
+ * first: d within (1.42 + 0.9)u, silu = g / d one rounding more. */
+DT_VEC_INLINE void dt_vsilu_f8(const dt_vf8 *g, dt_vf8 *silu, dt_vf8 *dsilu) {
+    const dt_vf8 v = *g, x = -v;
+    dt_vf8 t, q;
+    dt_vexpq_f8(&x, &t, &q);
+    const dt_vu8 big = (dt_vu8)(t > 1.0f), one = (dt_vu8)(dt_vf8){1, 1, 1, 1, 1, 1, 1, 1};
+    const dt_vf8 hi = (dt_vf8)(((dt_vu8)t & big) | (one & ~big));   /* max(t, 1) */
+    const dt_vf8 lo = (dt_vf8)(((dt_vu8)t & ~big) | (one & big));   /* min(t, 1) */
+    const dt_vf8 s = hi + lo, err = lo - (s - hi);   /* s + err = 1 + t */
+    *silu = v / (s + (t * q + err));
+    const dt_vf8 e = (1.0f + q) * t, d1 = 1.0f + e;
+    *dsilu = (1.0f + v * (e / d1)) / d1;
 }
 
 /* sqrt of each lane (IEEE, as sqrtf). */

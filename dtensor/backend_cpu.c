@@ -726,39 +726,39 @@ static inline void dt_swiglu_backward_at(dt_dtype dtype, size_t i, const void *g
 }
 
 #if defined(__GNUC__)
-/* fp32 in blocks of four: the same double operations as the _at functions,
- * four lanes at once (dt_vsilu_d4, cpu_vec.h, in place of libm's exp), so
- * the same results but where e^-|g| and libm's differ in the last bits of
- * double. A block with a gate that is not finite goes element by element.
- * Each loop is written once and inlined into a plain copy and, on x86, an
- * AVX2 copy for CPUs that have it (no FMA: the same results either way).
- * Outputs may be inputs: a block reads all its inputs before it writes. */
-DT_VEC_INLINE int dt_swiglu4(const float *gate, const float *up, float *out) {
-    dt_vf gf, uf;
-    memcpy(&gf, gate, sizeof gf);
-    memcpy(&uf, up, sizeof uf);
-    const dt_vd4 g = __builtin_convertvector(gf, dt_vd4);
-    if (!dt_vfinite_d4(&g)) return 0;
-    dt_vd4 silu, dsilu;
-    dt_vsilu_d4(&g, &silu, &dsilu);
-    const dt_vf y = __builtin_convertvector(silu * __builtin_convertvector(uf, dt_vd4), dt_vf);
-    memcpy(out, &y, sizeof y);
+/* fp32 in blocks of eight, in fp32: silu and silu' of the gates
+ * (dt_vsilu_f8, cpu_vec.h), then out = silu up, dgate = (dy up) silu' and
+ * dup = dy silu; before the final rounding, within 3.32u |out| (and |dup|)
+ * and 8.9u |dy up| s (1 + |g| (1 - s)) (dgate; s = s(g)), u = 2^-24 (the
+ * bounds derived in tests/test_grad_kernels.c). A block goes element by
+ * element through the _at functions (double) where a gate is one that
+ * dt_vsilu_ok_f8 refuses (NaN, +-inf, |g| > 87, 0 < |g| < 2^-125) or, in
+ * the backward, where dy up is not finite. Each loop is written once and
+ * inlined into a plain copy and, on x86, an AVX2 copy for CPUs that have it
+ * (no FMA, no reciprocal estimates: the same results either way). Outputs
+ * may be inputs: a block reads all its inputs before it writes. */
+DT_VEC_INLINE int dt_swiglu8(const float *gate, const float *up, float *out) {
+    dt_vf8 g, u, silu, dsilu;
+    memcpy(&g, gate, sizeof g);
+    if (!dt_vsilu_ok_f8(&g)) return 0;
+    memcpy(&u, up, sizeof u);
+    dt_vsilu_f8(&g, &silu, &dsilu);   /* dsilu unused: the compiler drops it */
+    silu *= u;
+    memcpy(out, &silu, sizeof silu);
     return 1;
 }
 
-DT_VEC_INLINE int dt_swiglu_backward4(const float *gate, const float *up, const float *dy,
+DT_VEC_INLINE int dt_swiglu_backward8(const float *gate, const float *up, const float *dy,
                                       float *dgate, float *dup, int accumulate) {
-    dt_vf gf, uf, yf, old;
-    memcpy(&gf, gate, sizeof gf);
-    memcpy(&uf, up, sizeof uf);
-    memcpy(&yf, dy, sizeof yf);
-    const dt_vd4 g = __builtin_convertvector(gf, dt_vd4);
-    if (!dt_vfinite_d4(&g)) return 0;
-    dt_vd4 silu, dsilu;
-    dt_vsilu_d4(&g, &silu, &dsilu);
-    const dt_vd4 d = __builtin_convertvector(yf, dt_vd4), u = __builtin_convertvector(uf, dt_vd4);
-    dt_vf vg = __builtin_convertvector(d * u * dsilu, dt_vf);
-    dt_vf vu = __builtin_convertvector(d * silu, dt_vf);
+    dt_vf8 g, u, d, silu, dsilu, old;
+    memcpy(&g, gate, sizeof g);
+    memcpy(&u, up, sizeof u);
+    memcpy(&d, dy, sizeof d);
+    const dt_vf8 du = d * u;
+    const dt_vi8 finite = du - du == 0.0f;   /* inf - inf and NaN are NaN */
+    if (!dt_vsilu_ok_f8(&g) || !dt_vall8(&finite)) return 0;
+    dt_vsilu_f8(&g, &silu, &dsilu);
+    dt_vf8 vg = du * dsilu, vu = d * silu;
     if (accumulate && dgate) memcpy(&old, dgate, sizeof old), vg += old;   /* fp32, as dt_put */
     if (accumulate && dup) memcpy(&old, dup, sizeof old), vu += old;
     if (dgate) memcpy(dgate, &vg, sizeof vg);
@@ -769,9 +769,9 @@ DT_VEC_INLINE int dt_swiglu_backward4(const float *gate, const float *up, const 
 DT_VEC_INLINE void dt_swiglu_loop(dt_dtype dtype, size_t n, const void *gate, const void *up,
                                   void *out) {
     size_t i = 0;
-    for (; dtype == DT_F32 && i + 4 <= n; i += 4)
-        if (!dt_swiglu4((const float *)gate + i, (const float *)up + i, (float *)out + i))
-            for (size_t j = i; j < i + 4; j++) dt_swiglu_at(dtype, j, gate, up, out);
+    for (; dtype == DT_F32 && i + 8 <= n; i += 8)
+        if (!dt_swiglu8((const float *)gate + i, (const float *)up + i, (float *)out + i))
+            for (size_t j = i; j < i + 8; j++) dt_swiglu_at(dtype, j, gate, up, out);
     for (; i < n; i++) dt_swiglu_at(dtype, i, gate, up, out);
 }
 
@@ -779,11 +779,11 @@ DT_VEC_INLINE void dt_swiglu_backward_loop(dt_dtype dtype, size_t n, const void 
                                            const void *up, const void *dy, void *dgate, void *dup,
                                            int accumulate) {
     size_t i = 0;
-    for (; dtype == DT_F32 && i + 4 <= n; i += 4)
-        if (!dt_swiglu_backward4((const float *)gate + i, (const float *)up + i,
+    for (; dtype == DT_F32 && i + 8 <= n; i += 8)
+        if (!dt_swiglu_backward8((const float *)gate + i, (const float *)up + i,
                                  (const float *)dy + i, dgate ? (float *)dgate + i : NULL,
                                  dup ? (float *)dup + i : NULL, accumulate))
-            for (size_t j = i; j < i + 4; j++)
+            for (size_t j = i; j < i + 8; j++)
                 dt_swiglu_backward_at(dtype, j, gate, up, dy, dgate, dup, accumulate);
     for (; i < n; i++) dt_swiglu_backward_at(dtype, i, gate, up, dy, dgate, dup, accumulate);
 }

@@ -878,15 +878,18 @@ __global__ void gelu_backward_kernel(const T *x, const T *dy, T *dx, int64_t n, 
     GRID_STRIDE(i, n) put(dx, i, to_f(dy[i]) * gelu_grad_f32(to_f(x[i]), tanh_form), accumulate);
 }
 
-/* silu(g) = g s(g) and silu'(g) = s (1 + g (1 - s)), 1 - s = s(-g) formed
- * on its own; at -inf 0 and 0, at +inf inf and 1. */
+/* silu(g) = g s(g) and silu'(g) = s (1 + g (1 - s)), 1 - s = s(-g): from
+ * e = e^-|g|, which never overflows (so silu stays right where it is a
+ * normal float below g = -88.7), s(|g|) = 1 / (1 + e), s(-|g|) = e s(|g|);
+ * at -inf 0 and 0, at +inf inf and 1. */
 __device__ __forceinline__ void silu_f32(float g, float *silu, float *dsilu) {
     if (isinf(g)) {
         *silu = g > 0.0f ? g : -0.0f;
         *dsilu = g > 0.0f ? 1.0f : 0.0f;
         return;
     }
-    const float s = 1.0f / (1.0f + expf(-g)), sc = 1.0f / (1.0f + expf(g));
+    const float e = expf(-fabsf(g)), d = 1.0f / (1.0f + e), ed = e * d;
+    const float s = g >= 0.0f ? d : ed, sc = g >= 0.0f ? ed : d;
     *silu = g * s;
     *dsilu = s * (1.0f + g * sc);
 }

@@ -33,9 +33,19 @@
  *                    M = |dy| (|first term| + |second term|) of gelu' (no
  *                    cancellation is credited), X = 1 + x^2, at most 256:
  *                    the exponent's argument, formed in fp32 from x
- *   swiglu           CPU 2u |t|, CUDA 16u |t|
+ *   swiglu           CPU fp32 3.32u |t|, CPU bf16 and fp16 (double, rounded
+ *                    once) 2u |t|, CUDA 16u |t|. CPU fp32 (dt_vsilu_f8,
+ *                    base/cpu_vec.h): e^-g = t (1 + q) within 0.9u, d = 1 +
+ *                    t + t q one rounding (0.42u more where 1 + t is
+ *                    inexact, t >= 2^24: t q + 1 rounded first), silu = g / d
+ *                    one more: (2.42 + 0.9)u
  *   swiglu_backward  the same, with M = |dy up| s (1 + |g| (1 - s)) for
- *                    dgate (silu' = s (1 + g (1 - s))) and no X (g is exact)
+ *                    dgate (silu' = s (1 + g (1 - s))) and no X (g is exact);
+ *                    CPU fp32 dgate 8.9u M: silu' = (1 + g (E / d1)) / d1
+ *                    with E = e^-g within 1.9u (1 + q rounded) and d1 = 1 +
+ *                    E, within (6u + 1.9u) s (1 + |g| (1 - s)) (E's error
+ *                    enters through d1 and E / d1 with weights summing to 1,
+ *                    d1's rounding twice, four roundings more), dy up one more
  *   rmsnorm_backward 2u |t| + 2^-40 M (both backends in double; M the sums
  *                    of the terms' magnitudes)
  *   rotary_inverse   4u (|a| + |b|) (cos and sin rounded to fp32, three
@@ -77,6 +87,10 @@
 #include "dtensor/tensor.h"
 
 #define U32 0x1p-24
+/* The CPU backend's fp32 SwiGLU, computed in fp32 (bounds derived above): out and
+ * dup in u |t|, dgate in u M. */
+#define SW_F32 3.32
+#define SW_BWD_F32 8.9
 #define PI 3.14159265358979323846
 
 /* ------------------------------------------------------------------ cases */
@@ -110,8 +124,9 @@ typedef struct gk_case {
 /* Sizes and switches of each op (s, p):
  *   gemm_ex           s = m, n, k;            p = trans_a, trans_b, beta (0 or 1)
  *   gelu_backward     s = n;                  p = approx, accumulate
- *   swiglu            s = n
- *   swiglu_backward   s = n;                  p = accumulate, outputs (0 both, 1 dgate, 2 dup)
+ *   swiglu            s = n;                  p = wide gates (see setup)
+ *   swiglu_backward   s = n;                  p = accumulate, outputs (0 both, 1 dgate, 2 dup),
+ *                                             wide gates
  *   rmsnorm_backward  s = rows, n;            p = weighted, accumulate, outputs (as above: dx, dw)
  *   rotary_inverse    s = outer, rows, inner, d; p = style, large positions, round trip,
  *                     pos_stride (0: one position list for every outer row)
@@ -300,6 +315,32 @@ static void setup(const gk_case *c, io *o) {
         fill(x, sd, 1, 8.0, 0.0);
         if (y) fill(y, sd, 2, 2.0, 0.0);
         if (dy) fill(dy, sd, 3, 1.0, 0.0);
+        const int wide = c->op == OP_SWIGLU ? c->p[0] : c->op == OP_SWIGLU_BWD ? c->p[2] : 0;
+        if (wide) {
+            /* Gates beyond the CPU's fp32 vector path (|g| > 87, up to
+             * 127.5, where silu is normal down to g = -92, then subnormal
+             * and 0; 0 < |g| < 2^-125) in some blocks of eight, its edges
+             * (+-87, 2^-125, +-0) in others, so that one call runs both
+             * paths. */
+            for (size_t i = 0; i < n; i++) {
+                const double r = rnd(sd, 6, i);
+                if (i % 24 == 5) hset(x, i, copysign(87.5 + 40.0 * fabs(r), r));
+                if (i % 24 == 13) hset(x, i, r < 0 ? -87.0 : 87.0);
+                if (i % 48 == 21) hset(x, i, r < 0 ? -0.0 : 0.0);
+            }
+            if (n > 40) {
+                hset(x, 29, 0x1p-130);
+                hset(x, 37, 0x1p-125);
+                hset(x, 38, -0x1.8p-125);
+            }
+            /* dy up overflows fp32 where the product dgate does not (CPU
+             * only: the CUDA kernel forms dy up in fp32) */
+            if (n > 60 && dy && c->backend == DT_BACKEND_CPU) {
+                hset(x, 53, -20.0);
+                hset(y, 53, 3e19);
+                hset(dy, 53, -3e19);
+            }
+        }
         for (buf *ob = o1; ob; ob = ob == o1 ? o2 : NULL) {
             if (acc) fill(ob, sd, ob == o1 ? 4 : 5, 1.0, 0.0);
             else fill_nan(ob);
@@ -755,7 +796,8 @@ static void reference(const gk_case *c, io *o, int cuda, int tf32) {
             ref_silu(hget(g, i), &silu, &dsilu, &mag);
             const double t = silu * hget(up, i);
             out->ref[i] = t;
-            out->tol[i] = out_tol(dt, (cuda ? 16 : 2) * U32 * fabs(t), 0, 0, 0, t);
+            out->tol[i] = out_tol(dt, (cuda ? 16 : dt == DT_F32 ? SW_F32 : 2) * U32 * fabs(t), 0, 0,
+                                  0, t);
         }
         break;
     }
@@ -767,10 +809,12 @@ static void reference(const gk_case *c, io *o, int cuda, int tf32) {
             const double gv = hget(g, i), uv = hget(up, i), d = hget(dy, i);
             ref_silu(gv, &silu, &dsilu, &mag);
             const double tg = d * uv * dsilu, mg = fabs(d * uv) * mag, tu = d * silu;
-            const double eg = cuda ? 16 * U32 * mg + 16 * FLT_MIN * fabs(d * uv)
-                                   : 2 * U32 * fabs(tg) + 0x1p-45 * mg;
-            const double eu = cuda ? 16 * U32 * fabs(tu) + 16 * FLT_MIN * fabs(d)
-                                   : 2 * U32 * fabs(tu);
+            const double eg = cuda           ? 16 * U32 * mg + 16 * FLT_MIN * fabs(d * uv)
+                              : dt == DT_F32 ? SW_BWD_F32 * U32 * mg
+                                             : 2 * U32 * fabs(tg) + 0x1p-45 * mg;
+            const double eu = cuda           ? 16 * U32 * fabs(tu) + 16 * FLT_MIN * fabs(d)
+                              : dt == DT_F32 ? SW_F32 * U32 * fabs(tu)
+                                             : 2 * U32 * fabs(tu);
             const double og = acc ? hget(dg, i) : 0.0, ou = acc ? hget(du, i) : 0.0;
             if (dg->out) {
                 dg->ref[i] = tg + og;
@@ -1312,6 +1356,9 @@ static void add_cases(table *t, dt_backend_kind be) {
         c = add_case(t, OP_SWIGLU, be, dt, "n=97,nonfinite");
         c->s[0] = 97;
         c->nonfinite = 1;
+        c = add_case(t, OP_SWIGLU, be, dt, "n=1007,wide");
+        c->s[0] = 1007;
+        c->p[0] = 1;
         /* swiglu_backward */
         static const char *const outs[] = {"dgate,dup", "dgate", "dup"};
         for (int acc = 0; acc < 2; acc++)
@@ -1328,6 +1375,11 @@ static void add_cases(table *t, dt_backend_kind be) {
         c->s[0] = 97;
         c->p[0] = 1;
         c->nonfinite = 1;
+        for (int acc = 0; acc < 2; acc++) {
+            c = add_case(t, OP_SWIGLU_BWD, be, dt, "acc=%d,out=dgate,dup,n=1007,wide", acc);
+            c->s[0] = 1007;
+            SET4(c->p, acc, 0, 1, 0);
+        }
         /* rmsnorm_backward */
         static const char *const routs[] = {"dx,dw", "dx", "dw"};
         for (int wt = 0; wt < 2; wt++)
