@@ -12,13 +12,14 @@
 #include "primitives.h"
 #include "tensor_internal.h"
 
-static dt_status sum_squares_impl(const dt_tensor *t, double *out) {
-    const char *op = "dt_tensor_sum_squares";
-    DT_REQUIRE(t && out, "%s: t and out must not be NULL", op);
+/* t's share of its sum of squares: this rank's local sum divided by the
+ * ranks that hold the same elements (Replicate mesh dims). */
+static dt_status sum_squares_share(const char *op, const dt_tensor *t, double *share) {
+    DT_REQUIRE(t != NULL, "%s: a tensor is NULL", op);
     DT_TRY(dt_context_check_dtype(dt_tensor_context(t), op, dt_tensor_dtype(t)));
     const dt_mesh *mesh = dt_tensor_mesh(t);
     const dt_layout *l = dt_tensor_layout(t);
-    double copies = 1.0;   /* ranks holding this rank's share */
+    double copies = 1.0;
     for (int m = 0; mesh && m < l->ndim; m++) {
         DT_REQUIRE(l->placements[m].kind != DT_PARTIAL,
                    "%s: t is Partial on mesh dim %d; reduce it first (dt_tensor_grad_reduce)", op, m);
@@ -28,35 +29,66 @@ static dt_status sum_squares_impl(const dt_tensor *t, double *out) {
     double local = 0.0;
     DT_TRY(be->ops->sumsq(be, dt_tensor_dtype(t), dt_tensor_local_numel(t), dt_tensor_data_const(t),
                           &local));
-    if (!mesh) {
-        *out = local;
-        return DT_SUCCESS;
+    *share = mesh ? local / copies : local;
+    return DT_SUCCESS;
+}
+
+static dt_status sum_squares_impl(const dt_tensor *const *t, int n, double *out) {
+    const char *op = "dt_tensor_sum_squares";
+    DT_REQUIRE(t && out && n >= 1, "%s: t and out must not be NULL, n (%d) >= 1", op, n);
+    DT_REQUIRE(t[0] != NULL, "%s: a tensor is NULL", op);
+    dt_context *ctx = dt_tensor_context(t[0]);
+    int meshed = 0;
+    for (int i = 0; i < n; i++) {
+        DT_REQUIRE(t[i] && dt_tensor_context(t[i]) == ctx,
+                   "%s: tensor %d is NULL or of another context", op, i);
+        meshed |= dt_tensor_mesh(t[i]) != NULL;
     }
-    /* every rank's share divided by its copies, its double's bytes gathered
-     * over the world (through backend memory) and summed in rank order: the
-     * same bits on every rank */
-    const double mine = local / copies;
-    dt_context *ctx = dt_tensor_context(t);
+    double *mine = malloc((size_t)n * sizeof *mine);
+    if (!mine) return dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    dt_status st = DT_SUCCESS;
+    for (int i = 0; i < n && st == DT_SUCCESS; i++) st = sum_squares_share(op, t[i], &mine[i]);
+    if (st != DT_SUCCESS || !meshed) {
+        for (int i = 0; st == DT_SUCCESS && i < n; i++) out[i] = mine[i];
+        free(mine);
+        return st;
+    }
+    /* every rank's shares (doubles' bytes) gathered over the world in one
+     * exchange, through backend memory, and summed in rank order: the same
+     * bits on every rank, tensor by tensor */
+    dt_backend *be = ctx->backend;
     dt_comm *world = dt_context_comm(ctx);
-    const size_t n = (size_t)dt_comm_size(world);
-    double *all = malloc(n * sizeof *all);
+    const size_t W = (size_t)dt_comm_size(world), row = (size_t)n * sizeof *mine;
+    double *all = malloc(W * row);
     void *dev = NULL;
-    if (!all) return dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
-    dt_status st = be->ops->alloc(be, (n + 1) * sizeof mine, &dev);
-    char *mine_dev = dev, *all_dev = mine_dev + sizeof mine;
-    if (st == DT_SUCCESS) st = be->ops->upload(be, mine_dev, &mine, sizeof mine);
-    if (st == DT_SUCCESS) st = dt_comm_all_gather(world, mine_dev, all_dev, sizeof mine, DT_U8);
-    if (st == DT_SUCCESS) st = be->ops->download(be, all, all_dev, n * sizeof *all);
-    double sum = 0.0;
-    for (size_t r = 0; st == DT_SUCCESS && r < n; r++) sum += all[r];
-    if (st == DT_SUCCESS) *out = sum;
+    st = all ? be->ops->alloc(be, (W + 1) * row, &dev)
+             : dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    char *mine_dev = dev, *all_dev = dev ? mine_dev + row : NULL;
+    if (st == DT_SUCCESS) st = be->ops->upload(be, mine_dev, mine, row);
+    if (st == DT_SUCCESS) st = dt_comm_all_gather(world, mine_dev, all_dev, row, DT_U8);
+    if (st == DT_SUCCESS) st = be->ops->download(be, all, all_dev, W * row);
+    for (int i = 0; st == DT_SUCCESS && i < n; i++) {
+        double sum = 0.0;
+        if (!dt_tensor_mesh(t[i])) {
+            out[i] = mine[i];
+            continue;
+        }
+        for (size_t r = 0; r < W; r++) sum += all[r * (size_t)n + (size_t)i];
+        out[i] = sum;
+    }
     if (dev) be->ops->free(be, dev);
     free(all);
+    free(mine);
     return st;
 }
 
 dt_status dt_tensor_sum_squares(const dt_tensor *t, double *out) {
-    return dt_context_note(t ? dt_tensor_context(t) : NULL, sum_squares_impl(t, out));
+    return dt_context_note(t ? dt_tensor_context(t) : NULL, sum_squares_impl(&t, 1, out));
+}
+
+dt_status dt_tensor_sum_squares_n(const dt_tensor *const *t, int n, double *out) {
+    return dt_context_note(t && n >= 1 && t[0] ? dt_tensor_context(t[0]) : NULL,
+                           sum_squares_impl(t, n, out));
 }
 
 static dt_status convert_impl(const dt_tensor *t, dt_dtype dtype, dt_tensor **out) {

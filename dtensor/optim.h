@@ -20,6 +20,13 @@ extern "C" {
  * rank's queued work. */
 dt_status dt_tensor_sum_squares(const dt_tensor *t, double *out);
 
+/* COLLECTIVE over the world. out[i] = dt_tensor_sum_squares(t[i]), the
+ * same bits, for n >= 1 tensors of one context in one exchange (one world
+ * all_gather of n doubles, not n of one): a global gradient norm in one
+ * call. Any tensor refused (NULL, Partial, another context): nothing
+ * written, no exchange. */
+dt_status dt_tensor_sum_squares_n(const dt_tensor *const *t, int n, double *out);
+
 /* out = t converted to dtype (fp32, bf16, fp16; round to nearest even),
  * same mesh, shape and Layout. Not collective. */
 dt_status dt_tensor_convert(const dt_tensor *t, dt_dtype dtype, dt_tensor **out);

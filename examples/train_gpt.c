@@ -955,16 +955,15 @@ static dt_status optimizer_step(model *M, int64_t s, float lr, int dump, FILE *g
     const config *c = M->c;
     dt_tensor *red[MAX_PARAMS] = {0};
     dt_status st = DT_SUCCESS;
-    double sq = 0.0;
+    double sq = 0.0, x[MAX_PARAMS];
     dt_tensor *g[MAX_PARAMS] = {0};   /* each gradient in its parameter's Layout */
     for (int i = 0; i < M->np && st == DT_SUCCESS; i++) {
-        double x = 0.0;
         const dt_layout want = dt_layout_grad(dt_tensor_layout(M->p[i].w));
-        if (dt_layout_equal(dt_tensor_layout(M->p[i].g), &want)) g[i] = M->p[i].g;   /* no copy */
+        if (dt_layout_equal(dt_tensor_layout(M->p[i].g), &want)) g[i] = M->p[i].g;   /* as it is */
         else st = dt_tensor_grad_reduce(M->p[i].g, M->p[i].w, &red[i]), g[i] = red[i];
-        if (st == DT_SUCCESS) st = dt_tensor_sum_squares(g[i], &x);
-        sq += x;
     }
+    if (st == DT_SUCCESS) st = dt_tensor_sum_squares_n((const dt_tensor *const *)g, M->np, x);
+    for (int i = 0; st == DT_SUCCESS && i < M->np; i++) sq += x[i];
     if (st == DT_SUCCESS && dump) st = gather_write(g, M->np, grads);   /* collective */
     *norm = sqrt(sq);
     const double coef = c->clip > 0 ? (double)c->clip / (*norm + 1e-6) : 1.0;

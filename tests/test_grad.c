@@ -1570,9 +1570,13 @@ static dt_status err_optim(rk *k, ecase *e) {
     REJ(DT_ERR_INVALID_ARGUMENT, "options", dt_adamw_step(p, NULL, m, v, g, 1.0f, &bad_lr, 1));
     REJ(DT_ERR_INVALID_ARGUMENT, "options", dt_adamw_step(p, NULL, m, v, g, 1.0f, &bad_b1, 1));
     REJ(DT_ERR_INVALID_ARGUMENT, "dt_tensor_grad_reduce", dt_tensor_sum_squares(gP, &ss));
+    const dt_tensor *const many[3] = {g, gP, g};
+    double ssn[3] = {-1.0, -1.0, -1.0};
+    REJ(DT_ERR_INVALID_ARGUMENT, "dt_tensor_grad_reduce", dt_tensor_sum_squares_n(many, 3, ssn));
     REJ(ANY_FAIL, NULL, dt_tensor_convert(p, DT_I32, &o1));
     REJ(DT_ERR_INVALID_ARGUMENT, NULL, dt_tensor_convert(NULL, DT_F32, &o1));
-    if (ss != -1.0) flag(k, "a rejected dt_tensor_sum_squares wrote its result");
+    if (ss != -1.0 || ssn[0] != -1.0 || ssn[1] != -1.0 || ssn[2] != -1.0)
+        flag(k, "a rejected dt_tensor_sum_squares(_n) wrote its result");
     for (int i = 0; i < nt; i++)
         if (checksum(k->t[i]) != before[i]) flag(k, "tensor %d (param, master, m, v or grad) changed", i);
     return DT_SUCCESS;
@@ -1762,6 +1766,28 @@ static dt_status run_sum_squares(rk *k, ocase *c) {
     for (int64_t i = 0; i < n; i++) ref += x[i] * x[i];
     DT_TRY(dt_tensor_sum_squares(t, &got));
     c->ss[k->r] = got;
+    /* dt_tensor_sum_squares_n: each result the single call's bits, in one
+     * world exchange (an all_gather, none without a mesh) */
+    double *x2 = DMEM(k, n), one2 = -1, many[3] = {-1, -1, -1};
+    dt_tensor *t2;
+    DT_TRY(make_f(k, c->dtype, 2, c->shape, &c->l, 37, 1.0, 0.0, -1, x2, NULL, &t2));
+    DT_TRY(dt_tensor_sum_squares(t2, &one2));
+    dt_comm *world = dt_context_comm(k->ctx);
+    dt_comm_counters cnt;
+    dt_comm_counters_reset(world);
+    const dt_tensor *const ts[3] = {t, t2, t};
+    DT_TRY(dt_tensor_sum_squares_n(ts, 3, many));
+    DT_TRY(dt_comm_counters_get(world, &cnt));
+    if (many[0] != got || many[1] != one2 || many[2] != got)
+        flag(k, "sum_squares_n %.17g %.17g %.17g, single calls %.17g %.17g", many[0], many[1],
+             many[2], got, one2);
+    uint64_t calls = 0;
+    for (int i = 0; i < DT_COMM_KIND_COUNT; i++) calls += cnt.calls[i];
+    if (calls != (dt_tensor_mesh(t) ? 1u : 0u) ||
+        cnt.calls[DT_COMM_ALL_GATHER] != (dt_tensor_mesh(t) ? 1u : 0u))
+        flag(k, "sum_squares_n made %llu world calls (%llu all_gathers), want %d",
+             (unsigned long long)calls, (unsigned long long)cnt.calls[DT_COMM_ALL_GATHER],
+             dt_tensor_mesh(t) ? 1 : 0);
     /* the contract's "accumulated in double" (strict), or the rounding of
      * fp32 pieces summed across the ranks */
     const double tol = c->nullopts ? 1e-12 * ref : (double)(c->world + 2) * U32 * ref;

@@ -750,9 +750,9 @@ static void test_profile(void **state) {
  *           (and |dout| backward) over the world (attention/plan.c), one per
  *           call, even with DT_CHECK off
  *             calls 2L, bytes L (AR(3, W, 4) + AR(4, W, 4))
- *           all_gather: the global norm, one double a parameter
- *           (dt_tensor_sum_squares)
- *             calls NP, bytes NP (W-1) 8
+ *           all_gather: the global norm, one double a parameter in one
+ *           exchange (dt_tensor_sum_squares_n)
+ *             calls 1, bytes NP (W-1) 8
  * Under --sp (cp = 1): tp all_gathers the norms' outputs before the
  * column-parallel matmuls (2 a layer and the head's) and the row-parallel
  * outputs' gradients (2 a layer) and the embedding's; it reduce_scatters the
@@ -821,7 +821,7 @@ static void comm_expected(uint64_t dp, uint64_t tp, uint64_t cp, int sp, uint64_
             (2 * TL + 1) * ar(TD, tp, es) + ar(R, tp, 4) + ar(2 * R, tp, 4));
     }
     put(t, C_WORLD, DT_COMM_ALL_REDUCE, 2 * TL, TL * (ar(3, W, 4) + ar(4, W, 4)));
-    put(t, C_WORLD, DT_COMM_ALL_GATHER, TNP, TNP * (W - 1) * 8);
+    put(t, C_WORLD, DT_COMM_ALL_GATHER, 1, TNP * (W - 1) * 8);
 }
 
 /* The "comm NAME KIND calls N sent N recv N" lines of out; 0 if one does
