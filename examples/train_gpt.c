@@ -13,8 +13,9 @@
  * Placement on the mesh (dp, tp, cp), per mesh dim:
  *   tokens, targets [B, S]   Shard(0)      Replicate       Shard(1, order)
  *   h, a, m [B, S, d]        Shard(0)      Replicate       Shard(1, order)
- *                                          (--sp: Shard(1), all-gathered
- *                                           before the column-parallel matmuls)
+ *                                          (--sp: Shard(1), tp's blocks then
+ *                                           cp's order in each; all-gathered over
+ *                                           tp before the column-parallel matmuls)
  *   q, k, v, o [B,S,H,Dh]    Shard(0)      Shard(2) heads  Shard(1, order)
  *   wq, wk, wv, w_gate, w_up Replicate     Shard(1)        Replicate  column-parallel
  *   wo, w_down               Replicate     Shard(0)        Replicate  row-parallel: out Partial
@@ -81,7 +82,7 @@ static void usage(FILE *f) {
         "  --ranks N          ranks (default dp*tp*cp): threads, or processes under mpirun/srun\n"
         "  --dp A --tp B --cp C  the mesh (A*B*C = N; default 1 each)\n"
         "  --order contiguous|striped|zigzag   the sequence's sharding over cp (default striped)\n"
-        "  --sp               sequence parallelism inside tp (cp must be 1)\n"
+        "  --sp               sequence parallelism inside tp (with cp: the sequence over both)\n"
         "  --layers L --dim d --heads H --kv-heads Hkv --ffn F   the model (2 64 4 H/2 4d rounded)\n"
         "  --seq S --batch B  tokens per sequence and sequences per step (64 8)\n"
         "  --steps N          the total steps, counted from the start of training (100)\n"
@@ -310,15 +311,10 @@ static int parse_args(int argc, char **argv, config *c) {
                  (long long)c->seq, c->order == DT_ORDER_ZIGZAG ? "2 x " : "", c->cp,
                  dt_order_name(c->order));
         why = buf;
-    } else if (c->sp && c->cp > 1) {
-        why = "--sp with --cp > 1 shards the sequence over two mesh dims, which attention does "
-              "not take yet: use one of them";
-    } else if (c->sp && c->seq % c->tp) {
-        snprintf(buf, sizeof buf, "--sp: --tp %d does not divide --seq %lld", c->tp,
-                 (long long)c->seq);
+    } else if (c->sp && c->seq % ((c->order == DT_ORDER_ZIGZAG && c->cp > 1 ? 2 : 1) * c->tp * c->cp)) {
+        snprintf(buf, sizeof buf, "--sp: --seq %lld is not divisible by %s--tp %d x --cp %d",
+                 (long long)c->seq, c->order == DT_ORDER_ZIGZAG && c->cp > 1 ? "2 x " : "", c->tp, c->cp);
         why = buf;
-    } else if (c->sp && c->order != DT_ORDER_STRIPED && c->cp > 1) {
-        why = "--sp takes no --order";
     } else if (c->warmup > c->steps) {
         why = "--warmup is longer than --steps";
     }
@@ -369,21 +365,28 @@ static dt_layout lay(dt_placement dp, dt_placement tp, dt_placement cp) {
     return dt_layout_3d(dp, tp, cp);
 }
 
+/* The sequence's placement on cp: its order (Replicate under --sp with cp
+ * 1, where the sequence is sharded over tp alone). */
+static dt_placement cp_seq(const config *c) {
+    return c->sp && c->cp == 1 ? dt_replicate() : dt_shard(1, c->order);
+}
+
 static dt_layout param_layout(const param *p) {
     return lay(dt_replicate(), p->tp_dim < 0 ? dt_replicate() : dt_shard(p->tp_dim, DT_ORDER_CONTIGUOUS),
                dt_replicate());
 }
 
 /* The residual stream's Layout [B, S, d] (and of rmsnorm's outputs). */
+/* Under --sp the sequence is sharded over tp too: tp (the outer mesh dim)
+ * cuts it in contiguous blocks, cp its order within each block. */
 static dt_layout hidden_layout(const config *c) {
-    if (c->sp) return lay(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_shard(1, DT_ORDER_CONTIGUOUS), dt_replicate());
-    return lay(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_replicate(), dt_shard(1, c->order));
+    return lay(dt_shard(0, DT_ORDER_CONTIGUOUS),
+               c->sp ? dt_shard(1, DT_ORDER_CONTIGUOUS) : dt_replicate(), cp_seq(c));
 }
 
 /* Tokens and targets [B, S]. */
 static dt_layout token_layout(const config *c) {
-    return lay(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_replicate(),
-               c->sp ? dt_replicate() : dt_shard(1, c->order));
+    return lay(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_replicate(), cp_seq(c));
 }
 
 static void model_table(model *M) {
@@ -748,10 +751,11 @@ static dt_attention_options attn_opts(const model *M) {
     return o;
 }
 
-/* The input of column-parallel matmuls: x, or under --sp x made whole over tp. */
+/* The input of column-parallel matmuls: x, or under --sp x made whole over
+ * tp (the sequence still sharded over cp). */
 static dt_status whole_over_tp(const config *c, const dt_tensor *x, dt_tensor **out) {
     if (!c->sp) return DT_SUCCESS;
-    return to(x, lay(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_replicate(), dt_replicate()), out);
+    return to(x, lay(dt_shard(0, DT_ORDER_CONTIGUOUS), dt_replicate(), cp_seq(c)), out);
 }
 
 /* x @ w (Partial over tp) added to r, back in the residual's Layout: an

@@ -9,7 +9,8 @@
  *   meshes      dp x tp x cp in (1,1,1) (2,1,1) (1,2,1) (1,1,4) (2,2,2)
  *               (1,2,3) (1,4,2), every order: the one-rank run's losses
  *               (relative 1e-5) and final parameters
- *   sp, recompute  change no result
+ *   sp, recompute  change no result: --sp on tp 2, and on tp 2 x cp 2 (the
+ *               sequence sharded over both, every order)
  *   resume      a run saved at step 2 and resumed gives the uninterrupted
  *               run's losses bit for bit; saved on dp2 x tp2 x cp2 and
  *               resumed on tp4 x cp2, the next losses match
@@ -526,7 +527,7 @@ static void test_bad_flags(void **state) {
         {"--cp 5 --seq 24", "not divisible by 5"},
         {"--cp 2 --seq 6 --order zigzag", "2 x 2"},
         {"--dp 3 --batch 4", "does not divide --batch"},
-        {"--sp --tp 2 --cp 2", "--sp with --cp > 1"},
+        {"--sp --tp 2 --cp 2 --seq 12 --order zigzag", "--sp: --seq 12 is not divisible"},
         {"--frobnicate", "unknown flag"},
         {"--lr", "needs a value"},
         {"--lr -1", "--lr takes a number"},
@@ -993,6 +994,7 @@ int main(int argc, char **argv) {
         {"tp2,cp3", "--tp 2 --cp 3", 0},
         {"tp4,cp2", "--tp 4 --cp 2", 0},
         {"tp2,sp", "--tp 2 --sp", 0},
+        {"tp2,cp2,sp", "--tp 2 --cp 2 --sp", 0},
         {"recompute", "--ranks 1 --recompute", 1},
         {"tp2,cp2,recompute", "--tp 2 --cp 2 --recompute", 0},
     };
