@@ -10,7 +10,7 @@
  *   logits = rmsnorm(h, norm) @ lm_head; loss = mean cross-entropy
  * AdamW (PyTorch's), gradients clipped by their global norm.
  *
- * Placement on the mesh (dp, tp, cp), per mesh dim:
+ * Placement per axis (the mesh's dims are (dp, cp, tp): tp fastest):
  *   tokens, targets [B, S]   Shard(0)      Replicate       Shard(1, order)
  *   h, a, m [B, S, d]        Shard(0)      Replicate       Shard(1, order)
  *                                          (--sp: Shard(1), tp's blocks then
@@ -150,7 +150,7 @@ static void resume_model(config *c, unsigned given) {
                           "%15s model %d %lld %lld %lld %lld %lld", &version, &s, &seed, &mesh[0],
                           &mesh[1], &mesh[2], &sp, dtype, &vocab, &L, &d, &H, &Hkv, &F) == 14;
     fclose(f);
-    if (!ok || version != 1) return;
+    if (!ok || (version != 1 && version != 2)) return;
     if (!(given & GIVEN_LAYERS)) c->layers = L;
     if (!(given & GIVEN_DIM)) c->dim = d;
     if (!(given & GIVEN_HEADS)) c->heads = H;
@@ -311,9 +311,9 @@ static int parse_args(int argc, char **argv, config *c) {
                  (long long)c->seq, c->order == DT_ORDER_ZIGZAG ? "2 x " : "", c->cp,
                  dt_order_name(c->order));
         why = buf;
-    } else if (c->sp && c->seq % ((c->order == DT_ORDER_ZIGZAG && c->cp > 1 ? 2 : 1) * c->tp * c->cp)) {
-        snprintf(buf, sizeof buf, "--sp: --seq %lld is not divisible by %s--tp %d x --cp %d",
-                 (long long)c->seq, c->order == DT_ORDER_ZIGZAG && c->cp > 1 ? "2 x " : "", c->tp, c->cp);
+    } else if (c->sp && c->seq % (c->tp * c->cp)) {
+        snprintf(buf, sizeof buf, "--sp: --seq %lld is not divisible by --tp %d x --cp %d",
+                 (long long)c->seq, c->tp, c->cp);
         why = buf;
     } else if (c->warmup > c->steps) {
         why = "--warmup is longer than --steps";
@@ -360,9 +360,12 @@ static param *TOK(model *M) { return &M->p[0]; }
 static param *NORM(model *M) { return &M->p[M->np - 2]; }
 static param *HEAD(model *M) { return &M->p[M->np - 1]; }
 
-/* A Layout on the mesh (dp, tp, cp). */
+/* The mesh's dims: tp fastest, so a tp group is consecutive ranks. */
+enum { MESH_DP, MESH_CP, MESH_TP };
+
+/* A Layout given per axis (dp, tp, cp), on the mesh's dims (dp, cp, tp). */
 static dt_layout lay(dt_placement dp, dt_placement tp, dt_placement cp) {
-    return dt_layout_3d(dp, tp, cp);
+    return dt_layout_3d(dp, cp, tp);
 }
 
 /* The sequence's placement on cp: its order (Replicate under --sp with cp
@@ -377,8 +380,8 @@ static dt_layout param_layout(const param *p) {
 }
 
 /* The residual stream's Layout [B, S, d] (and of rmsnorm's outputs). */
-/* Under --sp the sequence is sharded over tp too: tp (the outer mesh dim)
- * cuts it in contiguous blocks, cp its order within each block. */
+/* Under --sp the sequence is sharded over tp too: cp (the outer mesh dim)
+ * takes its order's part, tp cuts that in contiguous blocks. */
 static dt_layout hidden_layout(const config *c) {
     return lay(dt_shard(0, DT_ORDER_CONTIGUOUS),
                c->sp ? dt_shard(1, DT_ORDER_CONTIGUOUS) : dt_replicate(), cp_seq(c));
@@ -809,7 +812,7 @@ static dt_status layer_forward(model *M, int i, cache *c, dt_tensor **out) {
  * Partial read as Replicate (under --sp an all-gather). */
 static dt_status row_parallel_grad(const dt_tensor *dy, dt_tensor **out) {
     dt_layout g = dt_layout_grad(dt_tensor_layout(dy));
-    g.placements[1] = dt_replicate();
+    g.placements[MESH_TP] = dt_replicate();
     return to(dy, g, out);
 }
 
@@ -925,7 +928,7 @@ static dt_status forward_backward(model *M, const dt_tensor *x, const dt_tensor 
     }
     {   /* the embedding's output was Partial over tp: its gradient is Replicate */
         dt_layout g = dt_layout_grad(dt_tensor_layout(dh));
-        g.placements[1] = dt_replicate();
+        g.placements[MESH_TP] = dt_replicate();
         DT_TRY_GOTO(st, to(dh, g, &de), out);
     }
     DT_TRY_GOTO(st, dt_embedding_backward(TOK(M)->w, x, de, &TOK(M)->g), out);
@@ -1442,7 +1445,7 @@ static dt_status checkpoint_save(model *M, const char *dir, int64_t next_step) {
         return dt_error(DT_ERR_SYSTEM, "cannot write %s/manifest.txt.tmp", dir);
     }
     if (man)
-        fprintf(man, "dtensor-checkpoint 1\nstep %lld\nseed %llu\nmesh %d %d %d\nsp %d\ndtype %s\n"
+        fprintf(man, "dtensor-checkpoint 2\nstep %lld\nseed %llu\nmesh %d %d %d\nsp %d\ndtype %s\n"
                      "model %d %lld %lld %lld %lld %lld\n", (long long)next_step,
                 (unsigned long long)c->seed, c->dp, c->tp, c->cp, c->sp, dt_dtype_name(c->dtype),
                 VOCAB, (long long)c->layers, (long long)c->dim, (long long)c->heads,
@@ -1489,10 +1492,10 @@ static dt_status read_part(const char *dir, int rank, size_t off, void *buf, siz
 }
 
 /* One saved tensor, made whole on the host from the shards it needs: on the
- * saved mesh (dp, tp, cp) the shards differ only over tp (parameters are
- * Replicate over dp and cp), so the ranks at dp = cp = 0 hold them all. */
-static dt_status read_whole(const char *dir, const int *mesh, const param *p, int tp_dim,
-                            size_t esize, size_t off, void *full) {
+ * saved mesh the shards differ only over tp (parameters are Replicate over
+ * dp and cp), so the ranks at dp = cp = 0 hold them all. */
+static dt_status read_whole(const char *dir, int version, const int *mesh, const param *p,
+                            int tp_dim, size_t esize, size_t off, void *full) {
     const int tp = tp_dim < 0 ? 1 : mesh[1];
     const int64_t rows = p->shape[0], cols = p->ndim == 2 ? p->shape[1] : 1;
     const int64_t lr = tp_dim == 0 ? rows / tp : rows, lc = tp_dim == 1 ? cols / tp : cols;
@@ -1500,7 +1503,9 @@ static dt_status read_whole(const char *dir, const int *mesh, const param *p, in
     if (!buf) return dt_error(DT_ERR_OUT_OF_MEMORY, "out of host memory");
     dt_status st = DT_SUCCESS;
     for (int j = 0; j < tp && st == DT_SUCCESS; j++) {
-        const int rank = j * mesh[2];   /* coordinates (0, j, 0), row-major */
+        /* dp 0, tp j, cp 0: the mesh (dp, cp, tp) has tp fastest; version 1
+         * checkpoints were written on (dp, tp, cp) */
+        const int rank = version == 1 ? j * mesh[2] : j;
         st = read_part(dir, rank, off, buf, (size_t)(lr * lc) * esize);
         for (int64_t r = 0; st == DT_SUCCESS && r < lr; r++) {
             const int64_t gr = tp_dim == 0 ? j * lr + r : r, gc = tp_dim == 1 ? j * lc : 0;
@@ -1525,8 +1530,8 @@ static dt_status checkpoint_load(model *M, const char *dir, int64_t *step) {
                          "model %d %lld %lld %lld %lld %lld", &version, &s, &seed, &mesh[0], &mesh[1],
                     &mesh[2], &sp, dtype, &vocab, &L, &d, &H, &Hkv, &F) == 14;
     dt_status st = DT_SUCCESS;
-    if (!ok || version != 1)
-        st = dt_error(DT_ERR_INVALID_ARGUMENT, "--resume: %s/manifest.txt is not a version 1 "
+    if (!ok || (version != 1 && version != 2))
+        st = dt_error(DT_ERR_INVALID_ARGUMENT, "--resume: %s/manifest.txt is not a version 1 or 2 "
                       "checkpoint", dir);
     else if (vocab != VOCAB || L != c->layers || d != c->dim || H != c->heads || Hkv != c->kv_heads ||
              F != c->ffn || strcmp(dtype, dt_dtype_name(c->dtype)))
@@ -1535,7 +1540,10 @@ static dt_status checkpoint_load(model *M, const char *dir, int64_t *step) {
     else if (seed != c->seed)
         st = dt_error(DT_ERR_INVALID_ARGUMENT, "--resume: the checkpoint was trained with --seed %llu "
                       "(the data positions follow it)", seed);
-    const int same_mesh = mesh[0] == c->dp && mesh[1] == c->tp && mesh[2] == c->cp;
+    /* a rank reads its own file where it holds what it wrote (version 1:
+     * ranks numbered on (dp, tp, cp), the same where tp or cp is 1) */
+    const int same_mesh = mesh[0] == c->dp && mesh[1] == c->tp && mesh[2] == c->cp &&
+                          (version == 2 || c->tp == 1 || c->cp == 1);
     while (st == DT_SUCCESS) {
         char name[48], kind[16], dt[16], pl[8];
         long long s0, s1;
@@ -1566,7 +1574,7 @@ static dt_status checkpoint_load(model *M, const char *dir, int64_t *step) {
         } else {           /* whole from the shards that differ, then this rank's part */
             const int tp_dim = pl[0] == 'R' ? -1 : pl[1] - '0';
             void *full = malloc((size_t)param_numel(&M->p[i]) * es + 1);
-            st = full ? read_whole(dir, mesh, &M->p[i], tp_dim, es, off, full)
+            st = full ? read_whole(dir, version, mesh, &M->p[i], tp_dim, es, off, full)
                       : dt_error(DT_ERR_OUT_OF_MEMORY, "out of memory");
             if (st == DT_SUCCESS) st = dt_tensor_set_global(t, full);
             free(full);
@@ -1648,12 +1656,13 @@ static dt_status sample(model *M, const corpus *d, char *out, int64_t n_out) {
 
 /* ------------------------------------------------------------ the run */
 
-/* --comm-counts: communicator i of the mesh dims (dp, tp, cp), then the
- * world's; their counters bracket the first step. */
+/* --comm-counts: the communicators of dp, tp and cp, then the world's;
+ * their counters bracket the first step. */
 #define STEP_COMMS 4
 static const char *const step_comm_names[STEP_COMMS] = {"dp", "tp", "cp", "world"};
 static dt_comm *step_comm(const model *M, int i) {
-    return i < 3 ? dt_mesh_comm(M->mesh, i) : dt_context_comm(M->ctx);
+    static const int mesh_dim[3] = {MESH_DP, MESH_TP, MESH_CP};
+    return i < 3 ? dt_mesh_comm(M->mesh, mesh_dim[i]) : dt_context_comm(M->ctx);
 }
 
 /* Rank 0 prints a line per communicator and kind with calls since the reset. */
@@ -1685,8 +1694,8 @@ static dt_status train(dt_context *ctx, void *arg) {
     M.ctx = ctx;
     M.rank = dt_context_rank(ctx);
     M.world = dt_context_world_size(ctx);
-    const int sizes[3] = {c->dp, c->tp, c->cp};
-    const char *const names[3] = {"dp", "tp", "cp"};
+    const int sizes[3] = {[MESH_DP] = c->dp, [MESH_CP] = c->cp, [MESH_TP] = c->tp};
+    const char *const names[3] = {[MESH_DP] = "dp", [MESH_CP] = "cp", [MESH_TP] = "tp"};
     corpus d = {NULL, 0};
     float *losses = NULL;
     int32_t *seq = NULL;

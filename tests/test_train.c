@@ -409,6 +409,43 @@ static void test_resume_exact(void **state) {
     free(text);
 }
 
+/* dst := src (bytes); 0 on success. first_line, when not NULL, replaces
+ * src's first line. */
+static int copy_file(const char *src, const char *dst, const char *first_line) {
+    FILE *in = fopen(src, "rb"), *out = in ? fopen(dst, "wb") : NULL;
+    int rc = in && out ? 0 : -1, c, skipping = first_line != NULL;
+    if (rc == 0 && first_line) fputs(first_line, out);
+    while (rc == 0 && (c = fgetc(in)) != EOF) {
+        if (skipping) {
+            skipping = c != '\n';
+            continue;
+        }
+        if (fputc(c, out) == EOF) rc = -1;
+    }
+    if (in) fclose(in);
+    if (out && fclose(out) != 0) rc = -1;
+    return rc;
+}
+
+/* A version 1 checkpoint of the dp2 x tp2 x cp2 one in `from`: version 1
+ * numbered the ranks on the mesh (dp, tp, cp), cp fastest; version 2 on
+ * (dp, cp, tp), tp fastest. The same bytes, the rank files renamed. */
+static int as_version1(const char *from, const char *to) {
+    char a[900], b[900];
+    if (mkdir(to, 0700) != 0) return -1;
+    snprintf(a, sizeof a, "%s/manifest.txt", from);
+    snprintf(b, sizeof b, "%s/manifest.txt", to);
+    if (copy_file(a, b, "dtensor-checkpoint 1\n") != 0) return -1;
+    for (int d = 0; d < 2; d++)
+        for (int t = 0; t < 2; t++)
+            for (int c = 0; c < 2; c++) {
+                snprintf(a, sizeof a, "%s/rank-%d.bin", from, (d * 2 + c) * 2 + t);
+                snprintf(b, sizeof b, "%s/rank-%d.bin", to, (d * 2 + t) * 2 + c);
+                if (copy_file(a, b, NULL) != 0) return -1;
+            }
+    return 0;
+}
+
 static void test_resume_on_another_mesh(void **state) {
     (void)state;
     REQUIRE_BIN();
@@ -439,6 +476,18 @@ static void test_resume_on_another_mesh(void **state) {
     assert_int_equal(train(args, third, 0), 0);
     assert_int_equal(read_losses(third, c, NULL, 16), 2);
     for (int s = 2; s < 4; s++) assert_true(c[s - 2] == a[s]);
+    /* a version 1 checkpoint (ranks numbered on (dp, tp, cp)) resumes on
+     * its mesh to the bit, and on tp4 x cp2 */
+    char *v1 = dir_of("m-ckpt-v1"), *fourth = dir_of("m-fourth"), *fifth = dir_of("m-fifth");
+    assert_int_equal(as_version1(ck, v1), 0);
+    snprintf(args, sizeof args, TINY " --dp 2 --tp 2 --cp 2 --steps 4 --resume %s", v1);
+    assert_int_equal(train(args, fourth, 0), 0);
+    assert_int_equal(read_losses(fourth, c, NULL, 16), 2);
+    for (int s = 2; s < 4; s++) assert_true(c[s - 2] == a[s]);
+    snprintf(args, sizeof args, TINY " --tp 4 --cp 2 --steps 4 --resume %s", v1);
+    assert_int_equal(train(args, fifth, 0), 0);
+    assert_int_equal(read_losses(fifth, c, NULL, 16), 2);
+    for (int s = 2; s < 4; s++) assert_true(fabs(c[s - 2] - a[s]) <= 1e-5 * fabs(a[s]));
 }
 
 /* ------------------------------------------------------------ files */
@@ -527,7 +576,7 @@ static void test_bad_flags(void **state) {
         {"--cp 5 --seq 24", "not divisible by 5"},
         {"--cp 2 --seq 6 --order zigzag", "2 x 2"},
         {"--dp 3 --batch 4", "does not divide --batch"},
-        {"--sp --tp 2 --cp 2 --seq 12 --order zigzag", "--sp: --seq 12 is not divisible"},
+        {"--sp --tp 4 --cp 2 --seq 12", "--sp: --seq 12 is not divisible"},
         {"--frobnicate", "unknown flag"},
         {"--lr", "needs a value"},
         {"--lr -1", "--lr takes a number"},
@@ -754,13 +803,15 @@ static void test_profile(void **state) {
  *           all_gather: the global norm, one double a parameter in one
  *           exchange (dt_tensor_sum_squares_n)
  *             calls 1, bytes NP (W-1) 8
- * Under --sp (cp = 1): tp all_gathers the norms' outputs before the
+ * Under --sp: tp all_gathers the norms' outputs before the
  * column-parallel matmuls (2 a layer and the head's) and the row-parallel
  * outputs' gradients (2 a layer) and the embedding's; it reduce_scatters the
  * row-parallel outputs and the embedding's (forward) and the
  * column-parallel inputs' gradients and the head's (backward): 4L + 2 each
- * of B_l (S/tp) d a rank; all_reduce: the 2L + 1 norms' gradients (Partial
- * over tp) and the loss's two (R = B_l S); cp: nothing. */
+ * of B_l (S_l/tp) d a rank (cp's part of the sequence, cut over tp: a
+ * direct step, tp being the innermost mesh dim); all_reduce: the 2L + 1
+ * norms' gradients (Partial over tp) and the loss's two (R = B_l S_l); cp
+ * as above, and nothing with cp = 1. */
 enum { TL = 2, TD = 64, TH = 8, THKV = 4, TDH = TD / TH, TF = 96, TS = 24, TB = 4, TV = 256,
        TNP = 9 * TL + 3 };
 enum { C_DP, C_TP, C_CP, C_WORLD, C_COMMS };
@@ -800,26 +851,26 @@ static void comm_expected(uint64_t dp, uint64_t tp, uint64_t cp, int sp, uint64_
     for (int j = 0; j < 2; j++) {
         const int c = row_comms[j];
         const uint64_t P = c == C_DP ? dp : cp;
-        if (c == C_CP && sp) continue;   /* --sp: nothing is sharded over cp */
+        if (c == C_CP && sp && cp == 1) continue;   /* nothing is sharded over cp */
         uint64_t b = 2 * ar(4, P, 4);
         for (int i = 0; i < TNP; i++) b += ar(n[i], P, es);
         put(t, c, DT_COMM_ALL_REDUCE, (P > 1) * TNP + 2, b);
     }
+    const uint64_t R = Bl * Sl;
     if (!sp) {
-        const uint64_t R = Bl * Sl;
         put(t, C_TP, DT_COMM_ALL_REDUCE, (tp > 1) * (4 * TL + 2) + 2,
             (4 * TL + 2) * ar(T, tp, es) + ar(R, tp, 4) + ar(2 * R, tp, 4));
-        if (cp > 1) {
-            const uint64_t kv = Bl * Sl * (THKV / tp) * TDH * es, g = kv / es * 4;
-            put(t, C_CP, DT_COMM_P2P, TL * (2 * cp + 1),
-                TL * ((cp - 1) * 2 * kv + (cp - 1) * (2 * kv + 2 * g) + 2 * kv));
-        }
     } else {
-        const uint64_t R = Bl * TS, blk = (tp - 1) * Bl * (TS / tp) * TD * es;
+        const uint64_t blk = (tp - 1) * Bl * (Sl / tp) * TD * es;
         put(t, C_TP, DT_COMM_ALL_GATHER, 4 * TL + 2, (4 * TL + 2) * blk);
         put(t, C_TP, DT_COMM_REDUCE_SCATTER, 4 * TL + 2, (4 * TL + 2) * blk);
         put(t, C_TP, DT_COMM_ALL_REDUCE, 2 * TL + 3,
             (2 * TL + 1) * ar(TD, tp, es) + ar(R, tp, 4) + ar(2 * R, tp, 4));
+    }
+    if (cp > 1) {
+        const uint64_t kv = Bl * Sl * (THKV / tp) * TDH * es, g = kv / es * 4;
+        put(t, C_CP, DT_COMM_P2P, TL * (2 * cp + 1),
+            TL * ((cp - 1) * 2 * kv + (cp - 1) * (2 * kv + 2 * g) + 2 * kv));
     }
     put(t, C_WORLD, DT_COMM_ALL_REDUCE, 2 * TL, TL * (ar(3, W, 4) + ar(4, W, 4)));
     put(t, C_WORLD, DT_COMM_ALL_GATHER, 1, TNP * (W - 1) * 8);
@@ -867,6 +918,7 @@ static void test_comm_counts(void **state) {
         {"--dp 2 --tp 2 --cp 2 --order contiguous", 2, 2, 2, 0, 4},
         {"--tp 2 --cp 3", 1, 2, 3, 0, 4},
         {"--tp 2 --sp", 1, 2, 1, 1, 4},
+        {"--tp 2 --cp 2 --sp --order zigzag", 1, 2, 2, 1, 4},
         {"--ranks 1", 1, 1, 1, 0, 4},
     };
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
