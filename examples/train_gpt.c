@@ -136,7 +136,7 @@ static int parse_float(const char *flag, const char *v, double lo, double hi, fl
  * dim, heads, kv_heads, ffn, dtype, seed) for each flag not given; an
  * unreadable manifest is left to checkpoint_load to report. */
 enum { GIVEN_LAYERS = 1, GIVEN_DIM = 2, GIVEN_HEADS = 4, GIVEN_KV = 8, GIVEN_FFN = 16, GIVEN_DTYPE = 32,
-       GIVEN_SEED = 64 };
+       GIVEN_SEED = 64, GIVEN_SEPARATOR = 128 };
 static void resume_model(config *c, unsigned given) {
     char path[4096];
     snprintf(path, sizeof path, "%s/manifest.txt", c->resume);
@@ -241,6 +241,7 @@ static int parse_args(int argc, char **argv, config *c) {
         else if (!strcmp(a, "--prompt")) c->prompt = val, ok = val != NULL && *val;
         else if (!strcmp(a, "--separator")) {
             ok = parse_separator(val, c);
+            given |= GIVEN_SEPARATOR;
             if (!ok && val) {
                 fprintf(stderr, NAME ": --separator takes 1 to %d bytes\n", (int)sizeof c->sep);
                 return 2;
@@ -282,6 +283,8 @@ static int parse_args(int argc, char **argv, config *c) {
         snprintf(buf, sizeof buf, "--dp %d x --tp %d x --cp %d = %ld is not --ranks %d", c->dp,
                  c->tp, c->cp, world, c->ranks);
         why = buf;
+    } else if ((given & GIVEN_SEPARATOR) && !c->packed) {
+        why = "--separator needs --packed (it marks where the packed documents end)";
     } else if (c->dim % c->heads) {
         snprintf(buf, sizeof buf, "--heads %lld does not divide --dim %lld", (long long)c->heads,
                  (long long)c->dim);

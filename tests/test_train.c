@@ -577,6 +577,7 @@ static void test_bad_flags(void **state) {
         {"--cp 2 --seq 6 --order zigzag", "2 x 2"},
         {"--dp 3 --batch 4", "does not divide --batch"},
         {"--sp --tp 4 --cp 2 --seq 12", "--sp: --seq 12 is not divisible"},
+        {"--separator x", "--separator needs --packed"},
         {"--frobnicate", "unknown flag"},
         {"--lr", "needs a value"},
         {"--lr -1", "--lr takes a number"},
