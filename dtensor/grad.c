@@ -7,6 +7,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 dt_status dt_grad_check(const char *op, const char *name, dt_tensor **slot, const dt_tensor *like,
@@ -103,4 +104,31 @@ static dt_status grad_reduce_impl(const dt_tensor *grad, const dt_tensor *t, dt_
 
 dt_status dt_tensor_grad_reduce(const dt_tensor *grad, const dt_tensor *t, dt_tensor **out) {
     return dt_context_note(grad ? dt_tensor_context(grad) : NULL, grad_reduce_impl(grad, t, out));
+}
+
+static dt_status grad_reduce_n_impl(const dt_tensor *const *grads, const dt_tensor *const *ts,
+                                    int n, dt_tensor **outs) {
+    const char *op = "dt_tensor_grad_reduce_n";
+    DT_REQUIRE(grads && ts && outs && n >= 1, "%s: grads, ts and outs must not be NULL, n (%d) "
+               ">= 1", op, n);
+    dt_layout *want = malloc((size_t)n * sizeof *want);
+    if (!want) return dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    dt_status st = DT_SUCCESS;
+    for (int i = 0; i < n && st == DT_SUCCESS; i++) {
+        if (!grads[i] || !ts[i])
+            st = dt_error(DT_ERR_INVALID_ARGUMENT, "%s: grads[%d] or ts[%d] is NULL", op, i, i);
+        else if (dt_tensor_mesh(grads[i]) != dt_tensor_mesh(ts[i]) || !dt_tensor_mesh(ts[i]))
+            st = dt_error(DT_ERR_INVALID_ARGUMENT, "%s: grads[%d] and ts[%d] must be on one mesh",
+                          op, i, i);
+        else want[i] = dt_layout_grad(dt_tensor_layout(ts[i]));
+    }
+    if (st == DT_SUCCESS) st = dt_tensor_redistribute_n(grads, want, n, outs);
+    free(want);
+    return st;
+}
+
+dt_status dt_tensor_grad_reduce_n(const dt_tensor *const *grads, const dt_tensor *const *ts, int n,
+                                  dt_tensor **outs) {
+    return dt_context_note(grads && n >= 1 && grads[0] ? dt_tensor_context(grads[0]) : NULL,
+                           grad_reduce_n_impl(grads, ts, n, outs));
 }

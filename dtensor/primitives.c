@@ -718,25 +718,31 @@ static int dt_plan_search(const dt_layout *src, const dt_layout *target, int ndi
     return n;
 }
 
+/* The steps from t's Layout to `layout` (*target: layout normalised), or
+ * DT_ERR_INTERNAL. */
+static dt_status dt_redistribute_plan(const char *op, const dt_tensor *t, const dt_layout *layout,
+                                      dt_layout *target, dt_plan_step *steps, int *nsteps) {
+    *target = *layout;
+    for (int m = 0; m < target->ndim; m++)
+        if (target->placements[m].kind != DT_SHARD) target->placements[m] = (dt_placement){
+                target->placements[m].kind, 0, DT_ORDER_CONTIGUOUS };
+    const dt_layout *src = dt_tensor_layout(t);
+    *nsteps = dt_layout_legal(src) && dt_layout_legal(target)
+                  ? dt_plan_greedy(src, target, steps)
+                  : dt_plan_search(src, target, dt_tensor_ndim(t), dt_tensor_shape(t),
+                                   dt_mesh_sizes(dt_tensor_mesh(t)), steps);
+    if (*nsteps < 0) return dt_error(DT_ERR_INTERNAL, "%s: no plan found (please report)", op);
+    return DT_SUCCESS;
+}
+
 /* Arguments checked by dt_redistribute_check. */
 static dt_status dt_redistribute_impl(const dt_tensor *t, const dt_layout *layout,
                                       dt_tensor **out) {
     const char *op = "dt_tensor_redistribute";
-    const dt_mesh *mesh = dt_tensor_mesh(t);
-
-    dt_layout target = *layout;
-    for (int m = 0; m < target.ndim; m++)
-        if (target.placements[m].kind != DT_SHARD) target.placements[m] = (dt_placement){
-                target.placements[m].kind, 0, DT_ORDER_CONTIGUOUS };
-
-    const dt_layout *src = dt_tensor_layout(t);
+    dt_layout target;
     dt_plan_step steps[DT_PLAN_MAX_STEPS];
-    int nsteps = dt_layout_legal(src) && dt_layout_legal(&target)
-                     ? dt_plan_greedy(src, &target, steps)
-                     : dt_plan_search(src, &target, dt_tensor_ndim(t), dt_tensor_shape(t),
-                                      dt_mesh_sizes(mesh), steps);
-    if (nsteps < 0)
-        return dt_error(DT_ERR_INTERNAL, "%s: no plan found (please report)", op);
+    int nsteps;
+    DT_TRY(dt_redistribute_plan(op, t, layout, &target, steps, &nsteps));
 
     dt_status st = DT_SUCCESS;
     dt_tensor *owned = NULL;
@@ -777,6 +783,168 @@ dt_status dt_tensor_replicate(const dt_tensor *t, dt_tensor **out) {
                                "dt_tensor_replicate", st, NULL, NULL, 0));
     dt_layout rep = dt_layout_replicated(dt_mesh_ndim(dt_tensor_mesh(t)));
     return dt_tensor_redistribute(t, &rep, out);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Several redistributions at once: all-reduces in buckets                 */
+/* ---------------------------------------------------------------------- */
+
+/* The most bytes one bucket's all-reduce carries (a tensor larger than this
+ * is a bucket of its own). */
+#define DT_BUCKET_BYTES ((size_t)32 << 20)
+
+/* A redistribution whose plan is only Partial -> Replicate steps: *dims
+ * (ascending plan order) gets the mesh dims of more than one rank it
+ * all-reduces over, *ndims their count (0: the data stays as it is).
+ * Returns 0 for any other plan. */
+static int dt_sums_only(const dt_tensor *t, const dt_plan_step *steps, int nsteps, int *dims,
+                        int *ndims) {
+    const dt_layout *l = dt_tensor_layout(t);
+    *ndims = 0;
+    for (int k = 0; k < nsteps; k++) {
+        const int m = steps[k].m;
+        if (l->placements[m].kind != DT_PARTIAL || steps[k].to.kind != DT_REPLICATE) return 0;
+        for (int j = 0; j < k; j++)
+            if (steps[j].m == m) return 0;
+        if (dt_mesh_size(dt_tensor_mesh(t), m) > 1) dims[(*ndims)++] = m;
+    }
+    return 1;
+}
+
+/* The tensors idx[0..n) (one dtype, the same mesh dims to sum over, in one
+ * order) summed in one buffer: packed, one in-place all-reduce per mesh
+ * dim, unpacked into new tensors of their target Layouts. */
+static dt_status dt_bucket_run(const dt_tensor *const *ts, const dt_layout *targets,
+                               const int *idx, int n, const int *dims, int ndims,
+                               dt_tensor **outs) {
+    dt_context *ctx = dt_tensor_context(ts[idx[0]]);
+    dt_backend *be = ctx->backend;
+    const dt_mesh *mesh = dt_tensor_mesh(ts[idx[0]]);
+    const dt_dtype dtype = dt_tensor_dtype(ts[idx[0]]);
+    size_t bytes = 0;
+    for (int j = 0; j < n; j++) bytes += dt_tensor_local_bytes(ts[idx[j]]);
+    void *flat = NULL;
+    dt_status st = dt_dev_alloc(be, bytes ? bytes : 1, &flat);
+    size_t off = 0;
+    for (int j = 0; j < n && st == DT_SUCCESS; j++) {
+        const size_t b = dt_tensor_local_bytes(ts[idx[j]]);
+        st = be->ops->copy(be, (char *)flat + off, dt_tensor_data_const(ts[idx[j]]), b);
+        off += b;
+    }
+    const size_t count = bytes / dt_dtype_size(dtype);
+    for (int k = 0; k < ndims && st == DT_SUCCESS; k++)
+        st = dt_comm_all_reduce(dt_mesh_comm(mesh, dims[k]), flat, flat, count, dtype,
+                                DT_REDUCE_SUM);
+    off = 0;
+    for (int j = 0; j < n && st == DT_SUCCESS; j++) {
+        const dt_tensor *t = ts[idx[j]];
+        const size_t b = dt_tensor_local_bytes(t);
+        st = dt_tensor_create_uninit(ctx, mesh, dtype, dt_tensor_ndim(t), dt_tensor_shape(t),
+                                     &targets[idx[j]], &outs[idx[j]]);
+        if (st == DT_SUCCESS) st = be->ops->copy(be, dt_tensor_data(outs[idx[j]]), (char *)flat + off, b);
+        off += b;
+    }
+    if (flat) dt_dev_free(be, flat);
+    return st;
+}
+
+/* The entry check's values of n redistributions: n and a hash of every
+ * tensor's and target's description (dt_call_values). */
+static void dt_call_values_n(const dt_tensor *const *ts, const dt_layout *layouts, int n,
+                             int ok, int64_t *v) {
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a over the values */
+    for (int i = 0; ok && i < n; i++) {
+        int64_t w[DT_CALL_VALUES];
+        dt_call_values(ts[i], &layouts[i], 0, w);
+        for (int k = 0; k < DT_CALL_VALUES; k++) h = (h ^ (uint64_t)w[k]) * 1099511628211ull;
+    }
+    v[0] = ok ? n : -1;
+    v[1] = (int64_t)(h >> 1);
+}
+
+static dt_status dt_redistribute_n_impl(const dt_tensor *const *ts, const dt_layout *layouts,
+                                        int n, dt_tensor **outs) {
+    const char *op = "dt_tensor_redistribute_n";
+    dt_layout *targets = malloc((size_t)n * sizeof *targets);
+    dt_tensor **made = calloc((size_t)n, sizeof *made);
+    /* key[i]: -2 redistributed alone, -1 a view, else the first tensor of
+     * its bucket kind (dtype and the mesh dims summed over, dims[i][0..nd[i])) */
+    int *key = malloc((size_t)n * (3 + DT_MAX_MESH_DIMS) * sizeof *key);
+    if (!targets || !made || !key) {
+        free(targets), free(made), free(key);
+        return dt_error(DT_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    }
+    int *idx = key + n, *nd = idx + n;
+    int(*dims)[DT_MAX_MESH_DIMS] = (int(*)[DT_MAX_MESH_DIMS])(nd + n);
+    dt_status st = DT_SUCCESS;
+    for (int i = 0; i < n && st == DT_SUCCESS; i++) {
+        dt_plan_step steps[DT_PLAN_MAX_STEPS];
+        int nsteps;
+        st = dt_redistribute_plan(op, ts[i], &layouts[i], &targets[i], steps, &nsteps);
+        if (st != DT_SUCCESS) break;
+        key[i] = -2;
+        if (!dt_sums_only(ts[i], steps, nsteps, dims[i], &nd[i])) continue;
+        key[i] = nd[i] == 0 ? -1 : i;
+        for (int j = 0; j < i && key[i] == i; j++)
+            if (key[j] == j && nd[j] == nd[i] && dt_tensor_dtype(ts[j]) == dt_tensor_dtype(ts[i]) &&
+                !memcmp(dims[j], dims[i], (size_t)nd[i] * sizeof **dims))
+                key[i] = j;
+    }
+    /* every rank runs the same calls in the same order: the others one by
+     * one, then each kind's buckets, in index order */
+    for (int i = 0; i < n && st == DT_SUCCESS; i++) {
+        if (key[i] == -2) st = dt_redistribute_impl(ts[i], &layouts[i], &made[i]);
+        else if (key[i] == -1)
+            st = dt_tensor_view(ts[i], dt_tensor_ndim(ts[i]), dt_tensor_shape(ts[i]), &targets[i],
+                                &made[i]);
+    }
+    for (int first = 0; first < n && st == DT_SUCCESS; first++) {
+        if (key[first] != first) continue;
+        int m = 0;
+        size_t bytes = 0;
+        for (int i = first; i < n && st == DT_SUCCESS; i++) {
+            if (key[i] != first) continue;
+            const size_t b = dt_tensor_local_bytes(ts[i]);
+            if (m > 0 && bytes + b > DT_BUCKET_BYTES) {
+                st = dt_bucket_run(ts, targets, idx, m, dims[first], nd[first], made);
+                m = 0, bytes = 0;
+            }
+            idx[m++] = i, bytes += b;
+        }
+        if (st == DT_SUCCESS && m > 0)
+            st = dt_bucket_run(ts, targets, idx, m, dims[first], nd[first], made);
+    }
+    for (int i = 0; i < n; i++) {
+        if (st == DT_SUCCESS) outs[i] = made[i];
+        else dt_tensor_destroy(made[i]);
+    }
+    free(key);
+    free(made);
+    free(targets);
+    return st;
+}
+
+dt_status dt_tensor_redistribute_n(const dt_tensor *const *ts, const dt_layout *layouts, int n,
+                                   dt_tensor **outs) {
+    const char *op = "dt_tensor_redistribute_n";
+    dt_context *ctx = ts && n > 0 && ts[0] ? dt_tensor_context(ts[0]) : NULL;
+    dt_status local = DT_SUCCESS;
+    if (!ts || !layouts || !outs || n < 1)
+        local = dt_error(DT_ERR_INVALID_ARGUMENT, "%s: ts, layouts and outs must not be NULL, "
+                         "n (%d) >= 1", op, n);
+    for (int i = 0; local == DT_SUCCESS && i < n; i++) {
+        local = dt_redistribute_check(ts[i], &layouts[i], &outs[i]);
+        if (local == DT_SUCCESS && (dt_tensor_context(ts[i]) != ctx ||
+                                    dt_tensor_mesh(ts[i]) != dt_tensor_mesh(ts[0])))
+            local = dt_error(DT_ERR_INVALID_ARGUMENT, "%s: tensor %d is on another context or "
+                             "mesh than tensor 0", op, i);
+    }
+    int64_t v[2];
+    static const char *const names[2] = {"n", "tensors and Layouts (hash)"};
+    dt_call_values_n(ts, layouts, n, local == DT_SUCCESS, v);
+    dt_status st = dt_context_check_call(ctx, op, local, v, names, 2, DT_CHECK_AUTO);
+    if (st == DT_SUCCESS) st = dt_redistribute_n_impl(ts, layouts, n, outs);
+    return dt_context_note(ctx, st);
 }
 
 /* Root's header for dt_tensor_shard: ok flag, dtype, ndim, shape as lo/hi

@@ -50,6 +50,16 @@ dt_status dt_tensor_gather(const dt_tensor *t, int root, dt_tensor **out);
 dt_status dt_tensor_redistribute(const dt_tensor *t, const dt_layout *layout,
                                  dt_tensor **out);
 
+/* COLLECTIVE. outs[i] = dt_tensor_redistribute(ts[i], &layouts[i]) for n
+ * tensors of one mesh, in fewer calls: those whose plan only sums
+ * (Partial -> Replicate on each mesh dim it changes) are packed by dtype
+ * and mesh dims into buckets of up to 32 MiB, each summed by one in-place
+ * all-reduce per mesh dim (the same bits as one by one on the local and
+ * MPI transports); the others are redistributed one by one. On an error no
+ * outs[i] is written. */
+dt_status dt_tensor_redistribute_n(const dt_tensor *const *ts, const dt_layout *layouts, int n,
+                                   dt_tensor **outs);
+
 /* COLLECTIVE. grad, a gradient of t (t's shape, as a backward function left
  * it: Partial where it is a sum of the ranks' parts), redistributed to the
  * Layout t's gradient has: t's Layout with Partial read as Replicate
@@ -57,6 +67,13 @@ dt_status dt_tensor_redistribute(const dt_tensor *t, const dt_layout *layout,
  * reduce-scatter where t is Shard: Megatron's backward all-reduce, and
  * sequence parallelism's reduce-scatter, in one call. */
 dt_status dt_tensor_grad_reduce(const dt_tensor *grad, const dt_tensor *t, dt_tensor **out);
+
+/* COLLECTIVE. outs[i] = dt_tensor_grad_reduce(grads[i], ts[i]) for n
+ * gradients of one mesh through dt_tensor_redistribute_n: data
+ * parallelism's bucketed all-reduce (one call per mesh dim and bucket,
+ * not per parameter). On an error no outs[i] is written. */
+dt_status dt_tensor_grad_reduce_n(const dt_tensor *const *grads, const dt_tensor *const *ts, int n,
+                                  dt_tensor **outs);
 
 /* COLLECTIVE. dt_tensor_redistribute to every mesh dim Replicate. */
 dt_status dt_tensor_replicate(const dt_tensor *t, dt_tensor **out);

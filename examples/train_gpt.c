@@ -964,24 +964,21 @@ static dt_status optimizer_step(model *M, int64_t s, float lr, int dump, FILE *g
                                 double *norm) {
     const config *c = M->c;
     dt_tensor *red[MAX_PARAMS] = {0};
-    dt_status st = DT_SUCCESS;
     double sq = 0.0, x[MAX_PARAMS];
-    dt_tensor *g[MAX_PARAMS] = {0};   /* each gradient in its parameter's Layout */
-    for (int i = 0; i < M->np && st == DT_SUCCESS; i++) {
-        const dt_layout want = dt_layout_grad(dt_tensor_layout(M->p[i].w));
-        if (dt_layout_equal(dt_tensor_layout(M->p[i].g), &want)) g[i] = M->p[i].g;   /* as it is */
-        else st = dt_tensor_grad_reduce(M->p[i].g, M->p[i].w, &red[i]), g[i] = red[i];
-    }
-    if (st == DT_SUCCESS) st = dt_tensor_sum_squares_n((const dt_tensor *const *)g, M->np, x);
+    const dt_tensor *g[MAX_PARAMS], *w[MAX_PARAMS];
+    for (int i = 0; i < M->np; i++) g[i] = M->p[i].g, w[i] = M->p[i].w;
+    /* each gradient in its parameter's Layout, its all-reduces in buckets */
+    dt_status st = dt_tensor_grad_reduce_n(g, w, M->np, red);
+    if (st == DT_SUCCESS) st = dt_tensor_sum_squares_n((const dt_tensor *const *)red, M->np, x);
     for (int i = 0; st == DT_SUCCESS && i < M->np; i++) sq += x[i];
-    if (st == DT_SUCCESS && dump) st = gather_write(g, M->np, grads);   /* collective */
+    if (st == DT_SUCCESS && dump) st = gather_write(red, M->np, grads);   /* collective */
     *norm = sqrt(sq);
     const double coef = c->clip > 0 ? (double)c->clip / (*norm + 1e-6) : 1.0;
     const float scale = coef < 1.0 ? (float)coef : 1.0f;
     for (int i = 0; i < M->np && st == DT_SUCCESS; i++) {
         param *p = &M->p[i];
         dt_adamw_options o = {lr, c->beta1, c->beta2, c->eps, p->decay ? c->weight_decay : 0.0f};
-        st = dt_adamw_step(p->w, p->master, p->m, p->v, g[i], scale, &o, s + 1);
+        st = dt_adamw_step(p->w, p->master, p->m, p->v, red[i], scale, &o, s + 1);
     }
     for (int i = 0; i < M->np; i++) {
         dt_tensor_destroy(red[i]);

@@ -600,6 +600,176 @@ static void test_views(void **state) {
         }
 }
 
+/* ------------------------------------------------------------------ */
+/* dt_tensor_redistribute_n: many redistributions, all-reduces bucketed  */
+/* ------------------------------------------------------------------ */
+
+/* On a 2 x 2 mesh, seven tensors: sums over both mesh dims (two fp32, one
+ * bf16: two buckets), over one of them (two more buckets), one that is no
+ * sum (Shard -> Replicate: alone) and one already in its Layout (a view).
+ * Each output must equal dt_tensor_redistribute's of the same tensor bit
+ * for bit (local summands are multiples of 1/16: every sum is exact); each
+ * mesh dim's communicator makes one all-reduce per bucket (3 each) and the
+ * Shard -> Replicate its all-gather; a call with a bad Layout writes no
+ * output. */
+enum { RN_T = 7 };
+typedef struct rn_case {
+    long bad[MAXW][RN_T + 3];
+} rn_case;
+
+static dt_status rank_redistribute_n(dt_context *ctx, void *arg) {
+    rn_case *c = arg;
+    const int r = dt_context_rank(ctx);
+    long *bad = c->bad[r];
+    const int sizes[2] = {2, 2};
+    dt_mesh *mesh = NULL;
+    DT_TRY(dt_mesh_create(ctx, 2, sizes, NULL, &mesh));
+    const dt_placement P = dt_partial(), R = dt_replicate(), S0 = dt_shard(0, DT_ORDER_CONTIGUOUS);
+    const struct {
+        int64_t s0, s1;
+        dt_dtype dt;
+        dt_layout from, to;
+    } cs[RN_T] = {
+        {6, 4, DT_F32, dt_layout_2d(P, P), dt_layout_2d(R, R)},
+        {4, 6, DT_F32, dt_layout_2d(P, S0), dt_layout_2d(R, S0)},
+        {8, 3, DT_BF16, dt_layout_2d(P, P), dt_layout_2d(R, R)},
+        {4, 4, DT_F32, dt_layout_2d(S0, R), dt_layout_2d(R, R)},
+        {3, 5, DT_F32, dt_layout_2d(R, R), dt_layout_2d(R, R)},
+        {7, 2, DT_F32, dt_layout_2d(P, P), dt_layout_2d(R, R)},
+        {2, 9, DT_F32, dt_layout_2d(R, P), dt_layout_2d(R, R)},
+    };
+    dt_tensor *t[RN_T] = {0}, *got[RN_T] = {0}, *want[RN_T] = {0};
+    dt_layout to[RN_T];
+    dt_status st = DT_SUCCESS;
+    for (int i = 0; i < RN_T && st == DT_SUCCESS; i++) {
+        const int64_t shape[2] = {cs[i].s0, cs[i].s1};
+        to[i] = cs[i].to;
+        st = dt_tensor_create(ctx, mesh, cs[i].dt, 2, shape, &cs[i].from, &t[i]);
+        float h[64];
+        const int64_t n = dt_tensor_local_numel(t[i]);
+        for (int64_t k = 0; k < n; k++)
+            h[k] = (float)((int)(dt_random_value(100 + (uint64_t)i, (uint64_t)(r * 64 + k)) * 64.0f)) /
+                   16.0f;
+        if (st == DT_SUCCESS && cs[i].dt == DT_F32) st = dt_tensor_set_local(t[i], h, (size_t)n * 4);
+        if (st == DT_SUCCESS && cs[i].dt == DT_BF16) {
+            uint16_t b[64];
+            for (int64_t k = 0; k < n; k++) {
+                uint32_t u;
+                memcpy(&u, &h[k], 4);
+                b[k] = (uint16_t)(u >> 16);   /* k/16 with |k| < 64: exact in bf16 */
+            }
+            st = dt_tensor_set_local(t[i], b, (size_t)n * 2);
+        }
+    }
+    for (int i = 0; i < RN_T && st == DT_SUCCESS; i++)
+        st = dt_tensor_redistribute(t[i], &to[i], &want[i]);
+    dt_comm_counters k0, k1;
+    dt_comm_counters_reset(dt_mesh_comm(mesh, 0));
+    dt_comm_counters_reset(dt_mesh_comm(mesh, 1));
+    if (st == DT_SUCCESS) st = dt_tensor_redistribute_n((const dt_tensor *const *)t, to, RN_T, got);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(dt_mesh_comm(mesh, 0), &k0);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(dt_mesh_comm(mesh, 1), &k1);
+    for (int i = 0; i < RN_T && st == DT_SUCCESS; i++) {
+        char a[256], b[256];
+        const size_t bytes = dt_tensor_local_bytes(want[i]);
+        bad[i] = got[i] == NULL || dt_tensor_local_bytes(got[i]) != bytes ||
+                 !dt_layout_equal(dt_tensor_layout(got[i]), &to[i]);
+        if (!bad[i] && dt_tensor_get_local(got[i], a, bytes) == DT_SUCCESS &&
+            dt_tensor_get_local(want[i], b, bytes) == DT_SUCCESS)
+            bad[i] = memcmp(a, b, bytes) != 0;
+    }
+    if (st == DT_SUCCESS) {
+        bad[RN_T] = k0.calls[DT_COMM_ALL_REDUCE] != 3 || k1.calls[DT_COMM_ALL_REDUCE] != 3 ||
+                    k0.calls[DT_COMM_ALL_GATHER] != 1 || k1.calls[DT_COMM_ALL_GATHER] != 0;
+        bad[RN_T + 1] = dt_tensor_data_const(got[4]) != dt_tensor_data_const(t[4]);
+        /* a bad target Layout (Shard(2) of a 2-dim tensor): nothing written */
+        dt_tensor *none[RN_T];
+        for (int i = 0; i < RN_T; i++) none[i] = (dt_tensor *)&none;
+        dt_layout worse[RN_T];
+        memcpy(worse, to, sizeof worse);
+        worse[5] = dt_layout_2d(dt_shard(2, DT_ORDER_CONTIGUOUS), R);
+        const dt_status e = dt_tensor_redistribute_n((const dt_tensor *const *)t, worse, RN_T, none);
+        bad[RN_T + 2] = e == DT_SUCCESS;
+        for (int i = 0; i < RN_T; i++) bad[RN_T + 2] += none[i] != (dt_tensor *)&none;
+    }
+    for (int i = 0; i < RN_T; i++)
+        dt_tensor_destroy(t[i]), dt_tensor_destroy(got[i]), dt_tensor_destroy(want[i]);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_redistribute_n(void **state) {
+    (void)state;
+    rn_case c;
+    memset(&c, 0, sizeof c);
+    const dt_status st = h_launch(4, rank_redistribute_n, &c);
+    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    assert_int_equal(st, DT_SUCCESS);
+    static const char *const what[3] = {"all-reduces 3 a mesh dim, the all-gather 1",
+                                        "the tensor in its Layout is a view",
+                                        "a bad Layout writes no output"};
+    for (int r = 0; r < 4; r++)
+        for (int k = 0; k < RN_T + 3; k++) {
+            if (c.bad[r][k])
+                print_error("rank %d: %s%d\n", r, k < RN_T ? "output differs from "
+                            "dt_tensor_redistribute's: tensor " : what[k - RN_T],
+                            k < RN_T ? k : 0);
+            assert_int_equal(c.bad[r][k], 0);
+        }
+}
+
+/* Buckets hold at most 32 MiB: three Partial fp32 tensors of 12 MiB each on
+ * two ranks are summed in two all-reduces (24 MiB, then 12), with the
+ * outputs of one by one dt_tensor_redistribute calls. */
+enum { RNB_T = 3, RNB_N = 3 << 20 };
+static dt_status rank_redistribute_n_buckets(dt_context *ctx, void *arg) {
+    long *bad = (long *)arg + dt_context_rank(ctx);
+    const int size = 2;
+    dt_mesh *mesh = NULL;
+    DT_TRY(dt_mesh_create(ctx, 1, &size, NULL, &mesh));
+    const dt_layout from = dt_layout_1d(dt_partial()), to[RNB_T] = {
+        dt_layout_1d(dt_replicate()), dt_layout_1d(dt_replicate()), dt_layout_1d(dt_replicate())};
+    const int64_t shape[1] = {RNB_N};
+    dt_tensor *t[RNB_T] = {0}, *got[RNB_T] = {0}, *want[RNB_T] = {0};
+    float *a = malloc((size_t)RNB_N * sizeof *a), *b = malloc((size_t)RNB_N * sizeof *b);
+    dt_status st = a && b ? DT_SUCCESS : DT_ERR_OUT_OF_MEMORY;
+    for (int i = 0; i < RNB_T && st == DT_SUCCESS; i++) {
+        for (int64_t k = 0; k < RNB_N; k++) a[k] = (float)((k * (i + 3) + dt_context_rank(ctx)) % 64) / 16.0f;
+        st = dt_tensor_create(ctx, mesh, DT_F32, 1, shape, &from, &t[i]);
+        if (st == DT_SUCCESS) st = dt_tensor_set_local(t[i], a, (size_t)RNB_N * sizeof *a);
+        if (st == DT_SUCCESS) st = dt_tensor_redistribute(t[i], &to[i], &want[i]);
+    }
+    dt_comm_counters k;
+    dt_comm_counters_reset(dt_mesh_comm(mesh, 0));
+    if (st == DT_SUCCESS) st = dt_tensor_redistribute_n((const dt_tensor *const *)t, to, RNB_T, got);
+    if (st == DT_SUCCESS) st = dt_comm_counters_get(dt_mesh_comm(mesh, 0), &k);
+    if (st == DT_SUCCESS) *bad = k.calls[DT_COMM_ALL_REDUCE] != 2;
+    for (int i = 0; i < RNB_T && st == DT_SUCCESS; i++) {
+        st = dt_tensor_get_local(got[i], a, (size_t)RNB_N * sizeof *a);
+        if (st == DT_SUCCESS) st = dt_tensor_get_local(want[i], b, (size_t)RNB_N * sizeof *b);
+        if (st == DT_SUCCESS) *bad += memcmp(a, b, (size_t)RNB_N * sizeof *a) != 0;
+    }
+    for (int i = 0; i < RNB_T; i++)
+        dt_tensor_destroy(t[i]), dt_tensor_destroy(got[i]), dt_tensor_destroy(want[i]);
+    free(a), free(b);
+    dt_mesh_destroy(mesh);
+    return st;
+}
+
+static void test_redistribute_n_buckets(void **state) {
+    (void)state;
+    if (getenv("DT_TEST_QUICK")) {
+        print_message("skipped: about 300 MiB of buffers (DT_TEST_QUICK: valgrind, ThreadSanitizer)\n");
+        skip();
+    }
+    long bad[2] = {0, 0};
+    const dt_status st = h_launch(2, rank_redistribute_n_buckets, bad);
+    if (st != DT_SUCCESS) fprintf(stderr, "  %s\n", dt_last_error());
+    assert_int_equal(st, DT_SUCCESS);
+    assert_int_equal(bad[0], 0);
+    assert_int_equal(bad[1], 0);
+}
+
 static void test_random_value(void **state) {
     (void)state;
     double sum = 0, lo = 1, hi = -1;
@@ -1581,6 +1751,8 @@ int main(void) {
     add_test(&tb, "mesh_errors", test_mesh_errors, NULL);
     add_test(&tb, "tensor_basics", test_tensor_basics, NULL);
     add_test(&tb, "views", test_views, NULL);
+    add_test(&tb, "redistribute_n", test_redistribute_n, NULL);
+    add_test(&tb, "redistribute_n/buckets", test_redistribute_n_buckets, NULL);
     add_test(&tb, "random_value", test_random_value, NULL);
 
     /* fill_random under many Layouts */

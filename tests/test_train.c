@@ -779,12 +779,12 @@ static void test_profile(void **state) {
  * dp x tp x cp of W ranks: B_l = B/dp, S_l = S/cp, a rank's residual
  * T = B_l S_l d, its logits' rows R = B_l S_l; NP = 9L + 3 = 21 parameters
  * of local sizes n_i (tp shards tok_emb, the projections and lm_head).
- *   dp, cp  all_reduce: each parameter's gradient, Partial over dp and cp,
- *           to Replicate (dt_tensor_grad_reduce: one step a mesh dim, dp
- *           then cp; none where P = 1); the loss's two row sums
- *           (dt_cross_entropy: the count of targets, then the loss, 4 fp32
- *           pieces each)
- *             calls [P > 1] NP + 2, bytes sum_i AR(n_i, P, es) + 2 AR(4, P, 4)
+ *   dp, cp  all_reduce: the parameters' gradients, Partial over dp and cp,
+ *           to Replicate in one bucket (dt_tensor_grad_reduce_n: one
+ *           all-reduce a mesh dim, dp then cp; none where P = 1); the loss's
+ *           two row sums (dt_cross_entropy: the count of targets, then the
+ *           loss, 4 fp32 pieces each)
+ *             calls [P > 1] + 2, bytes AR(sum_i n_i, P, es) + 2 AR(4, P, 4)
  *   tp      all_reduce: forward, per layer the two row-parallel outputs
  *           (wo, w_down: Partial -> Replicate) and the embedding's lookup;
  *           backward, per layer the two column-parallel inputs' gradients
@@ -811,8 +811,9 @@ static void test_profile(void **state) {
  * column-parallel inputs' gradients and the head's (backward): 4L + 2 each
  * of B_l (S_l/tp) d a rank (cp's part of the sequence, cut over tp: a
  * direct step, tp being the innermost mesh dim); all_reduce: the 2L + 1
- * norms' gradients (Partial over tp) and the loss's two (R = B_l S_l); cp
- * as above, and nothing with cp = 1. */
+ * norms' gradients (Partial over tp: a bucket of their own, summed over
+ * dp, cp and tp, the other parameters' over dp and cp) and the loss's two
+ * (R = B_l S_l); cp as above, and nothing with cp = 1. */
 enum { TL = 2, TD = 64, TH = 8, THKV = 4, TDH = TD / TH, TF = 96, TS = 24, TB = 4, TV = 256,
        TNP = 9 * TL + 3 };
 enum { C_DP, C_TP, C_CP, C_WORLD, C_COMMS };
@@ -848,14 +849,18 @@ static void comm_expected(uint64_t dp, uint64_t tp, uint64_t cp, int sp, uint64_
     n[k++] = TD;                                              /* norm */
     n[k++] = TD * TV / tp;                                    /* lm_head */
     assert_int_equal(k, TNP);
+    /* the norms' elements (attn_norm, mlp_norm and norm: local size d),
+     * and the other parameters' */
+    uint64_t nn = 0, nw = 0;
+    for (int i = 0; i < TNP; i++) *(n[i] == TD ? &nn : &nw) += n[i];
     static const int row_comms[2] = {C_DP, C_CP};
     for (int j = 0; j < 2; j++) {
         const int c = row_comms[j];
         const uint64_t P = c == C_DP ? dp : cp;
         if (c == C_CP && sp && cp == 1) continue;   /* nothing is sharded over cp */
-        uint64_t b = 2 * ar(4, P, 4);
-        for (int i = 0; i < TNP; i++) b += ar(n[i], P, es);
-        put(t, c, DT_COMM_ALL_REDUCE, (P > 1) * TNP + 2, b);
+        const uint64_t b = 2 * ar(4, P, 4) + (sp ? ar(nw, P, es) + ar(nn, P, es)
+                                                 : ar(nw + nn, P, es));
+        put(t, c, DT_COMM_ALL_REDUCE, (P > 1) * (sp ? 2 : 1) + 2, b);
     }
     const uint64_t R = Bl * Sl;
     if (!sp) {
@@ -865,8 +870,7 @@ static void comm_expected(uint64_t dp, uint64_t tp, uint64_t cp, int sp, uint64_
         const uint64_t blk = (tp - 1) * Bl * (Sl / tp) * TD * es;
         put(t, C_TP, DT_COMM_ALL_GATHER, 4 * TL + 2, (4 * TL + 2) * blk);
         put(t, C_TP, DT_COMM_REDUCE_SCATTER, 4 * TL + 2, (4 * TL + 2) * blk);
-        put(t, C_TP, DT_COMM_ALL_REDUCE, 2 * TL + 3,
-            (2 * TL + 1) * ar(TD, tp, es) + ar(R, tp, 4) + ar(2 * R, tp, 4));
+        put(t, C_TP, DT_COMM_ALL_REDUCE, 3, ar(nn, tp, es) + ar(R, tp, 4) + ar(2 * R, tp, 4));
     }
     if (cp > 1) {
         const uint64_t kv = Bl * Sl * (THKV / tp) * TDH * es, g = kv / es * 4;
