@@ -25,11 +25,16 @@
  *                           |silu|; silu' = (1 + g (E / d1)) / d1, E = e^-g,
  *                           d1 = 1 + E, within 7.9u s(g) (1 + |g| s(-g))
  *                           (cancellation not credited); GCC/Clang only
+ *   dt_vd4, dt_vload_d4, dt_vsum_d4  four doubles: four floats widened
+ *                           (exact); the lanes summed (v0 + v1) + (v2 + v3)
+ *   dt_vswap_pairs_f8(v, out)  (v1, v0, v3, v2, ...): interleaved pairs
  *   DT_VEC_AVX2, dt_cpu_avx2()  a function compiled for AVX2 as well (x86),
  *                           and whether this CPU may run it; DT_VEC_INLINE
- *                           inlines a loop into each such copy
+ *                           inlines a loop into each such copy (elsewhere
+ *                           plain static inline)
  *
- * Users: dtensor/backend_cpu.c (GELU, SwiGLU), attention/block_cpu.c
+ * Users: dtensor/backend_cpu.c (GELU, SwiGLU, RMSNorm, rotary,
+ * cross-entropy), attention/block_cpu.c
  * (softmax); tested through them.
  */
 #ifndef DT_CPU_VEC_H
@@ -161,6 +166,29 @@ DT_VEC_INLINE int dt_vall8(const dt_vi8 *m) {
     return (w[0] & w[1] & w[2] & w[3]) == ~(uint64_t)0;
 }
 
+/* Four doubles (two SSE2 registers, or one AVX one), passed by pointer as
+ * dt_vf8 is. */
+typedef double dt_vd4 __attribute__((vector_size(32)));
+
+/* p[0..4) widened to double (exact). */
+DT_VEC_INLINE void dt_vload_d4(const float *p, dt_vd4 *out) {
+    *out = (dt_vd4){p[0], p[1], p[2], p[3]};   /* one cvtps2pd with AVX (GCC 12) */
+}
+
+/* (v0 + v1) + (v2 + v3). */
+DT_VEC_INLINE double dt_vsum_d4(const dt_vd4 *v) {
+    return ((*v)[0] + (*v)[1]) + ((*v)[2] + (*v)[3]);
+}
+
+/* The lanes of *v swapped in pairs: (v1, v0, v3, v2, ...). */
+DT_VEC_INLINE void dt_vswap_pairs_f8(const dt_vf8 *v, dt_vf8 *out) {
+#if defined(__clang__)
+    *out = __builtin_shufflevector(*v, *v, 1, 0, 3, 2, 5, 4, 7, 6);
+#else
+    *out = __builtin_shuffle(*v, (dt_vi8){1, 0, 3, 2, 5, 4, 7, 6});
+#endif
+}
+
 /* e^x = t (1 + q) for x in [-87, 87]: t = 2^n, a normal float, and q = e^r - 1
  * (|q| < 0.4145) for x = n ln 2 + r, |r| < 0.3466 (Cody-Waite: ln 2 = hi +
  * lo, n hi and r0 = x - n hi exact), q = r0 + (h - n lo), h = r^2 P(r) with
@@ -261,6 +289,8 @@ static inline void dt_adamw_f32(size_t n, float *param, float *master, float *m,
 static inline int dt_cpu_avx2(void) { return __builtin_cpu_supports("avx2"); }
 #endif
 #else
+#define DT_VEC_INLINE static inline
+
 static inline void dt_adamw_f32(size_t n, float *param, float *master, float *m, float *v,
                                 const float *grad, float gscale, float b1, float omb1, float b2,
                                 float omb2, float bc2s, float eps, float decay, float step) {

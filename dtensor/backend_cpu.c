@@ -472,6 +472,108 @@ static dt_status dt_cpu_gelu(dt_backend *b, dt_dtype dtype, int64_t n, const voi
     return DT_SUCCESS;
 }
 
+/* ------------------------------------------- fp32 loops, compiled twice
+ *
+ * Each loop below is written once and inlined into a plain copy and, on
+ * x86, an AVX2 copy for CPUs that have it (DT_CPU_COPIES; DT_CPU_RUN picks
+ * one): no FMA, no reciprocal estimates, so both copies give the same bits.
+ * Vector blocks cover what fits (eight floats, or four doubles), the rest
+ * of a row goes element by element through the same arithmetic. */
+#ifdef DT_VEC_AVX2
+#define DT_CPU_COPIES(name, params, args)                 \
+    static void name##_plain params { name##_loop args; } \
+    DT_VEC_AVX2 static void name##_avx2 params { name##_loop args; }
+#define DT_CPU_RUN(name, args)       \
+    do {                             \
+        if (dt_cpu_avx2())           \
+            name##_avx2 args;        \
+        else                         \
+            name##_plain args;       \
+    } while (0)
+#else
+#define DT_CPU_COPIES(name, params, args) \
+    static void name##_plain params { name##_loop args; }
+#define DT_CPU_RUN(name, args) name##_plain args
+#endif
+
+/* RMSNorm's row sums of fp32 x [n] in double: *ss = sum x^2 and (dy not
+ * NULL) *sgx = sum g x, g = dy w (dy without w). Eight lanes (two vectors of
+ * four doubles per sum), each lane's terms in index order, the lanes then
+ * added pairwise, then the tail's terms: another order than one running sum,
+ * the same bound (each sum within (n + 1) 2^-53 of its terms' magnitudes). */
+DT_VEC_INLINE void dt_rms_sums_f32(int64_t n, const float *x, const float *dy, const float *w,
+                                   double *ss, double *sgx) {
+    double s = 0.0, sg = 0.0;
+    int64_t i = 0;
+#if defined(__GNUC__)
+    if (n >= 8) {
+        dt_vd4 s0 = {0}, s1 = {0}, g0 = {0}, g1 = {0}, v0, v1, d0, d1, w0, w1;
+        for (; i + 8 <= n; i += 8) {
+            dt_vload_d4(x + i, &v0);
+            dt_vload_d4(x + i + 4, &v1);
+            s0 += v0 * v0;
+            s1 += v1 * v1;
+            if (!dy) continue;
+            dt_vload_d4(dy + i, &d0);
+            dt_vload_d4(dy + i + 4, &d1);
+            if (w) {
+                dt_vload_d4(w + i, &w0);
+                dt_vload_d4(w + i + 4, &w1);
+                d0 *= w0;
+                d1 *= w1;
+            }
+            g0 += d0 * v0;
+            g1 += d1 * v1;
+        }
+        s0 += s1;
+        g0 += g1;
+        s = dt_vsum_d4(&s0);
+        sg = dt_vsum_d4(&g0);
+    }
+#endif
+    for (; i < n; i++) {
+        const double v = x[i];
+        s += v * v;
+        if (dy) sg += (w ? (double)dy[i] * w[i] : (double)dy[i]) * v;
+    }
+    *ss = s;
+    if (sgx) *sgx = sg;
+}
+
+/* dt_cpu_rmsnorm's rows for fp32: out = x up inv (times w) in fp32, up and
+ * inv formed as in dt_cpu_rmsnorm's loop for the other dtypes. */
+DT_VEC_INLINE void dt_rmsnorm_f32_loop(int64_t rows, int64_t n, const float *x, const float *w,
+                                       float eps, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = out + r * n;
+        double ss;
+        dt_rms_sums_f32(n, xr, NULL, NULL, &ss, NULL);
+        const double invd = 1.0 / sqrt(ss / (double)n + (double)eps);
+        const float up = invd > FLT_MAX ? 0x1p64f : invd < FLT_MIN ? 0x1p-64f : 1.0f;
+        const float inv = (float)(invd / up);
+        int64_t i = 0;
+#if defined(__GNUC__)
+        for (; i + 8 <= n; i += 8) {
+            dt_vf8 v, wv;
+            memcpy(&v, xr + i, sizeof v);
+            v = v * up * inv;
+            if (w) memcpy(&wv, w + i, sizeof wv), v *= wv;
+            memcpy(yr + i, &v, sizeof v);
+        }
+#endif
+        for (; i < n; i++) {
+            float v = xr[i] * up * inv;
+            if (w) v *= w[i];
+            yr[i] = v;
+        }
+    }
+}
+
+DT_CPU_COPIES(dt_rmsnorm_f32,
+              (int64_t rows, int64_t n, const float *x, const float *w, float eps, float *out),
+              (rows, n, x, w, eps, out))
+
 static dt_status dt_cpu_rmsnorm(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n,
                                 const void *x, const void *w, float eps, void *out) {
     (void)b;
@@ -485,6 +587,10 @@ static dt_status dt_cpu_rmsnorm(dt_backend *b, dt_dtype dtype, int64_t rows, int
     if (rows == 0 || n == 0) return DT_SUCCESS;
     if (x == NULL || out == NULL)
         return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu rmsnorm: NULL buffer");
+    if (dtype == DT_F32) {
+        DT_CPU_RUN(dt_rmsnorm_f32, (rows, n, x, w, eps, out));
+        return DT_SUCCESS;
+    }
     for (int64_t r = 0; r < rows; r++) {
         double ss = 0.0;
         for (int64_t i = 0; i < n; i++) {
@@ -505,11 +611,72 @@ static dt_status dt_cpu_rmsnorm(dt_backend *b, dt_dtype dtype, int64_t rows, int
     return DT_SUCCESS;
 }
 
+/* One row of rotary in fp32, a' = a c - b s, b' = a s + b c, each product
+ * rounded: half style, pairs (x[i], x[i + d/2]) with cv, sv [d/2] the cos
+ * and sin of pair i; interleaved, pairs (x[2i], x[2i + 1]) with cv = (c_i,
+ * c_i) and sv = (-s_i, s_i) [d], so that lane by lane y = x cv + swap(x) sv
+ * (a c + b (-s) is a c - b s exactly). y may be x. */
+DT_VEC_INLINE void dt_rotate_row_f32(int64_t d, int interleaved, const float *cv, const float *sv,
+                                     const float *x, float *y) {
+    const int64_t half = d / 2;
+    int64_t i = 0;
+    if (!interleaved) {
+#if defined(__GNUC__)
+        for (; i + 8 <= half; i += 8) {
+            dt_vf8 a, bv, c, sn;
+            memcpy(&a, x + i, sizeof a);
+            memcpy(&bv, x + half + i, sizeof bv);
+            memcpy(&c, cv + i, sizeof c);
+            memcpy(&sn, sv + i, sizeof sn);
+            const dt_vf8 ya = a * c - bv * sn, yb = a * sn + bv * c;
+            memcpy(y + i, &ya, sizeof ya);
+            memcpy(y + half + i, &yb, sizeof yb);
+        }
+#endif
+        for (; i < half; i++) {
+            const float a = x[i], bv = x[half + i], c = cv[i], sn = sv[i];
+            y[i] = a * c - bv * sn;
+            y[half + i] = a * sn + bv * c;
+        }
+        return;
+    }
+#if defined(__GNUC__)
+    for (; i + 8 <= d; i += 8) {
+        dt_vf8 v, sw, c, sn;
+        memcpy(&v, x + i, sizeof v);
+        dt_vswap_pairs_f8(&v, &sw);
+        memcpy(&c, cv + i, sizeof c);
+        memcpy(&sn, sv + i, sizeof sn);
+        v = v * c + sw * sn;
+        memcpy(y + i, &v, sizeof v);
+    }
+#endif
+    for (; i < d; i += 2) {
+        const float a = x[i], bv = x[i + 1], c = cv[i], sn = sv[i + 1];
+        y[i] = a * c - bv * sn;
+        y[i + 1] = a * sn + bv * c;
+    }
+}
+
+/* The `inner` rows of d at element offset `row` of fp32 x and out. */
+DT_VEC_INLINE void dt_rotate_f32_loop(int64_t inner, int64_t d, int interleaved, const float *cv,
+                                      const float *sv, const float *x, float *out, int64_t row) {
+    for (int64_t h = 0; h < inner; h++)
+        dt_rotate_row_f32(d, interleaved, cv, sv, x + row + h * d, out + row + h * d);
+}
+
+DT_CPU_COPIES(dt_rotate_f32,
+              (int64_t inner, int64_t d, int interleaved, const float *cv, const float *sv,
+               const float *x, float *out, int64_t row),
+              (inner, d, interleaved, cv, sv, x, out, row))
+
 /* rotary (sign 1) and rotary_inverse (sign -1, the rotation by -angle):
  * the same angles, cos and sin; the inverse negates the fp32 sine, which
  * rounds the same either way, so its products are the forward's up to sign.
  * cos/sin are made once per position and reused across the outer rows that
- * share it (all of them with pos_stride 0). */
+ * share it (all of them with pos_stride 0), in the layout of
+ * dt_rotate_row_f32 (which fp32 runs through; other dtypes element by
+ * element, the same arithmetic, each result rounded once). */
 static dt_status dt_cpu_rotate(const char *what, double sign, dt_dtype dtype, int64_t outer,
                                int64_t rows, int64_t inner, int64_t d, const int64_t *positions,
                                int64_t pos_stride, double base, dt_rotary_style style,
@@ -533,10 +700,10 @@ static dt_status dt_cpu_rotate(const char *what, double sign, dt_dtype dtype, in
         return dt_error(DT_ERR_INVALID_ARGUMENT, "cpu %s: NULL buffer or positions", what);
     const int64_t half = d / 2;
     double *theta = malloc((size_t)half * sizeof *theta);
-    float *cs = malloc((size_t)half * 2 * sizeof *cs);
-    if (!theta || !cs) {
+    float *cv = malloc((size_t)d * 2 * sizeof *cv), *sv = cv ? cv + d : NULL;
+    if (!theta || !cv) {
         free(theta);
-        free(cs);
+        free(cv);
         return dt_error(DT_ERR_OUT_OF_MEMORY, "cpu %s: out of host memory (d %" PRId64 ")", what,
                         d);
     }
@@ -548,16 +715,29 @@ static dt_status dt_cpu_rotate(const char *what, double sign, dt_dtype dtype, in
                 const double pos = (double)positions[o * pos_stride + s];
                 for (int64_t i = 0; i < half; i++) {
                     const double a = pos * theta[i];
-                    cs[2 * i] = (float)cos(a);
-                    cs[2 * i + 1] = (float)(sign * sin(a));
+                    const float c = (float)cos(a), sn = (float)(sign * sin(a));
+                    if (interleaved) {
+                        cv[2 * i] = cv[2 * i + 1] = c;
+                        sv[2 * i] = -sn;
+                        sv[2 * i + 1] = sn;
+                    } else {
+                        cv[i] = c;
+                        sv[i] = sn;
+                    }
                 }
             }
+            const int64_t row0 = (o * rows + s) * inner * d;
+            if (dtype == DT_F32) {
+                DT_CPU_RUN(dt_rotate_f32, (inner, d, interleaved, cv, sv, x, out, row0));
+                continue;
+            }
             for (int64_t h = 0; h < inner; h++) {
-                const int64_t row = ((o * rows + s) * inner + h) * d;
+                const int64_t row = row0 + h * d;
                 for (int64_t i = 0; i < half; i++) {
                     const int64_t ia = row + (interleaved ? 2 * i : i);
                     const int64_t ib = row + (interleaved ? 2 * i + 1 : i + half);
-                    const float c = cs[2 * i], sn = cs[2 * i + 1];
+                    const float c = cv[interleaved ? 2 * i : i];
+                    const float sn = sv[interleaved ? 2 * i + 1 : i];
                     const float va = dt_value_get(x, dtype, (size_t)ia);
                     const float vb = dt_value_get(x, dtype, (size_t)ib);
                     dt_value_set(out, dtype, (size_t)ia, va * c - vb * sn);
@@ -566,7 +746,7 @@ static dt_status dt_cpu_rotate(const char *what, double sign, dt_dtype dtype, in
             }
         }
     free(theta);
-    free(cs);
+    free(cv);
     return DT_SUCCESS;
 }
 
@@ -582,10 +762,12 @@ static dt_status dt_cpu_rotary(dt_backend *b, dt_dtype dtype, int64_t outer, int
 /* ------------------------------------------- gradients, losses, optimizer
  *
  * backend.h's contracts. Elementwise values are formed in double from the
- * stored inputs and rounded to fp32 once; with `accumulate` the stored
- * output is then added in fp32 and the sum rounded to the dtype once. Sums
- * over many values (rmsnorm_backward, ce_sum, sumsq) are accumulated in
- * double; the gradients of embedding rows in fp32, in token order. */
+ * stored inputs and rounded to fp32 once (fp32 SwiGLU and fp32 ce_grad's dx
+ * excepted: fp32 arithmetic, within the bounds stated at their loops); with
+ * `accumulate` the stored output is then added in fp32 and the sum rounded
+ * to the dtype once. Sums over many values (rmsnorm_backward, ce_sum,
+ * sumsq) are accumulated in double; the gradients of embedding rows in
+ * fp32, in token order. */
 
 static dt_status dt_cpu_rotary_inverse(dt_backend *b, dt_dtype dtype, int64_t outer, int64_t rows,
                                        int64_t inner, int64_t d, const int64_t *positions,
@@ -848,30 +1030,53 @@ static dt_status dt_cpu_swiglu_backward(dt_backend *b, dt_dtype dtype, int64_t n
 }
 
 /* dt_cpu_rmsnorm_backward's rows for fp32: dx (when not NULL) written or
- * added into, dw's sums added into acc (when not NULL), in double. */
-static void rmsnorm_backward_f32(int64_t rows, int64_t n, const float *x, const float *w,
-                                 float eps, const float *dy, float *dx, double *acc,
-                                 int accumulate) {
+ * added into, dw's sums added into acc (when not NULL), in double, as the
+ * other dtypes' loop; the row sums through dt_rms_sums_f32, then one pass
+ * for acc and dx, four doubles at a time. */
+DT_VEC_INLINE void dt_rmsnorm_backward_f32_loop(int64_t rows, int64_t n, const float *x,
+                                                const float *w, float eps, const float *dy,
+                                                float *dx, double *acc, int accumulate) {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n, *gr = dy + r * n;
-        double ss = 0.0, sgx = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            const double v = xr[i], g = w ? (double)gr[i] * w[i] : (double)gr[i];
-            ss += v * v;
-            sgx += g * v;
-        }
+        float *dr = dx ? dx + r * n : NULL;
+        double ss, sgx;
+        dt_rms_sums_f32(n, xr, gr, w, &ss, &sgx);
         const double inv = 1.0 / sqrt(ss / (double)n + (double)eps);
         const double k3 = inv * inv * inv * (sgx / (double)n);
-        for (int64_t i = 0; acc && i < n; i++) acc[i] += (double)gr[i] * xr[i] * inv;
-        if (!dx) continue;
-        float *dr = dx + r * n;
-        for (int64_t i = 0; i < n; i++) {
+        int64_t i = 0;
+#if defined(__GNUC__)
+        for (; i + 4 <= n; i += 4) {
+            dt_vd4 v, g, t;
+            dt_vload_d4(xr + i, &v);
+            dt_vload_d4(gr + i, &g);
+            if (acc) {
+                memcpy(&t, acc + i, sizeof t);
+                t += g * v * inv;
+                memcpy(acc + i, &t, sizeof t);
+            }
+            if (!dr) continue;
+            if (w) dt_vload_d4(w + i, &t), g *= t;
+            t = inv * g - v * k3;
+            dt_vf f, old;
+            f = __builtin_convertvector(t, dt_vf);
+            if (accumulate) memcpy(&old, dr + i, sizeof old), f += old;   /* fp32, as dt_put */
+            memcpy(dr + i, &f, sizeof f);
+        }
+#endif
+        for (; i < n; i++) {
+            if (acc) acc[i] += (double)gr[i] * xr[i] * inv;
+            if (!dr) continue;
             const double g = w ? (double)gr[i] * w[i] : (double)gr[i];
             const float v = (float)(inv * g - (double)xr[i] * k3);
             dr[i] = accumulate ? v + dr[i] : v;
         }
     }
 }
+
+DT_CPU_COPIES(dt_rmsnorm_backward_f32,
+              (int64_t rows, int64_t n, const float *x, const float *w, float eps,
+               const float *dy, float *dx, double *acc, int accumulate),
+              (rows, n, x, w, eps, dy, dx, acc, accumulate))
 
 static dt_status dt_cpu_rmsnorm_backward(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n,
                                          const void *x, const void *w, float eps, const void *dy,
@@ -897,7 +1102,8 @@ static dt_status dt_cpu_rmsnorm_backward(dt_backend *b, dt_dtype dtype, int64_t 
                             "cpu rmsnorm backward: out of host memory (n %" PRId64 ")", n);
     }
     if (dtype == DT_F32) {   /* the same arithmetic on float pointers */
-        rmsnorm_backward_f32(rows, n, x, w, eps, dy, dx, dw ? acc : NULL, accumulate);
+        DT_CPU_RUN(dt_rmsnorm_backward_f32,
+                   (rows, n, x, w, eps, dy, dx, dw ? acc : NULL, accumulate));
         rows = 0;
     }
     for (int64_t r = 0; r < rows; r++) {
@@ -1046,10 +1252,139 @@ static dt_status dt_cpu_ce_args(const char *what, dt_dtype dtype, int64_t rows, 
     return DT_SUCCESS;
 }
 
+/* ce_max's rows for fp32: dt_max_nan over the row, sixteen lanes (two
+ * vectors of eight) and then the lanes; the max is exact, so only the order
+ * (the sign of a zero max, which NaN comes out) differs. */
+DT_VEC_INLINE void dt_ce_max_f32_loop(int64_t rows, int64_t n, const float *x, float *m) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float mx = -INFINITY;
+        int64_t j = 0;
+#if defined(__GNUC__)
+        if (n >= 16) {
+            dt_vf8 m0, m1, v0, v1;
+            memcpy(&m0, xr, sizeof m0);
+            memcpy(&m1, xr + 8, sizeof m1);
+            for (j = 16; j + 16 <= n; j += 16) {
+                memcpy(&v0, xr + j, sizeof v0);
+                memcpy(&v1, xr + j + 8, sizeof v1);
+                const dt_vu8 t0 = (dt_vu8)((v0 > m0) | (v0 != v0));
+                const dt_vu8 t1 = (dt_vu8)((v1 > m1) | (v1 != v1));
+                m0 = (dt_vf8)(((dt_vu8)v0 & t0) | ((dt_vu8)m0 & ~t0));   /* a NaN lane stays NaN */
+                m1 = (dt_vf8)(((dt_vu8)v1 & t1) | ((dt_vu8)m1 & ~t1));
+            }
+            for (int k = 0; k < 8; k++) mx = dt_max_nan(dt_max_nan(mx, m0[k]), m1[k]);
+        }
+#endif
+        for (; j < n; j++) mx = dt_max_nan(mx, xr[j]);
+        m[r] = mx;
+    }
+}
+
+DT_CPU_COPIES(dt_ce_max_f32, (int64_t rows, int64_t n, const float *x, float *m), (rows, n, x, m))
+
+/* e^(x - m) of the eight fp32 x from x0 into *e, where every x - m (in
+ * fp32) is in [-87, 0] (else 0 and *e untouched: NaN, +-inf, x > m, far
+ * below m): dt_vexpq_f8 with 1 + q rounded, within (1.9 + |x - m|) u of
+ * e^(x - m), the second term x - m's rounding. */
+DT_VEC_INLINE int dt_ce_exp8(const float *x0, float m, dt_vf8 *e) {
+    dt_vf8 v, t, q;
+    memcpy(&v, x0, sizeof v);
+    v -= m;
+    const dt_vi8 ok = (v >= -87.0f) & (v <= 0.0f);
+    if (!dt_vall8(&ok)) return 0;
+    dt_vexpq_f8(&v, &t, &q);
+    *e = (1.0f + q) * t;
+    return 1;
+}
+
+/* ce_sum's rows for fp32: se = the sum in double of e^(x - m), each term
+ * from dt_ce_exp8 where a block of eight takes it, else exp in double. With
+ * m the row's max (se >= 1): within (2.9 + n/e) u se (the terms' (1.9 +
+ * |x - m|) u, |x - m| e^(x - m) <= 1/e; the rounding to fp32), under
+ * ce_sum's (2n + 8) u se. */
+DT_VEC_INLINE void dt_ce_sum_f32_loop(int64_t rows, int64_t n, const float *x, const float *m,
+                                      float *se) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n, mr = m[r];
+        double s = 0.0;
+        int64_t j = 0;
+#if defined(__GNUC__)
+        dt_vd4 acc = {0}, lo, hi;
+        dt_vf8 e;
+        float f[8];
+        for (; j + 8 <= n; j += 8) {
+            if (!dt_ce_exp8(xr + j, mr, &e)) {
+                for (int64_t k = j; k < j + 8; k++) s += exp((double)xr[k] - (double)mr);
+                continue;
+            }
+            memcpy(f, &e, sizeof f);
+            dt_vload_d4(f, &lo);
+            dt_vload_d4(f + 4, &hi);
+            acc += lo + hi;
+        }
+        s += dt_vsum_d4(&acc);
+#endif
+        for (; j < n; j++) s += exp((double)xr[j] - (double)mr);
+        se[r] = (float)s;
+    }
+}
+
+DT_CPU_COPIES(dt_ce_sum_f32, (int64_t rows, int64_t n, const float *x, const float *m, float *se),
+              (rows, n, x, m, se))
+
+/* ce_grad's dx for one counted fp32 row with target column t (any value):
+ * dx = e^(x - m) k, k = scale / se rounded to fp32, where dt_ce_exp8 takes
+ * a block of eight and k is a normal float: within (3.9 + |x - m|) u p
+ * |scale| (p = e^(x - m) / se; the exp's (1.9 + |x - m|) u, k's and the
+ * product's roundings; a subnormal dx half its spacing more), under
+ * ce_grad's (4 + |x - m|) u p |scale| + 2u |dx|. Elsewhere, and at the
+ * target (where p - 1 may cancel), in double and rounded once. The
+ * target's value is formed before dx is written (dx may be x). */
+DT_VEC_INLINE void dt_ce_grad_row_f32(int64_t n, const float *x, float m, float se, int64_t t,
+                                      float scale, float *dx) {
+    const double md = m, sd = se;
+    const int hit = t >= 0 && t < n;
+    const float vt = hit ? (float)((exp((double)x[t] - md) / sd - 1.0) * scale) : 0.0f;
+    int64_t j = 0;
+#if defined(__GNUC__)
+    const float k = (float)((double)scale / sd);
+    dt_vf8 e;
+    for (; isnormal(k) && j + 8 <= n; j += 8) {
+        if (dt_ce_exp8(x + j, m, &e)) {
+            e *= k;
+            memcpy(dx + j, &e, sizeof e);
+            continue;
+        }
+        for (int64_t i = j; i < j + 8; i++) dx[i] = (float)(exp((double)x[i] - md) / sd * scale);
+    }
+#endif
+    for (; j < n; j++) dx[j] = (float)(exp((double)x[j] - md) / sd * scale);
+    if (hit) dx[t] = vt;
+}
+
+DT_VEC_INLINE void dt_ce_grad_f32_loop(int64_t rows, int64_t n, const float *x, const float *m,
+                                       const float *se, const int32_t *tgt, int64_t lo,
+                                       int32_t ignore, float scale, float *dx) {
+    for (int64_t r = 0; r < rows; r++) {
+        if (tgt[r] == ignore) memset(dx + r * n, 0, (size_t)n * sizeof *dx);
+        else dt_ce_grad_row_f32(n, x + r * n, m[r], se[r], (int64_t)tgt[r] - lo, scale, dx + r * n);
+    }
+}
+
+DT_CPU_COPIES(dt_ce_grad_f32,
+              (int64_t rows, int64_t n, const float *x, const float *m, const float *se,
+               const int32_t *tgt, int64_t lo, int32_t ignore, float scale, float *dx),
+              (rows, n, x, m, se, tgt, lo, ignore, scale, dx))
+
 static dt_status dt_cpu_ce_max(dt_backend *b, dt_dtype dtype, int64_t rows, int64_t n,
                                const void *x, float *m) {
     (void)b;
     DT_TRY(dt_cpu_ce_args("ce_max", dtype, rows, n, m != NULL && (n == 0 || x != NULL)));
+    if (dtype == DT_F32 && n > 0) {
+        DT_CPU_RUN(dt_ce_max_f32, (rows, n, x, m));
+        return DT_SUCCESS;
+    }
     for (int64_t r = 0; r < rows; r++) {
         float v = -INFINITY;
         for (int64_t j = 0; j < n; j++) v = dt_max_nan(v, dt_value_get(x, dtype, (size_t)(r * n + j)));
@@ -1064,11 +1399,15 @@ static dt_status dt_cpu_ce_sum(dt_backend *b, dt_dtype dtype, int64_t rows, int6
     (void)b;
     DT_TRY(dt_cpu_ce_args("ce_sum", dtype, rows, n,
                           m && tgt && se && tl && (n == 0 || x != NULL)));
+    const int f32 = dtype == DT_F32 && n > 0;
+    if (f32) DT_CPU_RUN(dt_ce_sum_f32, (rows, n, x, m, se));
     for (int64_t r = 0; r < rows; r++) {
-        double s = 0.0;
-        for (int64_t j = 0; j < n; j++)
-            s += exp((double)dt_value_get(x, dtype, (size_t)(r * n + j)) - (double)m[r]);
-        se[r] = (float)s;
+        if (!f32) {
+            double s = 0.0;
+            for (int64_t j = 0; j < n; j++)
+                s += exp((double)dt_value_get(x, dtype, (size_t)(r * n + j)) - (double)m[r]);
+            se[r] = (float)s;
+        }
         const int64_t t = (int64_t)tgt[r] - lo;
         tl[r] = t >= 0 && t < n ? dt_value_get(x, dtype, (size_t)(r * n + t)) : 0.0f;
     }
@@ -1082,6 +1421,10 @@ static dt_status dt_cpu_ce_grad(dt_backend *b, dt_dtype dtype, int64_t rows, int
     (void)b;
     DT_TRY(dt_cpu_ce_args("ce_grad", dtype, rows, n,
                           m && se && tl && tgt && loss && (n == 0 || dx == NULL || x != NULL)));
+    if (dtype == DT_F32 && dx && n > 0) {
+        DT_CPU_RUN(dt_ce_grad_f32, (rows, n, x, m, se, tgt, lo, ignore, scale, dx));
+        dx = NULL;   /* the losses below */
+    }
     for (int64_t r = 0; r < rows; r++) {
         const size_t o = (size_t)(r * n);
         if (tgt[r] == ignore) {

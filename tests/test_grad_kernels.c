@@ -133,7 +133,8 @@ typedef struct gk_case {
  *   embedding(_bwd)   s = n, d, rows, lo;     p = accumulate
  *   i32_check         s = n, limit;           p = bad values (0 none, 1 three, 2 many),
  *                                             ignore (0: -100, 1: 7, a class)
- *   ce_*              s = rows, n, lo;         p = (ce_grad) dx NULL
+ *   ce_*              s = rows, n, lo;         p = (ce_grad) dx NULL, wide (some logits
+ *                                             below -87)
  *   absmax, sumsq     s = n
  *   convert           s = n (dtype -> dtype2)
  *   adamw             s = n;                  p = step, param is master */
@@ -470,6 +471,8 @@ static void setup(const gk_case *c, io *o) {
         buf *x = add_buf(o, "x", dt, (size_t)(rows * n), 0);
         if (o->alloc_failed) return;
         fill(x, sd, 1, 6.0, 0.0);
+        for (int64_t e = 5; c->p[1] && e < rows * n; e += 13)   /* wide: e^(x - m) < 2^-125 */
+            hset(x, (size_t)e, -100.0 - (double)(e % 23));
         if (nf && n >= 2) {
             if (rows >= 1) hset(x, 1, NAN);                                 /* row 0 */
             if (rows >= 2) hset(x, (size_t)n, INFINITY);                    /* row 1 */
@@ -1405,10 +1408,10 @@ static void add_cases(table *t, dt_backend_kind be) {
         SET4(c->p, 1, 0, 0, 0);
         c->nonfinite = 1;
         /* rotary_inverse */
-        static const int64_t qshapes[][4] = {{2, 3, 2, 8}, {1, 5, 3, 6}};
+        static const int64_t qshapes[][4] = {{2, 3, 2, 8}, {1, 5, 3, 6}, {2, 3, 3, 36}};
         for (int st = 0; st < 2; st++) {
             const char *sn = st ? "interleaved" : "half";
-            for (int sh = 0; sh < 2; sh++)
+            for (int sh = 0; sh < 3; sh++)
                 for (int large = 0; large < 2; large++) {
                     c = add_case(t, OP_ROTARY_INV, be, dt, "style=%s,pos=%s,shape=%" PRId64 "x%" PRId64 "x%" PRId64 "x%" PRId64,
                                  sn, large ? "large" : "small", qshapes[sh][0], qshapes[sh][1],
@@ -1418,6 +1421,10 @@ static void add_cases(table *t, dt_backend_kind be) {
                 }
             c = add_case(t, OP_ROTARY_INV, be, dt, "style=%s,pos=large,roundtrip,shape=2x3x2x8", sn);
             SET4(c->s, 2, 3, 2, 8);
+            SET4(c->p, st, 1, 1, 0);
+            c = add_case(t, OP_ROTARY_INV, be, dt, "style=%s,pos=large,roundtrip,shape=2x3x3x36",
+                         sn);
+            SET4(c->s, 2, 3, 3, 36);
             SET4(c->p, st, 1, 1, 0);
             /* a position list per outer row, back to back and with a gap */
             for (int gap = 0; gap < 2; gap++) {
@@ -1466,6 +1473,11 @@ static void add_cases(table *t, dt_backend_kind be) {
             c = add_case(t, op, be, dt, "rows=5,n=37,lo=0,nonfinite");
             SET4(c->s, 5, 37, 0, 0);
             c->nonfinite = 1;
+        }
+        for (gk_op op = OP_CE_MAX; op <= OP_CE_GRAD; op++) {
+            c = add_case(t, op, be, dt, "rows=5,n=45,lo=2,wide");
+            SET4(c->s, 5, 45, 2, 0);
+            c->p[1] = 1;
         }
         c = add_case(t, OP_CE_GRAD, be, dt, "rows=6,n=37,lo=40,dx=NULL");
         SET4(c->s, 6, 37, 40, 0);
