@@ -417,7 +417,7 @@ endif
 # make run: about a minute of training on the CPU (4 ranks as threads, tp 2 x
 # cp 2, striped attention); ARGS=... replaces these flags.
 RUN_ARGS := --ranks 4 --tp 2 --cp 2 --order striped --layers 4 --dim 128 --heads 4 --seq 128 \
-    --batch 16 --steps 300 --warmup 20 --cosine --lr 3e-3 --log-every 25 --sample 160
+    --batch 16 --steps 400 --warmup 20 --cosine --lr 3e-3 --log-every 25 --sample 160
 run: $(EXAMPLES)
 	$(BUILD)/examples/train_gpt $(or $(ARGS),$(RUN_ARGS))
 
