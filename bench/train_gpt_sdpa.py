@@ -31,10 +31,12 @@ causal attention's 6 L S H Dh, over --peak-tflops), and the peak memory
     result sdpa=cudnn seq=8192 batch=1 step_ms=... tok_s=... mfu=... peak_mib=...
 
 Exit status: 0 trained, 1 a step failed (its error printed: out of memory
-reads "result ... error=oom"), 2 bad flags or no PyTorch / no GPU.
+reads "result ... error=oom"), 2 bad flags, no PyTorch 2.3 or later, or no
+GPU (--device cpu runs on the CPU: tests/test_bench.c's smoke test).
 A benchmark tool only: PyTorch is never a dependency of the library.
 """
 import argparse
+import contextlib
 import math
 import statistics
 import sys
@@ -58,6 +60,16 @@ def flops_per_token(a):
         + 3 * a.dim * a.ffn
     n = a.layers * per_layer + a.dim * VOCAB
     return 6.0 * n + 6.0 * a.layers * a.seq * a.heads * dh
+
+
+def attention(q, k, v):   # [B, heads, S, Dh], causal, scale 1/sqrt(Dh)
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # PyTorch before 2.0 (--sdpa math only): the same, written out
+    S = q.shape[-2]
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+    return torch.softmax(s.masked_fill(~causal, float("-inf")).float(), dim=-1).to(v.dtype) @ v
 
 
 class Gpt(torch.nn.Module if torch else object):
@@ -114,7 +126,7 @@ class Gpt(torch.nn.Module if torch else object):
             if a_.kv_heads != a_.heads:   # query head j reads kv head j // (H / Hkv)
                 rep = a_.heads // a_.kv_heads
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o = attention(q, k, v)
             h = h + o.transpose(1, 2).reshape(B, S, -1) @ L.wo
             m = self.rmsnorm(h, L.mlp_norm)
             h = h + (F.silu(m @ L.w_gate) * (m @ L.w_up)) @ L.w_down
@@ -146,16 +158,26 @@ def main(argv):
     if a.device == "cuda" and not torch.cuda.is_available():
         print("train_gpt_sdpa: no CUDA device", file=sys.stderr)
         return 2
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-               "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[a.sdpa]
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = sdpa_kernel({"cudnn": SDPBackend.CUDNN_ATTENTION,
+                               "flash": SDPBackend.FLASH_ATTENTION,
+                               "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                               "math": SDPBackend.MATH}[a.sdpa])
+    except ImportError:
+        if a.sdpa != "math":
+            print(f"train_gpt_sdpa: --sdpa {a.sdpa} needs PyTorch 2.3 or later "
+                  f"(torch.nn.attention; this is {torch.__version__})", file=sys.stderr)
+            return 2
+        backend = contextlib.nullcontext()   # math: attention() written out
     dev = torch.device(a.device)
     torch.manual_seed(1)
     model = Gpt(a).to(dev)
     params = list(model.parameters())
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=dev.type == "cuda")
+                            lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+                            **({"fused": True} if dev.type == "cuda" else {}))
     step_fn = torch.compile(model) if a.compile else model
     tokens = torch.randint(0, VOCAB, (a.steps, a.batch, a.seq + 1), device=dev)
     if dev.type == "cuda":
@@ -168,7 +190,7 @@ def main(argv):
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
         try:
-            with sdpa_kernel(backend), torch.autocast(dev.type, dtype=torch.bfloat16):
+            with backend, torch.autocast(dev.type, dtype=torch.bfloat16):
                 loss = step_fn(tokens[s, :, :-1], tokens[s, :, 1:])
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm=1.0)
@@ -198,7 +220,7 @@ def main(argv):
     print(f"train_gpt_sdpa: median of {len(times)} steps: {ms:.2f} ms, {tok:.0f} tok/s, MFU "
           f"{100 * mfu:.2f}% of {a.peak_tflops} TFLOPS; peak memory {peak:.0f} MiB "
           f"(PyTorch {torch.__version__}, {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'})")
-    print(f"{head} step_ms={ms:.3f} tok_s={tok:.1f} mfu={mfu:.4f} peak_mib={peak:.0f}", flush=True)
+    print(f"{head} step_ms={ms:.3f} tok_s={tok:.1f} mfu={mfu:.6g} peak_mib={peak:.0f}", flush=True)
     return 0
 
 

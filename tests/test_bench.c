@@ -56,6 +56,9 @@
  *     step run;
  *   - bench/ncu_source.py on a small Nsight Compute source export written
  *     here, its shares and spans worked out by hand (python3 too);
+ *   - bench/train_gpt_sdpa.py on the CPU, a tiny model: a result line whose
+ *     MFU is train_gpt's formula worked out here (skipped without PyTorch
+ *     2.3 or later);
  *   - bench/mlp --quick: the baseline rows and one row per mode and P, every
  *     figure finite and positive (fp32, and fp16 on the CPU); bad flags exit 2;
  *   - bench/ring: the configuration it ran, one row per block size, each
@@ -1175,6 +1178,41 @@ static void test_report_hung_variant(void **state) {
     assert_true(ok);
 }
 
+/* --------------------------------------------------- bench/train_gpt_sdpa.py */
+
+/* The PyTorch side of the training comparison on the CPU, tiny: it trains
+ * (a result line), and its MFU is train_gpt's formula, worked out here for
+ * 1 layer, d 32, 2 heads, ffn 64, S 16: 6 (d d + 2 d d + d d + 3 d F + d V)
+ * + 6 L S H Dh = 113,664 flops a token. Skipped without PyTorch 2.3. */
+static void test_train_gpt_sdpa(void **state) {
+    (void)state;
+    require_python3();
+    char script[sizeof g_report + 32];
+    const char *slash = strrchr(g_report, '/');
+    snprintf(script, sizeof script, "%.*strain_gpt_sdpa.py", slash ? (int)(slash - g_report + 1) : 0,
+             g_report);
+    char args[9000];
+    snprintf(args, sizeof args, "'%s' --device cpu --sdpa math --layers 1 --dim 32 --heads 2 "
+             "--ffn 64 --seq 16 --batch 2 --steps 3 --warmup-steps 1 --peak-tflops 1", script);
+    char *out = NULL;
+    const int rc = h_run_program("python3", args, &out);
+    if (rc == 2 && out && strstr(out, "train_gpt_sdpa: needs PyTorch")) {
+        print_message("skipped: %s", strstr(out, "needs PyTorch"));
+        free(out);
+        skip();
+    }
+    const char *res = out ? strstr(out, "result sdpa=math seq=16 batch=2 step_ms=") : NULL;
+    double ms = 0, tok = 0, mfu = 0;
+    const int got = res ? sscanf(res, "result sdpa=math seq=16 batch=2 step_ms=%lf tok_s=%lf mfu=%lf",
+                                 &ms, &tok, &mfu) : 0;
+    const double want = tok * 113664.0 / 1e12;
+    const int ok = rc == 0 && got == 3 && ms > 0 && tok > 0 && fabs(mfu - want) <= 1e-3 * want;
+    if (!ok) print_error("python3 %s (rc %d; mfu %g, want %g) printed:\n%s\n", args, rc, mfu, want,
+                         out ? out : "");
+    free(out);
+    assert_true(ok);
+}
+
 /* ------------------------------------------------------- bench/ncu_source.py */
 
 /* An `ncu --page source --csv --print-source cuda,sass` export in small: two
@@ -1439,6 +1477,8 @@ int main(int argc, char **argv) {
                                      test_report_quick, NULL, NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_attention_report/hung-variant",
                                      test_report_hung_variant, NULL, NULL, NULL};
+    tests[n++] = (struct CMUnitTest){"bench_train_gpt_sdpa/cpu,tiny", test_train_gpt_sdpa, NULL,
+                                     NULL, NULL};
     tests[n++] = (struct CMUnitTest){"bench_ncu_source/export-by-hand", test_ncu_source, NULL,
                                      NULL, NULL};
     static const char *const mlp_quick[] = {"--quick --backend cpu",
