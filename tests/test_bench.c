@@ -57,8 +57,7 @@
  *   - bench/ncu_source.py on a small Nsight Compute source export written
  *     here, its shares and spans worked out by hand (python3 too);
  *   - bench/train_gpt_sdpa.py on the CPU, a tiny model: a result line whose
- *     MFU is train_gpt's formula worked out here (skipped without PyTorch
- *     2.3 or later);
+ *     MFU is train_gpt's formula worked out here (skipped without PyTorch);
  *   - bench/mlp --quick: the baseline rows and one row per mode and P, every
  *     figure finite and positive (fp32, and fp16 on the CPU); bad flags exit 2;
  *   - bench/ring: the configuration it ran, one row per block size, each
@@ -1183,10 +1182,22 @@ static void test_report_hung_variant(void **state) {
 /* The PyTorch side of the training comparison on the CPU, tiny: it trains
  * (a result line), and its MFU is train_gpt's formula, worked out here for
  * 1 layer, d 32, 2 heads, ffn 64, S 16: 6 (d d + 2 d d + d d + 3 d F + d V)
- * + 6 L S H Dh = 113,664 flops a token. Skipped without PyTorch 2.3. */
+ * + 6 L S H Dh = 113,664 flops a token. Skipped without PyTorch. */
 static void test_train_gpt_sdpa(void **state) {
     (void)state;
-    require_python3();
+    /* a Python that imports torch: $PYTHON, python3, /usr/bin/python3 */
+    const char *env = getenv("PYTHON");
+    const char *const pythons[] = {env && *env ? env : "python3", "python3", "/usr/bin/python3"};
+    const char *python = NULL;
+    for (size_t i = 0; i < sizeof pythons / sizeof pythons[0] && !python; i++) {
+        char probe[600];
+        snprintf(probe, sizeof probe, "'%s' -c 'import torch' >/dev/null 2>&1", pythons[i]);
+        if (system(probe) == 0) python = pythons[i];
+    }
+    if (!python) {
+        print_message("skipped: no python3 with PyTorch (apt-get install python3-torch)\n");
+        skip();
+    }
     char script[sizeof g_report + 32];
     const char *slash = strrchr(g_report, '/');
     snprintf(script, sizeof script, "%.*strain_gpt_sdpa.py", slash ? (int)(slash - g_report + 1) : 0,
@@ -1195,20 +1206,15 @@ static void test_train_gpt_sdpa(void **state) {
     snprintf(args, sizeof args, "'%s' --device cpu --sdpa math --layers 1 --dim 32 --heads 2 "
              "--ffn 64 --seq 16 --batch 2 --steps 3 --warmup-steps 1 --peak-tflops 1", script);
     char *out = NULL;
-    const int rc = h_run_program("python3", args, &out);
-    if (rc == 2 && out && strstr(out, "train_gpt_sdpa: needs PyTorch")) {
-        print_message("skipped: %s", strstr(out, "needs PyTorch"));
-        free(out);
-        skip();
-    }
+    const int rc = h_run_program(python, args, &out);
     const char *res = out ? strstr(out, "result sdpa=math seq=16 batch=2 step_ms=") : NULL;
     double ms = 0, tok = 0, mfu = 0;
     const int got = res ? sscanf(res, "result sdpa=math seq=16 batch=2 step_ms=%lf tok_s=%lf mfu=%lf",
                                  &ms, &tok, &mfu) : 0;
     const double want = tok * 113664.0 / 1e12;
     const int ok = rc == 0 && got == 3 && ms > 0 && tok > 0 && fabs(mfu - want) <= 1e-3 * want;
-    if (!ok) print_error("python3 %s (rc %d; mfu %g, want %g) printed:\n%s\n", args, rc, mfu, want,
-                         out ? out : "");
+    if (!ok) print_error("%s %s (rc %d; mfu %g, want %g) printed:\n%s\n", python, args, rc, mfu,
+                         want, out ? out : "");
     free(out);
     assert_true(ok);
 }
