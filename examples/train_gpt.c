@@ -13,9 +13,10 @@
  * Placement per axis (the mesh's dims are (dp, cp, tp): tp fastest):
  *   tokens, targets [B, S]   Shard(0)      Replicate       Shard(1, order)
  *   h, a, m [B, S, d]        Shard(0)      Replicate       Shard(1, order)
- *                                          (--sp: Shard(1), tp's blocks then
- *                                           cp's order in each; all-gathered over
- *                                           tp before the column-parallel matmuls)
+ *                                          (--sp: Shard(1) too: cp's part, in
+ *                                           its order, cut in tp's contiguous
+ *                                           blocks; all-gathered over tp before
+ *                                           the column-parallel matmuls)
  *   q, k, v, o [B,S,H,Dh]    Shard(0)      Shard(2) heads  Shard(1, order)
  *   wq, wk, wv, w_gate, w_up Replicate     Shard(1)        Replicate  column-parallel
  *   wo, w_down               Replicate     Shard(0)        Replicate  row-parallel: out Partial
@@ -382,9 +383,9 @@ static dt_layout param_layout(const param *p) {
                dt_replicate());
 }
 
-/* The residual stream's Layout [B, S, d] (and of rmsnorm's outputs). */
-/* Under --sp the sequence is sharded over tp too: cp (the outer mesh dim)
- * takes its order's part, tp cuts that in contiguous blocks. */
+/* The residual stream's Layout [B, S, d] (and of rmsnorm's outputs). Under
+ * --sp the sequence is sharded over tp too: cp (the outer mesh dim) takes
+ * its order's part, tp cuts that in contiguous blocks. */
 static dt_layout hidden_layout(const config *c) {
     return lay(dt_shard(0, DT_ORDER_CONTIGUOUS),
                c->sp ? dt_shard(1, DT_ORDER_CONTIGUOUS) : dt_replicate(), cp_seq(c));
