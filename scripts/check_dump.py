@@ -23,6 +23,10 @@ From DIR's files only:
   loss.txt                per step `step loss grad_norm lr`; the lr column is
                           the schedule (train_gpt's config.txt does not name
                           --warmup or --cosine; loss.txt records each step's lr)
+  separator.bin           with `packed 1` in config.txt (train_gpt --packed):
+                          the separator; a document ends after each one in a
+                          row of inputs, attends only itself, and its rotary
+                          positions restart at 0
 Each step: forward, F.cross_entropy (mean), backward, the global L2 norm and
 clip_grad_norm_(max_norm=clip), torch.optim.AdamW with two groups (weight
 decay on parameters of two or more dims, none on the norms).
@@ -68,8 +72,9 @@ CONFIG_KEYS = ("vocab", "layers", "dim", "heads", "kv_heads", "ffn", "seq", "bat
                "lr", "beta1", "beta2", "eps", "weight_decay", "clip", "rope_base", "norm_eps")
 INT_KEYS = ("vocab", "layers", "dim", "heads", "kv_heads", "ffn", "seq", "batch", "steps")
 # keys config.txt may add: the run's dtype (fp32|bf16|fp16; else read from
-# init.bin) and the lr schedule (replayed from loss.txt's lr column either way)
-OPTIONAL_KEYS = ("dtype", "warmup", "cosine", "min_lr")
+# init.bin), the lr schedule (replayed from loss.txt's lr column either way)
+# and packed 1 (documents packed in each sequence, see doc_starts)
+OPTIONAL_KEYS = ("dtype", "warmup", "cosine", "min_lr", "packed")
 
 # Tolerances of a run in each dtype against an exact (float64) replay, per
 # item, as |got - ref| <= rtol |ref| + atol.
@@ -211,19 +216,39 @@ def flatten(tensors):
     return torch.cat([t.reshape(-1) for t in tensors]).detach().cpu().numpy().astype(np.float64)
 
 
-class Gpt:
-    """The decoder above over params, a list of tensors in params.txt's order."""
+def doc_starts(x, sep):
+    """start [B, S]: the first position of each token's document in the
+    input rows x [B, S]. A document ends after each occurrence of the
+    separator (sep, a list of byte values; None: one document a row): the
+    token after it starts the next one."""
+    B, S = x.shape
+    start = torch.zeros(B, S, dtype=torch.long)
+    for b in range(B):
+        row = x[b].tolist()
+        for t in range(1, S):
+            ends = sep is not None and t >= len(sep) and row[t - len(sep):t] == sep
+            start[b, t] = t if ends else start[b, t - 1]
+    return start
 
-    def __init__(self, c, params, dtype):
-        self.c, self.p = c, params
+
+class Gpt:
+    """The decoder above over params, a list of tensors in params.txt's order;
+    sep: the separator of a packed run (each document attends only itself
+    and its positions restart at 0), else None."""
+
+    def __init__(self, c, params, dtype, sep=None):
+        self.c, self.p, self.sep, self.dtype = c, params, sep, dtype
         self.H, self.Hkv = c["heads"], c["kv_heads"]
         self.Dh = c["dim"] // self.H
         # rotary "half": pairs (i, i + Dh/2) at angle p * base^(-2i/Dh)
         i = torch.arange(self.Dh // 2, dtype=torch.float64)
-        inv_freq = c["rope_base"] ** (-2.0 * i / self.Dh)
-        angle = torch.outer(torch.arange(c["seq"], dtype=torch.float64), inv_freq)   # [S, Dh/2]
-        self.cos = angle.cos().to(dtype)[None, :, None, :]   # [1, S, 1, Dh/2]
-        self.sin = angle.sin().to(dtype)[None, :, None, :]
+        self.inv_freq = c["rope_base"] ** (-2.0 * i / self.Dh)
+        self.set_positions(torch.arange(c["seq"])[None, :])
+
+    def set_positions(self, pos):   # pos [B or 1, S]: each token's position in its document
+        angle = pos.to(torch.float64)[..., None] * self.inv_freq   # [B, S, Dh/2]
+        self.cos = angle.cos().to(self.dtype)[:, :, None, :]   # [B, S, 1, Dh/2]
+        self.sin = angle.sin().to(self.dtype)[:, :, None, :]
 
     def rmsnorm(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["norm_eps"]) * w
@@ -232,18 +257,27 @@ class Gpt:
         a, b = x[..., : self.Dh // 2], x[..., self.Dh // 2:]
         return torch.cat((a * self.cos - b * self.sin, a * self.sin + b * self.cos), dim=-1)
 
-    def attention(self, q, k, v):   # [B, heads, S, Dh] each, k and v already repeated
-        if hasattr(F, "scaled_dot_product_attention"):   # PyTorch >= 2.0
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        # PyTorch 1.13 (Debian 12's): the same, written out
+    def attention(self, q, k, v, start):   # [B, heads, S, Dh] each, k and v already repeated
         S = q.shape[-2]
+        if start is None and hasattr(F, "scaled_dot_product_attention"):   # PyTorch >= 2.0
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # PyTorch 1.13 (Debian 12's), or a packed run: written out; key u is
+        # seen from t when start[t] <= u <= t
         s = (q @ k.transpose(-1, -2)) / math.sqrt(self.Dh)
-        causal = torch.ones(S, S, dtype=torch.bool).tril()
-        return torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1) @ v
+        u = torch.arange(S)
+        seen = u[None, :] <= u[:, None]   # [S, S]: causal
+        if start is not None:
+            seen = seen[None] & (u[None, None, :] >= start[:, :, None])   # [B, S, S]
+            seen = seen[:, None]   # over the heads
+        return torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1) @ v
 
     def loss(self, tokens):   # tokens [B, S + 1]
         x, y = tokens[:, :-1], tokens[:, 1:]
         B, S = x.shape
+        start = None
+        if self.sep is not None:
+            start = doc_starts(x, self.sep)
+            self.set_positions(torch.arange(S)[None, :] - start)
         it = iter(self.p)
         h = F.embedding(x, next(it))
         for _ in range(self.c["layers"]):
@@ -255,7 +289,7 @@ class Gpt:
             # GQA: query head j reads key/value head j // (H / Hkv)
             rep = self.H // self.Hkv
             k, v = (t.transpose(1, 2).repeat_interleave(rep, dim=1) for t in (k, v))
-            o = self.attention(q.transpose(1, 2), k, v).transpose(1, 2).reshape(B, S, -1)
+            o = self.attention(q.transpose(1, 2), k, v, start).transpose(1, 2).reshape(B, S, -1)
             h = h + o @ wo
             m = self.rmsnorm(h, mlp_norm)
             h = h + (F.silu(m @ w_gate) * (m @ w_up)) @ w_down
@@ -280,7 +314,7 @@ def compare(got, ref, rtol, atol):
     return ok, float(diff.max(initial=0.0)), float(rel.max(initial=0.0))
 
 
-def replay(c, plist, init, tokens, lrs, dtype):
+def replay(c, plist, init, tokens, lrs, dtype, sep=None):
     """Trains the model from init in dtype on tokens [steps, B, S + 1] with
     step s at lr lrs[s]; returns float64 numpy arrays: loss and norm [steps]
     (the norm before clipping), grad0 (the first step's gradients) and final
@@ -289,7 +323,7 @@ def replay(c, plist, init, tokens, lrs, dtype):
     offsets = np.cumsum([0] + sizes)
     params = [torch.tensor(init[offsets[i]:offsets[i + 1]].reshape(s), dtype=dtype,
                            requires_grad=True) for i, (_, s) in enumerate(plist)]
-    model = Gpt(c, params, dtype)
+    model = Gpt(c, params, dtype, sep)
     opt = torch.optim.AdamW(
         [{"params": [p for p in params if p.dim() >= 2], "weight_decay": c["weight_decay"]},
          {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
@@ -351,6 +385,12 @@ def main(argv):
                             f"seq + 1 {c['seq'] + 1}] needs {steps * row}")
         if tok.min() < 0 or tok.max() >= c["vocab"]:
             raise DumpError(f"tokens.bin: a token outside [0, {c['vocab']})")
+        sep = None
+        if c.get("packed", 0):
+            with open(os.path.join(d, "separator.bin"), "rb") as f:
+                sep = list(f.read())
+            if not sep:
+                raise DumpError("separator.bin: empty (config.txt says packed)")
     except (OSError, ValueError, DumpError) as e:
         print(f"check_dump: {e}", file=sys.stderr)
         return 2
@@ -369,8 +409,10 @@ def main(argv):
           f"{total} parameters; lr {c['lr']:g} ({schedule}); the run in {run_dtype} "
           f"({how}), the replay in {args.dtype}")
 
-    exact = replay(c, plist, init, tokens, lrs, torch.float64)
-    single = replay(c, plist, init, tokens, lrs, torch.float32)
+    if sep is not None:
+        print(f"check_dump: packed: documents end after each {bytes(sep)!r}")
+    exact = replay(c, plist, init, tokens, lrs, torch.float64, sep)
+    single = replay(c, plist, init, tokens, lrs, torch.float32, sep)
     ref = exact if args.dtype == "float64" else single
     run = {"loss": np.array([r[1] for r in rows]), "norm": np.array([r[2] for r in rows])}
     drift = {k: float(relative(np.abs(single[k] - exact[k]), exact[k]).max()) for k in run}

@@ -28,8 +28,9 @@
  *               1,000 steps, a rank's peak falling with cp and --recompute
  *   cuda        the same run on the CUDA backend (the emulator under
  *               `make CUDA=emu`), and bf16 within 3% of fp32's losses
- *   pytorch     a dp2 x tp2 x cp2 dump replays in PyTorch from its own files
- *               (scripts/check_dump.py; skipped without PyTorch)
+ *   pytorch     a dp2 x tp2 x cp2 dump, and a packed tp2 x cp2 one, replay in
+ *               PyTorch from their own files (scripts/check_dump.py; skipped
+ *               without PyTorch)
  * The binary is found beside this test's build tree; without it every case
  * is skipped with the reason.
  */
@@ -631,10 +632,11 @@ static void test_bf16(void **state) {
 
 /* ------------------------------------------------------------ pytorch */
 
-/* A dump of a dp2 x tp2 x cp2 zigzag run replays in PyTorch from its own
- * files (scripts/check_dump.py, float64: losses, norms, grad0.bin and
- * final.bin within the script's stated fp32 tolerances). Skipped without a
- * Python that imports torch: $PYTHON, python3, /usr/bin/python3 in turn. */
+/* A dump of a dp2 x tp2 x cp2 zigzag run, and one of a packed tp2 x cp2
+ * run (the replay says it splits at the separator), replay in PyTorch from
+ * their own files (scripts/check_dump.py, float64: losses, norms, grad0.bin
+ * and final.bin within the script's stated fp32 tolerances). Skipped without
+ * a Python that imports torch: $PYTHON, python3, /usr/bin/python3 in turn. */
 static void test_dump_replays_in_pytorch(void **state) {
     (void)state;
     REQUIRE_BIN();
@@ -650,14 +652,24 @@ static void test_dump_replays_in_pytorch(void **state) {
         print_message("skipped: PyTorch is not installed (apt-get install python3-torch)\n");
         skip();
     }
-    char *dir = dir_of("pytorch-dp2,tp2,cp2");
-    assert_int_equal(train(TINY " --dp 2 --tp 2 --cp 2 --order zigzag --steps 4", dir, 0), 0);
-    char args[900], *out = NULL;
-    snprintf(args, sizeof args, "scripts/check_dump.py '%s'", dir);
-    const int rc = h_run_program(python, args, &out);
-    print_message("%s %s exited %d:\n%s", python, args, rc, out ? out : "");
-    free(out);
-    assert_int_equal(rc, 0);
+    /* a dp2 x tp2 x cp2 run, and a packed one on tp2 x cp2 (documents end
+     * after each space: several a sequence) */
+    static const char *const runs[2][2] = {
+        {"pytorch-dp2,tp2,cp2", TINY " --dp 2 --tp 2 --cp 2 --order zigzag --steps 4"},
+        {"pytorch-packed,tp2,cp2", TINY " --tp 2 --cp 2 --packed --separator ' ' --steps 4"},
+    };
+    for (int k = 0; k < 2; k++) {
+        char *dir = dir_of(runs[k][0]);
+        assert_int_equal(train(runs[k][1], dir, 0), 0);
+        char args[900], *out = NULL;
+        snprintf(args, sizeof args, "scripts/check_dump.py '%s'", dir);
+        const int rc = h_run_program(python, args, &out);
+        print_message("%s %s exited %d:\n%s", python, args, rc, out ? out : "");
+        const int packed = out && strstr(out, "check_dump: packed: documents end after each b' '");
+        free(out);
+        assert_int_equal(rc, 0);
+        assert_int_equal(packed, k == 1);
+    }
 }
 
 /* train_gpt's output (malloc'd) when it exits 0, else NULL after printing it. */
