@@ -234,6 +234,17 @@ static char *read_stream(FILE *f) {
     return s;
 }
 
+const char *h_python_with(const char *modules) {
+    const char *env = getenv("PYTHON");
+    const char *const pythons[] = {env && *env ? env : "python3", "python3", "/usr/bin/python3"};
+    for (size_t i = 0; i < sizeof pythons / sizeof pythons[0]; i++) {
+        char probe[1024];
+        snprintf(probe, sizeof probe, "'%s' -c 'import %s' >/dev/null 2>&1", pythons[i], modules);
+        if (system(probe) == 0) return pythons[i];
+    }
+    return NULL;
+}
+
 int h_run_program(const char *program, const char *args, char **out) {
     char cmd[8192];
     const char *backend = getenv("DT_EXAMPLE_BACKEND");

@@ -105,6 +105,12 @@ void h_layout_short(const dt_layout *l, char *buf, size_t size);
  * did not exit normally, -2 if it could not be run. */
 int h_run_program(const char *program, const char *args, char **out);
 
+/* The first Python of $PYTHON, python3 and /usr/bin/python3 that runs
+ * `import MODULES` (e.g. "numpy, torch"), or NULL: for the suites that run
+ * the project's PyTorch scripts (Debian's python3-torch installs into
+ * /usr/bin/python3, which PATH's python3 may not be). */
+const char *h_python_with(const char *modules);
+
 /* A whole file as a NUL-terminated string (malloc'd; the caller frees it),
  * or NULL if it cannot be read. */
 char *h_read_text(const char *path);

@@ -1185,15 +1185,7 @@ static void test_report_hung_variant(void **state) {
  * + 6 L S H Dh = 113,664 flops a token. Skipped without PyTorch. */
 static void test_train_gpt_sdpa(void **state) {
     (void)state;
-    /* a Python that imports torch: $PYTHON, python3, /usr/bin/python3 */
-    const char *env = getenv("PYTHON");
-    const char *const pythons[] = {env && *env ? env : "python3", "python3", "/usr/bin/python3"};
-    const char *python = NULL;
-    for (size_t i = 0; i < sizeof pythons / sizeof pythons[0] && !python; i++) {
-        char probe[600];
-        snprintf(probe, sizeof probe, "'%s' -c 'import torch' >/dev/null 2>&1", pythons[i]);
-        if (system(probe) == 0) python = pythons[i];
-    }
+    const char *python = h_python_with("torch");
     if (!python) {
         print_message("skipped: no python3 with PyTorch (apt-get install python3-torch)\n");
         skip();

@@ -640,14 +640,7 @@ static void test_bf16(void **state) {
 static void test_dump_replays_in_pytorch(void **state) {
     (void)state;
     REQUIRE_BIN();
-    const char *env = getenv("PYTHON");
-    const char *const pythons[] = {env && *env ? env : "python3", "python3", "/usr/bin/python3"};
-    const char *python = NULL;
-    for (size_t i = 0; i < sizeof pythons / sizeof pythons[0] && !python; i++) {
-        char probe[700];
-        snprintf(probe, sizeof probe, "'%s' -c 'import numpy, torch' >/dev/null 2>&1", pythons[i]);
-        if (system(probe) == 0) python = pythons[i];
-    }
+    const char *python = h_python_with("numpy, torch");
     if (!python) {
         print_message("skipped: PyTorch is not installed (apt-get install python3-torch)\n");
         skip();
